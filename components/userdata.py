@@ -8,6 +8,7 @@ to find its run (bucket URI, region, group name, image reference, limits).
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -28,6 +29,42 @@ BOOT_ENV_KEYS = (
     "TRAINSTACK_NODES",          # machines in the group
     "TRAINSTACK_GPUS_PER_NODE",
 )
+
+
+def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, str]:
+    """Everything a machine of this stack needs, as env-file values (no secrets).
+
+    The TRAINSTACK_* trainer options (model, steps, …) are the trainer's own environment
+    variables: the container gets this file with --env-file and needs no flags.
+    """
+    run, compute = settings.run, settings.compute
+    env = {
+        "TRAINSTACK_CLOUD": settings.cloud,
+        "TRAINSTACK_REGION": settings.region,
+        "TRAINSTACK_RUN_URI": run_uri,
+        "TRAINSTACK_GROUP": group,
+        "TRAINSTACK_IMAGE": settings.image.reference,
+        "TRAINSTACK_CODE_URI": code_uri,
+        "TRAINSTACK_MAX_RUNTIME_S": str(int(compute.max_runtime_hours * 3600)),
+        "TRAINSTACK_NODES": str(compute.nodes),
+        "TRAINSTACK_GPUS_PER_NODE": str(compute.gpus_per_node),
+        "TRAINSTACK_MODEL": run.model,
+        "TRAINSTACK_STEPS": str(run.steps),
+        "TRAINSTACK_BATCH_SIZE": str(run.batch_size),
+        "TRAINSTACK_KEEP_CHECKPOINTS": str(run.keep_checkpoints),
+        "TRAINSTACK_SEED": str(run.seed),
+    }
+    if run.synthetic:
+        env["TRAINSTACK_SYNTHETIC"] = "1"
+    if run.data_uri:
+        env["TRAINSTACK_DATA_URI"] = run.data_uri
+    if run.checkpoint_every_steps:
+        env["TRAINSTACK_CHECKPOINT_EVERY_STEPS"] = str(run.checkpoint_every_steps)
+    if run.checkpoint_every_seconds:
+        env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"] = str(run.checkpoint_every_seconds)
+    if run.extra_args:
+        env["TRAINSTACK_EXTRA_ARGS"] = shlex.join(run.extra_args)
+    return env
 
 
 def render_env(env: Mapping[str, str]) -> str:
