@@ -1,0 +1,42 @@
+"""The README's config reference names every stack key, and names no key that does not exist."""
+
+import re
+from pathlib import Path
+
+from components import settings as st
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BLOCK_MODELS = {
+    "run": st.RunSettings,
+    "compute": st.ComputeSettings,
+    "image": st.ImageSettings,
+    "storage": st.StorageSettings,
+    "access": st.AccessSettings,
+}
+
+
+def _model_keys() -> set[str]:
+    keys = {f"trainstack:{k}" for k in st.SCALARS}
+    for block, model in BLOCK_MODELS.items():
+        keys |= {f"{block}.{f.alias}" for f in model.model_fields.values()}
+    return keys
+
+
+def _readme_keys() -> set[str]:
+    text = README.read_text()
+    table = text.split("## Config reference", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `([^`]+)` \|", table, flags=re.M))
+
+
+def test_config_reference_matches_settings():
+    model, readme = _model_keys(), _readme_keys()
+    assert len(model) > 30
+    assert model - readme == set(), "keys missing from README"
+    assert readme - model == set(), "README documents keys that do not exist"
+
+
+def test_readme_first_command_is_the_local_trainer():
+    text = README.read_text()
+    assert "python -m trainer --run-uri file://./runs/demo --synthetic" in text
+    assert "python -m pytest" in text
+    assert "python -m pytest" in (README.parent / ".ci" / "run").read_text()
