@@ -1,0 +1,135 @@
+"""TrainingBucket: the S3 bucket that holds a stack's checkpoints, logs, model and code.
+
+Private, versioned, encrypted (SSE-S3 with a bucket key), owner-enforced, TLS-only, with
+a lifecycle that expires old noncurrent versions and aborts abandoned multipart uploads.
+By default the bucket outlives `pulumi destroy` (the checkpoints are the run's value);
+`storage.keepOnDestroy: false` lets destroy empty and remove it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_aws as aws
+
+
+@dataclass(kw_only=True)
+class TrainingBucketArgs:
+    """Inputs of a TrainingBucket."""
+
+    bucket_name: pulumi.Input[str]
+    """The bucket's (global) name."""
+    keep_on_destroy: bool = True
+    """Keep the bucket and its objects when the stack is destroyed."""
+    noncurrent_days: int = 30
+    """Days an overwritten or deleted object version is kept."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Tags for the bucket."""
+
+
+class TrainingBucket(pulumi.ComponentResource):
+    """A private, versioned, encrypted, TLS-only bucket for one stack."""
+
+    bucket: aws.s3.Bucket
+    name: pulumi.Output[str]
+    arn: pulumi.Output[str]
+
+    def __init__(self, name: str, args: TrainingBucketArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainstack:aws:TrainingBucket", name, None, opts)
+        self.bucket = aws.s3.Bucket(
+            f"{name}-s3",
+            bucket=args.bucket_name,
+            # keepOnDestroy: Pulumi forgets the bucket instead of deleting it, and even a
+            # targeted delete fails while objects remain.
+            force_destroy=not args.keep_on_destroy,
+            tags=args.tags,
+            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.keep_on_destroy),
+        )
+        bucket_id = self.bucket.id
+        # The settings below are separate resources in the v2 S3 model; each must be
+        # retained with the bucket, or destroy would strip them from the kept bucket.
+        kept = pulumi.ResourceOptions(parent=self, retain_on_delete=args.keep_on_destroy)
+        ownership = aws.s3.BucketOwnershipControls(
+            f"{name}-ownership",
+            bucket=bucket_id,
+            rule=aws.s3.BucketOwnershipControlsRuleArgs(object_ownership="BucketOwnerEnforced"),
+            opts=kept,
+        )
+        public_block = aws.s3.BucketPublicAccessBlock(
+            f"{name}-public-access",
+            bucket=bucket_id,
+            block_public_acls=True,
+            block_public_policy=True,
+            ignore_public_acls=True,
+            restrict_public_buckets=True,
+            opts=kept,
+        )
+        versioning = aws.s3.BucketVersioning(
+            f"{name}-versioning",
+            bucket=bucket_id,
+            versioning_configuration=aws.s3.BucketVersioningVersioningConfigurationArgs(status="Enabled"),
+            opts=kept,
+        )
+        aws.s3.BucketServerSideEncryptionConfiguration(
+            f"{name}-encryption",
+            bucket=bucket_id,
+            rules=[
+                aws.s3.BucketServerSideEncryptionConfigurationRuleArgs(
+                    apply_server_side_encryption_by_default=aws.s3.BucketServerSideEncryptionConfigurationRuleApplyServerSideEncryptionByDefaultArgs(
+                        sse_algorithm="AES256",
+                    ),
+                    bucket_key_enabled=True,
+                )
+            ],
+            opts=kept,
+        )
+        aws.s3.BucketLifecycleConfiguration(
+            f"{name}-lifecycle",
+            bucket=bucket_id,
+            rules=[
+                aws.s3.BucketLifecycleConfigurationRuleArgs(
+                    id="expire-noncurrent-versions",
+                    status="Enabled",
+                    filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
+                    noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
+                        noncurrent_days=args.noncurrent_days,
+                    ),
+                ),
+                aws.s3.BucketLifecycleConfigurationRuleArgs(
+                    id="abort-incomplete-uploads",
+                    status="Enabled",
+                    filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
+                    abort_incomplete_multipart_upload=aws.s3.BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
+                        days_after_initiation=7,
+                    ),
+                ),
+            ],
+            # A lifecycle configuration on an unversioned bucket is refused for noncurrent rules.
+            opts=pulumi.ResourceOptions.merge(kept, pulumi.ResourceOptions(depends_on=[versioning])),
+        )
+        policy = pulumi.Output.json_dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [
+                    {
+                        "Sid": "DenyInsecureTransport",
+                        "Effect": "Deny",
+                        "Principal": "*",
+                        "Action": "s3:*",
+                        "Resource": [self.bucket.arn, pulumi.Output.concat(self.bucket.arn, "/*")],
+                        "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                    }
+                ],
+            }
+        )
+        aws.s3.BucketPolicy(
+            f"{name}-policy",
+            bucket=bucket_id,
+            policy=policy,
+            # S3 refuses a bucket policy while the public access block is being written.
+            opts=pulumi.ResourceOptions.merge(kept, pulumi.ResourceOptions(depends_on=[public_block, ownership])),
+        )
+        self.name = self.bucket.bucket
+        self.arn = self.bucket.arn
+        self.register_outputs({"name": self.name, "arn": self.arn})

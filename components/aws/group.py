@@ -1,0 +1,263 @@
+"""SpotGroup: the security group, launch template and Auto Scaling group of GPU machines.
+
+The group is what survives spot preemption: it keeps `nodes` machines, replacing any
+that AWS takes back (capacity rebalancing starts the replacement on the rebalance
+notice), across the ordered instance types and the subnets of several zones. The machine
+scales the group to zero when the run ends, so Pulumi ignores the desired capacity after
+creation. A scheduled action enforces the runtime cap from the cloud side, even if a
+machine hangs and never runs its own finish step.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_aws as aws
+
+DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"
+# Ports the TensorFlow workers' gRPC servers listen on (TF_CONFIG); only peers in the
+# same security group may reach them.
+WORKER_PORTS = (2222, 2231)
+
+
+@dataclass(kw_only=True)
+class SpotGroupArgs:
+    """Inputs of a SpotGroup."""
+
+    group_name: str
+    """The Auto Scaling group's name, fixed in advance (the machines' env file holds it)."""
+    instance_types: list[str]
+    """Instance types in order of preference."""
+    nodes: int = 1
+    """Machines in the group."""
+    spot: bool = True
+    """Spot capacity; False gives on-demand."""
+    max_price_per_hour: float | None = None
+    """Highest spot price per machine-hour (USD); None: the on-demand price."""
+    max_runtime_hours: float = 24
+    """The scheduled action sets the group to zero this long after the first `pulumi up`."""
+    root_disk_gb: int = 200
+    """Size of the encrypted gp3 root volume."""
+    image_id: str | None = None
+    """AMI id; None looks up the newest AWS Deep Learning Base GPU AMI (Ubuntu 22.04)."""
+    subnets: list[str] = field(default_factory=list)
+    """Subnets to spread over; empty: the default VPC's subnets."""
+    zones: list[str] = field(default_factory=list)
+    """Only subnets in these zones; empty: every zone."""
+    allowed_cidrs: list[str] = field(default_factory=list)
+    """CIDRs allowed to TCP 22; empty: no inbound rule at all."""
+    ssh_public_key: str | None = None
+    """OpenSSH public key installed for the default user; None: no key pair."""
+    instance_profile_arn: pulumi.Input[str]
+    """The machines' instance profile."""
+    user_data: pulumi.Input[str]
+    """The #cloud-config document (plain text; encoded here)."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Tags for every resource, and for the machines and their volumes."""
+    wait_for: list[pulumi.Resource] = field(default_factory=list)
+    """Resources the group must wait for before launching machines (e.g. the role's policy)."""
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def cap_time(hours: float, now: dt.datetime | None = None) -> str:
+    """The runtime cap as the RFC 3339 UTC time the scheduled action takes."""
+    start = (now or dt.datetime.now(dt.UTC)) + dt.timedelta(hours=hours)
+    return start.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class SpotGroup(pulumi.ComponentResource):
+    """GPU machines kept at `nodes` by an Auto Scaling group, spot by default."""
+
+    security_group: aws.ec2.SecurityGroup
+    launch_template: aws.ec2.LaunchTemplate
+    group: aws.autoscaling.Group
+    schedule: aws.autoscaling.Schedule
+    group_name: pulumi.Output[str]
+    image_id: pulumi.Output[str]
+
+    def __init__(self, name: str, args: SpotGroupArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainstack:aws:SpotGroup", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        invoke = pulumi.InvokeOptions(parent=self)
+
+        if args.subnets:
+            subnet_ids: pulumi.Input[list[str]] = args.subnets
+            vpc_id = aws.ec2.get_subnet_output(id=args.subnets[0], opts=invoke).vpc_id
+        else:
+            vpc_id = aws.ec2.get_vpc_output(default=True, opts=invoke).id
+            filters = [aws.ec2.GetSubnetsFilterArgs(name="vpc-id", values=[vpc_id])]
+            if args.zones:
+                filters.append(aws.ec2.GetSubnetsFilterArgs(name="availability-zone", values=args.zones))
+            subnet_ids = aws.ec2.get_subnets_output(filters=filters, opts=invoke).ids
+
+        self.security_group = aws.ec2.SecurityGroup(
+            f"{name}-sg",
+            description="trainstack GPU machines",
+            vpc_id=vpc_id,
+            ingress=self._ingress(args),
+            # Open egress: the machines pull images, packages and reach S3/ECR endpoints.
+            egress=[
+                aws.ec2.SecurityGroupEgressArgs(
+                    protocol="-1", from_port=0, to_port=0,
+                    cidr_blocks=["0.0.0.0/0"], ipv6_cidr_blocks=["::/0"],
+                    description="image pulls, S3, ECR",
+                )
+            ],
+            tags=args.tags,
+            opts=child,
+        )
+
+        if args.image_id:
+            ami = aws.ec2.get_ami_output(
+                filters=[aws.ec2.GetAmiFilterArgs(name="image-id", values=[args.image_id])],
+                opts=invoke,
+            )
+        else:
+            ami = aws.ec2.get_ami_output(
+                most_recent=True,
+                owners=["amazon"],
+                filters=[
+                    aws.ec2.GetAmiFilterArgs(name="name", values=[DLAMI_NAME]),
+                    aws.ec2.GetAmiFilterArgs(name="architecture", values=["x86_64"]),
+                    aws.ec2.GetAmiFilterArgs(name="state", values=["available"]),
+                ],
+                opts=invoke,
+            )
+        self.image_id = ami.id
+
+        key_name = None
+        if args.ssh_public_key:
+            key_name = aws.ec2.KeyPair(
+                f"{name}-key", public_key=args.ssh_public_key, tags=args.tags, opts=child
+            ).key_name
+
+        self.launch_template = aws.ec2.LaunchTemplate(
+            f"{name}-lt",
+            description="trainstack GPU machine",
+            image_id=ami.id,
+            iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=args.instance_profile_arn),
+            vpc_security_group_ids=[self.security_group.id],
+            key_name=key_name,
+            user_data=pulumi.Output.from_input(args.user_data).apply(_b64),
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled",
+                http_tokens="required",  # IMDSv2 only
+                # Hop limit 1: containers behind a bridge cannot reach the role's
+                # credentials; the trainer container uses --network host.
+                http_put_response_hop_limit=1,
+                instance_metadata_tags="enabled",
+            ),
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name=ami.root_device_name,
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        volume_type="gp3",
+                        volume_size=args.root_disk_gb,
+                        encrypted="true",
+                        delete_on_termination="true",
+                    ),
+                )
+            ],
+            # The machine powers off when the run ends: terminate, so no stopped volume bills on.
+            instance_initiated_shutdown_behavior="terminate",
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type=kind, tags=args.tags)
+                for kind in ("instance", "volume")
+            ],
+            update_default_version=True,
+            tags=args.tags,
+            opts=child,
+        )
+
+        self.group = aws.autoscaling.Group(
+            f"{name}-asg",
+            name=args.group_name,
+            min_size=0,
+            max_size=args.nodes,
+            desired_capacity=args.nodes,
+            capacity_rebalance=True,
+            vpc_zone_identifiers=subnet_ids,
+            mixed_instances_policy=aws.autoscaling.GroupMixedInstancesPolicyArgs(
+                instances_distribution=self._distribution(args),
+                launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
+                    launch_template_specification=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
+                        launch_template_id=self.launch_template.id,
+                        version=self.launch_template.latest_version.apply(str),
+                    ),
+                    overrides=[
+                        aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(instance_type=t)
+                        for t in args.instance_types
+                    ],
+                ),
+            ),
+            # Spot capacity may take a while; `pulumi up` returns at once and the group
+            # keeps trying.
+            wait_for_capacity_timeout="0",
+            tags=[
+                aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=False)
+                for k, v in sorted(args.tags.items())
+            ],
+            # The machine sets desired capacity to 0 when the run is done; a later
+            # `pulumi up` must not launch it again.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["desiredCapacity"], depends_on=args.wait_for),
+        )
+
+        # The cloud's own deadline: at first launch + maxRuntimeHours the group goes to
+        # zero even if a machine hangs. startTime is computed at each `pulumi up`; it is
+        # ignored after creation so a later `up` (e.g. to change the trainer) does not
+        # push the deadline back and silently extend the budget.
+        self.schedule = aws.autoscaling.Schedule(
+            f"{name}-runtime-cap",
+            scheduled_action_name=f"{args.group_name}-runtime-cap",
+            autoscaling_group_name=self.group.name,
+            min_size=0,
+            max_size=0,
+            desired_capacity=0,
+            start_time=cap_time(args.max_runtime_hours),
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["startTime"]),
+        )
+        self.group_name = self.group.name
+        self.register_outputs({"group_name": self.group_name, "image_id": self.image_id})
+
+    def _ingress(self, args: SpotGroupArgs) -> list[aws.ec2.SecurityGroupIngressArgs]:
+        rules = []
+        v4 = [c for c in args.allowed_cidrs if ":" not in c]
+        v6 = [c for c in args.allowed_cidrs if ":" in c]
+        if v4 or v6:
+            rules.append(
+                aws.ec2.SecurityGroupIngressArgs(
+                    protocol="tcp", from_port=22, to_port=22,
+                    cidr_blocks=v4 or None, ipv6_cidr_blocks=v6 or None,
+                    description="SSH from access.allowedCidrs",
+                )
+            )
+        if args.nodes > 1:
+            rules.append(
+                aws.ec2.SecurityGroupIngressArgs(
+                    protocol="tcp", from_port=WORKER_PORTS[0], to_port=WORKER_PORTS[1],
+                    self=True, description="TensorFlow workers reach each other",
+                )
+            )
+        return rules
+
+    @staticmethod
+    def _distribution(args: SpotGroupArgs) -> aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs:
+        if not args.spot:
+            return aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs(
+                on_demand_base_capacity=0,
+                on_demand_percentage_above_base_capacity=100,
+                # On-demand follows the listed order of instance types.
+                on_demand_allocation_strategy="prioritized",
+            )
+        return aws.autoscaling.GroupMixedInstancesPolicyInstancesDistributionArgs(
+            on_demand_base_capacity=0,
+            on_demand_percentage_above_base_capacity=0,
+            spot_allocation_strategy="price-capacity-optimized",
+            spot_max_price=f"{args.max_price_per_hour:.4f}" if args.max_price_per_hour else None,
+        )

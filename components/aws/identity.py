@@ -1,0 +1,186 @@
+"""InstanceIdentity: the IAM role and instance profile a stack's machines run as.
+
+Least privilege for one run: read/write only under this run's prefix of this stack's
+bucket, read the trainer code, read the data set when it is in S3, pull from this
+stack's image repository, and shrink only this stack's Auto Scaling group (the machine
+scales its own group to zero when the run ends). Nothing else: the machine reads its
+identity and region from IMDS, so it needs no EC2 describe calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_aws as aws
+
+_EC2_TRUST = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Effect": "Allow",
+            "Principal": {"Service": "ec2.amazonaws.com"},
+            "Action": "sts:AssumeRole",
+        }
+    ],
+}
+
+
+@dataclass(kw_only=True)
+class InstanceIdentityArgs:
+    """Inputs of an InstanceIdentity."""
+
+    bucket_arn: pulumi.Input[str]
+    """ARN of the stack's bucket."""
+    run_id: str
+    """The run's folder: the role may write only under runs/<run_id>/."""
+    repository_arn: pulumi.Input[str]
+    """ARN of the stack's ECR repository (pull only)."""
+    group_name: str
+    """Name of the stack's Auto Scaling group (the only group the role may resize)."""
+    region: str
+    """The stack's region (part of the group's ARN)."""
+    data_uri: str | None = None
+    """s3://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Tags for the role and instance profile."""
+
+
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """('bucket', 'prefix') of s3://bucket/prefix."""
+    rest = uri.removeprefix("s3://")
+    bucket, _, prefix = rest.partition("/")
+    return bucket, prefix
+
+
+def policy_document(
+    *,
+    partition: pulumi.Input[str],
+    account_id: pulumi.Input[str],
+    bucket_arn: pulumi.Input[str],
+    run_id: str,
+    repository_arn: pulumi.Input[str],
+    group_name: str,
+    region: str,
+    data_uri: str | None,
+) -> pulumi.Output[str]:
+    """The role's permissions as an IAM policy JSON document."""
+    run_prefix = f"runs/{run_id}"
+    statements: list[dict] = [
+        {
+            "Sid": "ListRunPrefix",
+            "Effect": "Allow",
+            "Action": "s3:ListBucket",
+            "Resource": bucket_arn,
+            "Condition": {"StringLike": {"s3:prefix": [run_prefix, f"{run_prefix}/*"]}},
+        },
+        {
+            "Sid": "ReadWriteRun",
+            "Effect": "Allow",
+            "Action": [
+                "s3:GetObject",
+                "s3:PutObject",
+                "s3:DeleteObject",
+                "s3:AbortMultipartUpload",
+                "s3:ListMultipartUploadParts",
+            ],
+            "Resource": pulumi.Output.concat(bucket_arn, f"/{run_prefix}/*"),
+        },
+        {
+            "Sid": "ReadTrainerCode",
+            "Effect": "Allow",
+            "Action": "s3:GetObject",
+            "Resource": pulumi.Output.concat(bucket_arn, "/code/*"),
+        },
+    ]
+    if data_uri:
+        data_bucket, prefix = split_s3_uri(data_uri)
+        data_arn = pulumi.Output.concat("arn:", partition, ":s3:::", data_bucket)
+        statements += [
+            {
+                "Sid": "ListData",
+                "Effect": "Allow",
+                "Action": "s3:ListBucket",
+                "Resource": data_arn,
+                "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+            },
+            {
+                "Sid": "ReadData",
+                "Effect": "Allow",
+                "Action": "s3:GetObject",
+                "Resource": pulumi.Output.concat(data_arn, "/", prefix, "*"),
+            },
+        ]
+    statements += [
+        {
+            # GetAuthorizationToken has no resource-level permissions: AWS only accepts "*".
+            # The token alone grants nothing; the pull itself is scoped below.
+            "Sid": "EcrLogin",
+            "Effect": "Allow",
+            "Action": "ecr:GetAuthorizationToken",
+            "Resource": "*",
+        },
+        {
+            "Sid": "PullStackImage",
+            "Effect": "Allow",
+            "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
+            "Resource": repository_arn,
+        },
+        {
+            # The group's ARN holds a UUID known only after it exists; the name part pins
+            # it to this stack's group (and keeps the role independent of the group).
+            "Sid": "ScaleOwnGroup",
+            "Effect": "Allow",
+            "Action": ["autoscaling:SetDesiredCapacity", "autoscaling:UpdateAutoScalingGroup"],
+            "Resource": pulumi.Output.concat(
+                "arn:", partition, ":autoscaling:", region, ":", account_id,
+                ":autoScalingGroup:*:autoScalingGroupName/", group_name,
+            ),
+        },
+    ]
+    return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})
+
+
+class InstanceIdentity(pulumi.ComponentResource):
+    """IAM role, instance profile and scoped inline policy for a stack's machines."""
+
+    role: aws.iam.Role
+    profile: aws.iam.InstanceProfile
+    policy: aws.iam.RolePolicy
+    role_arn: pulumi.Output[str]
+    profile_arn: pulumi.Output[str]
+    profile_name: pulumi.Output[str]
+
+    def __init__(self, name: str, args: InstanceIdentityArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainstack:aws:InstanceIdentity", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        invoke = pulumi.InvokeOptions(parent=self)
+        partition = aws.get_partition_output(opts=invoke).partition
+        account_id = aws.get_caller_identity_output(opts=invoke).account_id
+        self.role = aws.iam.Role(
+            f"{name}-role",
+            assume_role_policy=pulumi.Output.json_dumps(_EC2_TRUST),
+            description="trainstack machines: one run's bucket prefix, image pull, own group",
+            tags=args.tags,
+            opts=child,
+        )
+        self.policy = aws.iam.RolePolicy(
+            f"{name}-policy",
+            role=self.role.id,
+            policy=policy_document(
+                partition=partition,
+                account_id=account_id,
+                bucket_arn=args.bucket_arn,
+                run_id=args.run_id,
+                repository_arn=args.repository_arn,
+                group_name=args.group_name,
+                region=args.region,
+                data_uri=args.data_uri,
+            ),
+            opts=child,
+        )
+        self.profile = aws.iam.InstanceProfile(f"{name}-profile", role=self.role.name, tags=args.tags, opts=child)
+        self.role_arn = self.role.arn
+        self.profile_arn = self.profile.arn
+        self.profile_name = self.profile.name
+        self.register_outputs({"role_arn": self.role_arn, "profile_arn": self.profile_arn})

@@ -1,0 +1,43 @@
+"""Deterministic names for the AWS resources whose names others must know in advance.
+
+The machines' env file names the Auto Scaling group and the bucket before either exists
+(the launch template is an input of the group), so these names are computed from the
+project, stack and account instead of being left to Pulumi's random suffixes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from components.settings import bucket_name_problem
+
+
+def slug(text: str, limit: int) -> str:
+    """Lowercase letters, digits and single '-' only, at most `limit` characters."""
+    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return s[:limit].rstrip("-") or "x"
+
+
+def default_bucket_name(*, project: str, stack: str, account_id: str, region: str) -> str:
+    """A valid S3 bucket name, the same on every `pulumi up` of this stack in this account.
+
+    S3 names are global across all AWS accounts: the account and region go into the hash
+    so two users with a stack called `dev` do not collide.
+    """
+    digest = hashlib.sha256(f"{project}/{stack}/{account_id}/{region}".encode()).hexdigest()[:12]
+    name = f"{slug(project, 20)}-{slug(stack, 28)}-{digest}"
+    problem = bucket_name_problem("aws", name)
+    if problem:  # unreachable for slugs; kept so a future change cannot ship a bad name
+        raise ValueError(f"generated bucket name {name!r}: {problem}")
+    return name
+
+
+def group_name(*, project: str, stack: str) -> str:
+    """The Auto Scaling group's name (unique per account and region, like the stack)."""
+    return f"{slug(project, 40)}-{slug(stack, 160)}-gpu"
+
+
+def repository_name(*, project: str, stack: str) -> str:
+    """The ECR repository of this stack's trainer image."""
+    return f"{slug(project, 40)}/{slug(stack, 160)}"

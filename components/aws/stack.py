@@ -1,0 +1,157 @@
+"""TrainingStack: one training run on AWS, composed of bucket, identity, repository,
+trainer code and spot group, all in the stack's region through one explicit provider.
+
+Exports what an operator needs: the bucket, the run's URI, the image, the group, the
+region and the command that watches the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from components import userdata
+from components.aws.bucket import TrainingBucket, TrainingBucketArgs
+from components.aws.code import TrainerCode, TrainerCodeArgs
+from components.aws.group import SpotGroup, SpotGroupArgs
+from components.aws.identity import InstanceIdentity, InstanceIdentityArgs
+from components.aws.naming import default_bucket_name, group_name, repository_name
+from components.aws.repository import ImageRepository, ImageRepositoryArgs
+from components.settings import Settings
+from components.tags import aws_tags
+
+
+@dataclass(kw_only=True)
+class TrainingStackArgs:
+    """Inputs of a TrainingStack."""
+
+    settings: Settings
+    """The stack's validated configuration."""
+    project: str = "trainstack"
+    """The Pulumi project name (part of generated names and tags)."""
+
+
+class TrainingStack(pulumi.ComponentResource):
+    """Everything one AWS training run needs."""
+
+    bucket_name: pulumi.Output[str]
+    run_uri: pulumi.Output[str]
+    image_ref: pulumi.Output[str]
+    group_name: pulumi.Output[str]
+    region: pulumi.Output[str]
+    watch_command: pulumi.Output[str]
+    code_uri: pulumi.Output[str]
+
+    def __init__(self, name: str, args: TrainingStackArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainstack:aws:TrainingStack", name, None, opts)
+        s = args.settings
+        run_id = s.run_id
+        tags = aws_tags(project=args.project, stack=s.stack, run_id=run_id)
+
+        provider = aws.Provider(f"{name}-aws", region=s.region, opts=pulumi.ResourceOptions(parent=self))
+        # Children inherit the provider from their parent component.
+        child = pulumi.ResourceOptions(parent=self, providers={"aws": provider})
+        invoke = pulumi.InvokeOptions(provider=provider, parent=self)
+
+        if s.storage.bucket_name:
+            bucket_name: pulumi.Input[str] = s.storage.bucket_name
+        else:
+            account_id = aws.get_caller_identity_output(opts=invoke).account_id
+            bucket_name = account_id.apply(
+                lambda acct: default_bucket_name(project=args.project, stack=s.stack, account_id=acct, region=s.region)
+            )
+        bucket = TrainingBucket(
+            f"{name}-bucket",
+            TrainingBucketArgs(
+                bucket_name=bucket_name,
+                keep_on_destroy=s.storage.keep_on_destroy,
+                noncurrent_days=s.storage.noncurrent_days,
+                tags=tags,
+            ),
+            opts=child,
+        )
+        repo = ImageRepository(
+            f"{name}-images",
+            ImageRepositoryArgs(
+                repository_name=repository_name(project=args.project, stack=s.stack),
+                keep_images=s.image.keep_images,
+                tags=tags,
+            ),
+            opts=child,
+        )
+        asg_name = group_name(project=args.project, stack=s.stack)
+        identity = InstanceIdentity(
+            f"{name}-identity",
+            InstanceIdentityArgs(
+                bucket_arn=bucket.arn,
+                run_id=run_id,
+                repository_arn=repo.arn,
+                group_name=asg_name,
+                region=s.region,
+                data_uri=s.run.data_uri,
+                tags=tags,
+            ),
+            opts=child,
+        )
+        code = TrainerCode(
+            f"{name}-code",
+            TrainerCodeArgs(bucket_name=bucket.name, baked_into_image=s.image.build, tags=tags),
+            opts=child,
+        )
+
+        self.bucket_name = bucket.name
+        self.run_uri = pulumi.Output.concat("s3://", bucket.name, f"/runs/{run_id}")
+        if s.image.build:
+            self.image_ref = pulumi.Output.concat(repo.url, ":", s.image.tag)
+        else:
+            self.image_ref = pulumi.Output.from_input(s.image.reference)
+        self.code_uri = code.code_uri
+
+        user_data = pulumi.Output.all(self.run_uri, self.code_uri).apply(
+            lambda v: userdata.render_user_data(
+                "aws", userdata.boot_env(s, run_uri=v[0], group=asg_name, code_uri=v[1])
+            )
+        )
+        c = s.compute
+        group = SpotGroup(
+            f"{name}-group",
+            SpotGroupArgs(
+                group_name=asg_name,
+                instance_types=list(c.instance_types),
+                nodes=c.nodes,
+                spot=c.spot,
+                max_price_per_hour=c.max_price_per_hour,
+                max_runtime_hours=c.max_runtime_hours,
+                root_disk_gb=c.root_disk_gb,
+                image_id=c.image_id,
+                subnets=list(c.subnets),
+                zones=list(c.zones),
+                allowed_cidrs=list(s.access.allowed_cidrs),
+                ssh_public_key=s.access.ssh_public_key,
+                instance_profile_arn=identity.profile_arn,
+                user_data=user_data,
+                tags=tags,
+                # A machine that boots before its policy is attached would fail its
+                # first S3 call.
+                wait_for=[identity.policy],
+            ),
+            opts=child,
+        )
+        self.group_name = group.group_name
+        self.region = pulumi.Output.from_input(s.region)
+        self.watch_command = pulumi.Output.from_input(f"python -m ops status --stack {s.stack}")
+        self.register_outputs(self.exports())
+
+    def exports(self) -> dict[str, pulumi.Output]:
+        """The stack outputs, by their exported (camelCase) names."""
+        return {
+            "bucketName": self.bucket_name,
+            "runUri": self.run_uri,
+            "imageRef": self.image_ref,
+            "groupName": self.group_name,
+            "region": self.region,
+            "watchCommand": self.watch_command,
+            "codeUri": self.code_uri,
+        }

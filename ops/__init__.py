@@ -1,0 +1,1 @@
+"""The operator's command line: `python -m ops synth|...` (see ops/__main__.py)."""

@@ -1,0 +1,352 @@
+"""Offline synth: run the Pulumi program (`__main__.py`) under the SDK's mock runtime.
+
+No cloud account, no credentials and no Pulumi CLI: the stack's file from `stacks/`
+becomes the SDK's config, the program runs exactly as `pulumi up` would run it, and every
+resource it registers is recorded with its inputs (camelCase, as the engine sees them)
+and its resource options. Lookups (AMI, default VPC, subnets, account, partition,
+region, zones) answer with clearly fake, well-formed values.
+
+`synthesize()` can run many times in one process: each run gets a fresh context for
+the SDK's global state (settings, config, root stack), its own event loop and its own
+mock monitor, and waits for every output before returning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import contextvars
+import hashlib
+import json
+import logging
+import math
+import runpy
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import rpc
+from pulumi.runtime import settings as pulumi_settings
+from pulumi.runtime.config import set_all_config
+from pulumi.runtime.stack import run_in_stack
+
+from components import settings as config
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROGRAM = PROJECT_ROOT / "__main__.py"
+STACKS_DIR = PROJECT_ROOT / "stacks"
+
+FAKE_ACCOUNT = "123456789012"
+FAKE_AMI = "ami-0123456789abcdef0"
+FAKE_VPC = "vpc-0123456789abcdef0"
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+
+
+def project_name() -> str:
+    """The project's name from Pulumi.yaml (what `pulumi.get_project()` returns)."""
+    doc = yaml.safe_load((PROJECT_ROOT / "Pulumi.yaml").read_text()) or {}
+    return str(doc.get("name") or "trainstack")
+
+
+@dataclass
+class Result:
+    """What one synth run registered."""
+
+    resources: list[dict[str, Any]]
+    """[{"type", "name", "parent", "inputs", "options"}], sorted by name and type."""
+    outputs: dict[str, Any]
+    """The stack outputs, resolved."""
+    user_data: dict[str, str]
+    """Launch template resource name -> its decoded user data."""
+    invokes: list[dict[str, Any]] = field(default_factory=list)
+    """[{"token", "args", "provider"}]: the lookups the program made."""
+
+    def of_type(self, type_token: str) -> list[dict[str, Any]]:
+        """The resources of one type token, e.g. aws:s3/bucket:Bucket."""
+        return [r for r in self.resources if r["type"] == type_token]
+
+    def named(self, name: str) -> dict[str, Any]:
+        """The one resource with this name."""
+        found = [r for r in self.resources if r["name"] == name]
+        if len(found) != 1:
+            raise KeyError(f"{len(found)} resources named {name!r}")
+        return found[0]
+
+
+def _jsonable(value: Any) -> Any:
+    """Inputs as plain JSON: assets become {"fileAsset": path} etc., whole floats become ints."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str | int):
+        return value
+    if isinstance(value, float):
+        # The wire format has only doubles; 200.0 GiB is the 200 the program wrote.
+        return int(value) if math.isfinite(value) and value.is_integer() else value
+    if isinstance(value, pulumi.FileAsset):
+        return {"fileAsset": str(value.path)}
+    if isinstance(value, pulumi.StringAsset):
+        return {"stringAsset": value.text}
+    if isinstance(value, pulumi.FileArchive):
+        return {"fileArchive": str(value.path)}
+    if isinstance(value, pulumi.Resource):
+        return {"resource": type(value).__name__}
+    return str(value)
+
+
+def _urn_name(urn: str) -> str:
+    return urn.split("::")[3] if urn.count("::") >= 3 else urn
+
+
+def _fake_hex(*parts: str, n: int = 17) -> str:
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:n]
+
+
+class _Mocks(pulumi.runtime.Mocks):
+    """Fake AWS: resource outputs and lookups with well-formed, obviously fake values."""
+
+    def __init__(self, region: str):
+        self.region = region
+        self.invokes: list[dict[str, Any]] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
+        t, name, inputs = args.typ, args.name, dict(args.inputs)
+        if not args.custom:
+            return None, {}
+        arn = f"arn:aws:{{svc}}:{self.region}:{FAKE_ACCOUNT}:"
+        h = _fake_hex(t, name)
+        out = dict(inputs)
+        rid = f"{name}-{h[:7]}"
+        if t == "aws:s3/bucket:Bucket":
+            bucket = inputs.get("bucket") or rid
+            rid = bucket
+            out.update(bucket=bucket, arn=f"arn:aws:s3:::{bucket}", region=self.region)
+        elif t in ("aws:iam/role:Role", "aws:iam/instanceProfile:InstanceProfile"):
+            kind = "role" if t.endswith(":Role") else "instance-profile"
+            n = inputs.get("name") or rid
+            rid = n
+            out.update(name=n, arn=f"arn:aws:iam::{FAKE_ACCOUNT}:{kind}/{n}", uniqueId=f"AROA{h[:16].upper()}")
+        elif t == "aws:ecr/repository:Repository":
+            n = inputs.get("name") or rid
+            rid = n
+            out.update(
+                name=n,
+                arn=arn.format(svc="ecr") + f"repository/{n}",
+                repositoryUrl=f"{FAKE_ACCOUNT}.dkr.ecr.{self.region}.amazonaws.com/{n}",
+                registryId=FAKE_ACCOUNT,
+            )
+        elif t == LAUNCH_TEMPLATE:
+            rid = f"lt-{h}"
+            out.update(arn=arn.format(svc="ec2") + f"launch-template/{rid}", latestVersion=1, defaultVersion=1)
+        elif t == "aws:ec2/securityGroup:SecurityGroup":
+            rid = f"sg-{h}"
+            out.update(arn=arn.format(svc="ec2") + f"security-group/{rid}", name=rid)
+        elif t == "aws:ec2/keyPair:KeyPair":
+            rid = inputs.get("keyName") or rid
+            out.update(keyName=rid, arn=arn.format(svc="ec2") + f"key-pair/{rid}")
+        elif t == "aws:autoscaling/group:Group":
+            n = inputs.get("name") or rid
+            rid = n
+            uuid = f"{h[:8]}-{h[8:12]}-{h[12:16]}-0000-{_fake_hex(name, n=12)}"
+            out.update(name=n, arn=arn.format(svc="autoscaling") + f"autoScalingGroup:{uuid}:autoScalingGroupName/{n}")
+        elif t == "aws:s3/bucketObjectv2:BucketObjectv2":
+            out.update(versionId=h, etag=h)
+        elif t.startswith("pulumi:providers:"):
+            rid = f"{name}-provider-id"
+        return rid, out
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        fn, a = args.token, dict(args.args)
+        self.invokes.append({"token": fn, "args": _jsonable(a), "provider": _urn_name(args.provider or "") or None})
+        zones = [f"{self.region}{z}" for z in "abc"]
+        if fn == "aws:ec2/getAmi:getAmi":
+            wanted = [v for f in a.get("filters") or [] if f.get("name") == "image-id" for v in f.get("values", [])]
+            ami = wanted[0] if wanted else FAKE_AMI
+            return {
+                "id": ami, "imageId": ami, "architecture": "x86_64", "rootDeviceName": "/dev/sda1",
+                "name": "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20260101 (fake)",
+                "ownerId": "898082745236", "state": "available", "virtualizationType": "hvm",
+            }
+        if fn == "aws:ec2/getVpc:getVpc":
+            return {"id": FAKE_VPC, "default": True, "cidrBlock": "172.31.0.0/16", "state": "available"}
+        if fn == "aws:ec2/getSubnets:getSubnets":
+            filters = {f.get("name"): list(f.get("values", [])) for f in a.get("filters") or []}
+            chosen = filters.get("availability-zone") or zones
+            ids = [f"subnet-{_fake_hex(z)}" for z in chosen if z in zones]
+            return {"id": self.region, "ids": ids, "filters": a.get("filters")}
+        if fn == "aws:ec2/getSubnet:getSubnet":
+            return {"id": a.get("id"), "vpcId": FAKE_VPC, "availabilityZone": zones[0]}
+        if fn == "aws:index/getCallerIdentity:getCallerIdentity":
+            return {
+                "accountId": FAKE_ACCOUNT, "id": FAKE_ACCOUNT,
+                "arn": f"arn:aws:iam::{FAKE_ACCOUNT}:user/synth", "userId": "AIDAFAKEFAKEFAKEFAKE",
+            }
+        if fn == "aws:index/getPartition:getPartition":
+            return {"id": "aws", "partition": "aws", "dnsSuffix": "amazonaws.com", "reverseDnsPrefix": "com.amazonaws"}
+        if fn == "aws:index/getRegion:getRegion":
+            return {"id": self.region, "name": self.region, "region": self.region,
+                    "endpoint": f"ec2.{self.region}.amazonaws.com"}
+        if fn == "aws:index/getAvailabilityZones:getAvailabilityZones":
+            return {"id": self.region, "names": zones, "zoneIds": [f"use1-az{i}" for i in range(1, 4)]}
+        # An unknown lookup would silently return nothing; fail loudly instead.
+        raise NotImplementedError(f"ops synth has no fake answer for {fn}")
+
+
+class _Monitor(pulumi_mocks.MockMonitor):
+    """The SDK's mock monitor, also recording each registration's options.
+
+    The mock runtime hands `Mocks.new_resource` only the inputs; options such as
+    retainOnDelete and ignoreChanges travel in the same request, so they are read here.
+    """
+
+    def __init__(self, mocks: _Mocks):
+        super().__init__(mocks)
+        self.records: list[dict[str, Any]] = []
+        self.root_urn: str | None = None
+        self.stack_outputs: dict[str, Any] = {}
+
+    def RegisterResourceOutputs(self, request):  # noqa: N802 - gRPC method name
+        # The root stack's outputs are the program's exports, as the engine receives them.
+        if request.urn == self.root_urn:
+            self.stack_outputs = rpc.deserialize_properties(request.outputs)
+        return super().RegisterResourceOutputs(request)
+
+    def RegisterResource(self, request):  # noqa: N802 - gRPC method name
+        response = super().RegisterResource(request)
+        if request.type == "pulumi:pulumi:Stack":
+            self.root_urn = response.urn
+            return response
+        inputs = rpc.deserialize_properties(request.object)
+        self.records.append(
+            {
+                "type": request.type,
+                "name": request.name,
+                "parent": request.parent or None,
+                "inputs": _jsonable(inputs),
+                "options": {
+                    "retainOnDelete": bool(request.retainOnDelete),
+                    "protect": bool(request.protect),
+                    "ignoreChanges": list(request.ignoreChanges),
+                    "deleteBeforeReplace": bool(request.deleteBeforeReplace),
+                    "replaceOnChanges": list(request.replaceOnChanges),
+                    "provider": _urn_name(request.provider) if request.provider else None,
+                    "dependsOn": sorted(_urn_name(d) for d in request.dependencies),
+                    "custom": bool(request.custom),
+                },
+            }
+        )
+        return response
+
+
+def _config_for_sdk(doc_config: Mapping[str, Any]) -> dict[str, str]:
+    """Stack-file config as the SDK holds it: strings, objects as JSON."""
+    out = {}
+    for k, v in doc_config.items():
+        if isinstance(v, Mapping | list):
+            out[str(k)] = json.dumps(v)
+        elif isinstance(v, bool):
+            out[str(k)] = "true" if v else "false"
+        else:
+            out[str(k)] = str(v)
+    return out
+
+
+def load_source(source: str | Path | Mapping[str, Any], stack: str | None = None) -> tuple[config.Settings, dict[str, Any]]:
+    """Validated settings and the full config mapping of a stack file or raw settings.
+
+    `source` is a path to `Pulumi.<stack>.yaml`, or a mapping of un-namespaced trainstack
+    keys (cloud, region, run, ...). Raises `ConfigError` (one line naming the key).
+    """
+    if isinstance(source, Mapping):
+        name = stack or "test"
+        raw = dict(source)
+        full = {f"{config.NAMESPACE}:{k}": v for k, v in raw.items()}
+    else:
+        path = Path(source)
+        name = stack or path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise config.ConfigError("config", f"{path.name} is not valid YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(doc, Mapping):
+            raise config.ConfigError("config", f"{path.name}: expected a mapping with a config: block")
+        raw = config.raw_from_stack_file(path)
+        full = dict(doc.get("config") or {})
+    return config.load_settings(raw, stack=name), full
+
+
+def synthesize(source: str | Path | Mapping[str, Any], *, stack: str | None = None) -> Result:
+    """Run the Pulumi program for a stack file (or raw settings) under mocks; see module doc.
+
+    Raises `ConfigError` before anything runs when the config is invalid.
+    """
+    settings, full_config = load_source(source, stack)
+    if str(PROJECT_ROOT) not in sys.path:
+        sys.path.insert(0, str(PROJECT_ROOT))
+    ctx = contextvars.copy_context()
+    return ctx.run(_run, settings, _config_for_sdk(full_config))
+
+
+def _run(settings: config.Settings, sdk_config: dict[str, str]) -> Result:
+    project = project_name()
+    pulumi.runtime.settings.reset_options(project=project, stack=settings.stack, preview=False)
+    set_all_config(sdk_config, [])
+    mocks = _Mocks(settings.region)
+    monitor = _Monitor(mocks)
+    pulumi_settings.configure(
+        pulumi_mocks.MockSettings(
+            monitor=monitor,
+            monitor_features=set(monitor.GetDeploymentInfo(None).supportedFeatures),
+            engine=pulumi_mocks.MockEngine(logging.getLogger("ops.synth")),
+            project=project,
+            stack=settings.stack,
+            dry_run=False,
+            organization="organization",
+            root_directory=str(PROJECT_ROOT),
+            callbacks=None,
+        )
+    )
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(run_in_stack(lambda: runpy.run_path(str(PROGRAM), run_name="__main__")))
+    finally:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                loop.run_until_complete(task)
+        loop.close()
+
+    root_urn = monitor.root_urn
+    resources = []
+    for r in monitor.records:
+        parent = r["parent"]
+        r["parent"] = None if parent in (None, root_urn) else _urn_name(parent)
+        resources.append(r)
+    resources.sort(key=lambda r: (r["name"], r["type"]))
+    user_data = {}
+    for r in resources:
+        if r["type"] == LAUNCH_TEMPLATE and r["inputs"].get("userData"):
+            user_data[r["name"]] = base64.b64decode(r["inputs"]["userData"]).decode()
+    return Result(resources=resources, outputs=_jsonable(monitor.stack_outputs), user_data=user_data, invokes=mocks.invokes)
+
+
+def write(result: Result, out: Path) -> list[Path]:
+    """Write resources.json, outputs.json and user-data/<name>.yaml under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "resources.json", out / "outputs.json"]
+    written[0].write_text(json.dumps(result.resources, indent=2, sort_keys=True) + "\n")
+    written[1].write_text(json.dumps(result.outputs, indent=2, sort_keys=True) + "\n")
+    ud = out / "user-data"
+    ud.mkdir(exist_ok=True)
+    for name, text in sorted(result.user_data.items()):
+        p = ud / f"{name}.yaml"
+        p.write_text(text)
+        written.append(p)
+    return written
