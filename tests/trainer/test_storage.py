@@ -1,0 +1,250 @@
+"""Tests for trainer.storage against file://, moto_server (S3) and the GCS emulator."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer import storage
+from trainer.storage import NotFound, open_store
+
+
+def _write(path, data: bytes) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+    return str(path)
+
+
+def test_round_trips(run_root, tmp_path):
+    store = open_store(run_root.uri)
+    store.put_bytes("a/b/c.bin", b"\x00\x01hello")
+    assert store.get_bytes("a/b/c.bin") == b"\x00\x01hello"
+    store.put_bytes("a/b/c.bin", b"replaced")
+    assert store.get_bytes("a/b/c.bin") == b"replaced"
+
+    src = _write(tmp_path / "src" / "f.dat", os.urandom(300_000))
+    store.put_file("files/f.dat", src)
+    dest = tmp_path / "out" / "deep" / "f.dat"
+    store.get_file("files/f.dat", str(dest))
+    assert dest.read_bytes() == Path(src).read_bytes()
+    # Nothing but the file itself is left next to the destination.
+    assert os.listdir(dest.parent) == ["f.dat"]
+
+
+def test_list_exists_notfound(run_root, tmp_path):
+    store = open_store(run_root.uri)
+    for key in ["x/1", "x/2/3", "x2", "y"]:
+        store.put_bytes(key, key.encode())
+    assert store.list() == ["x/1", "x/2/3", "x2", "y"]
+    assert store.list("x/") == ["x/1", "x/2/3"]
+    assert store.list("x") == ["x/1", "x/2/3", "x2"]
+    assert store.list("nothing/") == []
+    assert store.exists("x/2/3") and not store.exists("x/2") and not store.exists("zz")
+    assert store.stat("y")["y"].size == 1
+
+    with pytest.raises(NotFound):
+        store.get_bytes("missing")
+    with pytest.raises(NotFound):
+        store.get_file("missing", str(tmp_path / "m"))
+    assert not (tmp_path / "m").exists()
+
+    store.delete_prefix("x/")
+    assert store.list() == ["x2", "y"]
+    with pytest.raises(ValueError, match="non-empty prefix"):
+        store.delete_prefix("")
+
+
+@pytest.mark.parametrize("run_root", ["s3", "gs"], indirect=True)
+def test_store_root_is_isolated(run_root):
+    """Keys of a run never leak into or out of its sibling run roots in the same bucket."""
+    store = open_store(run_root.uri)
+    sibling = open_store(run_root.uri + "-sibling")
+    store.put_bytes("k", b"1")
+    sibling.put_bytes("k", b"2")
+    assert store.list() == ["k"] and sibling.list() == ["k"]
+    assert store.get_bytes("k") == b"1"
+    store.delete_prefix("k")
+    assert sibling.get_bytes("k") == b"2"
+
+
+def test_append_line(run_root):
+    store = open_store(run_root.uri)
+    store.append_line("events.jsonl", '{"event": "started"}')
+    store.append_line("events.jsonl", '{"event": "resumed", "step": 3}')
+    assert store.get_bytes("events.jsonl").decode().splitlines() == [
+        '{"event": "started"}',
+        '{"event": "resumed", "step": 3}',
+    ]
+    with pytest.raises(ValueError, match="one line"):
+        store.append_line("events.jsonl", "a\nb")
+    assert len(store.get_bytes("events.jsonl").decode().splitlines()) == 2
+
+
+def test_upload_dir_changed_only(run_root, tmp_path):
+    store = open_store(run_root.uri)
+    local = tmp_path / "tb"
+    _write(local / "train" / "events.1", b"a" * 10)
+    _write(local / "train" / "events.2", b"b" * 10)
+    _write(local / "saved_model.pb", b"model")
+    assert store.upload_dir(str(local), "tensorboard") == 3
+    assert store.list("tensorboard/") == [
+        "tensorboard/saved_model.pb",
+        "tensorboard/train/events.1",
+        "tensorboard/train/events.2",
+    ]
+    assert store.upload_dir(str(local), "tensorboard") == 0
+
+    # An event file grows: only it goes up again.
+    with open(local / "train" / "events.2", "ab") as f:
+        f.write(b"more")
+    assert store.upload_dir(str(local), "tensorboard") == 1
+    assert store.get_bytes("tensorboard/train/events.2") == b"b" * 10 + b"more"
+
+    # A fresh process (fresh store) skips files whose stored copy has the same size and is
+    # newer; files are aged so the check does not depend on sub-second timing.
+    old = time.time() - 5
+    for path in (local / "train" / "events.1", local / "train" / "events.2", local / "saved_model.pb"):
+        os.utime(path, (old, old))
+    assert open_store(run_root.uri).upload_dir(str(local), "tensorboard") == 0
+    # Same size but changed after the upload: uploaded again.
+    _write(local / "saved_model.pb", b"MODEL")
+    assert open_store(run_root.uri).upload_dir(str(local), "tensorboard") == 1
+    assert store.get_bytes("tensorboard/saved_model.pb") == b"MODEL"
+    assert store.upload_dir(str(local), "tensorboard", changed_only=False) == 3
+
+
+def test_download_many_skips_existing(run_root, tmp_path):
+    store = open_store(run_root.uri)
+    blobs = {f"data/part-{i}.tfrecord": os.urandom(1000 + i) for i in range(6)}
+    for key, data in blobs.items():
+        store.put_bytes(key, data)
+    dest = tmp_path / "stage"
+    plan = {key: str(dest / key.split("/")[-1]) for key in blobs}
+    assert storage.download_many(store, plan, workers=4) == 6
+    for key, path in plan.items():
+        assert Path(path).read_bytes() == blobs[key]
+    assert storage.download_many(store, plan, workers=4) == 0
+
+    # A truncated file (wrong size) and a deleted one are fetched again; the rest stay.
+    with open(plan["data/part-0.tfrecord"], "r+b") as f:
+        f.truncate(10)
+    os.unlink(plan["data/part-5.tfrecord"])
+    assert storage.download_many(store, plan, workers=4) == 2
+    assert Path(plan["data/part-0.tfrecord"]).read_bytes() == blobs["data/part-0.tfrecord"]
+    assert storage.download_many(store, plan, skip_existing=False) == 6
+
+    with pytest.raises(NotFound):
+        storage.download_many(store, {"data/missing": str(dest / "missing")})
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["file://", "ftp://x/y", "runs/x", "s3:///nobucket", "gs:///nobucket"],
+)
+def test_bad_uris_are_refused(uri):
+    with pytest.raises(ValueError, match="run URI"):
+        open_store(uri)
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a/../b", "a//b", "./a", "a\\b"])
+def test_bad_keys_are_refused(tmp_path, key):
+    store = open_store(f"file://{tmp_path}/r")
+    with pytest.raises(ValueError, match="key"):
+        store.put_bytes(key, b"x")
+    assert not (tmp_path / "r").exists() or store.list() == []
+
+
+def test_relative_file_uri_resolves_against_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = open_store("file://./runs/demo")
+    assert store.uri == f"file://{tmp_path}/runs/demo"
+    store.put_bytes("COMPLETE", b"{}")
+    assert (tmp_path / "runs" / "demo" / "COMPLETE").read_bytes() == b"{}"
+
+
+def test_file_writes_are_atomic(tmp_path, monkeypatch):
+    """A write that dies mid-way leaves the old content and no visible temporary."""
+    store = open_store(f"file://{tmp_path}/r")
+    store.put_bytes("k", b"old")
+    calls = []
+
+    def broken_copy(src, dst):
+        calls.append(src)
+        with open(dst, "wb") as f:
+            f.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(storage.shutil, "copyfile", broken_copy)
+    src = _write(tmp_path / "src", b"new content")
+    with pytest.raises(OSError, match="No space"):
+        store.put_file("k", src)
+    assert calls == [src]  # not retried: a full disk is not transient
+    assert store.get_bytes("k") == b"old"
+    assert store.list() == ["k"]
+    assert sorted(os.listdir(tmp_path / "r")) == ["k"]
+
+
+def test_transient_errors_are_retried_and_reported(tmp_path, monkeypatch):
+    store = open_store(f"file://{tmp_path}/r")
+    seen = []
+    store.on_retry = lambda op, key, attempt, err: seen.append((op, key, attempt, type(err).__name__))
+    monkeypatch.setattr(storage, "BACKOFF_INITIAL_S", 0.01)
+    real = storage.FileStore._put_bytes
+    failures = [ConnectionResetError("reset"), OSError(5, "I/O error")]
+
+    def flaky(self, key, data):
+        if failures:
+            raise failures.pop(0)
+        return real(self, key, data)
+
+    monkeypatch.setattr(storage.FileStore, "_put_bytes", flaky)
+    store.put_bytes("k", b"v")
+    assert store.get_bytes("k") == b"v"
+    assert seen == [("put", "k", 1, "ConnectionResetError"), ("put", "k", 2, "OSError")]
+
+
+def test_is_transient_classification():
+    import botocore.exceptions as bx
+    from boto3.exceptions import S3UploadFailedError
+
+    def client_error(status, code):
+        return bx.ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+
+    cases = {
+        "503": (client_error(503, "SlowDown"), True),
+        "500": (client_error(500, "InternalError"), True),
+        "403": (client_error(403, "AccessDenied"), False),
+        "404": (client_error(404, "NoSuchKey"), False),
+        "closed": (bx.ConnectionClosedError(endpoint_url="http://x"), True),
+        "reset": (ConnectionResetError(), True),
+        "value": (ValueError("bad"), False),
+    }
+    try:
+        raise S3UploadFailedError("gave up") from client_error(503, "SlowDown")
+    except S3UploadFailedError as e:
+        cases["wrapped"] = (e, True)
+    results = {name: storage.is_transient(exc) for name, (exc, _) in cases.items()}
+    assert results == {name: expected for name, (_, expected) in cases.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["503", "drop"])
+def test_s3_faults_are_retried(faulty_s3, mode):
+    store = open_store(faulty_s3.uri)
+    seen = []
+    store.on_retry = lambda op, key, attempt, err: seen.append((op, attempt))
+    faulty_s3.proxy.fail_next(3, mode)
+    store.put_bytes("k", b"payload")
+    assert faulty_s3.proxy.failed == 3
+    assert store.get_bytes("k") == b"payload"
+    assert len(seen) >= 3
+
+    t0 = time.monotonic()
+    faulty_s3.proxy.fail_for(1.0, mode)
+    assert store.list() == ["k"]
+    assert time.monotonic() - t0 >= 0.9
+    assert faulty_s3.proxy.failed > 3
