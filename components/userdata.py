@@ -8,6 +8,8 @@ to find its run (bucket URI, region, group name, image reference, limits).
 
 from __future__ import annotations
 
+import base64
+import gzip
 import shlex
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +18,8 @@ import yaml
 
 USERDATA_DIR = Path(__file__).resolve().parent.parent / "userdata"
 ENV_FILE = "/etc/trainstack/env"
+# EC2 refuses user data over 16 KiB (before base64); cloud-init unpacks gzip by itself.
+AWS_USER_DATA_LIMIT = 16 * 1024
 
 # Keys every machine's env file holds; components fill them, boot scripts read them.
 BOOT_ENV_KEYS = (
@@ -28,7 +32,27 @@ BOOT_ENV_KEYS = (
     "TRAINSTACK_MAX_RUNTIME_S",  # the run's deadline, counted from the first boot
     "TRAINSTACK_NODES",          # machines in the group
     "TRAINSTACK_GPUS_PER_NODE",
+    "TRAINSTACK_NOTICE_GRACE_S",  # seconds the trainer gets after a spot notice before SIGKILL
+    "TRAINSTACK_POLL_S",          # notice watcher's polling interval
+    "TRAINSTACK_MAX_FAILURES",    # trainer failures in a row before the run is FAILED
 )
+
+# Seconds between the notice and SIGKILL: most of AWS's 2-minute and GCE's 30-second
+# warning, leaving the rest for the final upload to finish and the machine to go.
+NOTICE_GRACE_S = {"aws": 100, "gcp": 25}
+
+# Installed by write_files: (file in userdata/, path on the machine, permissions).
+FILES = (
+    ("lib.sh", "/opt/trainstack/bin/lib.sh", "0644"),
+    ("bootstrap.sh", "/opt/trainstack/bin/bootstrap.sh", "0755"),
+    ("supervise.sh", "/opt/trainstack/bin/supervise.sh", "0755"),
+    ("watch-notice.sh", "/opt/trainstack/bin/watch-notice.sh", "0755"),
+    ("finish.sh", "/opt/trainstack/bin/finish.sh", "0755"),
+    ("stop-trainer.sh", "/opt/trainstack/bin/stop-trainer.sh", "0755"),
+    ("trainstack-trainer.service", "/etc/systemd/system/trainstack-trainer.service", "0644"),
+    ("trainstack-watcher.service", "/etc/systemd/system/trainstack-watcher.service", "0644"),
+)
+UNITS = ("trainstack-watcher.service", "trainstack-trainer.service")
 
 
 def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, str]:
@@ -48,6 +72,9 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, 
         "TRAINSTACK_MAX_RUNTIME_S": str(int(compute.max_runtime_hours * 3600)),
         "TRAINSTACK_NODES": str(compute.nodes),
         "TRAINSTACK_GPUS_PER_NODE": str(compute.gpus_per_node),
+        "TRAINSTACK_NOTICE_GRACE_S": str(NOTICE_GRACE_S[settings.cloud]),
+        "TRAINSTACK_POLL_S": "5",
+        "TRAINSTACK_MAX_FAILURES": "3",
         "TRAINSTACK_MODEL": run.model,
         "TRAINSTACK_STEPS": str(run.steps),
         "TRAINSTACK_BATCH_SIZE": str(run.batch_size),
@@ -78,16 +105,62 @@ def render_env(env: Mapping[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+class _Dumper(yaml.SafeDumper):
+    """Writes multi-line strings (the installed files) as literal `|` blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def render_user_data(cloud: str, env: Mapping[str, str]) -> str:
-    """The `#cloud-config` document for one machine of `cloud`, with `env` in its env file."""
+    """The `#cloud-config` document for one machine of `cloud`, with `env` in its env file.
+
+    cloud-init writes the scripts and units and enables the units once; systemd starts
+    them on every later boot (cloud-init's runcmd runs only on an instance's first boot).
+    """
     if cloud not in ("aws", "gcp"):
         raise ValueError(f"cloud must be aws or gcp, not {cloud!r}")
     missing = [k for k in BOOT_ENV_KEYS if k not in env]
     if missing:
         raise ValueError(f"user data env lacks {', '.join(missing)}")
+    if env["TRAINSTACK_CLOUD"] != cloud:
+        raise ValueError(f"env is for {env['TRAINSTACK_CLOUD']!r}, the document for {cloud!r}")
+    files = [
+        {"path": ENV_FILE, "permissions": "0644", "owner": "root:root", "content": render_env(env)},
+    ]
+    for name, path, mode in FILES:
+        files.append({"path": path, "permissions": mode, "owner": "root:root",
+                      "content": (USERDATA_DIR / name).read_text()})
     doc = {
-        "write_files": [
-            {"path": ENV_FILE, "permissions": "0644", "owner": "root:root", "content": render_env(env)},
+        "write_files": files,
+        "runcmd": [
+            ["systemctl", "daemon-reload"],
+            # --no-block: cloud-init is itself a unit in the boot transaction; waiting for
+            # the trainer (which runs for hours) would hold up the rest of the boot.
+            ["systemctl", "enable", "--now", "--no-block", *UNITS],
         ],
     }
-    return "#cloud-config\n" + yaml.safe_dump(doc, sort_keys=False, width=1000)
+    return "#cloud-config\n" + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000)
+
+
+def encode_user_data(text: str) -> str:
+    """User data as EC2 launch templates take it: gzip (no timestamp, so unchanged text
+    gives unchanged bytes and no replacement), then base64. cloud-init detects the gzip.
+    """
+    data = gzip.compress(text.encode(), compresslevel=9, mtime=0)
+    if len(data) > AWS_USER_DATA_LIMIT:
+        raise ValueError(f"user data is {len(data)} bytes gzipped; EC2 takes at most {AWS_USER_DATA_LIMIT}")
+    return base64.b64encode(data).decode()
+
+
+def decode_user_data(b64: str) -> str:
+    """The text of base64 user data, gzipped or not (the inverse of `encode_user_data`)."""
+    data = base64.b64decode(b64)
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    return data.decode()

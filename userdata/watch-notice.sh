@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# trainstack notice watcher: polls the instance metadata for the cloud's warning that it
+# is taking the machine back, and gives the trainer the warning's time to checkpoint.
+#   AWS: IMDSv2 spot/instance-action (404 until a notice, 2 minutes ahead) and the
+#        rebalance recommendation (an early hint: recorded, training goes on).
+#   GCE: instance/preempted (TRUE about 30 s ahead) and instance/maintenance-event
+#        (TERMINATE_ON_HOST_MAINTENANCE: GPU machines cannot migrate live).
+# On a notice: a pending marker the supervisor reads, `docker stop --time GRACE` (SIGTERM,
+# SIGKILL after the grace), and a spot_notice event in the run's events.jsonl.
+set -euo pipefail
+
+# shellcheck source=userdata/lib.sh
+. "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
+
+POLL_S="${TRAINSTACK_POLL_S:-5}"
+
+# Prints the notice ("kind detail") and returns 0 when the cloud has announced one.
+notice() {
+  local body rc
+  case "$TRAINSTACK_CLOUD" in
+    aws)
+      rc=0
+      body="$(md_get spot/instance-action)" || rc=$?
+      if ((rc == 0)); then printf 'instance-action %s\n' "$body"; return 0; fi
+      ;;
+    gcp)
+      body="$(md_get preempted)" || body=""
+      if [[ "$body" == TRUE ]]; then printf 'preempted TRUE\n'; return 0; fi
+      body="$(md_get maintenance-event)" || body=""
+      if [[ "$body" == TERMINATE_ON_HOST_MAINTENANCE ]]; then printf 'maintenance-event %s\n' "$body"; return 0; fi
+      ;;
+  esac
+  return 1
+}
+
+# The AWS rebalance recommendation comes before any interruption and often without
+# one: stopping on it would leave a paid machine idle, so it is only recorded.
+rebalance() {
+  local body
+  [[ "$TRAINSTACK_CLOUD" == aws && ! -e "$RUNTIME_DIR/rebalance-seen" ]] || return 0
+  body="$(md_get events/recommendations/rebalance)" || return 0
+  touch "$RUNTIME_DIR/rebalance-seen"
+  log "rebalance recommendation: $body"
+  event rebalance_recommendation cloud="$TRAINSTACK_CLOUD" detail="$body"
+}
+
+handle() {
+  local kind="$1" detail="$2" start=$SECONDS
+  log "spot notice ($kind): $detail; stopping the trainer with ${GRACE_S}s grace"
+  printf '%s %s\n' "$kind" "$detail" >"$NOTICE_FILE"
+  docker stop --time "$GRACE_S" "$CONTAINER" >/dev/null 2>&1 || log "no running trainer to stop"
+  log "trainer stopped after $((SECONDS - start))s"
+  event spot_notice cloud="$TRAINSTACK_CLOUD" kind="$kind" detail="$detail" grace_s:="$GRACE_S" \
+    stop_s:="$((SECONDS - start))"
+  touch "$RUNTIME_DIR/notice-handled"
+}
+
+main() {
+  load_env
+  log "watching for spot notices every ${POLL_S}s ($TRAINSTACK_CLOUD, $METADATA_URL)"
+  local found kind detail
+  while true; do
+    if [[ ! -e "$RUNTIME_DIR/notice-handled" ]] && found="$(notice)"; then
+      kind="${found%% *}"
+      detail="${found#* }"
+      handle "$kind" "$detail"
+    fi
+    rebalance
+    sleep "$POLL_S"
+  done
+}
+
+main "$@"
