@@ -1,0 +1,154 @@
+"""Every stack in stacks/ (and config variants) goes through `ops synth`, every rule and parliament: all clean.
+
+The synth output is also broken on purpose, one property at a time, to prove the rules read
+the shape synth really writes (a rule that never matches a real resource would pass vacuously).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from components.settings import load_settings, load_stack_file, raw_from_stack_file
+from ops import synth
+from policy import iam, rules
+
+STACKS = sorted(Path(synth.STACKS_DIR).glob("Pulumi.*.yaml"))
+STACK_NAMES = [p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in STACKS]
+
+# Config variants that switch on what the stack files leave off: SSH access, several
+# nodes (worker ingress), on-demand, a bucket that may go, a digest-pinned image.
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDvFv4rG7bz4VPf5QO3VqlZl8s3oxXUA6dMu5O3wYp8N me@laptop"
+VARIANTS = {
+    "ssh-multinode": {"access": {"sshPublicKey": KEY, "allowedCidrs": ["203.0.113.0/24", "2001:db8::/48"]},
+                      "compute": {"instanceTypes": ["g5.12xlarge"], "gpusPerNode": 4, "nodes": 2}},
+    "on-demand-disposable": {"compute": {"spot": False}, "storage": {"keepOnDestroy": False},
+                             "image": {"tag": "2.21.0-gpu", "digest": "sha256:" + "ab" * 32}},
+}
+
+
+@pytest.fixture(scope="module")
+def synthesized() -> dict[str, tuple[synth.Result, rules.Context]]:
+    """Each stack file and variant synthesized once for the module (about 2 s each)."""
+    out = {}
+    for name, path in zip(STACK_NAMES, STACKS, strict=True):
+        out[name] = (synth.synthesize(path), rules.context_from_settings(load_stack_file(path)))
+    base = raw_from_stack_file(synth.STACKS_DIR / "Pulumi.dev.yaml")
+    for name, change in VARIANTS.items():
+        raw = copy.deepcopy(base)
+        for block, values in change.items():
+            raw[block] = {**raw.get(block, {}), **values}
+        out[name] = (synth.synthesize(raw, stack=name), rules.context_from_settings(load_settings(raw, stack=name)))
+    return out
+
+
+ALL = STACK_NAMES + list(VARIANTS)
+
+
+def test_stacks_exist():
+    assert {"dev", "large"} <= set(STACK_NAMES)
+
+
+@pytest.mark.parametrize("stack", ALL)
+def test_stack_is_clean_under_every_rule(synthesized, stack):
+    result, ctx = synthesized[stack]
+    custom = [r for r in result.resources if r["options"].get("custom")]
+    assert len(custom) >= 15, "synth registered too few resources for a whole stack"
+    assert rules.check(result.resources, ctx) == []
+
+
+@pytest.mark.parametrize("stack", ALL)
+def test_stack_policies_pass_parliament(synthesized, stack):
+    result, _ = synthesized[stack]
+    docs = iam.policy_documents(result.resources)
+    # the role's trust policy, its permissions and the TLS-only bucket policy, at least
+    assert {d.kind for d in docs} == {"trust", "identity", "resource"}
+    assert len(docs) >= 3
+    findings = iam.lint(docs)
+    assert findings == [], [str(f) for f in findings]
+
+
+def test_variants_exercise_what_they_switch_on(synthesized):
+    """The variants really produce SSH and worker ingress, on-demand, a disposable bucket."""
+    res, _ = synthesized["ssh-multinode"]
+    sg = next(r for r in res.resources if r["type"] == "aws:ec2/securityGroup:SecurityGroup")
+    ingress = sg["inputs"]["ingress"]
+    assert any(i.get("fromPort") == 22 for i in ingress) and any(i.get("self") for i in ingress)
+    res, ctx = synthesized["on-demand-disposable"]
+    assert ctx.on_demand and not ctx.keep_bucket
+    asg = next(r for r in res.resources if r["type"] == "aws:autoscaling/group:Group")
+    dist = asg["inputs"]["mixedInstancesPolicy"]["instancesDistribution"]
+    assert dist.get("onDemandPercentageAboveBaseCapacity") == 100
+    bucket = next(r for r in res.resources if r["type"] == "aws:s3/bucket:Bucket")
+    assert bucket["options"]["retainOnDelete"] is False
+
+
+def _one(resources: list[dict], type_: str) -> dict:
+    found = [r for r in resources if r["type"] == type_]
+    assert len(found) == 1, type_
+    return found[0]
+
+
+def _statement_edit(resources: list[dict], type_: str, i: int, **kv) -> None:
+    r = _one(resources, type_)
+    doc = json.loads(r["inputs"]["policy"])
+    doc["Statement"][i].update(kv)
+    r["inputs"]["policy"] = json.dumps(doc)
+
+
+def _replace_image(resources: list[dict], image: str) -> None:
+    lt = _one(resources, "aws:ec2/launchTemplate:LaunchTemplate")
+    text = base64.b64decode(lt["inputs"]["userData"]).decode()
+    assert "TRAINSTACK_IMAGE='tensorflow/tensorflow:2.21.0-gpu'" in text
+    text = text.replace("tensorflow/tensorflow:2.21.0-gpu", image)
+    lt["inputs"]["userData"] = base64.b64encode(text.encode()).decode()
+
+
+BREAKS = {
+    "bucket-not-public": lambda rs: rs.remove(_one(rs, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")),
+    "bucket-encrypted": lambda rs: rs.remove(_one(rs, "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")),
+    "bucket-versioned": lambda rs: rs.remove(_one(rs, "aws:s3/bucketVersioning:BucketVersioning")),
+    "bucket-tls-only": lambda rs: rs.remove(_one(rs, "aws:s3/bucketPolicy:BucketPolicy")),
+    "bucket-retained": lambda rs: _one(rs, "aws:s3/bucket:Bucket")["options"].update(retainOnDelete=False),
+    "imdsv2-required": lambda rs: _one(rs, "aws:ec2/launchTemplate:LaunchTemplate")["inputs"]["metadataOptions"].update(httpTokens="optional"),
+    "root-volume-encrypted": lambda rs: _one(rs, "aws:ec2/launchTemplate:LaunchTemplate")["inputs"]["blockDeviceMappings"][0]["ebs"].update(encrypted="false"),
+    "no-world-ingress": lambda rs: _one(rs, "aws:ec2/securityGroup:SecurityGroup")["inputs"]["ingress"].append(
+        {"protocol": "tcp", "fromPort": 22, "toPort": 22, "cidrBlocks": ["0.0.0.0/0"]}),
+    "ssh-only-from-allowed": lambda rs: _one(rs, "aws:ec2/securityGroup:SecurityGroup")["inputs"]["ingress"].append(
+        {"protocol": "tcp", "fromPort": 22, "toPort": 22, "cidrBlocks": ["198.51.100.0/24"]}),
+    "iam-least-privilege": lambda rs: _statement_edit(rs, "aws:iam/rolePolicy:RolePolicy", 0, Resource="*"),
+    "image-pinned": lambda rs: _replace_image(rs, "tensorflow/tensorflow:latest-gpu"),
+    "no-secrets": lambda rs: _one(rs, "aws:s3/bucket:Bucket")["inputs"]["tags"].update(key="AKIAIOSFODNN7EXAMPLE"),
+    "spot-with-runtime-cap": lambda rs: rs.remove(_one(rs, "aws:autoscaling/schedule:Schedule")),
+    "tagged": lambda rs: _one(rs, "aws:iam/role:Role")["inputs"].update(tags={}),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(BREAKS))
+def test_rule_reads_the_real_synth_shape(synthesized, rule):
+    result, ctx = synthesized["dev"]
+    resources = copy.deepcopy(result.resources)
+    BREAKS[rule](resources)
+    fired = rules.check(resources, ctx)
+    assert {v.rule for v in fired} == {rule}, [str(v) for v in fired]
+
+
+def test_every_aws_rule_is_broken_on_real_output():
+    aws_rules = {r.id for r in rules.RULES} - {"gce-metadata-hardened"}
+    assert aws_rules == set(BREAKS)
+
+
+def test_parliament_finds_what_it_should():
+    """The lint is live: a wildcard resource, a misspelt action and a broken trust policy are reported."""
+    def doc(kind: str, text: str) -> iam.PolicyDocument:
+        return iam.PolicyDocument("r", "policy", kind, text)
+
+    bad = doc("identity", json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"},
+        {"Effect": "Allow", "Action": "s3:GetObjekt", "Resource": "arn:aws:s3:::b/*"}]}))
+    issues = [f.issue for f in iam.lint([bad, doc("trust", '{"Version": "2012-10-17", "Statement": [')])]
+    assert sorted(issues) == ["MALFORMED_JSON", "RESOURCE_STAR", "UNKNOWN_ACTION"]
