@@ -1,0 +1,265 @@
+"""The trainer's configuration: one typed dataclass filled from CLI flags and `TRAINSTACK_*` env vars.
+
+Every flag `--some-option` can also be given as `TRAINSTACK_SOME_OPTION` (booleans as
+`1/true/yes` or `0/false/no`); the machines' env file (`components/userdata.py: boot_env`)
+uses exactly these names. `TRAINSTACK_EXTRA_ARGS` holds more flags (shell-quoted) that are
+parsed as if given on the command line. Precedence: command-line flags, then
+`TRAINSTACK_EXTRA_ARGS`, then the other variables, then the defaults below.
+
+The defaults train the example `mlp` on synthetic data to completion on a 2-core CPU in
+well under a minute (`python -m trainer --run-uri file://./runs/demo --synthetic`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+ENV_PREFIX = "TRAINSTACK_"
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class ConfigError(ValueError):
+    """A trainer option that cannot work; the message names the option and what was expected."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs to know; see `--help` for each field's meaning."""
+
+    run_uri: str
+    model: str = "mlp"
+    synthetic: bool = False
+    data_uri: str | None = None
+    steps: int = 1000
+    batch_size: int = 64
+    checkpoint_every_steps: int | None = 250
+    checkpoint_every_seconds: float | None = 600.0
+    keep_checkpoints: int = 3
+    seed: int = 0
+    deterministic: bool = False
+    learning_rate: float = 1e-3
+    precision: str | None = None
+    xla: bool = False
+    grad_accum: int = 1
+    log_every: int = 50
+    progress_every_seconds: float = 10.0
+    lm_layers: int = 2
+    lm_dim: int = 64
+    lm_heads: int = 4
+    lm_seq_len: int = 64
+    lm_vocab: int = 256
+    lm_tied: bool = False
+    data_dir: str | None = None
+    work_dir: str | None = None
+
+    @property
+    def per_step_batch(self) -> int:
+        """Examples each replica consumes per optimizer step (micro-batch × accumulation)."""
+        return self.batch_size * self.grad_accum
+
+
+def _bool(text: str, name: str) -> bool:
+    v = text.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ConfigError(f"{name}={text!r}: expected 1/true/yes or 0/false/no")
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
+def _optional(conv):
+    """Accept 0 / "none" / "" as "off" for the checkpoint cadences."""
+
+    def parse(text: str):
+        if text.strip().lower() in ("", "0", "none", "off"):
+            return None
+        return conv(text)
+
+    parse.__name__ = conv.__name__
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI; each option's env variable is `TRAINSTACK_` + its name in UPPER_SNAKE."""
+    p = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description="Train a TensorFlow model with checkpoints in object storage that survive preemption. "
+        "Every option can also be set as TRAINSTACK_<OPTION> in the environment (e.g. TRAINSTACK_RUN_URI); "
+        "TRAINSTACK_EXTRA_ARGS holds more flags. Flags beat the environment.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    d = TrainConfig(run_uri="")
+    p.add_argument("--run-uri", help="where the run lives: s3://B/runs/ID, gs://B/runs/ID or file://DIR (required)")
+    p.add_argument("--model", default=d.model, help="mlp, transformer-lm, or package.module:function returning a ModelSpec")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--synthetic", action="store_true", default=None, help="train on deterministic synthetic data")
+    src.add_argument("--data-uri", default=None, help="folder of TFRecord files (*.tfrecord*) on s3://, gs:// or file://")
+    p.add_argument("--steps", type=_positive_int, default=d.steps, help="optimizer steps in the whole run")
+    p.add_argument("--batch-size", type=_positive_int, default=d.batch_size, help="examples per replica per micro-batch")
+    p.add_argument("--checkpoint-every-steps", type=_optional(_positive_int), default=d.checkpoint_every_steps,
+                   help="checkpoint every N steps (0: off)")
+    p.add_argument("--checkpoint-every-seconds", type=_optional(_positive_float), default=d.checkpoint_every_seconds,
+                   help="checkpoint at least every S seconds (0: off)")
+    p.add_argument("--keep-checkpoints", type=_positive_int, default=d.keep_checkpoints, help="committed checkpoints kept")
+    p.add_argument("--seed", type=_nonneg_int, default=d.seed, help="seed of initial weights, dropout and data order")
+    p.add_argument("--deterministic", action="store_true", default=None,
+                   help="op determinism: a resumed run ends with the same weights as an uninterrupted one (CPU)")
+    p.add_argument("--learning-rate", type=_positive_float, default=d.learning_rate, help="optimizer learning rate")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="compute precision (default: mixed_bfloat16 for transformer-lm on GPUs, else float32)")
+    p.add_argument("--xla", action="store_true", default=None, help="compile the train step with XLA (jit_compile)")
+    p.add_argument("--grad-accum", type=_positive_int, default=d.grad_accum,
+                   help="micro-batches accumulated per optimizer step")
+    p.add_argument("--log-every", type=_positive_int, default=d.log_every, help="TensorBoard scalars every N steps")
+    p.add_argument("--progress-every-seconds", type=_positive_float, default=d.progress_every_seconds,
+                   help="how often progress.json is rewritten")
+    p.add_argument("--lm-layers", type=_positive_int, default=d.lm_layers, help="transformer-lm: decoder blocks")
+    p.add_argument("--lm-dim", type=_positive_int, default=d.lm_dim, help="transformer-lm: model width")
+    p.add_argument("--lm-heads", type=_positive_int, default=d.lm_heads, help="transformer-lm: attention heads")
+    p.add_argument("--lm-seq-len", type=_positive_int, default=d.lm_seq_len, help="transformer-lm: tokens per sequence")
+    p.add_argument("--lm-vocab", type=_positive_int, default=d.lm_vocab, help="transformer-lm: vocabulary size")
+    p.add_argument("--lm-tied", action="store_true", default=None, help="transformer-lm: output head tied to the embedding")
+    p.add_argument("--data-dir", default=None,
+                   help="local folder the --data-uri files are staged to (default: a cache folder)")
+    p.add_argument("--work-dir", default=None, help="local scratch for checkpoints and TensorBoard (default: a temp dir)")
+    return p
+
+
+def _dest(action: argparse.Action) -> str:
+    return ENV_PREFIX + action.dest.upper()
+
+
+def _env_argv(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> list[str]:
+    """Turn the TRAINSTACK_* variables the parser knows into flags (unknown ones belong to the boot)."""
+    argv: list[str] = []
+    for action in parser._actions:  # argparse has no public walk over its options
+        if not action.option_strings or action.dest == "help":
+            continue
+        name = _dest(action)
+        if name not in env:
+            continue
+        value = env[name]
+        flag = action.option_strings[0]
+        if isinstance(action, argparse._StoreTrueAction):
+            if _bool(value, name):
+                argv.append(flag)
+        else:
+            argv += [flag, value]
+    return argv
+
+
+def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> TrainConfig:
+    """Parse flags and environment into a validated `TrainConfig`.
+
+    Raises `SystemExit(2)` with argparse's message for a malformed flag, and `ConfigError`
+    for combinations that cannot work.
+    """
+    env = os.environ if env is None else env
+    argv = list(argv) if argv is not None else []
+    parser = build_parser()
+    try:
+        extra = shlex.split(env.get(ENV_PREFIX + "EXTRA_ARGS", ""))
+    except ValueError as e:
+        raise ConfigError(f"TRAINSTACK_EXTRA_ARGS: cannot split {env[ENV_PREFIX + 'EXTRA_ARGS']!r}: {e}") from e
+    env_args = _env_argv(parser, env)
+    # The env-derived flags first, then the extra args, then the real flags: argparse keeps
+    # the last value, so real flags beat the environment. The data source is one choice:
+    # a flag for one source overrides an env var for the other.
+    given = extra + argv
+    if any(a == "--synthetic" or a.startswith("--data-uri") for a in given):
+        env_args = _drop_source(env_args)
+    ns = parser.parse_args(env_args + given)
+    values = {k: v for k, v in vars(ns).items() if v is not None}
+    for flag in ("synthetic", "deterministic", "xla", "lm_tied"):
+        values.setdefault(flag, False)
+    # Cadences may be switched off explicitly (None), so copy them as parsed.
+    values["checkpoint_every_steps"] = ns.checkpoint_every_steps
+    values["checkpoint_every_seconds"] = ns.checkpoint_every_seconds
+    if not values.get("run_uri"):
+        raise ConfigError("--run-uri (or TRAINSTACK_RUN_URI) is required: s3://B/runs/ID, gs://B/runs/ID or file://DIR")
+    values["run_uri"] = normalize_uri(values["run_uri"])
+    cfg = TrainConfig(**values)
+    validate(cfg)
+    return cfg
+
+
+def _drop_source(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if a == "--synthetic":
+            continue
+        if a == "--data-uri":
+            skip = True
+            continue
+        out.append(a)
+    return out
+
+
+def normalize_uri(uri: str) -> str:
+    """`file://./x` and bare paths become absolute `file:///...`; s3:// and gs:// are kept."""
+    if re.match(r"^(s3|gs)://[^/]+", uri):
+        return uri.rstrip("/")
+    if uri.startswith("file://"):
+        path = uri[len("file://"):]
+    elif "://" in uri:
+        raise ConfigError(f"{uri!r}: expected s3://BUCKET/PATH, gs://BUCKET/PATH or file://DIR")
+    else:
+        path = uri
+    if not path:
+        raise ConfigError(f"{uri!r}: the file:// URI has no path")
+    return "file://" + os.path.abspath(os.path.expanduser(path))
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Reject combinations that cannot work, naming the option."""
+    if cfg.synthetic == bool(cfg.data_uri) and not _is_user_model(cfg.model):
+        raise ConfigError("choose the data: --synthetic or --data-uri URI (TRAINSTACK_SYNTHETIC=1 / TRAINSTACK_DATA_URI)")
+    if cfg.data_uri:
+        object.__setattr__(cfg, "data_uri", normalize_uri(cfg.data_uri))
+    if cfg.model not in ("mlp", "transformer-lm") and not _is_user_model(cfg.model):
+        raise ConfigError(f"--model {cfg.model!r}: expected mlp, transformer-lm or package.module:function")
+    if cfg.checkpoint_every_steps is None and cfg.checkpoint_every_seconds is None:
+        raise ConfigError("set --checkpoint-every-steps or --checkpoint-every-seconds (or both)")
+    if cfg.lm_dim % cfg.lm_heads:
+        raise ConfigError(f"--lm-dim {cfg.lm_dim} must be a multiple of --lm-heads {cfg.lm_heads}")
+
+
+def _is_user_model(name: str) -> bool:
+    return bool(re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", name))
+
+
+def as_dict(cfg: TrainConfig) -> dict:
+    """The config as plain JSON-able data (for the `started` event)."""
+    return dataclasses.asdict(cfg)

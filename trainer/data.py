@@ -1,0 +1,246 @@
+"""Training data: synthetic sets, TFRecord files staged from object storage, and the `tf.data` stream.
+
+The stream is an endless sequence of epochs. Epoch `e` is shuffled with seed
+`(seed, e)`, so its order depends only on the run's seed and the epoch number; a
+resumed run rebuilds the stream from the epoch it stopped in and skips exactly the
+batches of that epoch it had already consumed: no batch is repeated, none is skipped.
+
+TFRecord formats the built-in models read (one `tf.train.Example` per record):
+  * `mlp`: `x` — float list of 784 values in [0, 1]; `y` — int64 label 0-9.
+  * `transformer-lm`: `tokens` — int64 list of `--lm-seq-len` + 1 token ids.
+
+`--data-uri` names a folder; every `*.tfrecord*` file under it is staged to
+`--data-dir` (`TRAINSTACK_DATA_DIR`; the machines mount local NVMe there) with parallel
+downloads that skip files already there, so a rebooted machine does not download again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+
+AUTOTUNE = tf.data.AUTOTUNE
+SHUFFLE_BUFFER = 10_000
+MNIST_EXAMPLES = 60_000
+LM_SEQUENCES = 8_192
+_MAX_EPOCHS = 1 << 40
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where the stream is: batches consumed since the start of the run."""
+
+    batches_seen: int = 0
+
+
+# -- synthetic sets ---------------------------------------------------------------------------
+
+
+def synthetic_mnist(n: int = MNIST_EXAMPLES, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST-shaped data that can be learned: 784 uint8 pixels per image, labels 0-9.
+
+    Each class has a fixed random prototype; an image is its class's prototype plus
+    noise. Same seed, same data.
+    """
+    rng = np.random.default_rng([seed, 784])
+    prototypes = rng.integers(0, 192, size=(10, 784), dtype=np.int64)
+    y = rng.integers(0, 10, size=(n,), dtype=np.int64)
+    noise = rng.integers(0, 64, size=(n, 784), dtype=np.int64)
+    x = (prototypes[y] + noise).astype(np.uint8)
+    return x, y
+
+
+def synthetic_tokens(n: int = LM_SEQUENCES, seq_len: int = 64, vocab: int = 256, seed: int = 0):
+    """Token sequences with structure to learn: each is an arithmetic progression modulo `vocab`.
+
+    Returns `(x, y)`: x = tokens[:-1], y = tokens[1:] as int32 arrays.
+    """
+    rng = np.random.default_rng([seed, vocab])
+    start = rng.integers(0, vocab, size=(n, 1))
+    stride = rng.integers(1, 8, size=(n, 1))
+    tokens = ((start + stride * np.arange(seq_len + 1)[None]) % vocab).astype(np.int32)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def preprocess(x: tf.Tensor) -> tf.Tensor:
+    """uint8 pixels become float32 in [0, 1]; anything else is passed through."""
+    return tf.cast(x, tf.float32) / 255.0 if x.dtype == tf.uint8 else x
+
+
+# -- TFRecord parsing -------------------------------------------------------------------------
+
+
+def parse_mlp_records(serialized: tf.Tensor):
+    """A batch of serialized `mlp` examples → `(x [B, 784] float32, y [B] int64)`."""
+    f = tf.io.parse_example(
+        serialized,
+        {"x": tf.io.FixedLenFeature([784], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)},
+    )
+    return f["x"], f["y"]
+
+
+def make_lm_parser(seq_len: int) -> Callable:
+    """Parser for `transformer-lm` records holding `seq_len + 1` tokens each."""
+
+    def parse(serialized: tf.Tensor):
+        f = tf.io.parse_example(serialized, {"tokens": tf.io.FixedLenFeature([seq_len + 1], tf.int64)})
+        tokens = tf.cast(f["tokens"], tf.int32)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    return parse
+
+
+def mlp_example(x: np.ndarray, y: int) -> bytes:
+    """One serialized `mlp` record (for writing data sets and tests)."""
+    feat = {
+        "x": tf.train.Feature(float_list=tf.train.FloatList(value=np.asarray(x, np.float32).ravel())),
+        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)])),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feat)).SerializeToString()
+
+
+def lm_example(tokens: np.ndarray) -> bytes:
+    """One serialized `transformer-lm` record."""
+    feat = {"tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(t) for t in tokens]))}
+    return tf.train.Example(features=tf.train.Features(feature=feat)).SerializeToString()
+
+
+# -- staging ----------------------------------------------------------------------------------
+
+
+def default_data_dir() -> str:
+    """A per-user cache folder, used when `--data-dir` is not given."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "trainstack", "data")
+
+
+def stage(data_uri: str, data_dir: str | None = None) -> list[str]:
+    """Download the TFRecord files under `data_uri` to local disk; return their local paths.
+
+    Files already staged with the right size are not downloaded again.
+    """
+    from trainer.storage import download_many, open_store
+
+    store = open_store(data_uri)
+    keys = sorted(k for k in store.list("") if ".tfrecord" in os.path.basename(k))
+    if not keys:
+        raise ValueError(f"--data-uri {data_uri}: no *.tfrecord* files there")
+    # One folder per data URI, so two data sets never mix in a shared cache.
+    sub = hashlib.sha256(data_uri.encode()).hexdigest()[:16]
+    root = os.path.join(data_dir or default_data_dir(), sub)
+    paths = {k: os.path.join(root, *k.split("/")) for k in keys}
+    for p in paths.values():
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+    download_many(store, paths)
+    return [paths[k] for k in keys]
+
+
+def count_records(files: list[str]) -> int:
+    """Records in the staged files, cached beside them (keyed by names and sizes)."""
+    key = hashlib.sha256(json.dumps([(f, os.path.getsize(f)) for f in files]).encode()).hexdigest()
+    cache = os.path.join(os.path.dirname(files[0]), f".records-{key[:16]}.json")
+    try:
+        with open(cache) as fh:
+            return int(json.load(fh)["records"])
+    except (OSError, ValueError, KeyError):
+        pass
+    n = int(tf.data.TFRecordDataset(files).reduce(np.int64(0), lambda c, _: c + 1))
+    tmp = cache + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump({"records": n}, fh)
+    os.replace(tmp, cache)
+    return n
+
+
+# -- the stream -------------------------------------------------------------------------------
+
+
+def _permute(index: tf.Tensor, seed: int, epoch: tf.Tensor, salt, size) -> tf.Tensor:
+    """Position(s) `index` of a seeded random permutation of `range(size)`.
+
+    Stateless (`index_shuffle`): the order depends only on (seed, epoch, salt), which is
+    what lets a resumed run rebuild an epoch exactly. `Dataset.shuffle` cannot take the
+    epoch as a tensor seed, so it cannot do this inside `flat_map`.
+    """
+    key = tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64) * (1 << 24) + tf.cast(salt, tf.int64)])
+    return tf.random.experimental.index_shuffle(index, key, tf.cast(size, tf.int64) - 1)
+
+
+def _stream(epoch_fn, batches_per_epoch: int, position: Position) -> tf.data.Dataset:
+    """Epochs from the one `position` falls in, skipping the batches of it already consumed."""
+    if batches_per_epoch < 1:
+        raise ValueError("the data set holds less than one global batch; lower --batch-size or add data")
+    first_epoch, skip = divmod(position.batches_seen, batches_per_epoch)
+    ds = tf.data.Dataset.range(first_epoch, _MAX_EPOCHS).flat_map(epoch_fn)
+    return ds.skip(skip)
+
+
+def from_arrays(x: np.ndarray, y: np.ndarray, global_batch: int, seed: int, position: Position) -> tf.data.Dataset:
+    """In-memory examples: each epoch a seeded permutation, batched as indices, then gathered."""
+    n = len(x)
+    xt, yt = tf.constant(x), tf.constant(y)
+
+    def epoch(e):
+        idx = tf.data.Dataset.range(n).batch(global_batch, drop_remainder=True)
+        return idx.map(lambda i: _permute(i, seed, e, 0, n))
+
+    ds = _stream(epoch, n // global_batch, position)
+    ds = ds.map(lambda i: (preprocess(tf.gather(xt, i)), tf.gather(yt, i)), num_parallel_calls=AUTOTUNE)
+    return ds.prefetch(AUTOTUNE)
+
+
+def from_tfrecords(files: list[str], parse: Callable, global_batch: int, seed: int, position: Position,
+                   records: int | None = None) -> tf.data.Dataset:
+    """Staged TFRecord files: seeded file order, interleaved reads, windowed shuffle, batch, parallel parse."""
+    records = count_records(files) if records is None else records
+    nfiles = len(files)
+    names = tf.constant(files)
+    cycle = min(8, nfiles)
+    window = min(records, SHUFFLE_BUFFER)
+
+    def shuffle_window(i, recs, e):
+        w = tf.shape(recs, out_type=tf.int64)[0]
+        return tf.gather(recs, _permute(tf.range(w), seed, e, 1 + i, w))
+
+    def epoch(e):
+        order = tf.data.Dataset.range(nfiles).map(lambda i: tf.gather(names, _permute(i, seed, e, 0, nfiles)))
+        # deterministic=True keeps the order reproducible, which exact resume needs.
+        recs = order.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=16,
+                                num_parallel_calls=AUTOTUNE, deterministic=True)
+        recs = recs.batch(window).enumerate().map(lambda i, r: shuffle_window(i, r, e)).unbatch()
+        return recs.batch(global_batch, drop_remainder=True)
+
+    # Skipped batches are skipped before parsing, so a resume does not parse them.
+    ds = _stream(epoch, records // global_batch, position)
+    ds = ds.map(lambda s: _pre(parse(s)), num_parallel_calls=AUTOTUNE, deterministic=True)
+    return ds.prefetch(AUTOTUNE)
+
+
+def _pre(xy):
+    x, y = xy
+    return preprocess(x), y
+
+
+def from_user(make_dataset: Callable, global_batch: int, seed: int, position: Position) -> tf.data.Dataset:
+    """A user's `make_dataset(batch, seed)`, repeated, with the consumed batches skipped."""
+    ds = make_dataset(global_batch, seed)
+    if not isinstance(ds, tf.data.Dataset):
+        raise ValueError(f"make_dataset returned {type(ds).__name__}, expected a tf.data.Dataset")
+    return ds.repeat().skip(position.batches_seen).prefetch(AUTOTUNE)
+
+
+def make_dataset(spec, cfg, global_batch: int, position: Position) -> tf.data.Dataset:
+    """The training stream for a `ModelSpec` and config, starting at `position`."""
+    if spec.make_dataset is not None:
+        return from_user(spec.make_dataset, global_batch, cfg.seed, position)
+    if cfg.synthetic:
+        x, y = spec.synthetic(cfg.seed)
+        return from_arrays(x, y, global_batch, cfg.seed, position)
+    files = stage(cfg.data_uri, cfg.data_dir)
+    return from_tfrecords(files, spec.parse_tfrecord, global_batch, cfg.seed, position)

@@ -1,0 +1,188 @@
+"""What a run tells the world: JSON event lines, `progress.json`, and a progress bar on a terminal.
+
+Events (one JSON object per line on stdout when it is not a terminal, and appended to
+`<run-uri>/events.jsonl`): `started`, `resumed` (step), `checkpoint` (step, seconds,
+bytes), `preempted` (step), `finished` (step, metrics), `failed` (reason), plus a few
+informational ones (`checkpoint_skipped`, `store_retry`, `complete`). Every event has
+`event`, `time` (UTC, ISO 8601) and `attempt` (1 for a run's first start).
+
+Writes to the bucket happen on one background thread in order, so a slow or failing
+object store never holds up a training step; `close()` waits for them. Only the chief
+writes to the bucket; other workers print.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import UTC, datetime
+
+EVENTS_KEY = "events.jsonl"
+PROGRESS_KEY = "progress.json"
+
+
+def utc_now() -> str:
+    """Current UTC time as ISO 8601 with milliseconds."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def parse_time(text: str) -> float:
+    """An event's `time` back to a POSIX timestamp."""
+    return datetime.fromisoformat(text).timestamp()
+
+
+def read_events(store) -> list[dict]:
+    """The run's events so far (an unreadable line is skipped: it cannot be trusted)."""
+    from trainer.storage import NotFound
+
+    try:
+        raw = store.get_bytes(EVENTS_KEY).decode("utf-8", "replace")
+    except NotFound:
+        return []
+    out = []
+    for line in raw.splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, dict):
+            out.append(ev)
+    return out
+
+
+class EventLog:
+    """Emits events to stdout and the run's `events.jsonl`; shows a progress bar on a terminal."""
+
+    def __init__(self, store=None, *, attempt: int = 1, stream=None, tty: bool | None = None):
+        self.store = store
+        self.attempt = attempt
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty() if tty is None else tty
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events") if store is not None else None
+        self._pending: list[Future] = []
+        self._lock = threading.Lock()
+        self._progress = None
+        self._task = None
+        self.write_errors = 0
+
+    # -- events --
+
+    def emit(self, event: str, **fields) -> dict:
+        """Record one event; returns it."""
+        ev = {"event": event, "time": utc_now(), "attempt": self.attempt, **fields}
+        line = json.dumps(ev, default=_jsonable, sort_keys=False)
+        with self._lock:
+            if self.tty:
+                self._console_print(ev)
+            else:
+                self.stream.write(line + "\n")
+                self.stream.flush()
+        self._submit(self.store.append_line if self.store else None, EVENTS_KEY, line)
+        return ev
+
+    def _console_print(self, ev: dict) -> None:
+        text = " ".join(f"{k}={v}" for k, v in ev.items() if k not in ("event", "time", "attempt", "config"))
+        msg = f"[bold]{ev['event']}[/bold] {text}"
+        if self._progress is not None:
+            self._progress.console.log(msg)
+        else:
+            from rich.console import Console
+
+            Console(file=self.stream).log(msg)
+
+    def _submit(self, fn, *args) -> None:
+        if self._pool is None or fn is None:
+            return
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._pool.submit(self._safe, fn, *args))
+
+    def _safe(self, fn, *args) -> None:
+        # An event that cannot be written is reported on stderr, never fatal: the
+        # checkpoints, not the log, are what a resume depends on.
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 - every failure is reported the same way
+            self.write_errors += 1
+            print(f"trainstack: could not write {args[0] if args else ''} to the run: {e}", file=sys.stderr)
+
+    def progress(self, step: int, total: int, loss: float | None, examples_per_sec: float | None) -> None:
+        """Rewrite `progress.json` in the background (the caller decides how often)."""
+        doc = {
+            "step": step,
+            "total": total,
+            "loss": loss,
+            "examples_per_sec": examples_per_sec,
+            "attempt": self.attempt,
+            "updated": utc_now(),
+        }
+        if self.store is not None:
+            self._submit(self.store.put_bytes, PROGRESS_KEY, json.dumps(doc).encode())
+
+    def background(self, fn, *args) -> None:
+        """Run `fn(*args)` on the writer thread, after the writes already queued."""
+        self._submit(fn, *args)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued write is done (or `timeout` seconds)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for f in list(self._pending):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                f.result(timeout=left)
+            except TimeoutError:
+                return
+
+    # -- terminal progress bar --
+
+    def start_bar(self, total: int, completed: int) -> None:
+        """Show a rich progress bar (steps, loss, examples/s, ETA) when on a terminal."""
+        if not self.tty:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[rate]} ex/s"),
+            TimeRemainingColumn(),
+            console=None,
+            transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("train", total=total, completed=completed, loss="-", rate="-")
+
+    def update_bar(self, step: int, loss: float | None = None, rate: float | None = None) -> None:
+        """Advance the bar to `step`."""
+        if self._progress is None:
+            return
+        fields = {}
+        if loss is not None:
+            fields["loss"] = f"{loss:.4f}"
+        if rate is not None:
+            fields["rate"] = f"{rate:,.0f}"
+        self._progress.update(self._task, completed=step, **fields)
+
+    def stop_bar(self) -> None:
+        """Remove the progress bar (events print as plain lines again)."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def close(self, timeout: float | None = 120.0) -> None:
+        """Stop the bar and wait for queued writes."""
+        self.stop_bar()
+        self.flush(timeout)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+
+
+def _jsonable(o):
+    try:
+        return float(o)
+    except (TypeError, ValueError):
+        return str(o)

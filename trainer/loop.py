@@ -1,0 +1,460 @@
+"""The training run: restore, one custom training loop, checkpoints, signals, outputs.
+
+`train(cfg)` runs a whole attempt and returns the process exit code: 0 finished
+(COMPLETE written), 143 stopped by SIGTERM/SIGINT after a committed checkpoint, 1 failed.
+
+One loop serves one machine (MirroredStrategy) and several (MultiWorkerMirroredStrategy):
+`strategy.run` inside a `tf.function`, fed by `strategy.experimental_distribute_dataset`.
+A checkpoint is the model's and optimizer's variables (dropout RNG state included) written
+with `tf.train.Checkpoint`, plus `state.json` (step, batches and examples consumed), so a
+resumed run continues with the very next batch. Each checkpoint is saved to its own local
+folder and uploaded in the background; SIGTERM makes the loop finish its step, save, wait
+for uploads, commit synchronously and exit 143. With several workers a stop request is
+all-reduced inside every step, so all workers stop after the same step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+import keras
+import tensorflow as tf
+
+from trainer import data as data_mod
+from trainer import export as export_mod
+from trainer.config import TrainConfig, as_dict
+from trainer.events import EventLog, parse_time, read_events
+from trainer.models import ModelSpec, build_model
+from trainer.strategy import Cluster, make_strategy, read_cluster
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_PREEMPTED = 143
+STATE_FILE = "state.json"
+CKPT_PREFIX = "ckpt"
+
+# Values all-reduced (MAX) across workers each step: 0 go on, 1 checkpoint now, 2 stop.
+_GO, _CHECKPOINT, _STOP = 0, 1, 2
+
+
+@dataclass
+class RunState:
+    """Counters saved beside each checkpoint; what a resume needs besides the variables."""
+
+    step: int = 0
+    batches_seen: int = 0
+    examples_seen: int = 0
+    train_seconds: float = 0.0
+    loss: float | None = None
+
+
+class StopRequest:
+    """SIGTERM/SIGINT set a flag the loop checks between steps; a second SIGINT aborts."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.signal_name: str | None = None
+        self._old: dict = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._old[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.event.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: the user really wants out
+        self.signal_name = signal.Signals(signum).name
+        self.event.set()
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+
+def configure_runtime(cfg: TrainConfig) -> str:
+    """Seeds, op determinism and the Keras precision policy; returns the policy name."""
+    keras.utils.set_random_seed(cfg.seed)
+    if cfg.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    precision = cfg.precision
+    if precision is None:
+        on_gpu = bool(tf.config.list_physical_devices("GPU"))
+        precision = "mixed_bfloat16" if cfg.model == "transformer-lm" and on_gpu else "float32"
+    keras.mixed_precision.set_global_policy(precision)
+    return precision
+
+
+def per_example_loss(spec: ModelSpec, y, pred) -> tf.Tensor:
+    """One float32 loss per example (extra axes, e.g. sequence positions, averaged)."""
+    loss_fn = spec.loss
+    per = loss_fn.call(y, pred) if isinstance(loss_fn, keras.losses.Loss) else loss_fn(y, pred)
+    per = tf.cast(per, tf.float32)
+    if per.shape.rank and per.shape.rank > 1:
+        per = tf.reduce_mean(per, axis=list(range(1, per.shape.rank)))
+    return per
+
+
+def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_batch: int, multi_worker: bool,
+                    examples: tf.Variable):
+    """A `tf.function` running one optimizer step on every replica; returns (loss, signal)."""
+    model, opt = spec.model, spec.optimizer
+    accum = cfg.grad_accum
+    scaled = isinstance(opt, keras.optimizers.LossScaleOptimizer)
+    denom = global_micro_batch * accum  # the mean over the whole step's examples
+
+    def grads_of(x, y):
+        with tf.GradientTape() as tape:
+            pred = model(x, training=True)
+            loss = tf.nn.compute_average_loss(per_example_loss(spec, y, pred), global_batch_size=denom)
+            target = opt.scale_loss(loss) if scaled else loss
+        return loss, tape.gradient(target, model.trainable_variables)
+
+    if cfg.xla:
+        grads_of = tf.function(grads_of, jit_compile=True)
+
+    def replica_step(x, y):
+        if accum == 1:
+            loss, grads = grads_of(x, y)
+        else:
+            xs = tf.reshape(x, tf.concat([[accum, -1], tf.shape(x)[1:]], 0))
+            ys = tf.reshape(y, tf.concat([[accum, -1], tf.shape(y)[1:]], 0))
+            loss = tf.constant(0.0)
+            grads = [tf.zeros_like(v) for v in model.trainable_variables]
+            for i in tf.range(accum):
+                micro_loss, micro_grads = grads_of(xs[i], ys[i])
+                loss += micro_loss
+                grads = [g + mg for g, mg in zip(grads, micro_grads, strict=True)]
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss, tf.shape(x, out_type=tf.int64)[0]
+
+    @tf.function
+    def train_step(iterator, request):
+        x, y = next(iterator)
+        loss, n = strategy.run(replica_step, args=(x, y))
+        loss = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+        examples.assign_add(strategy.reduce(tf.distribute.ReduceOp.SUM, n, axis=None))
+        if multi_worker:
+            # Every worker learns whether any worker wants a checkpoint or a stop, in the
+            # same step, so they all save and stop together.
+            request = strategy.reduce(tf.distribute.ReduceOp.MAX, strategy.run(lambda: tf.identity(request)), axis=None)
+        return loss, request
+
+    return train_step
+
+
+class Run:
+    """One attempt of a run: owns the store, the events, the model and the loop's state."""
+
+    def __init__(self, cfg: TrainConfig, *, stream=None):
+        from trainer.checkpoints import CheckpointStore
+        from trainer.storage import open_store
+
+        self.cfg = cfg
+        self.cluster: Cluster = read_cluster()
+        self.chief = self.cluster.is_chief
+        self.store = open_store(cfg.run_uri)
+        self.history = read_events(self.store)
+        attempt = 1 + sum(1 for e in self.history if e.get("event") == "started")
+        self.events = EventLog(self.store if self.chief else None, attempt=attempt, stream=stream)
+        self.started_at = time.time()
+        self.own_events: list[dict] = []
+        self.ckstore = CheckpointStore(self.store, keep=cfg.keep_checkpoints, emit=self.emit)
+        self._own_work = cfg.work_dir is None
+        self.work = cfg.work_dir or tempfile.mkdtemp(prefix="trainstack-")
+        os.makedirs(self.work, exist_ok=True)
+        self.stop = StopRequest()
+        self.state = RunState()
+        self.last_committed: int | None = None
+        self.local_ckpts: list[str] = []
+        self.tb_writer = None
+
+    def emit(self, event: str, **fields) -> dict:
+        ev = self.events.emit(event, **fields)
+        self.own_events.append(ev)
+        return ev
+
+    # -- phases --
+
+    def run(self) -> int:
+        """The whole attempt; returns the exit code."""
+        self.stop.install()
+        try:
+            if self._already_complete():
+                return EXIT_OK
+            return self._train()
+        except Exception as e:  # noqa: BLE001 - any failure ends the attempt the same way
+            self.emit("failed", reason=f"{type(e).__name__}: {e}", step=self.state.step)
+            return EXIT_FAILED
+        finally:
+            self.stop.restore()
+            self.events.close()
+            if self._own_work:
+                shutil.rmtree(self.work, ignore_errors=True)
+
+    def _already_complete(self) -> bool:
+        from trainer.storage import NotFound
+
+        try:
+            done = json.loads(self.store.get_bytes(export_mod.COMPLETE_KEY))
+        except NotFound:
+            return False
+        # Printed, not appended: the run's log ended with its `finished` event.
+        line = {"event": "complete", "time": done.get("finished_at"), "attempt": self.events.attempt,
+                "step": done.get("step"), "message": "run already COMPLETE; nothing to do"}
+        self.events.stream.write(json.dumps(line) + "\n")
+        self.events.stream.flush()
+        return True
+
+    def _train(self) -> int:
+        cfg = self.cfg
+        strategy = make_strategy(self.cluster)
+        precision = configure_runtime(cfg)
+        replicas = strategy.num_replicas_in_sync
+        global_micro = cfg.batch_size * replicas
+        global_step_batch = global_micro * cfg.grad_accum
+        self.emit("started", config=as_dict(cfg), workers=self.cluster.workers, worker=self.cluster.index,
+                  replicas=replicas, global_batch=global_step_batch, precision=precision)
+
+        with strategy.scope():
+            spec = build_model(cfg)
+            spec.optimizer.build(spec.model.trainable_variables)
+        self.spec = spec
+        examples = tf.Variable(0, dtype=tf.int64, trainable=False)
+        # Lists of the variables themselves: Keras 3 models are not tracked by attribute.
+        self.ckpt = tf.train.Checkpoint(model=list(spec.model.variables), optimizer=list(spec.optimizer.variables))
+
+        self._restore()
+        examples.assign(self.state.examples_seen)
+        if self.state.step >= cfg.steps:
+            return self._finish(examples)
+
+        ds = data_mod.make_dataset(spec, cfg, global_step_batch, data_mod.Position(self.state.batches_seen))
+        if self.cluster.multi_worker:
+            opts = tf.data.Options()
+            opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+            ds = ds.with_options(opts)
+        iterator = iter(strategy.experimental_distribute_dataset(ds))
+        train_step = make_train_step(strategy, spec, cfg, global_micro, self.cluster.multi_worker, examples)
+        if self.chief:
+            self.tb_writer = tf.summary.create_file_writer(os.path.join(self.work, "tensorboard"))
+
+        stopped = self._loop(train_step, iterator, examples, global_step_batch)
+        if stopped:
+            return self._preempt(examples)
+        return self._finish(examples)
+
+    def _restore(self) -> None:
+        dest = os.path.join(self.work, "restore")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.makedirs(dest)
+        step = self.ckstore.restore_latest(dest)
+        if step is None:
+            return
+        self.ckpt.read(os.path.join(dest, CKPT_PREFIX)).assert_existing_objects_matched()
+        with open(os.path.join(dest, STATE_FILE)) as fh:
+            saved = json.load(fh)
+        self.state = RunState(**{k: saved[k] for k in asdict(RunState()) if k in saved})
+        if self.state.step != step:
+            raise ValueError(f"checkpoint ckpt-{step} holds state for step {self.state.step}")
+        self.last_committed = step
+        self.emit("resumed", step=step, examples_seen=self.state.examples_seen, batches_seen=self.state.batches_seen)
+
+    def _loop(self, train_step, iterator, examples: tf.Variable, global_batch: int) -> bool:
+        """Train until the last step or a stop request; returns True when stopped by a signal."""
+        cfg, st = self.cfg, self.state
+        self.events.start_bar(cfg.steps, st.step)
+        last_ckpt_time = last_log_time = last_progress = time.monotonic()
+        last_log_step, last_examples = st.step, int(examples.numpy())
+        no_request = tf.constant(_GO, tf.int32)
+        stop_request = tf.constant(_STOP, tf.int32)
+        ckpt_request = tf.constant(_CHECKPOINT, tf.int32)
+        loss_t = None
+        try:
+            while st.step < cfg.steps:
+                step_started = time.monotonic()
+                if self.stop.requested:
+                    request = stop_request
+                elif self._seconds_due(last_ckpt_time):
+                    request = ckpt_request
+                else:
+                    request = no_request
+                loss_t, agreed = train_step(iterator, request)
+                st.step += 1
+                st.batches_seen += 1
+                st.train_seconds += time.monotonic() - step_started
+                agreed = int(agreed) if self.cluster.multi_worker else int(request)
+                now = time.monotonic()
+                if st.step % cfg.log_every == 0 or st.step == cfg.steps or agreed == _STOP:
+                    st.loss = float(loss_t)
+                    seen = int(examples.numpy())
+                    rate = (seen - last_examples) / max(now - last_log_time, 1e-9)
+                    step_time = (now - last_log_time) / max(st.step - last_log_step, 1)
+                    self._summaries(st.step, st.loss, rate, step_time)
+                    self.events.update_bar(st.step, st.loss, rate)
+                    if now - last_progress >= cfg.progress_every_seconds:
+                        self.events.progress(st.step, cfg.steps, st.loss, rate)
+                        last_progress = now
+                    last_log_time, last_log_step, last_examples = now, st.step, seen
+                if agreed == _STOP:
+                    return True
+                steps_due = cfg.checkpoint_every_steps and st.step % cfg.checkpoint_every_steps == 0
+                if (steps_due or agreed == _CHECKPOINT) and st.step < cfg.steps:
+                    st.examples_seen = int(examples.numpy())
+                    self._checkpoint(sync=False)
+                    last_ckpt_time = time.monotonic()
+            return False
+        finally:
+            st.examples_seen = int(examples.numpy())
+            if loss_t is not None:
+                st.loss = float(loss_t)
+            self.events.stop_bar()
+
+    def _seconds_due(self, last: float) -> bool:
+        every = self.cfg.checkpoint_every_seconds
+        return bool(every) and self.chief and time.monotonic() - last >= every
+
+    def _summaries(self, step: int, loss: float, rate: float, step_time: float) -> None:
+        if self.tb_writer is None:
+            return
+        lr = self.spec.optimizer.learning_rate
+        with self.tb_writer.as_default(step=step):
+            tf.summary.scalar("loss", loss)
+            tf.summary.scalar("learning_rate", float(lr.numpy() if hasattr(lr, "numpy") else lr))
+            tf.summary.scalar("examples_per_sec", rate)
+            tf.summary.scalar("step_time_s", step_time)
+
+    # -- checkpoints --
+
+    def _save_local(self) -> str:
+        """Write the checkpoint for the current step to its own folder; returns it."""
+        st = self.state
+        if self.chief:
+            folder = os.path.join(self.work, "checkpoints", f"ckpt-{st.step}")
+        else:
+            # Every worker must save (the strategy requires it), but only the chief's copy is kept.
+            folder = os.path.join(self.work, "worker-tmp", f"ckpt-{st.step}")
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+        self.ckpt.write(os.path.join(folder, CKPT_PREFIX))
+        doc = {**asdict(st), "attempt": self.events.attempt, "seed": self.cfg.seed, "model": self.cfg.model}
+        tmp = os.path.join(folder, STATE_FILE + ".tmp")
+        with open(tmp, "w") as fh:
+            json.dump(doc, fh)
+        os.replace(tmp, os.path.join(folder, STATE_FILE))
+        return folder
+
+    def _checkpoint(self, *, sync: bool) -> None:
+        """Save locally, then commit to the run (in the background unless `sync`)."""
+        started = time.monotonic()
+        folder = self._save_local()
+        if not self.chief:
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+        step = self.state.step
+        self._prune_local(keep=folder)
+        self.local_ckpts.append(folder)
+        if sync:
+            self.ckstore.wait(None)
+            result = self.ckstore.commit(step, folder) or {}
+            self._after_commit(step, time.monotonic() - started, result)
+        else:
+            save_s = time.monotonic() - started
+            self.ckstore.commit_async(step, folder)
+            self._write_summary("checkpoint_save_s", save_s, step)
+        self.events.background(self._sync_tensorboard)
+
+    def _after_commit(self, step: int, seconds: float, result: dict) -> None:
+        self.last_committed = step
+        self._write_summary("checkpoint_s", seconds, step)
+
+    def _write_summary(self, name: str, value: float, step: int) -> None:
+        if self.tb_writer is not None:
+            with self.tb_writer.as_default(step=step):
+                tf.summary.scalar(name, value)
+
+    def _prune_local(self, keep: str) -> None:
+        # Local copies of checkpoints already committed (or superseded twice) are dropped;
+        # the newest ones stay while their upload may still be reading them.
+        while len(self.local_ckpts) > 2:
+            shutil.rmtree(self.local_ckpts.pop(0), ignore_errors=True)
+
+    def _sync_tensorboard(self) -> None:
+        if self.tb_writer is None:
+            return
+        self.tb_writer.flush()
+        self.store.upload_dir(os.path.join(self.work, "tensorboard"), "tensorboard", changed_only=True)
+
+    # -- endings --
+
+    def _preempt(self, examples: tf.Variable) -> int:
+        """Stopped by a signal: commit the current step synchronously, emit `preempted`."""
+        started = time.monotonic()
+        if self.last_committed != self.state.step:
+            self._checkpoint(sync=True)
+        else:
+            self.ckstore.wait(None)
+        self.events.flush()
+        self.emit("preempted", step=self.state.step, signal=self.stop.signal_name,
+                  seconds=round(time.monotonic() - started, 3), examples_seen=self.state.examples_seen)
+        return EXIT_PREEMPTED
+
+    def _finish(self, examples: tf.Variable) -> int:
+        """All steps done: final checkpoint, SavedModel, TensorBoard, then COMPLETE."""
+        st = self.state
+        st.examples_seen = int(examples.numpy())
+        if self.last_committed != st.step:
+            self._checkpoint(sync=True)
+        if not self.chief:
+            return EXIT_OK
+        self.events.flush()
+        model_dir = os.path.join(self.work, "model")
+        export_mod.export_model(self.spec.model, model_dir, self.store)
+        self._sync_tensorboard()
+        metrics = {"loss": st.loss}
+        self.emit("finished", step=st.step, metrics=metrics, examples_seen=st.examples_seen)
+        self.events.flush()
+        export_mod.write_complete(
+            self.store,
+            step=st.step,
+            metrics=metrics,
+            examples_seen=st.examples_seen,
+            events=self.history + self.own_events,
+            finished_at=time.time(),
+        )
+        return EXIT_OK
+
+
+def seconds_lost(events: list[dict]) -> float:
+    """Time between each `preempted` event and the next `resumed` or `started` (what preemption cost)."""
+    lost, since = 0.0, None
+    for ev in events:
+        kind = ev.get("event")
+        try:
+            t = parse_time(ev["time"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if kind == "preempted":
+            since = t
+        elif kind == "resumed" and since is not None:
+            lost += max(0.0, t - since)
+            since = None
+    return round(lost, 3)
+
+
+def train(cfg: TrainConfig, *, stream=None) -> int:
+    """Run one attempt of the run `cfg` describes; returns the exit code."""
+    return Run(cfg, stream=stream).run()

@@ -1,0 +1,187 @@
+"""The models the trainer can train, and the protocol for bringing your own.
+
+Built in:
+  * `mlp` — the seed article's model: Dense(128, relu) → Dropout(0.2) → Dense(10, softmax)
+    over 784 inputs, Adam, sparse categorical cross-entropy. Data: synthetic MNIST-like
+    images, or TFRecords with features `x` (float list of 784) and `y` (int64).
+  * `transformer-lm` — a small decoder-only language model: token + position embedding,
+    `--lm-layers` blocks of causal multi-head attention and an MLP (pre-norm, residual),
+    a final norm and an output head (separate, or tied to the embedding with `--lm-tied`).
+    Mixed precision (`--precision mixed_bfloat16|mixed_float16`, loss scaling for float16),
+    XLA (`--xla`) and gradient accumulation (`--grad-accum N`) are options of the loop.
+    Data: synthetic token sequences, or TFRecords with feature `tokens` (int64 list of
+    `--lm-seq-len` + 1); the model reads tokens[:-1] and predicts tokens[1:].
+
+Your own model: `--model package.module:function`. The function takes the `TrainConfig`
+(or nothing) and returns a `ModelSpec`; it is called inside the strategy's scope, so build
+the Keras model (and optimizer, if you give one) in it. Example::
+
+    def my_model(config):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        return ModelSpec(
+            model=model,
+            loss=keras.losses.MeanSquaredError(reduction=None),
+            make_dataset=lambda batch_size, seed: tf.data.Dataset.from_tensor_slices(...).batch(batch_size),
+        )
+
+`loss(y_true, y_pred)` must return one value per example (or per example and position; the
+trainer averages the extra axes), not a mean: the trainer averages over the global batch
+itself, as distributed training requires. `make_dataset(batch_size, seed)` gets the global
+batch size and must return batched `(x, y)` elements, the same ones for the same seed
+(repeated as needed; the trainer resumes by skipping the batches already consumed). Without
+`make_dataset`, give `parse_tfrecord(serialized_batch) -> (x, y)` and use `--data-uri`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import keras
+import tensorflow as tf
+
+from trainer import data as data_mod
+from trainer.config import TrainConfig
+
+
+@dataclass
+class ModelSpec:
+    """What the trainer needs to train a model; see the module docstring for the protocol."""
+
+    model: keras.Model
+    """The Keras model; its inputs are the dataset's `x`."""
+    loss: Callable
+    """`loss(y_true, y_pred)` → per-example losses (no reduction)."""
+    make_dataset: Callable[[int, int], tf.data.Dataset] | None = None
+    """`(global_batch_size, seed)` → batched `(x, y)` dataset, deterministic for a seed."""
+    optimizer: keras.optimizers.Optimizer | None = None
+    """Default: Adam with `--learning-rate`."""
+    parse_tfrecord: Callable | None = None
+    """`(serialized string batch)` → `(x, y)`, for `--data-uri`."""
+    synthetic: Callable[[int], tuple] | None = None
+    """`(seed)` → `(x, y)` numpy arrays of the whole synthetic data set, for `--synthetic`."""
+    name: str = "model"
+
+
+def build_model(cfg: TrainConfig) -> ModelSpec:
+    """The `ModelSpec` for `cfg.model`; call inside `strategy.scope()`."""
+    if cfg.model == "mlp":
+        spec = build_mlp(cfg)
+    elif cfg.model == "transformer-lm":
+        spec = build_transformer_lm(cfg)
+    else:
+        spec = load_user_model(cfg)
+    if spec.optimizer is None:
+        spec.optimizer = keras.optimizers.Adam(learning_rate=cfg.learning_rate)
+    if keras.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(
+        spec.optimizer, keras.optimizers.LossScaleOptimizer
+    ):
+        # float16 gradients underflow without a dynamic loss scale.
+        spec.optimizer = keras.optimizers.LossScaleOptimizer(spec.optimizer)
+    return spec
+
+
+def build_mlp(cfg: TrainConfig) -> ModelSpec:
+    """The seed article's MNIST model."""
+    model = keras.Sequential(
+        [
+            keras.Input(shape=(784,), name="x"),
+            keras.layers.Dense(128, activation="relu"),
+            keras.layers.Dropout(0.2, seed=cfg.seed),
+            # Probabilities in float32 whatever the compute precision, so the loss is stable.
+            keras.layers.Dense(10, activation="softmax", dtype="float32"),
+        ],
+        name="mlp",
+    )
+    return ModelSpec(
+        model=model,
+        loss=keras.losses.SparseCategoricalCrossentropy(reduction=None),
+        parse_tfrecord=data_mod.parse_mlp_records,
+        synthetic=lambda seed: data_mod.synthetic_mnist(seed=seed),
+        name="mlp",
+    )
+
+
+class PositionalEmbedding(keras.layers.Layer):
+    """Token embedding plus a learned position embedding."""
+
+    def __init__(self, vocab: int, seq_len: int, dim: int, **kw):
+        super().__init__(**kw)
+        self.vocab, self.seq_len, self.dim = vocab, seq_len, dim
+        self.tokens = keras.layers.Embedding(vocab, dim, name="tokens")
+        self.positions = keras.layers.Embedding(seq_len, dim, name="positions")
+
+    def call(self, ids):
+        pos = keras.ops.arange(keras.ops.shape(ids)[-1])
+        return self.tokens(ids) + self.positions(pos)[None]
+
+    def get_config(self):
+        return {**super().get_config(), "vocab": self.vocab, "seq_len": self.seq_len, "dim": self.dim}
+
+
+class TiedHead(keras.layers.Layer):
+    """Logits from the token embedding matrix (weight tying), in float32."""
+
+    def __init__(self, embedding: keras.layers.Embedding, **kw):
+        super().__init__(**kw)
+        self.embedding = embedding
+
+    def call(self, x):
+        w = keras.ops.cast(self.embedding.embeddings, x.dtype)
+        return keras.ops.cast(keras.ops.matmul(x, keras.ops.transpose(w)), "float32")
+
+
+def _decoder_block(x, dim: int, heads: int, i: int):
+    h = keras.layers.LayerNormalization(epsilon=1e-5, name=f"block{i}_norm1")(x)
+    h = keras.layers.MultiHeadAttention(heads, dim // heads, name=f"block{i}_attention")(h, h, use_causal_mask=True)
+    x = keras.layers.Add(name=f"block{i}_residual1")([x, h])
+    h = keras.layers.LayerNormalization(epsilon=1e-5, name=f"block{i}_norm2")(x)
+    h = keras.layers.Dense(4 * dim, activation="gelu", name=f"block{i}_mlp_in")(h)
+    h = keras.layers.Dense(dim, name=f"block{i}_mlp_out")(h)
+    return keras.layers.Add(name=f"block{i}_residual2")([x, h])
+
+
+def build_transformer_lm(cfg: TrainConfig) -> ModelSpec:
+    """A small decoder-only language model sized by the `--lm-*` options."""
+    ids = keras.Input(shape=(cfg.lm_seq_len,), dtype="int32", name="tokens")
+    embed = PositionalEmbedding(cfg.lm_vocab, cfg.lm_seq_len, cfg.lm_dim, name="embedding")
+    x = embed(ids)
+    for i in range(cfg.lm_layers):
+        x = _decoder_block(x, cfg.lm_dim, cfg.lm_heads, i)
+    x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
+    if cfg.lm_tied:
+        logits = TiedHead(embed.tokens, name="head")(x)
+    else:
+        logits = keras.layers.Dense(cfg.lm_vocab, dtype="float32", name="head")(x)
+    model = keras.Model(ids, logits, name="transformer_lm")
+    return ModelSpec(
+        model=model,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None),
+        parse_tfrecord=data_mod.make_lm_parser(cfg.lm_seq_len),
+        synthetic=lambda seed: data_mod.synthetic_tokens(seq_len=cfg.lm_seq_len, vocab=cfg.lm_vocab, seed=seed),
+        name="transformer-lm",
+    )
+
+
+def load_user_model(cfg: TrainConfig) -> ModelSpec:
+    """Import `package.module:function` and call it; clear errors for each way it can go wrong."""
+    module_name, _, fn_name = cfg.model.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"--model {cfg.model}: cannot import {module_name!r} ({e}); is it on PYTHONPATH?") from e
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise ValueError(f"--model {cfg.model}: {module_name} has no function {fn_name!r}")
+    spec = fn(cfg) if inspect.signature(fn).parameters else fn()
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"--model {cfg.model}: returned {type(spec).__name__}, expected trainer.models.ModelSpec")
+    if not isinstance(spec.model, keras.Model):
+        raise ValueError(f"--model {cfg.model}: ModelSpec.model is {type(spec.model).__name__}, expected a keras.Model")
+    if spec.make_dataset is None and cfg.synthetic and spec.synthetic is None:
+        raise ValueError(f"--model {cfg.model}: --synthetic needs ModelSpec.synthetic or make_dataset")
+    if spec.make_dataset is None and not cfg.synthetic and (not cfg.data_uri or spec.parse_tfrecord is None):
+        raise ValueError(f"--model {cfg.model}: give ModelSpec.make_dataset, or parse_tfrecord with --data-uri")
+    return spec
