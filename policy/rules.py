@@ -71,6 +71,30 @@ def context_from_settings(settings: Any) -> Context:
     )
 
 
+def _pick(block: Any, camel: str, snake: str, default: Any) -> Any:
+    if not isinstance(block, Mapping):
+        return default
+    v = block.get(camel, block.get(snake))
+    return default if v is None else v
+
+
+def context_from_config(raw: Mapping[str, Any], stack: str | None) -> Context:
+    """The same context from the stack's raw `trainstack:` config, as the policy pack reads it.
+
+    The pack runs without pydantic; the program has validated this config already, so only
+    the values (and the defaults of components.settings) are read here.
+    """
+    run, compute = raw.get("run") or {}, raw.get("compute") or {}
+    storage, access = raw.get("storage") or {}, raw.get("access") or {}
+    return Context(
+        allowed_ssh_cidrs=tuple(_pick(access, "allowedCidrs", "allowed_cidrs", ())),
+        on_demand=_pick(compute, "spot", "spot", True) is False,
+        keep_bucket=_pick(storage, "keepOnDestroy", "keep_on_destroy", True) is not False,
+        stack=stack,
+        run_id=_pick(run, "id", "id", "") or stack,
+    )
+
+
 # ----------------------------------------------------------------------------- helpers
 
 
