@@ -35,6 +35,7 @@ from pulumi.runtime import rpc
 from pulumi.runtime import settings as pulumi_settings
 from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_in_stack
+from pulumi.runtime.sync_await import _ensure_event_loop
 
 from components import settings as config
 
@@ -46,6 +47,8 @@ FAKE_ACCOUNT = "123456789012"
 FAKE_AMI = "ami-0123456789abcdef0"
 FAKE_VPC = "vpc-0123456789abcdef0"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+
+log = logging.getLogger("ops.synth")
 
 
 def project_name() -> str:
@@ -211,14 +214,27 @@ class _Monitor(pulumi_mocks.MockMonitor):
         self.records: list[dict[str, Any]] = []
         self.root_urn: str | None = None
         self.stack_outputs: dict[str, Any] = {}
+        self.thread_loops: set[asyncio.AbstractEventLoop] = set()
+
+    def _track_loop(self) -> None:
+        # The SDK gives each worker thread its own event loop and never closes it; closed
+        # here after the run, they would otherwise be torn down by the garbage collector
+        # at random times with noisy errors.
+        self.thread_loops.add(_ensure_event_loop())
+
+    def Invoke(self, request):  # noqa: N802 - gRPC method name
+        self._track_loop()
+        return super().Invoke(request)
 
     def RegisterResourceOutputs(self, request):  # noqa: N802 - gRPC method name
         # The root stack's outputs are the program's exports, as the engine receives them.
+        self._track_loop()
         if request.urn == self.root_urn:
             self.stack_outputs = rpc.deserialize_properties(request.outputs)
         return super().RegisterResourceOutputs(request)
 
     def RegisterResource(self, request):  # noqa: N802 - gRPC method name
+        self._track_loop()
         response = super().RegisterResource(request)
         if request.type == "pulumi:pulumi:Stack":
             self.root_urn = response.urn
@@ -245,7 +261,7 @@ class _Monitor(pulumi_mocks.MockMonitor):
         return response
 
 
-def _config_for_sdk(doc_config: Mapping[str, Any]) -> dict[str, str]:
+def config_for_sdk(doc_config: Mapping[str, Any]) -> dict[str, str]:
     """Stack-file config as the SDK holds it: strings, objects as JSON."""
     out = {}
     for k, v in doc_config.items():
@@ -288,25 +304,36 @@ def synthesize(source: str | Path | Mapping[str, Any], *, stack: str | None = No
     Raises `ConfigError` before anything runs when the config is invalid.
     """
     settings, full_config = load_source(source, stack)
+    return run_program(config_for_sdk(full_config), stack=settings.stack, region=settings.region)
+
+
+def run_program(sdk_config: Mapping[str, str], *, stack: str, region: str) -> Result:
+    """Run `__main__.py` with this SDK config as-is (no validation first) under mocks.
+
+    `synthesize` is the usual entry; this one also shows what the program itself does
+    with a config that is wrong. Fake lookups answer for `region`.
+    """
     if str(PROJECT_ROOT) not in sys.path:
         sys.path.insert(0, str(PROJECT_ROOT))
+    # The SDK keeps its settings, config and root stack in context variables: a copied
+    # context gives this run its own and leaves the caller's untouched.
     ctx = contextvars.copy_context()
-    return ctx.run(_run, settings, _config_for_sdk(full_config))
+    return ctx.run(_run, dict(sdk_config), stack, region)
 
 
-def _run(settings: config.Settings, sdk_config: dict[str, str]) -> Result:
+def _run(sdk_config: dict[str, str], stack: str, region: str) -> Result:
     project = project_name()
-    pulumi.runtime.settings.reset_options(project=project, stack=settings.stack, preview=False)
+    pulumi_settings.reset_options(project=project, stack=stack, preview=False)
     set_all_config(sdk_config, [])
-    mocks = _Mocks(settings.region)
+    mocks = _Mocks(region)
     monitor = _Monitor(mocks)
     pulumi_settings.configure(
         pulumi_mocks.MockSettings(
             monitor=monitor,
             monitor_features=set(monitor.GetDeploymentInfo(None).supportedFeatures),
-            engine=pulumi_mocks.MockEngine(logging.getLogger("ops.synth")),
+            engine=pulumi_mocks.MockEngine(log),
             project=project,
-            stack=settings.stack,
+            stack=stack,
             dry_run=False,
             organization="organization",
             root_directory=str(PROJECT_ROOT),
@@ -314,6 +341,8 @@ def _run(settings: config.Settings, sdk_config: dict[str, str]) -> Result:
         )
     )
     loop = asyncio.new_event_loop()
+    # A failed program leaves futures whose errors are already raised from the run itself.
+    loop.set_exception_handler(lambda _loop, context: log.debug("after the run: %s", context.get("message")))
     try:
         loop.run_until_complete(run_in_stack(lambda: runpy.run_path(str(PROGRAM), run_name="__main__")))
     finally:
@@ -321,7 +350,11 @@ def _run(settings: config.Settings, sdk_config: dict[str, str]) -> Result:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 loop.run_until_complete(task)
+        loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
+        for thread_loop in monitor.thread_loops:
+            if thread_loop is not loop and not thread_loop.is_closed():
+                thread_loop.close()
 
     root_urn = monitor.root_urn
     resources = []
