@@ -11,6 +11,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
+    from trainer.signals import StopRequest
+
+    stop = StopRequest().install()
     from trainer.config import ConfigError, load_config
 
     try:
@@ -20,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from trainer.loop import train
 
-    return train(cfg)
+    return train(cfg, stop=stop)
 
 
 if __name__ == "__main__":

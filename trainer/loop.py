@@ -18,9 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -32,6 +30,7 @@ from trainer import export as export_mod
 from trainer.config import TrainConfig, as_dict
 from trainer.events import EventLog, parse_time, read_events
 from trainer.models import ModelSpec, build_model
+from trainer.signals import StopRequest
 from trainer.strategy import Cluster, make_strategy, read_cluster
 
 EXIT_OK = 0
@@ -53,36 +52,6 @@ class RunState:
     examples_seen: int = 0
     train_seconds: float = 0.0
     loss: float | None = None
-
-
-class StopRequest:
-    """SIGTERM/SIGINT set a flag the loop checks between steps; a second SIGINT aborts."""
-
-    def __init__(self):
-        self.event = threading.Event()
-        self.signal_name: str | None = None
-        self._old: dict = {}
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._old[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        if self.event.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: the user really wants out
-        self.signal_name = signal.Signals(signum).name
-        self.event.set()
-
-    def restore(self) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        self._old.clear()
-
-    @property
-    def requested(self) -> bool:
-        return self.event.is_set()
 
 
 def configure_runtime(cfg: TrainConfig) -> str:
@@ -159,7 +128,7 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
 class Run:
     """One attempt of a run: owns the store, the events, the model and the loop's state."""
 
-    def __init__(self, cfg: TrainConfig, *, stream=None):
+    def __init__(self, cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None):
         from trainer.checkpoints import CheckpointStore
         from trainer.storage import open_store
 
@@ -176,7 +145,7 @@ class Run:
         self._own_work = cfg.work_dir is None
         self.work = cfg.work_dir or tempfile.mkdtemp(prefix="trainstack-")
         os.makedirs(self.work, exist_ok=True)
-        self.stop = StopRequest()
+        self.stop = stop or StopRequest()
         self.state = RunState()
         self.last_committed: int | None = None
         self.local_ckpts: list[str] = []
@@ -455,6 +424,9 @@ def seconds_lost(events: list[dict]) -> float:
     return round(lost, 3)
 
 
-def train(cfg: TrainConfig, *, stream=None) -> int:
-    """Run one attempt of the run `cfg` describes; returns the exit code."""
-    return Run(cfg, stream=stream).run()
+def train(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None) -> int:
+    """Run one attempt of the run `cfg` describes; returns the exit code.
+
+    `stop` is the signal flag, when the caller installed it early (see `trainer.signals`).
+    """
+    return Run(cfg, stream=stream, stop=stop).run()
