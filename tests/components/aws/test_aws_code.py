@@ -1,0 +1,90 @@
+"""TrainerCode: a deterministic, content-addressed trainer archive in the bucket."""
+
+import hashlib
+import io
+import os
+import re
+import tarfile
+from pathlib import Path
+
+import pytest
+from awshelp import one, synth_raw
+
+from components.aws.code import archive_key, pack, write_archive
+
+OBJECT = "aws:s3/bucketObjectv2:BucketObjectv2"
+
+
+def make_trainer(root: Path) -> Path:
+    src = root / "trainer"
+    (src / "__pycache__").mkdir(parents=True)
+    (src / "sub").mkdir()
+    (src / "__init__.py").write_text("")
+    (src / "__main__.py").write_text("print('train')\n")
+    (src / "sub" / "models.py").write_text("X = 1\n")
+    (src / "requirements.txt").write_text("tensorboard==2.20.0\n")
+    (src / "Dockerfile").write_text("FROM tensorflow/tensorflow:2.21.0-gpu\n")
+    (src / "__pycache__" / "models.cpython-311.pyc").write_bytes(b"\0junk")
+    (src / "notes.md").write_text("not shipped\n")
+    (src / ".secret.py").write_text("hidden\n")
+    return src
+
+
+def test_archive_holds_code_requirements_and_dockerfile_only(tmp_path):
+    data = pack(make_trainer(tmp_path))
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        members = tar.getmembers()
+    names = [m.name for m in members]
+    assert names == sorted(names)
+    assert names == [
+        "trainer/Dockerfile", "trainer/__init__.py", "trainer/__main__.py",
+        "trainer/requirements.txt", "trainer/sub/models.py",
+    ]
+    assert {(m.mtime, m.uid, m.gid, m.uname, m.mode) for m in members} == {(946684800, 0, 0, "", 0o644)}
+
+
+def test_archive_bytes_depend_on_content_only(tmp_path):
+    src = make_trainer(tmp_path / "a")
+    first = pack(src)
+    for p in src.rglob("*"):
+        os.utime(p, (1_800_000_000, 1_800_000_000))
+    assert pack(src) == first  # new mtimes, same bytes
+    (src / "sub" / "models.py").write_text("X = 2\n")
+    changed = pack(src)
+    assert changed != first
+    assert archive_key(first) != archive_key(changed)
+    assert re.fullmatch(r"code/trainer-[0-9a-f]{16}\.tar\.gz", archive_key(first))
+
+
+def test_empty_trainer_is_refused(tmp_path):
+    (tmp_path / "trainer").mkdir()
+    with pytest.raises(FileNotFoundError, match="no trainer files"):
+        pack(tmp_path / "trainer")
+
+
+def test_write_archive_is_content_addressed(tmp_path):
+    data = pack(make_trainer(tmp_path))
+    path = write_archive(data, tmp_path / "build")
+    assert path.name == Path(archive_key(data)).name
+    assert path.read_bytes() == data
+    assert write_archive(data, tmp_path / "build") == path
+    assert sorted(p.name for p in (tmp_path / "build").iterdir()) == [path.name]
+
+
+def test_stack_uploads_the_archive_under_its_hash():
+    r = synth_raw({"storage": {"bucketName": "code-bucket"}})
+    obj = one(r, OBJECT)["inputs"]
+    asset = Path(obj["source"]["fileAsset"])
+    digest = hashlib.sha256(asset.read_bytes()).hexdigest()[:16]
+    assert obj["key"] == f"code/trainer-{digest}.tar.gz"
+    assert obj["bucket"] == "code-bucket"
+    assert r.outputs["codeUri"] == f"s3://code-bucket/code/trainer-{digest}.tar.gz"
+
+
+def test_image_build_uploads_nothing_and_points_at_the_stack_repository():
+    r = synth_raw({"image": {"build": True, "tag": "v3"}})
+    assert r.of_type(OBJECT) == []
+    assert r.outputs["codeUri"] == ""
+    assert r.outputs["imageRef"] == "123456789012.dkr.ecr.eu-west-1.amazonaws.com/trainstack/unit:v3"
+    (text,) = r.user_data.values()
+    assert "TRAINSTACK_CODE_URI=''" in text

@@ -1,0 +1,161 @@
+"""SpotGroup: hardened launch template, spot mixed-instances group, the cloud's runtime cap."""
+
+import base64
+import datetime as dt
+
+import pytest
+from awshelp import SSH_KEY, one, synth_raw
+
+from components.aws.group import DLAMI_NAME, WORKER_PORTS, cap_time
+
+LT = "aws:ec2/launchTemplate:LaunchTemplate"
+ASG = "aws:autoscaling/group:Group"
+SG = "aws:ec2/securityGroup:SecurityGroup"
+SCHEDULE = "aws:autoscaling/schedule:Schedule"
+
+
+def test_launch_template_requires_imdsv2_and_encrypts_gp3_root():
+    r = synth_raw({"compute": {"rootDiskGb": 321}})
+    lt = one(r, LT)["inputs"]
+    assert lt["metadataOptions"] == {
+        "httpEndpoint": "enabled", "httpTokens": "required",
+        "httpPutResponseHopLimit": 1, "instanceMetadataTags": "enabled",
+    }
+    (disk,) = lt["blockDeviceMappings"]
+    assert disk["deviceName"] == "/dev/sda1"  # the AMI's root device, from the lookup
+    assert disk["ebs"] == {"volumeType": "gp3", "volumeSize": 321, "encrypted": "true", "deleteOnTermination": "true"}
+    assert lt["iamInstanceProfile"]["arn"].startswith("arn:aws:iam::123456789012:instance-profile/trainstack-identity-profile")
+    assert lt["instanceInitiatedShutdownBehavior"] == "terminate"
+    assert sorted(t["resourceType"] for t in lt["tagSpecifications"]) == ["instance", "volume"]
+    assert lt["imageId"] == "ami-0123456789abcdef0"
+    assert "keyName" not in lt
+
+
+def test_user_data_is_the_rendered_cloud_config_for_this_run():
+    r = synth_raw({"storage": {"bucketName": "ud-bucket"}, "run": {"id": "ud-run"}})
+    lt = one(r, LT)
+    text = base64.b64decode(lt["inputs"]["userData"]).decode()
+    assert text == r.user_data[lt["name"]]
+    assert text.startswith("#cloud-config\n")
+    assert "TRAINSTACK_RUN_URI='s3://ud-bucket/runs/ud-run'" in text
+    assert f"TRAINSTACK_GROUP='{r.outputs['groupName']}'" in text
+    assert f"TRAINSTACK_CODE_URI='{r.outputs['codeUri']}'" in text
+    assert "TRAINSTACK_MAX_RUNTIME_S='21600'" in text
+
+
+def test_ami_lookup_uses_the_dlami_filters_or_the_configured_image():
+    r = synth_raw()
+    (lookup,) = [i for i in r.invokes if i["token"] == "aws:ec2/getAmi:getAmi"]
+    filters = {f["name"]: f["values"] for f in lookup["args"]["filters"]}
+    assert filters["name"] == [DLAMI_NAME]
+    assert lookup["args"]["owners"] == ["amazon"] and lookup["args"]["mostRecent"] is True
+    own = synth_raw({"compute": {"imageId": "ami-0fedcba9876543210"}})
+    (lookup,) = [i for i in own.invokes if i["token"] == "aws:ec2/getAmi:getAmi"]
+    assert lookup["args"]["filters"] == [{"name": "image-id", "values": ["ami-0fedcba9876543210"]}]
+    assert one(own, LT)["inputs"]["imageId"] == "ami-0fedcba9876543210"
+
+
+def test_no_inbound_rule_by_default_and_egress_open():
+    sg = one(synth_raw(), SG)["inputs"]
+    assert sg.get("ingress", []) == []
+    assert [e["cidrBlocks"] for e in sg["egress"]] == [["0.0.0.0/0"]]
+    assert sg["vpcId"] == "vpc-0123456789abcdef0"
+
+
+def test_ssh_only_from_the_configured_cidrs():
+    r = synth_raw({"access": {"sshPublicKey": SSH_KEY, "allowedCidrs": ["203.0.113.0/24", "2001:db8::/48"]}})
+    (rule,) = one(r, SG)["inputs"]["ingress"]
+    assert (rule["protocol"], rule["fromPort"], rule["toPort"]) == ("tcp", 22, 22)
+    assert rule["cidrBlocks"] == ["203.0.113.0/24"]
+    assert rule["ipv6CidrBlocks"] == ["2001:db8::/48"]
+    key = one(r, "aws:ec2/keyPair:KeyPair")
+    assert key["inputs"]["publicKey"] == SSH_KEY
+    lt = one(r, LT)
+    assert lt["inputs"]["keyName"].startswith(key["name"])
+    assert key["name"] in lt["options"]["dependsOn"]
+
+
+def test_several_nodes_open_the_worker_ports_to_each_other_only():
+    r = synth_raw({"compute": {"nodes": 3}})
+    rules = one(r, SG)["inputs"]["ingress"]
+    assert len(rules) == 1
+    (rule,) = rules
+    assert rule["self"] is True
+    assert (rule["fromPort"], rule["toPort"]) == WORKER_PORTS
+    assert "cidrBlocks" not in rule
+
+
+def test_group_is_spot_price_capacity_optimized_over_the_ordered_types():
+    r = synth_raw({"compute": {"instanceTypes": ["g6.xlarge", "g5.xlarge", "g4dn.xlarge"], "nodes": 2}})
+    asg = one(r, ASG)
+    inputs = asg["inputs"]
+    assert (inputs["minSize"], inputs["maxSize"], inputs["desiredCapacity"]) == (0, 2, 2)
+    assert inputs["capacityRebalance"] is True
+    dist = inputs["mixedInstancesPolicy"]["instancesDistribution"]
+    assert dist == {
+        "onDemandBaseCapacity": 0, "onDemandPercentageAboveBaseCapacity": 0,
+        "spotAllocationStrategy": "price-capacity-optimized",
+    }
+    template = inputs["mixedInstancesPolicy"]["launchTemplate"]
+    assert [o["instanceType"] for o in template["overrides"]] == ["g6.xlarge", "g5.xlarge", "g4dn.xlarge"]
+    assert template["launchTemplateSpecification"]["launchTemplateId"].startswith("lt-")
+    assert asg["options"]["ignoreChanges"] == ["desiredCapacity"]
+    assert "trainstack-identity-policy" in asg["options"]["dependsOn"]
+    assert inputs["waitForCapacityTimeout"] == "0"
+
+
+def test_spread_over_the_default_vpcs_subnets_or_the_chosen_zones_or_subnets():
+    default = one(synth_raw(), ASG)["inputs"]["vpcZoneIdentifiers"]
+    assert len(default) == 3 and all(s.startswith("subnet-") for s in default)
+    zoned = synth_raw({"compute": {"zones": ["eu-west-1a", "eu-west-1c"]}})
+    (lookup,) = [i for i in zoned.invokes if i["token"] == "aws:ec2/getSubnets:getSubnets"]
+    filters = {f["name"]: f["values"] for f in lookup["args"]["filters"]}
+    assert filters == {"vpc-id": ["vpc-0123456789abcdef0"], "availability-zone": ["eu-west-1a", "eu-west-1c"]}
+    assert len(one(zoned, ASG)["inputs"]["vpcZoneIdentifiers"]) == 2
+    chosen = ["subnet-0123456789abcdef1", "subnet-0123456789abcdef2"]
+    own = synth_raw({"compute": {"subnets": chosen}})
+    assert one(own, ASG)["inputs"]["vpcZoneIdentifiers"] == chosen
+    tokens = [i["token"] for i in own.invokes]
+    assert "aws:ec2/getSubnets:getSubnets" not in tokens and "aws:ec2/getSubnet:getSubnet" in tokens
+
+
+def test_spot_false_is_all_on_demand():
+    dist = one(synth_raw({"compute": {"spot": False}}), ASG)["inputs"]["mixedInstancesPolicy"]["instancesDistribution"]
+    assert dist["onDemandPercentageAboveBaseCapacity"] == 100
+    assert dist["onDemandBaseCapacity"] == 0
+    assert "spotAllocationStrategy" not in dist and "spotMaxPrice" not in dist
+
+
+def test_max_price_is_passed_to_spot():
+    dist = one(synth_raw({"compute": {"maxPricePerHour": 0.75}}), ASG)["inputs"]["mixedInstancesPolicy"]["instancesDistribution"]
+    assert dist["spotMaxPrice"] == "0.7500"
+
+
+def test_runtime_cap_schedule_at_launch_plus_cap_and_not_moved_by_later_ups():
+    before = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    r = synth_raw({"compute": {"maxRuntimeHours": 7.5}}, stack="capped")
+    after = dt.datetime.now(dt.UTC)
+    schedule = one(r, SCHEDULE)
+    inputs = schedule["inputs"]
+    assert (inputs["minSize"], inputs["maxSize"], inputs["desiredCapacity"]) == (0, 0, 0)
+    assert inputs["autoscalingGroupName"] == "trainstack-capped-gpu"
+    start = dt.datetime.strptime(inputs["startTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    cap = dt.timedelta(hours=7.5)
+    assert before + cap <= start <= after + cap
+    assert schedule["options"]["ignoreChanges"] == ["startTime"]
+    assert cap_time(1, now=dt.datetime(2030, 1, 1, tzinfo=dt.UTC)) == "2030-01-01T01:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "count"),
+    [({}, 17), ({"access": {"sshPublicKey": SSH_KEY}}, 18), ({"image": {"build": True}}, 16)],
+)
+def test_lookups_and_resources_go_through_the_stacks_provider(overrides, count):
+    r = synth_raw(overrides)
+    custom = [x for x in r.resources if x["options"]["custom"] and not x["type"].startswith("pulumi:providers:")]
+    assert len(custom) == count
+    assert {x["options"]["provider"] for x in custom} == {"trainstack-aws"}
+    assert len(r.invokes) >= 4
+    assert {i["provider"] for i in r.invokes} == {"trainstack-aws"}
+    provider = one(r, "pulumi:providers:aws")
+    assert provider["inputs"]["region"] == "eu-west-1"

@@ -1,0 +1,91 @@
+"""InstanceIdentity: EC2 role, instance profile and a policy scoped to this stack."""
+
+import json
+
+import pytest
+from awshelp import one, synth_raw
+from parliament import analyze_policy_string
+
+ROLE = "aws:iam/role:Role"
+POLICY = "aws:iam/rolePolicy:RolePolicy"
+
+
+def statements(result):
+    return json.loads(one(result, POLICY)["inputs"]["policy"])["Statement"]
+
+
+def as_list(value):
+    return value if isinstance(value, list) else [value]
+
+
+def test_role_trusts_only_ec2_and_profile_uses_it():
+    r = synth_raw()
+    trust = json.loads(one(r, ROLE)["inputs"]["assumeRolePolicy"])
+    assert [s["Principal"] for s in trust["Statement"]] == [{"Service": "ec2.amazonaws.com"}]
+    assert [s["Action"] for s in trust["Statement"]] == ["sts:AssumeRole"]
+    profile = one(r, "aws:iam/instanceProfile:InstanceProfile")
+    assert profile["inputs"]["role"].startswith("trainstack-identity-role")
+    assert "trainstack-identity-role" in one(r, POLICY)["options"]["dependsOn"]
+
+
+def test_no_wildcard_action_and_only_ecr_login_on_any_resource():
+    r = synth_raw()
+    stmts = statements(r)
+    assert len(stmts) == 6
+    actions = [a for s in stmts for a in as_list(s["Action"])]
+    assert len(actions) >= 10
+    assert [a for a in actions if "*" in a] == []
+    wildcard = [s for s in stmts if "*" in as_list(s["Resource"])]
+    assert [as_list(s["Action"]) for s in wildcard] == [["ecr:GetAuthorizationToken"]]
+    assert all(s["Effect"] == "Allow" for s in stmts)
+
+
+def test_s3_access_is_the_run_prefix_and_code_of_this_bucket():
+    r = synth_raw({"storage": {"bucketName": "team-ckpts"}, "run": {"id": "exp-7"}})
+    by_sid = {s["Sid"]: s for s in statements(r)}
+    assert by_sid["ReadWriteRun"]["Resource"] == "arn:aws:s3:::team-ckpts/runs/exp-7/*"
+    assert set(by_sid["ReadWriteRun"]["Action"]) >= {"s3:GetObject", "s3:PutObject", "s3:DeleteObject"}
+    assert by_sid["ListRunPrefix"]["Resource"] == "arn:aws:s3:::team-ckpts"
+    assert by_sid["ListRunPrefix"]["Condition"]["StringLike"]["s3:prefix"] == ["runs/exp-7", "runs/exp-7/*"]
+    assert by_sid["ReadTrainerCode"] == {
+        "Sid": "ReadTrainerCode", "Effect": "Allow", "Action": "s3:GetObject",
+        "Resource": "arn:aws:s3:::team-ckpts/code/*",
+    }
+    s3_resources = [res for s in statements(r) if str(s["Action"]).count("s3:") for res in as_list(s["Resource"])]
+    assert len(s3_resources) == 3
+    assert all(res.startswith("arn:aws:s3:::team-ckpts") for res in s3_resources)
+
+
+def test_data_uri_adds_read_only_access_to_that_prefix():
+    r = synth_raw({"run": {"synthetic": False, "dataUri": "s3://corpus-bucket/lm/shards/"}})
+    by_sid = {s["Sid"]: s for s in statements(r)}
+    assert by_sid["ReadData"]["Action"] == "s3:GetObject"
+    assert by_sid["ReadData"]["Resource"] == "arn:aws:s3:::corpus-bucket/lm/shards/*"
+    assert by_sid["ListData"]["Resource"] == "arn:aws:s3:::corpus-bucket"
+    assert by_sid["ListData"]["Condition"]["StringLike"]["s3:prefix"] == ["lm/shards/*"]
+    synthetic = {s["Sid"] for s in statements(synth_raw())}
+    assert len(synthetic) == 6 and not synthetic & {"ReadData", "ListData"}
+
+
+def test_ecr_pull_and_scaling_are_this_stacks_repository_and_group():
+    r = synth_raw(stack="scoped")
+    by_sid = {s["Sid"]: s for s in statements(r)}
+    repo = one(r, "aws:ecr/repository:Repository")["inputs"]["name"]
+    assert by_sid["PullStackImage"]["Resource"] == f"arn:aws:ecr:eu-west-1:123456789012:repository/{repo}"
+    assert "ecr:PutImage" not in by_sid["PullStackImage"]["Action"]
+    group = r.outputs["groupName"]
+    assert group == one(r, "aws:autoscaling/group:Group")["inputs"]["name"] == "trainstack-scoped-gpu"
+    assert by_sid["ScaleOwnGroup"]["Resource"] == (
+        f"arn:aws:autoscaling:eu-west-1:123456789012:autoScalingGroup:*:autoScalingGroupName/{group}"
+    )
+    assert sorted(by_sid["ScaleOwnGroup"]["Action"]) == [
+        "autoscaling:SetDesiredCapacity", "autoscaling:UpdateAutoScalingGroup",
+    ]
+
+
+@pytest.mark.parametrize("overrides", [{}, {"run": {"synthetic": False, "dataUri": "s3://corpus-bucket/x/"}}])
+def test_parliament_finds_nothing_in_the_policy(overrides):
+    policy = one(synth_raw(overrides), POLICY)["inputs"]["policy"]
+    analyzed = analyze_policy_string(policy)
+    assert len(json.loads(policy)["Statement"]) >= 6  # the linter saw the real document
+    assert [(f.issue, f.detail) for f in analyzed.findings] == []
