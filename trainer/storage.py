@@ -29,7 +29,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -47,6 +47,7 @@ __all__ = [
     "open_store",
     "download_many",
     "is_transient",
+    "walk_files",
 ]
 
 # A preempted machine has ~30 s (GCE) to ~2 min (EC2) of notice: a transfer must give up
@@ -61,7 +62,7 @@ BACKOFF_INITIAL_S = 0.2
 BACKOFF_MAX_S = 5.0
 
 # Local temporary files carry this marker so listings and mirrors never show them.
-_TMP_MARK = ".trainstack-tmp-"
+TMP_MARK = ".trainstack-tmp-"
 
 RetryHook = Callable[[str, str, int, BaseException], None]
 
@@ -253,7 +254,7 @@ class Store:
         os.makedirs(parent, exist_ok=True)
 
         def once() -> None:
-            fd, tmp = tempfile.mkstemp(prefix=_TMP_MARK, dir=parent)
+            fd, tmp = tempfile.mkstemp(prefix=TMP_MARK, dir=parent)
             os.close(fd)
             try:
                 self._get_file(key, tmp)
@@ -314,7 +315,7 @@ class Store:
         base = f"{prefix}/" if prefix else ""
         remote = self.stat(base) if changed_only else {}
         uploaded = 0
-        for rel, path in _walk_files(local_dir):
+        for rel, path in walk_files(local_dir):
             key = base + rel
             st = os.stat(path)
             sig = (st.st_size, st.st_mtime_ns)
@@ -372,13 +373,13 @@ class Store:
         self._put_bytes(key, old + text.encode())
 
 
-def _walk_files(local_dir: str) -> Iterable[tuple[str, str]]:
-    """Yield ``(relative '/'-separated path, absolute path)`` for each file, sorted, no temporaries."""
+def walk_files(local_dir: str) -> list[tuple[str, str]]:
+    """Return ``(relative '/'-separated path, path)`` for each file under ``local_dir``, sorted, no temporaries."""
     out = []
     for dirpath, dirnames, filenames in os.walk(local_dir):
         dirnames.sort()
         for name in filenames:
-            if name.startswith(_TMP_MARK):
+            if name.startswith(TMP_MARK):
                 continue
             path = os.path.join(dirpath, name)
             rel = os.path.relpath(path, local_dir).replace(os.sep, "/")
@@ -406,7 +407,7 @@ class FileStore(Store):
         dest = self._path(key)
         parent = os.path.dirname(dest)
         os.makedirs(parent, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=_TMP_MARK, dir=parent)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_MARK, dir=parent)
         os.close(fd)
         try:
             write(tmp)
@@ -451,7 +452,7 @@ class FileStore(Store):
         out: dict[str, ObjectInfo] = {}
         if not os.path.isdir(start):
             return out
-        for rel, path in _walk_files(start):
+        for rel, path in walk_files(start):
             key = f"{head}/{rel}" if head else rel
             if not key.startswith(prefix):
                 continue

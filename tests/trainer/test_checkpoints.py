@@ -1,0 +1,369 @@
+"""Tests for the checkpoint commit protocol (trainer.checkpoints) on file://, S3 and GCS emulators."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer import storage
+from trainer.checkpoints import MARKER, CheckpointError, CheckpointStore
+from trainer.storage import open_store
+
+
+@pytest.fixture(scope="module")
+def tf():
+    import tensorflow
+
+    return tensorflow
+
+
+def _tf_checkpoint(tf, directory: Path, step: int, values: list[float]) -> Path:
+    """Save a real TF checkpoint (a variable, an optimizer slot-like var, a step) into ``directory``."""
+    ckpt = tf.train.Checkpoint(w=tf.Variable(values), m=tf.Variable([v * 2 for v in values]), step=tf.Variable(step))
+    tf.train.CheckpointManager(ckpt, str(directory), max_to_keep=1).save(checkpoint_number=step)
+    return directory
+
+
+def _tf_load(tf, directory: Path) -> tuple[list[float], int]:
+    w = tf.Variable([0.0] * 3)
+    m = tf.Variable([0.0] * 3)
+    step = tf.Variable(0)
+    path = tf.train.latest_checkpoint(str(directory))
+    assert path is not None, f"no TF checkpoint in {directory}: {os.listdir(directory)}"
+    tf.train.Checkpoint(w=w, m=m, step=step).restore(path).assert_consumed()
+    return [float(x) for x in w.numpy()], int(step.numpy())
+
+
+def _dir(tmp_path: Path, name: str, files: dict[str, bytes]) -> str:
+    root = tmp_path / name
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return str(root)
+
+
+class Events(list):
+    """Collects emit(kind, fields) calls."""
+
+    def __call__(self, kind: str, fields: dict) -> None:
+        self.append((kind, fields))
+
+    def of(self, kind: str) -> list[dict]:
+        return [f for k, f in self if k == kind]
+
+
+def test_commit_restore_round_trip_with_tf(run_root, tmp_path, tf):
+    store = open_store(run_root.uri)
+    events = Events()
+    commits = []
+    ckpts = CheckpointStore(store, emit=events, on_commit=commits.append)
+    local = _tf_checkpoint(tf, tmp_path / "local", 10, [1.0, 2.0, 3.0])
+
+    info = ckpts.commit(10, str(local))
+
+    local_files = sorted(os.listdir(local))
+    assert sorted(info["files"]) == local_files
+    assert info["step"] == 10 and info["bytes"] == sum(os.path.getsize(local / f) for f in local_files)
+    assert info["seconds"] >= 0 and commits == [info]
+    assert ckpts.committed_steps() == [10]
+    marker = json.loads(store.get_bytes(f"checkpoints/ckpt-10/{MARKER}"))
+    assert marker["files"] == info["files"] and marker["step"] == 10
+
+    dest = tmp_path / "restored"
+    assert ckpts.restore_latest(str(dest)) == 10
+    assert sorted(os.listdir(dest)) == local_files
+    assert _tf_load(tf, dest) == ([1.0, 2.0, 3.0], 10)
+    assert events == []
+
+
+def test_marker_is_written_last_and_a_crash_before_it_is_ignored(run_root, tmp_path, tf):
+    store = open_store(run_root.uri)
+    events = Events()
+    ckpts = CheckpointStore(store, emit=events)
+    ckpts.commit(10, str(_tf_checkpoint(tf, tmp_path / "a", 10, [1.0, 1.0, 1.0])))
+
+    writes: list[str] = []
+    real_put_file, real_put_bytes = store.put_file, store.put_bytes
+
+    def put_file(key, path):
+        writes.append(key)
+        real_put_file(key, path)
+
+    def put_bytes(key, data):
+        writes.append(key)
+        if key.endswith(MARKER):
+            raise KeyboardInterrupt("machine lost before the marker")  # not retried, like a kill
+        real_put_bytes(key, data)
+
+    store.put_file, store.put_bytes = put_file, put_bytes
+    with pytest.raises(KeyboardInterrupt):
+        ckpts.commit(20, str(_tf_checkpoint(tf, tmp_path / "b", 20, [2.0, 2.0, 2.0])))
+    store.put_file, store.put_bytes = real_put_file, real_put_bytes
+
+    assert writes[-1] == f"checkpoints/ckpt-20/{MARKER}"
+    assert len(writes) == 4 and all(not k.endswith(MARKER) for k in writes[:-1])
+    assert len(store.list("checkpoints/ckpt-20/")) == 3  # files are there, the marker is not
+    assert ckpts.committed_steps() == [10]
+
+    dest = tmp_path / "restored"
+    assert ckpts.restore_latest(str(dest)) == 10
+    assert _tf_load(tf, dest) == ([1.0, 1.0, 1.0], 10)
+    assert [(e["step"], "no COMMITTED marker" in e["reason"]) for e in events.of("checkpoint_skipped")] == [(20, True)]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "garbage-marker", "lying-marker"])
+def test_damaged_checkpoint_is_skipped_and_older_restored(run_root, tmp_path, damage):
+    store = open_store(run_root.uri)
+    events = Events()
+    ckpts = CheckpointStore(store, emit=events)
+    ckpts.commit(1, _dir(tmp_path, "a", {"model.data": b"A" * 1000, "sub/model.index": b"a-index"}))
+    ckpts.commit(2, _dir(tmp_path, "b", {"model.data": b"B" * 1000, "sub/model.index": b"b-index"}))
+    key = "checkpoints/ckpt-2/model.data"
+    if damage == "flip":
+        store.put_bytes(key, b"B" * 999 + b"C")
+    elif damage == "truncate":
+        store.put_bytes(key, b"B" * 10)
+    elif damage == "delete":
+        store.delete_prefix(key)
+    elif damage == "garbage-marker":
+        store.put_bytes(f"checkpoints/ckpt-2/{MARKER}", b"{not json")
+    elif damage == "lying-marker":
+        marker = json.loads(store.get_bytes(f"checkpoints/ckpt-2/{MARKER}"))
+        marker["files"]["../../escape"] = marker["files"].pop("model.data")
+        store.put_bytes(f"checkpoints/ckpt-2/{MARKER}", json.dumps(marker).encode())
+
+    dest = tmp_path / "restored"
+    dest.mkdir()
+    (dest / "stale").write_bytes(b"old local file")
+    assert ckpts.restore_latest(str(dest)) == 1
+    assert (dest / "model.data").read_bytes() == b"A" * 1000
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == ["model.data", "sub/model.index"]
+    skipped = events.of("checkpoint_skipped")
+    assert [e["step"] for e in skipped] == [2]
+    expected_reason = {
+        "flip": "sha256",
+        "truncate": "bytes",
+        "delete": "missing",
+        "garbage-marker": "not valid JSON",
+        "lying-marker": "unsafe path",
+    }[damage]
+    assert expected_reason in skipped[0]["reason"]
+    # Nothing is left over next to the destination (staging directories are cleaned up).
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".")] == []
+
+
+def test_restore_with_nothing_committed(run_root, tmp_path):
+    store = open_store(run_root.uri)
+    events = Events()
+    ckpts = CheckpointStore(store, emit=events)
+    assert ckpts.restore_latest(str(tmp_path / "r")) is None
+    store.put_bytes("checkpoints/ckpt-5/model.data", b"partial")
+    assert ckpts.committed_steps() == []
+    assert ckpts.restore_latest(str(tmp_path / "r")) is None
+    assert [e["step"] for e in events.of("checkpoint_skipped")] == [5]
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("run_root", ["file", "s3"], indirect=True)
+def test_prune_keeps_k_and_never_the_newest(run_root, tmp_path):
+    store = open_store(run_root.uri)
+    ckpts = CheckpointStore(store, keep=2)
+    for step in (1, 2, 3):
+        ckpts.commit(step, _dir(tmp_path, f"c{step}", {"d": bytes([step]) * 10}))
+    assert ckpts.committed_steps() == [2, 3]
+    # A partial older than the newest commit is stale; a newer one may be an upload in progress.
+    store.put_bytes("checkpoints/ckpt-2x/ignored", b"not a checkpoint name")
+    store.put_bytes("checkpoints/ckpt-0/d", b"stale partial")
+    store.put_bytes("checkpoints/ckpt-9/d", b"in progress")
+    ckpts.commit(4, _dir(tmp_path, "c4", {"d": b"\x04" * 10}))
+    assert ckpts.committed_steps() == [3, 4]
+    assert store.list("checkpoints/") == [
+        "checkpoints/ckpt-2x/ignored",
+        f"checkpoints/ckpt-3/{MARKER}",
+        "checkpoints/ckpt-3/d",
+        f"checkpoints/ckpt-4/{MARKER}",
+        "checkpoints/ckpt-4/d",
+        "checkpoints/ckpt-9/d",
+    ]
+
+    single = CheckpointStore(store, keep=1)
+    single.prune()
+    assert single.committed_steps() == [4]
+    assert store.exists("checkpoints/ckpt-4/d")
+    with pytest.raises(ValueError, match="keep"):
+        CheckpointStore(store, keep=0)
+
+
+def test_recommit_of_same_step_keeps_or_replaces_consistently(run_root, tmp_path):
+    store = open_store(run_root.uri)
+    ckpts = CheckpointStore(store)
+    first = ckpts.commit(7, _dir(tmp_path, "a", {"d": b"same"}))
+    again = ckpts.commit(7, _dir(tmp_path, "b", {"d": b"same"}))
+    assert again["created"] == first["created"]  # identical content: left as committed
+    changed = ckpts.commit(7, _dir(tmp_path, "c", {"d": b"different", "e": b"x"}))
+    assert sorted(changed["files"]) == ["d", "e"]
+    assert ckpts.restore_latest(str(tmp_path / "r")) == 7
+    assert (tmp_path / "r" / "d").read_bytes() == b"different"
+
+
+def _slow_uploads(store, monkeypatch, seconds: float, gate: threading.Event | None = None):
+    real = store.put_file
+    started = []
+
+    def slow(key, path):
+        started.append(key)
+        if gate is not None:
+            gate.wait(timeout=10)
+        time.sleep(seconds)
+        real(key, path)
+
+    monkeypatch.setattr(store, "put_file", slow)
+    return started
+
+
+@pytest.mark.parametrize("run_root", ["file", "s3"], indirect=True)
+def test_commit_async_returns_at_once_and_newer_replaces_queued(run_root, tmp_path, monkeypatch):
+    store = open_store(run_root.uri)
+    commits = []
+    ckpts = CheckpointStore(store, on_commit=commits.append)
+    gate = threading.Event()
+    started = _slow_uploads(store, monkeypatch, 0.0, gate)
+
+    timings = []
+    for step in (1, 2, 3):
+        local = _dir(tmp_path, f"c{step}", {"model.data": bytes([step]) * 5000, "model.index": b"i"})
+        t0 = time.monotonic()
+        ckpts.commit_async(step, local)
+        timings.append(time.monotonic() - t0)
+        # The caller may delete its directory as soon as commit_async returns.
+        shutil.rmtree(local)
+        if step == 1:
+            deadline = time.monotonic() + 5
+            while not started and time.monotonic() < deadline:
+                time.sleep(0.01)
+    assert max(timings) < 0.2, timings  # uploads are blocked on the gate; the caller is not
+    assert ckpts.committed_steps() == []
+    with pytest.raises(TimeoutError, match="step 1"):
+        ckpts.wait(timeout=0.1)
+    gate.set()
+    ckpts.wait(timeout=30)
+
+    # Step 2 was replaced by step 3 while it waited in the queue.
+    assert [c["step"] for c in commits] == [1, 3]
+    assert ckpts.committed_steps() == [1, 3]
+    assert ckpts.restore_latest(str(tmp_path / "r")) == 3
+    assert (tmp_path / "r" / "model.data").read_bytes() == b"\x03" * 5000
+    # Snapshots were cleaned up: only the restored directory (and a file run root) remain.
+    assert sorted(os.listdir(tmp_path)) in (["r"], ["r", "runs"])
+
+
+def test_wait_reraises_background_failure_once(tmp_path, monkeypatch):
+    store = open_store(f"file://{tmp_path}/run")
+    ckpts = CheckpointStore(store)
+    calls = []
+
+    def denied(key, path):
+        calls.append(key)
+        raise PermissionError(f"access denied to {key}")
+
+    monkeypatch.setattr(store, "put_file", denied)
+    ckpts.commit_async(1, _dir(tmp_path, "c1", {"d": b"x"}))
+    with pytest.raises(CheckpointError, match="not committed") as err:
+        ckpts.wait(timeout=10)
+    assert isinstance(err.value.__cause__, PermissionError)
+    assert calls == ["checkpoints/ckpt-1/d"]  # not retried: not transient
+    ckpts.wait(timeout=10)  # reported once
+    assert ckpts.committed_steps() == []
+
+
+def test_sync_commit_stops_older_background_upload(tmp_path, monkeypatch):
+    store = open_store(f"file://{tmp_path}/run")
+    ckpts = CheckpointStore(store, upload_workers=1)
+    started = _slow_uploads(store, monkeypatch, 0.3)
+    ckpts.commit_async(1, _dir(tmp_path, "c1", {f"f{i}": b"1" for i in range(5)}))
+    deadline = time.monotonic() + 5
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ckpts.commit(2, _dir(tmp_path, "c2", {"f0": b"2"}))
+    ckpts.wait(timeout=10)
+    assert ckpts.committed_steps() == [2]
+    step1_uploads = [k for k in started if k.startswith("checkpoints/ckpt-1/")]
+    assert 1 <= len(step1_uploads) < 5  # it stopped between files
+    ckpts.prune()
+    assert store.list("checkpoints/ckpt-1/") == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["503", "drop"])
+def test_flaky_store_commit_succeeds_and_reports_retries(faulty_s3, tmp_path, mode):
+    store = open_store(faulty_s3.uri)
+    events = Events()
+    ckpts = CheckpointStore(store, emit=events)
+    # Over the multipart threshold, so part uploads meet the faults too.
+    local = _dir(tmp_path, "c", {"model.data": os.urandom(10 * 1024 * 1024), "model.index": b"idx"})
+    faulty_s3.proxy.fail_for(1.0, mode)
+    info = ckpts.commit(5, local)
+    assert faulty_s3.proxy.failed > 0
+    assert events.of("upload_retry"), "retries were not reported"
+    assert all({"attempt", "error"} <= set(e) for e in events.of("upload_retry"))
+    assert ckpts.restore_latest(str(tmp_path / "r")) == 5
+    assert (tmp_path / "r" / "model.data").read_bytes() == Path(local, "model.data").read_bytes()
+    assert info["bytes"] == 10 * 1024 * 1024 + 3
+
+
+@pytest.mark.slow
+def test_outage_longer_than_retries_commits_nothing(faulty_s3, tmp_path, monkeypatch):
+    # Fewer retries so the outage outlasts them within a short test.
+    monkeypatch.setattr(storage, "S3_MAX_ATTEMPTS", 2)
+    monkeypatch.setattr(storage, "TRANSFER_ATTEMPTS", 2)
+    monkeypatch.setattr(storage, "BACKOFF_INITIAL_S", 0.05)
+    store = open_store(faulty_s3.uri)
+    events = Events()
+    ckpts = CheckpointStore(store, emit=events, upload_workers=1)  # files go up in order: d, e
+    ckpts.commit(1, _dir(tmp_path, "c1", {"d": b"good" * 100, "e": b"e"}))
+
+    local = _dir(tmp_path, "c2", {"d": b"newer" * 100, "e": b"e2"})
+    # Let the first file through, then drop everything: a half-uploaded checkpoint.
+    real = store.put_file
+    first = []
+
+    def put_file(key, path):
+        if first:
+            faulty_s3.proxy.fail_for(10.0, "drop")
+        first.append(key)
+        real(key, path)
+
+    monkeypatch.setattr(store, "put_file", put_file)
+    with pytest.raises(CheckpointError, match="not committed"):
+        ckpts.commit(2, local)
+    faulty_s3.proxy.heal()
+    assert faulty_s3.proxy.failed > 0
+    assert store.exists("checkpoints/ckpt-2/d") and not store.exists(f"checkpoints/ckpt-2/{MARKER}")
+    assert ckpts.committed_steps() == [1]
+    assert ckpts.restore_latest(str(tmp_path / "r")) == 1
+    assert (tmp_path / "r" / "d").read_bytes() == b"good" * 100
+    assert [e["step"] for e in events.of("checkpoint_skipped")] == [2]
+
+
+@pytest.mark.slow
+def test_100mb_checkpoint_commits_to_s3_within_preemption_window(s3_run, tmp_path, tf):
+    store = open_store(s3_run.uri)
+    ckpts = CheckpointStore(store)
+    size = 25 * 1024 * 1024  # float32 values: 100 MiB
+    ckpt = tf.train.Checkpoint(w=tf.Variable(tf.random.normal([size], seed=1)))
+    t0 = time.monotonic()
+    tf.train.CheckpointManager(ckpt, str(tmp_path / "big"), max_to_keep=1).save(checkpoint_number=1)
+    save_s = time.monotonic() - t0
+    info = ckpts.commit(1, str(tmp_path / "big"))
+    t1 = time.monotonic()
+    assert ckpts.restore_latest(str(tmp_path / "r")) == 1
+    restore_s = time.monotonic() - t1
+    print(f"\n100MiB checkpoint: TF save {save_s:.2f}s, commit {info['seconds']:.2f}s, restore {restore_s:.2f}s")
+    assert info["bytes"] >= 100 * 1024 * 1024
+    assert save_s + info["seconds"] < 20.0

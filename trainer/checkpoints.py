@@ -1,0 +1,462 @@
+"""The checkpoint commit protocol: upload, verify, mark committed, restore, prune.
+
+A checkpoint is the set of files TF wrote into a local directory. It is uploaded to
+``<run-uri>/checkpoints/ckpt-<step>/<same relative paths>`` and becomes visible only when
+``checkpoints/ckpt-<step>/COMMITTED`` exists. That marker is JSON::
+
+    {"format": 1, "step": 100, "bytes": 1234, "created": "2026-...Z",
+     "files": {"ckpt.index": {"size": 10, "sha256": "..."}, ...}}
+
+and is written last, after every file was uploaded (each upload retried on transient
+errors, see :mod:`trainer.storage`) and the store confirmed every size. A checkpoint
+without the marker, or whose files do not match it on download, is never restored: it is
+skipped with a ``checkpoint_skipped`` event and the next older one is tried. Pruning
+deletes a marker before the files it describes, so a half-deleted checkpoint is never
+taken for a committed one.
+
+Background uploads (:meth:`CheckpointStore.commit_async`) run on one worker thread. The
+caller's directory is snapshotted first with hard links (a copy where links are not
+possible), which costs no data copy: TF writes each checkpoint to new files and renames
+them into place, so the linked files stay intact while the caller saves the next one and
+deletes old ones. The caller may reuse or delete ``local_dir`` as soon as
+``commit_async`` returns, but must not rewrite its files in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+
+from trainer.storage import NotFound, Store, _check_key, walk_files
+
+__all__ = ["CheckpointStore", "CheckpointError", "MARKER", "MARKER_FORMAT"]
+
+MARKER = "COMMITTED"
+MARKER_FORMAT = 1
+_HASH_CHUNK = 1024 * 1024
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+Emit = Callable[[str, dict], None]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be committed (nothing was marked committed)."""
+
+
+class _Cancelled(Exception):
+    """A background upload was superseded by a newer synchronous commit."""
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_step(step: int) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
+    return step
+
+
+def _local_files(local_dir: str) -> list[tuple[str, str]]:
+    if not os.path.isdir(local_dir):
+        raise FileNotFoundError(f"checkpoint directory {local_dir!r} does not exist")
+    files = walk_files(local_dir)
+    if not files:
+        raise ValueError(f"checkpoint directory {local_dir!r} holds no files; nothing to commit")
+    if any(rel == MARKER for rel, _ in files):
+        raise ValueError(f"checkpoint directory {local_dir!r} holds a file named {MARKER}, which is reserved")
+    return files
+
+
+class CheckpointStore:
+    """Checkpoints of one run in a :class:`~trainer.storage.Store` (see module docstring).
+
+    ``emit(kind, fields)`` receives ``checkpoint_skipped`` (step, reason) and
+    ``upload_retry`` (attempt, error, op, key); it may be called from the upload thread.
+    ``on_commit(info)`` is called with :meth:`commit`'s result after every successful
+    commit, background ones included, so the caller can report them.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        keep: int = 3,
+        emit: Emit | None = None,
+        prefix: str = "checkpoints",
+        on_commit: Callable[[dict], None] | None = None,
+        upload_workers: int = 4,
+    ) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an int >= 1 (the newest checkpoint is always kept), got {keep!r}")
+        if upload_workers < 1:
+            raise ValueError(f"upload_workers must be >= 1, got {upload_workers!r}")
+        self.store = store
+        self.keep = keep
+        self.prefix = _check_key(prefix.strip("/"))
+        self.emit = emit
+        self.on_commit = on_commit
+        self.upload_workers = upload_workers
+        self._cond = threading.Condition()
+        self._pending: tuple[int, str] | None = None  # (step, snapshot dir) waiting to upload
+        self._in_flight: int | None = None  # step the background thread is uploading
+        self._cancel = threading.Event()  # tells the background upload to stop early
+        self._active: set[int] = set()  # steps being uploaded now (sync or background)
+        self._worker: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._prune_lock = threading.Lock()
+        if emit is not None:
+            previous = store.on_retry
+
+            def on_retry(op: str, key: str, attempt: int, error: BaseException) -> None:
+                if previous is not None:
+                    previous(op, key, attempt, error)
+                emit("upload_retry", {"attempt": attempt, "error": f"{type(error).__name__}: {error}", "op": op, "key": key})
+
+            store.on_retry = on_retry
+
+    # -- naming ------------------------------------------------------------------------
+
+    def _base(self, step: int) -> str:
+        return f"{self.prefix}/ckpt-{step}/"
+
+    def _scan(self) -> tuple[set[int], set[int]]:
+        """(steps with any object, steps with a marker) under the prefix, in one listing."""
+        pattern = re.compile(rf"^{re.escape(self.prefix)}/ckpt-(\d+)/(.+)$")
+        present: set[int] = set()
+        committed: set[int] = set()
+        for key in self.store.list(self.prefix + "/"):
+            m = pattern.match(key)
+            if not m:
+                continue
+            step = int(m.group(1))
+            present.add(step)
+            if m.group(2) == MARKER:
+                committed.add(step)
+        return present, committed
+
+    def _skip(self, step: int, reason: str) -> None:
+        if self.emit is not None:
+            self.emit("checkpoint_skipped", {"step": step, "reason": reason})
+
+    # -- committing --------------------------------------------------------------------
+
+    def commit(self, step: int, local_dir: str) -> dict:
+        """Upload ``local_dir`` as checkpoint ``step``, verify it, mark it committed, prune.
+
+        Synchronous. Returns the marker's content plus ``seconds`` (wall time of the whole
+        commit) and ``uri``. Raises on failure, in which case no marker was written. A
+        background upload of an older step still in flight is told to stop, so this one
+        gets the bandwidth (what a preempted machine needs).
+        """
+        _check_step(step)
+        files = _local_files(local_dir)
+        with self._cond:
+            if self._pending is not None and self._pending[0] <= step:
+                _, snap = self._pending
+                self._pending = None
+                shutil.rmtree(snap, ignore_errors=True)
+                self._cond.notify_all()
+            if self._in_flight is not None and self._in_flight < step:
+                self._cancel.set()
+            self._active.add(step)
+        try:
+            info = self._upload(step, files, cancel=None)
+        finally:
+            with self._cond:
+                self._active.discard(step)
+        self.prune()
+        self._committed(info)
+        return info
+
+    def _committed(self, info: dict) -> None:
+        if self.on_commit is not None:
+            self.on_commit(info)
+
+    def _upload(self, step: int, files: list[tuple[str, str]], cancel: threading.Event | None) -> dict:
+        t0 = time.monotonic()
+        base = self._base(step)
+        marker_key = base + MARKER
+
+        def check_cancel() -> None:
+            if cancel is not None and cancel.is_set():
+                raise _Cancelled(step)
+
+        # Re-committing a step (e.g. right after a resume) must never leave a marker that
+        # disagrees with the files: if the same content is already committed, keep it;
+        # otherwise withdraw the marker before replacing the files.
+        manifest: dict[str, dict] = {}
+
+        def upload_one(item: tuple[str, str]) -> None:
+            rel, path = item
+            check_cancel()
+            size = os.path.getsize(path)
+            digest = _sha256(path)
+            self.store.put_file(base + rel, path)
+            manifest[rel] = {"size": size, "sha256": digest}
+
+        existing = self._read_marker(step)
+        if existing is not None:
+            local = {rel: {"size": os.path.getsize(p), "sha256": _sha256(p)} for rel, p in files}
+            if existing.get("files") == local:
+                return {**existing, "seconds": round(time.monotonic() - t0, 3), "uri": f"{self.store.uri}/{base}"}
+            self.store.delete_prefix(marker_key)
+
+        with ThreadPoolExecutor(max_workers=min(self.upload_workers, len(files)), thread_name_prefix="ckpt-up") as pool:
+            futures = [pool.submit(upload_one, item) for item in files]
+            errors = [f.exception() for f in futures]
+        failures = [e for e in errors if e is not None]
+        if failures:
+            if any(isinstance(e, _Cancelled) for e in failures):
+                raise _Cancelled(step)
+            raise CheckpointError(
+                f"checkpoint {step}: {len(failures)} of {len(files)} files failed to upload to "
+                f"{self.store.uri}/{base}; not committed"
+            ) from failures[0]
+        check_cancel()
+
+        # Verify what the store holds before declaring it committed.
+        stored = self.store.stat(base)
+        for rel, meta in manifest.items():
+            info = stored.get(base + rel)
+            if info is None or info.size != meta["size"]:
+                got = "missing" if info is None else f"{info.size} bytes"
+                raise CheckpointError(
+                    f"checkpoint {step}: {rel} should hold {meta['size']} bytes in {self.store.uri}/{base} "
+                    f"but is {got}; not committed"
+                )
+
+        marker = {
+            "format": MARKER_FORMAT,
+            "step": step,
+            "bytes": sum(m["size"] for m in manifest.values()),
+            "created": datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "files": dict(sorted(manifest.items())),
+        }
+        self.store.put_bytes(marker_key, json.dumps(marker, indent=1).encode())
+        return {**marker, "seconds": round(time.monotonic() - t0, 3), "uri": f"{self.store.uri}/{base}"}
+
+    def commit_async(self, step: int, local_dir: str) -> None:
+        """Queue ``local_dir`` as checkpoint ``step`` for upload in the background; return at once.
+
+        At most one upload runs; a newer request replaces an older one still queued. The
+        directory is snapshotted with hard links before returning (see module docstring).
+        A failure is kept and re-raised by :meth:`wait`.
+        """
+        _check_step(step)
+        files = _local_files(local_dir)
+        snap = self._snapshot(local_dir, files)
+        with self._cond:
+            if self._pending is not None:
+                _, old = self._pending
+                shutil.rmtree(old, ignore_errors=True)
+            self._pending = (step, snap)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="checkpoint-upload", daemon=True)
+                self._worker.start()
+            self._cond.notify_all()
+
+    @staticmethod
+    def _snapshot(local_dir: str, files: list[tuple[str, str]]) -> str:
+        parent = os.path.dirname(os.path.abspath(local_dir))
+        snap = tempfile.mkdtemp(prefix=".trainstack-snapshot-", dir=parent)
+        try:
+            for rel, path in files:
+                dest = os.path.join(snap, *rel.split("/"))
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                try:
+                    os.link(path, dest)
+                except OSError:
+                    shutil.copy2(path, dest)  # another filesystem, or links not supported
+        except BaseException:
+            shutil.rmtree(snap, ignore_errors=True)
+            raise
+        return snap
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                if self._pending is None:
+                    self._worker = None
+                    self._cond.notify_all()
+                    return
+                step, snap = self._pending
+                self._pending = None
+                self._in_flight = step
+                self._active.add(step)
+                self._cancel.clear()
+            try:
+                info = self._upload(step, walk_files(snap), cancel=self._cancel)
+                self.prune()
+                self._committed(info)
+            except _Cancelled:
+                pass  # a newer synchronous commit took over; its prune cleans up the partial
+            except BaseException as e:  # kept for wait(): a background thread has no caller to raise to
+                with self._cond:
+                    if self._error is None:
+                        self._error = e
+            finally:
+                shutil.rmtree(snap, ignore_errors=True)
+                with self._cond:
+                    self._in_flight = None
+                    self._active.discard(step)
+                    self._cond.notify_all()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait until no upload is queued or running; re-raise a background failure.
+
+        Raises ``TimeoutError`` if uploads are still running after ``timeout`` seconds.
+        A failure is raised once; later calls succeed unless another upload fails.
+        """
+        with self._cond:
+            idle = self._cond.wait_for(lambda: self._worker is None and self._pending is None, timeout)
+            if not idle:
+                raise TimeoutError(
+                    f"checkpoint upload of step {self._in_flight} still running after {timeout} s"
+                )
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    # -- reading -----------------------------------------------------------------------
+
+    def committed_steps(self) -> list[int]:
+        """Steps that have a ``COMMITTED`` marker, ascending."""
+        return sorted(self._scan()[1])
+
+    def _read_marker(self, step: int) -> dict | None:
+        try:
+            raw = self.store.get_bytes(self._base(step) + MARKER)
+        except NotFound:
+            return None
+        try:
+            marker = json.loads(raw)
+        except ValueError:
+            return {}
+        return marker if isinstance(marker, dict) else {}
+
+    @staticmethod
+    def _marker_problem(step: int, marker: dict) -> str | None:
+        """Why a marker cannot be trusted, or None if it is well-formed."""
+        if marker.get("step") != step:
+            return f"marker names step {marker.get('step')!r}"
+        files = marker.get("files")
+        if not isinstance(files, dict) or not files:
+            return "marker lists no files"
+        for rel, meta in files.items():
+            try:
+                _check_key(rel)
+            except ValueError:
+                return f"marker lists an unsafe path {rel!r}"
+            if (
+                not isinstance(meta, dict)
+                or not isinstance(meta.get("size"), int)
+                or not _SHA256_RE.match(str(meta.get("sha256", "")))
+            ):
+                return f"marker entry for {rel} lacks size or sha256"
+        return None
+
+    def restore_latest(self, dest_dir: str) -> int | None:
+        """Download the newest committed checkpoint that verifies into ``dest_dir``; return its step.
+
+        ``dest_dir`` is replaced by the checkpoint's files (same relative layout as the
+        committed directory) only once all of them verified. Checkpoints with no marker,
+        a bad marker, or a missing, short or corrupt file are skipped with a
+        ``checkpoint_skipped`` event. Returns None when nothing restorable exists.
+        Network failures that outlast the retries are raised, not taken for corruption.
+        """
+        present, committed = self._scan()
+        dest_dir = os.path.abspath(dest_dir)
+        parent = os.path.dirname(dest_dir)
+        os.makedirs(parent, exist_ok=True)
+        for step in sorted(present, reverse=True):
+            with self._cond:
+                busy = step in self._active
+            if busy:
+                continue  # our own upload in progress, not a candidate
+            if step not in committed:
+                self._skip(step, "no COMMITTED marker (upload never finished)")
+                continue
+            marker = self._read_marker(step)
+            if marker is None:  # deleted between listing and reading
+                self._skip(step, "COMMITTED marker vanished")
+                continue
+            problem = self._marker_problem(step, marker) if marker else "COMMITTED marker is not valid JSON"
+            if problem:
+                self._skip(step, problem)
+                continue
+            staging = tempfile.mkdtemp(prefix=".trainstack-restore-", dir=parent)
+            try:
+                problem = self._download_verified(step, marker["files"], staging)
+                if problem:
+                    self._skip(step, problem)
+                    continue
+                if os.path.isdir(dest_dir):
+                    shutil.rmtree(dest_dir)
+                elif os.path.exists(dest_dir):
+                    os.unlink(dest_dir)
+                os.replace(staging, dest_dir)
+                return step
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        return None
+
+    def _download_verified(self, step: int, files: dict[str, dict], staging: str) -> str | None:
+        base = self._base(step)
+        plan = {rel: os.path.join(staging, *rel.split("/")) for rel in files}
+
+        def fetch(rel: str) -> str | None:
+            try:
+                self.store.get_file(base + rel, plan[rel])
+            except NotFound:
+                return f"file {rel} is missing"
+            size = os.path.getsize(plan[rel])
+            if size != files[rel]["size"]:
+                return f"file {rel} holds {size} bytes, marker says {files[rel]['size']}"
+            if _sha256(plan[rel]) != files[rel]["sha256"]:
+                return f"file {rel} fails its sha256 check"
+            return None
+
+        with ThreadPoolExecutor(max_workers=min(self.upload_workers, len(files)), thread_name_prefix="ckpt-down") as pool:
+            results = list(pool.map(fetch, sorted(files)))
+        problems = [r for r in results if r]
+        return "; ".join(problems) if problems else None
+
+    # -- pruning -----------------------------------------------------------------------
+
+    def prune(self) -> None:
+        """Keep the newest ``keep`` committed checkpoints; delete the rest and stale partials.
+
+        A partial (no marker) is stale once a newer checkpoint is committed. The newest
+        committed checkpoint and any upload in progress are never touched.
+        """
+        with self._prune_lock:
+            present, committed = self._scan()
+            if not committed:
+                return
+            newest = max(committed)
+            keep = set(sorted(committed)[-self.keep :]) | {newest}
+            with self._cond:
+                active = set(self._active)
+            for step in sorted(present):
+                if step in keep or step in active:
+                    continue
+                if step in committed:
+                    # Marker first: from here on the checkpoint is no longer offered.
+                    self.store.delete_prefix(self._base(step) + MARKER)
+                    self.store.delete_prefix(self._base(step))
+                elif step < newest:
+                    self.store.delete_prefix(self._base(step))
