@@ -57,6 +57,14 @@ def project_name() -> str:
     return str(doc.get("name") or "trainstack")
 
 
+class ProgramError(RuntimeError):
+    """The program failed under the mocks; `resources` is what it registered before failing."""
+
+    def __init__(self, message: str, resources: list[dict[str, Any]]):
+        super().__init__(message)
+        self.resources = resources
+
+
 @dataclass
 class Result:
     """What one synth run registered."""
@@ -345,6 +353,8 @@ def _run(sdk_config: dict[str, str], stack: str, region: str) -> Result:
     loop.set_exception_handler(lambda _loop, context: log.debug("after the run: %s", context.get("message")))
     try:
         loop.run_until_complete(run_in_stack(lambda: runpy.run_path(str(PROGRAM), run_name="__main__")))
+    except Exception as e:
+        raise ProgramError(str(e), _resolve_parents(monitor)) from e
     finally:
         for task in asyncio.all_tasks(loop):
             task.cancel()
@@ -356,18 +366,21 @@ def _run(sdk_config: dict[str, str], stack: str, region: str) -> Result:
             if thread_loop is not loop and not thread_loop.is_closed():
                 thread_loop.close()
 
-    root_urn = monitor.root_urn
-    resources = []
-    for r in monitor.records:
-        parent = r["parent"]
-        r["parent"] = None if parent in (None, root_urn) else _urn_name(parent)
-        resources.append(r)
-    resources.sort(key=lambda r: (r["name"], r["type"]))
+    resources = _resolve_parents(monitor)
     user_data = {}
     for r in resources:
         if r["type"] == LAUNCH_TEMPLATE and r["inputs"].get("userData"):
             user_data[r["name"]] = base64.b64decode(r["inputs"]["userData"]).decode()
     return Result(resources=resources, outputs=_jsonable(monitor.stack_outputs), user_data=user_data, invokes=mocks.invokes)
+
+
+def _resolve_parents(monitor: _Monitor) -> list[dict[str, Any]]:
+    """The records with parents as names (None for top-level), sorted by name and type."""
+    resources = []
+    for r in monitor.records:
+        parent = r["parent"]
+        resources.append({**r, "parent": None if parent in (None, monitor.root_urn) else _urn_name(parent)})
+    return sorted(resources, key=lambda r: (r["name"], r["type"]))
 
 
 def write(result: Result, out: Path) -> list[Path]:

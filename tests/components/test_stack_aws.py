@@ -1,0 +1,89 @@
+"""The whole AWS stack from the real stack files and from `__main__.py`'s own checks."""
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ops import synth
+
+ROOT = Path(__file__).resolve().parents[2]
+STACK_FILES = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
+EXPORTS = {"bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri"}
+EXPECTED_TYPES = {
+    "trainstack:aws:TrainingStack": 1, "trainstack:aws:TrainingBucket": 1, "trainstack:aws:InstanceIdentity": 1,
+    "trainstack:aws:ImageRepository": 1, "trainstack:aws:TrainerCode": 1, "trainstack:aws:SpotGroup": 1,
+    "pulumi:providers:aws": 1, "aws:s3/bucket:Bucket": 1, "aws:s3/bucketVersioning:BucketVersioning": 1,
+    "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration": 1,
+    "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock": 1,
+    "aws:s3/bucketOwnershipControls:BucketOwnershipControls": 1, "aws:s3/bucketPolicy:BucketPolicy": 1,
+    "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration": 1, "aws:iam/role:Role": 1,
+    "aws:iam/rolePolicy:RolePolicy": 1, "aws:iam/instanceProfile:InstanceProfile": 1,
+    "aws:ecr/repository:Repository": 1, "aws:ecr/lifecyclePolicy:LifecyclePolicy": 1,
+    "aws:s3/bucketObjectv2:BucketObjectv2": 1, "aws:ec2/securityGroup:SecurityGroup": 1,
+    "aws:ec2/launchTemplate:LaunchTemplate": 1, "aws:autoscaling/group:Group": 1,
+    "aws:autoscaling/schedule:Schedule": 1,
+}
+
+
+def stack_config(path: Path) -> dict:
+    cfg = yaml.safe_load(path.read_text())["config"]
+    return {k.split(":", 1)[1]: v for k, v in cfg.items() if k.startswith("trainstack:")}
+
+
+def test_both_example_stacks_exist():
+    assert [p.name for p in STACK_FILES] == ["Pulumi.dev.yaml", "Pulumi.large.yaml"]
+
+
+@pytest.mark.parametrize("path", STACK_FILES, ids=lambda p: p.name)
+def test_stack_file_synthesizes_the_whole_stack_with_its_outputs(path):
+    cfg = stack_config(path)
+    stack = path.name.removeprefix("Pulumi.").removesuffix(".yaml")
+    run_id = cfg["run"].get("id") or stack
+    r = synth.synthesize(path)
+    assert dict(Counter(x["type"] for x in r.resources)) == EXPECTED_TYPES
+    assert set(r.outputs) == EXPORTS
+    bucket = r.outputs["bucketName"]
+    assert r.outputs["runUri"] == f"s3://{bucket}/runs/{run_id}"
+    assert r.outputs["codeUri"].startswith(f"s3://{bucket}/code/trainer-")
+    assert r.outputs["region"] == cfg["region"]
+    assert r.outputs["groupName"] == f"trainstack-{stack}-gpu"
+    assert r.outputs["imageRef"] == f"{cfg['image']['repository']}:{cfg['image']['tag']}"
+    assert r.outputs["watchCommand"] == f"python -m ops status --stack {stack}"
+    asg = r.of_type("aws:autoscaling/group:Group")[0]["inputs"]
+    assert asg["maxSize"] == cfg["compute"]["nodes"]
+    overrides = asg["mixedInstancesPolicy"]["launchTemplate"]["overrides"]
+    assert [o["instanceType"] for o in overrides] == cfg["compute"]["instanceTypes"]
+    volume = r.of_type("aws:ec2/launchTemplate:LaunchTemplate")[0]["inputs"]["blockDeviceMappings"][0]["ebs"]
+    assert volume["volumeSize"] == cfg["compute"]["rootDiskGb"]
+    (user_data,) = r.user_data.values()
+    assert f"TRAINSTACK_RUN_URI='{r.outputs['runUri']}'" in user_data
+
+
+def test_parents_form_one_tree_under_the_training_stack():
+    r = synth.synthesize(ROOT / "stacks" / "Pulumi.dev.yaml")
+    names = {x["name"] for x in r.resources}
+    tops = [x for x in r.resources if x["parent"] is None]
+    assert [(x["type"], x["name"]) for x in tops] == [("trainstack:aws:TrainingStack", "trainstack")]
+    orphans = [x["name"] for x in r.resources if x["parent"] is not None and x["parent"] not in names]
+    assert orphans == []
+    children = [x["name"] for x in r.resources if x["parent"] == "trainstack"]
+    assert len(children) == 6  # provider + five components
+
+
+def test_invalid_config_stops_the_program_before_any_resource():
+    bad = {"trainstack:region": "us-east-1", "trainstack:run": '{"synthetic": true, "stepz": 3}'}
+    with pytest.raises(synth.ProgramError) as err:
+        synth.run_program(bad, stack="bad", region="us-east-1")
+    assert str(err.value) == "trainstack:run.stepz: unknown key; did you mean 'steps'?"
+    assert type(err.value.__cause__).__name__ == "RunError"
+    assert err.value.resources == []
+
+
+def test_gcp_is_refused_clearly_until_it_is_built():
+    raw = {"cloud": "gcp", "region": "us-central1", "project": "my-proj-123", "run": {"synthetic": True},
+           "compute": {"instanceTypes": ["g2-standard-8"]}}
+    with pytest.raises(synth.ProgramError, match="GCP training stack is not built yet") as err:
+        synth.synthesize(raw)
+    assert err.value.resources == []
