@@ -37,6 +37,10 @@ SCALARS = ("cloud", "region", "project")
 BUILTIN_MODELS = ("mlp", "transformer-lm")
 DEFAULT_IMAGE_REPOSITORY = "tensorflow/tensorflow"
 DEFAULT_IMAGE_TAG = "2.21.0-gpu"
+# What a refused secret's message ends with: trainstack's config holds no secret at all.
+NO_SECRETS = ("trainstack needs no secret in its config (the machines get credentials from their role or "
+              "service account); remove it, and keep any other tool's secret out of stack files with "
+              "`pulumi config set --secret`")
 
 
 class ConfigError(ValueError):
@@ -44,7 +48,17 @@ class ConfigError(ValueError):
 
     def __init__(self, key: str, message: str):
         self.key = key
-        super().__init__(f"{NAMESPACE}:{key}: {message}")
+        # A key of another namespace (aws:secretKey) is shown as it is.
+        shown = key if ":" in key.split(".", 1)[0] else f"{NAMESPACE}:{key}"
+        super().__init__(f"{shown}: {' '.join(message.split())}")
+
+
+# A model validator's error names the key it is about: "\x00key\x00message" (see _one_line).
+_KEYED = "\x00"
+
+
+def _keyed(key: str, message: str) -> ValueError:
+    return ValueError(f"{_KEYED}{key}{_KEYED}{message}")
 
 
 class _Block(BaseModel):
@@ -93,11 +107,11 @@ class RunSettings(_Block):
     @model_validator(mode="after")
     def _source(self) -> RunSettings:
         if self.synthetic and self.data_uri:
-            raise ValueError("set either synthetic: true or dataUri, not both")
+            raise _keyed("dataUri", "set either synthetic: true or dataUri, not both")
         if not self.synthetic and not self.data_uri:
-            raise ValueError("set dataUri (s3://… or gs://…) or synthetic: true")
+            raise _keyed("dataUri", "is required: set dataUri (s3://… or gs://…) or synthetic: true")
         if self.checkpoint_every_steps is None and self.checkpoint_every_seconds is None:
-            raise ValueError("set checkpointEverySteps or checkpointEverySeconds, or both")
+            raise _keyed("checkpointEverySteps", "set checkpointEverySteps or checkpointEverySeconds, or both")
         return self
 
 
@@ -191,7 +205,7 @@ class AccessSettings(_Block):
         if v is None:
             return v
         if "PRIVATE KEY" in v:
-            raise ValueError("this is a private key: never put it in config; give the public key (ssh-keygen -y -f KEY)")
+            raise ValueError("is a private key: give the public key (ssh-keygen -y -f KEY); " + NO_SECRETS)
         _parse_public_key(v)
         return v
 
@@ -209,11 +223,12 @@ class AccessSettings(_Block):
 
     @model_validator(mode="after")
     def _world(self) -> AccessSettings:
-        for cidr in self.allowed_cidrs:
+        for i, cidr in enumerate(self.allowed_cidrs):
             if ipaddress.ip_network(cidr).prefixlen == 0 and not self.allow_world:
-                raise ValueError(f"{cidr} opens SSH to the whole internet; name your own CIDR, or set allowWorld: true")
+                raise _keyed(f"allowedCidrs[{i}]", f"{cidr} opens SSH to the whole internet; name your own CIDR "
+                             "(e.g. your address/32), or set access.allowWorld: true")
         if self.allowed_cidrs and not self.ssh_public_key:
-            raise ValueError("allowedCidrs opens port 22 but no sshPublicKey is set")
+            raise _keyed("sshPublicKey", "is required when allowedCidrs opens port 22 (ssh-ed25519 AAAA…)")
         return self
 
 
@@ -231,12 +246,15 @@ def _parse_public_key(text: str) -> None:
     n = int.from_bytes(raw[:4], "big")
     if raw[4 : 4 + n].decode("ascii", "replace") != kind:
         raise ValueError(f"the key data is not a {kind} key")
-    import paramiko  # deferred: only configs with a key pay for the import
+    # cryptography (paramiko's own backend) checks the key data itself: lengths, curve
+    # points, RSA sizes; paramiko's parser accepts a truncated ed25519 key.
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.serialization import load_ssh_public_key
 
     try:
-        paramiko.PKey.from_type_string(kind, raw)
-    except (paramiko.SSHException, ValueError, TypeError) as e:
-        raise ValueError(f"the key does not parse as {kind}: {e}") from None
+        load_ssh_public_key(f"{kind} {blob}".encode())
+    except (ValueError, UnsupportedAlgorithm) as e:
+        raise ValueError(f"the key does not parse as {kind} ({e}); copy the whole line of your .pub file") from None
 
 
 class Settings(_Block):
@@ -296,12 +314,56 @@ def _one_line(err: ValidationError) -> ConfigError:
         hint = f"did you mean {near[0]!r}?" if near else f"expected one of: {', '.join(known)}"
         return ConfigError(key, f"unknown key; {hint}")
     msg = e["msg"].removeprefix("Value error, ")
+    if msg.startswith(_KEYED):
+        sub, _, msg = msg[1:].partition(_KEYED)
+        key = f"{key}.{sub}" if loc else sub
+        value = value.get(sub.split("[", 1)[0]) if isinstance(value, Mapping) else None
+        if value is None or "[" in sub:
+            return ConfigError(key, msg)
     if e["type"] == "missing":
         return ConfigError(key, "is required")
-    shown = repr(value) if not isinstance(value, dict) else "{…}"
-    if len(shown) > 80:
-        shown = shown[:77] + "…"
-    return ConfigError(key, f"{shown}: {msg}")
+    return ConfigError(key, f"{_shown(value)}: {_expected(e, msg)}")
+
+
+def _shown(value: Any) -> str:
+    shown = repr(value) if not isinstance(value, Mapping) else "{…}"
+    return shown if len(shown) <= 80 else shown[:77] + "…"
+
+
+def _expected(e: Mapping[str, Any], msg: str) -> str:
+    """pydantic's message said as what to write instead."""
+    t, ctx, value = e["type"], e.get("ctx") or {}, e.get("input")
+    if t in ("int_type", "int_parsing", "int_from_float"):
+        return "expected a whole number, e.g. 4"
+    if t in ("float_type", "float_parsing"):
+        return "expected a number, e.g. 1.5"
+    if t in ("bool_type", "bool_parsing"):
+        return "expected true or false"
+    if t == "string_type":
+        if isinstance(value, int | float):
+            return "expected text; quote the value in YAML (e.g. '2.21')"
+        return "expected text"
+    if t == "list_type":
+        return "expected a list, e.g. [a, b]"
+    if t in ("model_type", "dict_type", "model_attributes_type"):
+        return "expected a block of keys"
+    if t == "literal_error":
+        return f"expected {ctx.get('expected', 'one of the listed values')}".replace("'", "")
+    bound = {k: (int(v) if isinstance(v, float) and v.is_integer() else v) for k, v in ctx.items()}
+    if t == "greater_than":
+        return f"expected a number greater than {bound.get('gt')}"
+    if t == "greater_than_equal":
+        return f"expected {bound.get('ge')} or more"
+    if t == "less_than_equal":
+        return f"expected {bound.get('le')} or less"
+    if t == "less_than":
+        return f"expected less than {bound.get('lt')}"
+    if t == "too_short":
+        return f"expected at least {ctx.get('min_length')} entr{'y' if ctx.get('min_length') == 1 else 'ies'}; " \
+               "remove the key for the default"
+    if t == "too_long":
+        return f"expected at most {ctx.get('max_length')} entries"
+    return msg
 
 
 def _check_cloud(s: Settings) -> None:
@@ -358,6 +420,11 @@ def _check_cloud(s: Settings) -> None:
             raise ConfigError("storage.bucketName", f"{s.storage.bucket_name!r}: {problem}")
     if not s.compute.spot and s.compute.max_price_per_hour is not None:
         raise ConfigError("compute.maxPricePerHour", "only applies to spot; remove it or set compute.spot: true")
+    if c.accelerator and not (cloud == "gcp" and all(t.startswith("n1-") for t in c.instance_types)):
+        raise ConfigError("compute.accelerator", f"{c.accelerator!r}: only GCP N1 machine types take an accelerator; "
+                          "remove it (the other types come with their GPUs)")
+    if cloud == "aws" and s.project:
+        raise ConfigError("project", f"{s.project!r}: is the GCP project id; remove it on an AWS stack")
 
 
 def bucket_name_problem(cloud: str, name: str) -> str | None:
@@ -378,8 +445,34 @@ def bucket_name_problem(cloud: str, name: str) -> str | None:
     return None
 
 
+def _walk(value: Any, key: str):
+    """(key path, value) for every value under `value`, nested ones included."""
+    yield key, value
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _walk(v, f"{key}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _walk(v, f"{key}[{i}]")
+
+
+def _refuse_secrets(raw: Mapping[str, Any]) -> None:
+    """No secret anywhere in trainstack's config: neither Pulumi-encrypted nor plain text."""
+    from policy.rules import secret_kind  # the same patterns the policy rules look for
+
+    for top, block in raw.items():
+        for key, v in _walk(block, str(top)):
+            if isinstance(v, Mapping) and set(v) == {"secure"}:
+                raise ConfigError(key, "is a secret; " + NO_SECRETS)
+            kind = secret_kind(v) if isinstance(v, str) else None
+            if kind:
+                hint = " (give the public key: ssh-keygen -y -f KEY)" if "private key" in kind else ""
+                raise ConfigError(key, f"holds {kind}{hint}; " + NO_SECRETS)
+
+
 def load_settings(raw: Mapping[str, Any], *, stack: str) -> Settings:
     """Validate a mapping of un-namespaced config keys (cloud, region, run, …)."""
+    _refuse_secrets(raw)
     known = set(SCALARS) | set(BLOCKS)
     for k in raw:
         if k not in known:
@@ -399,9 +492,19 @@ def load_settings(raw: Mapping[str, Any], *, stack: str) -> Settings:
     return s
 
 
+# Provider keys that hold credentials: in a stack file they must at least be Pulumi secrets.
+PLAIN_CREDENTIAL_KEYS = ("aws:accessKey", "aws:secretKey", "aws:token", "gcp:credentials", "gcp:accessToken")
+
+
 def raw_from_stack_file(path: str | Path) -> dict[str, Any]:
     """The `trainstack:` keys of a stack file, without the namespace."""
-    doc = yaml.safe_load(Path(path).read_text()) or {}
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError("config", f"{p.name} is not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(doc, Mapping):
+        raise ConfigError("config", f"{p.name}: expected a mapping with a config: block")
     cfg = doc.get("config") or {}
     if not isinstance(cfg, Mapping):
         raise ConfigError("config", "expected a mapping of config keys")
@@ -409,9 +512,15 @@ def raw_from_stack_file(path: str | Path) -> dict[str, Any]:
     for k, v in cfg.items():
         ns, _, key = str(k).partition(":")
         if ns == NAMESPACE:
-            if isinstance(v, Mapping) and set(v) == {"secure"}:
-                raise ConfigError(key, "is a secret; trainstack config holds no secrets")
             raw[key] = v
+        elif str(k) in PLAIN_CREDENTIAL_KEYS and not (isinstance(v, Mapping) and set(v) == {"secure"}):
+            raise ConfigError(str(k), "is a credential in plain text; use an AWS profile or gcloud's application "
+                              "default credentials, or at least `pulumi config set --secret`")
+    _refuse_secrets(raw)
+    region = cfg.get(f"{raw.get('cloud', 'aws')}:region")
+    if region is not None and "region" in raw and region != raw["region"]:
+        raise ConfigError(f"{raw.get('cloud', 'aws')}:region", f"{region!r} differs from trainstack:region "
+                          f"{raw['region']!r}; remove it (the stack sets its provider's region itself)")
     return raw
 
 

@@ -1,0 +1,335 @@
+"""Stack config validation: every bad stack file is refused with one line naming the key and the fix.
+
+Each case is the dev stack file with one thing broken, written to a temp folder as a real
+stack file. It must fail in `load_stack_file` with a `ConfigError` on the expected key,
+and `python -m ops synth` (the same entry point, called in-process; a few also as a real
+process) must exit 2 with exactly that line on stderr, write nothing and run nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from components import settings as st
+from components.settings import ConfigError, load_settings, load_stack_file
+
+ROOT = Path(__file__).resolve().parents[2]
+DEV = yaml.safe_load((ROOT / "stacks" / "Pulumi.dev.yaml").read_text())
+DEL = object()  # remove this key
+
+
+def _ed25519_public_key() -> str:
+    """A well-formed OpenSSH ed25519 public key (32 bytes of key data)."""
+    blob = struct.pack(">I", 11) + b"ssh-ed25519" + struct.pack(">I", 32) + bytes(range(32))
+    return "ssh-ed25519 " + base64.b64encode(blob).decode() + " me@laptop"
+
+
+KEY = _ed25519_public_key()
+RSA_HEADER_ED_BLOB = "ssh-rsa " + KEY.split()[1]
+
+
+class Whole:
+    """Replace a block entirely instead of merging into it."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+def _apply(doc: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    cfg = doc["config"]
+    for name, change in changes.items():
+        key = name.replace("__", ":").replace("trainstack_", "trainstack:")
+        if change is DEL:
+            cfg.pop(key, None)
+        elif isinstance(change, Whole):
+            cfg[key] = change.value
+        elif isinstance(change, dict) and isinstance(cfg.get(key), dict):
+            for k, v in change.items():
+                if v is DEL:
+                    cfg[key].pop(k, None)
+                else:
+                    cfg[key][k] = v
+        else:
+            cfg[key] = change
+    return doc
+
+
+def stack(**changes: Any) -> dict[str, Any]:
+    """The dev stack file with changes: trainstack_run={...} merges into trainstack:run
+    (DEL removes a key), Whole(value) or a non-dict value replaces the key, DEL removes it."""
+    return _apply(copy.deepcopy(DEV), changes)
+
+
+def gcp(**changes: Any) -> dict[str, Any]:
+    """A valid GCP stack file with changes (same rules as `stack`)."""
+    doc = stack(
+        trainstack_cloud="gcp", trainstack_region="us-central1", trainstack_project="my-project-123",
+        trainstack_compute=Whole({"instanceTypes": ["g2-standard-8"], "gpusPerNode": 1, "nodes": 1, "spot": True,
+                                  "maxRuntimeHours": 10, "rootDiskGb": 200}),
+    )
+    return _apply(doc, changes)
+
+
+R, C, IMG, S, A = "trainstack_run", "trainstack_compute", "trainstack_image", "trainstack_storage", "trainstack_access"
+WITH_KEY = {"sshPublicKey": KEY}
+
+# (case id, stack document or raw YAML text, key named, message fragment)
+INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
+    # the file and its top-level keys
+    ("not-yaml", "config:\n  trainstack:run: [unclosed\n", "config", "not valid YAML"),
+    ("config-not-mapping", "config: [a, b]\n", "config", "expected a mapping"),
+    ("unknown-top-key", stack(trainstack__regoin="us-east-1"), "regoin", "did you mean trainstack:region"),
+    ("cloud-azure", stack(trainstack_cloud="azure"), "cloud", "expected aws or gcp"),
+    ("region-missing", stack(trainstack_region=DEL), "region", "is required"),
+    ("region-malformed", stack(trainstack_region="us-east"), "region", "not a AWS region"),
+    ("region-of-gcp-on-aws", stack(trainstack_region="us-central1"), "region", "not a AWS region"),
+    ("run-missing", stack(trainstack_run=DEL), "run", "is required"),
+    ("run-not-a-block", stack(trainstack_run="synthetic"), "run", "expected a block of keys"),
+    ("project-on-aws", stack(trainstack_project="my-project"), "project", "remove it on an AWS stack"),
+    ("secure-block", stack(trainstack_run=Whole({"secure": "v1:abcdef"})), "run", "pulumi config set --secret"),
+    ("provider-region-differs", stack(aws__region="eu-west-1"), "aws:region", "differs from trainstack:region"),
+    ("plain-aws-secret-key", stack(aws__secretKey="wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY"), "aws:secretKey", "plain text"),
+    # run
+    ("run-unknown-key", stack(**{R: {"stpes": 10}}), "run.stpes", "did you mean 'steps'"),
+    ("steps-zero", stack(**{R: {"steps": 0}}), "run.steps", "greater than 0"),
+    ("steps-negative", stack(**{R: {"steps": -5}}), "run.steps", "greater than 0"),
+    ("steps-text", stack(**{R: {"steps": "many"}}), "run.steps", "expected a whole number"),
+    ("steps-fraction", stack(**{R: {"steps": 1.5}}), "run.steps", "expected a whole number"),
+    ("batch-too-big", stack(**{R: {"batchSize": 100_000}}), "run.batchSize", "65536 or less"),
+    ("synthetic-not-bool", stack(**{R: {"synthetic": "maybe"}}), "run.synthetic", "expected true or false"),
+    ("synthetic-and-data", stack(**{R: {"dataUri": "s3://my-data/x/"}}), "run.dataUri", "not both"),
+    ("no-data-source", stack(**{R: {"synthetic": DEL}}), "run.dataUri", "synthetic: true"),
+    ("data-of-other-cloud", stack(**{R: {"synthetic": DEL, "dataUri": "gs://my-data/x/"}}), "run.dataUri", "expected s3://"),
+    ("run-id-uppercase", stack(**{R: {"id": "My Run"}}), "run.id", "lowercase"),
+    ("model-unknown", stack(**{R: {"model": "resnet"}}), "run.model", "package.module:function"),
+    ("extra-args-not-list", stack(**{R: {"extraArgs": "--xla"}}), "run.extraArgs", "expected a list"),
+    ("extra-args-override", stack(**{R: {"extraArgs": ["--steps=5"]}}), "run.extraArgs", "set by the stack itself"),
+    ("checkpoint-past-cap", stack(**{R: {"checkpointEverySeconds": 40_000}}), "run.checkpointEverySeconds",
+     "longer than compute.maxRuntimeHours"),
+    ("no-checkpoint-interval", stack(**{R: {"checkpointEverySteps": None, "checkpointEverySeconds": None}}),
+     "run.checkpointEverySteps", "or both"),
+    ("keep-zero-checkpoints", stack(**{R: {"keepCheckpoints": 0}}), "run.keepCheckpoints", "1 or more"),
+    ("seed-negative", stack(**{R: {"seed": -1}}), "run.seed", "0 or more"),
+    ("aws-key-in-args", stack(**{R: {"extraArgs": ["--key=AKIAIOSFODNN7EXAMPLE"]}}), "run.extraArgs[0]",
+     "AWS access key id"),
+    # compute
+    ("types-empty", stack(**{C: {"instanceTypes": []}}), "compute.instanceTypes", "at least 1 entry"),
+    ("types-not-list", stack(**{C: {"instanceTypes": "g5.xlarge"}}), "compute.instanceTypes", "expected a list"),
+    ("type-of-gcp-on-aws", stack(**{C: {"instanceTypes": ["n1-standard-8"]}}), "compute.instanceTypes[0]",
+     "is a GCE machine type; this stack's cloud is aws"),
+    ("type-typo", stack(**{C: {"instanceTypes": ["g5.xlarge", "g5.xlarg"]}}), "compute.instanceTypes[1]",
+     "did you mean 'g5.xlarge'"),
+    ("type-without-gpu", stack(**{C: {"instanceTypes": ["t3.large"]}}), "compute.instanceTypes[0]",
+     "not a known AWS GPU machine type"),
+    ("types-duplicate", stack(**{C: {"instanceTypes": ["g5.xlarge", "g5.xlarge"]}}), "compute.instanceTypes",
+     "each type once"),
+    ("gpus-machine-lacks", stack(**{C: {"gpusPerNode": 4}}), "compute.gpusPerNode", "g5.xlarge has 1 GPU"),
+    ("gpus-zero", stack(**{C: {"gpusPerNode": 0}}), "compute.gpusPerNode", "1 or more"),
+    ("nodes-zero", stack(**{C: {"nodes": 0}}), "compute.nodes", "1 or more"),
+    ("nodes-too-many", stack(**{C: {"nodes": 100}}), "compute.nodes", "64 or less"),
+    ("spot-not-bool", stack(**{C: {"spot": "sometimes"}}), "compute.spot", "expected true or false"),
+    ("price-negative", stack(**{C: {"maxPricePerHour": -1}}), "compute.maxPricePerHour", "greater than 0"),
+    ("price-on-demand", stack(**{C: {"spot": False, "maxPricePerHour": 2.5}}), "compute.maxPricePerHour",
+     "only applies to spot"),
+    ("runtime-zero", stack(**{C: {"maxRuntimeHours": 0}}), "compute.maxRuntimeHours", "greater than 0"),
+    ("runtime-month-plus", stack(**{C: {"maxRuntimeHours": 1000}}), "compute.maxRuntimeHours", "720 or less"),
+    ("disk-too-small", stack(**{C: {"rootDiskGb": 10}}), "compute.rootDiskGb", "30 or more"),
+    ("ami-malformed", stack(**{C: {"imageId": "ubuntu-22.04"}}), "compute.imageId", "expected an AMI id"),
+    ("subnet-malformed", stack(**{C: {"subnets": ["sn-1"]}}), "compute.subnets[0]", "expected an AWS subnet id"),
+    ("zone-of-other-region", stack(**{C: {"zones": ["us-east-1a", "us-west-2a"]}}), "compute.zones[1]",
+     "not a zone of region us-east-1"),
+    ("accelerator-on-aws", stack(**{C: {"accelerator": "nvidia-tesla-t4"}}), "compute.accelerator",
+     "only GCP N1 machine types"),
+    ("compute-unknown-key", stack(**{C: {"instanceType": "g5.xlarge"}}), "compute.instanceType",
+     "did you mean 'instanceTypes'"),
+    # image
+    ("tag-latest", stack(**{IMG: {"tag": "latest"}}), "image.tag", "'latest' moves under a running job"),
+    ("tag-latest-gpu", stack(**{IMG: {"tag": "latest-gpu"}}), "image.tag", "pinned tag"),
+    ("tag-number", stack(**{IMG: {"tag": 2.21}}), "image.tag", "quote the value"),
+    ("tag-empty", stack(**{IMG: {"tag": ""}}), "image.tag", "expected a docker tag"),
+    ("repository-with-tag", stack(**{IMG: {"repository": "tensorflow/tensorflow:2.21.0-gpu"}}), "image.repository",
+     "put them in image.tag"),
+    ("repository-uppercase", stack(**{IMG: {"repository": "TensorFlow/TF"}}), "image.repository", "expected a repository"),
+    ("digest-short", stack(**{IMG: {"digest": "sha256:abc"}}), "image.digest", "64 lowercase hex"),
+    ("digest-other-algorithm", stack(**{IMG: {"digest": "md5:" + "a" * 32}}), "image.digest", "sha256:"),
+    ("build-not-bool", stack(**{IMG: {"build": "sometimes"}}), "image.build", "expected true or false"),
+    ("keep-no-images", stack(**{IMG: {"keepImages": 0}}), "image.keepImages", "1 or more"),
+    # storage
+    ("bucket-uppercase", stack(**{S: {"bucketName": "My_Bucket"}}), "storage.bucketName", "lowercase"),
+    ("bucket-short", stack(**{S: {"bucketName": "ab"}}), "storage.bucketName", "3-63 characters"),
+    ("bucket-ip", stack(**{S: {"bucketName": "192.168.1.1"}}), "storage.bucketName", "not an IP address"),
+    ("bucket-reserved-prefix", stack(**{S: {"bucketName": "xn--bucket"}}), "storage.bucketName", "AWS reserves"),
+    ("bucket-dash-start", stack(**{S: {"bucketName": "-bucket"}}), "storage.bucketName", "start and end"),
+    ("keep-not-bool", stack(**{S: {"keepOnDestroy": "yes please"}}), "storage.keepOnDestroy", "expected true or false"),
+    ("noncurrent-zero", stack(**{S: {"noncurrentDays": 0}}), "storage.noncurrentDays", "1 or more"),
+    # access
+    ("cidr-prefix-33", stack(**{A: {**WITH_KEY, "allowedCidrs": ["10.0.0.0/33"]}}), "access.allowedCidrs",
+     "is not a CIDR"),
+    ("cidr-word", stack(**{A: {**WITH_KEY, "allowedCidrs": ["my-office"]}}), "access.allowedCidrs", "is not a CIDR"),
+    ("cidr-host-bits", stack(**{A: {**WITH_KEY, "allowedCidrs": ["10.0.0.1/24"]}}), "access.allowedCidrs",
+     "host bits set"),
+    ("cidr-bare-address", stack(**{A: {**WITH_KEY, "allowedCidrs": ["203.0.113.7"]}}), "access.allowedCidrs",
+     "203.0.113.7/32"),
+    ("cidrs-not-list", stack(**{A: {**WITH_KEY, "allowedCidrs": "203.0.113.0/24"}}), "access.allowedCidrs",
+     "expected a list"),
+    ("ssh-world-v4", stack(**{A: {**WITH_KEY, "allowedCidrs": ["203.0.113.0/24", "0.0.0.0/0"]}}),
+     "access.allowedCidrs[1]", "allowWorld: true"),
+    ("ssh-world-v6", stack(**{A: {**WITH_KEY, "allowedCidrs": ["::/0"]}}), "access.allowedCidrs[0]", "whole internet"),
+    ("cidrs-without-key", stack(**{A: {"allowedCidrs": ["203.0.113.0/24"]}}), "access.sshPublicKey", "is required"),
+    ("key-garbage", stack(**{A: {"sshPublicKey": "not-a-key"}}), "access.sshPublicKey", "TYPE BASE64"),
+    ("key-not-base64", stack(**{A: {"sshPublicKey": "ssh-ed25519 !!!notbase64"}}), "access.sshPublicKey",
+     "does not decode"),
+    ("key-type-mismatch", stack(**{A: {"sshPublicKey": RSA_HEADER_ED_BLOB}}), "access.sshPublicKey",
+     "not a ssh-rsa key"),
+    ("key-truncated", stack(**{A: {"sshPublicKey": "ssh-ed25519 " + base64.b64encode(
+        struct.pack(">I", 11) + b"ssh-ed25519" + struct.pack(">I", 32) + b"short").decode()}}),
+     "access.sshPublicKey", "does not parse"),
+    ("private-key", stack(**{A: {"sshPublicKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk=\n"
+                                                  "-----END OPENSSH PRIVATE KEY-----\n"}}),
+     "access.sshPublicKey", "ssh-keygen -y -f KEY"),
+    ("key-as-secret", stack(**{A: {"sshPublicKey": {"secure": "v1:Zm9v"}}}), "access.sshPublicKey",
+     "pulumi config set --secret"),
+    ("allow-world-not-bool", stack(**{A: {"allowWorld": "if needed"}}), "access.allowWorld", "expected true or false"),
+    ("access-unknown-key", stack(**{A: {"allowedCidr": ["203.0.113.0/24"]}}), "access.allowedCidr",
+     "did you mean 'allowedCidrs'"),
+    ("sa-json-in-config", stack(**{R: {"extraArgs": ['--creds={"type": "service_account", "private_key": "x"}']}}),
+     "run.extraArgs[0]", "GCP service account key"),
+    # GCP stacks
+    ("gcp-no-project", gcp(trainstack_project=DEL), "project", "expected the GCP project id"),
+    ("gcp-aws-type", gcp(**{C: {"instanceTypes": ["g5.xlarge"]}}), "compute.instanceTypes[0]",
+     "is an AWS instance type; this stack's cloud is gcp"),
+    ("gcp-subnets", gcp(**{C: {"subnets": ["subnet-0123456789abcdef0"]}}), "compute.subnets[0]", "choose zones"),
+    ("gcp-n1-no-accelerator", gcp(**{C: {"instanceTypes": ["n1-standard-8"]}}), "compute.accelerator", "is required"),
+    ("gcp-n1-gpu-count", gcp(**{C: {"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-t4",
+                                    "gpusPerNode": 3}}), "compute.gpusPerNode", "1 or 2 or 4 or 8"),
+    ("gcp-bucket-google", gcp(**{S: {"bucketName": "my-google-data"}}), "storage.bucketName", "google"),
+    ("gcp-zone-mismatch", gcp(**{C: {"zones": ["europe-west4-a"]}}), "compute.zones[0]", "not a zone of region"),
+    ("gcp-data-on-s3", gcp(**{R: {"synthetic": DEL, "dataUri": "s3://my-data/x/"}}), "run.dataUri", "expected gs://"),
+]
+
+VALID: list[tuple[str, dict[str, Any]]] = [
+    ("dev", stack()),
+    ("world-explicitly-allowed", stack(**{A: {**WITH_KEY, "allowedCidrs": ["0.0.0.0/0"], "allowWorld": True}})),
+    ("ipv6-and-v4-cidrs", stack(**{A: {**WITH_KEY, "allowedCidrs": ["203.0.113.0/24", "2001:db8::/48"]}})),
+    ("pinned-by-digest", stack(**{IMG: {"digest": "sha256:" + "0123456789abcdef" * 4}})),
+    ("on-demand", stack(**{C: {"spot": False}})),
+    ("seconds-only-checkpoints", stack(**{R: {"checkpointEverySteps": None}})),
+    ("short-cap", stack(**{C: {"maxRuntimeHours": 0.5}}, **{R: {"checkpointEverySeconds": 600}})),
+    ("bucket-with-dots", stack(**{S: {"bucketName": "my.training.bucket", "keepOnDestroy": False}})),
+    ("zones-and-subnets", stack(**{C: {"zones": ["us-east-1a", "us-east-1b"], "subnets": ["subnet-0123456789abcdef0"]}})),
+    ("module-function-model", stack(**{R: {"model": "my_models.vision:build", "id": "exp-7"}})),
+    ("four-gpu-types", stack(**{C: {"instanceTypes": ["g5.12xlarge", "g6.12xlarge"], "gpusPerNode": 4, "nodes": 2}})),
+    ("secure-other-namespace", stack(aws__secretKey={"secure": "v1:Zm9v"})),
+    ("gcp", gcp()),
+    ("gcp-n1", gcp(**{C: {"instanceTypes": ["n1-standard-16"], "accelerator": "nvidia-tesla-t4", "gpusPerNode": 4}})),
+]
+
+
+def _write(tmp_path: Path, name: str, doc: dict[str, Any] | str) -> Path:
+    p = tmp_path / f"Pulumi.{name}.yaml"
+    p.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc, sort_keys=False))
+    return p
+
+
+def test_enough_cases_covering_every_key():
+    assert len(INVALID) >= 40
+    assert len({c[0] for c in INVALID}) == len(INVALID)
+    named = {c[2] for c in INVALID}
+    for block in st.BLOCKS:
+        model = st.Settings.model_fields[block].annotation
+        for key in st._known_keys(model):
+            assert any(n == f"{block}.{key}" or n.startswith(f"{block}.{key}[") for n in named), f"{block}.{key} untested"
+    for key in st.SCALARS:
+        assert key in named
+
+
+@pytest.mark.parametrize(("case", "doc", "key", "fragment"), INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_stack_file_is_refused_with_one_line(tmp_path, case, doc, key, fragment):
+    path = _write(tmp_path, "bad", doc)
+    with pytest.raises(ConfigError) as info:
+        load_stack_file(path)
+    err = info.value
+    msg = str(err)
+    assert err.key == key, msg
+    prefix = f"{key}: " if ":" in key else f"trainstack:{key}: "
+    assert msg.startswith(prefix), msg
+    assert fragment in msg, msg
+    assert "\n" not in msg and len(msg) < 400, msg
+    assert "Input should" not in msg and "Value error" not in msg, msg
+
+
+@pytest.mark.parametrize(("case", "doc", "key", "fragment"), INVALID, ids=[c[0] for c in INVALID])
+def test_ops_synth_exits_2_and_writes_nothing(tmp_path, capsys, monkeypatch, case, doc, key, fragment):
+    from ops import synth
+    from ops.__main__ import main
+
+    ran = []
+    monkeypatch.setattr(synth, "_run", lambda *a, **k: ran.append(a))
+    _write(tmp_path, "bad", doc)
+    out = tmp_path / "out"
+    code = main(["synth", "--stack", "bad", "--out", str(out), "--stacks-dir", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == 2
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and fragment in lines[0], captured.err
+    assert lines[0].startswith(f"{key}: " if ":" in key else f"trainstack:{key}: ")
+    assert captured.out == ""
+    assert not out.exists()
+    assert ran == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["ssh-world-v4", "tag-latest", "gpus-machine-lacks"])
+def test_ops_synth_process_exits_2(tmp_path, case):
+    _, doc, key, fragment = next(c for c in INVALID if c[0] == case)
+    _write(tmp_path, "bad", doc)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "ops", "synth", "--stack", "bad", "--out", str(out),
+                           "--stacks-dir", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"trainstack:{key}: ") and fragment in proc.stderr
+    assert proc.stdout == ""
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("case", "doc"), VALID, ids=[c[0] for c in VALID])
+def test_valid_stack_files_load(tmp_path, case, doc):
+    s = load_stack_file(_write(tmp_path, "ok", doc))
+    assert s.stack == "ok"
+    assert s.region == doc["config"]["trainstack:region"]
+    assert s.run_id == (doc["config"]["trainstack:run"].get("id") or "ok")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "stacks").glob("Pulumi.*.yaml")), ids=lambda p: p.name)
+def test_project_stacks_load(path):
+    s = load_stack_file(path)
+    assert s.image.reference.endswith(":2.21.0-gpu") or "@sha256:" in s.image.reference
+    assert s.storage.keep_on_destroy is True
+    assert s.access.allowed_cidrs == []
+
+
+def test_defaults_are_careful():
+    s = load_settings({"region": "us-east-1", "run": {"synthetic": True}}, stack="t")
+    assert s.cloud == "aws" and s.compute.spot and s.storage.keep_on_destroy
+    assert s.access.allowed_cidrs == [] and s.access.ssh_public_key is None and not s.access.allow_world
+    assert s.image.tag != "latest" and s.run_id == "t"
+    assert s.compute.max_runtime_hours * 3600 >= s.run.checkpoint_every_seconds
+
+
+def test_settings_and_policy_context_agree():
+    """The policy pack reads the raw config; it must reach the same context as the validated settings."""
+    from policy import rules
+
+    for _, doc in VALID:
+        raw = {k.partition(":")[2]: v for k, v in doc["config"].items() if k.startswith("trainstack:")}
+        s = load_settings(raw, stack="ok")
+        assert rules.context_from_config(raw, "ok") == rules.context_from_settings(s)
