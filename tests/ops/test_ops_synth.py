@@ -1,0 +1,122 @@
+"""`ops synth`: the CLI end to end (subprocess) and the in-process `synthesize` API."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ops import synth
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = {"type", "name", "parent", "inputs", "options"}
+OPTION_KEYS = {"retainOnDelete", "protect", "ignoreChanges", "deleteBeforeReplace", "provider"}
+
+
+def run_cli(*args, cwd=ROOT):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PULUMI_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "ops", "synth", *args], cwd=cwd, env=env,
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+@pytest.mark.slow
+def test_cli_writes_resources_outputs_and_valid_user_data(tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("--stack", "dev", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    resources = json.loads((out / "resources.json").read_text())
+    assert len(resources) == 24
+    assert all(set(r) == KEYS and set(r["options"]) >= OPTION_KEYS for r in resources)
+    bucket = [r for r in resources if r["type"] == "aws:s3/bucket:Bucket"]
+    assert len(bucket) == 1 and bucket[0]["options"]["retainOnDelete"] is True
+    outputs = json.loads((out / "outputs.json").read_text())
+    assert outputs["runUri"] == f"s3://{outputs['bucketName']}/runs/dev"
+    files = sorted((out / "user-data").iterdir())
+    assert [f.name for f in files] == ["trainstack-group-lt.yaml"]
+    text = files[0].read_text()
+    assert text.startswith("#cloud-config\n")
+    assert yaml.safe_load(text)["write_files"][0]["path"] == "/etc/trainstack/env"
+    schema = subprocess.run(["cloud-init", "schema", "--config-file", str(files[0])],
+                            capture_output=True, text=True, timeout=60)
+    assert schema.returncode == 0, schema.stdout + schema.stderr
+    assert "Valid" in schema.stdout
+
+
+@pytest.mark.parametrize(
+    ("edit", "key"),
+    [
+        (lambda c: c["trainstack:compute"].update(instanceTypes=["g5.xlarg"]), "trainstack:compute.instanceTypes[0]"),
+        (lambda c: c["trainstack:image"].update(tag="latest"), "trainstack:image.tag"),
+        (lambda c: c.update({"trainstack:regoin": "us-east-1"}), "trainstack:regoin"),
+    ],
+)
+def test_cli_bad_stack_exits_2_with_one_line_and_writes_nothing(tmp_path, edit, key):
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.dev.yaml").read_text())
+    edit(doc["config"])
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    (stacks / "Pulumi.broken.yaml").write_text(yaml.safe_dump(doc))
+    out = tmp_path / "never"
+    proc = run_cli("--stack", "broken", "--out", str(out), "--stacks-dir", str(stacks))
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(key + ":")
+    assert proc.stdout == ""
+    assert not out.exists()
+
+
+def test_cli_unknown_stack_exits_2(tmp_path):
+    proc = run_cli("--stack", "nope", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2
+    assert "Pulumi.nope.yaml" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_synthesize_runs_repeatedly_without_state_leaking_between_runs():
+    dev = ROOT / "stacks" / "Pulumi.dev.yaml"
+    large = ROOT / "stacks" / "Pulumi.large.yaml"
+    runs = [synth.synthesize(p) for p in (dev, large, dev)]
+    assert [len(r.resources) for r in runs] == [24, 24, 24]
+    assert [r.outputs["region"] for r in runs] == ["us-east-1", "us-west-2", "us-east-1"]
+    assert runs[0].outputs == runs[2].outputs
+    # Same stack, same resources; only the cap's start time follows the clock.
+    assert without_start_time(runs[0]) == without_start_time(runs[2])
+    assert without_start_time(runs[0]) != without_start_time(runs[1])
+    assert runs[1].outputs["runUri"].endswith("/runs/lm-large")
+
+
+def without_start_time(result):
+    return [{**r, "inputs": {k: v for k, v in r["inputs"].items() if k != "startTime"}} for r in result.resources]
+
+
+def test_synthesize_refuses_bad_raw_settings_before_running():
+    with pytest.raises(synth.config.ConfigError, match=r"^trainstack:compute\.nodes: 0: "):
+        synth.synthesize({"region": "us-east-1", "run": {"synthetic": True}, "compute": {"nodes": 0}})
+
+
+def test_fake_lookups_are_well_formed_and_obviously_fake():
+    r = synth.synthesize(ROOT / "stacks" / "Pulumi.dev.yaml")
+    tokens = sorted({i["token"] for i in r.invokes})
+    assert tokens == [
+        "aws:ec2/getAmi:getAmi", "aws:ec2/getSubnets:getSubnets", "aws:ec2/getVpc:getVpc",
+        "aws:index/getCallerIdentity:getCallerIdentity", "aws:index/getPartition:getPartition",
+    ]
+    lt = r.of_type("aws:ec2/launchTemplate:LaunchTemplate")[0]["inputs"]
+    assert lt["imageId"] == synth.FAKE_AMI == "ami-0123456789abcdef0"
+    assert r.outputs["bucketName"].startswith("trainstack-dev-")
+    policy = json.loads(r.of_type("aws:iam/rolePolicy:RolePolicy")[0]["inputs"]["policy"])
+    assert any(":123456789012:" in str(s["Resource"]) for s in policy["Statement"])
+
+
+def test_write_creates_the_contract_layout(tmp_path):
+    r = synth.synthesize(ROOT / "stacks" / "Pulumi.large.yaml")
+    written = synth.write(r, tmp_path / "o")
+    rel = sorted(str(p.relative_to(tmp_path / "o")) for p in written)
+    assert rel == ["outputs.json", "resources.json", "user-data/trainstack-group-lt.yaml"]
+    assert json.loads((tmp_path / "o" / "resources.json").read_text()) == r.resources
