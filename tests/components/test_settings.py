@@ -333,3 +333,19 @@ def test_settings_and_policy_context_agree():
         raw = {k.partition(":")[2]: v for k, v in doc["config"].items() if k.startswith("trainstack:")}
         s = load_settings(raw, stack="ok")
         assert rules.context_from_config(raw, "ok") == rules.context_from_settings(s)
+
+
+@pytest.mark.parametrize("kind", ["ed25519", "ecdsa", "rsa"])
+def test_real_ssh_keys_accepted_and_their_private_halves_refused(tmp_path, kind):
+    """Keys made by ssh-keygen load; pasting the private key file instead is refused, naming the fix."""
+    key_file = tmp_path / "id"
+    extra = ["-b", "2048"] if kind == "rsa" else []
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, *extra, "-N", "", "-C", "me@laptop", "-f", str(key_file)],
+                   check=True, capture_output=True, timeout=60)
+    public = key_file.with_suffix(".pub").read_text().strip()
+    ok = load_stack_file(_write(tmp_path, "ok", stack(**{A: {"sshPublicKey": public, "allowedCidrs": ["203.0.113.0/24"]}})))
+    assert ok.access.ssh_public_key == public
+    with pytest.raises(ConfigError) as info:
+        load_stack_file(_write(tmp_path, "bad", stack(**{A: {"sshPublicKey": key_file.read_text()}})))
+    assert info.value.key == "access.sshPublicKey" and "ssh-keygen -y" in str(info.value)
+    assert "\n" not in str(info.value) and "PRIVATE KEY-----" not in str(info.value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -323,3 +324,9 @@ def test_sub_resources_link_by_id_the_engine_assigned():
 ])
 def test_image_problem(ref, ok):
     assert (rules.image_problem(ref) is None) is ok
+
+
+def test_readme_lists_every_rule():
+    readme = (Path(__file__).resolve().parents[2] / "policy" / "README.md").read_text()
+    rows = [line.split("|")[1].strip().strip("`") for line in readme.splitlines() if line.startswith("| `")]
+    assert rows == [r.id for r in rules.RULES]
