@@ -3,10 +3,10 @@
 import json
 
 import pytest
-from awshelp import one, synth_raw
 
 from components.aws.naming import default_bucket_name
 from components.settings import bucket_name_problem
+from tests.components.aws.awshelp import one, synth_raw
 
 BUCKET = "aws:s3/bucket:Bucket"
 SETTINGS_TYPES = [

@@ -8,9 +8,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from awshelp import one, synth_raw
 
 from components.aws.code import archive_key, pack, write_archive
+from tests.components.aws.awshelp import one, synth_raw
 
 OBJECT = "aws:s3/bucketObjectv2:BucketObjectv2"
 

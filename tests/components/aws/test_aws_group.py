@@ -4,9 +4,9 @@ import base64
 import datetime as dt
 
 import pytest
-from awshelp import SSH_KEY, one, synth_raw
 
 from components.aws.group import DLAMI_NAME, WORKER_PORTS, cap_time
+from tests.components.aws.awshelp import SSH_KEY, one, synth_raw
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 ASG = "aws:autoscaling/group:Group"

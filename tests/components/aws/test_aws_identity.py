@@ -3,8 +3,9 @@
 import json
 
 import pytest
-from awshelp import one, synth_raw
 from parliament import analyze_policy_string
+
+from tests.components.aws.awshelp import one, synth_raw
 
 ROLE = "aws:iam/role:Role"
 POLICY = "aws:iam/rolePolicy:RolePolicy"

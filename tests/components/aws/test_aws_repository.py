@@ -2,9 +2,8 @@
 
 import json
 
-from awshelp import one, synth_raw
-
 from components.aws.repository import lifecycle_policy
+from tests.components.aws.awshelp import one, synth_raw
 
 
 def test_repository_is_immutable_scanned_and_encrypted():

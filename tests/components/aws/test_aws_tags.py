@@ -1,9 +1,9 @@
 """Tags: every taggable AWS resource carries project, stack and run; GCP labels are filtered."""
 
 import pytest
-from awshelp import SSH_KEY, synth_raw
 
 from components.tags import aws_tags, gcp_labels
+from tests.components.aws.awshelp import SSH_KEY, synth_raw
 
 EXPECTED = {"trainstack-project": "trainstack", "trainstack-stack": "tagged", "trainstack-run": "exp-7"}
 TAGGABLE = {
