@@ -106,6 +106,8 @@ def _get(r: Resource, path: str, default: Any = None) -> Any:
     """inputs[a][b][0][c] for path "a.b.0.c"; default when any step is missing."""
     cur: Any = _inputs(r)
     for part in path.split("."):
+        if cur == UNKNOWN:
+            return UNKNOWN  # a whole block unknown: so is everything inside it
         if isinstance(cur, Mapping) and part in cur:
             cur = cur[part]
         elif isinstance(cur, list) and part.isdigit() and int(part) < len(cur):
@@ -382,49 +384,69 @@ class Ingress:
     to_port: int | None
     cidrs: tuple[str, ...]
     from_own_group: bool
+    unknown: bool = False
+    """Some part is unknown during preview: only its known CIDRs are judged."""
+
+
+def _has_unknown(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return any(_has_unknown(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_unknown(v) for v in value)
+    return value == UNKNOWN
 
 
 def _ingresses(resources: list[Resource]) -> list[Ingress]:
     out: list[Ingress] = []
 
-    def add(r: Resource, where: str, proto: Any, lo: Any, hi: Any, cidrs: Iterable[Any], own: bool) -> None:
+    def add(r: Resource, where: str, proto: Any, lo: Any, hi: Any, cidrs: list[Any], own_refs: tuple[Any, ...],
+            own: bool) -> None:
         cs = tuple(str(c) for c in cidrs if c and _known(c))
+        unknown = _has_unknown([proto, lo, hi, cidrs]) or (not cs and _has_unknown(list(own_refs)))
         out.append(Ingress(r["name"], where, str(proto).lower(), lo if isinstance(lo, int) else None,
-                           hi if isinstance(hi, int) else None, cs, own))
+                           hi if isinstance(hi, int) else None, cs, own and not cs, unknown))
 
     for sg in _of(resources, "aws:ec2/securityGroup:SecurityGroup"):
-        for i, rule in enumerate(_as_list(_get(sg, "ingress", []))):
+        rules_ = _get(sg, "ingress", [])
+        if rules_ == UNKNOWN:
+            continue
+        for i, rule in enumerate(_as_list(rules_)):
             if not isinstance(rule, Mapping):
                 continue
             cidrs = _as_list(rule.get("cidrBlocks")) + _as_list(rule.get("ipv6CidrBlocks"))
             add(sg, f"ingress[{i}]", rule.get("protocol"), rule.get("fromPort"), rule.get("toPort"), cidrs,
-                _true(rule.get("self")) and not cidrs)
+                (rule.get("self"), rule.get("securityGroups")), _true(rule.get("self")))
     for r in _of(resources, "aws:ec2/securityGroupRule:SecurityGroupRule"):
         if _get(r, "type") != "ingress":
             continue
         cidrs = _as_list(_get(r, "cidrBlocks")) + _as_list(_get(r, "ipv6CidrBlocks"))
-        own = _true(_get(r, "self")) or (_get(r, "sourceSecurityGroupId") is not None
-                                         and _get(r, "sourceSecurityGroupId") == _get(r, "securityGroupId"))
-        add(r, "rule", _get(r, "protocol"), _get(r, "fromPort"), _get(r, "toPort"), cidrs, own and not cidrs)
+        src, own_sg = _get(r, "sourceSecurityGroupId"), _get(r, "securityGroupId")
+        add(r, "rule", _get(r, "protocol"), _get(r, "fromPort"), _get(r, "toPort"), cidrs, (_get(r, "self"), src, own_sg),
+            _true(_get(r, "self")) or (src is not None and src == own_sg))
     for r in _of(resources, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"):
         cidrs = [c for c in (_get(r, "cidrIpv4"), _get(r, "cidrIpv6")) if c]
-        ref = _get(r, "referencedSecurityGroupId")
-        add(r, "rule", _get(r, "ipProtocol"), _get(r, "fromPort"), _get(r, "toPort"), cidrs,
-            ref is not None and ref == _get(r, "securityGroupId") and not cidrs)
+        ref, own_sg = _get(r, "referencedSecurityGroupId"), _get(r, "securityGroupId")
+        add(r, "rule", _get(r, "ipProtocol"), _get(r, "fromPort"), _get(r, "toPort"), cidrs, (ref, own_sg),
+            ref is not None and ref == own_sg)
     for fw in _of(resources, "gcp:compute/firewall:Firewall"):
         if str(_get(fw, "direction", "INGRESS")).upper() != "INGRESS":
             continue
         cidrs = _as_list(_get(fw, "sourceRanges"))
-        src_tags, tgt_tags = set(_as_list(_get(fw, "sourceTags"))), set(_as_list(_get(fw, "targetTags")))
-        own = bool(src_tags) and src_tags == tgt_tags and not cidrs
-        for j, allow in enumerate(_as_list(_get(fw, "allows", []))):
-            ports = _as_list((allow or {}).get("ports")) or [None]
+        src_raw, tgt_raw = _get(fw, "sourceTags"), _get(fw, "targetTags")
+        src_tags, tgt_tags = set(map(str, _as_list(src_raw))), set(map(str, _as_list(tgt_raw)))
+        allows = _get(fw, "allows", [])
+        if allows == UNKNOWN:
+            allows = [{"protocol": UNKNOWN}]
+        for j, allow in enumerate(_as_list(allows)):
+            allow = allow if isinstance(allow, Mapping) else {"protocol": UNKNOWN}
+            ports = _as_list(allow.get("ports")) or [None]
             for p in ports:
-                lo = hi = None
+                lo = hi = UNKNOWN if p == UNKNOWN else None
                 if isinstance(p, str) and re.fullmatch(r"\d+(-\d+)?", p):
                     lo, _, h = p.partition("-")
                     lo, hi = int(lo), int(h or lo)
-                add(fw, f"allows[{j}]", (allow or {}).get("protocol"), lo, hi, cidrs, own)
+                add(fw, f"allows[{j}]", allow.get("protocol"), lo, hi, cidrs, (src_raw, tgt_raw),
+                    bool(src_tags) and src_tags == tgt_tags)
     return out
 
 
@@ -462,7 +484,7 @@ def ssh_only_from_allowed(resources: list[Resource], ctx: Context) -> list[Viola
     (none by default); machines of the group may reach each other (multi-node training)."""
     out: list[Violation] = []
     for ing in _ingresses(resources):
-        if ing.from_own_group:
+        if ing.from_own_group or ing.unknown:
             continue
         if not ing.cidrs:
             out.append(Violation("ssh-only-from-allowed", ing.resource, f"{ing.where} allows another source than "
@@ -655,6 +677,8 @@ MIGS = ("gcp:compute/instanceGroupManager:InstanceGroupManager", "gcp:compute/re
 
 def _asg_is_spot(g: Resource, resources: list[Resource]) -> bool | None:
     dist = _get(g, "mixedInstancesPolicy.instancesDistribution")
+    if dist == UNKNOWN:
+        return None
     if isinstance(dist, Mapping):
         pct = dist.get("onDemandPercentageAboveBaseCapacity", 100)
         base = dist.get("onDemandBaseCapacity", 0)
@@ -683,6 +707,8 @@ def spot_with_runtime_cap(resources: list[Resource], ctx: Context) -> list[Viola
                                  "(spot) or say compute.spot: false"))
         schedules = [s for s in _of(resources, "aws:autoscaling/schedule:Schedule")
                      if _linked(s, g, "autoscalingGroupName", ("name",), groups)]
+        if any(UNKNOWN in (_get(s, "desiredCapacity"), _get(s, "minSize")) for s in schedules):
+            continue
         if not any(_stops_group(s, g) for s in schedules):
             out.append(Violation("spot-with-runtime-cap", g["name"], "no scheduled action sets the group to zero at "
                                  "launch + compute.maxRuntimeHours; add an autoscaling Schedule with desiredCapacity 0, minSize 0"))
@@ -723,7 +749,7 @@ def _tag_map(r: Resource) -> dict[str, Any] | None:
     """The resource's tags/labels as a dict (ASG tags are a list of key/value), or None if unknown."""
     if r.get("type") == "aws:autoscaling/group:Group":
         tags = _get(r, "tags", [])
-        if tags == UNKNOWN:
+        if _has_unknown(tags):
             return None
         return {t.get("key"): t.get("value") for t in _as_list(tags) if isinstance(t, Mapping)}
     for key in ("tags", "labels"):
@@ -764,7 +790,7 @@ def tagged(resources: list[Resource], ctx: Context) -> list[Violation]:
             out.append(Violation("tagged", r["name"], f"missing tag(s) {problem}; tag it from the one tags function"))
         if r.get("type") in LAUNCH_TEMPLATES:
             specs = _get(r, "tagSpecifications", [])
-            if specs == UNKNOWN:
+            if _has_unknown(specs):
                 continue
             by_type = {s.get("resourceType"): s.get("tags") or {} for s in _as_list(specs) if isinstance(s, Mapping)}
             for rt in ("instance", "volume"):

@@ -330,3 +330,40 @@ def test_readme_lists_every_rule():
     readme = (Path(__file__).resolve().parents[2] / "policy" / "README.md").read_text()
     rows = [line.split("|")[1].strip().strip("`") for line in readme.splitlines() if line.startswith("| `")]
     assert rows == [r.id for r in rules.RULES]
+
+
+# Inputs whose unknown value changes what another resource refers to: the engine makes the
+# reference unknown too, which test_unknown_values_are_not_judged covers.
+_REFERENCED = {("dev-group-asg", "name")}
+
+
+def _every_input(cloud: str) -> list[tuple[str, str, str]]:
+    stack = R.aws_stack(ssh_cidrs=["203.0.113.0/24"], nodes=2) if cloud == "aws" else R.gcp_stack()
+    return [(cloud, r["name"], k) for r in stack for k in r["inputs"] if (r["name"], k) not in _REFERENCED]
+
+
+def _nested_paths(value, path=""):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _nested_paths(v, f"{path}.{k}" if path else k)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _nested_paths(v, f"{path}.{i}" if path else str(i))
+    if path:
+        yield path
+
+
+@pytest.mark.parametrize(("cloud", "resource", "key"), _every_input("aws") + _every_input("gcp"))
+def test_any_unknown_input_is_not_a_violation(cloud, resource, key):
+    """Each input, and each value nested in it, unknown in turn: no rule fires on what it cannot see."""
+    def fresh():
+        return R.aws_stack(ssh_cidrs=["203.0.113.0/24"], nodes=2) if cloud == "aws" else R.gcp_stack()
+
+    ctx = Context(stack=R.STACK, run_id=R.RUN, allowed_ssh_cidrs=("203.0.113.0/24",))
+    value = R.by_name(fresh(), resource)["inputs"][key]
+    paths = [key] + [f"{key}.{p}" for p in _nested_paths(value) if isinstance(value, dict | list)]
+    for path in paths:
+        res = fresh()
+        _set(resource, path, UNKNOWN)(res)
+        assert rules.check(res, ctx) == [], path
+    assert len(paths) >= 1
