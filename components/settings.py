@@ -371,7 +371,7 @@ def _check_cloud(s: Settings) -> None:
     cloud, other = s.cloud, ("gcp" if s.cloud == "aws" else "aws")
     region_re = catalog.AWS_REGION if cloud == "aws" else catalog.GCP_REGION
     if not region_re.fullmatch(s.region):
-        raise ConfigError("region", f"{s.region!r}: not a {cloud.upper()} region name (e.g. "
+        raise ConfigError("region", f"{s.region!r}: not {'an AWS' if cloud == 'aws' else 'a GCP'} region name (e.g. "
                           f"{'us-east-1' if cloud == 'aws' else 'us-central1'})")
     if cloud == "gcp" and not re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", s.project):
         raise ConfigError("project", f"{s.project!r}: expected the GCP project id (6-30 lowercase letters, digits, '-')")

@@ -316,6 +316,21 @@ def bucket_retained(resources: list[Resource], ctx: Context) -> list[Violation]:
     return out
 
 
+def released_on_destroy(resources: list[Resource], ctx: Context) -> list[Violation]:
+    """Everything but the bucket and its own settings goes on `pulumi destroy`: machines, groups,
+    schedules, roles and repositories are neither retained nor protected."""
+    out: list[Violation] = []
+    for r in resources:
+        if r.get("type", "").startswith(("aws:s3/", "gcp:storage/", "pulumi:")):
+            continue
+        opts = r.get("options") or {}
+        for flag in ("retainOnDelete", "protect"):
+            if opts.get(flag) is True:
+                out.append(Violation("released-on-destroy", r["name"], f"has {flag}; `pulumi destroy` must release it "
+                                     "(only the bucket is kept)"))
+    return out
+
+
 # ----------------------------------------------------------------------------- machines
 
 LAUNCH_TEMPLATES = ("aws:ec2/launchTemplate:LaunchTemplate",)
@@ -827,6 +842,8 @@ RULES: tuple[Rule, ...] = (
          "Checkpoints and data never travel in clear text.", bucket_tls_only),
     Rule("bucket-retained", "The bucket survives `pulumi destroy` unless storage.keepOnDestroy is false.",
          "Destroying compute must not destroy the results.", bucket_retained),
+    Rule("released-on-destroy", "Everything but the bucket is neither retained nor protected.",
+         "`pulumi destroy` must stop every cost; only the data stays.", released_on_destroy, "resource"),
     Rule("imdsv2-required", "Launch templates require IMDSv2 tokens with hop limit 1.",
          "Stops SSRF and containers on a bridge network from reading the role's credentials.", imdsv2_required, "resource"),
     Rule("gce-metadata-hardened", "GCE templates keep legacy metadata endpoints off and vTPM/integrity monitoring on.",

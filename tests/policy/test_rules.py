@@ -106,6 +106,8 @@ AWS_BREAKS: list[tuple[str, str, str, str, Callable[[list[dict]], None]]] = [
      _policy("dev-bucket-policy", "policy", _stmt(0, Resource=f"{R.BUCKET_ARN}/*"))),
     ("not-retained", "bucket-retained", B, "retainOnDelete", _opt(B, "retainOnDelete", False)),
     ("force-destroy", "bucket-retained", B, "forceDestroy", _set(B, "forceDestroy", True)),
+    ("group-retained", "released-on-destroy", ASG, "retainOnDelete", _opt(ASG, "retainOnDelete", True)),
+    ("role-protected", "released-on-destroy", "dev-identity-role", "protect", _opt("dev-identity-role", "protect", True)),
     ("imds-optional", "imdsv2-required", LT, "httpTokens", _set(LT, "metadataOptions.httpTokens", "optional")),
     ("imds-hops", "imdsv2-required", LT, "HopLimit", _set(LT, "metadataOptions.httpPutResponseHopLimit", 2)),
     ("root-unencrypted", "root-volume-encrypted", LT, "encrypted", _set(LT, "blockDeviceMappings.0.ebs.encrypted", "false")),

@@ -117,6 +117,7 @@ BREAKS = {
     "bucket-versioned": lambda rs: rs.remove(_one(rs, "aws:s3/bucketVersioning:BucketVersioning")),
     "bucket-tls-only": lambda rs: rs.remove(_one(rs, "aws:s3/bucketPolicy:BucketPolicy")),
     "bucket-retained": lambda rs: _one(rs, "aws:s3/bucket:Bucket")["options"].update(retainOnDelete=False),
+    "released-on-destroy": lambda rs: _one(rs, "aws:autoscaling/schedule:Schedule")["options"].update(retainOnDelete=True),
     "imdsv2-required": lambda rs: _one(rs, "aws:ec2/launchTemplate:LaunchTemplate")["inputs"]["metadataOptions"].update(httpTokens="optional"),
     "root-volume-encrypted": lambda rs: _one(rs, "aws:ec2/launchTemplate:LaunchTemplate")["inputs"]["blockDeviceMappings"][0]["ebs"].update(encrypted="false"),
     "no-world-ingress": lambda rs: _one(rs, "aws:ec2/securityGroup:SecurityGroup")["inputs"]["ingress"].append(
@@ -179,3 +180,11 @@ def test_tag_rule_sees_every_taggable_resource(synthesized):
                 assert r["type"] in rules.TAGGABLE or "tags" in r["inputs"], r["type"]
                 checked += 1
     assert checked >= 8
+
+
+@pytest.mark.parametrize("stack", ALL)
+def test_stack_outputs_hold_no_secret(synthesized, stack):
+    result, _ = synthesized[stack]
+    texts = [v for v in json.dumps(result.outputs).split('"') if v]
+    assert len(result.outputs) >= 3 and texts
+    assert [t for t in texts if rules.secret_kind(t)] == []
