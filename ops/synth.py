@@ -335,6 +335,9 @@ def _run(sdk_config: dict[str, str], stack: str, region: str) -> Result:
     set_all_config(sdk_config, [])
     mocks = _Mocks(region)
     monitor = _Monitor(mocks)
+    # What `pulumi.runtime.set_mocks` installs (MockSettings around a MockMonitor), minus
+    # the root stack it also creates: `run_in_stack` below makes the root and awaits every
+    # output, as the Python language host does for `pulumi up`.
     pulumi_settings.configure(
         pulumi_mocks.MockSettings(
             monitor=monitor,

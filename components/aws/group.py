@@ -211,7 +211,8 @@ class SpotGroup(pulumi.ComponentResource):
         # The cloud's own deadline: at first launch + maxRuntimeHours the group goes to
         # zero even if a machine hangs. startTime is computed at each `pulumi up`; it is
         # ignored after creation so a later `up` (e.g. to change the trainer) does not
-        # push the deadline back and silently extend the budget.
+        # push the deadline back and silently extend the budget. To move the cap on
+        # purpose, replace this resource (`pulumi up --replace <its URN>`).
         self.schedule = aws.autoscaling.Schedule(
             f"{name}-runtime-cap",
             scheduled_action_name=f"{args.group_name}-runtime-cap",
