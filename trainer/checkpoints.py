@@ -85,7 +85,9 @@ class CheckpointStore:
     """Checkpoints of one run in a :class:`~trainer.storage.Store` (see module docstring).
 
     ``emit(kind, fields)`` receives ``checkpoint_skipped`` (step, reason) and
-    ``upload_retry`` (attempt, error, op, key); it may be called from the upload thread.
+    ``upload_retry`` (attempt, error, op, key) for retried transfers of checkpoint keys;
+    it may be called from upload threads. The retry hook is chained onto
+    ``store.on_retry``, keeping any hook already there.
     ``on_commit(info)`` is called with :meth:`commit`'s result after every successful
     commit, background ones included, so the caller can report them.
     """
@@ -121,10 +123,18 @@ class CheckpointStore:
         if emit is not None:
             previous = store.on_retry
 
+            mine = self.prefix + "/"
+
             def on_retry(op: str, key: str, attempt: int, error: BaseException) -> None:
                 if previous is not None:
                     previous(op, key, attempt, error)
-                emit("upload_retry", {"attempt": attempt, "error": f"{type(error).__name__}: {error}", "op": op, "key": key})
+                # Only checkpoint transfers: reporting retries of other writes (the event
+                # log itself) would feed a failing store more writes.
+                if key.startswith(mine):
+                    emit(
+                        "upload_retry",
+                        {"attempt": attempt, "error": f"{type(error).__name__}: {error}", "op": op, "key": key},
+                    )
 
             store.on_retry = on_retry
 

@@ -194,6 +194,8 @@ class Store:
         # directory again skips files that did not change since.
         self._mirrored: dict[tuple[str, str], tuple[int, int]] = {}
         self._mirror_lock = threading.Lock()
+        # Appends are read-modify-write on object stores: serialise them within a process.
+        self._append_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.uri!r})"
@@ -297,7 +299,8 @@ class Store:
         _check_key(key)
         if "\n" in line or "\r" in line:
             raise ValueError(f"append_line({key!r}) takes one line without line breaks")
-        self._retrying("append", key, lambda: self._append_line(key, line + "\n"))
+        with self._append_lock:
+            self._retrying("append", key, lambda: self._append_line(key, line + "\n"))
 
     def upload_dir(self, local_dir: str, prefix: str, *, changed_only: bool = True) -> int:
         """Mirror the files under ``local_dir`` to ``prefix``; return how many were uploaded.
@@ -519,7 +522,9 @@ class S3Store(Store):
             use_threads=True,
         )
 
-    def _observe_retry(self, response=None, attempts=0, caught_exception=None, operation=None, **_: object):
+    def _observe_retry(
+        self, response=None, attempts=0, caught_exception=None, operation=None, request_dict=None, **_: object
+    ):
         """See each failed attempt botocore is about to retry; returns None so botocore decides."""
         if attempts >= S3_MAX_ATTEMPTS:
             return None
@@ -534,7 +539,10 @@ class S3Store(Store):
                 error = RuntimeError(f"HTTP {status} {code}".strip())
         if error is not None:
             name = getattr(operation, "name", "s3")
-            self._notify_retry(name, "", attempts, error)
+            params = ((request_dict or {}).get("context") or {}).get("input_params") or {}
+            full = params.get("Key") or params.get("Prefix") or ""
+            base = f"{self.root}/" if self.root else ""
+            self._notify_retry(name, full[len(base) :] if full.startswith(base) else full, attempts, error)
         return None
 
     def _name(self, key: str) -> str:
@@ -622,51 +630,68 @@ class GCSStore(Store):
         self.client = storage.Client()
         self.bucket = self.client.bucket(self.bucket_name)
         self._timeout = (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
-        # Our writes replace an object with identical content, so they are safe to retry
-        # even without generation preconditions; the library's default retries only
-        # idempotent calls.
-        self._retry = gretry.Retry(
-            predicate=DEFAULT_RETRY._predicate,
-            initial=0.2,
+        self._predicate = DEFAULT_RETRY._predicate
+        self._gretry = gretry
+
+    def _retry(self, op: str, key: str):
+        """google-api-core retry for one call, reporting each retry with its key.
+
+        Our writes replace an object with identical content, so they are safe to retry
+        even without generation preconditions (the library's default retries only calls
+        it knows to be idempotent).
+        """
+        attempts = [0]
+
+        def on_error(exc: BaseException) -> None:
+            attempts[0] += 1
+            self._notify_retry(op, key, attempts[0], exc)
+
+        return self._gretry.Retry(
+            predicate=self._predicate,
+            initial=BACKOFF_INITIAL_S,
             maximum=BACKOFF_MAX_S,
             multiplier=2.0,
             timeout=TRANSFER_MAX_SECONDS,
-            on_error=lambda exc: self._notify_retry("gcs", "", 0, exc),
+            on_error=on_error,
         )
 
     def _name(self, key: str) -> str:
         return f"{self.root}/{key}" if self.root else key
 
     def _put_bytes(self, key: str, data: bytes) -> None:
-        self.bucket.blob(self._name(key)).upload_from_string(data, timeout=self._timeout, retry=self._retry)
+        self.bucket.blob(self._name(key)).upload_from_string(data, timeout=self._timeout, retry=self._retry("put", key))
 
     def _get_bytes(self, key: str) -> bytes:
         from google.api_core.exceptions import NotFound as GNotFound
 
         try:
-            return self.bucket.blob(self._name(key)).download_as_bytes(timeout=self._timeout, retry=self._retry)
+            return self.bucket.blob(self._name(key)).download_as_bytes(
+                timeout=self._timeout, retry=self._retry("get", key)
+            )
         except GNotFound as e:
             raise NotFound(f"{self.uri}/{key}") from e
 
     def _put_file(self, key: str, path: str) -> None:
-        self.bucket.blob(self._name(key)).upload_from_filename(path, timeout=self._timeout, retry=self._retry)
+        self.bucket.blob(self._name(key)).upload_from_filename(path, timeout=self._timeout, retry=self._retry("put", key))
 
     def _get_file(self, key: str, path: str) -> None:
         from google.api_core.exceptions import NotFound as GNotFound
 
         try:
-            self.bucket.blob(self._name(key)).download_to_filename(path, timeout=self._timeout, retry=self._retry)
+            self.bucket.blob(self._name(key)).download_to_filename(
+                path, timeout=self._timeout, retry=self._retry("get", key)
+            )
         except GNotFound as e:
             raise NotFound(f"{self.uri}/{key}") from e
 
     def _exists(self, key: str) -> bool:
-        return self.bucket.blob(self._name(key)).exists(timeout=self._timeout, retry=self._retry)
+        return self.bucket.blob(self._name(key)).exists(timeout=self._timeout, retry=self._retry("stat", key))
 
     def _stat(self, prefix: str) -> dict[str, ObjectInfo]:
         base = f"{self.root}/" if self.root else ""
         out: dict[str, ObjectInfo] = {}
         blobs = self.client.list_blobs(
-            self.bucket_name, prefix=base + prefix, timeout=self._timeout, retry=self._retry
+            self.bucket_name, prefix=base + prefix, timeout=self._timeout, retry=self._retry("list", prefix)
         )
         for blob in blobs:
             modified = blob.updated or datetime.now(tz=UTC)
@@ -679,7 +704,7 @@ class GCSStore(Store):
         for key in keys:
             # Already gone is the outcome we want (a retried delete may find it so).
             with contextlib.suppress(GNotFound):
-                self.bucket.blob(self._name(key)).delete(timeout=self._timeout, retry=self._retry)
+                self.bucket.blob(self._name(key)).delete(timeout=self._timeout, retry=self._retry("delete", key))
 
 
 def open_store(uri: str) -> Store:

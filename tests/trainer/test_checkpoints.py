@@ -301,17 +301,20 @@ def test_sync_commit_stops_older_background_upload(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["503", "drop"])
-def test_flaky_store_commit_succeeds_and_reports_retries(faulty_s3, tmp_path, mode):
-    store = open_store(faulty_s3.uri)
+@pytest.mark.parametrize("backend", ["s3", "gs"])
+def test_flaky_store_commit_succeeds_and_reports_retries(request, tmp_path, backend, mode):
+    faulty = request.getfixturevalue(f"faulty_{backend}")
+    store = open_store(faulty.uri)
     events = Events()
     ckpts = CheckpointStore(store, emit=events)
     # Over the multipart threshold, so part uploads meet the faults too.
     local = _dir(tmp_path, "c", {"model.data": os.urandom(10 * 1024 * 1024), "model.index": b"idx"})
-    faulty_s3.proxy.fail_for(1.0, mode)
+    faulty.proxy.fail_for(1.0, mode)
     info = ckpts.commit(5, local)
-    assert faulty_s3.proxy.failed > 0
+    assert faulty.proxy.failed > 0
     assert events.of("upload_retry"), "retries were not reported"
-    assert all({"attempt", "error"} <= set(e) for e in events.of("upload_retry"))
+    retries = events.of("upload_retry")
+    assert all({"attempt", "error"} <= set(e) and e["key"].startswith("checkpoints/ckpt-5/") for e in retries), retries
     assert ckpts.restore_latest(str(tmp_path / "r")) == 5
     assert (tmp_path / "r" / "model.data").read_bytes() == Path(local, "model.data").read_bytes()
     assert info["bytes"] == 10 * 1024 * 1024 + 3
