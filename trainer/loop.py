@@ -141,14 +141,17 @@ class Run:
         self.events = EventLog(self.store if self.chief else None, attempt=attempt, stream=stream)
         self.started_at = time.time()
         self.own_events: list[dict] = []
-        self.ckstore = CheckpointStore(self.store, keep=cfg.keep_checkpoints, emit=self.emit)
+        self.ckstore = CheckpointStore(self.store, keep=cfg.keep_checkpoints,
+                                       emit=lambda kind, fields: self.emit(kind, **fields), on_commit=self._on_commit)
+        self.commit_seconds: list[tuple[int, float]] = []
         self._own_work = cfg.work_dir is None
         self.work = cfg.work_dir or tempfile.mkdtemp(prefix="trainstack-")
         os.makedirs(self.work, exist_ok=True)
         self.stop = stop or StopRequest()
         self.state = RunState()
         self.last_committed: int | None = None
-        self.local_ckpts: list[str] = []
+        self.async_step: int | None = None
+        self.rate: float | None = None
         self.tb_writer = None
 
     def emit(self, event: str, **fields) -> dict:
@@ -274,6 +277,7 @@ class Run:
                     step_time = (now - last_log_time) / max(st.step - last_log_step, 1)
                     self._summaries(st.step, st.loss, rate, step_time)
                     self.events.update_bar(st.step, st.loss, rate)
+                    self.rate = rate
                     if now - last_progress >= cfg.progress_every_seconds:
                         self.events.progress(st.step, cfg.steps, st.loss, rate)
                         last_progress = now
@@ -299,6 +303,9 @@ class Run:
     def _summaries(self, step: int, loss: float, rate: float, step_time: float) -> None:
         if self.tb_writer is None:
             return
+        while self.commit_seconds:
+            ckpt_step, seconds = self.commit_seconds.pop(0)
+            self._write_summary("checkpoint_s", seconds, ckpt_step)
         lr = self.spec.optimizer.learning_rate
         with self.tb_writer.as_default(step=step):
             tf.summary.scalar("loss", loss)
@@ -334,32 +341,40 @@ class Run:
             shutil.rmtree(folder, ignore_errors=True)
             return
         step = self.state.step
-        self._prune_local(keep=folder)
-        self.local_ckpts.append(folder)
-        if sync:
-            self.ckstore.wait(None)
-            result = self.ckstore.commit(step, folder) or {}
-            self._after_commit(step, time.monotonic() - started, result)
-        else:
-            save_s = time.monotonic() - started
-            self.ckstore.commit_async(step, folder)
-            self._write_summary("checkpoint_save_s", save_s, step)
+        self._write_summary("checkpoint_save_s", time.monotonic() - started, step)
+        try:
+            if sync:
+                # An older background upload still running is cancelled by the store so
+                # this commit gets the bandwidth; wait for it to wind down afterwards.
+                self.ckstore.commit(step, folder)
+                self._wait_uploads()
+            else:
+                self.async_step = step
+                # The store snapshots the folder (hard links) before returning, so the
+                # local copy can go at once and the next save never races the upload.
+                self.ckstore.commit_async(step, folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.events.progress(step, self.cfg.steps, self.state.loss, self.rate)
         self.events.background(self._sync_tensorboard)
 
-    def _after_commit(self, step: int, seconds: float, result: dict) -> None:
-        self.last_committed = step
-        self._write_summary("checkpoint_s", seconds, step)
+    def _wait_uploads(self) -> None:
+        """Wait for a background upload; one that failed is reported, not fatal (a newer commit follows)."""
+        try:
+            self.ckstore.wait(None)
+        except Exception as e:  # noqa: BLE001 - the failure is reported and superseded
+            self.emit("checkpoint_failed", reason=f"{type(e).__name__}: {e}")
+
+    def _on_commit(self, info: dict) -> None:
+        # Called from the upload thread too: only record, the loop writes the summaries.
+        self.last_committed = max(self.last_committed or 0, int(info["step"]))
+        self.commit_seconds.append((int(info["step"]), float(info.get("seconds", 0.0))))
+        self.emit("checkpoint", step=int(info["step"]), seconds=info.get("seconds"), bytes=info.get("bytes"))
 
     def _write_summary(self, name: str, value: float, step: int) -> None:
         if self.tb_writer is not None:
             with self.tb_writer.as_default(step=step):
                 tf.summary.scalar(name, value)
-
-    def _prune_local(self, keep: str) -> None:
-        # Local copies of checkpoints already committed (or superseded twice) are dropped;
-        # the newest ones stay while their upload may still be reading them.
-        while len(self.local_ckpts) > 2:
-            shutil.rmtree(self.local_ckpts.pop(0), ignore_errors=True)
 
     def _sync_tensorboard(self) -> None:
         if self.tb_writer is None:
@@ -369,13 +384,17 @@ class Run:
 
     # -- endings --
 
+    def _commit_current(self) -> None:
+        """Make sure the current step is committed, synchronously."""
+        if self.async_step == self.state.step:
+            self._wait_uploads()  # its upload is already under way: let it finish
+        if self.last_committed != self.state.step:
+            self._checkpoint(sync=True)
+
     def _preempt(self, examples: tf.Variable) -> int:
         """Stopped by a signal: commit the current step synchronously, emit `preempted`."""
         started = time.monotonic()
-        if self.last_committed != self.state.step:
-            self._checkpoint(sync=True)
-        else:
-            self.ckstore.wait(None)
+        self._commit_current()
         self.events.flush()
         self.emit("preempted", step=self.state.step, signal=self.stop.signal_name,
                   seconds=round(time.monotonic() - started, 3), examples_seen=self.state.examples_seen)
@@ -385,8 +404,7 @@ class Run:
         """All steps done: final checkpoint, SavedModel, TensorBoard, then COMPLETE."""
         st = self.state
         st.examples_seen = int(examples.numpy())
-        if self.last_committed != st.step:
-            self._checkpoint(sync=True)
+        self._commit_current()
         if not self.chief:
             return EXIT_OK
         self.events.flush()

@@ -1,0 +1,136 @@
+"""Helpers for the trainer tests: run `python -m trainer` as a real process and read what it left."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# Small and quick: the defaults of these tests, not of the trainer.
+FAST = ["--synthetic", "--steps", "60", "--batch-size", "32", "--checkpoint-every-steps", "20", "--log-every", "10"]
+
+
+def trainer_env(base: dict | None = None, **extra: str) -> dict:
+    """The environment for a trainer process: the test's variables, quiet TF, no TRAINSTACK_* leaking in."""
+    env = {k: v for k, v in (base or os.environ).items() if not k.startswith("TRAINSTACK_")}
+    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""})
+    env.update(extra)
+    return env
+
+
+def parse_events(text: str) -> list[dict]:
+    """JSON event lines from a trainer's stdout (anything else is ignored)."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+    return out
+
+
+def run_trainer(uri: str, *args: str, env: dict | None = None, timeout: float = 240) -> tuple[int, list[dict], str]:
+    """Run one attempt to its end; returns (exit code, events printed, stderr)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "trainer", "--run-uri", uri, *args],
+        cwd=REPO, env=env or trainer_env(), capture_output=True, text=True, timeout=timeout,
+    )
+    return p.returncode, parse_events(p.stdout), p.stderr
+
+
+class Trainer:
+    """A trainer process whose events can be awaited, to signal it at a chosen moment."""
+
+    def __init__(self, uri: str, *args: str, env: dict | None = None):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer", "--run-uri", uri, *args],
+            cwd=REPO, env=env or trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self.events: list[dict] = []
+        self._q: queue.Queue = queue.Queue()
+        self.stderr = ""
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            for ev in parse_events(line):
+                self.events.append(ev)
+                self._q.put(ev)
+        self._q.put(None)
+
+    def _read_err(self) -> None:
+        self.stderr = self.proc.stderr.read()
+
+    def wait_event(self, kind: str, timeout: float = 180, pred=lambda ev: True) -> dict:
+        """Block until an event of `kind` matching `pred` is printed."""
+        deadline = time.monotonic() + timeout
+        for ev in self.events:
+            if ev.get("event") == kind and pred(ev):
+                return ev
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no {kind} event within {timeout} s; got {[e['event'] for e in self.events]}")
+            try:
+                ev = self._q.get(timeout=left)
+            except queue.Empty:
+                continue
+            if ev is None:
+                raise AssertionError(f"trainer exited before {kind}: rc={self.proc.wait()} stderr={self.stderr[-2000:]}")
+            if ev.get("event") == kind and pred(ev):
+                return ev
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 180) -> int:
+        rc = self.proc.wait(timeout=timeout)
+        deadline = time.monotonic() + 5
+        while self._q.empty() and time.monotonic() < deadline and self.proc.stdout and not self.proc.stdout.closed:
+            time.sleep(0.05)
+        return rc
+
+
+def store_events(uri: str) -> list[dict]:
+    """The run's events.jsonl as stored."""
+    from trainer.events import read_events
+    from trainer.storage import open_store
+
+    return read_events(open_store(uri))
+
+
+def committed_weights(uri: str, step: int, dest: Path) -> dict:
+    """Model variables of the committed checkpoint `step` of a run, by checkpoint key."""
+    import tensorflow as tf
+
+    from trainer.storage import open_store
+
+    store = open_store(uri)
+    prefix = f"checkpoints/ckpt-{step}/"
+    dest.mkdir(parents=True, exist_ok=True)
+    for key in store.list(prefix):
+        store.get_file(key, str(dest / key[len(prefix):]))
+    reader = tf.train.load_checkpoint(str(dest / "ckpt"))
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("model/")}
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    """Largest |a - b| over all variables; the key sets must match."""
+    import numpy as np
+
+    assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+    assert a, "no variables compared"
+    return max(float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)))) for k in a)
+
+
+def kinds(events: list[dict]) -> list[str]:
+    return [e.get("event") for e in events]
