@@ -534,9 +534,20 @@ def load_stack_file(path: str | Path, stack: str | None = None) -> Settings:
 def from_pulumi_config() -> Settings:
     """Read the current stack's config through the Pulumi SDK (used by __main__)."""
     import pulumi
+    from pulumi.runtime import config as runtime_config
 
     cfg = pulumi.Config(NAMESPACE)
     raw: dict[str, Any] = {}
+    present = set(runtime_config.CONFIG.get()) | set(runtime_config.get_config_env())
+    for full in sorted(present):
+        ns, _, key = full.partition(":")
+        if ns != NAMESPACE:
+            continue
+        # `pulumi config set --secret` hands the program the plain value: ask the SDK.
+        if runtime_config.is_config_secret(full):
+            raise ConfigError(key, "is a secret; " + NO_SECRETS)
+        if key not in SCALARS and key not in BLOCKS:
+            raw[key] = runtime_config.get_config(full)  # refused below, with a did-you-mean
     for k in SCALARS:
         v = cfg.get(k)
         if v is not None and v != "":

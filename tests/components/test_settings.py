@@ -352,3 +352,36 @@ def test_real_ssh_keys_accepted_and_their_private_halves_refused(tmp_path, kind)
         load_stack_file(_write(tmp_path, "bad", stack(**{A: {"sshPublicKey": key_file.read_text()}})))
     assert info.value.key == "access.sshPublicKey" and "ssh-keygen -y" in str(info.value)
     assert "\n" not in str(info.value) and "PRIVATE KEY-----" not in str(info.value)
+
+
+def _from_sdk(config: dict[str, Any], secret_keys: list[str]) -> st.Settings:
+    """from_pulumi_config() with the SDK's config set as the engine sets it, in a throwaway context."""
+    import contextvars
+    import json
+
+    import pulumi
+    from pulumi.runtime.config import set_all_config
+
+    def run() -> st.Settings:
+        pulumi.runtime.settings.reset_options(project="trainstack", stack="sdk", preview=True)
+        set_all_config({k: json.dumps(v) if isinstance(v, dict | list) else str(v) for k, v in config.items()},
+                       secret_keys)
+        return st.from_pulumi_config()
+
+    return contextvars.copy_context().run(run)
+
+
+def test_program_config_is_validated_like_the_stack_file():
+    """What `pulumi up` hands the program: the same checks, plus secrets the SDK marks as such."""
+    cfg = dict(DEV["config"])
+    s = _from_sdk(cfg, [])
+    assert s.stack == "sdk" and s.compute.instance_types == ["g5.xlarge", "g6.xlarge", "g4dn.xlarge"]
+    with pytest.raises(ConfigError) as info:
+        _from_sdk({**cfg, "trainstack:regoin": "us-east-1"}, [])
+    assert info.value.key == "regoin" and "did you mean trainstack:region" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        _from_sdk(cfg, ["trainstack:access"] if "trainstack:access" in cfg else ["trainstack:run"])
+    assert "pulumi config set --secret" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        _from_sdk({**cfg, "trainstack:compute": {**cfg["trainstack:compute"], "nodes": 0}}, [])
+    assert str(info.value) == "trainstack:compute.nodes: 0: expected 1 or more"
