@@ -776,7 +776,8 @@ def _tag_map(r: Resource) -> dict[str, Any] | None:
     return {}
 
 
-def _tag_problem(tags: Mapping[str, Any], ctx: Context) -> str | None:
+def _tag_problem(tags: Mapping[str, Any], ctx: Context, *, labels: bool = False) -> str | None:
+    """What the stack/run tags lack; GCP labels hold values lowercased, so they compare so."""
     missing = []
     for pat, want, what in ((STACK_TAG, ctx.stack, "stack"), (RUN_TAG, ctx.run_id, "run")):
         vals = [v for k, v in tags.items() if isinstance(k, str) and pat.match(k)]
@@ -784,7 +785,8 @@ def _tag_problem(tags: Mapping[str, Any], ctx: Context) -> str | None:
             if not vals:
                 missing.append(f"trainstack-{what}")
             continue
-        if want is not None and str(vals[0]) != want:
+        have = str(vals[0]).lower() if labels else str(vals[0])
+        if want is not None and have != (want.lower() if labels else want):
             missing.append(f"trainstack-{what}={want} (has {vals[0]!r})")
     return ", ".join(missing) or None
 
@@ -800,7 +802,7 @@ def tagged(resources: list[Resource], ctx: Context) -> list[Violation]:
         tags = _tag_map(r)
         if tags is None:
             continue
-        problem = _tag_problem(tags, ctx)
+        problem = _tag_problem(tags, ctx, labels=r.get("type", "").startswith("gcp:"))
         if problem:
             out.append(Violation("tagged", r["name"], f"missing tag(s) {problem}; tag it from the one tags function"))
         if r.get("type") in LAUNCH_TEMPLATES:

@@ -1,6 +1,7 @@
 """Drives the policy pack inside its own virtualenv (.venv-policy); tests/policy/test_pack.py runs it.
 
-Reads {"stack", "config", "cases": {name: [resources]}} as JSON on stdin, and writes JSON:
+Reads {"stack", "config", "cases": {name: {"config", "resources"}}, "process_resources"} as JSON
+on stdin (each case's config is the stack's `trainstack:` config the engine would pass), and writes JSON:
 the pack's policies, the violations each case gets through the pack's resource and stack
 policies (called as the engine calls them, with props behind pulumi-policy's proxies), and
 what the pack reports over gRPC when started the way the engine starts it.
@@ -94,6 +95,15 @@ def run_pack_process(stack: str, resources: list[dict]) -> dict:
         proc.wait(timeout=10)
 
 
+def _with_config(config: dict, stack: str, fn):
+    """Run fn with the SDK's config set to this stack's config, as the engine's PULUMI_CONFIG sets it."""
+    from pulumi.runtime.config import set_all_config
+
+    set_all_config({f"trainstack:{k}": json.dumps(v) for k, v in config.items()}, [])
+    os.environ["PULUMI_STACK"] = stack
+    return fn()
+
+
 def main() -> None:
     req = json.load(sys.stdin)
     # What the engine hands every plugin: the stack's config as JSON, and the stack name.
@@ -108,7 +118,9 @@ def main() -> None:
         pulumi.runtime.set_config(k, v)
     out = {
         "policies": [[p.name, type(p).__name__] for p in pack["POLICIES"]],
-        "cases": {name: run_pack_functions(pack, res) for name, res in req["cases"].items()},
+        "cases": {name: _with_config(case["config"], case.get("stack", req["stack"]),
+                                     lambda c=case: run_pack_functions(pack, c["resources"]))
+                  for name, case in req["cases"].items()},
         "process": run_pack_process(req["stack"], req["process_resources"]),
         "seconds": round(time.time() - started, 2),
     }

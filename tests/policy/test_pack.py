@@ -52,10 +52,24 @@ def pack_report() -> dict:
     for r in unknown:
         if r["type"].startswith("aws:s3/bucket") and r["type"] != "aws:s3/bucket:Bucket":
             r["inputs"]["bucket"] = UNKNOWN_STRING
+    config = raw_from_stack_file(stack_file)
+    # SSH from one CIDR: allowed when the stack's config names it, refused when it names another.
+    ssh = copy.deepcopy(clean)
+    _one(ssh, "aws:ec2/securityGroup:SecurityGroup")["inputs"]["ingress"] = [
+        {"protocol": "tcp", "fromPort": 22, "toPort": 22, "cidrBlocks": ["203.0.113.0/24"]}]
+    allowed = {**config, "access": {"sshPublicKey": "ssh-ed25519 AAAA", "allowedCidrs": ["203.0.113.0/24"]}}
+    other = {**config, "access": {"sshPublicKey": "ssh-ed25519 AAAA", "allowedCidrs": ["198.51.100.0/24"]}}
     request = {
         "stack": "dev",
-        "config": raw_from_stack_file(stack_file),
-        "cases": {"clean": clean, "broken": broken, "unknown": unknown},
+        "config": config,
+        "cases": {
+            "clean": {"config": config, "resources": clean},
+            "broken": {"config": config, "resources": broken},
+            "unknown": {"config": config, "resources": unknown},
+            "ssh-allowed": {"config": allowed, "resources": ssh},
+            "ssh-other": {"config": other, "resources": ssh},
+            "other-stack": {"config": config, "resources": clean, "stack": "prod"},
+        },
         "process_resources": [_one(broken, "aws:ec2/launchTemplate:LaunchTemplate"), _one(clean, "aws:s3/bucket:Bucket")],
     }
     proc = subprocess.run([str(PACK_PYTHON), str(Path(__file__).with_name("pack_check.py"))], input=json.dumps(request),
@@ -95,3 +109,16 @@ def test_pack_starts_as_the_engine_starts_it(pack_report):
     assert proc["policies"] == sorted(r.id for r in rules.RULES)
     assert [p for p, _ in proc["verdicts"]["trainstack-group-lt"]] == ["imdsv2-required"]
     assert proc["verdicts"]["trainstack-bucket-s3"] == []
+
+
+def test_pack_reads_the_stacks_own_config(pack_report):
+    assert pack_report["cases"]["ssh-allowed"] == []
+    found = pack_report["cases"]["ssh-other"]
+    assert [f[0] for f in found] == ["ssh-only-from-allowed"]
+    assert "198.51.100.0/24" in found[0][2] and "203.0.113.0/24" in found[0][2]
+
+
+def test_pack_checks_tags_against_the_stack_it_runs_for(pack_report):
+    found = pack_report["cases"]["other-stack"]
+    assert found and {f[0] for f in found} == {"tagged"}
+    assert all("trainstack-stack=prod" in f[2] for f in found)

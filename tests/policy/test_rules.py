@@ -369,3 +369,11 @@ def test_any_unknown_input_is_not_a_violation(cloud, resource, key):
         _set(resource, path, UNKNOWN)(res)
         assert rules.check(res, ctx) == [], path
     assert len(paths) >= 1
+
+
+def test_gcp_labels_compare_lowercased():
+    res = R.gcp_stack()
+    assert rules.check(res, Context(stack="DEV", run_id="Dev")) == []
+    assert {v.rule for v in rules.check(res, Context(stack="prod", run_id="dev"))} == {"tagged"}
+    # AWS tags keep their case
+    assert {v.rule for v in rules.check(R.aws_stack(), Context(stack="DEV", run_id="dev"))} == {"tagged"}
