@@ -11,11 +11,7 @@ set -euo pipefail
 # shellcheck source=userdata/lib.sh
 . "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
 
-NVIDIA_REPO_URL="${TRAINSTACK_NVIDIA_REPO_URL:-https://nvidia.github.io/libnvidia-container}"
 NVIDIA_KEYRING="$ROOT/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
-# The toolkit release pinned for machines that do not bring one (plain Ubuntu).
-CTK_VERSION="${TRAINSTACK_NVIDIA_CTK_VERSION:-1.17.8-1}"
-DRIVER_BRANCH="${TRAINSTACK_NVIDIA_DRIVER:-570-server}"
 DOCKER_DAEMON_JSON="$ROOT/etc/docker/daemon.json"
 
 fail() {
@@ -181,6 +177,10 @@ image() {
 
 main() {
   load_env
+  NVIDIA_REPO_URL="${TRAINSTACK_NVIDIA_REPO_URL:-https://nvidia.github.io/libnvidia-container}"
+  # The toolkit release pinned for machines that do not bring one (plain Ubuntu).
+  CTK_VERSION="${TRAINSTACK_NVIDIA_CTK_VERSION:-1.17.8-1}"
+  DRIVER_BRANCH="${TRAINSTACK_NVIDIA_DRIVER:-570-server}"
   rm -f "$RUNTIME_DIR/failure-reason"
   local start=$SECONDS
   step gpu gpu

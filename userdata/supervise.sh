@@ -10,11 +10,6 @@ set -Eeuo pipefail
 # shellcheck source=userdata/lib.sh
 . "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
 
-MAX_FAILURES="${TRAINSTACK_MAX_FAILURES:-3}"
-BACKOFF_S="${TRAINSTACK_RESTART_BACKOFF_S:-15}"
-# How long to wait, after stopping for a notice, for the cloud to take the machine back.
-# A notice that does not end the machine (GCE live maintenance) resumes training after it.
-NOTICE_WAIT_S="${TRAINSTACK_NOTICE_WAIT_S:-900}"
 CONTAINER_ENV="$RUNTIME_DIR/container.env"
 
 finish() {
@@ -55,7 +50,7 @@ write_container_env() {
   while IFS= read -r key; do
     printf '%s=%s\n' "$key" "${!key}" >>"$CONTAINER_ENV"
   done < <(sed -n 's/^\([A-Z_][A-Z0-9_]*\)=.*/\1/p' "$ENV_FILE")
-  printf 'TRAINSTACK_LOCAL_DIR=/data\n' >>"$CONTAINER_ENV"
+  printf 'TRAINSTACK_DATA_DIR=/data/stage\nTRAINSTACK_WORK_DIR=/data/work\n' >>"$CONTAINER_ENV"
 }
 
 # Runs the container in the foreground with a watchdog that stops it at the deadline.
@@ -98,6 +93,11 @@ wait_for_cloud() {
 main() {
   load_env
   trap 'on_error $LINENO $?' ERR
+  MAX_FAILURES="${TRAINSTACK_MAX_FAILURES:-3}"
+  BACKOFF_S="${TRAINSTACK_RESTART_BACKOFF_S:-15}"
+  # How long to wait, after stopping for a notice, for the cloud to take the machine back;
+  # a notice that does not end the machine (GCE live maintenance) resumes training after it.
+  NOTICE_WAIT_S="${TRAINSTACK_NOTICE_WAIT_S:-900}"
   log "boot: run $RUN_URI, group $TRAINSTACK_GROUP, image $TRAINSTACK_IMAGE"
   rm -f "$RUNTIME_DIR/deadline-hit"
   check_run_folder

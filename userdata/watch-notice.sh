@@ -12,8 +12,6 @@ set -euo pipefail
 # shellcheck source=userdata/lib.sh
 . "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
 
-POLL_S="${TRAINSTACK_POLL_S:-5}"
-
 # Prints the notice ("kind detail") and returns 0 when the cloud has announced one.
 notice() {
   local body rc
@@ -57,6 +55,7 @@ handle() {
 
 main() {
   load_env
+  POLL_S="${TRAINSTACK_POLL_S:-5}"
   log "watching for spot notices every ${POLL_S}s ($TRAINSTACK_CLOUD, $METADATA_URL)"
   local found kind detail
   while true; do

@@ -1,0 +1,286 @@
+"""Stand-ins for the machine's commands in the boot sandbox: `fakes.py NAME ARGS...`.
+
+Each call is appended to `$FAKE_LOG` as one JSON line (`cmd`, `argv`, `t`) before it acts,
+so tests can assert which commands ran, in what order and with which arguments.
+
+- `aws`: the subset of the AWS CLI the boot scripts use (`s3 cp/ls`, `autoscaling
+  update-auto-scaling-group`, `ecr get-login-password`), done with boto3 against
+  `AWS_ENDPOINT_URL` (moto_server). The real AWS CLI v1 cannot be installed beside the
+  project's botocore pin (every awscli release pins its own botocore).
+- `docker`: `run` executes the container's command on the host (the code and pip mounts
+  mapped to host paths, `--env-file` read the way docker reads it: values literal), keeps
+  a pid per `--name` so `stop --time N` can send SIGTERM, then SIGKILL after N seconds.
+- `nvidia-smi` answers when `FAKE_GPU=1`; `apt-get install nvidia-container-toolkit=…`
+  installs a fake `nvidia-ctk` next to this script; the rest record and succeed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STATE = Path(os.environ.get("FAKE_STATE", "/tmp/fake-state"))
+
+
+def record(name: str, argv: list[str], **extra) -> None:
+    line = json.dumps({"cmd": name, "argv": argv, "t": time.time(), **extra}) + "\n"
+    fd = os.open(os.environ["FAKE_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- aws
+
+
+def _s3():
+    import boto3
+
+    return boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+
+
+def _split(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+def aws(argv: list[str]) -> int:
+    args = [a for a in argv if a not in ("--only-show-errors", "--quiet")]
+    region = None
+    if "--region" in args:
+        i = args.index("--region")
+        region = args[i + 1]
+        del args[i : i + 2]
+    service, op, rest = args[0], args[1], args[2:]
+    if service == "s3" and op == "cp":
+        recursive = "--recursive" in rest
+        src, dst = [a for a in rest if a != "--recursive"]
+        s3 = _s3()
+        try:
+            if recursive:
+                base = Path(src)
+                bucket, prefix = _split(dst)
+                for p in sorted(base.rglob("*")):
+                    if p.is_file():
+                        s3.upload_file(str(p), bucket, prefix + str(p.relative_to(base)))
+            elif src.startswith("s3://") and dst == "-":
+                sys.stdout.buffer.write(s3.get_object(Bucket=_split(src)[0], Key=_split(src)[1])["Body"].read())
+            elif src.startswith("s3://"):
+                s3.download_file(*_split(src), dst)
+            elif src == "-":
+                s3.put_object(Bucket=_split(dst)[0], Key=_split(dst)[1], Body=sys.stdin.buffer.read())
+            else:
+                s3.upload_file(src, *_split(dst))
+        except s3.exceptions.ClientError as e:
+            print(f"fatal error: {e}", file=sys.stderr)
+            return 1
+        return 0
+    if service == "s3" and op == "ls":
+        bucket, prefix = _split(rest[0])
+        out = _s3().list_objects_v2(Bucket=bucket, Prefix=prefix, Delimiter="/")
+        lines = [f"                           PRE {p['Prefix'][len(prefix):]}" for p in out.get("CommonPrefixes", [])]
+        for o in out.get("Contents", []):
+            lines.append(f"{o['LastModified']:%Y-%m-%d %H:%M:%S} {o['Size']:>10} {o['Key'][len(prefix):]}")
+        if not lines:
+            return 1  # the real CLI: an empty listing exits 1 with nothing on stderr
+        print("\n".join(lines))
+        return 0
+    if service == "autoscaling" and op == "update-auto-scaling-group":
+        import boto3
+
+        opts = dict(zip(rest[::2], rest[1::2], strict=True))
+        boto3.client("autoscaling", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name=region).update_auto_scaling_group(
+            AutoScalingGroupName=opts["--auto-scaling-group-name"],
+            MinSize=int(opts["--min-size"]),
+            MaxSize=int(opts["--max-size"]),
+            DesiredCapacity=int(opts["--desired-capacity"]),
+        )
+        return 0
+    if service == "ecr" and op == "get-login-password":
+        print("ecr-token-from-the-instance-role")
+        return 0
+    print(f"fake aws: unsupported {argv}", file=sys.stderr)
+    return 2
+
+
+# ---------------------------------------------------------------- docker
+
+
+def _env_file(path: str) -> dict[str, str]:
+    env = {}
+    for line in Path(path).read_text().splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.partition("=")
+            env[k] = v  # docker takes the value literally: quotes would stay quotes
+    return env
+
+
+def _container_pid(name: str) -> Path:
+    return STATE / "containers" / f"{name}.pid"
+
+
+def docker_run(argv: list[str]) -> int:
+    mounts, env, name, workdir, i = {}, {}, None, None, 0
+    flags_with_value = {"--name", "--network", "--ipc", "--gpus", "--stop-timeout", "--env-file", "-v", "-e", "-w"}
+    while argv[i].startswith("-"):
+        flag = argv[i]
+        if flag == "--rm":
+            i += 1
+            continue
+        if flag not in flags_with_value:
+            print(f"fake docker: unknown flag {flag}", file=sys.stderr)
+            return 125
+        value = argv[i + 1]
+        i += 2
+        if flag == "--name":
+            name = value
+        elif flag == "--env-file":
+            env.update(_env_file(value))
+        elif flag == "-v":
+            host, container = value.split(":")[:2]
+            mounts[container] = host
+        elif flag == "-e":
+            k, _, v = value.partition("=")
+            env[k] = v
+        elif flag == "-w":
+            workdir = value
+    cmd = argv[i + 1 :]  # argv[i] is the image
+
+    def host_path(value: str) -> str:
+        for container, host in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+            value = value.replace(container, host)
+        return value
+
+    if cmd[:2] == ["sh", "-c"] and "pip install" in cmd[2]:
+        # Installing the trainer's requirements: the test's interpreter already has them.
+        target = Path(mounts["/opt/trainstack/pip"])
+        (target / "INSTALLED_BY_FAKE_PIP").write_text(cmd[2])
+        return 0
+    if cmd[:3] != ["python", "-m", "trainer"]:
+        print(f"fake docker: unsupported command {cmd}", file=sys.stderr)
+        return 125
+    child_env = {**os.environ, **{k: host_path(v) for k, v in env.items()}}
+    child_env.pop("FAKE_LOG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", *cmd[3:]], env=child_env,
+                            cwd=host_path(workdir) if workdir else None)
+    if name:
+        _container_pid(name).parent.mkdir(parents=True, exist_ok=True)
+        _container_pid(name).write_text(str(proc.pid))
+    # docker run proxies signals to the container (--sig-proxy defaults to true).
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, _f: proc.send_signal(s))
+    rc = proc.wait()
+    if name:
+        _container_pid(name).unlink(missing_ok=True)
+    return 128 - rc if rc < 0 else rc
+
+
+def docker_stop(argv: list[str]) -> int:
+    grace = int(argv[argv.index("--time") + 1]) if "--time" in argv else 10
+    name = argv[-1]
+    pid_file = _container_pid(name)
+    if not pid_file.exists():
+        print(f"Error response from daemon: No such container: {name}", file=sys.stderr)
+        return 1
+    pid = int(pid_file.read_text())
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and pid_file.exists():
+        time.sleep(0.05)
+    if pid_file.exists():
+        os.kill(pid, signal.SIGKILL)
+        record("docker-sigkill", [name])
+    while pid_file.exists():
+        time.sleep(0.05)
+    print(name)
+    return 0
+
+
+def docker(argv: list[str]) -> int:
+    sub = argv[0]
+    if sub == "run":
+        return docker_run(argv[1:])
+    if sub == "stop":
+        return docker_stop(argv[1:])
+    if sub == "image" and argv[1] == "inspect":
+        return 0 if (STATE / "images" / argv[2].replace("/", "_")).exists() else 1
+    if sub == "pull":
+        (STATE / "images").mkdir(parents=True, exist_ok=True)
+        (STATE / "images" / argv[-1].replace("/", "_")).write_text("pulled")
+        return 0
+    if sub == "login":
+        password = sys.stdin.read().strip()
+        record("docker-login-password", [str(bool(password))])
+        return 0 if password else 1
+    if sub == "rm":
+        return 0
+    print(f"fake docker: unsupported {argv}", file=sys.stderr)
+    return 125
+
+
+# ---------------------------------------------------------------- the rest
+
+
+def apt_get(argv: list[str]) -> int:
+    if "install" in argv and any(a.startswith("nvidia-container-toolkit=") for a in argv):
+        bin_dir = Path(__file__).parent if os.environ.get("FAKE_BIN") is None else Path(os.environ["FAKE_BIN"])
+        ctk = bin_dir / "nvidia-ctk"
+        ctk.write_text((bin_dir / "nvidia-smi").read_text().replace(" nvidia-smi ", " nvidia-ctk "))
+        ctk.chmod(0o755)
+    return 0
+
+
+def nvidia_ctk(argv: list[str]) -> int:
+    if argv[:2] == ["runtime", "configure"]:
+        config = next(a.split("=", 1)[1] for a in argv if a.startswith("--config="))
+        Path(config).parent.mkdir(parents=True, exist_ok=True)
+        Path(config).write_text(json.dumps({"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}}))
+        return 0
+    print("NVIDIA Container Toolkit CLI version 1.17.8")
+    return 0
+
+
+def nvidia_smi(argv: list[str]) -> int:
+    if os.environ.get("FAKE_GPU") == "1":
+        print("GPU 0: NVIDIA A10G (UUID: GPU-00000000-1111-2222-3333-444444444444)")
+        return 0
+    print("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
+    return 9
+
+
+def gpg(argv: list[str]) -> int:
+    out = argv[argv.index("-o") + 1]
+    data = sys.stdin.buffer.read()
+    if b"BEGIN PGP PUBLIC KEY BLOCK" not in data:
+        print("gpg: no valid OpenPGP data found.", file=sys.stderr)
+        return 2
+    Path(out).write_bytes(b"dearmored:" + data)
+    return 0
+
+
+def journalctl(argv: list[str]) -> int:
+    print(f"-- journal of {shlex.join(argv)} (sandbox) --")
+    return 0
+
+
+def main() -> int:
+    name, argv = sys.argv[1], sys.argv[2:]
+    record(name, argv)
+    handlers = {"aws": aws, "docker": docker, "apt-get": apt_get, "nvidia-ctk": nvidia_ctk,
+                "nvidia-smi": nvidia_smi, "gpg": gpg, "journalctl": journalctl}
+    if name == "mountpoint":
+        return 1  # nothing is mounted in the sandbox
+    if name == "blkid":
+        return 2  # no file system on the device yet
+    return handlers.get(name, lambda _a: 0)(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
