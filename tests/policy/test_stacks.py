@@ -49,6 +49,12 @@ def synthesized() -> dict[str, tuple[synth.Result, rules.Context]]:
 ALL = STACK_NAMES + list(VARIANTS)
 
 
+# parliament findings accepted by name: (resource name without the stack prefix, issue) ->
+# why, with the same justification in a comment next to the statement in the component.
+# Empty: every document the stacks produce passes parliament as it is.
+ALLOWED_FINDINGS: dict[tuple[str, str], str] = {}
+
+
 def test_stacks_exist():
     assert {"dev", "large"} <= set(STACK_NAMES)
 
@@ -71,7 +77,7 @@ def test_stack_policies_pass_parliament(synthesized, stack):
     # the role's trust policy, its permissions and the TLS-only bucket policy, at least
     assert {d.kind for d in docs} == {"trust", "identity", "resource"}
     assert len(docs) >= 3
-    findings = iam.lint(docs)
+    findings = [f for f in iam.lint(docs) if (f.resource.split("-", 1)[-1], f.issue) not in ALLOWED_FINDINGS]
     assert findings == [], [str(f) for f in findings]
 
 
