@@ -536,10 +536,32 @@ def _wildcard_action(a: Any) -> bool:
     return a == "*" or (isinstance(a, str) and a.endswith(":*"))
 
 
+GCP_PROJECT_IAM = ("gcp:projects/iAMMember:IAMMember", "gcp:projects/iAMBinding:IAMBinding")
+GCP_BASIC_ROLES = ("roles/owner", "roles/editor", "roles/viewer")
+
+
+def _gcp_project_grants(resources: list[Resource]) -> list[Violation]:
+    """Project-wide grants: never a basic role; an admin role only under an IAM condition that
+    narrows it to this stack's resources (e.g. resource.name of its instance group)."""
+    out: list[Violation] = []
+    for r in _of(resources, *GCP_PROJECT_IAM):
+        role, cond = _get(r, "role"), _get(r, "condition")
+        if not isinstance(role, str) or not _known(role):
+            continue
+        if role in GCP_BASIC_ROLES:
+            out.append(Violation("iam-least-privilege", r["name"], f"grants {role} on the whole project; grant "
+                                 "a predefined role on the bucket or repository instead"))
+        elif "admin" in role.lower() and not cond:
+            out.append(Violation("iam-least-privilege", r["name"], f"grants {role} on the whole project without "
+                                 "an IAM condition; narrow it to this stack's resources"))
+    return out
+
+
 def iam_least_privilege(resources: list[Resource], ctx: Context) -> list[Violation]:
     """AWS policy documents grant no `*` or `service:*` action, no NotAction/NotResource, and no
-    `*` resource except for actions that have no resource-level permission (WILDCARD_RESOURCE_ACTIONS)."""
-    out: list[Violation] = []
+    `*` resource except for actions that have no resource-level permission (WILDCARD_RESOURCE_ACTIONS).
+    GCP: no basic role, and no project-wide admin role without a condition."""
+    out: list[Violation] = _gcp_project_grants(resources)
     for d in iam.policy_documents(resources):
         if d.text == UNKNOWN:
             continue

@@ -137,6 +137,11 @@ def gcp_stack() -> list[dict]:
             "labels": dict(GLABELS)}),
         _r("gcp:compute/instanceGroupManager:InstanceGroupManager", "dev-group-mig", "dev-group", {
             "targetSize": 1, "baseInstanceName": "trainstack-dev"}),
+        _r("gcp:projects/iAMMember:IAMMember", "dev-identity-resize", "dev-identity", {
+            "project": "my-project-123", "role": "roles/compute.instanceAdmin.v1",
+            "member": "serviceAccount:trainstack-dev@p.iam.gserviceaccount.com",
+            "condition": {"title": "own group only", "expression":
+                          'resource.name.endsWith("/instanceGroupManagers/trainstack-dev-gpu")'}}),
         _r("gcp:compute/firewall:Firewall", "dev-group-workers", "dev-group", {
             "direction": "INGRESS", "sourceTags": ["trainstack-dev"], "targetTags": ["trainstack-dev"],
             "allows": [{"protocol": "tcp", "ports": ["2222-2231"]}]}),

@@ -190,6 +190,10 @@ GCP_BREAKS: list[tuple[str, str, str, str, Callable[[list[dict]], None]]] = [
      _set("dev-group-tpl", "scheduling", {"provisioningModel": "SPOT"})),
     ("gce-latest", "image-pinned", "dev-group-tpl", "moves",
      _set("dev-group-tpl", "metadata.user-data", R.user_data("gcr.io/x/tf:latest"))),
+    ("gcp-editor", "iam-least-privilege", "dev-identity-resize", "roles/editor",
+     _set("dev-identity-resize", "role", "roles/editor")),
+    ("gcp-admin-unconditioned", "iam-least-privilege", "dev-identity-resize", "without an IAM condition",
+     _set("dev-identity-resize", "condition", None)),
     ("gce-unlabelled", "tagged", "dev-group-tpl", "trainstack-run", _set("dev-group-tpl", "labels", {"trainstack-stack": "dev"})),
 ]
 
