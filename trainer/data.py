@@ -161,15 +161,17 @@ def count_records(files: list[str]) -> int:
 # -- the stream -------------------------------------------------------------------------------
 
 
-def _permute(index: tf.Tensor, seed: int, epoch: tf.Tensor, salt, size) -> tf.Tensor:
-    """Position(s) `index` of a seeded random permutation of `range(size)`.
+def _permutation(size, seed: int, epoch: tf.Tensor, salt) -> tf.Tensor:
+    """A seeded random permutation of `range(size)`, fixed by (seed, epoch, salt).
 
-    Stateless (`index_shuffle`): the order depends only on (seed, epoch, salt), which is
-    what lets a resumed run rebuild an epoch exactly. `Dataset.shuffle` cannot take the
-    epoch as a tensor seed, so it cannot do this inside `flat_map`.
+    Stateless, so a resumed run rebuilds an epoch's order exactly. `Dataset.shuffle` cannot
+    take the epoch as a tensor seed inside `flat_map`, and `index_shuffle` ignores all but
+    the low bits of its seed, so the order comes from sorting stateless random keys.
     """
-    key = tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64) * (1 << 24) + tf.cast(salt, tf.int64)])
-    return tf.random.experimental.index_shuffle(index, key, tf.cast(size, tf.int64) - 1)
+    key = tf.stack([tf.constant(seed, tf.int64), tf.cast(epoch, tf.int64) * 1_000_003 + tf.cast(salt, tf.int64)])
+    keys = tf.random.stateless_uniform(tf.reshape(tf.cast(size, tf.int32), [1]), key, minval=None, maxval=None,
+                                       dtype=tf.int64)
+    return tf.argsort(keys, stable=True)
 
 
 def _stream(epoch_fn, batches_per_epoch: int, position: Position) -> tf.data.Dataset:
@@ -187,8 +189,8 @@ def from_arrays(x: np.ndarray, y: np.ndarray, global_batch: int, seed: int, posi
     xt, yt = tf.constant(x), tf.constant(y)
 
     def epoch(e):
-        idx = tf.data.Dataset.range(n).batch(global_batch, drop_remainder=True)
-        return idx.map(lambda i: _permute(i, seed, e, 0, n))
+        order = tf.cast(_permutation(n, seed, e, 0), tf.int64)
+        return tf.data.Dataset.from_tensor_slices(order).batch(global_batch, drop_remainder=True)
 
     ds = _stream(epoch, n // global_batch, position)
     ds = ds.map(lambda i: (preprocess(tf.gather(xt, i)), tf.gather(yt, i)), num_parallel_calls=AUTOTUNE)
@@ -205,11 +207,10 @@ def from_tfrecords(files: list[str], parse: Callable, global_batch: int, seed: i
     window = min(records, SHUFFLE_BUFFER)
 
     def shuffle_window(i, recs, e):
-        w = tf.shape(recs, out_type=tf.int64)[0]
-        return tf.gather(recs, _permute(tf.range(w), seed, e, 1 + i, w))
+        return tf.gather(recs, _permutation(tf.shape(recs)[0], seed, e, 1 + i))
 
     def epoch(e):
-        order = tf.data.Dataset.range(nfiles).map(lambda i: tf.gather(names, _permute(i, seed, e, 0, nfiles)))
+        order = tf.data.Dataset.from_tensor_slices(tf.gather(names, _permutation(nfiles, seed, e, 0)))
         # deterministic=True keeps the order reproducible, which exact resume needs.
         recs = order.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=16,
                                 num_parallel_calls=AUTOTUNE, deterministic=True)
