@@ -8,7 +8,7 @@
 # $RUNTIME_DIR/failure-reason, which the supervisor turns into the run's FAILED marker.
 set -euo pipefail
 
-# shellcheck source=userdata/lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 . "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
 
 NVIDIA_KEYRING="$ROOT/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"

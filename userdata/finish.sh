@@ -7,7 +7,7 @@
 # even when an earlier one failed: a machine that stays up is the costliest outcome.
 set -euo pipefail
 
-# shellcheck source=userdata/lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 . "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
 
 marker() {

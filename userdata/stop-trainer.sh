@@ -3,7 +3,7 @@
 # any reason, the container gets SIGTERM and the notice grace period to checkpoint.
 set -euo pipefail
 
-# shellcheck source=userdata/lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 . "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
 
 load_env

@@ -7,7 +7,7 @@
 # Every ending goes through finish.sh, which scales the group to zero and shuts down.
 set -Eeuo pipefail
 
-# shellcheck source=userdata/lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 . "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
 
 CONTAINER_ENV="$RUNTIME_DIR/container.env"

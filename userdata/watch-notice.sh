@@ -9,7 +9,7 @@
 # SIGKILL after the grace), and a spot_notice event in the run's events.jsonl.
 set -euo pipefail
 
-# shellcheck source=userdata/lib.sh
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 . "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
 
 # Prints the notice ("kind detail") and returns 0 when the cloud has announced one.

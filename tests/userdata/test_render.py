@@ -1,0 +1,165 @@
+"""The rendered `#cloud-config`: valid for cloud-init, says the right things, fits EC2's limit,
+and every script it installs passes shellcheck (run on the rendered copies, which are
+what machines execute)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.settings import load_stack_file
+from components.userdata import (
+    AWS_USER_DATA_LIMIT,
+    BOOT_ENV_KEYS,
+    ENV_FILE,
+    FILES,
+    USERDATA_DIR,
+    boot_env,
+    decode_user_data,
+    encode_user_data,
+    render_env,
+    render_user_data,
+)
+from tests.userdata.conftest import settings_for
+
+ROOT = Path(__file__).resolve().parents[2]
+STACKS = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
+
+
+def _settings(name: str):
+    if name.startswith("stack:"):
+        return load_stack_file(ROOT / "stacks" / name.removeprefix("stack:"))
+    return settings_for(name)
+
+
+CASES = [f"stack:{p.name}" for p in STACKS] + ["aws", "gcp"]
+
+
+def _render(name: str) -> tuple[str, dict]:
+    s = _settings(name)
+    scheme = "s3" if s.cloud == "aws" else "gs"
+    env = boot_env(s, run_uri=f"{scheme}://bucket-x/runs/{s.run_id}", group=f"trainstack-{s.stack}",
+                   code_uri=f"{scheme}://bucket-x/code/trainer-0123456789abcdef.tar.gz")
+    return render_user_data(s.cloud, env), env
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_document_passes_cloud_init_schema(name, tmp_path):
+    text, _env = _render(name)
+    path = tmp_path / "user-data.yaml"
+    path.write_text(text)
+    proc = subprocess.run(["cloud-init", "schema", "--config-file", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Valid cloud-config" in proc.stdout
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_document_installs_scripts_units_env_and_enables_units(name):
+    text, env = _render(name)
+    assert text.startswith("#cloud-config\n")
+    doc = yaml.safe_load(text)
+    assert set(doc) == {"write_files", "runcmd"}
+    files = {f["path"]: f for f in doc["write_files"]}
+    assert list(files) == [ENV_FILE] + [path for _n, path, _m in FILES]
+    for name_, path, mode in FILES:
+        assert files[path]["content"] == (USERDATA_DIR / name_).read_text()
+        assert files[path]["permissions"] == mode and files[path]["owner"] == "root:root"
+    assert files[ENV_FILE]["content"] == render_env(env)
+    # The scripts appear as literal blocks, readable in the console's user data view.
+    assert "  content: |\n    #!/usr/bin/env bash\n    # trainstack supervisor" in text
+    assert doc["runcmd"] == [["systemctl", "daemon-reload"],
+                             ["systemctl", "enable", "--now", "--no-block",
+                              "trainstack-watcher.service", "trainstack-trainer.service"]]
+    for unit in ("trainstack-trainer.service", "trainstack-watcher.service"):
+        content = files[f"/etc/systemd/system/{unit}"]["content"]
+        assert "WantedBy=multi-user.target" in content  # enabled units start on every boot
+    assert "ExecStart=/opt/trainstack/bin/supervise.sh" in files["/etc/systemd/system/trainstack-trainer.service"]["content"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_env_file_holds_the_contract_and_no_secrets(name):
+    text, env = _render(name)
+    s = _settings(name)
+    assert set(BOOT_ENV_KEYS) <= set(env)
+    assert env["TRAINSTACK_CLOUD"] == s.cloud
+    assert env["TRAINSTACK_NOTICE_GRACE_S"] == {"aws": "100", "gcp": "25"}[s.cloud]
+    assert env["TRAINSTACK_MAX_RUNTIME_S"] == str(int(s.compute.max_runtime_hours * 3600))
+    assert env["TRAINSTACK_IMAGE"] == s.image.reference
+    env_text = yaml.safe_load(text)["write_files"][0]["content"]
+    checked = 0
+    for word in ("SECRET", "PASSWORD", "PRIVATE KEY", "ACCESS_KEY", "TOKEN", "CREDENTIAL"):
+        assert word not in env_text.upper(), word
+        checked += 1
+    assert checked == 6
+    # No credentials anywhere in the document: no access key ids, no key material.
+    assert not __import__("re").search(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b", text)
+    assert "BEGIN" not in text
+
+
+def test_user_data_fits_ec2_limit_gzipped_and_round_trips():
+    sizes = []
+    for name in CASES:
+        text, _env = _render(name)
+        encoded = encode_user_data(text)
+        assert decode_user_data(encoded) == text
+        sizes.append(len(__import__("base64").b64decode(encoded)))
+    assert len(sizes) == len(CASES) and max(sizes) < AWS_USER_DATA_LIMIT, sizes
+    assert encode_user_data("#cloud-config\n") == encode_user_data("#cloud-config\n")  # no timestamp
+    assert decode_user_data(__import__("base64").b64encode(b"#cloud-config\n").decode()) == "#cloud-config\n"
+
+
+def test_render_refuses_bad_input():
+    _text, env = _render("aws")
+    with pytest.raises(ValueError, match="cloud must be aws or gcp"):
+        render_user_data("azure", env)
+    with pytest.raises(ValueError, match="env is for 'aws'"):
+        render_user_data("gcp", env)
+    with pytest.raises(ValueError, match="lacks TRAINSTACK_GROUP"):
+        render_user_data("aws", {k: v for k, v in env.items() if k != "TRAINSTACK_GROUP"})
+    with pytest.raises(ValueError, match="quotes or newlines"):
+        render_user_data("aws", {**env, "TRAINSTACK_GROUP": "it's"})
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_rendered_scripts_pass_shellcheck(cloud, tmp_path):
+    text, _env = _render(cloud)
+    scripts = []
+    for f in yaml.safe_load(text)["write_files"]:
+        if f["path"].endswith(".sh"):
+            path = tmp_path / Path(f["path"]).name
+            path.write_text(f["content"])
+            scripts.append(path)
+    assert len(scripts) == sum(1 for n, _p, _m in FILES if n.endswith(".sh")) == 6
+    proc = subprocess.run(["shellcheck", "-x", "--severity=style", *map(str, scripts)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for path in scripts:
+        body = path.read_text()
+        assert "set -euo pipefail" in body or "set -Eeuo pipefail" in body or path.name == "lib.sh"
+
+
+@pytest.mark.slow
+def test_ops_synth_dev_user_data_passes_schema_and_shellcheck(tmp_path):
+    from ops.synth import synthesize
+
+    result = synthesize(ROOT / "stacks" / "Pulumi.dev.yaml")
+    assert len(result.user_data) == 1
+    text = next(iter(result.user_data.values()))
+    path = tmp_path / "user-data.yaml"
+    path.write_text(text)
+    schema = subprocess.run(["cloud-init", "schema", "--config-file", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert schema.returncode == 0, schema.stdout + schema.stderr
+    scripts = []
+    for f in yaml.safe_load(text)["write_files"]:
+        if f["path"].endswith(".sh"):
+            scripts.append(tmp_path / Path(f["path"]).name)
+            scripts[-1].write_text(f["content"])
+    assert len(scripts) == 6
+    proc = subprocess.run(["shellcheck", "-x", *map(str, scripts)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
