@@ -120,6 +120,9 @@ class CheckpointStore:
         self._worker: threading.Thread | None = None
         self._error: BaseException | None = None
         self._prune_lock = threading.Lock()
+        # Committed steps that failed verification in restore_latest: never ranked as the
+        # newest or kept in their place, so the checkpoints a resumed run writes survive.
+        self._bad: set[int] = set()
         if emit is not None:
             previous = store.on_retry
 
@@ -221,7 +224,7 @@ class CheckpointStore:
         existing = self._read_marker(step)
         if existing is not None:
             local = {rel: {"size": os.path.getsize(p), "sha256": _sha256(p)} for rel, p in files}
-            if existing.get("files") == local:
+            if existing.get("files") == local and step not in self._bad:
                 return {**existing, "seconds": round(time.monotonic() - t0, 3), "uri": f"{self.store.uri}/{base}"}
             self.store.delete_prefix(marker_key)
 
@@ -257,6 +260,7 @@ class CheckpointStore:
             "files": dict(sorted(manifest.items())),
         }
         self.store.put_bytes(marker_key, json.dumps(marker, indent=1).encode())
+        self._bad.discard(step)
         return {**marker, "seconds": round(time.monotonic() - t0, 3), "uri": f"{self.store.uri}/{base}"}
 
     def commit_async(self, step: int, local_dir: str) -> None:
@@ -406,12 +410,14 @@ class CheckpointStore:
                 continue
             problem = self._marker_problem(step, marker) if marker else "COMMITTED marker is not valid JSON"
             if problem:
+                self._bad.add(step)
                 self._skip(step, problem)
                 continue
             staging = tempfile.mkdtemp(prefix=".trainstack-restore-", dir=parent)
             try:
                 problem = self._download_verified(step, marker["files"], staging)
                 if problem:
+                    self._bad.add(step)
                     self._skip(step, problem)
                     continue
                 if os.path.isdir(dest_dir):
@@ -451,22 +457,25 @@ class CheckpointStore:
         """Keep the newest ``keep`` committed checkpoints; delete the rest and stale partials.
 
         A partial (no marker) is stale once a newer checkpoint is committed. The newest
-        committed checkpoint and any upload in progress are never touched.
+        committed checkpoint and any upload in progress are never touched. Checkpoints
+        that :meth:`restore_latest` found damaged do not count: they are left alone while
+        newer than the newest good one and deleted like any old one after that.
         """
         with self._prune_lock:
             present, committed = self._scan()
-            if not committed:
+            good = committed - self._bad
+            if not good:
                 return
-            newest = max(committed)
-            keep = set(sorted(committed)[-self.keep :]) | {newest}
+            newest = max(good)
+            keep = set(sorted(good)[-self.keep :]) | {newest}
             with self._cond:
                 active = set(self._active)
             for step in sorted(present):
-                if step in keep or step in active:
+                if step in keep or step in active or step > newest:
                     continue
                 if step in committed:
                     # Marker first: from here on the checkpoint is no longer offered.
                     self.store.delete_prefix(self._base(step) + MARKER)
                     self.store.delete_prefix(self._base(step))
-                elif step < newest:
+                else:
                     self.store.delete_prefix(self._base(step))

@@ -200,6 +200,32 @@ def test_prune_keeps_k_and_never_the_newest(run_root, tmp_path):
         CheckpointStore(store, keep=0)
 
 
+@pytest.mark.parametrize("run_root", ["file", "s3"], indirect=True)
+def test_resumed_run_past_a_damaged_newest_keeps_its_new_checkpoints(run_root, tmp_path):
+    store = open_store(run_root.uri)
+    events = Events()
+    ckpts = CheckpointStore(store, keep=1, emit=events)
+    ckpts.commit(1, _dir(tmp_path, "c1", {"d": b"one"}))
+    ckpts.commit(3, _dir(tmp_path, "c3", {"d": b"three"}))
+    store.put_bytes("checkpoints/ckpt-1/d", b"one")  # pruned with keep=1: put back as a partial
+    assert ckpts.committed_steps() == [3]
+    store.put_bytes("checkpoints/ckpt-3/d", b"THREE")  # damaged after commit
+
+    resumed = CheckpointStore(store, keep=1, emit=events)
+    assert resumed.restore_latest(str(tmp_path / "r")) is None  # 3 is damaged, 1 has no marker
+    assert [e["step"] for e in events.of("checkpoint_skipped")] == [3, 1]
+    resumed.commit(2, _dir(tmp_path, "c2", {"d": b"two"}))
+    # The damaged 3 does not push out the resumed run's newest good checkpoint.
+    assert resumed.committed_steps() == [2, 3]
+    assert not store.exists("checkpoints/ckpt-1/d")
+    assert resumed.restore_latest(str(tmp_path / "r")) == 2
+    # Committing step 3 again replaces the damaged one for good.
+    resumed.commit(3, _dir(tmp_path, "c3b", {"d": b"three"}))
+    assert resumed.committed_steps() == [3]
+    assert resumed.restore_latest(str(tmp_path / "r")) == 3
+    assert (tmp_path / "r" / "d").read_bytes() == b"three"
+
+
 def test_recommit_of_same_step_keeps_or_replaces_consistently(run_root, tmp_path):
     store = open_store(run_root.uri)
     ckpts = CheckpointStore(store)
