@@ -24,6 +24,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -63,8 +64,17 @@ def _keyed(key: str, message: str) -> ValueError:
 
 class _Block(BaseModel):
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, allow_inf_nan=False
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1; a count or a limit given as true/false is a mistake.
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(v, bool) and field is not None and field.annotation in (int, float, int | None, float | None):
+            raise ValueError("expected a number, not true/false")
+        return v
 
 
 class RunSettings(_Block):
@@ -337,6 +347,8 @@ def _expected(e: Mapping[str, Any], msg: str) -> str:
         return "expected a whole number, e.g. 4"
     if t in ("float_type", "float_parsing"):
         return "expected a number, e.g. 1.5"
+    if t == "finite_number":
+        return "expected a finite number"
     if t in ("bool_type", "bool_parsing"):
         return "expected true or false"
     if t == "string_type":
