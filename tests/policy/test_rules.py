@@ -381,3 +381,15 @@ def test_gcp_labels_compare_lowercased():
     assert {v.rule for v in rules.check(res, Context(stack="prod", run_id="dev"))} == {"tagged"}
     # AWS tags keep their case
     assert {v.rule for v in rules.check(R.aws_stack(), Context(stack="DEV", run_id="dev"))} == {"tagged"}
+
+
+def test_pack_manifest_points_at_its_own_virtualenv():
+    import yaml
+
+    pack_dir = Path(__file__).resolve().parents[2] / "policy"
+    manifest = yaml.safe_load((pack_dir / "PulumiPolicy.yaml").read_text())
+    assert manifest["runtime"]["name"] == "python" and manifest["version"]
+    venv = (pack_dir / manifest["runtime"]["options"]["virtualenv"]).resolve()
+    assert venv == pack_dir.parent / ".venv-policy"
+    reqs = (pack_dir / "requirements.txt").read_text().split()
+    assert "pulumi-policy==1.21.0" in reqs
