@@ -8,7 +8,9 @@ A checkpoint is the set of files TF wrote into a local directory. It is uploaded
      "files": {"ckpt.index": {"size": 10, "sha256": "..."}, ...}}
 
 and is written last, after every file was uploaded (each upload retried on transient
-errors, see :mod:`trainer.storage`) and the store confirmed every size. A checkpoint
+errors, see :mod:`trainer.storage`; in transit each request carries a checksum the store
+checks: CRC32 from botocore, CRC32C from google-cloud-storage) and a listing confirmed
+every size. The SHA-256 of each file is checked again after download. A checkpoint
 without the marker, or whose files do not match it on download, is never restored: it is
 skipped with a ``checkpoint_skipped`` event and the next older one is tried. Pruning
 deletes a marker before the files it describes, so a half-deleted checkpoint is never
@@ -173,7 +175,8 @@ class CheckpointStore:
         Synchronous. Returns the marker's content plus ``seconds`` (wall time of the whole
         commit) and ``uri``. Raises on failure, in which case no marker was written. A
         background upload of an older step still in flight is told to stop, so this one
-        gets the bandwidth (what a preempted machine needs).
+        gets the bandwidth (what a preempted machine needs); one of the same step is
+        waited for instead of repeated.
         """
         _check_step(step)
         files = _local_files(local_dir)
@@ -185,6 +188,9 @@ class CheckpointStore:
                 self._cond.notify_all()
             if self._in_flight is not None and self._in_flight < step:
                 self._cancel.set()
+            # The same step already going up in the background: let it finish rather than
+            # upload it twice; if it committed, the upload below finds it and returns.
+            self._cond.wait_for(lambda: self._in_flight != step)
             self._active.add(step)
         try:
             info = self._upload(step, files, cancel=None)

@@ -325,6 +325,25 @@ def test_sync_commit_stops_older_background_upload(tmp_path, monkeypatch):
     assert store.list("checkpoints/ckpt-1/") == []
 
 
+def test_sync_commit_of_the_step_uploading_in_background_waits_for_it(tmp_path, monkeypatch):
+    store = open_store(f"file://{tmp_path}/run")
+    commits = []
+    ckpts = CheckpointStore(store, on_commit=commits.append)
+    gate = threading.Event()
+    started = _slow_uploads(store, monkeypatch, 0.0, gate)
+    local = _dir(tmp_path, "c5", {"model.data": b"5" * 100, "model.index": b"i"})
+    ckpts.commit_async(5, local)
+    deadline = time.monotonic() + 5
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    threading.Timer(0.2, gate.set).start()
+    info = ckpts.commit(5, local)
+    ckpts.wait(timeout=10)
+    assert info["step"] == 5 and ckpts.committed_steps() == [5]
+    assert sorted(started) == ["checkpoints/ckpt-5/model.data", "checkpoints/ckpt-5/model.index"]  # once each
+    assert [c["created"] for c in commits] == [info["created"], info["created"]]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["503", "drop"])
 @pytest.mark.parametrize("backend", ["s3", "gs"])
