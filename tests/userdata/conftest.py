@@ -208,18 +208,28 @@ def code_uri(s3_run) -> str:
 
 
 @pytest.fixture
-def sandbox_factory(tmp_path, s3_run, metadata, group, code_uri) -> Iterator:
+def machines(tmp_path, metadata) -> Iterator:
+    """Makes sandbox machines (`machines(run, group, code_uri, **kw)`); powers them off after."""
     made: list[Sandbox] = []
 
-    def make(**kw) -> Sandbox:
-        kw.setdefault("code_uri", code_uri)
-        box = Sandbox(tmp_path / f"machine{len(made)}", s3_run, metadata, group, **kw)
+    def make(run, group: str, code_uri: str, **kw) -> Sandbox:
+        box = Sandbox(tmp_path / f"machine{len(made)}", run, metadata, group, code_uri, **kw)
         made.append(box)
         return box
 
     yield make
     for box in made:
         box.power_off()
+
+
+@pytest.fixture
+def sandbox_factory(s3_run, group, code_uri, machines):
+    """Makes AWS sandbox machines of the `group` fixture's group, running the checkout's trainer."""
+
+    def make(**kw) -> Sandbox:
+        return machines(s3_run, group, kw.pop("code_uri", code_uri), **kw)
+
+    return make
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):

@@ -110,6 +110,70 @@ def aws(argv: list[str]) -> int:
     return 2
 
 
+# ---------------------------------------------------------------- gcloud
+
+
+def gcloud(argv: list[str]) -> int:
+    """`gcloud storage cp/ls` against STORAGE_EMULATOR_HOST; the rest record and succeed."""
+    args = [a for a in argv if a != "--quiet"]
+    if args[:2] == ["auth", "print-access-token"]:
+        print("ya29.token-from-the-service-account")
+        return 0
+    if args[0] != "storage":
+        return 0  # compute instance-groups managed resize: recorded, no GCE emulator here
+    import glob
+
+    from google.cloud import storage
+
+    client = storage.Client()
+
+    def split(uri: str):
+        bucket, _, key = uri.removeprefix("gs://").partition("/")
+        return client.bucket(bucket), key
+
+    op, rest = args[1], args[2:]
+    if op == "ls":
+        bucket, prefix = split(rest[0])
+        blobs = client.list_blobs(bucket, prefix=prefix, delimiter="/")
+        lines = [f"gs://{bucket.name}/{b.name}" for b in blobs]
+        lines += [f"gs://{bucket.name}/{p}" for p in sorted(blobs.prefixes)]
+        if not lines:
+            print("ERROR: (gcloud.storage.ls) One or more URLs matched no objects.", file=sys.stderr)
+            return 1
+        print("\n".join(lines))
+        return 0
+    if op == "cp":
+        recursive = "--recursive" in rest
+        src, dst = [a for a in rest if a != "--recursive"]
+        if recursive:
+            bucket, prefix = split(dst)
+            for pattern_match in glob.glob(src):
+                base = Path(pattern_match)
+                for p in [base] if base.is_file() else sorted(base.rglob("*")):
+                    if p.is_file():
+                        rel = p.name if base.is_file() else f"{base.name}/{p.relative_to(base)}"
+                        bucket.blob(prefix + rel).upload_from_filename(str(p))
+            return 0
+        try:
+            if src.startswith("gs://"):
+                bucket, key = split(src)
+                data = bucket.blob(key).download_as_bytes()
+                if dst == "-":
+                    sys.stdout.buffer.write(data)
+                else:
+                    Path(dst).write_bytes(data)
+            else:
+                bucket, key = split(dst)
+                data = sys.stdin.buffer.read() if src == "-" else Path(src).read_bytes()
+                bucket.blob(key).upload_from_string(data)
+        except Exception as e:  # noqa: BLE001 (the CLI reports any failure as one line)
+            print(f"ERROR: (gcloud.storage.cp) {e}", file=sys.stderr)
+            return 1
+        return 0
+    print(f"fake gcloud: unsupported {argv}", file=sys.stderr)
+    return 2
+
+
 # ---------------------------------------------------------------- docker
 
 
@@ -191,13 +255,21 @@ def docker_stop(argv: list[str]) -> int:
         return 1
     pid = int(pid_file.read_text())
     os.kill(pid, signal.SIGTERM)
+
+    def running() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return pid_file.exists()
+
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and pid_file.exists():
+    while time.monotonic() < deadline and running():
         time.sleep(0.05)
-    if pid_file.exists():
+    if running():
         os.kill(pid, signal.SIGKILL)
         record("docker-sigkill", [name])
-    while pid_file.exists():
+    while running():
         time.sleep(0.05)
     print(name)
     return 0
@@ -273,7 +345,7 @@ def journalctl(argv: list[str]) -> int:
 def main() -> int:
     name, argv = sys.argv[1], sys.argv[2:]
     record(name, argv)
-    handlers = {"aws": aws, "docker": docker, "apt-get": apt_get, "nvidia-ctk": nvidia_ctk,
+    handlers = {"aws": aws, "gcloud": gcloud, "docker": docker, "apt-get": apt_get, "nvidia-ctk": nvidia_ctk,
                 "nvidia-smi": nvidia_smi, "gpg": gpg, "journalctl": journalctl}
     if name == "mountpoint":
         return 1  # nothing is mounted in the sandbox

@@ -8,13 +8,16 @@ asserts the commands called, their order, the group's size and the bucket's cont
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import threading
 import time
 
 import boto3
 import pytest
 
 from tests.userdata.conftest import events, group_size, s3_keys, settings_for, wait_for
-from tests.userdata.metadata import INSTANCE_ID
+from tests.userdata.metadata import GCE_NAME, INSTANCE_ID
 
 
 def _order(box, *steps: tuple[str, ...]) -> list[float]:
@@ -162,3 +165,78 @@ def test_no_gpu_fails_fast_with_reason(sandbox_factory, s3_run, group):
     assert group_size(s3_run, group) == (0, 0, 0)
     assert box.argvs("shutdown") == [["-h", "now"]]
     assert elapsed < 30, elapsed
+
+
+class _Container:
+    """A stand-in for a running trainer container: a process `docker stop` can signal."""
+
+    def __init__(self, box):
+        code = "import signal,sys,time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(143)); time.sleep(120)"
+        self.proc = subprocess.Popen([sys.executable, "-c", code])
+        pid_file = box.state / "containers" / "trainstack-trainer.pid"
+        pid_file.parent.mkdir(parents=True, exist_ok=True)
+        pid_file.write_text(str(self.proc.pid))
+        self.rc: list[int] = []
+        threading.Thread(target=lambda: self.rc.append(self.proc.wait()), daemon=True).start()
+
+
+def _gcs_events(run) -> list[dict]:
+    from google.cloud import storage
+
+    blob = storage.Client().bucket(run.bucket).blob(run.uri.removeprefix(f"gs://{run.bucket}/") + "/events.jsonl")
+    if not blob.exists():
+        return []
+    return [json.loads(line) for line in blob.download_as_text().splitlines() if line.strip()]
+
+
+def test_aws_rebalance_is_recorded_and_the_notice_stops_with_100s_grace(machines, s3_run, metadata):
+    box = machines(s3_run, "trainstack-x", "")
+    container = _Container(box)
+    box._start("watcher", "watch-notice.sh")
+    metadata.rebalance = {"noticeTime": "2026-01-01T00:00:00Z"}
+    wait_for(lambda: [e for e in events(s3_run) if e["event"] == "rebalance_recommendation"], 30, "rebalance event")
+    time.sleep(0.6)  # several polls: a rebalance hint must not stop training
+    assert container.proc.poll() is None and box.argvs("docker") == []
+    metadata.notice_aws()
+    wait_for(lambda: container.rc, 30, "the container to stop")
+    assert container.rc == [143]
+    assert box.argvs("docker") == [["stop", "--time", "100", "trainstack-trainer"]]
+    wait_for(lambda: [e for e in events(s3_run) if e["event"] == "spot_notice"], 30, "spot_notice event")
+    assert (box.root / "run/trainstack/notice-pending").read_text().startswith("instance-action ")
+    assert [e["event"] for e in events(s3_run)] == ["rebalance_recommendation", "spot_notice"]
+    assert all(ok for _m, path, ok in metadata.requests if path.startswith("/latest/"))
+
+
+def test_gce_preemption_stops_with_25s_grace_and_records_the_event(machines, gs_run, metadata):
+    box = machines(gs_run, "trainstack-gcp", "", settings=settings_for("gcp"))
+    container = _Container(box)
+    box._start("watcher", "watch-notice.sh")
+    wait_for(lambda: any("preempted" in p for _m, p, _ok in metadata.requests), 30, "the watcher's first poll")
+    assert container.proc.poll() is None
+    metadata.gce_preempted = True
+    wait_for(lambda: container.rc, 30, "the container to stop")
+    assert container.rc == [143]
+    assert box.argvs("docker") == [["stop", "--time", "25", "trainstack-trainer"]]
+    evs = wait_for(lambda: _gcs_events(gs_run), 30, "the spot_notice event")
+    assert [(e["event"], e["cloud"], e["grace_s"], e["instance"]) for e in evs] == [
+        ("spot_notice", "gcp", 25, GCE_NAME)]
+    gce = [r for r in metadata.requests if r[1].startswith("/computeMetadata/")]
+    assert gce and all(ok for _m, _p, ok in gce)  # every read carried Metadata-Flavor: Google
+
+
+def test_gcp_deadline_passed_writes_timed_out_and_resizes_the_group(machines, gs_run, metadata):
+    from google.cloud import storage
+
+    box = machines(gs_run, "trainstack-gcp", "", settings=settings_for("gcp"))
+    bucket = storage.Client().bucket(gs_run.bucket)
+    prefix = gs_run.uri.removeprefix(f"gs://{gs_run.bucket}/")
+    bucket.blob(f"{prefix}/deadline").upload_from_string(f"{int(time.time()) - 5}\n")
+    assert box.boot(watcher=False).wait(timeout=60) == 0, box.journal()
+    marker = json.loads(bucket.blob(f"{prefix}/TIMED_OUT").download_as_text())
+    assert marker["outcome"] == "TIMED_OUT" and marker["instance"] == GCE_NAME
+    assert bucket.blob(f"{prefix}/logs/{GCE_NAME}/trainstack.log").exists()
+    resize = ["compute", "instance-groups", "managed", "resize", "trainstack-gcp", "--size", "0",
+              "--region", "us-central1", "--quiet"]
+    assert resize in box.argvs("gcloud")
+    _order(box, ("gcloud", "storage", "cp"), ("gcloud", "compute"), ("shutdown", "-h", "now"))
+    assert box.argvs("docker") == []
