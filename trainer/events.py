@@ -70,8 +70,8 @@ class EventLog:
 
     # -- events --
 
-    def emit(self, event: str, **fields) -> dict:
-        """Record one event; returns it."""
+    def emit(self, event: str, *, local_only: bool = False, **fields) -> dict:
+        """Record one event; returns it. `local_only` events are printed but not stored."""
         ev = {"event": event, "time": utc_now(), "attempt": self.attempt, **fields}
         line = json.dumps(ev, default=_jsonable, sort_keys=False)
         with self._lock:
@@ -80,7 +80,8 @@ class EventLog:
             else:
                 self.stream.write(line + "\n")
                 self.stream.flush()
-        self._submit(self.store.append_line if self.store else None, EVENTS_KEY, line)
+        if not local_only:
+            self._submit(self.store.append_line if self.store else None, EVENTS_KEY, line)
         return ev
 
     def _console_print(self, ev: dict) -> None:

@@ -28,7 +28,7 @@ import tensorflow as tf
 from trainer import data as data_mod
 from trainer import export as export_mod
 from trainer.config import TrainConfig, as_dict
-from trainer.events import EventLog, parse_time, read_events
+from trainer.events import EVENTS_KEY, PROGRESS_KEY, EventLog, parse_time, read_events
 from trainer.models import ModelSpec, build_model
 from trainer.signals import StopRequest
 from trainer.strategy import Cluster, make_strategy, read_cluster
@@ -141,8 +141,8 @@ class Run:
         self.events = EventLog(self.store if self.chief else None, attempt=attempt, stream=stream)
         self.started_at = time.time()
         self.own_events: list[dict] = []
-        self.ckstore = CheckpointStore(self.store, keep=cfg.keep_checkpoints,
-                                       emit=lambda kind, fields: self.emit(kind, **fields), on_commit=self._on_commit)
+        self.ckstore = CheckpointStore(self.store, keep=cfg.keep_checkpoints, emit=self._store_event,
+                                       on_commit=self._on_commit)
         self.commit_seconds: list[tuple[int, float]] = []
         self._own_work = cfg.work_dir is None
         self.work = cfg.work_dir or tempfile.mkdtemp(prefix="trainstack-")
@@ -158,6 +158,15 @@ class Run:
         ev = self.events.emit(event, **fields)
         self.own_events.append(ev)
         return ev
+
+    def _store_event(self, kind: str, fields: dict) -> None:
+        # A retry of the log's own writes is printed, not appended to the log it failed to
+        # write (that would queue one more write per retry while the store is down).
+        own = fields.get("key") in (EVENTS_KEY, PROGRESS_KEY)
+        if own:
+            self.events.emit(kind, local_only=True, **fields)
+        else:
+            self.emit(kind, **fields)
 
     # -- phases --
 
