@@ -1,6 +1,8 @@
 """The Pulumi program: read the stack's validated settings, build its cloud's training
 stack, export the outputs. `ops synth` runs this same file under the SDK's mocks."""
 
+import importlib
+
 import pulumi
 
 from components import settings as config
@@ -11,13 +13,9 @@ except config.ConfigError as e:
     # One line naming the key, before any resource is registered.
     raise pulumi.RunError(str(e)) from None
 
-if settings.cloud == "gcp":
-    raise pulumi.RunError("trainstack:cloud: 'gcp': the GCP training stack is not built yet; use cloud: aws")
-
-from components import aws  # noqa: E402 - imported after validation: pulumi_aws takes seconds to load
-
-stacks = {"aws": (aws.TrainingStack, aws.TrainingStackArgs)}
-stack_cls, args_cls = stacks[settings.cloud]
-stack = stack_cls("trainstack", args_cls(settings=settings, project=pulumi.get_project()))
+# components.aws / components.gcp: same class names, imported only for the stack's cloud
+# (each provider SDK takes seconds to load).
+cloud = importlib.import_module(f"components.{settings.cloud}")
+stack = cloud.TrainingStack("trainstack", cloud.TrainingStackArgs(settings=settings, project=pulumi.get_project()))
 for key, value in stack.exports().items():
     pulumi.export(key, value)

@@ -4,7 +4,7 @@ No cloud account, no credentials and no Pulumi CLI: the stack's file from `stack
 becomes the SDK's config, the program runs exactly as `pulumi up` would run it, and every
 resource it registers is recorded with its inputs (camelCase, as the engine sees them)
 and its resource options. Lookups (AMI, default VPC, subnets, account, partition,
-region, zones) answer with clearly fake, well-formed values.
+region, zones; the GCE image) answer with clearly fake, well-formed values.
 
 `synthesize()` can run many times in one process: each run gets a fresh context for
 the SDK's global state (settings, config, root stack), its own event loop and its own
@@ -46,7 +46,9 @@ STACKS_DIR = PROJECT_ROOT / "stacks"
 FAKE_ACCOUNT = "123456789012"
 FAKE_AMI = "ami-0123456789abcdef0"
 FAKE_VPC = "vpc-0123456789abcdef0"
+FAKE_GCP_IMAGE = "ubuntu-accelerator-2204-amd64-with-nvidia-550-v20260101"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+INSTANCE_TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"
 
 log = logging.getLogger("ops.synth")
 
@@ -74,7 +76,7 @@ class Result:
     outputs: dict[str, Any]
     """The stack outputs, resolved."""
     user_data: dict[str, str]
-    """Launch template resource name -> its decoded user data."""
+    """Launch template (AWS) / instance template (GCP) resource name -> its user data, decoded."""
     invokes: list[dict[str, Any]] = field(default_factory=list)
     """[{"token", "args", "provider"}]: the lookups the program made."""
 
@@ -123,8 +125,9 @@ def _fake_hex(*parts: str, n: int = 17) -> str:
 class _Mocks(pulumi.runtime.Mocks):
     """Fake AWS: resource outputs and lookups with well-formed, obviously fake values."""
 
-    def __init__(self, region: str):
+    def __init__(self, region: str, gcp_project: str = ""):
         self.region = region
+        self.gcp_project = gcp_project or "fake-project"
         self.invokes: list[dict[str, Any]] = []
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
@@ -169,9 +172,49 @@ class _Mocks(pulumi.runtime.Mocks):
             out.update(name=n, arn=arn.format(svc="autoscaling") + f"autoScalingGroup:{uuid}:autoScalingGroupName/{n}")
         elif t == "aws:s3/bucketObjectv2:BucketObjectv2":
             out.update(versionId=h, etag=h)
+        elif t.startswith("gcp:"):
+            rid, extra = self._gcp_resource(t, name, inputs, h)
+            out.update(extra)
         elif t.startswith("pulumi:providers:"):
             rid = f"{name}-provider-id"
         return rid, out
+
+    def _gcp_resource(self, t: str, name: str, inputs: dict, h: str) -> tuple[str, dict]:
+        p, api = self.gcp_project, "https://www.googleapis.com/compute/v1"
+        if t == "gcp:storage/bucket:Bucket":
+            n = inputs.get("name") or f"{name}-{h[:7]}"
+            return n, {"name": n, "url": f"gs://{n}", "selfLink": f"https://www.googleapis.com/storage/v1/b/{n}", "project": p}
+        if t == "gcp:serviceaccount/account:Account":
+            email = f"{inputs.get('accountId')}@{p}.iam.gserviceaccount.com"
+            return f"projects/{p}/serviceAccounts/{email}", {
+                "email": email, "name": f"projects/{p}/serviceAccounts/{email}",
+                "member": f"serviceAccount:{email}", "uniqueId": str(int(h[:15], 16)), "project": p,
+            }
+        if t == "gcp:artifactregistry/repository:Repository":
+            rid = f"projects/{p}/locations/{inputs.get('location')}/repositories/{inputs.get('repositoryId')}"
+            return rid, {"name": inputs.get("repositoryId"), "project": p}
+        if t == "gcp:compute/instanceTemplate:InstanceTemplate":
+            n = f"{inputs.get('namePrefix') or name + '-'}{h[:12]}"
+            link = f"{api}/projects/{p}/global/instanceTemplates/{n}"
+            return f"projects/{p}/global/instanceTemplates/{n}", {
+                "name": n, "selfLink": link, "selfLinkUnique": f"{link}?uniqueId={int(h[:15], 16)}", "project": p,
+            }
+        if t == "gcp:compute/regionInstanceGroupManager:RegionInstanceGroupManager":
+            n = inputs.get("name") or f"{name}-{h[:7]}"
+            path = f"projects/{p}/regions/{inputs.get('region')}"
+            return f"{path}/instanceGroupManagers/{n}", {
+                "name": n, "selfLink": f"{api}/{path}/instanceGroupManagers/{n}",
+                "instanceGroup": f"{api}/{path}/instanceGroups/{n}", "project": p,
+            }
+        if t == "gcp:projects/iAMCustomRole:IAMCustomRole":
+            n = f"projects/{p}/roles/{inputs.get('roleId')}"
+            return n, {"name": n}
+        if t == "gcp:storage/bucketObject:BucketObject":
+            return f"{inputs.get('bucket')}-{inputs.get('name')}", {
+                "selfLink": f"https://www.googleapis.com/storage/v1/b/{inputs.get('bucket')}/o/{inputs.get('name')}",
+                "md5hash": h[:22], "generation": int(h[:12], 16),
+            }
+        return f"{name}-{h[:7]}", {"project": p} if "project" not in inputs else {}
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
         fn, a = args.token, dict(args.args)
@@ -204,6 +247,14 @@ class _Mocks(pulumi.runtime.Mocks):
         if fn == "aws:index/getRegion:getRegion":
             return {"id": self.region, "name": self.region, "region": self.region,
                     "endpoint": f"ec2.{self.region}.amazonaws.com"}
+        if fn == "gcp:compute/getImage:getImage":
+            project = a.get("project") or "ubuntu-os-accelerator-images"
+            image = a.get("name") or FAKE_GCP_IMAGE
+            return {
+                "id": f"projects/{project}/global/images/{image}", "name": image, "family": a.get("family"),
+                "project": project, "status": "READY",
+                "selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}/global/images/{image}",
+            }
         if fn == "aws:index/getAvailabilityZones:getAvailabilityZones":
             return {"id": self.region, "names": zones, "zoneIds": [f"use1-az{i}" for i in range(1, 4)]}
         # An unknown lookup would silently return nothing; fail loudly instead.
@@ -312,10 +363,11 @@ def synthesize(source: str | Path | Mapping[str, Any], *, stack: str | None = No
     Raises `ConfigError` before anything runs when the config is invalid.
     """
     settings, full_config = load_source(source, stack)
-    return run_program(config_for_sdk(full_config), stack=settings.stack, region=settings.region)
+    return run_program(config_for_sdk(full_config), stack=settings.stack, region=settings.region,
+                       gcp_project=settings.project)
 
 
-def run_program(sdk_config: Mapping[str, str], *, stack: str, region: str) -> Result:
+def run_program(sdk_config: Mapping[str, str], *, stack: str, region: str, gcp_project: str = "") -> Result:
     """Run `__main__.py` with this SDK config as-is (no validation first) under mocks.
 
     `synthesize` is the usual entry; this one also shows what the program itself does
@@ -326,14 +378,14 @@ def run_program(sdk_config: Mapping[str, str], *, stack: str, region: str) -> Re
     # The SDK keeps its settings, config and root stack in context variables: a copied
     # context gives this run its own and leaves the caller's untouched.
     ctx = contextvars.copy_context()
-    return ctx.run(_run, dict(sdk_config), stack, region)
+    return ctx.run(_run, dict(sdk_config), stack, region, gcp_project)
 
 
-def _run(sdk_config: dict[str, str], stack: str, region: str) -> Result:
+def _run(sdk_config: dict[str, str], stack: str, region: str, gcp_project: str) -> Result:
     project = project_name()
     pulumi_settings.reset_options(project=project, stack=stack, preview=False)
     set_all_config(sdk_config, [])
-    mocks = _Mocks(region)
+    mocks = _Mocks(region, gcp_project)
     monitor = _Monitor(mocks)
     # What `pulumi.runtime.set_mocks` installs (MockSettings around a MockMonitor), minus
     # the root stack it also creates: `run_in_stack` below makes the root and awaits every
@@ -374,6 +426,8 @@ def _run(sdk_config: dict[str, str], stack: str, region: str) -> Result:
     for r in resources:
         if r["type"] == LAUNCH_TEMPLATE and r["inputs"].get("userData"):
             user_data[r["name"]] = base64.b64decode(r["inputs"]["userData"]).decode()
+        elif r["type"] == INSTANCE_TEMPLATE and (r["inputs"].get("metadata") or {}).get("user-data"):
+            user_data[r["name"]] = r["inputs"]["metadata"]["user-data"]
     return Result(resources=resources, outputs=_jsonable(monitor.stack_outputs), user_data=user_data, invokes=mocks.invokes)
 
 

@@ -79,11 +79,3 @@ def test_invalid_config_stops_the_program_before_any_resource():
     assert str(err.value) == "trainstack:run.stepz: unknown key; did you mean 'steps'?"
     assert type(err.value.__cause__).__name__ == "RunError"
     assert err.value.resources == []
-
-
-def test_gcp_is_refused_clearly_until_it_is_built():
-    raw = {"cloud": "gcp", "region": "us-central1", "project": "my-proj-123", "run": {"synthetic": True},
-           "compute": {"instanceTypes": ["g2-standard-8"]}}
-    with pytest.raises(synth.ProgramError, match="GCP training stack is not built yet") as err:
-        synth.synthesize(raw)
-    assert err.value.resources == []

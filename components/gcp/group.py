@@ -1,0 +1,267 @@
+"""SpotGroup: firewall rules, instance template and regional managed instance group of GPU VMs.
+
+The group is what survives preemption: it keeps `nodes` Spot VMs, recreating any that
+GCE takes back, choosing among the ranked machine types (instance flexibility) in one
+zone of the region that has capacity. The machine resizes its group to zero when the run
+ends, so Pulumi ignores the target size after creation. The runtime cap is enforced by
+the cloud twice: each VM has a max run duration, and a Cloud Scheduler job resizes the
+group to zero at first launch + maxRuntimeHours (a recreated VM's duration starts afresh;
+the job's time does not).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_gcp as gcp
+
+# Canonical's Ubuntu 22.04 with the NVIDIA driver: it runs cloud-init from the
+# `user-data` metadata key, as the AWS machines do.
+IMAGE_PROJECT = "ubuntu-os-accelerator-images"
+IMAGE_FAMILY = "ubuntu-accelerator-2204-amd64-with-nvidia-550"
+# Ports the TensorFlow workers' gRPC servers listen on (TF_CONFIG); only peers with the
+# stack's network tag may reach them.
+WORKER_PORTS = (2222, 2231)
+NETWORK = "global/networks/default"
+
+
+@dataclass(kw_only=True)
+class SpotGroupArgs:
+    """Inputs of a SpotGroup."""
+
+    group_name: str
+    """The instance group's name, fixed in advance (the machines' env file holds it)."""
+    gcp_project: str
+    """The GCP project of every resource."""
+    region: str
+    """The group's region."""
+    machine_types: list[str]
+    """Machine types in order of preference."""
+    network_tag: str
+    """The tag the firewall rules select these machines by."""
+    service_account_email: pulumi.Input[str]
+    """The machines' service account."""
+    user_data: pulumi.Input[str]
+    """The #cloud-config document."""
+    nodes: int = 1
+    """Machines in the group."""
+    gpus_per_node: int = 1
+    """GPUs per machine (N1 machines get this many accelerators)."""
+    accelerator: str | None = None
+    """GPU type for N1 machines (e.g. nvidia-tesla-t4); None for machines with built-in GPUs."""
+    spot: bool = True
+    """Spot VMs; False gives standard (on-demand) VMs."""
+    max_runtime_hours: float = 24
+    """The cap: VMs stop after this long, and the group goes to zero this long after the first `pulumi up`."""
+    root_disk_gb: int = 200
+    """Size of the boot disk."""
+    image: str | None = None
+    """Boot image; None looks up Ubuntu 22.04 with the NVIDIA driver."""
+    zones: list[str] = field(default_factory=list)
+    """Zones the group may use; empty: every zone of the region."""
+    allowed_cidrs: list[str] = field(default_factory=list)
+    """CIDRs allowed to TCP 22; empty: nothing inbound at all."""
+    ssh_public_key: str | None = None
+    """OpenSSH public key for the `ubuntu` user; None: no key."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Labels for the template and its VMs."""
+    wait_for: list[pulumi.Resource] = field(default_factory=list)
+    """Resources the group must wait for before creating VMs (e.g. the IAM grants)."""
+
+
+def cap_cron(hours: float, now: dt.datetime | None = None) -> str:
+    """The cap as a Cloud Scheduler cron (minute hour day month), UTC.
+
+    Cron has no year: the job would fire again a year later, which only resizes an
+    already empty group to zero.
+    """
+    at = (now or dt.datetime.now(dt.UTC)) + dt.timedelta(hours=hours)
+    # Round up to the next minute so the cap is never earlier than promised.
+    if at.second or at.microsecond:
+        at = at.replace(second=0, microsecond=0) + dt.timedelta(minutes=1)
+    return f"{at.minute} {at.hour} {at.day} {at.month} *"
+
+
+class SpotGroup(pulumi.ComponentResource):
+    """GPU VMs kept at `nodes` by a regional managed instance group, Spot by default."""
+
+    template: gcp.compute.InstanceTemplate
+    group: gcp.compute.RegionInstanceGroupManager
+    group_name: pulumi.Output[str]
+
+    def __init__(self, name: str, args: SpotGroupArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainstack:gcp:SpotGroup", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self._firewalls(name, args, child)
+
+        if args.image:
+            source_image: pulumi.Input[str] = args.image
+        else:
+            source_image = gcp.compute.get_image_output(
+                family=IMAGE_FAMILY, project=IMAGE_PROJECT, opts=pulumi.InvokeOptions(parent=self)
+            ).self_link
+
+        metadata: dict[str, pulumi.Input[str]] = {
+            "user-data": args.user_data,
+            "block-project-ssh-keys": "true",
+            "disable-legacy-endpoints": "true",
+        }
+        if args.ssh_public_key:
+            metadata["ssh-keys"] = f"ubuntu:{args.ssh_public_key}"
+        cap_seconds = int(args.max_runtime_hours * 3600)
+        if args.spot:
+            scheduling = gcp.compute.InstanceTemplateSchedulingArgs(
+                provisioning_model="SPOT",
+                preemptible=True,
+                automatic_restart=False,
+                on_host_maintenance="TERMINATE",
+                instance_termination_action="DELETE",
+                max_run_duration=gcp.compute.InstanceTemplateSchedulingMaxRunDurationArgs(seconds=cap_seconds),
+            )
+        else:
+            scheduling = gcp.compute.InstanceTemplateSchedulingArgs(
+                provisioning_model="STANDARD",
+                preemptible=False,
+                automatic_restart=True,
+                on_host_maintenance="TERMINATE",  # GPUs cannot live-migrate
+                instance_termination_action="DELETE",
+                max_run_duration=gcp.compute.InstanceTemplateSchedulingMaxRunDurationArgs(seconds=cap_seconds),
+            )
+        self.template = gcp.compute.InstanceTemplate(
+            f"{name}-template",
+            name_prefix=f"{args.group_name[:36]}-",
+            description="trainstack GPU machine",
+            machine_type=args.machine_types[0],
+            disks=[
+                gcp.compute.InstanceTemplateDiskArgs(
+                    boot=True, auto_delete=True, source_image=source_image,
+                    disk_size_gb=args.root_disk_gb, disk_type="pd-balanced",
+                )
+            ],
+            guest_accelerators=[
+                gcp.compute.InstanceTemplateGuestAcceleratorArgs(type=args.accelerator, count=args.gpus_per_node)
+            ] if args.accelerator else None,
+            network_interfaces=[
+                gcp.compute.InstanceTemplateNetworkInterfaceArgs(
+                    network=NETWORK,
+                    # An ephemeral public address for image and package pulls; the
+                    # firewall rules below keep everything inbound out.
+                    access_configs=[gcp.compute.InstanceTemplateNetworkInterfaceAccessConfigArgs()],
+                )
+            ],
+            metadata=metadata,
+            scheduling=scheduling,
+            service_account=gcp.compute.InstanceTemplateServiceAccountArgs(
+                email=args.service_account_email,
+                # What the account may do is decided by its IAM grants, not by scopes.
+                scopes=["https://www.googleapis.com/auth/cloud-platform"],
+            ),
+            shielded_instance_config=gcp.compute.InstanceTemplateShieldedInstanceConfigArgs(
+                # Secure boot stays off: the image's NVIDIA kernel modules are not signed by Google.
+                enable_secure_boot=False, enable_vtpm=True, enable_integrity_monitoring=True,
+            ),
+            tags=[args.network_tag],
+            labels=args.labels,
+            # A template cannot change in place: a new one (name_prefix) is made first and
+            # the group switches to it before the old one goes.
+            opts=child,
+        )
+
+        flexibility = None
+        if len(args.machine_types) > 1:
+            flexibility = gcp.compute.RegionInstanceGroupManagerInstanceFlexibilityPolicyArgs(
+                instance_selections=[
+                    gcp.compute.RegionInstanceGroupManagerInstanceFlexibilityPolicyInstanceSelectionArgs(
+                        name=f"rank-{rank}", rank=rank, machine_types=[t],
+                    )
+                    for rank, t in enumerate(args.machine_types, start=1)
+                ]
+            )
+        self.group = gcp.compute.RegionInstanceGroupManager(
+            f"{name}-mig",
+            name=args.group_name,
+            region=args.region,
+            base_instance_name=args.group_name[:54],
+            versions=[gcp.compute.RegionInstanceGroupManagerVersionArgs(
+                name="trainer", instance_template=self.template.self_link_unique,
+            )],
+            target_size=args.nodes,
+            distribution_policy_zones=args.zones or None,
+            # All workers in one zone (fast links between them), whichever has capacity.
+            distribution_policy_target_shape="ANY_SINGLE_ZONE",
+            instance_flexibility_policy=flexibility,
+            update_policy=gcp.compute.RegionInstanceGroupManagerUpdatePolicyArgs(
+                # No proactive rollout: a running job is never replaced by a template change;
+                # new VMs (after preemption) get the new template.
+                type="OPPORTUNISTIC", minimal_action="REPLACE", instance_redistribution_type="NONE",
+            ),
+            wait_for_instances=False,
+            # The machine sets the size to 0 when the run is done; a later `pulumi up`
+            # must not start it again.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["targetSize"], depends_on=args.wait_for),
+        )
+
+        group_path = f"projects/{args.gcp_project}/regions/{args.region}/instanceGroupManagers/{args.group_name}"
+        # The cloud's own deadline. The schedule is computed at each `pulumi up` and
+        # ignored after creation, so a later `up` does not push the deadline back.
+        gcp.cloudscheduler.Job(
+            f"{name}-runtime-cap",
+            name=f"{args.group_name}-runtime-cap",
+            region=args.region,
+            description="trainstack: resize the group to zero at the runtime cap",
+            schedule=cap_cron(args.max_runtime_hours),
+            time_zone="Etc/UTC",
+            http_target=gcp.cloudscheduler.JobHttpTargetArgs(
+                http_method="POST",
+                uri=f"https://compute.googleapis.com/compute/v1/{group_path}/resize?size=0",
+                oauth_token=gcp.cloudscheduler.JobHttpTargetOauthTokenArgs(
+                    service_account_email=args.service_account_email,
+                    scope="https://www.googleapis.com/auth/cloud-platform",
+                ),
+            ),
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["schedule"], depends_on=[self.group]),
+        )
+        self.group_name = self.group.name
+        self.register_outputs({"group_name": self.group_name})
+
+    def _firewalls(self, name: str, args: SpotGroupArgs, child: pulumi.ResourceOptions) -> None:
+        # The default network lets SSH in from anywhere (default-allow-ssh) and lets every
+        # VM of the network in; this rule shuts all of that out for our machines, and the
+        # narrower allows below (higher priority) let back in only what the stack names.
+        gcp.compute.Firewall(
+            f"{name}-deny-inbound",
+            network=NETWORK,
+            direction="INGRESS",
+            priority=1000,
+            source_ranges=["0.0.0.0/0"],
+            denies=[gcp.compute.FirewallDenyArgs(protocol="all")],
+            target_tags=[args.network_tag],
+            description="trainstack: nothing inbound unless allowed below",
+            opts=child,
+        )
+        if args.allowed_cidrs:
+            gcp.compute.Firewall(
+                f"{name}-ssh",
+                network=NETWORK,
+                direction="INGRESS",
+                priority=900,
+                source_ranges=list(args.allowed_cidrs),
+                allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=["22"])],
+                target_tags=[args.network_tag],
+                description="trainstack: SSH from access.allowedCidrs",
+                opts=child,
+            )
+        if args.nodes > 1:
+            gcp.compute.Firewall(
+                f"{name}-workers",
+                network=NETWORK,
+                direction="INGRESS",
+                priority=900,
+                source_tags=[args.network_tag],
+                target_tags=[args.network_tag],
+                allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=[f"{WORKER_PORTS[0]}-{WORKER_PORTS[1]}"])],
+                description="trainstack: TensorFlow workers reach each other",
+                opts=child,
+            )

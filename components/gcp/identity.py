@@ -1,0 +1,151 @@
+"""InstanceIdentity: the service account a stack's machines run as, and what it may do.
+
+Least privilege for one run, granted on the resources themselves: objects under this
+run's prefix of this stack's bucket (read/write/delete), the trainer code (read), the
+data set when it is in GCS (read), this stack's image repository (pull), and resizing
+only this stack's instance group (a custom role with two permissions, under an IAM
+condition naming the group). The machine reads its identity from the metadata server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+# What the machine's finish step needs to set its own group's size to zero.
+RESIZE_PERMISSIONS = ["compute.instanceGroupManagers.get", "compute.instanceGroupManagers.update"]
+
+
+@dataclass(kw_only=True)
+class InstanceIdentityArgs:
+    """Inputs of an InstanceIdentity."""
+
+    account_id: str
+    """The service account id (6-30 characters)."""
+    gcp_project: str
+    """The GCP project of every resource."""
+    bucket_name: pulumi.Input[str]
+    """The stack's bucket."""
+    run_id: str
+    """The run's folder: the account may write only under runs/<run_id>/."""
+    repository_id: pulumi.Input[str]
+    """The stack's Artifact Registry repository (pull only)."""
+    region: str
+    """The region of the repository and the group."""
+    group_name: str
+    """The managed instance group the account may resize (and nothing else)."""
+    custom_role_id: str
+    """Id of the project custom role holding the resize permissions."""
+    data_uri: str | None = None
+    """gs://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
+
+
+def split_gs_uri(uri: str) -> tuple[str, str]:
+    """('bucket', 'prefix') of gs://bucket/prefix."""
+    bucket, _, prefix = uri.removeprefix("gs://").partition("/")
+    return bucket, prefix
+
+
+def prefix_condition(bucket: pulumi.Input[str], prefix: str) -> pulumi.Output[str]:
+    """CEL: objects under `prefix` of `bucket`, plus listing the bucket.
+
+    GCS checks `objects.list` against the bucket itself, so a prefix-only condition would
+    forbid listing; allowing the bucket resource lets the trainer list (names only) while
+    reads and writes stay inside the prefix.
+    """
+    return pulumi.Output.concat(
+        'resource.type == "storage.googleapis.com/Bucket" || resource.name.startsWith("projects/_/buckets/',
+        bucket, "/objects/", prefix, '")',
+    )
+
+
+class InstanceIdentity(pulumi.ComponentResource):
+    """Service account plus the narrow grants one run needs."""
+
+    account: gcp.serviceaccount.Account
+    email: pulumi.Output[str]
+
+    def __init__(self, name: str, args: InstanceIdentityArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainstack:gcp:InstanceIdentity", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.account = gcp.serviceaccount.Account(
+            f"{name}-sa",
+            account_id=args.account_id,
+            display_name="trainstack machines",
+            description="one run's bucket prefix, image pull, own group",
+            opts=child,
+        )
+        member = pulumi.Output.concat("serviceAccount:", self.account.email)
+        run_prefix = f"runs/{args.run_id}/"
+        self.grants: list[pulumi.Resource] = [
+            gcp.storage.BucketIAMMember(
+                f"{name}-run-objects",
+                bucket=args.bucket_name,
+                role="roles/storage.objectUser",
+                member=member,
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title="this run's prefix",
+                    expression=prefix_condition(args.bucket_name, run_prefix),
+                ),
+                opts=child,
+            ),
+            gcp.storage.BucketIAMMember(
+                f"{name}-code-read",
+                bucket=args.bucket_name,
+                role="roles/storage.objectViewer",
+                member=member,
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title="trainer code",
+                    expression=prefix_condition(args.bucket_name, "code/"),
+                ),
+                opts=child,
+            ),
+            gcp.artifactregistry.RepositoryIamMember(
+                f"{name}-image-pull",
+                repository=args.repository_id,
+                location=args.region,
+                role="roles/artifactregistry.reader",
+                member=member,
+                opts=child,
+            ),
+        ]
+        if args.data_uri:
+            data_bucket, prefix = split_gs_uri(args.data_uri)
+            self.grants.append(
+                gcp.storage.BucketIAMMember(
+                    f"{name}-data-read",
+                    bucket=data_bucket,
+                    role="roles/storage.objectViewer",
+                    member=member,
+                    condition=gcp.storage.BucketIAMMemberConditionArgs(
+                        title="training data", expression=prefix_condition(data_bucket, prefix),
+                    ),
+                    opts=child,
+                )
+            )
+        role = gcp.projects.IAMCustomRole(
+            f"{name}-resize-role",
+            project=args.gcp_project,
+            role_id=args.custom_role_id,
+            title="trainstack: resize own instance group",
+            permissions=RESIZE_PERMISSIONS,
+            opts=child,
+        )
+        group_path = f"projects/{args.gcp_project}/regions/{args.region}/instanceGroupManagers/{args.group_name}"
+        self.grants.append(
+            gcp.projects.IAMMember(
+                f"{name}-resize",
+                project=args.gcp_project,
+                role=role.name,
+                member=member,
+                condition=gcp.projects.IAMMemberConditionArgs(
+                    title="own group only",
+                    expression=f'resource.name == "{group_path}"',
+                ),
+                opts=child,
+            )
+        )
+        self.email = self.account.email
+        self.register_outputs({"email": self.email})

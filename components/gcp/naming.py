@@ -1,0 +1,69 @@
+"""Deterministic names for the GCP resources whose names others must know in advance.
+
+The machines' env file names the managed instance group and the bucket before either
+exists, and the service account's IAM bindings name the group, so these names are
+computed from the project, stack and GCP project instead of random suffixes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from components.settings import bucket_name_problem
+
+
+def slug(text: str, limit: int) -> str:
+    """Lowercase letters, digits and single '-' only, at most `limit` characters."""
+    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return s[:limit].rstrip("-") or "x"
+
+
+def _digest(*parts: str, n: int) -> str:
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:n]
+
+
+def default_bucket_name(*, project: str, stack: str, gcp_project: str, region: str) -> str:
+    """A valid GCS bucket name, the same on every `pulumi up` of this stack in this GCP project.
+
+    GCS names are global: the GCP project and region go into the hash so two users with a
+    stack called `dev` do not collide. GCS refuses "google" anywhere in a name.
+    """
+    stem = f"{slug(project, 20)}-{slug(stack, 28)}".replace("google", "g")
+    name = f"{stem}-{_digest(project, stack, gcp_project, region, n=12)}"
+    problem = bucket_name_problem("gcp", name)
+    if problem:  # unreachable for slugs; kept so a future change cannot ship a bad name
+        raise ValueError(f"generated bucket name {name!r}: {problem}")
+    return name
+
+
+def _rfc1035(text: str, limit: int) -> str:
+    """A GCE resource name: starts with a letter, lowercase, digits and '-', ends alphanumeric."""
+    s = slug(text, limit)
+    return s if s[0].isalpha() else f"t{s}"[:limit].rstrip("-")
+
+
+def group_name(*, project: str, stack: str) -> str:
+    """The regional managed instance group's name (unique per GCP project and region)."""
+    stem = _rfc1035(f"{project}-{stack}", 50)
+    return f"{stem}-gpu"
+
+
+def repository_id(*, project: str, stack: str) -> str:
+    """The Artifact Registry repository of this stack's trainer image."""
+    return _rfc1035(f"{project}-{stack}", 63)
+
+
+def service_account_id(*, project: str, stack: str) -> str:
+    """The machines' service account id: 6-30 characters, unique per stack."""
+    return f"ts-{slug(stack, 18)}-{_digest(project, stack, n=6)}"
+
+
+def network_tag(*, project: str, stack: str) -> str:
+    """The network tag the firewall rules select this stack's machines by."""
+    return _rfc1035(f"{project}-{stack}", 63)
+
+
+def custom_role_id(*, project: str, stack: str) -> str:
+    """Id of the project custom role that lets the machines resize their own group."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", f"{project}_{stack}")[:56] + "_resize"

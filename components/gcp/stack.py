@@ -1,0 +1,160 @@
+"""TrainingStack: one training run on GCP, composed of bucket, identity, repository,
+trainer code and spot group, all in the stack's project and region through one explicit
+provider.
+
+Exports the same outputs as the AWS stack: the bucket, the run's URI, the image, the
+group, the region and the command that watches the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_gcp as gcp
+
+from components import userdata
+from components.gcp.bucket import TrainingBucket, TrainingBucketArgs
+from components.gcp.code import TrainerCode, TrainerCodeArgs
+from components.gcp.group import SpotGroup, SpotGroupArgs
+from components.gcp.identity import InstanceIdentity, InstanceIdentityArgs
+from components.gcp.naming import (
+    custom_role_id,
+    default_bucket_name,
+    group_name,
+    network_tag,
+    repository_id,
+    service_account_id,
+)
+from components.gcp.repository import ImageRepository, ImageRepositoryArgs
+from components.settings import Settings
+from components.tags import gcp_labels
+
+
+@dataclass(kw_only=True)
+class TrainingStackArgs:
+    """Inputs of a TrainingStack."""
+
+    settings: Settings
+    """The stack's validated configuration."""
+    project: str = "trainstack"
+    """The Pulumi project name (part of generated names and labels)."""
+
+
+class TrainingStack(pulumi.ComponentResource):
+    """Everything one GCP training run needs."""
+
+    bucket_name: pulumi.Output[str]
+    run_uri: pulumi.Output[str]
+    image_ref: pulumi.Output[str]
+    group_name: pulumi.Output[str]
+    region: pulumi.Output[str]
+    watch_command: pulumi.Output[str]
+    code_uri: pulumi.Output[str]
+
+    def __init__(self, name: str, args: TrainingStackArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainstack:gcp:TrainingStack", name, None, opts)
+        s = args.settings
+        run_id = s.run_id
+        labels = gcp_labels(project=args.project, stack=s.stack, run_id=run_id)
+        names = {"project": args.project, "stack": s.stack}
+
+        provider = gcp.Provider(
+            f"{name}-gcp", project=s.project, region=s.region, opts=pulumi.ResourceOptions(parent=self)
+        )
+        # Children inherit the provider from their parent component.
+        child = pulumi.ResourceOptions(parent=self, providers={"gcp": provider})
+
+        bucket = TrainingBucket(
+            f"{name}-bucket",
+            TrainingBucketArgs(
+                bucket_name=s.storage.bucket_name
+                or default_bucket_name(project=args.project, stack=s.stack, gcp_project=s.project, region=s.region),
+                location=s.region,
+                keep_on_destroy=s.storage.keep_on_destroy,
+                noncurrent_days=s.storage.noncurrent_days,
+                labels=labels,
+            ),
+            opts=child,
+        )
+        repo = ImageRepository(
+            f"{name}-images",
+            ImageRepositoryArgs(
+                repository_id=repository_id(**names), location=s.region, project=s.project,
+                keep_images=s.image.keep_images, labels=labels,
+            ),
+            opts=child,
+        )
+        mig_name = group_name(**names)
+        identity = InstanceIdentity(
+            f"{name}-identity",
+            InstanceIdentityArgs(
+                account_id=service_account_id(**names),
+                gcp_project=s.project,
+                bucket_name=bucket.name,
+                run_id=run_id,
+                repository_id=repo.repository.repository_id,
+                region=s.region,
+                group_name=mig_name,
+                custom_role_id=custom_role_id(**names),
+                data_uri=s.run.data_uri,
+            ),
+            opts=child,
+        )
+        code = TrainerCode(
+            f"{name}-code", TrainerCodeArgs(bucket_name=bucket.name, baked_into_image=s.image.build), opts=child
+        )
+
+        self.bucket_name = bucket.name
+        self.run_uri = pulumi.Output.concat("gs://", bucket.name, f"/runs/{run_id}")
+        if s.image.build:
+            self.image_ref = pulumi.Output.concat(repo.url, ":", s.image.tag)
+        else:
+            self.image_ref = pulumi.Output.from_input(s.image.reference)
+        self.code_uri = code.code_uri
+        user_data = pulumi.Output.all(self.run_uri, self.code_uri).apply(
+            lambda v: userdata.render_user_data("gcp", userdata.boot_env(s, run_uri=v[0], group=mig_name, code_uri=v[1]))
+        )
+        c = s.compute
+        group = SpotGroup(
+            f"{name}-group",
+            SpotGroupArgs(
+                group_name=mig_name,
+                gcp_project=s.project,
+                region=s.region,
+                machine_types=list(c.instance_types),
+                network_tag=network_tag(**names),
+                service_account_email=identity.email,
+                user_data=user_data,
+                nodes=c.nodes,
+                gpus_per_node=c.gpus_per_node,
+                accelerator=c.accelerator,
+                spot=c.spot,
+                max_runtime_hours=c.max_runtime_hours,
+                root_disk_gb=c.root_disk_gb,
+                image=c.image_id,
+                zones=list(c.zones),
+                allowed_cidrs=list(s.access.allowed_cidrs),
+                ssh_public_key=s.access.ssh_public_key,
+                labels=labels,
+                # A machine that boots before its grants exist would fail its first call.
+                wait_for=list(identity.grants),
+            ),
+            opts=child,
+        )
+        self.group_name = group.group_name
+        self.region = pulumi.Output.from_input(s.region)
+        self.watch_command = pulumi.Output.from_input(f"python -m ops status --stack {s.stack}")
+        self.register_outputs(self.exports())
+
+    def exports(self) -> dict[str, pulumi.Output]:
+        """The stack outputs, by their exported (camelCase) names."""
+        return {
+            "bucketName": self.bucket_name,
+            "runUri": self.run_uri,
+            "imageRef": self.image_ref,
+            "groupName": self.group_name,
+            "region": self.region,
+            "watchCommand": self.watch_command,
+            "codeUri": self.code_uri,
+        }
