@@ -30,6 +30,15 @@ from components.gcp.repository import ImageRepository, ImageRepositoryArgs
 from components.settings import Settings
 from components.tags import gcp_labels
 
+# The APIs the stack's resources live in; a new project has most of them off.
+APIS = (
+    "artifactregistry.googleapis.com",
+    "cloudscheduler.googleapis.com",
+    "compute.googleapis.com",
+    "iam.googleapis.com",
+    "storage.googleapis.com",
+)
+
 
 @dataclass(kw_only=True)
 class TrainingStackArgs:
@@ -59,8 +68,26 @@ class TrainingStack(pulumi.ComponentResource):
         labels = gcp_labels(project=args.project, stack=s.stack, run_id=run_id)
         names = {"project": args.project, "stack": s.stack}
 
+        # The APIs are turned on through a provider of their own; the stack's provider
+        # depends on them, so every resource and lookup made through it waits for them.
+        api_provider = gcp.Provider(
+            f"{name}-gcp-apis", project=s.project, region=s.region, opts=pulumi.ResourceOptions(parent=self)
+        )
+        apis = [
+            gcp.projects.Service(
+                f"{name}-api-{api.split('.')[0]}",
+                project=s.project,
+                service=api,
+                # Other workloads of the project may use these APIs: destroy leaves them on.
+                disable_on_destroy=False,
+                disable_dependent_services=False,
+                opts=pulumi.ResourceOptions(parent=self, provider=api_provider),
+            )
+            for api in APIS
+        ]
         provider = gcp.Provider(
-            f"{name}-gcp", project=s.project, region=s.region, opts=pulumi.ResourceOptions(parent=self)
+            f"{name}-gcp", project=s.project, region=s.region,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=apis),
         )
         # Children inherit the provider from their parent component.
         child = pulumi.ResourceOptions(parent=self, providers={"gcp": provider})

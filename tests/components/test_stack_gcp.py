@@ -67,11 +67,21 @@ def test_same_components_and_outputs_as_the_aws_stack():
 
 def test_every_resource_goes_through_the_stacks_provider_and_is_labelled():
     r = gcp()
-    custom = [x for x in r.resources if x["options"]["custom"] and not x["type"].startswith("pulumi:providers:")]
+    custom = [x for x in r.resources if x["options"]["custom"] and not x["type"].startswith(("pulumi:providers:", "gcp:projects/service:"))]
     assert len(custom) == 13
     assert {x["options"]["provider"] for x in custom} == {"trainstack-gcp"}
-    provider = one(r, "pulumi:providers:gcp")["inputs"]
-    assert (provider["project"], provider["region"]) == ("my-proj-123", "us-central1")
+    providers = {p["name"]: p for p in r.of_type("pulumi:providers:gcp")}
+    assert sorted(providers) == ["trainstack-gcp", "trainstack-gcp-apis"]
+    provider = providers["trainstack-gcp"]
+    assert (provider["inputs"]["project"], provider["inputs"]["region"]) == ("my-proj-123", "us-central1")
+    # The APIs are on before anything is made through the stack's provider.
+    apis = r.of_type("gcp:projects/service:Service")
+    assert sorted(a["inputs"]["service"] for a in apis) == [
+        "artifactregistry.googleapis.com", "cloudscheduler.googleapis.com", "compute.googleapis.com",
+        "iam.googleapis.com", "storage.googleapis.com"]
+    assert {a["options"]["provider"] for a in apis} == {"trainstack-gcp-apis"}
+    assert all(a["inputs"]["disableOnDestroy"] is False for a in apis)
+    assert sorted(provider["options"]["dependsOn"]) == sorted(a["name"] for a in apis)
     labelled = [x for x in custom if "labels" in x["inputs"]]
     assert len(labelled) == 3  # bucket, repository, template
     want = {"trainstack-project": "trainstack", "trainstack-stack": "unit", "trainstack-run": "exp-7"}
@@ -243,3 +253,15 @@ def test_generated_names_are_valid(stack):
     sa = service_account_id(project="trainstack", stack=stack)
     assert re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", sa)
     assert re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", group_name(project="trainstack", stack=stack))
+
+
+def test_user_data_passes_cloud_init_schema(tmp_path):
+    import subprocess
+
+    r = gcp({"compute": {"nodes": 2}})
+    written = synth.write(r, tmp_path)
+    (doc,) = [p for p in written if p.parent.name == "user-data"]
+    assert doc.name == "trainstack-group-template.yaml"
+    schema = subprocess.run(["cloud-init", "schema", "--config-file", str(doc)], capture_output=True, text=True, timeout=60)
+    assert schema.returncode == 0, schema.stdout + schema.stderr
+    assert "Valid" in schema.stdout
