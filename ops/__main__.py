@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="folder for resources.json, outputs.json, user-data/")
     p.add_argument("--stacks-dir", default=str(STACKS_DIR), help="folder of the stack files (default: %(default)s)")
     p.set_defaults(func=_synth)
+    from ops import remote, status
+
+    status.register(sub)
+    remote.register(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -1,0 +1,216 @@
+"""Finding a stack's run and machines: its outputs (through the pulumi CLI) and its running instances.
+
+``stack_outputs`` asks the real ``pulumi`` CLI (``pulumi stack output --json``), so the
+operator sees what ``pulumi up`` recorded, whichever backend holds the state. Machines are
+found by their group: on AWS with boto3 (``ec2.describe_instances`` filtered by the tag
+the Auto Scaling group puts on each instance), on GCP with the ``gcloud`` CLI (instances
+of the managed group carry its base name). The cloud is read from the run URI's scheme.
+
+Also holds the command-line options every machine-facing command shares (``--stack`` /
+``--host`` / ``--user`` / ``--key``…) so ``logs`` and ``tunnel`` read them the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PULUMI_TIMEOUT_S = 120
+GCLOUD_TIMEOUT_S = 120
+ASG_TAG = "aws:autoscaling:groupName"
+# GCE names managed instances "<base>-<4 characters>"; the base is the group name cut to 54.
+GCE_BASE_LEN = 54
+
+
+class HostsError(Exception):
+    """Finding the run or its machines failed; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """One running machine of a stack."""
+
+    name: str
+    public_ip: str | None
+    private_ip: str | None
+    launched: str = ""
+    zone: str = ""
+
+    def address(self, *, private: bool = False) -> str:
+        """The address to SSH to: the public IP, or the private one when asked (VPN, bastion)."""
+        ip = self.private_ip if private else self.public_ip
+        if not ip:
+            which = "private" if private else "public"
+            hint = "" if private else "; reach it over a VPN with --private"
+            raise HostsError(f"machine {self.name} has no {which} IP{hint}")
+        return ip
+
+
+def stack_outputs(stack: str, *, cwd: Path | str = PROJECT_ROOT) -> dict:
+    """The stack's outputs from ``pulumi stack output --json --stack STACK`` (run in the project folder)."""
+    exe = shutil.which("pulumi")
+    if exe is None:
+        raise HostsError(
+            "the pulumi CLI is not on PATH, so --stack cannot be resolved; "
+            "install it (https://www.pulumi.com/docs/install/) or pass --run-uri / --host"
+        )
+    try:
+        proc = subprocess.run(
+            [exe, "stack", "output", "--json", "--stack", stack],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=PULUMI_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise HostsError(f"pulumi stack output --stack {stack} took over {PULUMI_TIMEOUT_S} s; try again") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise HostsError(f"pulumi stack output --stack {stack} failed: {last}")
+    try:
+        outputs = json.loads(proc.stdout or "{}")
+    except ValueError:
+        raise HostsError(f"pulumi stack output --stack {stack} did not print JSON") from None
+    if not isinstance(outputs, dict):
+        raise HostsError(f"pulumi stack output --stack {stack} printed {type(outputs).__name__}, not an object")
+    return outputs
+
+
+def require_output(outputs: dict, key: str, stack: str) -> str:
+    """One output by name, or an error saying the stack has not been deployed with it."""
+    value = outputs.get(key)
+    if not isinstance(value, str) or not value:
+        raise HostsError(f"stack {stack} has no {key} output; run `pulumi up` for it first")
+    return value
+
+
+def run_uri_for_stack(stack: str) -> str:
+    """The run URI the stack trains into (its ``runUri`` output)."""
+    return require_output(stack_outputs(stack), "runUri", stack)
+
+
+def cloud_of(run_uri: str) -> str:
+    """``aws`` or ``gcp``, from the run URI's scheme."""
+    scheme = run_uri.split("://", 1)[0].lower()
+    clouds = {"s3": "aws", "gs": "gcp"}
+    if scheme not in clouds:
+        raise HostsError(f"run URI {run_uri!r} is not on a cloud (s3:// or gs://): no machines to find")
+    return clouds[scheme]
+
+
+def aws_hosts(group: str, region: str | None = None) -> list[Host]:
+    """Running EC2 instances of the Auto Scaling group ``group``, oldest first."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    ec2 = boto3.session.Session().client("ec2", region_name=region)
+    filters = [
+        {"Name": f"tag:{ASG_TAG}", "Values": [group]},
+        {"Name": "instance-state-name", "Values": ["running"]},
+    ]
+    hosts = []
+    try:
+        for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
+            for reservation in page.get("Reservations", []):
+                for inst in reservation.get("Instances", []):
+                    hosts.append(
+                        Host(
+                            name=inst["InstanceId"],
+                            public_ip=inst.get("PublicIpAddress"),
+                            private_ip=inst.get("PrivateIpAddress"),
+                            launched=str(inst.get("LaunchTime", "")),
+                            zone=inst.get("Placement", {}).get("AvailabilityZone", ""),
+                        )
+                    )
+    except (BotoCoreError, ClientError) as e:
+        raise HostsError(f"cannot list the instances of {group}: {e}") from None
+    return sorted(hosts, key=lambda h: (h.launched, h.name))
+
+
+def gcp_hosts(group: str, region: str | None = None) -> list[Host]:
+    """Running GCE instances of the managed instance group ``group`` (via ``gcloud``), oldest first."""
+    # The stack has no GCE client library among its dependencies; the operator's gcloud
+    # is already authenticated for the project, as pulumi itself is.
+    exe = shutil.which("gcloud")
+    if exe is None:
+        raise HostsError("the gcloud CLI is not on PATH, so the stack's machines cannot be listed; pass --host")
+    base = re.escape(group[:GCE_BASE_LEN])
+    flt = f"name~'^{base}-[a-z0-9]{{4}}$' AND status=RUNNING"
+    if region:
+        flt += f" AND zone~'/zones/{re.escape(region)}-'"
+    try:
+        proc = subprocess.run(
+            [exe, "compute", "instances", "list", "--format=json", f"--filter={flt}"],
+            capture_output=True,
+            text=True,
+            timeout=GCLOUD_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise HostsError(f"gcloud compute instances list took over {GCLOUD_TIMEOUT_S} s; try again") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise HostsError(f"gcloud compute instances list failed: {last}")
+    hosts = []
+    for inst in json.loads(proc.stdout or "[]"):
+        nic = (inst.get("networkInterfaces") or [{}])[0]
+        nat = next((a.get("natIP") for a in nic.get("accessConfigs") or [] if a.get("natIP")), None)
+        hosts.append(
+            Host(
+                name=inst["name"],
+                public_ip=nat,
+                private_ip=nic.get("networkIP"),
+                launched=inst.get("creationTimestamp", ""),
+                zone=str(inst.get("zone", "")).rsplit("/", 1)[-1],
+            )
+        )
+    return sorted(hosts, key=lambda h: (h.launched, h.name))
+
+
+def stack_hosts(stack: str) -> list[Host]:
+    """The running machines of a deployed stack, oldest first (its group and region from the outputs)."""
+    outputs = stack_outputs(stack)
+    cloud = cloud_of(require_output(outputs, "runUri", stack))
+    group = require_output(outputs, "groupName", stack)
+    region = outputs.get("region") or None
+    return aws_hosts(group, region) if cloud == "aws" else gcp_hosts(group, region)
+
+
+# -- command-line options shared by the commands that reach a machine ------------------
+
+
+def add_machine_args(parser: argparse.ArgumentParser, *, extra_source: bool = False) -> None:
+    """``--stack``/``--host`` and the SSH options, for commands that reach a machine.
+
+    ``extra_source`` adds ``--run-uri`` as a third choice, for commands that can also read the bucket.
+    """
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--stack", help="stack name: its running machines are found from its outputs")
+    where.add_argument("--host", help="address of the machine to reach (skips the lookup)")
+    if extra_source:
+        where.add_argument("--run-uri", help="the run's URI (s3://, gs://, file://), for --from-bucket")
+    parser.add_argument("--user", default="ubuntu", help="SSH user (default: %(default)s)")
+    parser.add_argument("--key", help="SSH private key file (default: ssh-agent and ~/.ssh/id_*)")
+    parser.add_argument("--port", type=int, default=22, help="SSH port (default: %(default)s)")
+    parser.add_argument("--private", action="store_true", help="use the machines' private IPs (VPN, bastion)")
+    parser.add_argument(
+        "--accept-new-host-key",
+        action="store_true",
+        help="trust a machine not yet in ~/.ssh/known_hosts and save its key there (a changed key is still refused)",
+    )
+
+
+def machine_addresses(args: argparse.Namespace) -> list[str]:
+    """The addresses the command should reach: ``--host``, or every running machine of ``--stack``."""
+    if args.host:
+        return [args.host]
+    hosts = stack_hosts(args.stack)
+    if not hosts:
+        raise HostsError(f"stack {args.stack} has no running machine (the run may be finished or waiting for spot)")
+    return [h.address(private=args.private) for h in hosts]
+

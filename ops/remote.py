@@ -1,0 +1,438 @@
+"""SSH to a training machine with paramiko: connect, run and stream, forward local ports.
+
+Also the two commands built on it: ``ops logs`` (the trainer's and watcher's journal,
+streamed; or the logs the machines uploaded to the bucket) and ``ops tunnel``
+(TensorBoard, Jupyter or any port of the machine on 127.0.0.1).
+
+Host keys are checked against ``~/.ssh/known_hosts`` and an unknown machine is refused;
+``--accept-new-host-key`` trusts a machine on first use and saves its key there. A key
+that differs from the saved one is always refused (paramiko raises before any policy is
+asked). Local forwards listen on 127.0.0.1 only, never on every interface.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import select
+import shlex
+import socket
+import socketserver
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import paramiko
+
+CONNECT_TIMEOUT_S = 15
+KEEPALIVE_S = 30
+UNITS = ("trainstack-trainer", "trainstack-watcher")
+LOG_GLOB = "/var/log/trainstack/*.log"
+TENSORBOARD_PORT = 6006
+JUPYTER_PORT = 8888
+_CHUNK = 32768
+
+
+class RemoteError(Exception):
+    """Reaching or using a machine failed; the message says what to do."""
+
+
+def known_hosts_path() -> Path:
+    """The user's ``~/.ssh/known_hosts`` (what OpenSSH reads too)."""
+    return Path(os.path.expanduser("~/.ssh/known_hosts"))
+
+
+class SaveNewHostKey(paramiko.MissingHostKeyPolicy):
+    """Trust on first use: accept a host missing from known_hosts and append its key there."""
+
+    def __init__(self, path: Path, *, say: Callable[[str], None] | None = None) -> None:
+        self.path = path
+        self.say = say or (lambda msg: print(msg, file=sys.stderr))
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        """Record ``key`` for ``hostname`` (already ``[host]:port`` off port 22) in the client and the file."""
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="ascii") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        self.say(f"ops: trusted new host key {key.fingerprint} for {hostname}; saved to {self.path}")
+
+
+@dataclass
+class Target:
+    """Where and as whom to log in."""
+
+    host: str
+    port: int = 22
+    user: str = "ubuntu"
+    key_path: str | None = None
+    accept_new_host_key: bool = False
+
+
+def connect(target: Target, *, timeout: float = CONNECT_TIMEOUT_S) -> paramiko.SSHClient:
+    """Log in to ``target`` after checking its host key; returns a connected client (close it)."""
+    client = paramiko.SSHClient()
+    known = known_hosts_path()
+    try:
+        client.load_system_host_keys()  # ~/.ssh/known_hosts, hashed entries included
+    except (OSError, paramiko.SSHException) as e:
+        raise RemoteError(f"cannot read {known}: {e}") from None
+    if target.accept_new_host_key:
+        client.set_missing_host_key_policy(SaveNewHostKey(known))
+    else:
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    where = f"{target.user}@{target.host}" + (f":{target.port}" if target.port != 22 else "")
+    try:
+        client.connect(
+            target.host,
+            port=target.port,
+            username=target.user,
+            key_filename=target.key_path,
+            look_for_keys=target.key_path is None,
+            allow_agent=True,
+            timeout=timeout,
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+        )
+    except paramiko.BadHostKeyException as e:
+        client.close()
+        raise RemoteError(
+            f"host key of {target.host} has CHANGED (got {e.key.fingerprint}, {known} has "
+            f"{e.expected_key.fingerprint}); refusing to connect. If the machine was replaced, remove its old "
+            f"line with: ssh-keygen -R {_known_name(target)}"
+        ) from None
+    except paramiko.AuthenticationException as e:
+        client.close()
+        raise RemoteError(f"SSH login {where} refused ({e}); check --user and --key") from None
+    except paramiko.SSHException as e:
+        client.close()
+        if "not found in known_hosts" in str(e):
+            raise RemoteError(
+                f"host key of {_known_name(target)} is unknown (not in {known}); verify it and add it "
+                f"(ssh-keyscan -p {target.port} {target.host} >> {known}), or pass --accept-new-host-key "
+                "to trust it on first use"
+            ) from None
+        raise RemoteError(f"SSH to {where} failed: {e}") from None
+    except OSError as e:
+        client.close()
+        raise RemoteError(f"cannot reach {where}: {e}") from None
+    transport = client.get_transport()
+    if transport is not None:
+        transport.set_keepalive(KEEPALIVE_S)
+    return client
+
+
+def _known_name(target: Target) -> str:
+    return target.host if target.port == 22 else f"[{target.host}]:{target.port}"
+
+
+def run(
+    client: paramiko.SSHClient,
+    command: str,
+    out: BinaryIO,
+    *,
+    pty: bool = False,
+    poll_s: float = 0.5,
+) -> int:
+    """Run ``command`` on the machine, copying its output (stderr merged) to ``out`` as it arrives.
+
+    Returns the command's exit status. ``pty`` gives the command a terminal, so it ends
+    when the connection closes (a ``-f`` follower never outlives the operator's Ctrl-C).
+    """
+    transport = client.get_transport()
+    if transport is None or not transport.is_active():
+        raise RemoteError("the SSH connection is closed")
+    chan = transport.open_session()
+    try:
+        if pty:
+            chan.get_pty(term="dumb", width=200)
+        chan.set_combine_stderr(True)
+        chan.settimeout(poll_s)  # wake up now and then so Ctrl-C is seen at once
+        chan.exec_command(command)
+        while True:
+            try:
+                data = chan.recv(_CHUNK)
+            except TimeoutError:
+                continue
+            if not data:
+                break
+            out.write(data.replace(b"\r\n", b"\n") if pty else data)
+            out.flush()
+        return chan.recv_exit_status()
+    finally:
+        chan.close()
+
+
+def logs_command(*, lines: int, follow: bool) -> str:
+    """The shell command that prints the trainer's and watcher's logs on a machine.
+
+    The journal when ``journalctl`` exists, else the last lines of the log files.
+    """
+    if lines < 0:
+        raise ValueError(f"lines must be >= 0, got {lines}")
+    units = " ".join(f"-u {shlex.quote(u)}" for u in UNITS)
+    journal = f"journalctl {units} --no-pager -n {lines}" + (" -f" if follow else "")
+    tail = f"tail -n {lines}" + (" -F" if follow else "") + f" {LOG_GLOB}"
+    return f"if command -v journalctl >/dev/null 2>&1; then exec {journal}; else exec {tail}; fi"
+
+
+# -- local port forwarding -------------------------------------------------------------
+
+
+class _ForwardServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    transport: paramiko.Transport
+    remote: tuple[str, int]
+
+
+class _ForwardHandler(socketserver.BaseRequestHandler):
+    """One local connection, carried to the remote address over a ``direct-tcpip`` channel."""
+
+    server: _ForwardServer
+
+    def handle(self) -> None:
+        try:
+            chan = self.server.transport.open_channel(
+                "direct-tcpip", self.server.remote, self.request.getpeername(), timeout=CONNECT_TIMEOUT_S
+            )
+        except (paramiko.SSHException, OSError) as e:
+            host, port = self.server.remote
+            print(f"ops tunnel: the machine could not open {host}:{port}: {e}", file=sys.stderr)
+            return
+        try:
+            _pump(self.request, chan)
+        finally:
+            chan.close()
+
+
+def _pump(sock: socket.socket, chan: paramiko.Channel) -> None:
+    """Copy bytes both ways until either side closes."""
+    while True:
+        readable, _, _ = select.select([sock, chan], [], [], 1.0)
+        if sock in readable:
+            data = sock.recv(_CHUNK)
+            if not data:
+                return
+            chan.sendall(data)
+        if chan in readable:
+            data = chan.recv(_CHUNK)
+            if not data:
+                return
+            sock.sendall(data)
+        if chan.closed:
+            return
+
+
+class LocalForward:
+    """Listens on 127.0.0.1:``local_port`` (0: any free port) and forwards to ``remote`` via the machine."""
+
+    def __init__(self, client: paramiko.SSHClient, local_port: int, remote_host: str, remote_port: int) -> None:
+        transport = client.get_transport()
+        if transport is None or not transport.is_active():
+            raise RemoteError("the SSH connection is closed")
+        try:
+            self.server = _ForwardServer(("127.0.0.1", local_port), _ForwardHandler)
+        except OSError as e:
+            raise RemoteError(f"cannot listen on 127.0.0.1:{local_port}: {e}; pick another local port") from None
+        self.server.transport = transport
+        self.server.remote = (remote_host, remote_port)
+        self.remote_host = remote_host
+        self.remote_port = remote_port
+        self.local_port = self.server.server_address[1]
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, name=f"forward-{self.local_port}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop listening (connections in flight end with the SSH connection)."""
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> LocalForward:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class ForwardSpec:
+    """``LOCAL:[HOST:]REMOTE`` as given to ``-L`` (HOST as seen from the machine)."""
+
+    local_port: int
+    remote_host: str
+    remote_port: int
+    label: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> ForwardSpec:
+        """Read ``LOCAL:REMOTE`` or ``LOCAL:HOST:REMOTE``; raises ``argparse.ArgumentTypeError``."""
+        parts = text.split(":")
+        if len(parts) == 2:
+            host, (local, remote) = "127.0.0.1", parts
+        elif len(parts) == 3:
+            local, host, remote = parts
+        else:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected LOCAL:REMOTE or LOCAL:HOST:REMOTE (e.g. 6006:6006)")
+        try:
+            lp, rp = int(local), int(remote)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: ports must be numbers (e.g. 8080:80)") from None
+        if not (0 <= lp <= 65535 and 1 <= rp <= 65535) or not host:
+            raise argparse.ArgumentTypeError(f"{text!r}: local port 0-65535 (0: any free), remote port 1-65535")
+        return cls(lp, host, rp)
+
+
+# -- commands --------------------------------------------------------------------------
+
+
+def _targets(args: argparse.Namespace) -> list[Target]:
+    from ops import hosts
+
+    return [
+        Target(a, port=args.port, user=args.user, key_path=args.key, accept_new_host_key=args.accept_new_host_key)
+        for a in hosts.machine_addresses(args)
+    ]
+
+
+def _logs_from_bucket(args: argparse.Namespace) -> int:
+    from ops import hosts
+    from trainer.storage import open_store
+
+    if args.host:
+        print("ops logs: --from-bucket reads the run's bucket: give --stack or --run-uri, not --host", file=sys.stderr)
+        return 2
+    uri = args.run_uri or hosts.run_uri_for_stack(args.stack)
+    store = open_store(uri)
+    keys = sorted(k for k in store.list("logs/") if not k.endswith("/"))
+    if not keys:
+        print(f"ops logs: no logs under {uri.rstrip('/')}/logs/ yet (machines upload them when the run ends)",
+              file=sys.stderr)
+        return 1
+    out = sys.stdout.buffer
+    for key in keys:
+        out.write(f"==> {key} <==\n".encode())
+        data = store.get_bytes(key)
+        if args.lines is not None:
+            data = b"".join(data.splitlines(keepends=True)[-args.lines:]) if args.lines else b""
+        out.write(data if data.endswith(b"\n") or not data else data + b"\n")
+        out.flush()
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """``ops logs``: stream the machines' trainer and watcher logs, or print the uploaded ones."""
+    from ops.hosts import HostsError
+
+    try:
+        if args.from_bucket:
+            return _logs_from_bucket(args)
+        if args.run_uri:
+            print("ops logs: --run-uri reads the bucket; add --from-bucket (or use --stack/--host)", file=sys.stderr)
+            return 2
+        targets = _targets(args)
+        if args.follow and len(targets) > 1:
+            names = ", ".join(t.host for t in targets)
+            print(f"ops logs: --follow reads one machine; choose one with --host ({names})", file=sys.stderr)
+            return 2
+        lines = 100 if args.lines is None else args.lines
+        command = logs_command(lines=lines, follow=args.follow)
+        status = 0
+        for t in targets:
+            if len(targets) > 1:
+                sys.stdout.write(f"==> {t.host} <==\n")
+                sys.stdout.flush()
+            with contextlib.closing(connect(t)) as client:
+                status = run(client, command, sys.stdout.buffer, pty=args.follow) or status
+        return status
+    except (HostsError, RemoteError, ValueError) as e:
+        print(f"ops logs: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_tunnel(args: argparse.Namespace) -> int:
+    """``ops tunnel``: forward local ports to the machine until Ctrl-C."""
+    from ops.hosts import HostsError
+
+    specs = list(args.forward or [])
+    if args.tensorboard:
+        specs.append(ForwardSpec(TENSORBOARD_PORT, "127.0.0.1", TENSORBOARD_PORT, "TensorBoard"))
+    if args.jupyter:
+        specs.append(ForwardSpec(JUPYTER_PORT, "127.0.0.1", JUPYTER_PORT, "Jupyter"))
+    if not specs:
+        print("ops tunnel: nothing to forward; pass --tensorboard, --jupyter or -L LOCAL:REMOTE", file=sys.stderr)
+        return 2
+    forwards: list[LocalForward] = []
+    client = None
+    try:
+        targets = _targets(args)
+        target = targets[0]
+        if len(targets) > 1:
+            print(f"ops tunnel: {len(targets)} machines; using the oldest, {target.host} (choose with --host)",
+                  file=sys.stderr)
+        client = connect(target)
+        for spec in specs:
+            fwd = LocalForward(client, spec.local_port, spec.remote_host, spec.remote_port)
+            forwards.append(fwd)
+            label = f"{spec.label}: " if spec.label else ""
+            print(f"{label}http://127.0.0.1:{fwd.local_port}/  ->  {spec.remote_host}:{spec.remote_port} "
+                  f"on {target.host}", flush=True)
+        print("ops tunnel: forwarding; Ctrl-C to stop", file=sys.stderr, flush=True)
+        transport = client.get_transport()
+        while transport is not None and transport.is_active():
+            time.sleep(0.5)
+        print("ops tunnel: the SSH connection closed", file=sys.stderr)
+        return 1
+    except (HostsError, RemoteError) as e:
+        print(f"ops tunnel: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for fwd in forwards:
+            fwd.close()
+        if client is not None:
+            client.close()
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the ``logs`` and ``tunnel`` commands to ``python -m ops``."""
+    from ops import hosts
+
+    p = sub.add_parser("logs", help="stream a machine's trainer and watcher logs over SSH, or the uploaded ones")
+    hosts.add_machine_args(p, extra_source=True)
+    p.add_argument("--follow", "-f", action="store_true", help="keep streaming new lines until Ctrl-C")
+    p.add_argument("--lines", "-n", type=_non_negative, help="how many recent lines (default: 100 over SSH, all "
+                   "from the bucket)")
+    p.add_argument("--from-bucket", action="store_true", help="print the logs the machines uploaded to "
+                   "<run-uri>/logs/ (no machine needed; with --stack or --run-uri)")
+    p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser("tunnel", help="forward local ports (127.0.0.1) to a machine over SSH until Ctrl-C")
+    hosts.add_machine_args(p)
+    p.add_argument("--tensorboard", action="store_true", help=f"forward TensorBoard ({TENSORBOARD_PORT})")
+    p.add_argument("--jupyter", action="store_true", help=f"forward Jupyter ({JUPYTER_PORT})")
+    p.add_argument("-L", dest="forward", action="append", type=ForwardSpec.parse, metavar="LOCAL:[HOST:]REMOTE",
+                   help="forward 127.0.0.1:LOCAL to REMOTE on the machine (LOCAL 0: any free port); repeatable")
+    p.set_defaults(func=cmd_tunnel)
+
+
+def _non_negative(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more")
+    return n
