@@ -51,7 +51,7 @@ class Sandbox:
 
     def __init__(self, tmp: Path, run, metadata: MetadataServer, group: str, code_uri: str,
                  *, env_overrides: dict[str, str] | None = None, settings=None, toolkit: bool = True,
-                 gpu: bool = True):
+                 gpu: bool = True, nvme: bool = False):
         self.tmp, self.run, self.metadata, self.group = tmp, run, metadata, group
         self.root = tmp / "root"
         self.bin = tmp / "bin"
@@ -75,6 +75,8 @@ class Sandbox:
             path.write_text(f["content"])
             path.chmod(int(f["permissions"], 8))
         (self.root / "dev/disk/by-id").mkdir(parents=True)
+        if nvme:
+            (self.root / "dev/disk/by-id/nvme-Amazon_EC2_NVMe_Instance_Storage_AWS0123").touch()
         pci = self.root / "sys/bus/pci/devices/0000:00:1e.0"
         pci.mkdir(parents=True)
         (pci / "vendor").write_text("0x10de\n" if gpu else "0x1d0f\n")
@@ -126,7 +128,8 @@ class Sandbox:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
         self.procs.clear()
-        subprocess.run(["rm", "-rf", str(self.root / "run")], check=True)
+        for lost in (self.root / "run", self.state / "mounts", self.state / "containers"):
+            subprocess.run(["rm", "-rf", str(lost)], check=True)
 
     def journal(self, unit: str = "trainer") -> str:
         path = self.tmp / f"journal-{unit}.log"

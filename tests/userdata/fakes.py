@@ -342,15 +342,31 @@ def journalctl(argv: list[str]) -> int:
     return 0
 
 
+def _mark(kind: str, path: str) -> None:
+    (STATE / kind).mkdir(parents=True, exist_ok=True)
+    (STATE / kind / path.replace("/", "_")).touch()
+
+
+def _marked(kind: str, path: str) -> bool:
+    return (STATE / kind / path.replace("/", "_")).exists()
+
+
 def main() -> int:
     name, argv = sys.argv[1], sys.argv[2:]
     record(name, argv)
     handlers = {"aws": aws, "gcloud": gcloud, "docker": docker, "apt-get": apt_get, "nvidia-ctk": nvidia_ctk,
                 "nvidia-smi": nvidia_smi, "gpg": gpg, "journalctl": journalctl}
-    if name == "mountpoint":
-        return 1  # nothing is mounted in the sandbox
+    # Disks: a formatted device stays formatted; mounts last until the machine powers off.
+    if name == "mkfs.ext4":
+        _mark("formatted", argv[-1])
+        return 0
     if name == "blkid":
-        return 2  # no file system on the device yet
+        return 0 if _marked("formatted", argv[-1]) else 2
+    if name == "mount":
+        _mark("mounts", argv[-1])
+        return 0
+    if name == "mountpoint":
+        return 0 if _marked("mounts", argv[-1]) else 1
     return handlers.get(name, lambda _a: 0)(argv)
 
 
