@@ -5,6 +5,7 @@ import copy
 import datetime as dt
 import json
 import re
+import subprocess
 from functools import lru_cache
 
 import pytest
@@ -256,8 +257,6 @@ def test_generated_names_are_valid(stack):
 
 
 def test_user_data_passes_cloud_init_schema(tmp_path):
-    import subprocess
-
     r = gcp({"compute": {"nodes": 2}})
     written = synth.write(r, tmp_path)
     (doc,) = [p for p in written if p.parent.name == "user-data"]
