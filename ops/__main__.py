@@ -21,7 +21,12 @@ def _synth(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
-    result = synth.synthesize(stack_file, stack=args.stack)
+    try:
+        result = synth.synthesize(stack_file, stack=args.stack)
+    except synth.ProgramError as e:
+        # The program itself failed (not the config): one line, nothing written.
+        print(f"ops synth: the program failed: {e}", file=sys.stderr)
+        return 1
     out = Path(args.out)
     written = synth.write(result, out)
     print(f"synth {args.stack}: {len(result.resources)} resources, {len(result.user_data)} user-data file(s) -> {out}")
