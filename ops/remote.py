@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import select
 import shlex
 import socket
 import socketserver
@@ -212,21 +211,29 @@ class _ForwardHandler(socketserver.BaseRequestHandler):
 
 
 def _pump(sock: socket.socket, chan: paramiko.Channel) -> None:
-    """Copy bytes both ways until either side closes."""
-    while True:
-        readable, _, _ = select.select([sock, chan], [], [], 1.0)
-        if sock in readable:
-            data = sock.recv(_CHUNK)
-            if not data:
-                return
-            chan.sendall(data)
-        if chan in readable:
-            data = chan.recv(_CHUNK)
-            if not data:
-                return
+    """Copy bytes both ways until both sides have finished sending.
+
+    One thread per direction: a single loop blocked on a full SSH window in one direction
+    would stop draining the other, and an echoing service would then wait forever. A side
+    that finishes sending is half-closed on the other, so a client that shuts down its
+    writes (a request, then wait for the answer) still gets the whole answer.
+    """
+
+    def upstream() -> None:
+        with contextlib.suppress(OSError, EOFError):
+            while data := sock.recv(_CHUNK):
+                chan.sendall(data)
+        with contextlib.suppress(OSError, EOFError):
+            chan.shutdown_write()
+
+    up = threading.Thread(target=upstream, name="forward-up", daemon=True)
+    up.start()
+    with contextlib.suppress(OSError, EOFError):
+        while data := chan.recv(_CHUNK):
             sock.sendall(data)
-        if chan.closed:
-            return
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+    up.join()
 
 
 class LocalForward:
@@ -386,7 +393,7 @@ def cmd_tunnel(args: argparse.Namespace) -> int:
             fwd = LocalForward(client, spec.local_port, spec.remote_host, spec.remote_port)
             forwards.append(fwd)
             label = f"{spec.label}: " if spec.label else ""
-            print(f"{label}http://127.0.0.1:{fwd.local_port}/  ->  {spec.remote_host}:{spec.remote_port} "
+            print(f"{label}http://127.0.0.1:{fwd.local_port}/ -> {spec.remote_host}:{spec.remote_port} "
                   f"on {target.host}", flush=True)
         print("ops tunnel: forwarding; Ctrl-C to stop", file=sys.stderr, flush=True)
         transport = client.get_transport()

@@ -1,0 +1,366 @@
+"""`ops logs` and `ops tunnel` over a real OpenSSH sshd on 127.0.0.1, and SSH host-key checks.
+
+The machine is the ``sshd`` fixture (tests/fixtures/sshd.py): sessions run with a PATH
+the tests control, so a fake ``journalctl`` / ``tail`` there stands in for the machine's
+logs. Streaming is proven by a follower that only prints its second line after the test
+has read the first one.
+"""
+
+from __future__ import annotations
+
+import http.server
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from ops import remote
+from ops.remote import ForwardSpec, LocalForward, RemoteError, Target
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def target(sshd, **kw) -> Target:
+    return Target(sshd.host, port=sshd.port, user=sshd.user, key_path=str(sshd.key_path), **kw)
+
+
+def ops_cli(*args: str, home: Path, **popen) -> subprocess.Popen:
+    env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "ops", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        **popen,
+    )
+
+
+def ssh_args(sshd) -> list[str]:
+    return ["--host", sshd.host, "--port", str(sshd.port), "--user", sshd.user, "--key", str(sshd.key_path)]
+
+
+def read_line(stream, timeout: float = 20.0) -> bytes:
+    """One line from a pipe, failing the test instead of hanging."""
+    box: list[bytes] = []
+    t = threading.Thread(target=lambda: box.append(stream.readline()), daemon=True)
+    t.start()
+    t.join(timeout)
+    assert box, f"no line within {timeout} s"
+    return box[0]
+
+
+# -- logs ------------------------------------------------------------------------------
+
+
+def test_logs_follow_streams_the_journal_as_it_is_written(sshd, ssh_home, tmp_path):
+    args_file, go = tmp_path / "journal-args", tmp_path / "go"
+    sshd.fake_tool(
+        "journalctl",
+        f'printf "%s\\n" "$@" > {args_file}\n'
+        'echo "trainer: step 10 loss 0.5"\n'
+        # The second line waits for the test to have read the first: proof it streamed.
+        f"i=0; while [ ! -e {go} ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done\n"
+        'echo "trainer: step 20 loss 0.4"\n',
+    )
+    try:
+        proc = ops_cli("logs", *ssh_args(sshd), "--follow", "--lines", "7", home=ssh_home)
+        try:
+            first = read_line(proc.stdout)
+            assert not go.exists()
+            go.touch()
+            rest, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    finally:
+        sshd.remove_tool("journalctl")
+    assert first == b"trainer: step 10 loss 0.5\n", (first, sshd.log()[-2000:])
+    assert rest == b"trainer: step 20 loss 0.4\n", err
+    assert proc.returncode == 0, err
+    assert args_file.read_text().split() == [
+        "-u", "trainstack-trainer", "-u", "trainstack-watcher", "--no-pager", "-n", "7", "-f",
+    ]
+
+
+def test_logs_fall_back_to_the_log_files_without_journalctl(sshd, ssh_home, tmp_path):
+    args_file = tmp_path / "tail-args"
+    sshd.remove_tool("journalctl")
+    sshd.fake_tool("tail", f'printf "%s\\n" "$@" > {args_file}\necho "==> /var/log/trainstack/boot.log <=="\necho booted\n')
+    out = io.BytesIO()
+    try:
+        client = remote.connect(target(sshd))
+        try:
+            rc = remote.run(client, remote.logs_command(lines=5, follow=False), out)
+        finally:
+            client.close()
+    finally:
+        sshd.remove_tool("tail")
+    assert rc == 0
+    assert out.getvalue() == b"==> /var/log/trainstack/boot.log <==\nbooted\n"
+    argv = args_file.read_text().split()
+    assert argv[:2] == ["-n", "5"] and argv[2].startswith("/var/log/trainstack/"), argv
+
+
+def test_run_returns_the_remote_exit_status_and_stderr(sshd, ssh_home):
+    out = io.BytesIO()
+    client = remote.connect(target(sshd))
+    try:
+        rc = remote.run(client, "echo out; echo err >&2; exit 3", out)
+    finally:
+        client.close()
+    assert (rc, sorted(out.getvalue().split())) == (3, [b"err", b"out"])
+
+
+def test_logs_from_bucket_prints_every_uploaded_file(file_run, capsysbinary):
+    from ops.__main__ import main
+    from trainer.storage import open_store
+
+    store = open_store(file_run.uri)
+    store.put_bytes("logs/i-0abc/journal.log", b"a1\na2\na3\n")
+    store.put_bytes("logs/i-0abc/cloud-init-output.log", b"boot ok")
+    store.put_bytes("logs/i-0def/journal.log", b"b1\nb2\n")
+    assert main(["logs", "--run-uri", file_run.uri, "--from-bucket", "--lines", "2"]) == 0
+    out = capsysbinary.readouterr().out.decode()
+    assert out == (
+        "==> logs/i-0abc/cloud-init-output.log <==\nboot ok\n"
+        "==> logs/i-0abc/journal.log <==\na2\na3\n"
+        "==> logs/i-0def/journal.log <==\nb1\nb2\n"
+    )
+
+
+def test_logs_from_bucket_says_when_nothing_was_uploaded(file_run, capsys):
+    from ops.__main__ import main
+
+    assert main(["logs", "--run-uri", file_run.uri, "--from-bucket"]) == 1
+    err = capsys.readouterr().err
+    assert "no logs under" in err and "/logs/" in err
+
+
+# -- host keys -------------------------------------------------------------------------
+
+
+def test_unknown_host_key_is_refused_with_a_clear_message(sshd, ssh_home):
+    (ssh_home / ".ssh" / "known_hosts").unlink()
+    proc = ops_cli("logs", *ssh_args(sshd), home=ssh_home)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert out == b""
+    message = err.decode().strip()
+    assert message.startswith(f"ops logs: host key of [{sshd.host}]:{sshd.port} is unknown"), message
+    assert "--accept-new-host-key" in message and len(message.splitlines()) == 1
+    assert not (ssh_home / ".ssh" / "known_hosts").exists()
+
+
+def test_accept_new_host_key_trusts_on_first_use_and_saves_it(sshd, ssh_home):
+    known = ssh_home / ".ssh" / "known_hosts"
+    known.unlink()
+    client = remote.connect(target(sshd, accept_new_host_key=True))
+    client.close()
+    assert known.read_text() == sshd.known_hosts_line()
+    # Saved: the next connection passes the strict check without the option.
+    client = remote.connect(target(sshd))
+    out = io.BytesIO()
+    try:
+        rc = remote.run(client, "echo again", out)
+    finally:
+        client.close()
+    assert (rc, out.getvalue()) == (0, b"again\n")
+
+
+@pytest.mark.parametrize("accept_new", [False, True])
+def test_a_changed_host_key_is_always_refused(sshd, ssh_home, tmp_path, accept_new):
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    kind, blob = Path(f"{other}.pub").read_text().split()[:2]
+    known = ssh_home / ".ssh" / "known_hosts"
+    known.write_text(f"[{sshd.host}]:{sshd.port} {kind} {blob}\n")
+    with pytest.raises(RemoteError, match="has CHANGED") as info:
+        remote.connect(target(sshd, accept_new_host_key=accept_new))
+    assert f"ssh-keygen -R [{sshd.host}]:{sshd.port}" in str(info.value)
+    assert known.read_text() == f"[{sshd.host}]:{sshd.port} {kind} {blob}\n"  # nothing added
+
+
+def test_a_wrong_client_key_is_refused_with_a_clear_message(sshd, ssh_home, tmp_path):
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
+    t = Target(sshd.host, port=sshd.port, user=sshd.user, key_path=str(stranger))
+    with pytest.raises(RemoteError, match=r"refused .*check --user and --key"):
+        remote.connect(t)
+
+
+# -- tunnel ----------------------------------------------------------------------------
+
+
+class _Echo:
+    """A TCP echo server on 127.0.0.1 (what a machine's service looks like from sshd)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _echo(conn: socket.socket) -> None:
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _round_trip(port: int, payload: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+
+        def send() -> None:
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+
+        # Read while sending, as a real client does: an echo of a big payload fills every buffer.
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        chunks = []
+        while data := s.recv(65536):
+            chunks.append(data)
+        sender.join(20)
+    return b"".join(chunks)
+
+
+def test_local_forward_carries_bytes_both_ways_for_parallel_connections(sshd, ssh_home):
+    echo = _Echo()
+    client = remote.connect(target(sshd))
+    try:
+        with LocalForward(client, 0, "127.0.0.1", echo.port) as fwd:
+            listening = socket.getaddrinfo("127.0.0.1", fwd.local_port)[0][4]
+            assert fwd.server.server_address == listening  # 127.0.0.1 only, never 0.0.0.0
+            payloads = [os.urandom(700_000), b"small", os.urandom(65_537)]
+            results: dict[int, bytes] = {}
+
+            def go(i: int) -> None:
+                results[i] = _round_trip(fwd.local_port, payloads[i])
+
+            threads = [threading.Thread(target=go, args=(i,)) for i in range(len(payloads))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+    finally:
+        client.close()
+        echo.close()
+    assert [results.get(i) == p for i, p in enumerate(payloads)] == [True, True, True]
+    assert echo.accepted == 3
+
+
+def test_tunnel_cli_forwards_http_until_interrupted(sshd, ssh_home):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = f"tensorboard says hi to {self.path}".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    proc = ops_cli("tunnel", *ssh_args(sshd), "-L", f"0:{web.server_address[1]}", home=ssh_home)
+    try:
+        line = read_line(proc.stdout).decode()
+        assert line.startswith("http://127.0.0.1:"), line
+        local = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+        import urllib.request
+
+        bodies = [urllib.request.urlopen(f"http://127.0.0.1:{local}/run/{i}", timeout=20).read() for i in range(2)]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        web.shutdown()
+    assert bodies == [b"tensorboard says hi to /run/0", b"tensorboard says hi to /run/1"]
+    assert proc.returncode == 0, err
+    assert f"-> 127.0.0.1:{web.server_address[1]} on {sshd.host}" in line
+    # The listener is gone with the command.
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", local), timeout=2).close()
+
+
+def test_tunnel_needs_something_to_forward(capsys):
+    from ops.__main__ import main
+
+    assert main(["tunnel", "--host", "127.0.0.1"]) == 2
+    assert "pass --tensorboard, --jupyter or -L" in capsys.readouterr().err
+
+
+def test_forward_to_a_port_nothing_listens_on_drops_only_that_connection(sshd, ssh_home, capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    echo = _Echo()
+    client = remote.connect(target(sshd))
+    try:
+        with LocalForward(client, 0, "127.0.0.1", dead) as bad, LocalForward(client, 0, "127.0.0.1", echo.port) as ok:
+            assert _round_trip(bad.local_port, b"hello?") == b""
+            assert _round_trip(ok.local_port, b"still fine") == b"still fine"
+    finally:
+        client.close()
+        echo.close()
+    assert f"could not open 127.0.0.1:{dead}" in capsys.readouterr().err
+
+
+# -- parsing ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "spec"),
+    [
+        ("6006:6006", ForwardSpec(6006, "127.0.0.1", 6006)),
+        ("0:8888", ForwardSpec(0, "127.0.0.1", 8888)),
+        ("9000:10.0.0.5:80", ForwardSpec(9000, "10.0.0.5", 80)),
+    ],
+)
+def test_forward_spec_parses(text, spec):
+    assert ForwardSpec.parse(text) == spec
+
+
+@pytest.mark.parametrize("text", ["6006", "a:b", "1:2:3:4", "70000:80", "80:0", "80::81"])
+def test_forward_spec_refuses_with_the_expected_form(text):
+    import argparse
+    import re
+
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(text))):
+        ForwardSpec.parse(text)
+
+
+@pytest.mark.parametrize(
+    ("lines", "follow", "journal", "tail"),
+    [
+        (100, False, "--no-pager -n 100;", "tail -n 100 /var/log"),
+        (0, True, "--no-pager -n 0 -f;", "tail -n 0 -F /var/log"),
+    ],
+)
+def test_logs_command(lines, follow, journal, tail):
+    cmd = remote.logs_command(lines=lines, follow=follow)
+    assert cmd.startswith("if command -v journalctl")
+    assert "journalctl -u trainstack-trainer -u trainstack-watcher " + journal in cmd
+    assert tail in cmd and cmd.endswith("/var/log/trainstack/*.log; fi")
+
+
+def test_logs_command_refuses_negative_lines():
+    with pytest.raises(ValueError, match="lines must be >= 0"):
+        remote.logs_command(lines=-1, follow=False)
