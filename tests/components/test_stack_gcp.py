@@ -9,6 +9,7 @@ import subprocess
 from functools import lru_cache
 
 import pytest
+import yaml
 
 from components.gcp.group import IMAGE_FAMILY, WORKER_PORTS, cap_cron
 from components.gcp.identity import RESIZE_PERMISSIONS
@@ -264,3 +265,17 @@ def test_user_data_passes_cloud_init_schema(tmp_path):
     schema = subprocess.run(["cloud-init", "schema", "--config-file", str(doc)], capture_output=True, text=True, timeout=60)
     assert schema.returncode == 0, schema.stdout + schema.stderr
     assert "Valid" in schema.stdout
+
+
+GCP_STACK_FILES = [
+    p for p in sorted((synth.STACKS_DIR).glob("Pulumi.*.yaml"))
+    if ((yaml.safe_load(p.read_text()) or {}).get("config") or {}).get("trainstack:cloud") == "gcp"
+]
+
+
+@pytest.mark.parametrize("path", GCP_STACK_FILES or [pytest.param(None, marks=pytest.mark.skip("no GCP stack file yet"))],
+                         ids=lambda p: getattr(p, "name", "none"))
+def test_gcp_stack_files_synthesize(path):
+    r = synth.synthesize(path)
+    assert len(r.of_type(MIG)) == 1 and len(r.of_type(TEMPLATE)) == 1
+    assert r.outputs["runUri"].startswith(f"gs://{r.outputs['bucketName']}/runs/")
