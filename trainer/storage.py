@@ -554,8 +554,20 @@ class S3Store(Store):
         if isinstance(e, bx.ClientError):
             code = e.response.get("Error", {}).get("Code", "")
             status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return code in ("404", "NoSuchKey", "NotFound") or status == 404
+            if code in ("404", "NoSuchKey", "NotFound") or status == 404:
+                return True
+            if code in ("403", "AccessDenied", "Forbidden") or status == 403:
+                # S3 answers 403, not 404, for a missing key when the caller may list the
+                # bucket only under a prefix (the machine role lists just runs/<id>/*): a
+                # HEAD/GET carries no prefix, so the ListBucket condition does not match.
+                # Listing with the key itself as prefix is allowed; no such key = absent.
+                return not self._listed(key)
         return False
+
+    def _listed(self, key: str) -> bool:
+        name = self._name(key)
+        resp = self.client.list_objects_v2(Bucket=self.bucket, Prefix=name, MaxKeys=1)
+        return any(o["Key"] == name for o in resp.get("Contents", []))
 
     def _put_bytes(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._name(key), Body=data)

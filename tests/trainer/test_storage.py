@@ -252,3 +252,39 @@ def test_store_faults_are_retried(request, backend, mode):
     assert time.monotonic() - t0 >= 0.9
     assert run.proxy.failed > 2
     assert run.proxy.requests > run.proxy.failed  # the successful calls went through the proxy
+
+
+def test_s3_missing_key_under_prefix_scoped_listing_is_not_found(s3_run, tmp_path):
+    """With ListBucket granted only under the run prefix (the machine role's policy), S3
+    answers a HEAD/GET of a missing key with 403, not 404: the store must read that as
+    absent (by listing under the key) and still raise on a real denial."""
+    from botocore.awsrequest import AWSResponse
+
+    store = open_store(s3_run.uri)
+    store.put_bytes("present", b"1")
+    denied = []
+
+    class _Raw:
+        def stream(self, **_):
+            yield b""
+
+    def forbid_missing(request, **_):
+        name = request.url.split("?", 1)[0].rsplit("/", 1)[-1]
+        if name in ("COMPLETE", "denied") and request.method in ("HEAD", "GET"):
+            denied.append((request.method, name))
+            body = b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+            resp = AWSResponse(request.url, 403, {"content-type": "application/xml"}, _Raw())
+            resp._content = body
+            return resp
+        return None
+
+    store.client.meta.events.register("before-send.s3", forbid_missing)
+    assert store.exists("COMPLETE") is False
+    with pytest.raises(NotFound):
+        store.get_bytes("COMPLETE")
+    assert store.exists("present") is True
+    # a key that does exist but is denied is a real error, not "absent"
+    store.put_bytes("denied", b"x")
+    with pytest.raises(Exception, match="AccessDenied|403|Forbidden"):
+        store.get_bytes("denied")
+    assert ("HEAD", "COMPLETE") in denied and ("GET", "COMPLETE") in denied and ("GET", "denied") in denied
