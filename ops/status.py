@@ -134,13 +134,17 @@ def _number(doc: dict, key: str) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def read_status(run_uri: str, *, now: float | None = None, events: int = DEFAULT_EVENTS) -> RunStatus:
-    """Read the run at ``run_uri`` and say where it stands."""
+def read_status(run_uri: str, *, store=None, now: float | None = None, events: int = DEFAULT_EVENTS) -> RunStatus:
+    """Read the run at ``run_uri`` and say where it stands.
+
+    ``store``: the run's already opened store (a watch reuses one; opening an S3 client
+    costs most of a second); ``events``: how many recent events to include.
+    """
     from trainer.events import PROGRESS_KEY, read_events
     from trainer.storage import open_store
 
     now = time.time() if now is None else now
-    store = open_store(run_uri)
+    store = open_store(run_uri) if store is None else store
     st = RunStatus(run_uri=run_uri, state=NOT_STARTED, checked_at=datetime.fromtimestamp(now).astimezone().isoformat(
         timespec="seconds"))
 
@@ -288,7 +292,10 @@ def exit_code(st: RunStatus) -> int:
 def _watch(uri: str, args: argparse.Namespace, console) -> RunStatus:
     from rich.live import Live
 
-    st = read_status(uri, events=args.events)
+    from trainer.storage import open_store
+
+    store = open_store(uri)
+    st = read_status(uri, store=store, events=args.events)
 
     def wait() -> None:
         time.sleep(args.interval)
@@ -297,21 +304,21 @@ def _watch(uri: str, args: argparse.Namespace, console) -> RunStatus:
         print(json.dumps(st.to_json()), flush=True)
         while not st.final:
             wait()
-            st = _reread(uri, args, st)
+            st = _reread(uri, store, args, st)
             print(json.dumps(st.to_json()), flush=True)
         return st
     if console.is_terminal:
         with Live(render(st), console=console, auto_refresh=False) as live:
             while not st.final:
                 wait()
-                st = _reread(uri, args, st)
+                st = _reread(uri, store, args, st)
                 live.update(render(st), refresh=True)
         return st
     console.print(render(st))
     seen = (st.state, st.step, len(st.events) and st.events[-1].get("time"))
     while not st.final:
         wait()
-        st = _reread(uri, args, st)
+        st = _reread(uri, store, args, st)
         now = (st.state, st.step, len(st.events) and st.events[-1].get("time"))
         if now != seen:  # a log file gets a snapshot per change, not one per tick
             console.print()
@@ -320,10 +327,10 @@ def _watch(uri: str, args: argparse.Namespace, console) -> RunStatus:
     return st
 
 
-def _reread(uri: str, args: argparse.Namespace, previous: RunStatus) -> RunStatus:
+def _reread(uri: str, store, args: argparse.Namespace, previous: RunStatus) -> RunStatus:
     """The next snapshot; a read that fails mid-watch keeps the last one (the bucket may blip)."""
     try:
-        return read_status(uri, events=args.events)
+        return read_status(uri, store=store, events=args.events)
     except Exception as e:  # noqa: BLE001 - any failure to read is reported the same way, then retried
         print(f"ops status: could not read the run ({type(e).__name__}: {e}); retrying", file=sys.stderr)
         return previous

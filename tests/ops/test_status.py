@@ -1,0 +1,282 @@
+"""`ops status`: a run's state read from its bucket folder, on files and S3 (moto_server).
+
+Runs are built with the trainer's own writers where they exist (``EventLog`` for
+``events.jsonl`` / ``progress.json``, ``CheckpointStore.commit`` for checkpoints,
+``write_complete`` for ``COMPLETE``) and as the machine's finish script writes them for
+``FAILED`` / ``TIMED_OUT``. ``--stack`` is resolved through a fake ``pulumi`` on PATH.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from ops import status
+from ops.__main__ import main
+from trainer.checkpoints import CheckpointStore
+from trainer.events import EventLog
+from trainer.export import COMPLETE_KEY
+from trainer.storage import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
+STATES = ["not_started", "running", "preempted", "resumed", "complete", "failed", "timed_out"]
+
+
+def iso(seconds_ago: float) -> str:
+    return (datetime.now(UTC) - timedelta(seconds=seconds_ago)).isoformat(timespec="milliseconds")
+
+
+def events_of(store, attempt: int, *kinds: tuple[str, dict]) -> None:
+    log = EventLog(store, attempt=attempt, stream=io.StringIO(), tty=False)
+    for kind, fields in kinds:
+        log.emit(kind, **fields)
+    log.close()
+
+
+def progress_of(store, attempt: int, step: int, total: int, loss: float, rate: float) -> None:
+    log = EventLog(store, attempt=attempt, stream=io.StringIO(), tty=False)
+    log.progress(step, total, loss, rate)
+    log.close()
+
+
+def commit(store, tmp_path: Path, step: int) -> None:
+    src = tmp_path / f"ckpt-src-{step}"
+    src.mkdir(parents=True)
+    (src / "state.json").write_text(json.dumps({"step": step}))
+    (src / "ckpt.index").write_bytes(os.urandom(64))
+    CheckpointStore(store).commit(step, str(src))
+
+
+def write_complete_doc(store, step: int) -> None:
+    """``COMPLETE`` as ``trainer.export.complete_record`` writes it (that one needs TF: 10 s to import)."""
+    doc = {"step": step, "metrics": {"loss": 0.1}, "examples_seen": step * 64, "attempts": 2,
+           "seconds_lost_to_preemption": 12.5, "total_seconds": 100.0, "finished_at": iso(0)}
+    store.put_bytes(COMPLETE_KEY, json.dumps(doc, indent=2).encode())
+
+
+STARTED = ("started", {"config": {"steps": 1000, "batch_size": 64}, "global_batch": 64, "workers": 1})
+
+
+def build(kind: str, store, tmp_path: Path) -> None:
+    """Write the run folder a run in state ``kind`` has."""
+    if kind == "not_started":
+        return
+    events_of(store, 1, STARTED, ("checkpoint", {"step": 100, "seconds": 0.1, "bytes": 10}))
+    commit(store, tmp_path, 100)
+    progress_of(store, 1, 130, 1000, 0.75, 640.0)
+    if kind == "running":
+        return
+    events_of(store, 1, ("spot_notice", {"cloud": "aws", "kind": "termination"}))
+    commit(store, tmp_path, 130)
+    events_of(store, 1, ("checkpoint", {"step": 130}), ("preempted", {"step": 130, "signal": "SIGTERM"}))
+    if kind == "preempted":
+        return
+    events_of(store, 2, STARTED, ("resumed", {"step": 130}))
+    progress_of(store, 2, 400, 1000, 0.5, 640.0)
+    if kind == "resumed":
+        return
+    if kind == "complete":
+        commit(store, tmp_path, 1000)
+        progress_of(store, 2, 1000, 1000, 0.1, 640.0)
+        events_of(store, 2, ("finished", {"step": 1000, "metrics": {"loss": 0.1}}))
+        write_complete_doc(store, 1000)
+        return
+    outcome = {"failed": "FAILED", "timed_out": "TIMED_OUT"}[kind]
+    reason = {"FAILED": "the trainer failed 5 times in a row (last exit 1)", "TIMED_OUT": "the run's deadline passed"}
+    doc = {"outcome": outcome, "reason": reason[outcome], "instance": "i-0abc", "time": iso(0),
+           "final_step": 400, "attempts": 5}
+    store.put_bytes(outcome, json.dumps(doc).encode())
+
+
+EXPECTED = {
+    # state, exit code, step, attempts, preemptions, newest checkpoint
+    "not_started": ("NOT STARTED", 0, None, 0, 0, None),
+    "running": ("RUNNING", 0, 130, 1, 0, 100),
+    "preempted": ("PREEMPTED", 0, 130, 1, 1, 130),
+    "resumed": ("RUNNING", 0, 400, 2, 1, 130),
+    "complete": ("COMPLETE", 0, 1000, 2, 1, 1000),
+    "failed": ("FAILED", 1, 400, 2, 1, 130),
+    "timed_out": ("TIMED_OUT", 1, 400, 2, 1, 130),
+}
+
+
+@pytest.mark.parametrize(
+    ("run_root", "kinds"),
+    [
+        ("file", STATES),
+        # Opening an S3 client takes most of a second: the states whose files differ most.
+        pytest.param("s3", ["not_started", "preempted", "complete", "timed_out"], marks=pytest.mark.slow),
+    ],
+    indirect=["run_root"],
+)
+def test_status_json_and_exit_code_in_every_state(run_root, kinds, tmp_path, capsys):
+    seen = {}
+    for kind in kinds:
+        uri = f"{run_root.uri}-{kind}"
+        build(kind, open_store(uri), tmp_path / kind)
+        rc = main(["status", "--run-uri", uri, "--json"])
+        out = capsys.readouterr().out
+        doc = json.loads(out)  # exactly one JSON object
+        ckpt = doc["checkpoint"]["step"] if doc["checkpoint"] else None
+        seen[kind] = (doc["state"], rc, doc["step"], doc["attempts"], doc["preemptions"], ckpt)
+        assert doc["run_uri"] == uri
+    assert seen == {k: EXPECTED[k] for k in kinds} and len(seen) == len(kinds)
+
+
+def test_running_run_reports_progress_eta_checkpoint_age_and_recent_events(file_run, tmp_path):
+    store = open_store(file_run.uri)
+    build("resumed", store, tmp_path)
+    st = status.read_status(file_run.uri, events=3)
+    assert (st.state, st.step, st.total, st.loss, st.examples_per_sec) == ("RUNNING", 400, 1000, 0.5, 640.0)
+    # 600 steps left at 640 examples/s with a global batch of 64 = 10 steps/s.
+    assert st.eta_seconds == 60.0
+    assert st.spot_notices == 1
+    assert st.checkpoint.step == 130 and 0 <= st.checkpoint.age_seconds < 60
+    assert 0 <= st.progress_age_seconds < 60
+    assert [e["event"] for e in st.events] == ["preempted", "started", "resumed"]
+    assert all("config" not in e for e in st.events)
+
+
+def test_preempted_run_says_it_waits_for_a_machine(file_run, tmp_path):
+    build("preempted", open_store(file_run.uri), tmp_path)
+    st = status.read_status(file_run.uri)
+    assert st.state == "PREEMPTED" and st.eta_seconds is None
+    assert st.detail == "stopped at step 130; waiting for the group to start a machine"
+
+
+def test_a_checkpoint_without_its_marker_is_not_reported(file_run, tmp_path):
+    store = open_store(file_run.uri)
+    build("running", store, tmp_path)
+    store.put_bytes("checkpoints/ckpt-500/ckpt.index", b"half an upload")
+    store.put_bytes("progress.json", b"{not json")  # a torn write must not break the report
+    st = status.read_status(file_run.uri)
+    assert (st.state, st.checkpoint.step, st.step, st.total) == ("RUNNING", 100, 100, 1000)
+
+
+def test_failed_run_shows_the_reason(file_run, tmp_path, capsys):
+    build("failed", open_store(file_run.uri), tmp_path)
+    assert main(["status", "--run-uri", file_run.uri]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED  the trainer failed 5 times in a row (last exit 1)" in out
+
+
+def test_text_report_has_the_bar_and_the_figures(file_run, tmp_path, capsys):
+    build("resumed", open_store(file_run.uri), tmp_path)
+    assert main(["status", "--run-uri", file_run.uri]) == 0
+    lines = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    by_label = {line.split()[0]: line for line in lines if line and not line.startswith(" ")}
+    assert by_label["state"].split() == ["state", "RUNNING"]
+    assert "━" in by_label["progress"] and by_label["progress"].endswith("400/1000 (40.0%)")
+    assert by_label["loss"].split() == ["loss", "0.5", "examples/s", "640", "ETA", "1m", "00s"]
+    assert by_label["attempts"].split() == ["attempts", "2", "preemptions", "1", "spot", "notices", "1"]
+    assert by_label["checkpoint"].startswith("checkpoint  step 130, ")
+    assert "resumed attempt=2 step=130" in by_label["events"] or any("resumed attempt=2" in x for x in lines)
+
+
+def test_not_started_run(file_run, capsys):
+    assert main(["status", "--run-uri", file_run.uri]) == 0
+    out = capsys.readouterr().out
+    assert "NOT STARTED" in out and "none committed yet" in out
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [("ftp://bucket/run", "unsupported scheme 'ftp'"), ("no-scheme", "must start with s3://, gs:// or file://")],
+)
+def test_bad_run_uri_is_one_line_and_exit_2(uri, message, capsys):
+    assert main(["status", "--run-uri", uri]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+# -- --stack through the pulumi CLI ----------------------------------------------------
+
+
+def fake_pulumi(bin_dir: Path, outputs: dict | None, *, rc: int = 0, stderr: str = "") -> Path:
+    """A `pulumi` executable that records its arguments and prints ``outputs`` as JSON."""
+    bin_dir.mkdir(exist_ok=True)
+    args_file = bin_dir / "pulumi-args"
+    script = bin_dir / "pulumi"
+    (bin_dir / "pulumi-stdout").write_text(json.dumps(outputs) if outputs is not None else "")
+    (bin_dir / "pulumi-stderr").write_text(stderr)
+    script.write_text(
+        "#!/bin/sh\n"
+        f'printf "%s\\n" "$PWD" "$@" > {args_file}\n'
+        f"cat {bin_dir / 'pulumi-stdout'}\n"
+        f"cat {bin_dir / 'pulumi-stderr'} >&2\n"
+        f"exit {rc}\n"
+    )
+    script.chmod(0o755)
+    return args_file
+
+
+def test_watch_command_resolves_the_stack_with_pulumi_and_exits_1_on_failure(file_run, tmp_path):
+    build("timed_out", open_store(file_run.uri), tmp_path)
+    bin_dir = tmp_path / "bin"
+    args_file = fake_pulumi(bin_dir, {"runUri": file_run.uri, "groupName": "g"})
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    # The stack's exported watchCommand, run from another folder: pulumi still runs in the project.
+    proc = subprocess.run([sys.executable, "-m", "ops", "status", "--stack", "dev", "--json"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.strip(), proc.stderr
+    assert json.loads(proc.stdout)["state"] == "TIMED_OUT"
+    recorded = args_file.read_text().splitlines()
+    assert recorded == [str(ROOT), "stack", "output", "--json", "--stack", "dev"]
+
+
+def test_missing_pulumi_cli_is_one_line_suggesting_run_uri(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no pulumi here
+    assert main(["status", "--stack", "dev"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ops status: the pulumi CLI is not on PATH") and "--run-uri" in err
+    assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("outputs", "rc", "stderr", "message"),
+    [
+        (None, 255, "error: no stack named 'prod' found", "failed: error: no stack named 'prod' found"),
+        ({"bucketName": "b"}, 0, "", "stack prod has no runUri output; run `pulumi up` for it first"),
+    ],
+)
+def test_pulumi_errors_are_reported(tmp_path, monkeypatch, capsys, outputs, rc, stderr, message):
+    fake_pulumi(tmp_path / "bin", outputs, rc=rc, stderr=stderr)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    assert main(["status", "--stack", "prod"]) == 2
+    assert message in capsys.readouterr().err
+
+
+# -- --watch ---------------------------------------------------------------------------
+
+
+def test_watch_refreshes_until_the_run_ends(file_run, tmp_path):
+    store = open_store(file_run.uri)
+    build("resumed", store, tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ops", "status", "--run-uri", file_run.uri, "--watch", "--json", "--interval", "0.2"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        first = json.loads(proc.stdout.readline())
+        progress_of(store, 2, 700, 1000, 0.3, 640.0)
+        deadline = time.monotonic() + 30
+        steps = [first["step"]]
+        while steps[-1] != 700 and time.monotonic() < deadline:
+            steps.append(json.loads(proc.stdout.readline())["step"])
+        write_complete_doc(store, 1000)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    last = json.loads(out.splitlines()[-1])
+    assert (first["state"], steps[0], steps[-1]) == ("RUNNING", 400, 700)
+    assert (last["state"], last["step"], proc.returncode) == ("COMPLETE", 1000, 0), err
