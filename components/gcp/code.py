@@ -1,7 +1,7 @@
 """TrainerCode: the trainer package as a content-addressed archive in the stack's bucket.
 
 The archive is the same deterministic tar.gz the AWS stack uploads (one packer for both
-clouds, in components/aws/code.py); here it goes to gs://<bucket>/code/trainer-<hash>.tar.gz.
+clouds, in components/code.py); here it goes to gs://<bucket>/code/trainer-<hash>.tar.gz.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
-from components.aws.code import TRAINER_DIR, archive_key, pack, write_archive
+from components.code import TRAINER_DIR, archive_key, pack, write_archive
 
 
 @dataclass(kw_only=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from components.aws.code import archive_key, pack, write_archive
+from components.code import archive_key, pack, write_archive
 from tests.components.aws.awshelp import one, synth_raw
 
 OBJECT = "aws:s3/bucketObjectv2:BucketObjectv2"
