@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.server
 import io
+import json
 import os
 import signal
 import socket
@@ -364,3 +365,116 @@ def test_logs_command(lines, follow, journal, tail):
 def test_logs_command_refuses_negative_lines():
     with pytest.raises(ValueError, match="lines must be >= 0"):
         remote.logs_command(lines=-1, follow=False)
+
+
+# -- finding the machines --------------------------------------------------------------
+
+
+@pytest.fixture
+def aws_env(moto_server, monkeypatch):
+    """boto3 clients in this process talk to moto_server (ec2, autoscaling)."""
+    for k, v in {"AWS_ENDPOINT_URL": moto_server, "AWS_ACCESS_KEY_ID": "testing",
+                 "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    return moto_server
+
+
+@pytest.fixture
+def aws_clients(aws_env):
+    """(ec2, autoscaling) clients on moto_server."""
+    import boto3
+
+    session = boto3.session.Session()
+    return session.client("ec2", region_name="us-east-1"), session.client("autoscaling", region_name="us-east-1")
+
+
+def spot_group(clients, name: str, size: int) -> list[str]:
+    """An Auto Scaling group of ``size`` instances on moto; returns their ids."""
+    ec2, asg = clients
+    ec2.create_launch_template(LaunchTemplateName=f"{name}-lt",
+                               LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"})
+    asg.create_auto_scaling_group(AutoScalingGroupName=name, MinSize=0, MaxSize=size, DesiredCapacity=size,
+                                  LaunchTemplate={"LaunchTemplateName": f"{name}-lt", "Version": "$Latest"},
+                                  AvailabilityZones=["us-east-1a"])
+    groups = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]
+    return [i["InstanceId"] for i in groups[0]["Instances"]]
+
+
+@pytest.mark.slow  # the first EC2 call loads moto's AMI catalogue
+def test_aws_hosts_are_the_groups_running_instances(aws_clients):
+    import uuid
+
+    from ops import hosts
+
+    group = f"trainstack-{uuid.uuid4().hex[:8]}"
+    mine = spot_group(aws_clients, group, 3)
+    spot_group(aws_clients, f"{group}-other", 1)  # another stack's machine: never listed
+    aws_clients[0].stop_instances(InstanceIds=[mine[0]])
+    found = hosts.aws_hosts(group, "us-east-1")
+    assert sorted(h.name for h in found) == sorted(mine[1:])
+    for h in found:
+        assert h.address() == h.public_ip and h.address(private=True) == h.private_ip
+        assert h.private_ip.startswith("10.") and h.zone == "us-east-1a"
+
+
+def test_stack_machines_come_from_the_stack_outputs(aws_clients, tmp_path, monkeypatch):
+    import argparse
+    import uuid
+
+    from ops import hosts
+    from tests.ops.test_status import fake_pulumi
+
+    group = f"trainstack-{uuid.uuid4().hex[:8]}"
+    ids = spot_group(aws_clients, group, 2)
+    fake_pulumi(tmp_path / "bin", {"runUri": "s3://b/runs/dev", "groupName": group, "region": "us-east-1"})
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    found = {h.name: h for h in hosts.stack_hosts("dev")}
+    assert sorted(found) == sorted(ids)
+    public = hosts.machine_addresses(argparse.Namespace(host=None, stack="dev", private=False))
+    private = hosts.machine_addresses(argparse.Namespace(host=None, stack="dev", private=True))
+    assert sorted(public) == sorted(h.public_ip for h in found.values())
+    assert sorted(private) == sorted(h.private_ip for h in found.values())
+    assert set(public).isdisjoint(private) and len(public) == 2
+
+
+def test_a_stack_without_running_machines_says_so(aws_env, tmp_path, monkeypatch):
+    import argparse
+
+    from ops import hosts
+    from tests.ops.test_status import fake_pulumi
+
+    fake_pulumi(tmp_path / "bin", {"runUri": "s3://b/runs/dev", "groupName": "no-such-group", "region": "us-east-1"})
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(hosts.HostsError, match="stack dev has no running machine"):
+        hosts.machine_addresses(argparse.Namespace(host=None, stack="dev", private=False))
+
+
+def test_gcp_hosts_from_gcloud(tmp_path, monkeypatch):
+    from ops import hosts
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    listing = [
+        {"name": "trainstack-dev-b2c3", "zone": "https://x/projects/p/zones/europe-west4-b",
+         "creationTimestamp": "2026-01-02T00:00:00Z",
+         "networkInterfaces": [{"networkIP": "10.0.0.3", "accessConfigs": [{"natIP": "34.1.2.3"}]}]},
+        {"name": "trainstack-dev-a1b2", "zone": "https://x/projects/p/zones/europe-west4-a",
+         "creationTimestamp": "2026-01-01T00:00:00Z", "networkInterfaces": [{"networkIP": "10.0.0.2"}]},
+    ]
+    (bin_dir / "out.json").write_text(json.dumps(listing))
+    (bin_dir / "gcloud").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {bin_dir}/args\ncat {bin_dir}/out.json\n')
+    (bin_dir / "gcloud").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    found = hosts.gcp_hosts("trainstack-dev", "europe-west4")
+    assert [(h.name, h.public_ip, h.private_ip, h.zone) for h in found] == [
+        ("trainstack-dev-a1b2", None, "10.0.0.2", "europe-west4-a"),
+        ("trainstack-dev-b2c3", "34.1.2.3", "10.0.0.3", "europe-west4-b"),
+    ]
+    args = (bin_dir / "args").read_text().splitlines()
+    assert args == ["compute", "instances", "list", "--format=json",
+                    "--filter=name~'^trainstack\\-dev-[a-z0-9]{4}$' AND status=RUNNING "
+                    "AND zone~'/zones/europe\\-west4-'"]
+    with pytest.raises(hosts.HostsError, match="no public IP; reach it over a VPN with --private"):
+        found[0].address()
