@@ -178,7 +178,64 @@ def test_text_report_has_the_bar_and_the_figures(file_run, tmp_path, capsys):
     assert by_label["loss"].split() == ["loss", "0.5", "examples/s", "640", "ETA", "1m", "00s"]
     assert by_label["attempts"].split() == ["attempts", "2", "preemptions", "1", "spot", "notices", "1"]
     assert by_label["checkpoint"].startswith("checkpoint  step 130, ")
-    assert "resumed attempt=2 step=130" in by_label["events"] or any("resumed attempt=2" in x for x in lines)
+    events = [line.split() for line in lines[lines.index(by_label["events"]):]]
+    names = [(e[1:] if e[0] == "events" else e)[1] for e in events]
+    assert names == ["checkpoint", "spot_notice", "checkpoint", "preempted", "started", "resumed"]
+    assert events[-1][-2:] == ["attempt=2", "step=130"]
+
+
+@pytest.mark.parametrize(
+    ("last", "detail"),
+    [
+        (("failed", {"reason": "OSError: disk full", "step": 130}), "attempt 1 failed (OSError: disk full); the machine retries"),
+        (("spot_notice", {"cloud": "gcp", "kind": "preempted"}), "spot notice received: checkpointing before the machine is taken back"),
+        (("finished", {"step": 1000}), "training finished; writing the model"),
+    ],
+)
+def test_running_run_says_what_it_is_doing(file_run, tmp_path, last, detail):
+    store = open_store(file_run.uri)
+    build("running", store, tmp_path)
+    events_of(store, 1, last)
+    st = status.read_status(file_run.uri)
+    assert (st.state, st.detail) == ("RUNNING", detail)
+
+
+def test_progress_that_stopped_moving_is_pointed_out(file_run, tmp_path):
+    store = open_store(file_run.uri)
+    build("running", store, tmp_path)
+    st = status.read_status(file_run.uri, now=time.time() + 3600)
+    assert (st.state, st.detail) == ("RUNNING", "no progress for 1h 00m")
+    assert st.checkpoint.age_seconds >= 3600
+
+
+def test_watch_on_a_log_file_prints_a_snapshot_per_change_until_the_end(file_run, tmp_path):
+    import argparse
+    import threading
+
+    from rich.console import Console
+
+    store = open_store(file_run.uri)
+    build("resumed", store, tmp_path)
+    out = io.StringIO()
+    console = Console(file=out, width=100)
+    assert not console.is_terminal
+
+    def finish_later() -> None:
+        time.sleep(0.5)
+        progress_of(store, 2, 700, 1000, 0.3, 640.0)
+        time.sleep(0.5)
+        write_complete_doc(store, 1000)
+
+    writer = threading.Thread(target=finish_later)
+    writer.start()
+    args = argparse.Namespace(json=False, interval=0.1, events=2)
+    st = status._watch(file_run.uri, args, console)
+    writer.join()
+    states = [line.split()[1] for line in out.getvalue().splitlines() if line.startswith("state ")]
+    progress = [line.split()[-2] for line in out.getvalue().splitlines() if line.startswith("progress ")]
+    assert (st.state, states[0], states[-1]) == ("COMPLETE", "RUNNING", "COMPLETE")
+    # One snapshot per change (400, 700, then COMPLETE at 1000), not one per 0.1 s tick.
+    assert progress == ["400/1000", "700/1000", "1000/1000"]
 
 
 def test_not_started_run(file_run, capsys):
