@@ -153,6 +153,7 @@ def run(
         chan.set_combine_stderr(True)
         chan.settimeout(poll_s)  # wake up now and then so Ctrl-C is seen at once
         chan.exec_command(command)
+        held = b""  # a terminal's "\r\n" can be split between two reads
         while True:
             try:
                 data = chan.recv(_CHUNK)
@@ -160,7 +161,13 @@ def run(
                 continue
             if not data:
                 break
-            out.write(data.replace(b"\r\n", b"\n") if pty else data)
+            if pty:
+                data = (held + data).replace(b"\r\n", b"\n")
+                held, data = (b"\r", data[:-1]) if data.endswith(b"\r") else (b"", data)
+            out.write(data)
+            out.flush()
+        if held:
+            out.write(held)
             out.flush()
         return chan.recv_exit_status()
     finally:
@@ -358,8 +365,15 @@ def cmd_logs(args: argparse.Namespace) -> int:
             if len(targets) > 1:
                 sys.stdout.write(f"==> {t.host} <==\n")
                 sys.stdout.flush()
-            with contextlib.closing(connect(t)) as client:
-                status = run(client, command, sys.stdout.buffer, pty=args.follow) or status
+            try:
+                with contextlib.closing(connect(t)) as client:
+                    status = run(client, command, sys.stdout.buffer, pty=args.follow) or status
+            except RemoteError as e:
+                if len(targets) == 1:
+                    raise
+                # One unreachable machine (being preempted) must not hide the others' logs.
+                print(f"ops logs: {t.host}: {e}", file=sys.stderr)
+                status = 2
         return status
     except (HostsError, RemoteError, ValueError) as e:
         print(f"ops logs: {e}", file=sys.stderr)

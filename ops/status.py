@@ -378,6 +378,16 @@ def _positive(text: str) -> float:
     return v
 
 
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more")
+    return v
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``status`` command to ``python -m ops``."""
     p = sub.add_parser("status", help="where a run stands: state, progress, attempts, checkpoints, events")
@@ -388,5 +398,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interval", type=_positive, default=DEFAULT_INTERVAL_S,
                    help="seconds between refreshes with --watch (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object (one per refresh with --watch)")
-    p.add_argument("--events", type=int, default=DEFAULT_EVENTS, help="how many recent events (default: %(default)s)")
+    p.add_argument("--events", type=_count, default=DEFAULT_EVENTS, help="how many recent events (default: %(default)s)")
     p.set_defaults(func=cmd_status)

@@ -115,6 +115,18 @@ def test_run_returns_the_remote_exit_status_and_stderr(sshd, ssh_home):
     assert (rc, sorted(out.getvalue().split())) == (3, [b"err", b"out"])
 
 
+def test_run_with_a_terminal_gives_plain_newlines_across_reads(sshd, ssh_home):
+    out = io.BytesIO()
+    client = remote.connect(target(sshd))
+    try:
+        # Enough output to span many reads: no "\r" may survive, wherever the reads split.
+        rc = remote.run(client, 'i=0; while [ $i -lt 4000 ]; do echo "line $i"; i=$((i+1)); done', out, pty=True)
+    finally:
+        client.close()
+    assert rc == 0
+    assert out.getvalue() == b"".join(b"line %d\n" % i for i in range(4000))
+
+
 def test_logs_from_bucket_prints_every_uploaded_file(file_run, capsysbinary):
     from ops.__main__ import main
     from trainer.storage import open_store

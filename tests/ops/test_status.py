@@ -114,6 +114,7 @@ EXPECTED = {
         ("file", STATES),
         # Opening an S3 client takes most of a second: the states whose files differ most.
         pytest.param("s3", ["not_started", "preempted", "complete", "timed_out"], marks=pytest.mark.slow),
+        pytest.param("gs", ["resumed", "failed"], marks=pytest.mark.slow),
     ],
     indirect=["run_root"],
 )
