@@ -1,4 +1,4 @@
-"""`python -m ops`: the operator's commands. `synth` writes what a stack would create, offline."""
+"""`python -m ops`: the operator's commands. `synth` writes what a stack would create, offline; `status`, `logs` and `tunnel` (ops/status.py, ops/remote.py) follow a run and reach its machines."""
 
 from __future__ import annotations
 
