@@ -180,6 +180,25 @@ instance_id() {
 
 # ---- the group and the registry ----
 
+# This machine's private address, the one its peers reach.
+private_ip() {
+  case "$TRAINSTACK_CLOUD" in
+    aws) md_get local-ipv4 ;;
+    gcp) md_get network-interfaces/0/ip ;;
+  esac
+}
+
+# Private addresses of the group's running machines, one a line.
+group_ips() {
+  case "$TRAINSTACK_CLOUD" in
+    aws) aws ec2 describe-instances --region "$TRAINSTACK_REGION" --output text \
+      --filters "Name=tag:aws:autoscaling:groupName,Values=$TRAINSTACK_GROUP" "Name=instance-state-name,Values=running" \
+      --query 'Reservations[].Instances[].PrivateIpAddress' ;;
+    gcp) gcloud compute instances list --filter="name~^$TRAINSTACK_GROUP-" \
+      --format='value(networkInterfaces[0].networkIP)' ;;
+  esac | tr -s ' \t' '\n' | sed '/^$/d' | sort -t. -k1,1n -k2,2n -k3,3n -k4,4n
+}
+
 # Sets this stack's group to zero machines. Idempotent: whichever node sees the end calls it.
 scale_to_zero() {
   case "$TRAINSTACK_CLOUD" in

@@ -5,7 +5,7 @@
 # exit 143 after a spot notice waits for the cloud to take the machine, anything else
 # restarts with backoff until TRAINSTACK_MAX_FAILURES failures in a row mark it FAILED.
 # Every ending goes through finish.sh, which scales the group to zero and shuts down.
-set -Eeuo pipefail
+set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
@@ -16,10 +16,12 @@ finish() {
   exec "$BIN_DIR/finish.sh" "$@"
 }
 
-# An error in this script itself ends the run as FAILED rather than looping forever.
-on_error() {
-  trap - ERR
-  finish FAILED "supervisor error at line $1 (exit $2)"
+# Every normal path ends in `exec finish.sh` or waits for the cloud; leaving this script
+# any other way (an error under `set -e`) ends the run as FAILED rather than looping
+# forever. SIGTERM is the machine shutting down: no verdict then.
+on_exit() {
+  trap - EXIT
+  finish FAILED "the supervisor stopped unexpectedly (exit $1); see logs"
 }
 
 # The run's end markers are checked first, before any setup: a finished run costs only
@@ -53,6 +55,34 @@ write_container_env() {
   printf 'TRAINSTACK_DATA_DIR=/data/stage\nTRAINSTACK_WORK_DIR=/data/work\n' >>"$CONTAINER_ENV"
 }
 
+# With several machines, TensorFlow's MultiWorkerMirroredStrategy needs TF_CONFIG: every
+# worker's address in one order (sorted private IPs) and this machine's index in it. The
+# group is read before each start, since a replaced machine has a new address.
+tf_config() {
+  local nodes="${TRAINSTACK_NODES:-1}" waited=0 ips me index
+  ((nodes > 1)) || return 0
+  me="$(private_ip)" || { log "cannot read this machine's private address"; return 1; }
+  while true; do
+    ips="$(group_ips)" || ips=""
+    if [[ "$(grep -c . <<<"$ips")" -eq "$nodes" ]] && grep -qx "$me" <<<"$ips"; then break; fi
+    if ((waited >= CLUSTER_WAIT_S)); then
+      log "the group has $(grep -c . <<<"$ips") of $nodes machines running after ${waited}s"
+      return 1
+    fi
+    sleep "$CLUSTER_POLL_S"
+    waited=$((waited + CLUSTER_POLL_S))
+  done
+  index="$(grep -nx "$me" <<<"$ips" | cut -d: -f1)"
+  python3 -c '
+import json, sys
+port, index, ips = sys.argv[1], int(sys.argv[2]), sys.stdin.read().split()
+workers = [f"{ip}:{port}" for ip in ips]
+print("TF_CONFIG=" + json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}},
+                                separators=(",", ":")))
+'  "$WORKER_PORT" "$((index - 1))" <<<"$ips" >>"$CONTAINER_ENV"
+  log "worker $((index - 1)) of $nodes: $(tr '\n' ' ' <<<"$ips")"
+}
+
 # Runs the container in the foreground with a watchdog that stops it at the deadline.
 run_container() {
   local remaining=$1 args pid watchdog rc=0
@@ -70,6 +100,7 @@ run_container() {
   docker "${args[@]}" "$TRAINSTACK_IMAGE" python -m trainer &
   pid=$!
   (
+    set +e
     sleep "$remaining" &
     trap 'kill $! 2>/dev/null; exit 0' TERM
     wait $!
@@ -92,12 +123,17 @@ wait_for_cloud() {
 
 main() {
   load_env
-  trap 'on_error $LINENO $?' ERR
+  trap 'on_exit $?' EXIT
+  trap 'trap - EXIT; exit 143' TERM INT
   MAX_FAILURES="${TRAINSTACK_MAX_FAILURES:-3}"
   BACKOFF_S="${TRAINSTACK_RESTART_BACKOFF_S:-15}"
   # How long to wait, after stopping for a notice, for the cloud to take the machine back;
   # a notice that does not end the machine (GCE live maintenance) resumes training after it.
   NOTICE_WAIT_S="${TRAINSTACK_NOTICE_WAIT_S:-900}"
+  # Several machines: how long a start waits for the whole group, and the workers' port.
+  CLUSTER_WAIT_S="${TRAINSTACK_CLUSTER_WAIT_S:-900}"
+  CLUSTER_POLL_S="${TRAINSTACK_CLUSTER_POLL_S:-10}"
+  WORKER_PORT="${TRAINSTACK_WORKER_PORT:-2222}"
   log "boot: run $RUN_URI, group $TRAINSTACK_GROUP, image $TRAINSTACK_IMAGE"
   rm -f "$RUNTIME_DIR/deadline-hit"
   check_run_folder
@@ -106,7 +142,6 @@ main() {
   fi
   # shellcheck source=/dev/null
   . "$STATE_DIR/paths"
-  write_container_env
   local failures rc remaining
   failures="$(cat "$STATE_DIR/failures" 2>/dev/null || echo 0)"
   while true; do
@@ -115,7 +150,12 @@ main() {
     ((remaining > 0)) || finish TIMED_OUT "the run's deadline passed"
     log "starting the trainer (failures in a row: $failures)"
     rc=0
-    run_container "$remaining" || rc=$?
+    write_container_env
+    if tf_config; then
+      run_container "$remaining" || rc=$?
+    else
+      rc=75
+    fi
     log "trainer exited with $rc"
     [[ ! -e "$RUNTIME_DIR/deadline-hit" ]] || finish TIMED_OUT "the run's deadline passed during training"
     if ((rc == 0)); then

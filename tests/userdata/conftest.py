@@ -181,14 +181,19 @@ def metadata() -> Iterator[MetadataServer]:
 @pytest.fixture
 def group(s3_run) -> str:
     """An Auto Scaling group of one machine on moto_server; its name."""
+    return make_group(s3_run, 1)
+
+
+def make_group(s3_run, size: int) -> str:
+    """An Auto Scaling group of `size` machines on moto_server; its name."""
     ep = s3_run.vars["AWS_ENDPOINT_URL"]
     name = f"trainstack-{uuid.uuid4().hex[:8]}"
     ec2 = boto3.client("ec2", endpoint_url=ep, region_name="us-east-1")
     ec2.create_launch_template(LaunchTemplateName=name,
                                LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"})
     boto3.client("autoscaling", endpoint_url=ep, region_name="us-east-1").create_auto_scaling_group(
-        AutoScalingGroupName=name, LaunchTemplate={"LaunchTemplateName": name}, MinSize=1, MaxSize=1,
-        DesiredCapacity=1, AvailabilityZones=["us-east-1a"])
+        AutoScalingGroupName=name, LaunchTemplate={"LaunchTemplateName": name}, MinSize=size, MaxSize=size,
+        DesiredCapacity=size, AvailabilityZones=["us-east-1a"])
     return name
 
 

@@ -103,6 +103,27 @@ def aws(argv: list[str]) -> int:
             DesiredCapacity=int(opts["--desired-capacity"]),
         )
         return 0
+    if service == "ec2" and op == "describe-instances":
+        import boto3
+        import jmespath
+
+        filters, query, i = [], None, 0
+        while i < len(rest):
+            if rest[i] == "--filters":
+                i += 1
+                while i < len(rest) and not rest[i].startswith("--"):
+                    name, values = rest[i].removeprefix("Name=").split(",Values=")
+                    filters.append({"Name": name, "Values": values.split(",")})
+                    i += 1
+            elif rest[i] == "--query":
+                query, i = rest[i + 1], i + 2
+            else:
+                i += 2  # --output text
+        out = boto3.client("ec2", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name=region).describe_instances(
+            Filters=filters)
+        found = jmespath.search(query, out) if query else out
+        print("\t".join(str(v) for v in found))  # --output text puts a list on one line
+        return 0
     if service == "ecr" and op == "get-login-password":
         print("ecr-token-from-the-instance-role")
         return 0
@@ -207,6 +228,7 @@ def docker_run(argv: list[str]) -> int:
             name = value
         elif flag == "--env-file":
             env.update(_env_file(value))
+            record("docker-env-file", Path(value).read_text().splitlines())
         elif flag == "-v":
             host, container = value.split(":")[:2]
             mounts[container] = host

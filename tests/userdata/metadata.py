@@ -26,6 +26,7 @@ class MetadataServer:
         self.rebalance: dict | None = None
         self.gce_preempted = False
         self.gce_maintenance = "NONE"
+        self.local_ipv4 = "10.0.0.10"
         self.requests: list[tuple[str, str, bool]] = []  # (method, path, authorized)
         server = self
 
@@ -69,6 +70,8 @@ class MetadataServer:
             def _aws(self, item: str):
                 if item == "instance-id":
                     return self._send(200, INSTANCE_ID.encode())
+                if item == "local-ipv4":
+                    return self._send(200, server.local_ipv4.encode())
                 if item == "spot/instance-action" and server.instance_action:
                     return self._send(200, json.dumps(server.instance_action).encode())
                 if item == "events/recommendations/rebalance" and server.rebalance:
