@@ -8,6 +8,7 @@ asserts the commands called, their order, the group's size and the bucket's cont
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -302,3 +303,26 @@ def test_several_nodes_get_tf_config_from_the_group_sorted_by_address(machines, 
     # Values reach the container literally: no shell quotes.
     assert "TRAINSTACK_NODES=2" in env_files[0] and "TRAINSTACK_DATA_DIR=/data/stage" in env_files[0]
     assert json.loads(s3_keys(s3_run)["FAILED"])["attempts"] == 1
+
+
+@pytest.mark.slow
+def test_sigterm_from_a_shutdown_is_no_verdict_but_an_unexpected_exit_is_failed(sandbox_factory, s3_run, group):
+    # systemd stopping the unit (the machine shutting down) ends the supervisor with 143
+    # and leaves the run as it is.
+    box = sandbox_factory()
+    supervisor = box.boot(watcher=False)
+    wait_for(lambda: "deadline" in s3_keys(s3_run), 60, "the first boot's deadline")
+    supervisor.send_signal(signal.SIGTERM)
+    assert supervisor.wait(timeout=60) == 143
+    assert not {"FAILED", "TIMED_OUT", "COMPLETE"} & set(s3_keys(s3_run))
+    assert box.argvs("shutdown") == [] and group_size(s3_run, group) == (1, 1, 1)
+
+    # A supervisor that breaks (here: bootstrap claims success but leaves no paths file)
+    # finishes the run as FAILED instead of being restarted forever.
+    box.power_off()
+    bootstrap = box.root / "opt/trainstack/bin/bootstrap.sh"
+    bootstrap.write_text("#!/bin/sh\nexit 0\n")
+    assert box.boot(watcher=False).wait(timeout=60) == 0, box.journal()
+    marker = json.loads(s3_keys(s3_run)["FAILED"])
+    assert "stopped unexpectedly (exit 1)" in marker["reason"], marker
+    assert box.argvs("shutdown") == [["-h", "now"]] and group_size(s3_run, group) == (0, 0, 0)
