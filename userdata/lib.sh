@@ -139,7 +139,20 @@ event() {
 
 # ---- instance metadata ----
 
-IMDS_TOKEN=""
+# IMDSv2 session token, kept (root-only) in /run for its 6-hour life minus a margin, so
+# the watcher's polls do not ask for a new one every time.
+imds_token() {
+  local file="$RUNTIME_DIR/imds-token"
+  if [[ ! -s "$file" ]] || (($(date +%s) - $(stat -c %Y "$file") > 21000)); then
+    if (umask 077 && curl -sf -m 2 -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 21600" \
+      "$METADATA_URL/latest/api/token" >"$file.tmp"); then
+      mv "$file.tmp" "$file"
+    else
+      rm -f "$file.tmp"
+    fi
+  fi
+  cat "$file" 2>/dev/null || true
+}
 
 # md_get PATH: prints the value and returns 0; 1 when the path is absent (404); 2 on errors.
 md_get() {
@@ -147,12 +160,10 @@ md_get() {
   out="$(mktemp)"
   case "$TRAINSTACK_CLOUD" in
     aws)
-      [[ -n "$IMDS_TOKEN" ]] || IMDS_TOKEN="$(curl -sf -m 2 -X PUT \
-        -H "X-aws-ec2-metadata-token-ttl-seconds: 21600" "$METADATA_URL/latest/api/token")" || IMDS_TOKEN=""
-      code="$(curl -s -m 2 -o "$out" -w '%{http_code}' -H "X-aws-ec2-metadata-token: $IMDS_TOKEN" \
+      code="$(curl -s -m 2 -o "$out" -w '%{http_code}' -H "X-aws-ec2-metadata-token: $(imds_token)" \
         "$METADATA_URL/latest/meta-data/$1")" || code=000
-      # An expired token answers 401: fetch a new one next time.
-      [[ "$code" != 401 ]] || IMDS_TOKEN=""
+      # A token that expired early answers 401: the next call fetches a new one.
+      [[ "$code" != 401 ]] || rm -f "$RUNTIME_DIR/imds-token"
       ;;
     gcp)
       code="$(curl -s -m 2 -o "$out" -w '%{http_code}' -H "Metadata-Flavor: Google" \

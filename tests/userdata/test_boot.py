@@ -231,7 +231,11 @@ def test_aws_rebalance_is_recorded_and_the_notice_stops_with_100s_grace(machines
     wait_for(lambda: [e for e in events(s3_run) if e["event"] == "spot_notice"], 30, "spot_notice event")
     assert (box.root / "run/trainstack/notice-pending").read_text().startswith("instance-action ")
     assert [e["event"] for e in events(s3_run)] == ["rebalance_recommendation", "spot_notice"]
-    assert all(ok for _m, path, ok in metadata.requests if path.startswith("/latest/"))
+    aws_reads = [r for r in metadata.requests if r[1].startswith("/latest/")]
+    assert all(ok for _m, _p, ok in aws_reads)
+    # One IMDSv2 token serves every poll (it lives 6 hours).
+    assert [r[0] for r in aws_reads].count("PUT") == 1 and len(aws_reads) > 5
+    assert oct((box.root / "run/trainstack/imds-token").stat().st_mode & 0o777) == "0o600"
 
 
 def test_gce_preemption_stops_with_25s_grace_and_records_the_event(machines, gs_run, metadata):
