@@ -14,7 +14,6 @@ mock monitor, and waits for every output before returning.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import contextvars
 import hashlib
@@ -38,6 +37,7 @@ from pulumi.runtime.stack import run_in_stack
 from pulumi.runtime.sync_await import _ensure_event_loop
 
 from components import settings as config
+from components import userdata
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = PROJECT_ROOT / "__main__.py"
@@ -425,7 +425,7 @@ def _run(sdk_config: dict[str, str], stack: str, region: str, gcp_project: str) 
     user_data = {}
     for r in resources:
         if r["type"] == LAUNCH_TEMPLATE and r["inputs"].get("userData"):
-            user_data[r["name"]] = base64.b64decode(r["inputs"]["userData"]).decode()
+            user_data[r["name"]] = userdata.decode_user_data(r["inputs"]["userData"])
         elif r["type"] == INSTANCE_TEMPLATE and (r["inputs"].get("metadata") or {}).get("user-data"):
             user_data[r["name"]] = r["inputs"]["metadata"]["user-data"]
     return Result(resources=resources, outputs=_jsonable(monitor.stack_outputs), user_data=user_data, invokes=mocks.invokes)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import gzip
 import ipaddress
 import json
 import re
@@ -618,13 +619,15 @@ def image_problem(ref: str) -> str | None:
 
 
 def user_data_texts(resources: list[Resource]) -> list[tuple[Resource, str]]:
-    """The user data each machine template boots with, decoded (launch templates hold base64)."""
+    """The user data each machine template boots with, decoded (launch templates hold base64, maybe gzipped)."""
     out: list[tuple[Resource, str]] = []
     for lt in _of(resources, *LAUNCH_TEMPLATES, "aws:ec2/instance:Instance"):
         ud = _get(lt, "userData")
         if isinstance(ud, str) and _known(ud):
             try:
-                text = base64.b64decode(ud, validate=True).decode("utf-8")
+                raw = base64.b64decode(ud, validate=True)
+                # cloud-init takes gzipped user data (EC2's 16 KiB limit makes it necessary)
+                text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode("utf-8")
             except (binascii.Error, ValueError):
                 text = ud
             out.append((lt, text))

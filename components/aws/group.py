@@ -10,12 +10,13 @@ machine hangs and never runs its own finish step.
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
+
+from components import userdata
 
 DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"
 # Ports the TensorFlow workers' gRPC servers listen on (TF_CONFIG); only peers in the
@@ -59,10 +60,6 @@ class SpotGroupArgs:
     """Tags for every resource, and for the machines and their volumes."""
     wait_for: list[pulumi.Resource] = field(default_factory=list)
     """Resources the group must wait for before launching machines (e.g. the role's policy)."""
-
-
-def _b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
 
 
 def cap_time(hours: float, now: dt.datetime | None = None) -> str:
@@ -144,7 +141,7 @@ class SpotGroup(pulumi.ComponentResource):
             iam_instance_profile=aws.ec2.LaunchTemplateIamInstanceProfileArgs(arn=args.instance_profile_arn),
             vpc_security_group_ids=[self.security_group.id],
             key_name=key_name,
-            user_data=pulumi.Output.from_input(args.user_data).apply(_b64),
+            user_data=pulumi.Output.from_input(args.user_data).apply(userdata.encode_user_data),
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
                 http_endpoint="enabled",
                 http_tokens="required",  # IMDSv2 only

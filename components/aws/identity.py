@@ -4,7 +4,8 @@ Least privilege for one run: read/write only under this run's prefix of this sta
 bucket, read the trainer code, read the data set when it is in S3, pull from this
 stack's image repository, and shrink only this stack's Auto Scaling group (the machine
 scales its own group to zero when the run ends). Nothing else: the machine reads its
-identity and region from IMDS, so it needs no EC2 describe calls.
+identity and region from IMDS; only a group of several machines may also list instances,
+to find its peers for MultiWorkerMirroredStrategy.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class InstanceIdentityArgs:
     """The stack's region (part of the group's ARN)."""
     data_uri: str | None = None
     """s3://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
+    nodes: int = 1
+    """Machines in the group; with more than one they list instances to find their peers."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags for the role and instance profile."""
 
@@ -63,6 +66,7 @@ def policy_document(
     group_name: str,
     region: str,
     data_uri: str | None,
+    nodes: int = 1,
 ) -> pulumi.Output[str]:
     """The role's permissions as an IAM policy JSON document."""
     run_prefix = f"runs/{run_id}"
@@ -138,6 +142,17 @@ def policy_document(
             ),
         },
     ]
+    if nodes > 1:
+        statements.append(
+            {
+                # Each worker builds TF_CONFIG from its group's running machines. EC2
+                # Describe* calls have no resource-level permissions: AWS only accepts "*".
+                "Sid": "FindPeers",
+                "Effect": "Allow",
+                "Action": "ec2:DescribeInstances",
+                "Resource": "*",
+            }
+        )
     return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})
 
 
@@ -176,6 +191,7 @@ class InstanceIdentity(pulumi.ComponentResource):
                 group_name=args.group_name,
                 region=args.region,
                 data_uri=args.data_uri,
+                nodes=args.nodes,
             ),
             opts=child,
         )

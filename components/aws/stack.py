@@ -91,6 +91,7 @@ class TrainingStack(pulumi.ComponentResource):
                 group_name=asg_name,
                 region=s.region,
                 data_uri=s.run.data_uri,
+                nodes=s.compute.nodes,
                 tags=tags,
             ),
             opts=child,

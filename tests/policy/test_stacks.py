@@ -6,7 +6,6 @@ the shape synth really writes (a rule that never matches a real resource would p
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from components.settings import load_settings, load_stack_file, raw_from_stack_file
+from components.userdata import decode_user_data, encode_user_data
 from ops import synth
 from policy import iam, rules
 
@@ -111,10 +111,10 @@ def _statement_edit(resources: list[dict], type_: str, i: int, **kv) -> None:
 
 def _replace_image(resources: list[dict], image: str) -> None:
     lt = _one(resources, "aws:ec2/launchTemplate:LaunchTemplate")
-    text = base64.b64decode(lt["inputs"]["userData"]).decode()
+    text = decode_user_data(lt["inputs"]["userData"])
     assert "TRAINSTACK_IMAGE='tensorflow/tensorflow:2.21.0-gpu'" in text
     text = text.replace("tensorflow/tensorflow:2.21.0-gpu", image)
-    lt["inputs"]["userData"] = base64.b64encode(text.encode()).decode()
+    lt["inputs"]["userData"] = encode_user_data(text)
 
 
 BREAKS = {

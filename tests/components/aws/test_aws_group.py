@@ -2,6 +2,7 @@
 
 import base64
 import datetime as dt
+import gzip
 
 import pytest
 
@@ -34,7 +35,10 @@ def test_launch_template_requires_imdsv2_and_encrypts_gp3_root():
 def test_user_data_is_the_rendered_cloud_config_for_this_run():
     r = synth_raw({"storage": {"bucketName": "ud-bucket"}, "run": {"id": "ud-run"}})
     lt = one(r, LT)
-    text = base64.b64decode(lt["inputs"]["userData"]).decode()
+    raw = base64.b64decode(lt["inputs"]["userData"])
+    assert raw[:2] == b"\x1f\x8b", "user data is gzipped: EC2 takes at most 16 KiB"
+    assert len(raw) <= 16 * 1024
+    text = gzip.decompress(raw).decode()
     assert text == r.user_data[lt["name"]]
     assert text.startswith("#cloud-config\n")
     assert "TRAINSTACK_RUN_URI='s3://ud-bucket/runs/ud-run'" in text

@@ -90,3 +90,15 @@ def test_parliament_finds_nothing_in_the_policy(overrides):
     analyzed = analyze_policy_string(policy)
     assert len(json.loads(policy)["Statement"]) >= 6  # the linter saw the real document
     assert [(f.issue, f.detail) for f in analyzed.findings] == []
+
+
+@pytest.mark.parametrize(("nodes", "finds_peers"), [(1, False), (2, True)])
+def test_only_a_multi_node_group_may_list_instances(nodes, finds_peers):
+    r = synth_raw({"compute": {"nodes": nodes}})
+    stmts = statements(r)
+    peers = [s for s in stmts if s.get("Sid") == "FindPeers"]
+    assert len(peers) == int(finds_peers)
+    if finds_peers:
+        assert peers[0]["Action"] == "ec2:DescribeInstances" and peers[0]["Resource"] == "*"
+    wildcard = sorted(a for s in stmts if "*" in as_list(s["Resource"]) for a in as_list(s["Action"]))
+    assert wildcard == sorted(["ecr:GetAuthorizationToken"] + (["ec2:DescribeInstances"] if finds_peers else []))
