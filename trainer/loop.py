@@ -39,8 +39,9 @@ EXIT_PREEMPTED = 143
 STATE_FILE = "state.json"
 CKPT_PREFIX = "ckpt"
 
-# Values all-reduced (MAX) across workers each step: 0 go on, 1 checkpoint now, 2 stop.
-_GO, _CHECKPOINT, _STOP = 0, 1, 2
+# A step's request, all-reduced (SUM) across workers: [checkpoint now, stop]; any worker's
+# non-zero entry is every worker's decision. (ReduceOp has no MAX.)
+_GO, _CHECKPOINT, _STOP = (0.0, 0.0), (1.0, 0.0), (0.0, 1.0)
 
 
 @dataclass
@@ -119,7 +120,8 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
         if multi_worker:
             # Every worker learns whether any worker wants a checkpoint or a stop, in the
             # same step, so they all save and stop together.
-            request = strategy.reduce(tf.distribute.ReduceOp.MAX, strategy.run(lambda: tf.identity(request)), axis=None)
+            # Each worker's replicas all carry its request; the sum is non-zero where any is.
+            request = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(request)), axis=None)
         return loss, request
 
     return train_step
@@ -203,6 +205,7 @@ class Run:
     def _train(self) -> int:
         cfg = self.cfg
         strategy = make_strategy(self.cluster)
+        self.stop.reclaim()
         precision = configure_runtime(cfg)
         replicas = strategy.num_replicas_in_sync
         global_micro = cfg.batch_size * replicas
@@ -260,26 +263,28 @@ class Run:
         self.events.start_bar(cfg.steps, st.step)
         last_ckpt_time = last_log_time = last_progress = time.monotonic()
         last_log_step, last_examples = st.step, int(examples.numpy())
-        no_request = tf.constant(_GO, tf.int32)
-        stop_request = tf.constant(_STOP, tf.int32)
-        ckpt_request = tf.constant(_CHECKPOINT, tf.int32)
+        requests = {r: tf.constant(r, tf.float32) for r in (_GO, _CHECKPOINT, _STOP)}
         loss_t = None
         try:
             while st.step < cfg.steps:
                 step_started = time.monotonic()
                 if self.stop.requested:
-                    request = stop_request
+                    request = _STOP
                 elif self._seconds_due(last_ckpt_time):
-                    request = ckpt_request
+                    request = _CHECKPOINT
                 else:
-                    request = no_request
-                loss_t, agreed = train_step(iterator, request)
+                    request = _GO
+                loss_t, agreed = train_step(iterator, requests[request])
                 st.step += 1
                 st.batches_seen += 1
                 st.train_seconds += time.monotonic() - step_started
-                agreed = int(agreed) if self.cluster.multi_worker else int(request)
+                if self.cluster.multi_worker:
+                    request = tuple(float(v) for v in agreed.numpy())
+                elif self.stop.requested:
+                    request = _STOP  # one machine needs no agreement: stop after this very step
+                wants_ckpt, wants_stop = (v > 0 for v in request)
                 now = time.monotonic()
-                if st.step % cfg.log_every == 0 or st.step == cfg.steps or agreed == _STOP:
+                if st.step % cfg.log_every == 0 or st.step == cfg.steps or wants_stop:
                     st.loss = float(loss_t)
                     seen = int(examples.numpy())
                     rate = (seen - last_examples) / max(now - last_log_time, 1e-9)
@@ -291,10 +296,10 @@ class Run:
                         self.events.progress(st.step, cfg.steps, st.loss, rate)
                         last_progress = now
                     last_log_time, last_log_step, last_examples = now, st.step, seen
-                if agreed == _STOP:
+                if wants_stop:
                     return True
                 steps_due = cfg.checkpoint_every_steps and st.step % cfg.checkpoint_every_steps == 0
-                if (steps_due or agreed == _CHECKPOINT) and st.step < cfg.steps:
+                if (steps_due or wants_ckpt) and st.step < cfg.steps:
                     st.examples_seen = int(examples.numpy())
                     self._checkpoint(sync=False)
                     last_ckpt_time = time.monotonic()

@@ -27,6 +27,18 @@ class StopRequest:
             self._old[sig] = signal.signal(sig, self._handle)
         return self
 
+    def reclaim(self) -> None:
+        """Install the handlers again, over any that a library put in since.
+
+        TensorFlow's multi-worker runtime installs its own C-level SIGTERM handler (its
+        preemption notifier) when the strategy starts, which would swallow the signal.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.signal(sig, self._handle)
+            self._old.setdefault(sig, previous)
+
     def _handle(self, signum, frame) -> None:
         if self.event.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: the user really wants out
