@@ -39,6 +39,8 @@ class InstanceIdentityArgs:
     custom_role_id: str
     """Id of the project custom role holding the resize permissions."""
     data_uri: str | None = None
+    nodes: int = 1
+    """Machines in the group; with more than one they list instances to find their peers."""
     """gs://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
 
 
@@ -147,5 +149,22 @@ class InstanceIdentity(pulumi.ComponentResource):
                 opts=child,
             )
         )
+        if args.nodes > 1:
+            # Each worker builds TF_CONFIG from its group's running machines. Listing is a
+            # project-level permission (no condition can narrow a list); it reads names and
+            # addresses only, through a one-permission role.
+            peers = gcp.projects.IAMCustomRole(
+                f"{name}-peers-role",
+                project=args.gcp_project,
+                role_id=args.custom_role_id.removesuffix("_resize") + "_peers",
+                title="trainstack: list instances to find training peers",
+                permissions=["compute.instances.list"],
+                opts=child,
+            )
+            self.grants.append(
+                gcp.projects.IAMMember(
+                    f"{name}-peers", project=args.gcp_project, role=peers.name, member=member, opts=child
+                )
+            )
         self.email = self.account.email
         self.register_outputs({"email": self.email})

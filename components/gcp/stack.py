@@ -125,6 +125,7 @@ class TrainingStack(pulumi.ComponentResource):
                 group_name=mig_name,
                 custom_role_id=custom_role_id(**names),
                 data_uri=s.run.data_uri,
+                nodes=s.compute.nodes,
             ),
             opts=child,
         )

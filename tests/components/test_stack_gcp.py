@@ -279,3 +279,18 @@ def test_gcp_stack_files_synthesize(path):
     r = synth.synthesize(path)
     assert len(r.of_type(MIG)) == 1 and len(r.of_type(TEMPLATE)) == 1
     assert r.outputs["runUri"].startswith(f"gs://{r.outputs['bucketName']}/runs/")
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_only_a_multi_node_group_may_list_instances(nodes):
+    r = gcp({"compute": {"nodes": nodes}})
+    roles = {x["inputs"]["roleId"]: x["inputs"]["permissions"] for x in r.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")}
+    peers = {k: v for k, v in roles.items() if k.endswith("_peers")}
+    assert len(roles) == 1 + (nodes > 1)
+    if nodes > 1:
+        (role_id, perms), = peers.items()
+        assert perms == ["compute.instances.list"] and len(role_id) <= 64
+        grant = [m["inputs"] for m in r.of_type("gcp:projects/iAMMember:IAMMember") if m["inputs"]["role"].endswith(role_id)]
+        assert len(grant) == 1 and grant[0]["member"].startswith("serviceAccount:")
+    else:
+        assert peers == {}
