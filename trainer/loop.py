@@ -154,6 +154,8 @@ class Run:
         self.last_committed: int | None = None
         self.async_step: int | None = None
         self.rate: float | None = None
+        self.loop_seconds = 0.0
+        self.loop_examples = 0
         self.tb_writer = None
 
     def emit(self, event: str, **fields) -> dict:
@@ -236,7 +238,10 @@ class Run:
         if self.chief:
             self.tb_writer = tf.summary.create_file_writer(os.path.join(self.work, "tensorboard"))
 
+        loop_started, examples_before = time.monotonic(), self.state.examples_seen
         stopped = self._loop(train_step, iterator, examples, global_step_batch)
+        self.loop_seconds = time.monotonic() - loop_started
+        self.loop_examples = self.state.examples_seen - examples_before
         if stopped:
             return self._preempt(examples)
         return self._finish(examples)
@@ -426,7 +431,12 @@ class Run:
         export_mod.export_model(self.spec.model, model_dir, self.store)
         self._sync_tensorboard()
         metrics = {"loss": st.loss}
-        self.emit("finished", step=st.step, metrics=metrics, examples_seen=st.examples_seen)
+        speed = {}
+        if self.loop_seconds:
+            # This attempt's training loop only (checkpoints included; start-up and export not).
+            speed = {"loop_seconds": round(self.loop_seconds, 3),
+                     "examples_per_sec": round(self.loop_examples / self.loop_seconds, 1)}
+        self.emit("finished", step=st.step, metrics=metrics, examples_seen=st.examples_seen, **speed)
         self.events.flush()
         export_mod.write_complete(
             self.store,

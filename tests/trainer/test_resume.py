@@ -128,3 +128,23 @@ def test_failing_store_training_continues_and_sigterm_during_upload_commits(faul
     assert rc == 0, err[-3000:]
     assert [e["step"] for e in events if e["event"] == "resumed"] == [stopped]
     assert events[-1]["event"] == "finished" and events[-1]["examples_seen"] == (stopped + 5) * 32
+
+
+@pytest.mark.parametrize("run_root", ["s3"], indirect=True)
+def test_100mb_checkpoint_is_committed_within_20s_of_sigterm(run_root):
+    # ~9M parameters with Adam's two slots: a checkpoint of about 110 MB.
+    args = ["--model", "transformer-lm", "--synthetic", "--steps", "100000", "--batch-size", "2",
+            "--lm-vocab", "16384", "--lm-dim", "256", "--lm-layers", "1", "--lm-seq-len", "16",
+            "--checkpoint-every-steps", "10", "--log-every", "10"]
+    t = Trainer(run_root.uri, *args, env=trainer_env(run_root.env))
+    first = t.wait_event("checkpoint", timeout=240)
+    assert first["bytes"] >= 100e6, first
+    signalled = time.monotonic()
+    t.signal(signal.SIGTERM)
+    assert t.wait(timeout=120) == 143, t.stderr[-3000:]
+    took = time.monotonic() - signalled
+    stopped = t.events[-1]
+    assert stopped["event"] == "preempted"
+    assert _ckstore(run_root.uri).committed_steps()[-1] == stopped["step"]
+    print(f"checkpoint of {first['bytes'] / 1e6:.0f} MB: SIGTERM to committed and exited in {took:.1f} s")
+    assert took < 20, f"signal to committed checkpoint took {took:.1f} s"
