@@ -50,6 +50,7 @@ class TrainConfig:
     xla: bool = False
     grad_accum: int = 1
     log_every: int = 50
+    steps_per_call: int = 10
     progress_every_seconds: float = 10.0
     lm_layers: int = 2
     lm_dim: int = 64
@@ -140,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-accum", type=_positive_int, default=d.grad_accum,
                    help="micro-batches accumulated per optimizer step")
     p.add_argument("--log-every", type=_positive_int, default=d.log_every, help="TensorBoard scalars every N steps")
+    p.add_argument("--steps-per-call", type=_positive_int, default=d.steps_per_call,
+                   help="steps run per tf.function call (fewer Python round trips; a stop waits for the call)")
     p.add_argument("--progress-every-seconds", type=_positive_float, default=d.progress_every_seconds,
                    help="how often progress.json is rewritten")
     p.add_argument("--lm-layers", type=_positive_int, default=d.lm_layers, help="transformer-lm: decoder blocks")

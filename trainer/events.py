@@ -65,6 +65,7 @@ class EventLog:
         self._pending: list[Future] = []
         self._lock = threading.Lock()
         self._progress = None
+        self._rich_console = None
         self._task = None
         self.write_errors = 0
 
@@ -87,12 +88,14 @@ class EventLog:
     def _console_print(self, ev: dict) -> None:
         text = " ".join(f"{k}={v}" for k, v in ev.items() if k not in ("event", "time", "attempt", "config"))
         msg = f"[bold]{ev['event']}[/bold] {text}"
-        if self._progress is not None:
-            self._progress.console.log(msg)
-        else:
+        self._console().log(msg)
+
+    def _console(self):
+        if self._rich_console is None:
             from rich.console import Console
 
-            Console(file=self.stream).log(msg)
+            self._rich_console = Console(file=self.stream, log_path=False)
+        return self._rich_console
 
     def _submit(self, fn, *args) -> None:
         if self._pool is None or fn is None:
@@ -151,7 +154,7 @@ class EventLog:
             TextColumn("loss {task.fields[loss]}"),
             TextColumn("{task.fields[rate]} ex/s"),
             TimeRemainingColumn(),
-            console=None,
+            console=self._console(),
             transient=False,
         )
         self._progress.start()

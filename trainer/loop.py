@@ -80,7 +80,10 @@ def per_example_loss(spec: ModelSpec, y, pred) -> tf.Tensor:
 
 def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_batch: int, multi_worker: bool,
                     examples: tf.Variable):
-    """A `tf.function` running one optimizer step on every replica; returns (loss, signal)."""
+    """A `tf.function(iterator, count, request)` running `count` optimizer steps on every replica.
+
+    Returns (last loss, request agreed by all workers).
+    """
     model, opt = spec.model, spec.optimizer
     accum = cfg.grad_accum
     scaled = isinstance(opt, keras.optimizers.LossScaleOptimizer)
@@ -112,19 +115,23 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
         return loss, tf.shape(x, out_type=tf.int64)[0]
 
     @tf.function
-    def train_step(iterator, request):
-        x, y = next(iterator)
-        loss, n = strategy.run(replica_step, args=(x, y))
-        loss = strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
-        examples.assign_add(strategy.reduce(tf.distribute.ReduceOp.SUM, n, axis=None))
+    def train_steps(iterator, count, request):
+        # `count` steps per call: one Python round trip for several steps, which is what
+        # makes a small model fast on CPU. The loss returned is the last step's.
+        loss = tf.constant(0.0)
+        for _ in tf.range(count):
+            x, y = next(iterator)
+            step_loss, n = strategy.run(replica_step, args=(x, y))
+            loss = strategy.reduce(tf.distribute.ReduceOp.SUM, step_loss, axis=None)
+            examples.assign_add(strategy.reduce(tf.distribute.ReduceOp.SUM, n, axis=None))
         if multi_worker:
-            # Every worker learns whether any worker wants a checkpoint or a stop, in the
-            # same step, so they all save and stop together.
-            # Each worker's replicas all carry its request; the sum is non-zero where any is.
+            # Every worker learns whether any worker wants a checkpoint or a stop, after
+            # the same step, so they all save and stop together. Each worker's replicas
+            # carry its request; the sum is non-zero where any worker's is.
             request = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(request)), axis=None)
         return loss, request
 
-    return train_step
+    return train_steps
 
 
 class Run:
@@ -269,6 +276,13 @@ class Run:
         last_ckpt_time = last_log_time = last_progress = time.monotonic()
         last_log_step, last_examples = st.step, int(examples.numpy())
         requests = {r: tf.constant(r, tf.float32) for r in (_GO, _CHECKPOINT, _STOP)}
+        count_tensors: dict[int, tf.Tensor] = {}
+
+        def counts(n: int) -> tf.Tensor:
+            if n not in count_tensors:
+                count_tensors[n] = tf.constant(n, tf.int64)
+            return count_tensors[n]
+
         loss_t = None
         try:
             while st.step < cfg.steps:
@@ -279,9 +293,10 @@ class Run:
                     request = _CHECKPOINT
                 else:
                     request = _GO
-                loss_t, agreed = train_step(iterator, requests[request])
-                st.step += 1
-                st.batches_seen += 1
+                count = self._steps_this_call(st.step)
+                loss_t, agreed = train_step(iterator, counts(count), requests[request])
+                st.step += count
+                st.batches_seen += count
                 st.train_seconds += time.monotonic() - step_started
                 if self.cluster.multi_worker:
                     request = tuple(float(v) for v in agreed.numpy())
@@ -314,6 +329,14 @@ class Run:
             if loss_t is not None:
                 st.loss = float(loss_t)
             self.events.stop_bar()
+
+    def _steps_this_call(self, step: int) -> int:
+        """Steps for the next call: up to --steps-per-call, never past a log, checkpoint or the end."""
+        cfg = self.cfg
+        n = min(cfg.steps_per_call, cfg.steps - step, cfg.log_every - step % cfg.log_every)
+        if cfg.checkpoint_every_steps:
+            n = min(n, cfg.checkpoint_every_steps - step % cfg.checkpoint_every_steps)
+        return max(1, n)
 
     def _seconds_due(self, last: float) -> bool:
         every = self.cfg.checkpoint_every_seconds

@@ -1,0 +1,66 @@
+"""Events: JSON lines off a terminal, human lines on one, the run's log in the store, COMPLETE's figures."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from trainer.events import EventLog, read_events
+from trainer.export import complete_record
+from trainer.loop import seconds_lost
+from trainer.storage import open_store
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_events_are_json_lines_on_stdout_and_in_the_run(tmp_path):
+    store = open_store(f"file://{tmp_path}/run")
+    out = io.StringIO()
+    log = EventLog(store, attempt=2, stream=out, tty=False)
+    log.emit("started", config={"steps": 5})
+    log.emit("checkpoint", step=5, seconds=0.1, bytes=10)
+    log.emit("upload_retry", local_only=True, key="events.jsonl")
+    log.progress(5, 10, 0.5, 100.0)
+    log.close()
+    printed = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [e["event"] for e in printed] == ["started", "checkpoint", "upload_retry"]
+    assert all(e["attempt"] == 2 and "time" in e for e in printed)
+    stored = read_events(store)
+    assert [e["event"] for e in stored] == ["started", "checkpoint"]  # local-only events stay local
+    progress = json.loads(store.get_bytes("progress.json"))
+    assert (progress["step"], progress["total"], progress["examples_per_sec"]) == (5, 10, 100.0)
+
+
+def test_on_a_terminal_events_are_readable_lines_and_a_bar():
+    out = io.StringIO()
+    log = EventLog(None, stream=out, tty=True)
+    log.start_bar(100, 0)
+    log.update_bar(40, 0.25, 1234.0)
+    log.emit("checkpoint", step=40, seconds=0.1, bytes=10)
+    log.close()
+    text = out.getvalue()
+    assert "checkpoint step=40" in text and '{"event"' not in text
+
+
+def test_seconds_lost_and_complete_record():
+    def ev(kind, t):
+        return {"event": kind, "time": f"2026-01-01T00:00:{t:02d}.000+00:00"}
+
+    events = [ev("started", 0), ev("preempted", 10), ev("started", 14), ev("resumed", 15),
+              ev("preempted", 20), ev("started", 30), ev("resumed", 31)]
+    assert seconds_lost(events) == 5 + 11
+    rec = complete_record(step=7, metrics={"loss": 1.0}, examples_seen=70, events=events,
+                          finished_at=1767225640.0)  # 2026-01-01T00:00:40Z
+    assert rec["attempts"] == 3 and rec["seconds_lost_to_preemption"] == 16 and rec["total_seconds"] == 40
+    assert rec["examples_seen"] == 70 and rec["step"] == 7
+
+
+def test_dockerfile_builds_on_the_pinned_image_and_runs_the_trainer():
+    text = (REPO / "trainer" / "Dockerfile").read_text()
+    froms = [line.split()[1] for line in text.splitlines() if line.startswith("FROM ")]
+    assert froms == ["tensorflow/tensorflow:2.21.0-gpu"]
+    assert "-r /opt/trainstack/code/trainer/requirements.txt" in text
+    assert "COPY trainer/ /opt/trainstack/code/trainer/" in text
+    # The machines' supervisor passes `python -m trainer` itself: no ENTRYPOINT to double it.
+    assert "ENTRYPOINT" not in text and 'CMD ["python", "-m", "trainer"]' in text
