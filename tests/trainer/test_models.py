@@ -134,3 +134,25 @@ def test_user_model_module(file_run, tmp_path):
     assert rc == 1
     assert events[-1]["event"] == "failed" and "expected trainer.models.ModelSpec" in events[-1]["reason"]
     assert not _store(bad).exists("COMPLETE")
+
+
+@pytest.mark.slow
+def test_transformer_lm_mixed_float16_with_xla_and_tied_head(file_run):
+    args = ["--model", "transformer-lm", "--synthetic", "--steps", "3", "--batch-size", "4", "--precision",
+            "mixed_float16", "--xla", "--lm-tied", "--lm-layers", "1", "--lm-dim", "32", "--lm-heads", "2",
+            "--lm-seq-len", "16", "--lm-vocab", "64", "--checkpoint-every-steps", "3"]
+    rc, events, err = run_trainer(file_run.uri, *args, env=trainer_env(file_run.env))
+    assert rc == 0, err[-3000:]
+    assert events[0]["precision"] == "mixed_float16"
+    finished = events[-1]
+    assert finished["event"] == "finished" and finished["step"] == 3 and np.isfinite(finished["metrics"]["loss"])
+    # float16 trains with a dynamic loss scale, saved with the optimizer: Adam holds two slots
+    # per variable plus its iteration and learning rate; the loss-scale wrapper adds four more.
+    import tensorflow as tf
+
+    store = _store(file_run.uri)
+    assert store.exists("checkpoints/ckpt-3/COMMITTED")
+    names = tf.train.load_checkpoint(f"{file_run.uri[len('file://'):]}/checkpoints/ckpt-3/ckpt").get_variable_to_shape_map()
+    n_model = sum(1 for k in names if k.startswith("model/"))
+    n_opt = sum(1 for k in names if k.startswith("optimizer/"))
+    assert n_model > 0 and n_opt == 2 * n_model + 2 + 4, (n_model, n_opt)
