@@ -57,8 +57,10 @@ class Trainer:
         self.events: list[dict] = []
         self._q: queue.Queue = queue.Queue()
         self.stderr = ""
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._read_err, daemon=True).start()
+        self._readers = [threading.Thread(target=self._read, daemon=True),
+                         threading.Thread(target=self._read_err, daemon=True)]
+        for t in self._readers:
+            t.start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -94,9 +96,8 @@ class Trainer:
 
     def wait(self, timeout: float = 180) -> int:
         rc = self.proc.wait(timeout=timeout)
-        deadline = time.monotonic() + 5
-        while self._q.empty() and time.monotonic() < deadline and self.proc.stdout and not self.proc.stdout.closed:
-            time.sleep(0.05)
+        for t in self._readers:  # every line the process printed is in self.events after this
+            t.join(timeout=30)
         return rc
 
 
