@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -28,7 +29,7 @@ import tensorflow as tf
 from trainer import data as data_mod
 from trainer import export as export_mod
 from trainer.config import TrainConfig, as_dict
-from trainer.events import EVENTS_KEY, PROGRESS_KEY, EventLog, parse_time, read_events
+from trainer.events import EVENTS_KEY, PROGRESS_KEY, EventLog, parse_time, read_events, utc_now
 from trainer.models import ModelSpec, build_model
 from trainer.signals import StopRequest
 from trainer.strategy import Cluster, make_strategy, read_cluster
@@ -148,7 +149,6 @@ class Run:
         self.history = read_events(self.store)
         attempt = 1 + sum(1 for e in self.history if e.get("event") == "started")
         self.events = EventLog(self.store if self.chief else None, attempt=attempt, stream=stream)
-        self.started_at = time.time()
         self.own_events: list[dict] = []
         self.ckstore = CheckpointStore(self.store, keep=cfg.keep_checkpoints, emit=self._store_event,
                                        on_commit=self._on_commit)
@@ -494,4 +494,12 @@ def train(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None) -> 
 
     `stop` is the signal flag, when the caller installed it early (see `trainer.signals`).
     """
-    return Run(cfg, stream=stream, stop=stop).run()
+    try:
+        run = Run(cfg, stream=stream, stop=stop)
+    except Exception as e:  # noqa: BLE001 - e.g. the run's store cannot be reached at all
+        line = {"event": "failed", "time": utc_now(), "attempt": None, "reason": f"{type(e).__name__}: {e}"}
+        out = stream or sys.stdout
+        out.write(json.dumps(line) + "\n")
+        out.flush()
+        return EXIT_FAILED
+    return run.run()
