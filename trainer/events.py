@@ -67,7 +67,6 @@ class EventLog:
         self._progress = None
         self._rich_console = None
         self._task = None
-        self.write_errors = 0
 
     # -- events --
 
@@ -109,7 +108,6 @@ class EventLog:
         try:
             fn(*args)
         except Exception as e:  # noqa: BLE001 - every failure is reported the same way
-            self.write_errors += 1
             print(f"trainstack: could not write {args[0] if args else ''} to the run: {e}", file=sys.stderr)
 
     def progress(self, step: int, total: int, loss: float | None, examples_per_sec: float | None) -> None:

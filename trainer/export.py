@@ -9,7 +9,6 @@ attempts, seconds lost to preemption and total seconds.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from datetime import UTC, datetime
 
@@ -50,9 +49,3 @@ def write_complete(store, **kw) -> dict:
     store.put_bytes(COMPLETE_KEY, json.dumps(doc, indent=2).encode())
     return doc
 
-
-def load_saved_model(path: str):
-    """Load a SavedModel folder (local path) for serving; `.serve(x)` predicts."""
-    import tensorflow as tf
-
-    return tf.saved_model.load(os.fspath(path))

@@ -246,7 +246,7 @@ class Run:
             self.tb_writer = tf.summary.create_file_writer(os.path.join(self.work, "tensorboard"))
 
         loop_started, examples_before = time.monotonic(), self.state.examples_seen
-        stopped = self._loop(train_step, iterator, examples, global_step_batch)
+        stopped = self._loop(train_step, iterator, examples)
         self.loop_seconds = time.monotonic() - loop_started
         self.loop_examples = self.state.examples_seen - examples_before
         if stopped:
@@ -269,7 +269,7 @@ class Run:
         self.last_committed = step
         self.emit("resumed", step=step, examples_seen=self.state.examples_seen, batches_seen=self.state.batches_seen)
 
-    def _loop(self, train_step, iterator, examples: tf.Variable, global_batch: int) -> bool:
+    def _loop(self, train_step, iterator, examples: tf.Variable) -> bool:
         """Train until the last step or a stop request; returns True when stopped by a signal."""
         cfg, st = self.cfg, self.state
         self.events.start_bar(cfg.steps, st.step)
