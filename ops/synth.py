@@ -14,6 +14,7 @@ mock monitor, and waits for every output before returning.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import contextvars
 import hashlib
@@ -49,6 +50,7 @@ FAKE_VPC = "vpc-0123456789abcdef0"
 FAKE_GCP_IMAGE = "ubuntu-accelerator-2204-amd64-with-nvidia-550-v20260101"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 INSTANCE_TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"
+DOCKER_IMAGE = "docker-build:index:Image"
 
 log = logging.getLogger("ops.synth")
 
@@ -172,6 +174,12 @@ class _Mocks(pulumi.runtime.Mocks):
             out.update(name=n, arn=arn.format(svc="autoscaling") + f"autoScalingGroup:{uuid}:autoScalingGroupName/{n}")
         elif t == "aws:s3/bucketObjectv2:BucketObjectv2":
             out.update(versionId=h, etag=h)
+        elif t == DOCKER_IMAGE:
+            # A pushed image: its digest follows from what was built (tags, context, Dockerfile).
+            digest = "sha256:" + hashlib.sha256(json.dumps(_jsonable(inputs), sort_keys=True).encode()).hexdigest()
+            tags = list(inputs.get("tags") or [])
+            rid = digest
+            out.update(digest=digest, ref=f"{tags[0]}@{digest}" if tags else "", contextHash=h)
         elif t.startswith("gcp:"):
             rid, extra = self._gcp_resource(t, name, inputs, h)
             out.update(extra)
@@ -254,6 +262,21 @@ class _Mocks(pulumi.runtime.Mocks):
                 "id": f"projects/{project}/global/images/{image}", "name": image, "family": a.get("family"),
                 "project": project, "status": "READY",
                 "selfLink": f"https://www.googleapis.com/compute/v1/projects/{project}/global/images/{image}",
+            }
+        if fn == "aws:ecr/getAuthorizationToken:getAuthorizationToken":
+            registry = a.get("registryId") or FAKE_ACCOUNT
+            password = f"fake-ecr-token-{_fake_hex(fn, registry, n=32)}"
+            return {
+                "id": self.region, "registryId": registry, "region": self.region, "userName": "AWS",
+                "password": password, "authorizationToken": base64.b64encode(f"AWS:{password}".encode()).decode(),
+                "proxyEndpoint": f"https://{registry}.dkr.ecr.{self.region}.amazonaws.com",
+                "expiresAt": "2030-01-01T12:00:00Z",
+            }
+        if fn == "gcp:organizations/getClientConfig:getClientConfig":
+            return {
+                "id": f"projects/{self.gcp_project}/regions/{self.region}/zones/{self.region}-a",
+                "accessToken": f"ya29.fake-access-token-{_fake_hex(fn, self.gcp_project, n=32)}",
+                "project": self.gcp_project, "region": self.region, "zone": f"{self.region}-a", "defaultLabels": {},
             }
         if fn == "aws:index/getAvailabilityZones:getAvailabilityZones":
             return {"id": self.region, "names": zones, "zoneIds": [f"use1-az{i}" for i in range(1, 4)]}

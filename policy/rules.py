@@ -781,6 +781,9 @@ TAGGABLE = frozenset({
     "gcp:storage/bucket:Bucket", "gcp:compute/instanceTemplate:InstanceTemplate",
     "gcp:compute/regionInstanceTemplate:RegionInstanceTemplate",
 })
+# A docker-build image is no cloud resource: its `tags` are image tags (repo:tag), and
+# what it costs is storage in the repository, which carries the stack and run tags.
+IMAGE_BUILDS = ("docker-build:",)
 STACK_TAG = re.compile(r"^trainstack[:_-]stack$")
 RUN_TAG = re.compile(r"^trainstack[:_-]run$")
 
@@ -822,6 +825,8 @@ def tagged(resources: list[Resource], ctx: Context) -> list[Violation]:
     out: list[Violation] = []
     for r in resources:
         inputs = _inputs(r)
+        if r.get("type", "").startswith(IMAGE_BUILDS):
+            continue
         if r.get("type") not in TAGGABLE and "tags" not in inputs and "labels" not in inputs:
             continue
         tags = _tag_map(r)

@@ -52,6 +52,8 @@ class ImageRepository(pulumi.ComponentResource):
     repository: aws.ecr.Repository
     arn: pulumi.Output[str]
     url: pulumi.Output[str]
+    registry_id: pulumi.Output[str]
+    """The account id of the registry (what an ECR login token is asked for)."""
 
     def __init__(self, name: str, args: ImageRepositoryArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:aws:ImageRepository", name, None, opts)
@@ -75,4 +77,5 @@ class ImageRepository(pulumi.ComponentResource):
         )
         self.arn = self.repository.arn
         self.url = self.repository.repository_url
-        self.register_outputs({"arn": self.arn, "url": self.url})
+        self.registry_id = self.repository.registry_id
+        self.register_outputs({"arn": self.arn, "url": self.url, "registry_id": self.registry_id})

@@ -17,6 +17,7 @@ from components.aws.bucket import TrainingBucket, TrainingBucketArgs
 from components.aws.code import TrainerCode, TrainerCodeArgs
 from components.aws.group import SpotGroup, SpotGroupArgs
 from components.aws.identity import InstanceIdentity, InstanceIdentityArgs
+from components.aws.image import TrainerImage, TrainerImageArgs
 from components.aws.naming import default_bucket_name, group_name, repository_name
 from components.aws.repository import ImageRepository, ImageRepositoryArgs
 from components.settings import Settings
@@ -105,16 +106,23 @@ class TrainingStack(pulumi.ComponentResource):
         self.bucket_name = bucket.name
         self.run_uri = pulumi.Output.concat("s3://", bucket.name, f"/runs/{run_id}")
         if s.image.build:
-            self.image_ref = pulumi.Output.concat(repo.url, ":", s.image.tag)
+            # The machines run the pushed image by digest; their user data waits for the push.
+            image = TrainerImage(
+                f"{name}-image",
+                TrainerImageArgs(repository_url=repo.url, registry_id=repo.registry_id),
+                opts=child,
+            )
+            self.image_ref = image.ref
         else:
             self.image_ref = pulumi.Output.from_input(s.image.reference)
         self.code_uri = code.code_uri
 
-        user_data = pulumi.Output.all(self.run_uri, self.code_uri).apply(
-            lambda v: userdata.render_user_data(
-                "aws", userdata.boot_env(s, run_uri=v[0], group=asg_name, code_uri=v[1])
-            )
-        )
+        def render(run_uri: str, code_uri: str, image_ref: str) -> str:
+            env = userdata.boot_env(s, run_uri=run_uri, group=asg_name, code_uri=code_uri)
+            env["TRAINSTACK_IMAGE"] = image_ref
+            return userdata.render_user_data("aws", env)
+
+        user_data = pulumi.Output.all(self.run_uri, self.code_uri, self.image_ref).apply(lambda v: render(*v))
         c = s.compute
         group = SpotGroup(
             f"{name}-group",

@@ -18,6 +18,7 @@ from components.gcp.bucket import TrainingBucket, TrainingBucketArgs
 from components.gcp.code import TrainerCode, TrainerCodeArgs
 from components.gcp.group import SpotGroup, SpotGroupArgs
 from components.gcp.identity import InstanceIdentity, InstanceIdentityArgs
+from components.gcp.image import TrainerImage, TrainerImageArgs
 from components.gcp.naming import (
     custom_role_id,
     default_bucket_name,
@@ -136,13 +137,19 @@ class TrainingStack(pulumi.ComponentResource):
         self.bucket_name = bucket.name
         self.run_uri = pulumi.Output.concat("gs://", bucket.name, f"/runs/{run_id}")
         if s.image.build:
-            self.image_ref = pulumi.Output.concat(repo.url, ":", s.image.tag)
+            # The machines run the pushed image by digest; their user data waits for the push.
+            image = TrainerImage(f"{name}-image", TrainerImageArgs(repository_url=repo.url), opts=child)
+            self.image_ref = image.ref
         else:
             self.image_ref = pulumi.Output.from_input(s.image.reference)
         self.code_uri = code.code_uri
-        user_data = pulumi.Output.all(self.run_uri, self.code_uri).apply(
-            lambda v: userdata.render_user_data("gcp", userdata.boot_env(s, run_uri=v[0], group=mig_name, code_uri=v[1]))
-        )
+
+        def render(run_uri: str, code_uri: str, image_ref: str) -> str:
+            env = userdata.boot_env(s, run_uri=run_uri, group=mig_name, code_uri=code_uri)
+            env["TRAINSTACK_IMAGE"] = image_ref
+            return userdata.render_user_data("gcp", env)
+
+        user_data = pulumi.Output.all(self.run_uri, self.code_uri, self.image_ref).apply(lambda v: render(*v))
         c = s.compute
         group = SpotGroup(
             f"{name}-group",

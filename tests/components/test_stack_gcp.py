@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 from functools import lru_cache
+from pathlib import Path
 
 import pytest
 import yaml
@@ -294,3 +295,61 @@ def test_only_a_multi_node_group_may_list_instances(nodes):
         assert len(grant) == 1 and grant[0]["member"].startswith("serviceAccount:")
     else:
         assert peers == {}
+
+
+IMAGE = "docker-build:index:Image"
+CLIENT_CONFIG = "gcp:organizations/getClientConfig:getClientConfig"
+AR_URL = "us-central1-docker.pkg.dev/my-proj-123/trainstack-unit/trainer"
+
+
+def test_image_build_pushes_the_trainer_to_artifact_registry_and_machines_run_its_digest(tmp_path):
+    r = gcp({"image": {"build": True}})
+    assert one(r, "trainstack:gcp:TrainerImage")["name"] == "trainstack-image"
+    image = one(r, IMAGE)
+    inputs = image["inputs"]
+    assert (inputs["push"], inputs["platforms"], inputs["buildOnPreview"]) == (True, ["linux/amd64"], False)
+    (tag,) = inputs["tags"]
+    assert re.fullmatch(re.escape(AR_URL) + r":trainer-[0-9a-f]{16}", tag), tag
+    context = (Path.cwd() / inputs["context"]["location"]).resolve()
+    assert tag.endswith(context.name)
+    assert (Path.cwd() / inputs["dockerfile"]["location"]).resolve() == context / "trainer" / "Dockerfile"
+    # The deployer's access token, secret, through the stack's provider; never in user data.
+    registries = inputs["registries"]
+    assert "4dabf18193072939515e22adb298388d" in registries
+    (login,) = registries["value"]
+    assert (login["address"], login["username"]) == ("us-central1-docker.pkg.dev", "oauth2accesstoken")
+    assert login["password"].startswith("ya29.fake-access-token-")
+    assert [i["provider"] for i in r.invokes if i["token"] == CLIENT_CONFIG] == ["trainstack-gcp"]
+    ref = r.outputs["imageRef"]
+    assert re.fullmatch(re.escape(AR_URL) + r"@sha256:[0-9a-f]{64}", ref), ref
+    assert r.outputs["codeUri"] == "" and r.of_type("gcp:storage/bucketObject:BucketObject") == []
+    (text,) = r.user_data.values()
+    assert login["password"] not in text
+    assert re.findall(r"^\s*TRAINSTACK_IMAGE='([^']*)'$", text, re.M) == [ref]
+    assert re.findall(r"^\s*TRAINSTACK_CODE_URI='([^']*)'$", text, re.M) == [""]
+    (doc,) = [p for p in synth.write(r, tmp_path) if p.parent.name == "user-data"]
+    schema = subprocess.run(["cloud-init", "schema", "--config-file", str(doc)], capture_output=True, text=True, timeout=60)
+    assert schema.returncode == 0, schema.stdout + schema.stderr
+    assert "Valid" in schema.stdout
+
+
+def test_without_image_build_nothing_is_built():
+    r = gcp()
+    assert r.of_type(IMAGE) == [] and r.of_type("trainstack:gcp:TrainerImage") == []
+    assert [i for i in r.invokes if i["token"] == CLIENT_CONFIG] == []
+    assert r.outputs["imageRef"] == "tensorflow/tensorflow:2.21.0-gpu"
+    (text,) = r.user_data.values()
+    assert re.findall(r"^\s*TRAINSTACK_IMAGE='([^']*)'$", text, re.M) == [r.outputs["imageRef"]]
+
+
+def test_both_clouds_build_the_same_context_under_the_same_tag(tmp_path):
+    from components.aws import image as aws_image
+    from components.code import pack
+    from components.gcp import image as gcp_image
+
+    data = pack()
+    built = [m.build_context(data, tmp_path / m.__name__) for m in (aws_image, gcp_image)]
+    trees = [sorted((str(p.relative_to(b)), p.read_bytes()) for p in b.rglob("*") if p.is_file()) for b in built]
+    assert built[0].name == built[1].name == aws_image.content_tag(data) == gcp_image.content_tag(data)
+    assert trees[0] == trees[1] and len(trees[0]) >= 10
+    assert aws_image.context_location(built[0]) == gcp_image.context_location(built[0])

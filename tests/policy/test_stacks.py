@@ -21,13 +21,15 @@ STACKS = sorted(Path(synth.STACKS_DIR).glob("Pulumi.*.yaml"))
 STACK_NAMES = [p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in STACKS]
 
 # Config variants that switch on what the stack files leave off: SSH access, several
-# nodes (worker ingress), on-demand, a bucket that may go, a digest-pinned image.
+# nodes (worker ingress), on-demand, a bucket that may go, a digest-pinned image, the
+# trainer image built and pushed to the stack's repository.
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDvFv4rG7bz4VPf5QO3VqlZl8s3oxXUA6dMu5O3wYp8N me@laptop"
 VARIANTS = {
     "ssh-multinode": {"access": {"sshPublicKey": KEY, "allowedCidrs": ["203.0.113.0/24", "2001:db8::/48"]},
                       "compute": {"instanceTypes": ["g5.12xlarge"], "gpusPerNode": 4, "nodes": 2}},
     "on-demand-disposable": {"compute": {"spot": False}, "storage": {"keepOnDestroy": False},
                              "image": {"tag": "2.21.0-gpu", "digest": "sha256:" + "ab" * 32}},
+    "image-build": {"image": {"build": True}},
 }
 
 
