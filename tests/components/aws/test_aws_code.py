@@ -85,6 +85,8 @@ def test_image_build_uploads_nothing_and_points_at_the_stack_repository():
     r = synth_raw({"image": {"build": True, "tag": "v3"}})
     assert r.of_type(OBJECT) == []
     assert r.outputs["codeUri"] == ""
-    assert r.outputs["imageRef"] == "123456789012.dkr.ecr.eu-west-1.amazonaws.com/trainstack/unit:v3"
+    # The pushed trainer image, by digest (tests/components/aws/test_aws_image.py).
+    assert re.fullmatch(r"123456789012\.dkr\.ecr\.eu-west-1\.amazonaws\.com/trainstack/unit@sha256:[0-9a-f]{64}",
+                        r.outputs["imageRef"])
     (text,) = r.user_data.values()
     assert "TRAINSTACK_CODE_URI=''" in text
