@@ -13,7 +13,9 @@ import gzip
 import hashlib
 import io
 import os
+import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -67,3 +69,45 @@ def write_archive(data: bytes, build_dir: Path = BUILD_DIR) -> Path:
         tmp.write_bytes(data)
         os.replace(tmp, path)
     return path
+
+
+IMAGE_CONTEXT_DIR = PROJECT_ROOT / "build" / "image"
+
+
+def content_tag(data: bytes, base_image: str) -> str:
+    """`trainer-<sha256[:16]>` of the trainer archive and the base image it is built FROM:
+    a change to either gives a new tag (the stack's repositories have immutable tags)."""
+    return "trainer-" + hashlib.sha256(data + b"\0" + base_image.encode()).hexdigest()[:16]
+
+
+def build_context(data: bytes, root: Path = IMAGE_CONTEXT_DIR) -> Path:
+    """The archive unpacked as a docker build context, `root/trainer-<archive hash>/trainer/…`.
+
+    Unpacked into a temporary folder and renamed into place, so a build never sees half a
+    context; an existing folder of the same tag already holds the same bytes.
+    """
+    final = root / Path(archive_key(data)).name.removesuffix(".tar.gz")
+    if (final / "trainer" / "Dockerfile").is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            tar.extractall(tmp, filter="data")
+        if not (tmp / "trainer" / "Dockerfile").is_file():
+            raise FileNotFoundError("the trainer archive holds no trainer/Dockerfile to build")
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            # Another run put the same context in place first.
+            if not (final / "trainer" / "Dockerfile").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def context_location(path: Path) -> str:
+    """`path` relative to the working directory (the project root under `pulumi up`), so the
+    build's inputs do not change with where the checkout lives."""
+    return os.path.relpath(path, Path.cwd())

@@ -109,7 +109,7 @@ class TrainingStack(pulumi.ComponentResource):
             # The machines run the pushed image by digest; their user data waits for the push.
             image = TrainerImage(
                 f"{name}-image",
-                TrainerImageArgs(repository_url=repo.url, registry_id=repo.registry_id),
+                TrainerImageArgs(repository_url=repo.url, registry_id=repo.registry_id, base_image=s.image.reference),
                 opts=child,
             )
             self.image_ref = image.ref

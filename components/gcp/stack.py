@@ -138,7 +138,11 @@ class TrainingStack(pulumi.ComponentResource):
         self.run_uri = pulumi.Output.concat("gs://", bucket.name, f"/runs/{run_id}")
         if s.image.build:
             # The machines run the pushed image by digest; their user data waits for the push.
-            image = TrainerImage(f"{name}-image", TrainerImageArgs(repository_url=repo.url), opts=child)
+            image = TrainerImage(
+                f"{name}-image",
+                TrainerImageArgs(repository_url=repo.url, base_image=s.image.reference),
+                opts=child,
+            )
             self.image_ref = image.ref
         else:
             self.image_ref = pulumi.Output.from_input(s.image.reference)

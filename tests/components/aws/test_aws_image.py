@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from components.aws.image import build_context, content_tag
-from components.code import TRAINER_DIR, archive_key, pack
+from components.code import TRAINER_DIR, archive_key, build_context, content_tag, pack
 from ops import synth
 from policy.rules import image_problem
 from tests.components.aws.awshelp import ROOT, one, synth_raw
@@ -41,7 +40,8 @@ def test_build_true_builds_trainer_dockerfile_for_amd64_and_pushes_a_content_tag
     assert one(r, "trainstack:aws:TrainerImage")["name"] == "trainstack-image"
     inputs = image["inputs"]
     assert (inputs["push"], inputs["platforms"], inputs["buildOnPreview"]) == (True, ["linux/amd64"], False)
-    assert inputs["tags"] == [f"{REPO_URL}:trainer-{TRAINER_HASH}"]
+    assert inputs["tags"] == [f"{REPO_URL}:{content_tag(pack(), 'tensorflow/tensorflow:2.21.0-gpu')}"]
+    assert inputs["buildArgs"] == {"BASE_IMAGE": "tensorflow/tensorflow:2.21.0-gpu"}
     # The context is the trainer archive unpacked: the same bytes the tag's hash names.
     context = (Path.cwd() / inputs["context"]["location"]).resolve()
     dockerfile = (Path.cwd() / inputs["dockerfile"]["location"]).resolve()
@@ -93,9 +93,13 @@ def test_an_unchanged_trainer_keeps_its_tag_and_a_changed_one_gets_a_new_one(tmp
     shutil.copytree(TRAINER_DIR, src, ignore=shutil.ignore_patterns("__pycache__"))
     (src / "__pycache__").mkdir()
     (src / "__pycache__" / "models.cpython-311.pyc").write_bytes(b"not part of the image")
-    assert content_tag(pack(src)) == f"trainer-{TRAINER_HASH}"
+    base = "tensorflow/tensorflow:2.21.0-gpu"
+    tag = content_tag(pack(src), base)
+    assert tag == content_tag(pack(TRAINER_DIR), base) and re.fullmatch(r"trainer-[0-9a-f]{16}", tag)
+    # the base image is part of the tag: a new base is a new image under a new tag
+    assert content_tag(pack(src), "tensorflow/tensorflow:2.21.1-gpu") != tag
     (src / "models.py").write_text((src / "models.py").read_text() + "\n# changed\n")
-    assert content_tag(pack(src)) != f"trainer-{TRAINER_HASH}"
+    assert content_tag(pack(src), base) != tag
 
 
 def test_build_false_builds_nothing_and_runs_the_pinned_image():
@@ -111,7 +115,7 @@ def test_build_false_builds_nothing_and_runs_the_pinned_image():
 def test_build_context_is_the_archive_as_the_dockerfile_expects(tmp_path):
     data = pack()
     ctx = build_context(data, tmp_path / "image")
-    assert ctx.name == content_tag(data) == Path(archive_key(data)).name.removesuffix(".tar.gz")
+    assert ctx.name == Path(archive_key(data)).name.removesuffix(".tar.gz")
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         members = sorted(m.name for m in tar.getmembers() if m.isfile())
     unpacked = sorted(str(p.relative_to(ctx)) for p in ctx.rglob("*") if p.is_file())
@@ -132,3 +136,14 @@ def test_an_archive_without_a_dockerfile_is_refused_and_leaves_nothing(tmp_path)
     with pytest.raises(FileNotFoundError, match="no trainer/Dockerfile"):
         build_context(pack(src), tmp_path / "image")
     assert list((tmp_path / "image").iterdir()) == []
+
+
+def test_the_stacks_pinned_image_is_the_base_and_part_of_the_tag():
+    digest = "sha256:" + "ab" * 32
+    pinned = synth_raw({"image": {"build": True, "digest": digest}})
+    plain = synth_raw({"image": {"build": True}})
+    (a,), (b,) = pinned.of_type(IMAGE), plain.of_type(IMAGE)
+    assert a["inputs"]["buildArgs"] == {"BASE_IMAGE": f"tensorflow/tensorflow@{digest}"}
+    assert a["inputs"]["tags"] != b["inputs"]["tags"]
+    dockerfile = (TRAINER_DIR / "Dockerfile").read_text()
+    assert "FROM ${BASE_IMAGE}" in dockerfile and "ARG BASE_IMAGE=tensorflow/tensorflow:2.21.0-gpu" in dockerfile
