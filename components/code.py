@@ -18,6 +18,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+import pulumi
+import pulumi_docker_build as docker_build
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TRAINER_DIR = PROJECT_ROOT / "trainer"
 BUILD_DIR = PROJECT_ROOT / "build" / "code"
@@ -111,3 +114,44 @@ def context_location(path: Path) -> str:
     """`path` relative to the working directory (the project root under `pulumi up`), so the
     build's inputs do not change with where the checkout lives."""
     return os.path.relpath(path, Path.cwd())
+
+
+def pushed_image(
+    name: str,
+    *,
+    data: bytes,
+    base_image: str,
+    repository_url: pulumi.Input[str],
+    username: pulumi.Input[str],
+    password: pulumi.Input[str],
+    parent: pulumi.Resource,
+) -> tuple[str, docker_build.Image]:
+    """Build `trainer/Dockerfile` from the archive `data` on `base_image` and push it to
+    `repository_url` under its content tag; returns (tag, image). The registry login
+    (`username`/`password`) is kept secret. Both clouds' TrainerImage call this; only the
+    credentials differ."""
+    tag = content_tag(data, base_image)
+    context = build_context(data)
+    url = pulumi.Output.from_input(repository_url)
+    image = docker_build.Image(
+        name,
+        context=docker_build.BuildContextArgs(location=context_location(context)),
+        dockerfile=docker_build.DockerfileArgs(location=context_location(context / "trainer" / "Dockerfile")),
+        build_args={"BASE_IMAGE": base_image},
+        platforms=[docker_build.Platform.LINUX_AMD64],
+        push=True,
+        tags=[pulumi.Output.concat(url, ":", tag)],
+        registries=[
+            docker_build.RegistryArgs(
+                address=url.apply(lambda u: u.split("/", 1)[0]),
+                username=username,
+                password=pulumi.Output.secret(password),
+            )
+        ],
+        # The base image is several GB: a preview should not pull and build it. No
+        # registry cache either: a moving cache tag cannot live in an immutable repository.
+        build_on_preview=False,
+        opts=pulumi.ResourceOptions(parent=parent),
+    )
+    return tag, image
+

@@ -19,7 +19,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_docker_build as docker_build
 
-from components.code import TRAINER_DIR, build_context, content_tag, context_location, pack
+from components.code import TRAINER_DIR, pack, pushed_image
 
 
 @dataclass(kw_only=True)
@@ -50,33 +50,19 @@ class TrainerImage(pulumi.ComponentResource):
     def __init__(self, name: str, args: TrainerImageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:aws:TrainerImage", name, None, opts)
         data = pack(Path(args.source_dir))
-        self.tag = content_tag(data, args.base_image)
-        context = build_context(data)
-        url = pulumi.Output.from_input(args.repository_url)
         # Through the parent's provider: the token is for the stack's region.
         token = aws.ecr.get_authorization_token_output(
             registry_id=args.registry_id, opts=pulumi.InvokeOptions(parent=self)
         )
-        self.image = docker_build.Image(
+        self.tag, self.image = pushed_image(
             f"{name}-image",
-            context=docker_build.BuildContextArgs(location=context_location(context)),
-            dockerfile=docker_build.DockerfileArgs(location=context_location(context / "trainer" / "Dockerfile")),
-            build_args={"BASE_IMAGE": args.base_image},
-            platforms=[docker_build.Platform.LINUX_AMD64],
-            push=True,
-            tags=[pulumi.Output.concat(url, ":", self.tag)],
-            registries=[
-                docker_build.RegistryArgs(
-                    address=url.apply(lambda u: u.split("/", 1)[0]),
-                    username=token.user_name,
-                    password=pulumi.Output.secret(token.password),
-                )
-            ],
-            # The base image is several GB: a preview should not pull and build it. No
-            # registry cache either: a moving cache tag cannot live in an immutable repository.
-            build_on_preview=False,
-            opts=pulumi.ResourceOptions(parent=self),
+            data=data,
+            base_image=args.base_image,
+            repository_url=args.repository_url,
+            username=token.user_name,
+            password=token.password,
+            parent=self,
         )
         self.digest = self.image.digest
-        self.ref = pulumi.Output.concat(url, "@", self.image.digest)
+        self.ref = pulumi.Output.concat(args.repository_url, "@", self.image.digest)
         self.register_outputs({"digest": self.digest, "ref": self.ref})
