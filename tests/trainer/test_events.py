@@ -59,7 +59,11 @@ def test_seconds_lost_and_complete_record():
 def test_dockerfile_builds_on_the_pinned_image_and_runs_the_trainer():
     text = (REPO / "trainer" / "Dockerfile").read_text()
     froms = [line.split()[1] for line in text.splitlines() if line.startswith("FROM ")]
-    assert froms == ["tensorflow/tensorflow:2.21.0-gpu"]
+    assert froms == ["${BASE_IMAGE}"]
+    # The stack passes its pinned image as BASE_IMAGE; the default is the same pin, never latest.
+    args = [line.split()[1] for line in text.splitlines() if line.startswith("ARG BASE_IMAGE")]
+    assert args == ["BASE_IMAGE=tensorflow/tensorflow:2.21.0-gpu"]
+    assert "latest" not in text
     assert "-r /opt/trainstack/code/trainer/requirements.txt" in text
     assert "COPY trainer/ /opt/trainstack/code/trainer/" in text
     # The machines' supervisor passes `python -m trainer` itself: no ENTRYPOINT to double it.
