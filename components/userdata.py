@@ -14,6 +14,7 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
+import pulumi
 import yaml
 
 USERDATA_DIR = Path(__file__).resolve().parent.parent / "userdata"
@@ -164,3 +165,20 @@ def decode_user_data(b64: str) -> str:
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
     return data.decode()
+
+
+def user_data_output(
+    cloud: str, settings, *, group: str, run_uri: pulumi.Input[str], code_uri: pulumi.Input[str],
+    image_ref: pulumi.Input[str],
+) -> pulumi.Output[str]:
+    """The stack's `#cloud-config` once the bucket, code and image are known; the image
+    reference is the one the stack resolved (the pushed digest when it builds its own)."""
+
+    def render(values: list[str]) -> str:
+        run, code, image = values
+        env = boot_env(settings, run_uri=run, group=group, code_uri=code)
+        env["TRAINSTACK_IMAGE"] = image
+        return render_user_data(cloud, env)
+
+    return pulumi.Output.all(run_uri, code_uri, image_ref).apply(render)
+

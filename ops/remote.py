@@ -28,6 +28,8 @@ from typing import BinaryIO
 
 import paramiko
 
+from ops.status import non_negative_int
+
 CONNECT_TIMEOUT_S = 15
 KEEPALIVE_S = 30
 UNITS = ("trainstack-trainer", "trainstack-watcher")
@@ -434,7 +436,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("logs", help="stream a machine's trainer and watcher logs over SSH, or the uploaded ones")
     hosts.add_machine_args(p, extra_source=True)
     p.add_argument("--follow", "-f", action="store_true", help="keep streaming new lines until Ctrl-C")
-    p.add_argument("--lines", "-n", type=_non_negative, help="how many recent lines (default: 100 over SSH, all "
+    p.add_argument("--lines", "-n", type=non_negative_int, help="how many recent lines (default: 100 over SSH, all "
                    "from the bucket)")
     p.add_argument("--from-bucket", action="store_true", help="print the logs the machines uploaded to "
                    "<run-uri>/logs/ (no machine needed; with --stack or --run-uri)")
@@ -449,11 +451,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_tunnel)
 
 
-def _non_negative(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more")
-    return n

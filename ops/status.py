@@ -378,7 +378,8 @@ def _positive(text: str) -> float:
     return v
 
 
-def _count(text: str) -> int:
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number, 0 or more."""
     try:
         v = int(text)
     except ValueError:
@@ -398,5 +399,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interval", type=_positive, default=DEFAULT_INTERVAL_S,
                    help="seconds between refreshes with --watch (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object (one per refresh with --watch)")
-    p.add_argument("--events", type=_count, default=DEFAULT_EVENTS, help="how many recent events (default: %(default)s)")
+    p.add_argument("--events", type=non_negative_int, default=DEFAULT_EVENTS, help="how many recent events (default: %(default)s)")
     p.set_defaults(func=cmd_status)

@@ -148,12 +148,9 @@ class TrainingStack(pulumi.ComponentResource):
             self.image_ref = pulumi.Output.from_input(s.image.reference)
         self.code_uri = code.code_uri
 
-        def render(run_uri: str, code_uri: str, image_ref: str) -> str:
-            env = userdata.boot_env(s, run_uri=run_uri, group=mig_name, code_uri=code_uri)
-            env["TRAINSTACK_IMAGE"] = image_ref
-            return userdata.render_user_data("gcp", env)
-
-        user_data = pulumi.Output.all(self.run_uri, self.code_uri, self.image_ref).apply(lambda v: render(*v))
+        user_data = userdata.user_data_output(
+            "gcp", s, group=mig_name, run_uri=self.run_uri, code_uri=self.code_uri, image_ref=self.image_ref
+        )
         c = s.compute
         group = SpotGroup(
             f"{name}-group",
