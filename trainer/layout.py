@@ -1,0 +1,121 @@
+"""The run folder's contract: every name a run writes, and the events it tells, defined once.
+
+A run lives at `<run-uri>` (`s3://B/runs/ID`, `gs://B/runs/ID` or `file:///...`). The
+trainer, the operator CLI (`ops`), the Pulumi components (IAM prefixes, code keys), the
+policy rules and the machine's boot scripts all speak of these names; this module is
+their one definition. It imports nothing outside the standard library, so anything can
+import it (the trainer's container, `ops` on a laptop, the Pulumi program).
+
+The boot scripts in `userdata/` cannot import Python: `tests/userdata/test_layout_names.py`
+keeps their spellings equal to the ones here.
+
+One writer per object:
+  trainer (chief)        events.jsonl, progress.json, checkpoints/, tensorboard/, model/, COMPLETE
+  machine scripts        machine-events/<machine>.jsonl (each machine its own), logs/<machine>/,
+                         deadline (first boot), FAILED / TIMED_OUT / CANCELLED (finish path)
+  ops                    STOP (a request the trainer polls)
+"""
+
+from __future__ import annotations
+
+# -- bucket-level prefixes (relative to the bucket root) --
+
+RUNS_PREFIX = "runs/"
+CODE_PREFIX = "code/"
+
+# -- run-level keys (relative to the run folder) --
+
+EVENTS_KEY = "events.jsonl"
+PROGRESS_KEY = "progress.json"
+CHECKPOINTS_PREFIX = "checkpoints/"
+CHECKPOINT_DIR = "ckpt"  # checkpoints/ckpt-<step>/
+COMMITTED = "COMMITTED"  # checkpoints/ckpt-<step>/COMMITTED, written last
+TENSORBOARD_PREFIX = "tensorboard/"
+MODEL_PREFIX = "model/"
+LOGS_PREFIX = "logs/"
+DEADLINE_KEY = "deadline"
+MACHINE_EVENTS_PREFIX = "machine-events/"
+STOP_KEY = "STOP"
+
+# -- terminal markers: exactly one ends a run; JSON documents at the top of the run folder --
+
+COMPLETE = "COMPLETE"
+FAILED = "FAILED"
+TIMED_OUT = "TIMED_OUT"
+CANCELLED = "CANCELLED"
+END_MARKERS = (COMPLETE, FAILED, TIMED_OUT, CANCELLED)
+FAILING_MARKERS = frozenset({FAILED, TIMED_OUT})
+
+# Fields every end marker carries (others may follow: metrics, reason, totals).
+MARKER_STEP = "step"
+MARKER_ATTEMPTS = "attempts"
+MARKER_REASON = "reason"
+
+# -- events: one JSON object per line; every one has EVENT, TIME and ATTEMPT --
+
+EVENT = "event"
+TIME = "time"
+ATTEMPT = "attempt"
+
+STARTED = "started"
+RESUMED = "resumed"
+CHECKPOINT = "checkpoint"
+PREEMPTED = "preempted"
+FINISHED = "finished"
+FAILED_EVENT = "failed"
+# Informational: a checkpoint that could not be used or written, a retried transfer,
+# a run found already complete (printed, never stored).
+CHECKPOINT_SKIPPED = "checkpoint_skipped"
+CHECKPOINT_FAILED = "checkpoint_failed"
+UPLOAD_RETRY = "upload_retry"
+ALREADY_COMPLETE = "complete"
+# The machine's own events (machine-events/<machine>.jsonl).
+SPOT_NOTICE = "spot_notice"
+REBALANCE = "rebalance"
+MACHINE_FINISH = "finish"
+
+# The fields each event carries besides EVENT, TIME and ATTEMPT (required ones).
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    STARTED: ("config", "workers", "worker", "replicas", "global_batch", "precision"),
+    RESUMED: ("step", "examples_seen", "batches_seen"),
+    CHECKPOINT: ("step", "seconds", "bytes"),
+    PREEMPTED: ("step", "signal", "seconds", "examples_seen"),
+    FINISHED: ("step", "metrics", "examples_seen"),
+    FAILED_EVENT: ("reason",),
+    CHECKPOINT_SKIPPED: ("step", "reason"),
+    CHECKPOINT_FAILED: ("reason",),
+    UPLOAD_RETRY: ("attempt", "error", "op", "key"),
+}
+
+# The events that change what a run is doing (the others are informational).
+LIFECYCLE = frozenset({STARTED, RESUMED, PREEMPTED, FINISHED, FAILED_EVENT})
+
+
+def run_prefix(run_id: str) -> str:
+    """`runs/<run_id>/`: the run's folder relative to the bucket root."""
+    return f"{RUNS_PREFIX}{run_id}/"
+
+
+def checkpoint_dir(step: int) -> str:
+    """`checkpoints/ckpt-<step>`: one checkpoint's folder relative to the run."""
+    return f"{CHECKPOINTS_PREFIX}{CHECKPOINT_DIR}-{int(step)}"
+
+
+def committed_key(step: int) -> str:
+    """`checkpoints/ckpt-<step>/COMMITTED`: the marker that makes a checkpoint count."""
+    return f"{checkpoint_dir(step)}/{COMMITTED}"
+
+
+def code_key(name: str, digest: str) -> str:
+    """`code/<name>-<digest>.tar.gz`: a content-addressed code archive in the bucket."""
+    return f"{CODE_PREFIX}{name}-{digest}.tar.gz"
+
+
+def machine_events_key(machine: str) -> str:
+    """`machine-events/<machine>.jsonl`: one machine's own events (that machine is its only writer)."""
+    return f"{MACHINE_EVENTS_PREFIX}{machine}.jsonl"
+
+
+def attempts(events: list[dict]) -> int:
+    """How many attempts a run has had: its `started` events (at least 1 once anything ran)."""
+    return sum(1 for e in events if e.get(EVENT) == STARTED)
