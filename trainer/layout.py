@@ -10,13 +10,21 @@ The boot scripts in `userdata/` cannot import Python: `tests/userdata/test_layou
 keeps their spellings equal to the ones here.
 
 One writer per object:
-  trainer (chief)        events.jsonl, progress.json, checkpoints/, tensorboard/, model/, COMPLETE
+  trainer (chief)        events.jsonl, progress.json, checkpoints/, tensorboard/, model/, COMPLETE,
+                         CANCELLED (after a committed checkpoint, when it finds STOP)
   machine scripts        machine-events/<machine>.jsonl (each machine its own), logs/<machine>/,
-                         deadline (first boot), FAILED / TIMED_OUT / CANCELLED (finish path)
+                         deadline (first boot), FAILED / TIMED_OUT (finish path)
   ops                    STOP (a request the trainer polls)
 """
 
 from __future__ import annotations
+
+# -- the trainer's exit codes (python -m trainer) --
+
+EXIT_OK = 0  # the run ended: COMPLETE (or CANCELLED) is written
+EXIT_FAILED = 1  # this attempt failed; another attempt may succeed
+EXIT_UNUSABLE = 78  # this machine can never run this run (e.g. the GPUs asked for are not seen): no retry
+EXIT_PREEMPTED = 143  # stopped by a signal after a committed checkpoint
 
 # -- bucket-level prefixes (relative to the bucket root) --
 
