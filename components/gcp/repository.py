@@ -19,11 +19,11 @@ IMAGE_NAME = "trainer"
 class ImageRepositoryArgs:
     """Inputs of an ImageRepository."""
 
-    repository_id: str
+    repository_name: str
     """The repository's id, e.g. trainstack-dev."""
     location: str
     """The region the repository lives in (next to the machines)."""
-    project: str
+    gcp_project: str
     """The GCP project (part of the image path)."""
     keep_images: int = 10
     """Image versions kept; older ones are deleted by the cleanup policies."""
@@ -42,7 +42,7 @@ class ImageRepository(pulumi.ComponentResource):
         super().__init__("trainstack:gcp:ImageRepository", name, None, opts)
         self.repository = gcp.artifactregistry.Repository(
             f"{name}-repo",
-            repository_id=args.repository_id,
+            repository_id=args.repository_name,
             location=args.location,
             format="DOCKER",
             description="trainstack trainer images",
@@ -70,7 +70,7 @@ class ImageRepository(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.url = pulumi.Output.concat(
-            args.location, "-docker.pkg.dev/", args.project, "/", self.repository.repository_id,
+            args.location, "-docker.pkg.dev/", args.gcp_project, "/", self.repository.repository_id,
             f"/{IMAGE_NAME}",
         )
         self.register_outputs({"url": self.url})
