@@ -1,8 +1,9 @@
 """ImageRepository: the stack's private Artifact Registry Docker repository.
 
 Tags are immutable (a pinned tag can never move under a running job), pushed images are
-scanned for vulnerabilities, and cleanup policies keep the newest N versions and delete
-the rest. Artifact Registry encrypts at rest with Google-managed keys.
+scanned for vulnerabilities when the project has the Container Scanning API on, and
+cleanup policies keep the newest N versions and delete the rest. Artifact Registry
+encrypts at rest with Google-managed keys.
 """
 
 from __future__ import annotations
@@ -47,8 +48,12 @@ class ImageRepository(pulumi.ComponentResource):
             format="DOCKER",
             description="trainstack trainer images",
             docker_config=gcp.artifactregistry.RepositoryDockerConfigArgs(immutable_tags=True),
+            # INHERITED or DISABLED are the only values (the provider refuses anything
+            # else): INHERITED scans pushed images whenever the project has the Container
+            # Scanning API (containerscanning.googleapis.com, billed per image) on. The stack
+            # does not turn that API on for the user.
             vulnerability_scanning_config=gcp.artifactregistry.RepositoryVulnerabilityScanningConfigArgs(
-                enablement_config="AUTOMATIC",
+                enablement_config="INHERITED",
             ),
             # KEEP wins over DELETE: every version is a deletion candidate except the newest N.
             cleanup_policy_dry_run=False,

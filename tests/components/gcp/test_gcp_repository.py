@@ -11,7 +11,8 @@ from tests.components.gcp.gcphelp import (
 def test_repository_has_immutable_tags_scanning_and_keeps_n():
     repo = one(gcp({"image": {"keepImages": 4}}), "gcp:artifactregistry/repository:Repository")["inputs"]
     assert (repo["format"], repo["dockerConfig"]) == ("DOCKER", {"immutableTags": True})
-    assert repo["vulnerabilityScanningConfig"] == {"enablementConfig": "AUTOMATIC"}
+    # The provider's only values are INHERITED and DISABLED (AUTOMATIC failed the first real up).
+    assert repo["vulnerabilityScanningConfig"] == {"enablementConfig": "INHERITED"}
     policies = {p["id"]: p for p in repo["cleanupPolicies"]}
     assert policies["keep-newest"]["action"] == "KEEP"
     assert policies["keep-newest"]["mostRecentVersions"] == {"keepCount": 4}
