@@ -29,16 +29,25 @@ from components.gcp.naming import (
 from components.gcp.repository import ImageRepository, ImageRepositoryArgs
 from components.tags import gcp_labels
 
-__all__ = ["APIS", "TrainingStack", "TrainingStackArgs"]
+__all__ = ["APIS", "PREREQUISITE_APIS", "TrainingStack", "TrainingStackArgs"]
 
-# The APIs the stack's resources live in; a new project has most of them off.
+# Turned on first: project-level IAM grants (the resize and peer-listing roles) read and
+# write the project's IAM policy through the Cloud Resource Manager API, and the
+# provider's reads of the other APIs' state go through it too. A fresh project has it off.
+RESOURCE_MANAGER_API = "cloudresourcemanager.googleapis.com"
+# The APIs the stack's resources live in, turned on after the Resource Manager API; a new
+# project has most of them off.
 APIS = (
+    RESOURCE_MANAGER_API,
     "artifactregistry.googleapis.com",
     "cloudscheduler.googleapis.com",
     "compute.googleapis.com",
     "iam.googleapis.com",
     "storage.googleapis.com",
 )
+# What must be on before the first `pulumi up`, because turning the others on goes through
+# them: `gcloud services enable cloudresourcemanager.googleapis.com serviceusage.googleapis.com`.
+PREREQUISITE_APIS = (RESOURCE_MANAGER_API, "serviceusage.googleapis.com")
 
 
 class TrainingStack(StackOutputs):
@@ -56,18 +65,20 @@ class TrainingStack(StackOutputs):
         api_provider = gcp.Provider(
             f"{name}-gcp-apis", project=s.project, region=s.region, opts=pulumi.ResourceOptions(parent=self)
         )
-        apis = [
-            gcp.projects.Service(
+
+        def api_service(api: str, after: list[pulumi.Resource]) -> gcp.projects.Service:
+            return gcp.projects.Service(
                 f"{name}-api-{api.split('.')[0]}",
                 project=s.project,
                 service=api,
                 # Other workloads of the project may use these APIs: destroy leaves them on.
                 disable_on_destroy=False,
                 disable_dependent_services=False,
-                opts=pulumi.ResourceOptions(parent=self, provider=api_provider),
+                opts=pulumi.ResourceOptions(parent=self, provider=api_provider, depends_on=after),
             )
-            for api in APIS
-        ]
+
+        resource_manager = api_service(RESOURCE_MANAGER_API, [])
+        apis = [resource_manager] + [api_service(api, [resource_manager]) for api in APIS if api != RESOURCE_MANAGER_API]
         provider = gcp.Provider(
             f"{name}-gcp", project=s.project, region=s.region,
             opts=pulumi.ResourceOptions(parent=self, depends_on=apis),

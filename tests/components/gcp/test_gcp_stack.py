@@ -5,6 +5,7 @@ import subprocess
 import pytest
 import yaml
 
+from components.gcp.stack import PREREQUISITE_APIS
 from ops import synth
 from tests.components.gcp.gcphelp import (
     AWS_BASE,
@@ -46,8 +47,8 @@ def test_every_resource_goes_through_the_stacks_provider_and_is_labelled():
     # The APIs are on before anything is made through the stack's provider.
     apis = r.of_type("gcp:projects/service:Service")
     assert sorted(a["inputs"]["service"] for a in apis) == [
-        "artifactregistry.googleapis.com", "cloudscheduler.googleapis.com", "compute.googleapis.com",
-        "iam.googleapis.com", "storage.googleapis.com"]
+        "artifactregistry.googleapis.com", "cloudresourcemanager.googleapis.com", "cloudscheduler.googleapis.com",
+        "compute.googleapis.com", "iam.googleapis.com", "storage.googleapis.com"]
     assert {a["options"]["provider"] for a in apis} == {"trainstack-gcp-apis"}
     assert all(a["inputs"]["disableOnDestroy"] is False for a in apis)
     assert sorted(provider["options"]["dependsOn"]) == sorted(a["name"] for a in apis)
@@ -92,3 +93,22 @@ def test_gcp_stack_files_synthesize(path):
     assert len(r.of_type(MIG)) == 1 and len(r.of_type(TEMPLATE)) == 1
     assert r.outputs["runUri"].startswith(f"gs://{r.outputs['bucketName']}/runs/")
 
+
+
+def test_resource_manager_api_is_turned_on_first_and_named_as_a_prerequisite():
+    # Project IAM grants (the resize role) go through the Cloud Resource Manager API, which
+    # a fresh project has off; the other APIs are turned on after it.
+    r = gcp()
+    apis = {a["inputs"]["service"]: a for a in r.of_type("gcp:projects/service:Service")}
+    crm = apis["cloudresourcemanager.googleapis.com"]
+    assert crm["name"] == "trainstack-api-cloudresourcemanager"
+    assert crm["options"]["dependsOn"] == []
+    others = [a for service, a in apis.items() if service != "cloudresourcemanager.googleapis.com"]
+    assert len(others) == 5
+    assert all(a["options"]["dependsOn"] == [crm["name"]] for a in others)
+    # Every project-level grant is made through the stack's provider, which waits for all APIs.
+    (provider,) = [p for p in r.of_type("pulumi:providers:gcp") if p["name"] == "trainstack-gcp"]
+    assert crm["name"] in provider["options"]["dependsOn"]
+    grants = r.of_type("gcp:projects/iAMMember:IAMMember")
+    assert grants and {g["options"]["provider"] for g in grants} == {"trainstack-gcp"}
+    assert PREREQUISITE_APIS == ("cloudresourcemanager.googleapis.com", "serviceusage.googleapis.com")
