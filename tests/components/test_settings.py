@@ -252,7 +252,7 @@ def test_enough_cases_covering_every_key():
     named = {c[2] for c in INVALID}
     for block in st.BLOCKS:
         model = st.Settings.model_fields[block].annotation
-        for key in st._known_keys(model):
+        for key in st.known_keys(model):
             assert any(n == f"{block}.{key}" or n.startswith(f"{block}.{key}[") for n in named), f"{block}.{key} untested"
     for key in st.SCALARS:
         assert key in named
@@ -275,11 +275,11 @@ def test_invalid_stack_file_is_refused_with_one_line(tmp_path, case, doc, key, f
 
 @pytest.mark.parametrize(("case", "doc", "key", "fragment"), INVALID, ids=[c[0] for c in INVALID])
 def test_ops_synth_exits_2_and_writes_nothing(tmp_path, capsys, monkeypatch, case, doc, key, fragment):
-    from ops import synth
+    from ops import mockrun
     from ops.__main__ import main
 
     ran = []
-    monkeypatch.setattr(synth, "_run", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(mockrun, "_run", lambda *a, **k: ran.append(a))
     _write(tmp_path, "bad", doc)
     out = tmp_path / "out"
     code = main(["synth", "--stack", "bad", "--out", str(out), "--stacks-dir", str(tmp_path)])
