@@ -35,6 +35,9 @@ def check_machine_types(s: Settings, each: Callable[[str], None] | None = None) 
             near = difflib.get_close_matches(t, known, n=1)
             raise ConfigError(key, f"{t!r} is not a known {cloud.upper()} GPU machine type"
                                    + (f"; did you mean {near[0]!r}?" if near else ""))
+        reason = catalog.unsupported_reason(cloud, t, custom_image=bool(c.image_id))
+        if reason:
+            raise ConfigError(key, f"{t!r}: {reason}")
         if c.gpus_per_node not in counts:
             raise ConfigError("compute.gpusPerNode", f"{c.gpus_per_node}: {t} has "
                               f"{' or '.join(map(str, counts))} GPU(s); pick types that all have {c.gpus_per_node}")

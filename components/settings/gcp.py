@@ -33,3 +33,10 @@ def validate(s: Settings) -> None:
     if c.accelerator and not all(t.startswith("n1-") for t in c.instance_types):
         raise ConfigError("compute.accelerator", f"{c.accelerator!r}: only GCP N1 machine types take an accelerator; "
                           "remove it (the other types come with their GPUs)")
+    if c.accelerator:
+        if c.accelerator not in catalog.GCP_N1_ACCELERATORS:
+            raise ConfigError("compute.accelerator", f"{c.accelerator!r}: expected one of "
+                              f"{', '.join(catalog.GCP_N1_ACCELERATORS)}")
+        reason = catalog.unsupported_reason("gcp", c.accelerator, custom_image=bool(c.image_id))
+        if reason:
+            raise ConfigError("compute.accelerator", f"{c.accelerator!r}: {reason}")
