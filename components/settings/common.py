@@ -11,8 +11,9 @@ import re
 from collections.abc import Callable
 
 from components import catalog
+from components.settings import usercode
 from components.settings.errors import ConfigError
-from components.settings.schema import Settings
+from components.settings.schema import BUILTIN_MODELS, Settings
 
 CLOUD_NAMES = {"aws": "AWS", "gcp": "GCP"}
 
@@ -85,7 +86,7 @@ def bucket_name_problem(cloud: str, name: str) -> str | None:
 
 
 def validate(s: Settings) -> None:
-    """Rules across blocks that read the same on both clouds: checkpoint interval and spot price."""
+    """Rules across blocks that read the same on both clouds: checkpoint interval, spot price, user code."""
     c = s.compute
     cap = c.max_runtime_hours * 3600
     if s.run.checkpoint_every_seconds and s.run.checkpoint_every_seconds > cap:
@@ -93,3 +94,4 @@ def validate(s: Settings) -> None:
                           f"compute.maxRuntimeHours ({c.max_runtime_hours} h); no checkpoint would ever be written")
     if not c.spot and c.max_price_per_hour is not None:
         raise ConfigError("compute.maxPricePerHour", "only applies to spot; remove it or set compute.spot: true")
+    usercode.validate(s.run.code, s.run.model, BUILTIN_MODELS)
