@@ -16,13 +16,13 @@ def _synth(args: argparse.Namespace) -> int:
         print(f"ops synth: no stack file {stack_file}", file=sys.stderr)
         return 2
     try:
-        # Validate before importing the program or touching DIR: a bad stack writes nothing.
-        synth.load_source(stack_file, args.stack)
+        # Parsed and validated once, before the program runs or DIR is touched: a bad stack writes nothing.
+        source = synth.load_source(stack_file, args.stack)
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
     try:
-        result = synth.synthesize(stack_file, stack=args.stack)
+        result = synth.synthesize(source)
     except synth.ProgramError as e:
         # The program itself failed (not the config): one line, nothing written.
         print(f"ops synth: the program failed: {e}", file=sys.stderr)

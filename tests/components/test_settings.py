@@ -112,6 +112,9 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     ("data-of-other-cloud", stack(**{R: {"synthetic": DEL, "dataUri": "gs://my-data/x/"}}), "run.dataUri", "expected s3://"),
     ("run-id-uppercase", stack(**{R: {"id": "My Run"}}), "run.id", "lowercase"),
     ("model-unknown", stack(**{R: {"model": "resnet"}}), "run.model", "package.module:function"),
+    ("user-model-without-code", stack(**{R: {"model": "shapes.model:build"}}), "run.model", "set run.code"),
+    ("code-missing-folder", stack(**{R: {"model": "shapes.model:build", "code": "examples/nope"}}), "run.code",
+     "no such folder"),
     ("extra-args-not-list", stack(**{R: {"extraArgs": "--xla"}}), "run.extraArgs", "expected a list"),
     ("extra-args-override", stack(**{R: {"extraArgs": ["--steps=5"]}}), "run.extraArgs", "set by the stack itself"),
     ("checkpoint-past-cap", stack(**{R: {"checkpointEverySeconds": 40_000}}), "run.checkpointEverySeconds",
@@ -220,6 +223,25 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     ("gcp-bucket-google", gcp(**{S: {"bucketName": "my-google-data"}}), "storage.bucketName", "google"),
     ("gcp-zone-mismatch", gcp(**{C: {"zones": ["europe-west4-a"]}}), "compute.zones[0]", "not a zone of region"),
     ("gcp-data-on-s3", gcp(**{R: {"synthetic": DEL, "dataUri": "s3://my-data/x/"}}), "run.dataUri", "expected gs://"),
+    # types the default image's driver, or TensorFlow itself, cannot use (the reason is in the line)
+    ("p3-on-open-driver-ami", stack(**{C: {"instanceTypes": ["g5.xlarge", "p3.2xlarge"]}}), "compute.instanceTypes[1]",
+     "open kernel modules, which support Turing and newer GPUs, not the V100"),
+    ("p3dn-on-open-driver-ami", stack(**{C: {"instanceTypes": ["p3dn.24xlarge"], "gpusPerNode": 8}}),
+     "compute.instanceTypes[0]", "not the V100 of P3dn"),
+    ("p2-k80", stack(**{C: {"instanceTypes": ["p2.xlarge"]}}), "compute.instanceTypes[0]", "the K80 of P2 is 3.7"),
+    ("p2-k80-even-with-own-ami", stack(**{C: {"instanceTypes": ["p2.8xlarge"], "gpusPerNode": 8,
+                                              "imageId": "ami-0123456789abcdef0"}}), "compute.instanceTypes[0]",
+     "compute capability 6.0 or newer"),
+    ("g3-m60", stack(**{C: {"instanceTypes": ["g3.4xlarge"]}}), "compute.instanceTypes[0]", "the M60 of G3 is 5.2"),
+    ("g3s-m60", stack(**{C: {"instanceTypes": ["g3s.xlarge"]}}), "compute.instanceTypes[0]", "the M60 of G3 is 5.2"),
+    ("gcp-a3-on-driver-550", gcp(**{C: {"instanceTypes": ["a3-highgpu-8g"], "gpusPerNode": 8}}),
+     "compute.instanceTypes[0]", "driver 555 or newer"),
+    ("gcp-a3-mega-on-driver-550", gcp(**{C: {"instanceTypes": ["a2-highgpu-8g", "a3-megagpu-8g"], "gpusPerNode": 8}}),
+     "compute.instanceTypes[1]", "H100"),
+    ("gcp-n1-k80", gcp(**{C: {"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-k80"}}),
+     "compute.accelerator", "the K80 is 3.7"),
+    ("gcp-n1-unknown-accelerator", gcp(**{C: {"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-a100"}}),
+     "compute.accelerator", "expected one of nvidia-tesla-t4"),
 ]
 
 VALID: list[tuple[str, dict[str, Any]]] = [
@@ -232,11 +254,17 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("short-cap", stack(**{C: {"maxRuntimeHours": 0.5}}, **{R: {"checkpointEverySeconds": 600}})),
     ("bucket-with-dots", stack(**{S: {"bucketName": "my.training.bucket", "keepOnDestroy": False}})),
     ("zones-and-subnets", stack(**{C: {"zones": ["us-east-1a", "us-east-1b"], "subnets": ["subnet-0123456789abcdef0"]}})),
-    ("module-function-model", stack(**{R: {"model": "my_models.vision:build", "id": "exp-7"}})),
+    ("module-function-model", stack(**{R: {"model": "shapes.model:build", "code": "examples/image-cnn", "id": "exp-7"}})),
     ("four-gpu-types", stack(**{C: {"instanceTypes": ["g5.12xlarge", "g6.12xlarge"], "gpusPerNode": 4, "nodes": 2}})),
     ("secure-other-namespace", stack(aws__secretKey={"secure": "v1:Zm9v"})),
     ("gcp", gcp()),
     ("gcp-n1", gcp(**{C: {"instanceTypes": ["n1-standard-16"], "accelerator": "nvidia-tesla-t4", "gpusPerNode": 4}})),
+    # an image of the user's own choosing brings its own driver: V100 and H100 are theirs to run
+    ("p3-with-own-ami", stack(**{C: {"instanceTypes": ["p3.2xlarge"], "imageId": "ami-0123456789abcdef0"}})),
+    ("gcp-a3-with-own-image", gcp(**{C: {"instanceTypes": ["a3-highgpu-8g"], "gpusPerNode": 8,
+                                         "imageId": "projects/my-project-123/global/images/tf-driver-570"}})),
+    ("p5-and-a100", stack(**{C: {"instanceTypes": ["p5.48xlarge", "p4d.24xlarge"], "gpusPerNode": 8}})),
+    ("gcp-a2-and-v100", gcp(**{C: {"instanceTypes": ["a2-highgpu-1g"]}})),
 ]
 
 
@@ -252,7 +280,7 @@ def test_enough_cases_covering_every_key():
     named = {c[2] for c in INVALID}
     for block in st.BLOCKS:
         model = st.Settings.model_fields[block].annotation
-        for key in st._known_keys(model):
+        for key in st.known_keys(model):
             assert any(n == f"{block}.{key}" or n.startswith(f"{block}.{key}[") for n in named), f"{block}.{key} untested"
     for key in st.SCALARS:
         assert key in named
@@ -275,11 +303,11 @@ def test_invalid_stack_file_is_refused_with_one_line(tmp_path, case, doc, key, f
 
 @pytest.mark.parametrize(("case", "doc", "key", "fragment"), INVALID, ids=[c[0] for c in INVALID])
 def test_ops_synth_exits_2_and_writes_nothing(tmp_path, capsys, monkeypatch, case, doc, key, fragment):
-    from ops import synth
+    from ops import mockrun
     from ops.__main__ import main
 
     ran = []
-    monkeypatch.setattr(synth, "_run", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(mockrun, "_run", lambda *a, **k: ran.append(a))
     _write(tmp_path, "bad", doc)
     out = tmp_path / "out"
     code = main(["synth", "--stack", "bad", "--out", str(out), "--stacks-dir", str(tmp_path)])

@@ -120,3 +120,47 @@ def test_write_creates_the_contract_layout(tmp_path):
     rel = sorted(str(p.relative_to(tmp_path / "o")) for p in written)
     assert rel == ["outputs.json", "resources.json", "user-data/trainstack-group-lt.yaml"]
     assert json.loads((tmp_path / "o" / "resources.json").read_text()) == r.resources
+
+
+def test_cli_parses_and_validates_the_stack_file_once(tmp_path, monkeypatch):
+    """`ops synth` reads the stack file and validates its settings once, then runs the program with them."""
+    from ops.__main__ import main
+
+    calls = {"read": 0, "validate": 0, "run": []}
+    read, load = synth.config.read_stack_file, synth.config.load_settings
+
+    def counted_read(*a, **k):
+        calls["read"] += 1
+        return read(*a, **k)
+
+    def counted_load(*a, **k):
+        calls["validate"] += 1
+        return load(*a, **k)
+
+    def fake_run(sdk_config, *, stack, region, gcp_project=""):
+        calls["run"].append((stack, region, sdk_config["trainstack:region"]))
+        return synth.Result(resources=[], outputs={}, user_data={})
+
+    monkeypatch.setattr(synth.config, "read_stack_file", counted_read)
+    monkeypatch.setattr(synth.config, "load_settings", counted_load)
+    monkeypatch.setattr(synth, "run_program", fake_run)
+    assert main(["synth", "--stack", "large", "--out", str(tmp_path / "o")]) == 0
+    assert calls == {"read": 1, "validate": 1, "run": [("large", "us-west-2", "us-west-2")]}
+
+
+def test_settings_and_policy_share_one_definition_of_secrets_and_defaults():
+    """The neutral module is the one both sides import; the policy rules load without pydantic or settings."""
+    from components import config_shared
+    from components.settings import schema
+    from policy import rules
+
+    assert rules.secret_kind is config_shared.secret_kind
+    assert rules.SECRET_PATTERNS is config_shared.SECRET_PATTERNS
+    assert schema.ComputeSettings.model_fields["spot"].default is config_shared.DEFAULT_SPOT
+    assert schema.StorageSettings.model_fields["keep_on_destroy"].default is config_shared.DEFAULT_KEEP_ON_DESTROY
+    code = ("import sys; from policy import rules; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'pulumi') or m.startswith('components.settings')); "
+            "print(bad); assert not bad, bad; assert rules.RULES")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == "[]"
