@@ -16,6 +16,11 @@ except config.ConfigError as e:
 # components.aws / components.gcp: same class names, imported only for the stack's cloud
 # (each provider SDK takes seconds to load).
 cloud = importlib.import_module(f"components.{settings.cloud}")
-stack = cloud.TrainingStack("trainstack", cloud.TrainingStackArgs(settings=settings, project=pulumi.get_project()))
+# storage.adopt: import the bucket an earlier `pulumi destroy` kept, instead of creating it
+# (the settings schema gains the key with issue 9; until then no stack adopts).
+adopt = bool(getattr(settings.storage, "adopt", False))
+stack = cloud.TrainingStack(
+    "trainstack", cloud.TrainingStackArgs(settings=settings, project=pulumi.get_project(), adopt_bucket=adopt)
+)
 for key, value in stack.exports().items():
     pulumi.export(key, value)

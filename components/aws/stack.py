@@ -41,6 +41,10 @@ class TrainingStack(StackOutputs):
 
         if s.storage.bucket_name:
             bucket_name: pulumi.Input[str] = s.storage.bucket_name
+        elif args.adopt_bucket:
+            # Importing needs the name as the program runs: ask for the account now.
+            account = aws.get_caller_identity(opts=invoke).account_id
+            bucket_name = default_bucket_name(project=args.project, stack=s.stack, account_id=account, region=s.region)
         else:
             account_id = aws.get_caller_identity_output(opts=invoke).account_id
             bucket_name = account_id.apply(
@@ -51,6 +55,7 @@ class TrainingStack(StackOutputs):
             TrainingBucketArgs(
                 bucket_name=bucket_name,
                 keep_on_destroy=s.storage.keep_on_destroy,
+                adopt=args.adopt_bucket,
                 noncurrent_days=s.storage.noncurrent_days,
                 tags=tags,
             ),

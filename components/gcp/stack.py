@@ -94,6 +94,7 @@ class TrainingStack(StackOutputs):
                 or default_bucket_name(project=args.project, stack=s.stack, gcp_project=s.project, region=s.region),
                 location=s.region,
                 keep_on_destroy=s.storage.keep_on_destroy,
+                adopt=args.adopt_bucket,
                 noncurrent_days=s.storage.noncurrent_days,
                 labels=labels,
             ),
