@@ -32,6 +32,8 @@ def _synth(args: argparse.Namespace) -> int:
     print(f"synth {args.stack}: {len(result.resources)} resources, {len(result.user_data)} user-data file(s) -> {out}")
     for p in written:
         print(f"  {p}")
+    print()
+    print(synth.plan(result, source.settings, ask_prices=not args.offline), end="")
     return 0
 
 
@@ -45,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stack", required=True, help="stack name: stacks/Pulumi.<NAME>.yaml")
     p.add_argument("--out", required=True, help="folder for resources.json, outputs.json, user-data/")
     p.add_argument("--stacks-dir", default=str(STACKS_DIR), help="folder of the stack files (default: %(default)s)")
+    p.add_argument("--offline", action="store_true",
+                   help="never ask the cloud for spot prices, even with AWS credentials (the plan estimates them)")
     p.set_defaults(func=_synth)
     from ops import remote, status
 

@@ -27,7 +27,7 @@ STACKS_DIR = PROJECT_ROOT / "stacks"
 __all__ = [
     "DOCKER_IMAGE", "FAKE_ACCOUNT", "FAKE_AMI", "FAKE_GCP_IMAGE", "FAKE_VPC", "INSTANCE_TEMPLATE", "LAUNCH_TEMPLATE",
     "PROGRAM", "PROJECT_ROOT", "STACKS_DIR", "ProgramError", "Result", "Source", "config_for_sdk", "load_source",
-    "project_name", "run_program", "synthesize", "write",
+    "plan", "project_name", "run_program", "synthesize", "write",
 ]
 
 
@@ -80,6 +80,23 @@ def synthesize(source: str | Path | Mapping[str, Any] | Source, *, stack: str | 
     loaded = load_source(source, stack)
     s = loaded.settings
     return run_program(config_for_sdk(loaded.full_config), stack=s.stack, region=s.region, gcp_project=s.project)
+
+
+def plan(result: Result, settings: config.Settings, *, ask_prices: bool = True) -> str:
+    """The readable plan for a synth result: resources by type, mock values marked, machines and cost.
+
+    With `ask_prices` and AWS credentials configured, spot prices come from EC2's price
+    history; otherwise they are estimated (and say so).
+    """
+    from components import pricing
+    from ops import plan as plan_text
+
+    spot_prices = None
+    if ask_prices and settings.cloud == "aws" and settings.compute.spot:
+        spot_prices = pricing.aws_spot_prices(settings.region, settings.compute.instance_types)
+    est = pricing.hourly_cost(settings, spot_prices=spot_prices)
+    return plan_text.render(settings.stack, settings.cloud, settings.region, result.resources, result.outputs,
+                            result.mock_values, est, settings.compute.gpus_per_node)
 
 
 def write(result: Result, out: Path) -> list[Path]:
