@@ -17,11 +17,9 @@ import pulumi
 import pulumi_aws as aws
 
 from components import userdata
+from components.common import WORKER_PORTS
 
 DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"
-# Ports the TensorFlow workers' gRPC servers listen on (TF_CONFIG); only peers in the
-# same security group may reach them.
-WORKER_PORTS = (2222, 2231)
 
 
 @dataclass(kw_only=True)

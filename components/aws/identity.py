@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
+from trainer import layout
+
 _EC2_TRUST = {
     "Version": "2012-10-17",
     "Statement": [
@@ -69,7 +71,8 @@ def policy_document(
     nodes: int = 1,
 ) -> pulumi.Output[str]:
     """The role's permissions as an IAM policy JSON document."""
-    run_prefix = f"runs/{run_id}"
+    # runs/<run_id> (the folder's own key) and runs/<run_id>/*: the run folder of trainer/layout.py.
+    run_prefix = layout.run_prefix(run_id).rstrip("/")
     statements: list[dict] = [
         {
             "Sid": "ListRunPrefix",
@@ -94,7 +97,7 @@ def policy_document(
             "Sid": "ReadTrainerCode",
             "Effect": "Allow",
             "Action": "s3:GetObject",
-            "Resource": pulumi.Output.concat(bucket_arn, "/code/*"),
+            "Resource": pulumi.Output.concat(bucket_arn, f"/{layout.CODE_PREFIX}*"),
         },
     ]
     if data_uri:

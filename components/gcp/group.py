@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_gcp as gcp
 
+from components.common import WORKER_PORTS
+
 # Canonical's Ubuntu 22.04 with the NVIDIA driver: it runs cloud-init from the
 # `user-data` metadata key, as the AWS machines do.
 IMAGE_PROJECT = "ubuntu-os-accelerator-images"
 IMAGE_FAMILY = "ubuntu-accelerator-2204-amd64-with-nvidia-550"
-# Ports the TensorFlow workers' gRPC servers listen on (TF_CONFIG); only peers with the
-# stack's network tag may reach them.
-WORKER_PORTS = (2222, 2231)
 NETWORK = "global/networks/default"
 
 
@@ -37,7 +36,7 @@ class SpotGroupArgs:
     """The GCP project of every resource."""
     region: str
     """The group's region."""
-    machine_types: list[str]
+    instance_types: list[str]
     """Machine types in order of preference."""
     network_tag: str
     """The tag the firewall rules select these machines by."""
@@ -57,7 +56,7 @@ class SpotGroupArgs:
     """The cap: VMs stop after this long, and the group goes to zero this long after the first `pulumi up`."""
     root_disk_gb: int = 200
     """Size of the boot disk."""
-    image: str | None = None
+    image_id: str | None = None
     """Boot image; None looks up Ubuntu 22.04 with the NVIDIA driver."""
     zones: list[str] = field(default_factory=list)
     """Zones the group may use; empty: every zone of the region."""
@@ -96,8 +95,8 @@ class SpotGroup(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         self._firewalls(name, args, child)
 
-        if args.image:
-            source_image: pulumi.Input[str] = args.image
+        if args.image_id:
+            source_image: pulumi.Input[str] = args.image_id
         else:
             source_image = gcp.compute.get_image_output(
                 family=IMAGE_FAMILY, project=IMAGE_PROJECT, opts=pulumi.InvokeOptions(parent=self)
@@ -133,7 +132,7 @@ class SpotGroup(pulumi.ComponentResource):
             f"{name}-template",
             name_prefix=f"{args.group_name[:36]}-",
             description="trainstack GPU machine",
-            machine_type=args.machine_types[0],
+            machine_type=args.instance_types[0],
             disks=[
                 gcp.compute.InstanceTemplateDiskArgs(
                     boot=True, auto_delete=True, source_image=source_image,
@@ -170,13 +169,13 @@ class SpotGroup(pulumi.ComponentResource):
         )
 
         flexibility = None
-        if len(args.machine_types) > 1:
+        if len(args.instance_types) > 1:
             flexibility = gcp.compute.RegionInstanceGroupManagerInstanceFlexibilityPolicyArgs(
                 instance_selections=[
                     gcp.compute.RegionInstanceGroupManagerInstanceFlexibilityPolicyInstanceSelectionArgs(
                         name=f"rank-{rank}", rank=rank, machine_types=[t],
                     )
-                    for rank, t in enumerate(args.machine_types, start=1)
+                    for rank, t in enumerate(args.instance_types, start=1)
                 ]
             )
         self.group = gcp.compute.RegionInstanceGroupManager(

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
+from trainer import layout
+
 # What the machine's finish step needs to set its own group's size to zero.
 RESIZE_PERMISSIONS = ["compute.instanceGroupManagers.get", "compute.instanceGroupManagers.update"]
 
@@ -39,9 +41,9 @@ class InstanceIdentityArgs:
     custom_role_id: str
     """Id of the project custom role holding the resize permissions."""
     data_uri: str | None = None
+    """gs://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
     nodes: int = 1
     """Machines in the group; with more than one they list instances to find their peers."""
-    """gs://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
 
 
 def split_gs_uri(uri: str) -> tuple[str, str]:
@@ -80,7 +82,7 @@ class InstanceIdentity(pulumi.ComponentResource):
             opts=child,
         )
         member = pulumi.Output.concat("serviceAccount:", self.account.email)
-        run_prefix = f"runs/{args.run_id}/"
+        run_prefix = layout.run_prefix(args.run_id)
         self.grants: list[pulumi.Resource] = [
             gcp.storage.BucketIAMMember(
                 f"{name}-run-objects",
@@ -100,7 +102,7 @@ class InstanceIdentity(pulumi.ComponentResource):
                 member=member,
                 condition=gcp.storage.BucketIAMMemberConditionArgs(
                     title="trainer code",
-                    expression=prefix_condition(args.bucket_name, "code/"),
+                    expression=prefix_condition(args.bucket_name, layout.CODE_PREFIX),
                 ),
                 opts=child,
             ),

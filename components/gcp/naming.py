@@ -7,20 +7,10 @@ computed from the project, stack and GCP project instead of random suffixes.
 
 from __future__ import annotations
 
-import hashlib
 import re
 
+from components.common import short_digest, slug
 from components.settings import bucket_name_problem
-
-
-def slug(text: str, limit: int) -> str:
-    """Lowercase letters, digits and single '-' only, at most `limit` characters."""
-    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    return s[:limit].rstrip("-") or "x"
-
-
-def _digest(*parts: str, n: int) -> str:
-    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:n]
 
 
 def default_bucket_name(*, project: str, stack: str, gcp_project: str, region: str) -> str:
@@ -30,7 +20,7 @@ def default_bucket_name(*, project: str, stack: str, gcp_project: str, region: s
     stack called `dev` do not collide. GCS refuses "google" anywhere in a name.
     """
     stem = f"{slug(project, 20)}-{slug(stack, 28)}".replace("google", "g")
-    name = f"{stem}-{_digest(project, stack, gcp_project, region, n=12)}"
+    name = f"{stem}-{short_digest(project, stack, gcp_project, region, n=12)}"
     problem = bucket_name_problem("gcp", name)
     if problem:  # unreachable for slugs; kept so a future change cannot ship a bad name
         raise ValueError(f"generated bucket name {name!r}: {problem}")
@@ -49,14 +39,14 @@ def group_name(*, project: str, stack: str) -> str:
     return f"{stem}-gpu"
 
 
-def repository_id(*, project: str, stack: str) -> str:
+def repository_name(*, project: str, stack: str) -> str:
     """The Artifact Registry repository of this stack's trainer image."""
     return _rfc1035(f"{project}-{stack}", 63)
 
 
 def service_account_id(*, project: str, stack: str) -> str:
     """The machines' service account id: 6-30 characters, unique per stack."""
-    return f"ts-{slug(stack, 18)}-{_digest(project, stack, n=6)}"
+    return f"ts-{slug(stack, 18)}-{short_digest(project, stack, n=6)}"
 
 
 def network_tag(*, project: str, stack: str) -> str:

@@ -8,7 +8,7 @@ import yaml
 
 from ops import synth
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ALL_STACK_FILES = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
 
 

@@ -1,0 +1,99 @@
+"""SpotGroup (GCP): Spot template, firewall rules, the managed group and the cloud's runtime cap."""
+
+import datetime as dt
+
+from components.gcp.group import IMAGE_FAMILY, WORKER_PORTS, cap_cron
+from tests.components.gcp.gcphelp import (
+    FIREWALL,
+    MIG,
+    SSH_KEY,
+    TEMPLATE,
+    gcp,
+    one,
+)
+
+
+def test_template_is_spot_with_max_run_duration_shielded_and_no_ssh_key():
+    r = gcp()
+    t = one(r, TEMPLATE)["inputs"]
+    assert t["scheduling"] == {
+        "provisioningModel": "SPOT", "preemptible": True, "automaticRestart": False,
+        "onHostMaintenance": "TERMINATE", "instanceTerminationAction": "DELETE",
+        "maxRunDuration": {"seconds": 6 * 3600},
+    }
+    assert t["shieldedInstanceConfig"] == {"enableSecureBoot": False, "enableVtpm": True, "enableIntegrityMonitoring": True}
+    meta = t["metadata"]
+    assert (meta["block-project-ssh-keys"], meta["disable-legacy-endpoints"]) == ("true", "true")
+    assert "ssh-keys" not in meta
+    (disk,) = t["disks"]
+    assert disk["boot"] is True and disk["autoDelete"] is True and disk["diskSizeGb"] == 200
+    assert IMAGE_FAMILY in disk["sourceImage"]
+    (lookup,) = r.invokes
+    assert lookup["args"] == {"family": IMAGE_FAMILY, "project": "ubuntu-os-accelerator-images"}
+    assert t["machineType"] == "g2-standard-8"
+
+
+def test_nothing_inbound_by_default():
+    walls = gcp().of_type(FIREWALL)
+    assert len(walls) == 1
+    deny = walls[0]["inputs"]
+    assert deny["denies"] == [{"protocol": "all"}] and deny["sourceRanges"] == ["0.0.0.0/0"]
+    assert "allows" not in deny and deny["targetTags"] == ["trainstack-unit"]
+
+
+def test_ssh_from_allowed_cidrs_and_workers_from_each_other_only():
+    r = gcp({"compute": {"nodes": 2}, "access": {"sshPublicKey": SSH_KEY, "allowedCidrs": ["203.0.113.0/24"]}})
+    walls = {w["name"].rsplit("-", 1)[-1]: w["inputs"] for w in r.of_type(FIREWALL)}
+    assert sorted(walls) == ["inbound", "ssh", "workers"]
+    deny_priority = walls["inbound"]["priority"]
+    assert walls["ssh"]["sourceRanges"] == ["203.0.113.0/24"]
+    assert walls["ssh"]["allows"] == [{"protocol": "tcp", "ports": ["22"]}]
+    assert walls["workers"]["sourceTags"] == walls["workers"]["targetTags"] == ["trainstack-unit"]
+    assert walls["workers"]["allows"] == [{"protocol": "tcp", "ports": [f"{WORKER_PORTS[0]}-{WORKER_PORTS[1]}"]}]
+    assert "sourceRanges" not in walls["workers"]
+    assert walls["ssh"]["priority"] < deny_priority and walls["workers"]["priority"] < deny_priority
+    assert one(r, TEMPLATE)["inputs"]["metadata"]["ssh-keys"] == f"ubuntu:{SSH_KEY}"
+
+
+def test_group_keeps_nodes_over_ranked_types_and_ignores_its_size_later():
+    r = gcp({"compute": {"nodes": 3, "instanceTypes": ["g2-standard-12", "g2-standard-8", "g2-standard-16"],
+                         "zones": ["us-central1-a", "us-central1-b"]}})
+    mig = one(r, MIG)
+    m = mig["inputs"]
+    assert (m["name"], m["targetSize"], m["region"]) == ("trainstack-unit-gpu", 3, "us-central1")
+    selections = m["instanceFlexibilityPolicy"]["instanceSelections"]
+    assert [(s["rank"], s["machineTypes"]) for s in selections] == [
+        (1, ["g2-standard-12"]), (2, ["g2-standard-8"]), (3, ["g2-standard-16"])]
+    assert m["distributionPolicyZones"] == ["us-central1-a", "us-central1-b"]
+    assert m["versions"][0]["instanceTemplate"].endswith(tuple("0123456789"))  # the template's unique link
+    assert mig["options"]["ignoreChanges"] == ["targetSize"]
+    assert "trainstack-identity-resize" in mig["options"]["dependsOn"]
+    single = one(gcp({"compute": {"instanceTypes": ["g2-standard-8"]}}), MIG)["inputs"]
+    assert "instanceFlexibilityPolicy" not in single
+
+
+def test_on_demand_accelerator_and_own_image():
+    r = gcp({"compute": {"spot": False, "instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-t4",
+                         "gpusPerNode": 2, "imageId": "projects/my-proj-123/global/images/my-gpu-image"}})
+    t = one(r, TEMPLATE)["inputs"]
+    assert t["scheduling"]["provisioningModel"] == "STANDARD" and t["scheduling"]["preemptible"] is False
+    assert t["scheduling"]["maxRunDuration"] == {"seconds": 6 * 3600}
+    assert t["guestAccelerators"] == [{"type": "nvidia-tesla-t4", "count": 2}]
+    assert t["disks"][0]["sourceImage"] == "projects/my-proj-123/global/images/my-gpu-image"
+    assert r.invokes == []
+
+
+def test_cloud_scheduler_resizes_the_group_to_zero_at_the_cap():
+    before = dt.datetime.now(dt.UTC)
+    job = one(gcp({"compute": {"maxRuntimeHours": 10}}, stack="capped"), "gcp:cloudscheduler/job:Job")
+    after = dt.datetime.now(dt.UTC)
+    j = job["inputs"]
+    assert j["httpTarget"]["uri"] == ("https://compute.googleapis.com/compute/v1/projects/my-proj-123/regions/"
+                                      "us-central1/instanceGroupManagers/trainstack-capped-gpu/resize?size=0")
+    assert j["httpTarget"]["httpMethod"] == "POST"
+    assert j["httpTarget"]["oauthToken"]["serviceAccountEmail"].endswith("@my-proj-123.iam.gserviceaccount.com")
+    assert j["timeZone"] == "Etc/UTC"
+    assert j["schedule"] in {cap_cron(10, before), cap_cron(10, after)}
+    assert job["options"]["ignoreChanges"] == ["schedule"]
+    assert cap_cron(2, dt.datetime(2030, 12, 31, 23, 30, 5, tzinfo=dt.UTC)) == "31 1 1 1 *"
+
