@@ -78,6 +78,23 @@ def test_cli_unknown_stack_exits_2(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_cli_unknown_stack_lists_the_stacks_there_are(tmp_path, capsys):
+    from ops.__main__ import main
+
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    for name in ("prod", "dev"):
+        (stacks / f"Pulumi.{name}.yaml").write_text((ROOT / "stacks" / "Pulumi.dev.yaml").read_text())
+    assert main(["synth", "--stack", "dve", "--out", str(tmp_path / "o"), "--stacks-dir", str(stacks)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Pulumi.dve.yaml" in err and err.rstrip().endswith("stacks there: dev, prod")
+    assert not (tmp_path / "o").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["synth", "--stack", "dev", "--out", str(tmp_path / "o"), "--stacks-dir", str(empty)]) == 2
+    assert "there is no stack file there" in capsys.readouterr().err
+
+
 def test_synthesize_runs_repeatedly_without_state_leaking_between_runs():
     dev = ROOT / "stacks" / "Pulumi.dev.yaml"
     large = ROOT / "stacks" / "Pulumi.large.yaml"
