@@ -68,6 +68,8 @@ class Result:
     """Launch template (AWS) / instance template (GCP) resource name -> its user data, decoded."""
     invokes: list[dict[str, Any]] = field(default_factory=list)
     """[{"token", "args", "provider"}]: the lookups the program made."""
+    mock_values: set[str] = field(default_factory=set)
+    """Ids and values the fake cloud made up (ARNs, AMI, subnets, account): never the user's real ones."""
 
     def of_type(self, type_token: str) -> list[dict[str, Any]]:
         """The resources of one type token, e.g. aws:s3/bucket:Bucket."""
@@ -210,7 +212,8 @@ def _run(sdk_config: dict[str, str], stack: str, region: str, gcp_project: str) 
             user_data[r["name"]] = userdata.decode_user_data(r["inputs"]["userData"])
         elif r["type"] == INSTANCE_TEMPLATE and (r["inputs"].get("metadata") or {}).get("user-data"):
             user_data[r["name"]] = r["inputs"]["metadata"]["user-data"]
-    return Result(resources=resources, outputs=jsonable(monitor.stack_outputs), user_data=user_data, invokes=mocks.invokes)
+    return Result(resources=resources, outputs=jsonable(monitor.stack_outputs), user_data=user_data, invokes=mocks.invokes,
+                  mock_values=set(mocks.made))
 
 
 def _resolve_parents(monitor: _Monitor) -> list[dict[str, Any]]:

@@ -10,7 +10,9 @@ well-formed values). `write()` puts what was registered on disk: `resources.json
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +28,8 @@ STACKS_DIR = PROJECT_ROOT / "stacks"
 
 __all__ = [
     "DOCKER_IMAGE", "FAKE_ACCOUNT", "FAKE_AMI", "FAKE_GCP_IMAGE", "FAKE_VPC", "INSTANCE_TEMPLATE", "LAUNCH_TEMPLATE",
-    "PROGRAM", "PROJECT_ROOT", "STACKS_DIR", "ProgramError", "Result", "Source", "config_for_sdk", "load_source",
-    "project_name", "run_program", "synthesize", "write",
+    "PROGRAM", "PROJECT_ROOT", "STACKS_DIR", "ProgramError", "Result", "Source", "cmd_synth", "config_for_sdk", "load_source",
+    "plan", "project_name", "register", "run_program", "stack_names", "synthesize", "write",
 ]
 
 
@@ -82,6 +84,23 @@ def synthesize(source: str | Path | Mapping[str, Any] | Source, *, stack: str | 
     return run_program(config_for_sdk(loaded.full_config), stack=s.stack, region=s.region, gcp_project=s.project)
 
 
+def plan(result: Result, settings: config.Settings, *, ask_prices: bool = True) -> str:
+    """The readable plan for a synth result: resources by type, mock values marked, machines and cost.
+
+    With `ask_prices` and AWS credentials configured, spot prices come from EC2's price
+    history; otherwise they are estimated (and say so).
+    """
+    from components import pricing
+    from ops import plan as plan_text
+
+    spot_prices = None
+    if ask_prices and settings.cloud == "aws" and settings.compute.spot:
+        spot_prices = pricing.aws_spot_prices(settings.region, settings.compute.instance_types)
+    est = pricing.hourly_cost(settings, spot_prices=spot_prices)
+    return plan_text.render(settings.stack, settings.cloud, settings.region, result.resources, result.outputs,
+                            result.mock_values, est, settings.compute.gpus_per_node)
+
+
 def write(result: Result, out: Path) -> list[Path]:
     """Write resources.json, outputs.json and user-data/<name>.yaml under `out`."""
     out.mkdir(parents=True, exist_ok=True)
@@ -95,3 +114,49 @@ def write(result: Result, out: Path) -> list[Path]:
         p.write_text(text)
         written.append(p)
     return written
+
+
+def stack_names(stacks_dir: Path) -> list[str]:
+    """The stacks there are: NAME for each stacks_dir/Pulumi.NAME.yaml."""
+    return sorted(config.stack_name_of(p) for p in Path(stacks_dir).glob("Pulumi.*.yaml"))
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    """`python -m ops synth`: exit 2 with one line on a bad or unknown stack, nothing written."""
+    stack_file = Path(args.stacks_dir) / f"Pulumi.{args.stack}.yaml"
+    if not stack_file.is_file():
+        known = stack_names(Path(args.stacks_dir))
+        there = f"stacks there: {', '.join(known)}" if known else "there is no stack file there"
+        print(f"ops synth: no stack file {stack_file}; {there}", file=sys.stderr)
+        return 2
+    try:
+        # Parsed and validated once, before the program runs or DIR is touched: a bad stack writes nothing.
+        source = load_source(stack_file, args.stack)
+    except config.ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    try:
+        result = synthesize(source)
+    except ProgramError as e:
+        # The program itself failed (not the config): one line, nothing written.
+        print(f"ops synth: the program failed: {e}", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    written = write(result, out)
+    print(f"synth {args.stack}: {len(result.resources)} resources, {len(result.user_data)} user-data file(s) -> {out}")
+    for p in written:
+        print(f"  {p}")
+    print()
+    print(plan(result, source.settings, ask_prices=not args.offline), end="")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the `synth` command to `python -m ops`."""
+    p = sub.add_parser("synth", help="run the Pulumi program offline under mocks and write what it would create")
+    p.add_argument("--stack", required=True, help="stack name: stacks/Pulumi.<NAME>.yaml")
+    p.add_argument("--out", required=True, help="folder for resources.json, outputs.json, user-data/")
+    p.add_argument("--stacks-dir", default=str(STACKS_DIR), help="folder of the stack files (default: %(default)s)")
+    p.add_argument("--offline", action="store_true",
+                   help="never ask the cloud for spot prices, even with AWS credentials (the plan estimates them)")
+    p.set_defaults(func=cmd_synth)

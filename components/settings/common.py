@@ -85,8 +85,56 @@ def bucket_name_problem(cloud: str, name: str) -> str | None:
     return None
 
 
+class _ParseError(Exception):
+    pass
+
+
+def trainer_flags() -> list[str]:
+    """Every flag `python -m trainer` takes, from its own parser (trainer/config.py imports no TensorFlow)."""
+    from trainer.config import build_parser
+
+    # argparse has no public walk over its options; the trainer reads them the same way.
+    return sorted(o for a in build_parser()._actions for o in a.option_strings if o.startswith("--"))
+
+
+def check_extra_args(s: Settings) -> None:
+    """run.extraArgs are flags the trainer really has, with values it accepts: parsed by its own parser
+    as the machine will parse them, so a typo fails here instead of crash-looping on a paid machine."""
+    extra = s.run.extra_args
+    if not extra:
+        return
+    from trainer.config import build_parser
+
+    parser = build_parser()
+
+    def fail(message: str) -> None:
+        raise _ParseError(message)
+
+    parser.error = fail  # type: ignore[method-assign]  # argparse would print usage and exit
+    # What the machine passes besides extraArgs; the stack sets these itself.
+    base = ["--run-uri", "file:///run", "--synthetic"]
+    try:
+        _, unknown = parser.parse_known_args(base + list(extra))
+    except _ParseError as e:
+        message = str(e)
+        flag = re.search(r"argument (--[\w-]+)", message)
+        i = next((i for i, a in enumerate(extra) if flag and a.split("=", 1)[0] == flag.group(1)), 0)
+        raise ConfigError(f"run.extraArgs[{i}]", f"{extra[i]!r}: the trainer refuses it ({message}); "
+                          "see python -m trainer --help") from None
+    if unknown:
+        i = next(i for i, a in enumerate(extra) if a == unknown[0])
+        name = unknown[0].split("=", 1)[0]
+        if not name.startswith("-"):
+            raise ConfigError(f"run.extraArgs[{i}]", f"{extra[i]!r}: not a flag or a flag's value; "
+                              "write flags as --name=value")
+        near = difflib.get_close_matches(name, trainer_flags(), n=1)
+        hint = f"did you mean {near[0]!r}?" if near else "see python -m trainer --help for its flags"
+        raise ConfigError(f"run.extraArgs[{i}]", f"{name!r} is not a flag of the trainer; {hint}")
+
+
 def validate(s: Settings) -> None:
-    """Rules across blocks that read the same on both clouds: checkpoint interval, spot price, user code."""
+    """Rules across blocks that read the same on both clouds: checkpoint interval, spot price, trainer
+    flags, user code."""
     c = s.compute
     cap = c.max_runtime_hours * 3600
     if s.run.checkpoint_every_seconds and s.run.checkpoint_every_seconds > cap:
@@ -94,4 +142,5 @@ def validate(s: Settings) -> None:
                           f"compute.maxRuntimeHours ({c.max_runtime_hours} h); no checkpoint would ever be written")
     if not c.spot and c.max_price_per_hour is not None:
         raise ConfigError("compute.maxPricePerHour", "only applies to spot; remove it or set compute.spot: true")
+    check_extra_args(s)
     usercode.validate(s.run.code, s.run.model, BUILTIN_MODELS)

@@ -88,7 +88,14 @@ def read_stack_file(path: str | Path) -> dict[str, Any]:
     try:
         doc = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError("config", f"{p.name} is not valid YAML ({str(e).splitlines()[0]})") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        start, context = getattr(e, "context_mark", None), getattr(e, "context", None)
+        if start is not None and context and mark is not None and start.line != mark.line:
+            # An unclosed bracket or quote is found where the file ends: name where it opened too.
+            what += f" ({context.removeprefix('while parsing ')} opened at line {start.line + 1})"
+        raise ConfigError("config", f"{p.name} is not valid YAML{where}: {what}") from None
     if not isinstance(doc, Mapping):
         raise ConfigError("config", f"{p.name}: expected a mapping with a config: block")
     cfg = doc.get("config") or {}

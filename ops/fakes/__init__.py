@@ -22,6 +22,21 @@ class Mocks(pulumi.runtime.Mocks):
         self.region = region
         self.gcp_project = gcp_project or "fake-project"
         self.invokes: list[dict[str, Any]] = []
+        self.made: set[str] = set()
+        # The stack's own region and project are the user's, even where the fake cloud repeats them.
+        self._real = {region, gcp_project} - {""}
+        """Every id and value the fake cloud made up (not the program's own inputs): the plan marks them."""
+
+    def _remember(self, value: Any, inputs: Any = None) -> None:
+        if isinstance(value, str):
+            if len(value) >= 6 and value not in self._real and not _holds(inputs, value):
+                self.made.add(value)
+        elif isinstance(value, dict):
+            for v in value.values():
+                self._remember(v, inputs)
+        elif isinstance(value, list | tuple):
+            for v in value:
+                self._remember(v, inputs)
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str | None, dict]:
         """The fake id and outputs (the inputs plus what the cloud would add) of one resource."""
@@ -41,6 +56,7 @@ class Mocks(pulumi.runtime.Mocks):
         else:
             rid, extra = f"{name}-{h[:7]}", {}
         out.update(extra)
+        self._remember([rid, extra], inputs)
         return rid, out
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
@@ -54,7 +70,19 @@ class Mocks(pulumi.runtime.Mocks):
             answer = gcp.call(fn, a, self.region, self.gcp_project)
         if answer is None:
             raise NotImplementedError(f"ops synth has no fake answer for {fn}")
+        self._remember(answer, a)
         return answer
+
+
+def _holds(inputs: Any, value: str) -> bool:
+    """Whether `value` is one of the strings in `inputs` (the program's own, not made up)."""
+    if isinstance(inputs, str):
+        return inputs == value
+    if isinstance(inputs, dict):
+        return any(_holds(v, value) for v in inputs.values())
+    if isinstance(inputs, list | tuple):
+        return any(_holds(v, value) for v in inputs)
+    return False
 
 
 __all__ = ["DOCKER_IMAGE", "Mocks", "aws", "fake_hex", "gcp", "jsonable", "urn_name"]

@@ -86,6 +86,10 @@ WITH_KEY = {"sshPublicKey": KEY}
 INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     # the file and its top-level keys
     ("not-yaml", "config:\n  trainstack:run: [unclosed\n", "config", "not valid YAML"),
+    ("yaml-error-names-the-line", "config:\n  trainstack:cloud: aws\n  trainstack:region: us-east-1\n"
+     "  trainstack:run:\n    steps: 10\n   synthetic: true\n", "config", "not valid YAML at line 6"),
+    ("yaml-unclosed-names-where-it-opened", "config:\n  trainstack:cloud: aws\n  trainstack:run: [unclosed\n",
+     "config", "flow sequence opened at line 3"),
     ("config-not-mapping", "config: [a, b]\n", "config", "expected a mapping"),
     ("unknown-top-key", stack(trainstack__regoin="us-east-1"), "regoin", "did you mean trainstack:region"),
     ("cloud-azure", stack(trainstack_cloud="azure"), "cloud", "expected aws or gcp"),
@@ -240,6 +244,16 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
      "compute.instanceTypes[1]", "H100"),
     ("gcp-n1-k80", gcp(**{C: {"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-k80"}}),
      "compute.accelerator", "the K80 is 3.7"),
+    # run.extraArgs: parsed by the trainer's own parser, as the machine parses them
+    ("extra-args-unknown-flag", stack(**{R: {"extraArgs": ["--no-such-flag"]}}), "run.extraArgs[0]",
+     "'--no-such-flag' is not a flag of the trainer"),
+    ("extra-args-typo", stack(**{R: {"extraArgs": ["--xla", "--grad-acum=2"]}}), "run.extraArgs[1]",
+     "did you mean '--grad-accum'?"),
+    ("extra-args-bad-value", stack(**{R: {"extraArgs": ["--precision=fp8"]}}), "run.extraArgs[0]",
+     "invalid choice: 'fp8'"),
+    ("extra-args-value-on-switch", stack(**{R: {"extraArgs": ["--xla=1"]}}), "run.extraArgs[0]",
+     "the trainer refuses it"),
+    ("extra-args-stray-word", stack(**{R: {"extraArgs": ["xla"]}}), "run.extraArgs[0]", "write flags as --name=value"),
     ("gcp-n1-unknown-accelerator", gcp(**{C: {"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-a100"}}),
      "compute.accelerator", "expected one of nvidia-tesla-t4"),
 ]
@@ -265,6 +279,7 @@ VALID: list[tuple[str, dict[str, Any]]] = [
                                          "imageId": "projects/my-project-123/global/images/tf-driver-570"}})),
     ("p5-and-a100", stack(**{C: {"instanceTypes": ["p5.48xlarge", "p4d.24xlarge"], "gpusPerNode": 8}})),
     ("gcp-a2-and-v100", gcp(**{C: {"instanceTypes": ["a2-highgpu-1g"]}})),
+    ("extra-args-flag-and-value", stack(**{R: {"extraArgs": ["--grad-accum", "4", "--lm-tied", "--log-every=50"]}})),
 ]
 
 
@@ -416,3 +431,13 @@ def test_program_config_is_validated_like_the_stack_file():
     with pytest.raises(ConfigError) as info:
         _from_sdk({**cfg, "trainstack:compute": {**cfg["trainstack:compute"], "nodes": 0}}, [])
     assert str(info.value) == "trainstack:compute.nodes: 0: expected 1 or more"
+
+
+def test_trainer_flags_are_read_without_tensorflow():
+    """The extraArgs check reads the trainer's own parser; loading a stack must not import TensorFlow."""
+    code = ("import sys; from components.settings import load_stack_file, common; "
+            "s = load_stack_file('stacks/Pulumi.large.yaml'); assert s.run.extra_args; "
+            "assert '--grad-accum' in common.trainer_flags(); "
+            "assert 'tensorflow' not in sys.modules, 'tensorflow imported'; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr

@@ -78,6 +78,23 @@ def test_cli_unknown_stack_exits_2(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_cli_unknown_stack_lists_the_stacks_there_are(tmp_path, capsys):
+    from ops.__main__ import main
+
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    for name in ("prod", "dev"):
+        (stacks / f"Pulumi.{name}.yaml").write_text((ROOT / "stacks" / "Pulumi.dev.yaml").read_text())
+    assert main(["synth", "--stack", "dve", "--out", str(tmp_path / "o"), "--stacks-dir", str(stacks)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Pulumi.dve.yaml" in err and err.rstrip().endswith("stacks there: dev, prod")
+    assert not (tmp_path / "o").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["synth", "--stack", "dev", "--out", str(tmp_path / "o"), "--stacks-dir", str(empty)]) == 2
+    assert "there is no stack file there" in capsys.readouterr().err
+
+
 def test_synthesize_runs_repeatedly_without_state_leaking_between_runs():
     dev = ROOT / "stacks" / "Pulumi.dev.yaml"
     large = ROOT / "stacks" / "Pulumi.large.yaml"
@@ -164,3 +181,38 @@ def test_settings_and_policy_share_one_definition_of_secrets_and_defaults():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_cli_ends_with_a_plan_of_resources_machines_and_cost(tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("--stack", "large", "--out", str(out), "--offline")
+    assert proc.returncode == 0, proc.stderr
+    plan = proc.stdout.split("Plan for stack large", 1)[1]
+    # what is created, by type, with the fake cloud's values marked
+    assert "Resources (24), by type:" in plan
+    assert "1 x aws:ec2/launchTemplate:LaunchTemplate: trainstack-group-lt" in plan
+    assert f"imageId={synth.FAKE_AMI} (mock)" in plan
+    # machines x nodes, each type's price, expected and worst case under the 72 h cap
+    assert "Machines: 2 nodes x 8 GPU, spot, one of: p4d.24xlarge, p5.48xlarge, g6e.48xlarge" in plan
+    assert "spot $12.05/h (estimate)" in plan
+    assert "Expected: $24.10-$78.66/h for 2 nodes (spot: estimated" in plan
+    assert "Worst case: $196.64/h (the on-demand price x 2 nodes) until the runtime cap (72 h): $14,158.08" in plan
+    assert "recorded 2026-11-30" in plan
+    # the files the contract names are unchanged by the plan
+    written = synth.Result(resources=json.loads((out / "resources.json").read_text()), outputs={}, user_data={})
+    assert without_start_time(written) == without_start_time(synth.synthesize(ROOT / "stacks" / "Pulumi.large.yaml"))
+
+
+@pytest.mark.slow
+def test_plan_uses_ec2_spot_prices_when_aws_answers():
+    from moto import mock_aws
+
+    dev = synth.load_source(ROOT / "stacks" / "Pulumi.dev.yaml")
+    result = synth.synthesize(dev)
+    with mock_aws():
+        plan = synth.plan(result, dev.settings)
+    assert "spot $0.00001/h (price API)" in plan
+    assert "(spot: the cloud's current prices)" in plan
+    offline = synth.plan(result, dev.settings, ask_prices=False)
+    assert "(estimate)" in offline and "(price API)" not in offline
