@@ -16,9 +16,8 @@ except config.ConfigError as e:
 # components.aws / components.gcp: same class names, imported only for the stack's cloud
 # (each provider SDK takes seconds to load).
 cloud = importlib.import_module(f"components.{settings.cloud}")
-# storage.adopt: import the bucket an earlier `pulumi destroy` kept, instead of creating it
-# (the settings schema gains the key with issue 9; until then no stack adopts).
-adopt = bool(getattr(settings.storage, "adopt", False))
+# storage.adopt: import the bucket an earlier `pulumi destroy` kept, instead of creating it.
+adopt = settings.storage.adopt
 stack = cloud.TrainingStack(
     "trainstack", cloud.TrainingStackArgs(settings=settings, project=pulumi.get_project(), adopt_bucket=adopt)
 )

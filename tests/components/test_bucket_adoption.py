@@ -19,9 +19,9 @@ CASES = {
 }
 
 
-def build(cloud: str, *, adopt: bool, **storage):
+def build(cloud: str, *, adopt: bool, adopt_key: bool = False, **storage):
     module, raw, _ = CASES[cloud]
-    settings = load_settings({**raw, "storage": storage}, stack="unit")
+    settings = load_settings({**raw, "storage": {**storage, **({"adopt": True} if adopt_key else {})}}, stack="unit")
     return registrations(
         lambda: module.TrainingStack("trainstack", TrainingStackArgs(settings=settings, adopt_bucket=adopt)).bucket_name
     )
@@ -62,3 +62,13 @@ def test_adoption_needs_a_known_name():
     assert adopted_bucket("b", True) == "b"
     with pytest.raises(TypeError, match="needs its name"):
         adopted_bucket(pulumi.Output.from_input("b"), True)
+
+
+@pytest.mark.parametrize("cloud", sorted(CASES))
+def test_the_stack_key_storage_adopt_drives_the_import(cloud):
+    _, raw, _ = CASES[cloud]
+    settings = load_settings({**raw, "storage": {"adopt": True}}, stack="unit")
+    assert settings.storage.adopt is True
+    records = build(cloud, adopt=settings.storage.adopt, adopt_key=True)
+    assert bucket_of(cloud, records)["importId"] != ""
+    assert load_settings(raw, stack="unit").storage.adopt is False
