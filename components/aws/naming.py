@@ -25,9 +25,17 @@ def default_bucket_name(*, project: str, stack: str, account_id: str, region: st
     return name
 
 
-def group_name(*, project: str, stack: str) -> str:
-    """The Auto Scaling group's name (unique per account and region, like the stack)."""
-    return f"{slug(project, 40)}-{slug(stack, 160)}-gpu"
+def group_name(*, project: str, stack: str, run_id: str | None = None) -> str:
+    """The Auto Scaling group's name (unique per account and region, like the stack).
+
+    A run id other than the stack's own name is part of it (after `--`, which no slug
+    holds): a new `run.id` is a new group, launched at `nodes` with a fresh runtime cap,
+    while the old run's group, already at zero, is deleted.
+    """
+    base = f"{slug(project, 40)}-{slug(stack, 160)}"
+    if run_id and run_id != stack:
+        base += f"--{slug(run_id, 63)}"
+    return f"{base}-gpu"
 
 
 def repository_name(*, project: str, stack: str) -> str:

@@ -70,7 +70,7 @@ class TrainingStack(StackOutputs):
             ),
             opts=child,
         )
-        asg_name = group_name(project=args.project, stack=s.stack)
+        asg_name = group_name(project=args.project, stack=s.stack, run_id=run_id)
         identity = InstanceIdentity(
             f"{name}-identity",
             InstanceIdentityArgs(

@@ -33,9 +33,20 @@ def _rfc1035(text: str, limit: int) -> str:
     return s if s[0].isalpha() else f"t{s}"[:limit].rstrip("-")
 
 
-def group_name(*, project: str, stack: str) -> str:
-    """The regional managed instance group's name (unique per GCP project and region)."""
+def group_name(*, project: str, stack: str, run_id: str | None = None) -> str:
+    """The regional managed instance group's name (unique per GCP project and region).
+
+    A run id other than the stack's own name is part of it (after `--`, which no slug
+    holds; a digest of it when the name would be too long): a new `run.id` is a new group,
+    launched at `nodes` with a fresh runtime cap, while the old run's group is deleted.
+    """
     stem = _rfc1035(f"{project}-{stack}", 50)
+    if run_id and run_id != stack:
+        run = slug(run_id, 63)
+        if len(stem) + 2 + len(run) > 50:
+            run = short_digest(run_id, n=8)
+            stem = stem[: 50 - 2 - len(run)].rstrip("-")
+        stem = f"{stem}--{run}"
     return f"{stem}-gpu"
 
 

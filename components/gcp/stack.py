@@ -108,7 +108,7 @@ class TrainingStack(StackOutputs):
             ),
             opts=child,
         )
-        mig_name = group_name(**names)
+        mig_name = group_name(**names, run_id=run_id)
         identity = InstanceIdentity(
             f"{name}-identity",
             InstanceIdentityArgs(

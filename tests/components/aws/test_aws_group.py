@@ -142,7 +142,7 @@ def test_runtime_cap_schedule_at_launch_plus_cap_and_not_moved_by_later_ups():
     schedule = one(r, SCHEDULE)
     inputs = schedule["inputs"]
     assert (inputs["minSize"], inputs["maxSize"], inputs["desiredCapacity"]) == (0, 0, 0)
-    assert inputs["autoscalingGroupName"] == "trainstack-capped-gpu"
+    assert inputs["autoscalingGroupName"] == "trainstack-capped--exp-7-gpu"
     start = dt.datetime.strptime(inputs["startTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
     cap = dt.timedelta(hours=7.5)
     assert before + cap <= start <= after + cap

@@ -75,7 +75,7 @@ def test_ecr_pull_and_scaling_are_this_stacks_repository_and_group():
     assert by_sid["PullStackImage"]["Resource"] == f"arn:aws:ecr:eu-west-1:123456789012:repository/{repo}"
     assert "ecr:PutImage" not in by_sid["PullStackImage"]["Action"]
     group = r.outputs["groupName"]
-    assert group == one(r, "aws:autoscaling/group:Group")["inputs"]["name"] == "trainstack-scoped-gpu"
+    assert group == one(r, "aws:autoscaling/group:Group")["inputs"]["name"] == "trainstack-scoped--exp-7-gpu"
     assert by_sid["ScaleOwnGroup"]["Resource"] == (
         f"arn:aws:autoscaling:eu-west-1:123456789012:autoScalingGroup:*:autoScalingGroupName/{group}"
     )

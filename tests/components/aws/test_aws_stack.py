@@ -56,7 +56,7 @@ def test_stack_file_synthesizes_the_whole_stack_with_its_outputs(path):
     assert r.outputs["runUri"] == f"s3://{bucket}/runs/{run_id}"
     assert r.outputs["codeUri"].startswith(f"s3://{bucket}/code/trainer-")
     assert r.outputs["region"] == cfg["region"]
-    assert r.outputs["groupName"] == f"trainstack-{stack}-gpu"
+    assert r.outputs["groupName"] == (f"trainstack-{stack}-gpu" if run_id == stack else f"trainstack-{stack}--{run_id}-gpu")
     assert r.outputs["imageRef"] == f"{cfg['image']['repository']}:{cfg['image']['tag']}"
     assert r.outputs["watchCommand"] == f"python -m ops status --stack {stack}"
     asg = r.of_type("aws:autoscaling/group:Group")[0]["inputs"]

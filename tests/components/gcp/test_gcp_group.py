@@ -60,7 +60,7 @@ def test_group_keeps_nodes_over_ranked_types_and_ignores_its_size_later():
                          "zones": ["us-central1-a", "us-central1-b"]}})
     mig = one(r, MIG)
     m = mig["inputs"]
-    assert (m["name"], m["targetSize"], m["region"]) == ("trainstack-unit-gpu", 3, "us-central1")
+    assert (m["name"], m["targetSize"], m["region"]) == ("trainstack-unit--exp-7-gpu", 3, "us-central1")
     selections = m["instanceFlexibilityPolicy"]["instanceSelections"]
     assert [(s["rank"], s["machineTypes"]) for s in selections] == [
         (1, ["g2-standard-12"]), (2, ["g2-standard-8"]), (3, ["g2-standard-16"])]
@@ -89,7 +89,7 @@ def test_cloud_scheduler_resizes_the_group_to_zero_at_the_cap():
     after = dt.datetime.now(dt.UTC)
     j = job["inputs"]
     assert j["httpTarget"]["uri"] == ("https://compute.googleapis.com/compute/v1/projects/my-proj-123/regions/"
-                                      "us-central1/instanceGroupManagers/trainstack-capped-gpu/resize?size=0")
+                                      "us-central1/instanceGroupManagers/trainstack-capped--exp-7-gpu/resize?size=0")
     assert j["httpTarget"]["httpMethod"] == "POST"
     assert j["httpTarget"]["oauthToken"]["serviceAccountEmail"].endswith("@my-proj-123.iam.gserviceaccount.com")
     assert j["timeZone"] == "Etc/UTC"

@@ -36,7 +36,7 @@ def test_service_account_reaches_only_its_run_prefix_code_repository_and_group()
     (resize,) = [m["inputs"] for m in r.of_type("gcp:projects/iAMMember:IAMMember") if m["name"].endswith("-resize")]
     assert resize["role"] == f"projects/my-proj-123/roles/{role['roleId']}"
     assert resize["condition"]["expression"] == (
-        'resource.name == "projects/my-proj-123/regions/us-central1/instanceGroupManagers/trainstack-unit-gpu"')
+        'resource.name == "projects/my-proj-123/regions/us-central1/instanceGroupManagers/trainstack-unit--exp-7-gpu"')
     assert not {g["inputs"]["role"] for g in grants} & {"roles/owner", "roles/editor", "roles/viewer"}
 
 

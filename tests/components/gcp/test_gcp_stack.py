@@ -31,7 +31,7 @@ def test_same_components_and_outputs_as_the_aws_stack():
     bucket = g.outputs["bucketName"]
     assert g.outputs["runUri"] == f"gs://{bucket}/runs/exp-7"
     assert g.outputs["codeUri"].startswith(f"gs://{bucket}/code/trainer-")
-    assert g.outputs["groupName"] == "trainstack-unit-gpu" == a.outputs["groupName"]
+    assert g.outputs["groupName"] == "trainstack-unit--exp-7-gpu" == a.outputs["groupName"]
     assert g.outputs["region"] == "us-central1"
 
 
