@@ -1,8 +1,11 @@
 """SpotGroup: the security group, launch template and Auto Scaling group of GPU machines.
 
 The group is what survives spot preemption: it keeps `nodes` machines, replacing any
-that AWS takes back (capacity rebalancing starts the replacement on the rebalance
-notice), across the ordered instance types and the subnets of several zones. The machine
+that AWS takes back, across the ordered instance types and the subnets of several zones.
+Capacity rebalancing is off: it would start a replacement on every rebalance
+recommendation and terminate the training machine once the new one passes its EC2
+health check (long before it can train), with two machines writing one run meanwhile;
+the real two-minute notice is enough for one training job. The machine
 scales the group to zero when the run ends, so Pulumi ignores the desired capacity after
 creation. A scheduled action enforces the runtime cap from the cloud side, even if a
 machine hangs and never runs its own finish step.
@@ -176,7 +179,8 @@ class SpotGroup(pulumi.ComponentResource):
             min_size=0,
             max_size=args.nodes,
             desired_capacity=args.nodes,
-            capacity_rebalance=True,
+            # Off: see the module docstring (replace on the interruption notice only).
+            capacity_rebalance=False,
             vpc_zone_identifiers=subnet_ids,
             mixed_instances_policy=aws.autoscaling.GroupMixedInstancesPolicyArgs(
                 instances_distribution=self._distribution(args),

@@ -163,8 +163,9 @@ class SpotGroup(pulumi.ComponentResource):
             ),
             tags=[args.network_tag],
             labels=args.labels,
-            # A template cannot change in place: a new one (name_prefix) is made first and
-            # the group switches to it before the old one goes.
+            # A template cannot change in place: a new one (name_prefix gives it a new name)
+            # is made first, the group (which refers to it) switches to it, and only then
+            # does the old one go — Pulumi's create-before-delete, so never deleteBeforeReplace.
             opts=child,
         )
 
@@ -191,6 +192,13 @@ class SpotGroup(pulumi.ComponentResource):
             # All workers in one zone (fast links between them), whichever has capacity.
             distribution_policy_target_shape="ANY_SINGLE_ZONE",
             instance_flexibility_policy=flexibility,
+            # A preempted VM is recreated ("repaired") from the configuration it was created
+            # with unless told otherwise: after a `pulumi up` that changed the code or the
+            # image, replacements would still run the old ones (from a template that may be
+            # deleted by then). YES: every repair uses the group's current template.
+            instance_lifecycle_policy=gcp.compute.RegionInstanceGroupManagerInstanceLifecyclePolicyArgs(
+                force_update_on_repair="YES", default_action_on_failure="REPAIR",
+            ),
             update_policy=gcp.compute.RegionInstanceGroupManagerUpdatePolicyArgs(
                 # No proactive rollout: a running job is never replaced by a template change;
                 # new VMs (after preemption) get the new template.

@@ -97,3 +97,23 @@ def test_cloud_scheduler_resizes_the_group_to_zero_at_the_cap():
     assert job["options"]["ignoreChanges"] == ["schedule"]
     assert cap_cron(2, dt.datetime(2030, 12, 31, 23, 30, 5, tzinfo=dt.UTC)) == "31 1 1 1 *"
 
+
+
+def test_repairs_use_the_current_template_and_the_group_switches_before_the_old_template_goes():
+    r = gcp()
+    template, mig = one(r, TEMPLATE), one(r, MIG)
+    # A preempted VM is recreated from the group's current template, not the one it was
+    # created with (that may be deleted after a `pulumi up` that changed the code or image).
+    assert mig["inputs"]["instanceLifecyclePolicy"] == {"forceUpdateOnRepair": "YES", "defaultActionOnFailure": "REPAIR"}
+    # No proactive rollout: a running job is never replaced by a template change.
+    assert mig["inputs"]["updatePolicy"]["type"] == "OPPORTUNISTIC"
+    # The update order of a template change: a template cannot change in place, so Pulumi
+    # replaces it; with a generated name (name_prefix) and create-before-delete, the new
+    # template exists first, the group that refers to it is updated to it, and only then is
+    # the old one deleted (never while the group still names it).
+    assert template["inputs"]["namePrefix"] == "trainstack-unit-gpu-" and "name" not in template["inputs"]
+    assert template["options"]["deleteBeforeReplace"] is False
+    assert template["name"] in mig["options"]["dependsOn"]
+    (version,) = mig["inputs"]["versions"]
+    link = version["instanceTemplate"]
+    assert "/global/instanceTemplates/trainstack-unit-gpu-" in link and "?uniqueId=" in link
