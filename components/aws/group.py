@@ -5,7 +5,9 @@ that AWS takes back, across the ordered instance types and the subnets of severa
 Capacity rebalancing is off: it would start a replacement on every rebalance
 recommendation and terminate the training machine once the new one passes its EC2
 health check (long before it can train), with two machines writing one run meanwhile;
-the real two-minute notice is enough for one training job. The machine
+the real two-minute notice is enough for one training job. Several machines train as
+one: they share a cluster placement group in one zone and reach each other (and only each
+other) on every port. The machine
 scales the group to zero when the run ends, so Pulumi ignores the desired capacity after
 creation. A scheduled action enforces the runtime cap from the cloud side, even if a
 machine hangs and never runs its own finish step.
@@ -47,7 +49,7 @@ class SpotGroupArgs:
     subnets: list[str] = field(default_factory=list)
     """Subnets to spread over; empty: the default VPC's subnets."""
     zones: list[str] = field(default_factory=list)
-    """Only subnets in these zones; empty: every zone."""
+    """Only subnets in these zones; empty: every zone. Several machines use the first only."""
     allowed_cidrs: list[str] = field(default_factory=list)
     """CIDRs allowed to TCP 22; empty: no inbound rule at all."""
     ssh_public_key: str | None = None

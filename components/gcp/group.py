@@ -6,7 +6,8 @@ zone of the region that has capacity. The machine resizes its group to zero when
 ends, so Pulumi ignores the target size after creation. The runtime cap is enforced by
 the cloud twice: each VM has a max run duration, and a Cloud Scheduler job resizes the
 group to zero at first launch + maxRuntimeHours (a recreated VM's duration starts afresh;
-the job's time does not).
+the job's time does not). Several machines of a series that allows it share a compact
+placement policy, and reach each other (and only each other) on every port.
 """
 
 from __future__ import annotations
