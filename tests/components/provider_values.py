@@ -27,11 +27,11 @@ from pulumi import _types as pulumi_types
 SDKS = {"aws": "pulumi_aws", "gcp": "pulumi_gcp", "docker-build": "pulumi_docker_build"}
 
 # The phrasings of a closed list in the SDKs' docstrings: "Possible values are: `A`, `B`."
-# (pulumi_gcp), "Valid values: `a`, `b`, and `c`.", "Can be `stop` or `terminate`.",
+# and "Valid options are: `YES`, `NO`." (pulumi_gcp), "Valid values: `a`, `b`, and `c`.", "Can be `stop` or `terminate`.",
 # "Must be one of: ...", "accepts the value `A`, `B`, or `C`", 'Acceptable values are
 # "inherited" or "enforced"'. Open phrasings ("such as", "for example") are not lists.
 _PHRASE = (
-    r"(?:(?:Possible|Valid|Allowed|Accepted|Acceptable|Supported) values(?: are| include)?"
+    r"(?:(?:Possible|Valid|Allowed|Accepted|Acceptable|Supported) (?:values|options)(?: are| include)?"
     r"|Can be(?: one of)?|Must be(?: one of)?|accepts the values?)"
 )
 _VALUE = r'(?:`"?[^`"]+"?`|"[^"]+")'

@@ -4,6 +4,7 @@ one meaning, and each field only one cloud has is listed here with why."""
 
 import dataclasses
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -80,9 +81,9 @@ def test_shared_parts_are_one_definition():
     assert aws.TrainerCodeArgs is gcp.TrainerCodeArgs
     assert aws.TrainerImageArgs is gcp.TrainerImageArgs
     assert aws.TrainingStack.exports is gcp.TrainingStack.exports is common.StackOutputs.exports
-    from components.aws import group as aws_group
-    from components.gcp import group as gcp_group
-
-    assert aws_group.WORKER_PORTS is gcp_group.WORKER_PORTS is common.WORKER_PORTS
+    # The TF gRPC port the machines use (userdata/supervise.sh's default) is in the range.
+    supervise = (ROOT / "userdata" / "supervise.sh").read_text()
+    (port,) = re.findall(r"TRAINSTACK_WORKER_PORT:-(\d+)", supervise)
+    assert common.WORKER_PORTS[0] <= int(port) <= common.WORKER_PORTS[1]
     assert common.EXPORT_KEYS == ("bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri")
 

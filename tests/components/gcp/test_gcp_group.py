@@ -1,8 +1,10 @@
-"""SpotGroup (GCP): Spot template, firewall rules, the managed group and the cloud's runtime cap."""
+"""SpotGroup (GCP): Spot template, firewall rules, the managed group, compact placement and the cloud's runtime cap."""
 
 import datetime as dt
 
-from components.gcp.group import IMAGE_FAMILY, WORKER_PORTS, cap_cron
+import pytest
+
+from components.gcp.group import IMAGE_FAMILY, cap_cron, compact_placement
 from tests.components.gcp.gcphelp import (
     FIREWALL,
     MIG,
@@ -49,7 +51,8 @@ def test_ssh_from_allowed_cidrs_and_workers_from_each_other_only():
     assert walls["ssh"]["sourceRanges"] == ["203.0.113.0/24"]
     assert walls["ssh"]["allows"] == [{"protocol": "tcp", "ports": ["22"]}]
     assert walls["workers"]["sourceTags"] == walls["workers"]["targetTags"] == ["trainstack-unit"]
-    assert walls["workers"]["allows"] == [{"protocol": "tcp", "ports": [f"{WORKER_PORTS[0]}-{WORKER_PORTS[1]}"]}]
+    # Every port between members only: NCCL's collectives use ephemeral ports.
+    assert walls["workers"]["allows"] == [{"protocol": "all"}]
     assert "sourceRanges" not in walls["workers"]
     assert walls["ssh"]["priority"] < deny_priority and walls["workers"]["priority"] < deny_priority
     assert one(r, TEMPLATE)["inputs"]["metadata"]["ssh-keys"] == f"ubuntu:{SSH_KEY}"
@@ -97,3 +100,62 @@ def test_cloud_scheduler_resizes_the_group_to_zero_at_the_cap():
     assert job["options"]["ignoreChanges"] == ["schedule"]
     assert cap_cron(2, dt.datetime(2030, 12, 31, 23, 30, 5, tzinfo=dt.UTC)) == "31 1 1 1 *"
 
+
+
+def test_repairs_use_the_current_template_and_the_group_switches_before_the_old_template_goes():
+    r = gcp()
+    template, mig = one(r, TEMPLATE), one(r, MIG)
+    # A preempted VM is recreated from the group's current template, not the one it was
+    # created with (that may be deleted after a `pulumi up` that changed the code or image).
+    assert mig["inputs"]["instanceLifecyclePolicy"] == {"forceUpdateOnRepair": "YES", "defaultActionOnFailure": "REPAIR"}
+    # No proactive rollout: a running job is never replaced by a template change.
+    assert mig["inputs"]["updatePolicy"]["type"] == "OPPORTUNISTIC"
+    # The update order of a template change: a template cannot change in place, so Pulumi
+    # replaces it; with a generated name (name_prefix) and create-before-delete, the new
+    # template exists first, the group that refers to it is updated to it, and only then is
+    # the old one deleted (never while the group still names it).
+    assert template["inputs"]["namePrefix"] == "trainstack-unit-gpu-" and "name" not in template["inputs"]
+    assert template["options"]["deleteBeforeReplace"] is False
+    assert template["name"] in mig["options"]["dependsOn"]
+    (version,) = mig["inputs"]["versions"]
+    link = version["instanceTemplate"]
+    assert "/global/instanceTemplates/trainstack-unit-gpu-" in link and "?uniqueId=" in link
+
+
+POLICY = "gcp:compute/resourcePolicy:ResourcePolicy"
+
+
+def test_several_machines_of_a_compact_series_are_placed_close_together():
+    r = gcp({"compute": {"nodes": 2, "instanceTypes": ["g2-standard-24", "a2-highgpu-2g"], "gpusPerNode": 2}},
+            stack="multi")
+    policy = one(r, POLICY)
+    p = policy["inputs"]
+    assert p["groupPlacementPolicy"] == {"collocation": "COLLOCATED"}  # no vmCount: repairs add one VM
+    assert (p["name"], p["region"]) == ("trainstack-multi-gpu-place", "us-central1")
+    template = one(r, TEMPLATE)
+    assert template["inputs"]["resourcePolicies"] == p["name"]
+    assert policy["name"] in template["options"]["dependsOn"]
+    # A compact policy needs the group in one zone.
+    assert one(r, MIG)["inputs"]["distributionPolicyTargetShape"] == "ANY_SINGLE_ZONE"
+
+
+@pytest.mark.parametrize(
+    ("types", "nodes", "compact"),
+    [
+        (["g2-standard-8"], 1, False),  # one machine: nothing to place
+        (["g2-standard-8"], 2, True),
+        (["a2-highgpu-1g", "g2-standard-8"], 3, True),
+        (["n1-standard-8"], 2, False),  # N1 has no compact placement
+        (["g2-standard-8", "n1-standard-8"], 2, False),  # every type the group may pick must allow it
+        (["a3-highgpu-8g"], 2, False),  # A3 High wants a workload policy instead
+    ],
+)
+def test_compact_placement_only_where_the_machine_series_supports_it(types, nodes, compact):
+    assert compact_placement(types, nodes) is compact
+
+
+def test_no_placement_policy_for_one_machine_or_n1():
+    assert gcp().of_type(POLICY) == []
+    assert "resourcePolicies" not in one(gcp(), TEMPLATE)["inputs"]
+    n1 = gcp({"compute": {"nodes": 2, "instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-t4"}})
+    assert n1.of_type(POLICY) == []
