@@ -54,6 +54,8 @@ class RunSettings(_Block):
 
     id: str = Field(config_shared.DEFAULT_RUN_ID, description="Run id: the folder runs/<id> in the bucket. Default: the stack name.")
     model: str = Field("mlp", description='Built-in "mlp" or "transformer-lm", or "package.module:function".')
+    code: str | None = Field(None, description="Folder of your own modules (relative to the project) shipped with "
+                             "the trainer; needed by a package.module:function model.")
     synthetic: bool = Field(False, description="Train on deterministic synthetic data (no dataUri needed).")
     data_uri: str | None = Field(None, description="TFRecord files: s3://… (AWS) or gs://… (GCP).")
     steps: int = Field(10_000, gt=0, description="Training steps in the whole run.")
