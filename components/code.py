@@ -44,15 +44,26 @@ def _members(src: Path) -> list[Path]:
     return keep
 
 
-def pack(src: Path = TRAINER_DIR) -> bytes:
-    """The deterministic tar.gz of `src`: .py files, requirements.txt and Dockerfile."""
-    files = _members(src)
+# The user's folder (run.code) sits beside trainer/ in the archive and in the image:
+# components/userdata.py's USER_CODE_DIR on the machines, the trainer's --code-dir.
+USER_CODE_NAME = "usercode"
+
+
+def pack(src: Path = TRAINER_DIR, user_code: Path | None = None) -> bytes:
+    """The deterministic tar.gz of `src` (.py files, requirements.txt and Dockerfile) and, when
+    given, the user's folder `user_code` as `usercode/` (every file that ships, see
+    components/settings/usercode.py). The same folders always give the same bytes."""
+    from components.settings.usercode import code_files
+
+    files = [(str(Path(src.name) / p.relative_to(src)), p) for p in _members(src)]
     if not files:
         raise FileNotFoundError(f"{src}: no trainer files (*.py, requirements.txt) to pack")
+    if user_code is not None:
+        files += [(str(Path(USER_CODE_NAME) / p.relative_to(user_code)), p) for p in code_files(user_code)]
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for p in files:
-            info = tarfile.TarInfo(str(Path(src.name) / p.relative_to(src)))
+        for name, p in files:
+            info = tarfile.TarInfo(name)
             data = p.read_bytes()
             info.size = len(data)
             info.mtime = _FIXED_MTIME
@@ -163,6 +174,15 @@ def pushed_image(
 
 
 
+def user_code_dir(settings) -> str | None:
+    """The absolute path of the stack's run.code folder (checked by the settings), or None."""
+    return str((PROJECT_ROOT / settings.run.code).resolve()) if settings.run.code else None
+
+
+def _path(folder: str | None) -> Path | None:
+    return Path(folder) if folder else None
+
+
 @dataclass(kw_only=True)
 class TrainerCodeArgs:
     """Inputs of a TrainerCode (either cloud)."""
@@ -173,6 +193,8 @@ class TrainerCodeArgs:
     """True when the trainer is built into the image: nothing is uploaded and code_uri is ""."""
     source_dir: str = str(TRAINER_DIR)
     """The trainer package to pack."""
+    user_code_dir: str | None = None
+    """The user's folder (run.code), packed beside the trainer as usercode/."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags for the uploaded object (S3 object tags; GCS objects carry no labels)."""
 
@@ -194,7 +216,7 @@ class TrainerCodeBase(pulumi.ComponentResource):
             self.key = ""
             self.code_uri = pulumi.Output.from_input("")
         else:
-            data = pack(Path(args.source_dir))
+            data = pack(Path(args.source_dir), _path(args.user_code_dir))
             self.key = archive_key(data)
             self.code_uri = self._upload(name, args, self.key, write_archive(data))
         self.register_outputs({"code_uri": self.code_uri})
@@ -214,6 +236,8 @@ class TrainerImageArgs:
     """The pinned image the Dockerfile builds FROM (the stack's image.reference)."""
     source_dir: str = str(TRAINER_DIR)
     """The trainer package (with its Dockerfile) to build."""
+    user_code_dir: str | None = None
+    """The user's folder (run.code), copied into the image beside the trainer."""
     registry_id: pulumi.Input[str] | None = None
     """AWS: the account id of the registry the repository lives in (None on GCP)."""
 
@@ -236,7 +260,7 @@ class TrainerImageBase(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: TrainerImageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(self.TYPE, name, None, opts)
-        data = pack(Path(args.source_dir))
+        data = pack(Path(args.source_dir), _path(args.user_code_dir))
         username, password = self._login(args)
         self.tag, self.image = pushed_image(
             f"{name}-image",

@@ -61,6 +61,21 @@ def image_ref(settings: Settings, build: Callable[[], pulumi.Output[str]]) -> pu
     return pulumi.Output.from_input(settings.image.reference)
 
 
+def adopted_bucket(bucket_name: pulumi.Input[str], adopt: bool) -> str | None:
+    """The import id of a kept bucket to adopt (its name), or None to create the bucket.
+
+    `pulumi destroy` keeps the bucket (keepOnDestroy) but forgets it; the next `pulumi up`
+    would try to create it again and fail (409: the name is taken, by you). Adopting
+    imports the existing bucket into the stack instead. Once adopted, the import id
+    equals the bucket's id, so later `up`s treat it as any other resource.
+    """
+    if not adopt:
+        return None
+    if not isinstance(bucket_name, str):
+        raise TypeError("adopting a bucket needs its name before the program runs; resolve it first")
+    return bucket_name
+
+
 @dataclass(kw_only=True)
 class TrainingStackArgs:
     """Inputs of a TrainingStack (either cloud)."""
@@ -69,6 +84,8 @@ class TrainingStackArgs:
     """The stack's validated configuration."""
     project: str = "trainstack"
     """The Pulumi project name (part of generated names, tags and labels)."""
+    adopt_bucket: bool = False
+    """Import the stack's existing bucket (kept by an earlier `pulumi destroy`) instead of creating it."""
 
 
 class StackOutputs(pulumi.ComponentResource):

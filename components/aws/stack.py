@@ -18,6 +18,7 @@ from components.aws.identity import InstanceIdentity, InstanceIdentityArgs
 from components.aws.image import TrainerImage, TrainerImageArgs
 from components.aws.naming import default_bucket_name, group_name, repository_name
 from components.aws.repository import ImageRepository, ImageRepositoryArgs
+from components.code import user_code_dir
 from components.common import StackOutputs, TrainingStackArgs, image_ref, run_uri
 from components.tags import aws_tags
 
@@ -40,6 +41,10 @@ class TrainingStack(StackOutputs):
 
         if s.storage.bucket_name:
             bucket_name: pulumi.Input[str] = s.storage.bucket_name
+        elif args.adopt_bucket:
+            # Importing needs the name as the program runs: ask for the account now.
+            account = aws.get_caller_identity(opts=invoke).account_id
+            bucket_name = default_bucket_name(project=args.project, stack=s.stack, account_id=account, region=s.region)
         else:
             account_id = aws.get_caller_identity_output(opts=invoke).account_id
             bucket_name = account_id.apply(
@@ -50,6 +55,7 @@ class TrainingStack(StackOutputs):
             TrainingBucketArgs(
                 bucket_name=bucket_name,
                 keep_on_destroy=s.storage.keep_on_destroy,
+                adopt=args.adopt_bucket,
                 noncurrent_days=s.storage.noncurrent_days,
                 tags=tags,
             ),
@@ -81,7 +87,8 @@ class TrainingStack(StackOutputs):
         )
         code = TrainerCode(
             f"{name}-code",
-            TrainerCodeArgs(bucket_name=bucket.name, baked_into_image=s.image.build, tags=tags),
+            TrainerCodeArgs(bucket_name=bucket.name, baked_into_image=s.image.build, tags=tags,
+                            user_code_dir=user_code_dir(s)),
             opts=child,
         )
 
@@ -89,7 +96,8 @@ class TrainingStack(StackOutputs):
         # The machines run the pushed image by digest; their user data waits for the push.
         image = image_ref(s, lambda: TrainerImage(
             f"{name}-image",
-            TrainerImageArgs(repository_url=repo.url, registry_id=repo.registry_id, base_image=s.image.reference),
+            TrainerImageArgs(repository_url=repo.url, registry_id=repo.registry_id, base_image=s.image.reference,
+                             user_code_dir=user_code_dir(s)),
             opts=child,
         ).ref)
 

@@ -4,7 +4,7 @@ Least privilege for one run, granted on the resources themselves: objects under 
 run's prefix of this stack's bucket (read/write/delete), the trainer code (read), the
 data set when it is in GCS (read), this stack's image repository (pull), and resizing
 only this stack's instance group (a custom role with two permissions, under an IAM
-condition naming the group). The machine reads its identity from the metadata server.
+condition naming the group, and one to follow the resize's operation). The machine reads its identity from the metadata server.
 """
 
 from __future__ import annotations
@@ -16,8 +16,16 @@ import pulumi_gcp as gcp
 
 from trainer import layout
 
-# What the machine's finish step needs to set its own group's size to zero.
+# What the machine's finish step needs to set its own group's size to zero. GCE's IAM
+# cannot look at the size a resize asks for (no request attributes in its conditions), so
+# the narrowest grant is this pair on the one group, by name.
 RESIZE_PERMISSIONS = ["compute.instanceGroupManagers.get", "compute.instanceGroupManagers.update"]
+# `gcloud compute instance-groups managed resize` then waits on the region operation the
+# resize started; without this it reports failure although the resize went through. The
+# operation is another resource than the group, so the group-name condition above can
+# never match it: a separate, read-only grant (operation metadata of the project's region
+# operations, nothing else).
+OPERATION_PERMISSIONS = ["compute.regionOperations.get"]
 
 
 @dataclass(kw_only=True)
@@ -149,6 +157,19 @@ class InstanceIdentity(pulumi.ComponentResource):
                     expression=f'resource.name == "{group_path}"',
                 ),
                 opts=child,
+            )
+        )
+        operations = gcp.projects.IAMCustomRole(
+            f"{name}-operations-role",
+            project=args.gcp_project,
+            role_id=args.custom_role_id.removesuffix("_resize") + "_ops",
+            title="trainstack: follow own resize operations",
+            permissions=OPERATION_PERMISSIONS,
+            opts=child,
+        )
+        self.grants.append(
+            gcp.projects.IAMMember(
+                f"{name}-operations", project=args.gcp_project, role=operations.name, member=member, opts=child
             )
         )
         if args.nodes > 1:

@@ -12,6 +12,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components import userdata
+from components.code import user_code_dir
 from components.common import StackOutputs, TrainingStackArgs, image_ref, run_uri
 from components.gcp.bucket import TrainingBucket, TrainingBucketArgs
 from components.gcp.code import TrainerCode, TrainerCodeArgs
@@ -93,6 +94,7 @@ class TrainingStack(StackOutputs):
                 or default_bucket_name(project=args.project, stack=s.stack, gcp_project=s.project, region=s.region),
                 location=s.region,
                 keep_on_destroy=s.storage.keep_on_destroy,
+                adopt=args.adopt_bucket,
                 noncurrent_days=s.storage.noncurrent_days,
                 labels=labels,
             ),
@@ -124,13 +126,15 @@ class TrainingStack(StackOutputs):
             opts=child,
         )
         code = TrainerCode(
-            f"{name}-code", TrainerCodeArgs(bucket_name=bucket.name, baked_into_image=s.image.build), opts=child
+            f"{name}-code", TrainerCodeArgs(bucket_name=bucket.name, baked_into_image=s.image.build,
+                                        user_code_dir=user_code_dir(s)), opts=child
         )
 
         run = run_uri("gcp", bucket.name, run_id)
         # The machines run the pushed image by digest; their user data waits for the push.
         image = image_ref(s, lambda: TrainerImage(
-            f"{name}-image", TrainerImageArgs(repository_url=repo.url, base_image=s.image.reference), opts=child,
+            f"{name}-image", TrainerImageArgs(repository_url=repo.url, base_image=s.image.reference,
+                                           user_code_dir=user_code_dir(s)), opts=child,
         ).ref)
 
         user_data = userdata.user_data_output(

@@ -131,8 +131,8 @@ def check_extra_args(s: Settings) -> None:
 
 
 def validate(s: Settings) -> None:
-    """Rules across blocks that read the same on both clouds: checkpoint interval, spot price, user code,
-    trainer flags."""
+    """Rules across blocks that read the same on both clouds: checkpoint interval, spot price, trainer
+    flags, user code."""
     c = s.compute
     cap = c.max_runtime_hours * 3600
     if s.run.checkpoint_every_seconds and s.run.checkpoint_every_seconds > cap:
@@ -140,5 +140,5 @@ def validate(s: Settings) -> None:
                           f"compute.maxRuntimeHours ({c.max_runtime_hours} h); no checkpoint would ever be written")
     if not c.spot and c.max_price_per_hour is not None:
         raise ConfigError("compute.maxPricePerHour", "only applies to spot; remove it or set compute.spot: true")
-    usercode.validate(s.run.code, s.run.model, BUILTIN_MODELS)
     check_extra_args(s)
+    usercode.validate(s.run.code, s.run.model, BUILTIN_MODELS)

@@ -181,6 +181,7 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     ("bucket-dash-start", stack(**{S: {"bucketName": "-bucket"}}), "storage.bucketName", "start and end"),
     ("keep-not-bool", stack(**{S: {"keepOnDestroy": "yes please"}}), "storage.keepOnDestroy", "expected true or false"),
     ("noncurrent-zero", stack(**{S: {"noncurrentDays": 0}}), "storage.noncurrentDays", "1 or more"),
+    ("adopt-not-bool", stack(**{S: {"adopt": "please"}}), "storage.adopt", "expected true or false"),
     # access
     ("cidr-prefix-33", stack(**{A: {**WITH_KEY, "allowedCidrs": ["10.0.0.0/33"]}}), "access.allowedCidrs",
      "is not a CIDR"),
