@@ -170,7 +170,7 @@ class CostEstimate:
         per_machine = max(ceilings)
         if self.spot and self.max_price_per_hour is not None:
             per_machine = min(per_machine, self.max_price_per_hour)
-        return round(per_machine * self.nodes, 4)
+        return round(per_machine * self.nodes, 6)
 
     @property
     def worst_total(self) -> float | None:

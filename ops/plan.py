@@ -24,6 +24,10 @@ def _money(v: float | None) -> str:
     return f"${v:,.3f}" if v >= 1 else "$" + f"{v:.6f}".rstrip("0").rstrip(".")
 
 
+def _total(v: float | None) -> str:
+    return "unknown" if v is None else f"${v:,.2f}"
+
+
 def _marked(value: Any, mock_values: set[str]) -> str:
     text = value if isinstance(value, str) else str(value)
     return f"{text} (mock)" if any(m in text for m in mock_values) else text
@@ -80,7 +84,7 @@ def cost_section(est: CostEstimate, gpus_per_node: int) -> list[str]:
     lines.append(f"Expected: {span}/h for {nodes}{why}")
     ceiling = "your maximum price" if est.spot and est.max_price_per_hour is not None else "the on-demand price"
     lines.append(f"Worst case: {_money(est.worst_hourly)}/h ({ceiling} x {nodes}) until the runtime cap "
-                 f"({est.max_runtime_hours:g} h): {_money(est.worst_total)}")
+                 f"({est.max_runtime_hours:g} h): {_total(est.worst_total)}")
     lines.append(f"Prices: on-demand list prices recorded {est.recorded} ({est.source}); not a quote.")
     return lines
 

@@ -15,8 +15,6 @@ from components.settings import usercode
 from components.settings.errors import ConfigError
 from components.settings.schema import BUILTIN_MODELS, Settings
 
-CLOUD_NAMES = {"aws": "AWS", "gcp": "GCP"}
-
 
 def check_machine_types(s: Settings, each: Callable[[str], None] | None = None) -> None:
     """Each type is a known GPU machine of this stack's cloud and has compute.gpusPerNode GPUs;

@@ -56,7 +56,10 @@ class Mocks(pulumi.runtime.Mocks):
         else:
             rid, extra = f"{name}-{h[:7]}", {}
         out.update(extra)
-        self._remember([rid, extra], inputs)
+        # Only what the fake cloud invented: values carrying this resource's fake hex or the fake
+        # account; an output composed of the program's own inputs (gs://<its bucket name>) is real.
+        invented = [v for v in (rid, *extra.values()) if _mentions(v, (h[:7], aws.FAKE_ACCOUNT, "fake"))]
+        self._remember(invented, inputs)
         return rid, out
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
@@ -72,6 +75,17 @@ class Mocks(pulumi.runtime.Mocks):
             raise NotImplementedError(f"ops synth has no fake answer for {fn}")
         self._remember(answer, a)
         return answer
+
+
+def _mentions(value: Any, markers: tuple[str, ...]) -> bool:
+    """Whether any string in `value` contains one of `markers`."""
+    if isinstance(value, str):
+        return any(m in value for m in markers)
+    if isinstance(value, dict):
+        return any(_mentions(v, markers) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_mentions(v, markers) for v in value)
+    return False
 
 
 def _holds(inputs: Any, value: str) -> bool:

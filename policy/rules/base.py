@@ -87,13 +87,13 @@ def context_from_config(raw: Mapping[str, Any], stack: str | None) -> Context:
     )
 
 
-def _inputs(r: Resource) -> Mapping[str, Any]:
+def inputs_of(r: Resource) -> Mapping[str, Any]:
     return r.get("inputs") or {}
 
 
-def _get(r: Resource, path: str, default: Any = None) -> Any:
+def get(r: Resource, path: str, default: Any = None) -> Any:
     """inputs[a][b][0][c] for path "a.b.0.c"; default when any step is missing."""
-    cur: Any = _inputs(r)
+    cur: Any = inputs_of(r)
     for part in path.split("."):
         if cur == UNKNOWN:
             return UNKNOWN  # a whole block unknown: so is everything inside it
@@ -108,37 +108,37 @@ def _get(r: Resource, path: str, default: Any = None) -> Any:
     return cur
 
 
-def _known(v: Any) -> bool:
+def known(v: Any) -> bool:
     return v != UNKNOWN
 
 
-def _true(v: Any) -> bool:
+def is_true(v: Any) -> bool:
     """True for true and "true" (EC2 launch templates type some booleans as strings)."""
     return v is True or (isinstance(v, str) and v.lower() == "true")
 
 
-def _false(v: Any) -> bool:
+def is_false(v: Any) -> bool:
     return v is False or (isinstance(v, str) and v.lower() == "false")
 
 
-def _of(resources: Iterable[Resource], *types: str) -> list[Resource]:
+def of_type(resources: Iterable[Resource], *types: str) -> list[Resource]:
     return [r for r in resources if r.get("type") in types]
 
 
-def _as_list(v: Any) -> list[Any]:
+def as_list(v: Any) -> list[Any]:
     return iam.as_list(v)
 
 
-def _keys(r: Resource, *fields: str) -> set[str]:
+def keys_of(r: Resource, *fields: str) -> set[str]:
     """Every string another resource may use to point at `r` (its name, id, given name)."""
     out = {r.get("name"), r.get("id")}
     for f in fields:
-        out.add(_inputs(r).get(f))
+        out.add(inputs_of(r).get(f))
         out.add((r.get("outputs") or {}).get(f))
     return {k for k in out if isinstance(k, str) and k and k != UNKNOWN}
 
 
-def _linked(child: Resource, owner: Resource, ref_field: str, owner_fields: tuple[str, ...],
+def linked(child: Resource, owner: Resource, ref_field: str, owner_fields: tuple[str, ...],
             owners: list[Resource], *, engine_ids: bool = False) -> bool:
     """Whether `child` (a bucket's public access block, a group's schedule) belongs to `owner`.
 
@@ -146,20 +146,20 @@ def _linked(child: Resource, owner: Resource, ref_field: str, owner_fields: tupl
     (unknown during preview), or, with `engine_ids`, is an id only the engine knows (a mock's
     or the cloud's) matching no owner, by sharing the owner's parent component alone.
     """
-    ref = _inputs(child).get(ref_field)
-    if isinstance(ref, str) and _known(ref):
-        if ref in _keys(owner, *owner_fields):
+    ref = inputs_of(child).get(ref_field)
+    if isinstance(ref, str) and known(ref):
+        if ref in keys_of(owner, *owner_fields):
             return True
-        if not engine_ids or any(ref in _keys(o, *owner_fields) for o in owners):
+        if not engine_ids or any(ref in keys_of(o, *owner_fields) for o in owners):
             return False
     siblings = [o for o in owners if o.get("parent") == owner.get("parent")]
     return child.get("parent") is not None and child.get("parent") == owner.get("parent") and len(siblings) == 1
 
 
-def _json(text: Any) -> Any:
+def json_doc(text: Any) -> Any:
     if isinstance(text, Mapping):
         return text
-    if not isinstance(text, str) or not _known(text):
+    if not isinstance(text, str) or not known(text):
         return None
     try:
         return json.loads(text)
@@ -167,9 +167,9 @@ def _json(text: Any) -> Any:
         return None
 
 
-def _has_unknown(value: Any) -> bool:
+def has_unknown(value: Any) -> bool:
     if isinstance(value, Mapping):
-        return any(_has_unknown(v) for v in value.values())
+        return any(has_unknown(v) for v in value.values())
     if isinstance(value, list | tuple):
-        return any(_has_unknown(v) for v in value)
+        return any(has_unknown(v) for v in value)
     return value == UNKNOWN

@@ -1,7 +1,5 @@
 """The bucket rules: not public, encrypted, versioned, TLS only, kept on destroy; and what
 `pulumi destroy` must release.
-
-Standard library only: the policy pack runs it in its own virtualenv.
 """
 
 from __future__ import annotations
@@ -10,21 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from policy import iam
-from policy.rules.base import (
-    UNKNOWN,
-    Context,
-    Resource,
-    Violation,
-    _as_list,
-    _false,
-    _get,
-    _inputs,
-    _json,
-    _known,
-    _linked,
-    _of,
-    _true,
-)
+from policy.rules import base
+from policy.rules.base import UNKNOWN, Context, Resource, Violation
 
 S3_BUCKETS = ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2")
 GCS_BUCKETS = ("gcp:storage/bucket:Bucket",)
@@ -33,13 +18,13 @@ PUBLIC_MEMBERS = ("allUsers", "allAuthenticatedUsers")
 
 
 def _bucket_children(resources: list[Resource], bucket: Resource, *types: str) -> list[Resource]:
-    buckets = _of(resources, *S3_BUCKETS)
-    return [c for c in _of(resources, *types) if _linked(c, bucket, "bucket", ("bucket", "id"), buckets, engine_ids=True)]
+    buckets = base.of_type(resources, *S3_BUCKETS)
+    return [c for c in base.of_type(resources, *types) if base.linked(c, bucket, "bucket", ("bucket", "id"), buckets, engine_ids=True)]
 
 
 def _bucket_policies(resources: list[Resource], bucket: Resource) -> list[dict[str, Any]]:
-    docs = [_json(_inputs(bucket).get("policy"))]
-    docs += [_json(_inputs(p).get("policy")) for p in _bucket_children(resources, bucket, "aws:s3/bucketPolicy:BucketPolicy")]
+    docs = [base.json_doc(base.inputs_of(bucket).get("policy"))]
+    docs += [base.json_doc(base.inputs_of(p).get("policy")) for p in _bucket_children(resources, bucket, "aws:s3/bucketPolicy:BucketPolicy")]
     return [d for d in docs if isinstance(d, dict)]
 
 
@@ -47,7 +32,7 @@ def _principal_is_anyone(principal: Any) -> bool:
     if principal == "*":
         return True
     if isinstance(principal, Mapping):
-        return any("*" in _as_list(v) for v in principal.values())
+        return any("*" in base.as_list(v) for v in principal.values())
     return False
 
 
@@ -56,15 +41,15 @@ def bucket_not_public(resources: list[Resource], ctx: Context) -> list[Violation
     bucket-level access, public access prevention enforced, no allUsers/allAuthenticatedUsers member."""
     out: list[Violation] = []
     flags = ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets")
-    for b in _of(resources, *S3_BUCKETS):
+    for b in base.of_type(resources, *S3_BUCKETS):
         blocks = _bucket_children(resources, b, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")
         if not blocks:
             out.append(Violation("bucket-not-public", b["name"], "no BucketPublicAccessBlock; add one with all four flags true"))
         for blk in blocks:
-            off = [f for f in flags if _known(_get(blk, f)) and not _true(_get(blk, f))]
+            off = [f for f in flags if base.known(base.get(blk, f)) and not base.is_true(base.get(blk, f))]
             if off:
                 out.append(Violation("bucket-not-public", blk["name"], f"{', '.join(off)} not true; set all four flags true"))
-        acls = [_inputs(b).get("acl")] + [_inputs(a).get("acl") for a in _bucket_children(resources, b, "aws:s3/bucketAcl:BucketAcl", "aws:s3/bucketAclV2:BucketAclV2")]
+        acls = [base.inputs_of(b).get("acl")] + [base.inputs_of(a).get("acl") for a in _bucket_children(resources, b, "aws:s3/bucketAcl:BucketAcl", "aws:s3/bucketAclV2:BucketAclV2")]
         for acl in acls:
             if acl in PUBLIC_ACLS:
                 out.append(Violation("bucket-not-public", b["name"], f"ACL {acl!r} makes objects public; use private (the default)"))
@@ -72,14 +57,14 @@ def bucket_not_public(resources: list[Resource], ctx: Context) -> list[Violation
             for st in iam.statements(doc):
                 if st.get("Effect") == "Allow" and _principal_is_anyone(st.get("Principal")):
                     out.append(Violation("bucket-not-public", b["name"], "bucket policy allows Principal '*'; name the role instead"))
-    for b in _of(resources, *GCS_BUCKETS):
-        if not _true(_get(b, "uniformBucketLevelAccess")) and _known(_get(b, "uniformBucketLevelAccess")):
+    for b in base.of_type(resources, *GCS_BUCKETS):
+        if not base.is_true(base.get(b, "uniformBucketLevelAccess")) and base.known(base.get(b, "uniformBucketLevelAccess")):
             out.append(Violation("bucket-not-public", b["name"], "uniformBucketLevelAccess not true; set it so no object ACL can make data public"))
-        pap = _get(b, "publicAccessPrevention")
-        if _known(pap) and pap != "enforced":
+        pap = base.get(b, "publicAccessPrevention")
+        if base.known(pap) and pap != "enforced":
             out.append(Violation("bucket-not-public", b["name"], f"publicAccessPrevention is {pap!r}; set 'enforced'"))
-    for m in _of(resources, "gcp:storage/bucketIAMMember:BucketIAMMember", "gcp:storage/bucketIAMBinding:BucketIAMBinding"):
-        members = _as_list(_get(m, "member")) + _as_list(_get(m, "members"))
+    for m in base.of_type(resources, "gcp:storage/bucketIAMMember:BucketIAMMember", "gcp:storage/bucketIAMBinding:BucketIAMBinding"):
+        members = base.as_list(base.get(m, "member")) + base.as_list(base.get(m, "members"))
         public = [x for x in members if x in PUBLIC_MEMBERS]
         if public:
             out.append(Violation("bucket-not-public", m["name"], f"grants {', '.join(public)}; grant the machines' service account only"))
@@ -90,11 +75,11 @@ def bucket_encrypted(resources: list[Resource], ctx: Context) -> list[Violation]
     """S3 buckets have default server-side encryption configured (SSE-S3 or KMS)."""
     out: list[Violation] = []
     ok_algorithms = ("AES256", "aws:kms", "aws:kms:dsse")
-    for b in _of(resources, *S3_BUCKETS):
-        algos = [_get(b, "serverSideEncryptionConfiguration.rule.applyServerSideEncryptionByDefault.sseAlgorithm")]
+    for b in base.of_type(resources, *S3_BUCKETS):
+        algos = [base.get(b, "serverSideEncryptionConfiguration.rule.applyServerSideEncryptionByDefault.sseAlgorithm")]
         for c in _bucket_children(resources, b, "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
                                   "aws:s3/bucketServerSideEncryptionConfigurationV2:BucketServerSideEncryptionConfigurationV2"):
-            algos += [(_get({"inputs": rule}, "applyServerSideEncryptionByDefault.sseAlgorithm")) for rule in _as_list(_get(c, "rules"))]
+            algos += [(base.get({"inputs": rule}, "applyServerSideEncryptionByDefault.sseAlgorithm")) for rule in base.as_list(base.get(c, "rules"))]
         if any(a == UNKNOWN for a in algos):
             continue
         if not any(a in ok_algorithms for a in algos):
@@ -106,14 +91,14 @@ def bucket_encrypted(resources: list[Resource], ctx: Context) -> list[Violation]
 def bucket_versioned(resources: list[Resource], ctx: Context) -> list[Violation]:
     """Buckets keep old versions, so an overwritten or deleted checkpoint can be recovered."""
     out: list[Violation] = []
-    for b in _of(resources, *S3_BUCKETS):
-        states = [("Enabled" if _true(_get(b, "versioning.enabled")) else None)]
-        states += [_get(v, "versioningConfiguration.status") for v in _bucket_children(
+    for b in base.of_type(resources, *S3_BUCKETS):
+        states = [("Enabled" if base.is_true(base.get(b, "versioning.enabled")) else None)]
+        states += [base.get(v, "versioningConfiguration.status") for v in _bucket_children(
             resources, b, "aws:s3/bucketVersioning:BucketVersioning", "aws:s3/bucketVersioningV2:BucketVersioningV2")]
         if UNKNOWN not in states and "Enabled" not in states:
             out.append(Violation("bucket-versioned", b["name"], "versioning not enabled; add a BucketVersioning with status Enabled"))
-    for b in _of(resources, *GCS_BUCKETS):
-        if _known(_get(b, "versioning.enabled")) and not _true(_get(b, "versioning.enabled")):
+    for b in base.of_type(resources, *GCS_BUCKETS):
+        if base.known(base.get(b, "versioning.enabled")) and not base.is_true(base.get(b, "versioning.enabled")):
             out.append(Violation("bucket-versioned", b["name"], "versioning.enabled not true; set it"))
     return out
 
@@ -121,13 +106,13 @@ def bucket_versioned(resources: list[Resource], ctx: Context) -> list[Violation]
 def _denies_plain_http(st: Mapping[str, Any]) -> bool:
     if st.get("Effect") != "Deny" or not _principal_is_anyone(st.get("Principal")):
         return False
-    if not {"s3:*", "*"} & set(_as_list(st.get("Action"))):
+    if not {"s3:*", "*"} & set(base.as_list(st.get("Action"))):
         return False
     cond = st.get("Condition") or {}
     secure = (cond.get("Bool") or {}).get("aws:SecureTransport")
-    if not any(_false(v) for v in _as_list(secure)):
+    if not any(base.is_false(v) for v in base.as_list(secure)):
         return False
-    res = _as_list(st.get("Resource"))
+    res = base.as_list(st.get("Resource"))
     return any(str(x).endswith("/*") for x in res) and any(not str(x).endswith("/*") for x in res)
 
 
@@ -135,10 +120,10 @@ def bucket_tls_only(resources: list[Resource], ctx: Context) -> list[Violation]:
     """The S3 bucket policy denies every request not made over TLS (aws:SecureTransport false),
     on the bucket and its objects. GCS serves HTTPS only, so it has no such rule."""
     out: list[Violation] = []
-    for b in _of(resources, *S3_BUCKETS):
+    for b in base.of_type(resources, *S3_BUCKETS):
         docs = _bucket_policies(resources, b)
-        unknown = _inputs(b).get("policy") == UNKNOWN or any(
-            _inputs(p).get("policy") == UNKNOWN for p in _bucket_children(resources, b, "aws:s3/bucketPolicy:BucketPolicy"))
+        unknown = base.inputs_of(b).get("policy") == UNKNOWN or any(
+            base.inputs_of(p).get("policy") == UNKNOWN for p in _bucket_children(resources, b, "aws:s3/bucketPolicy:BucketPolicy"))
         if unknown:
             continue
         if not any(_denies_plain_http(st) for d in docs for st in iam.statements(d)):
@@ -152,12 +137,12 @@ def bucket_retained(resources: list[Resource], ctx: Context) -> list[Violation]:
     if not ctx.keep_bucket:
         return []
     out: list[Violation] = []
-    for b in _of(resources, *S3_BUCKETS, *GCS_BUCKETS):
+    for b in base.of_type(resources, *S3_BUCKETS, *GCS_BUCKETS):
         retain = (b.get("options") or {}).get("retainOnDelete", False)
-        if _known(retain) and retain is not True:
+        if base.known(retain) and retain is not True:
             out.append(Violation("bucket-retained", b["name"], "not retainOnDelete; `pulumi destroy` would delete the "
                                  "checkpoints (set storage.keepOnDestroy: false only to mean that)"))
-        if _true(_get(b, "forceDestroy")):
+        if base.is_true(base.get(b, "forceDestroy")):
             out.append(Violation("bucket-retained", b["name"], "forceDestroy is true; it empties the bucket on delete"))
     return out
 

@@ -1,23 +1,12 @@
-"""The IAM rule: least privilege in AWS policy documents and GCP project grants.
-
-Standard library only: the policy pack runs it in its own virtualenv.
-"""
+"""The IAM rule: least privilege in AWS policy documents and GCP project grants."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from policy import iam
-from policy.rules.base import (
-    UNKNOWN,
-    Context,
-    Resource,
-    Violation,
-    _as_list,
-    _get,
-    _known,
-    _of,
-)
+from policy.rules import base
+from policy.rules.base import UNKNOWN, Context, Resource, Violation
 from policy.rules.buckets import _principal_is_anyone
 
 # Actions whose API has no resource-level permission, so a statement that grants them must
@@ -45,9 +34,9 @@ def _gcp_project_grants(resources: list[Resource]) -> list[Violation]:
     """Project-wide grants: never a basic role; an admin role only under an IAM condition that
     narrows it to this stack's resources (e.g. resource.name of its instance group)."""
     out: list[Violation] = []
-    for r in _of(resources, *GCP_PROJECT_IAM):
-        role, cond = _get(r, "role"), _get(r, "condition")
-        if not isinstance(role, str) or not _known(role):
+    for r in base.of_type(resources, *GCP_PROJECT_IAM):
+        role, cond = base.get(r, "role"), base.get(r, "condition")
+        if not isinstance(role, str) or not base.known(role):
             continue
         if role in GCP_BASIC_ROLES:
             out.append(Violation("iam-least-privilege", r["name"], f"grants {role} on the whole project; grant "
@@ -76,7 +65,7 @@ def iam_least_privilege(resources: list[Resource], ctx: Context) -> list[Violati
             if st.get("Effect") != "Allow":
                 continue
             sid = f"{where} Statement[{i}]" + (f" ({st['Sid']})" if st.get("Sid") else "")
-            actions = _as_list(st.get("Action"))
+            actions = base.as_list(st.get("Action"))
             if "NotAction" in st or "NotResource" in st:
                 out.append(Violation("iam-least-privilege", d.resource, f"{sid} uses NotAction/NotResource with Allow; list what is allowed"))
             wild = [a for a in actions if _wildcard_action(a)]
@@ -88,7 +77,7 @@ def iam_least_privilege(resources: list[Resource], ctx: Context) -> list[Violati
                 continue
             if d.kind == "resource":
                 continue  # who may use a bucket is bucket-not-public's business; resources are the bucket's own
-            if "*" in _as_list(st.get("Resource")):
+            if "*" in base.as_list(st.get("Resource")):
                 unjustified = [a for a in actions if a not in WILDCARD_RESOURCE_ACTIONS]
                 if unjustified:
                     out.append(Violation("iam-least-privilege", d.resource, f"{sid} grants {', '.join(unjustified)} on "

@@ -1,7 +1,4 @@
-"""The image and secret rules: a pinned image in every machine's user data, no credentials in any input.
-
-Standard library only: the policy pack runs it in its own virtualenv.
-"""
+"""The image and secret rules: a pinned image in every machine's user data, no credentials in any input."""
 
 from __future__ import annotations
 
@@ -13,15 +10,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from components import config_shared
-from policy.rules.base import (
-    Context,
-    Resource,
-    Violation,
-    _get,
-    _inputs,
-    _known,
-    _of,
-)
+from policy.rules import base
+from policy.rules.base import Context, Resource, Violation
 from policy.rules.machines import GCE_TEMPLATES, LAUNCH_TEMPLATES
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -47,9 +37,9 @@ def image_problem(ref: str) -> str | None:
 def user_data_texts(resources: list[Resource]) -> list[tuple[Resource, str]]:
     """The user data each machine template boots with, decoded (launch templates hold base64, maybe gzipped)."""
     out: list[tuple[Resource, str]] = []
-    for lt in _of(resources, *LAUNCH_TEMPLATES, "aws:ec2/instance:Instance"):
-        ud = _get(lt, "userData")
-        if isinstance(ud, str) and _known(ud):
+    for lt in base.of_type(resources, *LAUNCH_TEMPLATES, "aws:ec2/instance:Instance"):
+        ud = base.get(lt, "userData")
+        if isinstance(ud, str) and base.known(ud):
             try:
                 raw = base64.b64decode(ud, validate=True)
                 # cloud-init takes gzipped user data (EC2's 16 KiB limit makes it necessary)
@@ -57,13 +47,13 @@ def user_data_texts(resources: list[Resource]) -> list[tuple[Resource, str]]:
             except (binascii.Error, ValueError):
                 text = ud
             out.append((lt, text))
-    for t in _of(resources, *GCE_TEMPLATES):
+    for t in base.of_type(resources, *GCE_TEMPLATES):
         for k in ("user-data", "startup-script"):
-            ud = _get(t, f"metadata.{k}")
-            if isinstance(ud, str) and _known(ud):
+            ud = base.get(t, f"metadata.{k}")
+            if isinstance(ud, str) and base.known(ud):
                 out.append((t, ud))
-        ud = _get(t, "metadataStartupScript")
-        if isinstance(ud, str) and _known(ud):
+        ud = base.get(t, "metadataStartupScript")
+        if isinstance(ud, str) and base.known(ud):
             out.append((t, ud))
     return out
 
@@ -83,8 +73,8 @@ def image_pinned(resources: list[Resource], ctx: Context) -> list[Violation]:
             problem = image_problem(ref) if ref else "empty image reference"
             if problem:
                 out.append(Violation("image-pinned", r["name"], f"TRAINSTACK_IMAGE={ref}: {problem}"))
-    for repo in _of(resources, "aws:ecr/repository:Repository"):
-        if _known(_get(repo, "imageTagMutability")) and _get(repo, "imageTagMutability") != "IMMUTABLE":
+    for repo in base.of_type(resources, "aws:ecr/repository:Repository"):
+        if base.known(base.get(repo, "imageTagMutability")) and base.get(repo, "imageTagMutability") != "IMMUTABLE":
             out.append(Violation("image-pinned", repo["name"], "imageTagMutability is not IMMUTABLE; a pushed tag could be replaced"))
     return out
 
@@ -115,7 +105,7 @@ def no_secrets(resources: list[Resource], ctx: Context) -> list[Violation]:
         if kind:
             out.append(Violation("no-secrets", r["name"], f"user data holds {kind}; the machine's role gives it credentials"))
     for r in resources:
-        for path, text in _strings(_inputs(r)):
+        for path, text in _strings(base.inputs_of(r)):
             if path == "userData":
                 continue
             kind = secret_kind(text)

@@ -1,7 +1,4 @@
-"""The network rules: no inbound rule from the whole internet, SSH only from access.allowedCidrs.
-
-Standard library only: the policy pack runs it in its own virtualenv.
-"""
+"""The network rules: no inbound rule from the whole internet, SSH only from access.allowedCidrs."""
 
 from __future__ import annotations
 
@@ -11,18 +8,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from policy.rules.base import (
-    UNKNOWN,
-    Context,
-    Resource,
-    Violation,
-    _as_list,
-    _get,
-    _has_unknown,
-    _known,
-    _of,
-    _true,
-)
+from policy.rules import base
+from policy.rules.base import UNKNOWN, Context, Resource, Violation
 
 
 @dataclass(frozen=True)
@@ -47,45 +34,45 @@ def _ingresses(resources: list[Resource]) -> list[Ingress]:
 
     def add(r: Resource, where: str, proto: Any, lo: Any, hi: Any, cidrs: list[Any], own_refs: tuple[Any, ...],
             own: bool) -> None:
-        cs = tuple(str(c) for c in cidrs if c and _known(c))
-        unknown = _has_unknown([proto, lo, hi, cidrs]) or (not cs and _has_unknown(list(own_refs)))
+        cs = tuple(str(c) for c in cidrs if c and base.known(c))
+        unknown = base.has_unknown([proto, lo, hi, cidrs]) or (not cs and base.has_unknown(list(own_refs)))
         out.append(Ingress(r["name"], where, str(proto).lower(), lo if isinstance(lo, int) else None,
                            hi if isinstance(hi, int) else None, cs, own and not cs, unknown))
 
-    for sg in _of(resources, "aws:ec2/securityGroup:SecurityGroup"):
-        rules_ = _get(sg, "ingress", [])
+    for sg in base.of_type(resources, "aws:ec2/securityGroup:SecurityGroup"):
+        rules_ = base.get(sg, "ingress", [])
         if rules_ == UNKNOWN:
             continue
-        for i, rule in enumerate(_as_list(rules_)):
+        for i, rule in enumerate(base.as_list(rules_)):
             if not isinstance(rule, Mapping):
                 continue
-            cidrs = _as_list(rule.get("cidrBlocks")) + _as_list(rule.get("ipv6CidrBlocks"))
+            cidrs = base.as_list(rule.get("cidrBlocks")) + base.as_list(rule.get("ipv6CidrBlocks"))
             add(sg, f"ingress[{i}]", rule.get("protocol"), rule.get("fromPort"), rule.get("toPort"), cidrs,
-                (rule.get("self"), rule.get("securityGroups")), _true(rule.get("self")))
-    for r in _of(resources, "aws:ec2/securityGroupRule:SecurityGroupRule"):
-        if _get(r, "type") != "ingress":
+                (rule.get("self"), rule.get("securityGroups")), base.is_true(rule.get("self")))
+    for r in base.of_type(resources, "aws:ec2/securityGroupRule:SecurityGroupRule"):
+        if base.get(r, "type") != "ingress":
             continue
-        cidrs = _as_list(_get(r, "cidrBlocks")) + _as_list(_get(r, "ipv6CidrBlocks"))
-        src, own_sg = _get(r, "sourceSecurityGroupId"), _get(r, "securityGroupId")
-        add(r, "rule", _get(r, "protocol"), _get(r, "fromPort"), _get(r, "toPort"), cidrs, (_get(r, "self"), src, own_sg),
-            _true(_get(r, "self")) or (src is not None and src == own_sg))
-    for r in _of(resources, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"):
-        cidrs = [c for c in (_get(r, "cidrIpv4"), _get(r, "cidrIpv6")) if c]
-        ref, own_sg = _get(r, "referencedSecurityGroupId"), _get(r, "securityGroupId")
-        add(r, "rule", _get(r, "ipProtocol"), _get(r, "fromPort"), _get(r, "toPort"), cidrs, (ref, own_sg),
+        cidrs = base.as_list(base.get(r, "cidrBlocks")) + base.as_list(base.get(r, "ipv6CidrBlocks"))
+        src, own_sg = base.get(r, "sourceSecurityGroupId"), base.get(r, "securityGroupId")
+        add(r, "rule", base.get(r, "protocol"), base.get(r, "fromPort"), base.get(r, "toPort"), cidrs, (base.get(r, "self"), src, own_sg),
+            base.is_true(base.get(r, "self")) or (src is not None and src == own_sg))
+    for r in base.of_type(resources, "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"):
+        cidrs = [c for c in (base.get(r, "cidrIpv4"), base.get(r, "cidrIpv6")) if c]
+        ref, own_sg = base.get(r, "referencedSecurityGroupId"), base.get(r, "securityGroupId")
+        add(r, "rule", base.get(r, "ipProtocol"), base.get(r, "fromPort"), base.get(r, "toPort"), cidrs, (ref, own_sg),
             ref is not None and ref == own_sg)
-    for fw in _of(resources, "gcp:compute/firewall:Firewall"):
-        if str(_get(fw, "direction", "INGRESS")).upper() != "INGRESS":
+    for fw in base.of_type(resources, "gcp:compute/firewall:Firewall"):
+        if str(base.get(fw, "direction", "INGRESS")).upper() != "INGRESS":
             continue
-        cidrs = _as_list(_get(fw, "sourceRanges"))
-        src_raw, tgt_raw = _get(fw, "sourceTags"), _get(fw, "targetTags")
-        src_tags, tgt_tags = set(map(str, _as_list(src_raw))), set(map(str, _as_list(tgt_raw)))
-        allows = _get(fw, "allows", [])
+        cidrs = base.as_list(base.get(fw, "sourceRanges"))
+        src_raw, tgt_raw = base.get(fw, "sourceTags"), base.get(fw, "targetTags")
+        src_tags, tgt_tags = set(map(str, base.as_list(src_raw))), set(map(str, base.as_list(tgt_raw)))
+        allows = base.get(fw, "allows", [])
         if allows == UNKNOWN:
             allows = [{"protocol": UNKNOWN}]
-        for j, allow in enumerate(_as_list(allows)):
+        for j, allow in enumerate(base.as_list(allows)):
             allow = allow if isinstance(allow, Mapping) else {"protocol": UNKNOWN}
-            ports = _as_list(allow.get("ports")) or [None]
+            ports = base.as_list(allow.get("ports")) or [None]
             for p in ports:
                 lo = hi = UNKNOWN if p == UNKNOWN else None
                 if isinstance(p, str) and re.fullmatch(r"\d+(-\d+)?", p):

@@ -1,7 +1,4 @@
-"""The tag rule: every taggable resource carries the stack and run tags (labels on GCP).
-
-Standard library only: the policy pack runs it in its own virtualenv.
-"""
+"""The tag rule: every taggable resource carries the stack and run tags (labels on GCP)."""
 
 from __future__ import annotations
 
@@ -9,17 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from policy.rules.base import (
-    UNKNOWN,
-    Context,
-    Resource,
-    Violation,
-    _as_list,
-    _get,
-    _has_unknown,
-    _inputs,
-    _known,
-)
+from policy.rules import base
+from policy.rules.base import UNKNOWN, Context, Resource, Violation
 from policy.rules.machines import LAUNCH_TEMPLATES
 
 # Resource types that take tags (AWS) or labels (GCP) and that a trainstack stack creates.
@@ -44,12 +32,12 @@ RUN_TAG = re.compile(r"^trainstack[:_-]run$")
 def _tag_map(r: Resource) -> dict[str, Any] | None:
     """The resource's tags/labels as a dict (ASG tags are a list of key/value), or None if unknown."""
     if r.get("type") == "aws:autoscaling/group:Group":
-        tags = _get(r, "tags", [])
-        if _has_unknown(tags):
+        tags = base.get(r, "tags", [])
+        if base.has_unknown(tags):
             return None
-        return {t.get("key"): t.get("value") for t in _as_list(tags) if isinstance(t, Mapping)}
+        return {t.get("key"): t.get("value") for t in base.as_list(tags) if isinstance(t, Mapping)}
     for key in ("tags", "labels"):
-        v = _inputs(r).get(key)
+        v = base.inputs_of(r).get(key)
         if v == UNKNOWN:
             return None
         if isinstance(v, Mapping):
@@ -62,7 +50,7 @@ def _tag_problem(tags: Mapping[str, Any], ctx: Context, *, labels: bool = False)
     missing = []
     for pat, want, what in ((STACK_TAG, ctx.stack, "stack"), (RUN_TAG, ctx.run_id, "run")):
         vals = [v for k, v in tags.items() if isinstance(k, str) and pat.match(k)]
-        if not vals or any(not _known(v) for v in vals):
+        if not vals or any(not base.known(v) for v in vals):
             if not vals:
                 missing.append(f"trainstack-{what}")
             continue
@@ -77,7 +65,7 @@ def tagged(resources: list[Resource], ctx: Context) -> list[Violation]:
     console search finds everything a run created; launch templates pass them to instances and volumes."""
     out: list[Violation] = []
     for r in resources:
-        inputs = _inputs(r)
+        inputs = base.inputs_of(r)
         if r.get("type", "").startswith(IMAGE_BUILDS):
             continue
         if r.get("type") not in TAGGABLE and "tags" not in inputs and "labels" not in inputs:
@@ -89,10 +77,10 @@ def tagged(resources: list[Resource], ctx: Context) -> list[Violation]:
         if problem:
             out.append(Violation("tagged", r["name"], f"missing tag(s) {problem}; tag it from the one tags function"))
         if r.get("type") in LAUNCH_TEMPLATES:
-            specs = _get(r, "tagSpecifications", [])
-            if _has_unknown(specs):
+            specs = base.get(r, "tagSpecifications", [])
+            if base.has_unknown(specs):
                 continue
-            by_type = {s.get("resourceType"): s.get("tags") or {} for s in _as_list(specs) if isinstance(s, Mapping)}
+            by_type = {s.get("resourceType"): s.get("tags") or {} for s in base.as_list(specs) if isinstance(s, Mapping)}
             for rt in ("instance", "volume"):
                 p = _tag_problem(by_type.get(rt, {}), ctx) if rt in by_type else "all"
                 if p:

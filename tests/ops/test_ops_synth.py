@@ -216,3 +216,15 @@ def test_plan_uses_ec2_spot_prices_when_aws_answers():
     assert "(spot: the cloud's current prices)" in plan
     offline = synth.plan(result, dev.settings, ask_prices=False)
     assert "(estimate)" in offline and "(price API)" not in offline
+
+
+def test_gcp_plan_prices_the_stack_and_marks_only_invented_values():
+    gcp_dev = synth.load_source(ROOT / "stacks" / "Pulumi.gcp-dev.yaml")
+    plan = synth.plan(synth.synthesize(gcp_dev), gcp_dev.settings)
+    assert "Plan for stack gcp-dev (gcp, us-central1)" in plan
+    assert "Machines: 1 node x 1 GPU, spot, one of: g2-standard-4, g2-standard-8" in plan
+    assert "g2-standard-8  on-demand $0.853624/h  spot $0.34145/h (estimate)" in plan
+    assert "Worst case: $0.853624/h (the on-demand price x 1 node) until the runtime cap (10 h): $8.54\n" in plan
+    # gs://<the stack's own bucket>/runs/... is what GCP would answer too: not a mock value
+    run_uri = next(line for line in plan.splitlines() if line.strip().startswith("runUri"))
+    assert run_uri.rstrip().endswith("/runs/gcp-dev"), run_uri
