@@ -449,6 +449,7 @@ class Run:
         self.events.flush()
         model_dir = os.path.join(self.work, "model")
         export_mod.export_model(self.spec.model, model_dir, self.store)
+        signature = export_mod.saved_model_signature(model_dir)
         self.summaries.sync()
         metrics = {"loss": st.loss}
         speed = {}
@@ -465,6 +466,7 @@ class Run:
             examples_seen=st.examples_seen,
             events=self.history + self.own_events,
             finished_at=time.time(),
+            signature=signature,
         )
         return EXIT_OK
 
