@@ -1,4 +1,4 @@
-"""`python -m ops`: the operator's commands. `synth` writes what a stack would create, offline; `status`, `logs` and `tunnel` (ops/status.py, ops/remote.py) follow a run and reach its machines."""
+"""`python -m ops`: the operator's commands. `synth` writes what a stack would create, offline; `status`, `logs` and `tunnel` (ops/status.py, ops/remote.py) follow a run and reach its machines; `stop`, `runs` and `pull` (ops/runs.py) end, list and fetch runs."""
 
 from __future__ import annotations
 
@@ -46,10 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="folder for resources.json, outputs.json, user-data/")
     p.add_argument("--stacks-dir", default=str(STACKS_DIR), help="folder of the stack files (default: %(default)s)")
     p.set_defaults(func=_synth)
-    from ops import remote, status
+    from ops import remote, runs, status
 
     status.register(sub)
     remote.register(sub)
+    runs.register(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 
