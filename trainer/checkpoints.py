@@ -38,12 +38,17 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
-from trainer.storage import NotFound, Store, _check_key, walk_files
+from trainer import layout
+from trainer.storage import NotFound, Store, check_key, walk_files
 
-__all__ = ["CheckpointStore", "CheckpointError", "MARKER", "MARKER_FORMAT"]
+__all__ = ["CheckpointStore", "CheckpointError", "Checkpointer", "MARKER", "MARKER_FORMAT", "STATE_FILE"]
 
-MARKER = "COMMITTED"
+MARKER = layout.COMMITTED  # re-exported for readers that import it from here (ops/status.py)
 MARKER_FORMAT = 1
+# The loop's counters beside the variables in each checkpoint (see Checkpointer).
+STATE_FILE = "state.json"
+# The variables' file prefix inside a checkpoint folder (TF adds .index and .data-*).
+CKPT_PREFIX = "ckpt"
 _HASH_CHUNK = 1024 * 1024
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -100,7 +105,7 @@ class CheckpointStore:
         *,
         keep: int = 3,
         emit: Emit | None = None,
-        prefix: str = "checkpoints",
+        prefix: str = layout.CHECKPOINTS_PREFIX,
         on_commit: Callable[[dict], None] | None = None,
         upload_workers: int = 4,
     ) -> None:
@@ -110,7 +115,7 @@ class CheckpointStore:
             raise ValueError(f"upload_workers must be >= 1, got {upload_workers!r}")
         self.store = store
         self.keep = keep
-        self.prefix = _check_key(prefix.strip("/"))
+        self.prefix = check_key(prefix.strip("/"))
         self.emit = emit
         self.on_commit = on_commit
         self.upload_workers = upload_workers
@@ -137,7 +142,7 @@ class CheckpointStore:
                 # log itself) would feed a failing store more writes.
                 if key.startswith(mine):
                     emit(
-                        "upload_retry",
+                        layout.UPLOAD_RETRY,
                         {"attempt": attempt, "error": f"{type(error).__name__}: {error}", "op": op, "key": key},
                     )
 
@@ -146,11 +151,11 @@ class CheckpointStore:
     # -- naming ------------------------------------------------------------------------
 
     def _base(self, step: int) -> str:
-        return f"{self.prefix}/ckpt-{step}/"
+        return f"{self.prefix}/{layout.CHECKPOINT_DIR}-{step}/"
 
     def _scan(self) -> tuple[set[int], set[int]]:
         """(steps with any object, steps with a marker) under the prefix, in one listing."""
-        pattern = re.compile(rf"^{re.escape(self.prefix)}/ckpt-(\d+)/(.+)$")
+        pattern = re.compile(rf"^{re.escape(self.prefix)}/{re.escape(layout.CHECKPOINT_DIR)}-(\d+)/(.+)$")
         present: set[int] = set()
         committed: set[int] = set()
         for key in self.store.list(self.prefix + "/"):
@@ -165,7 +170,7 @@ class CheckpointStore:
 
     def _skip(self, step: int, reason: str) -> None:
         if self.emit is not None:
-            self.emit("checkpoint_skipped", {"step": step, "reason": reason})
+            self.emit(layout.CHECKPOINT_SKIPPED, {"step": step, "reason": reason})
 
     # -- committing --------------------------------------------------------------------
 
@@ -378,7 +383,7 @@ class CheckpointStore:
             return "marker lists no files"
         for rel, meta in files.items():
             try:
-                _check_key(rel)
+                check_key(rel)
             except ValueError:
                 return f"marker lists an unsafe path {rel!r}"
             if (
@@ -485,3 +490,147 @@ class CheckpointStore:
                     self.store.delete_prefix(self._base(step))
                 else:
                     self.store.delete_prefix(self._base(step))
+
+
+class ResumeMismatch(RuntimeError):
+    """What was restored differs from what the checkpoint recorded: training on would not be an exact resume."""
+
+
+# Keras keeps each random stream's state (e.g. a Dropout layer's) in a variable of this name.
+RNG_STATE_NAME = "seed_generator_state"
+
+
+def variables_digest(variables) -> str:
+    """A digest of the values (with shapes and dtypes) of ``variables``, in order.
+
+    Names are left out: the checkpoint matches variables by position, and Keras numbers
+    layer names per process, so the same model may carry other names in another attempt.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    for v in variables:
+        value = v.numpy()
+        h.update(f"{value.dtype}|{value.shape}|".encode())
+        h.update(value.tobytes())
+    return h.hexdigest()
+
+
+def resume_fingerprint(state: dict, variables, rng_variables) -> dict:
+    """What an exact resume depends on: step, data position, random streams and variable values."""
+    return {
+        "step": int(state["step"]),
+        "batches_seen": int(state["batches_seen"]),
+        "examples_seen": int(state["examples_seen"]),
+        "rng": variables_digest(rng_variables),
+        "variables": variables_digest(variables),
+    }
+
+
+class Checkpointer:
+    """The training loop's checkpoints: save its variables and counters, commit them, restore the newest.
+
+    A checkpoint folder holds the variables written by ``ckpt`` (a ``tf.train.Checkpoint``
+    given by the caller, so this module needs no TensorFlow import of its own: ``ops``
+    reads checkpoints without it) under :data:`CKPT_PREFIX`, and :data:`STATE_FILE`, the
+    loop's counters as JSON. Each save goes to its own local folder under ``work``; the
+    chief commits it to the run through ``ckstore`` (in the background unless ``sync``),
+    other workers save too (the strategy requires every worker to) and drop their copy.
+
+    ``state.json`` also holds a resume fingerprint (:func:`resume_fingerprint` of the
+    checkpointed ``variables``, the random streams among them and the counters). After a
+    restore the same fingerprint is taken of what was actually restored; any difference
+    raises :class:`ResumeMismatch` rather than train on from a state that is not the saved one.
+    """
+
+    def __init__(self, ckstore: CheckpointStore, ckpt, *, work: str, chief: bool, variables=()) -> None:
+        self.ckstore = ckstore
+        self.ckpt = ckpt
+        self.variables = list(variables)
+        self.rng_variables = [v for v in self.variables if RNG_STATE_NAME in getattr(v, "name", "")]
+        self.work = work
+        self.chief = chief
+        self.last_committed: int | None = None
+        self.async_step: int | None = None  # the newest step handed to a background upload
+
+    def committed(self, step: int) -> None:
+        """Record a commit (called from the upload thread too)."""
+        self.last_committed = max(self.last_committed or 0, int(step))
+
+    def save_local(self, step: int, state: dict) -> str:
+        """Write the checkpoint of ``step`` (variables and ``state``) to its own folder; returns it."""
+        sub = "checkpoints" if self.chief else "worker-tmp"  # only the chief's copy is kept
+        folder = os.path.join(self.work, sub, f"{layout.CHECKPOINT_DIR}-{step}")
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+        self.ckpt.write(os.path.join(folder, CKPT_PREFIX))
+        if self.variables:
+            state = {**state, "fingerprint": resume_fingerprint({**state, "step": step}, self.variables,
+                                                                self.rng_variables)}
+        tmp = os.path.join(folder, STATE_FILE + ".tmp")
+        with open(tmp, "w") as fh:
+            json.dump(state, fh)
+        os.replace(tmp, os.path.join(folder, STATE_FILE))
+        return folder
+
+    def commit(self, step: int, folder: str, *, sync: bool) -> bool:
+        """Commit a saved folder (in the background unless ``sync``), then drop it; returns whether it was committed.
+
+        Only the chief commits: another worker's folder is just removed.
+        """
+        if not self.chief:
+            shutil.rmtree(folder, ignore_errors=True)
+            return False
+        try:
+            if sync:
+                # An older background upload still running is cancelled by the store so
+                # this commit gets the bandwidth; it is waited for by the caller afterwards.
+                self.ckstore.commit(step, folder)
+            else:
+                self.async_step = step
+                # The store snapshots the folder (hard links) before returning, so the
+                # local copy can go at once and the next save never races the upload.
+                self.ckstore.commit_async(step, folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return True
+
+    def wait_uploads(self) -> BaseException | None:
+        """Wait for background uploads; returns the failure of one (superseded by a newer commit), if any."""
+        try:
+            self.ckstore.wait(None)
+        except Exception as e:  # noqa: BLE001 - the caller reports it; a newer commit follows
+            return e
+        return None
+
+    def restore(self) -> tuple[int, dict] | None:
+        """Restore the newest committed checkpoint into ``ckpt``; returns (step, saved state) or None."""
+        dest = os.path.join(self.work, "restore")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.makedirs(dest)
+        step = self.ckstore.restore_latest(dest)
+        if step is None:
+            return None
+        self.ckpt.read(os.path.join(dest, CKPT_PREFIX)).assert_existing_objects_matched()
+        with open(os.path.join(dest, STATE_FILE)) as fh:
+            saved = json.load(fh)
+        if saved.get("step") != step:
+            raise ValueError(f"checkpoint ckpt-{step} holds state for step {saved.get('step')}")
+        self.check_resume(step, saved)
+        self.last_committed = step
+        return step, saved
+
+    def check_resume(self, step: int, saved: dict) -> None:
+        """Compare the restored state with the fingerprint saved beside it; raise :class:`ResumeMismatch`.
+
+        Checkpoints written before fingerprints existed carry none and are taken as they are.
+        """
+        recorded = saved.get("fingerprint")
+        if not recorded or not self.variables:
+            return
+        now = resume_fingerprint({**saved, "step": step}, self.variables, self.rng_variables)
+        wrong = [f"{k}: saved {recorded.get(k)!r}, restored {now[k]!r}" for k in now if recorded.get(k) != now[k]]
+        if wrong:
+            raise ResumeMismatch(
+                f"checkpoint ckpt-{step} did not restore the state it recorded ({'; '.join(wrong)}); "
+                "refusing to train on from a different state. The model or optimizer built by this attempt "
+                "does not match the one that saved the checkpoint (changed code or --model options?)"
+            )

@@ -36,6 +36,7 @@ class TrainConfig:
 
     run_uri: str
     model: str = "mlp"
+    code_dir: str | None = None
     synthetic: bool = False
     data_uri: str | None = None
     steps: int = 1000
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig(run_uri="")
     p.add_argument("--run-uri", help="where the run lives: s3://B/runs/ID, gs://B/runs/ID or file://DIR (required)")
     p.add_argument("--model", default=d.model, help="mlp, transformer-lm, or package.module:function returning a ModelSpec")
+    p.add_argument("--code-dir", default=None,
+                   help="folder of your own Python modules (importable by --model package.module:function); "
+                   "on the machines it is the stack's run.code folder")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--synthetic", action="store_true", default=None, help="train on deterministic synthetic data")
     src.add_argument("--data-uri", default=None, help="folder of TFRecord files (*.tfrecord*) on s3://, gs:// or file://")
@@ -251,6 +255,11 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("choose the data: --synthetic or --data-uri URI (TRAINSTACK_SYNTHETIC=1 / TRAINSTACK_DATA_URI)")
     if cfg.data_uri:
         object.__setattr__(cfg, "data_uri", normalize_uri(cfg.data_uri))
+    if cfg.code_dir is not None:
+        path = os.path.abspath(os.path.expanduser(cfg.code_dir))
+        if not os.path.isdir(path):
+            raise ConfigError(f"--code-dir {cfg.code_dir!r}: no such folder (the folder holding your model's modules)")
+        object.__setattr__(cfg, "code_dir", path)
     if cfg.model not in ("mlp", "transformer-lm") and not _is_user_model(cfg.model):
         raise ConfigError(f"--model {cfg.model!r}: expected mlp, transformer-lm or package.module:function")
     if cfg.checkpoint_every_steps is None and cfg.checkpoint_every_seconds is None:

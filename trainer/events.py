@@ -3,8 +3,12 @@
 Events (one JSON object per line on stdout when it is not a terminal, and appended to
 `<run-uri>/events.jsonl`): `started`, `resumed` (step), `checkpoint` (step, seconds,
 bytes), `preempted` (step), `finished` (step, metrics), `failed` (reason), plus a few
-informational ones (`checkpoint_skipped`, `store_retry`, `complete`). Every event has
-`event`, `time` (UTC, ISO 8601) and `attempt` (1 for a run's first start).
+informational ones (`checkpoint_skipped`, `checkpoint_failed`, `upload_retry`, `complete`).
+Every event has `event`, `time` (UTC, ISO 8601) and `attempt` (1 for a run's first start).
+The names, keys and fields are the run folder's contract in `trainer.layout`.
+
+Also here: what a run's events add up to across attempts (`seconds_lost`, and the attempt
+count through `layout.attempts`).
 
 Writes to the bucket happen on one background thread in order, so a slow or failing
 object store never holds up a training step; `close()` waits for them. Only the chief
@@ -20,8 +24,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 
-EVENTS_KEY = "events.jsonl"
-PROGRESS_KEY = "progress.json"
+from trainer import layout
+
+# Re-exported for readers that import them from here (ops/status.py); defined in layout.
+EVENTS_KEY = layout.EVENTS_KEY
+PROGRESS_KEY = layout.PROGRESS_KEY
 
 
 def utc_now() -> str:
@@ -72,7 +79,7 @@ class EventLog:
 
     def emit(self, event: str, *, local_only: bool = False, **fields) -> dict:
         """Record one event; returns it. `local_only` events are printed but not stored."""
-        ev = {"event": event, "time": utc_now(), "attempt": self.attempt, **fields}
+        ev = {layout.EVENT: event, layout.TIME: utc_now(), layout.ATTEMPT: self.attempt, **fields}
         line = json.dumps(ev, default=_jsonable, sort_keys=False)
         with self._lock:
             if self.tty:
@@ -85,8 +92,9 @@ class EventLog:
         return ev
 
     def _console_print(self, ev: dict) -> None:
-        text = " ".join(f"{k}={v}" for k, v in ev.items() if k not in ("event", "time", "attempt", "config"))
-        msg = f"[bold]{ev['event']}[/bold] {text}"
+        skip = (layout.EVENT, layout.TIME, layout.ATTEMPT, "config")
+        text = " ".join(f"{k}={v}" for k, v in ev.items() if k not in skip)
+        msg = f"[bold]{ev[layout.EVENT]}[/bold] {text}"
         self._console().log(msg)
 
     def _console(self):
@@ -181,6 +189,23 @@ class EventLog:
         self.flush(timeout)
         if self._pool is not None:
             self._pool.shutdown(wait=False)
+
+
+def seconds_lost(events: list[dict]) -> float:
+    """Time between each `preempted` event and the next `resumed` (what preemption cost)."""
+    lost, since = 0.0, None
+    for ev in events:
+        kind = ev.get(layout.EVENT)
+        try:
+            t = parse_time(ev[layout.TIME])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if kind == layout.PREEMPTED:
+            since = t
+        elif kind == layout.RESUMED and since is not None:
+            lost += max(0.0, t - since)
+            since = None
+    return round(lost, 3)
 
 
 def _jsonable(o):

@@ -12,8 +12,11 @@ import json
 import shutil
 from datetime import UTC, datetime
 
-COMPLETE_KEY = "COMPLETE"
-MODEL_PREFIX = "model"
+from trainer import layout
+from trainer.events import parse_time, seconds_lost
+
+# Re-exported for readers that import it from here (tests/ops); defined in layout.
+COMPLETE_KEY = layout.COMPLETE
 
 
 def export_model(model, local_dir: str, store) -> int:
@@ -21,22 +24,19 @@ def export_model(model, local_dir: str, store) -> int:
     shutil.rmtree(local_dir, ignore_errors=True)
     model.export(local_dir, format="tf_saved_model", verbose=False)
     # A previous attempt may have left part of an upload; start the folder afresh.
-    store.delete_prefix(MODEL_PREFIX + "/")
-    return store.upload_dir(local_dir, MODEL_PREFIX, changed_only=False)
+    store.delete_prefix(layout.MODEL_PREFIX)
+    return store.upload_dir(local_dir, layout.MODEL_PREFIX, changed_only=False)
 
 
 def complete_record(*, step: int, metrics: dict, examples_seen: int, events: list[dict], finished_at: float) -> dict:
     """The `COMPLETE` document, from the run's events (all attempts) and the final state."""
-    from trainer.events import parse_time
-    from trainer.loop import seconds_lost
-
-    starts = [parse_time(e["time"]) for e in events if e.get("event") == "started" and "time" in e]
+    starts = [parse_time(e[layout.TIME]) for e in events if e.get(layout.EVENT) == layout.STARTED and layout.TIME in e]
     first = min(starts) if starts else finished_at
     return {
-        "step": step,
+        layout.MARKER_STEP: step,
         "metrics": metrics,
         "examples_seen": examples_seen,
-        "attempts": len(starts) or 1,
+        layout.MARKER_ATTEMPTS: layout.attempts(events) or 1,
         "seconds_lost_to_preemption": seconds_lost(events),
         "total_seconds": round(finished_at - first, 3),
         "finished_at": datetime.fromtimestamp(finished_at, UTC).isoformat(timespec="milliseconds"),
@@ -46,6 +46,6 @@ def complete_record(*, step: int, metrics: dict, examples_seen: int, events: lis
 def write_complete(store, **kw) -> dict:
     """Write `COMPLETE` (one atomic object) and return what was written."""
     doc = complete_record(**kw)
-    store.put_bytes(COMPLETE_KEY, json.dumps(doc, indent=2).encode())
+    store.put_bytes(layout.COMPLETE, json.dumps(doc, indent=2).encode())
     return doc
 

@@ -1,4 +1,4 @@
-"""The training run: restore, one custom training loop, checkpoints, signals, outputs.
+"""The training run: restore, one custom training loop, signals, the run's endings.
 
 `train(cfg)` runs a whole attempt and returns the process exit code: 0 finished
 (COMPLETE written), 143 stopped by SIGTERM/SIGINT after a committed checkpoint, 1 failed.
@@ -11,6 +11,11 @@ resumed run continues with the very next batch. Each checkpoint is saved to its 
 folder and uploaded in the background; SIGTERM makes the loop finish its step, save, wait
 for uploads, commit synchronously and exit 143. With several workers a stop request is
 all-reduced inside every step, so all workers stop after the same step.
+
+The pieces the loop drives live beside it: saving and committing checkpoints in
+`trainer.checkpoints` (`Checkpointer`), TensorBoard scalars in `trainer.summaries`,
+events and what they add up to in `trainer.events`, the run folder's names and exit codes
+in `trainer.layout`.
 """
 
 from __future__ import annotations
@@ -28,17 +33,17 @@ import tensorflow as tf
 
 from trainer import data as data_mod
 from trainer import export as export_mod
+from trainer import layout
+from trainer import summaries as summaries_mod
 from trainer.config import TrainConfig, as_dict
-from trainer.events import EVENTS_KEY, PROGRESS_KEY, EventLog, parse_time, read_events, utc_now
+from trainer.events import EventLog, read_events, utc_now
 from trainer.models import ModelSpec, build_model
 from trainer.signals import StopRequest
 from trainer.strategy import Cluster, make_strategy, read_cluster
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_PREEMPTED = 143
-STATE_FILE = "state.json"
-CKPT_PREFIX = "ckpt"
+EXIT_OK = layout.EXIT_OK
+EXIT_FAILED = layout.EXIT_FAILED
+EXIT_PREEMPTED = layout.EXIT_PREEMPTED
 
 # A step's request, all-reduced (SUM) across workers: [checkpoint now, stop]; any worker's
 # non-zero entry is every worker's decision. (ReduceOp has no MAX.)
@@ -56,17 +61,39 @@ class RunState:
     loss: float | None = None
 
 
+def resolve_precision(cfg: TrainConfig) -> str:
+    """The Keras precision policy this run uses (`--precision`, else by model and device)."""
+    if cfg.precision is not None:
+        return cfg.precision
+    on_gpu = bool(tf.config.list_physical_devices("GPU"))
+    return "mixed_bfloat16" if cfg.model == "transformer-lm" and on_gpu else "float32"
+
+
 def configure_runtime(cfg: TrainConfig) -> str:
     """Seeds, op determinism and the Keras precision policy; returns the policy name."""
     keras.utils.set_random_seed(cfg.seed)
     if cfg.deterministic:
         tf.config.experimental.enable_op_determinism()
-    precision = cfg.precision
-    if precision is None:
-        on_gpu = bool(tf.config.list_physical_devices("GPU"))
-        precision = "mixed_bfloat16" if cfg.model == "transformer-lm" and on_gpu else "float32"
+    precision = resolve_precision(cfg)
     keras.mixed_precision.set_global_policy(precision)
     return precision
+
+
+def seeded_model(cfg: TrainConfig, strategy) -> ModelSpec:
+    """Seed every generator, then build the model and its optimizer: the run's initial state.
+
+    Keras draws the seed of every initializer (and random layer) given none from Python's
+    global `random`, which `configure_runtime` has just seeded. Nothing else may draw from
+    it until the model is built: the object-store clients do on every retry (botocore's and
+    google-api-core's backoff jitter), so the caller must have no store transfer in flight
+    (`EventLog.flush`). Otherwise a retried write during the build changes the initial
+    weights, and the run trains to a different result (issue 14).
+    """
+    configure_runtime(cfg)
+    with strategy.scope():
+        spec = build_model(cfg)
+        spec.optimizer.build(spec.model.trainable_variables)
+    return spec
 
 
 def per_example_loss(spec: ModelSpec, y, pred) -> tf.Tensor:
@@ -147,23 +174,22 @@ class Run:
         self.chief = self.cluster.is_chief
         self.store = open_store(cfg.run_uri)
         self.history = read_events(self.store)
-        attempt = 1 + sum(1 for e in self.history if e.get("event") == "started")
+        attempt = 1 + layout.attempts(self.history)
         self.events = EventLog(self.store if self.chief else None, attempt=attempt, stream=stream)
         self.own_events: list[dict] = []
         self.ckstore = CheckpointStore(self.store, keep=cfg.keep_checkpoints, emit=self._store_event,
                                        on_commit=self._on_commit)
+        self.checkpointer = None  # made once the model exists (_train)
         self.commit_seconds: list[tuple[int, float]] = []
         self._own_work = cfg.work_dir is None
         self.work = cfg.work_dir or tempfile.mkdtemp(prefix="trainstack-")
         os.makedirs(self.work, exist_ok=True)
         self.stop = stop or StopRequest()
         self.state = RunState()
-        self.last_committed: int | None = None
-        self.async_step: int | None = None
         self.rate: float | None = None
         self.loop_seconds = 0.0
         self.loop_examples = 0
-        self.tb_writer = None
+        self.summaries = summaries_mod.Summaries(summaries_mod.local_dir(self.work), self.store, enabled=False)
 
     def emit(self, event: str, **fields) -> dict:
         ev = self.events.emit(event, **fields)
@@ -173,7 +199,7 @@ class Run:
     def _store_event(self, kind: str, fields: dict) -> None:
         # A retry of the log's own writes is printed, not appended to the log it failed to
         # write (that would queue one more write per retry while the store is down).
-        own = fields.get("key") in (EVENTS_KEY, PROGRESS_KEY)
+        own = fields.get("key") in (layout.EVENTS_KEY, layout.PROGRESS_KEY)
         if own:
             self.events.emit(kind, local_only=True, **fields)
         else:
@@ -189,7 +215,7 @@ class Run:
                 return EXIT_OK
             return self._train()
         except Exception as e:  # noqa: BLE001 - any failure ends the attempt the same way
-            self.emit("failed", reason=f"{type(e).__name__}: {e}", step=self.state.step)
+            self.emit(layout.FAILED_EVENT, reason=f"{type(e).__name__}: {e}", step=self.state.step)
             return EXIT_FAILED
         finally:
             self.stop.restore()
@@ -201,12 +227,13 @@ class Run:
         from trainer.storage import NotFound
 
         try:
-            done = json.loads(self.store.get_bytes(export_mod.COMPLETE_KEY))
+            done = json.loads(self.store.get_bytes(layout.COMPLETE))
         except NotFound:
             return False
         # Printed, not appended: the run's log ended with its `finished` event.
-        line = {"event": "complete", "time": done.get("finished_at"), "attempt": self.events.attempt,
-                "step": done.get("step"), "message": "run already COMPLETE; nothing to do"}
+        line = {layout.EVENT: layout.ALREADY_COMPLETE, layout.TIME: done.get("finished_at"),
+                layout.ATTEMPT: self.events.attempt, "step": done.get(layout.MARKER_STEP),
+                "message": "run already COMPLETE; nothing to do"}
         self.events.stream.write(json.dumps(line) + "\n")
         self.events.stream.flush()
         return True
@@ -215,20 +242,24 @@ class Run:
         cfg = self.cfg
         strategy = make_strategy(self.cluster)
         self.stop.reclaim()
-        precision = configure_runtime(cfg)
+        precision = resolve_precision(cfg)
         replicas = strategy.num_replicas_in_sync
         global_micro = cfg.batch_size * replicas
         global_step_batch = global_micro * cfg.grad_accum
-        self.emit("started", config=as_dict(cfg), workers=self.cluster.workers, worker=self.cluster.index,
+        self.emit(layout.STARTED, config=as_dict(cfg), workers=self.cluster.workers, worker=self.cluster.index,
                   replicas=replicas, global_batch=global_step_batch, precision=precision)
-
-        with strategy.scope():
-            spec = build_model(cfg)
-            spec.optimizer.build(spec.model.trainable_variables)
+        # The `started` write (and its retries) must be over before the generators are
+        # seeded: see seeded_model.
+        self.events.flush()
+        spec = seeded_model(cfg, strategy)
         self.spec = spec
         examples = tf.Variable(0, dtype=tf.int64, trainable=False)
         # Lists of the variables themselves: Keras 3 models are not tracked by attribute.
-        self.ckpt = tf.train.Checkpoint(model=list(spec.model.variables), optimizer=list(spec.optimizer.variables))
+        ckpt = tf.train.Checkpoint(model=list(spec.model.variables), optimizer=list(spec.optimizer.variables))
+        from trainer.checkpoints import Checkpointer
+
+        self.checkpointer = Checkpointer(self.ckstore, ckpt, work=self.work, chief=self.chief,
+                                         variables=[*spec.model.variables, *spec.optimizer.variables])
 
         self._restore()
         examples.assign(self.state.examples_seen)
@@ -242,8 +273,7 @@ class Run:
             ds = ds.with_options(opts)
         iterator = iter(strategy.experimental_distribute_dataset(ds))
         train_step = make_train_step(strategy, spec, cfg, global_micro, self.cluster.multi_worker, examples)
-        if self.chief:
-            self.tb_writer = tf.summary.create_file_writer(os.path.join(self.work, "tensorboard"))
+        self.summaries = summaries_mod.Summaries(summaries_mod.local_dir(self.work), self.store, enabled=self.chief)
 
         loop_started, examples_before = time.monotonic(), self.state.examples_seen
         stopped = self._loop(train_step, iterator, examples)
@@ -254,20 +284,12 @@ class Run:
         return self._finish(examples)
 
     def _restore(self) -> None:
-        dest = os.path.join(self.work, "restore")
-        shutil.rmtree(dest, ignore_errors=True)
-        os.makedirs(dest)
-        step = self.ckstore.restore_latest(dest)
-        if step is None:
+        found = self.checkpointer.restore()
+        if found is None:
             return
-        self.ckpt.read(os.path.join(dest, CKPT_PREFIX)).assert_existing_objects_matched()
-        with open(os.path.join(dest, STATE_FILE)) as fh:
-            saved = json.load(fh)
+        step, saved = found
         self.state = RunState(**{k: saved[k] for k in asdict(RunState()) if k in saved})
-        if self.state.step != step:
-            raise ValueError(f"checkpoint ckpt-{step} holds state for step {self.state.step}")
-        self.last_committed = step
-        self.emit("resumed", step=step, examples_seen=self.state.examples_seen, batches_seen=self.state.batches_seen)
+        self.emit(layout.RESUMED, step=step, examples_seen=self.state.examples_seen, batches_seen=self.state.batches_seen)
 
     def _loop(self, train_step, iterator, examples: tf.Variable) -> bool:
         """Train until the last step or a stop request; returns True when stopped by a signal."""
@@ -343,94 +365,55 @@ class Run:
         return bool(every) and self.chief and time.monotonic() - last >= every
 
     def _summaries(self, step: int, loss: float, rate: float, step_time: float) -> None:
-        if self.tb_writer is None:
+        if not self.summaries.enabled:
             return
         while self.commit_seconds:
             ckpt_step, seconds = self.commit_seconds.pop(0)
-            self._write_summary("checkpoint_s", seconds, ckpt_step)
+            self.summaries.scalars(ckpt_step, {"checkpoint_s": seconds})
         lr = self.spec.optimizer.learning_rate
-        with self.tb_writer.as_default(step=step):
-            tf.summary.scalar("loss", loss)
-            tf.summary.scalar("learning_rate", float(lr.numpy() if hasattr(lr, "numpy") else lr))
-            tf.summary.scalar("examples_per_sec", rate)
-            tf.summary.scalar("step_time_s", step_time)
+        self.summaries.scalars(step, {
+            "loss": loss,
+            "learning_rate": float(lr.numpy() if hasattr(lr, "numpy") else lr),
+            "examples_per_sec": rate,
+            "step_time_s": step_time,
+        })
 
     # -- checkpoints --
 
-    def _save_local(self) -> str:
-        """Write the checkpoint for the current step to its own folder; returns it."""
-        st = self.state
-        if self.chief:
-            folder = os.path.join(self.work, "checkpoints", f"ckpt-{st.step}")
-        else:
-            # Every worker must save (the strategy requires it), but only the chief's copy is kept.
-            folder = os.path.join(self.work, "worker-tmp", f"ckpt-{st.step}")
-        shutil.rmtree(folder, ignore_errors=True)
-        os.makedirs(folder)
-        self.ckpt.write(os.path.join(folder, CKPT_PREFIX))
-        doc = {**asdict(st), "attempt": self.events.attempt, "seed": self.cfg.seed, "model": self.cfg.model}
-        tmp = os.path.join(folder, STATE_FILE + ".tmp")
-        with open(tmp, "w") as fh:
-            json.dump(doc, fh)
-        os.replace(tmp, os.path.join(folder, STATE_FILE))
-        return folder
-
     def _checkpoint(self, *, sync: bool) -> None:
-        """Save locally, then commit to the run (in the background unless `sync`)."""
+        """Save the current step, then commit it to the run (in the background unless `sync`)."""
         started = time.monotonic()
-        folder = self._save_local()
-        if not self.chief:
-            shutil.rmtree(folder, ignore_errors=True)
+        st = self.state
+        doc = {**asdict(st), "attempt": self.events.attempt, "seed": self.cfg.seed, "model": self.cfg.model}
+        folder = self.checkpointer.save_local(st.step, doc)
+        self.summaries.scalars(st.step, {"checkpoint_save_s": time.monotonic() - started})
+        if not self.checkpointer.commit(st.step, folder, sync=sync):
             return
-        step = self.state.step
-        self._write_summary("checkpoint_save_s", time.monotonic() - started, step)
-        try:
-            if sync:
-                # An older background upload still running is cancelled by the store so
-                # this commit gets the bandwidth; wait for it to wind down afterwards.
-                self.ckstore.commit(step, folder)
-                self._wait_uploads()
-            else:
-                self.async_step = step
-                # The store snapshots the folder (hard links) before returning, so the
-                # local copy can go at once and the next save never races the upload.
-                self.ckstore.commit_async(step, folder)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        self.events.progress(step, self.cfg.steps, self.state.loss, self.rate)
-        self.events.background(self._sync_tensorboard)
+        if sync:
+            self._wait_uploads()
+        self.events.progress(st.step, self.cfg.steps, st.loss, self.rate)
+        self.events.background(self.summaries.sync)
 
     def _wait_uploads(self) -> None:
         """Wait for a background upload; one that failed is reported, not fatal (a newer commit follows)."""
-        try:
-            self.ckstore.wait(None)
-        except Exception as e:  # noqa: BLE001 - the failure is reported and superseded
-            self.emit("checkpoint_failed", reason=f"{type(e).__name__}: {e}")
+        e = self.checkpointer.wait_uploads()
+        if e is not None:
+            self.emit(layout.CHECKPOINT_FAILED, reason=f"{type(e).__name__}: {e}")
 
     def _on_commit(self, info: dict) -> None:
         # Called from the upload thread too: only record, the loop writes the summaries.
-        self.last_committed = max(self.last_committed or 0, int(info["step"]))
+        if self.checkpointer is not None:
+            self.checkpointer.committed(int(info["step"]))
         self.commit_seconds.append((int(info["step"]), float(info.get("seconds", 0.0))))
-        self.emit("checkpoint", step=int(info["step"]), seconds=info.get("seconds"), bytes=info.get("bytes"))
-
-    def _write_summary(self, name: str, value: float, step: int) -> None:
-        if self.tb_writer is not None:
-            with self.tb_writer.as_default(step=step):
-                tf.summary.scalar(name, value)
-
-    def _sync_tensorboard(self) -> None:
-        if self.tb_writer is None:
-            return
-        self.tb_writer.flush()
-        self.store.upload_dir(os.path.join(self.work, "tensorboard"), "tensorboard", changed_only=True)
+        self.emit(layout.CHECKPOINT, step=int(info["step"]), seconds=info.get("seconds"), bytes=info.get("bytes"))
 
     # -- endings --
 
     def _commit_current(self) -> None:
         """Make sure the current step is committed, synchronously."""
-        if self.async_step == self.state.step:
+        if self.checkpointer.async_step == self.state.step:
             self._wait_uploads()  # its upload is already under way: let it finish
-        if self.last_committed != self.state.step:
+        if self.checkpointer.last_committed != self.state.step:
             self._checkpoint(sync=True)
 
     def _preempt(self, examples: tf.Variable) -> int:
@@ -438,7 +421,7 @@ class Run:
         started = time.monotonic()
         self._commit_current()
         self.events.flush()
-        self.emit("preempted", step=self.state.step, signal=self.stop.signal_name,
+        self.emit(layout.PREEMPTED, step=self.state.step, signal=self.stop.signal_name,
                   seconds=round(time.monotonic() - started, 3), examples_seen=self.state.examples_seen)
         return EXIT_PREEMPTED
 
@@ -452,14 +435,14 @@ class Run:
         self.events.flush()
         model_dir = os.path.join(self.work, "model")
         export_mod.export_model(self.spec.model, model_dir, self.store)
-        self._sync_tensorboard()
+        self.summaries.sync()
         metrics = {"loss": st.loss}
         speed = {}
         if self.loop_seconds:
             # This attempt's training loop only (checkpoints included; start-up and export not).
             speed = {"loop_seconds": round(self.loop_seconds, 3),
                      "examples_per_sec": round(self.loop_examples / self.loop_seconds, 1)}
-        self.emit("finished", step=st.step, metrics=metrics, examples_seen=st.examples_seen, **speed)
+        self.emit(layout.FINISHED, step=st.step, metrics=metrics, examples_seen=st.examples_seen, **speed)
         self.events.flush()
         export_mod.write_complete(
             self.store,
@@ -472,23 +455,6 @@ class Run:
         return EXIT_OK
 
 
-def seconds_lost(events: list[dict]) -> float:
-    """Time between each `preempted` event and the next `resumed` or `started` (what preemption cost)."""
-    lost, since = 0.0, None
-    for ev in events:
-        kind = ev.get("event")
-        try:
-            t = parse_time(ev["time"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if kind == "preempted":
-            since = t
-        elif kind == "resumed" and since is not None:
-            lost += max(0.0, t - since)
-            since = None
-    return round(lost, 3)
-
-
 def train(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None) -> int:
     """Run one attempt of the run `cfg` describes; returns the exit code.
 
@@ -497,7 +463,8 @@ def train(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None) -> 
     try:
         run = Run(cfg, stream=stream, stop=stop)
     except Exception as e:  # noqa: BLE001 - e.g. the run's store cannot be reached at all
-        line = {"event": "failed", "time": utc_now(), "attempt": None, "reason": f"{type(e).__name__}: {e}"}
+        line = {layout.EVENT: layout.FAILED_EVENT, layout.TIME: utc_now(), layout.ATTEMPT: None,
+                "reason": f"{type(e).__name__}: {e}"}
         out = stream or sys.stdout
         out.write(json.dumps(line) + "\n")
         out.flush()

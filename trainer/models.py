@@ -12,7 +12,8 @@ Built in:
     Data: synthetic token sequences, or TFRecords with feature `tokens` (int64 list of
     `--lm-seq-len` + 1); the model reads tokens[:-1] and predicts tokens[1:].
 
-Your own model: `--model package.module:function`. The function takes the `TrainConfig`
+Your own model: `--model package.module:function`, with `--code-dir DIR` naming the folder that
+holds `package` (on the machines: the stack's `run.code`). The function takes the `TrainConfig`
 (or nothing) and returns a `ModelSpec`; it is called inside the strategy's scope, so build
 the Keras model (and optimizer, if you give one) in it. Example::
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -168,10 +170,14 @@ def build_transformer_lm(cfg: TrainConfig) -> ModelSpec:
 def load_user_model(cfg: TrainConfig) -> ModelSpec:
     """Import `package.module:function` and call it; clear errors for each way it can go wrong."""
     module_name, _, fn_name = cfg.model.partition(":")
+    if cfg.code_dir and cfg.code_dir not in sys.path:
+        # The user's folder first, so their module names win over same-named installed ones.
+        sys.path.insert(0, cfg.code_dir)
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"--model {cfg.model}: cannot import {module_name!r} ({e}); is it on PYTHONPATH?") from e
+        where = f"in --code-dir {cfg.code_dir}" if cfg.code_dir else "on PYTHONPATH (or give --code-dir DIR)"
+        raise ValueError(f"--model {cfg.model}: cannot import {module_name!r} ({e}); is it {where}?") from e
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise ValueError(f"--model {cfg.model}: {module_name} has no function {fn_name!r}")

@@ -368,9 +368,9 @@ def test_flaky_store_commit_succeeds_and_reports_retries(request, tmp_path, back
 @pytest.mark.slow
 def test_outage_longer_than_retries_commits_nothing(faulty_s3, tmp_path, monkeypatch):
     # Fewer retries so the outage outlasts them within a short test.
-    monkeypatch.setattr(storage, "S3_MAX_ATTEMPTS", 2)
-    monkeypatch.setattr(storage, "TRANSFER_ATTEMPTS", 2)
-    monkeypatch.setattr(storage, "BACKOFF_INITIAL_S", 0.05)
+    monkeypatch.setattr(storage.retry, "S3_MAX_ATTEMPTS", 2)
+    monkeypatch.setattr(storage.retry, "TRANSFER_ATTEMPTS", 2)
+    monkeypatch.setattr(storage.retry, "BACKOFF_INITIAL_S", 0.05)
     store = open_store(faulty_s3.uri)
     events = Events()
     ckpts = CheckpointStore(store, emit=events, upload_workers=1)  # files go up in order: d, e

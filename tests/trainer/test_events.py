@@ -6,9 +6,8 @@ import io
 import json
 from pathlib import Path
 
-from trainer.events import EventLog, read_events
+from trainer.events import EventLog, read_events, seconds_lost
 from trainer.export import complete_record
-from trainer.loop import seconds_lost
 from trainer.storage import open_store
 
 REPO = Path(__file__).resolve().parents[2]

@@ -178,7 +178,7 @@ def test_file_writes_are_atomic(tmp_path, monkeypatch):
             f.write(b"partial")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(storage.shutil, "copyfile", broken_copy)
+    monkeypatch.setattr(storage.local.shutil, "copyfile", broken_copy)
     src = _write(tmp_path / "src", b"new content")
     with pytest.raises(OSError, match="No space"):
         store.put_file("k", src)
@@ -192,7 +192,7 @@ def test_transient_errors_are_retried_and_reported(tmp_path, monkeypatch):
     store = open_store(f"file://{tmp_path}/r")
     seen = []
     store.on_retry = lambda op, key, attempt, err: seen.append((op, key, attempt, type(err).__name__))
-    monkeypatch.setattr(storage, "BACKOFF_INITIAL_S", 0.01)
+    monkeypatch.setattr(storage.retry, "BACKOFF_INITIAL_S", 0.01)
     real = storage.FileStore._put_bytes
     failures = [ConnectionResetError("reset"), OSError(5, "I/O error")]
 
@@ -288,3 +288,72 @@ def test_s3_missing_key_under_prefix_scoped_listing_is_not_found(s3_run, tmp_pat
     with pytest.raises(Exception, match="AccessDenied|403|Forbidden"):
         store.get_bytes("denied")
     assert ("HEAD", "COMPLETE") in denied and ("GET", "COMPLETE") in denied and ("GET", "denied") in denied
+
+
+@pytest.mark.parametrize(("uri", "expected"), [
+    ("s3://b/runs/x/", ("b", "runs/x")),
+    ("gs://b", ("b", "")),
+    ("gs://b/a/b/c", ("b", "a/b/c")),
+])
+def test_bucket_uris_parse_the_same_for_both_clouds(uri, expected):
+    from trainer.storage.keys import split_bucket_uri
+
+    scheme = uri.split("://")[0]
+    assert split_bucket_uri(uri, scheme) == expected
+    store_cls = {"s3": storage.S3Store, "gs": storage.GCSStore}[scheme]
+    assert issubclass(store_cls, storage.ObjectStore) and store_cls.scheme == scheme
+
+
+@pytest.mark.parametrize("uri", ["s3:///runs/x", "gs://", "gs:///x"])
+def test_bucketless_uris_are_refused_with_the_expected_form(uri):
+    with pytest.raises(ValueError, match=r"names no bucket; expected (s3|gs)://bucket/prefix"):
+        open_store(uri)
+
+
+def test_retry_jitter_leaves_the_global_random_state_alone(tmp_path, monkeypatch):
+    """Keras seeds unseeded initializers from Python's global `random`: a retry on another
+    thread must not draw from it, or a model built meanwhile gets other weights (issue 14)."""
+    import random
+
+    monkeypatch.setattr(storage.retry, "BACKOFF_INITIAL_S", 0.001)
+    store = open_store(f"file://{tmp_path}/r")
+    real = storage.FileStore._put_bytes
+    failures = [ConnectionResetError("reset")] * 3
+
+    def flaky(self, key, data):
+        if failures:
+            raise failures.pop()
+        return real(self, key, data)
+
+    monkeypatch.setattr(storage.FileStore, "_put_bytes", flaky)
+    random.seed(5)
+    before = random.getstate()
+    store.put_bytes("k", b"v")
+    assert not failures  # the three retries happened
+    assert random.getstate() == before
+
+
+@pytest.mark.parametrize("backend", ["file", "s3"])
+def test_append_is_not_doubled_when_the_answer_is_lost(request, backend, monkeypatch):
+    """A write the store carried out but whose answer never came back is retried; the
+    retried append must find its line already there rather than add it again (a doubled
+    `started` line would count one attempt twice)."""
+    run = request.getfixturevalue(f"{backend}_run")
+    monkeypatch.setattr(storage.retry, "BACKOFF_INITIAL_S", 0.001)
+    store = open_store(run.uri)
+    store.append_line("events.jsonl", '{"n": 1}')
+    cls = type(store)
+    real = cls._append_line
+    lost = []
+
+    def carried_out_then_lost(self, key, text):
+        real(self, key, text)
+        if len(lost) < 2:
+            lost.append(text)
+            raise ConnectionResetError("connection reset before the answer")
+
+    monkeypatch.setattr(cls, "_append_line", carried_out_then_lost)
+    store.append_line("events.jsonl", '{"n": 2}')
+    store.append_line("events.jsonl", '{"n": 3}')
+    assert lost == ['{"n": 2}\n', '{"n": 3}\n']
+    assert store.get_bytes("events.jsonl").decode().splitlines() == ['{"n": 1}', '{"n": 2}', '{"n": 3}']

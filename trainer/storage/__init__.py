@@ -1,0 +1,102 @@
+"""Object storage for a run: one small interface over S3, GCS and local files.
+
+A :class:`Store` is rooted at a run URI (``s3://bucket/runs/id``, ``gs://bucket/runs/id``,
+``file:///abs/runs/id`` or ``file://./runs/id`` relative to the working directory) and
+speaks in keys relative to that root (``checkpoints/ckpt-10/COMMITTED``).
+
+TF 2.21 has no ``s3://`` filesystem, so the trainer writes to local disk and this module
+moves bytes: boto3 for S3, google-cloud-storage for GCS (it honours
+``STORAGE_EMULATOR_HOST`` and, unlike gcsfs, needs no switch to avoid stalls against the
+emulator), plain files for ``file://``. Endpoints come only from the standard variables
+``AWS_ENDPOINT_URL`` and ``STORAGE_EMULATOR_HOST``, which the client libraries read.
+
+Every write is all-or-nothing from a reader's point of view: object stores only publish a
+finished object, and local files are written to a hidden temporary name and renamed.
+Reads into local files go to a temporary name first too. Transfers are retried on
+transient errors only: botocore's adaptive mode inside each S3 call, google-api-core's
+retry inside each GCS call, and tenacity (exponential backoff with a cap) around each
+whole transfer, which catches what those do not (a multipart upload that gave up, a reset
+while streaming a download, a flaky network filesystem). ``Store.on_retry`` sees every
+retry, so the trainer can report it.
+
+The package, by section: :mod:`~trainer.storage.keys` (key checks, URI parsing, local
+walks), :mod:`~trainer.storage.retry` (which errors are transient, the retry policy),
+:mod:`~trainer.storage.base` (the interface and what it builds on the primitives), and
+one module per backend (:mod:`~trainer.storage.local`, :mod:`~trainer.storage.s3`,
+:mod:`~trainer.storage.gcs`). Import from here: ``from trainer.storage import open_store, NotFound``.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, Store
+from trainer.storage.gcs import GCSStore
+from trainer.storage.keys import TMP_MARK, check_key, walk_files
+from trainer.storage.local import FileStore
+from trainer.storage.retry import is_transient
+from trainer.storage.s3 import S3Store
+
+__all__ = [
+    "NotFound",
+    "ObjectInfo",
+    "Store",
+    "ObjectStore",
+    "FileStore",
+    "S3Store",
+    "GCSStore",
+    "open_store",
+    "download_many",
+    "is_transient",
+    "check_key",
+    "walk_files",
+    "TMP_MARK",
+]
+
+
+def open_store(uri: str) -> Store:
+    """Return the :class:`Store` for a run root URI (``s3://``, ``gs://`` or ``file://``)."""
+    if not isinstance(uri, str) or "://" not in uri:
+        raise ValueError(f"run URI {uri!r} must start with s3://, gs:// or file://")
+    scheme = uri.split("://", 1)[0].lower()
+    if scheme == "file":
+        return FileStore(uri)
+    if scheme == "s3":
+        return S3Store(uri)
+    if scheme == "gs":
+        return GCSStore(uri)
+    raise ValueError(f"run URI {uri!r} has unsupported scheme {scheme!r}; use s3://, gs:// or file://")
+
+
+def download_many(
+    store: Store, keys_to_paths: dict[str, str], *, workers: int = 8, skip_existing: bool = True
+) -> int:
+    """Download many keys to local paths in parallel; return how many were downloaded.
+
+    With ``skip_existing`` a local file that already has the stored size is kept (a
+    rebooted machine does not download its data again). Files appear only when complete,
+    so a same-size file is never a leftover of an interrupted download.
+    """
+    if workers < 1:
+        raise ValueError(f"download_many needs workers >= 1, got {workers}")
+    for key in keys_to_paths:
+        check_key(key)
+    todo = dict(keys_to_paths)
+    if skip_existing and any(os.path.isfile(p) for p in todo.values()):
+        prefix = os.path.commonprefix(list(todo))
+        sizes = {k: info.size for k, info in store.stat(prefix).items()}
+        for key, path in list(todo.items()):
+            if key in sizes and os.path.isfile(path) and os.path.getsize(path) == sizes[key]:
+                del todo[key]
+    if not todo:
+        return 0
+    with ThreadPoolExecutor(max_workers=min(workers, len(todo)), thread_name_prefix="download") as pool:
+        futures = [pool.submit(store.get_file, key, path) for key, path in todo.items()]
+        # Surface the first failure, but only after every download has finished or failed.
+        errors = [f.exception() for f in futures]
+    for err in errors:
+        if err is not None:
+            raise err
+    return len(todo)
+

@@ -1,0 +1,110 @@
+"""``file://`` run roots: a folder on the local (or a mounted) filesystem, written atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from trainer.storage.base import NotFound, ObjectInfo, Store
+from trainer.storage.keys import TMP_MARK, file_root, walk_files
+
+
+class FileStore(Store):
+    """A run root on the local filesystem (or a mounted one)."""
+
+    def __init__(self, uri: str) -> None:
+        root = file_root(uri)
+        super().__init__("file://" + root)
+        self.root = root
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *key.split("/"))
+
+    def _write_atomic(self, key: str, write: Callable[[str], None]) -> None:
+        dest = self._path(key)
+        parent = os.path.dirname(dest)
+        os.makedirs(parent, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_MARK, dir=parent)
+        os.close(fd)
+        try:
+            write(tmp)
+            # Durable before visible: a crash must not leave a published empty file.
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, dest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def _put_bytes(self, key: str, data: bytes) -> None:
+        def write(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                f.write(data)
+
+        self._write_atomic(key, write)
+
+    def _get_bytes(self, key: str) -> bytes:
+        try:
+            with open(self._path(key), "rb") as f:
+                return f.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            raise NotFound(f"{self.uri}/{key}") from e
+
+    def _put_file(self, key: str, path: str) -> None:
+        self._write_atomic(key, lambda tmp: shutil.copyfile(path, tmp))
+
+    def _get_file(self, key: str, path: str) -> None:
+        try:
+            shutil.copyfile(self._path(key), path)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            raise NotFound(f"{self.uri}/{key}") from e
+
+    def _exists(self, key: str) -> bool:
+        return os.path.isfile(self._path(key))
+
+    def _stat(self, prefix: str) -> dict[str, ObjectInfo]:
+        # Walk only the directory the prefix lives in; the prefix itself may end mid-name.
+        head = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        start = self._path(head) if head else self.root
+        out: dict[str, ObjectInfo] = {}
+        if not os.path.isdir(start):
+            return out
+        for rel, path in walk_files(start):
+            key = f"{head}/{rel}" if head else rel
+            if not key.startswith(prefix):
+                continue
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue  # deleted while listing
+            out[key] = ObjectInfo(st.st_size, datetime.fromtimestamp(st.st_mtime, tz=UTC))
+        return out
+
+    def _delete_keys(self, keys: list[str]) -> None:
+        dirs = set()
+        for key in keys:
+            path = self._path(key)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            d = os.path.dirname(path)
+            while d.startswith(self.root + os.sep):
+                dirs.add(d)
+                d = os.path.dirname(d)
+        # Remove directories left empty, deepest first, so a deleted prefix leaves no trace.
+        for d in sorted(dirs, key=len, reverse=True):
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+
+    def _append_line(self, key: str, text: str) -> None:
+        # A local file can be appended in place: one write of one line.
+        path = self._path(key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
