@@ -285,7 +285,12 @@ group_ips() {
     aws) aws ec2 describe-instances --region "$TRAINSTACK_REGION" --output text \
       --filters "Name=tag:aws:autoscaling:groupName,Values=$TRAINSTACK_GROUP" "Name=instance-state-name,Values=running" \
       --query 'Reservations[].Instances[].PrivateIpAddress' ;;
-    gcp) gcloud compute instances list --filter="name~^$TRAINSTACK_GROUP-" \
+    # Exactly this group's running machines in this region: GCE names a managed group's
+    # machines <base>-<4 characters> (base: the group name cut to 54); a plain prefix would
+    # also match machines that are stopping or provisioning, and another group whose name
+    # starts with this one's (dev and dev-gpu).
+    gcp) gcloud compute instances list \
+      --filter="name~'^${TRAINSTACK_GROUP:0:54}-[a-z0-9]{4}\$' AND status=RUNNING AND zone~'/zones/$TRAINSTACK_REGION-'" \
       --format='value(networkInterfaces[0].networkIP)' ;;
   esac | tr -s ' \t' '\n' | sed '/^$/d' | sort -t. -k1,1n -k2,2n -k3,3n -k4,4n
 }

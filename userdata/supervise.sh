@@ -90,6 +90,25 @@ print(reason[:500])
 ' "$EVENT" "$FAILED_EVENT" || true
 }
 
+# With several machines the chief writes the end marker after the last checkpoint and
+# the model export, so another worker's trainer can end first. That worker waits for the
+# marker (at most TRAINSTACK_FINISH_WAIT_S) and then finishes the same way: ending
+# before the chief is no failure. Prints the marker; fails when none came in time.
+wait_for_end_marker() {
+  local waited=0 marker
+  log "the trainer ended before the run's end marker: waiting for the chief (up to ${FINISH_WAIT_S}s)"
+  while ((waited < FINISH_WAIT_S)); do
+    marker="$(end_marker)" || marker=""
+    if [[ -n "$marker" ]]; then
+      printf '%s\n' "$marker"
+      return 0
+    fi
+    sleep "$CLUSTER_POLL_S"
+    waited=$((waited + CLUSTER_POLL_S))
+  done
+  return 1
+}
+
 # docker --env-file takes values literally (no shell quotes): written from the env file's
 # own keys after the shell has read them.
 write_container_env() {
@@ -181,6 +200,8 @@ main() {
   CLUSTER_WAIT_S="${TRAINSTACK_CLUSTER_WAIT_S:-900}"
   CLUSTER_POLL_S="${TRAINSTACK_CLUSTER_POLL_S:-10}"
   WORKER_PORT="${TRAINSTACK_WORKER_PORT:-2222}"
+  # How long a worker that ended first waits for the chief's end marker (model export).
+  FINISH_WAIT_S="${TRAINSTACK_FINISH_WAIT_S:-1800}"
   log "boot: run $RUN_URI, group $TRAINSTACK_GROUP, image $TRAINSTACK_IMAGE"
   rm -f "$RUNTIME_DIR/deadline-hit"
   check_run_folder
@@ -214,6 +235,9 @@ main() {
     marker="$(end_marker)" || marker=""
     [[ -z "$marker" ]] || finish "$marker"
     if ((rc == EXIT_OK)); then
+      if ((${TRAINSTACK_NODES:-1} > 1)) && marker="$(wait_for_end_marker)"; then
+        finish "$marker"
+      fi
       rc=$EXIT_NO_MARKER
       log "trainer exited 0 but the run has no end marker"
     elif ((rc == EXIT_UNUSABLE)); then

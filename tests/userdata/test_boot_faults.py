@@ -160,6 +160,8 @@ if action == "cancel":
     doc = {"step": 7, "attempts": 1, "reason": "asked to stop"}
     s3.put_object(Bucket=bucket, Key=prefix + "/CANCELLED", Body=json.dumps(doc).encode())
     sys.exit(0)
+if action == "exit0":  # a worker whose part is done; the chief writes the marker
+    sys.exit(0)
 sys.exit(2)
 '''
 
