@@ -43,6 +43,10 @@ EXIT_STALLED = 3
 # trainer rewrites progress.json every `progress_every_seconds` while it trains.
 STALL_INTERVALS = 6
 STALL_MIN_S = 120.0
+# Phases with no heartbeat by design get longer: an attempt's start (staging data from
+# the bucket, building the model) until its first progress, and the model export after
+# `finished`.
+QUIET_PHASE_S = 1800.0
 DEFAULT_PROGRESS_EVERY_S = 10.0
 DEFAULT_EVENTS = 6
 DEFAULT_INTERVAL_S = 5.0
@@ -285,6 +289,12 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
              if t is not None]
     st.heartbeat_age_seconds = round(max(0.0, now - max(beats)), 1) if beats else None
     limit = stall_after(_progress_every(starts))
+    last_at = _stamp(last.get(layout.TIME)) if last else None
+    progress_at = _stamp(st.progress_updated)
+    starting = kind in (layout.STARTED, layout.RESUMED) and (progress_at is None or (
+        last_at is not None and progress_at < last_at))
+    if starting or kind == layout.FINISHED:
+        limit = max(limit, QUIET_PHASE_S)
     silent = st.heartbeat_age_seconds is not None and st.heartbeat_age_seconds > limit
     notice = next((e for e in reversed(log) if e.get(layout.EVENT) in (layout.SPOT_NOTICE, *layout.LIFECYCLE)), None)
     if kind == layout.PREEMPTED:
@@ -309,11 +319,14 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
     elif silent:
         st.state = STALLED
         what = {layout.FAILED_EVENT: f"after attempt {last.get(layout.ATTEMPT)} failed ({last.get('reason')})",
-                layout.FINISHED: "after training finished, before the model was written"}.get(kind, "while training")
+                layout.FINISHED: "after training finished, before the model was written"}.get(
+            kind, "while starting" if starting else "while training")
         st.detail = (f"no heartbeat for {_duration(st.heartbeat_age_seconds)} {what} (expected every "
                      f"{_duration(_progress_every(starts))}): the trainer died or hangs; see `ops logs`")
     elif kind == layout.FINISHED:
         st.detail = "training finished; writing the model"
+    elif starting:
+        st.detail = f"attempt {last.get(layout.ATTEMPT)} starting: staging data, building the model"
     if st.state == RUNNING and st.step is not None and st.total and st.examples_per_sec:
         batch = next((e.get("global_batch") for e in reversed(trainer_log) if isinstance(e.get("global_batch"), int)),
                      None)

@@ -251,6 +251,24 @@ def test_a_dead_trainer_is_stalled_not_running(s3_run, tmp_path, capsys):
     assert status.exit_code(st) == 3
 
 
+@pytest.mark.parametrize("phase", ["starting", "exporting"])
+def test_phases_without_a_heartbeat_get_longer_before_a_stall(file_run, tmp_path, phase):
+    # Staging data before the first step, and the model export after the last, write no
+    # progress: half an hour before they count as a stall.
+    store = open_store(file_run.uri)
+    build("running", store, tmp_path)
+    time.sleep(0.01)
+    if phase == "starting":
+        events_of(store, 2, STARTED, ("resumed", {"step": 100}))
+        detail = "attempt 2 starting: staging data, building the model"
+    else:
+        events_of(store, 1, ("finished", {"step": 1000}))
+        detail = "training finished; writing the model"
+    st = status.read_status(file_run.uri, now=time.time() + 600)
+    assert (st.state, st.detail) == ("RUNNING", detail)
+    assert status.read_status(file_run.uri, now=time.time() + 2000).state == "STOPPED"  # a local run
+
+
 def test_the_heartbeat_interval_comes_from_the_run(file_run, tmp_path):
     store = open_store(file_run.uri)
     slow = ("started", {"config": {"steps": 1000, "progress_every_seconds": 60}, "global_batch": 64})
