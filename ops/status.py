@@ -99,6 +99,11 @@ class RunStatus:
     end: dict | None = None
     events: list[dict] = field(default_factory=list)
     checked_at: str = ""
+    # With --stack (and credentials): the group's machines and its latest failed launches.
+    machines_running: int | None = None
+    machines_desired: int | None = None
+    launch_failures: list[str] = field(default_factory=list)
+    group_note: str = ""
 
     @property
     def final(self) -> bool:
@@ -335,6 +340,33 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
     return st
 
 
+def with_group(st: RunStatus, group) -> RunStatus:
+    """Add what the stack's group is doing (an ``ops.hosts.GroupState``) to ``st``.
+
+    A run that has not started while its group cannot launch a machine (no spot capacity,
+    a vCPU quota of zero, a bad image) says why, instead of waiting forever.
+    """
+    st.machines_running, st.machines_desired = group.running, group.desired
+    st.launch_failures = list(group.launch_failures)
+    if st.launch_failures and st.state == NOT_STARTED and not group.running:
+        st.detail = f"the group cannot launch a machine: {st.launch_failures[0]}"
+    return st
+
+
+def _snapshot(uri: str, args: argparse.Namespace, store=None) -> RunStatus:
+    """One reading of the run (and, with --stack, of its group: a failure to read it is a note)."""
+    from ops import hosts
+
+    st = read_status(uri, store=store, events=args.events, must_exist=getattr(args, "run_uri", None) is not None)
+    stack = getattr(args, "stack", None)
+    if stack and not st.final and uri.startswith(("s3://", "gs://")):
+        try:
+            with_group(st, hosts.stack_group_state(stack))
+        except hosts.HostsError as e:
+            st.group_note = f"group not read: {e}"
+    return st
+
+
 # -- showing it ------------------------------------------------------------------------
 
 
@@ -393,6 +425,13 @@ def render(st: RunStatus):
     grid.add_row(
         "attempts", f"{st.attempts}   preemptions {st.preemptions}   spot notices {st.spot_notices}"
     )
+    if st.machines_running is not None:
+        desired = "" if st.machines_desired is None else f" of {st.machines_desired}"
+        grid.add_row("machines", f"{st.machines_running}{desired} running")
+    for line in st.launch_failures:
+        grid.add_row("launch failed", Text(line, style="red"))
+    if st.group_note:
+        grid.add_row("group", Text(st.group_note, style="dim"))
     if st.checkpoint:
         age = f", {_duration(st.checkpoint.age_seconds)} ago" if st.checkpoint.age_seconds is not None else ""
         grid.add_row("checkpoint", f"step {st.checkpoint.step}{age}")
@@ -416,7 +455,7 @@ def _watch(uri: str, args: argparse.Namespace, console) -> RunStatus:
     from trainer.storage import open_store
 
     store = open_store(uri)
-    st = read_status(uri, store=store, events=args.events, must_exist=getattr(args, "run_uri", None) is not None)
+    st = _snapshot(uri, args, store)
 
     def wait() -> None:
         time.sleep(args.interval)
@@ -451,7 +490,7 @@ def _watch(uri: str, args: argparse.Namespace, console) -> RunStatus:
 def _reread(uri: str, store, args: argparse.Namespace, previous: RunStatus) -> RunStatus:
     """The next snapshot; a read that fails mid-watch keeps the last one (the bucket may blip)."""
     try:
-        return read_status(uri, store=store, events=args.events)
+        return _snapshot(uri, args, store)
     except Exception as e:  # noqa: BLE001 - any failure to read is reported the same way, then retried
         print(f"ops status: could not read the run ({type(e).__name__}: {e}); retrying", file=sys.stderr)
         return previous
@@ -473,7 +512,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.watch:
             st = _watch(uri, args, console)
         else:
-            st = read_status(uri, events=args.events, must_exist=args.run_uri is not None)
+            st = _snapshot(uri, args)
             if args.json:
                 print(json.dumps(st.to_json()))
             else:

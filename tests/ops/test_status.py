@@ -471,3 +471,86 @@ def test_watch_refreshes_until_the_run_ends(file_run, tmp_path):
     last = json.loads(out.splitlines()[-1])
     assert (first["state"], steps[0], steps[-1]) == ("RUNNING", 400, 700)
     assert (last["state"], last["step"], proc.returncode) == ("COMPLETE", 1000, 0), err
+
+
+# -- the group, with --stack -----------------------------------------------------------
+
+
+def test_aws_group_state_reports_the_failed_launches_since_the_last_success():
+    from datetime import datetime as dt
+
+    import boto3
+    from botocore.stub import Stubber
+
+    from ops import hosts
+
+    client = boto3.client("autoscaling", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+    stub = Stubber(client)
+    stub.add_response("describe_auto_scaling_groups", {"AutoScalingGroups": [{
+        "AutoScalingGroupName": "g", "MinSize": 1, "MaxSize": 1, "DesiredCapacity": 1, "DefaultCooldown": 300,
+        "AvailabilityZones": ["us-east-1a"], "HealthCheckType": "EC2", "CreatedTime": dt(2026, 1, 1),
+        "Instances": []}]}, {"AutoScalingGroupNames": ["g"]})
+    capacity = ("Could not launch Spot Instances. InsufficientInstanceCapacity - There is no Spot capacity "
+                "available that matches your request. Launching EC2 instance failed.")
+
+    def activity(hour: int, code: str, message: str = "") -> dict:
+        a = {"ActivityId": f"a{hour}", "AutoScalingGroupName": "g", "Cause": "c", "StatusCode": code,
+             "Description": "Launching a new EC2 instance", "StartTime": dt(2026, 1, 1, hour, 5)}
+        return {**a, "StatusMessage": message} if message else a
+
+    stub.add_response("describe_scaling_activities", {"Activities": [
+        activity(12, "Failed", capacity), activity(11, "Failed", "VcpuLimitExceeded"),
+        activity(10, "Successful"), activity(9, "Failed", "an old failure, overcome since")]},
+        {"AutoScalingGroupName": "g", "MaxRecords": 20})
+    with stub:
+        state = hosts.aws_group_state("g", client=client)
+    stub.assert_no_pending_responses()
+    assert (state.running, state.desired) == (0, 1)
+    assert state.launch_failures == (f"12:05 {capacity}", "11:05 VcpuLimitExceeded")
+
+
+def test_gcp_group_state_from_gcloud(tmp_path, monkeypatch):
+    from ops import hosts
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    answers = {
+        "describe": {"targetSize": 1},
+        "list-errors": [{"timestamp": "2026-11-30T20:01:02.000-08:00", "error": {
+            "code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": "The zone does not have enough resources"}}],
+        "list": [],
+    }
+    for name, doc in answers.items():
+        (bin_dir / f"{name}.json").write_text(json.dumps(doc))
+    (bin_dir / "gcloud").write_text(
+        f'#!/bin/sh\necho "$@" >> {bin_dir}/calls\n'
+        f'case "$*" in *managed\\ describe*) cat {bin_dir}/describe.json;; *list-errors*) cat {bin_dir}/list-errors.json;;'
+        f' *instances\\ list*) cat {bin_dir}/list.json;; *) exit 2;; esac\n')
+    (bin_dir / "gcloud").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    state = hosts.gcp_group_state("trainstack-dev", "us-central1")
+    assert state == hosts.GroupState(running=0, desired=1, launch_failures=(
+        "20:01 ZONE_RESOURCE_POOL_EXHAUSTED: The zone does not have enough resources",))
+    calls = (bin_dir / "calls").read_text().splitlines()
+    assert calls[0] == "compute instance-groups managed describe trainstack-dev --region us-central1 --format=json"
+
+
+@pytest.mark.slow
+def test_status_of_a_stack_that_cannot_launch_says_why(s3_run, tmp_path, monkeypatch, capsys):
+    from ops import hosts
+
+    fake_pulumi(tmp_path / "bin", {"runUri": s3_run.uri, "groupName": "g"})
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    failure = "12:05 Could not launch Spot Instances. InsufficientInstanceCapacity"
+    monkeypatch.setattr(hosts, "stack_group_state", lambda stack: hosts.GroupState(0, 1, (failure,)))
+    assert main(["status", "--stack", "dev", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["state"], doc["detail"]) == ("NOT STARTED", f"the group cannot launch a machine: {failure}")
+    assert (doc["machines_running"], doc["machines_desired"], doc["launch_failures"]) == (0, 1, [failure])
+    # Without credentials the group is a note, and the run's own state still shows.
+    monkeypatch.setattr(hosts, "stack_group_state",
+                        lambda stack: (_ for _ in ()).throw(hosts.HostsError("cannot read the group g: no credentials")))
+    assert main(["status", "--stack", "dev", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["group_note"] == "group not read: cannot read the group g: no credentials"
+    assert doc["detail"].startswith("nothing written yet")
