@@ -34,7 +34,11 @@ def group_name(*, project: str, stack: str, run_id: str | None = None) -> str:
     """
     base = f"{slug(project, 40)}-{slug(stack, 160)}"
     if run_id and run_id != stack:
-        base += f"--{slug(run_id, 63)}"
+        run = slug(run_id, 63)
+        # Auto Scaling group names stop at 255 characters (the placement group adds 10 more).
+        if len(base) + 2 + len(run) + len("-gpu-placement") > 255:
+            run = short_digest(run_id, n=8)
+        base += f"--{run}"
     return f"{base}-gpu"
 
 

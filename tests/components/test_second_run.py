@@ -72,3 +72,9 @@ def test_gcp_group_name_fits_with_a_long_run_id():
     names = {gcp_group_name(project="trainstack", stack="research-team-stack", run_id=long_run + str(i))[:63]
              for i in range(3)}
     assert len(names) == 3 and all(len(n) <= 54 for n in names)
+
+
+def test_aws_group_name_stays_within_the_limit_with_long_stack_and_run():
+    name = aws_group_name(project="p" * 40, stack="s" * 160, run_id="r" * 63)
+    assert len(name + "-placement") <= 255 and "--" in name
+    assert name != aws_group_name(project="p" * 40, stack="s" * 160, run_id="r" * 62)
