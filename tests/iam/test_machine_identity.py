@@ -219,8 +219,6 @@ REFUSED = {
     "list all runs": ("s3", lambda m, c: c.list_objects_v2(Bucket=m.bucket, Prefix="runs/")),
     "list the whole bucket": ("s3", lambda m, c: c.list_objects_v2(Bucket=m.bucket)),
     "overwrite the code": ("s3", lambda m, c: c.put_object(Bucket=m.bucket, Key="code/evil.tar.gz", Body=b"x")),
-    "delete another run": ("s3", lambda m, c: c.delete_objects(
-        Bucket=m.bucket, Delete={"Objects": [{"Key": f"{RUN}/ok"}, {"Key": "runs/another-run/COMPLETE"}]})),
     "scale another group": ("autoscaling", lambda m, c: c.update_auto_scaling_group(
         AutoScalingGroupName=OTHER_GROUP, MinSize=0, MaxSize=0, DesiredCapacity=0)),
     "scale its group up": ("autoscaling", lambda m, c: c.update_auto_scaling_group(
@@ -249,6 +247,16 @@ def test_calls_outside_its_scope_are_refused(machine: Machine, what: str) -> Non
     assert error_code(lambda: call(machine, client)) == DENIED[service]
     # The refusal is the layer's evaluation of the synth policy (or moto's, behind it, for S3/IAM).
     assert any(d is not Decision.ALLOW for *_, d in machine.cloud.proxy.decisions[before:])
+
+
+def test_deleting_another_runs_objects_is_refused_per_key(machine: Machine) -> None:
+    # DeleteObjects answers 200; each key the caller may not delete is an AccessDenied entry (as AWS does).
+    answer = machine.client("s3").delete_objects(
+        Bucket=machine.bucket, Delete={"Objects": [{"Key": "runs/another-run/COMPLETE"}]})
+    assert [(e["Key"], e["Code"]) for e in answer["Errors"]] == [("runs/another-run/COMPLETE", "AccessDenied")]
+    assert decided(machine, "s3:DeleteObject", "runs/another-run/COMPLETE")[-1] is Decision.IMPLICIT_DENY
+    s3 = machine.cloud.admin("s3", REGION)
+    assert s3.get_object(Bucket=machine.bucket, Key="runs/another-run/COMPLETE")["Body"].read() == b"{}"
 
 
 def test_refused_calls_changed_nothing(machine: Machine) -> None:
