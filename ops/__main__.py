@@ -10,12 +10,13 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run one command; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m ops", description="Operate trainstack stacks.")
     sub = parser.add_subparsers(dest="command", required=True)
-    from ops import remote, runs, status, synth
+    from ops import preflight, remote, runs, status, synth
 
     synth.register(sub)
     status.register(sub)
     remote.register(sub)
     runs.register(sub)
+    preflight.register(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 
