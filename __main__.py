@@ -16,6 +16,10 @@ except config.ConfigError as e:
 # components.aws / components.gcp: same class names, imported only for the stack's cloud
 # (each provider SDK takes seconds to load).
 cloud = importlib.import_module(f"components.{settings.cloud}")
-stack = cloud.TrainingStack("trainstack", cloud.TrainingStackArgs(settings=settings, project=pulumi.get_project()))
+# storage.adopt: import the bucket an earlier `pulumi destroy` kept, instead of creating it.
+adopt = settings.storage.adopt
+stack = cloud.TrainingStack(
+    "trainstack", cloud.TrainingStackArgs(settings=settings, project=pulumi.get_project(), adopt_bucket=adopt)
+)
 for key, value in stack.exports().items():
     pulumi.export(key, value)

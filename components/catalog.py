@@ -1,9 +1,23 @@
-"""What the stack knows about each cloud's GPU machines and regions.
+"""What the stack knows about each cloud's GPU machines and regions, and which ones its images can drive.
 
 Used by settings validation to catch a machine type of the wrong cloud, a GPU count the
-machine cannot have, or a zone outside the region, before anything is created. The table
-holds the GPU machine families people train on; an unknown type of a known family is
-refused with the list of known ones, so a typo does not reach the cloud.
+machine cannot have, a GPU the default image's driver or TensorFlow cannot use, or a zone
+outside the region, before anything is created. The table holds the GPU machine families
+people train on; an unknown type of a known family is refused with the list of known ones,
+so a typo does not reach the cloud.
+
+What the images can drive (`unsupported_reason`), from public sources:
+- TensorFlow 2.21's CUDA build (.bazelrc `cuda12_version`: CUDA 12.5.1, cuDNN 9.3) carries
+  kernels for sm_60, sm_70, sm_80, sm_89 and PTX for compute_90: GPUs older than compute
+  capability 6.0 (K80 3.7, M60 5.2) have no kernels at all, whatever the driver.
+- The default AWS AMI, "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)", ships
+  NVIDIA's open kernel modules, which support Turing and newer GPUs only: not the V100
+  (Volta) of P3/P3dn. AWS lists P3 and G3 under the "Proprietary Nvidia Driver" DLAMIs instead.
+- The default GCE image (`ubuntu-accelerator-2204-amd64-with-nvidia-550`) has driver 550
+  (CUDA 12.4). An H100 (A3, compute capability 9.0) has no TF kernel of its own and must
+  JIT-compile TF's compute_90 PTX, built by CUDA 12.5: that needs driver 555 or newer.
+A stack that sets compute.imageId chooses its own driver, so the driver refusals do not
+apply to it; the TensorFlow ones do.
 """
 
 from __future__ import annotations
@@ -21,6 +35,8 @@ AWS_GPU_INSTANCES: dict[str, int] = {
     "g6e.xlarge": 1, "g6e.2xlarge": 1, "g6e.4xlarge": 1, "g6e.8xlarge": 1,
     "g6e.16xlarge": 1, "g6e.12xlarge": 4, "g6e.24xlarge": 4, "g6e.48xlarge": 8,
     "p3.2xlarge": 1, "p3.8xlarge": 4, "p3.16xlarge": 8, "p3dn.24xlarge": 8,
+    "p2.xlarge": 1, "p2.8xlarge": 8, "p2.16xlarge": 16,
+    "g3s.xlarge": 1, "g3.4xlarge": 1, "g3.8xlarge": 2, "g3.16xlarge": 4,
     "p4d.24xlarge": 8, "p4de.24xlarge": 8, "p5.48xlarge": 8, "p5e.48xlarge": 8,
 }
 
@@ -34,6 +50,36 @@ GCP_GPU_MACHINES: dict[str, int] = {
     "a2-ultragpu-8g": 8, "a3-highgpu-8g": 8, "a3-megagpu-8g": 8,
 }
 GCP_N1_GPU_COUNTS = (1, 2, 4, 8)
+# The GPUs an N1 machine takes (compute.accelerator).
+GCP_N1_ACCELERATORS = ("nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100", "nvidia-tesla-p4",
+                       "nvidia-tesla-k80")
+
+# Why TensorFlow 2.21 cannot use a GPU at all, by family prefix (see the module docstring).
+_NO_TF_KERNELS = "TensorFlow 2.21's GPU kernels need compute capability 6.0 or newer"
+TF_UNUSABLE: dict[str, str] = {
+    "p2.": f"{_NO_TF_KERNELS}; the K80 of P2 is 3.7",
+    "g3.": f"{_NO_TF_KERNELS}; the M60 of G3 is 5.2",
+    "g3s.": f"{_NO_TF_KERNELS}; the M60 of G3 is 5.2",
+    "nvidia-tesla-k80": f"{_NO_TF_KERNELS}; the K80 is 3.7",
+}
+# Why the cloud's default image cannot drive a GPU, by family prefix; a compute.imageId lifts it.
+DEFAULT_IMAGE_UNSUPPORTED: dict[str, dict[str, str]] = {
+    "aws": {
+        "p3.": "the default AMI (Deep Learning Base OSS Nvidia Driver) ships NVIDIA's open kernel modules, "
+               "which support Turing and newer GPUs, not the V100 of P3",
+        "p3dn.": "the default AMI (Deep Learning Base OSS Nvidia Driver) ships NVIDIA's open kernel modules, "
+                 "which support Turing and newer GPUs, not the V100 of P3dn",
+    },
+    "gcp": {
+        "a3-": "the default image's NVIDIA driver 550 cannot run TensorFlow 2.21 on an H100 (its compute_90 "
+               "PTX is built with CUDA 12.5 and needs driver 555 or newer)",
+    },
+}
+IMAGE_HINT = {
+    "aws": "set compute.imageId to an AMI with NVIDIA's proprietary driver (e.g. the Deep Learning Base "
+           "Proprietary Nvidia Driver AMI), or pick g4dn/g5/g6/g6e/p4d/p5",
+    "gcp": "set compute.imageId to an image with NVIDIA driver 555 or newer, or pick a2/g2 machines",
+}
 _GCP_N1 = re.compile(r"^n1-(standard|highmem|highcpu)-(1|2|4|8|16|32|64|96)$")
 
 AWS_REGION = re.compile(r"^(us|eu|ap|sa|ca|me|af|il|mx)-(gov-)?[a-z]+-\d$")
@@ -68,3 +114,20 @@ def zone_in_region(cloud: str, zone: str, region: str) -> bool:
     if cloud == "aws":
         return bool(re.fullmatch(re.escape(region) + r"[a-z]", zone))
     return bool(re.fullmatch(re.escape(region) + r"-[a-z]", zone))
+
+
+def unsupported_reason(cloud: str, name: str, *, custom_image: bool = False) -> str | None:
+    """Why the stack cannot train on this machine type or N1 accelerator, or None when it can.
+
+    `custom_image` is true when compute.imageId names the image: its driver is the user's
+    choice, so only what TensorFlow itself cannot use is refused.
+    """
+    for prefix, reason in TF_UNUSABLE.items():
+        if name.startswith(prefix):
+            return reason + "; pick a newer GPU"
+    if custom_image:
+        return None
+    for prefix, reason in DEFAULT_IMAGE_UNSUPPORTED.get(cloud, {}).items():
+        if name.startswith(prefix):
+            return f"{reason}; {IMAGE_HINT[cloud]}"
+    return None

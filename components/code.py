@@ -1,4 +1,7 @@
-"""The trainer package as a deterministic, content-addressed archive (both clouds).
+"""The trainer package as a deterministic, content-addressed archive, and the two
+components both clouds build from it: TrainerCode (the archive uploaded to the bucket)
+and TrainerImage (trainer/Dockerfile built and pushed). Each cloud's subclass supplies
+only what differs: the object store upload, and the registry login.
 
 The machines run the pinned TensorFlow image and fetch the trainer from the bucket, so
 a code change needs no image build. The archive is deterministic (sorted members, fixed
@@ -16,10 +19,13 @@ import os
 import shutil
 import tarfile
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pulumi
 import pulumi_docker_build as docker_build
+
+from trainer import layout
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TRAINER_DIR = PROJECT_ROOT / "trainer"
@@ -38,15 +44,26 @@ def _members(src: Path) -> list[Path]:
     return keep
 
 
-def pack(src: Path = TRAINER_DIR) -> bytes:
-    """The deterministic tar.gz of `src`: .py files, requirements.txt and Dockerfile."""
-    files = _members(src)
+# The user's folder (run.code) sits beside trainer/ in the archive and in the image:
+# components/userdata.py's USER_CODE_DIR on the machines, the trainer's --code-dir.
+USER_CODE_NAME = "usercode"
+
+
+def pack(src: Path = TRAINER_DIR, user_code: Path | None = None) -> bytes:
+    """The deterministic tar.gz of `src` (.py files, requirements.txt and Dockerfile) and, when
+    given, the user's folder `user_code` as `usercode/` (every file that ships, see
+    components/settings/usercode.py). The same folders always give the same bytes."""
+    from components.settings.usercode import code_files
+
+    files = [(str(Path(src.name) / p.relative_to(src)), p) for p in _members(src)]
     if not files:
         raise FileNotFoundError(f"{src}: no trainer files (*.py, requirements.txt) to pack")
+    if user_code is not None:
+        files += [(str(Path(USER_CODE_NAME) / p.relative_to(user_code)), p) for p in code_files(user_code)]
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for p in files:
-            info = tarfile.TarInfo(str(Path(src.name) / p.relative_to(src)))
+        for name, p in files:
+            info = tarfile.TarInfo(name)
             data = p.read_bytes()
             info.size = len(data)
             info.mtime = _FIXED_MTIME
@@ -59,8 +76,8 @@ def pack(src: Path = TRAINER_DIR) -> bytes:
 
 
 def archive_key(data: bytes) -> str:
-    """`code/trainer-<sha256[:16]>.tar.gz` for the archive bytes."""
-    return f"code/trainer-{hashlib.sha256(data).hexdigest()[:16]}.tar.gz"
+    """`code/trainer-<sha256[:16]>.tar.gz` for the archive bytes (trainer/layout.py's code key)."""
+    return layout.code_key("trainer", hashlib.sha256(data).hexdigest()[:16])
 
 
 def write_archive(data: bytes, build_dir: Path = BUILD_DIR) -> Path:
@@ -155,3 +172,109 @@ def pushed_image(
     )
     return tag, image
 
+
+
+def user_code_dir(settings) -> str | None:
+    """The absolute path of the stack's run.code folder (checked by the settings), or None."""
+    return str((PROJECT_ROOT / settings.run.code).resolve()) if settings.run.code else None
+
+
+def _path(folder: str | None) -> Path | None:
+    return Path(folder) if folder else None
+
+
+@dataclass(kw_only=True)
+class TrainerCodeArgs:
+    """Inputs of a TrainerCode (either cloud)."""
+
+    bucket_name: pulumi.Input[str]
+    """The stack's bucket, where the archive goes under code/."""
+    baked_into_image: bool = False
+    """True when the trainer is built into the image: nothing is uploaded and code_uri is ""."""
+    source_dir: str = str(TRAINER_DIR)
+    """The trainer package to pack."""
+    user_code_dir: str | None = None
+    """The user's folder (run.code), packed beside the trainer as usercode/."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Tags for the uploaded object (S3 object tags; GCS objects carry no labels)."""
+
+
+class TrainerCodeBase(pulumi.ComponentResource):
+    """The trainer archive uploaded to <scheme>://<bucket>/code/trainer-<hash>.tar.gz.
+
+    A cloud's subclass names its type token and implements `_upload`.
+    """
+
+    TYPE = ""
+    code_uri: pulumi.Output[str]
+    key: str
+    """The object key ("" when baked into the image)."""
+
+    def __init__(self, name: str, args: TrainerCodeArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(self.TYPE, name, None, opts)
+        if args.baked_into_image:
+            self.key = ""
+            self.code_uri = pulumi.Output.from_input("")
+        else:
+            data = pack(Path(args.source_dir), _path(args.user_code_dir))
+            self.key = archive_key(data)
+            self.code_uri = self._upload(name, args, self.key, write_archive(data))
+        self.register_outputs({"code_uri": self.code_uri})
+
+    def _upload(self, name: str, args: TrainerCodeArgs, key: str, path: Path) -> pulumi.Output[str]:
+        """Declare the object `key` of `args.bucket_name` holding the file at `path`; its URI."""
+        raise NotImplementedError
+
+
+@dataclass(kw_only=True)
+class TrainerImageArgs:
+    """Inputs of a TrainerImage (either cloud)."""
+
+    repository_url: pulumi.Input[str]
+    """The stack's repository, registry host/path (no tag)."""
+    base_image: str
+    """The pinned image the Dockerfile builds FROM (the stack's image.reference)."""
+    source_dir: str = str(TRAINER_DIR)
+    """The trainer package (with its Dockerfile) to build."""
+    user_code_dir: str | None = None
+    """The user's folder (run.code), copied into the image beside the trainer."""
+    registry_id: pulumi.Input[str] | None = None
+    """AWS: the account id of the registry the repository lives in (None on GCP)."""
+
+
+class TrainerImageBase(pulumi.ComponentResource):
+    """The trainer image, built from trainer/Dockerfile and pushed by a content tag.
+
+    A cloud's subclass names its type token and implements `_login` (the deployer's
+    short-lived registry credentials); everything else is the same on both clouds.
+    """
+
+    TYPE = ""
+    image: docker_build.Image
+    tag: str
+    """The content tag, trainer-<hash>."""
+    digest: pulumi.Output[str]
+    """sha256:… of the pushed image."""
+    ref: pulumi.Output[str]
+    """<repository_url>@<digest>: what the machines pull."""
+
+    def __init__(self, name: str, args: TrainerImageArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(self.TYPE, name, None, opts)
+        data = pack(Path(args.source_dir), _path(args.user_code_dir))
+        username, password = self._login(args)
+        self.tag, self.image = pushed_image(
+            f"{name}-image",
+            data=data,
+            base_image=args.base_image,
+            repository_url=args.repository_url,
+            username=username,
+            password=password,
+            parent=self,
+        )
+        self.digest = self.image.digest
+        self.ref = pulumi.Output.concat(args.repository_url, "@", self.image.digest)
+        self.register_outputs({"digest": self.digest, "ref": self.ref})
+
+    def _login(self, args: TrainerImageArgs) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
+        """(username, password) for the registry, looked up through this component's provider."""
+        raise NotImplementedError

@@ -19,6 +19,9 @@ import yaml
 
 USERDATA_DIR = Path(__file__).resolve().parent.parent / "userdata"
 ENV_FILE = "/etc/trainstack/env"
+# Where the user's folder (run.code) is on the machines, inside the code archive or the
+# built image: /opt/trainstack/code is the trainer's working folder in the container.
+USER_CODE_DIR = "/opt/trainstack/code/usercode"
 # EC2 refuses user data over 16 KiB (before base64); cloud-init unpacks gzip by itself.
 AWS_USER_DATA_LIMIT = 16 * 1024
 
@@ -92,6 +95,8 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, 
         env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"] = str(run.checkpoint_every_seconds)
     if run.extra_args:
         env["TRAINSTACK_EXTRA_ARGS"] = shlex.join(run.extra_args)
+    if run.code:
+        env["TRAINSTACK_CODE_DIR"] = USER_CODE_DIR
     return env
 
 

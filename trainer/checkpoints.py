@@ -493,7 +493,15 @@ class CheckpointStore:
 
 
 class ResumeMismatch(RuntimeError):
-    """What was restored differs from what the checkpoint recorded: training on would not be an exact resume."""
+    """What was restored differs from what the checkpoint recorded: training on would not be an exact resume.
+
+    Also raised when a run folder's checkpoints belong to another model or other shapes: no
+    retry can help, so the trainer exits with `layout.EXIT_UNUSABLE`.
+    """
+
+
+_TRAIN_ELSEWHERE = ("Nothing was changed in the run. Train this model under a new run id (another --run-uri, or "
+                    "run.id in the stack), or start this run again with the model and options it was started with.")
 
 
 # Keras keeps each random stream's state (e.g. a Dropout layer's) in a variable of this name.
@@ -512,6 +520,22 @@ def variables_digest(variables) -> str:
         h.update(f"{value.dtype}|{value.shape}|".encode())
         h.update(value.tobytes())
     return h.hexdigest()
+
+
+def structure(variables) -> list[str]:
+    """Each variable's dtype and shape, in order (`float32[784, 128]`): what a checkpoint can be restored into."""
+    return [f"{getattr(v.dtype, 'name', v.dtype)}{list(v.shape)}" for v in variables]
+
+
+def _parameters(shapes: list[str]) -> int:
+    total = 0
+    for s in shapes:
+        dims = [int(d) for d in s[s.index("[") + 1 : -1].split(",") if d.strip()]
+        n = 1
+        for d in dims:
+            n *= d
+        total += n
+    return total
 
 
 def resume_fingerprint(state: dict, variables, rng_variables) -> dict:
@@ -541,8 +565,10 @@ class Checkpointer:
     raises :class:`ResumeMismatch` rather than train on from a state that is not the saved one.
     """
 
-    def __init__(self, ckstore: CheckpointStore, ckpt, *, work: str, chief: bool, variables=()) -> None:
+    def __init__(self, ckstore: CheckpointStore, ckpt, *, work: str, chief: bool, variables=(),
+                 model: str | None = None) -> None:
         self.ckstore = ckstore
+        self.model = model
         self.ckpt = ckpt
         self.variables = list(variables)
         self.rng_variables = [v for v in self.variables if RNG_STATE_NAME in getattr(v, "name", "")]
@@ -563,8 +589,8 @@ class Checkpointer:
         os.makedirs(folder)
         self.ckpt.write(os.path.join(folder, CKPT_PREFIX))
         if self.variables:
-            state = {**state, "fingerprint": resume_fingerprint({**state, "step": step}, self.variables,
-                                                                self.rng_variables)}
+            state = {**state, "structure": structure(self.variables),
+                     "fingerprint": resume_fingerprint({**state, "step": step}, self.variables, self.rng_variables)}
         tmp = os.path.join(folder, STATE_FILE + ".tmp")
         with open(tmp, "w") as fh:
             json.dump(state, fh)
@@ -609,14 +635,45 @@ class Checkpointer:
         step = self.ckstore.restore_latest(dest)
         if step is None:
             return None
-        self.ckpt.read(os.path.join(dest, CKPT_PREFIX)).assert_existing_objects_matched()
         with open(os.path.join(dest, STATE_FILE)) as fh:
             saved = json.load(fh)
+        self.check_same_model(step, saved)
+        try:
+            self.ckpt.read(os.path.join(dest, CKPT_PREFIX)).assert_existing_objects_matched()
+        except (ValueError, AssertionError) as e:
+            # TensorFlow's own words (e.g. "RestoreV2 ... expected dtype float") are one detail, not the message.
+            detail = " ".join(str(e).split())[:300]
+            raise ResumeMismatch(f"checkpoint ckpt-{step} cannot be restored into this model ({detail}); "
+                                 f"{_TRAIN_ELSEWHERE}") from None
         if saved.get("step") != step:
             raise ValueError(f"checkpoint ckpt-{step} holds state for step {saved.get('step')}")
         self.check_resume(step, saved)
         self.last_committed = step
         return step, saved
+
+    def check_same_model(self, step: int, saved: dict) -> None:
+        """Refuse, before anything is restored or written, a checkpoint of another model or shape.
+
+        ``model`` (the --model the checkpoint was saved with) and ``structure`` (its variables'
+        dtypes and shapes) are recorded in ``state.json``; older checkpoints carry neither.
+        """
+        was, now = saved.get("model"), self.model
+        if was and now and was != now:
+            raise ResumeMismatch(f"this run was trained with --model {was} (checkpoint ckpt-{step}); this attempt "
+                                 f"asks for --model {now}. {_TRAIN_ELSEWHERE}")
+        recorded = saved.get("structure")
+        if not recorded or not self.variables:
+            return
+        current = structure(self.variables)
+        if recorded != current:
+            diff = next((i for i, (a, b) in enumerate(zip(recorded, current, strict=False)) if a != b),
+                        min(len(recorded), len(current)))
+            what = (f"variable {diff}: saved {recorded[diff]}, now {current[diff]}"
+                    if diff < min(len(recorded), len(current)) else
+                    f"{len(recorded)} variables saved, {len(current)} now")
+            raise ResumeMismatch(f"checkpoint ckpt-{step} holds another model's shapes ({_parameters(recorded):,} "
+                                 f"parameters saved, {_parameters(current):,} now; first difference: {what}). "
+                                 f"{_TRAIN_ELSEWHERE}")
 
     def check_resume(self, step: int, saved: dict) -> None:
         """Compare the restored state with the fingerprint saved beside it; raise :class:`ResumeMismatch`.

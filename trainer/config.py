@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 import re
 import shlex
@@ -78,22 +79,30 @@ def _bool(text: str, name: str) -> bool:
     raise ConfigError(f"{name}={text!r}: expected 1/true/yes or 0/false/no")
 
 
+def _number(conv, text: str, what: str):
+    # argparse would name the converting function ("invalid _positive_int value"): say what is expected.
+    try:
+        return conv(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
 def _positive_int(text: str) -> int:
-    v = int(text)
+    v = _number(int, text, "a positive integer")
     if v <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return v
 
 
 def _nonneg_int(text: str) -> int:
-    v = int(text)
+    v = _number(int, text, "an integer >= 0")
     if v < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return v
 
 
 def _positive_float(text: str) -> float:
-    v = float(text)
+    v = _number(float, text, "a positive number")
     if not v > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return v
@@ -111,9 +120,26 @@ def _optional(conv):
     return parse
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: the problem and, for a mistyped flag, the nearest real one."""
+
+    def error(self, message: str):
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+            hints = []
+            for arg in unknown.group(1).split():
+                if not arg.startswith("-"):
+                    continue  # the value given to an unknown flag
+                near = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1, cutoff=0.75)
+                hints.append(f"{arg} (did you mean {near[0]}?)" if near else arg)
+            message = "unknown option " + ", ".join(hints or [unknown.group(1)])
+        self.exit(2, f"{self.prog}: error: {message}; see --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The CLI; each option's env variable is `TRAINSTACK_` + its name in UPPER_SNAKE."""
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m trainer",
         description="Train a TensorFlow model with checkpoints in object storage that survive preemption. "
         "Every option can also be set as TRAINSTACK_<OPTION> in the environment (e.g. TRAINSTACK_RUN_URI); "

@@ -3,7 +3,8 @@
 The SavedModel is made with Keras 3 `model.export` (a `serve` signature that predicts)
 and uploaded whole before `COMPLETE` is written, so `COMPLETE` only ever names a run whose
 outputs are all there. `COMPLETE` holds the final step, metrics, examples seen, number of
-attempts, seconds lost to preemption and total seconds.
+attempts, seconds lost to preemption, total seconds and the SavedModel's signature (its
+inputs and outputs by name, dtype and shape), read back from the exported model itself.
 """
 
 from __future__ import annotations
@@ -28,7 +29,25 @@ def export_model(model, local_dir: str, store) -> int:
     return store.upload_dir(local_dir, layout.MODEL_PREFIX, changed_only=False)
 
 
-def complete_record(*, step: int, metrics: dict, examples_seen: int, events: list[dict], finished_at: float) -> dict:
+SIGNATURE = "serving_default"  # the signature Keras `export` writes beside the `serve` endpoint
+
+
+def saved_model_signature(local_dir: str) -> dict:
+    """The exported model's serving signature, as the SavedModel itself declares it."""
+    import tensorflow as tf
+
+    fn = tf.saved_model.load(local_dir).signatures[SIGNATURE]
+
+    def specs(structure: dict) -> dict:
+        return {name: {"dtype": spec.dtype.name, "shape": [None if d is None else int(d) for d in spec.shape]}
+                for name, spec in sorted(structure.items())}
+
+    return {"endpoint": "serve", "signature": SIGNATURE, "inputs": specs(fn.structured_input_signature[1]),
+            "outputs": specs(fn.structured_outputs)}
+
+
+def complete_record(*, step: int, metrics: dict, examples_seen: int, events: list[dict], finished_at: float,
+                    signature: dict | None = None) -> dict:
     """The `COMPLETE` document, from the run's events (all attempts) and the final state."""
     starts = [parse_time(e[layout.TIME]) for e in events if e.get(layout.EVENT) == layout.STARTED and layout.TIME in e]
     first = min(starts) if starts else finished_at
@@ -40,6 +59,7 @@ def complete_record(*, step: int, metrics: dict, examples_seen: int, events: lis
         "seconds_lost_to_preemption": seconds_lost(events),
         "total_seconds": round(finished_at - first, 3),
         "finished_at": datetime.fromtimestamp(finished_at, UTC).isoformat(timespec="milliseconds"),
+        **({"signature": signature} if signature else {}),
     }
 
 

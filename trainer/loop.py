@@ -37,6 +37,7 @@ from trainer import data as data_mod
 from trainer import export as export_mod
 from trainer import layout
 from trainer import summaries as summaries_mod
+from trainer.checkpoints import ResumeMismatch
 from trainer.config import TrainConfig, as_dict
 from trainer.devices import DeviceMismatch, check_gpus
 from trainer.events import EventLog, read_events, utc_now
@@ -225,6 +226,10 @@ class Run:
             # This machine can never run this run: say why once, and let the supervisor end it.
             self.emit(layout.FAILED_EVENT, reason=str(e), step=self.state.step, **e.details)
             return layout.EXIT_UNUSABLE
+        except ResumeMismatch as e:
+            # Another model's checkpoints: no retry can help, and nothing was written to the run.
+            self.emit(layout.FAILED_EVENT, reason=str(e), step=self.state.step)
+            return layout.EXIT_UNUSABLE
         except Exception as e:  # noqa: BLE001 - any failure ends the attempt the same way
             self.emit(layout.FAILED_EVENT, reason=f"{type(e).__name__}: {e}", step=self.state.step)
             return EXIT_FAILED
@@ -246,12 +251,21 @@ class Run:
             except NotFound:
                 continue
             # Printed, not appended: the run's log ended with its `finished` or `cancelled` event.
+            message = self._complete_message(done) if marker == layout.COMPLETE else f"run already {marker}; nothing to do"
             line = {layout.EVENT: kind, layout.TIME: done.get(when), layout.ATTEMPT: self.events.attempt,
-                    "step": done.get(layout.MARKER_STEP), "message": f"run already {marker}; nothing to do"}
+                    "step": done.get(layout.MARKER_STEP), "message": message}
             self.events.stream.write(json.dumps(line) + "\n")
             self.events.stream.flush()
             return True
         return False
+
+    def _complete_message(self, done: dict) -> str:
+        step = done.get(layout.MARKER_STEP)
+        if isinstance(step, int) and self.cfg.steps > step:
+            # A COMPLETE run is never extended in place: its model and COMPLETE record stay what they are.
+            return (f"run already COMPLETE at {step} steps; --steps {self.cfg.steps} does not extend it. To train "
+                    f"further, start a new run id (another --run-uri, or run.id in the stack)")
+        return "run already COMPLETE; nothing to do"
 
     def _train(self) -> int:
         cfg = self.cfg
@@ -275,7 +289,8 @@ class Run:
         from trainer.checkpoints import Checkpointer
 
         self.checkpointer = Checkpointer(self.ckstore, ckpt, work=self.work, chief=self.chief,
-                                         variables=[*spec.model.variables, *spec.optimizer.variables])
+                                         variables=[*spec.model.variables, *spec.optimizer.variables],
+                                         model=cfg.model)
 
         self._restore()
         examples.assign(self.state.examples_seen)
@@ -480,6 +495,7 @@ class Run:
         self.events.flush()
         model_dir = os.path.join(self.work, "model")
         export_mod.export_model(self.spec.model, model_dir, self.store)
+        signature = export_mod.saved_model_signature(model_dir)
         self.summaries.sync()
         metrics = {"loss": st.loss}
         speed = {}
@@ -496,6 +512,7 @@ class Run:
             examples_seen=st.examples_seen,
             events=self.history + self.own_events,
             finished_at=time.time(),
+            signature=signature,
         )
         return EXIT_OK
 

@@ -3,7 +3,8 @@
 Private, versioned, encrypted (SSE-S3 with a bucket key), owner-enforced, TLS-only, with
 a lifecycle that expires old noncurrent versions and aborts abandoned multipart uploads.
 By default the bucket outlives `pulumi destroy` (the checkpoints are the run's value);
-`storage.keepOnDestroy: false` lets destroy empty and remove it.
+`storage.keepOnDestroy: false` lets destroy empty and remove it. A kept bucket is
+adopted by the next `pulumi up` (imported, not created) when the stack says so.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
+
+from components.common import adopted_bucket
 
 
 @dataclass(kw_only=True)
@@ -22,6 +25,8 @@ class TrainingBucketArgs:
     """The bucket's (global) name."""
     keep_on_destroy: bool = True
     """Keep the bucket and its objects when the stack is destroyed."""
+    adopt: bool = False
+    """Import the existing bucket of this name (kept by an earlier destroy) instead of creating it."""
     noncurrent_days: int = 30
     """Days an overwritten or deleted object version is kept."""
     tags: dict[str, str] = field(default_factory=dict)
@@ -44,7 +49,9 @@ class TrainingBucket(pulumi.ComponentResource):
             # targeted delete fails while objects remain.
             force_destroy=not args.keep_on_destroy,
             tags=args.tags,
-            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.keep_on_destroy),
+            opts=pulumi.ResourceOptions(
+                parent=self, retain_on_delete=args.keep_on_destroy, import_=adopted_bucket(args.bucket_name, args.adopt),
+            ),
         )
         bucket_id = self.bucket.id
         # The settings below are separate resources in the v2 S3 model; each must be

@@ -1,8 +1,13 @@
 """SpotGroup: the security group, launch template and Auto Scaling group of GPU machines.
 
 The group is what survives spot preemption: it keeps `nodes` machines, replacing any
-that AWS takes back (capacity rebalancing starts the replacement on the rebalance
-notice), across the ordered instance types and the subnets of several zones. The machine
+that AWS takes back, across the ordered instance types and the subnets of several zones.
+Capacity rebalancing is off: it would start a replacement on every rebalance
+recommendation and terminate the training machine once the new one passes its EC2
+health check (long before it can train), with two machines writing one run meanwhile;
+the real two-minute notice is enough for one training job. Several machines train as
+one: they share a cluster placement group in one zone and reach each other (and only each
+other) on every port. The machine
 scales the group to zero when the run ends, so Pulumi ignores the desired capacity after
 creation. A scheduled action enforces the runtime cap from the cloud side, even if a
 machine hangs and never runs its own finish step.
@@ -19,9 +24,6 @@ import pulumi_aws as aws
 from components import userdata
 
 DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"
-# Ports the TensorFlow workers' gRPC servers listen on (TF_CONFIG); only peers in the
-# same security group may reach them.
-WORKER_PORTS = (2222, 2231)
 
 
 @dataclass(kw_only=True)
@@ -47,7 +49,7 @@ class SpotGroupArgs:
     subnets: list[str] = field(default_factory=list)
     """Subnets to spread over; empty: the default VPC's subnets."""
     zones: list[str] = field(default_factory=list)
-    """Only subnets in these zones; empty: every zone."""
+    """Only subnets in these zones; empty: every zone. Several machines use the first only."""
     allowed_cidrs: list[str] = field(default_factory=list)
     """CIDRs allowed to TCP 22; empty: no inbound rule at all."""
     ssh_public_key: str | None = None
@@ -84,11 +86,31 @@ class SpotGroup(pulumi.ComponentResource):
         invoke = pulumi.InvokeOptions(parent=self)
 
         if args.subnets:
-            subnet_ids: pulumi.Input[list[str]] = args.subnets
             vpc_id = aws.ec2.get_subnet_output(id=args.subnets[0], opts=invoke).vpc_id
+            within = aws.ec2.GetSubnetsFilterArgs(name="subnet-id", values=args.subnets)
         else:
             vpc_id = aws.ec2.get_vpc_output(default=True, opts=invoke).id
-            filters = [aws.ec2.GetSubnetsFilterArgs(name="vpc-id", values=[vpc_id])]
+            within = aws.ec2.GetSubnetsFilterArgs(name="vpc-id", values=[vpc_id])
+        self.placement_group: aws.ec2.PlacementGroup | None = None
+        if args.nodes > 1:
+            # Several machines train as one: a cluster placement group puts them on one
+            # low-latency network segment, which exists in one zone only, so the group's
+            # subnets are narrowed to one zone: the first of compute.zones, else the
+            # region's first available zone (preflight checks that it offers the types).
+            zone: pulumi.Input[str] = args.zones[0] if args.zones else aws.get_availability_zones_output(
+                state="available", opts=invoke).names[0]
+            self.placement_group = aws.ec2.PlacementGroup(
+                # Placement group names take at most 255 characters.
+                f"{name}-placement", name=f"{args.group_name[:245]}-placement", strategy="cluster", tags=args.tags,
+                opts=child,
+            )
+            subnet_ids: pulumi.Input[list[str]] = aws.ec2.get_subnets_output(
+                filters=[within, aws.ec2.GetSubnetsFilterArgs(name="availability-zone", values=[zone])], opts=invoke,
+            ).ids
+        elif args.subnets:
+            subnet_ids = args.subnets
+        else:
+            filters = [within]
             if args.zones:
                 filters.append(aws.ec2.GetSubnetsFilterArgs(name="availability-zone", values=args.zones))
             subnet_ids = aws.ec2.get_subnets_output(filters=filters, opts=invoke).ids
@@ -178,8 +200,10 @@ class SpotGroup(pulumi.ComponentResource):
             min_size=0,
             max_size=args.nodes,
             desired_capacity=args.nodes,
-            capacity_rebalance=True,
+            # Off: see the module docstring (replace on the interruption notice only).
+            capacity_rebalance=False,
             vpc_zone_identifiers=subnet_ids,
+            placement_group=self.placement_group.name if self.placement_group else None,
             mixed_instances_policy=aws.autoscaling.GroupMixedInstancesPolicyArgs(
                 instances_distribution=self._distribution(args),
                 launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
@@ -236,10 +260,13 @@ class SpotGroup(pulumi.ComponentResource):
                 )
             )
         if args.nodes > 1:
+            # Members only (the group's own security group), every port: TF's gRPC servers
+            # listen on WORKER_PORTS, but NCCL's collectives connect on ephemeral ports
+            # (it cannot be pinned to a range), and EFA needs all traffic between members.
             rules.append(
                 aws.ec2.SecurityGroupIngressArgs(
-                    protocol="tcp", from_port=WORKER_PORTS[0], to_port=WORKER_PORTS[1],
-                    self=True, description="TensorFlow workers reach each other",
+                    protocol="-1", from_port=0, to_port=0,
+                    self=True, description="training peers: TF gRPC, NCCL, EFA (members only)",
                 )
             )
         return rules

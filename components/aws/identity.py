@@ -2,8 +2,8 @@
 
 Least privilege for one run: read/write only under this run's prefix of this stack's
 bucket, read the trainer code, read the data set when it is in S3, pull from this
-stack's image repository, and shrink only this stack's Auto Scaling group (the machine
-scales its own group to zero when the run ends). Nothing else: the machine reads its
+stack's image repository, and set only this stack's Auto Scaling group to zero (the
+machine's finish path; IAM conditions refuse any other size). Nothing else: the machine reads its
 identity and region from IMDS; only a group of several machines may also list instances,
 to find its peers for MultiWorkerMirroredStrategy.
 """
@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
+
+from trainer import layout
+
+# What the machine may do to its group: set it to zero (and nothing else, see the conditions).
+SCALE_ACTIONS = ["autoscaling:UpdateAutoScalingGroup"]
 
 _EC2_TRUST = {
     "Version": "2012-10-17",
@@ -69,7 +74,8 @@ def policy_document(
     nodes: int = 1,
 ) -> pulumi.Output[str]:
     """The role's permissions as an IAM policy JSON document."""
-    run_prefix = f"runs/{run_id}"
+    # runs/<run_id> (the folder's own key) and runs/<run_id>/*: the run folder of trainer/layout.py.
+    run_prefix = layout.run_prefix(run_id).rstrip("/")
     statements: list[dict] = [
         {
             "Sid": "ListRunPrefix",
@@ -94,7 +100,7 @@ def policy_document(
             "Sid": "ReadTrainerCode",
             "Effect": "Allow",
             "Action": "s3:GetObject",
-            "Resource": pulumi.Output.concat(bucket_arn, "/code/*"),
+            "Resource": pulumi.Output.concat(bucket_arn, f"/{layout.CODE_PREFIX}*"),
         },
     ]
     if data_uri:
@@ -131,15 +137,21 @@ def policy_document(
             "Resource": repository_arn,
         },
         {
-            # The group's ARN holds a UUID known only after it exists; the name part pins
-            # it to this stack's group (and keeps the role independent of the group).
+            # The finish path's one call: update-auto-scaling-group --min-size 0 --max-size 0
+            # --desired-capacity 0 (userdata/lib.sh). The group's ARN holds a UUID known
+            # only after it exists; the name part pins it to this stack's group. The
+            # conditions let the call only shrink the group to nothing: a request must set
+            # MinSize and MaxSize, both to 0 (a missing key fails NumericEquals), and the
+            # desired capacity can never exceed MaxSize. There is no DesiredCapacity key.
+            # Numbers as strings, as AWS's own example policies write them.
             "Sid": "ScaleOwnGroup",
             "Effect": "Allow",
-            "Action": ["autoscaling:SetDesiredCapacity", "autoscaling:UpdateAutoScalingGroup"],
+            "Action": SCALE_ACTIONS,
             "Resource": pulumi.Output.concat(
                 "arn:", partition, ":autoscaling:", region, ":", account_id,
                 ":autoScalingGroup:*:autoScalingGroupName/", group_name,
             ),
+            "Condition": {"NumericEquals": {"autoscaling:MinSize": "0", "autoscaling:MaxSize": "0"}},
         },
     ]
     if nodes > 1:

@@ -7,16 +7,8 @@ project, stack and account instead of being left to Pulumi's random suffixes.
 
 from __future__ import annotations
 
-import hashlib
-import re
-
+from components.common import short_digest, slug
 from components.settings import bucket_name_problem
-
-
-def slug(text: str, limit: int) -> str:
-    """Lowercase letters, digits and single '-' only, at most `limit` characters."""
-    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    return s[:limit].rstrip("-") or "x"
 
 
 def default_bucket_name(*, project: str, stack: str, account_id: str, region: str) -> str:
@@ -25,7 +17,7 @@ def default_bucket_name(*, project: str, stack: str, account_id: str, region: st
     S3 names are global across all AWS accounts: the account and region go into the hash
     so two users with a stack called `dev` do not collide.
     """
-    digest = hashlib.sha256(f"{project}/{stack}/{account_id}/{region}".encode()).hexdigest()[:12]
+    digest = short_digest(project, stack, account_id, region, n=12)
     name = f"{slug(project, 20)}-{slug(stack, 28)}-{digest}"
     problem = bucket_name_problem("aws", name)
     if problem:  # unreachable for slugs; kept so a future change cannot ship a bad name
@@ -33,9 +25,21 @@ def default_bucket_name(*, project: str, stack: str, account_id: str, region: st
     return name
 
 
-def group_name(*, project: str, stack: str) -> str:
-    """The Auto Scaling group's name (unique per account and region, like the stack)."""
-    return f"{slug(project, 40)}-{slug(stack, 160)}-gpu"
+def group_name(*, project: str, stack: str, run_id: str | None = None) -> str:
+    """The Auto Scaling group's name (unique per account and region, like the stack).
+
+    A run id other than the stack's own name is part of it (after `--`, which no slug
+    holds): a new `run.id` is a new group, launched at `nodes` with a fresh runtime cap,
+    while the old run's group, already at zero, is deleted.
+    """
+    base = f"{slug(project, 40)}-{slug(stack, 160)}"
+    if run_id and run_id != stack:
+        run = slug(run_id, 63)
+        # Auto Scaling group names stop at 255 characters (the placement group adds 10 more).
+        if len(base) + 2 + len(run) + len("-gpu-placement") > 255:
+            run = short_digest(run_id, n=8)
+        base += f"--{run}"
+    return f"{base}-gpu"
 
 
 def repository_name(*, project: str, stack: str) -> str:

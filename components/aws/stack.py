@@ -7,8 +7,6 @@ region and the command that watches the run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pulumi
 import pulumi_aws as aws
 
@@ -20,30 +18,15 @@ from components.aws.identity import InstanceIdentity, InstanceIdentityArgs
 from components.aws.image import TrainerImage, TrainerImageArgs
 from components.aws.naming import default_bucket_name, group_name, repository_name
 from components.aws.repository import ImageRepository, ImageRepositoryArgs
-from components.settings import Settings
+from components.code import user_code_dir
+from components.common import StackOutputs, TrainingStackArgs, image_ref, run_uri
 from components.tags import aws_tags
 
-
-@dataclass(kw_only=True)
-class TrainingStackArgs:
-    """Inputs of a TrainingStack."""
-
-    settings: Settings
-    """The stack's validated configuration."""
-    project: str = "trainstack"
-    """The Pulumi project name (part of generated names and tags)."""
+__all__ = ["TrainingStack", "TrainingStackArgs"]
 
 
-class TrainingStack(pulumi.ComponentResource):
+class TrainingStack(StackOutputs):
     """Everything one AWS training run needs."""
-
-    bucket_name: pulumi.Output[str]
-    run_uri: pulumi.Output[str]
-    image_ref: pulumi.Output[str]
-    group_name: pulumi.Output[str]
-    region: pulumi.Output[str]
-    watch_command: pulumi.Output[str]
-    code_uri: pulumi.Output[str]
 
     def __init__(self, name: str, args: TrainingStackArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:aws:TrainingStack", name, None, opts)
@@ -58,6 +41,10 @@ class TrainingStack(pulumi.ComponentResource):
 
         if s.storage.bucket_name:
             bucket_name: pulumi.Input[str] = s.storage.bucket_name
+        elif args.adopt_bucket:
+            # Importing needs the name as the program runs: ask for the account now.
+            account = aws.get_caller_identity(opts=invoke).account_id
+            bucket_name = default_bucket_name(project=args.project, stack=s.stack, account_id=account, region=s.region)
         else:
             account_id = aws.get_caller_identity_output(opts=invoke).account_id
             bucket_name = account_id.apply(
@@ -68,6 +55,7 @@ class TrainingStack(pulumi.ComponentResource):
             TrainingBucketArgs(
                 bucket_name=bucket_name,
                 keep_on_destroy=s.storage.keep_on_destroy,
+                adopt=args.adopt_bucket,
                 noncurrent_days=s.storage.noncurrent_days,
                 tags=tags,
             ),
@@ -82,7 +70,7 @@ class TrainingStack(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        asg_name = group_name(project=args.project, stack=s.stack)
+        asg_name = group_name(project=args.project, stack=s.stack, run_id=run_id)
         identity = InstanceIdentity(
             f"{name}-identity",
             InstanceIdentityArgs(
@@ -99,26 +87,22 @@ class TrainingStack(pulumi.ComponentResource):
         )
         code = TrainerCode(
             f"{name}-code",
-            TrainerCodeArgs(bucket_name=bucket.name, baked_into_image=s.image.build, tags=tags),
+            TrainerCodeArgs(bucket_name=bucket.name, baked_into_image=s.image.build, tags=tags,
+                            user_code_dir=user_code_dir(s)),
             opts=child,
         )
 
-        self.bucket_name = bucket.name
-        self.run_uri = pulumi.Output.concat("s3://", bucket.name, f"/runs/{run_id}")
-        if s.image.build:
-            # The machines run the pushed image by digest; their user data waits for the push.
-            image = TrainerImage(
-                f"{name}-image",
-                TrainerImageArgs(repository_url=repo.url, registry_id=repo.registry_id, base_image=s.image.reference),
-                opts=child,
-            )
-            self.image_ref = image.ref
-        else:
-            self.image_ref = pulumi.Output.from_input(s.image.reference)
-        self.code_uri = code.code_uri
+        run = run_uri("aws", bucket.name, run_id)
+        # The machines run the pushed image by digest; their user data waits for the push.
+        image = image_ref(s, lambda: TrainerImage(
+            f"{name}-image",
+            TrainerImageArgs(repository_url=repo.url, registry_id=repo.registry_id, base_image=s.image.reference,
+                             user_code_dir=user_code_dir(s)),
+            opts=child,
+        ).ref)
 
         user_data = userdata.user_data_output(
-            "aws", s, group=asg_name, run_uri=self.run_uri, code_uri=self.code_uri, image_ref=self.image_ref
+            "aws", s, group=asg_name, run_uri=run, code_uri=code.code_uri, image_ref=image
         )
         c = s.compute
         group = SpotGroup(
@@ -145,19 +129,7 @@ class TrainingStack(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        self.group_name = group.group_name
-        self.region = pulumi.Output.from_input(s.region)
-        self.watch_command = pulumi.Output.from_input(f"python -m ops status --stack {s.stack}")
-        self.register_outputs(self.exports())
-
-    def exports(self) -> dict[str, pulumi.Output]:
-        """The stack outputs, by their exported (camelCase) names."""
-        return {
-            "bucketName": self.bucket_name,
-            "runUri": self.run_uri,
-            "imageRef": self.image_ref,
-            "groupName": self.group_name,
-            "region": self.region,
-            "watchCommand": self.watch_command,
-            "codeUri": self.code_uri,
-        }
+        self._set_outputs(
+            s, bucket_name=bucket.name, run_uri=run, image_ref=image, group_name=group.group_name,
+            code_uri=code.code_uri,
+        )

@@ -3,7 +3,8 @@
 Private (uniform bucket-level access, public access prevention enforced), versioned, with
 a lifecycle that deletes old noncurrent versions and aborts abandoned multipart uploads.
 GCS encrypts every object at rest with Google-managed keys. By default the bucket
-outlives `pulumi destroy`; `storage.keepOnDestroy: false` lets destroy empty and remove it.
+outlives `pulumi destroy`; `storage.keepOnDestroy: false` lets destroy empty and remove it. A kept bucket is
+adopted by the next `pulumi up` (imported, not created) when the stack says so.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_gcp as gcp
+
+from components.common import adopted_bucket
 
 
 @dataclass(kw_only=True)
@@ -24,6 +27,8 @@ class TrainingBucketArgs:
     """The bucket's region (kept next to the machines: no cross-region traffic)."""
     keep_on_destroy: bool = True
     """Keep the bucket and its objects when the stack is destroyed."""
+    adopt: bool = False
+    """Import the existing bucket of this name (kept by an earlier destroy) instead of creating it."""
     noncurrent_days: int = 30
     """Days an overwritten or deleted object version is kept."""
     labels: dict[str, str] = field(default_factory=dict)
@@ -62,7 +67,9 @@ class TrainingBucket(pulumi.ComponentResource):
             # targeted delete fails while objects remain.
             force_destroy=not args.keep_on_destroy,
             labels=args.labels,
-            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=args.keep_on_destroy),
+            opts=pulumi.ResourceOptions(
+                parent=self, retain_on_delete=args.keep_on_destroy, import_=adopted_bucket(args.bucket_name, args.adopt),
+            ),
         )
         self.name = self.bucket.name
         self.url = pulumi.Output.concat("gs://", self.bucket.name)

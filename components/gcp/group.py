@@ -6,7 +6,8 @@ zone of the region that has capacity. The machine resizes its group to zero when
 ends, so Pulumi ignores the target size after creation. The runtime cap is enforced by
 the cloud twice: each VM has a max run duration, and a Cloud Scheduler job resizes the
 group to zero at first launch + maxRuntimeHours (a recreated VM's duration starts afresh;
-the job's time does not).
+the job's time does not). Several machines of a series that allows it share a compact
+placement policy, and reach each other (and only each other) on every port.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import pulumi_gcp as gcp
 # `user-data` metadata key, as the AWS machines do.
 IMAGE_PROJECT = "ubuntu-os-accelerator-images"
 IMAGE_FAMILY = "ubuntu-accelerator-2204-amd64-with-nvidia-550"
-# Ports the TensorFlow workers' gRPC servers listen on (TF_CONFIG); only peers with the
-# stack's network tag may reach them.
-WORKER_PORTS = (2222, 2231)
 NETWORK = "global/networks/default"
+# Machine series a compact placement policy accepts (Google's placement-policy
+# restrictions: A2, C2, C2D, G2, N2, N2D), of those that carry GPUs. A3 High (8 GPUs) wants
+# a MIG workload policy instead; N1 (T4, V100) has no compact placement.
+COMPACT_SERIES = frozenset({"a2", "g2"})
 
 
 @dataclass(kw_only=True)
@@ -37,7 +39,7 @@ class SpotGroupArgs:
     """The GCP project of every resource."""
     region: str
     """The group's region."""
-    machine_types: list[str]
+    instance_types: list[str]
     """Machine types in order of preference."""
     network_tag: str
     """The tag the firewall rules select these machines by."""
@@ -57,7 +59,7 @@ class SpotGroupArgs:
     """The cap: VMs stop after this long, and the group goes to zero this long after the first `pulumi up`."""
     root_disk_gb: int = 200
     """Size of the boot disk."""
-    image: str | None = None
+    image_id: str | None = None
     """Boot image; None looks up Ubuntu 22.04 with the NVIDIA driver."""
     zones: list[str] = field(default_factory=list)
     """Zones the group may use; empty: every zone of the region."""
@@ -69,6 +71,12 @@ class SpotGroupArgs:
     """Labels for the template and its VMs."""
     wait_for: list[pulumi.Resource] = field(default_factory=list)
     """Resources the group must wait for before creating VMs (e.g. the IAM grants)."""
+
+
+def compact_placement(instance_types: list[str], nodes: int) -> bool:
+    """Whether the group's machines get a compact placement policy: several machines, and
+    every type the group may choose from of a series that supports it."""
+    return nodes > 1 and all(t.split("-", 1)[0] in COMPACT_SERIES for t in instance_types)
 
 
 def cap_cron(hours: float, now: dt.datetime | None = None) -> str:
@@ -96,8 +104,8 @@ class SpotGroup(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         self._firewalls(name, args, child)
 
-        if args.image:
-            source_image: pulumi.Input[str] = args.image
+        if args.image_id:
+            source_image: pulumi.Input[str] = args.image_id
         else:
             source_image = gcp.compute.get_image_output(
                 family=IMAGE_FAMILY, project=IMAGE_PROJECT, opts=pulumi.InvokeOptions(parent=self)
@@ -129,11 +137,26 @@ class SpotGroup(pulumi.ComponentResource):
                 instance_termination_action="DELETE",
                 max_run_duration=gcp.compute.InstanceTemplateSchedulingMaxRunDurationArgs(seconds=cap_seconds),
             )
+        self.placement: gcp.compute.ResourcePolicy | None = None
+        if compact_placement(args.instance_types, args.nodes):
+            # Several machines train as one: placed close together (lower latency between
+            # them). The group already keeps them in one zone (ANY_SINGLE_ZONE), which a
+            # compact policy requires; it takes no vm_count, which would make the policy
+            # work only when exactly that many VMs are created at once (not so for a VM
+            # recreated after preemption).
+            self.placement = gcp.compute.ResourcePolicy(
+                f"{name}-placement",
+                name=f"{args.group_name}-place",
+                region=args.region,
+                description="trainstack: training peers placed close together",
+                group_placement_policy=gcp.compute.ResourcePolicyGroupPlacementPolicyArgs(collocation="COLLOCATED"),
+                opts=child,
+            )
         self.template = gcp.compute.InstanceTemplate(
             f"{name}-template",
             name_prefix=f"{args.group_name[:36]}-",
             description="trainstack GPU machine",
-            machine_type=args.machine_types[0],
+            machine_type=args.instance_types[0],
             disks=[
                 gcp.compute.InstanceTemplateDiskArgs(
                     boot=True, auto_delete=True, source_image=source_image,
@@ -163,20 +186,24 @@ class SpotGroup(pulumi.ComponentResource):
                 enable_secure_boot=False, enable_vtpm=True, enable_integrity_monitoring=True,
             ),
             tags=[args.network_tag],
+            # One policy at most (a single value in this SDK); instance properties name
+            # their resource policies by name, not URL.
+            resource_policies=self.placement.name if self.placement else None,
             labels=args.labels,
-            # A template cannot change in place: a new one (name_prefix) is made first and
-            # the group switches to it before the old one goes.
+            # A template cannot change in place: a new one (name_prefix gives it a new name)
+            # is made first, the group (which refers to it) switches to it, and only then
+            # does the old one go — Pulumi's create-before-delete, so never deleteBeforeReplace.
             opts=child,
         )
 
         flexibility = None
-        if len(args.machine_types) > 1:
+        if len(args.instance_types) > 1:
             flexibility = gcp.compute.RegionInstanceGroupManagerInstanceFlexibilityPolicyArgs(
                 instance_selections=[
                     gcp.compute.RegionInstanceGroupManagerInstanceFlexibilityPolicyInstanceSelectionArgs(
                         name=f"rank-{rank}", rank=rank, machine_types=[t],
                     )
-                    for rank, t in enumerate(args.machine_types, start=1)
+                    for rank, t in enumerate(args.instance_types, start=1)
                 ]
             )
         self.group = gcp.compute.RegionInstanceGroupManager(
@@ -192,6 +219,13 @@ class SpotGroup(pulumi.ComponentResource):
             # All workers in one zone (fast links between them), whichever has capacity.
             distribution_policy_target_shape="ANY_SINGLE_ZONE",
             instance_flexibility_policy=flexibility,
+            # A preempted VM is recreated ("repaired") from the configuration it was created
+            # with unless told otherwise: after a `pulumi up` that changed the code or the
+            # image, replacements would still run the old ones (from a template that may be
+            # deleted by then). YES: every repair uses the group's current template.
+            instance_lifecycle_policy=gcp.compute.RegionInstanceGroupManagerInstanceLifecyclePolicyArgs(
+                force_update_on_repair="YES", default_action_on_failure="REPAIR",
+            ),
             update_policy=gcp.compute.RegionInstanceGroupManagerUpdatePolicyArgs(
                 # No proactive rollout: a running job is never replaced by a template change;
                 # new VMs (after preemption) get the new template.
@@ -261,7 +295,9 @@ class SpotGroup(pulumi.ComponentResource):
                 priority=900,
                 source_tags=[args.network_tag],
                 target_tags=[args.network_tag],
-                allows=[gcp.compute.FirewallAllowArgs(protocol="tcp", ports=[f"{WORKER_PORTS[0]}-{WORKER_PORTS[1]}"])],
-                description="trainstack: TensorFlow workers reach each other",
+                # Every port: TF's gRPC servers listen on WORKER_PORTS (components/common.py),
+                # but NCCL's collectives connect on ephemeral ports it cannot be pinned to.
+                allows=[gcp.compute.FirewallAllowArgs(protocol="all")],
+                description="trainstack: training peers reach each other (members only)",
                 opts=child,
             )

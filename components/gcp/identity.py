@@ -4,7 +4,7 @@ Least privilege for one run, granted on the resources themselves: objects under 
 run's prefix of this stack's bucket (read/write/delete), the trainer code (read), the
 data set when it is in GCS (read), this stack's image repository (pull), and resizing
 only this stack's instance group (a custom role with two permissions, under an IAM
-condition naming the group). The machine reads its identity from the metadata server.
+condition naming the group, and one to follow the resize's operation). The machine reads its identity from the metadata server.
 """
 
 from __future__ import annotations
@@ -14,8 +14,18 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_gcp as gcp
 
-# What the machine's finish step needs to set its own group's size to zero.
+from trainer import layout
+
+# What the machine's finish step needs to set its own group's size to zero. GCE's IAM
+# cannot look at the size a resize asks for (no request attributes in its conditions), so
+# the narrowest grant is this pair on the one group, by name.
 RESIZE_PERMISSIONS = ["compute.instanceGroupManagers.get", "compute.instanceGroupManagers.update"]
+# `gcloud compute instance-groups managed resize` then waits on the region operation the
+# resize started; without this it reports failure although the resize went through. The
+# operation is another resource than the group, so the group-name condition above can
+# never match it: a separate, read-only grant (operation metadata of the project's region
+# operations, nothing else).
+OPERATION_PERMISSIONS = ["compute.regionOperations.get"]
 
 
 @dataclass(kw_only=True)
@@ -39,9 +49,9 @@ class InstanceIdentityArgs:
     custom_role_id: str
     """Id of the project custom role holding the resize permissions."""
     data_uri: str | None = None
+    """gs://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
     nodes: int = 1
     """Machines in the group; with more than one they list instances to find their peers."""
-    """gs://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
 
 
 def split_gs_uri(uri: str) -> tuple[str, str]:
@@ -80,7 +90,7 @@ class InstanceIdentity(pulumi.ComponentResource):
             opts=child,
         )
         member = pulumi.Output.concat("serviceAccount:", self.account.email)
-        run_prefix = f"runs/{args.run_id}/"
+        run_prefix = layout.run_prefix(args.run_id)
         self.grants: list[pulumi.Resource] = [
             gcp.storage.BucketIAMMember(
                 f"{name}-run-objects",
@@ -100,7 +110,7 @@ class InstanceIdentity(pulumi.ComponentResource):
                 member=member,
                 condition=gcp.storage.BucketIAMMemberConditionArgs(
                     title="trainer code",
-                    expression=prefix_condition(args.bucket_name, "code/"),
+                    expression=prefix_condition(args.bucket_name, layout.CODE_PREFIX),
                 ),
                 opts=child,
             ),
@@ -147,6 +157,19 @@ class InstanceIdentity(pulumi.ComponentResource):
                     expression=f'resource.name == "{group_path}"',
                 ),
                 opts=child,
+            )
+        )
+        operations = gcp.projects.IAMCustomRole(
+            f"{name}-operations-role",
+            project=args.gcp_project,
+            role_id=args.custom_role_id.removesuffix("_resize") + "_ops",
+            title="trainstack: follow own resize operations",
+            permissions=OPERATION_PERMISSIONS,
+            opts=child,
+        )
+        self.grants.append(
+            gcp.projects.IAMMember(
+                f"{name}-operations", project=args.gcp_project, role=operations.name, member=member, opts=child
             )
         )
         if args.nodes > 1:

@@ -14,54 +14,21 @@ service account.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 import pulumi
-import pulumi_docker_build as docker_build
 import pulumi_gcp as gcp
 
-from components.code import TRAINER_DIR, pack, pushed_image
+from components.code import TrainerImageArgs, TrainerImageBase
+
+__all__ = ["TrainerImage", "TrainerImageArgs"]
 
 
-@dataclass(kw_only=True)
-class TrainerImageArgs:
-    """Inputs of a TrainerImage."""
+class TrainerImage(TrainerImageBase):
+    """The trainer image, built from trainer/Dockerfile and pushed to Artifact Registry by a content tag."""
 
-    repository_url: pulumi.Input[str]
-    """The image path in the stack's repository, REGION-docker.pkg.dev/PROJECT/REPO/trainer (no tag)."""
-    base_image: str
-    """The pinned image the Dockerfile builds FROM (the stack's image.reference)."""
-    source_dir: str = str(TRAINER_DIR)
-    """The trainer package (with its Dockerfile) to build."""
+    TYPE = "trainstack:gcp:TrainerImage"
 
-
-class TrainerImage(pulumi.ComponentResource):
-    """The trainer image, built from trainer/Dockerfile and pushed by a content tag."""
-
-    image: docker_build.Image
-    tag: str
-    """The content tag, trainer-<hash>."""
-    digest: pulumi.Output[str]
-    """sha256:… of the pushed image."""
-    ref: pulumi.Output[str]
-    """<repository_url>@<digest>: what the machines pull."""
-
-    def __init__(self, name: str, args: TrainerImageArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("trainstack:gcp:TrainerImage", name, None, opts)
-        data = pack(Path(args.source_dir))
-        # The deployer's own credentials, through the stack's provider.
+    def _login(self, args: TrainerImageArgs) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
+        # The deployer's own credentials, through the stack's provider. Artifact Registry
+        # takes an OAuth access token under this fixed user name.
         client = gcp.organizations.get_client_config_output(opts=pulumi.InvokeOptions(parent=self))
-        self.tag, self.image = pushed_image(
-            f"{name}-image",
-            data=data,
-            base_image=args.base_image,
-            repository_url=args.repository_url,
-            # Artifact Registry takes an OAuth access token under this fixed user name.
-            username="oauth2accesstoken",
-            password=client.access_token,
-            parent=self,
-        )
-        self.digest = self.image.digest
-        self.ref = pulumi.Output.concat(args.repository_url, "@", self.image.digest)
-        self.register_outputs({"digest": self.digest, "ref": self.ref})
+        return "oauth2accesstoken", client.access_token

@@ -7,20 +7,10 @@ computed from the project, stack and GCP project instead of random suffixes.
 
 from __future__ import annotations
 
-import hashlib
 import re
 
+from components.common import short_digest, slug
 from components.settings import bucket_name_problem
-
-
-def slug(text: str, limit: int) -> str:
-    """Lowercase letters, digits and single '-' only, at most `limit` characters."""
-    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    return s[:limit].rstrip("-") or "x"
-
-
-def _digest(*parts: str, n: int) -> str:
-    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:n]
 
 
 def default_bucket_name(*, project: str, stack: str, gcp_project: str, region: str) -> str:
@@ -30,7 +20,7 @@ def default_bucket_name(*, project: str, stack: str, gcp_project: str, region: s
     stack called `dev` do not collide. GCS refuses "google" anywhere in a name.
     """
     stem = f"{slug(project, 20)}-{slug(stack, 28)}".replace("google", "g")
-    name = f"{stem}-{_digest(project, stack, gcp_project, region, n=12)}"
+    name = f"{stem}-{short_digest(project, stack, gcp_project, region, n=12)}"
     problem = bucket_name_problem("gcp", name)
     if problem:  # unreachable for slugs; kept so a future change cannot ship a bad name
         raise ValueError(f"generated bucket name {name!r}: {problem}")
@@ -43,20 +33,31 @@ def _rfc1035(text: str, limit: int) -> str:
     return s if s[0].isalpha() else f"t{s}"[:limit].rstrip("-")
 
 
-def group_name(*, project: str, stack: str) -> str:
-    """The regional managed instance group's name (unique per GCP project and region)."""
+def group_name(*, project: str, stack: str, run_id: str | None = None) -> str:
+    """The regional managed instance group's name (unique per GCP project and region).
+
+    A run id other than the stack's own name is part of it (after `--`, which no slug
+    holds; a digest of it when the name would be too long): a new `run.id` is a new group,
+    launched at `nodes` with a fresh runtime cap, while the old run's group is deleted.
+    """
     stem = _rfc1035(f"{project}-{stack}", 50)
+    if run_id and run_id != stack:
+        run = slug(run_id, 63)
+        if len(stem) + 2 + len(run) > 50:
+            run = short_digest(run_id, n=8)
+            stem = stem[: 50 - 2 - len(run)].rstrip("-")
+        stem = f"{stem}--{run}"
     return f"{stem}-gpu"
 
 
-def repository_id(*, project: str, stack: str) -> str:
+def repository_name(*, project: str, stack: str) -> str:
     """The Artifact Registry repository of this stack's trainer image."""
     return _rfc1035(f"{project}-{stack}", 63)
 
 
 def service_account_id(*, project: str, stack: str) -> str:
     """The machines' service account id: 6-30 characters, unique per stack."""
-    return f"ts-{slug(stack, 18)}-{_digest(project, stack, n=6)}"
+    return f"ts-{slug(stack, 18)}-{short_digest(project, stack, n=6)}"
 
 
 def network_tag(*, project: str, stack: str) -> str:

@@ -1,8 +1,9 @@
 """ImageRepository: the stack's private Artifact Registry Docker repository.
 
 Tags are immutable (a pinned tag can never move under a running job), pushed images are
-scanned for vulnerabilities, and cleanup policies keep the newest N versions and delete
-the rest. Artifact Registry encrypts at rest with Google-managed keys.
+scanned for vulnerabilities when the project has the Container Scanning API on, and
+cleanup policies keep the newest N versions and delete the rest. Artifact Registry
+encrypts at rest with Google-managed keys.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ IMAGE_NAME = "trainer"
 class ImageRepositoryArgs:
     """Inputs of an ImageRepository."""
 
-    repository_id: str
+    repository_name: str
     """The repository's id, e.g. trainstack-dev."""
     location: str
     """The region the repository lives in (next to the machines)."""
-    project: str
+    gcp_project: str
     """The GCP project (part of the image path)."""
     keep_images: int = 10
     """Image versions kept; older ones are deleted by the cleanup policies."""
@@ -42,13 +43,17 @@ class ImageRepository(pulumi.ComponentResource):
         super().__init__("trainstack:gcp:ImageRepository", name, None, opts)
         self.repository = gcp.artifactregistry.Repository(
             f"{name}-repo",
-            repository_id=args.repository_id,
+            repository_id=args.repository_name,
             location=args.location,
             format="DOCKER",
             description="trainstack trainer images",
             docker_config=gcp.artifactregistry.RepositoryDockerConfigArgs(immutable_tags=True),
+            # INHERITED or DISABLED are the only values (the provider refuses anything
+            # else): INHERITED scans pushed images whenever the project has the Container
+            # Scanning API (containerscanning.googleapis.com, billed per image) on. The stack
+            # does not turn that API on for the user.
             vulnerability_scanning_config=gcp.artifactregistry.RepositoryVulnerabilityScanningConfigArgs(
-                enablement_config="AUTOMATIC",
+                enablement_config="INHERITED",
             ),
             # KEEP wins over DELETE: every version is a deletion candidate except the newest N.
             cleanup_policy_dry_run=False,
@@ -70,7 +75,7 @@ class ImageRepository(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.url = pulumi.Output.concat(
-            args.location, "-docker.pkg.dev/", args.project, "/", self.repository.repository_id,
+            args.location, "-docker.pkg.dev/", args.gcp_project, "/", self.repository.repository_id,
             f"/{IMAGE_NAME}",
         )
         self.register_outputs({"url": self.url})

@@ -8,12 +8,12 @@ group, the region and the command that watches the run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pulumi
 import pulumi_gcp as gcp
 
 from components import userdata
+from components.code import user_code_dir
+from components.common import StackOutputs, TrainingStackArgs, image_ref, run_uri
 from components.gcp.bucket import TrainingBucket, TrainingBucketArgs
 from components.gcp.code import TrainerCode, TrainerCodeArgs
 from components.gcp.group import SpotGroup, SpotGroupArgs
@@ -24,43 +24,35 @@ from components.gcp.naming import (
     default_bucket_name,
     group_name,
     network_tag,
-    repository_id,
+    repository_name,
     service_account_id,
 )
 from components.gcp.repository import ImageRepository, ImageRepositoryArgs
-from components.settings import Settings
 from components.tags import gcp_labels
 
-# The APIs the stack's resources live in; a new project has most of them off.
+__all__ = ["APIS", "PREREQUISITE_APIS", "TrainingStack", "TrainingStackArgs"]
+
+# Turned on first: project-level IAM grants (the resize and peer-listing roles) read and
+# write the project's IAM policy through the Cloud Resource Manager API, and the
+# provider's reads of the other APIs' state go through it too. A fresh project has it off.
+RESOURCE_MANAGER_API = "cloudresourcemanager.googleapis.com"
+# The APIs the stack's resources live in, turned on after the Resource Manager API; a new
+# project has most of them off.
 APIS = (
+    RESOURCE_MANAGER_API,
     "artifactregistry.googleapis.com",
     "cloudscheduler.googleapis.com",
     "compute.googleapis.com",
     "iam.googleapis.com",
     "storage.googleapis.com",
 )
+# What must be on before the first `pulumi up`, because turning the others on goes through
+# them: `gcloud services enable cloudresourcemanager.googleapis.com serviceusage.googleapis.com`.
+PREREQUISITE_APIS = (RESOURCE_MANAGER_API, "serviceusage.googleapis.com")
 
 
-@dataclass(kw_only=True)
-class TrainingStackArgs:
-    """Inputs of a TrainingStack."""
-
-    settings: Settings
-    """The stack's validated configuration."""
-    project: str = "trainstack"
-    """The Pulumi project name (part of generated names and labels)."""
-
-
-class TrainingStack(pulumi.ComponentResource):
+class TrainingStack(StackOutputs):
     """Everything one GCP training run needs."""
-
-    bucket_name: pulumi.Output[str]
-    run_uri: pulumi.Output[str]
-    image_ref: pulumi.Output[str]
-    group_name: pulumi.Output[str]
-    region: pulumi.Output[str]
-    watch_command: pulumi.Output[str]
-    code_uri: pulumi.Output[str]
 
     def __init__(self, name: str, args: TrainingStackArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:gcp:TrainingStack", name, None, opts)
@@ -74,18 +66,20 @@ class TrainingStack(pulumi.ComponentResource):
         api_provider = gcp.Provider(
             f"{name}-gcp-apis", project=s.project, region=s.region, opts=pulumi.ResourceOptions(parent=self)
         )
-        apis = [
-            gcp.projects.Service(
+
+        def api_service(api: str, after: list[pulumi.Resource]) -> gcp.projects.Service:
+            return gcp.projects.Service(
                 f"{name}-api-{api.split('.')[0]}",
                 project=s.project,
                 service=api,
                 # Other workloads of the project may use these APIs: destroy leaves them on.
                 disable_on_destroy=False,
                 disable_dependent_services=False,
-                opts=pulumi.ResourceOptions(parent=self, provider=api_provider),
+                opts=pulumi.ResourceOptions(parent=self, provider=api_provider, depends_on=after),
             )
-            for api in APIS
-        ]
+
+        resource_manager = api_service(RESOURCE_MANAGER_API, [])
+        apis = [resource_manager] + [api_service(api, [resource_manager]) for api in APIS if api != RESOURCE_MANAGER_API]
         provider = gcp.Provider(
             f"{name}-gcp", project=s.project, region=s.region,
             opts=pulumi.ResourceOptions(parent=self, depends_on=apis),
@@ -100,6 +94,7 @@ class TrainingStack(pulumi.ComponentResource):
                 or default_bucket_name(project=args.project, stack=s.stack, gcp_project=s.project, region=s.region),
                 location=s.region,
                 keep_on_destroy=s.storage.keep_on_destroy,
+                adopt=args.adopt_bucket,
                 noncurrent_days=s.storage.noncurrent_days,
                 labels=labels,
             ),
@@ -108,12 +103,12 @@ class TrainingStack(pulumi.ComponentResource):
         repo = ImageRepository(
             f"{name}-images",
             ImageRepositoryArgs(
-                repository_id=repository_id(**names), location=s.region, project=s.project,
+                repository_name=repository_name(**names), location=s.region, gcp_project=s.project,
                 keep_images=s.image.keep_images, labels=labels,
             ),
             opts=child,
         )
-        mig_name = group_name(**names)
+        mig_name = group_name(**names, run_id=run_id)
         identity = InstanceIdentity(
             f"{name}-identity",
             InstanceIdentityArgs(
@@ -131,25 +126,19 @@ class TrainingStack(pulumi.ComponentResource):
             opts=child,
         )
         code = TrainerCode(
-            f"{name}-code", TrainerCodeArgs(bucket_name=bucket.name, baked_into_image=s.image.build), opts=child
+            f"{name}-code", TrainerCodeArgs(bucket_name=bucket.name, baked_into_image=s.image.build,
+                                        user_code_dir=user_code_dir(s)), opts=child
         )
 
-        self.bucket_name = bucket.name
-        self.run_uri = pulumi.Output.concat("gs://", bucket.name, f"/runs/{run_id}")
-        if s.image.build:
-            # The machines run the pushed image by digest; their user data waits for the push.
-            image = TrainerImage(
-                f"{name}-image",
-                TrainerImageArgs(repository_url=repo.url, base_image=s.image.reference),
-                opts=child,
-            )
-            self.image_ref = image.ref
-        else:
-            self.image_ref = pulumi.Output.from_input(s.image.reference)
-        self.code_uri = code.code_uri
+        run = run_uri("gcp", bucket.name, run_id)
+        # The machines run the pushed image by digest; their user data waits for the push.
+        image = image_ref(s, lambda: TrainerImage(
+            f"{name}-image", TrainerImageArgs(repository_url=repo.url, base_image=s.image.reference,
+                                           user_code_dir=user_code_dir(s)), opts=child,
+        ).ref)
 
         user_data = userdata.user_data_output(
-            "gcp", s, group=mig_name, run_uri=self.run_uri, code_uri=self.code_uri, image_ref=self.image_ref
+            "gcp", s, group=mig_name, run_uri=run, code_uri=code.code_uri, image_ref=image
         )
         c = s.compute
         group = SpotGroup(
@@ -158,7 +147,7 @@ class TrainingStack(pulumi.ComponentResource):
                 group_name=mig_name,
                 gcp_project=s.project,
                 region=s.region,
-                machine_types=list(c.instance_types),
+                instance_types=list(c.instance_types),
                 network_tag=network_tag(**names),
                 service_account_email=identity.email,
                 user_data=user_data,
@@ -168,7 +157,7 @@ class TrainingStack(pulumi.ComponentResource):
                 spot=c.spot,
                 max_runtime_hours=c.max_runtime_hours,
                 root_disk_gb=c.root_disk_gb,
-                image=c.image_id,
+                image_id=c.image_id,
                 zones=list(c.zones),
                 allowed_cidrs=list(s.access.allowed_cidrs),
                 ssh_public_key=s.access.ssh_public_key,
@@ -178,19 +167,7 @@ class TrainingStack(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        self.group_name = group.group_name
-        self.region = pulumi.Output.from_input(s.region)
-        self.watch_command = pulumi.Output.from_input(f"python -m ops status --stack {s.stack}")
-        self.register_outputs(self.exports())
-
-    def exports(self) -> dict[str, pulumi.Output]:
-        """The stack outputs, by their exported (camelCase) names."""
-        return {
-            "bucketName": self.bucket_name,
-            "runUri": self.run_uri,
-            "imageRef": self.image_ref,
-            "groupName": self.group_name,
-            "region": self.region,
-            "watchCommand": self.watch_command,
-            "codeUri": self.code_uri,
-        }
+        self._set_outputs(
+            s, bucket_name=bucket.name, run_uri=run, image_ref=image, group_name=group.group_name,
+            code_uri=code.code_uri,
+        )

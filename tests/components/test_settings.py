@@ -86,6 +86,10 @@ WITH_KEY = {"sshPublicKey": KEY}
 INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     # the file and its top-level keys
     ("not-yaml", "config:\n  trainstack:run: [unclosed\n", "config", "not valid YAML"),
+    ("yaml-error-names-the-line", "config:\n  trainstack:cloud: aws\n  trainstack:region: us-east-1\n"
+     "  trainstack:run:\n    steps: 10\n   synthetic: true\n", "config", "not valid YAML at line 6"),
+    ("yaml-unclosed-names-where-it-opened", "config:\n  trainstack:cloud: aws\n  trainstack:run: [unclosed\n",
+     "config", "flow sequence opened at line 3"),
     ("config-not-mapping", "config: [a, b]\n", "config", "expected a mapping"),
     ("unknown-top-key", stack(trainstack__regoin="us-east-1"), "regoin", "did you mean trainstack:region"),
     ("cloud-azure", stack(trainstack_cloud="azure"), "cloud", "expected aws or gcp"),
@@ -112,6 +116,9 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     ("data-of-other-cloud", stack(**{R: {"synthetic": DEL, "dataUri": "gs://my-data/x/"}}), "run.dataUri", "expected s3://"),
     ("run-id-uppercase", stack(**{R: {"id": "My Run"}}), "run.id", "lowercase"),
     ("model-unknown", stack(**{R: {"model": "resnet"}}), "run.model", "package.module:function"),
+    ("user-model-without-code", stack(**{R: {"model": "shapes.model:build"}}), "run.model", "set run.code"),
+    ("code-missing-folder", stack(**{R: {"model": "shapes.model:build", "code": "examples/nope"}}), "run.code",
+     "no such folder"),
     ("extra-args-not-list", stack(**{R: {"extraArgs": "--xla"}}), "run.extraArgs", "expected a list"),
     ("extra-args-override", stack(**{R: {"extraArgs": ["--steps=5"]}}), "run.extraArgs", "set by the stack itself"),
     ("checkpoint-past-cap", stack(**{R: {"checkpointEverySeconds": 40_000}}), "run.checkpointEverySeconds",
@@ -174,6 +181,7 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     ("bucket-dash-start", stack(**{S: {"bucketName": "-bucket"}}), "storage.bucketName", "start and end"),
     ("keep-not-bool", stack(**{S: {"keepOnDestroy": "yes please"}}), "storage.keepOnDestroy", "expected true or false"),
     ("noncurrent-zero", stack(**{S: {"noncurrentDays": 0}}), "storage.noncurrentDays", "1 or more"),
+    ("adopt-not-bool", stack(**{S: {"adopt": "please"}}), "storage.adopt", "expected true or false"),
     # access
     ("cidr-prefix-33", stack(**{A: {**WITH_KEY, "allowedCidrs": ["10.0.0.0/33"]}}), "access.allowedCidrs",
      "is not a CIDR"),
@@ -220,6 +228,35 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     ("gcp-bucket-google", gcp(**{S: {"bucketName": "my-google-data"}}), "storage.bucketName", "google"),
     ("gcp-zone-mismatch", gcp(**{C: {"zones": ["europe-west4-a"]}}), "compute.zones[0]", "not a zone of region"),
     ("gcp-data-on-s3", gcp(**{R: {"synthetic": DEL, "dataUri": "s3://my-data/x/"}}), "run.dataUri", "expected gs://"),
+    # types the default image's driver, or TensorFlow itself, cannot use (the reason is in the line)
+    ("p3-on-open-driver-ami", stack(**{C: {"instanceTypes": ["g5.xlarge", "p3.2xlarge"]}}), "compute.instanceTypes[1]",
+     "open kernel modules, which support Turing and newer GPUs, not the V100"),
+    ("p3dn-on-open-driver-ami", stack(**{C: {"instanceTypes": ["p3dn.24xlarge"], "gpusPerNode": 8}}),
+     "compute.instanceTypes[0]", "not the V100 of P3dn"),
+    ("p2-k80", stack(**{C: {"instanceTypes": ["p2.xlarge"]}}), "compute.instanceTypes[0]", "the K80 of P2 is 3.7"),
+    ("p2-k80-even-with-own-ami", stack(**{C: {"instanceTypes": ["p2.8xlarge"], "gpusPerNode": 8,
+                                              "imageId": "ami-0123456789abcdef0"}}), "compute.instanceTypes[0]",
+     "compute capability 6.0 or newer"),
+    ("g3-m60", stack(**{C: {"instanceTypes": ["g3.4xlarge"]}}), "compute.instanceTypes[0]", "the M60 of G3 is 5.2"),
+    ("g3s-m60", stack(**{C: {"instanceTypes": ["g3s.xlarge"]}}), "compute.instanceTypes[0]", "the M60 of G3 is 5.2"),
+    ("gcp-a3-on-driver-550", gcp(**{C: {"instanceTypes": ["a3-highgpu-8g"], "gpusPerNode": 8}}),
+     "compute.instanceTypes[0]", "driver 555 or newer"),
+    ("gcp-a3-mega-on-driver-550", gcp(**{C: {"instanceTypes": ["a2-highgpu-8g", "a3-megagpu-8g"], "gpusPerNode": 8}}),
+     "compute.instanceTypes[1]", "H100"),
+    ("gcp-n1-k80", gcp(**{C: {"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-k80"}}),
+     "compute.accelerator", "the K80 is 3.7"),
+    # run.extraArgs: parsed by the trainer's own parser, as the machine parses them
+    ("extra-args-unknown-flag", stack(**{R: {"extraArgs": ["--no-such-flag"]}}), "run.extraArgs[0]",
+     "'--no-such-flag' is not a flag of the trainer"),
+    ("extra-args-typo", stack(**{R: {"extraArgs": ["--xla", "--grad-acum=2"]}}), "run.extraArgs[1]",
+     "did you mean '--grad-accum'?"),
+    ("extra-args-bad-value", stack(**{R: {"extraArgs": ["--precision=fp8"]}}), "run.extraArgs[0]",
+     "invalid choice: 'fp8'"),
+    ("extra-args-value-on-switch", stack(**{R: {"extraArgs": ["--xla=1"]}}), "run.extraArgs[0]",
+     "the trainer refuses it"),
+    ("extra-args-stray-word", stack(**{R: {"extraArgs": ["xla"]}}), "run.extraArgs[0]", "write flags as --name=value"),
+    ("gcp-n1-unknown-accelerator", gcp(**{C: {"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-a100"}}),
+     "compute.accelerator", "expected one of nvidia-tesla-t4"),
 ]
 
 VALID: list[tuple[str, dict[str, Any]]] = [
@@ -232,11 +269,18 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("short-cap", stack(**{C: {"maxRuntimeHours": 0.5}}, **{R: {"checkpointEverySeconds": 600}})),
     ("bucket-with-dots", stack(**{S: {"bucketName": "my.training.bucket", "keepOnDestroy": False}})),
     ("zones-and-subnets", stack(**{C: {"zones": ["us-east-1a", "us-east-1b"], "subnets": ["subnet-0123456789abcdef0"]}})),
-    ("module-function-model", stack(**{R: {"model": "my_models.vision:build", "id": "exp-7"}})),
+    ("module-function-model", stack(**{R: {"model": "shapes.model:build", "code": "examples/image-cnn", "id": "exp-7"}})),
     ("four-gpu-types", stack(**{C: {"instanceTypes": ["g5.12xlarge", "g6.12xlarge"], "gpusPerNode": 4, "nodes": 2}})),
     ("secure-other-namespace", stack(aws__secretKey={"secure": "v1:Zm9v"})),
     ("gcp", gcp()),
     ("gcp-n1", gcp(**{C: {"instanceTypes": ["n1-standard-16"], "accelerator": "nvidia-tesla-t4", "gpusPerNode": 4}})),
+    # an image of the user's own choosing brings its own driver: V100 and H100 are theirs to run
+    ("p3-with-own-ami", stack(**{C: {"instanceTypes": ["p3.2xlarge"], "imageId": "ami-0123456789abcdef0"}})),
+    ("gcp-a3-with-own-image", gcp(**{C: {"instanceTypes": ["a3-highgpu-8g"], "gpusPerNode": 8,
+                                         "imageId": "projects/my-project-123/global/images/tf-driver-570"}})),
+    ("p5-and-a100", stack(**{C: {"instanceTypes": ["p5.48xlarge", "p4d.24xlarge"], "gpusPerNode": 8}})),
+    ("gcp-a2-and-v100", gcp(**{C: {"instanceTypes": ["a2-highgpu-1g"]}})),
+    ("extra-args-flag-and-value", stack(**{R: {"extraArgs": ["--grad-accum", "4", "--lm-tied", "--log-every=50"]}})),
 ]
 
 
@@ -252,7 +296,7 @@ def test_enough_cases_covering_every_key():
     named = {c[2] for c in INVALID}
     for block in st.BLOCKS:
         model = st.Settings.model_fields[block].annotation
-        for key in st._known_keys(model):
+        for key in st.known_keys(model):
             assert any(n == f"{block}.{key}" or n.startswith(f"{block}.{key}[") for n in named), f"{block}.{key} untested"
     for key in st.SCALARS:
         assert key in named
@@ -275,11 +319,11 @@ def test_invalid_stack_file_is_refused_with_one_line(tmp_path, case, doc, key, f
 
 @pytest.mark.parametrize(("case", "doc", "key", "fragment"), INVALID, ids=[c[0] for c in INVALID])
 def test_ops_synth_exits_2_and_writes_nothing(tmp_path, capsys, monkeypatch, case, doc, key, fragment):
-    from ops import synth
+    from ops import mockrun
     from ops.__main__ import main
 
     ran = []
-    monkeypatch.setattr(synth, "_run", lambda *a, **k: ran.append(a))
+    monkeypatch.setattr(mockrun, "_run", lambda *a, **k: ran.append(a))
     _write(tmp_path, "bad", doc)
     out = tmp_path / "out"
     code = main(["synth", "--stack", "bad", "--out", str(out), "--stacks-dir", str(tmp_path)])
@@ -388,3 +432,13 @@ def test_program_config_is_validated_like_the_stack_file():
     with pytest.raises(ConfigError) as info:
         _from_sdk({**cfg, "trainstack:compute": {**cfg["trainstack:compute"], "nodes": 0}}, [])
     assert str(info.value) == "trainstack:compute.nodes: 0: expected 1 or more"
+
+
+def test_trainer_flags_are_read_without_tensorflow():
+    """The extraArgs check reads the trainer's own parser; loading a stack must not import TensorFlow."""
+    code = ("import sys; from components.settings import load_stack_file, common; "
+            "s = load_stack_file('stacks/Pulumi.large.yaml'); assert s.run.extra_args; "
+            "assert '--grad-accum' in common.trainer_flags(); "
+            "assert 'tensorflow' not in sys.modules, 'tensorflow imported'; print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr

@@ -47,6 +47,10 @@ def test_example_records_train_stop_resume_complete_and_serve(tmp_path):
     assert events[-1]["event"] == "finished" and events[-1]["step"] == stopped + 40
     done = json.loads((tmp_path / "run" / "COMPLETE").read_text())
     assert done["attempts"] == 2 and done["examples_seen"] == (stopped + 40) * 32
+    # COMPLETE says how to call the model: the SavedModel's own signature.
+    assert done["signature"]["endpoint"] == "serve"
+    assert done["signature"]["inputs"] == {"image": {"dtype": "float32", "shape": [None, 32, 32, 1]}}
+    assert [o["shape"] for o in done["signature"]["outputs"].values()] == [[None, 4]]
 
     # The SavedModel answers on its own: no trainstack and no example code on the path.
     probe = (

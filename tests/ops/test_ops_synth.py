@@ -78,11 +78,28 @@ def test_cli_unknown_stack_exits_2(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_cli_unknown_stack_lists_the_stacks_there_are(tmp_path, capsys):
+    from ops.__main__ import main
+
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    for name in ("prod", "dev"):
+        (stacks / f"Pulumi.{name}.yaml").write_text((ROOT / "stacks" / "Pulumi.dev.yaml").read_text())
+    assert main(["synth", "--stack", "dve", "--out", str(tmp_path / "o"), "--stacks-dir", str(stacks)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Pulumi.dve.yaml" in err and err.rstrip().endswith("stacks there: dev, prod")
+    assert not (tmp_path / "o").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["synth", "--stack", "dev", "--out", str(tmp_path / "o"), "--stacks-dir", str(empty)]) == 2
+    assert "there is no stack file there" in capsys.readouterr().err
+
+
 def test_synthesize_runs_repeatedly_without_state_leaking_between_runs():
     dev = ROOT / "stacks" / "Pulumi.dev.yaml"
     large = ROOT / "stacks" / "Pulumi.large.yaml"
     runs = [synth.synthesize(p) for p in (dev, large, dev)]
-    assert [len(r.resources) for r in runs] == [24, 24, 24]
+    assert [len(r.resources) for r in runs] == [24, 25, 24]  # large: 2 nodes, + a cluster placement group
     assert [r.outputs["region"] for r in runs] == ["us-east-1", "us-west-2", "us-east-1"]
     assert runs[0].outputs == runs[2].outputs
     # Same stack, same resources; only the cap's start time follows the clock.
@@ -120,3 +137,94 @@ def test_write_creates_the_contract_layout(tmp_path):
     rel = sorted(str(p.relative_to(tmp_path / "o")) for p in written)
     assert rel == ["outputs.json", "resources.json", "user-data/trainstack-group-lt.yaml"]
     assert json.loads((tmp_path / "o" / "resources.json").read_text()) == r.resources
+
+
+def test_cli_parses_and_validates_the_stack_file_once(tmp_path, monkeypatch):
+    """`ops synth` reads the stack file and validates its settings once, then runs the program with them."""
+    from ops.__main__ import main
+
+    calls = {"read": 0, "validate": 0, "run": []}
+    read, load = synth.config.read_stack_file, synth.config.load_settings
+
+    def counted_read(*a, **k):
+        calls["read"] += 1
+        return read(*a, **k)
+
+    def counted_load(*a, **k):
+        calls["validate"] += 1
+        return load(*a, **k)
+
+    def fake_run(sdk_config, *, stack, region, gcp_project=""):
+        calls["run"].append((stack, region, sdk_config["trainstack:region"]))
+        return synth.Result(resources=[], outputs={}, user_data={})
+
+    monkeypatch.setattr(synth.config, "read_stack_file", counted_read)
+    monkeypatch.setattr(synth.config, "load_settings", counted_load)
+    monkeypatch.setattr(synth, "run_program", fake_run)
+    assert main(["synth", "--stack", "large", "--out", str(tmp_path / "o")]) == 0
+    assert calls == {"read": 1, "validate": 1, "run": [("large", "us-west-2", "us-west-2")]}
+
+
+def test_settings_and_policy_share_one_definition_of_secrets_and_defaults():
+    """The neutral module is the one both sides import; the policy rules load without pydantic or settings."""
+    from components import config_shared
+    from components.settings import schema
+    from policy import rules
+
+    assert rules.secret_kind is config_shared.secret_kind
+    assert rules.SECRET_PATTERNS is config_shared.SECRET_PATTERNS
+    assert schema.ComputeSettings.model_fields["spot"].default is config_shared.DEFAULT_SPOT
+    assert schema.StorageSettings.model_fields["keep_on_destroy"].default is config_shared.DEFAULT_KEEP_ON_DESTROY
+    code = ("import sys; from policy import rules; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('pydantic', 'pulumi') or m.startswith('components.settings')); "
+            "print(bad); assert not bad, bad; assert rules.RULES")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_cli_ends_with_a_plan_of_resources_machines_and_cost(tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("--stack", "large", "--out", str(out), "--offline")
+    assert proc.returncode == 0, proc.stderr
+    plan = proc.stdout.split("Plan for stack large", 1)[1]
+    # what is created, by type, with the fake cloud's values marked
+    assert "Resources (25), by type:" in plan  # 2 nodes: with a cluster placement group
+    assert "1 x aws:ec2/launchTemplate:LaunchTemplate: trainstack-group-lt" in plan
+    assert f"imageId={synth.FAKE_AMI} (mock)" in plan
+    # machines x nodes, each type's price, expected and worst case under the 72 h cap
+    assert "Machines: 2 nodes x 8 GPU, spot, one of: p4d.24xlarge, p5.48xlarge, g6e.48xlarge" in plan
+    assert "spot $12.05/h (estimate)" in plan
+    assert "Expected: $24.10-$78.66/h for 2 nodes (spot: estimated" in plan
+    assert "Worst case: $196.64/h (the on-demand price x 2 nodes) until the runtime cap (72 h): $14,158.08" in plan
+    assert "recorded 2026-11-30" in plan
+    # the files the contract names are unchanged by the plan
+    written = synth.Result(resources=json.loads((out / "resources.json").read_text()), outputs={}, user_data={})
+    assert without_start_time(written) == without_start_time(synth.synthesize(ROOT / "stacks" / "Pulumi.large.yaml"))
+
+
+@pytest.mark.slow
+def test_plan_uses_ec2_spot_prices_when_aws_answers():
+    from moto import mock_aws
+
+    dev = synth.load_source(ROOT / "stacks" / "Pulumi.dev.yaml")
+    result = synth.synthesize(dev)
+    with mock_aws():
+        plan = synth.plan(result, dev.settings)
+    assert "spot $0.00001/h (price API)" in plan
+    assert "(spot: the cloud's current prices)" in plan
+    offline = synth.plan(result, dev.settings, ask_prices=False)
+    assert "(estimate)" in offline and "(price API)" not in offline
+
+
+def test_gcp_plan_prices_the_stack_and_marks_only_invented_values():
+    gcp_dev = synth.load_source(ROOT / "stacks" / "Pulumi.gcp-dev.yaml")
+    plan = synth.plan(synth.synthesize(gcp_dev), gcp_dev.settings)
+    assert "Plan for stack gcp-dev (gcp, us-central1)" in plan
+    assert "Machines: 1 node x 1 GPU, spot, one of: g2-standard-4, g2-standard-8" in plan
+    assert "g2-standard-8  on-demand $0.853624/h  spot $0.34145/h (estimate)" in plan
+    assert "Worst case: $0.853624/h (the on-demand price x 1 node) until the runtime cap (10 h): $8.54\n" in plan
+    # gs://<the stack's own bucket>/runs/... is what GCP would answer too: not a mock value
+    run_uri = next(line for line in plan.splitlines() if line.strip().startswith("runUri"))
+    assert run_uri.rstrip().endswith("/runs/gcp-dev"), run_uri

@@ -86,3 +86,18 @@ def test_cli_help_and_config_error_exit_codes():
     bad = subprocess.run([sys.executable, "-m", "trainer", "--run-uri", "s3://b/r"], cwd=REPO, env=env,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--synthetic or --data-uri" in bad.stderr
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--stpes", "5"], "python -m trainer: error: unknown option --stpes (did you mean --steps?); see --help"),
+    (["--steps", "abc"], "python -m trainer: error: argument --steps: expected a positive integer, got 'abc'; see --help"),
+    (["--seed", "-1"], "python -m trainer: error: argument --seed: expected an integer >= 0, got '-1'; see --help"),
+    (["--learning-rate", "fast"], "python -m trainer: error: argument --learning-rate: expected a positive number, "
+                                  "got 'fast'; see --help"),
+    (["--zzz"], "python -m trainer: error: unknown option --zzz; see --help"),
+])
+def test_a_bad_flag_is_one_line_naming_it(argv, line, capsys):
+    with pytest.raises(SystemExit) as e:
+        load_config(["--run-uri", "s3://b/r", "--synthetic", *argv], {})
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [line]

@@ -6,13 +6,14 @@ import gzip
 
 import pytest
 
-from components.aws.group import DLAMI_NAME, WORKER_PORTS, cap_time
+from components.aws.group import DLAMI_NAME, cap_time
 from tests.components.aws.awshelp import SSH_KEY, one, synth_raw
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 ASG = "aws:autoscaling/group:Group"
 SG = "aws:ec2/securityGroup:SecurityGroup"
 SCHEDULE = "aws:autoscaling/schedule:Schedule"
+PLACEMENT = "aws:ec2/placementGroup:PlacementGroup"
 
 
 def test_launch_template_requires_imdsv2_and_encrypts_gp3_root():
@@ -79,14 +80,53 @@ def test_ssh_only_from_the_configured_cidrs():
     assert key["name"] in lt["options"]["dependsOn"]
 
 
-def test_several_nodes_open_the_worker_ports_to_each_other_only():
+def test_several_nodes_reach_each_other_on_every_port_and_nobody_else_does():
+    # Members only (self); every port, since NCCL's collectives use ephemeral ports.
     r = synth_raw({"compute": {"nodes": 3}})
     rules = one(r, SG)["inputs"]["ingress"]
     assert len(rules) == 1
     (rule,) = rules
     assert rule["self"] is True
-    assert (rule["fromPort"], rule["toPort"]) == WORKER_PORTS
-    assert "cidrBlocks" not in rule
+    assert (rule["protocol"], rule["fromPort"], rule["toPort"]) == ("-1", 0, 0)
+    assert "cidrBlocks" not in rule and "ipv6CidrBlocks" not in rule and "securityGroups" not in rule
+
+
+def test_one_machine_has_no_placement_group_and_spreads_over_zones():
+    r = synth_raw()
+    assert r.of_type(PLACEMENT) == []
+    assert "placementGroup" not in one(r, ASG)["inputs"]
+
+
+def test_several_machines_share_a_cluster_placement_group_in_one_zone():
+    r = synth_raw({"compute": {"nodes": 2, "zones": ["eu-west-1b", "eu-west-1c"]}}, stack="multi")
+    pg = one(r, PLACEMENT)
+    assert pg["inputs"]["strategy"] == "cluster"
+    assert pg["inputs"]["name"] == f"{r.outputs['groupName']}-placement"
+    asg = one(r, ASG)
+    assert asg["inputs"]["placementGroup"] == pg["inputs"]["name"]
+    assert pg["name"] in asg["options"]["dependsOn"]
+    # A cluster placement group cannot span zones: the group's subnets are those of one zone.
+    (lookup,) = [i for i in r.invokes if i["token"] == "aws:ec2/getSubnets:getSubnets"]
+    filters = {f["name"]: f["values"] for f in lookup["args"]["filters"]}
+    assert filters == {"vpc-id": ["vpc-0123456789abcdef0"], "availability-zone": ["eu-west-1b"]}
+    assert len(asg["inputs"]["vpcZoneIdentifiers"]) == 1
+
+
+def test_several_machines_without_zones_use_the_regions_first_available_zone():
+    r = synth_raw({"compute": {"nodes": 2}})
+    (zones,) = [i for i in r.invokes if i["token"] == "aws:index/getAvailabilityZones:getAvailabilityZones"]
+    assert zones["args"] == {"state": "available"}
+    (lookup,) = [i for i in r.invokes if i["token"] == "aws:ec2/getSubnets:getSubnets"]
+    filters = {f["name"]: f["values"] for f in lookup["args"]["filters"]}
+    assert filters["availability-zone"] == ["eu-west-1a"]
+
+
+def test_several_machines_on_own_subnets_keep_those_of_one_zone():
+    chosen = ["subnet-0123456789abcdef1", "subnet-0123456789abcdef2"]
+    r = synth_raw({"compute": {"nodes": 2, "subnets": chosen, "zones": ["eu-west-1c"]}})
+    (lookup,) = [i for i in r.invokes if i["token"] == "aws:ec2/getSubnets:getSubnets"]
+    filters = {f["name"]: f["values"] for f in lookup["args"]["filters"]}
+    assert filters == {"subnet-id": chosen, "availability-zone": ["eu-west-1c"]}
 
 
 def test_group_is_spot_price_capacity_optimized_over_the_ordered_types():
@@ -94,7 +134,8 @@ def test_group_is_spot_price_capacity_optimized_over_the_ordered_types():
     asg = one(r, ASG)
     inputs = asg["inputs"]
     assert (inputs["minSize"], inputs["maxSize"], inputs["desiredCapacity"]) == (0, 2, 2)
-    assert inputs["capacityRebalance"] is True
+    # Off: a rebalance recommendation must not replace the training machine (issue 15).
+    assert inputs["capacityRebalance"] is False
     dist = inputs["mixedInstancesPolicy"]["instancesDistribution"]
     assert dist == {
         "onDemandBaseCapacity": 0, "onDemandPercentageAboveBaseCapacity": 0,
@@ -142,7 +183,7 @@ def test_runtime_cap_schedule_at_launch_plus_cap_and_not_moved_by_later_ups():
     schedule = one(r, SCHEDULE)
     inputs = schedule["inputs"]
     assert (inputs["minSize"], inputs["maxSize"], inputs["desiredCapacity"]) == (0, 0, 0)
-    assert inputs["autoscalingGroupName"] == "trainstack-capped-gpu"
+    assert inputs["autoscalingGroupName"] == "trainstack-capped--exp-7-gpu"
     start = dt.datetime.strptime(inputs["startTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
     cap = dt.timedelta(hours=7.5)
     assert before + cap <= start <= after + cap

@@ -75,13 +75,16 @@ def test_ecr_pull_and_scaling_are_this_stacks_repository_and_group():
     assert by_sid["PullStackImage"]["Resource"] == f"arn:aws:ecr:eu-west-1:123456789012:repository/{repo}"
     assert "ecr:PutImage" not in by_sid["PullStackImage"]["Action"]
     group = r.outputs["groupName"]
-    assert group == one(r, "aws:autoscaling/group:Group")["inputs"]["name"] == "trainstack-scoped-gpu"
+    assert group == one(r, "aws:autoscaling/group:Group")["inputs"]["name"] == "trainstack-scoped--exp-7-gpu"
     assert by_sid["ScaleOwnGroup"]["Resource"] == (
         f"arn:aws:autoscaling:eu-west-1:123456789012:autoScalingGroup:*:autoScalingGroupName/{group}"
     )
-    assert sorted(by_sid["ScaleOwnGroup"]["Action"]) == [
-        "autoscaling:SetDesiredCapacity", "autoscaling:UpdateAutoScalingGroup",
-    ]
+    # Only the call the finish path makes, and only to set the group to zero: code on the
+    # machine cannot raise the group's size (a cost attack).
+    assert as_list(by_sid["ScaleOwnGroup"]["Action"]) == ["autoscaling:UpdateAutoScalingGroup"]
+    assert by_sid["ScaleOwnGroup"]["Condition"] == {
+        "NumericEquals": {"autoscaling:MinSize": "0", "autoscaling:MaxSize": "0"},
+    }
 
 
 @pytest.mark.parametrize("overrides", [{}, {"run": {"synthetic": False, "dataUri": "s3://corpus-bucket/x/"}}])
@@ -102,3 +105,29 @@ def test_only_a_multi_node_group_may_list_instances(nodes, finds_peers):
         assert peers[0]["Action"] == "ec2:DescribeInstances" and peers[0]["Resource"] == "*"
     wildcard = sorted(a for s in stmts if "*" in as_list(s["Resource"]) for a in as_list(s["Action"]))
     assert wildcard == sorted(["ecr:GetAuthorizationToken"] + (["ec2:DescribeInstances"] if finds_peers else []))
+
+
+def test_scale_conditions_use_the_documented_numeric_keys_of_the_action():
+    # The IAM reference (as parliament ships it) lists MinSize and MaxSize, Numeric, for
+    # UpdateAutoScalingGroup, and no DesiredCapacity key; a misspelt key would never match.
+    import pathlib
+
+    import parliament
+
+    from components.aws.identity import SCALE_ACTIONS
+
+    definition = json.loads((pathlib.Path(parliament.__file__).parent / "iam_definition.json").read_text())
+    (service,) = [s for s in definition if s["prefix"] == "autoscaling"]
+    kinds = {c["condition"]: c["type"] for c in service["conditions"]}
+    (statement,) = [s for s in statements(synth_raw()) if s["Sid"] == "ScaleOwnGroup"]
+    used = statement["Condition"]["NumericEquals"]
+    for action in SCALE_ACTIONS:
+        (privilege,) = [p for p in service["privileges"] if f"autoscaling:{p['privilege']}" == action]
+        keys = {k for rt in privilege["resource_types"] for k in rt["condition_keys"]}
+        assert set(used) <= keys, action
+    assert {kinds[k] for k in used} == {"Numeric"}
+    assert "autoscaling:DesiredCapacity" not in kinds
+    # Nothing on the machine calls SetDesiredCapacity; the finish path sets min, max and desired.
+    lib = (pathlib.Path(__file__).resolve().parents[3] / "userdata" / "lib.sh").read_text()
+    assert "set-desired-capacity" not in lib
+    assert "update-auto-scaling-group" in lib and "--min-size 0 --max-size 0 --desired-capacity 0" in lib

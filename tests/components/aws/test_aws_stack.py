@@ -8,7 +8,7 @@ import yaml
 
 from ops import synth
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ALL_STACK_FILES = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
 
 
@@ -41,7 +41,7 @@ def stack_config(path: Path) -> dict:
 
 def test_both_example_stacks_exist_and_are_aws():
     names = [p.name for p in STACK_FILES]
-    assert {"Pulumi.dev.yaml", "Pulumi.large.yaml"} <= set(names)
+    assert {"Pulumi.dev.yaml", "Pulumi.large.yaml", "Pulumi.multinode.yaml"} <= set(names)
 
 
 @pytest.mark.parametrize("path", STACK_FILES, ids=lambda p: p.name)
@@ -50,13 +50,15 @@ def test_stack_file_synthesizes_the_whole_stack_with_its_outputs(path):
     stack = path.name.removeprefix("Pulumi.").removesuffix(".yaml")
     run_id = cfg["run"].get("id") or stack
     r = synth.synthesize(path)
-    assert dict(Counter(x["type"] for x in r.resources)) == EXPECTED_TYPES
+    # Several machines share a cluster placement group.
+    expected = EXPECTED_TYPES | ({"aws:ec2/placementGroup:PlacementGroup": 1} if cfg["compute"]["nodes"] > 1 else {})
+    assert dict(Counter(x["type"] for x in r.resources)) == expected
     assert set(r.outputs) == EXPORTS
     bucket = r.outputs["bucketName"]
     assert r.outputs["runUri"] == f"s3://{bucket}/runs/{run_id}"
     assert r.outputs["codeUri"].startswith(f"s3://{bucket}/code/trainer-")
     assert r.outputs["region"] == cfg["region"]
-    assert r.outputs["groupName"] == f"trainstack-{stack}-gpu"
+    assert r.outputs["groupName"] == (f"trainstack-{stack}-gpu" if run_id == stack else f"trainstack-{stack}--{run_id}-gpu")
     assert r.outputs["imageRef"] == f"{cfg['image']['repository']}:{cfg['image']['tag']}"
     assert r.outputs["watchCommand"] == f"python -m ops status --stack {stack}"
     asg = r.of_type("aws:autoscaling/group:Group")[0]["inputs"]

@@ -1,0 +1,126 @@
+"""What the AWS and GCP stacks share, defined once: the stack's Args, its outputs and
+their exported names, the run's URI, the image the machines run, the worker ports and
+the name slugs.
+
+`components.aws` and `components.gcp` export the same names (TrainingStack,
+TrainingBucket, InstanceIdentity, ImageRepository, TrainerCode, SpotGroup and their
+Args); `tests/components/test_cloud_mirror.py` keeps them equal. What differs for real
+(IAM roles vs service accounts, tags vs labels, spot flags) stays inside each cloud's
+package. The run folder's names come from `trainer/layout.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pulumi
+
+from components.settings import Settings
+from trainer import layout
+
+# Ports the TensorFlow workers' gRPC servers listen on (TF_CONFIG); only the stack's
+# own machines may reach them (a security-group self rule / a network-tag firewall rule).
+WORKER_PORTS = (2222, 2231)
+
+# The stack outputs, by their exported (camelCase) names, in export order.
+EXPORT_KEYS = ("bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri")
+
+# The URI scheme of each cloud's object store.
+SCHEMES = {"aws": "s3", "gcp": "gs"}
+
+
+def slug(text: str, limit: int) -> str:
+    """Lowercase letters, digits and single '-' only, at most `limit` characters."""
+    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return s[:limit].rstrip("-") or "x"
+
+
+def short_digest(*parts: str, n: int) -> str:
+    """The first `n` hex digits of the sha256 of `parts` joined by '/': a stable name suffix."""
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:n]
+
+
+def run_uri(cloud: str, bucket: pulumi.Input[str], run_id: str) -> pulumi.Output[str]:
+    """`s3://BUCKET/runs/ID` or `gs://BUCKET/runs/ID`: the run's folder (no trailing '/')."""
+    return pulumi.Output.concat(f"{SCHEMES[cloud]}://", bucket, "/", layout.run_prefix(run_id).rstrip("/"))
+
+
+def watch_command(stack: str) -> str:
+    """The command an operator runs to follow the stack's run."""
+    return f"python -m ops status --stack {stack}"
+
+
+def image_ref(settings: Settings, build: Callable[[], pulumi.Output[str]]) -> pulumi.Output[str]:
+    """The image the machines run: the pushed image by digest (`build()`, called only when
+    the stack builds its own), else the configured pinned reference."""
+    if settings.image.build:
+        return build()
+    return pulumi.Output.from_input(settings.image.reference)
+
+
+def adopted_bucket(bucket_name: pulumi.Input[str], adopt: bool) -> str | None:
+    """The import id of a kept bucket to adopt (its name), or None to create the bucket.
+
+    `pulumi destroy` keeps the bucket (keepOnDestroy) but forgets it; the next `pulumi up`
+    would try to create it again and fail (409: the name is taken, by you). Adopting
+    imports the existing bucket into the stack instead. Once adopted, the import id
+    equals the bucket's id, so later `up`s treat it as any other resource.
+    """
+    if not adopt:
+        return None
+    if not isinstance(bucket_name, str):
+        raise TypeError("adopting a bucket needs its name before the program runs; resolve it first")
+    return bucket_name
+
+
+@dataclass(kw_only=True)
+class TrainingStackArgs:
+    """Inputs of a TrainingStack (either cloud)."""
+
+    settings: Settings
+    """The stack's validated configuration."""
+    project: str = "trainstack"
+    """The Pulumi project name (part of generated names, tags and labels)."""
+    adopt_bucket: bool = False
+    """Import the stack's existing bucket (kept by an earlier `pulumi destroy`) instead of creating it."""
+
+
+class StackOutputs(pulumi.ComponentResource):
+    """The outputs every cloud's TrainingStack declares and exports, in one place."""
+
+    bucket_name: pulumi.Output[str]
+    run_uri: pulumi.Output[str]
+    image_ref: pulumi.Output[str]
+    group_name: pulumi.Output[str]
+    region: pulumi.Output[str]
+    watch_command: pulumi.Output[str]
+    code_uri: pulumi.Output[str]
+
+    def _set_outputs(
+        self,
+        settings: Settings,
+        *,
+        bucket_name: pulumi.Output[str],
+        run_uri: pulumi.Output[str],
+        image_ref: pulumi.Output[str],
+        group_name: pulumi.Output[str],
+        code_uri: pulumi.Output[str],
+    ) -> None:
+        """Assign the outputs and register them (the last step of a stack's constructor)."""
+        self.bucket_name = bucket_name
+        self.run_uri = run_uri
+        self.image_ref = image_ref
+        self.group_name = group_name
+        self.code_uri = code_uri
+        self.region = pulumi.Output.from_input(settings.region)
+        self.watch_command = pulumi.Output.from_input(watch_command(settings.stack))
+        self.register_outputs(self.exports())
+
+    def exports(self) -> dict[str, pulumi.Output]:
+        """The stack outputs, by their exported (camelCase) names."""
+        values = (self.bucket_name, self.run_uri, self.image_ref, self.group_name, self.region,
+                  self.watch_command, self.code_uri)
+        return dict(zip(EXPORT_KEYS, values, strict=True))

@@ -1,0 +1,205 @@
+"""What a stack's machines cost per hour: the shipped list-price table, and spot prices from AWS when it answers.
+
+`components/prices.yaml` holds on-demand list prices per region (with the date and source
+they were recorded from). `hourly_cost(settings)` prices every machine type a stack may get
+(machines x nodes), spot as an estimate unless the cloud's API answered (`aws_spot_prices`:
+EC2's spot price history through boto3, asked only when AWS credentials are configured),
+and the worst case under `compute.maxRuntimeHours`: the cloud stops the group then, and a
+spot machine never costs more than the on-demand price (or `compute.maxPricePerHour`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PRICES_FILE = Path(__file__).with_name("prices.yaml")
+_N1 = re.compile(r"^n1-(standard|highmem|highcpu)-(\d+)$")
+
+
+@functools.cache
+def price_table() -> dict[str, Any]:
+    """The shipped price table (components/prices.yaml), parsed once."""
+    return yaml.safe_load(PRICES_FILE.read_text())
+
+
+def _region_group(cloud: str, region: str) -> Mapping[str, Any] | None:
+    return next((g for g in price_table().get(cloud, []) if region in g["regions"]), None)
+
+
+def on_demand_price(cloud: str, region: str, machine_type: str, *, accelerator: str | None = None,
+                    gpus: int = 1) -> float | None:
+    """The recorded on-demand $/h of one machine, or None when the table has no price for it there.
+
+    GCP N1 machines are priced per vCPU plus `gpus` x the `accelerator`'s hourly price.
+    """
+    group = _region_group(cloud, region)
+    if group is None:
+        return None
+    m = _N1.match(machine_type) if cloud == "gcp" else None
+    if m:
+        per_vcpu = (group.get("n1_per_vcpu") or {}).get(m.group(1))
+        gpu = (group.get("accelerators") or {}).get(accelerator or "")
+        if per_vcpu is None or gpu is None:
+            return None
+        return round(per_vcpu * int(m.group(2)) + gpu * gpus, 6)
+    price = (group.get("on_demand") or {}).get(machine_type)
+    return None if price is None else float(price)
+
+
+def is_upper_bound(cloud: str, region: str, machine_type: str) -> bool:
+    """Whether the recorded price predates a known price cut (the real price is likely lower)."""
+    group = _region_group(cloud, region)
+    return bool(group) and machine_type in (group.get("upper_bound") or [])
+
+
+def _aws_credentials_configured() -> bool:
+    # Asked only when the user has configured credentials: an offline synth must not wait on
+    # the instance metadata service probing a laptop for credentials it does not have.
+    env = os.environ
+    if env.get("AWS_ACCESS_KEY_ID") or env.get("AWS_PROFILE") or env.get("AWS_CONTAINER_CREDENTIALS_FULL_URI") \
+            or env.get("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI") or env.get("AWS_WEB_IDENTITY_TOKEN_FILE"):
+        return True
+    files = (env.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"), env.get("AWS_CONFIG_FILE", "~/.aws/config"))
+    return any(Path(f).expanduser().is_file() for f in files)
+
+
+def aws_spot_prices(region: str, instance_types: Sequence[str], *, client: Any = None) -> dict[str, float] | None:
+    """Current Linux spot $/h per instance type in `region` (the mean over its zones), from EC2.
+
+    None when AWS credentials are not configured or EC2 does not answer (no network, no
+    permission): the caller then estimates. Needs `ec2:DescribeSpotPriceHistory`.
+    """
+    import boto3
+    import botocore.config
+    import botocore.exceptions
+
+    if client is None:
+        if not _aws_credentials_configured():
+            return None
+        client = boto3.client("ec2", region_name=region, config=botocore.config.Config(
+            connect_timeout=3, read_timeout=5, retries={"max_attempts": 1}))
+    try:
+        # StartTime now gives each zone's price in effect now.
+        pages = client.get_paginator("describe_spot_price_history").paginate(
+            InstanceTypes=list(instance_types), ProductDescriptions=["Linux/UNIX"], StartTime=datetime.now(UTC))
+        latest: dict[tuple[str, str], tuple[Any, float]] = {}
+        for page in pages:
+            for p in page.get("SpotPriceHistory", []):
+                if not str(p.get("ProductDescription", "")).startswith("Linux/UNIX"):
+                    continue
+                key = (p["InstanceType"], p.get("AvailabilityZone", ""))
+                stamp = p.get("Timestamp")
+                if key not in latest or (stamp is not None and latest[key][0] is not None and stamp > latest[key][0]):
+                    latest[key] = (stamp, float(p["SpotPrice"]))
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError):
+        return None
+    by_type: dict[str, list[float]] = {}
+    for (t, _zone), (_stamp, price) in latest.items():
+        by_type.setdefault(t, []).append(price)
+    return {t: round(statistics.fmean(v), 6) for t, v in by_type.items()}
+
+
+@dataclass(frozen=True)
+class TypePrice:
+    """One machine type's hourly prices for a stack."""
+
+    machine_type: str
+    on_demand: float | None
+    """Recorded on-demand list $/h, None when the table has none for this region."""
+    spot: float | None
+    """Spot $/h: from the cloud's API when `spot_source` is "api", else estimated from on-demand."""
+    spot_source: str
+    """"api" or "estimate"."""
+    upper_bound: bool = False
+    """The on-demand price predates a known price cut."""
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    """What a stack costs per hour and at most, with where each figure comes from."""
+
+    cloud: str
+    region: str
+    nodes: int
+    spot: bool
+    max_runtime_hours: float
+    types: list[TypePrice]
+    max_price_per_hour: float | None = None
+    recorded: str = ""
+    source: str = ""
+    missing: list[str] = field(default_factory=list)
+    """Types without a recorded price in this region."""
+
+    def _per_machine(self) -> list[float]:
+        vals = [(t.spot if self.spot else t.on_demand) for t in self.types]
+        return [v for v in vals if v is not None]
+
+    @property
+    def hourly_low(self) -> float | None:
+        """Expected $/h for all nodes on the cheapest type, or None when nothing is priced."""
+        vals = self._per_machine()
+        return round(min(vals) * self.nodes, 6) if vals else None
+
+    @property
+    def hourly_high(self) -> float | None:
+        """Expected $/h for all nodes on the dearest type."""
+        vals = self._per_machine()
+        return round(max(vals) * self.nodes, 6) if vals else None
+
+    @property
+    def estimated(self) -> bool:
+        """True when a spot figure is an estimate (the cloud's API did not answer)."""
+        return self.spot and any(t.spot_source != "api" for t in self.types)
+
+    @property
+    def worst_hourly(self) -> float | None:
+        """The most the group can cost per hour: spot never exceeds on-demand or the set maximum price."""
+        ceilings = [t.on_demand for t in self.types if t.on_demand is not None]
+        if not ceilings or self.missing:
+            return None
+        per_machine = max(ceilings)
+        if self.spot and self.max_price_per_hour is not None:
+            per_machine = min(per_machine, self.max_price_per_hour)
+        return round(per_machine * self.nodes, 6)
+
+    @property
+    def worst_total(self) -> float | None:
+        """The worst case until the runtime cap stops the group (a price per hour x hours)."""
+        w = self.worst_hourly
+        return None if w is None else round(w * self.max_runtime_hours, 2)
+
+
+def hourly_cost(settings: Any, *, spot_prices: Mapping[str, float] | None = None) -> CostEstimate:
+    """Price a validated `components.settings.Settings`: every type it may get, x nodes.
+
+    `spot_prices` are the cloud's answer (e.g. `aws_spot_prices`); types it does not name
+    get the estimate (`spot_estimate_fraction` x on-demand).
+    """
+    table = price_table()
+    c = settings.compute
+    fraction = float(table.get("spot_estimate_fraction", 0.4))
+    types, missing = [], []
+    for t in c.instance_types:
+        od = on_demand_price(settings.cloud, settings.region, t, accelerator=c.accelerator, gpus=c.gpus_per_node)
+        if od is None:
+            missing.append(t)
+        if spot_prices and t in spot_prices:
+            spot, source = float(spot_prices[t]), "api"
+        else:
+            spot, source = (None if od is None else round(od * fraction, 6)), "estimate"
+        types.append(TypePrice(t, od, spot, source, is_upper_bound(settings.cloud, settings.region, t)))
+    return CostEstimate(
+        cloud=settings.cloud, region=settings.region, nodes=c.nodes, spot=c.spot,
+        max_runtime_hours=c.max_runtime_hours, types=types, max_price_per_hour=c.max_price_per_hour,
+        recorded=str(table.get("recorded", "")), source=str(table.get("source", "")), missing=missing,
+    )

@@ -1,0 +1,144 @@
+"""Checks that span blocks but read the same on both clouds, and the helpers both clouds' checks share.
+
+`aws.validate` and `gcp.validate` call the helpers with their own names and patterns;
+`validate` here runs after them, for the rules that do not depend on the cloud.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable
+
+from components import catalog
+from components.settings import usercode
+from components.settings.errors import ConfigError
+from components.settings.schema import BUILTIN_MODELS, Settings
+
+
+def check_machine_types(s: Settings, each: Callable[[str], None] | None = None) -> None:
+    """Each type is a known GPU machine of this stack's cloud and has compute.gpusPerNode GPUs;
+    `each(type)` adds the cloud's own check of one type, in the same pass."""
+    cloud, other = s.cloud, ("gcp" if s.cloud == "aws" else "aws")
+    c = s.compute
+    for i, t in enumerate(c.instance_types):
+        key = f"compute.instanceTypes[{i}]"
+        counts = catalog.gpus_of(cloud, t)
+        if counts is None:
+            if catalog.gpus_of(other, t) is not None or (
+                catalog.looks_like_aws_type(t) if other == "aws" else catalog.looks_like_gcp_type(t)
+            ):
+                raise ConfigError(key, f"{t!r} is {'an AWS instance type' if other == 'aws' else 'a GCE machine type'}; "
+                                       f"this stack's cloud is {cloud}")
+            known = list(catalog.AWS_GPU_INSTANCES if cloud == "aws" else catalog.GCP_GPU_MACHINES)
+            near = difflib.get_close_matches(t, known, n=1)
+            raise ConfigError(key, f"{t!r} is not a known {cloud.upper()} GPU machine type"
+                                   + (f"; did you mean {near[0]!r}?" if near else ""))
+        reason = catalog.unsupported_reason(cloud, t, custom_image=bool(c.image_id))
+        if reason:
+            raise ConfigError(key, f"{t!r}: {reason}")
+        if c.gpus_per_node not in counts:
+            raise ConfigError("compute.gpusPerNode", f"{c.gpus_per_node}: {t} has "
+                              f"{' or '.join(map(str, counts))} GPU(s); pick types that all have {c.gpus_per_node}")
+        if each is not None:
+            each(t)
+
+
+def check_zones(s: Settings) -> None:
+    """Every zone named belongs to the stack's region."""
+    for i, z in enumerate(s.compute.zones):
+        if not catalog.zone_in_region(s.cloud, z, s.region):
+            raise ConfigError(f"compute.zones[{i}]", f"{z!r} is not a zone of region {s.region}")
+
+
+def check_data_uri(s: Settings, scheme: str) -> None:
+    """run.dataUri is in this cloud's object store (`scheme` is s3:// or gs://)."""
+    if s.run.data_uri and not re.fullmatch(re.escape(scheme) + r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/.*)?", s.run.data_uri):
+        raise ConfigError("run.dataUri", f"{s.run.data_uri!r}: expected {scheme}BUCKET/PATH on {s.cloud}")
+
+
+def check_bucket_name(s: Settings) -> None:
+    """storage.bucketName, when given, is a name this cloud accepts."""
+    if s.storage.bucket_name is not None:
+        problem = bucket_name_problem(s.cloud, s.storage.bucket_name)
+        if problem:
+            raise ConfigError("storage.bucketName", f"{s.storage.bucket_name!r}: {problem}")
+
+
+def bucket_name_problem(cloud: str, name: str) -> str | None:
+    """Why the cloud would refuse this bucket name, or None when it is fine."""
+    allowed = r"[a-z0-9.-]" if cloud == "aws" else r"[a-z0-9._-]"
+    if not 3 <= len(name) <= 63:
+        return "expected 3-63 characters"
+    if not re.fullmatch(allowed + "+", name):
+        return "expected lowercase letters, digits, '.' and '-'" + (" or '_'" if cloud == "gcp" else "")
+    if not (name[0].isalnum() and name[-1].isalnum()):
+        return "expected to start and end with a letter or digit"
+    if ".." in name or re.fullmatch(r"\d+\.\d+\.\d+\.\d+", name):
+        return "expected no '..' and not an IP address"
+    if cloud == "aws" and (name.startswith(("xn--", "sthree-")) or name.endswith(("-s3alias", "--ol-s3"))):
+        return "uses a prefix or suffix AWS reserves"
+    if cloud == "gcp" and (name.startswith("goog") or "google" in name):
+        return "GCS refuses names starting with 'goog' or containing 'google'"
+    return None
+
+
+class _ParseError(Exception):
+    pass
+
+
+def trainer_flags() -> list[str]:
+    """Every flag `python -m trainer` takes, from its own parser (trainer/config.py imports no TensorFlow)."""
+    from trainer.config import build_parser
+
+    # argparse has no public walk over its options; the trainer reads them the same way.
+    return sorted(o for a in build_parser()._actions for o in a.option_strings if o.startswith("--"))
+
+
+def check_extra_args(s: Settings) -> None:
+    """run.extraArgs are flags the trainer really has, with values it accepts: parsed by its own parser
+    as the machine will parse them, so a typo fails here instead of crash-looping on a paid machine."""
+    extra = s.run.extra_args
+    if not extra:
+        return
+    from trainer.config import build_parser
+
+    parser = build_parser()
+
+    def fail(message: str) -> None:
+        raise _ParseError(message)
+
+    parser.error = fail  # type: ignore[method-assign]  # argparse would print usage and exit
+    # What the machine passes besides extraArgs; the stack sets these itself.
+    base = ["--run-uri", "file:///run", "--synthetic"]
+    try:
+        _, unknown = parser.parse_known_args(base + list(extra))
+    except _ParseError as e:
+        message = str(e)
+        flag = re.search(r"argument (--[\w-]+)", message)
+        i = next((i for i, a in enumerate(extra) if flag and a.split("=", 1)[0] == flag.group(1)), 0)
+        raise ConfigError(f"run.extraArgs[{i}]", f"{extra[i]!r}: the trainer refuses it ({message}); "
+                          "see python -m trainer --help") from None
+    if unknown:
+        i = next(i for i, a in enumerate(extra) if a == unknown[0])
+        name = unknown[0].split("=", 1)[0]
+        if not name.startswith("-"):
+            raise ConfigError(f"run.extraArgs[{i}]", f"{extra[i]!r}: not a flag or a flag's value; "
+                              "write flags as --name=value")
+        near = difflib.get_close_matches(name, trainer_flags(), n=1)
+        hint = f"did you mean {near[0]!r}?" if near else "see python -m trainer --help for its flags"
+        raise ConfigError(f"run.extraArgs[{i}]", f"{name!r} is not a flag of the trainer; {hint}")
+
+
+def validate(s: Settings) -> None:
+    """Rules across blocks that read the same on both clouds: checkpoint interval, spot price, trainer
+    flags, user code."""
+    c = s.compute
+    cap = c.max_runtime_hours * 3600
+    if s.run.checkpoint_every_seconds and s.run.checkpoint_every_seconds > cap:
+        raise ConfigError("run.checkpointEverySeconds", f"{s.run.checkpoint_every_seconds}: longer than "
+                          f"compute.maxRuntimeHours ({c.max_runtime_hours} h); no checkpoint would ever be written")
+    if not c.spot and c.max_price_per_hour is not None:
+        raise ConfigError("compute.maxPricePerHour", "only applies to spot; remove it or set compute.spot: true")
+    check_extra_args(s)
+    usercode.validate(s.run.code, s.run.model, BUILTIN_MODELS)

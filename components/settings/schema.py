@@ -1,0 +1,261 @@
+"""The stack config's schema: one pydantic model per block, with each key's type, default and checks.
+
+A stack file (`stacks/Pulumi.<stack>.yaml`) holds scalars (`trainstack:cloud`,
+`trainstack:region`, `trainstack:project`) and structured blocks (`trainstack:run`,
+`trainstack:compute`, `trainstack:image`, `trainstack:storage`, `trainstack:access`), with
+camelCase keys as Pulumi config usually has. The checks here need one block only; those
+that need the cloud or several blocks are in `aws.py`, `gcp.py` and `common.py`.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import re
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from components import config_shared
+from components.settings.errors import NO_SECRETS, keyed
+
+BLOCKS = ("run", "compute", "image", "storage", "access")
+SCALARS = ("cloud", "region", "project")
+BUILTIN_MODELS = ("mlp", "transformer-lm")
+DEFAULT_IMAGE_REPOSITORY = "tensorflow/tensorflow"
+DEFAULT_IMAGE_TAG = "2.21.0-gpu"
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, allow_inf_nan=False
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1; a count or a limit given as true/false is a mistake.
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(v, bool) and field is not None and field.annotation in (int, float, int | None, float | None):
+            raise ValueError("expected a number, not true/false")
+        return v
+
+
+class RunSettings(_Block):
+    """What to train and how often to checkpoint it."""
+
+    id: str = Field(config_shared.DEFAULT_RUN_ID, description="Run id: the folder runs/<id> in the bucket. Default: the stack name.")
+    model: str = Field("mlp", description='Built-in "mlp" or "transformer-lm", or "package.module:function".')
+    code: str | None = Field(None, description="Folder of your own modules (relative to the project) shipped with "
+                             "the trainer; needed by a package.module:function model.")
+    synthetic: bool = Field(False, description="Train on deterministic synthetic data (no dataUri needed).")
+    data_uri: str | None = Field(None, description="TFRecord files: s3://… (AWS) or gs://… (GCP).")
+    steps: int = Field(10_000, gt=0, description="Training steps in the whole run.")
+    batch_size: int = Field(64, gt=0, le=65_536, description="Examples per GPU per step.")
+    checkpoint_every_steps: int | None = Field(1000, gt=0, description="Checkpoint every N steps.")
+    checkpoint_every_seconds: int | None = Field(600, gt=0, description="Checkpoint at least every S seconds.")
+    keep_checkpoints: int = Field(3, ge=1, le=100, description="Committed checkpoints kept in the bucket.")
+    seed: int = Field(0, ge=0, description="Seed for data order and initial weights.")
+    extra_args: list[str] = Field(default_factory=list, description="More trainer flags, passed as given.")
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if v and not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", v):
+            raise ValueError("expected lowercase letters, digits and '-', 1-63 characters, starting with a letter or digit")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        if v in BUILTIN_MODELS or re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", v):
+            return v
+        raise ValueError(f'expected one of {", ".join(BUILTIN_MODELS)} or "package.module:function"')
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            if arg.split("=", 1)[0] in ("--run-uri", "--data-uri", "--steps", "--model"):
+                raise ValueError(f"{arg!r} is set by the stack itself; use the run block's own key")
+        return v
+
+    @model_validator(mode="after")
+    def _source(self) -> RunSettings:
+        if self.synthetic and self.data_uri:
+            raise keyed("dataUri", "set either synthetic: true or dataUri, not both")
+        if not self.synthetic and not self.data_uri:
+            raise keyed("dataUri", "is required: set dataUri (s3://… or gs://…) or synthetic: true")
+        if self.checkpoint_every_steps is None and self.checkpoint_every_seconds is None:
+            raise keyed("checkpointEverySteps", "set checkpointEverySteps or checkpointEverySeconds, or both")
+        return self
+
+
+class ComputeSettings(_Block):
+    """The machines: types in order of preference, GPUs, count, spot, limits."""
+
+    instance_types: list[str] = Field(
+        default_factory=lambda: ["g5.xlarge", "g6.xlarge", "g4dn.xlarge"],
+        min_length=1, max_length=20,
+        description="Machine types in order of preference (AWS instance types / GCE machine types).",
+    )
+    gpus_per_node: int = Field(1, ge=1, le=16, description="GPUs on each machine; every type must have this many.")
+    accelerator: str | None = Field(None, description="GCP N1 machines only: the GPU type, e.g. nvidia-tesla-t4.")
+    nodes: int = Field(1, ge=1, le=64, description="Machines in the group; more than one trains with MultiWorkerMirroredStrategy.")
+    spot: bool = Field(config_shared.DEFAULT_SPOT, description="Spot (AWS) / Spot VMs (GCP); false gives on-demand.")
+    max_price_per_hour: float | None = Field(None, gt=0, description="Highest spot price per machine-hour (USD); default: on-demand price.")
+    max_runtime_hours: float = Field(24, gt=0, le=720, description="The cloud scales the group to zero this long after the first launch.")
+    root_disk_gb: int = Field(200, ge=30, le=16_384, description="Encrypted root volume size (GiB).")
+    image_id: str | None = Field(None, description="AMI id / GCE image; default: the cloud's GPU-ready deep learning image.")
+    subnets: list[str] = Field(default_factory=list, description="AWS subnets to spread over; default: the default VPC's subnets.")
+    zones: list[str] = Field(default_factory=list, description="Zones to spread over; default: every zone of the region.")
+
+    @field_validator("instance_types")
+    @classmethod
+    def _types(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("expected each type once")
+        return v
+
+
+class ImageSettings(_Block):
+    """The pinned TensorFlow container the trainer runs in."""
+
+    repository: str = Field(DEFAULT_IMAGE_REPOSITORY, description="Image repository (no tag).")
+    tag: str = Field(DEFAULT_IMAGE_TAG, description="A pinned tag; 'latest' is refused.")
+    digest: str | None = Field(None, description="sha256:<64 hex>; when set the machines pull by digest.")
+    build: bool = Field(False, description="Build trainer/Dockerfile and push it to the stack's repository.")
+    keep_images: int = Field(10, ge=1, le=1000, description="Images the stack's repository keeps.")
+
+    @field_validator("repository")
+    @classmethod
+    def _repo(cls, v: str) -> str:
+        if "@" in v or ":" in v.rsplit("/", 1)[-1]:
+            raise ValueError("expected a repository without tag or digest; put them in image.tag / image.digest")
+        if not re.fullmatch(r"[a-z0-9]+([._/-][a-z0-9]+)*(:\d+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*", v):
+            raise ValueError("expected a repository like tensorflow/tensorflow or REGISTRY/PATH")
+        return v
+
+    @field_validator("tag")
+    @classmethod
+    def _tag(cls, v: str) -> str:
+        if v.lower().startswith("latest") or v.lower().endswith("latest"):
+            raise ValueError(f"expected a pinned tag such as {DEFAULT_IMAGE_TAG}; 'latest' moves under a running job")
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", v):
+            raise ValueError("expected a docker tag: letters, digits, '_', '.', '-'")
+        return v
+
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", v):
+            raise ValueError("expected sha256: followed by 64 lowercase hex digits")
+        return v
+
+    @property
+    def reference(self) -> str:
+        """What `docker pull` takes: by digest when known, else by the pinned tag."""
+        if self.digest:
+            return f"{self.repository}@{self.digest}"
+        return f"{self.repository}:{self.tag}"
+
+
+class StorageSettings(_Block):
+    """The bucket that holds checkpoints, logs and the model."""
+
+    bucket_name: str | None = Field(None, description="Bucket name; default: generated from project and stack.")
+    keep_on_destroy: bool = Field(config_shared.DEFAULT_KEEP_ON_DESTROY, description="Keep the bucket and its data on `pulumi destroy`.")
+    noncurrent_days: int = Field(30, ge=1, le=3650, description="Days old versions of objects are kept.")
+    adopt: bool = Field(False, description="Import the bucket an earlier `pulumi destroy` kept instead of creating it.")
+
+
+class AccessSettings(_Block):
+    """Who may reach the machines. Default: nobody (no inbound rule at all)."""
+
+    ssh_public_key: str | None = Field(None, description="OpenSSH public key for the `ops` CLI (ssh-ed25519 …).")
+    allowed_cidrs: list[str] = Field(default_factory=lambda: list(config_shared.DEFAULT_ALLOWED_CIDRS), description="CIDRs allowed to port 22; default none.")
+    allow_world: bool = Field(False, description="Must be true to allow 0.0.0.0/0 or ::/0.")
+
+    @field_validator("ssh_public_key")
+    @classmethod
+    def _key(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if "PRIVATE KEY" in v:
+            raise ValueError("is a private key: give the public key (ssh-keygen -y -f KEY); " + NO_SECRETS)
+        _parse_public_key(v)
+        return v
+
+    @field_validator("allowed_cidrs")
+    @classmethod
+    def _cidrs(cls, v: list[str]) -> list[str]:
+        for cidr in v:
+            try:
+                ipaddress.ip_network(cidr, strict=True)
+            except ValueError as e:
+                raise ValueError(f"{cidr!r} is not a CIDR ({e}); expected e.g. 203.0.113.0/24") from None
+            if "/" not in cidr:
+                raise ValueError(f"{cidr!r} is not a CIDR; expected e.g. {cidr}/32")
+        return v
+
+    @model_validator(mode="after")
+    def _world(self) -> AccessSettings:
+        for i, cidr in enumerate(self.allowed_cidrs):
+            if ipaddress.ip_network(cidr).prefixlen == 0 and not self.allow_world:
+                raise keyed(f"allowedCidrs[{i}]", f"{cidr} opens SSH to the whole internet; name your own CIDR "
+                             "(e.g. your address/32), or set access.allowWorld: true")
+        if self.allowed_cidrs and not self.ssh_public_key:
+            raise keyed("sshPublicKey", "is required when allowedCidrs opens port 22 (ssh-ed25519 AAAA…)")
+        return self
+
+
+def _parse_public_key(text: str) -> None:
+    parts = text.split()
+    if len(parts) < 2:
+        raise ValueError("expected an OpenSSH public key: 'TYPE BASE64 [comment]'")
+    kind, blob = parts[0], parts[1]
+    try:
+        raw = base64.b64decode(blob, validate=True)
+    except ValueError:
+        raise ValueError("the key's base64 part does not decode") from None
+    if len(raw) < 4:
+        raise ValueError("the key is too short")
+    n = int.from_bytes(raw[:4], "big")
+    if raw[4 : 4 + n].decode("ascii", "replace") != kind:
+        raise ValueError(f"the key data is not a {kind} key")
+    # cryptography (paramiko's own backend) checks the key data itself: lengths, curve
+    # points, RSA sizes; paramiko's parser accepts a truncated ed25519 key.
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives.serialization import load_ssh_public_key
+
+    try:
+        load_ssh_public_key(f"{kind} {blob}".encode())
+    except (ValueError, UnsupportedAlgorithm) as e:
+        raise ValueError(f"the key does not parse as {kind} ({e}); copy the whole line of your .pub file") from None
+
+
+class Settings(_Block):
+    """The whole stack config."""
+
+    stack: str = Field(description="The Pulumi stack name.")
+    cloud: Literal["aws", "gcp"] = Field("aws", description="aws or gcp.")
+    region: str = Field(description="Region of every resource.")
+    project: str = Field("", description="GCP project id (GCP only).")
+    run: RunSettings
+    compute: ComputeSettings = Field(default_factory=ComputeSettings)
+    image: ImageSettings = Field(default_factory=ImageSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    access: AccessSettings = Field(default_factory=AccessSettings)
+
+    @property
+    def run_id(self) -> str:
+        """The run's id: run.id, or the stack's name when it is not set."""
+        return config_shared.run_id_or_stack(self.run.id, self.stack) or self.stack

@@ -1,0 +1,52 @@
+"""What both clouds' fake answers share: plain-JSON inputs, stable fake hex, the built image's digest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pulumi
+
+DOCKER_IMAGE = "docker-build:index:Image"
+
+
+def jsonable(value: Any) -> Any:
+    """Inputs as plain JSON: assets become {"fileAsset": path} etc., whole floats become ints."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str | int):
+        return value
+    if isinstance(value, float):
+        # The wire format has only doubles; 200.0 GiB is the 200 the program wrote.
+        return int(value) if math.isfinite(value) and value.is_integer() else value
+    if isinstance(value, pulumi.FileAsset):
+        return {"fileAsset": str(value.path)}
+    if isinstance(value, pulumi.StringAsset):
+        return {"stringAsset": value.text}
+    if isinstance(value, pulumi.FileArchive):
+        return {"fileArchive": str(value.path)}
+    if isinstance(value, pulumi.Resource):
+        return {"resource": type(value).__name__}
+    return str(value)
+
+
+def urn_name(urn: str) -> str:
+    """The resource name at the end of a URN (the URN itself when it is not one)."""
+    return urn.split("::")[3] if urn.count("::") >= 3 else urn
+
+
+def fake_hex(*parts: str, n: int = 17) -> str:
+    """n hex digits that depend only on `parts`: the same stack gives the same fake ids."""
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:n]
+
+
+def docker_image(name: str, inputs: dict, h: str) -> tuple[str, dict]:
+    """A pushed image: its digest follows from what was built (tags, context, Dockerfile)."""
+    digest = "sha256:" + hashlib.sha256(json.dumps(jsonable(inputs), sort_keys=True).encode()).hexdigest()
+    tags = list(inputs.get("tags") or [])
+    return digest, {"digest": digest, "ref": f"{tags[0]}@{digest}" if tags else "", "contextHash": h}

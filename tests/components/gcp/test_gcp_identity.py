@@ -1,0 +1,80 @@
+"""InstanceIdentity (GCP): a service account reaching only its run prefix, code, repository and group."""
+
+
+import pytest
+
+from components.gcp.identity import OPERATION_PERMISSIONS, RESIZE_PERMISSIONS
+from tests.components.gcp.gcphelp import (
+    BUCKET_MEMBER,
+    MIG,
+    gcp,
+    one,
+)
+
+
+def test_service_account_reaches_only_its_run_prefix_code_repository_and_group():
+    r = gcp({"storage": {"bucketName": "team-ckpts"}})
+    members = {m["name"]: m["inputs"] for m in r.of_type(BUCKET_MEMBER)}
+    assert sorted(members) == ["trainstack-identity-code-read", "trainstack-identity-run-objects"]
+    run = members["trainstack-identity-run-objects"]
+    assert run["role"] == "roles/storage.objectUser" and run["bucket"] == "team-ckpts"
+    assert 'startsWith("projects/_/buckets/team-ckpts/objects/runs/exp-7/")' in run["condition"]["expression"]
+    code = members["trainstack-identity-code-read"]
+    assert code["role"] == "roles/storage.objectViewer"
+    assert 'startsWith("projects/_/buckets/team-ckpts/objects/code/")' in code["condition"]["expression"]
+    email = one(r, "gcp:serviceaccount/account:Account")["inputs"]["accountId"] + "@my-proj-123.iam.gserviceaccount.com"
+    grants = r.of_type(BUCKET_MEMBER) + r.of_type("gcp:projects/iAMMember:IAMMember") + r.of_type(
+        "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember")
+    assert len(grants) == 5
+    assert {g["inputs"]["member"] for g in grants} == {f"serviceAccount:{email}"}
+    pull = one(r, "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember")["inputs"]
+    assert (pull["role"], pull["repository"]) == ("roles/artifactregistry.reader", "trainstack-unit")
+    roles = {x["inputs"]["roleId"]: x["inputs"] for x in r.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")}
+    (role,) = [x for k, x in roles.items() if k.endswith("_resize")]
+    assert role["permissions"] == RESIZE_PERMISSIONS == [
+        "compute.instanceGroupManagers.get", "compute.instanceGroupManagers.update"]
+    (resize,) = [m["inputs"] for m in r.of_type("gcp:projects/iAMMember:IAMMember") if m["name"].endswith("-resize")]
+    assert resize["role"] == f"projects/my-proj-123/roles/{role['roleId']}"
+    assert resize["condition"]["expression"] == (
+        'resource.name == "projects/my-proj-123/regions/us-central1/instanceGroupManagers/trainstack-unit--exp-7-gpu"')
+    assert not {g["inputs"]["role"] for g in grants} & {"roles/owner", "roles/editor", "roles/viewer"}
+
+
+def test_gcs_data_uri_adds_a_read_only_grant_on_that_prefix():
+    r = gcp({"run": {"synthetic": False, "dataUri": "gs://corpus-bucket/lm/shards/"}})
+    data = [m["inputs"] for m in r.of_type(BUCKET_MEMBER) if m["name"].endswith("data-read")]
+    assert len(data) == 1
+    assert (data[0]["bucket"], data[0]["role"]) == ("corpus-bucket", "roles/storage.objectViewer")
+    assert 'startsWith("projects/_/buckets/corpus-bucket/objects/lm/shards/")' in data[0]["condition"]["expression"]
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_only_a_multi_node_group_may_list_instances(nodes):
+    r = gcp({"compute": {"nodes": nodes}})
+    roles = {x["inputs"]["roleId"]: x["inputs"]["permissions"] for x in r.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")}
+    peers = {k: v for k, v in roles.items() if k.endswith("_peers")}
+    assert len(roles) == 2 + (nodes > 1)
+    if nodes > 1:
+        (role_id, perms), = peers.items()
+        assert perms == ["compute.instances.list"] and len(role_id) <= 64
+        grant = [m["inputs"] for m in r.of_type("gcp:projects/iAMMember:IAMMember") if m["inputs"]["role"].endswith(role_id)]
+        assert len(grant) == 1 and grant[0]["member"].startswith("serviceAccount:")
+    else:
+        assert peers == {}
+
+
+
+def test_the_resize_can_be_followed_to_its_end():
+    # gcloud's resize waits on the region operation it started: the account may read
+    # region operations (one read-only permission, in its own grant: the group-name
+    # condition of the resize grant can never match an operation).
+    r = gcp()
+    roles = {x["inputs"]["roleId"]: x for x in r.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")}
+    (ops_id,) = [k for k in roles if k.endswith("_ops")]
+    assert roles[ops_id]["inputs"]["permissions"] == OPERATION_PERMISSIONS == ["compute.regionOperations.get"]
+    assert len(ops_id) <= 64
+    (grant,) = [m for m in r.of_type("gcp:projects/iAMMember:IAMMember") if m["inputs"]["role"].endswith(f"/{ops_id}")]
+    assert grant["inputs"]["member"].startswith("serviceAccount:") and "condition" not in grant["inputs"]
+    # The machines wait for it like for every grant.
+    (mig,) = r.of_type(MIG)
+    assert grant["name"] in mig["options"]["dependsOn"]

@@ -1,0 +1,81 @@
+"""Run component code under the Pulumi SDK's mocks and see every registration as the
+engine would receive it, options included (the import id, retainOnDelete, dependsOn).
+
+`ops synth` runs the whole program and records the options operators read; this harness
+builds any component directly (e.g. a TrainingStack with Args the stack files cannot
+express yet) and keeps the raw requests' options. The fake lookups answer just enough
+for both clouds' stacks.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable
+from typing import Any
+
+import pulumi
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime import rpc
+
+ACCOUNT = "123456789012"
+
+
+class FakeClouds(pulumi.runtime.Mocks):
+    """Resource ids and lookups, well-formed and obviously fake."""
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict]:
+        inputs = dict(args.inputs)
+        rid = inputs.get("bucket") or inputs.get("name") or f"{args.name}-id"
+        out = dict(inputs)
+        if args.typ == "aws:s3/bucket:Bucket":
+            out.update(arn=f"arn:aws:s3:::{rid}", bucket=rid)
+        if args.typ == "gcp:serviceaccount/account:Account":
+            out.update(email=f"{inputs.get('accountId')}@p.iam.gserviceaccount.com")
+        return rid, out
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
+        answers: dict[str, dict[str, Any]] = {
+            "aws:index/getCallerIdentity:getCallerIdentity": {"accountId": ACCOUNT, "arn": "arn:aws:iam::x:user/u",
+                                                              "id": ACCOUNT, "userId": "AIDA"},
+            "aws:index/getPartition:getPartition": {"partition": "aws", "id": "aws", "dnsSuffix": "amazonaws.com"},
+            "aws:ec2/getAmi:getAmi": {"id": "ami-0fake", "rootDeviceName": "/dev/sda1"},
+            "aws:ec2/getVpc:getVpc": {"id": "vpc-0fake"},
+            "aws:ec2/getSubnets:getSubnets": {"id": "x", "ids": ["subnet-a", "subnet-b"]},
+            "gcp:compute/getImage:getImage": {"id": "img", "selfLink": "https://compute/img"},
+        }
+        if args.token not in answers:
+            raise NotImplementedError(f"no fake answer for {args.token}")
+        return answers[args.token]
+
+
+def registrations(build: Callable[[], Any], mocks: pulumi.runtime.Mocks | None = None) -> list[dict[str, Any]]:
+    """Call `build()` under mocks and return each registration: type, name, inputs, options."""
+    records: list[dict[str, Any]] = []
+
+    class Monitor(pulumi_mocks.MockMonitor):
+        def RegisterResource(self, request):  # noqa: N802 - gRPC method name
+            records.append({
+                "type": request.type,
+                "name": request.name,
+                "inputs": rpc.deserialize_properties(request.object),
+                "importId": request.importId,
+                "retainOnDelete": bool(request.retainOnDelete),
+                "ignoreChanges": list(request.ignoreChanges),
+                "dependsOn": [d.split("::")[-1] for d in request.dependencies],
+            })
+            return super().RegisterResource(request)
+
+    def run() -> None:
+        fake = mocks or FakeClouds()
+        pulumi.runtime.set_mocks(fake, project="trainstack", stack="unit", preview=False, monitor=Monitor(fake))
+
+        @pulumi.runtime.test
+        def built():
+            return build()
+
+        built()
+
+    # The SDK keeps its runtime in context variables: a copy leaves the caller's untouched.
+    contextvars.copy_context().run(run)
+    assert records, "nothing was registered"
+    return records

@@ -1,0 +1,137 @@
+"""The shipped price table and the cost arithmetic: every accepted type priced, machines x nodes, worst case."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from components import catalog, pricing
+from components.settings import load_settings, load_stack_file
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _settings(cloud="aws", region="us-east-1", **compute):
+    raw = {"cloud": cloud, "region": region, "run": {"synthetic": True}, "compute": compute}
+    if cloud == "gcp":
+        raw["project"] = "my-project-123"
+    return load_settings(raw, stack="t")
+
+
+def _accepted(cloud: str) -> list[str]:
+    table = catalog.AWS_GPU_INSTANCES if cloud == "aws" else catalog.GCP_GPU_MACHINES
+    # With compute.imageId every type that TensorFlow can use is accepted.
+    return [t for t in table if catalog.unsupported_reason(cloud, t, custom_image=True) is None]
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_every_accepted_type_has_an_entry_in_every_recorded_region(cloud):
+    table = pricing.price_table()
+    assert table["recorded"] and table["source"] and table["currency"] == "USD"
+    groups = table[cloud]
+    assert groups
+    for g in groups:
+        listed = g["on_demand"]
+        missing = [t for t in _accepted(cloud) if t not in listed]
+        assert missing == [], f"{cloud} {g['regions']}: no entry for {missing}"
+        priced = [t for t in _accepted(cloud) if listed[t] is not None]
+        # An explicit null (no recorded price) is the exception, not the rule.
+        assert len(priced) >= len(_accepted(cloud)) - 1
+        assert all(0 < listed[t] < 200 for t in priced)
+    if cloud == "gcp":
+        accelerators = [a for a in catalog.GCP_N1_ACCELERATORS if catalog.unsupported_reason("gcp", a) is None]
+        assert all(a in groups[0]["accelerators"] for a in accelerators)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "stacks").glob("Pulumi.*.yaml")), ids=lambda p: p.name)
+def test_the_project_stacks_are_fully_priced(path):
+    s = load_stack_file(path)
+    est = pricing.hourly_cost(s)
+    assert est.missing == []
+    assert est.worst_total is not None and est.worst_total > 0
+
+
+def test_spot_expected_and_worst_case_for_several_nodes():
+    s = _settings(instanceTypes=["g5.xlarge", "g4dn.xlarge"], nodes=3, maxRuntimeHours=10)
+    est = pricing.hourly_cost(s)
+    fraction = pricing.price_table()["spot_estimate_fraction"]
+    assert est.spot and est.estimated
+    assert est.hourly_low == pytest.approx(0.526 * fraction * 3)
+    assert est.hourly_high == pytest.approx(1.006 * fraction * 3)
+    # Spot never costs more than on-demand: the worst case is the dearest on-demand price.
+    assert est.worst_hourly == pytest.approx(1.006 * 3)
+    assert est.worst_total == pytest.approx(30.18)
+
+
+def test_max_price_caps_the_worst_case():
+    s = _settings(instanceTypes=["g5.xlarge"], nodes=2, maxPricePerHour=0.5, maxRuntimeHours=4)
+    est = pricing.hourly_cost(s)
+    assert est.worst_hourly == pytest.approx(1.0)
+    assert est.worst_total == pytest.approx(4.0)
+
+
+def test_on_demand_stack_is_priced_on_demand_and_not_an_estimate():
+    s = _settings(instanceTypes=["g6.xlarge"], spot=False, nodes=2, maxRuntimeHours=1.5)
+    est = pricing.hourly_cost(s)
+    assert not est.estimated
+    assert est.hourly_low == est.hourly_high == pytest.approx(0.8048 * 2)
+    assert est.worst_total == pytest.approx(round(0.8048 * 2 * 1.5, 2))
+
+
+def test_spot_prices_from_the_api_replace_the_estimate():
+    s = _settings(instanceTypes=["g5.xlarge", "g6.xlarge"])
+    est = pricing.hourly_cost(s, spot_prices={"g5.xlarge": 0.31, "g6.xlarge": 0.27})
+    assert not est.estimated
+    assert [t.spot_source for t in est.types] == ["api", "api"]
+    assert (est.hourly_low, est.hourly_high) == (0.27, 0.31)
+    partial = pricing.hourly_cost(s, spot_prices={"g5.xlarge": 0.31})
+    assert partial.estimated and [t.spot_source for t in partial.types] == ["api", "estimate"]
+
+
+def test_gcp_n1_is_priced_per_vcpu_plus_each_gpu():
+    s = _settings("gcp", "us-central1", instanceTypes=["n1-standard-8"], accelerator="nvidia-tesla-t4", gpusPerNode=4,
+                  spot=False)
+    est = pricing.hourly_cost(s)
+    assert est.hourly_low == pytest.approx(0.0475 * 8 + 0.35 * 4)
+
+
+def test_a_region_without_recorded_prices_says_so_and_guesses_nothing():
+    s = _settings(region="eu-west-1", instanceTypes=["g5.xlarge"])
+    est = pricing.hourly_cost(s)
+    assert est.missing == ["g5.xlarge"]
+    assert est.hourly_low is None and est.worst_total is None
+
+
+def test_aws_spot_prices_come_from_ec2_price_history():
+    """Against moto's EC2 (every zone answers a fixed price): the mean over the region's zones."""
+    from moto import mock_aws
+
+    with mock_aws():
+        prices = pricing.aws_spot_prices("us-east-1", ["g5.xlarge", "g4dn.xlarge"])
+    assert prices is not None and set(prices) == {"g5.xlarge", "g4dn.xlarge"}
+    assert all(p == pytest.approx(0.00001) for p in prices.values())
+
+
+def test_aws_spot_prices_not_asked_without_credentials(tmp_path, monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    asked = []
+    monkeypatch.setattr("boto3.client", lambda *a, **k: asked.append(a))
+    assert pricing.aws_spot_prices("us-east-1", ["g5.xlarge"]) is None
+    assert asked == []
+
+
+def test_aws_spot_prices_give_none_when_ec2_refuses():
+    import boto3
+    from botocore.stub import Stubber
+
+    client = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+    with Stubber(client) as stub:
+        stub.add_client_error("describe_spot_price_history", "UnauthorizedOperation", http_status_code=403)
+        assert pricing.aws_spot_prices("us-east-1", ["g5.xlarge"], client=client) is None
+        stub.assert_no_pending_responses()

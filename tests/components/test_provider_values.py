@@ -1,0 +1,99 @@
+"""The provider-value check (issue 9's guard): every input every stack sets is one the
+provider SDK documents as allowed, wherever the SDK documents a closed list or an enum.
+
+Runs over every stack file in stacks/ and a few variants that reach the optional
+resources (image build, several machines, on-demand, SSH). Proven to catch the class of
+defect it guards against by feeding it the Artifact Registry value that once shipped.
+"""
+
+import copy
+from functools import cache
+
+import pytest
+
+from ops import synth
+from tests.components import provider_values as pv
+
+STACK_FILES = sorted(synth.STACKS_DIR.glob("Pulumi.*.yaml"))
+RUN = {"id": "exp-7", "synthetic": True, "steps": 100}
+SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl test@trainstack"
+VARIANTS = {
+    "aws-everything": {
+        "cloud": "aws", "region": "eu-west-1", "run": RUN, "image": {"build": True},
+        "compute": {"instanceTypes": ["g5.12xlarge"], "gpusPerNode": 4, "nodes": 2, "maxPricePerHour": 3.5},
+        "access": {"sshPublicKey": SSH_KEY, "allowedCidrs": ["203.0.113.0/24"]},
+    },
+    "aws-on-demand": {"cloud": "aws", "region": "us-east-1", "run": RUN, "compute": {"spot": False}},
+    "gcp-everything": {
+        "cloud": "gcp", "region": "us-central1", "project": "my-proj-123", "run": RUN, "image": {"build": True},
+        "compute": {"instanceTypes": ["g2-standard-8", "g2-standard-12"], "nodes": 2},
+        "access": {"sshPublicKey": SSH_KEY, "allowedCidrs": ["203.0.113.0/24"]},
+    },
+    "gcp-on-demand": {
+        "cloud": "gcp", "region": "us-central1", "project": "my-proj-123", "run": RUN,
+        "compute": {"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-t4", "spot": False},
+    },
+}
+
+
+@cache
+def synthesized(key: str) -> synth.Result:
+    if key in VARIANTS:
+        return synth.synthesize(VARIANTS[key], stack="values")
+    return synth.synthesize(synth.STACKS_DIR / key)
+
+
+CASES = [p.name for p in STACK_FILES] + sorted(VARIANTS)
+
+
+@pytest.mark.parametrize("key", CASES)
+def test_every_input_with_a_documented_list_is_in_it(key):
+    r = synthesized(key)
+    problems = [str(p) for rec in r.resources for p in pv.check_resource(rec)]
+    assert problems == []
+    # The walk reached the inputs that carry lists (nested ones included), not just the top.
+    checked = sum(pv.checked_inputs(rec) for rec in r.resources)
+    assert checked >= 8, checked
+
+
+def test_the_check_catches_the_artifact_registry_value_that_once_shipped():
+    r = synthesized("gcp-everything")
+    (repo,) = r.of_type("gcp:artifactregistry/repository:Repository")
+    old = copy.deepcopy(repo)
+    old["inputs"]["vulnerabilityScanningConfig"]["enablementConfig"] = "AUTOMATIC"
+    (problem,) = pv.check_resource(old)
+    assert problem.path == "vulnerabilityScanningConfig.enablementConfig"
+    assert (problem.value, problem.allowed) == ("AUTOMATIC", ("INHERITED", "DISABLED"))
+    assert "AUTOMATIC" in str(problem) and "INHERITED, DISABLED" in str(problem)
+    assert pv.check_resource(repo) == []
+
+
+def test_the_check_reads_lists_in_nested_inputs_and_enums():
+    r = synthesized("aws-everything")
+    (asg,) = copy.deepcopy(r.of_type("aws:autoscaling/group:Group"))
+    asg["inputs"]["mixedInstancesPolicy"]["instancesDistribution"]["spotAllocationStrategy"] = "cheapest"
+    (problem,) = pv.check_resource(asg)
+    assert problem.path == "mixedInstancesPolicy.instancesDistribution.spotAllocationStrategy"
+    assert "price-capacity-optimized" in problem.allowed
+    (image,) = copy.deepcopy(r.of_type("docker-build:index:Image"))
+    image["inputs"]["platforms"] = ["linux/amd64", "linux/amd65"]
+    (problem,) = pv.check_resource(image)
+    assert (problem.path, problem.value) == ("platforms[1]", "linux/amd65")
+
+
+@pytest.mark.parametrize(
+    ("doc", "values"),
+    [
+        ("Scanning. Possible values are: `INHERITED`, `DISABLED`.", ("INHERITED", "DISABLED")),
+        ("Valid values: `lowest-price`, `capacity-optimized`, and `price-capacity-optimized`. Default: `x`.",
+         ("lowest-price", "capacity-optimized", "price-capacity-optimized")),
+        ('Valid values are: `"PROACTIVE"`, `"NONE"`. If `PROACTIVE` ...', ("PROACTIVE", "NONE")),
+        ("Shutdown behavior. Can be `stop` or `terminate`. (Default: `stop`).", ("stop", "terminate")),
+        ('Acceptable values are "inherited" or "enforced". If "inherited", ...', ("inherited", "enforced")),
+        ("The GCE disk type. Such as `pd-ssd` or `pd-standard`.", None),
+        ("Free text with no list.", None),
+        (None, None),
+    ],
+)
+def test_documented_values_reads_the_sdks_phrasings(doc, values):
+    assert pv.documented_values(doc) == values
