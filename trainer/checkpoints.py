@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from trainer import layout
-from trainer.storage import NotFound, Store, check_key, walk_files
+from trainer.storage import Cancelled, NotFound, Store, check_key, walk_files
 
 __all__ = ["CheckpointStore", "CheckpointError", "Checkpointer", "MARKER", "MARKER_FORMAT", "STATE_FILE"]
 
@@ -179,9 +179,9 @@ class CheckpointStore:
 
         Synchronous. Returns the marker's content plus ``seconds`` (wall time of the whole
         commit) and ``uri``. Raises on failure, in which case no marker was written. A
-        background upload of an older step still in flight is told to stop, so this one
-        gets the bandwidth (what a preempted machine needs); one of the same step is
-        waited for instead of repeated.
+        background upload of an older step still in flight is aborted at once, mid-file
+        (its reads of the file stop, see ``Store.put_file``), so this one gets the bandwidth
+        (what a preempted machine needs); one of the same step is waited for instead of repeated.
         """
         _check_step(step)
         files = _local_files(local_dir)
@@ -229,7 +229,14 @@ class CheckpointStore:
             check_cancel()
             size = os.path.getsize(path)
             digest = _sha256(path)
-            self.store.put_file(base + rel, path)
+            try:
+                # A background upload is aborted mid-file when a synchronous commit takes over.
+                if cancel is None:
+                    self.store.put_file(base + rel, path)
+                else:
+                    self.store.put_file(base + rel, path, cancel=cancel)
+            except Cancelled as e:
+                raise _Cancelled(step) from e
             manifest[rel] = {"size": size, "sha256": digest}
 
         existing = self._read_marker(step)

@@ -52,6 +52,7 @@ def _skip_export() -> None:
     from trainer import export
 
     export.export_model = lambda model, local_dir, store: 0
+    export.saved_model_signature = lambda local_dir: {}
 
 
 def _fast_client_retries() -> None:
@@ -162,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     _skip_export()
     root = Path(tempfile.mkdtemp(prefix="fault-resume-"))
     ref_uri = f"file://{root}/ref"
-    rc, _ = _attempt(ref_uri, a.steps)
-    assert rc == 0, f"reference run failed with {rc}"
+    rc, events = _attempt(ref_uri, a.steps)
+    assert rc == 0, f"reference run failed with {rc}: {events[-1] if events else 'no events'}"
     reference = _weights(ref_uri, a.steps)
 
     s3 = boto3.client("s3", endpoint_url=a.endpoint)

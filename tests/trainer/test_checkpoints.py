@@ -242,12 +242,12 @@ def _slow_uploads(store, monkeypatch, seconds: float, gate: threading.Event | No
     real = store.put_file
     started = []
 
-    def slow(key, path):
+    def slow(key, path, **kw):
         started.append(key)
         if gate is not None:
             gate.wait(timeout=10)
         time.sleep(seconds)
-        real(key, path)
+        real(key, path, **kw)
 
     monkeypatch.setattr(store, "put_file", slow)
     return started
@@ -294,7 +294,7 @@ def test_wait_reraises_background_failure_once(tmp_path, monkeypatch):
     ckpts = CheckpointStore(store)
     calls = []
 
-    def denied(key, path):
+    def denied(key, path, **kw):
         calls.append(key)
         raise PermissionError(f"access denied to {key}")
 
@@ -450,3 +450,37 @@ def test_restore_is_checked_against_the_saved_fingerprint(tf, tmp_path):
                           tf.Variable([0, 0], dtype=tf.int64, name="seed_generator_state"), tf.Variable(4.0))
     with pytest.raises(ResumeMismatch, match=r"ckpt-5 did not restore the state it recorded \(variables: saved"):
         other.restore()
+
+
+def test_a_synchronous_commit_aborts_the_background_upload_mid_file(tmp_path, monkeypatch):
+    """GCE gives 30 s: the commit on SIGTERM must not share the link with an older upload
+    still sending a large file. The background upload stops at its next read."""
+    from trainer.storage import local
+    from trainer.storage.keys import CancellableReader
+
+    monkeypatch.setattr(local, "COPY_CHUNK", 256 * 1024)
+    store = open_store(f"file://{tmp_path}/run")
+    ckpts = CheckpointStore(store, upload_workers=1)
+    reading, reads_after = threading.Event(), []
+    cancelled_at = []
+    real_read = CancellableReader.read
+
+    def slow_read(self, size=-1):
+        reading.set()
+        if cancelled_at:
+            reads_after.append(size)
+        time.sleep(0.02)  # 256 KiB per 20 ms: the 16 MiB file needs well over a second
+        return real_read(self, size)
+
+    monkeypatch.setattr(CancellableReader, "read", slow_read)
+    ckpts.commit_async(1, _dir(tmp_path, "c1", {"big": os.urandom(16 * 1024 * 1024)}))
+    assert reading.wait(10)
+    t0 = time.monotonic()
+    cancelled_at.append(t0)
+    info = ckpts.commit(2, _dir(tmp_path, "c2", {"small": b"x" * 100}))
+    ckpts.wait(5)  # the background worker has wound down
+    took = time.monotonic() - t0
+    assert info["step"] == 2 and took < 1.0, took
+    assert len(reads_after) <= 2, reads_after  # it stopped at once, not at the end of the file
+    assert ckpts.committed_steps() == [2]
+    assert not store.exists("checkpoints/ckpt-1/big")

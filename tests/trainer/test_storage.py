@@ -357,3 +357,74 @@ def test_append_is_not_doubled_when_the_answer_is_lost(request, backend, monkeyp
     store.append_line("events.jsonl", '{"n": 3}')
     assert lost == ['{"n": 2}\n', '{"n": 3}\n']
     assert store.get_bytes("events.jsonl").decode().splitlines() == ['{"n": 1}', '{"n": 2}', '{"n": 3}']
+
+
+def test_a_cancelled_upload_stops_mid_file_and_publishes_nothing(tmp_path, monkeypatch):
+    import threading
+
+    from trainer.storage.keys import CancellableReader
+
+    store = open_store(f"file://{tmp_path}/r")
+    retries = []
+    store.on_retry = lambda *a: retries.append(a)
+    src = _write(tmp_path / "big.bin", os.urandom(8 * 1024 * 1024))
+    cancel = threading.Event()
+    reads = []
+    real_read = CancellableReader.read
+
+    def read(self, size=-1):
+        reads.append(size)
+        if len(reads) == 3:
+            cancel.set()  # a synchronous commit takes over while this file is going up
+        return real_read(self, size)
+
+    monkeypatch.setattr(CancellableReader, "read", read)
+    with pytest.raises(storage.Cancelled):
+        store.put_file("ckpt/big.bin", src, cancel=cancel)
+    assert len(reads) == 3  # stopped at the read after the cancel, 2 MiB into 8
+    assert not store.exists("ckpt/big.bin") and not retries
+    assert sorted(os.listdir(tmp_path / "r" / "ckpt")) == []  # no temporary left behind
+    with pytest.raises(storage.Cancelled):
+        store.put_file("ckpt/other.bin", src, cancel=cancel)  # already cancelled: not even started
+    assert len(reads) == 3
+
+
+@pytest.mark.slow
+def test_large_gcs_uploads_go_as_parallel_parts_and_leave_none(gs_run, tmp_path, monkeypatch):
+    import threading
+
+    from trainer.storage import gcs
+    from trainer.storage.keys import CancellableReader
+
+    monkeypatch.setattr(gcs, "PARALLEL_THRESHOLD", 3 * 1024 * 1024)
+    monkeypatch.setattr(gcs, "PART_MIN", 1024 * 1024)
+    store = open_store(gs_run.uri)
+    data = os.urandom(5 * 1024 * 1024 + 12345)
+    src = _write(tmp_path / "big.bin", data)
+    parts = []
+    real_upload_part = gcs.GCSStore._upload_part
+
+    def upload_part(self, name, key, f, offset, length, cancel):
+        parts.append((name, offset, length, threading.current_thread().name))
+        return real_upload_part(self, name, key, f, offset, length, cancel)
+
+    monkeypatch.setattr(gcs.GCSStore, "_upload_part", upload_part)
+    store.put_file("checkpoints/ckpt-1/big.bin", src)
+    assert len(parts) == 6 and sum(length for _, _, length, _ in parts) == len(data)
+    assert all(t.startswith("gcs-part") for *_, t in parts)
+    store.get_file("checkpoints/ckpt-1/big.bin", str(tmp_path / "back.bin"))
+    assert (tmp_path / "back.bin").read_bytes() == data
+    assert store.list("") == ["checkpoints/ckpt-1/big.bin"]  # the parts are gone
+
+    # Cancelled part way: no object, no parts.
+    cancel = threading.Event()
+    real_read = CancellableReader.read
+
+    def read(self, size=-1):
+        cancel.set()
+        return real_read(self, size)
+
+    monkeypatch.setattr(CancellableReader, "read", read)
+    with pytest.raises(storage.Cancelled):
+        store.put_file("checkpoints/ckpt-2/big.bin", src, cancel=cancel)
+    assert store.list("") == ["checkpoints/ckpt-1/big.bin"]

@@ -19,6 +19,10 @@ whole transfer, which catches what those do not (a multipart upload that gave up
 while streaming a download, a flaky network filesystem). ``Store.on_retry`` sees every
 retry, so the trainer can report it.
 
+An upload given a ``cancel`` event stops at its next read of the file once the event is
+set (a newer synchronous checkpoint commit takes the bandwidth). Large files go to GCS as
+parallel parts composed into one object; S3 uploads them as parallel multipart parts.
+
 The package, by section: :mod:`~trainer.storage.keys` (key checks, URI parsing, local
 walks), :mod:`~trainer.storage.retry` (which errors are transient, the retry policy),
 :mod:`~trainer.storage.base` (the interface and what it builds on the primitives), and
@@ -33,13 +37,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, Store
 from trainer.storage.gcs import GCSStore
-from trainer.storage.keys import TMP_MARK, check_key, walk_files
+from trainer.storage.keys import TMP_MARK, Cancelled, check_key, walk_files
 from trainer.storage.local import FileStore
 from trainer.storage.retry import is_transient
 from trainer.storage.s3 import S3Store
 
 __all__ = [
     "NotFound",
+    "Cancelled",
     "ObjectInfo",
     "Store",
     "ObjectStore",

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from trainer.storage.keys import TMP_MARK, check_key, split_bucket_uri, walk_files
+from trainer.storage.keys import TMP_MARK, Cancelled, check_key, split_bucket_uri, walk_files
 from trainer.storage.retry import RetryHook, retrying
 
 
@@ -85,12 +85,22 @@ class Store:
         check_key(key)
         return self._retrying("get", key, lambda: self._get_bytes(key))  # type: ignore[return-value]
 
-    def put_file(self, key: str, path: str) -> None:
-        """Upload the local file ``path`` to ``key``, all or nothing."""
+    def put_file(self, key: str, path: str, *, cancel: threading.Event | None = None) -> None:
+        """Upload the local file ``path`` to ``key``, all or nothing.
+
+        Setting ``cancel`` aborts the upload at the next read of the file (raises
+        :class:`~trainer.storage.keys.Cancelled`; nothing is published under ``key``).
+        """
         check_key(key)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"cannot upload {path!r} to {self.uri}/{key}: no such local file")
-        self._retrying("put", key, lambda: self._put_file(key, path))
+
+        def once() -> None:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled(f"upload of {self.uri}/{key} cancelled")
+            self._put_file(key, path, cancel)
+
+        self._retrying("put", key, once)
 
     def get_file(self, key: str, path: str) -> None:
         """Download ``key`` to the local ``path`` (parents created); raise :class:`NotFound`.
@@ -216,7 +226,7 @@ class Store:
     def _get_bytes(self, key: str) -> bytes:
         raise NotImplementedError
 
-    def _put_file(self, key: str, path: str) -> None:
+    def _put_file(self, key: str, path: str, cancel: threading.Event | None) -> None:
         raise NotImplementedError
 
     def _get_file(self, key: str, path: str) -> None:

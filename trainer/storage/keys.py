@@ -7,7 +7,9 @@ mirrors and checkpoint uploads never pick them up.
 
 from __future__ import annotations
 
+import io
 import os
+import threading
 from urllib.parse import urlparse
 
 # Local temporary files carry this marker so listings and mirrors never show them.
@@ -60,3 +62,58 @@ def walk_files(local_dir: str) -> list[tuple[str, str]]:
             rel = os.path.relpath(path, local_dir).replace(os.sep, "/")
             out.append((rel, path))
     return sorted(out)
+
+
+class Cancelled(Exception):  # noqa: N818 - a state the caller asked for, not an error
+    """A transfer was aborted because its caller no longer wants it (never retried)."""
+
+
+class CancellableReader(io.RawIOBase):
+    """A read-only view of ``length`` bytes of an open file from ``offset``, that stops when ``cancel`` is set.
+
+    Handed to the client libraries instead of a path, so a transfer can be abandoned
+    between two of their reads (every few hundred KiB) rather than only between files:
+    the next read raises :class:`Cancelled`, which ends the request and, for multipart
+    uploads, makes the library abort the upload.
+    """
+
+    def __init__(self, f, cancel: threading.Event | None, offset: int = 0, length: int | None = None) -> None:
+        super().__init__()
+        self._f = f
+        self._cancel = cancel
+        self._start = offset
+        self._length = os.fstat(f.fileno()).st_size - offset if length is None else length
+        self._pos = 0
+        f.seek(offset)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._length}[whence]
+        self._pos = max(0, min(self._length, base + pos))
+        self._f.seek(self._start + self._pos)
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        if self._cancel is not None and self._cancel.is_set():
+            raise Cancelled("transfer cancelled")
+        left = self._length - self._pos
+        n = left if size is None or size < 0 else min(size, left)
+        data = self._f.read(n) if n > 0 else b""
+        self._pos += len(data)
+        return data
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[: len(data)] = data
+        return len(data)

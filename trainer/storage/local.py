@@ -10,7 +10,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from trainer.storage.base import NotFound, ObjectInfo, Store
-from trainer.storage.keys import TMP_MARK, file_root, walk_files
+from trainer.storage.keys import TMP_MARK, CancellableReader, file_root, walk_files
+
+COPY_CHUNK = 1024 * 1024  # a cancelled copy stops within one chunk
 
 
 class FileStore(Store):
@@ -54,8 +56,16 @@ class FileStore(Store):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
             raise NotFound(f"{self.uri}/{key}") from e
 
-    def _put_file(self, key: str, path: str) -> None:
-        self._write_atomic(key, lambda tmp: shutil.copyfile(path, tmp))
+    def _put_file(self, key: str, path: str, cancel) -> None:
+        if cancel is None:
+            self._write_atomic(key, lambda tmp: shutil.copyfile(path, tmp))
+            return
+
+        def copy(tmp: str) -> None:
+            with open(path, "rb") as src, open(tmp, "wb") as dst:
+                shutil.copyfileobj(CancellableReader(src, cancel), dst, COPY_CHUNK)
+
+        self._write_atomic(key, copy)
 
     def _get_file(self, key: str, path: str) -> None:
         try:

@@ -109,11 +109,12 @@ def is_transient(exc: BaseException) -> bool:
     cause/context chain is examined.
     """
     from trainer.storage.base import NotFound
+    from trainer.storage.keys import Cancelled
 
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
-        if isinstance(cur, NotFound | ValueError | PermissionError | FileNotFoundError):
+        if isinstance(cur, NotFound | Cancelled | ValueError | PermissionError | FileNotFoundError):
             return False
         if _is_transient_one(cur):
             return True

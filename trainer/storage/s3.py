@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from trainer.storage import retry
 from trainer.storage.base import NotFound, ObjectInfo, ObjectStore
+from trainer.storage.keys import CancellableReader
 from trainer.storage.retry import is_transient, is_transient_answer
 
 
@@ -90,8 +91,15 @@ class S3Store(ObjectStore):
                 raise NotFound(f"{self.uri}/{key}") from e
             raise
 
-    def _put_file(self, key: str, path: str) -> None:
-        self.client.upload_file(path, self.bucket, self._name(key), Config=self._transfer)
+    def _put_file(self, key: str, path: str, cancel) -> None:
+        if cancel is None:
+            self.client.upload_file(path, self.bucket, self._name(key), Config=self._transfer)
+            return
+        # Through a reader that stops when cancelled: s3transfer then fails the transfer and
+        # aborts a multipart upload; parts already sent finish, none is started after.
+        with open(path, "rb") as f:
+            self.client.upload_fileobj(CancellableReader(f, cancel), self.bucket, self._name(key),
+                                       Config=self._transfer)
 
     def _get_file(self, key: str, path: str) -> None:
         try:
