@@ -428,3 +428,36 @@ def test_large_gcs_uploads_go_as_parallel_parts_and_leave_none(gs_run, tmp_path,
     with pytest.raises(storage.Cancelled):
         store.put_file("checkpoints/ckpt-2/big.bin", src, cancel=cancel)
     assert store.list("") == ["checkpoints/ckpt-1/big.bin"]
+
+
+@pytest.mark.slow
+def test_a_cancelled_s3_multipart_upload_is_aborted(s3_run, tmp_path, monkeypatch):
+    import threading
+
+    import boto3
+
+    from trainer.storage.keys import CancellableReader
+
+    store = open_store(s3_run.uri)
+    data = os.urandom(20 * 1024 * 1024 + 7)  # over the 8 MiB multipart threshold
+    src = _write(tmp_path / "big.bin", data)
+    cancel = threading.Event()
+    store.put_file("a/whole.bin", src, cancel=cancel)  # not cancelled: goes up whole
+    store.get_file("a/whole.bin", str(tmp_path / "back.bin"))
+    assert (tmp_path / "back.bin").read_bytes() == data
+
+    reads = []
+    real_read = CancellableReader.read
+
+    def read(self, size=-1):
+        reads.append(size)
+        if len(reads) == 2:
+            cancel.set()
+        return real_read(self, size)
+
+    monkeypatch.setattr(CancellableReader, "read", read)
+    with pytest.raises(storage.Cancelled):
+        store.put_file("a/cut.bin", src, cancel=cancel)
+    assert store.list("a/") == ["a/whole.bin"]
+    client = boto3.client("s3", endpoint_url=s3_run.vars["AWS_ENDPOINT_URL"])
+    assert client.list_multipart_uploads(Bucket=s3_run.bucket).get("Uploads", []) == []  # aborted, not left to bill
