@@ -194,6 +194,11 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
     try:
         try:
             mirror = Mirror(store, mirror_dir)
+        except OSError as e:
+            print(f"ops tensorboard: cannot use {mirror_dir} as the mirror ({e}); give another --mirror DIR",
+                  file=sys.stderr)
+            return 2
+        try:
             tb = configure(mirror.dest, args.port, args.tb_args)
             got = mirror.sync()
             if not got and not any(mirror.dest.iterdir()):
@@ -221,6 +226,8 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
                   "choose another port with --port", file=sys.stderr)
             return 2
         return 0
+    except KeyboardInterrupt:  # Ctrl-C before TensorBoard started (while the first sync ran)
+        return 130
     finally:
         if not keep:
             shutil.rmtree(mirror_dir, ignore_errors=True)

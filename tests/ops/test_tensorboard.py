@@ -309,3 +309,9 @@ def test_ops_tensorboard_runs_with_only_requirements_txt_installed(file_run):
     assert done.returncode == 2, done.stderr[-3000:]
     assert "is imported but not installed" not in done.stderr
     assert f"TensorBoard could not listen on 127.0.0.1:{port} (its error is above); choose another port" in done.stderr
+
+
+def test_a_mirror_folder_that_cannot_be_made_is_exit_2(file_run, tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    assert main(["tensorboard", "--run-uri", file_run.uri, "--mirror", str(tmp_path / "afile")]) == 2
+    assert f"cannot use {tmp_path / 'afile'} as the mirror" in capsys.readouterr().err
