@@ -42,7 +42,7 @@ def wait_for(check, timeout: float = 30.0, what: str = "condition"):
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("run_root", ["file", "s3"], indirect=True)
+@pytest.mark.parametrize("run_root", ["file", "s3", "gs"], indirect=True)
 def test_sync_mirrors_the_event_files_and_then_only_what_changed(run_root, tmp_path):
     store = open_store(run_root.uri)
     store.put_bytes(FIRST, b"A" * 100)
@@ -279,12 +279,13 @@ def test_tensorboard_serves_a_bucket_runs_loss_on_loopback_and_follows_the_run(s
         assert wait_for(lambda: (s := loss_steps()) and s[-1] == (5, 0.25) and s, timeout=60,
                         what="the new steps") == [(1, 2.0), (2, 1.5), (3, 1.0), (4, 0.5), (5, 0.25)]
     finally:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
         try:
             out, _ = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
+    assert proc.returncode == 0, out[-3000:]
     # The temporary mirror goes with the command.
     mirror = re.search(r"\(mirror (\S+), refreshed", out)
     assert mirror, out[-3000:]
