@@ -16,6 +16,7 @@ AWS
 GCP
 - the GPU quota of the region for the machines' GPU (the PREEMPTIBLE_ one for Spot VMs)
   and the project's GPUS_ALL_REGIONS, for `gpusPerNode` x `nodes` GPUs;
+- each machine type (and an N1 machine's GPU) offered in a zone the group may use;
 - the APIs that must be on before the first `pulumi up` (the stack turns on the rest).
 
 Output: one line per problem, each with its fix; exit 1 when there are problems, 0 when
@@ -278,6 +279,12 @@ class GcpApi(Protocol):
     def enabled_services(self, project: str) -> set[str]:
         """Names of the services (APIs) enabled in the project."""
 
+    def region_zones(self, project: str, region: str) -> list[str]:
+        """The region's zone names."""
+
+    def offered(self, project: str, zone: str, kind: str, name: str) -> bool:
+        """Whether the zone offers the machine type (kind "machineTypes") or GPU ("acceleratorTypes")."""
+
 
 class RestGcpApi:
     """GcpApi over the public REST endpoints, with Application Default Credentials (google-auth)."""
@@ -291,8 +298,10 @@ class RestGcpApi:
             session = AuthorizedSession(credentials)
         self._session = session
 
-    def _get(self, url: str, params: dict | None = None) -> dict:
+    def _get(self, url: str, params: dict | None = None, *, absent_ok: bool = False) -> dict | None:
         resp = self._session.get(url, params=params, timeout=30)
+        if absent_ok and resp.status_code == 404:
+            return None
         if resp.status_code != 200:
             raise RuntimeError(f"GET {url}: HTTP {resp.status_code} {resp.text[:200]}")
         return resp.json()
@@ -306,6 +315,16 @@ class RestGcpApi:
         """See GcpApi."""
         doc = self._get(f"https://compute.googleapis.com/compute/v1/projects/{project}")
         return {q["metric"]: (float(q["limit"]), float(q.get("usage", 0))) for q in doc.get("quotas", [])}
+
+    def region_zones(self, project: str, region: str) -> list[str]:
+        """See GcpApi."""
+        doc = self._get(f"https://compute.googleapis.com/compute/v1/projects/{project}/regions/{region}")
+        return sorted(url.rsplit("/", 1)[-1] for url in doc.get("zones", []))
+
+    def offered(self, project: str, zone: str, kind: str, name: str) -> bool:
+        """See GcpApi."""
+        url = f"https://compute.googleapis.com/compute/v1/projects/{project}/zones/{zone}/{kind}/{name}"
+        return self._get(url, absent_ok=True) is not None
 
     def enabled_services(self, project: str) -> set[str]:
         """See GcpApi."""
@@ -358,6 +377,25 @@ def _in_use(used: float) -> str:
     return f" with {used:g} in use" if used else ""
 
 
+_GCLOUD_LIST = {"machineTypes": "machine-types", "acceleratorTypes": "accelerator-types"}
+
+
+def gcp_offering_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
+    """Machine types (and an N1 machine's GPU) offered in none of the zones the group may use."""
+    c = settings.compute
+    zones = list(c.zones) or api.region_zones(settings.project, settings.region)
+    wanted = [("machineTypes", t, "compute.instanceTypes") for t in c.instance_types]
+    if c.accelerator:
+        wanted.append(("acceleratorTypes", c.accelerator, "compute.accelerator"))
+    problems = []
+    for kind, name, key in wanted:
+        if not any(api.offered(settings.project, z, kind, name) for z in zones):
+            problems.append(Problem(f"{name} ({key}) is offered in none of the zones {', '.join(zones)}",
+                                    f"choose a {key} or compute.zones the region offers "
+                                    f"(gcloud compute {_GCLOUD_LIST[kind]} list --filter='name={name}')"))
+    return problems
+
+
 def gcp_api_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
     """The APIs that must be on before the first `pulumi up` (components/gcp/stack.py PREREQUISITE_APIS)."""
     from components.gcp.stack import PREREQUISITE_APIS
@@ -377,6 +415,7 @@ def check_gcp(settings: config.Settings, api: GcpApi | None = None) -> list[Prob
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [
         ("APIs", lambda: gcp_api_problems(settings, api)),
         ("GPU quota", lambda: gcp_quota_problems(settings, api)),
+        ("machine types", lambda: gcp_offering_problems(settings, api)),
     ]
     return _run_checks(checks, lambda e: f"{type(e).__name__}: {e}")
 

@@ -218,6 +218,16 @@ class FakeGcp:
         self.calls.append(f"services {project}")
         return self.services
 
+    # What each zone offers (everything unless a test says otherwise).
+    not_offered: set[tuple[str, str]] = set()
+
+    def region_zones(self, project: str, region: str) -> list[str]:
+        self.calls.append(f"zones {project} {region}")
+        return [f"{region}-a", f"{region}-b"]
+
+    def offered(self, project: str, zone: str, kind: str, name: str) -> bool:
+        return (zone, name) not in self.not_offered
+
 
 GCP_OK = dict(region={"PREEMPTIBLE_NVIDIA_L4_GPUS": (4, 0), "NVIDIA_L4_GPUS": (4, 0)}, project={"GPUS_ALL_REGIONS": (4, 0)},
               services=set(PREREQUISITE_APIS) | {"compute.googleapis.com"})
@@ -331,6 +341,16 @@ def test_the_rest_client_reads_the_documented_shapes() -> None:
     assert api.project_quotas("p") == {"GPUS_ALL_REGIONS": (0.0, 0.0)}
     assert api.enabled_services("p") == {"compute.googleapis.com", "serviceusage.googleapis.com"}
     assert session.asked[-1] == (usage, {"filter": "state:ENABLED", "pageSize": 200, "pageToken": "t2"})
+    zones = preflight.RestGcpApi(FakeSession({
+        f"{compute}/regions/us-central1": [FakeResponse(200, {"zones": [
+            "https://www.googleapis.com/compute/v1/projects/p/zones/us-central1-b",
+            "https://www.googleapis.com/compute/v1/projects/p/zones/us-central1-a"]})],
+        f"{compute}/zones/us-central1-a/machineTypes/g2-standard-4": [FakeResponse(200, {"name": "g2-standard-4"})],
+        f"{compute}/zones/us-central1-b/machineTypes/g2-standard-4": [FakeResponse(404, {"error": "notFound"})],
+    }))
+    assert zones.region_zones("p", "us-central1") == ["us-central1-a", "us-central1-b"]
+    assert zones.offered("p", "us-central1-a", "machineTypes", "g2-standard-4") is True
+    assert zones.offered("p", "us-central1-b", "machineTypes", "g2-standard-4") is False
     denied = preflight.RestGcpApi(FakeSession({compute: [FakeResponse(403, {"error": "PERMISSION_DENIED"})]}))
     with pytest.raises(RuntimeError, match="HTTP 403"):
         denied.project_quotas("p")
@@ -341,3 +361,18 @@ def test_the_group_s_subnets_decide_its_zones(aws) -> None:
     subnet = next(s for s in ec2.describe_subnets()["Subnets"] if s["AvailabilityZone"] == "eu-west-1b")
     s = settings_of(AWS, compute={"subnets": [subnet["SubnetId"]]})
     assert preflight.aws_zones(s, ec2) == ["eu-west-1b"]
+
+
+def test_gcp_machine_types_and_gpus_offered_in_no_zone() -> None:
+    api = FakeGcp(**GCP_OK)
+    api.not_offered = {("us-central1-a", "g2-standard-8"), ("us-central1-b", "g2-standard-8"),
+                      ("us-central1-a", "g2-standard-4")}
+    s = settings_of(GCP, compute={"instanceTypes": ["g2-standard-4", "g2-standard-8"], "zones": []})
+    (p,) = preflight.gcp_offering_problems(s, api)
+    assert p.what == "g2-standard-8 (compute.instanceTypes) is offered in none of the zones us-central1-a, us-central1-b"
+    assert "gcloud compute machine-types list --filter='name=g2-standard-8'" in p.fix
+    n1 = settings_of(GCP, compute={"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-t4",
+                                   "zones": ["us-central1-a"]})
+    api.not_offered = {("us-central1-a", "nvidia-tesla-t4")}
+    (p,) = preflight.gcp_offering_problems(n1, api)
+    assert p.what.startswith("nvidia-tesla-t4 (compute.accelerator)") and "accelerator-types" in p.fix
