@@ -13,6 +13,7 @@ Also holds the command-line options every machine-facing command shares (``--sta
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import shutil
@@ -170,6 +171,89 @@ def gcp_hosts(group: str, region: str | None = None) -> list[Host]:
             )
         )
     return sorted(hosts, key=lambda h: (h.launched, h.name))
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """What the stack's group is doing: machines running, asked for, and why launches failed."""
+
+    running: int
+    desired: int | None
+    launch_failures: tuple[str, ...] = ()  # one line each, newest first
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def aws_group_state(group: str, region: str | None = None, *, client=None, limit: int = 3) -> GroupState:
+    """The Auto Scaling group's size and its failed launches since the last successful one."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    asg = client or boto3.session.Session().client("autoscaling", region_name=region)
+    try:
+        found = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[group])["AutoScalingGroups"]
+        activities = asg.describe_scaling_activities(AutoScalingGroupName=group, MaxRecords=20)["Activities"]
+    except (BotoCoreError, ClientError) as e:
+        raise HostsError(f"cannot read the group {group}: {e}") from None
+    if not found:
+        raise HostsError(f"no Auto Scaling group {group} (was the stack destroyed?)")
+    running = sum(1 for i in found[0].get("Instances", []) if i.get("LifecycleState") == "InService")
+    failures = []
+    for a in sorted(activities, key=lambda a: a.get("StartTime") or 0, reverse=True):
+        if a.get("StatusCode") == "Successful" and "Launching" in str(a.get("Description", "")):
+            break  # older failures were overcome by this launch
+        if a.get("StatusCode") in ("Failed", "Cancelled"):
+            when = a.get("StartTime")
+            stamp = f"{when:%H:%M} " if hasattr(when, "strftime") else ""
+            failures.append(stamp + _one_line(a.get("StatusMessage") or a.get("Description") or "launch failed"))
+    return GroupState(running=running, desired=found[0].get("DesiredCapacity"), launch_failures=tuple(failures[:limit]))
+
+
+def gcp_group_state(group: str, region: str | None = None, *, limit: int = 3) -> GroupState:
+    """The managed instance group's running machines, target size and latest errors (``gcloud``)."""
+    exe = shutil.which("gcloud")
+    if exe is None:
+        raise HostsError("the gcloud CLI is not on PATH, so the stack's group cannot be read")
+    where = ["--region", region] if region else []
+
+    def call(*argv: str) -> object:
+        try:
+            proc = subprocess.run([exe, "compute", "instance-groups", "managed", *argv, group, *where,
+                                   "--format=json"], capture_output=True, text=True, timeout=GCLOUD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise HostsError(f"gcloud compute instance-groups managed {argv[0]} took over {GCLOUD_TIMEOUT_S} s") from None
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+            raise HostsError(f"gcloud compute instance-groups managed {argv[0]} {group} failed: {last}")
+        return json.loads(proc.stdout or "null")
+
+    described = call("describe") or {}
+    errors = call("list-errors", f"--limit={limit}") or []
+    failures = []
+    for e in errors if isinstance(errors, list) else []:
+        err = e.get("error") or {}
+        stamp = str(e.get("timestamp", ""))[11:16]
+        failures.append(f"{stamp + ' ' if stamp else ''}{_one_line(err.get('code', '') + ': ' + err.get('message', ''))}")
+    return GroupState(running=len(gcp_hosts(group, region)), desired=described.get("targetSize"),
+                      launch_failures=tuple(failures[:limit]))
+
+
+@functools.lru_cache(maxsize=8)
+def _outputs_once(stack: str) -> dict:
+    # `status --watch` reads the group at every refresh; the outputs do not change meanwhile.
+    return stack_outputs(stack)
+
+
+def stack_group_state(stack: str) -> GroupState:
+    """The deployed stack's group (see :class:`GroupState`)."""
+    outputs = _outputs_once(stack)
+    cloud = cloud_of(require_output(outputs, "runUri", stack))
+    group = require_output(outputs, "groupName", stack)
+    region = outputs.get("region") or None
+    return aws_group_state(group, region) if cloud == "aws" else gcp_group_state(group, region)
 
 
 def stack_hosts(stack: str) -> list[Host]:

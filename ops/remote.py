@@ -322,6 +322,7 @@ def _targets(args: argparse.Namespace) -> list[Target]:
 
 def _logs_from_bucket(args: argparse.Namespace) -> int:
     from ops import hosts
+    from trainer import layout
     from trainer.storage import open_store
 
     if args.host:
@@ -329,9 +330,9 @@ def _logs_from_bucket(args: argparse.Namespace) -> int:
         return 2
     uri = args.run_uri or hosts.run_uri_for_stack(args.stack)
     store = open_store(uri)
-    keys = sorted(k for k in store.list("logs/") if not k.endswith("/"))
+    keys = sorted(k for k in store.list(layout.LOGS_PREFIX) if not k.endswith("/"))
     if not keys:
-        print(f"ops logs: no logs under {uri.rstrip('/')}/logs/ yet (machines upload them when the run ends)",
+        print(f"ops logs: no logs under {uri.rstrip('/')}/{layout.LOGS_PREFIX} yet (machines upload them when the run ends)",
               file=sys.stderr)
         return 1
     out = sys.stdout.buffer

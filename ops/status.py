@@ -1,16 +1,19 @@
 """`ops status`: where a training run stands, read from its folder in the bucket.
 
-Everything comes from the run's contract files, through the trainer's own store and
-readers (``trainer.storage.open_store``, ``trainer.events.read_events``,
-``trainer.checkpoints.CheckpointStore``): the end markers (``COMPLETE``, ``FAILED``,
-``TIMED_OUT``), ``progress.json``, ``events.jsonl`` and the ``COMMITTED`` markers of the
-checkpoints. Nothing is asked of the machines, so it works while they are preempted,
-after they are gone, and from any laptop with read access to the bucket.
+Everything comes from the run's contract files (`trainer/layout.py` names them): the end
+markers (``COMPLETE``, ``CANCELLED``, ``FAILED``, ``TIMED_OUT``), ``progress.json`` (the
+trainer's heartbeat, rewritten every ``progress_every_seconds`` while it trains), the
+trainer's ``events.jsonl``, every machine's ``machine-events/<machine>.jsonl`` and the
+``COMMITTED`` markers of the checkpoints. Nothing is asked of the machines, so it works
+while they are preempted, after they are gone, and from any laptop with read access to
+the bucket.
 
-States: ``NOT STARTED`` (nothing written yet), ``RUNNING``, ``PREEMPTED`` (the last
-attempt stopped on a spot notice; waiting for the group to bring a machine back),
-``COMPLETE``, ``FAILED``, ``TIMED_OUT``. Exit status: 0, or 1 for FAILED / TIMED_OUT,
-2 when the run cannot be found or read.
+States: ``NOT STARTED`` (nothing written yet), ``RUNNING``, ``STALLED`` (the trainer's
+heartbeat stopped: its process died or hangs, and nothing explains it), ``PREEMPTED``
+(the last attempt stopped on a spot notice; waiting for the group to bring a machine
+back), ``STOPPED`` (a local run that is not running: run the same command to resume),
+``COMPLETE``, ``CANCELLED``, ``FAILED``, ``TIMED_OUT``. Exit status: 0; 1 for FAILED /
+TIMED_OUT; 2 when there is no run at the URI or it cannot be read; 3 for STALLED.
 """
 
 from __future__ import annotations
@@ -22,29 +25,47 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
+from trainer import layout
+
 NOT_STARTED = "NOT STARTED"
 RUNNING = "RUNNING"
+STALLED = "STALLED"
 PREEMPTED = "PREEMPTED"
-COMPLETE = "COMPLETE"
-FAILED = "FAILED"
-TIMED_OUT = "TIMED_OUT"
-# Written once, by the trainer (COMPLETE) or by the machine's finish script (the others).
-END_MARKERS = (COMPLETE, FAILED, TIMED_OUT)
-FINAL_STATES = frozenset(END_MARKERS)
-FAILING_STATES = frozenset({FAILED, TIMED_OUT})
-# The events that change what the run is doing; the others (checkpoint, store_retry…) don't.
-LIFECYCLE = {"started", "resumed", "preempted", "finished", "failed"}
-STALE_PROGRESS_S = 600
+STOPPED = "STOPPED"
+# The end markers are states of their own; exactly one ends a run.
+FINAL_STATES = frozenset(layout.END_MARKERS)
+FAILING_STATES = layout.FAILING_MARKERS
+# States a watch cannot wait out: the run ended, or needs someone to look at it (a stall
+# nothing explains) or to start it again (a local run).
+WATCH_ENDS = FINAL_STATES | {STALLED, STOPPED}
+EXIT_STALLED = 3
+# A heartbeat older than this many intervals (and at least STALL_MIN_S) is a stall: the
+# trainer rewrites progress.json every `progress_every_seconds` while it trains.
+STALL_INTERVALS = 6
+STALL_MIN_S = 120.0
+# Phases with no heartbeat by design get longer: an attempt's start (staging data from
+# the bucket, building the model) until its first progress, and the model export after
+# `finished`.
+QUIET_PHASE_S = 1800.0
+DEFAULT_PROGRESS_EVERY_S = 10.0
 DEFAULT_EVENTS = 6
 DEFAULT_INTERVAL_S = 5.0
 STYLES = {
     NOT_STARTED: "dim",
     RUNNING: "bold cyan",
+    STALLED: "bold magenta",
     PREEMPTED: "bold yellow",
-    COMPLETE: "bold green",
-    FAILED: "bold red",
-    TIMED_OUT: "bold red",
+    STOPPED: "bold yellow",
+    layout.COMPLETE: "bold green",
+    layout.CANCELLED: "bold yellow",
+    layout.FAILED: "bold red",
+    layout.TIMED_OUT: "bold red",
 }
+RESUME_LOCAL = "stopped: run the same command to resume"
+
+
+class NoRun(Exception):
+    """Nothing is stored at the run URI."""
 
 
 @dataclass
@@ -70,6 +91,7 @@ class RunStatus:
     eta_seconds: float | None = None
     progress_updated: str | None = None
     progress_age_seconds: float | None = None
+    heartbeat_age_seconds: float | None = None
     attempts: int = 0
     preemptions: int = 0
     spot_notices: int = 0
@@ -77,6 +99,11 @@ class RunStatus:
     end: dict | None = None
     events: list[dict] = field(default_factory=list)
     checked_at: str = ""
+    # With --stack (and credentials): the group's machines and its latest failed launches.
+    machines_running: int | None = None
+    machines_desired: int | None = None
+    launch_failures: list[str] = field(default_factory=list)
+    group_note: str = ""
 
     @property
     def final(self) -> bool:
@@ -88,13 +115,18 @@ class RunStatus:
         return asdict(self)
 
 
-def _age(stamp: str | None, now: float) -> float | None:
-    if not stamp:
+def _stamp(text) -> float | None:
+    if not isinstance(text, str) or not text:
         return None
     try:
-        return round(max(0.0, now - datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()), 1)
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+def _age(stamp: str | None, now: float) -> float | None:
+    t = _stamp(stamp)
+    return None if t is None else round(max(0.0, now - t), 1)
 
 
 def _json_doc(store, key: str) -> dict | None:
@@ -112,14 +144,49 @@ def _json_doc(store, key: str) -> dict | None:
     return doc if isinstance(doc, dict) else {}
 
 
+def _jsonl(store, key: str) -> list[dict]:
+    """The JSON objects of a JSON-lines object (a torn or foreign line is skipped)."""
+    from trainer.storage import NotFound
+
+    try:
+        raw = store.get_bytes(key).decode("utf-8", "replace")
+    except NotFound:
+        return []
+    out = []
+    for line in raw.splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, dict):
+            out.append(ev)
+    return out
+
+
+def read_machine_events(store) -> list[dict]:
+    """Every machine's own events (``machine-events/<machine>.jsonl``), each machine's in its order."""
+    out = []
+    for key in store.list(layout.MACHINE_EVENTS_PREFIX):
+        if key.endswith(".jsonl"):
+            out.extend(_jsonl(store, key))
+    return out
+
+
+def merge_events(trainer_events: list[dict], machine_events: list[dict]) -> list[dict]:
+    """One timeline: the trainer's events and the machines', ordered by time (stable)."""
+    merged = [*trainer_events, *machine_events]
+    order = {id(e): i for i, e in enumerate(merged)}
+    return sorted(merged, key=lambda e: (_stamp(e.get(layout.TIME)) or 0.0, order[id(e)]))
+
+
 def _newest_checkpoint(store, now: float) -> Checkpoint | None:
-    from trainer.checkpoints import MARKER, CheckpointStore
+    from trainer.checkpoints import CheckpointStore
 
     steps = CheckpointStore(store).committed_steps()
     if not steps:
         return None
     step = steps[-1]
-    marker = _json_doc(store, f"checkpoints/ckpt-{step}/{MARKER}") or {}
+    marker = _json_doc(store, layout.committed_key(step)) or {}
     created = marker.get("created") if isinstance(marker.get("created"), str) else None
     return Checkpoint(step=step, created=created, age_seconds=_age(created, now))
 
@@ -134,13 +201,35 @@ def _number(doc: dict, key: str) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def read_status(run_uri: str, *, store=None, now: float | None = None, events: int = DEFAULT_EVENTS) -> RunStatus:
+def _is_local(run_uri: str) -> bool:
+    return run_uri.startswith("file://")
+
+
+def _progress_every(starts: list[dict]) -> float:
+    """The heartbeat interval the last attempt was started with."""
+    for e in reversed(starts):
+        cfg = e.get("config")
+        if isinstance(cfg, dict):
+            v = _number(cfg, "progress_every_seconds")
+            if v and v > 0:
+                return v
+    return DEFAULT_PROGRESS_EVERY_S
+
+
+def stall_after(progress_every_s: float) -> float:
+    """Seconds without a heartbeat after which a running trainer counts as stalled."""
+    return max(STALL_INTERVALS * progress_every_s, STALL_MIN_S)
+
+
+def read_status(run_uri: str, *, store=None, now: float | None = None, events: int = DEFAULT_EVENTS,
+                must_exist: bool = False) -> RunStatus:
     """Read the run at ``run_uri`` and say where it stands.
 
     ``store``: the run's already opened store (a watch reuses one; opening an S3 client
-    costs most of a second); ``events``: how many recent events to include.
+    costs most of a second); ``events``: how many recent events to include;
+    ``must_exist``: raise :class:`NoRun` when nothing at all is stored at the URI (a URI
+    given by hand; a stack's run may not have been written yet while its machine boots).
     """
-    from trainer.events import PROGRESS_KEY, read_events
     from trainer.storage import open_store
 
     now = time.time() if now is None else now
@@ -148,14 +237,14 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
     st = RunStatus(run_uri=run_uri, state=NOT_STARTED, checked_at=datetime.fromtimestamp(now).astimezone().isoformat(
         timespec="seconds"))
 
-    log = read_events(store)
-    progress = _json_doc(store, PROGRESS_KEY)
+    trainer_log = _jsonl(store, layout.EVENTS_KEY)
+    log = merge_events(trainer_log, read_machine_events(store))
+    progress = _json_doc(store, layout.PROGRESS_KEY)
     st.events = [_brief(e) for e in log[-events:]] if events > 0 else []
-    starts = [e for e in log if e.get("event") == "started"]
-    attempts = [e.get("attempt") for e in log if isinstance(e.get("attempt"), int)]
-    st.attempts = max([len(starts), *attempts]) if (starts or attempts) else 0
-    st.preemptions = sum(1 for e in log if e.get("event") == "preempted")
-    st.spot_notices = sum(1 for e in log if e.get("event") == "spot_notice")
+    starts = [e for e in trainer_log if e.get(layout.EVENT) == layout.STARTED]
+    st.attempts = layout.attempts(trainer_log)
+    st.preemptions = sum(1 for e in trainer_log if e.get(layout.EVENT) == layout.PREEMPTED)
+    st.spot_notices = sum(1 for e in log if e.get(layout.EVENT) == layout.SPOT_NOTICE)
     st.checkpoint = _newest_checkpoint(store, now)
 
     if progress:
@@ -174,45 +263,107 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
                 st.total = steps
                 break
 
-    for marker in END_MARKERS:
+    for marker in layout.END_MARKERS:
         doc = _json_doc(store, marker)
         if doc is not None:
             st.state, st.end = marker, doc
-            final_step = doc.get("step", doc.get("final_step"))
-            if isinstance(final_step, int) and final_step >= 0:
-                st.step = final_step
-            if marker == COMPLETE:
-                st.detail = "model in " + run_uri.rstrip("/") + "/model/"
+            step = doc.get(layout.MARKER_STEP)
+            if isinstance(step, int) and step >= 0:
+                st.step = step
+            if marker == layout.COMPLETE:
+                st.detail = f"model in {run_uri.rstrip('/')}/{layout.MODEL_PREFIX}"
+            elif marker == layout.CANCELLED:
+                reason = doc.get(layout.MARKER_REASON)
+                st.detail = f"stopped on request at step {st.step}" + (f" ({reason})" if reason else "")
             else:
-                st.detail = str(doc.get("reason") or "")
-            if isinstance(doc.get("attempts"), int) and marker == COMPLETE:
-                st.attempts = max(st.attempts, doc["attempts"])
+                st.detail = str(doc.get(layout.MARKER_REASON) or "")
             return st
 
     if not log and progress is None and st.checkpoint is None:
+        if must_exist and not store.list(""):
+            raise NoRun(f"no run at {run_uri}: nothing is stored there (check the URI, or give --stack "
+                        "for a stack whose machine is still booting)")
         st.detail = "nothing written yet: the machine may still be booting or waiting for spot capacity"
         return st
 
     st.state = RUNNING
-    last = next((e for e in reversed(log) if e.get("event") in LIFECYCLE), None)
-    kind = last.get("event") if last else None
-    if kind == "preempted":
-        st.state = PREEMPTED
-        st.detail = f"stopped at step {last.get('step')}; waiting for the group to start a machine"
-    elif kind == "failed":
-        st.detail = f"attempt {last.get('attempt')} failed ({last.get('reason')}); the machine retries"
-    elif kind == "finished":
-        st.detail = "training finished; writing the model"
-    else:
-        notice = next((e for e in reversed(log) if e.get("event") in ("spot_notice", *LIFECYCLE)), None)
-        if notice and notice.get("event") == "spot_notice":
+    last = next((e for e in reversed(trainer_log) if e.get(layout.EVENT) in layout.LIFECYCLE), None)
+    kind = last.get(layout.EVENT) if last else None
+    # The trainer's heartbeat: its newest progress.json or event, whichever is later.
+    beats = [t for t in (_stamp(st.progress_updated), *(_stamp(e.get(layout.TIME)) for e in trainer_log[-1:]))
+             if t is not None]
+    st.heartbeat_age_seconds = round(max(0.0, now - max(beats)), 1) if beats else None
+    limit = stall_after(_progress_every(starts))
+    last_at = _stamp(last.get(layout.TIME)) if last else None
+    progress_at = _stamp(st.progress_updated)
+    starting = kind in (layout.STARTED, layout.RESUMED) and (progress_at is None or (
+        last_at is not None and progress_at < last_at))
+    if starting or kind == layout.FINISHED:
+        limit = max(limit, QUIET_PHASE_S)
+    silent = st.heartbeat_age_seconds is not None and st.heartbeat_age_seconds > limit
+    notice = next((e for e in reversed(log) if e.get(layout.EVENT) in (layout.SPOT_NOTICE, *layout.LIFECYCLE)), None)
+    if kind == layout.PREEMPTED:
+        if _is_local(run_uri):
+            st.state, st.detail = STOPPED, f"{RESUME_LOCAL} (stopped at step {last.get('step')})"
+        else:
+            st.state = PREEMPTED
+            st.detail = f"stopped at step {last.get('step')}; waiting for the group to start a machine"
+    elif _is_local(run_uri) and silent:
+        # Nothing restarts a local run: a silent one was killed or its machine slept.
+        st.state, st.detail = STOPPED, f"{RESUME_LOCAL} (no heartbeat for {_duration(st.heartbeat_age_seconds)})"
+    elif kind == layout.FAILED_EVENT and not silent:
+        st.detail = f"attempt {last.get(layout.ATTEMPT)} failed ({last.get('reason')}); the machine retries"
+    elif notice is not None and notice.get(layout.EVENT) == layout.SPOT_NOTICE:
+        if not silent:
             st.detail = "spot notice received: checkpointing before the machine is taken back"
-        elif st.progress_age_seconds is not None and st.progress_age_seconds > STALE_PROGRESS_S:
-            st.detail = f"no progress for {_duration(st.progress_age_seconds)}"
+        else:
+            # Taken before the trainer could say so: the group brings a machine back.
+            st.state = PREEMPTED
+            st.detail = (f"the machine was taken after a spot notice at {str(notice.get(layout.TIME))[11:19]}; "
+                         "waiting for the group to start a machine")
+    elif silent:
+        st.state = STALLED
+        what = {layout.FAILED_EVENT: f"after attempt {last.get(layout.ATTEMPT)} failed ({last.get('reason')})",
+                layout.FINISHED: "after training finished, before the model was written"}.get(
+            kind, "while starting" if starting else "while training")
+        st.detail = (f"no heartbeat for {_duration(st.heartbeat_age_seconds)} {what} (expected every "
+                     f"{_duration(_progress_every(starts))}): the trainer died or hangs; see `ops logs`")
+    elif kind == layout.FINISHED:
+        st.detail = "training finished; writing the model"
+    elif starting:
+        st.detail = f"attempt {last.get(layout.ATTEMPT)} starting: staging data, building the model"
     if st.state == RUNNING and st.step is not None and st.total and st.examples_per_sec:
-        batch = next((e.get("global_batch") for e in reversed(log) if isinstance(e.get("global_batch"), int)), None)
+        batch = next((e.get("global_batch") for e in reversed(trainer_log) if isinstance(e.get("global_batch"), int)),
+                     None)
         if batch:
             st.eta_seconds = round(max(0, st.total - st.step) * batch / st.examples_per_sec, 1)
+    return st
+
+
+def with_group(st: RunStatus, group) -> RunStatus:
+    """Add what the stack's group is doing (an ``ops.hosts.GroupState``) to ``st``.
+
+    A run that has not started while its group cannot launch a machine (no spot capacity,
+    a vCPU quota of zero, a bad image) says why, instead of waiting forever.
+    """
+    st.machines_running, st.machines_desired = group.running, group.desired
+    st.launch_failures = list(group.launch_failures)
+    if st.launch_failures and st.state == NOT_STARTED and not group.running:
+        st.detail = f"the group cannot launch a machine: {st.launch_failures[0]}"
+    return st
+
+
+def _snapshot(uri: str, args: argparse.Namespace, store=None) -> RunStatus:
+    """One reading of the run (and, with --stack, of its group: a failure to read it is a note)."""
+    from ops import hosts
+
+    st = read_status(uri, store=store, events=args.events, must_exist=getattr(args, "run_uri", None) is not None)
+    stack = getattr(args, "stack", None)
+    if stack and not st.final and uri.startswith(("s3://", "gs://")):
+        try:
+            with_group(st, hosts.stack_group_state(stack))
+        except hosts.HostsError as e:
+            st.group_note = f"group not read: {e}"
     return st
 
 
@@ -274,6 +425,13 @@ def render(st: RunStatus):
     grid.add_row(
         "attempts", f"{st.attempts}   preemptions {st.preemptions}   spot notices {st.spot_notices}"
     )
+    if st.machines_running is not None:
+        desired = "" if st.machines_desired is None else f" of {st.machines_desired}"
+        grid.add_row("machines", f"{st.machines_running}{desired} running")
+    for line in st.launch_failures:
+        grid.add_row("launch failed", Text(line, style="red"))
+    if st.group_note:
+        grid.add_row("group", Text(st.group_note, style="dim"))
     if st.checkpoint:
         age = f", {_duration(st.checkpoint.age_seconds)} ago" if st.checkpoint.age_seconds is not None else ""
         grid.add_row("checkpoint", f"step {st.checkpoint.step}{age}")
@@ -285,8 +443,10 @@ def render(st: RunStatus):
 
 
 def exit_code(st: RunStatus) -> int:
-    """0, or 1 for a run that ended FAILED or TIMED_OUT."""
-    return 1 if st.state in FAILING_STATES else 0
+    """0; 1 for a run that ended FAILED or TIMED_OUT; 3 for a stalled one."""
+    if st.state in FAILING_STATES:
+        return 1
+    return EXIT_STALLED if st.state == STALLED else 0
 
 
 def _watch(uri: str, args: argparse.Namespace, console) -> RunStatus:
@@ -295,28 +455,28 @@ def _watch(uri: str, args: argparse.Namespace, console) -> RunStatus:
     from trainer.storage import open_store
 
     store = open_store(uri)
-    st = read_status(uri, store=store, events=args.events)
+    st = _snapshot(uri, args, store)
 
     def wait() -> None:
         time.sleep(args.interval)
 
     if args.json:
         print(json.dumps(st.to_json()), flush=True)
-        while not st.final:
+        while st.state not in WATCH_ENDS:
             wait()
             st = _reread(uri, store, args, st)
             print(json.dumps(st.to_json()), flush=True)
         return st
     if console.is_terminal:
         with Live(render(st), console=console, auto_refresh=False) as live:
-            while not st.final:
+            while st.state not in WATCH_ENDS:
                 wait()
                 st = _reread(uri, store, args, st)
                 live.update(render(st), refresh=True)
         return st
     console.print(render(st))
     seen = (st.state, st.step, len(st.events) and st.events[-1].get("time"))
-    while not st.final:
+    while st.state not in WATCH_ENDS:
         wait()
         st = _reread(uri, store, args, st)
         now = (st.state, st.step, len(st.events) and st.events[-1].get("time"))
@@ -330,7 +490,7 @@ def _watch(uri: str, args: argparse.Namespace, console) -> RunStatus:
 def _reread(uri: str, store, args: argparse.Namespace, previous: RunStatus) -> RunStatus:
     """The next snapshot; a read that fails mid-watch keeps the last one (the bucket may blip)."""
     try:
-        return read_status(uri, store=store, events=args.events)
+        return _snapshot(uri, args, store)
     except Exception as e:  # noqa: BLE001 - any failure to read is reported the same way, then retried
         print(f"ops status: could not read the run ({type(e).__name__}: {e}); retrying", file=sys.stderr)
         return previous
@@ -352,12 +512,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         if args.watch:
             st = _watch(uri, args, console)
         else:
-            st = read_status(uri, events=args.events)
+            st = _snapshot(uri, args)
             if args.json:
                 print(json.dumps(st.to_json()))
             else:
                 console.print(render(st))
-    except ValueError as e:
+    except (ValueError, NoRun) as e:
         print(f"ops status: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -395,7 +555,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--stack", help="stack name: the run URI comes from its outputs (pulumi CLI)")
     where.add_argument("--run-uri", help="the run's URI: s3://B/runs/ID, gs://B/runs/ID or file:///...")
-    p.add_argument("--watch", action="store_true", help="refresh until the run ends")
+    p.add_argument("--watch", action="store_true",
+                   help="refresh until the run ends, stalls, or (a local run) stops")
     p.add_argument("--interval", type=_positive, default=DEFAULT_INTERVAL_S,
                    help="seconds between refreshes with --watch (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object (one per refresh with --watch)")

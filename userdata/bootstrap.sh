@@ -4,8 +4,11 @@
 # data staging, the trainer code and its pip packages, registry login and image pull.
 # Idempotent: each step leaves a marker or a finished directory, so a second boot of
 # the same disk redoes nothing. Writes what the supervisor needs to $STATE_DIR/paths.
-# A machine that cannot train (no GPU, bad code archive) fails with a reason in
-# $RUNTIME_DIR/failure-reason, which the supervisor turns into the run's FAILED marker.
+# A machine that can never train (no GPU, bad code archive) fails with a reason in
+# $RUNTIME_DIR/failure-reason, which the supervisor turns into the run's FAILED marker;
+# any other failure (apt, a mirror, the registry) exits without one, and the supervisor
+# runs bootstrap again later. A problem with the local data disk is never a failure:
+# the root disk serves instead.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -30,8 +33,16 @@ has_nvidia_device() {
   grep -qs 0x10de "${TRAINSTACK_PCI_DIR:-/sys/bus/pci/devices}"/*/vendor
 }
 
+# On a first boot the image's own apt-daily / unattended-upgrades often hold the dpkg
+# lock for minutes: apt waits for it (DPkg::Lock::Timeout) instead of failing at once.
+apt_get() {
+  DEBIAN_FRONTEND=noninteractive apt-get -o "DPkg::Lock::Timeout=$APT_LOCK_WAIT_S" "$@"
+}
+
+apt_update() { retry 3 apt_get update -q "$@"; }
+
 apt_install() {
-  DEBIAN_FRONTEND=noninteractive retry 3 apt-get install -y -q --no-install-recommends "$@"
+  retry 3 apt_get install -y -q --no-install-recommends "$@"
 }
 
 # The GPU-ready images bring the driver; a plain image with an NVIDIA device gets the
@@ -46,7 +57,7 @@ gpu() {
   fi
   if [[ ! -e "$STATE_DIR/driver.done" ]]; then
     log "NVIDIA device without a working driver: installing nvidia-driver-$DRIVER_BRANCH"
-    retry 3 apt-get update -q
+    apt_update
     apt_install "nvidia-headless-$DRIVER_BRANCH" "nvidia-utils-$DRIVER_BRANCH"
     modprobe nvidia || true
     touch "$STATE_DIR/driver.done"
@@ -58,7 +69,7 @@ gpu() {
 docker_engine() {
   command -v docker >/dev/null && return 0
   log "installing Docker (docker.io)"
-  retry 3 apt-get update -q
+  apt_update
   apt_install docker.io
   systemctl enable --now docker
 }
@@ -84,7 +95,7 @@ toolkit() {
       sed "s#^deb http#deb [signed-by=${NVIDIA_KEYRING#"$ROOT"}] http#" \
         >"$ROOT/etc/apt/sources.list.d/nvidia-container-toolkit.list"
     # Refresh only NVIDIA's list: the full index costs tens of seconds.
-    retry 3 apt-get update -q -o Dir::Etc::sourcelist=sources.list.d/nvidia-container-toolkit.list \
+    apt_update -o Dir::Etc::sourcelist=sources.list.d/nvidia-container-toolkit.list \
       -o Dir::Etc::sourceparts=- -o APT::Get::List-Cleanup=0
     apt_install "nvidia-container-toolkit=$CTK_VERSION" "nvidia-container-toolkit-base=$CTK_VERSION" \
       "libnvidia-container-tools=$CTK_VERSION" "libnvidia-container1=$CTK_VERSION"
@@ -97,24 +108,63 @@ toolkit() {
 }
 
 # Instance store / local SSD is the fastest disk for staging data; its contents vanish
-# when the machine stops, which is fine for a cache. Without one, the root disk serves.
+# when the machine stops, which is fine for a cache. AWS's Deep Learning AMIs mount their
+# instance-store disks themselves at /opt/dlami/nvme (several as one volume): that is
+# used when mounted. Otherwise a local NVMe device is formatted and mounted only when it
+# holds no file system or is ours from an earlier boot (label trainstack-data) and is not
+# mounted: a RAID or LVM member, or anyone else's disk, is left alone. Any problem here
+# falls back to the root disk; it never fails the boot.
 data_dir() {
-  local dev="" candidate mnt="$ROOT/mnt/trainstack-data"
-  for candidate in "${TRAINSTACK_DEV_DIR:-/dev/disk/by-id}"/{nvme-Amazon_EC2_NVMe_Instance_Storage_*,google-local-nvme-ssd-*,google-local-ssd-*}; do
-    if [[ -e "$candidate" ]]; then dev="$candidate"; break; fi
-  done
-  if [[ -z "$dev" ]]; then
-    DATA_DIR="$STATE_DIR/data"
-  else
-    if ! mountpoint -q "$mnt"; then
-      blkid "$dev" >/dev/null 2>&1 || mkfs.ext4 -F -q -L trainstack-data "$dev"
-      mkdir -p "$mnt"
-      mount -o noatime,discard "$dev" "$mnt"
+  local dlami="$ROOT${TRAINSTACK_DLAMI_NVME:-/opt/dlami/nvme}" mnt="$ROOT/mnt/trainstack-data" dev
+  DATA_DIR="$STATE_DIR/data"
+  if mountpoint -q "$dlami"; then
+    if mkdir -p "$dlami/trainstack" 2>/dev/null; then
+      DATA_DIR="$dlami/trainstack"
+      log "data staging on $DATA_DIR (the image's instance-store volume)"
+    else
+      log "cannot write to $dlami; data staging on the root disk"
     fi
-    DATA_DIR="$mnt"
+  elif dev="$(local_disk)" && [[ -n "$dev" ]]; then
+    if mount_local_disk "$dev" "$mnt"; then
+      DATA_DIR="$mnt"
+      log "data staging on $DATA_DIR ($dev)"
+    else
+      log "could not use $dev; data staging on the root disk"
+    fi
   fi
   mkdir -p "$DATA_DIR"
-  log "data staging on $DATA_DIR${dev:+ ($dev)}"
+  [[ "$DATA_DIR" != "$STATE_DIR/data" ]] || log "data staging on the root disk ($DATA_DIR)"
+}
+
+# Prints the first local instance-store / local-SSD device that is ours to use.
+local_disk() {
+  local candidate label
+  for candidate in "${TRAINSTACK_DEV_DIR:-/dev/disk/by-id}"/{nvme-Amazon_EC2_NVMe_Instance_Storage_*,google-local-nvme-ssd-*,google-local-ssd-*}; do
+    [[ -e "$candidate" ]] || continue
+    if findmnt -rn --source "$candidate" >/dev/null 2>&1; then
+      log "$candidate is mounted already: not ours"
+      continue
+    fi
+    if blkid "$candidate" >/dev/null 2>&1; then
+      label="$(blkid -o value -s LABEL "$candidate" 2>/dev/null)" || label=""
+      if [[ "$label" != trainstack-data ]]; then
+        log "$candidate holds $(blkid -o value -s TYPE "$candidate" 2>/dev/null || echo "a signature"): not ours"
+        continue
+      fi
+    fi
+    printf '%s\n' "$candidate"
+    return 0
+  done
+}
+
+# mount_local_disk DEVICE MOUNTPOINT: formats DEVICE if it is blank and mounts it.
+mount_local_disk() {
+  local dev="$1" mnt="$2"
+  mountpoint -q "$mnt" && return 0
+  if ! blkid "$dev" >/dev/null 2>&1; then
+    mkfs.ext4 -F -q -L trainstack-data "$dev" || return 1
+  fi
+  mkdir -p "$mnt" && mount -o noatime,discard "$dev" "$mnt"
 }
 
 # The code archive is named after its sha256 (trainer-<hex>.tar.gz); a mismatch means a
@@ -130,7 +180,8 @@ code() {
   if [[ ! -f "$CODE_DIR/trainer/__main__.py" ]]; then
     mkdir -p "$OPT_DIR/code"
     tmp="$(mktemp -d "$OPT_DIR/code/.fetch.XXXXXX")"
-    retry 5 store_cp "$TRAINSTACK_CODE_URI" "$tmp/code.tar.gz" || fail "cannot fetch $TRAINSTACK_CODE_URI"
+    # Not fetched (network, permissions being granted): bootstrap is run again later.
+    retry 5 store_cp "$TRAINSTACK_CODE_URI" "$tmp/code.tar.gz" || die "cannot fetch $TRAINSTACK_CODE_URI"
     sum="$(sha256sum "$tmp/code.tar.gz" | cut -d' ' -f1)"
     [[ "$sum" == "$hash"* ]] || fail "$name: its sha256 is $sum, not the $hash its name says"
     mkdir "$tmp/tree"
@@ -169,8 +220,9 @@ image() {
   if docker image inspect "$TRAINSTACK_IMAGE" >/dev/null 2>&1; then
     log "image $TRAINSTACK_IMAGE already on disk"
   else
-    retry 3 registry_login || fail "cannot log in to the registry of $TRAINSTACK_IMAGE"
-    retry 5 docker pull -q "$TRAINSTACK_IMAGE" || fail "cannot pull $TRAINSTACK_IMAGE"
+    # A registry that does not answer is retried by the supervisor, not a verdict.
+    retry 3 registry_login || die "cannot log in to the registry of $TRAINSTACK_IMAGE"
+    retry 5 docker pull -q "$TRAINSTACK_IMAGE" || die "cannot pull $TRAINSTACK_IMAGE"
   fi
   touch "$RUNTIME_DIR/image.ready"
 }
@@ -181,6 +233,8 @@ main() {
   # The toolkit release pinned for machines that do not bring one (plain Ubuntu).
   CTK_VERSION="${TRAINSTACK_NVIDIA_CTK_VERSION:-1.17.8-1}"
   DRIVER_BRANCH="${TRAINSTACK_NVIDIA_DRIVER:-570-server}"
+  # How long apt waits for another apt (the image's first-boot updates) to let go of dpkg.
+  APT_LOCK_WAIT_S="${TRAINSTACK_APT_LOCK_WAIT_S:-600}"
   rm -f "$RUNTIME_DIR/failure-reason"
   local start=$SECONDS
   step gpu gpu

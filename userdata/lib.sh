@@ -16,6 +16,36 @@ BIN_DIR="$OPT_DIR/bin"
 CONTAINER="trainstack-trainer"
 NOTICE_FILE="$RUNTIME_DIR/notice-pending"
 
+# ---- the run folder's names ----
+# trainer/layout.py is their one definition; the scripts cannot import it, so
+# tests/userdata/test_layout_names.py sources this file and compares every value below
+# with it, and checks that no script spells a run-folder name by hand.
+EVENTS_KEY="events.jsonl"
+PROGRESS_KEY="progress.json"
+DEADLINE_KEY="deadline"
+LOGS_PREFIX="logs/"
+MACHINE_EVENTS_PREFIX="machine-events/"
+STOP_KEY="STOP"
+COMPLETE="COMPLETE"
+FAILED="FAILED"
+TIMED_OUT="TIMED_OUT"
+CANCELLED="CANCELLED"
+END_MARKERS=("$COMPLETE" "$FAILED" "$TIMED_OUT" "$CANCELLED")
+MARKER_STEP="step"
+MARKER_ATTEMPTS="attempts"
+MARKER_REASON="reason"
+EVENT="event"
+TIME="time"
+FAILED_EVENT="failed"
+SPOT_NOTICE="spot_notice"
+REBALANCE="rebalance"
+MACHINE_FINISH="finish"
+# The trainer's exit codes.
+EXIT_OK=0
+EXIT_FAILED=1
+EXIT_UNUSABLE=78
+EXIT_PREEMPTED=143
+
 log() {
   local line
   line="$(date -u +%Y-%m-%dT%H:%M:%SZ) ${0##*/}[$$]: $*"
@@ -82,7 +112,8 @@ print(json.dumps(out))
 ' "$@"
 }
 
-now_iso() { date -u +%Y-%m-%dT%H:%M:%SZ; }
+# Milliseconds, as the trainer writes them: `ops status` orders both sources by time.
+now_iso() { date -u +%Y-%m-%dT%H:%M:%S.%3NZ; }
 
 # ---- object storage: the only calls that name a cloud's CLI ----
 
@@ -124,17 +155,58 @@ run_entries() {
   printf '%s\n' "$out" | awk '{print $NF}' | sed -e "s#^$RUN_URI/##"
 }
 
-# event KEY=VALUE...: appends one event to the run's events.jsonl (read, append, write).
+# end_marker_in ENTRIES: prints the end marker (one of END_MARKERS) among a run folder
+# listing (run_entries' output), nothing when there is none.
+end_marker_in() {
+  local marker
+  for marker in "${END_MARKERS[@]}"; do
+    if grep -qxF "$marker" <<<"$1"; then
+      printf '%s\n' "$marker"
+      return 0
+    fi
+  done
+}
+
+# end_marker: prints the run's end marker when it has one, nothing when it has not
+# ended; fails when the run folder cannot be read.
+end_marker() {
+  local entries
+  entries="$(retry 5 run_entries)" || return 1
+  end_marker_in "$entries"
+}
+
+# is_end_marker NAME: true when NAME is one of END_MARKERS.
+is_end_marker() {
+  local marker
+  for marker in "${END_MARKERS[@]}"; do [[ "$1" != "$marker" ]] || return 0; done
+  return 1
+}
+
+# machine_events_uri: this machine's own event object, machine-events/<machine>.jsonl.
+machine_events_uri() { printf '%s/%s%s.jsonl\n' "$RUN_URI" "$MACHINE_EVENTS_PREFIX" "$(instance_id)"; }
+
+# event NAME KEY=VALUE...: records one of this machine's events. The run's events.jsonl
+# has one writer, the trainer; each machine has its own object instead (machine-events/
+# <machine>.jsonl), which only that machine writes. Several scripts on one machine write
+# events (the watcher, the supervisor, finish), so the line is appended to a local copy
+# under a lock and the whole copy is uploaded while the lock is held: an older copy can
+# never overwrite a newer one. A machine recreated under the same name (a GCE managed
+# group keeps names) starts its copy from the object its earlier self left.
 event() {
-  local tmp line
-  tmp="$(mktemp)"
-  line="$(json event="$1" time="$(now_iso)" instance="$(instance_id)" "${@:2}")"
-  store_cat "$RUN_URI/events.jsonl" >"$tmp" 2>/dev/null || : >"$tmp"
-  # A file that does not end in a newline gets one, so our line stays a line.
-  if [[ -s "$tmp" && -n "$(tail -c 1 "$tmp")" ]]; then printf '\n' >>"$tmp"; fi
-  printf '%s\n' "$line" >>"$tmp"
-  retry 3 store_cp "$tmp" "$RUN_URI/events.jsonl" || log "could not append event: $line"
-  rm -f "$tmp"
+  local line file="$STATE_DIR/own-events.jsonl" uri
+  uri="$(machine_events_uri)"
+  (
+    flock -w 120 8 || log "waited 120s for the event lock; writing anyway"
+    # Stamped under the lock, so the file is in time order.
+    line="$(json "$EVENT=$1" "$TIME=$(now_iso)" instance="$(instance_id)" "${@:2}")"
+    if [[ ! -e "$file" ]]; then
+      store_cat "$uri" >"$file.tmp" 2>/dev/null || : >"$file.tmp"
+      if [[ -s "$file.tmp" && -n "$(tail -c 1 "$file.tmp")" ]]; then printf '\n' >>"$file.tmp"; fi
+      mv "$file.tmp" "$file"
+    fi
+    printf '%s\n' "$line" >>"$file"
+    retry 3 store_cp "$file" "$uri" || log "could not upload event (kept on disk for the next one): $line"
+  ) 8>>"$file.lock"
 }
 
 # ---- instance metadata ----
@@ -144,11 +216,12 @@ event() {
 imds_token() {
   local file="$RUNTIME_DIR/imds-token"
   if [[ ! -s "$file" ]] || (($(date +%s) - $(stat -c %Y "$file") > 21000)); then
+    # Each caller writes its own temporary file: the watcher and the supervisor start together.
     if (umask 077 && curl -sf -m 2 -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 21600" \
-      "$METADATA_URL/latest/api/token" >"$file.tmp"); then
-      mv "$file.tmp" "$file"
+      "$METADATA_URL/latest/api/token" >"$file.$$"); then
+      mv "$file.$$" "$file"
     else
-      rm -f "$file.tmp"
+      rm -f "$file.$$"
     fi
   fi
   cat "$file" 2>/dev/null || true
@@ -177,14 +250,21 @@ md_get() {
   esac
 }
 
+# The instance id (AWS) or name (GCE): the name of this machine's logs and event object.
+# Cached once read; if the metadata service does not answer, the host name stands in
+# for this call only (not cached, so a later call gets the real one).
 instance_id() {
-  local cache="$RUNTIME_DIR/instance-id"
+  local cache="$RUNTIME_DIR/instance-id" tmp="$RUNTIME_DIR/instance-id.$$" item
   if [[ ! -s "$cache" ]]; then
-    case "$TRAINSTACK_CLOUD" in
-      aws) md_get instance-id >"$cache.tmp" || hostname >"$cache.tmp" ;;
-      gcp) md_get name >"$cache.tmp" || hostname >"$cache.tmp" ;;
-    esac
-    mv "$cache.tmp" "$cache"
+    case "$TRAINSTACK_CLOUD" in aws) item=instance-id ;; gcp) item=name ;; esac
+    # Several scripts may ask at once: each writes its own temporary file.
+    if retry 3 md_get "$item" >"$tmp" && [[ -s "$tmp" ]]; then
+      mv "$tmp" "$cache"
+    else
+      rm -f "$tmp"
+      hostname
+      return 0
+    fi
   fi
   cat "$cache"
 }
@@ -205,7 +285,12 @@ group_ips() {
     aws) aws ec2 describe-instances --region "$TRAINSTACK_REGION" --output text \
       --filters "Name=tag:aws:autoscaling:groupName,Values=$TRAINSTACK_GROUP" "Name=instance-state-name,Values=running" \
       --query 'Reservations[].Instances[].PrivateIpAddress' ;;
-    gcp) gcloud compute instances list --filter="name~^$TRAINSTACK_GROUP-" \
+    # Exactly this group's running machines in this region: GCE names a managed group's
+    # machines <base>-<4 characters> (base: the group name cut to 54); a plain prefix would
+    # also match machines that are stopping or provisioning, and another group whose name
+    # starts with this one's (dev and dev-gpu).
+    gcp) gcloud compute instances list \
+      --filter="name~'^${TRAINSTACK_GROUP:0:54}-[a-z0-9]{4}\$' AND status=RUNNING AND zone~'/zones/$TRAINSTACK_REGION-'" \
       --format='value(networkInterfaces[0].networkIP)' ;;
   esac | tr -s ' \t' '\n' | sed '/^$/d' | sort -t. -k1,1n -k2,2n -k3,3n -k4,4n
 }

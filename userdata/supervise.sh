@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # trainstack supervisor: the trainer unit's main process, started on every boot.
-# Decides what this boot does from the run folder (finished? past its deadline?), runs
-# bootstrap, then the trainer container until the run ends: exit 0 finishes the run,
-# exit 143 after a spot notice waits for the cloud to take the machine, anything else
-# restarts with backoff until TRAINSTACK_MAX_FAILURES failures in a row mark it FAILED.
-# Every ending goes through finish.sh, which scales the group to zero and shuts down.
+# Decides what this boot does from the run folder (ended? past its deadline?), runs
+# bootstrap (retried until the deadline when it fails for a passing reason), then the
+# trainer container until the run ends: an end marker (COMPLETE or CANCELLED from the
+# trainer, FAILED / TIMED_OUT from any machine) finishes the run, exit 143 after a spot
+# notice waits for the cloud to take the machine, exit 78 (this machine can never run
+# this run) is FAILED at once, anything else restarts with backoff until
+# TRAINSTACK_MAX_FAILURES failures in a row mark it FAILED. Every ending goes through
+# finish.sh, which scales the group to zero and shuts down.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
 
 CONTAINER_ENV="$RUNTIME_DIR/container.env"
+# The supervisor's own codes for an attempt that never ran or ended without a marker.
+EXIT_NO_CLUSTER=75
+EXIT_NO_MARKER=70
 
 finish() {
   exec "$BIN_DIR/finish.sh" "$@"
@@ -21,27 +27,86 @@ finish() {
 # forever. SIGTERM is the machine shutting down: no verdict then.
 on_exit() {
   trap - EXIT
-  finish FAILED "the supervisor stopped unexpectedly (exit $1); see logs"
+  finish "$FAILED" "the supervisor stopped unexpectedly (exit $1); see logs"
 }
 
-# The run's end markers are checked first, before any setup: a finished run costs only
-# this listing.
+# The run's end markers are checked first, before any setup: a run that has ended costs
+# only this listing.
 check_run_folder() {
-  local entries
-  entries="$(retry 5 run_entries)" || finish FAILED "cannot read the run folder $RUN_URI"
-  grep -qx COMPLETE <<<"$entries" && { log "run is COMPLETE"; finish COMPLETE; }
-  grep -qx FAILED <<<"$entries" && { log "run is marked FAILED"; finish FAILED; }
-  grep -qx TIMED_OUT <<<"$entries" && { log "run is marked TIMED_OUT"; finish TIMED_OUT; }
-  if grep -qx deadline <<<"$entries"; then
-    DEADLINE="$(retry 5 store_cat "$RUN_URI/deadline" | tr -dc 0-9)"
+  local entries marker
+  entries="$(retry 5 run_entries)" || finish "$FAILED" "cannot read the run folder $RUN_URI"
+  marker="$(end_marker_in "$entries")"
+  if [[ -n "$marker" ]]; then
+    log "run is $marker"
+    finish "$marker"
+  fi
+  if grep -qxF "$DEADLINE_KEY" <<<"$entries"; then
+    DEADLINE="$(retry 5 store_cat "$RUN_URI/$DEADLINE_KEY" | tr -dc 0-9)"
   else
     # First boot of the run: the deadline counts from now and is written once.
     DEADLINE=$(($(date +%s) + ${TRAINSTACK_MAX_RUNTIME_S:-86400}))
-    printf '%s\n' "$DEADLINE" | retry 5 store_put "$RUN_URI/deadline"
+    printf '%s\n' "$DEADLINE" | retry 5 store_put "$RUN_URI/$DEADLINE_KEY"
     log "first boot of the run: deadline $(date -u -d "@$DEADLINE" +%Y-%m-%dT%H:%M:%SZ)"
   fi
-  [[ -n "$DEADLINE" ]] || finish FAILED "the run's deadline file is empty"
-  (($(date +%s) < DEADLINE)) || { log "deadline passed"; finish TIMED_OUT "the run's deadline passed"; }
+  [[ -n "$DEADLINE" ]] || finish "$FAILED" "the run's deadline file is empty"
+  (($(date +%s) < DEADLINE)) || { log "deadline passed"; finish "$TIMED_OUT" "the run's deadline passed"; }
+}
+
+# Bootstrap until it succeeds. A failure it names in failure-reason (no GPU, a damaged
+# code archive) ends the run as FAILED; any other failure (the image's own first-boot
+# apt run holding the dpkg lock past bootstrap's wait, a mirror or registry that does not
+# answer) is retried with a growing pause, for as long as the run's deadline allows.
+run_bootstrap() {
+  local tries=0 pause
+  until "$BIN_DIR/bootstrap.sh"; do
+    if [[ -s "$RUNTIME_DIR/failure-reason" ]]; then
+      finish "$FAILED" "$(cat "$RUNTIME_DIR/failure-reason")"
+    fi
+    tries=$((tries + 1))
+    pause=$((BOOTSTRAP_BACKOFF_S * tries))
+    ((pause <= 300)) || pause=300
+    if (($(date +%s) + pause >= DEADLINE)); then
+      finish "$TIMED_OUT" "the run's deadline passed while setting up the machine (bootstrap failed $tries times; see logs)"
+    fi
+    log "bootstrap failed for a passing reason ($tries so far); retrying in ${pause}s"
+    sleep "$pause"
+  done
+}
+
+# The reason in the trainer's last `failed` event (it says why the machine cannot run
+# the run: the GPUs it sees, the libraries it found). Only the chief writes events.
+last_failed_reason() {
+  store_cat "$RUN_URI/$EVENTS_KEY" 2>/dev/null | python3 -c '
+import json, sys
+reason = ""
+for line in sys.stdin:
+    try:
+        ev = json.loads(line)
+    except ValueError:
+        continue
+    if isinstance(ev, dict) and ev.get(sys.argv[1]) == sys.argv[2] and ev.get("reason"):
+        reason = str(ev["reason"])
+print(reason[:500])
+' "$EVENT" "$FAILED_EVENT" || true
+}
+
+# With several machines the chief writes the end marker after the last checkpoint and
+# the model export, so another worker's trainer can end first. That worker waits for the
+# marker (at most TRAINSTACK_FINISH_WAIT_S) and then finishes the same way: ending
+# before the chief is no failure. Prints the marker; fails when none came in time.
+wait_for_end_marker() {
+  local waited=0 marker
+  log "the trainer ended before the run's end marker: waiting for the chief (up to ${FINISH_WAIT_S}s)"
+  while ((waited < FINISH_WAIT_S)); do
+    marker="$(end_marker)" || marker=""
+    if [[ -n "$marker" ]]; then
+      printf '%s\n' "$marker"
+      return 0
+    fi
+    sleep "$CLUSTER_POLL_S"
+    waited=$((waited + CLUSTER_POLL_S))
+  done
+  return 1
 }
 
 # docker --env-file takes values literally (no shell quotes): written from the env file's
@@ -127,6 +192,7 @@ main() {
   trap 'trap - EXIT; exit 143' TERM INT
   MAX_FAILURES="${TRAINSTACK_MAX_FAILURES:-3}"
   BACKOFF_S="${TRAINSTACK_RESTART_BACKOFF_S:-15}"
+  BOOTSTRAP_BACKOFF_S="${TRAINSTACK_BOOTSTRAP_BACKOFF_S:-$BACKOFF_S}"
   # How long to wait, after stopping for a notice, for the cloud to take the machine back;
   # a notice that does not end the machine (GCE live maintenance) resumes training after it.
   NOTICE_WAIT_S="${TRAINSTACK_NOTICE_WAIT_S:-900}"
@@ -134,43 +200,56 @@ main() {
   CLUSTER_WAIT_S="${TRAINSTACK_CLUSTER_WAIT_S:-900}"
   CLUSTER_POLL_S="${TRAINSTACK_CLUSTER_POLL_S:-10}"
   WORKER_PORT="${TRAINSTACK_WORKER_PORT:-2222}"
+  # How long a worker that ended first waits for the chief's end marker (model export).
+  FINISH_WAIT_S="${TRAINSTACK_FINISH_WAIT_S:-1800}"
   log "boot: run $RUN_URI, group $TRAINSTACK_GROUP, image $TRAINSTACK_IMAGE"
   rm -f "$RUNTIME_DIR/deadline-hit"
   check_run_folder
-  if ! "$BIN_DIR/bootstrap.sh"; then
-    finish FAILED "$(cat "$RUNTIME_DIR/failure-reason" 2>/dev/null || echo "bootstrap failed; see logs")"
-  fi
+  run_bootstrap
   # shellcheck source=/dev/null
   . "$STATE_DIR/paths"
-  local failures rc remaining
+  local failures rc remaining marker reason
   failures="$(cat "$STATE_DIR/failures" 2>/dev/null || echo 0)"
   while true; do
     [[ ! -e "$NOTICE_FILE" ]] || wait_for_cloud
     remaining=$((DEADLINE - $(date +%s)))
-    ((remaining > 0)) || finish TIMED_OUT "the run's deadline passed"
+    ((remaining > 0)) || finish "$TIMED_OUT" "the run's deadline passed"
     log "starting the trainer (failures in a row: $failures)"
     rc=0
     write_container_env
     if tf_config; then
       run_container "$remaining" || rc=$?
     else
-      rc=75
+      rc=$EXIT_NO_CLUSTER
     fi
     log "trainer exited with $rc"
-    [[ ! -e "$RUNTIME_DIR/deadline-hit" ]] || finish TIMED_OUT "the run's deadline passed during training"
-    if ((rc == 0)); then
-      retry 5 run_entries | grep -qx COMPLETE && finish COMPLETE
-      rc=70
-      log "trainer exited 0 but the run has no COMPLETE marker"
-    elif ((rc == 143)) && [[ -e "$NOTICE_FILE" ]]; then
+    [[ ! -e "$RUNTIME_DIR/deadline-hit" ]] || finish "$TIMED_OUT" "the run's deadline passed during training"
+    if ((rc == EXIT_PREEMPTED)) && [[ -e "$NOTICE_FILE" ]]; then
+      # The notice's grace is short (GCE: 30 s): nothing more to do until the cloud acts.
       failures=0
       echo 0 >"$STATE_DIR/failures"
       continue
     fi
+    # Whatever the exit, a run that has ended is finished here too: the trainer's
+    # COMPLETE or CANCELLED (asked to stop), or another machine's FAILED / TIMED_OUT.
+    marker="$(end_marker)" || marker=""
+    [[ -z "$marker" ]] || finish "$marker"
+    if ((rc == EXIT_OK)); then
+      if ((${TRAINSTACK_NODES:-1} > 1)) && marker="$(wait_for_end_marker)"; then
+        finish "$marker"
+      fi
+      rc=$EXIT_NO_MARKER
+      log "trainer exited 0 but the run has no end marker"
+    elif ((rc == EXIT_UNUSABLE)); then
+      # This machine can never run this run (e.g. the GPUs asked for are not seen):
+      # retrying would only bill the same failure again.
+      reason="$(last_failed_reason)"
+      finish "$FAILED" "the trainer cannot run on this machine (exit $rc): ${reason:-see logs}" "$((failures + 1))"
+    fi
     failures=$((failures + 1))
     echo "$failures" >"$STATE_DIR/failures"
     ((failures < MAX_FAILURES)) ||
-      finish FAILED "the trainer failed $failures times in a row (last exit $rc)" "$failures"
+      finish "$FAILED" "the trainer failed $failures times in a row (last exit $rc)" "$failures"
     log "restarting in $((BACKOFF_S * failures))s"
     sleep $((BACKOFF_S * failures))
   done

@@ -6,7 +6,8 @@
 #   GCE: instance/preempted (TRUE about 30 s ahead) and instance/maintenance-event
 #        (TERMINATE_ON_HOST_MAINTENANCE: GPU machines cannot migrate live).
 # On a notice: a pending marker the supervisor reads, `docker stop --time GRACE` (SIGTERM,
-# SIGKILL after the grace), and a spot_notice event in the run's events.jsonl.
+# SIGKILL after the grace), and a spot_notice event in this machine's own event object
+# (machine-events/<machine>.jsonl; the run's events.jsonl is the trainer's alone).
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -39,7 +40,7 @@ rebalance() {
   body="$(md_get events/recommendations/rebalance)" || return 0
   touch "$RUNTIME_DIR/rebalance-seen"
   log "rebalance recommendation: $body"
-  event rebalance_recommendation cloud="$TRAINSTACK_CLOUD" detail="$body"
+  event "$REBALANCE" cloud="$TRAINSTACK_CLOUD" detail="$body"
 }
 
 handle() {
@@ -48,7 +49,7 @@ handle() {
   printf '%s %s\n' "$kind" "$detail" >"$NOTICE_FILE"
   docker stop --time "$GRACE_S" "$CONTAINER" >/dev/null 2>&1 || log "no running trainer to stop"
   log "trainer stopped after $((SECONDS - start))s"
-  event spot_notice cloud="$TRAINSTACK_CLOUD" kind="$kind" detail="$detail" grace_s:="$GRACE_S" \
+  event "$SPOT_NOTICE" cloud="$TRAINSTACK_CLOUD" kind="$kind" detail="$detail" grace_s:="$GRACE_S" \
     stop_s:="$((SECONDS - start))"
   touch "$RUNTIME_DIR/notice-handled"
 }

@@ -100,7 +100,9 @@ class SpotGroup(pulumi.ComponentResource):
             zone: pulumi.Input[str] = args.zones[0] if args.zones else aws.get_availability_zones_output(
                 state="available", opts=invoke).names[0]
             self.placement_group = aws.ec2.PlacementGroup(
-                f"{name}-placement", name=f"{args.group_name}-placement", strategy="cluster", tags=args.tags, opts=child,
+                # Placement group names take at most 255 characters.
+                f"{name}-placement", name=f"{args.group_name[:245]}-placement", strategy="cluster", tags=args.tags,
+                opts=child,
             )
             subnet_ids: pulumi.Input[list[str]] = aws.ec2.get_subnets_output(
                 filters=[within, aws.ec2.GetSubnetsFilterArgs(name="availability-zone", values=[zone])], opts=invoke,

@@ -87,3 +87,10 @@ def test_shared_parts_are_one_definition():
     assert common.WORKER_PORTS[0] <= int(port) <= common.WORKER_PORTS[1]
     assert common.EXPORT_KEYS == ("bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri")
 
+
+
+def test_each_clouds_tests_mirror_the_other():
+    tests = {cloud: sorted(p.name.replace(cloud, "CLOUD") for p in (ROOT / "tests" / "components" / cloud).glob("*.py"))
+             for cloud in ("aws", "gcp")}
+    assert tests["aws"] == tests["gcp"]
+    assert "test_CLOUD_stack.py" in tests["aws"] and "CLOUDhelp.py" in tests["aws"]

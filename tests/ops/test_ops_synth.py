@@ -190,7 +190,7 @@ def test_cli_ends_with_a_plan_of_resources_machines_and_cost(tmp_path):
     assert proc.returncode == 0, proc.stderr
     plan = proc.stdout.split("Plan for stack large", 1)[1]
     # what is created, by type, with the fake cloud's values marked
-    assert "Resources (24), by type:" in plan
+    assert "Resources (25), by type:" in plan  # 2 nodes: with a cluster placement group
     assert "1 x aws:ec2/launchTemplate:LaunchTemplate: trainstack-group-lt" in plan
     assert f"imageId={synth.FAKE_AMI} (mock)" in plan
     # machines x nodes, each type's price, expected and worst case under the 72 h cap

@@ -1,9 +1,10 @@
-"""`ops status`: a run's state read from its bucket folder, on files and S3 (moto_server).
+"""`ops status`: a run's state read from its bucket folder, on files, S3 (moto_server) and GCS.
 
 Runs are built with the trainer's own writers where they exist (``EventLog`` for
 ``events.jsonl`` / ``progress.json``, ``CheckpointStore.commit`` for checkpoints,
-``write_complete`` for ``COMPLETE``) and as the machine's finish script writes them for
-``FAILED`` / ``TIMED_OUT``. ``--stack`` is resolved through a fake ``pulumi`` on PATH.
+``write_complete`` for ``COMPLETE``) and as the machine's scripts write them for
+``machine-events/<machine>.jsonl`` and ``FAILED`` / ``TIMED_OUT``. ``--stack`` is resolved
+through a fake ``pulumi`` on PATH.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import pytest
 
 from ops import status
 from ops.__main__ import main
+from trainer import layout
 from trainer.checkpoints import CheckpointStore
 from trainer.events import EventLog
 from trainer.export import COMPLETE_KEY
 from trainer.storage import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
-STATES = ["not_started", "running", "preempted", "resumed", "complete", "failed", "timed_out"]
+STATES = ["not_started", "running", "preempted", "resumed", "complete", "failed", "timed_out"]  # build() kinds
 
 
 def iso(seconds_ago: float) -> str:
@@ -45,6 +47,19 @@ def progress_of(store, attempt: int, step: int, total: int, loss: float, rate: f
     log = EventLog(store, attempt=attempt, stream=io.StringIO(), tty=False)
     log.progress(step, total, loss, rate)
     log.close()
+
+
+def machine_event(store, name: str, machine: str = "i-0abc", **fields) -> None:
+    """One line appended to the machine's own object, as lib.sh's `event` leaves it."""
+    from trainer.storage import NotFound
+
+    key = layout.machine_events_key(machine)
+    try:
+        old = store.get_bytes(key)
+    except NotFound:
+        old = b""
+    line = json.dumps({"event": name, "time": iso(0), "instance": machine, **fields})
+    store.put_bytes(key, old + line.encode() + b"\n")
 
 
 def commit(store, tmp_path: Path, step: int) -> None:
@@ -74,7 +89,7 @@ def build(kind: str, store, tmp_path: Path) -> None:
     progress_of(store, 1, 130, 1000, 0.75, 640.0)
     if kind == "running":
         return
-    events_of(store, 1, ("spot_notice", {"cloud": "aws", "kind": "termination"}))
+    machine_event(store, "spot_notice", cloud="aws", kind="termination")
     commit(store, tmp_path, 130)
     events_of(store, 1, ("checkpoint", {"step": 130}), ("preempted", {"step": 130, "signal": "SIGTERM"}))
     if kind == "preempted":
@@ -92,13 +107,12 @@ def build(kind: str, store, tmp_path: Path) -> None:
     outcome = {"failed": "FAILED", "timed_out": "TIMED_OUT"}[kind]
     reason = {"FAILED": "the trainer failed 5 times in a row (last exit 1)", "TIMED_OUT": "the run's deadline passed"}
     doc = {"outcome": outcome, "reason": reason[outcome], "instance": "i-0abc", "time": iso(0),
-           "final_step": 400, "attempts": 5}
+           "step": 400, "attempts": 5}
     store.put_bytes(outcome, json.dumps(doc).encode())
 
 
 EXPECTED = {
     # state, exit code, step, attempts, preemptions, newest checkpoint
-    "not_started": ("NOT STARTED", 0, None, 0, 0, None),
     "running": ("RUNNING", 0, 130, 1, 0, 100),
     "preempted": ("PREEMPTED", 0, 130, 1, 1, 130),
     "resumed": ("RUNNING", 0, 400, 2, 1, 130),
@@ -106,14 +120,16 @@ EXPECTED = {
     "failed": ("FAILED", 1, 400, 2, 1, 130),
     "timed_out": ("TIMED_OUT", 1, 400, 2, 1, 130),
 }
+# Nothing restarts a local run: stopped by a signal, it waits for its user.
+LOCAL = {"preempted": ("STOPPED", 0, 130, 1, 1, 130)}
 
 
 @pytest.mark.parametrize(
     ("run_root", "kinds"),
     [
-        ("file", STATES),
+        ("file", STATES[1:]),
         # Opening an S3 client takes most of a second: the states whose files differ most.
-        pytest.param("s3", ["not_started", "preempted", "complete", "timed_out"], marks=pytest.mark.slow),
+        pytest.param("s3", ["preempted", "complete", "timed_out"], marks=pytest.mark.slow),
         pytest.param("gs", ["resumed", "failed"], marks=pytest.mark.slow),
     ],
     indirect=["run_root"],
@@ -129,7 +145,8 @@ def test_status_json_and_exit_code_in_every_state(run_root, kinds, tmp_path, cap
         ckpt = doc["checkpoint"]["step"] if doc["checkpoint"] else None
         seen[kind] = (doc["state"], rc, doc["step"], doc["attempts"], doc["preemptions"], ckpt)
         assert doc["run_uri"] == uri
-    assert seen == {k: EXPECTED[k] for k in kinds} and len(seen) == len(kinds)
+    local = LOCAL if run_root.uri.startswith("file://") else {}
+    assert seen == {k: local.get(k, EXPECTED[k]) for k in kinds} and len(seen) == len(kinds)
 
 
 def test_running_run_reports_progress_eta_checkpoint_age_and_recent_events(file_run, tmp_path):
@@ -146,11 +163,26 @@ def test_running_run_reports_progress_eta_checkpoint_age_and_recent_events(file_
     assert all("config" not in e for e in st.events)
 
 
-def test_preempted_run_says_it_waits_for_a_machine(file_run, tmp_path):
-    build("preempted", open_store(file_run.uri), tmp_path)
-    st = status.read_status(file_run.uri)
+@pytest.mark.slow
+def test_preempted_cloud_run_says_it_waits_for_a_machine(s3_run, tmp_path):
+    build("preempted", open_store(s3_run.uri), tmp_path)
+    st = status.read_status(s3_run.uri)
     assert st.state == "PREEMPTED" and st.eta_seconds is None
     assert st.detail == "stopped at step 130; waiting for the group to start a machine"
+
+
+def test_a_local_run_stopped_by_ctrl_c_says_how_to_resume(file_run, tmp_path, capsys):
+    store = open_store(file_run.uri)
+    events_of(store, 1, STARTED, ("preempted", {"step": 130, "signal": "SIGINT"}))
+    assert main(["status", "--run-uri", file_run.uri, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["state"], doc["detail"]) == ("STOPPED", "stopped: run the same command to resume (stopped at step 130)")
+
+
+def test_a_local_run_whose_process_died_says_how_to_resume(file_run, tmp_path):
+    build("running", open_store(file_run.uri), tmp_path)
+    st = status.read_status(file_run.uri, now=time.time() + 3600)
+    assert (st.state, st.detail) == ("STOPPED", "stopped: run the same command to resume (no heartbeat for 1h 00m)")
 
 
 def test_a_checkpoint_without_its_marker_is_not_reported(file_run, tmp_path):
@@ -201,12 +233,60 @@ def test_running_run_says_what_it_is_doing(file_run, tmp_path, last, detail):
     assert (st.state, st.detail) == ("RUNNING", detail)
 
 
-def test_progress_that_stopped_moving_is_pointed_out(file_run, tmp_path):
+@pytest.mark.slow
+def test_a_dead_trainer_is_stalled_not_running(s3_run, tmp_path, capsys):
+    # The trainer rewrites progress.json every progress_every_seconds (10 s by default):
+    # six intervals, and at least two minutes, without one is a stall.
+    store = open_store(s3_run.uri)
+    build("running", store, tmp_path)
+    assert status.read_status(s3_run.uri, now=time.time() + 100).state == "RUNNING"
+    st = status.read_status(s3_run.uri, now=time.time() + 3600)
+    assert st.state == "STALLED" and st.eta_seconds is None and st.heartbeat_age_seconds >= 3600
+    assert st.detail == ("no heartbeat for 1h 00m while training (expected every 10s): the trainer died or hangs; "
+                         "see `ops logs`")
+    assert st.checkpoint.age_seconds >= 3600
+    # A fresh heartbeat makes it RUNNING again; a stall is exit 3 for scripts.
+    progress_of(store, 1, 140, 1000, 0.7, 640.0)
+    assert status.read_status(s3_run.uri).state == "RUNNING"
+    assert status.exit_code(st) == 3
+
+
+@pytest.mark.parametrize("phase", ["starting", "exporting"])
+def test_phases_without_a_heartbeat_get_longer_before_a_stall(file_run, tmp_path, phase):
+    # Staging data before the first step, and the model export after the last, write no
+    # progress: half an hour before they count as a stall.
     store = open_store(file_run.uri)
     build("running", store, tmp_path)
-    st = status.read_status(file_run.uri, now=time.time() + 3600)
-    assert (st.state, st.detail) == ("RUNNING", "no progress for 1h 00m")
-    assert st.checkpoint.age_seconds >= 3600
+    time.sleep(0.01)
+    if phase == "starting":
+        events_of(store, 2, STARTED, ("resumed", {"step": 100}))
+        detail = "attempt 2 starting: staging data, building the model"
+    else:
+        events_of(store, 1, ("finished", {"step": 1000}))
+        detail = "training finished; writing the model"
+    st = status.read_status(file_run.uri, now=time.time() + 600)
+    assert (st.state, st.detail) == ("RUNNING", detail)
+    assert status.read_status(file_run.uri, now=time.time() + 2000).state == "STOPPED"  # a local run
+
+
+def test_the_heartbeat_interval_comes_from_the_run(file_run, tmp_path):
+    store = open_store(file_run.uri)
+    slow = ("started", {"config": {"steps": 1000, "progress_every_seconds": 60}, "global_batch": 64})
+    events_of(store, 1, slow)
+    progress_of(store, 1, 10, 1000, 0.9, 640.0)
+    assert status.stall_after(60) == 360 and status.stall_after(1) == status.STALL_MIN_S
+    assert status.read_status(file_run.uri, now=time.time() + 300).state == "RUNNING"
+    assert status.read_status(file_run.uri, now=time.time() + 400).state == "STOPPED"
+
+
+@pytest.mark.slow
+def test_a_machine_taken_after_its_notice_is_preempted_not_stalled(s3_run, tmp_path):
+    store = open_store(s3_run.uri)
+    build("running", store, tmp_path)
+    machine_event(store, "spot_notice", cloud="aws", kind="instance-action")
+    assert status.read_status(s3_run.uri).detail.startswith("spot notice received")
+    st = status.read_status(s3_run.uri, now=time.time() + 3600)
+    assert st.state == "PREEMPTED" and "waiting for the group to start a machine" in st.detail
 
 
 def test_watch_on_a_log_file_prints_a_snapshot_per_change_until_the_end(file_run, tmp_path):
@@ -239,10 +319,63 @@ def test_watch_on_a_log_file_prints_a_snapshot_per_change_until_the_end(file_run
     assert progress == ["400/1000", "700/1000", "1000/1000"]
 
 
-def test_not_started_run(file_run, capsys):
-    assert main(["status", "--run-uri", file_run.uri]) == 0
+def test_no_run_at_the_uri_is_exit_2_and_one_line(file_run, capsys):
+    assert main(["status", "--run-uri", file_run.uri]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"ops status: no run at {file_run.uri}") and len(err.splitlines()) == 1
+    assert main(["status", "--run-uri", file_run.uri, "--watch", "--json"]) == 2
+
+
+def test_a_stacks_run_not_written_yet_is_not_started(file_run, tmp_path, monkeypatch, capsys):
+    # With --stack the run is meant to be there: its machine is still booting.
+    fake_pulumi(tmp_path / "bin", {"runUri": file_run.uri})
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    assert main(["status", "--stack", "dev"]) == 0
     out = capsys.readouterr().out
     assert "NOT STARTED" in out and "none committed yet" in out
+
+
+def test_machine_events_are_read_with_the_trainers_in_time_order(file_run, tmp_path):
+    store = open_store(file_run.uri)
+    events_of(store, 1, STARTED)
+    machine_event(store, "rebalance", machine="i-0aaa")
+    time.sleep(0.01)
+    events_of(store, 1, ("checkpoint", {"step": 100, "seconds": 0.1, "bytes": 10}))
+    time.sleep(0.01)
+    machine_event(store, "spot_notice", machine="i-0bbb", cloud="aws")
+    st = status.read_status(file_run.uri, events=10)
+    assert [(e["event"], e.get("instance")) for e in st.events] == [
+        ("started", None), ("rebalance", "i-0aaa"), ("checkpoint", None), ("spot_notice", "i-0bbb")]
+    assert st.spot_notices == 1 and st.attempts == 1
+    assert not store.get_bytes(layout.EVENTS_KEY).decode().count("spot_notice")
+
+
+def test_end_markers_are_read_by_the_layouts_fields(file_run, tmp_path):
+    store = open_store(file_run.uri)
+    build("running", store, tmp_path)
+    # An old machine's field name is not read: the contract's is `step`.
+    store.put_bytes(layout.FAILED, json.dumps({"reason": "r", "final_step": 999, "attempts": 9}).encode())
+    st = status.read_status(file_run.uri)
+    assert (st.state, st.step, st.attempts, st.detail) == ("FAILED", 130, 1, "r")
+
+
+def test_a_cancelled_run_ends_the_watch_with_exit_0(file_run, tmp_path, capsys):
+    store = open_store(file_run.uri)
+    build("resumed", store, tmp_path)
+    store.put_bytes(layout.CANCELLED, json.dumps({"step": 420, "attempts": 2, "reason": "ops stop"}).encode())
+    assert main(["status", "--run-uri", file_run.uri, "--watch", "--json", "--interval", "0.1"]) == 0
+    doc = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (doc["state"], doc["step"], doc["detail"]) == ("CANCELLED", 420, "stopped on request at step 420 (ops stop)")
+
+
+@pytest.mark.slow
+def test_watch_ends_on_a_stall_with_exit_3(s3_run, tmp_path, capsys, monkeypatch):
+    build("running", open_store(s3_run.uri), tmp_path)
+    real = status.read_status
+    monkeypatch.setattr(status, "read_status", lambda *a, **kw: real(*a, **{**kw, "now": time.time() + 3600}))
+    assert main(["status", "--run-uri", s3_run.uri, "--watch", "--json", "--interval", "0.1"]) == 3
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["state"] == "STALLED"
 
 
 @pytest.mark.parametrize(
@@ -338,3 +471,86 @@ def test_watch_refreshes_until_the_run_ends(file_run, tmp_path):
     last = json.loads(out.splitlines()[-1])
     assert (first["state"], steps[0], steps[-1]) == ("RUNNING", 400, 700)
     assert (last["state"], last["step"], proc.returncode) == ("COMPLETE", 1000, 0), err
+
+
+# -- the group, with --stack -----------------------------------------------------------
+
+
+def test_aws_group_state_reports_the_failed_launches_since_the_last_success():
+    from datetime import datetime as dt
+
+    import boto3
+    from botocore.stub import Stubber
+
+    from ops import hosts
+
+    client = boto3.client("autoscaling", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+    stub = Stubber(client)
+    stub.add_response("describe_auto_scaling_groups", {"AutoScalingGroups": [{
+        "AutoScalingGroupName": "g", "MinSize": 1, "MaxSize": 1, "DesiredCapacity": 1, "DefaultCooldown": 300,
+        "AvailabilityZones": ["us-east-1a"], "HealthCheckType": "EC2", "CreatedTime": dt(2026, 1, 1),
+        "Instances": []}]}, {"AutoScalingGroupNames": ["g"]})
+    capacity = ("Could not launch Spot Instances. InsufficientInstanceCapacity - There is no Spot capacity "
+                "available that matches your request. Launching EC2 instance failed.")
+
+    def activity(hour: int, code: str, message: str = "") -> dict:
+        a = {"ActivityId": f"a{hour}", "AutoScalingGroupName": "g", "Cause": "c", "StatusCode": code,
+             "Description": "Launching a new EC2 instance", "StartTime": dt(2026, 1, 1, hour, 5)}
+        return {**a, "StatusMessage": message} if message else a
+
+    stub.add_response("describe_scaling_activities", {"Activities": [
+        activity(12, "Failed", capacity), activity(11, "Failed", "VcpuLimitExceeded"),
+        activity(10, "Successful"), activity(9, "Failed", "an old failure, overcome since")]},
+        {"AutoScalingGroupName": "g", "MaxRecords": 20})
+    with stub:
+        state = hosts.aws_group_state("g", client=client)
+    stub.assert_no_pending_responses()
+    assert (state.running, state.desired) == (0, 1)
+    assert state.launch_failures == (f"12:05 {capacity}", "11:05 VcpuLimitExceeded")
+
+
+def test_gcp_group_state_from_gcloud(tmp_path, monkeypatch):
+    from ops import hosts
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    answers = {
+        "describe": {"targetSize": 1},
+        "list-errors": [{"timestamp": "2026-11-30T20:01:02.000-08:00", "error": {
+            "code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": "The zone does not have enough resources"}}],
+        "list": [],
+    }
+    for name, doc in answers.items():
+        (bin_dir / f"{name}.json").write_text(json.dumps(doc))
+    (bin_dir / "gcloud").write_text(
+        f'#!/bin/sh\necho "$@" >> {bin_dir}/calls\n'
+        f'case "$*" in *managed\\ describe*) cat {bin_dir}/describe.json;; *list-errors*) cat {bin_dir}/list-errors.json;;'
+        f' *instances\\ list*) cat {bin_dir}/list.json;; *) exit 2;; esac\n')
+    (bin_dir / "gcloud").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    state = hosts.gcp_group_state("trainstack-dev", "us-central1")
+    assert state == hosts.GroupState(running=0, desired=1, launch_failures=(
+        "20:01 ZONE_RESOURCE_POOL_EXHAUSTED: The zone does not have enough resources",))
+    calls = (bin_dir / "calls").read_text().splitlines()
+    assert calls[0] == "compute instance-groups managed describe trainstack-dev --region us-central1 --format=json"
+
+
+@pytest.mark.slow
+def test_status_of_a_stack_that_cannot_launch_says_why(s3_run, tmp_path, monkeypatch, capsys):
+    from ops import hosts
+
+    fake_pulumi(tmp_path / "bin", {"runUri": s3_run.uri, "groupName": "g"})
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    failure = "12:05 Could not launch Spot Instances. InsufficientInstanceCapacity"
+    monkeypatch.setattr(hosts, "stack_group_state", lambda stack: hosts.GroupState(0, 1, (failure,)))
+    assert main(["status", "--stack", "dev", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["state"], doc["detail"]) == ("NOT STARTED", f"the group cannot launch a machine: {failure}")
+    assert (doc["machines_running"], doc["machines_desired"], doc["launch_failures"]) == (0, 1, [failure])
+    # Without credentials the group is a note, and the run's own state still shows.
+    monkeypatch.setattr(hosts, "stack_group_state",
+                        lambda stack: (_ for _ in ()).throw(hosts.HostsError("cannot read the group g: no credentials")))
+    assert main(["status", "--stack", "dev", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["group_note"] == "group not read: cannot read the group g: no credentials"
+    assert doc["detail"].startswith("nothing written yet")

@@ -25,11 +25,12 @@ import yaml
 
 from components.settings import load_settings
 from components.userdata import boot_env, render_user_data
-from tests.userdata.metadata import MetadataServer
+from tests.userdata.metadata import INSTANCE_ID, MetadataServer
+from trainer import layout
 
 FAKES = Path(__file__).with_name("fakes.py")
 TOOLS = ("aws", "docker", "nvidia-smi", "apt-get", "systemctl", "shutdown", "journalctl", "gpg", "snap",
-         "modprobe", "mkfs.ext4", "mount", "mountpoint", "blkid", "gcloud")
+         "modprobe", "mkfs.ext4", "mount", "mountpoint", "blkid", "findmnt", "gcloud")
 
 
 def settings_for(cloud: str = "aws", **run):
@@ -128,7 +129,8 @@ class Sandbox:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
         self.procs.clear()
-        for lost in (self.root / "run", self.state / "mounts", self.state / "containers"):
+        for lost in (self.root / "run", self.state / "mounts", self.state / "mounted-sources",
+                     self.state / "containers"):
             subprocess.run(["rm", "-rf", str(lost)], check=True)
 
     def journal(self, unit: str = "trainer") -> str:
@@ -166,9 +168,24 @@ def s3_keys(run) -> dict[str, bytes]:
     return out
 
 
+def _jsonl(run, key: str) -> list[dict]:
+    # One object read directly: listing the whole run races the trainer's checkpoint pruning.
+    s3 = boto3.client("s3", endpoint_url=run.vars["AWS_ENDPOINT_URL"])
+    try:
+        raw = s3.get_object(Bucket=run.bucket, Key=run.uri.removeprefix(f"s3://{run.bucket}/") + "/" + key)
+    except s3.exceptions.NoSuchKey:
+        return []
+    return [json.loads(line) for line in raw["Body"].read().decode().splitlines() if line.strip()]
+
+
 def events(run) -> list[dict]:
-    raw = s3_keys(run).get("events.jsonl", b"").decode()
-    return [json.loads(line) for line in raw.splitlines() if line.strip()]
+    """The trainer's events (events.jsonl)."""
+    return _jsonl(run, layout.EVENTS_KEY)
+
+
+def machine_events(run, machine: str = INSTANCE_ID) -> list[dict]:
+    """One machine's own events (machine-events/<machine>.jsonl)."""
+    return _jsonl(run, layout.machine_events_key(machine))
 
 
 @pytest.fixture

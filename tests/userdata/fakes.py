@@ -140,6 +140,8 @@ def gcloud(argv: list[str]) -> int:
     if args[:2] == ["auth", "print-access-token"]:
         print("ya29.token-from-the-service-account")
         return 0
+    if args[:3] == ["compute", "instances", "list"]:
+        return _gce_instances_list(args[3:])
     if args[0] != "storage":
         return 0  # compute instance-groups managed resize: recorded, no GCE emulator here
     import glob
@@ -193,6 +195,40 @@ def gcloud(argv: list[str]) -> int:
         return 0
     print(f"fake gcloud: unsupported {argv}", file=sys.stderr)
     return 2
+
+
+def _gce_matches(flt: str, inst: dict) -> bool:
+    """GCE's filter for the terms the scripts use: `key~'REGEX'` (a match anywhere, RE2
+    semantics for these patterns) and `key=VALUE`, joined by AND."""
+    import re
+
+    for term in flt.split(" AND "):
+        m = re.fullmatch(r"\s*(\w+)\s*(~|=)\s*(.+?)\s*", term)
+        if not m:
+            raise SystemExit(f"fake gcloud: unsupported filter term {term!r}")
+        key, op, value = m.group(1), m.group(2), m.group(3).strip("'\"")
+        field = str(inst.get(key, ""))
+        if (op == "=" and field != value) or (op == "~" and not re.search(value, field)):
+            return False
+    return True
+
+
+def _gce_instances_list(args: list[str]) -> int:
+    """`gcloud compute instances list` over `$FAKE_STATE/gce-instances.json` (the project's VMs)."""
+    opts = dict(a.removeprefix("--").split("=", 1) for a in args if a.startswith("--") and "=" in a)
+    path = STATE / "gce-instances.json"
+    instances = json.loads(path.read_text()) if path.exists() else []
+    found = [i for i in instances if _gce_matches(opts.get("filter", ""), i)] if opts.get("filter") else instances
+    fmt = opts.get("format", "")
+    if fmt == "value(networkInterfaces[0].networkIP)":
+        for inst in found:
+            print(inst["networkInterfaces"][0]["networkIP"])
+    elif fmt == "json":
+        print(json.dumps(found))
+    else:
+        print(f"fake gcloud: unsupported format {fmt!r}", file=sys.stderr)
+        return 2
+    return 0
 
 
 # ---------------------------------------------------------------- docker
@@ -323,6 +359,31 @@ def docker(argv: list[str]) -> int:
 
 
 def apt_get(argv: list[str]) -> int:
+    """apt-get as dpkg's lock makes it behave: `$FAKE_STATE/dpkg-lock` holds the time (epoch
+    seconds) until which another apt run (the image's first-boot updates) holds the lock.
+    Without `-o DPkg::Lock::Timeout=N` apt fails at once; with it, apt waits up to N seconds.
+    `$FAKE_STATE/apt-network-failures` holds how many more calls fail as a mirror that does
+    not answer."""
+    lock = STATE / "dpkg-lock"
+    if lock.exists():
+        held_until = float(lock.read_text())
+        wait = 0.0
+        for i, a in enumerate(argv[:-1]):
+            if a == "-o" and argv[i + 1].startswith("DPkg::Lock::Timeout="):
+                wait = float(argv[i + 1].split("=", 1)[1])
+        while time.time() < held_until and wait > 0:
+            time.sleep(0.05)
+            wait -= 0.05
+        if time.time() < held_until:
+            print("E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 1234 (unattended-upgr)",
+                  file=sys.stderr)
+            return 100
+    failures = STATE / "apt-network-failures"
+    if failures.exists() and int(failures.read_text() or 0) > 0:
+        failures.write_text(str(int(failures.read_text()) - 1))
+        print("E: Failed to fetch http://archive.ubuntu.com/ubuntu/dists/jammy/InRelease  "
+              "Temporary failure resolving 'archive.ubuntu.com'", file=sys.stderr)
+        return 100
     if "install" in argv and any(a.startswith("nvidia-container-toolkit=") for a in argv):
         bin_dir = Path(__file__).parent if os.environ.get("FAKE_BIN") is None else Path(os.environ["FAKE_BIN"])
         ctk = bin_dir / "nvidia-ctk"
@@ -373,22 +434,58 @@ def _marked(kind: str, path: str) -> bool:
     return (STATE / kind / path.replace("/", "_")).exists()
 
 
+def _signature(dev: str) -> str:
+    path = STATE / "signatures" / dev.replace("/", "_")
+    return path.read_text().strip() if path.exists() else ""
+
+
+def _blkid(argv: list[str]) -> int:
+    """`blkid DEV` / `blkid -o value -s TAG DEV`: 2 when the device holds no signature."""
+    dev = argv[-1]
+    tags = {"TYPE": _signature(dev)} if _signature(dev) else {}
+    if _marked("formatted", dev):
+        tags = {"LABEL": "trainstack-data", "TYPE": "ext4"}
+    if not tags:
+        return 2
+    if "-s" in argv:
+        tag = argv[argv.index("-s") + 1]
+        if tag not in tags:
+            return 2
+        print(tags[tag])
+        return 0
+    print(f"{dev}: " + " ".join(f'{k}="{v}"' for k, v in tags.items()))
+    return 0
+
+
 def main() -> int:
     name, argv = sys.argv[1], sys.argv[2:]
     record(name, argv)
     handlers = {"aws": aws, "gcloud": gcloud, "docker": docker, "apt-get": apt_get, "nvidia-ctk": nvidia_ctk,
                 "nvidia-smi": nvidia_smi, "gpg": gpg, "journalctl": journalctl}
     # Disks: a formatted device stays formatted; mounts last until the machine powers off.
+    # `$FAKE_STATE/signatures/<device>` holds a signature another owner left (blkid's TYPE,
+    # e.g. LVM2_member): such a device is refused by `mount`, as the kernel refuses it.
     if name == "mkfs.ext4":
+        if os.environ.get("FAKE_MKFS_FAILS") == "1":
+            print(f"mke2fs: Device or resource busy while setting up superblock on {argv[-1]}", file=sys.stderr)
+            return 1
         _mark("formatted", argv[-1])
         return 0
     if name == "blkid":
-        return 0 if _marked("formatted", argv[-1]) else 2
+        return _blkid(argv)
     if name == "mount":
+        dev = argv[-2]
+        foreign = _signature(dev)
+        if foreign:
+            print(f"mount: {argv[-1]}: unknown filesystem type '{foreign}'.", file=sys.stderr)
+            return 32
         _mark("mounts", argv[-1])
+        _mark("mounted-sources", dev)
         return 0
     if name == "mountpoint":
         return 0 if _marked("mounts", argv[-1]) else 1
+    if name == "findmnt":
+        return 0 if _marked("mounted-sources", argv[-1]) else 1
     return handlers.get(name, lambda _a: 0)(argv)
 
 

@@ -17,8 +17,9 @@ import time
 import boto3
 import pytest
 
-from tests.userdata.conftest import events, group_size, make_group, s3_keys, settings_for, wait_for
+from tests.userdata.conftest import events, group_size, machine_events, make_group, s3_keys, settings_for, wait_for
 from tests.userdata.metadata import GCE_NAME, INSTANCE_ID
+from trainer import layout
 
 
 def _order(box, *steps: tuple[str, ...]) -> list[float]:
@@ -67,6 +68,8 @@ def test_clean_run_completes_scales_to_zero_and_shuts_down(sandbox_factory, s3_r
     assert aws_reads and aws_reads[0][:2] == ("PUT", "/latest/api/token")
     assert all(ok for _m, _p, ok in aws_reads)
     assert [e["event"] for e in events(s3_run)][-1] in ("finished", "complete")
+    finish = machine_events(s3_run)[-1]
+    assert (finish["event"], finish["outcome"], finish["instance"]) == ("finish", "COMPLETE", INSTANCE_ID)
 
 
 def _committed_steps(run) -> list[int]:
@@ -82,7 +85,7 @@ def test_spot_notice_stops_with_grace_then_second_boot_resumes_installing_nothin
     supervisor = box.boot()
     wait_for(lambda: _committed_steps(s3_run), 180, "a committed checkpoint")
     metadata.notice_aws()
-    wait_for(lambda: "spot_notice" in [e["event"] for e in events(s3_run)], 60, "the spot_notice event")
+    wait_for(lambda: "spot_notice" in [e["event"] for e in machine_events(s3_run)], 60, "the spot_notice event")
     wait_for(lambda: "exited with 143" in box.journal(), 30, "the trainer's exit 143")
     time.sleep(1.0)  # the supervisor now waits for the cloud: it must do nothing more
     assert supervisor.poll() is None
@@ -91,10 +94,9 @@ def test_spot_notice_stops_with_grace_then_second_boot_resumes_installing_nothin
     assert box.argvs("shutdown") == []
     assert [a for a in box.argvs("aws") if a[0] == "autoscaling"] == []
     assert group_size(s3_run, group) == (1, 1, 1)
-    evs = events(s3_run)
-    names = [e["event"] for e in evs]
-    assert "preempted" in names
-    notice = next(e for e in evs if e["event"] == "spot_notice")
+    names = [e["event"] for e in events(s3_run)]
+    assert "preempted" in names and "spot_notice" not in names  # the trainer's file is the trainer's alone
+    notice = next(e for e in machine_events(s3_run) if e["event"] == "spot_notice")
     assert notice["grace_s"] == 100 and notice["instance"] == INSTANCE_ID and notice["cloud"] == "aws"
     stopped_at = _committed_steps(s3_run)[-1]
     assert stopped_at < 1200
@@ -125,7 +127,7 @@ def test_spot_notice_stops_with_grace_then_second_boot_resumes_installing_nothin
     assert [c for c in second if c["cmd"] == "mkfs.ext4"] == []  # the disk keeps its file system
     assert [c["argv"][-1] for c in second if c["cmd"] == "mount"] == [mnt]  # mounted again
     names = [e["event"] for e in events(s3_run)]
-    assert "resumed" in names[names.index("spot_notice"):]
+    assert "resumed" in names[names.index("preempted"):]
     resumed = next(e for e in reversed(events(s3_run)) if e["event"] == "resumed")
     assert resumed["step"] >= stopped_at
     assert "COMPLETE" in s3_keys(s3_run)
@@ -143,6 +145,8 @@ def test_deadline_passed_times_out_without_starting_anything(sandbox_factory, s3
     objects = s3_keys(s3_run)
     marker = json.loads(objects["TIMED_OUT"])
     assert marker["outcome"] == "TIMED_OUT" and "deadline" in marker["reason"] and marker["instance"] == INSTANCE_ID
+    # The marker's fields are the layout's: `step` (none trained here), `attempts`, `reason`.
+    assert marker[layout.MARKER_STEP] == -1 and "final_step" not in marker and layout.MARKER_ATTEMPTS in marker
     assert f"logs/{INSTANCE_ID}/trainstack.log" in objects
     assert group_size(s3_run, group) == (0, 0, 0)
     assert box.argvs("nvidia-smi") == [] and box.argvs("docker") == []
@@ -150,13 +154,17 @@ def test_deadline_passed_times_out_without_starting_anything(sandbox_factory, s3
 
 
 @pytest.mark.slow
-def test_complete_run_finishes_at_boot(sandbox_factory, s3_run, group):
+@pytest.mark.parametrize("marker", [layout.COMPLETE, layout.CANCELLED])
+def test_ended_run_finishes_at_boot(sandbox_factory, s3_run, group, marker):
+    # CANCELLED (the trainer stopped on request) ends a run as COMPLETE does: a machine
+    # the group starts again only scales it to zero and shuts down.
     box = sandbox_factory()
     s3 = boto3.client("s3", endpoint_url=s3_run.vars["AWS_ENDPOINT_URL"])
     key = s3_run.uri.removeprefix(f"s3://{s3_run.bucket}/")
-    s3.put_object(Bucket=s3_run.bucket, Key=f"{key}/COMPLETE", Body=b'{"step": 40}')
+    s3.put_object(Bucket=s3_run.bucket, Key=f"{key}/{marker}", Body=b'{"step": 40}')
     assert box.boot(watcher=False).wait(timeout=60) == 0, box.journal()
-    assert sorted(k for k in s3_keys(s3_run) if not k.startswith("logs/")) == ["COMPLETE"]
+    assert sorted(k for k in s3_keys(s3_run) if not k.startswith(("logs/", "machine-events/"))) == [marker]
+    assert [(e["event"], e["outcome"]) for e in machine_events(s3_run)] == [("finish", marker)]
     assert group_size(s3_run, group) == (0, 0, 0)
     assert box.argvs("docker") == [] and box.argvs("shutdown") == [["-h", "now"]]
 
@@ -206,10 +214,10 @@ class _Container:
         threading.Thread(target=lambda: self.rc.append(self.proc.wait()), daemon=True).start()
 
 
-def _gcs_events(run) -> list[dict]:
+def _gcs_events(run, key: str = layout.machine_events_key(GCE_NAME)) -> list[dict]:
     from google.cloud import storage
 
-    blob = storage.Client().bucket(run.bucket).blob(run.uri.removeprefix(f"gs://{run.bucket}/") + "/events.jsonl")
+    blob = storage.Client().bucket(run.bucket).blob(run.uri.removeprefix(f"gs://{run.bucket}/") + "/" + key)
     if not blob.exists():
         return []
     return [json.loads(line) for line in blob.download_as_text().splitlines() if line.strip()]
@@ -221,16 +229,20 @@ def test_aws_rebalance_is_recorded_and_the_notice_stops_with_100s_grace(machines
     container = _Container(box)
     box._start("watcher", "watch-notice.sh")
     metadata.rebalance = {"noticeTime": "2026-01-01T00:00:00Z"}
-    wait_for(lambda: [e for e in events(s3_run) if e["event"] == "rebalance_recommendation"], 30, "rebalance event")
-    time.sleep(0.6)  # several polls: a rebalance hint must not stop training
+    wait_for(lambda: [e for e in machine_events(s3_run) if e["event"] == "rebalance"], 30, "rebalance event")
+    # Several polls after it (each waits for the previous one's work): a rebalance hint must not stop training.
+    polls = len([r for r in metadata.requests if r[1].endswith("spot/instance-action")])
+    wait_for(lambda: len([r for r in metadata.requests if r[1].endswith("spot/instance-action")]) >= polls + 3,
+             30, "three more polls")
     assert container.proc.poll() is None and box.argvs("docker") == []
     metadata.notice_aws()
     wait_for(lambda: container.rc, 30, "the container to stop")
     assert container.rc == [143]
     assert box.argvs("docker") == [["stop", "--time", "100", "trainstack-trainer"]]
-    wait_for(lambda: [e for e in events(s3_run) if e["event"] == "spot_notice"], 30, "spot_notice event")
+    wait_for(lambda: [e for e in machine_events(s3_run) if e["event"] == "spot_notice"], 30, "spot_notice event")
     assert (box.root / "run/trainstack/notice-pending").read_text().startswith("instance-action ")
-    assert [e["event"] for e in events(s3_run)] == ["rebalance_recommendation", "spot_notice"]
+    assert [e["event"] for e in machine_events(s3_run)] == ["rebalance", "spot_notice"]
+    assert events(s3_run) == []
     aws_reads = [r for r in metadata.requests if r[1].startswith("/latest/")]
     assert all(ok for _m, _p, ok in aws_reads)
     # One IMDSv2 token serves every poll (it lives 6 hours).

@@ -101,7 +101,7 @@ def test_several_machines_share_a_cluster_placement_group_in_one_zone():
     r = synth_raw({"compute": {"nodes": 2, "zones": ["eu-west-1b", "eu-west-1c"]}}, stack="multi")
     pg = one(r, PLACEMENT)
     assert pg["inputs"]["strategy"] == "cluster"
-    assert pg["inputs"]["name"] == "trainstack-multi--exp-7-gpu-placement"
+    assert pg["inputs"]["name"] == f"{r.outputs['groupName']}-placement"
     asg = one(r, ASG)
     assert asg["inputs"]["placementGroup"] == pg["inputs"]["name"]
     assert pg["name"] in asg["options"]["dependsOn"]

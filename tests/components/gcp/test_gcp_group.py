@@ -114,12 +114,13 @@ def test_repairs_use_the_current_template_and_the_group_switches_before_the_old_
     # replaces it; with a generated name (name_prefix) and create-before-delete, the new
     # template exists first, the group that refers to it is updated to it, and only then is
     # the old one deleted (never while the group still names it).
-    assert template["inputs"]["namePrefix"] == "trainstack-unit--exp-7-gpu-" and "name" not in template["inputs"]
+    prefix = f"{r.outputs['groupName'][:36]}-"
+    assert template["inputs"]["namePrefix"] == prefix and "name" not in template["inputs"]
     assert template["options"]["deleteBeforeReplace"] is False
     assert template["name"] in mig["options"]["dependsOn"]
     (version,) = mig["inputs"]["versions"]
     link = version["instanceTemplate"]
-    assert "/global/instanceTemplates/trainstack-unit--exp-7-gpu-" in link and "?uniqueId=" in link
+    assert f"/global/instanceTemplates/{prefix}" in link and "?uniqueId=" in link
 
 
 POLICY = "gcp:compute/resourcePolicy:ResourcePolicy"
@@ -131,7 +132,8 @@ def test_several_machines_of_a_compact_series_are_placed_close_together():
     policy = one(r, POLICY)
     p = policy["inputs"]
     assert p["groupPlacementPolicy"] == {"collocation": "COLLOCATED"}  # no vmCount: repairs add one VM
-    assert (p["name"], p["region"]) == ("trainstack-multi--exp-7-gpu-place", "us-central1")
+    assert (p["name"], p["region"]) == (f"{r.outputs['groupName']}-place", "us-central1")
+    assert len(p["name"]) <= 63
     template = one(r, TEMPLATE)
     assert template["inputs"]["resourcePolicies"] == p["name"]
     assert policy["name"] in template["options"]["dependsOn"]

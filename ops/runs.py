@@ -1,0 +1,311 @@
+"""`ops stop`, `ops runs` and `ops pull`: end a run early, list a bucket's runs, fetch a run's model.
+
+All three work on the run folders in the bucket only (names from ``trainer/layout.py``),
+so they need no machine and no SSH:
+
+- ``stop`` writes the run's ``STOP`` request. The trainer polls for it, commits a
+  checkpoint and ends the run as ``CANCELLED``; the machine's finish path then scales
+  the group to zero and shuts the machine down, and a machine the group starts later
+  finishes at once (``CANCELLED`` is an end marker).
+- ``runs`` reads every ``runs/<id>/`` folder of the bucket with ``ops status``'s reader:
+  state, step/total, age (since the folder last changed), attempts.
+- ``pull`` downloads the SavedModel (``model/``) and, with ``--checkpoint``, the newest
+  committed checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from trainer import layout
+
+DEFAULT_WAIT_S = 900.0
+
+
+class OpsError(Exception):
+    """The command cannot do what was asked; the message says why and what to do."""
+
+
+def _run_uri(args: argparse.Namespace) -> str:
+    from ops import hosts
+
+    return args.run_uri or hosts.run_uri_for_stack(args.stack)
+
+
+def bucket_uri_of(run_uri: str) -> str:
+    """The bucket (or local root) a run URI lives in: ``s3://B/runs/ID`` -> ``s3://B``."""
+    marker = "/" + layout.RUNS_PREFIX
+    head, sep, _tail = run_uri.rstrip("/").rpartition(marker)
+    if not sep:
+        raise OpsError(f"run URI {run_uri!r} is not of the form <bucket>/{layout.RUNS_PREFIX}<id>; pass --bucket-uri")
+    return head
+
+
+class _Under:
+    """A read-only view of a store under one prefix: a run folder inside a bucket's store.
+
+    ``ops runs`` opens one client for the whole bucket instead of one per run (an S3
+    client costs most of a second to open).
+    """
+
+    def __init__(self, store, prefix: str) -> None:
+        self.store, self.prefix = store, prefix
+        self.uri = store.uri.rstrip("/") + "/" + prefix.rstrip("/")
+
+    def get_bytes(self, key: str) -> bytes:
+        return self.store.get_bytes(self.prefix + key)
+
+    def stat(self, prefix: str = "") -> dict:
+        n = len(self.prefix)
+        return {k[n:]: v for k, v in self.store.stat(self.prefix + prefix).items()}
+
+    def list(self, prefix: str = "") -> list[str]:
+        return sorted(self.stat(prefix))
+
+    def exists(self, key: str) -> bool:
+        return self.store.exists(self.prefix + key)
+
+
+# -- stop ------------------------------------------------------------------------------
+
+
+def request_stop(run_uri: str, *, reason: str = "", store=None, now: float | None = None) -> dict:
+    """Write the run's ``STOP`` request; returns what was written (or the request already there).
+
+    Raises :class:`OpsError` for a run that has already ended or does not exist.
+    """
+    from ops import status
+    from trainer.storage import NotFound, open_store
+
+    store = open_store(run_uri) if store is None else store
+    st = status.read_status(run_uri, store=store, events=0, must_exist=True)
+    if st.final:
+        raise OpsError(f"the run has already ended: {st.state}{'  ' + st.detail if st.detail else ''}")
+    try:
+        existing = json.loads(store.get_bytes(layout.STOP_KEY))
+        return {"already": True, **(existing if isinstance(existing, dict) else {})}
+    except NotFound:
+        pass
+    except ValueError:
+        return {"already": True}
+    stamp = datetime.fromtimestamp(time.time() if now is None else now, tz=UTC).isoformat(timespec="milliseconds")
+    doc = {"requested": stamp, "by": f"{getpass.getuser()}@{socket.gethostname()}",
+           layout.MARKER_REASON: reason or "asked to stop with ops stop", "state": st.state}
+    store.put_bytes(layout.STOP_KEY, json.dumps(doc).encode())
+    return doc
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """``ops stop``: ask the run to end as CANCELLED (``--wait``: until it has)."""
+    from ops import hosts, status
+
+    try:
+        uri = _run_uri(args)
+        doc = request_stop(uri, reason=args.reason or "")
+    except (hosts.HostsError, OpsError, status.NoRun, ValueError) as e:
+        print(f"ops stop: {e}", file=sys.stderr)
+        return 2
+    if doc.get("already"):
+        print(f"ops stop: {uri} was already asked to stop ({doc.get('requested', 'earlier')}); waiting for the trainer")
+    else:
+        print(f"asked {uri} to stop: the trainer commits a checkpoint and ends the run as CANCELLED;")
+        if doc["state"] == status.STOPPED:
+            print("  the run is not running here: start the same command once more and it ends at once")
+        elif doc["state"] in (status.PREEMPTED, status.NOT_STARTED):
+            print("  no trainer runs now: the next machine's trainer ends it; its group then goes to zero")
+        else:
+            print("  then the machine scales its group to zero and shuts down")
+    if not args.wait:
+        print(f"follow it: python -m ops status --run-uri {uri} --watch")
+        return 0
+    deadline = time.monotonic() + args.timeout
+    st = status.read_status(uri, events=0)
+    while not st.final and time.monotonic() < deadline:
+        time.sleep(args.interval)
+        st = status.read_status(uri, events=0)
+    if not st.final:
+        print(f"ops stop: the run has not ended after {args.timeout:.0f}s (state {st.state}); "
+              f"see python -m ops status --run-uri {uri}", file=sys.stderr)
+        return 1
+    print(f"{st.state}{'  ' + st.detail if st.detail else ''}")
+    return 0 if st.state in (layout.CANCELLED, layout.COMPLETE) else 1
+
+
+# -- runs ------------------------------------------------------------------------------
+
+
+def list_runs(bucket_uri: str, *, now: float | None = None) -> list[dict]:
+    """Every run under ``<bucket>/runs/``: id, uri, state, step, total, age_seconds, attempts, detail; newest first."""
+    from ops import status
+    from trainer.storage import open_store
+
+    now = time.time() if now is None else now
+    store = open_store(bucket_uri)
+    newest: dict[str, float] = {}
+    for key, info in store.stat(layout.RUNS_PREFIX).items():
+        run_id, sep, _rest = key[len(layout.RUNS_PREFIX):].partition("/")
+        if not sep or not run_id:
+            continue
+        newest[run_id] = max(newest.get(run_id, 0.0), info.modified.timestamp())
+    out = []
+    for run_id in sorted(newest, key=lambda r: -newest[r]):
+        prefix = layout.run_prefix(run_id)
+        run = _Under(store, prefix)
+        st = status.read_status(run.uri, store=run, events=0, now=now)
+        out.append({"id": run_id, "uri": run.uri, "state": st.state, "step": st.step, "total": st.total,
+                    "age_seconds": round(max(0.0, now - newest[run_id]), 1), "attempts": st.attempts,
+                    "detail": st.detail})
+    return out
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """``ops runs``: a table (or JSON) of the bucket's runs."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ops import hosts, status
+
+    try:
+        bucket = args.bucket_uri.rstrip("/") if args.bucket_uri else bucket_uri_of(hosts.run_uri_for_stack(args.stack))
+        runs = list_runs(bucket)
+    except (hosts.HostsError, OpsError, ValueError) as e:
+        print(f"ops runs: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - storage clients raise many types; each gets the same one line
+        print(f"ops runs: cannot list the runs in {args.bucket_uri or args.stack}: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(runs))
+        return 0
+    if not runs:
+        print(f"no runs in {bucket}/{layout.RUNS_PREFIX}")
+        return 0
+    table = Table(title=f"runs in {bucket}", title_justify="left")
+    for col in ("run", "state", "step", "age", "attempts", "detail"):
+        table.add_column(col, no_wrap=col != "detail", justify="right" if col in ("step", "attempts") else "left")
+    for r in runs:
+        step = "-" if r["step"] is None else f"{r['step']}/{r['total']}" if r["total"] else str(r["step"])
+        table.add_row(r["id"], f"[{status.STYLES.get(r['state'], '')}]{r['state']}", step,
+                      status._duration(r["age_seconds"]), str(r["attempts"]), r["detail"])
+    Console().print(table)
+    return 0
+
+
+# -- pull ------------------------------------------------------------------------------
+
+
+def _download_prefix(store, prefix: str, dest: Path) -> int:
+    """Every key under ``prefix`` to ``dest`` (folders made), all or nothing; returns the count."""
+    from trainer.storage import download_many
+
+    keys = store.list(prefix)
+    if not keys:
+        return 0
+    if dest.exists():
+        raise OpsError(f"{dest} exists already; remove it or pull into another folder")
+    tmp = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        download_many(store, {k: str(tmp / k[len(prefix):]) for k in keys}, skip_existing=False)
+        tmp.rename(dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return len(keys)
+
+
+def pull(run_uri: str, dest: Path, *, checkpoint: bool = False, store=None) -> dict:
+    """Download ``model/`` to ``dest/model`` (and the newest committed checkpoint to
+    ``dest/checkpoints/ckpt-<step>`` with ``checkpoint``); returns what was fetched."""
+    from ops import status
+    from trainer.checkpoints import CheckpointStore
+    from trainer.storage import open_store
+
+    store = open_store(run_uri) if store is None else store
+    st = status.read_status(run_uri, store=store, events=0, must_exist=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    out: dict = {"state": st.state}
+    files = _download_prefix(store, layout.MODEL_PREFIX, dest / layout.MODEL_PREFIX.rstrip("/"))
+    if files:
+        out["model"] = {"path": str(dest / layout.MODEL_PREFIX.rstrip("/")), "files": files}
+    if checkpoint:
+        steps = CheckpointStore(store).committed_steps()
+        if steps:
+            rel = layout.checkpoint_dir(steps[-1])
+            n = _download_prefix(store, rel + "/", dest / rel)
+            out["checkpoint"] = {"step": steps[-1], "path": str(dest / rel), "files": n}
+    if "model" not in out and "checkpoint" not in out:
+        what = "no model" + (" and no committed checkpoint" if checkpoint else "")
+        hint = "" if checkpoint else "; --checkpoint fetches the newest committed checkpoint"
+        raise OpsError(f"{what} in {run_uri} yet (the run is {st.state}: the trainer writes "
+                       f"{layout.MODEL_PREFIX} when training ends){hint}")
+    return out
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    """``ops pull``: fetch the run's SavedModel (and its newest checkpoint)."""
+    from ops import hosts, status
+
+    try:
+        uri = _run_uri(args)
+        got = pull(uri, Path(args.dest), checkpoint=args.checkpoint)
+    except (hosts.HostsError, OpsError, status.NoRun, ValueError) as e:
+        print(f"ops pull: {e}", file=sys.stderr)
+        return 2
+    if "model" in got:
+        print(f"model ({got['model']['files']} files) -> {got['model']['path']}  "
+              f"(tf.saved_model.load({got['model']['path']!r}))")
+    else:
+        print(f"ops pull: no model in {uri} yet (the run is {got['state']})", file=sys.stderr)
+    if "checkpoint" in got:
+        c = got["checkpoint"]
+        print(f"checkpoint step {c['step']} ({c['files']} files) -> {c['path']}")
+    if got["state"] != layout.COMPLETE and "model" in got:
+        print(f"note: the run is {got['state']}, not COMPLETE: the model may be from before its end", file=sys.stderr)
+    return 0
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+def _where(p: argparse.ArgumentParser, *, bucket: bool = False) -> None:
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--stack", help="stack name: the run URI comes from its outputs (pulumi CLI)")
+    if bucket:
+        where.add_argument("--bucket-uri", help="the bucket: s3://BUCKET, gs://BUCKET or file:///...")
+    else:
+        where.add_argument("--run-uri", help="the run's URI: s3://B/runs/ID, gs://B/runs/ID or file:///...")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``stop``, ``runs`` and ``pull`` to ``python -m ops``."""
+    from ops.status import _positive
+
+    p = sub.add_parser("stop", help="end a run early: it checkpoints and ends as CANCELLED; the group goes to zero")
+    _where(p)
+    p.add_argument("--reason", help="recorded in the STOP request")
+    p.add_argument("--wait", action="store_true", help="wait until the run has ended")
+    p.add_argument("--timeout", type=_positive, default=DEFAULT_WAIT_S,
+                   help="seconds --wait waits (default: %(default)s)")
+    p.add_argument("--interval", type=_positive, default=5.0, help="seconds between checks with --wait")
+    p.set_defaults(func=cmd_stop)
+
+    p = sub.add_parser("runs", help="every run in the stack's bucket: state, step/total, age, attempts")
+    _where(p, bucket=True)
+    p.add_argument("--json", action="store_true", help="print a JSON list")
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("pull", help="download the run's SavedModel (model/) and, optionally, its newest checkpoint")
+    _where(p)
+    p.add_argument("dest", metavar="DEST", help="local folder: DEST/model/ (and DEST/checkpoints/ckpt-N/)")
+    p.add_argument("--checkpoint", action="store_true", help="also the newest committed checkpoint")
+    p.set_defaults(func=cmd_pull)
