@@ -323,8 +323,6 @@ def test_deleting_another_runs_objects_is_refused_per_key(machine: Machine) -> N
     assert s3.get_object(Bucket=machine.bucket, Key="runs/another-run/COMPLETE")["Body"].read() == b"{}"
 
 
-@pytest.mark.xfail(strict=True, reason="components/aws/identity.py allows s3:prefix 'runs/<id>' without the "
-                   "slash, which also lists runs/<id>0/...: names of a sibling run's objects (not their contents)")
 def test_a_sibling_runs_names_cannot_be_listed(machine: Machine) -> None:
     s3 = machine.client("s3")
     prefix = layout.run_prefix(machine.run_id).rstrip("/")
