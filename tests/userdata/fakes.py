@@ -82,6 +82,16 @@ def aws(argv: list[str]) -> int:
             print(f"fatal error: {e}", file=sys.stderr)
             return 1
         return 0
+    if service == "s3" and op == "ls" and "--recursive" in rest:
+        bucket, prefix = _split(next(a for a in rest if a != "--recursive"))
+        lines = []
+        for page in _s3().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for o in page.get("Contents", []):
+                lines.append(f"{o['LastModified']:%Y-%m-%d %H:%M:%S} {o['Size']:>10} {o['Key']}")
+        if not lines:
+            return 1
+        print("\n".join(lines))
+        return 0
     if service == "s3" and op == "ls":
         bucket, prefix = _split(rest[0])
         out = _s3().list_objects_v2(Bucket=bucket, Prefix=prefix, Delimiter="/")
@@ -155,6 +165,14 @@ def gcloud(argv: list[str]) -> int:
         return client.bucket(bucket), key
 
     op, rest = args[1], args[2:]
+    if op == "ls" and rest[0].endswith("**"):
+        bucket, prefix = split(rest[0].removesuffix("**"))
+        lines = [f"gs://{bucket.name}/{b.name}" for b in client.list_blobs(bucket, prefix=prefix)]
+        if not lines:
+            print("ERROR: (gcloud.storage.ls) One or more URLs matched no objects.", file=sys.stderr)
+            return 1
+        print("\n".join(lines))
+        return 0
     if op == "ls":
         bucket, prefix = split(rest[0])
         blobs = client.list_blobs(bucket, prefix=prefix, delimiter="/")
