@@ -16,6 +16,7 @@ AWS
 GCP
 - the GPU quota of the region for the machines' GPU (the PREEMPTIBLE_ one for Spot VMs)
   and the project's GPUS_ALL_REGIONS, for `gpusPerNode` x `nodes` GPUs;
+- each machine type (and an N1 machine's GPU) offered in a zone the group may use;
 - the APIs that must be on before the first `pulumi up` (the stack turns on the rest).
 
 Output: one line per problem, each with its fix; exit 1 when there are problems, 0 when
@@ -138,9 +139,14 @@ def _quota_value(quotas: Any, code: str) -> float:
 
 
 def aws_zones(settings: config.Settings, ec2: Any) -> list[str]:
-    """The zones the group may launch in: compute.zones, else the region's available zones; one zone for several nodes."""
+    """The zones the group may launch in: compute.subnets' zones, compute.zones, else the region's; one for several nodes."""
     c = settings.compute
     zones = list(c.zones)
+    if c.subnets:
+        # The group launches only in its subnets' zones (narrowed to compute.zones when set).
+        answer = ec2.describe_subnets(SubnetIds=list(c.subnets))
+        in_subnets = sorted({s["AvailabilityZone"] for s in answer["Subnets"]})
+        zones = [z for z in in_subnets if not zones or z in zones]
     if not zones:
         answer = ec2.describe_availability_zones(Filters=[{"Name": "state", "Values": ["available"]}])
         zones = sorted(z["ZoneName"] for z in answer["AvailabilityZones"])
@@ -264,41 +270,61 @@ def check_aws(settings: config.Settings, session: Any = None) -> list[Problem]:
 class GcpApi(Protocol):
     """The few GCP reads preflight needs (a fake in tests, REST with google-auth for real)."""
 
-    def region_quotas(self, project: str, region: str) -> dict[str, float]:
-        """metric -> limit of the region's Compute Engine quotas."""
+    def region_quotas(self, project: str, region: str) -> dict[str, tuple[float, float]]:
+        """metric -> (limit, usage) of the region's Compute Engine quotas."""
 
-    def project_quotas(self, project: str) -> dict[str, float]:
-        """metric -> limit of the project's global Compute Engine quotas."""
+    def project_quotas(self, project: str) -> dict[str, tuple[float, float]]:
+        """metric -> (limit, usage) of the project's global Compute Engine quotas."""
 
     def enabled_services(self, project: str) -> set[str]:
         """Names of the services (APIs) enabled in the project."""
+
+    def region_zones(self, project: str, region: str) -> list[str]:
+        """The region's zone names."""
+
+    def offered(self, project: str, zone: str, kind: str, name: str) -> bool:
+        """Whether the zone offers the machine type (kind "machineTypes") or GPU ("acceleratorTypes")."""
 
 
 class RestGcpApi:
     """GcpApi over the public REST endpoints, with Application Default Credentials (google-auth)."""
 
-    def __init__(self) -> None:
-        import google.auth
-        from google.auth.transport.requests import AuthorizedSession
+    def __init__(self, session: Any = None) -> None:
+        if session is None:
+            import google.auth
+            from google.auth.transport.requests import AuthorizedSession
 
-        credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
-        self._session = AuthorizedSession(credentials)
+            credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+            session = AuthorizedSession(credentials)
+        self._session = session
 
-    def _get(self, url: str, params: dict | None = None) -> dict:
+    def _get(self, url: str, params: dict | None = None, *, absent_ok: bool = False) -> dict | None:
         resp = self._session.get(url, params=params, timeout=30)
+        if absent_ok and resp.status_code == 404:
+            return None
         if resp.status_code != 200:
             raise RuntimeError(f"GET {url}: HTTP {resp.status_code} {resp.text[:200]}")
         return resp.json()
 
-    def region_quotas(self, project: str, region: str) -> dict[str, float]:
+    def region_quotas(self, project: str, region: str) -> dict[str, tuple[float, float]]:
         """See GcpApi."""
         doc = self._get(f"https://compute.googleapis.com/compute/v1/projects/{project}/regions/{region}")
-        return {q["metric"]: float(q["limit"]) for q in doc.get("quotas", [])}
+        return {q["metric"]: (float(q["limit"]), float(q.get("usage", 0))) for q in doc.get("quotas", [])}
 
-    def project_quotas(self, project: str) -> dict[str, float]:
+    def project_quotas(self, project: str) -> dict[str, tuple[float, float]]:
         """See GcpApi."""
         doc = self._get(f"https://compute.googleapis.com/compute/v1/projects/{project}")
-        return {q["metric"]: float(q["limit"]) for q in doc.get("quotas", [])}
+        return {q["metric"]: (float(q["limit"]), float(q.get("usage", 0))) for q in doc.get("quotas", [])}
+
+    def region_zones(self, project: str, region: str) -> list[str]:
+        """See GcpApi."""
+        doc = self._get(f"https://compute.googleapis.com/compute/v1/projects/{project}/regions/{region}")
+        return sorted(url.rsplit("/", 1)[-1] for url in doc.get("zones", []))
+
+    def offered(self, project: str, zone: str, kind: str, name: str) -> bool:
+        """See GcpApi."""
+        url = f"https://compute.googleapis.com/compute/v1/projects/{project}/zones/{zone}/{kind}/{name}"
+        return self._get(url, absent_ok=True) is not None
 
     def enabled_services(self, project: str) -> set[str]:
         """See GcpApi."""
@@ -329,20 +355,44 @@ def gcp_quota_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
     metrics = sorted({m for t in c.instance_types if (m := gcp_gpu_metric(t, c.accelerator))})
     for metric in metrics:
         name = f"PREEMPTIBLE_{metric}" if c.spot else metric
-        limit = region.get(name, 0.0)
-        if limit < need:
+        limit, used = region.get(name, (0.0, 0.0))
+        if limit - used < need:
             problems.append(Problem(
-                f"GPU quota {name} in {settings.region} is {limit:g}; the stack needs {need} "
+                f"GPU quota {name} in {settings.region} is {limit:g}{_in_use(used)}; the stack needs {need} "
                 f"({c.gpus_per_node} per node x {c.nodes} node(s)), so no machine would start",
-                f"request {need} in the console (IAM & Admin > Quotas, metric compute.googleapis.com/"
+                f"request {need + used:g} in the console (IAM & Admin > Quotas, metric compute.googleapis.com/"
                 f"{name.lower()}, region {settings.region})",
             ))
-    total = api.project_quotas(settings.project).get("GPUS_ALL_REGIONS", 0.0)
-    if total < need:
+    limit, used = api.project_quotas(settings.project).get("GPUS_ALL_REGIONS", (0.0, 0.0))
+    if limit - used < need:
         problems.append(Problem(
-            f"GPU quota GPUS_ALL_REGIONS of project {settings.project} is {total:g}; the stack needs {need}",
-            "request an increase of 'GPUs (all regions)' in IAM & Admin > Quotas (new projects start at 0)",
+            f"GPU quota GPUS_ALL_REGIONS of project {settings.project} is {limit:g}{_in_use(used)}; "
+            f"the stack needs {need}",
+            f"request {need + used:g} 'GPUs (all regions)' in IAM & Admin > Quotas (new projects start at 0)",
         ))
+    return problems
+
+
+def _in_use(used: float) -> str:
+    return f" with {used:g} in use" if used else ""
+
+
+_GCLOUD_LIST = {"machineTypes": "machine-types", "acceleratorTypes": "accelerator-types"}
+
+
+def gcp_offering_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
+    """Machine types (and an N1 machine's GPU) offered in none of the zones the group may use."""
+    c = settings.compute
+    zones = list(c.zones) or api.region_zones(settings.project, settings.region)
+    wanted = [("machineTypes", t, "compute.instanceTypes") for t in c.instance_types]
+    if c.accelerator:
+        wanted.append(("acceleratorTypes", c.accelerator, "compute.accelerator"))
+    problems = []
+    for kind, name, key in wanted:
+        if not any(api.offered(settings.project, z, kind, name) for z in zones):
+            problems.append(Problem(f"{name} ({key}) is offered in none of the zones {', '.join(zones)}",
+                                    f"choose a {key} or compute.zones the region offers "
+                                    f"(gcloud compute {_GCLOUD_LIST[kind]} list --filter='name={name}')"))
     return problems
 
 
@@ -365,6 +415,7 @@ def check_gcp(settings: config.Settings, api: GcpApi | None = None) -> list[Prob
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [
         ("APIs", lambda: gcp_api_problems(settings, api)),
         ("GPU quota", lambda: gcp_quota_problems(settings, api)),
+        ("machine types", lambda: gcp_offering_problems(settings, api)),
     ]
     return _run_checks(checks, lambda e: f"{type(e).__name__}: {e}")
 

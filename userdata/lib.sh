@@ -22,6 +22,9 @@ NOTICE_FILE="$RUNTIME_DIR/notice-pending"
 # with it, and checks that no script spells a run-folder name by hand.
 EVENTS_KEY="events.jsonl"
 PROGRESS_KEY="progress.json"
+CHECKPOINTS_PREFIX="checkpoints/"
+CHECKPOINT_DIR="ckpt"
+COMMITTED="COMMITTED"
 DEADLINE_KEY="deadline"
 LOGS_PREFIX="logs/"
 MACHINE_EVENTS_PREFIX="machine-events/"
@@ -173,6 +176,18 @@ end_marker() {
   local entries
   entries="$(retry 5 run_entries)" || return 1
   end_marker_in "$entries"
+}
+
+# newest_committed: the step of the run's newest committed checkpoint
+# (checkpoints/ckpt-<step>/COMMITTED); -1 when there is none or the bucket does not answer.
+newest_committed() {
+  local out="" step
+  case "$TRAINSTACK_CLOUD" in
+    aws) out="$(aws s3 ls --recursive "$RUN_URI/$CHECKPOINTS_PREFIX" 2>/dev/null)" || true ;;
+    gcp) out="$(gcloud storage ls "$RUN_URI/$CHECKPOINTS_PREFIX**" 2>/dev/null)" || true ;;
+  esac
+  step="$(sed -nE "s#.*/${CHECKPOINT_DIR}-([0-9]+)/${COMMITTED}\$#\1#p" <<<"$out" | sort -n | tail -n 1)"
+  printf '%s\n' "${step:--1}"
 }
 
 # is_end_marker NAME: true when NAME is one of END_MARKERS.

@@ -6,7 +6,7 @@
 # trainer, FAILED / TIMED_OUT from any machine) finishes the run, exit 143 after a spot
 # notice waits for the cloud to take the machine, exit 78 (this machine can never run
 # this run) is FAILED at once, anything else restarts with backoff until
-# TRAINSTACK_MAX_FAILURES failures in a row mark it FAILED. Every ending goes through
+# TRAINSTACK_MAX_FAILURES failures in a row without progress mark it FAILED. Every ending goes through
 # finish.sh, which scales the group to zero and shuts down.
 set -euo pipefail
 
@@ -208,13 +208,14 @@ main() {
   run_bootstrap
   # shellcheck source=/dev/null
   . "$STATE_DIR/paths"
-  local failures rc remaining marker reason
+  local failures rc remaining marker reason before after
   failures="$(cat "$STATE_DIR/failures" 2>/dev/null || echo 0)"
   while true; do
     [[ ! -e "$NOTICE_FILE" ]] || wait_for_cloud
     remaining=$((DEADLINE - $(date +%s)))
     ((remaining > 0)) || finish "$TIMED_OUT" "the run's deadline passed"
     log "starting the trainer (failures in a row: $failures)"
+    before="$(newest_committed)"
     rc=0
     write_container_env
     if tf_config; then
@@ -245,6 +246,14 @@ main() {
       # retrying would only bill the same failure again.
       reason="$(last_failed_reason)"
       finish "$FAILED" "the trainer cannot run on this machine (exit $rc): ${reason:-see logs}" "$((failures + 1))"
+    fi
+    # Failures count in a row only while the run makes no progress: an attempt that
+    # committed a newer checkpoint before it failed starts the count again, so a long
+    # run is not ended by failures spread over days.
+    after="$(newest_committed)"
+    if ((after > before)); then
+      log "the attempt committed step $after (from $before) before it failed: counting from 1"
+      failures=0
     fi
     failures=$((failures + 1))
     echo "$failures" >"$STATE_DIR/failures"

@@ -2,7 +2,10 @@
 
 The role is made in moto from the synth output's own documents (`ops.synth` on an AWS
 stack of two machines, so the peer listing is granted too), assumed through STS, and every
-call below is signed with the session's keys. moto_server enforces IAM (signature, key,
+call below is signed with the session's keys. The calls are the machine's own: the
+trainer's `open_store`, and `userdata/finish.sh` and `lib.sh`'s `group_ips` run unchanged
+(their `aws` is the boot sandbox's stand-in, which makes the CLI's calls with boto3), plus
+the same calls made directly with boto3 so each can be checked on its own. moto_server enforces IAM (signature, key,
 actions against the S3 bucket and object ARNs); the authorization layer in front of it
 (tests/fixtures/iam_cloud.py) evaluates the same documents where moto cannot: identity-policy
 conditions (`s3:prefix`, `autoscaling:MinSize`/`MaxSize`), ARN-scoped grants for Auto
@@ -20,7 +23,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import boto3
 import botocore.exceptions
@@ -35,6 +41,10 @@ from trainer.storage import NotFound, open_store
 pytestmark = pytest.mark.slow
 
 REGION = awshelp.BASE["region"]
+ROOT = Path(__file__).resolve().parents[2]
+# The boot sandbox's stand-ins: `aws` does the AWS CLI's calls with boto3 (the real CLI
+# cannot be installed beside the project's botocore), `shutdown` and `journalctl` record.
+FAKES = ROOT / "tests" / "userdata" / "fakes.py"
 OTHER_BUCKET = "trainstack-someone-else"
 OTHER_GROUP = "trainstack-other-stack-gpu"
 
@@ -206,6 +216,60 @@ def test_the_finish_path_uploads_logs_and_scales_its_group_to_zero(machine: Mach
         Decision.ALLOW]
 
 
+def sandbox(machine: Machine, tmp: Path) -> dict[str, str]:
+    """The environment the boot scripts run in: the machine's env file, its keys, and the stand-in commands."""
+    root, bin_dir = tmp / "root", tmp / "bin"
+    for d in (root / "etc/trainstack", bin_dir):
+        d.mkdir(parents=True)
+    for name in ("aws", "shutdown", "journalctl"):
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKES}" {name} "$@"\n')
+        (bin_dir / name).chmod(0o755)
+    (root / "etc/trainstack/env").write_text("".join(f"{k}={v}\n" for k, v in {
+        "TRAINSTACK_CLOUD": "aws", "TRAINSTACK_REGION": REGION, "TRAINSTACK_RUN_URI": machine.outputs["runUri"],
+        "TRAINSTACK_GROUP": machine.group, "TRAINSTACK_IMAGE": machine.outputs["imageRef"],
+    }.items()))
+    keep = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return {**keep, **machine.env(), "PATH": f"{bin_dir}:/usr/bin:/bin", "TRAINSTACK_ROOT": str(root),
+            "TRAINSTACK_LIB": str(ROOT / "userdata/lib.sh"), "TRAINSTACK_RETRY_BASE_S": "0",
+            # Nothing answers here: the instance id falls back to the host name, as lib.sh intends.
+            "TRAINSTACK_METADATA_URL": "http://127.0.0.1:9", "FAKE_LOG": str(tmp / "calls.jsonl"),
+            "FAKE_STATE": str(tmp / "state"), "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+
+
+def test_finish_sh_itself_ends_a_run_as_the_role(machine: Machine, tmp_path: Path) -> None:
+    """userdata/finish.sh, unchanged: marker, logs, scale to zero, all as the machine's role."""
+    env = sandbox(machine, tmp_path)
+    admin_asg = machine.cloud.admin("autoscaling", REGION)
+    admin_asg.update_auto_scaling_group(AutoScalingGroupName=machine.group, MinSize=0, MaxSize=2, DesiredCapacity=2)
+    run = layout.run_prefix(machine.run_id)
+    for marker in layout.END_MARKERS:  # an earlier test's marker would make finish.sh keep it
+        machine.cloud.admin("s3", REGION).delete_object(Bucket=machine.bucket, Key=f"{run}{marker}")
+    proc = subprocess.run(["bash", str(ROOT / "userdata/finish.sh"), "FAILED", "a test"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "could not" not in proc.stderr and "scaled to zero" in proc.stderr, proc.stderr
+    group = admin_asg.describe_auto_scaling_groups(AutoScalingGroupNames=[machine.group])["AutoScalingGroups"][0]
+    assert (group["MinSize"], group["MaxSize"], group["DesiredCapacity"]) == (0, 0, 0)
+    s3 = machine.cloud.admin("s3", REGION)
+    marker = json.loads(s3.get_object(Bucket=machine.bucket, Key=f"{run}{layout.FAILED}")["Body"].read())
+    assert marker["reason"] == "a test"
+    logs = s3.list_objects_v2(Bucket=machine.bucket, Prefix=f"{run}{layout.LOGS_PREFIX}")["Contents"]
+    assert any(o["Key"].endswith("/trainstack.log") for o in logs)
+    calls = [json.loads(line)["argv"][:2] for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert ["autoscaling", "update-auto-scaling-group"] in calls
+
+
+def test_lib_sh_finds_its_peers_as_the_role(machine: Machine, tmp_path: Path) -> None:
+    env = sandbox(machine, tmp_path)
+    machine.cloud.admin("autoscaling", REGION).update_auto_scaling_group(
+        AutoScalingGroupName=machine.group, MinSize=0, MaxSize=2, DesiredCapacity=2)
+    proc = subprocess.run(["bash", "-c", '. "$TRAINSTACK_LIB" && load_env && group_ips'], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.split()) == 2, proc.stdout
+
+
 # -- what it must not do -----------------------------------------------------------
 
 RUN = f"runs/{awshelp.BASE['run']['id']}"
@@ -257,6 +321,12 @@ def test_deleting_another_runs_objects_is_refused_per_key(machine: Machine) -> N
     assert decided(machine, "s3:DeleteObject", "runs/another-run/COMPLETE")[-1] is Decision.IMPLICIT_DENY
     s3 = machine.cloud.admin("s3", REGION)
     assert s3.get_object(Bucket=machine.bucket, Key="runs/another-run/COMPLETE")["Body"].read() == b"{}"
+
+
+def test_a_sibling_runs_names_cannot_be_listed(machine: Machine) -> None:
+    s3 = machine.client("s3")
+    prefix = layout.run_prefix(machine.run_id).rstrip("/")
+    assert error_code(lambda: s3.list_objects_v2(Bucket=machine.bucket, Prefix=prefix)) == "AccessDenied"
 
 
 def test_refused_calls_changed_nothing(machine: Machine) -> None:

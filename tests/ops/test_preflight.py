@@ -201,15 +201,16 @@ def test_a_bucket_of_another_account_needs_another_name(aws) -> None:
 class FakeGcp:
     """The GCP reads preflight makes, answered from dicts."""
 
-    def __init__(self, region: dict[str, float], project: dict[str, float], services: set[str]) -> None:
+    def __init__(self, region: dict[str, tuple[float, float]], project: dict[str, tuple[float, float]],
+                 services: set[str]) -> None:
         self.region, self.project, self.services = region, project, services
         self.calls: list[str] = []
 
-    def region_quotas(self, project: str, region: str) -> dict[str, float]:
+    def region_quotas(self, project: str, region: str) -> dict[str, tuple[float, float]]:
         self.calls.append(f"region {project} {region}")
         return self.region
 
-    def project_quotas(self, project: str) -> dict[str, float]:
+    def project_quotas(self, project: str) -> dict[str, tuple[float, float]]:
         self.calls.append(f"project {project}")
         return self.project
 
@@ -217,8 +218,18 @@ class FakeGcp:
         self.calls.append(f"services {project}")
         return self.services
 
+    # What each zone offers (everything unless a test says otherwise).
+    not_offered: set[tuple[str, str]] = set()
 
-GCP_OK = dict(region={"PREEMPTIBLE_NVIDIA_L4_GPUS": 4, "NVIDIA_L4_GPUS": 4}, project={"GPUS_ALL_REGIONS": 4},
+    def region_zones(self, project: str, region: str) -> list[str]:
+        self.calls.append(f"zones {project} {region}")
+        return [f"{region}-a", f"{region}-b"]
+
+    def offered(self, project: str, zone: str, kind: str, name: str) -> bool:
+        return (zone, name) not in self.not_offered
+
+
+GCP_OK = dict(region={"PREEMPTIBLE_NVIDIA_L4_GPUS": (4, 0), "NVIDIA_L4_GPUS": (4, 0)}, project={"GPUS_ALL_REGIONS": (4, 0)},
               services=set(PREREQUISITE_APIS) | {"compute.googleapis.com"})
 
 
@@ -229,7 +240,8 @@ def test_gcp_clean() -> None:
 
 
 def test_gcp_problems_each_with_its_fix() -> None:
-    api = FakeGcp(region={"NVIDIA_L4_GPUS": 8}, project={"GPUS_ALL_REGIONS": 0}, services={"compute.googleapis.com"})
+    api = FakeGcp(region={"NVIDIA_L4_GPUS": (8, 0)}, project={"GPUS_ALL_REGIONS": (0, 0)},
+                  services={"compute.googleapis.com"})
     lines = [p.line() for p in preflight.check(settings_of(GCP, compute={"nodes": 2}), gcp_api=api)]
     assert len(lines) == 3
     assert "gcloud services enable cloudresourcemanager.googleapis.com serviceusage.googleapis.com" in lines[0]
@@ -282,3 +294,85 @@ def test_cli_exit_codes(aws, tmp_path: Path, capsys: pytest.CaptureFixture[str])
     err = capsys.readouterr().err.strip()
     assert "instanceTypes" in err and "\n" not in err
     assert ops_main.main(["preflight", "--stack", "nope", "--stacks-dir", str(tmp_path)]) == 2
+
+
+def test_gcp_gpus_in_use_count_against_the_quota() -> None:
+    api = FakeGcp(region={"PREEMPTIBLE_NVIDIA_L4_GPUS": (4, 3)}, project={"GPUS_ALL_REGIONS": (8, 3)},
+                  services=set(PREREQUISITE_APIS))
+    (p,) = preflight.gcp_quota_problems(settings_of(GCP, compute={"nodes": 2}), api)
+    assert p.what.startswith("GPU quota PREEMPTIBLE_NVIDIA_L4_GPUS in us-central1 is 4 with 3 in use; the stack needs 2")
+    assert p.fix.startswith("request 5 ")
+
+
+class FakeResponse:
+    def __init__(self, status: int, doc: dict) -> None:
+        self.status_code, self._doc, self.text = status, doc, str(doc)
+
+    def json(self) -> dict:
+        return self._doc
+
+
+class FakeSession:
+    """Answers GETs from a table of URL -> pages, as google-auth's AuthorizedSession would."""
+
+    def __init__(self, pages: dict[str, list[FakeResponse]]) -> None:
+        self.pages, self.asked = pages, []
+
+    def get(self, url: str, params: dict | None = None, timeout: float = 0) -> FakeResponse:
+        self.asked.append((url, dict(params or {})))
+        return self.pages[url].pop(0)
+
+
+def test_the_rest_client_reads_the_documented_shapes() -> None:
+    compute = "https://compute.googleapis.com/compute/v1/projects/p"
+    usage = "https://serviceusage.googleapis.com/v1/projects/p/services"
+    session = FakeSession({
+        f"{compute}/regions/us-central1": [FakeResponse(200, {"quotas": [
+            {"metric": "PREEMPTIBLE_NVIDIA_L4_GPUS", "limit": 16.0, "usage": 2.0}, {"metric": "CPUS", "limit": 24.0}]})],
+        compute: [FakeResponse(200, {"quotas": [{"metric": "GPUS_ALL_REGIONS", "limit": 0.0, "usage": 0.0}]})],
+        usage: [FakeResponse(200, {"services": [{"name": "projects/1/services/compute.googleapis.com",
+                                                 "config": {"name": "compute.googleapis.com"}, "state": "ENABLED"}],
+                                   "nextPageToken": "t2"}),
+                FakeResponse(200, {"services": [{"name": "projects/1/services/serviceusage.googleapis.com",
+                                                 "config": {"name": "serviceusage.googleapis.com"}}]})],
+    })
+    api = preflight.RestGcpApi(session)
+    assert api.region_quotas("p", "us-central1") == {"PREEMPTIBLE_NVIDIA_L4_GPUS": (16.0, 2.0), "CPUS": (24.0, 0.0)}
+    assert api.project_quotas("p") == {"GPUS_ALL_REGIONS": (0.0, 0.0)}
+    assert api.enabled_services("p") == {"compute.googleapis.com", "serviceusage.googleapis.com"}
+    assert session.asked[-1] == (usage, {"filter": "state:ENABLED", "pageSize": 200, "pageToken": "t2"})
+    zones = preflight.RestGcpApi(FakeSession({
+        f"{compute}/regions/us-central1": [FakeResponse(200, {"zones": [
+            "https://www.googleapis.com/compute/v1/projects/p/zones/us-central1-b",
+            "https://www.googleapis.com/compute/v1/projects/p/zones/us-central1-a"]})],
+        f"{compute}/zones/us-central1-a/machineTypes/g2-standard-4": [FakeResponse(200, {"name": "g2-standard-4"})],
+        f"{compute}/zones/us-central1-b/machineTypes/g2-standard-4": [FakeResponse(404, {"error": "notFound"})],
+    }))
+    assert zones.region_zones("p", "us-central1") == ["us-central1-a", "us-central1-b"]
+    assert zones.offered("p", "us-central1-a", "machineTypes", "g2-standard-4") is True
+    assert zones.offered("p", "us-central1-b", "machineTypes", "g2-standard-4") is False
+    denied = preflight.RestGcpApi(FakeSession({compute: [FakeResponse(403, {"error": "PERMISSION_DENIED"})]}))
+    with pytest.raises(RuntimeError, match="HTTP 403"):
+        denied.project_quotas("p")
+
+
+def test_the_group_s_subnets_decide_its_zones(aws) -> None:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    subnet = next(s for s in ec2.describe_subnets()["Subnets"] if s["AvailabilityZone"] == "eu-west-1b")
+    s = settings_of(AWS, compute={"subnets": [subnet["SubnetId"]]})
+    assert preflight.aws_zones(s, ec2) == ["eu-west-1b"]
+
+
+def test_gcp_machine_types_and_gpus_offered_in_no_zone() -> None:
+    api = FakeGcp(**GCP_OK)
+    api.not_offered = {("us-central1-a", "g2-standard-8"), ("us-central1-b", "g2-standard-8"),
+                      ("us-central1-a", "g2-standard-4")}
+    s = settings_of(GCP, compute={"instanceTypes": ["g2-standard-4", "g2-standard-8"], "zones": []})
+    (p,) = preflight.gcp_offering_problems(s, api)
+    assert p.what == "g2-standard-8 (compute.instanceTypes) is offered in none of the zones us-central1-a, us-central1-b"
+    assert "gcloud compute machine-types list --filter='name=g2-standard-8'" in p.fix
+    n1 = settings_of(GCP, compute={"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-t4",
+                                   "zones": ["us-central1-a"]})
+    api.not_offered = {("us-central1-a", "nvidia-tesla-t4")}
+    (p,) = preflight.gcp_offering_problems(n1, api)
+    assert p.what.startswith("nvidia-tesla-t4 (compute.accelerator)") and "accelerator-types" in p.fix

@@ -82,6 +82,16 @@ def aws(argv: list[str]) -> int:
             print(f"fatal error: {e}", file=sys.stderr)
             return 1
         return 0
+    if service == "s3" and op == "ls" and "--recursive" in rest:
+        bucket, prefix = _split(next(a for a in rest if a != "--recursive"))
+        lines = []
+        for page in _s3().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for o in page.get("Contents", []):
+                lines.append(f"{o['LastModified']:%Y-%m-%d %H:%M:%S} {o['Size']:>10} {o['Key']}")
+        if not lines:
+            return 1
+        print("\n".join(lines))
+        return 0
     if service == "s3" and op == "ls":
         bucket, prefix = _split(rest[0])
         out = _s3().list_objects_v2(Bucket=bucket, Prefix=prefix, Delimiter="/")
@@ -155,6 +165,14 @@ def gcloud(argv: list[str]) -> int:
         return client.bucket(bucket), key
 
     op, rest = args[1], args[2:]
+    if op == "ls" and rest[0].endswith("**"):
+        bucket, prefix = split(rest[0].removesuffix("**"))
+        lines = [f"gs://{bucket.name}/{b.name}" for b in client.list_blobs(bucket, prefix=prefix)]
+        if not lines:
+            print("ERROR: (gcloud.storage.ls) One or more URLs matched no objects.", file=sys.stderr)
+            return 1
+        print("\n".join(lines))
+        return 0
     if op == "ls":
         bucket, prefix = split(rest[0])
         blobs = client.list_blobs(bucket, prefix=prefix, delimiter="/")
@@ -283,13 +301,19 @@ def docker_run(argv: list[str]) -> int:
     if cmd[:2] == ["sh", "-c"] and "pip install" in cmd[2]:
         # Installing the trainer's requirements: the test's interpreter already has them.
         target = Path(mounts["/opt/trainstack/pip"])
-        (target / "INSTALLED_BY_FAKE_PIP").write_text(cmd[2])
+        (target / "INSTALLED_BY_FAKE_PIP").write_text(
+            cmd[2].replace("$MORE_REQUIREMENTS", env.get("MORE_REQUIREMENTS", "")))
         return 0
     if cmd[:3] != ["python", "-m", "trainer"]:
         print(f"fake docker: unsupported command {cmd}", file=sys.stderr)
         return 125
     child_env = {**os.environ, **{k: host_path(v) for k, v in env.items()}}
     child_env.pop("FAKE_LOG", None)
+    if os.environ.get("FAKE_GPU") == "1" and os.environ.get("FAKE_CHECK_GPUS") != "1":
+        # The sandbox's GPU is a fake one that TensorFlow on this CPU cannot see: the trainer's
+        # device check (tests/trainer/test_devices.py) would refuse every run. FAKE_CHECK_GPUS=1
+        # keeps it, to see a machine whose TensorFlow finds no GPU.
+        child_env.pop("TRAINSTACK_GPUS_PER_NODE", None)
     proc = subprocess.Popen([sys.executable, "-m", "trainer", *cmd[3:]], env=child_env,
                             cwd=host_path(workdir) if workdir else None)
     if name:

@@ -162,6 +162,11 @@ if action == "cancel":
     sys.exit(0)
 if action == "exit0":  # a worker whose part is done; the chief writes the marker
     sys.exit(0)
+if action == "progress-then-fail":  # the first three attempts each commit a newer checkpoint
+    done = s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "/checkpoints/").get("KeyCount", 0)
+    if done < 3:
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/checkpoints/ckpt-{(done + 1) * 10}/COMMITTED", Body=b"{}")
+    sys.exit(1)
 sys.exit(2)
 '''
 
@@ -209,3 +214,18 @@ def test_a_cancelled_run_finishes_like_a_complete_one(sandbox_factory, s3_run, g
     assert len(runs) == 1
     finish = machine_events(s3_run)[-1]
     assert (finish["event"], finish["outcome"], finish["instance"]) == ("finish", "CANCELLED", INSTANCE_ID)
+
+
+@pytest.mark.slow
+def test_failures_count_in_a_row_only_without_progress(sandbox_factory, s3_run, group, fake_trainer_uri):
+    # Three attempts each commit a newer checkpoint and then fail: each starts the count
+    # again. The fourth makes no progress: with 2 failures allowed in a row, it ends the run.
+    # (Without the reset, the second attempt would have ended it.)
+    box = sandbox_factory(code_uri=fake_trainer_uri, env_overrides={"TRAINSTACK_MAX_FAILURES": "2"})
+    box.env["FAKE_TRAINER"] = "progress-then-fail"
+    assert box.boot(watcher=False).wait(timeout=180) == 0, box.journal()
+    runs = [a for a in box.argvs("docker") if a[0] == "run" and a[-3:] == ["python", "-m", "trainer"]]
+    assert len(runs) == 4
+    assert box.journal().count("before it failed: counting from 1") == 3
+    marker = json.loads(s3_keys(s3_run)[layout.FAILED])
+    assert marker[layout.MARKER_REASON] == "the trainer failed 2 times in a row (last exit 1)"
