@@ -437,9 +437,25 @@ def render(st: RunStatus):
         grid.add_row("checkpoint", f"step {st.checkpoint.step}{age}")
     else:
         grid.add_row("checkpoint", "none committed yet")
+    for label, line in signature_lines(st.end):
+        grid.add_row(label, line)
     if st.events:
         grid.add_row("events", Text("\n".join(_event_line(e) for e in st.events), no_wrap=True, overflow="ellipsis"))
     return Group(grid)
+
+
+def signature_lines(end: dict | None) -> list[tuple[str, str]]:
+    """How to call a finished run's SavedModel, from the signature COMPLETE records: (label, text) rows."""
+    sig = (end or {}).get("signature")
+    if not isinstance(sig, dict):
+        return []
+
+    def specs(d) -> str:
+        return ", ".join(f"{name} {spec.get('dtype')}[{', '.join('?' if x is None else str(x) for x in spec.get('shape', []))}]"
+                         for name, spec in (d or {}).items())
+
+    return [("model", f"SavedModel endpoint {sig.get('endpoint', 'serve')}({specs(sig.get('inputs'))})"),
+            ("returns", specs(sig.get("outputs")))]
 
 
 def exit_code(st: RunStatus) -> int:

@@ -62,6 +62,7 @@ class TrainConfig:
     lm_tied: bool = False
     data_dir: str | None = None
     work_dir: str | None = None
+    gpus_per_node: int | None = None
 
     @property
     def per_step_batch(self) -> int:
@@ -184,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None,
                    help="local folder the --data-uri files are staged to (default: a cache folder)")
     p.add_argument("--work-dir", default=None, help="local scratch for checkpoints and TensorBoard (default: a temp dir)")
+    p.add_argument("--gpus-per-node", type=_nonneg_int, default=None,
+                   help="GPUs TensorFlow must see on this machine, else the run fails at once (exit 78); "
+                   "unset: no check")
     return p
 
 

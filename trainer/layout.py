@@ -77,6 +77,9 @@ CHECKPOINT_SKIPPED = "checkpoint_skipped"
 CHECKPOINT_FAILED = "checkpoint_failed"
 UPLOAD_RETRY = "upload_retry"
 ALREADY_COMPLETE = "complete"
+ALREADY_CANCELLED = "already_cancelled"
+# The run ended early on request (ops stop wrote STOP): a checkpoint is committed, CANCELLED written.
+CANCELLED_EVENT = "cancelled"
 # The machine's own events (machine-events/<machine>.jsonl).
 SPOT_NOTICE = "spot_notice"
 REBALANCE = "rebalance"
@@ -90,13 +93,14 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     PREEMPTED: ("step", "signal", "seconds", "examples_seen"),
     FINISHED: ("step", "metrics", "examples_seen"),
     FAILED_EVENT: ("reason",),
+    CANCELLED_EVENT: ("step", "reason", "examples_seen"),
     CHECKPOINT_SKIPPED: ("step", "reason"),
     CHECKPOINT_FAILED: ("reason",),
     UPLOAD_RETRY: ("attempt", "error", "op", "key"),
 }
 
 # The events that change what a run is doing (the others are informational).
-LIFECYCLE = frozenset({STARTED, RESUMED, PREEMPTED, FINISHED, FAILED_EVENT})
+LIFECYCLE = frozenset({STARTED, RESUMED, PREEMPTED, FINISHED, FAILED_EVENT, CANCELLED_EVENT})
 
 
 def run_prefix(run_id: str) -> str:

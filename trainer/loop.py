@@ -1,7 +1,9 @@
 """The training run: restore, one custom training loop, signals, the run's endings.
 
 `train(cfg)` runs a whole attempt and returns the process exit code: 0 finished
-(COMPLETE written), 143 stopped by SIGTERM/SIGINT after a committed checkpoint, 1 failed.
+(COMPLETE written) or cancelled (the run folder's STOP found: a checkpoint committed,
+CANCELLED written), 143 stopped by SIGTERM/SIGINT after a committed checkpoint, 1 failed,
+78 this machine cannot run the run (the GPUs asked for are not seen: `trainer.devices`).
 
 One loop serves one machine (MirroredStrategy) and several (MultiWorkerMirroredStrategy):
 `strategy.run` inside a `tf.function`, fed by `strategy.experimental_distribute_dataset`.
@@ -37,18 +39,19 @@ from trainer import layout
 from trainer import summaries as summaries_mod
 from trainer.checkpoints import ResumeMismatch
 from trainer.config import TrainConfig, as_dict
+from trainer.devices import DeviceMismatch, check_gpus
 from trainer.events import EventLog, read_events, utc_now
 from trainer.models import ModelSpec, build_model
-from trainer.signals import StopRequest
+from trainer.signals import StopKeyPoller, StopRequest
 from trainer.strategy import Cluster, make_strategy, read_cluster
 
 EXIT_OK = layout.EXIT_OK
 EXIT_FAILED = layout.EXIT_FAILED
 EXIT_PREEMPTED = layout.EXIT_PREEMPTED
 
-# A step's request, all-reduced (SUM) across workers: [checkpoint now, stop]; any worker's
-# non-zero entry is every worker's decision. (ReduceOp has no MAX.)
-_GO, _CHECKPOINT, _STOP = (0.0, 0.0), (1.0, 0.0), (0.0, 1.0)
+# A step's request, all-reduced (SUM) across workers: [checkpoint now, stop, cancel the run];
+# any worker's non-zero entry is every worker's decision. (ReduceOp has no MAX.)
+_GO, _CHECKPOINT, _STOP, _CANCEL = (0.0, 0.0, 0.0), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 1.0, 1.0)
 
 
 @dataclass
@@ -186,6 +189,10 @@ class Run:
         self.work = cfg.work_dir or tempfile.mkdtemp(prefix="trainstack-")
         os.makedirs(self.work, exist_ok=True)
         self.stop = stop or StopRequest()
+        # The run folder's STOP (ops stop): the chief polls it; a cancel reaches the other
+        # workers through the step's all-reduced request.
+        self.stop_key = StopKeyPoller(self.store)
+        self.cancelled = False
         self.state = RunState()
         self.rate: float | None = None
         self.loop_seconds = 0.0
@@ -215,6 +222,10 @@ class Run:
             if self._already_complete():
                 return EXIT_OK
             return self._train()
+        except DeviceMismatch as e:
+            # This machine can never run this run: say why once, and let the supervisor end it.
+            self.emit(layout.FAILED_EVENT, reason=str(e), step=self.state.step, **e.details)
+            return layout.EXIT_UNUSABLE
         except ResumeMismatch as e:
             # Another model's checkpoints: no retry can help, and nothing was written to the run.
             self.emit(layout.FAILED_EVENT, reason=str(e), step=self.state.step)
@@ -224,24 +235,29 @@ class Run:
             return EXIT_FAILED
         finally:
             self.stop.restore()
+            self.stop_key.close()
             self.events.close()
             if self._own_work:
                 shutil.rmtree(self.work, ignore_errors=True)
 
     def _already_complete(self) -> bool:
+        """True (and says so) when the run already ended as COMPLETE or CANCELLED: nothing to do."""
         from trainer.storage import NotFound
 
-        try:
-            done = json.loads(self.store.get_bytes(layout.COMPLETE))
-        except NotFound:
-            return False
-        # Printed, not appended: the run's log ended with its `finished` event.
-        line = {layout.EVENT: layout.ALREADY_COMPLETE, layout.TIME: done.get("finished_at"),
-                layout.ATTEMPT: self.events.attempt, "step": done.get(layout.MARKER_STEP),
-                "message": self._complete_message(done)}
-        self.events.stream.write(json.dumps(line) + "\n")
-        self.events.stream.flush()
-        return True
+        for marker, kind, when in ((layout.COMPLETE, layout.ALREADY_COMPLETE, "finished_at"),
+                                   (layout.CANCELLED, layout.ALREADY_CANCELLED, "cancelled_at")):
+            try:
+                done = json.loads(self.store.get_bytes(marker))
+            except NotFound:
+                continue
+            # Printed, not appended: the run's log ended with its `finished` or `cancelled` event.
+            message = self._complete_message(done) if marker == layout.COMPLETE else f"run already {marker}; nothing to do"
+            line = {layout.EVENT: kind, layout.TIME: done.get(when), layout.ATTEMPT: self.events.attempt,
+                    "step": done.get(layout.MARKER_STEP), "message": message}
+            self.events.stream.write(json.dumps(line) + "\n")
+            self.events.stream.flush()
+            return True
+        return False
 
     def _complete_message(self, done: dict) -> str:
         step = done.get(layout.MARKER_STEP)
@@ -253,6 +269,7 @@ class Run:
 
     def _train(self) -> int:
         cfg = self.cfg
+        check_gpus(cfg.gpus_per_node)
         strategy = make_strategy(self.cluster)
         self.stop.reclaim()
         precision = resolve_precision(cfg)
@@ -294,7 +311,7 @@ class Run:
         self.loop_seconds = time.monotonic() - loop_started
         self.loop_examples = self.state.examples_seen - examples_before
         if stopped:
-            return self._preempt(examples)
+            return self._cancel(examples) if self.cancelled else self._preempt(examples)
         return self._finish(examples)
 
     def _restore(self) -> None:
@@ -311,7 +328,9 @@ class Run:
         self.events.start_bar(cfg.steps, st.step)
         last_ckpt_time = last_log_time = last_progress = time.monotonic()
         last_log_step, last_examples = st.step, int(examples.numpy())
-        requests = {r: tf.constant(r, tf.float32) for r in (_GO, _CHECKPOINT, _STOP)}
+        requests = {r: tf.constant(r, tf.float32) for r in (_GO, _CHECKPOINT, _STOP, _CANCEL)}
+        if self.chief:
+            self.stop_key.start()
         count_tensors: dict[int, tf.Tensor] = {}
 
         def counts(n: int) -> tf.Tensor:
@@ -323,7 +342,9 @@ class Run:
         try:
             while st.step < cfg.steps:
                 step_started = time.monotonic()
-                if self.stop.requested:
+                if self.stop_key.requested:
+                    request = _CANCEL
+                elif self.stop.requested:
                     request = _STOP
                 elif self._seconds_due(last_ckpt_time):
                     request = _CHECKPOINT
@@ -336,9 +357,11 @@ class Run:
                 st.train_seconds += time.monotonic() - step_started
                 if self.cluster.multi_worker:
                     request = tuple(float(v) for v in agreed.numpy())
+                elif self.stop_key.requested:
+                    request = _CANCEL  # one machine needs no agreement: stop after this very step
                 elif self.stop.requested:
-                    request = _STOP  # one machine needs no agreement: stop after this very step
-                wants_ckpt, wants_stop = (v > 0 for v in request)
+                    request = _STOP
+                wants_ckpt, wants_stop, wants_cancel = (v > 0 for v in request)
                 now = time.monotonic()
                 if st.step % cfg.log_every == 0 or st.step == cfg.steps or wants_stop:
                     st.loss = float(loss_t)
@@ -353,6 +376,7 @@ class Run:
                         last_progress = now
                     last_log_time, last_log_step, last_examples = now, st.step, seen
                 if wants_stop:
+                    self.cancelled = wants_cancel
                     return True
                 steps_due = cfg.checkpoint_every_steps and st.step % cfg.checkpoint_every_steps == 0
                 if (steps_due or wants_ckpt) and st.step < cfg.steps:
@@ -361,6 +385,7 @@ class Run:
                     last_ckpt_time = time.monotonic()
             return False
         finally:
+            self.stop_key.close()
             st.examples_seen = int(examples.numpy())
             if loss_t is not None:
                 st.loss = float(loss_t)
@@ -438,6 +463,27 @@ class Run:
         self.emit(layout.PREEMPTED, step=self.state.step, signal=self.stop.signal_name,
                   seconds=round(time.monotonic() - started, 3), examples_seen=self.state.examples_seen)
         return EXIT_PREEMPTED
+
+    def _cancel(self, examples: tf.Variable) -> int:
+        """Asked to end early (STOP): commit the current step, emit `cancelled`, write CANCELLED, exit 0."""
+        self._commit_current()
+        self.events.flush()
+        reason = self.stop_key.reason or "stop requested by the chief (STOP in the run folder)"
+        st = self.state
+        self.emit(layout.CANCELLED_EVENT, step=st.step, reason=reason, examples_seen=st.examples_seen)
+        if not self.chief:
+            return EXIT_OK
+        self.events.flush()
+        doc = {
+            layout.MARKER_STEP: st.step,
+            layout.MARKER_ATTEMPTS: layout.attempts(self.history + self.own_events) or 1,
+            layout.MARKER_REASON: reason,
+            "examples_seen": st.examples_seen,
+            "cancelled_at": utc_now(),
+        }
+        # Written last, after the checkpoint it names is committed: one atomic object.
+        self.store.put_bytes(layout.CANCELLED, json.dumps(doc, indent=2).encode())
+        return EXIT_OK
 
     def _finish(self, examples: tf.Variable) -> int:
         """All steps done: final checkpoint, SavedModel, TensorBoard, then COMPLETE."""

@@ -74,7 +74,8 @@ def policy_document(
     nodes: int = 1,
 ) -> pulumi.Output[str]:
     """The role's permissions as an IAM policy JSON document."""
-    # runs/<run_id> (the folder's own key) and runs/<run_id>/*: the run folder of trainer/layout.py.
+    # runs/<run_id>/ and below: the run folder of trainer/layout.py. Listing is granted for the
+    # prefix with its slash only: a bare runs/<run_id> would also list a sibling runs/<run_id>0/.
     run_prefix = layout.run_prefix(run_id).rstrip("/")
     statements: list[dict] = [
         {
@@ -82,7 +83,7 @@ def policy_document(
             "Effect": "Allow",
             "Action": "s3:ListBucket",
             "Resource": bucket_arn,
-            "Condition": {"StringLike": {"s3:prefix": [run_prefix, f"{run_prefix}/*"]}},
+            "Condition": {"StringLike": {"s3:prefix": [f"{run_prefix}/", f"{run_prefix}/*"]}},
         },
         {
             "Sid": "ReadWriteRun",

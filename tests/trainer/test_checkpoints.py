@@ -415,3 +415,38 @@ def test_100mb_checkpoint_commits_to_s3_within_preemption_window(s3_run, tmp_pat
     print(f"\n100MiB checkpoint: TF save {save_s:.2f}s, commit {info['seconds']:.2f}s, restore {restore_s:.2f}s")
     assert info["bytes"] >= 100 * 1024 * 1024
     assert save_s + info["seconds"] < 20.0
+
+
+def _checkpointer(tf, store, work: Path, w, rng, extra):
+    from trainer.checkpoints import Checkpointer
+
+    # The TF checkpoint holds `w` and `rng`; the fingerprint covers `extra` too, as it would
+    # a variable the model has but the checkpoint failed to restore.
+    ckpt = tf.train.Checkpoint(model=[w, rng])
+    return Checkpointer(CheckpointStore(store), ckpt, work=str(work), chief=True, variables=[w, rng, extra])
+
+
+def test_restore_is_checked_against_the_saved_fingerprint(tf, tmp_path):
+    from trainer.checkpoints import ResumeMismatch
+
+    store = open_store(f"file://{tmp_path}/run")
+    saver = _checkpointer(tf, store, tmp_path / "a", tf.Variable([1.0, 2.0]),
+                          tf.Variable([7, 9], dtype=tf.int64, name="seed_generator_state"), tf.Variable(3.0))
+    state = {"step": 5, "batches_seen": 5, "examples_seen": 160}
+    assert saver.commit(5, saver.save_local(5, state), sync=True)
+    saved = json.loads(store.get_bytes("checkpoints/ckpt-5/state.json"))
+    fp = saved["fingerprint"]
+    assert (fp["step"], fp["batches_seen"], fp["examples_seen"]) == (5, 5, 160) and fp["rng"] and fp["variables"]
+
+    # Same variables restored: the fingerprint matches and the state comes back.
+    same = _checkpointer(tf, store, tmp_path / "b", tf.Variable([0.0, 0.0]),
+                         tf.Variable([0, 0], dtype=tf.int64, name="seed_generator_state"), tf.Variable(3.0))
+    step, restored = same.restore()
+    assert step == 5 and restored["batches_seen"] == 5
+    assert same.variables[0].numpy().tolist() == [1.0, 2.0] and same.rng_variables[0].numpy().tolist() == [7, 9]
+
+    # A variable that the checkpoint did not bring back: refused, naming what differs.
+    other = _checkpointer(tf, store, tmp_path / "c", tf.Variable([0.0, 0.0]),
+                          tf.Variable([0, 0], dtype=tf.int64, name="seed_generator_state"), tf.Variable(4.0))
+    with pytest.raises(ResumeMismatch, match=r"ckpt-5 did not restore the state it recorded \(variables: saved"):
+        other.restore()

@@ -64,6 +64,9 @@ def test_dockerfile_builds_on_the_pinned_image_and_runs_the_trainer():
     assert args == ["BASE_IMAGE=tensorflow/tensorflow:2.21.0-gpu"]
     assert "latest" not in text
     assert "-r /opt/trainstack/code/trainer/requirements.txt" in text
-    assert "COPY trainer/ /opt/trainstack/code/trainer/" in text
+    # The context (trainer/ and the stack's usercode/) is copied whole; the user's pinned
+    # requirements install on top of the image's packages (constrained by them).
+    assert "COPY . /opt/trainstack/code/" in text
+    assert "-c /tmp/image.txt -r usercode/requirements.txt" in text
     # The machines' supervisor passes `python -m trainer` itself: no ENTRYPOINT to double it.
     assert "ENTRYPOINT" not in text and 'CMD ["python", "-m", "trainer"]' in text

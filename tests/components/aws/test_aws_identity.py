@@ -47,7 +47,7 @@ def test_s3_access_is_the_run_prefix_and_code_of_this_bucket():
     assert by_sid["ReadWriteRun"]["Resource"] == "arn:aws:s3:::team-ckpts/runs/exp-7/*"
     assert set(by_sid["ReadWriteRun"]["Action"]) >= {"s3:GetObject", "s3:PutObject", "s3:DeleteObject"}
     assert by_sid["ListRunPrefix"]["Resource"] == "arn:aws:s3:::team-ckpts"
-    assert by_sid["ListRunPrefix"]["Condition"]["StringLike"]["s3:prefix"] == ["runs/exp-7", "runs/exp-7/*"]
+    assert by_sid["ListRunPrefix"]["Condition"]["StringLike"]["s3:prefix"] == ["runs/exp-7/", "runs/exp-7/*"]
     assert by_sid["ReadTrainerCode"] == {
         "Sid": "ReadTrainerCode", "Effect": "Allow", "Action": "s3:GetObject",
         "Resource": "arn:aws:s3:::team-ckpts/code/*",

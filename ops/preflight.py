@@ -1,0 +1,468 @@
+"""`python -m ops preflight --stack NAME`: what would make a real launch fail silently, checked before `pulumi up`.
+
+A `pulumi up` succeeds even when no machine can ever start: the group is created and
+keeps retrying, and the run stays NOT STARTED. Preflight asks the cloud, with the
+operator's credentials, about what decides that:
+
+AWS
+- the vCPU quota of each instance family the stack uses (Service Quotas; spot or
+  on-demand as the stack asks): vCPUs per type (EC2's own figures) x `compute.nodes`;
+- each instance type offered in the zones the group may use (several machines use one
+  zone: the first of `compute.zones`, else the region's first available zone);
+- the AMI: `compute.imageId`, else the Deep Learning AMI the group looks up by name;
+- the bucket name: free, or already yours (then `storage.adopt: true` is needed), or
+  someone else's (then another `storage.bucketName`).
+
+GCP
+- the GPU quota of the region for the machines' GPU (the PREEMPTIBLE_ one for Spot VMs)
+  and the project's GPUS_ALL_REGIONS, for `gpusPerNode` x `nodes` GPUs;
+- each machine type (and an N1 machine's GPU) offered in a zone the group may use;
+- the APIs that must be on before the first `pulumi up` (the stack turns on the rest).
+
+Output: one line per problem, each with its fix; exit 1 when there are problems, 0 when
+clean, 2 when the stack's config is invalid (the settings loader's one-line error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from components import settings as config
+
+STACKS_DIR = Path(__file__).resolve().parents[1] / "stacks"
+
+# EC2 vCPU quotas by instance family (Service Quotas, service code "ec2"): the quota
+# name, its code for spot requests and for running on-demand instances.
+AWS_QUOTAS: dict[str, tuple[str, str, str]] = {
+    "g": ("G and VT", "L-3819A6DF", "L-DB2E81BA"),
+    "vt": ("G and VT", "L-3819A6DF", "L-DB2E81BA"),
+    "p": ("P", "L-7212CCBC", "L-417A185B"),
+}
+
+# GCE machine family (or N1 accelerator) -> the GPU quota metric of its GPUs.
+GCP_GPU_METRICS: list[tuple[str, str]] = [
+    (r"^g2-", "NVIDIA_L4_GPUS"),
+    (r"^a2-ultragpu-", "NVIDIA_A100_80GB_GPUS"),
+    (r"^a2-", "NVIDIA_A100_GPUS"),
+    (r"^a3-megagpu-", "NVIDIA_H100_MEGA_GPUS"),
+    (r"^a3-", "NVIDIA_H100_GPUS"),
+]
+GCP_ACCELERATOR_METRICS = {
+    "nvidia-tesla-t4": "NVIDIA_T4_GPUS",
+    "nvidia-tesla-v100": "NVIDIA_V100_GPUS",
+    "nvidia-tesla-p100": "NVIDIA_P100_GPUS",
+    "nvidia-tesla-p4": "NVIDIA_P4_GPUS",
+    "nvidia-tesla-k80": "NVIDIA_K80_GPUS",
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing that would stop the launch, and what to do about it."""
+
+    what: str
+    fix: str
+
+    def line(self) -> str:
+        """The problem as the one line preflight prints."""
+        return f"{self.what}; fix: {self.fix}"
+
+
+def _family(instance_type: str) -> str:
+    return re.match(r"^[a-z]+", instance_type).group(0)  # type: ignore[union-attr]
+
+
+def _aws_error(e: Exception) -> str:
+    import botocore.exceptions
+
+    if isinstance(e, botocore.exceptions.ClientError):
+        err = e.response.get("Error", {})
+        return f"{err.get('Code')}: {err.get('Message')}"
+    return f"{type(e).__name__}: {e}"
+
+
+# -- AWS -------------------------------------------------------------------------------
+
+
+def aws_quota_problems(settings: config.Settings, ec2: Any, quotas: Any) -> list[Problem]:
+    """Each family's vCPU quota against the vCPUs the stack may need (largest type x nodes)."""
+    c = settings.compute
+    answer = ec2.describe_instance_types(InstanceTypes=list(c.instance_types))
+    vcpus = {t["InstanceType"]: int(t["VCpuInfo"]["DefaultVCpus"]) for t in answer["InstanceTypes"]}
+    problems = []
+    by_quota: dict[str, list[str]] = {}
+    for t in c.instance_types:
+        family = _family(t)
+        if family not in AWS_QUOTAS:
+            continue
+        _, spot_code, on_demand_code = AWS_QUOTAS[family]
+        by_quota.setdefault(spot_code if c.spot else on_demand_code, []).append(t)
+    for code, types in by_quota.items():
+        name = AWS_QUOTAS[_family(types[0])][0]
+        kind = f"All {name} Spot Instance Requests" if c.spot else f"Running On-Demand {name} instances"
+        known = [t for t in types if t in vcpus]
+        if not known:
+            continue
+        biggest = max(known, key=lambda t: vcpus[t])
+        need = vcpus[biggest] * c.nodes
+        try:
+            value = _quota_value(quotas, code)
+        except Exception as e:  # noqa: BLE001 - any failure to read is reported, not raised
+            problems.append(Problem(f"could not read the EC2 quota '{kind}' ({code}) in {settings.region}: "
+                                    f"{_aws_error(e)}", "allow servicequotas:GetServiceQuota to these credentials, "
+                                    "or check the quota in the Service Quotas console"))
+            continue
+        if value < need:
+            problems.append(Problem(
+                f"EC2 quota '{kind}' ({code}) in {settings.region} is {value:g} vCPUs; the stack needs {need} "
+                f"({biggest}: {vcpus[biggest]} vCPUs x {c.nodes} node(s)), so no machine would start",
+                f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
+                f"--desired-value {need} --region {settings.region} (new accounts start at 0; allow days)",
+            ))
+    return problems
+
+
+def _quota_value(quotas: Any, code: str) -> float:
+    try:
+        return float(quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
+    except Exception as e:
+        # An account that never changed a quota may have no applied value: the default holds.
+        if getattr(e, "response", {}).get("Error", {}).get("Code") != "NoSuchResourceException":
+            raise
+        return float(quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
+
+
+def aws_zones(settings: config.Settings, ec2: Any) -> list[str]:
+    """The zones the group may launch in: compute.subnets' zones, compute.zones, else the region's; one for several nodes."""
+    c = settings.compute
+    zones = list(c.zones)
+    if c.subnets:
+        # The group launches only in its subnets' zones (narrowed to compute.zones when set).
+        answer = ec2.describe_subnets(SubnetIds=list(c.subnets))
+        in_subnets = sorted({s["AvailabilityZone"] for s in answer["Subnets"]})
+        zones = [z for z in in_subnets if not zones or z in zones]
+    if not zones:
+        answer = ec2.describe_availability_zones(Filters=[{"Name": "state", "Values": ["available"]}])
+        zones = sorted(z["ZoneName"] for z in answer["AvailabilityZones"])
+    return zones[:1] if c.nodes > 1 else zones
+
+
+def aws_offering_problems(settings: config.Settings, ec2: Any) -> list[Problem]:
+    """Instance types the chosen zones do not offer (a type offered nowhere there can never launch)."""
+    c = settings.compute
+    zones = aws_zones(settings, ec2)
+    offered: dict[str, set[str]] = {t: set() for t in c.instance_types}
+    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": list(c.instance_types)},
+                 {"Name": "location", "Values": zones}],
+    )
+    for page in pages:
+        for o in page["InstanceTypeOfferings"]:
+            offered.setdefault(o["InstanceType"], set()).add(o["Location"])
+    problems = []
+    where = f"zone {zones[0]} (several machines share one zone)" if c.nodes > 1 else f"zones {', '.join(zones)}"
+    missing = [t for t in c.instance_types if not offered.get(t)]
+    if missing and len(missing) == len(c.instance_types):
+        problems.append(Problem(
+            f"none of compute.instanceTypes ({', '.join(c.instance_types)}) is offered in {where} of {settings.region}",
+            "choose types the region offers (aws ec2 describe-instance-type-offerings --location-type "
+            f"availability-zone --region {settings.region}) or other compute.zones",
+        ))
+    else:
+        for t in missing:
+            problems.append(Problem(f"{t} is not offered in {where} of {settings.region}",
+                                    f"remove {t} from compute.instanceTypes or choose compute.zones that offer it"))
+    return problems
+
+
+def aws_image_problems(settings: config.Settings, ec2: Any) -> list[Problem]:
+    """The AMI the group would use: compute.imageId, else the Deep Learning AMI found by name."""
+    from components.aws.group import DLAMI_NAME
+
+    image_id = settings.compute.image_id
+    if image_id:
+        try:
+            images = ec2.describe_images(ImageIds=[image_id])["Images"]
+        except Exception as e:  # noqa: BLE001 - an unknown id is an error answer, reported as a problem
+            images = []
+            detail = _aws_error(e)
+        else:
+            detail = "not found"
+        usable = [i for i in images if i.get("State") == "available"]
+        if not usable:
+            return [Problem(f"compute.imageId {image_id} is not an available AMI in {settings.region} ({detail})",
+                            "AMIs are regional: copy it here (aws ec2 copy-image) or use this region's id")]
+        return []
+    images = ec2.describe_images(Owners=["amazon"], Filters=[
+        {"Name": "name", "Values": [DLAMI_NAME]},
+        {"Name": "architecture", "Values": ["x86_64"]},
+        {"Name": "state", "Values": ["available"]},
+    ])["Images"]
+    if not images:
+        return [Problem(f"no AMI named '{DLAMI_NAME}' from Amazon in {settings.region}",
+                        "set compute.imageId to a GPU AMI of this region")]
+    return []
+
+
+def aws_bucket_name(settings: config.Settings, sts: Any) -> str:
+    """The bucket the stack would create: storage.bucketName, else the stack's generated name."""
+    if settings.storage.bucket_name:
+        return settings.storage.bucket_name
+    from components.aws.naming import default_bucket_name
+    from ops.mockrun import project_name
+
+    account = sts.get_caller_identity()["Account"]
+    return default_bucket_name(project=project_name(), stack=settings.stack, account_id=account,
+                               region=settings.region)
+
+
+def aws_bucket_problems(settings: config.Settings, s3: Any, sts: Any) -> list[Problem]:
+    """The bucket name must be free (a first up), or yours with storage.adopt (an up after destroy)."""
+    import botocore.exceptions
+
+    name = aws_bucket_name(settings, sts)
+    adopt = settings.storage.adopt
+    try:
+        s3.head_bucket(Bucket=name)
+        state = "yours"
+    except botocore.exceptions.ClientError as e:
+        code = str(e.response.get("Error", {}).get("Code"))
+        state = {"404": "free", "NoSuchBucket": "free", "403": "taken", "AccessDenied": "taken"}.get(code, "")
+        if not state:
+            return [Problem(f"could not check bucket {name}: {_aws_error(e)}", "check the credentials and retry")]
+    if state == "taken":
+        return [Problem(f"bucket {name} belongs to another account (bucket names are global)",
+                        "set storage.bucketName to a name of your own")]
+    if state == "yours" and not adopt:
+        return [Problem(f"bucket {name} already exists in your account (kept by an earlier `pulumi destroy`?); "
+                        "creating it again fails", "set storage.adopt: true to take it over with its data")]
+    if state == "free" and adopt:
+        return [Problem(f"storage.adopt is true but bucket {name} does not exist", "set storage.adopt: false")]
+    return []
+
+
+def check_aws(settings: config.Settings, session: Any = None) -> list[Problem]:
+    """Every AWS check; `session` is a boto3 Session (default: the environment's credentials)."""
+    import boto3
+
+    session = session or boto3.session.Session(region_name=settings.region)
+    client = lambda name: session.client(name, region_name=settings.region)  # noqa: E731 - one line, local
+    ec2 = client("ec2")
+    checks: list[tuple[str, Callable[[], list[Problem]]]] = [
+        ("instance types", lambda: aws_offering_problems(settings, ec2)),
+        ("quotas", lambda: aws_quota_problems(settings, ec2, client("service-quotas"))),
+        ("image", lambda: aws_image_problems(settings, ec2)),
+        ("bucket", lambda: aws_bucket_problems(settings, client("s3"), client("sts"))),
+    ]
+    return _run_checks(checks, _aws_error)
+
+
+# -- GCP -------------------------------------------------------------------------------
+
+
+class GcpApi(Protocol):
+    """The few GCP reads preflight needs (a fake in tests, REST with google-auth for real)."""
+
+    def region_quotas(self, project: str, region: str) -> dict[str, tuple[float, float]]:
+        """metric -> (limit, usage) of the region's Compute Engine quotas."""
+
+    def project_quotas(self, project: str) -> dict[str, tuple[float, float]]:
+        """metric -> (limit, usage) of the project's global Compute Engine quotas."""
+
+    def enabled_services(self, project: str) -> set[str]:
+        """Names of the services (APIs) enabled in the project."""
+
+    def region_zones(self, project: str, region: str) -> list[str]:
+        """The region's zone names."""
+
+    def offered(self, project: str, zone: str, kind: str, name: str) -> bool:
+        """Whether the zone offers the machine type (kind "machineTypes") or GPU ("acceleratorTypes")."""
+
+
+class RestGcpApi:
+    """GcpApi over the public REST endpoints, with Application Default Credentials (google-auth)."""
+
+    def __init__(self, session: Any = None) -> None:
+        if session is None:
+            import google.auth
+            from google.auth.transport.requests import AuthorizedSession
+
+            credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+            session = AuthorizedSession(credentials)
+        self._session = session
+
+    def _get(self, url: str, params: dict | None = None, *, absent_ok: bool = False) -> dict | None:
+        resp = self._session.get(url, params=params, timeout=30)
+        if absent_ok and resp.status_code == 404:
+            return None
+        if resp.status_code != 200:
+            raise RuntimeError(f"GET {url}: HTTP {resp.status_code} {resp.text[:200]}")
+        return resp.json()
+
+    def region_quotas(self, project: str, region: str) -> dict[str, tuple[float, float]]:
+        """See GcpApi."""
+        doc = self._get(f"https://compute.googleapis.com/compute/v1/projects/{project}/regions/{region}")
+        return {q["metric"]: (float(q["limit"]), float(q.get("usage", 0))) for q in doc.get("quotas", [])}
+
+    def project_quotas(self, project: str) -> dict[str, tuple[float, float]]:
+        """See GcpApi."""
+        doc = self._get(f"https://compute.googleapis.com/compute/v1/projects/{project}")
+        return {q["metric"]: (float(q["limit"]), float(q.get("usage", 0))) for q in doc.get("quotas", [])}
+
+    def region_zones(self, project: str, region: str) -> list[str]:
+        """See GcpApi."""
+        doc = self._get(f"https://compute.googleapis.com/compute/v1/projects/{project}/regions/{region}")
+        return sorted(url.rsplit("/", 1)[-1] for url in doc.get("zones", []))
+
+    def offered(self, project: str, zone: str, kind: str, name: str) -> bool:
+        """See GcpApi."""
+        url = f"https://compute.googleapis.com/compute/v1/projects/{project}/zones/{zone}/{kind}/{name}"
+        return self._get(url, absent_ok=True) is not None
+
+    def enabled_services(self, project: str) -> set[str]:
+        """See GcpApi."""
+        names: set[str] = set()
+        token = None
+        while True:
+            params = {"filter": "state:ENABLED", "pageSize": 200, **({"pageToken": token} if token else {})}
+            doc = self._get(f"https://serviceusage.googleapis.com/v1/projects/{project}/services", params)
+            names |= {s["config"]["name"] for s in doc.get("services", [])}
+            token = doc.get("nextPageToken")
+            if not token:
+                return names
+
+
+def gcp_gpu_metric(machine_type: str, accelerator: str | None) -> str | None:
+    """The quota metric of the GPUs a machine type has (or its N1 accelerator); None when unknown."""
+    if machine_type.startswith("n1-"):
+        return GCP_ACCELERATOR_METRICS.get(accelerator or "")
+    return next((metric for pattern, metric in GCP_GPU_METRICS if re.match(pattern, machine_type)), None)
+
+
+def gcp_quota_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
+    """The region's GPU quota for each GPU the stack uses, and the project's all-regions GPU quota."""
+    c = settings.compute
+    need = c.gpus_per_node * c.nodes
+    region = api.region_quotas(settings.project, settings.region)
+    problems = []
+    metrics = sorted({m for t in c.instance_types if (m := gcp_gpu_metric(t, c.accelerator))})
+    for metric in metrics:
+        name = f"PREEMPTIBLE_{metric}" if c.spot else metric
+        limit, used = region.get(name, (0.0, 0.0))
+        if limit - used < need:
+            problems.append(Problem(
+                f"GPU quota {name} in {settings.region} is {limit:g}{_in_use(used)}; the stack needs {need} "
+                f"({c.gpus_per_node} per node x {c.nodes} node(s)), so no machine would start",
+                f"request {need + used:g} in the console (IAM & Admin > Quotas, metric compute.googleapis.com/"
+                f"{name.lower()}, region {settings.region})",
+            ))
+    limit, used = api.project_quotas(settings.project).get("GPUS_ALL_REGIONS", (0.0, 0.0))
+    if limit - used < need:
+        problems.append(Problem(
+            f"GPU quota GPUS_ALL_REGIONS of project {settings.project} is {limit:g}{_in_use(used)}; "
+            f"the stack needs {need}",
+            f"request {need + used:g} 'GPUs (all regions)' in IAM & Admin > Quotas (new projects start at 0)",
+        ))
+    return problems
+
+
+def _in_use(used: float) -> str:
+    return f" with {used:g} in use" if used else ""
+
+
+_GCLOUD_LIST = {"machineTypes": "machine-types", "acceleratorTypes": "accelerator-types"}
+
+
+def gcp_offering_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
+    """Machine types (and an N1 machine's GPU) offered in none of the zones the group may use."""
+    c = settings.compute
+    zones = list(c.zones) or api.region_zones(settings.project, settings.region)
+    wanted = [("machineTypes", t, "compute.instanceTypes") for t in c.instance_types]
+    if c.accelerator:
+        wanted.append(("acceleratorTypes", c.accelerator, "compute.accelerator"))
+    problems = []
+    for kind, name, key in wanted:
+        if not any(api.offered(settings.project, z, kind, name) for z in zones):
+            problems.append(Problem(f"{name} ({key}) is offered in none of the zones {', '.join(zones)}",
+                                    f"choose a {key} or compute.zones the region offers "
+                                    f"(gcloud compute {_GCLOUD_LIST[kind]} list --filter='name={name}')"))
+    return problems
+
+
+def gcp_api_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
+    """The APIs that must be on before the first `pulumi up` (components/gcp/stack.py PREREQUISITE_APIS)."""
+    from components.gcp.stack import PREREQUISITE_APIS
+
+    enabled = api.enabled_services(settings.project)
+    missing = [a for a in PREREQUISITE_APIS if a not in enabled]
+    if not missing:
+        return []
+    return [Problem(f"API(s) {', '.join(missing)} off in project {settings.project}; the stack cannot turn "
+                    "on the others without them",
+                    f"gcloud services enable {' '.join(missing)} --project {settings.project}")]
+
+
+def check_gcp(settings: config.Settings, api: GcpApi | None = None) -> list[Problem]:
+    """Every GCP check; `api` defaults to the REST client with Application Default Credentials."""
+    api = api or RestGcpApi()
+    checks: list[tuple[str, Callable[[], list[Problem]]]] = [
+        ("APIs", lambda: gcp_api_problems(settings, api)),
+        ("GPU quota", lambda: gcp_quota_problems(settings, api)),
+        ("machine types", lambda: gcp_offering_problems(settings, api)),
+    ]
+    return _run_checks(checks, lambda e: f"{type(e).__name__}: {e}")
+
+
+def _run_checks(checks: Iterable[tuple[str, Callable[[], list[Problem]]]],
+                describe: Callable[[Exception], str]) -> list[Problem]:
+    problems: list[Problem] = []
+    for name, check in checks:
+        try:
+            problems += check()
+        except Exception as e:  # noqa: BLE001 - a check that cannot run is itself a problem to report
+            problems.append(Problem(f"could not check {name}: {describe(e)}",
+                                    "check the credentials (and their region/project) and run preflight again"))
+    return problems
+
+
+def check(settings: config.Settings, *, aws_session: Any = None, gcp_api: GcpApi | None = None) -> list[Problem]:
+    """Every check for the stack's cloud."""
+    if settings.cloud == "aws":
+        return check_aws(settings, aws_session)
+    return check_gcp(settings, gcp_api)
+
+
+def cmd_preflight(args: argparse.Namespace, *, aws_session: Any = None, gcp_api: GcpApi | None = None) -> int:
+    """`python -m ops preflight`: one line per problem; exit 1 with problems, 0 clean, 2 on bad config."""
+    stack_file = Path(args.stacks_dir) / f"Pulumi.{args.stack}.yaml"
+    if not stack_file.is_file():
+        print(f"ops preflight: no stack file {stack_file}", file=sys.stderr)
+        return 2
+    try:
+        settings = config.load_settings(config.raw_from_config(config.read_stack_file(stack_file)), stack=args.stack)
+    except config.ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    problems = check(settings, aws_session=aws_session, gcp_api=gcp_api)
+    for p in problems:
+        print(p.line())
+    if problems:
+        print(f"preflight {args.stack}: {len(problems)} problem(s); `pulumi up` would not start a machine as asked")
+        return 1
+    print(f"preflight {args.stack}: ok ({settings.cloud}, {settings.region})")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the `preflight` command to `python -m ops`."""
+    p = sub.add_parser("preflight", help="check quotas, zones, image, bucket (AWS) or GPU quota, APIs (GCP) first")
+    p.add_argument("--stack", required=True, help="stack name: stacks/Pulumi.<NAME>.yaml")
+    p.add_argument("--stacks-dir", default=str(STACKS_DIR), help="folder of the stack files (default: %(default)s)")
+    p.set_defaults(func=cmd_preflight)

@@ -1,0 +1,363 @@
+"""The machine's identity, enforced: its real calls, as the role the stack's synth output builds.
+
+The role is made in moto from the synth output's own documents (`ops.synth` on an AWS
+stack of two machines, so the peer listing is granted too), assumed through STS, and every
+call below is signed with the session's keys. The calls are the machine's own: the
+trainer's `open_store`, and `userdata/finish.sh` and `lib.sh`'s `group_ips` run unchanged
+(their `aws` is the boot sandbox's stand-in, which makes the CLI's calls with boto3), plus
+the same calls made directly with boto3 so each can be checked on its own. moto_server enforces IAM (signature, key,
+actions against the S3 bucket and object ARNs); the authorization layer in front of it
+(tests/fixtures/iam_cloud.py) evaluates the same documents where moto cannot: identity-policy
+conditions (`s3:prefix`, `autoscaling:MinSize`/`MaxSize`), ARN-scoped grants for Auto
+Scaling, ECR and EC2, `DeleteObjects` per key, and the 403 S3 gives for a missing key to a
+caller who may not list the bucket. Every refusal asserted here is one AWS gives for this
+policy, in the error code AWS uses.
+
+What differs from AWS, on purpose: moto answers HTTP 500 for a trust policy with a
+`Service` principal, so the role in moto trusts the admin user that assumes it; the synth
+trust policy is checked separately (EC2 only).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import botocore.exceptions
+import pytest
+
+from tests.components.aws import awshelp
+from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IamCloud
+from tests.iam.policy_eval import Decision
+from trainer import layout
+from trainer.storage import NotFound, open_store
+
+pytestmark = pytest.mark.slow
+
+REGION = awshelp.BASE["region"]
+ROOT = Path(__file__).resolve().parents[2]
+# The boot sandbox's stand-ins: `aws` does the AWS CLI's calls with boto3 (the real CLI
+# cannot be installed beside the project's botocore), `shutdown` and `journalctl` record.
+FAKES = ROOT / "tests" / "userdata" / "fakes.py"
+OTHER_BUCKET = "trainstack-someone-else"
+OTHER_GROUP = "trainstack-other-stack-gpu"
+
+
+@dataclass
+class Machine:
+    """The stack as synthesized, built in moto, and the machine's session keys."""
+
+    outputs: dict
+    policy: str
+    bucket: str
+    group: str
+    repository: str
+    run_id: str
+    keys: dict[str, str]
+    cloud: IamCloud
+
+    def env(self) -> dict[str, str]:
+        """The variables a process on the machine would have: the endpoint and the role's keys."""
+        return {"AWS_ENDPOINT_URL": self.cloud.proxy.url, "AWS_DEFAULT_REGION": REGION, **self.keys}
+
+    def client(self, service: str):
+        """A boto3 client with the machine's credentials, through the authorization layer."""
+        return boto3.session.Session().client(
+            service, endpoint_url=self.cloud.proxy.url, region_name=REGION,
+            aws_access_key_id=self.keys["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.keys["AWS_SECRET_ACCESS_KEY"],
+            aws_session_token=self.keys["AWS_SESSION_TOKEN"],
+        )
+
+
+def _build_group(cloud: IamCloud, name: str, size: int) -> None:
+    ec2 = cloud.admin("ec2", REGION)
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
+    lt = ec2.create_launch_template(LaunchTemplateName=f"{name}-lt",
+                                    LaunchTemplateData={"ImageId": image, "InstanceType": "t3.micro"})
+    cloud.admin("autoscaling", REGION).create_auto_scaling_group(
+        AutoScalingGroupName=name, MinSize=0, MaxSize=size, DesiredCapacity=size, VPCZoneIdentifier=subnet,
+        LaunchTemplate={"LaunchTemplateId": lt["LaunchTemplate"]["LaunchTemplateId"], "Version": "$Latest"},
+    )
+
+
+@pytest.fixture(scope="module")
+def machine(iam_cloud: IamCloud) -> Machine:
+    """The synth output's role, bucket, repository and group, made in moto; the role assumed via STS."""
+    result = awshelp.synth_raw({"compute": {"nodes": 2}})
+    outputs = result.outputs
+    policy = awshelp.one(result, "aws:iam/rolePolicy:RolePolicy")["inputs"]["policy"]
+    trust = json.loads(awshelp.one(result, "aws:iam/role:Role")["inputs"]["assumeRolePolicy"])
+    assert [s["Principal"] for s in trust["Statement"]] == [{"Service": "ec2.amazonaws.com"}]
+    repository = awshelp.one(result, "aws:ecr/repository:Repository")["inputs"]["name"]
+    bucket, group = outputs["bucketName"], outputs["groupName"]
+    run_id = awshelp.BASE["run"]["id"]
+
+    s3 = iam_cloud.admin("s3", REGION)
+    for name in (bucket, OTHER_BUCKET):
+        s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
+    code_key = outputs["codeUri"].removeprefix(f"s3://{bucket}/")
+    assert code_key.startswith(layout.CODE_PREFIX)
+    s3.put_object(Bucket=bucket, Key=code_key, Body=b"code archive")
+    s3.put_object(Bucket=bucket, Key="runs/another-run/COMPLETE", Body=b"{}")
+    s3.put_object(Bucket=bucket, Key=f"runs/{run_id}0/events.jsonl", Body=b"{}")  # a sibling: runs/exp-70
+    s3.put_object(Bucket=OTHER_BUCKET, Key=f"runs/{run_id}/progress.json", Body=b"{}")
+    iam_cloud.admin("ecr", REGION).create_repository(repositoryName=repository)
+    _build_group(iam_cloud, group, 2)
+    _build_group(iam_cloud, OTHER_GROUP, 1)
+
+    iam = iam_cloud.admin("iam", REGION)
+    # moto fails a trust policy with a Service principal (HTTP 500): trust the admin user instead.
+    role = iam.create_role(
+        RoleName="trainstack-machine",
+        AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [{
+            "Effect": "Allow", "Action": "sts:AssumeRole",
+            "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:user/{ADMIN_USER}"}}]}),
+    )["Role"]
+    iam.put_role_policy(RoleName="trainstack-machine", PolicyName="machine", PolicyDocument=policy)
+    creds = iam_cloud.admin("sts", REGION).assume_role(RoleArn=role["Arn"], RoleSessionName="i-0abc")["Credentials"]
+    iam_cloud.proxy.guard(creds["AccessKeyId"], [policy])
+    keys = {"AWS_ACCESS_KEY_ID": creds["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": creds["SecretAccessKey"],
+            "AWS_SESSION_TOKEN": creds["SessionToken"]}
+    return Machine(outputs, policy, bucket, group, repository, run_id, keys, iam_cloud)
+
+
+@pytest.fixture
+def on_machine(machine: Machine, monkeypatch: pytest.MonkeyPatch) -> Machine:
+    """`machine`, with this process's AWS variables set as on the machine (for code that reads them)."""
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    for k, v in machine.env().items():
+        monkeypatch.setenv(k, v)
+    return machine
+
+
+def error_code(call) -> str:
+    """The AWS error code a call fails with; fails the test when the call succeeds."""
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        call()
+    return info.value.response["Error"]["Code"]
+
+
+def decided(machine: Machine, action: str, resource_part: str) -> list[Decision]:
+    """The layer's decisions for this action on resources containing `resource_part`."""
+    key = machine.keys["AWS_ACCESS_KEY_ID"]
+    return [d for k, a, r, d in machine.cloud.proxy.decisions if k == key and a == action and resource_part in r]
+
+
+# -- what the machine needs --------------------------------------------------------
+
+
+def test_the_trainers_store_works_under_its_run(on_machine: Machine, tmp_path) -> None:
+    store = open_store(on_machine.outputs["runUri"])
+    store.put_bytes("checkpoints/ckpt-10/COMMITTED", b"10")
+    big = tmp_path / "weights"
+    big.write_bytes(os.urandom(9 * 1024 * 1024))  # above the 8 MiB threshold: a multipart upload
+    store.put_file("checkpoints/ckpt-10/weights", str(big))
+    assert store.get_bytes("checkpoints/ckpt-10/COMMITTED") == b"10"
+    back = tmp_path / "back"
+    store.get_file("checkpoints/ckpt-10/weights", str(back))
+    assert back.read_bytes() == big.read_bytes()
+    store.append_line(layout.EVENTS_KEY, '{"event": "started"}')
+    assert sorted(store.list("checkpoints/")) == ["checkpoints/ckpt-10/COMMITTED", "checkpoints/ckpt-10/weights"]
+    # A missing key: AWS answers 403 (no ListBucket without a prefix); the store still says "absent".
+    assert not store.exists("checkpoints/ckpt-99/COMMITTED")
+    with pytest.raises(NotFound):
+        store.get_bytes("COMPLETE")
+    store.delete_prefix("checkpoints/")
+    assert store.list("checkpoints/") == []
+    # The layer decided these, with the conditions evaluated (not moto's unconditional match).
+    assert Decision.ALLOW in decided(on_machine, "s3:ListBucket", on_machine.bucket)
+    assert decided(on_machine, "s3:DeleteObject", "/checkpoints/ckpt-10/weights") == [Decision.ALLOW]
+
+
+def test_it_reads_the_code_archive(machine: Machine) -> None:
+    key = machine.outputs["codeUri"].removeprefix(f"s3://{machine.bucket}/")
+    body = machine.client("s3").get_object(Bucket=machine.bucket, Key=key)["Body"].read()
+    assert body == b"code archive"
+
+
+def test_it_pulls_its_image_and_lists_its_peers(machine: Machine) -> None:
+    ecr = machine.client("ecr")
+    assert ecr.get_authorization_token()["authorizationData"]
+    # An empty repository: the call is authorized, and the image is reported missing.
+    answer = ecr.batch_get_image(repositoryName=machine.repository, imageIds=[{"imageTag": "x"}])
+    assert answer["images"] == [] and answer["failures"]
+    assert decided(machine, "ecr:BatchGetImage", machine.repository) == [Decision.ALLOW]
+    # userdata/lib.sh group_ips: the same call as `aws ec2 describe-instances --filters ...`.
+    found = machine.client("ec2").describe_instances(Filters=[
+        {"Name": "tag:aws:autoscaling:groupName", "Values": [machine.group]},
+        {"Name": "instance-state-name", "Values": ["running"]},
+    ])
+    assert len([i for r in found["Reservations"] for i in r["Instances"]]) == 2
+
+
+def test_the_finish_path_uploads_logs_and_scales_its_group_to_zero(machine: Machine) -> None:
+    s3 = machine.client("s3")
+    logs = f"{layout.run_prefix(machine.run_id)}{layout.LOGS_PREFIX}i-0abc/trainstack.log"
+    s3.upload_fileobj(io.BytesIO(b"boot log"), machine.bucket, logs)
+    s3.put_object(Bucket=machine.bucket, Key=f"{layout.run_prefix(machine.run_id)}{layout.FAILED}", Body=b"{}")
+    # userdata/lib.sh scale_to_zero: update-auto-scaling-group --min-size 0 --max-size 0 --desired-capacity 0.
+    machine.client("autoscaling").update_auto_scaling_group(
+        AutoScalingGroupName=machine.group, MinSize=0, MaxSize=0, DesiredCapacity=0)
+    group = machine.cloud.admin("autoscaling", REGION).describe_auto_scaling_groups(
+        AutoScalingGroupNames=[machine.group])["AutoScalingGroups"][0]
+    assert (group["MinSize"], group["MaxSize"], group["DesiredCapacity"]) == (0, 0, 0)
+    assert decided(machine, "autoscaling:UpdateAutoScalingGroup", f"autoScalingGroupName/{machine.group}") == [
+        Decision.ALLOW]
+
+
+def sandbox(machine: Machine, tmp: Path) -> dict[str, str]:
+    """The environment the boot scripts run in: the machine's env file, its keys, and the stand-in commands."""
+    root, bin_dir = tmp / "root", tmp / "bin"
+    for d in (root / "etc/trainstack", bin_dir):
+        d.mkdir(parents=True)
+    for name in ("aws", "shutdown", "journalctl"):
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKES}" {name} "$@"\n')
+        (bin_dir / name).chmod(0o755)
+    (root / "etc/trainstack/env").write_text("".join(f"{k}={v}\n" for k, v in {
+        "TRAINSTACK_CLOUD": "aws", "TRAINSTACK_REGION": REGION, "TRAINSTACK_RUN_URI": machine.outputs["runUri"],
+        "TRAINSTACK_GROUP": machine.group, "TRAINSTACK_IMAGE": machine.outputs["imageRef"],
+    }.items()))
+    keep = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    return {**keep, **machine.env(), "PATH": f"{bin_dir}:/usr/bin:/bin", "TRAINSTACK_ROOT": str(root),
+            "TRAINSTACK_LIB": str(ROOT / "userdata/lib.sh"), "TRAINSTACK_RETRY_BASE_S": "0",
+            # Nothing answers here: the instance id falls back to the host name, as lib.sh intends.
+            "TRAINSTACK_METADATA_URL": "http://127.0.0.1:9", "FAKE_LOG": str(tmp / "calls.jsonl"),
+            "FAKE_STATE": str(tmp / "state"), "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+
+
+def test_finish_sh_itself_ends_a_run_as_the_role(machine: Machine, tmp_path: Path) -> None:
+    """userdata/finish.sh, unchanged: marker, logs, scale to zero, all as the machine's role."""
+    env = sandbox(machine, tmp_path)
+    admin_asg = machine.cloud.admin("autoscaling", REGION)
+    admin_asg.update_auto_scaling_group(AutoScalingGroupName=machine.group, MinSize=0, MaxSize=2, DesiredCapacity=2)
+    run = layout.run_prefix(machine.run_id)
+    for marker in layout.END_MARKERS:  # an earlier test's marker would make finish.sh keep it
+        machine.cloud.admin("s3", REGION).delete_object(Bucket=machine.bucket, Key=f"{run}{marker}")
+    proc = subprocess.run(["bash", str(ROOT / "userdata/finish.sh"), "FAILED", "a test"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "could not" not in proc.stderr and "scaled to zero" in proc.stderr, proc.stderr
+    group = admin_asg.describe_auto_scaling_groups(AutoScalingGroupNames=[machine.group])["AutoScalingGroups"][0]
+    assert (group["MinSize"], group["MaxSize"], group["DesiredCapacity"]) == (0, 0, 0)
+    s3 = machine.cloud.admin("s3", REGION)
+    marker = json.loads(s3.get_object(Bucket=machine.bucket, Key=f"{run}{layout.FAILED}")["Body"].read())
+    assert marker["reason"] == "a test"
+    logs = s3.list_objects_v2(Bucket=machine.bucket, Prefix=f"{run}{layout.LOGS_PREFIX}")["Contents"]
+    assert any(o["Key"].endswith("/trainstack.log") for o in logs)
+    calls = [json.loads(line)["argv"][:2] for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert ["autoscaling", "update-auto-scaling-group"] in calls
+
+
+def test_lib_sh_finds_its_peers_as_the_role(machine: Machine, tmp_path: Path) -> None:
+    env = sandbox(machine, tmp_path)
+    machine.cloud.admin("autoscaling", REGION).update_auto_scaling_group(
+        AutoScalingGroupName=machine.group, MinSize=0, MaxSize=2, DesiredCapacity=2)
+    proc = subprocess.run(["bash", "-c", '. "$TRAINSTACK_LIB" && load_env && group_ips'], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.split()) == 2, proc.stdout
+
+
+# -- what it must not do -----------------------------------------------------------
+
+RUN = f"runs/{awshelp.BASE['run']['id']}"
+
+REFUSED = {
+    "read another bucket": ("s3", lambda m, c: c.get_object(Bucket=OTHER_BUCKET, Key=f"{RUN}/progress.json")),
+    "write another bucket": ("s3", lambda m, c: c.put_object(Bucket=OTHER_BUCKET, Key=f"{RUN}/x", Body=b"x")),
+    "list another bucket": ("s3", lambda m, c: c.list_objects_v2(Bucket=OTHER_BUCKET, Prefix=f"{RUN}/")),
+    "read another run": ("s3", lambda m, c: c.get_object(Bucket=m.bucket, Key="runs/another-run/COMPLETE")),
+    "write a sibling run": ("s3", lambda m, c: c.put_object(Bucket=m.bucket, Key=f"{RUN}0/COMPLETE", Body=b"x")),
+    "list all runs": ("s3", lambda m, c: c.list_objects_v2(Bucket=m.bucket, Prefix="runs/")),
+    "list the whole bucket": ("s3", lambda m, c: c.list_objects_v2(Bucket=m.bucket)),
+    "overwrite the code": ("s3", lambda m, c: c.put_object(Bucket=m.bucket, Key="code/evil.tar.gz", Body=b"x")),
+    "scale another group": ("autoscaling", lambda m, c: c.update_auto_scaling_group(
+        AutoScalingGroupName=OTHER_GROUP, MinSize=0, MaxSize=0, DesiredCapacity=0)),
+    "scale its group up": ("autoscaling", lambda m, c: c.update_auto_scaling_group(
+        AutoScalingGroupName=m.group, MinSize=0, MaxSize=8, DesiredCapacity=8)),
+    "raise only the desired capacity": ("autoscaling", lambda m, c: c.update_auto_scaling_group(
+        AutoScalingGroupName=m.group, DesiredCapacity=2)),
+    "set desired capacity": ("autoscaling", lambda m, c: c.set_desired_capacity(
+        AutoScalingGroupName=m.group, DesiredCapacity=2)),
+    "push an image": ("ecr", lambda m, c: c.put_image(repositoryName=m.repository, imageManifest="{}",
+                                                      imageTag="evil")),
+    "start a layer upload": ("ecr", lambda m, c: c.initiate_layer_upload(repositoryName=m.repository)),
+    "create a user": ("iam", lambda m, c: c.create_user(UserName="backdoor")),
+    "launch instances": ("ec2", lambda m, c: c.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1,
+                                                             InstanceType="p5.48xlarge")),
+}
+# The codes AWS answers a refusal with, per service.
+DENIED = {"s3": "AccessDenied", "autoscaling": "AccessDenied", "iam": "AccessDenied",
+          "ecr": "AccessDeniedException", "ec2": "UnauthorizedOperation"}
+
+
+@pytest.mark.parametrize("what", sorted(REFUSED))
+def test_calls_outside_its_scope_are_refused(machine: Machine, what: str) -> None:
+    service, call = REFUSED[what]
+    client = machine.client(service)
+    before = len(machine.cloud.proxy.decisions)
+    assert error_code(lambda: call(machine, client)) == DENIED[service]
+    # The refusal is the layer's evaluation of the synth policy (or moto's, behind it, for S3/IAM).
+    assert any(d is not Decision.ALLOW for *_, d in machine.cloud.proxy.decisions[before:])
+
+
+def test_deleting_another_runs_objects_is_refused_per_key(machine: Machine) -> None:
+    # DeleteObjects answers 200; each key the caller may not delete is an AccessDenied entry (as AWS does).
+    answer = machine.client("s3").delete_objects(
+        Bucket=machine.bucket, Delete={"Objects": [{"Key": "runs/another-run/COMPLETE"}]})
+    assert [(e["Key"], e["Code"]) for e in answer["Errors"]] == [("runs/another-run/COMPLETE", "AccessDenied")]
+    assert decided(machine, "s3:DeleteObject", "runs/another-run/COMPLETE")[-1] is Decision.IMPLICIT_DENY
+    s3 = machine.cloud.admin("s3", REGION)
+    assert s3.get_object(Bucket=machine.bucket, Key="runs/another-run/COMPLETE")["Body"].read() == b"{}"
+
+
+def test_a_sibling_runs_names_cannot_be_listed(machine: Machine) -> None:
+    s3 = machine.client("s3")
+    prefix = layout.run_prefix(machine.run_id).rstrip("/")
+    assert error_code(lambda: s3.list_objects_v2(Bucket=machine.bucket, Prefix=prefix)) == "AccessDenied"
+
+
+def test_refused_calls_changed_nothing(machine: Machine) -> None:
+    admin_asg = machine.cloud.admin("autoscaling", REGION)
+    for name in (machine.group, OTHER_GROUP):
+        before = admin_asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
+        for what in ("scale another group", "scale its group up", "raise only the desired capacity"):
+            service, call = REFUSED[what]
+            with pytest.raises(botocore.exceptions.ClientError):
+                call(machine, machine.client(service))
+        after = admin_asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
+        assert [before[k] for k in ("MinSize", "MaxSize", "DesiredCapacity")] == [
+            after[k] for k in ("MinSize", "MaxSize", "DesiredCapacity")]
+    s3 = machine.cloud.admin("s3", REGION)
+    assert s3.get_object(Bucket=machine.bucket, Key="runs/another-run/COMPLETE")["Body"].read() == b"{}"
+    assert machine.cloud.admin("iam", REGION).list_users()["Users"][0]["UserName"] == ADMIN_USER
+
+
+def test_moto_itself_enforces_behind_the_layer(machine: Machine) -> None:
+    """Straight to moto (no layer): the role's keys are checked by moto too, so the layer only adds refusals."""
+    direct = boto3.session.Session().client(
+        "s3", endpoint_url=machine.cloud.endpoint, region_name=REGION,
+        aws_access_key_id=machine.keys["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=machine.keys["AWS_SECRET_ACCESS_KEY"],
+        aws_session_token=machine.keys["AWS_SESSION_TOKEN"],
+    )
+    assert error_code(lambda: direct.get_object(Bucket=OTHER_BUCKET, Key=f"{RUN}/progress.json")) == "AccessDenied"
+    stranger = boto3.session.Session().client(
+        "s3", endpoint_url=machine.cloud.endpoint, region_name=REGION,
+        aws_access_key_id="AKIAIOSFODNN7EXAMPLE", aws_secret_access_key="wrong",
+    )
+    assert error_code(lambda: stranger.list_objects_v2(Bucket=machine.bucket)) == "InvalidAccessKeyId"
+    # The gap the layer closes: moto alone ignores the s3:prefix condition.
+    direct.list_objects_v2(Bucket=machine.bucket, Prefix="runs/")

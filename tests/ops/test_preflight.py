@@ -1,0 +1,378 @@
+"""`python -m ops preflight`: AWS checks against moto (EC2 offerings, instance types, images, S3, STS), with
+a fake for Service Quotas (moto 5.2.5 serves only VPC quotas); GCP checks against a fake API.
+
+moto's EC2 data is a snapshot: in eu-west-1 it offers g5.xlarge and g4dn.xlarge in every
+zone but not g6.xlarge, and it has no "Deep Learning Base OSS" AMI unless a test adds one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from pathlib import Path
+
+import boto3
+import botocore.exceptions
+import pytest
+import yaml
+from moto import mock_aws
+
+from components import settings as config
+from components.aws.group import DLAMI_NAME
+from components.gcp.stack import PREREQUISITE_APIS
+from ops import __main__ as ops_main
+from ops import preflight
+
+REGION = "eu-west-1"
+AWS = {
+    "cloud": "aws",
+    "region": REGION,
+    "run": {"id": "exp-7", "synthetic": True, "steps": 100},
+    "compute": {"instanceTypes": ["g5.xlarge", "g4dn.xlarge"], "maxRuntimeHours": 6},
+}
+GCP = {
+    "cloud": "gcp",
+    "region": "us-central1",
+    "project": "my-project",
+    "run": {"id": "exp-7", "synthetic": True, "steps": 100},
+    "compute": {"instanceTypes": ["g2-standard-4"], "zones": ["us-central1-a"], "maxRuntimeHours": 6},
+}
+
+
+def settings_of(base: dict, **blocks: dict) -> config.Settings:
+    raw = copy.deepcopy(base)
+    for key, value in blocks.items():
+        raw.setdefault(key, {}).update(value)
+    return config.load_settings(raw, stack="unit")
+
+
+class FakeQuotas:
+    """Service Quotas for EC2: `applied` values by code; a code without one answers NoSuchResource, like AWS."""
+
+    def __init__(self, applied: dict[str, float], defaults: dict[str, float] | None = None) -> None:
+        self.applied, self.defaults = applied, defaults or {}
+        self.asked: list[str] = []
+
+    @staticmethod
+    def _missing(op: str) -> botocore.exceptions.ClientError:
+        return botocore.exceptions.ClientError(
+            {"Error": {"Code": "NoSuchResourceException", "Message": "no such quota"}}, op)
+
+    def get_service_quota(self, ServiceCode: str, QuotaCode: str) -> dict:  # noqa: N803 - boto3's names
+        assert ServiceCode == "ec2"
+        self.asked.append(QuotaCode)
+        if QuotaCode not in self.applied:
+            raise self._missing("GetServiceQuota")
+        return {"Quota": {"QuotaCode": QuotaCode, "Value": self.applied[QuotaCode]}}
+
+    def get_aws_default_service_quota(self, ServiceCode: str, QuotaCode: str) -> dict:  # noqa: N803
+        if QuotaCode not in self.defaults:
+            raise self._missing("GetAWSDefaultServiceQuota")
+        return {"Quota": {"QuotaCode": QuotaCode, "Value": self.defaults[QuotaCode]}}
+
+
+class Session:
+    """boto3 clients from moto, except Service Quotas (a fake)."""
+
+    def __init__(self, quotas: FakeQuotas) -> None:
+        self.quotas = quotas
+
+    def client(self, name: str, region_name: str | None = None):
+        if name == "service-quotas":
+            return self.quotas
+        return boto3.client(name, region_name=region_name)
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch):
+    """moto in-process (fake credentials); yields a function that adds the Deep Learning AMI."""
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": REGION}.items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_ENDPOINT_URL", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    from moto.ec2.models import amis
+
+    def add_dlami() -> None:
+        monkeypatch.setattr(amis, "AMIS", [*amis.AMIS, {
+            "ami_id": "ami-0dlami00000000001", "name": DLAMI_NAME.replace("*", " 20261101"),
+            "description": "DLAMI", "owner_id": "898082745236", "public": True, "virtualization_type": "hvm",
+            "architecture": "x86_64", "state": "available", "platform": None, "root_device_type": "ebs",
+            "root_device_name": "/dev/sda1", "sriov": "simple", "creation_date": "2026-11-01T00:00:00.000Z",
+        }])
+
+    with mock_aws():
+        yield add_dlami
+
+
+ENOUGH = {"L-3819A6DF": 64, "L-DB2E81BA": 64, "L-7212CCBC": 512, "L-417A185B": 512}
+
+
+def test_a_launchable_stack_is_clean(aws) -> None:
+    aws()
+    s = settings_of(AWS)
+    quotas = FakeQuotas(ENOUGH)
+    assert preflight.check(s, aws_session=Session(quotas)) == []
+    assert quotas.asked == ["L-3819A6DF"]  # the spot quota of the G family: the check ran
+
+
+@pytest.mark.parametrize(
+    ("compute", "code", "need"),
+    [
+        ({}, "L-3819A6DF", 4),  # g5.xlarge: 4 vCPUs, spot
+        ({"nodes": 2}, "L-3819A6DF", 8),
+        ({"spot": False}, "L-DB2E81BA", 4),  # on-demand draws on another quota
+        ({"instanceTypes": ["g5.2xlarge", "g4dn.xlarge"]}, "L-3819A6DF", 8),  # the largest type counts
+        ({"instanceTypes": ["p5.48xlarge"], "gpusPerNode": 8}, "L-7212CCBC", 192),
+    ],
+)
+def test_a_quota_below_the_need_is_one_line_with_the_request_command(aws, compute, code, need) -> None:
+    aws()
+    s = settings_of(AWS, compute=compute)
+    problems = preflight.aws_quota_problems(s, boto3.client("ec2", region_name=REGION), FakeQuotas({code: need - 1}))
+    assert len(problems) == 1
+    line = problems[0].line()
+    assert code in line and f"needs {need}" in line and f"--desired-value {need}" in line and "\n" not in line
+    assert preflight.aws_quota_problems(s, boto3.client("ec2", region_name=REGION), FakeQuotas({code: need})) == []
+
+
+def test_an_account_that_never_changed_a_quota_gets_the_default(aws) -> None:
+    s = settings_of(AWS)
+    ec2 = boto3.client("ec2", region_name=REGION)
+    assert preflight.aws_quota_problems(s, ec2, FakeQuotas({}, defaults={"L-3819A6DF": 0}))[0].what.startswith(
+        "EC2 quota 'All G and VT Spot Instance Requests' (L-3819A6DF) in eu-west-1 is 0 vCPUs")
+    unreadable = preflight.aws_quota_problems(s, ec2, FakeQuotas({}))
+    assert "could not read" in unreadable[0].what
+
+
+def test_types_not_offered_in_the_zones_are_named(aws) -> None:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    s = settings_of(AWS, compute={"instanceTypes": ["g5.xlarge", "g6.xlarge"]})
+    problems = preflight.aws_offering_problems(s, ec2)
+    assert [p.what for p in problems] == [
+        "g6.xlarge is not offered in zones eu-west-1a, eu-west-1b, eu-west-1c of eu-west-1"]
+    only = settings_of(AWS, compute={"instanceTypes": ["g6.xlarge"], "nodes": 2})
+    (problem,) = preflight.aws_offering_problems(only, ec2)
+    assert problem.what.startswith("none of compute.instanceTypes (g6.xlarge) is offered in zone eu-west-1a")
+    assert preflight.aws_offering_problems(settings_of(AWS, compute={"zones": ["eu-west-1b"]}), ec2) == []
+
+
+def test_the_image_is_resolved_in_the_region(aws) -> None:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    (missing,) = preflight.aws_image_problems(settings_of(AWS), ec2)
+    assert DLAMI_NAME in missing.what and "compute.imageId" in missing.fix
+    some = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    assert preflight.aws_image_problems(settings_of(AWS, compute={"imageId": some}), ec2) == []
+    (bad,) = preflight.aws_image_problems(settings_of(AWS, compute={"imageId": "ami-00000000000000000"}), ec2)
+    assert "ami-00000000000000000" in bad.what and "copy-image" in bad.fix
+
+
+def test_the_deep_learning_ami_found_by_the_groups_own_name_filter(aws) -> None:
+    aws()
+    assert preflight.aws_image_problems(settings_of(AWS), boto3.client("ec2", region_name=REGION)) == []
+
+
+@pytest.mark.parametrize(
+    ("exists", "adopt", "expected"),
+    [(False, False, None), (True, False, "storage.adopt: true"), (True, True, None), (False, True, "storage.adopt: false")],
+)
+def test_the_bucket_is_free_or_adopted(aws, exists: bool, adopt: bool, expected: str | None) -> None:
+    s = settings_of(AWS, storage={"adopt": adopt})
+    s3, sts = boto3.client("s3", region_name=REGION), boto3.client("sts", region_name=REGION)
+    name = preflight.aws_bucket_name(s, sts)
+    assert name.startswith("trainstack-unit-")  # the stack's own generated name
+    if exists:
+        s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
+    problems = preflight.aws_bucket_problems(s, s3, sts)
+    assert len(problems) == (expected is not None)
+    assert all(expected in p.fix for p in problems)
+
+
+def test_a_bucket_of_another_account_needs_another_name(aws) -> None:
+    class Taken:
+        def head_bucket(self, Bucket: str) -> None:  # noqa: N803
+            raise botocore.exceptions.ClientError({"Error": {"Code": "403", "Message": "Forbidden"}}, "HeadBucket")
+
+    s = settings_of(AWS, storage={"bucketName": "somebody-elses"})
+    (p,) = preflight.aws_bucket_problems(s, Taken(), None)
+    assert "another account" in p.what and "storage.bucketName" in p.fix
+
+
+class FakeGcp:
+    """The GCP reads preflight makes, answered from dicts."""
+
+    def __init__(self, region: dict[str, tuple[float, float]], project: dict[str, tuple[float, float]],
+                 services: set[str]) -> None:
+        self.region, self.project, self.services = region, project, services
+        self.calls: list[str] = []
+
+    def region_quotas(self, project: str, region: str) -> dict[str, tuple[float, float]]:
+        self.calls.append(f"region {project} {region}")
+        return self.region
+
+    def project_quotas(self, project: str) -> dict[str, tuple[float, float]]:
+        self.calls.append(f"project {project}")
+        return self.project
+
+    def enabled_services(self, project: str) -> set[str]:
+        self.calls.append(f"services {project}")
+        return self.services
+
+    # What each zone offers (everything unless a test says otherwise).
+    not_offered: set[tuple[str, str]] = set()
+
+    def region_zones(self, project: str, region: str) -> list[str]:
+        self.calls.append(f"zones {project} {region}")
+        return [f"{region}-a", f"{region}-b"]
+
+    def offered(self, project: str, zone: str, kind: str, name: str) -> bool:
+        return (zone, name) not in self.not_offered
+
+
+GCP_OK = dict(region={"PREEMPTIBLE_NVIDIA_L4_GPUS": (4, 0), "NVIDIA_L4_GPUS": (4, 0)}, project={"GPUS_ALL_REGIONS": (4, 0)},
+              services=set(PREREQUISITE_APIS) | {"compute.googleapis.com"})
+
+
+def test_gcp_clean() -> None:
+    api = FakeGcp(**GCP_OK)
+    assert preflight.check(settings_of(GCP), gcp_api=api) == []
+    assert api.calls == ["services my-project", "region my-project us-central1", "project my-project"]
+
+
+def test_gcp_problems_each_with_its_fix() -> None:
+    api = FakeGcp(region={"NVIDIA_L4_GPUS": (8, 0)}, project={"GPUS_ALL_REGIONS": (0, 0)},
+                  services={"compute.googleapis.com"})
+    lines = [p.line() for p in preflight.check(settings_of(GCP, compute={"nodes": 2}), gcp_api=api)]
+    assert len(lines) == 3
+    assert "gcloud services enable cloudresourcemanager.googleapis.com serviceusage.googleapis.com" in lines[0]
+    assert "PREEMPTIBLE_NVIDIA_L4_GPUS in us-central1 is 0; the stack needs 2" in lines[1]  # Spot VMs' quota
+    assert "GPUS_ALL_REGIONS" in lines[2]
+    on_demand = settings_of(GCP, compute={"spot": False, "nodes": 2})
+    assert preflight.gcp_quota_problems(on_demand, api)[0].what.startswith("GPU quota GPUS_ALL_REGIONS")
+
+
+@pytest.mark.parametrize(
+    ("machine", "accelerator", "metric"),
+    [("g2-standard-8", None, "NVIDIA_L4_GPUS"), ("a2-highgpu-1g", None, "NVIDIA_A100_GPUS"),
+     ("a2-ultragpu-8g", None, "NVIDIA_A100_80GB_GPUS"), ("a3-highgpu-8g", None, "NVIDIA_H100_GPUS"),
+     ("n1-standard-8", "nvidia-tesla-t4", "NVIDIA_T4_GPUS")],
+)
+def test_gcp_gpu_metrics(machine: str, accelerator: str | None, metric: str) -> None:
+    assert preflight.gcp_gpu_metric(machine, accelerator) == metric
+
+
+def test_a_check_that_cannot_run_is_a_problem_not_a_crash() -> None:
+    class Broken(FakeGcp):
+        def enabled_services(self, project: str) -> set[str]:
+            raise RuntimeError("GET https://serviceusage.googleapis.com/...: HTTP 403 PERMISSION_DENIED")
+
+    problems = preflight.check(settings_of(GCP), gcp_api=Broken(**GCP_OK))
+    assert [p.what for p in problems] == [
+        "could not check APIs: RuntimeError: GET https://serviceusage.googleapis.com/...: HTTP 403 PERMISSION_DENIED"]
+
+
+def write_stack(tmp_path: Path, raw: dict) -> Path:
+    doc = {"config": {f"trainstack:{k}": v for k, v in raw.items()}}
+    (tmp_path / "Pulumi.unit.yaml").write_text(yaml.safe_dump(doc))
+    return tmp_path
+
+
+def test_cli_exit_codes(aws, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    aws()
+    args = argparse.Namespace(stack="unit", stacks_dir=str(write_stack(tmp_path, AWS)))
+    assert preflight.cmd_preflight(args, aws_session=Session(FakeQuotas(ENOUGH))) == 0
+    assert capsys.readouterr().out == "preflight unit: ok (aws, eu-west-1)\n"
+
+    assert preflight.cmd_preflight(args, aws_session=Session(FakeQuotas({"L-3819A6DF": 0}))) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and "L-3819A6DF" in out[0] and "; fix: " in out[0]
+
+    bad = copy.deepcopy(AWS)
+    bad["compute"]["instanceTypes"] = ["g5.xlarg"]
+    write_stack(tmp_path, bad)
+    assert ops_main.main(["preflight", "--stack", "unit", "--stacks-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "instanceTypes" in err and "\n" not in err
+    assert ops_main.main(["preflight", "--stack", "nope", "--stacks-dir", str(tmp_path)]) == 2
+
+
+def test_gcp_gpus_in_use_count_against_the_quota() -> None:
+    api = FakeGcp(region={"PREEMPTIBLE_NVIDIA_L4_GPUS": (4, 3)}, project={"GPUS_ALL_REGIONS": (8, 3)},
+                  services=set(PREREQUISITE_APIS))
+    (p,) = preflight.gcp_quota_problems(settings_of(GCP, compute={"nodes": 2}), api)
+    assert p.what.startswith("GPU quota PREEMPTIBLE_NVIDIA_L4_GPUS in us-central1 is 4 with 3 in use; the stack needs 2")
+    assert p.fix.startswith("request 5 ")
+
+
+class FakeResponse:
+    def __init__(self, status: int, doc: dict) -> None:
+        self.status_code, self._doc, self.text = status, doc, str(doc)
+
+    def json(self) -> dict:
+        return self._doc
+
+
+class FakeSession:
+    """Answers GETs from a table of URL -> pages, as google-auth's AuthorizedSession would."""
+
+    def __init__(self, pages: dict[str, list[FakeResponse]]) -> None:
+        self.pages, self.asked = pages, []
+
+    def get(self, url: str, params: dict | None = None, timeout: float = 0) -> FakeResponse:
+        self.asked.append((url, dict(params or {})))
+        return self.pages[url].pop(0)
+
+
+def test_the_rest_client_reads_the_documented_shapes() -> None:
+    compute = "https://compute.googleapis.com/compute/v1/projects/p"
+    usage = "https://serviceusage.googleapis.com/v1/projects/p/services"
+    session = FakeSession({
+        f"{compute}/regions/us-central1": [FakeResponse(200, {"quotas": [
+            {"metric": "PREEMPTIBLE_NVIDIA_L4_GPUS", "limit": 16.0, "usage": 2.0}, {"metric": "CPUS", "limit": 24.0}]})],
+        compute: [FakeResponse(200, {"quotas": [{"metric": "GPUS_ALL_REGIONS", "limit": 0.0, "usage": 0.0}]})],
+        usage: [FakeResponse(200, {"services": [{"name": "projects/1/services/compute.googleapis.com",
+                                                 "config": {"name": "compute.googleapis.com"}, "state": "ENABLED"}],
+                                   "nextPageToken": "t2"}),
+                FakeResponse(200, {"services": [{"name": "projects/1/services/serviceusage.googleapis.com",
+                                                 "config": {"name": "serviceusage.googleapis.com"}}]})],
+    })
+    api = preflight.RestGcpApi(session)
+    assert api.region_quotas("p", "us-central1") == {"PREEMPTIBLE_NVIDIA_L4_GPUS": (16.0, 2.0), "CPUS": (24.0, 0.0)}
+    assert api.project_quotas("p") == {"GPUS_ALL_REGIONS": (0.0, 0.0)}
+    assert api.enabled_services("p") == {"compute.googleapis.com", "serviceusage.googleapis.com"}
+    assert session.asked[-1] == (usage, {"filter": "state:ENABLED", "pageSize": 200, "pageToken": "t2"})
+    zones = preflight.RestGcpApi(FakeSession({
+        f"{compute}/regions/us-central1": [FakeResponse(200, {"zones": [
+            "https://www.googleapis.com/compute/v1/projects/p/zones/us-central1-b",
+            "https://www.googleapis.com/compute/v1/projects/p/zones/us-central1-a"]})],
+        f"{compute}/zones/us-central1-a/machineTypes/g2-standard-4": [FakeResponse(200, {"name": "g2-standard-4"})],
+        f"{compute}/zones/us-central1-b/machineTypes/g2-standard-4": [FakeResponse(404, {"error": "notFound"})],
+    }))
+    assert zones.region_zones("p", "us-central1") == ["us-central1-a", "us-central1-b"]
+    assert zones.offered("p", "us-central1-a", "machineTypes", "g2-standard-4") is True
+    assert zones.offered("p", "us-central1-b", "machineTypes", "g2-standard-4") is False
+    denied = preflight.RestGcpApi(FakeSession({compute: [FakeResponse(403, {"error": "PERMISSION_DENIED"})]}))
+    with pytest.raises(RuntimeError, match="HTTP 403"):
+        denied.project_quotas("p")
+
+
+def test_the_group_s_subnets_decide_its_zones(aws) -> None:
+    ec2 = boto3.client("ec2", region_name=REGION)
+    subnet = next(s for s in ec2.describe_subnets()["Subnets"] if s["AvailabilityZone"] == "eu-west-1b")
+    s = settings_of(AWS, compute={"subnets": [subnet["SubnetId"]]})
+    assert preflight.aws_zones(s, ec2) == ["eu-west-1b"]
+
+
+def test_gcp_machine_types_and_gpus_offered_in_no_zone() -> None:
+    api = FakeGcp(**GCP_OK)
+    api.not_offered = {("us-central1-a", "g2-standard-8"), ("us-central1-b", "g2-standard-8"),
+                      ("us-central1-a", "g2-standard-4")}
+    s = settings_of(GCP, compute={"instanceTypes": ["g2-standard-4", "g2-standard-8"], "zones": []})
+    (p,) = preflight.gcp_offering_problems(s, api)
+    assert p.what == "g2-standard-8 (compute.instanceTypes) is offered in none of the zones us-central1-a, us-central1-b"
+    assert "gcloud compute machine-types list --filter='name=g2-standard-8'" in p.fix
+    n1 = settings_of(GCP, compute={"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-t4",
+                                   "zones": ["us-central1-a"]})
+    api.not_offered = {("us-central1-a", "nvidia-tesla-t4")}
+    (p,) = preflight.gcp_offering_problems(n1, api)
+    assert p.what.startswith("nvidia-tesla-t4 (compute.accelerator)") and "accelerator-types" in p.fix

@@ -1,0 +1,57 @@
+"""The user's own model through a booting machine: `run.code` in the real archive, on the S3 emulator.
+
+The archive is packed as `pulumi up` packs it (trainer/ and the example's folder as usercode/),
+the machine fetches and checks it, installs the trainer's and the user's pinned requirements
+once, and the fake `docker run` runs the real trainer with the unpacked folder as its
+--code-dir (TRAINSTACK_CODE_DIR from the env file). The run ends COMPLETE with the user's model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import boto3
+import pytest
+
+from components.aws.code import archive_key, pack
+from components.userdata import USER_CODE_DIR
+from tests.userdata.conftest import s3_keys, settings_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def user_code_uri(s3_run, tmp_path) -> str:
+    from tests.trainer.trainer_helpers import REPO
+
+    folder = tmp_path / "my-project"
+    shutil.copytree(REPO / "examples" / "image-cnn", folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (folder / "requirements.txt").write_text("# pinned, as run.code requires\nrich==15.0.0\n")
+    data = pack(user_code=folder)
+    key = archive_key(data)
+    boto3.client("s3", endpoint_url=s3_run.vars["AWS_ENDPOINT_URL"]).put_object(Bucket=s3_run.bucket, Key=key, Body=data)
+    return f"s3://{s3_run.bucket}/{key}"
+
+
+def test_user_model_from_the_archive_trains_to_complete(sandbox_factory, s3_run, user_code_uri):
+    settings = settings_for(model="shapes.model:build", code="examples/image-cnn", steps=30, batchSize=16,
+                            checkpointEverySteps=10)
+    box = sandbox_factory(settings=settings, code_uri=user_code_uri)
+    assert box.boot().wait(timeout=240) == 0, box.journal()
+    objects = s3_keys(s3_run)
+    assert "COMPLETE" in objects and "FAILED" not in objects, sorted(objects)
+    done = json.loads(objects["COMPLETE"])
+    assert done["step"] == 30
+    assert done["signature"]["inputs"] == {"image": {"dtype": "float32", "shape": [None, 32, 32, 1]}}
+    # The container was told where the user's folder is, and it was mounted from the archive.
+    env_files = [c["argv"] for c in box.calls("docker-env-file")]
+    assert any(f"TRAINSTACK_CODE_DIR={USER_CODE_DIR}" in lines for lines in env_files), env_files
+    # Both requirement files were installed, once, into the host cache.
+    installed = list(box.root.rglob("INSTALLED_BY_FAKE_PIP"))
+    assert len(installed) == 1
+    text = installed[0].read_text()
+    assert "-r /opt/trainstack/code/trainer/requirements.txt" in text
+    assert "-r /opt/trainstack/code/usercode/requirements.txt" in text
+    unpacked = [p for p in box.root.rglob("usercode/shapes/model.py")]
+    assert len(unpacked) == 1
