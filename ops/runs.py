@@ -288,15 +288,15 @@ def _where(p: argparse.ArgumentParser, *, bucket: bool = False) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``stop``, ``runs`` and ``pull`` to ``python -m ops``."""
-    from ops.status import _positive
+    from ops.status import positive_float
 
     p = sub.add_parser("stop", help="end a run early: it checkpoints and ends as CANCELLED; the group goes to zero")
     _where(p)
     p.add_argument("--reason", help="recorded in the STOP request")
     p.add_argument("--wait", action="store_true", help="wait until the run has ended")
-    p.add_argument("--timeout", type=_positive, default=DEFAULT_WAIT_S,
+    p.add_argument("--timeout", type=positive_float, default=DEFAULT_WAIT_S,
                    help="seconds --wait waits (default: %(default)s)")
-    p.add_argument("--interval", type=_positive, default=5.0, help="seconds between checks with --wait")
+    p.add_argument("--interval", type=positive_float, default=5.0, help="seconds between checks with --wait")
     p.set_defaults(func=cmd_stop)
 
     p = sub.add_parser("runs", help="every run in the stack's bucket: state, step/total, age, attempts")

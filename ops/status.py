@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 from trainer import layout
+from trainer.events import read_jsonl
 
 NOT_STARTED = "NOT STARTED"
 RUNNING = "RUNNING"
@@ -144,31 +145,12 @@ def _json_doc(store, key: str) -> dict | None:
     return doc if isinstance(doc, dict) else {}
 
 
-def _jsonl(store, key: str) -> list[dict]:
-    """The JSON objects of a JSON-lines object (a torn or foreign line is skipped)."""
-    from trainer.storage import NotFound
-
-    try:
-        raw = store.get_bytes(key).decode("utf-8", "replace")
-    except NotFound:
-        return []
-    out = []
-    for line in raw.splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(ev, dict):
-            out.append(ev)
-    return out
-
-
 def read_machine_events(store) -> list[dict]:
     """Every machine's own events (``machine-events/<machine>.jsonl``), each machine's in its order."""
     out = []
     for key in store.list(layout.MACHINE_EVENTS_PREFIX):
         if key.endswith(".jsonl"):
-            out.extend(_jsonl(store, key))
+            out.extend(read_jsonl(store, key))
     return out
 
 
@@ -237,7 +219,7 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
     st = RunStatus(run_uri=run_uri, state=NOT_STARTED, checked_at=datetime.fromtimestamp(now).astimezone().isoformat(
         timespec="seconds"))
 
-    trainer_log = _jsonl(store, layout.EVENTS_KEY)
+    trainer_log = read_jsonl(store, layout.EVENTS_KEY)
     log = merge_events(trainer_log, read_machine_events(store))
     progress = _json_doc(store, layout.PROGRESS_KEY)
     st.events = [_brief(e) for e in log[-events:]] if events > 0 else []
@@ -544,7 +526,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     return exit_code(st)
 
 
-def _positive(text: str) -> float:
+def positive_float(text: str) -> float:
+    """argparse type: a number above 0 (seconds, intervals)."""
     try:
         v = float(text)
     except ValueError:
@@ -573,7 +556,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--run-uri", help="the run's URI: s3://B/runs/ID, gs://B/runs/ID or file:///...")
     p.add_argument("--watch", action="store_true",
                    help="refresh until the run ends, stalls, or (a local run) stops")
-    p.add_argument("--interval", type=_positive, default=DEFAULT_INTERVAL_S,
+    p.add_argument("--interval", type=positive_float, default=DEFAULT_INTERVAL_S,
                    help="seconds between refreshes with --watch (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print one JSON object (one per refresh with --watch)")
     p.add_argument("--events", type=non_negative_int, default=DEFAULT_EVENTS, help="how many recent events (default: %(default)s)")

@@ -30,6 +30,7 @@ import threading
 from datetime import datetime
 from pathlib import Path
 
+from ops.status import positive_float
 from trainer import layout
 
 HOST = "127.0.0.1"
@@ -243,16 +244,6 @@ def _port(text: str) -> int:
     return v
 
 
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0")
-    return v
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``tensorboard`` command to ``python -m ops``."""
     p = sub.add_parser(
@@ -267,7 +258,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=_port, default=DEFAULT_PORT, help="local port (default: %(default)s)")
     p.add_argument("--mirror", metavar="DIR",
                    help="keep the mirror in DIR (reused next time); default: a temporary folder removed at the end")
-    p.add_argument("--interval", type=_positive, default=DEFAULT_INTERVAL_S,
+    p.add_argument("--interval", type=positive_float, default=DEFAULT_INTERVAL_S,
                    help="seconds between refreshes of the mirror (default: %(default)s)")
     p.add_argument("tb_args", nargs="*", metavar="-- TENSORBOARD_FLAGS", help="passed to TensorBoard")
     p.set_defaults(func=cmd_tensorboard)

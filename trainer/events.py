@@ -43,10 +43,15 @@ def parse_time(text: str) -> float:
 
 def read_events(store) -> list[dict]:
     """The run's events so far (an unreadable line is skipped: it cannot be trusted)."""
+    return read_jsonl(store, EVENTS_KEY)
+
+
+def read_jsonl(store, key: str) -> list[dict]:
+    """The JSON objects of a JSON-lines object of the run; a torn or foreign line is skipped."""
     from trainer.storage import NotFound
 
     try:
-        raw = store.get_bytes(EVENTS_KEY).decode("utf-8", "replace")
+        raw = store.get_bytes(key).decode("utf-8", "replace")
     except NotFound:
         return []
     out = []

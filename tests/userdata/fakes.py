@@ -309,6 +309,11 @@ def docker_run(argv: list[str]) -> int:
         return 125
     child_env = {**os.environ, **{k: host_path(v) for k, v in env.items()}}
     child_env.pop("FAKE_LOG", None)
+    if os.environ.get("FAKE_GPU") == "1" and os.environ.get("FAKE_CHECK_GPUS") != "1":
+        # The sandbox's GPU is a fake one that TensorFlow on this CPU cannot see: the trainer's
+        # device check (tests/trainer/test_devices.py) would refuse every run. FAKE_CHECK_GPUS=1
+        # keeps it, to see a machine whose TensorFlow finds no GPU.
+        child_env.pop("TRAINSTACK_GPUS_PER_NODE", None)
     proc = subprocess.Popen([sys.executable, "-m", "trainer", *cmd[3:]], env=child_env,
                             cwd=host_path(workdir) if workdir else None)
     if name:

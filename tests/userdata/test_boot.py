@@ -86,7 +86,7 @@ def test_spot_notice_stops_with_grace_then_second_boot_resumes_installing_nothin
     wait_for(lambda: _committed_steps(s3_run), 180, "a committed checkpoint")
     metadata.notice_aws()
     wait_for(lambda: "spot_notice" in [e["event"] for e in machine_events(s3_run)], 60, "the spot_notice event")
-    wait_for(lambda: "exited with 143" in box.journal(), 30, "the trainer's exit 143")
+    wait_for(lambda: "exited with 143" in box.journal(), 90, "the trainer's exit 143")
     time.sleep(1.0)  # the supervisor now waits for the cloud: it must do nothing more
     assert supervisor.poll() is None
     assert box.argvs("docker").count(["stop", "--time", "100", "trainstack-trainer"]) == 1

@@ -55,3 +55,21 @@ def test_user_model_from_the_archive_trains_to_complete(sandbox_factory, s3_run,
     assert "-r /opt/trainstack/code/usercode/requirements.txt" in text
     unpacked = [p for p in box.root.rglob("usercode/shapes/model.py")]
     assert len(unpacked) == 1
+
+
+def test_a_machine_whose_tensorflow_sees_no_gpu_fails_at_once_with_the_reason(sandbox_factory, s3_run, group):
+    # The real trainer, asked for 1 GPU, on a TensorFlow that sees none (this CPU): exit 78, and the
+    # machine marks the run FAILED on the first try, with the trainer's reason, and scales to zero.
+    from tests.userdata.conftest import group_size
+    from trainer import layout
+
+    box = sandbox_factory(env_overrides={})
+    box.env["FAKE_CHECK_GPUS"] = "1"
+    assert box.boot().wait(timeout=240) == 0, box.journal()
+    objects = s3_keys(s3_run)
+    assert "FAILED" in objects and "COMPLETE" not in objects, sorted(objects)
+    marker = json.loads(objects["FAILED"])
+    assert "exit 78" in marker[layout.MARKER_REASON] and "GPU" in marker[layout.MARKER_REASON], marker
+    runs = [a for a in box.argvs("docker") if a[0] == "run" and "trainer" in a]
+    assert len(runs) == 1  # no crash-loop retries on a machine that can never train
+    assert group_size(s3_run, group) == (0, 0, 0)
