@@ -67,9 +67,7 @@ class Sandbox:
             wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKES}" {name} "$@"\n')
             wrapper.chmod(0o755)
         env = boot_env(settings or settings_for(), run_uri=run.uri, group=group, code_uri=code_uri)
-        # The sandbox's trainer runs TensorFlow on the CPU, which sees no GPU: the machine's
-        # count is 0 here (a real machine passes compute.gpusPerNode and the trainer checks it).
-        env.update({"TRAINSTACK_POLL_S": "0.2", "TRAINSTACK_GPUS_PER_NODE": "0", **(env_overrides or {})})
+        env.update({"TRAINSTACK_POLL_S": "0.2", **(env_overrides or {})})
         self.user_data = render_user_data(env["TRAINSTACK_CLOUD"], env)
         self.doc = yaml.safe_load(self.user_data)
         for f in self.doc["write_files"]:

@@ -230,15 +230,3 @@ def test_failures_count_in_a_row_only_without_progress(sandbox_factory, s3_run, 
     marker = json.loads(s3_keys(s3_run)[layout.FAILED])
     assert marker[layout.MARKER_REASON] == "the trainer failed 2 times in a row (last exit 1)"
 
-
-@pytest.mark.slow
-def test_the_real_trainer_seeing_no_gpu_fails_the_run_at_once(sandbox_factory, s3_run, group):
-    # The stack asks for a GPU; TensorFlow here sees none (as with an image whose cuDNN
-    # does not match): the trainer says so and exits 78, the machine ends the run.
-    box = sandbox_factory(env_overrides={"TRAINSTACK_GPUS_PER_NODE": "1", "TRAINSTACK_MAX_FAILURES": "3"})
-    assert box.boot(watcher=False).wait(timeout=180) == 0, box.journal()
-    runs = [a for a in box.argvs("docker") if a[0] == "run" and a[-3:] == ["python", "-m", "trainer"]]
-    assert len(runs) == 1
-    reason = json.loads(s3_keys(s3_run)[layout.FAILED])[layout.MARKER_REASON]
-    assert reason.startswith("the trainer cannot run on this machine (exit 78): the run asks for 1 GPU"), reason
-    assert group_size(s3_run, group) == (0, 0, 0)
