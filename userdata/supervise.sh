@@ -5,7 +5,8 @@
 # trainer container until the run ends: an end marker (COMPLETE or CANCELLED from the
 # trainer, FAILED / TIMED_OUT from any machine) finishes the run, exit 143 after a spot
 # notice waits for the cloud to take the machine, exit 78 (this machine can never run
-# this run) is FAILED at once, anything else restarts with backoff until
+# this run) is FAILED at once, waiting for the group's other machines or stopping with
+# them after a peer's notice is no failure, anything else restarts with backoff until
 # TRAINSTACK_MAX_FAILURES failures in a row without progress mark it FAILED. Every ending goes through
 # finish.sh, which scales the group to zero and shuts down.
 set -euo pipefail
@@ -246,6 +247,17 @@ main() {
       # retrying would only bill the same failure again.
       reason="$(last_failed_reason)"
       finish "$FAILED" "the trainer cannot run on this machine (exit $rc): ${reason:-see logs}" "$((failures + 1))"
+    elif ((rc == EXIT_NO_CLUSTER)); then
+      # The group has fewer running machines than the run needs (a replacement still
+      # launching, or no spot capacity for it): not this machine's failure. The wait
+      # is bounded by the run's deadline, checked at the top of the loop.
+      log "the group is not complete yet: waiting for its other machines again"
+      continue
+    elif ((rc == EXIT_PREEMPTED && ${TRAINSTACK_NODES:-1} > 1)); then
+      # Stopped with the others after a peer's notice (the trainers stop together):
+      # not this machine's failure; start again once the group is whole.
+      log "stopped with the other workers after a peer's notice: starting again"
+      continue
     fi
     # Failures count in a row only while the run makes no progress: an attempt that
     # committed a newer checkpoint before it failed starts the count again, so a long

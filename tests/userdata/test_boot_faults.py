@@ -229,3 +229,4 @@ def test_failures_count_in_a_row_only_without_progress(sandbox_factory, s3_run, 
     assert box.journal().count("before it failed: counting from 1") == 3
     marker = json.loads(s3_keys(s3_run)[layout.FAILED])
     assert marker[layout.MARKER_REASON] == "the trainer failed 2 times in a row (last exit 1)"
+

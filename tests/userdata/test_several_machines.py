@@ -6,6 +6,7 @@
   subset of its filter language the scripts use).
 - A worker that ends before the chief has written the end marker (the chief still
   exports the model) waits for it and finishes the same way, with no failure counted.
+- Waiting for a peer that is not there is no failure either: the run's deadline bounds it.
 """
 
 from __future__ import annotations
@@ -97,3 +98,23 @@ def test_a_worker_that_ends_before_the_chief_waits_for_the_end_marker(
     assert "failures in a row: 1" not in box.journal()
     assert [(e["event"], e["outcome"]) for e in machine_events(s3_run, INSTANCE_ID)] == [("finish", "COMPLETE")]
     assert group_size(s3_run, name) == (0, 0, 0) and box.argvs("shutdown") == [["-h", "now"]]
+
+
+@pytest.mark.slow
+def test_waiting_for_a_missing_peer_is_no_failure_and_ends_at_the_deadline(machines, s3_run, metadata, code_uri):
+    # Two machines asked for, one in the group (its peer was taken, no spot capacity for a
+    # replacement): the wait is not counted as failures; the run's deadline ends it.
+    name = make_group(s3_run, 1)
+    ec2 = boto3.client("ec2", endpoint_url=s3_run.vars["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    found = ec2.describe_instances(Filters=[{"Name": "tag:aws:autoscaling:groupName", "Values": [name]}])
+    metadata.local_ipv4 = found["Reservations"][0]["Instances"][0]["PrivateIpAddress"]
+    box = machines(s3_run, name, code_uri, env_overrides={
+        "TRAINSTACK_NODES": "2", "TRAINSTACK_MAX_FAILURES": "1", "TRAINSTACK_MAX_RUNTIME_S": "12"})
+    box.env.update({"TRAINSTACK_CLUSTER_WAIT_S": "1", "TRAINSTACK_CLUSTER_POLL_S": "1"})
+    assert box.boot(watcher=False).wait(timeout=120) == 0, box.journal()
+    objects = s3_keys(s3_run)
+    assert layout.FAILED not in objects, objects.get(layout.FAILED)
+    assert json.loads(objects[layout.TIMED_OUT])[layout.MARKER_REASON] == "the run's deadline passed"
+    # With one failure allowed, a single counted wait would have been FAILED at once.
+    assert box.journal().count("waiting for its other machines again") >= 1
+    assert [a for a in box.argvs("docker") if a[0] == "run" and a[-3:] == ["python", "-m", "trainer"]] == []
