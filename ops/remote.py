@@ -34,8 +34,6 @@ CONNECT_TIMEOUT_S = 15
 KEEPALIVE_S = 30
 UNITS = ("trainstack-trainer", "trainstack-watcher")
 LOG_GLOB = "/var/log/trainstack/*.log"
-TENSORBOARD_PORT = 6006
-JUPYTER_PORT = 8888
 _CHUNK = 32768
 
 
@@ -389,13 +387,20 @@ def cmd_tunnel(args: argparse.Namespace) -> int:
     """``ops tunnel``: forward local ports to the machine until Ctrl-C."""
     from ops.hosts import HostsError
 
-    specs = list(args.forward or [])
+    # Nothing serves TensorBoard or Jupyter on the machines: forwarding their ports would reach
+    # nothing. The flags stay only to say where to go instead.
     if args.tensorboard:
-        specs.append(ForwardSpec(TENSORBOARD_PORT, "127.0.0.1", TENSORBOARD_PORT, "TensorBoard"))
+        print("ops tunnel: nothing serves TensorBoard on the machines; run `python -m ops tensorboard "
+              "--stack NAME` (it reads the run's bucket, no SSH)", file=sys.stderr)
+        return 2
     if args.jupyter:
-        specs.append(ForwardSpec(JUPYTER_PORT, "127.0.0.1", JUPYTER_PORT, "Jupyter"))
+        print("ops tunnel: no Jupyter runs on the machines; start one there yourself and forward its port "
+              "with -L LOCAL:REMOTE", file=sys.stderr)
+        return 2
+    specs = list(args.forward or [])
     if not specs:
-        print("ops tunnel: nothing to forward; pass --tensorboard, --jupyter or -L LOCAL:REMOTE", file=sys.stderr)
+        print("ops tunnel: nothing to forward; pass -L LOCAL:REMOTE (TensorBoard: python -m ops tensorboard)",
+              file=sys.stderr)
         return 2
     forwards: list[LocalForward] = []
     client = None
@@ -445,8 +450,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("tunnel", help="forward local ports (127.0.0.1) to a machine over SSH until Ctrl-C")
     hosts.add_machine_args(p)
-    p.add_argument("--tensorboard", action="store_true", help=f"forward TensorBoard ({TENSORBOARD_PORT})")
-    p.add_argument("--jupyter", action="store_true", help=f"forward Jupyter ({JUPYTER_PORT})")
+    p.add_argument("--tensorboard", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--jupyter", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("-L", dest="forward", action="append", type=ForwardSpec.parse, metavar="LOCAL:[HOST:]REMOTE",
                    help="forward 127.0.0.1:LOCAL to REMOTE on the machine (LOCAL 0: any free port); repeatable")
     p.set_defaults(func=cmd_tunnel)

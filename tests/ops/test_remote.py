@@ -317,7 +317,17 @@ def test_tunnel_needs_something_to_forward(capsys):
     from ops.__main__ import main
 
     assert main(["tunnel", "--host", "127.0.0.1"]) == 2
-    assert "pass --tensorboard, --jupyter or -L" in capsys.readouterr().err
+    assert "pass -L LOCAL:REMOTE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "pointer"), [("--tensorboard", "python -m ops tensorboard --stack NAME"),
+                                               ("--jupyter", "no Jupyter runs on the machines")])
+def test_tunnel_to_services_the_machine_does_not_run_points_elsewhere(capsys, flag, pointer):
+    from ops.__main__ import main
+
+    assert main(["tunnel", "--host", "127.0.0.1", flag]) == 2
+    err = capsys.readouterr().err
+    assert pointer in err and len(err.strip().splitlines()) == 1
 
 
 def test_forward_to_a_port_nothing_listens_on_drops_only_that_connection(sshd, ssh_home, capsys):
