@@ -68,8 +68,8 @@ def test_group_names_keep_runs_and_stacks_apart(group_name):
 
 
 def test_gcp_group_name_fits_with_a_long_run_id():
-    long_run = "a-very-long-run-identifier-for-the-transformer-sweep-number-000017"[:63]
-    names = {gcp_group_name(project="trainstack", stack="research-team-stack", run_id=long_run + str(i))[:63]
+    long_run = "a-very-long-run-identifier-for-the-transformer-sweep-number-0"  # 61 characters
+    names = {gcp_group_name(project="trainstack", stack="research-team-stack", run_id=f"{long_run}{i}")
              for i in range(3)}
     assert len(names) == 3 and all(len(n) <= 54 for n in names)
 

@@ -85,6 +85,6 @@ def test_built_image_context_holds_the_user_folder(cloud, tmp_path):
     assert USER_CODE_DIR == "/opt/trainstack/code/usercode"
     # The same code gives the same context folder (and tag); the plain stack's differs.
     data = pack(user_code=EXAMPLE)
-    assert build_context(data, tmp_path) .name == Path(archive_key(data)).name.removesuffix(".tar.gz")
+    assert build_context(data, tmp_path).name == Path(archive_key(data)).name.removesuffix(".tar.gz")
     (plain,) = _synth(cloud, {"image": {"build": True}}).of_type(IMAGE)
     assert plain["inputs"]["tags"] != img["inputs"]["tags"]
