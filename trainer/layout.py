@@ -23,6 +23,8 @@ from __future__ import annotations
 
 EXIT_OK = 0  # the run ended: COMPLETE (or CANCELLED) is written
 EXIT_FAILED = 1  # this attempt failed; another attempt may succeed
+EXIT_NO_CLUSTER = 75  # the workers could not form their cluster in time (a peer missing): not this machine's failure
+EXIT_PEER_LOST = 76  # a peer was lost during training (collective error): not this machine's failure
 EXIT_UNUSABLE = 78  # this machine can never run this run (e.g. the GPUs asked for are not seen): no retry
 EXIT_PREEMPTED = 143  # stopped by a signal after a committed checkpoint
 
@@ -44,6 +46,7 @@ LOGS_PREFIX = "logs/"
 DEADLINE_KEY = "deadline"
 MACHINE_EVENTS_PREFIX = "machine-events/"
 STOP_KEY = "STOP"
+RENDEZVOUS_PREFIX = "rendezvous/"  # several machines: membership records by generation
 
 # -- terminal markers: exactly one ends a run; JSON documents at the top of the run folder --
 

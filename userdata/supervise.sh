@@ -15,8 +15,8 @@ set -euo pipefail
 . "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
 
 CONTAINER_ENV="$RUNTIME_DIR/container.env"
-# The supervisor's own codes for an attempt that never ran or ended without a marker.
-EXIT_NO_CLUSTER=75
+# The supervisor's own code for an attempt that ended without a marker (EXIT_NO_CLUSTER,
+# shared with the trainer, is in lib.sh).
 EXIT_NO_MARKER=70
 
 finish() {
