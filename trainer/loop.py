@@ -197,6 +197,8 @@ class Run:
         self.rate: float | None = None
         self.loop_seconds = 0.0
         self.loop_examples = 0
+        # The loop's first call traces the step: its seconds and examples, to report the steady speed.
+        self.first_call: tuple[float, int] | None = None
         self.summaries = summaries_mod.Summaries(summaries_mod.local_dir(self.work), self.store, enabled=False)
 
     def emit(self, event: str, **fields) -> dict:
@@ -276,6 +278,7 @@ class Run:
         replicas = strategy.num_replicas_in_sync
         global_micro = cfg.batch_size * replicas
         global_step_batch = global_micro * cfg.grad_accum
+        self.global_batch = global_step_batch
         self.emit(layout.STARTED, config=as_dict(cfg), workers=self.cluster.workers, worker=self.cluster.index,
                   replicas=replicas, global_batch=global_step_batch, precision=precision)
         # The `started` write (and its retries) must be over before the generators are
@@ -352,6 +355,8 @@ class Run:
                     request = _GO
                 count = self._steps_this_call(st.step)
                 loss_t, agreed = train_step(iterator, counts(count), requests[request])
+                if self.first_call is None:
+                    self.first_call = (time.monotonic() - step_started, count * self.global_batch)
                 st.step += count
                 st.batches_seen += count
                 st.train_seconds += time.monotonic() - step_started
@@ -503,6 +508,10 @@ class Run:
             # This attempt's training loop only (checkpoints included; start-up and export not).
             speed = {"loop_seconds": round(self.loop_seconds, 3),
                      "examples_per_sec": round(self.loop_examples / self.loop_seconds, 1)}
+            if self.first_call and self.loop_seconds > self.first_call[0] and self.loop_examples > self.first_call[1]:
+                # Without the first call, which traces the step: what the loop does once running.
+                first_s, first_n = self.first_call
+                speed["steady_examples_per_sec"] = round((self.loop_examples - first_n) / (self.loop_seconds - first_s), 1)
         self.emit(layout.FINISHED, step=st.step, metrics=metrics, examples_seen=st.examples_seen, **speed)
         self.events.flush()
         export_mod.write_complete(

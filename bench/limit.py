@@ -1,0 +1,83 @@
+"""The machine's limit for a model: its train step on one batch already in memory, many steps per call.
+
+No input pipeline, no distribution strategy, no checkpoints, no summaries: the same model,
+optimizer and loss the trainer builds (`trainer.loop.seeded_model`), stepping on one
+preprocessed batch of its synthetic data inside a `tf.function` that runs `--steps-per-call`
+steps per call. The trainer's loop can at best match this.
+
+Usage: python -m bench.limit --model mlp --batch-size 64 --seconds 10 [--lm-* ...]
+Prints one JSON line: {"examples_per_sec", "calls", "seconds", "steps_per_call", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def measure(model: str, batch_size: int, seconds: float, steps_per_call: int = 100, extra: dict | None = None) -> dict:
+    """Run the in-memory step for about `seconds` after one warm-up call; returns the figures."""
+    import tensorflow as tf
+
+    from trainer.config import TrainConfig
+    from trainer.data import preprocess
+    from trainer.loop import per_example_loss, seeded_model
+
+    cfg = TrainConfig(run_uri="file:///nowhere", model=model, synthetic=True, batch_size=batch_size, **(extra or {}))
+    spec = seeded_model(cfg, tf.distribute.get_strategy())
+    x, y = spec.synthetic(cfg.seed)
+    xb, yb = preprocess(tf.constant(x[:batch_size])), tf.constant(y[:batch_size])
+    model_, opt = spec.model, spec.optimizer
+
+    @tf.function
+    def steps(n):
+        loss = tf.constant(0.0)
+        for _ in tf.range(n):
+            with tf.GradientTape() as tape:
+                pred = model_(xb, training=True)
+                loss = tf.nn.compute_average_loss(per_example_loss(spec, yb, pred), global_batch_size=batch_size)
+            grads = tape.gradient(loss, model_.trainable_variables)
+            opt.apply_gradients(zip(grads, model_.trainable_variables, strict=True))
+        return loss
+
+    n = tf.constant(steps_per_call, tf.int64)
+    t0 = time.perf_counter()
+    float(steps(n))  # traces
+    warm = time.perf_counter() - t0
+    calls, start = 0, time.perf_counter()
+    while True:
+        loss = steps(n)
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds and calls >= 2:
+            break
+    float(loss)
+    elapsed = time.perf_counter() - start
+    return {"tf_version": tf.__version__, "gpus": len(tf.config.list_physical_devices("GPU")),
+            "model": model, "batch_size": batch_size, "steps_per_call": steps_per_call, "calls": calls,
+            "seconds": round(elapsed, 3), "first_call_seconds": round(warm, 3),
+            "examples_per_sec": round(calls * steps_per_call * batch_size / elapsed, 1)}
+
+
+def main() -> None:
+    """CLI: print the limit as one JSON line."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--steps-per-call", type=int, default=100)
+    p.add_argument("--lm-vocab", type=int)
+    p.add_argument("--lm-dim", type=int)
+    p.add_argument("--lm-layers", type=int)
+    p.add_argument("--lm-seq-len", type=int)
+    a = p.parse_args()
+    extra = {k: v for k, v in vars(a).items() if k.startswith("lm_") and v is not None}
+    print(json.dumps(measure(a.model, a.batch_size, a.seconds, a.steps_per_call, extra)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

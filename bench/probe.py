@@ -1,0 +1,116 @@
+"""`python -m trainer`, with marks of where its start-up seconds go.
+
+Runs exactly what `trainer/__main__.py` runs (signal flag first, then config, then
+`trainer.loop.train`), with thin wrappers around the start-up phases of `trainer.loop`:
+imports, the strategy, the model build, the restore of a checkpoint, the data set, and the
+first call of the train step (tracing plus its steps). Each mark is seconds since the bench
+started the process (`BENCH_T0`, the parent's `time.time()` just before spawning), and is
+written as JSON to `BENCH_MARKS` after the first and second calls, so the parent can watch
+for the first step. A renamed function in `trainer.loop` fails here at once (AttributeError),
+which is how `tests/bench` notices that the probe needs updating.
+
+Usage: BENCH_T0=... BENCH_MARKS=marks.json python -m bench.probe --run-uri ... (trainer flags)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+T0 = float(os.environ.get("BENCH_T0") or time.time())
+MARKS: dict[str, float] = {"python": time.time() - T0}
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def mark(name: str) -> None:
+    """Record `name` at the current time (seconds since the process was spawned)."""
+    MARKS[name] = round(time.time() - T0, 4)
+
+
+def dump() -> None:
+    """Write the marks so far to `BENCH_MARKS` (atomically), if set."""
+    path = os.environ.get("BENCH_MARKS")
+    if not path:
+        return
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(MARKS, fh)
+    os.replace(tmp, path)
+
+
+def _timed(owner, name: str, label: str) -> None:
+    original = getattr(owner, name)  # AttributeError: trainer.loop changed, update this probe
+
+    def wrapper(*args, **kwargs):
+        mark(label + "_start")
+        try:
+            return original(*args, **kwargs)
+        finally:
+            mark(label + "_end")
+
+    setattr(owner, name, wrapper)
+
+
+def install() -> None:
+    """Wrap the start-up phases of `trainer.loop` (call after importing it)."""
+    from trainer import data, loop
+
+    _timed(loop, "make_strategy", "strategy")
+    _timed(loop, "seeded_model", "model")
+    _timed(loop.Run, "_restore", "restore")
+    _timed(data, "make_dataset", "dataset")
+    make = loop.make_train_step
+
+    def make_train_step(*args, **kwargs):
+        fn = make(*args, **kwargs)
+        calls = [0]
+
+        def step(*a, **kw):
+            calls[0] += 1
+            n = calls[0]
+            if n <= 2:
+                mark(f"call{n}_start")
+            out = fn(*a, **kw)
+            if n <= 2:
+                mark(f"call{n}_end")
+                if n == 1:
+                    MARKS["first_step"] = MARKS["call1_end"]
+                dump()
+            return out
+
+        return step
+
+    loop.make_train_step = make_train_step
+
+
+def main() -> int:
+    """Run the trainer as `python -m trainer` would; returns its exit code."""
+    from trainer.signals import StopRequest
+
+    stop = StopRequest().install()
+    from trainer.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(sys.argv[1:])
+    except ConfigError as e:
+        print(f"trainer: error: {e}", file=sys.stderr)
+        return 2
+    mark("imports_start")
+    import keras  # noqa: F401 - timed here: the imports are a phase of their own
+    import tensorflow  # noqa: F401
+
+    mark("imports_tf")
+    from trainer import loop
+
+    mark("imports_end")
+    install()
+    rc = loop.train(cfg, stop=stop)
+    mark("exit")
+    dump()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,525 @@
+"""One command for every performance figure of the trainer; rewrites the generated part of bench/RESULTS.md.
+
+    python -m bench            # the full run (~10-15 min on 2 CPU cores)
+    python -m bench --quick    # a smoke run of every measurement on tiny sizes (~1 min)
+
+Starts its own moto_server (the tests' fixture, `tests.fixtures.emulators`) as the S3 the
+runs checkpoint to, then measures one after the other, on this machine, in one run:
+
+1. limit — each model's train step on one in-memory batch (`bench.limit`), and the trainer's
+   loop (`python -m trainer` through `bench.probe`) on the same model and batch, checkpointing
+   to S3 every 30 s with TensorBoard on: the loop's examples/s ÷ the limit;
+2. seed — `bench/seed_train.py` (Keras `fit`) and the trainer on the same examples and batch:
+   examples/s, whole-process wall time, and where the trainer's start-up seconds go;
+3. startup — process start → first step, fresh and resumed from a ~100 MB checkpoint in S3,
+   split into imports, strategy, model, restore, data set and the first call (tracing);
+4. stall — the loop's blocked time per checkpoint of 10 MB, 100 MB and 1 GB (`bench.ckpt_stall`)
+   as a share of a run checkpointing every 30 s; upload throughput against plain boto3;
+5. preemption — SIGTERM → exit 143 with the checkpoint committed (~100 MB), in the start-up runs;
+6. scaling — 1, 2 and 4 worker processes on 127.0.0.1 (TF_CONFIG), fixed per-worker batch.
+
+Ratios are taken within this run only; the load average before and after is recorded,
+because the figures depend on what else the machine does. `--only` runs some sections
+(the others keep their previous figures out of the file: it is rewritten whole between its
+markers), `--results PATH` writes elsewhere, `--json PATH` keeps the raw figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench import report as R
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+SECTIONS = ("limit", "seed", "startup", "stall", "scaling")
+SEED_EPOCH = 60_000  # bench/seed_train.py's examples per epoch
+
+
+@dataclass
+class Plan:
+    """Sizes of every measurement: the full run, or the quick smoke run."""
+
+    limit_seconds: float = 8.0
+    loop_models: tuple = (("mlp", 64, ()), ("mlp", 512, ()), ("transformer-lm", 64, ()))
+    loop_target_s: float = 35.0  # the loop's length if it ran at the limit: > one 30 s checkpoint
+    checkpoint_every_s: float = 30.0
+    seed_epochs: int = 5
+    startup_model: tuple = ("--model", "transformer-lm", "--lm-vocab", "32768", "--lm-dim", "128",
+                            "--batch-size", "8", "--steps-per-call", "1")
+    hold_after_first_step_s: float = 3.0
+    stall_sizes_mb: tuple = (10, 100, 1000)
+    workers: tuple = (1, 2, 4)
+    scaling_steps: int = 1500
+    quick: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+QUICK = Plan(limit_seconds=1.0, loop_models=(("mlp", 64, ()),), loop_target_s=1.5, checkpoint_every_s=1.0,
+             seed_epochs=1, startup_model=("--model", "transformer-lm", "--lm-vocab", "512", "--lm-dim", "32",
+                                           "--batch-size", "8", "--steps-per-call", "1"),
+             hold_after_first_step_s=0.5, stall_sizes_mb=(1,), workers=(1, 2), scaling_steps=100, quick=True)
+
+
+# -- processes ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """What one process did: exit code, output, wall seconds, peak RSS, start-up marks."""
+
+    rc: int
+    stdout: str
+    stderr: str
+    wall_s: float
+    rss_mib: float
+    marks: dict
+    signalled_at: float | None = None  # seconds after spawn
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        """The JSON event lines the trainer printed (of `kind`, if given)."""
+        out = []
+        for line in self.stdout.splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    ev = json.loads(line)
+                    if kind is None or ev.get("event") == kind:
+                        out.append(ev)
+        return out
+
+    def last_json(self) -> dict:
+        """The last JSON line of stdout (the helpers' result)."""
+        return json.loads([ln for ln in self.stdout.splitlines() if ln.startswith("{")][-1])
+
+
+class Bench:
+    """Runs the measurements; holds the environment (moto endpoint, bucket) they share."""
+
+    def __init__(self, plan: Plan, endpoint: str, bucket: str, log=print):
+        self.plan = plan
+        self.bucket = bucket
+        self.log = log
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINSTACK_", "AWS_", "TF_CONFIG"))}
+        self.env.update({
+            "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(REPO),
+        })
+        self.tmp = tempfile.mkdtemp(prefix="trainstack-bench-")
+
+    def uri(self, name: str) -> str:
+        """A fresh run URI in the bench's bucket."""
+        return f"s3://{self.bucket}/runs/{name}-{uuid.uuid4().hex[:8]}"
+
+    def spawn(self, argv: list[str], *, env: dict | None = None, signal_after_first_step: float | None = None,
+              timeout: float = 900) -> Result:
+        """Run `argv` to its end (SIGTERM `signal_after_first_step` s after the probe's first step, if given)."""
+        marks_path = os.path.join(self.tmp, f"marks-{uuid.uuid4().hex[:8]}.json")
+        run_env = {**self.env, **(env or {}), "BENCH_MARKS": marks_path}
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            t0 = time.time()
+            run_env["BENCH_T0"] = repr(t0)
+            p = subprocess.Popen(argv, cwd=REPO, env=run_env, stdout=out, stderr=err, text=True)
+            signalled = None
+            if signal_after_first_step is not None:
+                deadline = time.monotonic() + timeout
+                while p.poll() is None and not os.path.exists(marks_path) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if p.poll() is None:
+                    time.sleep(signal_after_first_step)
+                    signalled = time.time() - t0
+                    p.send_signal(signal.SIGTERM)
+            try:
+                _, status, usage = _wait4(p, timeout)
+            except TimeoutError:
+                p.kill()
+                p.wait()
+                raise
+            wall = time.time() - t0
+            out.seek(0)
+            err.seek(0)
+            stdout, stderr = out.read(), err.read()
+        marks = {}
+        with contextlib.suppress(OSError, ValueError):
+            marks = json.loads(Path(marks_path).read_text())
+        return Result(os.waitstatus_to_exitcode(status), stdout, stderr, wall, usage.ru_maxrss / 1024, marks, signalled)
+
+    def trainer(self, uri: str, *args: str, **kw) -> Result:
+        """`python -m trainer` (through the start-up probe) on `uri`."""
+        return self.spawn([sys.executable, "-m", "bench.probe", "--run-uri", uri, *args], **kw)
+
+    def expect(self, res: Result, what: str, rcs=(0,)) -> Result:
+        """Fail the bench with the process's own words when it ended with an unexpected code."""
+        if res.rc not in rcs:
+            raise SystemExit(f"bench: {what} exited {res.rc} (expected {rcs}); its last output:\n"
+                             f"{res.stdout[-1500:]}\n{res.stderr[-3000:]}")
+        return res
+
+    # -- 1. limit --
+
+    def limit(self, model: str, batch: int, extra: tuple) -> dict:
+        argv = [sys.executable, "-m", "bench.limit", "--model", model, "--batch-size", str(batch),
+                "--seconds", str(self.plan.limit_seconds), *extra]
+        return self.expect(self.spawn(argv), f"the limit of {model} at batch {batch}").last_json()
+
+    def loop_run(self, model: str, batch: int, extra: tuple, steps: int, uri: str | None = None,
+                 env: dict | None = None) -> dict:
+        """One trainer run to completion, checkpointing to S3 every `checkpoint_every_s`; its figures."""
+        uri = uri or self.uri(f"{model}-{batch}")
+        res = self.expect(self.trainer(uri, "--synthetic", "--model", model, "--batch-size", str(batch),
+                                       "--steps", str(steps), "--checkpoint-every-steps", "0",
+                                       "--checkpoint-every-seconds", str(self.plan.checkpoint_every_s), *extra,
+                                       env=env), f"the trainer ({model}, batch {batch})")
+        fin = res.events("finished")[-1]
+        ckpts = [e for e in res.events("checkpoint") if e["step"] < fin["step"]]
+        return {"model": model, "batch": batch, "steps": steps, "examples_per_sec": fin.get("examples_per_sec"),
+                "steady_examples_per_sec": fin.get("steady_examples_per_sec"), "loop_seconds": fin.get("loop_seconds"),
+                "checkpoints_in_loop": len(ckpts), "process_wall_s": round(res.wall_s, 2),
+                "peak_rss_mib": round(res.rss_mib), "marks": res.marks, "loss": fin["metrics"]["loss"]}
+
+    def section_limit(self) -> list[dict]:
+        rows = []
+        for model, batch, extra in self.plan.loop_models:
+            self.log(f"limit: {model} batch {batch}: in-memory limit")
+            lim = self.limit(model, batch, extra)
+            steps = max(50, int(lim["examples_per_sec"] * self.plan.loop_target_s / batch))
+            self.log(f"limit: {model} batch {batch}: trainer, {steps} steps")
+            run = self.loop_run(model, batch, extra, steps)
+            rows.append({"limit": lim, "trainer": run})
+        return rows
+
+    # -- 2. seed --
+
+    def section_seed(self) -> dict:
+        epochs = self.plan.seed_epochs
+        self.log(f"seed: seed_train.py, {epochs} epochs")
+        with tempfile.TemporaryDirectory() as out:
+            seed = self.expect(self.spawn([sys.executable, str(HERE / "seed_train.py"), "--epochs", str(epochs),
+                                           "--out", out]), "seed_train.py")
+        steps = SEED_EPOCH * epochs // 64
+        self.log(f"seed: trainer, {steps} steps at batch 64")
+        ours = self.loop_run("mlp", 64, (), steps)
+        return {"seed": {**seed.last_json(), "process_wall_s": round(seed.wall_s, 2), "peak_rss_mib": round(seed.rss_mib),
+                         "examples": SEED_EPOCH * epochs}, "trainer": ours}
+
+    # -- 3 + 5. start-up and preemption --
+
+    def section_startup(self) -> dict:
+        uri = self.uri("startup")
+        args = ("--synthetic", "--steps", "1000000", "--checkpoint-every-steps", "0",
+                "--checkpoint-every-seconds", "3600", *self.plan.startup_model)
+        hold = self.plan.hold_after_first_step_s
+        out = {}
+        for kind in ("fresh", "resumed"):
+            self.log(f"startup: {kind} run, SIGTERM {hold} s after its first step")
+            res = self.expect(self.trainer(uri, *args, signal_after_first_step=hold), f"the {kind} start-up run",
+                              rcs=(143,))
+            pre = res.events("preempted")[-1]
+            committed = self._committed(uri, pre["step"])
+            out[kind] = {"marks": res.marks, "process_wall_s": round(res.wall_s, 2),
+                         "sigterm_to_exit_s": round(res.wall_s - res.signalled_at, 2),
+                         "preempted_seconds": pre.get("seconds"), "step": pre["step"], "committed": committed,
+                         "checkpoint_bytes": committed.get("bytes") if committed else None,
+                         "resumed_from": (res.events("resumed") or [{}])[-1].get("step")}
+        return out
+
+    def _committed(self, uri: str, step: int) -> dict | None:
+        import boto3
+
+        key = uri.split("/", 3)[3] + f"/checkpoints/ckpt-{step}/COMMITTED"
+        client = boto3.session.Session().client("s3", endpoint_url=self.env["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                                                aws_access_key_id="testing", aws_secret_access_key="testing")
+        try:
+            return json.loads(client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+        except client.exceptions.NoSuchKey:
+            return None
+
+    # -- 4. stall --
+
+    def section_stall(self) -> dict:
+        sizes = ",".join(str(s) for s in self.plan.stall_sizes_mb)
+        self.log(f"stall: checkpoints of {sizes} MB")
+        res = self.expect(self.spawn([sys.executable, "-m", "bench.ckpt_stall", "--bucket", self.bucket,
+                                      "--sizes-mb", sizes]), "the checkpoint stall bench")
+        return {**res.last_json(), "every_s": 30.0}
+
+    # -- 6. scaling --
+
+    def section_scaling(self, one_worker: dict | None) -> list[dict]:
+        rows = []
+        for n in self.plan.workers:
+            if n == 1 and one_worker is not None and not self.plan.quick and one_worker["steps"] >= self.plan.scaling_steps:
+                rows.append({"workers": 1, **_scaling_row(one_worker)})
+                continue
+            self.log(f"scaling: {n} worker process(es), {self.plan.scaling_steps} steps at batch 64 each")
+            rows.append({"workers": n, **self._workers(n)})
+        return rows
+
+    def _workers(self, n: int) -> dict:
+        if n == 1:
+            return _scaling_row(self.loop_run("mlp", 64, (), self.plan.scaling_steps))
+        ports = _free_ports(n)
+        workers = [f"127.0.0.1:{p}" for p in ports]
+        uri = self.uri(f"workers{n}")
+        with contextlib.ExitStack() as stack:
+            procs = []
+            for i in range(n):
+                tf_config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
+                argv = [sys.executable, "-m", "trainer", "--run-uri", uri, "--synthetic", "--batch-size", "64",
+                        "--steps", str(self.plan.scaling_steps), "--checkpoint-every-steps", "0",
+                        "--checkpoint-every-seconds", str(self.plan.checkpoint_every_s)]
+                out = stack.enter_context(tempfile.TemporaryFile("w+"))
+                procs.append((subprocess.Popen(argv, cwd=REPO, env={**self.env, "TF_CONFIG": tf_config}, stdout=out,
+                                               stderr=subprocess.DEVNULL, text=True), out))
+            t0 = time.time()
+            try:
+                codes = [p.wait(timeout=900) for p, _ in procs]
+            finally:
+                for p, _ in procs:
+                    if p.poll() is None:
+                        p.kill()
+            wall = time.time() - t0
+            procs[0][1].seek(0)
+            chief = Result(codes[0], procs[0][1].read(), "", wall, 0, {})
+        if any(codes):
+            raise SystemExit(f"bench: {n} workers exited {codes}; the chief printed:\n{chief.stdout[-2000:]}")
+        fin = chief.events("finished")[-1]
+        return {"examples_per_sec": fin.get("examples_per_sec"), "steady_examples_per_sec": fin.get("steady_examples_per_sec"),
+                "loop_seconds": fin.get("loop_seconds"), "steps": self.plan.scaling_steps, "process_wall_s": round(wall, 2)}
+
+
+def _scaling_row(run: dict) -> dict:
+    keep = ("examples_per_sec", "steady_examples_per_sec", "loop_seconds", "steps", "process_wall_s")
+    return {k: run[k] for k in keep}
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _wait4(p: subprocess.Popen, timeout: float):
+    """`os.wait4` with a deadline (polling, so a hung child cannot hang the bench)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            p.returncode = os.waitstatus_to_exitcode(status)
+            return pid, status, usage
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{p.args[:4]} still running after {timeout} s")
+        time.sleep(0.02)
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+STARTUP_PHASES = (
+    ("interpreter up", "python_zero", "python"),
+    ("imports (TensorFlow, Keras, trainer)", "imports_start", "imports_end"),
+    ("strategy", "strategy_start", "strategy_end"),
+    ("model and optimizer build", "model_start", "model_end"),
+    ("restore (download, verify, read)", "restore_start", "restore_end"),
+    ("data set", "dataset_start", "dataset_end"),
+    ("first call (tracing + its steps)", "call1_start", "call1_end"),
+)
+
+
+def phases(marks: dict) -> list[tuple[str, float]]:
+    """The start-up split of one run's probe marks."""
+    return R.split_phases({"python_zero": 0.0, **marks}, STARTUP_PHASES)
+
+
+def render(fig: dict) -> str:
+    """The generated block of RESULTS.md from the figures of one run."""
+    m = fig["machine"]
+    out = [f"## Latest run: {fig['date']}{' (QUICK smoke run: sizes too small to mean anything)' if fig['quick'] else ''}",
+           "",
+           f"Command: `{fig['command']}` — {fig['duration_s'] / 60:.1f} min. Machine: {m['cpus']} CPU cores, "
+           f"{m['gpus']} GPU, {m['platform']}, Python {m['python']}, TensorFlow {m['tf']}. Load average (1 min) "
+           f"{m['load_before']:.2f} before, {m['load_after']:.2f} after: figures move with the machine's other work, "
+           "so only the ratios within this run count.", ""]
+    goals = []
+    if "limit" in fig:
+        out += ["### 1. The trainer's loop against the machine's limit", "",
+                "Limit: the model's step on one batch in memory, 100 steps per `tf.function` call, no pipeline, "
+                f"no checkpoints (`bench/limit.py`). Trainer: `python -m trainer`, checkpoints to moto_server every "
+                f"{fig['plan']['checkpoint_every_s']:g} s, TensorBoard on. *Loop* is the `finished` event's "
+                "examples/s (first call's tracing and the checkpoints included); *steady* leaves out the first call.", ""]
+        rows = []
+        for r in fig["limit"]:
+            lim, run = r["limit"], r["trainer"]
+            steady = R.ratio(run["steady_examples_per_sec"], lim["examples_per_sec"])
+            goals.append((f"loop ≥ 90 % of limit ({run['model']}, batch {run['batch']}, steady)", R.pct(steady),
+                          R.goal(steady, 0.9)))
+            rows.append([f"`{run['model']}` batch {run['batch']}", R.fmt(lim["examples_per_sec"]),
+                         R.fmt(run["examples_per_sec"]), R.fmt(run["steady_examples_per_sec"]),
+                         R.pct(R.ratio(run["examples_per_sec"], lim["examples_per_sec"])), R.pct(steady),
+                         f"{run['steps']:,}", R.fmt(run["loop_seconds"], ".1f"), run["checkpoints_in_loop"]])
+        out += [R.table(["model", "limit ex/s", "loop ex/s", "steady ex/s", "loop ÷ limit", "steady ÷ limit", "steps",
+                         "loop s", "checkpoints in loop"], rows), ""]
+    if "seed" in fig:
+        s, t = fig["seed"]["seed"], fig["seed"]["trainer"]
+        vs = R.ratio(t["examples_per_sec"], s["examples_per_sec"])
+        goals.append(("trainer ≥ 5× the seed's `fit` (mlp, batch 64)", R.times(vs), R.goal(vs, 5.0)))
+        out += ["### 2. Against the seed article's script", "",
+                f"Same model, {s['examples']:,} synthetic examples, batch 64, one process each. The seed's figure is "
+                "its own (examples ÷ `fit` wall time, its TensorBoard histograms and per-epoch checkpoints included).", "",
+                R.table(["run", "examples/s", "vs seed", "process wall s", "peak RSS MiB"], [
+                    ["seed (`fit`)", R.fmt(s["examples_per_sec"]), "1.00×", R.fmt(s["process_wall_s"], ".1f"),
+                     s["peak_rss_mib"]],
+                    ["trainstack (loop)", R.fmt(t["examples_per_sec"]), R.times(vs), R.fmt(t["process_wall_s"], ".1f"),
+                     t["peak_rss_mib"]],
+                ]), "", "Where the trainer's start-up seconds go (process start → first step):", "",
+                R.table(["phase", "s"], [[k, f"{v:.2f}"] for k, v in phases(t["marks"])]), ""]
+    if "startup" in fig:
+        f, r = fig["startup"]["fresh"], fig["startup"]["resumed"]
+        fs, rs = f["marks"].get("first_step"), r["marks"].get("first_step")
+        rel = R.ratio(rs, fs)
+        goals.append(("resumed start ≤ 1.3× fresh", R.times(rel), R.goal(rel, 1.3, at_least=False)))
+        mb = (r.get("checkpoint_bytes") or 0) / 1e6
+        out += ["### 3. Start-up: process start → first step", "",
+                f"`{' '.join(fig['plan']['startup_model'])}` on moto_server; the resumed run restores the "
+                f"{mb:,.0f} MB checkpoint the fresh one committed when stopped.", ""]
+        fp, rp = dict(phases(f["marks"])), dict(phases(r["marks"]))
+        names = [k for k, _ in phases(r["marks"])] + [k for k in fp if k not in rp]
+        rows = [[k, R.fmt(fp.get(k), ".2f"), R.fmt(rp.get(k), ".2f")] for k in names]
+        rows.append(["**first step**", R.fmt(fs, ".2f"), R.fmt(rs, ".2f")])
+        out += [R.table(["phase", "fresh s", "resumed s"], rows), "",
+                f"Resumed ÷ fresh: {R.times(rel)}.", ""]
+        out += ["### 5. Preemption: SIGTERM → exit 143, checkpoint committed", "",
+                R.table(["run", "checkpoint MB", "SIGTERM → exit s", "`preempted` event's commit s", "marker found"], [
+                    [k, R.fmt((v.get("checkpoint_bytes") or 0) / 1e6, ",.0f"), R.fmt(v["sigterm_to_exit_s"], ".2f"),
+                     R.fmt(v["preempted_seconds"], ".2f"), "yes" if v["committed"] else "**no**"]
+                    for k, v in (("fresh", f), ("resumed", r))]), ""]
+        worst = max(f["sigterm_to_exit_s"], r["sigterm_to_exit_s"])
+        ok = bool(f["committed"] and r["committed"])
+        goals.append(("SIGTERM → committed < 20 s", f"{worst:.1f} s", R.goal(worst, 20.0, at_least=False) if ok else "**not met**"))
+    if "stall" in fig:
+        every = fig["stall"]["every_s"]
+        rows = []
+        for s in fig["stall"]["sizes"]:
+            blocked = s["blocked_s"]
+            lost = R.contention_seconds(s["upload_wall_s"], s["rate_base"], s["rate_during"])
+            ours, plain = R.throughput_mb_s(s["bytes"], s["upload_s"]), R.throughput_mb_s(s["bytes"], s["plain_s"])
+            share = R.stall_percent(blocked, every)
+            goals.append((f"stall ≤ 5 % ({s['size_mb']:g} MB, every {every:g} s)", f"{share:.1f} %",
+                          R.goal(share, 5.0, at_least=False)))
+            tp = R.ratio(ours, plain)
+            goals.append((f"upload ≥ 50 % of plain boto3 ({s['size_mb']:g} MB)", R.pct(tp), R.goal(tp, 0.5)))
+            rows.append([f"{s['bytes'] / 1e6:,.0f}", f"{s['save_s']:.2f}", f"{s['snapshot_s']:.2f}", f"{blocked:.2f}",
+                         f"{share:.1f} %", f"{lost:.2f}", f"{R.stall_percent(blocked + lost, every):.1f} %",
+                         R.fmt(ours, ",.0f"), R.fmt(plain, ",.0f"), R.pct(tp)])
+        out += ["### 4. Checkpoint stall (moto_server)", "",
+                f"Blocked = what the loop waits per checkpoint (`save_local`: TF write + resume fingerprint; then the "
+                f"hard-link snapshot; the upload runs in the background). Share of a run checkpointing every {every:g} s "
+                "= blocked ÷ (interval + blocked). *Contention* = training seconds lost while the upload ran beside a "
+                "training step (moto_server shares these cores, so this overstates a remote bucket).", "",
+                R.table(["MB", "save s", "snapshot s", "blocked s", "stall share", "contention s", "with contention",
+                         "ours MB/s", "plain boto3 MB/s", "ours ÷ plain"], rows), ""]
+    if "scaling" in fig:
+        rows = []
+        base = fig["scaling"][0]
+        for s in fig["scaling"]:
+            per_step = R.ratio(s["loop_seconds"], s["steps"])
+            base_step = R.ratio(base["loop_seconds"], base["steps"])
+            extra_ms = None if per_step is None or base_step is None else 1000 * (per_step - base_step)
+            rows.append([s["workers"], R.fmt(s["examples_per_sec"]), R.fmt(R.ratio(s["examples_per_sec"], s["workers"])),
+                         R.times(R.ratio(s["examples_per_sec"], base["examples_per_sec"])),
+                         R.fmt(per_step and 1000 * per_step, ".2f"), R.fmt(extra_ms, "+.2f"), R.fmt(s["process_wall_s"], ".1f")])
+        out += ["### 6. Scaling shape (report only)", "",
+                f"`mlp`, batch 64 per worker, {fig['plan']['scaling_steps']:,} steps, worker processes on 127.0.0.1 "
+                f"(TF_CONFIG, MultiWorkerMirroredStrategy) sharing {m['cpus']} cores: the shape and the per-step cost of "
+                "the all-reduce (and of sharing the cores), not a speed-up.", "",
+                R.table(["workers", "examples/s (all)", "per worker", "vs 1 worker", "ms per step", "vs 1 worker ms",
+                         "process wall s"], rows), ""]
+    head, body = out[:4], out[4:]
+    if goals:
+        head += ["### Goals", "", R.table(["goal", "this run", ""], [list(g) for g in goals]), ""]
+    return "\n".join(head + body)
+
+
+def machine(load: tuple[float, float], tf_version: str, gpus: int) -> dict:
+    """The machine's description for the report."""
+    return {"cpus": os.cpu_count(), "platform": f"{platform.system()} {platform.machine()}",
+            "python": platform.python_version(), "tf": tf_version, "gpus": gpus,
+            "load_before": load[0], "load_after": load[1]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the bench; returns the exit code."""
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="every measurement on tiny sizes (a smoke run, ~1 min)")
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {', '.join(SECTIONS)}")
+    p.add_argument("--results", default=str(HERE / "RESULTS.md"), help="the Markdown file whose generated block is rewritten")
+    p.add_argument("--json", default=None, help="also write the raw figures here")
+    a = p.parse_args(argv)
+    only = [s.strip() for s in a.only.split(",") if s.strip()]
+    unknown = [s for s in only if s not in SECTIONS]
+    if unknown:
+        p.error(f"--only {','.join(unknown)}: expected some of {','.join(SECTIONS)}")
+    plan = QUICK if a.quick else Plan()
+    sys.path.insert(0, str(REPO))
+    import boto3
+
+    from tests.fixtures.emulators import start_moto_server
+
+    started, load_before = time.time(), os.getloadavg()[0]
+    server = start_moto_server()
+    try:
+        bucket = f"bench-{uuid.uuid4().hex[:12]}"
+        boto3.session.Session().client("s3", endpoint_url=server.url, region_name="us-east-1", aws_access_key_id="testing",
+                                       aws_secret_access_key="testing").create_bucket(Bucket=bucket)
+        bench = Bench(plan, server.url, bucket, log=lambda msg: print(f"[bench {time.strftime('%H:%M:%S')}] {msg}",
+                                                                       file=sys.stderr, flush=True))
+        fig: dict = {"plan": {"checkpoint_every_s": plan.checkpoint_every_s, "startup_model": list(plan.startup_model),
+                              "scaling_steps": plan.scaling_steps}, "quick": plan.quick}
+        if "limit" in only:
+            fig["limit"] = bench.section_limit()
+        if "seed" in only:
+            fig["seed"] = bench.section_seed()
+        if "startup" in only:
+            fig["startup"] = bench.section_startup()
+        if "stall" in only:
+            fig["stall"] = bench.section_stall()
+        if "scaling" in only:
+            one = next((r["trainer"] for r in fig.get("limit", []) if r["trainer"]["model"] == "mlp"
+                        and r["trainer"]["batch"] == 64), None)
+            fig["scaling"] = bench.section_scaling(one)
+    finally:
+        server.close()
+    tf_version, gpus = "?", 0
+    for r in fig.get("limit", []):
+        tf_version, gpus = r["limit"]["tf_version"], r["limit"]["gpus"]
+    if tf_version == "?":
+        tf_version = subprocess.run([sys.executable, "-c", "import tensorflow as tf; print(tf.__version__)"],
+                                    capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}).stdout.strip()
+    fig["machine"] = machine((load_before, os.getloadavg()[0]), tf_version, gpus)
+    fig["date"] = datetime.now(tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
+    fig["duration_s"] = time.time() - started
+    fig["command"] = "python -m bench" + (" --quick" if a.quick else "") + (f" --only {a.only}" if a.only != ",".join(SECTIONS) else "")
+    block = render(fig)
+    path = Path(a.results)
+    path.write_text(R.replace_block(path.read_text() if path.exists() else "# Benchmark results\n", block))
+    if a.json:
+        Path(a.json).write_text(json.dumps(fig, indent=1, default=str))
+    print(block)
+    return 0
