@@ -451,6 +451,8 @@ def render(fig: dict) -> str:
                 "the all-reduce (and of sharing the cores), not a speed-up.", "",
                 R.table(["workers", "examples/s (all)", "per worker", "vs 1 worker", "ms per step", "vs 1 worker ms",
                          "process wall s"], rows), ""]
+    for name, error in (fig.get("errors") or {}).items():
+        out += [f"### Section `{name}` FAILED", "", "```", error.strip()[-1500:], "```", ""]
     head, body = out[:4], out[4:]
     if goals:
         head += ["### Goals", "", R.table(["goal", "this run", ""], [list(g) for g in goals]), ""]
@@ -492,18 +494,22 @@ def main(argv: list[str] | None = None) -> int:
                                                                        file=sys.stderr, flush=True))
         fig: dict = {"plan": {"checkpoint_every_s": plan.checkpoint_every_s, "startup_model": list(plan.startup_model),
                               "scaling_steps": plan.scaling_steps}, "quick": plan.quick}
-        if "limit" in only:
-            fig["limit"] = bench.section_limit()
-        if "seed" in only:
-            fig["seed"] = bench.section_seed()
-        if "startup" in only:
-            fig["startup"] = bench.section_startup()
-        if "stall" in only:
-            fig["stall"] = bench.section_stall()
-        if "scaling" in only:
-            one = next((r["trainer"] for r in fig.get("limit", []) if r["trainer"]["model"] == "mlp"
-                        and r["trainer"]["batch"] == 64), None)
-            fig["scaling"] = bench.section_scaling(one)
+        fig["errors"] = {}
+        for name in SECTIONS:
+            if name not in only:
+                continue
+            try:
+                if name == "scaling":
+                    one = next((r["trainer"] for r in fig.get("limit", []) if r["trainer"]["model"] == "mlp"
+                                and r["trainer"]["batch"] == 64), None)
+                    fig[name] = bench.section_scaling(one)
+                else:
+                    fig[name] = getattr(bench, f"section_{name}")()
+            except (Exception, SystemExit) as e:  # noqa: BLE001 - one failed section must not lose the others' figures
+                fig["errors"][name] = f"{type(e).__name__}: {e}"[-3000:]
+                bench.log(f"{name}: FAILED, going on with the next section: {fig['errors'][name][:500]}")
+            if a.json:
+                Path(a.json).write_text(json.dumps(fig, indent=1, default=str))
     finally:
         server.close()
     tf_version, gpus = "?", 0
@@ -522,4 +528,4 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         Path(a.json).write_text(json.dumps(fig, indent=1, default=str))
     print(block)
-    return 0
+    return 1 if fig["errors"] else 0

@@ -1,0 +1,151 @@
+"""The bench's arithmetic and the Markdown it writes (bench/report.py, bench/run_all.render): no TensorFlow."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from bench import report as R
+from bench.run_all import phases, render
+
+
+@pytest.mark.parametrize(("num", "den", "want"), [(9.0, 10.0, 0.9), (1.0, 0.0, None), (None, 2.0, None), (2.0, None, None),
+                                                  (3.0, -1.0, None)])
+def test_ratio(num, den, want):
+    assert R.ratio(num, den) == want
+
+
+def test_steady_rate_leaves_out_the_first_call():
+    # 10,000 examples in 2 s, of which the first call took 1 s for 1,000 examples: 9,000 / 1 s.
+    assert R.steady_rate(10_000, 2.0, 1_000, 1.0) == 9_000
+    assert R.steady_rate(10_000, 1.0, 1_000, 1.0) is None
+
+
+@pytest.mark.parametrize(("blocked", "every", "want"), [(0.0, 30.0, 0.0), (1.5, 28.5, 5.0), (30.0, 30.0, 50.0), (-1, 30, 0.0)])
+def test_stall_percent_is_the_share_of_wall_time(blocked, every, want):
+    assert R.stall_percent(blocked, every) == pytest.approx(want)
+
+
+def test_stall_percent_needs_an_interval():
+    with pytest.raises(ValueError, match="positive"):
+        R.stall_percent(1.0, 0)
+
+
+def test_contention_is_upload_time_times_the_speed_lost():
+    assert R.contention_seconds(10.0, 100.0, 75.0) == pytest.approx(2.5)
+    assert R.contention_seconds(10.0, 100.0, 120.0) == 0.0  # faster while uploading: noise, not a gain
+    assert R.contention_seconds(10.0, None, 50.0) == 0.0
+    assert R.contention_seconds(0.0, 100.0, 50.0) == 0.0
+
+
+def test_throughput_in_megabytes_per_second():
+    assert R.throughput_mb_s(100e6, 4.0) == 25.0
+    assert R.throughput_mb_s(1, 0.0) is None
+
+
+def test_split_phases_adds_up_to_the_first_step():
+    marks = {"zero": 0.0, "a0": 0.5, "a1": 2.5, "b0": 3.0, "b1": 3.5, "first_step": 5.0}
+    rows = R.split_phases(marks, [("A", "a0", "a1"), ("B", "b0", "b1"), ("missing", "x0", "x1")])
+    assert [name for name, _ in rows] == ["A", "B", "other (store, events, Python between phases)"]
+    assert dict(rows)["A"] == 2.0 and dict(rows)["B"] == 0.5
+    assert sum(s for _, s in rows) == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize(("value", "target", "at_least", "want"), [
+    (0.95, 0.9, True, "met"), (0.5, 0.9, True, "**not met**"), (1.2, 1.3, False, "met"), (1.4, 1.3, False, "**not met**"),
+    (None, 1.0, True, "n/a"), (float("nan"), 1.0, True, "n/a")])
+def test_goal(value, target, at_least, want):
+    assert R.goal(value, target, at_least=at_least) == want
+
+
+def test_formatting():
+    assert R.fmt(12345.6) == "12,346" and R.fmt(None) == "–" and R.fmt(1.234, ".2f") == "1.23"
+    assert R.pct(0.934) == "93 %" and R.pct(None) == "–"
+    assert R.times(2.5) == "2.50×" and R.times(None) == "–"
+
+
+def test_table_checks_its_shape():
+    text = R.table(["a", "b"], [[1, 2]])
+    assert text.splitlines() == ["| a | b |", "|---|---:|", "| 1 | 2 |"]
+    with pytest.raises(ValueError, match="2 cells"):
+        R.table(["a", "b", "c"], [[1, 2]])
+    with pytest.raises(ValueError, match="alignments"):
+        R.table(["a"], [], align=["l", "r"])
+
+
+def test_replace_block_keeps_what_is_outside_the_markers():
+    doc = f"# Title\n\nby hand\n\n{R.BEGIN}\nold figures\n{R.END}\n\n## History\nkept\n"
+    new = R.replace_block(doc, "new figures")
+    assert "old figures" not in new and "new figures" in new
+    assert new.startswith("# Title\n\nby hand\n") and new.endswith("## History\nkept\n")
+    assert R.replace_block(new, "newer") .count(R.BEGIN) == 1
+    appended = R.replace_block("# Only a title\n", "figures")
+    assert appended.startswith("# Only a title") and appended.rstrip().endswith(R.END) and "figures" in appended
+
+
+MARKS = {"python": 0.05, "imports_start": 0.1, "imports_end": 3.1, "strategy_start": 3.2, "strategy_end": 3.3,
+         "model_start": 3.4, "model_end": 3.6, "dataset_start": 3.7, "dataset_end": 3.9, "call1_start": 4.0,
+         "call1_end": 5.0, "first_step": 5.0}
+RESUMED = {**MARKS, "restore_start": 3.6, "restore_end": 4.6, "dataset_start": 4.7, "dataset_end": 4.9,
+           "call1_start": 5.0, "call1_end": 6.0, "first_step": 6.0}
+RUN = {"model": "mlp", "batch": 64, "steps": 1000, "examples_per_sec": 40_000.0, "steady_examples_per_sec": 45_000.0,
+       "loop_seconds": 1.6, "checkpoints_in_loop": 1, "process_wall_s": 8.0, "peak_rss_mib": 600, "marks": MARKS,
+       "loss": 0.1}
+FIGURES = {
+    "date": "2026-12-01 00:00 UTC", "quick": False, "command": "python -m bench", "duration_s": 600.0,
+    "plan": {"checkpoint_every_s": 30.0, "startup_model": ["--model", "transformer-lm"], "scaling_steps": 1000},
+    "machine": {"cpus": 2, "gpus": 0, "platform": "Linux x86_64", "python": "3.11", "tf": "2.21.0",
+                "load_before": 1.0, "load_after": 2.0},
+    "limit": [{"limit": {"examples_per_sec": 50_000.0}, "trainer": RUN}],
+    "seed": {"seed": {"examples_per_sec": 8_000.0, "process_wall_s": 40.0, "peak_rss_mib": 700, "examples": 300_000},
+             "trainer": RUN},
+    "startup": {"fresh": {"marks": MARKS, "process_wall_s": 9.0, "sigterm_to_exit_s": 4.0, "preempted_seconds": 3.5,
+                          "step": 10, "committed": {"bytes": 100e6}, "checkpoint_bytes": 100e6, "resumed_from": None},
+                "resumed": {"marks": RESUMED, "process_wall_s": 10.0, "sigterm_to_exit_s": 25.0, "preempted_seconds": 3.5,
+                            "step": 20, "committed": {"bytes": 100e6}, "checkpoint_bytes": 100e6, "resumed_from": 10}},
+    "stall": {"every_s": 30.0, "sizes": [{"size_mb": 100, "bytes": 100e6, "save_s": 0.5, "snapshot_s": 0.1,
+                                          "blocked_s": 0.6, "upload_s": 4.0, "upload_wall_s": 4.0, "plain_s": 2.0,
+                                          "rate_base": 100.0, "rate_during": 50.0}]},
+    "scaling": [{"workers": 1, "examples_per_sec": 40_000.0, "steady_examples_per_sec": 41_000.0, "loop_seconds": 1.6,
+                 "steps": 1000, "process_wall_s": 8.0},
+                {"workers": 2, "examples_per_sec": 60_000.0, "steady_examples_per_sec": 61_000.0, "loop_seconds": 2.2,
+                 "steps": 1000, "process_wall_s": 12.0}],
+}
+
+
+def _goal_rows(text: str) -> dict[str, str]:
+    section = text.split("### Goals", 1)[1].split("###", 1)[0]
+    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("| ") and "goal" not in line]
+    return {cells[0].strip(): cells[2].strip() for cells in rows}
+
+
+def test_render_states_every_goal_against_its_figure():
+    text = render(copy.deepcopy(FIGURES))
+    goals = _goal_rows(text)
+    assert goals == {
+        "loop ≥ 90 % of limit (mlp, batch 64, steady)": "met",  # 45,000 / 50,000
+        "trainer ≥ 5× the seed's `fit` (mlp, batch 64)": "met",  # 40,000 / 8,000
+        "resumed start ≤ 1.3× fresh": "met",  # 6.0 / 5.0
+        "SIGTERM → committed < 20 s": "**not met**",  # the resumed run took 25 s
+        "stall ≤ 5 % (100 MB, every 30 s)": "met",  # 0.6 / 30.6
+        "upload ≥ 50 % of plain boto3 (100 MB)": "met",  # 25 MB/s vs 50 MB/s
+    }
+    assert "python -m bench" in text and "load average (1 min) 1.00 before, 2.00 after" in text.lower()
+    assert "| 2 | 60,000 | 30,000 | 1.50× | 2.20 | +0.60 | 12.0 |" in text  # scaling: per step 2.2 ms vs 1.6 ms
+    assert "| restore (download, verify, read) | – | 1.00 |" in text
+
+
+def test_render_reports_a_missing_commit_marker_as_a_failed_preemption():
+    figures = copy.deepcopy(FIGURES)
+    figures["startup"]["resumed"]["sigterm_to_exit_s"] = 5.0
+    assert _goal_rows(render(figures))["SIGTERM → committed < 20 s"] == "met"
+    figures["startup"]["fresh"]["committed"] = None
+    assert _goal_rows(render(figures))["SIGTERM → committed < 20 s"] == "**not met**"
+    assert "| fresh | 100 | 4.00 | 3.50 | **no** |" in render(figures)
+
+
+def test_phases_include_the_interpreter_and_add_up():
+    rows = dict(phases(RESUMED))
+    assert rows["interpreter up"] == 0.05 and rows["imports (TensorFlow, Keras, trainer)"] == pytest.approx(3.0)
+    assert sum(rows.values()) == pytest.approx(RESUMED["first_step"])
