@@ -52,7 +52,7 @@ class TrainConfig:
     xla: bool = False
     grad_accum: int = 1
     log_every: int = 50
-    steps_per_call: int = 10
+    steps_per_call: int | None = None  # None: auto (see --steps-per-call)
     progress_every_seconds: float = 10.0
     lm_layers: int = 2
     lm_dim: int = 64
@@ -120,6 +120,18 @@ def _optional(conv):
     return parse
 
 
+def _auto(conv):
+    """Accept "auto" (and "" or "0") as None: the trainer chooses."""
+
+    def parse(text: str):
+        if text.strip().lower() in ("", "0", "auto"):
+            return None
+        return conv(text)
+
+    parse.__name__ = conv.__name__
+    return parse
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: the problem and, for a mistyped flag, the nearest real one."""
 
@@ -172,8 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-accum", type=_positive_int, default=d.grad_accum,
                    help="micro-batches accumulated per optimizer step")
     p.add_argument("--log-every", type=_positive_int, default=d.log_every, help="TensorBoard scalars every N steps")
-    p.add_argument("--steps-per-call", type=_positive_int, default=d.steps_per_call,
-                   help="steps run per tf.function call (fewer Python round trips; a stop waits for the call)")
+    p.add_argument("--steps-per-call", type=_auto(_positive_int), default=None,
+                   help="steps run per tf.function call (fewer Python round trips; a stop waits for the call). "
+                   "Default auto: as many as run in about a second, never past the next --log-every step "
+                   "(with several workers: 10)")
     p.add_argument("--progress-every-seconds", type=_positive_float, default=d.progress_every_seconds,
                    help="how often progress.json is rewritten")
     p.add_argument("--lm-layers", type=_positive_int, default=d.lm_layers, help="transformer-lm: decoder blocks")

@@ -53,6 +53,12 @@ EXIT_PREEMPTED = layout.EXIT_PREEMPTED
 # any worker's non-zero entry is every worker's decision. (ReduceOp has no MAX.)
 _GO, _CHECKPOINT, _STOP, _CANCEL = (0.0, 0.0, 0.0), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 1.0, 1.0)
 
+# --steps-per-call auto: a call lasts about this long (a stop request waits for the call to end)...
+CALL_SECONDS = 1.0
+# ...with several workers, a fixed count instead: every worker must run the same steps per call,
+# and their clocks would choose differently.
+MULTI_WORKER_STEPS_PER_CALL = 10
+
 
 @dataclass
 class RunState:
@@ -146,22 +152,38 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
         opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss, tf.shape(x, out_type=tf.int64)[0]
 
+    # Replicas of this worker: the first of them carries the worker's sums into the all-reduce.
+    local_replicas = len(strategy.extended.worker_devices)
+
     @tf.function
     def train_steps(iterator, count, request):
         # `count` steps per call: one Python round trip for several steps, which is what
-        # makes a small model fast on CPU. The loss returned is the last step's.
+        # makes a small model fast on CPU. The loss returned is the last step's. Inside the
+        # loop only this worker's replicas are summed (no collective); the sums cross workers
+        # once per call, not per step.
         loss = tf.constant(0.0)
+        n = tf.constant(0, tf.int64)
         for _ in tf.range(count):
             x, y = next(iterator)
-            step_loss, n = strategy.run(replica_step, args=(x, y))
-            loss = strategy.reduce(tf.distribute.ReduceOp.SUM, step_loss, axis=None)
-            examples.assign_add(strategy.reduce(tf.distribute.ReduceOp.SUM, n, axis=None))
-        if multi_worker:
-            # Every worker learns whether any worker wants a checkpoint or a stop, after
-            # the same step, so they all save and stop together. Each worker's replicas
-            # carry its request; the sum is non-zero where any worker's is.
-            request = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.identity(request)), axis=None)
-        return loss, request
+            step_loss, step_n = strategy.run(replica_step, args=(x, y))
+            loss = tf.add_n([tf.cast(v, tf.float32) for v in strategy.experimental_local_results(step_loss)])
+            n += tf.add_n(strategy.experimental_local_results(step_n))
+        if not multi_worker:
+            examples.assign_add(n)
+            return loss, request
+
+        def first_replica_only(value):
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            return tf.where(tf.equal(replica % local_replicas, 0), value, tf.zeros_like(value))
+
+        # Every worker learns the step's loss and examples, and whether any worker wants a
+        # checkpoint or a stop, after the same step, so they all save and stop together. The
+        # sum of the requests is non-zero where any worker's is.
+        packed = tf.concat([[loss], request], 0)
+        total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(first_replica_only, args=(packed,)), axis=None)
+        examples.assign_add(strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(first_replica_only, args=(n,)),
+                                            axis=None))
+        return total[0], total[1:]
 
     return train_steps
 
@@ -199,6 +221,7 @@ class Run:
         self.loop_examples = 0
         # The loop's first call traces the step: its seconds and examples, to report the steady speed.
         self.first_call: tuple[float, int] | None = None
+        self.auto_steps = 1  # --steps-per-call auto: grows from the calls' measured durations
         self.summaries = summaries_mod.Summaries(summaries_mod.local_dir(self.work), self.store, enabled=False)
 
     def emit(self, event: str, **fields) -> dict:
@@ -355,8 +378,11 @@ class Run:
                     request = _GO
                 count = self._steps_this_call(st.step)
                 loss_t, agreed = train_step(iterator, counts(count), requests[request])
+                call_seconds = time.monotonic() - step_started
                 if self.first_call is None:
-                    self.first_call = (time.monotonic() - step_started, count * self.global_batch)
+                    self.first_call = (call_seconds, count * self.global_batch)  # traced the step: not a measure
+                else:
+                    self._adapt_steps(count, call_seconds)
                 st.step += count
                 st.batches_seen += count
                 st.train_seconds += time.monotonic() - step_started
@@ -397,12 +423,23 @@ class Run:
             self.events.stop_bar()
 
     def _steps_this_call(self, step: int) -> int:
-        """Steps for the next call: up to --steps-per-call, never past a log, checkpoint or the end."""
+        """Steps for the next call: up to --steps-per-call (or auto), never past a log, checkpoint or the end."""
         cfg = self.cfg
-        n = min(cfg.steps_per_call, cfg.steps - step, cfg.log_every - step % cfg.log_every)
+        if cfg.steps_per_call is not None:
+            want = cfg.steps_per_call
+        elif self.cluster.multi_worker:
+            want = MULTI_WORKER_STEPS_PER_CALL
+        else:
+            want = self.auto_steps
+        n = min(want, cfg.steps - step, cfg.log_every - step % cfg.log_every)
         if cfg.checkpoint_every_steps:
             n = min(n, cfg.checkpoint_every_steps - step % cfg.checkpoint_every_steps)
         return max(1, n)
+
+    def _adapt_steps(self, count: int, seconds: float) -> None:
+        """--steps-per-call auto: as many steps as take about CALL_SECONDS, at most doubling per call."""
+        per_step = max(seconds / max(count, 1), 1e-6)
+        self.auto_steps = max(1, min(2 * max(self.auto_steps, count), int(CALL_SECONDS / per_step)))
 
     def _seconds_due(self, last: float) -> bool:
         every = self.cfg.checkpoint_every_seconds
