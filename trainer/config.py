@@ -186,8 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=_positive_int, default=d.log_every, help="TensorBoard scalars every N steps")
     p.add_argument("--steps-per-call", type=_auto(_positive_int), default=None,
                    help="steps run per tf.function call (fewer Python round trips; a stop waits for the call). "
-                   "Default auto: as many as run in about a second, never past the next --log-every step "
-                   "(with several workers: 10)")
+                   "Default auto: as many as run in about a second (with several workers: 10)")
     p.add_argument("--progress-every-seconds", type=_positive_float, default=d.progress_every_seconds,
                    help="how often progress.json is rewritten")
     p.add_argument("--lm-layers", type=_positive_int, default=d.lm_layers, help="transformer-lm: decoder blocks")

@@ -120,7 +120,9 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
                     examples: tf.Variable):
     """A `tf.function(iterator, count, request)` running `count` optimizer steps on every replica.
 
-    Returns (last loss, request agreed by all workers).
+    Returns (each step's loss, a vector of `count`; the request agreed by all workers). Every
+    step's loss comes back so that one call may span several --log-every steps: the
+    TensorBoard points stay where they were while the host syncs once per call.
     """
     model, opt = spec.model, spec.optimizer
     accum = cfg.grad_accum
@@ -157,20 +159,21 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
 
     @tf.function
     def train_steps(iterator, count, request):
-        # `count` steps per call: one Python round trip for several steps, which is what
-        # makes a small model fast on CPU. The loss returned is the last step's. Inside the
-        # loop only this worker's replicas are summed (no collective); the sums cross workers
-        # once per call, not per step.
-        loss = tf.constant(0.0)
+        # `count` steps per call: one Python round trip for many steps, which is what makes
+        # a small model fast. Inside the loop only this worker's replicas are summed (no
+        # collective); the sums cross workers once per call, not per step.
+        losses = tf.TensorArray(tf.float32, size=tf.cast(count, tf.int32))
         n = tf.constant(0, tf.int64)
-        for _ in tf.range(count):
+        for i in tf.range(count):
             x, y = next(iterator)
             step_loss, step_n = strategy.run(replica_step, args=(x, y))
-            loss = tf.add_n([tf.cast(v, tf.float32) for v in strategy.experimental_local_results(step_loss)])
+            losses = losses.write(tf.cast(i, tf.int32),
+                                  tf.add_n([tf.cast(v, tf.float32) for v in strategy.experimental_local_results(step_loss)]))
             n += tf.add_n(strategy.experimental_local_results(step_n))
+        losses = losses.stack()
         if not multi_worker:
             examples.assign_add(n)
-            return loss, request
+            return losses, request
 
         def first_replica_only(value):
             replica = tf.distribute.get_replica_context().replica_id_in_sync_group
@@ -179,11 +182,11 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
         # Every worker learns the step's loss and examples, and whether any worker wants a
         # checkpoint or a stop, after the same step, so they all save and stop together. The
         # sum of the requests is non-zero where any worker's is.
-        packed = tf.concat([[loss], request], 0)
+        packed = tf.concat([losses, request], 0)
         total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(first_replica_only, args=(packed,)), axis=None)
         examples.assign_add(strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(first_replica_only, args=(n,)),
                                             axis=None))
-        return total[0], total[1:]
+        return total[:-3], total[-3:]
 
     return train_steps
 
@@ -328,7 +331,12 @@ class Run:
             opts = tf.data.Options()
             opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
             ds = ds.with_options(opts)
-        iterator = iter(strategy.experimental_distribute_dataset(ds))
+        if replicas == 1 and "CPU" in strategy.extended.worker_devices[0].upper():
+            # One replica on the CPU: the distributed iterator only adds per-step bookkeeping
+            # (measured: bench/RESULTS.md); the plain one feeds the same batches in the same order.
+            iterator = iter(ds)
+        else:
+            iterator = iter(strategy.experimental_distribute_dataset(ds))
         train_step = make_train_step(strategy, spec, cfg, global_micro, self.cluster.multi_worker, examples)
         self.summaries = summaries_mod.Summaries(summaries_mod.local_dir(self.work), self.store, enabled=self.chief)
 
@@ -377,6 +385,7 @@ class Run:
                 else:
                     request = _GO
                 count = self._steps_this_call(st.step)
+                call_first = st.step + 1
                 loss_t, agreed = train_step(iterator, counts(count), requests[request])
                 call_seconds = time.monotonic() - step_started
                 if self.first_call is None:
@@ -394,12 +403,18 @@ class Run:
                     request = _STOP
                 wants_ckpt, wants_stop, wants_cancel = (v > 0 for v in request)
                 now = time.monotonic()
-                if st.step % cfg.log_every == 0 or st.step == cfg.steps or wants_stop:
-                    st.loss = float(loss_t)
+                # The --log-every steps this call ran, and its last step when it ends the run.
+                logged = [s for s in range(call_first, st.step + 1) if s % cfg.log_every == 0]
+                if (st.step == cfg.steps or wants_stop) and st.step not in logged:
+                    logged.append(st.step)
+                if logged:
+                    losses = loss_t.numpy()
+                    st.loss = float(losses[-1])
                     seen = int(examples.numpy())
                     rate = (seen - last_examples) / max(now - last_log_time, 1e-9)
                     step_time = (now - last_log_time) / max(st.step - last_log_step, 1)
-                    self._summaries(st.step, st.loss, rate, step_time)
+                    for s in logged:  # one call's points share its speed: it was measured once
+                        self._summaries(s, float(losses[s - call_first]), rate, step_time)
                     self.events.update_bar(st.step, st.loss, rate)
                     self.rate = rate
                     if now - last_progress >= cfg.progress_every_seconds:
@@ -418,12 +433,12 @@ class Run:
         finally:
             self.stop_key.close()
             st.examples_seen = int(examples.numpy())
-            if loss_t is not None:
-                st.loss = float(loss_t)
+            if loss_t is not None and int(tf.size(loss_t)):
+                st.loss = float(loss_t[-1])
             self.events.stop_bar()
 
     def _steps_this_call(self, step: int) -> int:
-        """Steps for the next call: up to --steps-per-call (or auto), never past a log, checkpoint or the end."""
+        """Steps for the next call: up to --steps-per-call (or auto), never past a step checkpoint or the end."""
         cfg = self.cfg
         if cfg.steps_per_call is not None:
             want = cfg.steps_per_call
@@ -431,7 +446,7 @@ class Run:
             want = MULTI_WORKER_STEPS_PER_CALL
         else:
             want = self.auto_steps
-        n = min(want, cfg.steps - step, cfg.log_every - step % cfg.log_every)
+        n = min(want, cfg.steps - step)
         if cfg.checkpoint_every_steps:
             n = min(n, cfg.checkpoint_every_steps - step % cfg.checkpoint_every_steps)
         return max(1, n)

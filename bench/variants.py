@@ -1,0 +1,113 @@
+"""The loop's step function, variant against variant, in one process: what each change to it bought.
+
+Runs each variant for `--trial` seconds, round after round (`--rounds`), interleaved, and
+keeps each one's best round: another user's load only ever slows a round down, so the best
+rounds are the ones to compare on a shared machine. Variants (mlp, synthetic data):
+
+* limit — one batch in memory, 100 steps per call (as `bench.limit`);
+* old — `make_train_step` of an older `trainer/loop.py` (`--old-loop FILE`, e.g.
+  `git show 6701bf9:trainer/loop.py > /tmp/old_loop.py`), distributed iterator, 10 steps per call;
+* new — this tree's `make_train_step`, with the distributed or the plain iterator, at
+  10, 50 (a call per --log-every step) and 500 steps per call.
+
+Only the step function and the input pipeline are compared: the host loop around them
+(summaries, progress, checkpoints) is in the full bench (`python -m bench`).
+
+Usage: python -m bench.variants --old-loop /tmp/old_loop.py [--batch-size 64] [--trial 1] [--rounds 6]
+Prints one JSON line per variant: {"variant", "best_examples_per_sec", "of_limit"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _load(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build(old_loop: str | None, batch: int) -> dict:
+    """The variants: name → (call, examples per call)."""
+    import tensorflow as tf
+
+    from trainer import data as D
+    from trainer import loop as L
+    from trainer.config import TrainConfig
+
+    cfg = TrainConfig(run_uri="file:///nowhere", synthetic=True, batch_size=batch)
+    out: dict = {}
+
+    spec = L.seeded_model(cfg, tf.distribute.get_strategy())
+    x, y = spec.synthetic(0)
+    xb, yb = D.preprocess(tf.constant(x[:batch])), tf.constant(y[:batch])
+
+    @tf.function
+    def limit(n):
+        loss = tf.constant(0.0)
+        for _ in tf.range(n):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(L.per_example_loss(spec, yb, spec.model(xb, training=True)),
+                                                  global_batch_size=batch)
+            grads = tape.gradient(loss, spec.model.trainable_variables)
+            spec.optimizer.apply_gradients(zip(grads, spec.model.trainable_variables, strict=True))
+        return loss
+
+    out["limit (in memory, 100/call)"] = (lambda: limit(tf.constant(100, tf.int64)), 100 * batch)
+    request = tf.constant((0.0, 0.0, 0.0))
+    modules = [("new", L)] + ([("old", _load(old_loop, "old_loop"))] if old_loop else [])
+    for label, module in modules:
+        strategy = tf.distribute.MirroredStrategy()
+        model = L.seeded_model(cfg, strategy)
+        examples = tf.Variable(0, dtype=tf.int64)
+        step = module.make_train_step(strategy, model, cfg, batch, False, examples)
+        ds = D.make_dataset(model, cfg, batch, D.Position(0))
+        dist = iter(strategy.experimental_distribute_dataset(ds))
+        plain = iter(D.make_dataset(model, cfg, batch, D.Position(0)))
+        if label == "old":
+            out["old: distributed iterator, 10/call"] = (lambda s=step, i=dist: s(i, tf.constant(10, tf.int64), request),
+                                                         10 * batch)
+            continue
+        out["new: distributed iterator, 10/call"] = (lambda s=step, i=dist: s(i, tf.constant(10, tf.int64), request),
+                                                     10 * batch)
+        for k in (10, 50, 500):
+            out[f"new: plain iterator, {k}/call"] = (lambda s=step, i=plain, k=k: s(i, tf.constant(k, tf.int64), request),
+                                                     k * batch)
+    return out
+
+
+def main() -> None:
+    """CLI: print each variant's best examples/s and its share of the limit."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--old-loop", default=None, help="an older trainer/loop.py to compare with")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--trial", type=float, default=1.0)
+    p.add_argument("--rounds", type=int, default=6)
+    a = p.parse_args()
+    variants = build(a.old_loop, a.batch_size)
+    for fn, _ in variants.values():
+        fn()  # trace
+    best = dict.fromkeys(variants, 0.0)
+    for _ in range(a.rounds):
+        for name, (fn, per_call) in variants.items():
+            calls, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < a.trial:
+                out = fn()
+                calls += 1
+            (out[0] if isinstance(out, tuple) else out).numpy()
+            best[name] = max(best[name], calls * per_call / (time.perf_counter() - t0))
+    limit = best["limit (in memory, 100/call)"]
+    for name, rate in best.items():
+        print(json.dumps({"variant": name, "best_examples_per_sec": round(rate), "of_limit": round(rate / limit, 3)}))
+
+
+if __name__ == "__main__":
+    main()
