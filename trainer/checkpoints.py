@@ -521,11 +521,15 @@ def variables_digest(variables) -> str:
     Names are left out: the checkpoint matches variables by position, and Keras numbers
     layer names per process, so the same model may carry other names in another attempt.
     """
+    import numpy as np
+
     h = hashlib.blake2b(digest_size=16)
     for v in variables:
         value = v.numpy()
         h.update(f"{value.dtype}|{value.shape}|".encode())
-        h.update(value.tobytes())
+        # The same bytes as `value.tobytes()` without copying them again (a large model's
+        # checkpoint waits for this hash); a uint8 view also serves dtypes such as bfloat16.
+        h.update(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
     return h.hexdigest()
 
 
@@ -594,10 +598,17 @@ class Checkpointer:
         folder = os.path.join(self.work, sub, f"{layout.CHECKPOINT_DIR}-{step}")
         shutil.rmtree(folder, ignore_errors=True)
         os.makedirs(folder)
-        self.ckpt.write(os.path.join(folder, CKPT_PREFIX))
         if self.variables:
-            state = {**state, "structure": structure(self.variables),
-                     "fingerprint": resume_fingerprint({**state, "step": step}, self.variables, self.rng_variables)}
+            # The fingerprint hashes every value while TF writes the same values: both release
+            # the GIL, so for a large model the two overlap instead of adding up (the loop waits
+            # for both; bench/RESULTS.md, checkpoint stall).
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-fingerprint") as pool:
+                fingerprint = pool.submit(resume_fingerprint, {**state, "step": step}, self.variables,
+                                          self.rng_variables)
+                self.ckpt.write(os.path.join(folder, CKPT_PREFIX))
+                state = {**state, "structure": structure(self.variables), "fingerprint": fingerprint.result()}
+        else:
+            self.ckpt.write(os.path.join(folder, CKPT_PREFIX))
         tmp = os.path.join(folder, STATE_FILE + ".tmp")
         with open(tmp, "w") as fh:
             json.dump(state, fh)
