@@ -6,7 +6,7 @@ preprocessed batch of its synthetic data inside a `tf.function` that runs `--ste
 steps per call. The trainer's loop can at best match this.
 
 Usage: python -m bench.limit --model mlp --batch-size 64 --seconds 10 [--lm-* ...]
-Prints one JSON line: {"examples_per_sec", "calls", "seconds", "steps_per_call", ...}.
+Prints one JSON line: {"examples_per_sec" (all calls), "best_examples_per_sec" (the fastest call), "calls", ...}.
 """
 
 from __future__ import annotations
@@ -48,19 +48,21 @@ def measure(model: str, batch_size: int, seconds: float, steps_per_call: int = 1
     t0 = time.perf_counter()
     float(steps(n))  # traces
     warm = time.perf_counter() - t0
-    calls, start = 0, time.perf_counter()
+    calls, start, best = 0, time.perf_counter(), 0.0
     while True:
-        loss = steps(n)
+        t = time.perf_counter()
+        float(steps(n))  # a host sync per call, so each call's own time is measured
         calls += 1
+        best = max(best, steps_per_call * batch_size / (time.perf_counter() - t))
         elapsed = time.perf_counter() - start
         if elapsed >= seconds and calls >= 2:
             break
-    float(loss)
-    elapsed = time.perf_counter() - start
     return {"tf_version": tf.__version__, "gpus": len(tf.config.list_physical_devices("GPU")),
             "model": model, "batch_size": batch_size, "steps_per_call": steps_per_call, "calls": calls,
             "seconds": round(elapsed, 3), "first_call_seconds": round(warm, 3),
-            "examples_per_sec": round(calls * steps_per_call * batch_size / elapsed, 1)}
+            "examples_per_sec": round(calls * steps_per_call * batch_size / elapsed, 1),
+            # The fastest call: on a shared machine, the closest to what a quiet one would do.
+            "best_examples_per_sec": round(best, 1)}
 
 
 def main() -> None:

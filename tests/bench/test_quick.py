@@ -31,6 +31,7 @@ def test_quick_bench_measures_and_writes_its_block(tmp_path):
     (row,) = fig["limit"]
     assert row["limit"]["examples_per_sec"] > 0 and row["trainer"]["examples_per_sec"] > 0
     assert row["trainer"]["checkpoints_in_loop"] >= 1  # the quick plan checkpoints every second
+    assert row["limit"]["best_examples_per_sec"] > 0 and row["trainer"]["best_examples_per_sec"] > 0
     for kind in ("fresh", "resumed"):
         run = fig["startup"][kind]
         assert run["marks"]["first_step"] > run["marks"]["imports_end"] > 0
