@@ -11,7 +11,8 @@ For each size, with the trainer's own `Checkpointer` and `CheckpointStore` (what
   gives the training seconds the upload costs on a shared CPU. moto_server runs on the same
   cores here, so this overstates what a remote bucket would cost;
 * ours — the background commit's own duration (hashing, parallel multipart upload,
-  listing check, marker), and its throughput;
+  listing check, marker), and its throughput; and the same commit once more with nothing
+  running beside it (`commit`, synchronous), as the plain upload runs;
 * plain — `boto3`'s `upload_file` (its default multipart settings) of the same files,
   one after the other, in the same run.
 
@@ -125,13 +126,18 @@ def measure_size(size_mb: float, bucket: str, run_prefix: str, step, per_call: i
         for name in sorted(os.listdir(folder2)):
             client.upload_file(os.path.join(folder2, name), bucket, f"{run_prefix}/plain/{name}")
         plain_s = time.perf_counter() - p0
+        # Ours again with nothing beside it, as the plain upload ran: the fair comparison.
+        folder3 = cp.save_local(3, {**state, "step": 3})
+        ckstore.commit(3, folder3)
+        alone_s = float(committed[-1]["seconds"])
         # moto keeps objects in memory: free them before the next size.
         store.delete_prefix("checkpoints/")
         store.delete_prefix("plain/")
         return {
             "size_mb": size_mb, "bytes": nbytes,
             "save_s": round(t1 - t0, 3), "snapshot_s": round(t2 - t1, 3), "blocked_s": round(t2 - t0, 3),
-            "upload_s": round(ours_s, 3), "upload_wall_s": round(upload_wall, 3), "plain_s": round(plain_s, 3),
+            "upload_s": round(ours_s, 3), "upload_alone_s": round(alone_s, 3), "upload_wall_s": round(upload_wall, 3),
+            "plain_s": round(plain_s, 3),
             "rate_base": round(base_rate, 1), "rate_during": round(during, 1),
         }
     finally:

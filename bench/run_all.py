@@ -465,7 +465,8 @@ def render(fig: dict) -> str:
         for s in fig["stall"]["sizes"]:
             blocked = s["blocked_s"]
             lost = R.contention_seconds(s["upload_wall_s"], s["rate_base"], s["rate_during"])
-            ours, plain = R.throughput_mb_s(s["bytes"], s["upload_s"]), R.throughput_mb_s(s["bytes"], s["plain_s"])
+            ours, plain = R.throughput_mb_s(s["bytes"], s["upload_alone_s"]), R.throughput_mb_s(s["bytes"], s["plain_s"])
+            beside = R.throughput_mb_s(s["bytes"], s["upload_s"])
             share = R.stall_percent(blocked, every)
             goals.append((f"stall ≤ 5 % ({s['size_mb']:g} MB, every {every:g} s)", f"{share:.1f} %",
                           R.goal(share, 5.0, at_least=False)))
@@ -473,14 +474,17 @@ def render(fig: dict) -> str:
             goals.append((f"upload ≥ 50 % of plain boto3 ({s['size_mb']:g} MB)", R.pct(tp), R.goal(tp, 0.5)))
             rows.append([f"{s['bytes'] / 1e6:,.0f}", f"{s['save_s']:.2f}", f"{s['snapshot_s']:.2f}", f"{blocked:.2f}",
                          f"{share:.1f} %", f"{lost:.2f}", f"{R.stall_percent(blocked + lost, every):.1f} %",
-                         R.fmt(ours, ",.0f"), R.fmt(plain, ",.0f"), R.pct(tp)])
+                         R.fmt(beside, ",.0f"), R.fmt(ours, ",.0f"), R.fmt(plain, ",.0f"), R.pct(tp)])
         out += ["### 4. Checkpoint stall (moto_server)", "",
                 f"Blocked = what the loop waits per checkpoint (`save_local`: TF write + resume fingerprint; then the "
                 f"hard-link snapshot; the upload runs in the background). Share of a run checkpointing every {every:g} s "
                 "= blocked ÷ (interval + blocked). *Contention* = training seconds lost while the upload ran beside a "
-                "training step (moto_server shares these cores, so this overstates a remote bucket).", "",
+                "training step (moto_server shares these cores, so this overstates a remote bucket). Throughput: our commit "
+                "(hashes, parallel multipart upload, listing check, marker) beside that training step, and again alone; "
+                "plain = boto3 `upload_file` of the same files, alone.", "",
                 R.table(["MB", "save s", "snapshot s", "blocked s", "stall share", "contention s", "with contention",
-                         "ours MB/s", "plain boto3 MB/s", "ours ÷ plain"], rows), ""]
+                         "ours MB/s beside training", "ours MB/s alone", "plain boto3 MB/s", "ours alone ÷ plain"],
+                        rows), ""]
     if "scaling" in fig:
         rows = []
         base = fig["scaling"][0]

@@ -40,6 +40,7 @@ def test_quick_bench_measures_and_writes_its_block(tmp_path):
     assert "restore_end" in fig["startup"]["resumed"]["marks"]
     (size,) = fig["stall"]["sizes"]
     assert size["bytes"] > 1e6 and size["blocked_s"] > 0 and size["upload_s"] > 0 and size["plain_s"] > 0
+    assert size["upload_alone_s"] > 0
 
     text = results.read_text()
     assert text.startswith("# Benchmark results\n\nwritten by hand, kept\n")
