@@ -6,7 +6,10 @@ CANCELLED written), 143 stopped by SIGTERM/SIGINT after a committed checkpoint, 
 78 this machine cannot run the run (the GPUs asked for are not seen: `trainer.devices`).
 
 One loop serves one machine (MirroredStrategy) and several (MultiWorkerMirroredStrategy):
-`strategy.run` inside a `tf.function`, fed by `strategy.experimental_distribute_dataset`.
+`strategy.run` inside a `tf.function`, fed by `strategy.experimental_distribute_dataset`
+(one replica on the CPU: by the data set's own iterator). A call runs many steps (about a
+second's worth by default) and returns every step's loss, so TensorBoard keeps a point per
+--log-every step while the host waits on the device once per call.
 A checkpoint is the model's and optimizer's variables (dropout RNG state included) written
 with `tf.train.Checkpoint`, plus `state.json` (step, batches and examples consumed), so a
 resumed run continues with the very next batch. Each checkpoint is saved to its own local
@@ -179,7 +182,7 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
             replica = tf.distribute.get_replica_context().replica_id_in_sync_group
             return tf.where(tf.equal(replica % local_replicas, 0), value, tf.zeros_like(value))
 
-        # Every worker learns the step's loss and examples, and whether any worker wants a
+        # Every worker learns each step's loss and the examples, and whether any worker wants a
         # checkpoint or a stop, after the same step, so they all save and stop together. The
         # sum of the requests is non-zero where any worker's is.
         packed = tf.concat([losses, request], 0)
