@@ -42,7 +42,9 @@ def test_stopped_run_matches_uninterrupted(kills, s3_run, reference, tmp_path):
     rng = random.Random(len(kills))
     order = list(kills)
     rng.shuffle(order)
-    targets = sorted(rng.sample(range(30, 450, 10), len(order)))
+    # In the first half: a checkpoint is reported after its upload, and the loop is fast enough
+    # to run the last 190 steps before the signal lands (then the run just finishes).
+    targets = sorted(rng.sample(range(30, 300, 10), len(order)))
     env = trainer_env(s3_run.env)
     codes, last_target = [], 0
     for sig_name, target in zip(order, targets, strict=True):

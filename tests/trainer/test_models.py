@@ -43,8 +43,9 @@ def test_gradient_accumulation_equals_one_big_batch():
         examples = tf.Variable(0, dtype=tf.int64)
         step = make_train_step(strategy, spec, cfg, 16 // accum, False, examples)
         it = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors((x, y)).repeat()))
-        loss, _ = step(it, tf.constant(1, tf.int64), tf.constant((0.0, 0.0)))
-        losses.append(float(loss))
+        step_losses, _ = step(it, tf.constant(1, tf.int64), tf.constant((0.0, 0.0, 0.0)))
+        assert step_losses.shape == (1,)  # one loss per step of the call
+        losses.append(float(step_losses[-1]))
         weights.append(np.concatenate([v.numpy().ravel() for v in model.trainable_variables]))
         assert int(examples.numpy()) == 16
     assert len(weights) == 3
