@@ -146,11 +146,13 @@ def _json_doc(store, key: str) -> dict | None:
 
 
 def read_machine_events(store) -> list[dict]:
-    """Every machine's own events (``machine-events/<machine>.jsonl``), each machine's in its order."""
+    """Every machine's own events (``machine-events/<machine>.jsonl``) and every non-chief worker's
+    (``worker-events/<address>.jsonl``: its ``failed`` events), each writer's in its order."""
     out = []
-    for key in store.list(layout.MACHINE_EVENTS_PREFIX):
-        if key.endswith(".jsonl"):
-            out.extend(read_jsonl(store, key))
+    for prefix in (layout.MACHINE_EVENTS_PREFIX, layout.WORKER_EVENTS_PREFIX):
+        for key in store.list(prefix):
+            if key.endswith(".jsonl"):
+                out.extend(read_jsonl(store, key))
     return out
 
 

@@ -63,6 +63,7 @@ class TrainConfig:
     data_dir: str | None = None
     work_dir: str | None = None
     gpus_per_node: int | None = None
+    startup_timeout: float = 600.0
 
     @property
     def per_step_batch(self) -> int:
@@ -188,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=_nonneg_int, default=None,
                    help="GPUs TensorFlow must see on this machine, else the run fails at once (exit 78); "
                    "unset: no check")
+    p.add_argument("--startup-timeout", type=_positive_float, default=d.startup_timeout,
+                   help="several workers: seconds to wait for every worker named in TF_CONFIG to join; "
+                   "past it the worker exits 75 with a failed event naming the workers it waited for "
+                   "(unused with one worker)")
     return p
 
 

@@ -12,6 +12,7 @@ keeps their spellings equal to the ones here.
 One writer per object:
   trainer (chief)        events.jsonl, progress.json, checkpoints/, tensorboard/, model/, COMPLETE,
                          CANCELLED (after a committed checkpoint, when it finds STOP)
+  trainer (other worker) worker-events/<address>.jsonl (its own `failed` events)
   machine scripts        machine-events/<machine>.jsonl (each machine its own), logs/<machine>/,
                          deadline (first boot), FAILED / TIMED_OUT (finish path)
   ops                    STOP (a request the trainer polls)
@@ -47,6 +48,7 @@ DEADLINE_KEY = "deadline"
 MACHINE_EVENTS_PREFIX = "machine-events/"
 STOP_KEY = "STOP"
 RENDEZVOUS_PREFIX = "rendezvous/"  # several machines: membership records by generation
+WORKER_EVENTS_PREFIX = "worker-events/"  # several machines: a non-chief worker's own `failed` events
 
 # -- terminal markers: exactly one ends a run; JSON documents at the top of the run folder --
 
@@ -129,6 +131,12 @@ def code_key(name: str, digest: str) -> str:
 def machine_events_key(machine: str) -> str:
     """`machine-events/<machine>.jsonl`: one machine's own events (that machine is its only writer)."""
     return f"{MACHINE_EVENTS_PREFIX}{machine}.jsonl"
+
+
+def worker_events_key(address: str) -> str:
+    """`worker-events/<host>-<port>.jsonl`: a non-chief worker's own events (that worker is its only writer)."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in address)
+    return f"{WORKER_EVENTS_PREFIX}{safe}.jsonl"
 
 
 def attempts(events: list[dict]) -> int:

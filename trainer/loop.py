@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 import keras
 import tensorflow as tf
 
+from trainer import cluster as cluster_mod
 from trainer import data as data_mod
 from trainer import export as export_mod
 from trainer import layout
@@ -198,10 +199,14 @@ class Run:
         self.loop_seconds = 0.0
         self.loop_examples = 0
         self.summaries = summaries_mod.Summaries(summaries_mod.local_dir(self.work), self.store, enabled=False)
+        self.startup: cluster_mod.StartupWatchdog | None = None
 
     def emit(self, event: str, **fields) -> dict:
         ev = self.events.emit(event, **fields)
         self.own_events.append(ev)
+        if event == layout.FAILED_EVENT and not self.chief:
+            # Not the chief's: events.jsonl is not this worker's to write (see trainer.cluster).
+            cluster_mod.record_worker_event(self.store, self.cluster.address, ev)
         return ev
 
     def _store_event(self, kind: str, fields: dict) -> None:
@@ -231,9 +236,13 @@ class Run:
             self.emit(layout.FAILED_EVENT, reason=str(e), step=self.state.step)
             return layout.EXIT_UNUSABLE
         except Exception as e:  # noqa: BLE001 - any failure ends the attempt the same way
+            if self.cluster.multi_worker and cluster_mod.peer_loss(e):
+                return self._peer_lost(e)
             self.emit(layout.FAILED_EVENT, reason=f"{type(e).__name__}: {e}", step=self.state.step)
             return EXIT_FAILED
         finally:
+            if self.startup is not None:
+                self.startup.disarm()
             self.stop.restore()
             self.stop_key.close()
             self.events.close()
@@ -270,6 +279,15 @@ class Run:
     def _train(self) -> int:
         cfg = self.cfg
         check_gpus(cfg.gpus_per_node)
+        if self.cluster.multi_worker:
+            # A little later than the peers' wait below, so the two never race to report the same wait.
+            self.startup = cluster_mod.StartupWatchdog(cfg.startup_timeout + 5, self._no_cluster_exit).start()
+            missing = cluster_mod.wait_for_peers(self.cluster.address, self.cluster.peers,
+                                                 self.startup.started_at + cfg.startup_timeout)
+            if missing:
+                self.startup.disarm()
+                self._no_cluster(missing)
+                return layout.EXIT_NO_CLUSTER
         strategy = make_strategy(self.cluster)
         self.stop.reclaim()
         precision = resolve_precision(cfg)
@@ -282,6 +300,10 @@ class Run:
         # seeded: see seeded_model.
         self.events.flush()
         spec = seeded_model(cfg, strategy)
+        if self.startup is not None:
+            # Every worker has passed the strategy's barrier and the variables' broadcast: the
+            # cluster formed. From here a lost peer shows as a collective error (_peer_lost).
+            self.startup.disarm()
         self.spec = spec
         examples = tf.Variable(0, dtype=tf.int64, trainable=False)
         # Lists of the variables themselves: Keras 3 models are not tracked by attribute.
@@ -416,6 +438,41 @@ class Run:
             "examples_per_sec": rate,
             "step_time_s": step_time,
         })
+
+    # -- several workers --
+
+    def _no_cluster(self, missing: list[str]) -> None:
+        """The cluster did not form in time: the `failed` event naming the workers waited for."""
+        cl = self.cluster
+        reason = (f"the {cl.workers} workers did not form a cluster within --startup-timeout "
+                  f"{self.cfg.startup_timeout:g} s; waited for {', '.join(cl.peers)}"
+                  + (f" (no trainer listening at {', '.join(missing)})" if missing else "")
+                  + ". Not this machine's failure: the machines form a new cluster and the run resumes "
+                  "from its newest committed checkpoint")
+        self.emit(layout.FAILED_EVENT, reason=reason, step=self.state.step, exit_code=layout.EXIT_NO_CLUSTER,
+                  waited_for=cl.peers, unreachable=missing, worker=cl.index, address=cl.address)
+
+    def _no_cluster_exit(self) -> None:
+        """The start-up watchdog fired (its own thread; the main one is stuck in TensorFlow): record, exit 75."""
+        self._no_cluster(cluster_mod.unreachable(self.cluster.peers))
+        self.events.flush(timeout=cluster_mod.RECORD_TIMEOUT_S)
+        if self._own_work:
+            shutil.rmtree(self.work, ignore_errors=True)
+        cluster_mod.hard_exit(layout.EXIT_NO_CLUSTER)
+
+    def _peer_lost(self, error: BaseException) -> int:
+        """A collective failed because a peer went away: say which, exit 76 (75 before the cluster formed)."""
+        cl = self.cluster
+        forming = self.startup is not None and self.startup.armed
+        code = layout.EXIT_NO_CLUSTER if forming else layout.EXIT_PEER_LOST
+        lost = cluster_mod.lost_peers(error, cl.addresses, cl.index)
+        committed = self.checkpointer.last_committed if self.checkpointer is not None else None
+        what = "while the cluster formed" if forming else f"after step {self.state.step}"
+        reason = (f"a peer was lost {what} ({', '.join(lost) or 'a worker'}): {cluster_mod.brief_error(error)}. "
+                  "Not this machine's failure: the run resumes from its newest committed checkpoint")
+        self.emit(layout.FAILED_EVENT, reason=reason, step=self.state.step, exit_code=code, lost=lost,
+                  committed_step=committed, worker=cl.index, address=cl.address)
+        return code
 
     # -- checkpoints --
 

@@ -554,3 +554,18 @@ def test_status_of_a_stack_that_cannot_launch_says_why(s3_run, tmp_path, monkeyp
     doc = json.loads(capsys.readouterr().out)
     assert doc["group_note"] == "group not read: cannot read the group g: no credentials"
     assert doc["detail"].startswith("nothing written yet")
+
+
+def test_a_workers_own_failed_event_is_in_the_timeline(file_run, tmp_path):
+    from trainer.cluster import record_worker_event
+
+    store = open_store(file_run.uri)
+    events_of(store, 1, STARTED)
+    time.sleep(0.01)
+    failed = {"event": "failed", "time": iso(0), "attempt": 1, "reason": "a peer was lost", "exit_code": 76,
+              "address": "10.0.0.7:2222"}
+    assert record_worker_event(store, "10.0.0.7:2222", failed)
+    st = status.read_status(file_run.uri, events=10)
+    assert [(e["event"], e.get("address")) for e in st.events] == [("started", None), ("failed", "10.0.0.7:2222")]
+    assert store.list(layout.WORKER_EVENTS_PREFIX) == [layout.worker_events_key("10.0.0.7:2222")]
+    assert "failed" not in store.get_bytes(layout.EVENTS_KEY).decode()  # the chief's log is the chief's alone

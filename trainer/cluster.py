@@ -1,0 +1,183 @@
+"""Several workers: a bounded wait for the cluster to form, and a peer's loss told apart from a failure.
+
+TensorFlow's MultiWorkerMirroredStrategy waits without bound at start-up for every worker
+named in `TF_CONFIG`, inside its C++ runtime and holding Python's GIL (measured with TF
+2.21: no Python thread runs meanwhile, and the coordination service's
+`cluster_register_timeout_in_ms` does not end the leader's wait). So the wait is bounded
+before TensorFlow starts: `wait_for_peers` listens on this worker's own port and waits, up to
+`--startup-timeout`, until every peer's port answers (a peer's own wait, or TensorFlow's server
+once it has started). A peer that never answers makes the worker record a `failed` event naming
+the workers it waited for and exit `layout.EXIT_NO_CLUSTER` (75). `StartupWatchdog` covers the
+rest of the start-up where TensorFlow lets Python run (its barrier and the variables'
+broadcast): past the same deadline it records the event and ends the process itself.
+
+Once training runs, a peer that dies is seen by TensorFlow's heartbeats (a killed process at
+once, a frozen one in about 10 s) and the next collective raises; `peer_loss` recognises that
+error, so the worker exits `layout.EXIT_PEER_LOST` (76): not this machine's failure.
+
+Only the chief writes the run's `events.jsonl`. Another worker's `failed` event is recorded
+in its own object, `worker-events/<address>.jsonl` (`layout.worker_events_key`), which
+`ops status` reads beside the machines' events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from trainer import layout
+
+# How long a dying worker may spend recording its `failed` event before it exits anyway.
+RECORD_TIMEOUT_S = 30.0
+# How long a probe of one peer's port may take when the wait ran out.
+PROBE_TIMEOUT_S = 2.0
+
+_TASK = re.compile(r"/job:worker/(?:replica:\d+/)?task:(\d+)")
+
+
+def unreachable(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> list[str]:
+    """The `host:port` addresses where nothing accepts a TCP connection (no trainer started there)."""
+    out = []
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                pass
+        except (OSError, ValueError):
+            out.append(address)
+    return out
+
+
+def wait_for_peers(own: str, peers: Sequence[str], deadline: float, poll: float = 0.5) -> list[str]:
+    """Wait until every peer's `host:port` accepts a connection or `time.monotonic()` passes `deadline`.
+
+    Meanwhile this worker listens on its own port so that peers waiting the same way see it;
+    the socket is closed before returning, so TensorFlow can bind the port next. Returns the
+    peers never reached (empty: all are up).
+    """
+    missing = list(peers)
+    listener = None
+    with contextlib.suppress(OSError, ValueError):
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("", int(own.rpartition(":")[2])))
+        listener.listen(64)
+    try:
+        while missing:
+            missing = unreachable(missing, timeout=min(PROBE_TIMEOUT_S, max(0.1, deadline - time.monotonic())))
+            if not missing or time.monotonic() >= deadline:
+                break
+            time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+    finally:
+        if listener is not None:
+            listener.close()
+    return missing
+
+
+class StartupWatchdog:
+    """Calls `on_expire` once if not disarmed within `timeout` seconds (on its own thread)."""
+
+    def __init__(self, timeout: float, on_expire: Callable[[], None]):
+        self.timeout = timeout
+        self.on_expire = on_expire
+        self._disarmed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.started_at: float | None = None
+
+    def start(self) -> StartupWatchdog:
+        """Start counting."""
+        self.started_at = time.monotonic()
+        self._thread = threading.Thread(target=self._watch, name="startup-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        if not self._disarmed.wait(self.timeout):
+            self.on_expire()
+
+    def disarm(self) -> None:
+        """The cluster formed: never fire."""
+        self._disarmed.set()
+
+    @property
+    def armed(self) -> bool:
+        """True while started and not yet disarmed."""
+        return self._thread is not None and not self._disarmed.is_set()
+
+
+def peer_loss(error: BaseException) -> bool:
+    """True when `error` is a collective failing because a peer went away (not this worker's fault).
+
+    TensorFlow raises `UnavailableError` for a peer that stopped sending heartbeats or reset
+    its connection, `DeadlineExceededError` for one that stopped answering, and `CancelledError`
+    / `AbortedError` for the collectives it aborted because of either.
+    """
+    import tensorflow as tf
+
+    return isinstance(error, tf.errors.UnavailableError | tf.errors.DeadlineExceededError
+                      | tf.errors.CancelledError | tf.errors.AbortedError)
+
+
+def lost_peers(error: BaseException, addresses: Sequence[str], own_index: int) -> list[str]:
+    """The peers TensorFlow's message names (`/job:worker/replica:0/task:N`), as addresses."""
+    text = str(getattr(error, "message", None) or error)
+    out = []
+    for m in _TASK.finditer(text):
+        i = int(m.group(1))
+        if i != own_index and i < len(addresses) and addresses[i] not in out:
+            out.append(addresses[i])
+    return out
+
+
+def brief_error(error: BaseException, limit: int = 400) -> str:
+    """TensorFlow's error message without the Python stack it carries: its type and first lines."""
+    text = str(getattr(error, "message", None) or error)
+    keep = []
+    for line in text.splitlines():
+        s = line.strip()
+        if not s or s.startswith(("File ", "Detected at node", "Graph execution error", "[[")):
+            continue
+        keep.append(s)
+    summary = " ".join(keep[:3]) or text.strip()
+    if len(summary) > limit:
+        summary = summary[:limit - 3] + "..."
+    return f"{type(error).__name__}: {summary}"
+
+
+def record_worker_event(store, address: str, event: dict, timeout: float = RECORD_TIMEOUT_S) -> bool:
+    """Append `event` to this worker's own `worker-events/<address>.jsonl`; False if not done in `timeout`.
+
+    A worker other than the chief never writes `events.jsonl` (one writer per object), so this
+    is where its `failed` event is kept. Bounded: a store that does not answer must not keep
+    a dying worker alive.
+    """
+    done = threading.Event()
+    line = json.dumps(event, default=str)
+
+    def write() -> None:
+        try:
+            store.append_line(layout.worker_events_key(address), line)
+            done.set()
+        except Exception as e:  # noqa: BLE001 - reported, never fatal: the worker is ending anyway
+            print(f"trainstack: could not record the worker's event in the run: {e}", file=sys.stderr)
+
+    t = threading.Thread(target=write, name="worker-event", daemon=True)
+    t.start()
+    t.join(timeout)
+    return done.is_set()
+
+
+def hard_exit(code: int) -> None:
+    """End the process now with `code` (from any thread; the main one may be stuck in TensorFlow)."""
+    import os
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
