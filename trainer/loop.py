@@ -321,6 +321,9 @@ class Run:
 
         ds = data_mod.make_dataset(spec, cfg, global_step_batch, data_mod.Position(self.state.batches_seen))
         if self.cluster.multi_worker:
+            # DATA sharding of a stream batched by the global batch: every worker builds the same
+            # stream and takes its own slice of each global batch, so N workers train on exactly
+            # the examples one worker would (tests/trainer/test_cluster.py compares the weights).
             opts = tf.data.Options()
             opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
             ds = ds.with_options(opts)
