@@ -7,9 +7,10 @@ named in `TF_CONFIG`, inside its C++ runtime and holding Python's GIL (measured 
 before TensorFlow starts: `wait_for_peers` listens on this worker's own port and waits, up to
 `--startup-timeout`, until every peer's port answers (a peer's own wait, or TensorFlow's server
 once it has started). A peer that never answers makes the worker record a `failed` event naming
-the workers it waited for and exit `layout.EXIT_NO_CLUSTER` (75). `StartupWatchdog` covers the
-rest of the start-up where TensorFlow lets Python run (its barrier and the variables'
-broadcast): past the same deadline it records the event and ends the process itself.
+the workers it waited for and exit `layout.EXIT_NO_CLUSTER` (75). A peer that answered and
+then never joined (it died, or it formed another cluster) would still hold the wait inside
+TensorFlow: `StartupWatchdog` records the event and ends the process where Python can run, and
+its `NativeDeadline` (a libc timer calling `_exit(75)`) ends it where Python cannot, unrecorded.
 
 Once training runs, a peer that dies is seen by TensorFlow's heartbeats (a killed process at
 once, a frozen one in about 10 s) and the next collective raises; `peer_loss` recognises that
@@ -23,6 +24,7 @@ in its own object, `worker-events/<address>.jsonl` (`layout.worker_events_key`),
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import re
 import socket
@@ -80,12 +82,73 @@ def wait_for_peers(own: str, peers: Sequence[str], deadline: float, poll: float 
     return missing
 
 
-class StartupWatchdog:
-    """Calls `on_expire` once if not disarmed within `timeout` seconds (on its own thread)."""
+class _Sigevent(ctypes.Structure):
+    # glibc's struct sigevent (64 bytes on 64-bit Linux) with its SIGEV_THREAD members.
+    _fields_ = [("value", ctypes.c_void_p), ("signo", ctypes.c_int), ("notify", ctypes.c_int),
+                ("function", ctypes.c_void_p), ("attribute", ctypes.c_void_p), ("_pad", ctypes.c_int * 8)]
 
-    def __init__(self, timeout: float, on_expire: Callable[[], None]):
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("interval", _Timespec), ("value", _Timespec)]
+
+
+_SIGEV_THREAD = 2
+_CLOCK_MONOTONIC = 1
+
+
+class NativeDeadline:
+    """`_exit(code)` after `seconds`, from a libc timer thread that needs no Python lock.
+
+    The last resort while TensorFlow's start-up holds the GIL (no Python thread or signal
+    handler can run then): POSIX `timer_create` with `SIGEV_THREAD` calls libc's `_exit`
+    with the code as its argument. Nothing is printed or recorded on that path. Where the
+    timer cannot be made (not glibc), `ok` is False and nothing is armed.
+    """
+
+    def __init__(self, seconds: float, code: int):
+        self.ok = False
+        self._libc = None
+        self._timer = ctypes.c_void_p()
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            event = _Sigevent(value=code, signo=0, notify=_SIGEV_THREAD,
+                              function=ctypes.cast(libc._exit, ctypes.c_void_p).value)
+            if libc.timer_create(_CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(self._timer)) != 0:
+                return
+            whole = int(seconds)
+            spec = _Itimerspec(value=_Timespec(whole, int((seconds - whole) * 1e9)))
+            if libc.timer_settime(self._timer, 0, ctypes.byref(spec), None) != 0:
+                libc.timer_delete(self._timer)
+                return
+        except (OSError, AttributeError):
+            return
+        self._libc, self.ok = libc, True
+
+    def cancel(self) -> None:
+        """Never fire."""
+        if self.ok:
+            self._libc.timer_delete(self._timer)
+            self.ok = False
+
+
+class StartupWatchdog:
+    """Calls `on_expire` once if not disarmed within `timeout` seconds (on its own thread).
+
+    With `native_grace`, a `NativeDeadline` also ends the process with `native_code` that
+    many seconds later, for when the Python thread cannot run at all (TensorFlow holds the GIL).
+    """
+
+    def __init__(self, timeout: float, on_expire: Callable[[], None], *, native_grace: float | None = None,
+                 native_code: int = layout.EXIT_NO_CLUSTER):
         self.timeout = timeout
         self.on_expire = on_expire
+        self.native_grace = native_grace
+        self.native_code = native_code
+        self.native: NativeDeadline | None = None
         self._disarmed = threading.Event()
         self._thread: threading.Thread | None = None
         self.started_at: float | None = None
@@ -93,6 +156,8 @@ class StartupWatchdog:
     def start(self) -> StartupWatchdog:
         """Start counting."""
         self.started_at = time.monotonic()
+        if self.native_grace is not None:
+            self.native = NativeDeadline(self.timeout + self.native_grace, self.native_code)
         self._thread = threading.Thread(target=self._watch, name="startup-watchdog", daemon=True)
         self._thread.start()
         return self
@@ -104,6 +169,8 @@ class StartupWatchdog:
     def disarm(self) -> None:
         """The cluster formed: never fire."""
         self._disarmed.set()
+        if self.native is not None:
+            self.native.cancel()
 
     @property
     def armed(self) -> bool:

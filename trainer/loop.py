@@ -280,8 +280,11 @@ class Run:
         cfg = self.cfg
         check_gpus(cfg.gpus_per_node)
         if self.cluster.multi_worker:
-            # A little later than the peers' wait below, so the two never race to report the same wait.
-            self.startup = cluster_mod.StartupWatchdog(cfg.startup_timeout + 5, self._no_cluster_exit).start()
+            # A little later than the peers' wait below, so the two never race to report the same
+            # wait; the native deadline later still, after the watchdog's time to record.
+            self.startup = cluster_mod.StartupWatchdog(
+                cfg.startup_timeout + 5, self._no_cluster_exit,
+                native_grace=5 + cluster_mod.RECORD_TIMEOUT_S + 5).start()
             missing = cluster_mod.wait_for_peers(self.cluster.address, self.cluster.peers,
                                                  self.startup.started_at + cfg.startup_timeout)
             if missing:

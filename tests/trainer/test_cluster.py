@@ -81,6 +81,37 @@ def test_peer_loss_and_its_message_are_told_apart_from_other_errors():
     assert "File " not in brief and "Detected at node" not in brief
 
 
+NATIVE = """
+import re, sys, threading
+from trainer.cluster import NativeDeadline
+threading.Timer(0.2, lambda: print("python ran", flush=True)).start()
+deadline = NativeDeadline(0.5, 75)
+assert deadline.ok
+if sys.argv[1] == "cancel":
+    deadline.cancel()
+    sys.exit(0)
+# Catastrophic backtracking: one C call that never releases the GIL (as TensorFlow's start-up).
+re.match(r"(a+)+$", "a" * 40 + "b")
+print("not reached", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode, code", [("fire", 75), ("cancel", 0)])
+def test_the_native_deadline_ends_a_process_whose_python_cannot_run(mode, code):
+    import subprocess
+    import sys
+
+    from tests.trainer.trainer_helpers import REPO
+
+    started = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", NATIVE, mode], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == code, p.stderr
+    if mode == "fire":
+        assert time.monotonic() - started < 30
+        # The Python timer never got the GIL: only the native deadline could end it.
+        assert "python ran" not in p.stdout and "not reached" not in p.stdout
+
+
 def test_a_stuck_store_does_not_keep_a_dying_worker_alive():
     class Stuck:
         def append_line(self, key, line):
@@ -129,6 +160,26 @@ def test_a_worker_whose_peer_never_starts_exits_75_within_the_timeout_and_says_w
     assert store_events(other_run) == []  # not the chief: events.jsonl is not its to write
     recorded = read_jsonl(other_store, layout.worker_events_key(b[1]))
     assert [(e["event"], e["exit_code"], e["address"]) for e in recorded] == [("failed", 75, b[1])]
+
+
+@pytest.mark.slow
+def test_a_peer_that_answers_but_never_joins_still_ends_the_wait_with_75(file_run):
+    # The peer's port accepts connections (a stale process, or a worker of another cluster)
+    # but no TensorFlow worker joins: the chief's wait inside TensorFlow holds the GIL, and
+    # only the native deadline ends it, at --startup-timeout + 45 s.
+    with socket.socket() as peer:
+        peer.bind(("127.0.0.1", 0))
+        peer.listen(16)
+        workers = [f"127.0.0.1:{_ports(1)[0]}", f"127.0.0.1:{peer.getsockname()[1]}"]
+        started = time.monotonic()
+        chief = Trainer(file_run.uri, *ARGS, "--startup-timeout", "5", env=trainer_env(TF_CONFIG=_tf_config(workers, 0)))
+        try:
+            rc = chief.wait(timeout=240)
+        finally:
+            _kill_all([chief])
+    assert rc == layout.EXIT_NO_CLUSTER, chief.stderr[-2000:]
+    assert 5 + 45 <= time.monotonic() - started < 5 + 45 + 90
+    assert not any(e["event"] == "started" for e in chief.events)
 
 
 @pytest.mark.slow
