@@ -56,8 +56,10 @@ def unreachable(addresses: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> l
     return out
 
 
-def wait_for_peers(own: str, peers: Sequence[str], deadline: float, poll: float = 0.5) -> list[str]:
-    """Wait until every peer's `host:port` accepts a connection or `time.monotonic()` passes `deadline`.
+def wait_for_peers(own: str, peers: Sequence[str], deadline: float, poll: float = 0.5,
+                   stop: Callable[[], bool] = lambda: False) -> list[str]:
+    """Wait until every peer's `host:port` accepts a connection, `time.monotonic()` passes `deadline`
+    or `stop()` is true (a stop signal: the caller checks it).
 
     Meanwhile this worker listens on its own port so that peers waiting the same way see it;
     the socket is closed before returning, so TensorFlow can bind the port next. Returns the
@@ -73,7 +75,7 @@ def wait_for_peers(own: str, peers: Sequence[str], deadline: float, poll: float 
     try:
         while missing:
             missing = unreachable(missing, timeout=min(PROBE_TIMEOUT_S, max(0.1, deadline - time.monotonic())))
-            if not missing or time.monotonic() >= deadline:
+            if not missing or time.monotonic() >= deadline or stop():
                 break
             time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
     finally:

@@ -286,7 +286,16 @@ class Run:
                 cfg.startup_timeout + 5, self._no_cluster_exit,
                 native_grace=5 + cluster_mod.RECORD_TIMEOUT_S + 5).start()
             missing = cluster_mod.wait_for_peers(self.cluster.address, self.cluster.peers,
-                                                 self.startup.started_at + cfg.startup_timeout)
+                                                 self.startup.started_at + cfg.startup_timeout,
+                                                 stop=lambda: self.stop.requested)
+            if self.stop.requested:
+                # A notice while waiting for the peers: nothing trained in this attempt, so the
+                # newest committed checkpoint is where the run stands; stop now, not at the timeout.
+                self.startup.disarm()
+                steps = self.ckstore.committed_steps()
+                self.emit(layout.PREEMPTED, step=steps[-1] if steps else 0, signal=self.stop.signal_name,
+                          seconds=0.0, examples_seen=None)
+                return EXIT_PREEMPTED
             if missing:
                 self.startup.disarm()
                 self._no_cluster(missing)

@@ -163,6 +163,24 @@ def test_a_worker_whose_peer_never_starts_exits_75_within_the_timeout_and_says_w
 
 
 @pytest.mark.slow
+def test_a_stop_signal_while_waiting_for_peers_ends_the_wait_at_once_with_143(file_run):
+    workers = [f"127.0.0.1:{p}" for p in _ports(2)]
+    proc = Trainer(file_run.uri, *ARGS, "--startup-timeout", "600", env=trainer_env(TF_CONFIG=_tf_config(workers, 0)))
+    try:
+        time.sleep(20)  # TF imported, the peer wait under way (its peer never comes)
+        assert proc.proc.poll() is None, proc.stderr[-2000:]
+        proc.signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        rc = proc.wait(timeout=60)
+    finally:
+        _kill_all([proc])
+    assert rc == layout.EXIT_PREEMPTED, proc.stderr[-2000:]
+    assert time.monotonic() - signalled < 10
+    (pre,) = [e for e in proc.events if e["event"] == "preempted"]
+    assert pre["step"] == 0 and pre["signal"] == "SIGTERM"
+
+
+@pytest.mark.slow
 def test_a_peer_that_answers_but_never_joins_still_ends_the_wait_with_75(file_run):
     # The peer's port accepts connections (a stale process, or a worker of another cluster)
     # but no TensorFlow worker joins: the chief's wait inside TensorFlow holds the GIL, and
