@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from trainer.storage import retry
-from trainer.storage.base import NotFound, ObjectInfo, ObjectStore
+from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed
 from trainer.storage.keys import CancellableReader, Cancelled
 
 # Files this large go up as parallel parts composed into one object (see _put_parallel).
@@ -86,6 +86,40 @@ class GCSStore(ObjectStore):
             )
         except GNotFound as e:
             raise NotFound(f"{self.uri}/{key}") from e
+
+    def _get_versioned(self, key: str) -> tuple[bytes, str]:
+        from google.api_core.exceptions import NotFound as GNotFound
+        from google.api_core.exceptions import PreconditionFailed as GPreconditionFailed
+
+        name = self._name(key)
+        for _ in range(5):
+            blob = self.bucket.get_blob(name, timeout=self._timeout, retry=self._retry("get", key))
+            if blob is None:
+                raise NotFound(f"{self.uri}/{key}")
+            generation = blob.generation  # read first: a download resets it from its own headers
+            try:
+                # Pinned to the generation just read, so content and version belong together.
+                data = blob.download_as_bytes(if_generation_match=generation, timeout=self._timeout,
+                                              retry=self._retry("get", key))
+            except GPreconditionFailed:
+                continue  # replaced between the two calls: read the newer one
+            except GNotFound as e:
+                raise NotFound(f"{self.uri}/{key}") from e
+            return data, str(generation)
+        raise RuntimeError(f"{self.uri}/{key} changed on every read (5 times); try again")
+
+    def _put_bytes_if(self, key: str, data: bytes, version: str | None) -> str:
+        from google.api_core.exceptions import NotFound as GNotFound
+        from google.api_core.exceptions import PreconditionFailed as GPreconditionFailed
+
+        blob = self.bucket.blob(self._name(key))
+        expected = 0 if version is None else int(version)  # generation 0: "no live object"
+        try:
+            blob.upload_from_string(data, if_generation_match=expected, timeout=self._timeout,
+                                    retry=self._retry("put", key))
+        except (GPreconditionFailed, GNotFound) as e:
+            raise PreconditionFailed(f"{self.uri}/{key}: {'exists' if version is None else 'changed since generation ' + version}") from e
+        return str(blob.generation)
 
     def _put_file(self, key: str, path: str, cancel) -> None:
         size = os.path.getsize(path)

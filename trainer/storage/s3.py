@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainer.storage import retry
-from trainer.storage.base import NotFound, ObjectInfo, ObjectStore
+from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed
 from trainer.storage.keys import CancellableReader
 from trainer.storage.retry import is_transient, is_transient_answer
 
@@ -90,6 +90,33 @@ class S3Store(ObjectStore):
             if self._not_found(e, key):
                 raise NotFound(f"{self.uri}/{key}") from e
             raise
+
+    def _get_versioned(self, key: str) -> tuple[bytes, str]:
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._name(key))
+            return resp["Body"].read(), resp["ETag"]
+        except Exception as e:
+            if self._not_found(e, key):
+                raise NotFound(f"{self.uri}/{key}") from e
+            raise
+
+    def _put_bytes_if(self, key: str, data: bytes, version: str | None) -> str:
+        import botocore.exceptions as bx
+
+        cond = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            resp = self.client.put_object(Bucket=self.bucket, Key=self._name(key), Body=data, **cond)
+        except bx.ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            # 412: the ETag differs, or the object exists (create-only). 409
+            # ConditionalRequestConflict: another conditional write to the key is in flight.
+            # 404: If-Match on an object that is gone. Each means "read again".
+            if status in (404, 409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey"):
+                raise PreconditionFailed(f"{self.uri}/{key}: {code or status} "
+                                         f"({'exists' if version is None else 'changed since ' + version})") from e
+            raise
+        return resp["ETag"]
 
     def _put_file(self, key: str, path: str, cancel) -> None:
         if cancel is None:
