@@ -63,6 +63,8 @@ class TrainConfig:
     data_dir: str | None = None
     work_dir: str | None = None
     gpus_per_node: int | None = None
+    lease_ttl_s: float = 60.0
+    lease_wait_s: float | None = None
 
     @property
     def per_step_batch(self) -> int:
@@ -188,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=_nonneg_int, default=None,
                    help="GPUs TensorFlow must see on this machine, else the run fails at once (exit 78); "
                    "unset: no check")
+    p.add_argument("--lease-ttl-s", type=_positive_float, default=d.lease_ttl_s,
+                   help="the run's single-writer lease: how long it lasts unrenewed (renewed every quarter of it); "
+                   "another machine's trainer takes over a lease not renewed for this long")
+    p.add_argument("--lease-wait-s", type=_positive_float, default=None,
+                   help="how long to wait for another trainer's lease on the run before exiting 77 "
+                   "(default: the TTL plus 25 s, enough for a dead holder's lease to run out)")
     return p
 
 
@@ -294,6 +302,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"--model {cfg.model!r}: expected mlp, transformer-lm or package.module:function")
     if cfg.checkpoint_every_steps is None and cfg.checkpoint_every_seconds is None:
         raise ConfigError("set --checkpoint-every-steps or --checkpoint-every-seconds (or both)")
+    if cfg.lease_ttl_s <= 15:
+        raise ConfigError(f"--lease-ttl-s {cfg.lease_ttl_s:g} is too short: it must exceed 15 s "
+                          "(the holder stops trusting its lease 10 s before it ends; renewals need time)")
     if cfg.lm_dim % cfg.lm_heads:
         raise ConfigError(f"--lm-dim {cfg.lm_dim} must be a multiple of --lm-heads {cfg.lm_heads}")
 

@@ -16,7 +16,8 @@ and every change to it is a conditional write the store decides atomically
 ETag, GCS ``ifGenerationMatch``), against the version this trainer read. Of two trainers
 racing for it, exactly one wins; the other reads again.
 
-- **Taking it**: free (absent or released), or expired, or already ours -> a conditional
+- **Taking it**: free (absent or released), expired, ours, or left on this very machine by
+  an attempt that was killed (one trainer runs per machine at a time) -> a conditional
   write with ``epoch + 1``. Expired means either its ``expires`` is :data:`CLOCK_SKEW_S`
   behind our wall clock, or we saw the very same version for ``ttl_s`` on our own
   monotonic clock (the holder stopped renewing; no clock agreement needed). Held by a live
@@ -104,9 +105,18 @@ class LeaseRecord:
                            "released": self.released, "nonce": self.nonce}, indent=1).encode()
 
 
+def machine_id() -> str:
+    """This machine: ``TRAINSTACK_MACHINE_ID`` (the instance, set by the machine's boot), else the host name."""
+    return os.environ.get("TRAINSTACK_MACHINE_ID") or socket.gethostname()
+
+
 def default_holder() -> str:
-    """``host/pid``: who holds the lease, as an operator reads it."""
-    return f"{socket.gethostname()}/{os.getpid()}"
+    """``machine/pid``: who holds the lease, as an operator reads it."""
+    return f"{machine_id()}/{os.getpid()}"
+
+
+def _machine_of(holder: str) -> str:
+    return holder.rsplit("/", 1)[0]
 
 
 class RunLease:
@@ -123,6 +133,7 @@ class RunLease:
         safety_s: float = SAFETY_S,
         skew_s: float = CLOCK_SKEW_S,
         on_lost: Callable[[str], None] | None = None,
+        same_machine_takes_over: bool = True,
         emit: Callable[[str, dict], None] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -140,6 +151,7 @@ class RunLease:
         self.poll_s = poll_s
         self.safety_s, self.skew_s = safety_s, skew_s
         self.on_lost = on_lost
+        self.same_machine_takes_over = same_machine_takes_over
         self.emit = emit
         self._clock, self._mono, self._sleep = clock, monotonic, sleep
         self.epoch: int | None = None
@@ -201,6 +213,10 @@ class RunLease:
                 free, why = True, "unreadable lease"
             elif rec.released or rec.token == self.token:
                 free, why = True, "released" if rec.released else "ours"
+            elif self.same_machine_takes_over and _machine_of(rec.holder) == _machine_of(self.holder):
+                # One trainer runs on a machine at a time (its supervisor starts the next only
+                # after the last exited): a lease of this machine's is left by a killed attempt.
+                free, why = True, f"left by an earlier attempt on this machine ({rec.holder})"
             elif rec.expires + self.skew_s < self._clock():
                 free, why = True, f"expired ({rec.holder} stopped renewing)"
             else:
@@ -217,7 +233,9 @@ class RunLease:
                 except PreconditionFailed:
                     continue  # someone else wrote it first: look again
                 self._lost = None
-                self._say(layout.LEASE_TAKEN, epoch=epoch, holder=self.holder, reason=why)
+                if told or rec is not None and not rec.released and rec.token != self.token:
+                    # Worth a line only when it waited or took a lease over from someone.
+                    self._say(layout.LEASE_TAKEN, epoch=epoch, holder=self.holder, reason=why)
                 return epoch
             waited = now - started
             details = {"holder": rec.holder, "epoch": rec.epoch, "expires": rec.expires, "waited_s": round(waited, 1)}

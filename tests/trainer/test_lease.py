@@ -254,3 +254,45 @@ def test_the_lease_key_is_the_layouts(file_run):
     lease = _lease(open_store(file_run.uri))
     lease.acquire()
     assert os.path.isfile(os.path.join(file_run.uri.removeprefix("file://"), layout.LEASE_KEY))
+
+
+def test_a_second_trainer_process_on_a_training_run_exits_77_and_writes_nothing(s3_run):
+    """Two real trainers, two machines, one run: the second one started while the first commits
+    checkpoints every few steps. It waits its bound, exits 77 with the holder named, and leaves
+    the run's events and checkpoints alone; once the first stops (lease released), it takes over."""
+    from tests.trainer.trainer_helpers import Trainer, kinds, run_trainer, store_events, trainer_env
+
+    common = ["--synthetic", "--steps", "100000", "--batch-size", "32", "--checkpoint-every-steps", "20",
+              "--log-every", "10", "--lease-ttl-s", "16"]
+    first = Trainer(s3_run.uri, *common, env=trainer_env(s3_run.env, TRAINSTACK_MACHINE_ID="machine-a"))
+    try:
+        first.wait_event(layout.CHECKPOINT, timeout=180)
+        before = store_events(s3_run.uri)
+        rc, printed, _ = run_trainer(s3_run.uri, *common, "--lease-wait-s", "3",
+                                     env=trainer_env(s3_run.env, TRAINSTACK_MACHINE_ID="machine-b"))
+        assert rc == layout.EXIT_LEASE_HELD, printed
+        assert kinds(printed)[-1] == layout.FAILED_EVENT and layout.LEASE_WAIT in kinds(printed)
+        assert "another trainer (machine-a/" in printed[-1]["reason"]
+        after = store_events(s3_run.uri)
+        # Nothing of the second trainer's in the run: one attempt started, all events the first's.
+        assert kinds(after).count(layout.STARTED) == 1 and after[: len(before)] == before
+        assert all(e.get(layout.ATTEMPT) == 1 for e in after)
+        first.signal()
+        assert first.wait(120) == layout.EXIT_PREEMPTED
+    finally:
+        if first.proc.poll() is None:
+            first.proc.kill()
+    stopped_at = first.events[-1]["step"]
+    assert json.loads(open_store(s3_run.uri).get_bytes(layout.LEASE_KEY))["released"] is True
+    second = Trainer(s3_run.uri, *common, env=trainer_env(s3_run.env, TRAINSTACK_MACHINE_ID="machine-b"))
+    try:
+        resumed = second.wait_event(layout.RESUMED, timeout=180)
+        assert resumed["step"] == stopped_at
+        assert layout.LEASE_TAKEN not in kinds(second.events)  # a released lease is taken without a word
+        doc = json.loads(open_store(s3_run.uri).get_bytes(layout.LEASE_KEY))
+        assert (doc["holder"].split("/")[0], doc["epoch"], doc["released"]) == ("machine-b", 2, False)
+        second.signal()
+        assert second.wait(120) == layout.EXIT_PREEMPTED
+    finally:
+        if second.proc.poll() is None:
+            second.proc.kill()

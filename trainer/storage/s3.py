@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trainer.storage import retry
 from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed
-from trainer.storage.keys import CancellableReader
+from trainer.storage.keys import Cancelled
 from trainer.storage.retry import is_transient, is_transient_answer
 
 
@@ -40,7 +40,14 @@ class S3Store(ObjectStore):
     def _observe_retry(
         self, response=None, attempts=0, caught_exception=None, operation=None, request_dict=None, **_: object
     ):
-        """See each failed attempt botocore is about to retry; returns None so botocore decides."""
+        """See each failed attempt botocore is about to retry; returns None so botocore decides.
+
+        A request that ended because its upload was cancelled (botocore wraps our
+        :class:`Cancelled` in a retryable ``HTTPClientError``) is never retried: False says so.
+        """
+        wrapped = getattr(caught_exception, "kwargs", None) or {}
+        if isinstance(caught_exception, Cancelled) or isinstance(wrapped.get("error"), Cancelled):
+            return False
         if attempts >= retry.S3_MAX_ATTEMPTS:
             return None
         error: BaseException | None = None
@@ -122,11 +129,21 @@ class S3Store(ObjectStore):
         if cancel is None:
             self.client.upload_file(path, self.bucket, self._name(key), Config=self._transfer)
             return
-        # Through a reader that stops when cancelled: s3transfer then fails the transfer and
-        # aborts a multipart upload; parts already sent finish, none is started after.
-        with open(path, "rb") as f:
-            self.client.upload_fileobj(CancellableReader(f, cancel), self.bucket, self._name(key),
-                                       Config=self._transfer)
+
+        def stop_if_cancelled(_sent: int) -> None:
+            # s3transfer calls this as each request reads its body, a few KiB at a time, while
+            # sending: raising here ends the request mid-body, fails the transfer and aborts
+            # the multipart upload (nothing is published).
+            if cancel.is_set():
+                raise Cancelled(f"upload of {self.uri}/{key} cancelled")
+
+        try:
+            self.client.upload_file(path, self.bucket, self._name(key), Config=self._transfer,
+                                    Callback=stop_if_cancelled)
+        except Exception as e:
+            if cancel.is_set():
+                raise Cancelled(f"upload of {self.uri}/{key} cancelled") from e
+            raise
 
     def _get_file(self, key: str, path: str) -> None:
         try:
