@@ -161,6 +161,13 @@ run_container() {
     args+=(-v "$CODE_DIR:/opt/trainstack/code:ro" -w /opt/trainstack/code)
     if [[ -n "$PIP_DIR" ]]; then
       args+=(-v "$PIP_DIR:/opt/trainstack/pip:ro" -e PYTHONPATH=/opt/trainstack/code:/opt/trainstack/pip)
+      # TensorFlow dlopens its CUDA/cuDNN libraries by name: the wheels' lib/ folders
+      # (trainer/requirements-gpu.txt) go first, before the image's own older ones.
+      local libs="" d
+      for d in "$PIP_DIR"/nvidia/*/lib; do
+        if [[ -d "$d" ]]; then libs="${libs:+$libs:}/opt/trainstack/pip/${d#"$PIP_DIR"/}"; fi
+      done
+      [[ -z "$libs" ]] || args+=(-e "LD_LIBRARY_PATH=$libs:/usr/local/nvidia/lib:/usr/local/nvidia/lib64")
     else
       args+=(-e PYTHONPATH=/opt/trainstack/code)
     fi
