@@ -293,6 +293,8 @@ class CheckpointStore:
             "created": datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "files": dict(sorted(manifest.items())),
         }
+        if self.lease is not None:
+            marker["lease_epoch"] = self.lease.epoch  # which holder of the run committed it
         self.store.put_bytes(marker_key, json.dumps(marker, indent=1).encode())
         self._bad.discard(step)
         return {**marker, "seconds": round(time.monotonic() - t0, 3), "uri": f"{self.store.uri}/{base}"}

@@ -30,7 +30,10 @@ racing for it, exactly one wins; the other reads again.
   checkpoint's COMMITTED marker is written; the marker goes out only if that conditional
   write succeeded, well inside the time no one else can take the lease (``ttl_s`` minus
   :data:`SAFETY_S` after the renewal was sent). :meth:`RunLease.check` (no request) guards
-  pruning the same way.
+  pruning the same way. The marker records the lease's epoch (``lease_epoch``). One case
+  remains that no object store lets a client exclude (it has no condition across two
+  objects): a machine frozen for longer than the TTL between that renewal and the marker
+  write it was meant for.
 - **Letting go**: :meth:`RunLease.release` marks it released (conditional again), so a
   replacement booting after a preemption takes it at once instead of waiting for expiry.
 

@@ -198,7 +198,7 @@ def test_a_second_trainer_on_the_run_commits_nothing_while_the_first_commits(run
         lease_b.acquire()  # A renews while it commits
     let_go.set()
     committing.join(30)
-    assert result["step"] == 10
+    assert result["step"] == 10 and result["lease_epoch"] == 1
     assert CheckpointStore(open_store(run.uri)).committed_steps() == [10]
     lease_a.release()
     # B's refusal wrote nothing: the lease is A's (released now), no checkpoint of B's.
