@@ -296,3 +296,33 @@ def test_a_second_trainer_process_on_a_training_run_exits_77_and_writes_nothing(
     finally:
         if second.proc.poll() is None:
             second.proc.kill()
+
+
+def test_a_trainer_whose_lease_is_taken_over_stops_and_commits_nothing_more(s3_run):
+    """Another machine takes the run over while this trainer trains: its next renewal finds the
+    lease gone, it stops after the step, its final commit is refused by the fence, and it exits 77
+    leaving the newest committed checkpoint the one from before the takeover."""
+    from tests.trainer.trainer_helpers import Trainer, trainer_env
+
+    common = ["--synthetic", "--steps", "100000", "--batch-size", "32", "--checkpoint-every-steps", "20",
+              "--log-every", "10", "--lease-ttl-s", "16"]
+    trainer = Trainer(s3_run.uri, *common, env=trainer_env(s3_run.env, TRAINSTACK_MACHINE_ID="machine-a"))
+    try:
+        trainer.wait_event(layout.CHECKPOINT, timeout=180)
+        store = open_store(s3_run.uri)
+        data, version = store.get_versioned(layout.LEASE_KEY)
+        held = json.loads(data)
+        taken = {**held, "holder": "machine-b/1", "token": "b", "epoch": held["epoch"] + 1, "nonce": "b",
+                 "expires": time.time() + 600}
+        store.put_bytes_if(layout.LEASE_KEY, json.dumps(taken).encode(), version=version)
+        before = CheckpointStore(open_store(s3_run.uri)).committed_steps()
+        rc = trainer.wait(120)  # a renewal every 4 s finds it
+    finally:
+        if trainer.proc.poll() is None:
+            trainer.proc.kill()
+    assert rc == layout.EXIT_LEASE_HELD, trainer.events[-3:]
+    assert trainer.events[-1]["event"] == layout.FAILED_EVENT and "taken over (machine-b/1" in trainer.events[-1]["reason"]
+    after = CheckpointStore(open_store(s3_run.uri)).committed_steps()
+    # At most a background commit already past its fence when the lease changed hands.
+    assert max(after) <= max(before) + 20, (before, after)
+    assert json.loads(open_store(s3_run.uri).get_bytes(layout.LEASE_KEY))["holder"] == "machine-b/1"
