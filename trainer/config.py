@@ -64,6 +64,8 @@ class TrainConfig:
     work_dir: str | None = None
     gpus_per_node: int | None = None
     startup_timeout: float = 600.0
+    lease_ttl_s: float = 60.0
+    lease_wait_s: float | None = None
 
     @property
     def per_step_batch(self) -> int:
@@ -193,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="several workers: seconds to wait for every worker named in TF_CONFIG to join; "
                    "past it the worker exits 75 with a failed event naming the workers it waited for "
                    "(unused with one worker)")
+    p.add_argument("--lease-ttl-s", type=_positive_float, default=d.lease_ttl_s,
+                   help="the run's single-writer lease: how long it lasts unrenewed (renewed every quarter of it); "
+                   "another machine's trainer takes over a lease not renewed for this long")
+    p.add_argument("--lease-wait-s", type=_positive_float, default=None,
+                   help="how long to wait for another trainer's lease on the run before exiting 77 "
+                   "(default: the TTL plus 25 s, enough for a dead holder's lease to run out)")
     return p
 
 
@@ -299,6 +307,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"--model {cfg.model!r}: expected mlp, transformer-lm or package.module:function")
     if cfg.checkpoint_every_steps is None and cfg.checkpoint_every_seconds is None:
         raise ConfigError("set --checkpoint-every-steps or --checkpoint-every-seconds (or both)")
+    if cfg.lease_ttl_s <= 15:
+        raise ConfigError(f"--lease-ttl-s {cfg.lease_ttl_s:g} is too short: it must exceed 15 s "
+                          "(the holder stops trusting its lease 10 s before it ends; renewals need time)")
     if cfg.lm_dim % cfg.lm_heads:
         raise ConfigError(f"--lm-dim {cfg.lm_dim} must be a multiple of --lm-heads {cfg.lm_heads}")
 

@@ -16,6 +16,9 @@ One writer per object:
   machine scripts        machine-events/<machine>.jsonl (each machine its own), logs/<machine>/,
                          deadline (first boot), FAILED / TIMED_OUT (finish path)
   ops                    STOP (a request the trainer polls)
+  trainer (chief) holding the run's lease    lease.json (taken, renewed and released by conditional
+                         writes only; see trainer/lease.py); whoever holds it is the one trainer
+                         that may write the chief's objects above
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ EXIT_OK = 0  # the run ended: COMPLETE (or CANCELLED) is written
 EXIT_FAILED = 1  # this attempt failed; another attempt may succeed
 EXIT_NO_CLUSTER = 75  # the workers could not form their cluster in time (a peer missing): not this machine's failure
 EXIT_PEER_LOST = 76  # a peer was lost during training (collective error): not this machine's failure
+EXIT_LEASE_HELD = 77  # another machine's trainer holds the run's lease (it is training this run): not this machine's failure
 EXIT_UNUSABLE = 78  # this machine can never run this run (e.g. the GPUs asked for are not seen): no retry
 EXIT_PREEMPTED = 143  # stopped by a signal after a committed checkpoint
 
@@ -49,6 +53,7 @@ MACHINE_EVENTS_PREFIX = "machine-events/"
 STOP_KEY = "STOP"
 RENDEZVOUS_PREFIX = "rendezvous/"  # several machines: membership records by generation
 WORKER_EVENTS_PREFIX = "worker-events/"  # several machines: a non-chief worker's own `failed` events
+LEASE_KEY = "lease.json"  # the single-writer lease (trainer/lease.py)
 
 # -- terminal markers: exactly one ends a run; JSON documents at the top of the run folder --
 
@@ -85,6 +90,10 @@ ALREADY_COMPLETE = "complete"
 ALREADY_CANCELLED = "already_cancelled"
 # The run ended early on request (ops stop wrote STOP): a checkpoint is committed, CANCELLED written.
 CANCELLED_EVENT = "cancelled"
+# The run's lease (printed, never stored: a trainer without the lease writes nothing to the run).
+LEASE_TAKEN = "lease_taken"
+LEASE_WAIT = "lease_wait"
+LEASE_LOST = "lease_lost"
 # The machine's own events (machine-events/<machine>.jsonl).
 SPOT_NOTICE = "spot_notice"
 REBALANCE = "rebalance"

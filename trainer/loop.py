@@ -3,7 +3,8 @@
 `train(cfg)` runs a whole attempt and returns the process exit code: 0 finished
 (COMPLETE written) or cancelled (the run folder's STOP found: a checkpoint committed,
 CANCELLED written), 143 stopped by SIGTERM/SIGINT after a committed checkpoint, 1 failed,
-78 this machine cannot run the run (the GPUs asked for are not seen: `trainer.devices`).
+78 this machine cannot run the run (the GPUs asked for are not seen: `trainer.devices`),
+77 another machine's trainer holds the run's lease (`trainer.lease`: one writer per run).
 
 One loop serves one machine (MirroredStrategy) and several (MultiWorkerMirroredStrategy):
 `strategy.run` inside a `tf.function`, fed by `strategy.experimental_distribute_dataset`.
@@ -42,6 +43,7 @@ from trainer.checkpoints import ResumeMismatch
 from trainer.config import TrainConfig, as_dict
 from trainer.devices import DeviceMismatch, check_gpus
 from trainer.events import EventLog, read_events, utc_now
+from trainer.lease import LeaseHeld, LeaseLost, RunLease
 from trainer.models import ModelSpec, build_model
 from trainer.signals import StopKeyPoller, StopRequest
 from trainer.strategy import Cluster, make_strategy, read_cluster
@@ -200,6 +202,18 @@ class Run:
         self.loop_examples = 0
         self.summaries = summaries_mod.Summaries(summaries_mod.local_dir(self.work), self.store, enabled=False)
         self.startup: cluster_mod.StartupWatchdog | None = None
+        # The chief writes the run's objects, so it alone takes the run's lease.
+        self.lease = RunLease(self.store, ttl_s=cfg.lease_ttl_s, wait_s=cfg.lease_wait_s, on_lost=self._lease_lost,
+                              emit=self._lease_event) if self.chief else None
+
+    def _lease_event(self, kind: str, fields: dict) -> None:
+        # Printed only: until it holds the lease this trainer writes nothing to the run.
+        self.events.emit(kind, local_only=True, **fields)
+
+    def _lease_lost(self, reason: str) -> None:
+        # Another machine took the run: stop after this step; the final commit's fence refuses.
+        self.stop.signal_name = layout.LEASE_LOST
+        self.stop.event.set()
 
     def emit(self, event: str, **fields) -> dict:
         ev = self.events.emit(event, **fields)
@@ -226,7 +240,15 @@ class Run:
         try:
             if self._already_complete():
                 return EXIT_OK
+            if self.lease is not None:
+                self.lease.acquire()
+                self.lease.start()
+                self.ckstore.lease = self.lease
             return self._train()
+        except (LeaseHeld, LeaseLost) as e:
+            # Another machine trains this run: say so here, write nothing there.
+            self.events.emit(layout.FAILED_EVENT, local_only=True, reason=str(e), step=self.state.step)
+            return layout.EXIT_LEASE_HELD
         except DeviceMismatch as e:
             # This machine can never run this run: say why once, and let the supervisor end it.
             self.emit(layout.FAILED_EVENT, reason=str(e), step=self.state.step, **e.details)
@@ -243,6 +265,8 @@ class Run:
         finally:
             if self.startup is not None:
                 self.startup.disarm()
+            if self.lease is not None:
+                self.lease.release()
             self.stop.restore()
             self.stop_key.close()
             self.events.close()

@@ -5,7 +5,8 @@
 # trainer container until the run ends: an end marker (COMPLETE or CANCELLED from the
 # trainer, FAILED / TIMED_OUT from any machine) finishes the run, exit 143 after a spot
 # notice waits for the cloud to take the machine, exit 78 (this machine can never run
-# this run) is FAILED at once, waiting for the group's other machines or stopping with
+# this run) is FAILED at once, exit 77 (another machine's trainer holds the run's lease) is
+# tried again, waiting for the group's other machines or stopping with
 # them after a peer's notice is no failure, anything else restarts with backoff until
 # TRAINSTACK_MAX_FAILURES failures in a row without progress mark it FAILED. Every ending goes through
 # finish.sh, which scales the group to zero and shuts down.
@@ -119,6 +120,8 @@ write_container_env() {
     printf '%s=%s\n' "$key" "${!key}" >>"$CONTAINER_ENV"
   done < <(sed -n 's/^\([A-Z_][A-Z0-9_]*\)=.*/\1/p' "$ENV_FILE")
   printf 'TRAINSTACK_DATA_DIR=/data/stage\nTRAINSTACK_WORK_DIR=/data/work\n' >>"$CONTAINER_ENV"
+  # The trainer names this machine in the run's lease (trainer/lease.py).
+  printf 'TRAINSTACK_MACHINE_ID=%s\n' "$(instance_id 2>/dev/null || hostname)" >>"$CONTAINER_ENV"
 }
 
 # With several machines, TensorFlow's MultiWorkerMirroredStrategy needs TF_CONFIG: every
@@ -158,6 +161,13 @@ run_container() {
     args+=(-v "$CODE_DIR:/opt/trainstack/code:ro" -w /opt/trainstack/code)
     if [[ -n "$PIP_DIR" ]]; then
       args+=(-v "$PIP_DIR:/opt/trainstack/pip:ro" -e PYTHONPATH=/opt/trainstack/code:/opt/trainstack/pip)
+      # TensorFlow dlopens its CUDA/cuDNN libraries by name: the wheels' lib/ folders
+      # (trainer/requirements-gpu.txt) go first, before the image's own older ones.
+      local libs="" d
+      for d in "$PIP_DIR"/nvidia/*/lib; do
+        if [[ -d "$d" ]]; then libs="${libs:+$libs:}/opt/trainstack/pip/${d#"$PIP_DIR"/}"; fi
+      done
+      [[ -z "$libs" ]] || args+=(-e "LD_LIBRARY_PATH=$libs:/usr/local/nvidia/lib:/usr/local/nvidia/lib64")
     else
       args+=(-e PYTHONPATH=/opt/trainstack/code)
     fi
@@ -247,6 +257,12 @@ main() {
       # retrying would only bill the same failure again.
       reason="$(last_failed_reason)"
       finish "$FAILED" "the trainer cannot run on this machine (exit $rc): ${reason:-see logs}" "$((failures + 1))"
+    elif ((rc == EXIT_LEASE_HELD)); then
+      # Another machine's trainer holds the run's lease and kept renewing it (the trainer
+      # waited for it already): that machine is training this run. Not this machine's
+      # failure; look again, bounded by the run's deadline (checked at the top of the loop).
+      log "another machine holds the run's lease (it is training this run): trying again"
+      continue
     elif ((rc == EXIT_NO_CLUSTER)); then
       # The group has fewer running machines than the run needs (a replacement still
       # launching, or no spot capacity for it): not this machine's failure. The wait

@@ -180,6 +180,24 @@ def test_the_trainers_store_works_under_its_run(on_machine: Machine, tmp_path) -
     assert decided(on_machine, "s3:DeleteObject", "/checkpoints/ckpt-10/weights") == [Decision.ALLOW]
 
 
+def test_the_run_lease_works_as_the_role(on_machine: Machine) -> None:
+    """The lease's conditional writes (If-None-Match / If-Match on PutObject) need no grant beyond
+    s3:PutObject and s3:GetObject under the run: taken, refused to a second holder, released."""
+    from trainer.lease import LeaseHeld, RunLease
+
+    store = open_store(on_machine.outputs["runUri"])
+    first = RunLease(store, holder="machine-a/1", ttl_s=20, poll_s=0.1, wait_s=0.3)
+    assert first.acquire() == 1
+    first.renew()
+    second = RunLease(open_store(on_machine.outputs["runUri"]), holder="machine-b/1", ttl_s=20, poll_s=0.1, wait_s=0.3)
+    with pytest.raises(LeaseHeld):
+        second.acquire()
+    first.release()
+    assert second.acquire() == 2
+    assert Decision.ALLOW in decided(on_machine, "s3:PutObject", "/" + layout.LEASE_KEY)
+    assert set(decided(on_machine, "s3:PutObject", "/" + layout.LEASE_KEY)) == {Decision.ALLOW}
+
+
 def test_it_reads_the_code_archive(machine: Machine) -> None:
     key = machine.outputs["codeUri"].removeprefix(f"s3://{machine.bucket}/")
     body = machine.client("s3").get_object(Bucket=machine.bucket, Key=key)["Body"].read()

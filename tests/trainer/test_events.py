@@ -94,5 +94,16 @@ def test_dockerfile_builds_on_the_pinned_image_and_runs_the_trainer():
     # requirements install on top of the image's packages (constrained by them).
     assert "COPY . /opt/trainstack/code/" in text
     assert "-c /tmp/image.txt -r usercode/requirements.txt" in text
+    # TF 2.21's CUDA/cuDNN come as NVIDIA's wheels (the stock image's cuDNN 8.9 gives TF no GPU),
+    # installed into a fixed folder whose lib/ folders the library path names, one per wheel.
+    assert "--target /opt/trainstack/cuda -r /opt/trainstack/code/trainer/requirements-gpu.txt" in text
+    env_line = next(line for line in text.splitlines() if line.startswith("ENV LD_LIBRARY_PATH="))
+    lib_path = env_line.split("=", 1)[1].split()[0].split(":")
+    wheels = [line.split("==")[0] for line in (REPO / "trainer" / "requirements-gpu.txt").read_text().splitlines()
+              if line and not line.startswith("#")]
+    assert "nvidia-cudnn-cu12" in wheels and len(wheels) == 12
+    expected = [f"/opt/trainstack/cuda/nvidia/{w.removeprefix('nvidia-').removesuffix('-cu12').replace('-', '_')}/lib"
+                for w in wheels if w != "nvidia-cuda-nvcc-cu12"]  # nvcc brings ptxas (on PATH), no libraries
+    assert sorted(lib_path[: len(expected)]) == sorted(expected)
     # The machines' supervisor passes `python -m trainer` itself: no ENTRYPOINT to double it.
     assert "ENTRYPOINT" not in text and 'CMD ["python", "-m", "trainer"]' in text

@@ -301,8 +301,12 @@ def docker_run(argv: list[str]) -> int:
     if cmd[:2] == ["sh", "-c"] and "pip install" in cmd[2]:
         # Installing the trainer's requirements: the test's interpreter already has them.
         target = Path(mounts["/opt/trainstack/pip"])
-        (target / "INSTALLED_BY_FAKE_PIP").write_text(
-            cmd[2].replace("$MORE_REQUIREMENTS", env.get("MORE_REQUIREMENTS", "")))
+        text = cmd[2].replace("$MORE_REQUIREMENTS", env.get("MORE_REQUIREMENTS", ""))
+        (target / "INSTALLED_BY_FAKE_PIP").write_text(text)
+        if "requirements-gpu.txt" in text:
+            # NVIDIA's wheels unpack their libraries into nvidia/<name>/lib (empty stand-ins here).
+            for name in ("cudnn", "cublas"):
+                (target / "nvidia" / name / "lib").mkdir(parents=True, exist_ok=True)
         return 0
     if cmd[:3] != ["python", "-m", "trainer"]:
         print(f"fake docker: unsupported command {cmd}", file=sys.stderr)

@@ -201,6 +201,30 @@ def test_no_gpu_fails_fast_with_reason(sandbox_factory, s3_run, group):
     assert elapsed < 30, elapsed
 
 
+@pytest.mark.slow
+def test_a_run_whose_lease_another_machine_holds_is_tried_again_not_failed(sandbox_factory, s3_run, group):
+    """Another machine's trainer holds the run's lease: this machine's trainer exits 77 without
+    writing to the run, the supervisor tries again (no failure counted), and once the lease is
+    released the run trains here and completes."""
+    s3 = boto3.client("s3", endpoint_url=s3_run.vars["AWS_ENDPOINT_URL"])
+    key = s3_run.uri.removeprefix(f"s3://{s3_run.bucket}/") + "/" + layout.LEASE_KEY
+    held = {"format": 1, "holder": "i-0another/7", "token": "t", "epoch": 3, "ttl_s": 60,
+            "expires": time.time() + 3600, "released": False, "nonce": "n"}
+    s3.put_object(Bucket=s3_run.bucket, Key=key, Body=json.dumps(held).encode())
+    box = sandbox_factory(env_overrides={"TRAINSTACK_LEASE_WAIT_S": "1", "TRAINSTACK_MAX_FAILURES": "1"})
+    proc = box.boot(watcher=False)
+    wait_for(lambda: box.journal().count("trainer exited with 77") >= 2, 180, "two attempts refused the lease")
+    assert "events.jsonl" not in s3_keys(s3_run)  # the refused attempts wrote nothing to the run
+    s3.put_object(Bucket=s3_run.bucket, Key=key, Body=json.dumps({**held, "released": True}).encode())
+    assert proc.wait(timeout=240) == 0, box.journal()
+    objects = s3_keys(s3_run)
+    assert "COMPLETE" in objects and "FAILED" not in objects, sorted(objects)
+    assert "another machine holds the run's lease" in box.journal()
+    lease = json.loads(objects[layout.LEASE_KEY])
+    assert lease["holder"].startswith(f"{INSTANCE_ID}/") and lease["epoch"] == 4 and lease["released"]
+    assert [e["event"] for e in events(s3_run)].count("started") == 1
+
+
 class _Container:
     """A stand-in for a running trainer container: a process `docker stop` can signal."""
 
