@@ -57,6 +57,12 @@ FILES = (
     ("trainstack-watcher.service", "/etc/systemd/system/trainstack-watcher.service", "0644"),
 )
 UNITS = ("trainstack-watcher.service", "trainstack-trainer.service")
+# Installed and enabled only on stacks with access.jupyter: true (env TRAINSTACK_JUPYTER=1).
+JUPYTER_FILES = (
+    ("jupyter.sh", "/opt/trainstack/bin/jupyter.sh", "0755"),
+    ("trainstack-jupyter.service", "/etc/systemd/system/trainstack-jupyter.service", "0644"),
+)
+JUPYTER_UNIT = "trainstack-jupyter.service"
 
 
 def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, str]:
@@ -97,6 +103,8 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, 
         env["TRAINSTACK_EXTRA_ARGS"] = shlex.join(run.extra_args)
     if run.code:
         env["TRAINSTACK_CODE_DIR"] = USER_CODE_DIR
+    if settings.access.jupyter:
+        env["TRAINSTACK_JUPYTER"] = "1"
     return env
 
 
@@ -126,6 +134,8 @@ _Dumper.add_representer(str, _str)
 def render_user_data(cloud: str, env: Mapping[str, str]) -> str:
     """The `#cloud-config` document for one machine of `cloud`, with `env` in its env file.
 
+    With TRAINSTACK_JUPYTER=1 in `env` it also installs and enables the Jupyter unit.
+
     cloud-init writes the scripts and units and enables the units once; systemd starts
     them on every later boot (cloud-init's runcmd runs only on an instance's first boot).
     """
@@ -139,16 +149,18 @@ def render_user_data(cloud: str, env: Mapping[str, str]) -> str:
     files = [
         {"path": ENV_FILE, "permissions": "0644", "owner": "root:root", "content": render_env(env)},
     ]
-    for name, path, mode in FILES:
+    jupyter = env.get("TRAINSTACK_JUPYTER") == "1"
+    for name, path, mode in FILES + (JUPYTER_FILES if jupyter else ()):
         files.append({"path": path, "permissions": mode, "owner": "root:root",
                       "content": (USERDATA_DIR / name).read_text()})
+    units = UNITS + ((JUPYTER_UNIT,) if jupyter else ())
     doc = {
         "write_files": files,
         "runcmd": [
             ["systemctl", "daemon-reload"],
             # --no-block: cloud-init is itself a unit in the boot transaction; waiting for
             # the trainer (which runs for hours) would hold up the rest of the boot.
-            ["systemctl", "enable", "--now", "--no-block", *UNITS],
+            ["systemctl", "enable", "--now", "--no-block", *units],
         ],
     }
     return "#cloud-config\n" + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000)
