@@ -105,7 +105,28 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, 
         env["TRAINSTACK_CODE_DIR"] = USER_CODE_DIR
     if settings.access.jupyter:
         env["TRAINSTACK_JUPYTER"] = "1"
+    env.update(price_env(settings))
     return env
+
+
+def price_env(settings) -> dict[str, str]:
+    """The estimated USD per machine-hour the trainer records with the run (ops status and COMPLETE
+    total the cost from it): the dearest of the stack's types, from the shipped price table only, so
+    the user data does not change with the cloud's live spot price. Empty when the table has no price."""
+    from components import pricing
+
+    est = pricing.hourly_cost(settings)
+    per_machine = [t.spot if settings.compute.spot else t.on_demand for t in est.types]
+    if not per_machine or None in per_machine:
+        return {}
+    if settings.compute.spot:
+        what = "spot estimate (dearest type)"
+        if settings.compute.max_price_per_hour is not None:
+            per_machine = [min(p, settings.compute.max_price_per_hour) for p in per_machine]
+    else:
+        what = "on-demand (dearest type)"
+    return {"TRAINSTACK_PRICE_PER_HOUR": f"{max(per_machine):.4f}",
+            "TRAINSTACK_PRICE_NOTE": f"{what}, price table {est.recorded}"}
 
 
 def render_env(env: Mapping[str, str]) -> str:

@@ -63,6 +63,8 @@ class TrainConfig:
     data_dir: str | None = None
     work_dir: str | None = None
     gpus_per_node: int | None = None
+    price_per_hour: float | None = None
+    price_note: str | None = None
 
     @property
     def per_step_batch(self) -> int:
@@ -188,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=_nonneg_int, default=None,
                    help="GPUs TensorFlow must see on this machine, else the run fails at once (exit 78); "
                    "unset: no check")
+    p.add_argument("--price-per-hour", type=_positive_float, default=None,
+                   help="USD per machine-hour, recorded in the `started` event so that ops status and COMPLETE can "
+                   "total the run's cost (the stack sets it from its price table)")
+    p.add_argument("--price-note", default=None, help="what --price-per-hour is (e.g. a spot estimate and its table's date)")
     return p
 
 

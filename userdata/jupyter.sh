@@ -21,7 +21,7 @@ chown "$USER_" "$TOKEN" || log "no user $USER_: the Jupyter token stays root's"
 chmod 0600 "$TOKEN"
 log "Jupyter token in $TOKEN (0600, $USER_)"
 
-# The image comes from the trainer unit's bootstrap.
+# The trainer unit's bootstrap brings the image.
 until [[ -e "$RUNTIME_DIR/image.ready" && -e "$STATE_DIR/paths" ]]; do sleep "${TRAINSTACK_POLL_S:-5}"; done
 # shellcheck source=/dev/null
 . "$STATE_DIR/paths"
@@ -43,4 +43,4 @@ exec docker run --rm --name trainstack-jupyter --network host -v "$TOKEN:/run/se
   -e JUPYTER_TOKEN_FILE=/run/secrets/jupyter-token -v "$PKGS:/opt/trainstack/jupyter:ro" \
   -v "$STATE_DIR/notebooks:/notebooks" -w /notebooks ${CODE_DIR:+-v "$CODE_DIR:/opt/trainstack/code:ro"} \
   -e PYTHONPATH=/opt/trainstack/jupyter:/opt/trainstack/code "$TRAINSTACK_IMAGE" python -m jupyterlab \
-  --ip=127.0.0.1 --port=8888 --no-browser --allow-root --ServerApp.root_dir=/notebooks --ServerApp.port_retries=0
+  --ip=127.0.0.1 --port=8888 --no-browser --allow-root --ServerApp.port_retries=0
