@@ -121,6 +121,10 @@ def test_jupyter_binds_loopback_with_a_token_made_on_the_machine(sandbox_factory
     assert "Jupyter token in" in box.journal("jupyter")
     objects = s3_keys(s3_run)
     assert "COMPLETE" in objects and not [k for k, v in objects.items() if token.encode() in v]
+    # (The same run, end to end: the price the stack put in the env file reaches COMPLETE's total.)
+    done = json.loads(objects["COMPLETE"])
+    assert done["cost_note"].startswith("spot estimate") and done["machine_hours"] > 0
+    assert done["cost_usd"] == pytest.approx(done["machine_hours"] * 1.006 * 0.4, abs=0.01)
 
     # The unit restarting in the same boot keeps the token the user already has.
     again = box._start("jupyter", "jupyter.sh")
