@@ -65,6 +65,7 @@ class TrainConfig:
     gpus_per_node: int | None = None
     price_per_hour: float | None = None
     price_note: str | None = None
+    verbose: bool = False
 
     @property
     def per_step_batch(self) -> int:
@@ -194,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="USD per machine-hour, recorded in the `started` event so that ops status and COMPLETE can "
                    "total the run's cost (the stack sets it from its price table)")
     p.add_argument("--price-note", default=None, help="what --price-per-hour is (e.g. a spot estimate and its table's date)")
+    p.add_argument("--verbose", action="store_true", default=None,
+                   help="show TensorFlow's start-up log lines (oneDNN, CPU features, CUDA plugins), hidden by default")
     return p
 
 
@@ -242,7 +245,7 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         env_args = _drop_source(env_args)
     ns = parser.parse_args(env_args + given)
     values = {k: v for k, v in vars(ns).items() if v is not None}
-    for flag in ("synthetic", "deterministic", "xla", "lm_tied"):
+    for flag in ("synthetic", "deterministic", "xla", "lm_tied", "verbose"):
         values.setdefault(flag, False)
     # Cadences may be switched off explicitly (None), so copy them as parsed.
     values["checkpoint_every_steps"] = ns.checkpoint_every_steps
