@@ -315,9 +315,13 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
                          "waiting for the group to start a machine")
     elif silent:
         st.state = STALLED
-        what = {layout.FAILED_EVENT: f"after attempt {last.get(layout.ATTEMPT)} failed ({last.get('reason')})",
-                layout.FINISHED: "after training finished, before the model was written"}.get(
-            kind, "while starting" if starting else "while training")
+        # `last` is None for a run with a heartbeat but no lifecycle event yet (events.jsonl lost or not written).
+        if kind == layout.FAILED_EVENT and last is not None:
+            what = f"after attempt {last.get(layout.ATTEMPT)} failed ({last.get('reason')})"
+        elif kind == layout.FINISHED:
+            what = "after training finished, before the model was written"
+        else:
+            what = "while starting" if starting else "while training"
         st.detail = (f"no heartbeat for {_duration(st.heartbeat_age_seconds)} {what} (expected every "
                      f"{_duration(_progress_every(starts))}): the trainer died or hangs; see `ops logs`")
     elif kind == layout.FINISHED:

@@ -577,3 +577,13 @@ def test_status_shows_the_cost_so_far_and_the_total_once_ended(s3_run, tmp_path,
     # Ended: the total, no "so far".
     assert re.search(r"cost \$0\.\d\d for \d+s machine time \(spot estimate \(dearest type\), price table 2026-11-30\)",
                      out), out
+
+
+def test_an_old_heartbeat_without_any_event_is_stalled_not_a_crash(s3_run, capsys):
+    # progress.json alone (events.jsonl not written or lost), last updated long ago.
+    open_store(s3_run.uri).put_bytes("progress.json", json.dumps(
+        {"step": 7, "total": 10, "loss": 1.0, "examples_per_sec": 1.0, "attempt": 1,
+         "updated": "2026-01-01T00:00:00+00:00"}).encode())
+    assert main(["status", "--run-uri", s3_run.uri, "--json"]) == status.EXIT_STALLED
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["state"], doc["step"]) == ("STALLED", 7) and "while training" in doc["detail"]
