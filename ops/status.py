@@ -340,6 +340,8 @@ def _add_cost(st: RunStatus, log: list[dict], *, now: float | None = None, end: 
     from trainer import cost
 
     total = cost.run_cost(log, now=now, end=end)
+    if total is not None and total.cost_usd is None and _is_local(st.run_uri):
+        return  # a run on this computer, started without a price: nothing to bill
     if total is not None:
         st.machine_hours = round(total.machine_hours, 4)
         st.cost_usd = None if total.cost_usd is None else round(total.cost_usd, 2)
