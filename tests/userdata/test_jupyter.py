@@ -6,6 +6,12 @@ systemd would start it. The fake `docker` records the Jupyter container's argv
 (`docker-jupyter`). What must hold: the server binds 127.0.0.1 only and gets no GPU, the token
 is made on the machine into one 0600 file (the login user's, mounted read-only for Jupyter), and
 the token is in no user data, argv, environment, log, journal or bucket object.
+
+The fake runs no Jupyter. The real one was run by hand here as jupyter.sh runs it (JupyterLab
+4.6.6 installed with `pip install --target DIR -c <freeze>`, then `PYTHONPATH=DIR python -m
+jupyterlab --ip=127.0.0.1 --port=N --no-browser --allow-root --ServerApp.port_retries=0` with
+JUPYTER_TOKEN_FILE): it listened on 127.0.0.1:N only, answered 200 with the token and 403
+without, and logged its URL as `?token=...`, never the token.
 """
 
 from __future__ import annotations
