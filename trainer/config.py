@@ -66,6 +66,9 @@ class TrainConfig:
     startup_timeout: float = 600.0
     lease_ttl_s: float = 60.0
     lease_wait_s: float | None = None
+    price_per_hour: float | None = None
+    price_note: str | None = None
+    verbose: bool = False
 
     @property
     def per_step_batch(self) -> int:
@@ -201,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-wait-s", type=_positive_float, default=None,
                    help="how long to wait for another trainer's lease on the run before exiting 77 "
                    "(default: the TTL plus 25 s, enough for a dead holder's lease to run out)")
+    p.add_argument("--price-per-hour", type=_positive_float, default=None,
+                   help="USD per machine-hour, recorded in the `started` event so that ops status and COMPLETE can "
+                   "total the run's cost (the stack sets it from its price table)")
+    p.add_argument("--price-note", default=None, help="what --price-per-hour is (e.g. a spot estimate and its table's date)")
+    p.add_argument("--verbose", action="store_true", default=None,
+                   help="show TensorFlow's start-up log lines (oneDNN, CPU features, CUDA plugins), hidden by default")
     return p
 
 
@@ -249,7 +258,7 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         env_args = _drop_source(env_args)
     ns = parser.parse_args(env_args + given)
     values = {k: v for k, v in vars(ns).items() if v is not None}
-    for flag in ("synthetic", "deterministic", "xla", "lm_tied"):
+    for flag in ("synthetic", "deterministic", "xla", "lm_tied", "verbose"):
         values.setdefault(flag, False)
     # Cadences may be switched off explicitly (None), so copy them as parsed.
     values["checkpoint_every_steps"] = ns.checkpoint_every_steps

@@ -9,7 +9,8 @@ so tests can assert which commands ran, in what order and with which arguments.
   project's botocore pin (every awscli release pins its own botocore).
 - `docker`: `run` executes the container's command on the host (the code and pip mounts
   mapped to host paths, `--env-file` read the way docker reads it: values literal), keeps
-  a pid per `--name` so `stop --time N` can send SIGTERM, then SIGKILL after N seconds.
+  a pid per `--name` so `stop --time N` can send SIGTERM, then SIGKILL after N seconds;
+  `python -m jupyterlab` (the Jupyter unit) is only recorded (`docker-jupyter`) and returns.
 - `nvidia-smi` answers when `FAKE_GPU=1`; `apt-get install nvidia-container-toolkit=…`
   installs a fake `nvidia-ctk` next to this script; the rest record and succeed.
 """
@@ -307,6 +308,11 @@ def docker_run(argv: list[str]) -> int:
             # NVIDIA's wheels unpack their libraries into nvidia/<name>/lib (empty stand-ins here).
             for name in ("cudnn", "cublas"):
                 (target / "nvidia" / name / "lib").mkdir(parents=True, exist_ok=True)
+        return 0
+    if cmd[:3] == ["python", "-m", "jupyterlab"]:
+        # The Jupyter unit's server (userdata/jupyter.sh): recorded with the address it binds and
+        # the names (not values) of its environment; it "serves" until the unit restarts it.
+        record("docker-jupyter", cmd[3:], env_keys=sorted(env), mounts=mounts, container=name)
         return 0
     if cmd[:3] != ["python", "-m", "trainer"]:
         print(f"fake docker: unsupported command {cmd}", file=sys.stderr)
