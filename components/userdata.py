@@ -48,6 +48,7 @@ NOTICE_GRACE_S = {"aws": 100, "gcp": 25}
 # Installed by write_files: (file in userdata/, path on the machine, permissions).
 FILES = (
     ("lib.sh", "/opt/trainstack/bin/lib.sh", "0644"),
+    ("rendezvous.sh", "/opt/trainstack/bin/rendezvous.sh", "0644"),
     ("bootstrap.sh", "/opt/trainstack/bin/bootstrap.sh", "0755"),
     ("supervise.sh", "/opt/trainstack/bin/supervise.sh", "0755"),
     ("watch-notice.sh", "/opt/trainstack/bin/watch-notice.sh", "0755"),
