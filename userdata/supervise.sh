@@ -100,16 +100,17 @@ print(reason[:500])
 # marker (at most TRAINSTACK_FINISH_WAIT_S) and then finishes the same way: ending
 # before the chief is no failure. Prints the marker; fails when none came in time.
 wait_for_end_marker() {
-  local waited=0 marker
+  local until marker
+  until=$(($(date +%s) + FINISH_WAIT_S))
   log "the trainer ended before the run's end marker: waiting for the chief (up to ${FINISH_WAIT_S}s)"
-  while ((waited < FINISH_WAIT_S)); do
+  while (($(date +%s) < until)); do
     marker="$(end_marker)" || marker=""
     if [[ -n "$marker" ]]; then
       printf '%s\n' "$marker"
       return 0
     fi
+    # CLUSTER_POLL_S may be a fraction of a second: sleep takes it, shell arithmetic not.
     sleep "$CLUSTER_POLL_S"
-    waited=$((waited + CLUSTER_POLL_S))
   done
   return 1
 }
@@ -199,7 +200,7 @@ main() {
   # (its heartbeat), after how long without one a member is taken as gone, the workers'
   # port, and how long a started trainer may wait for its cluster to form.
   CLUSTER_POLL_S="${TRAINSTACK_CLUSTER_POLL_S:-10}"
-  RENDEZVOUS_TTL_S="${TRAINSTACK_RENDEZVOUS_TTL_S:-$((CLUSTER_POLL_S * 6))}"
+  RENDEZVOUS_TTL_S="${TRAINSTACK_RENDEZVOUS_TTL_S:-60}"
   WORKER_PORT="${TRAINSTACK_WORKER_PORT:-2222}"
   STARTUP_TIMEOUT_S="${TRAINSTACK_STARTUP_TIMEOUT:-600}"
   # How long a worker that ended first waits for the chief's end marker (model export).
