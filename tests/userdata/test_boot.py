@@ -17,7 +17,7 @@ import time
 import boto3
 import pytest
 
-from tests.userdata.conftest import events, group_size, machine_events, make_group, s3_keys, settings_for, wait_for
+from tests.userdata.conftest import events, group_size, machine_events, s3_keys, settings_for, wait_for
 from tests.userdata.metadata import GCE_NAME, INSTANCE_ID
 from trainer import layout
 

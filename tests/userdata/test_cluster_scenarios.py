@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from tests.userdata.cluster import Cluster, cluster_trainer_uri
-from tests.userdata.conftest import group_size, machine_events, make_group, wait_for
+from tests.userdata.conftest import group_size, machine_events, make_group, settings_for, wait_for
 from trainer import layout
 
 pytestmark = pytest.mark.slow
@@ -75,4 +75,22 @@ def test_a_noticed_worker_is_replaced_and_training_resumes_with_the_stand_in(clu
     second = c.wait_generation(1, 60)
     assert sorted(second) == sorted([m.endpoint for m in (a, b, new) if m is not victim])
     assert_complete_without_failures(c)
+    assert [e["step"] for e in c.events() if e["event"] == "resumed"] == [step]
+
+
+def test_a_noticed_worker_is_replaced_and_the_real_trainer_resumes(cluster, code_uri):
+    settings = settings_for(steps=300, checkpointEverySteps=20, batchSize=16)
+    c = cluster(2, code_uri=code_uri, settings=settings)
+    a, b = c.boot(), c.boot()
+    first = c.wait_generation(0, 90)
+    wait_for(lambda: c.committed(), 180, "a first committed checkpoint")
+    victim = next(m for m in (a, b) if m.endpoint == first[1])  # worker 1
+    c.notice(victim)
+    step = stopped_together(c, [a, b], timeout=120)
+    wait_for(lambda: "waiting for the cloud" in victim.journal(), 30, "the victim to wait for the cloud")
+    c.take(victim)
+    new = c.boot()
+    second = c.wait_generation(1, 90)
+    assert sorted(second) == sorted([m.endpoint for m in (a, b, new) if m is not victim])
+    assert_complete_without_failures(c, timeout=300)
     assert [e["step"] for e in c.events() if e["event"] == "resumed"] == [step]
