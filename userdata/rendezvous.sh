@@ -71,7 +71,7 @@ heartbeat() {
 # younger than RENDEZVOUS_TTL_S, sorted by endpoint (the proposed worker order).
 live_members() {
   store_cat_all "$RUN_URI/$RENDEZVOUS_PREFIX$GEN_DIR$1/$MEMBERS_DIR" | python3 -c '
-import json, sys, time
+import json, re, sys, time
 ttl, now, seen = float(sys.argv[1]), time.time(), {}
 for line in sys.stdin:
     try:
@@ -81,7 +81,9 @@ for line in sys.stdin:
         seen[m["member"]] = (str(m["endpoint"]), str(m["machine"]))
     except (ValueError, KeyError, TypeError):
         continue  # a member object being rewritten, or not ours: ignored this poll
-for member, (endpoint, machine) in sorted(seen.items(), key=lambda kv: kv[1][0]):
+def order(item):  # by address, numerically: 10.0.0.9 before 10.0.0.10
+    return [int(p) if p.isdigit() else p for p in re.split(r"[.:]", item[1][0])]
+for member, (endpoint, machine) in sorted(seen.items(), key=order):
     print(endpoint, member, machine)
 ' "$RENDEZVOUS_TTL_S"
 }

@@ -57,9 +57,9 @@ def free_port(host: str) -> int:
 class Machine(Sandbox):
     """One machine of the cluster: a sandbox with its own address, id and metadata service."""
 
-    def __init__(self, tmp: Path, run, group: str, code_uri: str, *, number: int, **kw):
+    def __init__(self, tmp: Path, run, group: str, code_uri: str, *, number: int, address: str | None = None, **kw):
         self.number = number
-        self.address = f"127.0.0.{10 + number}"
+        self.address = address or f"127.0.0.{10 + number}"
         self.instance_id = f"i-{number:017x}"
         self.md = MetadataServer(instance_id=self.instance_id, name=f"{group}-m{number:03d}",
                                  address=self.address, host=self.address)
@@ -97,11 +97,11 @@ class Cluster:
         self.s3 = boto3.client("s3", endpoint_url=run.vars["AWS_ENDPOINT_URL"])
         self.prefix = run.uri.removeprefix(f"s3://{run.bucket}/") + "/"
 
-    def boot(self, number: int | None = None) -> Machine:
-        """A new machine of the group (a new address and id), booted."""
-        number = len(self.machines) if number is None else number
+    def boot(self, *, address: str | None = None) -> Machine:
+        """A new machine of the group (a new id; a new address, 127.0.0.<10 + n> unless given), booted."""
+        number = len(self.machines)
         box = Machine(self.tmp / f"m{number}", self.run, self.group, self.code_uri, number=number,
-                      env_overrides=self.env, settings=self.settings)
+                      address=address, env_overrides=self.env, settings=self.settings)
         box.env.update(self.box_env)
         self.machines.append(box)
         box.boot()
@@ -112,8 +112,24 @@ class Cluster:
         box.md.notice_aws()
 
     def take(self, box: Machine) -> None:
-        """The cloud takes `box` away."""
+        """The cloud takes `box` away (after a notice, or at once: SIGKILL to everything on it)."""
         box.close()
+
+    def configs(self, box: Machine) -> list[dict]:
+        """Every TF_CONFIG `box`'s trainers were started with, in order."""
+        return [json.loads(line.removeprefix("TF_CONFIG=")) for env in box.argvs("docker-env-file")
+                for line in env if line.startswith("TF_CONFIG=")]
+
+    def assert_one_list_per_generation(self) -> None:
+        """Every trainer of a generation started with that generation's sealed list, each at its own index."""
+        sealed = self.sealed()
+        started: dict[tuple, list[int]] = {}
+        for box in self.machines:
+            for conf in self.configs(box):
+                started.setdefault(tuple(conf["cluster"]["worker"]), []).append(conf["task"]["index"])
+        assert set(started) <= {tuple(w) for w in sealed.values()}, (started, sealed)
+        for workers, indexes in started.items():
+            assert sorted(indexes) == list(range(len(workers))), (workers, indexes)
 
     def live(self) -> list[Machine]:
         return [m for m in self.machines if m.procs]

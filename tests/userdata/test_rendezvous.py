@@ -115,8 +115,8 @@ def test_live_members_leave_out_stale_heartbeats_and_machines_that_left(make_mac
     _member(s3_run, 0, "i-ddd-1", "10.0.0.10:2222")
     proc = bash(box, "live_members 0")
     assert proc.returncode == 0, proc.stderr
-    # Sorted as the proposed order: by endpoint (as text: any one order serves, the sealed one rules).
-    assert proc.stdout.splitlines() == ["10.0.0.10:2222 i-ddd-1 i-ddd", "10.0.0.9:2222 i-aaa-1 i-aaa"]
+    # Sorted as the proposed order: by address, numerically (any one order serves: the sealed one rules).
+    assert proc.stdout.splitlines() == ["10.0.0.9:2222 i-aaa-1 i-aaa", "10.0.0.10:2222 i-ddd-1 i-ddd"]
 
 
 def test_a_machine_with_a_pending_notice_never_joins(make_machine, s3_run):
