@@ -12,6 +12,8 @@ minutes. Every wait has a timeout.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.userdata.cluster import Cluster, cluster_trainer_uri
@@ -96,3 +98,59 @@ def test_the_real_trainer_survives_a_noticed_worker_then_a_noticed_chief(cluster
     assert_complete_without_failures(c, timeout=300)
     assert [e["step"] for e in c.events() if e["event"] == "resumed"] == [step1, step2]
     c.assert_one_list_per_generation()
+
+
+def test_three_machines_survive_three_losses_in_a_row_with_the_stand_in(cluster):
+    # One failure allowed: any exit counted as this machine's failure would end the run FAILED.
+    c = cluster(3, env={"TRAINSTACK_STEPS": "400", "TRAINSTACK_CHECKPOINT_EVERY_STEPS": "10",
+                        "TRAINSTACK_MAX_FAILURES": "1"},
+                box_env={"TRAINSTACK_STARTUP_TIMEOUT": "4", "FAKE_STEP_S": "0.05"})
+    boxes = [c.boot(), c.boot(), c.boot()]
+    by_endpoint = lambda e: next(m for m in c.machines if m.endpoint == e)  # noqa: E731
+    first = c.wait_generation(0, 90)
+    assert sorted(first) == sorted(m.endpoint for m in boxes)
+    wait_for(lambda: c.committed(), 60, "a first committed checkpoint")
+
+    # 1. Worker 1 is gone at once (SIGKILL, no notice): the others' trainers lose their peer
+    #    (exit 76) and wait in generation 1. The replacement comes late, three times the
+    #    trainer's start-up timeout (the old supervisor counted such a wait as a failure);
+    #    waiting in the rendezvous starts no trainer and costs no failure.
+    c.take(by_endpoint(first[1]))
+    survivors = [by_endpoint(first[0]), by_endpoint(first[2])]
+    for box in survivors:
+        wait_for(lambda b=box: "joining the next generation after 0" in b.journal(), 60, "a survivor to rejoin")
+    assert all(b.exits() == [76] for b in survivors), [b.exits() for b in survivors]
+    time.sleep(12)  # the replacement's delay
+    assert 1 not in c.sealed() and all(b.exits() == [76] for b in survivors)  # no trainer started meanwhile
+    late = c.boot()
+    second = c.wait_generation(1, 90)
+    assert sorted(second) == sorted([*(b.endpoint for b in survivors), late.endpoint])
+    step = c.committed()[-1]
+    wait_for(lambda: c.committed()[-1] > step, 60, "a checkpoint of generation 1")
+
+    # 2. The chief gets a notice: all three stop after one committed step; the replacement's
+    #    address sorts first, and it is the chief of generation 2 because the sealed record says so.
+    chief = by_endpoint(second[0])
+    rest = [by_endpoint(e) for e in second[1:]]
+    c.notice(chief)
+    step2 = stopped_together(c, [chief, *rest])
+    wait_for(lambda: "waiting for the cloud" in chief.journal(), 30, "the chief to wait for the cloud")
+    c.take(chief)
+    first_in_order = c.boot(address="127.0.0.5")
+    third = c.wait_generation(2, 90)
+    assert third[0] == first_in_order.endpoint and sorted(third[1:]) == sorted(b.endpoint for b in rest)
+
+    # 3. The new chief is gone the moment generation 2 is sealed: its peers' trainers cannot
+    #    form the cluster (75 after the start-up timeout) or lose it (76); generation 3 forms
+    #    with its replacement.
+    c.take(first_in_order)
+    last = c.boot()
+    fourth = c.wait_generation(3, 120)
+    assert sorted(fourth) == sorted([*(b.endpoint for b in rest), last.endpoint])
+
+    assert_complete_without_failures(c, timeout=150)
+    c.assert_one_list_per_generation()
+    resumed = [e["step"] for e in c.events() if e["event"] == "resumed"]
+    assert resumed[0] == step and resumed[1] == step2 and len(resumed) in (3, 4), resumed
+    for box in rest:
+        assert set(box.exits()) <= {0, 75, 76, 143} and box.exits()[-1] == 0, box.exits()
