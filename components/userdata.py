@@ -101,6 +101,21 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, 
     return env
 
 
+def shipped(name: str) -> str:
+    """The text of `userdata/<name>` as installed on the machines. Scripts lose their
+    whole-line comments (EC2 takes 16 KiB of gzipped user data, and the comments, which
+    say why, are a third of it); kept are the first two lines (the shebang or shellcheck's
+    shell line, and the title), and `# shellcheck` directives (the rendered scripts are
+    checked too). A `#` that is not the first thing on its line is never touched.
+    """
+    text = (USERDATA_DIR / name).read_text()
+    if not name.endswith(".sh"):
+        return text
+    lines = text.splitlines(keepends=True)
+    return "".join(line for i, line in enumerate(lines)
+                   if i < 2 or not line.lstrip().startswith("#") or line.lstrip().startswith("# shellcheck"))
+
+
 def render_env(env: Mapping[str, str]) -> str:
     """The env file: KEY=value lines, values single-quoted for systemd and sh alike."""
     lines = []
@@ -142,7 +157,7 @@ def render_user_data(cloud: str, env: Mapping[str, str]) -> str:
     ]
     for name, path, mode in FILES:
         files.append({"path": path, "permissions": mode, "owner": "root:root",
-                      "content": (USERDATA_DIR / name).read_text()})
+                      "content": shipped(name)})
     doc = {
         "write_files": files,
         "runcmd": [

@@ -211,7 +211,7 @@ main() {
   run_bootstrap
   # shellcheck source=/dev/null
   . "$STATE_DIR/paths"
-  local failures rc remaining marker reason before after
+  local failures rc joined remaining marker reason before after
   failures="$(cat "$STATE_DIR/failures" 2>/dev/null || echo 0)"
   while true; do
     [[ ! -e "$NOTICE_FILE" ]] || wait_for_cloud
@@ -220,11 +220,12 @@ main() {
     log "starting the trainer (failures in a row: $failures)"
     before="$(newest_committed)"
     rc=0
+    joined=0
     write_container_env
-    tf_config || rc=$?
-    if ((rc == 1)); then
+    tf_config || joined=$?
+    if ((joined == 1)); then
       continue # a notice is pending: the top of the loop waits for the cloud
-    elif ((rc == 2)); then
+    elif ((joined == 2)); then
       rc=$EXIT_NO_ADDRESS
     else
       remaining=$((DEADLINE - $(date +%s)))

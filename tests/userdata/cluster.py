@@ -89,10 +89,11 @@ class Cluster:
     def __init__(self, tmp: Path, run, group: str, code_uri: str, *, nodes: int, env: dict[str, str] | None = None,
                  settings=None, box_env: dict[str, str] | None = None):
         self.tmp, self.run, self.group, self.code_uri, self.nodes = tmp, run, group, code_uri, nodes
-        self.env = {"TRAINSTACK_NODES": str(nodes), **(env or {})}
+        # Polls as slow as a test allows: every poll here starts processes on 2 shared cores.
+        self.env = {"TRAINSTACK_NODES": str(nodes), "TRAINSTACK_POLL_S": "1", **(env or {})}
         # A poll here takes seconds (every fake CLI call starts Python and boto3 on a shared
         # machine): the heartbeat TTL leaves room for several.
-        self.box_env = {"TRAINSTACK_CLUSTER_POLL_S": "0.5", "TRAINSTACK_RENDEZVOUS_TTL_S": "30",
+        self.box_env = {"TRAINSTACK_CLUSTER_POLL_S": "2", "TRAINSTACK_RENDEZVOUS_TTL_S": "30",
                         "TRAINSTACK_NOTICE_WAIT_S": "600", **(box_env or {})}
         self.settings = settings
         self.machines: list[Machine] = []
@@ -123,16 +124,21 @@ class Cluster:
                 for line in env if line.startswith("TF_CONFIG=")]
 
     def assert_one_list_per_generation(self) -> None:
-        """Every trainer of a generation started with that generation's sealed list, each at its own index
-        (a member taken between the seal and its start never starts)."""
+        """Every trainer of a generation started with that generation's sealed list, each at its own
+        index (a member taken between the seal and its start never starts)."""
         sealed = self.sealed()
-        started: dict[tuple, list[int]] = {}
+        started: dict[int, list[int]] = {}
         for box in self.machines:
-            for conf in self.configs(box):
-                started.setdefault(tuple(conf["cluster"]["worker"]), []).append(conf["task"]["index"])
-        assert set(started) <= {tuple(w) for w in sealed.values()}, (started, sealed)
-        for workers, indexes in started.items():
-            assert len(set(indexes)) == len(indexes) and set(indexes) <= set(range(len(workers))), (workers, indexes)
+            said = re.findall(r"generation (\d+): TF_CONFIG=(\S+)", box.journal())
+            # What the supervisor said is what the trainer got (the container's env file).
+            assert [json.loads(conf) for _gen, conf in said] == self.configs(box), box.number
+            for gen, conf in said:
+                conf = json.loads(conf)
+                assert conf["cluster"]["worker"] == sealed[int(gen)], (gen, conf, sealed)
+                started.setdefault(int(gen), []).append(conf["task"]["index"])
+        assert started, "no trainer started"
+        for gen, indexes in started.items():
+            assert len(set(indexes)) == len(indexes), (gen, indexes)
 
     def live(self) -> list[Machine]:
         return [m for m in self.machines if m.procs]

@@ -104,7 +104,8 @@ def test_three_machines_survive_three_losses_in_a_row_with_the_stand_in(cluster)
     # One failure allowed: any exit counted as this machine's failure would end the run FAILED.
     c = cluster(3, env={"TRAINSTACK_STEPS": "400", "TRAINSTACK_CHECKPOINT_EVERY_STEPS": "10",
                         "TRAINSTACK_MAX_FAILURES": "1"},
-                box_env={"TRAINSTACK_STARTUP_TIMEOUT": "4", "FAKE_STEP_S": "0.05"})
+                # Machines here see a seal up to several seconds apart (a poll is a few CLI calls).
+                box_env={"TRAINSTACK_STARTUP_TIMEOUT": "12", "FAKE_STEP_S": "0.05"})
     boxes = [c.boot(), c.boot(), c.boot()]
     by_endpoint = lambda e: next(m for m in c.machines if m.endpoint == e)  # noqa: E731
     first = c.wait_generation(0, 90)
@@ -112,7 +113,7 @@ def test_three_machines_survive_three_losses_in_a_row_with_the_stand_in(cluster)
     wait_for(lambda: c.committed(), 60, "a first committed checkpoint")
 
     # 1. Worker 1 is gone at once (SIGKILL, no notice): the others' trainers lose their peer
-    #    (exit 76) and wait in generation 1. The replacement comes late, three times the
+    #    (exit 76) and wait in generation 1. The replacement comes late, later than the
     #    trainer's start-up timeout (the old supervisor counted such a wait as a failure);
     #    waiting in the rendezvous starts no trainer and costs no failure.
     c.take(by_endpoint(first[1]))
@@ -120,7 +121,7 @@ def test_three_machines_survive_three_losses_in_a_row_with_the_stand_in(cluster)
     for box in survivors:
         wait_for(lambda b=box: "joining the next generation after 0" in b.journal(), 60, "a survivor to rejoin")
     assert all(b.exits() == [76] for b in survivors), [b.exits() for b in survivors]
-    time.sleep(12)  # the replacement's delay
+    time.sleep(16)  # the replacement's delay
     assert 1 not in c.sealed() and all(b.exits() == [76] for b in survivors)  # no trainer started meanwhile
     late = c.boot()
     second = c.wait_generation(1, 90)
@@ -141,16 +142,16 @@ def test_three_machines_survive_three_losses_in_a_row_with_the_stand_in(cluster)
     assert third[0] == first_in_order.endpoint and sorted(third[1:]) == sorted(b.endpoint for b in rest)
 
     # 3. The new chief is gone the moment generation 2 is sealed: its peers' trainers cannot
-    #    form the cluster (75 after the start-up timeout) or lose it (76); generation 3 forms
-    #    with its replacement.
+    #    form the cluster (75 after the start-up timeout) or lose it (76); a later generation
+    #    forms with its replacement.
     c.take(first_in_order)
     last = c.boot()
-    fourth = c.wait_generation(3, 120)
-    assert sorted(fourth) == sorted([*(b.endpoint for b in rest), last.endpoint])
-
     assert_complete_without_failures(c, timeout=150)
     c.assert_one_list_per_generation()
+    final = c.sealed()[max(c.sealed())]
+    assert max(c.sealed()) >= 3 and sorted(final) == sorted([*(b.endpoint for b in rest), last.endpoint])
     resumed = [e["step"] for e in c.events() if e["event"] == "resumed"]
-    assert resumed[0] == step and resumed[1] == step2 and len(resumed) in (3, 4), resumed
+    # Generation 2 never trained: every later generation resumed from the chief's notice step.
+    assert resumed[0] == step and set(resumed[1:]) == {step2}, resumed
     for box in rest:
         assert set(box.exits()) <= {0, 75, 76, 143} and box.exits()[-1] == 0, box.exits()
