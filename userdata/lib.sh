@@ -342,28 +342,12 @@ instance_id() {
 
 # ---- the group and the registry ----
 
-# This machine's private address, the one its peers reach.
+# This machine's private address, the one its peers reach (rendezvous.sh publishes it).
 private_ip() {
   case "$TRAINSTACK_CLOUD" in
     aws) md_get local-ipv4 ;;
     gcp) md_get network-interfaces/0/ip ;;
   esac
-}
-
-# Private addresses of the group's running machines, one a line.
-group_ips() {
-  case "$TRAINSTACK_CLOUD" in
-    aws) aws ec2 describe-instances --region "$TRAINSTACK_REGION" --output text \
-      --filters "Name=tag:aws:autoscaling:groupName,Values=$TRAINSTACK_GROUP" "Name=instance-state-name,Values=running" \
-      --query 'Reservations[].Instances[].PrivateIpAddress' ;;
-    # Exactly this group's running machines in this region: GCE names a managed group's
-    # machines <base>-<4 characters> (base: the group name cut to 54); a plain prefix would
-    # also match machines that are stopping or provisioning, and another group whose name
-    # starts with this one's (dev and dev-gpu).
-    gcp) gcloud compute instances list \
-      --filter="name~'^${TRAINSTACK_GROUP:0:54}-[a-z0-9]{4}\$' AND status=RUNNING AND zone~'/zones/$TRAINSTACK_REGION-'" \
-      --format='value(networkInterfaces[0].networkIP)' ;;
-  esac | tr -s ' \t' '\n' | sed '/^$/d' | sort -t. -k1,1n -k2,2n -k3,3n -k4,4n
 }
 
 # Sets this stack's group to zero machines. Idempotent: whichever node sees the end calls it.

@@ -191,8 +191,6 @@ def gcloud(argv: list[str]) -> int:
     if args[:2] == ["auth", "print-access-token"]:
         print("ya29.token-from-the-service-account")
         return 0
-    if args[:3] == ["compute", "instances", "list"]:
-        return _gce_instances_list(args[3:])
     if args[0] != "storage":
         return 0  # compute instance-groups managed resize: recorded, no GCE emulator here
     import fnmatch
@@ -291,40 +289,6 @@ def _gcs_create(client, where, data: bytes) -> int:
                   "did not hold.", file=sys.stderr)
             return 1
         bucket.blob(key).upload_from_string(data)
-    return 0
-
-
-def _gce_matches(flt: str, inst: dict) -> bool:
-    """GCE's filter for the terms the scripts use: `key~'REGEX'` (a match anywhere, RE2
-    semantics for these patterns) and `key=VALUE`, joined by AND."""
-    import re
-
-    for term in flt.split(" AND "):
-        m = re.fullmatch(r"\s*(\w+)\s*(~|=)\s*(.+?)\s*", term)
-        if not m:
-            raise SystemExit(f"fake gcloud: unsupported filter term {term!r}")
-        key, op, value = m.group(1), m.group(2), m.group(3).strip("'\"")
-        field = str(inst.get(key, ""))
-        if (op == "=" and field != value) or (op == "~" and not re.search(value, field)):
-            return False
-    return True
-
-
-def _gce_instances_list(args: list[str]) -> int:
-    """`gcloud compute instances list` over `$FAKE_STATE/gce-instances.json` (the project's VMs)."""
-    opts = dict(a.removeprefix("--").split("=", 1) for a in args if a.startswith("--") and "=" in a)
-    path = STATE / "gce-instances.json"
-    instances = json.loads(path.read_text()) if path.exists() else []
-    found = [i for i in instances if _gce_matches(opts.get("filter", ""), i)] if opts.get("filter") else instances
-    fmt = opts.get("format", "")
-    if fmt == "value(networkInterfaces[0].networkIP)":
-        for inst in found:
-            print(inst["networkInterfaces"][0]["networkIP"])
-    elif fmt == "json":
-        print(json.dumps(found))
-    else:
-        print(f"fake gcloud: unsupported format {fmt!r}", file=sys.stderr)
-        return 2
     return 0
 
 

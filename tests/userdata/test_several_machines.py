@@ -1,9 +1,7 @@
-"""Several machines in one group: who is a peer, and finishing together.
+"""Several machines in one group: finishing together, and waiting for a missing peer.
 
-- GCP's peer list is the running machines of exactly this group: a fake `gcloud` answers
-  `compute instances list` from a fixed set of machines in several states, with another
-  group whose name shares this one's prefix, and applies the filter as GCE does (the
-  subset of its filter language the scripts use).
+(Who is a peer is decided under the run folder, never by listing the cloud's machines:
+tests/userdata/test_rendezvous.py.)
 - A worker that ends before the chief has written the end marker (the chief still
   exports the model) waits for it and finishes the same way, with no failure counted.
 - Waiting for a peer that is not there is no failure either: the run's deadline bounds it.
@@ -13,55 +11,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
 from tests.userdata.cluster import Cluster, cluster_trainer_uri
-from tests.userdata.conftest import group_size, machine_events, make_group, s3_keys, settings_for
+from tests.userdata.conftest import group_size, machine_events, make_group, s3_keys
 from tests.userdata.metadata import INSTANCE_ID
 from trainer import layout
-
-
-def _gce(name: str, status: str, ip: str, zone: str = "us-central1-a") -> dict:
-    return {"name": name, "status": status, "zone": f"https://www.googleapis.com/compute/v1/projects/p/zones/{zone}",
-            "networkInterfaces": [{"networkIP": ip}]}
-
-
-GCE_MACHINES = [
-    _gce("trainstack-dev-abcd", "RUNNING", "10.128.0.12"),
-    _gce("trainstack-dev-efgh", "RUNNING", "10.128.0.3"),
-    _gce("trainstack-dev-ijkl", "STOPPING", "10.128.0.4"),  # taken back: not a peer any more
-    _gce("trainstack-dev-mnop", "PROVISIONING", "10.128.0.5"),  # not up yet
-    _gce("trainstack-dev-gpu-qrst", "RUNNING", "10.128.0.6"),  # the group trainstack-dev-gpu
-    _gce("trainstack-devx-uvwx", "RUNNING", "10.128.0.7"),
-    _gce("trainstack-dev-yzab", "RUNNING", "10.132.0.8", zone="europe-west1-b"),  # same name, other region
-]
-
-
-def test_gcp_peers_are_the_running_machines_of_exactly_this_group(machines, gs_run):
-    box = machines(gs_run, "trainstack-dev", "", settings=settings_for("gcp"))
-    (box.state / "gce-instances.json").write_text(json.dumps(GCE_MACHINES))
-    lib = box.root / "opt/trainstack/bin/lib.sh"
-    proc = subprocess.run(["bash", "-c", f'set -euo pipefail; . "{lib}"; load_env; group_ips'], env=box.env,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    # Sorted as addresses (3 before 12), only RUNNING, only trainstack-dev-<4>, only this region.
-    assert proc.stdout.split() == ["10.128.0.3", "10.128.0.12"]
-    listed = [a for a in box.argvs("gcloud") if a[:3] == ["compute", "instances", "list"]]
-    assert len(listed) == 1
-
-
-def test_the_fake_gcloud_applies_the_filter_it_is_given(machines, gs_run):
-    # Without a status or an exact name, GCE lists every state and every prefix match:
-    # what the old filter (name~^GROUP-) got.
-    box = machines(gs_run, "trainstack-dev", "", settings=settings_for("gcp"))
-    (box.state / "gce-instances.json").write_text(json.dumps(GCE_MACHINES))
-    proc = subprocess.run(["gcloud", "compute", "instances", "list", "--filter=name~^trainstack-dev-",
-                           "--format=value(networkInterfaces[0].networkIP)"], env=box.env, capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert len(proc.stdout.split()) == 6
 
 
 @pytest.mark.slow
