@@ -165,8 +165,9 @@ store_ls() {
 # run_entries: names at the top of the run folder, one a line ("COMPLETE", "checkpoints/").
 run_entries() { store_ls "$RUN_URI/"; }
 
-# store_cat_all PREFIX: the contents of every object under PREFIX, one after the other
-# (each ends its lines with a newline, as json() writes them); nothing when there is none.
+# store_cat_all PREFIX: the contents of every object under PREFIX (at any depth), one after
+# the other (each ends its lines with a newline, as json() writes them); nothing when there
+# is none.
 store_cat_all() {
   local dir
   case "$TRAINSTACK_CLOUD" in
@@ -176,7 +177,7 @@ store_cat_all() {
       find "$dir" -type f -exec awk 1 {} + 2>/dev/null || true
       rm -rf "$dir"
       ;;
-    gcp) gcloud storage cat "$1/*" 2>/dev/null || true ;;
+    gcp) gcloud storage cat "$1/**" 2>/dev/null || true ;;
   esac
 }
 

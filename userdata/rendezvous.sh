@@ -52,25 +52,26 @@ generations() {
   store_ls "$RUN_URI/$RENDEZVOUS_PREFIX" | sed -nE "s#^${GEN_DIR}([0-9]+)/?\$#\\1#p" | sort -n
 }
 
-# sealed_record GEN: prints generation GEN's sealed record; fails when it is not sealed.
-sealed_record() {
-  local out
-  out="$(store_cat "$RUN_URI/$RENDEZVOUS_PREFIX$GEN_DIR$1/$SEALED" 2>/dev/null)" || return 1
-  [[ -n "$out" ]] || return 1
-  printf '%s\n' "$out"
+# generation_objects GEN: every object of generation GEN (its sealed record, when there is
+# one, and its members), one JSON object a line: one call per poll, whatever the group's size.
+generation_objects() {
+  store_cat_all "$RUN_URI/$RENDEZVOUS_PREFIX$GEN_DIR$1"
 }
 
-# heartbeat GEN MEMBER ENDPOINT [left]: (re)writes this machine's member object in GEN.
-# `left` marks it gone at once (a notice came while it waited), instead of after the TTL.
+# heartbeat GEN MEMBER ENDPOINT [left]: (re)writes this machine's member object in GEN and
+# prints it. `left` marks it gone at once (a notice came while it waited), instead of
+# after the TTL.
 heartbeat() {
-  json member="$2" machine="$(instance_id)" endpoint="$3" "time:=$(date +%s)" "left:=${4:-false}" |
-    store_put "$RUN_URI/$RENDEZVOUS_PREFIX$GEN_DIR$1/$MEMBERS_DIR/$2"
+  local body
+  body="$(json member="$2" machine="$(instance_id)" endpoint="$3" "time:=$(date +%s)" "left:=${4:-false}")"
+  store_put "$RUN_URI/$RENDEZVOUS_PREFIX$GEN_DIR$1/$MEMBERS_DIR/$2" <<<"$body" && printf '%s\n' "$body"
 }
 
-# live_members GEN: "endpoint member machine" of each member of GEN whose heartbeat is
-# younger than RENDEZVOUS_TTL_S, sorted by endpoint (the proposed worker order).
+# live_members < OBJECTS: "endpoint member machine" of each member among a generation's
+# objects whose heartbeat is younger than RENDEZVOUS_TTL_S, sorted by address (the
+# proposed worker order).
 live_members() {
-  store_cat_all "$RUN_URI/$RENDEZVOUS_PREFIX$GEN_DIR$1/$MEMBERS_DIR" | python3 -c '
+  python3 -c '
 import json, re, sys, time
 ttl, now, seen = float(sys.argv[1]), time.time(), {}
 for line in sys.stdin:
@@ -126,7 +127,7 @@ print("TF_CONFIG=" + json.dumps(conf, separators=(",", ":")))
 # run's deadline: a missing peer (no spot capacity for a replacement) costs time, never
 # a failure.
 join_generation() {
-  local nodes="$TRAINSTACK_NODES" me endpoint last gen high record live polls=0 line
+  local nodes="$TRAINSTACK_NODES" me endpoint last gen high objects record mine live polls=0 line
   me="$(member_id)"
   endpoint="$(retry 5 private_ip)" || { log "cannot read this machine's private address"; return "$JOIN_NO_ADDRESS"; }
   endpoint="$endpoint:$WORKER_PORT"
@@ -135,7 +136,7 @@ join_generation() {
   log "joining the next generation after $last as $me ($endpoint); $nodes machines train together"
   while true; do
     if [[ -e "$NOTICE_FILE" ]]; then
-      heartbeat "$gen" "$me" "$endpoint" true || true
+      heartbeat "$gen" "$me" "$endpoint" true >/dev/null || true
       log "a spot notice is pending: not joining generation $gen"
       return "$JOIN_NOTICE"
     fi
@@ -150,7 +151,9 @@ join_generation() {
       ((${high:--1} <= gen)) || gen=$high
     fi
     polls=$((polls + 1))
-    if record="$(sealed_record "$gen")"; then
+    objects="$(generation_objects "$gen")" || objects=""
+    record="$(grep -m 1 '"workers"' <<<"$objects")" || record=""
+    if [[ -n "$record" ]]; then
       if line="$(tf_config_from "$record" "$me")"; then
         printf '%s\n' "$line" >>"$CONTAINER_ENV"
         echo "$gen" >"$LAST_GENERATION_FILE"
@@ -162,8 +165,9 @@ join_generation() {
       gen=$((gen + 1))
       continue
     fi
-    heartbeat "$gen" "$me" "$endpoint" || log "could not write this machine's heartbeat (retrying)"
-    live="$(live_members "$gen")" || live=""
+    mine="$(heartbeat "$gen" "$me" "$endpoint")" || log "could not write this machine's heartbeat (retrying)"
+    objects+=$'\n'"$mine"
+    live="$(live_members <<<"$objects")" || live=""
     if (($(grep -c . <<<"$live") >= nodes)) && grep -q " $me " <<<"$live"; then
       seal "$gen" "$nodes" "$live"
       continue

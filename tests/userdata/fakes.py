@@ -208,8 +208,10 @@ def gcloud(argv: list[str]) -> int:
     if op == "cat":
         bucket, pattern = split(rest[0])
         prefix = pattern.split("*", 1)[0]
+        # `*` matches within one folder, `**` at any depth (gcloud's wildcards).
+        deep = pattern.endswith("**")
         blobs = [b for b in client.list_blobs(bucket, prefix=prefix) if fnmatch.fnmatchcase(b.name, pattern)
-                 and "/" not in b.name[len(prefix):]]
+                 and (deep or "/" not in b.name[len(prefix):])]
         if not blobs:
             print(f"ERROR: (gcloud.storage.cat) The following URLs matched no objects or files:\n-{rest[0]}",
                   file=sys.stderr)

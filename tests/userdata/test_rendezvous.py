@@ -113,7 +113,7 @@ def test_live_members_leave_out_stale_heartbeats_and_machines_that_left(make_mac
     _member(s3_run, 0, "i-bbb-1", "10.0.0.30:2222", age=120)  # gone without a word
     _member(s3_run, 0, "i-ccc-1", "10.0.0.4:2222", left=True)  # a notice came while it waited
     _member(s3_run, 0, "i-ddd-1", "10.0.0.10:2222")
-    proc = bash(box, "live_members 0")
+    proc = bash(box, "generation_objects 0 | live_members")
     assert proc.returncode == 0, proc.stderr
     # Sorted as the proposed order: by address, numerically (any one order serves: the sealed one rules).
     assert proc.stdout.splitlines() == ["10.0.0.9:2222 i-aaa-1 i-aaa", "10.0.0.10:2222 i-ddd-1 i-ddd"]
@@ -123,7 +123,7 @@ def test_a_machine_with_a_pending_notice_never_joins(make_machine, s3_run):
     box = make_machine(s3_run, 0)
     _member(s3_run, 0, "i-aaa-1", "10.0.0.9:2222")  # a peer waiting for a second machine
     proc = bash(box, 'touch "$NOTICE_FILE"; rc=0; join_generation || rc=$?; echo "rc=$rc JOIN_NOTICE=$JOIN_NOTICE"; '
-                     'live_members 0')
+                     'generation_objects 0 | live_members')
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "rc=1 JOIN_NOTICE=1"
