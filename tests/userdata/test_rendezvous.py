@@ -18,6 +18,8 @@ from tests.userdata.cluster import Machine
 from tests.userdata.conftest import settings_for, wait_for
 from trainer import layout
 
+pytestmark = pytest.mark.slow  # each case runs the scripts and the fake CLIs against the emulators
+
 
 def bash(box: Machine, script: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """Runs `script` with lib.sh and rendezvous.sh sourced and the env loaded, as supervise.sh has them."""
