@@ -53,10 +53,14 @@ def assert_complete_without_failures(c: Cluster, timeout: float = 120) -> None:
     assert group_size(c.run, c.group) == (0, 0, 0)
 
 
-def stopped_together(c: Cluster, boxes, timeout: float = 90) -> int:
-    """Waits until each of `boxes` has a trainer exit of 143; the step all stopped at."""
+def notice_and_stop(c: Cluster, victim, boxes, timeout: float = 90) -> int:
+    """Serves `victim` a spot notice; waits until each of `boxes` has one more trainer exit,
+    a 143; the step all stopped at."""
+    seen = {box.number: len(box.exits()) for box in boxes}
+    c.notice(victim)
     for box in boxes:
-        wait_for(lambda b=box: 143 in b.exits(), timeout, f"machine {box.number}'s trainer to stop")
+        wait_for(lambda b=box: len(b.exits()) > seen[b.number], timeout, f"machine {box.number}'s trainer to stop")
+        assert box.exits()[seen[box.number]] == 143, (box.number, box.exits())
     preempted = [e["step"] for e in c.events() if e["event"] == "preempted"]
     assert preempted and preempted[-1] == c.committed()[-1], (preempted, c.committed())
     return preempted[-1]
@@ -75,8 +79,7 @@ def test_the_real_trainer_survives_a_noticed_worker_then_a_noticed_chief(cluster
     wait_for(lambda: c.committed(), 180, "a first committed checkpoint")
     victim = next(m for m in (a, b) if m.endpoint == first[1])
     survivor = a if victim is b else b
-    c.notice(victim)
-    step1 = stopped_together(c, [a, b], timeout=120)
+    step1 = notice_and_stop(c, victim, [a, b], timeout=120)
     wait_for(lambda: "waiting for the cloud" in victim.journal(), 30, "the worker to wait for the cloud")
     c.take(victim)
     new = c.boot()
@@ -86,8 +89,7 @@ def test_the_real_trainer_survives_a_noticed_worker_then_a_noticed_chief(cluster
 
     chief = next(m for m in (survivor, new) if m.endpoint == second[0])
     other = new if chief is survivor else survivor
-    c.notice(chief)
-    step2 = stopped_together(c, [chief, other], timeout=120)
+    step2 = notice_and_stop(c, chief, [chief, other], timeout=120)
     assert step2 > step1
     wait_for(lambda: "waiting for the cloud" in chief.journal(), 30, "the chief to wait for the cloud")
     c.take(chief)
@@ -133,8 +135,7 @@ def test_three_machines_survive_three_losses_in_a_row_with_the_stand_in(cluster)
     #    address sorts first, and it is the chief of generation 2 because the sealed record says so.
     chief = by_endpoint(second[0])
     rest = [by_endpoint(e) for e in second[1:]]
-    c.notice(chief)
-    step2 = stopped_together(c, [chief, *rest])
+    step2 = notice_and_stop(c, chief, [chief, *rest])
     wait_for(lambda: "waiting for the cloud" in chief.journal(), 30, "the chief to wait for the cloud")
     c.take(chief)
     first_in_order = c.boot(address="127.0.0.5")
