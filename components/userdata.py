@@ -48,6 +48,7 @@ NOTICE_GRACE_S = {"aws": 100, "gcp": 25}
 # Installed by write_files: (file in userdata/, path on the machine, permissions).
 FILES = (
     ("lib.sh", "/opt/trainstack/bin/lib.sh", "0644"),
+    ("rendezvous.sh", "/opt/trainstack/bin/rendezvous.sh", "0644"),
     ("bootstrap.sh", "/opt/trainstack/bin/bootstrap.sh", "0755"),
     ("supervise.sh", "/opt/trainstack/bin/supervise.sh", "0755"),
     ("watch-notice.sh", "/opt/trainstack/bin/watch-notice.sh", "0755"),
@@ -129,6 +130,21 @@ def price_env(settings) -> dict[str, str]:
             "TRAINSTACK_PRICE_NOTE": f"{what}, price table {est.recorded}"}
 
 
+def shipped(name: str) -> str:
+    """The text of `userdata/<name>` as installed on the machines. Scripts lose their
+    whole-line comments (EC2 takes 16 KiB of gzipped user data, and the comments, which
+    say why, are a third of it); kept are the first two lines (the shebang or shellcheck's
+    shell line, and the title), and `# shellcheck` directives (the rendered scripts are
+    checked too). A `#` that is not the first thing on its line is never touched.
+    """
+    text = (USERDATA_DIR / name).read_text()
+    if not name.endswith(".sh"):
+        return text
+    lines = text.splitlines(keepends=True)
+    return "".join(line for i, line in enumerate(lines)
+                   if i < 2 or not line.lstrip().startswith("#") or line.lstrip().startswith("# shellcheck"))
+
+
 def render_env(env: Mapping[str, str]) -> str:
     """The env file: KEY=value lines, values single-quoted for systemd and sh alike."""
     lines = []
@@ -173,7 +189,7 @@ def render_user_data(cloud: str, env: Mapping[str, str]) -> str:
     jupyter = env.get("TRAINSTACK_JUPYTER") == "1"
     for name, path, mode in FILES + (JUPYTER_FILES if jupyter else ()):
         files.append({"path": path, "permissions": mode, "owner": "root:root",
-                      "content": (USERDATA_DIR / name).read_text()})
+                      "content": shipped(name)})
     units = UNITS + ((JUPYTER_UNIT,) if jupyter else ())
     doc = {
         "write_files": files,
