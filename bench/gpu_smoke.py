@@ -1,8 +1,15 @@
 """GPU smoke check: does this image's TensorFlow really train on this machine's GPUs?
 
-Run inside the trainer image on a GPU machine, one command:
+Run inside the trainer image on a GPU machine, one command from the repository root. The
+stock image with the CUDA/cuDNN wheels the machines add to it (trainer/requirements-gpu.txt,
+docs/gpu.md), as the machines run it:
 
-    docker run --rm --gpus all IMAGE python bench/gpu_smoke.py        # or: python bench/gpu_smoke.py
+    docker run --rm --gpus all -v "$PWD:/w" -w /w tensorflow/tensorflow:2.21.0-gpu sh -c \
+      'pip install -q --target /tmp/cuda -r trainer/requirements-gpu.txt &&
+       LD_LIBRARY_PATH=$(ls -d /tmp/cuda/nvidia/*/lib | paste -sd:) python bench/gpu_smoke.py'
+
+An image built by the stack (image.build: true) has them already:
+`docker run --rm --gpus all -v "$PWD:/w" -w /w IMAGE python bench/gpu_smoke.py`.
 
 It prints the versions that decide whether TF finds the GPU (TF, its CUDA/cuDNN build,
 the NVIDIA driver), lists the GPUs TF sees, runs one matmul and one training step of the
@@ -35,6 +42,7 @@ def main() -> int:
         "build": build_info(),
         "driver": driver_version(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "ld_library_path": os.environ.get("LD_LIBRARY_PATH"),
     }
     gpus = tf.config.list_physical_devices("GPU")
     report["gpus"] = [g.name for g in gpus]

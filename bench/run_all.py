@@ -16,6 +16,7 @@ runs checkpoint to, then measures one after the other, on this machine, in one r
 4. stall — the loop's blocked time per checkpoint of 10 MB, 100 MB and 1 GB (`bench.ckpt_stall`)
    as a share of a run checkpointing every 30 s; upload throughput against plain boto3;
 5. preemption — SIGTERM → exit 143 with the checkpoint committed (~100 MB), in the start-up runs;
+   and `bench/notice_budget.py`: the largest checkpoint that commits within a spot notice;
 6. scaling — 1, 2 and 4 worker processes on 127.0.0.1 (TF_CONFIG), fixed per-worker batch.
 
 Ratios are taken within this run only; the load average before and after is recorded,
@@ -46,7 +47,7 @@ from bench import report as R
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-SECTIONS = ("limit", "seed", "startup", "stall", "scaling")
+SECTIONS = ("limit", "seed", "startup", "stall", "notice", "scaling")
 SEED_EPOCH = 60_000  # bench/seed_train.py's examples per epoch
 
 
@@ -63,6 +64,8 @@ class Plan:
                             "--batch-size", "8", "--steps-per-call", "1")
     hold_after_first_step_s: float = 3.0
     stall_sizes_mb: tuple = (10, 100, 1000)
+    notice_sizes_mib: tuple = (8, 64, 256)
+    notice_clouds: tuple = ("aws", "gcp")
     workers: tuple = (1, 2, 4)
     scaling_steps: int = 1500
     quick: bool = False
@@ -72,7 +75,8 @@ class Plan:
 QUICK = Plan(limit_seconds=1.0, loop_models=(("mlp", 64, ()),), loop_target_s=1.5, checkpoint_every_s=1.0,
              seed_epochs=1, startup_model=("--model", "transformer-lm", "--lm-vocab", "512", "--lm-dim", "32",
                                            "--batch-size", "8", "--steps-per-call", "1"),
-             hold_after_first_step_s=0.5, stall_sizes_mb=(1,), workers=(1, 2), scaling_steps=100, quick=True)
+             hold_after_first_step_s=0.5, stall_sizes_mb=(1,), notice_sizes_mib=(1, 4), notice_clouds=("aws",),
+             workers=(1, 2), scaling_steps=100, quick=True)
 
 
 # -- processes ----------------------------------------------------------------------------------
@@ -261,6 +265,16 @@ class Bench:
         res = self.expect(self.spawn([sys.executable, "-m", "bench.ckpt_stall", "--bucket", self.bucket,
                                       "--sizes-mb", sizes]), "the checkpoint stall bench")
         return {**res.last_json(), "every_s": 30.0}
+
+    # -- 5b. the largest checkpoint committed within a spot notice --
+
+    def section_notice(self) -> dict:
+        sizes = ",".join(str(s) for s in self.plan.notice_sizes_mib)
+        self.log(f"notice: bench/notice_budget.py, commits of {sizes} MiB ({', '.join(self.plan.notice_clouds)})")
+        # It starts its own emulators (S3 and GCS) and says so in its figures.
+        res = self.expect(self.spawn([sys.executable, str(HERE / "notice_budget.py"), "--json", "--sizes-mib", sizes,
+                                      "--clouds", ",".join(self.plan.notice_clouds)]), "bench/notice_budget.py")
+        return res.last_json()
 
     # -- 6. scaling --
 
@@ -485,6 +499,25 @@ def render(fig: dict) -> str:
                 R.table(["MB", "save s", "snapshot s", "blocked s", "stall share", "contention s", "with contention",
                          "ours MB/s beside training", "ours MB/s alone", "plain boto3 MB/s", "ours alone ÷ plain"],
                         rows), ""]
+    if "notice" in fig:
+        n = fig["notice"]
+        loc = n["local"]
+        out += ["### 5b. The largest checkpoint committed within a spot notice (`bench/notice_budget.py`)", "",
+                f"Synchronous commits (lease fence included) to each cloud's emulator on this machine, a fixed cost and "
+                f"a rate fitted through them, and this machine's save ({loc['save_bytes_per_s']} MiB/s) and SHA-256 "
+                f"({loc['sha256_bytes_per_s']} MiB/s) rates; the last step is taken as {n['step_s']} s. The emulators "
+                "share these cores: their rate is this machine's floor, not a cloud's. See the script's docstring.", ""]
+        rows = []
+        for cloud, r in n["clouds"].items():
+            for name, mib in r["largest_mib"].items():
+                rows.append([cloud, f"{r['grace_s']} s", f"{r['fixed_s']} s", f"{r['emulator_mib_per_s']} MiB/s", name,
+                             f"{mib:,}"])
+        out += [R.table(["cloud", "grace", "fixed cost", "emulator rate", "bound", "largest checkpoint MiB"], rows), ""]
+        rows = [[cloud, name, f"{v['link_only']:,}", f"{v['with_this_machines_save_and_hash']:,}"]
+                for cloud, r in n["clouds"].items() for name, v in r["stated_links_mib"].items()]
+        if rows:
+            out += ["At each provider's stated bandwidth (upper bounds):", "",
+                    R.table(["cloud", "instance", "link only MiB", "with this machine's save + SHA-256 MiB"], rows), ""]
     if "scaling" in fig:
         rows = []
         base = fig["scaling"][0]

@@ -39,7 +39,7 @@ def _members(src: Path) -> list[Path]:
         rel = p.relative_to(src)
         if "__pycache__" in rel.parts or any(part.startswith(".") for part in rel.parts):
             continue
-        if p.is_file() and (p.suffix == ".py" or p.name in ("requirements.txt", "Dockerfile")):
+        if p.is_file() and (p.suffix == ".py" or p.name in ("requirements.txt", "requirements-gpu.txt", "Dockerfile")):
             keep.append(p)
     return keep
 

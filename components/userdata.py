@@ -48,6 +48,7 @@ NOTICE_GRACE_S = {"aws": 100, "gcp": 25}
 # Installed by write_files: (file in userdata/, path on the machine, permissions).
 FILES = (
     ("lib.sh", "/opt/trainstack/bin/lib.sh", "0644"),
+    ("rendezvous.sh", "/opt/trainstack/bin/rendezvous.sh", "0644"),
     ("bootstrap.sh", "/opt/trainstack/bin/bootstrap.sh", "0755"),
     ("supervise.sh", "/opt/trainstack/bin/supervise.sh", "0755"),
     ("watch-notice.sh", "/opt/trainstack/bin/watch-notice.sh", "0755"),
@@ -57,6 +58,12 @@ FILES = (
     ("trainstack-watcher.service", "/etc/systemd/system/trainstack-watcher.service", "0644"),
 )
 UNITS = ("trainstack-watcher.service", "trainstack-trainer.service")
+# Installed and enabled only on stacks with access.jupyter: true (env TRAINSTACK_JUPYTER=1).
+JUPYTER_FILES = (
+    ("jupyter.sh", "/opt/trainstack/bin/jupyter.sh", "0755"),
+    ("trainstack-jupyter.service", "/etc/systemd/system/trainstack-jupyter.service", "0644"),
+)
+JUPYTER_UNIT = "trainstack-jupyter.service"
 
 
 def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, str]:
@@ -97,7 +104,45 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, 
         env["TRAINSTACK_EXTRA_ARGS"] = shlex.join(run.extra_args)
     if run.code:
         env["TRAINSTACK_CODE_DIR"] = USER_CODE_DIR
+    if settings.access.jupyter:
+        env["TRAINSTACK_JUPYTER"] = "1"
+    env.update(price_env(settings))
     return env
+
+
+def price_env(settings) -> dict[str, str]:
+    """The estimated USD per machine-hour the trainer records with the run (ops status and COMPLETE
+    total the cost from it): the dearest of the stack's types, from the shipped price table only, so
+    the user data does not change with the cloud's live spot price. Empty when the table has no price."""
+    from components import pricing
+
+    est = pricing.hourly_cost(settings)
+    per_machine = [t.spot if settings.compute.spot else t.on_demand for t in est.types]
+    if not per_machine or None in per_machine:
+        return {}
+    if settings.compute.spot:
+        what = "spot estimate (dearest type)"
+        if settings.compute.max_price_per_hour is not None:
+            per_machine = [min(p, settings.compute.max_price_per_hour) for p in per_machine]
+    else:
+        what = "on-demand (dearest type)"
+    return {"TRAINSTACK_PRICE_PER_HOUR": f"{max(per_machine):.4f}",
+            "TRAINSTACK_PRICE_NOTE": f"{what}, price table {est.recorded}"}
+
+
+def shipped(name: str) -> str:
+    """The text of `userdata/<name>` as installed on the machines. Scripts lose their
+    whole-line comments (EC2 takes 16 KiB of gzipped user data, and the comments, which
+    say why, are a third of it); kept are the first two lines (the shebang or shellcheck's
+    shell line, and the title), and `# shellcheck` directives (the rendered scripts are
+    checked too). A `#` that is not the first thing on its line is never touched.
+    """
+    text = (USERDATA_DIR / name).read_text()
+    if not name.endswith(".sh"):
+        return text
+    lines = text.splitlines(keepends=True)
+    return "".join(line for i, line in enumerate(lines)
+                   if i < 2 or not line.lstrip().startswith("#") or line.lstrip().startswith("# shellcheck"))
 
 
 def render_env(env: Mapping[str, str]) -> str:
@@ -126,6 +171,8 @@ _Dumper.add_representer(str, _str)
 def render_user_data(cloud: str, env: Mapping[str, str]) -> str:
     """The `#cloud-config` document for one machine of `cloud`, with `env` in its env file.
 
+    With TRAINSTACK_JUPYTER=1 in `env` it also installs and enables the Jupyter unit.
+
     cloud-init writes the scripts and units and enables the units once; systemd starts
     them on every later boot (cloud-init's runcmd runs only on an instance's first boot).
     """
@@ -139,16 +186,18 @@ def render_user_data(cloud: str, env: Mapping[str, str]) -> str:
     files = [
         {"path": ENV_FILE, "permissions": "0644", "owner": "root:root", "content": render_env(env)},
     ]
-    for name, path, mode in FILES:
+    jupyter = env.get("TRAINSTACK_JUPYTER") == "1"
+    for name, path, mode in FILES + (JUPYTER_FILES if jupyter else ()):
         files.append({"path": path, "permissions": mode, "owner": "root:root",
-                      "content": (USERDATA_DIR / name).read_text()})
+                      "content": shipped(name)})
+    units = UNITS + ((JUPYTER_UNIT,) if jupyter else ())
     doc = {
         "write_files": files,
         "runcmd": [
             ["systemctl", "daemon-reload"],
             # --no-block: cloud-init is itself a unit in the boot transaction; waiting for
             # the trainer (which runs for hours) would hold up the rest of the boot.
-            ["systemctl", "enable", "--now", "--no-block", *UNITS],
+            ["systemctl", "enable", "--now", "--no-block", *units],
         ],
     }
     return "#cloud-config\n" + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=1000)

@@ -1,14 +1,44 @@
-"""`python -m ops`: the operator's commands. `synth` writes what a stack would create, offline (ops/synth.py); `status`, `logs` and `tunnel` (ops/status.py, ops/remote.py) follow a run and reach its machines; `stop`, `runs` and `pull` (ops/runs.py) end, list and fetch runs; `tensorboard` (ops/tensorboard.py) serves a run's TensorBoard from its bucket."""
+"""`python -m ops`: the operator's commands. `synth` writes what a stack would create, offline (ops/synth.py); `status`, `logs` and `tunnel` (ops/status.py, ops/remote.py) follow a run and reach its machines; `stop`, `runs` and `pull` (ops/runs.py) end, list and fetch runs; `tensorboard` (ops/tensorboard.py) serves a run's TensorBoard from its bucket.
+
+A mistyped command or flag gets one line with the nearest real one, not the whole usage."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
+
+
+class OpsParser(argparse.ArgumentParser):
+    """argparse with one-line errors that point to the nearest command or flag and to --help."""
+
+    def error(self, message: str):
+        m = re.match(r"argument command: invalid choice: '([^']*)'", message)
+        if m:
+            commands = re.findall(r"'([^']+)'", message.split("(choose from", 1)[-1])
+            near = difflib.get_close_matches(m.group(1), commands, n=1)
+            message = f"unknown command {m.group(1)!r}" + (f" (did you mean {near[0]}?)" if near else "") + \
+                f"; commands: {', '.join(commands)}"
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+    def unknown_options(self, extra: list[str]) -> None:
+        """Refuse arguments this command does not take, naming the nearest flag of each."""
+        flags = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        hints = []
+        for arg in extra:
+            if not arg.startswith("-"):
+                hints.append(repr(arg))
+                continue
+            near = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1, cutoff=0.7)
+            hints.append(f"{arg} (did you mean {near[0]}?)" if near else arg)
+        self.error("unknown option " + ", ".join(hints) if any(a.startswith("-") for a in extra)
+                   else "unexpected argument " + ", ".join(hints))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run one command; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m ops", description="Operate trainstack stacks.")
+    parser = OpsParser(prog="python -m ops", description="Operate trainstack stacks.")
     sub = parser.add_subparsers(dest="command", required=True)
     from ops import preflight, remote, runs, status, synth, tensorboard
 
@@ -18,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     runs.register(sub)
     preflight.register(sub)
     tensorboard.register(sub)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        sub.choices[args.command].unknown_options(extra)
     return args.func(args)
 
 

@@ -1,8 +1,8 @@
 """SSH to a training machine with paramiko: connect, run and stream, forward local ports.
 
 Also the two commands built on it: ``ops logs`` (the trainer's and watcher's journal,
-streamed; or the logs the machines uploaded to the bucket) and ``ops tunnel``
-(TensorBoard, Jupyter or any port of the machine on 127.0.0.1).
+streamed; or the logs the machines uploaded to the bucket) and ``ops tunnel`` (the
+machine's Jupyter, with its token, or any port of the machine on 127.0.0.1).
 
 Host keys are checked against ``~/.ssh/known_hosts`` and an unknown machine is refused;
 ``--accept-new-host-key`` trusts a machine on first use and saves its key there. A key
@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import os
+import re
 import shlex
 import socket
 import socketserver
@@ -34,6 +36,10 @@ CONNECT_TIMEOUT_S = 15
 KEEPALIVE_S = 30
 UNITS = ("trainstack-trainer", "trainstack-watcher")
 LOG_GLOB = "/var/log/trainstack/*.log"
+# Where the opt-in Jupyter (access.jupyter: true; userdata/jupyter.sh) listens on the machine,
+# and the 0600 token file it makes at boot for the SSH login user.
+JUPYTER_PORT = 8888
+JUPYTER_TOKEN_FILE = "/run/trainstack/jupyter/token"  # noqa: S105 (a path, not a secret)
 _CHUNK = 32768
 
 
@@ -306,6 +312,19 @@ class ForwardSpec:
         return cls(lp, host, rp)
 
 
+def read_jupyter_token(client: paramiko.SSHClient, host: str) -> str:
+    """The token the machine made for its Jupyter, read over SSH (it is nowhere else)."""
+    out = io.BytesIO()
+    status = run(client, f"cat -- {shlex.quote(JUPYTER_TOKEN_FILE)}", out)
+    token = out.getvalue().decode(errors="replace").strip()
+    if status != 0 or not re.fullmatch(r"[0-9a-f]{32,128}", token):
+        raise RemoteError(
+            f"no Jupyter token at {JUPYTER_TOKEN_FILE} on {host}: set access.jupyter: true in the stack and "
+            "`pulumi up`, then wait for the machine to finish booting (python -m ops logs shows it)"
+        )
+    return token
+
+
 # -- commands --------------------------------------------------------------------------
 
 
@@ -387,20 +406,18 @@ def cmd_tunnel(args: argparse.Namespace) -> int:
     """``ops tunnel``: forward local ports to the machine until Ctrl-C."""
     from ops.hosts import HostsError
 
-    # Nothing serves TensorBoard or Jupyter on the machines: forwarding their ports would reach
-    # nothing. The flags stay only to say where to go instead.
+    # Nothing serves TensorBoard on the machines: forwarding its port would reach nothing.
+    # The flag stays only to say where to go instead.
     if args.tensorboard:
         print("ops tunnel: nothing serves TensorBoard on the machines; run `python -m ops tensorboard "
               "--stack NAME` (it reads the run's bucket, no SSH)", file=sys.stderr)
         return 2
-    if args.jupyter:
-        print("ops tunnel: no Jupyter runs on the machines; start one there yourself and forward its port "
-              "with -L LOCAL:REMOTE", file=sys.stderr)
-        return 2
     specs = list(args.forward or [])
+    if args.jupyter is not None:
+        specs.insert(0, ForwardSpec(args.jupyter, "127.0.0.1", JUPYTER_PORT, label="jupyter"))
     if not specs:
-        print("ops tunnel: nothing to forward; pass -L LOCAL:REMOTE (TensorBoard: python -m ops tensorboard)",
-              file=sys.stderr)
+        print("ops tunnel: nothing to forward; pass --jupyter or -L LOCAL:REMOTE (TensorBoard: python -m ops "
+              "tensorboard)", file=sys.stderr)
         return 2
     forwards: list[LocalForward] = []
     client = None
@@ -411,11 +428,13 @@ def cmd_tunnel(args: argparse.Namespace) -> int:
             print(f"ops tunnel: {len(targets)} machines; using the oldest, {target.host} (choose with --host)",
                   file=sys.stderr)
         client = connect(target)
+        token = read_jupyter_token(client, target.host) if args.jupyter is not None else ""
         for spec in specs:
             fwd = LocalForward(client, spec.local_port, spec.remote_host, spec.remote_port)
             forwards.append(fwd)
             label = f"{spec.label}: " if spec.label else ""
-            print(f"{label}http://127.0.0.1:{fwd.local_port}/ -> {spec.remote_host}:{spec.remote_port} "
+            path = f"lab?token={token}" if spec.label == "jupyter" else ""
+            print(f"{label}http://127.0.0.1:{fwd.local_port}/{path} -> {spec.remote_host}:{spec.remote_port} "
                   f"on {target.host}", flush=True)
         print("ops tunnel: forwarding; Ctrl-C to stop", file=sys.stderr, flush=True)
         transport = client.get_transport()
@@ -435,6 +454,16 @@ def cmd_tunnel(args: argparse.Namespace) -> int:
             client.close()
 
 
+def _local_port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a local port 0-65535 (0: any free port)")
+    return port
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the ``logs`` and ``tunnel`` commands to ``python -m ops``."""
     from ops import hosts
@@ -451,7 +480,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tunnel", help="forward local ports (127.0.0.1) to a machine over SSH until Ctrl-C")
     hosts.add_machine_args(p)
     p.add_argument("--tensorboard", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--jupyter", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--jupyter", nargs="?", const=JUPYTER_PORT, type=_local_port, metavar="LOCAL_PORT",
+                   help="forward 127.0.0.1:LOCAL_PORT (default 8888; 0: any free port) to the machine's Jupyter "
+                   "(stack setting access.jupyter: true) and print its URL with the token")
     p.add_argument("-L", dest="forward", action="append", type=ForwardSpec.parse, metavar="LOCAL:[HOST:]REMOTE",
                    help="forward 127.0.0.1:LOCAL to REMOTE on the machine (LOCAL 0: any free port); repeatable")
     p.set_defaults(func=cmd_tunnel)

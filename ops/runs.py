@@ -144,7 +144,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def list_runs(bucket_uri: str, *, now: float | None = None) -> list[dict]:
-    """Every run under ``<bucket>/runs/``: id, uri, state, step, total, age_seconds, attempts, detail; newest first."""
+    """Every run under ``<bucket>/runs/``: id, uri, state, step, total, age_seconds, attempts, machine_hours,
+    cost_usd, cost_note, detail; newest first."""
     from ops import status
     from trainer.storage import open_store
 
@@ -163,6 +164,7 @@ def list_runs(bucket_uri: str, *, now: float | None = None) -> list[dict]:
         st = status.read_status(run.uri, store=run, events=0, now=now)
         out.append({"id": run_id, "uri": run.uri, "state": st.state, "step": st.step, "total": st.total,
                     "age_seconds": round(max(0.0, now - newest[run_id]), 1), "attempts": st.attempts,
+                    "machine_hours": st.machine_hours, "cost_usd": st.cost_usd, "cost_note": st.cost_note,
                     "detail": st.detail})
     return out
 
@@ -191,13 +193,21 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(f"no runs in {bucket}/{layout.RUNS_PREFIX}")
         return 0
     table = Table(title=f"runs in {bucket}", title_justify="left")
-    for col in ("run", "state", "step", "age", "attempts", "detail"):
-        table.add_column(col, no_wrap=col != "detail", justify="right" if col in ("step", "attempts") else "left")
+    for col in ("run", "state", "step", "age", "attempts", "cost", "detail"):
+        table.add_column(col, no_wrap=col != "detail",
+                         justify="right" if col in ("step", "attempts", "cost") else "left")
+    notes = set()
     for r in runs:
         step = "-" if r["step"] is None else f"{r['step']}/{r['total']}" if r["total"] else str(r["step"])
+        cost = "-" if r["cost_usd"] is None else f"${r['cost_usd']:,.2f}"
+        if r["cost_note"]:
+            notes.add(r["cost_note"])
         table.add_row(r["id"], f"[{status.STYLES.get(r['state'], '')}]{r['state']}", step,
-                      status._duration(r["age_seconds"]), str(r["attempts"]), r["detail"])
-    Console().print(table)
+                      status._duration(r["age_seconds"]), str(r["attempts"]), cost, r["detail"])
+    console = Console()
+    console.print(table)
+    for note in sorted(notes):
+        console.print(f"cost: machine time x nodes x {note}", style="dim")
     return 0
 
 

@@ -105,6 +105,11 @@ class RunStatus:
     machines_desired: int | None = None
     launch_failures: list[str] = field(default_factory=list)
     group_note: str = ""
+    # Machine time (every attempt's start to its end, x nodes) and its cost at the price the
+    # stack gave the machines (trainer.cost); cost_note says what the price is (an estimate).
+    machine_hours: float | None = None
+    cost_usd: float | None = None
+    cost_note: str = ""
 
     @property
     def final(self) -> bool:
@@ -146,11 +151,13 @@ def _json_doc(store, key: str) -> dict | None:
 
 
 def read_machine_events(store) -> list[dict]:
-    """Every machine's own events (``machine-events/<machine>.jsonl``), each machine's in its order."""
+    """Every machine's own events (``machine-events/<machine>.jsonl``) and every non-chief worker's
+    (``worker-events/<address>.jsonl``: its ``failed`` events), each writer's in its order."""
     out = []
-    for key in store.list(layout.MACHINE_EVENTS_PREFIX):
-        if key.endswith(".jsonl"):
-            out.extend(read_jsonl(store, key))
+    for prefix in (layout.MACHINE_EVENTS_PREFIX, layout.WORKER_EVENTS_PREFIX):
+        for key in store.list(prefix):
+            if key.endswith(".jsonl"):
+                out.extend(read_jsonl(store, key))
     return out
 
 
@@ -249,6 +256,8 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
         doc = _json_doc(store, marker)
         if doc is not None:
             st.state, st.end = marker, doc
+            ended = _stamp(doc.get("finished_at")) or _stamp(doc.get(layout.TIME))
+            _add_cost(st, log, end=ended)
             step = doc.get(layout.MARKER_STEP)
             if isinstance(step, int) and step >= 0:
                 st.step = step
@@ -269,6 +278,9 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
         return st
 
     st.state = RUNNING
+    # A run that has not ended counts its newest attempt up to now (a stalled or preempted
+    # machine may still be billing; a gone one's group brings another).
+    _add_cost(st, log, now=None if _is_local(run_uri) else now)
     last = next((e for e in reversed(trainer_log) if e.get(layout.EVENT) in layout.LIFECYCLE), None)
     kind = last.get(layout.EVENT) if last else None
     # The trainer's heartbeat: its newest progress.json or event, whichever is later.
@@ -305,9 +317,13 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
                          "waiting for the group to start a machine")
     elif silent:
         st.state = STALLED
-        what = {layout.FAILED_EVENT: f"after attempt {last.get(layout.ATTEMPT)} failed ({last.get('reason')})",
-                layout.FINISHED: "after training finished, before the model was written"}.get(
-            kind, "while starting" if starting else "while training")
+        # `last` is None for a run with a heartbeat but no lifecycle event yet (events.jsonl lost or not written).
+        if kind == layout.FAILED_EVENT and last is not None:
+            what = f"after attempt {last.get(layout.ATTEMPT)} failed ({last.get('reason')})"
+        elif kind == layout.FINISHED:
+            what = "after training finished, before the model was written"
+        else:
+            what = "while starting" if starting else "while training"
         st.detail = (f"no heartbeat for {_duration(st.heartbeat_age_seconds)} {what} (expected every "
                      f"{_duration(_progress_every(starts))}): the trainer died or hangs; see `ops logs`")
     elif kind == layout.FINISHED:
@@ -320,6 +336,32 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
         if batch:
             st.eta_seconds = round(max(0, st.total - st.step) * batch / st.examples_per_sec, 1)
     return st
+
+
+def _add_cost(st: RunStatus, log: list[dict], *, now: float | None = None, end: float | None = None) -> None:
+    from trainer import cost
+
+    total = cost.run_cost(log, now=now, end=end)
+    if total is not None and total.cost_usd is None and _is_local(st.run_uri):
+        return  # a run on this computer, started without a price: nothing to bill
+    if total is not None:
+        st.machine_hours = round(total.machine_hours, 4)
+        st.cost_usd = None if total.cost_usd is None else round(total.cost_usd, 2)
+        st.cost_note = total.price_note
+        if total.unpriced and total.cost_usd is not None:
+            st.cost_note = f"{total.unpriced} of {total.attempts} attempts without a price; " + st.cost_note
+
+
+def cost_text(st: RunStatus) -> str:
+    """The status's cost line: machine time, and its cost with what the price is."""
+    if st.machine_hours is None:
+        return ""
+    hours = f"{_duration(st.machine_hours * 3600)} machine time"
+    if st.cost_usd is None:
+        return f"{hours} (no price recorded with the run)"
+    so_far = "" if st.final else " so far"
+    note = f" ({st.cost_note})" if st.cost_note else ""
+    return f"${st.cost_usd:,.2f}{so_far} for {hours}{note}"
 
 
 def with_group(st: RunStatus, group) -> RunStatus:
@@ -414,6 +456,8 @@ def render(st: RunStatus):
         grid.add_row("launch failed", Text(line, style="red"))
     if st.group_note:
         grid.add_row("group", Text(st.group_note, style="dim"))
+    if st.machine_hours is not None:
+        grid.add_row("cost", cost_text(st))
     if st.checkpoint:
         age = f", {_duration(st.checkpoint.age_seconds)} ago" if st.checkpoint.age_seconds is not None else ""
         grid.add_row("checkpoint", f"step {st.checkpoint.step}{age}")

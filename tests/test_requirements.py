@@ -5,7 +5,8 @@ proof is the dependency closure instead: `ops synth`, `ops status` and `ops runs
 process where importing any third-party module that is not in the install set of
 requirements.txt (its distributions and what they require, as pip would resolve them) fails.
 A module `ops` imports that only requirements-dev.txt brings (TensorFlow, moto, pytest) is
-caught here, not on a user's laptop.
+caught here, not on a user's laptop. Both clouds: synth of an AWS and a GCP stack, and
+status / runs of runs on the S3 and GCS emulators (the stores' own client libraries load).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
@@ -102,9 +104,11 @@ def test_ops_runs_with_only_requirements_txt_installed(tmp_path):
                               json.dumps(sorted(allowed))], capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "moto is imported but not installed" in refused.stderr
 
-    synth = _ops(allowed, "synth", "--stack", "dev", "--out", str(tmp_path / "dev"), "--offline")
-    assert synth.returncode == 0, synth.stderr[-3000:]
-    assert (tmp_path / "dev" / "resources.json").is_file()
+    for stack in ("dev", "gcp-dev"):
+        synth = _ops(allowed, "synth", "--stack", stack, "--out", str(tmp_path / stack), "--offline")
+        assert synth.returncode == 0, synth.stderr[-3000:]
+        types = {r["type"].split(":")[0] for r in json.loads((tmp_path / stack / "resources.json").read_text())}
+        assert {"aws" if stack == "dev" else "gcp"} <= types
 
     run = tmp_path / "runs" / "demo"
     run.mkdir(parents=True)
@@ -117,3 +121,21 @@ def test_ops_runs_with_only_requirements_txt_installed(tmp_path):
     runs = _ops(allowed, "runs", "--bucket-uri", f"file://{tmp_path}", "--json")
     assert runs.returncode == 0, runs.stderr[-3000:]
     assert [(r["id"], r["step"]) for r in json.loads(runs.stdout)] == [("demo", 5)]
+
+
+@pytest.mark.parametrize("run_root", ["s3", "gs"], indirect=True)
+def test_ops_reads_both_clouds_buckets_with_only_requirements_txt_installed(run_root):
+    from trainer.storage import open_store
+
+    allowed = top_level_modules(install_set(ROOT / "requirements.txt")) | OWN
+    open_store(run_root.uri).put_bytes("progress.json", json.dumps(
+        {"step": 7, "total": 10, "loss": 1.0, "examples_per_sec": 1.0, "attempt": 1,
+         "updated": "2026-01-01T00:00:00+00:00"}).encode())
+    # The emulators' endpoints are in os.environ (AWS_ENDPOINT_URL / STORAGE_EMULATOR_HOST): the child reads them.
+    status = _ops(allowed, "status", "--run-uri", run_root.uri, "--json")
+    assert status.returncode in (0, 3), status.stderr[-3000:]
+    assert json.loads(status.stdout)["step"] == 7
+    bucket = run_root.uri.split("/runs/")[0]
+    runs = _ops(allowed, "runs", "--bucket-uri", bucket, "--json")
+    assert runs.returncode == 0, runs.stderr[-3000:]
+    assert [(r["uri"], r["step"]) for r in json.loads(runs.stdout)] == [(run_root.uri, 7)]

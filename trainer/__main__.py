@@ -1,12 +1,52 @@
-"""`python -m trainer`: parse the config, train, exit with the run's code (0, 143 or failure)."""
+"""`python -m trainer`: parse the config, train, exit with the run's code (0, 143 or failure).
+
+TensorFlow's start-up prints C++ log lines that would bury the run's own lines (the absl
+"log messages before absl::InitializeLog()" warning, oneDNN and CPU-feature notes, the CUDA
+plugin registration errors of GPU builds). Some ignore `TF_CPP_MIN_LOG_LEVEL`, so besides
+setting it (2: warnings and errors only, unless the user set it) the import is done with the
+process's stderr captured and replayed without those known lines. `--verbose` (or
+`TRAINSTACK_VERBOSE=1`) shows everything, as TensorFlow prints it.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import sys
+import tempfile
+from collections.abc import Iterator
 
-# TensorFlow's C++ start-up chatter would bury the event lines; errors still show.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Known start-up lines that say nothing about the run (matched at the start of a line).
+TF_NOISE = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|I\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] "  # absl/tsl INFO lines (oneDNN, CPU features, no CUDA driver)
+    r"|To enable the following instructions: "  # the CPU-features note's second line
+    r"|[EW]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] (Unable to register cu\w+ factory|computation placer already registered"
+    r"|TF-TRT Warning: Could not find TensorRT)"
+)
+
+
+@contextlib.contextmanager
+def quiet_native_stderr() -> Iterator[None]:
+    """Capture file descriptor 2 (where C++ logs go) while the block runs, then write back
+    every line but TF_NOISE. Bounded to the import: a run's own errors are never held back."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines = held.read().decode(errors="replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if not TF_NOISE.match(line))
+            if kept:
+                sys.stderr.write(kept)
+                sys.stderr.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"trainer: error: {e}", file=sys.stderr)
         return 2
-    from trainer.loop import train
+    if cfg.verbose:
+        from trainer.loop import train
+    else:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        with quiet_native_stderr():
+            from trainer.loop import train
 
     return train(cfg, stop=stop)
 

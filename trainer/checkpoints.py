@@ -16,6 +16,12 @@ skipped with a ``checkpoint_skipped`` event and the next older one is tried. Pru
 deletes a marker before the files it describes, so a half-deleted checkpoint is never
 taken for a committed one.
 
+Given the run's lease (:class:`trainer.lease.RunLease`), the store fences its writes: the
+COMMITTED marker is written only right after a successful renewal of the lease (a
+conditional write the bucket decides), and pruning deletes nothing unless that renewal
+still covers it. A trainer that lost the run to another machine commits and deletes nothing
+(:class:`~trainer.lease.LeaseLost` is raised instead), so no two machines ever commit to one run.
+
 Background uploads (:meth:`CheckpointStore.commit_async`) run on one worker thread. The
 caller's directory is snapshotted first with hard links (a copy where links are not
 possible), which costs no data copy: TF writes each checkpoint to new files and renames
@@ -97,6 +103,8 @@ class CheckpointStore:
     ``store.on_retry``, keeping any hook already there.
     ``on_commit(info)`` is called with :meth:`commit`'s result after every successful
     commit, background ones included, so the caller can report them.
+    ``lease`` (a :class:`~trainer.lease.RunLease` already taken, or anything with its
+    ``fence()`` and ``check()``) fences markers and pruning, see the module docstring.
     """
 
     def __init__(
@@ -108,6 +116,7 @@ class CheckpointStore:
         prefix: str = layout.CHECKPOINTS_PREFIX,
         on_commit: Callable[[dict], None] | None = None,
         upload_workers: int = 4,
+        lease=None,
     ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep must be an int >= 1 (the newest checkpoint is always kept), got {keep!r}")
@@ -119,6 +128,7 @@ class CheckpointStore:
         self.emit = emit
         self.on_commit = on_commit
         self.upload_workers = upload_workers
+        self.lease = lease
         self._cond = threading.Condition()
         self._pending: tuple[int, str] | None = None  # (step, snapshot dir) waiting to upload
         self._in_flight: int | None = None  # step the background thread is uploading
@@ -244,6 +254,8 @@ class CheckpointStore:
             local = {rel: {"size": os.path.getsize(p), "sha256": _sha256(p)} for rel, p in files}
             if existing.get("files") == local and step not in self._bad:
                 return {**existing, "seconds": round(time.monotonic() - t0, 3), "uri": f"{self.store.uri}/{base}"}
+            if self.lease is not None:
+                self.lease.fence()  # withdrawing a marker is a commit's write too
             self.store.delete_prefix(marker_key)
 
         with ThreadPoolExecutor(max_workers=min(self.upload_workers, len(files)), thread_name_prefix="ckpt-up") as pool:
@@ -270,6 +282,10 @@ class CheckpointStore:
                     f"but is {got}; not committed"
                 )
 
+        if self.lease is not None:
+            # The last moment before the checkpoint counts: only the lease's holder may
+            # make it count (raises LeaseLost, and nothing is marked, if another took over).
+            self.lease.fence()
         marker = {
             "format": MARKER_FORMAT,
             "step": step,
@@ -277,6 +293,8 @@ class CheckpointStore:
             "created": datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "files": dict(sorted(manifest.items())),
         }
+        if self.lease is not None:
+            marker["lease_epoch"] = self.lease.epoch  # which holder of the run committed it
         self.store.put_bytes(marker_key, json.dumps(marker, indent=1).encode())
         self._bad.discard(step)
         return {**marker, "seconds": round(time.monotonic() - t0, 3), "uri": f"{self.store.uri}/{base}"}
@@ -479,6 +497,13 @@ class CheckpointStore:
         that :meth:`restore_latest` found damaged do not count: they are left alone while
         newer than the newest good one and deleted like any old one after that.
         """
+        if self.lease is not None:
+            from trainer.lease import LeaseLost
+
+            try:
+                self.lease.check()
+            except LeaseLost:
+                return  # another machine owns the run now: its checkpoints are not ours to delete
         with self._prune_lock:
             present, committed = self._scan()
             good = committed - self._bad

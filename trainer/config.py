@@ -63,6 +63,12 @@ class TrainConfig:
     data_dir: str | None = None
     work_dir: str | None = None
     gpus_per_node: int | None = None
+    startup_timeout: float = 600.0
+    lease_ttl_s: float = 60.0
+    lease_wait_s: float | None = None
+    price_per_hour: float | None = None
+    price_note: str | None = None
+    verbose: bool = False
 
     @property
     def per_step_batch(self) -> int:
@@ -201,6 +207,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=_nonneg_int, default=None,
                    help="GPUs TensorFlow must see on this machine, else the run fails at once (exit 78); "
                    "unset: no check")
+    p.add_argument("--startup-timeout", type=_positive_float, default=d.startup_timeout,
+                   help="several workers: seconds to wait for every worker named in TF_CONFIG to join; "
+                   "past it the worker exits 75 with a failed event naming the workers it waited for "
+                   "(unused with one worker)")
+    p.add_argument("--lease-ttl-s", type=_positive_float, default=d.lease_ttl_s,
+                   help="the run's single-writer lease: how long it lasts unrenewed (renewed every quarter of it); "
+                   "another machine's trainer takes over a lease not renewed for this long")
+    p.add_argument("--lease-wait-s", type=_positive_float, default=None,
+                   help="how long to wait for another trainer's lease on the run before exiting 77 "
+                   "(default: the TTL plus 25 s, enough for a dead holder's lease to run out)")
+    p.add_argument("--price-per-hour", type=_positive_float, default=None,
+                   help="USD per machine-hour, recorded in the `started` event so that ops status and COMPLETE can "
+                   "total the run's cost (the stack sets it from its price table)")
+    p.add_argument("--price-note", default=None, help="what --price-per-hour is (e.g. a spot estimate and its table's date)")
+    p.add_argument("--verbose", action="store_true", default=None,
+                   help="show TensorFlow's start-up log lines (oneDNN, CPU features, CUDA plugins), hidden by default")
     return p
 
 
@@ -249,7 +271,7 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         env_args = _drop_source(env_args)
     ns = parser.parse_args(env_args + given)
     values = {k: v for k, v in vars(ns).items() if v is not None}
-    for flag in ("synthetic", "deterministic", "xla", "lm_tied"):
+    for flag in ("synthetic", "deterministic", "xla", "lm_tied", "verbose"):
         values.setdefault(flag, False)
     # Cadences may be switched off explicitly (None), so copy them as parsed.
     values["checkpoint_every_steps"] = ns.checkpoint_every_steps
@@ -307,6 +329,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"--model {cfg.model!r}: expected mlp, transformer-lm or package.module:function")
     if cfg.checkpoint_every_steps is None and cfg.checkpoint_every_seconds is None:
         raise ConfigError("set --checkpoint-every-steps or --checkpoint-every-seconds (or both)")
+    if cfg.lease_ttl_s <= 15:
+        raise ConfigError(f"--lease-ttl-s {cfg.lease_ttl_s:g} is too short: it must exceed 15 s "
+                          "(the holder stops trusting its lease 10 s before it ends; renewals need time)")
     if cfg.lm_dim % cfg.lm_heads:
         raise ConfigError(f"--lm-dim {cfg.lm_dim} must be a multiple of --lm-heads {cfg.lm_heads}")
 

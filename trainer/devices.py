@@ -78,6 +78,8 @@ def check_gpus(expected: int | None, list_devices=None) -> None:
         "build": build_info(),
         "driver": driver_version(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        # Where the CUDA/cuDNN libraries were looked for (the machines name the pip wheels' folders).
+        "ld_library_path": os.environ.get("LD_LIBRARY_PATH"),
     }
     build = details["build"]
     built = (f"TensorFlow built for CUDA {build.get('cuda_version')} / cuDNN {build.get('cudnn_version')}"

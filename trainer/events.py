@@ -197,19 +197,37 @@ class EventLog:
 
 
 def seconds_lost(events: list[dict]) -> float:
-    """Time between each `preempted` event and the next `resumed` (what preemption cost)."""
-    lost, since = 0.0, None
+    """Time the run stood still because machines were taken: from each interrupted attempt's end to the next `resumed`.
+
+    An attempt is interrupted when it ends with `preempted`, with a `failed` event whose
+    `exit_code` says a peer was missing or lost (`layout.EXIT_NO_CLUSTER`, `EXIT_PEER_LOST`),
+    or with nothing at all: a machine reclaimed without notice (SIGKILL) writes no last
+    event, so the attempt's last event is the last moment it is known to have run.
+    A failure of the attempt's own (any other `failed`) is not preemption and not counted.
+    """
+    peer_codes = (layout.EXIT_NO_CLUSTER, layout.EXIT_PEER_LOST)
+    lost, since, last, ended, current = 0.0, None, None, True, None
     for ev in events:
         kind = ev.get(layout.EVENT)
         try:
             t = parse_time(ev[layout.TIME])
         except (KeyError, TypeError, ValueError):
             continue
-        if kind == layout.PREEMPTED:
-            since = t
+        attempt = ev.get(layout.ATTEMPT)
+        # A new attempt speaks (its `started`, or an event before it such as a start-up `failed`).
+        if kind == layout.STARTED or (attempt is not None and attempt != current):
+            if not ended and since is None and last is not None:
+                since = last  # the previous attempt stopped without a word: killed
+            ended, current = False, attempt
+        if kind == layout.PREEMPTED or (kind == layout.FAILED_EVENT and ev.get("exit_code") in peer_codes):
+            since = t if since is None else since
+            ended = True
+        elif kind in (layout.FINISHED, layout.FAILED_EVENT, layout.CANCELLED_EVENT):
+            ended = True
         elif kind == layout.RESUMED and since is not None:
             lost += max(0.0, t - since)
             since = None
+        last = t
     return round(lost, 3)
 
 

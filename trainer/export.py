@@ -3,8 +3,9 @@
 The SavedModel is made with Keras 3 `model.export` (a `serve` signature that predicts)
 and uploaded whole before `COMPLETE` is written, so `COMPLETE` only ever names a run whose
 outputs are all there. `COMPLETE` holds the final step, metrics, examples seen, number of
-attempts, seconds lost to preemption, total seconds and the SavedModel's signature (its
-inputs and outputs by name, dtype and shape), read back from the exported model itself.
+attempts, seconds lost to preemption, total seconds, the machine-hours and their cost
+(`trainer.cost`: every attempt x nodes x the price the stack gave) and the SavedModel's
+signature (its inputs and outputs by name, dtype and shape), read back from the exported model.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import shutil
 from datetime import UTC, datetime
 
-from trainer import layout
+from trainer import cost, layout
 from trainer.events import parse_time, seconds_lost
 
 # Re-exported for readers that import it from here (tests/ops); defined in layout.
@@ -59,8 +60,14 @@ def complete_record(*, step: int, metrics: dict, examples_seen: int, events: lis
         "seconds_lost_to_preemption": seconds_lost(events),
         "total_seconds": round(finished_at - first, 3),
         "finished_at": datetime.fromtimestamp(finished_at, UTC).isoformat(timespec="milliseconds"),
+        **_cost_fields(events, finished_at),
         **({"signature": signature} if signature else {}),
     }
+
+
+def _cost_fields(events: list[dict], finished_at: float) -> dict:
+    total = cost.run_cost(events, end=finished_at)
+    return total.to_json() if total is not None else {}
 
 
 def write_complete(store, **kw) -> dict:

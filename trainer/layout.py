@@ -12,9 +12,13 @@ keeps their spellings equal to the ones here.
 One writer per object:
   trainer (chief)        events.jsonl, progress.json, checkpoints/, tensorboard/, model/, COMPLETE,
                          CANCELLED (after a committed checkpoint, when it finds STOP)
+  trainer (other worker) worker-events/<address>.jsonl (its own `failed` events)
   machine scripts        machine-events/<machine>.jsonl (each machine its own), logs/<machine>/,
                          deadline (first boot), FAILED / TIMED_OUT (finish path)
   ops                    STOP (a request the trainer polls)
+  trainer (chief) holding the run's lease    lease.json (taken, renewed and released by conditional
+                         writes only; see trainer/lease.py); whoever holds it is the one trainer
+                         that may write the chief's objects above
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ EXIT_OK = 0  # the run ended: COMPLETE (or CANCELLED) is written
 EXIT_FAILED = 1  # this attempt failed; another attempt may succeed
 EXIT_NO_CLUSTER = 75  # the workers could not form their cluster in time (a peer missing): not this machine's failure
 EXIT_PEER_LOST = 76  # a peer was lost during training (collective error): not this machine's failure
+EXIT_LEASE_HELD = 77  # another machine's trainer holds the run's lease (it is training this run): not this machine's failure
 EXIT_UNUSABLE = 78  # this machine can never run this run (e.g. the GPUs asked for are not seen): no retry
 EXIT_PREEMPTED = 143  # stopped by a signal after a committed checkpoint
 
@@ -47,6 +52,8 @@ DEADLINE_KEY = "deadline"
 MACHINE_EVENTS_PREFIX = "machine-events/"
 STOP_KEY = "STOP"
 RENDEZVOUS_PREFIX = "rendezvous/"  # several machines: membership records by generation
+WORKER_EVENTS_PREFIX = "worker-events/"  # several machines: a non-chief worker's own `failed` events
+LEASE_KEY = "lease.json"  # the single-writer lease (trainer/lease.py)
 
 # -- terminal markers: exactly one ends a run; JSON documents at the top of the run folder --
 
@@ -83,6 +90,10 @@ ALREADY_COMPLETE = "complete"
 ALREADY_CANCELLED = "already_cancelled"
 # The run ended early on request (ops stop wrote STOP): a checkpoint is committed, CANCELLED written.
 CANCELLED_EVENT = "cancelled"
+# The run's lease (printed, never stored: a trainer without the lease writes nothing to the run).
+LEASE_TAKEN = "lease_taken"
+LEASE_WAIT = "lease_wait"
+LEASE_LOST = "lease_lost"
 # The machine's own events (machine-events/<machine>.jsonl).
 SPOT_NOTICE = "spot_notice"
 REBALANCE = "rebalance"
@@ -129,6 +140,12 @@ def code_key(name: str, digest: str) -> str:
 def machine_events_key(machine: str) -> str:
     """`machine-events/<machine>.jsonl`: one machine's own events (that machine is its only writer)."""
     return f"{MACHINE_EVENTS_PREFIX}{machine}.jsonl"
+
+
+def worker_events_key(address: str) -> str:
+    """`worker-events/<host>-<port>.jsonl`: a non-chief worker's own events (that worker is its only writer)."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in address)
+    return f"{WORKER_EVENTS_PREFIX}{safe}.jsonl"
 
 
 def attempts(events: list[dict]) -> int:

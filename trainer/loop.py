@@ -3,7 +3,8 @@
 `train(cfg)` runs a whole attempt and returns the process exit code: 0 finished
 (COMPLETE written) or cancelled (the run folder's STOP found: a checkpoint committed,
 CANCELLED written), 143 stopped by SIGTERM/SIGINT after a committed checkpoint, 1 failed,
-78 this machine cannot run the run (the GPUs asked for are not seen: `trainer.devices`).
+78 this machine cannot run the run (the GPUs asked for are not seen: `trainer.devices`),
+77 another machine's trainer holds the run's lease (`trainer.lease`: one writer per run).
 
 One loop serves one machine (MirroredStrategy) and several (MultiWorkerMirroredStrategy):
 `strategy.run` inside a `tf.function`, fed by `strategy.experimental_distribute_dataset`
@@ -36,6 +37,7 @@ from dataclasses import asdict, dataclass
 import keras
 import tensorflow as tf
 
+from trainer import cluster as cluster_mod
 from trainer import data as data_mod
 from trainer import export as export_mod
 from trainer import layout
@@ -44,6 +46,7 @@ from trainer.checkpoints import ResumeMismatch
 from trainer.config import TrainConfig, as_dict
 from trainer.devices import DeviceMismatch, check_gpus
 from trainer.events import EventLog, read_events, utc_now
+from trainer.lease import LeaseHeld, LeaseLost, RunLease
 from trainer.models import ModelSpec, build_model
 from trainer.signals import StopKeyPoller, StopRequest
 from trainer.strategy import Cluster, make_strategy, read_cluster
@@ -229,10 +232,26 @@ class Run:
         self.first_call: tuple[float, int] | None = None
         self.auto_steps = 1  # --steps-per-call auto: grows from the calls' measured durations
         self.summaries = summaries_mod.Summaries(summaries_mod.local_dir(self.work), self.store, enabled=False)
+        self.startup: cluster_mod.StartupWatchdog | None = None
+        # The chief writes the run's objects, so it alone takes the run's lease.
+        self.lease = RunLease(self.store, ttl_s=cfg.lease_ttl_s, wait_s=cfg.lease_wait_s, on_lost=self._lease_lost,
+                              emit=self._lease_event) if self.chief else None
+
+    def _lease_event(self, kind: str, fields: dict) -> None:
+        # Printed only: until it holds the lease this trainer writes nothing to the run.
+        self.events.emit(kind, local_only=True, **fields)
+
+    def _lease_lost(self, reason: str) -> None:
+        # Another machine took the run: stop after this step; the final commit's fence refuses.
+        self.stop.signal_name = layout.LEASE_LOST
+        self.stop.event.set()
 
     def emit(self, event: str, **fields) -> dict:
         ev = self.events.emit(event, **fields)
         self.own_events.append(ev)
+        if event == layout.FAILED_EVENT and not self.chief:
+            # Not the chief's: events.jsonl is not this worker's to write (see trainer.cluster).
+            cluster_mod.record_worker_event(self.store, self.cluster.address, ev)
         return ev
 
     def _store_event(self, kind: str, fields: dict) -> None:
@@ -252,7 +271,15 @@ class Run:
         try:
             if self._already_complete():
                 return EXIT_OK
+            if self.lease is not None:
+                self.lease.acquire()
+                self.lease.start()
+                self.ckstore.lease = self.lease
             return self._train()
+        except (LeaseHeld, LeaseLost) as e:
+            # Another machine trains this run: say so here, write nothing there.
+            self.events.emit(layout.FAILED_EVENT, local_only=True, reason=str(e), step=self.state.step)
+            return layout.EXIT_LEASE_HELD
         except DeviceMismatch as e:
             # This machine can never run this run: say why once, and let the supervisor end it.
             self.emit(layout.FAILED_EVENT, reason=str(e), step=self.state.step, **e.details)
@@ -262,9 +289,15 @@ class Run:
             self.emit(layout.FAILED_EVENT, reason=str(e), step=self.state.step)
             return layout.EXIT_UNUSABLE
         except Exception as e:  # noqa: BLE001 - any failure ends the attempt the same way
+            if self.cluster.multi_worker and cluster_mod.peer_loss(e):
+                return self._peer_lost(e)
             self.emit(layout.FAILED_EVENT, reason=f"{type(e).__name__}: {e}", step=self.state.step)
             return EXIT_FAILED
         finally:
+            if self.startup is not None:
+                self.startup.disarm()
+            if self.lease is not None:
+                self.lease.release()
             self.stop.restore()
             self.stop_key.close()
             self.events.close()
@@ -301,6 +334,27 @@ class Run:
     def _train(self) -> int:
         cfg = self.cfg
         check_gpus(cfg.gpus_per_node)
+        if self.cluster.multi_worker:
+            # A little later than the peers' wait below, so the two never race to report the same
+            # wait; the native deadline later still, after the watchdog's time to record.
+            self.startup = cluster_mod.StartupWatchdog(
+                cfg.startup_timeout + 5, self._no_cluster_exit,
+                native_grace=5 + cluster_mod.RECORD_TIMEOUT_S + 5).start()
+            missing = cluster_mod.wait_for_peers(self.cluster.address, self.cluster.peers,
+                                                 self.startup.started_at + cfg.startup_timeout,
+                                                 stop=lambda: self.stop.requested)
+            if self.stop.requested:
+                # A notice while waiting for the peers: nothing trained in this attempt, so the
+                # newest committed checkpoint is where the run stands; stop now, not at the timeout.
+                self.startup.disarm()
+                steps = self.ckstore.committed_steps()
+                self.emit(layout.PREEMPTED, step=steps[-1] if steps else 0, signal=self.stop.signal_name,
+                          seconds=0.0, examples_seen=None)
+                return EXIT_PREEMPTED
+            if missing:
+                self.startup.disarm()
+                self._no_cluster(missing)
+                return layout.EXIT_NO_CLUSTER
         strategy = make_strategy(self.cluster)
         self.stop.reclaim()
         precision = resolve_precision(cfg)
@@ -314,6 +368,10 @@ class Run:
         # seeded: see seeded_model.
         self.events.flush()
         spec = seeded_model(cfg, strategy)
+        if self.startup is not None:
+            # Every worker has passed the strategy's barrier and the variables' broadcast: the
+            # cluster formed. From here a lost peer shows as a collective error (_peer_lost).
+            self.startup.disarm()
         self.spec = spec
         examples = tf.Variable(0, dtype=tf.int64, trainable=False)
         # Lists of the variables themselves: Keras 3 models are not tracked by attribute.
@@ -331,6 +389,9 @@ class Run:
 
         ds = data_mod.make_dataset(spec, cfg, global_step_batch, data_mod.Position(self.state.batches_seen))
         if self.cluster.multi_worker:
+            # DATA sharding of a stream batched by the global batch: every worker builds the same
+            # stream and takes its own slice of each global batch, so N workers train on exactly
+            # the examples one worker would (tests/trainer/test_cluster.py compares the weights).
             opts = tf.data.Options()
             opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
             ds = ds.with_options(opts)
@@ -476,6 +537,41 @@ class Run:
             "examples_per_sec": rate,
             "step_time_s": step_time,
         })
+
+    # -- several workers --
+
+    def _no_cluster(self, missing: list[str]) -> None:
+        """The cluster did not form in time: the `failed` event naming the workers waited for."""
+        cl = self.cluster
+        reason = (f"the {cl.workers} workers did not form a cluster within --startup-timeout "
+                  f"{self.cfg.startup_timeout:g} s; waited for {', '.join(cl.peers)}"
+                  + (f" (no trainer listening at {', '.join(missing)})" if missing else "")
+                  + ". Not this machine's failure: the machines form a new cluster and the run resumes "
+                  "from its newest committed checkpoint")
+        self.emit(layout.FAILED_EVENT, reason=reason, step=self.state.step, exit_code=layout.EXIT_NO_CLUSTER,
+                  waited_for=cl.peers, unreachable=missing, worker=cl.index, address=cl.address)
+
+    def _no_cluster_exit(self) -> None:
+        """The start-up watchdog fired (its own thread; the main one is stuck in TensorFlow): record, exit 75."""
+        self._no_cluster(cluster_mod.unreachable(self.cluster.peers))
+        self.events.flush(timeout=cluster_mod.RECORD_TIMEOUT_S)
+        if self._own_work:
+            shutil.rmtree(self.work, ignore_errors=True)
+        cluster_mod.hard_exit(layout.EXIT_NO_CLUSTER)
+
+    def _peer_lost(self, error: BaseException) -> int:
+        """A collective failed because a peer went away: say which, exit 76 (75 before the cluster formed)."""
+        cl = self.cluster
+        forming = self.startup is not None and self.startup.armed
+        code = layout.EXIT_NO_CLUSTER if forming else layout.EXIT_PEER_LOST
+        lost = cluster_mod.lost_peers(error, cl.addresses, cl.index)
+        committed = self.checkpointer.last_committed if self.checkpointer is not None else None
+        what = "while the cluster formed" if forming else f"after step {self.state.step}"
+        reason = (f"a peer was lost {what} ({', '.join(lost) or 'a worker'}): {cluster_mod.brief_error(error)}. "
+                  "Not this machine's failure: the run resumes from its newest committed checkpoint")
+        self.emit(layout.FAILED_EVENT, reason=reason, step=self.state.step, exit_code=code, lost=lost,
+                  committed_step=committed, worker=cl.index, address=cl.address)
+        return code
 
     # -- checkpoints --
 

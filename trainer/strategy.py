@@ -22,6 +22,17 @@ class Cluster:
 
     workers: int = 1
     index: int = 0
+    addresses: tuple[str, ...] = ()  # every worker's host:port, in TF_CONFIG's order
+
+    @property
+    def address(self) -> str:
+        """This worker's host:port (empty on one machine)."""
+        return self.addresses[self.index] if self.index < len(self.addresses) else ""
+
+    @property
+    def peers(self) -> list[str]:
+        """The other workers' addresses."""
+        return [a for i, a in enumerate(self.addresses) if i != self.index]
 
     @property
     def is_chief(self) -> bool:
@@ -50,7 +61,9 @@ def read_cluster(env: dict | None = None) -> Cluster:
         raise ValueError(f"TF_CONFIG task.type {task.get('type')!r}: this trainer runs workers only")
     if len(workers) > 1 and not 0 <= index < len(workers):
         raise ValueError(f"TF_CONFIG task.index {index} is outside the {len(workers)} workers")
-    return Cluster(workers=max(1, len(workers)), index=index if len(workers) > 1 else 0)
+    if len(workers) <= 1:
+        return Cluster()
+    return Cluster(workers=len(workers), index=index, addresses=tuple(str(w) for w in workers))
 
 
 def make_strategy(cluster: Cluster | None = None) -> tf.distribute.Strategy:

@@ -195,26 +195,30 @@ code() {
   packages
 }
 
-# trainer/requirements.txt, and the user's usercode/requirements.txt (run.code) when there is
-# one, installed once per (requirements, image) into a host cache that the container mounts.
-# Constrained to the image's own versions so TF's numpy stays.
+# trainer/requirements.txt, the CUDA/cuDNN wheels TensorFlow needs (trainer/requirements-gpu.txt:
+# the stock TF image's own cuDNN is too old for its TF), and the user's usercode/requirements.txt
+# (run.code) when there is one, installed once per (requirements, image) into a host cache that
+# the container mounts. Constrained to the image's own versions so TF's numpy stays.
 packages() {
-  local req="$CODE_DIR/trainer/requirements.txt" user_req="$CODE_DIR/usercode/requirements.txt" key tmp more=""
+  local req="$CODE_DIR/trainer/requirements.txt" gpu_req="$CODE_DIR/trainer/requirements-gpu.txt"
+  local user_req="$CODE_DIR/usercode/requirements.txt" key tmp more=""
   [[ -f "$req" ]] || return 0
-  [[ ! -f "$user_req" ]] || more="-r /opt/trainstack/code/usercode/requirements.txt"
-  key="$( (cat "$req"; [[ -z "$more" ]] || cat "$user_req"; printf '%s' "$TRAINSTACK_IMAGE") | sha256sum | cut -c1-16)"
+  [[ ! -f "$gpu_req" ]] || more="-r /opt/trainstack/code/trainer/requirements-gpu.txt"
+  [[ ! -f "$user_req" ]] || more="${more:+$more }-r /opt/trainstack/code/usercode/requirements.txt"
+  key="$( (cat "$req"; [[ ! -f "$gpu_req" ]] || cat "$gpu_req"; [[ ! -f "$user_req" ]] || cat "$user_req"
+    printf '%s' "$TRAINSTACK_IMAGE") | sha256sum | cut -c1-16)"
   PIP_DIR="$OPT_DIR/pip/$key"
   [[ -d "$PIP_DIR" ]] && return 0
   mkdir -p "$OPT_DIR/pip"
   tmp="$(mktemp -d "$OPT_DIR/pip/.install.XXXXXX")"
   image
-  log "installing trainer${more:+ and user} requirements into $PIP_DIR"
+  log "installing the trainer's requirements (${more:-trainer only}) into $PIP_DIR"
   # shellcheck disable=SC2016 # $MORE_REQUIREMENTS expands inside the container's shell
   retry 3 docker run --rm --network host -v "$CODE_DIR:/opt/trainstack/code:ro" -v "$tmp:/opt/trainstack/pip" \
     -e "MORE_REQUIREMENTS=$more" "$TRAINSTACK_IMAGE" sh -c 'python -m pip freeze --all >/tmp/image.txt &&
       python -m pip install -q --no-cache-dir --disable-pip-version-check --target /opt/trainstack/pip
       -c /tmp/image.txt -r /opt/trainstack/code/trainer/requirements.txt $MORE_REQUIREMENTS' ||
-    fail "pip could not install the requirements${more:+ (trainer and run.code)} into $TRAINSTACK_IMAGE"
+    fail "pip could not install the requirements (${more:+trainer, CUDA wheels and run.code}) into $TRAINSTACK_IMAGE"
   mv "$tmp" "$PIP_DIR"
 }
 

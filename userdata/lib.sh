@@ -49,6 +49,7 @@ EXIT_OK=0
 EXIT_FAILED=1
 EXIT_NO_CLUSTER=75
 EXIT_PEER_LOST=76
+EXIT_LEASE_HELD=77
 EXIT_UNUSABLE=78
 EXIT_PREEMPTED=143
 
@@ -142,23 +143,77 @@ store_cat() { store_cp "$1" -; }
 # store_put URI: writes stdin to URI as one object (complete or absent, never partial).
 store_put() { store_cp - "$1"; }
 
-# run_entries: names at the top of the run folder, one a line ("COMPLETE", "checkpoints/").
-# An empty or missing folder prints nothing; an unreachable bucket fails.
-run_entries() {
-  local out err rc=0
+# store_ls PREFIX/: names directly under PREFIX (ending in /), one a line, relative to it
+# ("COMPLETE", "checkpoints/"). An empty or missing prefix prints nothing; an unreachable
+# bucket fails.
+store_ls() {
+  local out err rc=0 prefix="$1"
   err="$(mktemp)"
   case "$TRAINSTACK_CLOUD" in
-    aws) out="$(aws s3 ls "$RUN_URI/" 2>"$err")" || rc=$? ;;
-    gcp) out="$(gcloud storage ls "$RUN_URI/" 2>"$err")" || rc=$? ;;
+    aws) out="$(aws s3 ls "$prefix" 2>"$err")" || rc=$? ;;
+    gcp) out="$(gcloud storage ls "$prefix" 2>"$err")" || rc=$? ;;
   esac
   if ((rc != 0)) && [[ -s "$err" ]] && ! grep -q "matched no objects" "$err"; then
-    log "listing $RUN_URI failed: $(head -c 300 "$err")"
+    log "listing $prefix failed: $(head -c 300 "$err")"
     rm -f "$err"
     return 1
   fi
   rm -f "$err"
   [[ -n "$out" ]] || return 0
-  printf '%s\n' "$out" | awk '{print $NF}' | sed -e "s#^$RUN_URI/##"
+  printf '%s\n' "$out" | awk '{print $NF}' | sed -e "s#^$prefix##"
+}
+
+# run_entries: names at the top of the run folder, one a line ("COMPLETE", "checkpoints/").
+run_entries() { store_ls "$RUN_URI/"; }
+
+# store_cat_all PREFIX: the contents of every object under PREFIX (at any depth), one after
+# the other (each ends its lines with a newline, as json() writes them); nothing when there
+# is none.
+store_cat_all() {
+  local dir
+  case "$TRAINSTACK_CLOUD" in
+    aws)
+      dir="$(mktemp -d)"
+      aws s3 cp --only-show-errors --recursive "$1/" "$dir" 2>/dev/null || true
+      find "$dir" -type f -exec awk 1 {} + 2>/dev/null || true
+      rm -rf "$dir"
+      ;;
+    gcp) gcloud storage cat "$1/**" 2>/dev/null || true ;;
+  esac
+}
+
+# store_create URI: writes stdin to URI only when no object is there (S3 If-None-Match: *,
+# GCS if-generation-match=0), atomically: of several machines creating one name at once,
+# one succeeds. 0: created; 1: the object exists (or another create of it is under way);
+# 2: any other error (logged).
+store_create() {
+  local tmp err rc=0 bucket key
+  tmp="$(mktemp)"
+  err="$(mktemp)"
+  cat >"$tmp"
+  case "$TRAINSTACK_CLOUD" in
+    aws)
+      bucket="${1#s3://}"
+      key="${bucket#*/}"
+      bucket="${bucket%%/*}"
+      aws s3api put-object --bucket "$bucket" --key "$key" --body "$tmp" --if-none-match '*' \
+        >/dev/null 2>"$err" || rc=$?
+      ;;
+    gcp) gcloud storage cp --quiet --if-generation-match=0 "$tmp" "$1" 2>"$err" || rc=$? ;;
+  esac
+  rm -f "$tmp"
+  if ((rc != 0)); then
+    # S3: 412 PreconditionFailed (it exists), 409 ConditionalRequestConflict (another
+    # create is under way); GCS: 412 "pre-conditions you specified did not hold".
+    if grep -qE "PreconditionFailed|ConditionalRequestConflict|412|did not hold" "$err"; then
+      rc=1
+    else
+      log "creating $1 failed: $(head -c 300 "$err")"
+      rc=2
+    fi
+  fi
+  rm -f "$err"
+  return "$rc"
 }
 
 # end_marker_in ENTRIES: prints the end marker (one of END_MARKERS) among a run folder
@@ -289,28 +344,12 @@ instance_id() {
 
 # ---- the group and the registry ----
 
-# This machine's private address, the one its peers reach.
+# This machine's private address, the one its peers reach (rendezvous.sh publishes it).
 private_ip() {
   case "$TRAINSTACK_CLOUD" in
     aws) md_get local-ipv4 ;;
     gcp) md_get network-interfaces/0/ip ;;
   esac
-}
-
-# Private addresses of the group's running machines, one a line.
-group_ips() {
-  case "$TRAINSTACK_CLOUD" in
-    aws) aws ec2 describe-instances --region "$TRAINSTACK_REGION" --output text \
-      --filters "Name=tag:aws:autoscaling:groupName,Values=$TRAINSTACK_GROUP" "Name=instance-state-name,Values=running" \
-      --query 'Reservations[].Instances[].PrivateIpAddress' ;;
-    # Exactly this group's running machines in this region: GCE names a managed group's
-    # machines <base>-<4 characters> (base: the group name cut to 54); a plain prefix would
-    # also match machines that are stopping or provisioning, and another group whose name
-    # starts with this one's (dev and dev-gpu).
-    gcp) gcloud compute instances list \
-      --filter="name~'^${TRAINSTACK_GROUP:0:54}-[a-z0-9]{4}\$' AND status=RUNNING AND zone~'/zones/$TRAINSTACK_REGION-'" \
-      --format='value(networkInterfaces[0].networkIP)' ;;
-  esac | tr -s ' \t' '\n' | sed '/^$/d' | sort -t. -k1,1n -k2,2n -k3,3n -k4,4n
 }
 
 # Sets this stack's group to zero machines. Idempotent: whichever node sees the end calls it.

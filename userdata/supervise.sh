@@ -5,7 +5,8 @@
 # trainer container until the run ends: an end marker (COMPLETE or CANCELLED from the
 # trainer, FAILED / TIMED_OUT from any machine) finishes the run, exit 143 after a spot
 # notice waits for the cloud to take the machine, exit 78 (this machine can never run
-# this run) is FAILED at once, waiting for the group's other machines or stopping with
+# this run) is FAILED at once, exit 77 (another machine's trainer holds the run's lease) is
+# tried again, waiting for the other machines (rendezvous.sh) or stopping with
 # them after a peer's notice is no failure, anything else restarts with backoff until
 # TRAINSTACK_MAX_FAILURES failures in a row without progress mark it FAILED. Every ending goes through
 # finish.sh, which scales the group to zero and shuts down.
@@ -13,11 +14,15 @@ set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
+# shellcheck source-path=SCRIPTDIR source=rendezvous.sh
+. "$(dirname "${TRAINSTACK_LIB:-$0}")/rendezvous.sh"
 
 CONTAINER_ENV="$RUNTIME_DIR/container.env"
 # The supervisor's own code for an attempt that ended without a marker (EXIT_NO_CLUSTER,
 # shared with the trainer, is in lib.sh).
 EXIT_NO_MARKER=70
+# ...and for a start that could not read this machine's own address.
+EXIT_NO_ADDRESS=71
 
 finish() {
   exec "$BIN_DIR/finish.sh" "$@"
@@ -96,16 +101,17 @@ print(reason[:500])
 # marker (at most TRAINSTACK_FINISH_WAIT_S) and then finishes the same way: ending
 # before the chief is no failure. Prints the marker; fails when none came in time.
 wait_for_end_marker() {
-  local waited=0 marker
+  local until marker
+  until=$(($(date +%s) + FINISH_WAIT_S))
   log "the trainer ended before the run's end marker: waiting for the chief (up to ${FINISH_WAIT_S}s)"
-  while ((waited < FINISH_WAIT_S)); do
+  while (($(date +%s) < until)); do
     marker="$(end_marker)" || marker=""
     if [[ -n "$marker" ]]; then
       printf '%s\n' "$marker"
       return 0
     fi
+    # CLUSTER_POLL_S may be a fraction of a second: sleep takes it, shell arithmetic not.
     sleep "$CLUSTER_POLL_S"
-    waited=$((waited + CLUSTER_POLL_S))
   done
   return 1
 }
@@ -119,34 +125,30 @@ write_container_env() {
     printf '%s=%s\n' "$key" "${!key}" >>"$CONTAINER_ENV"
   done < <(sed -n 's/^\([A-Z_][A-Z0-9_]*\)=.*/\1/p' "$ENV_FILE")
   printf 'TRAINSTACK_DATA_DIR=/data/stage\nTRAINSTACK_WORK_DIR=/data/work\n' >>"$CONTAINER_ENV"
+  # The trainer names this machine in the run's lease (trainer/lease.py).
+  printf 'TRAINSTACK_MACHINE_ID=%s\n' "$(instance_id 2>/dev/null || hostname)" >>"$CONTAINER_ENV"
 }
 
 # With several machines, TensorFlow's MultiWorkerMirroredStrategy needs TF_CONFIG: every
-# worker's address in one order (sorted private IPs) and this machine's index in it. The
-# group is read before each start, since a replaced machine has a new address.
+# worker's address in one order and this machine's index in it. The order comes from the
+# generation's sealed record (rendezvous.sh), never from this machine's own listing.
+# Returns 0 with TF_CONFIG written (or nothing to write for one machine); otherwise ends
+# the run (an end marker, the deadline) or returns 1 (a notice is pending: the loop waits
+# for the cloud) or 2 (no address: counted as this machine's failure).
 tf_config() {
-  local nodes="${TRAINSTACK_NODES:-1}" waited=0 ips me index
-  ((nodes > 1)) || return 0
-  me="$(private_ip)" || { log "cannot read this machine's private address"; return 1; }
-  while true; do
-    ips="$(group_ips)" || ips=""
-    if [[ "$(grep -c . <<<"$ips")" -eq "$nodes" ]] && grep -qx "$me" <<<"$ips"; then break; fi
-    if ((waited >= CLUSTER_WAIT_S)); then
-      log "the group has $(grep -c . <<<"$ips") of $nodes machines running after ${waited}s"
-      return 1
-    fi
-    sleep "$CLUSTER_POLL_S"
-    waited=$((waited + CLUSTER_POLL_S))
-  done
-  index="$(grep -nx "$me" <<<"$ips" | cut -d: -f1)"
-  python3 -c '
-import json, sys
-port, index, ips = sys.argv[1], int(sys.argv[2]), sys.stdin.read().split()
-workers = [f"{ip}:{port}" for ip in ips]
-print("TF_CONFIG=" + json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}},
-                                separators=(",", ":")))
-'  "$WORKER_PORT" "$((index - 1))" <<<"$ips" >>"$CONTAINER_ENV"
-  log "worker $((index - 1)) of $nodes: $(tr '\n' ' ' <<<"$ips")"
+  local rc=0
+  ((${TRAINSTACK_NODES:-1} > 1)) || return 0
+  # The trainer's own bound on forming its cluster (it exits EXIT_NO_CLUSTER after it),
+  # so a sealed member that never starts costs minutes, not the run.
+  printf 'TRAINSTACK_STARTUP_TIMEOUT=%s\n' "$STARTUP_TIMEOUT_S" >>"$CONTAINER_ENV"
+  join_generation || rc=$?
+  case "$rc" in
+    0) return 0 ;;
+    "$JOIN_NOTICE") return 1 ;;
+    "$JOIN_ENDED") finish "$END_MARKER" ;;
+    "$JOIN_DEADLINE") finish "$TIMED_OUT" "the run's deadline passed while waiting for the other machines" ;;
+    *) return 2 ;;
+  esac
 }
 
 # Runs the container in the foreground with a watchdog that stops it at the deadline.
@@ -158,6 +160,13 @@ run_container() {
     args+=(-v "$CODE_DIR:/opt/trainstack/code:ro" -w /opt/trainstack/code)
     if [[ -n "$PIP_DIR" ]]; then
       args+=(-v "$PIP_DIR:/opt/trainstack/pip:ro" -e PYTHONPATH=/opt/trainstack/code:/opt/trainstack/pip)
+      # TensorFlow dlopens its CUDA/cuDNN libraries by name: the wheels' lib/ folders
+      # (trainer/requirements-gpu.txt) go first, before the image's own older ones.
+      local libs="" d
+      for d in "$PIP_DIR"/nvidia/*/lib; do
+        if [[ -d "$d" ]]; then libs="${libs:+$libs:}/opt/trainstack/pip/${d#"$PIP_DIR"/}"; fi
+      done
+      [[ -z "$libs" ]] || args+=(-e "LD_LIBRARY_PATH=$libs:/usr/local/nvidia/lib:/usr/local/nvidia/lib64")
     else
       args+=(-e PYTHONPATH=/opt/trainstack/code)
     fi
@@ -197,10 +206,13 @@ main() {
   # How long to wait, after stopping for a notice, for the cloud to take the machine back;
   # a notice that does not end the machine (GCE live maintenance) resumes training after it.
   NOTICE_WAIT_S="${TRAINSTACK_NOTICE_WAIT_S:-900}"
-  # Several machines: how long a start waits for the whole group, and the workers' port.
-  CLUSTER_WAIT_S="${TRAINSTACK_CLUSTER_WAIT_S:-900}"
+  # Several machines: how often a machine waiting for the others polls the rendezvous
+  # (its heartbeat), after how long without one a member is taken as gone, the workers'
+  # port, and how long a started trainer may wait for its cluster to form.
   CLUSTER_POLL_S="${TRAINSTACK_CLUSTER_POLL_S:-10}"
+  RENDEZVOUS_TTL_S="${TRAINSTACK_RENDEZVOUS_TTL_S:-60}"
   WORKER_PORT="${TRAINSTACK_WORKER_PORT:-2222}"
+  STARTUP_TIMEOUT_S="${TRAINSTACK_STARTUP_TIMEOUT:-600}"
   # How long a worker that ended first waits for the chief's end marker (model export).
   FINISH_WAIT_S="${TRAINSTACK_FINISH_WAIT_S:-1800}"
   log "boot: run $RUN_URI, group $TRAINSTACK_GROUP, image $TRAINSTACK_IMAGE"
@@ -209,7 +221,7 @@ main() {
   run_bootstrap
   # shellcheck source=/dev/null
   . "$STATE_DIR/paths"
-  local failures rc remaining marker reason before after
+  local failures rc joined remaining marker reason before after
   failures="$(cat "$STATE_DIR/failures" 2>/dev/null || echo 0)"
   while true; do
     [[ ! -e "$NOTICE_FILE" ]] || wait_for_cloud
@@ -218,13 +230,18 @@ main() {
     log "starting the trainer (failures in a row: $failures)"
     before="$(newest_committed)"
     rc=0
+    joined=0
     write_container_env
-    if tf_config; then
-      run_container "$remaining" || rc=$?
+    tf_config || joined=$?
+    if ((joined == 1)); then
+      continue # a notice is pending: the top of the loop waits for the cloud
+    elif ((joined == 2)); then
+      rc=$EXIT_NO_ADDRESS
     else
-      rc=$EXIT_NO_CLUSTER
+      remaining=$((DEADLINE - $(date +%s)))
+      run_container "$remaining" || rc=$?
+      log "trainer exited with $rc"
     fi
-    log "trainer exited with $rc"
     [[ ! -e "$RUNTIME_DIR/deadline-hit" ]] || finish "$TIMED_OUT" "the run's deadline passed during training"
     if ((rc == EXIT_PREEMPTED)) && [[ -e "$NOTICE_FILE" ]]; then
       # The notice's grace is short (GCE: 30 s): nothing more to do until the cloud acts.
@@ -247,16 +264,22 @@ main() {
       # retrying would only bill the same failure again.
       reason="$(last_failed_reason)"
       finish "$FAILED" "the trainer cannot run on this machine (exit $rc): ${reason:-see logs}" "$((failures + 1))"
-    elif ((rc == EXIT_NO_CLUSTER)); then
-      # The group has fewer running machines than the run needs (a replacement still
-      # launching, or no spot capacity for it): not this machine's failure. The wait
-      # is bounded by the run's deadline, checked at the top of the loop.
-      log "the group is not complete yet: waiting for its other machines again"
+    elif ((rc == EXIT_LEASE_HELD)); then
+      # Another machine's trainer holds the run's lease and kept renewing it (the trainer
+      # waited for it already): that machine is training this run. Not this machine's
+      # failure; look again, bounded by the run's deadline (checked at the top of the loop).
+      log "another machine holds the run's lease (it is training this run): trying again"
+      continue
+    elif ((rc == EXIT_NO_CLUSTER || rc == EXIT_PEER_LOST)); then
+      # The trainer could not form its cluster in time (a sealed member never started)
+      # or lost a peer while training: not this machine's failure. Everyone moves to
+      # the next generation; waiting for it is bounded by the run's deadline.
+      log "the cluster did not form or lost a peer (exit $rc): joining the next generation"
       continue
     elif ((rc == EXIT_PREEMPTED && ${TRAINSTACK_NODES:-1} > 1)); then
       # Stopped with the others after a peer's notice (the trainers stop together):
-      # not this machine's failure; start again once the group is whole.
-      log "stopped with the other workers after a peer's notice: starting again"
+      # not this machine's failure; the next generation forms without that peer.
+      log "stopped with the other workers after a peer's notice: joining the next generation"
       continue
     fi
     # Failures count in a row only while the run makes no progress: an attempt that

@@ -26,6 +26,30 @@ from components import userdata
 DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"
 
 
+def choose_zone(zones: list[str], offerings: list[tuple[str, str]], instance_types: list[str]) -> str:
+    """The zone for a cluster placement group: the first of `zones` offering every instance type,
+    else the first offering the most preferred type the group lists.
+
+    `offerings` are EC2's (instance type, zone) pairs (DescribeInstanceTypeOfferings with the
+    availability-zone location type). Raises ValueError naming the types and zones when no
+    zone offers any of them: the group could never launch there.
+    """
+    offered: dict[str, set[str]] = {}
+    for itype, zone in offerings:
+        offered.setdefault(zone, set()).add(itype)
+    for zone in zones:
+        if set(instance_types) <= offered.get(zone, set()):
+            return zone
+    for itype in instance_types:
+        for zone in zones:
+            if itype in offered.get(zone, set()):
+                return zone
+    raise ValueError(
+        f"compute.instanceTypes {instance_types}: no zone of {zones} offers any of them, so several machines "
+        "cannot share a cluster placement group; choose instance types this region offers or set compute.zones "
+        "(aws ec2 describe-instance-type-offerings --location-type availability-zone)")
+
+
 @dataclass(kw_only=True)
 class SpotGroupArgs:
     """Inputs of a SpotGroup."""
@@ -49,7 +73,7 @@ class SpotGroupArgs:
     subnets: list[str] = field(default_factory=list)
     """Subnets to spread over; empty: the default VPC's subnets."""
     zones: list[str] = field(default_factory=list)
-    """Only subnets in these zones; empty: every zone. Several machines use the first only."""
+    """Only subnets in these zones; empty: every zone. Several machines use one: the first that offers the types."""
     allowed_cidrs: list[str] = field(default_factory=list)
     """CIDRs allowed to TCP 22; empty: no inbound rule at all."""
     ssh_public_key: str | None = None
@@ -95,10 +119,18 @@ class SpotGroup(pulumi.ComponentResource):
         if args.nodes > 1:
             # Several machines train as one: a cluster placement group puts them on one
             # low-latency network segment, which exists in one zone only, so the group's
-            # subnets are narrowed to one zone: the first of compute.zones, else the
-            # region's first available zone (preflight checks that it offers the types).
-            zone: pulumi.Input[str] = args.zones[0] if args.zones else aws.get_availability_zones_output(
-                state="available", opts=invoke).names[0]
+            # subnets are narrowed to one zone: the first (of compute.zones, else of the
+            # region's available zones) where EC2 offers the instance types.
+            candidates: pulumi.Input[list[str]] = list(args.zones) if args.zones else aws.get_availability_zones_output(
+                state="available", opts=invoke).names
+            offers = aws.ec2.get_instance_type_offerings_output(
+                location_type="availability-zone",
+                filters=[aws.ec2.GetInstanceTypeOfferingsFilterArgs(name="instance-type", values=args.instance_types)],
+                opts=invoke,
+            )
+            types = list(args.instance_types)
+            zone: pulumi.Input[str] = pulumi.Output.all(candidates, offers.instance_types, offers.locations).apply(
+                lambda a: choose_zone(a[0], list(zip(a[1] or [], a[2] or [], strict=False)), types))
             self.placement_group = aws.ec2.PlacementGroup(
                 # Placement group names take at most 255 characters.
                 f"{name}-placement", name=f"{args.group_name[:245]}-placement", strategy="cluster", tags=args.tags,

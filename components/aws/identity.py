@@ -4,8 +4,8 @@ Least privilege for one run: read/write only under this run's prefix of this sta
 bucket, read the trainer code, read the data set when it is in S3, pull from this
 stack's image repository, and set only this stack's Auto Scaling group to zero (the
 machine's finish path; IAM conditions refuse any other size). Nothing else: the machine reads its
-identity and region from IMDS; only a group of several machines may also list instances,
-to find its peers for MultiWorkerMirroredStrategy.
+identity and region from IMDS, and a group of several machines finds its peers through the
+run folder (its `rendezvous/`, docs/multinode.md), not by listing instances.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class InstanceIdentityArgs:
     data_uri: str | None = None
     """s3://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
     nodes: int = 1
-    """Machines in the group; with more than one they list instances to find their peers."""
+    """Machines in the group (they find each other under the run folder: no extra grant)."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags for the role and instance profile."""
 
@@ -71,7 +71,6 @@ def policy_document(
     group_name: str,
     region: str,
     data_uri: str | None,
-    nodes: int = 1,
 ) -> pulumi.Output[str]:
     """The role's permissions as an IAM policy JSON document."""
     # runs/<run_id>/ and below: the run folder of trainer/layout.py. Listing is granted for the
@@ -155,17 +154,6 @@ def policy_document(
             "Condition": {"NumericEquals": {"autoscaling:MinSize": "0", "autoscaling:MaxSize": "0"}},
         },
     ]
-    if nodes > 1:
-        statements.append(
-            {
-                # Each worker builds TF_CONFIG from its group's running machines. EC2
-                # Describe* calls have no resource-level permissions: AWS only accepts "*".
-                "Sid": "FindPeers",
-                "Effect": "Allow",
-                "Action": "ec2:DescribeInstances",
-                "Resource": "*",
-            }
-        )
     return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})
 
 
@@ -204,7 +192,6 @@ class InstanceIdentity(pulumi.ComponentResource):
                 group_name=args.group_name,
                 region=args.region,
                 data_uri=args.data_uri,
-                nodes=args.nodes,
             ),
             opts=child,
         )

@@ -79,6 +79,17 @@ def compact_placement(instance_types: list[str], nodes: int) -> bool:
     return nodes > 1 and all(t.split("-", 1)[0] in COMPACT_SERIES for t in instance_types)
 
 
+def no_compact_reason(instance_types: list[str], nodes: int) -> str | None:
+    """Why several machines get no compact placement (said at `pulumi up`); None when they get it or are one."""
+    if nodes <= 1 or compact_placement(instance_types, nodes):
+        return None
+    other = sorted({t.split("-", 1)[0] for t in instance_types} - COMPACT_SERIES)
+    return (f"compute.instanceTypes {instance_types}: no compact placement for {nodes} machines, because the "
+            f"{', '.join(s.upper() for s in other)} series does not take a compact placement policy in a managed "
+            f"group (supported here: {', '.join(sorted(s.upper() for s in COMPACT_SERIES))}). The machines still "
+            "run in one zone, placed wherever Compute Engine has room; choose A2 or G2 types for lower latency")
+
+
 def cap_cron(hours: float, now: dt.datetime | None = None) -> str:
     """The cap as a Cloud Scheduler cron (minute hour day month), UTC.
 
@@ -138,6 +149,9 @@ class SpotGroup(pulumi.ComponentResource):
                 max_run_duration=gcp.compute.InstanceTemplateSchedulingMaxRunDurationArgs(seconds=cap_seconds),
             )
         self.placement: gcp.compute.ResourcePolicy | None = None
+        reason = no_compact_reason(args.instance_types, args.nodes)
+        if reason:
+            pulumi.log.warn(reason, resource=self)
         if compact_placement(args.instance_types, args.nodes):
             # Several machines train as one: placed close together (lower latency between
             # them). The group already keeps them in one zone (ANY_SINGLE_ZONE), which a

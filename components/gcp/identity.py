@@ -4,7 +4,8 @@ Least privilege for one run, granted on the resources themselves: objects under 
 run's prefix of this stack's bucket (read/write/delete), the trainer code (read), the
 data set when it is in GCS (read), this stack's image repository (pull), and resizing
 only this stack's instance group (a custom role with two permissions, under an IAM
-condition naming the group, and one to follow the resize's operation). The machine reads its identity from the metadata server.
+condition naming the group, and one to follow the resize's operation). The machine reads its identity from the metadata server;
+several machines find each other under the run folder (`rendezvous/`), not by listing instances.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class InstanceIdentityArgs:
     data_uri: str | None = None
     """gs://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
     nodes: int = 1
-    """Machines in the group; with more than one they list instances to find their peers."""
+    """Machines in the group (they find each other under the run folder: no extra grant)."""
 
 
 def split_gs_uri(uri: str) -> tuple[str, str]:
@@ -172,22 +173,5 @@ class InstanceIdentity(pulumi.ComponentResource):
                 f"{name}-operations", project=args.gcp_project, role=operations.name, member=member, opts=child
             )
         )
-        if args.nodes > 1:
-            # Each worker builds TF_CONFIG from its group's running machines. Listing is a
-            # project-level permission (no condition can narrow a list); it reads names and
-            # addresses only, through a one-permission role.
-            peers = gcp.projects.IAMCustomRole(
-                f"{name}-peers-role",
-                project=args.gcp_project,
-                role_id=args.custom_role_id.removesuffix("_resize") + "_peers",
-                title="trainstack: list instances to find training peers",
-                permissions=["compute.instances.list"],
-                opts=child,
-            )
-            self.grants.append(
-                gcp.projects.IAMMember(
-                    f"{name}-peers", project=args.gcp_project, role=peers.name, member=member, opts=child
-                )
-            )
         self.email = self.account.email
         self.register_outputs({"email": self.email})

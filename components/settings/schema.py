@@ -183,6 +183,8 @@ class AccessSettings(_Block):
     ssh_public_key: str | None = Field(None, description="OpenSSH public key for the `ops` CLI (ssh-ed25519 …).")
     allowed_cidrs: list[str] = Field(default_factory=lambda: list(config_shared.DEFAULT_ALLOWED_CIDRS), description="CIDRs allowed to port 22; default none.")
     allow_world: bool = Field(False, description="Must be true to allow 0.0.0.0/0 or ::/0.")
+    jupyter: bool = Field(False, description="Run a Jupyter server on each machine, bound to 127.0.0.1, reached "
+                          "only through `ops tunnel --jupyter`; needs sshPublicKey and allowedCidrs.")
 
     @field_validator("ssh_public_key")
     @classmethod
@@ -214,6 +216,12 @@ class AccessSettings(_Block):
                              "(e.g. your address/32), or set access.allowWorld: true")
         if self.allowed_cidrs and not self.ssh_public_key:
             raise keyed("sshPublicKey", "is required when allowedCidrs opens port 22 (ssh-ed25519 AAAA…)")
+        if self.jupyter and not (self.ssh_public_key and self.allowed_cidrs):
+            # Jupyter listens on the machine's loopback only: SSH is the one way to it.
+            missing = " and ".join(k for k, v in (("sshPublicKey", self.ssh_public_key),
+                                                   ("allowedCidrs", self.allowed_cidrs)) if not v)
+            raise keyed("jupyter", f"true needs access.{missing.replace(' and ', ' and access.')} set: Jupyter is "
+                        "reached only through `ops tunnel --jupyter` over SSH; set them, or jupyter: false")
         return self
 
 

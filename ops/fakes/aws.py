@@ -98,6 +98,12 @@ def call(fn: str, a: dict[str, Any], region: str) -> dict[str, Any] | None:
             "proxyEndpoint": f"https://{registry}.dkr.ecr.{region}.amazonaws.com",
             "expiresAt": "2030-01-01T12:00:00Z",
         }
+    if fn == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+        # Every type in every zone, except P5 (scarce in reality too): not in the first zone.
+        types = [v for f in a.get("filters") or [] if f.get("name") == "instance-type" for v in f.get("values", [])]
+        pairs = [(t, z) for t in types for z in zones if not (t.startswith("p5.") and z == zones[0])]
+        return {"id": region, "instanceTypes": [t for t, _ in pairs], "locations": [z for _, z in pairs],
+                "locationTypes": ["availability-zone"] * len(pairs), "locationType": a.get("locationType")}
     if fn == "aws:index/getAvailabilityZones:getAvailabilityZones":
         return {"id": region, "names": zones, "zoneIds": [f"use1-az{i}" for i in range(1, 4)]}
     return None

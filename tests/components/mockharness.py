@@ -42,7 +42,14 @@ class FakeClouds(pulumi.runtime.Mocks):
             "aws:ec2/getVpc:getVpc": {"id": "vpc-0fake"},
             "aws:ec2/getSubnets:getSubnets": {"id": "x", "ids": ["subnet-a", "subnet-b"]},
             "gcp:compute/getImage:getImage": {"id": "img", "selfLink": "https://compute/img"},
+            "aws:index/getAvailabilityZones:getAvailabilityZones": {"id": "r", "names": ["zone-a", "zone-b"],
+                                                                     "zoneIds": ["z1", "z2"]},
         }
+        if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+            # Every type asked for, in both fake zones.
+            types = [v for f in args.args.get("filters") or [] for v in f.get("values", [])]
+            return {"id": "r", "instanceTypes": types * 2, "locations": ["zone-a"] * len(types) + ["zone-b"] * len(types),
+                    "locationTypes": ["availability-zone"] * (2 * len(types))}
         if args.token not in answers:
             raise NotImplementedError(f"no fake answer for {args.token}")
         return answers[args.token]

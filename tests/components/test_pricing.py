@@ -135,3 +135,29 @@ def test_aws_spot_prices_give_none_when_ec2_refuses():
         stub.add_client_error("describe_spot_price_history", "UnauthorizedOperation", http_status_code=403)
         assert pricing.aws_spot_prices("us-east-1", ["g5.xlarge"], client=client) is None
         stub.assert_no_pending_responses()
+
+
+@pytest.mark.parametrize(("compute", "price", "what"), [
+    ({"instanceTypes": ["g5.xlarge", "g4dn.xlarge"]}, 1.006 * 0.4, "spot estimate (dearest type)"),
+    ({"instanceTypes": ["g5.xlarge"], "maxPricePerHour": 0.3}, 0.3, "spot estimate (dearest type)"),
+    ({"instanceTypes": ["g6.xlarge"], "spot": False}, 0.8048, "on-demand (dearest type)"),
+])
+def test_the_machines_get_a_price_per_machine_hour_that_the_trainer_records(compute, price, what):
+    from components.userdata import boot_env
+    from trainer.config import as_dict, load_config
+
+    env = boot_env(_settings(**compute), run_uri="s3://b/runs/x", group="g", code_uri="")
+    recorded = pricing.price_table()["recorded"]
+    assert float(env["TRAINSTACK_PRICE_PER_HOUR"]) == pytest.approx(price, abs=1e-4)
+    assert env["TRAINSTACK_PRICE_NOTE"] == f"{what}, price table {recorded}"
+    # The trainer reads them from its environment (the container's env file) into its `started` config.
+    cfg = as_dict(load_config([], {k: v for k, v in env.items() if k.startswith("TRAINSTACK_")}))
+    assert cfg["price_per_hour"] == pytest.approx(price, abs=1e-4) and cfg["price_note"] == env["TRAINSTACK_PRICE_NOTE"]
+
+
+def test_no_recorded_price_gives_the_machines_none():
+    from components.userdata import boot_env
+
+    env = boot_env(_settings(region="eu-west-1", instanceTypes=["g5.xlarge"]), run_uri="s3://b/runs/x", group="g",
+                   code_uri="")
+    assert "TRAINSTACK_PRICE_PER_HOUR" not in env and "TRAINSTACK_PRICE_NOTE" not in env and env["TRAINSTACK_STEPS"]

@@ -1,9 +1,9 @@
 """The machine's identity, enforced: its real calls, as the role the stack's synth output builds.
 
 The role is made in moto from the synth output's own documents (`ops.synth` on an AWS
-stack of two machines, so the peer listing is granted too), assumed through STS, and every
-call below is signed with the session's keys. The calls are the machine's own: the
-trainer's `open_store`, and `userdata/finish.sh` and `lib.sh`'s `group_ips` run unchanged
+stack of two machines), assumed through STS, and every call below is signed with the
+session's keys. The calls are the machine's own: the trainer's `open_store`, and
+`userdata/finish.sh` and `rendezvous.sh`'s `join_generation` run unchanged
 (their `aws` is the boot sandbox's stand-in, which makes the CLI's calls with boto3), plus
 the same calls made directly with boto3 so each can be checked on its own. moto_server enforces IAM (signature, key,
 actions against the S3 bucket and object ARNs); the authorization layer in front of it
@@ -180,25 +180,37 @@ def test_the_trainers_store_works_under_its_run(on_machine: Machine, tmp_path) -
     assert decided(on_machine, "s3:DeleteObject", "/checkpoints/ckpt-10/weights") == [Decision.ALLOW]
 
 
+def test_the_run_lease_works_as_the_role(on_machine: Machine) -> None:
+    """The lease's conditional writes (If-None-Match / If-Match on PutObject) need no grant beyond
+    s3:PutObject and s3:GetObject under the run: taken, refused to a second holder, released."""
+    from trainer.lease import LeaseHeld, RunLease
+
+    store = open_store(on_machine.outputs["runUri"])
+    first = RunLease(store, holder="machine-a/1", ttl_s=20, poll_s=0.1, wait_s=0.3)
+    assert first.acquire() == 1
+    first.renew()
+    second = RunLease(open_store(on_machine.outputs["runUri"]), holder="machine-b/1", ttl_s=20, poll_s=0.1, wait_s=0.3)
+    with pytest.raises(LeaseHeld):
+        second.acquire()
+    first.release()
+    assert second.acquire() == 2
+    assert Decision.ALLOW in decided(on_machine, "s3:PutObject", "/" + layout.LEASE_KEY)
+    assert set(decided(on_machine, "s3:PutObject", "/" + layout.LEASE_KEY)) == {Decision.ALLOW}
+
+
 def test_it_reads_the_code_archive(machine: Machine) -> None:
     key = machine.outputs["codeUri"].removeprefix(f"s3://{machine.bucket}/")
     body = machine.client("s3").get_object(Bucket=machine.bucket, Key=key)["Body"].read()
     assert body == b"code archive"
 
 
-def test_it_pulls_its_image_and_lists_its_peers(machine: Machine) -> None:
+def test_it_pulls_its_image(machine: Machine) -> None:
     ecr = machine.client("ecr")
     assert ecr.get_authorization_token()["authorizationData"]
     # An empty repository: the call is authorized, and the image is reported missing.
     answer = ecr.batch_get_image(repositoryName=machine.repository, imageIds=[{"imageTag": "x"}])
     assert answer["images"] == [] and answer["failures"]
     assert decided(machine, "ecr:BatchGetImage", machine.repository) == [Decision.ALLOW]
-    # userdata/lib.sh group_ips: the same call as `aws ec2 describe-instances --filters ...`.
-    found = machine.client("ec2").describe_instances(Filters=[
-        {"Name": "tag:aws:autoscaling:groupName", "Values": [machine.group]},
-        {"Name": "instance-state-name", "Values": ["running"]},
-    ])
-    assert len([i for r in found["Reservations"] for i in r["Instances"]]) == 2
 
 
 def test_the_finish_path_uploads_logs_and_scales_its_group_to_zero(machine: Machine) -> None:
@@ -260,14 +272,30 @@ def test_finish_sh_itself_ends_a_run_as_the_role(machine: Machine, tmp_path: Pat
     assert ["autoscaling", "update-auto-scaling-group"] in calls
 
 
-def test_lib_sh_finds_its_peers_as_the_role(machine: Machine, tmp_path: Path) -> None:
-    env = sandbox(machine, tmp_path)
-    machine.cloud.admin("autoscaling", REGION).update_auto_scaling_group(
-        AutoScalingGroupName=machine.group, MinSize=0, MaxSize=2, DesiredCapacity=2)
-    proc = subprocess.run(["bash", "-c", '. "$TRAINSTACK_LIB" && load_env && group_ips'], env=env,
-                          capture_output=True, text=True, timeout=60)
+def test_the_rendezvous_runs_as_the_role(machine: Machine, tmp_path: Path) -> None:
+    """userdata/rendezvous.sh, unchanged: heartbeat, list, read, seal (a conditional create), as the role."""
+    from tests.userdata.metadata import MetadataServer
+
+    run = layout.run_prefix(machine.run_id)
+    for marker in layout.END_MARKERS:  # an earlier test's marker: the machine would not join an ended run
+        machine.cloud.admin("s3", REGION).delete_object(Bucket=machine.bucket, Key=f"{run}{marker}")
+    md = MetadataServer(instance_id="i-0rendezvous", address="10.1.2.3")
+    try:
+        env = {**sandbox(machine, tmp_path), "TRAINSTACK_METADATA_URL": md.url, "TRAINSTACK_NODES": "1"}
+        script = ('. "$TRAINSTACK_LIB" && . "$(dirname "$TRAINSTACK_LIB")/rendezvous.sh" && load_env && '
+                  'DEADLINE=$(($(date +%s) + 120)) CLUSTER_POLL_S=0.2 RENDEZVOUS_TTL_S=60 WORKER_PORT=2222 && '
+                  'CONTAINER_ENV="$RUNTIME_DIR/env" && join_generation && cat "$CONTAINER_ENV" && '
+                  'rc=0 && echo x | store_create "$RUN_URI/${RENDEZVOUS_PREFIX}gen-0/sealed" || rc=$?; echo "again=$rc"')
+        proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        md.close()
     assert proc.returncode == 0, proc.stderr
-    assert len(proc.stdout.split()) == 2, proc.stdout
+    assert 'TF_CONFIG={"cluster":{"worker":["10.1.2.3:2222"]}' in proc.stdout and "again=1" in proc.stdout, proc.stderr
+    keys = [o["Key"] for o in machine.cloud.admin("s3", REGION).list_objects_v2(
+        Bucket=machine.bucket, Prefix=f"{run}{layout.RENDEZVOUS_PREFIX}")["Contents"]]
+    assert f"{run}{layout.RENDEZVOUS_PREFIX}gen-0/sealed" in keys
+    assert any(k.startswith(f"{run}{layout.RENDEZVOUS_PREFIX}gen-0/members/i-0rendezvous-") for k in keys)
+    assert "AccessDenied" not in proc.stderr
 
 
 # -- what it must not do -----------------------------------------------------------
@@ -295,6 +323,9 @@ REFUSED = {
                                                       imageTag="evil")),
     "start a layer upload": ("ecr", lambda m, c: c.initiate_layer_upload(repositoryName=m.repository)),
     "create a user": ("iam", lambda m, c: c.create_user(UserName="backdoor")),
+    "list instances (peers come from the run folder)": ("ec2", lambda m, c: c.describe_instances()),
+    "seal another run's generation": ("s3", lambda m, c: c.put_object(
+        Bucket=m.bucket, Key=f"runs/another-run/{layout.RENDEZVOUS_PREFIX}gen-0/sealed", Body=b"{}", IfNoneMatch="*")),
     "launch instances": ("ec2", lambda m, c: c.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1,
                                                              InstanceType="p5.48xlarge")),
 }

@@ -317,17 +317,86 @@ def test_tunnel_needs_something_to_forward(capsys):
     from ops.__main__ import main
 
     assert main(["tunnel", "--host", "127.0.0.1"]) == 2
-    assert "pass -L LOCAL:REMOTE" in capsys.readouterr().err
+    assert "pass --jupyter or -L LOCAL:REMOTE" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("flag", "pointer"), [("--tensorboard", "python -m ops tensorboard --stack NAME"),
-                                               ("--jupyter", "no Jupyter runs on the machines")])
-def test_tunnel_to_services_the_machine_does_not_run_points_elsewhere(capsys, flag, pointer):
+def test_tunnel_tensorboard_points_to_ops_tensorboard(capsys):
     from ops.__main__ import main
 
-    assert main(["tunnel", "--host", "127.0.0.1", flag]) == 2
+    assert main(["tunnel", "--host", "127.0.0.1", "--tensorboard"]) == 2
     err = capsys.readouterr().err
-    assert pointer in err and len(err.strip().splitlines()) == 1
+    assert "python -m ops tensorboard --stack NAME" in err and len(err.strip().splitlines()) == 1
+
+
+def _tunnel_with_machine_paths(sshd, home: Path, *, port: int, token_file: Path, jupyter: str) -> subprocess.Popen:
+    """`python -m ops tunnel --jupyter` with the machine's Jupyter port and token path moved to
+    where this test's stand-ins are (the "machine" is this host, reached through sshd)."""
+    code = ("import sys; from ops import remote; "
+            f"remote.JUPYTER_PORT = {port}; remote.JUPYTER_TOKEN_FILE = {str(token_file)!r}; "
+            "from ops.__main__ import main; sys.exit(main(sys.argv[1:]))")
+    env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-c", code, "tunnel", *ssh_args(sshd), "--jupyter", jupyter],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_tunnel_jupyter_prints_the_machines_token_and_forwards_to_it(sshd, ssh_home, tmp_path):
+    token = "0123456789abcdef" * 4
+    token_file = tmp_path / "token"
+    token_file.write_text(token)  # as userdata/jupyter.sh writes it: no newline
+    token_file.chmod(0o600)
+    seen: list[str] = []
+
+    class Jupyter(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            seen.append(self.path)
+            ok = self.path.endswith(f"token={token}")
+            body = b"JupyterLab" if ok else b"403: token missing"
+            self.send_response(200 if ok else 403)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Jupyter)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    proc = _tunnel_with_machine_paths(sshd, ssh_home, port=web.server_address[1], token_file=token_file, jupyter="0")
+    try:
+        line = read_line(proc.stdout).decode().strip()
+        assert line.startswith("jupyter: http://127.0.0.1:"), line
+        url = line.removeprefix("jupyter: ").split(" ")[0]
+        import urllib.request
+
+        body = urllib.request.urlopen(url, timeout=20).read()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        web.shutdown()
+    assert url.endswith(f"/lab?token={token}"), line
+    assert body == b"JupyterLab" and seen == [f"/lab?token={token}"]
+    assert line.endswith(f"-> 127.0.0.1:{web.server_address[1]} on {sshd.host}")
+    assert proc.returncode == 0, err
+
+
+def test_tunnel_jupyter_without_a_token_on_the_machine_says_how_to_turn_it_on(sshd, ssh_home, tmp_path):
+    proc = _tunnel_with_machine_paths(sshd, ssh_home, port=1, token_file=tmp_path / "absent", jupyter="0")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert out == b""
+    assert b"no Jupyter token at" in err and b"access.jupyter: true" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", ["abc", "70000", "-1"])
+def test_tunnel_jupyter_local_port_is_checked(capsys, value):
+    from ops.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["tunnel", "--host", "127.0.0.1", "--jupyter", value])
+    assert e.value.code == 2
+    assert "expected a local port 0-65535" in capsys.readouterr().err
 
 
 def test_forward_to_a_port_nothing_listens_on_drops_only_that_connection(sshd, ssh_home, capsys):

@@ -128,6 +128,28 @@ def test_runs_through_the_stack_uses_the_runs_bucket(file_run, tmp_path, monkeyp
     assert [(r["uri"], r["state"]) for r in listed] == [(file_run.uri, "RUNNING")]
 
 
+def test_runs_shows_each_runs_cost(tmp_path, capsys):
+    from tests.ops.test_status import events_of
+
+    bucket = f"file://{tmp_path}/bucket"
+    note = "on-demand (dearest type), price table 2026-11-30"
+    priced = ("started", {"config": {"steps": 1000, "price_per_hour": 4.0, "price_note": note}, "workers": 3})
+    events_of(open_store(f"{bucket}/runs/priced"), 1, priced, ("preempted", {"step": 10}))
+    events_of(open_store(f"{bucket}/runs/unpriced"), 1, ("started", {"config": {"steps": 5}, "workers": 1}),
+              ("preempted", {"step": 1}))
+    assert main(["runs", "--bucket-uri", bucket, "--json"]) == 0
+    listed = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert listed["priced"]["cost_note"] == note and listed["priced"]["machine_hours"] is not None
+    assert listed["priced"]["cost_usd"] == round(listed["priced"]["machine_hours"] * 4.0, 2)
+    assert listed["unpriced"]["cost_usd"] is None
+    assert main(["runs", "--bucket-uri", bucket]) == 0
+    out = capsys.readouterr().out
+    rows = {c[0]: c for c in (line.replace("│", " ").split() for line in out.splitlines()) if c}
+    assert f"${listed['priced']['cost_usd']:,.2f}" in rows["priced"]
+    assert not [c for c in rows["unpriced"] if c.startswith("$")]
+    assert f"cost: machine time x nodes x {note}" in " ".join(out.split())
+
+
 def test_an_empty_bucket_has_no_runs(tmp_path, capsys):
     assert main(["runs", "--bucket-uri", f"file://{tmp_path}/empty"]) == 0
     assert capsys.readouterr().out.startswith("no runs in ")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -554,3 +555,50 @@ def test_status_of_a_stack_that_cannot_launch_says_why(s3_run, tmp_path, monkeyp
     doc = json.loads(capsys.readouterr().out)
     assert doc["group_note"] == "group not read: cannot read the group g: no credentials"
     assert doc["detail"].startswith("nothing written yet")
+
+
+def test_a_workers_own_failed_event_is_in_the_timeline(file_run, tmp_path):
+    from trainer.cluster import record_worker_event
+
+    store = open_store(file_run.uri)
+    events_of(store, 1, STARTED)
+    time.sleep(0.01)
+    failed = {"event": "failed", "time": iso(0), "attempt": 1, "reason": "a peer was lost", "exit_code": 76,
+              "address": "10.0.0.7:2222"}
+    assert record_worker_event(store, "10.0.0.7:2222", failed)
+    st = status.read_status(file_run.uri, events=10)
+    assert [(e["event"], e.get("address")) for e in st.events] == [("started", None), ("failed", "10.0.0.7:2222")]
+    assert store.list(layout.WORKER_EVENTS_PREFIX) == [layout.worker_events_key("10.0.0.7:2222")]
+    assert "failed" not in store.get_bytes(layout.EVENTS_KEY).decode()  # the chief's log is the chief's alone
+
+
+def test_status_shows_the_cost_so_far_and_the_total_once_ended(s3_run, tmp_path, capsys):
+    store = open_store(s3_run.uri)
+    note = "spot estimate (dearest type), price table 2026-11-30"
+    priced = ("started", {"config": {"steps": 1000, "price_per_hour": 1.5, "price_note": note}, "workers": 2,
+                          "global_batch": 128})
+    events_of(store, 1, priced, ("checkpoint", {"step": 100, "seconds": 0.1, "bytes": 10}))
+    started_at = status._stamp(json.loads(store.get_bytes("events.jsonl").splitlines()[0])["time"])
+    # An hour later the attempt still runs: 1 h x 2 nodes x $1.50.
+    st = status.read_status(s3_run.uri, now=started_at + 3600)
+    assert st.state == "STALLED"  # no heartbeat for an hour; the machine may still be billing
+    assert (st.machine_hours, st.cost_usd, st.cost_note) == (2.0, 3.0, note)
+    assert status.cost_text(st) == f"$3.00 so far for 2h 00m machine time ({note})"
+    events_of(store, 1, ("preempted", {"step": 100, "signal": "SIGTERM"}))
+    assert status.read_status(s3_run.uri, now=started_at + 3600).cost_usd < 0.1  # ended at the preemption
+    write_complete_doc(store, 1000)
+    assert main(["status", "--run-uri", s3_run.uri]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    # Ended: the total, no "so far".
+    assert re.search(r"cost \$0\.\d\d for \d+s machine time \(spot estimate \(dearest type\), price table 2026-11-30\)",
+                     out), out
+
+
+def test_an_old_heartbeat_without_any_event_is_stalled_not_a_crash(s3_run, capsys):
+    # progress.json alone (events.jsonl not written or lost), last updated long ago.
+    open_store(s3_run.uri).put_bytes("progress.json", json.dumps(
+        {"step": 7, "total": 10, "loss": 1.0, "examples_per_sec": 1.0, "attempt": 1,
+         "updated": "2026-01-01T00:00:00+00:00"}).encode())
+    assert main(["status", "--run-uri", s3_run.uri, "--json"]) == status.EXIT_STALLED
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["state"], doc["step"]) == ("STALLED", 7) and "while training" in doc["detail"]

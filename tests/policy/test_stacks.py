@@ -21,7 +21,7 @@ STACKS = sorted(Path(synth.STACKS_DIR).glob("Pulumi.*.yaml"))
 STACK_NAMES = [p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in STACKS]
 
 # Config variants that switch on what the stack files leave off: SSH access, several
-# nodes (worker ingress), on-demand, a bucket that may go, a digest-pinned image, the
+# nodes (worker ingress), Jupyter on the machines, on-demand, a bucket that may go, a digest-pinned image, the
 # trainer image built and pushed to the stack's repository.
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDvFv4rG7bz4VPf5QO3VqlZl8s3oxXUA6dMu5O3wYp8N me@laptop"
 VARIANTS = {
@@ -30,6 +30,7 @@ VARIANTS = {
     "on-demand-disposable": {"compute": {"spot": False}, "storage": {"keepOnDestroy": False},
                              "image": {"tag": "2.21.0-gpu", "digest": "sha256:" + "ab" * 32}},
     "image-build": {"image": {"build": True}},
+    "ssh-jupyter": {"access": {"sshPublicKey": KEY, "allowedCidrs": ["203.0.113.7/32"], "jupyter": True}},
 }
 
 
@@ -67,6 +68,18 @@ def test_stack_is_clean_under_every_rule(synthesized, stack):
     custom = [r for r in result.resources if r["options"].get("custom")]
     assert len(custom) >= 8, "synth registered too few resources for a whole stack"
     assert rules.check(result.resources, ctx) == []
+
+
+def test_jupyter_variant_really_installs_jupyter_and_opens_no_other_port(synthesized):
+    result, _ = synthesized["ssh-jupyter"]
+    [text] = result.user_data.values()
+    assert "/opt/trainstack/bin/jupyter.sh" in text and "trainstack-jupyter.service" in text
+    # Jupyter is reached through SSH only: the security group's ingress is port 22 alone.
+    groups = [r for r in result.resources if r["type"] == "aws:ec2/securityGroup:SecurityGroup"]
+    rules_in = [r for r in result.resources if r["type"] == "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"]
+    ports = {(i.get("fromPort"), i.get("toPort")) for g in groups for i in g["inputs"].get("ingress", [])}
+    ports |= {(r["inputs"].get("fromPort"), r["inputs"].get("toPort")) for r in rules_in}
+    assert ports == {(22, 22)}, ports
 
 
 @pytest.mark.parametrize("stack", ALL)

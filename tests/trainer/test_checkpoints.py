@@ -484,3 +484,48 @@ def test_a_synchronous_commit_aborts_the_background_upload_mid_file(tmp_path, mo
     assert len(reads_after) <= 2, reads_after  # it stopped at once, not at the end of the file
     assert ckpts.committed_steps() == [2]
     assert not store.exists("checkpoints/ckpt-1/big")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["s3", "gs"])
+def test_a_synchronous_commit_aborts_the_background_upload_mid_request_on_a_slow_link(request, backend, tmp_path):
+    """The link is slow (1 MiB/s through the fault proxy) and a 16 MiB checkpoint is going up in
+    the background when the notice's synchronous commit starts: the big file's requests end
+    mid-body at once (the proxy saw them cut short), the small commit completes, and the
+    cancelled checkpoint leaves nothing behind (no object, no open multipart upload or part)."""
+    run = request.getfixturevalue(f"faulty_{backend}")
+    proxy = run.proxy
+    store = open_store(run.uri)
+    ckpts = CheckpointStore(store, upload_workers=1)
+    size = 16 * 1024 * 1024
+    proxy.throttle(1024 * 1024)
+    ckpts.commit_async(1, _dir(tmp_path, "c1", {"big": os.urandom(size)}))
+    deadline = time.monotonic() + 30
+    while proxy.received < 1024 * 1024 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proxy.received >= 1024 * 1024, "the background upload never got going"
+    t0 = time.monotonic()
+    info = ckpts.commit(2, _dir(tmp_path, "c2", {"small": b"x" * 100}))
+    took = time.monotonic() - t0
+    ckpts.wait(30)
+    assert info["step"] == 2 and took < 5.0, took  # the big file alone needs 16 s on this link
+    # Requests carrying the big file, cut short: the proxy read part of their bodies, then the
+    # client was gone. (The proxy records a request once its body ends, whole or not.)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        cut = [(p, got) for m, p, got, whole in proxy.bodies if m in ("PUT", "POST") and not whole and got > 0]
+        if cut:
+            break
+        time.sleep(0.2)
+    assert cut, proxy.bodies
+    assert all(got < size for _, got in cut)
+    sent_for_big = sum(got for m, p, got, whole in proxy.bodies if "ckpt-1" in p or "upload_id" in p or "uploadId" in p)
+    assert sent_for_big < size, (sent_for_big, proxy.bodies)
+    proxy.throttle(0)
+    assert ckpts.committed_steps() == [2]
+    assert store.list("checkpoints/ckpt-1/") == []
+    if backend == "s3":
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=run.vars["AWS_ENDPOINT_URL"])
+        assert not s3.list_multipart_uploads(Bucket=run.bucket).get("Uploads")

@@ -6,6 +6,8 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from trainer.events import EventLog, read_events, seconds_lost
 from trainer.export import complete_record
 from trainer.storage import open_store
@@ -55,6 +57,30 @@ def test_seconds_lost_and_complete_record():
     assert rec["examples_seen"] == 70 and rec["step"] == 7
 
 
+def _at(kind, t, attempt, **fields):
+    return {"event": kind, "time": f"2026-01-01T00:{t // 60:02d}:{t % 60:02d}.000+00:00", "attempt": attempt, **fields}
+
+
+@pytest.mark.parametrize("events, lost", [
+    # Killed without a word (SIGKILL): from the attempt's last event to the next `resumed`.
+    ([_at("started", 0, 1), _at("checkpoint", 10, 1), _at("started", 40, 2), _at("resumed", 45, 2)], 35),
+    # The same after a notice: from `preempted`.
+    ([_at("started", 0, 1), _at("preempted", 10, 1), _at("started", 40, 2), _at("resumed", 45, 2)], 35),
+    # A peer lost (76) counts from the failure; this machine's own failure does not count.
+    ([_at("started", 0, 1), _at("failed", 10, 1, exit_code=76), _at("started", 20, 2), _at("resumed", 21, 2),
+      _at("failed", 30, 2, exit_code=1), _at("started", 50, 3), _at("resumed", 51, 3)], 11),
+    # A killed attempt, then a start-up that found no cluster (75, before its `started`): from the kill.
+    ([_at("started", 0, 1), _at("checkpoint", 5, 1), _at("failed", 100, 2, exit_code=75),
+      _at("started", 110, 2), _at("resumed", 115, 2)], 110),
+    # A killed attempt that had not resumed yet counts from its `started`; the last attempt still runs.
+    ([_at("started", 0, 1), _at("preempted", 10, 1), _at("started", 20, 2), _at("started", 60, 3),
+      _at("resumed", 61, 3), _at("checkpoint", 90, 3)], 51),
+    ([_at("started", 0, 1), _at("checkpoint", 10, 1), _at("finished", 20, 1)], 0),
+])
+def test_seconds_lost_counts_attempts_ended_without_a_word(events, lost):
+    assert seconds_lost(events) == lost
+
+
 def test_dockerfile_builds_on_the_pinned_image_and_runs_the_trainer():
     text = (REPO / "trainer" / "Dockerfile").read_text()
     froms = [line.split()[1] for line in text.splitlines() if line.startswith("FROM ")]
@@ -68,5 +94,16 @@ def test_dockerfile_builds_on_the_pinned_image_and_runs_the_trainer():
     # requirements install on top of the image's packages (constrained by them).
     assert "COPY . /opt/trainstack/code/" in text
     assert "-c /tmp/image.txt -r usercode/requirements.txt" in text
+    # TF 2.21's CUDA/cuDNN come as NVIDIA's wheels (the stock image's cuDNN 8.9 gives TF no GPU),
+    # installed into a fixed folder whose lib/ folders the library path names, one per wheel.
+    assert "--target /opt/trainstack/cuda -r /opt/trainstack/code/trainer/requirements-gpu.txt" in text
+    env_line = next(line for line in text.splitlines() if line.startswith("ENV LD_LIBRARY_PATH="))
+    lib_path = env_line.split("=", 1)[1].split()[0].split(":")
+    wheels = [line.split("==")[0] for line in (REPO / "trainer" / "requirements-gpu.txt").read_text().splitlines()
+              if line and not line.startswith("#")]
+    assert "nvidia-cudnn-cu12" in wheels and len(wheels) == 12
+    expected = [f"/opt/trainstack/cuda/nvidia/{w.removeprefix('nvidia-').removesuffix('-cu12').replace('-', '_')}/lib"
+                for w in wheels if w != "nvidia-cuda-nvcc-cu12"]  # nvcc brings ptxas (on PATH), no libraries
+    assert sorted(lib_path[: len(expected)]) == sorted(expected)
     # The machines' supervisor passes `python -m trainer` itself: no ENTRYPOINT to double it.
     assert "ENTRYPOINT" not in text and 'CMD ["python", "-m", "trainer"]' in text

@@ -2,11 +2,13 @@
 
 The first attempt is stopped by SIGTERM after a committed checkpoint; the next attempt asks for
 another model or other shapes. It must refuse before restoring or writing anything but its
-`started`/`failed` events, and exit with the code the machines never retry.
+`started`/`failed` events (and the run's lease, taken and let go), and exit with the code the
+machines never retry.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
@@ -29,8 +31,10 @@ def _stopped_run(uri: str, *args: str) -> int:
 
 
 def _snapshot(root) -> dict[str, bytes]:
+    # The run's lease is bookkeeping, not the run's content: every attempt takes and releases it.
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name not in (layout.EVENTS_KEY,)}
+            if p.is_file() and p.name not in (layout.EVENTS_KEY, layout.LEASE_KEY)
+            and not p.name.startswith(".trainstack-tmp-lock-")}
 
 
 @pytest.mark.parametrize(("first", "second", "words"), [
@@ -49,6 +53,8 @@ def test_another_model_on_a_run_folder_fails_at_once_and_changes_nothing(tmp_pat
     assert "\n" not in failed[0]["reason"]
     assert not [e for e in events if e["event"] in (layout.RESUMED, layout.CHECKPOINT)]
     assert _snapshot(tmp_path / "run") == before  # no checkpoint, progress or marker touched
+    lease = json.loads((tmp_path / "run" / layout.LEASE_KEY).read_text())
+    assert lease["released"] and lease["epoch"] == 2  # taken before the restore, let go on the refusal
 
 
 def test_a_complete_run_asked_for_more_steps_says_how_to_train_further(tmp_path):

@@ -435,8 +435,7 @@ def test_a_cancelled_s3_multipart_upload_is_aborted(s3_run, tmp_path, monkeypatc
     import threading
 
     import boto3
-
-    from trainer.storage.keys import CancellableReader
+    from s3transfer.utils import ReadFileChunk
 
     store = open_store(s3_run.uri)
     data = os.urandom(20 * 1024 * 1024 + 7)  # over the 8 MiB multipart threshold
@@ -447,15 +446,16 @@ def test_a_cancelled_s3_multipart_upload_is_aborted(s3_run, tmp_path, monkeypatc
     assert (tmp_path / "back.bin").read_bytes() == data
 
     reads = []
-    real_read = CancellableReader.read
+    real_read = ReadFileChunk.read
 
-    def read(self, size=-1):
-        reads.append(size)
+    def read(self, amount=None):
+        # s3transfer reads each part's body from the file as the request sends it.
+        reads.append(amount)
         if len(reads) == 2:
             cancel.set()
-        return real_read(self, size)
+        return real_read(self, amount)
 
-    monkeypatch.setattr(CancellableReader, "read", read)
+    monkeypatch.setattr(ReadFileChunk, "read", read)
     with pytest.raises(storage.Cancelled):
         store.put_file("a/cut.bin", src, cancel=cancel)
     assert store.list("a/") == ["a/whole.bin"]

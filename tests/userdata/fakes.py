@@ -9,7 +9,8 @@ so tests can assert which commands ran, in what order and with which arguments.
   project's botocore pin (every awscli release pins its own botocore).
 - `docker`: `run` executes the container's command on the host (the code and pip mounts
   mapped to host paths, `--env-file` read the way docker reads it: values literal), keeps
-  a pid per `--name` so `stop --time N` can send SIGTERM, then SIGKILL after N seconds.
+  a pid per `--name` so `stop --time N` can send SIGTERM, then SIGKILL after N seconds;
+  `python -m jupyterlab` (the Jupyter unit) is only recorded (`docker-jupyter`) and returns.
 - `nvidia-smi` answers when `FAKE_GPU=1`; `apt-get install nvidia-container-toolkit=…`
   installs a fake `nvidia-ctk` next to this script; the rest record and succeed.
 """
@@ -64,7 +65,14 @@ def aws(argv: list[str]) -> int:
         src, dst = [a for a in rest if a != "--recursive"]
         s3 = _s3()
         try:
-            if recursive:
+            if recursive and src.startswith("s3://"):
+                bucket, prefix = _split(src)
+                for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                    for o in page.get("Contents", []):
+                        target = Path(dst) / o["Key"][len(prefix):].lstrip("/")
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        s3.download_file(bucket, o["Key"], str(target))
+            elif recursive:
                 base = Path(src)
                 bucket, prefix = _split(dst)
                 for p in sorted(base.rglob("*")):
@@ -102,6 +110,8 @@ def aws(argv: list[str]) -> int:
             return 1  # the real CLI: an empty listing exits 1 with nothing on stderr
         print("\n".join(lines))
         return 0
+    if service == "s3api" and op == "put-object":
+        return _s3api_put_object(rest)
     if service == "autoscaling" and op == "update-auto-scaling-group":
         import boto3
 
@@ -141,6 +151,38 @@ def aws(argv: list[str]) -> int:
     return 2
 
 
+def _s3api_put_object(rest: list[str]) -> int:
+    """`aws s3api put-object --bucket B --key K --body FILE [--if-none-match '*']`, the way
+    CLI v2 takes it: each option is a PutObject parameter in botocore's model (`--if-none-match`
+    is `IfNoneMatch`), `--body` is a file path, and a failed condition is the service's
+    error (412 PreconditionFailed) with exit 254. moto_server checks the condition."""
+    import botocore.session
+
+    opts = dict(zip(rest[::2], rest[1::2], strict=True))
+    members = botocore.session.get_session().get_service_model("s3").operation_model("PutObject").input_shape.members
+    params = {}
+    for flag, value in opts.items():
+        name = "".join(part.capitalize() for part in flag.removeprefix("--").split("-"))
+        if name not in members or flag not in ("--bucket", "--key", "--body", "--if-none-match"):
+            print(f"fake aws: put-object option {flag} is not one the scripts may use", file=sys.stderr)
+            return 252
+        params[name] = value
+    if params.get("IfNoneMatch", "*") != "*":
+        print("An error occurred (NotImplemented) when calling the PutObject operation: "
+              "If-None-Match takes only *", file=sys.stderr)
+        return 254
+    s3 = _s3()
+    try:
+        with open(params.pop("Body"), "rb") as body:
+            out = s3.put_object(Body=body.read(), **params)
+    except s3.exceptions.ClientError as e:
+        print(f"\nAn error occurred ({e.response['Error']['Code']}) when calling the PutObject operation: "
+              f"{e.response['Error'].get('Message', '')}", file=sys.stderr)
+        return 254
+    print(json.dumps({"ETag": out["ETag"]}))
+    return 0
+
+
 # ---------------------------------------------------------------- gcloud
 
 
@@ -150,10 +192,9 @@ def gcloud(argv: list[str]) -> int:
     if args[:2] == ["auth", "print-access-token"]:
         print("ya29.token-from-the-service-account")
         return 0
-    if args[:3] == ["compute", "instances", "list"]:
-        return _gce_instances_list(args[3:])
     if args[0] != "storage":
         return 0  # compute instance-groups managed resize: recorded, no GCE emulator here
+    import fnmatch
     import glob
 
     from google.cloud import storage
@@ -165,6 +206,20 @@ def gcloud(argv: list[str]) -> int:
         return client.bucket(bucket), key
 
     op, rest = args[1], args[2:]
+    if op == "cat":
+        bucket, pattern = split(rest[0])
+        prefix = pattern.split("*", 1)[0]
+        # `*` matches within one folder, `**` at any depth (gcloud's wildcards).
+        deep = pattern.endswith("**")
+        blobs = [b for b in client.list_blobs(bucket, prefix=prefix) if fnmatch.fnmatchcase(b.name, pattern)
+                 and (deep or "/" not in b.name[len(prefix):])]
+        if not blobs:
+            print(f"ERROR: (gcloud.storage.cat) The following URLs matched no objects or files:\n-{rest[0]}",
+                  file=sys.stderr)
+            return 1
+        for b in blobs:
+            sys.stdout.buffer.write(b.download_as_bytes())
+        return 0
     if op == "ls" and rest[0].endswith("**"):
         bucket, prefix = split(rest[0].removesuffix("**"))
         lines = [f"gs://{bucket.name}/{b.name}" for b in client.list_blobs(bucket, prefix=prefix)]
@@ -185,7 +240,15 @@ def gcloud(argv: list[str]) -> int:
         return 0
     if op == "cp":
         recursive = "--recursive" in rest
-        src, dst = [a for a in rest if a != "--recursive"]
+        condition = [a for a in rest if a.startswith("--if-generation-match")]
+        src, dst = [a for a in rest if a != "--recursive" and a not in condition]
+        if condition:
+            # `--if-generation-match=0`: create only if absent (GCS checks it atomically; the
+            # emulator does not, so this stand-in holds a host-wide lock per object name).
+            if condition != ["--if-generation-match=0"] or recursive or src == "-":
+                print(f"fake gcloud: unsupported precondition {condition}", file=sys.stderr)
+                return 2
+            return _gcs_create(client, split(dst), Path(src).read_bytes())
         if recursive:
             bucket, prefix = split(dst)
             for pattern_match in glob.glob(src):
@@ -215,37 +278,20 @@ def gcloud(argv: list[str]) -> int:
     return 2
 
 
-def _gce_matches(flt: str, inst: dict) -> bool:
-    """GCE's filter for the terms the scripts use: `key~'REGEX'` (a match anywhere, RE2
-    semantics for these patterns) and `key=VALUE`, joined by AND."""
-    import re
+def _gcs_create(client, where, data: bytes) -> int:
+    import fcntl
+    import hashlib
+    import tempfile
 
-    for term in flt.split(" AND "):
-        m = re.fullmatch(r"\s*(\w+)\s*(~|=)\s*(.+?)\s*", term)
-        if not m:
-            raise SystemExit(f"fake gcloud: unsupported filter term {term!r}")
-        key, op, value = m.group(1), m.group(2), m.group(3).strip("'\"")
-        field = str(inst.get(key, ""))
-        if (op == "=" and field != value) or (op == "~" and not re.search(value, field)):
-            return False
-    return True
-
-
-def _gce_instances_list(args: list[str]) -> int:
-    """`gcloud compute instances list` over `$FAKE_STATE/gce-instances.json` (the project's VMs)."""
-    opts = dict(a.removeprefix("--").split("=", 1) for a in args if a.startswith("--") and "=" in a)
-    path = STATE / "gce-instances.json"
-    instances = json.loads(path.read_text()) if path.exists() else []
-    found = [i for i in instances if _gce_matches(opts.get("filter", ""), i)] if opts.get("filter") else instances
-    fmt = opts.get("format", "")
-    if fmt == "value(networkInterfaces[0].networkIP)":
-        for inst in found:
-            print(inst["networkInterfaces"][0]["networkIP"])
-    elif fmt == "json":
-        print(json.dumps(found))
-    else:
-        print(f"fake gcloud: unsupported format {fmt!r}", file=sys.stderr)
-        return 2
+    bucket, key = where
+    lock = Path(tempfile.gettempdir()) / f"fake-gcs-{hashlib.sha256(f'{bucket.name}/{key}'.encode()).hexdigest()[:16]}"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if bucket.blob(key).exists():
+            print("ERROR: (gcloud.storage.cp) HTTPError 412: At least one of the pre-conditions you specified "
+                  "did not hold.", file=sys.stderr)
+            return 1
+        bucket.blob(key).upload_from_string(data)
     return 0
 
 
@@ -301,8 +347,17 @@ def docker_run(argv: list[str]) -> int:
     if cmd[:2] == ["sh", "-c"] and "pip install" in cmd[2]:
         # Installing the trainer's requirements: the test's interpreter already has them.
         target = Path(mounts["/opt/trainstack/pip"])
-        (target / "INSTALLED_BY_FAKE_PIP").write_text(
-            cmd[2].replace("$MORE_REQUIREMENTS", env.get("MORE_REQUIREMENTS", "")))
+        text = cmd[2].replace("$MORE_REQUIREMENTS", env.get("MORE_REQUIREMENTS", ""))
+        (target / "INSTALLED_BY_FAKE_PIP").write_text(text)
+        if "requirements-gpu.txt" in text:
+            # NVIDIA's wheels unpack their libraries into nvidia/<name>/lib (empty stand-ins here).
+            for name in ("cudnn", "cublas"):
+                (target / "nvidia" / name / "lib").mkdir(parents=True, exist_ok=True)
+        return 0
+    if cmd[:3] == ["python", "-m", "jupyterlab"]:
+        # The Jupyter unit's server (userdata/jupyter.sh): recorded with the address it binds and
+        # the names (not values) of its environment; it "serves" until the unit restarts it.
+        record("docker-jupyter", cmd[3:], env_keys=sorted(env), mounts=mounts, container=name)
         return 0
     if cmd[:3] != ["python", "-m", "trainer"]:
         print(f"fake docker: unsupported command {cmd}", file=sys.stderr)

@@ -21,12 +21,14 @@ GPG_KEY = b"-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nmQINBFsandbox\n-----END PGP 
 class MetadataServer:
     """Serves until `close()`; `url` is its base URL."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, instance_id: str = INSTANCE_ID, name: str = GCE_NAME, address: str = "10.0.0.10",
+                 host: str = "127.0.0.1") -> None:
+        self.instance_id, self.name = instance_id, name
         self.instance_action: dict | None = None
         self.rebalance: dict | None = None
         self.gce_preempted = False
         self.gce_maintenance = "NONE"
-        self.local_ipv4 = "10.0.0.10"
+        self.local_ipv4 = address
         self.requests: list[tuple[str, str, bool]] = []  # (method, path, authorized)
         server = self
 
@@ -63,13 +65,13 @@ class MetadataServer:
                 if path == "/nvidia/gpgkey":
                     return self._send(200, GPG_KEY)
                 if path == "/nvidia/stable/deb/nvidia-container-toolkit.list":
-                    host = f"http://127.0.0.1:{server.port}"
+                    host = server.url
                     return self._send(200, f"deb {host}/nvidia/stable/deb/$(ARCH) /\n".encode())
                 return self._send(404)
 
             def _aws(self, item: str):
                 if item == "instance-id":
-                    return self._send(200, INSTANCE_ID.encode())
+                    return self._send(200, server.instance_id.encode())
                 if item == "local-ipv4":
                     return self._send(200, server.local_ipv4.encode())
                 if item == "spot/instance-action" and server.instance_action:
@@ -79,15 +81,17 @@ class MetadataServer:
                 return self._send(404)
 
             def _gce(self, item: str):
-                values = {"name": GCE_NAME, "preempted": "TRUE" if server.gce_preempted else "FALSE",
-                          "maintenance-event": server.gce_maintenance}
+                values = {"name": server.name, "preempted": "TRUE" if server.gce_preempted else "FALSE",
+                          "maintenance-event": server.gce_maintenance,
+                          "network-interfaces/0/ip": server.local_ipv4}
                 if item in values:
                     return self._send(200, values[item].encode())
                 return self._send(404)
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        # Each sandbox machine has its own metadata service, on its own loopback address.
+        self._httpd = ThreadingHTTPServer((host, 0), Handler)
         self.port = self._httpd.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
 

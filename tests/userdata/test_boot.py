@@ -17,7 +17,7 @@ import time
 import boto3
 import pytest
 
-from tests.userdata.conftest import events, group_size, machine_events, make_group, s3_keys, settings_for, wait_for
+from tests.userdata.conftest import events, group_size, machine_events, s3_keys, settings_for, wait_for
 from tests.userdata.metadata import GCE_NAME, INSTANCE_ID
 from trainer import layout
 
@@ -201,6 +201,30 @@ def test_no_gpu_fails_fast_with_reason(sandbox_factory, s3_run, group):
     assert elapsed < 30, elapsed
 
 
+@pytest.mark.slow
+def test_a_run_whose_lease_another_machine_holds_is_tried_again_not_failed(sandbox_factory, s3_run, group):
+    """Another machine's trainer holds the run's lease: this machine's trainer exits 77 without
+    writing to the run, the supervisor tries again (no failure counted), and once the lease is
+    released the run trains here and completes."""
+    s3 = boto3.client("s3", endpoint_url=s3_run.vars["AWS_ENDPOINT_URL"])
+    key = s3_run.uri.removeprefix(f"s3://{s3_run.bucket}/") + "/" + layout.LEASE_KEY
+    held = {"format": 1, "holder": "i-0another/7", "token": "t", "epoch": 3, "ttl_s": 60,
+            "expires": time.time() + 3600, "released": False, "nonce": "n"}
+    s3.put_object(Bucket=s3_run.bucket, Key=key, Body=json.dumps(held).encode())
+    box = sandbox_factory(env_overrides={"TRAINSTACK_LEASE_WAIT_S": "1", "TRAINSTACK_MAX_FAILURES": "1"})
+    proc = box.boot(watcher=False)
+    wait_for(lambda: box.journal().count("trainer exited with 77") >= 2, 180, "two attempts refused the lease")
+    assert "events.jsonl" not in s3_keys(s3_run)  # the refused attempts wrote nothing to the run
+    s3.put_object(Bucket=s3_run.bucket, Key=key, Body=json.dumps({**held, "released": True}).encode())
+    assert proc.wait(timeout=240) == 0, box.journal()
+    objects = s3_keys(s3_run)
+    assert "COMPLETE" in objects and "FAILED" not in objects, sorted(objects)
+    assert "another machine holds the run's lease" in box.journal()
+    lease = json.loads(objects[layout.LEASE_KEY])
+    assert lease["holder"].startswith(f"{INSTANCE_ID}/") and lease["epoch"] == 4 and lease["released"]
+    assert [e["event"] for e in events(s3_run)].count("started") == 1
+
+
 class _Container:
     """A stand-in for a running trainer container: a process `docker stop` can signal."""
 
@@ -296,29 +320,6 @@ def test_deadline_reached_during_training_stops_the_trainer_and_times_out(sandbo
     assert "COMPLETE" not in s3_keys(s3_run)
     assert group_size(s3_run, group) == (0, 0, 0)
     _order(box, ("docker", "run"), ("docker", "stop"), ("aws", "autoscaling"), ("shutdown", "-h", "now"))
-
-
-@pytest.mark.slow
-def test_several_nodes_get_tf_config_from_the_group_sorted_by_address(machines, s3_run, code_uri, metadata):
-    name = make_group(s3_run, 2)
-    ec2 = boto3.client("ec2", endpoint_url=s3_run.vars["AWS_ENDPOINT_URL"], region_name="us-east-1")
-    found = ec2.describe_instances(Filters=[{"Name": "tag:aws:autoscaling:groupName", "Values": [name]}])
-    ips = sorted((i["PrivateIpAddress"] for r in found["Reservations"] for i in r["Instances"]),
-                 key=lambda ip: tuple(map(int, ip.split("."))))
-    assert len(ips) == 2
-    metadata.local_ipv4 = ips[1]
-    # The trainer refuses a batch size of 0 at start-up: enough to see what it was given.
-    box = machines(s3_run, name, code_uri, env_overrides={
-        "TRAINSTACK_NODES": "2", "TRAINSTACK_BATCH_SIZE": "0", "TRAINSTACK_MAX_FAILURES": "1"})
-    assert box.boot(watcher=False).wait(timeout=120) == 0, box.journal()
-    env_files = box.argvs("docker-env-file")
-    assert len(env_files) == 1
-    tf_config = [line for line in env_files[0] if line.startswith("TF_CONFIG=")]
-    assert [json.loads(line.removeprefix("TF_CONFIG=")) for line in tf_config] == [
-        {"cluster": {"worker": [f"{ip}:2222" for ip in ips]}, "task": {"type": "worker", "index": 1}}]
-    # Values reach the container literally: no shell quotes.
-    assert "TRAINSTACK_NODES=2" in env_files[0] and "TRAINSTACK_DATA_DIR=/data/stage" in env_files[0]
-    assert json.loads(s3_keys(s3_run)["FAILED"])["attempts"] == 1
 
 
 @pytest.mark.slow

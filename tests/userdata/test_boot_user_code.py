@@ -47,12 +47,18 @@ def test_user_model_from_the_archive_trains_to_complete(sandbox_factory, s3_run,
     # The container was told where the user's folder is, and it was mounted from the archive.
     env_files = [c["argv"] for c in box.calls("docker-env-file")]
     assert any(f"TRAINSTACK_CODE_DIR={USER_CODE_DIR}" in lines for lines in env_files), env_files
-    # Both requirement files were installed, once, into the host cache.
+    # The requirement files were installed, once, into the host cache.
     installed = list(box.root.rglob("INSTALLED_BY_FAKE_PIP"))
     assert len(installed) == 1
     text = installed[0].read_text()
     assert "-r /opt/trainstack/code/trainer/requirements.txt" in text
+    assert "-r /opt/trainstack/code/trainer/requirements-gpu.txt" in text  # the CUDA/cuDNN wheels TF 2.21 needs
     assert "-r /opt/trainstack/code/usercode/requirements.txt" in text
+    # The container finds the wheels' libraries first.
+    run = next(a for a in box.argvs("docker") if a[0] == "run" and "trainer" in a)
+    paths = [a.split("=", 1)[1] for a in run if a.startswith("LD_LIBRARY_PATH=")]
+    assert len(paths) == 1 and paths[0].split(":")[:2] == ["/opt/trainstack/pip/nvidia/cublas/lib",
+                                                           "/opt/trainstack/pip/nvidia/cudnn/lib"], run
     unpacked = [p for p in box.root.rglob("usercode/shapes/model.py")]
     assert len(unpacked) == 1
 

@@ -22,6 +22,7 @@ from components.userdata import (
     encode_user_data,
     render_env,
     render_user_data,
+    shipped,
 )
 from tests.userdata.conftest import settings_for
 
@@ -66,7 +67,7 @@ def test_document_installs_scripts_units_env_and_enables_units(name):
     files = {f["path"]: f for f in doc["write_files"]}
     assert list(files) == [ENV_FILE] + [path for _n, path, _m in FILES]
     for name_, path, mode in FILES:
-        assert files[path]["content"] == (USERDATA_DIR / name_).read_text()
+        assert files[path]["content"] == shipped(name_)
         assert files[path]["permissions"] == mode and files[path]["owner"] == "root:root"
     assert files[ENV_FILE]["content"] == render_env(env)
     # The scripts appear as literal blocks, readable in the console's user data view.
@@ -133,13 +134,13 @@ def test_rendered_scripts_pass_shellcheck(cloud, tmp_path):
             path = tmp_path / Path(f["path"]).name
             path.write_text(f["content"])
             scripts.append(path)
-    assert len(scripts) == sum(1 for n, _p, _m in FILES if n.endswith(".sh")) == 6
+    assert len(scripts) == sum(1 for n, _p, _m in FILES if n.endswith(".sh")) == 7
     proc = subprocess.run(["shellcheck", "-x", "--severity=style", *map(str, scripts)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for path in scripts:
         body = path.read_text()
-        assert "set -euo pipefail" in body or "set -Eeuo pipefail" in body or path.name == "lib.sh"
+        assert "set -euo pipefail" in body or "set -Eeuo pipefail" in body or path.name in ("lib.sh", "rendezvous.sh")
 
 
 @pytest.mark.slow
@@ -159,7 +160,20 @@ def test_ops_synth_dev_user_data_passes_schema_and_shellcheck(tmp_path):
         if f["path"].endswith(".sh"):
             scripts.append(tmp_path / Path(f["path"]).name)
             scripts[-1].write_text(f["content"])
-    assert len(scripts) == 6
+    assert len(scripts) == 7
     proc = subprocess.run(["shellcheck", "-x", *map(str, scripts)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("name", [n for n, _p, _m in FILES if n.endswith(".sh")])
+def test_shipped_scripts_lose_only_their_whole_line_comments(name):
+    source = (USERDATA_DIR / name).read_text().splitlines()
+    kept = shipped(name).splitlines()
+    dropped = [line for line in source if line not in kept]
+    assert dropped and all(line.lstrip().startswith("#") for line in dropped)
+    assert kept[:2] == source[:2]  # the shebang (or shell line) and the title
+    code = [line for line in source if not line.lstrip().startswith("#")]
+    assert [line for line in kept if not line.lstrip().startswith("#")] == code
+    assert [line for line in source if line.lstrip().startswith("# shellcheck")] == [
+        line for line in kept[2:] if line.lstrip().startswith("#")] or kept[0].startswith("# shellcheck")

@@ -19,6 +19,10 @@ whole transfer, which catches what those do not (a multipart upload that gave up
 while streaming a download, a flaky network filesystem). ``Store.on_retry`` sees every
 retry, so the trainer can report it.
 
+Conditional writes (:meth:`Store.put_bytes_if`, against the version :meth:`Store.get_versioned`
+read) let one writer claim an object (the run's lease, :mod:`trainer.lease`) with the
+store deciding races: S3 ``If-None-Match``/``If-Match`` on the ETag, GCS ``ifGenerationMatch``.
+
 An upload given a ``cancel`` event stops at its next read of the file once the event is
 set (a newer synchronous checkpoint commit takes the bandwidth). Large files go to GCS as
 parallel parts composed into one object; S3 uploads them as parallel multipart parts.
@@ -35,7 +39,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, Store
+from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed, Store
 from trainer.storage.gcs import GCSStore
 from trainer.storage.keys import TMP_MARK, Cancelled, check_key, walk_files
 from trainer.storage.local import FileStore
@@ -44,6 +48,7 @@ from trainer.storage.s3 import S3Store
 
 __all__ = [
     "NotFound",
+    "PreconditionFailed",
     "Cancelled",
     "ObjectInfo",
     "Store",

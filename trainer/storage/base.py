@@ -26,6 +26,14 @@ class NotFound(Exception):
     """The key does not exist in the store."""
 
 
+class PreconditionFailed(Exception):  # noqa: N818 - the store's own word for it (HTTP 412)
+    """A conditional write found the object in another state than the caller expected.
+
+    Raised by :meth:`Store.put_bytes_if`: the object exists (a create-only write) or has
+    changed since the version the caller read. Never retried: reading again is the caller's move.
+    """
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """Size and last-modified time of one stored object."""
@@ -84,6 +92,31 @@ class Store:
         """Return the object at ``key``; raise :class:`NotFound` if there is none."""
         check_key(key)
         return self._retrying("get", key, lambda: self._get_bytes(key))  # type: ignore[return-value]
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        """Return the object at ``key`` and its version (S3 ETag, GCS generation, a digest locally).
+
+        The version is what :meth:`put_bytes_if` compares; raise :class:`NotFound` if there is none.
+        """
+        check_key(key)
+        return self._retrying("get", key, lambda: self._get_versioned(key))  # type: ignore[return-value]
+
+    def put_bytes_if(self, key: str, data: bytes, *, version: str | None) -> str:
+        """Store ``data`` under ``key`` only if the object is still at ``version``; return the new version.
+
+        ``version=None`` creates the object only if there is none (S3 ``If-None-Match: *``, GCS
+        ``ifGenerationMatch=0``); otherwise the write replaces the object only while its version is
+        ``version`` (S3 ``If-Match`` on the ETag, GCS ``ifGenerationMatch``). The store decides,
+        atomically: of two writers racing from the same version, one gets
+        :class:`PreconditionFailed`. A transient error is retried; when a write that reached the
+        store lost its answer, the retry sees :class:`PreconditionFailed` too, so callers put
+        something unique in ``data`` and read it back to tell the two apart.
+        """
+        check_key(key)
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise ValueError(f"put_bytes_if({key!r}) needs bytes, got {type(data).__name__}")
+        data = bytes(data)
+        return self._retrying("put", key, lambda: self._put_bytes_if(key, data, version))  # type: ignore[return-value]
 
     def put_file(self, key: str, path: str, *, cancel: threading.Event | None = None) -> None:
         """Upload the local file ``path`` to ``key``, all or nothing.
@@ -227,6 +260,12 @@ class Store:
         raise NotImplementedError
 
     def _put_file(self, key: str, path: str, cancel: threading.Event | None) -> None:
+        raise NotImplementedError
+
+    def _get_versioned(self, key: str) -> tuple[bytes, str]:
+        raise NotImplementedError
+
+    def _put_bytes_if(self, key: str, data: bytes, version: str | None) -> str:
         raise NotImplementedError
 
     def _get_file(self, key: str, path: str) -> None:

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from trainer.storage import retry
-from trainer.storage.base import NotFound, ObjectInfo, ObjectStore
+from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed
 from trainer.storage.keys import CancellableReader, Cancelled
 
 # Files this large go up as parallel parts composed into one object (see _put_parallel).
@@ -87,6 +87,40 @@ class GCSStore(ObjectStore):
         except GNotFound as e:
             raise NotFound(f"{self.uri}/{key}") from e
 
+    def _get_versioned(self, key: str) -> tuple[bytes, str]:
+        from google.api_core.exceptions import NotFound as GNotFound
+        from google.api_core.exceptions import PreconditionFailed as GPreconditionFailed
+
+        name = self._name(key)
+        for _ in range(5):
+            blob = self.bucket.get_blob(name, timeout=self._timeout, retry=self._retry("get", key))
+            if blob is None:
+                raise NotFound(f"{self.uri}/{key}")
+            generation = blob.generation  # read first: a download resets it from its own headers
+            try:
+                # Pinned to the generation just read, so content and version belong together.
+                data = blob.download_as_bytes(if_generation_match=generation, timeout=self._timeout,
+                                              retry=self._retry("get", key))
+            except GPreconditionFailed:
+                continue  # replaced between the two calls: read the newer one
+            except GNotFound as e:
+                raise NotFound(f"{self.uri}/{key}") from e
+            return data, str(generation)
+        raise RuntimeError(f"{self.uri}/{key} changed on every read (5 times); try again")
+
+    def _put_bytes_if(self, key: str, data: bytes, version: str | None) -> str:
+        from google.api_core.exceptions import NotFound as GNotFound
+        from google.api_core.exceptions import PreconditionFailed as GPreconditionFailed
+
+        blob = self.bucket.blob(self._name(key))
+        expected = 0 if version is None else int(version)  # generation 0: "no live object"
+        try:
+            blob.upload_from_string(data, if_generation_match=expected, timeout=self._timeout,
+                                    retry=self._retry("put", key))
+        except (GPreconditionFailed, GNotFound) as e:
+            raise PreconditionFailed(f"{self.uri}/{key}: {'exists' if version is None else 'changed since generation ' + version}") from e
+        return str(blob.generation)
+
     def _put_file(self, key: str, path: str, cancel) -> None:
         size = os.path.getsize(path)
         if size >= PARALLEL_THRESHOLD:
@@ -96,10 +130,52 @@ class GCSStore(ObjectStore):
             self._upload_part(self._name(key), key, f, 0, size, cancel)
 
     def _upload_part(self, name: str, key: str, f, offset: int, length: int, cancel) -> None:
+        if cancel is not None and length > 0:
+            self._upload_streamed(name, key, f, offset, length, cancel)
+            return
         # Small objects go in one request; larger ones resumable, a chunk per request.
         blob = self.bucket.blob(name, chunk_size=RESUMABLE_CHUNK if length > RESUMABLE_CHUNK else None)
         blob.upload_from_file(CancellableReader(f, cancel, offset, length), size=length, rewind=False,
                               timeout=self._timeout, retry=self._retry("put", key))
+
+    def _upload_streamed(self, name: str, key: str, f, offset: int, length: int, cancel) -> None:
+        """One resumable session, its whole span sent in one request read lazily from the file.
+
+        The client library reads each chunk into memory before sending it, so a cancel would
+        wait for up to a chunk per connection. Here the request's body is the file itself,
+        read a few KiB at a time as the socket takes it: a cancel ends the request mid-body.
+        As the library does, the CRC32C of what was sent is compared with the one GCS stored.
+        """
+        import base64
+
+        import google_crc32c
+        from google.api_core import exceptions as gexc
+
+        crc = google_crc32c.Checksum()
+        f.seek(offset)
+        left = length
+        while left:
+            if cancel.is_set():
+                raise Cancelled(f"upload of {self.uri}/{key} cancelled")
+            piece = f.read(min(left, 4 * 1024 * 1024))
+            if not piece:
+                raise OSError(f"{key}: the local file shrank while it was being uploaded")
+            crc.update(piece)
+            left -= len(piece)
+        blob = self.bucket.blob(name)
+        url = blob.create_resumable_upload_session(size=length, timeout=self._timeout, retry=self._retry("put", key),
+                                                   checksum=None)
+        body = CancellableReader(f, cancel, offset, length)
+        resp = self.client._http.put(url, data=body, timeout=self._timeout, headers={
+            "Content-Length": str(length), "Content-Range": f"bytes 0-{length - 1}/{length}"})
+        if resp.status_code not in (200, 201):
+            raise gexc.from_http_response(resp)
+        stored = (resp.json() or {}).get("crc32c") if resp.content else None
+        sent = base64.b64encode(crc.digest()).decode()
+        if stored and stored != sent:
+            from google.resumable_media.common import DataCorruption
+
+            raise DataCorruption(resp, f"{key}: GCS stored CRC32C {stored}, the file's is {sent}; uploading again")
 
     def _put_parallel(self, key: str, path: str, size: int, cancel) -> None:
         """Upload a large file as parts in parallel, then compose them into the object (GCS's

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from trainer.storage.base import NotFound, ObjectInfo, Store
+from trainer.storage.base import NotFound, ObjectInfo, PreconditionFailed, Store
 from trainer.storage.keys import TMP_MARK, CancellableReader, file_root, walk_files
 
 COPY_CHUNK = 1024 * 1024  # a cancelled copy stops within one chunk
@@ -55,6 +57,27 @@ class FileStore(Store):
                 return f.read()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
             raise NotFound(f"{self.uri}/{key}") from e
+
+    def _get_versioned(self, key: str) -> tuple[bytes, str]:
+        data = self._get_bytes(key)
+        return data, hashlib.sha256(data).hexdigest()
+
+    def _put_bytes_if(self, key: str, data: bytes, version: str | None) -> str:
+        # Compare and replace under an exclusive lock beside the object (processes on one
+        # host; a network filesystem's locks are its own). The version is the content's digest.
+        dest = self._path(key)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        lock = os.path.join(os.path.dirname(dest), f"{TMP_MARK}lock-{os.path.basename(dest)}")
+        with open(lock, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                current = self._get_versioned(key)[1]
+            except NotFound:
+                current = None
+            if current != version:
+                raise PreconditionFailed(f"{self.uri}/{key}: {'exists' if version is None else 'changed'}")
+            self._put_bytes(key, data)
+        return hashlib.sha256(data).hexdigest()
 
     def _put_file(self, key: str, path: str, cancel) -> None:
         if cancel is None:

@@ -108,13 +108,13 @@ def is_transient(exc: BaseException) -> bool:
     boto3's transfer manager wraps the client error it gave up on, so the whole
     cause/context chain is examined.
     """
-    from trainer.storage.base import NotFound
+    from trainer.storage.base import NotFound, PreconditionFailed
     from trainer.storage.keys import Cancelled
 
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
-        if isinstance(cur, NotFound | Cancelled | ValueError | PermissionError | FileNotFoundError):
+        if isinstance(cur, NotFound | PreconditionFailed | Cancelled | ValueError | PermissionError | FileNotFoundError):
             return False
         if _is_transient_one(cur):
             return True

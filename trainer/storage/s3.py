@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from trainer.storage import retry
-from trainer.storage.base import NotFound, ObjectInfo, ObjectStore
-from trainer.storage.keys import CancellableReader
+from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed
+from trainer.storage.keys import Cancelled
 from trainer.storage.retry import is_transient, is_transient_answer
 
 
@@ -40,7 +40,14 @@ class S3Store(ObjectStore):
     def _observe_retry(
         self, response=None, attempts=0, caught_exception=None, operation=None, request_dict=None, **_: object
     ):
-        """See each failed attempt botocore is about to retry; returns None so botocore decides."""
+        """See each failed attempt botocore is about to retry; returns None so botocore decides.
+
+        A request that ended because its upload was cancelled (botocore wraps our
+        :class:`Cancelled` in a retryable ``HTTPClientError``) is never retried: False says so.
+        """
+        wrapped = getattr(caught_exception, "kwargs", None) or {}
+        if isinstance(caught_exception, Cancelled) or isinstance(wrapped.get("error"), Cancelled):
+            return False
         if attempts >= retry.S3_MAX_ATTEMPTS:
             return None
         error: BaseException | None = None
@@ -91,15 +98,52 @@ class S3Store(ObjectStore):
                 raise NotFound(f"{self.uri}/{key}") from e
             raise
 
+    def _get_versioned(self, key: str) -> tuple[bytes, str]:
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._name(key))
+            return resp["Body"].read(), resp["ETag"]
+        except Exception as e:
+            if self._not_found(e, key):
+                raise NotFound(f"{self.uri}/{key}") from e
+            raise
+
+    def _put_bytes_if(self, key: str, data: bytes, version: str | None) -> str:
+        import botocore.exceptions as bx
+
+        cond = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            resp = self.client.put_object(Bucket=self.bucket, Key=self._name(key), Body=data, **cond)
+        except bx.ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            # 412: the ETag differs, or the object exists (create-only). 409
+            # ConditionalRequestConflict: another conditional write to the key is in flight.
+            # 404: If-Match on an object that is gone. Each means "read again".
+            if status in (404, 409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey"):
+                raise PreconditionFailed(f"{self.uri}/{key}: {code or status} "
+                                         f"({'exists' if version is None else 'changed since ' + version})") from e
+            raise
+        return resp["ETag"]
+
     def _put_file(self, key: str, path: str, cancel) -> None:
         if cancel is None:
             self.client.upload_file(path, self.bucket, self._name(key), Config=self._transfer)
             return
-        # Through a reader that stops when cancelled: s3transfer then fails the transfer and
-        # aborts a multipart upload; parts already sent finish, none is started after.
-        with open(path, "rb") as f:
-            self.client.upload_fileobj(CancellableReader(f, cancel), self.bucket, self._name(key),
-                                       Config=self._transfer)
+
+        def stop_if_cancelled(_sent: int) -> None:
+            # s3transfer calls this as each request reads its body, a few KiB at a time, while
+            # sending: raising here ends the request mid-body, fails the transfer and aborts
+            # the multipart upload (nothing is published).
+            if cancel.is_set():
+                raise Cancelled(f"upload of {self.uri}/{key} cancelled")
+
+        try:
+            self.client.upload_file(path, self.bucket, self._name(key), Config=self._transfer,
+                                    Callback=stop_if_cancelled)
+        except Exception as e:
+            if cancel.is_set():
+                raise Cancelled(f"upload of {self.uri}/{key} cancelled") from e
+            raise
 
     def _get_file(self, key: str, path: str) -> None:
         try:

@@ -43,6 +43,13 @@ def test_archive_holds_code_requirements_and_dockerfile_only(tmp_path):
     assert {(m.mtime, m.uid, m.gid, m.uname, m.mode) for m in members} == {(946684800, 0, 0, "", 0o644)}
 
 
+def test_the_trainers_archive_carries_the_cuda_wheels_requirements():
+    """The machines install trainer/requirements-gpu.txt from the archive (userdata/bootstrap.sh)."""
+    with tarfile.open(fileobj=io.BytesIO(pack()), mode="r:gz") as tar:
+        names = tar.getnames()
+    assert "trainer/requirements-gpu.txt" in names and "trainer/requirements.txt" in names
+
+
 def test_archive_bytes_depend_on_content_only(tmp_path):
     src = make_trainer(tmp_path / "a")
     first = pack(src)

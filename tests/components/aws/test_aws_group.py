@@ -6,7 +6,7 @@ import gzip
 
 import pytest
 
-from components.aws.group import DLAMI_NAME, cap_time
+from components.aws.group import DLAMI_NAME, cap_time, choose_zone
 from tests.components.aws.awshelp import SSH_KEY, one, synth_raw
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -119,6 +119,51 @@ def test_several_machines_without_zones_use_the_regions_first_available_zone():
     (lookup,) = [i for i in r.invokes if i["token"] == "aws:ec2/getSubnets:getSubnets"]
     filters = {f["name"]: f["values"] for f in lookup["args"]["filters"]}
     assert filters["availability-zone"] == ["eu-west-1a"]
+
+
+def _offerings_lookup(r) -> dict:
+    (lookup,) = [i for i in r.invokes if i["token"] == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings"]
+    return lookup["args"]
+
+
+def _subnet_zone(r) -> list[str]:
+    (lookup,) = [i for i in r.invokes if i["token"] == "aws:ec2/getSubnets:getSubnets"]
+    return {f["name"]: f["values"] for f in lookup["args"]["filters"]}["availability-zone"]
+
+
+@pytest.mark.parametrize("zones", [None, ["eu-west-1a", "eu-west-1c"]], ids=["region-zones", "compute-zones"])
+def test_several_machines_get_the_first_zone_that_offers_their_instance_types(zones):
+    # The synth fakes offer P5 everywhere but the region's first zone (as scarce types are).
+    compute = {"nodes": 2, "instanceTypes": ["p5.48xlarge"], "gpusPerNode": 8, **({"zones": zones} if zones else {})}
+    r = synth_raw({"compute": compute}, stack="multi")
+    args = _offerings_lookup(r)
+    assert args["locationType"] == "availability-zone"
+    assert args["filters"] == [{"name": "instance-type", "values": ["p5.48xlarge"]}]
+    assert _subnet_zone(r) == (["eu-west-1b"] if zones is None else ["eu-west-1c"])
+    assert len(one(r, ASG)["inputs"]["vpcZoneIdentifiers"]) == 1
+
+
+def test_one_machine_looks_up_no_offerings():
+    assert not [i for i in synth_raw().invokes if "getInstanceTypeOfferings" in i["token"]]
+
+
+@pytest.mark.parametrize("zones, offerings, types, chosen", [
+    # Every type in both: the first zone.
+    (["z-a", "z-b"], [("g5", "z-a"), ("g6", "z-a"), ("g5", "z-b"), ("g6", "z-b")], ["g5", "g6"], "z-a"),
+    # Only z-b offers both.
+    (["z-a", "z-b"], [("g5", "z-a"), ("g5", "z-b"), ("g6", "z-b")], ["g5", "g6"], "z-b"),
+    # None offers both: the zone of the preferred (first) type wins over the zone order.
+    (["z-a", "z-b"], [("g6", "z-a"), ("g5", "z-b")], ["g5", "g6"], "z-b"),
+    # A zone outside the candidates is never chosen.
+    (["z-a"], [("g5", "z-x"), ("g5", "z-a")], ["g5"], "z-a"),
+])
+def test_choose_zone(zones, offerings, types, chosen):
+    assert choose_zone(zones, offerings, types) == chosen
+
+
+def test_choose_zone_refuses_when_no_zone_offers_the_types():
+    with pytest.raises(ValueError, match=r"no zone of \['z-a'\] offers any of them.*describe-instance-type-offerings"):
+        choose_zone(["z-a"], [("g5", "z-x")], ["g5"])
 
 
 def test_several_machines_on_own_subnets_keep_those_of_one_zone():

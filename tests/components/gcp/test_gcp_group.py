@@ -4,7 +4,7 @@ import datetime as dt
 
 import pytest
 
-from components.gcp.group import IMAGE_FAMILY, cap_cron, compact_placement
+from components.gcp.group import IMAGE_FAMILY, cap_cron, compact_placement, no_compact_reason
 from tests.components.gcp.gcphelp import (
     FIREWALL,
     MIG,
@@ -154,6 +154,12 @@ def test_several_machines_of_a_compact_series_are_placed_close_together():
 )
 def test_compact_placement_only_where_the_machine_series_supports_it(types, nodes, compact):
     assert compact_placement(types, nodes) is compact
+    reason = no_compact_reason(types, nodes)
+    if compact or nodes == 1:
+        assert reason is None
+    else:  # skipped with the reason said: which series, and what would get it
+        assert reason is not None and "no compact placement" in reason and "A2, G2" in reason
+        assert any(t.split("-", 1)[0].upper() in reason for t in types if not t.startswith(("a2-", "g2-")))
 
 
 def test_no_placement_policy_for_one_machine_or_n1():

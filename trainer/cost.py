@@ -1,0 +1,124 @@
+"""What a run's machines have cost: machine time from the run's events x nodes x price per machine-hour.
+
+Each attempt starts at its `started` event and lasts until the last thing heard from it: its
+own last event, or a machine's event (spot notice, finish) before the next attempt starts.
+An attempt killed without a word (a preemption the trainer could not report, a crash) still
+counts up to its last event; the run's newest attempt, while the run has not ended and
+nothing has ended that attempt (preempted, failed, cancelled, a spot notice, the machine's
+finish), counts up to now. Nodes come from the attempt's `started` event (`workers`), the price from its config
+(`price_per_hour`, set by the stack from its price table; `price_note` says what it is, e.g.
+a spot estimate and the table's date). The time a machine spends booting and pulling the image
+before the trainer starts is not in the events, so the figure is a little under the bill.
+
+Standard library only: the trainer's container imports it to record the total in COMPLETE,
+and `ops status` / `ops runs` to show the cost so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainer import layout
+from trainer.events import parse_time
+
+# Events after which an attempt's machine is going or gone: it is not counted up to now.
+_ENDS_ATTEMPT = frozenset({layout.PREEMPTED, layout.FAILED_EVENT, layout.CANCELLED_EVENT, layout.SPOT_NOTICE,
+                           layout.MACHINE_FINISH})
+
+
+@dataclass(frozen=True)
+class Span:
+    """One attempt's machine time."""
+
+    attempt: int | None
+    start: float
+    end: float
+    nodes: int
+    price_per_hour: float | None
+    open: bool = False
+    """Still running: the end is `now`."""
+
+    @property
+    def machine_hours(self) -> float:
+        """Hours x nodes."""
+        return max(0.0, self.end - self.start) / 3600.0 * self.nodes
+
+    @property
+    def cost(self) -> float | None:
+        """Machine-hours x price, or None when this attempt was started without a price."""
+        return None if self.price_per_hour is None else self.machine_hours * self.price_per_hour
+
+
+@dataclass(frozen=True)
+class RunCost:
+    """A run's machine time and cost so far (or in total, once it has ended)."""
+
+    machine_hours: float
+    cost_usd: float | None
+    """None when no attempt carries a price; a partial sum when only some do (see `unpriced`)."""
+    price_note: str
+    attempts: int
+    unpriced: int = 0
+    """Attempts started without a price (their time is in machine_hours, not in cost_usd)."""
+    running: bool = False
+
+    def to_json(self) -> dict:
+        """The fields COMPLETE and `ops status --json` record."""
+        return {"machine_hours": round(self.machine_hours, 4),
+                "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 2),
+                "cost_note": self.price_note}
+
+
+def _time(ev: dict) -> float | None:
+    try:
+        return parse_time(ev[layout.TIME])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _positive(value, kind):
+    return value if isinstance(value, kind) and not isinstance(value, bool) and value > 0 else None
+
+
+def spans(events: list[dict], *, now: float | None = None, end: float | None = None) -> list[Span]:
+    """Every attempt's machine time, from the run's events (the trainer's and the machines', any order).
+
+    `end`: when the run ended (its end marker's time), if known; `now`: the time to count the
+    newest attempt up to while the run has not ended (None: up to its last event).
+    """
+    timed = sorted(((t, i, e) for i, e in enumerate(events) if (t := _time(e)) is not None), key=lambda x: x[:2])
+    starts = [k for k, (_t, _i, e) in enumerate(timed) if e.get(layout.EVENT) == layout.STARTED]
+    out = []
+    for n, k in enumerate(starts):
+        t0, _i, ev = timed[k]
+        last = n == len(starts) - 1
+        stop = len(timed) if last else starts[n + 1]
+        t1 = max(t for t, _i, _e in timed[k:stop])
+        ended = any(e.get(layout.EVENT) in _ENDS_ATTEMPT for _t, _i, e in timed[k:stop])
+        is_open = False
+        if last and end is not None:
+            t1 = max(t1, end)
+        elif last and now is not None and not ended:
+            t1, is_open = max(t1, now), True
+        cfg = ev.get("config") if isinstance(ev.get("config"), dict) else {}
+        price = _positive(cfg.get("price_per_hour"), int | float)
+        out.append(Span(attempt=ev.get(layout.ATTEMPT), start=t0, end=t1, nodes=_positive(ev.get("workers"), int) or 1,
+                        price_per_hour=None if price is None else float(price), open=is_open))
+    return out
+
+
+def run_cost(events: list[dict], *, now: float | None = None, end: float | None = None) -> RunCost | None:
+    """The run's machine-hours and cost (see `spans`); None before any attempt started."""
+    found = spans(events, now=now, end=end)
+    if not found:
+        return None
+    priced = [s.cost for s in found if s.cost is not None]
+    note = ""
+    for ev in reversed(events):
+        if ev.get(layout.EVENT) == layout.STARTED and isinstance(ev.get("config"), dict):
+            note = str(ev["config"].get("price_note") or "")
+            if note:
+                break
+    return RunCost(machine_hours=sum(s.machine_hours for s in found), cost_usd=sum(priced) if priced else None,
+                   price_note=note, attempts=len(found), unpriced=len(found) - len(priced),
+                   running=any(s.open for s in found))
