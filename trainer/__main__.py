@@ -71,5 +71,21 @@ def main(argv: list[str] | None = None) -> int:
     return train(cfg, stop=stop)
 
 
+def exit_now(code: int) -> None:
+    """End the process with `code` without the interpreter's teardown.
+
+    By the time `main` returns, everything the attempt writes is written: the checkpoint is
+    committed, the events and TensorBoard files are in the run folder, the lease is released.
+    What the teardown would still do is free TensorFlow's objects, and freeing a tf.data
+    iterator waits for its autotuning thread's next wake-up, a period that grows with the
+    run's length: measured 7-22 s after a SIGTERM, on a machine that is being taken back or
+    is billing for nothing.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

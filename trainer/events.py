@@ -11,8 +11,11 @@ Also here: what a run's events add up to across attempts (`seconds_lost`, and th
 count through `layout.attempts`).
 
 Writes to the bucket happen on one background thread in order, so a slow or failing
-object store never holds up a training step; `close()` waits for them. Only the chief
-writes to the bucket; other workers print.
+object store never holds up a training step; `close()` waits for them. Writes that pile up
+behind a slow store are coalesced: the event lines waiting are appended in one write, and
+only the newest `progress.json` and one pending run of each background task are kept, so
+a store that was failing for a while is caught up in a few requests, not one per event.
+Only the chief writes to the bucket; other workers print.
 """
 
 from __future__ import annotations
@@ -76,6 +79,10 @@ class EventLog:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="events") if store is not None else None
         self._pending: list[Future] = []
         self._lock = threading.Lock()
+        self._queue_lock = threading.Lock()
+        self._queued: set = set()  # coalesced writes waiting for the writer thread
+        self._lines: list[str] = []  # event lines not yet handed to the store
+        self._progress_doc: dict | None = None
         self._progress = None
         self._rich_console = None
         self._task = None
@@ -92,9 +99,17 @@ class EventLog:
             else:
                 self.stream.write(line + "\n")
                 self.stream.flush()
-        if not local_only:
-            self._submit(self.store.append_line if self.store else None, EVENTS_KEY, line)
+        if not local_only and self._pool is not None:
+            with self._queue_lock:
+                self._lines.append(line)
+            self._schedule("events", self._write_lines)
         return ev
+
+    def _write_lines(self) -> None:
+        with self._queue_lock:
+            lines, self._lines = self._lines, []
+        if lines:
+            self._safe(self.store.append_lines, EVENTS_KEY, lines)
 
     def _console_print(self, ev: dict) -> None:
         skip = (layout.EVENT, layout.TIME, layout.ATTEMPT, "config")
@@ -115,6 +130,22 @@ class EventLog:
         self._pending = [f for f in self._pending if not f.done()]
         self._pending.append(self._pool.submit(self._safe, fn, *args))
 
+    def _schedule(self, key, fn) -> None:
+        """Queue `fn()` on the writer thread unless a run of `key` is already waiting to start."""
+        if self._pool is None:
+            return
+        with self._queue_lock:
+            if key in self._queued:
+                return
+            self._queued.add(key)
+
+        def run() -> None:
+            with self._queue_lock:
+                self._queued.discard(key)  # from here on, a new request queues a new run
+            fn()
+
+        self._submit(run)
+
     def _safe(self, fn, *args) -> None:
         # An event that cannot be written is reported on stderr, never fatal: the
         # checkpoints, not the log, are what a resume depends on.
@@ -134,11 +165,20 @@ class EventLog:
             "updated": utc_now(),
         }
         if self.store is not None:
-            self._submit(self.store.put_bytes, PROGRESS_KEY, json.dumps(doc).encode())
+            with self._queue_lock:
+                self._progress_doc = doc
+            self._schedule("progress", self._write_progress)
 
-    def background(self, fn, *args) -> None:
-        """Run `fn(*args)` on the writer thread, after the writes already queued."""
-        self._submit(fn, *args)
+    def _write_progress(self) -> None:
+        with self._queue_lock:
+            doc, self._progress_doc = self._progress_doc, None
+        if doc is not None:
+            self._safe(self.store.put_bytes, PROGRESS_KEY, json.dumps(doc).encode())
+
+    def background(self, fn) -> None:
+        """Run `fn()` on the writer thread, after the writes already queued; not again while
+        a run of the same `fn` is still waiting there (the later request is the same work)."""
+        self._schedule(("background", fn), lambda: self._safe(fn))
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued write is done (or `timeout` seconds)."""

@@ -215,6 +215,7 @@ class Run:
         self.ckstore = CheckpointStore(self.store, keep=cfg.keep_checkpoints, emit=self._store_event,
                                        on_commit=self._on_commit)
         self.checkpointer = None  # made once the model exists (_train)
+        self.pipeline = None  # (iterator, train step) once training starts: see _train
         self.commit_seconds: list[tuple[int, float]] = []
         self._own_work = cfg.work_dir is None
         self.work = cfg.work_dir or tempfile.mkdtemp(prefix="trainstack-")
@@ -404,6 +405,10 @@ class Run:
         train_step = make_train_step(strategy, spec, cfg, global_micro, self.cluster.multi_worker, examples)
         self.summaries = summaries_mod.Summaries(summaries_mod.local_dir(self.work), self.store, enabled=self.chief)
 
+        # Kept past this method: freeing the input pipeline waits for tf.data's autotuning thread
+        # to wake, which took 7-22 s after a long run (see trainer/__main__.py). Held here, it is
+        # freed with the Run, after the lease and the event log are closed, or never (os._exit).
+        self.pipeline = (iterator, train_step)
         loop_started, examples_before = time.monotonic(), self.state.examples_seen
         stopped = self._loop(train_step, iterator, examples)
         self.loop_seconds = time.monotonic() - loop_started

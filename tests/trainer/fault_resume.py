@@ -113,7 +113,7 @@ def _jitter_probe(uri: str, steps: int) -> tuple[int, list[dict]]:
     from trainer.storage import FileStore
 
     seeded, drew = threading.Event(), threading.Event()
-    real_seed, real_build, real_append = keras.utils.set_random_seed, loop.build_model, FileStore.append_line
+    real_seed, real_build, real_append = keras.utils.set_random_seed, loop.build_model, FileStore.append_lines
 
     def set_random_seed(seed):
         real_seed(seed)
@@ -123,18 +123,18 @@ def _jitter_probe(uri: str, steps: int) -> tuple[int, list[dict]]:
         drew.wait(1.0)
         return real_build(cfg)
 
-    def append_line(self, key, line):
-        if '"started"' in line and not drew.is_set():
+    def append_lines(self, key, lines):
+        if any('"started"' in line for line in lines) and not drew.is_set():
             seeded.wait(1.0)
             random.random()  # the jitter of one retry
             drew.set()
-        return real_append(self, key, line)
+        return real_append(self, key, lines)
 
-    keras.utils.set_random_seed, loop.build_model, FileStore.append_line = set_random_seed, build_model, append_line
+    keras.utils.set_random_seed, loop.build_model, FileStore.append_lines = set_random_seed, build_model, append_lines
     try:
         return _attempt(uri, steps)
     finally:
-        keras.utils.set_random_seed, loop.build_model, FileStore.append_line = real_seed, real_build, real_append
+        keras.utils.set_random_seed, loop.build_model, FileStore.append_lines = real_seed, real_build, real_append
 
 
 def _weights(uri: str, step: int) -> dict:

@@ -33,6 +33,48 @@ def test_events_are_json_lines_on_stdout_and_in_the_run(tmp_path):
     assert (progress["step"], progress["total"], progress["examples_per_sec"]) == (5, 10, 100.0)
 
 
+def test_writes_behind_a_slow_store_are_coalesced(tmp_path):
+    """While the writer thread is held up, the events waiting go up in one append, only the
+    newest progress.json is written, and a background task queued twice runs once."""
+    import threading
+
+    store = open_store(f"file://{tmp_path}/run")
+    release, calls, synced = threading.Event(), [], []
+    real_append, real_put = store.append_lines, store.put_bytes
+
+    def append_lines(key, lines):
+        calls.append(("append", list(lines)))
+        release.wait(10)
+        real_append(key, lines)
+
+    def put_bytes(key, data):
+        calls.append(("put", key))
+        real_put(key, data)
+
+    store.append_lines, store.put_bytes = append_lines, put_bytes
+    def sync():
+        synced.append(1)
+
+    log = EventLog(store, stream=io.StringIO(), tty=False)
+    log.emit("started")  # taken by the writer at once, which then waits on the store
+    for _ in range(100):
+        if calls:
+            break
+        threading.Event().wait(0.01)
+    for step in range(1, 51):
+        log.emit("checkpoint", step=step)
+        log.progress(step, 50, 0.5, 10.0)
+        log.background(sync)
+    release.set()
+    log.close()
+    appends = [c[1] for c in calls if c[0] == "append"]
+    puts = [c[1] for c in calls if c[0] == "put"]
+    assert [len(a) for a in appends] == [1, 50]
+    assert puts == ["progress.json"] and synced == [1]
+    assert [e.get("step") for e in read_events(store)] == [None, *range(1, 51)]
+    assert json.loads(store.get_bytes("progress.json"))["step"] == 50
+
+
 def test_on_a_terminal_events_are_readable_lines_and_a_bar():
     out = io.StringIO()
     log = EventLog(None, stream=out, tty=True)

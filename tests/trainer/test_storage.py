@@ -82,6 +82,12 @@ def test_append_line(run_root):
     with pytest.raises(ValueError, match="one line"):
         store.append_line("events.jsonl", "a\nb")
     assert len(store.get_bytes("events.jsonl").decode().splitlines()) == 2
+    # Several lines in one write, in order; a bad one refuses the whole batch.
+    store.append_lines("events.jsonl", ['{"n": 3}', '{"n": 4}'])
+    with pytest.raises(ValueError, match="one line"):
+        store.append_lines("events.jsonl", ['{"n": 5}', "c\rd"])
+    store.append_lines("events.jsonl", [])
+    assert store.get_bytes("events.jsonl").decode().splitlines()[2:] == ['{"n": 3}', '{"n": 4}']
 
 
 def test_upload_dir_changed_only(run_root, tmp_path):
@@ -354,9 +360,9 @@ def test_append_is_not_doubled_when_the_answer_is_lost(request, backend, monkeyp
 
     monkeypatch.setattr(cls, "_append_line", carried_out_then_lost)
     store.append_line("events.jsonl", '{"n": 2}')
-    store.append_line("events.jsonl", '{"n": 3}')
-    assert lost == ['{"n": 2}\n', '{"n": 3}\n']
-    assert store.get_bytes("events.jsonl").decode().splitlines() == ['{"n": 1}', '{"n": 2}', '{"n": 3}']
+    store.append_lines("events.jsonl", ['{"n": 3}', '{"n": 4}'])
+    assert lost == ['{"n": 2}\n', '{"n": 3}\n{"n": 4}\n']
+    assert store.get_bytes("events.jsonl").decode().splitlines() == ['{"n": 1}', '{"n": 2}', '{"n": 3}', '{"n": 4}']
 
 
 def test_a_cancelled_upload_stops_mid_file_and_publishes_nothing(tmp_path, monkeypatch):

@@ -180,22 +180,29 @@ class Store:
             self._retrying("delete", prefix, lambda: self._delete_keys(keys))
 
     def append_line(self, key: str, line: str) -> None:
-        """Append one line (a newline is added) to the text object at ``key``.
+        """Append one line (a newline is added) to the text object at ``key``."""
+        self.append_lines(key, [line])
+
+    def append_lines(self, key: str, lines: list[str]) -> None:
+        """Append lines (each gets a newline) to the text object at ``key``, in one write.
 
         Object stores have no append, so this reads, extends and rewrites the object:
         correct for a single writer (the chief), which is how run files are written. A
-        retry never appends the line a second time.
+        retry never appends the lines a second time.
         """
         check_key(key)
-        if "\n" in line or "\r" in line:
-            raise ValueError(f"append_line({key!r}) takes one line without line breaks")
-        text = line + "\n"
+        if not lines:
+            return
+        for line in lines:
+            if "\n" in line or "\r" in line:
+                raise ValueError(f"append_line({key!r}) takes one line per entry, without line breaks")
+        text = "".join(line + "\n" for line in lines)
         tried = [False]
 
         def once() -> None:
-            # A retried append must not add the line twice: when the write that failed had in
-            # fact reached the store (the answer was lost), the object already ends with it.
-            # Event lines carry a millisecond timestamp, so an equal last line is this one.
+            # A retried append must not add the lines twice: when the write that failed had in
+            # fact reached the store (the answer was lost), the object already ends with them.
+            # Event lines carry a millisecond timestamp, so an equal ending is these lines.
             if tried[0] and self._ends_with(key, text):
                 return
             tried[0] = True
