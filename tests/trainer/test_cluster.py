@@ -14,20 +14,10 @@ import time
 
 import pytest
 
-from tests.trainer.trainer_helpers import Trainer, store_events, trainer_env
+from tests.trainer.trainer_helpers import Trainer, free_ports, store_events, trainer_env
 from trainer import cluster, layout
 from trainer.events import read_jsonl
 from trainer.storage import open_store
-
-
-def _ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _tf_config(workers: list[str], index: int) -> str:
@@ -58,7 +48,7 @@ def test_unreachable_names_only_the_ports_where_nothing_listens():
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         up = f"127.0.0.1:{listening.getsockname()[1]}"
-        down = f"127.0.0.1:{_ports(1)[0]}"
+        down = f"127.0.0.1:{free_ports(1)[0]}"
         assert cluster.unreachable([up, down, "no-port"], timeout=1) == [down, "no-port"]
 
 
@@ -134,8 +124,8 @@ def test_a_worker_whose_peer_never_starts_exits_75_within_the_timeout_and_says_w
     # records in events.jsonl) and worker 1 alone (it records in its own worker-events object).
     timeout = 20
     chief_run, other_run = f"file://{tmp_path}/chief", f"file://{tmp_path}/other"
-    a = [f"127.0.0.1:{p}" for p in _ports(2)]
-    b = [f"127.0.0.1:{p}" for p in _ports(2)]
+    a = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    b = [f"127.0.0.1:{p}" for p in free_ports(2)]
     started = time.monotonic()
     procs = [Trainer(chief_run, *ARGS, "--startup-timeout", str(timeout), env=trainer_env(TF_CONFIG=_tf_config(a, 0))),
              Trainer(other_run, *ARGS, env=trainer_env(TF_CONFIG=_tf_config(b, 1), TRAINSTACK_STARTUP_TIMEOUT=str(timeout)))]
@@ -164,7 +154,7 @@ def test_a_worker_whose_peer_never_starts_exits_75_within_the_timeout_and_says_w
 
 @pytest.mark.slow
 def test_a_stop_signal_while_waiting_for_peers_ends_the_wait_at_once_with_143(file_run):
-    workers = [f"127.0.0.1:{p}" for p in _ports(2)]
+    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     proc = Trainer(file_run.uri, *ARGS, "--startup-timeout", "600", env=trainer_env(TF_CONFIG=_tf_config(workers, 0)))
     try:
         time.sleep(20)  # TF imported, the peer wait under way (its peer never comes)
@@ -188,7 +178,7 @@ def test_a_peer_that_answers_but_never_joins_still_ends_the_wait_with_75(file_ru
     with socket.socket() as peer:
         peer.bind(("127.0.0.1", 0))
         peer.listen(16)
-        workers = [f"127.0.0.1:{_ports(1)[0]}", f"127.0.0.1:{peer.getsockname()[1]}"]
+        workers = [f"127.0.0.1:{free_ports(1)[0]}", f"127.0.0.1:{peer.getsockname()[1]}"]
         started = time.monotonic()
         chief = Trainer(file_run.uri, *ARGS, "--startup-timeout", "5", env=trainer_env(TF_CONFIG=_tf_config(workers, 0)))
         try:
@@ -203,7 +193,7 @@ def test_a_peer_that_answers_but_never_joins_still_ends_the_wait_with_75(file_ru
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", [1, 0], ids=["worker-killed", "chief-killed"])
 def test_a_peer_killed_mid_training_ends_the_survivor_with_76_not_a_hang(file_run, victim):
-    workers = [f"127.0.0.1:{p}" for p in _ports(2)]
+    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     procs = [Trainer(file_run.uri, *ARGS, env=trainer_env(TF_CONFIG=_tf_config(workers, i))) for i in range(2)]
     survivor = procs[1 - victim]
     try:
@@ -270,7 +260,7 @@ def test_two_workers_end_with_the_weights_of_one_worker_with_the_same_global_bat
     # What a worker would reach if gradients were not all-reduced: its own half of each global batch.
     rc, _, err = run_trainer(alone, *common, "--batch-size", "16")
     assert rc == 0, err[-2000:]
-    workers = [f"127.0.0.1:{p}" for p in _ports(2)]
+    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     procs = [Trainer(two, *common, "--batch-size", "16", env=trainer_env(TF_CONFIG=_tf_config(workers, i)))
              for i in range(2)]
     try:

@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 
 import pytest
 
-from tests.trainer.trainer_helpers import Trainer, trainer_env
+from tests.trainer.trainer_helpers import Trainer, free_ports, trainer_env
 
 pytestmark = pytest.mark.slow
 
 
-def _ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
 
 def test_two_workers_train_and_stop_at_the_same_step_when_one_is_signalled(file_run):
-    workers = [f"127.0.0.1:{p}" for p in _ports(2)]
+    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     # Checkpoints by time only: the chief's clock decides, the all-reduced request makes every worker save.
     args = ["--synthetic", "--steps", "100000", "--batch-size", "16", "--checkpoint-every-steps", "0",
             "--checkpoint-every-seconds", "1", "--log-every", "10"]

@@ -8,16 +8,13 @@ boot the machine with a stand-in trainer from a code archive (`_code_archive`).
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import subprocess
-import tarfile
 import time
 
-import boto3
 import pytest
 
+from tests.userdata.cluster import upload_code
 from tests.userdata.conftest import group_size, machine_events, s3_keys
 from tests.userdata.metadata import INSTANCE_ID
 from trainer import layout
@@ -174,18 +171,7 @@ sys.exit(2)
 @pytest.fixture
 def fake_trainer_uri(s3_run) -> str:
     """A code archive whose `python -m trainer` is FAKE_TRAINER, uploaded as the stack uploads one."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, text in (("trainer/__init__.py", ""), ("trainer/__main__.py", FAKE_TRAINER)):
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    data = buf.getvalue()
-    key = f"code/trainer-{hashlib.sha256(data).hexdigest()[:16]}.tar.gz"
-    boto3.client("s3", endpoint_url=s3_run.vars["AWS_ENDPOINT_URL"]).put_object(
-        Bucket=s3_run.bucket, Key=key, Body=data)
-    return f"s3://{s3_run.bucket}/{key}"
+    return upload_code(s3_run, {"trainer/__init__.py": "", "trainer/__main__.py": FAKE_TRAINER})
 
 
 @pytest.mark.slow
