@@ -68,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         with quiet_native_stderr():
             from trainer.loop import train
 
-    return train(cfg, stop=stop)
+    return train(cfg, stop=stop, keep=HELD)
+
+
+# The attempt's Run, held until the process ends: see exit_now.
+HELD: list = []
 
 
 def exit_now(code: int) -> None:

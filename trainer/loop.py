@@ -407,7 +407,8 @@ class Run:
 
         # Kept past this method: freeing the input pipeline waits for tf.data's autotuning thread
         # to wake, which took 7-22 s after a long run (see trainer/__main__.py). Held here, it is
-        # freed with the Run, after the lease and the event log are closed, or never (os._exit).
+        # freed with the Run, after the lease and the event log are closed, or never (the CLI
+        # keeps the Run and ends with os._exit).
         self.pipeline = (iterator, train_step)
         loop_started, examples_before = time.monotonic(), self.state.examples_seen
         stopped = self._loop(train_step, iterator, examples)
@@ -682,10 +683,12 @@ class Run:
         return EXIT_OK
 
 
-def train(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None) -> int:
+def train(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None, keep: list | None = None) -> int:
     """Run one attempt of the run `cfg` describes; returns the exit code.
 
     `stop` is the signal flag, when the caller installed it early (see `trainer.signals`).
+    `keep`, when given, receives the attempt's `Run`, so that its TensorFlow objects outlive
+    the call: `python -m trainer` then ends without freeing them (see trainer/__main__.py).
     """
     try:
         run = Run(cfg, stream=stream, stop=stop)
@@ -696,4 +699,6 @@ def train(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None) -> 
         out.write(json.dumps(line) + "\n")
         out.flush()
         return EXIT_FAILED
+    if keep is not None:
+        keep.append(run)
     return run.run()
