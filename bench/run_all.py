@@ -291,7 +291,9 @@ class Bench:
     def _workers(self, n: int) -> dict:
         if n == 1:
             return _scaling_row(self.loop_run("mlp", 64, (), self.plan.scaling_steps))
-        ports = _free_ports(n)
+        from tests.trainer.trainer_helpers import free_ports  # the tests' helper, as for moto_server
+
+        ports = free_ports(n)
         workers = [f"127.0.0.1:{p}" for p in ports]
         uri = self.uri(f"workers{n}")
         with contextlib.ExitStack() as stack:
@@ -357,18 +359,6 @@ def tensorboard_scalars(folder: str, tag: str) -> list[tuple[int, float]]:
 def _scaling_row(run: dict) -> dict:
     keep = ("examples_per_sec", "steady_examples_per_sec", "loop_seconds", "steps", "process_wall_s")
     return {k: run[k] for k in keep}
-
-
-def _free_ports(n: int) -> list[int]:
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _wait4(p: subprocess.Popen, timeout: float):
