@@ -225,6 +225,11 @@ def test_gcp_plan_prices_the_stack_and_marks_only_invented_values():
     assert "Machines: 1 node x 1 GPU, spot, one of: g2-standard-4, g2-standard-8" in plan
     assert "g2-standard-8  on-demand $0.853624/h  spot $0.34145/h (estimate)" in plan
     assert "Worst case: $0.853624/h (the on-demand price x 1 node) until the runtime cap (10 h): $8.54\n" in plan
+    # what the run's checkpoints take in the bucket (components.storage): 3 kept, pruned ones gone within a day
+    assert "Checkpoint storage: one checkpoint 1.0 GiB (assumed; scale every figure by your checkpoint's size); " \
+           "3 kept (3.0 GiB); at most 80 written, up to 144 a day" in plan
+    assert "pruned checkpoints stop billing within 1 day(s); GCS parallel-upload parts of each checkpoint count " \
+           "once more: at most 157.0 GiB of them at once, 160.0 GiB in all while the run checkpoints, 3.0 GiB once" in plan
     # gs://<the stack's own bucket>/runs/... is what GCP would answer too: not a mock value
     run_uri = next(line for line in plan.splitlines() if line.strip().startswith("runUri"))
     assert run_uri.rstrip().endswith("/runs/gcp-dev"), run_uri
