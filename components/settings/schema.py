@@ -173,7 +173,7 @@ class StorageSettings(_Block):
 
     bucket_name: str | None = Field(None, description="Bucket name; default: generated from project and stack.")
     keep_on_destroy: bool = Field(config_shared.DEFAULT_KEEP_ON_DESTROY, description="Keep the bucket and its data on `pulumi destroy`.")
-    noncurrent_days: int = Field(30, ge=1, le=3650, description="Days old versions of objects are kept.")
+    noncurrent_days: int = Field(30, ge=1, le=3650, description="Days replaced or deleted objects stay restorable (pruned checkpoints: 1 day, see docs/machines-and-cost.md).")
     adopt: bool = Field(False, description="Import the bucket an earlier `pulumi destroy` kept instead of creating it.")
 
 
