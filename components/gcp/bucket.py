@@ -44,7 +44,9 @@ def lifecycle_rules(noncurrent_days: int) -> list[gcp.storage.BucketLifecycleRul
     holds once the version has been noncurrent that many days, `daysSinceCustomTime` once that
     many days have passed since the object's Custom-Time; an object without Custom-Time does not
     meet it ("If no custom timestamp is specified on an object, the condition does not apply",
-    JSON API bucket resource). Name conditions match a prefix or suffix of the whole name, and
+    JSON API bucket resource; salesforce/multicloudj#623 marks objects for a lifecycle rule with
+    Custom-Time the same way, world-federation-of-advertisers/cross-media-measurement#3467 adds
+    an age rule for objects without one, which such a rule never reaches). Name conditions match a prefix or suffix of the whole name, and
     runs/<id>/checkpoints/ is neither, so the rule matches the Custom-Time the trainer sets on
     every checkpoint object and upload part (`trainer.layout`), and nothing else sets one.
     Both at 1 day: a pruned checkpoint stays restorable a day, then stops billing (soft delete is
