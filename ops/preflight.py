@@ -14,10 +14,12 @@ AWS
   someone else's (then another `storage.bucketName`).
 
 GCP
-- the GPU quota of the region for the machines' GPU (the PREEMPTIBLE_ one for Spot VMs)
-  and the project's GPUS_ALL_REGIONS, for `gpusPerNode` x `nodes` GPUs;
+- the GPU quota of the region for the machines' GPU (for Spot VMs the PREEMPTIBLE_ one when
+  the project has any, else the standard one, which Spot VMs then use) and the project's
+  GPUS_ALL_REGIONS, for `gpusPerNode` x `nodes` GPUs;
 - each machine type (and an N1 machine's GPU) offered in a zone the group may use;
-- the APIs that must be on before the first `pulumi up` (the stack turns on the rest).
+- the APIs that must be on before the first `pulumi up` (the stack turns on the rest), and the
+  Compute Engine API, which every check above reads (off: one line says to turn it on).
 
 Output: one line per problem, each with its fix; exit 1 when there are problems, 0 when
 clean, 2 when the stack's config is invalid (the settings loader's one-line error).
@@ -286,6 +288,38 @@ class GcpApi(Protocol):
         """Whether the zone offers the machine type (kind "machineTypes") or GPU ("acceleratorTypes")."""
 
 
+COMPUTE_API = "compute.googleapis.com"
+
+
+class ApiDisabled(RuntimeError):
+    """A GCP read refused because its API is off in the project (HTTP 403, reason SERVICE_DISABLED)."""
+
+    def __init__(self, service: str, detail: str) -> None:
+        super().__init__(f"{service} is off: {detail}")
+        self.service = service
+
+
+def api_disabled(status: int, doc: Any) -> ApiDisabled | None:
+    """The ApiDisabled a GCP error answer stands for, or None when it is another error.
+
+    Google's APIs answer a call to an API that is off with 403 and an ErrorInfo detail whose
+    reason is SERVICE_DISABLED and whose metadata names the service (older ones only say
+    accessNotConfigured, with the service's name in the message).
+    """
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if status != 403 or not isinstance(error, dict):
+        return None
+    message = str(error.get("message", ""))
+    for detail in error.get("details") or []:
+        if isinstance(detail, dict) and detail.get("reason") == "SERVICE_DISABLED":
+            service = (detail.get("metadata") or {}).get("service") or ""
+            return ApiDisabled(service or "an API", message)
+    if any(isinstance(e, dict) and e.get("reason") == "accessNotConfigured" for e in error.get("errors") or []):
+        named = re.search(r"[a-z0-9-]+\.googleapis\.com", message)
+        return ApiDisabled(named.group(0) if named else "an API", message)
+    return None
+
+
 class RestGcpApi:
     """GcpApi over the public REST endpoints, with Application Default Credentials (google-auth)."""
 
@@ -303,6 +337,13 @@ class RestGcpApi:
         if absent_ok and resp.status_code == 404:
             return None
         if resp.status_code != 200:
+            try:
+                doc = resp.json()
+            except ValueError:
+                doc = None
+            disabled = api_disabled(resp.status_code, doc)
+            if disabled:
+                raise disabled
             raise RuntimeError(f"GET {url}: HTTP {resp.status_code} {resp.text[:200]}")
         return resp.json()
 
@@ -346,6 +387,15 @@ def gcp_gpu_metric(machine_type: str, accelerator: str | None) -> str | None:
     return next((metric for pattern, metric in GCP_GPU_METRICS if re.match(pattern, machine_type)), None)
 
 
+def gcp_gpu_quota(metric: str, region: dict[str, tuple[float, float]], *, spot: bool) -> str:
+    """The region quota the group's GPUs draw on: Spot VMs use the PREEMPTIBLE_ one where the project
+    has been granted any, else the standard one (Compute Engine's preemptible-quota rule)."""
+    preemptible = f"PREEMPTIBLE_{metric}"
+    if spot and region.get(preemptible, (0.0, 0.0))[0] > 0:
+        return preemptible
+    return metric
+
+
 def gcp_quota_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
     """The region's GPU quota for each GPU the stack uses, and the project's all-regions GPU quota."""
     c = settings.compute
@@ -354,11 +404,13 @@ def gcp_quota_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
     problems = []
     metrics = sorted({m for t in c.instance_types if (m := gcp_gpu_metric(t, c.accelerator))})
     for metric in metrics:
-        name = f"PREEMPTIBLE_{metric}" if c.spot else metric
+        name, note = gcp_gpu_quota(metric, region, spot=c.spot), ""
+        if name != f"PREEMPTIBLE_{metric}" and c.spot:
+            note = f" (Spot VMs use it while PREEMPTIBLE_{metric} is 0)"
         limit, used = region.get(name, (0.0, 0.0))
         if limit - used < need:
             problems.append(Problem(
-                f"GPU quota {name} in {settings.region} is {limit:g}{_in_use(used)}; the stack needs {need} "
+                f"GPU quota {name} in {settings.region} is {limit:g}{_in_use(used)}{note}; the stack needs {need} "
                 f"({c.gpus_per_node} per node x {c.nodes} node(s)), so no machine would start",
                 f"request {need + used:g} in the console (IAM & Admin > Quotas, metric compute.googleapis.com/"
                 f"{name.lower()}, region {settings.region})",
@@ -396,11 +448,11 @@ def gcp_offering_problems(settings: config.Settings, api: GcpApi) -> list[Proble
     return problems
 
 
-def gcp_api_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
-    """The APIs that must be on before the first `pulumi up` (components/gcp/stack.py PREREQUISITE_APIS)."""
+def gcp_api_problems(settings: config.Settings, enabled: set[str]) -> list[Problem]:
+    """The APIs that must be on before the first `pulumi up` (components/gcp/stack.py PREREQUISITE_APIS),
+    of the project's `enabled` services."""
     from components.gcp.stack import PREREQUISITE_APIS
 
-    enabled = api.enabled_services(settings.project)
     missing = [a for a in PREREQUISITE_APIS if a not in enabled]
     if not missing:
         return []
@@ -409,15 +461,52 @@ def gcp_api_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
                     f"gcloud services enable {' '.join(missing)} --project {settings.project}")]
 
 
+def compute_api_problem(settings: config.Settings) -> Problem:
+    """The Compute Engine API is off: the quotas and machine types cannot be read until it is on."""
+    return Problem(f"the Compute Engine API ({COMPUTE_API}) is off in project {settings.project}, so its GPU "
+                   "quotas and machine types cannot be checked (`pulumi up` would turn it on, but a new project's "
+                   "GPU quota is 0 until you ask)",
+                   f"gcloud services enable {COMPUTE_API} --project {settings.project}, then run preflight again")
+
+
 def check_gcp(settings: config.Settings, api: GcpApi | None = None) -> list[Problem]:
     """Every GCP check; `api` defaults to the REST client with Application Default Credentials."""
     api = api or RestGcpApi()
+    enabled: set[str] = set()
+
+    def apis() -> list[Problem]:
+        enabled.update(api.enabled_services(settings.project))
+        return gcp_api_problems(settings, enabled)
+
+    def off_api_said(check: Callable[[], list[Problem]]) -> Callable[[], list[Problem]]:
+        # A read of an API that is off is no credentials problem: say which API to turn on.
+        def run() -> list[Problem]:
+            try:
+                return check()
+            except ApiDisabled as e:
+                if e.service == COMPUTE_API:
+                    return [compute_api_problem(settings)]
+                return [Problem(f"the API {e.service} is off in project {settings.project} ({e})",
+                                f"gcloud services enable {e.service} --project {settings.project}, "
+                                "then run preflight again")]
+        return run
+
+    problems = _run_checks([("APIs", off_api_said(apis))], _gcp_error)
+    if enabled and COMPUTE_API not in enabled:
+        # Every read below goes to the Compute Engine API: one line says to turn it on.
+        return [*problems, compute_api_problem(settings)]
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [
-        ("APIs", lambda: gcp_api_problems(settings, api)),
-        ("GPU quota", lambda: gcp_quota_problems(settings, api)),
-        ("machine types", lambda: gcp_offering_problems(settings, api)),
+        ("GPU quota", off_api_said(lambda: gcp_quota_problems(settings, api))),
+        ("machine types", off_api_said(lambda: gcp_offering_problems(settings, api))),
     ]
-    return _run_checks(checks, lambda e: f"{type(e).__name__}: {e}")
+    for problem in _run_checks(checks, _gcp_error):
+        if problem not in problems:  # an API that is off refuses every check the same way: said once
+            problems.append(problem)
+    return problems
+
+
+def _gcp_error(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}"
 
 
 def _run_checks(checks: Iterable[tuple[str, Callable[[], list[Problem]]]],

@@ -243,12 +243,36 @@ def test_gcp_problems_each_with_its_fix() -> None:
     api = FakeGcp(region={"NVIDIA_L4_GPUS": (8, 0)}, project={"GPUS_ALL_REGIONS": (0, 0)},
                   services={"compute.googleapis.com"})
     lines = [p.line() for p in preflight.check(settings_of(GCP, compute={"nodes": 2}), gcp_api=api)]
-    assert len(lines) == 3
+    assert len(lines) == 2
     assert "gcloud services enable cloudresourcemanager.googleapis.com serviceusage.googleapis.com" in lines[0]
-    assert "PREEMPTIBLE_NVIDIA_L4_GPUS in us-central1 is 0; the stack needs 2" in lines[1]  # Spot VMs' quota
-    assert "GPUS_ALL_REGIONS" in lines[2]
+    # No preemptible quota granted: the Spot VMs use the standard NVIDIA_L4_GPUS (8), which is enough.
+    assert "GPUS_ALL_REGIONS" in lines[1]
     on_demand = settings_of(GCP, compute={"spot": False, "nodes": 2})
     assert preflight.gcp_quota_problems(on_demand, api)[0].what.startswith("GPU quota GPUS_ALL_REGIONS")
+
+
+@pytest.mark.parametrize(
+    ("region", "spot", "metric", "problem"),
+    [
+        # No preemptible quota granted: Spot VMs fall back to the standard quota.
+        ({"NVIDIA_L4_GPUS": (2, 0)}, True, "NVIDIA_L4_GPUS", None),
+        ({"NVIDIA_L4_GPUS": (1, 0)}, True, "NVIDIA_L4_GPUS",
+         "GPU quota NVIDIA_L4_GPUS in us-central1 is 1 (Spot VMs use it while PREEMPTIBLE_NVIDIA_L4_GPUS is 0); "
+         "the stack needs 2"),
+        ({"PREEMPTIBLE_NVIDIA_L4_GPUS": (0, 0), "NVIDIA_L4_GPUS": (4, 0)}, True, "NVIDIA_L4_GPUS", None),
+        # A granted preemptible quota is the one Spot VMs draw on, even with a larger standard one.
+        ({"PREEMPTIBLE_NVIDIA_L4_GPUS": (1, 0), "NVIDIA_L4_GPUS": (8, 0)}, True, "PREEMPTIBLE_NVIDIA_L4_GPUS",
+         "GPU quota PREEMPTIBLE_NVIDIA_L4_GPUS in us-central1 is 1; the stack needs 2"),
+        ({"PREEMPTIBLE_NVIDIA_L4_GPUS": (8, 0), "NVIDIA_L4_GPUS": (1, 0)}, False, "NVIDIA_L4_GPUS",
+         "GPU quota NVIDIA_L4_GPUS in us-central1 is 1; the stack needs 2"),
+    ],
+)
+def test_spot_vms_use_the_standard_gpu_quota_when_no_preemptible_one_is_granted(region, spot, metric, problem) -> None:
+    api = FakeGcp(region=region, project={"GPUS_ALL_REGIONS": (8, 0)}, services=set(PREREQUISITE_APIS))
+    problems = preflight.gcp_quota_problems(settings_of(GCP, compute={"nodes": 2, "spot": spot}), api)
+    assert api.calls == ["region my-project us-central1", "project my-project"]  # the check ran
+    assert [p.what.split(" (1 per node")[0] for p in problems] == ([problem] if problem else [])
+    assert preflight.gcp_gpu_quota("NVIDIA_L4_GPUS", region, spot=spot) == metric
 
 
 @pytest.mark.parametrize(
@@ -376,3 +400,52 @@ def test_gcp_machine_types_and_gpus_offered_in_no_zone() -> None:
     api.not_offered = {("us-central1-a", "nvidia-tesla-t4")}
     (p,) = preflight.gcp_offering_problems(n1, api)
     assert p.what.startswith("nvidia-tesla-t4 (compute.accelerator)") and "accelerator-types" in p.fix
+
+
+SERVICE_DISABLED = {"error": {
+    "code": 403, "status": "PERMISSION_DENIED",
+    "message": "Compute Engine API has not been used in project 123 before or it is disabled. Enable it by visiting "
+               "https://console.developers.google.com/apis/api/compute.googleapis.com/overview?project=123 then retry.",
+    "errors": [{"message": "Compute Engine API has not been used ...", "domain": "usageLimits",
+                "reason": "accessNotConfigured"}],
+    "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "SERVICE_DISABLED",
+                 "domain": "googleapis.com",
+                 "metadata": {"service": "compute.googleapis.com", "consumer": "projects/123"}}],
+}}
+
+
+def test_the_compute_api_off_says_enable_it_not_check_the_credentials() -> None:
+    # Listed as off by Service Usage: one line, and no compute read is tried.
+    api = FakeGcp(**{**GCP_OK, "services": set(PREREQUISITE_APIS)})
+    problems = preflight.check(settings_of(GCP), gcp_api=api)
+    assert api.calls == ["services my-project"]
+    (p,) = problems
+    assert "Compute Engine API" in p.what and "credentials" not in p.line()
+    assert p.fix.startswith("gcloud services enable compute.googleapis.com --project my-project")
+
+    # Service Usage unreadable, so Compute Engine answers for itself: 403 SERVICE_DISABLED, said once.
+    compute = "https://compute.googleapis.com/compute/v1/projects/my-project"
+    session = FakeSession({
+        "https://serviceusage.googleapis.com/v1/projects/my-project/services": [
+            FakeResponse(403, {"error": {"code": 403, "message": "denied", "status": "PERMISSION_DENIED"}})],
+        f"{compute}/regions/us-central1": [FakeResponse(403, SERVICE_DISABLED)],
+        f"{compute}/zones/us-central1-a/machineTypes/g2-standard-4": [FakeResponse(403, SERVICE_DISABLED)],
+    })
+    lines = [p.line() for p in preflight.check(settings_of(GCP), gcp_api=preflight.RestGcpApi(session))]
+    assert len(session.asked) == 3  # every check ran
+    assert lines[0].startswith("could not check APIs") and "credentials" in lines[0]  # a real permission error
+    assert lines[1:] == [preflight.compute_api_problem(settings_of(GCP)).line()]
+    assert all("credentials" not in line for line in lines[1:])
+
+
+@pytest.mark.parametrize(
+    ("status", "doc", "service"),
+    [(403, SERVICE_DISABLED, "compute.googleapis.com"),
+     (403, {"error": {"code": 403, "message": "Access Not Configured. compute.googleapis.com has not been used",
+                      "errors": [{"reason": "accessNotConfigured"}]}}, "compute.googleapis.com"),
+     (403, {"error": {"code": 403, "message": "denied", "status": "PERMISSION_DENIED"}}, None),
+     (404, SERVICE_DISABLED, None), (403, None, None)],
+)
+def test_an_api_that_is_off_is_told_from_other_errors(status, doc, service) -> None:
+    found = preflight.api_disabled(status, doc)
+    assert (found.service if found else None) == service
