@@ -120,7 +120,7 @@ def test_a_launchable_stack_is_clean(aws) -> None:
     ("compute", "code", "need"),
     [
         ({}, "L-3819A6DF", 4),  # g5.xlarge: 4 vCPUs, spot
-        ({"nodes": 2}, "L-3819A6DF", 8),
+        ({"nodes": 2, "instanceTypes": ["g5.xlarge"]}, "L-3819A6DF", 8),
         ({"spot": False}, "L-DB2E81BA", 4),  # on-demand draws on another quota
         ({"instanceTypes": ["g5.2xlarge", "g4dn.xlarge"]}, "L-3819A6DF", 8),  # the largest type counts
         ({"instanceTypes": ["p5.48xlarge"], "gpusPerNode": 8}, "L-7212CCBC", 192),

@@ -82,7 +82,7 @@ def test_ssh_only_from_the_configured_cidrs():
 
 def test_several_nodes_reach_each_other_on_every_port_and_nobody_else_does():
     # Members only (self); every port, since NCCL's collectives use ephemeral ports.
-    r = synth_raw({"compute": {"nodes": 3}})
+    r = synth_raw({"compute": {"nodes": 3, "instanceTypes": ["g5.xlarge"]}})
     rules = one(r, SG)["inputs"]["ingress"]
     assert len(rules) == 1
     (rule,) = rules
@@ -98,7 +98,8 @@ def test_one_machine_has_no_placement_group_and_spreads_over_zones():
 
 
 def test_several_machines_share_a_cluster_placement_group_in_one_zone():
-    r = synth_raw({"compute": {"nodes": 2, "zones": ["eu-west-1b", "eu-west-1c"]}}, stack="multi")
+    r = synth_raw({"compute": {"nodes": 2, "instanceTypes": ["g5.xlarge"], "zones": ["eu-west-1b", "eu-west-1c"]}},
+                  stack="multi")
     pg = one(r, PLACEMENT)
     assert pg["inputs"]["strategy"] == "cluster"
     assert pg["inputs"]["name"] == f"{r.outputs['groupName']}-placement"
@@ -113,7 +114,7 @@ def test_several_machines_share_a_cluster_placement_group_in_one_zone():
 
 
 def test_several_machines_without_zones_use_the_regions_first_available_zone():
-    r = synth_raw({"compute": {"nodes": 2}})
+    r = synth_raw({"compute": {"nodes": 2, "instanceTypes": ["g5.xlarge"]}})
     (zones,) = [i for i in r.invokes if i["token"] == "aws:index/getAvailabilityZones:getAvailabilityZones"]
     assert zones["args"] == {"state": "available"}
     (lookup,) = [i for i in r.invokes if i["token"] == "aws:ec2/getSubnets:getSubnets"]
@@ -168,14 +169,14 @@ def test_choose_zone_refuses_when_no_zone_offers_the_types():
 
 def test_several_machines_on_own_subnets_keep_those_of_one_zone():
     chosen = ["subnet-0123456789abcdef1", "subnet-0123456789abcdef2"]
-    r = synth_raw({"compute": {"nodes": 2, "subnets": chosen, "zones": ["eu-west-1c"]}})
+    r = synth_raw({"compute": {"nodes": 2, "instanceTypes": ["g5.xlarge"], "subnets": chosen, "zones": ["eu-west-1c"]}})
     (lookup,) = [i for i in r.invokes if i["token"] == "aws:ec2/getSubnets:getSubnets"]
     filters = {f["name"]: f["values"] for f in lookup["args"]["filters"]}
     assert filters == {"subnet-id": chosen, "availability-zone": ["eu-west-1c"]}
 
 
 def test_group_is_spot_price_capacity_optimized_over_the_ordered_types():
-    r = synth_raw({"compute": {"instanceTypes": ["g6.xlarge", "g5.xlarge", "g4dn.xlarge"], "nodes": 2}})
+    r = synth_raw({"compute": {"instanceTypes": ["g5.2xlarge", "g5.xlarge", "g5.4xlarge"], "nodes": 2}})
     asg = one(r, ASG)
     inputs = asg["inputs"]
     assert (inputs["minSize"], inputs["maxSize"], inputs["desiredCapacity"]) == (0, 2, 2)
@@ -187,7 +188,7 @@ def test_group_is_spot_price_capacity_optimized_over_the_ordered_types():
         "spotAllocationStrategy": "price-capacity-optimized",
     }
     template = inputs["mixedInstancesPolicy"]["launchTemplate"]
-    assert [o["instanceType"] for o in template["overrides"]] == ["g6.xlarge", "g5.xlarge", "g4dn.xlarge"]
+    assert [o["instanceType"] for o in template["overrides"]] == ["g5.2xlarge", "g5.xlarge", "g5.4xlarge"]
     assert template["launchTemplateSpecification"]["launchTemplateId"].startswith("lt-")
     assert asg["options"]["ignoreChanges"] == ["desiredCapacity"]
     assert "trainstack-identity-policy" in asg["options"]["dependsOn"]
