@@ -7,8 +7,9 @@ operator's credentials, about what decides that:
 AWS
 - the vCPU quota of each instance family the stack uses (Service Quotas; spot or
   on-demand as the stack asks): vCPUs per type (EC2's own figures) x `compute.nodes`;
-- each instance type offered in the zones the group may use (several machines use one
-  zone: the first of `compute.zones`, else the region's first available zone);
+- each instance type offered in the zones the group may use: those of its subnets
+  (`compute.subnets`, else the default VPC's), narrowed to `compute.zones`; several machines
+  use one zone, the one the program's own `choose_zone` picks;
 - the AMI: `compute.imageId`, else the Deep Learning AMI the group looks up by name;
 - the bucket name: free, or already yours (then `storage.adopt: true` is needed), or
   someone else's (then another `storage.bucketName`).
@@ -140,34 +141,69 @@ def _quota_value(quotas: Any, code: str) -> float:
         return float(quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
 
 
-def aws_zones(settings: config.Settings, ec2: Any) -> list[str]:
-    """The zones the group may launch in: compute.subnets' zones, compute.zones, else the region's; one for several nodes."""
+def aws_subnets(settings: config.Settings, ec2: Any) -> list[tuple[str, str]]:
+    """(subnet id, zone) of the subnets the group may use: compute.subnets, else the default VPC's."""
+    if settings.compute.subnets:
+        pages = ec2.get_paginator("describe_subnets").paginate(SubnetIds=list(settings.compute.subnets))
+    else:
+        vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+        if not vpcs:
+            return []
+        pages = ec2.get_paginator("describe_subnets").paginate(
+            Filters=[{"Name": "vpc-id", "Values": [vpcs[0]["VpcId"]]}])
+    return sorted((s["SubnetId"], s["AvailabilityZone"]) for page in pages for s in page["Subnets"])
+
+
+def _offerings(ec2: Any, types: list[str], zones: list[str]) -> list[tuple[str, str]]:
+    """EC2's (instance type, zone) offerings of these types in these zones."""
+    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": types}, {"Name": "location", "Values": zones}],
+    )
+    return [(o["InstanceType"], o["Location"]) for page in pages for o in page["InstanceTypeOfferings"]]
+
+
+def _group_zones(settings: config.Settings, ec2: Any) -> tuple[list[str], list[tuple[str, str]]]:
+    """The zones the group launches in and EC2's offerings of its types there; ValueError when none.
+
+    The zones are those of the group's subnets (narrowed to compute.zones); several machines
+    use one, chosen by the program's own `choose_zone`, so this is the zone `pulumi up` picks.
+    """
+    from components.aws.group import choose_zone
+
     c = settings.compute
-    zones = list(c.zones)
-    if c.subnets:
-        # The group launches only in its subnets' zones (narrowed to compute.zones when set).
-        answer = ec2.describe_subnets(SubnetIds=list(c.subnets))
-        in_subnets = sorted({s["AvailabilityZone"] for s in answer["Subnets"]})
-        zones = [z for z in in_subnets if not zones or z in zones]
+    subnets = aws_subnets(settings, ec2)
+    if not subnets:
+        raise ValueError(f"no subnet for the group in {settings.region} ("
+                         + ("compute.subnets found none" if c.subnets else "the region has no default VPC")
+                         + "); set compute.subnets to subnets of a VPC in this region")
+    covered = sorted({zone for _, zone in subnets})
+    zones = [z for z in c.zones if z in covered] if c.zones else covered
     if not zones:
-        answer = ec2.describe_availability_zones(Filters=[{"Name": "state", "Values": ["available"]}])
-        zones = sorted(z["ZoneName"] for z in answer["AvailabilityZones"])
-    return zones[:1] if c.nodes > 1 else zones
+        raise ValueError(f"compute.zones {list(c.zones)}: no subnet of the group is in them (the subnets are in "
+                         f"{', '.join(covered)}); choose compute.zones your subnets cover, or other subnets")
+    offers = _offerings(ec2, list(c.instance_types), zones)
+    if c.nodes > 1:
+        zones = [choose_zone(subnets, list(c.zones), offers, list(c.instance_types))[0]]
+    return zones, [(t, z) for t, z in offers if z in zones]
+
+
+def aws_zones(settings: config.Settings, ec2: Any) -> list[str]:
+    """The zones the group launches in: its subnets' (narrowed to compute.zones); one for several machines."""
+    return _group_zones(settings, ec2)[0]
 
 
 def aws_offering_problems(settings: config.Settings, ec2: Any) -> list[Problem]:
-    """Instance types the chosen zones do not offer (a type offered nowhere there can never launch)."""
+    """Instance types the group's zones do not offer (a type offered nowhere there can never launch)."""
     c = settings.compute
-    zones = aws_zones(settings, ec2)
+    try:
+        zones, offers = _group_zones(settings, ec2)
+    except ValueError as e:
+        what, _, fix = str(e).partition("; ")
+        return [Problem(what, fix)]
     offered: dict[str, set[str]] = {t: set() for t in c.instance_types}
-    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
-        LocationType="availability-zone",
-        Filters=[{"Name": "instance-type", "Values": list(c.instance_types)},
-                 {"Name": "location", "Values": zones}],
-    )
-    for page in pages:
-        for o in page["InstanceTypeOfferings"]:
-            offered.setdefault(o["InstanceType"], set()).add(o["Location"])
+    for itype, zone in offers:
+        offered.setdefault(itype, set()).add(zone)
     problems = []
     where = f"zone {zones[0]} (several machines share one zone)" if c.nodes > 1 else f"zones {', '.join(zones)}"
     missing = [t for t in c.instance_types if not offered.get(t)]

@@ -116,7 +116,7 @@ class ComputeSettings(_Block):
     root_disk_gb: int = Field(200, ge=30, le=16_384, description="Encrypted root volume size (GiB).")
     image_id: str | None = Field(None, description="AMI id / GCE image; default: the cloud's GPU-ready deep learning image.")
     subnets: list[str] = Field(default_factory=list, description="AWS subnets to spread over; default: the default VPC's subnets.")
-    zones: list[str] = Field(default_factory=list, description="Zones to spread over; default: every zone of the region.")
+    zones: list[str] = Field(default_factory=list, description="Zones to spread over; default: every zone of the region (AWS: those the subnets cover); several machines use one.")
 
     @field_validator("instance_types")
     @classmethod

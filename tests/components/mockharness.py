@@ -41,6 +41,9 @@ class FakeClouds(pulumi.runtime.Mocks):
             "aws:ec2/getAmi:getAmi": {"id": "ami-0fake", "rootDeviceName": "/dev/sda1"},
             "aws:ec2/getVpc:getVpc": {"id": "vpc-0fake"},
             "aws:ec2/getSubnets:getSubnets": {"id": "x", "ids": ["subnet-a", "subnet-b"]},
+            # subnet-a is in zone-a, subnet-b in zone-b.
+            "aws:ec2/getSubnet:getSubnet": {"id": args.args.get("id"), "vpcId": "vpc-0fake",
+                                            "availabilityZone": f"zone-{str(args.args.get('id'))[-1]}"},
             "gcp:compute/getImage:getImage": {"id": "img", "selfLink": "https://compute/img"},
             "aws:index/getAvailabilityZones:getAvailabilityZones": {"id": "r", "names": ["zone-a", "zone-b"],
                                                                      "zoneIds": ["z1", "z2"]},

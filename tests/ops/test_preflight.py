@@ -153,7 +153,8 @@ def test_types_not_offered_in_the_zones_are_named(aws) -> None:
         "g6.xlarge is not offered in zones eu-west-1a, eu-west-1b, eu-west-1c of eu-west-1"]
     only = settings_of(AWS, compute={"instanceTypes": ["g6.xlarge"], "nodes": 2})
     (problem,) = preflight.aws_offering_problems(only, ec2)
-    assert problem.what.startswith("none of compute.instanceTypes (g6.xlarge) is offered in zone eu-west-1a")
+    assert problem.what.startswith("compute.instanceTypes ['g6.xlarge']: no zone of the group's subnets "
+                                   "(eu-west-1a, eu-west-1b, eu-west-1c) offers any of them")
     assert preflight.aws_offering_problems(settings_of(AWS, compute={"zones": ["eu-west-1b"]}), ec2) == []
 
 
@@ -385,6 +386,12 @@ def test_the_group_s_subnets_decide_its_zones(aws) -> None:
     subnet = next(s for s in ec2.describe_subnets()["Subnets"] if s["AvailabilityZone"] == "eu-west-1b")
     s = settings_of(AWS, compute={"subnets": [subnet["SubnetId"]]})
     assert preflight.aws_zones(s, ec2) == ["eu-west-1b"]
+    # Several machines: the same zone, chosen by the program's own choose_zone.
+    several = settings_of(AWS, compute={"subnets": [subnet["SubnetId"]], "nodes": 2, "instanceTypes": ["g5.xlarge"]})
+    assert preflight.aws_zones(several, ec2) == ["eu-west-1b"]
+    (p,) = preflight.aws_offering_problems(settings_of(AWS, compute={"subnets": [subnet["SubnetId"]],
+                                                                     "zones": ["eu-west-1a"]}), ec2)
+    assert p.what == "compute.zones ['eu-west-1a']: no subnet of the group is in them (the subnets are in eu-west-1b)"
 
 
 def test_gcp_machine_types_and_gpus_offered_in_no_zone() -> None:
@@ -449,3 +456,88 @@ def test_the_compute_api_off_says_enable_it_not_check_the_credentials() -> None:
 def test_an_api_that_is_off_is_told_from_other_errors(status, doc, service) -> None:
     found = preflight.api_disabled(status, doc)
     assert (found.service if found else None) == service
+
+
+class TableEc2:
+    """The EC2 reads preflight makes for zones, answered from a table of subnets and offerings."""
+
+    def __init__(self, subnets: list[tuple[str, str]], offerings: list[tuple[str, str]]) -> None:
+        self.subnets, self.offerings, self.asked = subnets, offerings, []
+
+    def describe_vpcs(self, Filters: list) -> dict:  # noqa: N803 - boto3's names
+        return {"Vpcs": [{"VpcId": "vpc-1", "IsDefault": True}]}
+
+    def get_paginator(self, op: str):
+        table = self
+
+        class Pages:
+            def paginate(self, **kw):
+                table.asked.append(op)
+                if op == "describe_subnets":
+                    wanted = kw.get("SubnetIds")
+                    return [{"Subnets": [{"SubnetId": s, "AvailabilityZone": z} for s, z in table.subnets
+                                         if wanted is None or s in wanted]}]
+                filters = {f["Name"]: f["Values"] for f in kw["Filters"]}
+                return [{"InstanceTypeOfferings": [{"InstanceType": t, "Location": z} for t, z in table.offerings
+                                                   if t in filters["instance-type"] and z in filters["location"]]}]
+
+        return Pages()
+
+
+class TableClouds:
+    """The program's lookups of the same table, under the Pulumi mocks (tests/components/mockharness.py)."""
+
+    def __init__(self, subnets: list[tuple[str, str]], offerings: list[tuple[str, str]]) -> None:
+        from tests.components.mockharness import FakeClouds
+
+        zone_of = dict(subnets)
+
+        class Mocks(FakeClouds):
+            def call(self, args):
+                if args.token == "aws:ec2/getSubnets:getSubnets":
+                    return {"id": "x", "ids": [s for s, _ in subnets]}
+                if args.token == "aws:ec2/getSubnet:getSubnet":
+                    return {"id": args.args["id"], "vpcId": "vpc-1", "availabilityZone": zone_of[args.args["id"]]}
+                if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+                    return {"id": "r", "instanceTypes": [t for t, _ in offerings], "locations": [z for _, z in offerings]}
+                return super().call(args)
+
+        self.mocks = Mocks()
+
+
+ZONE_CASES = {
+    # The default VPC's subnets are in b and c only; every zone offers the type: b, not the region's a.
+    "subnets-not-in-the-first-zone": ([("subnet-0b", "eu-west-1b"), ("subnet-0c", "eu-west-1c")],
+                                      {}, [("g5.xlarge", z) for z in ("eu-west-1a", "eu-west-1b", "eu-west-1c")],
+                                      "eu-west-1b"),
+    # The first subnet zone does not offer the type: the next one that does.
+    "first-zone-lacks-the-type": ([("subnet-0a", "eu-west-1a"), ("subnet-0c", "eu-west-1c")],
+                                  {}, [("g5.xlarge", "eu-west-1b"), ("g5.xlarge", "eu-west-1c")], "eu-west-1c"),
+    # compute.zones orders the candidates; a zone without a subnet is skipped.
+    "compute-zones-order": ([("subnet-0a", "eu-west-1a"), ("subnet-0c", "eu-west-1c")],
+                            {"zones": ["eu-west-1b", "eu-west-1c", "eu-west-1a"]},
+                            [("g5.xlarge", z) for z in ("eu-west-1a", "eu-west-1b", "eu-west-1c")], "eu-west-1c"),
+    # Own subnets.
+    "own-subnets": ([("subnet-0123456789abcdef1", "eu-west-1c")], {"subnets": ["subnet-0123456789abcdef1"]},
+                    [("g5.xlarge", "eu-west-1a"), ("g5.xlarge", "eu-west-1c")], "eu-west-1c"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ZONE_CASES))
+def test_preflight_checks_the_zone_the_program_launches_in(case) -> None:
+    from components.aws.group import SpotGroup, SpotGroupArgs
+    from tests.components.mockharness import registrations
+
+    subnets, compute, offerings, zone = ZONE_CASES[case]
+    s = settings_of(AWS, compute={"nodes": 2, "instanceTypes": ["g5.xlarge"], **compute})
+    ec2 = TableEc2(subnets, offerings)
+    assert preflight.aws_zones(s, ec2) == [zone]
+    assert preflight.aws_offering_problems(s, ec2) == []
+    assert ec2.asked.count("describe_subnets") == 2  # preflight read the table
+
+    records = registrations(lambda: SpotGroup("g", SpotGroupArgs(
+        group_name="g-gpu", instance_types=list(s.compute.instance_types), nodes=2, subnets=list(s.compute.subnets),
+        zones=list(s.compute.zones), instance_profile_arn="arn:aws:iam::1:instance-profile/p", user_data="#cloud-config",
+    )), mocks=TableClouds(subnets, offerings).mocks)
+    (asg,) = [r["inputs"] for r in records if r["type"] == "aws:autoscaling/group:Group"]
+    assert asg["vpcZoneIdentifiers"] == [sid for sid, z in subnets if z == zone]
