@@ -18,7 +18,8 @@ GCP
 - the GPU quota of the region for the machines' GPU (for Spot VMs the PREEMPTIBLE_ one when
   the project has any, else the standard one, which Spot VMs then use) and the project's
   GPUS_ALL_REGIONS, for `gpusPerNode` x `nodes` GPUs;
-- each machine type (and an N1 machine's GPU) offered in a zone the group may use;
+- each machine type (and an N1 machine's GPU) offered in a zone the group may use
+  (`compute.zones`, else every zone of the region: the group is given that list);
 - the APIs that must be on before the first `pulumi up` (the stack turns on the rest), and the
   Compute Engine API, which every check above reads (off: one line says to turn it on).
 
@@ -468,10 +469,16 @@ def _in_use(used: float) -> str:
 _GCLOUD_LIST = {"machineTypes": "machine-types", "acceleratorTypes": "accelerator-types"}
 
 
+def gcp_zones(settings: config.Settings, api: GcpApi) -> list[str]:
+    """The zones the group may use, as the program sets them: compute.zones, else every zone of the region."""
+    return list(settings.compute.zones) or api.region_zones(settings.project, settings.region)
+
+
 def gcp_offering_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
-    """Machine types (and an N1 machine's GPU) offered in none of the zones the group may use."""
+    """Machine types (and an N1 machine's GPU) offered in none of the zones the group may use
+    (it picks one zone among them that has the hardware and capacity)."""
     c = settings.compute
-    zones = list(c.zones) or api.region_zones(settings.project, settings.region)
+    zones = gcp_zones(settings, api)
     wanted = [("machineTypes", t, "compute.instanceTypes") for t in c.instance_types]
     if c.accelerator:
         wanted.append(("acceleratorTypes", c.accelerator, "compute.accelerator"))

@@ -45,6 +45,7 @@ class FakeClouds(pulumi.runtime.Mocks):
             "aws:ec2/getSubnet:getSubnet": {"id": args.args.get("id"), "vpcId": "vpc-0fake",
                                             "availabilityZone": f"zone-{str(args.args.get('id'))[-1]}"},
             "gcp:compute/getImage:getImage": {"id": "img", "selfLink": "https://compute/img"},
+            "gcp:compute/getZones:getZones": {"id": "r", "names": ["zone-a", "zone-b", "zone-c", "zone-f"]},
             "aws:index/getAvailabilityZones:getAvailabilityZones": {"id": "r", "names": ["zone-a", "zone-b"],
                                                                      "zoneIds": ["z1", "z2"]},
         }

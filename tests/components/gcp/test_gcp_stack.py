@@ -56,7 +56,7 @@ def test_every_resource_goes_through_the_stacks_provider_and_is_labelled():
     assert len(labelled) == 3  # bucket, repository, template
     want = {"trainstack-project": "trainstack", "trainstack-stack": "unit", "trainstack-run": "exp-7"}
     assert all(want.items() <= x["inputs"]["labels"].items() for x in labelled)
-    assert [i["provider"] for i in r.invokes] == ["trainstack-gcp"]
+    assert [i["provider"] for i in r.invokes] == ["trainstack-gcp", "trainstack-gcp"]  # the image and the zones
 
 
 def test_user_data_is_the_rendered_cloud_config_in_the_template_metadata():
