@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_gcp as gcp
+import pulumi_random as random
 
+from components.gcp.naming import ROLE_SUFFIX_BYTES, custom_role_id
 from trainer import layout
 
 # What the machine's finish step needs to set its own group's size to zero. GCE's IAM
@@ -47,8 +49,8 @@ class InstanceIdentityArgs:
     """The region of the repository and the group."""
     group_name: str
     """The managed instance group the account may resize (and nothing else)."""
-    custom_role_id: str
-    """Id of the project custom role holding the resize permissions."""
+    custom_role_prefix: str
+    """The start of the custom roles' ids; a random suffix kept in the stack's state follows."""
     data_uri: str | None = None
     """gs://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
     nodes: int = 1
@@ -138,10 +140,13 @@ class InstanceIdentity(pulumi.ComponentResource):
                     opts=child,
                 )
             )
+        # GCP reserves a deleted custom role's id for up to 37 days: a suffix drawn once and
+        # kept in state keeps the ids stable across `up`s, and new after a `destroy`.
+        suffix = random.RandomId(f"{name}-role-suffix", byte_length=ROLE_SUFFIX_BYTES, opts=child)
         role = gcp.projects.IAMCustomRole(
             f"{name}-resize-role",
             project=args.gcp_project,
-            role_id=args.custom_role_id,
+            role_id=suffix.hex.apply(lambda h: custom_role_id(args.custom_role_prefix, h, "resize")),
             title="trainstack: resize own instance group",
             permissions=RESIZE_PERMISSIONS,
             opts=child,
@@ -163,7 +168,7 @@ class InstanceIdentity(pulumi.ComponentResource):
         operations = gcp.projects.IAMCustomRole(
             f"{name}-operations-role",
             project=args.gcp_project,
-            role_id=args.custom_role_id.removesuffix("_resize") + "_ops",
+            role_id=suffix.hex.apply(lambda h: custom_role_id(args.custom_role_prefix, h, "ops")),
             title="trainstack: follow own resize operations",
             permissions=OPERATION_PERMISSIONS,
             opts=child,

@@ -17,6 +17,8 @@ import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 
+from ops.fakes.common import RANDOM_ID, fake_hex, random_id
+
 ACCOUNT = "123456789012"
 
 
@@ -31,6 +33,10 @@ class FakeClouds(pulumi.runtime.Mocks):
             out.update(arn=f"arn:aws:s3:::{rid}", bucket=rid)
         if args.typ == "gcp:serviceaccount/account:Account":
             out.update(email=f"{inputs.get('accountId')}@p.iam.gserviceaccount.com")
+        if args.typ == RANDOM_ID:
+            # Bytes from the name: the same on every run, as state keeps them between `up`s.
+            rid, extra = random_id(inputs, fake_hex(args.typ, args.name))
+            out.update(extra)
         return rid, out
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:

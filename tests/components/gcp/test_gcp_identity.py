@@ -72,3 +72,42 @@ def test_the_resize_can_be_followed_to_its_end():
     # The machines wait for it like for every grant.
     (mig,) = r.of_type(MIG)
     assert grant["name"] in mig["options"]["dependsOn"]
+
+
+def test_destroy_then_up_creates_custom_roles_whose_ids_are_not_reserved(monkeypatch):
+    # A fake cloud with GCP's rule: a deleted custom role's id stays reserved (up to 37 days),
+    # and the random provider draws new bytes for each new RandomId (a destroy drops the old one).
+    import secrets
+
+    from ops import mockrun, synth
+    from ops.fakes import Mocks
+    from ops.fakes.common import RANDOM_ID, random_id_outputs
+    from tests.components.gcp.gcphelp import BASE
+
+    reserved: set[str] = set()
+    created: list[list[str]] = []
+
+    class ReservingCloud(Mocks):
+        def new_resource(self, args):
+            if args.typ == "gcp:projects/iAMCustomRole:IAMCustomRole":
+                role_id = args.inputs["roleId"]
+                if role_id in reserved:
+                    raise RuntimeError(f"You can't create a role_id ({role_id}) which has been marked for deletion")
+                created[-1].append(role_id)
+            if args.typ == RANDOM_ID:
+                rid, extra = random_id_outputs(secrets.token_bytes(int(args.inputs["byteLength"])))
+                return rid, {**args.inputs, **extra}
+            return super().new_resource(args)
+
+    monkeypatch.setattr(mockrun, "Mocks", ReservingCloud)
+    for _deployment in range(3):  # up; destroy, up; destroy, up: all inside the reservation window
+        created.append([])
+        result = synth.synthesize(BASE, stack="unit")
+        assert len(result.of_type("gcp:projects/iAMCustomRole:IAMCustomRole")) == 2
+        assert len(created[-1]) == 2 and all(len(r) <= 64 for r in created[-1])
+        reserved.update(created[-1])  # pulumi destroy: the roles are deleted, their ids reserved
+    assert len(reserved) == 6
+    # The suffix is a resource of its own, so state keeps it: a second `up` without a destroy
+    # gets the same ids (nothing here may draw bytes per run, as a timestamp or a uuid would).
+    (suffix,) = result.of_type(RANDOM_ID)
+    assert suffix["inputs"] == {"byteLength": 4}
