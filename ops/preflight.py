@@ -20,6 +20,9 @@ GCP
   GPUS_ALL_REGIONS, for `gpusPerNode` x `nodes` GPUs;
 - each machine type (and an N1 machine's GPU) offered in a zone the group may use
   (`compute.zones`, else every zone of the region: the group is given that list);
+- a `gs://` `run.dataUri`: the bucket exists and, unless `run.dataGrant` is false, you may set
+  its IAM policy (the stack grants the machines read access there; if not, whether the bucket
+  is public, and what to ask its owner);
 - the APIs that must be on before the first `pulumi up` (the stack turns on the rest), and the
   Compute Engine API, which every check above reads (off: one line says to turn it on).
 
@@ -324,6 +327,12 @@ class GcpApi(Protocol):
     def offered(self, project: str, zone: str, kind: str, name: str) -> bool:
         """Whether the zone offers the machine type (kind "machineTypes") or GPU ("acceleratorTypes")."""
 
+    def bucket_permissions(self, bucket: str, permissions: list[str]) -> set[str] | None:
+        """Which of `permissions` the caller has on a GCS bucket; None when there is no such bucket."""
+
+    def publicly_readable(self, bucket: str, prefix: str) -> bool:
+        """Whether anyone, without credentials, may list the bucket's objects under `prefix`."""
+
 
 COMPUTE_API = "compute.googleapis.com"
 
@@ -360,14 +369,18 @@ def api_disabled(status: int, doc: Any) -> ApiDisabled | None:
 class RestGcpApi:
     """GcpApi over the public REST endpoints, with Application Default Credentials (google-auth)."""
 
-    def __init__(self, session: Any = None) -> None:
+    def __init__(self, session: Any = None, anonymous: Any = None) -> None:
         if session is None:
             import google.auth
             from google.auth.transport.requests import AuthorizedSession
 
             credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
             session = AuthorizedSession(credentials)
-        self._session = session
+        if anonymous is None:
+            import requests
+
+            anonymous = requests.Session()
+        self._session, self._anonymous = session, anonymous
 
     def _get(self, url: str, params: dict | None = None, *, absent_ok: bool = False) -> dict | None:
         resp = self._session.get(url, params=params, timeout=30)
@@ -403,6 +416,18 @@ class RestGcpApi:
         """See GcpApi."""
         url = f"https://compute.googleapis.com/compute/v1/projects/{project}/zones/{zone}/{kind}/{name}"
         return self._get(url, absent_ok=True) is not None
+
+    def bucket_permissions(self, bucket: str, permissions: list[str]) -> set[str] | None:
+        """See GcpApi (GCS testIamPermissions: the subset of `permissions` the caller has)."""
+        doc = self._get(f"https://storage.googleapis.com/storage/v1/b/{bucket}/iam/testPermissions",
+                        {"permissions": list(permissions)}, absent_ok=True)
+        return None if doc is None else set(doc.get("permissions", []))
+
+    def publicly_readable(self, bucket: str, prefix: str) -> bool:
+        """See GcpApi: an object listing asked without credentials."""
+        resp = self._anonymous.get(f"https://storage.googleapis.com/storage/v1/b/{bucket}/o",
+                                   params={"prefix": prefix, "maxResults": 1}, timeout=30)
+        return resp.status_code == 200
 
     def enabled_services(self, project: str) -> set[str]:
         """See GcpApi."""
@@ -491,6 +516,40 @@ def gcp_offering_problems(settings: config.Settings, api: GcpApi) -> list[Proble
     return problems
 
 
+SET_POLICY = "storage.buckets.setIamPolicy"
+
+
+def gcp_data_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
+    """A gs:// dataUri: the bucket exists, and with run.dataGrant the deployer may set its IAM policy.
+
+    `pulumi up` grants the machines read access on the data bucket itself; without
+    storage.buckets.setIamPolicy there (a public data set of another project, a bucket another
+    team owns) the grant fails with 403 after the other resources were made.
+    """
+    from components.gcp.identity import split_gs_uri
+    from components.gcp.naming import service_account_id
+    from ops.mockrun import project_name
+
+    uri = settings.run.data_uri
+    if not uri or not uri.startswith("gs://"):
+        return []
+    bucket, prefix = split_gs_uri(uri)
+    granted = api.bucket_permissions(bucket, [SET_POLICY])
+    if granted is None:
+        return [Problem(f"run.dataUri {uri}: there is no bucket {bucket}", "check run.dataUri")]
+    if not settings.run.data_grant or SET_POLICY in granted:
+        return []
+    account = (f"{service_account_id(project=project_name(), stack=settings.stack)}@{settings.project}"
+               ".iam.gserviceaccount.com")
+    what = (f"you cannot set the IAM policy of data bucket {bucket} ({SET_POLICY}), so `pulumi up` would fail "
+            "granting the machines read access to it (403)")
+    if api.publicly_readable(bucket, prefix):
+        return [Problem(f"{what}; it is publicly readable, so they need no grant", "set run.dataGrant: false")]
+    return [Problem(what, f"ask its owner to grant roles/storage.objectViewer on gs://{bucket} to "
+                          f"serviceAccount:{account} and set run.dataGrant: false, or get "
+                          "roles/storage.admin on that bucket")]
+
+
 def gcp_api_problems(settings: config.Settings, enabled: set[str]) -> list[Problem]:
     """The APIs that must be on before the first `pulumi up` (components/gcp/stack.py PREREQUISITE_APIS),
     of the project's `enabled` services."""
@@ -541,6 +600,7 @@ def check_gcp(settings: config.Settings, api: GcpApi | None = None) -> list[Prob
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [
         ("GPU quota", off_api_said(lambda: gcp_quota_problems(settings, api))),
         ("machine types", off_api_said(lambda: gcp_offering_problems(settings, api))),
+        ("data bucket", off_api_said(lambda: gcp_data_problems(settings, api))),
     ]
     for problem in _run_checks(checks, _gcp_error):
         if problem not in problems:  # an API that is off refuses every check the same way: said once

@@ -2,7 +2,7 @@
 
 Least privilege for one run, granted on the resources themselves: objects under this
 run's prefix of this stack's bucket (read/write/delete), the trainer code (read), the
-data set when it is in GCS (read), this stack's image repository (pull), and resizing
+data set's bucket when it is in GCS (read, unless run.dataGrant is false), this stack's image repository (pull), and resizing
 only this stack's instance group (a custom role with two permissions, under an IAM
 condition naming the group, and one to follow the resize's operation). The machine reads its identity from the metadata server;
 several machines find each other under the run folder (`rendezvous/`), not by listing instances.
@@ -53,6 +53,8 @@ class InstanceIdentityArgs:
     """The start of the custom roles' ids; a random suffix kept in the stack's state follows."""
     data_uri: str | None = None
     """gs://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
+    data_grant: bool = True
+    """Grant the account read access on the data bucket; False when it is public or its owner grants it."""
     nodes: int = 1
     """Machines in the group (they find each other under the run folder: no extra grant)."""
 
@@ -126,17 +128,18 @@ class InstanceIdentity(pulumi.ComponentResource):
                 opts=child,
             ),
         ]
-        if args.data_uri:
-            data_bucket, prefix = split_gs_uri(args.data_uri)
+        if args.data_uri and args.data_grant:
+            data_bucket, _ = split_gs_uri(args.data_uri)
+            # The whole bucket, read only, with no condition: IAM conditions need uniform
+            # bucket-level access and policy version 3 on that bucket, and a user's bucket with
+            # fine-grained ACLs refuses them (412). A bucket whose policy the deployer cannot set
+            # (a public data set of another project: 403) takes run.dataGrant: false.
             self.grants.append(
                 gcp.storage.BucketIAMMember(
                     f"{name}-data-read",
                     bucket=data_bucket,
                     role="roles/storage.objectViewer",
                     member=member,
-                    condition=gcp.storage.BucketIAMMemberConditionArgs(
-                        title="training data", expression=prefix_condition(data_bucket, prefix),
-                    ),
                     opts=child,
                 )
             )

@@ -121,6 +121,7 @@ class TrainingStack(StackOutputs):
                 group_name=mig_name,
                 custom_role_prefix=custom_role_prefix(**names),
                 data_uri=s.run.data_uri,
+                data_grant=s.run.data_grant,
                 nodes=s.compute.nodes,
             ),
             opts=child,

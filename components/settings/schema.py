@@ -58,6 +58,8 @@ class RunSettings(_Block):
                              "the trainer; needed by a package.module:function model.")
     synthetic: bool = Field(False, description="Train on deterministic synthetic data (no dataUri needed).")
     data_uri: str | None = Field(None, description="TFRecord files: s3://… (AWS) or gs://… (GCP).")
+    data_grant: bool = Field(True, description="GCP: grant the machines read access on the dataUri bucket; false "
+                             "when it is public or its owner grants it (`ops preflight` says which).")
     steps: int = Field(10_000, gt=0, description="Training steps in the whole run.")
     batch_size: int = Field(64, gt=0, le=65_536, description="Examples per GPU per step.")
     checkpoint_every_steps: int | None = Field(1000, gt=0, description="Checkpoint every N steps.")

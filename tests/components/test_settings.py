@@ -267,6 +267,10 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     ("gcp-cluster-mixes-gpu-models", gcp(**{C: {"instanceTypes": ["a2-highgpu-2g", "g2-standard-24"], "gpusPerNode": 2,
                                                 "nodes": 3}}), "compute.instanceTypes[1]",
      "'g2-standard-24' has L4 GPUs but 'a2-highgpu-2g' has A100 40GB"),
+    ("data-grant-not-bool", gcp(**{R: {"synthetic": DEL, "dataUri": "gs://my-data/x/", "dataGrant": "maybe"}}),
+     "run.dataGrant", "expected true or false"),
+    ("aws-data-grant", stack(**{R: {"synthetic": DEL, "dataUri": "s3://my-data/x/", "dataGrant": False}}), "run.dataGrant",
+     "only GCP stacks grant on the data bucket itself"),
     ("gcp-n1-unknown-accelerator", gcp(**{C: {"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-a100"}}),
      "compute.accelerator", "expected one of nvidia-tesla-t4"),
 ]

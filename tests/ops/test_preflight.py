@@ -541,3 +541,74 @@ def test_preflight_checks_the_zone_the_program_launches_in(case) -> None:
     )), mocks=TableClouds(subnets, offerings).mocks)
     (asg,) = [r["inputs"] for r in records if r["type"] == "aws:autoscaling/group:Group"]
     assert asg["vpcZoneIdentifiers"] == [sid for sid, z in subnets if z == zone]
+
+
+class DataBuckets(FakeGcp):
+    """FakeGcp with GCS buckets: name -> (the deployer's permissions, public)."""
+
+    def __init__(self, buckets: dict[str, tuple[set[str], bool]]) -> None:
+        super().__init__(**GCP_OK)
+        self.buckets = buckets
+
+    def bucket_permissions(self, bucket: str, permissions: list[str]) -> set[str] | None:
+        self.calls.append(f"permissions {bucket} {' '.join(permissions)}")
+        return None if bucket not in self.buckets else self.buckets[bucket][0] & set(permissions)
+
+    def publicly_readable(self, bucket: str, prefix: str) -> bool:
+        self.calls.append(f"public {bucket} {prefix}")
+        return self.buckets[bucket][1]
+
+
+SET_POLICY = {"storage.buckets.setIamPolicy"}
+
+
+@pytest.mark.parametrize(
+    ("bucket", "data_grant", "what", "fix"),
+    [
+        ("own-data", True, None, None),  # the deployer's own bucket: the grant goes through
+        ("public-data", True, "you cannot set the IAM policy of data bucket public-data (storage.buckets."
+         "setIamPolicy), so `pulumi up` would fail granting the machines read access to it (403); it is publicly "
+         "readable, so they need no grant", "set run.dataGrant: false"),
+        ("other-team", True, "you cannot set the IAM policy of data bucket other-team",
+         "ask its owner to grant roles/storage.objectViewer on gs://other-team to serviceAccount:ts-unit-"),
+        ("public-data", False, None, None),  # said so: no grant is made, nothing to check
+        ("no-such-bucket", True, "run.dataUri gs://no-such-bucket/lm/: there is no bucket no-such-bucket",
+         "check run.dataUri"),
+    ],
+)
+def test_preflight_says_when_the_data_bucket_s_policy_cannot_be_set(bucket, data_grant, what, fix) -> None:
+    api = DataBuckets({"own-data": (SET_POLICY, False), "public-data": (set(), True), "other-team": (set(), False)})
+    s = settings_of(GCP, run={"synthetic": False, "dataUri": f"gs://{bucket}/lm/", "dataGrant": data_grant})
+    problems = preflight.check(s, gcp_api=api)
+    if data_grant:
+        assert f"permissions {bucket} storage.buckets.setIamPolicy" in api.calls  # the check ran
+    assert [(p.what, p.fix) for p in problems if what and p.what.startswith(what[:40])] == (
+        [] if what is None else [(problems[0].what, problems[0].fix)])
+    assert len(problems) == (what is not None)
+    if what:
+        assert problems[0].what.startswith(what) and problems[0].fix.startswith(fix)
+        assert "\n" not in problems[0].line()
+    if bucket == "other-team":
+        assert problems[0].fix.endswith("@my-project.iam.gserviceaccount.com and set run.dataGrant: false, or get "
+                                        "roles/storage.admin on that bucket")
+
+
+def test_the_rest_client_reads_bucket_permissions_and_public_listing() -> None:
+    tested = "https://storage.googleapis.com/storage/v1/b/{}/iam/testPermissions"
+    session = FakeSession({
+        tested.format("mine"): [FakeResponse(200, {"kind": "storage#testIamPermissionsResponse",
+                                                   "permissions": ["storage.buckets.setIamPolicy"]})],
+        tested.format("theirs"): [FakeResponse(200, {"kind": "storage#testIamPermissionsResponse"})],
+        tested.format("gone"): [FakeResponse(404, {"error": {"code": 404, "message": "Not Found"}})],
+    })
+    anonymous = FakeSession({
+        "https://storage.googleapis.com/storage/v1/b/theirs/o": [FakeResponse(200, {"items": []})],
+        "https://storage.googleapis.com/storage/v1/b/mine/o": [FakeResponse(401, {"error": {"code": 401}})],
+    })
+    api = preflight.RestGcpApi(session, anonymous)
+    assert api.bucket_permissions("mine", ["storage.buckets.setIamPolicy"]) == {"storage.buckets.setIamPolicy"}
+    assert api.bucket_permissions("theirs", ["storage.buckets.setIamPolicy"]) == set()
+    assert api.bucket_permissions("gone", ["storage.buckets.setIamPolicy"]) is None
+    assert session.asked[0][1] == {"permissions": ["storage.buckets.setIamPolicy"]}
+    assert api.publicly_readable("theirs", "lm/") is True and api.publicly_readable("mine", "lm/") is False
+    assert anonymous.asked[0][1] == {"prefix": "lm/", "maxResults": 1}
