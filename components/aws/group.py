@@ -38,6 +38,9 @@ def choose_zone(subnets: list[tuple[str, str]], zones: list[str], offerings: lis
     type). The program and `ops preflight` both call this, so they name the same zone.
     Raises ValueError naming the key to change when no candidate zone can launch the group.
     """
+    if not subnets:
+        raise ValueError("compute.subnets: the group has no subnet (none given, and none in the region's default "
+                         "VPC); set compute.subnets to subnets of a VPC in this region")
     covered = sorted({zone for _, zone in subnets})
     candidates = [z for z in zones if z in covered] if zones else covered
     where = ", ".join(f"{sid} ({zone})" for sid, zone in subnets) or "none"

@@ -173,6 +173,8 @@ def test_choose_zone_refuses_when_no_zone_of_the_subnets_can_launch():
     with pytest.raises(ValueError, match=r"^compute.zones \['z-b'\]: no subnet of the group is in these zones "
                                          r"\(subnets: s-1 \(z-a\)\)"):
         choose_zone([("s-1", "z-a")], ["z-b"], [("g5", "z-b")], ["g5"])
+    with pytest.raises(ValueError, match=r"^compute.subnets: the group has no subnet"):
+        choose_zone([], [], [("g5", "z-a")], ["g5"])
 
 
 def test_several_machines_on_own_subnets_keep_those_of_one_zone():
