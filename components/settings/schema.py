@@ -58,6 +58,8 @@ class RunSettings(_Block):
                              "the trainer; needed by a package.module:function model.")
     synthetic: bool = Field(False, description="Train on deterministic synthetic data (no dataUri needed).")
     data_uri: str | None = Field(None, description="TFRecord files: s3://… (AWS) or gs://… (GCP).")
+    data_grant: bool = Field(True, description="GCP: grant the machines read access on the dataUri bucket; false "
+                             "when it is public or its owner grants it (`ops preflight` says which).")
     steps: int = Field(10_000, gt=0, description="Training steps in the whole run.")
     batch_size: int = Field(64, gt=0, le=65_536, description="Examples per GPU per step.")
     checkpoint_every_steps: int | None = Field(1000, gt=0, description="Checkpoint every N steps.")
@@ -116,7 +118,7 @@ class ComputeSettings(_Block):
     root_disk_gb: int = Field(200, ge=30, le=16_384, description="Encrypted root volume size (GiB).")
     image_id: str | None = Field(None, description="AMI id / GCE image; default: the cloud's GPU-ready deep learning image.")
     subnets: list[str] = Field(default_factory=list, description="AWS subnets to spread over; default: the default VPC's subnets.")
-    zones: list[str] = Field(default_factory=list, description="Zones to spread over; default: every zone of the region.")
+    zones: list[str] = Field(default_factory=list, description="Zones to spread over; default: every zone of the region (AWS: those the subnets cover); several machines use one.")
 
     @field_validator("instance_types")
     @classmethod

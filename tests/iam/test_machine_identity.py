@@ -91,7 +91,7 @@ def _build_group(cloud: IamCloud, name: str, size: int) -> None:
 @pytest.fixture(scope="module")
 def machine(iam_cloud: IamCloud) -> Machine:
     """The synth output's role, bucket, repository and group, made in moto; the role assumed via STS."""
-    result = awshelp.synth_raw({"compute": {"nodes": 2}})
+    result = awshelp.synth_raw({"compute": {"nodes": 2, "instanceTypes": ["g5.xlarge"]}})
     outputs = result.outputs
     policy = awshelp.one(result, "aws:iam/rolePolicy:RolePolicy")["inputs"]["policy"]
     trust = json.loads(awshelp.one(result, "aws:iam/role:Role")["inputs"]["assumeRolePolicy"])

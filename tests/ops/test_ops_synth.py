@@ -194,10 +194,10 @@ def test_cli_ends_with_a_plan_of_resources_machines_and_cost(tmp_path):
     assert "1 x aws:ec2/launchTemplate:LaunchTemplate: trainstack-group-lt" in plan
     assert f"imageId={synth.FAKE_AMI} (mock)" in plan
     # machines x nodes, each type's price, expected and worst case under the 72 h cap
-    assert "Machines: 2 nodes x 8 GPU, spot, one of: p4d.24xlarge, p5.48xlarge, g6e.48xlarge" in plan
-    assert "spot $12.05/h (estimate)" in plan
-    assert "Expected: $24.10-$78.66/h for 2 nodes (spot: estimated" in plan
-    assert "Worst case: $196.64/h (the on-demand price x 2 nodes) until the runtime cap (72 h): $14,158.08" in plan
+    assert "Machines: 2 nodes x 8 GPU, spot, one of: p4d.24xlarge" in plan
+    assert "spot $13.11/h (estimate)" in plan
+    assert "Expected: $26.22/h for 2 nodes (spot: estimated" in plan
+    assert "Worst case: $65.55/h (the on-demand price x 2 nodes) until the runtime cap (72 h): $4,719.25" in plan
     assert "recorded 2026-11-30" in plan
     # the files the contract names are unchanged by the plan
     written = synth.Result(resources=json.loads((out / "resources.json").read_text()), outputs={}, user_data={})
