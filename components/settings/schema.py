@@ -101,13 +101,18 @@ class RunSettings(_Block):
         return self
 
 
+# For one machine: any of three GPU models, whichever has spot capacity first.
+DEFAULT_INSTANCE_TYPES = ("g5.xlarge", "g6.xlarge", "g4dn.xlarge")
+
+
 class ComputeSettings(_Block):
     """The machines: types in order of preference, GPUs, count, spot, limits."""
 
     instance_types: list[str] = Field(
-        default_factory=lambda: ["g5.xlarge", "g6.xlarge", "g4dn.xlarge"],
+        default_factory=lambda: list(DEFAULT_INSTANCE_TYPES),
         min_length=1, max_length=20,
-        description="Machine types in order of preference (AWS instance types / GCE machine types).",
+        description="Machine types in order of preference (AWS instance types / GCE machine types); "
+                    "default: g5.xlarge, g6.xlarge, g4dn.xlarge, or g5.xlarge alone for several machines.",
     )
     gpus_per_node: int = Field(1, ge=1, le=16, description="GPUs on each machine; every type must have this many.")
     accelerator: str | None = Field(None, description="GCP N1 machines only: the GPU type, e.g. nvidia-tesla-t4.")
@@ -119,6 +124,18 @@ class ComputeSettings(_Block):
     image_id: str | None = Field(None, description="AMI id / GCE image; default: the cloud's GPU-ready deep learning image.")
     subnets: list[str] = Field(default_factory=list, description="AWS subnets to spread over; default: the default VPC's subnets.")
     zones: list[str] = Field(default_factory=list, description="Zones to spread over; default: every zone of the region (AWS: those the subnets cover); several machines use one.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_model_by_default(cls, data: Any) -> Any:
+        # The default types are three GPU models (A10G, L4, T4): fine for one machine, which
+        # takes whichever has capacity, but a cluster trains in lockstep on one model
+        # (common.check_one_gpu_model). Several machines without a list get the first alone.
+        if isinstance(data, dict) and not {"instanceTypes", "instance_types"} & set(data):
+            nodes = data.get("nodes", 1)
+            if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 1:
+                return {**data, "instanceTypes": list(DEFAULT_INSTANCE_TYPES[:1])}
+        return data
 
     @field_validator("instance_types")
     @classmethod

@@ -473,3 +473,11 @@ def test_every_known_machine_type_names_its_gpu_model(cloud):
     models = {t: catalog.gpu_model(cloud, t) for t in types}
     assert len(models) >= 19 and all(models.values()), [t for t, m in models.items() if not m]
     assert catalog.gpu_model("gcp", "n1-standard-8", "nvidia-tesla-t4") == "nvidia-tesla-t4"
+
+
+@pytest.mark.parametrize("nodes, expected", [(1, ["g5.xlarge", "g6.xlarge", "g4dn.xlarge"]), (3, ["g5.xlarge"])])
+def test_default_types_are_one_gpu_model_for_several_machines(nodes, expected):
+    # One machine takes whichever default model has capacity; a cluster trains in lockstep,
+    # so without a list it gets the first model alone instead of a refusal.
+    s = load_settings({"region": "us-east-1", "run": {"synthetic": True}, "compute": {"nodes": nodes}}, stack="t")
+    assert s.compute.instance_types == expected and s.compute.nodes == nodes
