@@ -74,10 +74,21 @@ docker_engine() {
   systemctl enable --now docker
 }
 
-cloud_cli() {
+# The CLI must do what the scripts ask of it: several machines seal their rendezvous with a
+# create-if-absent write (S3 If-None-Match, from August 2024; GCS if-generation-match), which
+# an older CLI refuses as an unknown option, and the cluster would never form. Asked of the
+# CLI's own model (a skeleton, or the help text), no call made.
+cli_check() {
+  local model
+  cloud_cli || die "no cloud CLI"
+  ((${TRAINSTACK_NODES:-1} > 1)) || return 0
   case "$TRAINSTACK_CLOUD" in
-    aws) command -v aws >/dev/null || { log "installing the AWS CLI"; retry 3 snap install aws-cli --classic; } ;;
-    gcp) command -v gcloud >/dev/null || { log "installing the gcloud CLI"; retry 3 snap install google-cloud-cli --classic; } ;;
+    aws) model="$(aws s3api put-object --generate-cli-skeleton 2>&1)" || true
+      grep -q '"IfNoneMatch"' <<<"$model" ||
+      fail "the AWS CLI on this image ($(aws --version 2>&1 | head -c 80)) has no put-object --if-none-match, which several machines need: use an image whose AWS CLI is from after August 2024" ;;
+    gcp) model="$(gcloud storage cp --help 2>&1)" || true
+      grep -q -- --if-generation-match <<<"$model" ||
+      fail "the gcloud CLI on this image ($(gcloud --version 2>&1 | head -n 1)) has no storage cp --if-generation-match, which several machines need: use a newer gcloud" ;;
   esac
 }
 
@@ -246,7 +257,7 @@ main() {
   local start=$SECONDS
   step gpu gpu
   step docker docker_engine
-  step cli cloud_cli
+  step cli cli_check
   step toolkit toolkit
   step data data_dir
   step image image

@@ -196,6 +196,24 @@ wait_for_cloud() {
   rm -f "$NOTICE_FILE" "$RUNTIME_DIR/notice-handled"
 }
 
+# The cloud's CLI comes before the first read of the run folder: an image without one could
+# not read the run, write FAILED or scale the group, and would shut down into a replacement
+# that does the same. When none can be had within TRAINSTACK_CLI_WAIT_S (snap's store not
+# answering), nothing can be told to the run or the group: the machine goes, and what it
+# was launched for costs that bound once per launch (the cloud's runtime cap ends launches).
+cli_first() {
+  local until=$(($(date +%s) + ${TRAINSTACK_CLI_WAIT_S:-300}))
+  until cloud_cli; do
+    if (($(date +%s) + 30 > until)); then
+      log "error: no $TRAINSTACK_CLOUD CLI on this image and none could be installed: the run cannot be read, marked or its group scaled; shutting down"
+      trap - EXIT
+      shutdown -h now
+      exit 0
+    fi
+    sleep 30
+  done
+}
+
 main() {
   load_env
   trap 'on_exit $?' EXIT
@@ -217,6 +235,7 @@ main() {
   FINISH_WAIT_S="${TRAINSTACK_FINISH_WAIT_S:-1800}"
   log "boot: run $RUN_URI, group $TRAINSTACK_GROUP, image $TRAINSTACK_IMAGE"
   rm -f "$RUNTIME_DIR/deadline-hit"
+  cli_first
   check_run_folder
   run_bootstrap
   # shellcheck source=/dev/null
