@@ -224,13 +224,30 @@ packages() {
   tmp="$(mktemp -d "$OPT_DIR/pip/.install.XXXXXX")"
   image
   log "installing the trainer's requirements (${more:-trainer only}) into $PIP_DIR"
+  retry 3 pip_install "$tmp" "$more" && { mv "$tmp" "$PIP_DIR"; return 0; }
+  rm -rf "$tmp"
+  # A verdict on the requirements (no such version, a conflict, a build that fails) fails
+  # the run. pip offline says "No matching distribution" too, after its connection
+  # warnings: any sign of the network (or no verdict at all) is retried by the supervisor.
+  if ! grep -qiE "retrying \(retry|connection(error| broken| reset| refused| aborted)|timeout|timed out|name resolution|not known|unreachable|HTTP error 5|IncompleteRead|ProxyError|SSLError|do not match the hashes" "$PIP_LOG" &&
+    grep -qE "ResolutionImpossible|No matching distribution|conflicting dependencies|Invalid requirement|subprocess-exited-with-error" "$PIP_LOG"; then
+    fail "pip refused the requirements (${more:+trainer, CUDA wheels and run.code}) in $TRAINSTACK_IMAGE: $(grep -m 2 '^ERROR' "$PIP_LOG" | tr '\n' ' ' | head -c 300)"
+  fi
+  die "pip could not install the requirements (retried later): $(grep -m 1 -iE 'error' "$PIP_LOG" | head -c 300)"
+}
+
+# pip_install DIR MORE: the requirements installed in the image into DIR; pip's output is
+# kept in $PIP_LOG (and shown) for the verdict above.
+pip_install() {
+  local rc=0
+  find "$1" -mindepth 1 -delete # what an earlier try left
   # shellcheck disable=SC2016 # $MORE_REQUIREMENTS expands inside the container's shell
-  retry 3 docker run --rm --network host -v "$CODE_DIR:/opt/trainstack/code:ro" -v "$tmp:/opt/trainstack/pip" \
-    -e "MORE_REQUIREMENTS=$more" "$TRAINSTACK_IMAGE" sh -c 'python -m pip freeze --all >/tmp/image.txt &&
+  docker run --rm --network host -v "$CODE_DIR:/opt/trainstack/code:ro" -v "$1:/opt/trainstack/pip" \
+    -e "MORE_REQUIREMENTS=$2" "$TRAINSTACK_IMAGE" sh -c 'python -m pip freeze --all >/tmp/image.txt &&
       python -m pip install -q --no-cache-dir --disable-pip-version-check --target /opt/trainstack/pip
-      -c /tmp/image.txt -r /opt/trainstack/code/trainer/requirements.txt $MORE_REQUIREMENTS' ||
-    fail "pip could not install the requirements (${more:+trainer, CUDA wheels and run.code}) into $TRAINSTACK_IMAGE"
-  mv "$tmp" "$PIP_DIR"
+      -c /tmp/image.txt -r /opt/trainstack/code/trainer/requirements.txt $MORE_REQUIREMENTS' >"$PIP_LOG" 2>&1 || rc=$?
+  tail -n 20 "$PIP_LOG" >&2
+  return "$rc"
 }
 
 image() {
@@ -253,6 +270,7 @@ main() {
   DRIVER_BRANCH="${TRAINSTACK_NVIDIA_DRIVER:-570-server}"
   # How long apt waits for another apt (the image's first-boot updates) to let go of dpkg.
   APT_LOCK_WAIT_S="${TRAINSTACK_APT_LOCK_WAIT_S:-600}"
+  PIP_LOG="$RUNTIME_DIR/pip.log"
   rm -f "$RUNTIME_DIR/failure-reason"
   local start=$SECONDS
   step gpu gpu

@@ -145,3 +145,79 @@ def test_a_cli_without_create_if_absent_fails_a_cluster_run_with_the_reason(mach
     reason = (box.root / "run/trainstack/failure-reason").read_text()
     flag = {"aws": "put-object --if-none-match", "gcp": "storage cp --if-generation-match"}[cloud]
     assert f"has no {flag}, which several machines need" in reason, reason
+
+
+# -- pip at boot ------------------------------------------------------------------------
+
+PIP_OFFLINE = """\
+WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after connection broken by \
+'NewConnectionError('<pip._vendor.urllib3.connection.HTTPSConnection object at 0x7f3a>: Failed to establish a new \
+connection: [Errno -3] Temporary failure in name resolution')': /simple/nvidia-cudnn-cu12/
+ERROR: Could not find a version that satisfies the requirement nvidia-cudnn-cu12==9.3.0.75 (from versions: none)
+ERROR: No matching distribution found for nvidia-cudnn-cu12==9.3.0.75
+"""
+PIP_CUT = """\
+ERROR: Exception:
+Traceback (most recent call last):
+pip._vendor.urllib3.exceptions.ReadTimeoutError: HTTPSConnectionPool(host='files.pythonhosted.org', port=443): \
+Read timed out.
+"""
+PIP_CONFLICT = """\
+ERROR: Cannot install -r /opt/trainstack/code/trainer/requirements.txt (line 1) and numpy==2.1.3 because these \
+package versions have conflicting dependencies.
+ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics/dependency-resolution/
+"""
+
+
+def _flaky_pip(box, output: str, failures: int) -> None:
+    """`docker run … pip install` fails `failures` times with `output`, then installs (fakes.py)."""
+    (box.state / "pip-output").write_text(output)
+    (box.state / "pip-failures").write_text(str(failures))
+    _wrap(box, "docker", 'case "$*" in *"pip install"*) n=$(cat "$FAKE_STATE/pip-failures")\n'
+                         '  if [ "$n" -gt 0 ]; then echo $((n - 1)) >"$FAKE_STATE/pip-failures"; '
+                         'cat "$FAKE_STATE/pip-output"; exit 1; fi;; esac')
+
+
+@pytest.fixture
+def code_with_requirements(s3_run) -> str:
+    from tests.userdata.cluster import upload_code
+    from tests.userdata.test_boot_faults import FAKE_TRAINER
+
+    return upload_code(s3_run, {"trainer/__init__.py": "", "trainer/__main__.py": FAKE_TRAINER,
+                                "trainer/requirements.txt": "tensorboard\n"})
+
+
+@pytest.mark.parametrize("output", [PIP_OFFLINE, PIP_CUT], ids=["index-unreachable", "download-cut"])
+def test_pip_failing_for_the_network_is_not_a_verdict(machines, s3_run, code_with_requirements, output):
+    box = machines(s3_run, "trainstack-x", code_with_requirements)
+    _flaky_pip(box, output, 3)
+    proc = _script(box, "bootstrap.sh")
+    assert proc.returncode != 0
+    assert not (box.root / "run/trainstack/failure-reason").exists(), proc.stderr
+    assert "pip could not install the requirements (retried later)" in proc.stderr
+    assert list((box.root / "opt/trainstack/pip").glob(".install.*")) == []  # no partial download kept
+    proc = _script(box, "bootstrap.sh")  # the supervisor's next try
+    assert proc.returncode == 0, proc.stderr
+    assert len(list((box.root / "opt/trainstack/pip").glob("*/INSTALLED_BY_FAKE_PIP"))) == 1
+
+
+def test_pip_refusing_the_requirements_fails_the_run_with_pips_words(machines, s3_run, code_with_requirements):
+    box = machines(s3_run, "trainstack-x", code_with_requirements)
+    _flaky_pip(box, PIP_CONFLICT, 100)
+    proc = _script(box, "bootstrap.sh")
+    assert proc.returncode != 0
+    reason = (box.root / "run/trainstack/failure-reason").read_text()
+    assert reason.startswith("pip refused the requirements") and "ResolutionImpossible" in reason, reason
+
+
+@pytest.mark.slow
+def test_a_network_blip_during_pip_at_boot_is_retried_and_the_run_goes_on(sandbox_factory, s3_run, group,
+                                                                          code_with_requirements):
+    box = sandbox_factory(code_uri=code_with_requirements)
+    box.env["FAKE_TRAINER"] = "cancel"
+    _flaky_pip(box, PIP_OFFLINE, 3)
+    assert box.boot(watcher=False).wait(timeout=180) == 0, box.journal()
+    assert "bootstrap failed for a passing reason (1 so far)" in box.journal()
+    objects = s3_keys(s3_run)
+    assert layout.CANCELLED in objects and layout.FAILED not in objects
+    assert group_size(s3_run, group) == (0, 0, 0)
