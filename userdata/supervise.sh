@@ -201,6 +201,21 @@ wait_for_cloud() {
 # that does the same. When none can be had within TRAINSTACK_CLI_WAIT_S (snap's store not
 # answering), nothing can be told to the run or the group: the machine goes, and what it
 # was launched for costs that bound once per launch (the cloud's runtime cap ends launches).
+# A driver upgraded under the running machine (its libraries no longer match the loaded
+# module) fails every later container until a reboot: not the trainer's failure. Reboot,
+# once per machine; a mismatch that outlives it fails bootstrap's driver check (FAILED).
+reboot_on_driver_mismatch() {
+  local out
+  out="$(nvidia-smi -L 2>&1)" && return 0
+  grep -qi "version mismatch" <<<"$out" || return 0
+  [[ ! -e "$STATE_DIR/driver-rebooted" ]] || finish "$FAILED" "the NVIDIA driver still fails after a reboot: $out"
+  touch "$STATE_DIR/driver-rebooted"
+  log "NVIDIA driver: $(tr '\n' ' ' <<<"$out"): rebooting once to load the updated driver"
+  shutdown -r now || finish "$FAILED" "cannot reboot for the NVIDIA driver's update"
+  trap - EXIT
+  exit 0
+}
+
 cli_first() {
   local until=$(($(date +%s) + ${TRAINSTACK_CLI_WAIT_S:-300}))
   until cloud_cli; do
@@ -272,6 +287,7 @@ main() {
     # COMPLETE or CANCELLED (asked to stop), or another machine's FAILED / TIMED_OUT.
     marker="$(end_marker)" || marker=""
     [[ -z "$marker" ]] || finish "$marker"
+    ((rc == EXIT_OK || rc == EXIT_PREEMPTED)) || reboot_on_driver_mismatch
     if ((rc == EXIT_OK)); then
       if ((${TRAINSTACK_NODES:-1} > 1)) && marker="$(wait_for_end_marker)"; then
         finish "$marker"
