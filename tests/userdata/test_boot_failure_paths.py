@@ -238,6 +238,7 @@ def test_bootstrap_keeps_unattended_upgrades_off_the_nvidia_driver(machines, s3_
     box = machines(s3_run, "trainstack-x", "")
     assert _script(box, "bootstrap.sh").returncode == 0
     dropin = box.root / "etc/apt/apt.conf.d/51trainstack-hold-nvidia"
+    assert dropin.is_file()
     dump = subprocess.run(["apt-config", "-c", str(dropin), "dump", "Unattended-Upgrade::Package-Blacklist"],
                           capture_output=True, text=True, check=True, timeout=30).stdout
     patterns = re.findall(r'^Unattended-Upgrade::Package-Blacklist:: "(.*)";$', dump, re.M)
