@@ -5,8 +5,9 @@
 # (JSON: outcome, reason, instance, time, step, attempts) unless the run already has an
 # end marker. Then: a `finish` event in this machine's own event object, this machine's
 # logs to <run>/logs/<instance>/, the stack's group scaled to zero (idempotent: any node
-# may do it) and the machine shut down. Each step is tried even when an earlier one
-# failed: a machine that stays up is the costliest outcome.
+# may do it; a failing call is retried for a bound, see scale_down) and the machine shut
+# down. Each step is tried even when an earlier one failed: a machine that stays up is the
+# costliest outcome.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh

@@ -8,8 +8,9 @@
 # this run) is FAILED at once, exit 77 (another machine's trainer holds the run's lease) is
 # tried again, waiting for the other machines (rendezvous.sh) or stopping with
 # them after a peer's notice is no failure, anything else restarts with backoff until
-# TRAINSTACK_MAX_FAILURES failures in a row without progress mark it FAILED. Every ending goes through
-# finish.sh, which scales the group to zero and shuts down.
+# TRAINSTACK_MAX_FAILURES failures in a row without progress mark it FAILED (a driver upgraded
+# under the machine reboots it once instead). Every ending goes through finish.sh, which
+# scales the group to zero and shuts down.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
