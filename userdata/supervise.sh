@@ -197,11 +197,6 @@ wait_for_cloud() {
   rm -f "$NOTICE_FILE" "$RUNTIME_DIR/notice-handled"
 }
 
-# The cloud's CLI comes before the first read of the run folder: an image without one could
-# not read the run, write FAILED or scale the group, and would shut down into a replacement
-# that does the same. When none can be had within TRAINSTACK_CLI_WAIT_S (snap's store not
-# answering), nothing can be told to the run or the group: the machine goes, and what it
-# was launched for costs that bound once per launch (the cloud's runtime cap ends launches).
 # A driver upgraded under the running machine (its libraries no longer match the loaded
 # module) fails every later container until a reboot: not the trainer's failure. Reboot,
 # once per machine; a mismatch that outlives it fails bootstrap's driver check (FAILED).
@@ -217,6 +212,11 @@ reboot_on_driver_mismatch() {
   exit 0
 }
 
+# The cloud's CLI comes before the first read of the run folder: an image without one could
+# not read the run, write FAILED or scale the group, and would shut down into a replacement
+# that does the same. When none can be had within TRAINSTACK_CLI_WAIT_S (snap's store not
+# answering), nothing can be told to the run or the group: the machine goes, and what it
+# was launched for costs that bound once per launch (the cloud's runtime cap ends launches).
 cli_first() {
   local until=$(($(date +%s) + ${TRAINSTACK_CLI_WAIT_S:-300}))
   until cloud_cli; do
