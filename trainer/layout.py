@@ -112,6 +112,8 @@ LEASE_LOST = "lease_lost"
 SPOT_NOTICE = "spot_notice"
 REBALANCE = "rebalance"
 MACHINE_FINISH = "finish"
+# finish.sh could not scale the group to zero (with the CLI's error): the group will relaunch a machine.
+MACHINE_SCALE_FAILED = "scale_failed"
 
 # The fields each event carries besides EVENT, TIME and ATTEMPT (required ones).
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {

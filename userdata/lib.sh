@@ -44,6 +44,7 @@ FAILED_EVENT="failed"
 SPOT_NOTICE="spot_notice"
 REBALANCE="rebalance"
 MACHINE_FINISH="finish"
+MACHINE_SCALE_FAILED="scale_failed"
 # The trainer's exit codes.
 EXIT_OK=0
 EXIT_FAILED=1
@@ -85,6 +86,18 @@ load_env() {
     *) die "TRAINSTACK_CLOUD must be aws or gcp, not '$TRAINSTACK_CLOUD'" ;;
   esac
   GRACE_S="${TRAINSTACK_NOTICE_GRACE_S:-$DEFAULT_GRACE}"
+  # A CLI installed from snap lives in /snap/bin, which systemd's PATH for units lacks.
+  [[ ":$PATH:" == *:/snap/bin:* ]] || PATH="$PATH:/snap/bin"
+}
+
+# cloud_cli: the cloud's CLI, from snap when the image has none. Every call to the bucket
+# and the group goes through it, the run folder's first read included.
+cloud_cli() {
+  local cli=aws snap=aws-cli
+  [[ "$TRAINSTACK_CLOUD" == aws ]] || { cli=gcloud; snap=google-cloud-cli; }
+  command -v "$cli" >/dev/null && return 0
+  log "no $cli on this image: installing $snap from snap"
+  retry 3 snap install "$snap" --classic && command -v "$cli" >/dev/null
 }
 
 # retry ATTEMPTS CMD...: runs CMD until it succeeds, doubling the pause each time.

@@ -8,8 +8,9 @@
 # this run) is FAILED at once, exit 77 (another machine's trainer holds the run's lease) is
 # tried again, waiting for the other machines (rendezvous.sh) or stopping with
 # them after a peer's notice is no failure, anything else restarts with backoff until
-# TRAINSTACK_MAX_FAILURES failures in a row without progress mark it FAILED. Every ending goes through
-# finish.sh, which scales the group to zero and shuts down.
+# TRAINSTACK_MAX_FAILURES failures in a row without progress mark it FAILED (a driver upgraded
+# under the machine reboots it once instead). Every ending goes through finish.sh, which
+# scales the group to zero and shuts down.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -196,6 +197,39 @@ wait_for_cloud() {
   rm -f "$NOTICE_FILE" "$RUNTIME_DIR/notice-handled"
 }
 
+# A driver upgraded under the running machine (its libraries no longer match the loaded
+# module) fails every later container until a reboot: not the trainer's failure. Reboot,
+# once per machine; a mismatch that outlives it fails bootstrap's driver check (FAILED).
+reboot_on_driver_mismatch() {
+  local out
+  out="$(nvidia-smi -L 2>&1)" && return 0
+  grep -qi "version mismatch" <<<"$out" || return 0
+  [[ ! -e "$STATE_DIR/driver-rebooted" ]] || finish "$FAILED" "the NVIDIA driver still fails after a reboot: $out"
+  touch "$STATE_DIR/driver-rebooted"
+  log "NVIDIA driver: $(tr '\n' ' ' <<<"$out"): rebooting once to load the updated driver"
+  shutdown -r now || finish "$FAILED" "cannot reboot for the NVIDIA driver's update"
+  trap - EXIT
+  exit 0
+}
+
+# The cloud's CLI comes before the first read of the run folder: an image without one could
+# not read the run, write FAILED or scale the group, and would shut down into a replacement
+# that does the same. When none can be had within TRAINSTACK_CLI_WAIT_S (snap's store not
+# answering), nothing can be told to the run or the group: the machine goes, and what it
+# was launched for costs that bound once per launch (the cloud's runtime cap ends launches).
+cli_first() {
+  local until=$(($(date +%s) + ${TRAINSTACK_CLI_WAIT_S:-300}))
+  until cloud_cli; do
+    if (($(date +%s) + 30 > until)); then
+      log "error: no $TRAINSTACK_CLOUD CLI on this image and none could be installed: the run cannot be read, marked or its group scaled; shutting down"
+      trap - EXIT
+      shutdown -h now
+      exit 0
+    fi
+    sleep 30
+  done
+}
+
 main() {
   load_env
   trap 'on_exit $?' EXIT
@@ -217,6 +251,7 @@ main() {
   FINISH_WAIT_S="${TRAINSTACK_FINISH_WAIT_S:-1800}"
   log "boot: run $RUN_URI, group $TRAINSTACK_GROUP, image $TRAINSTACK_IMAGE"
   rm -f "$RUNTIME_DIR/deadline-hit"
+  cli_first
   check_run_folder
   run_bootstrap
   # shellcheck source=/dev/null
@@ -253,6 +288,7 @@ main() {
     # COMPLETE or CANCELLED (asked to stop), or another machine's FAILED / TIMED_OUT.
     marker="$(end_marker)" || marker=""
     [[ -z "$marker" ]] || finish "$marker"
+    ((rc == EXIT_OK || rc == EXIT_PREEMPTED)) || reboot_on_driver_mismatch
     if ((rc == EXIT_OK)); then
       if ((${TRAINSTACK_NODES:-1} > 1)) && marker="$(wait_for_end_marker)"; then
         finish "$marker"

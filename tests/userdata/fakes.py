@@ -115,6 +115,20 @@ def aws(argv: list[str]) -> int:
     if service == "autoscaling" and op == "update-auto-scaling-group":
         import boto3
 
+        # `$FAKE_STATE/scale-failures`: how many more calls fail ("always": every one), with the
+        # CLI's words for the error in `$FAKE_STATE/scale-error` (AccessDenied when absent).
+        failures = STATE / "scale-failures"
+        left = failures.read_text().strip() if failures.exists() else "0"
+        if left == "always" or int(left) > 0:
+            if left != "always":
+                failures.write_text(str(int(left) - 1))
+            error = STATE / "scale-error"
+            print(error.read_text() if error.exists() else
+                  "\nAn error occurred (AccessDenied) when calling the UpdateAutoScalingGroup operation: User: "
+                  "arn:aws:sts::123456789012:assumed-role/trainstack-machine/i-0 is not authorized to perform: "
+                  "autoscaling:UpdateAutoScalingGroup", file=sys.stderr)
+            return 254
+
         opts = dict(zip(rest[::2], rest[1::2], strict=True))
         boto3.client("autoscaling", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name=region).update_auto_scaling_group(
             AutoScalingGroupName=opts["--auto-scaling-group-name"],
@@ -158,8 +172,11 @@ def _s3api_put_object(rest: list[str]) -> int:
     error (412 PreconditionFailed) with exit 254. moto_server checks the condition."""
     import botocore.session
 
-    opts = dict(zip(rest[::2], rest[1::2], strict=True))
     members = botocore.session.get_session().get_service_model("s3").operation_model("PutObject").input_shape.members
+    if rest == ["--generate-cli-skeleton"]:  # the input's every member, as the CLI prints it (no call)
+        print(json.dumps(dict.fromkeys(members, ""), indent=4))
+        return 0
+    opts = dict(zip(rest[::2], rest[1::2], strict=True))
     params = {}
     for flag, value in opts.items():
         name = "".join(part.capitalize() for part in flag.removeprefix("--").split("-"))
@@ -191,6 +208,10 @@ def gcloud(argv: list[str]) -> int:
     args = [a for a in argv if a != "--quiet"]
     if args[:2] == ["auth", "print-access-token"]:
         print("ya29.token-from-the-service-account")
+        return 0
+    if args[:3] == ["storage", "cp", "--help"]:  # the flags the boot scripts look for, as gcloud's help has them
+        print("NAME\n    gcloud storage cp - upload, download, and copy Cloud Storage objects\n"
+              "FLAGS\n     --if-generation-match=GENERATION\n     --recursive, -R, -r")
         return 0
     if args[0] != "storage":
         return 0  # compute instance-groups managed resize: recorded, no GCE emulator here
