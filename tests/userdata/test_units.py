@@ -61,3 +61,21 @@ def test_verify_reports_a_key_in_the_wrong_section(machine_root, tmp_path):
     assert "Unknown key 'StartLimitIntervalSec' in section [Service]" in proc.stdout + proc.stderr
     unit_section = good.split("\n[Service]\n")[0]
     assert "\nStartLimitIntervalSec=" in unit_section and "\nStartLimitBurst=" in unit_section
+
+
+def test_the_trainer_unit_powers_off_past_its_start_limit_instead_of_idling(machine_root):
+    # A supervisor that keeps crashing outside finish.sh must not leave a paid machine
+    # idle until the runtime cap: systemd powers it off once the start limit is hit.
+    name, path = next((n, p) for n, p in UNITS if n == "trainstack-trainer.service")
+    text = (machine_root / path.lstrip("/")).read_text()
+    unit = {}
+    section = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("[") and line.endswith("]"):
+            section = line
+        elif "=" in line and not line.startswith("#"):
+            k, v = line.split("=", 1)
+            unit[(section, k)] = v
+    assert unit[("[Unit]", "StartLimitAction")] == "poweroff"
+    assert int(unit[("[Unit]", "StartLimitBurst")]) >= 1 and unit[("[Service]", "Restart")] == "on-failure"
