@@ -98,6 +98,8 @@ LEASE_LOST = "lease_lost"
 SPOT_NOTICE = "spot_notice"
 REBALANCE = "rebalance"
 MACHINE_FINISH = "finish"
+# A machine of several has waited long for the others (generation, came, nodes, since, until).
+WAITING_FOR_MACHINES = "waiting_for_machines"
 
 # The fields each event carries besides EVENT, TIME and ATTEMPT (required ones).
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
