@@ -114,6 +114,8 @@ REBALANCE = "rebalance"
 MACHINE_FINISH = "finish"
 # finish.sh could not scale the group to zero (with the CLI's error): the group will relaunch a machine.
 MACHINE_SCALE_FAILED = "scale_failed"
+# A machine of several has waited long for the others (generation, came, nodes, since, until).
+WAITING_FOR_MACHINES = "waiting_for_machines"
 
 # The fields each event carries besides EVENT, TIME and ATTEMPT (required ones).
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {

@@ -45,6 +45,7 @@ SPOT_NOTICE="spot_notice"
 REBALANCE="rebalance"
 MACHINE_FINISH="finish"
 MACHINE_SCALE_FAILED="scale_failed"
+WAITING_FOR_MACHINES="waiting_for_machines"
 # The trainer's exit codes.
 EXIT_OK=0
 EXIT_FAILED=1
@@ -198,7 +199,7 @@ store_cat_all() {
 # store_create URI: writes stdin to URI only when no object is there (S3 If-None-Match: *,
 # GCS if-generation-match=0), atomically: of several machines creating one name at once,
 # one succeeds. 0: created; 1: the object exists (or another create of it is under way);
-# 2: any other error (logged).
+# 2: any other error (logged, and kept in STORE_ERROR for the caller's reason).
 store_create() {
   local tmp err rc=0 bucket key
   tmp="$(mktemp)"
@@ -221,7 +222,8 @@ store_create() {
     if grep -qE "PreconditionFailed|ConditionalRequestConflict|412|did not hold" "$err"; then
       rc=1
     else
-      log "creating $1 failed: $(head -c 300 "$err")"
+      STORE_ERROR="$(tr -s '\n' ' ' <"$err" | head -c 300)"
+      log "creating $1 failed: $STORE_ERROR"
       rc=2
     fi
   fi

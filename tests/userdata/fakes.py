@@ -5,7 +5,8 @@ so tests can assert which commands ran, in what order and with which arguments.
 
 - `aws`: the subset of the AWS CLI the boot scripts use (`s3 cp/ls`, `autoscaling
   update-auto-scaling-group`, `ecr get-login-password`), done with boto3 against
-  `AWS_ENDPOINT_URL` (moto_server). The real AWS CLI v1 cannot be installed beside the
+  `AWS_ENDPOINT_URL` (moto_server). `$FAKE_STATE/s3-outage-until` makes the bucket not answer
+  until that time (`s3-outage-only`: only for calls naming that text); `FAKE_AWS_NO_CONDITIONAL_WRITES=1` is a CLI without `--if-none-match`. The real AWS CLI v1 cannot be installed beside the
   project's botocore pin (every awscli release pins its own botocore).
 - `docker`: `run` executes the container's command on the host (the code and pip mounts
   mapped to host paths, `--env-file` read the way docker reads it: values literal), keeps
@@ -60,6 +61,13 @@ def aws(argv: list[str]) -> int:
         region = args[i + 1]
         del args[i : i + 2]
     service, op, rest = args[0], args[1], args[2:]
+    outage, only = STATE / "s3-outage-until", STATE / "s3-outage-only"
+    if (service in ("s3", "s3api") and outage.exists() and time.time() < float(outage.read_text())
+            and (not only.exists() or any(only.read_text() in a for a in args))):
+        # `$FAKE_STATE/s3-outage-until` (epoch seconds): the bucket does not answer until then
+        # (only for calls naming `$FAKE_STATE/s3-outage-only`, when that is there).
+        print(f'\nCould not connect to the endpoint URL: "{os.environ["AWS_ENDPOINT_URL"]}/"', file=sys.stderr)
+        return 255
     if service == "s3" and op == "cp":
         recursive = "--recursive" in rest
         src, dst = [a for a in rest if a != "--recursive"]
@@ -177,6 +185,11 @@ def _s3api_put_object(rest: list[str]) -> int:
         print(json.dumps(dict.fromkeys(members, ""), indent=4))
         return 0
     opts = dict(zip(rest[::2], rest[1::2], strict=True))
+    if os.environ.get("FAKE_AWS_NO_CONDITIONAL_WRITES") == "1" and "--if-none-match" in opts:
+        # A CLI older than S3's conditional writes (an image's own old awscli).
+        print("\nusage: aws [options] <command> <subcommand> [<subcommand> ...] [parameters]\n"
+              "aws: error: Unknown options: --if-none-match, *", file=sys.stderr)
+        return 252
     params = {}
     for flag, value in opts.items():
         name = "".join(part.capitalize() for part in flag.removeprefix("--").split("-"))

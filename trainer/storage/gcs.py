@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 from trainer import layout
 from trainer.storage import retry
-from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed
+from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed, WriteConflict
 from trainer.storage.keys import CancellableReader, Cancelled
 
 # Files this large go up as parallel parts composed into one object (see _put_parallel).
@@ -122,6 +122,7 @@ class GCSStore(ObjectStore):
         raise RuntimeError(f"{self.uri}/{key} changed on every read (5 times); try again")
 
     def _put_bytes_if(self, key: str, data: bytes, version: str | None) -> str:
+        from google.api_core.exceptions import Conflict as GConflict
         from google.api_core.exceptions import NotFound as GNotFound
         from google.api_core.exceptions import PreconditionFailed as GPreconditionFailed
 
@@ -130,6 +131,10 @@ class GCSStore(ObjectStore):
         try:
             blob.upload_from_string(data, if_generation_match=expected, timeout=self._timeout,
                                     retry=self._retry("put", key))
+        except GConflict as e:
+            # 409: a concurrent change to the object ("edited during the operation, please try
+            # again"); the client's retry policy does not retry it. Decided nothing: read again.
+            raise WriteConflict(f"{self.uri}/{key}: 409 (another write to it was in flight)") from e
         except (GPreconditionFailed, GNotFound) as e:
             raise PreconditionFailed(f"{self.uri}/{key}: {'exists' if version is None else 'changed since generation ' + version}") from e
         return str(blob.generation)

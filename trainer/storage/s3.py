@@ -6,7 +6,7 @@ from urllib.parse import urlencode
 
 from trainer import layout
 from trainer.storage import retry
-from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed
+from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed, WriteConflict
 from trainer.storage.keys import Cancelled
 from trainer.storage.retry import is_transient, is_transient_answer
 
@@ -131,10 +131,13 @@ class S3Store(ObjectStore):
         except bx.ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
             status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            # 412: the ETag differs, or the object exists (create-only). 409
-            # ConditionalRequestConflict: another conditional write to the key is in flight.
-            # 404: If-Match on an object that is gone. Each means "read again".
-            if status in (404, 409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey"):
+            # 409 ConditionalRequestConflict: another write to the key was in flight and S3
+            # decided nothing about this one; it says to read again and retry. Not a refusal.
+            if status == 409 or code == "ConditionalRequestConflict":
+                raise WriteConflict(f"{self.uri}/{key}: {code or status} (another write to it was in flight)") from e
+            # 412: the ETag differs, or the object exists (create-only). 404: If-Match on an
+            # object that is gone. Each is a refusal: "read again".
+            if status in (404, 412) or code in ("PreconditionFailed", "NoSuchKey"):
                 raise PreconditionFailed(f"{self.uri}/{key}: {code or status} "
                                          f"({'exists' if version is None else 'changed since ' + version})") from e
             raise
