@@ -138,6 +138,24 @@ def test_bootstrap_failing_for_a_passing_reason_is_bounded_by_the_deadline(sandb
     assert [a for a in box.argvs("docker") if a[0] == "run"] == []
 
 
+@pytest.mark.slow
+def test_bootstrap_failing_for_a_passing_reason_ends_after_its_own_bound_long_before_the_deadline(
+        sandbox_factory, s3_run, group):
+    # A paid machine that is not training may not retry until a 24 h deadline: the setup
+    # wait has its own bound, and the run ends FAILED with why.
+    box = sandbox_factory(toolkit=False, env_overrides={"TRAINSTACK_MAX_RUNTIME_S": "86400"})
+    box.env["TRAINSTACK_BOOTSTRAP_BACKOFF_S"] = "1"
+    box.env["TRAINSTACK_BOOTSTRAP_WAIT_S"] = "4"
+    (box.state / "apt-network-failures").write_text("100000")
+    assert box.boot(watcher=False).wait(timeout=120) == 0, box.journal()
+    objects = s3_keys(s3_run)
+    assert layout.TIMED_OUT not in objects
+    marker = json.loads(objects[layout.FAILED])
+    assert marker["reason"].startswith("could not set up the machine in 4s (bootstrap failed ")
+    assert group_size(s3_run, group) == (0, 0, 0) and box.argvs("shutdown") == [["-h", "now"]]
+    assert [a for a in box.argvs("docker") if a[0] == "run"] == []
+
+
 # -- what the trainer says ---------------------------------------------------------------
 
 FAKE_TRAINER = '''\
