@@ -234,3 +234,22 @@ def test_failures_count_in_a_row_only_without_progress(sandbox_factory, s3_run, 
     marker = json.loads(s3_keys(s3_run)[layout.FAILED])
     assert marker[layout.MARKER_REASON] == "the trainer failed 2 times in a row (last exit 1)"
 
+
+
+@pytest.mark.slow
+def test_a_notice_the_cloud_does_not_act_on_waits_its_bound_then_training_resumes(
+        sandbox_factory, s3_run, group, fake_trainer_uri):
+    # GCE live maintenance, or a notice whose machine the cloud keeps: the stopped machine
+    # waits for the cloud a bounded time, then trains again instead of idling, paid.
+    box = sandbox_factory(code_uri=fake_trainer_uri)
+    box.env.update(FAKE_TRAINER="cancel", TRAINSTACK_NOTICE_WAIT_S="2")
+    (box.root / "run/trainstack").mkdir(parents=True, exist_ok=True)
+    (box.root / "run/trainstack/notice-pending").write_text("")
+    assert box.boot(watcher=False).wait(timeout=120) == 0, box.journal()
+    journal = box.journal()
+    waited, resumed = journal.find("waiting for the cloud to take the machine back"), journal.find(
+        "still here 2s after the notice: resuming training")
+    assert 0 <= waited < resumed, journal
+    assert layout.CANCELLED in s3_keys(s3_run)  # the trainer ran after the wait and ended the run
+    assert len([a for a in box.argvs("docker") if a[0] == "run" and a[-3:] == ["python", "-m", "trainer"]]) == 1
+    assert group_size(s3_run, group) == (0, 0, 0)
