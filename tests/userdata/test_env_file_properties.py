@@ -21,6 +21,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from components.settings import ConfigError
 from components.userdata import USERDATA_DIR, boot_env, render_env
 from tests.userdata.conftest import settings_for
 from trainer.config import load_config
@@ -92,12 +93,22 @@ def test_any_rendered_value_reaches_the_trainer_unchanged(value):
     assert cfg.run_uri == "s3://trainstack-test/runs/r" and cfg.synthetic
 
 
+FREE_TEXT_FLAGS = st.sampled_from(["--price-note", "--work-dir"]).flatmap(lambda f: VALUES.map(lambda v: f"{f}={v}"))
+
+
 @given(st.lists(st.sampled_from(["--price-note=spot estimate", "--work-dir=/data/my work", "--learning-rate=0.01",
-                                 "--price-note=it's", "--seed=7", "--price-note=$HOME"]), min_size=1, max_size=3))
+                                 "--price-note=it's", "--seed=7", "--price-note=$HOME"]) | FREE_TEXT_FLAGS,
+                min_size=1, max_size=3))
+@example(["--price-note=two\nlines"])
 def test_extra_args_with_spaces_and_quotes_reach_the_trainer_as_given(args):
     """run.extraArgs travel shell-quoted in one variable (TRAINSTACK_EXTRA_ARGS): the quoting must
-    survive the env file, and the trainer must split them back into the same flags."""
-    settings = settings_for("aws", extraArgs=list(args))
+    survive the env file, and the trainer must split them back into the same flags. What cannot
+    travel is refused by the stack's config, before anything is created."""
+    try:
+        settings = settings_for("aws", extraArgs=list(args))
+    except ConfigError as e:
+        assert e.key.startswith("run.extraArgs") and any(c in "".join(args) for c in "\n\r\x00"), e
+        return
     env = boot_env(settings, run_uri="s3://trainstack-test/runs/r", group="trainstack-sandbox-gpu", code_uri="")
     with tempfile.TemporaryDirectory() as tmp:
         container = through_the_machine(env, Path(tmp))
