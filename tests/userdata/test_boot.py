@@ -88,7 +88,10 @@ def test_spot_notice_stops_with_grace_then_second_boot_resumes_installing_nothin
     metadata.notice_aws()
     wait_for(lambda: "spot_notice" in [e["event"] for e in machine_events(s3_run)], 60, "the spot_notice event")
     wait_for(lambda: "exited with 143" in box.journal(), 90, "the trainer's exit 143")
-    time.sleep(1.0)  # the supervisor now waits for the cloud: it must do nothing more
+    # The supervisor says so just before its wait for the cloud (600 s here): from that line on it
+    # must do nothing more, so what it did by then is all it does.
+    wait_for(lambda: "waiting for the cloud to take the machine back" in box.journal(), 60,
+             "the supervisor's wait for the cloud")
     assert supervisor.poll() is None
     assert box.argvs("docker").count(["stop", "--time", "100", "trainstack-trainer"]) == 1
     assert box.calls("docker-sigkill") == []
