@@ -25,11 +25,11 @@ from pathlib import Path
 import pulumi
 import pulumi_docker_build as docker_build
 
+from components import project
+from components.project import TRAINER_DIR
 from trainer import layout
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-TRAINER_DIR = PROJECT_ROOT / "trainer"
-BUILD_DIR = PROJECT_ROOT / "build" / "code"
+BUILD_DIR = project.BUILD_DIR / "code"
 _FIXED_MTIME = 946684800  # 2000-01-01: any constant works; a real date keeps tar tools quiet
 
 
@@ -91,7 +91,7 @@ def write_archive(data: bytes, build_dir: Path = BUILD_DIR) -> Path:
     return path
 
 
-IMAGE_CONTEXT_DIR = PROJECT_ROOT / "build" / "image"
+IMAGE_CONTEXT_DIR = project.BUILD_DIR / "image"
 
 
 def content_tag(data: bytes, base_image: str) -> str:
@@ -176,7 +176,7 @@ def pushed_image(
 
 def user_code_dir(settings) -> str | None:
     """The absolute path of the stack's run.code folder (checked by the settings), or None."""
-    return str((PROJECT_ROOT / settings.run.code).resolve()) if settings.run.code else None
+    return str((project.ROOT / settings.run.code).resolve()) if settings.run.code else None
 
 
 def _path(folder: str | None) -> Path | None:

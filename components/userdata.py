@@ -12,12 +12,12 @@ import base64
 import gzip
 import shlex
 from collections.abc import Mapping
-from pathlib import Path
 
 import pulumi
 import yaml
 
-USERDATA_DIR = Path(__file__).resolve().parent.parent / "userdata"
+from components.project import USERDATA_DIR
+
 ENV_FILE = "/etc/trainstack/env"
 # Where the user's folder (run.code) is on the machines, inside the code archive or the
 # built image: /opt/trainstack/code is the trainer's working folder in the container.

@@ -9,6 +9,8 @@ import difflib
 import re
 import sys
 
+from ops.cli import EXIT_ERROR
+
 
 class OpsParser(argparse.ArgumentParser):
     """argparse with one-line errors that point to the nearest command or flag and to --help."""
@@ -20,7 +22,7 @@ class OpsParser(argparse.ArgumentParser):
             near = difflib.get_close_matches(m.group(1), commands, n=1)
             message = f"unknown command {m.group(1)!r}" + (f" (did you mean {near[0]}?)" if near else "") + \
                 f"; commands: {', '.join(commands)}"
-        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}; see {self.prog} --help\n")
 
     def unknown_options(self, extra: list[str]) -> None:
         """Refuse arguments this command does not take, naming the nearest flag of each."""

@@ -21,7 +21,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from components.project import ROOT
+
 PULUMI_TIMEOUT_S = 120
 GCLOUD_TIMEOUT_S = 120
 ASG_TAG = "aws:autoscaling:groupName"
@@ -53,7 +54,7 @@ class Host:
         return ip
 
 
-def stack_outputs(stack: str, *, cwd: Path | str = PROJECT_ROOT) -> dict:
+def stack_outputs(stack: str, *, cwd: Path | str = ROOT) -> dict:
     """The stack's outputs from ``pulumi stack output --json --stack STACK`` (run in the project folder)."""
     exe = shutil.which("pulumi")
     if exe is None:

@@ -20,7 +20,6 @@ import runpy
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -32,19 +31,17 @@ from pulumi.runtime.stack import run_in_stack
 from pulumi.runtime.sync_await import _ensure_event_loop
 
 from components import userdata
+from components.project import PROGRAM, PULUMI_YAML, ROOT
 from ops.fakes import Mocks, jsonable, urn_name
 from ops.fakes.aws import LAUNCH_TEMPLATE
 from ops.fakes.gcp import INSTANCE_TEMPLATE
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-PROGRAM = PROJECT_ROOT / "__main__.py"
 
 log = logging.getLogger("ops.synth")
 
 
 def project_name() -> str:
     """The project's name from Pulumi.yaml (what `pulumi.get_project()` returns)."""
-    doc = yaml.safe_load((PROJECT_ROOT / "Pulumi.yaml").read_text()) or {}
+    doc = yaml.safe_load(PULUMI_YAML.read_text()) or {}
     return str(doc.get("name") or "trainstack")
 
 
@@ -163,7 +160,7 @@ def install_mock_runtime(monitor: _Monitor, sdk_config: Mapping[str, str], *, pr
             stack=stack,
             dry_run=False,
             organization="organization",
-            root_directory=str(PROJECT_ROOT),
+            root_directory=str(ROOT),
             callbacks=None,
         )
     )
@@ -175,8 +172,8 @@ def run_program(sdk_config: Mapping[str, str], *, stack: str, region: str, gcp_p
     `ops.synth.synthesize` is the usual entry; this one also shows what the program itself does
     with a config that is wrong. Fake lookups answer for `region`.
     """
-    if str(PROJECT_ROOT) not in sys.path:
-        sys.path.insert(0, str(PROJECT_ROOT))
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     # The SDK keeps its settings, config and root stack in context variables: a copied
     # context gives this run its own and leaves the caller's untouched.
     ctx = contextvars.copy_context()

@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from components import settings as config
-
-STACKS_DIR = Path(__file__).resolve().parents[1] / "stacks"
+from components.project import STACKS_DIR
+from ops.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 
 # EC2 vCPU quotas by instance family (Service Quotas, service code "ec2"): the quota
 # name, its code for spot requests and for running on-demand instances.
@@ -636,20 +636,20 @@ def cmd_preflight(args: argparse.Namespace, *, aws_session: Any = None, gcp_api:
     stack_file = Path(args.stacks_dir) / f"Pulumi.{args.stack}.yaml"
     if not stack_file.is_file():
         print(f"ops preflight: no stack file {stack_file}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     try:
         settings = config.load_settings(config.raw_from_config(config.read_stack_file(stack_file)), stack=args.stack)
     except config.ConfigError as e:
         print(str(e), file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     problems = check(settings, aws_session=aws_session, gcp_api=gcp_api)
     for p in problems:
         print(p.line())
     if problems:
         print(f"preflight {args.stack}: {len(problems)} problem(s); `pulumi up` would not start a machine as asked")
-        return 1
+        return EXIT_FAILED
     print(f"preflight {args.stack}: ok ({settings.cloud}, {settings.region})")
-    return 0
+    return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -30,7 +30,7 @@ from typing import BinaryIO
 
 import paramiko
 
-from ops.status import non_negative_int
+from ops.cli import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, non_negative_int, port_type, run_uri
 
 CONNECT_TIMEOUT_S = 15
 KEEPALIVE_S = 30
@@ -338,20 +338,19 @@ def _targets(args: argparse.Namespace) -> list[Target]:
 
 
 def _logs_from_bucket(args: argparse.Namespace) -> int:
-    from ops import hosts
     from trainer import layout
     from trainer.storage import open_store
 
     if args.host:
         print("ops logs: --from-bucket reads the run's bucket: give --stack or --run-uri, not --host", file=sys.stderr)
-        return 2
-    uri = args.run_uri or hosts.run_uri_for_stack(args.stack)
+        return EXIT_ERROR
+    uri = run_uri(args)
     store = open_store(uri)
     keys = sorted(k for k in store.list(layout.LOGS_PREFIX) if not k.endswith("/"))
     if not keys:
         print(f"ops logs: no logs under {uri.rstrip('/')}/{layout.LOGS_PREFIX} yet (machines upload them when the run ends)",
               file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     out = sys.stdout.buffer
     for key in keys:
         out.write(f"==> {key} <==\n".encode())
@@ -360,7 +359,7 @@ def _logs_from_bucket(args: argparse.Namespace) -> int:
             data = b"".join(data.splitlines(keepends=True)[-args.lines:]) if args.lines else b""
         out.write(data if data.endswith(b"\n") or not data else data + b"\n")
         out.flush()
-    return 0
+    return EXIT_OK
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
@@ -372,12 +371,12 @@ def cmd_logs(args: argparse.Namespace) -> int:
             return _logs_from_bucket(args)
         if args.run_uri:
             print("ops logs: --run-uri reads the bucket; add --from-bucket (or use --stack/--host)", file=sys.stderr)
-            return 2
+            return EXIT_ERROR
         targets = _targets(args)
         if args.follow and len(targets) > 1:
             names = ", ".join(t.host for t in targets)
             print(f"ops logs: --follow reads one machine; choose one with --host ({names})", file=sys.stderr)
-            return 2
+            return EXIT_ERROR
         lines = 100 if args.lines is None else args.lines
         command = logs_command(lines=lines, follow=args.follow)
         status = 0
@@ -397,9 +396,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
         return status
     except (HostsError, RemoteError, ValueError) as e:
         print(f"ops logs: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def cmd_tunnel(args: argparse.Namespace) -> int:
@@ -411,14 +410,14 @@ def cmd_tunnel(args: argparse.Namespace) -> int:
     if args.tensorboard:
         print("ops tunnel: nothing serves TensorBoard on the machines; run `python -m ops tensorboard "
               "--stack NAME` (it reads the run's bucket, no SSH)", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     specs = list(args.forward or [])
     if args.jupyter is not None:
         specs.insert(0, ForwardSpec(args.jupyter, "127.0.0.1", JUPYTER_PORT, label="jupyter"))
     if not specs:
         print("ops tunnel: nothing to forward; pass --jupyter or -L LOCAL:REMOTE (TensorBoard: python -m ops "
               "tensorboard)", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     forwards: list[LocalForward] = []
     client = None
     try:
@@ -441,27 +440,17 @@ def cmd_tunnel(args: argparse.Namespace) -> int:
         while transport is not None and transport.is_active():
             time.sleep(0.5)
         print("ops tunnel: the SSH connection closed", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     except (HostsError, RemoteError) as e:
         print(f"ops tunnel: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except KeyboardInterrupt:
-        return 0
+        return EXIT_OK
     finally:
         for fwd in forwards:
             fwd.close()
         if client is not None:
             client.close()
-
-
-def _local_port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a local port 0-65535 (0: any free port)")
-    return port
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -480,7 +469,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tunnel", help="forward local ports (127.0.0.1) to a machine over SSH until Ctrl-C")
     hosts.add_machine_args(p)
     p.add_argument("--tensorboard", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--jupyter", nargs="?", const=JUPYTER_PORT, type=_local_port, metavar="LOCAL_PORT",
+    p.add_argument("--jupyter", nargs="?", const=JUPYTER_PORT, type=port_type(any_free=True), metavar="LOCAL_PORT",
                    help="forward 127.0.0.1:LOCAL_PORT (default 8888; 0: any free port) to the machine's Jupyter "
                    "(stack setting access.jupyter: true) and print its URL with the token")
     p.add_argument("-L", dest="forward", action="append", type=ForwardSpec.parse, metavar="LOCAL:[HOST:]REMOTE",

@@ -26,19 +26,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ops.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK, OpsError, positive_float, run_uri
 from trainer import layout
 
 DEFAULT_WAIT_S = 900.0
-
-
-class OpsError(Exception):
-    """The command cannot do what was asked; the message says why and what to do."""
-
-
-def _run_uri(args: argparse.Namespace) -> str:
-    from ops import hosts
-
-    return args.run_uri or hosts.run_uri_for_stack(args.stack)
 
 
 def bucket_uri_of(run_uri: str) -> str:
@@ -109,11 +100,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from ops import hosts, status
 
     try:
-        uri = _run_uri(args)
+        uri = run_uri(args)
         doc = request_stop(uri, reason=args.reason or "")
     except (hosts.HostsError, OpsError, status.NoRun, ValueError) as e:
         print(f"ops stop: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     if doc.get("already"):
         print(f"ops stop: {uri} was already asked to stop ({doc.get('requested', 'earlier')}); waiting for the trainer")
     else:
@@ -126,7 +117,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
             print("  then the machine scales its group to zero and shuts down")
     if not args.wait:
         print(f"follow it: python -m ops status --run-uri {uri} --watch")
-        return 0
+        return EXIT_OK
     deadline = time.monotonic() + args.timeout
     st = status.read_status(uri, events=0)
     while not st.final and time.monotonic() < deadline:
@@ -135,9 +126,9 @@ def cmd_stop(args: argparse.Namespace) -> int:
     if not st.final:
         print(f"ops stop: the run has not ended after {args.timeout:.0f}s (state {st.state}); "
               f"see python -m ops status --run-uri {uri}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     print(f"{st.state}{'  ' + st.detail if st.detail else ''}")
-    return 0 if st.state in (layout.CANCELLED, layout.COMPLETE) else 1
+    return EXIT_OK if st.state in (layout.CANCELLED, layout.COMPLETE) else EXIT_FAILED
 
 
 # -- runs ------------------------------------------------------------------------------
@@ -181,17 +172,17 @@ def cmd_runs(args: argparse.Namespace) -> int:
         runs = list_runs(bucket)
     except (hosts.HostsError, OpsError, ValueError) as e:
         print(f"ops runs: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except Exception as e:  # noqa: BLE001 - storage clients raise many types; each gets the same one line
         print(f"ops runs: cannot list the runs in {args.bucket_uri or args.stack}: {type(e).__name__}: {e}",
               file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     if args.json:
         print(json.dumps(runs))
-        return 0
+        return EXIT_OK
     if not runs:
         print(f"no runs in {bucket}/{layout.RUNS_PREFIX}")
-        return 0
+        return EXIT_OK
     table = Table(title=f"runs in {bucket}", title_justify="left")
     for col in ("run", "state", "step", "age", "attempts", "cost", "detail"):
         table.add_column(col, no_wrap=col != "detail",
@@ -208,7 +199,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     console.print(table)
     for note in sorted(notes):
         console.print(f"cost: machine time x nodes x {note}", style="dim")
-    return 0
+    return EXIT_OK
 
 
 # -- pull ------------------------------------------------------------------------------
@@ -219,17 +210,16 @@ def _download_prefix(store, prefix: str, dest: Path) -> int:
     from trainer.storage import download_many
 
     keys = store.list(prefix)
-    if not keys:
-        return 0
-    if dest.exists():
-        raise OpsError(f"{dest} exists already; remove it or pull into another folder")
-    tmp = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        download_many(store, {k: str(tmp / k[len(prefix):]) for k in keys}, skip_existing=False)
-        tmp.rename(dest)
-    finally:
+    if keys:
+        if dest.exists():
+            raise OpsError(f"{dest} exists already; remove it or pull into another folder")
+        tmp = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            download_many(store, {k: str(tmp / k[len(prefix):]) for k in keys}, skip_existing=False)
+            tmp.rename(dest)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return len(keys)
 
 
@@ -266,11 +256,11 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from ops import hosts, status
 
     try:
-        uri = _run_uri(args)
+        uri = run_uri(args)
         got = pull(uri, Path(args.dest), checkpoint=args.checkpoint)
     except (hosts.HostsError, OpsError, status.NoRun, ValueError) as e:
         print(f"ops pull: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     if "model" in got:
         print(f"model ({got['model']['files']} files) -> {got['model']['path']}  "
               f"(tf.saved_model.load({got['model']['path']!r}))")
@@ -281,7 +271,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         print(f"checkpoint step {c['step']} ({c['files']} files) -> {c['path']}")
     if got["state"] != layout.COMPLETE and "model" in got:
         print(f"note: the run is {got['state']}, not COMPLETE: the model may be from before its end", file=sys.stderr)
-    return 0
+    return EXIT_OK
 
 
 # -- the command line ------------------------------------------------------------------
@@ -298,8 +288,6 @@ def _where(p: argparse.ArgumentParser, *, bucket: bool = False) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``stop``, ``runs`` and ``pull`` to ``python -m ops``."""
-    from ops.status import positive_float
-
     p = sub.add_parser("stop", help="end a run early: it checkpoints and ends as CANCELLED; the group goes to zero")
     _where(p)
     p.add_argument("--reason", help="recorded in the STOP request")

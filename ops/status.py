@@ -26,6 +26,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
+from ops.cli import (
+    EXIT_ERROR,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_STALLED,
+    non_negative_int,
+    positive_float,
+    run_uri,
+)
 from trainer import layout
 from trainer.events import read_jsonl
 
@@ -40,7 +50,6 @@ FAILING_STATES = layout.FAILING_MARKERS
 # States a watch cannot wait out: the run ended, or needs someone to look at it (a stall
 # nothing explains) or to start it again (a local run).
 WATCH_ENDS = FINAL_STATES | {STALLED, STOPPED}
-EXIT_STALLED = 3
 # A heartbeat older than this many intervals (and at least STALL_MIN_S) is a stall: the
 # trainer rewrites progress.json every `progress_every_seconds` while it trains.
 STALL_INTERVALS = 6
@@ -517,8 +526,8 @@ def signature_lines(end: dict | None) -> list[tuple[str, str]]:
 def exit_code(st: RunStatus) -> int:
     """0; 1 for a run that ended FAILED or TIMED_OUT; 3 for a stalled one."""
     if st.state in FAILING_STATES:
-        return 1
-    return EXIT_STALLED if st.state == STALLED else 0
+        return EXIT_FAILED
+    return EXIT_STALLED if st.state == STALLED else EXIT_OK
 
 
 def _watch(uri: str, args: argparse.Namespace, console) -> RunStatus:
@@ -575,10 +584,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     from ops import hosts
 
     try:
-        uri = args.run_uri or hosts.run_uri_for_stack(args.stack)
+        uri = run_uri(args)
     except hosts.HostsError as e:
         print(f"ops status: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     console = Console()
     try:
         if args.watch:
@@ -591,35 +600,13 @@ def cmd_status(args: argparse.Namespace) -> int:
                 console.print(render(st))
     except (ValueError, NoRun) as e:
         print(f"ops status: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - storage clients raise many types; each gets the same one line
         print(f"ops status: cannot read the run at {uri}: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     return exit_code(st)
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a number above 0 (seconds, intervals)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0")
-    return v
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: a whole number, 0 or more."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more")
-    return v
 
 
 def register(sub: argparse._SubParsersAction) -> None:

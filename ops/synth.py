@@ -19,16 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from components import settings as config
+from components.project import PROGRAM, ROOT, STACKS_DIR
+from ops.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from ops.fakes.aws import FAKE_ACCOUNT, FAKE_AMI, FAKE_VPC, LAUNCH_TEMPLATE
 from ops.fakes.common import DOCKER_IMAGE
 from ops.fakes.gcp import FAKE_GCP_IMAGE, INSTANCE_TEMPLATE
-from ops.mockrun import PROGRAM, PROJECT_ROOT, ProgramError, Result, project_name, run_program
-
-STACKS_DIR = PROJECT_ROOT / "stacks"
+from ops.mockrun import ProgramError, Result, project_name, run_program
 
 __all__ = [
     "DOCKER_IMAGE", "FAKE_ACCOUNT", "FAKE_AMI", "FAKE_GCP_IMAGE", "FAKE_VPC", "INSTANCE_TEMPLATE", "LAUNCH_TEMPLATE",
-    "PROGRAM", "PROJECT_ROOT", "STACKS_DIR", "ProgramError", "Result", "Source", "cmd_synth", "config_for_sdk", "load_source",
+    "PROGRAM", "ROOT", "STACKS_DIR", "ProgramError", "Result", "Source", "cmd_synth", "config_for_sdk", "load_source",
     "plan", "project_name", "register", "run_program", "stack_names", "synthesize", "write",
 ]
 
@@ -129,19 +129,19 @@ def cmd_synth(args: argparse.Namespace) -> int:
         known = stack_names(Path(args.stacks_dir))
         there = f"stacks there: {', '.join(known)}" if known else "there is no stack file there"
         print(f"ops synth: no stack file {stack_file}; {there}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     try:
         # Parsed and validated once, before the program runs or DIR is touched: a bad stack writes nothing.
         source = load_source(stack_file, args.stack)
     except config.ConfigError as e:
         print(str(e), file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     try:
         result = synthesize(source)
     except ProgramError as e:
         # The program itself failed (not the config): one line, nothing written.
         print(f"ops synth: the program failed: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     out = Path(args.out)
     written = write(result, out)
     print(f"synth {args.stack}: {len(result.resources)} resources, {len(result.user_data)} user-data file(s) -> {out}")
@@ -149,7 +149,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
         print(f"  {p}")
     print()
     print(plan(result, source.settings, ask_prices=not args.offline), end="")
-    return 0
+    return EXIT_OK
 
 
 def register(sub: argparse._SubParsersAction) -> None:

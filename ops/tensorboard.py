@@ -30,7 +30,7 @@ import threading
 from datetime import datetime
 from pathlib import Path
 
-from ops.status import positive_float
+from ops.cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, OpsError, port_type, positive_float, run_uri
 from trainer import layout
 
 HOST = "127.0.0.1"
@@ -39,10 +39,6 @@ DEFAULT_INTERVAL_S = 30.0
 # Flags this command sets itself; passing them after `--` would serve something else or elsewhere.
 STAGING = ".ops-staging"
 OWN_FLAGS = ("--logdir", "--logdir_spec", "--host", "--bind_all", "--port", "--db", "--db_import")
-
-
-class OpsError(Exception):
-    """The command cannot do what was asked; the message says why and what to do."""
 
 
 class Mirror:
@@ -173,23 +169,17 @@ def configure(mirror_dir: str | os.PathLike, port: int, extra: list[str]):
     return tb
 
 
-def _run_uri(args: argparse.Namespace) -> str:
-    from ops import hosts
-
-    return args.run_uri or hosts.run_uri_for_stack(args.stack)
-
-
 def cmd_tensorboard(args: argparse.Namespace) -> int:
     """``ops tensorboard``: mirror the run's event files and serve TensorBoard on them until Ctrl-C."""
     from ops import hosts
     from trainer.storage import open_store
 
     try:
-        uri = _run_uri(args)
+        uri = run_uri(args)
         store = open_store(uri)
     except (hosts.HostsError, ValueError) as e:
         print(f"ops tensorboard: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     keep = args.mirror is not None
     mirror_dir = Path(args.mirror).expanduser() if keep else Path(tempfile.mkdtemp(prefix="trainstack-tensorboard-"))
     try:
@@ -198,7 +188,7 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
         except OSError as e:
             print(f"ops tensorboard: cannot use {mirror_dir} as the mirror ({e}); give another --mirror DIR",
                   file=sys.stderr)
-            return 2
+            return EXIT_ERROR
         try:
             tb = configure(mirror.dest, args.port, args.tb_args)
             got = mirror.sync()
@@ -209,10 +199,10 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
                       "they appear here once the run writes them", file=sys.stderr)
         except OpsError as e:
             print(f"ops tensorboard: {e}", file=sys.stderr)
-            return 2
+            return EXIT_ERROR
         except Exception as e:  # noqa: BLE001 - storage clients raise many types; each gets the same one line
             print(f"ops tensorboard: cannot read {uri}: {type(e).__name__}: {e}", file=sys.stderr)
-            return 2
+            return EXIT_ERROR
         syncer = Syncer(mirror, args.interval).start()
         print(f"ops tensorboard: {uri} at http://{HOST}:{args.port}/ (mirror {mirror.dest}, "
               f"refreshed every {args.interval:g}s); Ctrl-C to stop", file=sys.stderr, flush=True)
@@ -225,23 +215,13 @@ def cmd_tensorboard(args: argparse.Namespace) -> int:
         if rc != 0:
             print(f"ops tensorboard: TensorBoard could not listen on {HOST}:{args.port} (its error is above); "
                   "choose another port with --port", file=sys.stderr)
-            return 2
-        return 0
+            return EXIT_ERROR
+        return EXIT_OK
     except KeyboardInterrupt:  # Ctrl-C before TensorBoard started (while the first sync ran)
-        return 130
+        return EXIT_INTERRUPTED
     finally:
         if not keep:
             shutil.rmtree(mirror_dir, ignore_errors=True)
-
-
-def _port(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 1 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r}: a port is 1 to 65535")
-    return v
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -255,7 +235,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--stack", help="stack name: the run URI comes from its outputs (pulumi CLI)")
     where.add_argument("--run-uri", help="the run's URI: s3://B/runs/ID, gs://B/runs/ID or file:///...")
-    p.add_argument("--port", type=_port, default=DEFAULT_PORT, help="local port (default: %(default)s)")
+    p.add_argument("--port", type=port_type(), default=DEFAULT_PORT, help="local port (default: %(default)s)")
     p.add_argument("--mirror", metavar="DIR",
                    help="keep the mirror in DIR (reused next time); default: a temporary folder removed at the end")
     p.add_argument("--interval", type=positive_float, default=DEFAULT_INTERVAL_S,

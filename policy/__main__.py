@@ -25,6 +25,7 @@ from typing import Any
 
 # The engine runs this file with policy/ as the working directory; the rules import as
 # the `policy` package from the project root.
+# (components/project.py's ROOT, which cannot be imported until this puts it on the path).
 _ROOT = str(Path(__file__).resolve().parent.parent)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)

@@ -14,9 +14,9 @@ import ast
 import re
 from pathlib import Path
 
+from components.project import ROOT
 from components.settings.errors import ConfigError
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # Code, not data: a few MiB is a large project; data belongs in run.dataUri.
 MAX_CODE_BYTES = 20 * 1024 * 1024
 REQUIREMENTS = "requirements.txt"
@@ -36,7 +36,7 @@ def code_files(folder: Path) -> list[Path]:
     return keep
 
 
-def resolve(code: str, root: Path = PROJECT_ROOT) -> Path:
+def resolve(code: str, root: Path = ROOT) -> Path:
     """The folder `run.code` names, relative to the project; ConfigError when it cannot ship."""
     if Path(code).is_absolute():
         raise ConfigError("run.code", f"{code!r}: expected a folder relative to the project ({root})")
@@ -116,7 +116,7 @@ def check_model(model: str, code: str | None, folder: Path | None) -> None:
         raise ConfigError("run.model", f"{model!r}: {code}/{path.relative_to(folder)} defines no {fn!r}")
 
 
-def validate(code: str | None, model: str, builtin: tuple[str, ...], root: Path = PROJECT_ROOT) -> Path | None:
+def validate(code: str | None, model: str, builtin: tuple[str, ...], root: Path = ROOT) -> Path | None:
     """All of the above; returns the folder (None when the stack ships no user code)."""
     folder = None
     if code is not None:
