@@ -173,7 +173,7 @@ def _group_zones(settings: config.Settings, ec2: Any) -> tuple[list[str], list[t
     The zones are those of the group's subnets (narrowed to compute.zones); several machines
     use one, chosen by the program's own `choose_zone`, so this is the zone `pulumi up` picks.
     """
-    from components.aws.group import choose_zone
+    from components.aws.naming import choose_zone
 
     c = settings.compute
     subnets = aws_subnets(settings, ec2)
@@ -226,7 +226,7 @@ def aws_offering_problems(settings: config.Settings, ec2: Any) -> list[Problem]:
 
 def aws_image_problems(settings: config.Settings, ec2: Any) -> list[Problem]:
     """The AMI the group would use: compute.imageId, else the Deep Learning AMI found by name."""
-    from components.aws.group import DLAMI_NAME
+    from components.aws.naming import DLAMI_NAME
 
     image_id = settings.compute.image_id
     if image_id:
@@ -526,8 +526,7 @@ def gcp_data_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
     storage.buckets.setIamPolicy there (a public data set of another project, a bucket another
     team owns) the grant fails with 403 after the other resources were made.
     """
-    from components.gcp.identity import split_gs_uri
-    from components.gcp.naming import service_account_id
+    from components.gcp.naming import service_account_id, split_gs_uri
     from ops.mockrun import project_name
 
     uri = settings.run.data_uri
@@ -551,9 +550,9 @@ def gcp_data_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
 
 
 def gcp_api_problems(settings: config.Settings, enabled: set[str]) -> list[Problem]:
-    """The APIs that must be on before the first `pulumi up` (components/gcp/stack.py PREREQUISITE_APIS),
+    """The APIs that must be on before the first `pulumi up` (components/gcp/naming.py PREREQUISITE_APIS),
     of the project's `enabled` services."""
-    from components.gcp.stack import PREREQUISITE_APIS
+    from components.gcp.naming import PREREQUISITE_APIS
 
     missing = [a for a in PREREQUISITE_APIS if a not in enabled]
     if not missing:

@@ -22,45 +22,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components import userdata
-
-DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"
-
-
-def choose_zone(subnets: list[tuple[str, str]], zones: list[str], offerings: list[tuple[str, str]],
-                instance_types: list[str]) -> tuple[str, list[str]]:
-    """The zone of a cluster placement group and the group's subnets in it.
-
-    `subnets` are the (subnet id, zone) pairs the group may use (compute.subnets, else the
-    default VPC's); the candidates are their zones, narrowed to `zones` (compute.zones, in
-    that order) when given, else sorted. The zone is the first candidate offering every
-    instance type, else the first offering the most preferred type. `offerings` are EC2's
-    (instance type, zone) pairs (DescribeInstanceTypeOfferings, availability-zone location
-    type). The program and `ops preflight` both call this, so they name the same zone.
-    Raises ValueError naming the key to change when no candidate zone can launch the group.
-    """
-    if not subnets:
-        raise ValueError("compute.subnets: the group has no subnet (none given, and none in the region's default "
-                         "VPC); set compute.subnets to subnets of a VPC in this region")
-    covered = sorted({zone for _, zone in subnets})
-    candidates = [z for z in zones if z in covered] if zones else covered
-    where = ", ".join(f"{sid} ({zone})" for sid, zone in subnets) or "none"
-    if not candidates:
-        raise ValueError(
-            f"compute.zones {zones}: no subnet of the group is in these zones (subnets: {where}); "
-            "choose zones your subnets cover, or subnets in these zones (compute.subnets)")
-    offered: dict[str, set[str]] = {}
-    for itype, zone in offerings:
-        offered.setdefault(zone, set()).add(itype)
-    chosen = next((z for z in candidates if set(instance_types) <= offered.get(z, set())), None)
-    if chosen is None:
-        chosen = next((z for t in instance_types for z in candidates if t in offered.get(z, set())), None)
-    if chosen is None:
-        raise ValueError(
-            f"compute.instanceTypes {instance_types}: no zone of the group's subnets ({', '.join(candidates)}) "
-            "offers any of them, so several machines cannot share a cluster placement group; choose instance "
-            "types these zones offer, or subnets (compute.subnets) in zones that do "
-            "(aws ec2 describe-instance-type-offerings --location-type availability-zone)")
-    return chosen, [sid for sid, zone in subnets if zone == chosen]
+from components.aws.naming import DLAMI_NAME, choose_zone
 
 
 @dataclass(kw_only=True)

@@ -16,7 +16,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_random as random
 
-from components.gcp.naming import ROLE_SUFFIX_BYTES, custom_role_id
+from components.gcp.naming import ROLE_SUFFIX_BYTES, custom_role_id, split_gs_uri
 from trainer import layout
 
 # What the machine's finish step needs to set its own group's size to zero. GCE's IAM
@@ -57,12 +57,6 @@ class InstanceIdentityArgs:
     """Grant the account read access on the data bucket; False when it is public or its owner grants it."""
     nodes: int = 1
     """Machines in the group (they find each other under the run folder: no extra grant)."""
-
-
-def split_gs_uri(uri: str) -> tuple[str, str]:
-    """('bucket', 'prefix') of gs://bucket/prefix."""
-    bucket, _, prefix = uri.removeprefix("gs://").partition("/")
-    return bucket, prefix
 
 
 def prefix_condition(bucket: pulumi.Input[str], prefix: str) -> pulumi.Output[str]:

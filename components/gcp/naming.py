@@ -4,7 +4,11 @@ The machines' env file names the managed instance group and the bucket before ei
 exists, and the service account's IAM bindings name the group, so these names are
 computed from the project, stack and GCP project instead of random suffixes. Custom role
 ids are the exception: GCP keeps a deleted one reserved for weeks, so they end in random
-hex kept in the stack's state (`custom_role_id`).
+hex kept in the stack's state (`custom_role_id`). Also the names of the APIs the stack
+turns on, of those that must be on before it can, and of a gs:// URI's bucket (``split_gs_uri``).
+
+No Pulumi provider is imported here: ``ops preflight`` reads these names without loading
+``pulumi_gcp`` (seconds of start-up).
 """
 
 from __future__ import annotations
@@ -13,6 +17,24 @@ import re
 
 from components.common import short_digest, slug
 from components.settings import bucket_name_problem
+
+# Turned on first: project-level IAM grants (the resize and peer-listing roles) read and
+# write the project's IAM policy through the Cloud Resource Manager API, and the
+# provider's reads of the other APIs' state go through it too. A fresh project has it off.
+RESOURCE_MANAGER_API = "cloudresourcemanager.googleapis.com"
+# The APIs the stack's resources live in, turned on after the Resource Manager API; a new
+# project has most of them off.
+APIS = (
+    RESOURCE_MANAGER_API,
+    "artifactregistry.googleapis.com",
+    "cloudscheduler.googleapis.com",
+    "compute.googleapis.com",
+    "iam.googleapis.com",
+    "storage.googleapis.com",
+)
+# What must be on before the first `pulumi up`, because turning the others on goes through
+# them: `gcloud services enable cloudresourcemanager.googleapis.com serviceusage.googleapis.com`.
+PREREQUISITE_APIS = (RESOURCE_MANAGER_API, "serviceusage.googleapis.com")
 
 
 def default_bucket_name(*, project: str, stack: str, gcp_project: str, region: str) -> str:
@@ -85,3 +107,9 @@ def custom_role_id(prefix: str, suffix: str, purpose: str) -> str:
     GCP takes 3-64 letters, digits, '_' and '.'; 47 + 1 + 8 + 1 + 6 ("resize") stays under 64.
     """
     return f"{prefix[:47]}_{suffix}_{purpose}"
+
+
+def split_gs_uri(uri: str) -> tuple[str, str]:
+    """('bucket', 'prefix') of gs://bucket/prefix."""
+    bucket, _, prefix = uri.removeprefix("gs://").partition("/")
+    return bucket, prefix

@@ -20,6 +20,8 @@ from components.gcp.group import SpotGroup, SpotGroupArgs
 from components.gcp.identity import InstanceIdentity, InstanceIdentityArgs
 from components.gcp.image import TrainerImage, TrainerImageArgs
 from components.gcp.naming import (
+    APIS,
+    RESOURCE_MANAGER_API,
     custom_role_prefix,
     default_bucket_name,
     group_name,
@@ -30,25 +32,7 @@ from components.gcp.naming import (
 from components.gcp.repository import ImageRepository, ImageRepositoryArgs
 from components.tags import gcp_labels
 
-__all__ = ["APIS", "PREREQUISITE_APIS", "TrainingStack", "TrainingStackArgs"]
-
-# Turned on first: project-level IAM grants (the resize and peer-listing roles) read and
-# write the project's IAM policy through the Cloud Resource Manager API, and the
-# provider's reads of the other APIs' state go through it too. A fresh project has it off.
-RESOURCE_MANAGER_API = "cloudresourcemanager.googleapis.com"
-# The APIs the stack's resources live in, turned on after the Resource Manager API; a new
-# project has most of them off.
-APIS = (
-    RESOURCE_MANAGER_API,
-    "artifactregistry.googleapis.com",
-    "cloudscheduler.googleapis.com",
-    "compute.googleapis.com",
-    "iam.googleapis.com",
-    "storage.googleapis.com",
-)
-# What must be on before the first `pulumi up`, because turning the others on goes through
-# them: `gcloud services enable cloudresourcemanager.googleapis.com serviceusage.googleapis.com`.
-PREREQUISITE_APIS = (RESOURCE_MANAGER_API, "serviceusage.googleapis.com")
+__all__ = ["TrainingStack", "TrainingStackArgs"]
 
 
 class TrainingStack(StackOutputs):

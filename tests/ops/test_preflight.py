@@ -18,8 +18,8 @@ import yaml
 from moto import mock_aws
 
 from components import settings as config
-from components.aws.group import DLAMI_NAME
-from components.gcp.stack import PREREQUISITE_APIS
+from components.aws.naming import DLAMI_NAME
+from components.gcp.naming import PREREQUISITE_APIS
 from ops import __main__ as ops_main
 from ops import preflight
 
@@ -591,6 +591,32 @@ def test_preflight_says_when_the_data_bucket_s_policy_cannot_be_set(bucket, data
     if bucket == "other-team":
         assert problems[0].fix.endswith("@my-project.iam.gserviceaccount.com and set run.dataGrant: false, or get "
                                         "roles/storage.admin on that bucket")
+
+
+def test_preflight_runs_without_loading_the_cloud_providers() -> None:
+    """The names preflight shares with the program come from the Pulumi-free naming modules:
+    pulumi_aws and pulumi_gcp take seconds to import and preflight needs neither."""
+    code = """
+import sys
+from ops import preflight
+from tests.ops.test_preflight import AWS, GCP, SET_POLICY, DataBuckets, TableEc2, settings_of
+s = settings_of(GCP, run={"synthetic": False, "dataUri": "gs://own-data/lm/", "dataGrant": True})
+assert preflight.check(s, gcp_api=DataBuckets({"own-data": (SET_POLICY, False)})) == []
+a = settings_of(AWS, compute={"nodes": 2, "instanceTypes": ["g5.xlarge"]})
+assert preflight.aws_zones(a, TableEc2([("subnet-0b", "eu-west-1b")], [("g5.xlarge", "eu-west-1b")])) == ["eu-west-1b"]
+class Ec2:
+    def describe_images(self, **kw):
+        return {"Images": [{"State": "available", "Name": kw["Filters"][0]["Values"][0]}]}
+assert preflight.aws_image_problems(settings_of(AWS), Ec2()) == []
+print("loaded:", sorted(m for m in sys.modules if m.split(".")[0] in ("pulumi_aws", "pulumi_gcp")))
+"""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "loaded: []"
 
 
 def test_the_rest_client_reads_bucket_permissions_and_public_listing() -> None:

@@ -6,7 +6,8 @@ import gzip
 
 import pytest
 
-from components.aws.group import DLAMI_NAME, cap_time, choose_zone
+from components.aws.group import cap_time
+from components.aws.naming import DLAMI_NAME, choose_zone
 from ops.fakes.common import fake_hex
 from tests.components.aws.awshelp import SSH_KEY, one, synth_raw
 

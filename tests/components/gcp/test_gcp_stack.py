@@ -5,7 +5,7 @@ import subprocess
 import pytest
 import yaml
 
-from components.gcp.stack import PREREQUISITE_APIS
+from components.gcp.naming import PREREQUISITE_APIS
 from ops import synth
 from tests.components.gcp.gcphelp import (
     AWS_BASE,
