@@ -1,4 +1,5 @@
-"""`ops logs` and `ops tunnel` over a real OpenSSH sshd on 127.0.0.1, and SSH host-key checks.
+"""`ops logs` and `ops tunnel` (ops/remote.py) over a real OpenSSH sshd on 127.0.0.1, and the SSH
+transport under them (ops/ssh.py): host-key checks, streaming, local forwards.
 
 The machine is the ``sshd`` fixture (tests/fixtures/sshd.py): sessions run with a PATH
 the tests control, so a fake ``journalctl`` / ``tail`` there stands in for the machine's
@@ -21,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from ops import remote
-from ops.remote import ForwardSpec, LocalForward, RemoteError, Target
+from ops import remote, ssh
+from ops.ssh import ForwardSpec, LocalForward, RemoteError, Target
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,9 +93,9 @@ def test_logs_fall_back_to_the_log_files_without_journalctl(sshd, ssh_home, tmp_
     sshd.fake_tool("tail", f'printf "%s\\n" "$@" > {args_file}\necho "==> /var/log/trainstack/boot.log <=="\necho booted\n')
     out = io.BytesIO()
     try:
-        client = remote.connect(target(sshd))
+        client = ssh.connect(target(sshd))
         try:
-            rc = remote.run(client, remote.logs_command(lines=5, follow=False), out)
+            rc = ssh.run(client, remote.logs_command(lines=5, follow=False), out)
         finally:
             client.close()
     finally:
@@ -107,9 +108,9 @@ def test_logs_fall_back_to_the_log_files_without_journalctl(sshd, ssh_home, tmp_
 
 def test_run_returns_the_remote_exit_status_and_stderr(sshd, ssh_home):
     out = io.BytesIO()
-    client = remote.connect(target(sshd))
+    client = ssh.connect(target(sshd))
     try:
-        rc = remote.run(client, "echo out; echo err >&2; exit 3", out)
+        rc = ssh.run(client, "echo out; echo err >&2; exit 3", out)
     finally:
         client.close()
     assert (rc, sorted(out.getvalue().split())) == (3, [b"err", b"out"])
@@ -117,10 +118,10 @@ def test_run_returns_the_remote_exit_status_and_stderr(sshd, ssh_home):
 
 def test_run_with_a_terminal_gives_plain_newlines_across_reads(sshd, ssh_home):
     out = io.BytesIO()
-    client = remote.connect(target(sshd))
+    client = ssh.connect(target(sshd))
     try:
         # Enough output to span many reads: no "\r" may survive, wherever the reads split.
-        rc = remote.run(client, 'i=0; while [ $i -lt 4000 ]; do echo "line $i"; i=$((i+1)); done', out, pty=True)
+        rc = ssh.run(client, 'i=0; while [ $i -lt 4000 ]; do echo "line $i"; i=$((i+1)); done', out, pty=True)
     finally:
         client.close()
     assert rc == 0
@@ -170,14 +171,14 @@ def test_unknown_host_key_is_refused_with_a_clear_message(sshd, ssh_home):
 def test_accept_new_host_key_trusts_on_first_use_and_saves_it(sshd, ssh_home):
     known = ssh_home / ".ssh" / "known_hosts"
     known.unlink()
-    client = remote.connect(target(sshd, accept_new_host_key=True))
+    client = ssh.connect(target(sshd, accept_new_host_key=True))
     client.close()
     assert known.read_text() == sshd.known_hosts_line()
     # Saved: the next connection passes the strict check without the option.
-    client = remote.connect(target(sshd))
+    client = ssh.connect(target(sshd))
     out = io.BytesIO()
     try:
-        rc = remote.run(client, "echo again", out)
+        rc = ssh.run(client, "echo again", out)
     finally:
         client.close()
     assert (rc, out.getvalue()) == (0, b"again\n")
@@ -191,7 +192,7 @@ def test_a_changed_host_key_is_always_refused(sshd, ssh_home, tmp_path, accept_n
     known = ssh_home / ".ssh" / "known_hosts"
     known.write_text(f"[{sshd.host}]:{sshd.port} {kind} {blob}\n")
     with pytest.raises(RemoteError, match="has CHANGED") as info:
-        remote.connect(target(sshd, accept_new_host_key=accept_new))
+        ssh.connect(target(sshd, accept_new_host_key=accept_new))
     assert f"ssh-keygen -R [{sshd.host}]:{sshd.port}" in str(info.value)
     assert known.read_text() == f"[{sshd.host}]:{sshd.port} {kind} {blob}\n"  # nothing added
 
@@ -201,7 +202,7 @@ def test_a_wrong_client_key_is_refused_with_a_clear_message(sshd, ssh_home, tmp_
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True)
     t = Target(sshd.host, port=sshd.port, user=sshd.user, key_path=str(stranger))
     with pytest.raises(RemoteError, match=r"refused .*check --user and --key"):
-        remote.connect(t)
+        ssh.connect(t)
 
 
 # -- tunnel ----------------------------------------------------------------------------
@@ -254,7 +255,7 @@ def _round_trip(port: int, payload: bytes) -> bytes:
 
 def test_local_forward_carries_bytes_both_ways_for_parallel_connections(sshd, ssh_home):
     echo = _Echo()
-    client = remote.connect(target(sshd))
+    client = ssh.connect(target(sshd))
     try:
         with LocalForward(client, 0, "127.0.0.1", echo.port) as fwd:
             listening = socket.getaddrinfo("127.0.0.1", fwd.local_port)[0][4]
@@ -404,7 +405,7 @@ def test_forward_to_a_port_nothing_listens_on_drops_only_that_connection(sshd, s
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
     echo = _Echo()
-    client = remote.connect(target(sshd))
+    client = ssh.connect(target(sshd))
     try:
         with LocalForward(client, 0, "127.0.0.1", dead) as bad, LocalForward(client, 0, "127.0.0.1", echo.port) as ok:
             assert _round_trip(bad.local_port, b"hello?") == b""
