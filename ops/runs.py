@@ -26,6 +26,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ops import runstate
 from ops.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK, OpsError, positive_float, run_uri
 from trainer import layout
 
@@ -194,7 +195,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         if r["cost_note"]:
             notes.add(r["cost_note"])
         table.add_row(r["id"], f"[{status.STYLES.get(r['state'], '')}]{r['state']}", step,
-                      status._duration(r["age_seconds"]), str(r["attempts"]), cost, r["detail"])
+                      runstate.duration(r["age_seconds"]), str(r["attempts"]), cost, r["detail"])
     console = Console()
     console.print(table)
     for note in sorted(notes):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ops import runs, status
+from ops import runs, runstate
 from ops.__main__ import main
 from tests.ops.test_status import build, commit, fake_pulumi
 from trainer import layout
@@ -203,4 +203,4 @@ def test_bucket_of_a_run_uri():
     assert runs.bucket_uri_of("gs://b/x/runs/dev/") == "gs://b/x"
     with pytest.raises(runs.OpsError, match="--bucket-uri"):
         runs.bucket_uri_of("s3://b/elsewhere")
-    assert status.RESUME_LOCAL.startswith("stopped")
+    assert runstate.RESUME_LOCAL.startswith("stopped")
