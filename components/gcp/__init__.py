@@ -3,13 +3,14 @@
 The same names, with the same constructor signatures, as components.aws
 (tests/components/test_cloud_mirror.py); `__main__.py` picks the package by the stack's cloud.
 
-Each name is imported from its module on first use (PEP 562), so the Pulumi-free modules
-here (`naming.py`, which `ops preflight` reads) load without the cloud's provider package.
+Each name is imported from its module on first use (components/lazy.py), so the
+Pulumi-free modules here (`naming.py`, which `ops preflight` reads) load without the
+cloud's provider package.
 """
 
 from __future__ import annotations
 
-import importlib
+from components.lazy import exports
 
 # The module under this package that defines each exported name.
 _MODULE_OF = {
@@ -28,16 +29,4 @@ _MODULE_OF = {
     "TrainingStack": "stack",
     "TrainingStackArgs": "stack",
 }
-__all__ = sorted(_MODULE_OF)
-
-
-def __getattr__(name: str):
-    if name not in _MODULE_OF:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__all__, __getattr__, __dir__ = exports(__name__, _MODULE_OF)
