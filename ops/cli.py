@@ -57,23 +57,21 @@ def port_type(*, any_free: bool = False) -> Callable[[str], int]:
     return port
 
 
+def _number(text: str, convert: Callable[[str], float], noun: str, ok: Callable[[float], bool], bound: str):
+    try:
+        v = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+    if not ok(v):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be {bound}")
+    return v
+
+
 def positive_float(text: str) -> float:
     """argparse type: a number above 0 (seconds, intervals)."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0")
-    return v
+    return _number(text, float, "a number", lambda v: v > 0, "more than 0")
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: a whole number, 0 or more."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more")
-    return v
+    return _number(text, int, "a whole number", lambda v: v >= 0, "0 or more")

@@ -81,3 +81,22 @@ def test_the_project_root_is_the_folder_with_pulumi_yaml():
 
     assert project.PULUMI_YAML.is_file() and project.PROGRAM.is_file() and project.STACKS_DIR.is_dir()
     assert (project.USERDATA_DIR / "lib.sh").is_file() and (project.TRAINER_DIR / "layout.py").is_file()
+
+
+@pytest.mark.parametrize(("kind", "text", "value", "error"), [
+    ("positive_float", "1.5", 1.5, None), ("positive_float", "0", None, "'0': must be more than 0"),
+    ("positive_float", "nan", None, "must be more than 0"), ("positive_float", "x", None, "'x' is not a number"),
+    ("non_negative_int", "0", 0, None), ("non_negative_int", "-1", None, "'-1': must be 0 or more"),
+    ("non_negative_int", "1.5", None, "'1.5' is not a whole number"),
+])
+def test_number_types(kind, text, value, error):
+    import argparse
+
+    from ops import cli
+
+    parse = getattr(cli, kind)
+    if error is None:
+        assert parse(text) == value
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match=error):
+            parse(text)
