@@ -21,10 +21,6 @@ import pulumi
 from components.settings import Settings
 from trainer import layout
 
-# Ports the TensorFlow workers' gRPC servers listen on (TF_CONFIG); only the stack's
-# own machines may reach them (a security-group self rule / a network-tag firewall rule).
-WORKER_PORTS = (2222, 2231)
-
 # The stack outputs, by their exported (camelCase) names, in export order.
 EXPORT_KEYS = ("bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri")
 

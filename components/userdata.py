@@ -16,12 +16,15 @@ from collections.abc import Mapping
 import pulumi
 import yaml
 
+from components.machine import BIN_DIR, ENV_FILE, JUPYTER_UNIT, OPT_DIR, TRAINER_UNIT, WATCHER_UNIT
 from components.project import USERDATA_DIR
 
-ENV_FILE = "/etc/trainstack/env"
+# Where systemd looks for the units an administrator installs.
+SYSTEMD_DIR = "/etc/systemd/system"
+
 # Where the user's folder (run.code) is on the machines, inside the code archive or the
 # built image: /opt/trainstack/code is the trainer's working folder in the container.
-USER_CODE_DIR = "/opt/trainstack/code/usercode"
+USER_CODE_DIR = f"{OPT_DIR}/code/usercode"
 # EC2 refuses user data over 16 KiB (before base64); cloud-init unpacks gzip by itself.
 AWS_USER_DATA_LIMIT = 16 * 1024
 
@@ -47,23 +50,22 @@ NOTICE_GRACE_S = {"aws": 100, "gcp": 25}
 
 # Installed by write_files: (file in userdata/, path on the machine, permissions).
 FILES = (
-    ("lib.sh", "/opt/trainstack/bin/lib.sh", "0644"),
-    ("rendezvous.sh", "/opt/trainstack/bin/rendezvous.sh", "0644"),
-    ("bootstrap.sh", "/opt/trainstack/bin/bootstrap.sh", "0755"),
-    ("supervise.sh", "/opt/trainstack/bin/supervise.sh", "0755"),
-    ("watch-notice.sh", "/opt/trainstack/bin/watch-notice.sh", "0755"),
-    ("finish.sh", "/opt/trainstack/bin/finish.sh", "0755"),
-    ("stop-trainer.sh", "/opt/trainstack/bin/stop-trainer.sh", "0755"),
-    ("trainstack-trainer.service", "/etc/systemd/system/trainstack-trainer.service", "0644"),
-    ("trainstack-watcher.service", "/etc/systemd/system/trainstack-watcher.service", "0644"),
+    ("lib.sh", f"{BIN_DIR}/lib.sh", "0644"),
+    ("rendezvous.sh", f"{BIN_DIR}/rendezvous.sh", "0644"),
+    ("bootstrap.sh", f"{BIN_DIR}/bootstrap.sh", "0755"),
+    ("supervise.sh", f"{BIN_DIR}/supervise.sh", "0755"),
+    ("watch-notice.sh", f"{BIN_DIR}/watch-notice.sh", "0755"),
+    ("finish.sh", f"{BIN_DIR}/finish.sh", "0755"),
+    ("stop-trainer.sh", f"{BIN_DIR}/stop-trainer.sh", "0755"),
+    (TRAINER_UNIT, f"{SYSTEMD_DIR}/{TRAINER_UNIT}", "0644"),
+    (WATCHER_UNIT, f"{SYSTEMD_DIR}/{WATCHER_UNIT}", "0644"),
 )
-UNITS = ("trainstack-watcher.service", "trainstack-trainer.service")
+UNITS = (WATCHER_UNIT, TRAINER_UNIT)
 # Installed and enabled only on stacks with access.jupyter: true (env TRAINSTACK_JUPYTER=1).
 JUPYTER_FILES = (
-    ("jupyter.sh", "/opt/trainstack/bin/jupyter.sh", "0755"),
-    ("trainstack-jupyter.service", "/etc/systemd/system/trainstack-jupyter.service", "0644"),
+    ("jupyter.sh", f"{BIN_DIR}/jupyter.sh", "0755"),
+    (JUPYTER_UNIT, f"{SYSTEMD_DIR}/{JUPYTER_UNIT}", "0644"),
 )
-JUPYTER_UNIT = "trainstack-jupyter.service"
 
 
 def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, str]:

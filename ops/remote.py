@@ -18,15 +18,12 @@ import time
 
 import paramiko
 
+from components.machine import JUPYTER_PORT, JUPYTER_TOKEN_FILE, LOG_GLOB, TRAINER_UNIT, WATCHER_UNIT
 from ops.cli import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, non_negative_int, port_type, run_uri
 from ops.ssh import ForwardSpec, LocalForward, RemoteError, Target, connect, run
 
-UNITS = ("trainstack-trainer", "trainstack-watcher")
-LOG_GLOB = "/var/log/trainstack/*.log"
-# Where the opt-in Jupyter (access.jupyter: true; userdata/jupyter.sh) listens on the machine,
-# and the 0600 token file it makes at boot for the SSH login user.
-JUPYTER_PORT = 8888
-JUPYTER_TOKEN_FILE = "/run/trainstack/jupyter/token"  # noqa: S105 (a path, not a secret)
+# The machine's names (its units, log files, Jupyter's port and token) are components/machine.py's.
+UNITS = (TRAINER_UNIT, WATCHER_UNIT)
 
 
 def logs_command(*, lines: int, follow: bool) -> str:

@@ -35,7 +35,7 @@ upload_logs() {
   local dest
   dest="$RUN_URI/$LOGS_PREFIX$(instance_id)/"
   if command -v journalctl >/dev/null; then
-    journalctl -b --no-pager -o short-iso -u trainstack-trainer.service -u trainstack-watcher.service \
+    journalctl -b --no-pager -o short-iso -u "$TRAINER_UNIT" -u "$WATCHER_UNIT" \
       >"$LOG_DIR/journal.log" 2>&1 || true
   fi
   if [[ -r "$ROOT/var/log/cloud-init-output.log" ]]; then

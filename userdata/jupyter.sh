@@ -8,8 +8,8 @@ set -euo pipefail
 . "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
 
 PIN="jupyterlab==4.6.6"
-DIR="$RUNTIME_DIR/jupyter"
-TOKEN="$DIR/token" # a new one each boot (/run)
+TOKEN="$JUPYTER_TOKEN_FILE" # a new one each boot (/run)
+DIR="${TOKEN%/*}"
 
 load_env
 USER_="${TRAINSTACK_SSH_USER:-ubuntu}"
@@ -38,9 +38,9 @@ if [[ ! -d "$PKGS" ]]; then
 fi
 mkdir -p "$STATE_DIR/notebooks"
 docker rm -f trainstack-jupyter >/dev/null 2>&1 || true
-log "starting JupyterLab on 127.0.0.1:8888"
+log "starting JupyterLab on 127.0.0.1:$JUPYTER_PORT"
 exec docker run --rm --name trainstack-jupyter --network host -v "$TOKEN:/run/secrets/jupyter-token:ro" \
   -e JUPYTER_TOKEN_FILE=/run/secrets/jupyter-token -v "$PKGS:/opt/trainstack/jupyter:ro" \
   -v "$STATE_DIR/notebooks:/notebooks" -w /notebooks ${CODE_DIR:+-v "$CODE_DIR:/opt/trainstack/code:ro"} \
   -e PYTHONPATH=/opt/trainstack/jupyter:/opt/trainstack/code "$TRAINSTACK_IMAGE" python -m jupyterlab \
-  --ip=127.0.0.1 --port=8888 --no-browser --allow-root --ServerApp.port_retries=0
+  --ip=127.0.0.1 --port="$JUPYTER_PORT" --no-browser --allow-root --ServerApp.port_retries=0

@@ -14,6 +14,13 @@ LOG_DIR="$ROOT/var/log/trainstack"
 OPT_DIR="$ROOT/opt/trainstack"
 BIN_DIR="$OPT_DIR/bin"
 CONTAINER="trainstack-trainer"
+# components/machine.py is the one definition of these and the folders above;
+# tests/userdata/test_machine_names.py compares them and checks no script spells one by hand.
+TRAINER_UNIT="trainstack-trainer.service"
+WATCHER_UNIT="trainstack-watcher.service"
+JUPYTER_PORT=8888
+JUPYTER_TOKEN_FILE="$RUNTIME_DIR/jupyter/token"
+WORKER_PORT_DEFAULT=2222
 NOTICE_FILE="$RUNTIME_DIR/notice-pending"
 
 # ---- the run folder's names ----

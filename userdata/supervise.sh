@@ -282,7 +282,7 @@ main() {
   # port, and how long a started trainer may wait for its cluster to form.
   CLUSTER_POLL_S="${TRAINSTACK_CLUSTER_POLL_S:-10}"
   RENDEZVOUS_TTL_S="${TRAINSTACK_RENDEZVOUS_TTL_S:-60}"
-  WORKER_PORT="${TRAINSTACK_WORKER_PORT:-2222}"
+  WORKER_PORT="${TRAINSTACK_WORKER_PORT:-$WORKER_PORT_DEFAULT}"
   STARTUP_TIMEOUT_S="${TRAINSTACK_STARTUP_TIMEOUT:-600}"
   # How long a worker that ended first waits for the chief's end marker (model export).
   FINISH_WAIT_S="${TRAINSTACK_FINISH_WAIT_S:-1800}"

@@ -272,7 +272,7 @@ class SpotGroup(pulumi.ComponentResource):
             )
         if args.nodes > 1:
             # Members only (the group's own security group), every port: TF's gRPC servers
-            # listen on WORKER_PORTS, but NCCL's collectives connect on ephemeral ports
+            # listen on WORKER_PORTS (components/machine.py), but NCCL's collectives connect on ephemeral ports
             # (it cannot be pinned to a range), and EFA needs all traffic between members.
             rules.append(
                 aws.ec2.SecurityGroupIngressArgs(

@@ -318,7 +318,7 @@ class SpotGroup(pulumi.ComponentResource):
                 priority=900,
                 source_tags=[args.network_tag],
                 target_tags=[args.network_tag],
-                # Every port: TF's gRPC servers listen on WORKER_PORTS (components/common.py),
+                # Every port: TF's gRPC servers listen on WORKER_PORTS (components/machine.py),
                 # but NCCL's collectives connect on ephemeral ports it cannot be pinned to.
                 allows=[gcp.compute.FirewallAllowArgs(protocol="all")],
                 description="trainstack: training peers reach each other (members only)",

@@ -4,14 +4,13 @@ one meaning, and each field only one cloud has is listed here with why."""
 
 import dataclasses
 import inspect
-import re
 from pathlib import Path
 
 import pytest
 
 import components.aws as aws
 import components.gcp as gcp
-from components import common
+from components import common, machine
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENTS = [n for n in aws.__all__ if not n.endswith("Args")]
@@ -82,10 +81,8 @@ def test_shared_parts_are_one_definition():
     assert aws.TrainerCodeArgs is gcp.TrainerCodeArgs
     assert aws.TrainerImageArgs is gcp.TrainerImageArgs
     assert aws.TrainingStack.exports is gcp.TrainingStack.exports is common.StackOutputs.exports
-    # The TF gRPC port the machines use (userdata/supervise.sh's default) is in the range.
-    supervise = (ROOT / "userdata" / "supervise.sh").read_text()
-    (port,) = re.findall(r"TRAINSTACK_WORKER_PORT:-(\d+)", supervise)
-    assert common.WORKER_PORTS[0] <= int(port) <= common.WORKER_PORTS[1]
+    # The TF gRPC port the machines use (userdata/lib.sh's copy: tests/userdata/test_machine_names.py) is in the range.
+    assert machine.WORKER_PORTS[0] <= machine.WORKER_PORT <= machine.WORKER_PORTS[1]
     assert common.EXPORT_KEYS == ("bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri")
 
 

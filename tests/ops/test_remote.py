@@ -83,7 +83,7 @@ def test_logs_follow_streams_the_journal_as_it_is_written(sshd, ssh_home, tmp_pa
     assert rest == b"trainer: step 20 loss 0.4\n", err
     assert proc.returncode == 0, err
     assert args_file.read_text().split() == [
-        "-u", "trainstack-trainer", "-u", "trainstack-watcher", "--no-pager", "-n", "7", "-f",
+        "-u", "trainstack-trainer.service", "-u", "trainstack-watcher.service", "--no-pager", "-n", "7", "-f",
     ]
 
 
@@ -450,7 +450,7 @@ def test_forward_spec_refuses_with_the_expected_form(text):
 def test_logs_command(lines, follow, journal, tail):
     cmd = remote.logs_command(lines=lines, follow=follow)
     assert cmd.startswith("if command -v journalctl")
-    assert "journalctl -u trainstack-trainer -u trainstack-watcher " + journal in cmd
+    assert "journalctl -u trainstack-trainer.service -u trainstack-watcher.service " + journal in cmd
     assert tail in cmd and cmd.endswith("/var/log/trainstack/*.log; fi")
 
 
