@@ -12,6 +12,25 @@ import importlib
 import sys
 from collections.abc import Callable, Mapping
 
+# What components.aws and components.gcp each export, and the module of theirs that
+# defines it: the same names from the same file names (tests/components/test_cloud_mirror.py).
+CLOUD_EXPORTS = {
+    "TrainingBucket": "bucket",
+    "TrainingBucketArgs": "bucket",
+    "TrainerCode": "code",
+    "TrainerCodeArgs": "code",
+    "SpotGroup": "group",
+    "SpotGroupArgs": "group",
+    "InstanceIdentity": "identity",
+    "InstanceIdentityArgs": "identity",
+    "TrainerImage": "image",
+    "TrainerImageArgs": "image",
+    "ImageRepository": "repository",
+    "ImageRepositoryArgs": "repository",
+    "TrainingStack": "stack",
+    "TrainingStackArgs": "stack",
+}
+
 
 def exports(package: str, module_of: Mapping[str, str]) -> tuple[list[str], Callable, Callable]:
     """``__all__``, ``__getattr__`` and ``__dir__`` for ``package``; ``module_of``: name -> its submodule."""

@@ -10,23 +10,6 @@ cloud's provider package.
 
 from __future__ import annotations
 
-from components.lazy import exports
+from components.lazy import CLOUD_EXPORTS, exports
 
-# The module under this package that defines each exported name.
-_MODULE_OF = {
-    "TrainingBucket": "bucket",
-    "TrainingBucketArgs": "bucket",
-    "TrainerCode": "code",
-    "TrainerCodeArgs": "code",
-    "SpotGroup": "group",
-    "SpotGroupArgs": "group",
-    "InstanceIdentity": "identity",
-    "InstanceIdentityArgs": "identity",
-    "TrainerImage": "image",
-    "TrainerImageArgs": "image",
-    "ImageRepository": "repository",
-    "ImageRepositoryArgs": "repository",
-    "TrainingStack": "stack",
-    "TrainingStackArgs": "stack",
-}
-__all__, __getattr__, __dir__ = exports(__name__, _MODULE_OF)
+__all__, __getattr__, __dir__ = exports(__name__, CLOUD_EXPORTS)
