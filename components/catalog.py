@@ -50,6 +50,17 @@ GCP_GPU_MACHINES: dict[str, int] = {
     "a2-ultragpu-8g": 8, "a3-highgpu-8g": 8, "a3-megagpu-8g": 8,
 }
 GCP_N1_GPU_COUNTS = (1, 2, 4, 8)
+
+# Family (AWS: before the dot; GCE: the first two parts) -> the NVIDIA GPU model it carries.
+# Several machines train in lockstep, so a cluster takes one model (settings.common).
+AWS_GPU_MODELS: dict[str, str] = {
+    "g4dn": "T4", "g5": "A10G", "g6": "L4", "g6e": "L40S", "p3": "V100 16GB", "p3dn": "V100 32GB",
+    "p2": "K80", "g3": "M60", "g3s": "M60", "p4d": "A100 40GB", "p4de": "A100 80GB", "p5": "H100", "p5e": "H200",
+}
+GCP_GPU_MODELS: dict[str, str] = {
+    "g2-standard": "L4", "a2-highgpu": "A100 40GB", "a2-megagpu": "A100 40GB", "a2-ultragpu": "A100 80GB",
+    "a3-highgpu": "H100", "a3-megagpu": "H100 Mega",
+}
 # The GPUs an N1 machine takes (compute.accelerator).
 GCP_N1_ACCELERATORS = ("nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100", "nvidia-tesla-p4",
                        "nvidia-tesla-k80")
@@ -107,6 +118,15 @@ def gpus_of(cloud: str, machine_type: str) -> tuple[int, ...] | None:
     if _GCP_N1.match(machine_type):
         return GCP_N1_GPU_COUNTS
     return None
+
+
+def gpu_model(cloud: str, machine_type: str, accelerator: str | None = None) -> str | None:
+    """The GPU model of a machine type (an N1 machine's is its accelerator), or None when unknown."""
+    if cloud == "aws":
+        return AWS_GPU_MODELS.get(machine_type.split(".", 1)[0])
+    if machine_type.startswith("n1-"):
+        return accelerator
+    return GCP_GPU_MODELS.get("-".join(machine_type.split("-")[:2]))
 
 
 def zone_in_region(cloud: str, zone: str, region: str) -> bool:

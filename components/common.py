@@ -61,6 +61,12 @@ def image_ref(settings: Settings, build: Callable[[], pulumi.Output[str]]) -> pu
     return pulumi.Output.from_input(settings.image.reference)
 
 
+# Days before a bucket aborts a multipart upload that never finished (S3 and GCS lifecycle
+# rules): a checkpoint upload takes minutes, and one cut off by preemption bills its parts
+# until aborted.
+ABORT_UPLOAD_DAYS = 1
+
+
 def adopted_bucket(bucket_name: pulumi.Input[str], adopt: bool) -> str | None:
     """The import id of a kept bucket to adopt (its name), or None to create the bucket.
 

@@ -4,7 +4,8 @@ Resources are grouped by type; a value the fake cloud made up (an ARN, the AMI, 
 the account) is marked "(mock)" so nobody mistakes it for their own. The cost section
 prices machines x nodes from `components.pricing`: expected $/h (spot as an estimate unless
 the cloud's price API answered) and the worst case until `compute.maxRuntimeHours` stops
-the group.
+the group. The storage section says what the run's checkpoints take in the bucket over time
+(`components.storage`).
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ def cost_section(est: CostEstimate, gpus_per_node: int) -> list[str]:
 
 
 def render(stack: str, cloud: str, region: str, resources: list[dict[str, Any]], outputs: dict[str, Any],
-           mock_values: set[str], est: CostEstimate, gpus_per_node: int) -> str:
-    """The whole plan as text."""
+           mock_values: set[str], est: CostEstimate, gpus_per_node: int, storage: list[str] = ()) -> str:
+    """The whole plan as text; `storage` is the checkpoint storage section (`components.storage.plan_lines`)."""
     lines = [f"Plan for stack {stack} ({cloud}, {region}); offline: values marked (mock) come from the fake "
              "cloud, not your account"]
     lines += resources_section(resources, mock_values)
@@ -100,4 +101,5 @@ def render(stack: str, cloud: str, region: str, resources: list[dict[str, Any]],
         width = max(len(k) for k in outputs)
         lines += [f"  {k:<{width}}  {_marked(v, mock_values)}" for k, v in sorted(outputs.items())]
     lines += cost_section(est, gpus_per_node)
+    lines += list(storage)
     return "\n".join(lines) + "\n"

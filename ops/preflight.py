@@ -7,17 +7,24 @@ operator's credentials, about what decides that:
 AWS
 - the vCPU quota of each instance family the stack uses (Service Quotas; spot or
   on-demand as the stack asks): vCPUs per type (EC2's own figures) x `compute.nodes`;
-- each instance type offered in the zones the group may use (several machines use one
-  zone: the first of `compute.zones`, else the region's first available zone);
+- each instance type offered in the zones the group may use: those of its subnets
+  (`compute.subnets`, else the default VPC's), narrowed to `compute.zones`; several machines
+  use one zone, the one the program's own `choose_zone` picks;
 - the AMI: `compute.imageId`, else the Deep Learning AMI the group looks up by name;
 - the bucket name: free, or already yours (then `storage.adopt: true` is needed), or
   someone else's (then another `storage.bucketName`).
 
 GCP
-- the GPU quota of the region for the machines' GPU (the PREEMPTIBLE_ one for Spot VMs)
-  and the project's GPUS_ALL_REGIONS, for `gpusPerNode` x `nodes` GPUs;
-- each machine type (and an N1 machine's GPU) offered in a zone the group may use;
-- the APIs that must be on before the first `pulumi up` (the stack turns on the rest).
+- the GPU quota of the region for the machines' GPU (for Spot VMs the PREEMPTIBLE_ one when
+  the project has any, else the standard one, which Spot VMs then use) and the project's
+  GPUS_ALL_REGIONS, for `gpusPerNode` x `nodes` GPUs;
+- each machine type (and an N1 machine's GPU) offered in a zone the group may use
+  (`compute.zones`, else every zone of the region: the group is given that list);
+- a `gs://` `run.dataUri`: the bucket exists and, unless `run.dataGrant` is false, you may set
+  its IAM policy (the stack grants the machines read access there; if not, whether the bucket
+  is public, and what to ask its owner);
+- the APIs that must be on before the first `pulumi up` (the stack turns on the rest), and the
+  Compute Engine API, which every check above reads (off: one line says to turn it on).
 
 Output: one line per problem, each with its fix; exit 1 when there are problems, 0 when
 clean, 2 when the stack's config is invalid (the settings loader's one-line error).
@@ -138,34 +145,69 @@ def _quota_value(quotas: Any, code: str) -> float:
         return float(quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
 
 
-def aws_zones(settings: config.Settings, ec2: Any) -> list[str]:
-    """The zones the group may launch in: compute.subnets' zones, compute.zones, else the region's; one for several nodes."""
+def aws_subnets(settings: config.Settings, ec2: Any) -> list[tuple[str, str]]:
+    """(subnet id, zone) of the subnets the group may use: compute.subnets, else the default VPC's."""
+    if settings.compute.subnets:
+        pages = ec2.get_paginator("describe_subnets").paginate(SubnetIds=list(settings.compute.subnets))
+    else:
+        vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+        if not vpcs:
+            return []
+        pages = ec2.get_paginator("describe_subnets").paginate(
+            Filters=[{"Name": "vpc-id", "Values": [vpcs[0]["VpcId"]]}])
+    return sorted((s["SubnetId"], s["AvailabilityZone"]) for page in pages for s in page["Subnets"])
+
+
+def _offerings(ec2: Any, types: list[str], zones: list[str]) -> list[tuple[str, str]]:
+    """EC2's (instance type, zone) offerings of these types in these zones."""
+    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": types}, {"Name": "location", "Values": zones}],
+    )
+    return [(o["InstanceType"], o["Location"]) for page in pages for o in page["InstanceTypeOfferings"]]
+
+
+def _group_zones(settings: config.Settings, ec2: Any) -> tuple[list[str], list[tuple[str, str]]]:
+    """The zones the group launches in and EC2's offerings of its types there; ValueError when none.
+
+    The zones are those of the group's subnets (narrowed to compute.zones); several machines
+    use one, chosen by the program's own `choose_zone`, so this is the zone `pulumi up` picks.
+    """
+    from components.aws.group import choose_zone
+
     c = settings.compute
-    zones = list(c.zones)
-    if c.subnets:
-        # The group launches only in its subnets' zones (narrowed to compute.zones when set).
-        answer = ec2.describe_subnets(SubnetIds=list(c.subnets))
-        in_subnets = sorted({s["AvailabilityZone"] for s in answer["Subnets"]})
-        zones = [z for z in in_subnets if not zones or z in zones]
+    subnets = aws_subnets(settings, ec2)
+    if not subnets:
+        raise ValueError(f"no subnet for the group in {settings.region} ("
+                         + ("compute.subnets found none" if c.subnets else "the region has no default VPC")
+                         + "); set compute.subnets to subnets of a VPC in this region")
+    covered = sorted({zone for _, zone in subnets})
+    zones = [z for z in c.zones if z in covered] if c.zones else covered
     if not zones:
-        answer = ec2.describe_availability_zones(Filters=[{"Name": "state", "Values": ["available"]}])
-        zones = sorted(z["ZoneName"] for z in answer["AvailabilityZones"])
-    return zones[:1] if c.nodes > 1 else zones
+        raise ValueError(f"compute.zones {list(c.zones)}: no subnet of the group is in them (the subnets are in "
+                         f"{', '.join(covered)}); choose compute.zones your subnets cover, or other subnets")
+    offers = _offerings(ec2, list(c.instance_types), zones)
+    if c.nodes > 1:
+        zones = [choose_zone(subnets, list(c.zones), offers, list(c.instance_types))[0]]
+    return zones, [(t, z) for t, z in offers if z in zones]
+
+
+def aws_zones(settings: config.Settings, ec2: Any) -> list[str]:
+    """The zones the group launches in: its subnets' (narrowed to compute.zones); one for several machines."""
+    return _group_zones(settings, ec2)[0]
 
 
 def aws_offering_problems(settings: config.Settings, ec2: Any) -> list[Problem]:
-    """Instance types the chosen zones do not offer (a type offered nowhere there can never launch)."""
+    """Instance types the group's zones do not offer (a type offered nowhere there can never launch)."""
     c = settings.compute
-    zones = aws_zones(settings, ec2)
+    try:
+        zones, offers = _group_zones(settings, ec2)
+    except ValueError as e:
+        what, _, fix = str(e).partition("; ")
+        return [Problem(what, fix)]
     offered: dict[str, set[str]] = {t: set() for t in c.instance_types}
-    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
-        LocationType="availability-zone",
-        Filters=[{"Name": "instance-type", "Values": list(c.instance_types)},
-                 {"Name": "location", "Values": zones}],
-    )
-    for page in pages:
-        for o in page["InstanceTypeOfferings"]:
-            offered.setdefault(o["InstanceType"], set()).add(o["Location"])
+    for itype, zone in offers:
+        offered.setdefault(itype, set()).add(zone)
     problems = []
     where = f"zone {zones[0]} (several machines share one zone)" if c.nodes > 1 else f"zones {', '.join(zones)}"
     missing = [t for t in c.instance_types if not offered.get(t)]
@@ -285,24 +327,73 @@ class GcpApi(Protocol):
     def offered(self, project: str, zone: str, kind: str, name: str) -> bool:
         """Whether the zone offers the machine type (kind "machineTypes") or GPU ("acceleratorTypes")."""
 
+    def bucket_permissions(self, bucket: str, permissions: list[str]) -> set[str] | None:
+        """Which of `permissions` the caller has on a GCS bucket; None when there is no such bucket."""
+
+    def publicly_readable(self, bucket: str, prefix: str) -> bool:
+        """Whether anyone, without credentials, may list the bucket's objects under `prefix`."""
+
+
+COMPUTE_API = "compute.googleapis.com"
+
+
+class ApiDisabled(RuntimeError):
+    """A GCP read refused because its API is off in the project (HTTP 403, reason SERVICE_DISABLED)."""
+
+    def __init__(self, service: str, detail: str) -> None:
+        super().__init__(f"{service} is off: {detail}")
+        self.service = service
+
+
+def api_disabled(status: int, doc: Any) -> ApiDisabled | None:
+    """The ApiDisabled a GCP error answer stands for, or None when it is another error.
+
+    Google's APIs answer a call to an API that is off with 403 and an ErrorInfo detail whose
+    reason is SERVICE_DISABLED and whose metadata names the service (older ones only say
+    accessNotConfigured, with the service's name in the message).
+    """
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if status != 403 or not isinstance(error, dict):
+        return None
+    message = str(error.get("message", ""))
+    for detail in error.get("details") or []:
+        if isinstance(detail, dict) and detail.get("reason") == "SERVICE_DISABLED":
+            service = (detail.get("metadata") or {}).get("service") or ""
+            return ApiDisabled(service or "an API", message)
+    if any(isinstance(e, dict) and e.get("reason") == "accessNotConfigured" for e in error.get("errors") or []):
+        named = re.search(r"[a-z0-9-]+\.googleapis\.com", message)
+        return ApiDisabled(named.group(0) if named else "an API", message)
+    return None
+
 
 class RestGcpApi:
     """GcpApi over the public REST endpoints, with Application Default Credentials (google-auth)."""
 
-    def __init__(self, session: Any = None) -> None:
+    def __init__(self, session: Any = None, anonymous: Any = None) -> None:
         if session is None:
             import google.auth
             from google.auth.transport.requests import AuthorizedSession
 
             credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
             session = AuthorizedSession(credentials)
-        self._session = session
+        if anonymous is None:
+            import requests
+
+            anonymous = requests.Session()
+        self._session, self._anonymous = session, anonymous
 
     def _get(self, url: str, params: dict | None = None, *, absent_ok: bool = False) -> dict | None:
         resp = self._session.get(url, params=params, timeout=30)
         if absent_ok and resp.status_code == 404:
             return None
         if resp.status_code != 200:
+            try:
+                doc = resp.json()
+            except ValueError:
+                doc = None
+            disabled = api_disabled(resp.status_code, doc)
+            if disabled:
+                raise disabled
             raise RuntimeError(f"GET {url}: HTTP {resp.status_code} {resp.text[:200]}")
         return resp.json()
 
@@ -326,6 +417,18 @@ class RestGcpApi:
         url = f"https://compute.googleapis.com/compute/v1/projects/{project}/zones/{zone}/{kind}/{name}"
         return self._get(url, absent_ok=True) is not None
 
+    def bucket_permissions(self, bucket: str, permissions: list[str]) -> set[str] | None:
+        """See GcpApi (GCS testIamPermissions: the subset of `permissions` the caller has)."""
+        doc = self._get(f"https://storage.googleapis.com/storage/v1/b/{bucket}/iam/testPermissions",
+                        {"permissions": list(permissions)}, absent_ok=True)
+        return None if doc is None else set(doc.get("permissions", []))
+
+    def publicly_readable(self, bucket: str, prefix: str) -> bool:
+        """See GcpApi: an object listing asked without credentials."""
+        resp = self._anonymous.get(f"https://storage.googleapis.com/storage/v1/b/{bucket}/o",
+                                   params={"prefix": prefix, "maxResults": 1}, timeout=30)
+        return resp.status_code == 200
+
     def enabled_services(self, project: str) -> set[str]:
         """See GcpApi."""
         names: set[str] = set()
@@ -346,6 +449,15 @@ def gcp_gpu_metric(machine_type: str, accelerator: str | None) -> str | None:
     return next((metric for pattern, metric in GCP_GPU_METRICS if re.match(pattern, machine_type)), None)
 
 
+def gcp_gpu_quota(metric: str, region: dict[str, tuple[float, float]], *, spot: bool) -> str:
+    """The region quota the group's GPUs draw on: Spot VMs use the PREEMPTIBLE_ one where the project
+    has been granted any, else the standard one (Compute Engine's preemptible-quota rule)."""
+    preemptible = f"PREEMPTIBLE_{metric}"
+    if spot and region.get(preemptible, (0.0, 0.0))[0] > 0:
+        return preemptible
+    return metric
+
+
 def gcp_quota_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
     """The region's GPU quota for each GPU the stack uses, and the project's all-regions GPU quota."""
     c = settings.compute
@@ -354,11 +466,13 @@ def gcp_quota_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
     problems = []
     metrics = sorted({m for t in c.instance_types if (m := gcp_gpu_metric(t, c.accelerator))})
     for metric in metrics:
-        name = f"PREEMPTIBLE_{metric}" if c.spot else metric
+        name, note = gcp_gpu_quota(metric, region, spot=c.spot), ""
+        if name != f"PREEMPTIBLE_{metric}" and c.spot:
+            note = f" (Spot VMs use it while PREEMPTIBLE_{metric} is 0)"
         limit, used = region.get(name, (0.0, 0.0))
         if limit - used < need:
             problems.append(Problem(
-                f"GPU quota {name} in {settings.region} is {limit:g}{_in_use(used)}; the stack needs {need} "
+                f"GPU quota {name} in {settings.region} is {limit:g}{_in_use(used)}{note}; the stack needs {need} "
                 f"({c.gpus_per_node} per node x {c.nodes} node(s)), so no machine would start",
                 f"request {need + used:g} in the console (IAM & Admin > Quotas, metric compute.googleapis.com/"
                 f"{name.lower()}, region {settings.region})",
@@ -380,10 +494,16 @@ def _in_use(used: float) -> str:
 _GCLOUD_LIST = {"machineTypes": "machine-types", "acceleratorTypes": "accelerator-types"}
 
 
+def gcp_zones(settings: config.Settings, api: GcpApi) -> list[str]:
+    """The zones the group may use, as the program sets them: compute.zones, else every zone of the region."""
+    return list(settings.compute.zones) or api.region_zones(settings.project, settings.region)
+
+
 def gcp_offering_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
-    """Machine types (and an N1 machine's GPU) offered in none of the zones the group may use."""
+    """Machine types (and an N1 machine's GPU) offered in none of the zones the group may use
+    (it picks one zone among them that has the hardware and capacity)."""
     c = settings.compute
-    zones = list(c.zones) or api.region_zones(settings.project, settings.region)
+    zones = gcp_zones(settings, api)
     wanted = [("machineTypes", t, "compute.instanceTypes") for t in c.instance_types]
     if c.accelerator:
         wanted.append(("acceleratorTypes", c.accelerator, "compute.accelerator"))
@@ -396,11 +516,45 @@ def gcp_offering_problems(settings: config.Settings, api: GcpApi) -> list[Proble
     return problems
 
 
-def gcp_api_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
-    """The APIs that must be on before the first `pulumi up` (components/gcp/stack.py PREREQUISITE_APIS)."""
+SET_POLICY = "storage.buckets.setIamPolicy"
+
+
+def gcp_data_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
+    """A gs:// dataUri: the bucket exists, and with run.dataGrant the deployer may set its IAM policy.
+
+    `pulumi up` grants the machines read access on the data bucket itself; without
+    storage.buckets.setIamPolicy there (a public data set of another project, a bucket another
+    team owns) the grant fails with 403 after the other resources were made.
+    """
+    from components.gcp.identity import split_gs_uri
+    from components.gcp.naming import service_account_id
+    from ops.mockrun import project_name
+
+    uri = settings.run.data_uri
+    if not uri or not uri.startswith("gs://"):
+        return []
+    bucket, prefix = split_gs_uri(uri)
+    granted = api.bucket_permissions(bucket, [SET_POLICY])
+    if granted is None:
+        return [Problem(f"run.dataUri {uri}: there is no bucket {bucket}", "check run.dataUri")]
+    if not settings.run.data_grant or SET_POLICY in granted:
+        return []
+    account = (f"{service_account_id(project=project_name(), stack=settings.stack)}@{settings.project}"
+               ".iam.gserviceaccount.com")
+    what = (f"you cannot set the IAM policy of data bucket {bucket} ({SET_POLICY}), so `pulumi up` would fail "
+            "granting the machines read access to it (403)")
+    if api.publicly_readable(bucket, prefix):
+        return [Problem(f"{what}; it is publicly readable, so they need no grant", "set run.dataGrant: false")]
+    return [Problem(what, f"ask its owner to grant roles/storage.objectViewer on gs://{bucket} to "
+                          f"serviceAccount:{account} and set run.dataGrant: false, or get "
+                          "roles/storage.admin on that bucket")]
+
+
+def gcp_api_problems(settings: config.Settings, enabled: set[str]) -> list[Problem]:
+    """The APIs that must be on before the first `pulumi up` (components/gcp/stack.py PREREQUISITE_APIS),
+    of the project's `enabled` services."""
     from components.gcp.stack import PREREQUISITE_APIS
 
-    enabled = api.enabled_services(settings.project)
     missing = [a for a in PREREQUISITE_APIS if a not in enabled]
     if not missing:
         return []
@@ -409,15 +563,53 @@ def gcp_api_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
                     f"gcloud services enable {' '.join(missing)} --project {settings.project}")]
 
 
+def compute_api_problem(settings: config.Settings) -> Problem:
+    """The Compute Engine API is off: the quotas and machine types cannot be read until it is on."""
+    return Problem(f"the Compute Engine API ({COMPUTE_API}) is off in project {settings.project}, so its GPU "
+                   "quotas and machine types cannot be checked (`pulumi up` would turn it on, but a new project's "
+                   "GPU quota is 0 until you ask)",
+                   f"gcloud services enable {COMPUTE_API} --project {settings.project}, then run preflight again")
+
+
 def check_gcp(settings: config.Settings, api: GcpApi | None = None) -> list[Problem]:
     """Every GCP check; `api` defaults to the REST client with Application Default Credentials."""
     api = api or RestGcpApi()
+    enabled: set[str] = set()
+
+    def apis() -> list[Problem]:
+        enabled.update(api.enabled_services(settings.project))
+        return gcp_api_problems(settings, enabled)
+
+    def off_api_said(check: Callable[[], list[Problem]]) -> Callable[[], list[Problem]]:
+        # A read of an API that is off is no credentials problem: say which API to turn on.
+        def run() -> list[Problem]:
+            try:
+                return check()
+            except ApiDisabled as e:
+                if e.service == COMPUTE_API:
+                    return [compute_api_problem(settings)]
+                return [Problem(f"the API {e.service} is off in project {settings.project} ({e})",
+                                f"gcloud services enable {e.service} --project {settings.project}, "
+                                "then run preflight again")]
+        return run
+
+    problems = _run_checks([("APIs", off_api_said(apis))], _gcp_error)
+    if enabled and COMPUTE_API not in enabled:
+        # Every read below goes to the Compute Engine API: one line says to turn it on.
+        return [*problems, compute_api_problem(settings)]
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [
-        ("APIs", lambda: gcp_api_problems(settings, api)),
-        ("GPU quota", lambda: gcp_quota_problems(settings, api)),
-        ("machine types", lambda: gcp_offering_problems(settings, api)),
+        ("GPU quota", off_api_said(lambda: gcp_quota_problems(settings, api))),
+        ("machine types", off_api_said(lambda: gcp_offering_problems(settings, api))),
+        ("data bucket", off_api_said(lambda: gcp_data_problems(settings, api))),
     ]
-    return _run_checks(checks, lambda e: f"{type(e).__name__}: {e}")
+    for problem in _run_checks(checks, _gcp_error):
+        if problem not in problems:  # an API that is off refuses every check the same way: said once
+            problems.append(problem)
+    return problems
+
+
+def _gcp_error(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}"
 
 
 def _run_checks(checks: Iterable[tuple[str, Callable[[], list[Problem]]]],

@@ -330,12 +330,32 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
         st.detail = "training finished; writing the model"
     elif starting:
         st.detail = f"attempt {last.get(layout.ATTEMPT)} starting: staging data, building the model"
+    _waiting_for_machines(st, log, last_at)
     if st.state == RUNNING and st.step is not None and st.total and st.examples_per_sec:
         batch = next((e.get("global_batch") for e in reversed(trainer_log) if isinstance(e.get("global_batch"), int)),
                      None)
         if batch:
             st.eta_seconds = round(max(0, st.total - st.step) * batch / st.examples_per_sec, 1)
     return st
+
+
+def _waiting_for_machines(st: RunStatus, log: list[dict], last_at: float | None) -> None:
+    """Machines of several waiting for the others (a lost one not replaced yet) since after the
+    trainer's last lifecycle event: say so, and when the run gives up (userdata/rendezvous.sh)."""
+    wait = next((e for e in reversed(log) if e.get(layout.EVENT) in (layout.WAITING_FOR_MACHINES, *layout.LIFECYCLE)),
+                None)
+    if wait is None or wait.get(layout.EVENT) != layout.WAITING_FOR_MACHINES:
+        return
+    at = _stamp(wait.get(layout.TIME))
+    if at is None or (last_at is not None and at < last_at):
+        return
+    # No trainer runs while they wait: no heartbeat is expected, so this is no stall.
+    if st.state == STALLED:
+        st.state = PREEMPTED
+    until = str(wait.get("until") or "")
+    st.detail = (f"waiting for the other machines: {wait.get('came')} of {wait.get('nodes')} came to generation "
+                 f"{wait.get('generation')} (since {str(wait.get('since') or '')[11:19]} UTC); the run ends FAILED "
+                 f"at {until[11:19] or '?'} UTC unless the group brings the rest (TRAINSTACK_PEER_WAIT_S)")
 
 
 def _add_cost(st: RunStatus, log: list[dict], *, now: float | None = None, end: float | None = None) -> None:

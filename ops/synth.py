@@ -85,12 +85,12 @@ def synthesize(source: str | Path | Mapping[str, Any] | Source, *, stack: str | 
 
 
 def plan(result: Result, settings: config.Settings, *, ask_prices: bool = True) -> str:
-    """The readable plan for a synth result: resources by type, mock values marked, machines and cost.
+    """The readable plan for a synth result: resources by type, mock values marked, machines, cost and storage.
 
     With `ask_prices` and AWS credentials configured, spot prices come from EC2's price
     history; otherwise they are estimated (and say so).
     """
-    from components import pricing
+    from components import pricing, storage
     from ops import plan as plan_text
 
     spot_prices = None
@@ -98,7 +98,8 @@ def plan(result: Result, settings: config.Settings, *, ask_prices: bool = True) 
         spot_prices = pricing.aws_spot_prices(settings.region, settings.compute.instance_types)
     est = pricing.hourly_cost(settings, spot_prices=spot_prices)
     return plan_text.render(settings.stack, settings.cloud, settings.region, result.resources, result.outputs,
-                            result.mock_values, est, settings.compute.gpus_per_node)
+                            result.mock_values, est, settings.compute.gpus_per_node,
+                            storage.plan_lines(storage.storage_plan(settings)))
 
 
 def write(result: Result, out: Path) -> list[Path]:

@@ -55,6 +55,20 @@ RENDEZVOUS_PREFIX = "rendezvous/"  # several machines: membership records by gen
 WORKER_EVENTS_PREFIX = "worker-events/"  # several machines: a non-chief worker's own `failed` events
 LEASE_KEY = "lease.json"  # the single-writer lease (trainer/lease.py)
 
+# -- how the bucket tells a checkpoint's objects from the rest (components/*/bucket.py) --
+
+# Pruning a checkpoint leaves its bytes as noncurrent versions in the versioned bucket; a
+# lifecycle rule removes those within days, while every other object keeps the bucket's longer
+# noncurrent window. Lifecycle filters cannot match runs/<id>/checkpoints/ (a prefix after the
+# run id), so the trainer marks each checkpoint object when it uploads it: an S3 object tag
+# (lifecycle rules filter on tags) and, on GCS, the object's Custom-Time (rules have a
+# daysSinceCustomTime condition, and nothing else the trainer sets is matched). Objects outside
+# checkpoints/ never carry the mark.
+CHECKPOINT_TAG_KEY = "trainstack-kind"
+CHECKPOINT_TAG_VALUE = "checkpoint"
+# Days a pruned checkpoint's bytes stay restorable (noncurrent) before the rule removes them.
+CHECKPOINT_NONCURRENT_DAYS = 1
+
 # -- terminal markers: exactly one ends a run; JSON documents at the top of the run folder --
 
 COMPLETE = "COMPLETE"
@@ -98,6 +112,10 @@ LEASE_LOST = "lease_lost"
 SPOT_NOTICE = "spot_notice"
 REBALANCE = "rebalance"
 MACHINE_FINISH = "finish"
+# finish.sh could not scale the group to zero (with the CLI's error): the group will relaunch a machine.
+MACHINE_SCALE_FAILED = "scale_failed"
+# A machine of several has waited long for the others (generation, came, nodes, since, until).
+WAITING_FOR_MACHINES = "waiting_for_machines"
 
 # The fields each event carries besides EVENT, TIME and ATTEMPT (required ones).
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
@@ -125,6 +143,11 @@ def run_prefix(run_id: str) -> str:
 def checkpoint_dir(step: int) -> str:
     """`checkpoints/ckpt-<step>`: one checkpoint's folder relative to the run."""
     return f"{CHECKPOINTS_PREFIX}{CHECKPOINT_DIR}-{int(step)}"
+
+
+def is_checkpoint_key(key: str) -> bool:
+    """Whether a key relative to the run (`checkpoints/ckpt-10/ckpt.index`) is part of a checkpoint."""
+    return key.startswith(CHECKPOINTS_PREFIX)
 
 
 def committed_key(step: int) -> str:

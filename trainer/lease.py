@@ -23,9 +23,12 @@ racing for it, exactly one wins; the other reads again.
   monotonic clock (the holder stopped renewing; no clock agreement needed). Held by a live
   holder -> poll until ``wait_s`` runs out, then :class:`LeaseHeld`.
 - **Holding it**: a thread renews it every ``ttl_s / 4`` (conditional on our last version).
-  A renewal that finds another version means someone took it: the lease is lost, every
-  later :meth:`RunLease.check` raises :class:`LeaseLost`, and ``on_lost(reason)`` is called
-  (the trainer stops its loop).
+  A renewal refused (412: the object is at another version) means someone took it: the lease
+  is lost, every later :meth:`RunLease.check` raises :class:`LeaseLost`, and
+  ``on_lost(reason)`` is called (the trainer stops its loop). A renewal that met another
+  write in flight (409: S3 ``ConditionalRequestConflict``, GCS ``Conflict``) was not
+  refused: the lease is read again and, while it is still ours at our version, written
+  again (:data:`CONFLICT_TRIES`); only if the other write won is it lost.
 - **Fencing**: :meth:`RunLease.fence` renews synchronously and is called right before a
   checkpoint's COMMITTED marker is written; the marker goes out only if that conditional
   write succeeded, well inside the time no one else can take the lease (``ttl_s`` minus
@@ -54,7 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainer import layout
-from trainer.storage import NotFound, PreconditionFailed, Store
+from trainer.storage import NotFound, PreconditionFailed, Store, WriteConflict
 
 LEASE_FORMAT = 1
 DEFAULT_TTL_S = 60.0
@@ -65,6 +68,15 @@ CLOCK_SKEW_S = 15.0
 # paused process), and a fenced write must go out within that window.
 SAFETY_S = 10.0
 POLL_S = 5.0
+# A conditional write that met another write in flight (S3/GCS 409) decided nothing: read
+# again and, while the lease is still ours at the version we hold, write again, this many
+# times, pausing CONFLICT_PAUSE_S x try (a few seconds in all, well inside SAFETY_S).
+CONFLICT_TRIES = 4
+CONFLICT_PAUSE_S = 0.25
+
+
+class LeaseBusy(RuntimeError):
+    """The store kept answering 409 (another write in flight) to our renewal: not lost, not renewed."""
 
 
 class LeaseHeld(RuntimeError):
@@ -233,6 +245,9 @@ class RunLease:
                 try:
                     with self._lock:
                         self._write(epoch, version if exists else None)
+                except WriteConflict:
+                    self._sleep(CONFLICT_PAUSE_S)  # another write in flight: look again shortly
+                    continue
                 except PreconditionFailed:
                     continue  # someone else wrote it first: look again
                 self._lost = None
@@ -262,17 +277,29 @@ class RunLease:
                 raise LeaseLost(self._lost)
             if self.epoch is None:
                 raise LeaseLost("this trainer never took the run's lease")
-            try:
-                self._write(self.epoch, self._version)
-            except PreconditionFailed:
-                rec, _, _ = self._read()
-                who = f"{rec.holder}, epoch {rec.epoch}" if rec else "the lease is gone"
-                self._lost = (f"the run's lease was taken over ({who}) while this trainer (epoch {self.epoch}) "
-                              "held it: another machine is training this run; this one stops committing")
-                if self.on_lost is not None:
-                    with contextlib.suppress(Exception):
-                        self.on_lost(self._lost)
-                raise LeaseLost(self._lost) from None
+            for tries in range(1, CONFLICT_TRIES + 1):
+                try:
+                    self._write(self.epoch, self._version)
+                    return
+                except WriteConflict:
+                    rec, version, _ = self._read()
+                    if rec is None or rec.token != self.token:
+                        break  # the write in flight was another's, and it won: lost (below)
+                    self._version = version  # still ours: write again against what is there
+                    if tries == CONFLICT_TRIES:
+                        raise LeaseBusy(f"the run's lease (epoch {self.epoch}) met another write in flight "
+                                        f"{tries} times in a row; still ours, not renewed") from None
+                    self._sleep(CONFLICT_PAUSE_S * tries)
+                except PreconditionFailed:
+                    break
+            rec, _, _ = self._read()
+            who = f"{rec.holder}, epoch {rec.epoch}" if rec else "the lease is gone"
+            self._lost = (f"the run's lease was taken over ({who}) while this trainer (epoch {self.epoch}) "
+                          "held it: another machine is training this run; this one stops committing")
+            if self.on_lost is not None:
+                with contextlib.suppress(Exception):
+                    self.on_lost(self._lost)
+            raise LeaseLost(self._lost)
 
     def fence(self) -> None:
         """Prove we hold the lease right before a commit: renew it, raising :class:`LeaseLost` if not."""

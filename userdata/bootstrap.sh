@@ -66,6 +66,16 @@ gpu() {
     fail "the NVIDIA driver does not answer: $(head -c 300 "$RUNTIME_DIR/gpus" | tr '\n' ' ')"
 }
 
+# Ubuntu's unattended-upgrades would replace the NVIDIA driver's libraries under the loaded
+# kernel module, and every later container fails with "driver/library version mismatch"
+# until a reboot (NVIDIA/nvidia-container-toolkit#394). Its blacklist takes Python regexes
+# matched at the start of the name; a drop-in needs no dpkg lock (first boots often hold it).
+hold_driver() {
+  mkdir -p "$ROOT/etc/apt/apt.conf.d"
+  printf '%s\n' 'Unattended-Upgrade::Package-Blacklist { "nvidia-"; "libnvidia-"; "linux-modules-nvidia-"; "linux-objects-nvidia-"; "linux-signatures-nvidia-"; };' \
+    >"$ROOT/etc/apt/apt.conf.d/51trainstack-hold-nvidia"
+}
+
 docker_engine() {
   command -v docker >/dev/null && return 0
   log "installing Docker (docker.io)"
@@ -74,10 +84,21 @@ docker_engine() {
   systemctl enable --now docker
 }
 
-cloud_cli() {
+# The CLI must do what the scripts ask of it: several machines seal their rendezvous with a
+# create-if-absent write (S3 If-None-Match, from August 2024; GCS if-generation-match), which
+# an older CLI refuses as an unknown option, and the cluster would never form. Asked of the
+# CLI's own model (a skeleton, or the help text), no call made.
+cli_check() {
+  local model
+  cloud_cli || die "no cloud CLI"
+  ((${TRAINSTACK_NODES:-1} > 1)) || return 0
   case "$TRAINSTACK_CLOUD" in
-    aws) command -v aws >/dev/null || { log "installing the AWS CLI"; retry 3 snap install aws-cli --classic; } ;;
-    gcp) command -v gcloud >/dev/null || { log "installing the gcloud CLI"; retry 3 snap install google-cloud-cli --classic; } ;;
+    aws) model="$(aws s3api put-object --generate-cli-skeleton 2>&1)" || true
+      grep -q '"IfNoneMatch"' <<<"$model" ||
+      fail "the AWS CLI on this image ($(aws --version 2>&1 | head -c 80)) has no put-object --if-none-match, which several machines need: use an image whose AWS CLI is from after August 2024" ;;
+    gcp) model="$(gcloud storage cp --help 2>&1)" || true
+      grep -q -- --if-generation-match <<<"$model" ||
+      fail "the gcloud CLI on this image ($(gcloud --version 2>&1 | head -n 1)) has no storage cp --if-generation-match, which several machines need: use a newer gcloud" ;;
   esac
 }
 
@@ -213,13 +234,30 @@ packages() {
   tmp="$(mktemp -d "$OPT_DIR/pip/.install.XXXXXX")"
   image
   log "installing the trainer's requirements (${more:-trainer only}) into $PIP_DIR"
+  retry 3 pip_install "$tmp" "$more" && { mv "$tmp" "$PIP_DIR"; return 0; }
+  rm -rf "$tmp"
+  # A verdict on the requirements (no such version, a conflict, a build that fails) fails
+  # the run. pip offline says "No matching distribution" too, after its connection
+  # warnings: any sign of the network (or no verdict at all) is retried by the supervisor.
+  if ! grep -qiE "retrying \(retry|connection(error| broken| reset| refused| aborted)|timeout|timed out|name resolution|not known|unreachable|HTTP error 5|IncompleteRead|ProxyError|SSLError|do not match the hashes" "$PIP_LOG" &&
+    grep -qE "ResolutionImpossible|No matching distribution|conflicting dependencies|Invalid requirement|subprocess-exited-with-error" "$PIP_LOG"; then
+    fail "pip refused the requirements (${more:+trainer, CUDA wheels and run.code}) in $TRAINSTACK_IMAGE: $(grep -m 2 '^ERROR' "$PIP_LOG" | tr '\n' ' ' | head -c 300)"
+  fi
+  die "pip could not install the requirements (retried later): $(grep -m 1 -iE 'error' "$PIP_LOG" | head -c 300)"
+}
+
+# pip_install DIR MORE: the requirements installed in the image into DIR; pip's output is
+# kept in $PIP_LOG (and shown) for the verdict above.
+pip_install() {
+  local rc=0
+  find "$1" -mindepth 1 -delete # what an earlier try left
   # shellcheck disable=SC2016 # $MORE_REQUIREMENTS expands inside the container's shell
-  retry 3 docker run --rm --network host -v "$CODE_DIR:/opt/trainstack/code:ro" -v "$tmp:/opt/trainstack/pip" \
-    -e "MORE_REQUIREMENTS=$more" "$TRAINSTACK_IMAGE" sh -c 'python -m pip freeze --all >/tmp/image.txt &&
+  docker run --rm --network host -v "$CODE_DIR:/opt/trainstack/code:ro" -v "$1:/opt/trainstack/pip" \
+    -e "MORE_REQUIREMENTS=$2" "$TRAINSTACK_IMAGE" sh -c 'python -m pip freeze --all >/tmp/image.txt &&
       python -m pip install -q --no-cache-dir --disable-pip-version-check --target /opt/trainstack/pip
-      -c /tmp/image.txt -r /opt/trainstack/code/trainer/requirements.txt $MORE_REQUIREMENTS' ||
-    fail "pip could not install the requirements (${more:+trainer, CUDA wheels and run.code}) into $TRAINSTACK_IMAGE"
-  mv "$tmp" "$PIP_DIR"
+      -c /tmp/image.txt -r /opt/trainstack/code/trainer/requirements.txt $MORE_REQUIREMENTS' >"$PIP_LOG" 2>&1 || rc=$?
+  tail -n 20 "$PIP_LOG" >&2
+  return "$rc"
 }
 
 image() {
@@ -242,11 +280,13 @@ main() {
   DRIVER_BRANCH="${TRAINSTACK_NVIDIA_DRIVER:-570-server}"
   # How long apt waits for another apt (the image's first-boot updates) to let go of dpkg.
   APT_LOCK_WAIT_S="${TRAINSTACK_APT_LOCK_WAIT_S:-600}"
+  PIP_LOG="$RUNTIME_DIR/pip.log"
   rm -f "$RUNTIME_DIR/failure-reason"
   local start=$SECONDS
   step gpu gpu
+  step hold hold_driver
   step docker docker_engine
-  step cli cloud_cli
+  step cli cli_check
   step toolkit toolkit
   step data data_dir
   step image image

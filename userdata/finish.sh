@@ -5,8 +5,9 @@
 # (JSON: outcome, reason, instance, time, step, attempts) unless the run already has an
 # end marker. Then: a `finish` event in this machine's own event object, this machine's
 # logs to <run>/logs/<instance>/, the stack's group scaled to zero (idempotent: any node
-# may do it) and the machine shut down. Each step is tried even when an earlier one
-# failed: a machine that stays up is the costliest outcome.
+# may do it; a failing call is retried for a bound, see scale_down) and the machine shut
+# down. Each step is tried even when an earlier one failed: a machine that stays up is the
+# costliest outcome.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -44,6 +45,7 @@ main() {
   local outcome="${1:?$usage}" reason="${2:-}" attempts="${3:-0}"
   is_end_marker "$outcome" || die "unknown outcome $outcome; $usage"
   load_env
+  SCALE_WAIT_S="${TRAINSTACK_SCALE_WAIT_S:-600}"
   # One finish at a time, even if two paths reach it.
   exec 9>"$RUNTIME_DIR/finish.lock"
   flock 9
@@ -53,12 +55,38 @@ main() {
   fi
   event "$MACHINE_FINISH" outcome="$outcome" "$MARKER_REASON=$reason" || log "could not record the finish event"
   upload_logs || log "could not upload the logs"
-  if retry 5 scale_to_zero; then
-    log "group $TRAINSTACK_GROUP scaled to zero"
-  else
-    log "could not scale $TRAINSTACK_GROUP to zero; shutting down regardless"
-  fi
+  scale_down || true
   shutdown -h now
+}
+
+# The group to zero. Without it the group replaces this machine when it shuts down, and
+# the replacement finds the run ended and comes here again: a relaunch loop that only the
+# cloud's runtime cap (scheduled action / Cloud Scheduler job) ends, since no machine can
+# keep a group from replacing it (a stopped machine is replaced too). So the machine that
+# ended the run keeps trying for SCALE_WAIT_S (throttling, IAM still propagating and
+# endpoint blips pass in minutes); a machine launched after an earlier one already failed
+# (its scale_failed event) tries for 30 s and goes, its boot being what each turn costs.
+scale_down() {
+  local earlier wait_s=$SCALE_WAIT_S until pause="${TRAINSTACK_RETRY_BASE_S:-2}" err="$RUNTIME_DIR/scale.err" why
+  earlier="$(store_cat_all "$RUN_URI/${MACHINE_EVENTS_PREFIX%/}" | grep -c "\"$EVENT\": \"$MACHINE_SCALE_FAILED\"")" || earlier=0
+  if ((earlier > 0)); then
+    wait_s=30
+    log "$earlier earlier machine(s) of this run could not scale the group: trying for ${wait_s}s"
+  fi
+  until=$(($(date +%s) + wait_s))
+  until scale_to_zero 2>"$err"; do
+    why="$(head -c 400 "$err" | tr -s '\n' ' ' | sed 's/^ //; s/ $//')"
+    if (($(date +%s) + pause > until)); then
+      log "could not scale $TRAINSTACK_GROUP to zero in ${wait_s}s: ${why:-no error text}; shutting down"
+      event "$MACHINE_SCALE_FAILED" "$MARKER_REASON=$why" "earlier:=$earlier" || true
+      return 1
+    fi
+    log "could not scale $TRAINSTACK_GROUP to zero: ${why:-no error text}; retrying in ${pause}s"
+    sleep "$pause"
+    pause=$((pause * 2))
+    ((pause <= 60)) || pause=60
+  done
+  log "group $TRAINSTACK_GROUP scaled to zero"
 }
 
 main "$@"

@@ -44,6 +44,8 @@ FAILED_EVENT="failed"
 SPOT_NOTICE="spot_notice"
 REBALANCE="rebalance"
 MACHINE_FINISH="finish"
+MACHINE_SCALE_FAILED="scale_failed"
+WAITING_FOR_MACHINES="waiting_for_machines"
 # The trainer's exit codes.
 EXIT_OK=0
 EXIT_FAILED=1
@@ -85,6 +87,18 @@ load_env() {
     *) die "TRAINSTACK_CLOUD must be aws or gcp, not '$TRAINSTACK_CLOUD'" ;;
   esac
   GRACE_S="${TRAINSTACK_NOTICE_GRACE_S:-$DEFAULT_GRACE}"
+  # A CLI installed from snap lives in /snap/bin, which systemd's PATH for units lacks.
+  [[ ":$PATH:" == *:/snap/bin:* ]] || PATH="$PATH:/snap/bin"
+}
+
+# cloud_cli: the cloud's CLI, from snap when the image has none. Every call to the bucket
+# and the group goes through it, the run folder's first read included.
+cloud_cli() {
+  local cli=aws snap=aws-cli
+  [[ "$TRAINSTACK_CLOUD" == aws ]] || { cli=gcloud; snap=google-cloud-cli; }
+  command -v "$cli" >/dev/null && return 0
+  log "no $cli on this image: installing $snap from snap"
+  retry 3 snap install "$snap" --classic && command -v "$cli" >/dev/null
 }
 
 # retry ATTEMPTS CMD...: runs CMD until it succeeds, doubling the pause each time.
@@ -185,7 +199,7 @@ store_cat_all() {
 # store_create URI: writes stdin to URI only when no object is there (S3 If-None-Match: *,
 # GCS if-generation-match=0), atomically: of several machines creating one name at once,
 # one succeeds. 0: created; 1: the object exists (or another create of it is under way);
-# 2: any other error (logged).
+# 2: any other error (logged, and kept in STORE_ERROR for the caller's reason).
 store_create() {
   local tmp err rc=0 bucket key
   tmp="$(mktemp)"
@@ -208,7 +222,8 @@ store_create() {
     if grep -qE "PreconditionFailed|ConditionalRequestConflict|412|did not hold" "$err"; then
       rc=1
     else
-      log "creating $1 failed: $(head -c 300 "$err")"
+      STORE_ERROR="$(tr -s '\n' ' ' <"$err" | head -c 300)"
+      log "creating $1 failed: $STORE_ERROR"
       rc=2
     fi
   fi

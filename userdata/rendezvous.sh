@@ -35,6 +35,7 @@ JOIN_NOTICE=1
 JOIN_ENDED=2
 JOIN_DEADLINE=3
 JOIN_NO_ADDRESS=4
+JOIN_FAILED=5 # the run cannot go on: JOIN_REASON says why
 
 # This boot's member name: the machine's id and a token made once per boot (/run is lost
 # at power-off).
@@ -91,6 +92,7 @@ for member, (endpoint, machine) in sorted(seen.items(), key=order):
 
 # seal GEN NODES LIVE: proposes the first NODES live members as GEN's workers. Only the
 # first proposal is stored (a conditional create); every machine then reads that one.
+# Returns store_create's answer (1: another machine sealed first; 2: the write failed).
 seal() {
   local record
   record="$(python3 -c '
@@ -99,9 +101,8 @@ gen, nodes = int(sys.argv[1]), int(sys.argv[2])
 workers = [dict(zip(("endpoint", "member", "machine"), line.split())) for line in sys.stdin.read().splitlines()[:nodes]]
 print(json.dumps({"generation": gen, "workers": workers}, separators=(",", ":")))
 ' "$1" "$2" <<<"$3")"
-  if store_create "$RUN_URI/$RENDEZVOUS_PREFIX$GEN_DIR$1/$SEALED" <<<"$record"; then
-    log "sealed generation $1: $(cut -d' ' -f1 <<<"$3" | head -n "$2" | tr '\n' ' ')"
-  fi
+  store_create "$RUN_URI/$RENDEZVOUS_PREFIX$GEN_DIR$1/$SEALED" <<<"$record" || return
+  log "sealed generation $1: $(cut -d' ' -f1 <<<"$3" | head -n "$2" | tr '\n' ' ')"
 }
 
 # tf_config_from SEALED MEMBER: the TF_CONFIG line for MEMBER in the sealed record; fails
@@ -122,12 +123,16 @@ print("TF_CONFIG=" + json.dumps(conf, separators=(",", ":")))
 # join_generation: waits until a sealed generation names this machine, then appends its
 # TF_CONFIG to CONTAINER_ENV and records the generation as run. Returns 0 then, or
 # JOIN_NOTICE (a spot notice is pending: this machine does not join), JOIN_ENDED (the
-# run has an end marker, in END_MARKER), JOIN_DEADLINE, or JOIN_NO_ADDRESS (the metadata
-# service does not say this machine's address). Every wait is bounded by the
-# run's deadline: a missing peer (no spot capacity for a replacement) costs time, never
-# a failure.
+# run has an end marker, in END_MARKER), JOIN_DEADLINE, JOIN_NO_ADDRESS (the metadata
+# service does not say this machine's address) or JOIN_FAILED (JOIN_REASON says why).
+# Machines wait, paid and idle, for the others at most TRAINSTACK_PEER_WAIT_S (a zone
+# without spot capacity may bring no replacement for hours); a failing seal is tried each
+# poll, at most TRAINSTACK_SEAL_TRIES times in a row.
 join_generation() {
   local nodes="$TRAINSTACK_NODES" me endpoint last gen high objects record mine live polls=0 line
+  local peer_wait_s="${TRAINSTACK_PEER_WAIT_S:-1800}" seal_tries="${TRAINSTACK_SEAL_TRIES:-30}"
+  local started waited came=1 told=0 failed_seals=0 rc quick=0 step
+  started=$(date +%s)
   me="$(member_id)"
   endpoint="$(retry 5 private_ip)" || { log "cannot read this machine's private address"; return "$JOIN_NO_ADDRESS"; }
   endpoint="$endpoint:$WORKER_PORT"
@@ -141,6 +146,18 @@ join_generation() {
       return "$JOIN_NOTICE"
     fi
     (($(date +%s) < DEADLINE)) || return "$JOIN_DEADLINE"
+    waited=$(($(date +%s) - started))
+    if ((waited >= peer_wait_s)); then
+      step="$(newest_committed)"
+      JOIN_REASON="the cluster did not form: $came of $nodes machines came to generation $gen in ${waited}s (spot capacity?). Checkpoints kept (step $step); to go on once there is capacity, delete $FAILED and set the group back to $nodes machines"
+      return "$JOIN_FAILED"
+    fi
+    if ((!told && waited >= RENDEZVOUS_TTL_S)); then
+      # A lost member's heartbeat has expired by now: say so where `ops status` reads it.
+      told=1
+      event "$WAITING_FOR_MACHINES" "generation:=$gen" "came:=$came" "nodes:=$nodes" \
+        "since=$(date -u -d "@$started" +%FT%TZ)" "until=$(date -u -d "@$((started + peer_wait_s))" +%FT%TZ)" || true
+    fi
     if ((polls % 5 == 0)); then
       # Another machine may have ended the run (FAILED, TIMED_OUT, CANCELLED) meanwhile.
       END_MARKER="$(end_marker)" || END_MARKER=""
@@ -168,10 +185,26 @@ join_generation() {
     mine="$(heartbeat "$gen" "$me" "$endpoint")" || log "could not write this machine's heartbeat (retrying)"
     objects+=$'\n'"$mine"
     live="$(live_members <<<"$objects")" || live=""
-    if (($(grep -c . <<<"$live") >= nodes)) && grep -q " $me " <<<"$live"; then
-      seal "$gen" "$nodes" "$live"
-      continue
+    came="$(grep -c . <<<"$live")" || came=0
+    if ((came >= nodes)) && grep -q " $me " <<<"$live"; then
+      rc=0
+      seal "$gen" "$nodes" "$live" || rc=$?
+      if ((rc == 2)); then
+        failed_seals=$((failed_seals + 1))
+        if ((failed_seals >= seal_tries)); then
+          JOIN_REASON="could not write generation $gen's worker list ($failed_seals tries): ${STORE_ERROR:-see logs}"
+          return "$JOIN_FAILED"
+        fi
+      else
+        failed_seals=0
+        # Sealed (by anyone): read the list at once, once a poll (never a hot loop).
+        if ((!quick)); then
+          quick=1
+          continue
+        fi
+      fi
     fi
+    quick=0
     sleep "$CLUSTER_POLL_S"
   done
 }

@@ -6,10 +6,12 @@
 # trainer, FAILED / TIMED_OUT from any machine) finishes the run, exit 143 after a spot
 # notice waits for the cloud to take the machine, exit 78 (this machine can never run
 # this run) is FAILED at once, exit 77 (another machine's trainer holds the run's lease) is
-# tried again, waiting for the other machines (rendezvous.sh) or stopping with
-# them after a peer's notice is no failure, anything else restarts with backoff until
-# TRAINSTACK_MAX_FAILURES failures in a row without progress mark it FAILED. Every ending goes through
-# finish.sh, which scales the group to zero and shuts down.
+# tried again with backoff for a bounded time, waiting for the other machines
+# (rendezvous.sh, bounded) or stopping with them after a peer's notice is no failure (75/76
+# without progress are counted apart), anything else restarts with backoff until
+# TRAINSTACK_MAX_FAILURES failures in a row without progress mark it FAILED (a driver upgraded
+# under the machine reboots it once instead). Every ending goes through finish.sh, which
+# scales the group to zero and shuts down.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -36,22 +38,51 @@ on_exit() {
   finish "$FAILED" "the supervisor stopped unexpectedly (exit $1); see logs"
 }
 
+# patiently CMD...: CMD until it succeeds, for at most STORE_WAIT_S, pauses doubling up to
+# a minute: a store blip is no verdict on the run.
+patiently() {
+  local stop_at pause="${TRAINSTACK_RETRY_BASE_S:-2}"
+  stop_at=$(($(date +%s) + STORE_WAIT_S))
+  ((pause > 0)) || pause=1
+  until "$@"; do
+    if (($(date +%s) + pause > stop_at)); then
+      log "gave up after ${STORE_WAIT_S}s: $1"
+      return 1
+    fi
+    log "$1 failed; retrying in ${pause}s"
+    sleep "$pause"
+    pause=$((pause * 2 > 60 ? 60 : pause * 2))
+  done
+}
+
+read_deadline() {
+  local text
+  text="$(store_cat "$RUN_URI/$DEADLINE_KEY")" || return 1
+  DEADLINE="$(tr -dc 0-9 <<<"$text")"
+}
+
+# Each try writes the value again (a retried pipe would write nothing).
+write_deadline() { printf '%s\n' "$DEADLINE" | store_put "$RUN_URI/$DEADLINE_KEY"; }
+
 # The run's end markers are checked first, before any setup: a run that has ended costs
-# only this listing.
+# only this listing. A store unreadable for TRAINSTACK_STORE_WAIT_S ends the run: finish
+# cannot write FAILED either, but its group to zero keeps replacements from the same wait.
 check_run_folder() {
   local entries marker
-  entries="$(retry 5 run_entries)" || finish "$FAILED" "cannot read the run folder $RUN_URI"
+  STORE_WAIT_S="${TRAINSTACK_STORE_WAIT_S:-600}"
+  entries="$(patiently run_entries)" ||
+    finish "$FAILED" "cannot read the run folder $RUN_URI: no answer for ${STORE_WAIT_S}s (see logs)"
   marker="$(end_marker_in "$entries")"
   if [[ -n "$marker" ]]; then
     log "run is $marker"
     finish "$marker"
   fi
   if grep -qxF "$DEADLINE_KEY" <<<"$entries"; then
-    DEADLINE="$(retry 5 store_cat "$RUN_URI/$DEADLINE_KEY" | tr -dc 0-9)"
+    patiently read_deadline || finish "$FAILED" "cannot read the run's deadline: no answer for ${STORE_WAIT_S}s (see logs)"
   else
     # First boot of the run: the deadline counts from now and is written once.
     DEADLINE=$(($(date +%s) + ${TRAINSTACK_MAX_RUNTIME_S:-86400}))
-    printf '%s\n' "$DEADLINE" | retry 5 store_put "$RUN_URI/$DEADLINE_KEY"
+    patiently write_deadline || finish "$FAILED" "cannot write the run's deadline: no answer for ${STORE_WAIT_S}s (see logs)"
     log "first boot of the run: deadline $(date -u -d "@$DEADLINE" +%Y-%m-%dT%H:%M:%SZ)"
   fi
   [[ -n "$DEADLINE" ]] || finish "$FAILED" "the run's deadline file is empty"
@@ -147,6 +178,7 @@ tf_config() {
     "$JOIN_NOTICE") return 1 ;;
     "$JOIN_ENDED") finish "$END_MARKER" ;;
     "$JOIN_DEADLINE") finish "$TIMED_OUT" "the run's deadline passed while waiting for the other machines" ;;
+    "$JOIN_FAILED") finish "$FAILED" "$JOIN_REASON" ;;
     *) return 2 ;;
   esac
 }
@@ -196,6 +228,39 @@ wait_for_cloud() {
   rm -f "$NOTICE_FILE" "$RUNTIME_DIR/notice-handled"
 }
 
+# A driver upgraded under the running machine (its libraries no longer match the loaded
+# module) fails every later container until a reboot: not the trainer's failure. Reboot,
+# once per machine; a mismatch that outlives it fails bootstrap's driver check (FAILED).
+reboot_on_driver_mismatch() {
+  local out
+  out="$(nvidia-smi -L 2>&1)" && return 0
+  grep -qi "version mismatch" <<<"$out" || return 0
+  [[ ! -e "$STATE_DIR/driver-rebooted" ]] || finish "$FAILED" "the NVIDIA driver still fails after a reboot: $out"
+  touch "$STATE_DIR/driver-rebooted"
+  log "NVIDIA driver: $(tr '\n' ' ' <<<"$out"): rebooting once to load the updated driver"
+  shutdown -r now || finish "$FAILED" "cannot reboot for the NVIDIA driver's update"
+  trap - EXIT
+  exit 0
+}
+
+# The cloud's CLI comes before the first read of the run folder: an image without one could
+# not read the run, write FAILED or scale the group, and would shut down into a replacement
+# that does the same. When none can be had within TRAINSTACK_CLI_WAIT_S (snap's store not
+# answering), nothing can be told to the run or the group: the machine goes, and what it
+# was launched for costs that bound once per launch (the cloud's runtime cap ends launches).
+cli_first() {
+  local until=$(($(date +%s) + ${TRAINSTACK_CLI_WAIT_S:-300}))
+  until cloud_cli; do
+    if (($(date +%s) + 30 > until)); then
+      log "error: no $TRAINSTACK_CLOUD CLI on this image and none could be installed: the run cannot be read, marked or its group scaled; shutting down"
+      trap - EXIT
+      shutdown -h now
+      exit 0
+    fi
+    sleep 30
+  done
+}
+
 main() {
   load_env
   trap 'on_exit $?' EXIT
@@ -217,12 +282,19 @@ main() {
   FINISH_WAIT_S="${TRAINSTACK_FINISH_WAIT_S:-1800}"
   log "boot: run $RUN_URI, group $TRAINSTACK_GROUP, image $TRAINSTACK_IMAGE"
   rm -f "$RUNTIME_DIR/deadline-hit"
+  cli_first
   check_run_folder
   run_bootstrap
   # shellcheck source=/dev/null
   . "$STATE_DIR/paths"
-  local failures rc joined remaining marker reason before after
+  local failures rc joined remaining marker reason before after pause
   failures="$(cat "$STATE_DIR/failures" 2>/dev/null || echo 0)"
+  # Exit 77 tries in a row, since when, the pause unit and the bound.
+  local lease_tries=0 lease_since=0 lease_retry_s="${TRAINSTACK_LEASE_RETRY_S:-30}"
+  local lease_held_s="${TRAINSTACK_LEASE_HELD_S:-900}"
+  # Generations ended 75/76 since the newest checkpoint was idle_step (kept across reboots).
+  local idle=0 idle_step="" max_idle="${TRAINSTACK_MAX_IDLE_GENERATIONS:-5}"
+  read -r idle idle_step 2>/dev/null <"$STATE_DIR/idle-generations" || true
   while true; do
     [[ ! -e "$NOTICE_FILE" ]] || wait_for_cloud
     remaining=$((DEADLINE - $(date +%s)))
@@ -243,6 +315,7 @@ main() {
       log "trainer exited with $rc"
     fi
     [[ ! -e "$RUNTIME_DIR/deadline-hit" ]] || finish "$TIMED_OUT" "the run's deadline passed during training"
+    ((rc == EXIT_LEASE_HELD)) || lease_since=0 lease_tries=0
     if ((rc == EXIT_PREEMPTED)) && [[ -e "$NOTICE_FILE" ]]; then
       # The notice's grace is short (GCE: 30 s): nothing more to do until the cloud acts.
       failures=0
@@ -253,6 +326,7 @@ main() {
     # COMPLETE or CANCELLED (asked to stop), or another machine's FAILED / TIMED_OUT.
     marker="$(end_marker)" || marker=""
     [[ -z "$marker" ]] || finish "$marker"
+    ((rc == EXIT_OK || rc == EXIT_PREEMPTED)) || reboot_on_driver_mismatch
     if ((rc == EXIT_OK)); then
       if ((${TRAINSTACK_NODES:-1} > 1)) && marker="$(wait_for_end_marker)"; then
         finish "$marker"
@@ -265,16 +339,32 @@ main() {
       reason="$(last_failed_reason)"
       finish "$FAILED" "the trainer cannot run on this machine (exit $rc): ${reason:-see logs}" "$((failures + 1))"
     elif ((rc == EXIT_LEASE_HELD)); then
-      # Another machine's trainer holds the run's lease and kept renewing it (the trainer
-      # waited for it already): that machine is training this run. Not this machine's
-      # failure; look again, bounded by the run's deadline (checked at the top of the loop).
-      log "another machine holds the run's lease (it is training this run): trying again"
+      # Another machine's trainer holds the run's lease and kept renewing it: it trains
+      # this run. One leaving (its notice) lets go within minutes: try again, pausing
+      # longer each time. One holding it past TRAINSTACK_LEASE_HELD_S is outside this
+      # group (`nodes` machines, this one among them): another stack runs this run. This
+      # group stands down: no end marker (it would end that run), group to zero.
+      lease_tries=$((lease_tries + 1))
+      ((lease_since > 0)) || lease_since=$(date +%s)
+      if (($(date +%s) - lease_since >= lease_held_s)); then
+        finish "$CANCELLED" "another machine held the run's lease for $(($(date +%s) - lease_since))s ($lease_tries tries): it trains this run; this group stands down without an end marker"
+      fi
+      pause=$((lease_retry_s * lease_tries > 300 ? 300 : lease_retry_s * lease_tries))
+      log "another machine holds the run's lease: trying again in ${pause}s"
+      sleep "$pause"
       continue
     elif ((rc == EXIT_NO_CLUSTER || rc == EXIT_PEER_LOST)); then
       # The trainer could not form its cluster in time (a sealed member never started)
-      # or lost a peer while training: not this machine's failure. Everyone moves to
-      # the next generation; waiting for it is bounded by the run's deadline.
-      log "the cluster did not form or lost a peer (exit $rc): joining the next generation"
+      # or lost a peer while training: not this machine's failure; everyone moves to the
+      # next generation. TRAINSTACK_MAX_IDLE_GENERATIONS of them without a newer checkpoint
+      # are a cluster that cannot train (a blocked worker port): that ends the run.
+      after="$(newest_committed)"
+      idle_step="${idle_step:-$before}"
+      if ((after > idle_step)); then idle=0 idle_step=$after; else idle=$((idle + 1)); fi
+      echo "$idle $idle_step" >"$STATE_DIR/idle-generations"
+      ((idle < max_idle)) ||
+        finish "$FAILED" "the cluster formed $idle generations in a row without progress (last exit $rc); check the worker port ($WORKER_PORT) / security group between the machines"
+      log "the cluster did not form or lost a peer (exit $rc; $idle/$max_idle idle): joining the next generation"
       continue
     elif ((rc == EXIT_PREEMPTED && ${TRAINSTACK_NODES:-1} > 1)); then
       # Stopped with the others after a peer's notice (the trainers stop together):

@@ -1,7 +1,8 @@
 """TrainingBucket: the S3 bucket that holds a stack's checkpoints, logs, model and code.
 
 Private, versioned, encrypted (SSE-S3 with a bucket key), owner-enforced, TLS-only, with
-a lifecycle that expires old noncurrent versions and aborts abandoned multipart uploads.
+a lifecycle that removes pruned checkpoints' versions within two days, other old versions
+after `storage.noncurrentDays`, and abandoned multipart uploads after a day.
 By default the bucket outlives `pulumi destroy` (the checkpoints are the run's value);
 `storage.keepOnDestroy: false` lets destroy empty and remove it. A kept bucket is
 adopted by the next `pulumi up` (imported, not created) when the stack says so.
@@ -14,7 +15,8 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
-from components.common import adopted_bucket
+from components.common import ABORT_UPLOAD_DAYS, adopted_bucket
+from trainer import layout
 
 
 @dataclass(kw_only=True)
@@ -31,6 +33,62 @@ class TrainingBucketArgs:
     """Days an overwritten or deleted object version is kept."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags for the bucket."""
+
+
+def lifecycle_rules(noncurrent_days: int) -> list[aws.s3.BucketLifecycleConfigurationRuleArgs]:
+    """The bucket's lifecycle: pruned checkpoints go within days, every other old version after `noncurrent_days`.
+
+    S3 expires a noncurrent version `NoncurrentDays` after its successor (the next version or
+    the delete marker a prune leaves) was created, rounded up to the next midnight UTC, and
+    stops billing it from then on (S3 User Guide, "How Amazon S3 calculates when an object
+    became noncurrent", "Lifecycle and other bucket configurations"). 1 is the least S3
+    accepts ("a non-zero positive integer"), so a pruned checkpoint bills for 1 to 2 days. Where
+    rules overlap, the earliest expiration is taken, so the 1-day rule wins for checkpoints.
+    Lifecycle filters are a prefix or tags, not wildcards: runs/<id>/checkpoints/ cannot be a
+    prefix, so the rule filters on the tag the trainer puts on every checkpoint object
+    (`trainer.layout.CHECKPOINT_TAG_KEY`; tags are kept per version).
+    """
+    everything = aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix="")
+    return [
+        aws.s3.BucketLifecycleConfigurationRuleArgs(
+            id="expire-noncurrent-checkpoints",
+            status="Enabled",
+            filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(
+                tag=aws.s3.BucketLifecycleConfigurationRuleFilterTagArgs(
+                    key=layout.CHECKPOINT_TAG_KEY, value=layout.CHECKPOINT_TAG_VALUE,
+                ),
+            ),
+            noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
+                noncurrent_days=layout.CHECKPOINT_NONCURRENT_DAYS,
+            ),
+        ),
+        aws.s3.BucketLifecycleConfigurationRuleArgs(
+            id="expire-noncurrent-versions",
+            status="Enabled",
+            filter=everything,
+            noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
+                noncurrent_days=noncurrent_days,
+            ),
+        ),
+        aws.s3.BucketLifecycleConfigurationRuleArgs(
+            # A pruned key keeps its delete marker after its versions expire; S3 removes such an
+            # "expired object delete marker" only when a rule says so (it cannot take a tag filter).
+            id="remove-expired-delete-markers",
+            status="Enabled",
+            filter=everything,
+            expiration=aws.s3.BucketLifecycleConfigurationRuleExpirationArgs(expired_object_delete_marker=True),
+        ),
+        aws.s3.BucketLifecycleConfigurationRuleArgs(
+            # A checkpoint upload cut off by preemption leaves its parts billed until aborted;
+            # an upload takes minutes, so a day is far beyond any live one.
+            id="abort-incomplete-uploads",
+            status="Enabled",
+            filter=everything,
+            abort_incomplete_multipart_upload=aws.s3.BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
+                days_after_initiation=ABORT_UPLOAD_DAYS,
+            ),
+        ),
+    ]
 
 
 class TrainingBucket(pulumi.ComponentResource):
@@ -94,24 +152,7 @@ class TrainingBucket(pulumi.ComponentResource):
         aws.s3.BucketLifecycleConfiguration(
             f"{name}-lifecycle",
             bucket=bucket_id,
-            rules=[
-                aws.s3.BucketLifecycleConfigurationRuleArgs(
-                    id="expire-noncurrent-versions",
-                    status="Enabled",
-                    filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
-                    noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
-                        noncurrent_days=args.noncurrent_days,
-                    ),
-                ),
-                aws.s3.BucketLifecycleConfigurationRuleArgs(
-                    id="abort-incomplete-uploads",
-                    status="Enabled",
-                    filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
-                    abort_incomplete_multipart_upload=aws.s3.BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
-                        days_after_initiation=7,
-                    ),
-                ),
-            ],
+            rules=lifecycle_rules(args.noncurrent_days),
             # A lifecycle configuration on an unversioned bucket is refused for noncurrent rules.
             opts=pulumi.ResourceOptions.merge(kept, pulumi.ResourceOptions(depends_on=[versioning])),
         )

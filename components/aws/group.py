@@ -26,28 +26,41 @@ from components import userdata
 DLAMI_NAME = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"
 
 
-def choose_zone(zones: list[str], offerings: list[tuple[str, str]], instance_types: list[str]) -> str:
-    """The zone for a cluster placement group: the first of `zones` offering every instance type,
-    else the first offering the most preferred type the group lists.
+def choose_zone(subnets: list[tuple[str, str]], zones: list[str], offerings: list[tuple[str, str]],
+                instance_types: list[str]) -> tuple[str, list[str]]:
+    """The zone of a cluster placement group and the group's subnets in it.
 
-    `offerings` are EC2's (instance type, zone) pairs (DescribeInstanceTypeOfferings with the
-    availability-zone location type). Raises ValueError naming the types and zones when no
-    zone offers any of them: the group could never launch there.
+    `subnets` are the (subnet id, zone) pairs the group may use (compute.subnets, else the
+    default VPC's); the candidates are their zones, narrowed to `zones` (compute.zones, in
+    that order) when given, else sorted. The zone is the first candidate offering every
+    instance type, else the first offering the most preferred type. `offerings` are EC2's
+    (instance type, zone) pairs (DescribeInstanceTypeOfferings, availability-zone location
+    type). The program and `ops preflight` both call this, so they name the same zone.
+    Raises ValueError naming the key to change when no candidate zone can launch the group.
     """
+    if not subnets:
+        raise ValueError("compute.subnets: the group has no subnet (none given, and none in the region's default "
+                         "VPC); set compute.subnets to subnets of a VPC in this region")
+    covered = sorted({zone for _, zone in subnets})
+    candidates = [z for z in zones if z in covered] if zones else covered
+    where = ", ".join(f"{sid} ({zone})" for sid, zone in subnets) or "none"
+    if not candidates:
+        raise ValueError(
+            f"compute.zones {zones}: no subnet of the group is in these zones (subnets: {where}); "
+            "choose zones your subnets cover, or subnets in these zones (compute.subnets)")
     offered: dict[str, set[str]] = {}
     for itype, zone in offerings:
         offered.setdefault(zone, set()).add(itype)
-    for zone in zones:
-        if set(instance_types) <= offered.get(zone, set()):
-            return zone
-    for itype in instance_types:
-        for zone in zones:
-            if itype in offered.get(zone, set()):
-                return zone
-    raise ValueError(
-        f"compute.instanceTypes {instance_types}: no zone of {zones} offers any of them, so several machines "
-        "cannot share a cluster placement group; choose instance types this region offers or set compute.zones "
-        "(aws ec2 describe-instance-type-offerings --location-type availability-zone)")
+    chosen = next((z for z in candidates if set(instance_types) <= offered.get(z, set())), None)
+    if chosen is None:
+        chosen = next((z for t in instance_types for z in candidates if t in offered.get(z, set())), None)
+    if chosen is None:
+        raise ValueError(
+            f"compute.instanceTypes {instance_types}: no zone of the group's subnets ({', '.join(candidates)}) "
+            "offers any of them, so several machines cannot share a cluster placement group; choose instance "
+            "types these zones offer, or subnets (compute.subnets) in zones that do "
+            "(aws ec2 describe-instance-type-offerings --location-type availability-zone)")
+    return chosen, [sid for sid, zone in subnets if zone == chosen]
 
 
 @dataclass(kw_only=True)
@@ -73,7 +86,7 @@ class SpotGroupArgs:
     subnets: list[str] = field(default_factory=list)
     """Subnets to spread over; empty: the default VPC's subnets."""
     zones: list[str] = field(default_factory=list)
-    """Only subnets in these zones; empty: every zone. Several machines use one: the first that offers the types."""
+    """Only subnets in these zones; empty: every zone the subnets cover. Several machines use one (choose_zone)."""
     allowed_cidrs: list[str] = field(default_factory=list)
     """CIDRs allowed to TCP 22; empty: no inbound rule at all."""
     ssh_public_key: str | None = None
@@ -116,30 +129,34 @@ class SpotGroup(pulumi.ComponentResource):
             vpc_id = aws.ec2.get_vpc_output(default=True, opts=invoke).id
             within = aws.ec2.GetSubnetsFilterArgs(name="vpc-id", values=[vpc_id])
         self.placement_group: aws.ec2.PlacementGroup | None = None
+        self.zone: pulumi.Output[str] | None = None
+        """The one zone of several machines (None for one machine)."""
+        subnet_ids: pulumi.Input[list[str]]
         if args.nodes > 1:
             # Several machines train as one: a cluster placement group puts them on one
-            # low-latency network segment, which exists in one zone only, so the group's
-            # subnets are narrowed to one zone: the first (of compute.zones, else of the
-            # region's available zones) where EC2 offers the instance types.
-            candidates: pulumi.Input[list[str]] = list(args.zones) if args.zones else aws.get_availability_zones_output(
-                state="available", opts=invoke).names
+            # low-latency network segment, which exists in one zone only, so the group keeps
+            # its subnets of one zone: chosen by choose_zone among the zones those subnets
+            # cover (a zone without a subnet could launch nothing).
+            ids = aws.ec2.get_subnets_output(filters=[within], opts=invoke).ids
+            pairs = ids.apply(lambda found: pulumi.Output.all(*[
+                aws.ec2.get_subnet_output(id=i, opts=invoke).availability_zone for i in found or []
+            ]).apply(lambda zs, found=found: list(zip(found or [], zs, strict=True))))
             offers = aws.ec2.get_instance_type_offerings_output(
                 location_type="availability-zone",
                 filters=[aws.ec2.GetInstanceTypeOfferingsFilterArgs(name="instance-type", values=args.instance_types)],
                 opts=invoke,
             )
-            types = list(args.instance_types)
-            zone: pulumi.Input[str] = pulumi.Output.all(candidates, offers.instance_types, offers.locations).apply(
-                lambda a: choose_zone(a[0], list(zip(a[1] or [], a[2] or [], strict=False)), types))
+            types, zones = list(args.instance_types), list(args.zones)
+            chosen = pulumi.Output.all(pairs, offers.instance_types, offers.locations).apply(
+                lambda a: choose_zone(a[0], zones, list(zip(a[1] or [], a[2] or [], strict=False)), types))
+            self.zone = chosen.apply(lambda c: c[0])
+            subnet_ids = chosen.apply(lambda c: c[1])
             self.placement_group = aws.ec2.PlacementGroup(
                 # Placement group names take at most 255 characters.
                 f"{name}-placement", name=f"{args.group_name[:245]}-placement", strategy="cluster", tags=args.tags,
                 opts=child,
             )
-            subnet_ids: pulumi.Input[list[str]] = aws.ec2.get_subnets_output(
-                filters=[within, aws.ec2.GetSubnetsFilterArgs(name="availability-zone", values=[zone])], opts=invoke,
-            ).ids
-        elif args.subnets:
+        elif args.subnets and not args.zones:
             subnet_ids = args.subnets
         else:
             filters = [within]

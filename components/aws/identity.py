@@ -90,6 +90,10 @@ def policy_document(
             "Action": [
                 "s3:GetObject",
                 "s3:PutObject",
+                # Checkpoint uploads carry the tag the bucket's short noncurrent rule filters on;
+                # S3 checks this action too for a write with x-amz-tagging (on the new object only:
+                # no s3:PutObjectVersionTagging, and pruning is s3:DeleteObject, never a version delete).
+                "s3:PutObjectTagging",
                 "s3:DeleteObject",
                 "s3:AbortMultipartUpload",
                 "s3:ListMultipartUploadParts",

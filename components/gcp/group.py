@@ -2,7 +2,10 @@
 
 The group is what survives preemption: it keeps `nodes` Spot VMs, recreating any that
 GCE takes back, choosing among the ranked machine types (instance flexibility) in one
-zone of the region that has capacity. The machine resizes its group to zero when the run
+zone that has capacity: of `compute.zones`, else of every zone of the region. The zones are
+set on the group explicitly (GCE would otherwise pick three of a larger region's zones), and
+only when it is created: GCE cannot change a group's zones, so a new `run.id` (a new group)
+takes a changed `compute.zones`. The machine resizes its group to zero when the run
 ends, so Pulumi ignores the target size after creation. The runtime cap is enforced by
 the cloud twice: each VM has a max run duration, and a Cloud Scheduler job resizes the
 group to zero at first launch + maxRuntimeHours (a recreated VM's duration starts afresh;
@@ -62,7 +65,7 @@ class SpotGroupArgs:
     image_id: str | None = None
     """Boot image; None looks up Ubuntu 22.04 with the NVIDIA driver."""
     zones: list[str] = field(default_factory=list)
-    """Zones the group may use; empty: every zone of the region."""
+    """Zones the group may use; empty: every zone of the region (looked up at `pulumi up`)."""
     allowed_cidrs: list[str] = field(default_factory=list)
     """CIDRs allowed to TCP 22; empty: nothing inbound at all."""
     ssh_public_key: str | None = None
@@ -229,7 +232,10 @@ class SpotGroup(pulumi.ComponentResource):
                 name="trainer", instance_template=self.template.self_link_unique,
             )],
             target_size=args.nodes,
-            distribution_policy_zones=args.zones or None,
+            # Without a list GCE uses three of the region's zones when it has more, which
+            # ops preflight could not know; with every zone named, a zone that has the GPU is never left out.
+            distribution_policy_zones=list(args.zones) or gcp.compute.get_zones_output(
+                project=args.gcp_project, region=args.region, opts=pulumi.InvokeOptions(parent=self)).names,
             # All workers in one zone (fast links between them), whichever has capacity.
             distribution_policy_target_shape="ANY_SINGLE_ZONE",
             instance_flexibility_policy=flexibility,
@@ -248,7 +254,10 @@ class SpotGroup(pulumi.ComponentResource):
             wait_for_instances=False,
             # The machine sets the size to 0 when the run is done; a later `pulumi up`
             # must not start it again.
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["targetSize"], depends_on=args.wait_for),
+            # Zones are chosen when the group is created (GCE cannot change them): a group made
+            # before the list was set keeps the zones it has instead of being replaced mid-run.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["targetSize", "distributionPolicyZones"],
+                                        depends_on=args.wait_for),
         )
 
         group_path = f"projects/{args.gcp_project}/regions/{args.region}/instanceGroupManagers/{args.group_name}"

@@ -2,7 +2,7 @@
 
 Least privilege for one run, granted on the resources themselves: objects under this
 run's prefix of this stack's bucket (read/write/delete), the trainer code (read), the
-data set when it is in GCS (read), this stack's image repository (pull), and resizing
+data set's bucket when it is in GCS (read, unless run.dataGrant is false), this stack's image repository (pull), and resizing
 only this stack's instance group (a custom role with two permissions, under an IAM
 condition naming the group, and one to follow the resize's operation). The machine reads its identity from the metadata server;
 several machines find each other under the run folder (`rendezvous/`), not by listing instances.
@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_gcp as gcp
+import pulumi_random as random
 
+from components.gcp.naming import ROLE_SUFFIX_BYTES, custom_role_id
 from trainer import layout
 
 # What the machine's finish step needs to set its own group's size to zero. GCE's IAM
@@ -47,10 +49,12 @@ class InstanceIdentityArgs:
     """The region of the repository and the group."""
     group_name: str
     """The managed instance group the account may resize (and nothing else)."""
-    custom_role_id: str
-    """Id of the project custom role holding the resize permissions."""
+    custom_role_prefix: str
+    """The start of the custom roles' ids; a random suffix kept in the stack's state follows."""
     data_uri: str | None = None
     """gs://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
+    data_grant: bool = True
+    """Grant the account read access on the data bucket; False when it is public or its owner grants it."""
     nodes: int = 1
     """Machines in the group (they find each other under the run folder: no extra grant)."""
 
@@ -124,24 +128,28 @@ class InstanceIdentity(pulumi.ComponentResource):
                 opts=child,
             ),
         ]
-        if args.data_uri:
-            data_bucket, prefix = split_gs_uri(args.data_uri)
+        if args.data_uri and args.data_grant:
+            data_bucket, _ = split_gs_uri(args.data_uri)
+            # The whole bucket, read only, with no condition: IAM conditions need uniform
+            # bucket-level access and policy version 3 on that bucket, and a user's bucket with
+            # fine-grained ACLs refuses them (412). A bucket whose policy the deployer cannot set
+            # (a public data set of another project: 403) takes run.dataGrant: false.
             self.grants.append(
                 gcp.storage.BucketIAMMember(
                     f"{name}-data-read",
                     bucket=data_bucket,
                     role="roles/storage.objectViewer",
                     member=member,
-                    condition=gcp.storage.BucketIAMMemberConditionArgs(
-                        title="training data", expression=prefix_condition(data_bucket, prefix),
-                    ),
                     opts=child,
                 )
             )
+        # GCP reserves a deleted custom role's id for up to 37 days: a suffix drawn once and
+        # kept in state keeps the ids stable across `up`s, and new after a `destroy`.
+        suffix = random.RandomId(f"{name}-role-suffix", byte_length=ROLE_SUFFIX_BYTES, opts=child)
         role = gcp.projects.IAMCustomRole(
             f"{name}-resize-role",
             project=args.gcp_project,
-            role_id=args.custom_role_id,
+            role_id=suffix.hex.apply(lambda h: custom_role_id(args.custom_role_prefix, h, "resize")),
             title="trainstack: resize own instance group",
             permissions=RESIZE_PERMISSIONS,
             opts=child,
@@ -163,7 +171,7 @@ class InstanceIdentity(pulumi.ComponentResource):
         operations = gcp.projects.IAMCustomRole(
             f"{name}-operations-role",
             project=args.gcp_project,
-            role_id=args.custom_role_id.removesuffix("_resize") + "_ops",
+            role_id=suffix.hex.apply(lambda h: custom_role_id(args.custom_role_prefix, h, "ops")),
             title="trainstack: follow own resize operations",
             permissions=OPERATION_PERMISSIONS,
             opts=child,

@@ -2,7 +2,9 @@
 
 The machines' env file names the managed instance group and the bucket before either
 exists, and the service account's IAM bindings name the group, so these names are
-computed from the project, stack and GCP project instead of random suffixes.
+computed from the project, stack and GCP project instead of random suffixes. Custom role
+ids are the exception: GCP keeps a deleted one reserved for weeks, so they end in random
+hex kept in the stack's state (`custom_role_id`).
 """
 
 from __future__ import annotations
@@ -65,6 +67,21 @@ def network_tag(*, project: str, stack: str) -> str:
     return _rfc1035(f"{project}-{stack}", 63)
 
 
-def custom_role_id(*, project: str, stack: str) -> str:
-    """Id of the project custom role that lets the machines resize their own group."""
-    return re.sub(r"[^a-zA-Z0-9_]", "_", f"{project}_{stack}")[:56] + "_resize"
+# Random bytes in each custom role id (8 hex digits). A deleted custom role's id stays
+# reserved for up to 37 days (7 soft-deleted, then up to 30 more), so an id fixed per stack
+# could not be created again by `pulumi up` after `pulumi destroy`; the suffix is a
+# RandomId kept in the stack's state: the same on every `up`, new after a `destroy`.
+ROLE_SUFFIX_BYTES = 4
+
+
+def custom_role_prefix(*, project: str, stack: str) -> str:
+    """The part of this stack's custom role ids that names it (the random suffix follows)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", f"{project}_{stack}")[:47]
+
+
+def custom_role_id(prefix: str, suffix: str, purpose: str) -> str:
+    """A project custom role id: `prefix`, the random `suffix` (hex), and what the role is for.
+
+    GCP takes 3-64 letters, digits, '_' and '.'; 47 + 1 + 8 + 1 + 6 ("resize") stays under 64.
+    """
+    return f"{prefix[:47]}_{suffix}_{purpose}"

@@ -20,7 +20,7 @@ from components.gcp.group import SpotGroup, SpotGroupArgs
 from components.gcp.identity import InstanceIdentity, InstanceIdentityArgs
 from components.gcp.image import TrainerImage, TrainerImageArgs
 from components.gcp.naming import (
-    custom_role_id,
+    custom_role_prefix,
     default_bucket_name,
     group_name,
     network_tag,
@@ -119,8 +119,9 @@ class TrainingStack(StackOutputs):
                 repository_id=repo.repository.repository_id,
                 region=s.region,
                 group_name=mig_name,
-                custom_role_id=custom_role_id(**names),
+                custom_role_prefix=custom_role_prefix(**names),
                 data_uri=s.run.data_uri,
+                data_grant=s.run.data_grant,
                 nodes=s.compute.nodes,
             ),
             opts=child,

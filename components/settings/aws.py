@@ -23,6 +23,10 @@ def validate(s: Settings) -> None:
     if c.image_id and not re.fullmatch(r"ami-[0-9a-f]{8,17}", c.image_id):
         raise ConfigError("compute.imageId", f"{c.image_id!r}: expected an AMI id (ami-…)")
     common.check_data_uri(s, "s3://")
+    if not s.run.data_grant:
+        raise ConfigError("run.dataGrant", "false: only GCP stacks grant on the data bucket itself; an AWS stack's "
+                          "machines read dataUri through their role (the bucket's owner allows other accounts): "
+                          "remove it")
     common.check_bucket_name(s)
     if c.accelerator:
         raise ConfigError("compute.accelerator", f"{c.accelerator!r}: only GCP N1 machine types take an accelerator; "

@@ -44,6 +44,27 @@ def check_machine_types(s: Settings, each: Callable[[str], None] | None = None) 
             each(t)
 
 
+def check_one_gpu_model(s: Settings) -> None:
+    """Several machines take instance types of one GPU model only.
+
+    The machines of a cluster train in lockstep: every step waits for the slowest GPU, and a
+    batch that fits the largest GPU's memory fails on a smaller one after the first step. A
+    group free to pick any listed type (AWS mixed instances, GCE instance flexibility) could
+    put an A10G next to an L4; sizes of one model (g5.12xlarge and g5.24xlarge) may mix.
+    """
+    c = s.compute
+    if c.nodes <= 1:
+        return
+    first = catalog.gpu_model(s.cloud, c.instance_types[0], c.accelerator)
+    for i, t in enumerate(c.instance_types[1:], start=1):
+        model = catalog.gpu_model(s.cloud, t, c.accelerator)
+        if model != first:
+            raise ConfigError(f"compute.instanceTypes[{i}]", f"{t!r} has {model or 'unknown'} GPUs but "
+                              f"{c.instance_types[0]!r} has {first or 'unknown'}: the {c.nodes} machines "
+                              "(compute.nodes) train in lockstep, so a cluster takes one GPU model; list types of "
+                              "one model, or set compute.nodes: 1")
+
+
 def check_zones(s: Settings) -> None:
     """Every zone named belongs to the stack's region."""
     for i, z in enumerate(s.compute.zones):
@@ -140,5 +161,6 @@ def validate(s: Settings) -> None:
                           f"compute.maxRuntimeHours ({c.max_runtime_hours} h); no checkpoint would ever be written")
     if not c.spot and c.max_price_per_hour is not None:
         raise ConfigError("compute.maxPricePerHour", "only applies to spot; remove it or set compute.spot: true")
+    check_one_gpu_model(s)
     check_extra_args(s)
     usercode.validate(s.run.code, s.run.model, BUILTIN_MODELS)

@@ -58,6 +58,8 @@ class RunSettings(_Block):
                              "the trainer; needed by a package.module:function model.")
     synthetic: bool = Field(False, description="Train on deterministic synthetic data (no dataUri needed).")
     data_uri: str | None = Field(None, description="TFRecord files: s3://… (AWS) or gs://… (GCP).")
+    data_grant: bool = Field(True, description="GCP: grant the machines read access on the dataUri bucket; false "
+                             "when it is public or its owner grants it (`ops preflight` says which).")
     steps: int = Field(10_000, gt=0, description="Training steps in the whole run.")
     batch_size: int = Field(64, gt=0, le=65_536, description="Examples per GPU per step.")
     checkpoint_every_steps: int | None = Field(1000, gt=0, description="Checkpoint every N steps.")
@@ -99,13 +101,18 @@ class RunSettings(_Block):
         return self
 
 
+# For one machine: any of three GPU models, whichever has spot capacity first.
+DEFAULT_INSTANCE_TYPES = ("g5.xlarge", "g6.xlarge", "g4dn.xlarge")
+
+
 class ComputeSettings(_Block):
     """The machines: types in order of preference, GPUs, count, spot, limits."""
 
     instance_types: list[str] = Field(
-        default_factory=lambda: ["g5.xlarge", "g6.xlarge", "g4dn.xlarge"],
+        default_factory=lambda: list(DEFAULT_INSTANCE_TYPES),
         min_length=1, max_length=20,
-        description="Machine types in order of preference (AWS instance types / GCE machine types).",
+        description="Machine types in order of preference (AWS instance types / GCE machine types); "
+                    "default: g5.xlarge, g6.xlarge, g4dn.xlarge, or g5.xlarge alone for several machines.",
     )
     gpus_per_node: int = Field(1, ge=1, le=16, description="GPUs on each machine; every type must have this many.")
     accelerator: str | None = Field(None, description="GCP N1 machines only: the GPU type, e.g. nvidia-tesla-t4.")
@@ -116,7 +123,19 @@ class ComputeSettings(_Block):
     root_disk_gb: int = Field(200, ge=30, le=16_384, description="Encrypted root volume size (GiB).")
     image_id: str | None = Field(None, description="AMI id / GCE image; default: the cloud's GPU-ready deep learning image.")
     subnets: list[str] = Field(default_factory=list, description="AWS subnets to spread over; default: the default VPC's subnets.")
-    zones: list[str] = Field(default_factory=list, description="Zones to spread over; default: every zone of the region.")
+    zones: list[str] = Field(default_factory=list, description="Zones to spread over; default: every zone of the region (AWS: those the subnets cover); several machines use one.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_model_by_default(cls, data: Any) -> Any:
+        # The default types are three GPU models (A10G, L4, T4): fine for one machine, which
+        # takes whichever has capacity, but a cluster trains in lockstep on one model
+        # (common.check_one_gpu_model). Several machines without a list get the first alone.
+        if isinstance(data, dict) and not {"instanceTypes", "instance_types"} & set(data):
+            nodes = data.get("nodes", 1)
+            if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 1:
+                return {**data, "instanceTypes": list(DEFAULT_INSTANCE_TYPES[:1])}
+        return data
 
     @field_validator("instance_types")
     @classmethod
@@ -173,7 +192,7 @@ class StorageSettings(_Block):
 
     bucket_name: str | None = Field(None, description="Bucket name; default: generated from project and stack.")
     keep_on_destroy: bool = Field(config_shared.DEFAULT_KEEP_ON_DESTROY, description="Keep the bucket and its data on `pulumi destroy`.")
-    noncurrent_days: int = Field(30, ge=1, le=3650, description="Days old versions of objects are kept.")
+    noncurrent_days: int = Field(30, ge=1, le=3650, description="Days replaced or deleted objects stay restorable (pruned checkpoints: 1 day, see docs/machines-and-cost.md).")
     adopt: bool = Field(False, description="Import the bucket an earlier `pulumi destroy` kept instead of creating it.")
 
 

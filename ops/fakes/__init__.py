@@ -12,7 +12,7 @@ from typing import Any
 import pulumi
 
 from ops.fakes import aws, gcp
-from ops.fakes.common import DOCKER_IMAGE, docker_image, fake_hex, jsonable, urn_name
+from ops.fakes.common import DOCKER_IMAGE, RANDOM_ID, docker_image, fake_hex, jsonable, random_id, urn_name
 
 
 class Mocks(pulumi.runtime.Mocks):
@@ -51,6 +51,8 @@ class Mocks(pulumi.runtime.Mocks):
             rid, extra = gcp.resource(t, name, inputs, h, self.gcp_project)
         elif t == DOCKER_IMAGE:
             rid, extra = docker_image(name, inputs, h)
+        elif t == RANDOM_ID:
+            rid, extra = random_id(inputs, h)
         elif t.startswith("pulumi:providers:"):
             rid, extra = f"{name}-provider-id", {}
         else:

@@ -59,6 +59,15 @@ def resource(t: str, name: str, inputs: dict[str, Any], h: str, region: str) -> 
     return rid, extra
 
 
+def subnet_zone(subnet_id: str, zones: list[str]) -> str:
+    """The fake zone of a subnet: the default VPC's own subnets are named after their zone; any
+    other id is in the zone its last hex digit picks (…0: the first, …1: the second, …2: the third)."""
+    for z in zones:
+        if subnet_id == f"subnet-{fake_hex(z)}":
+            return z
+    return zones[int(subnet_id[-1], 16) % len(zones)]
+
+
 def call(fn: str, a: dict[str, Any], region: str) -> dict[str, Any] | None:
     """The fake answer to one `aws:` lookup, or None when there is none."""
     zones = [f"{region}{z}" for z in "abc"]
@@ -73,12 +82,14 @@ def call(fn: str, a: dict[str, Any], region: str) -> dict[str, Any] | None:
     if fn == "aws:ec2/getVpc:getVpc":
         return {"id": FAKE_VPC, "default": True, "cidrBlock": "172.31.0.0/16", "state": "available"}
     if fn == "aws:ec2/getSubnets:getSubnets":
+        # The default VPC has one subnet per zone; named subnets (a subnet-id filter) are kept,
+        # each in the zone subnet_zone gives it; an availability-zone filter narrows either.
         filters = {f.get("name"): list(f.get("values", [])) for f in a.get("filters") or []}
-        chosen = filters.get("availability-zone") or zones
-        ids = [f"subnet-{fake_hex(z)}" for z in chosen if z in zones]
-        return {"id": region, "ids": ids, "filters": a.get("filters")}
+        ids = filters.get("subnet-id") or [f"subnet-{fake_hex(z)}" for z in zones]
+        wanted = filters.get("availability-zone") or zones
+        return {"id": region, "ids": [i for i in ids if subnet_zone(i, zones) in wanted], "filters": a.get("filters")}
     if fn == "aws:ec2/getSubnet:getSubnet":
-        return {"id": a.get("id"), "vpcId": FAKE_VPC, "availabilityZone": zones[0]}
+        return {"id": a.get("id"), "vpcId": FAKE_VPC, "availabilityZone": subnet_zone(str(a.get("id")), zones)}
     if fn == "aws:index/getCallerIdentity:getCallerIdentity":
         return {
             "accountId": FAKE_ACCOUNT, "id": FAKE_ACCOUNT,

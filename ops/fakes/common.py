@@ -11,6 +11,7 @@ from typing import Any
 import pulumi
 
 DOCKER_IMAGE = "docker-build:index:Image"
+RANDOM_ID = "random:index/randomId:RandomId"
 
 
 def jsonable(value: Any) -> Any:
@@ -50,3 +51,18 @@ def docker_image(name: str, inputs: dict, h: str) -> tuple[str, dict]:
     digest = "sha256:" + hashlib.sha256(json.dumps(jsonable(inputs), sort_keys=True).encode()).hexdigest()
     tags = list(inputs.get("tags") or [])
     return digest, {"digest": digest, "ref": f"{tags[0]}@{digest}" if tags else "", "contextHash": h}
+
+
+def random_id(inputs: dict, h: str) -> tuple[str, dict]:
+    """A RandomId: `byteLength` bytes from the resource's fake hex, in the provider's encodings."""
+    raw = bytes.fromhex((h * 8)[: 2 * int(inputs.get("byteLength") or 8)])
+    return random_id_outputs(raw)
+
+
+def random_id_outputs(raw: bytes) -> tuple[str, dict]:
+    """The id and outputs the random provider gives a RandomId of these bytes (id: base64url, unpadded)."""
+    import base64
+
+    b64_url = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return b64_url, {"hex": raw.hex(), "b64Url": b64_url, "b64Std": base64.b64encode(raw).decode(),
+                     "dec": str(int.from_bytes(raw, "big"))}

@@ -63,6 +63,11 @@ def call(fn: str, a: dict[str, Any], region: str, project: str) -> dict[str, Any
             "project": image_project, "status": "READY",
             "selfLink": f"https://www.googleapis.com/compute/v1/projects/{image_project}/global/images/{image}",
         }
+    if fn == "gcp:compute/getZones:getZones":
+        # Four zones, as us-central1 has: more than the three GCE would pick by itself.
+        r = a.get("region") or region
+        return {"id": f"projects/{a.get('project') or project}/regions/{r}", "names": [f"{r}-{z}" for z in "abcf"],
+                "project": a.get("project") or project, "region": r}
     if fn == "gcp:organizations/getClientConfig:getClientConfig":
         return {
             "id": f"projects/{project}/regions/{region}/zones/{region}-a",

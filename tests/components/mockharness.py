@@ -17,6 +17,8 @@ import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 
+from ops.fakes.common import RANDOM_ID, fake_hex, random_id
+
 ACCOUNT = "123456789012"
 
 
@@ -31,6 +33,10 @@ class FakeClouds(pulumi.runtime.Mocks):
             out.update(arn=f"arn:aws:s3:::{rid}", bucket=rid)
         if args.typ == "gcp:serviceaccount/account:Account":
             out.update(email=f"{inputs.get('accountId')}@p.iam.gserviceaccount.com")
+        if args.typ == RANDOM_ID:
+            # Bytes from the name: the same on every run, as state keeps them between `up`s.
+            rid, extra = random_id(inputs, fake_hex(args.typ, args.name))
+            out.update(extra)
         return rid, out
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
@@ -41,7 +47,11 @@ class FakeClouds(pulumi.runtime.Mocks):
             "aws:ec2/getAmi:getAmi": {"id": "ami-0fake", "rootDeviceName": "/dev/sda1"},
             "aws:ec2/getVpc:getVpc": {"id": "vpc-0fake"},
             "aws:ec2/getSubnets:getSubnets": {"id": "x", "ids": ["subnet-a", "subnet-b"]},
+            # subnet-a is in zone-a, subnet-b in zone-b.
+            "aws:ec2/getSubnet:getSubnet": {"id": args.args.get("id"), "vpcId": "vpc-0fake",
+                                            "availabilityZone": f"zone-{str(args.args.get('id'))[-1]}"},
             "gcp:compute/getImage:getImage": {"id": "img", "selfLink": "https://compute/img"},
+            "gcp:compute/getZones:getZones": {"id": "r", "names": ["zone-a", "zone-b", "zone-c", "zone-f"]},
             "aws:index/getAvailabilityZones:getAvailabilityZones": {"id": "r", "names": ["zone-a", "zone-b"],
                                                                      "zoneIds": ["z1", "z2"]},
         }

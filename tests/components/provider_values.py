@@ -7,7 +7,9 @@ test until a real `pulumi up`. The SDKs carry the providers' own lists: input do
 say "Possible values are: `A`, `B`." (pulumi_gcp) or "Valid values are `a`, `b`."
 (pulumi_aws), and some inputs are typed with an Enum (pulumi_docker_build's Platform,
 pulumi_aws's enums). This module walks a resource's inputs through the SDK's input
-types, nested ones included, and reports each value outside its documented list.
+types, nested ones included, and reports each value outside its documented list, and each
+number outside its documented range ("must be a positive integer", "in between A and B",
+a 0 the provider ignores).
 
 It relies on `pulumi._types.input_type_py_to_pulumi_names` (pulumi 3.x) to map the wire
 names back to the SDK's property names.
@@ -41,6 +43,15 @@ _TICKED = re.compile(r'`"?([^`"]+)"?`|"([^"]+)"')
 _REF = re.compile(r"ForwardRef\('([A-Za-z_][A-Za-z0-9_]*)'\)")
 
 
+# Numbers: "Must be a positive integer." / "must be a non-zero positive integer" (pulumi_aws),
+# "The value must be in between 604800(7 days) and 7776000(90 days). ... must be set to 0." and
+# "When set to `0` it will be ignored" (pulumi_gcp: the provider drops a 0, a rule loses that condition).
+_POSITIVE = re.compile(r"must be a (?:non-zero )?positive integer", re.IGNORECASE)
+_BETWEEN = re.compile(r"must be in between (\d+)\D[^.]*? and (\d+)", re.IGNORECASE)
+_ALSO = re.compile(r"must be set to `?(\d+)`?", re.IGNORECASE)
+_ZERO_IGNORED = re.compile(r"set to `0` it will be ignored|`0` value of `\w+` field will be ignored", re.IGNORECASE)
+
+
 @dataclass(frozen=True)
 class Problem:
     """One input value the provider does not document as allowed."""
@@ -62,6 +73,24 @@ def documented_values(doc: str | None) -> tuple[str, ...] | None:
     if not m:
         return None
     return tuple(a or b for a, b in _TICKED.findall(m.group(1)))
+
+
+def documented_number_problem(doc: str | None, value: int) -> str | None:
+    """What a property's docstring says is wrong with the number `value`, or None when nothing is."""
+    if not doc:
+        return None
+    text = " ".join(doc.split())
+    if value == 0 and _ZERO_IGNORED.search(text):
+        return "0 is ignored by the provider (the condition is dropped)"
+    between = _BETWEEN.search(text)
+    if between:
+        lo, hi = int(between.group(1)), int(between.group(2))
+        also = {int(v) for v in _ALSO.findall(text)}
+        if not (lo <= value <= hi or value in also):
+            return f"between {lo} and {hi}" + (f" or {', '.join(map(str, sorted(also)))}" if also else "")
+    if _POSITIVE.search(text) and value < 1:
+        return "a positive integer"
+    return None
 
 
 def resource_args_class(type_token: str) -> tuple[type, Any] | None:
@@ -113,6 +142,10 @@ def check_inputs(resource: str, inputs: dict, args_cls: type, module: Any, path:
             at = f"{where}[{i}]" if isinstance(value, list) else where
             if isinstance(v, dict) and nested:
                 problems += check_inputs(resource, v, nested[0], module, f"{at}.")
+            elif isinstance(v, int | float) and not isinstance(v, bool) and float(v).is_integer():
+                wrong = documented_number_problem(prop.__doc__, int(v))
+                if wrong:
+                    problems.append(Problem(resource, at, v, (wrong,)))
             elif isinstance(v, str):
                 if allowed is not None and v not in allowed:
                     problems.append(Problem(resource, at, v, allowed))

@@ -28,7 +28,8 @@ ONLY = {
     },
     "InstanceIdentityArgs": {
         "aws": {"bucket_arn", "repository_arn", "tags"},  # IAM policies name resources by ARN
-        "gcp": {"account_id", "gcp_project", "bucket_name", "repository_id", "custom_role_id"},
+        "gcp": {"account_id", "gcp_project", "bucket_name", "repository_id", "custom_role_prefix",
+                "data_grant"},  # GCS grants on the data bucket itself; AWS through the role,
     },
     "SpotGroupArgs": {
         "aws": {"max_price_per_hour", "subnets", "instance_profile_arn", "tags"},

@@ -54,15 +54,16 @@ def test_the_project_stacks_are_fully_priced(path):
 
 
 def test_spot_expected_and_worst_case_for_several_nodes():
-    s = _settings(instanceTypes=["g5.xlarge", "g4dn.xlarge"], nodes=3, maxRuntimeHours=10)
+    # Two sizes of one GPU model (A10G): a cluster takes one model.
+    s = _settings(instanceTypes=["g5.2xlarge", "g5.xlarge"], nodes=3, maxRuntimeHours=10)
     est = pricing.hourly_cost(s)
     fraction = pricing.price_table()["spot_estimate_fraction"]
     assert est.spot and est.estimated
-    assert est.hourly_low == pytest.approx(0.526 * fraction * 3)
-    assert est.hourly_high == pytest.approx(1.006 * fraction * 3)
+    assert est.hourly_low == pytest.approx(1.006 * fraction * 3)
+    assert est.hourly_high == pytest.approx(1.212 * fraction * 3)
     # Spot never costs more than on-demand: the worst case is the dearest on-demand price.
-    assert est.worst_hourly == pytest.approx(1.006 * 3)
-    assert est.worst_total == pytest.approx(30.18)
+    assert est.worst_hourly == pytest.approx(1.212 * 3)
+    assert est.worst_total == pytest.approx(36.36)
 
 
 def test_max_price_caps_the_worst_case():

@@ -97,3 +97,24 @@ def test_the_check_reads_lists_in_nested_inputs_and_enums():
 )
 def test_documented_values_reads_the_sdks_phrasings(doc, values):
     assert pv.documented_values(doc) == values
+
+
+def test_the_check_reads_documented_number_ranges():
+    """A soft-delete retention GCS refuses, a 0 the provider drops, a non-positive S3 day count: each is caught."""
+    (bucket,) = copy.deepcopy(synthesized("gcp-everything").of_type("gcp:storage/bucket:Bucket"))
+    assert bucket["inputs"]["softDeletePolicy"] == {"retentionDurationSeconds": 0}  # 0: documented as "off"
+    assert pv.check_resource(bucket) == []
+    bucket["inputs"]["softDeletePolicy"]["retentionDurationSeconds"] = 86_400
+    bucket["inputs"]["lifecycleRules"][0]["condition"]["daysSinceNoncurrentTime"] = 0
+    problems = {p.path: p.allowed for p in pv.check_resource(bucket)}
+    assert problems == {
+        "softDeletePolicy.retentionDurationSeconds": ("between 604800 and 7776000 or 0",),
+        "lifecycleRules[0].condition.daysSinceNoncurrentTime": ("0 is ignored by the provider (the condition is dropped)",),
+    }
+    (config,) = copy.deepcopy(synthesized("aws-everything").of_type(
+        "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"))
+    assert pv.check_resource(config) == []
+    config["inputs"]["rules"][0]["noncurrentVersionExpiration"]["noncurrentDays"] = 0
+    (problem,) = pv.check_resource(config)
+    assert (problem.path, problem.value, problem.allowed) == (
+        "rules[0].noncurrentVersionExpiration.noncurrentDays", 0, ("a positive integer",))

@@ -260,6 +260,17 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     ("extra-args-value-on-switch", stack(**{R: {"extraArgs": ["--xla=1"]}}), "run.extraArgs[0]",
      "the trainer refuses it"),
     ("extra-args-stray-word", stack(**{R: {"extraArgs": ["xla"]}}), "run.extraArgs[0]", "write flags as --name=value"),
+    # several machines train in lockstep: one GPU model per cluster
+    ("cluster-mixes-gpu-models", stack(**{C: {"instanceTypes": ["g5.12xlarge", "g6.12xlarge"], "gpusPerNode": 4,
+                                              "nodes": 2}}), "compute.instanceTypes[1]",
+     "'g6.12xlarge' has L4 GPUs but 'g5.12xlarge' has A10G: the 2 machines (compute.nodes) train in lockstep"),
+    ("gcp-cluster-mixes-gpu-models", gcp(**{C: {"instanceTypes": ["a2-highgpu-2g", "g2-standard-24"], "gpusPerNode": 2,
+                                                "nodes": 3}}), "compute.instanceTypes[1]",
+     "'g2-standard-24' has L4 GPUs but 'a2-highgpu-2g' has A100 40GB"),
+    ("data-grant-not-bool", gcp(**{R: {"synthetic": DEL, "dataUri": "gs://my-data/x/", "dataGrant": "maybe"}}),
+     "run.dataGrant", "expected true or false"),
+    ("aws-data-grant", stack(**{R: {"synthetic": DEL, "dataUri": "s3://my-data/x/", "dataGrant": False}}), "run.dataGrant",
+     "only GCP stacks grant on the data bucket itself"),
     ("gcp-n1-unknown-accelerator", gcp(**{C: {"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-a100"}}),
      "compute.accelerator", "expected one of nvidia-tesla-t4"),
 ]
@@ -276,7 +287,10 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("bucket-with-dots", stack(**{S: {"bucketName": "my.training.bucket", "keepOnDestroy": False}})),
     ("zones-and-subnets", stack(**{C: {"zones": ["us-east-1a", "us-east-1b"], "subnets": ["subnet-0123456789abcdef0"]}})),
     ("module-function-model", stack(**{R: {"model": "shapes.model:build", "code": "examples/image-cnn", "id": "exp-7"}})),
-    ("four-gpu-types", stack(**{C: {"instanceTypes": ["g5.12xlarge", "g6.12xlarge"], "gpusPerNode": 4, "nodes": 2}})),
+    ("four-gpu-types", stack(**{C: {"instanceTypes": ["g5.12xlarge", "g5.24xlarge"], "gpusPerNode": 4, "nodes": 2}})),
+    # One machine may fall back to another GPU model; only a cluster must not mix them.
+    ("one-machine-any-gpu-model", stack(**{C: {"instanceTypes": ["g5.12xlarge", "g6.12xlarge"], "gpusPerNode": 4}})),
+    ("gcp-cluster-of-one-model", gcp(**{C: {"instanceTypes": ["g2-standard-8", "g2-standard-12"], "nodes": 2}})),
     ("secure-other-namespace", stack(aws__secretKey={"secure": "v1:Zm9v"})),
     ("gcp", gcp()),
     ("gcp-n1", gcp(**{C: {"instanceTypes": ["n1-standard-16"], "accelerator": "nvidia-tesla-t4", "gpusPerNode": 4}})),
@@ -448,3 +462,22 @@ def test_trainer_flags_are_read_without_tensorflow():
             "assert 'tensorflow' not in sys.modules, 'tensorflow imported'; print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_every_known_machine_type_names_its_gpu_model(cloud):
+    # The one-model rule for clusters compares these: a type without one could never join a cluster.
+    from components import catalog
+
+    types = catalog.AWS_GPU_INSTANCES if cloud == "aws" else catalog.GCP_GPU_MACHINES
+    models = {t: catalog.gpu_model(cloud, t) for t in types}
+    assert len(models) >= 19 and all(models.values()), [t for t, m in models.items() if not m]
+    assert catalog.gpu_model("gcp", "n1-standard-8", "nvidia-tesla-t4") == "nvidia-tesla-t4"
+
+
+@pytest.mark.parametrize("nodes, expected", [(1, ["g5.xlarge", "g6.xlarge", "g4dn.xlarge"]), (3, ["g5.xlarge"])])
+def test_default_types_are_one_gpu_model_for_several_machines(nodes, expected):
+    # One machine takes whichever default model has capacity; a cluster trains in lockstep,
+    # so without a list it gets the first model alone instead of a refusal.
+    s = load_settings({"region": "us-east-1", "run": {"synthetic": True}, "compute": {"nodes": nodes}}, stack="t")
+    assert s.compute.instance_types == expected and s.compute.nodes == nodes

@@ -91,7 +91,7 @@ def _build_group(cloud: IamCloud, name: str, size: int) -> None:
 @pytest.fixture(scope="module")
 def machine(iam_cloud: IamCloud) -> Machine:
     """The synth output's role, bucket, repository and group, made in moto; the role assumed via STS."""
-    result = awshelp.synth_raw({"compute": {"nodes": 2}})
+    result = awshelp.synth_raw({"compute": {"nodes": 2, "instanceTypes": ["g5.xlarge"]}})
     outputs = result.outputs
     policy = awshelp.one(result, "aws:iam/rolePolicy:RolePolicy")["inputs"]["policy"]
     trust = json.loads(awshelp.one(result, "aws:iam/role:Role")["inputs"]["assumeRolePolicy"])
@@ -178,6 +178,53 @@ def test_the_trainers_store_works_under_its_run(on_machine: Machine, tmp_path) -
     # The layer decided these, with the conditions evaluated (not moto's unconditional match).
     assert Decision.ALLOW in decided(on_machine, "s3:ListBucket", on_machine.bucket)
     assert decided(on_machine, "s3:DeleteObject", "/checkpoints/ckpt-10/weights") == [Decision.ALLOW]
+
+
+def _checkpoint_tags(machine: Machine, key: str) -> dict[str, str]:
+    s3 = machine.cloud.admin("s3", REGION)
+    tags = s3.get_object_tagging(Bucket=machine.bucket, Key=f"runs/{machine.run_id}/{key}")["TagSet"]
+    return {t["Key"]: t["Value"] for t in tags}
+
+
+def test_checkpoint_uploads_carry_the_lifecycle_tag_as_the_role(on_machine: Machine, tmp_path) -> None:
+    """Both upload paths (one PutObject, a multipart upload) send the checkpoint tag, which AWS
+    authorizes as s3:PutObjectTagging too; other run files go up untagged (no tagging call)."""
+    store = open_store(on_machine.outputs["runUri"])
+    big = tmp_path / "ckpt.data"
+    big.write_bytes(os.urandom(9 * 1024 * 1024))  # above the 8 MiB threshold: a multipart upload
+    before = len(decided(on_machine, "s3:PutObjectTagging", "/checkpoints/"))
+    store.put_file("checkpoints/ckpt-20/ckpt.data", str(big))
+    store.put_bytes("checkpoints/ckpt-20/COMMITTED", b"{}")
+    store.put_bytes(layout.PROGRESS_KEY, b"{}")
+    tagging = decided(on_machine, "s3:PutObjectTagging", "/checkpoints/")[before:]
+    assert tagging == [Decision.ALLOW, Decision.ALLOW]  # CreateMultipartUpload and PutObject
+    assert not decided(on_machine, "s3:PutObjectTagging", "/" + layout.PROGRESS_KEY)
+    mark = {layout.CHECKPOINT_TAG_KEY: layout.CHECKPOINT_TAG_VALUE}
+    assert _checkpoint_tags(on_machine, "checkpoints/ckpt-20/ckpt.data") == mark
+    assert _checkpoint_tags(on_machine, "checkpoints/ckpt-20/COMMITTED") == mark
+    assert _checkpoint_tags(on_machine, layout.PROGRESS_KEY) == {}
+    store.delete_prefix("checkpoints/ckpt-20/")
+
+
+def test_checkpoint_uploads_need_the_tagging_grant(on_machine: Machine, tmp_path) -> None:
+    """The same policy without s3:PutObjectTagging refuses a checkpoint upload: the grant is needed."""
+    policy = json.loads(on_machine.policy)
+    for statement in policy["Statement"]:
+        if statement.get("Sid") == "ReadWriteRun":
+            statement["Action"] = [a for a in statement["Action"] if a != "s3:PutObjectTagging"]
+            assert "s3:PutObjectTagging" not in statement["Action"]
+    key = on_machine.keys["AWS_ACCESS_KEY_ID"]
+    on_machine.cloud.proxy.guard(key, [json.dumps(policy)])
+    try:
+        s3 = on_machine.client("s3")
+        tag = f"{layout.CHECKPOINT_TAG_KEY}={layout.CHECKPOINT_TAG_VALUE}"
+        assert error_code(lambda: s3.put_object(Bucket=on_machine.bucket, Key=f"{RUN}/checkpoints/ckpt-30/x",
+                                                Body=b"x", Tagging=tag)) == "AccessDenied"
+        assert decided(on_machine, "s3:PutObjectTagging", "/checkpoints/ckpt-30/x") == [Decision.IMPLICIT_DENY]
+        s3.put_object(Bucket=on_machine.bucket, Key=f"{RUN}/checkpoints/ckpt-30/x", Body=b"x")  # untagged: allowed
+    finally:
+        on_machine.cloud.proxy.guard(key, [on_machine.policy])
+    s3.delete_object(Bucket=on_machine.bucket, Key=f"{RUN}/checkpoints/ckpt-30/x")
 
 
 def test_the_run_lease_works_as_the_role(on_machine: Machine) -> None:
@@ -326,6 +373,12 @@ REFUSED = {
     "list instances (peers come from the run folder)": ("ec2", lambda m, c: c.describe_instances()),
     "seal another run's generation": ("s3", lambda m, c: c.put_object(
         Bucket=m.bucket, Key=f"runs/another-run/{layout.RENDEZVOUS_PREFIX}gen-0/sealed", Body=b"{}", IfNoneMatch="*")),
+    "tag another run's object": ("s3", lambda m, c: c.put_object_tagging(
+        Bucket=m.bucket, Key="runs/another-run/COMPLETE", Tagging={"TagSet": [{"Key": "k", "Value": "v"}]})),
+    "retag an old version of its own object": ("s3", lambda m, c: c.put_object_tagging(
+        Bucket=m.bucket, Key=f"{RUN}/events.jsonl", VersionId="v1", Tagging={"TagSet": []})),
+    "delete a version of its own object (pruning leaves versions to the bucket's rules)": (
+        "s3", lambda m, c: c.delete_object(Bucket=m.bucket, Key=f"{RUN}/events.jsonl", VersionId="v1")),
     "launch instances": ("ec2", lambda m, c: c.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1,
                                                              InstanceType="p5.48xlarge")),
 }

@@ -194,10 +194,10 @@ def test_cli_ends_with_a_plan_of_resources_machines_and_cost(tmp_path):
     assert "1 x aws:ec2/launchTemplate:LaunchTemplate: trainstack-group-lt" in plan
     assert f"imageId={synth.FAKE_AMI} (mock)" in plan
     # machines x nodes, each type's price, expected and worst case under the 72 h cap
-    assert "Machines: 2 nodes x 8 GPU, spot, one of: p4d.24xlarge, p5.48xlarge, g6e.48xlarge" in plan
-    assert "spot $12.05/h (estimate)" in plan
-    assert "Expected: $24.10-$78.66/h for 2 nodes (spot: estimated" in plan
-    assert "Worst case: $196.64/h (the on-demand price x 2 nodes) until the runtime cap (72 h): $14,158.08" in plan
+    assert "Machines: 2 nodes x 8 GPU, spot, one of: p4d.24xlarge" in plan
+    assert "spot $13.11/h (estimate)" in plan
+    assert "Expected: $26.22/h for 2 nodes (spot: estimated" in plan
+    assert "Worst case: $65.55/h (the on-demand price x 2 nodes) until the runtime cap (72 h): $4,719.25" in plan
     assert "recorded 2026-11-30" in plan
     # the files the contract names are unchanged by the plan
     written = synth.Result(resources=json.loads((out / "resources.json").read_text()), outputs={}, user_data={})
@@ -225,6 +225,11 @@ def test_gcp_plan_prices_the_stack_and_marks_only_invented_values():
     assert "Machines: 1 node x 1 GPU, spot, one of: g2-standard-4, g2-standard-8" in plan
     assert "g2-standard-8  on-demand $0.853624/h  spot $0.34145/h (estimate)" in plan
     assert "Worst case: $0.853624/h (the on-demand price x 1 node) until the runtime cap (10 h): $8.54\n" in plan
+    # what the run's checkpoints take in the bucket (components.storage): 3 kept, pruned ones gone within a day
+    assert "Checkpoint storage: one checkpoint 1.0 GiB (assumed; scale every figure by your checkpoint's size); " \
+           "3 kept (3.0 GiB); at most 80 written, up to 144 a day" in plan
+    assert "pruned checkpoints stop billing within 1 day(s); GCS parallel-upload parts of each checkpoint count " \
+           "once more: at most 157.0 GiB of them at once, 160.0 GiB in all while the run checkpoints, 3.0 GiB once" in plan
     # gs://<the stack's own bucket>/runs/... is what GCP would answer too: not a mock value
     run_uri = next(line for line in plan.splitlines() if line.strip().startswith("runUri"))
     assert run_uri.rstrip().endswith("/runs/gcp-dev"), run_uri

@@ -120,7 +120,7 @@ def test_a_launchable_stack_is_clean(aws) -> None:
     ("compute", "code", "need"),
     [
         ({}, "L-3819A6DF", 4),  # g5.xlarge: 4 vCPUs, spot
-        ({"nodes": 2}, "L-3819A6DF", 8),
+        ({"nodes": 2, "instanceTypes": ["g5.xlarge"]}, "L-3819A6DF", 8),
         ({"spot": False}, "L-DB2E81BA", 4),  # on-demand draws on another quota
         ({"instanceTypes": ["g5.2xlarge", "g4dn.xlarge"]}, "L-3819A6DF", 8),  # the largest type counts
         ({"instanceTypes": ["p5.48xlarge"], "gpusPerNode": 8}, "L-7212CCBC", 192),
@@ -153,7 +153,8 @@ def test_types_not_offered_in_the_zones_are_named(aws) -> None:
         "g6.xlarge is not offered in zones eu-west-1a, eu-west-1b, eu-west-1c of eu-west-1"]
     only = settings_of(AWS, compute={"instanceTypes": ["g6.xlarge"], "nodes": 2})
     (problem,) = preflight.aws_offering_problems(only, ec2)
-    assert problem.what.startswith("none of compute.instanceTypes (g6.xlarge) is offered in zone eu-west-1a")
+    assert problem.what.startswith("compute.instanceTypes ['g6.xlarge']: no zone of the group's subnets "
+                                   "(eu-west-1a, eu-west-1b, eu-west-1c) offers any of them")
     assert preflight.aws_offering_problems(settings_of(AWS, compute={"zones": ["eu-west-1b"]}), ec2) == []
 
 
@@ -243,12 +244,36 @@ def test_gcp_problems_each_with_its_fix() -> None:
     api = FakeGcp(region={"NVIDIA_L4_GPUS": (8, 0)}, project={"GPUS_ALL_REGIONS": (0, 0)},
                   services={"compute.googleapis.com"})
     lines = [p.line() for p in preflight.check(settings_of(GCP, compute={"nodes": 2}), gcp_api=api)]
-    assert len(lines) == 3
+    assert len(lines) == 2
     assert "gcloud services enable cloudresourcemanager.googleapis.com serviceusage.googleapis.com" in lines[0]
-    assert "PREEMPTIBLE_NVIDIA_L4_GPUS in us-central1 is 0; the stack needs 2" in lines[1]  # Spot VMs' quota
-    assert "GPUS_ALL_REGIONS" in lines[2]
+    # No preemptible quota granted: the Spot VMs use the standard NVIDIA_L4_GPUS (8), which is enough.
+    assert "GPUS_ALL_REGIONS" in lines[1]
     on_demand = settings_of(GCP, compute={"spot": False, "nodes": 2})
     assert preflight.gcp_quota_problems(on_demand, api)[0].what.startswith("GPU quota GPUS_ALL_REGIONS")
+
+
+@pytest.mark.parametrize(
+    ("region", "spot", "metric", "problem"),
+    [
+        # No preemptible quota granted: Spot VMs fall back to the standard quota.
+        ({"NVIDIA_L4_GPUS": (2, 0)}, True, "NVIDIA_L4_GPUS", None),
+        ({"NVIDIA_L4_GPUS": (1, 0)}, True, "NVIDIA_L4_GPUS",
+         "GPU quota NVIDIA_L4_GPUS in us-central1 is 1 (Spot VMs use it while PREEMPTIBLE_NVIDIA_L4_GPUS is 0); "
+         "the stack needs 2"),
+        ({"PREEMPTIBLE_NVIDIA_L4_GPUS": (0, 0), "NVIDIA_L4_GPUS": (4, 0)}, True, "NVIDIA_L4_GPUS", None),
+        # A granted preemptible quota is the one Spot VMs draw on, even with a larger standard one.
+        ({"PREEMPTIBLE_NVIDIA_L4_GPUS": (1, 0), "NVIDIA_L4_GPUS": (8, 0)}, True, "PREEMPTIBLE_NVIDIA_L4_GPUS",
+         "GPU quota PREEMPTIBLE_NVIDIA_L4_GPUS in us-central1 is 1; the stack needs 2"),
+        ({"PREEMPTIBLE_NVIDIA_L4_GPUS": (8, 0), "NVIDIA_L4_GPUS": (1, 0)}, False, "NVIDIA_L4_GPUS",
+         "GPU quota NVIDIA_L4_GPUS in us-central1 is 1; the stack needs 2"),
+    ],
+)
+def test_spot_vms_use_the_standard_gpu_quota_when_no_preemptible_one_is_granted(region, spot, metric, problem) -> None:
+    api = FakeGcp(region=region, project={"GPUS_ALL_REGIONS": (8, 0)}, services=set(PREREQUISITE_APIS))
+    problems = preflight.gcp_quota_problems(settings_of(GCP, compute={"nodes": 2, "spot": spot}), api)
+    assert api.calls == ["region my-project us-central1", "project my-project"]  # the check ran
+    assert [p.what.split(" (1 per node")[0] for p in problems] == ([problem] if problem else [])
+    assert preflight.gcp_gpu_quota("NVIDIA_L4_GPUS", region, spot=spot) == metric
 
 
 @pytest.mark.parametrize(
@@ -361,6 +386,12 @@ def test_the_group_s_subnets_decide_its_zones(aws) -> None:
     subnet = next(s for s in ec2.describe_subnets()["Subnets"] if s["AvailabilityZone"] == "eu-west-1b")
     s = settings_of(AWS, compute={"subnets": [subnet["SubnetId"]]})
     assert preflight.aws_zones(s, ec2) == ["eu-west-1b"]
+    # Several machines: the same zone, chosen by the program's own choose_zone.
+    several = settings_of(AWS, compute={"subnets": [subnet["SubnetId"]], "nodes": 2, "instanceTypes": ["g5.xlarge"]})
+    assert preflight.aws_zones(several, ec2) == ["eu-west-1b"]
+    (p,) = preflight.aws_offering_problems(settings_of(AWS, compute={"subnets": [subnet["SubnetId"]],
+                                                                     "zones": ["eu-west-1a"]}), ec2)
+    assert p.what == "compute.zones ['eu-west-1a']: no subnet of the group is in them (the subnets are in eu-west-1b)"
 
 
 def test_gcp_machine_types_and_gpus_offered_in_no_zone() -> None:
@@ -376,3 +407,208 @@ def test_gcp_machine_types_and_gpus_offered_in_no_zone() -> None:
     api.not_offered = {("us-central1-a", "nvidia-tesla-t4")}
     (p,) = preflight.gcp_offering_problems(n1, api)
     assert p.what.startswith("nvidia-tesla-t4 (compute.accelerator)") and "accelerator-types" in p.fix
+
+
+SERVICE_DISABLED = {"error": {
+    "code": 403, "status": "PERMISSION_DENIED",
+    "message": "Compute Engine API has not been used in project 123 before or it is disabled. Enable it by visiting "
+               "https://console.developers.google.com/apis/api/compute.googleapis.com/overview?project=123 then retry.",
+    "errors": [{"message": "Compute Engine API has not been used ...", "domain": "usageLimits",
+                "reason": "accessNotConfigured"}],
+    "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "SERVICE_DISABLED",
+                 "domain": "googleapis.com",
+                 "metadata": {"service": "compute.googleapis.com", "consumer": "projects/123"}}],
+}}
+
+
+def test_the_compute_api_off_says_enable_it_not_check_the_credentials() -> None:
+    # Listed as off by Service Usage: one line, and no compute read is tried.
+    api = FakeGcp(**{**GCP_OK, "services": set(PREREQUISITE_APIS)})
+    problems = preflight.check(settings_of(GCP), gcp_api=api)
+    assert api.calls == ["services my-project"]
+    (p,) = problems
+    assert "Compute Engine API" in p.what and "credentials" not in p.line()
+    assert p.fix.startswith("gcloud services enable compute.googleapis.com --project my-project")
+
+    # Service Usage unreadable, so Compute Engine answers for itself: 403 SERVICE_DISABLED, said once.
+    compute = "https://compute.googleapis.com/compute/v1/projects/my-project"
+    session = FakeSession({
+        "https://serviceusage.googleapis.com/v1/projects/my-project/services": [
+            FakeResponse(403, {"error": {"code": 403, "message": "denied", "status": "PERMISSION_DENIED"}})],
+        f"{compute}/regions/us-central1": [FakeResponse(403, SERVICE_DISABLED)],
+        f"{compute}/zones/us-central1-a/machineTypes/g2-standard-4": [FakeResponse(403, SERVICE_DISABLED)],
+    })
+    lines = [p.line() for p in preflight.check(settings_of(GCP), gcp_api=preflight.RestGcpApi(session))]
+    assert len(session.asked) == 3  # every check ran
+    assert lines[0].startswith("could not check APIs") and "credentials" in lines[0]  # a real permission error
+    assert lines[1:] == [preflight.compute_api_problem(settings_of(GCP)).line()]
+    assert all("credentials" not in line for line in lines[1:])
+
+
+@pytest.mark.parametrize(
+    ("status", "doc", "service"),
+    [(403, SERVICE_DISABLED, "compute.googleapis.com"),
+     (403, {"error": {"code": 403, "message": "Access Not Configured. compute.googleapis.com has not been used",
+                      "errors": [{"reason": "accessNotConfigured"}]}}, "compute.googleapis.com"),
+     (403, {"error": {"code": 403, "message": "denied", "status": "PERMISSION_DENIED"}}, None),
+     (404, SERVICE_DISABLED, None), (403, None, None)],
+)
+def test_an_api_that_is_off_is_told_from_other_errors(status, doc, service) -> None:
+    found = preflight.api_disabled(status, doc)
+    assert (found.service if found else None) == service
+
+
+class TableEc2:
+    """The EC2 reads preflight makes for zones, answered from a table of subnets and offerings."""
+
+    def __init__(self, subnets: list[tuple[str, str]], offerings: list[tuple[str, str]]) -> None:
+        self.subnets, self.offerings, self.asked = subnets, offerings, []
+
+    def describe_vpcs(self, Filters: list) -> dict:  # noqa: N803 - boto3's names
+        return {"Vpcs": [{"VpcId": "vpc-1", "IsDefault": True}]}
+
+    def get_paginator(self, op: str):
+        table = self
+
+        class Pages:
+            def paginate(self, **kw):
+                table.asked.append(op)
+                if op == "describe_subnets":
+                    wanted = kw.get("SubnetIds")
+                    return [{"Subnets": [{"SubnetId": s, "AvailabilityZone": z} for s, z in table.subnets
+                                         if wanted is None or s in wanted]}]
+                filters = {f["Name"]: f["Values"] for f in kw["Filters"]}
+                return [{"InstanceTypeOfferings": [{"InstanceType": t, "Location": z} for t, z in table.offerings
+                                                   if t in filters["instance-type"] and z in filters["location"]]}]
+
+        return Pages()
+
+
+class TableClouds:
+    """The program's lookups of the same table, under the Pulumi mocks (tests/components/mockharness.py)."""
+
+    def __init__(self, subnets: list[tuple[str, str]], offerings: list[tuple[str, str]]) -> None:
+        from tests.components.mockharness import FakeClouds
+
+        zone_of = dict(subnets)
+
+        class Mocks(FakeClouds):
+            def call(self, args):
+                if args.token == "aws:ec2/getSubnets:getSubnets":
+                    return {"id": "x", "ids": [s for s, _ in subnets]}
+                if args.token == "aws:ec2/getSubnet:getSubnet":
+                    return {"id": args.args["id"], "vpcId": "vpc-1", "availabilityZone": zone_of[args.args["id"]]}
+                if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+                    return {"id": "r", "instanceTypes": [t for t, _ in offerings], "locations": [z for _, z in offerings]}
+                return super().call(args)
+
+        self.mocks = Mocks()
+
+
+ZONE_CASES = {
+    # The default VPC's subnets are in b and c only; every zone offers the type: b, not the region's a.
+    "subnets-not-in-the-first-zone": ([("subnet-0b", "eu-west-1b"), ("subnet-0c", "eu-west-1c")],
+                                      {}, [("g5.xlarge", z) for z in ("eu-west-1a", "eu-west-1b", "eu-west-1c")],
+                                      "eu-west-1b"),
+    # The first subnet zone does not offer the type: the next one that does.
+    "first-zone-lacks-the-type": ([("subnet-0a", "eu-west-1a"), ("subnet-0c", "eu-west-1c")],
+                                  {}, [("g5.xlarge", "eu-west-1b"), ("g5.xlarge", "eu-west-1c")], "eu-west-1c"),
+    # compute.zones orders the candidates; a zone without a subnet is skipped.
+    "compute-zones-order": ([("subnet-0a", "eu-west-1a"), ("subnet-0c", "eu-west-1c")],
+                            {"zones": ["eu-west-1b", "eu-west-1c", "eu-west-1a"]},
+                            [("g5.xlarge", z) for z in ("eu-west-1a", "eu-west-1b", "eu-west-1c")], "eu-west-1c"),
+    # Own subnets.
+    "own-subnets": ([("subnet-0123456789abcdef1", "eu-west-1c")], {"subnets": ["subnet-0123456789abcdef1"]},
+                    [("g5.xlarge", "eu-west-1a"), ("g5.xlarge", "eu-west-1c")], "eu-west-1c"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ZONE_CASES))
+def test_preflight_checks_the_zone_the_program_launches_in(case) -> None:
+    from components.aws.group import SpotGroup, SpotGroupArgs
+    from tests.components.mockharness import registrations
+
+    subnets, compute, offerings, zone = ZONE_CASES[case]
+    s = settings_of(AWS, compute={"nodes": 2, "instanceTypes": ["g5.xlarge"], **compute})
+    ec2 = TableEc2(subnets, offerings)
+    assert preflight.aws_zones(s, ec2) == [zone]
+    assert preflight.aws_offering_problems(s, ec2) == []
+    assert ec2.asked.count("describe_subnets") == 2  # preflight read the table
+
+    records = registrations(lambda: SpotGroup("g", SpotGroupArgs(
+        group_name="g-gpu", instance_types=list(s.compute.instance_types), nodes=2, subnets=list(s.compute.subnets),
+        zones=list(s.compute.zones), instance_profile_arn="arn:aws:iam::1:instance-profile/p", user_data="#cloud-config",
+    )), mocks=TableClouds(subnets, offerings).mocks)
+    (asg,) = [r["inputs"] for r in records if r["type"] == "aws:autoscaling/group:Group"]
+    assert asg["vpcZoneIdentifiers"] == [sid for sid, z in subnets if z == zone]
+
+
+class DataBuckets(FakeGcp):
+    """FakeGcp with GCS buckets: name -> (the deployer's permissions, public)."""
+
+    def __init__(self, buckets: dict[str, tuple[set[str], bool]]) -> None:
+        super().__init__(**GCP_OK)
+        self.buckets = buckets
+
+    def bucket_permissions(self, bucket: str, permissions: list[str]) -> set[str] | None:
+        self.calls.append(f"permissions {bucket} {' '.join(permissions)}")
+        return None if bucket not in self.buckets else self.buckets[bucket][0] & set(permissions)
+
+    def publicly_readable(self, bucket: str, prefix: str) -> bool:
+        self.calls.append(f"public {bucket} {prefix}")
+        return self.buckets[bucket][1]
+
+
+SET_POLICY = {"storage.buckets.setIamPolicy"}
+
+
+@pytest.mark.parametrize(
+    ("bucket", "data_grant", "what", "fix"),
+    [
+        ("own-data", True, None, None),  # the deployer's own bucket: the grant goes through
+        ("public-data", True, "you cannot set the IAM policy of data bucket public-data (storage.buckets."
+         "setIamPolicy), so `pulumi up` would fail granting the machines read access to it (403); it is publicly "
+         "readable, so they need no grant", "set run.dataGrant: false"),
+        ("other-team", True, "you cannot set the IAM policy of data bucket other-team",
+         "ask its owner to grant roles/storage.objectViewer on gs://other-team to serviceAccount:ts-unit-"),
+        ("public-data", False, None, None),  # said so: no grant is made, nothing to check
+        ("no-such-bucket", True, "run.dataUri gs://no-such-bucket/lm/: there is no bucket no-such-bucket",
+         "check run.dataUri"),
+    ],
+)
+def test_preflight_says_when_the_data_bucket_s_policy_cannot_be_set(bucket, data_grant, what, fix) -> None:
+    api = DataBuckets({"own-data": (SET_POLICY, False), "public-data": (set(), True), "other-team": (set(), False)})
+    s = settings_of(GCP, run={"synthetic": False, "dataUri": f"gs://{bucket}/lm/", "dataGrant": data_grant})
+    problems = preflight.check(s, gcp_api=api)
+    if data_grant:
+        assert f"permissions {bucket} storage.buckets.setIamPolicy" in api.calls  # the check ran
+    assert [(p.what, p.fix) for p in problems if what and p.what.startswith(what[:40])] == (
+        [] if what is None else [(problems[0].what, problems[0].fix)])
+    assert len(problems) == (what is not None)
+    if what:
+        assert problems[0].what.startswith(what) and problems[0].fix.startswith(fix)
+        assert "\n" not in problems[0].line()
+    if bucket == "other-team":
+        assert problems[0].fix.endswith("@my-project.iam.gserviceaccount.com and set run.dataGrant: false, or get "
+                                        "roles/storage.admin on that bucket")
+
+
+def test_the_rest_client_reads_bucket_permissions_and_public_listing() -> None:
+    tested = "https://storage.googleapis.com/storage/v1/b/{}/iam/testPermissions"
+    session = FakeSession({
+        tested.format("mine"): [FakeResponse(200, {"kind": "storage#testIamPermissionsResponse",
+                                                   "permissions": ["storage.buckets.setIamPolicy"]})],
+        tested.format("theirs"): [FakeResponse(200, {"kind": "storage#testIamPermissionsResponse"})],
+        tested.format("gone"): [FakeResponse(404, {"error": {"code": 404, "message": "Not Found"}})],
+    })
+    anonymous = FakeSession({
+        "https://storage.googleapis.com/storage/v1/b/theirs/o": [FakeResponse(200, {"items": []})],
+        "https://storage.googleapis.com/storage/v1/b/mine/o": [FakeResponse(401, {"error": {"code": 401}})],
+    })
+    api = preflight.RestGcpApi(session, anonymous)
+    assert api.bucket_permissions("mine", ["storage.buckets.setIamPolicy"]) == {"storage.buckets.setIamPolicy"}
+    assert api.bucket_permissions("theirs", ["storage.buckets.setIamPolicy"]) == set()
+    assert api.bucket_permissions("gone", ["storage.buckets.setIamPolicy"]) is None
+    assert session.asked[0][1] == {"permissions": ["storage.buckets.setIamPolicy"]}
+    assert api.publicly_readable("theirs", "lm/") is True and api.publicly_readable("mine", "lm/") is False
+    assert anonymous.asked[0][1] == {"prefix": "lm/", "maxResults": 1}

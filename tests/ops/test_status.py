@@ -602,3 +602,23 @@ def test_an_old_heartbeat_without_any_event_is_stalled_not_a_crash(s3_run, capsy
     assert main(["status", "--run-uri", s3_run.uri, "--json"]) == status.EXIT_STALLED
     doc = json.loads(capsys.readouterr().out)
     assert (doc["state"], doc["step"]) == ("STALLED", 7) and "while training" in doc["detail"]
+
+
+@pytest.mark.slow
+def test_machines_waiting_for_a_lost_peer_say_so_and_when_the_run_gives_up(s3_run, tmp_path):
+    # A peer was lost and no replacement came: the survivor heartbeats in the rendezvous, no
+    # trainer runs (no progress), and its `waiting_for_machines` event says until when.
+    store = open_store(s3_run.uri)
+    build("running", store, tmp_path)
+    machine_event(store, layout.WAITING_FOR_MACHINES, generation=3, came=1, nodes=2,
+                  since="2026-01-01T10:00:00Z", until="2026-01-01T10:30:00Z")
+    for now in (time.time(), time.time() + 3600):  # the trainer's heartbeat has long stopped
+        st = status.read_status(s3_run.uri, now=now)
+        assert st.state in ("RUNNING", "PREEMPTED") and st.state != "STALLED"
+        assert st.detail == ("waiting for the other machines: 1 of 2 came to generation 3 (since 10:00:00 UTC); the "
+                             "run ends FAILED at 10:30:00 UTC unless the group brings the rest (TRAINSTACK_PEER_WAIT_S)")
+    assert status.exit_code(st) != status.EXIT_STALLED
+    # A generation that forms again starts a trainer: its events are newer, the wait is over.
+    time.sleep(0.01)
+    events_of(store, 2, STARTED, ("resumed", {"step": 100}))
+    assert "waiting for the other machines" not in status.read_status(s3_run.uri).detail

@@ -19,8 +19,8 @@ import pytest
 
 from trainer import layout
 from trainer.checkpoints import CheckpointStore
-from trainer.lease import LeaseHeld, LeaseLost, RunLease
-from trainer.storage import PreconditionFailed, open_store
+from trainer.lease import LeaseBusy, LeaseHeld, LeaseLost, RunLease
+from trainer.storage import PreconditionFailed, WriteConflict, open_store
 
 pytestmark = pytest.mark.slow
 
@@ -164,6 +164,91 @@ def test_a_write_whose_answer_was_lost_still_takes_the_lease(faulty_s3):
     assert faulty_s3.proxy.failed_by_mode["lost"] == 1 and calls == [None]  # botocore retried inside
     lease.check()
     assert json.loads(store.get_bytes(layout.LEASE_KEY))["token"] == lease.token
+
+
+class _Conflicts:
+    """A FaultProxy gate: the next ``n`` conditional writes of the lease are answered 409, the
+    store's "another write to this object is in flight" (S3 ``ConditionalRequestConflict``; GCS's
+    JSON 409), and nothing is written; the rest go on (through ``inner``, GCS's precondition gate)."""
+
+    def __init__(self, backend: str, n: int, inner=None) -> None:
+        self.backend, self.left, self.inner, self.answered = backend, n, inner, 0
+
+    def applies(self, method: str, path: str, headers) -> bool:
+        if self.backend == "s3":
+            return method == "PUT" and path.split("?")[0].endswith("/" + layout.LEASE_KEY) and (
+                "If-Match" in headers or "If-None-Match" in headers)
+        return self.inner.applies(method, path, headers)
+
+    def refuse(self, method: str, path: str, headers, body: bytes):
+        if self.left > 0 and method in ("PUT", "POST"):
+            self.left -= 1
+            self.answered += 1
+            if self.backend == "s3":
+                return 409, "application/xml", (
+                    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ConditionalRequestConflict</Code>'
+                    b"<Message>A conflicting conditional operation is currently in progress against this "
+                    b"resource. Please try again.</Message></Error>")
+            return 409, "application/json", json.dumps({"error": {
+                "code": 409, "message": "The object was edited during the operation. Please try again.",
+                "errors": [{"reason": "conflict", "domain": "global", "message": "Conflict"}]}}).encode()
+        return None if self.inner is None else self.inner.refuse(method, path, headers, body)
+
+
+@pytest.mark.parametrize("backend", ["s3", "gs"])
+def test_a_renewal_that_meets_another_write_in_flight_reads_again_and_keeps_the_lease(backend, request):
+    """S3 409 ConditionalRequestConflict / GCS 409: the store decided nothing about the renewal and
+    says to retry. The lease is read again, is still ours, and is written again: not lost."""
+    run = request.getfixturevalue({"s3": "faulty_s3", "gs": "gs_run_enforced"}[backend])
+    lost: list[str] = []
+    lease = _lease(open_store(run.uri), holder="a", on_lost=lost.append)
+    assert lease.acquire() == 1
+    gate = _Conflicts(backend, 2, inner=run.proxy.gate)
+    run.proxy.gate = gate
+    lease.renew()
+    assert gate.answered == 2 and lost == [] and lease.lost is None
+    lease.check()
+    doc = json.loads(open_store(run.uri).get_bytes(layout.LEASE_KEY))
+    assert (doc["holder"], doc["token"], doc["epoch"]) == ("a", lease.token, 1)
+    # A refusal is still a refusal: another machine takes the lease over, the next renewal is lost.
+    taker = _lease(open_store(run.uri), holder="b", wait_s=0.0)
+    data, version = taker.store.get_versioned(layout.LEASE_KEY)
+    taker.store.put_bytes_if(layout.LEASE_KEY, data.replace(lease.token.encode(), b"b" * 32), version=version)
+    with pytest.raises(LeaseLost, match="taken over"):
+        lease.renew()
+    assert lost and "taken over" in lost[0]
+
+
+def test_a_conflict_whose_other_write_won_is_a_lost_lease_and_endless_conflicts_are_bounded(file_run):
+    store = open_store(file_run.uri)
+    lease = _lease(store, holder="a")
+    lease.acquire()
+    real = store._put_bytes_if
+    calls = []
+
+    def conflict_then_taken(key, data, version):
+        calls.append(version)
+        # The write in flight was another machine's, and it won.
+        other = json.loads(store.get_bytes(key))
+        store.put_bytes(key, json.dumps({**other, "holder": "b", "token": "t-b"}).encode())
+        raise WriteConflict(f"{key}: 409")
+
+    store._put_bytes_if = conflict_then_taken
+    with pytest.raises(LeaseLost, match=r"taken over \(b, epoch 1\)"):
+        lease.renew()
+    assert len(calls) == 1
+
+    again = _lease(open_store(file_run.uri), holder="c", same_machine_takes_over=False)
+    store2 = again.store
+    store2.put_bytes(layout.LEASE_KEY, b"")  # an unreadable lease is taken over at once
+    again.acquire()
+    store2._put_bytes_if = lambda key, data, version: (_ for _ in ()).throw(WriteConflict(f"{key}: 409"))
+    with pytest.raises(LeaseBusy):
+        again.renew()  # a few tries, then neither renewed nor lost: the renewal loop tries next round
+    assert again.lost is None
+    store2._put_bytes_if = real.__func__.__get__(store2)
+    again.renew()
+    again.check()
 
 
 # -- two trainers on one run -----------------------------------------------------------------

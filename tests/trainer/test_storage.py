@@ -410,9 +410,9 @@ def test_large_gcs_uploads_go_as_parallel_parts_and_leave_none(gs_run, tmp_path,
     parts = []
     real_upload_part = gcs.GCSStore._upload_part
 
-    def upload_part(self, name, key, f, offset, length, cancel):
+    def upload_part(self, name, key, f, offset, length, cancel, **kw):
         parts.append((name, offset, length, threading.current_thread().name))
-        return real_upload_part(self, name, key, f, offset, length, cancel)
+        return real_upload_part(self, name, key, f, offset, length, cancel, **kw)
 
     monkeypatch.setattr(gcs.GCSStore, "_upload_part", upload_part)
     store.put_file("checkpoints/ckpt-1/big.bin", src)

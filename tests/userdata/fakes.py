@@ -5,7 +5,8 @@ so tests can assert which commands ran, in what order and with which arguments.
 
 - `aws`: the subset of the AWS CLI the boot scripts use (`s3 cp/ls`, `autoscaling
   update-auto-scaling-group`, `ecr get-login-password`), done with boto3 against
-  `AWS_ENDPOINT_URL` (moto_server). The real AWS CLI v1 cannot be installed beside the
+  `AWS_ENDPOINT_URL` (moto_server). `$FAKE_STATE/s3-outage-until` makes the bucket not answer
+  until that time (`s3-outage-only`: only for calls naming that text); `FAKE_AWS_NO_CONDITIONAL_WRITES=1` is a CLI without `--if-none-match`. The real AWS CLI v1 cannot be installed beside the
   project's botocore pin (every awscli release pins its own botocore).
 - `docker`: `run` executes the container's command on the host (the code and pip mounts
   mapped to host paths, `--env-file` read the way docker reads it: values literal), keeps
@@ -60,6 +61,13 @@ def aws(argv: list[str]) -> int:
         region = args[i + 1]
         del args[i : i + 2]
     service, op, rest = args[0], args[1], args[2:]
+    outage, only = STATE / "s3-outage-until", STATE / "s3-outage-only"
+    if (service in ("s3", "s3api") and outage.exists() and time.time() < float(outage.read_text())
+            and (not only.exists() or any(only.read_text() in a for a in args))):
+        # `$FAKE_STATE/s3-outage-until` (epoch seconds): the bucket does not answer until then
+        # (only for calls naming `$FAKE_STATE/s3-outage-only`, when that is there).
+        print(f'\nCould not connect to the endpoint URL: "{os.environ["AWS_ENDPOINT_URL"]}/"', file=sys.stderr)
+        return 255
     if service == "s3" and op == "cp":
         recursive = "--recursive" in rest
         src, dst = [a for a in rest if a != "--recursive"]
@@ -115,6 +123,20 @@ def aws(argv: list[str]) -> int:
     if service == "autoscaling" and op == "update-auto-scaling-group":
         import boto3
 
+        # `$FAKE_STATE/scale-failures`: how many more calls fail ("always": every one), with the
+        # CLI's words for the error in `$FAKE_STATE/scale-error` (AccessDenied when absent).
+        failures = STATE / "scale-failures"
+        left = failures.read_text().strip() if failures.exists() else "0"
+        if left == "always" or int(left) > 0:
+            if left != "always":
+                failures.write_text(str(int(left) - 1))
+            error = STATE / "scale-error"
+            print(error.read_text() if error.exists() else
+                  "\nAn error occurred (AccessDenied) when calling the UpdateAutoScalingGroup operation: User: "
+                  "arn:aws:sts::123456789012:assumed-role/trainstack-machine/i-0 is not authorized to perform: "
+                  "autoscaling:UpdateAutoScalingGroup", file=sys.stderr)
+            return 254
+
         opts = dict(zip(rest[::2], rest[1::2], strict=True))
         boto3.client("autoscaling", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name=region).update_auto_scaling_group(
             AutoScalingGroupName=opts["--auto-scaling-group-name"],
@@ -158,8 +180,16 @@ def _s3api_put_object(rest: list[str]) -> int:
     error (412 PreconditionFailed) with exit 254. moto_server checks the condition."""
     import botocore.session
 
-    opts = dict(zip(rest[::2], rest[1::2], strict=True))
     members = botocore.session.get_session().get_service_model("s3").operation_model("PutObject").input_shape.members
+    if rest == ["--generate-cli-skeleton"]:  # the input's every member, as the CLI prints it (no call)
+        print(json.dumps(dict.fromkeys(members, ""), indent=4))
+        return 0
+    opts = dict(zip(rest[::2], rest[1::2], strict=True))
+    if os.environ.get("FAKE_AWS_NO_CONDITIONAL_WRITES") == "1" and "--if-none-match" in opts:
+        # A CLI older than S3's conditional writes (an image's own old awscli).
+        print("\nusage: aws [options] <command> <subcommand> [<subcommand> ...] [parameters]\n"
+              "aws: error: Unknown options: --if-none-match, *", file=sys.stderr)
+        return 252
     params = {}
     for flag, value in opts.items():
         name = "".join(part.capitalize() for part in flag.removeprefix("--").split("-"))
@@ -191,6 +221,10 @@ def gcloud(argv: list[str]) -> int:
     args = [a for a in argv if a != "--quiet"]
     if args[:2] == ["auth", "print-access-token"]:
         print("ya29.token-from-the-service-account")
+        return 0
+    if args[:3] == ["storage", "cp", "--help"]:  # the flags the boot scripts look for, as gcloud's help has them
+        print("NAME\n    gcloud storage cp - upload, download, and copy Cloud Storage objects\n"
+              "FLAGS\n     --if-generation-match=GENERATION\n     --recursive, -R, -r")
         return 0
     if args[0] != "storage":
         return 0  # compute instance-groups managed resize: recorded, no GCE emulator here

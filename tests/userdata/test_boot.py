@@ -212,7 +212,8 @@ def test_a_run_whose_lease_another_machine_holds_is_tried_again_not_failed(sandb
     held = {"format": 1, "holder": "i-0another/7", "token": "t", "epoch": 3, "ttl_s": 60,
             "expires": time.time() + 3600, "released": False, "nonce": "n"}
     s3.put_object(Bucket=s3_run.bucket, Key=key, Body=json.dumps(held).encode())
-    box = sandbox_factory(env_overrides={"TRAINSTACK_LEASE_WAIT_S": "1", "TRAINSTACK_MAX_FAILURES": "1"})
+    box = sandbox_factory(env_overrides={"TRAINSTACK_LEASE_WAIT_S": "1", "TRAINSTACK_MAX_FAILURES": "1",
+                                         "TRAINSTACK_LEASE_RETRY_S": "1"})
     proc = box.boot(watcher=False)
     wait_for(lambda: box.journal().count("trainer exited with 77") >= 2, 180, "two attempts refused the lease")
     assert "events.jsonl" not in s3_keys(s3_run)  # the refused attempts wrote nothing to the run
@@ -220,7 +221,7 @@ def test_a_run_whose_lease_another_machine_holds_is_tried_again_not_failed(sandb
     assert proc.wait(timeout=240) == 0, box.journal()
     objects = s3_keys(s3_run)
     assert "COMPLETE" in objects and "FAILED" not in objects, sorted(objects)
-    assert "another machine holds the run's lease" in box.journal()
+    assert "another machine holds the run's lease: trying again in 1s" in box.journal()  # paused between tries
     lease = json.loads(objects[layout.LEASE_KEY])
     assert lease["holder"].startswith(f"{INSTANCE_ID}/") and lease["epoch"] == 4 and lease["released"]
     assert [e["event"] for e in events(s3_run)].count("started") == 1

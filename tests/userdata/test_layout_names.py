@@ -19,7 +19,8 @@ from trainer import layout
 # lib.sh variable -> the layout's value (the same name in both, so a reader finds one from the other).
 SCALARS = ("EVENTS_KEY", "PROGRESS_KEY", "CHECKPOINTS_PREFIX", "CHECKPOINT_DIR", "COMMITTED", "DEADLINE_KEY", "LOGS_PREFIX", "MACHINE_EVENTS_PREFIX", "STOP_KEY", "RENDEZVOUS_PREFIX",
            "COMPLETE", "FAILED", "TIMED_OUT", "CANCELLED", "MARKER_STEP", "MARKER_ATTEMPTS", "MARKER_REASON",
-           "EVENT", "TIME", "FAILED_EVENT", "SPOT_NOTICE", "REBALANCE", "MACHINE_FINISH",
+           "EVENT", "TIME", "FAILED_EVENT", "SPOT_NOTICE", "REBALANCE", "MACHINE_FINISH", "MACHINE_SCALE_FAILED",
+           "WAITING_FOR_MACHINES",
            "EXIT_OK", "EXIT_FAILED", "EXIT_NO_CLUSTER", "EXIT_PEER_LOST", "EXIT_LEASE_HELD", "EXIT_UNUSABLE", "EXIT_PREEMPTED")
 SCRIPTS = [name for name, _path, _mode in FILES if name.endswith(".sh")]
 

@@ -159,3 +159,34 @@ def test_a_machine_left_out_of_a_sealed_generation_joins_the_next(make_machine, 
     conf = json.loads(proc.stdout.strip().removeprefix("TF_CONFIG="))
     assert sorted(conf["cluster"]["worker"]) == sorted(["10.0.0.20:2222", box.endpoint])
     assert "generation 0 was sealed without this machine: joining 1" in proc.stderr
+
+
+def test_a_seal_that_fails_is_retried_each_poll_then_ends_with_its_reason(make_machine, s3_run):
+    # A CLI without conditional writes (an image's own old awscli): every seal fails for a
+    # reason, not because another machine sealed first. Each try waits a poll (no hot loop of
+    # S3 calls), and TRAINSTACK_SEAL_TRIES failures in a row end the wait with the CLI's words.
+    box = make_machine(s3_run, 0)
+    box.env.update({"FAKE_AWS_NO_CONDITIONAL_WRITES": "1", "TRAINSTACK_SEAL_TRIES": "3"})
+    _member(s3_run, 0, "i-aaa-1", "10.0.0.9:2222")  # the peer is there: a seal is due
+    proc = bash(box, 'rc=0; join_generation || rc=$?; echo "rc=$rc JOIN_FAILED=$JOIN_FAILED"; echo "$JOIN_REASON"',
+                timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "rc=5 JOIN_FAILED=5", proc.stderr[-3000:]
+    assert lines[1].startswith("could not write generation 0's worker list (3 tries): "), lines[1]
+    assert "Unknown options: --if-none-match" in lines[1]
+    puts = [a for a in box.argvs("aws") if a[:2] == ["s3api", "put-object"]]
+    assert len(puts) == 3, len(puts)
+    assert not [k for k in _keys(s3_run) if k.endswith("/sealed")]
+
+
+def test_a_seal_lost_to_another_machine_reads_that_machines_list(make_machine, s3_run):
+    # Two machines see two live members at once: one seal wins, the other is told "exists" and
+    # takes the stored list without counting it as a failed seal.
+    box = make_machine(s3_run, 0)
+    _member(s3_run, 0, "i-aaa-1", "10.0.0.9:2222")
+    proc = bash(box, f'''
+        seal 0 2 "$(printf '10.0.0.9:2222 i-aaa-1 i-aaa\\n{box.endpoint} me-1 me\\n')"; echo "first=$?"
+        rc=0; seal 0 2 "$(printf '10.0.0.9:2222 i-aaa-1 i-aaa\\n')" || rc=$?; echo "second=$rc"''')
+    assert proc.stdout.split() == ["first=0", "second=1"], proc.stderr
+    assert f"sealed generation 0: 10.0.0.9:2222 {box.endpoint}" in proc.stderr

@@ -39,7 +39,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed, Store
+from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed, Store, WriteConflict
 from trainer.storage.gcs import GCSStore
 from trainer.storage.keys import TMP_MARK, Cancelled, check_key, walk_files
 from trainer.storage.local import FileStore
@@ -49,6 +49,7 @@ from trainer.storage.s3 import S3Store
 __all__ = [
     "NotFound",
     "PreconditionFailed",
+    "WriteConflict",
     "Cancelled",
     "ObjectInfo",
     "Store",

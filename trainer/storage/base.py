@@ -34,6 +34,16 @@ class PreconditionFailed(Exception):  # noqa: N818 - the store's own word for it
     """
 
 
+class WriteConflict(PreconditionFailed):
+    """A conditional write met another write to the same object in flight (S3 409
+    ``ConditionalRequestConflict``, GCS 409 ``Conflict``): nothing was decided about this one.
+
+    The object may well still be at the version the caller read; both stores say to read
+    again and retry. A :class:`PreconditionFailed` (so callers that only read again keep
+    working), told apart by callers for whom a refused write means something final.
+    """
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     """Size and last-modified time of one stored object."""

@@ -9,8 +9,9 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
+from trainer import layout
 from trainer.storage import retry
-from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed
+from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed, WriteConflict
 from trainer.storage.keys import CancellableReader, Cancelled
 
 # Files this large go up as parallel parts composed into one object (see _put_parallel).
@@ -74,8 +75,20 @@ class GCSStore(ObjectStore):
             on_error=on_error,
         )
 
+    def _blob(self, name: str, *, checkpoint: bool, chunk_size: int | None = None):
+        """A blob to upload; a checkpoint's (and every parallel-upload part) gets its Custom-Time.
+
+        The bucket's short noncurrent rule matches on Custom-Time (see `trainer.layout`): it
+        is sent with the upload itself, so every generation of the object carries it.
+        """
+        blob = self.bucket.blob(name, chunk_size=chunk_size)
+        if checkpoint:
+            blob.custom_time = datetime.now(tz=UTC)
+        return blob
+
     def _put_bytes(self, key: str, data: bytes) -> None:
-        self.bucket.blob(self._name(key)).upload_from_string(data, timeout=self._timeout, retry=self._retry("put", key))
+        blob = self._blob(self._name(key), checkpoint=layout.is_checkpoint_key(key))
+        blob.upload_from_string(data, timeout=self._timeout, retry=self._retry("put", key))
 
     def _get_bytes(self, key: str) -> bytes:
         from google.api_core.exceptions import NotFound as GNotFound
@@ -109,6 +122,7 @@ class GCSStore(ObjectStore):
         raise RuntimeError(f"{self.uri}/{key} changed on every read (5 times); try again")
 
     def _put_bytes_if(self, key: str, data: bytes, version: str | None) -> str:
+        from google.api_core.exceptions import Conflict as GConflict
         from google.api_core.exceptions import NotFound as GNotFound
         from google.api_core.exceptions import PreconditionFailed as GPreconditionFailed
 
@@ -117,6 +131,10 @@ class GCSStore(ObjectStore):
         try:
             blob.upload_from_string(data, if_generation_match=expected, timeout=self._timeout,
                                     retry=self._retry("put", key))
+        except GConflict as e:
+            # 409: a concurrent change to the object ("edited during the operation, please try
+            # again"); the client's retry policy does not retry it. Decided nothing: read again.
+            raise WriteConflict(f"{self.uri}/{key}: 409 (another write to it was in flight)") from e
         except (GPreconditionFailed, GNotFound) as e:
             raise PreconditionFailed(f"{self.uri}/{key}: {'exists' if version is None else 'changed since generation ' + version}") from e
         return str(blob.generation)
@@ -127,18 +145,18 @@ class GCSStore(ObjectStore):
             self._put_parallel(key, path, size, cancel)
             return
         with open(path, "rb") as f:
-            self._upload_part(self._name(key), key, f, 0, size, cancel)
+            self._upload_part(self._name(key), key, f, 0, size, cancel, checkpoint=layout.is_checkpoint_key(key))
 
-    def _upload_part(self, name: str, key: str, f, offset: int, length: int, cancel) -> None:
+    def _upload_part(self, name: str, key: str, f, offset: int, length: int, cancel, *, checkpoint: bool) -> None:
         if cancel is not None and length > 0:
-            self._upload_streamed(name, key, f, offset, length, cancel)
+            self._upload_streamed(name, key, f, offset, length, cancel, checkpoint=checkpoint)
             return
         # Small objects go in one request; larger ones resumable, a chunk per request.
-        blob = self.bucket.blob(name, chunk_size=RESUMABLE_CHUNK if length > RESUMABLE_CHUNK else None)
+        blob = self._blob(name, checkpoint=checkpoint, chunk_size=RESUMABLE_CHUNK if length > RESUMABLE_CHUNK else None)
         blob.upload_from_file(CancellableReader(f, cancel, offset, length), size=length, rewind=False,
                               timeout=self._timeout, retry=self._retry("put", key))
 
-    def _upload_streamed(self, name: str, key: str, f, offset: int, length: int, cancel) -> None:
+    def _upload_streamed(self, name: str, key: str, f, offset: int, length: int, cancel, *, checkpoint: bool) -> None:
         """One resumable session, its whole span sent in one request read lazily from the file.
 
         The client library reads each chunk into memory before sending it, so a cancel would
@@ -162,7 +180,7 @@ class GCSStore(ObjectStore):
                 raise OSError(f"{key}: the local file shrank while it was being uploaded")
             crc.update(piece)
             left -= len(piece)
-        blob = self.bucket.blob(name)
+        blob = self._blob(name, checkpoint=checkpoint)
         url = blob.create_resumable_upload_session(size=length, timeout=self._timeout, retry=self._retry("put", key),
                                                    checksum=None)
         body = CancellableReader(f, cancel, offset, length)
@@ -184,6 +202,9 @@ class GCSStore(ObjectStore):
         One stream to GCS moves a large checkpoint too slowly for GCE's 30 s notice; parts
         go up side by side. Parts live under a hidden folder of the run root, so the
         machine's own permissions cover them and no listing of the run's folders sees them.
+        Deleting a part leaves it as a noncurrent version in the versioned bucket: every part
+        carries the checkpoint mark (Custom-Time), so the bucket's short rule removes it, whatever
+        the file it was part of.
         """
         part = max(PART_MIN, -(-size // MAX_COMPOSE))
         spans = [(off, min(part, size - off)) for off in range(0, size, part)]
@@ -195,7 +216,7 @@ class GCSStore(ObjectStore):
             either = _Either(cancel, stop)
             with open(path, "rb") as f:
                 try:
-                    self._upload_part(names[i], key, f, spans[i][0], spans[i][1], either)
+                    self._upload_part(names[i], key, f, spans[i][0], spans[i][1], either, checkpoint=True)
                 except BaseException:
                     stop.set()
                     raise
@@ -209,7 +230,7 @@ class GCSStore(ObjectStore):
                 raise failed[0]
             if cancelled:
                 raise cancelled[0]
-            target = self.bucket.blob(self._name(key))
+            target = self._blob(self._name(key), checkpoint=layout.is_checkpoint_key(key))
             target.compose([self.bucket.blob(n) for n in names], timeout=self._timeout,
                            retry=self._retry("put", key))
         finally:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
+from trainer import layout
 from trainer.storage import retry
-from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed
+from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed, WriteConflict
 from trainer.storage.keys import Cancelled
 from trainer.storage.retry import is_transient, is_transient_answer
 
@@ -86,8 +89,20 @@ class S3Store(ObjectStore):
         resp = self.client.list_objects_v2(Bucket=self.bucket, Prefix=name, MaxKeys=1)
         return any(o["Key"] == name for o in resp.get("Contents", []))
 
+    @staticmethod
+    def _tagging(key: str) -> dict[str, str]:
+        """The checkpoint tag for a checkpoint's object (the bucket's short noncurrent rule filters on it), else nothing.
+
+        Sent with the upload itself (PutObject / CreateMultipartUpload ``x-amz-tagging``), so each
+        version carries it from its first byte: S3 keeps tags per version, and a version pruned
+        later still matches the rule. AWS checks ``s3:PutObjectTagging`` for a write that carries tags.
+        """
+        if not layout.is_checkpoint_key(key):
+            return {}
+        return {"Tagging": urlencode({layout.CHECKPOINT_TAG_KEY: layout.CHECKPOINT_TAG_VALUE})}
+
     def _put_bytes(self, key: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self._name(key), Body=data)
+        self.client.put_object(Bucket=self.bucket, Key=self._name(key), Body=data, **self._tagging(key))
 
     def _get_bytes(self, key: str) -> bytes:
         try:
@@ -116,18 +131,22 @@ class S3Store(ObjectStore):
         except bx.ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
             status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            # 412: the ETag differs, or the object exists (create-only). 409
-            # ConditionalRequestConflict: another conditional write to the key is in flight.
-            # 404: If-Match on an object that is gone. Each means "read again".
-            if status in (404, 409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey"):
+            # 409 ConditionalRequestConflict: another write to the key was in flight and S3
+            # decided nothing about this one; it says to read again and retry. Not a refusal.
+            if status == 409 or code == "ConditionalRequestConflict":
+                raise WriteConflict(f"{self.uri}/{key}: {code or status} (another write to it was in flight)") from e
+            # 412: the ETag differs, or the object exists (create-only). 404: If-Match on an
+            # object that is gone. Each is a refusal: "read again".
+            if status in (404, 412) or code in ("PreconditionFailed", "NoSuchKey"):
                 raise PreconditionFailed(f"{self.uri}/{key}: {code or status} "
                                          f"({'exists' if version is None else 'changed since ' + version})") from e
             raise
         return resp["ETag"]
 
     def _put_file(self, key: str, path: str, cancel) -> None:
+        extra = self._tagging(key) or None
         if cancel is None:
-            self.client.upload_file(path, self.bucket, self._name(key), Config=self._transfer)
+            self.client.upload_file(path, self.bucket, self._name(key), ExtraArgs=extra, Config=self._transfer)
             return
 
         def stop_if_cancelled(_sent: int) -> None:
@@ -138,7 +157,7 @@ class S3Store(ObjectStore):
                 raise Cancelled(f"upload of {self.uri}/{key} cancelled")
 
         try:
-            self.client.upload_file(path, self.bucket, self._name(key), Config=self._transfer,
+            self.client.upload_file(path, self.bucket, self._name(key), ExtraArgs=extra, Config=self._transfer,
                                     Callback=stop_if_cancelled)
         except Exception as e:
             if cancel.is_set():

@@ -7,6 +7,7 @@ import pytest
 from components.aws.naming import default_bucket_name
 from components.settings import bucket_name_problem
 from tests.components.aws.awshelp import one, synth_raw
+from trainer import layout
 
 BUCKET = "aws:s3/bucket:Bucket"
 SETTINGS_TYPES = [
@@ -51,12 +52,20 @@ def test_lifecycle_expires_noncurrent_versions_and_aborts_uploads():
     r = synth_raw({"storage": {"noncurrentDays": 45}})
     lifecycle = one(r, "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
     rules = {rule["id"]: rule for rule in lifecycle["inputs"]["rules"]}
-    assert len(rules) == 2
+    assert sorted(rules) == ["abort-incomplete-uploads", "expire-noncurrent-checkpoints", "expire-noncurrent-versions",
+                             "remove-expired-delete-markers"]
     assert all(rule["status"] == "Enabled" for rule in rules.values())
-    expiring = [x for x in rules.values() if "noncurrentVersionExpiration" in x]
-    aborting = [x for x in rules.values() if "abortIncompleteMultipartUpload" in x]
-    assert [x["noncurrentVersionExpiration"]["noncurrentDays"] for x in expiring] == [45]
-    assert [x["abortIncompleteMultipartUpload"]["daysAfterInitiation"] for x in aborting] == [7]
+    expiring = {i: (x["filter"], x["noncurrentVersionExpiration"]["noncurrentDays"])
+                for i, x in rules.items() if "noncurrentVersionExpiration" in x}
+    # Checkpoint objects (tagged by the trainer) go after 1 day; every other version after noncurrentDays.
+    assert expiring == {
+        "expire-noncurrent-checkpoints": ({"tag": {"key": layout.CHECKPOINT_TAG_KEY,
+                                                   "value": layout.CHECKPOINT_TAG_VALUE}}, 1),
+        "expire-noncurrent-versions": ({"prefix": ""}, 45),
+    }
+    assert rules["remove-expired-delete-markers"]["expiration"] == {"expiredObjectDeleteMarker": True}
+    assert rules["remove-expired-delete-markers"]["filter"] == {"prefix": ""}
+    assert rules["abort-incomplete-uploads"]["abortIncompleteMultipartUpload"] == {"daysAfterInitiation": 1}
     # Noncurrent rules need versioning on first.
     assert "trainstack-bucket-versioning" in lifecycle["options"]["dependsOn"]
 

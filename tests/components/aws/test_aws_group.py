@@ -7,6 +7,7 @@ import gzip
 import pytest
 
 from components.aws.group import DLAMI_NAME, cap_time, choose_zone
+from ops.fakes.common import fake_hex
 from tests.components.aws.awshelp import SSH_KEY, one, synth_raw
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -82,7 +83,7 @@ def test_ssh_only_from_the_configured_cidrs():
 
 def test_several_nodes_reach_each_other_on_every_port_and_nobody_else_does():
     # Members only (self); every port, since NCCL's collectives use ephemeral ports.
-    r = synth_raw({"compute": {"nodes": 3}})
+    r = synth_raw({"compute": {"nodes": 3, "instanceTypes": ["g5.xlarge"]}})
     rules = one(r, SG)["inputs"]["ingress"]
     assert len(rules) == 1
     (rule,) = rules
@@ -97,8 +98,13 @@ def test_one_machine_has_no_placement_group_and_spreads_over_zones():
     assert "placementGroup" not in one(r, ASG)["inputs"]
 
 
+def _subnet_of(zone: str) -> str:
+    return f"subnet-{fake_hex(zone)}"  # the synth fakes' default-VPC subnet of that zone
+
+
 def test_several_machines_share_a_cluster_placement_group_in_one_zone():
-    r = synth_raw({"compute": {"nodes": 2, "zones": ["eu-west-1b", "eu-west-1c"]}}, stack="multi")
+    r = synth_raw({"compute": {"nodes": 2, "instanceTypes": ["g5.xlarge"], "zones": ["eu-west-1b", "eu-west-1c"]}},
+                  stack="multi")
     pg = one(r, PLACEMENT)
     assert pg["inputs"]["strategy"] == "cluster"
     assert pg["inputs"]["name"] == f"{r.outputs['groupName']}-placement"
@@ -107,18 +113,17 @@ def test_several_machines_share_a_cluster_placement_group_in_one_zone():
     assert pg["name"] in asg["options"]["dependsOn"]
     # A cluster placement group cannot span zones: the group's subnets are those of one zone.
     (lookup,) = [i for i in r.invokes if i["token"] == "aws:ec2/getSubnets:getSubnets"]
-    filters = {f["name"]: f["values"] for f in lookup["args"]["filters"]}
-    assert filters == {"vpc-id": ["vpc-0123456789abcdef0"], "availability-zone": ["eu-west-1b"]}
-    assert len(asg["inputs"]["vpcZoneIdentifiers"]) == 1
+    assert lookup["args"]["filters"] == [{"name": "vpc-id", "values": ["vpc-0123456789abcdef0"]}]
+    assert asg["inputs"]["vpcZoneIdentifiers"] == [_subnet_of("eu-west-1b")]
 
 
-def test_several_machines_without_zones_use_the_regions_first_available_zone():
-    r = synth_raw({"compute": {"nodes": 2}})
-    (zones,) = [i for i in r.invokes if i["token"] == "aws:index/getAvailabilityZones:getAvailabilityZones"]
-    assert zones["args"] == {"state": "available"}
-    (lookup,) = [i for i in r.invokes if i["token"] == "aws:ec2/getSubnets:getSubnets"]
-    filters = {f["name"]: f["values"] for f in lookup["args"]["filters"]}
-    assert filters["availability-zone"] == ["eu-west-1a"]
+def test_several_machines_without_zones_use_the_first_zone_of_their_subnets():
+    r = synth_raw({"compute": {"nodes": 2, "instanceTypes": ["g5.xlarge"]}})
+    # No region-wide zone list: the candidates are the zones the subnets cover.
+    assert not [i for i in r.invokes if i["token"] == "aws:index/getAvailabilityZones:getAvailabilityZones"]
+    asked = sorted(i["args"]["id"] for i in r.invokes if i["token"] == "aws:ec2/getSubnet:getSubnet")
+    assert asked == sorted(_subnet_of(z) for z in ("eu-west-1a", "eu-west-1b", "eu-west-1c"))
+    assert one(r, ASG)["inputs"]["vpcZoneIdentifiers"] == [_subnet_of("eu-west-1a")]
 
 
 def _offerings_lookup(r) -> dict:
@@ -126,12 +131,7 @@ def _offerings_lookup(r) -> dict:
     return lookup["args"]
 
 
-def _subnet_zone(r) -> list[str]:
-    (lookup,) = [i for i in r.invokes if i["token"] == "aws:ec2/getSubnets:getSubnets"]
-    return {f["name"]: f["values"] for f in lookup["args"]["filters"]}["availability-zone"]
-
-
-@pytest.mark.parametrize("zones", [None, ["eu-west-1a", "eu-west-1c"]], ids=["region-zones", "compute-zones"])
+@pytest.mark.parametrize("zones", [None, ["eu-west-1a", "eu-west-1c"]], ids=["subnet-zones", "compute-zones"])
 def test_several_machines_get_the_first_zone_that_offers_their_instance_types(zones):
     # The synth fakes offer P5 everywhere but the region's first zone (as scarce types are).
     compute = {"nodes": 2, "instanceTypes": ["p5.48xlarge"], "gpusPerNode": 8, **({"zones": zones} if zones else {})}
@@ -139,43 +139,63 @@ def test_several_machines_get_the_first_zone_that_offers_their_instance_types(zo
     args = _offerings_lookup(r)
     assert args["locationType"] == "availability-zone"
     assert args["filters"] == [{"name": "instance-type", "values": ["p5.48xlarge"]}]
-    assert _subnet_zone(r) == (["eu-west-1b"] if zones is None else ["eu-west-1c"])
-    assert len(one(r, ASG)["inputs"]["vpcZoneIdentifiers"]) == 1
+    chosen = "eu-west-1b" if zones is None else "eu-west-1c"
+    assert one(r, ASG)["inputs"]["vpcZoneIdentifiers"] == [_subnet_of(chosen)]
 
 
 def test_one_machine_looks_up_no_offerings():
     assert not [i for i in synth_raw().invokes if "getInstanceTypeOfferings" in i["token"]]
 
 
-@pytest.mark.parametrize("zones, offerings, types, chosen", [
-    # Every type in both: the first zone.
-    (["z-a", "z-b"], [("g5", "z-a"), ("g6", "z-a"), ("g5", "z-b"), ("g6", "z-b")], ["g5", "g6"], "z-a"),
+SUBNETS = [("s-1", "z-a"), ("s-2", "z-b"), ("s-3", "z-b")]
+
+
+@pytest.mark.parametrize("subnets, zones, offerings, types, chosen", [
+    # Every type in both: the first zone, with every subnet of it.
+    (SUBNETS, [], [("g5", "z-a"), ("g6", "z-a"), ("g5", "z-b"), ("g6", "z-b")], ["g5", "g6"], ("z-a", ["s-1"])),
     # Only z-b offers both.
-    (["z-a", "z-b"], [("g5", "z-a"), ("g5", "z-b"), ("g6", "z-b")], ["g5", "g6"], "z-b"),
+    (SUBNETS, [], [("g5", "z-a"), ("g5", "z-b"), ("g6", "z-b")], ["g5", "g6"], ("z-b", ["s-2", "s-3"])),
     # None offers both: the zone of the preferred (first) type wins over the zone order.
-    (["z-a", "z-b"], [("g6", "z-a"), ("g5", "z-b")], ["g5", "g6"], "z-b"),
-    # A zone outside the candidates is never chosen.
-    (["z-a"], [("g5", "z-x"), ("g5", "z-a")], ["g5"], "z-a"),
+    (SUBNETS, [], [("g6", "z-a"), ("g5", "z-b")], ["g5", "g6"], ("z-b", ["s-2", "s-3"])),
+    # compute.zones orders the candidates.
+    (SUBNETS, ["z-b", "z-a"], [("g5", "z-a"), ("g5", "z-b")], ["g5"], ("z-b", ["s-2", "s-3"])),
+    # A zone the subnets do not cover is never chosen, however well it is offered.
+    ([("s-1", "z-c")], [], [("g5", "z-a"), ("g5", "z-c")], ["g5"], ("z-c", ["s-1"])),
+    ([("s-1", "z-c")], ["z-a", "z-c"], [("g5", "z-a"), ("g5", "z-c")], ["g5"], ("z-c", ["s-1"])),
 ])
-def test_choose_zone(zones, offerings, types, chosen):
-    assert choose_zone(zones, offerings, types) == chosen
+def test_choose_zone(subnets, zones, offerings, types, chosen):
+    assert choose_zone(subnets, zones, offerings, types) == chosen
 
 
-def test_choose_zone_refuses_when_no_zone_offers_the_types():
-    with pytest.raises(ValueError, match=r"no zone of \['z-a'\] offers any of them.*describe-instance-type-offerings"):
-        choose_zone(["z-a"], [("g5", "z-x")], ["g5"])
+def test_choose_zone_refuses_when_no_zone_of_the_subnets_can_launch():
+    with pytest.raises(ValueError, match=r"no zone of the group's subnets \(z-a\) offers any of them.*describe-instance"):
+        choose_zone([("s-1", "z-a")], [], [("g5", "z-x")], ["g5"])
+    with pytest.raises(ValueError, match=r"^compute.zones \['z-b'\]: no subnet of the group is in these zones "
+                                         r"\(subnets: s-1 \(z-a\)\)"):
+        choose_zone([("s-1", "z-a")], ["z-b"], [("g5", "z-b")], ["g5"])
+    with pytest.raises(ValueError, match=r"^compute.subnets: the group has no subnet"):
+        choose_zone([], [], [("g5", "z-a")], ["g5"])
 
 
 def test_several_machines_on_own_subnets_keep_those_of_one_zone():
+    # The synth fakes put subnet-…1 in the second zone and subnet-…2 in the third.
     chosen = ["subnet-0123456789abcdef1", "subnet-0123456789abcdef2"]
-    r = synth_raw({"compute": {"nodes": 2, "subnets": chosen, "zones": ["eu-west-1c"]}})
+    r = synth_raw({"compute": {"nodes": 2, "instanceTypes": ["g5.xlarge"], "subnets": chosen, "zones": ["eu-west-1c"]}})
     (lookup,) = [i for i in r.invokes if i["token"] == "aws:ec2/getSubnets:getSubnets"]
-    filters = {f["name"]: f["values"] for f in lookup["args"]["filters"]}
-    assert filters == {"subnet-id": chosen, "availability-zone": ["eu-west-1c"]}
+    assert lookup["args"]["filters"] == [{"name": "subnet-id", "values": chosen}]
+    assert one(r, ASG)["inputs"]["vpcZoneIdentifiers"] == ["subnet-0123456789abcdef2"]
+
+
+def test_several_machines_launch_where_their_subnets_are_not_in_the_regions_first_zone():
+    # Own subnets in the region's last zone only: the old choice (the region's first zone that
+    # offers the types) left the group without a subnet.
+    mine = ["subnet-0123456789abcdef2"]
+    r = synth_raw({"compute": {"nodes": 2, "instanceTypes": ["g5.xlarge"], "subnets": mine}})
+    assert one(r, ASG)["inputs"]["vpcZoneIdentifiers"] == mine
 
 
 def test_group_is_spot_price_capacity_optimized_over_the_ordered_types():
-    r = synth_raw({"compute": {"instanceTypes": ["g6.xlarge", "g5.xlarge", "g4dn.xlarge"], "nodes": 2}})
+    r = synth_raw({"compute": {"instanceTypes": ["g5.2xlarge", "g5.xlarge", "g5.4xlarge"], "nodes": 2}})
     asg = one(r, ASG)
     inputs = asg["inputs"]
     assert (inputs["minSize"], inputs["maxSize"], inputs["desiredCapacity"]) == (0, 2, 2)
@@ -187,7 +207,7 @@ def test_group_is_spot_price_capacity_optimized_over_the_ordered_types():
         "spotAllocationStrategy": "price-capacity-optimized",
     }
     template = inputs["mixedInstancesPolicy"]["launchTemplate"]
-    assert [o["instanceType"] for o in template["overrides"]] == ["g6.xlarge", "g5.xlarge", "g4dn.xlarge"]
+    assert [o["instanceType"] for o in template["overrides"]] == ["g5.2xlarge", "g5.xlarge", "g5.4xlarge"]
     assert template["launchTemplateSpecification"]["launchTemplateId"].startswith("lt-")
     assert asg["options"]["ignoreChanges"] == ["desiredCapacity"]
     assert "trainstack-identity-policy" in asg["options"]["dependsOn"]

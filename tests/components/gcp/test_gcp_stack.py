@@ -38,6 +38,10 @@ def test_same_components_and_outputs_as_the_aws_stack():
 def test_every_resource_goes_through_the_stacks_provider_and_is_labelled():
     r = gcp()
     custom = [x for x in r.resources if x["options"]["custom"] and not x["type"].startswith(("pulumi:providers:", "gcp:projects/service:"))]
+    # The custom roles' random suffix is made by the random provider, in state only.
+    (suffix,) = [x for x in custom if x["type"].startswith("random:")]
+    assert suffix["type"] == "random:index/randomId:RandomId"
+    custom = [x for x in custom if x is not suffix]
     assert len(custom) == 15  # with the resize-operations role and its grant
     assert {x["options"]["provider"] for x in custom} == {"trainstack-gcp"}
     providers = {p["name"]: p for p in r.of_type("pulumi:providers:gcp")}
@@ -56,7 +60,7 @@ def test_every_resource_goes_through_the_stacks_provider_and_is_labelled():
     assert len(labelled) == 3  # bucket, repository, template
     want = {"trainstack-project": "trainstack", "trainstack-stack": "unit", "trainstack-run": "exp-7"}
     assert all(want.items() <= x["inputs"]["labels"].items() for x in labelled)
-    assert [i["provider"] for i in r.invokes] == ["trainstack-gcp"]
+    assert [i["provider"] for i in r.invokes] == ["trainstack-gcp", "trainstack-gcp"]  # the image and the zones
 
 
 def test_user_data_is_the_rendered_cloud_config_in_the_template_metadata():
