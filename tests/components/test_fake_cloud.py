@@ -112,3 +112,20 @@ def test_the_engine_changes_nothing_on_the_same_up_and_keeps_an_ignored_size(kin
     assert sum(op == "forget" for op, _ in gone) >= 1 and cloud.groups == {}
     with pytest.raises(Refused, match="409"):
         engine.up(base)
+
+
+def test_s3_tag_filters_and_gcs_custom_time_match_only_marked_versions():
+    marked = Version(key="runs/r/checkpoints/ckpt-10/ckpt.index", size=1, created=0.2, noncurrent_since=1.5, newer=1,
+                     tags={"trainstack-kind": "checkpoint"}, custom_time=0.2)
+    plain = Version(key="runs/r/events.jsonl", size=1, created=0.2, noncurrent_since=1.5, newer=1)
+    aws = FakeCloud("aws", "eu-west-1", "http://127.0.0.1:9")
+    tagged = {"id": "c", "status": "Enabled", "filter": {"tag": {"key": "trainstack-kind", "value": "checkpoint"}},
+              "noncurrentVersionExpiration": {"noncurrentDays": 1}}
+    s3 = Bucket("b", versioning=True, configs=[(0.0, [tagged], 0.0)])
+    assert [aws.billed_until(s3, v) for v in (marked, plain)] == [3.0, math.inf]
+    gcp = FakeCloud("gcp", "us-central1", "http://127.0.0.1:9")
+    custom = {"action": {"type": "Delete"}, "condition": {"daysSinceNoncurrentTime": 1, "daysSinceCustomTime": 1,
+                                                           "withState": "ARCHIVED"}}
+    gcs = Bucket("b", versioning=True, configs=[(0.0, [custom], 0.0)])
+    # Both conditions hold a day after the later of the two times (noncurrent on day 1.5).
+    assert [gcp.billed_until(gcs, v) for v in (marked, plain)] == [pytest.approx(2.5), math.inf]
