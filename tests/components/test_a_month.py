@@ -59,10 +59,10 @@ CLOUDS = {
     "gcp": {"cloud": "gcp", "region": "us-central1", "project": "my-proj-123",
             "compute": {"instanceTypes": ["g2-standard-8"]}},
 }
-# Small and quick, yet pruning: 10 scheduled checkpoints, 2 kept. A notice lands after the
-# attempt's first checkpoint, 240 steps (several of the trainer's step loops) before the run could
-# end, so it always lands mid-run.
-RUN = {"model": "mlp", "synthetic": True, "steps": 300, "batchSize": 32, "checkpointEverySteps": 30,
+# Small and quick, yet pruning: 10 scheduled checkpoints, 2 kept. A notice lands at the
+# attempt's first checkpoint, 480 steps or more before the run could end: on a loaded 2-core
+# machine 240 were not always enough for the signal to land before the last step.
+RUN = {"model": "mlp", "synthetic": True, "steps": 600, "batchSize": 32, "checkpointEverySteps": 60,
        "keepCheckpoints": 2}
 END_DAY = 30
 
