@@ -146,13 +146,17 @@ def shipped(name: str) -> str:
 
 
 def render_env(env: Mapping[str, str]) -> str:
-    """The env file: KEY=value lines, values single-quoted for systemd and sh alike."""
+    """The env file: KEY=value lines, each value single-quoted for sh (`lib.sh` sources it; a quote
+    inside is written '\\''). The container gets the values through `docker run --env-file`, one
+    line each, taken literally but for a line's trailing carriage return: a value holds no line
+    break, carriage return or NUL (bash cannot hold one)."""
     lines = []
     for k in sorted(env):
         v = str(env[k])
-        if "'" in v or "\n" in v:
-            raise ValueError(f"{k}: value may not contain quotes or newlines: {v!r}")
-        lines.append(f"{k}='{v}'")
+        if any(c in v for c in "\n\r\x00"):
+            raise ValueError(f"{k}: value may not contain newlines, carriage returns or NULs: {v!r}")
+        quoted = v.replace("'", "'\\''")
+        lines.append(f"{k}='{quoted}'")
     return "\n".join(lines) + "\n"
 
 

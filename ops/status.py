@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -187,7 +188,12 @@ def _brief(ev: dict) -> dict:
 
 def _number(doc: dict, key: str) -> float | None:
     v = doc.get(key)
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return None
+    try:
+        return float(v)
+    except OverflowError:  # an integer no float holds: not a figure the trainer wrote
+        return None
 
 
 def _is_local(run_uri: str) -> bool:
@@ -415,7 +421,7 @@ def _snapshot(uri: str, args: argparse.Namespace, store=None) -> RunStatus:
 
 
 def _duration(seconds: float | None) -> str:
-    if seconds is None:
+    if seconds is None or not math.isfinite(seconds):  # an ETA from a NaN rate in a damaged progress.json
         return "-"
     s = int(round(seconds))
     if s < 60:
@@ -497,8 +503,12 @@ def signature_lines(end: dict | None) -> list[tuple[str, str]]:
         return []
 
     def specs(d) -> str:
-        return ", ".join(f"{name} {spec.get('dtype')}[{', '.join('?' if x is None else str(x) for x in spec.get('shape', []))}]"
-                         for name, spec in (d or {}).items())
+        # A record edited by hand or by another version may hold anything here: show what parses.
+        if not isinstance(d, dict):
+            return ""
+        return ", ".join(f"{name} {spec.get('dtype')}[{', '.join('?' if x is None else str(x) for x in shape)}]"
+                         for name, spec in d.items() if isinstance(spec, dict)
+                         for shape in [spec.get("shape") if isinstance(spec.get("shape"), list) else []])
 
     return [("model", f"SavedModel endpoint {sig.get('endpoint', 'serve')}({specs(sig.get('inputs'))})"),
             ("returns", specs(sig.get("outputs")))]

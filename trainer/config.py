@@ -245,7 +245,8 @@ def _env_argv(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> list[s
             if _bool(value, name):
                 argv.append(flag)
         else:
-            argv += [flag, value]
+            # One `--flag=value` word: a value starting with '-' would otherwise be read as a flag.
+            argv.append(f"{flag}={value}")
     return argv
 
 
@@ -285,18 +286,8 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
 
 
 def _drop_source(args: list[str]) -> list[str]:
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-            continue
-        if a == "--synthetic":
-            continue
-        if a == "--data-uri":
-            skip = True
-            continue
-        out.append(a)
-    return out
+    """The env-derived flags without the data source (`_env_argv` writes it as --data-uri=URI)."""
+    return [a for a in args if a != "--synthetic" and not a.startswith("--data-uri=")]
 
 
 def normalize_uri(uri: str) -> str:

@@ -16,6 +16,7 @@ and `ops status` / `ops runs` to show the cost so far.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from trainer import layout
@@ -77,7 +78,14 @@ def _time(ev: dict) -> float | None:
 
 
 def _positive(value, kind):
-    return value if isinstance(value, kind) and not isinstance(value, bool) and value > 0 else None
+    """`value` when it is a positive, finite number of `kind`; None for anything else a damaged event holds
+    (an integer no float holds would raise where the cost is multiplied out)."""
+    if not isinstance(value, kind) or isinstance(value, bool):
+        return None
+    try:
+        return value if 0 < float(value) < math.inf else None
+    except OverflowError:
+        return None
 
 
 def spans(events: list[dict], *, now: float | None = None, end: float | None = None) -> list[Span]:

@@ -63,7 +63,9 @@ def read_jsonl(store, key: str) -> list[dict]:
             ev = json.loads(line)
         except ValueError:
             continue
-        if isinstance(ev, dict):
+        # A line whose `event` is not a name is foreign too: every reader matches it against
+        # names (sets of them included, where a list or an object would raise).
+        if isinstance(ev, dict) and isinstance(ev.get(layout.EVENT, ""), str):
             out.append(ev)
     return out
 

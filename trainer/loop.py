@@ -312,9 +312,17 @@ class Run:
         for marker, kind, when in ((layout.COMPLETE, layout.ALREADY_COMPLETE, "finished_at"),
                                    (layout.CANCELLED, layout.ALREADY_CANCELLED, "cancelled_at")):
             try:
-                done = json.loads(self.store.get_bytes(marker))
+                raw = self.store.get_bytes(marker)
             except NotFound:
                 continue
+            try:
+                done = json.loads(raw)
+            except ValueError:
+                done = None
+            if not isinstance(done, dict):
+                # Present but unreadable (edited by hand, or another tool's): the run still ended.
+                # Training again would write a second model and end marker over it.
+                done = {}
             # Printed, not appended: the run's log ended with its `finished` or `cancelled` event.
             message = self._complete_message(done) if marker == layout.COMPLETE else f"run already {marker}; nothing to do"
             line = {layout.EVENT: kind, layout.TIME: done.get(when), layout.ATTEMPT: self.events.attempt,

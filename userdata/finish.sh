@@ -22,10 +22,14 @@ marker() {
   fi
   step="$(store_cat "$RUN_URI/$PROGRESS_KEY" 2>/dev/null |
     python3 -c 'import json,sys; d=json.load(sys.stdin); print(int(d.get("step", -1)))' 2>/dev/null)" || step=-1
-  json outcome="$outcome" "$MARKER_REASON=$reason" instance="$(instance_id)" "$TIME=$(now_iso)" \
-    "$MARKER_STEP:=${step:--1}" "$MARKER_ATTEMPTS:=${attempts:-0}" | retry 5 store_put "$RUN_URI/$outcome"
+  MARKER_BODY="$(json outcome="$outcome" "$MARKER_REASON=$reason" instance="$(instance_id)" "$TIME=$(now_iso)" \
+    "$MARKER_STEP:=${step:--1}" "$MARKER_ATTEMPTS:=${attempts:-0}")"
+  # Each try writes the body again: a retried pipe would write an empty marker.
+  retry 5 put_marker "$RUN_URI/$outcome"
   log "wrote $outcome: $reason"
 }
+
+put_marker() { printf '%s\n' "$MARKER_BODY" | store_put "$1"; }
 
 upload_logs() {
   local dest

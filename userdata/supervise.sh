@@ -92,9 +92,10 @@ check_run_folder() {
 # Bootstrap until it succeeds. A failure it names in failure-reason (no GPU, a damaged
 # code archive) ends the run as FAILED; any other failure (the image's own first-boot
 # apt run holding the dpkg lock past bootstrap's wait, a mirror or registry that does not
-# answer) is retried with a growing pause, for as long as the run's deadline allows.
+# answer) is retried with a growing pause, for TRAINSTACK_BOOTSTRAP_WAIT_S (1 h) or until the
+# run's deadline, whichever comes first.
 run_bootstrap() {
-  local tries=0 pause
+  local tries=0 pause until=$(($(date +%s) + ${TRAINSTACK_BOOTSTRAP_WAIT_S:-3600}))
   until "$BIN_DIR/bootstrap.sh"; do
     if [[ -s "$RUNTIME_DIR/failure-reason" ]]; then
       finish "$FAILED" "$(cat "$RUNTIME_DIR/failure-reason")"
@@ -104,6 +105,11 @@ run_bootstrap() {
     ((pause <= 300)) || pause=300
     if (($(date +%s) + pause >= DEADLINE)); then
       finish "$TIMED_OUT" "the run's deadline passed while setting up the machine (bootstrap failed $tries times; see logs)"
+    fi
+    # The machine is paid and not training: an outage longer than this is no passing one
+    # (a registry the subnet cannot reach, a mirror gone), and waiting on would bill to the deadline.
+    if (($(date +%s) + pause >= until)); then
+      finish "$FAILED" "could not set up the machine in ${TRAINSTACK_BOOTSTRAP_WAIT_S:-3600}s (bootstrap failed $tries times for a passing reason; see logs)"
     fi
     log "bootstrap failed for a passing reason ($tries so far); retrying in ${pause}s"
     sleep "$pause"

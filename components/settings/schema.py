@@ -88,6 +88,9 @@ class RunSettings(_Block):
         for arg in v:
             if arg.split("=", 1)[0] in ("--run-uri", "--data-uri", "--steps", "--model"):
                 raise ValueError(f"{arg!r} is set by the stack itself; use the run block's own key")
+            if any(c in arg for c in "\n\r\x00"):
+                # The machine's env file, and docker's --env-file after it, hold one line per value.
+                raise ValueError(f"{arg!r} holds a line break or NUL, which the machine's env file cannot carry")
         return v
 
     @model_validator(mode="after")

@@ -261,19 +261,21 @@ def test_commit_async_returns_at_once_and_newer_replaces_queued(run_root, tmp_pa
     gate = threading.Event()
     started = _slow_uploads(store, monkeypatch, 0.0, gate)
 
-    timings = []
+    returned = []
     for step in (1, 2, 3):
         local = _dir(tmp_path, f"c{step}", {"model.data": bytes([step]) * 5000, "model.index": b"i"})
-        t0 = time.monotonic()
         ckpts.commit_async(step, local)
-        timings.append(time.monotonic() - t0)
+        # It returned while every upload is held at the gate: the caller never waits for one (a
+        # caller that did would return only after the gate's own 10 s timeout, with a commit made).
+        returned.append((step, gate.is_set(), list(commits), ckpts.committed_steps()))
         # The caller may delete its directory as soon as commit_async returns.
         shutil.rmtree(local)
         if step == 1:
             deadline = time.monotonic() + 5
             while not started and time.monotonic() < deadline:
                 time.sleep(0.01)
-    assert max(timings) < 0.2, timings  # uploads are blocked on the gate; the caller is not
+            assert started, "the background upload of step 1 never began"
+    assert returned == [(1, False, [], []), (2, False, [], []), (3, False, [], [])]
     assert ckpts.committed_steps() == []
     with pytest.raises(TimeoutError, match="step 1"):
         ckpts.wait(timeout=0.1)
@@ -475,13 +477,13 @@ def test_a_synchronous_commit_aborts_the_background_upload_mid_file(tmp_path, mo
     monkeypatch.setattr(CancellableReader, "read", slow_read)
     ckpts.commit_async(1, _dir(tmp_path, "c1", {"big": os.urandom(16 * 1024 * 1024)}))
     assert reading.wait(10)
-    t0 = time.monotonic()
-    cancelled_at.append(t0)
+    cancelled_at.append(time.monotonic())
     info = ckpts.commit(2, _dir(tmp_path, "c2", {"small": b"x" * 100}))
     ckpts.wait(5)  # the background worker has wound down
-    took = time.monotonic() - t0
-    assert info["step"] == 2 and took < 1.0, took
-    assert len(reads_after) <= 2, reads_after  # it stopped at once, not at the end of the file
+    assert info["step"] == 2
+    # It stopped at once, not at the end of the file: counted in reads of the big file (64 of
+    # 256 KiB), not in seconds, which a loaded machine stretches.
+    assert len(reads_after) <= 2, reads_after
     assert ckpts.committed_steps() == [2]
     assert not store.exists("checkpoints/ckpt-1/big")
 
@@ -508,7 +510,10 @@ def test_a_synchronous_commit_aborts_the_background_upload_mid_request_on_a_slow
     info = ckpts.commit(2, _dir(tmp_path, "c2", {"small": b"x" * 100}))
     took = time.monotonic() - t0
     ckpts.wait(30)
-    assert info["step"] == 2 and took < 5.0, took  # the big file alone needs 16 s on this link
+    # The big file alone needs 16 s on this link: a commit that waited for it could not end
+    # sooner. 10 s leaves a loaded machine room and still tells the two apart (what was sent
+    # for the big file is checked in bytes below).
+    assert info["step"] == 2 and took < 10.0, took
     # Requests carrying the big file, cut short: the proxy read part of their bodies, then the
     # client was gone. (The proxy records a request once its body ends, whole or not.)
     deadline = time.monotonic() + 30

@@ -119,10 +119,13 @@ def test_failing_store_training_continues_and_sigterm_during_upload_commits(faul
     said = time.monotonic()
     assert t.wait() == 143, t.stderr[-3000:]
     took = time.monotonic() - signalled
+    # The promise itself, not a speed: GCE takes the machine 30 s after its notice (AWS 120 s),
+    # and 20 s leaves the machine's own shutdown its share.
     assert took < 20, took
     # After a long run, freeing the input pipeline waits for tf.data's autotuning thread
-    # (7-22 s measured): the trainer ends without that teardown.
-    assert time.monotonic() - said < 3, time.monotonic() - said
+    # (7-22 s measured): the trainer ends without that teardown. 6 s is below the shortest
+    # teardown seen and far above an exit's own time on a loaded machine.
+    assert time.monotonic() - said < 6, time.monotonic() - said
     stopped = t.events[-1]["step"]
     assert t.events[-1]["event"] == "preempted" and stopped > later
 

@@ -92,6 +92,25 @@ def test_a_scale_call_that_never_passes_ends_each_machine_in_a_bound_and_relaunc
     assert machine_events(s3_run, INSTANCE_ID)[-1]["event"] == layout.MACHINE_SCALE_FAILED
 
 
+def test_a_marker_write_that_fails_once_is_written_whole_on_the_retry(machines, s3_run, group):
+    # The marker went through `json ... | retry 5 store_put`: the first try used up the pipe,
+    # so a retry after one failed write stored an empty FAILED, and `ops status` showed no reason.
+    # The failing CLI reads its input first, as the real one does before it sends it.
+    import boto3
+
+    box = machines(s3_run, group, "")
+    _wrap(box, "aws", 'case "$*" in *"cp --only-show-errors - "*FAILED*) [ -e "$FAKE_STATE/put-failed" ] || '
+                      '{ cat >/dev/null; touch "$FAKE_STATE/put-failed"; echo "Could not connect to the endpoint URL" >&2; exit 255; };; esac')
+    proc = _script(box, "finish.sh", layout.FAILED, "a reason that must survive")
+    assert proc.returncode == 0, proc.stderr
+    assert (box.state / "put-failed").exists()  # the first write did fail
+    key = f"{s3_run.uri.removeprefix(f's3://{s3_run.bucket}/')}/{layout.FAILED}"
+    body = boto3.client("s3", endpoint_url=s3_run.vars["AWS_ENDPOINT_URL"]).get_object(
+        Bucket=s3_run.bucket, Key=key)["Body"].read()
+    marker = json.loads(body)
+    assert marker["outcome"] == layout.FAILED and marker[layout.MARKER_REASON] == "a reason that must survive"
+
+
 # -- the cloud's CLI ----------------------------------------------------------------------
 
 

@@ -138,6 +138,24 @@ def test_bootstrap_failing_for_a_passing_reason_is_bounded_by_the_deadline(sandb
     assert [a for a in box.argvs("docker") if a[0] == "run"] == []
 
 
+@pytest.mark.slow
+def test_bootstrap_failing_for_a_passing_reason_ends_after_its_own_bound_long_before_the_deadline(
+        sandbox_factory, s3_run, group):
+    # A paid machine that is not training may not retry until a 24 h deadline: the setup
+    # wait has its own bound, and the run ends FAILED with why.
+    box = sandbox_factory(toolkit=False, env_overrides={"TRAINSTACK_MAX_RUNTIME_S": "86400"})
+    box.env["TRAINSTACK_BOOTSTRAP_BACKOFF_S"] = "1"
+    box.env["TRAINSTACK_BOOTSTRAP_WAIT_S"] = "4"
+    (box.state / "apt-network-failures").write_text("100000")
+    assert box.boot(watcher=False).wait(timeout=120) == 0, box.journal()
+    objects = s3_keys(s3_run)
+    assert layout.TIMED_OUT not in objects
+    marker = json.loads(objects[layout.FAILED])
+    assert marker["reason"].startswith("could not set up the machine in 4s (bootstrap failed ")
+    assert group_size(s3_run, group) == (0, 0, 0) and box.argvs("shutdown") == [["-h", "now"]]
+    assert [a for a in box.argvs("docker") if a[0] == "run"] == []
+
+
 # -- what the trainer says ---------------------------------------------------------------
 
 FAKE_TRAINER = '''\
@@ -216,3 +234,22 @@ def test_failures_count_in_a_row_only_without_progress(sandbox_factory, s3_run, 
     marker = json.loads(s3_keys(s3_run)[layout.FAILED])
     assert marker[layout.MARKER_REASON] == "the trainer failed 2 times in a row (last exit 1)"
 
+
+
+@pytest.mark.slow
+def test_a_notice_the_cloud_does_not_act_on_waits_its_bound_then_training_resumes(
+        sandbox_factory, s3_run, group, fake_trainer_uri):
+    # GCE live maintenance, or a notice whose machine the cloud keeps: the stopped machine
+    # waits for the cloud a bounded time, then trains again instead of idling, paid.
+    box = sandbox_factory(code_uri=fake_trainer_uri)
+    box.env.update(FAKE_TRAINER="cancel", TRAINSTACK_NOTICE_WAIT_S="2")
+    (box.root / "run/trainstack").mkdir(parents=True, exist_ok=True)
+    (box.root / "run/trainstack/notice-pending").write_text("")
+    assert box.boot(watcher=False).wait(timeout=120) == 0, box.journal()
+    journal = box.journal()
+    waited, resumed = journal.find("waiting for the cloud to take the machine back"), journal.find(
+        "still here 2s after the notice: resuming training")
+    assert 0 <= waited < resumed, journal
+    assert layout.CANCELLED in s3_keys(s3_run)  # the trainer ran after the wait and ended the run
+    assert len([a for a in box.argvs("docker") if a[0] == "run" and a[-3:] == ["python", "-m", "trainer"]]) == 1
+    assert group_size(s3_run, group) == (0, 0, 0)

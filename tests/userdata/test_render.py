@@ -101,7 +101,7 @@ def test_env_file_holds_the_contract_and_no_secrets(name):
     assert "BEGIN" not in text
 
 
-def test_user_data_fits_ec2_limit_gzipped_and_round_trips():
+def test_user_data_fits_ec2_limit_gzipped_and_round_trips(monkeypatch):
     sizes = []
     for name in CASES:
         text, _env = _render(name)
@@ -109,7 +109,21 @@ def test_user_data_fits_ec2_limit_gzipped_and_round_trips():
         assert decode_user_data(encoded) == text
         sizes.append(len(__import__("base64").b64decode(encoded)))
     assert len(sizes) == len(CASES) and max(sizes) < AWS_USER_DATA_LIMIT, sizes
-    assert encode_user_data("#cloud-config\n") == encode_user_data("#cloud-config\n")  # no timestamp
+    # No timestamp: the same text gives the same bytes at any time, or every `pulumi up` would
+    # replace the launch template. Two encodings made in the same second prove nothing, so the
+    # clock gzip reads is moved a day between them; the header's MTIME field itself is zero.
+    import base64
+    import gzip
+    import struct
+    import types
+
+    clock = [1_700_000_000.0]
+    monkeypatch.setattr(gzip, "time", types.SimpleNamespace(time=lambda: clock[0]))
+    first = encode_user_data("#cloud-config\n")
+    clock[0] += 86_400.0
+    assert encode_user_data("#cloud-config\n") == first
+    header = base64.b64decode(first)[:10]
+    assert header[:2] == b"\x1f\x8b" and struct.unpack("<L", header[4:8]) == (0,), header
     assert decode_user_data(__import__("base64").b64encode(b"#cloud-config\n").decode()) == "#cloud-config\n"
 
 
@@ -121,8 +135,9 @@ def test_render_refuses_bad_input():
         render_user_data("gcp", env)
     with pytest.raises(ValueError, match="lacks TRAINSTACK_GROUP"):
         render_user_data("aws", {k: v for k, v in env.items() if k != "TRAINSTACK_GROUP"})
-    with pytest.raises(ValueError, match="quotes or newlines"):
-        render_user_data("aws", {**env, "TRAINSTACK_GROUP": "it's"})
+    # A quote is carried (written '\'' in the env file); a line break cannot be, in docker's --env-file.
+    with pytest.raises(ValueError, match="may not contain newlines"):
+        render_user_data("aws", {**env, "TRAINSTACK_GROUP": "two\nlines"})
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])

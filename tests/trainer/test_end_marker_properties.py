@@ -1,0 +1,63 @@
+"""Property test of the trainer's first read: an end marker, whatever it holds, means the run ended.
+
+Before training, an attempt reads `COMPLETE` and `CANCELLED` (`Run._already_complete`). A
+machine that reboots after the run ended must say so and exit 0, never train again (a second
+model and end marker would be written over the first) and never crash on the marker's
+content: the supervisor would retry a crash until the run's attempts are spent. The marker is
+written as any bytes, or as an object whose fields hold any JSON value.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+import types
+
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from trainer import layout
+from trainer.loop import Run
+from trainer.storage import FileStore
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+SHAPED = st.fixed_dictionaries({}, optional={layout.MARKER_STEP: JSON, "finished_at": JSON, "cancelled_at": JSON,
+                                             layout.MARKER_REASON: JSON}).map(lambda d: json.dumps(d).encode())
+MARKER_BYTES = SHAPED | st.binary(max_size=40) | JSON.map(lambda v: json.dumps(v).encode())
+
+
+def _attempt(store):
+    """What `_already_complete` reads of its Run: the store, the event stream, the steps asked for."""
+    stub = types.SimpleNamespace(store=store, events=types.SimpleNamespace(attempt=3, stream=io.StringIO()),
+                                 cfg=types.SimpleNamespace(steps=100))
+    stub._complete_message = lambda done: Run._complete_message(stub, done)
+    return stub
+
+
+@given(st.sampled_from([layout.COMPLETE, layout.CANCELLED]), MARKER_BYTES)
+@example(layout.COMPLETE, b'{"step": 10')
+@example(layout.COMPLETE, b"[]")
+@example(layout.CANCELLED, b"\xff\xfe")
+def test_any_end_marker_ends_the_attempt_with_one_line(marker, content):
+    with tempfile.TemporaryDirectory() as tmp:
+        store = FileStore(f"file://{tmp}/runs/r")
+        store.put_bytes(marker, content)
+        run = _attempt(store)
+        assert Run._already_complete(run) is True
+        lines = run.events.stream.getvalue().splitlines()
+        assert len(lines) == 1, lines
+        said = json.loads(lines[0])
+        expected = layout.ALREADY_COMPLETE if marker == layout.COMPLETE else layout.ALREADY_CANCELLED
+        assert said[layout.EVENT] == expected and said[layout.ATTEMPT] == 3 and said["message"]
+
+
+def test_no_end_marker_means_train():
+    with tempfile.TemporaryDirectory() as tmp:
+        run = _attempt(FileStore(f"file://{tmp}/runs/r"))
+        assert Run._already_complete(run) is False
+        assert run.events.stream.getvalue() == ""
