@@ -215,7 +215,8 @@ class ScriptRun:
         cfg = self.cfg
         for d in self.dirs.values():
             os.makedirs(d, exist_ok=True)
-        self.emit(layout.STARTED, config=as_dict(cfg), workers=1, worker=0, replicas=None, global_batch=None,
+        # `steps` is the trainer loop's; the command decides its own (progress.json carries its total).
+        self.emit(layout.STARTED, config={**as_dict(cfg), "steps": None}, workers=1, worker=0, replicas=None, global_batch=None,
                   precision=None, mode="script", command=list(cfg.command))
         self.events.flush()
         self.stop_key.start()
