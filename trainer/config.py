@@ -389,16 +389,17 @@ def _validate_command(cfg: TrainConfig) -> None:
         raise ConfigError(f"command (run.command) {list(cfg.command)!r}: {missing}")
 
 
-def command_problem(command: Sequence[str], folder: str, path: str | None = None) -> str | None:
+def command_problem(command: Sequence[str], folder: str, *, look_up: bool = True) -> str | None:
     """Why `command` cannot start in `folder` (its program, or the script a Python program is
-    given, is missing), or None. A program without a slash is looked up on PATH."""
+    given, is missing), or None. A program without a slash is looked up on PATH (unless not
+    `look_up`: the stack cannot see the image's PATH)."""
     program = command[0]
     if "/" in program:
         full = os.path.join(folder, program)
         if not (os.path.isfile(full) and os.access(full, os.X_OK)):
             return f"program {program!r} is not an executable file in {folder}"
-    elif shutil.which(program, path=path) is None:
-        return f"program {program!r} is not found on PATH ({path or os.environ.get('PATH', '')})"
+    elif look_up and shutil.which(program) is None:
+        return f"program {program!r} is not found on PATH ({os.environ.get('PATH', '')})"
     script = python_script(command)
     if script is not None and not os.path.isfile(os.path.join(folder, script)):
         return f"script {script!r} is not in {folder}"
