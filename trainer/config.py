@@ -389,6 +389,10 @@ def _validate_command(cfg: TrainConfig) -> None:
         raise ConfigError(f"command (run.command) {list(cfg.command)!r}: {missing}")
 
 
+# A command's program that is the interpreter running the trainer (trainer/script.py: child_command).
+SELF_PYTHON = ("python", "python3")
+
+
 def command_problem(command: Sequence[str], folder: str, *, look_up: bool = True) -> str | None:
     """Why `command` cannot start in `folder` (its program, or the script a Python program is
     given, is missing), or None. A program without a slash is looked up on PATH (unless not
@@ -398,7 +402,7 @@ def command_problem(command: Sequence[str], folder: str, *, look_up: bool = True
         full = os.path.join(folder, program)
         if not (os.path.isfile(full) and os.access(full, os.X_OK)):
             return f"program {program!r} is not an executable file in {folder}"
-    elif look_up and shutil.which(program) is None:
+    elif look_up and program not in SELF_PYTHON and shutil.which(program) is None:
         return f"program {program!r} is not found on PATH ({os.environ.get('PATH', '')})"
     script = python_script(command)
     if script is not None and not os.path.isfile(os.path.join(folder, script)):

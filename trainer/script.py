@@ -306,8 +306,10 @@ class ScriptRun:
 def child_command(command) -> list[str]:
     """The command as run: `python` / `python3` is the interpreter running the trainer (the same
     environment, with TensorFlow), whatever `python` PATH would find first."""
+    from trainer.config import SELF_PYTHON
+
     words = list(command)
-    if words[0] in ("python", "python3"):
+    if words[0] in SELF_PYTHON:
         words[0] = sys.executable
     return words
 
