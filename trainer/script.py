@@ -220,7 +220,8 @@ class ScriptRun:
                   precision=None, mode="script", command=list(cfg.command))
         self.events.flush()
         self.stop_key.start()
-        self.child = subprocess.Popen(child_command(cfg.command), cwd=cfg.code_dir, env=self.child_env())
+        self.child = subprocess.Popen(child_command(cfg.command), cwd=cfg.code_dir, env=self.child_env(),
+                                      preexec_fn=_die_with_parent)
         signalled_at: float | None = None
         cancelled = False
         last_tb = time.monotonic()
@@ -301,6 +302,15 @@ class ScriptRun:
         export_mod.write_complete(self.store, step=self.step, metrics=metrics, examples_seen=self.examples_seen,
                                   events=self.history + self.own_events, finished_at=time.time(), signature=signature)
         return layout.EXIT_OK
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): killed when the trainer dies, so a SIGKILLed trainer
+    leaves no script training on, unleased, beside the next attempt."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def child_command(command) -> list[str]:

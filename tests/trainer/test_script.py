@@ -31,8 +31,8 @@ STANDIN = textwrap.dedent('''
         signal.signal(signal.SIGTERM, stop)
         send("progress", step=3, total=10, epoch=0, metrics={"loss": 1.5, "accuracy": 0.25})
         print("ready", flush=True)
-        print(json.dumps({"event": "standin_ready"}), flush=True)
-        time.sleep(60)
+        print(json.dumps({"event": "standin_ready", "pid": os.getpid()}), flush=True)
+        time.sleep(float(os.environ.get("STANDIN_SLEEP", "60")))
         sys.exit(5)
     send("epoch", step=10, total=10, epoch=1, metrics={"loss": 0.5, "accuracy": 0.875, "val_accuracy": 0.75})
     if mode == "ok":
@@ -165,3 +165,24 @@ def test_stop_key_cancels_the_run(code, tmp_path):
     assert t.wait(timeout=60) == 0, t.stderr
     marker = json.loads((tmp_path / "run" / layout.CANCELLED).read_text())
     assert marker["reason"] == "enough" and marker["step"] == 7
+
+
+def test_a_killed_trainer_takes_its_command_with_it(code, tmp_path):
+    import os
+    import signal
+    import time
+
+    t = Trainer(f"file://{tmp_path}/run", "--code-dir", str(code), "--", "python", "standin.py", "wait",
+                env=trainer_env(STANDIN_SLEEP="300"))
+    pid = t.wait_event("standin_ready", timeout=60)["pid"]
+    t.signal(signal.SIGKILL)
+    t.proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError("the command outlived its trainer")
