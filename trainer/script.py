@@ -252,7 +252,7 @@ class ScriptRun:
             return self._cancel()
         if stopped:
             self.events.flush()
-            self.emit(layout.PREEMPTED, step=self.committed if self.committed is not None else self.step,
+            self.emit(layout.PREEMPTED, step=self._committed_step(),
                       signal=self.stop.signal_name or "STOP", seconds=round(time.monotonic() - signalled_at, 3),
                       examples_seen=self.examples_seen, exit_code=rc)
             return layout.EXIT_PREEMPTED
@@ -263,16 +263,27 @@ class ScriptRun:
         self.emit(layout.FAILED_EVENT, reason=reason, step=self.step, exit_code=rc)
         return layout.EXIT_UNUSABLE if rc == layout.EXIT_UNUSABLE else layout.EXIT_FAILED
 
+    def _committed_step(self) -> int:
+        """Where the run stands: this attempt's last commit, else the newest in the bucket (a
+        command stopped before its first commit, e.g. during its start-up)."""
+        if self.committed is not None:
+            return self.committed
+        from trainer.checkpoints import CheckpointStore
+
+        steps = CheckpointStore(self.store).committed_steps()
+        return steps[-1] if steps else 0
+
     def _sync_tensorboard(self) -> None:
         self.store.upload_dir(self.dirs["tensorboard"], layout.TENSORBOARD_PREFIX, changed_only=True)
 
     def _cancel(self) -> int:
         self.events.flush()
         reason = self.stop_key.reason or "stop requested (STOP in the run folder)"
-        self.emit(layout.CANCELLED_EVENT, step=self.committed or self.step, reason=reason,
+        step = self._committed_step()
+        self.emit(layout.CANCELLED_EVENT, step=step, reason=reason,
                   examples_seen=self.examples_seen)
         self.events.flush()
-        doc = {layout.MARKER_STEP: self.committed or self.step,
+        doc = {layout.MARKER_STEP: step,
                layout.MARKER_ATTEMPTS: layout.attempts(self.history + self.own_events) or 1,
                layout.MARKER_REASON: reason, "examples_seen": self.examples_seen, "cancelled_at": utc_now()}
         self.lease.fence()

@@ -186,3 +186,23 @@ def test_a_killed_trainer_takes_its_command_with_it(code, tmp_path):
         time.sleep(0.1)
     os.kill(pid, signal.SIGKILL)
     raise AssertionError("the command outlived its trainer")
+
+
+def test_a_command_killed_by_the_signal_before_its_first_commit_is_preempted_at_the_newest_checkpoint(code, tmp_path):
+    # A notice during the script's start-up (before `from trainer import fit` handles SIGTERM): the
+    # run stands at the newest committed checkpoint of an earlier attempt.
+    from trainer.checkpoints import CheckpointStore
+
+    (code / "bare.py").write_text("import json, time\nprint(json.dumps({'event': 'standin_ready'}), flush=True)\n"
+                                  "time.sleep(60)\n")
+    uri = f"file://{tmp_path}/run"
+    saved = tmp_path / "ckpt"
+    saved.mkdir()
+    (saved / "state.json").write_text("{}")
+    CheckpointStore(_store(uri)).commit(42, str(saved))
+    t = Trainer(uri, "--code-dir", str(code), "--", "python", "bare.py")
+    t.wait_event("standin_ready", timeout=60)
+    t.signal()
+    assert t.wait(timeout=60) == layout.EXIT_PREEMPTED, t.stderr
+    pre = [e for e in store_events(uri) if e["event"] == layout.PREEMPTED]
+    assert len(pre) == 1 and pre[0]["step"] == 42 and pre[0]["exit_code"] == -15, pre
