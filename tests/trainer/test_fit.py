@@ -133,3 +133,23 @@ def test_keras_fit_under_multiworker_still_fails_so_script_mode_stays_on_one_mac
     outs = [p.communicate(timeout=240)[0] for p in procs]
     for out in outs:
         assert "FIT FAILED" in out and "PerReplica" in out, out[-2000:]
+
+
+def test_outside_trainstack_the_helper_is_plain_keras(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for name in ("TRAINSTACK_RUN_URI", "TRAINSTACK_MODEL_DIR", "TRAINSTACK_TENSORBOARD_DIR", "TF_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    import keras
+    import tensorflow as tf
+
+    from trainer import fit
+
+    cbs = fit.callbacks()
+    assert [type(c) for c in cbs] == [keras.callbacks.TensorBoard] and cbs[0].log_dir == str(tmp_path / "logs")
+    assert fit.model_dir() == str(tmp_path / "model")
+    assert fit.strategy() is tf.distribute.get_strategy()  # no GPU, no cluster: the default
+    monkeypatch.setenv("TRAINSTACK_RUN_URI", f"file://{tmp_path}/run")
+    monkeypatch.setenv("TRAINSTACK_CHECKPOINT_EVERY_SECONDS", "30")
+    cbs = fit.callbacks(histogram_freq=1)
+    assert [type(c) for c in cbs] == [fit.Backup, keras.callbacks.TensorBoard]
+    assert cbs[0].every_seconds == 30.0 and cbs[1].histogram_freq == 1
