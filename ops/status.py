@@ -89,6 +89,9 @@ class RunStatus:
     step: int | None = None
     total: int | None = None
     loss: float | None = None
+    # The script's own metrics (script mode: Keras's logs, e.g. accuracy, val_loss), newest first
+    # from COMPLETE, else progress.json.
+    metrics: dict = field(default_factory=dict)
     examples_per_sec: float | None = None
     eta_seconds: float | None = None
     progress_updated: str | None = None
@@ -247,6 +250,7 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
         st.total = int(progress["total"]) if isinstance(progress.get("total"), int) else None
         st.loss = _number(progress, "loss")
         st.examples_per_sec = _number(progress, "examples_per_sec")
+        st.metrics = _metrics(progress)
         st.progress_updated = progress.get("updated") if isinstance(progress.get("updated"), str) else None
         st.progress_age_seconds = _age(st.progress_updated, now)
     if st.step is None and st.checkpoint is not None:
@@ -268,6 +272,7 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
             if isinstance(step, int) and step >= 0:
                 st.step = step
             if marker == layout.COMPLETE:
+                st.metrics = _metrics(doc) or st.metrics
                 st.detail = f"model in {run_uri.rstrip('/')}/{layout.MODEL_PREFIX}"
             elif marker == layout.CANCELLED:
                 reason = doc.get(layout.MARKER_REASON)
@@ -441,6 +446,19 @@ def _event_line(ev: dict) -> str:
     return line if len(line) <= 110 else line[:107] + "..."
 
 
+def _metrics(doc: dict | None) -> dict:
+    """The numeric `metrics` of a progress.json or COMPLETE document."""
+    found = (doc or {}).get("metrics")
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): float(v) for k, v in found.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def metrics_text(metrics: dict) -> str:
+    """`accuracy 0.9812   loss 0.0612   val_accuracy ...`, sorted by name."""
+    return "   ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
+
+
 def render(st: RunStatus):
     """A rich renderable of the status (a progress bar for the steps)."""
     from rich.console import Group
@@ -470,6 +488,8 @@ def render(st: RunStatus):
         loss = "-" if st.loss is None else f"{st.loss:.4g}"
         rate = "-" if st.examples_per_sec is None else f"{st.examples_per_sec:,.0f}"
         grid.add_row("loss", f"{loss}   examples/s {rate}   ETA {_duration(st.eta_seconds)}")
+    if st.metrics:
+        grid.add_row("metrics", metrics_text(st.metrics))
     if st.progress_updated:
         grid.add_row("updated", f"{st.progress_updated} ({_duration(st.progress_age_seconds)} ago)")
     grid.add_row(

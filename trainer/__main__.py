@@ -61,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"trainer: error: {e}", file=sys.stderr)
         return 2
+    if cfg.command is not None:
+        # Script mode: the user's command trains; this process keeps the run's guarantees
+        # and never imports TensorFlow itself (trainer/script.py).
+        from trainer.script import run_script
+
+        return run_script(cfg, stop=stop)
     if cfg.verbose:
         from trainer.loop import train
     else:

@@ -47,7 +47,7 @@ from trainer.config import TrainConfig, as_dict
 from trainer.devices import DeviceMismatch, check_gpus
 from trainer.events import EventLog, read_events, utc_now
 from trainer.lease import LeaseHeld, LeaseLost, RunLease
-from trainer.models import ModelSpec, build_model
+from trainer.models import ModelSpec, NoData, build_model
 from trainer.signals import StopKeyPoller, StopRequest
 from trainer.strategy import Cluster, make_strategy, read_cluster
 
@@ -285,8 +285,8 @@ class Run:
             # This machine can never run this run: say why once, and let the supervisor end it.
             self.emit(layout.FAILED_EVENT, reason=str(e), step=self.state.step, **e.details)
             return layout.EXIT_UNUSABLE
-        except ResumeMismatch as e:
-            # Another model's checkpoints: no retry can help, and nothing was written to the run.
+        except (ResumeMismatch, NoData) as e:
+            # Another model's checkpoints, or no data at all: no retry can help, and nothing was written to the run.
             self.emit(layout.FAILED_EVENT, reason=str(e), step=self.state.step)
             return layout.EXIT_UNUSABLE
         except Exception as e:  # noqa: BLE001 - any failure ends the attempt the same way
