@@ -28,10 +28,11 @@ set (a newer synchronous checkpoint commit takes the bandwidth). Large files go 
 parallel parts composed into one object; S3 uploads them as parallel multipart parts.
 
 The package, by section: :mod:`~trainer.storage.keys` (key checks, URI parsing, local
-walks), :mod:`~trainer.storage.retry` (which errors are transient, the retry policy),
-:mod:`~trainer.storage.base` (the interface and what it builds on the primitives), and
-one module per backend (:mod:`~trainer.storage.local`, :mod:`~trainer.storage.s3`,
-:mod:`~trainer.storage.gcs`). Import from here: ``from trainer.storage import open_store, NotFound``.
+walks), :mod:`~trainer.storage.errors` (what a store raises), :mod:`~trainer.storage.retry`
+(which errors are transient, the retry policy), :mod:`~trainer.storage.base` (the interface
+and what it builds on the primitives), and one module per backend
+(:mod:`~trainer.storage.local`, :mod:`~trainer.storage.s3`, :mod:`~trainer.storage.gcs`).
+Import from here: ``from trainer.storage import open_store, NotFound``.
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed, Store
+from trainer.storage.base import ObjectInfo, ObjectStore, Store
+from trainer.storage.errors import Cancelled, NotFound, PreconditionFailed
 from trainer.storage.gcs import GCSStore
-from trainer.storage.keys import TMP_MARK, Cancelled, check_key, walk_files
+from trainer.storage.keys import TMP_MARK, check_key, walk_files
 from trainer.storage.local import FileStore
 from trainer.storage.retry import is_transient
 from trainer.storage.s3 import S3Store

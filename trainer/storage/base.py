@@ -18,20 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from trainer.storage.keys import TMP_MARK, Cancelled, check_key, split_bucket_uri, walk_files
+from trainer.storage.errors import Cancelled, NotFound
+from trainer.storage.keys import TMP_MARK, check_key, split_bucket_uri, walk_files
 from trainer.storage.retry import RetryHook, retrying
-
-
-class NotFound(Exception):
-    """The key does not exist in the store."""
-
-
-class PreconditionFailed(Exception):  # noqa: N818 - the store's own word for it (HTTP 412)
-    """A conditional write found the object in another state than the caller expected.
-
-    Raised by :meth:`Store.put_bytes_if`: the object exists (a create-only write) or has
-    changed since the version the caller read. Never retried: reading again is the caller's move.
-    """
 
 
 @dataclass(frozen=True)
