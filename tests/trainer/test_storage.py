@@ -467,3 +467,17 @@ def test_a_cancelled_s3_multipart_upload_is_aborted(s3_run, tmp_path, monkeypatc
     assert store.list("a/") == ["a/whole.bin"]
     client = boto3.client("s3", endpoint_url=s3_run.vars["AWS_ENDPOINT_URL"])
     assert client.list_multipart_uploads(Bucket=s3_run.bucket).get("Uploads", []) == []  # aborted, not left to bill
+
+
+def test_a_backend_missing_a_primitive_fails_when_constructed(tmp_path):
+    # The primitives are abstract: a backend lacking one is refused at once, naming it.
+    incomplete = type("Incomplete", (storage.Store,), {
+        name: (lambda self, *a: None) for name in ("_put_bytes", "_get_bytes", "_put_file", "_get_versioned",
+                                                  "_put_bytes_if", "_get_file", "_exists", "_delete_keys")})
+    with pytest.raises(TypeError, match="_stat"):
+        incomplete(f"file://{tmp_path}")
+    assert set(storage.Store.__abstractmethods__) == {
+        "_put_bytes", "_get_bytes", "_put_file", "_get_versioned", "_put_bytes_if", "_get_file", "_exists", "_stat",
+        "_delete_keys"}
+    for backend in (storage.FileStore, storage.S3Store, storage.GCSStore):
+        assert not backend.__abstractmethods__, backend

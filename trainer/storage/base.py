@@ -9,6 +9,7 @@ part of the cloud backends: a bucket and a root inside it, parsed from the URI o
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import math
 import os
@@ -31,10 +32,10 @@ class ObjectInfo:
     modified: datetime
 
 
-class Store:
+class Store(abc.ABC):
     """Keys and bytes under one run root. Use :func:`open_store` to get one.
 
-    Subclasses implement the ``_``-prefixed primitives on full object names; this class
+    Subclasses implement the abstract ``_``-prefixed primitives on validated keys; this class
     validates keys, retries transfers and builds the composite operations on top.
     """
 
@@ -248,33 +249,43 @@ class Store:
         return uploaded
 
     # -- primitives (keys already validated) -----------------------------------------
+    # Abstract, so a backend that lacks one fails when it is constructed, not at its first call.
 
+    @abc.abstractmethod
     def _put_bytes(self, key: str, data: bytes) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _get_bytes(self, key: str) -> bytes:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _put_file(self, key: str, path: str, cancel: threading.Event | None) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _get_versioned(self, key: str) -> tuple[bytes, str]:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _put_bytes_if(self, key: str, data: bytes, version: str | None) -> str:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _get_file(self, key: str, path: str) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _exists(self, key: str) -> bool:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _stat(self, prefix: str) -> dict[str, ObjectInfo]:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _delete_keys(self, keys: list[str]) -> None:
-        raise NotImplementedError
+        ...
 
     def _append_line(self, key: str, text: str) -> None:
         try:
