@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from trainer import layout
-from trainer.storage import Cancelled, NotFound, Store, check_key, walk_files
+from trainer.storage import Cancelled, NotFound, Store, check_key, read_json, walk_files
 
 __all__ = ["CheckpointStore", "CheckpointError", "Checkpointer", "MARKER", "MARKER_FORMAT", "STATE_FILE"]
 
@@ -388,15 +388,7 @@ class CheckpointStore:
         return sorted(self._scan()[1])
 
     def _read_marker(self, step: int) -> dict | None:
-        try:
-            raw = self.store.get_bytes(self._base(step) + MARKER)
-        except NotFound:
-            return None
-        try:
-            marker = json.loads(raw)
-        except ValueError:
-            return {}
-        return marker if isinstance(marker, dict) else {}
+        return read_json(self.store, self._base(step) + MARKER)
 
     @staticmethod
     def _marker_problem(step: int, marker: dict) -> str | None:

@@ -307,13 +307,12 @@ class Run:
 
     def _already_complete(self) -> bool:
         """True (and says so) when the run already ended as COMPLETE or CANCELLED: nothing to do."""
-        from trainer.storage import NotFound
+        from trainer.storage import read_json
 
         for marker, kind, when in ((layout.COMPLETE, layout.ALREADY_COMPLETE, "finished_at"),
                                    (layout.CANCELLED, layout.ALREADY_CANCELLED, "cancelled_at")):
-            try:
-                done = json.loads(self.store.get_bytes(marker))
-            except NotFound:
+            done = read_json(self.store, marker)
+            if done is None:
                 continue
             # Printed, not appended: the run's log ended with its `finished` or `cancelled` event.
             message = self._complete_message(done) if marker == layout.COMPLETE else f"run already {marker}; nothing to do"

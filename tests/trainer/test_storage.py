@@ -481,3 +481,24 @@ def test_a_backend_missing_a_primitive_fails_when_constructed(tmp_path):
         "_delete_keys"}
     for backend in (storage.FileStore, storage.S3Store, storage.GCSStore):
         assert not backend.__abstractmethods__, backend
+
+
+@pytest.mark.parametrize(("stored", "expected"), [
+    (None, None),  # absent
+    (b'{"step": 3}', {"step": 3}),
+    (b"{torn", {}),  # present but unreadable: counts as present, its fields read as missing
+    (b"[1, 2]", {}),  # JSON, but not an object
+    (b"\xff\xfe\x00", {}),  # not text
+    (b"", {}),
+])
+def test_read_json_says_absent_or_corrupt_one_way(tmp_path, stored, expected):
+    store = open_store(f"file://{tmp_path}/run")
+    if stored is not None:
+        store.put_bytes("COMPLETE", stored)
+    assert storage.read_json(store, "COMPLETE") == expected
+
+
+def test_read_json_raises_what_is_not_absence(tmp_path):
+    store = open_store(f"file://{tmp_path}/run")
+    with pytest.raises(ValueError, match="must not contain"):
+        storage.read_json(store, "../COMPLETE")  # a bad key is the caller's error, not an absent object

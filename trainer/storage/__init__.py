@@ -37,6 +37,7 @@ Import from here: ``from trainer.storage import open_store, NotFound``.
 
 from __future__ import annotations
 
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -60,6 +61,7 @@ __all__ = [
     "GCSStore",
     "open_store",
     "download_many",
+    "read_json",
     "is_transient",
     "check_key",
     "walk_files",
@@ -112,3 +114,22 @@ def download_many(
             raise err
     return len(todo)
 
+
+
+def read_json(store: Store, key: str) -> dict | None:
+    """The small JSON object at ``key``: ``None`` when absent, ``{}`` when present but not a JSON object.
+
+    One answer for every reader of the run's small documents (markers, COMPLETE, progress): an
+    object that exists counts as existing even when it cannot be parsed (a torn or foreign
+    write), and its fields read as missing. Transient errors are retried by the store; others
+    (no permission, no bucket) are raised.
+    """
+    try:
+        raw = store.get_bytes(key)
+    except NotFound:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:  # also a UnicodeDecodeError
+        return {}
+    return doc if isinstance(doc, dict) else {}
