@@ -47,9 +47,8 @@ from datetime import UTC, datetime
 from trainer import layout
 from trainer.storage import Cancelled, NotFound, Store, check_key, read_json, walk_files
 
-__all__ = ["CheckpointStore", "CheckpointError", "Checkpointer", "MARKER", "MARKER_FORMAT", "STATE_FILE"]
+__all__ = ["CheckpointStore", "CheckpointError", "Checkpointer", "MARKER_FORMAT", "STATE_FILE"]
 
-MARKER = layout.COMMITTED  # re-exported for readers that import it from here (ops/status.py)
 MARKER_FORMAT = 1
 # The loop's counters beside the variables in each checkpoint (see Checkpointer).
 STATE_FILE = "state.json"
@@ -89,8 +88,8 @@ def _local_files(local_dir: str) -> list[tuple[str, str]]:
     files = walk_files(local_dir)
     if not files:
         raise ValueError(f"checkpoint directory {local_dir!r} holds no files; nothing to commit")
-    if any(rel == MARKER for rel, _ in files):
-        raise ValueError(f"checkpoint directory {local_dir!r} holds a file named {MARKER}, which is reserved")
+    if any(rel == layout.COMMITTED for rel, _ in files):
+        raise ValueError(f"checkpoint directory {local_dir!r} holds a file named {layout.COMMITTED}, which is reserved")
     return files
 
 
@@ -113,7 +112,6 @@ class CheckpointStore:
         *,
         keep: int = 3,
         emit: Emit | None = None,
-        prefix: str = layout.CHECKPOINTS_PREFIX,
         on_commit: Callable[[dict], None] | None = None,
         upload_workers: int = 4,
         lease=None,
@@ -124,7 +122,6 @@ class CheckpointStore:
             raise ValueError(f"upload_workers must be >= 1, got {upload_workers!r}")
         self.store = store
         self.keep = keep
-        self.prefix = check_key(prefix.strip("/"))
         self.emit = emit
         self.on_commit = on_commit
         self.upload_workers = upload_workers
@@ -143,14 +140,12 @@ class CheckpointStore:
         if emit is not None:
             previous = store.on_retry
 
-            mine = self.prefix + "/"
-
             def on_retry(op: str, key: str, attempt: int, error: BaseException) -> None:
                 if previous is not None:
                     previous(op, key, attempt, error)
                 # Only checkpoint transfers: reporting retries of other writes (the event
                 # log itself) would feed a failing store more writes.
-                if key.startswith(mine):
+                if layout.is_checkpoint_key(key):
                     emit(
                         layout.UPLOAD_RETRY,
                         {"attempt": attempt, "error": f"{type(error).__name__}: {error}", "op": op, "key": key},
@@ -160,21 +155,21 @@ class CheckpointStore:
 
     # -- naming ------------------------------------------------------------------------
 
-    def _base(self, step: int) -> str:
-        return f"{self.prefix}/{layout.CHECKPOINT_DIR}-{step}/"
+    @staticmethod
+    def _base(step: int) -> str:
+        return layout.checkpoint_dir(step) + "/"
 
     def _scan(self) -> tuple[set[int], set[int]]:
         """(steps with any object, steps with a marker) under the prefix, in one listing."""
-        pattern = re.compile(rf"^{re.escape(self.prefix)}/{re.escape(layout.CHECKPOINT_DIR)}-(\d+)/(.+)$")
         present: set[int] = set()
         committed: set[int] = set()
-        for key in self.store.list(self.prefix + "/"):
-            m = pattern.match(key)
-            if not m:
+        for key in self.store.list(layout.CHECKPOINTS_PREFIX):
+            found = layout.checkpoint_key_step(key)
+            if found is None:
                 continue
-            step = int(m.group(1))
+            step, rest = found
             present.add(step)
-            if m.group(2) == MARKER:
+            if rest == layout.COMMITTED:
                 committed.add(step)
         return present, committed
 
@@ -223,7 +218,7 @@ class CheckpointStore:
     def _upload(self, step: int, files: list[tuple[str, str]], cancel: threading.Event | None) -> dict:
         t0 = time.monotonic()
         base = self._base(step)
-        marker_key = base + MARKER
+        marker_key = layout.committed_key(step)
 
         def check_cancel() -> None:
             if cancel is not None and cancel.is_set():
@@ -388,7 +383,7 @@ class CheckpointStore:
         return sorted(self._scan()[1])
 
     def _read_marker(self, step: int) -> dict | None:
-        return read_json(self.store, self._base(step) + MARKER)
+        return read_json(self.store, layout.committed_key(step))
 
     @staticmethod
     def _marker_problem(step: int, marker: dict) -> str | None:
@@ -510,7 +505,7 @@ class CheckpointStore:
                     continue
                 if step in committed:
                     # Marker first: from here on the checkpoint is no longer offered.
-                    self.store.delete_prefix(self._base(step) + MARKER)
+                    self.store.delete_prefix(layout.committed_key(step))
                     self.store.delete_prefix(self._base(step))
                 else:
                     self.store.delete_prefix(self._base(step))

@@ -51,10 +51,6 @@ from trainer.models import ModelSpec, build_model
 from trainer.signals import StopKeyPoller, StopRequest
 from trainer.strategy import Cluster, make_strategy, read_cluster
 
-EXIT_OK = layout.EXIT_OK
-EXIT_FAILED = layout.EXIT_FAILED
-EXIT_PREEMPTED = layout.EXIT_PREEMPTED
-
 # A step's request, all-reduced (SUM) across workers: [checkpoint now, stop, cancel the run];
 # any worker's non-zero entry is every worker's decision. (ReduceOp has no MAX.)
 _GO, _CHECKPOINT, _STOP, _CANCEL = (0.0, 0.0, 0.0), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 1.0, 1.0)
@@ -271,7 +267,7 @@ class Run:
         self.stop.install()
         try:
             if self._already_complete():
-                return EXIT_OK
+                return layout.EXIT_OK
             if self.lease is not None:
                 self.lease.acquire()
                 self.lease.start()
@@ -293,7 +289,7 @@ class Run:
             if self.cluster.multi_worker and cluster_mod.peer_loss(e):
                 return self._peer_lost(e)
             self.emit(layout.FAILED_EVENT, reason=f"{type(e).__name__}: {e}", step=self.state.step)
-            return EXIT_FAILED
+            return layout.EXIT_FAILED
         finally:
             if self.startup is not None:
                 self.startup.disarm()
@@ -350,7 +346,7 @@ class Run:
                 steps = self.ckstore.committed_steps()
                 self.emit(layout.PREEMPTED, step=steps[-1] if steps else 0, signal=self.stop.signal_name,
                           seconds=0.0, examples_seen=None)
-                return EXIT_PREEMPTED
+                return layout.EXIT_PREEMPTED
             if missing:
                 self.startup.disarm()
                 self._no_cluster(missing)
@@ -623,7 +619,7 @@ class Run:
         self.events.flush()
         self.emit(layout.PREEMPTED, step=self.state.step, signal=self.stop.signal_name,
                   seconds=round(time.monotonic() - started, 3), examples_seen=self.state.examples_seen)
-        return EXIT_PREEMPTED
+        return layout.EXIT_PREEMPTED
 
     def _cancel(self, examples: tf.Variable) -> int:
         """Asked to end early (STOP): commit the current step, emit `cancelled`, write CANCELLED, exit 0."""
@@ -633,7 +629,7 @@ class Run:
         st = self.state
         self.emit(layout.CANCELLED_EVENT, step=st.step, reason=reason, examples_seen=st.examples_seen)
         if not self.chief:
-            return EXIT_OK
+            return layout.EXIT_OK
         self.events.flush()
         doc = {
             layout.MARKER_STEP: st.step,
@@ -644,7 +640,7 @@ class Run:
         }
         # Written last, after the checkpoint it names is committed: one atomic object.
         self.store.put_bytes(layout.CANCELLED, json.dumps(doc, indent=2).encode())
-        return EXIT_OK
+        return layout.EXIT_OK
 
     def _finish(self, examples: tf.Variable) -> int:
         """All steps done: final checkpoint, SavedModel, TensorBoard, then COMPLETE."""
@@ -652,7 +648,7 @@ class Run:
         st.examples_seen = int(examples.numpy())
         self._commit_current()
         if not self.chief:
-            return EXIT_OK
+            return layout.EXIT_OK
         self.events.flush()
         model_dir = os.path.join(self.work, "model")
         export_mod.export_model(self.spec.model, model_dir, self.store)
@@ -679,7 +675,7 @@ class Run:
             finished_at=time.time(),
             signature=signature,
         )
-        return EXIT_OK
+        return layout.EXIT_OK
 
 
 def train(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None, keep: list | None = None) -> int:
@@ -697,7 +693,7 @@ def train(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None, kee
         out = stream or sys.stdout
         out.write(json.dumps(line) + "\n")
         out.flush()
-        return EXIT_FAILED
+        return layout.EXIT_FAILED
     if keep is not None:
         keep.append(run)
     return run.run()
