@@ -91,7 +91,8 @@ def measure_size(size_mb: float, bucket: str, run_prefix: str, step, per_call: i
     import boto3
     import tensorflow as tf
 
-    from trainer.checkpoints import Checkpointer, CheckpointStore
+    from trainer.checkpointer import Checkpointer
+    from trainer.checkpoints import CheckpointStore
     from trainer.storage import open_store
 
     variables = _variables(int(size_mb * 1e6))

@@ -18,8 +18,9 @@ folder and uploaded in the background; SIGTERM makes the loop finish its step, s
 for uploads, commit synchronously and exit 143. With several workers a stop request is
 all-reduced inside every step, so all workers stop after the same step.
 
-The pieces the loop drives live beside it: saving and committing checkpoints in
-`trainer.checkpoints` (`Checkpointer`), TensorBoard scalars in `trainer.summaries`,
+The pieces the loop drives live beside it: saving and restoring checkpoints in
+`trainer.checkpointer` (`Checkpointer`), committing them to the bucket in
+`trainer.checkpoints` (`CheckpointStore`), TensorBoard scalars in `trainer.summaries`,
 events and what they add up to in `trainer.events`, the run folder's names and exit codes
 in `trainer.layout`.
 """
@@ -42,7 +43,7 @@ from trainer import data as data_mod
 from trainer import export as export_mod
 from trainer import layout
 from trainer import summaries as summaries_mod
-from trainer.checkpoints import ResumeMismatch
+from trainer.checkpointer import Checkpointer, ResumeMismatch
 from trainer.config import TrainConfig, as_dict
 from trainer.devices import DeviceMismatch, check_gpus
 from trainer.events import EventLog, read_events, utc_now
@@ -372,8 +373,6 @@ class Run:
         examples = tf.Variable(0, dtype=tf.int64, trainable=False)
         # Lists of the variables themselves: Keras 3 models are not tracked by attribute.
         ckpt = tf.train.Checkpoint(model=list(spec.model.variables), optimizer=list(spec.optimizer.variables))
-        from trainer.checkpoints import Checkpointer
-
         self.checkpointer = Checkpointer(self.ckstore, ckpt, work=self.work, chief=self.chief,
                                          variables=[*spec.model.variables, *spec.optimizer.variables],
                                          model=cfg.model)

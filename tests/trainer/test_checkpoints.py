@@ -418,7 +418,7 @@ def test_100mb_checkpoint_commits_to_s3_within_preemption_window(s3_run, tmp_pat
 
 
 def _checkpointer(tf, store, work: Path, w, rng, extra):
-    from trainer.checkpoints import Checkpointer
+    from trainer.checkpointer import Checkpointer
 
     # The TF checkpoint holds `w` and `rng`; the fingerprint covers `extra` too, as it would
     # a variable the model has but the checkpoint failed to restore.
@@ -427,7 +427,7 @@ def _checkpointer(tf, store, work: Path, w, rng, extra):
 
 
 def test_restore_is_checked_against_the_saved_fingerprint(tf, tmp_path):
-    from trainer.checkpoints import ResumeMismatch
+    from trainer.checkpointer import ResumeMismatch
 
     store = open_store(f"file://{tmp_path}/run")
     saver = _checkpointer(tf, store, tmp_path / "a", tf.Variable([1.0, 2.0]),
@@ -543,3 +543,16 @@ def test_checkpoint_keys_are_read_as_layout_writes_them(key, expected):
     assert layout.checkpoint_key_step(key) == expected
     if expected is not None:
         assert key.startswith(layout.checkpoint_dir(expected[0]) + "/")
+
+
+def test_the_commit_protocol_imports_no_tensorflow():
+    import subprocess
+    import sys
+
+    # ops imports CheckpointStore on a laptop: loading TensorFlow there would cost seconds and a dependency.
+    code = ("import sys; from trainer.checkpoints import CheckpointStore; "
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')); "
+            "print(CheckpointStore.__name__, heavy)")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "CheckpointStore []", out.stdout + out.stderr
