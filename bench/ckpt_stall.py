@@ -1,7 +1,7 @@
 """Checkpoint stall and upload throughput, for checkpoints of a given size, against the run's S3 endpoint.
 
 For each size, with the trainer's own `Checkpointer` and `CheckpointStore` (what
-`trainer.loop.Run._checkpoint` does on a background checkpoint):
+`trainer.loop.TrainLoop._checkpoint` does on a background checkpoint):
 
 * blocked — the seconds the loop waits per checkpoint: `save_local` (TF writes the
   variables, the resume fingerprint hashes them) plus `commit(sync=False)` (a hard-link

@@ -62,16 +62,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainer: error: {e}", file=sys.stderr)
         return 2
     if cfg.verbose:
-        from trainer.loop import train
+        from trainer.attempt import train
     else:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         with quiet_native_stderr():
-            from trainer.loop import train
+            from trainer.attempt import train
 
     return train(cfg, stop=stop, keep=HELD)
 
 
-# The attempt's Run, held until the process ends: see exit_now.
+# The `Attempt`, held until the process ends: see exit_now.
 HELD: list = []
 
 
