@@ -68,16 +68,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_script(cfg, stop=stop)
     if cfg.verbose:
-        from trainer.loop import train
+        from trainer.attempt import train
     else:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         with quiet_native_stderr():
-            from trainer.loop import train
+            from trainer.attempt import train
 
     return train(cfg, stop=stop, keep=HELD)
 
 
-# The attempt's Run, held until the process ends: see exit_now.
+# The `Attempt`, held until the process ends: see exit_now.
 HELD: list = []
 
 
