@@ -1,7 +1,7 @@
 """Checkpoint stall and upload throughput, for checkpoints of a given size, against the run's S3 endpoint.
 
 For each size, with the trainer's own `Checkpointer` and `CheckpointStore` (what
-`trainer.loop.Run._checkpoint` does on a background checkpoint):
+`trainer.loop.TrainLoop._checkpoint` does on a background checkpoint):
 
 * blocked — the seconds the loop waits per checkpoint: `save_local` (TF writes the
   variables, the resume fingerprint hashes them) plus `commit(sync=False)` (a hard-link
@@ -91,7 +91,8 @@ def measure_size(size_mb: float, bucket: str, run_prefix: str, step, per_call: i
     import boto3
     import tensorflow as tf
 
-    from trainer.checkpoints import Checkpointer, CheckpointStore
+    from trainer.checkpointer import Checkpointer
+    from trainer.checkpoints import CheckpointStore
     from trainer.storage import open_store
 
     variables = _variables(int(size_mb * 1e6))

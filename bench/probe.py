@@ -1,12 +1,13 @@
 """`python -m trainer`, with marks of where its start-up seconds go.
 
 Runs exactly what `trainer/__main__.py` runs (signal flag first, then config, then
-`trainer.loop.train`), with thin wrappers around the start-up phases of `trainer.loop`:
+`trainer.attempt.train`), with thin wrappers around the start-up phases of `trainer.attempt`
+and `trainer.loop`:
 imports, the strategy, the model build, the restore of a checkpoint, the data set, and the
 first call of the train step (tracing plus its steps). Each mark is seconds since the bench
 started the process (`BENCH_T0`, the parent's `time.time()` just before spawning), and is
 written as JSON to `BENCH_MARKS` after the first and second calls, so the parent can watch
-for the first step. A renamed function in `trainer.loop` fails here at once (AttributeError),
+for the first step. A renamed function in either fails here at once (AttributeError),
 which is how `tests/bench` notices that the probe needs updating.
 
 Usage: BENCH_T0=... BENCH_MARKS=marks.json python -m bench.probe --run-uri ... (trainer flags)
@@ -54,12 +55,12 @@ def _timed(owner, name: str, label: str) -> None:
 
 
 def install() -> None:
-    """Wrap the start-up phases of `trainer.loop` (call after importing it)."""
-    from trainer import data, loop
+    """Wrap the start-up phases of `trainer.attempt` and `trainer.loop` (call after importing them)."""
+    from trainer import attempt, data, loop
 
-    _timed(loop, "make_strategy", "strategy")
+    _timed(attempt, "make_strategy", "strategy")
     _timed(loop, "seeded_model", "model")
-    _timed(loop.Run, "_restore", "restore")
+    _timed(loop.TrainLoop, "restore", "restore")
     _timed(data, "make_dataset", "dataset")
     make = loop.make_train_step
 
@@ -102,11 +103,11 @@ def main() -> int:
     import tensorflow  # noqa: F401
 
     mark("imports_tf")
-    from trainer import loop
+    from trainer import attempt
 
     mark("imports_end")
     install()
-    rc = loop.train(cfg, stop=stop)
+    rc = attempt.train(cfg, stop=stop)
     mark("exit")
     dump()
     return rc

@@ -249,7 +249,9 @@ class Bench:
     def _committed(self, uri: str, step: int) -> dict | None:
         import boto3
 
-        key = uri.split("/", 3)[3] + f"/checkpoints/ckpt-{step}/COMMITTED"
+        from trainer import layout
+
+        key = uri.split("/", 3)[3] + "/" + layout.committed_key(step)
         client = boto3.session.Session().client("s3", endpoint_url=self.env["AWS_ENDPOINT_URL"], region_name="us-east-1",
                                                 aws_access_key_id="testing", aws_secret_access_key="testing")
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
 import shlex
 from collections.abc import Mapping
 
@@ -68,6 +69,10 @@ JUPYTER_FILES = (
 )
 
 
+# Seconds of the notice's grace kept for the trainer after a script-mode command stops.
+SCRIPT_STOP_MARGIN_S = 10
+
+
 def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, str]:
     """Everything a machine of this stack needs, as env-file values (no secrets).
 
@@ -106,6 +111,12 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, 
         env["TRAINSTACK_EXTRA_ARGS"] = shlex.join(run.extra_args)
     if run.code:
         env["TRAINSTACK_CODE_DIR"] = USER_CODE_DIR
+    if run.command:
+        # Script mode (trainer/script.py): the trainer runs this command in the code folder. The
+        # command's own stop must end inside docker's stop timeout (the notice's grace), with
+        # time left for the trainer to record it.
+        env["TRAINSTACK_COMMAND"] = json.dumps(run.command)
+        env["TRAINSTACK_STOP_GRACE_S"] = str(max(5, NOTICE_GRACE_S[settings.cloud] - SCRIPT_STOP_MARGIN_S))
     if settings.access.jupyter:
         env["TRAINSTACK_JUPYTER"] = "1"
     env.update(price_env(settings))

@@ -126,6 +126,8 @@ class _Monitor(pulumi_mocks.MockMonitor):
                 "inputs": jsonable(inputs),
                 "options": {
                     "retainOnDelete": bool(request.retainOnDelete),
+                    # The `import_` option: the id of an existing resource the engine adopts instead of creating.
+                    "importId": request.importId or None,
                     "protect": bool(request.protect),
                     "ignoreChanges": list(request.ignoreChanges),
                     "deleteBeforeReplace": bool(request.deleteBeforeReplace),

@@ -85,6 +85,9 @@ class RunStatus:
     step: int | None = None
     total: int | None = None
     loss: float | None = None
+    # The script's own metrics (script mode: Keras's logs, e.g. accuracy, val_loss), newest first
+    # from COMPLETE, else progress.json.
+    metrics: dict = field(default_factory=dict)
     examples_per_sec: float | None = None
     eta_seconds: float | None = None
     progress_updated: str | None = None
@@ -169,6 +172,14 @@ def _number(doc: dict, key: str) -> float | None:
         return None
 
 
+def _metrics(doc: dict | None) -> dict:
+    """The numeric `metrics` of a progress.json or COMPLETE document."""
+    found = (doc or {}).get("metrics")
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): float(v) for k, v in found.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
 def is_local(run_uri: str) -> bool:
     """A run on this computer (``file://``): nothing restarts it and nothing bills it."""
     return run_uri.startswith("file://")
@@ -223,6 +234,7 @@ def classify(facts: RunFacts, now: float, *, events: int = DEFAULT_EVENTS) -> Ru
         st.total = int(progress["total"]) if isinstance(progress.get("total"), int) else None
         st.loss = _number(progress, "loss")
         st.examples_per_sec = _number(progress, "examples_per_sec")
+        st.metrics = _metrics(progress)
         st.progress_updated = progress.get("updated") if isinstance(progress.get("updated"), str) else None
         st.progress_age_seconds = _age(st.progress_updated, now)
     if st.step is None and st.checkpoint is not None:
@@ -243,6 +255,7 @@ def classify(facts: RunFacts, now: float, *, events: int = DEFAULT_EVENTS) -> Ru
         if isinstance(step, int) and step >= 0:
             st.step = step
         if marker == layout.COMPLETE:
+            st.metrics = _metrics(doc) or st.metrics
             st.detail = f"model in {run_uri.rstrip('/')}/{layout.MODEL_PREFIX}"
         elif marker == layout.CANCELLED:
             reason = doc.get(layout.MARKER_REASON)

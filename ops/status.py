@@ -187,6 +187,11 @@ def _event_line(ev: dict) -> str:
     return line if len(line) <= 110 else line[:107] + "..."
 
 
+def metrics_text(metrics: dict) -> str:
+    """`accuracy 0.9812   loss 0.0612   val_accuracy ...`, sorted by name."""
+    return "   ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
+
+
 def render(st: RunStatus):
     """A rich renderable of the status (a progress bar for the steps)."""
     from rich.console import Group
@@ -216,6 +221,8 @@ def render(st: RunStatus):
         loss = "-" if st.loss is None else f"{st.loss:.4g}"
         rate = "-" if st.examples_per_sec is None else f"{st.examples_per_sec:,.0f}"
         grid.add_row("loss", f"{loss}   examples/s {rate}   ETA {duration(st.eta_seconds)}")
+    if st.metrics:
+        grid.add_row("metrics", metrics_text(st.metrics))
     if st.progress_updated:
         grid.add_row("updated", f"{st.progress_updated} ({duration(st.progress_age_seconds)} ago)")
     grid.add_row(

@@ -61,17 +61,23 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"trainer: error: {e}", file=sys.stderr)
         return 2
+    if cfg.command is not None:
+        # Script mode: the user's command trains; this process keeps the run's guarantees
+        # and never imports TensorFlow itself (trainer/script.py).
+        from trainer.script import run_script
+
+        return run_script(cfg, stop=stop)
     if cfg.verbose:
-        from trainer.loop import train
+        from trainer.attempt import train
     else:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         with quiet_native_stderr():
-            from trainer.loop import train
+            from trainer.attempt import train
 
     return train(cfg, stop=stop, keep=HELD)
 
 
-# The attempt's Run, held until the process ends: see exit_now.
+# The `Attempt`, held until the process ends: see exit_now.
 HELD: list = []
 
 

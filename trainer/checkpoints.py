@@ -1,4 +1,4 @@
-"""The checkpoint commit protocol: upload, verify, mark committed, restore, prune.
+"""The checkpoint commit protocol in the bucket: upload, verify, mark committed, restore, prune.
 
 A checkpoint is the set of files TF wrote into a local directory. It is uploaded to
 ``<run-uri>/checkpoints/ckpt-<step>/<same relative paths>`` and becomes visible only when
@@ -15,6 +15,11 @@ without the marker, or whose files do not match it on download, is never restore
 skipped with a ``checkpoint_skipped`` event and the next older one is tried. Pruning
 deletes a marker before the files it describes, so a half-deleted checkpoint is never
 taken for a committed one.
+
+A checkpoint here is any folder of files: this module knows nothing of TensorFlow and
+imports none of it, so ``ops`` (status, pull) reads a run's checkpoints on a laptop without
+it. What goes into the folder, and how it is restored into a model, is
+:mod:`trainer.checkpointer`'s.
 
 Given the run's lease (:class:`trainer.lease.RunLease`), the store fences its writes: the
 COMMITTED marker is written only right after a successful renewal of the lease (a
@@ -45,16 +50,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from trainer import layout
-from trainer.storage import Cancelled, NotFound, Store, check_key, walk_files
+from trainer.storage import Cancelled, NotFound, Store, check_key, read_json, walk_files
 
-__all__ = ["CheckpointStore", "CheckpointError", "Checkpointer", "MARKER", "MARKER_FORMAT", "STATE_FILE"]
+__all__ = ["CheckpointStore", "CheckpointError", "MARKER_FORMAT"]
 
-MARKER = layout.COMMITTED  # re-exported for readers that import it from here (ops/status.py)
 MARKER_FORMAT = 1
-# The loop's counters beside the variables in each checkpoint (see Checkpointer).
-STATE_FILE = "state.json"
-# The variables' file prefix inside a checkpoint folder (TF adds .index and .data-*).
-CKPT_PREFIX = "ckpt"
 _HASH_CHUNK = 1024 * 1024
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -89,8 +89,8 @@ def _local_files(local_dir: str) -> list[tuple[str, str]]:
     files = walk_files(local_dir)
     if not files:
         raise ValueError(f"checkpoint directory {local_dir!r} holds no files; nothing to commit")
-    if any(rel == MARKER for rel, _ in files):
-        raise ValueError(f"checkpoint directory {local_dir!r} holds a file named {MARKER}, which is reserved")
+    if any(rel == layout.COMMITTED for rel, _ in files):
+        raise ValueError(f"checkpoint directory {local_dir!r} holds a file named {layout.COMMITTED}, which is reserved")
     return files
 
 
@@ -113,7 +113,6 @@ class CheckpointStore:
         *,
         keep: int = 3,
         emit: Emit | None = None,
-        prefix: str = layout.CHECKPOINTS_PREFIX,
         on_commit: Callable[[dict], None] | None = None,
         upload_workers: int = 4,
         lease=None,
@@ -124,7 +123,6 @@ class CheckpointStore:
             raise ValueError(f"upload_workers must be >= 1, got {upload_workers!r}")
         self.store = store
         self.keep = keep
-        self.prefix = check_key(prefix.strip("/"))
         self.emit = emit
         self.on_commit = on_commit
         self.upload_workers = upload_workers
@@ -143,14 +141,12 @@ class CheckpointStore:
         if emit is not None:
             previous = store.on_retry
 
-            mine = self.prefix + "/"
-
             def on_retry(op: str, key: str, attempt: int, error: BaseException) -> None:
                 if previous is not None:
                     previous(op, key, attempt, error)
                 # Only checkpoint transfers: reporting retries of other writes (the event
                 # log itself) would feed a failing store more writes.
-                if key.startswith(mine):
+                if layout.is_checkpoint_key(key):
                     emit(
                         layout.UPLOAD_RETRY,
                         {"attempt": attempt, "error": f"{type(error).__name__}: {error}", "op": op, "key": key},
@@ -160,21 +156,21 @@ class CheckpointStore:
 
     # -- naming ------------------------------------------------------------------------
 
-    def _base(self, step: int) -> str:
-        return f"{self.prefix}/{layout.CHECKPOINT_DIR}-{step}/"
+    @staticmethod
+    def _base(step: int) -> str:
+        return layout.checkpoint_dir(step) + "/"
 
     def _scan(self) -> tuple[set[int], set[int]]:
         """(steps with any object, steps with a marker) under the prefix, in one listing."""
-        pattern = re.compile(rf"^{re.escape(self.prefix)}/{re.escape(layout.CHECKPOINT_DIR)}-(\d+)/(.+)$")
         present: set[int] = set()
         committed: set[int] = set()
-        for key in self.store.list(self.prefix + "/"):
-            m = pattern.match(key)
-            if not m:
+        for key in self.store.list(layout.CHECKPOINTS_PREFIX):
+            found = layout.checkpoint_key_step(key)
+            if found is None:
                 continue
-            step = int(m.group(1))
+            step, rest = found
             present.add(step)
-            if m.group(2) == MARKER:
+            if rest == layout.COMMITTED:
                 committed.add(step)
         return present, committed
 
@@ -223,7 +219,7 @@ class CheckpointStore:
     def _upload(self, step: int, files: list[tuple[str, str]], cancel: threading.Event | None) -> dict:
         t0 = time.monotonic()
         base = self._base(step)
-        marker_key = base + MARKER
+        marker_key = layout.committed_key(step)
 
         def check_cancel() -> None:
             if cancel is not None and cancel.is_set():
@@ -388,15 +384,7 @@ class CheckpointStore:
         return sorted(self._scan()[1])
 
     def _read_marker(self, step: int) -> dict | None:
-        try:
-            raw = self.store.get_bytes(self._base(step) + MARKER)
-        except NotFound:
-            return None
-        try:
-            marker = json.loads(raw)
-        except ValueError:
-            return {}
-        return marker if isinstance(marker, dict) else {}
+        return read_json(self.store, layout.committed_key(step))
 
     @staticmethod
     def _marker_problem(step: int, marker: dict) -> str | None:
@@ -518,219 +506,7 @@ class CheckpointStore:
                     continue
                 if step in committed:
                     # Marker first: from here on the checkpoint is no longer offered.
-                    self.store.delete_prefix(self._base(step) + MARKER)
+                    self.store.delete_prefix(layout.committed_key(step))
                     self.store.delete_prefix(self._base(step))
                 else:
                     self.store.delete_prefix(self._base(step))
-
-
-class ResumeMismatch(RuntimeError):
-    """What was restored differs from what the checkpoint recorded: training on would not be an exact resume.
-
-    Also raised when a run folder's checkpoints belong to another model or other shapes: no
-    retry can help, so the trainer exits with `layout.EXIT_UNUSABLE`.
-    """
-
-
-_TRAIN_ELSEWHERE = ("Nothing was changed in the run. Train this model under a new run id (another --run-uri, or "
-                    "run.id in the stack), or start this run again with the model and options it was started with.")
-
-
-# Keras keeps each random stream's state (e.g. a Dropout layer's) in a variable of this name.
-RNG_STATE_NAME = "seed_generator_state"
-
-
-def variables_digest(variables) -> str:
-    """A digest of the values (with shapes and dtypes) of ``variables``, in order.
-
-    Names are left out: the checkpoint matches variables by position, and Keras numbers
-    layer names per process, so the same model may carry other names in another attempt.
-    """
-    import numpy as np
-
-    h = hashlib.blake2b(digest_size=16)
-    for v in variables:
-        value = v.numpy()
-        h.update(f"{value.dtype}|{value.shape}|".encode())
-        # The same bytes as `value.tobytes()` without copying them again (a large model's
-        # checkpoint waits for this hash); a uint8 view also serves dtypes such as bfloat16.
-        h.update(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
-    return h.hexdigest()
-
-
-def structure(variables) -> list[str]:
-    """Each variable's dtype and shape, in order (`float32[784, 128]`): what a checkpoint can be restored into."""
-    return [f"{getattr(v.dtype, 'name', v.dtype)}{list(v.shape)}" for v in variables]
-
-
-def _parameters(shapes: list[str]) -> int:
-    total = 0
-    for s in shapes:
-        dims = [int(d) for d in s[s.index("[") + 1 : -1].split(",") if d.strip()]
-        n = 1
-        for d in dims:
-            n *= d
-        total += n
-    return total
-
-
-def resume_fingerprint(state: dict, variables, rng_variables) -> dict:
-    """What an exact resume depends on: step, data position, random streams and variable values."""
-    return {
-        "step": int(state["step"]),
-        "batches_seen": int(state["batches_seen"]),
-        "examples_seen": int(state["examples_seen"]),
-        "rng": variables_digest(rng_variables),
-        "variables": variables_digest(variables),
-    }
-
-
-class Checkpointer:
-    """The training loop's checkpoints: save its variables and counters, commit them, restore the newest.
-
-    A checkpoint folder holds the variables written by ``ckpt`` (a ``tf.train.Checkpoint``
-    given by the caller, so this module needs no TensorFlow import of its own: ``ops``
-    reads checkpoints without it) under :data:`CKPT_PREFIX`, and :data:`STATE_FILE`, the
-    loop's counters as JSON. Each save goes to its own local folder under ``work``; the
-    chief commits it to the run through ``ckstore`` (in the background unless ``sync``),
-    other workers save too (the strategy requires every worker to) and drop their copy.
-
-    ``state.json`` also holds a resume fingerprint (:func:`resume_fingerprint` of the
-    checkpointed ``variables``, the random streams among them and the counters). After a
-    restore the same fingerprint is taken of what was actually restored; any difference
-    raises :class:`ResumeMismatch` rather than train on from a state that is not the saved one.
-    """
-
-    def __init__(self, ckstore: CheckpointStore, ckpt, *, work: str, chief: bool, variables=(),
-                 model: str | None = None) -> None:
-        self.ckstore = ckstore
-        self.model = model
-        self.ckpt = ckpt
-        self.variables = list(variables)
-        self.rng_variables = [v for v in self.variables if RNG_STATE_NAME in getattr(v, "name", "")]
-        self.work = work
-        self.chief = chief
-        self.last_committed: int | None = None
-        self.async_step: int | None = None  # the newest step handed to a background upload
-
-    def committed(self, step: int) -> None:
-        """Record a commit (called from the upload thread too)."""
-        self.last_committed = max(self.last_committed or 0, int(step))
-
-    def save_local(self, step: int, state: dict) -> str:
-        """Write the checkpoint of ``step`` (variables and ``state``) to its own folder; returns it."""
-        sub = "checkpoints" if self.chief else "worker-tmp"  # only the chief's copy is kept
-        folder = os.path.join(self.work, sub, f"{layout.CHECKPOINT_DIR}-{step}")
-        shutil.rmtree(folder, ignore_errors=True)
-        os.makedirs(folder)
-        if self.variables:
-            # The fingerprint hashes every value while TF writes the same values: both release
-            # the GIL, so for a large model the two overlap instead of adding up (the loop waits
-            # for both; bench/RESULTS.md, checkpoint stall).
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-fingerprint") as pool:
-                fingerprint = pool.submit(resume_fingerprint, {**state, "step": step}, self.variables,
-                                          self.rng_variables)
-                self.ckpt.write(os.path.join(folder, CKPT_PREFIX))
-                state = {**state, "structure": structure(self.variables), "fingerprint": fingerprint.result()}
-        else:
-            self.ckpt.write(os.path.join(folder, CKPT_PREFIX))
-        tmp = os.path.join(folder, STATE_FILE + ".tmp")
-        with open(tmp, "w") as fh:
-            json.dump(state, fh)
-        os.replace(tmp, os.path.join(folder, STATE_FILE))
-        return folder
-
-    def commit(self, step: int, folder: str, *, sync: bool) -> bool:
-        """Commit a saved folder (in the background unless ``sync``), then drop it; returns whether it was committed.
-
-        Only the chief commits: another worker's folder is just removed.
-        """
-        if not self.chief:
-            shutil.rmtree(folder, ignore_errors=True)
-            return False
-        try:
-            if sync:
-                # An older background upload still running is cancelled by the store so
-                # this commit gets the bandwidth; it is waited for by the caller afterwards.
-                self.ckstore.commit(step, folder)
-            else:
-                self.async_step = step
-                # The store snapshots the folder (hard links) before returning, so the
-                # local copy can go at once and the next save never races the upload.
-                self.ckstore.commit_async(step, folder)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        return True
-
-    def wait_uploads(self) -> BaseException | None:
-        """Wait for background uploads; returns the failure of one (superseded by a newer commit), if any."""
-        try:
-            self.ckstore.wait(None)
-        except Exception as e:  # noqa: BLE001 - the caller reports it; a newer commit follows
-            return e
-        return None
-
-    def restore(self) -> tuple[int, dict] | None:
-        """Restore the newest committed checkpoint into ``ckpt``; returns (step, saved state) or None."""
-        dest = os.path.join(self.work, "restore")
-        shutil.rmtree(dest, ignore_errors=True)
-        os.makedirs(dest)
-        step = self.ckstore.restore_latest(dest)
-        if step is None:
-            return None
-        with open(os.path.join(dest, STATE_FILE)) as fh:
-            saved = json.load(fh)
-        self.check_same_model(step, saved)
-        try:
-            self.ckpt.read(os.path.join(dest, CKPT_PREFIX)).assert_existing_objects_matched()
-        except (ValueError, AssertionError) as e:
-            # TensorFlow's own words (e.g. "RestoreV2 ... expected dtype float") are one detail, not the message.
-            detail = " ".join(str(e).split())[:300]
-            raise ResumeMismatch(f"checkpoint ckpt-{step} cannot be restored into this model ({detail}); "
-                                 f"{_TRAIN_ELSEWHERE}") from None
-        if saved.get("step") != step:
-            raise ValueError(f"checkpoint ckpt-{step} holds state for step {saved.get('step')}")
-        self.check_resume(step, saved)
-        self.last_committed = step
-        return step, saved
-
-    def check_same_model(self, step: int, saved: dict) -> None:
-        """Refuse, before anything is restored or written, a checkpoint of another model or shape.
-
-        ``model`` (the --model the checkpoint was saved with) and ``structure`` (its variables'
-        dtypes and shapes) are recorded in ``state.json``; older checkpoints carry neither.
-        """
-        was, now = saved.get("model"), self.model
-        if was and now and was != now:
-            raise ResumeMismatch(f"this run was trained with --model {was} (checkpoint ckpt-{step}); this attempt "
-                                 f"asks for --model {now}. {_TRAIN_ELSEWHERE}")
-        recorded = saved.get("structure")
-        if not recorded or not self.variables:
-            return
-        current = structure(self.variables)
-        if recorded != current:
-            diff = next((i for i, (a, b) in enumerate(zip(recorded, current, strict=False)) if a != b),
-                        min(len(recorded), len(current)))
-            what = (f"variable {diff}: saved {recorded[diff]}, now {current[diff]}"
-                    if diff < min(len(recorded), len(current)) else
-                    f"{len(recorded)} variables saved, {len(current)} now")
-            raise ResumeMismatch(f"checkpoint ckpt-{step} holds another model's shapes ({_parameters(recorded):,} "
-                                 f"parameters saved, {_parameters(current):,} now; first difference: {what}). "
-                                 f"{_TRAIN_ELSEWHERE}")
-
-    def check_resume(self, step: int, saved: dict) -> None:
-        """Compare the restored state with the fingerprint saved beside it; raise :class:`ResumeMismatch`.
-
-        Checkpoints written before fingerprints existed carry none and are taken as they are.
-        """
-        recorded = saved.get("fingerprint")
-        if not recorded or not self.variables:
-            return
-        now = resume_fingerprint({**saved, "step": step}, self.variables, self.rng_variables)
-        wrong = [f"{k}: saved {recorded.get(k)!r}, restored {now[k]!r}" for k in now if recorded.get(k) != now[k]]
-        if wrong:
-            raise ResumeMismatch(
-                f"checkpoint ckpt-{step} did not restore the state it recorded ({'; '.join(wrong)}); "
-                "refusing to train on from a different state. The model or optimizer built by this attempt "
-                "does not match the one that saved the checkpoint (changed code or --model options?)"
-            )

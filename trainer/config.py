@@ -15,9 +15,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 import os
 import re
 import shlex
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -69,6 +71,10 @@ class TrainConfig:
     price_per_hour: float | None = None
     price_note: str | None = None
     verbose: bool = False
+    # Script mode: the user's own command (after `--`, or TRAINSTACK_COMMAND as a JSON list),
+    # run in --code-dir by trainer/script.py instead of the trainer's own loop.
+    command: tuple[str, ...] | None = None
+    stop_grace_s: float = 100.0
 
     @property
     def per_step_batch(self) -> int:
@@ -221,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="USD per machine-hour, recorded in the `started` event so that ops status and COMPLETE can "
                    "total the run's cost (the stack sets it from its price table)")
     p.add_argument("--price-note", default=None, help="what --price-per-hour is (e.g. a spot estimate and its table's date)")
+    p.add_argument("--stop-grace-s", type=_positive_float, default=d.stop_grace_s,
+                   help="script mode (-- COMMAND): after a stop signal, how long the command may take to commit "
+                   "its checkpoint and exit before it is killed (within the spot notice: 120 s AWS, 30 s GCP)")
     p.add_argument("--verbose", action="store_true", default=None,
                    help="show TensorFlow's start-up log lines (oneDNN, CPU features, CUDA plugins), hidden by default")
     return p
@@ -258,6 +267,9 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
     """
     env = os.environ if env is None else env
     argv = list(argv) if argv is not None else []
+    command = _command(argv, env)
+    if "--" in argv:
+        argv = argv[: argv.index("--")]
     parser = build_parser()
     try:
         extra = shlex.split(env.get(ENV_PREFIX + "EXTRA_ARGS", ""))
@@ -280,9 +292,30 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
     if not values.get("run_uri"):
         raise ConfigError("--run-uri (or TRAINSTACK_RUN_URI) is required: s3://B/runs/ID, gs://B/runs/ID or file://DIR")
     values["run_uri"] = normalize_uri(values["run_uri"])
+    values["command"] = command
     cfg = TrainConfig(**values)
     validate(cfg)
     return cfg
+
+
+def _command(argv: list[str], env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """Script mode's command: the words after `--`, else TRAINSTACK_COMMAND (a JSON list of strings)."""
+    if "--" in argv:
+        words = argv[argv.index("--") + 1:]
+        if not words:
+            raise ConfigError("--: nothing after it; give the command to run, e.g. -- python train.py")
+        return tuple(words)
+    raw = env.get(ENV_PREFIX + "COMMAND", "").strip()
+    if not raw:
+        return None
+    try:
+        words = json.loads(raw)
+    except ValueError:
+        words = None
+    if not (isinstance(words, list) and words and all(isinstance(w, str) and w for w in words)):
+        raise ConfigError(f"TRAINSTACK_COMMAND (run.command) = {raw!r}: expected a JSON list of strings, "
+                          'e.g. ["python", "train.py"]')
+    return tuple(words)
 
 
 def _drop_source(args: list[str]) -> list[str]:
@@ -307,6 +340,9 @@ def normalize_uri(uri: str) -> str:
 
 def validate(cfg: TrainConfig) -> None:
     """Reject combinations that cannot work, naming the option."""
+    if cfg.command is not None:
+        _validate_command(cfg)
+        return
     if cfg.synthetic == bool(cfg.data_uri) and not _is_user_model(cfg.model):
         raise ConfigError("choose the data: --synthetic or --data-uri URI (TRAINSTACK_SYNTHETIC=1 / TRAINSTACK_DATA_URI)")
     if cfg.data_uri:
@@ -325,6 +361,56 @@ def validate(cfg: TrainConfig) -> None:
                           "(the holder stops trusting its lease 10 s before it ends; renewals need time)")
     if cfg.lm_dim % cfg.lm_heads:
         raise ConfigError(f"--lm-dim {cfg.lm_dim} must be a multiple of --lm-heads {cfg.lm_heads}")
+
+
+def _validate_command(cfg: TrainConfig) -> None:
+    """Script mode: the command's program exists, and no option of the trainer's own loop is set."""
+    if cfg.model != TrainConfig.model:
+        raise ConfigError(f"--model {cfg.model!r} (run.model) cannot be combined with a command (run.command): "
+                          "the command trains its own model; drop one of them")
+    if cfg.synthetic or cfg.data_uri:
+        raise ConfigError("--synthetic / --data-uri (run.synthetic / run.dataUri) cannot be combined with a command "
+                          "(run.command): the command reads its own data; drop one of them")
+    folder = os.path.abspath(os.path.expanduser(cfg.code_dir)) if cfg.code_dir is not None else os.getcwd()
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--code-dir {cfg.code_dir!r}: no such folder (the folder the command runs in)")
+    object.__setattr__(cfg, "code_dir", folder)
+    missing = command_problem(cfg.command, folder)
+    if missing:
+        raise ConfigError(f"command (run.command) {list(cfg.command)!r}: {missing}")
+
+
+# A command's program that is the interpreter running the trainer (trainer/script.py: child_command).
+SELF_PYTHON = ("python", "python3")
+
+
+def command_problem(command: Sequence[str], folder: str, *, look_up: bool = True) -> str | None:
+    """Why `command` cannot start in `folder` (its program, or the script a Python program is
+    given, is missing), or None. A program without a slash is looked up on PATH (unless not
+    `look_up`: the stack cannot see the image's PATH)."""
+    program = command[0]
+    if "/" in program:
+        full = os.path.join(folder, program)
+        if not (os.path.isfile(full) and os.access(full, os.X_OK)):
+            return f"program {program!r} is not an executable file in {folder}"
+    elif look_up and program not in SELF_PYTHON and shutil.which(program) is None:
+        return f"program {program!r} is not found on PATH ({os.environ.get('PATH', '')})"
+    script = python_script(command)
+    if script is not None and not os.path.isfile(os.path.join(folder, script)):
+        return f"script {script!r} is not in {folder}"
+    return None
+
+
+def python_script(command: Sequence[str]) -> str | None:
+    """The script a `python[3[.N]] [options] script.py ...` command runs (None for `-m`/`-c` or another program)."""
+    if not re.fullmatch(r"python(3(\.\d+)?)?", os.path.basename(command[0])):
+        return None
+    for word in command[1:]:
+        if word in ("-m", "-c"):
+            return None
+        if not word.startswith("-"):
+            return word if word.endswith(".py") else None
+    return None
 
 
 def _is_user_model(name: str) -> bool:

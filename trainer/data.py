@@ -105,12 +105,6 @@ def mlp_example(x: np.ndarray, y: int) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=feat)).SerializeToString()
 
 
-def lm_example(tokens: np.ndarray) -> bytes:
-    """One serialized `transformer-lm` record."""
-    feat = {"tokens": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(t) for t in tokens]))}
-    return tf.train.Example(features=tf.train.Features(feature=feat)).SerializeToString()
-
-
 # -- staging ----------------------------------------------------------------------------------
 
 

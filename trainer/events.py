@@ -156,8 +156,9 @@ class EventLog:
         except Exception as e:  # noqa: BLE001 - every failure is reported the same way
             print(f"trainstack: could not write {args[0] if args else ''} to the run: {e}", file=sys.stderr)
 
-    def progress(self, step: int, total: int, loss: float | None, examples_per_sec: float | None) -> None:
-        """Rewrite `progress.json` in the background (the caller decides how often)."""
+    def progress(self, step: int, total: int, loss: float | None, examples_per_sec: float | None, **extra) -> None:
+        """Rewrite `progress.json` in the background (the caller decides how often); `extra`
+        fields that are not None are added (script mode: `metrics`, `epoch`)."""
         doc = {
             "step": step,
             "total": total,
@@ -165,6 +166,7 @@ class EventLog:
             "examples_per_sec": examples_per_sec,
             "attempt": self.attempt,
             "updated": utc_now(),
+            **{k: v for k, v in extra.items() if v is not None},
         }
         if self.store is not None:
             with self._queue_lock:

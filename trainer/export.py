@@ -17,9 +17,6 @@ from datetime import UTC, datetime
 from trainer import cost, layout
 from trainer.events import parse_time, seconds_lost
 
-# Re-exported for readers that import it from here (tests/ops); defined in layout.
-COMPLETE_KEY = layout.COMPLETE
-
 
 def export_model(model, local_dir: str, store) -> int:
     """Export `model` as a SavedModel to `local_dir` and upload it to `model/`; returns files uploaded."""

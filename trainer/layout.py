@@ -150,6 +150,17 @@ def is_checkpoint_key(key: str) -> bool:
     return key.startswith(CHECKPOINTS_PREFIX)
 
 
+def checkpoint_key_step(key: str) -> tuple[int, str] | None:
+    """`checkpoints/ckpt-<step>/<rest>` (relative to the run) as `(step, rest)`; None for any other key."""
+    head = f"{CHECKPOINTS_PREFIX}{CHECKPOINT_DIR}-"
+    if not key.startswith(head):
+        return None
+    number, slash, rest = key[len(head):].partition("/")
+    if not slash or not rest or not number.isascii() or not number.isdigit():
+        return None
+    return int(number), rest
+
+
 def committed_key(step: int) -> str:
     """`checkpoints/ckpt-<step>/COMMITTED`: the marker that makes a checkpoint count."""
     return f"{checkpoint_dir(step)}/{COMMITTED}"

@@ -1,10 +1,4 @@
-"""The training run: restore, one custom training loop, signals, the run's endings.
-
-`train(cfg)` runs a whole attempt and returns the process exit code: 0 finished
-(COMPLETE written) or cancelled (the run folder's STOP found: a checkpoint committed,
-CANCELLED written), 143 stopped by SIGTERM/SIGINT after a committed checkpoint, 1 failed,
-78 this machine cannot run the run (the GPUs asked for are not seen: `trainer.devices`),
-77 another machine's trainer holds the run's lease (`trainer.lease`: one writer per run).
+"""The training step and the loop that drives it: one custom training loop for one machine or several.
 
 One loop serves one machine (MirroredStrategy) and several (MultiWorkerMirroredStrategy):
 `strategy.run` inside a `tf.function`, fed by `strategy.experimental_distribute_dataset`
@@ -14,46 +8,37 @@ second's worth by default) and returns every step's loss, so TensorBoard keeps a
 A checkpoint is the model's and optimizer's variables (dropout RNG state included) written
 with `tf.train.Checkpoint`, plus `state.json` (step, batches and examples consumed), so a
 resumed run continues with the very next batch. Each checkpoint is saved to its own local
-folder and uploaded in the background; SIGTERM makes the loop finish its step, save, wait
-for uploads, commit synchronously and exit 143. With several workers a stop request is
-all-reduced inside every step, so all workers stop after the same step.
+folder and uploaded in the background; a stop request (SIGTERM, the run folder's STOP)
+makes the loop end after its current call, and the ending commits that step synchronously.
+With several workers a stop request is all-reduced inside every step, so all workers stop
+after the same step.
 
-The pieces the loop drives live beside it: saving and committing checkpoints in
-`trainer.checkpoints` (`Checkpointer`), TensorBoard scalars in `trainer.summaries`,
-events and what they add up to in `trainer.events`, the run folder's names and exit codes
-in `trainer.layout`.
+`TrainLoop` owns the model, the step, the loop's cadence (log, progress, checkpoints) and
+pacing (steps per call). The attempt around it (lease, cluster, exit code, the run's
+endings) is `trainer.attempt`'s. The pieces the loop drives live beside it: saving and
+restoring checkpoints in `trainer.checkpointer` (`Checkpointer`), committing them to the
+bucket in `trainer.checkpoints` (`CheckpointStore`), TensorBoard scalars in
+`trainer.summaries`, events in `trainer.events`, the run folder's names in `trainer.layout`.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import sys
-import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import keras
 import tensorflow as tf
 
-from trainer import cluster as cluster_mod
 from trainer import data as data_mod
-from trainer import export as export_mod
 from trainer import layout
 from trainer import summaries as summaries_mod
-from trainer.checkpoints import ResumeMismatch
-from trainer.config import TrainConfig, as_dict
-from trainer.devices import DeviceMismatch, check_gpus
-from trainer.events import EventLog, read_events, utc_now
-from trainer.lease import LeaseHeld, LeaseLost, RunLease
+from trainer.checkpointer import Checkpointer
+from trainer.checkpoints import CheckpointStore
+from trainer.config import TrainConfig
+from trainer.events import EventLog
 from trainer.models import ModelSpec, build_model
 from trainer.signals import StopKeyPoller, StopRequest
-from trainer.strategy import Cluster, make_strategy, read_cluster
-
-EXIT_OK = layout.EXIT_OK
-EXIT_FAILED = layout.EXIT_FAILED
-EXIT_PREEMPTED = layout.EXIT_PREEMPTED
 
 # A step's request, all-reduced (SUM) across workers: [checkpoint now, stop, cancel the run];
 # any worker's non-zero entry is every worker's decision. (ReduceOp has no MAX.)
@@ -197,33 +182,36 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
     return train_steps
 
 
-class Run:
-    """One attempt of a run: owns the store, the events, the model and the loop's state."""
+class TrainLoop:
+    """The training of one attempt: the model and its checkpoints, the step, and the loop that drives it.
 
-    def __init__(self, cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None):
-        from trainer.checkpoints import CheckpointStore
-        from trainer.storage import open_store
+    The loop decides when to checkpoint (every --checkpoint-every-steps or -seconds), how many
+    steps each call runs (--steps-per-call, or about CALL_SECONDS' worth) and when to stop (a
+    signal, the run folder's STOP, the last step). What the attempt does around it (the
+    lease, the cluster, the exit code, the run's endings) is `trainer.attempt`'s.
+    """
 
+    def __init__(self, cfg: TrainConfig, *, store, ckstore: CheckpointStore, events: EventLog,
+                 emit: Callable[..., dict], stop: StopRequest, stop_key: StopKeyPoller, chief: bool,
+                 multi_worker: bool, work: str):
         self.cfg = cfg
-        self.cluster: Cluster = read_cluster()
-        self.chief = self.cluster.is_chief
-        self.store = open_store(cfg.run_uri)
-        self.history = read_events(self.store)
-        attempt = 1 + layout.attempts(self.history)
-        self.events = EventLog(self.store if self.chief else None, attempt=attempt, stream=stream)
-        self.own_events: list[dict] = []
-        self.ckstore = CheckpointStore(self.store, keep=cfg.keep_checkpoints, emit=self._store_event,
-                                       on_commit=self._on_commit)
-        self.checkpointer = None  # made once the model exists (_train)
-        self.pipeline = None  # (iterator, train step) once training starts: see _train
+        self.store = store
+        self.ckstore = ckstore
+        ckstore.on_commit = self._on_commit
+        self.events = events
+        self.emit = emit  # the attempt's: records the event as its own
+        self.stop = stop
+        self.stop_key = stop_key
+        self.chief = chief
+        self.multi_worker = multi_worker
+        self.work = work
+        self.strategy = None
+        self.global_micro = self.global_batch = 0
+        self.spec: ModelSpec | None = None
+        self.examples: tf.Variable | None = None
+        self.checkpointer: Checkpointer | None = None  # made once the model exists (build)
+        self.pipeline = None  # (iterator, train step) once training starts: see train
         self.commit_seconds: list[tuple[int, float]] = []
-        self._own_work = cfg.work_dir is None
-        self.work = cfg.work_dir or tempfile.mkdtemp(prefix="trainstack-")
-        os.makedirs(self.work, exist_ok=True)
-        self.stop = stop or StopRequest()
-        # The run folder's STOP (ops stop): the chief polls it; a cancel reaches the other
-        # workers through the step's all-reduced request.
-        self.stop_key = StopKeyPoller(self.store)
         self.cancelled = False
         self.state = RunState()
         self.rate: float | None = None
@@ -233,206 +221,76 @@ class Run:
         self.first_call: tuple[float, int] | None = None
         self.auto_steps = 1  # --steps-per-call auto: grows from the calls' measured durations
         self.summaries = summaries_mod.Summaries(summaries_mod.local_dir(self.work), self.store, enabled=False)
-        self.startup: cluster_mod.StartupWatchdog | None = None
-        # The chief writes the run's objects, so it alone takes the run's lease.
-        self.lease = RunLease(self.store, ttl_s=cfg.lease_ttl_s, wait_s=cfg.lease_wait_s, on_lost=self._lease_lost,
-                              emit=self._lease_event) if self.chief else None
 
-    def _lease_event(self, kind: str, fields: dict) -> None:
-        # Printed only: until it holds the lease this trainer writes nothing to the run.
-        self.events.emit(kind, local_only=True, **fields)
+    def use(self, strategy) -> None:
+        """Train under `strategy`: the global batch follows its replicas."""
+        self.strategy = strategy
+        self.global_micro = self.cfg.batch_size * strategy.num_replicas_in_sync
+        self.global_batch = self.global_micro * self.cfg.grad_accum
 
-    def _lease_lost(self, reason: str) -> None:
-        # Another machine took the run: stop after this step; the final commit's fence refuses.
-        self.stop.signal_name = layout.LEASE_LOST
-        self.stop.event.set()
-
-    def emit(self, event: str, **fields) -> dict:
-        ev = self.events.emit(event, **fields)
-        self.own_events.append(ev)
-        if event == layout.FAILED_EVENT and not self.chief:
-            # Not the chief's: events.jsonl is not this worker's to write (see trainer.cluster).
-            cluster_mod.record_worker_event(self.store, self.cluster.address, ev)
-        return ev
-
-    def _store_event(self, kind: str, fields: dict) -> None:
-        # A retry of the log's own writes is printed, not appended to the log it failed to
-        # write (that would queue one more write per retry while the store is down).
-        own = fields.get("key") in (layout.EVENTS_KEY, layout.PROGRESS_KEY)
-        if own:
-            self.events.emit(kind, local_only=True, **fields)
-        else:
-            self.emit(kind, **fields)
-
-    # -- phases --
-
-    def run(self) -> int:
-        """The whole attempt; returns the exit code."""
-        self.stop.install()
-        try:
-            if self._already_complete():
-                return EXIT_OK
-            if self.lease is not None:
-                self.lease.acquire()
-                self.lease.start()
-                self.ckstore.lease = self.lease
-            return self._train()
-        except (LeaseHeld, LeaseLost) as e:
-            # Another machine trains this run: say so here, write nothing there.
-            self.events.emit(layout.FAILED_EVENT, local_only=True, reason=str(e), step=self.state.step)
-            return layout.EXIT_LEASE_HELD
-        except DeviceMismatch as e:
-            # This machine can never run this run: say why once, and let the supervisor end it.
-            self.emit(layout.FAILED_EVENT, reason=str(e), step=self.state.step, **e.details)
-            return layout.EXIT_UNUSABLE
-        except ResumeMismatch as e:
-            # Another model's checkpoints: no retry can help, and nothing was written to the run.
-            self.emit(layout.FAILED_EVENT, reason=str(e), step=self.state.step)
-            return layout.EXIT_UNUSABLE
-        except Exception as e:  # noqa: BLE001 - any failure ends the attempt the same way
-            if self.cluster.multi_worker and cluster_mod.peer_loss(e):
-                return self._peer_lost(e)
-            self.emit(layout.FAILED_EVENT, reason=f"{type(e).__name__}: {e}", step=self.state.step)
-            return EXIT_FAILED
-        finally:
-            if self.startup is not None:
-                self.startup.disarm()
-            if self.lease is not None:
-                self.lease.release()
-            self.stop.restore()
-            self.stop_key.close()
-            self.events.close()
-            if self._own_work:
-                shutil.rmtree(self.work, ignore_errors=True)
-
-    def _already_complete(self) -> bool:
-        """True (and says so) when the run already ended as COMPLETE or CANCELLED: nothing to do."""
-        from trainer.storage import NotFound
-
-        for marker, kind, when in ((layout.COMPLETE, layout.ALREADY_COMPLETE, "finished_at"),
-                                   (layout.CANCELLED, layout.ALREADY_CANCELLED, "cancelled_at")):
-            try:
-                raw = self.store.get_bytes(marker)
-            except NotFound:
-                continue
-            try:
-                done = json.loads(raw)
-            except ValueError:
-                done = None
-            if not isinstance(done, dict):
-                # Present but unreadable (edited by hand, or another tool's): the run still ended.
-                # Training again would write a second model and end marker over it.
-                done = {}
-            # Printed, not appended: the run's log ended with its `finished` or `cancelled` event.
-            message = self._complete_message(done) if marker == layout.COMPLETE else f"run already {marker}; nothing to do"
-            line = {layout.EVENT: kind, layout.TIME: done.get(when), layout.ATTEMPT: self.events.attempt,
-                    "step": done.get(layout.MARKER_STEP), "message": message}
-            self.events.stream.write(json.dumps(line) + "\n")
-            self.events.stream.flush()
-            return True
-        return False
-
-    def _complete_message(self, done: dict) -> str:
-        step = done.get(layout.MARKER_STEP)
-        if isinstance(step, int) and self.cfg.steps > step:
-            # A COMPLETE run is never extended in place: its model and COMPLETE record stay what they are.
-            return (f"run already COMPLETE at {step} steps; --steps {self.cfg.steps} does not extend it. To train "
-                    f"further, start a new run id (another --run-uri, or run.id in the stack)")
-        return "run already COMPLETE; nothing to do"
-
-    def _train(self) -> int:
-        cfg = self.cfg
-        check_gpus(cfg.gpus_per_node)
-        if self.cluster.multi_worker:
-            # A little later than the peers' wait below, so the two never race to report the same
-            # wait; the native deadline later still, after the watchdog's time to record.
-            self.startup = cluster_mod.StartupWatchdog(
-                cfg.startup_timeout + 5, self._no_cluster_exit,
-                native_grace=5 + cluster_mod.RECORD_TIMEOUT_S + 5).start()
-            missing = cluster_mod.wait_for_peers(self.cluster.address, self.cluster.peers,
-                                                 self.startup.started_at + cfg.startup_timeout,
-                                                 stop=lambda: self.stop.requested)
-            if self.stop.requested:
-                # A notice while waiting for the peers: nothing trained in this attempt, so the
-                # newest committed checkpoint is where the run stands; stop now, not at the timeout.
-                self.startup.disarm()
-                steps = self.ckstore.committed_steps()
-                self.emit(layout.PREEMPTED, step=steps[-1] if steps else 0, signal=self.stop.signal_name,
-                          seconds=0.0, examples_seen=None)
-                return EXIT_PREEMPTED
-            if missing:
-                self.startup.disarm()
-                self._no_cluster(missing)
-                return layout.EXIT_NO_CLUSTER
-        strategy = make_strategy(self.cluster)
-        self.stop.reclaim()
-        precision = resolve_precision(cfg)
-        replicas = strategy.num_replicas_in_sync
-        global_micro = cfg.batch_size * replicas
-        global_step_batch = global_micro * cfg.grad_accum
-        self.global_batch = global_step_batch
-        self.emit(layout.STARTED, config=as_dict(cfg), workers=self.cluster.workers, worker=self.cluster.index,
-                  replicas=replicas, global_batch=global_step_batch, precision=precision)
-        # The `started` write (and its retries) must be over before the generators are
-        # seeded: see seeded_model.
-        self.events.flush()
-        spec = seeded_model(cfg, strategy)
-        if self.startup is not None:
-            # Every worker has passed the strategy's barrier and the variables' broadcast: the
-            # cluster formed. From here a lost peer shows as a collective error (_peer_lost).
-            self.startup.disarm()
+    def build(self) -> None:
+        """The seeded model and optimizer, the examples counter and the checkpointer."""
+        spec = seeded_model(self.cfg, self.strategy)
         self.spec = spec
-        examples = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.examples = tf.Variable(0, dtype=tf.int64, trainable=False)
         # Lists of the variables themselves: Keras 3 models are not tracked by attribute.
         ckpt = tf.train.Checkpoint(model=list(spec.model.variables), optimizer=list(spec.optimizer.variables))
-        from trainer.checkpoints import Checkpointer
-
         self.checkpointer = Checkpointer(self.ckstore, ckpt, work=self.work, chief=self.chief,
                                          variables=[*spec.model.variables, *spec.optimizer.variables],
-                                         model=cfg.model)
+                                         model=self.cfg.model)
 
-        self._restore()
-        examples.assign(self.state.examples_seen)
-        if self.state.step >= cfg.steps:
-            return self._finish(examples)
+    def restore(self) -> None:
+        """Continue from the newest committed checkpoint, if there is one."""
+        found = self.checkpointer.restore()
+        if found is not None:
+            step, saved = found
+            self.state = RunState(**{k: saved[k] for k in asdict(RunState()) if k in saved})
+            self.emit(layout.RESUMED, step=step, examples_seen=self.state.examples_seen,
+                      batches_seen=self.state.batches_seen)
+        self.examples.assign(self.state.examples_seen)
 
-        ds = data_mod.make_dataset(spec, cfg, global_step_batch, data_mod.Position(self.state.batches_seen))
-        if self.cluster.multi_worker:
+    def train(self) -> bool:
+        """The input pipeline and the step, then the loop; returns True when stopped by a request."""
+        cfg, spec, strategy = self.cfg, self.spec, self.strategy
+        ds = data_mod.make_dataset(spec, cfg, self.global_batch, data_mod.Position(self.state.batches_seen))
+        if self.multi_worker:
             # DATA sharding of a stream batched by the global batch: every worker builds the same
             # stream and takes its own slice of each global batch, so N workers train on exactly
             # the examples one worker would (tests/trainer/test_cluster.py compares the weights).
             opts = tf.data.Options()
             opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
             ds = ds.with_options(opts)
-        if replicas == 1 and "CPU" in strategy.extended.worker_devices[0].upper():
+        if strategy.num_replicas_in_sync == 1 and "CPU" in strategy.extended.worker_devices[0].upper():
             # One replica on the CPU: the distributed iterator only adds per-step bookkeeping
             # (measured: bench/RESULTS.md); the plain one feeds the same batches in the same order.
             iterator = iter(ds)
         else:
             iterator = iter(strategy.experimental_distribute_dataset(ds))
-        train_step = make_train_step(strategy, spec, cfg, global_micro, self.cluster.multi_worker, examples)
+        train_step = make_train_step(strategy, spec, cfg, self.global_micro, self.multi_worker, self.examples)
         self.summaries = summaries_mod.Summaries(summaries_mod.local_dir(self.work), self.store, enabled=self.chief)
 
         # Kept past this method: freeing the input pipeline waits for tf.data's autotuning thread
         # to wake, which took 7-22 s after a long run (see trainer/__main__.py). Held here, it is
-        # freed with the Run, after the lease and the event log are closed, or never (the CLI
-        # keeps the Run and ends with os._exit).
+        # freed with the attempt, after the lease and the event log are closed, or never (the CLI
+        # keeps the attempt and ends with os._exit).
         self.pipeline = (iterator, train_step)
         loop_started, examples_before = time.monotonic(), self.state.examples_seen
-        stopped = self._loop(train_step, iterator, examples)
+        stopped = self._loop(train_step, iterator, self.examples)
         self.loop_seconds = time.monotonic() - loop_started
         self.loop_examples = self.state.examples_seen - examples_before
-        if stopped:
-            return self._cancel(examples) if self.cancelled else self._preempt(examples)
-        return self._finish(examples)
+        return stopped
 
-    def _restore(self) -> None:
-        found = self.checkpointer.restore()
-        if found is None:
-            return
-        step, saved = found
-        self.state = RunState(**{k: saved[k] for k in asdict(RunState()) if k in saved})
-        self.emit(layout.RESUMED, step=step, examples_seen=self.state.examples_seen, batches_seen=self.state.batches_seen)
+    def speed(self) -> dict:
+        """This attempt's training loop only (checkpoints included; start-up and export not)."""
+        if not self.loop_seconds:
+            return {}
+        speed = {"loop_seconds": round(self.loop_seconds, 3),
+                 "examples_per_sec": round(self.loop_examples / self.loop_seconds, 1)}
+        if self.first_call and self.loop_seconds > self.first_call[0] and self.loop_examples > self.first_call[1]:
+            # Without the first call, which traces the step: what the loop does once running.
+            first_s, first_n = self.first_call
+            speed["steady_examples_per_sec"] = round((self.loop_examples - first_n) / (self.loop_seconds - first_s), 1)
+        return speed
 
     def _loop(self, train_step, iterator, examples: tf.Variable) -> bool:
         """Train until the last step or a stop request; returns True when stopped by a signal."""
@@ -473,7 +331,7 @@ class Run:
                 st.step += count
                 st.batches_seen += count
                 st.train_seconds += time.monotonic() - step_started
-                if self.cluster.multi_worker:
+                if self.multi_worker:
                     request = tuple(float(v) for v in agreed.numpy())
                 elif self.stop_key.requested:
                     request = _CANCEL  # one machine needs no agreement: stop after this very step
@@ -520,7 +378,7 @@ class Run:
         cfg = self.cfg
         if cfg.steps_per_call is not None:
             want = cfg.steps_per_call
-        elif self.cluster.multi_worker:
+        elif self.multi_worker:
             want = MULTI_WORKER_STEPS_PER_CALL
         else:
             want = self.auto_steps
@@ -552,41 +410,6 @@ class Run:
             "step_time_s": step_time,
         })
 
-    # -- several workers --
-
-    def _no_cluster(self, missing: list[str]) -> None:
-        """The cluster did not form in time: the `failed` event naming the workers waited for."""
-        cl = self.cluster
-        reason = (f"the {cl.workers} workers did not form a cluster within --startup-timeout "
-                  f"{self.cfg.startup_timeout:g} s; waited for {', '.join(cl.peers)}"
-                  + (f" (no trainer listening at {', '.join(missing)})" if missing else "")
-                  + ". Not this machine's failure: the machines form a new cluster and the run resumes "
-                  "from its newest committed checkpoint")
-        self.emit(layout.FAILED_EVENT, reason=reason, step=self.state.step, exit_code=layout.EXIT_NO_CLUSTER,
-                  waited_for=cl.peers, unreachable=missing, worker=cl.index, address=cl.address)
-
-    def _no_cluster_exit(self) -> None:
-        """The start-up watchdog fired (its own thread; the main one is stuck in TensorFlow): record, exit 75."""
-        self._no_cluster(cluster_mod.unreachable(self.cluster.peers))
-        self.events.flush(timeout=cluster_mod.RECORD_TIMEOUT_S)
-        if self._own_work:
-            shutil.rmtree(self.work, ignore_errors=True)
-        cluster_mod.hard_exit(layout.EXIT_NO_CLUSTER)
-
-    def _peer_lost(self, error: BaseException) -> int:
-        """A collective failed because a peer went away: say which, exit 76 (75 before the cluster formed)."""
-        cl = self.cluster
-        forming = self.startup is not None and self.startup.armed
-        code = layout.EXIT_NO_CLUSTER if forming else layout.EXIT_PEER_LOST
-        lost = cluster_mod.lost_peers(error, cl.addresses, cl.index)
-        committed = self.checkpointer.last_committed if self.checkpointer is not None else None
-        what = "while the cluster formed" if forming else f"after step {self.state.step}"
-        reason = (f"a peer was lost {what} ({', '.join(lost) or 'a worker'}): {cluster_mod.brief_error(error)}. "
-                  "Not this machine's failure: the run resumes from its newest committed checkpoint")
-        self.emit(layout.FAILED_EVENT, reason=reason, step=self.state.step, exit_code=code, lost=lost,
-                  committed_step=committed, worker=cl.index, address=cl.address)
-        return code
-
     # -- checkpoints --
 
     def _checkpoint(self, *, sync: bool) -> None:
@@ -616,97 +439,9 @@ class Run:
         self.commit_seconds.append((int(info["step"]), float(info.get("seconds", 0.0))))
         self.emit(layout.CHECKPOINT, step=int(info["step"]), seconds=info.get("seconds"), bytes=info.get("bytes"))
 
-    # -- endings --
-
-    def _commit_current(self) -> None:
-        """Make sure the current step is committed, synchronously."""
+    def commit_current(self) -> None:
+        """Make sure the current step is committed, synchronously (every ending does, before it is written)."""
         if self.checkpointer.async_step == self.state.step:
             self._wait_uploads()  # its upload is already under way: let it finish
         if self.checkpointer.last_committed != self.state.step:
             self._checkpoint(sync=True)
-
-    def _preempt(self, examples: tf.Variable) -> int:
-        """Stopped by a signal: commit the current step synchronously, emit `preempted`."""
-        started = time.monotonic()
-        self._commit_current()
-        self.events.flush()
-        self.emit(layout.PREEMPTED, step=self.state.step, signal=self.stop.signal_name,
-                  seconds=round(time.monotonic() - started, 3), examples_seen=self.state.examples_seen)
-        return EXIT_PREEMPTED
-
-    def _cancel(self, examples: tf.Variable) -> int:
-        """Asked to end early (STOP): commit the current step, emit `cancelled`, write CANCELLED, exit 0."""
-        self._commit_current()
-        self.events.flush()
-        reason = self.stop_key.reason or "stop requested by the chief (STOP in the run folder)"
-        st = self.state
-        self.emit(layout.CANCELLED_EVENT, step=st.step, reason=reason, examples_seen=st.examples_seen)
-        if not self.chief:
-            return EXIT_OK
-        self.events.flush()
-        doc = {
-            layout.MARKER_STEP: st.step,
-            layout.MARKER_ATTEMPTS: layout.attempts(self.history + self.own_events) or 1,
-            layout.MARKER_REASON: reason,
-            "examples_seen": st.examples_seen,
-            "cancelled_at": utc_now(),
-        }
-        # Written last, after the checkpoint it names is committed: one atomic object.
-        self.store.put_bytes(layout.CANCELLED, json.dumps(doc, indent=2).encode())
-        return EXIT_OK
-
-    def _finish(self, examples: tf.Variable) -> int:
-        """All steps done: final checkpoint, SavedModel, TensorBoard, then COMPLETE."""
-        st = self.state
-        st.examples_seen = int(examples.numpy())
-        self._commit_current()
-        if not self.chief:
-            return EXIT_OK
-        self.events.flush()
-        model_dir = os.path.join(self.work, "model")
-        export_mod.export_model(self.spec.model, model_dir, self.store)
-        signature = export_mod.saved_model_signature(model_dir)
-        self.summaries.sync()
-        metrics = {"loss": st.loss}
-        speed = {}
-        if self.loop_seconds:
-            # This attempt's training loop only (checkpoints included; start-up and export not).
-            speed = {"loop_seconds": round(self.loop_seconds, 3),
-                     "examples_per_sec": round(self.loop_examples / self.loop_seconds, 1)}
-            if self.first_call and self.loop_seconds > self.first_call[0] and self.loop_examples > self.first_call[1]:
-                # Without the first call, which traces the step: what the loop does once running.
-                first_s, first_n = self.first_call
-                speed["steady_examples_per_sec"] = round((self.loop_examples - first_n) / (self.loop_seconds - first_s), 1)
-        self.emit(layout.FINISHED, step=st.step, metrics=metrics, examples_seen=st.examples_seen, **speed)
-        self.events.flush()
-        export_mod.write_complete(
-            self.store,
-            step=st.step,
-            metrics=metrics,
-            examples_seen=st.examples_seen,
-            events=self.history + self.own_events,
-            finished_at=time.time(),
-            signature=signature,
-        )
-        return EXIT_OK
-
-
-def train(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None, keep: list | None = None) -> int:
-    """Run one attempt of the run `cfg` describes; returns the exit code.
-
-    `stop` is the signal flag, when the caller installed it early (see `trainer.signals`).
-    `keep`, when given, receives the attempt's `Run`, so that its TensorFlow objects outlive
-    the call: `python -m trainer` then ends without freeing them (see trainer/__main__.py).
-    """
-    try:
-        run = Run(cfg, stream=stream, stop=stop)
-    except Exception as e:  # noqa: BLE001 - e.g. the run's store cannot be reached at all
-        line = {layout.EVENT: layout.FAILED_EVENT, layout.TIME: utc_now(), layout.ATTEMPT: None,
-                "reason": f"{type(e).__name__}: {e}"}
-        out = stream or sys.stdout
-        out.write(json.dumps(line) + "\n")
-        out.flush()
-        return EXIT_FAILED
-    if keep is not None:
-        keep.append(run)
-    return run.run()

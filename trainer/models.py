@@ -67,6 +67,10 @@ class ModelSpec:
     name: str = "model"
 
 
+class NoData(ValueError):
+    """The model brings no data and the run names none: no attempt can train (exit 78)."""
+
+
 def build_model(cfg: TrainConfig) -> ModelSpec:
     """The `ModelSpec` for `cfg.model`; call inside `strategy.scope()`."""
     if cfg.model == "mlp":
@@ -189,5 +193,7 @@ def load_user_model(cfg: TrainConfig) -> ModelSpec:
     if spec.make_dataset is None and cfg.synthetic and spec.synthetic is None:
         raise ValueError(f"--model {cfg.model}: --synthetic needs ModelSpec.synthetic or make_dataset")
     if spec.make_dataset is None and not cfg.synthetic and (not cfg.data_uri or spec.parse_tfrecord is None):
-        raise ValueError(f"--model {cfg.model}: give ModelSpec.make_dataset, or parse_tfrecord with --data-uri")
+        has = "parse_tfrecord, which reads --data-uri" if spec.parse_tfrecord is not None else "neither"
+        raise NoData(f"--model {cfg.model}: no data: give --data-uri (run.dataUri) with a parse_tfrecord, or "
+                     f"ModelSpec.make_dataset (the ModelSpec has {has})")
     return spec

@@ -163,4 +163,9 @@ def validate(s: Settings) -> None:
         raise ConfigError("compute.maxPricePerHour", "only applies to spot; remove it or set compute.spot: true")
     check_one_gpu_model(s)
     check_extra_args(s)
-    usercode.validate(s.run.code, s.run.model, BUILTIN_MODELS)
+    usercode.validate(s.run.code, s.run.model, BUILTIN_MODELS, command=s.run.command,
+                      own_data=not (s.run.synthetic or s.run.data_uri))
+    if s.run.command is not None and c.nodes > 1:
+        raise ConfigError("run.command", f"runs on one machine only (compute.nodes is {c.nodes}): Keras fit under "
+                          "MultiWorkerMirroredStrategy fails (keras-team/keras#20585); train on several machines "
+                          "with a ModelSpec (run.model, docs/your-model.md)")

@@ -56,6 +56,9 @@ class RunSettings(_Block):
     model: str = Field("mlp", description='Built-in "mlp" or "transformer-lm", or "package.module:function".')
     code: str | None = Field(None, description="Folder of your own modules (relative to the project) shipped with "
                              "the trainer; needed by a package.module:function model.")
+    command: list[str] | None = Field(None, description="Script mode: your own command (e.g. [python, train.py, "
+                                      "--epochs, '5']) run in the run.code folder instead of the trainer's loop; "
+                                      "see docs/your-fit-script.md.")
     synthetic: bool = Field(False, description="Train on deterministic synthetic data (no dataUri needed).")
     data_uri: str | None = Field(None, description="TFRecord files: s3://… (AWS) or gs://… (GCP).")
     data_grant: bool = Field(True, description="GCP: grant the machines read access on the dataUri bucket; false "
@@ -93,11 +96,34 @@ class RunSettings(_Block):
                 raise ValueError(f"{arg!r} holds a line break or NUL, which the machine's env file cannot carry")
         return v
 
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("is empty; give the command as a list, e.g. [python, train.py]")
+        for word in v:
+            if not word or "'" in word or "\n" in word:
+                raise ValueError(f"{word!r}: every word must be non-empty, without quotes (') or newlines")
+        return v
+
     @model_validator(mode="after")
     def _source(self) -> RunSettings:
-        if self.synthetic and self.data_uri:
+        if self.command is not None:
+            if self.code is None:
+                raise keyed("command", "needs run.code: the folder of your script, shipped to the machines, "
+                                       "where the command runs")
+            if self.model != BUILTIN_MODELS[0]:
+                raise keyed("command", f"cannot be combined with run.model {self.model!r}: the command trains its "
+                                       "own model; remove one of them")
+            if self.synthetic or self.data_uri:
+                raise keyed("command", "cannot be combined with run.synthetic or run.dataUri: the command reads "
+                                       "its own data; remove them")
+        elif self.synthetic and self.data_uri:
             raise keyed("dataUri", "set either synthetic: true or dataUri, not both")
-        if not self.synthetic and not self.data_uri:
+        elif not self.synthetic and not self.data_uri and self.model in BUILTIN_MODELS:
+            # A user model may bring its own data (ModelSpec.make_dataset): checked with its source (usercode).
             raise keyed("dataUri", "is required: set dataUri (s3://… or gs://…) or synthetic: true")
         if self.checkpoint_every_steps is None and self.checkpoint_every_seconds is None:
             raise keyed("checkpointEverySteps", "set checkpointEverySteps or checkpointEverySeconds, or both")

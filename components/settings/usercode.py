@@ -116,13 +116,64 @@ def check_model(model: str, code: str | None, folder: Path | None) -> None:
         raise ConfigError("run.model", f"{model!r}: {code}/{path.relative_to(folder)} defines no {fn!r}")
 
 
-def validate(code: str | None, model: str, builtin: tuple[str, ...], root: Path = ROOT) -> Path | None:
-    """All of the above; returns the folder (None when the stack ships no user code)."""
+def mentions(source: str, name: str) -> bool:
+    """Whether module source uses `name` anywhere: a def, a variable, an attribute or a keyword argument."""
+    for node in ast.walk(ast.parse(source)):
+        found = (
+            (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.name == name)
+            or (isinstance(node, ast.Name) and node.id == name)
+            or (isinstance(node, ast.Attribute) and node.attr == name)
+            or (isinstance(node, ast.keyword) and node.arg == name)
+            or (isinstance(node, ast.alias) and (node.asname or node.name) == name)
+        )
+        if found:
+            return True
+    return False
+
+
+def check_own_data(model: str, code: str | None, folder: Path) -> None:
+    """A user model without run.dataUri or synthetic must bring its own data: its module names
+    `make_dataset` (a ModelSpec field). One naming only `parse_tfrecord` reads TFRecords from dataUri.
+    What the source cannot show (a ModelSpec built elsewhere) is the trainer's to refuse (exit 78)."""
+    module = model.partition(":")[0]
+    base = folder.joinpath(*module.split("."))
+    path = next(p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file())
+    source = path.read_text(errors="replace")
+    if mentions(source, "make_dataset"):
+        return
+    reads = "reads TFRecords (parse_tfrecord)" if mentions(source, "parse_tfrecord") else "names no make_dataset"
+    raise ConfigError("run.dataUri", f"is required: {code}/{path.relative_to(folder)} {reads}; set dataUri "
+                                     "(s3://… or gs://…), synthetic: true, or give its ModelSpec a make_dataset")
+
+
+def check_command(command: list[str], code: str | None, folder: Path | None) -> None:
+    """run.command starts in the run.code folder: a program given with a path is an executable file
+    there, and a `python script.py` command's script is there. A bare program (python, bash) is the
+    image's, checked by the trainer on the machine."""
+    if folder is None:
+        raise ConfigError("run.command", "needs run.code: the folder of your script, where the command runs")
+    from trainer.config import command_problem
+
+    problem = command_problem(command, str(folder), look_up=False)
+    if problem:
+        raise ConfigError("run.command", f"{command!r}: {problem.replace(str(folder), repr(code))}")
+
+
+def validate(code: str | None, model: str, builtin: tuple[str, ...], root: Path = ROOT, *,
+             command: list[str] | None = None, own_data: bool = False) -> Path | None:
+    """All of the above; returns the folder (None when the stack ships no user code).
+
+    `own_data`: the stack gives no dataUri and no synthetic data, so a user model must bring its own.
+    """
     folder = None
     if code is not None:
         folder = resolve(code, root)
         check_size(code, folder)
         check_requirements(code, folder)
-    if model not in builtin:
+    if command is not None:
+        check_command(command, code, folder)
+    elif model not in builtin:
         check_model(model, code, folder)
+        if own_data:
+            check_own_data(model, code, folder)
     return folder

@@ -105,6 +105,10 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     # run
     ("run-unknown-key", stack(**{R: {"stpes": 10}}), "run.stpes", "did you mean 'steps'"),
     ("steps-zero", stack(**{R: {"steps": 0}}), "run.steps", "greater than 0"),
+    ("command-without-code", stack(**{R: {"synthetic": DEL, "command": ["python", "train.py"]}}), "run.command",
+     "needs run.code"),
+    ("command-with-data", stack(**{R: {"code": "examples/keras-fit", "command": ["python", "train.py"]}}),
+     "run.command", "cannot be combined with run.synthetic or run.dataUri"),
     ("steps-negative", stack(**{R: {"steps": -5}}), "run.steps", "greater than 0"),
     ("steps-text", stack(**{R: {"steps": "many"}}), "run.steps", "expected a whole number"),
     ("steps-fraction", stack(**{R: {"steps": 1.5}}), "run.steps", "expected a whole number"),

@@ -26,7 +26,6 @@ from ops.__main__ import main
 from trainer import layout
 from trainer.checkpoints import CheckpointStore
 from trainer.events import EventLog
-from trainer.export import COMPLETE_KEY
 from trainer.storage import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +74,7 @@ def write_complete_doc(store, step: int) -> None:
     """``COMPLETE`` as ``trainer.export.complete_record`` writes it (that one needs TF: 10 s to import)."""
     doc = {"step": step, "metrics": {"loss": 0.1}, "examples_seen": step * 64, "attempts": 2,
            "seconds_lost_to_preemption": 12.5, "total_seconds": 100.0, "finished_at": iso(0)}
-    store.put_bytes(COMPLETE_KEY, json.dumps(doc, indent=2).encode())
+    store.put_bytes(layout.COMPLETE, json.dumps(doc, indent=2).encode())
 
 
 STARTED = ("started", {"config": {"steps": 1000, "batch_size": 64}, "global_batch": 64, "workers": 1})

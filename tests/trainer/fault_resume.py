@@ -75,7 +75,7 @@ def _attempt(uri: str, steps: int, stop_at: int | None = None) -> tuple[int, lis
     """
     import keras
 
-    from trainer import loop
+    from trainer import attempt, loop
     from trainer.config import load_config
     from trainer.signals import StopRequest
 
@@ -83,19 +83,19 @@ def _attempt(uri: str, steps: int, stop_at: int | None = None) -> tuple[int, lis
     stop = StopRequest()
     out = _Watch()
     cfg = load_config(["--run-uri", uri, "--steps", str(steps), *ARGS])
-    real = loop.Run._steps_this_call
+    real = loop.TrainLoop._steps_this_call
 
-    def steps_this_call(run, step: int) -> int:
+    def steps_this_call(training, step: int) -> int:
         if stop_at is not None and step >= stop_at and not stop.requested:
             stop.signal_name = "SIGTERM"  # what the handler records
             stop.event.set()
-        return real(run, step)
+        return real(training, step)
 
-    loop.Run._steps_this_call = steps_this_call
+    loop.TrainLoop._steps_this_call = steps_this_call
     try:
-        return loop.train(cfg, stream=out, stop=stop), out.events
+        return attempt.train(cfg, stream=out, stop=stop), out.events
     finally:
-        loop.Run._steps_this_call = real
+        loop.TrainLoop._steps_this_call = real
 
 
 def _jitter_probe(uri: str, steps: int) -> tuple[int, list[dict]]:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer import storage
-from trainer.checkpoints import MARKER, CheckpointError, CheckpointStore
+from trainer import layout, storage
+from trainer.checkpoints import CheckpointError, CheckpointStore
 from trainer.storage import open_store
 
 
@@ -72,7 +72,7 @@ def test_commit_restore_round_trip_with_tf(run_root, tmp_path, tf):
     assert info["step"] == 10 and info["bytes"] == sum(os.path.getsize(local / f) for f in local_files)
     assert info["seconds"] >= 0 and commits == [info]
     assert ckpts.committed_steps() == [10]
-    marker = json.loads(store.get_bytes(f"checkpoints/ckpt-10/{MARKER}"))
+    marker = json.loads(store.get_bytes(layout.committed_key(10)))
     assert marker["files"] == info["files"] and marker["step"] == 10
 
     dest = tmp_path / "restored"
@@ -97,7 +97,7 @@ def test_marker_is_written_last_and_a_crash_before_it_is_ignored(run_root, tmp_p
 
     def put_bytes(key, data):
         writes.append(key)
-        if key.endswith(MARKER):
+        if key.endswith(layout.COMMITTED):
             raise KeyboardInterrupt("machine lost before the marker")  # not retried, like a kill
         real_put_bytes(key, data)
 
@@ -106,8 +106,8 @@ def test_marker_is_written_last_and_a_crash_before_it_is_ignored(run_root, tmp_p
         ckpts.commit(20, str(_tf_checkpoint(tf, tmp_path / "b", 20, [2.0, 2.0, 2.0])))
     store.put_file, store.put_bytes = real_put_file, real_put_bytes
 
-    assert writes[-1] == f"checkpoints/ckpt-20/{MARKER}"
-    assert len(writes) == 4 and all(not k.endswith(MARKER) for k in writes[:-1])
+    assert writes[-1] == layout.committed_key(20)
+    assert len(writes) == 4 and all(not k.endswith(layout.COMMITTED) for k in writes[:-1])
     assert len(store.list("checkpoints/ckpt-20/")) == 3  # files are there, the marker is not
     assert ckpts.committed_steps() == [10]
 
@@ -132,11 +132,11 @@ def test_damaged_checkpoint_is_skipped_and_older_restored(run_root, tmp_path, da
     elif damage == "delete":
         store.delete_prefix(key)
     elif damage == "garbage-marker":
-        store.put_bytes(f"checkpoints/ckpt-2/{MARKER}", b"{not json")
+        store.put_bytes(layout.committed_key(2), b"{not json")
     elif damage == "lying-marker":
-        marker = json.loads(store.get_bytes(f"checkpoints/ckpt-2/{MARKER}"))
+        marker = json.loads(store.get_bytes(layout.committed_key(2)))
         marker["files"]["../../escape"] = marker["files"].pop("model.data")
-        store.put_bytes(f"checkpoints/ckpt-2/{MARKER}", json.dumps(marker).encode())
+        store.put_bytes(layout.committed_key(2), json.dumps(marker).encode())
 
     dest = tmp_path / "restored"
     dest.mkdir()
@@ -185,9 +185,9 @@ def test_prune_keeps_k_and_never_the_newest(run_root, tmp_path):
     assert ckpts.committed_steps() == [3, 4]
     assert store.list("checkpoints/") == [
         "checkpoints/ckpt-2x/ignored",
-        f"checkpoints/ckpt-3/{MARKER}",
+        layout.committed_key(3),
         "checkpoints/ckpt-3/d",
-        f"checkpoints/ckpt-4/{MARKER}",
+        layout.committed_key(4),
         "checkpoints/ckpt-4/d",
         "checkpoints/ckpt-9/d",
     ]
@@ -394,7 +394,7 @@ def test_outage_longer_than_retries_commits_nothing(faulty_s3, tmp_path, monkeyp
         ckpts.commit(2, local)
     faulty_s3.proxy.heal()
     assert faulty_s3.proxy.failed > 0
-    assert store.exists("checkpoints/ckpt-2/d") and not store.exists(f"checkpoints/ckpt-2/{MARKER}")
+    assert store.exists("checkpoints/ckpt-2/d") and not store.exists(layout.committed_key(2))
     assert ckpts.committed_steps() == [1]
     assert ckpts.restore_latest(str(tmp_path / "r")) == 1
     assert (tmp_path / "r" / "d").read_bytes() == b"good" * 100
@@ -420,7 +420,7 @@ def test_100mb_checkpoint_commits_to_s3_within_preemption_window(s3_run, tmp_pat
 
 
 def _checkpointer(tf, store, work: Path, w, rng, extra):
-    from trainer.checkpoints import Checkpointer
+    from trainer.checkpointer import Checkpointer
 
     # The TF checkpoint holds `w` and `rng`; the fingerprint covers `extra` too, as it would
     # a variable the model has but the checkpoint failed to restore.
@@ -429,7 +429,7 @@ def _checkpointer(tf, store, work: Path, w, rng, extra):
 
 
 def test_restore_is_checked_against_the_saved_fingerprint(tf, tmp_path):
-    from trainer.checkpoints import ResumeMismatch
+    from trainer.checkpointer import ResumeMismatch
 
     store = open_store(f"file://{tmp_path}/run")
     saver = _checkpointer(tf, store, tmp_path / "a", tf.Variable([1.0, 2.0]),
@@ -534,3 +534,30 @@ def test_a_synchronous_commit_aborts_the_background_upload_mid_request_on_a_slow
 
         s3 = boto3.client("s3", endpoint_url=run.vars["AWS_ENDPOINT_URL"])
         assert not s3.list_multipart_uploads(Bucket=run.bucket).get("Uploads")
+
+
+@pytest.mark.parametrize(("key", "expected"), [
+    ("checkpoints/ckpt-10/COMMITTED", (10, "COMMITTED")),
+    ("checkpoints/ckpt-7/sub/ckpt.index", (7, "sub/ckpt.index")),
+    ("checkpoints/ckpt-10/", None),
+    ("checkpoints/ckpt-x/COMMITTED", None),
+    ("checkpoints/other-3/COMMITTED", None),
+    ("tensorboard/ckpt-3/COMMITTED", None),
+])
+def test_checkpoint_keys_are_read_as_layout_writes_them(key, expected):
+    assert layout.checkpoint_key_step(key) == expected
+    if expected is not None:
+        assert key.startswith(layout.checkpoint_dir(expected[0]) + "/")
+
+
+def test_the_commit_protocol_imports_no_tensorflow():
+    import subprocess
+    import sys
+
+    # ops imports CheckpointStore on a laptop: loading TensorFlow there would cost seconds and a dependency.
+    code = ("import sys; from trainer.checkpoints import CheckpointStore; "
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')); "
+            "print(CheckpointStore.__name__, heavy)")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "CheckpointStore []", out.stdout + out.stderr

@@ -54,7 +54,7 @@ def test_gpus_per_node_comes_from_the_machine_environment(tmp_path):
 def test_the_trainer_fails_once_with_exit_78_before_training(tmp_path, monkeypatch):
     import tensorflow as tf
 
-    from trainer.loop import train
+    from trainer.attempt import train
     from trainer.storage import open_store
 
     fake, _ = _lister(0)

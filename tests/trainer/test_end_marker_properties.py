@@ -1,6 +1,6 @@
 """Property test of the trainer's first read: an end marker, whatever it holds, means the run ended.
 
-Before training, an attempt reads `COMPLETE` and `CANCELLED` (`Run._already_complete`). A
+Before training, an attempt reads `COMPLETE` and `CANCELLED` (`Attempt._already_complete`). A
 machine that reboots after the run ended must say so and exit 0, never train again (a second
 model and end marker would be written over the first) and never crash on the marker's
 content: the supervisor would retry a crash until the run's attempts are spent. The marker is
@@ -18,7 +18,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from trainer import layout
-from trainer.loop import Run
+from trainer.attempt import Attempt as Run
 from trainer.storage import FileStore
 
 JSON = st.recursive(

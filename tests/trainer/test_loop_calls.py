@@ -31,11 +31,11 @@ def test_a_call_spanning_log_steps_writes_each_log_steps_own_loss(file_run):
 
 
 def _adapt(auto_steps: int, count: int, seconds: float) -> int:
-    from trainer.loop import Run
+    from trainer.loop import TrainLoop
 
-    run = types.SimpleNamespace(auto_steps=auto_steps)
-    Run._adapt_steps(run, count, seconds)
-    return run.auto_steps
+    training = types.SimpleNamespace(auto_steps=auto_steps)
+    TrainLoop._adapt_steps(training, count, seconds)
+    return training.auto_steps
 
 
 def test_auto_steps_per_call_grows_at_most_twofold_towards_about_a_second():

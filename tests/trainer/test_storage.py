@@ -467,3 +467,38 @@ def test_a_cancelled_s3_multipart_upload_is_aborted(s3_run, tmp_path, monkeypatc
     assert store.list("a/") == ["a/whole.bin"]
     client = boto3.client("s3", endpoint_url=s3_run.vars["AWS_ENDPOINT_URL"])
     assert client.list_multipart_uploads(Bucket=s3_run.bucket).get("Uploads", []) == []  # aborted, not left to bill
+
+
+def test_a_backend_missing_a_primitive_fails_when_constructed(tmp_path):
+    # The primitives are abstract: a backend lacking one is refused at once, naming it.
+    incomplete = type("Incomplete", (storage.Store,), {
+        name: (lambda self, *a: None) for name in ("_put_bytes", "_get_bytes", "_put_file", "_get_versioned",
+                                                  "_put_bytes_if", "_get_file", "_exists", "_delete_keys")})
+    with pytest.raises(TypeError, match="_stat"):
+        incomplete(f"file://{tmp_path}")
+    assert set(storage.Store.__abstractmethods__) == {
+        "_put_bytes", "_get_bytes", "_put_file", "_get_versioned", "_put_bytes_if", "_get_file", "_exists", "_stat",
+        "_delete_keys"}
+    for backend in (storage.FileStore, storage.S3Store, storage.GCSStore):
+        assert not backend.__abstractmethods__, backend
+
+
+@pytest.mark.parametrize(("stored", "expected"), [
+    (None, None),  # absent
+    (b'{"step": 3}', {"step": 3}),
+    (b"{torn", {}),  # present but unreadable: counts as present, its fields read as missing
+    (b"[1, 2]", {}),  # JSON, but not an object
+    (b"\xff\xfe\x00", {}),  # not text
+    (b"", {}),
+])
+def test_read_json_says_absent_or_corrupt_one_way(tmp_path, stored, expected):
+    store = open_store(f"file://{tmp_path}/run")
+    if stored is not None:
+        store.put_bytes("COMPLETE", stored)
+    assert storage.read_json(store, "COMPLETE") == expected
+
+
+def test_read_json_raises_what_is_not_absence(tmp_path):
+    store = open_store(f"file://{tmp_path}/run")
+    with pytest.raises(ValueError, match="must not contain"):
+        storage.read_json(store, "../COMPLETE")  # a bad key is the caller's error, not an absent object

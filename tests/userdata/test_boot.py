@@ -317,8 +317,11 @@ def test_gcp_deadline_passed_writes_timed_out_and_resizes_the_group(machines, gs
 
 @pytest.mark.slow
 def test_deadline_reached_during_training_stops_the_trainer_and_times_out(sandbox_factory, s3_run, group):
-    box = sandbox_factory(env_overrides={"TRAINSTACK_MAX_RUNTIME_S": "5", "TRAINSTACK_STEPS": "100000"})
-    assert box.boot(watcher=False).wait(timeout=120) == 0, box.journal()
+    # The deadline must come after set-up (seconds, more on a loaded machine) and before the
+    # steps are done: a generous deadline and steps no CPU finishes within it.
+    box = sandbox_factory(env_overrides={"TRAINSTACK_MAX_RUNTIME_S": "40", "TRAINSTACK_STEPS": "100000000"})
+    assert box.boot(watcher=False).wait(timeout=240) == 0, box.journal()
+    assert "starting the trainer" in box.journal()
     assert box.argvs("docker").count(["stop", "--time", "100", "trainstack-trainer"]) == 1
     marker = json.loads(s3_keys(s3_run)["TIMED_OUT"])
     assert "during training" in marker["reason"]

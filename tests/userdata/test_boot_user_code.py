@@ -79,3 +79,32 @@ def test_a_machine_whose_tensorflow_sees_no_gpu_fails_at_once_with_the_reason(sa
     runs = [a for a in box.argvs("docker") if a[0] == "run" and "trainer" in a]
     assert len(runs) == 1  # no crash-loop retries on a machine that can never train
     assert group_size(s3_run, group) == (0, 0, 0)
+
+
+@pytest.fixture
+def fit_code_uri(s3_run, tmp_path) -> str:
+    from tests.trainer.trainer_helpers import REPO
+
+    folder = tmp_path / "my-fit-script"
+    shutil.copytree(REPO / "examples" / "keras-fit", folder, ignore=shutil.ignore_patterns("__pycache__"))
+    data = pack(user_code=folder)
+    key = archive_key(data)
+    boto3.client("s3", endpoint_url=s3_run.vars["AWS_ENDPOINT_URL"]).put_object(Bucket=s3_run.bucket, Key=key, Body=data)
+    return f"s3://{s3_run.bucket}/{key}"
+
+
+def test_a_fit_script_from_the_archive_trains_to_complete(sandbox_factory, s3_run, fit_code_uri):
+    # Script mode on a machine: run.command reaches the container's trainer, which runs the seed
+    # article's script (examples/keras-fit) in the unpacked folder; its model becomes model/.
+    command = ["python", "train.py", "--epochs", "2", "--examples", "3200"]
+    settings = settings_for(code="examples/keras-fit", command=command, synthetic=False)
+    box = sandbox_factory(settings=settings, code_uri=fit_code_uri)
+    assert box.boot().wait(timeout=300) == 0, box.journal()
+    objects = s3_keys(s3_run)
+    assert "COMPLETE" in objects and "FAILED" not in objects, sorted(objects)
+    done = json.loads(objects["COMPLETE"])
+    assert done["step"] == 2 * 50 and "accuracy" in done["metrics"], done
+    assert done["signature"]["endpoint"] == "serve"
+    assert any(k.startswith("model/") for k in objects) and any(k.startswith("tensorboard/") for k in objects)
+    env_files = [c["argv"] for c in box.calls("docker-env-file")]
+    assert any(f"TRAINSTACK_COMMAND={json.dumps(command)}" in lines for lines in env_files), env_files

@@ -28,20 +28,23 @@ set (a newer synchronous checkpoint commit takes the bandwidth). Large files go 
 parallel parts composed into one object; S3 uploads them as parallel multipart parts.
 
 The package, by section: :mod:`~trainer.storage.keys` (key checks, URI parsing, local
-walks), :mod:`~trainer.storage.retry` (which errors are transient, the retry policy),
-:mod:`~trainer.storage.base` (the interface and what it builds on the primitives), and
-one module per backend (:mod:`~trainer.storage.local`, :mod:`~trainer.storage.s3`,
-:mod:`~trainer.storage.gcs`). Import from here: ``from trainer.storage import open_store, NotFound``.
+walks), :mod:`~trainer.storage.errors` (what a store raises), :mod:`~trainer.storage.retry`
+(which errors are transient, the retry policy), :mod:`~trainer.storage.base` (the interface
+and what it builds on the primitives), and one module per backend
+(:mod:`~trainer.storage.local`, :mod:`~trainer.storage.s3`, :mod:`~trainer.storage.gcs`).
+Import from here: ``from trainer.storage import open_store, NotFound``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed, Store, WriteConflict
+from trainer.storage.base import ObjectInfo, ObjectStore, Store
+from trainer.storage.errors import Cancelled, NotFound, PreconditionFailed, WriteConflict
 from trainer.storage.gcs import GCSStore
-from trainer.storage.keys import TMP_MARK, Cancelled, check_key, walk_files
+from trainer.storage.keys import TMP_MARK, check_key, walk_files
 from trainer.storage.local import FileStore
 from trainer.storage.retry import is_transient
 from trainer.storage.s3 import S3Store
@@ -59,6 +62,7 @@ __all__ = [
     "GCSStore",
     "open_store",
     "download_many",
+    "read_json",
     "is_transient",
     "check_key",
     "walk_files",
@@ -111,3 +115,22 @@ def download_many(
             raise err
     return len(todo)
 
+
+
+def read_json(store: Store, key: str) -> dict | None:
+    """The small JSON object at ``key``: ``None`` when absent, ``{}`` when present but not a JSON object.
+
+    One answer for every reader of the run's small documents (markers, COMPLETE, progress): an
+    object that exists counts as existing even when it cannot be parsed (a torn or foreign
+    write), and its fields read as missing. Transient errors are retried by the store; others
+    (no permission, no bucket) are raised.
+    """
+    try:
+        raw = store.get_bytes(key)
+    except NotFound:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:  # also a UnicodeDecodeError
+        return {}
+    return doc if isinstance(doc, dict) else {}

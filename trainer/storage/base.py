@@ -9,6 +9,7 @@ part of the cloud backends: a bucket and a root inside it, parsed from the URI o
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import math
 import os
@@ -18,30 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from trainer.storage.keys import TMP_MARK, Cancelled, check_key, split_bucket_uri, walk_files
+from trainer.storage.errors import Cancelled, NotFound
+from trainer.storage.keys import TMP_MARK, check_key, split_bucket_uri, walk_files
 from trainer.storage.retry import RetryHook, retrying
-
-
-class NotFound(Exception):
-    """The key does not exist in the store."""
-
-
-class PreconditionFailed(Exception):  # noqa: N818 - the store's own word for it (HTTP 412)
-    """A conditional write found the object in another state than the caller expected.
-
-    Raised by :meth:`Store.put_bytes_if`: the object exists (a create-only write) or has
-    changed since the version the caller read. Never retried: reading again is the caller's move.
-    """
-
-
-class WriteConflict(PreconditionFailed):
-    """A conditional write met another write to the same object in flight (S3 409
-    ``ConditionalRequestConflict``, GCS 409 ``Conflict``): nothing was decided about this one.
-
-    The object may well still be at the version the caller read; both stores say to read
-    again and retry. A :class:`PreconditionFailed` (so callers that only read again keep
-    working), told apart by callers for whom a refused write means something final.
-    """
 
 
 @dataclass(frozen=True)
@@ -52,10 +32,10 @@ class ObjectInfo:
     modified: datetime
 
 
-class Store:
+class Store(abc.ABC):
     """Keys and bytes under one run root. Use :func:`open_store` to get one.
 
-    Subclasses implement the ``_``-prefixed primitives on full object names; this class
+    Subclasses implement the abstract ``_``-prefixed primitives on validated keys; this class
     validates keys, retries transfers and builds the composite operations on top.
     """
 
@@ -269,33 +249,43 @@ class Store:
         return uploaded
 
     # -- primitives (keys already validated) -----------------------------------------
+    # Abstract, so a backend that lacks one fails when it is constructed, not at its first call.
 
+    @abc.abstractmethod
     def _put_bytes(self, key: str, data: bytes) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _get_bytes(self, key: str) -> bytes:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _put_file(self, key: str, path: str, cancel: threading.Event | None) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _get_versioned(self, key: str) -> tuple[bytes, str]:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _put_bytes_if(self, key: str, data: bytes, version: str | None) -> str:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _get_file(self, key: str, path: str) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _exists(self, key: str) -> bool:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _stat(self, prefix: str) -> dict[str, ObjectInfo]:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _delete_keys(self, keys: list[str]) -> None:
-        raise NotImplementedError
+        ...
 
     def _append_line(self, key: str, text: str) -> None:
         try:

@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 
 from trainer import layout
 from trainer.storage import retry
-from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed, WriteConflict
-from trainer.storage.keys import CancellableReader, Cancelled
+from trainer.storage.base import ObjectInfo, ObjectStore
+from trainer.storage.errors import Cancelled, NotFound, PreconditionFailed, WriteConflict
+from trainer.storage.keys import CancellableReader
 
 # Files this large go up as parallel parts composed into one object (see _put_parallel).
 PARALLEL_THRESHOLD = 32 * 1024 * 1024

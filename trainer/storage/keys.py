@@ -12,6 +12,8 @@ import os
 import threading
 from urllib.parse import urlparse
 
+from trainer.storage.errors import Cancelled
+
 # Local temporary files carry this marker so listings and mirrors never show them.
 TMP_MARK = ".trainstack-tmp-"
 
@@ -62,10 +64,6 @@ def walk_files(local_dir: str) -> list[tuple[str, str]]:
             rel = os.path.relpath(path, local_dir).replace(os.sep, "/")
             out.append((rel, path))
     return sorted(out)
-
-
-class Cancelled(Exception):  # noqa: N818 - a state the caller asked for, not an error
-    """A transfer was aborted because its caller no longer wants it (never retried)."""
 
 
 class CancellableReader(io.RawIOBase):

@@ -11,7 +11,8 @@ import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from trainer.storage.base import NotFound, ObjectInfo, PreconditionFailed, Store
+from trainer.storage.base import ObjectInfo, Store
+from trainer.storage.errors import NotFound, PreconditionFailed
 from trainer.storage.keys import TMP_MARK, CancellableReader, file_root, walk_files
 
 COPY_CHUNK = 1024 * 1024  # a cancelled copy stops within one chunk

@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 import tenacity
 
+from trainer.storage.errors import Cancelled, NotFound, PreconditionFailed
+
 # A preempted machine has ~30 s (GCE) to ~2 min (EC2) of notice: a transfer must give up
 # on a dead endpoint quickly and try again rather than hang.
 CONNECT_TIMEOUT_S = 5
@@ -108,9 +110,6 @@ def is_transient(exc: BaseException) -> bool:
     boto3's transfer manager wraps the client error it gave up on, so the whole
     cause/context chain is examined.
     """
-    from trainer.storage.base import NotFound, PreconditionFailed
-    from trainer.storage.keys import Cancelled
-
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:

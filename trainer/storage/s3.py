@@ -6,8 +6,8 @@ from urllib.parse import urlencode
 
 from trainer import layout
 from trainer.storage import retry
-from trainer.storage.base import NotFound, ObjectInfo, ObjectStore, PreconditionFailed, WriteConflict
-from trainer.storage.keys import Cancelled
+from trainer.storage.base import ObjectInfo, ObjectStore
+from trainer.storage.errors import Cancelled, NotFound, PreconditionFailed, WriteConflict
 from trainer.storage.retry import is_transient, is_transient_answer
 
 

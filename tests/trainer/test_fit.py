@@ -1,0 +1,155 @@
+"""The seed article's Keras script, changed as docs/your-fit-script.md says (examples/keras-fit/train.py),
+trained through `python -m trainer ... -- python train.py` on an S3 bucket (moto_server).
+
+Stopped by SIGTERM twice (once right after an epoch's commit, once while it resumes
+mid-epoch), it ends COMPLETE with the very weights and metrics of a run that never stopped
+(the guide's --deterministic recipe), its SavedModel loads and predicts, and `ops status`
+shows its accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.trainer.trainer_helpers import REPO, Trainer, kinds, run_trainer, store_events, trainer_env
+from trainer import layout
+
+EXAMPLE = REPO / "examples" / "keras-fit"
+# 938 steps an epoch at batch 64: several seconds, so that a signal lands inside an epoch.
+SCRIPT = ["--code-dir", str(EXAMPLE), "--", "python", "train.py", "--epochs", "3", "--examples", "60000",
+          "--deterministic"]
+
+
+def _model_variables(uri: str, dest) -> dict:
+    import tensorflow as tf
+
+    from trainer.storage import open_store
+
+    store = open_store(uri)
+    for key in store.list(layout.MODEL_PREFIX):
+        path = dest / key[len(layout.MODEL_PREFIX):]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        store.get_file(key, str(path))
+    model = tf.saved_model.load(str(dest))
+    return model, {v.name: v.numpy() for v in model.variables}
+
+
+@pytest.mark.slow
+def test_fit_script_survives_two_sigterms_and_ends_as_if_never_stopped(s3_run, tmp_path):
+    import numpy as np
+
+    env = trainer_env(s3_run.env)
+    reference = f"file://{tmp_path}/reference"
+    rc, _, err = run_trainer(reference, *SCRIPT, env=env, timeout=400)
+    assert rc == 0, err[-3000:]
+
+    uri = s3_run.uri
+    t = Trainer(uri, *SCRIPT, env=env)
+    t.wait_event(layout.CHECKPOINT, timeout=300)  # the first epoch's commit
+    t.signal()
+    assert t.wait(timeout=120) == layout.EXIT_PREEMPTED, t.stderr[-3000:]
+    first = t.wait_event(layout.PREEMPTED)
+
+    t = Trainer(uri, *SCRIPT, env=env)
+    resumed = t.wait_event(layout.RESUMED, timeout=300)
+    time.sleep(1.0)
+    signalled = time.monotonic()
+    t.signal()
+    assert t.wait(timeout=120) == layout.EXIT_PREEMPTED, t.stderr[-3000:]
+    stop_seconds = time.monotonic() - signalled
+    second = t.wait_event(layout.PREEMPTED)
+
+    rc, events, err = run_trainer(uri, *SCRIPT, env=env, timeout=400)
+    assert rc == 0, err[-3000:]
+    stored = store_events(uri)
+    resumes = [e for e in stored if e["event"] == layout.RESUMED]
+    # Each attempt continued where the last committed: inside an epoch, never from its start.
+    assert [r["step"] for r in resumes] == [first["step"], second["step"]], resumes
+    assert resumes[0] == {**resumes[0], "epoch": 1} and resumes[0]["batch"] > 0, resumes
+    assert second["step"] > first["step"] == resumed["step"]
+    assert kinds(stored).count(layout.PREEMPTED) == 2 and kinds(stored)[-1] == layout.FINISHED
+    assert stop_seconds < 30, stop_seconds
+
+    # The same weights and the same epoch metrics as the run that never stopped.
+    ref_model, ref = _model_variables(reference, tmp_path / "ref-model")
+    model, got = _model_variables(uri, tmp_path / "model")
+    assert sorted(ref) == sorted(got) and ref
+    assert max(float(np.max(np.abs(ref[k] - got[k]))) for k in ref) == 0.0
+    x = np.random.default_rng(1).random((4, 784), dtype=np.float32)
+    assert model.serve(x).numpy().shape == (4, 10)
+    np.testing.assert_array_equal(model.serve(x).numpy(), ref_model.serve(x).numpy())
+
+    from trainer.storage import open_store
+
+    done = json.loads(open_store(uri).get_bytes(layout.COMPLETE))
+    ref_done = json.loads(open_store(reference).get_bytes(layout.COMPLETE))
+    assert done["step"] == ref_done["step"] == 3 * 938
+    assert done["metrics"] == ref_done["metrics"] and "accuracy" in done["metrics"], (done, ref_done)
+    assert done["attempts"] == 3 and done["signature"]["endpoint"] == "serve"
+    assert open_store(uri).list(layout.TENSORBOARD_PREFIX + "train/"), "no TensorBoard files uploaded"
+
+    p = subprocess.run([sys.executable, "-m", "ops", "status", "--run-uri", uri], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "COMPLETE" in p.stdout and f"accuracy {done['metrics']['accuracy']:.4g}" in p.stdout, p.stdout
+
+
+MWMS_WORKER = '''
+import json, os, sys
+import numpy as np
+import keras
+import tensorflow as tf
+os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": sys.argv[2].split(",")},
+                                      "task": {"type": "worker", "index": int(sys.argv[1])}})
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    model = keras.Sequential([keras.Input(shape=(784,)), keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+x, y = np.random.rand(512, 784).astype("float32"), np.random.randint(0, 10, 512)
+try:
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(64), epochs=1, verbose=0)
+    print("FIT OK", flush=True)
+except ValueError as e:
+    print("FIT FAILED", str(e)[-200:].replace(chr(10), " "), flush=True)
+os._exit(0)
+'''
+
+
+@pytest.mark.slow
+def test_keras_fit_under_multiworker_still_fails_so_script_mode_stays_on_one_machine(tmp_path):
+    # keras-team/keras#20585 in the Keras we pin: the reason run.command refuses compute.nodes > 1.
+    # When this fails because fit works, lift that refusal (components/settings/common.py).
+    from tests.trainer.trainer_helpers import free_ports
+
+    (tmp_path / "worker.py").write_text(MWMS_WORKER)
+    peers = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+    procs = [subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), str(i), peers], env=trainer_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    for out in outs:
+        assert "FIT FAILED" in out and "PerReplica" in out, out[-2000:]
+
+
+def test_outside_trainstack_the_helper_is_plain_keras(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for name in ("TRAINSTACK_RUN_URI", "TRAINSTACK_MODEL_DIR", "TRAINSTACK_TENSORBOARD_DIR", "TF_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    import keras
+    import tensorflow as tf
+
+    from trainer import fit
+
+    cbs = fit.callbacks()
+    assert [type(c) for c in cbs] == [keras.callbacks.TensorBoard] and cbs[0].log_dir == str(tmp_path / "logs")
+    assert fit.model_dir() == str(tmp_path / "model")
+    assert fit.strategy() is tf.distribute.get_strategy()  # no GPU, no cluster: the default
+    monkeypatch.setenv("TRAINSTACK_RUN_URI", f"file://{tmp_path}/run")
+    monkeypatch.setenv("TRAINSTACK_CHECKPOINT_EVERY_SECONDS", "30")
+    cbs = fit.callbacks(histogram_freq=1)
+    assert [type(c) for c in cbs] == [fit.Backup, keras.callbacks.TensorBoard]
+    assert cbs[0].every_seconds == 30.0 and cbs[1].histogram_freq == 1

@@ -1,0 +1,328 @@
+"""One attempt of a run: what happens around the training loop, from start to exit code.
+
+`train(cfg)` runs a whole attempt and returns the process exit code: 0 finished
+(COMPLETE written) or cancelled (the run folder's STOP found: a checkpoint committed,
+CANCELLED written), 143 stopped by SIGTERM/SIGINT after a committed checkpoint, 1 failed,
+75 the workers did not form their cluster, 76 a peer was lost, 77 another machine's
+trainer holds the run's lease (`trainer.lease`: one writer per run), 78 this machine
+cannot run the run (the GPUs asked for are not seen: `trainer.devices`, or another
+model's checkpoints).
+
+An `Attempt` owns the run's store and events, takes the run's lease (the chief), waits
+for its peers and forms the cluster (several workers), turns any exception into the exit
+code the boot scripts act on, and writes the run's endings: `finished` and COMPLETE (with
+the SavedModel), `cancelled` and CANCELLED, `preempted`. The training itself (the model,
+the step, the loop's cadence and pacing, its checkpoints) is `trainer.loop.TrainLoop`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from trainer import cluster as cluster_mod
+from trainer import export as export_mod
+from trainer import layout
+from trainer.checkpointer import ResumeMismatch
+from trainer.checkpoints import CheckpointStore
+from trainer.config import TrainConfig, as_dict
+from trainer.devices import DeviceMismatch, check_gpus
+from trainer.events import EventLog, read_events, utc_now
+from trainer.lease import LeaseHeld, LeaseLost, RunLease
+from trainer.loop import TrainLoop, resolve_precision
+from trainer.models import NoData
+from trainer.signals import StopKeyPoller, StopRequest
+from trainer.storage import open_store, read_json
+from trainer.strategy import Cluster, make_strategy, read_cluster
+
+
+class Attempt:
+    """One attempt of a run: the store, the events, the lease, the cluster and the endings around a `TrainLoop`."""
+
+    def __init__(self, cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None):
+        self.cfg = cfg
+        self.cluster: Cluster = read_cluster()
+        self.chief = self.cluster.is_chief
+        self.store = open_store(cfg.run_uri)
+        self.history = read_events(self.store)
+        attempt = 1 + layout.attempts(self.history)
+        self.events = EventLog(self.store if self.chief else None, attempt=attempt, stream=stream)
+        self.own_events: list[dict] = []
+        ckstore = CheckpointStore(self.store, keep=cfg.keep_checkpoints, emit=self._store_event)
+        self._own_work = cfg.work_dir is None
+        self.work = cfg.work_dir or tempfile.mkdtemp(prefix="trainstack-")
+        os.makedirs(self.work, exist_ok=True)
+        self.stop = stop or StopRequest()
+        # The run folder's STOP (ops stop): the chief polls it; a cancel reaches the other
+        # workers through the step's all-reduced request.
+        self.stop_key = StopKeyPoller(self.store)
+        self.loop = TrainLoop(cfg, store=self.store, ckstore=ckstore, events=self.events, emit=self.emit,
+                              stop=self.stop, stop_key=self.stop_key, chief=self.chief,
+                              multi_worker=self.cluster.multi_worker, work=self.work)
+        self.startup: cluster_mod.StartupWatchdog | None = None
+        # The chief writes the run's objects, so it alone takes the run's lease.
+        self.lease = RunLease(self.store, ttl_s=cfg.lease_ttl_s, wait_s=cfg.lease_wait_s, on_lost=self._lease_lost,
+                              emit=self._lease_event) if self.chief else None
+
+    def _lease_event(self, kind: str, fields: dict) -> None:
+        # Printed only: until it holds the lease this trainer writes nothing to the run.
+        self.events.emit(kind, local_only=True, **fields)
+
+    def _lease_lost(self, reason: str) -> None:
+        # Another machine took the run: stop after this step; the final commit's fence refuses.
+        self.stop.signal_name = layout.LEASE_LOST
+        self.stop.event.set()
+
+    def emit(self, event: str, **fields) -> dict:
+        ev = self.events.emit(event, **fields)
+        self.own_events.append(ev)
+        if event == layout.FAILED_EVENT and not self.chief:
+            # Not the chief's: events.jsonl is not this worker's to write (see trainer.cluster).
+            cluster_mod.record_worker_event(self.store, self.cluster.address, ev)
+        return ev
+
+    def _store_event(self, kind: str, fields: dict) -> None:
+        # A retry of the log's own writes is printed, not appended to the log it failed to
+        # write (that would queue one more write per retry while the store is down).
+        own = fields.get("key") in (layout.EVENTS_KEY, layout.PROGRESS_KEY)
+        if own:
+            self.events.emit(kind, local_only=True, **fields)
+        else:
+            self.emit(kind, **fields)
+
+    # -- phases --
+
+    def run(self) -> int:
+        """The whole attempt; returns the exit code."""
+        self.stop.install()
+        try:
+            if self._already_complete():
+                return layout.EXIT_OK
+            if self.lease is not None:
+                self.lease.acquire()
+                self.lease.start()
+                self.loop.ckstore.lease = self.lease
+            return self._train()
+        except (LeaseHeld, LeaseLost) as e:
+            # Another machine trains this run: say so here, write nothing there.
+            self.events.emit(layout.FAILED_EVENT, local_only=True, reason=str(e), step=self.loop.state.step)
+            return layout.EXIT_LEASE_HELD
+        except DeviceMismatch as e:
+            # This machine can never run this run: say why once, and let the supervisor end it.
+            self.emit(layout.FAILED_EVENT, reason=str(e), step=self.loop.state.step, **e.details)
+            return layout.EXIT_UNUSABLE
+        except (ResumeMismatch, NoData) as e:
+            # Another model's checkpoints, or no data at all: no retry can help, and nothing was written to the run.
+            self.emit(layout.FAILED_EVENT, reason=str(e), step=self.loop.state.step)
+            return layout.EXIT_UNUSABLE
+        except Exception as e:  # noqa: BLE001 - any failure ends the attempt the same way
+            if self.cluster.multi_worker and cluster_mod.peer_loss(e):
+                return self._peer_lost(e)
+            self.emit(layout.FAILED_EVENT, reason=f"{type(e).__name__}: {e}", step=self.loop.state.step)
+            return layout.EXIT_FAILED
+        finally:
+            if self.startup is not None:
+                self.startup.disarm()
+            if self.lease is not None:
+                self.lease.release()
+            self.stop.restore()
+            self.stop_key.close()
+            self.events.close()
+            if self._own_work:
+                shutil.rmtree(self.work, ignore_errors=True)
+
+    def _already_complete(self) -> bool:
+        """True (and says so) when the run already ended as COMPLETE or CANCELLED: nothing to do."""
+        for marker, kind, when in ((layout.COMPLETE, layout.ALREADY_COMPLETE, "finished_at"),
+                                   (layout.CANCELLED, layout.ALREADY_CANCELLED, "cancelled_at")):
+            done = read_json(self.store, marker)
+            if done is None:
+                continue
+            # Printed, not appended: the run's log ended with its `finished` or `cancelled` event.
+            message = self._complete_message(done) if marker == layout.COMPLETE else f"run already {marker}; nothing to do"
+            line = {layout.EVENT: kind, layout.TIME: done.get(when), layout.ATTEMPT: self.events.attempt,
+                    "step": done.get(layout.MARKER_STEP), "message": message}
+            self.events.stream.write(json.dumps(line) + "\n")
+            self.events.stream.flush()
+            return True
+        return False
+
+    def _complete_message(self, done: dict) -> str:
+        step = done.get(layout.MARKER_STEP)
+        if isinstance(step, int) and self.cfg.steps > step:
+            # A COMPLETE run is never extended in place: its model and COMPLETE record stay what they are.
+            return (f"run already COMPLETE at {step} steps; --steps {self.cfg.steps} does not extend it. To train "
+                    f"further, start a new run id (another --run-uri, or run.id in the stack)")
+        return "run already COMPLETE; nothing to do"
+
+    def _train(self) -> int:
+        cfg, loop = self.cfg, self.loop
+        check_gpus(cfg.gpus_per_node)
+        if self.cluster.multi_worker:
+            code = self._wait_for_peers()
+            if code is not None:
+                return code
+        strategy = make_strategy(self.cluster)
+        self.stop.reclaim()
+        loop.use(strategy)
+        self.emit(layout.STARTED, config=as_dict(cfg), workers=self.cluster.workers, worker=self.cluster.index,
+                  replicas=strategy.num_replicas_in_sync, global_batch=loop.global_batch,
+                  precision=resolve_precision(cfg))
+        # The `started` write (and its retries) must be over before the generators are
+        # seeded: see trainer.loop.seeded_model.
+        self.events.flush()
+        loop.build()
+        if self.startup is not None:
+            # Every worker has passed the strategy's barrier and the variables' broadcast: the
+            # cluster formed. From here a lost peer shows as a collective error (_peer_lost).
+            self.startup.disarm()
+        loop.restore()
+        if loop.state.step >= cfg.steps:
+            return self._finish()
+        if loop.train():
+            return self._cancel() if loop.cancelled else self._preempt()
+        return self._finish()
+
+    # -- several workers --
+
+    def _wait_for_peers(self) -> int | None:
+        """Wait for every peer's trainer before forming the cluster; an exit code when the attempt ends here."""
+        cfg = self.cfg
+        # A little later than the peers' wait below, so the two never race to report the same
+        # wait; the native deadline later still, after the watchdog's time to record.
+        self.startup = cluster_mod.StartupWatchdog(
+            cfg.startup_timeout + 5, self._no_cluster_exit,
+            native_grace=5 + cluster_mod.RECORD_TIMEOUT_S + 5).start()
+        missing = cluster_mod.wait_for_peers(self.cluster.address, self.cluster.peers,
+                                             self.startup.started_at + cfg.startup_timeout,
+                                             stop=lambda: self.stop.requested)
+        if self.stop.requested:
+            # A notice while waiting for the peers: nothing trained in this attempt, so the
+            # newest committed checkpoint is where the run stands; stop now, not at the timeout.
+            self.startup.disarm()
+            steps = self.loop.ckstore.committed_steps()
+            self.emit(layout.PREEMPTED, step=steps[-1] if steps else 0, signal=self.stop.signal_name,
+                      seconds=0.0, examples_seen=None)
+            return layout.EXIT_PREEMPTED
+        if missing:
+            self.startup.disarm()
+            self._no_cluster(missing)
+            return layout.EXIT_NO_CLUSTER
+        return None
+
+    def _no_cluster(self, missing: list[str]) -> None:
+        """The cluster did not form in time: the `failed` event naming the workers waited for."""
+        cl = self.cluster
+        reason = (f"the {cl.workers} workers did not form a cluster within --startup-timeout "
+                  f"{self.cfg.startup_timeout:g} s; waited for {', '.join(cl.peers)}"
+                  + (f" (no trainer listening at {', '.join(missing)})" if missing else "")
+                  + ". Not this machine's failure: the machines form a new cluster and the run resumes "
+                  "from its newest committed checkpoint")
+        self.emit(layout.FAILED_EVENT, reason=reason, step=self.loop.state.step, exit_code=layout.EXIT_NO_CLUSTER,
+                  waited_for=cl.peers, unreachable=missing, worker=cl.index, address=cl.address)
+
+    def _no_cluster_exit(self) -> None:
+        """The start-up watchdog fired (its own thread; the main one is stuck in TensorFlow): record, exit 75."""
+        self._no_cluster(cluster_mod.unreachable(self.cluster.peers))
+        self.events.flush(timeout=cluster_mod.RECORD_TIMEOUT_S)
+        if self._own_work:
+            shutil.rmtree(self.work, ignore_errors=True)
+        cluster_mod.hard_exit(layout.EXIT_NO_CLUSTER)
+
+    def _peer_lost(self, error: BaseException) -> int:
+        """A collective failed because a peer went away: say which, exit 76 (75 before the cluster formed)."""
+        cl = self.cluster
+        forming = self.startup is not None and self.startup.armed
+        code = layout.EXIT_NO_CLUSTER if forming else layout.EXIT_PEER_LOST
+        lost = cluster_mod.lost_peers(error, cl.addresses, cl.index)
+        checkpointer = self.loop.checkpointer
+        committed = checkpointer.last_committed if checkpointer is not None else None
+        what = "while the cluster formed" if forming else f"after step {self.loop.state.step}"
+        reason = (f"a peer was lost {what} ({', '.join(lost) or 'a worker'}): {cluster_mod.brief_error(error)}. "
+                  "Not this machine's failure: the run resumes from its newest committed checkpoint")
+        self.emit(layout.FAILED_EVENT, reason=reason, step=self.loop.state.step, exit_code=code, lost=lost,
+                  committed_step=committed, worker=cl.index, address=cl.address)
+        return code
+
+    # -- endings --
+
+    def _preempt(self) -> int:
+        """Stopped by a signal: commit the current step synchronously, emit `preempted`."""
+        started = time.monotonic()
+        self.loop.commit_current()
+        self.events.flush()
+        self.emit(layout.PREEMPTED, step=self.loop.state.step, signal=self.stop.signal_name,
+                  seconds=round(time.monotonic() - started, 3), examples_seen=self.loop.state.examples_seen)
+        return layout.EXIT_PREEMPTED
+
+    def _cancel(self) -> int:
+        """Asked to end early (STOP): commit the current step, emit `cancelled`, write CANCELLED, exit 0."""
+        self.loop.commit_current()
+        self.events.flush()
+        reason = self.stop_key.reason or "stop requested by the chief (STOP in the run folder)"
+        st = self.loop.state
+        self.emit(layout.CANCELLED_EVENT, step=st.step, reason=reason, examples_seen=st.examples_seen)
+        if not self.chief:
+            return layout.EXIT_OK
+        self.events.flush()
+        doc = {
+            layout.MARKER_STEP: st.step,
+            layout.MARKER_ATTEMPTS: layout.attempts(self.history + self.own_events) or 1,
+            layout.MARKER_REASON: reason,
+            "examples_seen": st.examples_seen,
+            "cancelled_at": utc_now(),
+        }
+        # Written last, after the checkpoint it names is committed: one atomic object.
+        self.store.put_bytes(layout.CANCELLED, json.dumps(doc, indent=2).encode())
+        return layout.EXIT_OK
+
+    def _finish(self) -> int:
+        """All steps done: final checkpoint, SavedModel, TensorBoard, then COMPLETE."""
+        st = self.loop.state
+        self.loop.commit_current()
+        if not self.chief:
+            return layout.EXIT_OK
+        self.events.flush()
+        model_dir = os.path.join(self.work, "model")
+        export_mod.export_model(self.loop.spec.model, model_dir, self.store)
+        signature = export_mod.saved_model_signature(model_dir)
+        self.loop.summaries.sync()
+        metrics = {"loss": st.loss}
+        speed = self.loop.speed()
+        self.emit(layout.FINISHED, step=st.step, metrics=metrics, examples_seen=st.examples_seen, **speed)
+        self.events.flush()
+        export_mod.write_complete(
+            self.store,
+            step=st.step,
+            metrics=metrics,
+            examples_seen=st.examples_seen,
+            events=self.history + self.own_events,
+            finished_at=time.time(),
+            signature=signature,
+        )
+        return layout.EXIT_OK
+
+
+def train(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None, keep: list | None = None) -> int:
+    """Run one attempt of the run `cfg` describes; returns the exit code.
+
+    `stop` is the signal flag, when the caller installed it early (see `trainer.signals`).
+    `keep`, when given, receives the `Attempt`, so that its TensorFlow objects outlive
+    the call: `python -m trainer` then ends without freeing them (see trainer/__main__.py).
+    """
+    try:
+        attempt = Attempt(cfg, stream=stream, stop=stop)
+    except Exception as e:  # noqa: BLE001 - e.g. the run's store cannot be reached at all
+        line = {layout.EVENT: layout.FAILED_EVENT, layout.TIME: utc_now(), layout.ATTEMPT: None,
+                "reason": f"{type(e).__name__}: {e}"}
+        out = stream or sys.stdout
+        out.write(json.dumps(line) + "\n")
+        out.flush()
+        return layout.EXIT_FAILED
+    if keep is not None:
+        keep.append(attempt)
+    return attempt.run()

@@ -1,0 +1,238 @@
+"""The training loop's checkpoints in TensorFlow terms: save, restore, and the resume fingerprint.
+
+:class:`Checkpointer` writes the model's and optimizer's variables (a ``tf.train.Checkpoint``)
+and the loop's counters to a local folder per step, and hands the folder to
+:class:`~trainer.checkpoints.CheckpointStore`, which commits it to the run. On restore it
+reads the newest committed folder back into the variables and proves the resume exact:
+the same model (``--model`` and variable shapes) and the same values, random streams and
+data position as were saved (:func:`resume_fingerprint`), else :class:`ResumeMismatch`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+from trainer import layout
+from trainer.checkpoints import CheckpointStore
+
+__all__ = ["Checkpointer", "ResumeMismatch", "STATE_FILE", "resume_fingerprint", "structure", "variables_digest"]
+
+# The loop's counters beside the variables in each checkpoint (see Checkpointer).
+STATE_FILE = "state.json"
+# The variables' file prefix inside a checkpoint folder (TF adds .index and .data-*).
+CKPT_PREFIX = "ckpt"
+
+
+class ResumeMismatch(RuntimeError):
+    """What was restored differs from what the checkpoint recorded: training on would not be an exact resume.
+
+    Also raised when a run folder's checkpoints belong to another model or other shapes: no
+    retry can help, so the trainer exits with `layout.EXIT_UNUSABLE`.
+    """
+
+
+_TRAIN_ELSEWHERE = ("Nothing was changed in the run. Train this model under a new run id (another --run-uri, or "
+                    "run.id in the stack), or start this run again with the model and options it was started with.")
+
+
+# Keras keeps each random stream's state (e.g. a Dropout layer's) in a variable of this name.
+RNG_STATE_NAME = "seed_generator_state"
+
+
+def variables_digest(variables) -> str:
+    """A digest of the values (with shapes and dtypes) of ``variables``, in order.
+
+    Names are left out: the checkpoint matches variables by position, and Keras numbers
+    layer names per process, so the same model may carry other names in another attempt.
+    """
+    import numpy as np
+
+    h = hashlib.blake2b(digest_size=16)
+    for v in variables:
+        value = v.numpy()
+        h.update(f"{value.dtype}|{value.shape}|".encode())
+        # The same bytes as `value.tobytes()` without copying them again (a large model's
+        # checkpoint waits for this hash); a uint8 view also serves dtypes such as bfloat16.
+        h.update(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
+    return h.hexdigest()
+
+
+def structure(variables) -> list[str]:
+    """Each variable's dtype and shape, in order (`float32[784, 128]`): what a checkpoint can be restored into."""
+    return [f"{getattr(v.dtype, 'name', v.dtype)}{list(v.shape)}" for v in variables]
+
+
+def _parameters(shapes: list[str]) -> int:
+    total = 0
+    for s in shapes:
+        dims = [int(d) for d in s[s.index("[") + 1 : -1].split(",") if d.strip()]
+        n = 1
+        for d in dims:
+            n *= d
+        total += n
+    return total
+
+
+def resume_fingerprint(state: dict, variables, rng_variables) -> dict:
+    """What an exact resume depends on: step, data position, random streams and variable values."""
+    return {
+        "step": int(state["step"]),
+        "batches_seen": int(state["batches_seen"]),
+        "examples_seen": int(state["examples_seen"]),
+        "rng": variables_digest(rng_variables),
+        "variables": variables_digest(variables),
+    }
+
+
+class Checkpointer:
+    """The training loop's checkpoints: save its variables and counters, commit them, restore the newest.
+
+    A checkpoint folder holds the variables written by ``ckpt`` (the caller's
+    ``tf.train.Checkpoint``) under :data:`CKPT_PREFIX`, and :data:`STATE_FILE`, the
+    loop's counters as JSON. Each save goes to its own local folder under ``work``; the
+    chief commits it to the run through ``ckstore`` (in the background unless ``sync``),
+    other workers save too (the strategy requires every worker to) and drop their copy.
+
+    ``state.json`` also holds a resume fingerprint (:func:`resume_fingerprint` of the
+    checkpointed ``variables``, the random streams among them and the counters). After a
+    restore the same fingerprint is taken of what was actually restored; any difference
+    raises :class:`ResumeMismatch` rather than train on from a state that is not the saved one.
+    """
+
+    def __init__(self, ckstore: CheckpointStore, ckpt, *, work: str, chief: bool, variables=(),
+                 model: str | None = None) -> None:
+        self.ckstore = ckstore
+        self.model = model
+        self.ckpt = ckpt
+        self.variables = list(variables)
+        self.rng_variables = [v for v in self.variables if RNG_STATE_NAME in getattr(v, "name", "")]
+        self.work = work
+        self.chief = chief
+        self.last_committed: int | None = None
+        self.async_step: int | None = None  # the newest step handed to a background upload
+
+    def committed(self, step: int) -> None:
+        """Record a commit (called from the upload thread too)."""
+        self.last_committed = max(self.last_committed or 0, int(step))
+
+    def save_local(self, step: int, state: dict) -> str:
+        """Write the checkpoint of ``step`` (variables and ``state``) to its own folder; returns it."""
+        sub = "checkpoints" if self.chief else "worker-tmp"  # only the chief's copy is kept
+        folder = os.path.join(self.work, sub, f"{layout.CHECKPOINT_DIR}-{step}")
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+        if self.variables:
+            # The fingerprint hashes every value while TF writes the same values: both release
+            # the GIL, so for a large model the two overlap instead of adding up (the loop waits
+            # for both; bench/RESULTS.md, checkpoint stall).
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-fingerprint") as pool:
+                fingerprint = pool.submit(resume_fingerprint, {**state, "step": step}, self.variables,
+                                          self.rng_variables)
+                self.ckpt.write(os.path.join(folder, CKPT_PREFIX))
+                state = {**state, "structure": structure(self.variables), "fingerprint": fingerprint.result()}
+        else:
+            self.ckpt.write(os.path.join(folder, CKPT_PREFIX))
+        tmp = os.path.join(folder, STATE_FILE + ".tmp")
+        with open(tmp, "w") as fh:
+            json.dump(state, fh)
+        os.replace(tmp, os.path.join(folder, STATE_FILE))
+        return folder
+
+    def commit(self, step: int, folder: str, *, sync: bool) -> bool:
+        """Commit a saved folder (in the background unless ``sync``), then drop it; returns whether it was committed.
+
+        Only the chief commits: another worker's folder is just removed.
+        """
+        if not self.chief:
+            shutil.rmtree(folder, ignore_errors=True)
+            return False
+        try:
+            if sync:
+                # An older background upload still running is cancelled by the store so
+                # this commit gets the bandwidth; it is waited for by the caller afterwards.
+                self.ckstore.commit(step, folder)
+            else:
+                self.async_step = step
+                # The store snapshots the folder (hard links) before returning, so the
+                # local copy can go at once and the next save never races the upload.
+                self.ckstore.commit_async(step, folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return True
+
+    def wait_uploads(self) -> BaseException | None:
+        """Wait for background uploads; returns the failure of one (superseded by a newer commit), if any."""
+        try:
+            self.ckstore.wait(None)
+        except Exception as e:  # noqa: BLE001 - the caller reports it; a newer commit follows
+            return e
+        return None
+
+    def restore(self) -> tuple[int, dict] | None:
+        """Restore the newest committed checkpoint into ``ckpt``; returns (step, saved state) or None."""
+        dest = os.path.join(self.work, "restore")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.makedirs(dest)
+        step = self.ckstore.restore_latest(dest)
+        if step is None:
+            return None
+        with open(os.path.join(dest, STATE_FILE)) as fh:
+            saved = json.load(fh)
+        self.check_same_model(step, saved)
+        try:
+            self.ckpt.read(os.path.join(dest, CKPT_PREFIX)).assert_existing_objects_matched()
+        except (ValueError, AssertionError) as e:
+            # TensorFlow's own words (e.g. "RestoreV2 ... expected dtype float") are one detail, not the message.
+            detail = " ".join(str(e).split())[:300]
+            raise ResumeMismatch(f"checkpoint ckpt-{step} cannot be restored into this model ({detail}); "
+                                 f"{_TRAIN_ELSEWHERE}") from None
+        if saved.get("step") != step:
+            raise ValueError(f"checkpoint ckpt-{step} holds state for step {saved.get('step')}")
+        self.check_resume(step, saved)
+        self.last_committed = step
+        return step, saved
+
+    def check_same_model(self, step: int, saved: dict) -> None:
+        """Refuse, before anything is restored or written, a checkpoint of another model or shape.
+
+        ``model`` (the --model the checkpoint was saved with) and ``structure`` (its variables'
+        dtypes and shapes) are recorded in ``state.json``; older checkpoints carry neither.
+        """
+        was, now = saved.get("model"), self.model
+        if was and now and was != now:
+            raise ResumeMismatch(f"this run was trained with --model {was} (checkpoint ckpt-{step}); this attempt "
+                                 f"asks for --model {now}. {_TRAIN_ELSEWHERE}")
+        recorded = saved.get("structure")
+        if not recorded or not self.variables:
+            return
+        current = structure(self.variables)
+        if recorded != current:
+            diff = next((i for i, (a, b) in enumerate(zip(recorded, current, strict=False)) if a != b),
+                        min(len(recorded), len(current)))
+            what = (f"variable {diff}: saved {recorded[diff]}, now {current[diff]}"
+                    if diff < min(len(recorded), len(current)) else
+                    f"{len(recorded)} variables saved, {len(current)} now")
+            raise ResumeMismatch(f"checkpoint ckpt-{step} holds another model's shapes ({_parameters(recorded):,} "
+                                 f"parameters saved, {_parameters(current):,} now; first difference: {what}). "
+                                 f"{_TRAIN_ELSEWHERE}")
+
+    def check_resume(self, step: int, saved: dict) -> None:
+        """Compare the restored state with the fingerprint saved beside it; raise :class:`ResumeMismatch`.
+
+        Checkpoints written before fingerprints existed carry none and are taken as they are.
+        """
+        recorded = saved.get("fingerprint")
+        if not recorded or not self.variables:
+            return
+        now = resume_fingerprint({**saved, "step": step}, self.variables, self.rng_variables)
+        wrong = [f"{k}: saved {recorded.get(k)!r}, restored {now[k]!r}" for k in now if recorded.get(k) != now[k]]
+        if wrong:
+            raise ResumeMismatch(
+                f"checkpoint ckpt-{step} did not restore the state it recorded ({'; '.join(wrong)}); "
+                "refusing to train on from a different state. The model or optimizer built by this attempt "
+                "does not match the one that saved the checkpoint (changed code or --model options?)"
+            )

@@ -1,0 +1,321 @@
+"""`from trainer import fit`: trainstack's guarantees for a Keras `model.fit` script.
+
+Three calls (docs/your-fit-script.md shows the diff):
+
+    strategy = fit.strategy()                      # instead of tf.distribute.MirroredStrategy()
+    model.fit(..., callbacks=fit.callbacks())      # instead of TensorBoard + ModelCheckpoint
+    model.export(fit.model_dir())                  # or model.save(...) into that folder
+
+Run by `python -m trainer --run-uri URI -- python train.py` (trainer/script.py), the callback:
+
+- restores the run's newest committed checkpoint at train begin (model, optimizer, metric
+  and dropout-RNG variables) and continues at the saved step: the finished epochs are not run
+  again (`initial_epoch`), and in the epoch it stopped in, the batches it had trained on are
+  drawn from the data and skipped;
+- commits a checkpoint at every epoch's end and every `TRAINSTACK_CHECKPOINT_EVERY_SECONDS`
+  to `<run>/checkpoints/` with the trainer's own protocol (`CheckpointStore`: files, then
+  the COMMITTED marker; the newest complete one wins on restore); each records the variables'
+  names and shapes, and a checkpoint of another model is refused (exit 78);
+- on SIGTERM or SIGINT (a spot notice, `ops stop`, Ctrl-C) commits the current step after the
+  batch in progress and exits 143;
+- writes TensorBoard files to `TRAINSTACK_TENSORBOARD_DIR` (the parent uploads them to
+  `tensorboard/`) and tells the parent the step, the epoch and the logs' metrics (loss,
+  accuracy, val_*) for `progress.json`, the events and COMPLETE.
+
+Outside the trainer (no `TRAINSTACK_RUN_URI`) the script runs as it would without trainstack:
+`callbacks()` is a TensorBoard callback to `./logs`, `model_dir()` is `./model`.
+
+Needs Keras, TensorFlow (the checkpoint format and the strategies) and the store code
+(`trainer.storage`, `trainer.checkpoints.CheckpointStore`); nothing else of the trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+EXIT_PREEMPTED = 143
+EXIT_UNUSABLE = 78
+STATE_FILE = "state.json"
+CKPT_PREFIX = "ckpt"
+PROGRESS_EVERY_S = 10.0
+
+
+def strategy() -> tf.distribute.Strategy:
+    """The distribution strategy for this machine or cluster.
+
+    `TF_CONFIG` naming several workers: `MultiWorkerMirroredStrategy`. One or more GPUs:
+    `MirroredStrategy` over them. Otherwise TensorFlow's default strategy (one device).
+    """
+    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    if sum(len(v) for k, v in cluster.items() if k in ("chief", "worker")) > 1:
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if tf.config.list_physical_devices("GPU"):
+        return tf.distribute.MirroredStrategy()
+    return tf.distribute.get_strategy()
+
+
+def model_dir() -> str:
+    """Where to save the model: what the script leaves there becomes the run's `model/` when it exits 0."""
+    path = os.environ.get("TRAINSTACK_MODEL_DIR") or os.path.abspath("model")
+    os.makedirs(os.path.dirname(path.rstrip("/")) or ".", exist_ok=True)
+    return path
+
+
+def tensorboard_dir() -> str:
+    """Where TensorBoard files go (uploaded to the run's `tensorboard/`)."""
+    return os.environ.get("TRAINSTACK_TENSORBOARD_DIR") or os.path.abspath("logs")
+
+
+def callbacks(*, histogram_freq: int = 0, checkpoint_every_seconds: float | None = None) -> list[keras.callbacks.Callback]:
+    """The callbacks to pass to `model.fit`: trainstack's backup-and-restore, then TensorBoard.
+
+    `checkpoint_every_seconds` (default: the run's `--checkpoint-every-seconds`) adds commits
+    between epoch ends, for long epochs.
+    """
+    board = keras.callbacks.TensorBoard(log_dir=tensorboard_dir(), histogram_freq=histogram_freq)
+    if not os.environ.get("TRAINSTACK_RUN_URI"):
+        return [board]
+    every = checkpoint_every_seconds
+    if every is None and os.environ.get("TRAINSTACK_CHECKPOINT_EVERY_SECONDS"):
+        every = float(os.environ["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"])
+    return [Backup(every_seconds=every, board=board), board]
+
+
+class _Stop:
+    """SIGTERM/SIGINT set a flag the callback checks after each batch (installed at import)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signal_name: str | None = None
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.signal_name = signal.Signals(signum).name
+        self.event.set()
+
+
+STOP = _Stop()
+if os.environ.get("TRAINSTACK_RUN_URI"):
+    # At import, so a notice during the script's start-up is not lost: the callback stops at train begin.
+    STOP.install()
+
+
+def _plain(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class Backup(keras.callbacks.Callback):
+    """Backup and restore to the run's bucket, stop on a signal, report progress (see the module docstring)."""
+
+    def __init__(self, *, every_seconds: float | None = None, board: keras.callbacks.TensorBoard | None = None) -> None:
+        super().__init__()
+        from trainer.checkpoints import CheckpointStore
+        from trainer.storage import open_store
+
+        self.every_seconds = every_seconds
+        self.board = board
+        self.local = os.environ.get("TRAINSTACK_CHECKPOINT_DIR") or os.path.abspath("checkpoints")
+        self.messages = os.environ.get("TRAINSTACK_MESSAGES_FILE")
+        self._lock = threading.Lock()
+        keep = int(os.environ.get("TRAINSTACK_KEEP_CHECKPOINTS") or 3)
+        self.store = CheckpointStore(open_store(os.environ["TRAINSTACK_RUN_URI"]), keep=keep,
+                                     emit=self._store_event, on_commit=self._committed)
+        self.epoch = 0
+        self.batch = 0  # batches of the current epoch trained (or skipped on resume)
+        self.step = 0
+        self._ckpt = None
+        self._skip = 0
+        self._skipped = False
+        self._restored_metrics: list | None = None
+        self._last_save = self._last_progress = time.monotonic()
+        self._epoch_started = time.monotonic()
+        self._examples_per_step: int | None = None
+        self.save_seconds: list[float] = []  # time the training waited for each save (measured in tests)
+
+    # -- messages to the parent --
+
+    def _send(self, kind: str, **fields) -> None:
+        if not self.messages:
+            return
+        line = json.dumps({"kind": kind, **fields}, default=str) + "\n"
+        with self._lock, open(self.messages, "a") as f:
+            f.write(line)
+
+    def _store_event(self, kind: str, fields: dict) -> None:
+        self._send("event", event=kind, **fields)
+
+    def _committed(self, info: dict) -> None:
+        self._send("checkpoint", step=int(info["step"]), seconds=info.get("seconds"), bytes=info.get("bytes"))
+
+    # -- state --
+
+    def _variables(self) -> dict:
+        # The metrics' variables are not among them: Keras may build them only at the first
+        # step; their sums travel in state.json (see _wrap_train_function).
+        model = self.model
+        return {"model": list(model.variables), "optimizer": list(model.optimizer.variables)}
+
+    def _structure(self) -> list[str]:
+        return [f"{v.path}:{list(v.shape)}" for group in self._variables().values() for v in group]
+
+    def _total(self) -> int | None:
+        steps, epochs = self.params.get("steps"), self.params.get("epochs")
+        return steps * epochs if steps and epochs else None
+
+    # -- Keras hooks --
+
+    def on_train_begin(self, logs=None) -> None:
+        optimizer = self.model.optimizer
+        if not optimizer.built:
+            # Keras builds it at the first step; a checkpoint restored before must find its slots.
+            with self.model.distribute_strategy.scope():
+                optimizer.build(self.model.trainable_variables)
+        self._ckpt = tf.train.Checkpoint(**self._variables())
+        os.makedirs(self.local, exist_ok=True)
+        self._restore()
+        self._last_save = self._last_progress = time.monotonic()
+        if STOP.event.is_set():
+            self._stop_now()
+
+    def _restore(self) -> None:
+        dest = os.path.join(self.local, "restore")
+        step = self.store.restore_latest(dest)
+        if step is None:
+            return
+        with open(os.path.join(dest, STATE_FILE)) as f:
+            state = json.load(f)
+        mine, saved = self._structure(), state.get("structure") or []
+        if saved != mine:
+            diff = next((f"{a} here, {b} saved" for a, b in zip(mine + ["nothing"], saved + ["nothing"], strict=False)
+                         if a != b), "")
+            print(f"trainstack: checkpoint {step} in {self.store.store.uri} was written by another model "
+                  f"(variables differ: {diff}); start a new run id for this model", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(EXIT_UNUSABLE)
+        self._ckpt.read(os.path.join(dest, CKPT_PREFIX)).assert_consumed()
+        self.step, self.epoch, self.batch = state["step"], state["epoch"], state["batch"]
+        # Keras's own BackupAndRestore resumes the same way: fit's loop starts at _initial_epoch.
+        self.model._initial_epoch = self.epoch
+        if self.batch:
+            self._restored_metrics = state.get("metrics") or {}
+            self._skip = self.batch
+            self._wrap_train_function()
+        self._send("resumed", step=self.step, epoch=self.epoch, batch=self.batch, total=self._total())
+
+    def _wrap_train_function(self) -> None:
+        """Skip the batches the stopped epoch had trained on: draw them from the iterator, train nothing.
+
+        At the first batch trained, the stopped epoch's metric sums (totals and counts, as
+        Keras's metrics keep them) are added back, so the epoch's accuracy covers all of it.
+        """
+        original = self.model.train_function
+        per_call = int(getattr(self.model, "steps_per_execution", 1) or 1)
+
+        def skipping(iterator):
+            if self._skip > 0:
+                for _ in range(per_call):
+                    next(iterator)
+                self._skip -= per_call
+                self._skipped = True
+                return {}
+            self.model.train_function = original
+            logs = original(iterator)
+            saved, self._restored_metrics = self._restored_metrics or {}, None
+            for v in self.model.metrics_variables:
+                if v.path in saved:
+                    v.assign_add(np.asarray(saved[v.path], dtype=v.dtype))
+            return self.model.get_metrics_result() if saved else logs
+
+        self.model.train_function = skipping
+
+    def on_epoch_begin(self, epoch, logs=None) -> None:
+        if self._skip <= 0:
+            self.batch = 0
+        self.epoch = epoch
+        self._epoch_started = time.monotonic()
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        self.batch = batch + 1
+        if self._skipped:
+            self._skipped = False
+            return  # a skipped batch: nothing trained
+        self.step += 1
+        if STOP.event.is_set():
+            self._stop_now()
+        now = time.monotonic()
+        if self.every_seconds and now - self._last_save >= self.every_seconds:
+            self._save(sync=False)
+        if now - self._last_progress >= PROGRESS_EVERY_S:
+            self._last_progress = now
+            self._send("progress", step=self.step, total=self._total(), epoch=self.epoch,
+                       metrics={k: _plain(v) for k, v in (logs or {}).items()})
+
+    def on_epoch_end(self, epoch, logs=None) -> None:
+        self.epoch, self.batch = epoch + 1, 0
+        metrics = {k: _plain(v) for k, v in (logs or {}).items()}
+        seconds = time.monotonic() - self._epoch_started
+        self._send("epoch", step=self.step, total=self._total(), epoch=epoch + 1, metrics=metrics,
+                   epoch_seconds=round(seconds, 3))
+        self._save(sync=False)
+        if STOP.event.is_set():
+            self._stop_now()
+
+    def on_train_end(self, logs=None) -> None:
+        self.store.wait()
+
+    # -- saving --
+
+    def _save(self, *, sync: bool) -> None:
+        started = time.monotonic()
+        self.step = int(self.model.optimizer.iterations.numpy())
+        folder = os.path.join(self.local, f"{CKPT_PREFIX}-{self.step}")
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+        self._ckpt.write(os.path.join(folder, CKPT_PREFIX))
+        state = {"step": self.step, "epoch": self.epoch, "batch": self.batch, "structure": self._structure(),
+                 "metrics": {v.path: np.asarray(v.numpy()).tolist() for v in self.model.metrics_variables}}
+        with open(os.path.join(folder, STATE_FILE), "w") as f:
+            json.dump(state, f)
+        if sync:
+            self.store.commit(self.step, folder)
+        else:
+            self.store.commit_async(self.step, folder)  # snapshotted: the folder may go at once
+        for name in os.listdir(self.local):
+            if name.startswith(CKPT_PREFIX + "-") and name != os.path.basename(folder):
+                shutil.rmtree(os.path.join(self.local, name), ignore_errors=True)
+        self._last_save = time.monotonic()
+        self.save_seconds.append(self._last_save - started)
+
+    def _stop_now(self) -> None:
+        """A stop signal: commit the current step synchronously, close TensorBoard's files, exit 143."""
+        if self._skip <= 0:
+            self._save(sync=True)
+        with contextlib.suppress(Exception):
+            self.store.wait()
+        if self.board is not None:
+            with contextlib.suppress(Exception):
+                self.board._close_writers()  # Keras has no public flush; its files must be complete
+        self._send("stopped", step=self.step, signal=STOP.signal_name)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        # No interpreter teardown: freeing tf.data's iterator can take seconds (trainer/__main__.py).
+        os._exit(EXIT_PREEMPTED)
