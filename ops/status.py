@@ -71,21 +71,6 @@ class NoRun(Exception):
     """Nothing is stored at the run URI."""
 
 
-def _json_doc(store, key: str) -> dict | None:
-    """A small JSON object from the store; ``None`` if absent; ``{}`` if present but unreadable."""
-    from trainer.storage import NotFound
-
-    try:
-        raw = store.get_bytes(key)
-    except NotFound:
-        return None
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
 def read_machine_events(store) -> list[dict]:
     """Every machine's own events (``machine-events/<machine>.jsonl``) and every non-chief worker's
     (``worker-events/<address>.jsonl``: its ``failed`` events), each writer's in its order."""
@@ -98,18 +83,23 @@ def read_machine_events(store) -> list[dict]:
 
 
 def read_facts(store, run_uri: str) -> RunFacts:
-    """What the run's folder holds, for :func:`ops.runstate.classify`: reads only, decides nothing."""
+    """What the run's folder holds, for :func:`ops.runstate.classify`: reads only, decides nothing.
+
+    Each small JSON document is read with ``trainer.storage.read_json``, as the trainer reads
+    them: absent is ``None``, present but unreadable is ``{}``.
+    """
     from trainer.checkpoints import CheckpointStore
+    from trainer.storage import read_json
 
     trainer_events = read_jsonl(store, layout.EVENTS_KEY)
     machine_events = read_machine_events(store)
-    progress = _json_doc(store, layout.PROGRESS_KEY)
+    progress = read_json(store, layout.PROGRESS_KEY)
     steps = CheckpointStore(store).committed_steps()
     step = steps[-1] if steps else None
-    marker = (_json_doc(store, layout.committed_key(step)) or {}) if step is not None else {}
+    marker = (read_json(store, layout.committed_key(step)) or {}) if step is not None else {}
     end_marker, end = None, None
     for name in layout.END_MARKERS:  # exactly one ends a run: the first found is it
-        doc = _json_doc(store, name)
+        doc = read_json(store, name)
         if doc is not None:
             end_marker, end = name, doc
             break
