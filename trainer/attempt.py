@@ -34,6 +34,7 @@ from trainer.devices import DeviceMismatch, check_gpus
 from trainer.events import EventLog, read_events, utc_now
 from trainer.lease import LeaseHeld, LeaseLost, RunLease
 from trainer.loop import TrainLoop, resolve_precision
+from trainer.metrics import MetricError
 from trainer.models import NoData
 from trainer.signals import StopKeyPoller, StopRequest
 from trainer.storage import open_store, read_json
@@ -62,7 +63,8 @@ class Attempt:
         self.stop_key = StopKeyPoller(self.store)
         self.loop = TrainLoop(cfg, store=self.store, ckstore=ckstore, events=self.events, emit=self.emit,
                               stop=self.stop, stop_key=self.stop_key, chief=self.chief,
-                              multi_worker=self.cluster.multi_worker, work=self.work)
+                              multi_worker=self.cluster.multi_worker, work=self.work,
+                              workers=self.cluster.workers, worker=self.cluster.index)
         self.startup: cluster_mod.StartupWatchdog | None = None
         # The chief writes the run's objects, so it alone takes the run's lease.
         self.lease = RunLease(self.store, ttl_s=cfg.lease_ttl_s, wait_s=cfg.lease_wait_s, on_lost=self._lease_lost,
@@ -115,8 +117,9 @@ class Attempt:
             # This machine can never run this run: say why once, and let the supervisor end it.
             self.emit(layout.FAILED_EVENT, reason=str(e), step=self.loop.state.step, **e.details)
             return layout.EXIT_UNUSABLE
-        except (ResumeMismatch, NoData) as e:
-            # Another model's checkpoints, or no data at all: no retry can help, and nothing was written to the run.
+        except (ResumeMismatch, NoData, MetricError) as e:
+            # Another model's checkpoints, no data at all, or a metric or validation set that cannot work: no
+            # retry can help, and nothing was written to the run.
             self.emit(layout.FAILED_EVENT, reason=str(e), step=self.loop.state.step)
             return layout.EXIT_UNUSABLE
         except Exception as e:  # noqa: BLE001 - any failure ends the attempt the same way
@@ -281,19 +284,31 @@ class Attempt:
         return layout.EXIT_OK
 
     def _finish(self) -> int:
-        """All steps done: final checkpoint, SavedModel, TensorBoard, then COMPLETE."""
+        """All steps done: the last evaluation, final checkpoint, SavedModel (the best, with --keep-best),
+        TensorBoard, then COMPLETE."""
         st = self.loop.state
+        # Every worker evaluates (their results are reduced together), before the final commit
+        # so that the checkpoint records the evaluation and the best.
+        self.loop.final_evaluation()
         self.loop.commit_current()
         if not self.chief:
             return layout.EXIT_OK
         self.events.flush()
+        best = dict(st.best) if st.best else None
+        if best is not None:
+            # The run's model is its best checkpoint; the newest stays what a resume would use.
+            best["exported"] = self.loop.load_best()
         model_dir = os.path.join(self.work, "model")
         export_mod.export_model(self.loop.spec.model, model_dir, self.store)
         signature = export_mod.saved_model_signature(model_dir)
         self.loop.summaries.sync()
-        metrics = {"loss": st.loss}
+        metrics = {"loss": st.loss, **self.loop.latest_metrics()}
         speed = self.loop.speed()
-        self.emit(layout.FINISHED, step=st.step, metrics=metrics, examples_seen=st.examples_seen, **speed)
+        evaluation = {"eval_seconds": round(st.eval_seconds, 3)} if st.evaluated else {}
+        if best is not None:
+            evaluation["best"] = best
+        self.emit(layout.FINISHED, step=st.step, metrics=metrics, examples_seen=st.examples_seen, **speed,
+                  **evaluation)
         self.events.flush()
         export_mod.write_complete(
             self.store,
@@ -303,6 +318,7 @@ class Attempt:
             events=self.history + self.own_events,
             finished_at=time.time(),
             signature=signature,
+            **evaluation,
         )
         return layout.EXIT_OK
 

@@ -196,6 +196,18 @@ class Checkpointer:
         self.last_committed = step
         return step, saved
 
+    def read_step(self, step: int) -> bool:
+        """Read committed checkpoint ``step``'s variables into ``ckpt`` (no resume checks: the export of
+        an older checkpoint, e.g. the run's best); False when it cannot be downloaded intact."""
+        dest = os.path.join(self.work, f"read-{step}")
+        try:
+            if not self.ckstore.restore_step(step, dest):
+                return False
+            self.ckpt.read(os.path.join(dest, CKPT_PREFIX)).assert_existing_objects_matched()
+            return True
+        finally:
+            shutil.rmtree(dest, ignore_errors=True)
+
     def check_same_model(self, step: int, saved: dict) -> None:
         """Refuse, before anything is restored or written, a checkpoint of another model or shape.
 

@@ -138,6 +138,8 @@ class CheckpointStore:
         # Committed steps that failed verification in restore_latest: never ranked as the
         # newest or kept in their place, so the checkpoints a resumed run writes survive.
         self._bad: set[int] = set()
+        # Steps kept whatever their age (the run's best checkpoint, --keep-best): set by the caller.
+        self.protect: set[int] = set()
         if emit is not None:
             previous = store.on_retry
 
@@ -407,6 +409,21 @@ class CheckpointStore:
                 return f"marker entry for {rel} lacks size or sha256"
         return None
 
+    def restore_step(self, step: int, dest_dir: str) -> bool:
+        """Download committed checkpoint ``step`` into ``dest_dir`` if it verifies; False (and a
+        ``checkpoint_skipped`` event) when it is missing or damaged."""
+        marker = self._read_marker(_check_step(step))
+        problem = "no COMMITTED marker" if marker is None else (
+            self._marker_problem(step, marker) if marker else "COMMITTED marker is not valid JSON")
+        if problem is None:
+            shutil.rmtree(dest_dir, ignore_errors=True)
+            os.makedirs(dest_dir)
+            problem = self._download_verified(step, marker["files"], dest_dir)
+        if problem:
+            self._skip(step, problem)
+            return False
+        return True
+
     def restore_latest(self, dest_dir: str) -> int | None:
         """Download the newest committed checkpoint that verifies into ``dest_dir``; return its step.
 
@@ -501,8 +518,9 @@ class CheckpointStore:
             keep = set(sorted(good)[-self.keep :]) | {newest}
             with self._cond:
                 active = set(self._active)
+            protect = set(self.protect)
             for step in sorted(present):
-                if step in keep or step in active or step > newest:
+                if step in keep or step in active or step > newest or (step in protect and step in committed):
                     continue
                 if step in committed:
                     # Marker first: from here on the checkpoint is no longer offered.

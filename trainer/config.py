@@ -42,6 +42,9 @@ class TrainConfig:
     code_dir: str | None = None
     synthetic: bool = False
     data_uri: str | None = None
+    validation_data_uri: str | None = None
+    eval_every_steps: int | None = None  # None: evaluate at the end only
+    keep_best: str | None = None  # "val_<metric>[:min|:max]" (see --keep-best)
     steps: int = 1000
     batch_size: int = 64
     checkpoint_every_steps: int | None = 250
@@ -179,6 +182,16 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--synthetic", action="store_true", default=None, help="train on deterministic synthetic data")
     src.add_argument("--data-uri", default=None, help="folder of TFRecord files (*.tfrecord*) on s3://, gs:// or file://")
+    p.add_argument("--validation-data-uri", default=None,
+                   help="folder of validation TFRecord files (*.tfrecord*), read with the model's parse_tfrecord; "
+                   "default: the model's own make_validation, if it has one")
+    p.add_argument("--eval-every-steps", type=_optional(_positive_int), default=None,
+                   help="evaluate on the whole validation set every N steps (0: only at the end); "
+                   "a run with a validation set is always evaluated at the end")
+    p.add_argument("--keep-best", default=None, metavar="val_METRIC[:min|:max]",
+                   help="keep the checkpoint with the best value of a validation metric (e.g. val_accuracy, "
+                   "val_loss) outside the pruning and export it as model/; direction: min for names with "
+                   "'loss' or 'error', else max, or say it with :min / :max")
     p.add_argument("--steps", type=_positive_int, default=d.steps, help="optimizer steps in the whole run")
     p.add_argument("--batch-size", type=_positive_int, default=d.batch_size, help="examples per replica per micro-batch")
     p.add_argument("--checkpoint-every-steps", type=_optional(_positive_int), default=d.checkpoint_every_steps,
@@ -289,6 +302,7 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
     # Cadences may be switched off explicitly (None), so copy them as parsed.
     values["checkpoint_every_steps"] = ns.checkpoint_every_steps
     values["checkpoint_every_seconds"] = ns.checkpoint_every_seconds
+    values["eval_every_steps"] = ns.eval_every_steps
     if not values.get("run_uri"):
         raise ConfigError("--run-uri (or TRAINSTACK_RUN_URI) is required: s3://B/runs/ID, gs://B/runs/ID or file://DIR")
     values["run_uri"] = normalize_uri(values["run_uri"])
@@ -347,6 +361,10 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("choose the data: --synthetic or --data-uri URI (TRAINSTACK_SYNTHETIC=1 / TRAINSTACK_DATA_URI)")
     if cfg.data_uri:
         object.__setattr__(cfg, "data_uri", normalize_uri(cfg.data_uri))
+    if cfg.validation_data_uri:
+        object.__setattr__(cfg, "validation_data_uri", normalize_uri(cfg.validation_data_uri))
+    if cfg.keep_best is not None:
+        keep_best_mode(cfg.keep_best)
     if cfg.code_dir is not None:
         path = os.path.abspath(os.path.expanduser(cfg.code_dir))
         if not os.path.isdir(path):
@@ -371,6 +389,10 @@ def _validate_command(cfg: TrainConfig) -> None:
     if cfg.synthetic or cfg.data_uri:
         raise ConfigError("--synthetic / --data-uri (run.synthetic / run.dataUri) cannot be combined with a command "
                           "(run.command): the command reads its own data; drop one of them")
+    if cfg.validation_data_uri or cfg.eval_every_steps or cfg.keep_best:
+        raise ConfigError("--validation-data-uri / --eval-every-steps / --keep-best (run.validationDataUri / "
+                          "run.evalEverySteps / run.keepBest) cannot be combined with a command (run.command): the "
+                          "command evaluates its own model (Keras validation_data); drop them")
     folder = os.path.abspath(os.path.expanduser(cfg.code_dir)) if cfg.code_dir is not None else os.getcwd()
     if not os.path.isdir(folder):
         raise ConfigError(f"--code-dir {cfg.code_dir!r}: no such folder (the folder the command runs in)")
@@ -411,6 +433,27 @@ def python_script(command: Sequence[str]) -> str | None:
         if not word.startswith("-"):
             return word if word.endswith(".py") else None
     return None
+
+
+# --keep-best: a validation metric's name, and optionally its direction.
+KEEP_BEST_RE = re.compile(r"(val_[A-Za-z0-9_]+)(?::(min|max))?")
+
+
+def keep_best_mode(text: str) -> tuple[str, str]:
+    """`val_accuracy` → ("val_accuracy", "max"); `val_loss` → ("val_loss", "min"); `val_x:min` → ("val_x", "min").
+
+    Without a direction, a name with `loss` or `error` in it (val_loss, val_mean_squared_error)
+    is minimized and anything else (accuracy, auc, precision) maximized, as Keras's
+    `ModelCheckpoint(mode="auto")` does for the common metrics.
+    """
+    m = KEEP_BEST_RE.fullmatch(text.strip())
+    if not m:
+        raise ConfigError(f"--keep-best {text!r} (run.keepBest): expected a validation metric val_<name>, optionally "
+                          "with :min or :max, e.g. val_accuracy or val_loss")
+    name, mode = m.group(1), m.group(2)
+    if mode is None:
+        mode = "min" if ("loss" in name or "error" in name) else "max"
+    return name, mode
 
 
 def _is_user_model(name: str) -> bool:

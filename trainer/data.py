@@ -28,6 +28,7 @@ import tensorflow as tf
 AUTOTUNE = tf.data.AUTOTUNE
 SHUFFLE_BUFFER = 10_000
 MNIST_EXAMPLES = 60_000
+MNIST_VALIDATION = 2_000
 LM_SEQUENCES = 8_192
 _MAX_EPOCHS = 1 << 40
 
@@ -53,6 +54,16 @@ def synthetic_mnist(n: int = MNIST_EXAMPLES, seed: int = 0) -> tuple[np.ndarray,
     y = rng.integers(0, 10, size=(n,), dtype=np.int64)
     x = rng.integers(0, 64, size=(n, 784), dtype=np.uint8)
     x += prototypes[y]  # at most 191 + 63: no uint8 overflow
+    return x, y
+
+
+def synthetic_mnist_validation(n: int = MNIST_VALIDATION, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The held-out set of `synthetic_mnist(seed=seed)`: the same class prototypes, other images."""
+    prototypes = np.random.default_rng([seed, 784]).integers(0, 192, size=(10, 784), dtype=np.uint8)
+    rng = np.random.default_rng([seed, 784, 1])
+    y = rng.integers(0, 10, size=(n,), dtype=np.int64)
+    x = rng.integers(0, 64, size=(n, 784), dtype=np.uint8)
+    x += prototypes[y]
     return x, y
 
 
@@ -232,6 +243,45 @@ def from_user(make_dataset: Callable, global_batch: int, seed: int, position: Po
     if not isinstance(ds, tf.data.Dataset):
         raise ValueError(f"make_dataset returned {type(ds).__name__}, expected a tf.data.Dataset")
     return ds.repeat().skip(position.batches_seen).prefetch(AUTOTUNE)
+
+
+# -- the validation set ------------------------------------------------------------------------
+
+
+def finite_arrays(x: np.ndarray, y: np.ndarray, global_batch: int) -> tf.data.Dataset:
+    """In-memory validation examples, in order, once: the last batch may be short."""
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
+    return ds.map(lambda a, b: (preprocess(a), b), num_parallel_calls=AUTOTUNE, deterministic=True).prefetch(AUTOTUNE)
+
+
+def finite_tfrecords(files: list[str], parse: Callable, global_batch: int) -> tf.data.Dataset:
+    """Validation TFRecords, every record once, in file order: the last batch may be short."""
+    ds = tf.data.TFRecordDataset(files).batch(global_batch)
+    return ds.map(lambda s: _pre(parse(s)), num_parallel_calls=AUTOTUNE, deterministic=True).prefetch(AUTOTUNE)
+
+
+def make_validation(spec, cfg, global_batch: int) -> tf.data.Dataset | None:
+    """The validation set for a `ModelSpec` and config, or None when there is none.
+
+    `--validation-data-uri` (read with the model's `parse_tfrecord`) wins over the model's
+    own `make_validation`. Nothing here draws from a random stream the training uses.
+    """
+    if cfg.validation_data_uri:
+        if spec.parse_tfrecord is None:
+            raise ValueError(f"--validation-data-uri {cfg.validation_data_uri}: the model has no parse_tfrecord to "
+                             "read it with; give ModelSpec.parse_tfrecord, or drop the option and use "
+                             "ModelSpec.make_validation")
+        files = stage(cfg.validation_data_uri, cfg.data_dir)
+        return finite_tfrecords(files, spec.parse_tfrecord, global_batch)
+    if spec.make_validation is None:
+        return None
+    ds = spec.make_validation(global_batch, cfg.seed)
+    if not isinstance(ds, tf.data.Dataset):
+        raise ValueError(f"make_validation returned {type(ds).__name__}, expected a tf.data.Dataset")
+    if ds.cardinality() == tf.data.INFINITE_CARDINALITY:
+        raise ValueError("make_validation returned an endless dataset (.repeat()?); it must hold the validation set "
+                         "once")
+    return ds
 
 
 def make_dataset(spec, cfg, global_batch: int, position: Position) -> tf.data.Dataset:

@@ -45,8 +45,13 @@ def saved_model_signature(local_dir: str) -> dict:
 
 
 def complete_record(*, step: int, metrics: dict, examples_seen: int, events: list[dict], finished_at: float,
-                    signature: dict | None = None) -> dict:
-    """The `COMPLETE` document, from the run's events (all attempts) and the final state."""
+                    signature: dict | None = None, best: dict | None = None, eval_seconds: float | None = None) -> dict:
+    """The `COMPLETE` document, from the run's events (all attempts) and the final state.
+
+    `metrics` are the final ones (the training loss and metrics, the last evaluation's
+    val_…); `best` the best evaluation by --keep-best (its step, value and metrics, and
+    whether `model/` holds it); `eval_seconds` the time all validation passes took.
+    """
     starts = [parse_time(e[layout.TIME]) for e in events if e.get(layout.EVENT) == layout.STARTED and layout.TIME in e]
     first = min(starts) if starts else finished_at
     return {
@@ -59,6 +64,8 @@ def complete_record(*, step: int, metrics: dict, examples_seen: int, events: lis
         "finished_at": datetime.fromtimestamp(finished_at, UTC).isoformat(timespec="milliseconds"),
         **_cost_fields(events, finished_at),
         **({"signature": signature} if signature else {}),
+        **({"best": best} if best else {}),
+        **({"eval_seconds": eval_seconds} if eval_seconds is not None else {}),
     }
 
 

@@ -102,6 +102,10 @@ CHECKPOINT_FAILED = "checkpoint_failed"
 UPLOAD_RETRY = "upload_retry"
 ALREADY_COMPLETE = "complete"
 ALREADY_CANCELLED = "already_cancelled"
+# A validation pass (step, metrics as val_<name>, examples, seconds, the best so far), and the
+# warning that it costs more than a tenth of the training time between two of them.
+EVALUATED = "evaluated"
+EVAL_SLOW = "eval_slow"
 # The run ended early on request (ops stop wrote STOP): a checkpoint is committed, CANCELLED written.
 CANCELLED_EVENT = "cancelled"
 # The run's lease (printed, never stored: a trainer without the lease writes nothing to the run).
@@ -126,6 +130,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     FINISHED: ("step", "metrics", "examples_seen"),
     FAILED_EVENT: ("reason",),
     CANCELLED_EVENT: ("step", "reason", "examples_seen"),
+    EVALUATED: ("step", "metrics", "examples", "seconds", "train_seconds", "eval_seconds_total"),
+    EVAL_SLOW: ("step", "seconds", "train_seconds", "share", "message"),
     CHECKPOINT_SKIPPED: ("step", "reason"),
     CHECKPOINT_FAILED: ("reason",),
     UPLOAD_RETRY: ("attempt", "error", "op", "key"),

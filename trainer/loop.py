@@ -37,6 +37,7 @@ from trainer.checkpointer import Checkpointer
 from trainer.checkpoints import CheckpointStore
 from trainer.config import TrainConfig
 from trainer.events import EventLog
+from trainer.metrics import EVAL_WARN_SHARE, Evaluator, KeepBest, MetricError, MetricSet, validation_names
 from trainer.models import ModelSpec, build_model
 from trainer.signals import StopKeyPoller, StopRequest
 
@@ -60,6 +61,12 @@ class RunState:
     examples_seen: int = 0
     train_seconds: float = 0.0
     loss: float | None = None
+    # The newest evaluation ({step, metrics, examples, seconds}) and the best so far by
+    # --keep-best ({metric, mode, step, value, metrics}): saved in each checkpoint, so the
+    # best's identity survives preemption with the commit that made it count.
+    evaluated: dict | None = None
+    best: dict | None = None
+    eval_seconds: float = 0.0  # the whole run's validation passes
 
 
 def resolve_precision(cfg: TrainConfig) -> str:
@@ -108,14 +115,17 @@ def per_example_loss(spec: ModelSpec, y, pred) -> tf.Tensor:
 
 
 def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_batch: int, multi_worker: bool,
-                    examples: tf.Variable):
+                    examples: tf.Variable, metrics: MetricSet | None = None):
     """A `tf.function(iterator, count, request)` running `count` optimizer steps on every replica.
 
     Returns (each step's loss, a vector of `count`; the request agreed by all workers). Every
     step's loss comes back so that one call may span several --log-every steps: the
-    TensorBoard points stay where they were while the host syncs once per call.
+    TensorBoard points stay where they were while the host syncs once per call. With
+    `metrics`, a third value: each step's metric state over its global batch (`count` rows
+    of `metrics.size`, see `trainer.metrics`).
     """
     model, opt = spec.model, spec.optimizer
+    size = metrics.size if metrics else 0
     accum = cfg.grad_accum
     scaled = isinstance(opt, keras.optimizers.LossScaleOptimizer)
     denom = global_micro_batch * accum  # the mean over the whole step's examples
@@ -125,25 +135,28 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
             pred = model(x, training=True)
             loss = tf.nn.compute_average_loss(per_example_loss(spec, y, pred), global_batch_size=denom)
             target = opt.scale_loss(loss) if scaled else loss
-        return loss, tape.gradient(target, model.trainable_variables)
+        state = metrics.state(y, pred) if size else tf.zeros([0], tf.float32)
+        return loss, tape.gradient(target, model.trainable_variables), state
 
     if cfg.xla:
         grads_of = tf.function(grads_of, jit_compile=True)
 
     def replica_step(x, y):
         if accum == 1:
-            loss, grads = grads_of(x, y)
+            loss, grads, state = grads_of(x, y)
         else:
             xs = tf.reshape(x, tf.concat([[accum, -1], tf.shape(x)[1:]], 0))
             ys = tf.reshape(y, tf.concat([[accum, -1], tf.shape(y)[1:]], 0))
             loss = tf.constant(0.0)
             grads = [tf.zeros_like(v) for v in model.trainable_variables]
+            state = tf.zeros([size], tf.float32)
             for i in tf.range(accum):
-                micro_loss, micro_grads = grads_of(xs[i], ys[i])
+                micro_loss, micro_grads, micro_state = grads_of(xs[i], ys[i])
                 loss += micro_loss
                 grads = [g + mg for g, mg in zip(grads, micro_grads, strict=True)]
+                state += micro_state
         opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss, tf.shape(x, out_type=tf.int64)[0]
+        return loss, tf.shape(x, out_type=tf.int64)[0], state
 
     # Replicas of this worker: the first of them carries the worker's sums into the all-reduce.
     local_replicas = len(strategy.extended.worker_devices)
@@ -154,16 +167,21 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
         # a small model fast. Inside the loop only this worker's replicas are summed (no
         # collective); the sums cross workers once per call, not per step.
         losses = tf.TensorArray(tf.float32, size=tf.cast(count, tf.int32))
+        states = tf.TensorArray(tf.float32, size=tf.cast(count, tf.int32), element_shape=[size])
         n = tf.constant(0, tf.int64)
         for i in tf.range(count):
             x, y = next(iterator)
-            step_loss, step_n = strategy.run(replica_step, args=(x, y))
+            step_loss, step_n, step_state = strategy.run(replica_step, args=(x, y))
             losses = losses.write(tf.cast(i, tf.int32),
                                   tf.add_n([tf.cast(v, tf.float32) for v in strategy.experimental_local_results(step_loss)]))
             n += tf.add_n(strategy.experimental_local_results(step_n))
+            if size:
+                states = states.write(tf.cast(i, tf.int32), tf.add_n(strategy.experimental_local_results(step_state)))
         losses = losses.stack()
         if not multi_worker:
             examples.assign_add(n)
+            if size:
+                return losses, request, states.stack()
             return losses, request
 
         def first_replica_only(value):
@@ -173,10 +191,13 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
         # Every worker learns each step's loss and the examples, and whether any worker wants a
         # checkpoint or a stop, after the same step, so they all save and stop together. The
         # sum of the requests is non-zero where any worker's is.
-        packed = tf.concat([losses, request], 0)
+        packed = tf.concat([losses, tf.reshape(states.stack(), [-1]) if size else losses[:0], request], 0)
         total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(first_replica_only, args=(packed,)), axis=None)
         examples.assign_add(strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(first_replica_only, args=(n,)),
                                             axis=None))
+        steps = tf.shape(losses)[0]
+        if size:
+            return total[:steps], total[-3:], tf.reshape(total[steps:-3], [steps, size])
         return total[:-3], total[-3:]
 
     return train_steps
@@ -193,7 +214,7 @@ class TrainLoop:
 
     def __init__(self, cfg: TrainConfig, *, store, ckstore: CheckpointStore, events: EventLog,
                  emit: Callable[..., dict], stop: StopRequest, stop_key: StopKeyPoller, chief: bool,
-                 multi_worker: bool, work: str):
+                 multi_worker: bool, work: str, workers: int = 1, worker: int = 0):
         self.cfg = cfg
         self.store = store
         self.ckstore = ckstore
@@ -204,6 +225,7 @@ class TrainLoop:
         self.stop_key = stop_key
         self.chief = chief
         self.multi_worker = multi_worker
+        self.workers, self.worker = workers, worker
         self.work = work
         self.strategy = None
         self.global_micro = self.global_batch = 0
@@ -221,6 +243,13 @@ class TrainLoop:
         self.first_call: tuple[float, int] | None = None
         self.auto_steps = 1  # --steps-per-call auto: grows from the calls' measured durations
         self.summaries = summaries_mod.Summaries(summaries_mod.local_dir(self.work), self.store, enabled=False)
+        # Metrics and evaluation (trainer.metrics), set up with the data: see _setup_metrics.
+        self.metrics: MetricSet | None = None
+        self.evaluator: Evaluator | None = None
+        self.keep_best = KeepBest(cfg.keep_best) if cfg.keep_best else None
+        self.train_metrics: dict[str, float] = {}  # the newest --log-every step's
+        self.since_eval = 0.0  # training seconds since the last evaluation (or the attempt's start)
+        self.pending_best: int | None = None  # a best's step whose checkpoint is not committed yet
 
     def use(self, strategy) -> None:
         """Train under `strategy`: the global batch follows its replicas."""
@@ -247,7 +276,106 @@ class TrainLoop:
             self.state = RunState(**{k: saved[k] for k in asdict(RunState()) if k in saved})
             self.emit(layout.RESUMED, step=step, examples_seen=self.state.examples_seen,
                       batches_seen=self.state.batches_seen)
+            if self.state.best is not None:
+                # The best's checkpoint stays out of the pruning in this attempt too.
+                self.ckstore.protect = {int(self.state.best["step"])}
         self.examples.assign(self.state.examples_seen)
+
+    # -- metrics and evaluation --
+
+    def _setup_metrics(self, y_spec) -> None:
+        """The model's metrics and, when there is a validation set, the evaluator (once per attempt)."""
+        if self.metrics is not None:
+            return
+        spec, cfg = self.spec, self.cfg
+        try:
+            validation = data_mod.make_validation(spec, cfg, self.global_batch)
+        except ValueError as e:
+            raise MetricError(str(e)) from None
+        if y_spec is None and validation is not None:
+            y_spec = validation.element_spec[1]
+        outputs = getattr(spec.model, "outputs", None)
+        out_shape = tuple(outputs[0].shape) if outputs else None
+        self.metrics = MetricSet(spec.metrics, y_spec, out_shape)
+        if validation is not None:
+            self.evaluator = Evaluator(self.strategy, spec.model, lambda y, pred: per_example_loss(spec, y, pred),
+                                       self.metrics, validation, workers=self.workers, worker=self.worker)
+        if self.keep_best is not None:
+            if self.evaluator is None:
+                raise MetricError(f"--keep-best {cfg.keep_best} (run.keepBest) needs a validation set: give "
+                                  "--validation-data-uri (run.validationDataUri) or ModelSpec.make_validation")
+            self.keep_best.check([f"val_{n}" for n in ("loss", *self.metrics.names)])
+        elif cfg.eval_every_steps and self.evaluator is None:
+            raise MetricError(f"--eval-every-steps {cfg.eval_every_steps} (run.evalEverySteps) needs a validation "
+                              "set: give --validation-data-uri (run.validationDataUri) or ModelSpec.make_validation")
+
+    def _eval_due(self, step: int) -> bool:
+        every = self.cfg.eval_every_steps
+        return self.evaluator is not None and bool(every) and step % every == 0 and step < self.cfg.steps
+
+    def evaluate(self) -> bool:
+        """One validation pass at the current step: TensorBoard, the `evaluated` event, the best; True for a new best."""
+        st = self.state
+        results, examples, seconds = self.evaluator.run()
+        st.eval_seconds += seconds
+        named = validation_names(results)
+        st.evaluated = {"step": st.step, "metrics": named, "examples": examples, "seconds": round(seconds, 3)}
+        new_best = False
+        if self.keep_best is not None and self.keep_best.better(named[self.keep_best.metric], st.best):
+            kb = self.keep_best
+            st.best = {"metric": kb.metric, "mode": kb.mode, "step": st.step, "value": named[kb.metric],
+                       "metrics": named}
+            new_best = True
+            # Kept out of the pruning from its commit on; the previous best stays until then.
+            self.ckstore.protect = set(self.ckstore.protect) | {st.step}
+            self.pending_best = st.step
+        self.summaries.scalars(st.step, {**{f"validation/{k}": v for k, v in results.items()},
+                                         "eval_s": seconds})
+        trained = self.since_eval
+        share = seconds / trained if trained > 0 else None
+        self.emit(layout.EVALUATED, step=st.step, metrics=named, examples=examples, seconds=round(seconds, 3),
+                  train_seconds=round(trained, 3), share=None if share is None else round(share, 4),
+                  eval_seconds_total=round(st.eval_seconds, 3), **({"best": st.best} if st.best else {}))
+        if share is not None and share > EVAL_WARN_SHARE:
+            self.emit(layout.EVAL_SLOW, step=st.step, seconds=round(seconds, 3), train_seconds=round(trained, 3),
+                      share=round(share, 4),
+                      message=f"the validation pass took {share:.0%} of the training time since the last one "
+                              f"(over {EVAL_WARN_SHARE:.0%}): evaluate less often (--eval-every-steps, "
+                              "run.evalEverySteps) or on a smaller validation set")
+        self.since_eval = 0.0
+        self._progress()
+        return new_best
+
+    def final_evaluation(self) -> None:
+        """The end of the run's evaluation, on every worker, unless this step was already evaluated."""
+        self._setup_metrics(None)
+        st = self.state
+        if self.evaluator is not None and (st.evaluated is None or st.evaluated.get("step") != st.step):
+            self.evaluate()
+
+    def latest_metrics(self) -> dict[str, float]:
+        """The newest training metrics and validation results (val_…), for progress, status and COMPLETE."""
+        found = dict(self.train_metrics)
+        if self.state.evaluated:
+            found.update(self.state.evaluated["metrics"])
+        return found
+
+    def _progress(self) -> None:
+        st = self.state
+        extra = {}
+        if st.evaluated or self.train_metrics:
+            extra["metrics"] = self.latest_metrics()
+        if st.evaluated:
+            extra["evaluated_step"] = st.evaluated["step"]
+            extra["eval_seconds"] = round(st.eval_seconds, 3)
+        self.events.progress(st.step, self.cfg.steps, st.loss, self.rate, best=st.best, **extra)
+
+    def load_best(self) -> bool:
+        """Read the best checkpoint's variables into the model (for the export); False when it cannot be read."""
+        best = self.state.best
+        if best is None or int(best["step"]) == self.state.step:
+            return best is not None
+        return self.checkpointer.read_step(int(best["step"]))
 
     def train(self) -> bool:
         """The input pipeline and the step, then the loop; returns True when stopped by a request."""
@@ -266,7 +394,9 @@ class TrainLoop:
             iterator = iter(ds)
         else:
             iterator = iter(strategy.experimental_distribute_dataset(ds))
-        train_step = make_train_step(strategy, spec, cfg, self.global_micro, self.multi_worker, self.examples)
+        self._setup_metrics(ds.element_spec[1])
+        train_step = make_train_step(strategy, spec, cfg, self.global_micro, self.multi_worker, self.examples,
+                                     self.metrics)
         self.summaries = summaries_mod.Summaries(summaries_mod.local_dir(self.work), self.store, enabled=self.chief)
 
         # Kept past this method: freeing the input pipeline waits for tf.data's autotuning thread
@@ -322,8 +452,9 @@ class TrainLoop:
                     request = _GO
                 count = self._steps_this_call(st.step)
                 call_first = st.step + 1
-                loss_t, agreed = train_step(iterator, counts(count), requests[request])
+                loss_t, agreed, *states = train_step(iterator, counts(count), requests[request])
                 call_seconds = time.monotonic() - step_started
+                self.since_eval += call_seconds
                 if self.first_call is None:
                     self.first_call = (call_seconds, count * self.global_batch)  # traced the step: not a measure
                 else:
@@ -349,19 +480,24 @@ class TrainLoop:
                     seen = int(examples.numpy())
                     rate = (seen - last_examples) / max(now - last_log_time, 1e-9)
                     step_time = (now - last_log_time) / max(st.step - last_log_step, 1)
+                    rows = states[0].numpy() if states else None
                     for s in logged:  # one call's points share its speed: it was measured once
+                        if rows is not None:
+                            self.train_metrics = self.metrics.results(rows[s - call_first])
                         self._summaries(s, float(losses[s - call_first]), rate, step_time)
                     self.events.update_bar(st.step, st.loss, rate)
                     self.rate = rate
                     if now - last_progress >= cfg.progress_every_seconds:
-                        self.events.progress(st.step, cfg.steps, st.loss, rate)
+                        self._progress()
                         last_progress = now
                     last_log_time, last_log_step, last_examples = now, st.step, seen
                 if wants_stop:
                     self.cancelled = wants_cancel
                     return True
+                # A new best is checkpointed at once: the checkpoint is what keepBest keeps.
+                new_best = self._eval_due(st.step) and self.evaluate()
                 steps_due = cfg.checkpoint_every_steps and st.step % cfg.checkpoint_every_steps == 0
-                if (steps_due or wants_ckpt) and st.step < cfg.steps:
+                if (steps_due or wants_ckpt or new_best) and st.step < cfg.steps:
                     st.examples_seen = int(examples.numpy())
                     self._checkpoint(sync=False)
                     last_ckpt_time = time.monotonic()
@@ -385,6 +521,8 @@ class TrainLoop:
         n = min(want, cfg.steps - step)
         if cfg.checkpoint_every_steps:
             n = min(n, cfg.checkpoint_every_steps - step % cfg.checkpoint_every_steps)
+        if cfg.eval_every_steps and self.evaluator is not None:
+            n = min(n, cfg.eval_every_steps - step % cfg.eval_every_steps)
         return max(1, n)
 
     def _adapt_steps(self, count: int, seconds: float) -> None:
@@ -404,7 +542,8 @@ class TrainLoop:
             self.summaries.scalars(ckpt_step, {"checkpoint_s": seconds})
         lr = self.spec.optimizer.learning_rate
         self.summaries.scalars(step, {
-            "loss": loss,
+            "train/loss": loss,
+            **{f"train/{k}": v for k, v in self.train_metrics.items()},
             "learning_rate": float(lr.numpy() if hasattr(lr, "numpy") else lr),
             "examples_per_sec": rate,
             "step_time_s": step_time,
@@ -423,7 +562,7 @@ class TrainLoop:
             return
         if sync:
             self._wait_uploads()
-        self.events.progress(st.step, self.cfg.steps, st.loss, self.rate)
+        self._progress()
         self.events.background(self.summaries.sync)
 
     def _wait_uploads(self) -> None:
@@ -436,6 +575,10 @@ class TrainLoop:
         # Called from the upload thread too: only record, the loop writes the summaries.
         if self.checkpointer is not None:
             self.checkpointer.committed(int(info["step"]))
+        if self.pending_best is not None and int(info["step"]) == self.pending_best:
+            # The new best is committed: the previous one may be pruned from now on.
+            self.ckstore.protect = {self.pending_best}
+            self.pending_best = None
         self.commit_seconds.append((int(info["step"]), float(info.get("seconds", 0.0))))
         self.emit(layout.CHECKPOINT, step=int(info["step"]), seconds=info.get("seconds"), bytes=info.get("bytes"))
 

@@ -31,6 +31,12 @@ itself, as distributed training requires. `make_dataset(batch_size, seed)` gets 
 batch size and must return batched `(x, y)` elements, the same ones for the same seed
 (repeated as needed; the trainer resumes by skipping the batches already consumed). Without
 `make_dataset`, give `parse_tfrecord(serialized_batch) -> (x, y)` and use `--data-uri`.
+
+Metrics and evaluation (`trainer.metrics`): `metrics=["accuracy"]` (or Keras metric objects)
+are recorded at every --log-every step on the training batch and, with a validation set, on
+the whole set at every --eval-every-steps and at the end. The validation set is
+`make_validation(global_batch_size, seed)` (a finite batched `(x, y)` dataset), or the
+TFRecords of `--validation-data-uri` read with `parse_tfrecord`; the URI wins when both exist.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import importlib
 import inspect
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import keras
 import tensorflow as tf
@@ -65,6 +71,10 @@ class ModelSpec:
     synthetic: Callable[[int], tuple] | None = None
     """`(seed)` → `(x, y)` numpy arrays of the whole synthetic data set, for `--synthetic`."""
     name: str = "model"
+    metrics: list = field(default_factory=list)
+    """Keras metrics (objects, or names such as "accuracy"), recorded in training and in evaluation."""
+    make_validation: Callable[[int, int], tf.data.Dataset] | None = None
+    """`(global_batch_size, seed)` → the whole validation set, batched `(x, y)`, finite (not repeated)."""
 
 
 class NoData(ValueError):
@@ -107,6 +117,11 @@ def build_mlp(cfg: TrainConfig) -> ModelSpec:
         parse_tfrecord=data_mod.parse_mlp_records,
         synthetic=lambda seed: data_mod.synthetic_mnist(seed=seed),
         name="mlp",
+        metrics=["accuracy"],
+        # Synthetic data has its held-out set (same classes, other images); TFRecords have
+        # theirs in --validation-data-uri.
+        make_validation=(lambda batch, seed: data_mod.finite_arrays(*data_mod.synthetic_mnist_validation(seed=seed),
+                                                                    batch)) if cfg.synthetic else None,
     )
 
 

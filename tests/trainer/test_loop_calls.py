@@ -20,7 +20,7 @@ def test_a_call_spanning_log_steps_writes_each_log_steps_own_loss(file_run):
     from bench.run_all import tensorboard_scalars
 
     board = Path(file_run.uri.removeprefix("file://")) / "tensorboard"
-    losses = tensorboard_scalars(str(board), "loss")
+    losses = tensorboard_scalars(str(board), "train/loss")
     assert [step for step, _ in losses] == [10, 20, 30, 40, 50, 60]
     assert len({value for _, value in losses}) == 6  # each step's own loss, not the call's last one
     assert [s for s, _ in tensorboard_scalars(str(board), "examples_per_sec")] == [10, 20, 30, 40, 50, 60]
