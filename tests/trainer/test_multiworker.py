@@ -50,3 +50,40 @@ def test_two_workers_train_and_stop_at_the_same_step_when_one_is_signalled(file_
     assert not any(e["event"] == "checkpoint" for e in other.events)
     stored = [json.loads(line) for line in store.get_bytes("events.jsonl").decode().splitlines()]
     assert [e["event"] for e in stored].count("started") == 1
+
+
+def test_two_workers_evaluate_the_whole_validation_set_once_with_the_results_reduced(tmp_path):
+    """Each worker evaluates half the validation batches; the results, reduced once, are the whole set's."""
+    from trainer.data import MNIST_VALIDATION
+
+    common = ["--synthetic", "--deterministic", "--steps", "20", "--checkpoint-every-steps", "20",
+              "--eval-every-steps", "10", "--log-every", "10", "--batch-size", "16"]
+    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    uri = f"file://{tmp_path}/runs/two"
+    procs = []
+    for i in range(2):
+        tf_config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
+        procs.append(Trainer(uri, *common, env=trainer_env(TF_CONFIG=tf_config)))
+    try:
+        codes = [p.wait(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.proc.poll() is None:
+                p.proc.kill()
+    assert codes == [0, 0], [p.stderr[-2000:] for p in procs]
+    evals = [[e for e in p.events if e["event"] == "evaluated"] for p in procs]
+    assert [[e["step"] for e in ev] for ev in evals] == [[10, 20], [10, 20]]
+    assert all(e["examples"] == MNIST_VALIDATION for ev in evals for e in ev)
+    assert [e["metrics"] for e in evals[0]] == [e["metrics"] for e in evals[1]]
+
+    # The reduced result at the end is the loss of the exported (final) model over the whole set.
+    import numpy as np
+    import tensorflow as tf
+
+    from trainer.data import preprocess, synthetic_mnist_validation
+
+    x, y = synthetic_mnist_validation()
+    serve = tf.saved_model.load(f"{tmp_path}/runs/two/model").signatures["serving_default"]
+    pred = next(iter(serve(x=preprocess(tf.constant(x))).values())).numpy()
+    assert evals[0][-1]["metrics"] == pytest.approx({"val_loss": float(np.mean(-np.log(pred[np.arange(len(y)), y]))),
+                                                     "val_accuracy": float(np.mean(pred.argmax(1) == y))}, rel=1e-4)
