@@ -103,6 +103,12 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, 
         env["TRAINSTACK_SYNTHETIC"] = "1"
     if run.data_uri:
         env["TRAINSTACK_DATA_URI"] = run.data_uri
+    if run.validation_data_uri:
+        env["TRAINSTACK_VALIDATION_DATA_URI"] = run.validation_data_uri
+    if run.eval_every_steps:
+        env["TRAINSTACK_EVAL_EVERY_STEPS"] = str(run.eval_every_steps)
+    if run.keep_best:
+        env["TRAINSTACK_KEEP_BEST"] = run.keep_best
     if run.checkpoint_every_steps:
         env["TRAINSTACK_CHECKPOINT_EVERY_STEPS"] = str(run.checkpoint_every_steps)
     if run.checkpoint_every_seconds:

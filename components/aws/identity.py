@@ -48,6 +48,8 @@ class InstanceIdentityArgs:
     """The stack's region (part of the group's ARN)."""
     data_uri: str | None = None
     """s3://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
+    validation_data_uri: str | None = None
+    """s3://BUCKET/PREFIX of the validation data (run.validationDataUri), read only; None without."""
     nodes: int = 1
     """Machines in the group (they find each other under the run folder: no extra grant)."""
     tags: dict[str, str] = field(default_factory=dict)
@@ -71,6 +73,7 @@ def policy_document(
     group_name: str,
     region: str,
     data_uri: str | None,
+    validation_data_uri: str | None = None,
 ) -> pulumi.Output[str]:
     """The role's permissions as an IAM policy JSON document."""
     # runs/<run_id>/ and below: the run folder of trainer/layout.py. Listing is granted for the
@@ -107,19 +110,21 @@ def policy_document(
             "Resource": pulumi.Output.concat(bucket_arn, f"/{layout.CODE_PREFIX}*"),
         },
     ]
-    if data_uri:
-        data_bucket, prefix = split_s3_uri(data_uri)
+    for sid, uri in (("Data", data_uri), ("ValidationData", validation_data_uri)):
+        if not uri:
+            continue
+        data_bucket, prefix = split_s3_uri(uri)
         data_arn = pulumi.Output.concat("arn:", partition, ":s3:::", data_bucket)
         statements += [
             {
-                "Sid": "ListData",
+                "Sid": f"List{sid}",
                 "Effect": "Allow",
                 "Action": "s3:ListBucket",
                 "Resource": data_arn,
                 "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}},
             },
             {
-                "Sid": "ReadData",
+                "Sid": f"Read{sid}",
                 "Effect": "Allow",
                 "Action": "s3:GetObject",
                 "Resource": pulumi.Output.concat(data_arn, "/", prefix, "*"),
@@ -196,6 +201,7 @@ class InstanceIdentity(pulumi.ComponentResource):
                 group_name=args.group_name,
                 region=args.region,
                 data_uri=args.data_uri,
+                validation_data_uri=args.validation_data_uri,
             ),
             opts=child,
         )

@@ -80,6 +80,7 @@ class TrainingStack(StackOutputs):
                 group_name=asg_name,
                 region=s.region,
                 data_uri=s.run.data_uri,
+                validation_data_uri=s.run.validation_data_uri,
                 nodes=s.compute.nodes,
                 tags=tags,
             ),

@@ -53,8 +53,10 @@ class InstanceIdentityArgs:
     """The start of the custom roles' ids; a random suffix kept in the stack's state follows."""
     data_uri: str | None = None
     """gs://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
+    validation_data_uri: str | None = None
+    """gs://BUCKET/PREFIX of the validation data (run.validationDataUri), read only; None without."""
     data_grant: bool = True
-    """Grant the account read access on the data bucket; False when it is public or its owner grants it."""
+    """Grant the account read access on the data buckets; False when they are public or their owner grants it."""
     nodes: int = 1
     """Machines in the group (they find each other under the run folder: no extra grant)."""
 
@@ -122,15 +124,21 @@ class InstanceIdentity(pulumi.ComponentResource):
                 opts=child,
             ),
         ]
-        if args.data_uri and args.data_grant:
-            data_bucket, _ = split_gs_uri(args.data_uri)
+        granted: set[str] = set()
+        for suffix, uri in (("data-read", args.data_uri), ("validation-read", args.validation_data_uri)):
+            if not uri or not args.data_grant:
+                continue
+            data_bucket, _ = split_gs_uri(uri)
+            if data_bucket in granted:
+                continue  # the validation data beside the training data: one grant covers both
+            granted.add(data_bucket)
             # The whole bucket, read only, with no condition: IAM conditions need uniform
             # bucket-level access and policy version 3 on that bucket, and a user's bucket with
             # fine-grained ACLs refuses them (412). A bucket whose policy the deployer cannot set
             # (a public data set of another project: 403) takes run.dataGrant: false.
             self.grants.append(
                 gcp.storage.BucketIAMMember(
-                    f"{name}-data-read",
+                    f"{name}-{suffix}",
                     bucket=data_bucket,
                     role="roles/storage.objectViewer",
                     member=member,

@@ -105,6 +105,7 @@ class TrainingStack(StackOutputs):
                 group_name=mig_name,
                 custom_role_prefix=custom_role_prefix(**names),
                 data_uri=s.run.data_uri,
+                validation_data_uri=s.run.validation_data_uri,
                 data_grant=s.run.data_grant,
                 nodes=s.compute.nodes,
             ),

@@ -73,9 +73,10 @@ def check_zones(s: Settings) -> None:
 
 
 def check_data_uri(s: Settings, scheme: str) -> None:
-    """run.dataUri is in this cloud's object store (`scheme` is s3:// or gs://)."""
-    if s.run.data_uri and not re.fullmatch(re.escape(scheme) + r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/.*)?", s.run.data_uri):
-        raise ConfigError("run.dataUri", f"{s.run.data_uri!r}: expected {scheme}BUCKET/PATH on {s.cloud}")
+    """run.dataUri and run.validationDataUri are in this cloud's object store (`scheme` is s3:// or gs://)."""
+    for key, uri in (("run.dataUri", s.run.data_uri), ("run.validationDataUri", s.run.validation_data_uri)):
+        if uri and not re.fullmatch(re.escape(scheme) + r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/.*)?", uri):
+            raise ConfigError(key, f"{uri!r}: expected {scheme}BUCKET/PATH on {s.cloud}")
 
 
 def check_bucket_name(s: Settings) -> None:

@@ -63,6 +63,12 @@ class RunSettings(_Block):
     data_uri: str | None = Field(None, description="TFRecord files: s3://… (AWS) or gs://… (GCP).")
     data_grant: bool = Field(True, description="GCP: grant the machines read access on the dataUri bucket; false "
                              "when it is public or its owner grants it (`ops preflight` says which).")
+    validation_data_uri: str | None = Field(None, description="Validation TFRecord files (s3://… or gs://…), read "
+                                            "with the model's parse_tfrecord; default: the model's own validation set.")
+    eval_every_steps: int | None = Field(None, gt=0, description="Evaluate on the whole validation set every N steps; "
+                                         "default: at the end only.")
+    keep_best: str | None = Field(None, description="Keep the checkpoint with the best value of a validation metric "
+                                  "(val_accuracy, val_loss, or val_NAME:min / :max) and export it as model/.")
     steps: int = Field(10_000, gt=0, description="Training steps in the whole run.")
     batch_size: int = Field(64, gt=0, le=65_536, description="Examples per GPU per step.")
     checkpoint_every_steps: int | None = Field(1000, gt=0, description="Checkpoint every N steps.")
@@ -85,11 +91,20 @@ class RunSettings(_Block):
             return v
         raise ValueError(f'expected one of {", ".join(BUILTIN_MODELS)} or "package.module:function"')
 
+    @field_validator("keep_best")
+    @classmethod
+    def _keep_best(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"val_[A-Za-z0-9_]+(:(min|max))?", v):
+            raise ValueError("expected a validation metric val_<name>, optionally with :min or :max, e.g. "
+                             "val_accuracy or val_loss")
+        return v
+
     @field_validator("extra_args")
     @classmethod
     def _extra(cls, v: list[str]) -> list[str]:
         for arg in v:
-            if arg.split("=", 1)[0] in ("--run-uri", "--data-uri", "--steps", "--model"):
+            if arg.split("=", 1)[0] in ("--run-uri", "--data-uri", "--steps", "--model", "--validation-data-uri",
+                                        "--eval-every-steps", "--keep-best"):
                 raise ValueError(f"{arg!r} is set by the stack itself; use the run block's own key")
             if any(c in arg for c in "\n\r\x00"):
                 # The machine's env file, and docker's --env-file after it, hold one line per value.
@@ -120,11 +135,22 @@ class RunSettings(_Block):
             if self.synthetic or self.data_uri:
                 raise keyed("command", "cannot be combined with run.synthetic or run.dataUri: the command reads "
                                        "its own data; remove them")
+            for key, value in (("validationDataUri", self.validation_data_uri),
+                               ("evalEverySteps", self.eval_every_steps), ("keepBest", self.keep_best)):
+                if value is not None:
+                    raise keyed(key, "cannot be combined with run.command: the command evaluates its own model "
+                                     "(Keras validation_data); remove it")
         elif self.synthetic and self.data_uri:
             raise keyed("dataUri", "set either synthetic: true or dataUri, not both")
         elif not self.synthetic and not self.data_uri and self.model in BUILTIN_MODELS:
             # A user model may bring its own data (ModelSpec.make_dataset): checked with its source (usercode).
             raise keyed("dataUri", "is required: set dataUri (s3://… or gs://…) or synthetic: true")
+        if self.model in BUILTIN_MODELS and not self.validation_data_uri and not (self.synthetic and self.model == "mlp"):
+            # A built-in model's validation set: the synthetic mlp's held-out images, else validationDataUri.
+            for key, value in (("keepBest", self.keep_best), ("evalEverySteps", self.eval_every_steps)):
+                if value is not None:
+                    raise keyed(key, f"needs a validation set: set validationDataUri (TFRecords {self.model} reads)"
+                                     + (" or synthetic: true" if self.model == "mlp" else ""))
         if self.checkpoint_every_steps is None and self.checkpoint_every_seconds is None:
             raise keyed("checkpointEverySteps", "set checkpointEverySteps or checkpointEverySeconds, or both")
         return self

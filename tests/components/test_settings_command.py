@@ -97,3 +97,18 @@ def test_the_stack_accepts_an_own_data_model_and_refuses_a_records_one():
     with pytest.raises(ConfigError) as e:
         _settings({"model": "mlp"})
     assert e.value.key == "run.dataUri" and "is required" in str(e.value)
+
+
+# -- metrics and evaluation (issue 22, section 2) --
+
+def test_validation_eval_and_keep_best_reach_the_trainer_as_it_reads_them():
+    s = _settings({"dataUri": "s3://data/train/", "validationDataUri": "s3://data/validation/",
+                   "evalEverySteps": 500, "keepBest": "val_accuracy"})
+    env = boot_env(s, run_uri="s3://b/runs/dev", group="g", code_uri="")
+    render_env(env)
+    cfg = load_config([], env=env)
+    assert (cfg.validation_data_uri, cfg.eval_every_steps, cfg.keep_best) == (
+        "s3://data/validation", 500, "val_accuracy")
+    bare = load_config([], env=boot_env(_settings({"synthetic": True}), run_uri="s3://b/runs/dev", group="g",
+                                        code_uri=""))
+    assert (bare.validation_data_uri, bare.eval_every_steps, bare.keep_best) == (None, None, None)

@@ -68,6 +68,16 @@ def test_data_uri_adds_read_only_access_to_that_prefix():
     assert len(synthetic) == 6 and not synthetic & {"ReadData", "ListData"}
 
 
+def test_validation_data_uri_adds_read_only_access_to_its_own_prefix():
+    r = synth_raw({"run": {"synthetic": False, "dataUri": "s3://corpus-bucket/train/",
+                           "validationDataUri": "s3://held-out/shapes/validation/"}})
+    by_sid = {s["Sid"]: s for s in statements(r)}
+    assert by_sid["ReadValidationData"]["Action"] == "s3:GetObject"
+    assert by_sid["ReadValidationData"]["Resource"] == "arn:aws:s3:::held-out/shapes/validation/*"
+    assert by_sid["ListValidationData"]["Condition"]["StringLike"]["s3:prefix"] == ["shapes/validation/*"]
+    assert by_sid["ReadData"]["Resource"] == "arn:aws:s3:::corpus-bucket/train/*"
+
+
 def test_ecr_pull_and_scaling_are_this_stacks_repository_and_group():
     r = synth_raw(stack="scoped")
     by_sid = {s["Sid"]: s for s in statements(r)}

@@ -54,6 +54,17 @@ def test_gcs_data_uri_adds_a_read_only_grant_that_buckets_with_fine_grained_acls
     assert data[0]["name"] in mig["options"]["dependsOn"]  # the machines wait for it
 
 
+@pytest.mark.parametrize(("validation", "buckets"), [
+    ("gs://held-out/validation/", ["corpus-bucket", "held-out"]),
+    ("gs://corpus-bucket/validation/", ["corpus-bucket"]),  # one grant covers both
+])
+def test_gcs_validation_data_uri_is_granted_once_per_bucket(validation, buckets):
+    r = gcp({"run": {"synthetic": False, "dataUri": "gs://corpus-bucket/train/", "validationDataUri": validation}})
+    reads = [m["inputs"] for m in r.of_type(BUCKET_MEMBER) if m["name"].endswith(("data-read", "validation-read"))]
+    assert sorted(m["bucket"] for m in reads) == buckets
+    assert {m["role"] for m in reads} == {"roles/storage.objectViewer"}
+
+
 def test_no_data_grant_when_the_stack_says_the_bucket_needs_none():
     # A public data set of another project: the deployer cannot set its policy (403), and the
     # machines read it anyway.
