@@ -88,6 +88,11 @@ class RunStatus:
     # The script's own metrics (script mode: Keras's logs, e.g. accuracy, val_loss), newest first
     # from COMPLETE, else progress.json.
     metrics: dict = field(default_factory=dict)
+    # The trainer's own loop: the step of the newest evaluation (its val_… are in `metrics`), the
+    # seconds all evaluations took, and the best by --keep-best ({metric, mode, step, value}).
+    evaluated_step: int | None = None
+    eval_seconds: float | None = None
+    best: dict | None = None
     examples_per_sec: float | None = None
     eta_seconds: float | None = None
     progress_updated: str | None = None
@@ -180,6 +185,20 @@ def _metrics(doc: dict | None) -> dict:
     return {str(k): float(v) for k, v in found.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
+def _best(doc: dict | None) -> dict | None:
+    """The `best` of a progress.json or COMPLETE document, when well-formed."""
+    found = (doc or {}).get("best")
+    if not isinstance(found, dict) or not isinstance(found.get("metric"), str) or not isinstance(found.get("step"), int):
+        return None
+    value = _number(found, "value")
+    if value is None:
+        return None
+    best = {"metric": found["metric"], "mode": str(found.get("mode", "")), "step": found["step"], "value": value}
+    if isinstance(found.get("exported"), bool):
+        best["exported"] = found["exported"]
+    return best
+
+
 def is_local(run_uri: str) -> bool:
     """A run on this computer (``file://``): nothing restarts it and nothing bills it."""
     return run_uri.startswith("file://")
@@ -235,6 +254,9 @@ def classify(facts: RunFacts, now: float, *, events: int = DEFAULT_EVENTS) -> Ru
         st.loss = _number(progress, "loss")
         st.examples_per_sec = _number(progress, "examples_per_sec")
         st.metrics = _metrics(progress)
+        st.evaluated_step = progress["evaluated_step"] if isinstance(progress.get("evaluated_step"), int) else None
+        st.eval_seconds = _number(progress, "eval_seconds")
+        st.best = _best(progress)
         st.progress_updated = progress.get("updated") if isinstance(progress.get("updated"), str) else None
         st.progress_age_seconds = _age(st.progress_updated, now)
     if st.step is None and st.checkpoint is not None:
@@ -256,6 +278,8 @@ def classify(facts: RunFacts, now: float, *, events: int = DEFAULT_EVENTS) -> Ru
             st.step = step
         if marker == layout.COMPLETE:
             st.metrics = _metrics(doc) or st.metrics
+            st.best = _best(doc) or st.best
+            st.eval_seconds = _number(doc, "eval_seconds") if "eval_seconds" in doc else st.eval_seconds
             st.detail = f"model in {run_uri.rstrip('/')}/{layout.MODEL_PREFIX}"
         elif marker == layout.CANCELLED:
             reason = doc.get(layout.MARKER_REASON)

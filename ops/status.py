@@ -182,6 +182,29 @@ def metrics_text(metrics: dict) -> str:
     return "   ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items()))
 
 
+def evaluation_text(st: RunStatus) -> str:
+    """`   (evaluated at step 400; evaluation 3.2 s in all)`, when the trainer's loop evaluated."""
+    parts = []
+    if st.evaluated_step is not None:
+        parts.append(f"evaluated at step {st.evaluated_step}")
+    if st.eval_seconds is not None:
+        spent = f"{st.eval_seconds:.1f}s" if st.eval_seconds < 60 else duration(st.eval_seconds)
+        parts.append(f"evaluation {spent} in all")
+    return f"   ({'; '.join(parts)})" if parts else ""
+
+
+def best_text(best: dict) -> str:
+    """`val_accuracy 0.9812 at step 400 (max)`, and whether model/ holds it once the run ended."""
+    text = f"{best['metric']} {best['value']:.4g} at step {best['step']}"
+    if best.get("mode"):
+        text += f" ({best['mode']})"
+    if best.get("exported") is True:
+        text += "; exported as model/"
+    elif best.get("exported") is False:
+        text += "; its checkpoint could not be read: model/ is the final one"
+    return text
+
+
 def render(st: RunStatus):
     """A rich renderable of the status (a progress bar for the steps)."""
     from rich.console import Group
@@ -212,7 +235,9 @@ def render(st: RunStatus):
         rate = "-" if st.examples_per_sec is None else f"{st.examples_per_sec:,.0f}"
         grid.add_row("loss", f"{loss}   examples/s {rate}   ETA {duration(st.eta_seconds)}")
     if st.metrics:
-        grid.add_row("metrics", metrics_text(st.metrics))
+        grid.add_row("metrics", metrics_text(st.metrics) + evaluation_text(st))
+    if st.best:
+        grid.add_row("best", best_text(st.best))
     if st.progress_updated:
         grid.add_row("updated", f"{st.progress_updated} ({duration(st.progress_age_seconds)} ago)")
     grid.add_row(

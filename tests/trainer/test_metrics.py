@@ -133,3 +133,40 @@ def test_evaluation_does_not_move_the_training_and_the_best_survives_a_preemptio
     from trainer.storage import open_store
 
     assert CheckpointStore(open_store(uri)).committed_steps() == [BEST_STEP, STEPS]
+
+
+def test_ops_status_shows_the_latest_and_the_best_evaluation(evaluated, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from ops import status
+
+    uri, events, done = evaluated
+
+    def shown(st) -> str:
+        out = io.StringIO()
+        Console(file=out, width=160).print(status.render(st))
+        return out.getvalue()
+
+    st = status.read_status(uri)
+    assert st.state == "COMPLETE" and st.metrics["val_loss"] == done["metrics"]["val_loss"]
+    assert st.best == {"metric": "val_loss", "mode": "max", "step": BEST_STEP, "value": done["best"]["value"],
+                       "exported": True}
+    text = shown(st)
+    assert f"val_loss {done['best']['value']:.4g} at step {BEST_STEP} (max); exported as model/" in text
+    assert f"val_accuracy {done['metrics']['val_accuracy']:.4g}" in text
+
+    # While a run trains: the newest evaluation and the best so far, from progress.json.
+    running = tmp_path / "running"
+    running.mkdir()
+    progress = {"step": 40, "total": 60, "loss": 0.5, "examples_per_sec": 100.0, "attempt": 1,
+                "updated": events[-1]["time"], "metrics": {"accuracy": 0.9, "val_loss": 0.25, "val_accuracy": 0.91},
+                "evaluated_step": 40, "eval_seconds": 1.25,
+                "best": {"metric": "val_accuracy", "mode": "max", "step": 20, "value": 0.93, "metrics": {}}}
+    (running / "progress.json").write_text(json.dumps(progress))
+    st = status.read_status(f"file://{running}")
+    assert (st.evaluated_step, st.eval_seconds, st.best["step"]) == (40, 1.25, 20)
+    text = shown(st)
+    assert "val_accuracy 0.91" in text and "(evaluated at step 40; evaluation 1.2s in all)" in text
+    assert "val_accuracy 0.93 at step 20 (max)" in text
