@@ -60,6 +60,10 @@ def test_file_uri_and_bare_path_become_absolute(tmp_path, monkeypatch):
         (["--run-uri", "s3://b/r", "--synthetic", "--checkpoint-every-steps", "0", "--checkpoint-every-seconds", "0"],
          {}, "--checkpoint-every-steps"),
         (["--run-uri", "s3://b/r", "--synthetic", "--lm-dim", "30", "--lm-heads", "4"], {}, "multiple of --lm-heads"),
+        (["--run-uri", "s3://b/r", "--synthetic", "--keep-best", "accuracy"], {}, "--keep-best 'accuracy' (run.keepBest)"),
+        ([], {**BASE, "TRAINSTACK_KEEP_BEST": "val_loss:lowest"}, "expected a validation metric val_<name>"),
+        (["--run-uri", "s3://b/r", "--eval-every-steps", "10", "--", "python", "-c", "pass"], {},
+         "--eval-every-steps / --keep-best"),
         ([], {**BASE, "TRAINSTACK_SYNTHETIC": "maybe"}, "TRAINSTACK_SYNTHETIC='maybe'"),
         ([], {**BASE, "TRAINSTACK_EXTRA_ARGS": "--seed 'unclosed"}, "TRAINSTACK_EXTRA_ARGS"),
     ],
@@ -70,7 +74,8 @@ def test_bad_config_is_named(argv, env, message):
     assert message in str(e.value)
 
 
-@pytest.mark.parametrize("argv", [["--steps", "0"], ["--steps", "ten"], ["--precision", "float8"]])
+@pytest.mark.parametrize("argv", [["--steps", "0"], ["--steps", "ten"], ["--precision", "float8"],
+                                  ["--eval-every-steps", "-3"]])
 def test_malformed_flag_exits_2(argv):
     with pytest.raises(SystemExit) as e:
         load_config(["--run-uri", "s3://b/r", "--synthetic", *argv], {})
@@ -101,3 +106,16 @@ def test_a_bad_flag_is_one_line_naming_it(argv, line, capsys):
         load_config(["--run-uri", "s3://b/r", "--synthetic", *argv], {})
     assert e.value.code == 2
     assert capsys.readouterr().err.splitlines() == [line]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("val_accuracy", ("val_accuracy", "max")), ("val_loss", ("val_loss", "min")),
+    ("val_mean_squared_error", ("val_mean_squared_error", "min")), ("val_auc", ("val_auc", "max")),
+    ("val_loss:max", ("val_loss", "max")), ("val_accuracy:min", ("val_accuracy", "min")),
+])
+def test_keep_best_direction_is_by_name_unless_given(text, expected):
+    from trainer.config import keep_best_mode
+
+    assert keep_best_mode(text) == expected
+    cfg = load_config(["--run-uri", "s3://b/r", "--synthetic", "--keep-best", text, "--eval-every-steps", "0"], {})
+    assert (cfg.keep_best, cfg.eval_every_steps) == (text, None)
