@@ -1,10 +1,13 @@
-"""Write image TFRecords for `shapes.model` from numpy arrays.
+"""Write image TFRecords for `shapes.model` from numpy arrays: training records and held-back validation records.
 
-    python write_tfrecords.py OUT_DIR [--examples 20000] [--shards 4] [--seed 1]
+    python write_tfrecords.py OUT_DIR [--examples 20000] [--shards 4] [--seed 1] [--validation 0.1]
     python write_tfrecords.py OUT_DIR --npz my_images.npz   # arrays `images` (N,32,32[,1]) uint8, `labels` (N,)
 
-Then upload OUT_DIR to your bucket (`aws s3 sync OUT_DIR s3://BUCKET/data/shapes/`) and set
-`run.dataUri` to that folder, or train locally with `--data-uri file://OUT_DIR`.
+The last `--validation` share of the examples is held back: `OUT_DIR/validation/`, never
+trained on; the rest is `OUT_DIR/train/`. Upload OUT_DIR to your bucket (`aws s3 sync OUT_DIR
+s3://BUCKET/data/shapes/`) and set `run.dataUri` to its `train/` folder and `run.validationDataUri`
+to its `validation/` folder, or train locally with `--data-uri file://OUT_DIR/train
+--validation-data-uri file://OUT_DIR/validation`.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ def example(image: np.ndarray, label: int) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-def write(out_dir: str, images: np.ndarray, labels: np.ndarray, shards: int) -> list[str]:
-    """Write the arrays as `shards` files `train-0000i-of-0000n.tfrecord`; returns their paths."""
+def write(out_dir: str, images: np.ndarray, labels: np.ndarray, shards: int, name: str = "train") -> list[str]:
+    """Write the arrays as `shards` files `<name>-0000i-of-0000n.tfrecord`; returns their paths."""
     if images.ndim == 3:
         images = images[..., None]
     if images.shape[1:] != (SIZE, SIZE, 1) or len(images) != len(labels):
@@ -38,7 +41,7 @@ def write(out_dir: str, images: np.ndarray, labels: np.ndarray, shards: int) -> 
     os.makedirs(out_dir, exist_ok=True)
     paths = []
     for s in range(shards):
-        path = os.path.join(out_dir, f"train-{s:05d}-of-{shards:05d}.tfrecord")
+        path = os.path.join(out_dir, f"{name}-{s:05d}-of-{shards:05d}.tfrecord")
         with tf.io.TFRecordWriter(path) as w:
             for i in range(s, len(images), shards):
                 w.write(example(images[i], labels[i]))
@@ -54,13 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--examples", type=int, default=20000)
     p.add_argument("--shards", type=int, default=4)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--validation", type=float, default=0.1, help="share of the examples held back for validation")
     a = p.parse_args(argv)
     if a.npz:
         arrays = np.load(a.npz)
         images, labels = arrays["images"], arrays["labels"]
     else:
         images, labels = make_images(a.examples, a.seed)
-    for path in write(a.out_dir, images, labels, a.shards):
+    if not 0 <= a.validation < 1:
+        raise SystemExit(f"--validation {a.validation}: expected a share in [0, 1)")
+    held = int(round(len(images) * a.validation))
+    cut = len(images) - held
+    paths = write(os.path.join(a.out_dir, "train"), images[:cut], labels[:cut], a.shards)
+    if held:
+        paths += write(os.path.join(a.out_dir, "validation"), images[cut:], labels[cut:], 1, name="validation")
+    for path in paths:
         print(path)
     return 0
 

@@ -23,7 +23,8 @@ MODEL = ["--code-dir", str(EXAMPLE), "--model", "shapes.model:build"]
 
 
 def _args(data_dir, steps: int) -> list[str]:
-    return [*MODEL, "--data-uri", f"file://{data_dir}", "--steps", str(steps), "--batch-size", "32",
+    return [*MODEL, "--data-uri", f"file://{data_dir}/train", "--validation-data-uri", f"file://{data_dir}/validation",
+            "--eval-every-steps", "20", "--steps", str(steps), "--batch-size", "32",
             "--checkpoint-every-steps", "25", "--log-every", "5", "--seed", "3"]
 
 
@@ -31,7 +32,9 @@ def test_example_records_train_stop_resume_complete_and_serve(tmp_path):
     data = tmp_path / "data"
     subprocess.run([sys.executable, str(EXAMPLE / "write_tfrecords.py"), str(data), "--examples", "2000",
                     "--shards", "3"], check=True, capture_output=True, env=trainer_env(), timeout=120)
-    assert sorted(p.name for p in data.iterdir()) == [f"train-0000{i}-of-00003.tfrecord" for i in range(3)]
+    assert sorted(p.name for p in (data / "train").iterdir()) == [f"train-0000{i}-of-00003.tfrecord" for i in range(3)]
+    # A tenth held back: the validation records, apart from the training ones.
+    assert sorted(p.name for p in (data / "validation").iterdir()) == ["validation-00000-of-00001.tfrecord"]
 
     uri = f"file://{tmp_path / 'run'}"
     t = Trainer(uri, *_args(data, 100000))
@@ -47,6 +50,12 @@ def test_example_records_train_stop_resume_complete_and_serve(tmp_path):
     assert events[-1]["event"] == "finished" and events[-1]["step"] == stopped + 40
     done = json.loads((tmp_path / "run" / "COMPLETE").read_text())
     assert done["attempts"] == 2 and done["examples_seen"] == (stopped + 40) * 32
+    # Validation accuracy on the 200 held-back records, at the end and every 20 steps.
+    evals = [e for e in events if e["event"] == "evaluated"]
+    assert evals and all(e["examples"] == 200 for e in evals) and evals[-1]["step"] == stopped + 40
+    assert done["metrics"]["val_accuracy"] == evals[-1]["metrics"]["val_accuracy"]
+    assert done["metrics"]["val_accuracy"] > 0.25, done["metrics"]  # better than chance (4 classes)
+    assert 0.0 <= done["metrics"]["accuracy"] <= 1.0
     # COMPLETE says how to call the model: the SavedModel's own signature.
     assert done["signature"]["endpoint"] == "serve"
     assert done["signature"]["inputs"] == {"image": {"dtype": "float32", "shape": [None, 32, 32, 1]}}
