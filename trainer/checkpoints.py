@@ -498,7 +498,8 @@ class CheckpointStore:
         """Keep the newest ``keep`` committed checkpoints; delete the rest and stale partials.
 
         A partial (no marker) is stale once a newer checkpoint is committed. The newest
-        committed checkpoint and any upload in progress are never touched. Checkpoints
+        committed checkpoint, any upload in progress and the committed steps in ``protect``
+        (the run's best checkpoint, ``--keep-best``) are never touched. Checkpoints
         that :meth:`restore_latest` found damaged do not count: they are left alone while
         newer than the newest good one and deleted like any old one after that.
         """

@@ -2,7 +2,8 @@
 
 Events (one JSON object per line on stdout when it is not a terminal, and appended to
 `<run-uri>/events.jsonl`): `started`, `resumed` (step), `checkpoint` (step, seconds,
-bytes), `preempted` (step), `finished` (step, metrics), `failed` (reason), plus a few
+bytes), `preempted` (step), `finished` (step, metrics), `failed` (reason), `evaluated`
+(step, validation metrics, examples, seconds; `trainer.metrics`), `eval_slow`, plus a few
 informational ones (`checkpoint_skipped`, `checkpoint_failed`, `upload_retry`, `complete`).
 Every event has `event`, `time` (UTC, ISO 8601) and `attempt` (1 for a run's first start).
 The names, keys and fields are the run folder's contract in `trainer.layout`.
