@@ -18,7 +18,10 @@ pacing (steps per call). The attempt around it (lease, cluster, exit code, the r
 endings) is `trainer.attempt`'s. The pieces the loop drives live beside it: saving and
 restoring checkpoints in `trainer.checkpointer` (`Checkpointer`), committing them to the
 bucket in `trainer.checkpoints` (`CheckpointStore`), TensorBoard scalars in
-`trainer.summaries`, events in `trainer.events`, the run folder's names in `trainer.layout`.
+`trainer.summaries`, events in `trainer.events`, the run folder's names in `trainer.layout`,
+the model's metrics and the validation pass in `trainer.metrics` (the loop decides when to
+evaluate: every --eval-every-steps and at the end; a new best by --keep-best is checkpointed
+at once and kept out of the pruning).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class RunState:
     # best's identity survives preemption with the commit that made it count.
     evaluated: dict | None = None
     best: dict | None = None
+    train_metrics: dict | None = None  # the newest --log-every step's training metrics
     eval_seconds: float = 0.0  # the whole run's validation passes
 
 
@@ -247,7 +251,6 @@ class TrainLoop:
         self.metrics: MetricSet | None = None
         self.evaluator: Evaluator | None = None
         self.keep_best = KeepBest(cfg.keep_best) if cfg.keep_best else None
-        self.train_metrics: dict[str, float] = {}  # the newest --log-every step's
         self.since_eval = 0.0  # training seconds since the last evaluation (or the attempt's start)
         self.pending_best: int | None = None  # a best's step whose checkpoint is not committed yet
 
@@ -355,7 +358,7 @@ class TrainLoop:
 
     def latest_metrics(self) -> dict[str, float]:
         """The newest training metrics and validation results (val_…), for progress, status and COMPLETE."""
-        found = dict(self.train_metrics)
+        found = dict(self.state.train_metrics or {})
         if self.state.evaluated:
             found.update(self.state.evaluated["metrics"])
         return found
@@ -363,7 +366,7 @@ class TrainLoop:
     def _progress(self) -> None:
         st = self.state
         extra = {}
-        if st.evaluated or self.train_metrics:
+        if st.evaluated or st.train_metrics:
             extra["metrics"] = self.latest_metrics()
         if st.evaluated:
             extra["evaluated_step"] = st.evaluated["step"]
@@ -483,7 +486,7 @@ class TrainLoop:
                     rows = states[0].numpy() if states else None
                     for s in logged:  # one call's points share its speed: it was measured once
                         if rows is not None:
-                            self.train_metrics = self.metrics.results(rows[s - call_first])
+                            st.train_metrics = self.metrics.results(rows[s - call_first])
                         self._summaries(s, float(losses[s - call_first]), rate, step_time)
                     self.events.update_bar(st.step, st.loss, rate)
                     self.rate = rate
@@ -543,7 +546,7 @@ class TrainLoop:
         lr = self.spec.optimizer.learning_rate
         self.summaries.scalars(step, {
             "train/loss": loss,
-            **{f"train/{k}": v for k, v in self.train_metrics.items()},
+            **{f"train/{k}": v for k, v in (self.state.train_metrics or {}).items()},
             "learning_rate": float(lr.numpy() if hasattr(lr, "numpy") else lr),
             "examples_per_sec": rate,
             "step_time_s": step_time,
