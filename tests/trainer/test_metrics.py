@@ -55,6 +55,12 @@ def test_every_eval_step_and_the_end_evaluate_the_whole_validation_set(evaluated
     assert all(e["seconds"] > 0 and e["train_seconds"] > 0 for e in evals)
     totals = [e["eval_seconds_total"] for e in evals]
     assert totals == sorted(totals) and totals[-1] == pytest.approx(sum(e["seconds"] for e in evals), abs=0.01)
+    # A pass over a tenth of the training time since the previous one is flagged. 20 tiny steps
+    # between passes over 2,000 examples: some are, every time.
+    slow = [e for e in events if e["event"] == "eval_slow"]
+    assert slow and [e["step"] for e in slow] == [e["step"] for e in evals if e["share"] > 0.10]
+    assert all(e["share"] == pytest.approx(e["seconds"] / e["train_seconds"], rel=0.05) for e in evals)
+    assert all("evaluate less often (--eval-every-steps, run.evalEverySteps)" in e["message"] for e in slow)
 
 
 def test_metrics_reach_tensorboard_as_train_and_validation_scalars(evaluated):
