@@ -293,7 +293,7 @@ class Bench:
     def _workers(self, n: int) -> dict:
         if n == 1:
             return _scaling_row(self.loop_run("mlp", 64, (), self.plan.scaling_steps))
-        from tests.trainer.trainer_helpers import free_ports  # the tests' helper, as for moto_server
+        from tests.trainer.helpers import free_ports  # the tests' helper, as for moto_server
 
         ports = free_ports(n)
         workers = [f"127.0.0.1:{p}" for p in ports]

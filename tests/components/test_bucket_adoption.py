@@ -9,7 +9,7 @@ import components.gcp as gcp
 from components.aws.naming import default_bucket_name
 from components.common import TrainingStackArgs, adopted_bucket
 from components.settings import load_settings
-from tests.components.mockharness import ACCOUNT, registrations
+from tests.fixtures.registrations import ACCOUNT, registrations
 
 RUN = {"id": "exp-7", "synthetic": True, "steps": 10}
 CASES = {

@@ -485,10 +485,10 @@ class TableEc2:
 
 
 class TableClouds:
-    """The program's lookups of the same table, under the Pulumi mocks (tests/components/mockharness.py)."""
+    """The program's lookups of the same table, under the Pulumi mocks (tests/fixtures/registrations.py)."""
 
     def __init__(self, subnets: list[tuple[str, str]], offerings: list[tuple[str, str]]) -> None:
-        from tests.components.mockharness import FakeClouds
+        from tests.fixtures.registrations import FakeClouds
 
         zone_of = dict(subnets)
 
@@ -526,7 +526,7 @@ ZONE_CASES = {
 @pytest.mark.parametrize("case", sorted(ZONE_CASES))
 def test_preflight_checks_the_zone_the_program_launches_in(case) -> None:
     from components.aws.group import SpotGroup, SpotGroupArgs
-    from tests.components.mockharness import registrations
+    from tests.fixtures.registrations import registrations
 
     subnets, compute, offerings, zone = ZONE_CASES[case]
     s = settings_of(AWS, compute={"nodes": 2, "instanceTypes": ["g5.xlarge"], **compute})

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from tests.trainer.trainer_helpers import Trainer, free_ports, trainer_env
+from tests.trainer.helpers import Trainer, free_ports, trainer_env
 
 pytestmark = pytest.mark.slow
 

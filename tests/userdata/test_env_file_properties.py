@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from components.settings import ConfigError
 from components.userdata import USERDATA_DIR, boot_env, render_env
-from tests.userdata.conftest import settings_for
+from tests.userdata.sandbox import settings_for
 from trainer.config import load_config
 
 # Any text a value may hold: the renderer refuses what an env file line cannot carry.
