@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from tests.trainer.helpers import Trainer, free_ports, store_events, trainer_env
+from devtools.servers import free_ports
+from tests.trainer.helpers import Trainer, store_events, trainer_env
 from trainer import cluster, layout
 from trainer.events import read_jsonl
 from trainer.storage import open_store
