@@ -23,7 +23,8 @@ def build(cloud: str, *, adopt: bool, adopt_key: bool = False, **storage):
     module, raw, _ = CASES[cloud]
     settings = load_settings({**raw, "storage": {**storage, **({"adopt": True} if adopt_key else {})}}, stack="unit")
     return registrations(
-        lambda: module.TrainingStack("trainstack", TrainingStackArgs(settings=settings, adopt_bucket=adopt)).bucket_name
+        lambda: module.TrainingStack("trainstack", TrainingStackArgs(settings=settings, adopt_bucket=adopt)).bucket_name,
+        region=raw["region"],
     )
 
 

@@ -485,14 +485,14 @@ class TableEc2:
 
 
 class TableClouds:
-    """The program's lookups of the same table, under the Pulumi mocks (tests/fixtures/registrations.py)."""
+    """The program's lookups of the same table: `ops synth`'s fake cloud with this table's subnets and offerings."""
 
     def __init__(self, subnets: list[tuple[str, str]], offerings: list[tuple[str, str]]) -> None:
-        from tests.fixtures.registrations import FakeClouds
+        from ops.fakes import Mocks as SynthMocks
 
         zone_of = dict(subnets)
 
-        class Mocks(FakeClouds):
+        class Mocks(SynthMocks):
             def call(self, args):
                 if args.token == "aws:ec2/getSubnets:getSubnets":
                     return {"id": "x", "ids": [s for s, _ in subnets]}
@@ -502,7 +502,7 @@ class TableClouds:
                     return {"id": "r", "instanceTypes": [t for t, _ in offerings], "locations": [z for _, z in offerings]}
                 return super().call(args)
 
-        self.mocks = Mocks()
+        self.mocks = Mocks("eu-west-1")
 
 
 ZONE_CASES = {
