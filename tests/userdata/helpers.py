@@ -1,15 +1,19 @@
 """Helpers for the boot sandbox tests: what a run left in the bucket, the emulated Auto Scaling
-group, and waiting for a condition with a timeout."""
+group, the container's environment as the machine writes it from the env file, and waiting
+for a condition with a timeout."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import uuid
+from pathlib import Path
 
 import boto3
 import pytest
 
+from components.userdata import USERDATA_DIR, render_env
 from tests.fixtures.metadata import INSTANCE_ID
 from trainer import layout
 
@@ -72,3 +76,45 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
             return value
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+PIPELINE = r"""
+set -euo pipefail
+. "$LIB"
+instance_id() { echo i-0abc; }
+load_env
+eval "$(sed -n '/^write_container_env() {/,/^}/p' "$SUPERVISE")"
+write_container_env
+"""
+
+
+def docker_env_file(data: bytes) -> dict[str, str]:
+    """`docker run --env-file` as docker documents and implements it: one variable per line (a line's
+    trailing CR dropped, as Go's line scanner does), leading whitespace trimmed, `#` lines and blank
+    lines skipped, split at the first `=`, the value taken literally."""
+    env = {}
+    for raw in data.split(b"\n"):
+        line = raw.removesuffix(b"\r").decode("utf-8").lstrip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key] = value
+    return env
+
+
+def through_the_machine(env: dict[str, str], tmp: Path) -> dict[str, str]:
+    """The container's environment after render → load_env → write_container_env → docker."""
+    return container_env(render_env(env), tmp)
+
+
+def container_env(env_file: str, tmp: Path) -> dict[str, str]:
+    """The container's environment from the machine's env file (its text, as the user data writes
+    it): the real `lib.sh` `load_env` and `supervise.sh` `write_container_env` in bash, then docker's
+    reading of `--env-file`."""
+    path = tmp / "env"
+    path.write_bytes(env_file.encode())
+    container = tmp / "container.env"
+    run = subprocess.run(["bash", "-c", PIPELINE], capture_output=True, timeout=60, env={
+        "PATH": "/usr/bin:/bin", "LIB": str(USERDATA_DIR / "lib.sh"), "SUPERVISE": str(USERDATA_DIR / "supervise.sh"),
+        "TRAINSTACK_ROOT": str(tmp / "root"), "TRAINSTACK_ENV_FILE": str(path), "CONTAINER_ENV": str(container)})
+    assert run.returncode == 0, run.stderr.decode(errors="replace")
+    return docker_env_file(container.read_bytes())
