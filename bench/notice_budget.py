@@ -34,13 +34,9 @@ import contextlib
 import hashlib
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,6 +44,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from devtools.servers import Server, start_gcs_emulator, start_moto_server  # noqa: E402 (run as a script: the path first)
 
 MIB = 1024 * 1024
 GBPS = 1e9 / 8  # bytes per second in one Gbit/s
@@ -68,44 +66,13 @@ STATED_GBPS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
-def _server(argv_for_port, probe: str) -> Iterator[str]:
-    """Start an emulator from the active virtualenv on a free port; yield its URL."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "STORAGE_EMULATOR"))}
-    proc = subprocess.Popen(argv_for_port(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+def _serving(server: Server) -> Iterator[str]:
+    """A started emulator's URL, for the `with` block; stopped after it."""
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + probe, timeout=2).close()
-                break
-            except urllib.error.HTTPError:
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"{argv_for_port(port)[0]} did not start on {url}") from None
-                time.sleep(0.2)
-        yield url
+        yield server.url
     finally:
-        proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-        if proc.poll() is None:
-            proc.kill()
-
-
-def _tool(name: str) -> str:
-    path = Path(sys.executable).parent / name
-    return str(path) if path.exists() else name
+        server.close()
 
 
 @contextlib.contextmanager
@@ -113,7 +80,7 @@ def _run_uri(cloud: str) -> Iterator[str]:
     """A fresh run folder on the cloud's emulator, its variables set for this process."""
     bucket = f"trainstack-bench-{os.getpid()}"
     if cloud == "aws":
-        with _server(lambda p: [_tool("moto_server"), "-H", "127.0.0.1", "-p", str(p)], "/") as url:
+        with _serving(start_moto_server()) as url:
             os.environ.update(AWS_ENDPOINT_URL=url, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
                               AWS_DEFAULT_REGION="us-east-1")
             import boto3
@@ -121,8 +88,7 @@ def _run_uri(cloud: str) -> Iterator[str]:
             boto3.client("s3").create_bucket(Bucket=bucket)
             yield f"s3://{bucket}/runs/bench"
     else:
-        argv = [_tool("gcp-storage-emulator"), "start", "--host", "127.0.0.1", "--in-memory", "-q", "--port"]
-        with _server(lambda p: [*argv, str(p)], "/storage/v1/b") as url:
+        with _serving(start_gcs_emulator()) as url:
             os.environ.update(STORAGE_EMULATOR_HOST=url, GOOGLE_CLOUD_PROJECT="bench")
             from google.auth.credentials import AnonymousCredentials
             from google.cloud import storage

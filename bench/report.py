@@ -2,7 +2,7 @@
 
 Pure functions on plain data, so they can be unit-tested without TensorFlow
 (tests/bench/test_report.py). `bench.run_all` measures; this module turns the figures
-into the section of `bench/RESULTS.md` between the two markers below, leaving the rest of
+(`render`) into the section of `bench/RESULTS.md` between the two markers below, leaving the rest of
 the file (how to run it, the history of changes) as written by hand.
 """
 
@@ -114,3 +114,161 @@ def replace_block(document: str, block: str) -> str:
     if pattern.search(document):
         return pattern.sub(lambda _: body, document, count=1)
     return document.rstrip() + "\n\n" + body + "\n"
+
+
+# -- the generated block of RESULTS.md -----------------------------------------------------
+
+STARTUP_PHASES = (
+    ("interpreter up", "python_zero", "python"),
+    ("imports (TensorFlow, Keras, trainer)", "imports_start", "imports_end"),
+    ("strategy", "strategy_start", "strategy_end"),
+    ("model and optimizer build", "model_start", "model_end"),
+    ("restore (download, verify, read)", "restore_start", "restore_end"),
+    ("data set", "dataset_start", "dataset_end"),
+    ("first call (tracing + its steps)", "call1_start", "call1_end"),
+)
+
+
+def phases(marks: dict) -> list[tuple[str, float]]:
+    """The start-up split of one run's probe marks."""
+    return split_phases({"python_zero": 0.0, **marks}, STARTUP_PHASES)
+
+
+def render(fig: dict) -> str:
+    """The generated block of RESULTS.md from the figures of one run."""
+    m = fig["machine"]
+    out = [f"## Latest run: {fig['date']}{' (QUICK smoke run: sizes too small to mean anything)' if fig['quick'] else ''}",
+           "",
+           f"Command: `{fig['command']}` — {fig['duration_s'] / 60:.1f} min. Machine: {m['cpus']} CPU cores, "
+           f"{m['gpus']} GPU, {m['platform']}, Python {m['python']}, TensorFlow {m['tf']}. Load average (1 min) "
+           f"{m['load_before']:.2f} before, {m['load_after']:.2f} after: figures move with the machine's other work, "
+           "so only the ratios within this run count.", ""]
+    goals = []
+    if "limit" in fig:
+        out += ["### 1. The trainer's loop against the machine's limit", "",
+                "Limit: the model's step on one batch in memory, 100 steps per `tf.function` call, no pipeline, "
+                f"no checkpoints (`bench/limit.py`). Trainer: `python -m trainer`, checkpoints to moto_server every "
+                f"{fig['plan']['checkpoint_every_s']:g} s, TensorBoard on. *Loop* is the `finished` event's "
+                "examples/s (first call's tracing and the checkpoints included); *steady* leaves out the first call. "
+                "*Best*: the limit's fastest call and the loop's fastest TensorBoard window (a call of about a second): "
+                "another user's load only slows a window down, so best ÷ best is this machine's ratio when quiet; "
+                "the goal is judged on it, with steady ÷ limit (averaged over the load of the moment) beside it.", ""]
+        rows = []
+        for r in fig["limit"]:
+            lim, run = r["limit"], r["trainer"]
+            steady = ratio(run["steady_examples_per_sec"], lim["examples_per_sec"])
+            best = ratio(run.get("best_examples_per_sec"), lim.get("best_examples_per_sec"))
+            goals.append((f"loop ≥ 90 % of limit ({run['model']}, batch {run['batch']}; best ÷ best, steady ÷ limit)",
+                          f"{pct(best)}, {pct(steady)}", goal(best, 0.9)))
+            rows.append([f"`{run['model']}` batch {run['batch']}", fmt(lim["examples_per_sec"]),
+                         fmt(run["examples_per_sec"]), fmt(run["steady_examples_per_sec"]),
+                         pct(ratio(run["examples_per_sec"], lim["examples_per_sec"])), pct(steady),
+                         fmt(lim.get("best_examples_per_sec")), fmt(run.get("best_examples_per_sec")), pct(best),
+                         f"{run['steps']:,}", fmt(run["loop_seconds"], ".1f"), run["checkpoints_in_loop"]])
+        out += [table(["model", "limit ex/s", "loop ex/s", "steady ex/s", "loop ÷ limit", "steady ÷ limit",
+                         "best limit call", "best loop window", "best ÷ best", "steps", "loop s", "checkpoints in loop"],
+                        rows), ""]
+    if "seed" in fig:
+        s, t = fig["seed"]["seed"], fig["seed"]["trainer"]
+        vs = ratio(t["examples_per_sec"], s["examples_per_sec"])
+        goals.append(("trainer ≥ 5× the seed's `fit` (mlp, batch 64)", times(vs), goal(vs, 5.0)))
+        out += ["### 2. Against the seed article's script", "",
+                f"Same model, {s['examples']:,} synthetic examples, batch 64, one process each. The seed's figure is "
+                "its own (examples ÷ `fit` wall time, its TensorBoard histograms and per-epoch checkpoints included).", "",
+                table(["run", "examples/s", "vs seed", "process wall s", "peak RSS MiB"], [
+                    ["seed (`fit`)", fmt(s["examples_per_sec"]), "1.00×", fmt(s["process_wall_s"], ".1f"),
+                     s["peak_rss_mib"]],
+                    ["trainstack (loop)", fmt(t["examples_per_sec"]), times(vs), fmt(t["process_wall_s"], ".1f"),
+                     t["peak_rss_mib"]],
+                ]), "", "Where the trainer's start-up seconds go (process start → first step):", "",
+                table(["phase", "s"], [[k, f"{v:.2f}"] for k, v in phases(t["marks"])]), ""]
+    if "startup" in fig:
+        f, r = fig["startup"]["fresh"], fig["startup"]["resumed"]
+        fs, rs = f["marks"].get("first_step"), r["marks"].get("first_step")
+        rel = ratio(rs, fs)
+        goals.append(("resumed start ≤ 1.3× fresh", times(rel), goal(rel, 1.3, at_least=False)))
+        mb = (r.get("checkpoint_bytes") or 0) / 1e6
+        out += ["### 3. Start-up: process start → first step", "",
+                f"`{' '.join(fig['plan']['startup_model'])}` on moto_server; the resumed run restores the "
+                f"{mb:,.0f} MB checkpoint the fresh one committed when stopped.", ""]
+        fp, rp = dict(phases(f["marks"])), dict(phases(r["marks"]))
+        names = [k for k, _ in phases(r["marks"])] + [k for k in fp if k not in rp]
+        rows = [[k, fmt(fp.get(k), ".2f"), fmt(rp.get(k), ".2f")] for k in names]
+        rows.append(["**first step**", fmt(fs, ".2f"), fmt(rs, ".2f")])
+        out += [table(["phase", "fresh s", "resumed s"], rows), "",
+                f"Resumed ÷ fresh: {times(rel)}.", ""]
+        out += ["### 5. Preemption: SIGTERM → exit 143, checkpoint committed", "",
+                table(["run", "checkpoint MB", "SIGTERM → exit s", "`preempted` event's commit s", "marker found"], [
+                    [k, fmt((v.get("checkpoint_bytes") or 0) / 1e6, ",.0f"), fmt(v["sigterm_to_exit_s"], ".2f"),
+                     fmt(v["preempted_seconds"], ".2f"), "yes" if v["committed"] else "**no**"]
+                    for k, v in (("fresh", f), ("resumed", r))]), ""]
+        worst = max(f["sigterm_to_exit_s"], r["sigterm_to_exit_s"])
+        ok = bool(f["committed"] and r["committed"])
+        goals.append(("SIGTERM → committed < 20 s", f"{worst:.1f} s", goal(worst, 20.0, at_least=False) if ok else "**not met**"))
+    if "stall" in fig:
+        every = fig["stall"]["every_s"]
+        rows = []
+        for s in fig["stall"]["sizes"]:
+            blocked = s["blocked_s"]
+            lost = contention_seconds(s["upload_wall_s"], s["rate_base"], s["rate_during"])
+            ours, plain = throughput_mb_s(s["bytes"], s["upload_alone_s"]), throughput_mb_s(s["bytes"], s["plain_s"])
+            beside = throughput_mb_s(s["bytes"], s["upload_s"])
+            share = stall_percent(blocked, every)
+            goals.append((f"stall ≤ 5 % ({s['size_mb']:g} MB, every {every:g} s)", f"{share:.1f} %",
+                          goal(share, 5.0, at_least=False)))
+            tp = ratio(ours, plain)
+            goals.append((f"upload ≥ 50 % of plain boto3 ({s['size_mb']:g} MB)", pct(tp), goal(tp, 0.5)))
+            rows.append([f"{s['bytes'] / 1e6:,.0f}", f"{s['save_s']:.2f}", f"{s['snapshot_s']:.2f}", f"{blocked:.2f}",
+                         f"{share:.1f} %", f"{lost:.2f}", f"{stall_percent(blocked + lost, every):.1f} %",
+                         fmt(beside, ",.0f"), fmt(ours, ",.0f"), fmt(plain, ",.0f"), pct(tp)])
+        out += ["### 4. Checkpoint stall (moto_server)", "",
+                f"Blocked = what the loop waits per checkpoint (`save_local`: TF write + resume fingerprint; then the "
+                f"hard-link snapshot; the upload runs in the background). Share of a run checkpointing every {every:g} s "
+                "= blocked ÷ (interval + blocked). *Contention* = training seconds lost while the upload ran beside a "
+                "training step (moto_server shares these cores, so this overstates a remote bucket). Throughput: our commit "
+                "(hashes, parallel multipart upload, listing check, marker) beside that training step, and again alone; "
+                "plain = boto3 `upload_file` of the same files, alone.", "",
+                table(["MB", "save s", "snapshot s", "blocked s", "stall share", "contention s", "with contention",
+                         "ours MB/s beside training", "ours MB/s alone", "plain boto3 MB/s", "ours alone ÷ plain"],
+                        rows), ""]
+    if "notice" in fig:
+        n = fig["notice"]
+        loc = n["local"]
+        out += ["### 5b. The largest checkpoint committed within a spot notice (`bench/notice_budget.py`)", "",
+                f"Synchronous commits (lease fence included) to each cloud's emulator on this machine, a fixed cost and "
+                f"a rate fitted through them, and this machine's save ({loc['save_bytes_per_s']} MiB/s) and SHA-256 "
+                f"({loc['sha256_bytes_per_s']} MiB/s) rates; the last step is taken as {n['step_s']} s. The emulators "
+                "share these cores: their rate is this machine's floor, not a cloud's. See the script's docstring.", ""]
+        rows = []
+        for cloud, r in n["clouds"].items():
+            for name, mib in r["largest_mib"].items():
+                rows.append([cloud, f"{r['grace_s']} s", f"{r['fixed_s']} s", f"{r['emulator_mib_per_s']} MiB/s", name,
+                             f"{mib:,}"])
+        out += [table(["cloud", "grace", "fixed cost", "emulator rate", "bound", "largest checkpoint MiB"], rows), ""]
+        rows = [[cloud, name, f"{v['link_only']:,}", f"{v['with_this_machines_save_and_hash']:,}"]
+                for cloud, r in n["clouds"].items() for name, v in r["stated_links_mib"].items()]
+        if rows:
+            out += ["At each provider's stated bandwidth (upper bounds):", "",
+                    table(["cloud", "instance", "link only MiB", "with this machine's save + SHA-256 MiB"], rows), ""]
+    if "scaling" in fig:
+        rows = []
+        base = fig["scaling"][0]
+        for s in fig["scaling"]:
+            per_step = ratio(s["loop_seconds"], s["steps"])
+            base_step = ratio(base["loop_seconds"], base["steps"])
+            extra_ms = None if per_step is None or base_step is None else 1000 * (per_step - base_step)
+            rows.append([s["workers"], fmt(s["examples_per_sec"]), fmt(ratio(s["examples_per_sec"], s["workers"])),
+                         times(ratio(s["examples_per_sec"], base["examples_per_sec"])),
+                         fmt(per_step and 1000 * per_step, ".2f"), fmt(extra_ms, "+.2f"), fmt(s["process_wall_s"], ".1f")])
+        out += ["### 6. Scaling shape (report only)", "",
+                f"`mlp`, batch 64 per worker, {fig['plan']['scaling_steps']:,} steps, worker processes on 127.0.0.1 "
+                f"(TF_CONFIG, MultiWorkerMirroredStrategy) sharing {m['cpus']} cores: the shape and the per-step cost of "
+                "the all-reduce (and of sharing the cores), not a speed-up.", "",
+                table(["workers", "examples/s (all)", "per worker", "vs 1 worker", "ms per step", "vs 1 worker ms",
+                         "process wall s"], rows), ""]
+    for name, error in (fig.get("errors") or {}).items():
+        out += [f"### Section `{name}` FAILED", "", "```", error.strip()[-1500:], "```", ""]
+    head, body = out[:4], out[4:]
+    if goals:
+        head += ["### Goals", "", table(["goal", "this run", ""], [list(g) for g in goals]), ""]
+    return "\n".join(head + body)

@@ -3,7 +3,7 @@
     python -m bench            # the full run (~10-15 min on 2 CPU cores)
     python -m bench --quick    # a smoke run of every measurement on tiny sizes (~1 min)
 
-Starts its own moto_server (the tests' fixture, `tests.fixtures.emulators`) as the S3 the
+Starts its own moto_server (`devtools.servers`, as the tests do) as the S3 the
 runs checkpoint to, then measures one after the other, on this machine, in one run:
 
 1. limit — each model's train step on one in-memory batch (`bench.limit`), and the trainer's
@@ -44,6 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench import report as R
+from devtools.servers import free_ports, start_moto_server
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -293,8 +294,6 @@ class Bench:
     def _workers(self, n: int) -> dict:
         if n == 1:
             return _scaling_row(self.loop_run("mlp", 64, (), self.plan.scaling_steps))
-        from tests.trainer.trainer_helpers import free_ports  # the tests' helper, as for moto_server
-
         ports = free_ports(n)
         workers = [f"127.0.0.1:{p}" for p in ports]
         uri = self.uri(f"workers{n}")
@@ -376,164 +375,6 @@ def _wait4(p: subprocess.Popen, timeout: float):
         time.sleep(0.02)
 
 
-# -- the report ---------------------------------------------------------------------------------
-
-STARTUP_PHASES = (
-    ("interpreter up", "python_zero", "python"),
-    ("imports (TensorFlow, Keras, trainer)", "imports_start", "imports_end"),
-    ("strategy", "strategy_start", "strategy_end"),
-    ("model and optimizer build", "model_start", "model_end"),
-    ("restore (download, verify, read)", "restore_start", "restore_end"),
-    ("data set", "dataset_start", "dataset_end"),
-    ("first call (tracing + its steps)", "call1_start", "call1_end"),
-)
-
-
-def phases(marks: dict) -> list[tuple[str, float]]:
-    """The start-up split of one run's probe marks."""
-    return R.split_phases({"python_zero": 0.0, **marks}, STARTUP_PHASES)
-
-
-def render(fig: dict) -> str:
-    """The generated block of RESULTS.md from the figures of one run."""
-    m = fig["machine"]
-    out = [f"## Latest run: {fig['date']}{' (QUICK smoke run: sizes too small to mean anything)' if fig['quick'] else ''}",
-           "",
-           f"Command: `{fig['command']}` — {fig['duration_s'] / 60:.1f} min. Machine: {m['cpus']} CPU cores, "
-           f"{m['gpus']} GPU, {m['platform']}, Python {m['python']}, TensorFlow {m['tf']}. Load average (1 min) "
-           f"{m['load_before']:.2f} before, {m['load_after']:.2f} after: figures move with the machine's other work, "
-           "so only the ratios within this run count.", ""]
-    goals = []
-    if "limit" in fig:
-        out += ["### 1. The trainer's loop against the machine's limit", "",
-                "Limit: the model's step on one batch in memory, 100 steps per `tf.function` call, no pipeline, "
-                f"no checkpoints (`bench/limit.py`). Trainer: `python -m trainer`, checkpoints to moto_server every "
-                f"{fig['plan']['checkpoint_every_s']:g} s, TensorBoard on. *Loop* is the `finished` event's "
-                "examples/s (first call's tracing and the checkpoints included); *steady* leaves out the first call. "
-                "*Best*: the limit's fastest call and the loop's fastest TensorBoard window (a call of about a second): "
-                "another user's load only slows a window down, so best ÷ best is this machine's ratio when quiet; "
-                "the goal is judged on it, with steady ÷ limit (averaged over the load of the moment) beside it.", ""]
-        rows = []
-        for r in fig["limit"]:
-            lim, run = r["limit"], r["trainer"]
-            steady = R.ratio(run["steady_examples_per_sec"], lim["examples_per_sec"])
-            best = R.ratio(run.get("best_examples_per_sec"), lim.get("best_examples_per_sec"))
-            goals.append((f"loop ≥ 90 % of limit ({run['model']}, batch {run['batch']}; best ÷ best, steady ÷ limit)",
-                          f"{R.pct(best)}, {R.pct(steady)}", R.goal(best, 0.9)))
-            rows.append([f"`{run['model']}` batch {run['batch']}", R.fmt(lim["examples_per_sec"]),
-                         R.fmt(run["examples_per_sec"]), R.fmt(run["steady_examples_per_sec"]),
-                         R.pct(R.ratio(run["examples_per_sec"], lim["examples_per_sec"])), R.pct(steady),
-                         R.fmt(lim.get("best_examples_per_sec")), R.fmt(run.get("best_examples_per_sec")), R.pct(best),
-                         f"{run['steps']:,}", R.fmt(run["loop_seconds"], ".1f"), run["checkpoints_in_loop"]])
-        out += [R.table(["model", "limit ex/s", "loop ex/s", "steady ex/s", "loop ÷ limit", "steady ÷ limit",
-                         "best limit call", "best loop window", "best ÷ best", "steps", "loop s", "checkpoints in loop"],
-                        rows), ""]
-    if "seed" in fig:
-        s, t = fig["seed"]["seed"], fig["seed"]["trainer"]
-        vs = R.ratio(t["examples_per_sec"], s["examples_per_sec"])
-        goals.append(("trainer ≥ 5× the seed's `fit` (mlp, batch 64)", R.times(vs), R.goal(vs, 5.0)))
-        out += ["### 2. Against the seed article's script", "",
-                f"Same model, {s['examples']:,} synthetic examples, batch 64, one process each. The seed's figure is "
-                "its own (examples ÷ `fit` wall time, its TensorBoard histograms and per-epoch checkpoints included).", "",
-                R.table(["run", "examples/s", "vs seed", "process wall s", "peak RSS MiB"], [
-                    ["seed (`fit`)", R.fmt(s["examples_per_sec"]), "1.00×", R.fmt(s["process_wall_s"], ".1f"),
-                     s["peak_rss_mib"]],
-                    ["trainstack (loop)", R.fmt(t["examples_per_sec"]), R.times(vs), R.fmt(t["process_wall_s"], ".1f"),
-                     t["peak_rss_mib"]],
-                ]), "", "Where the trainer's start-up seconds go (process start → first step):", "",
-                R.table(["phase", "s"], [[k, f"{v:.2f}"] for k, v in phases(t["marks"])]), ""]
-    if "startup" in fig:
-        f, r = fig["startup"]["fresh"], fig["startup"]["resumed"]
-        fs, rs = f["marks"].get("first_step"), r["marks"].get("first_step")
-        rel = R.ratio(rs, fs)
-        goals.append(("resumed start ≤ 1.3× fresh", R.times(rel), R.goal(rel, 1.3, at_least=False)))
-        mb = (r.get("checkpoint_bytes") or 0) / 1e6
-        out += ["### 3. Start-up: process start → first step", "",
-                f"`{' '.join(fig['plan']['startup_model'])}` on moto_server; the resumed run restores the "
-                f"{mb:,.0f} MB checkpoint the fresh one committed when stopped.", ""]
-        fp, rp = dict(phases(f["marks"])), dict(phases(r["marks"]))
-        names = [k for k, _ in phases(r["marks"])] + [k for k in fp if k not in rp]
-        rows = [[k, R.fmt(fp.get(k), ".2f"), R.fmt(rp.get(k), ".2f")] for k in names]
-        rows.append(["**first step**", R.fmt(fs, ".2f"), R.fmt(rs, ".2f")])
-        out += [R.table(["phase", "fresh s", "resumed s"], rows), "",
-                f"Resumed ÷ fresh: {R.times(rel)}.", ""]
-        out += ["### 5. Preemption: SIGTERM → exit 143, checkpoint committed", "",
-                R.table(["run", "checkpoint MB", "SIGTERM → exit s", "`preempted` event's commit s", "marker found"], [
-                    [k, R.fmt((v.get("checkpoint_bytes") or 0) / 1e6, ",.0f"), R.fmt(v["sigterm_to_exit_s"], ".2f"),
-                     R.fmt(v["preempted_seconds"], ".2f"), "yes" if v["committed"] else "**no**"]
-                    for k, v in (("fresh", f), ("resumed", r))]), ""]
-        worst = max(f["sigterm_to_exit_s"], r["sigterm_to_exit_s"])
-        ok = bool(f["committed"] and r["committed"])
-        goals.append(("SIGTERM → committed < 20 s", f"{worst:.1f} s", R.goal(worst, 20.0, at_least=False) if ok else "**not met**"))
-    if "stall" in fig:
-        every = fig["stall"]["every_s"]
-        rows = []
-        for s in fig["stall"]["sizes"]:
-            blocked = s["blocked_s"]
-            lost = R.contention_seconds(s["upload_wall_s"], s["rate_base"], s["rate_during"])
-            ours, plain = R.throughput_mb_s(s["bytes"], s["upload_alone_s"]), R.throughput_mb_s(s["bytes"], s["plain_s"])
-            beside = R.throughput_mb_s(s["bytes"], s["upload_s"])
-            share = R.stall_percent(blocked, every)
-            goals.append((f"stall ≤ 5 % ({s['size_mb']:g} MB, every {every:g} s)", f"{share:.1f} %",
-                          R.goal(share, 5.0, at_least=False)))
-            tp = R.ratio(ours, plain)
-            goals.append((f"upload ≥ 50 % of plain boto3 ({s['size_mb']:g} MB)", R.pct(tp), R.goal(tp, 0.5)))
-            rows.append([f"{s['bytes'] / 1e6:,.0f}", f"{s['save_s']:.2f}", f"{s['snapshot_s']:.2f}", f"{blocked:.2f}",
-                         f"{share:.1f} %", f"{lost:.2f}", f"{R.stall_percent(blocked + lost, every):.1f} %",
-                         R.fmt(beside, ",.0f"), R.fmt(ours, ",.0f"), R.fmt(plain, ",.0f"), R.pct(tp)])
-        out += ["### 4. Checkpoint stall (moto_server)", "",
-                f"Blocked = what the loop waits per checkpoint (`save_local`: TF write + resume fingerprint; then the "
-                f"hard-link snapshot; the upload runs in the background). Share of a run checkpointing every {every:g} s "
-                "= blocked ÷ (interval + blocked). *Contention* = training seconds lost while the upload ran beside a "
-                "training step (moto_server shares these cores, so this overstates a remote bucket). Throughput: our commit "
-                "(hashes, parallel multipart upload, listing check, marker) beside that training step, and again alone; "
-                "plain = boto3 `upload_file` of the same files, alone.", "",
-                R.table(["MB", "save s", "snapshot s", "blocked s", "stall share", "contention s", "with contention",
-                         "ours MB/s beside training", "ours MB/s alone", "plain boto3 MB/s", "ours alone ÷ plain"],
-                        rows), ""]
-    if "notice" in fig:
-        n = fig["notice"]
-        loc = n["local"]
-        out += ["### 5b. The largest checkpoint committed within a spot notice (`bench/notice_budget.py`)", "",
-                f"Synchronous commits (lease fence included) to each cloud's emulator on this machine, a fixed cost and "
-                f"a rate fitted through them, and this machine's save ({loc['save_bytes_per_s']} MiB/s) and SHA-256 "
-                f"({loc['sha256_bytes_per_s']} MiB/s) rates; the last step is taken as {n['step_s']} s. The emulators "
-                "share these cores: their rate is this machine's floor, not a cloud's. See the script's docstring.", ""]
-        rows = []
-        for cloud, r in n["clouds"].items():
-            for name, mib in r["largest_mib"].items():
-                rows.append([cloud, f"{r['grace_s']} s", f"{r['fixed_s']} s", f"{r['emulator_mib_per_s']} MiB/s", name,
-                             f"{mib:,}"])
-        out += [R.table(["cloud", "grace", "fixed cost", "emulator rate", "bound", "largest checkpoint MiB"], rows), ""]
-        rows = [[cloud, name, f"{v['link_only']:,}", f"{v['with_this_machines_save_and_hash']:,}"]
-                for cloud, r in n["clouds"].items() for name, v in r["stated_links_mib"].items()]
-        if rows:
-            out += ["At each provider's stated bandwidth (upper bounds):", "",
-                    R.table(["cloud", "instance", "link only MiB", "with this machine's save + SHA-256 MiB"], rows), ""]
-    if "scaling" in fig:
-        rows = []
-        base = fig["scaling"][0]
-        for s in fig["scaling"]:
-            per_step = R.ratio(s["loop_seconds"], s["steps"])
-            base_step = R.ratio(base["loop_seconds"], base["steps"])
-            extra_ms = None if per_step is None or base_step is None else 1000 * (per_step - base_step)
-            rows.append([s["workers"], R.fmt(s["examples_per_sec"]), R.fmt(R.ratio(s["examples_per_sec"], s["workers"])),
-                         R.times(R.ratio(s["examples_per_sec"], base["examples_per_sec"])),
-                         R.fmt(per_step and 1000 * per_step, ".2f"), R.fmt(extra_ms, "+.2f"), R.fmt(s["process_wall_s"], ".1f")])
-        out += ["### 6. Scaling shape (report only)", "",
-                f"`mlp`, batch 64 per worker, {fig['plan']['scaling_steps']:,} steps, worker processes on 127.0.0.1 "
-                f"(TF_CONFIG, MultiWorkerMirroredStrategy) sharing {m['cpus']} cores: the shape and the per-step cost of "
-                "the all-reduce (and of sharing the cores), not a speed-up.", "",
-                R.table(["workers", "examples/s (all)", "per worker", "vs 1 worker", "ms per step", "vs 1 worker ms",
-                         "process wall s"], rows), ""]
-    for name, error in (fig.get("errors") or {}).items():
-        out += [f"### Section `{name}` FAILED", "", "```", error.strip()[-1500:], "```", ""]
-    head, body = out[:4], out[4:]
-    if goals:
-        head += ["### Goals", "", R.table(["goal", "this run", ""], [list(g) for g in goals]), ""]
-    return "\n".join(head + body)
-
-
 def machine(load: tuple[float, float], tf_version: str, gpus: int) -> dict:
     """The machine's description for the report."""
     return {"cpus": os.cpu_count(), "platform": f"{platform.system()} {platform.machine()}",
@@ -557,7 +398,6 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(REPO))
     import boto3
 
-    from tests.fixtures.emulators import start_moto_server
 
     started, load_before = time.time(), os.getloadavg()[0]
     server = start_moto_server()
@@ -597,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     fig["date"] = datetime.now(tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
     fig["duration_s"] = time.time() - started
     fig["command"] = "python -m bench" + (" --quick" if a.quick else "") + (f" --only {a.only}" if a.only != ",".join(SECTIONS) else "")
-    block = render(fig)
+    block = R.render(fig)
     path = Path(a.results)
     path.write_text(R.replace_block(path.read_text() if path.exists() else "# Benchmark results\n", block))
     if a.json:

@@ -109,10 +109,10 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, 
         env["TRAINSTACK_EVAL_EVERY_STEPS"] = str(run.eval_every_steps)
     if run.keep_best:
         env["TRAINSTACK_KEEP_BEST"] = run.keep_best
-    if run.checkpoint_every_steps:
-        env["TRAINSTACK_CHECKPOINT_EVERY_STEPS"] = str(run.checkpoint_every_steps)
-    if run.checkpoint_every_seconds:
-        env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"] = str(run.checkpoint_every_seconds)
+    # Both cadences always: a null (off) is the trainer's 0, never a missing key that its own
+    # default would fill.
+    env["TRAINSTACK_CHECKPOINT_EVERY_STEPS"] = str(run.checkpoint_every_steps or 0)
+    env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"] = str(run.checkpoint_every_seconds or 0)
     if run.extra_args:
         env["TRAINSTACK_EXTRA_ARGS"] = shlex.join(run.extra_args)
     if run.code:

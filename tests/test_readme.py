@@ -1,4 +1,5 @@
-"""The README's config reference names every stack key, and names no key that does not exist."""
+"""The stack keys page (docs/configuration.md) names every stack key and no key that does not exist; the
+README starts with the two commands."""
 
 import re
 from pathlib import Path
@@ -6,6 +7,7 @@ from pathlib import Path
 from components import settings as st
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+KEYS_PAGE = README.parent / "docs" / "configuration.md"
 BLOCK_MODELS = {
     "run": st.RunSettings,
     "compute": st.ComputeSettings,
@@ -23,16 +25,16 @@ def _model_keys() -> set[str]:
 
 
 def _readme_keys() -> set[str]:
-    text = README.read_text()
-    table = text.split("## Config reference", 1)[1].split("\n## ", 1)[0]
+    text = KEYS_PAGE.read_text()
+    table = text.split("| key | default | meaning |", 1)[1].split("\n## ", 1)[0]
     return set(re.findall(r"^\| `([^`]+)` \|", table, flags=re.M))
 
 
 def test_config_reference_matches_settings():
     model, readme = _model_keys(), _readme_keys()
     assert len(model) > 30
-    assert model - readme == set(), "keys missing from README"
-    assert readme - model == set(), "README documents keys that do not exist"
+    assert model - readme == set(), "keys missing from docs/configuration.md"
+    assert readme - model == set(), "docs/configuration.md documents keys that do not exist"
 
 
 def test_readme_first_command_is_the_local_trainer():
@@ -40,3 +42,11 @@ def test_readme_first_command_is_the_local_trainer():
     assert "python -m trainer --run-uri file://./runs/demo --synthetic" in text
     assert "python -m pytest" in text
     assert "python -m pytest" in (README.parent / ".ci" / "run").read_text()
+
+
+def test_readme_starts_with_the_two_commands():
+    text = README.read_text()
+    assert text.split("\n## ", 2)[1].startswith("The two commands")
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    assert [b.strip() for b in blocks[:2]] == ["python -m trainer --run-uri file://./runs/demo --synthetic",
+                                               "python -m pytest"]

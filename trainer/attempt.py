@@ -8,20 +8,19 @@ trainer holds the run's lease (`trainer.lease`: one writer per run), 78 this mac
 cannot run the run (the GPUs asked for are not seen: `trainer.devices`, or another
 model's checkpoints).
 
-An `Attempt` owns the run's store and events, takes the run's lease (the chief), waits
-for its peers and forms the cluster (several workers), turns any exception into the exit
-code the boot scripts act on, and writes the run's endings: `finished` and COMPLETE (with
-the SavedModel), `cancelled` and CANCELLED, `preempted`. The training itself (the model,
-the step, the loop's cadence and pacing, its checkpoints) is `trainer.loop.TrainLoop`'s.
+An `Attempt` is a `trainer.run_attempt.RunAttempt` (the run's store and events, the lease, the
+first read, exception → exit code, the end markers: shared with script mode) that also
+waits for its peers and forms the cluster (several workers), knows the loop's own failures
+(the GPUs, another model's checkpoints, a lost peer) and writes the loop's endings:
+`finished` and COMPLETE (with the SavedModel), `cancelled` and CANCELLED, `preempted`. The
+training itself (the model, the step, the loop's cadence and pacing, its checkpoints) is
+`trainer.loop.TrainLoop`'s.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import sys
-import tempfile
 import time
 
 from trainer import cluster as cluster_mod
@@ -31,48 +30,27 @@ from trainer.checkpointer import ResumeMismatch
 from trainer.checkpoints import CheckpointStore
 from trainer.config import TrainConfig, as_dict
 from trainer.devices import DeviceMismatch, check_gpus
-from trainer.events import EventLog, read_events, utc_now
-from trainer.lease import LeaseHeld, LeaseLost, RunLease
 from trainer.loop import TrainLoop, resolve_precision
 from trainer.metrics import MetricError
 from trainer.models import NoData
-from trainer.signals import StopKeyPoller, StopRequest
-from trainer.storage import open_store, read_json
+from trainer.run_attempt import RunAttempt, start
+from trainer.signals import StopRequest
 from trainer.strategy import Cluster, make_strategy, read_cluster
 
 
-class Attempt:
-    """One attempt of a run: the store, the events, the lease, the cluster and the endings around a `TrainLoop`."""
+class Attempt(RunAttempt):
+    """One attempt of a run around a `TrainLoop`: the shared lifecycle (`RunAttempt`) plus the cluster."""
 
     def __init__(self, cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None):
-        self.cfg = cfg
         self.cluster: Cluster = read_cluster()
-        self.chief = self.cluster.is_chief
-        self.store = open_store(cfg.run_uri)
-        self.history = read_events(self.store)
-        attempt = 1 + layout.attempts(self.history)
-        self.events = EventLog(self.store if self.chief else None, attempt=attempt, stream=stream)
-        self.own_events: list[dict] = []
+        super().__init__(cfg, stream=stream, stop=stop, chief=self.cluster.is_chief)
         ckstore = CheckpointStore(self.store, keep=cfg.keep_checkpoints, emit=self._store_event)
-        self._own_work = cfg.work_dir is None
-        self.work = cfg.work_dir or tempfile.mkdtemp(prefix="trainstack-")
-        os.makedirs(self.work, exist_ok=True)
-        self.stop = stop or StopRequest()
-        # The run folder's STOP (ops stop): the chief polls it; a cancel reaches the other
-        # workers through the step's all-reduced request.
-        self.stop_key = StopKeyPoller(self.store)
+        # A cancel reaches the other workers through the step's all-reduced request.
         self.loop = TrainLoop(cfg, store=self.store, ckstore=ckstore, events=self.events, emit=self.emit,
                               stop=self.stop, stop_key=self.stop_key, chief=self.chief,
                               multi_worker=self.cluster.multi_worker, work=self.work,
                               workers=self.cluster.workers, worker=self.cluster.index)
         self.startup: cluster_mod.StartupWatchdog | None = None
-        # The chief writes the run's objects, so it alone takes the run's lease.
-        self.lease = RunLease(self.store, ttl_s=cfg.lease_ttl_s, wait_s=cfg.lease_wait_s, on_lost=self._lease_lost,
-                              emit=self._lease_event) if self.chief else None
-
-    def _lease_event(self, kind: str, fields: dict) -> None:
-        # Printed only: until it holds the lease this trainer writes nothing to the run.
-        self.events.emit(kind, local_only=True, **fields)
 
     def _lease_lost(self, reason: str) -> None:
         # Another machine took the run: stop after this step; the final commit's fence refuses.
@@ -80,8 +58,7 @@ class Attempt:
         self.stop.event.set()
 
     def emit(self, event: str, **fields) -> dict:
-        ev = self.events.emit(event, **fields)
-        self.own_events.append(ev)
+        ev = super().emit(event, **fields)
         if event == layout.FAILED_EVENT and not self.chief:
             # Not the chief's: events.jsonl is not this worker's to write (see trainer.cluster).
             cluster_mod.record_worker_event(self.store, self.cluster.address, ev)
@@ -98,61 +75,29 @@ class Attempt:
 
     # -- phases --
 
-    def run(self) -> int:
-        """The whole attempt; returns the exit code."""
-        self.stop.install()
-        try:
-            if self._already_complete():
-                return layout.EXIT_OK
-            if self.lease is not None:
-                self.lease.acquire()
-                self.lease.start()
-                self.loop.ckstore.lease = self.lease
-            return self._train()
-        except (LeaseHeld, LeaseLost) as e:
-            # Another machine trains this run: say so here, write nothing there.
-            self.events.emit(layout.FAILED_EVENT, local_only=True, reason=str(e), step=self.loop.state.step)
-            return layout.EXIT_LEASE_HELD
-        except DeviceMismatch as e:
+    def _step_now(self) -> int:
+        return self.loop.state.step
+
+    def _holding_lease(self) -> None:
+        self.loop.ckstore.lease = self.lease
+
+    def _failure(self, error: Exception) -> int | None:
+        if isinstance(error, DeviceMismatch):
             # This machine can never run this run: say why once, and let the supervisor end it.
-            self.emit(layout.FAILED_EVENT, reason=str(e), step=self.loop.state.step, **e.details)
+            self.emit(layout.FAILED_EVENT, reason=str(error), step=self.loop.state.step, **error.details)
             return layout.EXIT_UNUSABLE
-        except (ResumeMismatch, NoData, MetricError) as e:
+        if isinstance(error, ResumeMismatch | NoData | MetricError):
             # Another model's checkpoints, no data at all, or a metric or validation set that cannot work: no
             # retry can help, and nothing was written to the run.
-            self.emit(layout.FAILED_EVENT, reason=str(e), step=self.loop.state.step)
+            self.emit(layout.FAILED_EVENT, reason=str(error), step=self.loop.state.step)
             return layout.EXIT_UNUSABLE
-        except Exception as e:  # noqa: BLE001 - any failure ends the attempt the same way
-            if self.cluster.multi_worker and cluster_mod.peer_loss(e):
-                return self._peer_lost(e)
-            self.emit(layout.FAILED_EVENT, reason=f"{type(e).__name__}: {e}", step=self.loop.state.step)
-            return layout.EXIT_FAILED
-        finally:
-            if self.startup is not None:
-                self.startup.disarm()
-            if self.lease is not None:
-                self.lease.release()
-            self.stop.restore()
-            self.stop_key.close()
-            self.events.close()
-            if self._own_work:
-                shutil.rmtree(self.work, ignore_errors=True)
+        if self.cluster.multi_worker and cluster_mod.peer_loss(error):
+            return self._peer_lost(error)
+        return None
 
-    def _already_complete(self) -> bool:
-        """True (and says so) when the run already ended as COMPLETE or CANCELLED: nothing to do."""
-        for marker, kind, when in ((layout.COMPLETE, layout.ALREADY_COMPLETE, "finished_at"),
-                                   (layout.CANCELLED, layout.ALREADY_CANCELLED, "cancelled_at")):
-            done = read_json(self.store, marker)
-            if done is None:
-                continue
-            # Printed, not appended: the run's log ended with its `finished` or `cancelled` event.
-            message = self._complete_message(done) if marker == layout.COMPLETE else f"run already {marker}; nothing to do"
-            line = {layout.EVENT: kind, layout.TIME: done.get(when), layout.ATTEMPT: self.events.attempt,
-                    "step": done.get(layout.MARKER_STEP), "message": message}
-            self.events.stream.write(json.dumps(line) + "\n")
-            self.events.stream.flush()
-            return True
-        return False
+    def _cleanup(self) -> None:
+        if self.startup is not None:
+            self.startup.disarm()
 
     def _complete_message(self, done: dict) -> str:
         step = done.get(layout.MARKER_STEP)
@@ -272,15 +217,8 @@ class Attempt:
         if not self.chief:
             return layout.EXIT_OK
         self.events.flush()
-        doc = {
-            layout.MARKER_STEP: st.step,
-            layout.MARKER_ATTEMPTS: layout.attempts(self.history + self.own_events) or 1,
-            layout.MARKER_REASON: reason,
-            "examples_seen": st.examples_seen,
-            "cancelled_at": utc_now(),
-        }
         # Written last, after the checkpoint it names is committed: one atomic object.
-        self.store.put_bytes(layout.CANCELLED, json.dumps(doc, indent=2).encode())
+        self._write_cancelled(st.step, reason, st.examples_seen)
         return layout.EXIT_OK
 
     def _finish(self) -> int:
@@ -310,16 +248,8 @@ class Attempt:
         self.emit(layout.FINISHED, step=st.step, metrics=metrics, examples_seen=st.examples_seen, **speed,
                   **evaluation)
         self.events.flush()
-        export_mod.write_complete(
-            self.store,
-            step=st.step,
-            metrics=metrics,
-            examples_seen=st.examples_seen,
-            events=self.history + self.own_events,
-            finished_at=time.time(),
-            signature=signature,
-            **evaluation,
-        )
+        self._write_complete(step=st.step, metrics=metrics, examples_seen=st.examples_seen, signature=signature,
+                             **evaluation)
         return layout.EXIT_OK
 
 
@@ -330,14 +260,8 @@ def train(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None, kee
     `keep`, when given, receives the `Attempt`, so that its TensorFlow objects outlive
     the call: `python -m trainer` then ends without freeing them (see trainer/__main__.py).
     """
-    try:
-        attempt = Attempt(cfg, stream=stream, stop=stop)
-    except Exception as e:  # noqa: BLE001 - e.g. the run's store cannot be reached at all
-        line = {layout.EVENT: layout.FAILED_EVENT, layout.TIME: utc_now(), layout.ATTEMPT: None,
-                "reason": f"{type(e).__name__}: {e}"}
-        out = stream or sys.stdout
-        out.write(json.dumps(line) + "\n")
-        out.flush()
+    attempt = start(Attempt, cfg, stream=stream, stop=stop)
+    if attempt is None:
         return layout.EXIT_FAILED
     if keep is not None:
         keep.append(attempt)

@@ -28,19 +28,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from trainer import layout
 from trainer.config import TrainConfig, as_dict
-from trainer.events import EventLog, read_events, utc_now
-from trainer.lease import LeaseHeld, LeaseLost, RunLease
-from trainer.signals import StopKeyPoller, StopRequest
+from trainer.lease import LeaseLost
+from trainer.run_attempt import RunAttempt, start
+from trainer.signals import StopRequest
 
 # What the child is told (trainer.fit reads the same names).
 ENV_RUN_URI = "TRAINSTACK_RUN_URI"
@@ -56,23 +54,14 @@ TENSORBOARD_EVERY_S = 30.0
 TRAINER_ROOT = str(Path(__file__).resolve().parents[1])
 
 
-class ScriptRun:
-    """One attempt of a script-mode run: the child process and the run folder around it."""
+class ScriptRun(RunAttempt):
+    """One attempt of a script-mode run: the child process, and the shared lifecycle (`RunAttempt`) around it."""
+
+    WORK_PREFIX = "trainstack-script-"
+    AGAIN_HINT = " (start a new run id to train again)"
 
     def __init__(self, cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None) -> None:
-        from trainer.storage import open_store
-
-        self.cfg = cfg
-        self.store = open_store(cfg.run_uri)
-        self.history = read_events(self.store)
-        self.events = EventLog(self.store, attempt=1 + layout.attempts(self.history), stream=stream)
-        self.own_events: list[dict] = []
-        self.stop = stop or StopRequest()
-        self.stop_key = StopKeyPoller(self.store)
-        self.lease = RunLease(self.store, ttl_s=cfg.lease_ttl_s, wait_s=cfg.lease_wait_s,
-                              on_lost=self._lease_lost, emit=self._lease_event)
-        self._own_work = cfg.work_dir is None
-        self.work = cfg.work_dir or tempfile.mkdtemp(prefix="trainstack-script-")
+        super().__init__(cfg, stream=stream, stop=stop)
         self.dirs = {name: os.path.join(self.work, name) for name in ("checkpoints", "tensorboard", "model")}
         self.messages = os.path.join(self.work, "messages.jsonl")
         self.child: subprocess.Popen | None = None
@@ -86,17 +75,12 @@ class ScriptRun:
 
     # -- what the child says --
 
-    def emit(self, event: str, **fields) -> dict:
-        ev = self.events.emit(event, **fields)
-        self.own_events.append(ev)
-        return ev
-
-    def _lease_event(self, kind: str, fields: dict) -> None:
-        self.events.emit(kind, local_only=True, **fields)
-
     def _lease_lost(self, reason: str) -> None:
         # Another machine took the run: the child must not commit again.
         self.lost_lease = True
+        self._kill_child()
+
+    def _kill_child(self) -> None:
         if self.child is not None and self.child.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.child.kill()
@@ -148,47 +132,11 @@ class ScriptRun:
 
     # -- the attempt --
 
-    def run(self) -> int:
-        """The whole attempt; returns the exit code."""
-        self.stop.install()
-        try:
-            if self._already_ended():
-                return layout.EXIT_OK
-            self.lease.acquire()
-            self.lease.start()
-            return self._run()
-        except (LeaseHeld, LeaseLost) as e:
-            self.events.emit(layout.FAILED_EVENT, local_only=True, reason=str(e), step=self.step)
-            return layout.EXIT_LEASE_HELD
-        except Exception as e:  # noqa: BLE001 - any failure of the parent ends the attempt the same way
-            self.emit(layout.FAILED_EVENT, reason=f"{type(e).__name__}: {e}", step=self.step)
-            return layout.EXIT_FAILED
-        finally:
-            if self.child is not None and self.child.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    self.child.kill()
-            self.lease.release()
-            self.stop.restore()
-            self.stop_key.close()
-            self.events.close()
-            if self._own_work:
-                shutil.rmtree(self.work, ignore_errors=True)
+    def _step_now(self) -> int:
+        return self.step
 
-    def _already_ended(self) -> bool:
-        from trainer.storage import NotFound
-
-        for marker in (layout.COMPLETE, layout.CANCELLED):
-            try:
-                done = json.loads(self.store.get_bytes(marker))
-            except NotFound:
-                continue
-            line = {layout.EVENT: layout.ALREADY_COMPLETE if marker == layout.COMPLETE else layout.ALREADY_CANCELLED,
-                    layout.TIME: utc_now(), layout.ATTEMPT: self.events.attempt, "step": done.get(layout.MARKER_STEP),
-                    "message": f"run already {marker}; nothing to do (start a new run id to train again)"}
-            self.events.stream.write(json.dumps(line) + "\n")
-            self.events.stream.flush()
-            return True
-        return False
+    def _cleanup(self) -> None:
+        self._kill_child()
 
     def child_env(self) -> dict:
         """The child's environment: the run's folders and the trainer on PYTHONPATH."""
@@ -211,7 +159,7 @@ class ScriptRun:
             env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"] = f"{self.cfg.checkpoint_every_seconds:g}"
         return env
 
-    def _run(self) -> int:
+    def _train(self) -> int:
         cfg = self.cfg
         for d in self.dirs.values():
             os.makedirs(d, exist_ok=True)
@@ -283,11 +231,8 @@ class ScriptRun:
         self.emit(layout.CANCELLED_EVENT, step=step, reason=reason,
                   examples_seen=self.examples_seen)
         self.events.flush()
-        doc = {layout.MARKER_STEP: step,
-               layout.MARKER_ATTEMPTS: layout.attempts(self.history + self.own_events) or 1,
-               layout.MARKER_REASON: reason, "examples_seen": self.examples_seen, "cancelled_at": utc_now()}
         self.lease.fence()
-        self.store.put_bytes(layout.CANCELLED, json.dumps(doc, indent=2).encode())
+        self._write_cancelled(step, reason, self.examples_seen)
         return layout.EXIT_OK
 
     def _finish(self) -> int:
@@ -310,8 +255,7 @@ class ScriptRun:
                   model_files=files)
         self.events.flush()
         self.lease.fence()
-        export_mod.write_complete(self.store, step=self.step, metrics=metrics, examples_seen=self.examples_seen,
-                                  events=self.history + self.own_events, finished_at=time.time(), signature=signature)
+        self._write_complete(step=self.step, metrics=metrics, examples_seen=self.examples_seen, signature=signature)
         return layout.EXIT_OK
 
 
@@ -337,13 +281,5 @@ def child_command(command) -> list[str]:
 
 def run_script(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None) -> int:
     """Run one script-mode attempt of the run `cfg` describes; returns the exit code."""
-    try:
-        run = ScriptRun(cfg, stream=stream, stop=stop)
-    except Exception as e:  # noqa: BLE001 - e.g. the run's store cannot be reached at all
-        line = {layout.EVENT: layout.FAILED_EVENT, layout.TIME: utc_now(), layout.ATTEMPT: None,
-                "reason": f"{type(e).__name__}: {e}"}
-        out = stream or sys.stdout
-        out.write(json.dumps(line) + "\n")
-        out.flush()
-        return layout.EXIT_FAILED
-    return run.run()
+    run = start(ScriptRun, cfg, stream=stream, stop=stop)
+    return layout.EXIT_FAILED if run is None else run.run()

@@ -26,6 +26,7 @@ from pydantic.alias_generators import to_camel
 
 from components import config_shared
 from components.settings.errors import NO_SECRETS, keyed
+from trainer.config import TrainConfig
 
 BLOCKS = ("run", "compute", "image", "storage", "access")
 SCALARS = ("cloud", "region", "project")
@@ -49,17 +50,22 @@ class _Block(BaseModel):
         return v
 
 
+# The trainer's options have one default each, its own (trainer/config.py): a stack that leaves a
+# key out gets what `python -m trainer` gets without the flag, and the env file says it explicitly.
+_TRAINER = TrainConfig(run_uri="")
+
+
 class RunSettings(_Block):
     """What to train and how often to checkpoint it."""
 
     id: str = Field(config_shared.DEFAULT_RUN_ID, description="Run id: the folder runs/<id> in the bucket. Default: the stack name.")
-    model: str = Field("mlp", description='Built-in "mlp" or "transformer-lm", or "package.module:function".')
+    model: str = Field(_TRAINER.model, description='Built-in "mlp" or "transformer-lm", or "package.module:function".')
     code: str | None = Field(None, description="Folder of your own modules (relative to the project) shipped with "
                              "the trainer; needed by a package.module:function model.")
     command: list[str] | None = Field(None, description="Script mode: your own command (e.g. [python, train.py, "
                                       "--epochs, '5']) run in the run.code folder instead of the trainer's loop; "
                                       "see docs/your-fit-script.md.")
-    synthetic: bool = Field(False, description="Train on deterministic synthetic data (no dataUri needed).")
+    synthetic: bool = Field(_TRAINER.synthetic, description="Train on deterministic synthetic data (no dataUri needed).")
     data_uri: str | None = Field(None, description="TFRecord files: s3://… (AWS) or gs://… (GCP).")
     data_grant: bool = Field(True, description="GCP: grant the machines read access on the dataUri bucket; false "
                              "when it is public or its owner grants it (`ops preflight` says which).")
@@ -69,12 +75,14 @@ class RunSettings(_Block):
                                          "default: at the end only.")
     keep_best: str | None = Field(None, description="Keep the checkpoint with the best value of a validation metric "
                                   "(val_accuracy, val_loss, or val_NAME:min / :max) and export it as model/.")
-    steps: int = Field(10_000, gt=0, description="Training steps in the whole run.")
-    batch_size: int = Field(64, gt=0, le=65_536, description="Examples per GPU per step.")
-    checkpoint_every_steps: int | None = Field(1000, gt=0, description="Checkpoint every N steps.")
-    checkpoint_every_seconds: int | None = Field(600, gt=0, description="Checkpoint at least every S seconds.")
-    keep_checkpoints: int = Field(3, ge=1, le=100, description="Committed checkpoints kept in the bucket.")
-    seed: int = Field(0, ge=0, description="Seed for data order and initial weights.")
+    steps: int = Field(_TRAINER.steps, gt=0, description="Training steps in the whole run.")
+    batch_size: int = Field(_TRAINER.batch_size, gt=0, le=65_536, description="Examples per GPU per step.")
+    checkpoint_every_steps: int | None = Field(_TRAINER.checkpoint_every_steps, gt=0,
+                                               description="Checkpoint every N steps; null: no step cadence.")
+    checkpoint_every_seconds: int | None = Field(int(_TRAINER.checkpoint_every_seconds), gt=0,
+                                                 description="Checkpoint at least every S seconds; null: no time cadence.")
+    keep_checkpoints: int = Field(_TRAINER.keep_checkpoints, ge=1, le=100, description="Committed checkpoints kept in the bucket.")
+    seed: int = Field(_TRAINER.seed, ge=0, description="Seed for data order and initial weights.")
     extra_args: list[str] = Field(default_factory=list, description="More trainer flags, passed as given.")
 
     @field_validator("id")

@@ -3,6 +3,11 @@
 `ops.fakes.aws` and `ops.fakes.gcp` give each resource type its fake id and outputs and
 answer each lookup; `ops.fakes.common` holds what they share. Every value is well formed
 and obviously fake (account 123456789012, ami-0123…, fake-project).
+
+This is the project's one fake cloud under the Pulumi mocks. The tests build on it for two
+other jobs: `tests/fixtures/registrations.py` (one component built directly, every request's
+options kept) and `tests/fixtures/fake_cloud.py` (the engine's state and the cloud's rules
+across `up`s and `destroy`s).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from bench import report as R
-from tests.trainer.trainer_helpers import REPO, trainer_env
+from tests.trainer.helpers import REPO, trainer_env
 
 pytestmark = pytest.mark.slow
 

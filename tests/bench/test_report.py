@@ -1,4 +1,4 @@
-"""The bench's arithmetic and the Markdown it writes (bench/report.py, bench/run_all.render): no TensorFlow."""
+"""The bench's arithmetic and the Markdown it writes (bench/report.py): no TensorFlow."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import copy
 import pytest
 
 from bench import report as R
-from bench.run_all import phases, render
 
 
 @pytest.mark.parametrize(("num", "den", "want"), [(9.0, 10.0, 0.9), (1.0, 0.0, None), (None, 2.0, None), (2.0, None, None),
@@ -123,7 +122,7 @@ def _goal_rows(text: str) -> dict[str, str]:
 
 
 def test_render_states_every_goal_against_its_figure():
-    text = render(copy.deepcopy(FIGURES))
+    text = R.render(copy.deepcopy(FIGURES))
     goals = _goal_rows(text)
     assert goals == {
         # best ÷ best 44,000 / 55,000 = 80 %: not met, though steady ÷ limit is 90 %
@@ -142,14 +141,14 @@ def test_render_states_every_goal_against_its_figure():
 def test_render_reports_a_missing_commit_marker_as_a_failed_preemption():
     figures = copy.deepcopy(FIGURES)
     figures["startup"]["resumed"]["sigterm_to_exit_s"] = 5.0
-    assert _goal_rows(render(figures))["SIGTERM → committed < 20 s"] == "met"
+    assert _goal_rows(R.render(figures))["SIGTERM → committed < 20 s"] == "met"
     figures["startup"]["fresh"]["committed"] = None
-    assert _goal_rows(render(figures))["SIGTERM → committed < 20 s"] == "**not met**"
-    assert "| fresh | 100 | 4.00 | 3.50 | **no** |" in render(figures)
+    assert _goal_rows(R.render(figures))["SIGTERM → committed < 20 s"] == "**not met**"
+    assert "| fresh | 100 | 4.00 | 3.50 | **no** |" in R.render(figures)
 
 
 def test_phases_include_the_interpreter_and_add_up():
-    rows = dict(phases(RESUMED))
+    rows = dict(R.phases(RESUMED))
     assert rows["interpreter up"] == 0.05 and rows["imports (TensorFlow, Keras, trainer)"] == pytest.approx(3.0)
     assert sum(rows.values()) == pytest.approx(RESUMED["first_step"])
 

@@ -49,7 +49,7 @@ from components.settings import load_settings
 from components.storage import storage_plan
 from components.userdata import ENV_FILE
 from tests.fixtures.fake_cloud import Engine, FakeCloud, Refused
-from tests.trainer.trainer_helpers import Trainer, trainer_env
+from tests.trainer.helpers import Trainer, trainer_env
 from trainer import layout
 
 pytestmark = pytest.mark.slow

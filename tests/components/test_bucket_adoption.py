@@ -9,7 +9,7 @@ import components.gcp as gcp
 from components.aws.naming import default_bucket_name
 from components.common import TrainingStackArgs, adopted_bucket
 from components.settings import load_settings
-from tests.components.mockharness import ACCOUNT, registrations
+from tests.fixtures.registrations import ACCOUNT, registrations
 
 RUN = {"id": "exp-7", "synthetic": True, "steps": 10}
 CASES = {
@@ -23,7 +23,8 @@ def build(cloud: str, *, adopt: bool, adopt_key: bool = False, **storage):
     module, raw, _ = CASES[cloud]
     settings = load_settings({**raw, "storage": {**storage, **({"adopt": True} if adopt_key else {})}}, stack="unit")
     return registrations(
-        lambda: module.TrainingStack("trainstack", TrainingStackArgs(settings=settings, adopt_bucket=adopt)).bucket_name
+        lambda: module.TrainingStack("trainstack", TrainingStackArgs(settings=settings, adopt_bucket=adopt)).bucket_name,
+        region=raw["region"],
     )
 
 

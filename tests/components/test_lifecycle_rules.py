@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.components.aws import awshelp
-from tests.components.gcp import gcphelp
+from tests.components.aws import helpers as aws_helpers
+from tests.components.gcp import helpers as gcp_helpers
 from tests.fixtures import lifecycle
 from trainer import layout
 
@@ -21,11 +21,11 @@ T0 = datetime(2026, 1, 1, 8, 0, tzinfo=UTC)
 
 def _remover(cloud: str, overrides: dict | None = None):
     if cloud == "aws":
-        config = awshelp.one(awshelp.synth_raw(overrides),
+        config = aws_helpers.one(aws_helpers.synth_raw(overrides),
                              "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
         rules = config["inputs"]["rules"]
         return lambda v: lifecycle.s3_removal(v, rules)
-    bucket = gcphelp.one(gcphelp.gcp(overrides), "gcp:storage/bucket:Bucket")["inputs"]
+    bucket = gcp_helpers.one(gcp_helpers.gcp(overrides), "gcp:storage/bucket:Bucket")["inputs"]
     return lambda v: lifecycle.gcs_removal(v, bucket["lifecycleRules"], lifecycle.gcs_soft_delete(bucket))
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from components.aws.naming import group_name as aws_group_name
 from components.gcp.naming import group_name as gcp_group_name
-from tests.components.aws.awshelp import synth_raw
-from tests.components.gcp.gcphelp import gcp
+from tests.components.aws.helpers import synth_raw
+from tests.components.gcp.helpers import gcp
 
 GROUP = {"aws": "aws:autoscaling/group:Group", "gcp": "gcp:compute/regionInstanceGroupManager:RegionInstanceGroupManager"}
 CAP = {"aws": "aws:autoscaling/schedule:Schedule", "gcp": "gcp:cloudscheduler/job:Job"}

@@ -4,15 +4,15 @@ import pytest
 
 from components import storage
 from components.settings import load_settings
-from tests.components.aws import awshelp
-from tests.components.gcp import gcphelp
+from tests.components.aws import helpers as aws_helpers
+from tests.components.gcp import helpers as gcp_helpers
 
 GB = 10**9
 WEEK_H = 168
 
 
 def _settings(cloud: str, **run) -> object:
-    base = awshelp.BASE if cloud == "aws" else gcphelp.BASE
+    base = aws_helpers.BASE if cloud == "aws" else gcp_helpers.BASE
     return load_settings({**base, "run": {"id": "exp-7", "synthetic": True, **run},
                           "compute": {**base["compute"], "maxRuntimeHours": WEEK_H}}, stack="unit")
 

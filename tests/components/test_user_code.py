@@ -16,8 +16,8 @@ import pytest
 
 from components.code import archive_key, build_context, pack
 from components.userdata import USER_CODE_DIR
-from tests.components.aws.awshelp import synth_raw
-from tests.components.gcp.gcphelp import gcp
+from tests.components.aws.helpers import synth_raw
+from tests.components.gcp.helpers import gcp
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "image-cnn"

@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.trainer.trainer_helpers import REPO, Trainer, kinds, run_trainer, trainer_env
+from tests.trainer.helpers import REPO, Trainer, kinds, run_trainer, trainer_env
 
 pytestmark = pytest.mark.slow
 

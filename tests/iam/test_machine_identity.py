@@ -32,7 +32,7 @@ import boto3
 import botocore.exceptions
 import pytest
 
-from tests.components.aws import awshelp
+from tests.components.aws import helpers as aws_helpers
 from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IamCloud
 from tests.iam.policy_eval import Decision
 from trainer import layout
@@ -40,11 +40,11 @@ from trainer.storage import NotFound, open_store
 
 pytestmark = pytest.mark.slow
 
-REGION = awshelp.BASE["region"]
+REGION = aws_helpers.BASE["region"]
 ROOT = Path(__file__).resolve().parents[2]
 # The boot sandbox's stand-ins: `aws` does the AWS CLI's calls with boto3 (the real CLI
 # cannot be installed beside the project's botocore), `shutdown` and `journalctl` record.
-FAKES = ROOT / "tests" / "userdata" / "fakes.py"
+FAKES = ROOT / "tests" / "fixtures" / "machine_commands.py"
 OTHER_BUCKET = "trainstack-someone-else"
 OTHER_GROUP = "trainstack-other-stack-gpu"
 
@@ -91,14 +91,14 @@ def _build_group(cloud: IamCloud, name: str, size: int) -> None:
 @pytest.fixture(scope="module")
 def machine(iam_cloud: IamCloud) -> Machine:
     """The synth output's role, bucket, repository and group, made in moto; the role assumed via STS."""
-    result = awshelp.synth_raw({"compute": {"nodes": 2, "instanceTypes": ["g5.xlarge"]}})
+    result = aws_helpers.synth_raw({"compute": {"nodes": 2, "instanceTypes": ["g5.xlarge"]}})
     outputs = result.outputs
-    policy = awshelp.one(result, "aws:iam/rolePolicy:RolePolicy")["inputs"]["policy"]
-    trust = json.loads(awshelp.one(result, "aws:iam/role:Role")["inputs"]["assumeRolePolicy"])
+    policy = aws_helpers.one(result, "aws:iam/rolePolicy:RolePolicy")["inputs"]["policy"]
+    trust = json.loads(aws_helpers.one(result, "aws:iam/role:Role")["inputs"]["assumeRolePolicy"])
     assert [s["Principal"] for s in trust["Statement"]] == [{"Service": "ec2.amazonaws.com"}]
-    repository = awshelp.one(result, "aws:ecr/repository:Repository")["inputs"]["name"]
+    repository = aws_helpers.one(result, "aws:ecr/repository:Repository")["inputs"]["name"]
     bucket, group = outputs["bucketName"], outputs["groupName"]
-    run_id = awshelp.BASE["run"]["id"]
+    run_id = aws_helpers.BASE["run"]["id"]
 
     s3 = iam_cloud.admin("s3", REGION)
     for name in (bucket, OTHER_BUCKET):
@@ -321,7 +321,7 @@ def test_finish_sh_itself_ends_a_run_as_the_role(machine: Machine, tmp_path: Pat
 
 def test_the_rendezvous_runs_as_the_role(machine: Machine, tmp_path: Path) -> None:
     """userdata/rendezvous.sh, unchanged: heartbeat, list, read, seal (a conditional create), as the role."""
-    from tests.userdata.metadata import MetadataServer
+    from tests.fixtures.metadata import MetadataServer
 
     run = layout.run_prefix(machine.run_id)
     for marker in layout.END_MARKERS:  # an earlier test's marker: the machine would not join an ended run
@@ -347,7 +347,7 @@ def test_the_rendezvous_runs_as_the_role(machine: Machine, tmp_path: Path) -> No
 
 # -- what it must not do -----------------------------------------------------------
 
-RUN = f"runs/{awshelp.BASE['run']['id']}"
+RUN = f"runs/{aws_helpers.BASE['run']['id']}"
 
 REFUSED = {
     "read another bucket": ("s3", lambda m, c: c.get_object(Bucket=OTHER_BUCKET, Key=f"{RUN}/progress.json")),

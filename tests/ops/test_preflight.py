@@ -485,14 +485,14 @@ class TableEc2:
 
 
 class TableClouds:
-    """The program's lookups of the same table, under the Pulumi mocks (tests/components/mockharness.py)."""
+    """The program's lookups of the same table: `ops synth`'s fake cloud with this table's subnets and offerings."""
 
     def __init__(self, subnets: list[tuple[str, str]], offerings: list[tuple[str, str]]) -> None:
-        from tests.components.mockharness import FakeClouds
+        from ops.fakes import Mocks as SynthMocks
 
         zone_of = dict(subnets)
 
-        class Mocks(FakeClouds):
+        class Mocks(SynthMocks):
             def call(self, args):
                 if args.token == "aws:ec2/getSubnets:getSubnets":
                     return {"id": "x", "ids": [s for s, _ in subnets]}
@@ -502,7 +502,7 @@ class TableClouds:
                     return {"id": "r", "instanceTypes": [t for t, _ in offerings], "locations": [z for _, z in offerings]}
                 return super().call(args)
 
-        self.mocks = Mocks()
+        self.mocks = Mocks("eu-west-1")
 
 
 ZONE_CASES = {
@@ -526,7 +526,7 @@ ZONE_CASES = {
 @pytest.mark.parametrize("case", sorted(ZONE_CASES))
 def test_preflight_checks_the_zone_the_program_launches_in(case) -> None:
     from components.aws.group import SpotGroup, SpotGroupArgs
-    from tests.components.mockharness import registrations
+    from tests.fixtures.registrations import registrations
 
     subnets, compute, offerings, zone = ZONE_CASES[case]
     s = settings_of(AWS, compute={"nodes": 2, "instanceTypes": ["g5.xlarge"], **compute})

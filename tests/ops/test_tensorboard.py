@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.servers import free_port
 from ops import tensorboard as tb
 from ops.__main__ import main
 from trainer import layout
@@ -211,12 +212,6 @@ def test_a_stack_without_outputs_is_exit_2(monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == "ops tensorboard: stack 'nope' has no output runUri"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get(port: int, path: str):
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
@@ -248,7 +243,7 @@ def test_tensorboard_serves_a_bucket_runs_loss_on_loopback_and_follows_the_run(s
         writer.scalars(step, {"loss": loss})
     writer.sync()
 
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ops", "tensorboard", "--run-uri", s3_run.uri, "--port", str(port),
          "--interval", "0.5", "--", "--reload_interval", "1"],

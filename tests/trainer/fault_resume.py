@@ -138,7 +138,7 @@ def _jitter_probe(uri: str, steps: int) -> tuple[int, list[dict]]:
 
 
 def _weights(uri: str, step: int) -> dict:
-    from tests.trainer.trainer_helpers import committed_weights
+    from tests.trainer.helpers import committed_weights
 
     return committed_weights(uri, step, Path(tempfile.mkdtemp(prefix="weights-")))
 
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     import boto3
 
     from tests.fixtures.faultproxy import FaultProxy
-    from tests.trainer.trainer_helpers import max_abs_diff
+    from tests.trainer.helpers import max_abs_diff
 
     _fast_client_retries()
     _skip_export()

@@ -26,8 +26,8 @@ import pytest
 
 from components import storage as storage_plan_mod
 from components.settings import load_settings
-from tests.components.aws import awshelp
-from tests.components.gcp import gcphelp
+from tests.components.aws import helpers as aws_helpers
+from tests.components.gcp import helpers as gcp_helpers
 from tests.fixtures import lifecycle
 from trainer import layout
 from trainer.checkpoints import CheckpointStore
@@ -110,10 +110,10 @@ def _gcs_versions(bucket: str, prefix: str) -> list[lifecycle.Version]:
 def _rendered(cloud: str):
     """(rules, remove(version)) as the stack's bucket component renders them."""
     if cloud == "s3":
-        config = awshelp.one(awshelp.synth_raw(), "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
+        config = aws_helpers.one(aws_helpers.synth_raw(), "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration")
         rules = config["inputs"]["rules"]
         return rules, lambda v: lifecycle.s3_removal(v, rules)
-    bucket = gcphelp.one(gcphelp.gcp(), "gcp:storage/bucket:Bucket")["inputs"]
+    bucket = gcp_helpers.one(gcp_helpers.gcp(), "gcp:storage/bucket:Bucket")["inputs"]
     rules, soft = bucket["lifecycleRules"], lifecycle.gcs_soft_delete(bucket)
     return rules, lambda v: lifecycle.gcs_removal(v, rules, soft)
 
@@ -185,7 +185,7 @@ def test_pruned_checkpoints_stop_billing_within_two_days_and_the_rest_keeps_its_
         assert r is not None and r.rule != _checkpoint_rule(cloud, rules)
         assert 30 <= r.days_after(v.noncurrent_since) <= 31, (v.name, r)
     # The storage plan says the same for this run, the day after and 2 days after.
-    settings = load_settings({**(awshelp.BASE if cloud == "s3" else gcphelp.BASE),
+    settings = load_settings({**(aws_helpers.BASE if cloud == "s3" else gcp_helpers.BASE),
                               "run": {"id": "exp-7", "synthetic": True, "steps": 600, "checkpointEverySteps": 100,
                                       "checkpointEverySeconds": None, "keepCheckpoints": KEEP}}, stack="unit")
     plan = storage_plan_mod.storage_plan(settings, checkpoint_bytes=sizes[100])

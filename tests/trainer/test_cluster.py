@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from tests.trainer.trainer_helpers import Trainer, free_ports, store_events, trainer_env
+from devtools.servers import free_ports
+from tests.trainer.helpers import Trainer, store_events, trainer_env
 from trainer import cluster, layout
 from trainer.events import read_jsonl
 from trainer.storage import open_store
@@ -95,7 +96,7 @@ def test_the_native_deadline_ends_a_process_whose_python_cannot_run(mode, code):
     import subprocess
     import sys
 
-    from tests.trainer.trainer_helpers import REPO
+    from tests.trainer.helpers import REPO
 
     started = time.monotonic()
     p = subprocess.run([sys.executable, "-c", NATIVE, mode], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -259,7 +260,7 @@ def build(config):
 
 @pytest.mark.slow
 def test_two_workers_end_with_the_weights_of_one_worker_with_the_same_global_batch(tmp_path):
-    from tests.trainer.trainer_helpers import committed_weights, max_abs_diff, run_trainer
+    from tests.trainer.helpers import committed_weights, max_abs_diff, run_trainer
 
     code = tmp_path / "code"
     code.mkdir()

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.trainer.trainer_helpers import REPO, trainer_env
+from tests.trainer.helpers import REPO, trainer_env
 from trainer.config import ConfigError, load_config
 
 BASE = {"TRAINSTACK_RUN_URI": "s3://bucket/runs/a", "TRAINSTACK_SYNTHETIC": "1"}

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.trainer.trainer_helpers import run_trainer, trainer_env
+from tests.trainer.helpers import run_trainer, trainer_env
 
 pytestmark = pytest.mark.slow
 

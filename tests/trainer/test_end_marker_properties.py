@@ -1,6 +1,6 @@
 """Property test of the trainer's first read: an end marker, whatever it holds, means the run ended.
 
-Before training, an attempt reads `COMPLETE` and `CANCELLED` (`Attempt._already_complete`). A
+Before training, an attempt reads `COMPLETE` and `CANCELLED` (`RunAttempt._already_complete`, in both modes). A
 machine that reboots after the run ended must say so and exit 0, never train again (a second
 model and end marker would be written over the first) and never crash on the marker's
 content: the supervisor would retry a crash until the run's attempts are spent. The marker is
@@ -33,7 +33,7 @@ MARKER_BYTES = SHAPED | st.binary(max_size=40) | JSON.map(lambda v: json.dumps(v
 
 def _attempt(store):
     """What `_already_complete` reads of its Run: the store, the event stream, the steps asked for."""
-    stub = types.SimpleNamespace(store=store, events=types.SimpleNamespace(attempt=3, stream=io.StringIO()),
+    stub = types.SimpleNamespace(store=store, events=types.SimpleNamespace(attempt=3, stream=io.StringIO()), AGAIN_HINT="",
                                  cfg=types.SimpleNamespace(steps=100))
     stub._complete_message = lambda done: Run._complete_message(stub, done)
     return stub

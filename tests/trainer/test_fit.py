@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.trainer.trainer_helpers import REPO, Trainer, kinds, run_trainer, store_events, trainer_env
+from tests.trainer.helpers import REPO, Trainer, kinds, run_trainer, store_events, trainer_env
 from trainer import layout
 
 EXAMPLE = REPO / "examples" / "keras-fit"
@@ -124,7 +124,7 @@ os._exit(0)
 def test_keras_fit_under_multiworker_still_fails_so_script_mode_stays_on_one_machine(tmp_path):
     # keras-team/keras#20585 in the Keras we pin: the reason run.command refuses compute.nodes > 1.
     # When this fails because fit works, lift that refusal (components/settings/common.py).
-    from tests.trainer.trainer_helpers import free_ports
+    from devtools.servers import free_ports
 
     (tmp_path / "worker.py").write_text(MWMS_WORKER)
     peers = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))

@@ -353,7 +353,7 @@ def test_a_second_trainer_process_on_a_training_run_exits_77_and_writes_nothing(
     """Two real trainers, two machines, one run: the second one started while the first commits
     checkpoints every few steps. It waits its bound, exits 77 with the holder named, and leaves
     the run's events and checkpoints alone; once the first stops (lease released), it takes over."""
-    from tests.trainer.trainer_helpers import Trainer, kinds, run_trainer, store_events, trainer_env
+    from tests.trainer.helpers import Trainer, kinds, run_trainer, store_events, trainer_env
 
     common = ["--synthetic", "--steps", "100000", "--batch-size", "32", "--checkpoint-every-steps", "20",
               "--log-every", "10", "--lease-ttl-s", "16"]
@@ -395,7 +395,7 @@ def test_a_trainer_whose_lease_is_taken_over_stops_and_commits_nothing_more(s3_r
     """Another machine takes the run over while this trainer trains: its next renewal finds the
     lease gone, it stops after the step, its final commit is refused by the fence, and it exits 77
     leaving the newest committed checkpoint the one from before the takeover."""
-    from tests.trainer.trainer_helpers import Trainer, trainer_env
+    from tests.trainer.helpers import Trainer, trainer_env
 
     common = ["--synthetic", "--steps", "100000", "--batch-size", "32", "--checkpoint-every-steps", "20",
               "--log-every", "10", "--lease-ttl-s", "16"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.trainer_helpers import run_trainer, trainer_env
+from tests.trainer.helpers import run_trainer, trainer_env
 
 
 @pytest.mark.slow

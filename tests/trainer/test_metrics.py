@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.trainer.trainer_helpers import Trainer, committed_weights, max_abs_diff, run_trainer, trainer_env
+from tests.trainer.helpers import Trainer, committed_weights, max_abs_diff, run_trainer, trainer_env
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.trainer.trainer_helpers import REPO, run_trainer, trainer_env
+from tests.trainer.helpers import REPO, run_trainer, trainer_env
 from trainer.config import load_config
 from trainer.loop import make_train_step
 from trainer.models import ModelSpec, build_model

@@ -7,7 +7,8 @@ import signal
 
 import pytest
 
-from tests.trainer.trainer_helpers import Trainer, free_ports, trainer_env
+from devtools.servers import free_ports
+from tests.trainer.helpers import Trainer, trainer_env
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer.trainer_helpers import REPO, kinds, run_trainer, store_events
+from tests.trainer.helpers import REPO, kinds, run_trainer, store_events
 from trainer import layout
 
 

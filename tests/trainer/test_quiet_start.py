@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.trainer.trainer_helpers import REPO
+from tests.trainer.helpers import REPO
 from trainer.__main__ import TF_NOISE
 
 NOISE_MARKS = ("absl::InitializeLog", "port.cc", "oneDNN", "cpu_feature_guard", "cuda_dnn", "cuda_fft",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.trainer_helpers import Trainer, kinds, run_trainer, store_events, trainer_env
+from tests.trainer.helpers import Trainer, kinds, run_trainer, store_events, trainer_env
 
 pytestmark = pytest.mark.slow
 

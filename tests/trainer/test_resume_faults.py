@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from tests.trainer.trainer_helpers import REPO, trainer_env
+from tests.trainer.helpers import REPO, trainer_env
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from tests.trainer.trainer_helpers import REPO, Trainer, run_trainer
+from tests.trainer.helpers import REPO, Trainer, run_trainer
 from trainer import layout
 
 pytestmark = pytest.mark.slow

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.trainer.trainer_helpers import FAST, kinds, run_trainer, store_events, trainer_env
+from tests.trainer.helpers import FAST, kinds, run_trainer, store_events, trainer_env
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def test_fresh_run_leaves_every_output_and_second_start_exits_at_once(run_root, 
     import subprocess
     import sys
 
-    from tests.trainer.trainer_helpers import REPO, parse_events
+    from tests.trainer.helpers import REPO, parse_events
 
     p = subprocess.run([sys.executable, "-m", "trainer"], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]

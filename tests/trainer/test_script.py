@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from tests.trainer.trainer_helpers import REPO, Trainer, kinds, run_trainer, store_events, trainer_env
+from tests.trainer.helpers import REPO, Trainer, kinds, run_trainer, store_events, trainer_env
 from trainer import layout
 from trainer.config import ConfigError, load_config
 

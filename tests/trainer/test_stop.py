@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.trainer.trainer_helpers import FAST, Trainer, kinds, run_trainer, store_events, trainer_env
+from tests.trainer.helpers import FAST, Trainer, kinds, run_trainer, store_events, trainer_env
 from trainer import layout
 
 pytestmark = pytest.mark.slow

@@ -17,8 +17,9 @@ import time
 import boto3
 import pytest
 
-from tests.userdata.conftest import events, group_size, machine_events, s3_keys, settings_for, wait_for
-from tests.userdata.metadata import GCE_NAME, INSTANCE_ID
+from tests.fixtures.metadata import GCE_NAME, INSTANCE_ID
+from tests.userdata.helpers import events, group_size, machine_events, s3_keys, wait_for
+from tests.userdata.sandbox import settings_for
 from trainer import layout
 
 

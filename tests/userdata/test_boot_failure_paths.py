@@ -1,7 +1,7 @@
 """The ways a machine's scripts end or wait when a call fails: each ends, or waits for a bound.
 
 A fake tool fails first (a knob in `$FAKE_STATE`, or a wrapper that then hands over to
-tests/userdata/fakes.py), and the test waits for the script to end and looks at what it
+tests/fixtures/machine_commands.py), and the test waits for the script to end and looks at what it
 left: the run's marker, the group's size, the calls made, the machine's events.
 """
 
@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from tests.userdata.conftest import FAKES, Sandbox, group_size, machine_events, s3_keys, settings_for
-from tests.userdata.metadata import INSTANCE_ID, MetadataServer
+from tests.fixtures.metadata import INSTANCE_ID, MetadataServer
+from tests.userdata.helpers import group_size, machine_events, s3_keys
+from tests.userdata.sandbox import FAKES, Sandbox, settings_for
 from trainer import layout
 
 
@@ -25,7 +26,7 @@ def _script(box, name: str, *args: str, timeout: float = 120, **env) -> subproce
 
 
 def _wrap(box, tool: str, shell: str) -> None:
-    """Puts a wrapper for `tool` first on the sandbox's PATH: `shell`, then fakes.py."""
+    """Puts a wrapper for `tool` first on the sandbox's PATH: `shell`, then machine_commands.py."""
     path = box.bin / tool
     path.write_text(f'#!/bin/sh\n{shell}\nexec "{sys.executable}" "{FAKES}" {tool} "$@"\n')
     path.chmod(0o755)
@@ -189,7 +190,7 @@ ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics
 
 
 def _flaky_pip(box, output: str, failures: int) -> None:
-    """`docker run … pip install` fails `failures` times with `output`, then installs (fakes.py)."""
+    """`docker run … pip install` fails `failures` times with `output`, then installs (machine_commands.py)."""
     (box.state / "pip-output").write_text(output)
     (box.state / "pip-failures").write_text(str(failures))
     _wrap(box, "docker", 'case "$*" in *"pip install"*) n=$(cat "$FAKE_STATE/pip-failures")\n'
@@ -308,6 +309,6 @@ def test_a_driver_updated_under_the_machine_reboots_it_once_instead_of_failing_t
         if after == "again":
             assert reason.startswith("the NVIDIA driver still fails after a reboot")
     assert box.argvs("shutdown") == [["-r", "now"], ["-h", "now"]] and group_size(s3_run, group) == (0, 0, 0)
-    # (the failed starts end in the wrapper; fakes.py records the one that ran)
+    # (the failed starts end in the wrapper; machine_commands.py records the one that ran)
     runs = [a for a in box.argvs("docker") if a[0] == "run" and a[-3:] == ["python", "-m", "trainer"]]
     assert len(runs) == (1 if after == "cleared" else 0)

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
+from tests.fixtures.metadata import INSTANCE_ID
 from tests.userdata.cluster import upload_code
-from tests.userdata.conftest import group_size, machine_events, s3_keys
-from tests.userdata.metadata import INSTANCE_ID
+from tests.userdata.helpers import group_size, machine_events, s3_keys
 from trainer import layout
 
 NVME = "dev/disk/by-id/nvme-Amazon_EC2_NVMe_Instance_Storage_AWS0123"

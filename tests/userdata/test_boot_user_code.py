@@ -16,14 +16,15 @@ import pytest
 
 from components.aws.code import archive_key, pack
 from components.userdata import USER_CODE_DIR
-from tests.userdata.conftest import s3_keys, settings_for
+from tests.userdata.helpers import s3_keys
+from tests.userdata.sandbox import settings_for
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def user_code_uri(s3_run, tmp_path) -> str:
-    from tests.trainer.trainer_helpers import REPO
+    from tests.trainer.helpers import REPO
 
     folder = tmp_path / "my-project"
     shutil.copytree(REPO / "examples" / "image-cnn", folder, ignore=shutil.ignore_patterns("__pycache__"))
@@ -66,7 +67,7 @@ def test_user_model_from_the_archive_trains_to_complete(sandbox_factory, s3_run,
 def test_a_machine_whose_tensorflow_sees_no_gpu_fails_at_once_with_the_reason(sandbox_factory, s3_run, group):
     # The real trainer, asked for 1 GPU, on a TensorFlow that sees none (this CPU): exit 78, and the
     # machine marks the run FAILED on the first try, with the trainer's reason, and scales to zero.
-    from tests.userdata.conftest import group_size
+    from tests.userdata.helpers import group_size
     from trainer import layout
 
     box = sandbox_factory(env_overrides={})
@@ -83,7 +84,7 @@ def test_a_machine_whose_tensorflow_sees_no_gpu_fails_at_once_with_the_reason(sa
 
 @pytest.fixture
 def fit_code_uri(s3_run, tmp_path) -> str:
-    from tests.trainer.trainer_helpers import REPO
+    from tests.trainer.helpers import REPO
 
     folder = tmp_path / "my-fit-script"
     shutil.copytree(REPO / "examples" / "keras-fit", folder, ignore=shutil.ignore_patterns("__pycache__"))

@@ -17,7 +17,8 @@ import time
 import pytest
 
 from tests.userdata.cluster import Cluster, cluster_trainer_uri
-from tests.userdata.conftest import group_size, machine_events, make_group, settings_for, wait_for
+from tests.userdata.helpers import group_size, machine_events, make_group, wait_for
+from tests.userdata.sandbox import settings_for
 from trainer import layout
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,6 @@ real `write_container_env` run here, in bash; docker's reading is the documented
 from __future__ import annotations
 
 import shlex
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -22,47 +21,13 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from components.settings import ConfigError
-from components.userdata import USERDATA_DIR, boot_env, render_env
-from tests.userdata.conftest import settings_for
+from components.userdata import boot_env, render_env
+from tests.userdata.helpers import docker_env_file, through_the_machine
+from tests.userdata.sandbox import settings_for
 from trainer.config import load_config
 
 # Any text a value may hold: the renderer refuses what an env file line cannot carry.
 VALUES = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40)
-
-PIPELINE = r"""
-set -euo pipefail
-. "$LIB"
-instance_id() { echo i-0abc; }
-load_env
-eval "$(sed -n '/^write_container_env() {/,/^}/p' "$SUPERVISE")"
-write_container_env
-"""
-
-
-def docker_env_file(data: bytes) -> dict[str, str]:
-    """`docker run --env-file` as docker documents and implements it: one variable per line (a line's
-    trailing CR dropped, as Go's line scanner does), leading whitespace trimmed, `#` lines and blank
-    lines skipped, split at the first `=`, the value taken literally."""
-    env = {}
-    for raw in data.split(b"\n"):
-        line = raw.removesuffix(b"\r").decode("utf-8").lstrip()
-        if line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            env[key] = value
-    return env
-
-
-def through_the_machine(env: dict[str, str], tmp: Path) -> dict[str, str]:
-    """The container's environment after render → load_env → write_container_env → docker."""
-    env_file = tmp / "env"
-    env_file.write_bytes(render_env(env).encode())
-    container = tmp / "container.env"
-    run = subprocess.run(["bash", "-c", PIPELINE], capture_output=True, timeout=60, env={
-        "PATH": "/usr/bin:/bin", "LIB": str(USERDATA_DIR / "lib.sh"), "SUPERVISE": str(USERDATA_DIR / "supervise.sh"),
-        "TRAINSTACK_ROOT": str(tmp / "root"), "TRAINSTACK_ENV_FILE": str(env_file), "CONTAINER_ENV": str(container)})
-    assert run.returncode == 0, run.stderr.decode(errors="replace")
-    return docker_env_file(container.read_bytes())
-
 
 BASE = boot_env(settings_for("aws"), run_uri="s3://trainstack-test/runs/r", group="trainstack-sandbox-gpu",
                 code_uri="")

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from components.settings import load_settings
 from components.userdata import JUPYTER_UNIT, boot_env, render_user_data
-from tests.userdata.conftest import s3_keys
+from tests.userdata.helpers import s3_keys
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ import time
 
 import boto3
 
-from tests.userdata.conftest import events, machine_events
-from tests.userdata.metadata import INSTANCE_ID
+from tests.fixtures.metadata import INSTANCE_ID
+from tests.userdata.helpers import events, machine_events
 from trainer import layout
 from trainer.events import EventLog
 from trainer.storage import open_store

@@ -14,9 +14,9 @@ import json
 
 import pytest
 
+from tests.fixtures.metadata import INSTANCE_ID
 from tests.userdata.cluster import Cluster, cluster_trainer_uri
-from tests.userdata.conftest import group_size, machine_events, make_group, s3_keys
-from tests.userdata.metadata import INSTANCE_ID
+from tests.userdata.helpers import group_size, machine_events, make_group, s3_keys
 from trainer import layout
 
 

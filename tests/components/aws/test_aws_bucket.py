@@ -6,7 +6,7 @@ import pytest
 
 from components.aws.naming import default_bucket_name
 from components.settings import bucket_name_problem
-from tests.components.aws.awshelp import one, synth_raw
+from tests.components.aws.helpers import one, synth_raw
 from trainer import layout
 
 BUCKET = "aws:s3/bucket:Bucket"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from components.code import archive_key, pack, write_archive
-from tests.components.aws.awshelp import one, synth_raw
+from tests.components.aws.helpers import one, synth_raw
 
 OBJECT = "aws:s3/bucketObjectv2:BucketObjectv2"
 

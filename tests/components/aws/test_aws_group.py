@@ -9,7 +9,7 @@ import pytest
 from components.aws.group import cap_time
 from components.aws.naming import DLAMI_NAME, choose_zone
 from ops.fakes.common import fake_hex
-from tests.components.aws.awshelp import SSH_KEY, one, synth_raw
+from tests.components.aws.helpers import SSH_KEY, one, synth_raw
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 ASG = "aws:autoscaling/group:Group"

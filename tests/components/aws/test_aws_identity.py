@@ -5,7 +5,7 @@ import json
 import pytest
 from parliament import analyze_policy_string
 
-from tests.components.aws.awshelp import one, synth_raw
+from tests.components.aws.helpers import one, synth_raw
 
 ROLE = "aws:iam/role:Role"
 POLICY = "aws:iam/rolePolicy:RolePolicy"

@@ -16,7 +16,7 @@ import pytest
 from components.code import TRAINER_DIR, archive_key, build_context, content_tag, pack
 from ops import synth
 from policy.rules import image_problem
-from tests.components.aws.awshelp import ROOT, one, synth_raw
+from tests.components.aws.helpers import ROOT, one, synth_raw
 
 IMAGE = "docker-build:index:Image"
 OBJECT = "aws:s3/bucketObjectv2:BucketObjectv2"

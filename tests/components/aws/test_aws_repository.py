@@ -3,7 +3,7 @@
 import json
 
 from components.aws.repository import lifecycle_policy
-from tests.components.aws.awshelp import one, synth_raw
+from tests.components.aws.helpers import one, synth_raw
 
 
 def test_repository_is_immutable_scanned_and_encrypted():

@@ -3,7 +3,7 @@
 import pytest
 
 from components.tags import aws_tags, gcp_labels
-from tests.components.aws.awshelp import SSH_KEY, synth_raw
+from tests.components.aws.helpers import SSH_KEY, synth_raw
 
 EXPECTED = {"trainstack-project": "trainstack", "trainstack-stack": "tagged", "trainstack-run": "exp-7"}
 TAGGABLE = {

@@ -6,7 +6,7 @@ import pytest
 
 from components.gcp.naming import default_bucket_name, group_name, service_account_id
 from components.settings import bucket_name_problem
-from tests.components.gcp.gcphelp import (
+from tests.components.gcp.helpers import (
     gcp,
     one,
 )

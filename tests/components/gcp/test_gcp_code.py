@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from components.code import archive_key, pack
-from tests.components.gcp.gcphelp import gcp, one
+from tests.components.gcp.helpers import gcp, one
 
 OBJECT = "gcp:storage/bucketObject:BucketObject"
 

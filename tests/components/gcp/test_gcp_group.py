@@ -5,7 +5,7 @@ import datetime as dt
 import pytest
 
 from components.gcp.group import IMAGE_FAMILY, cap_cron, compact_placement, no_compact_reason
-from tests.components.gcp.gcphelp import (
+from tests.components.gcp.helpers import (
     FIREWALL,
     MIG,
     SSH_KEY,
@@ -184,7 +184,7 @@ def test_without_compute_zones_the_group_may_use_every_zone_of_the_region(nodes)
 def test_preflight_checks_the_zones_the_group_is_given():
     from ops import preflight
     from ops.fakes import gcp as fake_gcp
-    from tests.components.gcp.gcphelp import BASE
+    from tests.components.gcp.helpers import BASE
 
     class Api:
         def region_zones(self, project, region):

@@ -4,7 +4,7 @@
 import pytest
 
 from components.gcp.identity import OPERATION_PERMISSIONS, RESIZE_PERMISSIONS
-from tests.components.gcp.gcphelp import (
+from tests.components.gcp.helpers import (
     BUCKET_MEMBER,
     MIG,
     gcp,
@@ -107,7 +107,7 @@ def test_destroy_then_up_creates_custom_roles_whose_ids_are_not_reserved(monkeyp
     from ops import mockrun, synth
     from ops.fakes import Mocks
     from ops.fakes.common import RANDOM_ID, random_id_outputs
-    from tests.components.gcp.gcphelp import BASE
+    from tests.components.gcp.helpers import BASE
 
     reserved: set[str] = set()
     created: list[list[str]] = []

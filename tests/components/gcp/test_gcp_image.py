@@ -5,7 +5,7 @@ import subprocess
 from pathlib import Path
 
 from ops import synth
-from tests.components.gcp.gcphelp import (
+from tests.components.gcp.helpers import (
     AR_URL,
     AWS_BASE,
     CLIENT_CONFIG,

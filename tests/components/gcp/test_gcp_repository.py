@@ -2,7 +2,7 @@
 
 
 
-from tests.components.gcp.gcphelp import (
+from tests.components.gcp.helpers import (
     gcp,
     one,
 )

@@ -7,7 +7,7 @@ import yaml
 
 from components.gcp.naming import PREREQUISITE_APIS
 from ops import synth
-from tests.components.gcp.gcphelp import (
+from tests.components.gcp.helpers import (
     AWS_BASE,
     MIG,
     TEMPLATE,

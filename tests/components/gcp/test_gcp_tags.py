@@ -3,7 +3,7 @@
 The label function itself is tested with the AWS tags (tests/components/aws/test_aws_tags.py).
 """
 
-from tests.components.gcp.gcphelp import SSH_KEY, gcp
+from tests.components.gcp.helpers import SSH_KEY, gcp
 
 EXPECTED = {"trainstack-project": "trainstack", "trainstack-stack": "tagged", "trainstack-run": "exp-7"}
 LABELLED = {

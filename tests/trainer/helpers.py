@@ -7,7 +7,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -138,12 +137,3 @@ def kinds(events: list[dict]) -> list[str]:
     return [e.get("event") for e in events]
 
 
-def free_ports(n: int) -> list[int]:
-    """`n` ports free on 127.0.0.1 just now (the workers bind them next)."""
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports

@@ -2,7 +2,7 @@
 
 Each call runs the real `__main__.py` under the SDK's mocks through `ops.synth`
 (pulumi-gcp inputs, camelCase); results are cached per settings, since tests only read
-them. The GCP twin of tests/components/aws/awshelp.py.
+them. The GCP twin of tests/components/aws/helpers.py.
 """
 
 from __future__ import annotations

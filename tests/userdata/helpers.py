@@ -1,0 +1,120 @@
+"""Helpers for the boot sandbox tests: what a run left in the bucket, the emulated Auto Scaling
+group, the container's environment as the machine writes it from the env file, and waiting
+for a condition with a timeout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+
+from components.userdata import USERDATA_DIR, render_env
+from tests.fixtures.metadata import INSTANCE_ID
+from trainer import layout
+
+
+def s3_keys(run) -> dict[str, bytes]:
+    """Every object under the run folder, by key relative to it."""
+    s3 = boto3.client("s3", endpoint_url=run.vars["AWS_ENDPOINT_URL"])
+    prefix = run.uri.removeprefix(f"s3://{run.bucket}/") + "/"
+    out = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=run.bucket, Prefix=prefix):
+        for o in page.get("Contents", []):
+            out[o["Key"][len(prefix):]] = s3.get_object(Bucket=run.bucket, Key=o["Key"])["Body"].read()
+    return out
+
+
+def _jsonl(run, key: str) -> list[dict]:
+    # One object read directly: listing the whole run races the trainer's checkpoint pruning.
+    s3 = boto3.client("s3", endpoint_url=run.vars["AWS_ENDPOINT_URL"])
+    try:
+        raw = s3.get_object(Bucket=run.bucket, Key=run.uri.removeprefix(f"s3://{run.bucket}/") + "/" + key)
+    except s3.exceptions.NoSuchKey:
+        return []
+    return [json.loads(line) for line in raw["Body"].read().decode().splitlines() if line.strip()]
+
+
+def events(run) -> list[dict]:
+    """The trainer's events (events.jsonl)."""
+    return _jsonl(run, layout.EVENTS_KEY)
+
+
+def machine_events(run, machine: str = INSTANCE_ID) -> list[dict]:
+    """One machine's own events (machine-events/<machine>.jsonl)."""
+    return _jsonl(run, layout.machine_events_key(machine))
+
+
+def make_group(s3_run, size: int) -> str:
+    """An Auto Scaling group of `size` machines on moto_server; its name."""
+    ep = s3_run.vars["AWS_ENDPOINT_URL"]
+    name = f"trainstack-{uuid.uuid4().hex[:8]}"
+    ec2 = boto3.client("ec2", endpoint_url=ep, region_name="us-east-1")
+    ec2.create_launch_template(LaunchTemplateName=name,
+                               LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"})
+    boto3.client("autoscaling", endpoint_url=ep, region_name="us-east-1").create_auto_scaling_group(
+        AutoScalingGroupName=name, LaunchTemplate={"LaunchTemplateName": name}, MinSize=size, MaxSize=size,
+        DesiredCapacity=size, AvailabilityZones=["us-east-1a"])
+    return name
+
+
+def group_size(run, name: str) -> tuple[int, int, int]:
+    g = boto3.client("autoscaling", endpoint_url=run.vars["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    desc = g.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
+    return desc["MinSize"], desc["MaxSize"], desc["DesiredCapacity"]
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+PIPELINE = r"""
+set -euo pipefail
+. "$LIB"
+instance_id() { echo i-0abc; }
+load_env
+eval "$(sed -n '/^write_container_env() {/,/^}/p' "$SUPERVISE")"
+write_container_env
+"""
+
+
+def docker_env_file(data: bytes) -> dict[str, str]:
+    """`docker run --env-file` as docker documents and implements it: one variable per line (a line's
+    trailing CR dropped, as Go's line scanner does), leading whitespace trimmed, `#` lines and blank
+    lines skipped, split at the first `=`, the value taken literally."""
+    env = {}
+    for raw in data.split(b"\n"):
+        line = raw.removesuffix(b"\r").decode("utf-8").lstrip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key] = value
+    return env
+
+
+def through_the_machine(env: dict[str, str], tmp: Path) -> dict[str, str]:
+    """The container's environment after render → load_env → write_container_env → docker."""
+    return container_env(render_env(env), tmp)
+
+
+def container_env(env_file: str, tmp: Path) -> dict[str, str]:
+    """The container's environment from the machine's env file (its text, as the user data writes
+    it): the real `lib.sh` `load_env` and `supervise.sh` `write_container_env` in bash, then docker's
+    reading of `--env-file`."""
+    path = tmp / "env"
+    path.write_bytes(env_file.encode())
+    container = tmp / "container.env"
+    run = subprocess.run(["bash", "-c", PIPELINE], capture_output=True, timeout=60, env={
+        "PATH": "/usr/bin:/bin", "LIB": str(USERDATA_DIR / "lib.sh"), "SUPERVISE": str(USERDATA_DIR / "supervise.sh"),
+        "TRAINSTACK_ROOT": str(tmp / "root"), "TRAINSTACK_ENV_FILE": str(path), "CONTAINER_ENV": str(container)})
+    assert run.returncode == 0, run.stderr.decode(errors="replace")
+    return docker_env_file(container.read_bytes())

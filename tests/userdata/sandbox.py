@@ -1,0 +1,152 @@
+"""The boot sandbox: the rendered user data installed in a temp root and run for real.
+
+`write_files` of the rendered `#cloud-config` are written under `<tmp>/root` (the scripts
+take `TRAINSTACK_ROOT` as the prefix of /etc, /var, /opt, /run), fake machine commands
+(`tests/fixtures/machine_commands.py`) come first on PATH and record their calls, the fake metadata
+service answers on 127.0.0.1, and moto_server is the bucket and the Auto Scaling API.
+`Sandbox.boot()` starts the two units' main processes as systemd would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.settings import load_settings
+from components.userdata import boot_env, render_user_data
+from tests.fixtures.metadata import MetadataServer
+
+FAKES = Path(__file__).parents[1] / "fixtures" / "machine_commands.py"
+TOOLS = ("aws", "docker", "nvidia-smi", "apt-get", "systemctl", "shutdown", "journalctl", "gpg", "snap",
+         "modprobe", "mkfs.ext4", "mount", "mountpoint", "blkid", "findmnt", "gcloud")
+
+
+def settings_for(cloud: str = "aws", **run):
+    """A small run's settings: the mlp on synthetic data, a few hundred steps."""
+    raw = {
+        "cloud": cloud,
+        "region": "us-east-1" if cloud == "aws" else "us-central1",
+        "run": {"model": "mlp", "synthetic": True, "steps": 40, "batchSize": 16,
+                "checkpointEverySteps": 20, "checkpointEverySeconds": 600, **run},
+        "compute": {"instanceTypes": ["g5.xlarge"] if cloud == "aws" else ["g2-standard-4"], "maxRuntimeHours": 1},
+    }
+    if cloud == "gcp":
+        raw["project"] = "trainstack-test"
+    return load_settings(raw, stack="sandbox")
+
+
+class Sandbox:
+    """One machine's disk, PATH and processes; `boot()` is one boot of that machine."""
+
+    def __init__(self, tmp: Path, run, metadata: MetadataServer, group: str, code_uri: str,
+                 *, env_overrides: dict[str, str] | None = None, settings=None, toolkit: bool = True,
+                 gpu: bool = True, nvme: bool = False):
+        self.tmp, self.run, self.metadata, self.group = tmp, run, metadata, group
+        self.root = tmp / "root"
+        self.bin = tmp / "bin"
+        self.state = tmp / "fake-state"
+        self.log = tmp / "calls.jsonl"
+        self.procs: dict[str, subprocess.Popen] = {}
+        for d in (self.root, self.bin, self.state):
+            d.mkdir(parents=True, exist_ok=True)
+        tools = TOOLS + (("nvidia-ctk",) if toolkit else ())
+        for name in tools:
+            wrapper = self.bin / name
+            wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKES}" {name} "$@"\n')
+            wrapper.chmod(0o755)
+        env = boot_env(settings or settings_for(), run_uri=run.uri, group=group, code_uri=code_uri)
+        env.update({"TRAINSTACK_POLL_S": "0.2", **(env_overrides or {})})
+        self.user_data = render_user_data(env["TRAINSTACK_CLOUD"], env)
+        self.doc = yaml.safe_load(self.user_data)
+        for f in self.doc["write_files"]:
+            path = self.root / f["path"].lstrip("/")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f["content"])
+            path.chmod(int(f["permissions"], 8))
+        (self.root / "dev/disk/by-id").mkdir(parents=True)
+        if nvme:
+            (self.root / "dev/disk/by-id/nvme-Amazon_EC2_NVMe_Instance_Storage_AWS0123").touch()
+        pci = self.root / "sys/bus/pci/devices/0000:00:1e.0"
+        pci.mkdir(parents=True)
+        (pci / "vendor").write_text("0x10de\n" if gpu else "0x1d0f\n")
+        self.env = {
+            **run.env,
+            "PATH": f"{self.bin}:/usr/bin:/bin:/usr/sbin:/sbin",
+            "TRAINSTACK_ROOT": str(self.root),
+            "TRAINSTACK_METADATA_URL": metadata.url,
+            "TRAINSTACK_NVIDIA_REPO_URL": metadata.url + "/nvidia",
+            "TRAINSTACK_DEV_DIR": str(self.root / "dev/disk/by-id"),
+            "TRAINSTACK_PCI_DIR": str(self.root / "sys/bus/pci/devices"),
+            "TRAINSTACK_RETRY_BASE_S": "0",
+            "TRAINSTACK_RESTART_BACKOFF_S": "0",
+            "TRAINSTACK_NOTICE_WAIT_S": "600",
+            "FAKE_LOG": str(self.log),
+            "FAKE_STATE": str(self.state),
+            "FAKE_BIN": str(self.bin),
+            "FAKE_GPU": "1" if gpu else "0",
+            "CUDA_VISIBLE_DEVICES": "",
+        }
+
+    # -- running --
+
+    def _start(self, unit: str, script: str) -> subprocess.Popen:
+        out = open(self.tmp / f"journal-{unit}.log", "ab")  # noqa: SIM115 (the child owns it)
+        proc = subprocess.Popen([str(self.root / "opt/trainstack/bin" / script)], env=self.env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        out.close()
+        self.procs[unit] = proc
+        return proc
+
+    def boot(self, *, watcher: bool = True) -> subprocess.Popen:
+        """One boot: the watcher and the trainer unit start; returns the trainer unit's process."""
+        (self.root / "run").mkdir(exist_ok=True)
+        if watcher:
+            self._start("watcher", "watch-notice.sh")
+        return self._start("trainer", "supervise.sh")
+
+    def wait(self, unit: str = "trainer", timeout: float = 240) -> int:
+        try:
+            return self.procs[unit].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{unit} still running after {timeout}s:\n{self.journal(unit)[-4000:]}")
+
+    def power_off(self) -> None:
+        """The machine goes away: every process is killed and /run (tmpfs) is lost."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        self.procs.clear()
+        for lost in (self.root / "run", self.state / "mounts", self.state / "mounted-sources",
+                     self.state / "containers"):
+            subprocess.run(["rm", "-rf", str(lost)], check=True)
+
+    def journal(self, unit: str = "trainer") -> str:
+        path = self.tmp / f"journal-{unit}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # -- what happened --
+
+    def calls(self, cmd: str | None = None) -> list[dict]:
+        if not self.log.exists():
+            return []
+        out = [json.loads(line) for line in self.log.read_text().splitlines()]
+        return [c for c in out if cmd is None or c["cmd"] == cmd]
+
+    def argvs(self, cmd: str) -> list[list[str]]:
+        return [c["argv"] for c in self.calls(cmd)]
+
+    def first(self, cmd: str, *prefix: str) -> float:
+        """Time of the first call of `cmd` whose argv starts with `prefix`."""
+        for c in self.calls(cmd):
+            argv = [a for a in c["argv"] if a != "--only-show-errors"]
+            if argv[: len(prefix)] == list(prefix):
+                return c["t"]
+        raise AssertionError(f"no call {cmd} {' '.join(prefix)} in {[c['cmd'] for c in self.calls()]}")
