@@ -8,6 +8,7 @@ count (CI has 2 cores) and no deadline (a loaded machine must not fail a test on
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 pytest_plugins = ["tests.fixtures.emulators", "tests.fixtures.sshd"]
@@ -18,3 +19,25 @@ settings.register_profile(
 )
 settings.register_profile("thorough", parent=settings.get_profile("ci"), max_examples=2000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under `pytest -n` (pytest-xdist, `--dist loadgroup`), a module whose tests share a
+    module-scoped fixture (one trained run, one synthesized stack) runs on one worker, so the
+    fixture is built once; every other test is handed to whichever worker is free."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = any(
+            d.scope in ("module", "class", "package")
+            for defs in info.name2fixturedefs.values() for d in defs
+        )
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    # Modules with slow scenarios start first, so the longest tests do not begin last and
+    # leave one worker running alone at the end. Each module's tests stay together and in
+    # their order (its module-scoped fixtures are built once).
+    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module.__name__ not in slow_modules)

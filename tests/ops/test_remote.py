@@ -9,6 +9,7 @@ has read the first one.
 
 from __future__ import annotations
 
+import http.client
 import http.server
 import io
 import json
@@ -287,6 +288,8 @@ def test_tunnel_cli_forwards_http_until_interrupted(sshd, ssh_home):
             self.end_headers()
             self.wfile.write(body)
 
+        protocol_version = "HTTP/1.1"  # keeps the connection open between requests
+
         def log_message(self, *a):
             pass
 
@@ -297,11 +300,16 @@ def test_tunnel_cli_forwards_http_until_interrupted(sshd, ssh_home):
         line = read_line(proc.stdout).decode()
         assert line.startswith("http://127.0.0.1:"), line
         local = int(line.split("http://127.0.0.1:")[1].split("/")[0])
-        import urllib.request
-
-        bodies = [urllib.request.urlopen(f"http://127.0.0.1:{local}/run/{i}", timeout=20).read() for i in range(2)]
+        # As a browser does: both requests on one connection, which stays open afterwards.
+        conn = http.client.HTTPConnection("127.0.0.1", local, timeout=20)
+        bodies = []
+        for i in range(2):
+            conn.request("GET", f"/run/{i}")
+            bodies.append(conn.getresponse().read())
+        # Ctrl-C with the browser's connection still open ends the command at once.
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=60)
+        conn.close()
     finally:
         if proc.poll() is None:
             proc.kill()

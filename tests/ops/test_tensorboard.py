@@ -276,7 +276,7 @@ def test_tensorboard_serves_a_bucket_runs_loss_on_loopback_and_follows_the_run(s
     finally:
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         try:
-            out, _ = proc.communicate(timeout=30)
+            out, _ = proc.communicate(timeout=90)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
