@@ -54,6 +54,18 @@ class Host:
         return ip
 
 
+def _run_cli(argv: list[str], what: str, timeout_s: int, *, cwd: Path | str | None = None) -> subprocess.CompletedProcess:
+    """Run an operator's CLI (pulumi, gcloud) within a bound; its failure is one line with its last words."""
+    try:
+        proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise HostsError(f"{what} took over {timeout_s} s; try again") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        raise HostsError(f"{what} failed: {last}")
+    return proc
+
+
 def stack_outputs(stack: str, *, cwd: Path | str = ROOT) -> dict:
     """The stack's outputs from ``pulumi stack output --json --stack STACK`` (run in the project folder)."""
     exe = shutil.which("pulumi")
@@ -62,19 +74,8 @@ def stack_outputs(stack: str, *, cwd: Path | str = ROOT) -> dict:
             "the pulumi CLI is not on PATH, so --stack cannot be resolved; "
             "install it (https://www.pulumi.com/docs/install/) or pass --run-uri / --host"
         )
-    try:
-        proc = subprocess.run(
-            [exe, "stack", "output", "--json", "--stack", stack],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=PULUMI_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
-        raise HostsError(f"pulumi stack output --stack {stack} took over {PULUMI_TIMEOUT_S} s; try again") from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        raise HostsError(f"pulumi stack output --stack {stack} failed: {last}")
+    proc = _run_cli([exe, "stack", "output", "--json", "--stack", stack], f"pulumi stack output --stack {stack}",
+                    PULUMI_TIMEOUT_S, cwd=cwd)
     try:
         outputs = json.loads(proc.stdout or "{}")
     except ValueError:
@@ -146,18 +147,8 @@ def gcp_hosts(group: str, region: str | None = None) -> list[Host]:
     flt = f"name~'^{base}-[a-z0-9]{{4}}$' AND status=RUNNING"
     if region:
         flt += f" AND zone~'/zones/{re.escape(region)}-'"
-    try:
-        proc = subprocess.run(
-            [exe, "compute", "instances", "list", "--format=json", f"--filter={flt}"],
-            capture_output=True,
-            text=True,
-            timeout=GCLOUD_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
-        raise HostsError(f"gcloud compute instances list took over {GCLOUD_TIMEOUT_S} s; try again") from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        raise HostsError(f"gcloud compute instances list failed: {last}")
+    proc = _run_cli([exe, "compute", "instances", "list", "--format=json", f"--filter={flt}"],
+                    "gcloud compute instances list", GCLOUD_TIMEOUT_S)
     hosts = []
     for inst in json.loads(proc.stdout or "[]"):
         nic = (inst.get("networkInterfaces") or [{}])[0]
