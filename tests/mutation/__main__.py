@@ -71,7 +71,8 @@ TARGETS: dict[str, Target] = {
         ["tests/policy/test_rules.py", "tests/policy/test_world_ingress_properties.py"],
         # The pack's manifest test compares paths of the checkout, not of mutmut's copy.
         select="not test_pack_manifest_points_at_its_own_virtualenv"),
-    "runstate": Target(["ops/runstate.py"], ["tests/ops/test_runstate.py", "tests/ops/test_status_heartbeat.py"]),
+    "runstate": Target(["ops/runstate.py"], ["tests/ops/test_runstate.py", "tests/ops/test_status_heartbeat.py",
+                                            "tests/ops/test_status.py"]),
     "userdata": Target(
         ["components/userdata.py"],
         ["tests/userdata/test_render.py", "tests/userdata/test_env_file_properties.py",
