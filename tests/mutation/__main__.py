@@ -44,7 +44,7 @@ class Target:
     mutate: list[str]
     tests: list[str]
     select: str = ""  # a -k expression
-    # Leave out the tests that need the S3 or GCS emulator (tests/mutation/local_only.py).
+    # Leave out the tests that need the S3 or GCS emulator or a child process (tests/mutation/plugin.py).
     local_only: bool = True
     extra: list[str] = field(default_factory=list)
 
@@ -71,12 +71,16 @@ TARGETS: dict[str, Target] = {
         ["tests/policy/test_rules.py", "tests/policy/test_world_ingress_properties.py"],
         # The pack's manifest test compares paths of the checkout, not of mutmut's copy.
         select="not test_pack_manifest_points_at_its_own_virtualenv"),
-    "runstate": Target(["ops/runstate.py"], ["tests/ops/test_runstate.py", "tests/ops/test_status_heartbeat.py",
-                                            "tests/ops/test_status.py"]),
+    "runstate": Target(
+        ["ops/runstate.py"],
+        ["tests/ops/test_runstate.py", "tests/ops/test_runstate_details.py", "tests/ops/test_status_heartbeat.py",
+         "tests/ops/test_status.py"]),
     "userdata": Target(
         ["components/userdata.py"],
         ["tests/userdata/test_render.py", "tests/userdata/test_env_file_properties.py",
-         "tests/userdata/test_machine_names.py"]),
+         "tests/userdata/test_machine_names.py", "tests/userdata/test_jupyter.py"],
+        # shellcheck and cloud-init's schema take ~15 s a case and test the scripts, not the rendering.
+        select="not shellcheck and not schema"),
 }
 
 
@@ -112,7 +116,7 @@ def prepare(name: str, target: Target) -> Path:
     if target.select:
         args += ["-k", target.select]
     if target.local_only:
-        args += ["-p", "tests.mutation.local_only"]
+        args += ["-p", "tests.mutation.plugin"]
     config = f"""
 [tool.mutmut]
 source_paths = {_toml_list(SOURCES)}
@@ -129,7 +133,6 @@ use_git_change_detection = false
 
 def results(work: Path, target: Target) -> dict[str, str]:
     """Mutant name → mutmut's verdict, from the `.meta` files of the mutated files."""
-    sys.path.insert(0, str(work))
     from mutmut.stats import status_by_exit_code
 
     out = {}
@@ -140,32 +143,49 @@ def results(work: Path, target: Target) -> dict[str, str]:
     return out
 
 
-def run(name: str, target: Target, equivalent: dict[str, str]) -> tuple[int, int, list[str]]:
-    work = prepare(name, target)
-    start = time.monotonic()
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", "1"], cwd=work, env=env,
-                          capture_output=True, text=True)
-    took = time.monotonic() - start
-    verdicts = results(work, target)
-    if proc.returncode != 0 or not verdicts:
-        print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n", file=sys.stderr)
-        raise SystemExit(f"{name}: mutmut failed (exit {proc.returncode}); its copy is {work}")
+def run(name: str, target: Target, equivalent: dict[str, str], *, again: bool = False) -> list[str] | None:
+    """Run mutmut on one target and print its score; the mutants not killed, None when mutmut failed.
+
+    `again`: check only the mutants the last run of this target left alive (after tests were
+    added; the code under test unchanged) and keep that run's other verdicts.
+    """
+    saved = SCRATCH / f"{name}.json"
+    before: dict[str, str] = json.loads(saved.read_text()) if again and saved.exists() else {}
+    only = sorted(k for k, v in before.items() if v not in KILLED)
+    if before and not only:
+        verdicts, took = before, 0.0
+    else:
+        work = prepare(name, target)
+        start = time.monotonic()
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        with open(SCRATCH / f"{name}.log", "w") as log:
+            proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", "1", *only], cwd=work,
+                                  env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        took = time.monotonic() - start
+        found = results(work, target)
+        if proc.returncode != 0 or not found:
+            print(f"{name}: mutmut failed (exit {proc.returncode}) after {took:.0f} s; see {SCRATCH / name}.log")
+            return None
+        verdicts = {**before, **{k: v for k, v in found.items() if not before or k in only}}
+        saved.write_text(json.dumps(verdicts, indent=1, sort_keys=True))
     killed = sum(1 for v in verdicts.values() if v in KILLED)
     left = sorted(k for k, v in verdicts.items() if v not in KILLED)
     total = len(verdicts)
     print(f"{name}: {killed} / {total} killed ({100 * killed / total:.1f} %), "
-          f"{sum(1 for k in left if k in equivalent)} equivalent, in {took:.0f} s")
+          f"{sum(1 for k in left if k in equivalent)} equivalent, in {took:.0f} s"
+          + (f" (again: {len(only)} checked)" if only else ""))
     for k in left:
         why = equivalent.get(k)
         print(f"    {verdicts[k]:<10} {k}" + (f"  [equivalent: {why}]" if why else ""))
-    return killed, total, left
+    return left
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__.splitlines()[0])
     parser.add_argument("targets", nargs="*", choices=[[], *TARGETS], help="default: all of them")
     parser.add_argument("--list", action="store_true", help="print the targets, their files and tests")
+    parser.add_argument("--again", action="store_true",
+                        help="check only the mutants the last run left alive (after adding tests)")
     opts = parser.parse_args(argv)
     names = opts.targets or list(TARGETS)
     if opts.list:
@@ -174,12 +194,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     equivalent = equivalents()
     start = time.monotonic()
-    unexplained = 0
+    unexplained, failed = 0, []
     for n in names:
-        _, _, left = run(n, TARGETS[n], equivalent)
-        unexplained += sum(1 for k in left if k not in equivalent)
-    print(f"all: {time.monotonic() - start:.0f} s; {unexplained} surviving mutants neither killed nor explained")
-    return 1 if unexplained else 0
+        left = run(n, TARGETS[n], equivalent, again=opts.again)
+        if left is None:
+            failed.append(n)
+        else:
+            unexplained += sum(1 for k in left if k not in equivalent)
+    print(f"all: {time.monotonic() - start:.0f} s; {unexplained} surviving mutants neither killed nor explained"
+          + (f"; mutmut failed on {', '.join(failed)}" if failed else ""))
+    return 1 if unexplained or failed else 0
 
 
 if __name__ == "__main__":
