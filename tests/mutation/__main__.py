@@ -61,7 +61,7 @@ TARGETS: dict[str, Target] = {
     "storage": Target(
         ["trainer/storage/keys.py", "trainer/storage/retry.py"],
         ["tests/trainer/test_keys_properties.py", "tests/trainer/test_storage.py",
-         "tests/trainer/test_storage_retry.py"]),
+         "tests/trainer/test_storage_retry.py", "tests/trainer/test_storage_keys.py"]),
     "settings": Target(
         ["components/settings/*.py"],
         ["tests/components/test_settings.py", "tests/components/test_settings_strict.py",
