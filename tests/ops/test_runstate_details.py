@@ -217,3 +217,82 @@ def test_events_without_a_time_come_first_in_their_own_order():
     b = ev("b", 10)
     c = {layout.EVENT: "c", layout.TIME: "1970-01-01T00:00:00.5+00:00"}
     assert [e[layout.EVENT] for e in runstate.merge_events([b, a], [c])] == ["a", "c", "b"]
+
+
+# -- what an end marker and progress.json say --
+
+def test_an_end_markers_step_counts_from_zero_and_a_negative_one_is_ignored():
+    facts = RunFacts(S3, [started(100)], progress=progress(5), end_marker=layout.CANCELLED,
+                     end={layout.MARKER_STEP: 0})
+    st = classify(facts, NOW)
+    assert (st.step, st.detail) == (0, "stopped on request at step 0")
+    facts = RunFacts(S3, [started(100)], progress=progress(5), end_marker=layout.FAILED, end={layout.MARKER_STEP: -1})
+    st = classify(facts, NOW)
+    assert (st.step, st.detail) == (40, "")
+
+
+def test_the_model_folder_is_named_once_whatever_the_uri_ends_with():
+    facts = RunFacts(S3 + "/", [started(100)], end_marker=layout.COMPLETE, end={layout.MARKER_STEP: 100})
+    assert classify(facts, NOW).detail == f"model in {S3}/{layout.MODEL_PREFIX}"
+
+
+def test_progress_fields_of_the_wrong_type_are_left_out():
+    doc = {"step": "40", "total": "x", "updated": 12345}
+    st = classify(RunFacts(S3, [started(100)], progress=doc, checkpoint_step=30), NOW)
+    assert (st.step, st.total, st.progress_updated, st.progress_age_seconds) == (30, 100, None, None)
+    st = classify(RunFacts(S3, [started(100)], progress=progress(5, total=500)), NOW)
+    assert st.total == 500
+    st = classify(RunFacts(S3, [ev(layout.STARTED, 100, attempt=1, config=[1])], progress={"step": 4}), NOW)
+    assert st.total is None
+
+
+def test_the_eta_comes_from_the_rate_and_the_global_batch():
+    events = [ev(layout.STARTED, 100, attempt=1, global_batch=32, config={"steps": 100})]
+    st = classify(RunFacts(S3, events, progress=progress(5, examples_per_sec=70.0)), NOW)
+    assert st.eta_seconds == round(60 * 32 / 70.0, 1) == 27.4
+    st = classify(RunFacts(S3, events, progress=progress(5, step=120, examples_per_sec=70.0)), NOW)
+    assert st.eta_seconds == 0
+
+
+# -- the heartbeat --
+
+def test_the_heartbeat_is_rounded_to_a_tenth_and_never_negative():
+    assert classify(RunFacts(S3, [started(100)], progress=progress(12.345)), NOW).heartbeat_age_seconds == 12.3
+    assert classify(RunFacts(S3, [started(100)], progress=progress(0.4)), NOW).heartbeat_age_seconds == 0.4
+
+
+def test_the_heartbeat_is_the_newest_written_event_not_the_latest_stamped():
+    # The last line of events.jsonl is the trainer's latest word, whatever its time says.
+    events = [started(1000), ev(layout.CHECKPOINT, 5, step=1), ev(layout.CHECKPOINT, 500, step=2)]
+    assert classify(RunFacts(S3, events), NOW).heartbeat_age_seconds == 500
+
+
+def test_silent_for_exactly_the_bound_is_not_yet_a_stall():
+    assert classify(RunFacts(S3, [started(10_000)], progress=progress(120)), NOW).state == runstate.RUNNING
+
+
+def test_progress_written_with_the_attempts_start_ends_the_starting_phase():
+    # A progress.json stamped the same second as `resumed` belongs to this attempt: no quiet phase.
+    events = [started(2000), ev(layout.RESUMED, 600, step=10)]
+    assert classify(RunFacts(S3, events, progress=progress(600)), NOW).state == runstate.STALLED
+    assert classify(RunFacts(S3, events, progress=progress(601)), NOW).state == runstate.RUNNING
+
+
+# -- what a stall or a notice says --
+
+def test_a_machine_taken_after_a_notice_says_when():
+    facts = RunFacts(S3, [started(7200)], [ev(layout.SPOT_NOTICE, 3600)], progress=progress(3500))
+    st = classify(facts, NOW)
+    assert (st.state, st.detail) == (runstate.PREEMPTED, "the machine was taken after a spot notice at 11:00:00; "
+                                                         "waiting for the group to start a machine")
+
+
+def test_a_stall_after_a_failed_attempt_or_after_training_says_which():
+    facts = RunFacts(S3, [started(7200), ev(layout.FAILED_EVENT, 3600, attempt=1, reason="disk full")])
+    assert classify(facts, NOW).detail.startswith("no heartbeat for 1h 00m after attempt 1 failed (disk full) ")
+    facts = RunFacts(S3, [started(7200), ev(layout.FINISHED, 3600, step=100)])
+    assert classify(facts, NOW).detail.startswith(
+        "no heartbeat for 1h 00m after training finished, before the model was written ")
+    # A heartbeat but no lifecycle event at all (events.jsonl lost): training, not a failure.
+    facts = RunFacts(S3, [ev(layout.CHECKPOINT, 3600, step=1)], progress=progress(3600))
+    assert classify(facts, NOW).detail.startswith("no heartbeat for 1h 00m while training ")
