@@ -186,9 +186,18 @@ def test_a_wait_counts_only_after_the_trainers_last_lifecycle_event(wait_ago, wa
 
 
 def test_a_wait_with_an_unreadable_time_is_ignored():
-    facts = RunFacts(S3, [started(7200)], [{layout.EVENT: layout.WAITING_FOR_MACHINES, layout.TIME: "soon", **WAIT}],
-                     progress=progress(5))
+    wait = {layout.EVENT: layout.WAITING_FOR_MACHINES, layout.TIME: "soon", **WAIT}
+    facts = RunFacts(S3, [started(7200)], [wait], progress=progress(5))
     assert classify(facts, NOW).detail != WAIT_DETAIL
+    # Nor when the trainer has written no lifecycle event to compare it with.
+    facts = RunFacts(S3, [ev(layout.CHECKPOINT, 10, step=1)], [wait], progress=progress(5))
+    assert classify(facts, NOW).detail == ""
+
+
+def test_a_wait_with_no_trainer_event_before_it_counts():
+    facts = RunFacts(S3, [ev(layout.CHECKPOINT, 100, step=1)], [ev(layout.WAITING_FOR_MACHINES, 60, **WAIT)],
+                     progress=progress(100))
+    assert classify(facts, NOW).detail == WAIT_DETAIL
 
 
 # -- the small readers --
