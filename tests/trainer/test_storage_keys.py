@@ -91,6 +91,7 @@ def test_the_reader_is_a_window_of_the_file(data_file):
     assert r.read(5) == bytes(range(10, 15)) and r.tell() == 5
     assert r.read() == bytes(range(15, 30)) and r.tell() == 20
     assert r.read() == b"" and r.read(3) == b""
+    assert r.seek(0) == 0 and r.read(0) == b"" and r.tell() == 0
     assert r.seek(2) == 2 and r.read(None) == bytes(range(12, 30))
 
 
@@ -118,7 +119,7 @@ def test_the_reader_stops_once_cancelled(data_file):
     r = CancellableReader(data_file, cancel)
     assert r.read(10) == bytes(range(10))
     cancel.set()
-    with pytest.raises(Cancelled):
+    with pytest.raises(Cancelled, match="^transfer cancelled$"):
         r.read(10)
     with pytest.raises(Cancelled):
         r.readinto(bytearray(4))

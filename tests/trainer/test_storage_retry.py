@@ -174,3 +174,15 @@ def test_a_permanent_error_is_raised_at_once(no_waits):
     with pytest.raises(NotFound):
         retry.retrying(fn, on_retry=lambda n, e: seen.append(n))
     assert (len(calls), seen) == (1, [])
+
+
+@pytest.mark.parametrize("missing", ["botocore.exceptions", "google.api_core.exceptions", "google.resumable_media"])
+def test_errors_are_classified_when_a_cloud_library_is_not_installed(monkeypatch, missing):
+    # A file:// run must not need the cloud libraries: each is imported when needed, and its
+    # absence only means its errors cannot occur.
+    import sys
+
+    monkeypatch.setitem(sys.modules, missing, None)  # importing it now raises ImportError
+    assert retry.is_transient(ConnectionResetError()) is True
+    assert retry.is_transient(OSError(errno.EIO, "io")) is True
+    assert retry.is_transient(RuntimeError("bug")) is False
