@@ -57,7 +57,7 @@ TARGETS: dict[str, Target] = {
     "checkpoints": Target(
         ["trainer/checkpoints.py"],
         ["tests/trainer/test_checkpoints.py", "tests/trainer/test_checkpoint_retention.py"]),
-    "lease": Target(["trainer/lease.py"], ["tests/trainer/test_lease.py"]),
+    "lease": Target(["trainer/lease.py"], ["tests/trainer/test_lease_rules.py", "tests/trainer/test_lease.py"]),
     "storage": Target(
         ["trainer/storage/keys.py", "trainer/storage/retry.py"],
         ["tests/trainer/test_keys_properties.py", "tests/trainer/test_storage.py",
