@@ -57,7 +57,10 @@ TARGETS: dict[str, Target] = {
     "checkpoints": Target(
         ["trainer/checkpoints.py"],
         ["tests/trainer/test_checkpoints.py", "tests/trainer/test_checkpoint_retention.py"]),
-    "lease": Target(["trainer/lease.py"], ["tests/trainer/test_lease_rules.py", "tests/trainer/test_lease.py"]),
+    "lease": Target(
+        ["trainer/lease.py"], ["tests/trainer/test_lease_rules.py", "tests/trainer/test_lease.py"],
+        # Real-time twins of test_lease_rules.py's injected-clock cases (seconds each).
+        select="not held_lease_is_waited_for and not nobody_renews_is_taken_over"),
     "storage": Target(
         ["trainer/storage/keys.py", "trainer/storage/retry.py"],
         ["tests/trainer/test_keys_properties.py", "tests/trainer/test_storage.py",
