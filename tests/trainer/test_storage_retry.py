@@ -133,9 +133,22 @@ def test_the_backoff_stops_growing_at_its_maximum():
     assert retry._Backoff()(_state(30)) == retry.BACKOFF_MAX_S
 
 
+class _NoWait(tenacity.wait.wait_base):
+    """The backoff, asked before each retry, answering 0 s (the tries it was asked for are kept)."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        self.asked.append(retry_state.attempt_number)
+        return 0.0
+
+
 @pytest.fixture
 def no_waits(monkeypatch):
-    monkeypatch.setattr(retry, "_Backoff", lambda: tenacity.wait_none())
+    wait = _NoWait()
+    monkeypatch.setattr(retry, "_Backoff", lambda: wait)
+    return wait
 
 
 def test_a_transient_error_is_retried_until_the_call_succeeds(no_waits):
@@ -149,6 +162,7 @@ def test_a_transient_error_is_retried_until_the_call_succeeds(no_waits):
 
     assert retry.retrying(fn, on_retry=lambda n, e: seen.append((n, str(e)))) == "done"
     assert seen == [(1, "try 1"), (2, "try 2")]
+    assert no_waits.asked == [1, 2]  # the backoff decides each pause
 
 
 def test_retries_stop_after_the_bounded_attempts_with_the_last_error(no_waits):
