@@ -81,7 +81,8 @@ TARGETS: dict[str, Target] = {
     "userdata": Target(
         ["components/userdata.py"],
         ["tests/userdata/test_render.py", "tests/userdata/test_env_file_properties.py",
-         "tests/userdata/test_machine_names.py", "tests/userdata/test_jupyter.py"],
+         "tests/userdata/test_machine_names.py", "tests/userdata/test_jupyter.py",
+         "tests/userdata/test_render_values.py"],
         # shellcheck and cloud-init's schema take ~15 s a case and test the scripts, not the rendering.
         select="not shellcheck and not schema"),
 }
