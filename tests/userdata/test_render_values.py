@@ -22,14 +22,28 @@ def _env(**run):
 
 
 def test_the_env_file_carries_the_runs_and_the_machines_values():
-    env = _env(steps=40, batchSize=16, keepCheckpoints=4, model="mlp")
-    assert {k: env[k] for k in ("TRAINSTACK_MODEL", "TRAINSTACK_STEPS", "TRAINSTACK_BATCH_SIZE",
-                                "TRAINSTACK_KEEP_CHECKPOINTS", "TRAINSTACK_NODES", "TRAINSTACK_POLL_S",
-                                "TRAINSTACK_MAX_FAILURES")} == {
-        "TRAINSTACK_MODEL": "mlp", "TRAINSTACK_STEPS": "40", "TRAINSTACK_BATCH_SIZE": "16",
-        "TRAINSTACK_KEEP_CHECKPOINTS": "4", "TRAINSTACK_NODES": "1", "TRAINSTACK_POLL_S": "5",
-        "TRAINSTACK_MAX_FAILURES": "3"}
-    assert all(k.startswith("TRAINSTACK_") and k.isupper() for k in env)
+    env = _env(steps=40, batchSize=16, keepCheckpoints=4, model="mlp", seed=7)
+    price = {k: env.pop(k) for k in ("TRAINSTACK_PRICE_PER_HOUR", "TRAINSTACK_PRICE_NOTE")}
+    assert env == {
+        "TRAINSTACK_CLOUD": "aws", "TRAINSTACK_REGION": "us-east-1", "TRAINSTACK_RUN_URI": "s3://b/runs/r",
+        "TRAINSTACK_GROUP": "g", "TRAINSTACK_IMAGE": "tensorflow/tensorflow:2.21.0-gpu",
+        "TRAINSTACK_CODE_URI": "s3://b/code/c.tar.gz", "TRAINSTACK_MAX_RUNTIME_S": "3600", "TRAINSTACK_NODES": "1",
+        "TRAINSTACK_GPUS_PER_NODE": "1", "TRAINSTACK_NOTICE_GRACE_S": "100", "TRAINSTACK_POLL_S": "5",
+        "TRAINSTACK_MAX_FAILURES": "3", "TRAINSTACK_MODEL": "mlp", "TRAINSTACK_STEPS": "40",
+        "TRAINSTACK_BATCH_SIZE": "16", "TRAINSTACK_KEEP_CHECKPOINTS": "4", "TRAINSTACK_SEED": "7",
+        "TRAINSTACK_SYNTHETIC": "1", "TRAINSTACK_CHECKPOINT_EVERY_STEPS": "20",
+        "TRAINSTACK_CHECKPOINT_EVERY_SECONDS": "600"}
+    assert float(price["TRAINSTACK_PRICE_PER_HOUR"]) > 0 and price["TRAINSTACK_PRICE_NOTE"]
+
+
+def test_the_env_file_names_the_data_and_the_users_command_when_the_stack_has_them():
+    env = _env(synthetic=False, dataUri="s3://data-bkt/x", checkpointEverySteps=None, checkpointEverySeconds=300)
+    assert (env["TRAINSTACK_DATA_URI"], env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"]) == ("s3://data-bkt/x", "300")
+    assert "TRAINSTACK_SYNTHETIC" not in env and "TRAINSTACK_CHECKPOINT_EVERY_STEPS" not in env
+    env = _env(synthetic=False, code="examples/keras-fit", command=["python", "train.py"])
+    assert {k: env[k] for k in ("TRAINSTACK_CODE_DIR", "TRAINSTACK_COMMAND", "TRAINSTACK_STOP_GRACE_S")} == {
+        "TRAINSTACK_CODE_DIR": userdata.USER_CODE_DIR, "TRAINSTACK_COMMAND": '["python", "train.py"]',
+        "TRAINSTACK_STOP_GRACE_S": "90"}
 
 
 def test_the_env_files_own_entry_is_roots_and_readable():
