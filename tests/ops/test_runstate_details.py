@@ -241,8 +241,11 @@ def test_an_end_markers_step_counts_from_zero_and_a_negative_one_is_ignored():
 
 
 def test_the_model_folder_is_named_once_whatever_the_uri_ends_with():
-    facts = RunFacts(S3 + "/", [started(100)], end_marker=layout.COMPLETE, end={layout.MARKER_STEP: 100})
-    assert classify(facts, NOW).detail == f"model in {S3}/{layout.MODEL_PREFIX}"
+    for uri in (S3, S3 + "/"):
+        facts = RunFacts(uri, [started(100)], end_marker=layout.COMPLETE, end={layout.MARKER_STEP: 100})
+        assert classify(facts, NOW).detail == f"model in {S3}/{layout.MODEL_PREFIX}"
+    facts = RunFacts("s3://bucket/runs/X/", [started(100)], end_marker=layout.COMPLETE, end={layout.MARKER_STEP: 1})
+    assert classify(facts, NOW).detail == f"model in s3://bucket/runs/X/{layout.MODEL_PREFIX}"
 
 
 def test_progress_fields_of_the_wrong_type_are_left_out():
