@@ -18,6 +18,9 @@ CHILD_PROCESS = {
     "test_ops_synth_process_exits_2",
     "test_trainer_flags_are_read_without_tensorflow",
     "test_synth_exits_2_with_one_line_and_writes_nothing",
+    # Pulumi's mock runtime (gRPC, asyncio) hangs in mutmut's forked workers: every mutant would
+    # time out and count as killed whatever it changed.
+    "test_the_output_renders_once_the_bucket_code_and_image_are_known",
 }
 
 
