@@ -101,3 +101,16 @@ def test_the_output_renders_once_the_bucket_code_and_image_are_known():
     expected["TRAINSTACK_GROUP"] = "grp"
     expected["TRAINSTACK_IMAGE"] = "repo/img@sha256:abc"
     assert seen[0] == render_user_data("aws", expected)
+
+
+def test_a_short_notice_still_leaves_the_users_command_five_seconds(monkeypatch):
+    monkeypatch.setitem(userdata.NOTICE_GRACE_S, "aws", 12)
+    env = _env(synthetic=False, code="examples/keras-fit", command=["python", "train.py"])
+    assert env["TRAINSTACK_STOP_GRACE_S"] == "5"
+
+
+def test_the_env_file_refuses_only_line_breaks_and_nuls():
+    assert userdata.render_env({"A": "X-x'y \\t$", "B": ""}) == "A='X-x'\\''y \\t$'\nB=''\n"
+    for bad in ("a\nb", "a\rb", "a\x00b"):
+        with pytest.raises(ValueError, match="^A: value may not contain newlines"):
+            userdata.render_env({"A": bad})
