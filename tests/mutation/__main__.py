@@ -6,7 +6,7 @@ settings, the policy rules, the status classification, the user-data rendering) 
 `build/mutation/<target>/`, mutating only its own files and running only the fast tests
 that cover them (the `file://` backend where a test is parametrized over stores: the code
 under test is the same for every store). Then it prints killed / total per target and
-every mutant that was not killed, marking the ones `equivalent.txt` explains.
+every mutant that was not killed, marking the ones `equivalent.txt` or `by_hand.txt` explains.
 
 Too slow for every CI run (see tests/README.md for the time it takes); needs `mutmut`
 from requirements-dev.txt. `mutmut show <name>` inside `build/mutation/<target>/` shows
@@ -16,6 +16,7 @@ a mutant's diff.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import shutil
@@ -91,14 +92,23 @@ TARGETS: dict[str, Target] = {
 
 
 def equivalents() -> dict[str, str]:
-    """`equivalent.txt`: mutant name → why no test can tell it from the original."""
+    """Mutant name (or fnmatch pattern) → why it stays alive here: `equivalent.txt` (no test can tell
+    it from the original) and `by_hand.txt` (a test kills it when planted by hand, but mutmut
+    cannot run or tie that test to it)."""
     out = {}
-    for line in (HERE / "equivalent.txt").read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            name, _, reason = line.partition(" ")
-            out[name] = reason.strip()
+    for name, label in (("equivalent.txt", "equivalent"), ("by_hand.txt", "killed by hand")):
+        for line in (HERE / name).read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                mutant, _, reason = line.partition(" ")
+                out[mutant] = f"{label}: {reason.strip()}"
     return out
+
+
+def explained(name: str, equivalent: dict[str, str]) -> str | None:
+    """Why `name` is alive, if a line of `equivalent.txt` or `by_hand.txt` says so."""
+    return equivalent.get(name) or next((why for pat, why in equivalent.items() if fnmatch.fnmatchcase(name, pat)),
+                                        None)
 
 
 def _toml_list(items: list[str]) -> str:
@@ -178,11 +188,11 @@ def run(name: str, target: Target, equivalent: dict[str, str], *, again: bool = 
     left = sorted(k for k, v in verdicts.items() if v not in KILLED)
     total = len(verdicts)
     print(f"{name}: {killed} / {total} killed ({100 * killed / total:.1f} %), "
-          f"{sum(1 for k in left if k in equivalent)} equivalent, in {took:.0f} s"
+          f"{sum(1 for k in left if explained(k, equivalent))} explained, in {took:.0f} s"
           + (f" (again: {len(only)} checked)" if only else ""))
     for k in left:
-        why = equivalent.get(k)
-        print(f"    {verdicts[k]:<10} {k}" + (f"  [equivalent: {why}]" if why else ""))
+        why = explained(k, equivalent)
+        print(f"    {verdicts[k]:<10} {k}" + (f"  [{why}]" if why else ""))
     return left
 
 
@@ -206,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         if left is None:
             failed.append(n)
         else:
-            unexplained += sum(1 for k in left if k not in equivalent)
+            unexplained += sum(1 for k in left if not explained(k, equivalent))
     print(f"all: {time.monotonic() - start:.0f} s; {unexplained} surviving mutants neither killed nor explained"
           + (f"; mutmut failed on {', '.join(failed)}" if failed else ""))
     return 1 if unexplained or failed else 0
