@@ -252,3 +252,46 @@ def test_a_lost_lease_is_not_released_over_its_new_holder(store, clock):
         a.renew()
     a.release()
     assert record(store)["holder"] == "machine-b/9" and "released" not in record(store)
+
+
+# -- renewing in the background (real time, a short TTL) --
+
+def _until(check, what: str, timeout: float = 10.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout} s"
+        time.sleep(0.02)
+
+
+def test_the_background_renewal_keeps_the_lease_and_says_when_it_is_lost(store):
+    said = []
+    a = RunLease(store, holder="machine-a/1", ttl_s=0.4, safety_s=0.1, skew_s=0.1, poll_s=0.05,
+                 emit=lambda kind, fields: said.append((kind, fields)))
+    a.acquire()
+    first = record(store)["nonce"]
+    a.start()
+    thread = a._thread
+    assert (thread.name, thread.daemon, thread.is_alive()) == ("run-lease", True, True)
+    a.start()
+    assert a._thread is thread  # one renewer
+    # Renewed every ttl/4: a new record well within a few TTLs, however loaded the machine.
+    _until(lambda: record(store)["nonce"] != first, "a renewal")
+    put_record(store, holder="machine-b/9", epoch=2)
+    _until(lambda: said, "the lost lease being said")
+    (kind, fields), = said
+    assert kind == layout.LEASE_LOST and fields["reason"].startswith("the run's lease was taken over (machine-b/9")
+    _until(lambda: not thread.is_alive(), "the renewer ending")
+    a.release()
+    assert a._thread is None and record(store)["holder"] == "machine-b/9"
+
+
+def test_release_stops_the_renewer_and_marks_the_lease_released(store):
+    a = RunLease(store, holder="machine-a/1", ttl_s=0.4, safety_s=0.1, skew_s=0.1, poll_s=0.05)
+    a.acquire()
+    a.start()
+    thread = a._thread
+    a.release()
+    assert not thread.is_alive() and a._thread is None
+    assert record(store)["released"] is True
