@@ -295,3 +295,52 @@ def test_release_stops_the_renewer_and_marks_the_lease_released(store):
     a.release()
     assert not thread.is_alive() and a._thread is None
     assert record(store)["released"] is True
+
+
+# -- more of what the trainer is told --
+
+@pytest.mark.parametrize(("theirs", "taken"), [("rack/m-1/7", True), ("rack/m-2/7", False)])
+def test_the_machine_is_all_of_the_holder_but_its_pid(store, clock, theirs, taken):
+    put_record(store, holder=theirs, expires=clock.t + 1000)
+    a = lease(store, clock, holder="rack/m-1/1", wait_s=0.0)
+    if taken:
+        assert a.acquire() == 5
+    else:
+        with pytest.raises(LeaseHeld):
+            a.acquire()
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    (lambda store: put_record(store, released=True), "released"),
+    (lambda store: store.delete_prefix(layout.LEASE_KEY), "no lease"),
+    (lambda store: store.put_bytes(layout.LEASE_KEY, b"garbage"), "unreadable lease"),
+])
+def test_a_lease_freed_while_waiting_is_taken_saying_how(store, clock, change, reason):
+    said = []
+    put_record(store, expires=clock.t + 1000)
+    a = lease(store, clock, said, wait_s=100.0)
+    a._sleep = lambda seconds: (clock.sleep(seconds), change(store))
+    a.acquire()
+    assert [k for k, _ in said] == [layout.LEASE_WAIT, layout.LEASE_TAKEN]
+    assert said[1][1]["reason"] == reason
+
+
+def test_an_emit_that_fails_does_not_stop_the_lease(store, clock):
+    def broken(kind, fields):
+        raise RuntimeError("printer on fire")
+
+    put_record(store, holder="machine-a/7", expires=clock.t + 1000)
+    a = RunLease(store, holder="machine-a/1", ttl_s=30.0, clock=clock, monotonic=clock, sleep=clock.sleep, emit=broken)
+    assert a.acquire() == 5
+
+
+def test_release_with_the_store_down_leaves_the_lease_to_expire(store, clock, monkeypatch):
+    a = lease(store, clock)
+    a.acquire()
+
+    def down(*args, **kwargs):
+        raise ConnectionError("store down")
+
+    monkeypatch.setattr(store, "put_bytes_if", down)
+    a.release()  # no error: the lease runs out by itself
+    assert record(store)["released"] is False and a.lost == "released"
