@@ -300,10 +300,17 @@ def test_watch_on_a_log_file_prints_a_snapshot_per_change_until_the_end(file_run
     console = Console(file=out, width=100)
     assert not console.is_terminal
 
+    def shown(step: str) -> None:
+        # Each change waits until the watch has printed the one before: the order is the
+        # test's, whatever the machine's load (a fixed pause could be shorter than a tick).
+        deadline = time.monotonic() + 30
+        while f"{step}/1000" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
     def finish_later() -> None:
-        time.sleep(0.5)
+        shown("400")
         progress_of(store, 2, 700, 1000, 0.3, 640.0)
-        time.sleep(0.5)
+        shown("700")
         write_complete_doc(store, 1000)
 
     writer = threading.Thread(target=finish_later)

@@ -1,0 +1,226 @@
+"""Mutation testing of the contract modules: `python -m tests.mutation [TARGET ...] [--list]`.
+
+Each target (the run layout, the checkpoint store, the lease, storage keys and retries,
+settings, the policy rules, the status classification, the user-data rendering) runs
+`mutmut run --max-children 1` in its own scratch copy of the working tree under
+`build/mutation/<target>/`, mutating only its own files and running only the fast tests
+that cover them (the `file://` backend where a test is parametrized over stores: the code
+under test is the same for every store). Then it prints killed / total per target and
+every mutant that was not killed, marking the ones `equivalent.txt` or `by_hand.txt` explains.
+
+Too slow for every CI run (see tests/README.md for the time it takes); needs `mutmut`
+from requirements-dev.txt. `mutmut show <name>` inside `build/mutation/<target>/` shows
+a mutant's diff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+SCRATCH = ROOT / "build" / "mutation"
+# The packages a test may import: copied into mutmut's `mutants/` folder (only `mutate` is mutated).
+SOURCES = ["trainer", "components", "ops", "policy"]
+# What the tests read besides the packages (templates, stacks, examples, the pack's manifest).
+ALSO_COPY = ["userdata", "stacks", "examples", "bench", "docs", "Pulumi.yaml", "__main__.py", "README.md",
+             "requirements.txt", "requirements-dev.txt"]
+# mutmut's verdicts (its exit codes) that count as killed.
+KILLED = {"killed", "timeout", "caught by type check", "segfault"}
+
+
+@dataclass
+class Target:
+    """One contract module: the files to mutate and the tests that cover them."""
+
+    mutate: list[str]
+    tests: list[str]
+    select: str = ""  # a -k expression
+    # Leave out the tests that need the S3 or GCS emulator or a child process (tests/mutation/plugin.py).
+    local_only: bool = True
+    extra: list[str] = field(default_factory=list)
+
+
+TARGETS: dict[str, Target] = {
+    "layout": Target(
+        ["trainer/layout.py"],
+        ["tests/trainer/test_layout.py", "tests/trainer/test_keys_properties.py",
+         "tests/trainer/test_end_marker_properties.py", "tests/userdata/test_layout_names.py"]),
+    "checkpoints": Target(
+        ["trainer/checkpoints.py"],
+        ["tests/trainer/test_checkpoints.py", "tests/trainer/test_checkpoint_retention.py"]),
+    "lease": Target(
+        ["trainer/lease.py"], ["tests/trainer/test_lease_rules.py", "tests/trainer/test_lease.py"],
+        # Real-time twins of test_lease_rules.py's injected-clock cases (seconds each).
+        select="not held_lease_is_waited_for and not nobody_renews_is_taken_over"),
+    "storage": Target(
+        ["trainer/storage/keys.py", "trainer/storage/retry.py"],
+        ["tests/trainer/test_keys_properties.py", "tests/trainer/test_storage.py",
+         "tests/trainer/test_storage_retry.py", "tests/trainer/test_storage_keys.py"]),
+    "settings": Target(
+        ["components/settings/*.py"],
+        ["tests/components/test_settings.py", "tests/components/test_settings_strict.py",
+         "tests/components/test_settings_usercode.py", "tests/components/test_settings_command.py"]),
+    "policy": Target(
+        ["policy/rules/*.py"],
+        ["tests/policy/test_rules.py", "tests/policy/test_world_ingress_properties.py"],
+        # The pack's manifest test compares paths of the checkout, not of mutmut's copy.
+        select="not test_pack_manifest_points_at_its_own_virtualenv"),
+    "runstate": Target(
+        ["ops/runstate.py"],
+        ["tests/ops/test_runstate.py", "tests/ops/test_runstate_details.py", "tests/ops/test_status_heartbeat.py",
+         "tests/ops/test_status.py"]),
+    "userdata": Target(
+        ["components/userdata.py"],
+        ["tests/userdata/test_render.py", "tests/userdata/test_env_file_properties.py",
+         "tests/userdata/test_machine_names.py", "tests/userdata/test_jupyter.py",
+         "tests/userdata/test_render_values.py",
+         "tests/components/test_pricing.py::test_the_machines_get_a_price_per_machine_hour_that_the_trainer_records",
+         "tests/components/test_pricing.py::test_no_recorded_price_gives_the_machines_none"],
+        # shellcheck and cloud-init's schema take ~15 s a case and test the scripts, not the rendering.
+        select="not shellcheck and not schema"),
+}
+
+
+def equivalents() -> dict[str, str]:
+    """Mutant name (or fnmatch pattern) → why it stays alive here: `equivalent.txt` (no test can tell
+    it from the original) and `by_hand.txt` (a test kills it when planted by hand, but mutmut
+    cannot run or tie that test to it)."""
+    out = {}
+    for name, label in (("equivalent.txt", "equivalent"), ("by_hand.txt", "killed by hand")):
+        for line in (HERE / name).read_text().splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                mutant, _, reason = line.partition(" ")
+                out[mutant] = f"{label}: {reason.strip()}"
+    return out
+
+
+def explained(name: str, equivalent: dict[str, str]) -> str | None:
+    """Why `name` is alive, if a line of `equivalent.txt` or `by_hand.txt` says so."""
+    return equivalent.get(name) or next((why for pat, why in equivalent.items() if fnmatch.fnmatchcase(name, pat)),
+                                        None)
+
+
+def _toml_list(items: list[str]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def prepare(name: str, target: Target) -> Path:
+    """A fresh copy of the working tree (tracked and new files) with mutmut's config for `target`."""
+    work = SCRATCH / name
+    shutil.rmtree(work, ignore_errors=True)
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split("\0")
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if src.is_file() and not src.is_symlink():
+            dest = work / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest)
+    tests = [t for t in target.tests if (ROOT / t.split("::")[0]).exists()]
+    args = ["-q", "-p", "no:cacheprovider"]
+    if target.select:
+        args += ["-k", target.select]
+    if target.local_only:
+        args += ["-p", "tests.mutation.plugin"]
+    config = f"""
+[tool.mutmut]
+source_paths = {_toml_list(SOURCES)}
+only_mutate = {_toml_list(target.mutate)}
+also_copy = {_toml_list(ALSO_COPY)}
+pytest_add_cli_args = {_toml_list(args + target.extra)}
+pytest_add_cli_args_test_selection = {_toml_list(tests)}
+use_git_change_detection = false
+"""
+    with open(work / "pyproject.toml", "a") as f:
+        f.write(config)
+    return work
+
+
+def results(work: Path, target: Target) -> dict[str, str]:
+    """Mutant name → mutmut's verdict, from the `.meta` files of the mutated files."""
+    from mutmut.stats import status_by_exit_code
+
+    out = {}
+    for pattern in target.mutate:
+        for meta in sorted((work / "mutants").glob(pattern + ".meta")):
+            codes = json.loads(meta.read_text()).get("exit_code_by_key", {})
+            out.update({k: status_by_exit_code[v] for k, v in codes.items()})
+    return out
+
+
+def run(name: str, target: Target, equivalent: dict[str, str], *, again: bool = False) -> list[str] | None:
+    """Run mutmut on one target and print its score; the mutants not killed, None when mutmut failed.
+
+    `again`: check only the mutants the last run of this target left alive (after tests were
+    added; the code under test unchanged) and keep that run's other verdicts.
+    """
+    saved = SCRATCH / f"{name}.json"
+    before: dict[str, str] = json.loads(saved.read_text()) if again and saved.exists() else {}
+    only = sorted(k for k, v in before.items() if v not in KILLED)
+    if before and not only:
+        verdicts, took = before, 0.0
+    else:
+        work = prepare(name, target)
+        start = time.monotonic()
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        with open(SCRATCH / f"{name}.log", "w") as log:
+            proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", "1", *only], cwd=work,
+                                  env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        took = time.monotonic() - start
+        found = results(work, target)
+        if proc.returncode != 0 or not found:
+            print(f"{name}: mutmut failed (exit {proc.returncode}) after {took:.0f} s; see {SCRATCH / name}.log")
+            return None
+        verdicts = {**before, **{k: v for k, v in found.items() if not before or k in only}}
+        saved.write_text(json.dumps(verdicts, indent=1, sort_keys=True))
+    killed = sum(1 for v in verdicts.values() if v in KILLED)
+    left = sorted(k for k, v in verdicts.items() if v not in KILLED)
+    total = len(verdicts)
+    print(f"{name}: {killed} / {total} killed ({100 * killed / total:.1f} %), "
+          f"{sum(1 for k in left if explained(k, equivalent))} explained, in {took:.0f} s"
+          + (f" (again: {len(only)} checked)" if only else ""))
+    for k in left:
+        why = explained(k, equivalent)
+        print(f"    {verdicts[k]:<10} {k}" + (f"  [{why}]" if why else ""))
+    return left
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.mutation", description=__doc__.splitlines()[0])
+    parser.add_argument("targets", nargs="*", choices=[[], *TARGETS], help="default: all of them")
+    parser.add_argument("--list", action="store_true", help="print the targets, their files and tests")
+    parser.add_argument("--again", action="store_true",
+                        help="check only the mutants the last run left alive (after adding tests)")
+    opts = parser.parse_args(argv)
+    names = opts.targets or list(TARGETS)
+    if opts.list:
+        for n in names:
+            print(f"{n}: mutate {' '.join(TARGETS[n].mutate)}; tests {' '.join(TARGETS[n].tests)}")
+        return 0
+    equivalent = equivalents()
+    start = time.monotonic()
+    unexplained, failed = 0, []
+    for n in names:
+        left = run(n, TARGETS[n], equivalent, again=opts.again)
+        if left is None:
+            failed.append(n)
+        else:
+            unexplained += sum(1 for k in left if not explained(k, equivalent))
+    print(f"all: {time.monotonic() - start:.0f} s; {unexplained} surviving mutants neither killed nor explained"
+          + (f"; mutmut failed on {', '.join(failed)}" if failed else ""))
+    return 1 if unexplained or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

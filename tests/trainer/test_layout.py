@@ -1,0 +1,48 @@
+"""The run folder's names as the layout spells them: checkpoint keys, per-writer event keys, attempts."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer import layout
+
+
+@pytest.mark.parametrize(("key", "expected"), [
+    ("checkpoints/ckpt-10/ckpt.index", (10, "ckpt.index")),
+    ("checkpoints/ckpt-7/COMMITTED", (7, "COMMITTED")),
+    ("checkpoints/ckpt-7/variables/data-0", (7, "variables/data-0")),
+    ("checkpoints/ckpt-5/", None),  # a folder, no object in it
+    ("checkpoints/ckpt-5", None),
+    ("checkpoints/ckpt-/x", None),
+    ("checkpoints/ckpt-5a/x", None),
+    ("checkpoints/ckpt-\u0663/x", None),  # a digit, but not an ASCII one: no step the trainer writes
+    ("checkpoints/other-5/x", None),
+    ("events.jsonl", None),
+])
+def test_checkpoint_key_step_reads_the_step_and_the_rest(key, expected):
+    assert layout.checkpoint_key_step(key) == expected
+
+
+def test_committed_key_is_the_marker_inside_the_checkpoint_folder():
+    assert layout.committed_key(12) == "checkpoints/ckpt-12/COMMITTED"
+    assert layout.checkpoint_key_step(layout.committed_key(12)) == (12, layout.COMMITTED)
+
+
+@pytest.mark.parametrize(("address", "expected"), [
+    ("10.0.0.2:2222", "worker-events/10.0.0.2-2222.jsonl"),
+    ("host_a-1.internal:80", "worker-events/host_a-1.internal-80.jsonl"),
+    ("[::1]:9000", "worker-events/---1--9000.jsonl"),
+])
+def test_worker_events_key_is_one_safe_name_per_address(address, expected):
+    assert layout.worker_events_key(address) == expected
+
+
+@pytest.mark.parametrize(("events", "expected"), [
+    ([], 0),
+    ([{layout.EVENT: layout.STARTED}], 1),
+    ([{layout.EVENT: layout.STARTED}, {layout.EVENT: layout.CHECKPOINT}, {layout.EVENT: layout.PREEMPTED},
+      {layout.EVENT: layout.STARTED}, {layout.EVENT: layout.RESUMED}], 2),
+    ([{layout.EVENT: layout.RESUMED}, {"other": layout.STARTED}], 0),
+])
+def test_attempts_count_the_started_events(events, expected):
+    assert layout.attempts(events) == expected
