@@ -307,7 +307,9 @@ def test_a_month_of_runs_redeploys_and_storage(cloud, moto_server, tmp_path):
     assert len(pruned) >= 3 * 6, "each run pruned checkpoints (else the bill proves nothing)"
     bills = {run: bill(month, run, END_DAY) for run in runs}
     assert all(parts["kept checkpoints"][1] > 0 and parts["the rest"][1] > 0 for parts in bills.values())
-    assert all(parts["kept checkpoints"][2] < 100 for parts in bills.values())  # a few bytes of marker, no more
+    # The kept checkpoints differ by their commit marker and the metrics in their state (tens of
+    # bytes each), no more: under a thousand bytes of slack on a bill of megabytes.
+    assert all(parts["kept checkpoints"][2] < 1000 for parts in bills.values())
     over = {f"{run} {part}": f"billed {billed:,} B, planned {planned:,} B (± {slack} B)"
             for run, parts in bills.items() for part, (billed, planned, slack) in parts.items()
             if abs(billed - planned) > slack}

@@ -91,4 +91,4 @@ def test_each_clouds_tests_mirror_the_other():
     tests = {cloud: sorted(p.name.replace(cloud, "CLOUD") for p in (ROOT / "tests" / "components" / cloud).glob("*.py"))
              for cloud in ("aws", "gcp")}
     assert tests["aws"] == tests["gcp"]
-    assert "test_CLOUD_stack.py" in tests["aws"] and "CLOUDhelp.py" in tests["aws"]
+    assert "test_CLOUD_stack.py" in tests["aws"] and "helpers.py" in tests["aws"]

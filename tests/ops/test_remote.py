@@ -25,6 +25,7 @@ import pytest
 
 from ops import remote, ssh
 from ops.ssh import ForwardSpec, LocalForward, RemoteError, Target
+from tests.ops.helpers import ctrl_c_reaches_it
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +38,7 @@ def ops_cli(*args: str, home: Path, **popen) -> subprocess.Popen:
     env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "ops", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        **popen,
+        preexec_fn=ctrl_c_reaches_it, **popen,
     )
 
 
@@ -345,7 +346,8 @@ def _tunnel_with_machine_paths(sshd, home: Path, *, port: int, token_file: Path,
             "from ops.__main__ import main; sys.exit(main(sys.argv[1:]))")
     env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-c", code, "tunnel", *ssh_args(sshd), "--jupyter", jupyter],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=ctrl_c_reaches_it)
 
 
 def test_tunnel_jupyter_prints_the_machines_token_and_forwards_to_it(sshd, ssh_home, tmp_path):
@@ -379,7 +381,7 @@ def test_tunnel_jupyter_prints_the_machines_token_and_forwards_to_it(sshd, ssh_h
 
         body = urllib.request.urlopen(url, timeout=20).read()
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()

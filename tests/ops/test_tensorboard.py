@@ -22,6 +22,7 @@ import pytest
 from devtools.servers import free_port
 from ops import tensorboard as tb
 from ops.__main__ import main
+from tests.ops.helpers import ctrl_c_reaches_it
 from trainer import layout
 from trainer.storage import open_store
 
@@ -247,7 +248,7 @@ def test_tensorboard_serves_a_bucket_runs_loss_on_loopback_and_follows_the_run(s
     proc = subprocess.Popen(
         [sys.executable, "-m", "ops", "tensorboard", "--run-uri", s3_run.uri, "--port", str(port),
          "--interval", "0.5", "--", "--reload_interval", "1"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ctrl_c_reaches_it)
     try:
         def loss_steps():
             if proc.poll() is not None:

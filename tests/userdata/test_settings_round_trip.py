@@ -45,6 +45,7 @@ CASES: dict[str, dict[str, Any]] = {
         "dataUri": None, "steps": 6, "batchSize": 4, "checkpointEverySteps": 3,
         "checkpointEverySeconds": 900, "keepCheckpoints": 2, "seed": 7,
         "extraArgs": ["--learning-rate=0.02", "--lm-layers=1", "--log-every=2"],
+        "validationDataUri": None, "evalEverySteps": None, "keepBest": None,
     },
     "script": {
         "id": "round-trip-script", "code": "examples/keras-fit", "command": ["python", "train.py", "--epochs", "1"],
@@ -54,6 +55,7 @@ CASES: dict[str, dict[str, Any]] = {
         "id": "round-trip-data", "model": "mlp", "dataUri": "gs://trainstack-data/shards", "dataGrant": False,
         "synthetic": False,
         "checkpointEverySteps": 40, "checkpointEverySeconds": None, "seed": 3,
+        "validationDataUri": "gs://trainstack-data/validation", "evalEverySteps": 20, "keepBest": "val_loss:min",
     },
     # Nothing but the data source: every other key takes the schema's default, which must be the trainer's.
     "defaults": {"synthetic": True},
@@ -90,6 +92,9 @@ TO_TRAINER: dict[str, Callable[[RunSettings, str, Path], dict[str, Any]]] = {
         "checkpoint_every_seconds": None if run.checkpoint_every_seconds is None else float(run.checkpoint_every_seconds)},
     "keep_checkpoints": lambda run, stack, tmp: {"keep_checkpoints": run.keep_checkpoints},
     "seed": lambda run, stack, tmp: {"seed": run.seed},
+    "validation_data_uri": lambda run, stack, tmp: {"validation_data_uri": run.validation_data_uri},
+    "eval_every_steps": lambda run, stack, tmp: {"eval_every_steps": run.eval_every_steps},
+    "keep_best": lambda run, stack, tmp: {"keep_best": run.keep_best},
     "extra_args": lambda run, stack, tmp: _flags(run.extra_args),
 }
 # Run keys that are no trainer option, and where they go instead.
