@@ -7,25 +7,14 @@ written out, so a changed rounding, field name or bound shows.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 import pytest
 
 from ops import runstate
 from ops.runstate import RunFacts, classify
+from tests.ops.test_runstate import LOCAL, NOW, S3, at, ev  # the same fixed clock and event builder
 from trainer import layout
-
-NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC).timestamp()
-S3 = "s3://bucket/runs/r"
-LOCAL = "file:///tmp/runs/r"
-
-
-def at(seconds_ago: float) -> str:
-    return datetime.fromtimestamp(NOW - seconds_ago, UTC).isoformat()
-
-
-def ev(name: str, ago: float, **fields) -> dict:
-    return {layout.EVENT: name, layout.TIME: at(ago), **fields}
 
 
 def started(ago: float, price=None, note="", workers=1, attempt=1, **config) -> dict:
