@@ -68,17 +68,18 @@ heartbeat() {
   store_put "$RUN_URI/$RENDEZVOUS_PREFIX$GEN_DIR$1/$MEMBERS_DIR/$2" <<<"$body" && printf '%s\n' "$body"
 }
 
-# live_members < OBJECTS: "endpoint member machine" of each member among a generation's
+# live_members [ME] < OBJECTS: "endpoint member machine" of each member among a generation's
 # objects whose heartbeat is younger than RENDEZVOUS_TTL_S, sorted by address (the
-# proposed worker order).
+# proposed worker order). ME, this machine's member, is live unless it left, however old
+# its heartbeat reads: it was just written, and a slow store call must not age it out.
 live_members() {
   python3 -c '
 import json, re, sys, time
-ttl, now, seen = float(sys.argv[1]), time.time(), {}
+ttl, me, now, seen = float(sys.argv[1]), sys.argv[2], time.time(), {}
 for line in sys.stdin:
     try:
         m = json.loads(line)
-        if m.get("left") or now - float(m["time"]) > ttl:
+        if m.get("left") or (m["member"] != me and now - float(m["time"]) > ttl):
             continue
         seen[m["member"]] = (str(m["endpoint"]), str(m["machine"]))
     except (ValueError, KeyError, TypeError):
@@ -87,7 +88,7 @@ def order(item):  # by address, numerically: 10.0.0.9 before 10.0.0.10
     return [int(p) if p.isdigit() else p for p in re.split(r"[.:]", item[1][0])]
 for member, (endpoint, machine) in sorted(seen.items(), key=order):
     print(endpoint, member, machine)
-' "$RENDEZVOUS_TTL_S"
+' "$RENDEZVOUS_TTL_S" "${1:-}"
 }
 
 # seal GEN NODES LIVE: proposes the first NODES live members as GEN's workers. Only the
@@ -184,7 +185,7 @@ join_generation() {
     fi
     mine="$(heartbeat "$gen" "$me" "$endpoint")" || log "could not write this machine's heartbeat (retrying)"
     objects+=$'\n'"$mine"
-    live="$(live_members <<<"$objects")" || live=""
+    live="$(live_members "$me" <<<"$objects")" || live=""
     came="$(grep -c . <<<"$live")" || came=0
     if ((came >= nodes)) && grep -q " $me " <<<"$live"; then
       rc=0
