@@ -24,7 +24,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import botocore.exceptions
 import pytest
 
 from tests.components.aws import helpers as aws_helpers
+from tests.fixtures import cli_server
 from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IamCloud
 from tests.iam.policy_eval import Decision
 from trainer import layout
@@ -281,7 +281,7 @@ def sandbox(machine: Machine, tmp: Path) -> dict[str, str]:
     for d in (root / "etc/trainstack", bin_dir):
         d.mkdir(parents=True)
     for name in ("aws", "shutdown", "journalctl"):
-        (bin_dir / name).write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKES}" {name} "$@"\n')
+        (bin_dir / name).write_text(cli_server.wrapper(name, FAKES))
         (bin_dir / name).chmod(0o755)
     (root / "etc/trainstack/env").write_text("".join(f"{k}={v}\n" for k, v in {
         "TRAINSTACK_CLOUD": "aws", "TRAINSTACK_REGION": REGION, "TRAINSTACK_RUN_URI": machine.outputs["runUri"],
@@ -293,6 +293,7 @@ def sandbox(machine: Machine, tmp: Path) -> dict[str, str]:
             # Nothing answers here: the instance id falls back to the host name, as lib.sh intends.
             "TRAINSTACK_METADATA_URL": "http://127.0.0.1:9", "FAKE_LOG": str(tmp / "calls.jsonl"),
             "FAKE_STATE": str(tmp / "state"), "AWS_CONFIG_FILE": os.devnull,
+            "FAKE_CLI_SOCKET": cli_server.ensure_server(),
             "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
 
 

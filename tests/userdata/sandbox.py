@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ import yaml
 
 from components.settings import load_settings
 from components.userdata import boot_env, render_user_data
+from tests.fixtures import cli_server
 from tests.fixtures.metadata import MetadataServer
 
 FAKES = Path(__file__).parents[1] / "fixtures" / "machine_commands.py"
@@ -59,7 +59,7 @@ class Sandbox:
         tools = TOOLS + (("nvidia-ctk",) if toolkit else ())
         for name in tools:
             wrapper = self.bin / name
-            wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FAKES}" {name} "$@"\n')
+            wrapper.write_text(cli_server.wrapper(name, FAKES))
             wrapper.chmod(0o755)
         env = boot_env(settings or settings_for(), run_uri=run.uri, group=group, code_uri=code_uri)
         env.update({"TRAINSTACK_POLL_S": "0.2", **(env_overrides or {})})
@@ -90,6 +90,7 @@ class Sandbox:
             "FAKE_LOG": str(self.log),
             "FAKE_STATE": str(self.state),
             "FAKE_BIN": str(self.bin),
+            "FAKE_CLI_SOCKET": cli_server.ensure_server(),
             "FAKE_GPU": "1" if gpu else "0",
             "CUDA_VISIBLE_DEVICES": "",
         }

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
+from tests.fixtures import cli_server
 from tests.fixtures.metadata import INSTANCE_ID, MetadataServer
 from tests.userdata.helpers import group_size, machine_events, s3_keys
 from tests.userdata.sandbox import FAKES, Sandbox, settings_for
@@ -28,7 +28,7 @@ def _script(box, name: str, *args: str, timeout: float = 120, **env) -> subproce
 def _wrap(box, tool: str, shell: str) -> None:
     """Puts a wrapper for `tool` first on the sandbox's PATH: `shell`, then machine_commands.py."""
     path = box.bin / tool
-    path.write_text(f'#!/bin/sh\n{shell}\nexec "{sys.executable}" "{FAKES}" {tool} "$@"\n')
+    path.write_text(cli_server.wrapper(tool, FAKES, shell))
     path.chmod(0o755)
 
 
