@@ -18,6 +18,8 @@ from tests.fixtures.no_capacity import insufficient_capacity
 from trainer import layout
 from trainer.storage import open_store
 
+pytestmark = pytest.mark.slow
+
 NO_CAPACITY = insufficient_capacity("g5.xlarge", "us-east-1a")
 
 
