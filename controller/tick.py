@@ -98,7 +98,9 @@ def start_move(config: Config, store: Store, rec: Record, version: str | None, t
                step: int | None, now: float, *, failed: bool) -> tuple[Record, str]:
     """Record the move from the active placement to ``to`` (not yet carried out); conditional on
     ``version``: raises :class:`PreconditionFailed` when another writer changed the record first."""
-    move = {"from": rec.active, "to": to, "reason": reason, "step": step, "time": iso(now), "done": False}
+    move = {"from": rec.active, "to": to, "from_placement": config.placements[rec.active].label,
+            "to_placement": config.placements[to].label, "reason": reason, "step": step, "time": iso(now),
+            "done": False}
     failed_at = dict(rec.failed_at)
     if failed:
         failed_at[str(rec.active)] = round(now, 3)
