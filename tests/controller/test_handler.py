@@ -16,10 +16,11 @@ from tests.controller.helpers import make_group, sizes, trained
 from trainer.storage import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
-# Refuses the heavy packages a function does not have, then runs one tick as Lambda calls it.
+# Refuses what an AWS function does not have (TensorFlow, Pulumi, the CLI, Google's libraries), then
+# runs one tick as Lambda calls it.
 LAMBDA = """
 import importlib.abc, json, sys
-HEAVY = ("tensorflow", "keras", "pulumi", "pulumi_aws", "pulumi_gcp", "ops", "components", "numpy")
+HEAVY = ("tensorflow", "keras", "pulumi", "pulumi_aws", "pulumi_gcp", "ops", "components", "numpy", "google")
 class Refuse(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in HEAVY:
