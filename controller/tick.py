@@ -125,7 +125,7 @@ def finish_move(config: Config, clouds, store: Store, rec: Record, version: str,
         layout.EVENT: layout.MOVED, layout.TIME: iso(now), layout.ATTEMPT: None, "move": number,
         "from": move["from"], "to": move["to"], "from_placement": old.label, "to_placement": new.label,
         "reason": move["reason"], "step": move["step"]})
-    while True:  # mark it done, unless someone else has
+    for _ in range(records.CONFLICT_TRIES):  # mark it done, unless another tick has
         rec.moves[-1] = {**move, "done": True, "done_time": iso(now)}
         try:
             records.write(store, rec, version)
@@ -135,7 +135,9 @@ def finish_move(config: Config, clouds, store: Store, rec: Record, version: str,
             if len(rec.moves) != number or rec.moves[-1].get("done"):
                 break
             move = rec.moves[-1]
-    result.move = rec.moves[number - 1] if len(rec.moves) >= number else move
+    else:  # the record kept changing under us: the move is carried out, the next tick marks it
+        raise PreconditionFailed(f"{layout.PLACEMENT_KEY} kept changing while the move was marked done")
+    result.move = rec.moves[number - 1]
     return result
 
 
