@@ -74,3 +74,29 @@ def test_transient_answers_are_retried_with_backoff_and_a_verdict_is_not(gce):
     with pytest.raises(CloudError, match="ts-gpu .gcp us-central1. failed: HTTP 503"):
         _groups(gce, pauses).desired(P)
     assert len(pauses) == 4  # five tries in all, then the tick fails and the next one starts again
+
+
+@pytest.mark.slow
+def test_a_gcs_run_moves_between_two_gcp_regions_when_one_stocks_out(gce, gs_run_enforced):
+    from controller.clouds import Clouds
+    from controller.tick import tick
+    from tests.controller.helpers import moved_events, trained
+    from trainer.storage import open_store
+
+    gce.add("ts-gpu-1", 0, region="europe-west4")
+    gce.stockout("ts-gpu", "us-central1-a")
+    config = parse({"run_uri": gs_run_enforced.uri, "nodes": 1, "wait_minutes": 15, "placements": [
+        {"cloud": "gcp", "region": REGION, "project": PROJECT, "group": "ts-gpu"},
+        {"cloud": "gcp", "region": "europe-west4", "project": PROJECT, "group": "ts-gpu-1"}]})
+    store = open_store(config.run_uri)
+    now = time.time()
+    trained(store, step=30, last_beat=now - 16 * 60)
+
+    result = tick(config, Clouds(gcp=_groups(gce)), now + 1)
+
+    assert result.action == MOVE and "ZONE_RESOURCE_POOL_EXHAUSTED" in result.reason
+    assert gce.sizes == {"ts-gpu": 0, "ts-gpu-1": 1}
+    [event] = moved_events(store)
+    assert (event["from_placement"], event["to_placement"], event["step"]) == (
+        "gcp us-central1", "gcp europe-west4", 30)
+    assert any(not refused for *_rest, refused in gs_run_enforced.proxy.gate.decisions)  # conditional writes
