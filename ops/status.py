@@ -149,8 +149,10 @@ def _snapshot(uri: str, args: argparse.Namespace, store=None) -> RunStatus:
     st = read_status(uri, store=store, events=args.events, must_exist=getattr(args, "run_uri", None) is not None)
     stack = getattr(args, "stack", None)
     if stack and not st.final and uri.startswith(("s3://", "gs://")):
+        active = st.placement.get("active", 0) if isinstance(st.placement, dict) else 0
         try:
-            with_group(st, hosts.stack_group_state(stack))
+            # After a move the run trains in another placement's group (placement.json says which).
+            with_group(st, hosts.placement_group_state(stack, active) if active else hosts.stack_group_state(stack))
         except hosts.HostsError as e:
             st.group_note = f"group not read: {e}"
     return st

@@ -110,6 +110,12 @@ def test_move_resolves_the_stack_with_pulumi(placements, tmp_path):  # noqa: F81
     assert proc.returncode == 0, proc.stderr
     assert "--stack\ndev" in args_file.read_text()
     assert sizes(placements.config) == [0, 1]
+    # `status --stack` reads the group the run is in now (us-west-2: one machine), not the home one.
+    proc = subprocess.run([sys.executable, "-m", "ops", "status", "--stack", "dev", "--json"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    doc = json.loads(proc.stdout)
+    assert (doc["machines_running"], doc["machines_desired"], doc["group_note"]) == (1, 1, ""), proc.stderr
+    assert doc["placement"]["active"] == 1
 
 
 def test_a_stack_without_placements_is_refused_in_one_line(tmp_path):
