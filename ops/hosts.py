@@ -248,6 +248,20 @@ def stack_group_state(stack: str) -> GroupState:
     return aws_group_state(group, region) if cloud == "aws" else gcp_group_state(group, region)
 
 
+def placement_group_state(stack: str, index: int) -> GroupState:
+    """The group of placement ``index`` of a stack with several (its ``placements`` output): after a
+    move the run trains there, not in the stack's home group."""
+    from controller.config import ConfigError, parse
+
+    value = _outputs_once(stack).get("placements")
+    try:
+        config = parse(value if isinstance(value, str) else json.dumps(value))
+        p = config.placements[index]
+    except (ConfigError, IndexError) as e:
+        raise HostsError(f"stack {stack}'s placements output has no placement {index}: {e}") from None
+    return aws_group_state(p.group, p.region) if p.cloud == "aws" else gcp_group_state(p.group, p.region)
+
+
 def stack_hosts(stack: str) -> list[Host]:
     """The running machines of a deployed stack, oldest first (its group and region from the outputs)."""
     outputs = stack_outputs(stack)

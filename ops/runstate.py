@@ -115,6 +115,9 @@ class RunStatus:
     machine_hours: float | None = None
     cost_usd: float | None = None
     cost_note: str = ""
+    # Several placements: placement.json as the controller wrote it (active, since, moves), None
+    # for a stack of one placement (ops/status.py reads it).
+    placement: dict | None = None
 
     @property
     def final(self) -> bool:

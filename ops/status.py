@@ -116,7 +116,7 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
     ``must_exist``: raise :class:`NoRun` when nothing at all is stored at the URI (a URI
     given by hand; a stack's run may not have been written yet while its machine boots).
     """
-    from trainer.storage import open_store
+    from trainer.storage import open_store, read_json
 
     now = time.time() if now is None else now
     store = open_store(run_uri) if store is None else store
@@ -124,7 +124,9 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
     if facts.empty and must_exist and not store.list(""):
         raise NoRun(f"no run at {run_uri}: nothing is stored there (check the URI, or give --stack "
                     "for a stack whose machine is still booting)")
-    return classify(facts, now, events=events)
+    st = classify(facts, now, events=events)
+    st.placement = read_json(store, layout.PLACEMENT_KEY)
+    return st
 
 
 def with_group(st: RunStatus, group) -> RunStatus:
@@ -147,8 +149,10 @@ def _snapshot(uri: str, args: argparse.Namespace, store=None) -> RunStatus:
     st = read_status(uri, store=store, events=args.events, must_exist=getattr(args, "run_uri", None) is not None)
     stack = getattr(args, "stack", None)
     if stack and not st.final and uri.startswith(("s3://", "gs://")):
+        active = st.placement.get("active", 0) if isinstance(st.placement, dict) else 0
         try:
-            with_group(st, hosts.stack_group_state(stack))
+            # After a move the run trains in another placement's group (placement.json says which).
+            with_group(st, hosts.placement_group_state(stack, active) if active else hosts.stack_group_state(stack))
         except hosts.HostsError as e:
             st.group_note = f"group not read: {e}"
     return st
@@ -243,6 +247,8 @@ def render(st: RunStatus):
     grid.add_row(
         "attempts", f"{st.attempts}   preemptions {st.preemptions}   spot notices {st.spot_notices}"
     )
+    for label, line in placement_lines(st.placement):
+        grid.add_row(label, line)
     if st.machines_running is not None:
         desired = "" if st.machines_desired is None else f" of {st.machines_desired}"
         grid.add_row("machines", f"{st.machines_running}{desired} running")
@@ -262,6 +268,24 @@ def render(st: RunStatus):
     if st.events:
         grid.add_row("events", Text("\n".join(_event_line(e) for e in st.events), no_wrap=True, overflow="ellipsis"))
     return Group(grid)
+
+
+def placement_lines(placement: dict | None) -> list[tuple[str, str]]:
+    """The active placement and every move (placement.json, written by the controller and ``ops move``)."""
+    if not isinstance(placement, dict):
+        return []
+    moves = [m for m in placement.get("moves") or [] if isinstance(m, dict)]
+    active = placement.get("active", 0)
+    label = next((m.get("to_placement") for m in reversed(moves) if m.get("to") == active), None)
+    since = str(placement.get("since") or "")[:19].replace("T", " ")
+    rows = [("placement", f"{active}{f' ({label})' if label else ''}" + (f" since {since}" if since else ""))]
+    for m in moves:
+        when = str(m.get("time", ""))[:19].replace("T", " ")
+        step = f" at step {m['step']}" if isinstance(m.get("step"), int) else ""
+        under_way = "" if m.get("done") else " (under way)"
+        rows.append(("moved", f"{when} {m.get('from_placement', m.get('from'))} -> "
+                              f"{m.get('to_placement', m.get('to'))}{step}{under_way}: {m.get('reason', '')}"))
+    return rows
 
 
 def signature_lines(end: dict | None) -> list[tuple[str, str]]:

@@ -1,0 +1,146 @@
+"""What one tick does, decided from what it read: pure (no store, no cloud, no clock).
+
+:func:`decide` takes the configuration, ``placement.json``'s record, what the run folder
+says (:class:`RunView`) and what the active group says (:class:`GroupState`) at ``now``, and
+answers one :class:`Decision`:
+
+- ``finish``: the run has an end marker; every group goes to zero (nothing keeps billing).
+- ``move``: the active placement has had no training machine for ``wait_minutes`` (no
+  heartbeat, no event, no live lease since) and its group reports failed launches for a
+  reason another placement can fix (capacity, quota, price): the run goes to :func:`next_placement`.
+- ``stay``: anything else, with the reason.
+
+A placement the run left because it could not launch is tried again only after every other
+and not before ``2 × wait_minutes`` after it failed (:func:`candidates`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller.config import Config
+from controller.record import Record, epoch_of
+
+FINISH, MOVE, STAY = "finish", "move", "stay"
+CAPACITY, QUOTA, PRICE, OTHER = "capacity", "quota", "price", "other"
+# Launch failures another placement can fix, and how the clouds say them (lower case). AWS:
+# Auto Scaling's failed activities carry EC2's error code and message in StatusMessage
+# (InsufficientInstanceCapacity "We currently do not have sufficient <type> capacity...",
+# "There is no Spot capacity available that matches your request", UnfulfillableCapacity,
+# VcpuLimitExceeded "You have requested more vCPU capacity than your current vCPU limit...",
+# MaxSpotInstanceCountExceeded, SpotMaxPriceTooLow). GCP: a managed group's instance errors
+# (listErrors, lastAttempt) carry ZONE_RESOURCE_POOL_EXHAUSTED[_WITH_DETAILS] ("does not have
+# enough resources available", "is currently unavailable in the <zone> zone") and QUOTA_EXCEEDED.
+KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (CAPACITY, ("insufficientinstancecapacity", "insufficientcapacity", "unfulfillablecapacity",
+                "do not have sufficient", "no spot capacity", "capacity-not-available",
+                "capacity-oversubscribed", "zone_resource_pool_exhausted", "does not have enough resources",
+                "currently unavailable in the", "stockout")),
+    (QUOTA, ("vcpulimitexceeded", "vcpu limit", "maxspotinstancecountexceeded", "max spot instance count",
+             "instancelimitexceeded", "quota_exceeded", "quota '")),
+    (PRICE, ("spotmaxpricetoolow", "price-too-low", "minimum required spot request fulfillment price")),
+)
+MOVABLE = frozenset({CAPACITY, QUOTA, PRICE})
+
+
+def failure_kind(message: str) -> str:
+    """``capacity``, ``quota``, ``price`` or ``other``, from a cloud's launch failure message."""
+    text = message.lower()
+    for kind, needles in KINDS:
+        if any(n in text for n in needles):
+            return kind
+    return OTHER
+
+
+@dataclass(frozen=True)
+class LaunchFailure:
+    """One failed launch of a group: when (epoch seconds, None if unknown), the cloud's words."""
+
+    time: float | None
+    message: str
+
+    @property
+    def kind(self) -> str:
+        return failure_kind(self.message)
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """A placement's group: machines running, the size asked for, failed launches since the last success."""
+
+    running: int
+    desired: int | None
+    failures: tuple[LaunchFailure, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the run folder says, read by the tick: an end marker, the newest sign of a training
+    machine (progress.json's ``updated``, the newest trainer event), the live lease's end, the
+    newest committed step."""
+
+    ended: str | None = None
+    heartbeat: float | None = None
+    lease_until: float | None = None
+    step: int | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do: ``action`` (finish, move, stay), why, and where to (for a move)."""
+
+    action: str
+    reason: str
+    to: int | None = None
+
+
+def candidates(config: Config, record: Record, now: float) -> list[int]:
+    """Placements the run may go to now, best first: never failed ones in order after the active
+    one, then failed ones (oldest failure first) once ``2 × wait_minutes`` have passed."""
+    n = len(config.placements)
+    order = [(record.active + k) % n for k in range(1, n)]
+    fresh = [i for i in order if str(i) not in record.failed_at]
+    again = sorted((i for i in order if str(i) in record.failed_at
+                    and now - record.failed_at[str(i)] >= 2 * config.wait_s),
+                   key=lambda i: record.failed_at[str(i)])
+    return fresh + again
+
+
+def last_sign(run: RunView, record: Record, group: GroupState) -> float | None:
+    """The newest sign of a training machine in the active placement (or of it becoming active);
+    without any, the oldest launch failure (the group has been trying since then)."""
+    signs = [t for t in (run.heartbeat, run.lease_until, epoch_of(record.since)) if t is not None]
+    if signs:
+        return max(signs)
+    times = [f.time for f in group.failures if f.time is not None]
+    return min(times) if times else None
+
+
+def decide(config: Config, record: Record, run: RunView, group: GroupState, now: float) -> Decision:
+    """One tick's decision (module docstring)."""
+    if run.ended:
+        return Decision(FINISH, f"the run ended ({run.ended}): every group goes to zero")
+    active = config.placements[record.active] if record.active < len(config.placements) else None
+    if active is None:
+        return Decision(STAY, f"placement.json names placement {record.active}, which the stack does not have")
+    if group.running >= config.nodes:
+        return Decision(STAY, f"{active.label}: {group.running} machine(s) running")
+    since = last_sign(run, record, group)
+    if since is None:
+        return Decision(STAY, f"{active.label}: no machine yet and no failed launch")
+    idle = now - since
+    if idle < config.wait_s:
+        return Decision(STAY, f"{active.label}: last sign of a training machine {idle / 60:.0f} min ago "
+                              f"(moves after {config.wait_minutes} min without one)")
+    recent = [f for f in group.failures if f.time is None or f.time >= since - 1]
+    movable = [f for f in recent if f.kind in MOVABLE]
+    if not movable:
+        why = f"its launches fail for another reason: {recent[0].message}" if recent else "no failed launch"
+        return Decision(STAY, f"{active.label}: no training machine for {idle / 60:.0f} min, but {why}")
+    options = candidates(config, record, now)
+    if not options:
+        return Decision(STAY, f"{active.label} cannot launch ({movable[0].kind}), and no other placement may be "
+                              f"tried yet (a failed one waits {2 * config.wait_minutes} min)")
+    to = options[0]
+    return Decision(MOVE, f"no training machine in {active.label} for {idle / 60:.0f} min; its group cannot launch "
+                          f"({movable[0].kind}): {movable[0].message}", to=to)

@@ -1,0 +1,55 @@
+"""The controller's least privilege, as the stack grants it to the function's identity.
+
+:func:`aws_policy` is the identity policy of the AWS function (the stack adds the function's own
+logging grant, e.g. AWSLambdaBasicExecutionRole): exactly the calls :mod:`controller.tick` and
+:mod:`controller.clouds` make, proven under IAM enforcement by ``tests/iam/test_controller_identity.py``.
+
+- the run folder: list it, read its objects (progress, events, lease, markers, checkpoints'
+  COMMITTED), write only ``placement.json`` and the controller's events object;
+- Auto Scaling: ``DescribeAutoScalingGroups`` and ``DescribeScalingActivities`` (no
+  resource-level permissions: ``*``) and ``UpdateAutoScalingGroup`` on the placements' groups
+  only, with sizes no larger than the run's ``nodes`` (MinSize and MaxSize must be sent and
+  at most ``nodes``; the desired capacity can never exceed MaxSize).
+
+:data:`GCP_PERMISSIONS` lists what a GCP function's custom role needs: the managed groups'
+reads (``get``; ``list`` covers listManagedInstances and listErrors) and ``update`` (resize); on
+the bucket, conditioned on the run's prefix, object reads, listing, creation, and delete
+(GCS needs ``storage.objects.delete`` to replace an existing object).
+"""
+
+from __future__ import annotations
+
+from trainer import layout
+
+READ_GROUP_ACTIONS = ("autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities")
+SIZE_GROUP_ACTIONS = ("autoscaling:UpdateAutoScalingGroup",)
+GCP_PERMISSIONS = (
+    "compute.instanceGroupManagers.get",
+    "compute.instanceGroupManagers.list",
+    "compute.instanceGroupManagers.update",
+    "storage.objects.get",
+    "storage.objects.list",
+    "storage.objects.create",
+    "storage.objects.delete",
+)
+# The only objects the controller writes, relative to the run folder.
+WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY)
+
+
+def aws_policy(*, bucket: str, run_id: str, groups: list[tuple[str, str]], nodes: int, account_id: str,
+               partition: str = "aws") -> dict:
+    """The AWS function's identity policy; ``groups``: (region, name) of every AWS placement's group."""
+    run_prefix = layout.run_prefix(run_id).rstrip("/")
+    bucket_arn = f"arn:{partition}:s3:::{bucket}"
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "ListRunFolder", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn,
+         "Condition": {"StringLike": {"s3:prefix": [f"{run_prefix}/", f"{run_prefix}/*"]}}},
+        {"Sid": "ReadRunFolder", "Effect": "Allow", "Action": "s3:GetObject", "Resource": f"{bucket_arn}/{run_prefix}/*"},
+        {"Sid": "WritePlacement", "Effect": "Allow", "Action": "s3:PutObject",
+         "Resource": [f"{bucket_arn}/{run_prefix}/{key}" for key in WRITES]},
+        {"Sid": "ReadGroups", "Effect": "Allow", "Action": list(READ_GROUP_ACTIONS), "Resource": "*"},
+        {"Sid": "SizeGroups", "Effect": "Allow", "Action": list(SIZE_GROUP_ACTIONS),
+         "Resource": [f"arn:{partition}:autoscaling:{region}:{account_id}:autoScalingGroup:*:autoScalingGroupName/{name}"
+                      for region, name in groups],
+         "Condition": {"NumericLessThanEquals": {"autoscaling:MinSize": str(nodes), "autoscaling:MaxSize": str(nodes)}}},
+    ]}

@@ -1,0 +1,153 @@
+"""The run folder's ``placement.json``: which placement is active and every move, written conditionally.
+
+::
+
+    {"active": 1, "since": "2026-...Z",
+     "moves": [{"from": 0, "to": 1, "reason": "...", "step": 400, "time": "2026-...Z", "done": true}],
+     "failed_at": {"0": 1767225600.0}}
+
+Absent: placement 0 is active. Its writers are the controller's tick and ``ops move``, both
+through :mod:`controller.tick`, and every write is conditional on the version read
+(:meth:`trainer.storage.Store.put_bytes_if`: S3 ``If-None-Match: *`` / ``If-Match``, GCS
+``ifGenerationMatch``), as the run's lease is written: of two writers from the same version,
+the store accepts one and the other gets :class:`~trainer.storage.PreconditionFailed`.
+
+A move is recorded before it is carried out (``done: false``); whoever reads a move that is
+not done finishes it (every step is idempotent), then marks it done.
+
+The ``moved`` events go to their own object (``layout.PLACEMENT_EVENTS_KEY``), appended with
+the same conditional writes and never twice for one move (each carries its move's number).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from trainer import layout
+from trainer.storage import NotFound, PreconditionFailed, Store, WriteConflict
+
+# A conditional write that met another write in flight (409) decided nothing: read and try again.
+CONFLICT_TRIES = 4
+
+
+def iso(epoch: float) -> str:
+    """``2026-12-01T21:38:39.123Z``: the run folder's time stamps."""
+    return datetime.fromtimestamp(epoch, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def epoch_of(stamp: object) -> float | None:
+    """Seconds since the epoch of an ISO time stamp; None for anything else."""
+    if not isinstance(stamp, str) or not stamp:
+        return None
+    try:
+        when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+
+
+@dataclass
+class Record:
+    """One state of ``placement.json``."""
+
+    active: int = 0
+    since: str | None = None
+    moves: list[dict] = field(default_factory=list)
+    failed_at: dict[str, float] = field(default_factory=dict)
+    nonce: str = ""
+
+    @classmethod
+    def parse(cls, data: bytes) -> Record:
+        """The record in ``data``; raises ValueError (naming the key) for something that is not one."""
+        doc = json.loads(data)
+        if not isinstance(doc, dict):
+            raise ValueError(f"{layout.PLACEMENT_KEY}: expected a JSON object")
+        active = doc.get("active", 0)
+        if isinstance(active, bool) or not isinstance(active, int) or active < 0:
+            raise ValueError(f"{layout.PLACEMENT_KEY}: active: expected a placement index, got {active!r}")
+        moves = doc.get("moves") or []
+        if not isinstance(moves, list) or not all(isinstance(m, dict) for m in moves):
+            raise ValueError(f"{layout.PLACEMENT_KEY}: moves: expected a list of objects")
+        failed = doc.get("failed_at") or {}
+        if not isinstance(failed, dict):
+            raise ValueError(f"{layout.PLACEMENT_KEY}: failed_at: expected an object")
+        return cls(active=active, since=doc.get("since"), moves=[dict(m) for m in moves],
+                   failed_at={str(k): float(v) for k, v in failed.items()}, nonce=str(doc.get("nonce", "")))
+
+    def dump(self) -> bytes:
+        return json.dumps({"active": self.active, "since": self.since, "moves": self.moves,
+                           "failed_at": self.failed_at, "nonce": self.nonce}, indent=1).encode()
+
+    @property
+    def pending(self) -> dict | None:
+        """The last move, while it is not carried out yet."""
+        return self.moves[-1] if self.moves and not self.moves[-1].get("done") else None
+
+
+def read(store: Store) -> tuple[Record, str | None]:
+    """The record and its version (None: absent, placement 0 active)."""
+    try:
+        data, version = store.get_versioned(layout.PLACEMENT_KEY)
+    except NotFound:
+        return Record(), None
+    return Record.parse(data), version
+
+
+def write(store: Store, record: Record, version: str | None) -> str:
+    """Write ``record`` only if ``placement.json`` is still at ``version``; returns the new version.
+
+    Raises :class:`PreconditionFailed` when another writer's write came first. A write whose answer
+    was lost and whose retry then met its own write is told apart by the record's nonce.
+    """
+    record.nonce = uuid.uuid4().hex
+    data = record.dump()
+    for _ in range(CONFLICT_TRIES):
+        try:
+            return store.put_bytes_if(layout.PLACEMENT_KEY, data, version=version)
+        except WriteConflict:
+            current, current_version = read(store)
+            if current_version != version:
+                if current.nonce == record.nonce:
+                    return current_version  # type: ignore[return-value]
+                raise PreconditionFailed(f"{layout.PLACEMENT_KEY} changed while it was written") from None
+        except PreconditionFailed:
+            current, current_version = read(store)
+            if current.nonce == record.nonce:
+                return current_version  # type: ignore[return-value]
+            raise
+    raise PreconditionFailed(f"{layout.PLACEMENT_KEY}: another write stayed in flight {CONFLICT_TRIES} times")
+
+
+def read_events(store: Store) -> tuple[list[dict], str | None]:
+    """The controller's events and the object's version (None: none yet)."""
+    try:
+        data, version = store.get_versioned(layout.PLACEMENT_EVENTS_KEY)
+    except NotFound:
+        return [], None
+    out = []
+    for line in data.decode(errors="replace").splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, dict):
+            out.append(ev)
+    return out, version
+
+
+def append_moved_once(store: Store, event: dict, *, tries: int = 8) -> bool:
+    """Append the ``moved`` event of move ``event["move"]`` unless it is there; True if this call wrote it."""
+    for _ in range(tries):
+        events, version = read_events(store)
+        if any(e.get(layout.EVENT) == layout.MOVED and e.get("move") == event["move"] for e in events):
+            return False
+        body = "".join(json.dumps(e) + "\n" for e in [*events, event]).encode()
+        try:
+            store.put_bytes_if(layout.PLACEMENT_EVENTS_KEY, body, version=version)
+            return True
+        except (PreconditionFailed, WriteConflict):
+            continue  # another writer appended meanwhile: read again (it may be this very event)
+    raise PreconditionFailed(f"{layout.PLACEMENT_EVENTS_KEY}: could not append after {tries} tries")

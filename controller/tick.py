@@ -1,0 +1,205 @@
+"""One tick of the controller, and the move itself (which ``ops move`` calls too).
+
+:func:`tick` reads the run folder (:func:`read_run`), ``placement.json`` and the active
+group, asks :func:`controller.decide.decide`, and acts:
+
+- a move recorded but not carried out (its tick stopped between steps) is finished first;
+- ``finish``: every group not at zero goes to zero;
+- ``move``: :func:`start_move` records it (a conditional write: of two ticks at once, one
+  wins; the other does nothing), then :func:`finish_move` carries it out:
+  (1) the active group to zero, (2) the old lease expired (else the next tick goes on),
+  (3) the next placement's group to ``nodes``, (4) one ``moved`` event, then the move is
+  marked done. Every step is idempotent, so a tick that stops anywhere leaves a state the
+  next one finishes;
+- otherwise every placement but the active one is kept at zero.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from controller import record as records
+from controller.config import Config, Placement
+from controller.decide import FINISH, MOVE, STAY, Decision, RunView, decide
+from controller.record import Record, epoch_of, iso
+from trainer import layout
+from trainer.lease import CLOCK_SKEW_S, LeaseRecord
+from trainer.storage import NotFound, PreconditionFailed, Store, open_store
+
+MOVED_BY_CONTROLLER = "controller"
+
+
+@dataclass
+class TickResult:
+    """What a tick (or a move) did: the decision, the groups it sized, the move it recorded or finished."""
+
+    action: str
+    reason: str
+    resized: list[dict] = field(default_factory=list)
+    move: dict | None = None
+    waiting: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def read_run(store: Store) -> RunView:
+    """The run folder as the controller reads it: end marker, newest sign of training, live lease, step."""
+    ended = next((name for name in layout.END_MARKERS if store.exists(name)), None)
+    signs = []
+    try:
+        progress = json.loads(store.get_bytes(layout.PROGRESS_KEY))
+        signs.append(epoch_of(progress.get("updated")) if isinstance(progress, dict) else None)
+    except (NotFound, ValueError):
+        pass
+    try:
+        lines = store.get_bytes(layout.EVENTS_KEY).decode(errors="replace").strip().splitlines()
+        last = json.loads(lines[-1]) if lines else {}
+        signs.append(epoch_of(last.get(layout.TIME)) if isinstance(last, dict) else None)
+    except (NotFound, ValueError):
+        pass
+    lease = read_lease(store)
+    lease_until = lease.expires if lease is not None and not lease.released else None
+    steps = []
+    for key in store.list(layout.CHECKPOINTS_PREFIX):
+        found = layout.checkpoint_key_step(key)
+        if found and found[1] == layout.COMMITTED:
+            steps.append(found[0])
+    heartbeat = max((s for s in signs if s is not None), default=None)
+    return RunView(ended=ended, heartbeat=heartbeat, lease_until=lease_until, step=max(steps, default=None))
+
+
+def read_lease(store: Store) -> LeaseRecord | None:
+    try:
+        return LeaseRecord.parse(store.get_bytes(layout.LEASE_KEY))
+    except NotFound:
+        return None
+
+
+def lease_gone(store: Store, now: float) -> str | None:
+    """None once no trainer can hold the run's lease (absent, released or expired, as
+    ``trainer/lease.py`` reads it); else who holds it and until when."""
+    lease = read_lease(store)
+    if lease is None or lease.released or lease.expires + CLOCK_SKEW_S < now:
+        return None
+    return f"the run's lease is held by {lease.holder} until {iso(lease.expires + CLOCK_SKEW_S)}"
+
+
+def _resize(clouds, p: Placement, n: int, done: list[dict]) -> None:
+    if clouds.desired(p) != n:
+        clouds.set_size(p, n)
+        done.append({"placement": p.index, "group": p.group, "size": n})
+
+
+def start_move(config: Config, store: Store, rec: Record, version: str | None, to: int, reason: str,
+               step: int | None, now: float, *, failed: bool) -> tuple[Record, str]:
+    """Record the move from the active placement to ``to`` (not yet carried out); conditional on
+    ``version``: raises :class:`PreconditionFailed` when another writer changed the record first."""
+    move = {"from": rec.active, "to": to, "from_placement": config.placements[rec.active].label,
+            "to_placement": config.placements[to].label, "reason": reason, "step": step, "time": iso(now),
+            "done": False}
+    failed_at = dict(rec.failed_at)
+    if failed:
+        failed_at[str(rec.active)] = round(now, 3)
+    new = Record(active=to, since=iso(now), moves=[*rec.moves, move], failed_at=failed_at)
+    return new, records.write(store, new, version)
+
+
+def finish_move(config: Config, clouds, store: Store, rec: Record, version: str, now: float) -> TickResult:
+    """Carry out ``rec``'s pending move (idempotent); a lease still held leaves it for the next tick."""
+    move = rec.pending
+    assert move is not None
+    old, new = config.placements[move["from"]], config.placements[move["to"]]
+    result = TickResult(MOVE, move["reason"], move=move)
+    _resize(clouds, old, 0, result.resized)  # (1)
+    held = lease_gone(store, now)  # (2)
+    if held:
+        result.waiting = f"{held}; {new.label}'s group starts once it has expired"
+        return result
+    _resize(clouds, new, config.nodes, result.resized)  # (3)
+    number = len(rec.moves)
+    records.append_moved_once(store, {  # (4)
+        layout.EVENT: layout.MOVED, layout.TIME: iso(now), layout.ATTEMPT: None, "move": number,
+        "from": move["from"], "to": move["to"], "from_placement": old.label, "to_placement": new.label,
+        "reason": move["reason"], "step": move["step"]})
+    for _ in range(records.CONFLICT_TRIES):  # mark it done, unless another tick has
+        rec.moves[-1] = {**move, "done": True, "done_time": iso(now)}
+        try:
+            records.write(store, rec, version)
+            break
+        except PreconditionFailed:
+            rec, version = records.read(store)
+            if len(rec.moves) != number or rec.moves[-1].get("done"):
+                break
+            move = rec.moves[-1]
+    else:  # the record kept changing under us: the move is carried out, the next tick marks it
+        raise PreconditionFailed(f"{layout.PLACEMENT_KEY} kept changing while the move was marked done")
+    result.move = rec.moves[number - 1]
+    return result
+
+
+def tick(config: Config, clouds, now: float, *, store: Store | None = None) -> TickResult:
+    """One pass of the controller (module docstring); safe to run twice at once."""
+    store = open_store(config.run_uri) if store is None else store
+    run = read_run(store)
+    if run.ended:
+        result = TickResult(FINISH, f"the run ended ({run.ended}): every group at zero")
+        for p in config.placements:
+            _resize(clouds, p, 0, result.resized)
+        return result
+    rec, version = records.read(store)
+    if rec.pending:
+        return finish_move(config, clouds, store, rec, version, now)
+    if rec.active >= len(config.placements):
+        return TickResult(STAY, f"{layout.PLACEMENT_KEY} names placement {rec.active}, which the stack does not have")
+    active = config.placements[rec.active]
+    decision: Decision = decide(config, rec, run, clouds.state(active), now)
+    if decision.action == MOVE:
+        try:
+            rec, version = start_move(config, store, rec, version, decision.to, decision.reason, run.step, now,
+                                      failed=True)
+        except PreconditionFailed:
+            return TickResult(STAY, f"another tick changed {layout.PLACEMENT_KEY} first: it moves the run")
+        return finish_move(config, clouds, store, rec, version, now)
+    result = TickResult(decision.action, decision.reason)
+    for p in config.placements:
+        if p.index != rec.active:
+            _resize(clouds, p, 0, result.resized)
+    return result
+
+
+class MoveError(RuntimeError):
+    """A move asked for cannot be made (the run ended, it is already there); the message says why."""
+
+
+def move(config: Config, clouds, to: Placement, reason: str, *, store: Store | None = None,
+         wait_s: float = 0.0, poll_s: float = 5.0, clock: Callable[[], float] = time.time,
+         sleep: Callable[[float], None] = time.sleep) -> TickResult:
+    """Move the run to ``to`` now (``ops move``), waiting up to ``wait_s`` for the old lease to expire.
+
+    The same record and steps as a tick's move; raises :class:`MoveError` when the run has ended
+    or is already active there, :class:`PreconditionFailed` when a tick moved it meanwhile.
+    """
+    store = open_store(config.run_uri) if store is None else store
+    run = read_run(store)
+    if run.ended:
+        raise MoveError(f"the run has ended ({run.ended}); nothing to move")
+    rec, version = records.read(store)
+    if rec.pending is None:
+        if rec.active == to.index:
+            raise MoveError(f"the run is already in placement {to.index} ({to.label})")
+        rec, version = start_move(config, store, rec, version, to.index, reason, run.step, clock(), failed=False)
+    elif rec.pending["to"] != to.index:
+        raise MoveError(f"a move to placement {rec.pending['to']} is under way; run this again once it is done")
+    deadline = clock() + wait_s
+    while True:
+        result = finish_move(config, clouds, store, rec, version, clock())
+        if result.waiting is None or clock() >= deadline:
+            return result
+        sleep(min(poll_s, max(0.0, deadline - clock())))
+        rec, version = records.read(store)
+        if rec.pending is None:
+            return TickResult(MOVE, reason, move=rec.moves[-1] if rec.moves else None)

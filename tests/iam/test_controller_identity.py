@@ -1,0 +1,175 @@
+"""The placement controller's identity, enforced: its real calls, as a role holding `controller.policy.aws_policy`.
+
+The role is made in moto, assumed through STS, and the controller's own code runs with the
+session's keys through the authorization layer (tests/fixtures/iam_cloud.py), which evaluates
+the policy as AWS does where moto cannot (the `s3:prefix` and `autoscaling:MinSize`/`MaxSize`
+conditions, Auto Scaling group ARNs). Two placements' groups in two regions, a group of another
+stack and another run beside them: the controller moves the run, zeroes the groups of an ended
+run, and can do nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import boto3
+import botocore.exceptions
+import pytest
+
+from controller.clouds import AwsGroups, Clouds
+from controller.config import Config
+from controller.policy import READ_GROUP_ACTIONS, SIZE_GROUP_ACTIONS, aws_policy
+from controller.tick import move, tick
+from tests.controller.helpers import aws_config, moved_events, trained
+from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IamCloud
+from tests.iam.policy_eval import Decision
+from trainer import layout
+from trainer.storage import open_store
+
+pytestmark = pytest.mark.slow
+
+REGIONS = ("us-east-1", "us-west-2")
+BUCKET = "trainstack-placements-home"
+RUN_ID = "exp-7"
+GROUPS = ("trainstack-exp-gpu", "trainstack-exp-gpu-1")
+OTHER_GROUP = "trainstack-other-stack-gpu"
+NODES = 1
+
+
+def _build_group(cloud: IamCloud, region: str, name: str, size: int) -> None:
+    ec2 = cloud.admin("ec2", region)
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
+    lt = ec2.create_launch_template(LaunchTemplateName=f"{name}-lt",
+                                    LaunchTemplateData={"ImageId": image, "InstanceType": "t3.micro"})
+    cloud.admin("autoscaling", region).create_auto_scaling_group(
+        AutoScalingGroupName=name, MinSize=size, MaxSize=size, DesiredCapacity=size, VPCZoneIdentifier=subnet,
+        LaunchTemplate={"LaunchTemplateId": lt["LaunchTemplate"]["LaunchTemplateId"], "Version": "$Latest"})
+
+
+def _size(cloud: IamCloud, region: str, name: str) -> int:
+    return cloud.admin("autoscaling", region).describe_auto_scaling_groups(
+        AutoScalingGroupNames=[name])["AutoScalingGroups"][0]["DesiredCapacity"]
+
+
+@dataclass
+class Controller:
+    cloud: IamCloud
+    keys: dict[str, str]
+    policy: str
+    config: Config
+
+    def client(self, service: str, region: str = REGIONS[0]):
+        return boto3.session.Session().client(
+            service, endpoint_url=self.cloud.proxy.url, region_name=region,
+            aws_access_key_id=self.keys["AWS_ACCESS_KEY_ID"], aws_secret_access_key=self.keys["AWS_SECRET_ACCESS_KEY"],
+            aws_session_token=self.keys["AWS_SESSION_TOKEN"])
+
+    def decisions(self) -> list[tuple[str, str, Decision]]:
+        return [(a, r, d) for k, a, r, d in self.cloud.proxy.decisions if k == self.keys["AWS_ACCESS_KEY_ID"]]
+
+
+@pytest.fixture(scope="module")
+def controller(iam_cloud: IamCloud) -> Controller:
+    s3 = iam_cloud.admin("s3", REGIONS[0])
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_object(Bucket=BUCKET, Key="runs/another-run/progress.json", Body=b"{}")
+    for region, name, size in ((REGIONS[0], GROUPS[0], NODES), (REGIONS[1], GROUPS[1], 0),
+                               (REGIONS[0], OTHER_GROUP, 1)):
+        _build_group(iam_cloud, region, name, size)
+    policy = json.dumps(aws_policy(bucket=BUCKET, run_id=RUN_ID, groups=list(zip(REGIONS, GROUPS, strict=True)),
+                                   nodes=NODES, account_id=ACCOUNT))
+    iam = iam_cloud.admin("iam", REGIONS[0])
+    # moto fails a trust policy with a Service principal (HTTP 500): trust the admin user instead.
+    role = iam.create_role(RoleName="trainstack-controller", AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:user/{ADMIN_USER}"}}]}))
+    iam.put_role_policy(RoleName="trainstack-controller", PolicyName="controller", PolicyDocument=policy)
+    creds = iam_cloud.admin("sts", REGIONS[0]).assume_role(RoleArn=role["Role"]["Arn"],
+                                                           RoleSessionName="controller")["Credentials"]
+    iam_cloud.proxy.guard(creds["AccessKeyId"], [policy])
+    keys = {"AWS_ACCESS_KEY_ID": creds["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": creds["SecretAccessKey"],
+            "AWS_SESSION_TOKEN": creds["SessionToken"]}
+    return Controller(iam_cloud, keys, policy, aws_config(f"s3://{BUCKET}/runs/{RUN_ID}", list(GROUPS), nodes=NODES))
+
+
+@pytest.fixture
+def as_controller(controller: Controller, monkeypatch: pytest.MonkeyPatch) -> Controller:
+    import os
+
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", controller.cloud.proxy.url)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGIONS[0])
+    for k, v in controller.keys.items():
+        monkeypatch.setenv(k, v)
+    return controller
+
+
+def _admin_store(controller: Controller):
+    class Admin:
+        """The run folder written as the machines write it (the admin's keys, straight to moto)."""
+
+        s3 = controller.cloud.admin("s3", REGIONS[0])
+
+        def put_bytes(self, key, data):
+            self.s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN_ID}/{key}", Body=data)
+
+    return Admin()
+
+
+def test_the_controller_moves_and_finishes_with_its_own_policy_only(as_controller):
+    c = as_controller
+    now = time.time()
+    trained(_admin_store(c), step=20, last_beat=now - 30)
+    before = len(c.decisions())
+
+    stay = tick(c.config, Clouds(aws=AwsGroups()), now)  # reads everything, changes nothing
+    result = move(c.config, Clouds(aws=AwsGroups()), c.config.placements[1], "asked")
+    store = open_store(c.config.run_uri)
+    assert stay.action == "stay" and result.waiting is None
+    assert (_size(c.cloud, REGIONS[0], GROUPS[0]), _size(c.cloud, REGIONS[1], GROUPS[1])) == (0, NODES)
+    assert [e["step"] for e in moved_events(store)] == [20]
+
+    _admin_store(c).put_bytes(layout.COMPLETE, b'{"step": 40}')
+    _build_size = c.cloud.admin("autoscaling", REGIONS[0]).update_auto_scaling_group
+    _build_size(AutoScalingGroupName=GROUPS[0], MinSize=1, MaxSize=1, DesiredCapacity=1)  # left up by hand
+    finished = tick(c.config, Clouds(aws=AwsGroups()), now)
+    assert finished.action == "finish"
+    assert (_size(c.cloud, REGIONS[0], GROUPS[0]), _size(c.cloud, REGIONS[1], GROUPS[1])) == (0, 0)
+
+    seen = c.decisions()[before:]
+    refused = [(a, r) for a, r, d in seen if d is not Decision.ALLOW]
+    assert refused == []  # every call the controller made was allowed by its policy alone
+    actions = {a for a, _r, _d in seen}
+    assert actions >= {*READ_GROUP_ACTIONS, *SIZE_GROUP_ACTIONS, "s3:GetObject", "s3:PutObject", "s3:ListBucket"}
+    writes = sorted({r.split(f"runs/{RUN_ID}/", 1)[1] for a, r, _d in seen if a == "s3:PutObject"})
+    assert writes == sorted([layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY])
+
+
+@pytest.mark.parametrize(("what", "call", "code"), [
+    ("another stack's group", lambda c: c.client("autoscaling").update_auto_scaling_group(
+        AutoScalingGroupName=OTHER_GROUP, MinSize=0, MaxSize=0, DesiredCapacity=0), "AccessDenied"),
+    ("its group above the run's size", lambda c: c.client("autoscaling", REGIONS[1]).update_auto_scaling_group(
+        AutoScalingGroupName=GROUPS[1], MinSize=NODES + 1, MaxSize=NODES + 1, DesiredCapacity=NODES + 1),
+     "AccessDenied"),
+    ("its group without the sizes", lambda c: c.client("autoscaling", REGIONS[1]).update_auto_scaling_group(
+        AutoScalingGroupName=GROUPS[1], DesiredCapacity=1), "AccessDenied"),
+    ("a checkpoint", lambda c: c.client("s3").put_object(
+        Bucket=BUCKET, Key=f"runs/{RUN_ID}/{layout.committed_key(99)}", Body=b"{}"), "AccessDenied"),
+    ("an end marker", lambda c: c.client("s3").put_object(
+        Bucket=BUCKET, Key=f"runs/{RUN_ID}/{layout.COMPLETE}", Body=b"{}"), "AccessDenied"),
+    ("another run", lambda c: c.client("s3").get_object(Bucket=BUCKET, Key="runs/another-run/progress.json"),
+     "AccessDenied"),
+    ("the bucket's other prefixes", lambda c: c.client("s3").list_objects_v2(Bucket=BUCKET, Prefix="runs/"),
+     "AccessDenied"),
+])
+def test_the_controller_can_do_nothing_else(controller, what, call, code):
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        call(controller)
+    assert e.value.response["Error"]["Code"] == code, what
+    assert controller.decisions()[-1][2] is not Decision.ALLOW

@@ -1,0 +1,109 @@
+"""A run moves to another region, end to end: two sandbox machines, the controller's tick between them.
+
+Placement A (us-east-1) trains in the boot sandbox and is preempted by a spot notice. A's group
+then cannot launch (its Auto Scaling answers carry no instance and a failed scaling activity per
+try, in AWS's words for no capacity: tests/fixtures/no_capacity.py). The controller's tick, at a
+moment past `waitMinutes`, moves the run: A's group to zero, B's (us-west-2) to one. A machine of
+placement B boots with the same run URI in the same bucket, resumes from A's last committed
+checkpoint and ends the run COMPLETE; its finish path puts B's group to zero. The final weights
+equal those of the same run never interrupted (max |Δ| = 0, on CPU).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from components.settings import load_settings
+from controller import record as records
+from controller.clouds import AwsGroups, Clouds
+from controller.decide import MOVE
+from controller.tick import tick
+from tests.controller.helpers import moved_events, sizes
+from tests.fixtures.metadata import MetadataServer
+from tests.fixtures.no_capacity import insufficient_capacity, placements  # noqa: F401 - a fixture, found by name
+from tests.trainer.helpers import committed_weights, max_abs_diff, run_trainer, trainer_env
+from tests.userdata.helpers import events, wait_for
+from tests.userdata.sandbox import Sandbox
+from trainer import layout
+from trainer.storage import open_store
+
+pytestmark = pytest.mark.slow
+
+# Enough steps that the notice lands mid-run (a quiet machine runs ~3,000 a second: about step 1,000),
+# few enough that B's part and the reference run stay short on a loaded one (~80 a second).
+STEPS, EVERY, BATCH, SEED = 6000, 200, 16, 11
+
+
+def _settings(region: str):
+    return load_settings({
+        "cloud": "aws", "region": region,
+        "run": {"model": "mlp", "synthetic": True, "steps": STEPS, "batchSize": BATCH, "seed": SEED,
+                "checkpointEverySteps": EVERY, "checkpointEverySeconds": 600, "extraArgs": ["--deterministic"]},
+        "compute": {"instanceTypes": ["g5.xlarge"], "maxRuntimeHours": 1},
+    }, stack="sandbox")
+
+
+def _committed(store) -> list[int]:
+    return sorted(s for k in store.list(layout.CHECKPOINTS_PREFIX)
+                  for s, rest in [layout.checkpoint_key_step(k) or (0, "")] if rest == layout.COMMITTED)
+
+
+def test_a_preempted_run_whose_region_cannot_launch_moves_and_ends_as_if_never_stopped(
+        placements, code_uri, tmp_path):  # noqa: F811
+    run, config = placements.run, placements.config
+    home, west = config.placements
+    store = open_store(run.uri)
+    md_a = MetadataServer(instance_id="i-0aaaaaaaaaaaaaaa1")
+    md_b = MetadataServer(instance_id="i-0bbbbbbbbbbbbbbb2")
+    boxes = []
+    try:
+        # 1. Placement A trains and is preempted.
+        box_a = Sandbox(tmp_path / "a", run, md_a, home.group, code_uri, settings=_settings(home.region))
+        boxes.append(box_a)
+        box_a.boot()
+        wait_for(lambda: _committed(store), 180, "a committed checkpoint in placement A")
+        md_a.notice_aws()
+        wait_for(lambda: "exited with 143" in box_a.journal(), 120, "A's trainer exit 143")
+        wait_for(lambda: "waiting for the cloud to take the machine back" in box_a.journal(), 60,
+                 "A's supervisor waiting for the cloud")
+        box_a.power_off()
+        stopped_at = _committed(store)[-1]
+        assert 0 < stopped_at < STEPS
+
+        # 2. A's group cannot launch; 3. a tick past waitMinutes moves the run.
+        later = time.time() + (config.wait_minutes + 1) * 60
+        placements.no_capacity_at_home(insufficient_capacity("g5.xlarge", "us-east-1a"), later)
+        result = tick(config, Clouds(aws=AwsGroups()), later)
+        assert result.action == MOVE, result
+        assert sizes(config) == [0, 1]
+        [moved] = moved_events(store)
+        assert (moved["from"], moved["to"], moved["step"]) == (0, 1, stopped_at)
+
+        # 4. A machine of placement B resumes from A's last committed checkpoint; 5. COMPLETE.
+        box_b = Sandbox(tmp_path / "b", run, md_b, west.group, code_uri, settings=_settings(west.region))
+        boxes.append(box_b)
+        assert box_b.boot().wait(timeout=300) == 0, box_b.journal()[-4000:]
+    finally:
+        for box in boxes:
+            box.power_off()
+        md_a.close()
+        md_b.close()
+
+    log = events(run)
+    resumed = [e for e in log if e[layout.EVENT] == layout.RESUMED]
+    assert [e["step"] for e in resumed] == [stopped_at]
+    assert store.exists(layout.COMPLETE)
+    assert sizes(config) == [0, 0]  # B's finish path put its own group to zero
+    assert records.read(store)[0].active == 1
+    assert tick(config, Clouds(aws=AwsGroups()), time.time()).action == "finish"
+
+    reference = f"file://{tmp_path}/reference/runs/ref"
+    rc, _events, err = run_trainer(reference, "--model", "mlp", "--synthetic", "--deterministic", "--steps", str(STEPS),
+                                   "--batch-size", str(BATCH), "--seed", str(SEED), "--checkpoint-every-steps",
+                                   str(EVERY), env=trainer_env())
+    assert rc == 0, err[-3000:]
+    diff = max_abs_diff(committed_weights(run.uri, STEPS, tmp_path / "moved"),
+                        committed_weights(reference, STEPS, tmp_path / "ref"))
+    assert diff == 0.0, diff
