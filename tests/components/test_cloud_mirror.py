@@ -33,7 +33,7 @@ ONLY = {
     "SpotGroupArgs": {
         "aws": {"max_price_per_hour", "subnets", "instance_profile_arn", "tags"},
         "gcp": {"gcp_project", "region", "network_tag", "service_account_email", "gpus_per_node",
-                "accelerator", "labels"},
+                "accelerator", "labels", "firewalls"},  # GCE firewall rules are the project's, not a region's
     },
     "TrainerCodeArgs": {"aws": set(), "gcp": set()},
     "TrainerImageArgs": {"aws": set(), "gcp": set()},

@@ -329,6 +329,8 @@ INVALID += [
      "placements[1].project", "is required for a gcp placement"),
     ("placement-gcp-bad-project", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "europe-west4", "project": "P"}]}),
      "placements[1].project", "expected the GCP project id"),
+    ("placement-other-project", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "us-east4", "project": "my-other-1"}]}),
+     "placements[1].project", "a placement in another project than home's (my-project-123) is not supported yet"),
     ("placement-other-cloud", stack(**{PL: [HOME, {**GCP_HOME, "region": "us-east4"}]}), "placements[1].cloud",
      "a placement on another cloud than home (aws) is not supported yet"),
     ("placement-built-image", stack(**{PL: [HOME, WEST]}, **{IMG: {"build": True}}), "image.build",
@@ -380,7 +382,7 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("two-aws-regions", stack(**{PL: [HOME, WEST]}, trainstack_placement={"waitMinutes": 30})),
     ("home-types-from-placements", stack(**{C: {"instanceTypes": DEL}}, **{PL: [HOME, WEST]})),
     ("three-gcp-regions", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "europe-west4", "zones": ["europe-west4-a"]},
-                                      {**GCP_HOME, "region": "us-east4", "project": "my-other-project"}]})),
+                                      {**GCP_HOME, "region": "us-east4"}]})),
 ]
 
 
