@@ -63,8 +63,7 @@ class Mocks(pulumi.runtime.Mocks):
             rid, extra = random_id(inputs, h)
         elif t.startswith("pulumi:providers:"):
             rid, extra = f"{name}-provider-id", {}
-            if inputs.get("region"):
-                self.provider_regions[name] = str(inputs["region"])
+            self.note_provider(args)
         else:
             rid, extra = f"{name}-{h[:7]}", {}
         out.update(extra)
@@ -73,6 +72,11 @@ class Mocks(pulumi.runtime.Mocks):
         invented = [v for v in (rid, *extra.values()) if _mentions(v, (h[:7], aws.FAKE_ACCOUNT, "fake"))]
         self._remember(invented, inputs)
         return rid, out
+
+    def note_provider(self, args: pulumi.runtime.MockResourceArgs) -> None:
+        """Remember a provider's region: what is made or looked up through it answers for that region."""
+        if args.typ.startswith("pulumi:providers:") and args.inputs.get("region"):
+            self.provider_regions[args.name] = str(args.inputs["region"])
 
     def _region_of(self, provider: str | None) -> str:
         """The region of the provider a request names (`urn::id`), else the stack's."""
