@@ -16,6 +16,9 @@ One writer per object:
   machine scripts        machine-events/<machine>.jsonl (each machine its own), logs/<machine>/,
                          deadline (first boot), FAILED / TIMED_OUT (finish path)
   ops                    STOP (a request the trainer polls)
+  placement controller   placement.json (which placement is active, the moves; conditional writes
+  and `ops move`         only, see controller/record.py), machine-events/placement.jsonl (its
+                         `moved` events, appended only by the writer whose placement.json write won)
   trainer (chief) holding the run's lease    lease.json (taken, renewed and released by conditional
                          writes only; see trainer/lease.py); whoever holds it is the one trainer
                          that may write the chief's objects above
@@ -54,6 +57,11 @@ STOP_KEY = "STOP"
 RENDEZVOUS_PREFIX = "rendezvous/"  # several machines: membership records by generation
 WORKER_EVENTS_PREFIX = "worker-events/"  # several machines: a non-chief worker's own `failed` events
 LEASE_KEY = "lease.json"  # the single-writer lease (trainer/lease.py)
+# Several placements (issue 24): which one is active and every move (controller/record.py). Absent:
+# placement 0 (home) is active.
+PLACEMENT_KEY = "placement.json"
+# The placement controller's own events (`moved`), among the machines' so `ops status` shows them.
+PLACEMENT_EVENTS_KEY = f"{MACHINE_EVENTS_PREFIX}placement.jsonl"
 
 # -- how the bucket tells a checkpoint's objects from the rest (components/*/bucket.py) --
 
@@ -120,6 +128,9 @@ MACHINE_FINISH = "finish"
 MACHINE_SCALE_FAILED = "scale_failed"
 # A machine of several has waited long for the others (generation, came, nodes, since, until).
 WAITING_FOR_MACHINES = "waiting_for_machines"
+# The run moved to another placement (controller/ or `ops move`): from, to (placement indexes), the
+# reason and the newest committed step it resumes from.
+MOVED = "moved"
 
 # The fields each event carries besides EVENT, TIME and ATTEMPT (required ones).
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
@@ -135,6 +146,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     CHECKPOINT_SKIPPED: ("step", "reason"),
     CHECKPOINT_FAILED: ("reason",),
     UPLOAD_RETRY: ("attempt", "error", "op", "key"),
+    MOVED: ("from", "to", "reason", "step"),
 }
 
 # The events that change what a run is doing (the others are informational).

@@ -46,3 +46,11 @@ def test_worker_events_key_is_one_safe_name_per_address(address, expected):
 ])
 def test_attempts_count_the_started_events(events, expected):
     assert layout.attempts(events) == expected
+
+
+def test_the_placement_events_are_read_with_the_machines_events():
+    # `ops status` reads every machine-events/*.jsonl: the controller's `moved` events show there.
+    assert layout.machine_events_key("placement") == layout.PLACEMENT_EVENTS_KEY
+    assert layout.PLACEMENT_EVENTS_KEY.startswith(layout.MACHINE_EVENTS_PREFIX)
+    assert layout.MOVED not in layout.LIFECYCLE  # a move changes where the run trains, not its state
+    assert layout.EVENT_FIELDS[layout.MOVED] == ("from", "to", "reason", "step")
