@@ -13,6 +13,7 @@ import pulumi_aws as aws
 from components import placement, userdata
 from components.aws.bucket import TrainingBucket, TrainingBucketArgs
 from components.aws.code import TrainerCode, TrainerCodeArgs
+from components.aws.controller import PlacementController, PlacementControllerArgs
 from components.aws.group import SpotGroup, SpotGroupArgs
 from components.aws.identity import InstanceIdentity, InstanceIdentityArgs
 from components.aws.image import TrainerImage, TrainerImageArgs
@@ -146,6 +147,22 @@ class TrainingStack(StackOutputs):
             )
             self.placement_groups.append(group)
         group = self.placement_groups[0]
+        # Several placements: the controller that moves the run runs here, at home, beside the bucket.
+        self.controller: PlacementController | None = None
+        if len(places) > 1:
+            self.controller = PlacementController(
+                f"{name}-controller",
+                PlacementControllerArgs(
+                    name=asg_name,
+                    config=run.apply(lambda uri: placement.controller_config_json(s, uri, groups)),
+                    run_id=run_id,
+                    nodes=s.compute.nodes,
+                    groups=[(p.region, g) for p, g in zip(places, groups, strict=True)],
+                    bucket_arn=bucket.arn,
+                    tags=tags,
+                ),
+                opts=child,
+            )
         self._set_outputs(
             s, bucket_name=bucket.name, run_uri=run, image_ref=image, group_name=group.group_name,
             code_uri=code.code_uri,

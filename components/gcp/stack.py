@@ -16,12 +16,15 @@ from components.code import user_code_dir
 from components.common import StackOutputs, TrainingStackArgs, image_ref, run_uri
 from components.gcp.bucket import TrainingBucket, TrainingBucketArgs
 from components.gcp.code import TrainerCode, TrainerCodeArgs
+from components.gcp.controller import APIS as CONTROLLER_APIS
+from components.gcp.controller import PlacementController, PlacementControllerArgs
 from components.gcp.group import SpotGroup, SpotGroupArgs
 from components.gcp.identity import InstanceIdentity, InstanceIdentityArgs
 from components.gcp.image import TrainerImage, TrainerImageArgs
 from components.gcp.naming import (
     APIS,
     RESOURCE_MANAGER_API,
+    controller_account_ids,
     custom_role_prefix,
     default_bucket_name,
     group_name,
@@ -172,6 +175,29 @@ class TrainingStack(StackOutputs):
             )
             self.placement_groups.append(group)
         group = self.placement_groups[0]
+        # Several placements: the controller that moves the run runs here, at home, beside the bucket.
+        self.controller: PlacementController | None = None
+        if len(places) > 1:
+            controller_apis = [api_service(api, [resource_manager]) for api in CONTROLLER_APIS]
+            controller_sa, invoker_sa = controller_account_ids(**names)
+            self.controller = PlacementController(
+                f"{name}-controller",
+                PlacementControllerArgs(
+                    name=mig_name,
+                    config=run.apply(lambda uri: placement.controller_config_json(s, uri, groups)),
+                    run_id=run_id,
+                    nodes=s.compute.nodes,
+                    groups=[(p.region, g) for p, g in zip(places, groups, strict=True)],
+                    gcp_project=s.project,
+                    region=s.region,
+                    bucket_name=bucket.name,
+                    account_id=controller_sa,
+                    invoker_account_id=invoker_sa,
+                    custom_role_prefix=custom_role_prefix(**names),
+                    labels=labels,
+                ),
+                opts=pulumi.ResourceOptions(parent=self, providers={"gcp": provider}, depends_on=controller_apis),
+            )
         self._set_outputs(
             s, bucket_name=bucket.name, run_uri=run, image_ref=image, group_name=group.group_name,
             code_uri=code.code_uri,
