@@ -96,11 +96,6 @@ def validate(s: Settings, cloud_checks: Mapping[str, Callable[[Settings], None]]
                                   f"replicas: list types with {c.gpus_per_node} GPU(s)")
         if i == 0:
             continue  # home: the stack's own keys, checked as the stack
-        if p.cloud == "gcp" and p.project != s.project and p.project is not None \
-                and re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", p.project):
-            # The machines' service account and the home group's firewall rules are the home project's.
-            raise ConfigError(f"placements[{i}].project", f"{p.project!r}: a placement in another project than "
-                              f"home's ({s.project}) is not supported yet; use {s.project}")
         if s.image.build:
             raise ConfigError("image.build", f"true pushes the image to the home region's registry only, which "
                               f"placements[{i}] ({p.region}) does not pull from yet; set image.build: false "
@@ -123,3 +118,7 @@ def validate(s: Settings, cloud_checks: Mapping[str, Callable[[Settings], None]]
             if key is None:
                 raise ConfigError(e.key, f"{message} (in placements[{i}], {p.region})") from None
             raise ConfigError(key, message) from None
+        if p.cloud == "gcp" and p.project != s.project:
+            # The machines' service account and the home group's firewall rules are the home project's.
+            raise ConfigError(f"placements[{i}].project", f"{p.project!r}: a placement in another project than "
+                              f"home's ({s.project}) is not supported yet; use {s.project}")
