@@ -11,12 +11,17 @@ document) is told every group's name and never guesses one. Standard library and
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from components.settings import Settings
 
 # The controller function's environment variable holding its configuration (`controller_config`).
 CONFIG_ENV = "TRAINSTACK_PLACEMENTS"
+# The controller function's package: the controller and the trainer modules it reads the run folder
+# with (trainer/layout.py, lease.py, storage/); its entry point is controller/handler.py:handler.
+FUNCTION_PACKAGES = ("controller", "trainer")
+HANDLER_FILE = "controller/handler.py"
 
 
 def group_name(home_group: str, index: int) -> str:
@@ -70,3 +75,16 @@ def controller_config(settings: Settings, run_uri: str, groups: list[str]) -> di
 def controller_config_json(settings: Settings, run_uri: str, groups: list[str]) -> str:
     """`controller_config` as the one-line JSON the function's environment holds (keys sorted)."""
     return json.dumps(controller_config(settings, run_uri, groups), sort_keys=True, separators=(",", ":"))
+
+
+def function_files(root: Path) -> dict[str, Path]:
+    """The controller function's files under `root`: every .py of FUNCTION_PACKAGES, by its path in the
+    package (`controller/handler.py`), sorted; no `__pycache__` (whose bytes differ from machine to
+    machine and would change the function on every `pulumi up`)."""
+    files = {}
+    for package in FUNCTION_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root)
+            if "__pycache__" not in rel.parts and not any(part.startswith(".") for part in rel.parts):
+                files[rel.as_posix()] = path
+    return files

@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
-from components import project
+from components import placement, project
 from trainer import layout
 
-# The function's package: the controller and the trainer modules it reads the run folder with
-# (trainer/layout.py, lease.py, storage/); AWS Lambda's python3.12 runtime brings boto3.
-PACKAGES = ("controller", "trainer")
+# The function's package is components/placement.py's FUNCTION_PACKAGES; AWS Lambda's python3.12
+# runtime brings boto3, the one library an AWS tick needs.
 HANDLER = "controller.handler.handler"
 RUNTIME = "python3.12"
 # A tick reads a few small objects and makes a few API calls; a bound far above that, and well
@@ -86,8 +85,12 @@ def function_policy(*, partition: pulumi.Input[str], account_id: pulumi.Input[st
 
 
 def function_code() -> pulumi.AssetArchive:
-    """The function's package: each folder of PACKAGES at the archive's root (the handler's import path)."""
-    return pulumi.AssetArchive({name: pulumi.FileArchive(str(project.ROOT / name)) for name in PACKAGES})
+    """The function's package: the .py files of the controller and the trainer, at their package paths."""
+    files = placement.function_files(project.ROOT)
+    if placement.HANDLER_FILE not in files:
+        pulumi.log.warn(f"{placement.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
+                        "would have no handler")
+    return pulumi.AssetArchive({name: pulumi.FileAsset(str(path)) for name, path in files.items()})
 
 
 class PlacementController(pulumi.ComponentResource):

@@ -17,14 +17,13 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_random as random
 
-from components import project
+from components import placement, project
 from components.gcp.identity import groups_condition, prefix_condition
 from components.gcp.naming import custom_role_id
 from trainer import layout
 
-# The function's package: the controller and the trainer modules it reads the run folder with, and
-# the two files Cloud Functions' Python build wants at the root (main.py names the entry point).
-PACKAGES = ("controller", "trainer")
+# The function's package: components/placement.py's FUNCTION_PACKAGES, and the two files Cloud
+# Functions' Python build wants at the root (main.py names the entry point).
 ENTRY_POINT = "handler"
 MAIN_PY = ('"""Cloud Functions\' entry point: one tick of the placement controller."""\n\n'
            "from controller.handler import handler\n\n__all__ = [\"handler\"]\n")
@@ -86,10 +85,14 @@ def written_condition(bucket: pulumi.Input[str], run_id: str) -> pulumi.Output[s
 
 
 def function_source() -> pulumi.AssetArchive:
-    """The function's source: main.py, requirements.txt and each folder of PACKAGES at the root."""
+    """The function's source: main.py, requirements.txt and the .py files of the controller and the trainer."""
+    files = placement.function_files(project.ROOT)
+    if placement.HANDLER_FILE not in files:
+        pulumi.log.warn(f"{placement.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
+                        "would have no handler")
     assets: dict[str, pulumi.Asset | pulumi.Archive] = {
         "main.py": pulumi.StringAsset(MAIN_PY), "requirements.txt": pulumi.StringAsset(GCS_REQUIREMENT + "\n")}
-    assets.update({name: pulumi.FileArchive(str(project.ROOT / name)) for name in PACKAGES})
+    assets.update({name: pulumi.FileAsset(str(path)) for name, path in files.items()})
     return pulumi.AssetArchive(assets)
 
 

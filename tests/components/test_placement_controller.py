@@ -55,7 +55,9 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
         assert (fn["inputs"]["runtime"], fn["inputs"]["handler"]) == ("python3.12", "controller.handler.handler")
         assert schedule["inputs"]["scheduleExpression"] == "rate(1 minute)"
         assert schedule["inputs"]["target"]["arn"].endswith(f":function:{fn['inputs']['name']}")
-        assert set(fn["inputs"]["code"]["assetArchive"]) == {"controller", "trainer"}
+        files = fn["inputs"]["code"]["assetArchive"]
+        assert "trainer/layout.py" in files and "trainer/lease.py" in files
+        assert all(name.startswith(("controller/", "trainer/")) and name.endswith(".py") for name in files)
     else:
         build = fn["inputs"]["buildConfig"]
         assert (build["runtime"], build["entryPoint"]) == ("python312", "handler")
@@ -161,8 +163,9 @@ def handler(event=None, context=None):
 def _materialize(archive: pulumi.AssetArchive, into: Path) -> None:
     """Lay an archive out as the cloud unpacks it: each asset at its name, each folder archive under its name."""
     for name, asset in archive.assets.items():
-        if isinstance(asset, pulumi.FileArchive):
-            shutil.copytree(asset.path, into / name, ignore=shutil.ignore_patterns("__pycache__"))
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(asset, pulumi.FileAsset):
+            shutil.copyfile(asset.path, into / name)
         elif isinstance(asset, pulumi.StringAsset):
             (into / name).write_text(asset.text)
         else:
@@ -175,6 +178,9 @@ def test_the_package_holds_what_the_handler_imports(cloud, tmp_path, monkeypatch
     (root / "controller").mkdir(parents=True)
     (root / "controller" / "__init__.py").write_text("")
     (root / "controller" / "handler.py").write_text(STAND_IN)
+    # Compiled files differ from machine to machine: never part of the package (the function would change).
+    (root / "controller" / "__pycache__").mkdir()
+    (root / "controller" / "__pycache__" / "handler.cpython-311.pyc").write_bytes(b"\0")
     shutil.copytree(project.TRAINER_DIR, root / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(project, "ROOT", root)
     if cloud == "aws":
@@ -184,6 +190,8 @@ def test_the_package_holds_what_the_handler_imports(cloud, tmp_path, monkeypatch
         from components.gcp import controller
         archive, module, function = controller.function_source(), "main", controller.ENTRY_POINT
         assert archive.assets["requirements.txt"].text.startswith("google-cloud-storage==")
+    assert {"controller/__init__.py", "controller/handler.py", "trainer/layout.py"} <= set(archive.assets)
+    assert not [name for name in archive.assets if "__pycache__" in name or name.endswith(".pyc")]
     task = tmp_path / "task"
     task.mkdir()
     _materialize(archive, task)

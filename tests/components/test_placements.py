@@ -121,7 +121,7 @@ def test_every_placement_runs_the_same_image_and_run_folder_and_scales_only_its_
 def test_the_aws_role_may_set_each_placements_group_to_zero_and_reaches_only_this_runs_prefix():
     r, one = synthesized("aws"), synth.synthesize({**RAW["aws"], "placements": RAW["aws"]["placements"][:1]},
                                                   stack="places")
-    (policy,), (single,) = r.of_type("aws:iam/rolePolicy:RolePolicy"), one.of_type("aws:iam/rolePolicy:RolePolicy")
+    policy, single = r.named("trainstack-identity-policy"), one.named("trainstack-identity-policy")
     statements = {s["Sid"]: s for s in json.loads(policy["inputs"]["policy"])["Statement"]}
     alone = {s["Sid"]: s for s in json.loads(single["inputs"]["policy"])["Statement"]}
     assert statements["ScaleOwnGroup"]["Resource"] == [
@@ -132,8 +132,9 @@ def test_the_aws_role_may_set_each_placements_group_to_zero_and_reaches_only_thi
     assert {k: v for k, v in statements.items() if k != "ScaleOwnGroup"} == \
         {k: v for k, v in alone.items() if k != "ScaleOwnGroup"}
     assert statements["ReadWriteRun"]["Resource"].endswith("/runs/exp-7/*")
-    # One role and one instance profile serve every region (IAM is global).
-    assert len(r.of_type("aws:iam/role:Role")) == len(r.of_type("aws:iam/instanceProfile:InstanceProfile")) == 1
+    # One role and one instance profile serve every region (IAM is global); the controller's roles are its own.
+    machine_roles = [x for x in r.of_type("aws:iam/role:Role") if x["parent"] == "trainstack-identity"]
+    assert len(machine_roles) == len(r.of_type("aws:iam/instanceProfile:InstanceProfile")) == 1
     profiles = {t["inputs"]["iamInstanceProfile"]["arn"] for t in r.of_type(synth.LAUNCH_TEMPLATE)}
     assert len(profiles) == 1
 
@@ -144,7 +145,7 @@ def test_the_gcp_account_may_resize_each_placements_group_and_nothing_else():
     names = [f'resource.name == "projects/my-proj-123/regions/{region}/instanceGroupManagers/'
              f'{placement.group_name(HOME_GROUP, i)}"' for i, region in enumerate(REGIONS["gcp"])]
     assert resize["inputs"]["condition"]["expression"] == " || ".join(names)
-    assert len(r.of_type("gcp:serviceaccount/account:Account")) == 1
+    assert len([x for x in r.of_type("gcp:serviceaccount/account:Account") if x["parent"] == "trainstack-identity"]) == 1
     emails = {t["inputs"]["serviceAccount"]["email"] for t in r.of_type(synth.INSTANCE_TEMPLATE)}
     assert len(emails) == 1
 
@@ -161,6 +162,18 @@ def test_a_one_placement_stack_is_what_it_was(cloud):
         (policy,) = r.of_type("aws:iam/rolePolicy:RolePolicy")
         (scale,) = [s for s in json.loads(policy["inputs"]["policy"])["Statement"] if s["Sid"] == "ScaleOwnGroup"]
         assert isinstance(scale["Resource"], str) and scale["Resource"].endswith(f"/{HOME_GROUP}")
+
+
+def test_the_function_files_are_the_packages_python_only(tmp_path):
+    (tmp_path / "controller" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "controller" / "handler.py").write_text("")
+    (tmp_path / "controller" / "__pycache__" / "handler.cpython-311.pyc").write_text("")
+    (tmp_path / "trainer" / "storage").mkdir(parents=True)
+    (tmp_path / "trainer" / "storage" / "s3.py").write_text("")
+    (tmp_path / "trainer" / "Dockerfile").write_text("")
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "move.py").write_text("")
+    assert list(placement.function_files(tmp_path)) == ["controller/handler.py", "trainer/storage/s3.py"]
 
 
 def test_group_names_and_the_settings_of_a_placement():
