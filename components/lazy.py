@@ -27,6 +27,8 @@ CLOUD_EXPORTS = {
     "TrainerImageArgs": "image",
     "ImageRepository": "repository",
     "ImageRepositoryArgs": "repository",
+    "PlacementController": "controller",
+    "PlacementControllerArgs": "controller",
     "TrainingStack": "stack",
     "TrainingStackArgs": "stack",
 }

@@ -203,3 +203,73 @@ def hourly_cost(settings: Any, *, spot_prices: Mapping[str, float] | None = None
         max_runtime_hours=c.max_runtime_hours, types=types, max_price_per_hour=c.max_price_per_hour,
         recorded=str(table.get("recorded", "")), source=str(table.get("source", "")), missing=missing,
     )
+
+
+# The continent of a region, by its name's first part, for GCS's same-continent transfer price.
+_CONTINENTS = {"us": "north-america", "northamerica": "north-america", "southamerica": "south-america",
+               "europe": "europe", "asia": "asia", "australia": "oceania", "me": "middle-east", "africa": "africa"}
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """What reading bytes from the home bucket costs a placement, per GB."""
+
+    per_gb: float | None
+    """USD per GB (10^9 bytes); 0 in the bucket's own region; None when the table has no price."""
+    kind: str
+    """"same region", "inter-region", "same continent", "inter-continent" or "internet"."""
+
+
+def transfer_per_gb(home_cloud: str, home_region: str, cloud: str, region: str) -> Transfer:
+    """The list price of moving data from a bucket in `home_region` to machines in `region` (components/prices.yaml)."""
+    table = price_table().get("transfer") or {}
+    prices = table.get(home_cloud) or {}
+    if cloud != home_cloud:
+        kind = "internet"
+    elif region == home_region:
+        return Transfer(0.0, "same region")
+    elif home_cloud == "aws":
+        kind = "inter-region"
+    else:
+        same = _CONTINENTS.get(home_region.split("-")[0]) == _CONTINENTS.get(region.split("-")[0]) is not None
+        kind = "same continent" if same else "inter-continent"
+    price = prices.get(kind.replace("-", "_").replace(" ", "_"))
+    return Transfer(None if price is None else float(price), kind)
+
+
+@dataclass(frozen=True)
+class PlacementCost:
+    """One placement's machines per hour and what a restore there reads from the home bucket."""
+
+    index: int
+    cloud: str
+    region: str
+    estimate: CostEstimate
+    transfer: Transfer
+    restore_bytes: int
+
+    @property
+    def restore_cost(self) -> float | None:
+        """USD to read one checkpoint from the home bucket into this placement."""
+        if self.transfer.per_gb is None:
+            return None
+        return round(self.transfer.per_gb * self.restore_bytes / 1e9, 4)
+
+
+def placement_costs(settings: Any, *, checkpoint_bytes: int) -> list[PlacementCost]:
+    """Every placement's hourly prices and per-restore transfer cost of a `checkpoint_bytes` checkpoint, home first."""
+    from components import placement
+
+    rows = []
+    for i, p in enumerate(settings.placement_list):
+        moved = placement.settings_at(settings, i)
+        rows.append(PlacementCost(i, p.cloud, p.region, hourly_cost(moved),
+                                  transfer_per_gb(settings.cloud, settings.region, p.cloud, p.region),
+                                  checkpoint_bytes))
+    return rows
+
+
+def transfer_source() -> str:
+    """Where the transfer prices come from, and when they were recorded."""
+    table = price_table().get("transfer") or {}
+    return f"recorded {table.get('recorded', '?')} ({table.get('source', 'no source recorded')})"

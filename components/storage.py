@@ -121,6 +121,11 @@ def storage_plan(settings: Settings, *, checkpoint_bytes: int | None = None) -> 
     )
 
 
+def size_text(n: float) -> str:
+    """Bytes as a person reads them: 1.0 GiB."""
+    return _size(n)
+
+
 def _size(n: float) -> str:
     for unit, scale in (("TiB", 1024**4), ("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
         if n >= scale:

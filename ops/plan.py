@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from components.pricing import CostEstimate
+from components.pricing import CostEstimate, PlacementCost
 
 
 def _money(v: float | None) -> str:
@@ -90,9 +90,37 @@ def cost_section(est: CostEstimate, gpus_per_node: int) -> list[str]:
     return lines
 
 
+def placements_section(rows: list[PlacementCost], groups: list[str], wait_minutes: int, checkpoint: str,
+                       transfer_source: str) -> list[str]:
+    """The placements: each one's group, machines per hour, and what one restore there reads from the home bucket."""
+    lines = [f"Placements: {len(rows)}, home first; the run moves on after placement.waitMinutes ({wait_minutes}) "
+             "with no training machine while its group cannot launch"]
+    for row, group in zip(rows, groups, strict=True):
+        est = row.estimate
+        low, high = est.hourly_low, est.hourly_high
+        if low is None:
+            price = f"no recorded price in {row.region}"
+        else:
+            market = "spot" + (" estimate" if est.estimated else "") if est.spot else "on-demand"
+            price = f"{_money(low)}" + (f"-{_money(high)}" if high != low else "") + f"/h {market}"
+        if row.index == 0:
+            restore = "restores read the bucket in its own region"
+        elif row.restore_cost is None:
+            restore = f"restore: no recorded {row.transfer.kind} transfer price"
+        else:
+            restore = (f"each restore reads one checkpoint ({checkpoint}) {row.transfer.kind} at "
+                       f"${row.transfer.per_gb:g}/GB: {_money(row.restore_cost)}")
+        where = f"{row.index} {row.cloud} {row.region}" + (" (home)" if row.index == 0 else "")
+        lines.append(f"  {where}: group {group}; {price}; {restore}")
+    lines.append(f"  Transfer prices: {transfer_source}; not a quote.")
+    return lines
+
+
 def render(stack: str, cloud: str, region: str, resources: list[dict[str, Any]], outputs: dict[str, Any],
-           mock_values: set[str], est: CostEstimate, gpus_per_node: int, storage: list[str] = ()) -> str:
-    """The whole plan as text; `storage` is the checkpoint storage section (`components.storage.plan_lines`)."""
+           mock_values: set[str], est: CostEstimate, gpus_per_node: int, storage: list[str] = (),
+           placements: list[str] = ()) -> str:
+    """The whole plan as text; `storage` is the checkpoint storage section (`components.storage.plan_lines`),
+    `placements` the placements' section (`placements_section`, for a stack of several)."""
     lines = [f"Plan for stack {stack} ({cloud}, {region}); offline: values marked (mock) come from the fake "
              "cloud, not your account"]
     lines += resources_section(resources, mock_values)
@@ -101,5 +129,6 @@ def render(stack: str, cloud: str, region: str, resources: list[dict[str, Any]],
         width = max(len(k) for k in outputs)
         lines += [f"  {k:<{width}}  {_marked(v, mock_values)}" for k, v in sorted(outputs.items())]
     lines += cost_section(est, gpus_per_node)
+    lines += list(placements)
     lines += list(storage)
     return "\n".join(lines) + "\n"

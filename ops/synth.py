@@ -97,9 +97,19 @@ def plan(result: Result, settings: config.Settings, *, ask_prices: bool = True) 
     if ask_prices and settings.cloud == "aws" and settings.compute.spot:
         spot_prices = pricing.aws_spot_prices(settings.region, settings.compute.instance_types)
     est = pricing.hourly_cost(settings, spot_prices=spot_prices)
+    checkpoints = storage.storage_plan(settings)
+    placements: list[str] = []
+    if len(settings.placement_list) > 1:
+        from components import placement
+
+        rows = pricing.placement_costs(settings, checkpoint_bytes=checkpoints.checkpoint_bytes)
+        groups = [placement.group_name(str(result.outputs.get("groupName", "")), i) for i in range(len(rows))]
+        size = storage.size_text(checkpoints.checkpoint_bytes) + (" assumed" if checkpoints.size_assumed else "")
+        placements = plan_text.placements_section(rows, groups, settings.placement.wait_minutes, size,
+                                                  pricing.transfer_source())
     return plan_text.render(settings.stack, settings.cloud, settings.region, result.resources, result.outputs,
                             result.mock_values, est, settings.compute.gpus_per_node,
-                            storage.plan_lines(storage.storage_plan(settings)))
+                            storage.plan_lines(checkpoints), placements)
 
 
 def write(result: Result, out: Path) -> list[Path]:

@@ -14,13 +14,19 @@ BLOCK_MODELS = {
     "image": st.ImageSettings,
     "storage": st.StorageSettings,
     "access": st.AccessSettings,
+    "placement": st.PlacementPolicySettings,
 }
+# Lists of blocks: each entry's keys, written `placements[].region`.
+LIST_MODELS = {"placements": st.PlacementSettings}
 
 
 def _model_keys() -> set[str]:
     keys = {f"trainstack:{k}" for k in st.SCALARS}
+    assert set(BLOCK_MODELS) == set(st.BLOCKS) and set(LIST_MODELS) == set(st.LISTS)
     for block, model in BLOCK_MODELS.items():
         keys |= {f"{block}.{f.alias}" for f in model.model_fields.values()}
+    for block, model in LIST_MODELS.items():
+        keys |= {f"{block}[].{f.alias}" for f in model.model_fields.values()}
     return keys
 
 

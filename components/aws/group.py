@@ -35,6 +35,9 @@ class SpotGroupArgs:
     """Instance types in order of preference."""
     nodes: int = 1
     """Machines in the group."""
+    size: int | None = None
+    """Machines the group is created with; None: `nodes`. A placement waiting its turn starts at 0; the
+    controller sets it later, and a later `pulumi up` leaves whatever size it set."""
     spot: bool = True
     """Spot capacity; False gives on-demand."""
     max_price_per_hour: float | None = None
@@ -210,7 +213,7 @@ class SpotGroup(pulumi.ComponentResource):
             name=args.group_name,
             min_size=0,
             max_size=args.nodes,
-            desired_capacity=args.nodes,
+            desired_capacity=args.nodes if args.size is None else args.size,
             # Off: see the module docstring (replace on the interruption notice only).
             capacity_rebalance=False,
             vpc_zone_identifiers=subnet_ids,
@@ -235,8 +238,8 @@ class SpotGroup(pulumi.ComponentResource):
                 aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=False)
                 for k, v in sorted(args.tags.items())
             ],
-            # The machine sets desired capacity to 0 when the run is done; a later
-            # `pulumi up` must not launch it again.
+            # The machine sets desired capacity to 0 when the run is done, and the placement
+            # controller moves the run between groups; a later `pulumi up` must undo neither.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["desiredCapacity"], depends_on=args.wait_for),
         )
 

@@ -46,6 +46,9 @@ class InstanceIdentityArgs:
     """Name of the stack's Auto Scaling group (the only group the role may resize)."""
     region: str
     """The stack's region (part of the group's ARN)."""
+    other_groups: list[tuple[str, str]] = field(default_factory=list)
+    """(region, group name) of the stack's other placements: the role works in every region, and may set
+    each of these groups to zero too (a machine scales its own group; one role serves them all)."""
     data_uri: str | None = None
     """s3://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
     validation_data_uri: str | None = None
@@ -74,6 +77,7 @@ def policy_document(
     region: str,
     data_uri: str | None,
     validation_data_uri: str | None = None,
+    other_groups: list[tuple[str, str]] | None = None,
 ) -> pulumi.Output[str]:
     """The role's permissions as an IAM policy JSON document."""
     # runs/<run_id>/ and below: the run folder of trainer/layout.py. Listing is granted for the
@@ -156,14 +160,20 @@ def policy_document(
             "Sid": "ScaleOwnGroup",
             "Effect": "Allow",
             "Action": SCALE_ACTIONS,
-            "Resource": pulumi.Output.concat(
-                "arn:", partition, ":autoscaling:", region, ":", account_id,
-                ":autoScalingGroup:*:autoScalingGroupName/", group_name,
-            ),
+            "Resource": group_arns(partition, account_id, [(region, group_name), *(other_groups or [])]),
             "Condition": {"NumericEquals": {"autoscaling:MinSize": "0", "autoscaling:MaxSize": "0"}},
         },
     ]
     return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})
+
+
+def group_arns(partition: pulumi.Input[str], account_id: pulumi.Input[str],
+               groups: list[tuple[str, str]]) -> pulumi.Output[str] | list[pulumi.Output[str]]:
+    """The ARN pattern of each (region, name) Auto Scaling group: one string for one group (as a
+    one-placement stack has always written it), a list for several."""
+    arns = [pulumi.Output.concat("arn:", partition, ":autoscaling:", region, ":", account_id,
+                                 ":autoScalingGroup:*:autoScalingGroupName/", name) for region, name in groups]
+    return arns[0] if len(arns) == 1 else arns
 
 
 class InstanceIdentity(pulumi.ComponentResource):
@@ -202,6 +212,7 @@ class InstanceIdentity(pulumi.ComponentResource):
                 region=args.region,
                 data_uri=args.data_uri,
                 validation_data_uri=args.validation_data_uri,
+                other_groups=list(args.other_groups),
             ),
             opts=child,
         )

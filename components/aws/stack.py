@@ -10,9 +10,10 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from components import userdata
+from components import placement, userdata
 from components.aws.bucket import TrainingBucket, TrainingBucketArgs
 from components.aws.code import TrainerCode, TrainerCodeArgs
+from components.aws.controller import PlacementController, PlacementControllerArgs
 from components.aws.group import SpotGroup, SpotGroupArgs
 from components.aws.identity import InstanceIdentity, InstanceIdentityArgs
 from components.aws.image import TrainerImage, TrainerImageArgs
@@ -71,6 +72,9 @@ class TrainingStack(StackOutputs):
             opts=child,
         )
         asg_name = group_name(project=args.project, stack=s.stack, run_id=run_id)
+        # One group per placement (home first), each in its region; one role serves them all (IAM is global).
+        places = s.placement_list
+        groups = placement.group_names(s, asg_name)
         identity = InstanceIdentity(
             f"{name}-identity",
             InstanceIdentityArgs(
@@ -79,6 +83,7 @@ class TrainingStack(StackOutputs):
                 repository_arn=repo.arn,
                 group_name=asg_name,
                 region=s.region,
+                other_groups=[(p.region, g) for p, g in zip(places[1:], groups[1:], strict=True)],
                 data_uri=s.run.data_uri,
                 validation_data_uri=s.run.validation_data_uri,
                 nodes=s.compute.nodes,
@@ -102,34 +107,62 @@ class TrainingStack(StackOutputs):
             opts=child,
         ).ref)
 
-        user_data = userdata.user_data_output(
-            "aws", s, group=asg_name, run_uri=run, code_uri=code.code_uri, image_ref=image
-        )
-        c = s.compute
-        group = SpotGroup(
-            f"{name}-group",
-            SpotGroupArgs(
-                group_name=asg_name,
-                instance_types=list(c.instance_types),
-                nodes=c.nodes,
-                spot=c.spot,
-                max_price_per_hour=c.max_price_per_hour,
-                max_runtime_hours=c.max_runtime_hours,
-                root_disk_gb=c.root_disk_gb,
-                image_id=c.image_id,
-                subnets=list(c.subnets),
-                zones=list(c.zones),
-                allowed_cidrs=list(s.access.allowed_cidrs),
-                ssh_public_key=s.access.ssh_public_key,
-                instance_profile_arn=identity.profile_arn,
-                user_data=user_data,
-                tags=tags,
-                # A machine that boots before its policy is attached would fail its
-                # first S3 call.
-                wait_for=[identity.policy],
-            ),
-            opts=child,
-        )
+        # Every placement runs the same pinned image and the same run folder in the home bucket.
+        self.placement_groups: list[SpotGroup] = []
+        for i, g in enumerate(groups):
+            ps = placement.settings_at(s, i)
+            opts = child
+            if i > 0:
+                regional = aws.Provider(f"{name}-aws-p{i}", region=ps.region, opts=pulumi.ResourceOptions(parent=self))
+                opts = pulumi.ResourceOptions(parent=self, providers={"aws": regional})
+            user_data = userdata.user_data_output(
+                "aws", ps, group=g, run_uri=run, code_uri=code.code_uri, image_ref=image
+            )
+            c = ps.compute
+            group = SpotGroup(
+                f"{name}-group" if i == 0 else f"{name}-group-p{i}",
+                SpotGroupArgs(
+                    group_name=g,
+                    instance_types=list(c.instance_types),
+                    nodes=c.nodes,
+                    # Only the active placement has machines: home, until the controller moves the run.
+                    size=None if i == 0 else 0,
+                    spot=c.spot,
+                    max_price_per_hour=c.max_price_per_hour,
+                    max_runtime_hours=c.max_runtime_hours,
+                    root_disk_gb=c.root_disk_gb,
+                    image_id=c.image_id,
+                    subnets=list(c.subnets),
+                    zones=list(c.zones),
+                    allowed_cidrs=list(s.access.allowed_cidrs),
+                    ssh_public_key=s.access.ssh_public_key,
+                    instance_profile_arn=identity.profile_arn,
+                    user_data=user_data,
+                    tags=tags,
+                    # A machine that boots before its policy is attached would fail its
+                    # first S3 call.
+                    wait_for=[identity.policy],
+                ),
+                opts=opts,
+            )
+            self.placement_groups.append(group)
+        group = self.placement_groups[0]
+        # Several placements: the controller that moves the run runs here, at home, beside the bucket.
+        self.controller: PlacementController | None = None
+        if len(places) > 1:
+            self.controller = PlacementController(
+                f"{name}-controller",
+                PlacementControllerArgs(
+                    name=asg_name,
+                    config=run.apply(lambda uri: placement.controller_config_json(s, uri, groups)),
+                    run_id=run_id,
+                    nodes=s.compute.nodes,
+                    groups=[(p.region, g) for p, g in zip(places, groups, strict=True)],
+                    bucket_arn=bucket.arn,
+                    tags=tags,
+                ),
+                opts=child,
+            )
         self._set_outputs(
             s, bucket_name=bucket.name, run_uri=run, image_ref=image, group_name=group.group_name,
             code_uri=code.code_uri,

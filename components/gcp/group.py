@@ -52,6 +52,12 @@ class SpotGroupArgs:
     """The #cloud-config document."""
     nodes: int = 1
     """Machines in the group."""
+    size: int | None = None
+    """Machines the group is created with; None: `nodes`. A placement waiting its turn starts at 0; the
+    controller sets it later, and a later `pulumi up` leaves whatever size it set."""
+    firewalls: bool = True
+    """Make the firewall rules for the network tag; False where another group of the stack already has
+    (they are the project's, for every region: one set serves every placement of the project)."""
     gpus_per_node: int = 1
     """GPUs per machine (N1 machines get this many accelerators)."""
     accelerator: str | None = None
@@ -116,7 +122,8 @@ class SpotGroup(pulumi.ComponentResource):
     def __init__(self, name: str, args: SpotGroupArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:gcp:SpotGroup", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self._firewalls(name, args, child)
+        if args.firewalls:
+            self._firewalls(name, args, child)
 
         if args.image_id:
             source_image: pulumi.Input[str] = args.image_id
@@ -231,7 +238,7 @@ class SpotGroup(pulumi.ComponentResource):
             versions=[gcp.compute.RegionInstanceGroupManagerVersionArgs(
                 name="trainer", instance_template=self.template.self_link_unique,
             )],
-            target_size=args.nodes,
+            target_size=args.nodes if args.size is None else args.size,
             # Without a list GCE uses three of the region's zones when it has more, which
             # ops preflight could not know; with every zone named, a zone that has the GPU is never left out.
             distribution_policy_zones=list(args.zones) or gcp.compute.get_zones_output(
@@ -252,8 +259,8 @@ class SpotGroup(pulumi.ComponentResource):
                 type="OPPORTUNISTIC", minimal_action="REPLACE", instance_redistribution_type="NONE",
             ),
             wait_for_instances=False,
-            # The machine sets the size to 0 when the run is done; a later `pulumi up`
-            # must not start it again.
+            # The machine sets the size to 0 when the run is done, and the placement controller
+            # moves the run between groups; a later `pulumi up` must undo neither.
             # Zones are chosen when the group is created (GCE cannot change them): a group made
             # before the list was set keeps the zones it has instead of being replaced mid-run.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["targetSize", "distributionPolicyZones"],

@@ -10,7 +10,7 @@ several machines find each other under the run folder (`rendezvous/`), not by li
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_gcp as gcp
@@ -49,6 +49,9 @@ class InstanceIdentityArgs:
     """The region of the repository and the group."""
     group_name: str
     """The managed instance group the account may resize (and nothing else)."""
+    other_groups: list[tuple[str, str]] = field(default_factory=list)
+    """(region, group name) of the stack's other placements in this project: the account may resize
+    these too (one service account serves every placement's machines)."""
     custom_role_prefix: str
     """The start of the custom roles' ids; a random suffix kept in the stack's state follows."""
     data_uri: str | None = None
@@ -72,6 +75,13 @@ def prefix_condition(bucket: pulumi.Input[str], prefix: str) -> pulumi.Output[st
         'resource.type == "storage.googleapis.com/Bucket" || resource.name.startsWith("projects/_/buckets/',
         bucket, "/objects/", prefix, '")',
     )
+
+
+def groups_condition(gcp_project: str, groups: list[tuple[str, str]]) -> str:
+    """The IAM condition naming each (region, name) managed instance group, and nothing else."""
+    return " || ".join(
+        f'resource.name == "projects/{gcp_project}/regions/{region}/instanceGroupManagers/{name}"'
+        for region, name in groups)
 
 
 class InstanceIdentity(pulumi.ComponentResource):
@@ -156,7 +166,6 @@ class InstanceIdentity(pulumi.ComponentResource):
             permissions=RESIZE_PERMISSIONS,
             opts=child,
         )
-        group_path = f"projects/{args.gcp_project}/regions/{args.region}/instanceGroupManagers/{args.group_name}"
         self.grants.append(
             gcp.projects.IAMMember(
                 f"{name}-resize",
@@ -164,8 +173,9 @@ class InstanceIdentity(pulumi.ComponentResource):
                 role=role.name,
                 member=member,
                 condition=gcp.projects.IAMMemberConditionArgs(
-                    title="own group only",
-                    expression=f'resource.name == "{group_path}"',
+                    title="own group only" if not args.other_groups else "own groups only",
+                    expression=groups_condition(args.gcp_project,
+                                                [(args.region, args.group_name), *args.other_groups]),
                 ),
                 opts=child,
             )

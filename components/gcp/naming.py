@@ -84,6 +84,12 @@ def service_account_id(*, project: str, stack: str) -> str:
     return f"ts-{slug(stack, 18)}-{short_digest(project, stack, n=6)}"
 
 
+def controller_account_ids(*, project: str, stack: str) -> tuple[str, str]:
+    """The placement controller's service account id and its scheduler's invoker's: 6-30 characters each."""
+    digest = short_digest(project, stack, "controller", n=6)
+    return f"tc-{slug(stack, 18)}-{digest}", f"ti-{slug(stack, 18)}-{digest}"
+
+
 def network_tag(*, project: str, stack: str) -> str:
     """The network tag the firewall rules select this stack's machines by."""
     return _rfc1035(f"{project}-{stack}", 63)

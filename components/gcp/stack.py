@@ -11,17 +11,20 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
-from components import userdata
+from components import placement, userdata
 from components.code import user_code_dir
 from components.common import StackOutputs, TrainingStackArgs, image_ref, run_uri
 from components.gcp.bucket import TrainingBucket, TrainingBucketArgs
 from components.gcp.code import TrainerCode, TrainerCodeArgs
+from components.gcp.controller import APIS as CONTROLLER_APIS
+from components.gcp.controller import PlacementController, PlacementControllerArgs
 from components.gcp.group import SpotGroup, SpotGroupArgs
 from components.gcp.identity import InstanceIdentity, InstanceIdentityArgs
 from components.gcp.image import TrainerImage, TrainerImageArgs
 from components.gcp.naming import (
     APIS,
     RESOURCE_MANAGER_API,
+    controller_account_ids,
     custom_role_prefix,
     default_bucket_name,
     group_name,
@@ -93,6 +96,9 @@ class TrainingStack(StackOutputs):
             opts=child,
         )
         mig_name = group_name(**names, run_id=run_id)
+        # One group per placement (home first), each in its region; one service account serves them all.
+        places = s.placement_list
+        groups = placement.group_names(s, mig_name)
         identity = InstanceIdentity(
             f"{name}-identity",
             InstanceIdentityArgs(
@@ -103,6 +109,7 @@ class TrainingStack(StackOutputs):
                 repository_id=repo.repository.repository_id,
                 region=s.region,
                 group_name=mig_name,
+                other_groups=[(p.region, g) for p, g in zip(places[1:], groups[1:], strict=True)],
                 custom_role_prefix=custom_role_prefix(**names),
                 data_uri=s.run.data_uri,
                 validation_data_uri=s.run.validation_data_uri,
@@ -123,36 +130,74 @@ class TrainingStack(StackOutputs):
                                            user_code_dir=user_code_dir(s)), opts=child,
         ).ref)
 
-        user_data = userdata.user_data_output(
-            "gcp", s, group=mig_name, run_uri=run, code_uri=code.code_uri, image_ref=image
-        )
-        c = s.compute
-        group = SpotGroup(
-            f"{name}-group",
-            SpotGroupArgs(
-                group_name=mig_name,
-                gcp_project=s.project,
-                region=s.region,
-                instance_types=list(c.instance_types),
-                network_tag=network_tag(**names),
-                service_account_email=identity.email,
-                user_data=user_data,
-                nodes=c.nodes,
-                gpus_per_node=c.gpus_per_node,
-                accelerator=c.accelerator,
-                spot=c.spot,
-                max_runtime_hours=c.max_runtime_hours,
-                root_disk_gb=c.root_disk_gb,
-                image_id=c.image_id,
-                zones=list(c.zones),
-                allowed_cidrs=list(s.access.allowed_cidrs),
-                ssh_public_key=s.access.ssh_public_key,
-                labels=labels,
-                # A machine that boots before its grants exist would fail its first call.
-                wait_for=list(identity.grants),
-            ),
-            opts=child,
-        )
+        # Every placement runs the same pinned image and the same run folder in the home bucket.
+        self.placement_groups: list[SpotGroup] = []
+        for i, g in enumerate(groups):
+            ps = placement.settings_at(s, i)
+            opts = child
+            if i > 0:
+                regional = gcp.Provider(f"{name}-gcp-p{i}", project=ps.project, region=ps.region,
+                                        opts=pulumi.ResourceOptions(parent=self, depends_on=apis))
+                opts = pulumi.ResourceOptions(parent=self, providers={"gcp": regional})
+            user_data = userdata.user_data_output(
+                "gcp", ps, group=g, run_uri=run, code_uri=code.code_uri, image_ref=image
+            )
+            c = ps.compute
+            group = SpotGroup(
+                f"{name}-group" if i == 0 else f"{name}-group-p{i}",
+                SpotGroupArgs(
+                    group_name=g,
+                    gcp_project=ps.project,
+                    region=ps.region,
+                    instance_types=list(c.instance_types),
+                    network_tag=network_tag(**names),
+                    service_account_email=identity.email,
+                    user_data=user_data,
+                    nodes=c.nodes,
+                    # Only the active placement has machines: home, until the controller moves the run.
+                    size=None if i == 0 else 0,
+                    # The home group's rules hold for the tag in every region of the project.
+                    firewalls=i == 0,
+                    gpus_per_node=c.gpus_per_node,
+                    accelerator=c.accelerator,
+                    spot=c.spot,
+                    max_runtime_hours=c.max_runtime_hours,
+                    root_disk_gb=c.root_disk_gb,
+                    image_id=c.image_id,
+                    zones=list(c.zones),
+                    allowed_cidrs=list(s.access.allowed_cidrs),
+                    ssh_public_key=s.access.ssh_public_key,
+                    labels=labels,
+                    # A machine that boots before its grants exist would fail its first call.
+                    wait_for=list(identity.grants),
+                ),
+                opts=opts,
+            )
+            self.placement_groups.append(group)
+        group = self.placement_groups[0]
+        # Several placements: the controller that moves the run runs here, at home, beside the bucket.
+        self.controller: PlacementController | None = None
+        if len(places) > 1:
+            controller_apis = [api_service(api, [resource_manager]) for api in CONTROLLER_APIS]
+            controller_sa, invoker_sa = controller_account_ids(**names)
+            self.controller = PlacementController(
+                f"{name}-controller",
+                PlacementControllerArgs(
+                    name=mig_name,
+                    config=run.apply(lambda uri: placement.controller_config_json(s, uri, groups)),
+                    run_id=run_id,
+                    nodes=s.compute.nodes,
+                    groups=[(p.region, g) for p, g in zip(places, groups, strict=True)],
+                    gcp_project=s.project,
+                    region=s.region,
+                    bucket_name=bucket.name,
+                    account_id=controller_sa,
+                    invoker_account_id=invoker_sa,
+                    custom_role_prefix=custom_role_prefix(**names),
+                    labels=labels,
+                ),
+                opts=pulumi.ResourceOptions(parent=self, providers={"gcp": provider}, depends_on=controller_apis),
+            )
         self._set_outputs(
             s, bucket_name=bucket.name, run_uri=run, image_ref=image, group_name=group.group_name,
             code_uri=code.code_uri,

@@ -7,6 +7,7 @@ instead, on one line; pydantic's own wording ("Input should be ...") never reach
 from __future__ import annotations
 
 import difflib
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,9 +57,23 @@ def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | 
         field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
         if field is None:
             return None
-        ann = field.annotation
-        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        model = _model_in(field.annotation)
     return model
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model an annotation holds (`M`, `list[M]`, `M | None`), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for arg in typing.get_args(annotation) if (m := _model_in(arg)) is not None), None)
+
+
+def closest(word: str, known: list[str]) -> str | None:
+    """The known key `word` most likely mistypes, or None. Of difflib's close matches, one with the same
+    letters comes first (two letters swapped: `placemenst` means `placements`, not `placement`)."""
+    near = difflib.get_close_matches(word, known, n=3)
+    same_letters = [k for k in near if sorted(k) == sorted(word)]
+    return (same_letters or near or [None])[0]
 
 
 def known_keys(model: type[BaseModel]) -> list[str]:
@@ -68,15 +83,17 @@ def known_keys(model: type[BaseModel]) -> list[str]:
 
 def one_line(err: ValidationError, root: type[BaseModel]) -> ConfigError:
     """pydantic's first error on `root` as a ConfigError naming the key, the value and the fix."""
-    e = err.errors(include_url=False)[0]
+    errors = err.errors(include_url=False)
+    # A mistyped key is both unknown and a required key missing: the unknown one says what to fix.
+    e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     loc = tuple(e["loc"])
     key = _key_path(loc) or "config"
     value = e.get("input")
     if e["type"] == "extra_forbidden":
         parent = _model_at(root, loc[:-1]) or root
         known = known_keys(parent)
-        near = difflib.get_close_matches(str(loc[-1]), known, n=1)
-        hint = f"did you mean {near[0]!r}?" if near else f"expected one of: {', '.join(known)}"
+        near = closest(str(loc[-1]), known)
+        hint = f"did you mean {near!r}?" if near else f"expected one of: {', '.join(known)}"
         return ConfigError(key, f"unknown key; {hint}")
     msg = e["msg"].removeprefix("Value error, ")
     if msg.startswith(_KEYED):

@@ -7,7 +7,6 @@ the stack's cloud (`aws.validate` / `gcp.validate`) and the rules common to both
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,9 +15,9 @@ import yaml
 from pydantic import ValidationError
 
 from components import config_shared
-from components.settings import aws, common, gcp
-from components.settings.errors import NAMESPACE, NO_SECRETS, ConfigError, one_line
-from components.settings.schema import BLOCKS, SCALARS, Settings
+from components.settings import aws, common, gcp, placements
+from components.settings.errors import NAMESPACE, NO_SECRETS, ConfigError, closest, one_line
+from components.settings.schema import BLOCKS, LISTS, SCALARS, Settings
 
 # One validate() per cloud; each raises ConfigError on the first problem.
 CLOUD_CHECKS: dict[str, Callable[[Settings], None]] = {"aws": aws.validate, "gcp": gcp.validate}
@@ -58,22 +57,28 @@ def validate(s: Settings) -> None:
     """The checks beyond the schema: the stack's cloud's, then those common to both clouds."""
     CLOUD_CHECKS[s.cloud](s)
     common.validate(s)
+    placements.validate(s, CLOUD_CHECKS)
 
 
 def load_settings(raw: Mapping[str, Any], *, stack: str) -> Settings:
     """Validate a mapping of un-namespaced config keys (cloud, region, run, …)."""
     refuse_secrets(raw)
-    known = set(SCALARS) | set(BLOCKS)
+    known = set(SCALARS) | set(BLOCKS) | set(LISTS)
     for k in raw:
         if k not in known:
-            near = difflib.get_close_matches(k, sorted(known), n=1)
-            raise ConfigError(k, "unknown key; " + (f"did you mean {NAMESPACE}:{near[0]}?" if near
+            near = closest(k, sorted(known))
+            raise ConfigError(k, "unknown key; " + (f"did you mean {NAMESPACE}:{near}?" if near
                                                     else f"expected one of: {', '.join(sorted(known))}"))
     for k in BLOCKS:
         if k in raw and not isinstance(raw[k], Mapping):
             raise ConfigError(k, f"{raw[k]!r}: expected a block of keys")
+    for k in LISTS:
+        if k in raw and not isinstance(raw[k], list):
+            raise ConfigError(k, f"{raw[k]!r}: expected a list of blocks, e.g. [{{cloud: aws, region: us-east-1, "
+                              "instanceTypes: [g5.xlarge]}]")
     if "run" not in raw:
         raise ConfigError("run", "is required (at least: synthetic: true or dataUri)")
+    raw = placements.merge_home(raw)
     try:
         s = Settings.model_validate({"stack": stack, **raw})
     except ValidationError as err:
@@ -155,13 +160,13 @@ def from_pulumi_config() -> Settings:
         # `pulumi config set --secret` hands the program the plain value: ask the SDK.
         if runtime_config.is_config_secret(full):
             raise ConfigError(key, "is a secret; " + NO_SECRETS)
-        if key not in SCALARS and key not in BLOCKS:
+        if key not in SCALARS and key not in BLOCKS and key not in LISTS:
             raw[key] = runtime_config.get_config(full)  # refused below, with a did-you-mean
     for k in SCALARS:
         v = cfg.get(k)
         if v is not None and v != "":
             raw[k] = v
-    for k in BLOCKS:
+    for k in (*BLOCKS, *LISTS):
         v = cfg.get_object(k)
         if v is not None:
             raw[k] = v

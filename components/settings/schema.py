@@ -28,7 +28,9 @@ from components import config_shared
 from components.settings.errors import NO_SECRETS, keyed
 from trainer.config import TrainConfig
 
-BLOCKS = ("run", "compute", "image", "storage", "access")
+BLOCKS = ("run", "compute", "image", "storage", "access", "placement")
+# Keys that hold a list of blocks (each entry checked like a block).
+LISTS = ("placements",)
 SCALARS = ("cloud", "region", "project")
 BUILTIN_MODELS = ("mlp", "transformer-lm")
 DEFAULT_IMAGE_REPOSITORY = "tensorflow/tensorflow"
@@ -332,6 +334,47 @@ def _parse_public_key(text: str) -> None:
         raise ValueError(f"the key does not parse as {kind} ({e}); copy the whole line of your .pub file") from None
 
 
+class PlacementSettings(_Block):
+    """One place the run may train: a cloud, a region and the machine types there (the first is home)."""
+
+    cloud: Literal["aws", "gcp"] = Field(description="aws or gcp.")
+    region: str = Field(description="The placement's region; the first placement's is the stack's (home: the bucket).")
+    project: str | None = Field(None, description="GCP project id (gcp placements only).")
+    instance_types: list[str] = Field(min_length=1, max_length=20,
+                                      description="Machine types in order of preference in this placement; each has "
+                                                  "compute.gpusPerNode GPUs, so every placement trains the same replicas.")
+    zones: list[str] = Field(default_factory=list, description="Zones of the placement's region to spread over; "
+                                                               "default: every zone of the region.")
+
+    @field_validator("instance_types")
+    @classmethod
+    def _types(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("expected each type once")
+        return v
+
+    @model_validator(mode="after")
+    def _project(self) -> PlacementSettings:
+        if self.cloud == "gcp" and not self.project:
+            raise keyed("project", "is required for a gcp placement: the GCP project id of its machines")
+        if self.cloud == "aws" and self.project is not None:
+            raise keyed("project", "is a GCP project id; remove it from an aws placement")
+        return self
+
+
+# Minutes the active placement may go without a training machine, while its group reports failed
+# launches, before the run moves to the next placement.
+DEFAULT_WAIT_MINUTES = 15
+
+
+class PlacementPolicySettings(_Block):
+    """When the run moves between placements (stack key `trainstack:placement`)."""
+
+    wait_minutes: int = Field(DEFAULT_WAIT_MINUTES, ge=1, le=7 * 24 * 60,
+                              description="Minutes without a training machine, while the active placement's group "
+                                          "fails to launch, before the run moves to the next placement.")
+
+
 class Settings(_Block):
     """The whole stack config."""
 
@@ -344,6 +387,19 @@ class Settings(_Block):
     image: ImageSettings = Field(default_factory=ImageSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)
     access: AccessSettings = Field(default_factory=AccessSettings)
+    placements: list[PlacementSettings] = Field(
+        default_factory=list, min_length=1, max_length=8,
+        description="Where the run may train, home first; default: one placement, the stack's cloud and region.")
+    placement: PlacementPolicySettings = Field(default_factory=PlacementPolicySettings)
+
+    @property
+    def placement_list(self) -> list[PlacementSettings]:
+        """Every placement, home first: `placements`, or the stack's own cloud, region and machines alone."""
+        if self.placements:
+            return list(self.placements)
+        return [PlacementSettings(cloud=self.cloud, region=self.region,
+                                  project=(self.project or None) if self.cloud == "gcp" else None,
+                                  instance_types=list(self.compute.instance_types), zones=list(self.compute.zones))]
 
     @property
     def run_id(self) -> str:

@@ -28,6 +28,9 @@ class Mocks(pulumi.runtime.Mocks):
         self.gcp_project = gcp_project or "fake-project"
         self.invokes: list[dict[str, Any]] = []
         self.made: set[str] = set()
+        # Each provider's region, by its name: a stack of several placements has one provider per region,
+        # and a lookup or resource made through it answers for that region.
+        self.provider_regions: dict[str, str] = {}
         # The stack's own region and project are the user's, even where the fake cloud repeats them.
         self._real = {region, gcp_project} - {""}
         """Every id and value the fake cloud made up (not the program's own inputs): the plan marks them."""
@@ -51,7 +54,7 @@ class Mocks(pulumi.runtime.Mocks):
         h = fake_hex(t, name)
         out = dict(inputs)
         if t.startswith("aws:"):
-            rid, extra = aws.resource(t, name, inputs, h, self.region)
+            rid, extra = aws.resource(t, name, inputs, h, self._region_of(args.provider))
         elif t.startswith("gcp:"):
             rid, extra = gcp.resource(t, name, inputs, h, self.gcp_project)
         elif t == DOCKER_IMAGE:
@@ -60,6 +63,7 @@ class Mocks(pulumi.runtime.Mocks):
             rid, extra = random_id(inputs, h)
         elif t.startswith("pulumi:providers:"):
             rid, extra = f"{name}-provider-id", {}
+            self.note_provider(args)
         else:
             rid, extra = f"{name}-{h[:7]}", {}
         out.update(extra)
@@ -69,15 +73,25 @@ class Mocks(pulumi.runtime.Mocks):
         self._remember(invented, inputs)
         return rid, out
 
+    def note_provider(self, args: pulumi.runtime.MockResourceArgs) -> None:
+        """Remember a provider's region: what is made or looked up through it answers for that region."""
+        if args.typ.startswith("pulumi:providers:") and args.inputs.get("region"):
+            self.provider_regions[args.name] = str(args.inputs["region"])
+
+    def _region_of(self, provider: str | None) -> str:
+        """The region of the provider a request names (`urn::id`), else the stack's."""
+        return self.provider_regions.get(urn_name(provider or ""), self.region)
+
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict:
         """The fake answer to one lookup; an unknown lookup fails loudly instead of answering nothing."""
         fn, a = args.token, dict(args.args)
         self.invokes.append({"token": fn, "args": jsonable(a), "provider": urn_name(args.provider or "") or None})
         answer = None
+        region = self._region_of(args.provider)
         if fn.startswith("aws:"):
-            answer = aws.call(fn, a, self.region)
+            answer = aws.call(fn, a, region)
         elif fn.startswith("gcp:"):
-            answer = gcp.call(fn, a, self.region, self.gcp_project)
+            answer = gcp.call(fn, a, region, self.gcp_project)
         if answer is None:
             raise NotImplementedError(f"ops synth has no fake answer for {fn}")
         self._remember(answer, a)

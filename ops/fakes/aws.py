@@ -54,6 +54,16 @@ def resource(t: str, name: str, inputs: dict[str, Any], h: str, region: str) -> 
         rid = n
         uuid = f"{h[:8]}-{h[8:12]}-{h[12:16]}-0000-{fake_hex(name, n=12)}"
         extra.update(name=n, arn=arn.format(svc="autoscaling") + f"autoScalingGroup:{uuid}:autoScalingGroupName/{n}")
+    elif t == "aws:cloudwatch/logGroup:LogGroup":
+        rid = inputs.get("name") or rid
+        extra.update(name=rid, arn=arn.format(svc="logs") + f"log-group:{rid}")
+    elif t == "aws:lambda/function:Function":
+        rid = inputs.get("name") or rid
+        extra.update(name=rid, arn=arn.format(svc="lambda") + f"function:{rid}", version="$LATEST")
+        extra["invokeArn"] = f"arn:aws:apigateway:{region}:lambda:path/2015-03-31/functions/{extra['arn']}/invocations"
+    elif t == "aws:scheduler/schedule:Schedule":
+        rid = inputs.get("name") or rid
+        extra.update(name=rid, arn=arn.format(svc="scheduler") + f"schedule/default/{rid}")
     elif t == "aws:s3/bucketObjectv2:BucketObjectv2":
         extra.update(versionId=h, etag=h)
     return rid, extra

@@ -31,6 +31,8 @@ def jsonable(value: Any) -> Any:
         return {"stringAsset": value.text}
     if isinstance(value, pulumi.FileArchive):
         return {"fileArchive": str(value.path)}
+    if isinstance(value, pulumi.AssetArchive):
+        return {"assetArchive": {str(k): jsonable(v) for k, v in value.assets.items()}}
     if isinstance(value, pulumi.Resource):
         return {"resource": type(value).__name__}
     return str(value)

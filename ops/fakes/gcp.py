@@ -45,6 +45,14 @@ def resource(t: str, name: str, inputs: dict[str, Any], h: str, project: str) ->
     if t == "gcp:projects/iAMCustomRole:IAMCustomRole":
         n = f"projects/{p}/roles/{inputs.get('roleId')}"
         return n, {"name": n}
+    if t == "gcp:cloudfunctionsv2/function:Function":
+        n, loc = inputs.get("name") or f"{name}-{h[:7]}", inputs.get("location")
+        url = f"https://{n}-{h[:10]}-{loc}.a.run.app"
+        return f"projects/{p}/locations/{loc}/functions/{n}", {
+            "name": n, "url": url, "state": "ACTIVE", "project": p,
+            "serviceConfig": {**(inputs.get("serviceConfig") or {}), "service": f"projects/{p}/locations/{loc}/services/{n}",
+                              "uri": url},
+        }
     if t == "gcp:storage/bucketObject:BucketObject":
         return f"{inputs.get('bucket')}-{inputs.get('name')}", {
             "selfLink": f"https://www.googleapis.com/storage/v1/b/{inputs.get('bucket')}/o/{inputs.get('name')}",

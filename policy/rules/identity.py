@@ -15,6 +15,7 @@ WILDCARD_RESOURCE_ACTIONS: dict[str, str] = {
     "ecr:GetAuthorizationToken": "ECR issues a registry login token for the whole account; the API takes no resource",
     "autoscaling:DescribeAutoScalingGroups": "Auto Scaling Describe* calls support no resource-level permission",
     "autoscaling:DescribeAutoScalingInstances": "Auto Scaling Describe* calls support no resource-level permission",
+    "autoscaling:DescribeScalingActivities": "Auto Scaling Describe* calls support no resource-level permission",
     "ec2:DescribeInstances": "EC2 Describe* calls support no resource-level permission",
     "ec2:DescribeTags": "EC2 Describe* calls support no resource-level permission",
     "ec2:DescribeSpotInstanceRequests": "EC2 Describe* calls support no resource-level permission",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import importlib
 import inspect
+import keyword
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -30,11 +31,11 @@ SDKS = {"aws": "pulumi_aws", "gcp": "pulumi_gcp", "docker-build": "pulumi_docker
 
 # The phrasings of a closed list in the SDKs' docstrings: "Possible values are: `A`, `B`."
 # and "Valid options are: `YES`, `NO`." (pulumi_gcp), "Valid values: `a`, `b`, and `c`.", "Can be `stop` or `terminate`.",
-# "Must be one of: ...", "accepts the value `A`, `B`, or `C`", 'Acceptable values are
+# "Must be one of: ...", "One of: `OFF`, `FLEXIBLE`." (pulumi_aws's scheduler), "accepts the value `A`, `B`, or `C`", 'Acceptable values are
 # "inherited" or "enforced"'. Open phrasings ("such as", "for example") are not lists.
 _PHRASE = (
     r"(?:(?:Possible|Valid|Allowed|Accepted|Acceptable|Supported) (?:values|options)(?: are| include)?"
-    r"|Can be(?: one of)?|Must be(?: one of)?|accepts the values?)"
+    r"|Can be(?: one of)?|Must be(?: one of)?|accepts the values?|(?-i:One of:))"
 )
 _VALUE = r'(?:`"?[^`"]+"?`|"[^"]+")'
 _SEP = r"(?:\s*,\s*(?:and|or)\s+|\s*,\s*|\s+(?:and|or)\s+)"
@@ -101,6 +102,8 @@ def resource_args_class(type_token: str) -> tuple[type, Any] | None:
         return None
     module_path, _, name = rest.partition(":")
     module_name = module_path.split("/")[0]
+    # A module named by a Python keyword takes a trailing underscore in the SDK (aws:lambda -> pulumi_aws.lambda_).
+    module_name = module_name + "_" if keyword.iskeyword(module_name) else module_name
     module = importlib.import_module(SDKS[package] if module_name == "index" else f"{SDKS[package]}.{module_name}")
     args = getattr(module, f"{name}Args", None)
     if args is None:

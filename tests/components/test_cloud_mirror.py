@@ -33,7 +33,13 @@ ONLY = {
     "SpotGroupArgs": {
         "aws": {"max_price_per_hour", "subnets", "instance_profile_arn", "tags"},
         "gcp": {"gcp_project", "region", "network_tag", "service_account_email", "gpus_per_node",
-                "accelerator", "labels"},
+                "accelerator", "labels", "firewalls"},  # GCE firewall rules are the project's, not a region's
+    },
+    "PlacementControllerArgs": {
+        "aws": {"bucket_arn", "tags"},  # an IAM policy names the bucket by ARN
+        # GCS grants name the bucket; a GCP function runs as service accounts the stack names in advance.
+        "gcp": {"bucket_name", "gcp_project", "region", "account_id", "invoker_account_id", "custom_role_prefix",
+                "labels"},
     },
     "TrainerCodeArgs": {"aws": set(), "gcp": set()},
     "TrainerImageArgs": {"aws": set(), "gcp": set()},
@@ -48,7 +54,7 @@ def fields(cls) -> dict[str, str]:
 def test_both_clouds_export_the_same_names_from_the_same_files():
     assert aws.__all__ == gcp.__all__
     assert sorted(aws.__all__) == sorted([*COMPONENTS, *(f"{n}Args" for n in COMPONENTS)])
-    assert len(COMPONENTS) == 7
+    assert len(COMPONENTS) == 8
     files = {cloud: sorted(p.name for p in (ROOT / "components" / cloud).glob("*.py")) for cloud in ("aws", "gcp")}
     assert files["aws"] == files["gcp"]
 

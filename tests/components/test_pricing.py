@@ -162,3 +162,39 @@ def test_no_recorded_price_gives_the_machines_none():
     env = boot_env(_settings(region="eu-west-1", instanceTypes=["g5.xlarge"]), run_uri="s3://b/runs/x", group="g",
                    code_uri="")
     assert "TRAINSTACK_PRICE_PER_HOUR" not in env and "TRAINSTACK_PRICE_NOTE" not in env and env["TRAINSTACK_STEPS"]
+
+
+@pytest.mark.parametrize(("home", "cloud", "region", "per_gb", "kind"), [
+    ("us-east-1", "aws", "us-east-1", 0.0, "same region"),
+    ("us-east-1", "aws", "us-west-2", 0.02, "inter-region"),
+    ("us-east-1", "gcp", "us-central1", 0.09, "internet"),
+    ("us-central1", "gcp", "us-east1", 0.02, "same continent"),
+    ("us-central1", "gcp", "northamerica-northeast1", 0.02, "same continent"),
+    ("us-central1", "gcp", "europe-west4", 0.05, "inter-continent"),
+    ("us-central1", "aws", "us-east-1", 0.12, "internet"),
+])
+def test_transfer_prices_between_placements(home, cloud, region, per_gb, kind):
+    home_cloud = "aws" if home.count("-") == 2 else "gcp"
+    t = pricing.transfer_per_gb(home_cloud, home, cloud, region)
+    assert (t.per_gb, t.kind) == (per_gb, kind)
+
+
+def test_synth_plan_shows_every_placements_prices_and_restore_transfer_with_the_tables_source():
+    from ops import synth
+
+    raw = {"cloud": "aws", "region": "us-east-1", "run": {"synthetic": True},
+           "placements": [{"cloud": "aws", "region": "us-east-1", "instanceTypes": ["g5.xlarge"]},
+                          {"cloud": "aws", "region": "us-west-2", "instanceTypes": ["g6.xlarge"]},
+                          {"cloud": "aws", "region": "eu-central-1", "instanceTypes": ["g5.xlarge"]}]}
+    text = synth.plan(synth.synthesize(raw, stack="moves"), synth.load_source(raw, "moves").settings, ask_prices=False)
+    section = text.split("Placements: 3, home first", 1)[1].split("\nCheckpoint storage", 1)[0].splitlines()[1:]
+    assert len(section) == 4, section
+    home, west, frankfurt, source = section
+    g6 = pricing.on_demand_price("aws", "us-west-2", "g6.xlarge") * pricing.price_table()["spot_estimate_fraction"]
+    assert home.startswith("  0 aws us-east-1 (home): group trainstack-moves-gpu;") and "own region" in home
+    assert west.startswith("  1 aws us-west-2: group trainstack-moves-gpu-p1;") and f"${g6:g}/h spot estimate" in west
+    # One checkpoint (the storage plan's assumed 1 GiB) read across regions at the recorded $/GB.
+    assert f"inter-region at $0.02/GB: ${0.02 * 1024**3 / 1e9:.4f}" in west
+    assert "no recorded price in eu-central-1" in frankfurt and "inter-region at $0.02/GB" in frankfurt
+    assert source.startswith("  Transfer prices: recorded ") and "not checked live" in source
+    assert pricing.transfer_source().startswith("recorded 2026-12-01")

@@ -29,6 +29,19 @@ VARIANTS = {
         "compute": {"instanceTypes": ["g2-standard-8", "g2-standard-12"], "nodes": 2},
         "access": {"sshPublicKey": SSH_KEY, "allowedCidrs": ["203.0.113.0/24"]},
     },
+    # Several placements: each region's group, and the controller's scheduler, function and identities.
+    "aws-placements": {
+        "cloud": "aws", "region": "us-east-1", "run": RUN, "placement": {"waitMinutes": 10},
+        "placements": [{"cloud": "aws", "region": "us-east-1", "instanceTypes": ["g5.xlarge"]},
+                       {"cloud": "aws", "region": "us-west-2", "instanceTypes": ["g5.xlarge", "g6.xlarge"]}],
+    },
+    "gcp-placements": {
+        "cloud": "gcp", "region": "us-central1", "project": "my-proj-123", "run": RUN,
+        "placements": [{"cloud": "gcp", "region": "us-central1", "project": "my-proj-123",
+                        "instanceTypes": ["g2-standard-4"]},
+                       {"cloud": "gcp", "region": "europe-west4", "project": "my-proj-123",
+                        "instanceTypes": ["g2-standard-4"]}],
+    },
     "gcp-on-demand": {
         "cloud": "gcp", "region": "us-central1", "project": "my-proj-123", "run": RUN,
         "compute": {"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-t4", "spot": False},
@@ -81,6 +94,24 @@ def test_the_check_reads_lists_in_nested_inputs_and_enums():
     assert (problem.path, problem.value) == ("platforms[1]", "linux/amd65")
 
 
+@pytest.mark.parametrize(("key", "type_token", "path", "bad"), [
+    ("aws-placements", "aws:scheduler/schedule:Schedule", ("flexibleTimeWindow", "mode"), "NONE"),
+    ("aws-placements", "aws:scheduler/schedule:Schedule", ("state",), "ON"),
+    ("aws-placements", "aws:lambda/function:Function", ("runtime",), "python3.99"),
+    ("gcp-placements", "gcp:cloudfunctionsv2/function:Function", ("serviceConfig", "ingressSettings"), "ALLOW_SOME"),
+])
+def test_the_check_reads_the_placement_controllers_values(key, type_token, path, bad):
+    """The controller's resources carry documented lists too: a value outside one is caught."""
+    (rec,) = copy.deepcopy(synthesized(key).of_type(type_token))
+    assert pv.check_resource(rec) == []
+    where = rec["inputs"]
+    for part in path[:-1]:
+        where = where[part]
+    where[path[-1]] = bad
+    (problem,) = pv.check_resource(rec)
+    assert (problem.path, problem.value) == (".".join(path), bad)
+
+
 @pytest.mark.parametrize(
     ("doc", "values"),
     [
@@ -90,6 +121,8 @@ def test_the_check_reads_lists_in_nested_inputs_and_enums():
         ('Valid values are: `"PROACTIVE"`, `"NONE"`. If `PROACTIVE` ...', ("PROACTIVE", "NONE")),
         ("Shutdown behavior. Can be `stop` or `terminate`. (Default: `stop`).", ("stop", "terminate")),
         ('Acceptable values are "inherited" or "enforced". If "inherited", ...', ("inherited", "enforced")),
+        ("Determines whether the schedule is invoked within a flexible time window. One of: `OFF`, `FLEXIBLE`.",
+         ("OFF", "FLEXIBLE")),
         ("The GCE disk type. Such as `pd-ssd` or `pd-standard`.", None),
         ("Free text with no list.", None),
         (None, None),

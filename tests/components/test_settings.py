@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import re
 import struct
 import subprocess
 import sys
@@ -290,6 +291,65 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
      "compute.accelerator", "expected one of nvidia-tesla-t4"),
 ]
 
+# placements: the home (the dev stack's own cloud, region and types) and other places of the same run
+PL = "trainstack_placements"
+HOME = {"cloud": "aws", "region": "us-east-1", "instanceTypes": ["g5.xlarge", "g6.xlarge", "g4dn.xlarge"]}
+WEST = {"cloud": "aws", "region": "us-west-2", "instanceTypes": ["g5.xlarge", "g6.xlarge"]}
+GCP_HOME = {"cloud": "gcp", "region": "us-central1", "project": "my-project-123", "instanceTypes": ["g2-standard-8"]}
+INVALID += [
+    ("placements-not-list", stack(**{PL: "us-west-2"}), "placements", "expected a list of blocks"),
+    ("placements-empty", stack(**{PL: []}), "placements", "remove the key for the default"),
+    ("placement-entry-not-block", stack(**{PL: [HOME, "us-west-2"]}), "placements[1]", "expected a block of keys"),
+    ("placement-unknown-key", stack(**{PL: [HOME, {**WEST, "instanceType": ["g5.xlarge"]}]}),
+     "placements[1].instanceType", "did you mean 'instanceTypes'"),
+    ("placement-cloud-azure", stack(**{PL: [HOME, {**WEST, "cloud": "azure"}]}), "placements[1].cloud",
+     "expected aws or gcp"),
+    ("placement-home-elsewhere", stack(**{PL: [WEST, HOME]}), "placements[0].region",
+     "the first placement is home and must be the stack's trainstack:region 'us-east-1'"),
+    ("placement-home-other-types", stack(**{PL: [{**HOME, "instanceTypes": ["g6.xlarge"]}, WEST]}),
+     "placements[0].instanceTypes", "differs from compute.instanceTypes"),
+    ("placement-region-malformed", stack(**{PL: [HOME, {**WEST, "region": "us-west"}]}), "placements[1].region",
+     "not an AWS region name"),
+    ("placement-types-missing", stack(**{PL: [HOME, {"cloud": "aws", "region": "us-west-2"}]}),
+     "placements[1].instanceTypes", "is required"),
+    ("placement-types-duplicate", stack(**{PL: [HOME, {**WEST, "instanceTypes": ["g5.xlarge", "g5.xlarge"]}]}),
+     "placements[1].instanceTypes", "each type once"),
+    ("placement-type-typo", stack(**{PL: [HOME, {**WEST, "instanceTypes": ["g6.xlarg"]}]}),
+     "placements[1].instanceTypes[0]", "did you mean 'g6.xlarge'"),
+    ("placement-zone-of-home", stack(**{PL: [HOME, {**WEST, "zones": ["us-west-2a", "us-east-1a"]}]}),
+     "placements[1].zones[1]", "not a zone of region us-west-2"),
+    ("placement-other-replicas", stack(**{PL: [HOME, {**WEST, "instanceTypes": ["g5.xlarge", "g5.12xlarge"]}]}),
+     "placements[1].instanceTypes[1]", "not the run's 1 (compute.gpusPerNode 1 x compute.nodes 1)"),
+    ("placement-duplicate", stack(**{PL: [HOME, WEST, {**WEST, "instanceTypes": ["g6.xlarge"]}]}), "placements[2]",
+     "is placements[1] again"),
+    ("placement-aws-with-project", stack(**{PL: [HOME, {**WEST, "project": "my-project-123"}]}),
+     "placements[1].project", "remove it from an aws placement"),
+    ("placement-gcp-without-project", gcp(**{PL: [GCP_HOME, {k: v for k, v in GCP_HOME.items() if k != "project"}
+                                                       | {"region": "europe-west4"}]}),
+     "placements[1].project", "is required for a gcp placement"),
+    ("placement-gcp-bad-project", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "europe-west4", "project": "P"}]}),
+     "placements[1].project", "expected the GCP project id"),
+    ("placement-other-project", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "us-east4", "project": "my-other-1"}]}),
+     "placements[1].project", "a placement in another project than home's (my-project-123) is not supported yet"),
+    ("placement-other-cloud", stack(**{PL: [HOME, {**GCP_HOME, "region": "us-east4"}]}), "placements[1].cloud",
+     "a placement on another cloud than home (aws) is not supported yet"),
+    ("placement-built-image", stack(**{PL: [HOME, WEST]}, **{IMG: {"build": True}}), "image.build",
+     "placements[1] (us-west-2) does not pull from yet"),
+    ("placement-ami-of-one-region", stack(**{PL: [HOME, WEST]}, **{C: {"imageId": "ami-0123456789abcdef0"}}),
+     "compute.imageId", "an AMI belongs to one region"),
+    ("placement-n1-without-accelerator", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "europe-west4",
+                                                               "instanceTypes": ["n1-standard-8"]}]}),
+     "compute.accelerator", "is required for n1-standard-8 (e.g. nvidia-tesla-t4) (in placements[1], europe-west4)"),
+    ("placements-too-many", stack(**{PL: [HOME] + [{**WEST, "region": f"us-west-{i}"} for i in range(1, 9)]}),
+     "placements", "at most 8 entries"),
+    ("wait-minutes-zero", stack(trainstack_placement={"waitMinutes": 0}), "placement.waitMinutes", "1 or more"),
+    ("wait-minutes-fraction", stack(trainstack_placement={"waitMinutes": 7.5}), "placement.waitMinutes",
+     "expected a whole number"),
+    ("wait-minutes-bool", stack(trainstack_placement={"waitMinutes": True}), "placement.waitMinutes",
+     "not true/false"),
+    ("placement-not-block", stack(trainstack_placement=[15]), "placement", "expected a block of keys"),
+]
+
 VALID: list[tuple[str, dict[str, Any]]] = [
     ("dev", stack()),
     ("world-explicitly-allowed", stack(**{A: {**WITH_KEY, "allowedCidrs": ["0.0.0.0/0"], "allowWorld": True}})),
@@ -319,6 +379,10 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("validation-records", stack(**{R: {"synthetic": DEL, "dataUri": "s3://my-data/train/",
                                         "validationDataUri": "s3://my-data/validation/", "keepBest": "val_loss:min"}})),
     ("extra-args-flag-and-value", stack(**{R: {"extraArgs": ["--grad-accum", "4", "--lm-tied", "--log-every=50"]}})),
+    ("two-aws-regions", stack(**{PL: [HOME, WEST]}, trainstack_placement={"waitMinutes": 30})),
+    ("home-types-from-placements", stack(**{C: {"instanceTypes": DEL}}, **{PL: [HOME, WEST]})),
+    ("three-gcp-regions", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "europe-west4", "zones": ["europe-west4-a"]},
+                                      {**GCP_HOME, "region": "us-east4"}]})),
 ]
 
 
@@ -336,6 +400,10 @@ def test_enough_cases_covering_every_key():
         model = st.Settings.model_fields[block].annotation
         for key in st.known_keys(model):
             assert any(n == f"{block}.{key}" or n.startswith(f"{block}.{key}[") for n in named), f"{block}.{key} untested"
+    for block in st.LISTS:
+        model = st.Settings.model_fields[block].annotation.__args__[0]
+        for key in st.known_keys(model):
+            assert any(re.match(rf"{block}\[\d+\]\.{key}\b", n) for n in named), f"{block}[].{key} untested"
     for key in st.SCALARS:
         assert key in named
 
@@ -470,6 +538,12 @@ def test_program_config_is_validated_like_the_stack_file():
     with pytest.raises(ConfigError) as info:
         _from_sdk({**cfg, "trainstack:compute": {**cfg["trainstack:compute"], "nodes": 0}}, [])
     assert str(info.value) == "trainstack:compute.nodes: 0: expected 1 or more"
+    # The list of placements and the placement block reach the program as the stack file gives them.
+    s = _from_sdk({**cfg, "trainstack:placements": [HOME, WEST], "trainstack:placement": {"waitMinutes": 9}}, [])
+    assert [p.region for p in s.placement_list] == ["us-east-1", "us-west-2"] and s.placement.wait_minutes == 9
+    with pytest.raises(ConfigError) as info:
+        _from_sdk({**cfg, "trainstack:placements": [HOME, {**WEST, "region": "us-west"}]}, [])
+    assert info.value.key == "placements[1].region"
 
 
 def test_trainer_flags_are_read_without_tensorflow():

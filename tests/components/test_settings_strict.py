@@ -61,13 +61,13 @@ BLOCK_PATHS = [path for path, _model in WALKED]
 
 def test_the_walk_finds_every_settings_model():
     walked = {model for _path, model in WALKED}
-    # The five blocks and the root at least; any model defined in the package but reached by
+    # The blocks, the placements' entries and the root at least; any model defined in the package but reached by
     # no field would be a block nobody validates: the walk must see it too.
     assert {st.Settings, st.RunSettings, st.ComputeSettings, st.ImageSettings, st.StorageSettings,
-            st.AccessSettings} <= walked
+            st.AccessSettings, st.PlacementSettings, st.PlacementPolicySettings} <= walked
     concrete = {m for m in defined_models() if m.model_fields}
     assert concrete <= walked, f"models no settings field reaches: {sorted(m.__name__ for m in concrete - walked)}"
-    assert {p[0] for p in BLOCK_PATHS if p} == set(st.BLOCKS)
+    assert {p[0] for p in BLOCK_PATHS if p} == set(st.BLOCKS) | set(st.LISTS)
 
 
 @pytest.mark.parametrize(("path", "model"), WALKED, ids=[".".join(p) or "top" for p, _m in WALKED])
@@ -87,32 +87,46 @@ def _typo(key: str) -> str:
     return typo
 
 
-def _at(raw: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
-    """The mapping at `path` in a raw config, created empty where the dev stack has none."""
-    cur = raw.setdefault(f"trainstack:{path[0]}", {})
+# A list of blocks the dev stack has none of: one valid entry, the typo goes into it.
+LIST_ENTRY = {"placements": {"cloud": "aws", "region": DEV["config"]["trainstack:region"],
+                             "instanceTypes": DEV["config"]["trainstack:compute"]["instanceTypes"]}}
+
+
+def _at(raw: dict[str, Any], path: tuple[str, ...]) -> tuple[dict[str, Any], str]:
+    """The mapping at `path` in a raw config, created empty where the dev stack has none (the first entry
+    of a list of blocks), and the key path a user reads for it."""
+    if path[0] in st.LISTS:
+        cur = raw.setdefault(f"trainstack:{path[0]}", [copy.deepcopy(LIST_ENTRY[path[0]])])[0]
+        shown = f"{path[0]}[0]"
+    else:
+        cur = raw.setdefault(f"trainstack:{path[0]}", {})
+        shown = path[0]
     for part in path[1:]:
         cur = cur.setdefault(part, {})
-    return cur
+        shown += f".{part}"
+    return cur, shown
 
 
 @pytest.mark.parametrize("path", BLOCK_PATHS, ids=[".".join(p) or "top" for p in BLOCK_PATHS])
 def test_a_mistyped_key_is_refused_with_did_you_mean_in_every_block(path):
     """Through the loader a stack file goes through: one line naming the key and the key meant."""
     model = dict(WALKED)[path]
-    keys = st.known_keys(model) if path else [*st.SCALARS, *st.BLOCKS]
+    keys = st.known_keys(model) if path else [*st.SCALARS, *st.BLOCKS, *st.LISTS]
     # The longest key is the one a swapped pair of letters leaves closest to itself.
     meant = max(keys, key=len)
     typo = _typo(meant)
     cfg = copy.deepcopy(DEV["config"])
+    shown = ""
     if path:
-        _at(cfg, path)[typo] = True
+        block, shown = _at(cfg, path)
+        block[typo] = True
     else:
         cfg[f"trainstack:{typo}"] = True
     raw = {k.split(":", 1)[1]: v for k, v in cfg.items() if k.startswith("trainstack:")}
     with pytest.raises(ConfigError) as info:
         load_settings(raw, stack="dev")
     err = info.value
-    assert err.key == ".".join((*path, typo)), str(err)
+    assert err.key == ".".join(filter(None, (shown, typo))), str(err)
     hint = f"did you mean trainstack:{meant}?" if not path else f"did you mean {meant!r}?"
     assert hint in str(err), str(err)
 

@@ -184,7 +184,11 @@ def _pulumi_takes_tags(type_token: str) -> bool:
     import importlib
 
     module_path, name = type_token.split(":")[1], type_token.split(":")[2]
-    module = importlib.import_module(f"pulumi_aws.{module_path.split('/')[0]}")
+    import keyword
+
+    module_name = module_path.split("/")[0]
+    # A module named by a Python keyword takes a trailing underscore (aws:lambda -> pulumi_aws.lambda_).
+    module = importlib.import_module(f"pulumi_aws.{module_name}{'_' if keyword.iskeyword(module_name) else ''}")
     args = getattr(module, f"{name}Args", None)
     assert args is not None, f"pulumi_aws has no {name}Args for {type_token}"
     return isinstance(getattr(args, "tags", None), property)

@@ -33,6 +33,16 @@ EXPECTED_TYPES = {
     "aws:autoscaling/schedule:Schedule": 1,
 }
 
+# What each placement has of its own: its region's provider and group.
+PER_PLACEMENT = {"pulumi:providers:aws", "trainstack:aws:SpotGroup", "aws:ec2/securityGroup:SecurityGroup",
+                 "aws:ec2/launchTemplate:LaunchTemplate", "aws:autoscaling/group:Group",
+                 "aws:autoscaling/schedule:Schedule", "aws:ec2/placementGroup:PlacementGroup"}
+# The placement controller, for two placements or more.
+CONTROLLER_TYPES = {
+    "trainstack:aws:PlacementController": 1, "aws:iam/role:Role": 2, "aws:iam/rolePolicy:RolePolicy": 3,
+    "aws:cloudwatch/logGroup:LogGroup": 1, "aws:lambda/function:Function": 1, "aws:scheduler/schedule:Schedule": 1,
+}
+
 
 def stack_config(path: Path) -> dict:
     cfg = yaml.safe_load(path.read_text())["config"]
@@ -52,6 +62,11 @@ def test_stack_file_synthesizes_the_whole_stack_with_its_outputs(path):
     r = synth.synthesize(path)
     # Several machines share a cluster placement group.
     expected = EXPECTED_TYPES | ({"aws:ec2/placementGroup:PlacementGroup": 1} if cfg["compute"]["nodes"] > 1 else {})
+    # Several placements: a group (and its provider) per placement, and the controller at home.
+    places = len(cfg.get("placements") or [None])
+    expected = {k: v * places if k in PER_PLACEMENT else v for k, v in expected.items()}
+    if places > 1:
+        expected = dict(Counter(expected) + Counter(CONTROLLER_TYPES))
     assert dict(Counter(x["type"] for x in r.resources)) == expected
     assert set(r.outputs) == EXPORTS
     bucket = r.outputs["bucketName"]
@@ -61,14 +76,16 @@ def test_stack_file_synthesizes_the_whole_stack_with_its_outputs(path):
     assert r.outputs["groupName"] == (f"trainstack-{stack}-gpu" if run_id == stack else f"trainstack-{stack}--{run_id}-gpu")
     assert r.outputs["imageRef"] == f"{cfg['image']['repository']}:{cfg['image']['tag']}"
     assert r.outputs["watchCommand"] == f"python -m ops status --stack {stack}"
-    asg = r.of_type("aws:autoscaling/group:Group")[0]["inputs"]
+    asg = r.named("trainstack-group-asg")["inputs"]
     assert asg["maxSize"] == cfg["compute"]["nodes"]
     overrides = asg["mixedInstancesPolicy"]["launchTemplate"]["overrides"]
-    assert [o["instanceType"] for o in overrides] == cfg["compute"]["instanceTypes"]
-    volume = r.of_type("aws:ec2/launchTemplate:LaunchTemplate")[0]["inputs"]["blockDeviceMappings"][0]["ebs"]
+    home_types = cfg["compute"].get("instanceTypes") or cfg["placements"][0]["instanceTypes"]
+    assert [o["instanceType"] for o in overrides] == home_types
+    volume = r.named("trainstack-group-lt")["inputs"]["blockDeviceMappings"][0]["ebs"]
     assert volume["volumeSize"] == cfg["compute"]["rootDiskGb"]
-    (user_data,) = r.user_data.values()
-    assert f"TRAINSTACK_RUN_URI='{r.outputs['runUri']}'" in user_data
+    assert len(r.user_data) == places
+    for user_data in r.user_data.values():
+        assert f"TRAINSTACK_RUN_URI='{r.outputs['runUri']}'" in user_data
 
 
 def test_parents_form_one_tree_under_the_training_stack():

@@ -1,0 +1,192 @@
+"""PlacementController: the serverless controller that moves a run between placements, on AWS.
+
+An EventBridge Scheduler schedule calls a Lambda function every `tick_minutes`; the function runs
+one tick of the controller (`controller/handler.py:handler`, configured by the
+`TRAINSTACK_PLACEMENTS` variable: components/placement.py) and is gone. Nothing bills while idle
+beyond the invocations. The function has its own role, with exactly what a tick needs: read this
+run's folder, write only the placement record and the controller's events there, read the groups'
+scaling activities, and set the size of this stack's groups only, never above the run's `nodes`.
+The scheduler has a role of its own that may invoke this function and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_aws as aws
+
+from components import placement, project
+from trainer import layout
+
+# The function's package is components/placement.py's FUNCTION_PACKAGES; AWS Lambda's python3.12
+# runtime brings boto3, the one library an AWS tick needs.
+HANDLER = "controller.handler.handler"
+RUNTIME = "python3.12"
+# A tick reads a few small objects and makes a few API calls; a bound far above that, and well
+# under the schedule's period, so a stuck tick never overlaps many others.
+TIMEOUT_S = 60
+MEMORY_MB = 256
+LOG_RETENTION_DAYS = 30
+
+# What a tick does on Auto Scaling: the two reads have no resource-level permissions ("*").
+READ_GROUP_ACTIONS = ["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities"]
+SIZE_GROUP_ACTIONS = ["autoscaling:UpdateAutoScalingGroup"]
+# The only objects the controller writes, relative to the run folder.
+WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY)
+
+
+@dataclass(kw_only=True)
+class PlacementControllerArgs:
+    """Inputs of a PlacementController."""
+
+    name: str
+    """The function's (and schedule's) name, fixed in advance: the stack's groups' name stem."""
+    config: pulumi.Input[str]
+    """The controller's configuration, JSON (TRAINSTACK_PLACEMENTS)."""
+    run_id: str
+    """The run's folder: the function reads runs/<run_id>/ and writes only its placement record there."""
+    nodes: int
+    """Machines of the run: the most the function may set a group to."""
+    groups: list[tuple[str, str]]
+    """(region, name) of every placement's group, home first."""
+    tick_minutes: int = 1
+    """Minutes between ticks."""
+    bucket_arn: pulumi.Input[str]
+    """ARN of the home bucket."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Tags for every resource."""
+
+
+def function_policy(*, partition: pulumi.Input[str], account_id: pulumi.Input[str], bucket_arn: pulumi.Input[str],
+                    run_id: str, nodes: int, groups: list[tuple[str, str]]) -> pulumi.Output[str]:
+    """The function's permissions: the run folder, the placement record, the groups' reads and sizes."""
+    run_prefix = layout.run_prefix(run_id).rstrip("/")
+    statements = [
+        {"Sid": "ListRunFolder", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn,
+         "Condition": {"StringLike": {"s3:prefix": [f"{run_prefix}/", f"{run_prefix}/*"]}}},
+        {"Sid": "ReadRunFolder", "Effect": "Allow", "Action": "s3:GetObject",
+         "Resource": pulumi.Output.concat(bucket_arn, f"/{run_prefix}/*")},
+        {"Sid": "WritePlacement", "Effect": "Allow", "Action": "s3:PutObject",
+         "Resource": [pulumi.Output.concat(bucket_arn, f"/{run_prefix}/{key}") for key in WRITES]},
+        {"Sid": "ReadGroups", "Effect": "Allow", "Action": READ_GROUP_ACTIONS, "Resource": "*"},
+        {
+            # Sizes no larger than the run's: a request must send MinSize and MaxSize (a missing key
+            # fails the condition), and the desired capacity can never exceed MaxSize.
+            "Sid": "SizeGroups", "Effect": "Allow", "Action": SIZE_GROUP_ACTIONS,
+            "Resource": [pulumi.Output.concat("arn:", partition, ":autoscaling:", region, ":", account_id,
+                                              ":autoScalingGroup:*:autoScalingGroupName/", name)
+                         for region, name in groups],
+            "Condition": {"NumericLessThanEquals": {"autoscaling:MinSize": str(nodes),
+                                                    "autoscaling:MaxSize": str(nodes)}},
+        },
+    ]
+    return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})
+
+
+def function_code() -> pulumi.AssetArchive:
+    """The function's package: the .py files of the controller and the trainer, at their package paths."""
+    files = placement.function_files(project.ROOT)
+    if placement.HANDLER_FILE not in files:
+        pulumi.log.warn(f"{placement.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
+                        "would have no handler")
+    return pulumi.AssetArchive({name: pulumi.FileAsset(str(path)) for name, path in files.items()})
+
+
+class PlacementController(pulumi.ComponentResource):
+    """A schedule that runs the placement controller's tick as a Lambda function."""
+
+    function: aws.lambda_.Function
+    schedule: aws.scheduler.Schedule
+    role: aws.iam.Role
+    function_name: pulumi.Output[str]
+
+    def __init__(self, name: str, args: PlacementControllerArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainstack:aws:PlacementController", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        invoke = pulumi.InvokeOptions(parent=self)
+        partition = aws.get_partition_output(opts=invoke).partition
+        account_id = aws.get_caller_identity_output(opts=invoke).account_id
+        # Lambda function names take 64 characters; the schedule's, 64 too.
+        fn_name = f"{args.name[:53]}-controller"
+        log_group = aws.cloudwatch.LogGroup(
+            f"{name}-logs", name=f"/aws/lambda/{fn_name}", retention_in_days=LOG_RETENTION_DAYS, tags=args.tags,
+            opts=child,
+        )
+        self.role = aws.iam.Role(
+            f"{name}-role",
+            assume_role_policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole",
+            }]}),
+            description="trainstack placement controller: one run's folder and placement record, this stack's groups",
+            tags=args.tags,
+            opts=child,
+        )
+        policy = aws.iam.RolePolicy(
+            f"{name}-policy",
+            role=self.role.id,
+            policy=function_policy(partition=partition, account_id=account_id, bucket_arn=args.bucket_arn,
+                                   run_id=args.run_id, nodes=args.nodes, groups=args.groups),
+            opts=child,
+        )
+        logs = aws.iam.RolePolicy(
+            f"{name}-logging",
+            role=self.role.id,
+            # Its own log group only (AWSLambdaBasicExecutionRole would allow every log group).
+            policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
+                "Sid": "OwnLogs", "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+                "Resource": pulumi.Output.concat(log_group.arn, ":*"),
+            }]}),
+            opts=child,
+        )
+        self.function = aws.lambda_.Function(
+            f"{name}-function",
+            name=fn_name,
+            description="trainstack: moves the run to another placement when its own cannot launch",
+            runtime=RUNTIME,
+            handler=HANDLER,
+            code=function_code(),
+            role=self.role.arn,
+            timeout=TIMEOUT_S,
+            memory_size=MEMORY_MB,
+            environment=aws.lambda_.FunctionEnvironmentArgs(variables={"TRAINSTACK_PLACEMENTS": args.config}),
+            tags=args.tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[policy, logs, log_group]),
+        )
+        scheduler_role = aws.iam.Role(
+            f"{name}-scheduler-role",
+            # EventBridge Scheduler's own confused-deputy guard: only schedules of this account.
+            assume_role_policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow", "Principal": {"Service": "scheduler.amazonaws.com"}, "Action": "sts:AssumeRole",
+                "Condition": {"StringEquals": {"aws:SourceAccount": account_id}},
+            }]}),
+            description="trainstack placement controller's schedule: invoke its function only",
+            tags=args.tags,
+            opts=child,
+        )
+        invoke_policy = aws.iam.RolePolicy(
+            f"{name}-scheduler-policy",
+            role=scheduler_role.id,
+            policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
+                "Sid": "InvokeController", "Effect": "Allow", "Action": "lambda:InvokeFunction",
+                "Resource": self.function.arn,
+            }]}),
+            opts=child,
+        )
+        self.schedule = aws.scheduler.Schedule(
+            f"{name}-schedule",
+            name=fn_name,
+            description="trainstack: one placement controller tick",
+            schedule_expression=f"rate({args.tick_minutes} minute{'s' if args.tick_minutes > 1 else ''})",
+            flexible_time_window=aws.scheduler.ScheduleFlexibleTimeWindowArgs(mode="OFF"),
+            state="ENABLED",
+            target=aws.scheduler.ScheduleTargetArgs(
+                arn=self.function.arn,
+                role_arn=scheduler_role.arn,
+                # A failed tick is not retried: the next one starts again from the run folder.
+                retry_policy=aws.scheduler.ScheduleTargetRetryPolicyArgs(maximum_retry_attempts=0),
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[invoke_policy]),
+        )
+        self.function_name = self.function.name
+        self.register_outputs({"function_name": self.function_name})

@@ -1,0 +1,205 @@
+"""PlacementController: the serverless controller that moves a run between placements, on GCP.
+
+A Cloud Scheduler job calls a Cloud Functions (2nd gen) function every `tick_minutes` with an
+OIDC token; the function runs one tick of the controller (`controller/handler.py:handler`,
+configured by the `TRAINSTACK_PLACEMENTS` variable: components/placement.py) and scales to zero
+between calls. The function runs as its own service account, with exactly what a tick needs: read
+this run's folder, write only the placement record and the controller's events there, and read and
+resize this stack's groups only. The scheduler calls it as an invoker account that may do nothing
+else. The deployer needs `iam.serviceAccounts.actAs` on both accounts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_random as random
+
+from components import placement, project
+from components.gcp.identity import groups_condition, prefix_condition
+from components.gcp.naming import custom_role_id
+from trainer import layout
+
+# The function's package: components/placement.py's FUNCTION_PACKAGES, and the two files Cloud
+# Functions' Python build wants at the root (main.py names the entry point).
+ENTRY_POINT = "handler"
+MAIN_PY = ('"""Cloud Functions\' entry point: one tick of the placement controller."""\n\n'
+           "from controller.handler import handler\n\n__all__ = [\"handler\"]\n")
+RUNTIME = "python312"
+# The one library a tick needs beyond the runtime: the trainer's own GCS client, at its pin.
+REQUIREMENTS = (project.TRAINER_DIR / "requirements.txt").read_text().splitlines()
+GCS_REQUIREMENT = next(line for line in REQUIREMENTS if line.startswith("google-cloud-storage=="))
+TIMEOUT_S = 60
+MEMORY = "256Mi"
+# What a tick does on the managed groups: read them (their errors and instances) and resize them.
+GROUP_PERMISSIONS = ["compute.instanceGroupManagers.get", "compute.instanceGroupManagers.list",
+                     "compute.instanceGroupManagers.update"]
+# The only objects the controller writes, relative to the run folder.
+WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY)
+# APIs the function needs on top of the stack's own (turned on only for a stack of several placements).
+APIS = ("cloudfunctions.googleapis.com", "cloudbuild.googleapis.com", "run.googleapis.com")
+
+
+@dataclass(kw_only=True)
+class PlacementControllerArgs:
+    """Inputs of a PlacementController."""
+
+    name: str
+    """The function's (and job's) name, fixed in advance: the stack's groups' name stem."""
+    config: pulumi.Input[str]
+    """The controller's configuration, JSON (TRAINSTACK_PLACEMENTS)."""
+    run_id: str
+    """The run's folder: the function reads runs/<run_id>/ and writes only its placement record there."""
+    nodes: int
+    """Machines of the run: the most the function sets a group to (the controller's own rule: GCE IAM
+    conditions cannot read a resize's size)."""
+    groups: list[tuple[str, str]]
+    """(region, name) of every placement's group, home first."""
+    tick_minutes: int = 1
+    """Minutes between ticks."""
+    gcp_project: str
+    """The home project."""
+    region: str
+    """The home region: the function and the job run here."""
+    bucket_name: pulumi.Input[str]
+    """The home bucket."""
+    account_id: str
+    """The function's service account id (6-30 characters)."""
+    invoker_account_id: str
+    """The scheduler's invoker service account id."""
+    custom_role_prefix: str
+    """Prefix of the custom role's id (the stack's)."""
+    labels: dict[str, str] = field(default_factory=dict)
+    """Labels for the function."""
+
+
+def written_condition(bucket: pulumi.Input[str], run_id: str) -> pulumi.Output[str]:
+    """CEL: exactly the objects the controller writes in the run folder."""
+    run_prefix = layout.run_prefix(run_id)
+    parts: list[pulumi.Input[str]] = []
+    for i, key in enumerate(WRITES):
+        parts += [" || " if i else "", 'resource.name == "projects/_/buckets/', bucket, f'/objects/{run_prefix}{key}"']
+    return pulumi.Output.concat(*parts)
+
+
+def function_source() -> pulumi.AssetArchive:
+    """The function's source: main.py, requirements.txt and the .py files of the controller and the trainer."""
+    files = placement.function_files(project.ROOT)
+    if placement.HANDLER_FILE not in files:
+        pulumi.log.warn(f"{placement.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
+                        "would have no handler")
+    assets: dict[str, pulumi.Asset | pulumi.Archive] = {
+        "main.py": pulumi.StringAsset(MAIN_PY), "requirements.txt": pulumi.StringAsset(GCS_REQUIREMENT + "\n")}
+    assets.update({name: pulumi.FileAsset(str(path)) for name, path in files.items()})
+    return pulumi.AssetArchive(assets)
+
+
+class PlacementController(pulumi.ComponentResource):
+    """A schedule that runs the placement controller's tick as a Cloud Function."""
+
+    function: gcp.cloudfunctionsv2.Function
+    job: gcp.cloudscheduler.Job
+    function_name: pulumi.Output[str]
+
+    def __init__(self, name: str, args: PlacementControllerArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainstack:gcp:PlacementController", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        fn_name = f"{args.name[:52]}-controller"
+        account = gcp.serviceaccount.Account(
+            f"{name}-sa", account_id=args.account_id, display_name="trainstack placement controller",
+            description="one run's folder and placement record, this stack's groups", opts=child,
+        )
+        member = pulumi.Output.concat("serviceAccount:", account.email)
+        grants: list[pulumi.Resource] = [
+            gcp.storage.BucketIAMMember(
+                f"{name}-run-read", bucket=args.bucket_name, role="roles/storage.objectViewer", member=member,
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title="this run's folder", expression=prefix_condition(args.bucket_name,
+                                                                           layout.run_prefix(args.run_id))),
+                opts=child,
+            ),
+            # Replacing an object in GCS needs delete as well as create: objectUser, on the two objects only.
+            gcp.storage.BucketIAMMember(
+                f"{name}-placement-write", bucket=args.bucket_name, role="roles/storage.objectUser", member=member,
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title="the placement record", expression=written_condition(args.bucket_name, args.run_id)),
+                opts=child,
+            ),
+        ]
+        suffix = random.RandomId(f"{name}-role-suffix", byte_length=4, opts=child)
+        role = gcp.projects.IAMCustomRole(
+            f"{name}-groups-role",
+            project=args.gcp_project,
+            role_id=suffix.hex.apply(lambda h: custom_role_id(args.custom_role_prefix, h, "ctl")),
+            title="trainstack: read and resize the placements' groups",
+            permissions=GROUP_PERMISSIONS,
+            opts=child,
+        )
+        grants.append(gcp.projects.IAMMember(
+            f"{name}-groups", project=args.gcp_project, role=role.name, member=member,
+            condition=gcp.projects.IAMMemberConditionArgs(
+                title="this stack's groups", expression=groups_condition(args.gcp_project, args.groups)),
+            opts=child,
+        ))
+        source = gcp.storage.BucketObject(
+            f"{name}-source", bucket=args.bucket_name, name=f"{layout.CODE_PREFIX}controller.zip",
+            source=function_source(), opts=child,
+        )
+        self.function = gcp.cloudfunctionsv2.Function(
+            f"{name}-function",
+            name=fn_name,
+            location=args.region,
+            description="trainstack: moves the run to another placement when its own cannot launch",
+            build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
+                runtime=RUNTIME,
+                entry_point=ENTRY_POINT,
+                source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
+                    storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
+                        bucket=args.bucket_name, object=source.name, generation=source.generation),
+                ),
+            ),
+            service_config=gcp.cloudfunctionsv2.FunctionServiceConfigArgs(
+                service_account_email=account.email,
+                environment_variables={"TRAINSTACK_PLACEMENTS": args.config},
+                timeout_seconds=TIMEOUT_S,
+                available_memory=MEMORY,
+                min_instance_count=0,
+                max_instance_count=1,
+                # Reached by the scheduler over HTTPS with an OIDC token: only the invoker may call it.
+                ingress_settings="ALLOW_ALL",
+                all_traffic_on_latest_revision=True,
+            ),
+            labels=args.labels,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=grants),
+        )
+        invoker = gcp.serviceaccount.Account(
+            f"{name}-invoker", account_id=args.invoker_account_id, display_name="trainstack controller schedule",
+            description="calls the placement controller's function, nothing else", opts=child,
+        )
+        invoke_grant = gcp.cloudrunv2.ServiceIamMember(
+            f"{name}-invoke", project=args.gcp_project, location=args.region,
+            name=self.function.service_config.apply(lambda c: c.service if c else None),
+            role="roles/run.invoker", member=pulumi.Output.concat("serviceAccount:", invoker.email), opts=child,
+        )
+        uri = self.function.service_config.apply(lambda c: c.uri if c else None)
+        self.job = gcp.cloudscheduler.Job(
+            f"{name}-schedule",
+            name=fn_name,
+            region=args.region,
+            description="trainstack: one placement controller tick",
+            schedule=f"*/{args.tick_minutes} * * * *",
+            time_zone="Etc/UTC",
+            # A failed tick is not retried: the next one starts again from the run folder.
+            retry_config=gcp.cloudscheduler.JobRetryConfigArgs(retry_count=0),
+            attempt_deadline=f"{TIMEOUT_S + 30}s",
+            http_target=gcp.cloudscheduler.JobHttpTargetArgs(
+                http_method="POST", uri=uri,
+                oidc_token=gcp.cloudscheduler.JobHttpTargetOidcTokenArgs(
+                    service_account_email=invoker.email, audience=uri),
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[invoke_grant]),
+        )
+        self.function_name = self.function.name
+        self.register_outputs({"function_name": self.function_name})

@@ -1,0 +1,204 @@
+"""The placement controller's serverless resources: made at home only for two or more placements, told
+every placement's group through TRAINSTACK_PLACEMENTS, scheduled, least-privileged, and packaged so
+that the handler the function names imports from what the package holds.
+
+The stacks run the real `__main__.py` under the mocks (`ops synth`). The packaging test builds the
+function's package from a stand-in `controller/handler.py` (the real one is the controller's own,
+tested in tests/controller/) and imports the handler from the package alone, in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pulumi
+import pytest
+
+from components import placement, project
+from components.settings import load_settings
+from ops import synth
+from tests.components.test_placements import HOME_GROUP, RAW, REGIONS
+from trainer import layout
+
+FUNCTION = {"aws": "aws:lambda/function:Function", "gcp": "gcp:cloudfunctionsv2/function:Function"}
+SCHEDULE = {"aws": "aws:scheduler/schedule:Schedule", "gcp": "gcp:cloudscheduler/job:Job"}
+
+
+@cache
+def synthesized(cloud: str) -> synth.Result:
+    return synth.synthesize(RAW[cloud], stack="places")
+
+
+def _controller(r: synth.Result) -> list[dict]:
+    return [x for x in r.resources if x["parent"] == "trainstack-controller"]
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(cloud):
+    r = synthesized(cloud)
+    (fn,) = r.of_type(FUNCTION[cloud])
+    env = fn["inputs"]["environment"]["variables"] if cloud == "aws" else \
+        fn["inputs"]["serviceConfig"]["environmentVariables"]
+    config = json.loads(env[placement.CONFIG_ENV])
+    s = load_settings(RAW[cloud], stack="places")
+    assert config == placement.controller_config(s, r.outputs["runUri"], placement.group_names(s, HOME_GROUP))
+    assert [p["group"] for p in config["placements"]] == [HOME_GROUP, f"{HOME_GROUP}-p1", f"{HOME_GROUP}-p2"]
+    assert [p["region"] for p in config["placements"]] == REGIONS[cloud]
+    assert config["wait_minutes"] == s.placement.wait_minutes and config["nodes"] == 1
+    (schedule,) = [x for x in r.of_type(SCHEDULE[cloud]) if x["parent"] == "trainstack-controller"]
+    if cloud == "aws":
+        assert (fn["inputs"]["runtime"], fn["inputs"]["handler"]) == ("python3.12", "controller.handler.handler")
+        assert schedule["inputs"]["scheduleExpression"] == "rate(1 minute)"
+        assert schedule["inputs"]["target"]["arn"].endswith(f":function:{fn['inputs']['name']}")
+        files = fn["inputs"]["code"]["assetArchive"]
+        assert "trainer/layout.py" in files and "trainer/lease.py" in files
+        assert all(name.startswith(("controller/", "trainer/")) and name.endswith(".py") for name in files)
+    else:
+        build = fn["inputs"]["buildConfig"]
+        assert (build["runtime"], build["entryPoint"]) == ("python312", "handler")
+        assert schedule["inputs"]["schedule"] == "*/1 * * * *"
+        assert schedule["inputs"]["httpTarget"]["uri"].endswith(".a.run.app")
+        assert schedule["inputs"]["httpTarget"]["oidcToken"]["audience"] == schedule["inputs"]["httpTarget"]["uri"]
+        assert fn["inputs"]["location"] == REGIONS[cloud][0]
+    # Everything of the controller is made at home, through the home provider.
+    home = "trainstack-aws" if cloud == "aws" else "trainstack-gcp"
+    made = [x for x in _controller(r) if x["type"] != "random:index/randomId:RandomId"]
+    assert len(made) >= 8 and {x["options"]["provider"] for x in made} == {home}
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_one_placement_has_no_controller(cloud):
+    raw = {k: v for k, v in RAW[cloud].items() if k not in ("placements", "placement")}
+    raw["compute"] = {"instanceTypes": RAW[cloud]["placements"][0]["instanceTypes"]}
+    r = synth.synthesize(raw, stack="places")
+    assert r.of_type(FUNCTION[cloud]) == [] and _controller(r) == []
+    assert r.of_type(f"trainstack:{cloud}:PlacementController") == []
+    assert len(r.of_type(SCHEDULE[cloud])) == (1 if cloud == "gcp" else 0)  # GCP's runtime cap is a job too
+
+
+def _policy(r: synth.Result, name: str) -> dict:
+    return json.loads(r.named(name)["inputs"]["policy"])
+
+
+def test_the_aws_function_reads_the_run_writes_only_its_record_and_sizes_only_these_groups_up_to_nodes():
+    r = synthesized("aws")
+    bucket = r.outputs["bucketName"]
+    statements = {s["Sid"]: s for s in _policy(r, "trainstack-controller-policy")["Statement"]}
+    assert statements["ReadRunFolder"]["Resource"] == f"arn:aws:s3:::{bucket}/runs/exp-7/*"
+    assert statements["ListRunFolder"]["Condition"] == {"StringLike": {"s3:prefix": ["runs/exp-7/", "runs/exp-7/*"]}}
+    assert statements["WritePlacement"]["Resource"] == [
+        f"arn:aws:s3:::{bucket}/runs/exp-7/{layout.PLACEMENT_KEY}",
+        f"arn:aws:s3:::{bucket}/runs/exp-7/{layout.PLACEMENT_EVENTS_KEY}"]
+    assert statements["SizeGroups"]["Resource"] == [
+        f"arn:aws:autoscaling:{region}:{synth.FAKE_ACCOUNT}:autoScalingGroup:*:autoScalingGroupName/"
+        f"{placement.group_name(HOME_GROUP, i)}" for i, region in enumerate(REGIONS["aws"])]
+    assert statements["SizeGroups"]["Condition"] == {
+        "NumericLessThanEquals": {"autoscaling:MinSize": "1", "autoscaling:MaxSize": "1"}}
+    assert statements["ReadGroups"]["Action"] == ["autoscaling:DescribeAutoScalingGroups",
+                                                   "autoscaling:DescribeScalingActivities"]
+    # Nothing else: no delete, no other bucket, no write outside the record.
+    actions = {a for s in statements.values() for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+    assert actions == {"s3:ListBucket", "s3:GetObject", "s3:PutObject", "autoscaling:DescribeAutoScalingGroups",
+                       "autoscaling:DescribeScalingActivities", "autoscaling:UpdateAutoScalingGroup"}
+    (logs,) = _policy(r, "trainstack-controller-logging")["Statement"]
+    assert logs["Resource"].endswith(f":log-group:/aws/lambda/{HOME_GROUP}-controller:*")
+    (invoke,) = _policy(r, "trainstack-controller-scheduler-policy")["Statement"]
+    assert invoke["Action"] == "lambda:InvokeFunction" and invoke["Resource"].endswith(f"{HOME_GROUP}-controller")
+    trust = json.loads(r.named("trainstack-controller-scheduler-role")["inputs"]["assumeRolePolicy"])
+    assert trust["Statement"][0]["Condition"] == {"StringEquals": {"aws:SourceAccount": synth.FAKE_ACCOUNT}}
+
+
+def test_the_aws_function_policy_is_the_controllers_own_when_both_are_here():
+    """Where the controller's own policy (controller/policy.py) is in the tree, the stack grants exactly it."""
+    policy = pytest.importorskip("controller.policy")
+    r = synthesized("aws")
+    mine = _policy(r, "trainstack-controller-policy")
+    theirs = policy.aws_policy(bucket=r.outputs["bucketName"], run_id="exp-7", nodes=1, account_id=synth.FAKE_ACCOUNT,
+                               groups=[(region, placement.group_name(HOME_GROUP, i))
+                                       for i, region in enumerate(REGIONS["aws"])])
+    assert mine == theirs
+
+
+def test_the_gcp_function_reads_the_run_writes_only_its_record_and_resizes_only_these_groups():
+    r = synthesized("gcp")
+    bucket = r.outputs["bucketName"]
+    read, write = r.named("trainstack-controller-run-read"), r.named("trainstack-controller-placement-write")
+    assert read["inputs"]["role"] == "roles/storage.objectViewer"
+    assert read["inputs"]["condition"]["expression"].endswith(f'startsWith("projects/_/buckets/{bucket}/objects/runs/exp-7/")')
+    assert write["inputs"]["condition"]["expression"] == " || ".join(
+        f'resource.name == "projects/_/buckets/{bucket}/objects/runs/exp-7/{key}"'
+        for key in (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY))
+    groups = r.named("trainstack-controller-groups")
+    assert groups["inputs"]["condition"]["expression"] == " || ".join(
+        f'resource.name == "projects/my-proj-123/regions/{region}/instanceGroupManagers/'
+        f'{placement.group_name(HOME_GROUP, i)}"' for i, region in enumerate(REGIONS["gcp"]))
+    role = r.named("trainstack-controller-groups-role")
+    assert role["inputs"]["permissions"] == ["compute.instanceGroupManagers.get", "compute.instanceGroupManagers.list",
+                                             "compute.instanceGroupManagers.update"]
+    invoke = r.named("trainstack-controller-invoke")
+    assert invoke["inputs"]["role"] == "roles/run.invoker" and invoke["inputs"]["member"].startswith("serviceAccount:ti-")
+    (fn,) = r.of_type(FUNCTION["gcp"])
+    assert fn["inputs"]["serviceConfig"]["serviceAccountEmail"].startswith("tc-")
+    # The function's APIs are turned on for this stack only (a one-placement stack's APIs stay as they were).
+    apis = {x["inputs"]["service"] for x in r.of_type("gcp:projects/service:Service")}
+    assert {"cloudfunctions.googleapis.com", "cloudbuild.googleapis.com", "run.googleapis.com"} <= apis
+
+
+STAND_IN = '''"""A stand-in controller: answers with its configuration."""
+import json
+import os
+
+
+def handler(event=None, context=None):
+    return {"placements": len(json.loads(os.environ["TRAINSTACK_PLACEMENTS"])["placements"]),
+            "layout": __import__("trainer.layout", fromlist=["x"]).PLACEMENT_KEY}
+'''
+
+
+def _materialize(archive: pulumi.AssetArchive, into: Path) -> None:
+    """Lay an archive out as the cloud unpacks it: each asset at its name, each folder archive under its name."""
+    for name, asset in archive.assets.items():
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(asset, pulumi.FileAsset):
+            shutil.copyfile(asset.path, into / name)
+        elif isinstance(asset, pulumi.StringAsset):
+            (into / name).write_text(asset.text)
+        else:
+            raise AssertionError(f"{name}: {type(asset).__name__} is not packaged here")
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_the_package_holds_what_the_handler_imports(cloud, tmp_path, monkeypatch):
+    root = tmp_path / "project"
+    (root / "controller").mkdir(parents=True)
+    (root / "controller" / "__init__.py").write_text("")
+    (root / "controller" / "handler.py").write_text(STAND_IN)
+    # Compiled files differ from machine to machine: never part of the package (the function would change).
+    (root / "controller" / "__pycache__").mkdir()
+    (root / "controller" / "__pycache__" / "handler.cpython-311.pyc").write_bytes(b"\0")
+    shutil.copytree(project.TRAINER_DIR, root / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(project, "ROOT", root)
+    if cloud == "aws":
+        from components.aws import controller
+        archive, module, function = controller.function_code(), *controller.HANDLER.rsplit(".", 1)
+    else:
+        from components.gcp import controller
+        archive, module, function = controller.function_source(), "main", controller.ENTRY_POINT
+        assert archive.assets["requirements.txt"].text.startswith("google-cloud-storage==")
+    assert {"controller/__init__.py", "controller/handler.py", "trainer/layout.py"} <= set(archive.assets)
+    assert not [name for name in archive.assets if "__pycache__" in name or name.endswith(".pyc")]
+    task = tmp_path / "task"
+    task.mkdir()
+    _materialize(archive, task)
+    config = json.dumps({"placements": [{}, {}, {}]})
+    code = f"import importlib, json; print(json.dumps(getattr(importlib.import_module({module!r}), {function!r})({{}}, None)))"
+    # -I: the package alone (no project folder, no user site); the folder is the runtime's working directory.
+    proc = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, '.'); {code}"], cwd=task,
+                          env={"TRAINSTACK_PLACEMENTS": config}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == {"placements": 3, "layout": layout.PLACEMENT_KEY}

@@ -1,0 +1,126 @@
+"""A placement's machine identity, enforced: the one role of a stack of two AWS regions, used by a
+machine of the second placement.
+
+The role's policy is the synth output's own (`ops.synth` on a stack whose home is eu-west-1 and
+whose second placement is us-west-2), made in moto, assumed through STS, and every call is signed
+with the session's keys in the machine's own region (us-west-2) through the authorization layer of
+tests/fixtures/iam_cloud.py. The machine reaches this run's prefix of the home bucket, and may set
+its own group (in its region) to zero; it cannot scale any group up, touch another stack's group in
+its region, or reach another run. See tests/iam/test_machine_identity.py for the one-placement
+machine, whose calls these are.
+"""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import botocore.exceptions
+import pytest
+
+from components import placement
+from ops import synth
+from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IamCloud
+from tests.iam.policy_eval import Decision
+
+pytestmark = pytest.mark.slow
+
+HOME, AWAY = "eu-west-1", "us-west-2"
+RUN_ID = "exp-7"
+RAW = {"cloud": "aws", "region": HOME, "run": {"id": RUN_ID, "synthetic": True, "steps": 100},
+       "placements": [{"cloud": "aws", "region": HOME, "instanceTypes": ["g5.xlarge"]},
+                      {"cloud": "aws", "region": AWAY, "instanceTypes": ["g5.xlarge"]}]}
+OTHER_GROUP = "trainstack-other-stack-gpu"
+
+
+def _build_group(cloud: IamCloud, region: str, name: str, size: int) -> None:
+    ec2 = cloud.admin("ec2", region)
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
+    lt = ec2.create_launch_template(LaunchTemplateName=f"{name}-lt",
+                                    LaunchTemplateData={"ImageId": image, "InstanceType": "t3.micro"})
+    cloud.admin("autoscaling", region).create_auto_scaling_group(
+        AutoScalingGroupName=name, MinSize=0, MaxSize=size, DesiredCapacity=size, VPCZoneIdentifier=subnet,
+        LaunchTemplate={"LaunchTemplateId": lt["LaunchTemplate"]["LaunchTemplateId"], "Version": "$Latest"})
+
+
+@pytest.fixture(scope="module")
+def away(iam_cloud: IamCloud) -> dict:
+    """The stack built in moto and the role's session keys, as a machine of placement 1 holds them."""
+    result = synth.synthesize(RAW, stack="places")
+    (policy,) = [r["inputs"]["policy"] for r in result.of_type("aws:iam/rolePolicy:RolePolicy")
+                 if r["parent"] == "trainstack-identity"]
+    bucket, home_group = result.outputs["bucketName"], result.outputs["groupName"]
+    group = placement.group_name(home_group, 1)
+    s3 = iam_cloud.admin("s3", HOME)
+    s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": HOME})
+    s3.put_object(Bucket=bucket, Key=f"runs/{RUN_ID}/progress.json", Body=b'{"step": 40}')
+    s3.put_object(Bucket=bucket, Key="runs/another-run/COMPLETE", Body=b"{}")
+    _build_group(iam_cloud, HOME, home_group, 1)
+    _build_group(iam_cloud, AWAY, group, 1)
+    _build_group(iam_cloud, AWAY, OTHER_GROUP, 1)
+    iam = iam_cloud.admin("iam", HOME)
+    # moto fails a trust policy with a Service principal (HTTP 500): trust the admin user instead.
+    role = iam.create_role(RoleName="trainstack-placements", AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:user/{ADMIN_USER}"}}]}))
+    iam.put_role_policy(RoleName="trainstack-placements", PolicyName="machine", PolicyDocument=policy)
+    creds = iam_cloud.admin("sts", HOME).assume_role(RoleArn=role["Role"]["Arn"],
+                                                     RoleSessionName="i-0away")["Credentials"]
+    iam_cloud.proxy.guard(creds["AccessKeyId"], [policy])
+
+    def client(service: str, region: str = AWAY):
+        return boto3.session.Session().client(
+            service, endpoint_url=iam_cloud.proxy.url, region_name=region, aws_access_key_id=creds["AccessKeyId"],
+            aws_secret_access_key=creds["SecretAccessKey"], aws_session_token=creds["SessionToken"])
+
+    return {"client": client, "bucket": bucket, "group": group, "home_group": home_group, "cloud": iam_cloud,
+            "key": creds["AccessKeyId"]}
+
+
+def _code(call) -> str:
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        call()
+    return info.value.response["Error"]["Code"]
+
+
+def test_a_machine_away_reads_and_writes_its_run_in_the_home_bucket(away):
+    s3 = away["client"]("s3")
+    assert json.loads(s3.get_object(Bucket=away["bucket"], Key=f"runs/{RUN_ID}/progress.json")["Body"].read()) == \
+        {"step": 40}
+    s3.put_object(Bucket=away["bucket"], Key=f"runs/{RUN_ID}/events.jsonl", Body=b"{}")
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=away["bucket"], Prefix=f"runs/{RUN_ID}/")["Contents"]] == [
+        f"runs/{RUN_ID}/events.jsonl", f"runs/{RUN_ID}/progress.json"]
+
+
+def test_a_machine_away_sets_its_own_group_to_zero_in_its_region(away):
+    asg = away["client"]("autoscaling")
+    asg.update_auto_scaling_group(AutoScalingGroupName=away["group"], MinSize=0, MaxSize=0, DesiredCapacity=0)
+    (group,) = away["cloud"].admin("autoscaling", AWAY).describe_auto_scaling_groups(
+        AutoScalingGroupNames=[away["group"]])["AutoScalingGroups"]
+    assert (group["MinSize"], group["MaxSize"], group["DesiredCapacity"]) == (0, 0, 0)
+    decided = [d for k, a, r, d in away["cloud"].proxy.decisions
+               if k == away["key"] and a == "autoscaling:UpdateAutoScalingGroup" and f":{AWAY}:" in r
+               and r.endswith(f"/{away['group']}")]
+    assert decided and decided[-1] is Decision.ALLOW
+
+
+REFUSED = {
+    "scale its group up": lambda a: a["client"]("autoscaling").update_auto_scaling_group(
+        AutoScalingGroupName=a["group"], MinSize=0, MaxSize=4, DesiredCapacity=4),
+    "scale the home group up from away": lambda a: a["client"]("autoscaling", HOME).update_auto_scaling_group(
+        AutoScalingGroupName=a["home_group"], MinSize=1, MaxSize=1, DesiredCapacity=1),
+    "set another stack's group in its region to zero": lambda a: a["client"]("autoscaling").update_auto_scaling_group(
+        AutoScalingGroupName=OTHER_GROUP, MinSize=0, MaxSize=0, DesiredCapacity=0),
+    "read another run": lambda a: a["client"]("s3").get_object(Bucket=a["bucket"], Key="runs/another-run/COMPLETE"),
+    "write another run": lambda a: a["client"]("s3").put_object(Bucket=a["bucket"], Key="runs/another-run/x",
+                                                                 Body=b"x"),
+    "list every run": lambda a: a["client"]("s3").list_objects_v2(Bucket=a["bucket"], Prefix="runs/"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(REFUSED))
+def test_a_machine_away_cannot_reach_beyond_its_run_and_groups(away, what):
+    before = len(away["cloud"].proxy.decisions)
+    assert _code(lambda: REFUSED[what](away)) == "AccessDenied"
+    assert any(d is not Decision.ALLOW for *_, d in away["cloud"].proxy.decisions[before:])
