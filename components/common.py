@@ -23,6 +23,8 @@ from trainer import layout
 
 # The stack outputs, by their exported (camelCase) names, in export order.
 EXPORT_KEYS = ("bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri")
+# A stack of several placements also exports the placement controller's configuration (JSON).
+PLACEMENTS_EXPORT = "placements"
 
 # The URI scheme of each cloud's object store.
 SCHEMES = {"aws": "s3", "gcp": "gs"}
@@ -110,8 +112,12 @@ class StackOutputs(pulumi.ComponentResource):
         image_ref: pulumi.Output[str],
         group_name: pulumi.Output[str],
         code_uri: pulumi.Output[str],
+        placements: pulumi.Output[str] | None = None,
     ) -> None:
-        """Assign the outputs and register them (the last step of a stack's constructor)."""
+        """Assign the outputs and register them (the last step of a stack's constructor).
+        `placements` (several placements only): the controller's configuration, which `ops move
+        --stack` and `ops status --stack` read the groups from."""
+        self.placements = placements
         self.bucket_name = bucket_name
         self.run_uri = run_uri
         self.image_ref = image_ref
@@ -125,4 +131,7 @@ class StackOutputs(pulumi.ComponentResource):
         """The stack outputs, by their exported (camelCase) names."""
         values = (self.bucket_name, self.run_uri, self.image_ref, self.group_name, self.region,
                   self.watch_command, self.code_uri)
-        return dict(zip(EXPORT_KEYS, values, strict=True))
+        out = dict(zip(EXPORT_KEYS, values, strict=True))
+        if self.placements is not None:
+            out[PLACEMENTS_EXPORT] = self.placements
+        return out

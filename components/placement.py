@@ -22,6 +22,40 @@ CONFIG_ENV = "TRAINSTACK_PLACEMENTS"
 # with (trainer/layout.py, lease.py, storage/); its entry point is controller/handler.py:handler.
 FUNCTION_PACKAGES = ("controller", "trainer")
 HANDLER_FILE = "controller/handler.py"
+# The libraries those modules import that neither function runtime has: trainer/storage's retries
+# (tenacity). Lambda's Python runtime brings boto3 and nothing else, and a Lambda package is not
+# built by the cloud, so the AWS package carries them (pure Python, copied from this program's
+# environment, which must hold the trainer's pin); Cloud Functions installs requirements.txt.
+FUNCTION_LIBRARIES = ("tenacity",)
+TRAINER_REQUIREMENTS = Path(__file__).resolve().parents[1] / "trainer" / "requirements.txt"
+
+
+def library_pins() -> list[str]:
+    """FUNCTION_LIBRARIES as the trainer pins them (`name==version` lines of trainer/requirements.txt)."""
+    lines = TRAINER_REQUIREMENTS.read_text().splitlines()
+    return [next(line for line in lines if line.startswith(f"{name}==")) for name in FUNCTION_LIBRARIES]
+
+
+def library_files() -> dict[str, Path]:
+    """The .py files of FUNCTION_LIBRARIES, by their path in the package (`tenacity/retry.py`), from this
+    environment; refused when an installed version is not the trainer's pin (the function would run
+    another library than the one the trainer is tested with)."""
+    import importlib.metadata
+    import importlib.util
+
+    files = {}
+    for name, pin in zip(FUNCTION_LIBRARIES, library_pins(), strict=True):
+        wanted, installed = pin.split("==", 1)[1], importlib.metadata.version(name)
+        if installed != wanted:
+            raise RuntimeError(f"the placement controller's package takes {name} from this environment, which has "
+                               f"{installed}; the trainer pins {wanted}: pip install -r requirements.txt")
+        (where,) = importlib.util.find_spec(name).submodule_search_locations
+        base = Path(where)
+        for path in sorted(base.rglob("*.py")):
+            rel = path.relative_to(base.parent)
+            if "__pycache__" not in rel.parts:
+                files[rel.as_posix()] = path
+    return files
 
 
 def group_name(home_group: str, index: int) -> str:

@@ -85,11 +85,13 @@ def function_policy(*, partition: pulumi.Input[str], account_id: pulumi.Input[st
 
 
 def function_code() -> pulumi.AssetArchive:
-    """The function's package: the .py files of the controller and the trainer, at their package paths."""
+    """The function's package: the .py files of the controller, the trainer and the libraries they need
+    beyond Lambda's runtime (placement.FUNCTION_LIBRARIES), at their package paths."""
     files = placement.function_files(project.ROOT)
     if placement.HANDLER_FILE not in files:
         pulumi.log.warn(f"{placement.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
                         "would have no handler")
+    files.update(placement.library_files())
     return pulumi.AssetArchive({name: pulumi.FileAsset(str(path)) for name, path in files.items()})
 
 

@@ -91,7 +91,7 @@ def function_source() -> pulumi.AssetArchive:
         pulumi.log.warn(f"{placement.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
                         "would have no handler")
     assets: dict[str, pulumi.Asset | pulumi.Archive] = {
-        "main.py": pulumi.StringAsset(MAIN_PY), "requirements.txt": pulumi.StringAsset(GCS_REQUIREMENT + "\n")}
+        "main.py": pulumi.StringAsset(MAIN_PY), "requirements.txt": pulumi.StringAsset("\n".join([GCS_REQUIREMENT, *placement.library_pins()]) + "\n")}
     assets.update({name: pulumi.FileAsset(str(path)) for name, path in files.items()})
     return pulumi.AssetArchive(assets)
 

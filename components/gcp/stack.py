@@ -177,14 +177,16 @@ class TrainingStack(StackOutputs):
         group = self.placement_groups[0]
         # Several placements: the controller that moves the run runs here, at home, beside the bucket.
         self.controller: PlacementController | None = None
+        controller_config = None
         if len(places) > 1:
+            controller_config = run.apply(lambda uri: placement.controller_config_json(s, uri, groups))
             controller_apis = [api_service(api, [resource_manager]) for api in CONTROLLER_APIS]
             controller_sa, invoker_sa = controller_account_ids(**names)
             self.controller = PlacementController(
                 f"{name}-controller",
                 PlacementControllerArgs(
                     name=mig_name,
-                    config=run.apply(lambda uri: placement.controller_config_json(s, uri, groups)),
+                    config=controller_config,
                     run_id=run_id,
                     nodes=s.compute.nodes,
                     groups=[(p.region, g) for p, g in zip(places, groups, strict=True)],
@@ -200,5 +202,5 @@ class TrainingStack(StackOutputs):
             )
         self._set_outputs(
             s, bucket_name=bucket.name, run_uri=run, image_ref=image, group_name=group.group_name,
-            code_uri=code.code_uri,
+            code_uri=code.code_uri, placements=controller_config,
         )

@@ -50,6 +50,11 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
     assert [p["group"] for p in config["placements"]] == [HOME_GROUP, f"{HOME_GROUP}-p1", f"{HOME_GROUP}-p2"]
     assert [p["region"] for p in config["placements"]] == REGIONS[cloud]
     assert config["wait_minutes"] == s.placement.wait_minutes and config["nodes"] == 1
+    # The same document is the stack's `placements` output, where `ops move --stack` and `ops status` read it.
+    from components.common import PLACEMENTS_EXPORT
+    from ops.move import PLACEMENTS_OUTPUT
+
+    assert PLACEMENTS_OUTPUT == PLACEMENTS_EXPORT and json.loads(r.outputs[PLACEMENTS_OUTPUT]) == config
     (schedule,) = [x for x in r.of_type(SCHEDULE[cloud]) if x["parent"] == "trainstack-controller"]
     if cloud == "aws":
         assert (fn["inputs"]["runtime"], fn["inputs"]["handler"]) == ("python3.12", "controller.handler.handler")
@@ -57,7 +62,7 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
         assert schedule["inputs"]["target"]["arn"].endswith(f":function:{fn['inputs']['name']}")
         files = fn["inputs"]["code"]["assetArchive"]
         assert "trainer/layout.py" in files and "trainer/lease.py" in files
-        assert all(name.startswith(("controller/", "trainer/")) and name.endswith(".py") for name in files)
+        assert all(name.startswith(("controller/", "trainer/", "tenacity/")) and name.endswith(".py") for name in files)
     else:
         build = fn["inputs"]["buildConfig"]
         assert (build["runtime"], build["entryPoint"]) == ("python312", "handler")
@@ -77,6 +82,7 @@ def test_one_placement_has_no_controller(cloud):
     raw["compute"] = {"instanceTypes": RAW[cloud]["placements"][0]["instanceTypes"]}
     r = synth.synthesize(raw, stack="places")
     assert r.of_type(FUNCTION[cloud]) == [] and _controller(r) == []
+    assert "placements" not in r.outputs and "runUri" in r.outputs
     assert r.of_type(f"trainstack:{cloud}:PlacementController") == []
     assert len(r.of_type(SCHEDULE[cloud])) == (1 if cloud == "gcp" else 0)  # GCP's runtime cap is a job too
 
@@ -189,7 +195,8 @@ def test_the_package_holds_what_the_handler_imports(cloud, tmp_path, monkeypatch
     else:
         from components.gcp import controller
         archive, module, function = controller.function_source(), "main", controller.ENTRY_POINT
-        assert archive.assets["requirements.txt"].text.startswith("google-cloud-storage==")
+        assert archive.assets["requirements.txt"].text.splitlines() == [
+            controller.GCS_REQUIREMENT, *placement.library_pins()] and placement.library_pins() == ["tenacity==9.2.1"]
     assert {"controller/__init__.py", "controller/handler.py", "trainer/layout.py"} <= set(archive.assets)
     assert not [name for name in archive.assets if "__pycache__" in name or name.endswith(".pyc")]
     task = tmp_path / "task"
@@ -202,3 +209,45 @@ def test_the_package_holds_what_the_handler_imports(cloud, tmp_path, monkeypatch
                           env={"TRAINSTACK_PLACEMENTS": config}, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout) == {"placements": 3, "layout": layout.PLACEMENT_KEY}
+
+
+# What Lambda's Python runtime brings besides the standard library: boto3 and its own dependencies.
+LAMBDA_RUNTIME = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "urllib3", "six")
+
+
+def test_the_real_package_runs_a_tick_in_lambdas_runtime(tmp_path, s3_run):
+    # The package as `pulumi up` ships it, with the real controller, run where only Lambda's
+    # runtime is importable (python -S: no site-packages): a tick of a finished run puts every
+    # placement's group to zero on the emulated Auto Scaling.
+    import boto3
+
+    from components.aws import controller
+    from tests.userdata.helpers import group_size, make_group
+    from trainer.storage import open_store
+
+    task, runtime = tmp_path / "task", tmp_path / "runtime"
+    task.mkdir()
+    runtime.mkdir()
+    _materialize(controller.function_code(), task)
+    site = Path(boto3.__file__).parents[1]
+    for name in LAMBDA_RUNTIME:
+        found = [p for p in (site / name, site / f"{name}.py") if p.exists()]
+        (runtime / found[0].name).symlink_to(found[0])
+    home = make_group(s3_run, 1)
+    other = make_group(s3_run, 1)
+    open_store(s3_run.uri).put_bytes(layout.COMPLETE, b'{"step": 10}')
+    config = {"run_uri": s3_run.uri, "nodes": 1, "wait_minutes": 15, "placements": [
+        {"cloud": "aws", "region": "us-east-1", "project": None, "group": home},
+        {"cloud": "aws", "region": "us-east-1", "project": None, "group": other}]}
+    env = {**s3_run.vars, placement.CONFIG_ENV: json.dumps(config)}
+    code = (f"import sys; sys.path[:0] = ['.', {str(runtime)!r}]; import json; "
+            f"from controller.handler import handler; handler(); "
+            f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('tenacity', 'google', 'tensorflow'))))")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code], cwd=task, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    answer, imported = proc.stdout.splitlines()[-2:]
+    assert json.loads(answer)["action"] == "finish"
+    assert "tenacity" in json.loads(imported) and not [m for m in json.loads(imported) if m != "tenacity" and
+                                                       not m.startswith("tenacity.")]
+    assert group_size(s3_run, home) == (0, 0, 0) and group_size(s3_run, other) == (0, 0, 0)
