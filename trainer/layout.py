@@ -37,6 +37,11 @@ EXIT_PREEMPTED = 143  # stopped by a signal after a committed checkpoint
 
 RUNS_PREFIX = "runs/"
 CODE_PREFIX = "code/"
+# What one machine installs and every later machine of any run reuses (userdata/lib.sh): the
+# trainer's packages as one archive per (requirements, image) key, cache/pip/<key>/<sha256>.tar.gz,
+# then cache/pip/<key>/COMMITTED (that sha256) written last and only once (create-if-absent).
+CACHE_PREFIX = "cache/"
+PIP_CACHE_DIR = "pip"  # cache/pip/<key>/
 
 # -- run-level keys (relative to the run folder) --
 
@@ -175,6 +180,11 @@ def committed_key(step: int) -> str:
 def code_key(name: str, digest: str) -> str:
     """`code/<name>-<digest>.tar.gz`: a content-addressed code archive in the bucket."""
     return f"{CODE_PREFIX}{name}-{digest}.tar.gz"
+
+
+def pip_cache_prefix(key: str) -> str:
+    """`cache/pip/<key>/`: the packages installed for one (requirements, image) key, relative to the bucket root."""
+    return f"{CACHE_PREFIX}{PIP_CACHE_DIR}/{key}/"
 
 
 def machine_events_key(machine: str) -> str:

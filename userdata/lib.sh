@@ -27,6 +27,8 @@ NOTICE_FILE="$RUNTIME_DIR/notice-pending"
 # trainer/layout.py is their one definition; the scripts cannot import it, so
 # tests/userdata/test_layout_names.py sources this file and compares every value below
 # with it, and checks that no script spells a run-folder name by hand.
+CACHE_PREFIX="cache/"
+PIP_CACHE_DIR="pip"
 EVENTS_KEY="events.jsonl"
 PROGRESS_KEY="progress.json"
 CHECKPOINTS_PREFIX="checkpoints/"
@@ -145,10 +147,14 @@ now_iso() { date -u +%Y-%m-%dT%H:%M:%S.%3NZ; }
 
 # ---- object storage: the only calls that name a cloud's CLI ----
 
+# STORE_TIMEOUT (seconds, when set) bounds each copy: the CLIs' own timeouts bound each read,
+# not a transfer that trickles on.
 store_cp() {
+  local bound=()
+  [[ -z "${STORE_TIMEOUT:-}" ]] || bound=(timeout "$STORE_TIMEOUT")
   case "$TRAINSTACK_CLOUD" in
-    aws) aws s3 cp --only-show-errors "$@" ;;
-    gcp) gcloud storage cp --quiet "$@" ;;
+    aws) "${bound[@]}" aws s3 cp --only-show-errors "$@" ;;
+    gcp) "${bound[@]}" gcloud storage cp --quiet "$@" ;;
   esac
 }
 
@@ -236,6 +242,118 @@ store_create() {
   fi
   rm -f "$err"
   return "$rc"
+}
+
+# ---- the bucket's package cache: cache/ beside runs/ and code/ ----
+
+# bucket_uri: the bucket's root (s3://B, gs://B), from the run's URI (<bucket>/runs/<id>).
+bucket_uri() {
+  local rest="${RUN_URI#*://}"
+  printf '%s://%s\n' "${RUN_URI%%://*}" "${rest%%/*}"
+}
+
+# pip_cache_uri KEY: cache/pip/<key>, the packages installed for one (requirements, image) key.
+pip_cache_uri() { printf '%s/%s%s/%s\n' "$(bucket_uri)" "$CACHE_PREFIX" "$PIP_CACHE_DIR" "$1"; }
+
+# pip_cache_digest URI: the sha256 the key's COMMITTED names; fails when it has none (nothing
+# cached yet, or only an archive whose upload never committed) or the store does not answer.
+pip_cache_digest() {
+  local entries digest
+  entries="$(retry 3 store_ls "$1/")" || return 1
+  grep -qxF "$COMMITTED" <<<"$entries" || return 1
+  digest="$(retry 3 store_cat "$1/$COMMITTED")" || return 1
+  digest="$(head -n 1 <<<"$digest")"
+  [[ "$digest" =~ ^[0-9a-f]{64}$ ]] || { log "$1/$COMMITTED holds no sha256: not used"; return 1; }
+  printf '%s\n' "$digest"
+}
+
+# pip_cache_unpack URI DIGEST DIR: the archive, unpacked into DIR as it downloads, its bytes
+# hashed on the way (tee -p: a tar that gives up early does not cut the download short).
+# 0: whole, and its sha256 is DIGEST; 1: the copy failed (a store blip: worth another try);
+# 2: whole but another sha256, or it does not unpack (no use fetching it again).
+pip_cache_unpack() {
+  local pipe="$3.sha256" sum pid st
+  rm -rf "$3" "$pipe"
+  mkdir -p "$3"
+  mkfifo "$pipe"
+  sha256sum <"$pipe" >"$3.sum" &
+  pid=$!
+  store_cp "$1/$2.tar.gz" - | tee -p "$pipe" | tar -xzf - -C "$3"
+  st=("${PIPESTATUS[@]}")
+  wait "$pid" || true
+  sum="$(cut -d' ' -f1 <"$3.sum")"
+  rm -f "$pipe" "$3.sum"
+  ((st[0] == 0)) || return 1
+  if [[ "$sum" != "$2" ]]; then
+    log "the cached packages $1/$2.tar.gz have sha256 $sum: not used"
+    return 2
+  fi
+  ((st[2] == 0)) || { log "the cached packages $1/$2.tar.gz do not unpack: not used"; return 2; }
+}
+
+# pip_cache_get KEY DIR: the packages cached for KEY unpacked into DIR (new). Fails when nothing
+# is cached, the store does not answer within 3 tries of TRAINSTACK_PIP_CACHE_WAIT_S (900 s)
+# each, or the archive is damaged: the caller installs from the package index instead.
+pip_cache_get() {
+  local uri digest i rc=1 pause="${TRAINSTACK_RETRY_BASE_S:-2}"
+  uri="$(pip_cache_uri "$1")"
+  digest="$(pip_cache_digest "$uri")" || return 1
+  for i in 1 2 3; do
+    rc=0
+    STORE_TIMEOUT="${TRAINSTACK_PIP_CACHE_WAIT_S:-900}" pip_cache_unpack "$uri" "$digest" "$2" || rc=$?
+    ((rc == 1 && i < 3)) || break
+    log "fetching the cached packages $1: try $i failed; retrying in ${pause}s"
+    sleep "$pause"
+    pause=$((pause * 2))
+  done
+  if ((rc == 0)); then
+    log "packages $1 from the bucket's cache ($digest)"
+    return 0
+  fi
+  rm -rf "$2"
+  return 1
+}
+
+# pip_commit URI DIGEST: COMMITTED created for the archive (store_create's 0, 1 or 2).
+pip_commit() { printf '%s\n' "$2" | store_create "$1/$COMMITTED"; }
+
+# pip_cache_put KEY DIR: DIR archived as the packages for KEY, unless a commit is there already.
+# The archive goes up under its own sha256, then COMMITTED is created naming it: a partial
+# upload is never committed, and of several machines caching one key at once one commit wins
+# (an archive a losing machine uploaded is left unnamed). Never fails the boot: logs and returns.
+pip_cache_put() {
+  local uri tmp digest rc=2 i
+  uri="$(pip_cache_uri "$1")"
+  if pip_cache_digest "$uri" >/dev/null; then
+    log "packages $1 are in the bucket's cache already"
+    return 0
+  fi
+  tmp="$(mktemp "$2.XXXXXX.tar.gz")"
+  # Level 1: the NVIDIA libraries halve at any level, and a higher one costs the CPU minutes.
+  if ! tar -cf - -C "$2" . | gzip -1 -n >"$tmp"; then
+    log "could not archive $2 for the bucket's cache"
+    rm -f "$tmp"
+    return 1
+  fi
+  digest="$(sha256sum "$tmp" | cut -d' ' -f1)"
+  if ! STORE_TIMEOUT="${TRAINSTACK_PIP_CACHE_WAIT_S:-900}" retry 3 store_cp "$tmp" "$uri/$digest.tar.gz"; then
+    log "could not upload the packages $1 to the bucket's cache"
+    rm -f "$tmp"
+    return 1
+  fi
+  rm -f "$tmp"
+  for i in 1 2 3; do
+    rc=0
+    pip_commit "$uri" "$digest" || rc=$?
+    ((rc == 2)) || break
+    log "committing the packages $1: try $i failed"
+    sleep "${TRAINSTACK_RETRY_BASE_S:-2}"
+  done
+  case "$rc" in
+    0) log "packages $1 cached in the bucket ($digest)" ;;
+    1) log "packages $1: another machine cached them first; $digest.tar.gz stays unnamed" ;;
+    *) log "could not commit the packages $1 to the bucket's cache"; return 1 ;;
+  esac
 }
 
 # end_marker_in ENTRIES: prints the end marker (one of END_MARKERS) among a run folder
