@@ -174,3 +174,19 @@ def test_a_fetch_that_trickles_is_cut_at_its_bound_and_the_index_serves(sandbox_
     assert log.count("fetching the cached packages") == 2, log  # tries 1 and 2 retried, the third the last
     assert len(_pip_runs(second)) == 1
     assert took < 60, took  # three 2 s tries and their pauses, not three 16 s fetches
+
+
+def test_a_store_that_refuses_the_cache_costs_only_its_tries_and_the_boot_goes_on(sandbox_factory, s3_run):
+    # Nothing under cache/ answers (a store outage there, or a policy without the grant): the
+    # machine installs from the index, tries its upload a bounded number of times, logs, and is
+    # ready all the same.
+    box = sandbox_factory()
+    (box.state / "s3-outage-only").write_text(layout.CACHE_PREFIX)
+    (box.state / "s3-failures-left").write_text("1000")
+    assert box.bootstrap() == 0, box.journal("bootstrap")
+    assert len(_pip_runs(box)) == 1
+    wait_for(lambda: "could not upload the packages" in box.journal("bootstrap"), 60, "the upload to give up")
+    cache_calls = [a for a in box.argvs("aws") if any(layout.CACHE_PREFIX in x for x in a)]
+    # Listings before the install and before the upload (3 tries each), then 3 uploads: 9 calls.
+    assert len(cache_calls) == 9, cache_calls
+    assert _cache(s3_run) == {}

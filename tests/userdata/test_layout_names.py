@@ -50,6 +50,12 @@ def test_the_machine_events_object_is_the_layouts():
     assert out.strip() == "s3://b/runs/r/" + layout.machine_events_key("i-0abc")
 
 
+def test_the_package_cache_is_the_layouts():
+    script = f'. "{USERDATA_DIR / "lib.sh"}"; RUN_URI=gs://b/runs/r; pip_cache_uri 0123abcd'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True, timeout=30).stdout
+    assert out.strip() + "/" == "gs://b/" + layout.pip_cache_prefix("0123abcd")
+
+
 def _code_lines(name: str) -> list[tuple[int, str]]:
     """The script's lines without comments, and without lib.sh's block of names."""
     lines = (USERDATA_DIR / name).read_text().splitlines()
