@@ -336,7 +336,10 @@ pip_cache_put() {
     return 1
   fi
   digest="$(sha256sum "$tmp" | cut -d' ' -f1)"
-  if ! STORE_TIMEOUT="${TRAINSTACK_PIP_CACHE_WAIT_S:-900}" retry 3 store_cp "$tmp" "$uri/$digest.tar.gz"; then
+  # gcloud splits a file over 150 MiB into parts it composes and then deletes (parallel composite
+  # uploads, on by default): the machine may neither create parts outside cache/ nor delete.
+  if ! CLOUDSDK_STORAGE_PARALLEL_COMPOSITE_UPLOAD_ENABLED=False STORE_TIMEOUT="${TRAINSTACK_PIP_CACHE_WAIT_S:-900}" \
+    retry 3 store_cp "$tmp" "$uri/$digest.tar.gz"; then
     log "could not upload the packages $1 to the bucket's cache"
     rm -f "$tmp"
     return 1

@@ -190,3 +190,31 @@ def test_a_store_that_refuses_the_cache_costs_only_its_tries_and_the_boot_goes_o
     # Listings before the install and before the upload (3 tries each), then 3 uploads: 9 calls.
     assert len(cache_calls) == 9, cache_calls
     assert _cache(s3_run) == {}
+
+
+def test_on_gcp_the_cache_is_created_once_uploaded_whole_and_read(machines, gs_run_enforced):
+    # GCS: the commit is `--if-generation-match=0` (enforced here as GCS does), and the archive goes
+    # up as one object: gcloud's parallel composite upload (parts elsewhere, then deleted) is off.
+    from google.cloud import storage
+
+    from components.code import archive_key, pack
+    from tests.userdata.sandbox import settings_for
+
+    run = gs_run_enforced
+    data = pack()
+    bucket = storage.Client().bucket(run.bucket)
+    bucket.blob(archive_key(data)).upload_from_string(data)
+    code_uri = f"gs://{run.bucket}/{archive_key(data)}"
+    first = machines(run, "trainstack-gcp", code_uri, settings=settings_for("gcp"))
+    first.env["FAKE_GCS_COMPOSITE_THRESHOLD"] = "1"  # every upload would be split, but for the property
+    assert first.bootstrap() == 0, first.journal("bootstrap")
+    wait_for(lambda: "cached in the bucket" in first.journal("bootstrap"), 60, "the first machine's commit")
+    names = sorted(b.name for b in bucket.list_blobs(prefix=layout.CACHE_PREFIX))
+    assert len(names) == 2 and names[-1].endswith("/" + layout.COMMITTED), names
+    digest = bucket.blob(names[-1]).download_as_bytes().decode().strip()
+    assert names[0].endswith(f"/{digest}.tar.gz")
+    assert hashlib.sha256(bucket.blob(names[0]).download_as_bytes()).hexdigest() == digest
+    second = machines(run, "trainstack-gcp", code_uri, settings=settings_for("gcp"))
+    assert second.bootstrap() == 0, second.journal("bootstrap")
+    assert _pip_runs(second) == []
+    assert f"from the bucket's cache ({digest})" in second.journal("bootstrap")
