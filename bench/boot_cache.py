@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -140,8 +141,8 @@ def run(*, store_mib_s: float, index_mib_s: float, wheels_mib: float, data_mib: 
         if data_mib:
             records = tmp / "train-00000.tfrecord"
             out["data_records"] = _mlp_records(records, int(data_mib * MIB))
-            admin.upload_file(str(records), bucket, "datasets/mnist/train-00000.tfrecord")
-            run_extra.update(synthetic=False, dataUri=f"s3://{bucket}/datasets/mnist/")
+            admin.upload_file(str(records), bucket, "corpus/mnist/train-00000.tfrecord")
+            run_extra.update(synthetic=False, dataUri=f"s3://{bucket}/corpus/mnist/")
         vars_ = {"AWS_ENDPOINT_URL": store.url, **AWS_VARS}
         group = make_group(Run(uri="", bucket=bucket, vars={"AWS_ENDPOINT_URL": moto.url, **AWS_VARS}), 1)
         # The links, from here on.
@@ -198,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-mib", type=float, default=0.0, help="a TFRecord data set in the bucket, MiB (0: synthetic)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     a = p.parse_args(argv)
+    # A SIGTERM (a timeout) unwinds like Ctrl-C: the sandboxes are powered off, the servers stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     res = run(store_mib_s=a.store_mib_s, index_mib_s=a.index_mib_s, wheels_mib=a.wheels_mib, data_mib=a.data_mib)
     if a.json:
         print(json.dumps(res, indent=2))
