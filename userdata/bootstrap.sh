@@ -237,6 +237,8 @@ packages() {
   tmp="$(mktemp -d "$OPT_DIR/pip/.install.XXXXXX")"
   # Another machine installed the same key already: its archive in the bucket, same region,
   # instead of ~3 GB from the package index. Anything wrong with it: the index, as before.
+  # shellcheck source=/dev/null # the code archive's trainer/pip_cache.sh
+  . "$CODE_DIR/trainer/pip_cache.sh"
   if pip_cache_get "$key" "$tmp"; then
     mv "$tmp" "$PIP_DIR"
     touch "$PIP_DIR.cached"

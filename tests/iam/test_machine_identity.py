@@ -346,15 +346,15 @@ def test_the_rendezvous_runs_as_the_role(machine: Machine, tmp_path: Path) -> No
 
 
 def test_the_package_cache_is_written_once_and_read_as_the_role(machine: Machine, tmp_path: Path) -> None:
-    """userdata/lib.sh's package cache, unchanged: listing, upload, the commit (a conditional
+    """The package cache (trainer/pip_cache.sh over userdata/lib.sh), unchanged: listing, upload, the commit (a conditional
     create), a second commit refused as existing, and the read back, all as the role."""
     env = sandbox(machine, tmp_path)
-    script = ('. "$TRAINSTACK_LIB" && load_env && mkdir -p "$T/pkgs/nvidia/cudnn/lib" && '
+    script = ('. "$TRAINSTACK_LIB" && . "$PIP_CACHE" && load_env && mkdir -p "$T/pkgs/nvidia/cudnn/lib" && '
               'head -c 100000 /dev/urandom >"$T/pkgs/nvidia/cudnn/lib/libcudnn.so.9" && '
               'pip_cache_put k0123456789abcdef "$T/pkgs" && pip_cache_get k0123456789abcdef "$T/back" && '
               'cmp "$T/pkgs/nvidia/cudnn/lib/libcudnn.so.9" "$T/back/nvidia/cudnn/lib/libcudnn.so.9" && '
               'rc=0 && pip_commit "$(pip_cache_uri k0123456789abcdef)" x || rc=$?; echo "again=$rc"')
-    proc = subprocess.run(["bash", "-c", script], env={**env, "T": str(tmp_path)}, capture_output=True, text=True,
+    proc = subprocess.run(["bash", "-c", script], env={**env, "T": str(tmp_path), "PIP_CACHE": str(ROOT / "trainer/pip_cache.sh")}, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and "again=1" in proc.stdout, proc.stderr
     assert "cached in the bucket" in proc.stderr and "from the bucket's cache" in proc.stderr, proc.stderr

@@ -38,7 +38,7 @@ def _cache(run) -> dict[str, bytes]:
     return out
 
 
-def _committed(run, timeout: float = 60) -> tuple[str, str]:
+def _committed(run, timeout: float = 120) -> tuple[str, str]:
     """(prefix, sha256) of the one committed key, once it is there."""
     def find():
         found = [k for k in _cache(run) if k.endswith("/" + layout.COMMITTED)]
@@ -90,7 +90,7 @@ def test_a_damaged_archive_is_refused_by_its_digest_and_the_index_serves(sandbox
     second = sandbox_factory()
     assert second.bootstrap() == 0, second.journal("bootstrap")
     assert len(_pip_runs(second)) == 1
-    assert re.search(rf"the cached packages \S+{digest}\.tar\.gz have sha256 [0-9a-f]{{64}}: not used",
+    assert re.search(rf"the cached packages \S+{digest}\.tar\.gz have sha256 [0-9a-f]{{64}} \(tar: \d+\): not used",
                      second.journal("bootstrap")), second.journal("bootstrap")
     # Refused once, not fetched three times: a damaged archive is no blip.
     fetches = [a for a in second.argvs("aws") if a[:2] == ["s3", "cp"] and a[-2].endswith(".tar.gz")
@@ -128,7 +128,7 @@ def test_machines_booting_together_commit_the_cache_once(sandbox_factory, s3_run
 
     def settled():
         return all("cached in the bucket" in b.journal("bootstrap") or "cached them first" in b.journal("bootstrap")
-                   or "in the bucket's cache already" in b.journal("bootstrap") for b in boxes)
+                   or "cached already" in b.journal("bootstrap") for b in boxes)
     wait_for(settled, 60, "every machine's cache upload to end")
     commits = [b for b in boxes if "cached in the bucket (" in b.journal("bootstrap")]
     assert len(commits) == 1
@@ -208,7 +208,7 @@ def test_on_gcp_the_cache_is_created_once_uploaded_whole_and_read(machines, gs_r
     first = machines(run, "trainstack-gcp", code_uri, settings=settings_for("gcp"))
     first.env["FAKE_GCS_COMPOSITE_THRESHOLD"] = "1"  # every upload would be split, but for the property
     assert first.bootstrap() == 0, first.journal("bootstrap")
-    wait_for(lambda: "cached in the bucket" in first.journal("bootstrap"), 60, "the first machine's commit")
+    wait_for(lambda: "cached in the bucket" in first.journal("bootstrap"), 120, "the first machine's commit")
     names = sorted(b.name for b in bucket.list_blobs(prefix=layout.CACHE_PREFIX))
     assert len(names) == 2 and names[-1].endswith("/" + layout.COMMITTED), names
     digest = bucket.blob(names[-1]).download_as_bytes().decode().strip()
