@@ -37,7 +37,7 @@ EXIT_PREEMPTED = 143  # stopped by a signal after a committed checkpoint
 
 RUNS_PREFIX = "runs/"
 CODE_PREFIX = "code/"
-# What one machine installs and every later machine of any run reuses (userdata/lib.sh): the
+# What one machine installs and every later machine of any run reuses (trainer/pip_cache.sh): the
 # trainer's packages as one archive per (requirements, image) key, cache/pip/<key>/<sha256>.tar.gz,
 # then cache/pip/<key>/COMMITTED (that sha256) written last and only once (create-if-absent).
 CACHE_PREFIX = "cache/"
