@@ -16,6 +16,8 @@ One writer per object:
   machine scripts        machine-events/<machine>.jsonl (each machine its own), logs/<machine>/,
                          deadline (first boot), FAILED / TIMED_OUT (finish path)
   ops                    STOP (a request the trainer polls)
+  the first machine to install a package key    <bucket>/cache/pip/<key>/ (trainer/pip_cache.sh;
+                         COMMITTED by a create-if-absent write, so one machine's archive is named)
   trainer (chief) holding the run's lease    lease.json (taken, renewed and released by conditional
                          writes only; see trainer/lease.py); whoever holds it is the one trainer
                          that may write the chief's objects above
