@@ -229,6 +229,8 @@ packages() {
   key="$( (cat "$req"; [[ ! -f "$gpu_req" ]] || cat "$gpu_req"; [[ ! -f "$user_req" ]] || cat "$user_req"
     printf '%s' "$TRAINSTACK_IMAGE") | sha256sum | cut -c1-16)"
   PIP_DIR="$OPT_DIR/pip/$key"
+  # shellcheck source=/dev/null # the code archive's trainer/pip_cache.sh
+  . "$CODE_DIR/trainer/pip_cache.sh"
   if [[ -d "$PIP_DIR" ]]; then
     cache_packages "$key"
     return 0
@@ -237,8 +239,6 @@ packages() {
   tmp="$(mktemp -d "$OPT_DIR/pip/.install.XXXXXX")"
   # Another machine installed the same key already: its archive in the bucket, same region,
   # instead of ~3 GB from the package index. Anything wrong with it: the index, as before.
-  # shellcheck source=/dev/null # the code archive's trainer/pip_cache.sh
-  . "$CODE_DIR/trainer/pip_cache.sh"
   if pip_cache_get "$key" "$tmp"; then
     mv "$tmp" "$PIP_DIR"
     touch "$PIP_DIR.cached"

@@ -190,6 +190,14 @@ def test_a_store_that_refuses_the_cache_costs_only_its_tries_and_the_boot_goes_o
     # Listings before the install and before the upload (3 tries each), then 3 uploads: 9 calls.
     assert len(cache_calls) == 9, cache_calls
     assert _cache(s3_run) == {}
+    # The store is back by bootstrap's next run on this disk (a reboot): nothing installed again, and the
+    # upload it could not make is made now.
+    (box.state / "s3-failures-left").write_text("0")
+    box.procs.pop("bootstrap")
+    assert box.bootstrap() == 0, box.journal("bootstrap")
+    assert len(_pip_runs(box)) == 1
+    _prefix, digest = _committed(s3_run)
+    wait_for(lambda: f"cached in the bucket ({digest})" in box.journal("bootstrap"), 120, "the upload on the next boot")
 
 
 def test_on_gcp_the_cache_is_created_once_uploaded_whole_and_read(machines, gs_run_enforced):
