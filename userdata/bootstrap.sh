@@ -229,8 +229,12 @@ packages() {
   key="$( (cat "$req"; [[ ! -f "$gpu_req" ]] || cat "$gpu_req"; [[ ! -f "$user_req" ]] || cat "$user_req"
     printf '%s' "$TRAINSTACK_IMAGE") | sha256sum | cut -c1-16)"
   PIP_DIR="$OPT_DIR/pip/$key"
-  # shellcheck source=/dev/null # the code archive's trainer/pip_cache.sh
-  . "$CODE_DIR/trainer/pip_cache.sh"
+  # The code archive's trainer/pip_cache.sh replaces these; an archive without it (a trainer
+  # folder of one's own) has no cache: the package index as before.
+  pip_cache_get() { return 1; }
+  pip_cache_put() { return 1; }
+  # shellcheck source=/dev/null
+  [[ ! -f "$CODE_DIR/trainer/pip_cache.sh" ]] || . "$CODE_DIR/trainer/pip_cache.sh"
   if [[ -d "$PIP_DIR" ]]; then
     cache_packages "$key"
     return 0
