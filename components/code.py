@@ -33,13 +33,18 @@ BUILD_DIR = project.BUILD_DIR / "code"
 _FIXED_MTIME = 946684800  # 2000-01-01: any constant works; a real date keeps tar tools quiet
 
 
+# Besides the .py files: the requirement files, the image's Dockerfile, and the machines' package
+# cache script (userdata/bootstrap.sh sources it from the archive: the user data's 16 KiB are full).
+SHIPPED_NAMES = ("requirements.txt", "requirements-gpu.txt", "Dockerfile", "pip_cache.sh")
+
+
 def _members(src: Path) -> list[Path]:
     keep = []
     for p in sorted(src.rglob("*")):
         rel = p.relative_to(src)
         if "__pycache__" in rel.parts or any(part.startswith(".") for part in rel.parts):
             continue
-        if p.is_file() and (p.suffix == ".py" or p.name in ("requirements.txt", "requirements-gpu.txt", "Dockerfile")):
+        if p.is_file() and (p.suffix == ".py" or p.name in SHIPPED_NAMES):
             keep.append(p)
     return keep
 
@@ -50,7 +55,7 @@ USER_CODE_NAME = "usercode"
 
 
 def pack(src: Path = TRAINER_DIR, user_code: Path | None = None) -> bytes:
-    """The deterministic tar.gz of `src` (.py files, requirements.txt and Dockerfile) and, when
+    """The deterministic tar.gz of `src` (.py files and SHIPPED_NAMES) and, when
     given, the user's folder `user_code` as `usercode/` (every file that ships, see
     components/settings/usercode.py). The same folders always give the same bytes."""
     from components.settings.usercode import code_files

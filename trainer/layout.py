@@ -19,6 +19,8 @@ One writer per object:
   placement controller   placement.json (which placement is active, the moves; conditional writes
   and `ops move`         only, see controller/record.py), machine-events/placement.jsonl (its
                          `moved` events, appended only by the writer whose placement.json write won)
+  the first machine to install a package key    <bucket>/cache/pip/<key>/ (trainer/pip_cache.sh;
+                         COMMITTED by a create-if-absent write, so one machine's archive is named)
   trainer (chief) holding the run's lease    lease.json (taken, renewed and released by conditional
                          writes only; see trainer/lease.py); whoever holds it is the one trainer
                          that may write the chief's objects above
@@ -40,6 +42,11 @@ EXIT_PREEMPTED = 143  # stopped by a signal after a committed checkpoint
 
 RUNS_PREFIX = "runs/"
 CODE_PREFIX = "code/"
+# What one machine installs and every later machine of any run reuses (trainer/pip_cache.sh): the
+# trainer's packages as one archive per (requirements, image) key, cache/pip/<key>/<sha256>.tar.gz,
+# then cache/pip/<key>/COMMITTED (that sha256) written last and only once (create-if-absent).
+CACHE_PREFIX = "cache/"
+PIP_CACHE_DIR = "pip"  # cache/pip/<key>/
 
 # -- run-level keys (relative to the run folder) --
 
@@ -187,6 +194,11 @@ def committed_key(step: int) -> str:
 def code_key(name: str, digest: str) -> str:
     """`code/<name>-<digest>.tar.gz`: a content-addressed code archive in the bucket."""
     return f"{CODE_PREFIX}{name}-{digest}.tar.gz"
+
+
+def pip_cache_prefix(key: str) -> str:
+    """`cache/pip/<key>/`: the packages installed for one (requirements, image) key, relative to the bucket root."""
+    return f"{CACHE_PREFIX}{PIP_CACHE_DIR}/{key}/"
 
 
 def machine_events_key(machine: str) -> str:

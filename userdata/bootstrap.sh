@@ -229,12 +229,33 @@ packages() {
   key="$( (cat "$req"; [[ ! -f "$gpu_req" ]] || cat "$gpu_req"; [[ ! -f "$user_req" ]] || cat "$user_req"
     printf '%s' "$TRAINSTACK_IMAGE") | sha256sum | cut -c1-16)"
   PIP_DIR="$OPT_DIR/pip/$key"
-  [[ -d "$PIP_DIR" ]] && return 0
+  # The code archive's trainer/pip_cache.sh replaces these; an archive without it (a trainer
+  # folder of one's own) has no cache: the package index as before.
+  pip_cache_get() { return 1; }
+  pip_cache_put() { return 1; }
+  # shellcheck source=/dev/null
+  [[ ! -f "$CODE_DIR/trainer/pip_cache.sh" ]] || . "$CODE_DIR/trainer/pip_cache.sh"
+  if [[ -d "$PIP_DIR" ]]; then
+    cache_packages "$key"
+    return 0
+  fi
   mkdir -p "$OPT_DIR/pip"
   tmp="$(mktemp -d "$OPT_DIR/pip/.install.XXXXXX")"
-  image
+  # Another machine installed the same key already: its archive in the bucket, same region,
+  # instead of ~3 GB from the package index. Anything wrong with it: the index, as before.
+  if pip_cache_get "$key" "$tmp"; then
+    mv "$tmp" "$PIP_DIR"
+    touch "$PIP_DIR.cached"
+    return 0
+  fi
+  mkdir -p "$tmp"
+  image_wait
   log "installing the trainer's requirements (${more:-trainer only}) into $PIP_DIR"
-  retry 3 pip_install "$tmp" "$more" && { mv "$tmp" "$PIP_DIR"; return 0; }
+  if retry 3 pip_install "$tmp" "$more"; then
+    mv "$tmp" "$PIP_DIR"
+    cache_packages "$key"
+    return 0
+  fi
   rm -rf "$tmp"
   # A verdict on the requirements (no such version, a conflict, a build that fails) fails
   # the run. pip offline says "No matching distribution" too, after its connection
@@ -258,6 +279,33 @@ pip_install() {
       -c /tmp/image.txt -r /opt/trainstack/code/trainer/requirements.txt $MORE_REQUIREMENTS' >"$PIP_LOG" 2>&1 || rc=$?
   tail -n 20 "$PIP_LOG" >&2
   return "$rc"
+}
+
+# cache_packages KEY: the first machine to install KEY archives it to the bucket for the others,
+# in the background while its own trainer starts (every step of it bounded: pip_cache_put).
+# $PIP_DIR.cached says it is done, so a later boot of this disk lists nothing.
+cache_packages() {
+  [[ ! -e "$PIP_DIR.cached" ]] || return 0
+  (pip_cache_put "$1" "$PIP_DIR" && touch "$PIP_DIR.cached") </dev/null &
+}
+
+# The image pull starts in the background before the code step: the code archive and the
+# cached packages come from the bucket meanwhile. image_wait waits for it (or pulls itself).
+image_start() {
+  IMAGE_PID=""
+  [[ ! -e "$RUNTIME_DIR/image.ready" ]] || return 0
+  image &
+  IMAGE_PID=$!
+}
+
+image_wait() {
+  local rc=0
+  if [[ -n "${IMAGE_PID:-}" ]]; then
+    wait "$IMAGE_PID" || rc=$?
+    IMAGE_PID=""
+    ((rc == 0)) || die "the image pull failed (see above)"
+  fi
+  image
 }
 
 image() {
@@ -289,8 +337,9 @@ main() {
   step cli cli_check
   step toolkit toolkit
   step data data_dir
-  step image image
+  image_start
   step code code
+  step image image_wait
   printf 'DATA_DIR=%q\nCODE_DIR=%q\nPIP_DIR=%q\n' "$DATA_DIR" "$CODE_DIR" "$PIP_DIR" >"$STATE_DIR/paths"
   log "bootstrap done in $((SECONDS - start))s"
 }

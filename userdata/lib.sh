@@ -27,6 +27,8 @@ NOTICE_FILE="$RUNTIME_DIR/notice-pending"
 # trainer/layout.py is their one definition; the scripts cannot import it, so
 # tests/userdata/test_layout_names.py sources this file and compares every value below
 # with it, and checks that no script spells a run-folder name by hand.
+CACHE_PREFIX="cache/"
+PIP_CACHE_DIR="pip"
 EVENTS_KEY="events.jsonl"
 PROGRESS_KEY="progress.json"
 CHECKPOINTS_PREFIX="checkpoints/"
@@ -145,10 +147,14 @@ now_iso() { date -u +%Y-%m-%dT%H:%M:%S.%3NZ; }
 
 # ---- object storage: the only calls that name a cloud's CLI ----
 
+# STORE_TIMEOUT (seconds, when set) bounds each copy: the CLIs' own timeouts bound each read,
+# not a transfer that trickles on.
 store_cp() {
+  local bound=()
+  [[ -z "${STORE_TIMEOUT:-}" ]] || bound=(timeout "$STORE_TIMEOUT")
   case "$TRAINSTACK_CLOUD" in
-    aws) aws s3 cp --only-show-errors "$@" ;;
-    gcp) gcloud storage cp --quiet "$@" ;;
+    aws) "${bound[@]}" aws s3 cp --only-show-errors "$@" ;;
+    gcp) "${bound[@]}" gcloud storage cp --quiet "$@" ;;
   esac
 }
 

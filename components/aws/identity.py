@@ -113,6 +113,22 @@ def policy_document(
             "Action": "s3:GetObject",
             "Resource": pulumi.Output.concat(bucket_arn, f"/{layout.CODE_PREFIX}*"),
         },
+        # cache/: the trainer's packages, archived by the first machine that installs them and
+        # unpacked by the later ones (trainer/pip_cache.sh). Listing tells a key not cached
+        # yet (an empty listing) from an outage; no delete: an entry is written once.
+        {
+            "Sid": "ListPackageCache",
+            "Effect": "Allow",
+            "Action": "s3:ListBucket",
+            "Resource": bucket_arn,
+            "Condition": {"StringLike": {"s3:prefix": [f"{layout.CACHE_PREFIX}*"]}},
+        },
+        {
+            "Sid": "ReadWritePackageCache",
+            "Effect": "Allow",
+            "Action": ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+            "Resource": pulumi.Output.concat(bucket_arn, f"/{layout.CACHE_PREFIX}*"),
+        },
     ]
     for sid, uri in (("Data", data_uri), ("ValidationData", validation_data_uri)):
         if not uri:

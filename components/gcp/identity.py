@@ -125,6 +125,31 @@ class InstanceIdentity(pulumi.ComponentResource):
                 ),
                 opts=child,
             ),
+            # cache/: the trainer's packages, archived by the first machine that installs them and
+            # unpacked by the later ones (trainer/pip_cache.sh). Read, and create only:
+            # objectCreator cannot overwrite or delete, so an entry is written once.
+            gcp.storage.BucketIAMMember(
+                f"{name}-cache-read",
+                bucket=args.bucket_name,
+                role="roles/storage.objectViewer",
+                member=member,
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title="package cache (read)",
+                    expression=prefix_condition(args.bucket_name, layout.CACHE_PREFIX),
+                ),
+                opts=child,
+            ),
+            gcp.storage.BucketIAMMember(
+                f"{name}-cache-write",
+                bucket=args.bucket_name,
+                role="roles/storage.objectCreator",
+                member=member,
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title="package cache (create)",
+                    expression=prefix_condition(args.bucket_name, layout.CACHE_PREFIX),
+                ),
+                opts=child,
+            ),
             gcp.artifactregistry.RepositoryIamMember(
                 f"{name}-image-pull",
                 repository=args.repository_id,

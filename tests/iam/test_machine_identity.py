@@ -346,6 +346,28 @@ def test_the_rendezvous_runs_as_the_role(machine: Machine, tmp_path: Path) -> No
     assert "AccessDenied" not in proc.stderr
 
 
+def test_the_package_cache_is_written_once_and_read_as_the_role(machine: Machine, tmp_path: Path) -> None:
+    """The package cache (trainer/pip_cache.sh over userdata/lib.sh), unchanged: listing, upload, the commit (a conditional
+    create), a second commit refused as existing, and the read back, all as the role."""
+    env = sandbox(machine, tmp_path)
+    script = ('. "$TRAINSTACK_LIB" && . "$PIP_CACHE" && load_env && mkdir -p "$T/pkgs/nvidia/cudnn/lib" && '
+              'head -c 100000 /dev/urandom >"$T/pkgs/nvidia/cudnn/lib/libcudnn.so.9" && '
+              'pip_cache_put k0123456789abcdef "$T/pkgs" && pip_cache_get k0123456789abcdef "$T/back" && '
+              'cmp "$T/pkgs/nvidia/cudnn/lib/libcudnn.so.9" "$T/back/nvidia/cudnn/lib/libcudnn.so.9" && '
+              'rc=0 && pip_commit "$(pip_cache_uri k0123456789abcdef)" x || rc=$?; echo "again=$rc"')
+    proc = subprocess.run(["bash", "-c", script], env={**env, "T": str(tmp_path), "PIP_CACHE": str(ROOT / "trainer/pip_cache.sh")}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "again=1" in proc.stdout, proc.stderr
+    assert "cached in the bucket" in proc.stderr and "from the bucket's cache" in proc.stderr, proc.stderr
+    prefix = layout.pip_cache_prefix("k0123456789abcdef")
+    keys = [o["Key"] for o in machine.cloud.admin("s3", REGION).list_objects_v2(
+        Bucket=machine.bucket, Prefix=prefix)["Contents"]]
+    assert len(keys) == 2 and f"{prefix}{layout.COMMITTED}" in keys
+    assert Decision.ALLOW in decided(machine, "s3:ListBucket", machine.bucket)
+    assert set(decided(machine, "s3:PutObject", "/" + prefix)) == {Decision.ALLOW}
+    assert "AccessDenied" not in proc.stderr
+
+
 # -- what it must not do -----------------------------------------------------------
 
 RUN = f"runs/{aws_helpers.BASE['run']['id']}"
@@ -358,6 +380,10 @@ REFUSED = {
     "write a sibling run": ("s3", lambda m, c: c.put_object(Bucket=m.bucket, Key=f"{RUN}0/COMPLETE", Body=b"x")),
     "list all runs": ("s3", lambda m, c: c.list_objects_v2(Bucket=m.bucket, Prefix="runs/")),
     "list the whole bucket": ("s3", lambda m, c: c.list_objects_v2(Bucket=m.bucket)),
+    "write beside the package cache": ("s3", lambda m, c: c.put_object(Bucket=m.bucket, Key="cachex/pip", Body=b"x")),
+    "list beside the package cache": ("s3", lambda m, c: c.list_objects_v2(Bucket=m.bucket, Prefix="cach")),
+    "delete a package cache entry": ("s3", lambda m, c: c.delete_object(
+        Bucket=m.bucket, Key=f"{layout.pip_cache_prefix('k0')}{layout.COMMITTED}")),
     "overwrite the code": ("s3", lambda m, c: c.put_object(Bucket=m.bucket, Key="code/evil.tar.gz", Body=b"x")),
     "scale another group": ("autoscaling", lambda m, c: c.update_auto_scaling_group(
         AutoScalingGroupName=OTHER_GROUP, MinSize=0, MaxSize=0, DesiredCapacity=0)),

@@ -9,6 +9,7 @@ service answers on 127.0.0.1, and moto_server is the bucket and the Auto Scaling
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -112,6 +113,13 @@ class Sandbox:
             self._start("watcher", "watch-notice.sh")
         return self._start("trainer", "supervise.sh")
 
+    def bootstrap(self, timeout: float = 120) -> int:
+        """bootstrap.sh alone, as the supervisor runs it (after load_env), to its exit; what it
+        leaves running in the background (the package cache's upload) is killed by power_off."""
+        (self.root / "run").mkdir(exist_ok=True)
+        self._start("bootstrap", "bootstrap.sh")
+        return self.wait("bootstrap", timeout)
+
     def wait(self, unit: str = "trainer", timeout: float = 240) -> int:
         try:
             return self.procs[unit].wait(timeout=timeout)
@@ -121,9 +129,11 @@ class Sandbox:
     def power_off(self) -> None:
         """The machine goes away: every process is killed and /run (tmpfs) is lost."""
         for proc in self.procs.values():
-            if proc.poll() is None:
+            # The whole session, also when its first process has exited: what it left running
+            # in the background goes with the machine.
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+            proc.wait(timeout=10)
         self.procs.clear()
         for lost in (self.root / "run", self.state / "mounts", self.state / "mounted-sources",
                      self.state / "containers"):

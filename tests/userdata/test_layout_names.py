@@ -17,7 +17,7 @@ from components.userdata import FILES, USERDATA_DIR
 from trainer import layout
 
 # lib.sh variable -> the layout's value (the same name in both, so a reader finds one from the other).
-SCALARS = ("EVENTS_KEY", "PROGRESS_KEY", "CHECKPOINTS_PREFIX", "CHECKPOINT_DIR", "COMMITTED", "DEADLINE_KEY", "LOGS_PREFIX", "MACHINE_EVENTS_PREFIX", "STOP_KEY", "RENDEZVOUS_PREFIX",
+SCALARS = ("CACHE_PREFIX", "PIP_CACHE_DIR", "EVENTS_KEY", "PROGRESS_KEY", "CHECKPOINTS_PREFIX", "CHECKPOINT_DIR", "COMMITTED", "DEADLINE_KEY", "LOGS_PREFIX", "MACHINE_EVENTS_PREFIX", "STOP_KEY", "RENDEZVOUS_PREFIX",
            "COMPLETE", "FAILED", "TIMED_OUT", "CANCELLED", "MARKER_STEP", "MARKER_ATTEMPTS", "MARKER_REASON",
            "EVENT", "TIME", "FAILED_EVENT", "SPOT_NOTICE", "REBALANCE", "MACHINE_FINISH", "MACHINE_SCALE_FAILED",
            "WAITING_FOR_MACHINES",
@@ -48,6 +48,26 @@ def test_the_machine_events_object_is_the_layouts():
               'machine_events_uri')
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True, timeout=30).stdout
     assert out.strip() == "s3://b/runs/r/" + layout.machine_events_key("i-0abc")
+
+
+PIP_CACHE = USERDATA_DIR.parent / "trainer" / "pip_cache.sh"  # sourced from the code archive
+
+
+def test_the_package_cache_is_the_layouts():
+    script = f'. "{USERDATA_DIR / "lib.sh"}"; . "{PIP_CACHE}"; RUN_URI=gs://b/runs/r; pip_cache_uri 0123abcd'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True, timeout=30).stdout
+    assert out.strip() + "/" == "gs://b/" + layout.pip_cache_prefix("0123abcd")
+
+
+def test_the_package_cache_script_passes_shellcheck_and_spells_no_name():
+    # Not in the user data (FILES): it travels in the code archive, so it is checked here.
+    proc = subprocess.run(["shellcheck", "-x", "--severity=style", str(PIP_CACHE)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout
+    text = PIP_CACHE.read_text()
+    assert "$COMMITTED" in text and "$CACHE_PREFIX" in text
+    assert not re.search(r"(?<![$\w])(?:COMMITTED|cache/)", "\n".join(
+        line for line in text.splitlines() if not line.lstrip().startswith("#")))
 
 
 def _code_lines(name: str) -> list[tuple[int, str]]:

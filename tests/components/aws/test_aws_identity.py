@@ -6,6 +6,7 @@ import pytest
 from parliament import analyze_policy_string
 
 from tests.components.aws.helpers import one, synth_raw
+from trainer import layout
 
 ROLE = "aws:iam/role:Role"
 POLICY = "aws:iam/rolePolicy:RolePolicy"
@@ -32,7 +33,7 @@ def test_role_trusts_only_ec2_and_profile_uses_it():
 def test_no_wildcard_action_and_only_ecr_login_on_any_resource():
     r = synth_raw()
     stmts = statements(r)
-    assert len(stmts) == 6
+    assert len(stmts) == 8
     actions = [a for s in stmts for a in as_list(s["Action"])]
     assert len(actions) >= 10
     assert [a for a in actions if "*" in a] == []
@@ -52,8 +53,17 @@ def test_s3_access_is_the_run_prefix_and_code_of_this_bucket():
         "Sid": "ReadTrainerCode", "Effect": "Allow", "Action": "s3:GetObject",
         "Resource": "arn:aws:s3:::team-ckpts/code/*",
     }
+    assert by_sid["ListPackageCache"] == {
+        "Sid": "ListPackageCache", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::team-ckpts",
+        "Condition": {"StringLike": {"s3:prefix": [layout.CACHE_PREFIX + "*"]}},
+    }
+    assert by_sid["ReadWritePackageCache"] == {
+        "Sid": "ReadWritePackageCache", "Effect": "Allow",
+        "Action": ["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+        "Resource": "arn:aws:s3:::team-ckpts/cache/*",
+    }
     s3_resources = [res for s in statements(r) if str(s["Action"]).count("s3:") for res in as_list(s["Resource"])]
-    assert len(s3_resources) == 3
+    assert len(s3_resources) == 5
     assert all(res.startswith("arn:aws:s3:::team-ckpts") for res in s3_resources)
 
 
@@ -65,7 +75,7 @@ def test_data_uri_adds_read_only_access_to_that_prefix():
     assert by_sid["ListData"]["Resource"] == "arn:aws:s3:::corpus-bucket"
     assert by_sid["ListData"]["Condition"]["StringLike"]["s3:prefix"] == ["lm/shards/*"]
     synthetic = {s["Sid"] for s in statements(synth_raw())}
-    assert len(synthetic) == 6 and not synthetic & {"ReadData", "ListData"}
+    assert len(synthetic) == 8 and not synthetic & {"ReadData", "ListData"}
 
 
 def test_validation_data_uri_adds_read_only_access_to_its_own_prefix():

@@ -15,17 +15,25 @@ from tests.components.gcp.helpers import (
 def test_service_account_reaches_only_its_run_prefix_code_repository_and_group():
     r = gcp({"storage": {"bucketName": "team-ckpts"}})
     members = {m["name"]: m["inputs"] for m in r.of_type(BUCKET_MEMBER)}
-    assert sorted(members) == ["trainstack-identity-code-read", "trainstack-identity-run-objects"]
+    assert sorted(members) == ["trainstack-identity-cache-read", "trainstack-identity-cache-write",
+                               "trainstack-identity-code-read", "trainstack-identity-run-objects"]
     run = members["trainstack-identity-run-objects"]
     assert run["role"] == "roles/storage.objectUser" and run["bucket"] == "team-ckpts"
     assert 'startsWith("projects/_/buckets/team-ckpts/objects/runs/exp-7/")' in run["condition"]["expression"]
     code = members["trainstack-identity-code-read"]
     assert code["role"] == "roles/storage.objectViewer"
     assert 'startsWith("projects/_/buckets/team-ckpts/objects/code/")' in code["condition"]["expression"]
+    # The package cache: read, and create only (objectCreator neither overwrites nor deletes).
+    for suffix, role in (("read", "roles/storage.objectViewer"), ("write", "roles/storage.objectCreator")):
+        cache = members[f"trainstack-identity-cache-{suffix}"]
+        assert (cache["role"], cache["bucket"]) == (role, "team-ckpts")
+        assert cache["condition"]["expression"] == (
+            'resource.type == "storage.googleapis.com/Bucket" || '
+            'resource.name.startsWith("projects/_/buckets/team-ckpts/objects/cache/")')
     email = one(r, "gcp:serviceaccount/account:Account")["inputs"]["accountId"] + "@my-proj-123.iam.gserviceaccount.com"
     grants = r.of_type(BUCKET_MEMBER) + r.of_type("gcp:projects/iAMMember:IAMMember") + r.of_type(
         "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember")
-    assert len(grants) == 5
+    assert len(grants) == 7
     assert {g["inputs"]["member"] for g in grants} == {f"serviceAccount:{email}"}
     pull = one(r, "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember")["inputs"]
     assert (pull["role"], pull["repository"]) == ("roles/artifactregistry.reader", "trainstack-unit")
@@ -70,7 +78,8 @@ def test_no_data_grant_when_the_stack_says_the_bucket_needs_none():
     # machines read it anyway.
     r = gcp({"run": {"synthetic": False, "dataUri": "gs://public-datasets/lm/", "dataGrant": False}})
     names = [m["name"] for m in r.of_type(BUCKET_MEMBER)]
-    assert sorted(names) == ["trainstack-identity-code-read", "trainstack-identity-run-objects"]
+    assert sorted(names) == ["trainstack-identity-cache-read", "trainstack-identity-cache-write",
+                             "trainstack-identity-code-read", "trainstack-identity-run-objects"]
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
