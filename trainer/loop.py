@@ -428,7 +428,9 @@ class TrainLoop:
         st, strategy = self.state, self.strategy
         user = self.spec.make_dataset is not None
         saved, why = None, "the checkpoint holds no input pipeline state"
-        if user and st.batches_seen and self.checkpointer.restored_dir:
+        if self.cfg.data_state_max_mb <= 0:
+            why = "--data-state-max-mb is 0"  # neither saved nor used
+        elif user and st.batches_seen and self.checkpointer.restored_dir:
             with open(os.path.join(self.checkpointer.restored_dir, STATE_FILE)) as fh:
                 entry = json.load(fh)
             saved = data_state.saved_state_prefix(self.checkpointer.restored_dir, entry)
