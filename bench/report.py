@@ -222,9 +222,11 @@ def render(fig: dict) -> str:
         out += ["### 3b. Resume of a model's own make_dataset: process start → first step", "",
                 "`bench/resume_model.py` (synthetic MNIST in memory, `shuffle(10_000)` + per-image `map` + `batch(8)`, "
                 "one Dense layer; 100 steps per call in every run) on moto_server: a fresh start, and the same run "
-                "resumed after N steps, first from the input pipeline's state saved in its checkpoint "
-                "(`data_restored`), then skipping the consumed batches as before (`--data-state-max-mb 0`, "
-                "`data_skipped`: the skip and the first call's 100 steps, tracing excluded).", "",
+                "resumed after N steps from the input pipeline's state saved in its checkpoint (`data_restored`), "
+                f"alternated, {fig['resume'][0].get('rounds', 1)} of each, the fastest of each kept (load only slows "
+                "a start down); then, once, skipping the consumed batches as before this existed "
+                "(`--data-state-max-mb 0`; `data_skipped`: the skip and the first call's 100 steps, tracing "
+                "excluded).", "",
                 table(["steps done", "batches (state)", "fresh s", "from state s", "÷ fresh", "state restore s",
                        "state MiB", "batches (skip)", "skipping s", "÷ fresh", "skip s"], rows), ""]
     if "stall" in fig:
