@@ -172,3 +172,51 @@ def test_a_resume_uses_only_a_recorded_state_whose_files_are_there(tmp_path, ent
     saved = {"step": 3} if entry is None else {"step": 3, "data_state": entry}
     got = data_state.saved_state_prefix(str(tmp_path), saved)
     assert got == ((str(tmp_path / "data"), 7) if found else None)
+
+
+def _two_workers(uri: str, args: list[str], *, stop_at: int | None = None) -> list[Trainer]:
+    """Two worker processes on 127.0.0.1 (TF_CONFIG); with `stop_at`, SIGTERM both after a checkpoint at or past it."""
+    from devtools.servers import free_ports
+
+    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    procs = [Trainer(uri, *args, env=trainer_env(TF_CONFIG=json.dumps(
+        {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}))) for i in range(2)]
+    try:
+        if stop_at is not None:
+            procs[0].wait_event(layout.CHECKPOINT, timeout=300, pred=lambda e: e["step"] >= stop_at)
+            for p in procs:
+                p.signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(timeout=300)
+    finally:
+        for p in procs:
+            if p.proc.poll() is None:
+                p.proc.kill()
+    return procs
+
+
+@pytest.mark.slow
+def test_two_workers_skip_on_resume_through_the_distributed_iterator_and_match_the_uninterrupted_pair(code, tmp_path):
+    # Several workers feed through tf.distribute's distributed iterator, which TF cannot save: the
+    # pipeline state is not in the checkpoint, the resume skips (as before), and the run stays exact.
+    args = _args(code, "shuffled", LONG)
+    args[args.index("--batch-size") + 1] = "16"  # 32 a global batch, as one worker's runs above
+    stopped_pair = _two_workers(f"file://{tmp_path}/two", args, stop_at=50)
+    assert [p.proc.returncode for p in stopped_pair] == [143, 143], [p.stderr[-2000:] for p in stopped_pair]
+    stopped = stopped_pair[0].events[-1]["step"]
+    unsaved = [e for e in stopped_pair[0].events if e["event"] == layout.DATA_STATE_UNSAVED]
+    assert len(unsaved) == 1 and "distributed iterator" in unsaved[0]["reason"], kinds(stopped_pair[0].events)
+
+    steps = stopped + 20
+    args[args.index("--steps") + 1] = str(steps)
+    resumed = _two_workers(f"file://{tmp_path}/two", args)
+    assert [p.proc.returncode for p in resumed] == [0, 0], [p.stderr[-2000:] for p in resumed]
+    skipped = [e for e in resumed[0].events if e["event"] == layout.DATA_SKIPPED]
+    assert len(skipped) == 1 and skipped[0]["batches"] == stopped, kinds(resumed[0].events)
+    assert "distributed iterator" in skipped[0]["reason"]
+
+    reference = _two_workers(f"file://{tmp_path}/reference", args)
+    assert [p.proc.returncode for p in reference] == [0, 0], [p.stderr[-2000:] for p in reference]
+    diff = max_abs_diff(committed_weights(f"file://{tmp_path}/two", steps, tmp_path / "w-two"),
+                        committed_weights(f"file://{tmp_path}/reference", steps, tmp_path / "w-ref"))
+    assert diff == 0, diff
