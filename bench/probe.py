@@ -81,6 +81,7 @@ def install() -> None:
                 dump()
             return out
 
+        step.get_concrete_function = fn.get_concrete_function  # the loop traces first before a skip
         return step
 
     loop.make_train_step = make_train_step

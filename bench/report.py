@@ -205,6 +205,30 @@ def render(fig: dict) -> str:
         worst = max(f["sigterm_to_exit_s"], r["sigterm_to_exit_s"])
         ok = bool(f["committed"] and r["committed"])
         goals.append(("SIGTERM → committed < 20 s", f"{worst:.1f} s", goal(worst, 20.0, at_least=False) if ok else "**not met**"))
+    if fig.get("resume"):
+        rows = []
+        for r in fig["resume"]:
+            fresh = r["fresh"].get("first_step")
+            st, sk = r["state"], r["skip"]
+            by_state, by_skip = ratio(st["marks"].get("first_step"), fresh), ratio(sk["marks"].get("first_step"), fresh)
+            goals.append((f"own make_dataset resumed start ≤ 1.3× fresh ({r['steps_done']:,} steps done)",
+                          times(by_state), goal(by_state, 1.3, at_least=False)))
+            restored, skipped = st.get("restored") or {}, sk.get("skipped") or {}
+            rows.append([f"{r['steps_done']:,}", f"{st['batches_seen']:,}", fmt(fresh, ".2f"),
+                         fmt(st["marks"].get("first_step"), ".2f"), times(by_state),
+                         fmt(restored.get("seconds"), ".2f"), fmt((restored.get("bytes") or 0) / 2**20, ".1f"),
+                         f"{sk['batches_seen']:,}", fmt(sk["marks"].get("first_step"), ".2f"), times(by_skip),
+                         fmt(skipped.get("seconds"), ".2f")])
+        out += ["### 3b. Resume of a model's own make_dataset: process start → first step", "",
+                "`bench/resume_model.py` (synthetic MNIST in memory, `shuffle(10_000)` + per-image `map` + `batch(8)`, "
+                "one Dense layer; 100 steps per call in every run) on moto_server: a fresh start, and the same run "
+                "resumed after N steps from the input pipeline's state saved in its checkpoint (`data_restored`), "
+                f"alternated, {fig['resume'][0].get('rounds', 1)} of each, the fastest of each kept (load only slows "
+                "a start down); then, once, skipping the consumed batches as before this existed "
+                "(`--data-state-max-mb 0`; `data_skipped`: the skip and the first call's 100 steps, tracing "
+                "excluded).", "",
+                table(["steps done", "batches (state)", "fresh s", "from state s", "÷ fresh", "state restore s",
+                       "state MiB", "batches (skip)", "skipping s", "÷ fresh", "skip s"], rows), ""]
     if "stall" in fig:
         every = fig["stall"]["every_s"]
         rows = []

@@ -17,6 +17,9 @@ runs checkpoint to, then measures one after the other, on this machine, in one r
    as a share of a run checkpointing every 30 s; upload throughput against plain boto3;
 5. preemption — SIGTERM → exit 143 with the checkpoint committed (~100 MB), in the start-up runs;
    and `bench/notice_budget.py`: the largest checkpoint that commits within a spot notice;
+3b. resume — a model's own make_dataset (`bench/resume_model.py`: shuffle + map + batch) resumed
+   after 1k and 100k steps: process start → first step against a fresh start, once from the
+   input pipeline's state saved in the checkpoint and once skipping the consumed batches;
 6. scaling — 1, 2 and 4 worker processes on 127.0.0.1 (TF_CONFIG), fixed per-worker batch.
 
 Ratios are taken within this run only; the load average before and after is recorded,
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import shutil
@@ -48,7 +52,7 @@ from devtools.servers import free_ports, start_moto_server
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-SECTIONS = ("limit", "seed", "startup", "stall", "notice", "scaling")
+SECTIONS = ("limit", "seed", "startup", "resume", "stall", "notice", "scaling")
 SEED_EPOCH = 60_000  # bench/seed_train.py's examples per epoch
 
 
@@ -69,6 +73,8 @@ class Plan:
     notice_clouds: tuple = ("aws", "gcp")
     workers: tuple = (1, 2, 4)
     scaling_steps: int = 1500
+    resume_steps: tuple = (1_000, 100_000)  # steps done before the resumes of a user make_dataset
+    resume_rounds: int = 2  # fresh and from-state starts, alternated; the fastest of each counts
     quick: bool = False
     extra: dict = field(default_factory=dict)
 
@@ -77,7 +83,8 @@ QUICK = Plan(limit_seconds=1.0, loop_models=(("mlp", 64, ()),), loop_target_s=1.
              seed_epochs=1, startup_model=("--model", "transformer-lm", "--lm-vocab", "512", "--lm-dim", "32",
                                            "--batch-size", "8", "--steps-per-call", "1"),
              hold_after_first_step_s=0.5, stall_sizes_mb=(1,), notice_sizes_mib=(1, 4), notice_clouds=("aws",),
-             workers=(1, 2), scaling_steps=100, quick=True)
+             workers=(1, 2), scaling_steps=100, resume_steps=(50, 500), resume_rounds=1,
+             quick=True)
 
 
 # -- processes ----------------------------------------------------------------------------------
@@ -130,8 +137,9 @@ class Bench:
         return f"s3://{self.bucket}/runs/{name}-{uuid.uuid4().hex[:8]}"
 
     def spawn(self, argv: list[str], *, env: dict | None = None, signal_after_first_step: float | None = None,
-              timeout: float = 900) -> Result:
-        """Run `argv` to its end (SIGTERM `signal_after_first_step` s after the probe's first step, if given)."""
+              signal_on_event=None, timeout: float = 900) -> Result:
+        """Run `argv` to its end (SIGTERM `signal_after_first_step` s after the probe's first step, if given,
+        or as soon as it prints an event for which `signal_on_event(event)` is true)."""
         marks_path = os.path.join(self.tmp, f"marks-{uuid.uuid4().hex[:8]}.json")
         run_env = {**self.env, **(env or {}), "BENCH_MARKS": marks_path}
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -147,6 +155,16 @@ class Bench:
                     time.sleep(signal_after_first_step)
                     signalled = time.time() - t0
                     p.send_signal(signal.SIGTERM)
+            elif signal_on_event is not None:
+                deadline = time.monotonic() + timeout
+                while p.poll() is None and time.monotonic() < deadline:
+                    # pread: the child shares this file's offset, which a seek would move under it.
+                    printed = os.pread(out.fileno(), os.fstat(out.fileno()).st_size, 0).decode(errors="replace")
+                    if any(signal_on_event(ev) for ev in Result(0, printed, "", 0, 0, {}).events()):
+                        signalled = time.time() - t0
+                        p.send_signal(signal.SIGTERM)
+                        break
+                    time.sleep(0.2)
             try:
                 _, status, usage = _wait4(p, timeout)
             except TimeoutError:
@@ -259,6 +277,50 @@ class Bench:
             return json.loads(client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
         except client.exceptions.NoSuchKey:
             return None
+
+    # -- 3b. resume of a user make_dataset --
+
+    def section_resume(self) -> list[dict]:
+        """Start-up of a user make_dataset's run: fresh, and resumed after N steps from the pipeline state or by skipping.
+
+        Fresh and from-state starts alternate, `resume_rounds` of each, and each keeps its fastest:
+        another user's load only slows a start down. The skipping start (the old way) runs once.
+        """
+        hold = self.plan.hold_after_first_step_s
+        # --steps-per-call fixed: every first call runs the same 100 steps; no checkpoint by the clock.
+        base = ("--code-dir", str(HERE), "--model", "resume_model:build", "--batch-size", "8", "--steps", "100000000",
+                "--steps-per-call", "100", "--checkpoint-every-seconds", "3600")
+        rows = []
+        for done in self.plan.resume_steps:
+            def start(uri: str, what: str, *extra: str, done: int = done) -> Result:
+                self.log(f"resume: {done:,} steps done: {what}")
+                return self.expect(self.trainer(uri, *base, "--checkpoint-every-steps", "0", *extra,
+                                                signal_after_first_step=hold), what, rcs=(143,))
+
+            uri = self.uri(f"resume-{done}")
+            self.log(f"resume: training {done:,} steps")
+            self.expect(self.trainer(uri, *base, "--checkpoint-every-steps", str(done), timeout=3600,
+                                     signal_on_event=lambda e, n=done: e.get("event") == "checkpoint" and e["step"] >= n),
+                        f"the run to {done:,} steps", rcs=(143,))
+            fresh, state = [], []
+            for _ in range(self.plan.resume_rounds):
+                fresh.append(start(self.uri("resume-fresh"), "a fresh start"))
+                # Each stop commits a checkpoint with the pipeline state, a few batches on.
+                state.append(start(uri, "resumed from the pipeline state"))
+            # Last: --data-state-max-mb 0 neither saves nor uses the state (skips as before this existed).
+            skip = start(uri, "resumed by skipping", "--data-state-max-mb", "0")
+            row = {"steps_done": done, "rounds": self.plan.resume_rounds,
+                   "fresh": min((r.marks for r in fresh), key=lambda m: m.get("first_step", math.inf))}
+            best_state = min(state, key=lambda r: r.marks.get("first_step", math.inf))
+            for name, res in (("state", best_state), ("skip", skip)):
+                resumed = res.events("resumed")[-1]
+                row[name] = {"marks": res.marks, "batches_seen": resumed["batches_seen"],
+                             "restored": (res.events("data_restored") or [None])[-1],
+                             "skipped": (res.events("data_skipped") or [None])[-1]}
+            row["first_steps"] = {"fresh": [r.marks.get("first_step") for r in fresh],
+                                  "state": [r.marks.get("first_step") for r in state]}
+            rows.append(row)
+        return rows
 
     # -- 4. stall --
 

@@ -114,6 +114,9 @@ class Checkpointer:
         self.chief = chief
         self.last_committed: int | None = None
         self.async_step: int | None = None  # the newest step handed to a background upload
+        # The input pipeline's state (a `trainer.data_state.DataState`), saved into each folder once set.
+        self.data = None
+        self.restored_dir: str | None = None  # the folder the newest restore read, kept for the data state
 
     def committed(self, step: int) -> None:
         """Record a commit (called from the upload thread too)."""
@@ -136,6 +139,8 @@ class Checkpointer:
                 state = {**state, "structure": structure(self.variables), "fingerprint": fingerprint.result()}
         else:
             self.ckpt.write(os.path.join(folder, CKPT_PREFIX))
+        if self.data is not None:
+            state = {**state, "data_state": self.data.save(folder, step)}
         tmp = os.path.join(folder, STATE_FILE + ".tmp")
         with open(tmp, "w") as fh:
             json.dump(state, fh)
@@ -194,6 +199,7 @@ class Checkpointer:
             raise ValueError(f"checkpoint ckpt-{step} holds state for step {saved.get('step')}")
         self.check_resume(step, saved)
         self.last_committed = step
+        self.restored_dir = dest
         return step, saved
 
     def read_step(self, step: int) -> bool:

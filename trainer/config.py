@@ -78,6 +78,8 @@ class TrainConfig:
     # run in --code-dir by trainer/script.py instead of the trainer's own loop.
     command: tuple[str, ...] | None = None
     stop_grace_s: float = 100.0
+    # A user make_dataset's pipeline state saved in each checkpoint, up to this size (0: never, resume skips).
+    data_state_max_mb: float = 64.0
 
     @property
     def per_step_batch(self) -> int:
@@ -121,6 +123,13 @@ def _positive_float(text: str) -> float:
     if not v > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return v
+
+
+def _nonneg_float(text: str) -> float:
+    value = _number(float, text, "a number")
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
 
 
 def _optional(conv):
@@ -243,6 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-grace-s", type=_positive_float, default=d.stop_grace_s,
                    help="script mode (-- COMMAND): after a stop signal, how long the command may take to commit "
                    "its checkpoint and exit before it is killed (within the spot notice: 120 s AWS, 30 s GCP)")
+    p.add_argument("--data-state-max-mb", type=_nonneg_float, default=d.data_state_max_mb,
+                   help="a model's own make_dataset: its input pipeline's state (shuffle and prefetch buffers "
+                   "included) is saved in each checkpoint when it is at most this many MiB, so a resume continues "
+                   "the stream without reading the consumed batches again; larger, or 0, and a resume skips them")
     p.add_argument("--verbose", action="store_true", default=None,
                    help="show TensorFlow's start-up log lines (oneDNN, CPU features, CUDA plugins), hidden by default")
     return p

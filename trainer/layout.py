@@ -121,6 +121,12 @@ ALREADY_CANCELLED = "already_cancelled"
 # warning that it costs more than a tenth of the training time between two of them.
 EVALUATED = "evaluated"
 EVAL_SLOW = "eval_slow"
+# A model's own make_dataset on resume: its pipeline state restored from the checkpoint
+# (batches_seen, seconds, bytes), or the consumed batches skipped (batches, seconds, reason);
+# and, once an attempt, why its checkpoints hold no pipeline state (step, reason).
+DATA_RESTORED = "data_restored"
+DATA_SKIPPED = "data_skipped"
+DATA_STATE_UNSAVED = "data_state_unsaved"
 # The run ended early on request (ops stop wrote STOP): a checkpoint is committed, CANCELLED written.
 CANCELLED_EVENT = "cancelled"
 # The run's lease (printed, never stored: a trainer without the lease writes nothing to the run).
@@ -151,6 +157,9 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     EVALUATED: ("step", "metrics", "examples", "seconds", "train_seconds", "eval_seconds_total"),
     EVAL_SLOW: ("step", "seconds", "train_seconds", "share", "message"),
     CHECKPOINT_SKIPPED: ("step", "reason"),
+    DATA_RESTORED: ("batches_seen", "seconds", "bytes"),
+    DATA_SKIPPED: ("batches", "seconds", "reason"),
+    DATA_STATE_UNSAVED: ("step", "reason"),
     CHECKPOINT_FAILED: ("reason",),
     UPLOAD_RETRY: ("attempt", "error", "op", "key"),
     MOVED: ("from", "to", "reason", "step"),

@@ -26,6 +26,8 @@ at once and kept out of the pruning).
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -34,9 +36,9 @@ import keras
 import tensorflow as tf
 
 from trainer import data as data_mod
-from trainer import layout
+from trainer import data_state, layout
 from trainer import summaries as summaries_mod
-from trainer.checkpointer import Checkpointer
+from trainer.checkpointer import STATE_FILE, Checkpointer
 from trainer.checkpoints import CheckpointStore
 from trainer.config import TrainConfig
 from trainer.events import EventLog
@@ -237,6 +239,7 @@ class TrainLoop:
         self.examples: tf.Variable | None = None
         self.checkpointer: Checkpointer | None = None  # made once the model exists (build)
         self.pipeline = None  # (iterator, train step) once training starts: see train
+        self._element_spec = None  # the training stream's (x, y) specs, once it is made
         self.commit_seconds: list[tuple[int, float]] = []
         self.cancelled = False
         self.state = RunState()
@@ -383,21 +386,11 @@ class TrainLoop:
     def train(self) -> bool:
         """The input pipeline and the step, then the loop; returns True when stopped by a request."""
         cfg, spec, strategy = self.cfg, self.spec, self.strategy
-        ds = data_mod.make_dataset(spec, cfg, self.global_batch, data_mod.Position(self.state.batches_seen))
-        if self.multi_worker:
-            # DATA sharding of a stream batched by the global batch: every worker builds the same
-            # stream and takes its own slice of each global batch, so N workers train on exactly
-            # the examples one worker would (tests/trainer/test_cluster.py compares the weights).
-            opts = tf.data.Options()
-            opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-            ds = ds.with_options(opts)
-        if strategy.num_replicas_in_sync == 1 and "CPU" in strategy.extended.worker_devices[0].upper():
-            # One replica on the CPU: the distributed iterator only adds per-step bookkeeping
-            # (measured: bench/RESULTS.md); the plain one feeds the same batches in the same order.
-            iterator = iter(ds)
-        else:
-            iterator = iter(strategy.experimental_distribute_dataset(ds))
-        self._setup_metrics(ds.element_spec[1])
+        # One replica on the CPU: the distributed iterator only adds per-step bookkeeping
+        # (measured: bench/RESULTS.md); the plain one feeds the same batches in the same order.
+        plain = strategy.num_replicas_in_sync == 1 and "CPU" in strategy.extended.worker_devices[0].upper()
+        iterator, skipped = self._input(plain)
+        self._setup_metrics(self._element_spec[1])
         train_step = make_train_step(strategy, spec, cfg, self.global_micro, self.multi_worker, self.examples,
                                      self.metrics)
         self.summaries = summaries_mod.Summaries(summaries_mod.local_dir(self.work), self.store, enabled=self.chief)
@@ -408,10 +401,68 @@ class TrainLoop:
         # keeps the attempt and ends with os._exit).
         self.pipeline = (iterator, train_step)
         loop_started, examples_before = time.monotonic(), self.state.examples_seen
-        stopped = self._loop(train_step, iterator, self.examples)
+        stopped = self._loop(train_step, iterator, self.examples, skipped)
         self.loop_seconds = time.monotonic() - loop_started
         self.loop_examples = self.state.examples_seen - examples_before
         return stopped
+
+    def _pipeline(self, skip: int):
+        ds = data_mod.make_dataset(self.spec, self.cfg, self.global_batch, data_mod.Position(skip))
+        if self.multi_worker:
+            # DATA sharding of a stream batched by the global batch: every worker builds the same
+            # stream and takes its own slice of each global batch, so N workers train on exactly
+            # the examples one worker would (tests/trainer/test_cluster.py compares the weights).
+            opts = tf.data.Options()
+            opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+            ds = ds.with_options(opts)
+        self._element_spec = ds.element_spec
+        return ds
+
+    def _input(self, plain: bool):
+        """The input iterator at the run's position, and the skip the loop reports once its first call ran.
+
+        A model's own `make_dataset` continues from the iterator state saved in the checkpoint
+        where there is one (`trainer.data_state`), else its pipeline skips the consumed batches.
+        Returns (iterator, None or (batches skipped, why, when the pipeline was made)).
+        """
+        st, strategy = self.state, self.strategy
+        user = self.spec.make_dataset is not None
+        saved, why = None, "the checkpoint holds no input pipeline state"
+        if self.cfg.data_state_max_mb <= 0:
+            why = "--data-state-max-mb is 0"  # neither saved nor used
+        elif user and st.batches_seen and self.checkpointer.restored_dir:
+            with open(os.path.join(self.checkpointer.restored_dir, STATE_FILE)) as fh:
+                entry = json.load(fh)
+            saved = data_state.saved_state_prefix(self.checkpointer.restored_dir, entry)
+            why = (entry.get("data_state") or {}).get("reason") or why
+        skipped = None
+        if saved is not None and plain:
+            prefix, skip = saved
+            started = time.monotonic()
+            iterator = iter(self._pipeline(skip))
+            try:
+                data_state.restore_iterator(iterator, prefix)
+            except (tf.errors.OpError, ValueError, AssertionError) as e:
+                # The pipeline changed since (another make_dataset): its old state cannot place it.
+                detail = " ".join(str(e).split())[:200]
+                skipped = (st.batches_seen, f"the saved input pipeline state does not fit this make_dataset ({detail})")
+            else:
+                self.emit(layout.DATA_RESTORED, batches_seen=st.batches_seen, skip=skip,
+                          seconds=round(time.monotonic() - started, 3), bytes=data_state.state_bytes(
+                              self.checkpointer.restored_dir))
+        elif user and st.batches_seen:
+            skipped = (st.batches_seen, why if plain else data_state.DISTRIBUTED)
+        skip = saved[1] if saved is not None and skipped is None else st.batches_seen
+        if saved is None or skipped is not None:
+            ds = self._pipeline(st.batches_seen)
+            iterator = iter(ds) if plain else iter(strategy.experimental_distribute_dataset(ds))
+            if skipped is not None:
+                skipped = (*skipped, time.monotonic())  # the skip runs from here, in tf.data's threads
+        if user:
+            self.checkpointer.data = data_state.DataState(iterator if plain else None, skip=skip,
+                                                          max_mb=self.cfg.data_state_max_mb, emit=self.emit,
+                                                          reason=None if plain else data_state.DISTRIBUTED)
+        return iterator, skipped
 
     def speed(self) -> dict:
         """This attempt's training loop only (checkpoints included; start-up and export not)."""
@@ -425,8 +476,13 @@ class TrainLoop:
             speed["steady_examples_per_sec"] = round((self.loop_examples - first_n) / (self.loop_seconds - first_s), 1)
         return speed
 
-    def _loop(self, train_step, iterator, examples: tf.Variable) -> bool:
-        """Train until the last step or a stop request; returns True when stopped by a signal."""
+    def _loop(self, train_step, iterator, examples: tf.Variable, skipped: tuple | None = None) -> bool:
+        """Train until the last step or a stop request; returns True when stopped by a signal.
+
+        `skipped` (batches, why, when the pipeline was made): the pipeline skips the consumed
+        batches before its first, and a `data_skipped` event says how long the first call
+        waited for them (the tracing of the step excluded).
+        """
         cfg, st = self.cfg, self.state
         self.events.start_bar(cfg.steps, st.step)
         last_ckpt_time = last_log_time = last_progress = time.monotonic()
@@ -442,6 +498,12 @@ class TrainLoop:
             return count_tensors[n]
 
         loss_t = None
+        trace_seconds = 0.0
+        if skipped is not None:
+            # Traced first, so that the first call's wait is the skip's (and its own steps'), not the tracing.
+            started = time.monotonic()
+            train_step.get_concrete_function(iterator, counts(self._steps_this_call(st.step)), requests[_GO])
+            trace_seconds = time.monotonic() - started
         try:
             while st.step < cfg.steps:
                 step_started = time.monotonic()
@@ -460,6 +522,10 @@ class TrainLoop:
                 self.since_eval += call_seconds
                 if self.first_call is None:
                     self.first_call = (call_seconds, count * self.global_batch)  # traced the step: not a measure
+                    if skipped is not None:
+                        batches, why, made = skipped
+                        self.emit(layout.DATA_SKIPPED, batches=batches, steps=count, reason=why,
+                                  seconds=round(time.monotonic() - made - trace_seconds, 3))
                 else:
                     self._adapt_steps(count, call_seconds)
                 st.step += count

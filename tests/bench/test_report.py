@@ -166,3 +166,23 @@ def test_tensorboard_scalars_reads_what_the_trainer_writes(tmp_path):
     writer.flush()
     assert tensorboard_scalars(str(tmp_path / "tb"), "examples_per_sec") == [(50, 1000.5), (100, 2000.25)]
     assert tensorboard_scalars(str(tmp_path / "missing"), "loss") == []
+
+
+def test_render_resume_judges_the_restored_start_and_shows_the_skip_beside_it():
+    figures = copy.deepcopy(FIGURES)
+
+    def resumed(first_step, batches, **event):
+        return {"marks": {**RESUMED, "first_step": first_step}, "batches_seen": batches,
+                "restored": event or None, "skipped": None if event else {"seconds": 40.0}}
+
+    figures["resume"] = [
+        {"steps_done": 1_000, "fresh": MARKS, "state": resumed(6.0, 1_100, seconds=0.4, bytes=10 * 2**20),
+         "skip": resumed(7.0, 1_200)},
+        {"steps_done": 100_000, "fresh": MARKS, "state": resumed(7.0, 100_100, seconds=0.5, bytes=10 * 2**20),
+         "skip": resumed(50.0, 100_200)},
+    ]
+    text = R.render(figures)
+    goals = _goal_rows(text)
+    assert goals["own make_dataset resumed start ≤ 1.3× fresh (1,000 steps done)"] == "met"  # 6.0 / 5.0
+    assert goals["own make_dataset resumed start ≤ 1.3× fresh (100,000 steps done)"] == "**not met**"  # 7.0 / 5.0
+    assert "| 100,000 | 100,100 | 5.00 | 7.00 | 1.40× | 0.50 | 10.0 | 100,200 | 50.00 | 10.00× | 40.00 |" in text
