@@ -19,7 +19,7 @@ from tests.trainer.helpers import Trainer, committed_weights, max_abs_diff, run_
 
 pytestmark = pytest.mark.slow
 
-STEPS = 600
+STEPS = 800
 ARGS = ["--synthetic", "--deterministic", "--steps", str(STEPS), "--batch-size", "32", "--seed", "11",
         "--checkpoint-every-steps", "25", "--log-every", "25"]
 
@@ -42,9 +42,10 @@ def test_stopped_run_matches_uninterrupted(kills, s3_run, reference, tmp_path):
     rng = random.Random(len(kills))
     order = list(kills)
     rng.shuffle(order)
-    # In the first half: a checkpoint is reported after its upload, and the loop is fast enough
-    # to run the last 190 steps before the signal lands (then the run just finishes).
-    targets = sorted(rng.sample(range(30, 300, 10), len(order)))
+    # In the first quarter or so: a checkpoint is reported after its upload, and a loaded test
+    # machine can read that report late enough for a fast loop to run a few hundred more steps
+    # before the signal lands (then the run just finishes, and the stop is not tested).
+    targets = sorted(rng.sample(range(30, 250, 10), len(order)))
     env = trainer_env(s3_run.env)
     codes, last_target = [], 0
     for sig_name, target in zip(order, targets, strict=True):
