@@ -1,4 +1,4 @@
-"""Chaos: a 600-step run against moto_server stopped at random points ends COMPLETE, bit-for-bit.
+"""Chaos: an 800-step run against moto_server stopped at random points ends COMPLETE, bit-for-bit.
 
 SIGTERM three times (and, in one variant, SIGKILL once) at seeded random points; each
 time the run is started again, as the group would relaunch a preempted machine. With
