@@ -32,7 +32,7 @@ SCRATCH = ROOT / "build" / "mutation"
 # The packages a test may import: copied into mutmut's `mutants/` folder (only `mutate` is mutated).
 SOURCES = ["trainer", "components", "ops", "policy"]
 # What the tests read besides the packages (templates, stacks, examples, the pack's manifest).
-ALSO_COPY = ["userdata", "stacks", "examples", "bench", "docs", "Pulumi.yaml", "__main__.py", "README.md",
+ALSO_COPY = ["devtools", "userdata", "stacks", "examples", "bench", "docs", "Pulumi.yaml", "__main__.py", "README.md",
              "requirements.txt", "requirements-dev.txt"]
 # mutmut's verdicts (its exit codes) that count as killed.
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
@@ -128,7 +128,9 @@ def prepare(name: str, target: Target) -> Path:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest)
     tests = [t for t in target.tests if (ROOT / t.split("::")[0]).exists()]
-    args = ["-q", "-p", "no:cacheprovider"]
+    # One process: mutmut traces which tests call a function in its own process, and the suite's
+    # addopts spread tests over xdist workers (pyproject.toml).
+    args = ["-q", "-p", "no:cacheprovider", "-n0"]
     if target.select:
         args += ["-k", target.select]
     if target.local_only:
