@@ -204,17 +204,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the targets, their files and tests")
     parser.add_argument("--again", action="store_true",
                         help="check only the mutants the last run left alive (after adding tests)")
+    parser.add_argument("--only", metavar="FILE", action="append", default=[],
+                        help="mutate only this file of the target (repeatable); its run is kept apart as "
+                             "<target>-<file stem>, so a large target can be run, and run --again, a file at a time")
     opts = parser.parse_args(argv)
     names = opts.targets or list(TARGETS)
+    if opts.only:
+        narrowed = {}
+        for n in names:
+            files = [f for f in opts.only if any(fnmatch.fnmatchcase(f, m) for m in TARGETS[n].mutate)]
+            if files:
+                t = TARGETS[n]
+                narrowed[n + "-" + "-".join(Path(f).stem for f in files)] = Target(
+                    files, t.tests, select=t.select, local_only=t.local_only, extra=t.extra)
+        if not narrowed:
+            parser.error(f"--only {' '.join(opts.only)}: no file of {', '.join(names)}")
+        targets = narrowed
+    else:
+        targets = {n: TARGETS[n] for n in names}
+    names = list(targets)
     if opts.list:
         for n in names:
-            print(f"{n}: mutate {' '.join(TARGETS[n].mutate)}; tests {' '.join(TARGETS[n].tests)}")
+            print(f"{n}: mutate {' '.join(targets[n].mutate)}; tests {' '.join(targets[n].tests)}")
         return 0
     equivalent = equivalents()
     start = time.monotonic()
     unexplained, failed = 0, []
     for n in names:
-        left = run(n, TARGETS[n], equivalent, again=opts.again)
+        left = run(n, targets[n], equivalent, again=opts.again)
         if left is None:
             failed.append(n)
         else:
