@@ -57,7 +57,8 @@ TARGETS: dict[str, Target] = {
          "tests/trainer/test_end_marker_properties.py", "tests/userdata/test_layout_names.py"]),
     "checkpoints": Target(
         ["trainer/checkpoints.py"],
-        ["tests/trainer/test_checkpoints.py", "tests/trainer/test_checkpoint_retention.py"]),
+        ["tests/trainer/test_checkpoint_rules.py", "tests/trainer/test_checkpoints.py",
+         "tests/trainer/test_checkpoint_retention.py"]),
     "lease": Target(
         ["trainer/lease.py"], ["tests/trainer/test_lease_rules.py", "tests/trainer/test_lease.py"],
         # Real-time twins of test_lease_rules.py's injected-clock cases (seconds each).
