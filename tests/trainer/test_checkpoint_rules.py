@@ -429,3 +429,82 @@ def test_wait_times_out_naming_the_step_still_uploading(store, tmp_path, monkeyp
     release.set()
     ckpts.wait(timeout=10)
     assert ckpts.committed_steps() == [6]
+
+
+# -- the background upload's snapshot --
+
+def _held_uploads(store, monkeypatch):
+    """Hold every upload until `release` is set; `uploading` is set by the first."""
+    release, uploading = threading.Event(), threading.Event()
+    real = store.put_file
+
+    def held(key, path, **kw):
+        uploading.set()
+        assert release.wait(10)
+        real(key, path, **kw)
+
+    monkeypatch.setattr(store, "put_file", held)
+    return release, uploading
+
+
+def test_the_snapshot_is_hard_links_next_to_the_folder_and_goes_once_uploaded(store, tmp_path, monkeypatch):
+    ckpts = CheckpointStore(store)
+    release, uploading = _held_uploads(store, monkeypatch)
+    (tmp_path / "work").mkdir()
+    local = _dir(tmp_path / "work", "c", {"a": b"1", "sub/b": b"2", "with space": b"3"})
+    ckpts.commit_async(1, local)
+    assert uploading.wait(10)
+    try:
+        snaps = [p for p in (tmp_path / "work").iterdir() if p.name != "c"]
+        assert len(snaps) == 1 and snaps[0].name.startswith(".trainstack-snapshot-")
+        for rel in ("a", "sub/b", "with space"):
+            assert (snaps[0] / rel).stat().st_ino == (tmp_path / "work" / "c" / rel).stat().st_ino
+    finally:
+        release.set()
+    ckpts.wait(10)
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["c"]
+    assert ckpts.restore_latest(str(tmp_path / "r")) == 1
+    assert (tmp_path / "r" / "with space").read_bytes() == b"3" and (tmp_path / "r" / "sub" / "b").read_bytes() == b"2"
+
+
+def test_the_snapshot_is_a_copy_where_links_fail(store, tmp_path, monkeypatch):
+    import os
+
+    def no_links(src, dst):
+        raise OSError("links not supported")
+
+    monkeypatch.setattr(os, "link", no_links)
+    ckpts = CheckpointStore(store)
+    local = _dir(tmp_path, "c", {"a": b"one", "sub/b": b"two"})
+    ckpts.commit_async(1, local)
+    ckpts.wait(10)
+    assert ckpts.restore_latest(str(tmp_path / "r")) == 1
+    assert (tmp_path / "r" / "a").read_bytes() == b"one" and (tmp_path / "r" / "sub" / "b").read_bytes() == b"two"
+
+
+def test_a_snapshot_that_fails_is_removed_and_its_error_raised(store, tmp_path, monkeypatch):
+    import os
+    import shutil
+
+    def no_links(src, dst):
+        raise OSError("links not supported")
+
+    def disk_full(src, dst):
+        raise PermissionError("disk full")
+
+    monkeypatch.setattr(os, "link", no_links)
+    monkeypatch.setattr(shutil, "copy2", disk_full)
+    ckpts = CheckpointStore(store)
+    local = _dir(tmp_path, "c", {"a": b"one"})
+    with pytest.raises(PermissionError, match="disk full"):
+        ckpts.commit_async(1, local)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "runs") == ["c"]
+    assert ckpts._worker is None and store.list("checkpoints/") == []
+
+
+def test_a_commit_after_a_background_one_finished(store, tmp_path):
+    ckpts = CheckpointStore(store)
+    ckpts.commit_async(1, _dir(tmp_path, "c1", {"d": b"one"}))
+    ckpts.wait(10)
+    assert ckpts.commit(2, _dir(tmp_path, "c2", {"d": b"two"}))["step"] == 2
+    assert ckpts.committed_steps() == [1, 2]
