@@ -455,6 +455,8 @@ def test_the_snapshot_is_hard_links_next_to_the_folder_and_goes_once_uploaded(st
     ckpts.commit_async(1, local)
     assert uploading.wait(10)
     try:
+        # One worker, a daemon: an upload still running never keeps the trainer's process alive.
+        assert (ckpts._worker.name, ckpts._worker.daemon) == ("checkpoint-upload", True)
         snaps = [p for p in (tmp_path / "work").iterdir() if p.name != "c"]
         assert len(snaps) == 1 and snaps[0].name.startswith(".trainstack-snapshot-")
         for rel in ("a", "sub/b", "with space"):
