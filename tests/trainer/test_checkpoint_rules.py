@@ -510,3 +510,62 @@ def test_a_commit_after_a_background_one_finished(store, tmp_path):
     ckpts.wait(10)
     assert ckpts.commit(2, _dir(tmp_path, "c2", {"d": b"two"}))["step"] == 2
     assert ckpts.committed_steps() == [1, 2]
+
+
+def test_transfers_run_on_at_most_upload_workers_named_threads(store, tmp_path, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trainer import checkpoints
+
+    pools = []
+
+    def recorded(*args, **kwargs):
+        pools.append((args, kwargs))
+        return ThreadPoolExecutor(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoints, "ThreadPoolExecutor", recorded)
+    ckpts = CheckpointStore(store, upload_workers=2)
+    ckpts.commit(1, _dir(tmp_path, "c1", {"a": b"1", "b": b"2", "c": b"3"}))
+    ckpts.commit(2, _dir(tmp_path, "c2", {"a": b"1"}))
+    assert ckpts.restore_latest(str(tmp_path / "r")) == 2 and ckpts.restore_step(1, str(tmp_path / "s"))
+    # Never more threads than files, nor than upload_workers.
+    assert pools == [((), {"max_workers": 2, "thread_name_prefix": "ckpt-up"}),
+                     ((), {"max_workers": 1, "thread_name_prefix": "ckpt-up"}),
+                     ((), {"max_workers": 1, "thread_name_prefix": "ckpt-down"}),
+                     ((), {"max_workers": 2, "thread_name_prefix": "ckpt-down"})]
+
+
+def test_restore_latest_says_why_it_passes_over_a_partial_and_a_torn_marker(store, tmp_path):
+    _committed(store, tmp_path, 1)
+    store.put_bytes(layout.committed_key(2), b"{torn")
+    store.put_bytes("checkpoints/ckpt-2/d", b"data")
+    store.put_bytes("checkpoints/ckpt-3/d", b"partial")
+    events = Events()
+    assert CheckpointStore(store, emit=events).restore_latest(str(tmp_path / "r")) == 1
+    assert events.of(layout.CHECKPOINT_SKIPPED) == [
+        {"step": 3, "reason": "no COMMITTED marker (upload never finished)"},
+        {"step": 2, "reason": "COMMITTED marker is not valid JSON"}]
+
+
+def test_a_newest_checkpoint_with_a_bad_marker_does_not_push_out_the_resumed_runs(store, tmp_path):
+    _committed(store, tmp_path, 3)
+    store.put_bytes(layout.committed_key(3), json.dumps({"step": 3, "files": {}}).encode())
+    ckpts = CheckpointStore(store, keep=1)
+    assert ckpts.restore_latest(str(tmp_path / "r")) is None
+    ckpts.commit(2, _dir(tmp_path, "c2", {"d": b"two"}))
+    assert ckpts.committed_steps() == [2, 3]
+    assert ckpts.restore_latest(str(tmp_path / "r")) == 2
+
+
+def test_a_restore_downloads_next_to_its_destination(store, tmp_path, monkeypatch):
+    _committed(store, tmp_path, 1)
+    real = store.get_file
+    into = []
+    monkeypatch.setattr(store, "get_file", lambda key, path: (into.append(path), real(key, path))[1])
+    dest = tmp_path / "deep" / "r"
+    assert CheckpointStore(store).restore_latest(str(dest)) == 1
+    (staged,) = into
+    # Staged beside it (one filesystem, so the final rename is atomic), then renamed into place.
+    staging = staged[: -len("/d")]
+    assert staging.startswith(str(tmp_path / "deep" / ".trainstack-restore-")) and "/" not in staging[len(str(dest.parent)) + 1:]
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["r"]
