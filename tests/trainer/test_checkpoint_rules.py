@@ -569,3 +569,58 @@ def test_a_restore_downloads_next_to_its_destination(store, tmp_path, monkeypatc
     staging = staged[: -len("/d")]
     assert staging.startswith(str(tmp_path / "deep" / ".trainstack-restore-")) and "/" not in staging[len(str(dest.parent)) + 1:]
     assert sorted(p.name for p in dest.parent.iterdir()) == ["r"]
+
+
+def test_a_synchronous_commit_takes_the_place_of_a_queued_one_of_its_step(store, tmp_path, monkeypatch):
+    commits = []
+    ckpts = CheckpointStore(store, on_commit=commits.append)
+    release, uploading = threading.Event(), threading.Event()
+    real = store.put_file
+
+    def step_1_held(key, path, **kw):
+        if key.startswith("checkpoints/ckpt-1/"):
+            uploading.set()
+            assert release.wait(10)
+        real(key, path, **kw)
+
+    monkeypatch.setattr(store, "put_file", step_1_held)
+    (tmp_path / "work").mkdir()
+    ckpts.commit_async(1, _dir(tmp_path / "work", "c1", {"d": b"one"}))
+    assert uploading.wait(10)
+    local = _dir(tmp_path / "work", "c2", {"d": b"two"})
+    ckpts.commit_async(2, local)  # queued behind step 1
+    assert len([p for p in (tmp_path / "work").iterdir() if p.name.startswith(".trainstack-snapshot-")]) == 2
+    info = ckpts.commit(2, local)
+    # The queued snapshot is gone at once, and step 2 goes up once, here.
+    assert len([p for p in (tmp_path / "work").iterdir() if p.name.startswith(".trainstack-snapshot-")]) == 1
+    release.set()
+    ckpts.wait(10)
+    assert commits == [info] and ckpts.committed_steps() == [2]
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["c1", "c2"]
+
+
+def test_a_step_being_committed_synchronously_is_not_a_restore_candidate(store, tmp_path, monkeypatch):
+    _committed(store, tmp_path, 1)
+    ckpts = CheckpointStore(store)
+    release, uploading = threading.Event(), threading.Event()
+    real = store.put_file
+
+    def held(key, path, **kw):
+        real(key, path, **kw)
+        uploading.set()
+        assert release.wait(10)
+
+    monkeypatch.setattr(store, "put_file", held)
+    result = {}
+    committing = threading.Thread(target=lambda: result.update(ckpts.commit(5, _dir(tmp_path, "c5", {"d": b"5"}))))
+    committing.start()
+    try:
+        assert uploading.wait(10)
+        events = Events()
+        ckpts.emit = events
+        assert ckpts.restore_latest(str(tmp_path / "r")) == 1
+        assert events == []  # passed over without a word, not skipped as a partial
+    finally:
+        release.set()
+        committing.join(10)
+    assert result["step"] == 5 and ckpts.committed_steps() == [1, 5]
