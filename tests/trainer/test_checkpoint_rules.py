@@ -624,3 +624,45 @@ def test_a_step_being_committed_synchronously_is_not_a_restore_candidate(store, 
         release.set()
         committing.join(10)
     assert result["step"] == 5 and ckpts.committed_steps() == [1, 5]
+
+
+class _Monotonic:
+    """Stands in for the module's `time`: each monotonic() call returns the next of `readings`."""
+
+    def __init__(self, *readings: float) -> None:
+        self.readings = list(readings)
+
+    def monotonic(self) -> float:
+        return self.readings.pop(0)
+
+
+def test_a_commit_reports_its_seconds_to_the_millisecond(store, tmp_path, monkeypatch):
+    from trainer import checkpoints
+
+    ckpts = CheckpointStore(store)
+    local = _dir(tmp_path, "c", {"d": b"x"})
+    monkeypatch.setattr(checkpoints, "time", _Monotonic(100.0, 101.23456))
+    assert ckpts.commit(1, local)["seconds"] == 1.235
+    # The same content again: the marker is kept, and the time is still the call's own.
+    monkeypatch.setattr(checkpoints, "time", _Monotonic(200.0, 200.0004))
+    kept = ckpts.commit(1, local)
+    assert kept["seconds"] == 0.0 and isinstance(kept["seconds"], float)
+    monkeypatch.setattr(checkpoints, "time", _Monotonic(300.0, 302.71828))
+    assert ckpts.commit(1, local)["seconds"] == 2.718
+
+
+def test_the_marker_is_dated_in_utc_whatever_the_machines_zone(store, tmp_path, monkeypatch):
+    import time
+    from datetime import UTC, datetime
+
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # UTC+5:30, no daylight saving
+    time.tzset()
+    try:
+        before = datetime.now(tz=UTC)
+        CheckpointStore(store).commit(1, _dir(tmp_path, "c", {"d": b"x"}))
+        after = datetime.now(tz=UTC)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    created = datetime.strptime(_marker(store, 1)["created"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    assert before <= created <= after
