@@ -666,3 +666,8 @@ def test_the_marker_is_dated_in_utc_whatever_the_machines_zone(store, tmp_path, 
         time.tzset()
     created = datetime.strptime(_marker(store, 1)["created"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
     assert before <= created <= after
+
+
+def test_by_default_three_checkpoints_are_kept_and_four_files_go_up_at_once(store):
+    ckpts = CheckpointStore(store)
+    assert (ckpts.keep, ckpts.upload_workers) == (3, 4)
