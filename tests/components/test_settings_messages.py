@@ -125,6 +125,8 @@ LINES = {
     'gcp-no-project': "trainstack:project: '': expected the GCP project id (6-30 lowercase letters, digits, '-')",
     'gcp-aws-type': "trainstack:compute.instanceTypes[0]: 'g5.xlarge' is an AWS instance type; this stack's cloud is gcp",
     'gcp-subnets': "trainstack:compute.subnets[0]: 'subnet-0123456789abcdef0': GCP stacks choose zones, not subnets",
+    'gcp-accelerator-on-g2': "trainstack:compute.accelerator: 'nvidia-tesla-t4': only GCP N1 machine types take an accelerator; remove it (the other types come with their GPUs)",
+    'gcp-image-malformed': "trainstack:compute.imageId: 'projects/p/images/Ubuntu_22.04': expected a GCE image (projects/P/global/images/NAME)",
     'gcp-n1-no-accelerator': 'trainstack:compute.accelerator: is required for n1-standard-8 (e.g. nvidia-tesla-t4)',
     'gcp-n1-gpu-count': 'trainstack:compute.gpusPerNode: 3: n1-standard-8 has 1 or 2 or 4 or 8 GPU(s); pick types that all have 3',
     'gcp-bucket-google': "trainstack:storage.bucketName: 'my-google-data': GCS refuses names starting with 'goog' or containing 'google'",
