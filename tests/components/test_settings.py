@@ -503,3 +503,30 @@ def test_default_types_are_one_gpu_model_for_several_machines(nodes, expected):
     # so without a list it gets the first model alone instead of a refusal.
     s = load_settings({"region": "us-east-1", "run": {"synthetic": True}, "compute": {"nodes": nodes}}, stack="t")
     assert s.compute.instance_types == expected and s.compute.nodes == nodes
+
+
+LOWERCASE = "expected lowercase letters, digits, '.' and '-'"
+
+
+@pytest.mark.parametrize(("cloud", "name", "problem"), [
+    ("aws", "abc", None), ("gcp", "abc", None), ("aws", "a" * 63, None), ("gcp", "a" * 63, None),
+    ("aws", "ab", "expected 3-63 characters"), ("gcp", "a" * 64, "expected 3-63 characters"),
+    ("aws", "a" * 64, "expected 3-63 characters"),
+    ("gcp", "my_bucket", None), ("aws", "my_bucket", LOWERCASE), ("gcp", "My-bucket", LOWERCASE + " or '_'"),
+    ("aws", "My-bucket", LOWERCASE),
+    ("aws", "bucket-", "expected to start and end with a letter or digit"),
+    ("gcp", "_bucket", "expected to start and end with a letter or digit"),
+    ("aws", "my..bucket", "expected no '..' and not an IP address"),
+    ("gcp", "10.0.0.1", "expected no '..' and not an IP address"), ("aws", "10.0.0.1a", None),
+    ("aws", "xn--bucket", "uses a prefix or suffix AWS reserves"),
+    ("aws", "sthree-bucket", "uses a prefix or suffix AWS reserves"),
+    ("aws", "bucket-s3alias", "uses a prefix or suffix AWS reserves"),
+    ("aws", "bucket--ol-s3", "uses a prefix or suffix AWS reserves"), ("gcp", "xn--bucket", None),
+    ("gcp", "goog-bucket", "GCS refuses names starting with 'goog' or containing 'google'"),
+    ("gcp", "my-google-bucket", "GCS refuses names starting with 'goog' or containing 'google'"),
+    ("aws", "goog-bucket", None), ("gcp", "my-goog-bucket", None),
+])
+def test_bucket_names_as_each_cloud_reads_them(cloud, name, problem):
+    from components.settings.common import bucket_name_problem
+
+    assert bucket_name_problem(cloud, name) == problem
