@@ -279,6 +279,14 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     ("extra-args-value-on-switch", stack(**{R: {"extraArgs": ["--xla=1"]}}), "run.extraArgs[0]",
      "the trainer refuses it"),
     ("extra-args-stray-word", stack(**{R: {"extraArgs": ["xla"]}}), "run.extraArgs[0]", "write flags as --name=value"),
+    # The refused entry is named by its own index, found by the flag's whole name.
+    ("extra-args-bad-value-later", stack(**{R: {"extraArgs": ["--xla", "--grad-accum=2", "--precision=fp8"]}}),
+     "run.extraArgs[2]", "the trainer refuses it"),
+    ("extra-args-value-with-equals", stack(**{R: {"extraArgs": ["--xla", "--precision=fp8=x"]}}), "run.extraArgs[1]",
+     "invalid choice: 'fp8=x'"),
+    ("extra-args-abbreviated", stack(**{R: {"extraArgs": ["--prec=fp8"]}}), "run.extraArgs[0]", "argument --precision"),
+    ("extra-args-typo-with-equals", stack(**{R: {"extraArgs": ["--xla", "--grad-acum=2=3"]}}), "run.extraArgs[1]",
+     "'--grad-acum' is not a flag of the trainer"),
     # several machines train in lockstep: one GPU model per cluster
     ("cluster-mixes-gpu-models", stack(**{C: {"instanceTypes": ["g5.12xlarge", "g6.12xlarge"], "gpusPerNode": 4,
                                               "nodes": 2}}), "compute.instanceTypes[1]",
@@ -313,6 +321,9 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("secure-other-namespace", stack(aws__secretKey={"secure": "v1:Zm9v"})),
     ("gcp", gcp()),
     ("gcp-n1", gcp(**{C: {"instanceTypes": ["n1-standard-16"], "accelerator": "nvidia-tesla-t4", "gpusPerNode": 4}})),
+    # Several machines of N1 types: the accelerator is their GPU model.
+    ("gcp-n1-cluster", gcp(**{C: {"nodes": 2, "instanceTypes": ["n1-standard-8", "n1-standard-16"],
+                                  "accelerator": "nvidia-tesla-t4", "gpusPerNode": 1}})),
     # an image of the user's own choosing brings its own driver: V100 and H100 are theirs to run
     ("p3-with-own-ami", stack(**{C: {"instanceTypes": ["p3.2xlarge"], "imageId": "ami-0123456789abcdef0"}})),
     ("gcp-a3-with-own-image", gcp(**{C: {"instanceTypes": ["a3-highgpu-8g"], "gpusPerNode": 8,
