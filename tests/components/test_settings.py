@@ -109,6 +109,13 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
      "needs run.code"),
     ("command-with-data", stack(**{R: {"code": "examples/keras-fit", "command": ["python", "train.py"]}}),
      "run.command", "cannot be combined with run.synthetic or run.dataUri"),
+    ("command-on-several-machines", stack(**{R: {"synthetic": DEL, "code": "examples/keras-fit",
+                                                 "command": ["python", "train.py"]},
+                                             C: {"nodes": 2, "instanceTypes": ["g5.xlarge"]}}),
+     "run.command", "runs on one machine only"),
+    # The checkpoint interval may be as long as the run, not longer.
+    ("checkpoint-past-cap-by-a-second", stack(**{R: {"checkpointEverySeconds": 3601}, C: {"maxRuntimeHours": 1}}),
+     "run.checkpointEverySeconds", "3601: longer than compute.maxRuntimeHours (1.0 h)"),
     ("steps-negative", stack(**{R: {"steps": -5}}), "run.steps", "greater than 0"),
     ("steps-text", stack(**{R: {"steps": "many"}}), "run.steps", "expected a whole number"),
     ("steps-fraction", stack(**{R: {"steps": 1.5}}), "run.steps", "expected a whole number"),
@@ -322,6 +329,7 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("gcp", gcp()),
     ("gcp-n1", gcp(**{C: {"instanceTypes": ["n1-standard-16"], "accelerator": "nvidia-tesla-t4", "gpusPerNode": 4}})),
     # Several machines of N1 types: the accelerator is their GPU model.
+    ("checkpoint-every-whole-run", stack(**{R: {"checkpointEverySeconds": 3600}, C: {"maxRuntimeHours": 1}})),
     ("gcp-n1-cluster", gcp(**{C: {"nodes": 2, "instanceTypes": ["n1-standard-8", "n1-standard-16"],
                                   "accelerator": "nvidia-tesla-t4", "gpusPerNode": 1}})),
     # an image of the user's own choosing brings its own driver: V100 and H100 are theirs to run
