@@ -154,6 +154,8 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     # compute
     ("types-empty", stack(**{C: {"instanceTypes": []}}), "compute.instanceTypes", "at least 1 entry"),
     ("types-not-list", stack(**{C: {"instanceTypes": "g5.xlarge"}}), "compute.instanceTypes", "expected a list"),
+    ("type-of-gcp-shape-on-aws", stack(**{C: {"instanceTypes": ["e2-standard-4"]}}), "compute.instanceTypes[0]",
+     "is a GCE machine type"),
     ("type-of-gcp-on-aws", stack(**{C: {"instanceTypes": ["n1-standard-8"]}}), "compute.instanceTypes[0]",
      "is a GCE machine type; this stack's cloud is aws"),
     ("type-typo", stack(**{C: {"instanceTypes": ["g5.xlarge", "g5.xlarg"]}}), "compute.instanceTypes[1]",

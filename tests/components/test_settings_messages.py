@@ -63,6 +63,7 @@ LINES = {
     'aws-key-in-args': "trainstack:run.extraArgs[0]: holds an AWS access key id; trainstack needs no secret in its config (the machines get credentials from their role or service account); remove it, and keep any other tool's secret out of stack files with `pulumi config set --secret`",
     'types-empty': 'trainstack:compute.instanceTypes: []: expected at least 1 entry; remove the key for the default',
     'types-not-list': "trainstack:compute.instanceTypes: 'g5.xlarge': expected a list, e.g. [a, b]",
+    'type-of-gcp-shape-on-aws': "trainstack:compute.instanceTypes[0]: 'e2-standard-4' is a GCE machine type; this stack's cloud is aws",
     'type-of-gcp-on-aws': "trainstack:compute.instanceTypes[0]: 'n1-standard-8' is a GCE machine type; this stack's cloud is aws",
     'type-typo': "trainstack:compute.instanceTypes[1]: 'g5.xlarg' is not a known AWS GPU machine type; did you mean 'g5.xlarge'?",
     'type-without-gpu': "trainstack:compute.instanceTypes[0]: 't3.large' is not a known AWS GPU machine type; did you mean 'p3.8xlarge'?",
