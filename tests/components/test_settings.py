@@ -110,6 +110,13 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
      "needs run.code"),
     ("command-with-data", stack(**{R: {"code": "examples/keras-fit", "command": ["python", "train.py"]}}),
      "run.command", "cannot be combined with run.synthetic or run.dataUri"),
+    ("command-on-several-machines", stack(**{R: {"synthetic": DEL, "code": "examples/keras-fit",
+                                                 "command": ["python", "train.py"]},
+                                             C: {"nodes": 2, "instanceTypes": ["g5.xlarge"]}}),
+     "run.command", "runs on one machine only"),
+    # The checkpoint interval may be as long as the run, not longer.
+    ("checkpoint-past-cap-by-a-second", stack(**{R: {"checkpointEverySeconds": 3601}, C: {"maxRuntimeHours": 1}}),
+     "run.checkpointEverySeconds", "3601: longer than compute.maxRuntimeHours (1.0 h)"),
     ("steps-negative", stack(**{R: {"steps": -5}}), "run.steps", "greater than 0"),
     ("steps-text", stack(**{R: {"steps": "many"}}), "run.steps", "expected a whole number"),
     ("steps-fraction", stack(**{R: {"steps": 1.5}}), "run.steps", "expected a whole number"),
@@ -148,6 +155,10 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     # compute
     ("types-empty", stack(**{C: {"instanceTypes": []}}), "compute.instanceTypes", "at least 1 entry"),
     ("types-not-list", stack(**{C: {"instanceTypes": "g5.xlarge"}}), "compute.instanceTypes", "expected a list"),
+    ("type-of-gcp-shape-on-aws", stack(**{C: {"instanceTypes": ["e2-standard-4"]}}), "compute.instanceTypes[0]",
+     "is a GCE machine type"),
+    ("type-like-nothing", stack(**{C: {"instanceTypes": ["quantum"]}}), "compute.instanceTypes[0]",
+     "is not a known AWS GPU machine type"),
     ("type-of-gcp-on-aws", stack(**{C: {"instanceTypes": ["n1-standard-8"]}}), "compute.instanceTypes[0]",
      "is a GCE machine type; this stack's cloud is aws"),
     ("type-typo", stack(**{C: {"instanceTypes": ["g5.xlarge", "g5.xlarg"]}}), "compute.instanceTypes[1]",
@@ -242,7 +253,13 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     ("gcp-no-project", gcp(trainstack_project=DEL), "project", "expected the GCP project id"),
     ("gcp-aws-type", gcp(**{C: {"instanceTypes": ["g5.xlarge"]}}), "compute.instanceTypes[0]",
      "is an AWS instance type; this stack's cloud is gcp"),
+    ("gcp-aws-shape", gcp(**{C: {"instanceTypes": ["t3.large"]}}), "compute.instanceTypes[0]", "is an AWS instance type"),
+    ("gcp-type-typo", gcp(**{C: {"instanceTypes": ["g2-standard-9"]}}), "compute.instanceTypes[0]", "did you mean"),
     ("gcp-subnets", gcp(**{C: {"subnets": ["subnet-0123456789abcdef0"]}}), "compute.subnets[0]", "choose zones"),
+    ("gcp-accelerator-on-g2", gcp(**{C: {"instanceTypes": ["g2-standard-8"], "accelerator": "nvidia-tesla-t4"}}),
+     "compute.accelerator", "only GCP N1 machine types take an accelerator"),
+    ("gcp-image-malformed", gcp(**{C: {"imageId": "projects/p/images/Ubuntu_22.04"}}), "compute.imageId",
+     "expected a GCE image"),
     ("gcp-n1-no-accelerator", gcp(**{C: {"instanceTypes": ["n1-standard-8"]}}), "compute.accelerator", "is required"),
     ("gcp-n1-gpu-count", gcp(**{C: {"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-t4",
                                     "gpusPerNode": 3}}), "compute.gpusPerNode", "1 or 2 or 4 or 8"),
@@ -276,6 +293,14 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     ("extra-args-value-on-switch", stack(**{R: {"extraArgs": ["--xla=1"]}}), "run.extraArgs[0]",
      "the trainer refuses it"),
     ("extra-args-stray-word", stack(**{R: {"extraArgs": ["xla"]}}), "run.extraArgs[0]", "write flags as --name=value"),
+    # The refused entry is named by its own index, found by the flag's whole name.
+    ("extra-args-bad-value-later", stack(**{R: {"extraArgs": ["--xla", "--grad-accum=2", "--precision=fp8"]}}),
+     "run.extraArgs[2]", "the trainer refuses it"),
+    ("extra-args-value-with-equals", stack(**{R: {"extraArgs": ["--xla", "--precision=fp8=x"]}}), "run.extraArgs[1]",
+     "invalid choice: 'fp8=x'"),
+    ("extra-args-abbreviated", stack(**{R: {"extraArgs": ["--prec=fp8"]}}), "run.extraArgs[0]", "argument --precision"),
+    ("extra-args-typo-with-equals", stack(**{R: {"extraArgs": ["--xla", "--grad-acum=2=3"]}}), "run.extraArgs[1]",
+     "'--grad-acum' is not a flag of the trainer"),
     # several machines train in lockstep: one GPU model per cluster
     ("cluster-mixes-gpu-models", stack(**{C: {"instanceTypes": ["g5.12xlarge", "g6.12xlarge"], "gpusPerNode": 4,
                                               "nodes": 2}}), "compute.instanceTypes[1]",
@@ -369,6 +394,10 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("secure-other-namespace", stack(aws__secretKey={"secure": "v1:Zm9v"})),
     ("gcp", gcp()),
     ("gcp-n1", gcp(**{C: {"instanceTypes": ["n1-standard-16"], "accelerator": "nvidia-tesla-t4", "gpusPerNode": 4}})),
+    # Several machines of N1 types: the accelerator is their GPU model.
+    ("checkpoint-every-whole-run", stack(**{R: {"checkpointEverySeconds": 3600}, C: {"maxRuntimeHours": 1}})),
+    ("gcp-n1-cluster", gcp(**{C: {"nodes": 2, "instanceTypes": ["n1-standard-8", "n1-standard-16"],
+                                  "accelerator": "nvidia-tesla-t4", "gpusPerNode": 1}})),
     # an image of the user's own choosing brings its own driver: V100 and H100 are theirs to run
     ("p3-with-own-ami", stack(**{C: {"instanceTypes": ["p3.2xlarge"], "imageId": "ami-0123456789abcdef0"}})),
     ("gcp-a3-with-own-image", gcp(**{C: {"instanceTypes": ["a3-highgpu-8g"], "gpusPerNode": 8,
@@ -573,3 +602,30 @@ def test_default_types_are_one_gpu_model_for_several_machines(nodes, expected):
     # so without a list it gets the first model alone instead of a refusal.
     s = load_settings({"region": "us-east-1", "run": {"synthetic": True}, "compute": {"nodes": nodes}}, stack="t")
     assert s.compute.instance_types == expected and s.compute.nodes == nodes
+
+
+LOWERCASE = "expected lowercase letters, digits, '.' and '-'"
+
+
+@pytest.mark.parametrize(("cloud", "name", "problem"), [
+    ("aws", "abc", None), ("gcp", "abc", None), ("aws", "a" * 63, None), ("gcp", "a" * 63, None),
+    ("aws", "ab", "expected 3-63 characters"), ("gcp", "a" * 64, "expected 3-63 characters"),
+    ("aws", "a" * 64, "expected 3-63 characters"),
+    ("gcp", "my_bucket", None), ("aws", "my_bucket", LOWERCASE), ("gcp", "My-bucket", LOWERCASE + " or '_'"),
+    ("aws", "My-bucket", LOWERCASE),
+    ("aws", "bucket-", "expected to start and end with a letter or digit"),
+    ("gcp", "_bucket", "expected to start and end with a letter or digit"),
+    ("aws", "my..bucket", "expected no '..' and not an IP address"),
+    ("gcp", "10.0.0.1", "expected no '..' and not an IP address"), ("aws", "10.0.0.1a", None),
+    ("aws", "xn--bucket", "uses a prefix or suffix AWS reserves"),
+    ("aws", "sthree-bucket", "uses a prefix or suffix AWS reserves"),
+    ("aws", "bucket-s3alias", "uses a prefix or suffix AWS reserves"),
+    ("aws", "bucket--ol-s3", "uses a prefix or suffix AWS reserves"), ("gcp", "xn--bucket", None),
+    ("gcp", "goog-bucket", "GCS refuses names starting with 'goog' or containing 'google'"),
+    ("gcp", "my-google-bucket", "GCS refuses names starting with 'goog' or containing 'google'"),
+    ("aws", "goog-bucket", None), ("gcp", "my-goog-bucket", None),
+])
+def test_bucket_names_as_each_cloud_reads_them(cloud, name, problem):
+    from components.settings.common import bucket_name_problem
+
+    assert bucket_name_problem(cloud, name) == problem

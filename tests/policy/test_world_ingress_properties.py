@@ -122,3 +122,27 @@ def test_a_narrower_network_is_not_the_whole_internet(net):
     """The other side: a rule that flagged every CIDR would pass the test above."""
     for res, _names in _stacks_with(str(net)):
         assert _world_findings(res) == set(), net
+
+
+@pytest.mark.parametrize(("cidr", "world"), [
+    ("0.0.0.0/0", True), ("0.0.0.1/0", True), ("::1/0", True), ("10.0.0.0/8", False), ("not-a-cidr", False), ("", False),
+])
+def test_the_whole_internet_however_its_host_bits_are_spelled(cidr, world):
+    from policy.rules.network import _is_world
+
+    assert _is_world(cidr) is world
+
+
+@pytest.mark.parametrize(("cidr", "allowed", "inside"), [
+    ("10.0.0.1/24", ["10.0.0.0/16"], True),  # host bits set on the rule's side
+    ("10.0.0.0/24", ["10.0.0.1/16"], True),  # and on the allowed side
+    ("10.1.0.0/16", ["garbage", "10.0.0.0/8"], True),  # an unreadable entry is passed over, not the end
+    ("10.0.0.0/8", ["192.168.0.0/16"], False),
+    ("10.0.0.0/8", ["10.0.0.0/16"], False),  # wider than what is allowed
+    ("2001:db8::/48", ["10.0.0.0/8"], False),
+    ("garbage", ["0.0.0.0/0"], False),
+])
+def test_a_cidr_is_within_the_allowed_ones_only_when_it_is_a_subnet_of_one(cidr, allowed, inside):
+    from policy.rules.network import _within
+
+    assert _within(cidr, allowed) is inside

@@ -313,16 +313,26 @@ def test_wait_reraises_background_failure_once(tmp_path, monkeypatch):
 def test_sync_commit_stops_older_background_upload(tmp_path, monkeypatch):
     store = open_store(f"file://{tmp_path}/run")
     ckpts = CheckpointStore(store, upload_workers=1)
-    started = _slow_uploads(store, monkeypatch, 0.3)
+    real = store.put_file
+    started, uploading, synced = [], threading.Event(), threading.Event()
+
+    def held(key, path, **kw):
+        started.append(key)
+        if key.startswith("checkpoints/ckpt-1/"):
+            # The background upload's first file is held until the synchronous commit is done.
+            uploading.set()
+            assert synced.wait(10), "the synchronous commit did not end"
+        real(key, path, **kw)
+
+    monkeypatch.setattr(store, "put_file", held)
     ckpts.commit_async(1, _dir(tmp_path, "c1", {f"f{i}": b"1" for i in range(5)}))
-    deadline = time.monotonic() + 5
-    while not started and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert uploading.wait(10), "the background upload of step 1 never began"
     ckpts.commit(2, _dir(tmp_path, "c2", {"f0": b"2"}))
+    synced.set()
     ckpts.wait(timeout=10)
     assert ckpts.committed_steps() == [2]
-    step1_uploads = [k for k in started if k.startswith("checkpoints/ckpt-1/")]
-    assert 1 <= len(step1_uploads) < 5  # it stopped between files
+    # It stopped before its next file: only the one it was sending when the commit came.
+    assert [k for k in started if k.startswith("checkpoints/ckpt-1/")] == ["checkpoints/ckpt-1/f0"]
     ckpts.prune()
     assert store.list("checkpoints/ckpt-1/") == []
 

@@ -200,8 +200,10 @@ def test_a_lease_covers_writes_until_its_ttl_less_the_safety_margin(store, clock
 
 
 def test_renewing_a_lease_never_taken_says_so(store, clock):
+    a = lease(store, clock)
     with pytest.raises(LeaseLost, match="^this trainer never took the run's lease$"):
-        lease(store, clock).renew()
+        a.renew()
+    assert a.lost is None  # never taken is not lost
 
 
 def test_a_lease_taken_over_is_lost_for_good_and_the_trainer_told(store, clock):
@@ -346,3 +348,169 @@ def test_release_with_the_store_down_leaves_the_lease_to_expire(store, clock, mo
     monkeypatch.setattr(store, "put_bytes_if", down)
     a.release()  # no error: the lease runs out by itself
     assert record(store)["released"] is False and a.lost == "released"
+
+
+# -- conflicts, lost answers, the renewal's rhythm --
+
+def _conflicts(store, n: int | None):
+    """Make the store answer the next `n` conditional writes (all, for None) with 409, as S3's
+    ConditionalRequestConflict and GCS's Conflict do; the rest are written. Returns the calls."""
+    from trainer.storage import WriteConflict
+
+    real = store.put_bytes_if
+    calls = []
+
+    def put_bytes_if(key, data, *, version):
+        calls.append(version)
+        if n is None or len(calls) <= n:
+            raise WriteConflict(f"{key}: 409")
+        return real(key, data, version=version)
+
+    store.put_bytes_if = put_bytes_if
+    return calls
+
+
+def test_a_renewal_that_meets_writes_in_flight_tries_again_with_growing_pauses(store, clock):
+    a = lease(store, clock)
+    a.acquire()
+    first = record(store)["nonce"]
+    calls = _conflicts(store, 2)
+    a.renew()
+    assert len(calls) == 3 and clock.sleeps == [0.25, 0.5]
+    assert record(store)["nonce"] != first and record(store)["token"] == a.token and a.lost is None
+
+
+def test_a_renewal_that_keeps_meeting_writes_in_flight_gives_up_still_holding_the_lease(store, clock):
+    from trainer.lease import LeaseBusy
+
+    a = lease(store, clock)
+    a.acquire()
+    calls = _conflicts(store, None)
+    with pytest.raises(LeaseBusy) as busy:
+        a.renew()
+    assert str(busy.value) == ("the run's lease (epoch 1) met another write in flight 4 times in a row; "
+                               "still ours, not renewed")
+    assert len(calls) == 4 and clock.sleeps == [0.25, 0.5, 0.75]
+    assert a.lost is None and record(store)["token"] == a.token
+
+
+def test_a_lost_lease_is_lost_even_when_telling_the_trainer_fails(store, clock):
+    def broken(reason):
+        raise RuntimeError("on_lost failed")
+
+    a = lease(store, clock, on_lost=broken)
+    a.acquire()
+    put_record(store, holder="machine-b/9", epoch=2)
+    with pytest.raises(LeaseLost, match="taken over"):
+        a.renew()
+    assert a.lost and "taken over" in a.lost
+
+
+def test_a_write_whose_answer_was_lost_is_ours_and_renewed_from_its_version(store, clock):
+    """The conditional write reached the store but its answer did not: the retry is refused
+    (412), the object holds our nonce, so the lease is ours at the version the store holds."""
+    from trainer.storage import PreconditionFailed
+
+    real = store.put_bytes_if
+    calls = []
+
+    def answer_lost(key, data, *, version):
+        calls.append(version)
+        if len(calls) == 1:
+            real(key, data, version=version)
+            raise PreconditionFailed(f"{key}: 412")
+        return real(key, data, version=version)
+
+    store.put_bytes_if = answer_lost
+    a = lease(store, clock)
+    assert a.acquire() == 1 and calls == [None]
+    a.check()
+    a.renew()  # conditional on the version the store holds, not on "absent"
+    _, version = store.get_versioned(layout.LEASE_KEY)
+    assert calls[1] is not None and a._version == version and record(store)["token"] == a.token
+
+
+def test_a_write_refused_for_another_writers_record_looks_again(store, clock):
+    from trainer.storage import PreconditionFailed
+
+    real = store.put_bytes_if
+    calls = []
+
+    def raced(key, data, *, version):
+        calls.append(version)
+        if len(calls) == 1:  # another trainer wrote first, its own record
+            put_record(store, holder="machine-b/9", epoch=1, expires=clock.t + 1000)
+            raise PreconditionFailed(f"{key}: 412")
+        return real(key, data, version=version)
+
+    store.put_bytes_if = raced
+    a = lease(store, clock, wait_s=0.0)
+    with pytest.raises(LeaseHeld, match=r"machine-b/9, lease epoch 1"):
+        a.acquire()
+    assert calls == [None] and a.epoch is None and record(store)["holder"] == "machine-b/9"
+
+
+class _Stop:
+    """The renewer's stop event: records each wait and is set after `rounds` of them."""
+
+    def __init__(self, rounds: int) -> None:
+        self.rounds, self.waits = rounds, []
+
+    def wait(self, timeout: float) -> bool:
+        self.waits.append(timeout)
+        return len(self.waits) > self.rounds
+
+
+def test_the_renewer_renews_every_quarter_ttl_and_outlasts_a_failing_store(store, clock):
+    a = lease(store, clock)
+    a.acquire()
+    a._stop = _Stop(rounds=3)
+    renewals = []
+
+    def renew():
+        renewals.append(clock.t)
+        if len(renewals) == 1:
+            raise ConnectionError("store down")  # the store's own retries gave up: next round
+
+    a.renew = renew
+    a._renew_loop()
+    assert a._stop.waits == [7.5] * 4 and len(renewals) == 3
+
+
+def test_the_renewer_stops_once_the_lease_is_lost_and_says_so(store, clock):
+    said = []
+    a = lease(store, clock, said)
+    a.acquire()
+    a._stop = _Stop(rounds=5)
+    put_record(store, holder="machine-b/9", epoch=2)
+    a._renew_loop()
+    assert len(a._stop.waits) == 1
+    (kind, fields), = said
+    assert kind == layout.LEASE_LOST and fields["reason"].startswith("the run's lease was taken over (machine-b/9")
+
+
+def test_a_lease_that_turns_out_ours_while_waiting_is_taken_saying_so(store, clock):
+    # Our own earlier write, landing late while we waited on another holder's record.
+    said = []
+    put_record(store, expires=clock.t + 1000)
+    a = lease(store, clock, said, wait_s=100.0)
+    a._sleep = lambda seconds: (clock.sleep(seconds), put_record(store, token=a.token, expires=clock.t + 1000))
+    assert a.acquire() == 5
+    assert [k for k, _ in said] == [layout.LEASE_WAIT, layout.LEASE_TAKEN] and said[1][1]["reason"] == "ours"
+
+
+def test_taking_a_lease_that_meets_a_write_in_flight_looks_again_shortly(store, clock):
+    calls = _conflicts(store, 1)
+    a = lease(store, clock)
+    assert a.acquire() == 1
+    assert calls == [None, None] and clock.sleeps == [0.25] and record(store)["token"] == a.token
+
+
+def test_the_wait_is_reported_to_the_tenth_of_a_second_and_its_last_pause_cut_to_it(store, clock):
+    said = []
+    put_record(store, expires=clock.t + 1000)
+    with pytest.raises(LeaseHeld) as held:
+        lease(store, clock, said, wait_s=0.26).acquire()
+    assert clock.sleeps == [0.26] and held.value.details["waited_s"] == 0.3
+    (kind, fields), = said
+    assert kind == layout.LEASE_WAIT and (fields["wait_s"], fields["waited_s"]) == (0.3, 0.0)
