@@ -137,11 +137,13 @@ def test_a_held_lease_is_waited_for_then_refused_and_a_released_one_taken_at_onc
 
 def test_a_lease_nobody_renews_is_taken_over_and_its_holder_fenced(run):
     frozen = _lease(open_store(run.uri), holder="frozen")
+    # From before the frozen holder's write: its lease runs out 3 s (+1 s skew) after that write,
+    # however long a loaded machine takes between the two acquires.
+    t0 = time.monotonic()
     frozen.acquire()  # never renewed: a machine that stopped (or lost its network)
     lost = []
     frozen.on_lost = lost.append
     taker = _lease(open_store(run.uri), holder="taker")
-    t0 = time.monotonic()
     assert taker.acquire() == 2
     assert time.monotonic() - t0 >= 2.0  # only once the lease had run out
     with pytest.raises(LeaseLost, match=r"taken over \(taker, epoch 2\)"):
