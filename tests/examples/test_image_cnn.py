@@ -1,7 +1,8 @@
 """The worked example `examples/image-cnn`: a user's own model and TFRecords, trained as a user would.
 
 Records written from numpy arrays by the example's own script, trained with `--code-dir`,
-stopped by SIGTERM half way, resumed to COMPLETE, and the exported SavedModel serves a prediction.
+stopped by SIGTERM half way, resumed to COMPLETE with its validation accuracy in COMPLETE, TensorBoard
+and `ops status`, and the exported SavedModel serves a prediction.
 """
 
 from __future__ import annotations
@@ -56,6 +57,17 @@ def test_example_records_train_stop_resume_complete_and_serve(tmp_path):
     assert done["metrics"]["val_accuracy"] == evals[-1]["metrics"]["val_accuracy"]
     assert done["metrics"]["val_accuracy"] > 0.25, done["metrics"]  # better than chance (4 classes)
     assert 0.0 <= done["metrics"]["accuracy"] <= 1.0
+    # The same evaluations in TensorBoard, beside the training curves, and in `ops status`.
+    from bench.run_all import tensorboard_scalars
+
+    board = str(tmp_path / "run" / "tensorboard")
+    val = dict(tensorboard_scalars(board, "validation/accuracy"))
+    assert {e["step"]: val.get(e["step"]) for e in evals} == pytest.approx(
+        {e["step"]: e["metrics"]["val_accuracy"] for e in evals})
+    assert {e["step"] for e in evals} <= {s for s, _ in tensorboard_scalars(board, "validation/loss")}
+    train_acc = tensorboard_scalars(board, "train/accuracy")
+    assert train_acc and all(0.0 <= v <= 1.0 for _, v in train_acc) and max(s for s, _ in train_acc) == stopped + 40
+    _assert_status_shows(uri, done)
     # COMPLETE says how to call the model: the SavedModel's own signature.
     assert done["signature"]["endpoint"] == "serve"
     assert done["signature"]["inputs"] == {"image": {"dtype": "float32", "shape": [None, 32, 32, 1]}}
@@ -83,6 +95,22 @@ def test_example_records_train_stop_resume_complete_and_serve(tmp_path):
     probs = np.array(json.loads(out.stdout.strip().splitlines()[-1]))
     assert probs.shape == (4, 4)
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-4)
+
+
+def _assert_status_shows(uri: str, done: dict) -> None:
+    import io
+
+    from rich.console import Console
+
+    from ops import status
+
+    st = status.read_status(uri)
+    assert st.state == "COMPLETE" and st.metrics["val_accuracy"] == done["metrics"]["val_accuracy"], st
+    out = io.StringIO()
+    Console(file=out, width=160).print(status.render(st))
+    text = out.getvalue()
+    assert f"val_accuracy {done['metrics']['val_accuracy']:.4g}" in text, text
+    assert f"accuracy {done['metrics']['accuracy']:.4g}" in text, text
 
 
 def test_missing_code_dir_is_one_line_naming_the_flag(tmp_path):
