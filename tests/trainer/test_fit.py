@@ -153,3 +153,28 @@ def test_outside_trainstack_the_helper_is_plain_keras(monkeypatch, tmp_path):
     cbs = fit.callbacks(histogram_freq=1)
     assert [type(c) for c in cbs] == [fit.Backup, keras.callbacks.TensorBoard]
     assert cbs[0].every_seconds == 30.0 and cbs[1].histogram_freq == 1
+
+
+@pytest.mark.parametrize(("tf_config", "gpus", "expected"), [
+    ({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0}}, [], "multi-worker"),
+    ({"cluster": {"chief": ["a:1"], "worker": ["b:1"]}, "task": {"type": "chief", "index": 0}}, ["GPU:0"],
+     "multi-worker"),
+    ({"cluster": {"worker": ["a:1"], "ps": ["b:1"]}, "task": {"type": "worker", "index": 0}}, [], "default"),
+    (None, ["GPU:0", "GPU:1"], "mirrored"),
+    (None, [], "default"),
+])
+def test_the_helper_strategy_follows_the_cluster_then_the_gpus(monkeypatch, tf_config, gpus, expected):
+    import tensorflow as tf
+
+    from trainer import fit
+
+    made = {"multi-worker": object(), "mirrored": object()}
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", lambda: made["multi-worker"])
+    monkeypatch.setattr(tf.distribute, "MirroredStrategy", lambda: made["mirrored"])
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: list(gpus) if kind == "GPU" else [])
+    if tf_config is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    got = fit.strategy()
+    assert got is made.get(expected, tf.distribute.get_strategy()), (expected, got)
