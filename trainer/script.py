@@ -65,7 +65,7 @@ class ScriptRun(RunAttempt):
         self.dirs = {name: os.path.join(self.work, name) for name in ("checkpoints", "tensorboard", "model")}
         self.messages = os.path.join(self.work, "messages.jsonl")
         self.child: subprocess.Popen | None = None
-        self.lost_lease = False
+        self.lost_lease: str | None = None  # why the lease was lost, once it is
         self.step = 0
         self.total: int | None = None
         self.committed: int | None = None
@@ -77,7 +77,7 @@ class ScriptRun(RunAttempt):
 
     def _lease_lost(self, reason: str) -> None:
         # Another machine took the run: the child must not commit again.
-        self.lost_lease = True
+        self.lost_lease = reason or "the lease was lost"
         self._kill_child()
 
     def _kill_child(self) -> None:
@@ -194,7 +194,7 @@ class ScriptRun(RunAttempt):
         self._read_messages()
         self._sync_tensorboard()
         if self.lost_lease:
-            raise LeaseLost("another trainer took the run's lease; the command was stopped")
+            raise LeaseLost(f"{self.lost_lease}; the command was killed")
         stopped = signalled_at is not None and rc in (layout.EXIT_PREEMPTED, -signal.SIGTERM, -signal.SIGKILL)
         if stopped and cancelled:
             return self._cancel()

@@ -206,3 +206,24 @@ def test_a_command_killed_by_the_signal_before_its_first_commit_is_preempted_at_
     assert t.wait(timeout=60) == layout.EXIT_PREEMPTED, t.stderr
     pre = [e for e in store_events(uri) if e["event"] == layout.PREEMPTED]
     assert len(pre) == 1 and pre[0]["step"] == 42 and pre[0]["exit_code"] == -15, pre
+
+
+def test_a_lease_taken_over_kills_the_command_at_once_and_exits_77(code, tmp_path):
+    # Another machine took the run: the command must not commit again. The stand-in would sleep
+    # 300 s and, on SIGTERM, report a checkpoint; killed at once, it does neither.
+    import time
+
+    uri = f"file://{tmp_path}/run"
+    t = Trainer(uri, "--code-dir", str(code), "--lease-ttl-s", "16", "--", "python", "standin.py", "wait",
+                env=trainer_env(STANDIN_SLEEP="300", TRAINSTACK_MACHINE_ID="machine-a"))
+    t.wait_event("standin_ready", timeout=60)
+    store = _store(uri)
+    data, version = store.get_versioned(layout.LEASE_KEY)
+    held = json.loads(data)
+    taken = {**held, "holder": "machine-b/1", "token": "b", "epoch": held["epoch"] + 1, "nonce": "b",
+             "expires": time.time() + 600}
+    store.put_bytes_if(layout.LEASE_KEY, json.dumps(taken).encode(), version=version)
+    assert t.wait(timeout=60) == layout.EXIT_LEASE_HELD, t.stderr[-3000:]
+    assert t.events[-1]["event"] == layout.FAILED_EVENT and "taken over (machine-b/1" in t.events[-1]["reason"], t.events
+    assert layout.CHECKPOINT not in kinds(t.events)  # the command was killed, not asked to save
+    assert json.loads(store.get_bytes(layout.LEASE_KEY))["holder"] == "machine-b/1"
