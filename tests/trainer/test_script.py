@@ -104,12 +104,17 @@ def test_program_not_found_exits_2_with_one_line(code, tmp_path):
 
 def test_exit_0_uploads_the_model_and_writes_complete_with_the_metrics(code, tmp_path):
     uri = f"file://{tmp_path}/run"
-    rc, events, err = run_trainer(uri, "--code-dir", str(code), "--", "python", "standin.py", "ok", timeout=60)
+    rc, events, err = run_trainer(uri, "--code-dir", str(code), "--price-per-hour", "3600", "--", "python", "standin.py",
+                                  "ok", timeout=60)
     assert rc == 0, err
     assert kinds(events)[0] == layout.STARTED and kinds(events)[-1] == layout.FINISHED, kinds(events)
     assert (tmp_path / "run" / "model" / "weights.bin").read_bytes() == b"model"
     done = json.loads((tmp_path / "run" / layout.COMPLETE).read_text())
     assert done["step"] == 10 and done["metrics"]["accuracy"] == 0.875 and done["metrics"]["val_accuracy"] == 0.75
+    # The run's cost, as for the trainer's own loop: the attempt's machine time at the stack's price.
+    # (A dear price, so that the seconds it ran are whole cents: COMPLETE rounds hours to 4 places.)
+    assert 0 < done["machine_hours"] < 0.1 and done["cost_usd"] > 0
+    assert done["cost_usd"] == pytest.approx(done["machine_hours"] * 3600, abs=0.2)
     assert [e["epoch"] for e in store_events(uri) if e["event"] == "epoch"] == [1]
     # A second start finds the run complete and runs nothing.
     rc, events, _ = run_trainer(uri, "--code-dir", str(code), "--", "python", "standin.py", "3", timeout=60)
