@@ -35,11 +35,9 @@ STANDIN = textwrap.dedent('''
         time.sleep(float(os.environ.get("STANDIN_SLEEP", "60")))
         sys.exit(5)
     send("epoch", step=10, total=10, epoch=1, metrics={"loss": 0.5, "accuracy": 0.875, "val_accuracy": 0.75})
-    if mode == "ok":
-        with open(os.path.join(os.environ["TRAINSTACK_MODEL_DIR"], "weights.bin"), "wb") as f:
-            f.write(b"model")
-        sys.exit(0)
-    sys.exit(int(mode))
+    with open(os.path.join(os.environ["TRAINSTACK_MODEL_DIR"], "weights.bin"), "wb") as f:
+        f.write(b"model")
+    sys.exit(0 if mode == "ok" else int(mode))
 ''')
 
 
@@ -129,6 +127,7 @@ def test_a_failing_command_is_a_failed_event(code, tmp_path, mode, rc):
     failed = [e for e in store_events(uri) if e["event"] == layout.FAILED_EVENT]
     assert len(failed) == 1 and failed[0]["exit_code"] == int(mode) and "standin.py" in failed[0]["reason"]
     assert not (tmp_path / "run" / layout.COMPLETE).exists()
+    assert not (tmp_path / "run" / "model").exists()  # what it saved is no model until it exits 0
 
 
 def test_sigterm_is_forwarded_and_143_is_preempted(code, tmp_path):
