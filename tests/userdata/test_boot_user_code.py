@@ -94,9 +94,10 @@ def fit_code_uri(s3_run, tmp_path) -> str:
     return f"s3://{s3_run.bucket}/{key}"
 
 
-def test_a_fit_script_from_the_archive_trains_to_complete(sandbox_factory, s3_run, fit_code_uri):
+def test_a_fit_script_from_the_archive_trains_to_complete(sandbox_factory, s3_run, fit_code_uri, tmp_path):
     # Script mode on a machine: run.command reaches the container's trainer, which runs the seed
-    # article's script (examples/keras-fit) in the unpacked folder; its model becomes model/.
+    # article's script (examples/keras-fit) in the unpacked folder; its model becomes model/, a
+    # SavedModel that serves, and `ops status` shows the run's accuracy.
     command = ["python", "train.py", "--epochs", "2", "--examples", "3200"]
     settings = settings_for(code="examples/keras-fit", command=command, synthetic=False)
     box = sandbox_factory(settings=settings, code_uri=fit_code_uri)
@@ -109,3 +110,27 @@ def test_a_fit_script_from_the_archive_trains_to_complete(sandbox_factory, s3_ru
     assert any(k.startswith("model/") for k in objects) and any(k.startswith("tensorboard/") for k in objects)
     env_files = [c["argv"] for c in box.calls("docker-env-file")]
     assert any(f"TRAINSTACK_COMMAND={json.dumps(command)}" in lines for lines in env_files), env_files
+
+    import numpy as np
+    import tensorflow as tf
+
+    model_dir = tmp_path / "model"
+    for key, data in objects.items():
+        if key.startswith("model/"):
+            (model_dir / key[len("model/"):]).parent.mkdir(parents=True, exist_ok=True)
+            (model_dir / key[len("model/"):]).write_bytes(data)
+    served = tf.saved_model.load(str(model_dir))  # held: its functions need the loaded object alive
+    probs = served.serve(np.random.default_rng(1).random((4, 784), dtype=np.float32))
+    assert probs.shape == (4, 10)
+    np.testing.assert_allclose(probs.numpy().sum(axis=1), 1.0, rtol=1e-4)  # the script's softmax
+
+    import io
+
+    from rich.console import Console
+
+    from ops import status
+
+    st = status.read_status(s3_run.uri)
+    out = io.StringIO()
+    Console(file=out, width=160).print(status.render(st))
+    assert st.state == "COMPLETE" and f"accuracy {done['metrics']['accuracy']:.4g}" in out.getvalue(), out.getvalue()
