@@ -178,3 +178,60 @@ def test_the_helper_strategy_follows_the_cluster_then_the_gpus(monkeypatch, tf_c
         monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
     got = fit.strategy()
     assert got is made.get(expected, tf.distribute.get_strategy()), (expected, got)
+
+
+TINY = '''
+import sys
+import keras
+import numpy as np
+import tensorflow as tf
+from trainer import fit
+units, epochs, then = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(units), keras.layers.Dense(2)])
+model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+data = tf.data.Dataset.from_tensor_slices((np.ones((32, 4), np.float32), np.zeros(32, np.int64))).batch(8)
+model.fit(data, epochs=epochs, callbacks=fit.callbacks(), verbose=0)
+sys.exit(then)
+'''
+
+
+@pytest.mark.slow
+def test_the_helper_restores_the_newest_complete_checkpoint_and_refuses_another_models(tmp_path):
+    # The whole-commit protocol through fit.callbacks(): a checkpoint without its COMMITTED marker
+    # is skipped on restore; a committed one whose variables are another model's is refused, in
+    # one line, with exit 78 (no retry), and nothing of the run is touched.
+    from trainer.checkpoints import CheckpointStore
+    from trainer.storage import open_store
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "tiny.py").write_text(TINY)
+    uri = f"file://{tmp_path}/run"
+
+    def attempt(units: int, epochs: int):
+        return run_trainer(uri, "--code-dir", str(code), "--", "python", "tiny.py", str(units), str(epochs), "3",
+                           timeout=180)
+
+    rc, _, err = attempt(3, 2)  # 4 steps an epoch, a commit at each epoch's end; the script then fails
+    assert rc == 1, err[-3000:]
+    store = CheckpointStore(open_store(uri))
+    assert store.committed_steps() == [4, 8]
+    torn = tmp_path / "run" / layout.checkpoint_dir(999)  # an upload that never finished: files, no marker
+    torn.mkdir()
+    (torn / "state.json").write_text('{"step": 999, "epoch": 9, "batch": 0}')
+
+    rc, events, err = attempt(3, 3)
+    assert rc == 1, err[-3000:]
+    skipped = [e for e in events if e["event"] == layout.CHECKPOINT_SKIPPED]
+    assert [e["step"] for e in skipped] == [999] and "no COMMITTED marker" in skipped[0]["reason"], events
+    assert [(e["step"], e["epoch"], e["batch"]) for e in events if e["event"] == layout.RESUMED] == [(8, 2, 0)]
+    assert store.committed_steps()[-1] == 12  # the third epoch trained on from step 8
+
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "run" / "checkpoints").rglob("*"))
+    rc, events, err = attempt(5, 3)  # another model (a layer of 5 units) on the same run
+    assert rc == layout.EXIT_UNUSABLE, err[-3000:]
+    lines = [ln for ln in err.splitlines() if ln.startswith("trainstack: checkpoint")]
+    assert len(lines) == 1 and "written by another model" in lines[0] and "start a new run id" in lines[0], err[-3000:]
+    assert "here" in lines[0] and "saved" in lines[0]  # which variable differs
+    assert layout.RESUMED not in kinds(events) and events[-1]["event"] == layout.FAILED_EVENT, kinds(events)
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "run" / "checkpoints").rglob("*")) == before
