@@ -134,3 +134,41 @@ def test_a_fit_script_from_the_archive_trains_to_complete(sandbox_factory, s3_ru
     out = io.StringIO()
     Console(file=out, width=160).print(status.render(st))
     assert st.state == "COMPLETE" and f"accuracy {done['metrics']['accuracy']:.4g}" in out.getvalue(), out.getvalue()
+
+
+def test_a_fit_script_stopped_by_a_spot_notice_resumes_on_the_next_boot_at_its_step(sandbox_factory, s3_run, group,
+                                                                                    metadata, fit_code_uri):
+    # The machine's path for a notice in script mode: the watcher stops the container, the trainer
+    # forwards SIGTERM to the script, which commits its step and exits 143 within the notice; the
+    # replacement boot resumes the script at that very step and ends COMPLETE.
+    from tests.userdata.helpers import events, group_size, machine_events, wait_for
+
+    steps_per_epoch, epochs = 100, 20  # 1,900 steps (several seconds) left when the first epoch commits
+    command = ["python", "train.py", "--epochs", str(epochs), "--examples", str(64 * steps_per_epoch),
+               "--deterministic"]
+    settings = settings_for(code="examples/keras-fit", command=command, synthetic=False)
+    box = sandbox_factory(settings=settings, code_uri=fit_code_uri)
+    box.boot()
+    wait_for(lambda: any(e["event"] == "checkpoint" for e in events(s3_run)), 240, "the first epoch's commit")
+    metadata.notice_aws()
+    wait_for(lambda: "exited with 143" in box.journal(), 90, "the trainer's exit 143")
+    assert box.argvs("docker").count(["stop", "--time", "100", "trainstack-trainer"]) == 1
+    env_files = [c["argv"] for c in box.calls("docker-env-file")]
+    assert any("TRAINSTACK_STOP_GRACE_S=90" in lines for lines in env_files), env_files  # the notice less 10 s
+    preempted = [e for e in events(s3_run) if e["event"] == "preempted"]
+    assert len(preempted) == 1 and preempted[0]["exit_code"] == 143, events(s3_run)
+    stopped_at = preempted[0]["step"]
+    assert steps_per_epoch <= stopped_at < epochs * steps_per_epoch
+    notice = wait_for(lambda: next((e for e in machine_events(s3_run) if e["event"] == "spot_notice"), None), 60,
+                      "the spot_notice event")
+    assert notice["grace_s"] == 100 and notice["stop_s"] < 90, notice  # stopped within the script's grace
+
+    box.power_off()
+    metadata.instance_action = None  # the replacement machine: no notice
+    assert box.boot().wait(timeout=300) == 0, box.journal()
+    resumed = [e for e in events(s3_run) if e["event"] == "resumed"]
+    assert [e["step"] for e in resumed] == [stopped_at], resumed
+    assert (resumed[0]["epoch"], resumed[0]["batch"]) == divmod(stopped_at, steps_per_epoch)
+    done = json.loads(s3_keys(s3_run)["COMPLETE"])
+    assert done["step"] == epochs * steps_per_epoch and done["attempts"] == 2 and "accuracy" in done["metrics"], done
+    assert group_size(s3_run, group) == (0, 0, 0)
