@@ -162,6 +162,9 @@ def test_ops_status_shows_the_latest_and_the_best_evaluation(evaluated, tmp_path
     text = shown(st)
     assert f"val_loss {done['best']['value']:.4g} at step {BEST_STEP} (max); exported as model/" in text
     assert f"val_accuracy {done['metrics']['val_accuracy']:.4g}" in text
+    # What the evaluations cost, from COMPLETE once the run ended.
+    assert st.eval_seconds == done["eval_seconds"] > 0
+    assert f"(evaluated at step {STEPS}; evaluation {done['eval_seconds']:.1f}s in all)" in text, text
 
     # While a run trains: the newest evaluation and the best so far, from progress.json.
     running = tmp_path / "running"
