@@ -30,6 +30,7 @@ SHUFFLE_BUFFER = 10_000
 MNIST_EXAMPLES = 60_000
 MNIST_VALIDATION = 2_000
 LM_SEQUENCES = 8_192
+LM_VALIDATION = 512
 _MAX_EPOCHS = 1 << 40
 
 
@@ -72,7 +73,15 @@ def synthetic_tokens(n: int = LM_SEQUENCES, seq_len: int = 64, vocab: int = 256,
 
     Returns `(x, y)`: x = tokens[:-1], y = tokens[1:] as int32 arrays.
     """
-    rng = np.random.default_rng([seed, vocab])
+    return _progressions(np.random.default_rng([seed, vocab]), n, seq_len, vocab)
+
+
+def synthetic_tokens_validation(n: int = LM_VALIDATION, seq_len: int = 64, vocab: int = 256, seed: int = 0):
+    """The held-out set of `synthetic_tokens(seed=seed)`: progressions of the same kind, drawn apart."""
+    return _progressions(np.random.default_rng([seed, vocab, 1]), n, seq_len, vocab)
+
+
+def _progressions(rng: np.random.Generator, n: int, seq_len: int, vocab: int):
     start = rng.integers(0, vocab, size=(n, 1))
     stride = rng.integers(1, 8, size=(n, 1))
     tokens = ((start + stride * np.arange(seq_len + 1)[None]) % vocab).astype(np.int32)

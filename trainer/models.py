@@ -183,6 +183,11 @@ def build_transformer_lm(cfg: TrainConfig) -> ModelSpec:
         parse_tfrecord=data_mod.make_lm_parser(cfg.lm_seq_len),
         synthetic=lambda seed: data_mod.synthetic_tokens(seq_len=cfg.lm_seq_len, vocab=cfg.lm_vocab, seed=seed),
         name="transformer-lm",
+        metrics=["accuracy"],  # next-token accuracy, over every position
+        # Synthetic data has its held-out set (512 sequences drawn apart); TFRecords have theirs
+        # in --validation-data-uri.
+        make_validation=(lambda batch, seed: data_mod.finite_arrays(*data_mod.synthetic_tokens_validation(
+            seq_len=cfg.lm_seq_len, vocab=cfg.lm_vocab, seed=seed), batch)) if cfg.synthetic else None,
     )
 
 

@@ -24,6 +24,10 @@ def test_synthetic_sets_are_deterministic_and_learnable_shapes():
     tx, ty = data.synthetic_tokens(n=4, seq_len=8, vocab=16, seed=0)
     assert tx.shape == ty.shape == (4, 8)
     assert np.array_equal(tx[:, 1:], ty[:, :-1])  # y is x shifted by one token
+    # The LM's held-out set: the same kind of sequences, drawn apart from the training ones, the same every time.
+    vx, vy = data.synthetic_tokens_validation(n=4, seq_len=8, vocab=16, seed=0)
+    assert vx.shape == (4, 8) and np.array_equal(vx[:, 1:], vy[:, :-1]) and not np.array_equal(vx, tx)
+    assert np.array_equal(vx, data.synthetic_tokens_validation(n=4, seq_len=8, vocab=16, seed=0)[0])
 
 
 def test_array_stream_resumes_exactly_across_epochs():

@@ -181,15 +181,30 @@ def test_ops_status_shows_the_latest_and_the_best_evaluation(evaluated, tmp_path
     assert "val_accuracy 0.93 at step 20 (max)" in text
 
 
+PLAIN = """
+import keras
+import numpy as np
+from trainer.models import ModelSpec
+
+def build(config=None):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    return ModelSpec(model=model, loss=keras.losses.MeanSquaredError(reduction=None),
+                     synthetic=lambda seed: (np.ones((64, 4), "float32"), np.ones((64, 1), "float32")))
+"""
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (["--keep-best", "val_precision"], "--keep-best val_precision (run.keepBest): the evaluation records val_loss, "
                                        "val_accuracy; name one of them"),
-    (["--model", "transformer-lm", "--lm-layers", "1", "--lm-dim", "8", "--lm-heads", "1", "--lm-seq-len", "8",
-      "--eval-every-steps", "2"], "--eval-every-steps 2 (run.evalEverySteps) needs a validation set"),
+    (["--code-dir", "{code}", "--model", "plain:build", "--eval-every-steps", "2"],
+     "--eval-every-steps 2 (run.evalEverySteps) needs a validation set"),
 ])
 def test_a_metric_or_validation_set_that_cannot_work_fails_at_once_with_one_line(tmp_path, args, words):
+    code = tmp_path / "code"  # a model of one's own with no validation set
+    code.mkdir()
+    (code / "plain.py").write_text(PLAIN)
     rc, events, err = run_trainer(f"file://{tmp_path}/runs/bad", "--synthetic", "--steps", "4", "--batch-size", "8",
-                                  *args)
+                                  *[a.format(code=code) for a in args])
     assert rc == 78, err[-2000:]
     failed = [e for e in events if e["event"] == "failed"]
     assert len(failed) == 1 and words in failed[0]["reason"] and "\n" not in failed[0]["reason"], failed

@@ -157,3 +157,35 @@ def test_transformer_lm_mixed_float16_with_xla_and_tied_head(file_run):
     n_model = sum(1 for k in names if k.startswith("model/"))
     n_opt = sum(1 for k in names if k.startswith("optimizer/"))
     assert n_model > 0 and n_opt == 2 * n_model + 2 + 4, (n_model, n_opt)
+
+
+@pytest.mark.slow
+def test_transformer_lm_reports_next_token_accuracy_on_its_held_out_set(file_run, tmp_path):
+    # The built-in LM, as the mlp: accuracy on the training batches, and with --synthetic a held-out
+    # set evaluated every --eval-every-steps and at the end, in TensorBoard, COMPLETE and ops status.
+    import io
+
+    from rich.console import Console
+
+    from bench.run_all import tensorboard_scalars
+    from ops import status
+    from trainer.data import LM_VALIDATION
+
+    args = ["--model", "transformer-lm", "--synthetic", "--steps", "6", "--batch-size", "8", "--lm-layers", "1",
+            "--lm-dim", "16", "--lm-heads", "2", "--lm-seq-len", "8", "--lm-vocab", "32", "--eval-every-steps", "3",
+            "--log-every", "3", "--checkpoint-every-steps", "6"]
+    rc, events, err = run_trainer(file_run.uri, *args, env=trainer_env(file_run.env))
+    assert rc == 0, err[-3000:]
+    evals = [e for e in events if e["event"] == "evaluated"]
+    assert [e["step"] for e in evals] == [3, 6] and all(e["examples"] == LM_VALIDATION for e in evals), evals
+    assert all(0.0 <= e["metrics"]["val_accuracy"] <= 1.0 and np.isfinite(e["metrics"]["val_loss"]) for e in evals)
+    done = json.loads(_store(file_run.uri).get_bytes("COMPLETE"))
+    assert {k: done["metrics"][k] for k in ("val_loss", "val_accuracy")} == evals[-1]["metrics"]
+    assert 0.0 <= done["metrics"]["accuracy"] <= 1.0
+    board = f"{file_run.uri[len('file://'):]}/tensorboard"
+    assert dict(tensorboard_scalars(board, "validation/accuracy")) == pytest.approx(
+        {e["step"]: e["metrics"]["val_accuracy"] for e in evals})
+    assert [s for s, _ in tensorboard_scalars(board, "train/accuracy")] == [3, 6]
+    out = io.StringIO()
+    Console(file=out, width=160).print(status.render(status.read_status(file_run.uri)))
+    assert f"val_accuracy {done['metrics']['val_accuracy']:.4g}" in out.getvalue(), out.getvalue()
