@@ -42,6 +42,7 @@ def test_a_command_with_its_code_is_accepted_and_reaches_the_trainer():
 @pytest.mark.parametrize(("run", "compute", "key", "words"), [
     ({"command": ["python", "train.py"]}, {}, "run.command", "needs run.code"),
     ({**GOOD, "model": "mlp2.model:build"}, {}, "run.command", "cannot be combined with run.model"),
+    ({**GOOD, "model": "transformer-lm"}, {}, "run.command", "cannot be combined with run.model 'transformer-lm'"),
     ({**GOOD, "synthetic": True}, {}, "run.command", "run.synthetic or run.dataUri"),
     ({**GOOD, "command": ["python", "trian.py"]}, {}, "run.command", "script 'trian.py' is not in"),
     ({**GOOD, "command": ["./run.sh"]}, {}, "run.command", "'./run.sh' is not an executable file"),
