@@ -117,6 +117,19 @@ def trainer_flags() -> list[str]:
     return sorted(o for a in build_parser()._actions for o in a.option_strings if o.startswith("--"))
 
 
+def _entry_named(message: str, extra: list[str]) -> int:
+    """The index of the extraArgs entry that argparse's `message` is about: the first entry whose flag
+    the message names, whole or as the prefix argparse accepts (`--prec` for `--precision`)."""
+    names = [a.split("=", 1)[0] for a in extra]
+    mentioned = re.findall(r"(?<![\w-])(--[\w-]+)", message)
+    for same in (str.__eq__, str.startswith):  # a whole name before a prefix: --steps-per-call, not --steps
+        for flag in mentioned:
+            for i, name in enumerate(names):
+                if name.startswith("--") and same(flag, name):
+                    return i
+    return 0
+
+
 def check_extra_args(s: Settings) -> None:
     """run.extraArgs are flags the trainer really has, with values it accepts: parsed by its own parser
     as the machine will parse them, so a typo fails here instead of crash-looping on a paid machine."""
@@ -137,8 +150,7 @@ def check_extra_args(s: Settings) -> None:
         _, unknown = parser.parse_known_args(base + list(extra))
     except _ParseError as e:
         message = str(e)
-        flag = re.search(r"argument (--[\w-]+)", message)
-        i = next((i for i, a in enumerate(extra) if flag and a.split("=", 1)[0] == flag.group(1)), 0)
+        i = _entry_named(message, extra)
         raise ConfigError(f"run.extraArgs[{i}]", f"{extra[i]!r}: the trainer refuses it ({message}); "
                           "see python -m trainer --help") from None
     if unknown:

@@ -299,6 +299,12 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     ("extra-args-value-with-equals", stack(**{R: {"extraArgs": ["--xla", "--precision=fp8=x"]}}), "run.extraArgs[1]",
      "invalid choice: 'fp8=x'"),
     ("extra-args-abbreviated", stack(**{R: {"extraArgs": ["--prec=fp8"]}}), "run.extraArgs[0]", "argument --precision"),
+    ("extra-args-abbreviated-later", stack(**{R: {"extraArgs": ["--xla", "--prec=fp8"]}}), "run.extraArgs[1]",
+     "argument --precision"),
+    ("extra-args-whole-name-first", stack(**{R: {"extraArgs": ["--steps-per=2", "--steps-per-call=x"]}}),
+     "run.extraArgs[1]", "argument --steps-per-call"),
+    ("extra-args-ambiguous-later", stack(**{R: {"extraArgs": ["--xla", "--step=5"]}}), "run.extraArgs[1]",
+     "ambiguous option"),
     ("extra-args-typo-with-equals", stack(**{R: {"extraArgs": ["--xla", "--grad-acum=2=3"]}}), "run.extraArgs[1]",
      "'--grad-acum' is not a flag of the trainer"),
     # several machines train in lockstep: one GPU model per cluster
