@@ -25,6 +25,7 @@ from trainer import layout
 EXPORT_KEYS = ("bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri")
 # A stack of several placements also exports the placement controller's configuration (JSON).
 PLACEMENTS_EXPORT = "placements"
+PROJECT_EXPORT = "project"  # GCP only: the project the stack lives in, for the operator's gcloud
 
 # The URI scheme of each cloud's object store.
 SCHEMES = {"aws": "s3", "gcp": "gs"}
@@ -113,10 +114,12 @@ class StackOutputs(pulumi.ComponentResource):
         group_name: pulumi.Output[str],
         code_uri: pulumi.Output[str],
         placements: pulumi.Output[str] | None = None,
+        gcp_project: str | None = None,
     ) -> None:
         """Assign the outputs and register them (the last step of a stack's constructor).
         `placements` (several placements only): the controller's configuration, which `ops move
-        --stack` and `ops status --stack` read the groups from."""
+        --stack` and `ops status --stack` read the groups from. `gcp_project` (GCP): exported as
+        `project`, so `ops` asks gcloud about the stack's project, not the one gcloud is set to."""
         self.placements = placements
         self.bucket_name = bucket_name
         self.run_uri = run_uri
@@ -125,6 +128,7 @@ class StackOutputs(pulumi.ComponentResource):
         self.code_uri = code_uri
         self.region = pulumi.Output.from_input(settings.region)
         self.watch_command = pulumi.Output.from_input(watch_command(settings.stack))
+        self.gcp_project = pulumi.Output.from_input(gcp_project) if gcp_project else None
         self.register_outputs(self.exports())
 
     def exports(self) -> dict[str, pulumi.Output]:
@@ -134,4 +138,6 @@ class StackOutputs(pulumi.ComponentResource):
         out = dict(zip(EXPORT_KEYS, values, strict=True))
         if self.placements is not None:
             out[PLACEMENTS_EXPORT] = self.placements
+        if self.gcp_project is not None:
+            out[PROJECT_EXPORT] = self.gcp_project
         return out

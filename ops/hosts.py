@@ -136,8 +136,14 @@ def aws_hosts(group: str, region: str | None = None) -> list[Host]:
     return sorted(hosts, key=lambda h: (h.launched, h.name))
 
 
-def gcp_hosts(group: str, region: str | None = None) -> list[Host]:
-    """Running GCE instances of the managed instance group ``group`` (via ``gcloud``), oldest first."""
+def _project_flag(project: str | None) -> list[str]:
+    # gcloud otherwise reads its own configured project, which need not be the stack's.
+    return ["--project", project] if project else []
+
+
+def gcp_hosts(group: str, region: str | None = None, project: str | None = None) -> list[Host]:
+    """Running GCE instances of the managed instance group ``group`` (via ``gcloud``), oldest first.
+    ``project``: the stack's project (its ``project`` output), not the one gcloud is set to."""
     # The stack has no GCE client library among its dependencies; the operator's gcloud
     # is already authenticated for the project, as pulumi itself is.
     exe = shutil.which("gcloud")
@@ -147,8 +153,8 @@ def gcp_hosts(group: str, region: str | None = None) -> list[Host]:
     flt = f"name~'^{base}-[a-z0-9]{{4}}$' AND status=RUNNING"
     if region:
         flt += f" AND zone~'/zones/{re.escape(region)}-'"
-    proc = _run_cli([exe, "compute", "instances", "list", "--format=json", f"--filter={flt}"],
-                    "gcloud compute instances list", GCLOUD_TIMEOUT_S)
+    proc = _run_cli([exe, "compute", "instances", "list", *_project_flag(project), "--format=json",
+                     f"--filter={flt}"], "gcloud compute instances list", GCLOUD_TIMEOUT_S)
     hosts = []
     for inst in json.loads(proc.stdout or "[]"):
         nic = (inst.get("networkInterfaces") or [{}])[0]
@@ -204,12 +210,12 @@ def aws_group_state(group: str, region: str | None = None, *, client=None, limit
     return GroupState(running=running, desired=found[0].get("DesiredCapacity"), launch_failures=tuple(failures[:limit]))
 
 
-def gcp_group_state(group: str, region: str | None = None, *, limit: int = 3) -> GroupState:
+def gcp_group_state(group: str, region: str | None = None, *, project: str | None = None, limit: int = 3) -> GroupState:
     """The managed instance group's running machines, target size and latest errors (``gcloud``)."""
     exe = shutil.which("gcloud")
     if exe is None:
         raise HostsError("the gcloud CLI is not on PATH, so the stack's group cannot be read")
-    where = ["--region", region] if region else []
+    where = (["--region", region] if region else []) + _project_flag(project)
 
     def call(*argv: str) -> object:
         try:
@@ -229,7 +235,7 @@ def gcp_group_state(group: str, region: str | None = None, *, limit: int = 3) ->
         err = e.get("error") or {}
         stamp = str(e.get("timestamp", ""))[11:16]
         failures.append(f"{stamp + ' ' if stamp else ''}{_one_line(err.get('code', '') + ': ' + err.get('message', ''))}")
-    return GroupState(running=len(gcp_hosts(group, region)), desired=described.get("targetSize"),
+    return GroupState(running=len(gcp_hosts(group, region, project)), desired=described.get("targetSize"),
                       launch_failures=tuple(failures[:limit]))
 
 
@@ -245,7 +251,9 @@ def stack_group_state(stack: str) -> GroupState:
     cloud = cloud_of(require_output(outputs, "runUri", stack))
     group = require_output(outputs, "groupName", stack)
     region = outputs.get("region") or None
-    return aws_group_state(group, region) if cloud == "aws" else gcp_group_state(group, region)
+    if cloud == "aws":
+        return aws_group_state(group, region)
+    return gcp_group_state(group, region, project=outputs.get("project") or None)
 
 
 def placement_group_state(stack: str, index: int) -> GroupState:
@@ -259,7 +267,9 @@ def placement_group_state(stack: str, index: int) -> GroupState:
         p = config.placements[index]
     except (ConfigError, IndexError) as e:
         raise HostsError(f"stack {stack}'s placements output has no placement {index}: {e}") from None
-    return aws_group_state(p.group, p.region) if p.cloud == "aws" else gcp_group_state(p.group, p.region)
+    if p.cloud == "aws":
+        return aws_group_state(p.group, p.region)
+    return gcp_group_state(p.group, p.region, project=p.project or None)
 
 
 def stack_hosts(stack: str) -> list[Host]:
@@ -268,7 +278,7 @@ def stack_hosts(stack: str) -> list[Host]:
     cloud = cloud_of(require_output(outputs, "runUri", stack))
     group = require_output(outputs, "groupName", stack)
     region = outputs.get("region") or None
-    return aws_hosts(group, region) if cloud == "aws" else gcp_hosts(group, region)
+    return aws_hosts(group, region) if cloud == "aws" else gcp_hosts(group, region, outputs.get("project") or None)
 
 
 # -- command-line options shared by the commands that reach a machine ------------------

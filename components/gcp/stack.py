@@ -202,5 +202,5 @@ class TrainingStack(StackOutputs):
             )
         self._set_outputs(
             s, bucket_name=bucket.name, run_uri=run, image_ref=image, group_name=group.group_name,
-            code_uri=code.code_uri, placements=controller_config,
+            code_uri=code.code_uri, placements=controller_config, gcp_project=s.project,
         )

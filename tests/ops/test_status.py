@@ -539,6 +539,17 @@ def test_gcp_group_state_from_gcloud(tmp_path, monkeypatch):
         "20:01 ZONE_RESOURCE_POOL_EXHAUSTED: The zone does not have enough resources",))
     calls = (bin_dir / "calls").read_text().splitlines()
     assert calls[0] == "compute instance-groups managed describe trainstack-dev --region us-central1 --format=json"
+    # The stack's project, from its outputs, reaches every gcloud call: gcloud's own may be another.
+    (bin_dir / "calls").unlink()
+    fake_pulumi(tmp_path / "pulumi-bin", {"runUri": "gs://b/runs/r", "groupName": "trainstack-dev",
+                                          "region": "us-central1", "project": "my-proj-123"})
+    monkeypatch.setenv("PATH", f"{tmp_path / 'pulumi-bin'}{os.pathsep}{os.environ['PATH']}")
+    hosts._outputs_once.cache_clear()
+    assert hosts.stack_group_state("dev") == state
+    calls = (bin_dir / "calls").read_text().splitlines()
+    assert len(calls) == 3 and all("--project my-proj-123" in c for c in calls), calls
+    assert calls[0] == ("compute instance-groups managed describe trainstack-dev --region us-central1 "
+                        "--project my-proj-123 --format=json")
 
 
 @pytest.mark.slow

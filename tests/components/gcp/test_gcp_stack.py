@@ -25,9 +25,10 @@ def test_same_components_and_outputs_as_the_aws_stack():
     assert names["gcp"] == names["aws"] == sorted(
         ["TrainingStack", "TrainingBucket", "InstanceIdentity", "ImageRepository", "TrainerCode", "SpotGroup"]
     )
-    assert set(g.outputs) == set(a.outputs) == {
-        "bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri",
-    }
+    assert set(a.outputs) == {"bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri"}
+    # GCP adds the stack's project: `ops` asks gcloud about it, not about the one gcloud is set to.
+    assert set(g.outputs) == set(a.outputs) | {"project"}
+    assert g.outputs["project"] == "my-proj-123", g.outputs
     bucket = g.outputs["bucketName"]
     assert g.outputs["runUri"] == f"gs://{bucket}/runs/exp-7"
     assert g.outputs["codeUri"].startswith(f"gs://{bucket}/code/trainer-")
