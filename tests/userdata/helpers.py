@@ -14,7 +14,7 @@ import boto3
 import pytest
 
 from components.userdata import USERDATA_DIR, render_env
-from tests.fixtures.metadata import INSTANCE_ID
+from devtools.metadata import INSTANCE_ID
 from trainer import layout
 
 

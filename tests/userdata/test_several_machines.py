@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from tests.fixtures.metadata import INSTANCE_ID
+from devtools.metadata import INSTANCE_ID
 from tests.userdata.cluster import Cluster, cluster_trainer_uri
 from tests.userdata.helpers import group_size, machine_events, make_group, s3_keys
 from trainer import layout

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.fixtures.metadata import INSTANCE_ID
+from devtools.metadata import INSTANCE_ID
 from tests.userdata.cluster import Cluster, upload_code
 from tests.userdata.helpers import group_size, machine_events, make_group, s3_keys, wait_for
 from trainer import layout

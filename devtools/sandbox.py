@@ -2,7 +2,7 @@
 
 `write_files` of the rendered `#cloud-config` are written under `<tmp>/root` (the scripts
 take `TRAINSTACK_ROOT` as the prefix of /etc, /var, /opt, /run), fake machine commands
-(`tests/fixtures/machine_commands.py`) come first on PATH and record their calls, the fake metadata
+(`devtools/machine_commands.py`) come first on PATH and record their calls, the fake metadata
 service answers on 127.0.0.1, and moto_server is the bucket and the Auto Scaling API.
 `Sandbox.boot()` starts the two units' main processes as systemd would.
 """
@@ -21,10 +21,10 @@ import yaml
 
 from components.settings import load_settings
 from components.userdata import boot_env, render_user_data
-from tests.fixtures import cli_server
-from tests.fixtures.metadata import MetadataServer
+from devtools import cli_server
+from devtools.metadata import MetadataServer
 
-FAKES = Path(__file__).parents[1] / "fixtures" / "machine_commands.py"
+FAKES = Path(__file__).parent / "machine_commands.py"
 TOOLS = ("aws", "docker", "nvidia-smi", "apt-get", "systemctl", "shutdown", "journalctl", "gpg", "snap",
          "modprobe", "mkfs.ext4", "mount", "mountpoint", "blkid", "findmnt", "gcloud")
 
