@@ -110,13 +110,11 @@ def run(*, store_mib_s: float, index_mib_s: float, wheels_mib: float, data_mib: 
     from components.aws.code import archive_key, pack
     from devtools.faultproxy import FaultProxy
     from devtools.metadata import MetadataServer
-    from devtools.sandbox import Sandbox, settings_for
-    from devtools.servers import start_moto_server
-    from tests.fixtures.emulators import AWS_VARS, Run
-    from tests.userdata.helpers import make_group
+    from devtools.sandbox import Sandbox, make_group, settings_for
+    from devtools.servers import AWS_VARS, Run, start_moto_server
     from trainer import layout
 
-    os.environ.update(AWS_VARS)  # the test helpers' clients take their keys from the environment
+    os.environ.update(AWS_VARS)  # the sandbox's clients (make_group, the fake CLIs) take their keys from the environment
     out: dict = {"store_mib_s": store_mib_s, "index_mib_s": index_mib_s, "wheels_mib": wheels_mib,
                  "data_mib": data_mib}
     with contextlib.ExitStack() as stack:

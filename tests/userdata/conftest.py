@@ -9,8 +9,7 @@ import boto3
 import pytest
 
 from devtools.metadata import MetadataServer
-from devtools.sandbox import Sandbox
-from tests.userdata.helpers import make_group
+from devtools.sandbox import Sandbox, make_group
 
 
 @pytest.fixture

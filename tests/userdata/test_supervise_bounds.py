@@ -20,8 +20,9 @@ import time
 import pytest
 
 from devtools.metadata import INSTANCE_ID
+from devtools.sandbox import make_group
 from tests.userdata.cluster import Cluster, upload_code
-from tests.userdata.helpers import group_size, machine_events, make_group, s3_keys, wait_for
+from tests.userdata.helpers import group_size, machine_events, s3_keys, wait_for
 from trainer import layout
 
 pytestmark = pytest.mark.slow
