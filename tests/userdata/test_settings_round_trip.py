@@ -5,7 +5,8 @@ The keys come from the schema (`RunSettings.model_fields`), so a new key fails
 `test_every_run_key_is_accounted_for` until it says which trainer option it sets (or why it
 sets none), and the stacks below must set each key to a value other than its default (null
 where the schema allows null), so an env file that drops a key leaves the trainer on its own
-default and the comparison fails.
+default and the comparison fails. `test_dropping_any_run_variable_from_the_env_file_fails_the_comparison`
+proves that it does, one variable at a time.
 
 The trainer runs once for real (`python -m trainer` in the container's environment) to show
 that the config recorded in the run folder's `started` event is `as_dict(load_config(env))`;
