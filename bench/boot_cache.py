@@ -2,7 +2,7 @@
 
 Both machines boot the rendered user data in the boot sandbox (`devtools/sandbox.py`: the
 real `userdata/` scripts, fake machine commands, moto_server as S3, the fake metadata service),
-with the store behind a link throttled to `--store-mib-s` both ways (`devtools/faultproxy.py`)
+with the store behind a link throttled to `--store-mib-s` both ways (`devtools/fault_proxy.py`)
 and the package index (what the fake `pip` downloads: `--wheels-mib` of incompressible bytes
 standing in for the NVIDIA wheels) behind a link throttled to `--index-mib-s`. The trainer in the
 container is `bench.probe`, which marks its first step.
@@ -108,7 +108,7 @@ def run(*, store_mib_s: float, index_mib_s: float, wheels_mib: float, data_mib: 
     import boto3
 
     from components.aws.code import archive_key, pack
-    from devtools.faultproxy import FaultProxy
+    from devtools.fault_proxy import FaultProxy
     from devtools.metadata import MetadataServer
     from devtools.sandbox import Sandbox, make_group, settings_for
     from devtools.servers import AWS_VARS, Run, start_moto_server

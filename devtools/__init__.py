@@ -7,7 +7,7 @@ here imports neither pytest nor anything of `tests/` or `bench/`
 (`tests/bench/test_imports.py` checks both).
 
 - `servers.py`: moto_server, the GCS emulator, free ports; `Run`, a run root on one of them.
-- `faultproxy.py`: an HTTP proxy that fails, drops, slows or cuts requests on demand.
+- `fault_proxy.py`: an HTTP proxy that fails, drops, slows or cuts requests on demand.
 - `metadata.py`: the instance metadata service (IMDSv2 and GCE's) on 127.0.0.1.
 - `machine_commands.py`: a machine's commands (`docker`, `aws`, `gcloud`, `apt-get`, `mount`,
   `shutdown`…) as fakes that record their calls; `cli_server.py` and `cli_client.py` serve the

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devtools.faultproxy import FaultProxy
+from devtools.fault_proxy import FaultProxy
 
 START_TIMEOUT_S = 60.0
 # What a client of moto_server needs besides its endpoint (any keys do; these are moto's own).

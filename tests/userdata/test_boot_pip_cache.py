@@ -19,7 +19,7 @@ import time
 import boto3
 import pytest
 
-from devtools.faultproxy import FaultProxy
+from devtools.fault_proxy import FaultProxy
 from tests.userdata.helpers import wait_for
 from trainer import layout
 
