@@ -1,8 +1,8 @@
 """Benchmark: power-on → first training step, for a stack's first machine and for a later one.
 
-Both machines boot the rendered user data in the boot sandbox (`tests/userdata/sandbox.py`: the
+Both machines boot the rendered user data in the boot sandbox (`devtools/sandbox.py`: the
 real `userdata/` scripts, fake machine commands, moto_server as S3, the fake metadata service),
-with the store behind a link throttled to `--store-mib-s` both ways (`tests/fixtures/faultproxy.py`)
+with the store behind a link throttled to `--store-mib-s` both ways (`devtools/fault_proxy.py`)
 and the package index (what the fake `pip` downloads: `--wheels-mib` of incompressible bytes
 standing in for the NVIDIA wheels) behind a link throttled to `--index-mib-s`. The trainer in the
 container is `bench.probe`, which marks its first step.
@@ -108,15 +108,13 @@ def run(*, store_mib_s: float, index_mib_s: float, wheels_mib: float, data_mib: 
     import boto3
 
     from components.aws.code import archive_key, pack
-    from devtools.servers import start_moto_server
-    from tests.fixtures.emulators import AWS_VARS, Run
-    from tests.fixtures.faultproxy import FaultProxy
-    from tests.fixtures.metadata import MetadataServer
-    from tests.userdata.helpers import make_group
-    from tests.userdata.sandbox import Sandbox, settings_for
+    from devtools.fault_proxy import FaultProxy
+    from devtools.metadata import MetadataServer
+    from devtools.sandbox import Sandbox, make_group, settings_for
+    from devtools.servers import AWS_VARS, Run, start_moto_server
     from trainer import layout
 
-    os.environ.update(AWS_VARS)  # the test helpers' clients take their keys from the environment
+    os.environ.update(AWS_VARS)  # the sandbox's clients (make_group, the fake CLIs) take their keys from the environment
     out: dict = {"store_mib_s": store_mib_s, "index_mib_s": index_mib_s, "wheels_mib": wheels_mib,
                  "data_mib": data_mib}
     with contextlib.ExitStack() as stack:

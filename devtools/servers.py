@@ -1,4 +1,5 @@
-"""Local stand-ins as child processes on 127.0.0.1: moto_server (S3), gcp-storage-emulator (GCS), free ports.
+"""Local stand-ins as child processes on 127.0.0.1: moto_server (S3), gcp-storage-emulator (GCS), free ports;
+and `Run`, a run root on one of them.
 
 `tests/fixtures/emulators.py` wraps these in pytest fixtures; `bench/` starts them directly,
 so the two start them one way. A server is found only through the URL it is given
@@ -19,9 +20,33 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from devtools.fault_proxy import FaultProxy
+
 START_TIMEOUT_S = 60.0
+# What a client of moto_server needs besides its endpoint (any keys do; these are moto's own).
+AWS_VARS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@dataclass
+class Run:
+    """A run root on one of these servers (or on local files): its URI and what a client needs to reach it."""
+
+    uri: str
+    bucket: str | None = None
+    vars: dict[str, str] = field(default_factory=dict)
+    proxy: FaultProxy | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The current environment plus this run's variables, for subprocesses."""
+        return {**os.environ, **self.vars}
 
 
 def free_port() -> int:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import base64
 import ipaddress
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -35,6 +36,16 @@ SCALARS = ("cloud", "region", "project")
 BUILTIN_MODELS = ("mlp", "transformer-lm")
 DEFAULT_IMAGE_REPOSITORY = "tensorflow/tensorflow"
 DEFAULT_IMAGE_TAG = "2.21.0-gpu"
+
+
+def _each_once(types: list[str]) -> list[str]:
+    if len(set(types)) != len(types):
+        raise ValueError("expected each type once")
+    return types
+
+
+# Machine types in order of preference (compute's and each placement's): none twice.
+InstanceTypes = Annotated[list[str], AfterValidator(_each_once)]
 
 
 class _Block(BaseModel):
@@ -173,7 +184,7 @@ DEFAULT_INSTANCE_TYPES = ("g5.xlarge", "g6.xlarge", "g4dn.xlarge")
 class ComputeSettings(_Block):
     """The machines: types in order of preference, GPUs, count, spot, limits."""
 
-    instance_types: list[str] = Field(
+    instance_types: InstanceTypes = Field(
         default_factory=lambda: list(DEFAULT_INSTANCE_TYPES),
         min_length=1, max_length=20,
         description="Machine types in order of preference (AWS instance types / GCE machine types); "
@@ -201,13 +212,6 @@ class ComputeSettings(_Block):
             if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 1:
                 return {**data, "instanceTypes": list(DEFAULT_INSTANCE_TYPES[:1])}
         return data
-
-    @field_validator("instance_types")
-    @classmethod
-    def _types(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("expected each type once")
-        return v
 
 
 class ImageSettings(_Block):
@@ -340,18 +344,11 @@ class PlacementSettings(_Block):
     cloud: Literal["aws", "gcp"] = Field(description="aws or gcp.")
     region: str = Field(description="The placement's region; the first placement's is the stack's (home: the bucket).")
     project: str | None = Field(None, description="GCP project id (gcp placements only).")
-    instance_types: list[str] = Field(min_length=1, max_length=20,
-                                      description="Machine types in order of preference in this placement; each has "
-                                                  "compute.gpusPerNode GPUs, so every placement trains the same replicas.")
+    instance_types: InstanceTypes = Field(min_length=1, max_length=20,
+                                          description="Machine types in order of preference in this placement; each has "
+                                                      "compute.gpusPerNode GPUs, so every placement trains the same replicas.")
     zones: list[str] = Field(default_factory=list, description="Zones of the placement's region to spread over; "
                                                                "default: every zone of the region.")
-
-    @field_validator("instance_types")
-    @classmethod
-    def _types(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("expected each type once")
-        return v
 
     @model_validator(mode="after")
     def _project(self) -> PlacementSettings:

@@ -222,7 +222,8 @@ def test_the_real_package_runs_a_tick_in_lambdas_runtime(tmp_path, s3_run):
     import boto3
 
     from components.aws import controller
-    from tests.userdata.helpers import group_size, make_group
+    from devtools.sandbox import make_group
+    from tests.userdata.helpers import group_size
     from trainer.storage import open_store
 
     task, runtime = tmp_path / "task", tmp_path / "runtime"

@@ -31,8 +31,8 @@ import boto3
 import botocore.exceptions
 import pytest
 
+from devtools import cli_server
 from tests.components.aws import helpers as aws_helpers
-from tests.fixtures import cli_server
 from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IamCloud
 from tests.iam.policy_eval import Decision
 from trainer import layout
@@ -322,7 +322,7 @@ def test_finish_sh_itself_ends_a_run_as_the_role(machine: Machine, tmp_path: Pat
 
 def test_the_rendezvous_runs_as_the_role(machine: Machine, tmp_path: Path) -> None:
     """userdata/rendezvous.sh, unchanged: heartbeat, list, read, seal (a conditional create), as the role."""
-    from tests.fixtures.metadata import MetadataServer
+    from devtools.metadata import MetadataServer
 
     run = layout.run_prefix(machine.run_id)
     for marker in layout.END_MARKERS:  # an earlier test's marker: the machine would not join an ended run

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import boto3
 
-    from tests.fixtures.faultproxy import FaultProxy
+    from devtools.fault_proxy import FaultProxy
     from tests.trainer.helpers import max_abs_diff
 
     _fast_client_retries()

@@ -30,7 +30,7 @@ RATES = (0.25, 0.5)
 
 
 def test_resume_under_faults_matches_uninterrupted(moto_server, tmp_path):
-    from tests.fixtures.emulators import AWS_VARS
+    from devtools.servers import AWS_VARS
 
     env = trainer_env(None, **AWS_VARS, AWS_ENDPOINT_URL=moto_server)
     # One driver per fault rate, side by side: much of each run's time is spent waiting on

@@ -1,6 +1,6 @@
 """Several sandbox machines at once: one run, one group, one bucket, a machine per address.
 
-Each `Machine` is a `Sandbox` (tests/userdata/sandbox.py) with its own metadata service on
+Each `Machine` is a `Sandbox` (devtools/sandbox.py) with its own metadata service on
 its own loopback address (127.0.0.<n>), its own instance id and its own worker port (the
 real trainer binds its port on every address). `Cluster` plays the cloud's part: it boots
 the group's machines, serves a spot notice to one, takes one away (power-off: processes
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import boto3
 
-from tests.fixtures.metadata import MetadataServer
+from devtools.metadata import MetadataServer
+from devtools.sandbox import Sandbox
 from tests.userdata.helpers import wait_for
-from tests.userdata.sandbox import Sandbox
 from trainer import layout
 
 CLUSTER_TRAINER = Path(__file__).with_name("cluster_trainer.py")

@@ -1,5 +1,5 @@
 """Fixtures for the boot sandbox tests: a metadata service, an Auto Scaling group, the checkout's
-code in the bucket, and sandbox machines (tests/userdata/sandbox.py) powered off after each test."""
+code in the bucket, and sandbox machines (devtools/sandbox.py) powered off after each test."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
-from tests.fixtures.metadata import MetadataServer
-from tests.userdata.helpers import make_group
-from tests.userdata.sandbox import Sandbox
+from devtools.metadata import MetadataServer
+from devtools.sandbox import Sandbox, make_group
 
 
 @pytest.fixture

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 import boto3
 import pytest
 
 from components.userdata import USERDATA_DIR, render_env
-from tests.fixtures.metadata import INSTANCE_ID
+from devtools.metadata import INSTANCE_ID
 from trainer import layout
 
 
@@ -47,19 +46,6 @@ def events(run) -> list[dict]:
 def machine_events(run, machine: str = INSTANCE_ID) -> list[dict]:
     """One machine's own events (machine-events/<machine>.jsonl)."""
     return _jsonl(run, layout.machine_events_key(machine))
-
-
-def make_group(s3_run, size: int) -> str:
-    """An Auto Scaling group of `size` machines on moto_server; its name."""
-    ep = s3_run.vars["AWS_ENDPOINT_URL"]
-    name = f"trainstack-{uuid.uuid4().hex[:8]}"
-    ec2 = boto3.client("ec2", endpoint_url=ep, region_name="us-east-1")
-    ec2.create_launch_template(LaunchTemplateName=name,
-                               LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"})
-    boto3.client("autoscaling", endpoint_url=ep, region_name="us-east-1").create_auto_scaling_group(
-        AutoScalingGroupName=name, LaunchTemplate={"LaunchTemplateName": name}, MinSize=size, MaxSize=size,
-        DesiredCapacity=size, AvailabilityZones=["us-east-1a"])
-    return name
 
 
 def group_size(run, name: str) -> tuple[int, int, int]:

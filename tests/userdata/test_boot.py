@@ -17,9 +17,9 @@ import time
 import boto3
 import pytest
 
-from tests.fixtures.metadata import GCE_NAME, INSTANCE_ID
+from devtools.metadata import GCE_NAME, INSTANCE_ID
+from devtools.sandbox import settings_for
 from tests.userdata.helpers import events, group_size, machine_events, s3_keys, wait_for
-from tests.userdata.sandbox import settings_for
 from trainer import layout
 
 

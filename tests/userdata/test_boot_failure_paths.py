@@ -1,7 +1,7 @@
 """The ways a machine's scripts end or wait when a call fails: each ends, or waits for a bound.
 
 A fake tool fails first (a knob in `$FAKE_STATE`, or a wrapper that then hands over to
-tests/fixtures/machine_commands.py), and the test waits for the script to end and looks at what it
+devtools/machine_commands.py), and the test waits for the script to end and looks at what it
 left: the run's marker, the group's size, the calls made, the machine's events.
 """
 
@@ -12,10 +12,10 @@ import subprocess
 
 import pytest
 
-from tests.fixtures import cli_server
-from tests.fixtures.metadata import INSTANCE_ID, MetadataServer
+from devtools import cli_server
+from devtools.metadata import INSTANCE_ID, MetadataServer
+from devtools.sandbox import FAKES, Sandbox, settings_for
 from tests.userdata.helpers import group_size, machine_events, s3_keys
-from tests.userdata.sandbox import FAKES, Sandbox, settings_for
 from trainer import layout
 
 

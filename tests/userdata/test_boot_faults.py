@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.fixtures.metadata import INSTANCE_ID
+from devtools.metadata import INSTANCE_ID
 from tests.userdata.cluster import upload_code
 from tests.userdata.helpers import group_size, machine_events, s3_keys
 from trainer import layout

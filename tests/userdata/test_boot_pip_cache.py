@@ -6,7 +6,7 @@ later machine unpacks that archive instead of asking the package index. Only a c
 whose bytes have the committed sha256 is used; anything else (nothing committed, a damaged
 archive, a store that does not answer in time) falls back to the index. Each machine here runs
 `bootstrap.sh` alone (the supervisor's step that installs), with the fake `pip` of
-`tests/fixtures/machine_commands.py`.
+`devtools/machine_commands.py`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 import boto3
 import pytest
 
-from tests.fixtures.faultproxy import FaultProxy
+from devtools.fault_proxy import FaultProxy
 from tests.userdata.helpers import wait_for
 from trainer import layout
 
@@ -206,7 +206,7 @@ def test_on_gcp_the_cache_is_created_once_uploaded_whole_and_read(machines, gs_r
     from google.cloud import storage
 
     from components.code import archive_key, pack
-    from tests.userdata.sandbox import settings_for
+    from devtools.sandbox import settings_for
 
     run = gs_run_enforced
     data = pack()

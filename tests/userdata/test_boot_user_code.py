@@ -16,8 +16,8 @@ import pytest
 
 from components.aws.code import archive_key, pack
 from components.userdata import USER_CODE_DIR
+from devtools.sandbox import settings_for
 from tests.userdata.helpers import s3_keys
-from tests.userdata.sandbox import settings_for
 
 pytestmark = pytest.mark.slow
 

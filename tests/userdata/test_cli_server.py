@@ -1,4 +1,4 @@
-"""The warm server for the sandbox's fake cloud CLIs (tests/fixtures/cli_server.py) answers as the
+"""The warm server for the sandbox's fake cloud CLIs (devtools/cli_server.py) answers as the
 plain fake process does: same output, exit code, pipes and environment, call by call."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import signal
 import subprocess
 import sys
 
-from tests.fixtures import cli_server
+from devtools import cli_server
+from devtools.sandbox import FAKES
 from tests.userdata.helpers import wait_for
-from tests.userdata.sandbox import FAKES
 
 
 def _tools(tmp_path, run) -> tuple[dict[str, str], dict[str, str]]:

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from components.settings import ConfigError
 from components.userdata import boot_env, render_env
+from devtools.sandbox import settings_for
 from tests.userdata.helpers import docker_env_file, through_the_machine
-from tests.userdata.sandbox import settings_for
 from trainer.config import load_config
 
 # Any text a value may hold: the renderer refuses what an env file line cannot carry.

@@ -16,7 +16,7 @@ import time
 
 import boto3
 
-from tests.fixtures.metadata import INSTANCE_ID
+from devtools.metadata import INSTANCE_ID
 from tests.userdata.helpers import events, machine_events
 from trainer import layout
 from trainer.events import EventLog

@@ -20,12 +20,12 @@ from controller import record as records
 from controller.clouds import AwsGroups, Clouds
 from controller.decide import MOVE
 from controller.tick import tick
+from devtools.metadata import MetadataServer
+from devtools.sandbox import Sandbox
 from tests.controller.helpers import moved_events, sizes
-from tests.fixtures.metadata import MetadataServer
 from tests.fixtures.no_capacity import insufficient_capacity, placements  # noqa: F401 - a fixture, found by name
 from tests.trainer.helpers import committed_weights, max_abs_diff, run_trainer, trainer_env
 from tests.userdata.helpers import events, wait_for
-from tests.userdata.sandbox import Sandbox
 from trainer import layout
 from trainer.storage import open_store
 

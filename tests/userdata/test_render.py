@@ -24,7 +24,7 @@ from components.userdata import (
     render_user_data,
     shipped,
 )
-from tests.userdata.sandbox import settings_for
+from devtools.sandbox import settings_for
 
 ROOT = Path(__file__).resolve().parents[2]
 STACKS = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))

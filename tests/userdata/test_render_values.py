@@ -14,7 +14,7 @@ import yaml
 
 from components import userdata
 from components.userdata import ENV_FILE, boot_env, encode_user_data, render_user_data, user_data_output
-from tests.userdata.sandbox import settings_for
+from devtools.sandbox import settings_for
 
 
 def _env(**run):

@@ -14,9 +14,9 @@ import time
 import boto3
 import pytest
 
+from devtools.sandbox import settings_for
 from tests.userdata.cluster import Machine
 from tests.userdata.helpers import wait_for
-from tests.userdata.sandbox import settings_for
 from trainer import layout
 
 pytestmark = pytest.mark.slow  # each case runs the scripts and the fake CLIs against the emulators

@@ -5,7 +5,8 @@ The keys come from the schema (`RunSettings.model_fields`), so a new key fails
 `test_every_run_key_is_accounted_for` until it says which trainer option it sets (or why it
 sets none), and the stacks below must set each key to a value other than its default (null
 where the schema allows null), so an env file that drops a key leaves the trainer on its own
-default and the comparison fails.
+default and the comparison fails. `test_dropping_any_run_variable_from_the_env_file_fails_the_comparison`
+proves that it does, one variable at a time.
 
 The trainer runs once for real (`python -m trainer` in the container's environment) to show
 that the config recorded in the run folder's `started` event is `as_dict(load_config(env))`;
@@ -34,7 +35,7 @@ from ops import synth
 from tests.trainer.helpers import REPO, trainer_env
 from tests.userdata.helpers import container_env
 from trainer import layout
-from trainer.config import TrainConfig, as_dict, build_parser, load_config
+from trainer.config import ENV_PREFIX, ConfigError, TrainConfig, as_dict, build_parser, load_config
 
 # One stack per case: together they set every run key to a value other than its default, and to
 # null where the schema allows it (run.command excludes run.model/synthetic/dataUri, and the
@@ -101,6 +102,15 @@ TO_TRAINER: dict[str, Callable[[RunSettings, str, Path], dict[str, Any]]] = {
 NOT_TRAINER = {
     "data_grant": "the machines' read grant on the dataUri bucket (GCP IAM), made by the stack",
 }
+# Trainer options the env file or the machine sets from something other than a run key: left
+# out of the comparison above, so each says where its value comes from instead.
+NOT_A_RUN_KEY = {
+    "TRAINSTACK_DATA_DIR": "the machine's staging folder, which supervise.sh gives the container",
+    "TRAINSTACK_WORK_DIR": "the machine's work folder, which supervise.sh gives the container",
+    "TRAINSTACK_STOP_GRACE_S": "script mode: the cloud's notice grace less a margin (components/userdata.py)",
+    "TRAINSTACK_PRICE_PER_HOUR": "the price table's figure for compute.instanceTypes (components/pricing.py)",
+    "TRAINSTACK_PRICE_NOTE": "where TRAINSTACK_PRICE_PER_HOUR comes from",
+}
 
 
 def _stack_file(tmp: Path, case: str) -> Path:
@@ -130,6 +140,13 @@ def _here(container: dict[str, str], run: RunSettings, tmp: Path) -> dict[str, s
         env["TRAINSTACK_CODE_DIR"] = str(REPO / run.code)
     env["TRAINSTACK_DATA_DIR"], env["TRAINSTACK_WORK_DIR"] = str(tmp / "stage"), str(tmp / "work")
     return env
+
+
+def _trainer_variables() -> set[str]:
+    """Every variable the trainer reads: `TRAINSTACK_` + each option's name, the extra args, the command."""
+    parser = build_parser()
+    options = {ENV_PREFIX + a.dest.upper() for a in parser._actions if a.option_strings and a.dest != "help"}
+    return options | {ENV_PREFIX + "EXTRA_ARGS", ENV_PREFIX + "COMMAND"}
 
 
 def _differences(cfg: TrainConfig, run: RunSettings, stack: str, tmp: Path) -> list[str]:
@@ -183,6 +200,36 @@ def test_a_stacks_run_keys_reach_the_trainers_config(case, tmp_path):
     cfg = load_config([], env=env)
     assert _differences(cfg, run, f"rt-{case}", tmp_path) == []
     assert cfg.gpus_per_node == 4  # compute.gpusPerNode
+
+
+def test_dropping_any_run_variable_from_the_env_file_fails_the_comparison(tmp_path):
+    """The comparison is not vacuous: each variable the env file carries for the trainer, left out
+    (as an env file that skipped a null or a default would), leaves some stack's trainer with a
+    config other than the stack's, or with none; a variable that no run key sets says where it
+    comes from instead (NOT_A_RUN_KEY)."""
+    trainer_vars = _trainer_variables()
+    seen: dict[str, set[str]] = {}  # each variable an env file carries -> the cases whose check sees it go
+    for case in CASES:
+        tmp = tmp_path / case
+        tmp.mkdir()
+        path = _stack_file(tmp, case)
+        run = synth.load_source(path, None).settings.run
+        container = container_env(_machine_env_file(path), tmp)
+        env = _here(container, run, tmp)
+        assert _differences(load_config([], env=env), run, f"rt-{case}", tmp) == []  # all of it: equal
+        for var in sorted(set(container) & trainer_vars):
+            seen.setdefault(var, set())
+            try:
+                cfg = load_config([], env={k: v for k, v in env.items() if k != var})
+            except (ConfigError, SystemExit):
+                seen[var].add(case)  # the trainer would not start without it
+                continue
+            if cfg.gpus_per_node != 4 or _differences(cfg, run, f"rt-{case}", tmp):
+                seen[var].add(case)
+    assert len(seen) >= 20, sorted(seen)  # the run's variables were walked, not an empty env
+    assert {var for var, cases in seen.items() if not cases} == set(NOT_A_RUN_KEY), (
+        "a variable no stack's check misses is a run key the comparison does not cover (TO_TRAINER), "
+        "or one that no run key sets (NOT_A_RUN_KEY)")
 
 
 @pytest.mark.slow

@@ -14,9 +14,10 @@ import json
 
 import pytest
 
-from tests.fixtures.metadata import INSTANCE_ID
+from devtools.metadata import INSTANCE_ID
+from devtools.sandbox import make_group
 from tests.userdata.cluster import Cluster, cluster_trainer_uri
-from tests.userdata.helpers import group_size, machine_events, make_group, s3_keys
+from tests.userdata.helpers import group_size, machine_events, s3_keys
 from trainer import layout
 
 

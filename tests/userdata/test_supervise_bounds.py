@@ -19,9 +19,10 @@ import time
 
 import pytest
 
-from tests.fixtures.metadata import INSTANCE_ID
+from devtools.metadata import INSTANCE_ID
+from devtools.sandbox import make_group
 from tests.userdata.cluster import Cluster, upload_code
-from tests.userdata.helpers import group_size, machine_events, make_group, s3_keys, wait_for
+from tests.userdata.helpers import group_size, machine_events, s3_keys, wait_for
 from trainer import layout
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.fixtures.faultproxy import FaultProxy
+from devtools.fault_proxy import FaultProxy
 
 
 class _Recorder:

@@ -2,7 +2,7 @@
 
 `write_files` of the rendered `#cloud-config` are written under `<tmp>/root` (the scripts
 take `TRAINSTACK_ROOT` as the prefix of /etc, /var, /opt, /run), fake machine commands
-(`tests/fixtures/machine_commands.py`) come first on PATH and record their calls, the fake metadata
+(`devtools/machine_commands.py`) come first on PATH and record their calls, the fake metadata
 service answers on 127.0.0.1, and moto_server is the bucket and the Auto Scaling API.
 `Sandbox.boot()` starts the two units' main processes as systemd would.
 """
@@ -14,17 +14,18 @@ import json
 import os
 import signal
 import subprocess
+import uuid
 from pathlib import Path
 
-import pytest
+import boto3
 import yaml
 
 from components.settings import load_settings
 from components.userdata import boot_env, render_user_data
-from tests.fixtures import cli_server
-from tests.fixtures.metadata import MetadataServer
+from devtools import cli_server
+from devtools.metadata import MetadataServer
 
-FAKES = Path(__file__).parents[1] / "fixtures" / "machine_commands.py"
+FAKES = Path(__file__).parent / "machine_commands.py"
 TOOLS = ("aws", "docker", "nvidia-smi", "apt-get", "systemctl", "shutdown", "journalctl", "gpg", "snap",
          "modprobe", "mkfs.ext4", "mount", "mountpoint", "blkid", "findmnt", "gcloud")
 
@@ -41,6 +42,19 @@ def settings_for(cloud: str = "aws", **run):
     if cloud == "gcp":
         raw["project"] = "trainstack-test"
     return load_settings(raw, stack="sandbox")
+
+
+def make_group(run, size: int) -> str:
+    """An Auto Scaling group of `size` machines on the moto_server that `run` (a `devtools.servers.Run`) is on; its name."""
+    ep = run.vars["AWS_ENDPOINT_URL"]
+    name = f"trainstack-{uuid.uuid4().hex[:8]}"
+    ec2 = boto3.client("ec2", endpoint_url=ep, region_name="us-east-1")
+    ec2.create_launch_template(LaunchTemplateName=name,
+                               LaunchTemplateData={"ImageId": "ami-12c6146b", "InstanceType": "g5.xlarge"})
+    boto3.client("autoscaling", endpoint_url=ep, region_name="us-east-1").create_auto_scaling_group(
+        AutoScalingGroupName=name, LaunchTemplate={"LaunchTemplateName": name}, MinSize=size, MaxSize=size,
+        DesiredCapacity=size, AvailabilityZones=["us-east-1a"])
+    return name
 
 
 class Sandbox:
@@ -124,7 +138,7 @@ class Sandbox:
         try:
             return self.procs[unit].wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"{unit} still running after {timeout}s:\n{self.journal(unit)[-4000:]}")
+            raise AssertionError(f"{unit} still running after {timeout}s:\n{self.journal(unit)[-4000:]}") from None
 
     def power_off(self) -> None:
         """The machine goes away: every process is killed and /run (tmpfs) is lost."""
