@@ -251,6 +251,8 @@ def render(fig: dict) -> str:
                          f"{s['save_s']:.2f}", fmt(s.get("copy_on_write_s"), ".2f"), f"{blocked:.2f}",
                          f"{share:.1f} %", f"{lost:.2f}", f"{stall_percent(blocked + lost, every):.1f} %",
                          fmt(s.get("tf_async_first_s"), ".2f"), fmt(s.get("tf_async_next_s"), ".2f"),
+                         fmt(None if s.get("tf_async_update_s") is None or s.get("update_s") is None
+                             else max(0.0, s["tf_async_update_s"] - s["update_s"]), ".2f"),
                          fmt(s.get("sigterm_s"), ".1f")])
             tp_rows.append([mb, fmt(beside, ",.0f"), fmt(ours, ",.0f"), fmt(plain, ",.0f"), pct(tp)])
             memory = s.get("memory_mib")
@@ -266,11 +268,12 @@ def render(fig: dict) -> str:
                 "background write and upload ran beside a training step (moto_server shares these cores, so this "
                 "overstates a remote bucket). *TF async* = how long "
                 "`write(options=CheckpointOptions(experimental_enable_async_checkpoint=True))` blocks, first call "
-                "(it makes its host copies) and steady (the third: it refreshes them), without the resume fingerprint. "
+                "(it makes its host copies) and steady (the third: it refreshes them), without the resume fingerprint, and "
+                "the same update's extra time after it (on a CPU its refresh shares the buffers: copy on write too). "
                 "*SIGTERM* = a background save just handed over, then the stop's synchronous save of the next step: "
                 "seconds until it is committed.", "",
                 table(["MB", "before: blocked s", "before: share", "save s", "copy on write s", "blocked s",
-                       "stall share", "contention s", "with contention", "TF async first s", "TF async steady s",
+                       "stall share", "contention s", "with contention", "TF async first s", "TF async steady s", "TF async copy on write s",
                        "SIGTERM → committed s"], rows), ""]
         if mem_rows:
             out += ["Peak resident memory above the process's before each save (MiB; the variables themselves "

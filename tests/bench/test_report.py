@@ -107,6 +107,7 @@ FIGURES = {
     "stall": {"every_s": 30.0, "sizes": [{"size_mb": 100, "bytes": 100e6, "save_s": 0.5, "copy_on_write_s": 0.1,
                                           "blocked_s": 0.6, "before_blocked_s": 2.0, "tf_async_first_s": 1.5,
                                           "tf_async_next_s": 0.7, "sigterm_s": 21.0,
+                                          "update_s": 0.2, "tf_async_update_s": 0.5,
                                           "memory_mib": {"before": 10.0, "ours": 101.0, "tf_async": 99.0},
                                           "upload_s": 8.0, "upload_alone_s": 4.0, "upload_wall_s": 4.0,
                                           "plain_s": 2.0,
@@ -141,7 +142,7 @@ def test_render_states_every_goal_against_its_figure():
     assert "| 2 | 60,000 | 30,000 | 1.50× | 2.20 | +0.60 | 12.0 |" in text  # scaling: per step 2.2 ms vs 1.6 ms
     assert "| restore (download, verify, read) | – | 1.00 |" in text
     # stall: before 2.0 s of 32 s; now 0.6 s of 30.6 s; contention 4 s × half the speed = 2 s
-    assert "| 100 | 2.00 | 6.2 % | 0.50 | 0.10 | 0.60 | 2.0 % | 2.00 | 8.0 % | 1.50 | 0.70 | 21.0 |" in text
+    assert "| 100 | 2.00 | 6.2 % | 0.50 | 0.10 | 0.60 | 2.0 % | 2.00 | 8.0 % | 1.50 | 0.70 | 0.30 | 21.0 |" in text
     assert "| 100 | 10 | 101 | 99 |" in text  # peak memory: before, background save, TF async
 
 
