@@ -231,30 +231,59 @@ def render(fig: dict) -> str:
                        "state MiB", "batches (skip)", "skipping s", "÷ fresh", "skip s"], rows), ""]
     if "stall" in fig:
         every = fig["stall"]["every_s"]
-        rows = []
+        rows, tp_rows, mem_rows = [], [], []
         for s in fig["stall"]["sizes"]:
             blocked = s["blocked_s"]
             lost = contention_seconds(s["upload_wall_s"], s["rate_base"], s["rate_during"])
             ours, plain = throughput_mb_s(s["bytes"], s["upload_alone_s"]), throughput_mb_s(s["bytes"], s["plain_s"])
             beside = throughput_mb_s(s["bytes"], s["upload_s"])
             share = stall_percent(blocked, every)
+            mb = f"{s['bytes'] / 1e6:,.0f}"
             goals.append((f"stall ≤ 5 % ({s['size_mb']:g} MB, every {every:g} s)", f"{share:.1f} %",
                           goal(share, 5.0, at_least=False)))
+            if "sigterm_s" in s:
+                goals.append((f"SIGTERM during a background save → committed < 20 s ({s['size_mb']:g} MB)",
+                              f"{s['sigterm_s']:.1f} s", goal(s["sigterm_s"], 20.0, at_least=False)))
             tp = ratio(ours, plain)
             goals.append((f"upload ≥ 50 % of plain boto3 ({s['size_mb']:g} MB)", pct(tp), goal(tp, 0.5)))
-            rows.append([f"{s['bytes'] / 1e6:,.0f}", f"{s['save_s']:.2f}", f"{s['snapshot_s']:.2f}", f"{blocked:.2f}",
+            before = s.get("before_blocked_s")
+            rows.append([mb, fmt(before, ".2f"), "–" if before is None else f"{stall_percent(before, every):.1f} %",
+                         f"{s['save_s']:.2f}", fmt(s.get("copy_on_write_s"), ".2f"), f"{blocked:.2f}",
                          f"{share:.1f} %", f"{lost:.2f}", f"{stall_percent(blocked + lost, every):.1f} %",
-                         fmt(beside, ",.0f"), fmt(ours, ",.0f"), fmt(plain, ",.0f"), pct(tp)])
+                         fmt(s.get("tf_async_first_s"), ".2f"), fmt(s.get("tf_async_next_s"), ".2f"),
+                         fmt(None if s.get("tf_async_update_s") is None or s.get("update_s") is None
+                             else max(0.0, s["tf_async_update_s"] - s["update_s"]), ".2f"),
+                         fmt(s.get("sigterm_s"), ".1f")])
+            tp_rows.append([mb, fmt(beside, ",.0f"), fmt(ours, ",.0f"), fmt(plain, ",.0f"), pct(tp)])
+            memory = s.get("memory_mib")
+            if memory:
+                mem_rows.append([mb, *(fmt(memory.get(k), ",.0f") for k in ("before", "ours", "tf_async"))])
         out += ["### 4. Checkpoint stall (moto_server)", "",
-                f"Blocked = what the loop waits per checkpoint (`save_local`: TF write + resume fingerprint; then the "
-                f"hard-link snapshot; the upload runs in the background). Share of a run checkpointing every {every:g} s "
-                "= blocked ÷ (interval + blocked). *Contention* = training seconds lost while the upload ran beside a "
-                "training step (moto_server shares these cores, so this overstates a remote bucket). Throughput: our commit "
-                "(hashes, parallel multipart upload, listing check, marker) beside that training step, and again alone; "
-                "plain = boto3 `upload_file` of the same files, alone.", "",
-                table(["MB", "save s", "snapshot s", "blocked s", "stall share", "contention s", "with contention",
-                         "ours MB/s beside training", "ours MB/s alone", "plain boto3 MB/s", "ours alone ÷ plain"],
-                        rows), ""]
+                "*Blocked* = what the loop waits per checkpoint: the background save (a snapshot of the variables, "
+                "which costs no copy; TF's write, the resume fingerprint and the upload run on threads), plus the "
+                "*copy on write*: the first update of the variables after the snapshot copies them (the same update's "
+                "time with no snapshot held subtracted). *Before* = TF's write and the fingerprint in the loop, as "
+                "before the background write, in the same run. Share of a run checkpointing every "
+                f"{every:g} s = blocked ÷ (interval + blocked). *Contention* = training seconds lost while the "
+                "background write and upload ran beside a training step (moto_server shares these cores, so this "
+                "overstates a remote bucket). *TF async* = how long "
+                "`write(options=CheckpointOptions(experimental_enable_async_checkpoint=True))` blocks, first call "
+                "(it makes its host copies) and steady (the third: it refreshes them), without the resume fingerprint, and "
+                "the same update's extra time after it (on a CPU its refresh shares the buffers: copy on write too). "
+                "*SIGTERM* = a background save just handed over, then the stop's synchronous save of the next step: "
+                "seconds until it is committed.", "",
+                table(["MB", "before: blocked s", "before: share", "save s", "copy on write s", "blocked s",
+                       "stall share", "contention s", "with contention", "TF async first s", "TF async steady s", "TF async copy on write s",
+                       "SIGTERM → committed s"], rows), ""]
+        if mem_rows:
+            out += ["Peak resident memory above the process's before each save (MiB; the variables themselves "
+                    "excluded, the upload's buffers included):", "",
+                    table(["MB", "before (write in the loop)", "background save (snapshot held, updated once)",
+                           "TF async (its host copies, kept)"], mem_rows), ""]
+        out += ["Upload throughput: our commit (hashes, parallel multipart upload, listing check, marker) beside that "
+                "training step, and again alone; plain = boto3 `upload_file` of the same files, alone.", "",
+                table(["MB", "ours MB/s beside training", "ours MB/s alone", "plain boto3 MB/s", "ours alone ÷ plain"],
+                      tp_rows), ""]
     if "notice" in fig:
         n = fig["notice"]
         loc = n["local"]

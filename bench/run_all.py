@@ -327,8 +327,10 @@ class Bench:
     def section_stall(self) -> dict:
         sizes = ",".join(str(s) for s in self.plan.stall_sizes_mb)
         self.log(f"stall: checkpoints of {sizes} MB")
+        # Each size is written six times (before, background, plain, alone, SIGTERM, TF async): at load ~20
+        # the three sizes took over 15 minutes.
         res = self.expect(self.spawn([sys.executable, "-m", "bench.ckpt_stall", "--bucket", self.bucket,
-                                      "--sizes-mb", sizes]), "the checkpoint stall bench")
+                                      "--sizes-mb", sizes], timeout=2400), "the checkpoint stall bench")
         return {**res.last_json(), "every_s": 30.0}
 
     # -- 5b. the largest checkpoint committed within a spot notice --

@@ -6,6 +6,16 @@ and the loop's counters to a local folder per step, and hands the folder to
 reads the newest committed folder back into the variables and proves the resume exact:
 the same model (``--model`` and variable shapes) and the same values, random streams and
 data position as were saved (:func:`resume_fingerprint`), else :class:`ResumeMismatch`.
+
+A background save (:meth:`Checkpointer.save`, one worker) blocks the loop only for a
+snapshot: each variable's value is read into a tensor, which costs no copy (TensorFlow's
+variables are copy-on-write: the next update of a variable whose value is still held copies
+it first, so the snapshot keeps the values of its step while training goes on, and the
+copy, one of each updated variable, lands in the next step). The input pipeline's state is
+written in the loop too, at the same step. TF's write of the snapshot, the resume
+fingerprint and ``state.json`` then happen on a thread, which hands the finished folder to
+the upload; the snapshot's memory (at most the variables' size once more, where training
+updates them) is freed when the write ends. See bench/RESULTS.md, checkpoint stall.
 """
 
 from __future__ import annotations
@@ -14,6 +24,8 @@ import hashlib
 import json
 import os
 import shutil
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from trainer import layout
@@ -37,6 +49,37 @@ class ResumeMismatch(RuntimeError):
 
 _TRAIN_ELSEWHERE = ("Nothing was changed in the run. Train this model under a new run id (another --run-uri, or "
                     "run.id in the stack), or start this run again with the model and options it was started with.")
+
+
+# How long a save waits for the previous background write (local disk) before going on without it.
+WRITE_WAIT_S = 120.0
+
+
+def _frozen_checkpoint(checkpoint_of, values):
+    """``checkpoint_of`` over the snapshot's tensors: the checkpoint of the variables as they were read.
+
+    Each tensor is saved as a variable saves its value (``VARIABLE_VALUE``), so the files
+    have the keys of the variables' own checkpoint and restore into it.
+    """
+    import tensorflow as tf
+
+    class Frozen(tf.__internal__.tracking.Trackable):
+        def __init__(self, value) -> None:
+            self._value = value
+
+        def _serialize_to_tensors(self):
+            return {"VARIABLE_VALUE": self._value}
+
+    return checkpoint_of([Frozen(v) for v in values])
+
+
+class _Write:
+    """One background write: its thread, its step, and the flag that tells it not to hand its folder on."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.superseded = threading.Event()
+        self.thread: threading.Thread | None = None
 
 
 # Keras keeps each random stream's state (e.g. a Dropout layer's) in a variable of this name.
@@ -101,15 +144,32 @@ class Checkpointer:
     checkpointed ``variables``, the random streams among them and the counters). After a
     restore the same fingerprint is taken of what was actually restored; any difference
     raises :class:`ResumeMismatch` rather than train on from a state that is not the saved one.
+
+    ``checkpoint_of(values)`` builds a ``tf.train.Checkpoint`` of the same layout as ``ckpt``
+    over a list parallel to ``variables`` (``ckpt`` is ``checkpoint_of(variables)`` when not
+    given). With it and ``background``, the chief's :meth:`save` of a background checkpoint
+    writes from a snapshot on a thread (see the module docstring); without, it writes in the
+    caller's thread.
     """
 
-    def __init__(self, ckstore: CheckpointStore, ckpt, *, work: str, chief: bool, variables=(),
-                 model: str | None = None) -> None:
+    def __init__(self, ckstore: CheckpointStore, ckpt=None, *, work: str, chief: bool, variables=(),
+                 model: str | None = None, checkpoint_of: Callable[[list], object] | None = None,
+                 background: bool = False, write_wait_s: float = WRITE_WAIT_S) -> None:
         self.ckstore = ckstore
         self.model = model
-        self.ckpt = ckpt
         self.variables = list(variables)
-        self.rng_variables = [v for v in self.variables if RNG_STATE_NAME in getattr(v, "name", "")]
+        if ckpt is None:
+            if checkpoint_of is None:
+                raise ValueError("Checkpointer needs ckpt or checkpoint_of")
+            ckpt = checkpoint_of(self.variables)
+        self.ckpt = ckpt
+        self.checkpoint_of = checkpoint_of
+        self.background = bool(background and checkpoint_of is not None and chief)
+        self.write_wait_s = write_wait_s
+        self._write: _Write | None = None  # the background write in progress, if any
+        self._write_error: BaseException | None = None
+        self._rng_index = [i for i, v in enumerate(self.variables) if RNG_STATE_NAME in getattr(v, "name", "")]
+        self.rng_variables = [self.variables[i] for i in self._rng_index]
         self.work = work
         self.chief = chief
         self.last_committed: int | None = None
@@ -122,30 +182,114 @@ class Checkpointer:
         """Record a commit (called from the upload thread too)."""
         self.last_committed = max(self.last_committed or 0, int(step))
 
-    def save_local(self, step: int, state: dict) -> str:
-        """Write the checkpoint of ``step`` (variables and ``state``) to its own folder; returns it."""
+    def _new_folder(self, step: int) -> str:
         sub = "checkpoints" if self.chief else "worker-tmp"  # only the chief's copy is kept
         folder = os.path.join(self.work, sub, f"{layout.CHECKPOINT_DIR}-{step}")
         shutil.rmtree(folder, ignore_errors=True)
         os.makedirs(folder)
-        if self.variables:
-            # The fingerprint hashes every value while TF writes the same values: both release
-            # the GIL, so for a large model the two overlap instead of adding up (the loop waits
-            # for both; bench/RESULTS.md, checkpoint stall).
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-fingerprint") as pool:
-                fingerprint = pool.submit(resume_fingerprint, {**state, "step": step}, self.variables,
-                                          self.rng_variables)
-                self.ckpt.write(os.path.join(folder, CKPT_PREFIX))
-                state = {**state, "structure": structure(self.variables), "fingerprint": fingerprint.result()}
-        else:
-            self.ckpt.write(os.path.join(folder, CKPT_PREFIX))
+        return folder
+
+    def save_local(self, step: int, state: dict) -> str:
+        """Write the checkpoint of ``step`` (variables and ``state``) to its own folder; returns it."""
+        folder = self._new_folder(step)
         if self.data is not None:
             state = {**state, "data_state": self.data.save(folder, step)}
+        self._write_folder(folder, step, state, self.ckpt, self.variables)
+        return folder
+
+    def _write_folder(self, folder: str, step: int, state: dict, ckpt, values) -> None:
+        """TF's write of ``values`` (through ``ckpt``), their fingerprint, then ``state.json``, last."""
+        if values:
+            # The fingerprint hashes every value while TF writes the same values: both release
+            # the GIL, so for a large model the two overlap instead of adding up.
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-fingerprint") as pool:
+                fingerprint = pool.submit(resume_fingerprint, {**state, "step": step}, values,
+                                          [values[i] for i in self._rng_index])
+                ckpt.write(os.path.join(folder, CKPT_PREFIX))
+                state = {**state, "structure": structure(self.variables), "fingerprint": fingerprint.result()}
+        else:
+            ckpt.write(os.path.join(folder, CKPT_PREFIX))
         tmp = os.path.join(folder, STATE_FILE + ".tmp")
         with open(tmp, "w") as fh:
             json.dump(state, fh)
         os.replace(tmp, os.path.join(folder, STATE_FILE))
-        return folder
+
+    def save(self, step: int, state: dict, *, sync: bool) -> bool:
+        """Save ``step`` and commit it (in the background unless ``sync``); returns whether this worker commits it.
+
+        In the background (the chief, with ``background``): the loop waits for the snapshot
+        and the input pipeline's state only; the write and the upload follow on threads, one
+        write at a time. Synchronous (a stop, the end): a background write of an older step
+        still running is waited for (at most ``write_wait_s``) and then not uploaded: this
+        step supersedes it.
+        """
+        if sync or not self.background:
+            self._finish_write(superseded_by=step if sync else None)
+            self._raise_write_error()
+            return self.commit(step, self.save_local(step, state), sync=sync)
+        if not self._finish_write():
+            return False  # the previous write is stuck: this checkpoint is skipped, wait_uploads reports it
+        self._raise_write_error()
+        folder = self._new_folder(step)
+        # Reading a variable costs no copy; its next update copies it while the snapshot holds it.
+        values = [self._read(v) for v in self.variables]
+        if self.data is not None:
+            state = {**state, "data_state": self.data.save(folder, step)}
+        job = _Write(step)
+        job.thread = threading.Thread(target=self._write_then_commit, args=(job, folder, state, values),
+                                      name="checkpoint-write", daemon=True)
+        self._write = job
+        self.async_step = step
+        job.thread.start()
+        return True
+
+    @staticmethod
+    def _read(variable):
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(variable)
+
+    def _write_then_commit(self, job: _Write, folder: str, state: dict, values: list) -> None:
+        try:
+            self._write_folder(folder, job.step, state, _frozen_checkpoint(self.checkpoint_of, values), values)
+            if job.superseded.is_set():
+                shutil.rmtree(folder, ignore_errors=True)  # a synchronous save of a newer step took over
+                return
+            self.ckstore.commit_async(job.step, folder)
+        except BaseException as e:  # noqa: BLE001 - kept for wait_uploads(): this thread has no caller to raise to
+            if self._write_error is None:
+                self._write_error = e
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _raise_write_error(self) -> None:
+        """A background write that failed fails the next save, as a write in the loop would have failed it."""
+        error = self._write_error
+        if error is not None and not isinstance(error, TimeoutError):
+            self._write_error = None
+            raise error
+
+    def _finish_write(self, superseded_by: int | None = None) -> bool:
+        """Wait for the background write, at most ``write_wait_s``; False if it is still running.
+
+        ``superseded_by``: the step a synchronous save is about to write; an older write in
+        progress then ends without being uploaded.
+        """
+        job = self._write
+        if job is None:
+            return True
+        if superseded_by is not None and job.step < superseded_by:
+            job.superseded.set()
+        job.thread.join(self.write_wait_s)
+        if job.thread.is_alive():
+            if self._write_error is None:
+                self._write_error = TimeoutError(f"the background write of checkpoint {job.step} is still running "
+                                                 f"after {self.write_wait_s:g} s")
+            job.superseded.set()  # whenever it ends, a newer checkpoint is on its way: not uploaded
+            self._write = None if superseded_by is not None else job
+            return False
+        self._write = None
+        return True
 
     def commit(self, step: int, folder: str, *, sync: bool) -> bool:
         """Commit a saved folder (in the background unless ``sync``), then drop it; returns whether it was committed.
@@ -170,12 +314,14 @@ class Checkpointer:
         return True
 
     def wait_uploads(self) -> BaseException | None:
-        """Wait for background uploads; returns the failure of one (superseded by a newer commit), if any."""
+        """Wait for the background write and uploads; returns the failure of one (superseded by a newer commit), if any."""
+        self._finish_write()
+        error, self._write_error = self._write_error, None
         try:
             self.ckstore.wait(None)
         except Exception as e:  # noqa: BLE001 - the caller reports it; a newer commit follows
-            return e
-        return None
+            return error or e
+        return error
 
     def restore(self) -> tuple[int, dict] | None:
         """Restore the newest committed checkpoint into ``ckpt``; returns (step, saved state) or None."""

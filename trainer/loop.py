@@ -7,8 +7,9 @@ second's worth by default) and returns every step's loss, so TensorBoard keeps a
 --log-every step while the host waits on the device once per call.
 A checkpoint is the model's and optimizer's variables (dropout RNG state included) written
 with `tf.train.Checkpoint`, plus `state.json` (step, batches and examples consumed), so a
-resumed run continues with the very next batch. Each checkpoint is saved to its own local
-folder and uploaded in the background; a stop request (SIGTERM, the run folder's STOP)
+resumed run continues with the very next batch. Each checkpoint is a snapshot of the
+variables taken between two calls, written to its own local folder and uploaded in the
+background (one worker; several write in the loop); a stop request (SIGTERM, the run folder's STOP)
 makes the loop end after its current call, and the ending commits that step synchronously.
 With several workers a stop request is all-reduced inside every step, so all workers stop
 after the same step.
@@ -269,10 +270,17 @@ class TrainLoop:
         self.spec = spec
         self.examples = tf.Variable(0, dtype=tf.int64, trainable=False)
         # Lists of the variables themselves: Keras 3 models are not tracked by attribute.
-        ckpt = tf.train.Checkpoint(model=list(spec.model.variables), optimizer=list(spec.optimizer.variables))
-        self.checkpointer = Checkpointer(self.ckstore, ckpt, work=self.work, chief=self.chief,
+        n = len(spec.model.variables)
+
+        def checkpoint_of(values: list) -> tf.train.Checkpoint:
+            return tf.train.Checkpoint(model=list(values[:n]), optimizer=list(values[n:]))
+
+        # One worker writes its checkpoints from a snapshot on a thread; several write theirs
+        # together in the loop, as MultiWorkerMirroredStrategy's variables require.
+        self.checkpointer = Checkpointer(self.ckstore, work=self.work, chief=self.chief,
                                          variables=[*spec.model.variables, *spec.optimizer.variables],
-                                         model=self.cfg.model)
+                                         model=self.cfg.model, checkpoint_of=checkpoint_of,
+                                         background=not self.multi_worker)
 
     def restore(self) -> None:
         """Continue from the newest committed checkpoint, if there is one."""
@@ -625,9 +633,10 @@ class TrainLoop:
         started = time.monotonic()
         st = self.state
         doc = {**asdict(st), "attempt": self.events.attempt, "seed": self.cfg.seed, "model": self.cfg.model}
-        folder = self.checkpointer.save_local(st.step, doc)
+        # In the background the loop waits for the snapshot only (trainer.checkpointer): that is what this measures.
+        committing = self.checkpointer.save(st.step, doc, sync=sync)
         self.summaries.scalars(st.step, {"checkpoint_save_s": time.monotonic() - started})
-        if not self.checkpointer.commit(st.step, folder, sync=sync):
+        if not committing:
             return
         if sync:
             self._wait_uploads()

@@ -104,8 +104,12 @@ FIGURES = {
                           "step": 10, "committed": {"bytes": 100e6}, "checkpoint_bytes": 100e6, "resumed_from": None},
                 "resumed": {"marks": RESUMED, "process_wall_s": 10.0, "sigterm_to_exit_s": 25.0, "preempted_seconds": 3.5,
                             "step": 20, "committed": {"bytes": 100e6}, "checkpoint_bytes": 100e6, "resumed_from": 10}},
-    "stall": {"every_s": 30.0, "sizes": [{"size_mb": 100, "bytes": 100e6, "save_s": 0.5, "snapshot_s": 0.1,
-                                          "blocked_s": 0.6, "upload_s": 8.0, "upload_alone_s": 4.0, "upload_wall_s": 4.0,
+    "stall": {"every_s": 30.0, "sizes": [{"size_mb": 100, "bytes": 100e6, "save_s": 0.5, "copy_on_write_s": 0.1,
+                                          "blocked_s": 0.6, "before_blocked_s": 2.0, "tf_async_first_s": 1.5,
+                                          "tf_async_next_s": 0.7, "sigterm_s": 21.0,
+                                          "update_s": 0.2, "tf_async_update_s": 0.5,
+                                          "memory_mib": {"before": 10.0, "ours": 101.0, "tf_async": 99.0},
+                                          "upload_s": 8.0, "upload_alone_s": 4.0, "upload_wall_s": 4.0,
                                           "plain_s": 2.0,
                                           "rate_base": 100.0, "rate_during": 50.0}]},
     "scaling": [{"workers": 1, "examples_per_sec": 40_000.0, "steady_examples_per_sec": 41_000.0, "loop_seconds": 1.6,
@@ -131,11 +135,15 @@ def test_render_states_every_goal_against_its_figure():
         "resumed start ≤ 1.3× fresh": "met",  # 6.0 / 5.0
         "SIGTERM → committed < 20 s": "**not met**",  # the resumed run took 25 s
         "stall ≤ 5 % (100 MB, every 30 s)": "met",  # 0.6 / 30.6
+        "SIGTERM during a background save → committed < 20 s (100 MB)": "**not met**",  # 21 s
         "upload ≥ 50 % of plain boto3 (100 MB)": "met",  # 25 MB/s vs 50 MB/s
     }
     assert "python -m bench" in text and "load average (1 min) 1.00 before, 2.00 after" in text.lower()
     assert "| 2 | 60,000 | 30,000 | 1.50× | 2.20 | +0.60 | 12.0 |" in text  # scaling: per step 2.2 ms vs 1.6 ms
     assert "| restore (download, verify, read) | – | 1.00 |" in text
+    # stall: before 2.0 s of 32 s; now 0.6 s of 30.6 s; contention 4 s × half the speed = 2 s
+    assert "| 100 | 2.00 | 6.2 % | 0.50 | 0.10 | 0.60 | 2.0 % | 2.00 | 8.0 % | 1.50 | 0.70 | 0.30 | 21.0 |" in text
+    assert "| 100 | 10 | 101 | 99 |" in text  # peak memory: before, background save, TF async
 
 
 def test_render_reports_a_missing_commit_marker_as_a_failed_preemption():
