@@ -77,7 +77,8 @@ TARGETS: dict[str, Target] = {
         select="not test_ops_synth_exits_2_and_writes_nothing"),
     "policy": Target(
         ["policy/rules/*.py"],
-        ["tests/policy/test_rules.py", "tests/policy/test_world_ingress_properties.py"],
+        ["tests/policy/test_rules.py", "tests/policy/test_world_ingress_properties.py",
+         "tests/policy/test_network_rules.py"],
         # The pack's manifest test compares paths of the checkout, not of mutmut's copy.
         select="not test_pack_manifest_points_at_its_own_virtualenv"),
     "runstate": Target(
