@@ -78,6 +78,8 @@ CASES = [
     ("rule: egress is not ingress", _r(SG_RULE, {"type": "egress", **SSH, "cidrBlocks": [NET]}), []),
     ("rule: self", _r(SG_RULE, {"type": "ingress", **SSH, "self": True, "securityGroupId": "sg-1"}),
      [_ing("rule", own=True)]),
+    ("rule: an unknown self without CIDRs", _r(SG_RULE, {"type": "ingress", **SSH, "self": UNKNOWN}),
+     [_ing("rule", unknown=True)]),
     ("rule: self as a string", _r(SG_RULE, {"type": "ingress", **SSH, "self": "TRUE"}), [_ing("rule", own=True)]),
     ("rule: the source is the rule's own group",
      _r(SG_RULE, {"type": "ingress", **SSH, "sourceSecurityGroupId": "sg-1", "securityGroupId": "sg-1"}),
@@ -172,6 +174,17 @@ def test_the_records_keep_the_order_of_the_resources_by_shape():
            _r(SG_RULE, {"type": "ingress", **SSH, "cidrBlocks": [NET]}, name="sr"),
            _r(SG, {"ingress": [{**SSH, "cidrBlocks": [NET]}]}, name="sg")]
     assert [i.resource for i in _ingresses(res)] == ["sg", "sr", "ir", "fw"]
+
+
+def test_a_resource_passed_over_does_not_end_the_reading_of_the_others():
+    """An unknown ingress list, an egress rule or an egress firewall is skipped, not the end of its shape."""
+    res = [_r(SG, {"ingress": UNKNOWN}, name="sg-unknown"), _r(SG, {"ingress": [{**SSH, "cidrBlocks": [NET]}]}, name="sg"),
+           _r(SG_RULE, {"type": "egress", **SSH, "cidrBlocks": [NET]}, name="out-rule"),
+           _r(SG_RULE, {"type": "ingress", **SSH, "cidrBlocks": [NET]}, name="in-rule"),
+           _r(FIREWALL, {"direction": "EGRESS", "sourceRanges": [NET], "allows": [{"protocol": "tcp"}]}, name="out-fw"),
+           _r(FIREWALL, {"sourceRanges": [NET], "allows": [{"protocol": "tcp", "ports": ["22"]}]}, name="in-fw")]
+    assert _ingresses(res) == [_ing("ingress[0]", cidrs=(NET,), resource="sg"), _ing("rule", cidrs=(NET,), resource="in-rule"),
+                               _ing("allows[0]", cidrs=(NET,), resource="in-fw")]
 
 
 def _ctx(*cidrs: str) -> Context:
