@@ -27,6 +27,22 @@ def test_a_stack_file_with_a_character_yaml_refuses_says_so_without_a_position(t
                         "special characters are not allowed")
 
 
+
+@pytest.mark.parametrize(("text", "line"), [
+    # A scanner error without a context: its position only.
+    ("config:\n  trainstack:cloud: a: b\n",
+     "trainstack:config: Pulumi.x.yaml is not valid YAML at line 2, column 22: mapping values are not allowed here"),
+    # A bracket opened and closed wrong on one line: no "opened at line" for the same line.
+    ("config: [a, b}\n",
+     "trainstack:config: Pulumi.x.yaml is not valid YAML at line 1, column 14: expected ',' or ']', but got '}'"),
+    ("- a\n- b\n", "trainstack:config: Pulumi.x.yaml: expected a mapping with a config: block"),
+], ids=["no-context", "opened-on-the-same-line", "not-a-mapping"])
+def test_a_stack_file_that_is_no_config_mapping_is_refused_by_its_whole_line(tmp_path, text, line):
+    path = tmp_path / "Pulumi.x.yaml"
+    path.write_text(text)
+    err = _refused(loading.read_stack_file, path)
+    assert (err.key, str(err)) == ("config", line)
+
 def test_only_the_namespace_before_the_first_colon_is_trainstack_s():
     assert loading.raw_from_config({"trainstack:x:y": 1, "trainstack:cloud": "gcp", "other:trainstack:z": 2}) == {
         "x:y": 1, "cloud": "gcp"}
