@@ -237,6 +237,67 @@ def test_the_model_folder_is_named_once_whatever_the_uri_ends_with():
     assert classify(facts, NOW).detail == f"model in s3://bucket/runs/X/{layout.MODEL_PREFIX}"
 
 
+
+# -- the trainer's own evaluation: the newest one and the best by --keep-best --
+
+BEST = {"metric": "val_loss", "mode": "min", "step": 20, "value": 0.25, "metrics": {"val_loss": 0.25}}
+
+
+@pytest.mark.parametrize(("best", "expected"), [
+    (BEST, {"metric": "val_loss", "mode": "min", "step": 20, "value": 0.25}),
+    ({**BEST, "exported": True}, {"metric": "val_loss", "mode": "min", "step": 20, "value": 0.25, "exported": True}),
+    ({**BEST, "exported": False}, {"metric": "val_loss", "mode": "min", "step": 20, "value": 0.25, "exported": False}),
+    ({**BEST, "exported": "yes"}, {"metric": "val_loss", "mode": "min", "step": 20, "value": 0.25}),
+    ({**BEST, "value": 1}, {"metric": "val_loss", "mode": "min", "step": 20, "value": 1.0}),
+    ({"metric": "val_auc", "step": 0, "value": 0.5}, {"metric": "val_auc", "mode": "", "step": 0, "value": 0.5}),
+    ({**BEST, "mode": 1}, {"metric": "val_loss", "mode": "1", "step": 20, "value": 0.25}),
+    ({**BEST, "metric": 3}, None), ({**BEST, "metric": None}, None),
+    ({**BEST, "step": "20"}, None), ({**BEST, "step": 20.0}, None), ({k: v for k, v in BEST.items() if k != "step"}, None),
+    ({**BEST, "value": "0.25"}, None), ({**BEST, "value": True}, None),
+    ({k: v for k, v in BEST.items() if k != "value"}, None),
+    ([BEST], None), ("val_loss", None), (None, None),
+], ids=["whole", "exported", "not-exported", "exported-not-bool", "int-value", "no-mode", "mode-as-text",
+        "metric-int", "metric-none", "step-text", "step-float", "no-step", "value-text", "value-bool", "no-value",
+        "list", "text", "none"])
+def test_the_best_is_read_only_when_well_formed(best, expected):
+    st = classify(RunFacts(S3, [started(100)], progress=progress(5, best=best)), NOW)
+    assert st.best == expected
+    if expected is not None:
+        assert type(st.best["value"]) is float
+
+
+def test_the_newest_evaluation_comes_from_progress():
+    st = classify(RunFacts(S3, [started(100)], progress=progress(5, evaluated_step=40, eval_seconds=2)), NOW)
+    assert (st.evaluated_step, st.eval_seconds, st.best) == (40, 2.0, None)
+    assert type(st.eval_seconds) is float
+    st = classify(RunFacts(S3, [started(100)], progress=progress(5, evaluated_step="40", eval_seconds="2")), NOW)
+    assert (st.evaluated_step, st.eval_seconds) == (None, None)
+    st = classify(RunFacts(S3, [started(100)], progress=progress(5)), NOW)
+    assert (st.evaluated_step, st.eval_seconds, st.best) == (None, None, None)
+
+
+def test_complete_gives_the_best_and_the_evaluation_time_and_keeps_progress_s_otherwise():
+    doc = progress(5, evaluated_step=40, eval_seconds=1.5, best=BEST)
+    final = {**BEST, "step": 60, "value": 0.125, "exported": True}
+    end = {layout.MARKER_STEP: 100, "best": final, "eval_seconds": 3}
+    st = classify(RunFacts(S3, [started(100)], progress=doc, end_marker=layout.COMPLETE, end=end), NOW)
+    assert (st.best, st.eval_seconds, st.evaluated_step) == (
+        {"metric": "val_loss", "mode": "min", "step": 60, "value": 0.125, "exported": True}, 3.0, 40)
+    # COMPLETE without them, or with a best that is not well formed: progress.json's stand.
+    for end in ({layout.MARKER_STEP: 100}, {layout.MARKER_STEP: 100, "best": {"metric": "val_loss"}}):
+        st = classify(RunFacts(S3, [started(100)], progress=doc, end_marker=layout.COMPLETE, end=end), NOW)
+        assert (st.best, st.eval_seconds) == ({"metric": "val_loss", "mode": "min", "step": 20, "value": 0.25}, 1.5)
+    # An eval_seconds COMPLETE holds is its word, even when unreadable.
+    end = {layout.MARKER_STEP: 100, "eval_seconds": "soon"}
+    st = classify(RunFacts(S3, [started(100)], progress=doc, end_marker=layout.COMPLETE, end=end), NOW)
+    assert st.eval_seconds is None
+    # Only COMPLETE's: a CANCELLED or FAILED marker's own fields are not read.
+    for marker in (layout.CANCELLED, layout.FAILED):
+        end = {layout.MARKER_STEP: 100, "best": final, "eval_seconds": 3}
+        st = classify(RunFacts(S3, [started(100)], progress=doc, end_marker=marker, end=end), NOW)
+        assert (st.best["step"], st.eval_seconds) == (20, 1.5)
+
+
 def test_progress_fields_of_the_wrong_type_are_left_out():
     doc = {"step": "40", "total": "x", "updated": 12345}
     st = classify(RunFacts(S3, [started(100)], progress=doc, checkpoint_step=30), NOW)
