@@ -47,6 +47,17 @@ def test_the_env_file_names_the_data_and_the_users_command_when_the_stack_has_th
         "TRAINSTACK_STOP_GRACE_S": "90"}
 
 
+def test_the_env_file_names_the_validation_set_the_cadence_and_the_best_only_when_set():
+    env = _env(validationDataUri="s3://data-bkt/val", evalEverySteps=250, keepBest="val_accuracy")
+    assert {k: env[k] for k in ("TRAINSTACK_VALIDATION_DATA_URI", "TRAINSTACK_EVAL_EVERY_STEPS",
+                                "TRAINSTACK_KEEP_BEST")} == {
+        "TRAINSTACK_VALIDATION_DATA_URI": "s3://data-bkt/val", "TRAINSTACK_EVAL_EVERY_STEPS": "250",
+        "TRAINSTACK_KEEP_BEST": "val_accuracy"}
+    # Unset (the stack's defaults), none is in the file: the trainer's defaults, which are the same, apply.
+    env = _env()
+    assert not {"TRAINSTACK_VALIDATION_DATA_URI", "TRAINSTACK_EVAL_EVERY_STEPS", "TRAINSTACK_KEEP_BEST"} & set(env)
+
+
 def test_the_env_files_own_entry_is_roots_and_readable():
     doc = yaml.safe_load(render_user_data("aws", _env()))
     entry = doc["write_files"][0]
