@@ -41,6 +41,8 @@ def test_the_env_file_names_the_data_and_the_users_command_when_the_stack_has_th
     assert (env["TRAINSTACK_DATA_URI"], env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"]) == ("s3://data-bkt/x", "300")
     # A null cadence is off: the trainer's 0, not a missing key its own default would fill.
     assert "TRAINSTACK_SYNTHETIC" not in env and env["TRAINSTACK_CHECKPOINT_EVERY_STEPS"] == "0"
+    env = _env(checkpointEverySteps=50, checkpointEverySeconds=None)
+    assert (env["TRAINSTACK_CHECKPOINT_EVERY_STEPS"], env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"]) == ("50", "0")
     env = _env(synthetic=False, code="examples/keras-fit", command=["python", "train.py"])
     assert {k: env[k] for k in ("TRAINSTACK_CODE_DIR", "TRAINSTACK_COMMAND", "TRAINSTACK_STOP_GRACE_S")} == {
         "TRAINSTACK_CODE_DIR": userdata.USER_CODE_DIR, "TRAINSTACK_COMMAND": '["python", "train.py"]',
