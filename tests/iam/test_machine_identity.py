@@ -44,7 +44,7 @@ REGION = aws_helpers.BASE["region"]
 ROOT = Path(__file__).resolve().parents[2]
 # The boot sandbox's stand-ins: `aws` does the AWS CLI's calls with boto3 (the real CLI
 # cannot be installed beside the project's botocore), `shutdown` and `journalctl` record.
-FAKES = ROOT / "tests" / "fixtures" / "machine_commands.py"
+FAKES = ROOT / "devtools" / "machine_commands.py"
 OTHER_BUCKET = "trainstack-someone-else"
 OTHER_GROUP = "trainstack-other-stack-gpu"
 
