@@ -308,8 +308,11 @@ def test_a_month_of_runs_redeploys_and_storage(cloud, moto_server, tmp_path):
     bills = {run: bill(month, run, END_DAY) for run in runs}
     assert all(parts["kept checkpoints"][1] > 0 and parts["the rest"][1] > 0 for parts in bills.values())
     # The kept checkpoints differ by their commit marker and the metrics in their state (tens of
-    # bytes each), no more: under a thousand bytes of slack on a bill of megabytes.
-    assert all(parts["kept checkpoints"][2] < 1000 for parts in bills.values())
+    # bytes each), and a checkpoint written from a background snapshot lacks the variables' names,
+    # which TF's object graph records for live variables only (448 bytes for this model; the
+    # stored values and their keys are the same): under ten thousand bytes of slack on a bill of
+    # megabytes.
+    assert all(parts["kept checkpoints"][2] < 10_000 for parts in bills.values())
     over = {f"{run} {part}": f"billed {billed:,} B, planned {planned:,} B (± {slack} B)"
             for run, parts in bills.items() for part, (billed, planned, slack) in parts.items()
             if abs(billed - planned) > slack}
