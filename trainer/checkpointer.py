@@ -182,9 +182,12 @@ class Checkpointer:
         """Record a commit (called from the upload thread too)."""
         self.last_committed = max(self.last_committed or 0, int(step))
 
-    def _new_folder(self, step: int) -> str:
+    def _new_folder(self, step: int, *, background: bool = False) -> str:
         sub = "checkpoints" if self.chief else "worker-tmp"  # only the chief's copy is kept
-        folder = os.path.join(self.work, sub, f"{layout.CHECKPOINT_DIR}-{step}")
+        # A background write has its own folder: a stuck one that ends late removes only its own,
+        # never the synchronous save of the same step that went on without it.
+        suffix = ".background" if background else ""
+        folder = os.path.join(self.work, sub, f"{layout.CHECKPOINT_DIR}-{step}{suffix}")
         shutil.rmtree(folder, ignore_errors=True)
         os.makedirs(folder)
         return folder
@@ -230,7 +233,7 @@ class Checkpointer:
         if not self._finish_write():
             return False  # the previous write is stuck: this checkpoint is skipped, wait_uploads reports it
         self._raise_write_error()
-        folder = self._new_folder(step)
+        folder = self._new_folder(step, background=True)
         # Reading a variable costs no copy; its next update copies it while the snapshot holds it.
         values = [self._read(v) for v in self.variables]
         if self.data is not None:
