@@ -253,7 +253,7 @@ def stack_group_state(stack: str) -> GroupState:
     region = outputs.get("region") or None
     if cloud == "aws":
         return aws_group_state(group, region)
-    return gcp_group_state(group, region, project=outputs.get("project") or None)
+    return gcp_group_state(group, region, project=outputs.get("project"))
 
 
 def placement_group_state(stack: str, index: int) -> GroupState:
@@ -269,7 +269,7 @@ def placement_group_state(stack: str, index: int) -> GroupState:
         raise HostsError(f"stack {stack}'s placements output has no placement {index}: {e}") from None
     if p.cloud == "aws":
         return aws_group_state(p.group, p.region)
-    return gcp_group_state(p.group, p.region, project=p.project or None)
+    return gcp_group_state(p.group, p.region, project=p.project)
 
 
 def stack_hosts(stack: str) -> list[Host]:
@@ -278,7 +278,7 @@ def stack_hosts(stack: str) -> list[Host]:
     cloud = cloud_of(require_output(outputs, "runUri", stack))
     group = require_output(outputs, "groupName", stack)
     region = outputs.get("region") or None
-    return aws_hosts(group, region) if cloud == "aws" else gcp_hosts(group, region, outputs.get("project") or None)
+    return aws_hosts(group, region) if cloud == "aws" else gcp_hosts(group, region, outputs.get("project"))
 
 
 # -- command-line options shared by the commands that reach a machine ------------------
