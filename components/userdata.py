@@ -83,6 +83,8 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, 
     env = {
         "TRAINSTACK_CLOUD": settings.cloud,
         "TRAINSTACK_REGION": settings.region,
+        # Recorded with each attempt: status and COMPLETE split time and cost by placement.
+        "TRAINSTACK_PLACEMENT": f"{settings.cloud} {settings.region}",
         "TRAINSTACK_RUN_URI": run_uri,
         "TRAINSTACK_GROUP": group,
         "TRAINSTACK_IMAGE": settings.image.reference,

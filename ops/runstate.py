@@ -115,6 +115,9 @@ class RunStatus:
     machine_hours: float | None = None
     cost_usd: float | None = None
     cost_note: str = ""
+    # The same per placement ('<cloud> <region>' as each attempt recorded it), in the order the
+    # run first used them: [{placement, attempts, machine_hours, cost_usd}].
+    placement_costs: list[dict] = field(default_factory=list)
     # Several placements: placement.json as the controller wrote it (active, since, moves), None
     # for a stack of one placement (ops/status.py reads it).
     placement: dict | None = None
@@ -388,3 +391,4 @@ def _add_cost(st: RunStatus, log: list[dict], *, now: float | None = None, end: 
         st.cost_note = total.price_note
         if total.unpriced and total.cost_usd is not None:
             st.cost_note = f"{total.unpriced} of {total.attempts} attempts without a price; " + st.cost_note
+        st.placement_costs = [p.to_json() for p in total.placements]

@@ -173,6 +173,19 @@ def cost_text(st: RunStatus) -> str:
     return f"${st.cost_usd:,.2f}{so_far} for {hours}{note}"
 
 
+def placement_cost_lines(st: RunStatus) -> list[str]:
+    """Each placement's machine time and cost, once the run has trained in more than one."""
+    if len(st.placement_costs) < 2:
+        return []
+    lines = []
+    for p in st.placement_costs:
+        hours = f"{duration(float(p.get('machine_hours') or 0) * 3600)} machine time"
+        money = "no price" if p.get("cost_usd") is None else f"${p['cost_usd']:,.2f}"
+        n = p.get("attempts")
+        lines.append(f"{p.get('placement')}: {money} for {hours}, {n} attempt{'' if n == 1 else 's'}")
+    return lines
+
+
 def _event_line(ev: dict) -> str:
     stamp = str(ev.get("time", ""))
     clock = stamp[11:19] if len(stamp) >= 19 else stamp
@@ -258,6 +271,8 @@ def render(st: RunStatus):
         grid.add_row("group", Text(st.group_note, style="dim"))
     if st.machine_hours is not None:
         grid.add_row("cost", cost_text(st))
+        for line in placement_cost_lines(st):
+            grid.add_row("", line)
     if st.checkpoint:
         age = f", {duration(st.checkpoint.age_seconds)} ago" if st.checkpoint.age_seconds is not None else ""
         grid.add_row("checkpoint", f"step {st.checkpoint.step}{age}")

@@ -73,6 +73,7 @@ class TrainConfig:
     lease_wait_s: float | None = None
     price_per_hour: float | None = None
     price_note: str | None = None
+    placement: str | None = None
     verbose: bool = False
     # Script mode: the user's own command (after `--`, or TRAINSTACK_COMMAND as a JSON list),
     # run in --code-dir by trainer/script.py instead of the trainer's own loop.
@@ -249,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="USD per machine-hour, recorded in the `started` event so that ops status and COMPLETE can "
                    "total the run's cost (the stack sets it from its price table)")
     p.add_argument("--price-note", default=None, help="what --price-per-hour is (e.g. a spot estimate and its table's date)")
+    p.add_argument("--placement", default=None,
+                   help="where this machine runs, as '<cloud> <region>', recorded in the `started` event so that "
+                   "ops status and COMPLETE split the run's machine time and cost by placement (the stack sets it)")
     p.add_argument("--stop-grace-s", type=_positive_float, default=d.stop_grace_s,
                    help="script mode (-- COMMAND): after a stop signal, how long the command may take to commit "
                    "its checkpoint and exit before it is killed (within the spot notice: 120 s AWS, 30 s GCP)")

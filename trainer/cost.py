@@ -7,7 +7,8 @@ counts up to its last event; the run's newest attempt, while the run has not end
 nothing has ended that attempt (preempted, failed, cancelled, a spot notice, the machine's
 finish), counts up to now. Nodes come from the attempt's `started` event (`workers`), the price from its config
 (`price_per_hour`, set by the stack from its price table; `price_note` says what it is, e.g.
-a spot estimate and the table's date). The time a machine spends booting and pulling the image
+a spot estimate and the table's date), the placement from its config too (`placement`, '<cloud>
+<region>', set by the stack), so a run that moved between placements shows each one's share. The time a machine spends booting and pulling the image
 before the trainer starts is not in the events, so the figure is a little under the bill.
 
 Standard library only: the trainer's container imports it to record the total in COMPLETE,
@@ -38,6 +39,8 @@ class Span:
     price_per_hour: float | None
     open: bool = False
     """Still running: the end is `now`."""
+    placement: str | None = None
+    """Where the attempt ran ('<cloud> <region>'), when its config says."""
 
     @property
     def machine_hours(self) -> float:
@@ -48,6 +51,21 @@ class Span:
     def cost(self) -> float | None:
         """Machine-hours x price, or None when this attempt was started without a price."""
         return None if self.price_per_hour is None else self.machine_hours * self.price_per_hour
+
+
+@dataclass(frozen=True)
+class PlacementCost:
+    """One placement's share of a run: its attempts' machine time and cost."""
+
+    placement: str
+    attempts: int
+    machine_hours: float
+    cost_usd: float | None
+    """None when none of its attempts carries a price; a partial sum when only some do."""
+
+    def to_json(self) -> dict:
+        return {"placement": self.placement, "attempts": self.attempts, "machine_hours": round(self.machine_hours, 4),
+                "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 2)}
 
 
 @dataclass(frozen=True)
@@ -62,12 +80,18 @@ class RunCost:
     unpriced: int = 0
     """Attempts started without a price (their time is in machine_hours, not in cost_usd)."""
     running: bool = False
+    placements: tuple[PlacementCost, ...] = ()
+    """Each placement's share, in the order the run first used them; empty when no attempt says where
+    it ran. Attempts that do not say are left out of it (their time is in the totals)."""
 
     def to_json(self) -> dict:
         """The fields COMPLETE and `ops status --json` record."""
-        return {"machine_hours": round(self.machine_hours, 4),
-                "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 2),
-                "cost_note": self.price_note}
+        out = {"machine_hours": round(self.machine_hours, 4),
+               "cost_usd": None if self.cost_usd is None else round(self.cost_usd, 2),
+               "cost_note": self.price_note}
+        if self.placements:
+            out["placements"] = [p.to_json() for p in self.placements]
+        return out
 
 
 def _time(ev: dict) -> float | None:
@@ -110,9 +134,25 @@ def spans(events: list[dict], *, now: float | None = None, end: float | None = N
             t1, is_open = max(t1, now), True
         cfg = ev.get("config") if isinstance(ev.get("config"), dict) else {}
         price = _positive(cfg.get("price_per_hour"), int | float)
+        where = cfg.get("placement")
         out.append(Span(attempt=ev.get(layout.ATTEMPT), start=t0, end=t1, nodes=_positive(ev.get("workers"), int) or 1,
-                        price_per_hour=None if price is None else float(price), open=is_open))
+                        price_per_hour=None if price is None else float(price), open=is_open,
+                        placement=where if isinstance(where, str) and where.strip() else None))
     return out
+
+
+def by_placement(found: list[Span]) -> tuple[PlacementCost, ...]:
+    """The spans' machine time and cost per placement, in the order of each one's first attempt."""
+    groups: dict[str, list[Span]] = {}
+    for s in found:
+        if s.placement is not None:
+            groups.setdefault(s.placement, []).append(s)
+    out = []
+    for where, group in groups.items():
+        priced = [s.cost for s in group if s.cost is not None]
+        out.append(PlacementCost(placement=where, attempts=len(group), machine_hours=sum(s.machine_hours for s in group),
+                                 cost_usd=sum(priced) if priced else None))
+    return tuple(out)
 
 
 def run_cost(events: list[dict], *, now: float | None = None, end: float | None = None) -> RunCost | None:
@@ -129,4 +169,4 @@ def run_cost(events: list[dict], *, now: float | None = None, end: float | None 
                 break
     return RunCost(machine_hours=sum(s.machine_hours for s in found), cost_usd=sum(priced) if priced else None,
                    price_note=note, attempts=len(found), unpriced=len(found) - len(priced),
-                   running=any(s.open for s in found))
+                   running=any(s.open for s in found), placements=by_placement(found))

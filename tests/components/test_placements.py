@@ -111,9 +111,12 @@ def test_every_placement_runs_the_same_image_and_run_folder_and_scales_only_its_
         assert env["TRAINSTACK_IMAGE"] == home["TRAINSTACK_IMAGE"] == r.outputs["imageRef"]
         assert env["TRAINSTACK_CODE_URI"] == r.outputs["codeUri"]
         assert env["TRAINSTACK_REGION"] == REGIONS[cloud][i]
+        # Recorded with each attempt, so status and COMPLETE split the run's time and cost by placement.
+        assert env["TRAINSTACK_PLACEMENT"] == f"{cloud} {REGIONS[cloud][i]}"
         assert env["TRAINSTACK_GROUP"] == placement.group_name(HOME_GROUP, i)
         # Everything else about the run is the same in every placement (the price is the placement's own).
-        own = {"TRAINSTACK_REGION", "TRAINSTACK_GROUP", "TRAINSTACK_PRICE_PER_HOUR", "TRAINSTACK_PRICE_NOTE"}
+        own = {"TRAINSTACK_REGION", "TRAINSTACK_PLACEMENT", "TRAINSTACK_GROUP", "TRAINSTACK_PRICE_PER_HOUR",
+               "TRAINSTACK_PRICE_NOTE"}
         assert {k: v for k, v in env.items() if k not in own} == {k: v for k, v in home.items() if k not in own}
         assert len(home.keys() - own) >= 15
 

@@ -610,6 +610,29 @@ def test_status_shows_the_cost_so_far_and_the_total_once_ended(s3_run, tmp_path,
                      out), out
 
 
+def test_status_splits_the_time_and_cost_of_a_run_that_moved_by_placement(s3_run, capsys):
+    store = open_store(s3_run.uri)
+
+    def started(price, where):
+        return ("started", {"config": {"steps": 1000, "price_per_hour": price, "placement": where}, "workers": 1})
+
+    events_of(store, 1, started(1.0, "aws us-east-1"), ("preempted", {"step": 10, "signal": "SIGTERM"}))
+    events_of(store, 2, started(2.0, "aws us-west-2"), ("checkpoint", {"step": 20, "seconds": 0.1, "bytes": 10}))
+    times = [runstate.stamp(json.loads(line)["time"]) for line in store.get_bytes("events.jsonl").splitlines()]
+    st = status.read_status(s3_run.uri, now=times[2] + 3600)  # the second attempt still runs an hour on
+    got = [(p["placement"], p["attempts"], p["cost_usd"]) for p in st.placement_costs]
+    assert got == [("aws us-east-1", 1, 0.0), ("aws us-west-2", 1, 2.0)]
+    lines = status.placement_cost_lines(st)
+    assert [line.split(":")[0] for line in lines] == ["aws us-east-1", "aws us-west-2"]
+    assert lines[1].startswith("aws us-west-2: $2.00 for 1h 00m machine time, 1 attempt"), lines
+    assert main(["status", "--run-uri", s3_run.uri, "--json"]) in (0, status.EXIT_STALLED)
+    doc = json.loads(capsys.readouterr().out)
+    assert [p["placement"] for p in doc["placement_costs"]] == ["aws us-east-1", "aws us-west-2"]
+    # One placement: no split to show (the cost line says it all).
+    st.placement_costs = st.placement_costs[:1]
+    assert status.placement_cost_lines(st) == []
+
+
 def test_an_old_heartbeat_without_any_event_is_stalled_not_a_crash(s3_run, capsys):
     # progress.json alone (events.jsonl not written or lost), last updated long ago.
     open_store(s3_run.uri).put_bytes("progress.json", json.dumps(

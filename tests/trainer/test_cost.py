@@ -29,12 +29,15 @@ def ev(kind: str, minutes: float, attempt: int | None = None, **fields) -> dict:
     return {layout.EVENT: kind, layout.TIME: at(minutes), layout.ATTEMPT: attempt, **fields}
 
 
-def started(minutes: float, attempt: int, *, workers: int = 1, price: float | None = 2.0, note: str = "") -> dict:
+def started(minutes: float, attempt: int, *, workers: int = 1, price: float | None = 2.0, note: str = "",
+            placement: str | None = None) -> dict:
     config = {"steps": 100}
     if price is not None:
         config["price_per_hour"] = price
     if note:
         config["price_note"] = note
+    if placement is not None:
+        config["placement"] = placement
     return ev(layout.STARTED, minutes, attempt, config=config, workers=workers)
 
 
@@ -104,3 +107,33 @@ def test_complete_records_the_total():
     # (20 + 40) min x 2 nodes x $3/h
     assert rec["machine_hours"] == pytest.approx(2.0) and rec["cost_usd"] == pytest.approx(6.0)
     assert rec["cost_note"] == "on-demand (dearest type), price table 2026-11-30"
+
+
+def test_a_run_that_moved_splits_its_time_and_cost_by_placement_and_complete_records_them():
+    # Home trains, is preempted, returns once, then the run moves to another region at another price.
+    events = [started(0, 1, workers=2, price=1.0, placement="aws us-east-1"), ev(layout.PREEMPTED, 30, 1),
+              started(40, 2, workers=2, price=1.0, placement="aws us-east-1"), ev(layout.PREEMPTED, 55, 2),
+              started(90, 3, workers=2, price=1.5, placement="aws us-west-2"), ev(layout.FINISHED, 150, 3)]
+    total = cost.run_cost(events, end=ts(150))
+    got = [(p.placement, p.attempts, round(p.machine_hours, 4), p.cost_usd) for p in total.placements]
+    # home: (30 + 15) min x 2 nodes = 1.5 h at $1; west: 60 min x 2 = 2 h at $1.5
+    assert got == [("aws us-east-1", 2, 1.5, pytest.approx(1.5)), ("aws us-west-2", 1, 2.0, pytest.approx(3.0))]
+    assert total.machine_hours == pytest.approx(3.5) and total.cost_usd == pytest.approx(4.5)
+    rec = complete_record(step=100, metrics={"loss": 0.1}, examples_seen=6400, events=events, finished_at=ts(150))
+    assert rec["placements"] == [
+        {"placement": "aws us-east-1", "attempts": 2, "machine_hours": 1.5, "cost_usd": 1.5},
+        {"placement": "aws us-west-2", "attempts": 1, "machine_hours": 2.0, "cost_usd": 3.0},
+    ]
+
+
+def test_attempts_that_do_not_say_where_they_ran_stay_in_the_total_only():
+    events = [started(0, 1, placement=None), ev(layout.PREEMPTED, 30, 1),
+              started(30, 2, price=None, placement="gcp us-central1"), ev(layout.FINISHED, 60, 2),
+              # A damaged config's placement is not a name.
+              started(60, 3, placement=" "), ev(layout.FINISHED, 90, 3)]
+    total = cost.run_cost(events, end=ts(90))
+    assert [p.to_json() for p in total.placements] == [
+        {"placement": "gcp us-central1", "attempts": 1, "machine_hours": 0.5, "cost_usd": None}]
+    assert total.machine_hours == pytest.approx(1.5) and total.cost_usd == pytest.approx(2.0)
+    # Nothing recorded where it ran: no placements field at all (a stack of one placement before this field).
+    assert "placements" not in cost.run_cost(events[:2], end=ts(30)).to_json()

@@ -25,7 +25,8 @@ def test_the_env_file_carries_the_runs_and_the_machines_values():
     env = _env(steps=40, batchSize=16, keepCheckpoints=4, model="mlp", seed=7)
     price = {k: env.pop(k) for k in ("TRAINSTACK_PRICE_PER_HOUR", "TRAINSTACK_PRICE_NOTE")}
     assert env == {
-        "TRAINSTACK_CLOUD": "aws", "TRAINSTACK_REGION": "us-east-1", "TRAINSTACK_RUN_URI": "s3://b/runs/r",
+        "TRAINSTACK_CLOUD": "aws", "TRAINSTACK_REGION": "us-east-1", "TRAINSTACK_PLACEMENT": "aws us-east-1",
+        "TRAINSTACK_RUN_URI": "s3://b/runs/r",
         "TRAINSTACK_GROUP": "g", "TRAINSTACK_IMAGE": "tensorflow/tensorflow:2.21.0-gpu",
         "TRAINSTACK_CODE_URI": "s3://b/code/c.tar.gz", "TRAINSTACK_MAX_RUNTIME_S": "3600", "TRAINSTACK_NODES": "1",
         "TRAINSTACK_GPUS_PER_NODE": "1", "TRAINSTACK_NOTICE_GRACE_S": "100", "TRAINSTACK_POLL_S": "5",

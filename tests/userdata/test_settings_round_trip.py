@@ -110,6 +110,7 @@ NOT_A_RUN_KEY = {
     "TRAINSTACK_STOP_GRACE_S": "script mode: the cloud's notice grace less a margin (components/userdata.py)",
     "TRAINSTACK_PRICE_PER_HOUR": "the price table's figure for compute.instanceTypes (components/pricing.py)",
     "TRAINSTACK_PRICE_NOTE": "where TRAINSTACK_PRICE_PER_HOUR comes from",
+    "TRAINSTACK_PLACEMENT": "the cloud and region the machine's placement runs in (components/userdata.py)",
 }
 
 
