@@ -145,7 +145,8 @@ class Bench:
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             t0 = time.time()
             run_env["BENCH_T0"] = repr(t0)
-            p = subprocess.Popen(argv, cwd=REPO, env=run_env, stdout=out, stderr=err, text=True)
+            p = subprocess.Popen(argv, cwd=REPO, env=run_env, stdout=out, stderr=err, text=True,
+                                 preexec_fn=_dies_with_parent)
             signalled = None
             if signal_after_first_step is not None:
                 deadline = time.monotonic() + timeout
@@ -370,7 +371,8 @@ class Bench:
                         "--checkpoint-every-seconds", str(self.plan.checkpoint_every_s)]
                 out = stack.enter_context(tempfile.TemporaryFile("w+"))
                 procs.append((subprocess.Popen(argv, cwd=REPO, env={**self.env, "TF_CONFIG": tf_config}, stdout=out,
-                                               stderr=subprocess.DEVNULL, text=True), out))
+                                               stderr=subprocess.DEVNULL, text=True, preexec_fn=_dies_with_parent),
+                               out))
             t0 = time.time()
             try:
                 codes = [p.wait(timeout=900) for p, _ in procs]
@@ -424,6 +426,19 @@ def tensorboard_scalars(folder: str, tag: str) -> list[tuple[int, float]]:
 def _scaling_row(run: dict) -> dict:
     keep = ("examples_per_sec", "steady_examples_per_sec", "loop_seconds", "steps", "process_wall_s")
     return {k: run[k] for k in keep}
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _dies_with_parent() -> None:
+    """In the child before exec: the kernel kills it when the bench that started it dies, so a killed
+    bench (a timeout, ^C twice) leaves no trainer training on for a million steps. Linux only; elsewhere
+    a no-op."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _wait4(p: subprocess.Popen, timeout: float):
