@@ -138,23 +138,38 @@ def context_location(path: Path) -> str:
     return os.path.relpath(path, Path.cwd())
 
 
+@dataclass(kw_only=True)
+class Registry:
+    """One repository an image is pushed to, and the deployer's login to its registry."""
+
+    repository_url: pulumi.Input[str]
+    """Registry host/path, no tag."""
+    username: pulumi.Input[str]
+    password: pulumi.Input[str]
+    """Kept secret."""
+
+
 def pushed_image(
     name: str,
     *,
     data: bytes,
     base_image: str,
-    repository_url: pulumi.Input[str],
-    username: pulumi.Input[str],
-    password: pulumi.Input[str],
+    registries: list[Registry],
     parent: pulumi.Resource,
 ) -> tuple[str, docker_build.Image]:
-    """Build `trainer/Dockerfile` from the archive `data` on `base_image` and push it to
-    `repository_url` under its content tag; returns (tag, image). The registry login
-    (`username`/`password`) is kept secret. Both clouds' TrainerImage call this; only the
-    credentials differ."""
+    """Build `trainer/Dockerfile` from the archive `data` on `base_image` once and push it to
+    every repository of `registries` under its content tag; returns (tag, image). Each
+    registry's login is kept secret. Both clouds' TrainerImage call this; only the
+    credentials differ.
+
+    One build pushed to several repositories is the same manifest in each, so the image's one
+    `digest` names it in every repository (`<repository>@<digest>`); its `ref` names one of them
+    only. The repositories are in distinct regions, so each has its own registry host."""
+    if not registries:
+        raise ValueError("an image is pushed to one repository at least")
     tag = content_tag(data, base_image)
     context = build_context(data)
-    url = pulumi.Output.from_input(repository_url)
+    urls = [pulumi.Output.from_input(r.repository_url) for r in registries]
     image = docker_build.Image(
         name,
         context=docker_build.BuildContextArgs(location=context_location(context)),
@@ -162,13 +177,14 @@ def pushed_image(
         build_args={"BASE_IMAGE": base_image},
         platforms=[docker_build.Platform.LINUX_AMD64],
         push=True,
-        tags=[pulumi.Output.concat(url, ":", tag)],
+        tags=[pulumi.Output.concat(url, ":", tag) for url in urls],
         registries=[
             docker_build.RegistryArgs(
                 address=url.apply(lambda u: u.split("/", 1)[0]),
-                username=username,
-                password=pulumi.Output.secret(password),
+                username=r.username,
+                password=pulumi.Output.secret(r.password),
             )
+            for url, r in zip(urls, registries, strict=True)
         ],
         # The base image is several GB: a preview should not pull and build it. No
         # registry cache either: a moving cache tag cannot live in an immutable repository.
@@ -176,7 +192,6 @@ def pushed_image(
         opts=pulumi.ResourceOptions(parent=parent),
     )
     return tag, image
-
 
 
 def user_code_dir(settings) -> str | None:
@@ -232,6 +247,18 @@ class TrainerCodeBase(pulumi.ComponentResource):
 
 
 @dataclass(kw_only=True)
+class ImageMirror:
+    """Another region's repository the trainer image is pushed to as well."""
+
+    repository_url: pulumi.Input[str]
+    """Registry host/path, no tag."""
+    provider: pulumi.ProviderResource
+    """The provider of that repository's region: the registry login is asked for through it."""
+    registry_id: pulumi.Input[str] | None = None
+    """AWS: the account id of the registry (None on GCP)."""
+
+
+@dataclass(kw_only=True)
 class TrainerImageArgs:
     """Inputs of a TrainerImage (either cloud)."""
 
@@ -245,6 +272,9 @@ class TrainerImageArgs:
     """The user's folder (run.code), copied into the image beside the trainer."""
     registry_id: pulumi.Input[str] | None = None
     """AWS: the account id of the registry the repository lives in (None on GCP)."""
+    mirrors: list[ImageMirror] = field(default_factory=list)
+    """The other placements' repositories, each in its region: the same image is pushed to each, and
+    their machines pull it from there (`refs`)."""
 
 
 class TrainerImageBase(pulumi.ComponentResource):
@@ -261,25 +291,35 @@ class TrainerImageBase(pulumi.ComponentResource):
     digest: pulumi.Output[str]
     """sha256:… of the pushed image."""
     ref: pulumi.Output[str]
-    """<repository_url>@<digest>: what the machines pull."""
+    """<repository_url>@<digest>: what the home placement's machines pull."""
+    refs: list[pulumi.Output[str]]
+    """`ref`, then <mirror repository_url>@<digest> of each mirror, in `mirrors`' order."""
 
     def __init__(self, name: str, args: TrainerImageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(self.TYPE, name, None, opts)
         data = pack(Path(args.source_dir), _path(args.user_code_dir))
-        username, password = self._login(args)
+        targets = [(args.repository_url, args.registry_id, None)]
+        targets += [(m.repository_url, m.registry_id, m.provider) for m in args.mirrors]
+        registries = []
+        for url, registry_id, provider in targets:
+            username, password = self._login(registry_id, provider)
+            registries.append(Registry(repository_url=url, username=username, password=password))
         self.tag, self.image = pushed_image(
             f"{name}-image",
             data=data,
             base_image=args.base_image,
-            repository_url=args.repository_url,
-            username=username,
-            password=password,
+            registries=registries,
             parent=self,
         )
         self.digest = self.image.digest
         self.ref = pulumi.Output.concat(args.repository_url, "@", self.image.digest)
+        # The one digest in each mirror: every placement pulls the same image from its own region.
+        self.refs = [self.ref] + [pulumi.Output.concat(m.repository_url, "@", self.image.digest)
+                                  for m in args.mirrors]
         self.register_outputs({"digest": self.digest, "ref": self.ref})
 
-    def _login(self, args: TrainerImageArgs) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
-        """(username, password) for the registry, looked up through this component's provider."""
+    def _login(self, registry_id: pulumi.Input[str] | None,
+               provider: pulumi.ProviderResource | None) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
+        """(username, password) for a registry (`registry_id`: AWS's account id, None on GCP), looked up
+        through `provider` (another region's), else through this component's."""
         raise NotImplementedError

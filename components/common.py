@@ -52,12 +52,22 @@ def watch_command(stack: str) -> str:
     return f"python -m ops status --stack {stack}"
 
 
-def image_ref(settings: Settings, build: Callable[[], pulumi.Output[str]]) -> pulumi.Output[str]:
-    """The image the machines run: the pushed image by digest (`build()`, called only when
-    the stack builds its own), else the configured pinned reference."""
+def image_refs(settings: Settings, build: Callable[[], list[pulumi.Output[str]]]) -> list[pulumi.Output[str]]:
+    """The image each placement's machines run, home first: the pushed image by digest in the
+    placement's own region's repository (`build()`, called only when the stack builds its own),
+    else the configured pinned reference everywhere."""
     if settings.image.build:
-        return build()
-    return pulumi.Output.from_input(settings.image.reference)
+        refs = build()
+        if len(refs) != len(settings.placement_list):
+            raise ValueError(f"{len(refs)} pushed image references for {len(settings.placement_list)} placements")
+        return refs
+    return [pulumi.Output.from_input(settings.image.reference)] * len(settings.placement_list)
+
+
+def mirrored_image(settings: Settings) -> bool:
+    """Whether the built image is pushed to a repository in each placement's region as well as home's:
+    `image.build` with several placements (a one-placement stack has its one repository, as always)."""
+    return settings.image.build and len(settings.placement_list) > 1
 
 
 # Days before a bucket aborts a multipart upload that never finished (S3 and GCS lifecycle

@@ -391,12 +391,16 @@ scale_to_zero() {
 }
 
 # Logs docker in to the image's registry with the machine's identity when it is the
-# cloud's own registry (ECR / Artifact Registry); public images need no login.
+# cloud's own registry (ECR / Artifact Registry); public images need no login. An ECR
+# token is for one region's registry: the region the image's host names
+# (ACCOUNT.dkr.ecr.REGION.amazonaws.com), which need not be the machine's own.
 registry_login() {
-  local host="${TRAINSTACK_IMAGE%%/*}"
+  local host="${TRAINSTACK_IMAGE%%/*}" region
   case "$host" in
     *.dkr.ecr.*.amazonaws.com)
-      aws ecr get-login-password --region "$TRAINSTACK_REGION" |
+      region="${host#*.dkr.ecr.}"
+      region="${region%.amazonaws.com}"
+      aws ecr get-login-password --region "$region" |
         docker login --username AWS --password-stdin "$host" ;;
     *-docker.pkg.dev)
       gcloud auth print-access-token |

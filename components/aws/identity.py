@@ -2,7 +2,7 @@
 
 Least privilege for one run: read/write only under this run's prefix of this stack's
 bucket, read the trainer code, read the data set when it is in S3, pull from this
-stack's image repository, and set only this stack's Auto Scaling group to zero (the
+stack's image repository (and its copy in each placement's region, with a built image), and set only this stack's Auto Scaling group to zero (the
 machine's finish path; IAM conditions refuse any other size). Nothing else: the machine reads its
 identity and region from IMDS, and a group of several machines finds its peers through the
 run folder (its `rendezvous/`, docs/multinode.md), not by listing instances.
@@ -42,6 +42,9 @@ class InstanceIdentityArgs:
     """The run's folder: the role may write only under runs/<run_id>/."""
     repository_arn: pulumi.Input[str]
     """ARN of the stack's ECR repository (pull only)."""
+    other_repository_arns: list[pulumi.Input[str]] = field(default_factory=list)
+    """ARNs of the built image's repositories in the other placements' regions (pull only): a
+    placement's machines pull from their own region's."""
     group_name: str
     """Name of the stack's Auto Scaling group (the only group the role may resize)."""
     region: str
@@ -78,6 +81,7 @@ def policy_document(
     data_uri: str | None,
     validation_data_uri: str | None = None,
     other_groups: list[tuple[str, str]] | None = None,
+    other_repository_arns: list[pulumi.Input[str]] | None = None,
 ) -> pulumi.Output[str]:
     """The role's permissions as an IAM policy JSON document."""
     # runs/<run_id>/ and below: the run folder of trainer/layout.py. Listing is granted for the
@@ -160,10 +164,12 @@ def policy_document(
             "Resource": "*",
         },
         {
+            # The stack's repository; with a built image and several placements, each placement
+            # region's repository too (one string for one, as a one-placement stack has always written it).
             "Sid": "PullStackImage",
             "Effect": "Allow",
             "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
-            "Resource": repository_arn,
+            "Resource": [repository_arn, *other_repository_arns] if other_repository_arns else repository_arn,
         },
         {
             # The finish path's one call: update-auto-scaling-group --min-size 0 --max-size 0
@@ -229,6 +235,7 @@ class InstanceIdentity(pulumi.ComponentResource):
                 data_uri=args.data_uri,
                 validation_data_uri=args.validation_data_uri,
                 other_groups=list(args.other_groups),
+                other_repository_arns=list(args.other_repository_arns),
             ),
             opts=child,
         )

@@ -8,6 +8,8 @@ the checkout (no virtualenv, no caches). The tag is `trainer-<hash of the archiv
 tags are immutable, so an unchanged trainer pushes nothing and a changed one gets a new
 tag. The registry login is the deployer's short-lived ECR token at `pulumi up` time,
 kept secret and never written to user data; the machines log in with their own role.
+With several placements the one build is pushed to each placement region's repository too
+(`mirrors`), with a token of that region.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from components.code import TrainerImageArgs, TrainerImageBase
+from components.code import ImageMirror, TrainerImageArgs, TrainerImageBase
 
-__all__ = ["TrainerImage", "TrainerImageArgs"]
+__all__ = ["ImageMirror", "TrainerImage", "TrainerImageArgs"]
 
 
 class TrainerImage(TrainerImageBase):
@@ -25,9 +27,11 @@ class TrainerImage(TrainerImageBase):
 
     TYPE = "trainstack:aws:TrainerImage"
 
-    def _login(self, args: TrainerImageArgs) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
-        # Through the parent's provider: the token is for the stack's region.
+    def _login(self, registry_id: pulumi.Input[str] | None,
+               provider: pulumi.ProviderResource | None) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
+        # An ECR token is for one region's registry: through the parent's provider for the
+        # stack's region, through a placement's own provider for its region.
         token = aws.ecr.get_authorization_token_output(
-            registry_id=args.registry_id, opts=pulumi.InvokeOptions(parent=self)
+            registry_id=registry_id, opts=pulumi.InvokeOptions(parent=self, provider=provider)
         )
         return token.user_name, token.password

@@ -16,11 +16,11 @@ from components.aws.code import TrainerCode, TrainerCodeArgs
 from components.aws.controller import PlacementController, PlacementControllerArgs
 from components.aws.group import SpotGroup, SpotGroupArgs
 from components.aws.identity import InstanceIdentity, InstanceIdentityArgs
-from components.aws.image import TrainerImage, TrainerImageArgs
+from components.aws.image import ImageMirror, TrainerImage, TrainerImageArgs
 from components.aws.naming import default_bucket_name, group_name, repository_name
 from components.aws.repository import ImageRepository, ImageRepositoryArgs
 from components.code import user_code_dir
-from components.common import StackOutputs, TrainingStackArgs, image_ref, run_uri
+from components.common import StackOutputs, TrainingStackArgs, image_refs, mirrored_image, run_uri
 from components.tags import aws_tags
 
 __all__ = ["TrainingStack", "TrainingStackArgs"]
@@ -62,25 +62,32 @@ class TrainingStack(StackOutputs):
             ),
             opts=child,
         )
-        repo = ImageRepository(
-            f"{name}-images",
-            ImageRepositoryArgs(
-                repository_name=repository_name(project=args.project, stack=s.stack),
-                keep_images=s.image.keep_images,
-                tags=tags,
-            ),
-            opts=child,
-        )
         asg_name = group_name(project=args.project, stack=s.stack, run_id=run_id)
         # One group per placement (home first), each in its region; one role serves them all (IAM is global).
         places = s.placement_list
         groups = placement.group_names(s, asg_name)
+        # Placement i >= 1: its region's provider; what is made there goes through it.
+        regional = {i: aws.Provider(f"{name}-aws-p{i}", region=p.region, opts=pulumi.ResourceOptions(parent=self))
+                    for i, p in enumerate(places) if i > 0}
+        in_region = {0: child, **{i: pulumi.ResourceOptions(parent=self, providers={"aws": r})
+                                  for i, r in regional.items()}}
+        repo_args = ImageRepositoryArgs(
+            repository_name=repository_name(project=args.project, stack=s.stack),
+            keep_images=s.image.keep_images,
+            tags=tags,
+        )
+        repo = ImageRepository(f"{name}-images", repo_args, opts=child)
+        # A built image with several placements: a repository of the same settings in each placement's
+        # region, so every machine pulls from its own region (ECR repositories are regional).
+        mirrors = {i: ImageRepository(f"{name}-images-p{i}", repo_args, opts=in_region[i])
+                   for i in regional} if mirrored_image(s) else {}
         identity = InstanceIdentity(
             f"{name}-identity",
             InstanceIdentityArgs(
                 bucket_arn=bucket.arn,
                 run_id=run_id,
                 repository_arn=repo.arn,
+                other_repository_arns=[m.arn for m in mirrors.values()],
                 group_name=asg_name,
                 region=s.region,
                 other_groups=[(p.region, g) for p, g in zip(places[1:], groups[1:], strict=True)],
@@ -99,24 +106,24 @@ class TrainingStack(StackOutputs):
         )
 
         run = run_uri("aws", bucket.name, run_id)
-        # The machines run the pushed image by digest; their user data waits for the push.
-        image = image_ref(s, lambda: TrainerImage(
+        # The machines run the pushed image by digest, each placement's from its own region's repository;
+        # their user data waits for the push.
+        images = image_refs(s, lambda: TrainerImage(
             f"{name}-image",
             TrainerImageArgs(repository_url=repo.url, registry_id=repo.registry_id, base_image=s.image.reference,
-                             user_code_dir=user_code_dir(s)),
+                             user_code_dir=user_code_dir(s),
+                             mirrors=[ImageMirror(repository_url=m.url, registry_id=m.registry_id, provider=regional[i])
+                                      for i, m in mirrors.items()]),
             opts=child,
-        ).ref)
+        ).refs)
 
         # Every placement runs the same pinned image and the same run folder in the home bucket.
         self.placement_groups: list[SpotGroup] = []
         for i, g in enumerate(groups):
             ps = placement.settings_at(s, i)
-            opts = child
-            if i > 0:
-                regional = aws.Provider(f"{name}-aws-p{i}", region=ps.region, opts=pulumi.ResourceOptions(parent=self))
-                opts = pulumi.ResourceOptions(parent=self, providers={"aws": regional})
+            opts = in_region[i]
             user_data = userdata.user_data_output(
-                "aws", ps, group=g, run_uri=run, code_uri=code.code_uri, image_ref=image
+                "aws", ps, group=g, run_uri=run, code_uri=code.code_uri, image_ref=images[i]
             )
             c = ps.compute
             group = SpotGroup(
@@ -166,6 +173,6 @@ class TrainingStack(StackOutputs):
                 opts=child,
             )
         self._set_outputs(
-            s, bucket_name=bucket.name, run_uri=run, image_ref=image, group_name=group.group_name,
+            s, bucket_name=bucket.name, run_uri=run, image_ref=images[0], group_name=group.group_name,
             code_uri=code.code_uri, placements=controller_config,
         )

@@ -2,7 +2,8 @@
 
 Least privilege for one run, granted on the resources themselves: objects under this
 run's prefix of this stack's bucket (read/write/delete), the trainer code (read), the
-data set's bucket when it is in GCS (read, unless run.dataGrant is false), this stack's image repository (pull), and resizing
+data set's bucket when it is in GCS (read, unless run.dataGrant is false), this stack's image repository (pull;
+with a built image, its copy in each placement's region too), and resizing
 only this stack's instance group (a custom role with two permissions, under an IAM
 condition naming the group, and one to follow the resize's operation). The machine reads its identity from the metadata server;
 several machines find each other under the run folder (`rendezvous/`), not by listing instances.
@@ -45,6 +46,9 @@ class InstanceIdentityArgs:
     """The run's folder: the account may write only under runs/<run_id>/."""
     repository_id: pulumi.Input[str]
     """The stack's Artifact Registry repository (pull only)."""
+    other_repositories: list[tuple[str, pulumi.Input[str]]] = field(default_factory=list)
+    """(region, repository id) of the built image's repositories in the other placements' regions (pull
+    only): a placement's machines pull from their own region's."""
     region: str
     """The region of the repository and the group."""
     group_name: str
@@ -158,6 +162,14 @@ class InstanceIdentity(pulumi.ComponentResource):
                 member=member,
                 opts=child,
             ),
+            *[gcp.artifactregistry.RepositoryIamMember(
+                f"{name}-image-pull-{location}",
+                repository=repository,
+                location=location,
+                role="roles/artifactregistry.reader",
+                member=member,
+                opts=child,
+            ) for location, repository in args.other_repositories],
         ]
         granted: set[str] = set()
         for suffix, uri in (("data-read", args.data_uri), ("validation-read", args.validation_data_uri)):

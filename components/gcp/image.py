@@ -9,7 +9,8 @@ the checkout (no virtualenv, no caches). The tag is `trainer-<hash of the archiv
 tags are immutable, so an unchanged trainer pushes nothing and a changed one gets a new
 tag. The registry login is the deployer's short-lived OAuth access token at `pulumi up`
 time, kept secret and never written to user data; the machines log in with their own
-service account.
+service account. With several placements the one build is pushed to each placement region's
+repository too (`mirrors`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from __future__ import annotations
 import pulumi
 import pulumi_gcp as gcp
 
-from components.code import TrainerImageArgs, TrainerImageBase
+from components.code import ImageMirror, TrainerImageArgs, TrainerImageBase
 
-__all__ = ["TrainerImage", "TrainerImageArgs"]
+__all__ = ["ImageMirror", "TrainerImage", "TrainerImageArgs"]
 
 
 class TrainerImage(TrainerImageBase):
@@ -27,8 +28,13 @@ class TrainerImage(TrainerImageBase):
 
     TYPE = "trainstack:gcp:TrainerImage"
 
-    def _login(self, args: TrainerImageArgs) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
+    _token: pulumi.Output[str] | None = None
+
+    def _login(self, registry_id: pulumi.Input[str] | None,
+               provider: pulumi.ProviderResource | None) -> tuple[pulumi.Input[str], pulumi.Input[str]]:
         # The deployer's own credentials, through the stack's provider. Artifact Registry
-        # takes an OAuth access token under this fixed user name.
-        client = gcp.organizations.get_client_config_output(opts=pulumi.InvokeOptions(parent=self))
-        return "oauth2accesstoken", client.access_token
+        # takes an OAuth access token under this fixed user name. The token is the
+        # deployer's, not a region's: one serves every placement's registry.
+        if self._token is None:
+            self._token = gcp.organizations.get_client_config_output(opts=pulumi.InvokeOptions(parent=self)).access_token
+        return "oauth2accesstoken", self._token

@@ -13,14 +13,14 @@ import pulumi_gcp as gcp
 
 from components import placement, userdata
 from components.code import user_code_dir
-from components.common import StackOutputs, TrainingStackArgs, image_ref, run_uri
+from components.common import StackOutputs, TrainingStackArgs, image_refs, mirrored_image, run_uri
 from components.gcp.bucket import TrainingBucket, TrainingBucketArgs
 from components.gcp.code import TrainerCode, TrainerCodeArgs
 from components.gcp.controller import APIS as CONTROLLER_APIS
 from components.gcp.controller import PlacementController, PlacementControllerArgs
 from components.gcp.group import SpotGroup, SpotGroupArgs
 from components.gcp.identity import InstanceIdentity, InstanceIdentityArgs
-from components.gcp.image import TrainerImage, TrainerImageArgs
+from components.gcp.image import ImageMirror, TrainerImage, TrainerImageArgs
 from components.gcp.naming import (
     APIS,
     RESOURCE_MANAGER_API,
@@ -87,18 +87,31 @@ class TrainingStack(StackOutputs):
             ),
             opts=child,
         )
-        repo = ImageRepository(
-            f"{name}-images",
-            ImageRepositoryArgs(
-                repository_name=repository_name(**names), location=s.region, gcp_project=s.project,
-                keep_images=s.image.keep_images, labels=labels,
-            ),
-            opts=child,
-        )
         mig_name = group_name(**names, run_id=run_id)
         # One group per placement (home first), each in its region; one service account serves them all.
         places = s.placement_list
         groups = placement.group_names(s, mig_name)
+        # Placement i >= 1: its region's provider; what is made there goes through it.
+        regional = {i: gcp.Provider(f"{name}-gcp-p{i}", project=p.project, region=p.region,
+                                    opts=pulumi.ResourceOptions(parent=self, depends_on=apis))
+                    for i, p in enumerate(places) if i > 0}
+        in_region = {0: child, **{i: pulumi.ResourceOptions(parent=self, providers={"gcp": r})
+                                  for i, r in regional.items()}}
+
+        def image_repository(i: int) -> ImageRepository:
+            return ImageRepository(
+                f"{name}-images" if i == 0 else f"{name}-images-p{i}",
+                ImageRepositoryArgs(
+                    repository_name=repository_name(**names), location=places[i].region, gcp_project=s.project,
+                    keep_images=s.image.keep_images, labels=labels,
+                ),
+                opts=in_region[i],
+            )
+
+        repo = image_repository(0)
+        # A built image with several placements: a repository of the same settings in each placement's
+        # region (of home's project), so every machine pulls from its own region.
+        mirrors = {i: image_repository(i) for i in regional} if mirrored_image(s) else {}
         identity = InstanceIdentity(
             f"{name}-identity",
             InstanceIdentityArgs(
@@ -107,6 +120,7 @@ class TrainingStack(StackOutputs):
                 bucket_name=bucket.name,
                 run_id=run_id,
                 repository_id=repo.repository.repository_id,
+                other_repositories=[(places[i].region, m.repository.repository_id) for i, m in mirrors.items()],
                 region=s.region,
                 group_name=mig_name,
                 other_groups=[(p.region, g) for p, g in zip(places[1:], groups[1:], strict=True)],
@@ -124,23 +138,22 @@ class TrainingStack(StackOutputs):
         )
 
         run = run_uri("gcp", bucket.name, run_id)
-        # The machines run the pushed image by digest; their user data waits for the push.
-        image = image_ref(s, lambda: TrainerImage(
-            f"{name}-image", TrainerImageArgs(repository_url=repo.url, base_image=s.image.reference,
-                                           user_code_dir=user_code_dir(s)), opts=child,
-        ).ref)
+        # The machines run the pushed image by digest, each placement's from its own region's repository;
+        # their user data waits for the push.
+        images = image_refs(s, lambda: TrainerImage(
+            f"{name}-image", TrainerImageArgs(
+                repository_url=repo.url, base_image=s.image.reference, user_code_dir=user_code_dir(s),
+                mirrors=[ImageMirror(repository_url=m.url, provider=regional[i]) for i, m in mirrors.items()]),
+            opts=child,
+        ).refs)
 
         # Every placement runs the same pinned image and the same run folder in the home bucket.
         self.placement_groups: list[SpotGroup] = []
         for i, g in enumerate(groups):
             ps = placement.settings_at(s, i)
-            opts = child
-            if i > 0:
-                regional = gcp.Provider(f"{name}-gcp-p{i}", project=ps.project, region=ps.region,
-                                        opts=pulumi.ResourceOptions(parent=self, depends_on=apis))
-                opts = pulumi.ResourceOptions(parent=self, providers={"gcp": regional})
+            opts = in_region[i]
             user_data = userdata.user_data_output(
-                "gcp", ps, group=g, run_uri=run, code_uri=code.code_uri, image_ref=image
+                "gcp", ps, group=g, run_uri=run, code_uri=code.code_uri, image_ref=images[i]
             )
             c = ps.compute
             group = SpotGroup(
@@ -201,6 +214,6 @@ class TrainingStack(StackOutputs):
                 opts=pulumi.ResourceOptions(parent=self, providers={"gcp": provider}, depends_on=controller_apis),
             )
         self._set_outputs(
-            s, bucket_name=bucket.name, run_uri=run, image_ref=image, group_name=group.group_name,
+            s, bucket_name=bucket.name, run_uri=run, image_ref=images[0], group_name=group.group_name,
             code_uri=code.code_uri, placements=controller_config, gcp_project=s.project,
         )

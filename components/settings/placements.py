@@ -5,7 +5,8 @@ The first placement is home (the bucket, the run folder, the controller) and is 
 `compute.instanceTypes` and `compute.zones` (`merge_home`, before the schema). Every other
 placement must give the same run: the same total replicas (`compute.gpusPerNode` ×
 `compute.nodes`, so each of its types has `gpusPerNode` GPUs), machine types and zones its
-cloud has in its region, and the same image. Each is checked by its cloud's own `validate()`
+cloud has in its region, and the same image (a built one is pushed to a repository of home's cloud
+and project in each placement's region, so it cannot go to another cloud or project). Each is checked by its cloud's own `validate()`
 on the stack's settings moved to that placement, with the keys said as the placement's.
 """
 
@@ -83,6 +84,14 @@ def validate(s: Settings, cloud_checks: Mapping[str, Callable[[Settings], None]]
                               + (f" (project {p.project})" if p.project else "")
                               + f" is placements[{seen[where]}] again; list each place once")
         seen[where] = i
+        if i > 0 and s.image.build and (p.cloud != s.cloud or (p.cloud == "gcp" and p.project != s.project)):
+            # The built image is pushed to a repository of home's cloud and project in each placement's region.
+            elsewhere = f"in project {p.project}" if p.cloud == s.cloud else f"on {p.cloud}"
+            owner = f"Artifact Registry repositories of home's project ({s.project})" if s.cloud == "gcp" \
+                else "ECR repositories of home's account"
+            raise ConfigError("image.build", f"true pushes the image to {owner} only, and placements[{i}] "
+                              f"({p.region}) is {elsewhere}; set image.build: false (a public image runs "
+                              "everywhere) or list placements of home's " + ("project" if s.cloud == "gcp" else "cloud"))
         if p.cloud != s.cloud:
             raise ConfigError(f"placements[{i}].cloud", f"{p.cloud!r}: a placement on another cloud than home "
                               f"({s.cloud}) is not supported yet; list {s.cloud} regions only")
@@ -96,10 +105,6 @@ def validate(s: Settings, cloud_checks: Mapping[str, Callable[[Settings], None]]
                                   f"replicas: list types with {c.gpus_per_node} GPU(s)")
         if i == 0:
             continue  # home: the stack's own keys, checked as the stack
-        if s.image.build:
-            raise ConfigError("image.build", f"true pushes the image to the home region's registry only, which "
-                              f"placements[{i}] ({p.region}) does not pull from yet; set image.build: false "
-                              "(a public image runs everywhere) or keep one placement")
         if p.cloud == "aws" and c.image_id:
             raise ConfigError("compute.imageId", f"{c.image_id!r}: an AMI belongs to one region and placements[{i}] "
                               f"is in {p.region}; remove it (each region looks up the Deep Learning AMI) or keep one "

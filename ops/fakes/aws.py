@@ -112,7 +112,8 @@ def call(fn: str, a: dict[str, Any], region: str) -> dict[str, Any] | None:
                 "endpoint": f"ec2.{region}.amazonaws.com"}
     if fn == "aws:ecr/getAuthorizationToken:getAuthorizationToken":
         registry = a.get("registryId") or FAKE_ACCOUNT
-        password = f"fake-ecr-token-{fake_hex(fn, registry, n=32)}"
+        # A token is for one region's registry: another region answers another.
+        password = f"fake-ecr-token-{fake_hex(fn, registry, region, n=32)}"
         return {
             "id": region, "registryId": registry, "region": region, "userName": "AWS",
             "password": password, "authorizationToken": base64.b64encode(f"AWS:{password}".encode()).decode(),
