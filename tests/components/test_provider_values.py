@@ -2,7 +2,7 @@
 provider SDK documents as allowed, wherever the SDK documents a closed list or an enum.
 
 Runs over every stack file in stacks/ and a few variants that reach the optional
-resources (image build, several machines, on-demand, SSH). Proven to catch the class of
+resources (image build, several machines, on-demand, SSH, several placements with a built image). Proven to catch the class of
 defect it guards against by feeding it the Artifact Registry value that once shipped.
 """
 
@@ -29,14 +29,15 @@ VARIANTS = {
         "compute": {"instanceTypes": ["g2-standard-8", "g2-standard-12"], "nodes": 2},
         "access": {"sshPublicKey": SSH_KEY, "allowedCidrs": ["203.0.113.0/24"]},
     },
-    # Several placements: each region's group, and the controller's scheduler, function and identities.
+    # Several placements: each region's group, and the controller's scheduler, function and identities; the
+    # built image's repository in each region and the pull grants on them.
     "aws-placements": {
-        "cloud": "aws", "region": "us-east-1", "run": RUN, "placement": {"waitMinutes": 10},
+        "cloud": "aws", "region": "us-east-1", "run": RUN, "placement": {"waitMinutes": 10}, "image": {"build": True},
         "placements": [{"cloud": "aws", "region": "us-east-1", "instanceTypes": ["g5.xlarge"]},
                        {"cloud": "aws", "region": "us-west-2", "instanceTypes": ["g5.xlarge", "g6.xlarge"]}],
     },
     "gcp-placements": {
-        "cloud": "gcp", "region": "us-central1", "project": "my-proj-123", "run": RUN,
+        "cloud": "gcp", "region": "us-central1", "project": "my-proj-123", "run": RUN, "image": {"build": True},
         "placements": [{"cloud": "gcp", "region": "us-central1", "project": "my-proj-123",
                         "instanceTypes": ["g2-standard-4"]},
                        {"cloud": "gcp", "region": "europe-west4", "project": "my-proj-123",
@@ -111,6 +112,24 @@ def test_the_check_reads_the_placement_controllers_values(key, type_token, path,
     (problem,) = pv.check_resource(rec)
     assert (problem.path, problem.value) == (".".join(path), bad)
 
+
+@pytest.mark.parametrize(("key", "type_token", "path", "bad"), [
+    ("aws-placements", "aws:ecr/repository:Repository", ("imageTagMutability",), "IMMUTABLE_FOREVER"),
+    ("gcp-placements", "gcp:artifactregistry/repository:Repository",
+     ("vulnerabilityScanningConfig", "enablementConfig"), "AUTOMATIC"),
+])
+def test_the_check_reads_each_placement_regions_image_repository(key, type_token, path, bad):
+    """A built image's repository in every placement's region is checked as home's is."""
+    repos = copy.deepcopy(synthesized(key).of_type(type_token))
+    assert len(repos) == 2  # home's and the second placement's
+    for rec in repos:
+        assert pv.check_resource(rec) == [] and pv.checked_inputs(rec) >= 1
+        where = rec["inputs"]
+        for part in path[:-1]:
+            where = where[part]
+        where[path[-1]] = bad
+        (problem,) = pv.check_resource(rec)
+        assert (problem.path, problem.value) == (".".join(path), bad)
 
 @pytest.mark.parametrize(
     ("doc", "values"),

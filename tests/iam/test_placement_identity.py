@@ -4,9 +4,9 @@ machine of the second placement.
 The role's policy is the synth output's own (`ops.synth` on a stack whose home is eu-west-1 and
 whose second placement is us-west-2), made in moto, assumed through STS, and every call is signed
 with the session's keys in the machine's own region (us-west-2) through the authorization layer of
-tests/fixtures/iam_cloud.py. The machine reaches this run's prefix of the home bucket, and may set
-its own group (in its region) to zero; it cannot scale any group up, touch another stack's group in
-its region, or reach another run. See tests/iam/test_machine_identity.py for the one-placement
+tests/fixtures/iam_cloud.py. The machine reaches this run's prefix of the home bucket, pulls the built
+image from its own region's repository, and may set its own group (in its region) to zero; it cannot
+scale any group up, touch another stack's group or repository in its region, or reach another run. See tests/iam/test_machine_identity.py for the one-placement
 machine, whose calls these are.
 """
 
@@ -27,10 +27,13 @@ pytestmark = pytest.mark.slow
 
 HOME, AWAY = "eu-west-1", "us-west-2"
 RUN_ID = "exp-7"
+# A built image: pushed to a repository in each placement's region, pulled there from the machine's own.
 RAW = {"cloud": "aws", "region": HOME, "run": {"id": RUN_ID, "synthetic": True, "steps": 100},
+       "image": {"build": True},
        "placements": [{"cloud": "aws", "region": HOME, "instanceTypes": ["g5.xlarge"]},
                       {"cloud": "aws", "region": AWAY, "instanceTypes": ["g5.xlarge"]}]}
 OTHER_GROUP = "trainstack-other-stack-gpu"
+OTHER_REPOSITORY = "trainstack/other-stack"
 
 
 def _build_group(cloud: IamCloud, region: str, name: str, size: int) -> None:
@@ -59,6 +62,9 @@ def away(iam_cloud: IamCloud) -> dict:
     _build_group(iam_cloud, HOME, home_group, 1)
     _build_group(iam_cloud, AWAY, group, 1)
     _build_group(iam_cloud, AWAY, OTHER_GROUP, 1)
+    (repository,) = {r["inputs"]["name"] for r in result.of_type("aws:ecr/repository:Repository")}
+    for region, name in ((HOME, repository), (AWAY, repository), (AWAY, OTHER_REPOSITORY)):
+        iam_cloud.admin("ecr", region).create_repository(repositoryName=name)
     iam = iam_cloud.admin("iam", HOME)
     # moto fails a trust policy with a Service principal (HTTP 500): trust the admin user instead.
     role = iam.create_role(RoleName="trainstack-placements", AssumeRolePolicyDocument=json.dumps({
@@ -75,7 +81,7 @@ def away(iam_cloud: IamCloud) -> dict:
             aws_secret_access_key=creds["SecretAccessKey"], aws_session_token=creds["SessionToken"])
 
     return {"client": client, "bucket": bucket, "group": group, "home_group": home_group, "cloud": iam_cloud,
-            "key": creds["AccessKeyId"]}
+            "key": creds["AccessKeyId"], "repository": repository}
 
 
 def _code(call) -> str:
@@ -124,3 +130,21 @@ def test_a_machine_away_cannot_reach_beyond_its_run_and_groups(away, what):
     before = len(away["cloud"].proxy.decisions)
     assert _code(lambda: REFUSED[what](away)) == "AccessDenied"
     assert any(d is not Decision.ALLOW for *_, d in away["cloud"].proxy.decisions[before:])
+
+
+def test_a_machine_away_pulls_the_image_from_its_own_regions_repository_and_no_other(away):
+    ecr = away["client"]("ecr")
+    assert ecr.get_authorization_token()["authorizationData"]
+    # An empty repository: the call is authorized, and the image is reported missing.
+    answer = ecr.batch_get_image(repositoryName=away["repository"], imageIds=[{"imageTag": "x"}])
+    assert answer["images"] == [] and answer["failures"]
+    arn = f"arn:aws:ecr:{AWAY}:{ACCOUNT}:repository/{away['repository']}"
+    decided = [d for k, a, r, d in away["cloud"].proxy.decisions
+               if k == away["key"] and a == "ecr:BatchGetImage" and r == arn]
+    assert decided == [Decision.ALLOW]
+    before = len(away["cloud"].proxy.decisions)
+    with pytest.raises(botocore.exceptions.ClientError) as info:
+        ecr.batch_get_image(repositoryName=OTHER_REPOSITORY, imageIds=[{"imageTag": "x"}])
+    assert info.value.response["Error"]["Code"] == "AccessDeniedException"
+    assert [d for k, a, r, d in away["cloud"].proxy.decisions[before:] if a == "ecr:BatchGetImage"] == [
+        Decision.IMPLICIT_DENY]
