@@ -220,7 +220,7 @@ class ImageSettings(_Block):
     repository: str = Field(DEFAULT_IMAGE_REPOSITORY, description="Image repository (no tag).")
     tag: str = Field(DEFAULT_IMAGE_TAG, description="A pinned tag; 'latest' is refused.")
     digest: str | None = Field(None, description="sha256:<64 hex>; when set the machines pull by digest.")
-    build: bool = Field(False, description="Build trainer/Dockerfile and push it to the stack's repository.")
+    build: bool = Field(False, description="Build trainer/Dockerfile and push it to the stack's repository (and to one in each placement's region).")
     keep_images: int = Field(10, ge=1, le=1000, description="Images the stack's repository keeps.")
 
     @field_validator("repository")

@@ -26,8 +26,8 @@ ONLY = {
         "gcp": {"labels", "location", "gcp_project"},  # part of the Artifact Registry path
     },
     "InstanceIdentityArgs": {
-        "aws": {"bucket_arn", "repository_arn", "tags"},  # IAM policies name resources by ARN
-        "gcp": {"account_id", "gcp_project", "bucket_name", "repository_id", "custom_role_prefix",
+        "aws": {"bucket_arn", "repository_arn", "other_repository_arns", "tags"},  # IAM policies name resources by ARN
+        "gcp": {"account_id", "gcp_project", "bucket_name", "repository_id", "other_repositories", "custom_role_prefix",
                 "data_grant"},  # GCS grants on the data bucket itself; AWS through the role,
     },
     "SpotGroupArgs": {

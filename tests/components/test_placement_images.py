@@ -99,6 +99,8 @@ def test_the_image_is_built_once_and_pushed_to_every_placements_repository(cloud
     urls = [_url(cloud, region, repos[region]) for region in REGIONS[cloud]]
     tag = image["inputs"]["tags"][0].rsplit(":", 1)[1]
     assert image["inputs"]["tags"] == [f"{u}:{tag}" for u in urls]
+    # Pushed once every repository exists.
+    assert set(image["options"]["dependsOn"]) >= {repo["name"] for repo in repos.values()}
     # A login for each registry, secret, by its host.
     registries = image["inputs"]["registries"]
     assert "4dabf18193072939515e22adb298388d" in registries
