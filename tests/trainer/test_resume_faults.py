@@ -15,7 +15,10 @@ Python's global `random` between the seeding and the build. It fails on the old 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -40,13 +43,21 @@ def test_resume_under_faults_matches_uninterrupted(moto_server, tmp_path):
         out = tmp_path / f"results-{rate}.json"
         cmd = [sys.executable, "-m", "tests.trainer.fault_resume", "--endpoint", moto_server, "--rates", str(rate),
                "--tries", str(TRIES), "--out", str(out), *(["--probe"] if rate == RATES[0] else [])]
+        # Each driver leads its own process group: a driver that overruns is killed with the
+        # trainers it started, so none trains on into the next test.
         procs[rate] = (subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                        text=True), out)
+                                        text=True, start_new_session=True), out)
     results = []
-    for proc, out in procs.values():
-        _, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err[-4000:]
-        results += json.loads(out.read_text())
+    try:
+        for proc, out in procs.values():
+            _, err = proc.communicate(timeout=600)
+            assert proc.returncode == 0, err[-4000:]
+            results += json.loads(out.read_text())
+    finally:
+        for proc, _ in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     probes = [r for r in results if r.get("probe")]
     results = [r for r in results if not r.get("probe")]
     # The cause itself, made deterministic: retry jitter drawn while the model is built.
