@@ -328,9 +328,13 @@ def test_gcp_deadline_passed_writes_timed_out_and_resizes_the_group(machines, gs
 @pytest.mark.slow
 def test_deadline_reached_during_training_stops_the_trainer_and_times_out(sandbox_factory, s3_run, group):
     # The deadline must come after set-up (seconds, more on a loaded machine) and before the
-    # steps are done: a generous deadline and steps no CPU finishes within it.
+    # steps are done: a generous deadline and steps no CPU finishes within it. The trainer holds
+    # after its first checkpoint until the deadline's stop signal (tests/userdata/held_trainer.py)
+    # instead of training flat out until then: the same stop, during training, without the CPU.
     box = sandbox_factory(env_overrides={"TRAINSTACK_MAX_RUNTIME_S": "40", "TRAINSTACK_STEPS": "100000000"})
+    box.env.update(FAKE_TRAINER_MODULE="tests.userdata.held_trainer", FAKE_TRAINER_PATH=str(REPO))
     assert box.boot(watcher=False).wait(timeout=240) == 0, box.journal()
+    assert (box.state / "trainer-held").exists()  # the stop found the trainer mid-run
     assert "starting the trainer" in box.journal()
     assert box.argvs("docker").count(["stop", "--time", "100", "trainstack-trainer"]) == 1
     marker = json.loads(s3_keys(s3_run)["TIMED_OUT"])
