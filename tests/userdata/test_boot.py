@@ -13,17 +13,15 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import boto3
 import pytest
 
 from devtools.metadata import GCE_NAME, INSTANCE_ID
 from devtools.sandbox import settings_for
+from tests.trainer.helpers import REPO
 from tests.userdata.helpers import events, group_size, machine_events, s3_keys, wait_for
 from trainer import layout
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _order(box, *steps: tuple[str, ...]) -> list[float]:
