@@ -4,7 +4,9 @@ for a condition with a timeout."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -17,9 +19,21 @@ from devtools.metadata import INSTANCE_ID
 from trainer import layout
 
 
+@functools.cache
+def _s3_client(endpoint: str, *credentials: str | None):
+    return boto3.client("s3", endpoint_url=endpoint)
+
+
+def _s3(run):
+    """An S3 client for `run`'s server, made once per server and credentials (a client costs
+    about 12 ms of CPU to make, and waits ask the bucket many times)."""
+    return _s3_client(run.vars["AWS_ENDPOINT_URL"], *(os.environ.get(k) for k in (
+        "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION")))
+
+
 def s3_keys(run) -> dict[str, bytes]:
     """Every object under the run folder, by key relative to it."""
-    s3 = boto3.client("s3", endpoint_url=run.vars["AWS_ENDPOINT_URL"])
+    s3 = _s3(run)
     prefix = run.uri.removeprefix(f"s3://{run.bucket}/") + "/"
     out = {}
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=run.bucket, Prefix=prefix):
@@ -30,7 +44,7 @@ def s3_keys(run) -> dict[str, bytes]:
 
 def _jsonl(run, key: str) -> list[dict]:
     # One object read directly: listing the whole run races the trainer's checkpoint pruning.
-    s3 = boto3.client("s3", endpoint_url=run.vars["AWS_ENDPOINT_URL"])
+    s3 = _s3(run)
     try:
         raw = s3.get_object(Bucket=run.bucket, Key=run.uri.removeprefix(f"s3://{run.bucket}/") + "/" + key)
     except s3.exceptions.NoSuchKey:
@@ -54,13 +68,17 @@ def group_size(run, name: str) -> tuple[int, int, int]:
     return desc["MinSize"], desc["MaxSize"], desc["DesiredCapacity"]
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1, longest: float = 0.5):
+    """`predicate()`'s first true value, asked every `interval` seconds at first, then less often
+    (up to every `longest`): a predicate often reads the bucket (about 20 ms of CPU between the
+    client and moto_server), and a wait can last a trainer's whole start-up."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
+        interval = min(interval * 1.5, max(interval, longest))
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
 
 

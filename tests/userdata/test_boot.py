@@ -19,6 +19,7 @@ import pytest
 
 from devtools.metadata import GCE_NAME, INSTANCE_ID
 from devtools.sandbox import settings_for
+from tests.trainer.helpers import REPO
 from tests.userdata.helpers import events, group_size, machine_events, s3_keys, wait_for
 from trainer import layout
 
@@ -81,11 +82,16 @@ def _committed_steps(run) -> list[int]:
 @pytest.mark.slow
 def test_spot_notice_stops_with_grace_then_second_boot_resumes_installing_nothing_twice(
         sandbox_factory, s3_run, group, metadata):
-    # Enough steps that the notice always lands mid-run: a quiet machine runs ~3,000 of them a second.
-    settings = settings_for(steps=20000, checkpointEverySteps=1000)
+    # The notice lands mid-run at a known step, however slowly this machine trains: the first
+    # boot's trainer holds after its first checkpoint (step 20) until the stop signal arrives
+    # (tests/userdata/held_trainer.py), so 100 steps leave 60 to train after the stop.
+    settings = settings_for(steps=100, checkpointEverySteps=20)
     box = sandbox_factory(settings=settings, toolkit=False, nvme=True)
+    box.env.update(FAKE_TRAINER_MODULE="tests.userdata.held_trainer", FAKE_TRAINER_PATH=str(REPO))
     supervisor = box.boot()
-    wait_for(lambda: _committed_steps(s3_run), 180, "a committed checkpoint")
+    wait_for(lambda: (box.state / "trainer-held").exists(), 180, "the trainer held after its first checkpoint")
+    assert (box.state / "trainer-held").read_text() == "20\n"
+    wait_for(lambda: _committed_steps(s3_run), 60, "a committed checkpoint")
     metadata.notice_aws()
     wait_for(lambda: "spot_notice" in [e["event"] for e in machine_events(s3_run)], 60, "the spot_notice event")
     wait_for(lambda: "exited with 143" in box.journal(), 90, "the trainer's exit 143")
@@ -104,7 +110,7 @@ def test_spot_notice_stops_with_grace_then_second_boot_resumes_installing_nothin
     notice = next(e for e in machine_events(s3_run) if e["event"] == "spot_notice")
     assert notice["grace_s"] == 100 and notice["instance"] == INSTANCE_ID and notice["cloud"] == "aws"
     stopped_at = _committed_steps(s3_run)[-1]
-    assert stopped_at < 20000
+    assert 20 < stopped_at < 100  # the stop's own checkpoint, after the held step and before the end
     # The toolkit was missing: installed from NVIDIA's repository at the pinned version.
     installs = [a for a in box.argvs("apt-get") if "install" in a]
     assert len(installs) == 1 and "nvidia-container-toolkit=1.17.8-1" in installs[0]
@@ -121,6 +127,7 @@ def test_spot_notice_stops_with_grace_then_second_boot_resumes_installing_nothin
 
     box.power_off()
     metadata.instance_action = None  # a new boot: no notice
+    box.env.pop("FAKE_TRAINER_MODULE")  # the plain trainer, not held
     assert box.boot().wait(timeout=240) == 0, box.journal()
     second = box.calls()[first_boot_calls:]
     # Nothing installed, fetched or pulled twice on the same disk.
@@ -319,9 +326,13 @@ def test_gcp_deadline_passed_writes_timed_out_and_resizes_the_group(machines, gs
 @pytest.mark.slow
 def test_deadline_reached_during_training_stops_the_trainer_and_times_out(sandbox_factory, s3_run, group):
     # The deadline must come after set-up (seconds, more on a loaded machine) and before the
-    # steps are done: a generous deadline and steps no CPU finishes within it.
+    # steps are done: a generous deadline and steps no CPU finishes within it. The trainer holds
+    # after its first checkpoint until the deadline's stop signal (tests/userdata/held_trainer.py)
+    # instead of training flat out until then: the same stop, during training, without the CPU.
     box = sandbox_factory(env_overrides={"TRAINSTACK_MAX_RUNTIME_S": "40", "TRAINSTACK_STEPS": "100000000"})
+    box.env.update(FAKE_TRAINER_MODULE="tests.userdata.held_trainer", FAKE_TRAINER_PATH=str(REPO))
     assert box.boot(watcher=False).wait(timeout=240) == 0, box.journal()
+    assert (box.state / "trainer-held").exists()  # the stop found the trainer mid-run
     assert "starting the trainer" in box.journal()
     assert box.argvs("docker").count(["stop", "--time", "100", "trainstack-trainer"]) == 1
     marker = json.loads(s3_keys(s3_run)["TIMED_OUT"])

@@ -141,15 +141,22 @@ def test_a_fit_script_stopped_by_a_spot_notice_resumes_on_the_next_boot_at_its_s
     # The machine's path for a notice in script mode: the watcher stops the container, the trainer
     # forwards SIGTERM to the script, which commits its step and exits 143 within the notice; the
     # replacement boot resumes the script at that very step and ends COMPLETE.
+    from tests.trainer.helpers import REPO
     from tests.userdata.helpers import events, group_size, machine_events, wait_for
 
-    steps_per_epoch, epochs = 100, 20  # 1,900 steps (several seconds) left when the first epoch commits
+    # The script holds after its first epoch until the stop signal (tests/userdata/held_fit), so the
+    # notice lands mid-run at a known step however slowly this machine trains: 3 epochs leave 199
+    # steps to train after the stop, where 20 were a margin for the notice to land in time.
+    steps_per_epoch, epochs = 100, 3
     command = ["python", "train.py", "--epochs", str(epochs), "--examples", str(64 * steps_per_epoch),
                "--deterministic"]
     settings = settings_for(code="examples/keras-fit", command=command, synthetic=False)
     box = sandbox_factory(settings=settings, code_uri=fit_code_uri)
+    box.env["FAKE_TRAINER_PATH"] = str(REPO / "tests" / "userdata" / "held_fit")
     box.boot()
-    wait_for(lambda: any(e["event"] == "checkpoint" for e in events(s3_run)), 240, "the first epoch's commit")
+    wait_for(lambda: (box.state / "trainer-held").exists(), 240, "the script held after its first epoch")
+    assert (box.state / "trainer-held").read_text() == f"{steps_per_epoch}\n"
+    wait_for(lambda: any(e["event"] == "checkpoint" for e in events(s3_run)), 60, "the first epoch's commit")
     metadata.notice_aws()
     wait_for(lambda: "exited with 143" in box.journal(), 90, "the trainer's exit 143")
     assert box.argvs("docker").count(["stop", "--time", "100", "trainstack-trainer"]) == 1
@@ -158,13 +165,14 @@ def test_a_fit_script_stopped_by_a_spot_notice_resumes_on_the_next_boot_at_its_s
     preempted = [e for e in events(s3_run) if e["event"] == "preempted"]
     assert len(preempted) == 1 and preempted[0]["exit_code"] == 143, events(s3_run)
     stopped_at = preempted[0]["step"]
-    assert steps_per_epoch <= stopped_at < epochs * steps_per_epoch
+    assert steps_per_epoch < stopped_at < epochs * steps_per_epoch  # after the held step, before the end
     notice = wait_for(lambda: next((e for e in machine_events(s3_run) if e["event"] == "spot_notice"), None), 60,
                       "the spot_notice event")
     assert notice["grace_s"] == 100 and notice["stop_s"] < 90, notice  # stopped within the script's grace
 
     box.power_off()
     metadata.instance_action = None  # the replacement machine: no notice
+    del box.env["FAKE_TRAINER_PATH"]  # the script as it is, not held
     assert box.boot().wait(timeout=300) == 0, box.journal()
     resumed = [e for e in events(s3_run) if e["event"] == "resumed"]
     assert [e["step"] for e in resumed] == [stopped_at], resumed

@@ -24,16 +24,18 @@ from devtools.metadata import MetadataServer
 from devtools.sandbox import Sandbox
 from tests.controller.helpers import moved_events, sizes
 from tests.fixtures.no_capacity import insufficient_capacity, placements  # noqa: F401 - a fixture, found by name
-from tests.trainer.helpers import committed_weights, max_abs_diff, run_trainer, trainer_env
+from tests.trainer.helpers import REPO, committed_weights, max_abs_diff, run_trainer, trainer_env
 from tests.userdata.helpers import events, wait_for
 from trainer import layout
 from trainer.storage import open_store
 
 pytestmark = pytest.mark.slow
 
-# Enough steps that the notice lands mid-run (a quiet machine runs ~3,000 a second: about step 1,000),
-# few enough that B's part and the reference run stay short on a loaded one (~80 a second).
-STEPS, EVERY, BATCH, SEED = 6000, 200, 16, 11
+# A's trainer holds after its first checkpoint (step 200) until the notice's stop signal
+# (tests/userdata/held_trainer.py), so the notice lands mid-run at a known step however slowly
+# the machine trains: it stops at the next call's end (step 400 at most), and B's part and the
+# reference run are short.
+STEPS, EVERY, BATCH, SEED = 1000, 200, 16, 11
 
 
 def _settings(region: str):
@@ -62,15 +64,17 @@ def test_a_preempted_run_whose_region_cannot_launch_moves_and_ends_as_if_never_s
         # 1. Placement A trains and is preempted.
         box_a = Sandbox(tmp_path / "a", run, md_a, home.group, code_uri, settings=_settings(home.region))
         boxes.append(box_a)
+        box_a.env.update(FAKE_TRAINER_MODULE="tests.userdata.held_trainer", FAKE_TRAINER_PATH=str(REPO))
         box_a.boot()
-        wait_for(lambda: _committed(store), 180, "a committed checkpoint in placement A")
+        wait_for(lambda: (box_a.state / "trainer-held").exists(), 180, "A's trainer held after its first checkpoint")
+        wait_for(lambda: _committed(store), 60, "a committed checkpoint in placement A")
         md_a.notice_aws()
         wait_for(lambda: "exited with 143" in box_a.journal(), 120, "A's trainer exit 143")
         wait_for(lambda: "waiting for the cloud to take the machine back" in box_a.journal(), 60,
                  "A's supervisor waiting for the cloud")
         box_a.power_off()
         stopped_at = _committed(store)[-1]
-        assert 0 < stopped_at < STEPS
+        assert EVERY < stopped_at < STEPS  # the stop's own checkpoint, after the held step
 
         # 2. A's group cannot launch; 3. a tick past waitMinutes moves the run.
         later = time.time() + (config.wait_minutes + 1) * 60
