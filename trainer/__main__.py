@@ -67,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.script import run_script
 
         return run_script(cfg, stop=stop)
+    # A run that already ended exits here, before TensorFlow's import (a machine rebooting
+    # after the end, `ops` asking again): the attempt would read the same markers after it.
+    from trainer.run_attempt import ended_before_start, loop_complete_message
+
+    code = ended_before_start(cfg, complete_message=lambda done: loop_complete_message(done, cfg.steps))
+    if code is not None:
+        return code
     if cfg.verbose:
         from trainer.attempt import train
     else:

@@ -33,7 +33,7 @@ from trainer.devices import DeviceMismatch, check_gpus
 from trainer.loop import TrainLoop, resolve_precision
 from trainer.metrics import MetricError
 from trainer.models import NoData
-from trainer.run_attempt import RunAttempt, start
+from trainer.run_attempt import RunAttempt, loop_complete_message, start
 from trainer.signals import StopRequest
 from trainer.strategy import Cluster, make_strategy, read_cluster
 
@@ -100,12 +100,7 @@ class Attempt(RunAttempt):
             self.startup.disarm()
 
     def _complete_message(self, done: dict) -> str:
-        step = done.get(layout.MARKER_STEP)
-        if isinstance(step, int) and self.cfg.steps > step:
-            # A COMPLETE run is never extended in place: its model and COMPLETE record stay what they are.
-            return (f"run already COMPLETE at {step} steps; --steps {self.cfg.steps} does not extend it. To train "
-                    f"further, start a new run id (another --run-uri, or run.id in the stack)")
-        return "run already COMPLETE; nothing to do"
+        return loop_complete_message(done, self.cfg.steps)
 
     def _train(self) -> int:
         cfg, loop = self.cfg, self.loop

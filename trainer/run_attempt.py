@@ -120,20 +120,8 @@ class RunAttempt:
 
     def _already_complete(self) -> bool:
         """True (and says so) when the run already ended as COMPLETE or CANCELLED: nothing to do."""
-        for marker, kind, when in ((layout.COMPLETE, layout.ALREADY_COMPLETE, "finished_at"),
-                                   (layout.CANCELLED, layout.ALREADY_CANCELLED, "cancelled_at")):
-            done = read_json(self.store, marker)
-            if done is None:
-                continue
-            # Printed, not appended: the run's log ended with its `finished` or `cancelled` event.
-            message = (self._complete_message(done) if marker == layout.COMPLETE
-                       else f"run already {marker}; nothing to do{self.AGAIN_HINT}")
-            line = {layout.EVENT: kind, layout.TIME: done.get(when), layout.ATTEMPT: self.events.attempt,
-                    "step": done.get(layout.MARKER_STEP), "message": message}
-            self.events.stream.write(json.dumps(line) + "\n")
-            self.events.stream.flush()
-            return True
-        return False
+        return report_ended(self.store, attempt=self.events.attempt, stream=self.events.stream,
+                            complete_message=self._complete_message, again_hint=self.AGAIN_HINT)
 
     def _complete_message(self, done: dict) -> str:
         return f"run already COMPLETE; nothing to do{self.AGAIN_HINT}"
@@ -159,15 +147,72 @@ class RunAttempt:
                                   **extra)
 
 
+def report_ended(store, *, attempt: int, stream, complete_message, again_hint: str = "") -> bool:
+    """True, after printing one line, when the run already ended as COMPLETE or CANCELLED.
+
+    Printed, not appended: the run's log ended with its `finished` or `cancelled` event.
+    `complete_message(done)` words the COMPLETE case (the loop's names the steps asked for).
+    """
+    for marker, kind, when in ((layout.COMPLETE, layout.ALREADY_COMPLETE, "finished_at"),
+                               (layout.CANCELLED, layout.ALREADY_CANCELLED, "cancelled_at")):
+        done = read_json(store, marker)
+        if done is None:
+            continue
+        message = (complete_message(done) if marker == layout.COMPLETE
+                   else f"run already {marker}; nothing to do{again_hint}")
+        line = {layout.EVENT: kind, layout.TIME: done.get(when), layout.ATTEMPT: attempt,
+                "step": done.get(layout.MARKER_STEP), "message": message}
+        stream.write(json.dumps(line) + "\n")
+        stream.flush()
+        return True
+    return False
+
+
+def loop_complete_message(done: dict, steps: int) -> str:
+    """The trainer loop's line for a COMPLETE run, given the `--steps` asked for."""
+    step = done.get(layout.MARKER_STEP)
+    if isinstance(step, int) and steps > step:
+        # A COMPLETE run is never extended in place: its model and COMPLETE record stay what they are.
+        return (f"run already COMPLETE at {step} steps; --steps {steps} does not extend it. To train "
+                f"further, start a new run id (another --run-uri, or run.id in the stack)")
+    return "run already COMPLETE; nothing to do"
+
+
+def ended_before_start(cfg: TrainConfig, *, complete_message, stream=None) -> int | None:
+    """The first read of an attempt, before whatever trains is loaded (TensorFlow: ~5 s of CPU).
+
+    `EXIT_OK` after saying so when the run already ended (what `RunAttempt.run` would say and
+    return); `EXIT_FAILED` after the `failed` line when the run's store cannot be read at all
+    (what `start` would); None when the run goes on: the attempt then reads the markers again,
+    as it always does.
+    """
+    out = stream or sys.stdout
+    try:
+        store = open_store(cfg.run_uri)
+        history = read_events(store)
+    except Exception as e:  # noqa: BLE001 - the attempt could not start either: the same line, the same code
+        _say_not_started(e, out)
+        return layout.EXIT_FAILED
+    try:
+        ended = report_ended(store, attempt=1 + layout.attempts(history), stream=out,
+                             complete_message=complete_message)
+    except Exception:  # noqa: BLE001 - the attempt's own read says what went wrong, in its events
+        return None
+    return layout.EXIT_OK if ended else None
+
+
+def _say_not_started(error: Exception, out) -> None:
+    line = {layout.EVENT: layout.FAILED_EVENT, layout.TIME: utc_now(), layout.ATTEMPT: None,
+            "reason": f"{type(error).__name__}: {error}"}
+    out.write(json.dumps(line) + "\n")
+    out.flush()
+
+
 def start(make, cfg: TrainConfig, *, stream=None, **kw):
     """`make(cfg, stream=..., **kw)`, or None after printing the `failed` line when it cannot even start
     (e.g. the run's store cannot be reached at all): the caller then exits `EXIT_FAILED`."""
     try:
         return make(cfg, stream=stream, **kw)
     except Exception as e:  # noqa: BLE001 - whatever stops the attempt from starting ends it the same way
-        line = {layout.EVENT: layout.FAILED_EVENT, layout.TIME: utc_now(), layout.ATTEMPT: None,
-                "reason": f"{type(e).__name__}: {e}"}
-        out = stream or sys.stdout
-        out.write(json.dumps(line) + "\n")
-        out.flush()
+        _say_not_started(e, stream or sys.stdout)
         return None

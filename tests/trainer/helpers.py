@@ -137,3 +137,41 @@ def kinds(events: list[dict]) -> list[str]:
     return [e.get("event") for e in events]
 
 
+
+
+WAITING_MODEL = '''
+"""A small regression model whose input waits a while before each batch, as a slow data source does.
+
+For tests where a trainer must go on training (holding its lease, committing) while the test
+does something slow, such as starting another trainer: its steps then take little CPU.
+"""
+import keras
+import numpy as np
+import tensorflow as tf
+# TensorFlow's own test transformation: a sleep inside the input pipeline, saved with it.
+from tensorflow.python.data.experimental.ops import testing
+
+from trainer.models import ModelSpec
+
+BATCH_WAIT_US = {wait_us}
+
+
+def build(config):
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+
+    def make_dataset(batch_size, seed):
+        rng = np.random.default_rng(seed)
+        x, y = rng.random((512, 8), dtype=np.float32), rng.random((512, 4), dtype=np.float32)
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size, drop_remainder=True).apply(
+            testing.sleep(BATCH_WAIT_US))
+
+    return ModelSpec(model=model, loss=keras.losses.MeanSquaredError(reduction=None), make_dataset=make_dataset,
+                     name="waiting")
+'''
+
+
+def waiting_model(folder: Path, batch_wait_s: float = 0.025) -> list[str]:
+    """The trainer flags for `WAITING_MODEL` (written into `folder`), each batch `batch_wait_s` late."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "waiting.py").write_text(WAITING_MODEL.format(wait_us=int(batch_wait_s * 1e6)))
+    return ["--code-dir", str(folder), "--model", "waiting:build"]

@@ -61,3 +61,30 @@ def test_no_end_marker_means_train():
         run = _attempt(FileStore(f"file://{tmp}/runs/r"))
         assert Run._already_complete(run) is False
         assert run.events.stream.getvalue() == ""
+
+
+def test_the_first_read_before_tensorflow_says_what_the_attempt_would():
+    """`python -m trainer` reads the markers before importing TensorFlow (`ended_before_start`):
+    the same line as the attempt's own read, nothing for a run still going, and the attempt's
+    `failed` line and exit code for a store it cannot read at all."""
+    from trainer.run_attempt import ended_before_start, loop_complete_message
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = types.SimpleNamespace(run_uri=f"file://{tmp}/runs/r", steps=100)
+
+        def said(run_cfg):
+            out = io.StringIO()
+            code = ended_before_start(run_cfg, complete_message=lambda done: loop_complete_message(done, 100),
+                                      stream=out)
+            return code, [json.loads(line) for line in out.getvalue().splitlines()]
+
+        assert said(cfg) == (None, [])
+        FileStore(cfg.run_uri).put_bytes(layout.COMPLETE, json.dumps({"step": 10}).encode())
+        code, lines = said(cfg)
+        assert code == layout.EXIT_OK and len(lines) == 1, lines
+        assert (lines[0][layout.EVENT], lines[0][layout.ATTEMPT], lines[0]["step"]) == (layout.ALREADY_COMPLETE, 1, 10)
+        assert "COMPLETE at 10 steps; --steps 100 does not extend it" in lines[0]["message"]
+        code, lines = said(types.SimpleNamespace(run_uri="nope://bucket/run", steps=100))
+        assert code == layout.EXIT_FAILED and len(lines) == 1, lines
+        assert lines[0][layout.EVENT] == layout.FAILED_EVENT and lines[0][layout.ATTEMPT] is None
+        assert "nope://" in lines[0]["reason"], lines

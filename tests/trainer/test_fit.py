@@ -1,10 +1,10 @@
 """The seed article's Keras script, changed as docs/your-fit-script.md says (examples/keras-fit/train.py),
 trained through `python -m trainer ... -- python train.py` on an S3 bucket (moto_server).
 
-Stopped by SIGTERM twice (once right after an epoch's commit, once while it resumes
-mid-epoch), it ends COMPLETE with the very weights and metrics of a run that never stopped
-(the guide's --deterministic recipe), its SavedModel loads and predicts, and `ops status`
-shows its accuracy.
+Stopped by SIGTERM twice inside the second epoch (once after its 31st batch, then again after
+the attempt resumed there), it ends COMPLETE with the very weights and metrics of a run that
+never stopped (the guide's --deterministic recipe), its SavedModel loads and predicts, and
+`ops status` shows its accuracy.
 """
 
 from __future__ import annotations
@@ -20,9 +20,28 @@ from tests.trainer.helpers import REPO, Trainer, kinds, run_trainer, store_event
 from trainer import layout
 
 EXAMPLE = REPO / "examples" / "keras-fit"
-# 938 steps an epoch at batch 64: several seconds, so that a signal lands inside an epoch.
-SCRIPT = ["--code-dir", str(EXAMPLE), "--", "python", "train.py", "--epochs", "3", "--examples", "60000",
-          "--deterministic"]
+# 100 steps an epoch at batch 64. The stopped attempts run the same script held at a known step
+# until the signal lands (tests/trainer/held_fit.py), so an epoch need not outlast the signal's
+# way through the parent on a loaded machine. Any resume that re-runs an epoch, starts the
+# stopped epoch over, skips one batch too many or too few, or loses the epoch's metric sums
+# changes the final weights (compared to max |Δ| = 0) or the epoch's accuracy, at this size as at any.
+STEPS_PER_EPOCH = 100
+ARGS = ["train.py", "--epochs", "3", "--examples", str(64 * STEPS_PER_EPOCH), "--deterministic"]
+SCRIPT = ["--code-dir", str(EXAMPLE), "--", "python", *ARGS]
+
+
+def _held_script(at: int, flag) -> list[str]:
+    return ["--code-dir", str(EXAMPLE), "--", "python", "-m", "tests.trainer.held_fit", "--hold-at", str(at),
+            "--flag", str(flag), *ARGS]
+
+
+def _wait_held(t: Trainer, flag, timeout: float = 300) -> None:
+    """Until the script is held at its step (it wrote the flag): a short poll of a local file."""
+    deadline = time.monotonic() + timeout
+    while not flag.exists():
+        assert t.proc.poll() is None, f"the trainer exited {t.proc.returncode} before its hold: {t.events}"
+        assert time.monotonic() < deadline, f"not held within {timeout} s: {t.events}"
+        time.sleep(0.05)
 
 
 def _model_variables(uri: str, dest) -> dict:
@@ -49,15 +68,18 @@ def test_fit_script_survives_two_sigterms_and_ends_as_if_never_stopped(s3_run, t
     assert rc == 0, err[-3000:]
 
     uri = s3_run.uri
-    t = Trainer(uri, *SCRIPT, env=env)
-    t.wait_event(layout.CHECKPOINT, timeout=300)  # the first epoch's commit
+    # Held after the second epoch's 30th batch: the callback stops after the 31st.
+    t = Trainer(uri, *_held_script(STEPS_PER_EPOCH + 30, tmp_path / "held-1"), env=env)
+    _wait_held(t, tmp_path / "held-1")
     t.signal()
     assert t.wait(timeout=120) == layout.EXIT_PREEMPTED, t.stderr[-3000:]
     first = t.wait_event(layout.PREEMPTED)
+    assert first["step"] == STEPS_PER_EPOCH + 31, first
 
-    t = Trainer(uri, *SCRIPT, env=env)
+    # Resumed inside that epoch, held 30 batches on: stopped again inside it.
+    t = Trainer(uri, *_held_script(STEPS_PER_EPOCH + 60, tmp_path / "held-2"), env=env)
     resumed = t.wait_event(layout.RESUMED, timeout=300)
-    time.sleep(1.0)
+    _wait_held(t, tmp_path / "held-2")
     signalled = time.monotonic()
     t.signal()
     assert t.wait(timeout=120) == layout.EXIT_PREEMPTED, t.stderr[-3000:]
@@ -70,8 +92,9 @@ def test_fit_script_survives_two_sigterms_and_ends_as_if_never_stopped(s3_run, t
     resumes = [e for e in stored if e["event"] == layout.RESUMED]
     # Each attempt continued where the last committed: inside an epoch, never from its start.
     assert [r["step"] for r in resumes] == [first["step"], second["step"]], resumes
-    assert resumes[0] == {**resumes[0], "epoch": 1} and resumes[0]["batch"] > 0, resumes
-    assert second["step"] > first["step"] == resumed["step"]
+    assert resumes[0] == {**resumes[0], "epoch": 1, "batch": 31}, resumes
+    assert second["step"] == STEPS_PER_EPOCH + 61 and first["step"] == resumed["step"], (first, second, resumed)
+    assert resumes[1] == {**resumes[1], "epoch": 1, "batch": 61}, resumes
     assert kinds(stored).count(layout.PREEMPTED) == 2 and kinds(stored)[-1] == layout.FINISHED
     assert stop_seconds < 30, stop_seconds
 
@@ -88,7 +111,7 @@ def test_fit_script_survives_two_sigterms_and_ends_as_if_never_stopped(s3_run, t
 
     done = json.loads(open_store(uri).get_bytes(layout.COMPLETE))
     ref_done = json.loads(open_store(reference).get_bytes(layout.COMPLETE))
-    assert done["step"] == ref_done["step"] == 3 * 938
+    assert done["step"] == ref_done["step"] == 3 * STEPS_PER_EPOCH
     assert done["metrics"] == ref_done["metrics"] and "accuracy" in done["metrics"], (done, ref_done)
     assert done["attempts"] == 3 and done["signature"]["endpoint"] == "serve"
     assert open_store(uri).list(layout.TENSORBOARD_PREFIX + "train/"), "no TensorBoard files uploaded"

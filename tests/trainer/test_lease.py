@@ -351,14 +351,16 @@ def test_the_lease_key_is_the_layouts(file_run):
     assert os.path.isfile(os.path.join(file_run.uri.removeprefix("file://"), layout.LEASE_KEY))
 
 
-def test_a_second_trainer_process_on_a_training_run_exits_77_and_writes_nothing(s3_run):
+def test_a_second_trainer_process_on_a_training_run_exits_77_and_writes_nothing(s3_run, tmp_path):
     """Two real trainers, two machines, one run: the second one started while the first commits
     checkpoints every few steps. It waits its bound, exits 77 with the holder named, and leaves
     the run's events and checkpoints alone; once the first stops (lease released), it takes over."""
-    from tests.trainer.helpers import Trainer, kinds, run_trainer, store_events, trainer_env
+    from tests.trainer.helpers import Trainer, kinds, run_trainer, store_events, trainer_env, waiting_model
 
-    common = ["--synthetic", "--steps", "100000", "--batch-size", "32", "--checkpoint-every-steps", "20",
-              "--log-every", "10", "--lease-ttl-s", "16"]
+    # Each batch 25 ms late: the first trainer commits every half second or so all the while the
+    # second starts, at a small part of the CPU a full-speed loop would burn meanwhile.
+    common = [*waiting_model(tmp_path / "code"), "--steps", "100000", "--batch-size", "32",
+              "--checkpoint-every-steps", "20", "--log-every", "10", "--lease-ttl-s", "16"]
     first = Trainer(s3_run.uri, *common, env=trainer_env(s3_run.env, TRAINSTACK_MACHINE_ID="machine-a"))
     try:
         first.wait_event(layout.CHECKPOINT, timeout=180)
@@ -393,14 +395,16 @@ def test_a_second_trainer_process_on_a_training_run_exits_77_and_writes_nothing(
             second.proc.kill()
 
 
-def test_a_trainer_whose_lease_is_taken_over_stops_and_commits_nothing_more(s3_run):
+def test_a_trainer_whose_lease_is_taken_over_stops_and_commits_nothing_more(s3_run, tmp_path):
     """Another machine takes the run over while this trainer trains: its next renewal finds the
     lease gone, it stops after the step, its final commit is refused by the fence, and it exits 77
     leaving the newest committed checkpoint the one from before the takeover."""
-    from tests.trainer.helpers import Trainer, trainer_env
+    from tests.trainer.helpers import Trainer, trainer_env, waiting_model
 
-    common = ["--synthetic", "--steps", "100000", "--batch-size", "32", "--checkpoint-every-steps", "20",
-              "--log-every", "10", "--lease-ttl-s", "16"]
+    # Each batch 25 ms late: it trains and commits until its renewal (every 4 s) finds the
+    # takeover, at a small part of the CPU a full-speed loop would burn meanwhile.
+    common = [*waiting_model(tmp_path / "code"), "--steps", "100000", "--batch-size", "32",
+              "--checkpoint-every-steps", "20", "--log-every", "10", "--lease-ttl-s", "16"]
     trainer = Trainer(s3_run.uri, *common, env=trainer_env(s3_run.env, TRAINSTACK_MACHINE_ID="machine-a"))
     try:
         trainer.wait_event(layout.CHECKPOINT, timeout=180)

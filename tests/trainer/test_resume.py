@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.helpers import Trainer, kinds, run_trainer, store_events, trainer_env
+from tests.trainer.helpers import Trainer, kinds, run_trainer, store_events, trainer_env, waiting_model
 
 pytestmark = pytest.mark.slow
 
@@ -96,10 +96,12 @@ def test_sigkill_loses_only_uncommitted_steps_and_damaged_checkpoints_are_skippe
     assert events[-1]["event"] == "finished" and events[-1]["examples_seen"] == (last + 10) * 32
 
 
-def test_failing_store_training_continues_and_sigterm_during_upload_commits(faulty_s3):
+def test_failing_store_training_continues_and_sigterm_during_upload_commits(faulty_s3, tmp_path):
     proxy = faulty_s3.proxy
     env = trainer_env(faulty_s3.env)
-    t = Trainer(faulty_s3.uri, *_args(100000, 25), env=env)
+    # Each batch 25 ms late: it trains on through the store's failures at a small part of a core.
+    slow = [*waiting_model(tmp_path / "code"), *[a for a in LONG if a != "--synthetic"]]
+    t = Trainer(faulty_s3.uri, *slow, "--checkpoint-every-steps", "25", env=env)
     first = t.wait_event("checkpoint")["step"]
 
     # The store fails every request for a while: uploads retry, training goes on, and
@@ -132,7 +134,8 @@ def test_failing_store_training_continues_and_sigterm_during_upload_commits(faul
     ck = _ckstore(faulty_s3.uri)
     assert ck.committed_steps()[-1] == stopped
     proxy.heal()
-    rc, events, err = run_trainer(faulty_s3.uri, *_args(stopped + 5, 25), env=env)
+    slow[slow.index("--steps") + 1] = str(stopped + 5)
+    rc, events, err = run_trainer(faulty_s3.uri, *slow, "--checkpoint-every-steps", "25", env=env)
     assert rc == 0, err[-3000:]
     assert [e["step"] for e in events if e["event"] == "resumed"] == [stopped]
     assert events[-1]["event"] == "finished" and events[-1]["examples_seen"] == (stopped + 5) * 32

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.trainer.helpers import FAST, Trainer, kinds, run_trainer, store_events, trainer_env
+from tests.trainer.helpers import FAST, Trainer, kinds, run_trainer, store_events, trainer_env, waiting_model
 from trainer import layout
 
 pytestmark = pytest.mark.slow
@@ -49,12 +49,13 @@ def test_stop_found_at_start_cancels_after_the_first_steps_and_stays_cancelled(f
     assert kinds(store_events(file_run.uri)) == kinds(events)
 
 
-def test_stop_written_mid_run_is_seen_within_the_poll_interval(s3_run):
+def test_stop_written_mid_run_is_seen_within_the_poll_interval(s3_run, tmp_path):
     from trainer.signals import STOP_POLL_SECONDS
 
     env = trainer_env(s3_run.env)
-    args = ["--synthetic", "--steps", "100000", "--batch-size", "32", "--checkpoint-every-steps", "50",
-            "--log-every", "10"]
+    # Each batch 25 ms late: it trains on until the next poll (up to 10 s) at a small part of a core.
+    args = [*waiting_model(tmp_path / "code"), "--steps", "100000", "--batch-size", "32", "--checkpoint-every-steps",
+            "50", "--log-every", "10"]
     t = Trainer(s3_run.uri, *args, env=env)
     t.wait_event("checkpoint", pred=lambda e: e["step"] >= 50)
     _store(s3_run.uri).put_bytes(layout.STOP_KEY, b"")
