@@ -131,3 +131,23 @@ def test_an_admin_role_on_the_project_needs_a_condition(role):
 @pytest.mark.parametrize("role", ["roles/storage.objectViewer", UNKNOWN, None, 3])
 def test_a_predefined_role_or_one_not_known_yet_passes(role):
     assert _lines([*R.gcp_stack(), _grant(role)]) == []
+
+
+def test_every_statement_after_a_skipped_one_is_still_judged():
+    # A Deny first, then a wide Allow: the Allow is judged.
+    res = _with_statements({"Effect": "Deny", "Action": "s3:DeleteObject", "Resource": f"{R.BUCKET_ARN}/*"},
+                           {"Effect": "Allow", "Action": "s3:*", "Resource": f"{R.BUCKET_ARN}/*"})
+    assert _lines(res) == ["dev-identity-policy: policy Statement[6] allows s3:*; list the actions needed"]
+    # In a resource document, a later statement's wildcard action is refused as in any other.
+    ok = {"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::123456789012:root"}, "Action": "s3:GetObject",
+          "Resource": "*"}
+    wide = {"Sid": "Wide", "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::123456789012:root"},
+            "Action": "s3:*", "Resource": f"{R.BUCKET_ARN}/*"}
+    res = _with_statements(ok, wide, name="dev-bucket-policy", doc=R.bucket_policy())
+    assert _lines(res) == ["dev-bucket-policy: policy Statement[2] (Wide) allows s3:*; list the actions needed"]
+
+
+def test_a_grant_after_one_not_known_yet_is_still_judged():
+    res = [*R.gcp_stack(), _grant(UNKNOWN, name="dev-later"), _grant("roles/editor")]
+    assert _lines(res) == ["dev-grant: grants roles/editor on the whole project; grant a predefined role on the "
+                           "bucket or repository instead"]
