@@ -228,3 +228,78 @@ def test_everything_but_the_bucket_is_released_on_destroy():
     assert _lines(buckets.released_on_destroy, res) == [
         "dev-repo: has retainOnDelete; `pulumi destroy` must release it (only the bucket is kept)",
         "dev-repo: has protect; `pulumi destroy` must release it (only the bucket is kept)"]
+
+
+# -- two buckets in one component: each setting belongs to the bucket it names --
+
+
+def _two_buckets(ref_a: str, ref_b: str, *, outputs: bool = False) -> list[dict]:
+    """Two buckets under one parent, each with its full settings naming it by `ref_*`."""
+    res = []
+    for name, ref in (("dev-a", ref_a), ("dev-b", ref_b)):
+        bucket = {"type": "aws:s3/bucket:Bucket", "name": name, "parent": "dev-data", "options": {"retainOnDelete": True},
+                  "inputs": {"bucket": f"trainstack-{name}", "tags": dict(R.TAGS)}}
+        if outputs:
+            del bucket["inputs"]["bucket"]
+            bucket["outputs"] = {"id": ref}
+        res.append(bucket)
+        arn = f"arn:aws:s3:::{ref}"
+        for type_, suffix, inputs in (
+            ("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", "pab",
+             dict.fromkeys(("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"), True)),
+            ("aws:s3/bucketVersioning:BucketVersioning", "versioning", {"versioningConfiguration": {"status": "Enabled"}}),
+            ("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration", "sse",
+             {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "AES256"}}]}),
+            ("aws:s3/bucketPolicy:BucketPolicy", "policy", {"policy": json.dumps({"Statement": [
+                {**DENY, "Resource": [arn, f"{arn}/*"]}]})}),
+        ):
+            res.append({"type": type_, "name": f"{name}-{suffix}", "parent": "dev-data", "options": {},
+                        "inputs": {"bucket": ref, **inputs}})
+    return res
+
+
+@pytest.mark.parametrize("by", ["name", "engine id"])
+def test_two_buckets_in_one_component_each_keep_their_own_settings(by):
+    if by == "name":
+        res = _two_buckets("trainstack-dev-a", "trainstack-dev-b")
+    else:
+        res = _two_buckets("dev-a-7f3e", "dev-b-91c2", outputs=True)
+    rules = (buckets.bucket_not_public, buckets.bucket_encrypted, buckets.bucket_versioned, buckets.bucket_tls_only)
+    assert [line for rule in rules for line in _lines(rule, res)] == []
+    # The second bucket's settings go: the first keeps its own and the second is refused.
+    res = [r for r in res if not r["name"].startswith("dev-b-")]
+    assert [line for rule in rules for line in _lines(rule, res)] == [
+        "dev-b: no BucketPublicAccessBlock; add one with all four flags true", NO_SSE.replace("dev-bucket", "dev-b"),
+        NOT_VERSIONED.replace("dev-bucket", "dev-b"), NO_TLS.replace("dev-bucket", "dev-b")]
+
+
+@pytest.mark.parametrize("type_", ["aws:s3/bucketAcl:BucketAcl", "aws:s3/bucketAclV2:BucketAclV2"])
+def test_a_public_acl_resource_of_either_version_is_named(type_):
+    res = R.aws_stack()
+    res.append(_child(type_, "dev-bucket-acl", acl="public-read"))
+    assert _lines(buckets.bucket_not_public, res) == [
+        "dev-bucket: ACL 'public-read' makes objects public; use private (the default)"]
+
+
+def test_the_buckets_own_encryption_is_enough_beside_a_resource_that_sets_none():
+    res = [r for r in R.aws_stack() if r["name"] != "dev-bucket-encryption"]
+    _inputs(res, B)["serverSideEncryptionConfiguration"] = {
+        "rule": {"applyServerSideEncryptionByDefault": {"sseAlgorithm": "aws:kms"}}}
+    res.append(_child("aws:s3/bucketServerSideEncryptionConfigurationV2:BucketServerSideEncryptionConfigurationV2",
+                      "dev-sse", rules=[{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "none"}}]))
+    assert _lines(buckets.bucket_encrypted, res) == []
+
+
+def test_a_bucket_after_one_with_unknown_settings_is_still_judged():
+    res = _two_buckets("trainstack-dev-a", "trainstack-dev-b")
+    _inputs(res, "dev-a-sse")["rules"] = [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": UNKNOWN}}]
+    _inputs(res, "dev-a-policy")["policy"] = UNKNOWN
+    res = [r for r in res if r["name"] not in ("dev-b-sse", "dev-b-policy")]
+    assert _lines(buckets.bucket_encrypted, res) == [NO_SSE.replace("dev-bucket", "dev-b")]
+    assert _lines(buckets.bucket_tls_only, res) == [NO_TLS.replace("dev-bucket", "dev-b")]
+
+
+def test_a_resource_without_a_type_is_judged_like_any_other():
+    res = [{"name": "odd", "inputs": {}, "options": {"protect": True}}]
+    assert _lines(buckets.released_on_destroy, res) == [
+        "odd: has protect; `pulumi destroy` must release it (only the bucket is kept)"]
