@@ -204,3 +204,22 @@ def test_a_template_no_group_uses_is_not_judged():
     assert _lines(cost.spot_with_runtime_cap, res) == []
     res.append(_resource("gcp:compute/regionInstanceGroupManager:RegionInstanceGroupManager", "dev-rmig"))
     assert _lines(cost.spot_with_runtime_cap, res) == [NOT_SPOT, NO_RUN_CAP]
+
+
+def test_a_resource_after_one_with_unknown_tags_is_still_judged():
+    res = [_resource("aws:iam/policy:Policy", "tags-unknown", tags=UNKNOWN),
+           _resource("gcp:pubsub/topic:Topic", "labels-only", labels={"trainstack-stack": "dev"}),
+           {"name": "typeless", "inputs": {"tags": {"trainstack-stack": "dev"}}}]
+    assert _lines(tags.tagged, res) == [
+        f"{n}: missing tag(s) trainstack-run; tag it from the one tags function" for n in ("labels-only", "typeless")]
+
+
+def test_label_values_compare_lowercased_and_machine_tags_exactly():
+    gcp = [_resource("gcp:storage/bucket:Bucket", "g", labels={"trainstack-stack": "Dev", "trainstack-run": "DEV"})]
+    assert _lines(tags.tagged, gcp) == []
+    res = R.aws_stack()
+    _inputs(res, LT)["tagSpecifications"] = [{"resourceType": rt, "tags": {**R.TAGS, "trainstack-stack": "Dev"}}
+                                             for rt in ("instance", "volume")]
+    assert _lines(tags.tagged, res) == [
+        f"dev-group-lt: tagSpecifications for {rt} lack trainstack-stack=dev (has 'Dev'); machines and disks must "
+        "carry the stack and run tags" for rt in ("instance", "volume")]
