@@ -183,6 +183,7 @@ NO_RUN_CAP = "dev-group-tpl: no scheduling.maxRunDuration; set it to compute.max
     ({"provisioningModel": "STANDARD", "preemptible": "true", "maxRunDuration": {"seconds": 3600}}, []),
     ({"provisioningModel": "STANDARD", "maxRunDuration": {"seconds": 3600}}, [NOT_SPOT]),
     ({"provisioningModel": UNKNOWN, "maxRunDuration": {"seconds": 3600}}, []),
+    ({"provisioningModel": "SPOT", "maxRunDuration": {"seconds": 1}}, []),  # any positive duration is a cap
     ({"provisioningModel": "SPOT", "maxRunDuration": {"seconds": 0}}, [NO_RUN_CAP]),
     ({"provisioningModel": "SPOT", "maxRunDuration": {"seconds": "1h"}}, [NO_RUN_CAP]),
     ({"provisioningModel": "SPOT", "maxRunDuration": {"seconds": 1.5}}, [NO_RUN_CAP]),
