@@ -9,6 +9,7 @@ import gzip
 
 import pytest
 
+from policy import rules
 from policy.rules import UNKNOWN, Context, images, machines
 from tests.policy import resources as R
 
@@ -17,7 +18,10 @@ LT, TPL = "dev-group-lt", "dev-group-tpl"
 
 
 def _lines(rule, res: list[dict]) -> list[str]:
-    return [f"{v.resource}: {v.message}" for v in rule(res, CTX)]
+    out = rule(res, CTX)
+    rule_id = next(r.id for r in rules.RULES if r.check is rule)
+    assert all(v.rule == rule_id for v in out), [str(v) for v in out]
+    return [f"{v.resource}: {v.message}" for v in out]
 
 
 def _inputs(res: list[dict], name: str) -> dict:
