@@ -118,6 +118,9 @@ def test_an_instances_root_device_is_encrypted(root, want):
     ("tf:" + "a" * 129, f"tag {'a' * 129!r} is not a docker tag"),
     ("tf:LATEST", "tag 'LATEST' moves under a running job; pin a version tag or a digest"),
     ("tf:2.21-latest-gpu", "tag '2.21-latest-gpu' moves under a running job; pin a version tag or a digest"),
+    # What follows the last "@" is the digest, and the last ":" of the name the tag.
+    ("tf@sha256:" + "0" * 64 + "@sha256:abc", "digest 'sha256:abc' is not sha256:<64 hex>"),
+    ("tf:2.21.0:latest", "tag 'latest' moves under a running job; pin a version tag or a digest"),
 ])
 def test_what_pins_an_image(ref, problem):
     assert images.image_problem(ref) == problem
@@ -197,6 +200,7 @@ def test_a_credential_is_named_where_it_is():
 def test_user_data_is_judged_decoded_once_not_as_its_base64():
     # A launch template's userData input is read decoded (above), never reported a second time as an input.
     res = [_resource("aws:ec2/launchTemplate:LaunchTemplate", "lt",
-                     userData=f"TRAINSTACK_IMAGE=tf:1\nAWS_ACCESS_KEY_ID={KEY_ID}\n")]
+                     userData=f"TRAINSTACK_IMAGE=tf:1\nAWS_ACCESS_KEY_ID={KEY_ID}\n", description=f"key {KEY_ID}")]
     assert _lines(images.no_secrets, res) == [
-        "lt: user data holds an AWS access key id; the machine's role gives it credentials"]
+        "lt: user data holds an AWS access key id; the machine's role gives it credentials",
+        "lt: input description holds an AWS access key id; remove it"]
