@@ -81,7 +81,7 @@ TARGETS: dict[str, Target] = {
         ["tests/policy/test_rules.py", "tests/policy/test_world_ingress_properties.py",
          "tests/policy/test_network_rules.py", "tests/policy/test_identity_rules.py",
          "tests/policy/test_bucket_rules.py", "tests/policy/test_tag_and_cost_rules.py",
-         "tests/policy/test_machine_and_image_rules.py"],
+         "tests/policy/test_machine_and_image_rules.py", "tests/policy/test_rule_context.py"],
         # The pack's manifest test compares paths of the checkout, not of mutmut's copy.
         select="not test_pack_manifest_points_at_its_own_virtualenv"),
     "runstate": Target(
