@@ -53,3 +53,38 @@ def test_the_pack_and_the_program_agree_on_the_context(blocks):
         from tests.components.test_settings import KEY
         raw["access"] = {**raw["access"], "sshPublicKey": KEY}
     assert context_from_config(raw, "dev") == context_from_settings(load_settings(raw, stack="dev"))
+
+
+# -- the helpers every rule reads resources with --
+
+
+def test_get_follows_list_indexes_only_within_the_list():
+    from policy.rules import base
+
+    r = {"inputs": {"a": [5], "n": 1}}
+    assert (base.get(r, "a.0"), base.get(r, "a.1", "d"), base.get(r, "n.0", "d")) == (5, "d", "d")
+
+
+def test_the_keys_a_resource_is_pointed_at_by():
+    from policy.rules import base
+
+    r = {"name": "n", "id": "i", "inputs": {"bucket": "b"}, "outputs": {"bucket": "o"}}
+    assert base.keys_of(r, "bucket") == {"n", "i", "b", "o"}
+    assert base.keys_of({"name": "", "id": base.UNKNOWN, "inputs": {"bucket": 3}}, "bucket") == set()
+
+
+def test_a_child_links_to_its_owner_by_reference_or_as_its_only_sibling():
+    from policy.rules import base
+
+    a = {"name": "a", "parent": "p", "inputs": {"bucket": "bucket-a"}}
+    b = {"name": "b", "parent": "q", "inputs": {"bucket": "bucket-b"}}
+    # A reference to another owner's bucket is that owner's, even beside a lone sibling.
+    child = {"name": "c", "parent": "p", "inputs": {"bucket": "bucket-b"}}
+    assert not base.linked(child, a, "bucket", ("bucket",), [a, b], engine_ids=True)
+    # An unreadable reference links by parent only: the same one, and not none.
+    orphan = {"name": "c", "parent": None, "inputs": {"bucket": base.UNKNOWN}}
+    lone = {"name": "l", "parent": None, "inputs": {}}
+    assert not base.linked(orphan, lone, "bucket", ("bucket",), [lone])
+    elsewhere = {"name": "c", "parent": "x", "inputs": {"bucket": base.UNKNOWN}}
+    assert not base.linked(elsewhere, b, "bucket", ("bucket",), [b])
+    assert base.linked({**elsewhere, "parent": "q"}, b, "bucket", ("bucket",), [b])
