@@ -231,6 +231,15 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     ("key-truncated", stack(**{A: {"sshPublicKey": "ssh-ed25519 " + base64.b64encode(
         struct.pack(">I", 11) + b"ssh-ed25519" + struct.pack(">I", 32) + b"short").decode()}}),
      "access.sshPublicKey", "does not parse"),
+    # A stray character pasted into the key: a lenient decoder would skip it and accept a key sshd refuses.
+    ("key-stray-character", stack(**{A: {"sshPublicKey": KEY[:40] + "*" + KEY[40:]}}), "access.sshPublicKey",
+     "does not decode"),
+    ("key-too-short", stack(**{A: {"sshPublicKey": "ssh-ed25519 AAA="}}), "access.sshPublicKey", "too short"),
+    ("key-length-only", stack(**{A: {"sshPublicKey": "ssh-ed25519 " + base64.b64encode(
+        struct.pack(">I", 11)).decode()}}), "access.sshPublicKey", "not a ssh-ed25519 key"),
+    ("key-type-not-ascii", stack(**{A: {"sshPublicKey": "ssh-ed25519 " + base64.b64encode(
+        struct.pack(">I", 11) + "ssh-ed2551é".encode("latin-1") + struct.pack(">I", 32) + bytes(range(32))).decode()}}),
+     "access.sshPublicKey", "not a ssh-ed25519 key"),
     ("private-key", stack(**{A: {"sshPublicKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk=\n"
                                                   "-----END OPENSSH PRIVATE KEY-----\n"}}),
      "access.sshPublicKey", "ssh-keygen -y -f KEY"),

@@ -71,14 +71,17 @@ TARGETS: dict[str, Target] = {
         ["components/settings/*.py"],
         ["tests/components/test_settings.py", "tests/components/test_settings_strict.py",
          "tests/components/test_settings_usercode.py", "tests/components/test_settings_command.py",
-         "tests/components/test_settings_messages.py", "tests/components/test_settings_loading.py"],
+         "tests/components/test_settings_messages.py", "tests/components/test_settings_loading.py",
+         "tests/components/test_settings_errors.py"],
         # Each invalid case's `ops synth` twin checks the same ConfigError line through the CLI: the
         # same verdict on the settings code, at twice the time.
         select="not test_ops_synth_exits_2_and_writes_nothing"),
     "policy": Target(
         ["policy/rules/*.py"],
         ["tests/policy/test_rules.py", "tests/policy/test_world_ingress_properties.py",
-         "tests/policy/test_network_rules.py"],
+         "tests/policy/test_network_rules.py", "tests/policy/test_identity_rules.py",
+         "tests/policy/test_bucket_rules.py", "tests/policy/test_tag_and_cost_rules.py",
+         "tests/policy/test_machine_and_image_rules.py", "tests/policy/test_rule_context.py"],
         # The pack's manifest test compares paths of the checkout, not of mutmut's copy.
         select="not test_pack_manifest_points_at_its_own_virtualenv"),
     "runstate": Target(
