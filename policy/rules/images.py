@@ -41,7 +41,9 @@ def user_data_texts(resources: list[Resource]) -> list[tuple[Resource, str]]:
         ud = base.get(lt, "userData")
         if isinstance(ud, str) and base.known(ud):
             try:
-                raw = base64.b64decode(ud, validate=True)
+                # Base64 wrapped over lines (MIME's 76 columns, `base64` without -w0) is base64 too;
+                # text, such as a shell script, has characters base64 has not and stays text.
+                raw = base64.b64decode("".join(ud.split()), validate=True)
                 # cloud-init takes gzipped user data (EC2's 16 KiB limit makes it necessary)
                 text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode("utf-8")
             except (binascii.Error, ValueError):

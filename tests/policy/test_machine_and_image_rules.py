@@ -137,6 +137,8 @@ def test_the_image_line_is_read_from_user_data_however_it_is_encoded():
     res = [
         _resource(lt, "plain", userData=_b64(text.encode())),
         _resource(lt, "gzipped", userData=_b64(gzip.compress(text.encode(), mtime=0))),
+        # Wrapped at 76 columns, as MIME and `base64` without -w0 write it.
+        _resource(lt, "wrapped", userData=base64.encodebytes(gzip.compress(text.encode(), mtime=0)).decode()),
         _resource(inst, "not-base64", userData=text),  # a tool that passes the text as it is
         _resource(lt, "unknown", userData=UNKNOWN),
         _resource("gcp:compute/instanceTemplate:InstanceTemplate", "gce-meta", metadata={"startup-script": text}),
@@ -146,7 +148,7 @@ def test_the_image_line_is_read_from_user_data_however_it_is_encoded():
                   metadata={"user-data": UNKNOWN}, metadataStartupScript=UNKNOWN),
     ]
     assert _lines(images.image_pinned, res) == [
-        f"{n}: {want}" for n in ("plain", "gzipped", "not-base64", "gce-meta", "gce-script")]
+        f"{n}: {want}" for n in ("plain", "gzipped", "wrapped", "not-base64", "gce-meta", "gce-script")]
 
 
 @pytest.mark.parametrize(("line", "want"), [
