@@ -140,6 +140,9 @@ def test_the_image_line_is_read_from_user_data_however_it_is_encoded():
         # Wrapped at 76 columns, as MIME and `base64` without -w0 write it.
         _resource(lt, "wrapped", userData=base64.encodebytes(gzip.compress(text.encode(), mtime=0)).decode()),
         _resource(inst, "not-base64", userData=text),  # a tool that passes the text as it is
+        # Text whose first line happens to be base64 (a blob a script echoes) is still text: read
+        # leniently, it would decode to b"hi" and hide the image line.
+        _resource(inst, "text-with-blob", userData="aGk=\n" + text),
         _resource(lt, "unknown", userData=UNKNOWN),
         _resource("gcp:compute/instanceTemplate:InstanceTemplate", "gce-meta", metadata={"startup-script": text}),
         _resource("gcp:compute/regionInstanceTemplate:RegionInstanceTemplate", "gce-script",
@@ -148,7 +151,8 @@ def test_the_image_line_is_read_from_user_data_however_it_is_encoded():
                   metadata={"user-data": UNKNOWN}, metadataStartupScript=UNKNOWN),
     ]
     assert _lines(images.image_pinned, res) == [
-        f"{n}: {want}" for n in ("plain", "gzipped", "wrapped", "not-base64", "gce-meta", "gce-script")]
+        f"{n}: {want}" for n in ("plain", "gzipped", "wrapped", "not-base64", "text-with-blob", "gce-meta",
+                                    "gce-script")]
 
 
 @pytest.mark.parametrize(("line", "want"), [
