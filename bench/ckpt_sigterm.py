@@ -33,6 +33,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _CHUNK_FLOATS = 16 * 1024 * 1024  # 64 MiB per variable, as bench.ckpt_stall makes them
 
 
+# Its own copy of bench.ckpt_stall's reader: this file runs with another code tree first on the
+# path (--trees), whose bench/ may not have it.
 def _status_mib(field: str) -> float:
     with open("/proc/self/status") as fh:
         for line in fh:

@@ -105,6 +105,11 @@ def test_the_check_reads_the_placement_controllers_values(key, type_token, path,
     """The controller's resources carry documented lists too: a value outside one is caught."""
     (rec,) = copy.deepcopy(synthesized(key).of_type(type_token))
     assert pv.check_resource(rec) == []
+    _caught_when_planted(rec, path, bad)
+
+
+def _caught_when_planted(rec: dict, path: tuple[str, ...], bad) -> None:
+    """Set the input at `path` to `bad`: the check names exactly that input and value."""
     where = rec["inputs"]
     for part in path[:-1]:
         where = where[part]
@@ -124,12 +129,7 @@ def test_the_check_reads_each_placement_regions_image_repository(key, type_token
     assert len(repos) == 2  # home's and the second placement's
     for rec in repos:
         assert pv.check_resource(rec) == [] and pv.checked_inputs(rec) >= 1
-        where = rec["inputs"]
-        for part in path[:-1]:
-            where = where[part]
-        where[path[-1]] = bad
-        (problem,) = pv.check_resource(rec)
-        assert (problem.path, problem.value) == (".".join(path), bad)
+        _caught_when_planted(rec, path, bad)
 
 @pytest.mark.parametrize(
     ("doc", "values"),
