@@ -72,7 +72,7 @@ TARGETS: dict[str, Target] = {
         ["tests/components/test_settings.py", "tests/components/test_settings_strict.py",
          "tests/components/test_settings_usercode.py", "tests/components/test_settings_command.py",
          "tests/components/test_settings_messages.py", "tests/components/test_settings_loading.py",
-         "tests/components/test_settings_errors.py"],
+         "tests/components/test_settings_errors.py", "tests/components/test_settings_placements.py"],
         # Each invalid case's `ops synth` twin checks the same ConfigError line through the CLI: the
         # same verdict on the settings code, at twice the time.
         select="not test_ops_synth_exits_2_and_writes_nothing"),
