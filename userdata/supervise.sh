@@ -34,6 +34,9 @@ finish() {
 # any other way (an error under `set -e`) ends the run as FAILED rather than looping
 # forever. SIGTERM is the machine shutting down: no verdict then.
 on_exit() {
+  # A subshell (the deadline's watchdog, killed as its trainer ends) can run this trap too, with
+  # its own exit status: only the supervisor itself may end the run.
+  [[ $BASHPID == "${SUPERVISOR_PID:-}" ]] || exit "$1"
   trap - EXIT
   finish "$FAILED" "the supervisor stopped unexpectedly (exit $1); see logs"
 }
@@ -269,6 +272,7 @@ cli_first() {
 
 main() {
   load_env
+  SUPERVISOR_PID=$BASHPID
   trap 'on_exit $?' EXIT
   trap 'trap - EXIT; exit 143' TERM INT
   MAX_FAILURES="${TRAINSTACK_MAX_FAILURES:-3}"
