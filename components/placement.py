@@ -11,6 +11,7 @@ document) is told every group's name and never guesses one. Standard library and
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -88,27 +89,43 @@ def settings_at(settings: Settings, index: int) -> Settings:
     })
 
 
-def controller_config(settings: Settings, run_uri: str, groups: list[str]) -> dict[str, Any]:
+def controller_config(settings: Settings, run_uri: str, groups: list[str],
+                      access: Mapping[int, Mapping[str, str]] | None = None) -> dict[str, Any]:
     """The controller's configuration: the run, its size, the wait before a move and every placement's group.
 
-    `{"run_uri", "nodes", "wait_minutes", "placements": [{"cloud", "region", "project", "group"}]}`,
-    placements in the stack's order (index 0 is home).
+    `{"run_uri", "nodes", "wait_minutes", "placements": [{"cloud", "region", "project", "group"[, "access"]}]}`,
+    placements in the stack's order (index 0 is home). `access` (by placement index) is how the controller,
+    which runs in home's cloud, reaches a placement on the other cloud: for a GCP placement of an AWS home
+    `{"gcp_audience": "//iam.googleapis.com/projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/
+    PROVIDER", "service_account": "NAME@PROJECT.iam.gserviceaccount.com"}`. Every placement on the other cloud
+    has one, and no other placement.
     """
     placements = settings.placement_list
     if len(groups) != len(placements):
         raise ValueError(f"{len(groups)} group names for {len(placements)} placements")
+    access = dict(access or {})
+    across = {i for i, p in enumerate(placements) if p.cloud != settings.cloud}
+    if set(access) != across:
+        raise ValueError(f"access for placements {sorted(access)}; the placements on another cloud than home are "
+                         f"{sorted(across)}")
+    entries = []
+    for i, (p, g) in enumerate(zip(placements, groups, strict=True)):
+        entry: dict[str, Any] = {"cloud": p.cloud, "region": p.region, "project": p.project, "group": g}
+        if i in access:
+            entry["access"] = dict(access[i])
+        entries.append(entry)
     return {
         "run_uri": run_uri,
         "nodes": settings.compute.nodes,
         "wait_minutes": settings.placement.wait_minutes,
-        "placements": [{"cloud": p.cloud, "region": p.region, "project": p.project, "group": g}
-                       for p, g in zip(placements, groups, strict=True)],
+        "placements": entries,
     }
 
 
-def controller_config_json(settings: Settings, run_uri: str, groups: list[str]) -> str:
+def controller_config_json(settings: Settings, run_uri: str, groups: list[str],
+                           access: Mapping[int, Mapping[str, str]] | None = None) -> str:
     """`controller_config` as the one-line JSON the function's environment holds (keys sorted)."""
-    return json.dumps(controller_config(settings, run_uri, groups), sort_keys=True, separators=(",", ":"))
+    return json.dumps(controller_config(settings, run_uri, groups, access), sort_keys=True, separators=(",", ":"))
 
 
 def function_files(root: Path) -> dict[str, Path]:

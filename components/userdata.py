@@ -246,18 +246,37 @@ def decode_user_data(b64: str) -> str:
     return data.decode()
 
 
+def aws_store_env(*, region: str, role_arn: pulumi.Input[str], audience: str) -> dict[str, pulumi.Input[str]]:
+    """The env-file values of a machine on GCP whose run folder is in S3 (an AWS-home stack's GCP placement):
+    the store's cloud and region, the role it assumes with its Google ID token, and the audience it asks
+    that token for. lib.sh keeps the token in a file (AWS_WEB_IDENTITY_TOKEN_FILE), which the `aws` CLI and
+    boto3 (the trainer's, in the container too) read by themselves with AWS_ROLE_ARN."""
+    return {
+        "TRAINSTACK_STORE_CLOUD": "aws",
+        "TRAINSTACK_STORE_REGION": region,
+        "AWS_DEFAULT_REGION": region,
+        "AWS_ROLE_ARN": role_arn,
+        "TRAINSTACK_TOKEN_AUDIENCE": audience,
+    }
+
+
 def user_data_output(
     cloud: str, settings, *, group: str, run_uri: pulumi.Input[str], code_uri: pulumi.Input[str],
-    image_ref: pulumi.Input[str],
+    image_ref: pulumi.Input[str], store: Mapping[str, pulumi.Input[str]] | None = None,
 ) -> pulumi.Output[str]:
     """The stack's `#cloud-config` once the bucket, code and image are known; the image
-    reference is the one the stack resolved (the pushed digest when it builds its own)."""
+    reference is the one the stack resolved (the pushed digest when it builds its own).
+    `store`: env-file values saying how a machine reaches a run folder in the other cloud
+    (`aws_store_env`), added to its own."""
+    store = dict(store or {})
+    keys = sorted(store)
 
     def render(values: list[str]) -> str:
-        run, code, image = values
+        run, code, image, *extra = values
         env = boot_env(settings, run_uri=run, group=group, code_uri=code)
         env["TRAINSTACK_IMAGE"] = image
+        env.update(zip(keys, extra, strict=True))
         return render_user_data(cloud, env)
 
-    return pulumi.Output.all(run_uri, code_uri, image_ref).apply(render)
+    return pulumi.Output.all(run_uri, code_uri, image_ref, *(store[k] for k in keys)).apply(render)
 

@@ -103,7 +103,10 @@ def plan(result: Result, settings: config.Settings, *, ask_prices: bool = True) 
         from components import placement
 
         rows = pricing.placement_costs(settings, checkpoint_bytes=checkpoints.checkpoint_bytes)
-        groups = [placement.group_name(str(result.outputs.get("groupName", "")), i) for i in range(len(rows))]
+        # The names the program gave (a GCP placement of an AWS home is named as GCE names groups).
+        config = json.loads(result.outputs["placements"]) if result.outputs.get("placements") else None
+        groups = [p["group"] for p in config["placements"]] if config else \
+            [placement.group_name(str(result.outputs.get("groupName", "")), i) for i in range(len(rows))]
         size = storage.size_text(checkpoints.checkpoint_bytes) + (" assumed" if checkpoints.size_assumed else "")
         placements = plan_text.placements_section(rows, groups, settings.placement.wait_minutes, size,
                                                   pricing.transfer_source())

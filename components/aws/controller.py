@@ -36,6 +36,16 @@ SIZE_GROUP_ACTIONS = ["autoscaling:UpdateAutoScalingGroup"]
 WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY)
 
 
+def function_name(name: str) -> str:
+    """The function's (and its schedule's) name: Lambda takes 64 characters, the schedule 64 too."""
+    return f"{name[:53]}-controller"
+
+
+def role_name(name: str) -> str:
+    """The function's role's name when it is named in advance (IAM role names take 64 characters)."""
+    return function_name(name)
+
+
 @dataclass(kw_only=True)
 class PlacementControllerArgs:
     """Inputs of a PlacementController."""
@@ -56,6 +66,9 @@ class PlacementControllerArgs:
     """ARN of the home bucket."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags for every resource."""
+    named_role: bool = False
+    """Name the function's role `role_name(name)` (instead of a generated name): a GCP placement's workload
+    identity provider admits that role by name, and must know it before the role exists."""
 
 
 def function_policy(*, partition: pulumi.Input[str], account_id: pulumi.Input[str], bucket_arn: pulumi.Input[str],
@@ -110,13 +123,14 @@ class PlacementController(pulumi.ComponentResource):
         partition = aws.get_partition_output(opts=invoke).partition
         account_id = aws.get_caller_identity_output(opts=invoke).account_id
         # Lambda function names take 64 characters; the schedule's, 64 too.
-        fn_name = f"{args.name[:53]}-controller"
+        fn_name = function_name(args.name)
         log_group = aws.cloudwatch.LogGroup(
             f"{name}-logs", name=f"/aws/lambda/{fn_name}", retention_in_days=LOG_RETENTION_DAYS, tags=args.tags,
             opts=child,
         )
         self.role = aws.iam.Role(
             f"{name}-role",
+            name=role_name(args.name) if args.named_role else None,
             assume_role_policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
                 "Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole",
             }]}),

@@ -84,6 +84,48 @@ def policy_document(
     other_repository_arns: list[pulumi.Input[str]] | None = None,
 ) -> pulumi.Output[str]:
     """The role's permissions as an IAM policy JSON document."""
+    statements = bucket_statements(partition=partition, bucket_arn=bucket_arn, run_id=run_id, data_uri=data_uri,
+                                   validation_data_uri=validation_data_uri)
+    statements += [
+        {
+            # GetAuthorizationToken has no resource-level permissions: AWS only accepts "*".
+            # The token alone grants nothing; the pull itself is scoped below.
+            "Sid": "EcrLogin",
+            "Effect": "Allow",
+            "Action": "ecr:GetAuthorizationToken",
+            "Resource": "*",
+        },
+        {
+            # The stack's repository; with a built image and several placements, each placement
+            # region's repository too (one string for one, as a one-placement stack has always written it).
+            "Sid": "PullStackImage",
+            "Effect": "Allow",
+            "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
+            "Resource": [repository_arn, *other_repository_arns] if other_repository_arns else repository_arn,
+        },
+        {
+            # The finish path's one call: update-auto-scaling-group --min-size 0 --max-size 0
+            # --desired-capacity 0 (userdata/lib.sh). The group's ARN holds a UUID known
+            # only after it exists; the name part pins it to this stack's group. The
+            # conditions let the call only shrink the group to nothing: a request must set
+            # MinSize and MaxSize, both to 0 (a missing key fails NumericEquals), and the
+            # desired capacity can never exceed MaxSize. There is no DesiredCapacity key.
+            # Numbers as strings, as AWS's own example policies write them.
+            "Sid": "ScaleOwnGroup",
+            "Effect": "Allow",
+            "Action": SCALE_ACTIONS,
+            "Resource": group_arns(partition, account_id, [(region, group_name), *(other_groups or [])]),
+            "Condition": {"NumericEquals": {"autoscaling:MinSize": "0", "autoscaling:MaxSize": "0"}},
+        },
+    ]
+    return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})
+
+
+def bucket_statements(*, partition: pulumi.Input[str], bucket_arn: pulumi.Input[str], run_id: str,
+                      data_uri: str | None, validation_data_uri: str | None = None) -> list[dict]:
+    """What a machine may do in S3: this run's prefix of the bucket, the trainer code, the package cache and
+    the data sets (read only). The machines' role holds these and more; a placement's federated role
+    (components/aws/federation.py) exactly these."""
     # runs/<run_id>/ and below: the run folder of trainer/layout.py. Listing is granted for the
     # prefix with its slash only: a bare runs/<run_id> would also list a sibling runs/<run_id>0/.
     run_prefix = layout.run_prefix(run_id).rstrip("/")
@@ -154,39 +196,7 @@ def policy_document(
                 "Resource": pulumi.Output.concat(data_arn, "/", prefix, "*"),
             },
         ]
-    statements += [
-        {
-            # GetAuthorizationToken has no resource-level permissions: AWS only accepts "*".
-            # The token alone grants nothing; the pull itself is scoped below.
-            "Sid": "EcrLogin",
-            "Effect": "Allow",
-            "Action": "ecr:GetAuthorizationToken",
-            "Resource": "*",
-        },
-        {
-            # The stack's repository; with a built image and several placements, each placement
-            # region's repository too (one string for one, as a one-placement stack has always written it).
-            "Sid": "PullStackImage",
-            "Effect": "Allow",
-            "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
-            "Resource": [repository_arn, *other_repository_arns] if other_repository_arns else repository_arn,
-        },
-        {
-            # The finish path's one call: update-auto-scaling-group --min-size 0 --max-size 0
-            # --desired-capacity 0 (userdata/lib.sh). The group's ARN holds a UUID known
-            # only after it exists; the name part pins it to this stack's group. The
-            # conditions let the call only shrink the group to nothing: a request must set
-            # MinSize and MaxSize, both to 0 (a missing key fails NumericEquals), and the
-            # desired capacity can never exceed MaxSize. There is no DesiredCapacity key.
-            # Numbers as strings, as AWS's own example policies write them.
-            "Sid": "ScaleOwnGroup",
-            "Effect": "Allow",
-            "Action": SCALE_ACTIONS,
-            "Resource": group_arns(partition, account_id, [(region, group_name), *(other_groups or [])]),
-            "Condition": {"NumericEquals": {"autoscaling:MinSize": "0", "autoscaling:MaxSize": "0"}},
-        },
-    ]
-    return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})
+    return statements
 
 
 def group_arns(partition: pulumi.Input[str], account_id: pulumi.Input[str],

@@ -14,6 +14,7 @@ from components import placement, userdata
 from components.aws.bucket import TrainingBucket, TrainingBucketArgs
 from components.aws.code import TrainerCode, TrainerCodeArgs
 from components.aws.controller import PlacementController, PlacementControllerArgs
+from components.aws.controller import role_name as controller_role_name
 from components.aws.group import SpotGroup, SpotGroupArgs
 from components.aws.identity import InstanceIdentity, InstanceIdentityArgs
 from components.aws.image import ImageMirror, TrainerImage, TrainerImageArgs
@@ -21,9 +22,16 @@ from components.aws.naming import default_bucket_name, group_name, repository_na
 from components.aws.repository import ImageRepository, ImageRepositoryArgs
 from components.code import user_code_dir
 from components.common import StackOutputs, TrainingStackArgs, image_refs, mirrored_image, run_uri
+from components.gcp.naming import group_name as gcp_group_name
 from components.tags import aws_tags
 
 __all__ = ["TrainingStack", "TrainingStackArgs"]
+
+# A GCP placement's project: the APIs its resources live in (after the Resource Manager API, through which
+# the others are turned on), and STS and IAM Credentials, which the controller's federation goes through.
+GCP_RESOURCE_MANAGER_API = "cloudresourcemanager.googleapis.com"
+GCP_PLACEMENT_APIS = ("cloudscheduler.googleapis.com", "compute.googleapis.com", "iam.googleapis.com",
+                      "iamcredentials.googleapis.com", "sts.googleapis.com")
 
 
 class TrainingStack(StackOutputs):
@@ -66,9 +74,15 @@ class TrainingStack(StackOutputs):
         # One group per placement (home first), each in its region; one role serves them all (IAM is global).
         places = s.placement_list
         groups = placement.group_names(s, asg_name)
-        # Placement i >= 1: its region's provider; what is made there goes through it.
+        if any(p.cloud == "gcp" for p in places):
+            # A GCP placement's group is named as GCE names groups (63 characters at most, RFC 1035).
+            gce_home = gcp_group_name(project=args.project, stack=s.stack, run_id=run_id)
+            groups = [placement.group_name(gce_home, i) if p.cloud == "gcp" else g
+                      for i, (p, g) in enumerate(zip(places, groups, strict=True))]
+        # Placement i >= 1 on AWS: its region's provider; what is made there goes through it. A placement on
+        # GCP is made by `_gcp_placement`, in its own project.
         regional = {i: aws.Provider(f"{name}-aws-p{i}", region=p.region, opts=pulumi.ResourceOptions(parent=self))
-                    for i, p in enumerate(places) if i > 0}
+                    for i, p in enumerate(places) if i > 0 and p.cloud == "aws"}
         in_region = {0: child, **{i: pulumi.ResourceOptions(parent=self, providers={"aws": r})
                                   for i, r in regional.items()}}
         repo_args = ImageRepositoryArgs(
@@ -90,7 +104,7 @@ class TrainingStack(StackOutputs):
                 other_repository_arns=[m.arn for m in mirrors.values()],
                 group_name=asg_name,
                 region=s.region,
-                other_groups=[(p.region, g) for p, g in zip(places[1:], groups[1:], strict=True)],
+                other_groups=[(p.region, g) for p, g in zip(places[1:], groups[1:], strict=True) if p.cloud == "aws"],
                 data_uri=s.run.data_uri,
                 validation_data_uri=s.run.validation_data_uri,
                 nodes=s.compute.nodes,
@@ -118,9 +132,18 @@ class TrainingStack(StackOutputs):
         ).refs)
 
         # Every placement runs the same pinned image and the same run folder in the home bucket.
-        self.placement_groups: list[SpotGroup] = []
+        self.placement_groups: list[pulumi.ComponentResource] = []
+        # How the controller reaches each placement on GCP (controller_config's `access`), by index.
+        access: dict[int, pulumi.Output[dict[str, str]]] = {}
         for i, g in enumerate(groups):
             ps = placement.settings_at(s, i)
+            if ps.cloud == "gcp":
+                gcp_group, access[i] = self._gcp_placement(
+                    name, args, index=i, settings=ps, group_name=g, home_group=asg_name, run=run, code=code,
+                    image_ref=images[i], bucket=bucket, tags=tags, firewalls=i == min(
+                        j for j, p in enumerate(places) if p.cloud == "gcp" and p.project == ps.project))
+                self.placement_groups.append(gcp_group)
+                continue
             opts = in_region[i]
             user_data = userdata.user_data_output(
                 "aws", ps, group=g, run_uri=run, code_uri=code.code_uri, image_ref=images[i]
@@ -158,7 +181,9 @@ class TrainingStack(StackOutputs):
         self.controller: PlacementController | None = None
         controller_config = None
         if len(places) > 1:
-            controller_config = run.apply(lambda uri: placement.controller_config_json(s, uri, groups))
+            order = sorted(access)
+            controller_config = pulumi.Output.all(run, *(access[i] for i in order)).apply(
+                lambda v: placement.controller_config_json(s, v[0], groups, dict(zip(order, v[1:], strict=True))))
             self.controller = PlacementController(
                 f"{name}-controller",
                 PlacementControllerArgs(
@@ -166,9 +191,11 @@ class TrainingStack(StackOutputs):
                     config=controller_config,
                     run_id=run_id,
                     nodes=s.compute.nodes,
-                    groups=[(p.region, g) for p, g in zip(places, groups, strict=True)],
+                    # Its AWS grants reach the AWS groups; a GCP placement's group, through `access`.
+                    groups=[(p.region, g) for p, g in zip(places, groups, strict=True) if p.cloud == "aws"],
                     bucket_arn=bucket.arn,
                     tags=tags,
+                    named_role=bool(access),
                 ),
                 opts=child,
             )
@@ -176,3 +203,106 @@ class TrainingStack(StackOutputs):
             s, bucket_name=bucket.name, run_uri=run, image_ref=images[0], group_name=group.group_name,
             code_uri=code.code_uri, placements=controller_config,
         )
+
+    def _gcp_placement(self, name: str, args: TrainingStackArgs, *, index: int, settings, group_name: str,
+                       home_group: str, run: pulumi.Output[str], code: TrainerCode, image_ref: pulumi.Input[str],
+                       bucket: TrainingBucket, tags: dict[str, str], firewalls: bool,
+                       ) -> tuple[pulumi.ComponentResource, pulumi.Output[dict[str, str]]]:
+        """Placement `index` on GCP: its group in its project, its machines' service account and the AWS role
+        that account's ID tokens assume for the home bucket, and the home controller's reach into the group.
+        Returns the group and the controller's `access` to it."""
+        import pulumi_gcp as gcp
+
+        from components.aws.federation import FederatedRole, FederatedRoleArgs, audience
+        from components.gcp import naming as gcp_naming
+        from components.gcp.federation import (
+            ControllerAccess,
+            ControllerAccessArgs,
+            PlacementIdentity,
+            PlacementIdentityArgs,
+        )
+        from components.gcp.group import SpotGroup as GceGroup
+        from components.gcp.group import SpotGroupArgs as GceGroupArgs
+        from components.tags import gcp_labels
+
+        s, p = args.settings, settings
+        names = {"project": args.project, "stack": s.stack}
+        apis = self._gcp_apis(name, p.project)
+        provider = gcp.Provider(f"{name}-gcp-p{index}", project=p.project, region=p.region,
+                                opts=pulumi.ResourceOptions(parent=self, depends_on=apis))
+        in_project = pulumi.ResourceOptions(parent=self, providers={"gcp": provider})
+        machine_sa, controller_sa = gcp_naming.placement_account_ids(**names, index=index)
+        prefix = f"{gcp_naming.custom_role_prefix(**names)[:44]}_p{index}"
+        identity = PlacementIdentity(
+            f"{name}-identity-p{index}",
+            PlacementIdentityArgs(account_id=machine_sa, gcp_project=p.project, region=p.region,
+                                  group_name=group_name, custom_role_prefix=prefix),
+            opts=in_project,
+        )
+        token_audience = audience(group_name)
+        role = FederatedRole(
+            f"{name}-federation-p{index}",
+            FederatedRoleArgs(bucket_arn=bucket.arn, run_id=s.run_id, service_account_unique_id=identity.unique_id,
+                              audience=token_audience, data_uri=s.run.data_uri,
+                              validation_data_uri=s.run.validation_data_uri, tags=tags),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        user_data = userdata.user_data_output(
+            "gcp", p, group=group_name, run_uri=run, code_uri=code.code_uri, image_ref=image_ref,
+            store=userdata.aws_store_env(region=s.region, role_arn=role.role_arn, audience=token_audience),
+        )
+        c = p.compute
+        group = GceGroup(
+            f"{name}-group-p{index}",
+            GceGroupArgs(
+                group_name=group_name, gcp_project=p.project, region=p.region, instance_types=list(c.instance_types),
+                network_tag=gcp_naming.network_tag(**names), service_account_email=identity.email,
+                user_data=user_data, nodes=c.nodes, size=0, firewalls=firewalls, gpus_per_node=c.gpus_per_node,
+                accelerator=c.accelerator, spot=c.spot, max_runtime_hours=c.max_runtime_hours,
+                root_disk_gb=c.root_disk_gb, image_id=None, zones=list(c.zones),
+                allowed_cidrs=list(s.access.allowed_cidrs), ssh_public_key=s.access.ssh_public_key,
+                labels=gcp_labels(project=args.project, stack=s.stack, run_id=s.run_id),
+                # A machine that boots before its grants and its AWS role exist would fail its first call.
+                wait_for=[*identity.grants, role.policy],
+            ),
+            opts=in_project,
+        )
+        invoke = pulumi.InvokeOptions(parent=self)
+        reach = ControllerAccess(
+            f"{name}-controller-access-p{index}",
+            ControllerAccessArgs(
+                gcp_project=p.project, region=p.region, group_name=group_name, account_id=controller_sa,
+                pool_stem=gcp_naming.network_tag(**names), custom_role_prefix=prefix,
+                aws_account_id=aws.get_caller_identity_output(opts=invoke).account_id,
+                aws_partition=aws.get_partition_output(opts=invoke).partition,
+                controller_role_name=controller_role_name(home_group),
+            ),
+            opts=in_project,
+        )
+        return group, pulumi.Output.all(reach.audience, reach.email).apply(
+            lambda v: {"gcp_audience": v[0], "service_account": v[1]})
+
+    def _gcp_apis(self, name: str, project: str) -> list[pulumi.Resource]:
+        """The APIs a GCP placement's project needs on (once per project): its group and runtime cap, its
+        service accounts and custom roles, and the token exchange the controller's federation goes through."""
+        import pulumi_gcp as gcp
+
+        made = getattr(self, "_apis", {})
+        self._apis = made
+        if project in made:
+            return made[project]
+        provider = gcp.Provider(f"{name}-gcp-apis-{project}", project=project,
+                                opts=pulumi.ResourceOptions(parent=self))
+        opts = pulumi.ResourceOptions(parent=self, provider=provider)
+
+        def service(api: str, after: list[pulumi.Resource]) -> gcp.projects.Service:
+            return gcp.projects.Service(
+                f"{name}-api-{project}-{api.split('.')[0]}", project=project, service=api,
+                # Other workloads of the project may use these APIs: destroy leaves them on.
+                disable_on_destroy=False, disable_dependent_services=False,
+                opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=after)),
+            )
+
+        first = service(GCP_RESOURCE_MANAGER_API, [])
+        made[project] = [first] + [service(api, [first]) for api in GCP_PLACEMENT_APIS]
+        return made[project]

@@ -88,6 +88,47 @@ def groups_condition(gcp_project: str, groups: list[tuple[str, str]]) -> str:
         for region, name in groups)
 
 
+def group_grants(name: str, *, gcp_project: str, custom_role_prefix: str, groups: list[tuple[str, str]],
+                 member: pulumi.Input[str], child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+    """What a machine's finish step needs on its groups (each (region, name) in `gcp_project`): resize them,
+    by name (a custom role under an IAM condition), and follow the resize's region operation."""
+    # GCP reserves a deleted custom role's id for up to 37 days: a suffix drawn once and
+    # kept in state keeps the ids stable across `up`s, and new after a `destroy`.
+    suffix = random.RandomId(f"{name}-role-suffix", byte_length=ROLE_SUFFIX_BYTES, opts=child)
+    role = gcp.projects.IAMCustomRole(
+        f"{name}-resize-role",
+        project=gcp_project,
+        role_id=suffix.hex.apply(lambda h: custom_role_id(custom_role_prefix, h, "resize")),
+        title="trainstack: resize own instance group",
+        permissions=RESIZE_PERMISSIONS,
+        opts=child,
+    )
+    operations = gcp.projects.IAMCustomRole(
+        f"{name}-operations-role",
+        project=gcp_project,
+        role_id=suffix.hex.apply(lambda h: custom_role_id(custom_role_prefix, h, "ops")),
+        title="trainstack: follow own resize operations",
+        permissions=OPERATION_PERMISSIONS,
+        opts=child,
+    )
+    return [
+        gcp.projects.IAMMember(
+            f"{name}-resize",
+            project=gcp_project,
+            role=role.name,
+            member=member,
+            condition=gcp.projects.IAMMemberConditionArgs(
+                title="own group only" if len(groups) == 1 else "own groups only",
+                expression=groups_condition(gcp_project, groups),
+            ),
+            opts=child,
+        ),
+        gcp.projects.IAMMember(
+            f"{name}-operations", project=gcp_project, role=operations.name, member=member, opts=child
+        ),
+    ]
+
+
 class InstanceIdentity(pulumi.ComponentResource):
     """Service account plus the narrow grants one run needs."""
 
@@ -192,43 +233,8 @@ class InstanceIdentity(pulumi.ComponentResource):
                     opts=child,
                 )
             )
-        # GCP reserves a deleted custom role's id for up to 37 days: a suffix drawn once and
-        # kept in state keeps the ids stable across `up`s, and new after a `destroy`.
-        suffix = random.RandomId(f"{name}-role-suffix", byte_length=ROLE_SUFFIX_BYTES, opts=child)
-        role = gcp.projects.IAMCustomRole(
-            f"{name}-resize-role",
-            project=args.gcp_project,
-            role_id=suffix.hex.apply(lambda h: custom_role_id(args.custom_role_prefix, h, "resize")),
-            title="trainstack: resize own instance group",
-            permissions=RESIZE_PERMISSIONS,
-            opts=child,
-        )
-        self.grants.append(
-            gcp.projects.IAMMember(
-                f"{name}-resize",
-                project=args.gcp_project,
-                role=role.name,
-                member=member,
-                condition=gcp.projects.IAMMemberConditionArgs(
-                    title="own group only" if not args.other_groups else "own groups only",
-                    expression=groups_condition(args.gcp_project,
-                                                [(args.region, args.group_name), *args.other_groups]),
-                ),
-                opts=child,
-            )
-        )
-        operations = gcp.projects.IAMCustomRole(
-            f"{name}-operations-role",
-            project=args.gcp_project,
-            role_id=suffix.hex.apply(lambda h: custom_role_id(args.custom_role_prefix, h, "ops")),
-            title="trainstack: follow own resize operations",
-            permissions=OPERATION_PERMISSIONS,
-            opts=child,
-        )
-        self.grants.append(
-            gcp.projects.IAMMember(
-                f"{name}-operations", project=args.gcp_project, role=operations.name, member=member, opts=child
-            )
-        )
+        self.grants += group_grants(
+            name, gcp_project=args.gcp_project, custom_role_prefix=args.custom_role_prefix,
+            groups=[(args.region, args.group_name), *args.other_groups], member=member, child=child)
         self.email = self.account.email
         self.register_outputs({"email": self.email})

@@ -119,3 +119,10 @@ def split_gs_uri(uri: str) -> tuple[str, str]:
     """('bucket', 'prefix') of gs://bucket/prefix."""
     bucket, _, prefix = uri.removeprefix("gs://").partition("/")
     return bucket, prefix
+
+
+def placement_account_ids(*, project: str, stack: str, index: int) -> tuple[str, str]:
+    """The service account ids of placement `index` of another cloud's stack, in its own project: its
+    machines' and home's controller's. 6-30 characters each."""
+    digest = short_digest(project, stack, f"placement-{index}", n=6)
+    return f"tm{index}-{slug(stack, 17)}-{digest}", f"tc{index}-{slug(stack, 17)}-{digest}"

@@ -92,9 +92,11 @@ def validate(s: Settings, cloud_checks: Mapping[str, Callable[[Settings], None]]
             raise ConfigError("image.build", f"true pushes the image to {owner} only, and placements[{i}] "
                               f"({p.region}) is {elsewhere}; set image.build: false (a public image runs "
                               "everywhere) or list placements of home's " + ("project" if s.cloud == "gcp" else "cloud"))
-        if p.cloud != s.cloud:
-            raise ConfigError(f"placements[{i}].cloud", f"{p.cloud!r}: a placement on another cloud than home "
-                              f"({s.cloud}) is not supported yet; list {s.cloud} regions only")
+        if p.cloud != s.cloud and s.cloud != "aws":
+            # A GCE machine reaches an S3 home (AssumeRoleWithWebIdentity); an EC2 machine reaching a GCS
+            # home (Workload Identity Federation) is not built yet.
+            raise ConfigError(f"placements[{i}].cloud", f"{p.cloud!r}: a placement on another cloud than a {s.cloud} "
+                              f"home is not supported yet; list {s.cloud} regions only")
         for j, t in enumerate(p.instance_types):
             counts = catalog.gpus_of(p.cloud, t)
             if counts is not None and c.gpus_per_node not in counts:
@@ -105,12 +107,21 @@ def validate(s: Settings, cloud_checks: Mapping[str, Callable[[Settings], None]]
                                   f"replicas: list types with {c.gpus_per_node} GPU(s)")
         if i == 0:
             continue  # home: the stack's own keys, checked as the stack
+        if p.cloud != s.cloud and c.image_id:
+            raise ConfigError("compute.imageId", f"{c.image_id!r}: an image of home's cloud ({s.cloud}), and "
+                              f"placements[{i}] is on {p.cloud}; remove it (each placement looks up its cloud's GPU image) or list "
+                              f"{s.cloud} placements only")
         if p.cloud == "aws" and c.image_id:
             raise ConfigError("compute.imageId", f"{c.image_id!r}: an AMI belongs to one region and placements[{i}] "
                               f"is in {p.region}; remove it (each region looks up the Deep Learning AMI) or keep one "
                               "placement")
+        across = p.cloud != s.cloud
         moved = s.model_copy(update={
-            "region": p.region, "project": p.project or "",
+            "cloud": p.cloud, "region": p.region, "project": p.project or "",
+            # Across clouds the run's data and bucket stay home's (S3), reached through the federated role:
+            # the placement's cloud does not check their scheme or names.
+            **({"run": s.run.model_copy(update={"data_uri": None, "validation_data_uri": None}),
+                "storage": s.storage.model_copy(update={"bucket_name": None})} if across else {}),
             # Subnets belong to the home region's VPC: other regions use their default VPC.
             "compute": c.model_copy(update={"instance_types": list(p.instance_types), "zones": list(p.zones),
                                             "subnets": []}),
@@ -123,7 +134,7 @@ def validate(s: Settings, cloud_checks: Mapping[str, Callable[[Settings], None]]
             if key is None:
                 raise ConfigError(e.key, f"{message} (in placements[{i}], {p.region})") from None
             raise ConfigError(key, message) from None
-        if p.cloud == "gcp" and p.project != s.project:
+        if p.cloud == "gcp" and s.cloud == "gcp" and p.project != s.project:
             # The machines' service account and the home group's firewall rules are the home project's.
             raise ConfigError(f"placements[{i}].project", f"{p.project!r}: a placement in another project than "
                               f"home's ({s.project}) is not supported yet; use {s.project}")

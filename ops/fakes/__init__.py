@@ -31,6 +31,7 @@ class Mocks(pulumi.runtime.Mocks):
         # Each provider's region, by its name: a stack of several placements has one provider per region,
         # and a lookup or resource made through it answers for that region.
         self.provider_regions: dict[str, str] = {}
+        self.provider_projects: dict[str, str] = {}
         # The stack's own region and project are the user's, even where the fake cloud repeats them.
         self._real = {region, gcp_project} - {""}
         """Every id and value the fake cloud made up (not the program's own inputs): the plan marks them."""
@@ -56,7 +57,10 @@ class Mocks(pulumi.runtime.Mocks):
         if t.startswith("aws:"):
             rid, extra = aws.resource(t, name, inputs, h, self._region_of(args.provider))
         elif t.startswith("gcp:"):
-            rid, extra = gcp.resource(t, name, inputs, h, self.gcp_project)
+            # A resource of another project (an AWS-home stack's GCP placement) says which, or its provider does.
+            project = inputs.get("project") or self.provider_projects.get(urn_name(args.provider or "")) \
+                or self.gcp_project
+            rid, extra = gcp.resource(t, name, inputs, h, project)
         elif t == DOCKER_IMAGE:
             rid, extra = docker_image(name, inputs, h)
         elif t == RANDOM_ID:
@@ -77,6 +81,8 @@ class Mocks(pulumi.runtime.Mocks):
         """Remember a provider's region: what is made or looked up through it answers for that region."""
         if args.typ.startswith("pulumi:providers:") and args.inputs.get("region"):
             self.provider_regions[args.name] = str(args.inputs["region"])
+        if args.typ == "pulumi:providers:gcp" and args.inputs.get("project"):
+            self.provider_projects[args.name] = str(args.inputs["project"])
 
     def _region_of(self, provider: str | None) -> str:
         """The region of the provider a request names (`urn::id`), else the stack's."""

@@ -14,6 +14,11 @@ FAKE_GCP_IMAGE = "ubuntu-accelerator-2204-amd64-with-nvidia-550-v20260101"
 INSTANCE_TEMPLATE = "gcp:compute/instanceTemplate:InstanceTemplate"
 
 
+def project_number(project: str) -> str:
+    """A fake project number (12 digits) for a project id: the same id gives the same number."""
+    return str(int(fake_hex("project-number", project, n=12), 16) % 10**12).zfill(12)
+
+
 def resource(t: str, name: str, inputs: dict[str, Any], h: str, project: str) -> tuple[str, dict[str, Any]]:
     """The fake id and the outputs beyond the inputs of one `gcp:` resource; `h` is its fake hex."""
     p, api = project, "https://www.googleapis.com/compute/v1"
@@ -42,6 +47,14 @@ def resource(t: str, name: str, inputs: dict[str, Any], h: str, project: str) ->
             "name": n, "selfLink": f"{api}/{path}/instanceGroupManagers/{n}",
             "instanceGroup": f"{api}/{path}/instanceGroups/{n}", "project": p,
         }
+    if t == "gcp:iam/workloadIdentityPool:WorkloadIdentityPool":
+        # Pools and providers are named by the project's number, which the fake derives from its id.
+        n = f"projects/{project_number(p)}/locations/global/workloadIdentityPools/{inputs.get('workloadIdentityPoolId')}"
+        return n, {"name": n, "state": "ACTIVE", "project": p}
+    if t == "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider":
+        n = (f"projects/{project_number(p)}/locations/global/workloadIdentityPools/"
+             f"{inputs.get('workloadIdentityPoolId')}/providers/{inputs.get('workloadIdentityPoolProviderId')}")
+        return n, {"name": n, "state": "ACTIVE", "project": p}
     if t == "gcp:projects/iAMCustomRole:IAMCustomRole":
         n = f"projects/{p}/roles/{inputs.get('roleId')}"
         return n, {"name": n}

@@ -36,7 +36,8 @@ ONLY = {
                 "accelerator", "labels", "firewalls"},  # GCE firewall rules are the project's, not a region's
     },
     "PlacementControllerArgs": {
-        "aws": {"bucket_arn", "tags"},  # an IAM policy names the bucket by ARN
+        # An IAM policy names the bucket by ARN; a GCP placement's pool admits the function's role by its name.
+        "aws": {"bucket_arn", "tags", "named_role"},
         # GCS grants name the bucket; a GCP function runs as service accounts the stack names in advance.
         "gcp": {"bucket_name", "gcp_project", "region", "account_id", "invoker_account_id", "custom_role_prefix",
                 "labels"},

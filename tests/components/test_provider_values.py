@@ -2,7 +2,8 @@
 provider SDK documents as allowed, wherever the SDK documents a closed list or an enum.
 
 Runs over every stack file in stacks/ and a few variants that reach the optional
-resources (image build, several machines, on-demand, SSH, several placements with a built image). Proven to catch the class of
+resources (image build, several machines, on-demand, SSH, several placements with a built image, an AWS home with a GCP
+placement). Proven to catch the class of
 defect it guards against by feeding it the Artifact Registry value that once shipped.
 """
 
@@ -41,6 +42,14 @@ VARIANTS = {
         "placements": [{"cloud": "gcp", "region": "us-central1", "project": "my-proj-123",
                         "instanceTypes": ["g2-standard-4"]},
                        {"cloud": "gcp", "region": "europe-west4", "project": "my-proj-123",
+                        "instanceTypes": ["g2-standard-4"]}],
+    },
+    # An AWS home with a GCP placement: its group, service accounts and custom roles in its project, the
+    # federated role, the workload identity pool and its AWS provider, the APIs.
+    "aws-home-gcp-placement": {
+        "cloud": "aws", "region": "us-east-1", "run": RUN,
+        "placements": [{"cloud": "aws", "region": "us-east-1", "instanceTypes": ["g5.xlarge"]},
+                       {"cloud": "gcp", "region": "us-central1", "project": "my-gpus-42",
                         "instanceTypes": ["g2-standard-4"]}],
     },
     "gcp-on-demand": {

@@ -371,8 +371,18 @@ INVALID += [
      "placements[1].project", "expected the GCP project id"),
     ("placement-other-project", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "us-east4", "project": "my-other-1"}]}),
      "placements[1].project", "a placement in another project than home's (my-project-123) is not supported yet"),
-    ("placement-other-cloud", stack(**{PL: [HOME, {**GCP_HOME, "region": "us-east4"}]}), "placements[1].cloud",
-     "a placement on another cloud than home (aws) is not supported yet"),
+    # A GCE machine reaches an S3 home; an EC2 machine does not reach a GCS home yet.
+    ("placement-other-cloud", gcp(**{PL: [GCP_HOME, {**WEST, "region": "us-east-1"}]}), "placements[1].cloud",
+     "a placement on another cloud than a gcp home is not supported yet"),
+    ("placement-ami-other-cloud", stack(**{PL: [HOME, {**GCP_HOME, "region": "us-east4", "project": "my-gpus-42"}]},
+                                        **{C: {"imageId": "ami-0123456789abcdef0"}}),
+     "compute.imageId", "an image of home's cloud (aws), and placements[1] is on gcp"),
+    ("placement-other-cloud-n1-without-accelerator",
+     stack(**{PL: [HOME, {**GCP_HOME, "region": "us-east4", "project": "my-gpus-42", "instanceTypes": ["n1-standard-8"]}]}),
+     "compute.accelerator", "is required for n1-standard-8 (e.g. nvidia-tesla-t4) (in placements[1], us-east4)"),
+    ("placement-other-cloud-zone", stack(**{PL: [HOME, {**GCP_HOME, "region": "us-east4", "project": "my-gpus-42",
+                                                         "zones": ["us-east-1a"]}]}),
+     "placements[1].zones[0]", "not a zone of region us-east4"),
     # A built image goes to a repository of home's cloud and project in each placement's region: no further.
     ("placement-built-image-other-cloud", stack(**{PL: [HOME, {**GCP_HOME, "region": "us-east4"}]},
                                                 **{IMG: {"build": True}}), "image.build",
@@ -434,6 +444,10 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("two-gcp-regions-built-image", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "europe-west4"}]},
                                         **{IMG: {"build": True}})),
     ("home-types-from-placements", stack(**{C: {"instanceTypes": DEL}}, **{PL: [HOME, WEST]})),
+    # An AWS home and a GCP placement of another project: its machines reach the S3 bucket and data by federation.
+    ("aws-home-gcp-placement", stack(**{PL: [HOME, {**GCP_HOME, "region": "us-east4", "project": "my-gpus-42"}]},
+                                     **{R: {"synthetic": DEL, "dataUri": "s3://my-data/train/"}},
+                                     **{S: {"bucketName": "my.training.bucket", "keepOnDestroy": False}})),
     ("three-gcp-regions", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "europe-west4", "zones": ["europe-west4-a"]},
                                       {**GCP_HOME, "region": "us-east4"}]})),
 ]

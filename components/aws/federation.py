@@ -1,0 +1,106 @@
+"""FederatedRole: the IAM role a placement's machines on GCP assume with their Google identity.
+
+A GCE machine of an AWS-home stack has no AWS keys and gets none: it asks its metadata server for a
+Google ID token of its service account (`…/service-accounts/default/identity?audience=AUDIENCE`) and
+exchanges it at STS (`AssumeRoleWithWebIdentity`) for this role's session. AWS trusts Google's issuer
+natively (`accounts.google.com`, no OIDC provider to create). The trust names exactly one service
+account and one audience, with the condition keys AWS documents for Google, each a different claim:
+
+- `accounts.google.com:sub`: the token's `sub`, the service account's unique id (numeric);
+- `accounts.google.com:aud`: the token's `azp` (its `aud` only when it has no `azp`), for a service
+  account's token its unique id too;
+- `accounts.google.com:oaud`: the token's `aud`, the audience the machine asked for.
+
+The role may do in S3 what the home machines' role may (`identity.bucket_statements`: this run's prefix,
+the trainer code, the package cache, the data read only) and nothing else: the machine's group, image and
+notices are GCP's, reached with its own service account.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_aws as aws
+
+from components.aws.identity import bucket_statements
+
+# The issuer of Google's ID tokens, as AWS names the federated principal.
+GOOGLE = "accounts.google.com"
+# A role session lasts at most this long unless the role says more; one hour is AWS's default and the
+# token's own life: botocore refreshes the session from the token file before it ends.
+MAX_SESSION_S = 3600
+
+
+def google_trust(unique_id: pulumi.Input[str], audience: pulumi.Input[str]) -> pulumi.Output[str]:
+    """The trust policy: the Google service account `unique_id`'s tokens for `audience`, nothing else."""
+    return pulumi.Output.json_dumps({
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Effect": "Allow",
+            "Principal": {"Federated": GOOGLE},
+            "Action": "sts:AssumeRoleWithWebIdentity",
+            "Condition": {"StringEquals": {
+                f"{GOOGLE}:sub": unique_id,
+                f"{GOOGLE}:aud": unique_id,
+                f"{GOOGLE}:oaud": audience,
+            }},
+        }],
+    })
+
+
+def audience(group: str) -> str:
+    """The audience a placement's machines ask their token for: names the placement's group, so a token
+    asked for another purpose (or another placement) is not this role's."""
+    return f"trainstack/{group}"
+
+
+@dataclass(kw_only=True)
+class FederatedRoleArgs:
+    """Inputs of a FederatedRole."""
+
+    bucket_arn: pulumi.Input[str]
+    """ARN of the stack's (home) bucket."""
+    run_id: str
+    """The run's folder: the role may write only under runs/<run_id>/."""
+    service_account_unique_id: pulumi.Input[str]
+    """The unique id (numeric) of the placement's machines' Google service account: the one identity trusted."""
+    audience: str
+    """The audience the machines ask their ID token for (`audience()`)."""
+    data_uri: str | None = None
+    """s3://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
+    validation_data_uri: str | None = None
+    """s3://BUCKET/PREFIX of the validation data, read only; None without."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Tags for the role."""
+
+
+class FederatedRole(pulumi.ComponentResource):
+    """An IAM role trusting one Google service account's ID tokens, with the machines' S3 access."""
+
+    role: aws.iam.Role
+    policy: aws.iam.RolePolicy
+    role_arn: pulumi.Output[str]
+
+    def __init__(self, name: str, args: FederatedRoleArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainstack:aws:FederatedRole", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        partition = aws.get_partition_output(opts=pulumi.InvokeOptions(parent=self)).partition
+        self.role = aws.iam.Role(
+            f"{name}-role",
+            assume_role_policy=google_trust(args.service_account_unique_id, args.audience),
+            description="trainstack machines on GCP: one run's bucket prefix, by their Google identity",
+            max_session_duration=MAX_SESSION_S,
+            tags=args.tags,
+            opts=child,
+        )
+        self.policy = aws.iam.RolePolicy(
+            f"{name}-policy",
+            role=self.role.id,
+            policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": bucket_statements(
+                partition=partition, bucket_arn=args.bucket_arn, run_id=args.run_id, data_uri=args.data_uri,
+                validation_data_uri=args.validation_data_uri)}),
+            opts=child,
+        )
+        self.role_arn = self.role.arn
+        self.register_outputs({"role_arn": self.role_arn})
