@@ -62,6 +62,9 @@ FILES = (
     (WATCHER_UNIT, f"{SYSTEMD_DIR}/{WATCHER_UNIT}", "0644"),
 )
 UNITS = (WATCHER_UNIT, TRAINER_UNIT)
+# Installed only on machines whose run folder is in the other cloud's store (env TRAINSTACK_STORE_CLOUD):
+# their credentials there. Not on the others, whose EC2 user data has no room to spare (16 KiB gzipped).
+FEDERATION_FILES = (("federation.sh", f"{BIN_DIR}/federation.sh", "0644"),)
 # Installed and enabled only on stacks with access.jupyter: true (env TRAINSTACK_JUPYTER=1).
 JUPYTER_FILES = (
     ("jupyter.sh", f"{BIN_DIR}/jupyter.sh", "0755"),
@@ -212,7 +215,8 @@ def render_user_data(cloud: str, env: Mapping[str, str]) -> str:
         {"path": ENV_FILE, "permissions": "0644", "owner": "root:root", "content": render_env(env)},
     ]
     jupyter = env.get("TRAINSTACK_JUPYTER") == "1"
-    for name, path, mode in FILES + (JUPYTER_FILES if jupyter else ()):
+    across = env.get("TRAINSTACK_STORE_CLOUD", cloud) != cloud
+    for name, path, mode in FILES + (JUPYTER_FILES if jupyter else ()) + (FEDERATION_FILES if across else ()):
         files.append({"path": path, "permissions": mode, "owner": "root:root",
                       "content": shipped(name)})
     units = UNITS + ((JUPYTER_UNIT,) if jupyter else ())

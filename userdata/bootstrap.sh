@@ -92,7 +92,7 @@ cli_check() {
   local model
   cloud_cli || die "no cloud CLI"
   ((${TRAINSTACK_NODES:-1} > 1)) || return 0
-  case "$TRAINSTACK_CLOUD" in
+  case "$STORE_CLOUD" in
     aws) model="$(aws s3api put-object --generate-cli-skeleton 2>&1)" || true
       grep -q '"IfNoneMatch"' <<<"$model" ||
       fail "the AWS CLI on this image ($(aws --version 2>&1 | head -c 80)) has no put-object --if-none-match, which several machines need: use an image whose AWS CLI is from after August 2024" ;;

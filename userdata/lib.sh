@@ -77,7 +77,10 @@ die() {
 }
 
 # Reads the non-secret env file written by cloud-init and sets the defaults that
-# depend on the cloud (metadata endpoint, notice grace period).
+# depend on the cloud (metadata endpoint, notice grace period). The machine's cloud
+# (TRAINSTACK_CLOUD: metadata, group, notices) and the store's (TRAINSTACK_STORE_CLOUD, the
+# bucket of the run folder; the machine's own by default) may differ: a GCE machine of an
+# AWS-home stack reaches S3 with its Google identity (federation_token).
 load_env() {
   mkdir -p "$STATE_DIR" "$RUNTIME_DIR" "$LOG_DIR"
   [[ -r "$ENV_FILE" ]] || die "env file $ENV_FILE is missing"
@@ -96,19 +99,29 @@ load_env() {
     *) die "TRAINSTACK_CLOUD must be aws or gcp, not '$TRAINSTACK_CLOUD'" ;;
   esac
   GRACE_S="${TRAINSTACK_NOTICE_GRACE_S:-$DEFAULT_GRACE}"
+  STORE_CLOUD="${TRAINSTACK_STORE_CLOUD:-$TRAINSTACK_CLOUD}"
+  [[ "$STORE_CLOUD" == "$TRAINSTACK_CLOUD" ]] || federation_env
   # A CLI installed from snap lives in /snap/bin, which systemd's PATH for units lacks.
   [[ ":$PATH:" == *:/snap/bin:* ]] || PATH="$PATH:/snap/bin"
 }
 
-# cloud_cli: the cloud's CLI, from snap when the image has none. Every call to the bucket
-# and the group goes through it, the run folder's first read included.
+# cloud_cli: the CLIs of the machine's cloud (its group) and of the store's (the bucket), from
+# snap when the image has none (AWS's own aws-cli snap is CLI v2; Ubuntu images on GCE carry
+# snapd). Every call to the bucket and the group goes through them, the run folder's first
+# read included.
 cloud_cli() {
+  cli_of "$TRAINSTACK_CLOUD" || return 1
+  [[ "$STORE_CLOUD" == "$TRAINSTACK_CLOUD" ]] || cli_of "$STORE_CLOUD"
+}
+
+cli_of() {
   local cli=aws snap=aws-cli
-  [[ "$TRAINSTACK_CLOUD" == aws ]] || { cli=gcloud; snap=google-cloud-cli; }
+  [[ "$1" == aws ]] || { cli=gcloud; snap=google-cloud-cli; }
   command -v "$cli" >/dev/null && return 0
   log "no $cli on this image: installing $snap from snap"
   retry 3 snap install "$snap" --classic && command -v "$cli" >/dev/null
 }
+
 
 # retry ATTEMPTS CMD...: runs CMD until it succeeds, doubling the pause each time.
 retry() {
@@ -145,6 +158,17 @@ print(json.dumps(out))
 # Milliseconds, as the trainer writes them: `ops status` orders both sources by time.
 now_iso() { date -u +%Y-%m-%dT%H:%M:%S.%3NZ; }
 
+# ---- the store's credentials across clouds ----
+
+# A machine whose run folder is in the other cloud's store has federation.sh beside this file
+# (components/userdata.py installs it there only); elsewhere these stand in for it.
+federation_token() { :; }
+federation_env() { die "TRAINSTACK_STORE_CLOUD $STORE_CLOUD: this machine has no federation.sh"; }
+if [[ -r "${BASH_SOURCE[0]%/*}/federation.sh" ]]; then
+  # shellcheck source-path=SCRIPTDIR source=federation.sh disable=SC1091
+  . "${BASH_SOURCE[0]%/*}/federation.sh"
+fi
+
 # ---- object storage: the only calls that name a cloud's CLI ----
 
 # STORE_TIMEOUT (seconds, when set) bounds each copy: the CLIs' own timeouts bound each read,
@@ -152,14 +176,16 @@ now_iso() { date -u +%Y-%m-%dT%H:%M:%S.%3NZ; }
 store_cp() {
   local bound=()
   [[ -z "${STORE_TIMEOUT:-}" ]] || bound=(timeout "$STORE_TIMEOUT")
-  case "$TRAINSTACK_CLOUD" in
+  federation_token || return 1
+  case "$STORE_CLOUD" in
     aws) "${bound[@]}" aws s3 cp --only-show-errors "$@" ;;
     gcp) "${bound[@]}" gcloud storage cp --quiet "$@" ;;
   esac
 }
 
 store_cp_dir() {
-  case "$TRAINSTACK_CLOUD" in
+  federation_token || return 1
+  case "$STORE_CLOUD" in
     aws) aws s3 cp --only-show-errors --recursive "$1" "$2" ;;
     gcp) gcloud storage cp --quiet --recursive "$1/*" "$2" ;;
   esac
@@ -176,7 +202,8 @@ store_put() { store_cp - "$1"; }
 store_ls() {
   local out err rc=0 prefix="$1"
   err="$(mktemp)"
-  case "$TRAINSTACK_CLOUD" in
+  federation_token || { rm -f "$err"; return 1; }
+  case "$STORE_CLOUD" in
     aws) out="$(aws s3 ls "$prefix" 2>"$err")" || rc=$? ;;
     gcp) out="$(gcloud storage ls "$prefix" 2>"$err")" || rc=$? ;;
   esac
@@ -198,7 +225,8 @@ run_entries() { store_ls "$RUN_URI/"; }
 # is none.
 store_cat_all() {
   local dir
-  case "$TRAINSTACK_CLOUD" in
+  federation_token || return 0
+  case "$STORE_CLOUD" in
     aws)
       dir="$(mktemp -d)"
       aws s3 cp --only-show-errors --recursive "$1/" "$dir" 2>/dev/null || true
@@ -218,7 +246,8 @@ store_create() {
   tmp="$(mktemp)"
   err="$(mktemp)"
   cat >"$tmp"
-  case "$TRAINSTACK_CLOUD" in
+  federation_token 2>"$err" || { echo "no identity token for the store" >>"$err"; rc=2; }
+  ((rc != 0)) || case "$STORE_CLOUD" in
     aws)
       bucket="${1#s3://}"
       key="${bucket#*/}"
@@ -268,7 +297,8 @@ end_marker() {
 # (checkpoints/ckpt-<step>/COMMITTED); -1 when there is none or the bucket does not answer.
 newest_committed() {
   local out="" step
-  case "$TRAINSTACK_CLOUD" in
+  federation_token || true
+  case "$STORE_CLOUD" in
     aws) out="$(aws s3 ls --recursive "$RUN_URI/$CHECKPOINTS_PREFIX" 2>/dev/null)" || true ;;
     gcp) out="$(gcloud storage ls "$RUN_URI/$CHECKPOINTS_PREFIX**" 2>/dev/null)" || true ;;
   esac

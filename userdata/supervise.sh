@@ -212,6 +212,13 @@ run_container() {
       args+=(-e PYTHONPATH=/opt/trainstack/code)
     fi
   fi
+  if [[ "$STORE_CLOUD" != "$TRAINSTACK_CLOUD" ]]; then
+    # The store's identity token (federation_token): the folder, not the file, so a renewal (a new
+    # file renamed over the old) reaches the running trainer; boto3 reads it with AWS_ROLE_ARN.
+    federation_token || true
+    args+=(-v "$FEDERATION_DIR:$FEDERATION_DIR_IN_CONTAINER:ro"
+      -e "AWS_WEB_IDENTITY_TOKEN_FILE=$FEDERATION_DIR_IN_CONTAINER/$WEB_IDENTITY_TOKEN")
+  fi
   docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
   docker "${args[@]}" "$TRAINSTACK_IMAGE" python -m trainer &
   pid=$!
@@ -261,7 +268,9 @@ cli_first() {
   local until=$(($(date +%s) + ${TRAINSTACK_CLI_WAIT_S:-300}))
   until cloud_cli; do
     if (($(date +%s) + 30 > until)); then
-      log "error: no $TRAINSTACK_CLOUD CLI on this image and none could be installed: the run cannot be read, marked or its group scaled; shutting down"
+      local which="$TRAINSTACK_CLOUD"
+      [[ "$STORE_CLOUD" == "$TRAINSTACK_CLOUD" ]] || which="$TRAINSTACK_CLOUD or $STORE_CLOUD"
+      log "error: no $which CLI on this image and none could be installed: the run cannot be read, marked or its group scaled; shutting down"
       trap - EXIT
       shutdown -h now
       exit 0

@@ -66,6 +66,9 @@ main() {
       handle "$kind" "$detail"
     fi
     rebalance
+    # The store's identity token, where the store is another cloud's: renewed here while the
+    # machine lives (a stat per poll; a fetch every half hour), so the trainer's never ages out.
+    federation_token || true
     sleep "$POLL_S"
   done
 }

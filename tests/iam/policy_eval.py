@@ -175,3 +175,37 @@ def evaluate(documents: Iterable[str | Mapping], request: Request) -> Decision:
     return Decision.ALLOW if allowed else Decision.IMPLICIT_DENY
 
 
+
+
+def evaluate_trust(document: str | Mapping, *, federated: str, action: str,
+                   context: Mapping[str, str | list[str]]) -> Decision:
+    """The decision of a role's trust policy for a federated caller (`Principal: {Federated: ...}`):
+    a statement applies when its principal names `federated`, its action matches and its conditions hold
+    for `context` (the token's claims as the provider's condition keys). No other principal kind is
+    evaluated: a statement naming one raises UnsupportedPolicy."""
+    allowed = False
+    for statement in statements([document]):
+        principal = statement.get("Principal")
+        if not isinstance(principal, Mapping) or set(principal) != {"Federated"} or "NotPrincipal" in statement:
+            raise UnsupportedPolicy(f"trust principal {principal!r}: only Federated is evaluated")
+        if federated not in _as_list(principal["Federated"]):
+            continue
+        if not any(wildcard_match(p, action, ignore_case=True) for p in _as_list(statement.get("Action", []))):
+            continue
+        holds = all(condition_holds(op, key, expected, context)
+                    for op, keys in (statement.get("Condition") or {}).items() for key, expected in keys.items())
+        if not holds:
+            continue
+        if statement.get("Effect") == "Deny":
+            return Decision.EXPLICIT_DENY
+        allowed = True
+    return Decision.ALLOW if allowed else Decision.IMPLICIT_DENY
+
+
+def google_token_context(claims: Mapping[str, object]) -> dict[str, str]:
+    """The condition keys AWS sets from a Google ID token's claims (IAM's keys for web identity federation):
+    `accounts.google.com:aud` is the `azp` claim when there is one (else `aud`), `:oaud` the `aud` claim,
+    `:sub` the `sub` claim."""
+    context = {"accounts.google.com:oaud": str(claims.get("aud", "")), "accounts.google.com:sub": str(claims.get("sub", ""))}
+    context["accounts.google.com:aud"] = str(claims.get("azp") or claims.get("aud", ""))
+    return context

@@ -1,0 +1,145 @@
+"""`lib.sh` `federation_token`: a GCE machine whose run folder is in S3 keeps its service account's Google
+ID token in the file the `aws` CLI and boto3 read (AWS_WEB_IDENTITY_TOKEN_FILE), fresh while it lives.
+
+It runs in bash as the boot runs it (`load_env` on a GCP machine's env file with the S3 store's keys),
+against the sandbox's GCE metadata server. A fetch happens when the file is missing or TOKEN_REFRESH_S
+old, is retried (3 tries, each bounded), replaces the file in one rename, keeps a token that still has
+life when the server does not answer, and fails (1) only when there is none; on a machine whose store is
+its own cloud's it asks nothing. The notice watcher renews it on its polls while the machine lives.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from components.userdata import USERDATA_DIR, aws_store_env
+from devtools.metadata import MetadataServer, token_claims
+from tests.userdata.helpers import wait_for
+
+AUDIENCE = "trainstack/trainstack-places--exp-7-gpu-p1"
+ROLE = "arn:aws:iam::123456789012:role/trainstack-federation-p1-role-0123456"
+
+
+@pytest.fixture
+def md():
+    server = MetadataServer(service_account_id="104329573211187625437")
+    yield server
+    server.close()
+
+
+def _env_file(root: Path, *, store: bool = True) -> Path:
+    values = {"TRAINSTACK_CLOUD": "gcp", "TRAINSTACK_REGION": "us-central1", "TRAINSTACK_RUN_URI": "s3://b/runs/r",
+              "TRAINSTACK_GROUP": "g", "TRAINSTACK_IMAGE": "tensorflow/tensorflow:2.21.0-gpu"}
+    if store:
+        values.update(aws_store_env(region="us-east-1", role_arn=ROLE, audience=AUDIENCE))
+    path = root / "env"
+    path.write_text("".join(f"{k}='{v}'\n" for k, v in values.items()))
+    return path
+
+
+def _run(root: Path, md: MetadataServer, script: str, *, store: bool = True, **env: str) -> subprocess.CompletedProcess:
+    full = {"PATH": os.environ["PATH"], "TRAINSTACK_ROOT": str(root), "TRAINSTACK_ENV_FILE": str(_env_file(root, store=store)),
+            "TRAINSTACK_METADATA_URL": md.url, "TRAINSTACK_RETRY_BASE_S": "0", **env}
+    return subprocess.run(["bash", "-c", f'set -euo pipefail; . "{USERDATA_DIR / "lib.sh"}"; load_env; {script}'],
+                          env=full, capture_output=True, text=True, timeout=60)
+
+
+def _token_file(root: Path) -> Path:
+    return root / "run/trainstack/federation/aws-token"
+
+
+def test_the_token_is_fetched_for_the_audience_into_the_file_the_sdks_read(tmp_path, md):
+    proc = _run(tmp_path, md, 'federation_token; printf "%s" "$AWS_WEB_IDENTITY_TOKEN_FILE"')
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == str(_token_file(tmp_path))
+    claims = token_claims(_token_file(tmp_path).read_text())
+    assert (claims["aud"], claims["sub"], claims["azp"]) == (AUDIENCE, md.service_account_id, md.service_account_id)
+    assert md.identity_audiences == [AUDIENCE]
+    assert _token_file(tmp_path).stat().st_mode & 0o777 == 0o600  # the machine's credential: root only
+    # Only the GCE header's requests are answered: the fetch sent it.
+    assert all(ok for method, path, ok in md.requests if "identity" in path)
+
+
+def test_a_fresh_token_is_kept_and_an_old_one_renewed(tmp_path, md):
+    assert _run(tmp_path, md, "federation_token; federation_token").returncode == 0
+    assert len(md.identity_audiences) == 1  # the second call found it fresh
+    first = _token_file(tmp_path).read_text()
+    old = time.time() - 1801
+    os.utime(_token_file(tmp_path), (old, old))
+    assert _run(tmp_path, md, "federation_token").returncode == 0
+    assert len(md.identity_audiences) == 2
+    assert _token_file(tmp_path).stat().st_mtime > old + 1000
+    assert token_claims(_token_file(tmp_path).read_text())["iat"] >= token_claims(first)["iat"]
+    assert not list(_token_file(tmp_path).parent.glob("aws-token.*"))  # no temporary file left behind
+
+
+def test_a_failing_metadata_server_is_retried(tmp_path, md):
+    md.identity_failures = 2
+    proc = _run(tmp_path, md, "federation_token")
+    assert proc.returncode == 0, proc.stderr
+    assert md.identity_failures == 0 and len(md.identity_audiences) == 1
+    assert proc.stderr.count("attempt") == 2
+
+
+def test_a_renewal_that_fails_keeps_a_token_with_life_left(tmp_path, md):
+    assert _run(tmp_path, md, "federation_token").returncode == 0
+    kept = _token_file(tmp_path).read_text()
+    forty_minutes = time.time() - 2400
+    os.utime(_token_file(tmp_path), (forty_minutes, forty_minutes))
+    md.identity_failures = 10
+    proc = _run(tmp_path, md, "federation_token")
+    assert proc.returncode == 0, proc.stderr
+    assert "could not renew the identity token" in proc.stderr
+    assert _token_file(tmp_path).read_text() == kept
+    assert md.identity_failures == 7  # three tries, then it stopped
+
+
+def test_no_token_at_all_fails_the_store_call_within_its_bound(tmp_path, md):
+    md.identity_failures = 100
+    start = time.monotonic()
+    proc = _run(tmp_path, md, 'aws() { echo "aws called" >&2; }; rc=0; store_cat "$RUN_URI/progress.json" || rc=$?; '
+                'echo "rc=$rc"')
+    assert "rc=1" in proc.stdout, proc.stderr
+    assert "no identity token" in proc.stderr and "aws called" not in proc.stderr
+    assert md.identity_failures == 97
+    assert time.monotonic() - start < 50  # three tries of at most 5 s each, no pause (TRAINSTACK_RETRY_BASE_S=0)
+    assert not _token_file(tmp_path).exists()
+
+
+def test_a_machine_whose_store_is_its_own_clouds_asks_for_no_token(tmp_path, md):
+    proc = _run(tmp_path, md, 'federation_token; printf "%s|%s" "${AWS_WEB_IDENTITY_TOKEN_FILE:-}" "$STORE_CLOUD"',
+                store=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "|gcp"
+    assert md.identity_audiences == [] and not _token_file(tmp_path).exists()
+
+
+def test_a_store_on_the_other_cloud_needs_its_role_and_audience(tmp_path, md):
+    env = _env_file(tmp_path)
+    env.write_text("\n".join(line for line in env.read_text().splitlines() if not line.startswith("AWS_ROLE_ARN")))
+    full = {"PATH": os.environ["PATH"], "TRAINSTACK_ROOT": str(tmp_path), "TRAINSTACK_ENV_FILE": str(env),
+            "TRAINSTACK_METADATA_URL": md.url}
+    proc = subprocess.run(["bash", "-c", f'. "{USERDATA_DIR / "lib.sh"}"; load_env'], env=full, capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 1
+    assert "AWS_ROLE_ARN is empty" in proc.stderr
+
+
+def test_the_notice_watcher_renews_the_token_while_the_machine_lives(tmp_path, md):
+    """With a renewal every second, the watcher's polls fetch a new token again and again."""
+    env = {"PATH": os.environ["PATH"], "TRAINSTACK_ROOT": str(tmp_path), "TRAINSTACK_ENV_FILE": str(_env_file(tmp_path)),
+           "TRAINSTACK_METADATA_URL": md.url, "TRAINSTACK_RETRY_BASE_S": "0", "TRAINSTACK_POLL_S": "0.2",
+           "TRAINSTACK_TOKEN_REFRESH_S": "1"}
+    watcher = subprocess.Popen([str(USERDATA_DIR / "watch-notice.sh")], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(lambda: len(md.identity_audiences) >= 3, 60, "three renewals by the watcher")
+    finally:
+        os.killpg(watcher.pid, 9)
+        watcher.wait(timeout=10)
+    assert set(md.identity_audiences) == {AUDIENCE}

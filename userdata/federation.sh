@@ -1,0 +1,66 @@
+# shellcheck shell=bash
+# trainstack federation: a GCP machine whose run folder is in S3 (an AWS-home stack's GCP
+# placement) reaches it with its service account's Google identity, never with a key. Sourced
+# by lib.sh, installed only on such machines.
+# The variables below are used by the scripts that source lib.sh.
+# shellcheck disable=SC2034
+
+# A machine on GCP whose run folder is in S3 keeps its Google ID token here, for the `aws` CLI and boto3
+# (AWS_WEB_IDENTITY_TOKEN_FILE); the container sees the folder at the same path.
+FEDERATION_DIR="$RUNTIME_DIR/federation"
+FEDERATION_DIR_IN_CONTAINER="/run/trainstack/federation"
+WEB_IDENTITY_TOKEN="aws-token"
+
+# federation_env: load_env's part for a store on the other cloud: the role, the audience, and
+# the token file the aws CLI and boto3 read (AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN; they
+# read the file again whenever they renew the session).
+federation_env() {
+  local key
+  case "$STORE_CLOUD" in
+    aws)
+      [[ "$TRAINSTACK_CLOUD" == gcp ]] || die "TRAINSTACK_STORE_CLOUD aws needs a gcp machine"
+      for key in AWS_ROLE_ARN TRAINSTACK_TOKEN_AUDIENCE; do
+        [[ -n "${!key:-}" ]] || die "$key is empty in $ENV_FILE (a gcp machine reaching S3 needs it)"
+      done
+      export AWS_WEB_IDENTITY_TOKEN_FILE="$FEDERATION_DIR/$WEB_IDENTITY_TOKEN"
+      TOKEN_REFRESH_S="${TRAINSTACK_TOKEN_REFRESH_S:-1800}"
+      ;;
+    *) die "TRAINSTACK_STORE_CLOUD must be aws (on a gcp machine) or $TRAINSTACK_CLOUD, not '$STORE_CLOUD'" ;;
+  esac
+}
+
+# federation_token: on a GCP machine whose store is S3, a Google ID token of the machine's
+# service account for TRAINSTACK_TOKEN_AUDIENCE in AWS_WEB_IDENTITY_TOKEN_FILE, the one AWS
+# role (AWS_ROLE_ARN) trusts. Google's ID tokens last an hour: the file is renewed once it is
+# TOKEN_REFRESH_S old (30 minutes), by every store call and by the notice watcher's polls, so
+# it is fresh whenever the CLI or the trainer's boto3 renews its session from it. Each fetch is
+# bounded (5 s, 3 tries); the new token replaces the file in one rename (a reader sees the old
+# token or the new one). A failed renewal keeps a token that still has life in it; 1 when there
+# is none (the store call then fails as a network failure would, and is retried). Elsewhere a no-op.
+federation_token() {
+  [[ "$STORE_CLOUD" != "$TRAINSTACK_CLOUD" ]] || return 0
+  local file="$AWS_WEB_IDENTITY_TOKEN_FILE" age=999999
+  [[ ! -s "$file" ]] || age=$(($(date +%s) - $(stat -c %Y "$file")))
+  ((age >= TOKEN_REFRESH_S)) || return 0
+  mkdir -p "$FEDERATION_DIR"
+  if retry 3 identity_token "$file.$BASHPID"; then
+    mv -f "$file.$BASHPID" "$file"
+    return 0
+  fi
+  rm -f "$file.$BASHPID"
+  if ((age < 3300)); then
+    log "could not renew the identity token (${age}s old): keeping it"
+    return 0
+  fi
+  log "no identity token for $AWS_ROLE_ARN: the metadata server does not answer"
+  return 1
+}
+
+# identity_token FILE: the metadata server's ID token for the audience, into FILE (root only).
+identity_token() {
+  local code
+  code="$( (umask 077 && curl -s -m 5 -G -o "$1" -w '%{http_code}' -H "Metadata-Flavor: Google" \
+    --data-urlencode "audience=$TRAINSTACK_TOKEN_AUDIENCE" --data-urlencode "format=full" \
+    "$METADATA_URL/computeMetadata/v1/instance/service-accounts/default/identity"))" || code=000
+  [[ "$code" == 200 && -s "$1" ]]
+}
