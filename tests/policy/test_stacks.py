@@ -31,6 +31,11 @@ VARIANTS = {
                              "image": {"tag": "2.21.0-gpu", "digest": "sha256:" + "ab" * 32}},
     "image-build": {"image": {"build": True}},
     "ssh-jupyter": {"access": {"sshPublicKey": KEY, "allowedCidrs": ["203.0.113.7/32"], "jupyter": True}},
+    # An AWS home with a GCP placement: its group, service accounts and roles in its project, the role its
+    # machines assume with their Google identity, the controller's workload identity pool.
+    "gcp-placement": {"placements": [
+        {"cloud": "aws", "region": "us-east-1", "instanceTypes": ["g5.xlarge", "g6.xlarge", "g4dn.xlarge"]},
+        {"cloud": "gcp", "region": "us-central1", "project": "my-gpus-42", "instanceTypes": ["g2-standard-4"]}]},
 }
 
 
@@ -44,7 +49,7 @@ def synthesized() -> dict[str, tuple[synth.Result, rules.Context]]:
     for name, change in VARIANTS.items():
         raw = copy.deepcopy(base)
         for block, values in change.items():
-            raw[block] = {**raw.get(block, {}), **values}
+            raw[block] = {**raw.get(block, {}), **values} if isinstance(values, dict) else values
         out[name] = (synth.synthesize(raw, stack=name), rules.context_from_settings(load_settings(raw, stack=name)))
     return out
 
