@@ -133,6 +133,8 @@ class TrainingStack(StackOutputs):
 
         # Every placement runs the same pinned image and the same run folder in the home bucket.
         self.placement_groups: list[pulumi.ComponentResource] = []
+        # A GCP placement's project: its APIs, turned on once per project (`_gcp_apis`).
+        self._gcp_apis_made: dict[str, list[pulumi.Resource]] = {}
         # How the controller reaches each placement on GCP (controller_config's `access`), by index.
         access: dict[int, pulumi.Output[dict[str, str]]] = {}
         for i, g in enumerate(groups):
@@ -287,8 +289,7 @@ class TrainingStack(StackOutputs):
         service accounts and custom roles, and the token exchange the controller's federation goes through."""
         import pulumi_gcp as gcp
 
-        made = getattr(self, "_apis", {})
-        self._apis = made
+        made = self._gcp_apis_made
         if project in made:
             return made[project]
         provider = gcp.Provider(f"{name}-gcp-apis-{project}", project=project,

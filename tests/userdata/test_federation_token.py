@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
-from components.userdata import USERDATA_DIR, aws_store_env
+from components.userdata import USERDATA_DIR, aws_store_env, boot_env
 from devtools.metadata import MetadataServer, token_claims
 from tests.userdata.helpers import wait_for
 
@@ -143,3 +144,22 @@ def test_the_notice_watcher_renews_the_token_while_the_machine_lives(tmp_path, m
         os.killpg(watcher.pid, 9)
         watcher.wait(timeout=10)
     assert set(md.identity_audiences) == {AUDIENCE}
+
+
+def test_federation_sh_is_installed_on_machines_of_the_other_clouds_store_only(tmp_path):
+    from components.userdata import render_user_data
+    from devtools.sandbox import settings_for
+
+    base = boot_env(settings_for("gcp"), run_uri="s3://b/runs/r", group="g", code_uri="")
+    across = {**base, **aws_store_env(region="us-east-1", role_arn=ROLE, audience=AUDIENCE)}
+    paths = {name: [f["path"] for f in yaml.safe_load(render_user_data("gcp", env))["write_files"]]
+             for name, env in (("own", base), ("across", across))}
+    assert "/opt/trainstack/bin/federation.sh" in paths["across"]
+    assert [x for x in paths["across"] if x != "/opt/trainstack/bin/federation.sh"] == paths["own"]
+    # The scripts as installed (comments stripped) pass shellcheck, lib.sh following federation.sh.
+    for f in yaml.safe_load(render_user_data("gcp", across))["write_files"]:
+        if f["path"].endswith(".sh"):
+            (tmp_path / Path(f["path"]).name).write_text(f["content"])
+    proc = subprocess.run(["shellcheck", "-x", "--severity=style", "lib.sh", "federation.sh", "supervise.sh"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout
