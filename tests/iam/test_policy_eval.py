@@ -106,3 +106,48 @@ def test_unknown_operators_and_shapes_are_refused_not_guessed() -> None:
         evaluate([doc({"Effect": "Allow", "Action": "*", "Resource": "*", "Principal": "*"})], Request("s3:GetObject", "*"))
     with pytest.raises(UnsupportedPolicy):
         evaluate([doc({"Effect": "Permit", "Action": "*", "Resource": "*"})], Request("s3:GetObject", "*"))
+
+
+# -- trust policies of federated principals ----------------------------------------------------------
+
+GOOGLE = "accounts.google.com"
+WEB = "sts:AssumeRoleWithWebIdentity"
+
+
+def trusting(*conditions: dict, effect: str = "Allow", principal: object = None) -> dict:
+    return doc(*[{"Effect": effect, "Principal": principal or {"Federated": GOOGLE}, "Action": WEB,
+                  **({"Condition": c} if c else {})} for c in conditions or ({},)])
+
+
+def test_trust_allows_the_federated_principal_whose_conditions_hold() -> None:
+    from tests.iam.policy_eval import evaluate_trust
+
+    policy = trusting({"StringEquals": {f"{GOOGLE}:sub": "123", f"{GOOGLE}:oaud": "a"}})
+    ok = {f"{GOOGLE}:sub": "123", f"{GOOGLE}:oaud": "a"}
+    assert evaluate_trust(policy, federated=GOOGLE, action=WEB, context=ok) is Decision.ALLOW
+    assert evaluate_trust(policy, federated=GOOGLE, action=WEB, context={**ok, f"{GOOGLE}:sub": "124"}) \
+        is Decision.IMPLICIT_DENY
+    # A missing key makes StringEquals false.
+    assert evaluate_trust(policy, federated=GOOGLE, action=WEB, context={f"{GOOGLE}:sub": "123"}) \
+        is Decision.IMPLICIT_DENY
+    assert evaluate_trust(policy, federated="graph.facebook.com", action=WEB, context=ok) is Decision.IMPLICIT_DENY
+    assert evaluate_trust(policy, federated=GOOGLE, action="sts:AssumeRole", context=ok) is Decision.IMPLICIT_DENY
+
+
+def test_trust_deny_wins_and_other_principals_are_refused() -> None:
+    from tests.iam.policy_eval import evaluate_trust
+
+    both = doc(*trusting({})["Statement"], *trusting({}, effect="Deny")["Statement"])
+    assert evaluate_trust(both, federated=GOOGLE, action=WEB, context={}) is Decision.EXPLICIT_DENY
+    with pytest.raises(UnsupportedPolicy):
+        evaluate_trust(trusting({}, principal={"Service": "ec2.amazonaws.com"}), federated=GOOGLE, action=WEB,
+                       context={})
+
+
+def test_google_condition_keys_are_not_the_claims_of_the_same_name() -> None:
+    from tests.iam.policy_eval import google_token_context
+
+    assert google_token_context({"sub": "1", "azp": "2", "aud": "x"}) == {
+        f"{GOOGLE}:sub": "1", f"{GOOGLE}:aud": "2", f"{GOOGLE}:oaud": "x"}
+    # A token without azp: :aud is its aud.
+    assert google_token_context({"sub": "1", "aud": "x"})[f"{GOOGLE}:aud"] == "x"
