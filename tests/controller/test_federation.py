@@ -15,10 +15,15 @@ The run moves both ways across them, once even when two ticks run at once.
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import boto3
 import pytest
@@ -93,6 +98,7 @@ class AwsHome:
     gate: NoCapacity
     store: object
     keys: dict[str, str]
+    config_doc: dict
 
 
 @pytest.fixture
@@ -115,12 +121,12 @@ def aws_home(s3_run, moto_server, monkeypatch) -> Iterator[AwsHome]:
         home = make_group("us-east-1", 1)
         for k, v in keys.items():
             monkeypatch.setenv(k, v)
-        config = parse({"run_uri": s3_run.uri, "nodes": 1, "wait_minutes": 15, "placements": [
+        doc = {"run_uri": s3_run.uri, "nodes": 1, "wait_minutes": 15, "placements": [
             {"cloud": "aws", "region": "us-east-1", "project": None, "group": home},
             {"cloud": "gcp", "region": "us-central1", "project": PROJECT, "group": "ts-gpu-p1",
-             "access": {"gcp_audience": AUDIENCE, "service_account": SERVICE_ACCOUNT}}]})
+             "access": {"gcp_audience": AUDIENCE, "service_account": SERVICE_ACCOUNT}}]}
         try:
-            yield AwsHome(config, google, gce, gate, open_store(s3_run.uri), keys)
+            yield AwsHome(parse(doc), google, gce, gate, open_store(s3_run.uri), keys, doc)
         finally:
             google.close()
             gce.close()
@@ -318,3 +324,73 @@ def test_a_role_that_refuses_the_token_names_the_placement(gcp_home, monkeypatch
     assert str(e.value).startswith(f"placement 1 (aws us-east-1): AWS refused the role {h.role}")
     assert "AccessDenied" in str(e.value) and WEB_AUDIENCE in str(e.value)
     assert [ok for _r, _t, ok in h.gate.presented] == [False]
+
+
+# -- the AWS function's package -----------------------------------------------------------------
+
+# What Lambda's Python runtime brings besides the standard library: boto3 and its own dependencies.
+LAMBDA_RUNTIME = ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "urllib3", "six")
+
+
+def _fits_lambda(tag: str) -> bool:
+    """A wheel tag Lambda's python3.12 on x86_64 (Amazon Linux 2023, glibc 2.34) loads."""
+    python, abi, platform = tag.split("-")
+    version = int(python.removeprefix("cp")[1:])
+    glibc = re.fullmatch(r"manylinux_2_(\d+)_x86_64", platform)
+    return (python.startswith("cp3") and (abi == "abi3" and version <= 12 or abi == python == "cp312")
+            and (platform in ("manylinux2014_x86_64", "manylinux1_x86_64") or bool(glibc and int(glibc.group(1)) <= 34)))
+
+
+def test_the_aws_package_reaches_a_gcp_placement_in_lambdas_runtime(aws_home, tmp_path):
+    # The package as `pulumi up` ships it, run where only Lambda's runtime is importable (python -S:
+    # no site-packages), reaches the GCP placement's group through the stand-ins with the
+    # function's own AWS credentials. Its compiled wheels are Lambda's Python's (3.12); this
+    # machine's Python is not, so cffi's backend for it is put beside the shipped one (the
+    # interpreter loads the one of its own version), and the shipped wheels' tags are checked.
+    import zipfile
+
+    from components import placement
+    from components.aws import controller
+    from tests.components.test_placement_controller import _materialize
+
+    h = aws_home
+    task, runtime = tmp_path / "task", tmp_path / "runtime"
+    task.mkdir()
+    runtime.mkdir()
+    _materialize(controller.function_code(), task)
+    site = Path(boto3.__file__).parents[1]
+    for name in LAMBDA_RUNTIME:
+        found = [p for p in (site / name, site / f"{name}.py") if p.exists()]
+        (runtime / found[0].name).symlink_to(found[0])
+    shipped = sorted(p.name for p in task.glob("_cffi_backend*.so"))
+    assert shipped == ["_cffi_backend.cpython-312-x86_64-linux-gnu.so"]
+    for backend in site.glob("_cffi_backend.cpython-*.so"):
+        shutil.copyfile(backend, task / backend.name)
+    wheels = sorted(p for p in placement.WHEEL_CACHE.rglob("*.whl")
+                    if p.name.split("-")[0] in {n.replace("-", "_") for n in placement.LAMBDA_WHEELS})
+    assert {w.name.split("-")[0] for w in wheels} == {"cryptography", "cffi"}
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as z:
+            meta = next(n for n in z.namelist() if n.endswith(".dist-info/WHEEL"))
+            tags = [line.split(": ", 1)[1] for line in z.read(meta).decode().splitlines() if line.startswith("Tag: ")]
+        assert tags and any(_fits_lambda(t) for t in tags), (wheel.name, tags)
+    gcp = h.config.placements[1]
+    code = f"""
+import sys; sys.path[:0] = ['.', {str(runtime)!r}]
+import json
+from controller.clouds import GcpGroups
+from controller.config import parse
+config = parse({json.dumps(h.config_doc)!r})
+groups = GcpGroups(api={h.gce.url!r}, token_url={h.google.token_url!r}, iam_credentials={h.google.iam_credentials!r})
+groups.set_size(config.placements[1], 1)
+import google.auth, requests, cryptography
+print(json.dumps({{"size": groups.desired(config.placements[1]),
+                  "from": sorted({{m.__file__.split("/task/")[1].split("/")[0] for m in (google.auth, requests, cryptography)}})}}))
+"""
+    env = {"PATH": "/usr/bin:/bin", **h.keys}
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code], cwd=task, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"size": 1, "from": ["cryptography", "google", "requests"]}
+    assert h.gce.sizes[gcp.group] == 1 and h.google.impersonations == [(SERVICE_ACCOUNT, True)]
