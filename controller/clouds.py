@@ -35,6 +35,7 @@ AWS calls (and the permissions they need): ``autoscaling:DescribeAutoScalingGrou
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -324,10 +325,17 @@ class GcpGroups:
 
 
 class Clouds:
-    """Each placement's group on its cloud: ``Clouds(aws=AwsGroups(), gcp=GcpGroups())``."""
+    """Each placement's group on its cloud: ``Clouds(aws=AwsGroups(), gcp=GcpGroups())``.
 
-    def __init__(self, aws: AwsGroups | None = None, gcp: GcpGroups | None = None) -> None:
+    ``federate``: reach a placement on the other cloud through its ``access`` (the function, which
+    has an identity in home's cloud only). ``ops move`` passes False: the operator's own
+    credentials (standard variables, profiles, ``gcloud auth application-default login``) reach
+    every cloud, and the function's federation trusts the function's identity, not the operator's.
+    """
+
+    def __init__(self, aws: AwsGroups | None = None, gcp: GcpGroups | None = None, *, federate: bool = True) -> None:
         self._by = {"aws": aws, "gcp": gcp}
+        self.federate = federate
 
     def of(self, p: Placement):
         groups = self._by.get(p.cloud)
@@ -335,11 +343,14 @@ class Clouds:
             self._by[p.cloud] = groups = AwsGroups() if p.cloud == "aws" else GcpGroups()
         return groups
 
+    def _as(self, p: Placement) -> Placement:
+        return p if self.federate or p.access is None else dataclasses.replace(p, access=None)
+
     def state(self, p: Placement) -> GroupState:
-        return self.of(p).state(p)
+        return self.of(p).state(self._as(p))
 
     def desired(self, p: Placement) -> int:
-        return self.of(p).desired(p)
+        return self.of(p).desired(self._as(p))
 
     def set_size(self, p: Placement, n: int) -> None:
-        self.of(p).set_size(p, n)
+        self.of(p).set_size(self._as(p), n)

@@ -27,7 +27,11 @@ trust conditions, so the gate checks what AWS checks for ``accounts.google.com``
 trust the test gives: ``accounts.google.com:oaud`` (the token's ``aud``), ``:aud`` (its ``azp``)
 and ``:sub`` (its ``sub``), and keeps each (role, token) presented. A refused one gets STS's
 ``AccessDenied``; an accepted one goes on to moto, and ``on_assumed`` hears the access key moto
-gave (to guard it with the role's policy in the IAM layer).
+gave (to guard it with the role's policy in the IAM layer). A moto_server enforcing IAM answers an
+unsigned request (as ``AssumeRoleWithWebIdentity`` is) with HTTP 500: given ``admin`` keys, the
+gate has moto's STS issue the role's session with ``AssumeRole`` signed by them instead (moto checks
+that call against the role's trust: the test's trust names the admin user beside Google), and answers
+in ``AssumeRoleWithWebIdentity``'s shape (the same credentials moto then enforces as the role's).
 """
 
 from __future__ import annotations
@@ -219,7 +223,8 @@ class WebIdentityGate:
     """AWS's checks of a Google token against a role's trust, in front of moto (module docstring)."""
 
     def __init__(self, upstream: str, *, audience: str, unique_id: str, inner=None,
-                 on_assumed: Callable[[str], None] | None = None) -> None:
+                 on_assumed: Callable[[str], None] | None = None, admin: tuple[str, str] | None = None) -> None:
+        self.upstream, self.admin = upstream, admin
         parts = urlsplit(upstream)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         self.audience, self.unique_id = audience, unique_id
@@ -251,15 +256,40 @@ class WebIdentityGate:
                 f'<ErrorResponse xmlns="{STS_XMLNS}"><Error><Type>Sender</Type><Code>AccessDenied</Code>'
                 "<Message>Not authorized to perform sts:AssumeRoleWithWebIdentity</Message></Error>"
                 f"<RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>").encode()
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
-        try:
-            conn.request(method, path, body=body, headers={k: v for k, v in headers.items()
-                                                             if k.lower() not in ("connection", "content-length")})
-            resp = conn.getresponse()
-            status, payload = resp.status, resp.read()
-        finally:
-            conn.close()
+        if self.admin is not None:
+            status, payload = self._as_admin(form, got)
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+            try:
+                conn.request(method, path, body=body, headers={k: v for k, v in headers.items()
+                                                                 if k.lower() not in ("connection", "content-length")})
+                resp = conn.getresponse()
+                status, payload = resp.status, resp.read()
+            finally:
+                conn.close()
         key = re.search(rb"<AccessKeyId>([^<]+)</AccessKeyId>", payload)
         if status == 200 and key and self.on_assumed is not None:
             self.on_assumed(key.group(1).decode())
         return status, "text/xml", payload
+
+    def _as_admin(self, form: dict[str, str], got: dict) -> tuple[int, bytes]:
+        from xml.sax.saxutils import escape
+
+        import boto3
+
+        sts = boto3.session.Session().client("sts", endpoint_url=self.upstream, region_name="us-east-1",
+                                             aws_access_key_id=self.admin[0],  # type: ignore[index]
+                                             aws_secret_access_key=self.admin[1])  # type: ignore[index]
+        out = sts.assume_role(RoleArn=form.get("RoleArn", ""), RoleSessionName=form.get("RoleSessionName", "web"))
+        c, user = out["Credentials"], out["AssumedRoleUser"]
+        return 200, (
+            f'<AssumeRoleWithWebIdentityResponse xmlns="{STS_XMLNS}"><AssumeRoleWithWebIdentityResult>'
+            f"<SubjectFromWebIdentityToken>{escape(got['sub'])}</SubjectFromWebIdentityToken>"
+            f"<Audience>{escape(got['azp'])}</Audience><Provider>accounts.google.com</Provider>"
+            f"<AssumedRoleUser><Arn>{escape(user['Arn'])}</Arn><AssumedRoleId>{escape(user['AssumedRoleId'])}"
+            "</AssumedRoleId></AssumedRoleUser>"
+            f"<Credentials><AccessKeyId>{c['AccessKeyId']}</AccessKeyId><SecretAccessKey>{escape(c['SecretAccessKey'])}"
+            f"</SecretAccessKey><SessionToken>{escape(c['SessionToken'])}</SessionToken>"
+            f"<Expiration>{c['Expiration'].strftime('%Y-%m-%dT%H:%M:%SZ')}</Expiration></Credentials>"
+            f"</AssumeRoleWithWebIdentityResult><ResponseMetadata><RequestId>{uuid.uuid4()}</RequestId>"
+            "</ResponseMetadata></AssumeRoleWithWebIdentityResponse>").encode()

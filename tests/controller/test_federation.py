@@ -210,6 +210,24 @@ def test_googles_blips_are_retried_and_its_refusal_names_the_placement(aws_home)
     assert pauses == []
 
 
+def test_ops_move_reaches_the_other_cloud_as_the_operator_not_through_federation(aws_home):
+    # The operator's own Google credentials (here a session holding their token), never the
+    # function's federation, which trusts the function's role only.
+    h = aws_home
+    gcp = h.config.placements[1]
+    h.gce.authorize = lambda _group, header: header == "Bearer operator-token"
+    session = requests.Session()
+    session.headers["Authorization"] = "Bearer operator-token"
+    groups = GcpGroups(session, api=h.gce.url, token_url=h.google.token_url, iam_credentials=h.google.iam_credentials)
+
+    Clouds(gcp=groups, federate=False).set_size(gcp, 1)
+
+    assert h.gce.sizes["ts-gpu-p1"] == 1 and h.google.exchanges == []
+    with pytest.raises(CloudError, match="refused"):  # the same groups, federating: Google refuses the operator
+        h.google.pool.role = "not-the-operator"
+        Clouds(gcp=groups).desired(gcp)
+
+
 # -- GCP home, an AWS placement ---------------------------------------------------------------
 
 
