@@ -203,6 +203,14 @@ def test_googles_blips_are_retried_and_its_refusal_names_the_placement(aws_home)
     assert "attribute condition" in str(e.value) and SERVICE_ACCOUNT in str(e.value)
     assert pauses == []  # a verdict, not retried
 
+    # Google's STS out of reach: retried, then the group's call fails as any blip that lasts.
+    closed = GcpGroups(requests.Session(), api=h.gce.url, token_url="http://127.0.0.1:9/v1/token",
+                       iam_credentials=h.google.iam_credentials, sleep=pauses.append)
+    with pytest.raises(CloudError, match=r"get of the group ts-gpu-p1 \(gcp us-central1\) failed: TransportError"):
+        closed.desired(gcp)
+    assert len(pauses) == 4
+
+    pauses.clear()
     h.google.pool.role = CONTROLLER_ROLE
     h.google.pool.service_account = "someone-else@ts-proj.iam.gserviceaccount.com"
     with pytest.raises(CloudError, match=r"placement 1 \(gcp us-central1\): Google refused.*PERMISSION_DENIED"):
@@ -240,6 +248,7 @@ class GcpHome:
     capacity: NoCapacity
     store: object
     role: str
+    proxy: FaultProxy
 
 
 @pytest.fixture
@@ -275,7 +284,7 @@ def gcp_home(gs_run_enforced, moto_server, monkeypatch) -> Iterator[GcpHome]:
             {"cloud": "aws", "region": "us-east-1", "project": None, "group": group,
              "access": {"aws_role_arn": role, "audience": WEB_AUDIENCE}}]})
         try:
-            yield GcpHome(config, google, gce, gate, capacity, open_store(gs_run_enforced.uri), role)
+            yield GcpHome(config, google, gce, gate, capacity, open_store(gs_run_enforced.uri), role, proxy)
         finally:
             google.close()
             gce.close()
@@ -329,6 +338,16 @@ def test_two_gcp_ticks_at_once_move_the_run_to_aws_once(gcp_home):
     assert meeting.refused == 1 and sorted(r.action for r in results) == [MOVE, STAY]
     assert (h.gce.sizes["ts-gpu"], _admin_size(aws)) == (0, 1)
     assert len(moved_events(h.store)) == 1
+
+
+def test_a_blip_of_aws_sts_is_retried(gcp_home):
+    h = gcp_home
+    aws = h.config.placements[1]
+    h.proxy.fail_next(2, "503")  # the first requests through: the role's AssumeRoleWithWebIdentity
+
+    assert AwsGroups().desired(aws) == 0
+
+    assert h.proxy.failed == 2 and [ok for _r, _t, ok in h.gate.presented] == [True]
 
 
 def test_a_role_that_refuses_the_token_names_the_placement(gcp_home, monkeypatch):
