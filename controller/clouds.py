@@ -286,12 +286,12 @@ class GcpGroups:
                 resp = self.session_for(p).request(method, self._url(p, tail), timeout=GCP_TIMEOUT_S, **kw)
             except requests.RequestException as e:
                 last = f"{type(e).__name__}: {e}"
-            except GoogleAuthError as e:  # the federated credential's exchange (p.access)
+            except GoogleAuthError as e:  # a credential's refresh: the federated exchange (p.access), or home's own
                 text = " ".join(str(e).split())
                 if not isinstance(e, TransportError) and not _GOOGLE_BLIP.search(text):
-                    raise CloudError(f"placement {p.index} ({p.label}): Google refused this function's AWS identity "
-                                     f"for the service account {(p.access or {}).get('service_account')} "
-                                     f"(provider {(p.access or {}).get('gcp_audience')}): {text[:500]}") from None
+                    who = (f"this function's AWS identity for the service account {p.access['service_account']} "
+                           f"(provider {p.access['gcp_audience']})" if p.access else "this function's own credentials")
+                    raise CloudError(f"placement {p.index} ({p.label}): Google refused {who}: {text[:500]}") from None
                 last = f"{type(e).__name__}: {text[:300]}"
             else:
                 if resp.status_code < 300:
