@@ -269,6 +269,43 @@ def placement_costs(settings: Any, *, checkpoint_bytes: int) -> list[PlacementCo
     return rows
 
 
+@dataclass(frozen=True)
+class ImageCopies:
+    """A built image's storage with several placements: one repository in each placement's region."""
+
+    copies: int
+    """Repositories holding the image: home's and one per other placement."""
+    per_gb_month: float | None
+    """USD per GB-month of compressed image in one repository; None when the table has no price."""
+    free_gb_month: float
+    """GB-months a month the registry does not bill (per billing account)."""
+    keep_images: int
+    """Images each repository keeps (`image.keepImages`)."""
+
+    def monthly_per_gb(self) -> float | None:
+        """USD a month for each GB of compressed image, over every copy (before the free allowance)."""
+        return None if self.per_gb_month is None else round(self.copies * self.per_gb_month, 4)
+
+
+def image_copies(settings: Any) -> ImageCopies | None:
+    """What storing the built image in every placement's region costs, per GB of image; None unless
+    the image is built and mirrored (`image.build` with several placements)."""
+    from components.common import mirrored_image
+
+    if not mirrored_image(settings):
+        return None
+    prices = (price_table().get("registry") or {}).get(settings.cloud) or {}
+    price = prices.get("storage_gb_month")
+    return ImageCopies(len(settings.placement_list), None if price is None else float(price),
+                       float(prices.get("free_gb_month", 0.0)), settings.image.keep_images)
+
+
+def registry_source() -> str:
+    """Where the registry storage prices come from, and when they were recorded."""
+    table = price_table().get("registry") or {}
+    return f"recorded {table.get('recorded', '?')} ({table.get('source', 'no source recorded')})"
+
+
 def transfer_source() -> str:
     """Where the transfer prices come from, and when they were recorded."""
     table = price_table().get("transfer") or {}

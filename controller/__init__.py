@@ -13,7 +13,13 @@ Which placement is active and every move live in the run folder's ``placement.js
 (:mod:`controller.record`), written with conditional writes only: of two ticks at once, the
 one whose write the store accepts moves the run.
 
+A placement on the other cloud than home's is reached by federation with the function's own
+identity (:mod:`controller.clouds`: a web identity role on AWS, an impersonated service account
+through Workload Identity Federation on GCP).
+
 The package imports neither TensorFlow nor Pulumi nor ``ops``: a function needs only this
 package, ``trainer/layout.py``, ``trainer/lease.py`` and ``trainer/storage/`` (boto3, tenacity;
-google-cloud-storage and google-auth for a GCS run or a GCP group).
+google-cloud-storage and google-auth for a GCS run or a GCP group; google-auth's
+``external_account`` credentials for a GCP group from AWS, botocore's web identity credentials
+for an AWS group from GCP).
 """

@@ -3,19 +3,51 @@
 ::
 
     {"run_uri": "s3://B/runs/ID", "nodes": 1, "wait_minutes": 15,
-     "placements": [{"cloud": "aws", "region": "us-east-1", "project": null, "group": "NAME"}, ...]}
+     "placements": [{"cloud": "aws", "region": "us-east-1", "project": null, "group": "NAME"}, ...,
+                    {"cloud": "gcp", "region": "us-central1", "project": "P", "group": "NAME-p2",
+                     "access": {"gcp_audience": "//iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/POOL/providers/PROVIDER",
+                                "service_account": "NAME@P.iam.gserviceaccount.com"}}]}
 
-Placement 0 is home (the bucket and the run folder live there). Group names are the stack's,
-passed here, never guessed. Bad input is refused in one line naming the key.
+Placement 0 is home (the bucket and the run folder live there); the controller runs in home's
+cloud. Group names are the stack's, passed here, never guessed. A placement on the other cloud
+carries ``access``, how the controller's own identity reaches it by federation (never a key):
+
+- an AWS placement of a GCP-home stack: ``{"aws_role_arn", "audience"}``, the role the
+  function assumes with a Google ID token for ``audience`` (``AssumeRoleWithWebIdentity``);
+- a GCP placement of an AWS-home stack: ``{"gcp_audience", "service_account"}``, the Workload
+  Identity Pool provider the function's AWS identity is exchanged at and the service account
+  it then impersonates.
+
+A placement on home's cloud has none. Bad input is refused in one line naming the key.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 CLOUDS = ("aws", "gcp")
 ENV_VAR = "TRAINSTACK_PLACEMENTS"
+# ``access`` of a placement on the other cloud, by that placement's cloud: each key and the form
+# its value must have (an IAM role ARN; AWS's `aud` for Google tokens is any string the role's
+# trust names; a Workload Identity Pool provider's full resource name; a service account email).
+ACCESS_KEYS: dict[str, dict[str, tuple[str, re.Pattern[str]]]] = {
+    "aws": {
+        "aws_role_arn": ("an IAM role ARN (arn:aws:iam::ACCOUNT:role/NAME)",
+                         re.compile(r"arn:aws(-[a-z]+)*:iam::\d{12}:role/[\w+=,.@/-]{1,512}")),
+        "audience": ("the audience the role's trust policy names (a non-empty string)", re.compile(r"\S+")),
+    },
+    "gcp": {
+        "gcp_audience": ("//iam.googleapis.com/projects/PROJECT_NUMBER/locations/global/workloadIdentityPools/"
+                         "POOL/providers/PROVIDER",
+                         re.compile(r"//iam\.googleapis\.com/projects/\d+/locations/global/workloadIdentityPools/"
+                                    r"[a-z0-9-]{4,32}/providers/[a-z0-9-]{4,32}")),
+        "service_account": ("a service account email (NAME@PROJECT.iam.gserviceaccount.com)",
+                            re.compile(r"[a-z0-9-]{6,30}@[a-z0-9-]+\.iam\.gserviceaccount\.com")),
+    },
+}
 
 
 class ConfigError(ValueError):
@@ -31,6 +63,8 @@ class Placement:
     region: str
     group: str
     project: str | None = None
+    access: Mapping[str, str] | None = field(default=None, hash=False)
+    """How the controller reaches a placement on the other cloud (module docstring); None on home's cloud."""
 
     @property
     def label(self) -> str:
@@ -114,5 +148,29 @@ def parse(text: str | bytes | dict) -> Config:
         if (cloud, region, group) in seen:
             raise ConfigError(f"{where}group: {cloud} {region} {group} is listed twice")
         seen.add((cloud, region, group))
-        placements.append(Placement(index=i, cloud=cloud, region=region, group=group, project=project))
+        access = _access(p.get("access"), cloud, placements[0].cloud if placements else cloud, where)
+        placements.append(Placement(index=i, cloud=cloud, region=region, group=group, project=project,
+                                    access=access))
     return Config(run_uri=run_uri.rstrip("/"), nodes=nodes, wait_minutes=wait, placements=tuple(placements))
+
+
+def _access(value, cloud: str, home: str, where: str) -> Mapping[str, str] | None:
+    """A placement's ``access``, checked: required on the other cloud than home's, refused on home's."""
+    if cloud == home:
+        if value is not None:
+            raise ConfigError(f"{where}access: a placement on home's cloud ({home}) is reached with the controller's "
+                              f"own identity; expected none, got {value!r}")
+        return None
+    keys = ACCESS_KEYS[cloud]
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}access: a {cloud} placement of a {home} stack is reached by federation and needs "
+                          f"{{{', '.join(keys)}}}, got {value!r}")
+    for key in value:
+        if key not in keys:
+            raise ConfigError(f"{where}access.{key}: not a key of a {cloud} placement's access "
+                              f"(expected {', '.join(keys)})")
+    for key, (what, pattern) in keys.items():
+        got = value.get(key)
+        if not isinstance(got, str) or not pattern.fullmatch(got):
+            raise ConfigError(f"{where}access.{key}: expected {what}, got {got!r}")
+    return dict(value)

@@ -11,6 +11,11 @@ logging grant, e.g. AWSLambdaBasicExecutionRole): exactly the calls :mod:`contro
   only, with sizes no larger than the run's ``nodes`` (MinSize and MaxSize must be sent and
   at most ``nodes``; the desired capacity can never exceed MaxSize).
 
+:func:`aws_group_policy` is the groups' part alone: the policy of the role a GCP-home function
+assumes in AWS (``access.aws_role_arn``). :data:`GCP_GROUP_PERMISSIONS` is the same for the service
+account an AWS-home function impersonates in GCP (``access.service_account``): the groups' reads
+and resize, no bucket.
+
 :data:`GCP_PERMISSIONS` lists what a GCP function's custom role needs: the managed groups'
 reads (``get``; ``list`` covers listManagedInstances and listErrors) and ``update`` (resize); on
 the bucket, conditioned on the run's prefix, object reads, listing, creation, and delete
@@ -32,6 +37,7 @@ GCP_PERMISSIONS = (
     "storage.objects.create",
     "storage.objects.delete",
 )
+GCP_GROUP_PERMISSIONS = GCP_PERMISSIONS[:3]
 # The only objects the controller writes, relative to the run folder.
 WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY)
 
@@ -47,6 +53,15 @@ def aws_policy(*, bucket: str, run_id: str, groups: list[tuple[str, str]], nodes
         {"Sid": "ReadRunFolder", "Effect": "Allow", "Action": "s3:GetObject", "Resource": f"{bucket_arn}/{run_prefix}/*"},
         {"Sid": "WritePlacement", "Effect": "Allow", "Action": "s3:PutObject",
          "Resource": [f"{bucket_arn}/{run_prefix}/{key}" for key in WRITES]},
+        *aws_group_policy(groups=groups, nodes=nodes, account_id=account_id, partition=partition)["Statement"],
+    ]}
+
+
+def aws_group_policy(*, groups: list[tuple[str, str]], nodes: int, account_id: str, partition: str = "aws") -> dict:
+    """The groups' part of :func:`aws_policy`: all a GCP-home controller's role in AWS needs (the role it
+    assumes with its Google identity, ``access.aws_role_arn``): the run folder is in home's bucket, which
+    the function reaches as itself. ``groups``: (region, name) of the AWS placements' groups."""
+    return {"Version": "2012-10-17", "Statement": [
         {"Sid": "ReadGroups", "Effect": "Allow", "Action": list(READ_GROUP_ACTIONS), "Resource": "*"},
         {"Sid": "SizeGroups", "Effect": "Allow", "Action": list(SIZE_GROUP_ACTIONS),
          "Resource": [f"arn:{partition}:autoscaling:{region}:{account_id}:autoScalingGroup:*:autoScalingGroupName/{name}"

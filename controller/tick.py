@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from controller import record as records
+from controller.clouds import CloudError
 from controller.config import Config, Placement
 from controller.decide import FINISH, MOVE, STAY, Decision, RunView, decide
 from controller.record import Record, epoch_of, iso
@@ -94,6 +95,19 @@ def _resize(clouds, p: Placement, n: int, done: list[dict]) -> None:
         done.append({"placement": p.index, "group": p.group, "size": n})
 
 
+def _zero(clouds, placements, done: list[dict]) -> None:
+    """Every one of ``placements`` to zero; one that cannot be reached (a refused credential, an API
+    still failing after its retries) does not keep the others up: the error names each, after."""
+    errors = []
+    for p in placements:
+        try:
+            _resize(clouds, p, 0, done)
+        except CloudError as e:
+            errors.append(str(e))
+    if errors:
+        raise CloudError("; ".join(errors))
+
+
 def start_move(config: Config, store: Store, rec: Record, version: str | None, to: int, reason: str,
                step: int | None, now: float, *, failed: bool) -> tuple[Record, str]:
     """Record the move from the active placement to ``to`` (not yet carried out); conditional on
@@ -147,8 +161,7 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None) -> T
     run = read_run(store)
     if run.ended:
         result = TickResult(FINISH, f"the run ended ({run.ended}): every group at zero")
-        for p in config.placements:
-            _resize(clouds, p, 0, result.resized)
+        _zero(clouds, config.placements, result.resized)
         return result
     rec, version = records.read(store)
     if rec.pending:
@@ -165,9 +178,7 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None) -> T
             return TickResult(STAY, f"another tick changed {layout.PLACEMENT_KEY} first: it moves the run")
         return finish_move(config, clouds, store, rec, version, now)
     result = TickResult(decision.action, decision.reason)
-    for p in config.placements:
-        if p.index != rec.active:
-            _resize(clouds, p, 0, result.resized)
+    _zero(clouds, [p for p in config.placements if p.index != rec.active], result.resized)
     return result
 
 

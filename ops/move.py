@@ -68,7 +68,8 @@ def cmd_move(args: argparse.Namespace) -> int:
         to = config.find(args.to)
         by = f"{getpass.getuser()}@{socket.gethostname()}"
         reason = f"asked by {by} (ops move)" + (f": {args.reason}" if args.reason else "")
-        result = move(config, Clouds(), to, reason, wait_s=args.wait)
+        # The operator's own credentials reach every placement (not the function's federation).
+        result = move(config, Clouds(federate=False), to, reason, wait_s=args.wait)
     except (ConfigError, MoveError, OpsError, hosts.HostsError, CloudError, ValueError) as e:
         print(f"ops move: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from components.pricing import CostEstimate, PlacementCost
+from components.pricing import CostEstimate, ImageCopies, PlacementCost
 
 
 def _money(v: float | None) -> str:
@@ -114,6 +114,22 @@ def placements_section(rows: list[PlacementCost], groups: list[str], wait_minute
         lines.append(f"  {where}: group {group}; {price}; {restore}")
     lines.append(f"  Transfer prices: {transfer_source}; not a quote.")
     return lines
+
+
+def image_copies_lines(copies: ImageCopies | None, source: str) -> list[str]:
+    """The built image's storage in every placement's region (`pricing.image_copies`); nothing without one."""
+    if copies is None:
+        return []
+    if copies.per_gb_month is None:
+        price = "no recorded registry storage price"
+    else:
+        price = (f"${copies.per_gb_month:g} per GB-month of compressed image in each: "
+                 f"{_money(copies.monthly_per_gb())} a month per GB of image in all")
+        if copies.free_gb_month:
+            price += f" (the first {copies.free_gb_month:g} GB-month is free per billing account)"
+    return [f"  Built image: stored in {copies.copies} repositories, one in each placement's region; {price}. "
+            f"Each keeps up to {copies.keep_images} images (image.keepImages); layers they share are stored once. "
+            f"Registry prices: {source}; not a quote."]
 
 
 def render(stack: str, cloud: str, region: str, resources: list[dict[str, Any]], outputs: dict[str, Any],

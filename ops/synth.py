@@ -110,6 +110,7 @@ def plan(result: Result, settings: config.Settings, *, ask_prices: bool = True) 
         size = storage.size_text(checkpoints.checkpoint_bytes) + (" assumed" if checkpoints.size_assumed else "")
         placements = plan_text.placements_section(rows, groups, settings.placement.wait_minutes, size,
                                                   pricing.transfer_source())
+        placements += plan_text.image_copies_lines(pricing.image_copies(settings), pricing.registry_source())
     return plan_text.render(settings.stack, settings.cloud, settings.region, result.resources, result.outputs,
                             result.mock_values, est, settings.compute.gpus_per_node,
                             storage.plan_lines(checkpoints), placements)

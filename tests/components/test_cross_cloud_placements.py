@@ -196,3 +196,17 @@ def test_controller_config_takes_access_for_exactly_the_placements_on_the_other_
     for wrong in ({}, {1: reach}, {1: reach, 2: reach}):
         with pytest.raises(ValueError, match=r"another cloud than home are \[2\]"):
             placement.controller_config(s, "s3://b/runs/exp-7", groups, wrong)
+
+
+def test_the_controller_takes_the_stacks_configuration_as_it_is():
+    """The contract: the document the stack gives the function is one controller/config.py accepts, with the
+    GCP placement's access as the stack made it."""
+    from controller import config as controller_config
+
+    r = synthesized()
+    parsed = controller_config.parse(r.outputs["placements"])
+    (provider,) = r.of_type("gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider")
+    assert [p.access for p in parsed.placements[:2]] == [None, None]
+    assert parsed.placements[2].access == json.loads(r.outputs["placements"])["placements"][2]["access"]
+    assert parsed.placements[2].access["gcp_audience"].endswith(
+        f"/providers/{provider['inputs']['workloadIdentityPoolProviderId']}")

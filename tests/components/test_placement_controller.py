@@ -62,7 +62,11 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
         assert schedule["inputs"]["target"]["arn"].endswith(f":function:{fn['inputs']['name']}")
         files = fn["inputs"]["code"]["assetArchive"]
         assert "trainer/layout.py" in files and "trainer/lease.py" in files
-        assert all(name.startswith(("controller/", "trainer/", "tenacity/")) and name.endswith(".py") for name in files)
+        libraries = placement.library_files()
+        assert {"tenacity/retry.py", "google/auth/aws.py", "requests/sessions.py", "certifi/cacert.pem"} <= set(libraries)
+        assert all(name in libraries or name.startswith(("controller/", "trainer/")) and name.endswith(".py")
+                   for name in files)
+        assert set(libraries) <= set(files)
     else:
         build = fn["inputs"]["buildConfig"]
         assert (build["runtime"], build["entryPoint"]) == ("python312", "handler")
@@ -196,7 +200,7 @@ def test_the_package_holds_what_the_handler_imports(cloud, tmp_path, monkeypatch
         from components.gcp import controller
         archive, module, function = controller.function_source(), "main", controller.ENTRY_POINT
         assert archive.assets["requirements.txt"].text.splitlines() == [
-            controller.GCS_REQUIREMENT, *placement.library_pins()] and placement.library_pins() == ["tenacity==9.2.1"]
+            controller.GCS_REQUIREMENT, *placement.library_pins()] and placement.library_pins() == ["tenacity==9.2.1", "google-auth==2.63.0", "boto3==1.44.8"]
     assert {"controller/__init__.py", "controller/handler.py", "trainer/layout.py"} <= set(archive.assets)
     assert not [name for name in archive.assets if "__pycache__" in name or name.endswith(".pyc")]
     task = tmp_path / "task"

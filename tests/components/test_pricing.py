@@ -198,3 +198,51 @@ def test_synth_plan_shows_every_placements_prices_and_restore_transfer_with_the_
     assert "no recorded price in eu-central-1" in frankfurt and "inter-region at $0.02/GB" in frankfurt
     assert source.startswith("  Transfer prices: recorded ") and "not checked live" in source
     assert pricing.transfer_source().startswith("recorded 2026-12-01")
+
+
+@pytest.mark.parametrize("cloud, regions, free", [
+    ("aws", ["us-east-1", "us-west-2", "eu-central-1"], 0.0),
+    ("gcp", ["us-central1", "us-east4"], 0.5),
+])
+def test_a_built_image_in_every_placements_region_is_priced_per_copy_in_the_plan(cloud, regions, free):
+    from ops import synth
+
+    types = ["g5.xlarge"] if cloud == "aws" else ["g2-standard-4"]
+    raw = {"cloud": cloud, "region": regions[0], "run": {"synthetic": True},
+           "image": {"build": True, "keepImages": 4},
+           "placements": [{"cloud": cloud, "region": r, "instanceTypes": types} for r in regions]}
+    if cloud == "gcp":
+        raw["project"] = "my-project-123"
+        for p in raw["placements"]:
+            p["project"] = "my-project-123"
+    settings = synth.load_source(raw, "img").settings
+    copies = pricing.image_copies(settings)
+    assert (copies.copies, copies.per_gb_month, copies.free_gb_month, copies.keep_images) == (
+        len(regions), 0.10, free, 4)
+    assert copies.monthly_per_gb() == pytest.approx(0.10 * len(regions))
+    text = synth.plan(synth.synthesize(raw, stack="img"), settings, ask_prices=False)
+    (line,) = [x for x in text.splitlines() if x.startswith("  Built image:")]
+    assert f"stored in {len(regions)} repositories" in line and "$0.1 per GB-month" in line
+    assert f"${0.10 * len(regions):g} a month per GB of image in all" in line
+    assert ("first 0.5 GB-month is free" in line) == bool(free)
+    assert "up to 4 images (image.keepImages)" in line and pricing.registry_source() in line
+    # It belongs to the placements' section, after the transfer prices' source.
+    assert text.index("  Transfer prices:") < text.index("  Built image:")
+
+
+@pytest.mark.parametrize("build, placements", [(False, 2), (True, 1)])
+def test_no_image_copies_without_a_built_image_in_several_placements(build, placements):
+    from ops import plan
+
+    raw = {"cloud": "aws", "region": "us-east-1", "run": {"synthetic": True}, "image": {"build": build},
+           "placements": [{"cloud": "aws", "region": r, "instanceTypes": ["g5.xlarge"]}
+                          for r in ["us-east-1", "us-west-2"][:placements]]}
+    assert pricing.image_copies(load_settings(raw, stack="t")) is None
+    assert plan.image_copies_lines(None, "src") == []
+
+
+def test_image_copies_without_a_recorded_price_say_so():
+    from ops import plan
+
+    (line,) = plan.image_copies_lines(pricing.ImageCopies(2, None, 0.0, 10), "src")
+    assert "no recorded registry storage price" in line and "stored in 2 repositories" in line

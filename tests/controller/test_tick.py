@@ -218,3 +218,38 @@ def test_two_ticks_at_once_move_once_on_gcs(gs_run_enforced):
     assert groups.calls.count(("west-gpu", 1)) == 1
     rec, _ = records.read(store)
     assert len(rec.moves) == 1 and rec.moves[0]["done"] and len(moved_events(store)) == 1
+
+
+class _Unreachable(FakeGroups):
+    """Groups of which one cannot be reached (its cloud refuses the controller's credential)."""
+
+    def __init__(self, sizes, refused: str, **kw) -> None:
+        super().__init__(sizes, **kw)
+        self.refused = refused
+
+    def desired(self, p) -> int:
+        if p.group == self.refused:
+            raise CloudError(f"placement {p.index} ({p.label}): Google refused this function's AWS identity")
+        return super().desired(p)
+
+
+@pytest.mark.parametrize("ended", [True, False])
+def test_a_group_that_cannot_be_reached_does_not_keep_the_others_up(file_run, ended):
+    from controller.config import parse
+    from controller.decide import GroupState
+
+    now = time.time()
+    config = parse({"run_uri": file_run.uri, "nodes": 1, "wait_minutes": 15, "placements": [
+        {"cloud": "aws", "region": region, "group": group}
+        for region, group in (("us-east-1", "home-gpu"), ("us-west-2", "west-gpu"), ("eu-west-1", "eu-gpu"))]})
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=now)
+    if ended:
+        store.put_bytes(layout.COMPLETE, b'{"step": 20}')
+    groups = _Unreachable({"home-gpu": 1, "west-gpu": 0, "eu-gpu": 1}, refused="west-gpu",
+                          state=lambda p: GroupState(1, 1, ()))
+
+    with pytest.raises(CloudError, match=r"^placement 1 \(aws us-west-2\): Google refused"):
+        tick(config, Clouds(aws=groups), now)
+
+    assert groups.sizes == {"home-gpu": 0 if ended else 1, "west-gpu": 0, "eu-gpu": 0}  # the others were zeroed

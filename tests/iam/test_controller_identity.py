@@ -173,3 +173,89 @@ def test_the_controller_can_do_nothing_else(controller, what, call, code):
         call(controller)
     assert e.value.response["Error"]["Code"] == code, what
     assert controller.decisions()[-1][2] is not Decision.ALLOW
+
+
+# -- a GCP-home controller's role in AWS (access.aws_role_arn) ---------------------------------------
+
+WEB_AUDIENCE = "trainstack-exp-controller"
+GOOGLE_ID = "104812345678901234567"  # the function's service account's unique id
+
+
+def test_a_gcp_home_controller_reaches_its_aws_placement_as_its_role_only(controller, monkeypatch):
+    # The GCP function has no AWS key: it assumes the role with a Google ID token from its metadata
+    # server (behind a gate checking the trust as AWS does, which has moto's STS issue the role's
+    # session: tests/controller/federation.py), and every call it then makes is authorized against
+    # the role's policy alone.
+    from google.auth.compute_engine import _metadata
+
+    from controller.config import Placement
+    from controller.policy import aws_group_policy
+    from devtools.fault_proxy import FaultProxy
+    from tests.controller.federation import GoogleSide, WebIdentityGate
+
+    cloud = controller.cloud
+    group = "trainstack-exp-gpu-p3"
+    _build_group(cloud, REGIONS[1], group, 0)
+    policy = json.dumps(aws_group_policy(groups=[(REGIONS[1], group)], nodes=NODES, account_id=ACCOUNT))
+    iam = cloud.admin("iam", REGIONS[0])
+    role = iam.create_role(RoleName="trainstack-exp-controller-gcp", AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{
+            "Effect": "Allow", "Principal": {"Federated": "accounts.google.com"},
+            "Action": "sts:AssumeRoleWithWebIdentity",
+            "Condition": {"StringEquals": {"accounts.google.com:aud": GOOGLE_ID, "accounts.google.com:sub": GOOGLE_ID,
+                                           "accounts.google.com:oaud": WEB_AUDIENCE}}},
+            # moto enforcing IAM cannot answer the unsigned call: the gate assumes the role as the admin.
+            {"Effect": "Allow", "Action": "sts:AssumeRole",
+             "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:user/{ADMIN_USER}"}}]}))["Role"]["Arn"]
+    iam.put_role_policy(RoleName="trainstack-exp-controller-gcp", PolicyName="groups", PolicyDocument=policy)
+    keys: list[str] = []
+
+    def assumed(key: str) -> None:
+        keys.append(key)
+        cloud.proxy.guard(key, [policy])
+
+    google = GoogleSide(moto=cloud.endpoint, unique_id=GOOGLE_ID)
+    monkeypatch.setattr(_metadata, "_GCE_METADATA_HOST", google.host)
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    try:
+        with FaultProxy(cloud.proxy.url) as proxy:
+            proxy.gate = gate = WebIdentityGate(cloud.proxy.url, audience=WEB_AUDIENCE, unique_id=GOOGLE_ID,
+                                                on_assumed=assumed, admin=cloud.proxy.admin)
+            monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+            p = Placement(index=1, cloud="aws", region=REGIONS[1], group=group,
+                          access={"aws_role_arn": role, "audience": WEB_AUDIENCE})
+            groups = AwsGroups()
+
+            groups.set_size(p, NODES)
+            state = groups.state(p)
+
+            assert _size(cloud, REGIONS[1], group) == NODES and state.desired == NODES
+            [key] = keys  # assumed once, through the gate, with the metadata server's token
+            assert [ok for _r, _t, ok in gate.presented] == [True] and google.id_tokens[0][:2] == (WEB_AUDIENCE, "full")
+            seen = [(a, d) for k, a, _r, d in cloud.proxy.decisions if k == key]
+            assert {a for a, _d in seen} == {"autoscaling:UpdateAutoScalingGroup", *READ_GROUP_ACTIONS}
+            assert all(d is Decision.ALLOW for _a, d in seen)
+
+            asg = groups.client(p)
+            refused = []
+            for what, call in [
+                ("above the run's size", lambda: asg.update_auto_scaling_group(
+                    AutoScalingGroupName=group, MinSize=NODES + 1, MaxSize=NODES + 1, DesiredCapacity=NODES + 1)),
+                ("another stack's group", lambda: groups.client(
+                    Placement(index=1, cloud="aws", region=REGIONS[0], group=OTHER_GROUP, access=p.access)
+                ).update_auto_scaling_group(AutoScalingGroupName=OTHER_GROUP, MinSize=0, MaxSize=0, DesiredCapacity=0)),
+                ("the home placement's group", lambda: groups.client(
+                    Placement(index=1, cloud="aws", region=REGIONS[0], group=GROUPS[0], access=p.access)
+                ).update_auto_scaling_group(AutoScalingGroupName=GROUPS[0], MinSize=0, MaxSize=0, DesiredCapacity=0)),
+            ]:
+                with pytest.raises(botocore.exceptions.ClientError) as e:
+                    call()
+                refused.append((what, e.value.response["Error"]["Code"]))
+            assert refused == [("above the run's size", "AccessDenied"), ("another stack's group", "AccessDenied"),
+                               ("the home placement's group", "AccessDenied")]
+            assert _size(cloud, REGIONS[1], group) == NODES
+    finally:
+        google.close()
