@@ -35,21 +35,28 @@ federation_env() {
 # TOKEN_REFRESH_S old (30 minutes), by every store call and by the notice watcher's polls, so
 # it is fresh whenever the CLI or the trainer's boto3 renews its session from it. Each fetch is
 # bounded (5 s, 3 tries); the new token replaces the file in one rename (a reader sees the old
-# token or the new one). A failed renewal keeps a token that still has life in it; 1 when there
-# is none (the store call then fails as a network failure would, and is retried). Elsewhere a no-op.
+# token or the new one). A failed renewal keeps a token that still has life in it (tried again a
+# minute later, not by every call meanwhile); 1 when there is none (the store call then fails as a network failure would, and is retried). Elsewhere a no-op.
 federation_token() {
   [[ "$STORE_CLOUD" != "$TRAINSTACK_CLOUD" ]] || return 0
   local file="$AWS_WEB_IDENTITY_TOKEN_FILE" age=999999
   [[ ! -s "$file" ]] || age=$(($(date +%s) - $(stat -c %Y "$file")))
   ((age >= TOKEN_REFRESH_S)) || return 0
+  # A renewal that failed within the last minute is not tried again by every store call
+  # (each try costs up to 21 s) while the token still has life.
+  if ((age < 3300)) && [[ -e "$file.failed" ]] && (($(date +%s) - $(stat -c %Y "$file.failed") < 60)); then
+    return 0
+  fi
   mkdir -p "$FEDERATION_DIR"
   if retry 3 identity_token "$file.$BASHPID"; then
     mv -f "$file.$BASHPID" "$file"
+    rm -f "$file.failed"
     return 0
   fi
   rm -f "$file.$BASHPID"
   if ((age < 3300)); then
-    log "could not renew the identity token (${age}s old): keeping it"
+    log "could not renew the identity token (${age}s old): keeping it, trying again in a minute"
+    touch "$file.failed"
     return 0
   fi
   log "no identity token for $AWS_ROLE_ARN: the metadata server does not answer"

@@ -98,6 +98,15 @@ def test_a_renewal_that_fails_keeps_a_token_with_life_left(tmp_path, md):
     assert "could not renew the identity token" in proc.stderr
     assert _token_file(tmp_path).read_text() == kept
     assert md.identity_failures == 7  # three tries, then it stopped
+    # The store calls of the next minute do not try again (each try costs up to 21 s); then one does.
+    assert _run(tmp_path, md, "federation_token; federation_token").returncode == 0
+    assert md.identity_failures == 7
+    failed = _token_file(tmp_path).with_name("aws-token.failed")
+    a_minute_ago = time.time() - 61
+    os.utime(failed, (a_minute_ago, a_minute_ago))
+    md.identity_failures = 0
+    assert _run(tmp_path, md, "federation_token").returncode == 0
+    assert len(md.identity_audiences) == 2 and not failed.exists()
 
 
 def test_no_token_at_all_fails_the_store_call_within_its_bound(tmp_path, md):
