@@ -172,3 +172,29 @@ def test_federation_sh_is_installed_on_machines_of_the_other_clouds_store_only(t
     proc = subprocess.run(["shellcheck", "-x", "--severity=style", "lib.sh", "federation.sh", "supervise.sh"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_a_gcp_image_without_the_aws_cli_gets_it_from_snap(tmp_path, md):
+    """The store's CLI as well as the machine's: `aws` is installed the way a missing cloud CLI always is."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gcloud").write_text("#!/bin/sh\nexit 0\n")
+    # snap records its arguments and "installs" the CLI it is asked for.
+    (bin_dir / "snap").write_text(f'#!/bin/sh\necho "$*" >>"{tmp_path}/snap.log"\n'
+                                  f'printf "#!/bin/sh\\n" >"{bin_dir}/aws"; chmod +x "{bin_dir}/aws"\n')
+    for name in ("gcloud", "snap"):
+        (bin_dir / name).chmod(0o755)
+    tools = {name: subprocess.run(["bash", "-c", f"command -v {name}"], capture_output=True, text=True).stdout.strip()
+             for name in ("bash", "curl", "date", "stat", "mkdir", "cat", "dirname", "mv", "rm", "chmod")}
+    system = tmp_path / "system"
+    system.mkdir()
+    for name, path in tools.items():
+        (system / name).symlink_to(path)
+    proc = _run(tmp_path, md, "cloud_cli", PATH=f"{bin_dir}:{system}")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "snap.log").read_text().splitlines() == ["install aws-cli --classic"]
+    assert "no aws on this image: installing aws-cli from snap" in proc.stderr
+    # A machine whose store is its own cloud's needs no aws CLI: none is installed.
+    (bin_dir / "aws").unlink()
+    own = _run(tmp_path, md, "cloud_cli", store=False, PATH=f"{bin_dir}:{system}")
+    assert own.returncode == 0 and (tmp_path / "snap.log").read_text().count("install") == 1
