@@ -359,8 +359,9 @@ def make_stream(spec, cfg, global_batch: int, position: Position, emit: Callable
                       min_records=global_batch)
     nfiles = len(staging.files)
     records = staging.records()
-    if records is None and position.batches_seen:
-        # Resumed without an index: the epoch the run stands in needs the count of every file.
+    if staging.all_local() or (records is None and position.batches_seen):
+        # Every file on disk already (counted here if need be, as before streaming), or resumed
+        # without an index: the epoch the run stands in needs the count of every file.
         staging.start(list(range(nfiles)))
         staging.wait_all()
         staging.check()

@@ -283,6 +283,10 @@ class Staging:
         if self._error is not None:
             raise self._error
 
+    def all_local(self) -> bool:
+        """Every file is on disk already, whole (a machine that staged them before): nothing to download."""
+        return all(os.path.isfile(p) and os.path.getsize(p) == self.sizes[k] for k, p in self.paths.items())
+
     @property
     def complete(self) -> bool:
         """Every file is on disk."""

@@ -153,6 +153,10 @@ def test_a_resumed_stream_is_placed_by_the_index_or_by_counting_every_file(datas
     assert st.index_state == "used" and st.counted_here == 0
     st.wait_all()
     assert st.counted_here == 0
+    # The same machine again (a reboot): every file on disk, nothing downloaded, nothing waited for in the stream.
+    ds, st = data.make_stream(spec, cfg, BATCH, data.Position(k))
+    assert st.complete and st.downloaded == 0
+    _same(_batches(ds, 7), dataset.reference[k:k + 7])
 
 
 def test_an_index_that_does_not_match_is_counted_again_and_a_new_data_set_gets_its_own(dataset):
