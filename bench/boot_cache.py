@@ -21,8 +21,13 @@ The docker image pull is not modelled (the fake `docker pull` returns at once): 
 machine it costs both machines the same, or the later one nothing when the image is baked in.
 See docs/boot.md for the paper budget at real sizes.
 
+`--data-files` splits the data set into that many files: the trainer streams them (the first
+step waits for the files its first batches read, `trainer/staging.py`). `--trees before=PATH,after=.`
+boots both machines once per code tree (the trainer code archive packed from each tree's
+`trainer/`), each tree in a bucket of its own, so one run measures before and after a change.
+
 Usage: python -m bench.boot_cache [--store-mib-s 16] [--index-mib-s 2] [--wheels-mib 48]
-       [--data-mib 0] [--json]
+       [--data-mib 0] [--data-files 16] [--trees name=path,...] [--json]
 """
 
 from __future__ import annotations
@@ -77,21 +82,22 @@ class _Index:
         self._server.server_close()
 
 
-def _mlp_records(path: Path, size: int) -> int:
-    """TFRecords the `mlp` model reads (784 floats and a label each), about `size` bytes; how many."""
+def _mlp_records(folder: Path, size: int, files: int) -> int:
+    """TFRecords the `mlp` model reads (784 floats and a label each), about `size` bytes in `files` files; how many."""
     import numpy as np
     import tensorflow as tf
 
     rng = np.random.default_rng(0)
-    n = 0
-    with tf.io.TFRecordWriter(str(path)) as w:
-        while n * 3200 < size:  # ~3.2 KB a record
-            ex = tf.train.Example(features=tf.train.Features(feature={
-                "x": tf.train.Feature(float_list=tf.train.FloatList(value=rng.random(784, dtype=np.float32))),
-                "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(rng.integers(10))]))}))
-            w.write(ex.SerializeToString())
-            n += 1
-    return n
+    folder.mkdir(parents=True, exist_ok=True)
+    per_file = max(1, size // 3200 // files)  # ~3.2 KB a record
+    for f in range(files):
+        with tf.io.TFRecordWriter(str(folder / f"train-{f:05d}.tfrecord")) as w:
+            for _ in range(per_file):
+                ex = tf.train.Example(features=tf.train.Features(feature={
+                    "x": tf.train.Feature(float_list=tf.train.FloatList(value=rng.random(784, dtype=np.float32))),
+                    "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(rng.integers(10))]))}))
+                w.write(ex.SerializeToString())
+    return per_file * files
 
 
 def _wait(predicate, timeout: float, what: str):
@@ -104,7 +110,8 @@ def _wait(predicate, timeout: float, what: str):
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
-def run(*, store_mib_s: float, index_mib_s: float, wheels_mib: float, data_mib: float = 0.0) -> dict:
+def run(*, store_mib_s: float, index_mib_s: float, wheels_mib: float, data_mib: float = 0.0, data_files: int = 16,
+        tree: Path | None = None) -> dict:
     import boto3
 
     from components.aws.code import archive_key, pack
@@ -116,7 +123,7 @@ def run(*, store_mib_s: float, index_mib_s: float, wheels_mib: float, data_mib: 
 
     os.environ.update(AWS_VARS)  # the sandbox's clients (make_group, the fake CLIs) take their keys from the environment
     out: dict = {"store_mib_s": store_mib_s, "index_mib_s": index_mib_s, "wheels_mib": wheels_mib,
-                 "data_mib": data_mib}
+                 "data_mib": data_mib, "data_files": data_files if data_mib else 0}
     with contextlib.ExitStack() as stack:
         moto = start_moto_server()
         stack.callback(moto.close)
@@ -132,14 +139,15 @@ def run(*, store_mib_s: float, index_mib_s: float, wheels_mib: float, data_mib: 
                                                aws_access_key_id="testing", aws_secret_access_key="testing")
         bucket = "trainstack-bench-boot"
         admin.create_bucket(Bucket=bucket)
-        code = pack()
+        code = pack(tree / "trainer") if tree is not None else pack()
         code_key = archive_key(code)
         admin.put_object(Bucket=bucket, Key=code_key, Body=code)
         run_extra: dict = {"steps": 1_000_000, "checkpointEverySteps": 1_000_000, "checkpointEverySeconds": 3600}
         if data_mib:
-            records = tmp / "train-00000.tfrecord"
-            out["data_records"] = _mlp_records(records, int(data_mib * MIB))
-            admin.upload_file(str(records), bucket, "corpus/mnist/train-00000.tfrecord")
+            folder = tmp / "corpus"
+            out["data_records"] = _mlp_records(folder, int(data_mib * MIB), data_files)
+            for f in sorted(folder.iterdir()):
+                admin.upload_file(str(f), bucket, f"corpus/mnist/{f.name}")
             run_extra.update(synthetic=False, dataUri=f"s3://{bucket}/corpus/mnist/")
         vars_ = {"AWS_ENDPOINT_URL": store.url, **AWS_VARS}
         group = make_group(Run(uri="", bucket=bucket, vars={"AWS_ENDPOINT_URL": moto.url, **AWS_VARS}), 1)
@@ -170,6 +178,19 @@ def run(*, store_mib_s: float, index_mib_s: float, wheels_mib: float, data_mib: 
                          "trainer_start_to_first_step_s": round(first - (started - t0), 2), "bootstrap_steps_s": steps,
                          "from_cache": "from the bucket's cache" in log,
                          "pip_from_index": "installing the trainer's requirements" in log}
+                if data_mib:
+                    # What was on disk at the first step (a tree that streams its data says so in an event).
+                    def first_step_event(key=f"runs/{name}/{layout.EVENTS_KEY}"):
+                        with contextlib.suppress(admin.exceptions.NoSuchKey):
+                            lines = admin.get_object(Bucket=bucket, Key=key)["Body"].read().decode().splitlines()
+                            found = [json.loads(x) for x in lines if '"data_first_step"' in x]
+                            return found[0] if found else None
+                        return None
+
+                    with contextlib.suppress(TimeoutError):
+                        ev = _wait(first_step_event, 30, "the data_first_step event")
+                        entry["data_at_first_step"] = {k: ev[k] for k in ("files", "files_total", "bytes",
+                                                                          "bytes_total")}
                 if name == "first":
                     # The archive's upload, in the background while the trainer starts.
                     def committed():
@@ -189,17 +210,34 @@ def run(*, store_mib_s: float, index_mib_s: float, wheels_mib: float, data_mib: 
     return out
 
 
+def run_trees(trees: list[tuple[str, Path]], **kw) -> dict:
+    """`run` once per code tree, in order; the later ÷ first ratios side by side."""
+    out: dict = {"trees": {}}
+    for name, path in trees:
+        out["trees"][name] = run(tree=path, **kw)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--store-mib-s", type=float, default=16.0, help="the store's link, MiB/s each way")
     p.add_argument("--index-mib-s", type=float, default=2.0, help="the package index's link, MiB/s")
     p.add_argument("--wheels-mib", type=float, default=48.0, help="bytes the index serves (the wheels), MiB")
     p.add_argument("--data-mib", type=float, default=0.0, help="a TFRecord data set in the bucket, MiB (0: synthetic)")
+    p.add_argument("--data-files", type=int, default=16, help="the data set's number of files")
+    p.add_argument("--trees", default=None, help="name=path,...: code trees to measure one after the other")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     a = p.parse_args(argv)
     # A SIGTERM (a timeout) unwinds like Ctrl-C: the sandboxes are powered off, the servers stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    res = run(store_mib_s=a.store_mib_s, index_mib_s=a.index_mib_s, wheels_mib=a.wheels_mib, data_mib=a.data_mib)
+    kw = {"store_mib_s": a.store_mib_s, "index_mib_s": a.index_mib_s, "wheels_mib": a.wheels_mib,
+          "data_mib": a.data_mib, "data_files": a.data_files}
+    if a.trees:
+        trees = [(name, Path(path).resolve()) for name, path in (t.split("=", 1) for t in a.trees.split(","))]
+        res = run_trees(trees, **kw)
+        print(json.dumps(res, indent=2))
+        return 0
+    res = run(**kw)
     if a.json:
         print(json.dumps(res, indent=2))
         return 0

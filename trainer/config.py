@@ -66,6 +66,7 @@ class TrainConfig:
     lm_vocab: int = 256
     lm_tied: bool = False
     data_dir: str | None = None
+    data_wait_s: float = 900.0  # the longest the stream waits for one --data-uri file to be on disk
     work_dir: str | None = None
     gpus_per_node: int | None = None
     startup_timeout: float = 600.0
@@ -232,6 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lm-tied", action="store_true", default=None, help="transformer-lm: output head tied to the embedding")
     p.add_argument("--data-dir", default=None,
                    help="local folder the --data-uri files are staged to (default: a cache folder)")
+    p.add_argument("--data-wait-s", type=_positive_float, default=d.data_wait_s,
+                   help="--data-uri files download while training starts, in the order the stream reads them: "
+                   "the longest the stream waits for one file to be whole on disk before the run fails, "
+                   "naming the file")
     p.add_argument("--work-dir", default=None, help="local scratch for checkpoints and TensorBoard (default: a temp dir)")
     p.add_argument("--gpus-per-node", type=_nonneg_int, default=None,
                    help="GPUs TensorFlow must see on this machine, else the run fails at once (exit 78); "

@@ -12,6 +12,8 @@ TFRecord formats the built-in models read (one `tf.train.Example` per record):
 `--data-uri` names a folder; every `*.tfrecord*` file under it is staged to
 `--data-dir` (`TRAINSTACK_DATA_DIR`; the machines mount local NVMe there) with parallel
 downloads that skip files already there, so a rebooted machine does not download again.
+The training stream starts before the downloads end (`trainer.staging`): they run in the
+order the stream reads the files, and the stream opens a file once it is whole on disk.
 """
 
 from __future__ import annotations
@@ -188,8 +190,15 @@ def _permutation(size, seed: int, epoch: tf.Tensor, salt) -> tf.Tensor:
     return tf.argsort(keys, stable=True)
 
 
-def _stream(epoch_fn, batches_per_epoch: int, position: Position) -> tf.data.Dataset:
-    """Epochs from the one `position` falls in, skipping the batches of it already consumed."""
+def _stream(epoch_fn, batches_per_epoch: int | None, position: Position) -> tf.data.Dataset:
+    """Epochs from the one `position` falls in, skipping the batches of it already consumed.
+
+    `batches_per_epoch` may be None (not counted yet) only at the start of a run.
+    """
+    if batches_per_epoch is None:
+        if position.batches_seen:
+            raise ValueError("a resumed stream needs the data set's record count")
+        batches_per_epoch = 1  # epoch 0, nothing to skip: the count is not used
     if batches_per_epoch < 1:
         raise ValueError("the data set holds less than one global batch; lower --batch-size or add data")
     first_epoch, skip = divmod(position.batches_seen, batches_per_epoch)
@@ -215,29 +224,62 @@ def from_arrays(x: np.ndarray, y: np.ndarray, global_batch: int, seed: int, posi
     return ds.prefetch(AUTOTUNE)
 
 
+def file_order(nfiles: int, seed: int, epoch: int) -> list[int]:
+    """The order epoch `epoch` reads the files in (indexes into the name-sorted file list)."""
+    return [int(i) for i in _permutation(nfiles, seed, tf.constant(epoch, tf.int64), 0).numpy()]
+
+
 def from_tfrecords(files: list[str], parse: Callable, global_batch: int, seed: int, position: Position,
-                   records: int | None = None) -> tf.data.Dataset:
-    """Staged TFRecord files: seeded file order, interleaved reads, windowed shuffle, batch, parallel parse."""
-    records = count_records(files) if records is None else records
+                   records: int | None = None, ready: Callable | None = None) -> tf.data.Dataset:
+    """TFRecord files: seeded file order, interleaved reads, windowed shuffle, batch, parallel parse.
+
+    `records` (the data set's count) is counted here when not given, unless `ready` is given and
+    the stream starts at the run's start, where no count is needed. `ready(path)`, when given, is
+    called before a file is opened and returns its path once the file is whole on disk (files
+    still downloading: `trainer.staging.Staging.ready`); the batches are the same either way.
+    """
+    if records is None and (ready is None or position.batches_seen):
+        records = count_records(files)
     nfiles = len(files)
     names = tf.constant(files)
     cycle = min(8, nfiles)
-    window = min(records, SHUFFLE_BUFFER)
+    # Shuffled in windows of SHUFFLE_BUFFER records. A smaller data set is one window, the same
+    # window `min(records, SHUFFLE_BUFFER)` made, so the count is not needed here.
+    window = SHUFFLE_BUFFER
 
     def shuffle_window(i, recs, e):
         return tf.gather(recs, _permutation(tf.shape(recs)[0], seed, e, 1 + i))
 
+    def when_ready(path):
+        return tf.ensure_shape(tf.numpy_function(ready, [path], tf.string, stateful=True, name="data_ready"), [])
+
+    def records_of(path):
+        if ready is None:
+            return tf.data.TFRecordDataset(path)
+        # The wait happens at the file's first read, in the interleave's worker for that file, so
+        # the files already on disk keep flowing meanwhile (a wait in the interleave's input would
+        # hold every file back).
+        return tf.data.Dataset.from_tensors(path).map(when_ready).flat_map(tf.data.TFRecordDataset)
+
     def epoch(e):
         order = tf.data.Dataset.from_tensor_slices(tf.gather(names, _permutation(nfiles, seed, e, 0)))
         # deterministic=True keeps the order reproducible, which exact resume needs.
-        recs = order.interleave(tf.data.TFRecordDataset, cycle_length=cycle, block_length=16,
+        recs = order.interleave(records_of, cycle_length=cycle, block_length=16,
                                 num_parallel_calls=AUTOTUNE, deterministic=True)
         recs = recs.batch(window).enumerate().map(lambda i, r: shuffle_window(i, r, e)).unbatch()
         return recs.batch(global_batch, drop_remainder=True)
 
     # Skipped batches are skipped before parsing, so a resume does not parse them.
-    ds = _stream(epoch, records // global_batch, position)
+    ds = _stream(epoch, None if records is None else records // global_batch, position)
     ds = ds.map(lambda s: _pre(parse(s)), num_parallel_calls=AUTOTUNE, deterministic=True)
+    if ready is not None:
+        # A file's wait holds one of tf.data's threads: the interleave's workers, current and
+        # prefetched, can all be waiting at once (two per cycle slot). On the shared pool (one
+        # thread per core) they would starve the files already on disk: measured, the first
+        # batch then waited for every file but one, against the first `cycle` files with room.
+        opts = tf.data.Options()
+        opts.threading.private_threadpool_size = (os.cpu_count() or 1) + 2 * cycle
+        ds = ds.with_options(opts)
     return ds.prefetch(AUTOTUNE)
 
 
@@ -295,10 +337,41 @@ def make_validation(spec, cfg, global_batch: int) -> tf.data.Dataset | None:
 
 def make_dataset(spec, cfg, global_batch: int, position: Position) -> tf.data.Dataset:
     """The training stream for a `ModelSpec` and config, starting at `position`."""
+    return make_stream(spec, cfg, global_batch, position)[0]
+
+
+def make_stream(spec, cfg, global_batch: int, position: Position, emit: Callable | None = None):
+    """The training stream starting at `position`, and the `Staging` of its files (None without --data-uri).
+
+    TFRecords from `--data-uri` are downloaded while the stream runs: in the file order of the
+    epoch it starts in, which the record count (from the bucket's index, or counted when there is
+    none) places; a resumed run without an index waits for every file, to count them.
+    `emit(event, **fields)` receives the staging's events.
+    """
     if spec.make_dataset is not None:
-        return from_user(spec.make_dataset, global_batch, cfg.seed, position)
+        return from_user(spec.make_dataset, global_batch, cfg.seed, position), None
     if cfg.synthetic:
         x, y = spec.synthetic(cfg.seed)
-        return from_arrays(x, y, global_batch, cfg.seed, position)
-    files = stage(cfg.data_uri, cfg.data_dir)
-    return from_tfrecords(files, spec.parse_tfrecord, global_batch, cfg.seed, position)
+        return from_arrays(x, y, global_batch, cfg.seed, position), None
+    from trainer.staging import Staging
+
+    staging = Staging(cfg.data_uri, cfg.data_dir, run_uri=cfg.run_uri, wait_s=cfg.data_wait_s, emit=emit,
+                      min_records=global_batch)
+    nfiles = len(staging.files)
+    records = staging.records()
+    if staging.all_local() or (records is None and position.batches_seen):
+        # Every file on disk already (counted here if need be, as before streaming), or resumed
+        # without an index: the epoch the run stands in needs the count of every file.
+        staging.start(list(range(nfiles)))
+        staging.wait_all()
+        staging.check()
+        records = staging.records()
+    elif records is None:
+        staging.start(file_order(nfiles, cfg.seed, 0))
+    else:
+        if records < global_batch:
+            raise ValueError("the data set holds less than one global batch; lower --batch-size or add data")
+        staging.start(file_order(nfiles, cfg.seed, position.batches_seen // (records // global_batch)))
+    ds = from_tfrecords(staging.files, spec.parse_tfrecord, global_batch, cfg.seed, position, records=records,
+                        ready=None if staging.complete else staging.ready)
+    return ds, staging

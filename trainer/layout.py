@@ -21,6 +21,8 @@ One writer per object:
                          `moved` events, appended only by the writer whose placement.json write won)
   the first machine to install a package key    <bucket>/cache/pip/<key>/ (trainer/pip_cache.sh;
                          COMMITTED by a create-if-absent write, so one machine's archive is named)
+  the first trainer to count a data set    <bucket>/cache/data/<digest>.json (trainer/staging.py;
+                         create-if-absent, so the first count is the one kept)
   trainer (chief) holding the run's lease    lease.json (taken, renewed and released by conditional
                          writes only; see trainer/lease.py); whoever holds it is the one trainer
                          that may write the chief's objects above
@@ -47,6 +49,9 @@ CODE_PREFIX = "code/"
 # then cache/pip/<key>/COMMITTED (that sha256) written last and only once (create-if-absent).
 CACHE_PREFIX = "cache/"
 PIP_CACHE_DIR = "pip"  # cache/pip/<key>/
+# The record counts of a --data-uri data set (trainer/staging.py): cache/data/<digest>.json, written
+# once (create-if-absent) by the first trainer that counted every file; the digest names the listing.
+DATA_INDEX_DIR = "data"  # cache/data/<digest>.json
 
 # -- run-level keys (relative to the run folder) --
 
@@ -127,6 +132,11 @@ EVAL_SLOW = "eval_slow"
 DATA_RESTORED = "data_restored"
 DATA_SKIPPED = "data_skipped"
 DATA_STATE_UNSAVED = "data_state_unsaved"
+# A --data-uri data set downloaded while training starts (trainer/staging.py): what was on disk when the
+# first step ended (files, bytes, of files_total, bytes_total, seconds since staging began), and the end
+# of staging (files, bytes, downloaded, records, counted, index, seconds).
+DATA_FIRST_STEP = "data_first_step"
+DATA_STAGED = "data_staged"
 # The run ended early on request (ops stop wrote STOP): a checkpoint is committed, CANCELLED written.
 CANCELLED_EVENT = "cancelled"
 # The run's lease (printed, never stored: a trainer without the lease writes nothing to the run).
@@ -160,6 +170,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     DATA_RESTORED: ("batches_seen", "seconds", "bytes"),
     DATA_SKIPPED: ("batches", "seconds", "reason"),
     DATA_STATE_UNSAVED: ("step", "reason"),
+    DATA_FIRST_STEP: ("files", "bytes", "files_total", "bytes_total", "seconds"),
+    DATA_STAGED: ("files", "bytes", "downloaded", "records", "index", "seconds"),
     CHECKPOINT_FAILED: ("reason",),
     UPLOAD_RETRY: ("attempt", "error", "op", "key"),
     MOVED: ("from", "to", "reason", "step"),
@@ -208,6 +220,11 @@ def code_key(name: str, digest: str) -> str:
 def pip_cache_prefix(key: str) -> str:
     """`cache/pip/<key>/`: the packages installed for one (requirements, image) key, relative to the bucket root."""
     return f"{CACHE_PREFIX}{PIP_CACHE_DIR}/{key}/"
+
+
+def data_index_key(digest: str) -> str:
+    """`cache/data/<digest>.json`: a data set's record counts, relative to the bucket root."""
+    return f"{CACHE_PREFIX}{DATA_INDEX_DIR}/{digest}.json"
 
 
 def machine_events_key(machine: str) -> str:

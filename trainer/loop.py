@@ -240,6 +240,7 @@ class TrainLoop:
         self.examples: tf.Variable | None = None
         self.checkpointer: Checkpointer | None = None  # made once the model exists (build)
         self.pipeline = None  # (iterator, train step) once training starts: see train
+        self.staging = None  # the --data-uri files downloading while the stream runs (trainer.staging)
         self._element_spec = None  # the training stream's (x, y) specs, once it is made
         self.commit_seconds: list[tuple[int, float]] = []
         self.cancelled = False
@@ -409,13 +410,18 @@ class TrainLoop:
         # keeps the attempt and ends with os._exit).
         self.pipeline = (iterator, train_step)
         loop_started, examples_before = time.monotonic(), self.state.examples_seen
-        stopped = self._loop(train_step, iterator, self.examples, skipped)
+        try:
+            stopped = self._loop(train_step, iterator, self.examples, skipped)
+        finally:
+            if self.staging is not None:
+                self.staging.close()
         self.loop_seconds = time.monotonic() - loop_started
         self.loop_examples = self.state.examples_seen - examples_before
         return stopped
 
     def _pipeline(self, skip: int):
-        ds = data_mod.make_dataset(self.spec, self.cfg, self.global_batch, data_mod.Position(skip))
+        ds, self.staging = data_mod.make_stream(self.spec, self.cfg, self.global_batch, data_mod.Position(skip),
+                                                emit=self.emit)
         if self.multi_worker:
             # DATA sharding of a stream batched by the global batch: every worker builds the same
             # stream and takes its own slice of each global batch, so N workers train on exactly
@@ -525,11 +531,20 @@ class TrainLoop:
                     request = _GO
                 count = self._steps_this_call(st.step)
                 call_first = st.step + 1
-                loss_t, agreed, *states = train_step(iterator, counts(count), requests[request])
+                try:
+                    loss_t, agreed, *states = train_step(iterator, counts(count), requests[request])
+                except tf.errors.OpError:
+                    if self.staging is not None:
+                        self.staging.check()  # a file that could not be staged: its own words, not TF's
+                    raise
                 call_seconds = time.monotonic() - step_started
                 self.since_eval += call_seconds
+                if self.staging is not None:
+                    self.staging.check()  # a download failed: the run fails now, not when it needs the file
                 if self.first_call is None:
                     self.first_call = (call_seconds, count * self.global_batch)  # traced the step: not a measure
+                    if self.staging is not None:
+                        self.emit(layout.DATA_FIRST_STEP, step=st.step + count, **self.staging.on_disk())
                     if skipped is not None:
                         batches, why, made = skipped
                         self.emit(layout.DATA_SKIPPED, batches=batches, steps=count, reason=why,

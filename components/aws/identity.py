@@ -160,8 +160,9 @@ def bucket_statements(*, partition: pulumi.Input[str], bucket_arn: pulumi.Input[
             "Resource": pulumi.Output.concat(bucket_arn, f"/{layout.CODE_PREFIX}*"),
         },
         # cache/: the trainer's packages, archived by the first machine that installs them and
-        # unpacked by the later ones (trainer/pip_cache.sh). Listing tells a key not cached
-        # yet (an empty listing) from an outage; no delete: an entry is written once.
+        # unpacked by the later ones (trainer/pip_cache.sh), and each data set's record counts
+        # (trainer/staging.py). Listing tells a key not cached yet (an empty listing) from an
+        # outage; no delete: an entry is written once.
         {
             "Sid": "ListPackageCache",
             "Effect": "Allow",

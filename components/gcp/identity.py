@@ -171,7 +171,8 @@ class InstanceIdentity(pulumi.ComponentResource):
                 opts=child,
             ),
             # cache/: the trainer's packages, archived by the first machine that installs them and
-            # unpacked by the later ones (trainer/pip_cache.sh). Read, and create only:
+            # unpacked by the later ones (trainer/pip_cache.sh), and each data set's record counts
+            # (trainer/staging.py). Read, and create only:
             # objectCreator cannot overwrite or delete, so an entry is written once.
             gcp.storage.BucketIAMMember(
                 f"{name}-cache-read",

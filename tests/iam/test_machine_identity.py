@@ -414,6 +414,31 @@ DENIED = {"s3": "AccessDenied", "autoscaling": "AccessDenied", "iam": "AccessDen
           "ecr": "AccessDeniedException", "ec2": "UnauthorizedOperation"}
 
 
+def test_the_data_index_is_written_once_and_read_as_the_role(on_machine: Machine, tmp_path: Path) -> None:
+    """A data set's record counts (trainer/staging.py) in the bucket's cache/data/: the first trainer that counted
+    creates the index (create-if-absent), the next one reads it; the data in a prefix the role reads."""
+    import tensorflow as tf
+
+    from trainer.staging import Staging
+
+    admin = on_machine.cloud.admin("s3", REGION)
+    prefix = f"runs/{on_machine.run_id}/datasets/tiny/"
+    for f in range(2):
+        path = tmp_path / f"part-{f}.tfrecord"
+        with tf.io.TFRecordWriter(str(path)) as w:
+            for i in range(3 + f):
+                w.write(f"record {i}".encode())
+        admin.upload_file(str(path), on_machine.bucket, f"{prefix}{path.name}")
+    data_uri, run_uri = f"s3://{on_machine.bucket}/{prefix}", on_machine.outputs["runUri"]
+    first = Staging(data_uri, str(tmp_path / "a"), run_uri=run_uri, wait_s=60)
+    assert first.index_state == "absent"  # a 403 for the missing key, told apart by the listing the role may make
+    first.start([0, 1]).wait_all()
+    assert first.index_state == "written" and first.records() == 7
+    later = Staging(data_uri, str(tmp_path / "b"), run_uri=run_uri, wait_s=60)
+    assert later.index_state == "used" and later.records() == 7
+    assert decided(on_machine, "s3:PutObject", f"/{layout.CACHE_PREFIX}{layout.DATA_INDEX_DIR}/") == [Decision.ALLOW]
+
+
 @pytest.mark.parametrize("what", sorted(REFUSED))
 def test_calls_outside_its_scope_are_refused(machine: Machine, what: str) -> None:
     service, call = REFUSED[what]

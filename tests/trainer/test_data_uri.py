@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.trainer.helpers import run_trainer, trainer_env
+from tests.trainer.helpers import kinds, run_trainer, trainer_env
 
 pytestmark = pytest.mark.slow
 
@@ -67,3 +67,75 @@ def test_the_mlp_evaluates_every_record_of_its_validation_uri(tmp_path):
     done = json.loads((tmp_path / "run" / "COMPLETE").read_text())
     assert done["best"]["metric"] == "val_accuracy" and done["best"]["step"] in (5, 10)
     assert done["metrics"]["val_accuracy"] == evals[-1]["metrics"]["val_accuracy"]
+
+
+LM_FLAGS = ["--model", "transformer-lm", "--lm-layers", "1", "--lm-dim", "16", "--lm-heads", "2", "--lm-seq-len", "8",
+            "--lm-vocab", "32", "--steps", "140", "--batch-size", "256", "--checkpoint-every-steps", "20",
+            "--log-every", "10", "--deterministic"]
+
+
+def _lm_files(folder, n_files=16, per_file=2000):
+    """`transformer-lm` records (9 tokens): 16 files of 2000, so the first shuffle window reads the first 8 files."""
+    import tensorflow as tf
+
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(7)
+    for f in range(n_files):
+        with tf.io.TFRecordWriter(str(folder / f"train-{f:02d}.tfrecord")) as w:
+            for _ in range(per_file):
+                toks = tf.train.Int64List(value=rng.integers(0, 32, 9))
+                w.write(tf.train.Example(features=tf.train.Features(feature={
+                    "tokens": tf.train.Feature(int64_list=toks)})).SerializeToString())
+    return sorted(folder.iterdir())
+
+
+def test_a_streamed_run_trains_before_its_last_file_and_resumes_to_the_staged_runs_weights(faulty_s3, tmp_path):
+    """The data downloads through a slow link while the run trains; stopped and resumed on a fresh disk from the
+    bucket's index, it ends with the weights of a run whose files were all on disk before its first step."""
+    from tests.trainer.helpers import Trainer, committed_weights, max_abs_diff
+    from trainer import data, layout
+    from trainer.storage import open_store
+
+    files = _lm_files(tmp_path / "local")
+    data_uri = f"s3://{faulty_s3.bucket}/datasets/lm"
+    store = open_store(data_uri)
+    for f in files:
+        store.put_file(f.name, str(f))
+    env = trainer_env(faulty_s3.vars)
+
+    # The reference: every file staged before the trainer starts.
+    local_uri = f"file://{tmp_path}/local"
+    data.stage(local_uri, str(tmp_path / "stage-ref"))
+    rc, events, err = run_trainer(f"file://{tmp_path}/runs/ref", "--data-uri", local_uri, "--data-dir",
+                                  str(tmp_path / "stage-ref"), *LM_FLAGS, env=env)
+    assert rc == 0, err[-3000:]
+    (staged,) = [e for e in events if e["event"] == layout.DATA_STAGED]
+    assert staged["downloaded"] == 0 and staged["files"] == 16 and staged["records"] == 32_000
+
+    # A first machine: the store answers at 4 KB/s a download (a file in ~18 s, 8 at a time), so the
+    # epoch's first 8 files (its first shuffle window) are on disk well before the last 8.
+    faulty_s3.proxy.throttle_answers(4096)
+    run = f"file://{tmp_path}/runs/streamed"
+    first = Trainer(run, "--data-uri", data_uri, "--data-dir", str(tmp_path / "stage-1"), *LM_FLAGS, env=env)
+    at_first = first.wait_event(layout.DATA_FIRST_STEP, timeout=240)
+    assert at_first["files"] < at_first["files_total"] == 16 and at_first["bytes"] < at_first["bytes_total"]
+    # Stopped after its first checkpoint; the stream waits for the last files meanwhile.
+    first.wait_event(layout.CHECKPOINT, timeout=240)
+    first.signal()
+    assert first.wait(timeout=240) == layout.EXIT_PREEMPTED, first.stderr[-3000:]
+    (stopped,) = [e["step"] for e in first.events if e["event"] == layout.PREEMPTED]
+    staged = [e for e in first.events if e["event"] == layout.DATA_STAGED]
+    assert [(e["downloaded"], e["counted"], e["index"]) for e in staged] == [(16, 16, "written")]
+    assert kinds(first.events).index(layout.DATA_FIRST_STEP) < kinds(first.events).index(layout.DATA_STAGED)
+
+    # A replacement on a fresh disk: the index places it, nothing is counted again.
+    faulty_s3.proxy.throttle_answers(0)
+    rc, events, err = run_trainer(run, "--data-uri", data_uri, "--data-dir", str(tmp_path / "stage-2"), *LM_FLAGS,
+                                  env=env)
+    assert rc == 0, err[-3000:]
+    assert [e["step"] for e in events if e["event"] == layout.RESUMED] == [stopped] and 20 <= stopped < 140
+    (staged,) = [e for e in events if e["event"] == layout.DATA_STAGED]
+    assert (staged["downloaded"], staged["counted"], staged["index"]) == (16, 0, "used")
+    diff = max_abs_diff(committed_weights(run, 140, tmp_path / "w-streamed"),
+                        committed_weights(f"file://{tmp_path}/runs/ref", 140, tmp_path / "w-ref"))
+    assert diff == 0.0
