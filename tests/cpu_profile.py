@@ -36,6 +36,7 @@ _TICK = os.sysconf("SC_CLK_TCK")
 _lock = threading.Lock()
 _current: dict[str, str | None] = {"test": None}
 _seen: dict[tuple[int, int], dict] = {}  # (pid, start time) -> what the poll saw of it
+_outcomes: dict[str, str] = {}  # test id -> passed, failed or skipped (a failed setup or teardown: failed)
 
 
 def _table() -> dict[int, dict]:
@@ -127,6 +128,13 @@ def pytest_configure(config) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if report.failed or report.when == "call" or (report.skipped and item.nodeid not in _outcomes):
+        _outcomes[item.nodeid] = "failed" if report.failed else report.outcome
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     root = os.getpid()
     before = _descendants(root)
@@ -141,7 +149,7 @@ def pytest_runtest_protocol(item, nextitem):
     gone_before = sum(p["cpu"] for k, p in before.items() if k not in after)
     with _lock:
         started = [dict(p) for p in _seen.values() if p["test"] == item.nodeid]
-    row = {"id": item.nodeid, "wall": round(wall, 2), "self": round(self1 - self0, 2),
+    row = {"id": item.nodeid, "outcome": _outcomes.pop(item.nodeid, "?"), "wall": round(wall, 2), "self": round(self1 - self0, 2),
            "children": round(reaped1 - reaped0 - gone_before + live, 2), "live": round(live, 2),
            "procs": len(started), "py": sum(p["python"] for p in started), "tf": sum(p["tf"] for p in started),
            "left": [p["comm"] for k, p in after.items() if k not in before], "kinds": _kinds(started)}
@@ -173,7 +181,8 @@ def report(folder: str, top: int = 40) -> str:
         lines.append(f"{c:8.1f} {w:7.1f} {n:6d} {tf:3d} {py:7d}  {name}")
     lines += ["", "   CPU-s (live)  wall-s  TF  test"]
     for r in sorted(rows, key=lambda r: -cpu(r))[:top]:
-        lines.append(f"{cpu(r):8.1f} ({r['live']:5.1f}) {r['wall']:7.1f} {r['tf']:3d}  {r['id']}")
+        mark = "" if r.get("outcome", "passed") == "passed" else f"  [{r['outcome']}]"
+        lines.append(f"{cpu(r):8.1f} ({r['live']:5.1f}) {r['wall']:7.1f} {r['tf']:3d}  {r['id']}{mark}")
     return "\n".join(lines)
 
 

@@ -32,6 +32,10 @@ def test_starts_a_child_that_outlives_it(tmp_path):
 def test_reaps_it():
     child.send_signal(signal.SIGKILL)
     child.wait()
+
+
+def test_fails():
+    assert False
 '''
 
 
@@ -42,7 +46,7 @@ def test_a_child_is_charged_to_the_test_that_ran_it_not_to_the_one_that_reaps_it
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.cpu_profile", "-p", "no:cacheprovider", "-n0",
                         "-q", "-o", "addopts=", "--rootdir", str(tmp_path), "test_scenario.py"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.returncode == 1 and "1 failed, 2 passed" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
     rows = {json.loads(line)["id"].split("::")[1]: json.loads(line) for line in (out / "main.jsonl").read_text().splitlines()}
     ran, reaped = rows["test_starts_a_child_that_outlives_it"], rows["test_reaps_it"]
     # The child burnt 1 s of CPU and was still running: RUSAGE_CHILDREN alone says 0 here.
@@ -50,3 +54,4 @@ def test_a_child_is_charged_to_the_test_that_ran_it_not_to_the_one_that_reaps_it
     assert ran["procs"] == 1 and ran["py"] == 1 and ran["tf"] == 0 and ran["left"], ran
     # Reaping it adds its whole CPU to RUSAGE_CHILDREN; what it spent before this test is taken off.
     assert reaped["children"] < 0.5, reaped
+    assert ran["outcome"] == reaped["outcome"] == "passed" and rows["test_fails"]["outcome"] == "failed"
