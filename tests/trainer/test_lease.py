@@ -409,11 +409,21 @@ def test_a_trainer_whose_lease_is_taken_over_stops_and_commits_nothing_more(s3_r
     try:
         trainer.wait_event(layout.CHECKPOINT, timeout=180)
         store = open_store(s3_run.uri)
-        data, version = store.get_versioned(layout.LEASE_KEY)
-        held = json.loads(data)
-        taken = {**held, "holder": "machine-b/1", "token": "b", "epoch": held["epoch"] + 1, "nonce": "b",
-                 "expires": time.time() + 600}
-        store.put_bytes_if(layout.LEASE_KEY, json.dumps(taken).encode(), version=version)
+        # As another machine takes a lease: read, then write if unchanged. The trainer renews
+        # every 4 s, and a renewal between the read and the write refuses the write (seen on
+        # a loaded machine): read again then, as the other machine would.
+        for _ in range(10):
+            data, version = store.get_versioned(layout.LEASE_KEY)
+            held = json.loads(data)
+            taken = {**held, "holder": "machine-b/1", "token": "b", "epoch": held["epoch"] + 1, "nonce": "b",
+                     "expires": time.time() + 600}
+            try:
+                store.put_bytes_if(layout.LEASE_KEY, json.dumps(taken).encode(), version=version)
+                break
+            except PreconditionFailed:
+                continue
+        else:
+            pytest.fail("the lease could not be taken over in 10 tries")
         before = CheckpointStore(open_store(s3_run.uri)).committed_steps()
         rc = trainer.wait(120)  # a renewal every 4 s finds it
     finally:

@@ -6,7 +6,7 @@ TensorFlow's start-up, so the scenarios where the real trainer adds nothing stay
 
 - workers from `TF_CONFIG`; worker 0 (the chief) listens on its endpoint, the others
   connect to it. A cluster not formed within `TRAINSTACK_STARTUP_TIMEOUT` exits 75
-  (EXIT_NO_CLUSTER); a peer whose connection closes or goes silent exits 76 (EXIT_PEER_LOST);
+  (EXIT_NO_CLUSTER); a peer whose connection closes (on a read or a write) or goes silent exits 76 (EXIT_PEER_LOST);
 - each step, the chief asks every worker whether it has been signalled; a signal on any
   worker stops all of them after the same step, the chief commits that step first
   (checkpoints/ckpt-<step>/COMMITTED) and all exit 143;
@@ -98,6 +98,13 @@ def readline(conn: socket.socket) -> str:
     return data.decode().strip()
 
 
+def send(conn: socket.socket, text: str) -> None:
+    try:
+        conn.sendall(text.encode())
+    except OSError as e:  # reset or broken pipe: the peer is gone (its machine was taken)
+        lost(str(e))
+
+
 def chief() -> int:
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -122,7 +129,7 @@ def chief() -> int:
         time.sleep(step_s)
         step += 1
         for conn in peers:
-            conn.sendall(f"step {step}\n".encode())
+            send(conn, f"step {step}\n")
         stop = signalled
         for conn in peers:
             stop = readline(conn) == "stop" or stop
@@ -130,7 +137,7 @@ def chief() -> int:
             commit(step)
         verdict = "stop" if stop else "done" if step == steps else "go"
         for conn in peers:
-            conn.sendall(f"{verdict} {step}\n".encode())
+            send(conn, f"{verdict} {step}\n")
         if stop:
             event("preempted", step=step)
             say(f"stopped after step {step}")
@@ -156,7 +163,7 @@ def worker() -> int:
     while True:
         kind, _, step = readline(conn).partition(" ")
         if kind == "step":
-            conn.sendall(b"stop\n" if signalled else b"ok\n")
+            send(conn, "stop\n" if signalled else "ok\n")
         elif kind == "stop":
             say(f"stopped with the others after step {step}")
             return EXIT_PREEMPTED

@@ -75,3 +75,20 @@ def test_a_call_whose_caller_is_killed_ends(tmp_path, s3_run):
         wait_for(lambda: not call & set(_children(server)), 60, "the orphaned call to end")
     finally:
         os.close(write)
+
+
+def test_a_call_without_credentials_gets_none_from_the_server(tmp_path, s3_run):
+    # The server builds a client of each service before it forks (devtools/cli_server.py
+    # `_warm_up`, with credentials of its own, then dropped): a call whose environment holds
+    # none must fail as the plain process fails, never sign with the warm-up's or a caller's.
+    paths, env = _tools(tmp_path, s3_run)
+    bare = {k: v for k, v in env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
+    bare.update({"AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none"),
+                 "AWS_EC2_METADATA_DISABLED": "true"})
+    key = f"{s3_run.uri}/creds.txt"
+    assert subprocess.run([paths["served"], "s3", "cp", "-", key], input=b"x", env=env, timeout=120).returncode == 0
+    seen = {mode: subprocess.run([aws, "s3", "cp", key, "-"], env=bare, capture_output=True, timeout=120)
+            for mode, aws in paths.items()}
+    assert seen["served"].returncode == seen["plain"].returncode != 0, seen
+    assert b"Unable to locate credentials" in seen["served"].stderr, seen["served"].stderr[-2000:]
+    assert seen["served"].stdout == seen["plain"].stdout == b""
