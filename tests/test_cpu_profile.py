@@ -42,7 +42,9 @@ def test_fails():
 def test_a_child_is_charged_to_the_test_that_ran_it_not_to_the_one_that_reaps_it(tmp_path):
     (tmp_path / "test_scenario.py").write_text(SCENARIO)
     out = tmp_path / "profile"
-    env = {**os.environ, "CPU_PROFILE_DIR": str(out), "PYTHONPATH": str(REPO)}
+    # The inner pytest runs without xdist: an xdist worker's variables would name its file after this worker.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env.update(CPU_PROFILE_DIR=str(out), PYTHONPATH=str(REPO))
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.cpu_profile", "-p", "no:cacheprovider", "-n0",
                         "-q", "-o", "addopts=", "--rootdir", str(tmp_path), "test_scenario.py"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
