@@ -12,6 +12,7 @@ import boto3
 from controller import record as records
 from controller.config import Config, parse
 from controller.record import iso
+from controller.tick import tick
 from trainer import layout
 from trainer.lease import LeaseRecord
 
@@ -108,3 +109,23 @@ class FakeGroups:
 
     def state(self, p):
         return self._state(p)
+
+
+def race(config, clouds, store, now: float) -> tuple[MeetingStore, list]:
+    """Two ticks at once over one store whose writers meet (MeetingStore); both must return."""
+    meeting = MeetingStore(store)
+    results, errors = [], []
+
+    def one() -> None:
+        try:
+            results.append(tick(config, clouds, now, store=meeting))
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert errors == [] and len(results) == 2
+    return meeting, results

@@ -19,7 +19,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from controller.tick import tick
 from devtools.fault_proxy import FaultProxy
 from devtools.servers import AWS_VARS
 from tests.controller.federation import GoogleSide, Pool, WebIdentityGate, claims
-from tests.controller.helpers import MeetingStore, make_group, moved_events, trained
+from tests.controller.helpers import make_group, moved_events, race, trained
 from tests.fixtures.gce_groups import GceGroups
 from tests.fixtures.no_capacity import NoCapacity, insufficient_capacity
 from trainer.storage import open_store
@@ -66,25 +65,6 @@ def _gcp_groups(gce: GceGroups, google: GoogleSide, pauses: list[float] | None =
     return GcpGroups(requests.Session(), api=gce.url, token_url=google.token_url,
                      iam_credentials=google.iam_credentials,
                      sleep=pauses.append if pauses is not None else (lambda s: None))
-
-
-def _race(config: Config, clouds: Clouds, store, now: float) -> tuple[MeetingStore, list]:
-    meeting = MeetingStore(store)
-    results, errors = [], []
-
-    def one() -> None:
-        try:
-            results.append(tick(config, clouds, now, store=meeting))
-        except Exception as e:  # noqa: BLE001 - reported by the assertion below
-            errors.append(e)
-
-    threads = [threading.Thread(target=one) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert errors == [] and len(results) == 2
-    return meeting, results
 
 
 # -- AWS home, a GCP placement ---------------------------------------------------------------
@@ -177,7 +157,7 @@ def test_two_aws_ticks_at_once_move_the_run_to_gcp_once(aws_home):
     trained(h.store, step=20, last_beat=now - 16 * 60)
     h.gate.cannot_launch(home.region, home.group, NO_CAPACITY, now=now)
 
-    meeting, results = _race(h.config, Clouds(aws=AwsGroups(), gcp=_gcp_groups(h.gce, h.google)), h.store, now)
+    meeting, results = race(h.config, Clouds(aws=AwsGroups(), gcp=_gcp_groups(h.gce, h.google)), h.store, now)
 
     assert meeting.refused == 1 and sorted(r.action for r in results) == [MOVE, STAY]
     assert (_aws_size(home), h.gce.sizes["ts-gpu-p1"]) == (0, 1)
@@ -333,7 +313,7 @@ def test_two_gcp_ticks_at_once_move_the_run_to_aws_once(gcp_home):
     h.gce.stockout("ts-gpu", "us-central1-a")
     clouds = Clouds(aws=AwsGroups(), gcp=GcpGroups(requests.Session(), api=h.gce.url, sleep=lambda s: None))
 
-    meeting, results = _race(h.config, clouds, h.store, now + 1)
+    meeting, results = race(h.config, clouds, h.store, now + 1)
 
     assert meeting.refused == 1 and sorted(r.action for r in results) == [MOVE, STAY]
     assert (h.gce.sizes["ts-gpu"], _admin_size(aws)) == (0, 1)

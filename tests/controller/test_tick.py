@@ -4,7 +4,6 @@ AWS reports it (a failed scaling activity per try, no instance)."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -13,7 +12,7 @@ from controller import record as records
 from controller.clouds import AwsGroups, CloudError, Clouds
 from controller.decide import MOVE, STAY
 from controller.tick import MoveError, move, tick
-from tests.controller.helpers import FakeGroups, MeetingStore, moved_events, sizes, trained
+from tests.controller.helpers import FakeGroups, moved_events, race, sizes, trained
 from tests.fixtures.no_capacity import insufficient_capacity
 from trainer import layout
 from trainer.storage import open_store
@@ -163,32 +162,13 @@ def test_a_tick_that_fails_midway_leaves_a_move_the_next_tick_finishes(placement
     assert len(moved_events(store)) == 1 and records.read(store)[0].pending is None
 
 
-def _race(config, clouds, store, now):
-    meeting = MeetingStore(store)
-    results, errors = [], []
-
-    def one():
-        try:
-            results.append(tick(config, clouds, now, store=meeting))
-        except Exception as e:  # noqa: BLE001 - reported by the assertion below
-            errors.append(e)
-
-    threads = [threading.Thread(target=one) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert errors == [] and len(results) == 2
-    return meeting, results
-
-
 def test_two_ticks_at_once_move_once_on_s3(placements):
     now = time.time()
     store = open_store(placements.run.uri)
     trained(store, step=20, last_beat=now - 16 * 60)
     placements.no_capacity_at_home(NO_CAPACITY, now)
 
-    meeting, results = _race(placements.config, Clouds(aws=AwsGroups()), store, now)
+    meeting, results = race(placements.config, Clouds(aws=AwsGroups()), store, now)
 
     assert meeting.refused == 1  # both wrote from the same version; S3 accepted one
     assert sorted(r.action for r in results) == [MOVE, STAY]
@@ -209,7 +189,7 @@ def test_two_ticks_at_once_move_once_on_gcs(gs_run_enforced):
     groups = FakeGroups({"home-gpu": 1, "west-gpu": 0},
                         state=lambda p: GroupState(0, 1, (LaunchFailure(now - 30, NO_CAPACITY),)))
 
-    meeting, results = _race(config, Clouds(aws=groups), store, now)
+    meeting, results = race(config, Clouds(aws=groups), store, now)
 
     assert meeting.refused == 1
     assert any(d[4] for d in gs_run_enforced.proxy.gate.decisions)  # GCS's precondition refused one
