@@ -198,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "preempted": preempted, "resumed": resumed, "faults": proxy.failed - before,
                                 "diff": diff, "attempts": [ev1[0].get("attempt") if ev1 else None,
                                                            ev2[0].get("attempt") if ev2 else None]})
+                if rc1 not in (0, 143) or rc2 != 0:  # what a failed attempt said last, for the report
+                    results[-1]["last_events"] = [e for e in (ev1 if rc1 not in (0, 143) else ev2)[-3:]]
                 print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     Path(a.out).write_text(json.dumps(results, indent=1))
     return 0
