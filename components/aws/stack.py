@@ -197,6 +197,7 @@ class TrainingStack(StackOutputs):
                     groups=[(p.region, g) for p, g in zip(places, groups, strict=True) if p.cloud == "aws"],
                     bucket_arn=bucket.arn,
                     tags=tags,
+                    federation=bool(access),
                     named_role=bool(access),
                 ),
                 opts=child,
