@@ -132,6 +132,13 @@ def lambda_wheel_files(cache: Path = WHEEL_CACHE) -> dict[str, Path]:
             if path.is_file() and "__pycache__" not in path.parts}
 
 
+def max_price_warning(index: int, region: str, price: float) -> str:
+    """What `pulumi up` says of an AWS home's `compute.maxPricePerHour` and its GCP placement `index`: GCE's
+    Spot VMs have no maximum price (their scheduling takes none), so the price holds on the AWS placements only."""
+    return (f"compute.maxPricePerHour ({price}) holds on the AWS placements only: placements[{index}] ({region}) is "
+            "on GCP, whose Spot VMs have no maximum price; its machines pay GCE's current Spot price")
+
+
 def group_name(home_group: str, index: int) -> str:
     """The group of placement `index` (0 = home): the home group's name, with `-p<index>` for the others.
 
