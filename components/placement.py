@@ -37,16 +37,18 @@ HANDLER_FILE = "controller/handler.py"
 # AWS group: botocore's web-identity credentials).
 # - AWS: Lambda's python3.12 runtime brings boto3 and its own dependencies (botocore, s3transfer,
 #   jmespath, dateutil, urllib3, six) and nothing else, and a Lambda package is not built by the
-#   cloud, so the package carries the rest: FUNCTION_LIBRARIES, pure Python, copied from this
-#   program's environment (which must hold the trainer's pins). urllib3 stays the runtime's: its
-#   botocore imports it, and requests takes any 1.26 or 2.x. google-auth's credentials module
-#   imports cryptography, which loads cffi's compiled backend: those two cannot be copied from this
-#   environment (its Python and platform need not be Lambda's), so the package takes their wheels
-#   built for Lambda's runtime (LAMBDA_WHEELS, `lambda_wheel_files`).
+#   cloud, so the package carries the rest, pure Python, copied from this program's environment
+#   (which must hold the trainer's pins): FUNCTION_LIBRARIES always, FEDERATION_LIBRARIES only when a
+#   placement is on GCP. urllib3 stays the runtime's: its botocore imports it, and requests takes any
+#   1.26 or 2.x. google-auth's credentials module imports cryptography, which loads cffi's compiled
+#   backend: those two cannot be copied from this environment (its Python and platform need not be
+#   Lambda's), so a package reaching GCP takes their wheels built for Lambda's runtime
+#   (LAMBDA_WHEELS, `lambda_wheel_files`).
 # - GCP: Cloud Functions installs requirements.txt: the GCS client (which brings google-auth and
 #   requests), GCP_FUNCTION_LIBRARIES, and boto3 for an AWS placement.
-FUNCTION_LIBRARIES = ("tenacity", "google-auth", "pyasn1-modules", "pyasn1", "requests", "charset-normalizer", "idna",
-                      "certifi", "pycparser")
+FUNCTION_LIBRARIES = ("tenacity",)
+FEDERATION_LIBRARIES = ("google-auth", "pyasn1-modules", "pyasn1", "requests", "charset-normalizer", "idna", "certifi",
+                        "pycparser")
 GCP_FUNCTION_LIBRARIES = ("tenacity", "google-auth", "boto3")
 TRAINER_REQUIREMENTS = Path(__file__).resolve().parents[1] / "trainer" / "requirements.txt"
 # The compiled libraries of the AWS package, as wheels for Lambda's python3.12 on x86_64 (the
@@ -66,8 +68,9 @@ def library_pins(names: tuple[str, ...] = GCP_FUNCTION_LIBRARIES) -> list[str]:
     return [next(line for line in lines if line.startswith(f"{name}==")) for name in names]
 
 
-def library_files() -> dict[str, Path]:
-    """The files of FUNCTION_LIBRARIES by their path in the package (`tenacity/retry.py`,
+def library_files(*, federation: bool) -> dict[str, Path]:
+    """The files of FUNCTION_LIBRARIES, and with `federation` (a placement on GCP) those of
+    FEDERATION_LIBRARIES and LAMBDA_WHEELS, by their path in the package (`tenacity/retry.py`,
     `google/auth/aws.py`, `certifi/cacert.pem`), from this environment's installed distributions:
     their modules and data, no compiled file (`__pycache__`, `.so`: the runtime's Python is not
     this one, and each of these libraries has a pure-Python path); refused when an installed version
@@ -76,7 +79,8 @@ def library_files() -> dict[str, Path]:
     import importlib.metadata
 
     files = {}
-    for name, pin in zip(FUNCTION_LIBRARIES, library_pins(FUNCTION_LIBRARIES), strict=True):
+    names = FUNCTION_LIBRARIES + (FEDERATION_LIBRARIES if federation else ())
+    for name, pin in zip(names, library_pins(names), strict=True):
         wanted, installed = pin.split("==", 1)[1], importlib.metadata.version(name)
         if installed != wanted:
             raise RuntimeError(f"the placement controller's package takes {name} from this environment, which has "
@@ -88,7 +92,8 @@ def library_files() -> dict[str, Path]:
                     or entry.suffix in (".so", ".pyd", ".pyc")):
                 continue
             files[entry.as_posix()] = Path(str(dist.locate_file(entry)))
-    files.update(lambda_wheel_files())
+    if federation:
+        files.update(lambda_wheel_files())
     return dict(sorted(files.items()))
 
 
@@ -125,6 +130,13 @@ def lambda_wheel_files(cache: Path = WHEEL_CACHE) -> dict[str, Path]:
     base = where / "files"
     return {path.relative_to(base).as_posix(): path for path in sorted(base.rglob("*"))
             if path.is_file() and "__pycache__" not in path.parts}
+
+
+def max_price_warning(index: int, region: str, price: float) -> str:
+    """What `pulumi up` says of an AWS home's `compute.maxPricePerHour` and its GCP placement `index`: GCE's
+    Spot VMs have no maximum price (their scheduling takes none), so the price holds on the AWS placements only."""
+    return (f"compute.maxPricePerHour ({price}) holds on the AWS placements only: placements[{index}] ({region}) is "
+            "on GCP, whose Spot VMs have no maximum price; its machines pay GCE's current Spot price")
 
 
 def group_name(home_group: str, index: int) -> str:

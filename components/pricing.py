@@ -163,12 +163,13 @@ class CostEstimate:
 
     @property
     def worst_hourly(self) -> float | None:
-        """The most the group can cost per hour: spot never exceeds on-demand or the set maximum price."""
+        """The most the group can cost per hour: spot never exceeds on-demand, nor on AWS the set maximum
+        price (GCE Spot VMs have none: a GCP placement of an AWS home pays GCE's Spot price)."""
         ceilings = [t.on_demand for t in self.types if t.on_demand is not None]
         if not ceilings or self.missing:
             return None
         per_machine = max(ceilings)
-        if self.spot and self.max_price_per_hour is not None:
+        if self.spot and self.max_price_per_hour is not None and self.cloud == "aws":
             per_machine = min(per_machine, self.max_price_per_hour)
         return round(per_machine * self.nodes, 6)
 

@@ -146,7 +146,7 @@ def price_env(settings) -> dict[str, str]:
         return {}
     if settings.compute.spot:
         what = "spot estimate (dearest type)"
-        if settings.compute.max_price_per_hour is not None:
+        if settings.compute.max_price_per_hour is not None and settings.cloud == "aws":  # GCE has no max price
             per_machine = [min(p, settings.compute.max_price_per_hour) for p in per_machine]
     else:
         what = "on-demand (dearest type)"

@@ -36,6 +36,7 @@ AWS calls (and the permissions they need): ``autoscaling:DescribeAutoScalingGrou
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -49,6 +50,10 @@ GCP_TRIES = 5
 GCP_PAUSE_S = 1.0
 GCP_TIMEOUT_S = 30.0
 GCP_API = "https://compute.googleapis.com/compute/v1"
+# gcloud's override of the Compute API's endpoint (`api_endpoint_overrides/compute`, e.g. a Private Service
+# Connect endpoint), as its environment variable: where it is set (an operator's shell), `ops move`
+# reaches the endpoint their gcloud does.
+COMPUTE_ENDPOINT_ENV = "CLOUDSDK_API_ENDPOINT_OVERRIDES_COMPUTE"
 GCP_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 ACTIVITIES = 50  # the newest scaling activities read (a failed launch is retried every few minutes)
 # Federation's endpoints (the tests point them at stand-ins on 127.0.0.1).
@@ -238,14 +243,15 @@ class GcpGroups:
 
     ``session``: an authorized ``requests`` session for home's project (default: the function's
     own identity, ``google.auth.default``); a placement with ``access`` gets its own, through
-    federation (module docstring). ``api``: the Compute API's base URL; ``token_url`` and
+    federation (module docstring). ``api``: the Compute API's base URL (default: gcloud's override,
+    COMPUTE_ENDPOINT_ENV, when set, else GCP_API); ``token_url`` and
     ``iam_credentials``: Google's STS and IAM Credentials API.
     """
 
-    def __init__(self, session=None, *, api: str = GCP_API, token_url: str = GOOGLE_STS_URL,
+    def __init__(self, session=None, *, api: str | None = None, token_url: str = GOOGLE_STS_URL,
                  iam_credentials: str = IAM_CREDENTIALS_API, sleep: Callable[[float], None] = time.sleep) -> None:
         self._session = session
-        self.api = api.rstrip("/")
+        self.api = (api or os.environ.get(COMPUTE_ENDPOINT_ENV) or GCP_API).rstrip("/")
         self.token_url, self.iam_credentials = token_url, iam_credentials
         self._sleep = sleep
         self._federated: dict[tuple[str, str], object] = {}

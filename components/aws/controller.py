@@ -19,8 +19,9 @@ import pulumi_aws as aws
 from components import placement, project
 from trainer import layout
 
-# The function's package is components/placement.py's FUNCTION_PACKAGES; AWS Lambda's python3.12
-# runtime brings boto3, the one library an AWS tick needs.
+# The function's package is components/placement.py's FUNCTION_PACKAGES and the libraries Lambda's
+# python3.12 runtime lacks (it brings boto3): tenacity, and google-auth with its dependencies only
+# when a placement is on GCP (placement.library_files).
 HANDLER = "controller.handler.handler"
 RUNTIME = "python3.12"
 # A tick reads a few small objects and makes a few API calls; a bound far above that, and well
@@ -66,6 +67,9 @@ class PlacementControllerArgs:
     """ARN of the home bucket."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags for every resource."""
+    federation: bool = False
+    """Some placement is on GCP: the package carries google-auth (and cryptography and cffi, built for
+    Lambda) to reach its group."""
     named_role: bool = False
     """Name the function's role `role_name(name)` (instead of a generated name): a GCP placement's workload
     identity provider admits that role by name, and must know it before the role exists."""
@@ -97,14 +101,15 @@ def function_policy(*, partition: pulumi.Input[str], account_id: pulumi.Input[st
     return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})
 
 
-def function_code() -> pulumi.AssetArchive:
+def function_code(*, federation: bool = False) -> pulumi.AssetArchive:
     """The function's package: the .py files of the controller, the trainer and the libraries they need
-    beyond Lambda's runtime (placement.FUNCTION_LIBRARIES), at their package paths."""
+    beyond Lambda's runtime (placement.library_files: with `federation`, those reaching a GCP group too),
+    at their package paths."""
     files = placement.function_files(project.ROOT)
     if placement.HANDLER_FILE not in files:
         pulumi.log.warn(f"{placement.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
                         "would have no handler")
-    files.update(placement.library_files())
+    files.update(placement.library_files(federation=federation))
     return pulumi.AssetArchive({name: pulumi.FileAsset(str(path)) for name, path in files.items()})
 
 
@@ -161,7 +166,7 @@ class PlacementController(pulumi.ComponentResource):
             description="trainstack: moves the run to another placement when its own cannot launch",
             runtime=RUNTIME,
             handler=HANDLER,
-            code=function_code(),
+            code=function_code(federation=args.federation),
             role=self.role.arn,
             timeout=TIMEOUT_S,
             memory_size=MEMORY_MB,

@@ -197,6 +197,7 @@ class TrainingStack(StackOutputs):
                     groups=[(p.region, g) for p, g in zip(places, groups, strict=True) if p.cloud == "aws"],
                     bucket_arn=bucket.arn,
                     tags=tags,
+                    federation=bool(access),
                     named_role=bool(access),
                 ),
                 opts=child,
@@ -254,6 +255,8 @@ class TrainingStack(StackOutputs):
             store=userdata.aws_store_env(region=s.region, role_arn=role.role_arn, audience=token_audience),
         )
         c = p.compute
+        if c.spot and c.max_price_per_hour is not None:
+            pulumi.log.warn(placement.max_price_warning(index, p.region, c.max_price_per_hour), resource=self)
         group = GceGroup(
             f"{name}-group-p{index}",
             GceGroupArgs(

@@ -174,6 +174,11 @@ def validate(s: Settings) -> None:
                           f"compute.maxRuntimeHours ({c.max_runtime_hours} h); no checkpoint would ever be written")
     if not c.spot and c.max_price_per_hour is not None:
         raise ConfigError("compute.maxPricePerHour", "only applies to spot; remove it or set compute.spot: true")
+    if s.cloud == "gcp" and c.max_price_per_hour is not None:
+        # Compute Engine's scheduling has no maximum price (provisioningModel SPOT, no bid): the setting
+        # would bind nothing. (An AWS home's GCP placements: it holds on the AWS ones, the stack warns.)
+        raise ConfigError("compute.maxPricePerHour", f"{c.max_price_per_hour}: GCE Spot VMs have no maximum price (they "
+                          "pay the current Spot price and are preempted for capacity, not price); remove it")
     check_one_gpu_model(s)
     check_extra_args(s)
     usercode.validate(s.run.code, s.run.model, BUILTIN_MODELS, command=s.run.command,

@@ -210,3 +210,29 @@ def test_the_controller_takes_the_stacks_configuration_as_it_is():
     assert parsed.placements[2].access == json.loads(r.outputs["placements"])["placements"][2]["access"]
     assert parsed.placements[2].access["gcp_audience"].endswith(
         f"/providers/{provider['inputs']['workloadIdentityPoolProviderId']}")
+
+
+def test_the_max_price_holds_on_the_aws_placements_and_pulumi_up_says_the_gcp_one_has_none(monkeypatch):
+    # GCE's scheduling takes no maximum price: the AWS groups are capped, the GCP placement is named in a
+    # warning, and its cost is not estimated below GCE's on-demand ceiling.
+    import pulumi
+
+    from components import placement, pricing
+    from components.settings import load_settings
+
+    said: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **kw: said.append(message))
+    raw = {**RAW, "compute": {"maxPricePerHour": 0.5}}
+    r = synth.synthesize(raw, stack="places")
+
+    assert [m for m in said if "maxPricePerHour" in m] == [placement.max_price_warning(2, "us-central1", 0.5)]
+    distributions = [g["inputs"]["mixedInstancesPolicy"]["instancesDistribution"]
+                     for g in r.of_type("aws:autoscaling/group:Group")]
+    assert [d["spotMaxPrice"] for d in distributions] == ["0.5000", "0.5000"]
+    (template,) = r.of_type(synth.INSTANCE_TEMPLATE)
+    assert template["inputs"]["scheduling"]["provisioningModel"] == "SPOT"
+    s = load_settings(raw, stack="places")
+    aws_west, gce = (pricing.hourly_cost(placement.settings_at(s, i)) for i in (1, 2))
+    assert aws_west.worst_hourly == 0.5
+    (g2,) = gce.types
+    assert g2.on_demand > 0.5 and gce.worst_hourly == round(g2.on_demand, 6)

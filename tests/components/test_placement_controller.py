@@ -62,8 +62,8 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
         assert schedule["inputs"]["target"]["arn"].endswith(f":function:{fn['inputs']['name']}")
         files = fn["inputs"]["code"]["assetArchive"]
         assert "trainer/layout.py" in files and "trainer/lease.py" in files
-        libraries = placement.library_files()
-        assert {"tenacity/retry.py", "google/auth/aws.py", "requests/sessions.py", "certifi/cacert.pem"} <= set(libraries)
+        libraries = placement.library_files(federation=False)  # every placement on AWS
+        assert "tenacity/retry.py" in libraries
         assert all(name in libraries or name.startswith(("controller/", "trainer/")) and name.endswith(".py")
                    for name in files)
         assert set(libraries) <= set(files)
@@ -78,6 +78,28 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
     home = "trainstack-aws" if cloud == "aws" else "trainstack-gcp"
     made = [x for x in _controller(r) if x["type"] != "random:index/randomId:RandomId"]
     assert len(made) >= 8 and {x["options"]["provider"] for x in made} == {home}
+
+
+# What only a package reaching a GCP group needs: google-auth and its transport, and the compiled
+# libraries its credentials load, built for Lambda's Python.
+FEDERATION_FILES = {"google/auth/aws.py", "requests/sessions.py", "certifi/cacert.pem", "cryptography/__init__.py",
+                    "_cffi_backend.cpython-312-x86_64-linux-gnu.so"}
+FEDERATION_TOPS = ("google/", "requests/", "certifi/", "pyasn1", "cryptography/", "cffi/", "_cffi_backend", "pycparser/",
+                   "idna/", "charset_normalizer/")
+
+
+@pytest.mark.parametrize("gcp_placement", [False, True])
+def test_the_aws_package_carries_google_auth_only_when_a_placement_is_on_gcp(gcp_placement):
+    from tests.components.test_cross_cloud_placements import synthesized as cross_cloud
+
+    r = cross_cloud() if gcp_placement else synthesized("aws")
+    (fn,) = r.of_type(FUNCTION["aws"])
+    files = set(fn["inputs"]["code"]["assetArchive"])
+    assert "tenacity/retry.py" in files and "controller/clouds.py" in files
+    if gcp_placement:
+        assert files >= FEDERATION_FILES
+    else:
+        assert [name for name in files if name.startswith(FEDERATION_TOPS)] == []
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])

@@ -265,6 +265,7 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     ("gcp-aws-shape", gcp(**{C: {"instanceTypes": ["t3.large"]}}), "compute.instanceTypes[0]", "is an AWS instance type"),
     ("gcp-type-typo", gcp(**{C: {"instanceTypes": ["g2-standard-9"]}}), "compute.instanceTypes[0]", "did you mean"),
     ("gcp-subnets", gcp(**{C: {"subnets": ["subnet-0123456789abcdef0"]}}), "compute.subnets[0]", "choose zones"),
+    ("gcp-max-price", gcp(**{C: {"maxPricePerHour": 0.5}}), "compute.maxPricePerHour", "no maximum price"),
     ("gcp-accelerator-on-g2", gcp(**{C: {"instanceTypes": ["g2-standard-8"], "accelerator": "nvidia-tesla-t4"}}),
      "compute.accelerator", "only GCP N1 machine types take an accelerator"),
     ("gcp-image-malformed", gcp(**{C: {"imageId": "projects/p/images/Ubuntu_22.04"}}), "compute.imageId",

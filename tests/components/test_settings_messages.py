@@ -135,6 +135,7 @@ LINES = {
     'gcp-aws-shape': "trainstack:compute.instanceTypes[0]: 't3.large' is an AWS instance type; this stack's cloud is gcp",
     'gcp-type-typo': "trainstack:compute.instanceTypes[0]: 'g2-standard-9' is not a known GCP GPU machine type; did you mean 'g2-standard-96'?",
     'gcp-subnets': "trainstack:compute.subnets[0]: 'subnet-0123456789abcdef0': GCP stacks choose zones, not subnets",
+    'gcp-max-price': 'trainstack:compute.maxPricePerHour: 0.5: GCE Spot VMs have no maximum price (they pay the current Spot price and are preempted for capacity, not price); remove it',
     'gcp-accelerator-on-g2': "trainstack:compute.accelerator: 'nvidia-tesla-t4': only GCP N1 machine types take an accelerator; remove it (the other types come with their GPUs)",
     'gcp-image-malformed': "trainstack:compute.imageId: 'projects/p/images/Ubuntu_22.04': expected a GCE image (projects/P/global/images/NAME)",
     'gcp-n1-no-accelerator': 'trainstack:compute.accelerator: is required for n1-standard-8 (e.g. nvidia-tesla-t4)',

@@ -17,6 +17,11 @@
   principal (that role) may impersonate; the access tokens it gives are ``access_tokens``, which
   the fake Compute API (``tests/fixtures/gce_groups.py``'s ``authorize``) then requires.
 
+- OAuth's token endpoint (``POST /token``) for an operator's own credentials (the ``authorized_user``
+  file ``gcloud auth application-default login`` writes; google-auth refreshes it at
+  ``google.oauth2.credentials._GOOGLE_OAUTH2_TOKEN_ENDPOINT``, which a test points here): a refresh
+  token in ``refresh_tokens`` gets an access token, kept in ``operator_tokens``.
+
 ``fail_next(n)`` answers the next ``n`` STS or IAM Credentials requests 503 (Google's JSON
 error shape). A refusal is answered as Google's: OAuth's ``invalid_grant`` from STS, 403
 ``PERMISSION_DENIED`` from IAM Credentials.
@@ -84,6 +89,8 @@ class GoogleSide:
         self.impersonations: list[tuple[str, bool]] = []
         self.access_tokens: dict[str, str] = {}  # token -> service account
         self._federated: dict[str, str] = {}  # federated token -> role ARN
+        self.refresh_tokens: set[str] = set()
+        self.operator_tokens: list[str] = []
         self._fail = 0
         self._lock = threading.Lock()
         side = self
@@ -135,6 +142,14 @@ class GoogleSide:
             token = self.id_token(q.get("audience", ""))
             self.id_tokens.append((q.get("audience", ""), q.get("format", ""), token))
             return 200, "text/plain", token.encode()
+        if method == "POST" and parts.path == "/token":
+            form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
+            if form.get("grant_type") != "refresh_token" or form.get("refresh_token") not in self.refresh_tokens:
+                return _json(400, {"error": "invalid_grant", "error_description": "Bad Request"})
+            token = f"ya29.operator-{uuid.uuid4().hex}"
+            self.operator_tokens.append(token)
+            return _json(200, {"access_token": token, "expires_in": 3599, "token_type": "Bearer",
+                               "scope": "https://www.googleapis.com/auth/cloud-platform"})
         if method == "POST" and (parts.path == "/v1/token" or parts.path.endswith(":generateAccessToken")):
             with self._lock:
                 failing = self._fail > 0

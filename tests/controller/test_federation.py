@@ -374,7 +374,7 @@ def test_the_aws_package_reaches_a_gcp_placement_in_lambdas_runtime(aws_home, tm
     task, runtime = tmp_path / "task", tmp_path / "runtime"
     task.mkdir()
     runtime.mkdir()
-    _materialize(controller.function_code(), task)
+    _materialize(controller.function_code(federation=True), task)
     site = Path(boto3.__file__).parents[1]
     for name in LAMBDA_RUNTIME:
         found = [p for p in (site / name, site / f"{name}.py") if p.exists()]

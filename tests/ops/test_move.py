@@ -10,11 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
+from google.oauth2 import credentials as google_oauth2
 
 from controller import record as records
+from controller.clouds import COMPUTE_ENDPOINT_ENV
 from ops import status
 from ops.__main__ import main
+from tests.controller.federation import GoogleSide
 from tests.controller.helpers import moved_events, sizes, trained
+from tests.fixtures.gce_groups import GceGroups
 from tests.fixtures.no_capacity import placements  # noqa: F401 - a fixture, found by name
 from tests.ops.test_status import fake_pulumi
 from trainer.storage import open_store
@@ -53,6 +57,49 @@ def test_move_by_region_moves_the_run_and_status_shows_it(placements, tmp_path, 
     assert main(["status", "--run-uri", placements.run.uri]) == 0
     shown = capsys.readouterr().out
     assert "placement" in shown and "aws us-east-1 -> aws us-west-2" in shown
+
+
+def test_move_to_the_other_cloud_uses_the_operators_google_credentials(placements, tmp_path, capsys, monkeypatch):  # noqa: F811
+    # An AWS-home run moved to its GCP placement by region: the operator's own Google credentials
+    # (`gcloud auth application-default login`'s file) size the GCE group, never the function's federation.
+    store = open_store(placements.run.uri)
+    trained(store, step=30, last_beat=time.time() - 5)
+    google = GoogleSide(moto=placements.proxy.url)
+    google.refresh_tokens.add("1//operator-refresh")
+    gce = GceGroups("ts-proj", "us-central1")
+    gce.add("ts-gpu-p2", 0)
+    gce.authorize = lambda _group, header: header.removeprefix("Bearer ") in google.operator_tokens
+    doc = _document(placements.config)
+    doc["placements"].append({"cloud": "gcp", "region": "us-central1", "project": "ts-proj", "group": "ts-gpu-p2",
+                              "access": {"gcp_audience": "//iam.googleapis.com/projects/987654321/locations/global/"
+                                                         "workloadIdentityPools/ts-pool/providers/aws-controller",
+                                         "service_account": "ts-controller@ts-proj.iam.gserviceaccount.com"}})
+    config_file = tmp_path / "placements.json"
+    config_file.write_text(json.dumps(doc))
+    adc = tmp_path / "application_default_credentials.json"
+    adc.write_text(json.dumps({"type": "authorized_user", "client_id": "764086051850-x.apps.googleusercontent.com",
+                               "client_secret": "d-FL95Q19q7MQmFpd7hHD0Ty", "refresh_token": "1//operator-refresh",
+                               "universe_domain": "googleapis.com"}))
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
+    # google-auth refreshes such a file's token at Google's OAuth endpoint whatever the file says.
+    monkeypatch.setattr(google_oauth2, "_GOOGLE_OAUTH2_TOKEN_ENDPOINT", f"{google.url}/token")
+    monkeypatch.setenv(COMPUTE_ENDPOINT_ENV, gce.url + "/")
+    try:
+        rc = main(["move", "--config", str(config_file), "--to", "us-central1"])
+    finally:
+        google.close()
+        gce.close()
+
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert out.strip() == (f"moved {placements.run.uri} from 0 (aws us-east-1) to 2 (gcp us-central1); "
+                           "it resumes from step 30")
+    assert sizes(placements.config) == [0, 0] and gce.sizes["ts-gpu-p2"] == 1
+    assert google.operator_tokens and google.exchanges == [] and google.impersonations == []
+    assert ("POST", "/compute/v1/projects/ts-proj/regions/us-central1/instanceGroupManagers/ts-gpu-p2/resize") \
+        in gce.requests
+    [event] = moved_events(store)
+    assert (event["from_placement"], event["to_placement"], event["step"]) == ("aws us-east-1", "gcp us-central1", 30)
 
 
 def test_move_waits_for_a_live_lease_then_leaves_it_to_the_controller(placements, tmp_path, capsys):  # noqa: F811

@@ -122,3 +122,40 @@ def container_env(env_file: str, tmp: Path) -> dict[str, str]:
         "TRAINSTACK_ROOT": str(tmp / "root"), "TRAINSTACK_ENV_FILE": str(path), "CONTAINER_ENV": str(container)})
     assert run.returncode == 0, run.stderr.decode(errors="replace")
     return docker_env_file(container.read_bytes())
+
+
+def committed_steps(store) -> list[int]:
+    """The steps of the run's committed checkpoints, oldest first."""
+    return sorted(s for k in store.list(layout.CHECKPOINTS_PREFIX)
+                  for s, rest in [layout.checkpoint_key_step(k) or (0, "")] if rest == layout.COMMITTED)
+
+
+def diff_from_uninterrupted(run_uri: str, tmp: Path, *, steps: int, batch: int, seed: int, every: int) -> float:
+    """Max |Δ| between the final weights of the run at `run_uri` and those of the same run (the mlp on
+    synthetic data, deterministic) trained in one attempt, never stopped, under `tmp`."""
+    from tests.trainer.helpers import committed_weights, max_abs_diff, run_trainer, trainer_env
+
+    reference = f"file://{tmp}/reference/runs/ref"
+    rc, _events, err = run_trainer(reference, "--model", "mlp", "--synthetic", "--deterministic", "--steps", str(steps),
+                                   "--batch-size", str(batch), "--seed", str(seed), "--checkpoint-every-steps",
+                                   str(every), env=trainer_env())
+    assert rc == 0, err[-3000:]
+    return max_abs_diff(committed_weights(run_uri, steps, tmp / "moved"), committed_weights(reference, steps, tmp / "ref"))
+
+
+def preempted_after_first_checkpoint(box, md, store) -> int:
+    """An AWS sandbox machine (`box`, its metadata server `md`) trains the run in `store` with the trainer
+    held after its first checkpoint (held_trainer.py), gets a spot notice there, stops with exit 143 and
+    waits for the cloud, which takes it (powered off); the run's last committed step."""
+    from tests.trainer.helpers import REPO
+
+    box.env.update(FAKE_TRAINER_MODULE="tests.userdata.held_trainer", FAKE_TRAINER_PATH=str(REPO))
+    box.boot()
+    wait_for(lambda: (box.state / "trainer-held").exists(), 180, "the trainer held after its first checkpoint")
+    wait_for(lambda: committed_steps(store), 60, "a committed checkpoint")
+    md.notice_aws()
+    wait_for(lambda: "exited with 143" in box.journal(), 120, "the trainer's exit 143")
+    wait_for(lambda: "waiting for the cloud to take the machine back" in box.journal(), 60,
+             "the supervisor waiting for the cloud")
+    box.power_off()
+    return committed_steps(store)[-1]

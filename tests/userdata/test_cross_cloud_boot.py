@@ -21,62 +21,29 @@ import sys
 
 import pytest
 
-from components import placement
-from components.aws.federation import audience
-from components.code import archive_key, pack
-from components.settings import load_settings
-from components.userdata import aws_store_env, boot_env
-from devtools.metadata import MetadataServer
-from devtools.sandbox import Sandbox
-from devtools.servers import Run
-from ops import synth
-from ops.fakes.common import fake_hex
+from components.userdata import boot_env
 from tests.fixtures.iam_cloud import IamCloud, iam_cloud  # noqa: F401 - a fixture, found by name
-from tests.iam.policy_eval import Decision
 from tests.trainer.helpers import REPO, trainer_env
+from tests.userdata.cross_cloud import (
+    assert_ended_with_its_google_identity,
+    aws_home,
+    gce_machine,
+    gce_metadata,
+    raw_stack,
+)
 from tests.userdata.helpers import wait_for
 from trainer import layout
 
 pytestmark = pytest.mark.slow
 
-REGION = "us-east-1"
 STEPS, EVERY, BATCH, SEED = 300, 100, 16, 11
-RAW = {
-    "cloud": "aws", "region": REGION,
-    "run": {"id": "exp-7", "model": "mlp", "synthetic": True, "steps": STEPS, "batchSize": BATCH, "seed": SEED,
-            "checkpointEverySteps": EVERY, "checkpointEverySeconds": 600, "extraArgs": ["--deterministic"]},
-    "compute": {"maxRuntimeHours": 1},
-    "placements": [{"cloud": "aws", "region": REGION, "instanceTypes": ["g5.xlarge"]},
-                   {"cloud": "gcp", "region": "us-central1", "project": "my-gpus-42", "instanceTypes": ["g2-standard-4"]}],
-}
-STATIC_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
-
-
-def _admin_env(cloud: IamCloud) -> dict[str, str]:
-    return {"AWS_ENDPOINT_URL": cloud.proxy.url, "AWS_DEFAULT_REGION": REGION,
-            "AWS_ACCESS_KEY_ID": cloud.proxy.admin[0], "AWS_SECRET_ACCESS_KEY": cloud.proxy.admin[1]}
 
 
 def test_a_gce_machine_resumes_from_the_s3_home_with_its_google_identity_and_completes(
         iam_cloud: IamCloud, tmp_path):  # noqa: F811
-    settings = load_settings(RAW, stack="places")
-    r = synth.synthesize(RAW, stack="places")
-    (role,) = [x for x in r.of_type("aws:iam/role:Role") if x["parent"] == "trainstack-federation-p1"]
-    (policy,) = [x for x in r.of_type("aws:iam/rolePolicy:RolePolicy") if x["parent"] == "trainstack-federation-p1"]
-    unique_id = str(int(fake_hex("gcp:serviceaccount/account:Account", "trainstack-identity-p1-sa")[:15], 16))
-    group = r.named("trainstack-group-p1-mig")["inputs"]["name"]
-    bucket, run_uri = r.outputs["bucketName"], r.outputs["runUri"]
-
-    s3 = iam_cloud.admin("s3", REGION)
-    s3.create_bucket(Bucket=bucket)
-    data = pack()
-    s3.put_object(Bucket=bucket, Key=archive_key(data), Body=data)
-    code_uri = f"s3://{bucket}/{archive_key(data)}"
-    iam = iam_cloud.admin("iam", REGION)
-    arn = iam.create_role(RoleName="trainstack-gcp-p1", AssumeRolePolicyDocument=role["inputs"]["assumeRolePolicy"],
-                          )["Role"]["Arn"]
-    iam.put_role_policy(RoleName="trainstack-gcp-p1", PolicyName="machine", PolicyDocument=policy["inputs"]["policy"])
-    iam_cloud.proxy.trust(arn, role["inputs"]["assumeRolePolicy"], [policy["inputs"]["policy"]])
+    home_stack = aws_home(iam_cloud, raw_stack(steps=STEPS, every=EVERY, batch=BATCH, seed=SEED))
+    settings, bucket, run_uri, group = home_stack.settings, home_stack.bucket, home_stack.run_uri, home_stack.gcp_group
+    s3 = iam_cloud.admin("s3", home_stack.raw["region"])
 
     # 1. Home's attempt: trains to its first committed checkpoint, held there, then stopped.
     home_env = {k: v for k, v in boot_env(settings, run_uri=run_uri, group="home", code_uri="").items()
@@ -84,7 +51,7 @@ def test_a_gce_machine_resumes_from_the_s3_home_with_its_google_identity_and_com
     state = tmp_path / "home-state"
     state.mkdir()
     home = subprocess.Popen([sys.executable, "-m", "tests.userdata.held_trainer", "--run-uri", run_uri], cwd=REPO,
-                            env=trainer_env(**_admin_env(iam_cloud), **home_env, FAKE_STATE=str(state)),
+                            env=trainer_env(**home_stack.admin_env(iam_cloud), **home_env, FAKE_STATE=str(state)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: (state / "trainer-held").exists() or home.poll() is not None, 180, "home's first checkpoint")
@@ -101,15 +68,10 @@ def test_a_gce_machine_resumes_from_the_s3_home_with_its_google_identity_and_com
     assert committed and committed[-1] < STEPS
 
     # 2. A machine of the GCP placement: GCE's metadata (its account's ID token), no AWS key anywhere.
-    md = MetadataServer(name="trainstack-places-gpu-p1-abcd", service_account_id=unique_id)
+    md = gce_metadata(home_stack)
     box = None
     try:
-        run = Run(uri=run_uri, bucket=bucket, vars={"AWS_ENDPOINT_URL": iam_cloud.proxy.url, "AWS_DEFAULT_REGION": REGION})
-        box = Sandbox(tmp_path / "gce", run, md, group, code_uri, settings=placement.settings_at(settings, 1),
-                      env_overrides=aws_store_env(region=REGION, role_arn=arn, audience=audience(group)))
-        for k in STATIC_KEYS:
-            box.env.pop(k, None)
-        box.env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull)
+        box = gce_machine(tmp_path / "gce", home_stack, md, iam_cloud.proxy.url)
         assert box.boot().wait(timeout=400) == 0, box.journal()[-4000:]
         token_file = box.root / "run/trainstack/federation/aws-token"
         assert token_file.exists() and oct(token_file.stat().st_mode & 0o777) == "0o600"
@@ -126,14 +88,7 @@ def test_a_gce_machine_resumes_from_the_s3_home_with_its_google_identity_and_com
     assert [e["step"] for e in resumed] == [committed[-1]]
     # With its own identity: tokens for the placement's audience, sessions STS gave for them, and every
     # call of those sessions allowed by the role's policy.
-    assert md.identity_audiences and set(md.identity_audiences) == {audience(group)}
-    decisions = iam_cloud.proxy.decisions
-    assert ("web-identity", "sts:AssumeRoleWithWebIdentity", arn, Decision.ALLOW) in decisions
-    session_keys = set(iam_cloud.proxy.web_identity_keys)
-    assert session_keys
-    puts = [d for k, a, res, d in decisions if k in session_keys and a == "s3:PutObject"
-            and res.endswith(f"runs/exp-7/{layout.COMPLETE}")]
-    assert puts == [Decision.ALLOW]
+    assert_ended_with_its_google_identity(iam_cloud, md, home_stack)
     # Its finish step resized its own GCE group to zero.
     assert any(argv[:5] == ["compute", "instance-groups", "managed", "resize", group] and "0" in argv
                for argv in box.argvs("gcloud"))

@@ -24,8 +24,7 @@ from devtools.metadata import MetadataServer
 from devtools.sandbox import Sandbox
 from tests.controller.helpers import moved_events, sizes
 from tests.fixtures.no_capacity import insufficient_capacity, placements  # noqa: F401 - a fixture, found by name
-from tests.trainer.helpers import REPO, committed_weights, max_abs_diff, run_trainer, trainer_env
-from tests.userdata.helpers import events, wait_for
+from tests.userdata.helpers import diff_from_uninterrupted, events, preempted_after_first_checkpoint
 from trainer import layout
 from trainer.storage import open_store
 
@@ -47,11 +46,6 @@ def _settings(region: str):
     }, stack="sandbox")
 
 
-def _committed(store) -> list[int]:
-    return sorted(s for k in store.list(layout.CHECKPOINTS_PREFIX)
-                  for s, rest in [layout.checkpoint_key_step(k) or (0, "")] if rest == layout.COMMITTED)
-
-
 def test_a_preempted_run_whose_region_cannot_launch_moves_and_ends_as_if_never_stopped(
         placements, code_uri, tmp_path):  # noqa: F811
     run, config = placements.run, placements.config
@@ -64,16 +58,7 @@ def test_a_preempted_run_whose_region_cannot_launch_moves_and_ends_as_if_never_s
         # 1. Placement A trains and is preempted.
         box_a = Sandbox(tmp_path / "a", run, md_a, home.group, code_uri, settings=_settings(home.region))
         boxes.append(box_a)
-        box_a.env.update(FAKE_TRAINER_MODULE="tests.userdata.held_trainer", FAKE_TRAINER_PATH=str(REPO))
-        box_a.boot()
-        wait_for(lambda: (box_a.state / "trainer-held").exists(), 180, "A's trainer held after its first checkpoint")
-        wait_for(lambda: _committed(store), 60, "a committed checkpoint in placement A")
-        md_a.notice_aws()
-        wait_for(lambda: "exited with 143" in box_a.journal(), 120, "A's trainer exit 143")
-        wait_for(lambda: "waiting for the cloud to take the machine back" in box_a.journal(), 60,
-                 "A's supervisor waiting for the cloud")
-        box_a.power_off()
-        stopped_at = _committed(store)[-1]
+        stopped_at = preempted_after_first_checkpoint(box_a, md_a, store)
         assert EVERY < stopped_at < STEPS  # the stop's own checkpoint, after the held step
 
         # 2. A's group cannot launch; 3. a tick past waitMinutes moves the run.
@@ -103,11 +88,5 @@ def test_a_preempted_run_whose_region_cannot_launch_moves_and_ends_as_if_never_s
     assert records.read(store)[0].active == 1
     assert tick(config, Clouds(aws=AwsGroups()), time.time()).action == "finish"
 
-    reference = f"file://{tmp_path}/reference/runs/ref"
-    rc, _events, err = run_trainer(reference, "--model", "mlp", "--synthetic", "--deterministic", "--steps", str(STEPS),
-                                   "--batch-size", str(BATCH), "--seed", str(SEED), "--checkpoint-every-steps",
-                                   str(EVERY), env=trainer_env())
-    assert rc == 0, err[-3000:]
-    diff = max_abs_diff(committed_weights(run.uri, STEPS, tmp_path / "moved"),
-                        committed_weights(reference, STEPS, tmp_path / "ref"))
+    diff = diff_from_uninterrupted(run.uri, tmp_path, steps=STEPS, batch=BATCH, seed=SEED, every=EVERY)
     assert diff == 0.0, diff
