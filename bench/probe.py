@@ -100,12 +100,15 @@ def main() -> int:
     except ConfigError as e:
         print(f"trainer: error: {e}", file=sys.stderr)
         return 2
-    mark("imports_start")
-    import keras  # noqa: F401 - timed here: the imports are a phase of their own
-    import tensorflow  # noqa: F401
+    from trainer.__main__ import imports_kept
 
-    mark("imports_tf")
-    from trainer import attempt
+    mark("imports_start")
+    with imports_kept():  # as `python -m trainer` imports them
+        import keras  # noqa: F401 - timed here: the imports are a phase of their own
+        import tensorflow  # noqa: F401
+
+        mark("imports_tf")
+        from trainer import attempt
 
     mark("imports_end")
     install()

@@ -20,8 +20,9 @@ bytes each run leaves billed on day 30 are the bytes the storage plan says.
 
 The machines are modelled, not booted (the boot sandbox, tests/userdata, boots them): a
 machine of a group runs the trainer with the env file the `up` rendered into its user data,
-exactly as the container gets it. A spot notice is SIGTERM to the trainer (exit 143), after
-which the cloud replaces the machine and the group keeps its size. A machine first reads its
+exactly as the container gets it. A spot notice is SIGTERM to the trainer (exit 143) at the
+machine's first checkpoint, where the trainer is held until it comes (tests/userdata/held_trainer.py),
+after which the cloud replaces the machine and the group keeps its size. A machine first reads its
 run folder and finishes at once when the run has ended, as supervise.sh does. Finishing is
 the finish path's own call: `scale_to_zero` of the shipped lib.sh, run by bash with the
 machine's env file, with `aws` / `gcloud` on PATH recording the command line; the fake
@@ -50,6 +51,7 @@ from components.storage import storage_plan
 from components.userdata import ENV_FILE
 from tests.fixtures.fake_cloud import Engine, FakeCloud, Refused
 from tests.trainer.helpers import Trainer, trainer_env
+from tests.userdata.helpers import wait_for
 from trainer import layout
 
 pytestmark = pytest.mark.slow
@@ -60,8 +62,7 @@ CLOUDS = {
             "compute": {"instanceTypes": ["g2-standard-8"]}},
 }
 # Small and quick, yet pruning: 10 scheduled checkpoints, 2 kept. A notice lands at the
-# attempt's first checkpoint, 480 steps or more before the run could end: on a loaded 2-core
-# machine 240 were not always enough for the signal to land before the last step.
+# attempt's first checkpoint, where the trainer waits for it.
 RUN = {"model": "mlp", "synthetic": True, "steps": 600, "batchSize": 32, "checkpointEverySteps": 60,
        "keepCheckpoints": 2}
 END_DAY = 30
@@ -137,12 +138,30 @@ class Month:
         # The machine's GPU check would refuse TensorFlow on this CPU (exit 78): dropped, as the
         # boot sandbox's fake docker drops it.
         machine = {k: v for k, v in env.items() if not k.startswith("__") and k != "TRAINSTACK_GPUS_PER_NODE"}
-        t = Trainer(uri, env=trainer_env(base, **{**machine, **extra}))
-        if preempt:
-            # The spot notice lands at this machine's first checkpoint of the run.
-            t.wait_event(layout.CHECKPOINT)  # a resumed attempt tells its step before its first checkpoint
-            start = next((e["step"] for e in t.events if e.get("event") == layout.RESUMED), 0)
-            t.wait_event(layout.CHECKPOINT, pred=lambda e: e["step"] >= start + RUN["checkpointEverySteps"])
+        if not preempt:
+            t = Trainer(uri, env=trainer_env(base, **{**machine, **extra}))
+        else:
+            # The spot notice lands at this machine's first checkpoint of the run: the real trainer,
+            # held there until the signal (tests/userdata/held_trainer.py), so the notice lands
+            # mid-run however slowly a loaded machine passes it on (unheld, 480 steps of margin
+            # were once not enough).
+            state = self.tmp / f"held-{uuid.uuid4().hex[:8]}"
+            state.mkdir()
+            t = Trainer(uri, env=trainer_env(base, **{**machine, **extra}, FAKE_STATE=str(state)),
+                        module="tests.userdata.held_trainer")
+            held = state / "trainer-held"  # its step and a newline, once held
+
+            def held_step() -> str:
+                return held.read_text() if held.exists() else ""
+
+            wait_for(lambda: held_step().endswith("\n") or t.proc.poll() is not None, 180,
+                     "the trainer held at its first checkpoint")
+            assert held_step(), f"the trainer exited {t.wait()} before its first checkpoint: {t.stderr[-3000:]}"
+            run_id = env["TRAINSTACK_RUN_URI"].rsplit("/", 1)[1]
+            # A resumed attempt tells its step before its first checkpoint.
+            start = t.wait_event(layout.RESUMED, timeout=60)["step"] if self.attempts.get(run_id) else 0
+            # Held at a checkpoint of its own, before the run's end: the notice lands mid-run.
+            assert start < int(held_step()) < RUN["steps"], (start, held_step())
             t.signal(signal.SIGTERM)
         rc = t.wait(timeout=240)
         assert rc in (layout.EXIT_OK, layout.EXIT_PREEMPTED), t.stderr[-3000:]

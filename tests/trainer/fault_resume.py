@@ -158,7 +158,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from devtools.fault_proxy import FaultProxy
     from tests.trainer.helpers import max_abs_diff
+    from trainer.__main__ import imports_kept
 
+    # Imported as `python -m trainer` imports them: each attempt's `clear_session` collects
+    # what the attempts made, not TensorFlow's own objects again.
+    with imports_kept():
+        import keras  # noqa: F401
+
+        from trainer import attempt, loop  # noqa: F401
     _fast_client_retries()
     _skip_export()
     root = Path(tempfile.mkdtemp(prefix="fault-resume-"))

@@ -49,9 +49,9 @@ def run_trainer(uri: str, *args: str, env: dict | None = None, timeout: float = 
 class Trainer:
     """A trainer process whose events can be awaited, to signal it at a chosen moment."""
 
-    def __init__(self, uri: str, *args: str, env: dict | None = None):
+    def __init__(self, uri: str, *args: str, env: dict | None = None, module: str = "trainer"):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trainer", "--run-uri", uri, *args],
+            [sys.executable, "-m", module, "--run-uri", uri, *args],
             cwd=REPO, env=env or trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         self.events: list[dict] = []

@@ -21,7 +21,7 @@ HOLD_S = 300.0  # a bound on the hold: a test that never stops the trainer still
 def main() -> None:
     from trainer import __main__ as entry
 
-    with entry.quiet_native_stderr():
+    with entry.imports_kept(), entry.quiet_native_stderr():  # as the trainer's own start imports
         from trainer import loop
     checkpoint = loop.TrainLoop._checkpoint  # AttributeError: the loop changed, update this module
     held: list[int] = []
