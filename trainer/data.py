@@ -4,8 +4,6 @@ The stream is an endless sequence of epochs. Epoch `e` is shuffled with seed
 `(seed, e)`, so its order depends only on the run's seed and the epoch number; a
 resumed run rebuilds the stream from the epoch it stopped in and skips exactly the
 batches of that epoch it had already consumed: no batch is repeated, none is skipped.
-In-memory sets trained on one replica skip `tf.data` altogether: `InMemoryBatches` takes
-the same batches inside the compiled step, the next one while the current one trains.
 
 TFRecord formats the built-in models read (one `tf.train.Example` per record):
   * `mlp`: `x` — float list of 784 values in [0, 1]; `y` — int64 label 0-9.
@@ -285,101 +283,6 @@ def from_tfrecords(files: list[str], parse: Callable, global_batch: int, seed: i
     return ds.prefetch(AUTOTUNE)
 
 
-class InMemoryBatches:
-    """In-memory examples batched inside the compiled step: the stream's batches, element for element.
-
-    The same batches as `from_arrays`: epoch `e`'s order is the same seeded permutation, cut
-    into the same global batches of the same rows, converted by the stream's own division.
-    A step function takes them with `for_call(count)` (see `trainer.loop.make_train_step`):
-    once per call, the index rows of the call's batches and of the one after it; then each
-    step gathers the next batch while the current one trains (a loop-carried batch): the
-    gather runs beside the step, in the step's own graph, instead of before it. A tf.data
-    stream gathers on its own threads and hands each batch over through its iterator, which
-    cost ~30 % more CPU per example than the step alone on 2 cores (bench/RESULTS.md, issue 23). The cursor (batches consumed since the start of the run) is a
-    variable the call advances by its steps, as the loop advances the run's count of batches
-    (saved in each checkpoint); a resumed run starts it at its `Position`.
-
-    The epoch's permutation is computed on the CPU, as the stream's is, once per epoch: the
-    newest one is kept in a variable, so a call within one epoch computes none. On the CPU
-    uint8 pixels stay uint8 (a quarter of float32's memory) and each batch is converted after
-    its gather, with the divisor read from a variable: with a constant divisor, TensorFlow's
-    graph optimizer (Grappler) changes how `x / 255` rounds inside a `tf.function` (measured:
-    126 of the 256 values differ, 0.40000004 where the stream gives 0.4). On another device the
-    examples are converted once, on the CPU, before the copy, so the values are the stream's
-    whatever the device's arithmetic: float32's size in device memory.
-    """
-
-    def __init__(self, x: np.ndarray, y: np.ndarray, global_batch: int, seed: int, position: Position,
-                 device: str = "/cpu:0"):
-        n = len(x)
-        self.batches = n // global_batch  # per epoch
-        if self.batches < 1:
-            raise ValueError("the data set holds less than one global batch; lower --batch-size or add data")
-        self.global_batch, self.seed, self.n = global_batch, seed, n
-        convert_in_step = "CPU" in device.upper() and x.dtype == np.uint8
-        with tf.device("/cpu:0"):
-            xt, yt = tf.constant(x), tf.constant(y)
-            if not convert_in_step:
-                xt = preprocess(xt)  # eager, on the CPU: the stream's values
-        with tf.device(device):
-            # Copied to the device once (on the CPU, the same buffers).
-            self.x, self.y = tf.identity(xt), tf.identity(yt)
-            self.divisor = tf.Variable(255.0, trainable=False, name="data_divisor") if convert_in_step else None
-        with tf.device("/cpu:0"):
-            self.cursor = tf.Variable(position.batches_seen, dtype=tf.int64, trainable=False, name="data_cursor")
-            self.order = tf.Variable(tf.zeros([self.batches * global_batch], tf.int64), trainable=False,
-                                     name="data_order")
-            self.order_epoch = tf.Variable(-1, dtype=tf.int64, trainable=False, name="data_order_epoch")
-        x_dtype = tf.float32 if convert_in_step else self.x.dtype
-        self.element_spec = (tf.TensorSpec([global_batch, *self.x.shape[1:]], x_dtype),
-                             tf.TensorSpec([global_batch, *self.y.shape[1:]], self.y.dtype))
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the examples and the kept epoch order hold."""
-        return sum(int(t.shape.num_elements()) * t.dtype.size for t in (self.x, self.y, self.order))
-
-    def _epoch_order(self, epoch) -> tf.Tensor:
-        with tf.device("/cpu:0"):  # as the stream's: the stateless generator's output is then the same
-            return tf.cast(_permutation(self.n, self.seed, epoch, 0), tf.int64)[: self.batches * self.global_batch]
-
-    def for_call(self, count) -> Callable:
-        """Inside a `tf.function` running `count` steps: `batch(i)` → the call's `i`-th batch `(x, y)`.
-
-        `i` runs from 0 to `count`: batch `count` is the one after the call's (the step function
-        gathers it beside the call's last step; the next call takes it again). The index rows of
-        the call's batches are cut once, here; the cursor advances by `count`.
-        """
-        count = tf.cast(count, tf.int64)
-        nb = tf.constant(self.batches, tf.int64)
-        start = self.cursor.read_value()
-        first, last = start // nb, (start + count) // nb
-        kept = self.order.read_value()
-        first_order = tf.cond(tf.equal(self.order_epoch.read_value(), first), lambda: kept,
-                              lambda: self._epoch_order(first))
-        orders = tf.TensorArray(tf.int64, size=tf.cast(last - first + 1, tf.int32),
-                                element_shape=[self.batches * self.global_batch])
-        orders = orders.write(0, first_order)
-        for e in tf.range(first + 1, last + 1):
-            orders = orders.write(tf.cast(e - first, tf.int32), self._epoch_order(e))
-        table = tf.reshape(orders.stack(), [-1, self.global_batch])
-        offset = start - first * nb
-        rows = table[offset:offset + count + 1]
-        self.order.assign(orders.read(tf.cast(last - first, tf.int32)))
-        self.order_epoch.assign(last)
-        self.cursor.assign_add(count)
-        divisor = self.divisor.read_value() if self.divisor is not None else None
-
-        def batch(i):
-            idx = rows[i]
-            x = tf.gather(self.x, idx)
-            if divisor is not None:
-                x = tf.cast(x, tf.float32) / divisor
-            return x, tf.gather(self.y, idx)
-
-        return batch
-
-
 def _pre(xy):
     x, y = xy
     return preprocess(x), y
@@ -435,17 +338,6 @@ def make_validation(spec, cfg, global_batch: int) -> tf.data.Dataset | None:
 def make_dataset(spec, cfg, global_batch: int, position: Position) -> tf.data.Dataset:
     """The training stream for a `ModelSpec` and config, starting at `position`."""
     return make_stream(spec, cfg, global_batch, position)[0]
-
-
-def in_memory(spec, cfg, global_batch: int, position: Position, device: str) -> InMemoryBatches | None:
-    """`InMemoryBatches` on `device` for in-memory data (the model's synthetic set), else None.
-
-    A model's own `make_dataset` and TFRecord files stay `tf.data` streams (`make_stream`).
-    """
-    if spec.make_dataset is not None or not cfg.synthetic:
-        return None
-    x, y = spec.synthetic(cfg.seed)
-    return InMemoryBatches(x, y, global_batch, cfg.seed, position, device)
 
 
 def make_stream(spec, cfg, global_batch: int, position: Position, emit: Callable | None = None):

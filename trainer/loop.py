@@ -2,8 +2,7 @@
 
 One loop serves one machine (MirroredStrategy) and several (MultiWorkerMirroredStrategy):
 `strategy.run` inside a `tf.function`, fed by `strategy.experimental_distribute_dataset`
-(one replica on the CPU: by the data set's own iterator; one replica and in-memory data: by
-`data.InMemoryBatches`, batched inside the step). A call runs many steps (about a
+(one replica on the CPU: by the data set's own iterator). A call runs many steps (about a
 second's worth by default) and returns every step's loss, so TensorBoard keeps a point per
 --log-every step while the host waits on the device once per call.
 A checkpoint is the model's and optimizer's variables (dropout RNG state included) written
@@ -126,9 +125,6 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
                     examples: tf.Variable, metrics: MetricSet | None = None):
     """A `tf.function(iterator, count, request)` running `count` optimizer steps on every replica.
 
-    `iterator`: the input stream's (plain or distributed) iterator, or `data.InMemoryBatches`
-    (one replica), whose batches the function gathers itself.
-
     Returns (each step's loss, a vector of `count`; the request agreed by all workers). Every
     step's loss comes back so that one call may span several --log-every steps: the
     TensorBoard points stay where they were while the host syncs once per call. With
@@ -180,30 +176,14 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
         losses = tf.TensorArray(tf.float32, size=tf.cast(count, tf.int32))
         states = tf.TensorArray(tf.float32, size=tf.cast(count, tf.int32), element_shape=[size])
         n = tf.constant(0, tf.int64)
-
-        def step(i, x, y, losses, states, n):
+        for i in tf.range(count):
+            x, y = next(iterator)
             step_loss, step_n, step_state = strategy.run(replica_step, args=(x, y))
             losses = losses.write(tf.cast(i, tf.int32),
                                   tf.add_n([tf.cast(v, tf.float32) for v in strategy.experimental_local_results(step_loss)]))
             n += tf.add_n(strategy.experimental_local_results(step_n))
             if size:
                 states = states.write(tf.cast(i, tf.int32), tf.add_n(strategy.experimental_local_results(step_state)))
-            return losses, states, n
-
-        if isinstance(iterator, data_mod.InMemoryBatches):
-            # A loop-carried batch: step i's batch was gathered during step i - 1, and step i
-            # gathers step i + 1's, which depends on nothing the step computes, so TensorFlow
-            # runs the two side by side (bench/RESULTS.md, issue 23).
-            batch = iterator.for_call(count)
-            x, y = batch(0)
-            for i in tf.range(count):
-                next_x, next_y = batch(i + 1)
-                losses, states, n = step(i, x, y, losses, states, n)
-                x, y = next_x, next_y
-        else:
-            for i in tf.range(count):
-                x, y = next(iterator)
-                losses, states, n = step(i, x, y, losses, states, n)
         losses = losses.stack()
         if not multi_worker:
             examples.assign_add(n)
@@ -452,31 +432,13 @@ class TrainLoop:
         self._element_spec = ds.element_spec
         return ds
 
-    def _in_memory(self) -> data_mod.InMemoryBatches | None:
-        """In-memory data batched inside the step on the one replica's device, or None for the stream.
-
-        One replica only (the CPU, or one GPU): with several replicas or workers each global
-        batch is split across them, which the distributed iterator of the tf.data stream does.
-        """
-        strategy = self.strategy
-        if self.multi_worker or strategy.num_replicas_in_sync != 1:
-            return None
-        return data_mod.in_memory(self.spec, self.cfg, self.global_batch, data_mod.Position(self.state.batches_seen),
-                                  strategy.extended.worker_devices[0])
-
     def _input(self, plain: bool):
         """The input iterator at the run's position, and the skip the loop reports once its first call ran.
 
         A model's own `make_dataset` continues from the iterator state saved in the checkpoint
         where there is one (`trainer.data_state`), else its pipeline skips the consumed batches.
-        In-memory data on one replica skip the stream: `data.InMemoryBatches`, at the run's position.
         Returns (iterator, None or (batches skipped, why, when the pipeline was made)).
         """
-        batches = self._in_memory()
-        if batches is not None:
-            # In-memory data on one replica: each batch taken inside the step, no stream.
-            self._element_spec = batches.element_spec
-            return batches, None
         st, strategy = self.state, self.strategy
         user = self.spec.make_dataset is not None
         saved, why = None, "the checkpoint holds no input pipeline state"

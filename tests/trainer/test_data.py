@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import types
 
 import numpy as np
 import pytest
@@ -46,80 +45,6 @@ def test_array_stream_resumes_exactly_across_epochs():
     second = np.concatenate([a for a, _ in full[6:12]])
     assert len({row.tobytes() for row in first}) == 96 and not np.array_equal(first, second)
     assert full[0][0].dtype == np.float32 and full[0][0].max() <= 1.0
-
-
-def _in_memory_take(batches, counts):
-    """Batches from `InMemoryBatches`, taken inside a `tf.function` as the step does, one call per entry of `counts`.
-
-    Each call takes its batches through the loop-carried path (batch i + 1 drawn while batch i
-    is used) and also returns the lookahead batch after its last, which the next call must take again.
-    """
-
-    @tf.function
-    def take(it, n):
-        batch = it.for_call(n)
-        xs = tf.TensorArray(it.element_spec[0].dtype, size=tf.cast(n, tf.int32))
-        ys = tf.TensorArray(it.element_spec[1].dtype, size=tf.cast(n, tf.int32))
-        a, b = batch(0)
-        for i in tf.range(n):
-            na, nb = batch(i + 1)
-            xs, ys = xs.write(tf.cast(i, tf.int32), a), ys.write(tf.cast(i, tf.int32), b)
-            a, b = na, nb
-        return xs.stack(), ys.stack(), a, b
-
-    out, lookaheads = [], []
-    for n in counts:
-        a, b, la, lb = take(batches, tf.constant(n, tf.int64))
-        out += list(zip(a.numpy(), b.numpy(), strict=True))
-        lookaheads.append((la.numpy(), lb.numpy()))
-    return out, lookaheads
-
-
-@pytest.mark.parametrize("k", [0, 1, 5, 6, 7, 13])
-def test_in_memory_batches_are_the_array_streams_batches_fresh_and_resumed(k):
-    # 100 examples, batch 16: 6 batches an epoch, 4 left over. Three calls (the cursor carries over
-    # between them), the second longer than two epochs: its batches come from three epochs' orders.
-    x, y = data.synthetic_mnist(n=100, seed=0)
-    stream = _take(data.from_arrays(x, y, 16, seed=5, position=data.Position(0)), 40)
-    batches = data.InMemoryBatches(x, y, 16, seed=5, position=data.Position(k))
-    counts = [3, 14, 8]
-    got, lookaheads = _in_memory_take(batches, counts)
-    assert len(got) == 25
-    for (a, b), (c, d) in zip(stream[k:k + 25], got, strict=True):
-        assert a.dtype == c.dtype == np.float32 and np.array_equal(a, c) and np.array_equal(b, d)
-    # Each call's lookahead is the next batch: the one the next call starts with.
-    for end, (la, lb) in zip(np.cumsum(counts) + k, lookaheads, strict=True):
-        assert np.array_equal(la, stream[end][0]) and np.array_equal(lb, stream[end][1])
-    assert int(batches.cursor.numpy()) == k + 25
-    assert batches.element_spec[0].shape == (16, 784) and batches.element_spec[0].dtype == tf.float32
-    assert batches.element_spec[1].shape == (16,)
-    # On the CPU the pixels stay uint8 (a quarter of float32's memory), converted after each gather.
-    assert batches.x.dtype == tf.uint8 and batches.nbytes == 100 * 784 + 100 * 8 + 96 * 8
-
-
-def test_in_memory_batches_of_tokens_one_step_calls_and_a_set_smaller_than_a_batch():
-    x, y = data.synthetic_tokens(n=40, seq_len=8, vocab=16, seed=0)  # 5 batches an epoch
-    stream = _take(data.from_arrays(x, y, 8, seed=2, position=data.Position(3)), 9)
-    got, _ = _in_memory_take(data.InMemoryBatches(x, y, 8, seed=2, position=data.Position(3)), [1] * 9)
-    for (a, b), (c, d) in zip(stream, got, strict=True):
-        assert a.dtype == c.dtype == np.int32 and np.array_equal(a, c) and np.array_equal(b, d)
-    with pytest.raises(ValueError, match="less than one global batch"):
-        data.InMemoryBatches(x[:7], y[:7], 8, seed=0, position=data.Position(0))
-
-
-def test_only_in_memory_data_are_batched_inside_the_step():
-    from trainer.config import TrainConfig
-
-    x, y = data.synthetic_mnist(n=64, seed=0)
-    own = types.SimpleNamespace(make_dataset=lambda batch, seed: tf.data.Dataset.from_tensor_slices((x, y)).batch(batch),
-                                synthetic=lambda seed: (x, y))
-    arrays = types.SimpleNamespace(make_dataset=None, synthetic=lambda seed: (x, y))
-    synthetic = TrainConfig(run_uri="file:///nowhere", synthetic=True)
-    batches = data.in_memory(arrays, synthetic, 16, data.Position(9), "/cpu:0")
-    assert isinstance(batches, data.InMemoryBatches) and int(batches.cursor.numpy()) == 9
-    assert data.in_memory(own, synthetic, 16, data.Position(0), "/cpu:0") is None  # a model's own data: its stream
-    files = TrainConfig(run_uri="file:///nowhere", data_uri="file:///data")
-    assert data.in_memory(arrays, files, 16, data.Position(0), "/cpu:0") is None  # TFRecords: the stream
 
 
 def _write_records(folder, n_files=3, per_file=40):
