@@ -11,9 +11,10 @@ is kept too, and their median printed: the load of the moment cancels within a r
   `git show 6701bf9:trainer/loop.py > /tmp/old_loop.py`), distributed iterator, 10 steps per call;
 * new — this tree's `make_train_step`, with the distributed or the plain iterator, at
   10, 50 (a call per --log-every step) and 500 steps per call;
-* in memory — the same step fed by `data.InMemoryBatches` (what the trainer uses for in-memory
-  data on one replica: each batch gathered inside the step, beside the previous step), at 50
-  and 500 steps per call.
+* in memory — where the tree's `trainer.data` has `InMemoryBatches` (a loop-carried batch:
+  each batch gathered inside the step, beside the previous step; tried for in-memory data on
+  one replica and not kept, bench/RESULTS.md), the same step fed by it, at 50 and 500 steps
+  per call.
 
 Only the step function and the input pipeline are compared: the host loop around them
 (summaries, progress, checkpoints) is in the full bench (`python -m bench`).
