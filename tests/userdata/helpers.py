@@ -21,7 +21,9 @@ from trainer import layout
 
 @functools.cache
 def _s3_client(endpoint: str, *credentials: str | None):
-    return boto3.client("s3", endpoint_url=endpoint)
+    # A session of its own: boto3's default session keeps the first credentials it resolved in this
+    # process, so a client made later with other keys in the environment would still sign with those.
+    return boto3.session.Session().client("s3", endpoint_url=endpoint)
 
 
 def _s3(run):
