@@ -73,8 +73,8 @@ class PlacementControllerArgs:
     """Prefix of the custom role's id (the stack's)."""
     labels: dict[str, str] = field(default_factory=dict)
     """Labels for the function."""
-    aws_placements: bool = False
-    """Whether a placement is on AWS: the function then needs boto3."""
+    federation: bool = False
+    """Whether a placement is on the other cloud (AWS), reached by federation: the function then needs boto3."""
 
 
 def written_condition(bucket: pulumi.Input[str], run_id: str) -> pulumi.Output[str]:
@@ -155,7 +155,7 @@ class PlacementController(pulumi.ComponentResource):
         ))
         source = gcp.storage.BucketObject(
             f"{name}-source", bucket=args.bucket_name, name=f"{layout.CODE_PREFIX}controller.zip",
-            source=function_source(aws=args.aws_placements), opts=child,
+            source=function_source(aws=args.federation), opts=child,
         )
         self.function = gcp.cloudfunctionsv2.Function(
             f"{name}-function",
