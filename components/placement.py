@@ -45,11 +45,12 @@ HANDLER_FILE = "controller/handler.py"
 #   Lambda's), so a package reaching GCP takes their wheels built for Lambda's runtime
 #   (LAMBDA_WHEELS, `lambda_wheel_files`).
 # - GCP: Cloud Functions installs requirements.txt: the GCS client (which brings google-auth and
-#   requests), GCP_FUNCTION_LIBRARIES, and boto3 for an AWS placement.
+#   requests), GCP_FUNCTION_LIBRARIES, and AWS_LIBRARIES only when a placement is on AWS.
 FUNCTION_LIBRARIES = ("tenacity",)
 FEDERATION_LIBRARIES = ("google-auth", "pyasn1-modules", "pyasn1", "requests", "charset-normalizer", "idna", "certifi",
                         "pycparser")
-GCP_FUNCTION_LIBRARIES = ("tenacity", "google-auth", "boto3")
+GCP_FUNCTION_LIBRARIES = ("tenacity", "google-auth")
+AWS_LIBRARIES = ("boto3",)
 TRAINER_REQUIREMENTS = Path(__file__).resolve().parents[1] / "trainer" / "requirements.txt"
 # The compiled libraries of the AWS package, as wheels for Lambda's python3.12 on x86_64 (the
 # function's default architecture; the runtime is Amazon Linux 2023, glibc 2.34), fetched once by

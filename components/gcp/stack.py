@@ -210,6 +210,7 @@ class TrainingStack(StackOutputs):
                     invoker_account_id=invoker_sa,
                     custom_role_prefix=custom_role_prefix(**names),
                     labels=labels,
+                    federation=any(p.cloud == "aws" for p in places),
                 ),
                 opts=pulumi.ResourceOptions(parent=self, providers={"gcp": provider}, depends_on=controller_apis),
             )

@@ -102,6 +102,18 @@ def test_the_aws_package_carries_google_auth_only_when_a_placement_is_on_gcp(gcp
         assert [name for name in files if name.startswith(FEDERATION_TOPS)] == []
 
 
+def test_the_gcp_function_installs_boto3_only_for_a_placement_on_aws():
+    from components.gcp import controller
+
+    r = synthesized("gcp")
+    (source,) = [x for x in r.of_type("gcp:storage/bucketObject:BucketObject") if x["name"].endswith("-source")]
+    lines = source["inputs"]["source"]["assetArchive"]["requirements.txt"]["stringAsset"].splitlines()
+    # A stack of GCP placements: the GCS client and what a tick imports, nothing for AWS.
+    assert lines == controller.requirements(aws=False) == [controller.GCS_REQUIREMENT, "tenacity==9.2.1",
+                                                           "google-auth==2.63.0"]
+    assert controller.requirements(aws=True) == [*lines, "boto3==1.44.8"]
+
+
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])
 def test_one_placement_has_no_controller(cloud):
     raw = {k: v for k, v in RAW[cloud].items() if k not in ("placements", "placement")}
@@ -222,7 +234,7 @@ def test_the_package_holds_what_the_handler_imports(cloud, tmp_path, monkeypatch
         from components.gcp import controller
         archive, module, function = controller.function_source(), "main", controller.ENTRY_POINT
         assert archive.assets["requirements.txt"].text.splitlines() == [
-            controller.GCS_REQUIREMENT, *placement.library_pins()] and placement.library_pins() == ["tenacity==9.2.1", "google-auth==2.63.0", "boto3==1.44.8"]
+            controller.GCS_REQUIREMENT, *placement.library_pins()] and placement.library_pins() == ["tenacity==9.2.1", "google-auth==2.63.0"]
     assert {"controller/__init__.py", "controller/handler.py", "trainer/layout.py"} <= set(archive.assets)
     assert not [name for name in archive.assets if "__pycache__" in name or name.endswith(".pyc")]
     task = tmp_path / "task"
