@@ -86,22 +86,22 @@ def written_condition(bucket: pulumi.Input[str], run_id: str) -> pulumi.Output[s
     return pulumi.Output.concat(*parts)
 
 
-def requirements(*, aws: bool) -> list[str]:
+def requirements(*, federation: bool) -> list[str]:
     """The function's requirements.txt lines: the GCS client and the libraries a tick imports, at the
-    trainer's pins; boto3 only where a placement is on AWS."""
-    names = placement.GCP_FUNCTION_LIBRARIES + (placement.AWS_LIBRARIES if aws else ())
+    trainer's pins; with `federation` (a placement on AWS), boto3 too."""
+    names = placement.GCP_FUNCTION_LIBRARIES + (placement.AWS_LIBRARIES if federation else ())
     return [GCS_REQUIREMENT, *placement.library_pins(names)]
 
 
-def function_source(*, aws: bool = False) -> pulumi.AssetArchive:
-    """The function's source: main.py, requirements.txt and the .py files of the controller and the trainer;
-    with `aws` (a placement on AWS), requirements.txt adds boto3."""
+def function_source(*, federation: bool = False) -> pulumi.AssetArchive:
+    """The function's source: main.py, requirements.txt (`requirements`) and the .py files of the controller
+    and the trainer."""
     files = placement.function_files(project.ROOT)
     if placement.HANDLER_FILE not in files:
         pulumi.log.warn(f"{placement.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
                         "would have no handler")
     assets: dict[str, pulumi.Asset | pulumi.Archive] = {
-        "main.py": pulumi.StringAsset(MAIN_PY), "requirements.txt": pulumi.StringAsset("\n".join(requirements(aws=aws)) + "\n")}
+        "main.py": pulumi.StringAsset(MAIN_PY), "requirements.txt": pulumi.StringAsset("\n".join(requirements(federation=federation)) + "\n")}
     assets.update({name: pulumi.FileAsset(str(path)) for name, path in files.items()})
     return pulumi.AssetArchive(assets)
 
@@ -155,7 +155,7 @@ class PlacementController(pulumi.ComponentResource):
         ))
         source = gcp.storage.BucketObject(
             f"{name}-source", bucket=args.bucket_name, name=f"{layout.CODE_PREFIX}controller.zip",
-            source=function_source(aws=args.federation), opts=child,
+            source=function_source(federation=args.federation), opts=child,
         )
         self.function = gcp.cloudfunctionsv2.Function(
             f"{name}-function",

@@ -109,9 +109,9 @@ def test_the_gcp_function_installs_boto3_only_for_a_placement_on_aws():
     (source,) = [x for x in r.of_type("gcp:storage/bucketObject:BucketObject") if x["name"].endswith("-source")]
     lines = source["inputs"]["source"]["assetArchive"]["requirements.txt"]["stringAsset"].splitlines()
     # A stack of GCP placements: the GCS client and what a tick imports, nothing for AWS.
-    assert lines == controller.requirements(aws=False) == [controller.GCS_REQUIREMENT, "tenacity==9.2.1",
+    assert lines == controller.requirements(federation=False) == [controller.GCS_REQUIREMENT, "tenacity==9.2.1",
                                                            "google-auth==2.63.0"]
-    assert controller.requirements(aws=True) == [*lines, "boto3==1.44.8"]
+    assert controller.requirements(federation=True) == [*lines, "boto3==1.44.8"]
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])
