@@ -10,6 +10,7 @@ import pytest
 
 from devtools.metadata import MetadataServer
 from devtools.sandbox import Sandbox, make_group
+from tests.fixtures.iam_cloud import iam_cloud  # noqa: F401 - a fixture, found by name (the cross-cloud tests)
 
 
 @pytest.fixture

@@ -22,15 +22,9 @@ import sys
 import pytest
 
 from components.userdata import boot_env
-from tests.fixtures.iam_cloud import IamCloud, iam_cloud  # noqa: F401 - a fixture, found by name
+from tests.fixtures.iam_cloud import IamCloud
 from tests.trainer.helpers import REPO, trainer_env
-from tests.userdata.cross_cloud import (
-    assert_ended_with_its_google_identity,
-    aws_home,
-    gce_machine,
-    gce_metadata,
-    raw_stack,
-)
+from tests.userdata import cross_cloud
 from tests.userdata.helpers import wait_for
 from trainer import layout
 
@@ -40,8 +34,8 @@ STEPS, EVERY, BATCH, SEED = 300, 100, 16, 11
 
 
 def test_a_gce_machine_resumes_from_the_s3_home_with_its_google_identity_and_completes(
-        iam_cloud: IamCloud, tmp_path):  # noqa: F811
-    home_stack = aws_home(iam_cloud, raw_stack(steps=STEPS, every=EVERY, batch=BATCH, seed=SEED))
+        iam_cloud: IamCloud, tmp_path):
+    home_stack = cross_cloud.aws_home(iam_cloud, cross_cloud.raw_stack(steps=STEPS, every=EVERY, batch=BATCH, seed=SEED))
     settings, bucket, run_uri, group = home_stack.settings, home_stack.bucket, home_stack.run_uri, home_stack.gcp_group
     s3 = iam_cloud.admin("s3", home_stack.raw["region"])
 
@@ -68,10 +62,10 @@ def test_a_gce_machine_resumes_from_the_s3_home_with_its_google_identity_and_com
     assert committed and committed[-1] < STEPS
 
     # 2. A machine of the GCP placement: GCE's metadata (its account's ID token), no AWS key anywhere.
-    md = gce_metadata(home_stack)
+    md = cross_cloud.gce_metadata(home_stack)
     box = None
     try:
-        box = gce_machine(tmp_path / "gce", home_stack, md, iam_cloud.proxy.url)
+        box = cross_cloud.gce_machine(tmp_path / "gce", home_stack, md, iam_cloud.proxy.url)
         assert box.boot().wait(timeout=400) == 0, box.journal()[-4000:]
         token_file = box.root / "run/trainstack/federation/aws-token"
         assert token_file.exists() and oct(token_file.stat().st_mode & 0o777) == "0o600"
@@ -88,7 +82,7 @@ def test_a_gce_machine_resumes_from_the_s3_home_with_its_google_identity_and_com
     assert [e["step"] for e in resumed] == [committed[-1]]
     # With its own identity: tokens for the placement's audience, sessions STS gave for them, and every
     # call of those sessions allowed by the role's policy.
-    assert_ended_with_its_google_identity(iam_cloud, md, home_stack)
+    cross_cloud.assert_ended_with_its_google_identity(iam_cloud, md, home_stack)
     # Its finish step resized its own GCE group to zero.
     assert any(argv[:5] == ["compute", "instance-groups", "managed", "resize", group] and "0" in argv
                for argv in box.argvs("gcloud"))

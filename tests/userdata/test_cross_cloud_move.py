@@ -39,7 +39,7 @@ from devtools.servers import Run
 from tests.controller.federation import GoogleSide, Pool
 from tests.controller.helpers import moved_events
 from tests.fixtures.gce_groups import GceGroups
-from tests.fixtures.iam_cloud import ADMIN_USER, IamCloud, iam_cloud  # noqa: F401 - a fixture, found by name
+from tests.fixtures.iam_cloud import ADMIN_USER, IamCloud
 from tests.fixtures.no_capacity import NoCapacity, insufficient_capacity
 from tests.iam.policy_eval import Decision
 from tests.userdata.cross_cloud import (
@@ -83,7 +83,7 @@ def _controller_identity(cloud: IamCloud, home: AwsHome) -> dict[str, str]:
 
 
 def test_a_preempted_aws_run_whose_region_cannot_launch_moves_to_gcp_and_ends_as_if_never_stopped(
-        iam_cloud: IamCloud, monkeypatch, tmp_path):  # noqa: F811
+        iam_cloud: IamCloud, monkeypatch, tmp_path):
     home = aws_home(iam_cloud, raw_stack(steps=STEPS, every=EVERY, batch=BATCH, seed=SEED))
     for k in ("AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(k, raising=False)
