@@ -374,22 +374,6 @@ class Bench:
                                       "--clouds", ",".join(self.plan.notice_clouds)]), "bench/notice_budget.py")
         return res.last_json()
 
-    # -- 7. boot --
-
-    def section_boot(self) -> dict:
-        """Power-on → first step, a stack's first machine and a replacement (`bench/boot_cache.py`, which
-        starts its own S3, package index, metadata service and throttled links, and says so in its figures)."""
-        if self.plan.boot is None:
-            return {"skipped": BOOT_SKIPPED_QUICK}
-        b = self.plan.boot
-        self.log(f"boot: bench/boot_cache.py, store {b['store_mib_s']:g} MiB/s, index {b['index_mib_s']:g} MiB/s, "
-                 f"wheels {b['wheels_mib']:g} MiB, data {b['data_mib']:g} MiB in {b['data_files']} files")
-        argv = [sys.executable, "-m", "bench.boot_cache", "--json", "--store-mib-s", str(b["store_mib_s"]),
-                "--index-mib-s", str(b["index_mib_s"]), "--wheels-mib", str(b["wheels_mib"]),
-                "--data-mib", str(b["data_mib"]), "--data-files", str(b["data_files"])]
-        # Its own waits are bounded (600 s per machine's first step, per cache commit): this bounds the rest.
-        return self.expect(self.spawn(argv, timeout=2700, unwinds_on_sigterm=True), "bench/boot_cache.py").last_json()
-
     # -- 6. scaling --
 
     def section_scaling(self, one_worker: dict | None) -> list[dict]:
@@ -434,6 +418,22 @@ class Bench:
         fin = chief.events("finished")[-1]
         return {"examples_per_sec": fin.get("examples_per_sec"), "steady_examples_per_sec": fin.get("steady_examples_per_sec"),
                 "loop_seconds": fin.get("loop_seconds"), "steps": self.plan.scaling_steps, "process_wall_s": round(wall, 2)}
+
+    # -- 7. boot --
+
+    def section_boot(self) -> dict:
+        """Power-on → first step, a stack's first machine and a replacement (`bench/boot_cache.py`, which
+        starts its own S3, package index, metadata service and throttled links, and says so in its figures)."""
+        if self.plan.boot is None:
+            return {"skipped": BOOT_SKIPPED_QUICK}
+        b = self.plan.boot
+        self.log(f"boot: bench/boot_cache.py, store {b['store_mib_s']:g} MiB/s, index {b['index_mib_s']:g} MiB/s, "
+                 f"wheels {b['wheels_mib']:g} MiB, data {b['data_mib']:g} MiB in {b['data_files']} files")
+        argv = [sys.executable, "-m", "bench.boot_cache", "--json", "--store-mib-s", str(b["store_mib_s"]),
+                "--index-mib-s", str(b["index_mib_s"]), "--wheels-mib", str(b["wheels_mib"]),
+                "--data-mib", str(b["data_mib"]), "--data-files", str(b["data_files"])]
+        # Its own waits are bounded (600 s per machine's first step, per cache commit): this bounds the rest.
+        return self.expect(self.spawn(argv, timeout=2700, unwinds_on_sigterm=True), "bench/boot_cache.py").last_json()
 
 
 def tensorboard_scalars(folder: str, tag: str) -> list[tuple[int, float]]:

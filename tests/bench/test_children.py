@@ -4,6 +4,7 @@ probe training on (one was left running a million steps, a core's worth, for hou
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -102,11 +103,14 @@ def test_a_timed_out_child_that_unwinds_gets_a_sigterm_before_the_kill(tmp_path)
     from bench.run_all import QUICK, Bench
 
     bench = Bench(QUICK, "http://127.0.0.1:9", "bucket")
-    for unwinds in (True, False):
-        marker = tmp_path / f"unwound-{unwinds}"
-        with pytest.raises(TimeoutError):
-            # 8 s: time for the interpreter to start and set its handler on a loaded machine.
-            bench.spawn([sys.executable, "-c", UNWINDS, str(marker)], timeout=8, unwinds_on_sigterm=unwinds)
-        # Told to stop, it ran its handler; without the flag the timeout kills it outright (the check above
-        # would catch a spawn that stopped sending the SIGTERM).
-        assert marker.exists() is unwinds
+    try:
+        for unwinds in (True, False):
+            marker = tmp_path / f"unwound-{unwinds}"
+            with pytest.raises(TimeoutError):
+                # 8 s: time for the interpreter to start and set its handler on a loaded machine.
+                bench.spawn([sys.executable, "-c", UNWINDS, str(marker)], timeout=8, unwinds_on_sigterm=unwinds)
+            # Told to stop, it ran its handler; without the flag the timeout kills it outright (the check
+            # above would catch a spawn that stopped sending the SIGTERM).
+            assert marker.exists() is unwinds
+    finally:
+        shutil.rmtree(bench.tmp, ignore_errors=True)
