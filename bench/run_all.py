@@ -20,7 +20,11 @@ runs checkpoint to, then measures one after the other, on this machine, in one r
 3b. resume — a model's own make_dataset (`bench/resume_model.py`: shuffle + map + batch) resumed
    after 1k and 100k steps: process start → first step against a fresh start, once from the
    input pipeline's state saved in the checkpoint and once skipping the consumed batches;
-6. scaling — 1, 2 and 4 worker processes on 127.0.0.1 (TF_CONFIG), fixed per-worker batch.
+6. scaling — 1, 2 and 4 worker processes on 127.0.0.1 (TF_CONFIG), fixed per-worker batch;
+7. boot — power-on → first step of a stack's first machine and of a replacement in the boot
+   sandbox, the store and the package index behind throttled links (`bench/boot_cache.py`, its
+   own process and emulators); skipped by `--quick` (the block says so): two machines' boot
+   scripts and trainers cost ~33 s of CPU even at 1 MiB sizes.
 
 Ratios are taken within this run only; the load average before and after is recorded,
 because the figures depend on what else the machine does. `--only` runs some sections
@@ -52,7 +56,7 @@ from devtools.servers import free_ports, start_moto_server
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-SECTIONS = ("limit", "seed", "startup", "resume", "stall", "notice", "scaling")
+SECTIONS = ("limit", "seed", "startup", "resume", "stall", "notice", "scaling", "boot")
 SEED_EPOCH = 60_000  # bench/seed_train.py's examples per epoch
 
 
@@ -75,6 +79,12 @@ class Plan:
     scaling_steps: int = 1500
     resume_steps: tuple = (1_000, 100_000)  # steps done before the resumes of a user make_dataset
     resume_rounds: int = 2  # fresh and from-state starts, alternated; the fastest of each counts
+    # bench/boot_cache.py: the store's link (MiB/s each way, each answer), the package index's, the wheels it
+    # serves (1/64 of the real ~3 GB) and a TFRecord data set in the bucket (MiB, files). None: not measured.
+    # At 8 MiB/s an answer the trainer's 8 downloads take the 256 MiB in ~4 s, longer than its first call: the
+    # first step comes with part of the set on disk (at 16 MiB/s and 64 MiB every file had landed before it).
+    boot: dict | None = field(default_factory=lambda: {"store_mib_s": 8.0, "index_mib_s": 2.0, "wheels_mib": 48.0,
+                                                       "data_mib": 256.0, "data_files": 64})
     quick: bool = False
     extra: dict = field(default_factory=dict)
 
@@ -84,7 +94,11 @@ QUICK = Plan(limit_seconds=1.0, loop_models=(("mlp", 64, ()),), loop_target_s=1.
                                            "--batch-size", "8", "--steps-per-call", "1"),
              hold_after_first_step_s=0.5, stall_sizes_mb=(1,), notice_sizes_mib=(1, 4), notice_clouds=("aws",),
              workers=(1, 2), scaling_steps=100, resume_steps=(50, 500), resume_rounds=1,
-             quick=True)
+             boot=None, quick=True)
+# Why the quick run leaves `boot` out: at 1 MiB of wheels and of data the two machines' boot scripts, fake CLIs
+# and trainers took 33 s of CPU (35 s wall), against the 20 s the quick run allows a section.
+BOOT_SKIPPED_QUICK = ("skipped in the quick run: two machines' boot scripts and trainers cost ~33 s of CPU "
+                      "even at 1 MiB sizes; `python -m bench --only boot` measures it")
 
 
 # -- processes ----------------------------------------------------------------------------------
@@ -114,8 +128,16 @@ class Result:
         return out
 
     def last_json(self) -> dict:
-        """The last JSON line of stdout (the helpers' result)."""
-        return json.loads([ln for ln in self.stdout.splitlines() if ln.startswith("{")][-1])
+        """The last JSON document of stdout (the helpers' result): one line, or indented over several
+        (`json.dumps(..., indent=2)`), whose first line is the last one that starts with '{'."""
+        starts, offset = [], 0
+        for line in self.stdout.splitlines(keepends=True):
+            if line.startswith("{"):
+                starts.append(offset)
+            offset += len(line)
+        if not starts:
+            raise ValueError(f"no JSON object in the output: {self.stdout[-500:]!r}")
+        return json.JSONDecoder().raw_decode(self.stdout, starts[-1])[0]
 
 
 class Bench:
@@ -137,16 +159,20 @@ class Bench:
         return f"s3://{self.bucket}/runs/{name}-{uuid.uuid4().hex[:8]}"
 
     def spawn(self, argv: list[str], *, env: dict | None = None, signal_after_first_step: float | None = None,
-              signal_on_event=None, timeout: float = 900) -> Result:
+              signal_on_event=None, timeout: float = 900, unwinds_on_sigterm: bool = False) -> Result:
         """Run `argv` to its end (SIGTERM `signal_after_first_step` s after the probe's first step, if given,
-        or as soon as it prints an event for which `signal_on_event(event)` is true)."""
+        or as soon as it prints an event for which `signal_on_event(event)` is true).
+
+        `unwinds_on_sigterm`: the child stops what it started itself when it gets a SIGTERM
+        (`bench/boot_cache.py` powers its sandboxes off): it gets one past the timeout, or when the bench
+        dies, and 60 s to exit before it is killed."""
         marks_path = os.path.join(self.tmp, f"marks-{uuid.uuid4().hex[:8]}.json")
         run_env = {**self.env, **(env or {}), "BENCH_MARKS": marks_path}
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
             t0 = time.time()
             run_env["BENCH_T0"] = repr(t0)
             p = subprocess.Popen(argv, cwd=REPO, env=run_env, stdout=out, stderr=err, text=True,
-                                 preexec_fn=_dies_with_parent)
+                                 preexec_fn=_dies_with_parent_sigterm if unwinds_on_sigterm else _dies_with_parent)
             signalled = None
             if signal_after_first_step is not None:
                 deadline = time.monotonic() + timeout
@@ -169,6 +195,10 @@ class Bench:
             try:
                 _, status, usage = _wait4(p, timeout)
             except TimeoutError:
+                if unwinds_on_sigterm:
+                    p.terminate()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        p.wait(timeout=60)
                 p.kill()
                 p.wait()
                 raise
@@ -389,6 +419,22 @@ class Bench:
         return {"examples_per_sec": fin.get("examples_per_sec"), "steady_examples_per_sec": fin.get("steady_examples_per_sec"),
                 "loop_seconds": fin.get("loop_seconds"), "steps": self.plan.scaling_steps, "process_wall_s": round(wall, 2)}
 
+    # -- 7. boot --
+
+    def section_boot(self) -> dict:
+        """Power-on → first step, a stack's first machine and a replacement (`bench/boot_cache.py`, which
+        starts its own S3, package index, metadata service and throttled links, and says so in its figures)."""
+        if self.plan.boot is None:
+            return {"skipped": BOOT_SKIPPED_QUICK}
+        b = self.plan.boot
+        self.log(f"boot: bench/boot_cache.py, store {b['store_mib_s']:g} MiB/s, index {b['index_mib_s']:g} MiB/s, "
+                 f"wheels {b['wheels_mib']:g} MiB, data {b['data_mib']:g} MiB in {b['data_files']} files")
+        argv = [sys.executable, "-m", "bench.boot_cache", "--json", "--store-mib-s", str(b["store_mib_s"]),
+                "--index-mib-s", str(b["index_mib_s"]), "--wheels-mib", str(b["wheels_mib"]),
+                "--data-mib", str(b["data_mib"]), "--data-files", str(b["data_files"])]
+        # Its own waits are bounded (600 s per machine's first step, per cache commit): this bounds the rest.
+        return self.expect(self.spawn(argv, timeout=2700, unwinds_on_sigterm=True), "bench/boot_cache.py").last_json()
+
 
 def tensorboard_scalars(folder: str, tag: str) -> list[tuple[int, float]]:
     """(step, value) of every scalar `tag` in the TensorBoard event files under `folder`.
@@ -441,14 +487,19 @@ def _installed(dist: str) -> str | None:
         return None
 
 
-def _dies_with_parent() -> None:
+def _dies_with_parent(sig: int = signal.SIGKILL) -> None:
     """In the child before exec: the kernel kills it when the bench that started it dies, so a killed
     bench (a timeout, ^C twice) leaves no trainer training on for a million steps. Linux only; elsewhere
     a no-op."""
     if sys.platform.startswith("linux"):
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+
+
+def _dies_with_parent_sigterm() -> None:
+    """`_dies_with_parent` with a SIGTERM, for a child that stops its own children on one."""
+    _dies_with_parent(signal.SIGTERM)
 
 
 def _wait4(p: subprocess.Popen, timeout: float):

@@ -50,3 +50,16 @@ def test_quick_bench_measures_and_writes_its_block(tmp_path):
     assert R.BEGIN in text and "python -m bench --quick --only limit,startup,stall" in text
     for heading in ("### Goals", "### 1.", "### 3.", "### 4.", "### 5."):
         assert heading in text
+
+
+def test_quick_bench_says_it_skipped_the_boot_section(tmp_path):
+    # The boot sandbox's two machines cost ~33 s of CPU at any size: the quick run leaves them out, and says so.
+    results, raw = tmp_path / "RESULTS.md", tmp_path / "figures.json"
+    p = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "boot", "--results", str(results),
+                        "--json", str(raw)], cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    fig = json.loads(raw.read_text())
+    assert fig["boot"]["skipped"].startswith("skipped in the quick run") and not fig["errors"]
+    text = results.read_text()
+    assert "### 7. Boot" in text and "Not measured: skipped in the quick run" in text
+    assert "| replacement power-on → first step ≤ 0.5× the first machine's (boot sandbox) | not measured: " in text

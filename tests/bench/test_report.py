@@ -194,3 +194,75 @@ def test_render_resume_judges_the_restored_start_and_shows_the_skip_beside_it():
     assert goals["own make_dataset resumed start ≤ 1.3× fresh (1,000 steps done)"] == "met"  # 6.0 / 5.0
     assert goals["own make_dataset resumed start ≤ 1.3× fresh (100,000 steps done)"] == "**not met**"  # 7.0 / 5.0
     assert "| 100,000 | 100,100 | 5.00 | 7.00 | 1.40× | 0.50 | 10.0 | 100,200 | 50.00 | 10.00× | 40.00 |" in text
+
+
+def _machine(first_step, trainer_start, *, cache, on_disk=None):
+    entry = {"boot_to_first_step_s": first_step, "boot_to_trainer_start_s": trainer_start,
+             "trainer_start_to_first_step_s": round(first_step - trainer_start, 2),
+             "bootstrap_steps_s": {"gpu": 0, "code": 24 if not cache else 3, "data": 0},
+             "from_cache": cache, "pip_from_index": not cache}
+    if on_disk:
+        files, total = on_disk
+        entry["data_at_first_step"] = {"files": files, "files_total": total, "bytes": files * 4 * 2**20,
+                                       "bytes_total": total * 4 * 2**20}
+    return entry
+
+
+BOOT = {"store_mib_s": 16.0, "index_mib_s": 2.0, "wheels_mib": 48.0, "data_mib": 64.0, "data_files": 16,
+        "data_records": 20_000,
+        "first": {**_machine(60.0, 40.0, cache=False, on_disk=(8, 16)), "boot_to_cache_committed_s": 70.5,
+                  "cache_archive_mib": 48.0},
+        "later": _machine(27.0, 12.0, cache=True, on_disk=(16, 16))}
+BOOT_GOAL = "replacement power-on → first step ≤ 0.5× the first machine's (boot sandbox)"
+
+
+def test_render_boot_shows_both_machines_the_ratio_against_its_goal_and_the_links():
+    figures = copy.deepcopy(FIGURES)
+    figures["boot"] = copy.deepcopy(BOOT)
+    text = R.render(figures)
+    assert _goal_rows(text)[BOOT_GOAL] == "met"  # 27 / 60 = 0.45
+    section = text.split("### 7.", 1)[1]
+    assert "**16 MiB/s** each way" in section and "**2 MiB/s** serving **48 MiB**" in section
+    assert "a 64 MiB TFRecord data set in 16 files" in section
+    assert "| first | 40.00 | 20.00 | 60.00 | package index | 8 of 16 files (32.0 of 64.0 MiB): streamed |" in section
+    assert ("| replacement | 12.00 | 15.00 | 27.00 | bucket's cache | all 16 files (64.0 of 64.0 MiB): every file had "
+            "landed by the first step, nothing left to stream |") in section
+    assert "| **replacement ÷ first** | 0.30× | 0.75× | **0.45×** (goal ≤ 0.50×: met) |" in section
+    assert "first: code 24; replacement: code 3" in section and "(48.0 MiB) was committed 70.5 s" in section
+
+    figures["boot"]["later"] = _machine(45.0, 30.0, cache=True)  # 0.75×, and its data event missing
+    text = R.render(figures)
+    assert _goal_rows(text)[BOOT_GOAL] == "**not met**"
+    assert "(goal ≤ 0.50×: **not met**)" in text
+    assert "| replacement | 30.00 | 15.00 | 45.00 | bucket's cache | **not reported** (no `data_first_step` event) |" in text
+
+
+def test_render_boot_says_when_it_was_skipped_or_failed():
+    figures = copy.deepcopy(FIGURES)
+    figures["boot"] = {"skipped": "skipped in the quick run: too dear"}
+    text = R.render(figures)
+    assert _goal_rows(text)[BOOT_GOAL] == "n/a"
+    assert "not measured: skipped in the quick run: too dear" in text
+    assert "### 7. Boot" in text and "Not measured: skipped in the quick run: too dear." in text
+
+    figures = copy.deepcopy(FIGURES)
+    figures["errors"] = {"boot": "SystemExit: bench: bench/boot_cache.py exited 1"}
+    text = R.render(figures)
+    assert _goal_rows(text)[BOOT_GOAL] == "**not met**"
+    assert "not measured: the section failed (below)" in text
+    assert "### Section `boot` FAILED" in text and "boot_cache.py exited 1" in text
+
+    assert BOOT_GOAL not in R.render(copy.deepcopy(FIGURES))  # not asked for (`--only` without it): no row
+
+
+def test_last_json_reads_an_indented_document_as_boot_cache_prints_it():
+    import json
+
+    from bench.run_all import Result
+
+    doc = {"first": {"boot_to_first_step_s": 1.5, "bootstrap_steps_s": {"code": 2}}, "later": {"x": [1, 2]}}
+    printed = "starting\n" + json.dumps({"old": 1}) + "\n" + json.dumps(doc, indent=2) + "\n"
+    assert Result(0, printed, "", 0, 0, {}).last_json() == doc
+    assert Result(0, '{"a": 1}\n{"b": 2}\n', "", 0, 0, {}).last_json() == {"b": 2}  # one line each: the last
+    with pytest.raises(ValueError, match="no JSON object"):
+        Result(0, "nothing\n", "", 0, 0, {}).last_json()
