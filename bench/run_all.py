@@ -541,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started, load_before = time.time(), os.getloadavg()[0]
     server = start_moto_server()
+    bench: Bench | None = None
     try:
         bucket = f"bench-{uuid.uuid4().hex[:12]}"
         boto3.session.Session().client("s3", endpoint_url=server.url, region_name="us-east-1", aws_access_key_id="testing",
@@ -567,6 +568,8 @@ def main(argv: list[str] | None = None) -> int:
                 Path(a.json).write_text(json.dumps(fig, indent=1, default=str))
     finally:
         server.close()
+        if bench is not None:
+            shutil.rmtree(bench.tmp, ignore_errors=True)  # the runs' folders: every figure is in `fig` by now
     tf_version, gpus = "?", 0
     for r in fig.get("limit", []):
         tf_version, gpus = r["limit"]["tf_version"], r["limit"]["gpus"]

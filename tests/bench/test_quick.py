@@ -54,10 +54,13 @@ def test_quick_bench_measures_and_writes_its_block(tmp_path):
 
 def test_quick_bench_says_it_skipped_the_boot_section(tmp_path):
     # The boot sandbox's two machines cost ~33 s of CPU at any size: the quick run leaves them out, and says so.
-    results, raw = tmp_path / "RESULTS.md", tmp_path / "figures.json"
+    results, raw, tmp = tmp_path / "RESULTS.md", tmp_path / "figures.json", tmp_path / "tmp"
+    tmp.mkdir()
     p = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", "boot", "--results", str(results),
-                        "--json", str(raw)], cwd=REPO, env=trainer_env(), capture_output=True, text=True, timeout=120)
+                        "--json", str(raw)], cwd=REPO, env=trainer_env(TMPDIR=str(tmp)), capture_output=True,
+                       text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
+    assert not list(tmp.glob("trainstack-bench-*")), "the bench left its runs' folder behind"
     fig = json.loads(raw.read_text())
     assert fig["boot"]["skipped"].startswith("skipped in the quick run") and not fig["errors"]
     text = results.read_text()
