@@ -69,6 +69,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CLIENT = HERE / "trainer_client.py"
 DEFAULT_TF_LOG_LEVEL = "2"  # what `python -m trainer` sets when the caller did not
+IMPORT_READS = ("TF_CPP_", "TF_ENABLE_", "TF_USE_", "KERAS_")  # variables TensorFlow's and Keras's imports read
 
 _server: tuple = ()
 _lock = threading.Lock()
@@ -115,7 +116,8 @@ def _why_plain(request: dict) -> str | None:
             continue
         if key.startswith("PYTHON") and key in env:
             return f"{key} is set"
-        if key.startswith(("TF_", "KERAS_")):
+        # TensorFlow's and Keras's settings: any the caller sets, and those the imports read here.
+        if key.startswith(("TF_", "KERAS_")) and (key in env or key.startswith(IMPORT_READS)):
             default = DEFAULT_TF_LOG_LEVEL if key == "TF_CPP_MIN_LOG_LEVEL" else None
             if env.get(key, default) != os.environ.get(key, default):
                 return f"{key} differs"

@@ -151,7 +151,7 @@ def test_a_run_whose_launcher_is_killed_ends(server, probe):
         proc.communicate()
 
 
-@pytest.mark.parametrize("case", ["verbose", "other trainer", "no server", "PYTHONHASHSEED"])
+@pytest.mark.parametrize("case", ["verbose", "other trainer", "no server", "PYTHONHASHSEED", "TF_ENABLE_ONEDNN_OPTS"])
 def test_a_run_the_server_cannot_serve_runs_as_the_plain_process(server, probe, tmp_path, case):
     env, via, cwd = probe, server, REPO
     if case == "verbose":
@@ -162,8 +162,8 @@ def test_a_run_the_server_cannot_serve_runs_as_the_plain_process(server, probe, 
         (cwd / "trainer" / "__init__.py").write_text("")
     elif case == "no server":
         via = str(tmp_path / "nothing-listens-here")
-    else:
-        env = {**env, "PYTHONHASHSEED": "7"}
+    else:  # read at import: the server's import did not see the caller's
+        env = {**env, case: "7" if case == "PYTHONHASHSEED" else "0"}
     proc = _start(env, "facts", via, cwd=cwd)
     out, err = proc.communicate(input="", timeout=120)
     facts = json.loads(out.splitlines()[0])
