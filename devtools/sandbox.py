@@ -117,7 +117,7 @@ class Sandbox:
             "CUDA_VISIBLE_DEVICES": "",
         }
         if warm_trainer:  # the tests' machines: `docker run ... python -m trainer` forks from a warm server
-            self.env[trainer_server.SOCKET_VAR] = trainer_server.ensure_server()
+            self.env[trainer_server.SOCKET_VAR] = trainer_server.ensure_server(wait=False)  # up by the trainer's start
 
     # -- running --
 

@@ -55,6 +55,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -75,11 +76,12 @@ _server: tuple = ()
 _lock = threading.Lock()
 
 
-def ensure_server(*, wait: bool = False) -> str:
+def ensure_server(*, wait: bool = True) -> str:
     """This process's server socket path, starting the server on first use.
 
-    Without `wait` the path is returned at once: runs started before the server has imported
-    TensorFlow (a few seconds) run as plain processes."""
+    With `wait`, once the server answers (its imports take about 3 s of CPU: less than the plain
+    process a first run would otherwise be); without, at once. A run started before the server
+    answers runs as the plain process."""
     global _server
     with _lock:
         if not _server or _server[0].poll() is not None:
@@ -89,8 +91,9 @@ def ensure_server(*, wait: bool = False) -> str:
             _server = cli_server.start_server([sys.executable, "-E", str(Path(__file__).resolve())], "warm-trainer",
                                               "the warm trainer server", env=env, wait=False)
         proc, path = _server
-    if wait:
-        cli_server.wait_for_socket(proc, path, "the warm trainer server")
+    deadline = time.monotonic() + 120
+    while wait and not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     return path
 
 
@@ -279,24 +282,29 @@ def serve(path: str) -> None:
                     sel.register(run.conn, selectors.EVENT_READ)
                     sel.register(run.pidfd, selectors.EVENT_READ)
                 continue
-            run = runs.pop(key.fd)
-            if run.conn is not None and key.fd == run.conn.fileno():
+            run = runs.get(key.fd)
+            # An event of this batch may concern a descriptor closed earlier in it (its number
+            # perhaps reused by a call accepted since): each is matched to its run's own.
+            if run is not None and key.fileobj is run.conn:
                 # The launcher sends nothing after its call: readable means it is gone.
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(run.pid, signal.SIGKILL)  # not reaped yet (below), so still its pid
+                os.kill(run.pid, signal.SIGKILL)  # not reaped yet (below), so still its pid
+                del runs[key.fd]
                 sel.unregister(run.conn)
                 run.conn.close()
                 run.conn = None
-                continue
-            _pid, status, _usage = os.wait4(run.pid, 0)
-            sel.unregister(run.pidfd)
-            os.close(run.pidfd)
-            if run.conn is not None:
-                runs.pop(run.conn.fileno(), None)
-                sel.unregister(run.conn)
-                with contextlib.suppress(OSError):
-                    run.conn.sendall(status.to_bytes(4, "big", signed=True))
-                run.conn.close()
+            elif run is not None and key.fileobj == run.pidfd:
+                pid, status, _usage = os.wait4(run.pid, os.WNOHANG)
+                if pid == 0:
+                    continue
+                del runs[run.pidfd]
+                sel.unregister(run.pidfd)
+                os.close(run.pidfd)
+                if run.conn is not None:
+                    del runs[run.conn.fileno()]
+                    sel.unregister(run.conn)
+                    with contextlib.suppress(OSError):
+                        run.conn.sendall(status.to_bytes(4, "big", signed=True))
+                    run.conn.close()
 
 
 _warned = False
