@@ -33,10 +33,12 @@ What differs from a plain process, so that the tests that depend on it keep one:
 - TensorFlow is imported before the trainer's own start-up checks (`ended_before_start`), and
   NumPy's BLAS runs on one thread.
 
-A run whose environment differs in what the imports read (`TF_*`, `KERAS_*`, the locale,
+A run whose environment differs in what the imports read (`TF_CPP_*`, `KERAS_*`, the locale,
 Python's own `PYTHON*` settings but PYTHONPATH), a `--verbose` run (it shows TensorFlow's
-import lines), and one whose path finds another copy of the trainer than the server's (a code
-folder with its own `trainer/`) run as the plain process.
+import lines), and one whose path finds other trainer sources than the server's (a code folder
+with a `trainer/` of its own; a copy of the same files, a machine's unpacked code archive, is the
+same code) run as the plain process, and so does a run of the user's own command
+(`python -m trainer ... -- python train.py`: it imports no TensorFlow).
 
 `python trainer_server.py SOCKET` serves until killed; `ensure_server()` starts one per test
 process, on first use. The bench measures real start-ups and never uses it.
@@ -47,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import hashlib
 import importlib.machinery
 import io
 import os
@@ -106,7 +109,7 @@ def command(module: str, args: list[str]) -> list[str]:
 # ---------------------------------------------------------------- the server process
 
 BASE_PATH: list[str] = []  # the interpreter's own sys.path entries (stdlib, site-packages)
-SERVED_PACKAGES: dict[str, str] = {}  # the project's packages imported here: name -> file
+SERVED_PACKAGES: dict[str, tuple[str, str]] = {}  # the project's packages imported here: name -> file, digest
 
 
 def _why_plain(request: dict) -> str | None:
@@ -119,8 +122,9 @@ def _why_plain(request: dict) -> str | None:
             continue
         if key.startswith("PYTHON") and key in env:
             return f"{key} is set"
-        # TensorFlow's and Keras's settings: any the caller sets, and those the imports read here.
-        if key.startswith(("TF_", "KERAS_")) and (key in env or key.startswith(IMPORT_READS)):
+        # TensorFlow's and Keras's settings that their imports read (TF_CONFIG and the like are
+        # read when the run asks: the caller's own reach the child).
+        if key.startswith(IMPORT_READS):
             default = DEFAULT_TF_LOG_LEVEL if key == "TF_CPP_MIN_LOG_LEVEL" else None
             if env.get(key, default) != os.environ.get(key, default):
                 return f"{key} differs"
@@ -128,12 +132,26 @@ def _why_plain(request: dict) -> str | None:
         return "its locale's encoding differs"
     if env.get("TRAINSTACK_VERBOSE") or "--verbose" in args:
         return "a verbose run shows TensorFlow's import"
+    if "--" in args:
+        return "a run of the user's own command imports no TensorFlow"
     path = _child_path(request)
-    for name, origin in SERVED_PACKAGES.items():
+    for name, (origin, digest) in SERVED_PACKAGES.items():
         spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.origin != origin:
+        # Another copy of the same files (a machine's unpacked code archive) is the same code.
+        if spec is None or spec.origin is None or (spec.origin != origin and _digest(spec.origin) != digest):
             return f"its path finds another {name}"
     return None
+
+
+def _digest(origin: str) -> str:
+    """The sources of the package whose `__init__.py` (or of the module) is `origin`."""
+    top = Path(origin)
+    files = sorted(top.parent.rglob("*.py")) if top.name == "__init__.py" else [top]
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{file.relative_to(top.parent)}\0".encode())
+        digest.update(hashlib.sha256(file.read_bytes()).digest())
+    return digest.hexdigest()
 
 
 def _text_encoding(env) -> str:
@@ -246,7 +264,7 @@ def _warm_up() -> None:
         # The project's packages (this folder's own modules, imported by file, are the server).
         if "." not in name and name != "__main__" and file and Path(file).resolve().parent != HERE \
                 and Path(file).resolve().is_relative_to(REPO):
-            SERVED_PACKAGES[name] = file
+            SERVED_PACKAGES[name] = (file, _digest(file))
     gc.collect()
     gc.freeze()
 

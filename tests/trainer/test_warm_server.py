@@ -56,14 +56,16 @@ def server() -> str:
 def probe(tmp_path) -> dict:
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "warm_probe.py").write_text(PROBE)
-    return trainer_env(PYTHONPATH=f"{tmp_path / 'code'}{os.pathsep}{REPO}", PROBE_VALUE="seen from C")
+    # TF_CONFIG: TensorFlow reads it when a run asks, not at import, so the caller's reaches the run.
+    return trainer_env(PYTHONPATH=f"{tmp_path / 'code'}{os.pathsep}{REPO}", PROBE_VALUE="seen from C",
+                       TF_CONFIG='{"task": {"type": "worker", "index": 1}}')
 
 
-def _start(env: dict, mode: str, served: str | None, cwd=REPO, **kw) -> subprocess.Popen:
+def _start(env: dict, mode: str, served: str | None, cwd=REPO, args=(), **kw) -> subprocess.Popen:
     if served is None:
-        argv = [sys.executable, "-m", "warm_probe", mode]
+        argv = [sys.executable, "-m", "warm_probe", mode, *args]
     else:
-        argv, env = trainer_server.command("warm_probe", [mode]), {**env, trainer_server.SOCKET_VAR: served}
+        argv, env = trainer_server.command("warm_probe", [mode, *args]), {**env, trainer_server.SOCKET_VAR: served}
     return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
 
@@ -83,6 +85,7 @@ def test_a_served_run_sees_what_the_plain_process_sees(server, probe):
         proc = _start(probe, "facts", via)
         out, err = proc.communicate(input="the caller's stdin\n", timeout=120)
         seen[mode] = (proc.returncode, json.loads(out.splitlines()[0]), err)
+        assert _served(proc, seen[mode][1]) == (via is not None)
     assert seen["plain"][0] == seen["served"][0] == 3
     assert seen["plain"][2] == seen["served"][2] == "to stderr\n"
     plain, served = seen["plain"][1], seen["served"][1]
@@ -151,9 +154,10 @@ def test_a_run_whose_launcher_is_killed_ends(server, probe):
         proc.communicate()
 
 
-@pytest.mark.parametrize("case", ["verbose", "other trainer", "no server", "PYTHONHASHSEED", "TF_ENABLE_ONEDNN_OPTS"])
+@pytest.mark.parametrize("case", ["verbose", "other trainer", "no server", "PYTHONHASHSEED", "TF_ENABLE_ONEDNN_OPTS",
+                                  "user's command"])
 def test_a_run_the_server_cannot_serve_runs_as_the_plain_process(server, probe, tmp_path, case):
-    env, via, cwd = probe, server, REPO
+    env, via, cwd, args = probe, server, REPO, ()
     if case == "verbose":
         env = {**env, "TRAINSTACK_VERBOSE": "1"}
     elif case == "other trainer":  # run in a code folder with a trainer of its own: first on the path
@@ -162,9 +166,11 @@ def test_a_run_the_server_cannot_serve_runs_as_the_plain_process(server, probe, 
         (cwd / "trainer" / "__init__.py").write_text("")
     elif case == "no server":
         via = str(tmp_path / "nothing-listens-here")
+    elif case == "user's command":
+        args = ("--", "python", "train.py")
     else:  # read at import: the server's import did not see the caller's
         env = {**env, case: "7" if case == "PYTHONHASHSEED" else "0"}
-    proc = _start(env, "facts", via, cwd=cwd)
+    proc = _start(env, "facts", via, cwd=cwd, args=args)
     out, err = proc.communicate(input="", timeout=120)
     facts = json.loads(out.splitlines()[0])
     assert proc.returncode == 3, err
@@ -185,3 +191,19 @@ def test_a_server_with_more_than_one_thread_forks_no_run(probe, tmp_path):
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_copy_of_the_servers_trainer_is_served(server, probe, tmp_path):
+    # A machine runs the trainer unpacked from its code archive: the same files, another folder.
+    code = tmp_path / "code"
+    for source in (REPO / "trainer").rglob("*.py"):
+        copy = code / source.relative_to(REPO)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(source.read_bytes())
+    proc = _start(probe, "facts", server, cwd=code)
+    out, err = proc.communicate(input="", timeout=120)
+    assert proc.returncode == 3 and _served(proc, json.loads(out.splitlines()[0])), err
+    copy.write_bytes(copy.read_bytes() + b"\n# changed\n")  # one file differs: not the server's trainer
+    proc = _start(probe, "facts", server, cwd=code)
+    out, err = proc.communicate(input="", timeout=120)
+    assert proc.returncode == 3 and not _served(proc, json.loads(out.splitlines()[0])), err
