@@ -259,6 +259,10 @@ def _warm_up() -> None:
         import trainer.config  # noqa: F401
         import trainer.run_attempt  # noqa: F401
         import trainer.signals  # noqa: F401
+    # `python -m trainer` runs trainer/__main__.py as `__main__` only, never imported as a module
+    # (runpy warns when it finds it imported already).
+    del sys.modules["trainer.__main__"]
+    del sys.modules["trainer"].__main__
     for name, module in sys.modules.items():
         file = getattr(module, "__file__", None)
         # The project's packages (this folder's own modules, imported by file, are the server).

@@ -207,3 +207,18 @@ def test_a_copy_of_the_servers_trainer_is_served(server, probe, tmp_path):
     proc = _start(probe, "facts", server, cwd=code)
     out, err = proc.communicate(input="", timeout=120)
     assert proc.returncode == 3 and not _served(proc, json.loads(out.splitlines()[0])), err
+
+
+@pytest.mark.parametrize("args", [["--stpes", "5"], ["--help"]])
+def test_the_served_trainer_says_what_the_plain_one_says(server, tmp_path, args):
+    # Its output whole: a served run adds no line of its own (runpy's warnings, the server's).
+    seen = {}
+    for mode, via in (("plain", None), ("served", server)):
+        argv = [sys.executable, "-m", "trainer", "--run-uri", f"file://{tmp_path}/run", *args]
+        env = trainer_env()
+        if via is not None:
+            argv, env = trainer_server.command("trainer", argv[3:]), {**env, trainer_server.SOCKET_VAR: via}
+        p = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        seen[mode] = (p.returncode, p.stdout, p.stderr)
+    assert seen["served"] == seen["plain"]
+    assert seen["plain"][0] == (2 if "--stpes" in args else 0) and (seen["plain"][1] or seen["plain"][2])
