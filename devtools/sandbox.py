@@ -22,7 +22,7 @@ import yaml
 
 from components.settings import load_settings
 from components.userdata import boot_env, render_user_data
-from devtools import cli_server
+from devtools import cli_server, trainer_server
 from devtools.metadata import MetadataServer
 
 FAKES = Path(__file__).parent / "machine_commands.py"
@@ -58,11 +58,15 @@ def make_group(run, size: int) -> str:
 
 
 class Sandbox:
-    """One machine's disk, PATH and processes; `boot()` is one boot of that machine."""
+    """One machine's disk, PATH and processes; `boot()` is one boot of that machine.
+
+    `warm_trainer`: the machine's trainer (`docker run ... python -m trainer`) forks from this
+    process's warm trainer server (devtools/trainer_server.py) instead of importing TensorFlow
+    itself; the tests' machines do, the bench's never (it measures real start-ups)."""
 
     def __init__(self, tmp: Path, run, metadata: MetadataServer, group: str, code_uri: str,
                  *, env_overrides: dict[str, str] | None = None, settings=None, toolkit: bool = True,
-                 gpu: bool = True, nvme: bool = False):
+                 gpu: bool = True, nvme: bool = False, warm_trainer: bool = False):
         self.tmp, self.run, self.metadata, self.group = tmp, run, metadata, group
         self.root = tmp / "root"
         self.bin = tmp / "bin"
@@ -112,6 +116,8 @@ class Sandbox:
             "FAKE_GPU": "1" if gpu else "0",
             "CUDA_VISIBLE_DEVICES": "",
         }
+        if warm_trainer:  # the tests' machines: `docker run ... python -m trainer` forks from a warm server
+            self.env[trainer_server.SOCKET_VAR] = trainer_server.ensure_server(wait=False)  # up by the trainer's start
 
     # -- running --
 

@@ -5,7 +5,7 @@
 
 A test's CPU is the pytest process's own, its reaped children's (`RUSAGE_CHILDREN`), and what
 its live descendants spent during the test, read from /proc at its start and end. The last
-part is what `RUSAGE_CHILDREN` alone misses: moto_server, the fake CLI server and its forks,
+part is what `RUSAGE_CHILDREN` alone misses: moto_server, the fake CLI server and the warm trainer server and their forks,
 a metadata service or a trainer still running when the test ends, or a child that reaps a
 grandchild, are counted only when the pytest process reaps them (a server at the end of the
 session, and then charged to whichever test reaped it). A descendant that was alive at the

@@ -1,4 +1,9 @@
-"""Helpers for the trainer tests: run `python -m trainer` as a real process and read what it left."""
+"""Helpers for the trainer tests: run `python -m trainer` as a real process and read what it left.
+
+The runs go through the warm trainer server (devtools/trainer_server.py: TensorFlow imported
+once per test process, a fork per run) unless a test asks for the plain process (`served=False`):
+one that measures the start-up itself, or depends on what the server does differently.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from devtools import trainer_server
 
 REPO = Path(__file__).resolve().parents[2]
 # Small and quick: the defaults of these tests, not of the trainer.
@@ -37,23 +44,28 @@ def parse_events(text: str) -> list[dict]:
     return out
 
 
-def run_trainer(uri: str, *args: str, env: dict | None = None, timeout: float = 240) -> tuple[int, list[dict], str]:
+def trainer_command(module: str, args: list[str], env: dict, *, served: bool = True) -> tuple[list[str], dict]:
+    """The argv and environment that run `python -m MODULE ARGS` in `env`: through this test
+    process's warm trainer server when `served`, else as the plain process."""
+    if not served:
+        return [sys.executable, "-m", module, *args], env
+    return trainer_server.command(module, args), {**env, trainer_server.SOCKET_VAR: trainer_server.ensure_server()}
+
+
+def run_trainer(uri: str, *args: str, env: dict | None = None, timeout: float = 240,
+                served: bool = True) -> tuple[int, list[dict], str]:
     """Run one attempt to its end; returns (exit code, events printed, stderr)."""
-    p = subprocess.run(
-        [sys.executable, "-m", "trainer", "--run-uri", uri, *args],
-        cwd=REPO, env=env or trainer_env(), capture_output=True, text=True, timeout=timeout,
-    )
+    argv, env = trainer_command("trainer", ["--run-uri", uri, *args], env or trainer_env(), served=served)
+    p = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     return p.returncode, parse_events(p.stdout), p.stderr
 
 
 class Trainer:
     """A trainer process whose events can be awaited, to signal it at a chosen moment."""
 
-    def __init__(self, uri: str, *args: str, env: dict | None = None, module: str = "trainer"):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, "--run-uri", uri, *args],
-            cwd=REPO, env=env or trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
+    def __init__(self, uri: str, *args: str, env: dict | None = None, module: str = "trainer", served: bool = True):
+        argv, env = trainer_command(module, ["--run-uri", uri, *args], env or trainer_env(), served=served)
+        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.events: list[dict] = []
         self._q: queue.Queue = queue.Queue()
         self.stderr = ""

@@ -64,7 +64,7 @@ class Machine(Sandbox):
         self.instance_id = f"i-{number:017x}"
         self.md = MetadataServer(instance_id=self.instance_id, name=f"{group}-m{number:03d}",
                                  address=self.address, host=self.address)
-        super().__init__(tmp, run, self.md, group, code_uri, **kw)
+        super().__init__(tmp, run, self.md, group, code_uri, **{"warm_trainer": True, **kw})
         self.port = free_port(self.address)
         self.env["TRAINSTACK_WORKER_PORT"] = str(self.port)
 

@@ -44,7 +44,7 @@ def machines(tmp_path, metadata) -> Iterator:
     made: list[Sandbox] = []
 
     def make(run, group: str, code_uri: str, **kw) -> Sandbox:
-        box = Sandbox(tmp_path / f"machine{len(made)}", run, metadata, group, code_uri, **kw)
+        box = Sandbox(tmp_path / f"machine{len(made)}", run, metadata, group, code_uri, **{"warm_trainer": True, **kw})
         made.append(box)
         return box
 

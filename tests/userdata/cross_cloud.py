@@ -103,6 +103,7 @@ def gce_machine(tmp: Path, home: AwsHome, md: MetadataServer, endpoint: str, **e
     the role and audience in its env file, no AWS key in its environment or in a file; `env` on top."""
     run = Run(uri=home.run_uri, bucket=home.bucket, vars={"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": REGION})
     box = Sandbox(tmp, run, md, home.gcp_group, home.code_uri, settings=placement.settings_at(home.settings, 1),
+                  warm_trainer=True,
                   env_overrides=aws_store_env(region=REGION, role_arn=home.machine_role,
                                               audience=audience(home.gcp_group)))
     for k in STATIC_KEYS:

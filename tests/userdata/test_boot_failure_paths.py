@@ -75,7 +75,7 @@ def test_a_scale_call_that_never_passes_ends_each_machine_in_a_bound_and_relaunc
     # The group's replacement: another instance, the run already FAILED. Its scale wait would
     # be 10 minutes of calls if it took the full bound; it takes 30 s and shuts down.
     md = MetadataServer(instance_id="i-0relaunched00000")
-    relaunch = Sandbox(tmp_path / "relaunch", s3_run, md, group, "")
+    relaunch = Sandbox(tmp_path / "relaunch", s3_run, md, group, "", warm_trainer=True)
     try:
         (relaunch.state / "scale-failures").write_text("always")
         relaunch.env["TRAINSTACK_RETRY_BASE_S"] = "1"

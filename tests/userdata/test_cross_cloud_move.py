@@ -134,7 +134,8 @@ def test_a_preempted_aws_run_whose_region_cannot_launch_moves_to_gcp_and_ends_as
         run = Run(uri=home.run_uri, bucket=home.bucket, vars=home.admin_env(iam_cloud, proxy.url))
         try:
             # 1. Placement A trains and is preempted.
-            box_a = Sandbox(tmp_path / "a", run, md_a, a.group, home.code_uri, settings=home.settings)
+            box_a = Sandbox(tmp_path / "a", run, md_a, a.group, home.code_uri, settings=home.settings,
+                            warm_trainer=True)
             boxes.append(box_a)
             stopped_at = preempted_after_first_checkpoint(box_a, md_a, store)
             assert EVERY <= stopped_at < STEPS

@@ -56,7 +56,8 @@ def test_a_preempted_run_whose_region_cannot_launch_moves_and_ends_as_if_never_s
     boxes = []
     try:
         # 1. Placement A trains and is preempted.
-        box_a = Sandbox(tmp_path / "a", run, md_a, home.group, code_uri, settings=_settings(home.region))
+        box_a = Sandbox(tmp_path / "a", run, md_a, home.group, code_uri, settings=_settings(home.region),
+                        warm_trainer=True)
         boxes.append(box_a)
         stopped_at = preempted_after_first_checkpoint(box_a, md_a, store)
         assert EVERY < stopped_at < STEPS  # the stop's own checkpoint, after the held step
@@ -71,7 +72,8 @@ def test_a_preempted_run_whose_region_cannot_launch_moves_and_ends_as_if_never_s
         assert (moved["from"], moved["to"], moved["step"]) == (0, 1, stopped_at)
 
         # 4. A machine of placement B resumes from A's last committed checkpoint; 5. COMPLETE.
-        box_b = Sandbox(tmp_path / "b", run, md_b, west.group, code_uri, settings=_settings(west.region))
+        box_b = Sandbox(tmp_path / "b", run, md_b, west.group, code_uri, settings=_settings(west.region),
+                        warm_trainer=True)
         boxes.append(box_b)
         assert box_b.boot().wait(timeout=300) == 0, box_b.journal()[-4000:]
     finally:

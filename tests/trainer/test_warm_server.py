@@ -1,0 +1,224 @@
+"""The warm trainer server (devtools/trainer_server.py) runs `python -m MODULE` as the plain process
+does: the same facts seen from inside, exit codes, signals and their verdicts; the plain process
+where it cannot; and no run outlives its launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from devtools import cli_server, trainer_server
+from tests.trainer.helpers import REPO, trainer_env
+from tests.userdata.helpers import wait_for
+
+PROBE = '''
+import ctypes, json, os, signal, sys, time
+
+import numpy as np
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "usr1":  # before saying it is ready
+        signal.signal(signal.SIGUSR1, lambda *_: sys.exit(7))
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    umask = os.umask(0)
+    os.umask(umask)
+    facts = {
+        "argv": sys.argv, "orig_argv": sys.orig_argv, "path": sys.path, "cwd": os.getcwd(),
+        "env": dict(os.environ), "c_getenv": getenv(b"PROBE_VALUE").decode(), "name": __name__,
+        "umask": umask, "stdin": sys.stdin.read() if mode == "facts" else None,
+        "signals": {s.name: str(signal.getsignal(s)) for s in
+                    (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT)},
+        "mask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+        "streams": [(s.encoding, s.errors, s.line_buffering, s.fileno()) for s in (sys.stdin, sys.stdout, sys.stderr)],
+        "pid": os.getpid(), "pgid": os.getpgrp(), "random": float(np.random.random()),
+    }
+    print(json.dumps(facts), flush=True)
+    print("to stderr", file=sys.stderr)
+    if mode == "facts":
+        sys.exit(3)
+    time.sleep(600)  # until the test's signal (the test kills it at its end in any case)
+'''
+
+
+@pytest.fixture(scope="module")
+def server() -> str:
+    return trainer_server.ensure_server(wait=True)
+
+
+@pytest.fixture
+def probe(tmp_path) -> dict:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "warm_probe.py").write_text(PROBE)
+    # TF_CONFIG: TensorFlow reads it when a run asks, not at import, so the caller's reaches the run.
+    return trainer_env(PYTHONPATH=f"{tmp_path / 'code'}{os.pathsep}{REPO}", PROBE_VALUE="seen from C",
+                       TF_CONFIG='{"task": {"type": "worker", "index": 1}}')
+
+
+def _start(env: dict, mode: str, served: str | None, cwd=REPO, args=(), **kw) -> subprocess.Popen:
+    if served is None:
+        argv = [sys.executable, "-m", "warm_probe", mode, *args]
+    else:
+        argv, env = trainer_server.command("warm_probe", [mode, *args]), {**env, trainer_server.SOCKET_VAR: served}
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _facts(proc: subprocess.Popen) -> dict:
+    return json.loads(proc.stdout.readline())
+
+
+def _served(proc: subprocess.Popen, facts: dict) -> bool:
+    """The plain launcher becomes the process (exec); a served run is another process."""
+    return facts["pid"] != proc.pid
+
+
+def test_a_served_run_sees_what_the_plain_process_sees(server, probe):
+    seen = {}
+    for mode, via in (("plain", None), ("served", server), ("served again", server)):
+        proc = _start(probe, "facts", via)
+        out, err = proc.communicate(input="the caller's stdin\n", timeout=120)
+        seen[mode] = (proc.returncode, json.loads(out.splitlines()[0]), err)
+        assert _served(proc, seen[mode][1]) == (via is not None)
+    assert seen["plain"][0] == seen["served"][0] == 3
+    assert seen["plain"][2] == seen["served"][2] == "to stderr\n"
+    plain, served = seen["plain"][1], seen["served"][1]
+    assert served["stdin"] == "the caller's stdin\n" and served["c_getenv"] == "seen from C"
+    assert served["pid"] != plain["pid"] and served["random"] != seen["served again"][1]["random"]
+    assert trainer_server.SOCKET_VAR not in served["env"]
+    for fact in ("pid", "pgid", "random"):
+        plain.pop(fact), served.pop(fact)
+    assert served == plain
+
+
+@pytest.mark.parametrize(("sig", "mode", "code"), [
+    (signal.SIGTERM, "wait", -signal.SIGTERM),  # default disposition: killed, and so is the launcher
+    (signal.SIGINT, "wait", -signal.SIGINT),  # KeyboardInterrupt uncaught: the interpreter ends by SIGINT
+    (signal.SIGUSR1, "usr1", 7),  # the module's own handler decides
+    (signal.SIGHUP, "wait", -signal.SIGHUP),
+])
+def test_a_signal_to_the_launcher_has_the_plain_process_verdict(server, probe, sig, mode, code):
+    for via in (None, server):
+        proc = _start(probe, mode, via)
+        try:
+            facts = _facts(proc)
+            assert _served(proc, facts) == (via is not None)
+            proc.send_signal(sig)
+            proc.wait(timeout=60)
+        finally:
+            proc.kill()
+            proc.communicate()
+        assert proc.returncode == code, (via, proc.returncode)
+
+
+def test_a_signal_to_the_launchers_group_reaches_the_run_once(server, probe):
+    # The child leads its own group: the group's SIGINT reaches it through the launcher only (a
+    # second SIGINT would abort the trainer), and its verdict is the plain process's.
+    proc = _start(probe, "wait", server, start_new_session=True)
+    try:
+        facts = _facts(proc)
+        assert _served(proc, facts) and facts["pgid"] == facts["pid"] != proc.pid
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        _out, err = proc.communicate()
+    assert proc.returncode == -signal.SIGINT
+    assert err.count("KeyboardInterrupt") == 1, err
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_run_whose_launcher_is_killed_ends(server, probe):
+    proc = _start(probe, "wait", server)
+    try:
+        child = _facts(proc)["pid"]
+        assert child != proc.pid and _alive(child)
+        proc.kill()
+        proc.wait(timeout=30)
+        wait_for(lambda: not _alive(child), 30, "the served run to end with its launcher")
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.mark.parametrize("case", ["verbose", "other trainer", "no server", "PYTHONHASHSEED", "TF_ENABLE_ONEDNN_OPTS",
+                                  "user's command"])
+def test_a_run_the_server_cannot_serve_runs_as_the_plain_process(server, probe, tmp_path, case):
+    env, via, cwd, args = probe, server, REPO, ()
+    if case == "verbose":
+        env = {**env, "TRAINSTACK_VERBOSE": "1"}
+    elif case == "other trainer":  # run in a code folder with a trainer of its own: first on the path
+        cwd = tmp_path / "code"
+        (cwd / "trainer").mkdir()
+        (cwd / "trainer" / "__init__.py").write_text("")
+    elif case == "no server":
+        via = str(tmp_path / "nothing-listens-here")
+    elif case == "user's command":
+        args = ("--", "python", "train.py")
+    else:  # read at import: the server's import did not see the caller's
+        env = {**env, case: "7" if case == "PYTHONHASHSEED" else "0"}
+    proc = _start(env, "facts", via, cwd=cwd, args=args)
+    out, err = proc.communicate(input="", timeout=120)
+    facts = json.loads(out.splitlines()[0])
+    assert proc.returncode == 3, err
+    assert not _served(proc, facts)
+
+
+def test_a_server_with_more_than_one_thread_forks_no_run(probe, tmp_path):
+    # NumPy's BLAS pool at two threads: the server must not fork (the launcher runs the plain process).
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "2"}
+    server, path = cli_server.start_server([sys.executable, "-E", str(trainer_server.HERE / "trainer_server.py")],
+                                           "warm-trainer-threads", "a server with threads", env=env)
+    try:
+        with open(f"/proc/{server.pid}/status") as f:
+            assert "Threads:\t2" in f.read()
+        proc = _start(probe, "facts", path)
+        out, err = proc.communicate(input="", timeout=120)
+        assert proc.returncode == 3 and not _served(proc, json.loads(out.splitlines()[0])), err
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_a_copy_of_the_servers_trainer_is_served(server, probe, tmp_path):
+    # A machine runs the trainer unpacked from its code archive: the same files, another folder.
+    code = tmp_path / "code"
+    for source in (REPO / "trainer").rglob("*.py"):
+        copy = code / source.relative_to(REPO)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(source.read_bytes())
+    proc = _start(probe, "facts", server, cwd=code)
+    out, err = proc.communicate(input="", timeout=120)
+    assert proc.returncode == 3 and _served(proc, json.loads(out.splitlines()[0])), err
+    copy.write_bytes(copy.read_bytes() + b"\n# changed\n")  # one file differs: not the server's trainer
+    proc = _start(probe, "facts", server, cwd=code)
+    out, err = proc.communicate(input="", timeout=120)
+    assert proc.returncode == 3 and not _served(proc, json.loads(out.splitlines()[0])), err
+
+
+@pytest.mark.parametrize("args", [["--stpes", "5"], ["--help"]])
+def test_the_served_trainer_says_what_the_plain_one_says(server, tmp_path, args):
+    # Its output whole: a served run adds no line of its own (runpy's warnings, the server's).
+    seen = {}
+    for mode, via in (("plain", None), ("served", server)):
+        argv = [sys.executable, "-m", "trainer", "--run-uri", f"file://{tmp_path}/run", *args]
+        env = trainer_env()
+        if via is not None:
+            argv, env = trainer_server.command("trainer", argv[3:]), {**env, trainer_server.SOCKET_VAR: via}
+        p = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        seen[mode] = (p.returncode, p.stdout, p.stderr)
+    assert seen["served"] == seen["plain"]
+    assert seen["plain"][0] == (2 if "--stpes" in args else 0) and (seen["plain"][1] or seen["plain"][2])
