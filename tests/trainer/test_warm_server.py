@@ -67,7 +67,15 @@ def _start(env: dict, mode: str, served: str | None, cwd=REPO, args=(), **kw) ->
     else:
         argv, env = trainer_server.command("warm_probe", [mode, *args]), {**env, trainer_server.SOCKET_VAR: served}
     return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_signals, **kw)
+
+
+def _default_signals() -> None:
+    """The signals the tests send at their default disposition, as a foreground shell starts a command:
+    the test process may have inherited them ignored (`nohup`; a background job ignores SIGINT), and an
+    ignored signal stays ignored in the plain process and, passed on, in a served run."""
+    for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, signal.SIG_DFL)
 
 
 def _facts(proc: subprocess.Popen) -> dict:
