@@ -237,22 +237,22 @@ def test_render_boot_shows_both_machines_the_ratio_against_its_goal_and_the_link
     assert "| replacement | 30.00 | 15.00 | 45.00 | bucket's cache | **not reported** (no `data_first_step` event) |" in text
 
 
-def test_render_boot_says_when_it_was_skipped_or_failed():
-    figures = copy.deepcopy(FIGURES)
-    figures["boot"] = {"skipped": "skipped in the quick run: too dear"}
-    text = R.render(figures)
-    assert _goal_rows(text)[BOOT_GOAL] == "n/a"
-    assert "not measured: skipped in the quick run: too dear" in text
-    assert "### 7. Boot" in text and "Not measured: skipped in the quick run: too dear." in text
+@pytest.mark.parametrize(("change", "cell", "lines"), [
+    ({"boot": {"skipped": "skipped in the quick run: too dear"}}, "n/a",
+     ["not measured: skipped in the quick run: too dear", "### 7. Boot",
+      "Not measured: skipped in the quick run: too dear."]),
+    ({"errors": {"boot": "SystemExit: bench: bench/boot_cache.py exited 1"}}, "**not met**",
+     ["not measured: the section failed (below)", "### Section `boot` FAILED", "boot_cache.py exited 1"]),
+], ids=["skipped", "failed"])
+def test_render_boot_says_when_it_was_skipped_or_failed(change, cell, lines):
+    text = R.render({**copy.deepcopy(FIGURES), **change})
+    assert _goal_rows(text)[BOOT_GOAL] == cell
+    missing = [line for line in lines if line not in text]
+    assert not missing, missing
 
-    figures = copy.deepcopy(FIGURES)
-    figures["errors"] = {"boot": "SystemExit: bench: bench/boot_cache.py exited 1"}
-    text = R.render(figures)
-    assert _goal_rows(text)[BOOT_GOAL] == "**not met**"
-    assert "not measured: the section failed (below)" in text
-    assert "### Section `boot` FAILED" in text and "boot_cache.py exited 1" in text
 
-    assert BOOT_GOAL not in R.render(copy.deepcopy(FIGURES))  # not asked for (`--only` without it): no row
+def test_render_has_no_boot_row_when_boot_was_not_asked_for():
+    assert BOOT_GOAL not in R.render(copy.deepcopy(FIGURES))  # `--only` without it
 
 
 def test_last_json_reads_an_indented_document_as_boot_cache_prints_it():
