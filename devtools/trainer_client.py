@@ -77,6 +77,12 @@ def main() -> int:
     return code
 
 
+def command(module: str, args: list[str]) -> list[str]:
+    """The argv that runs `python -m MODULE ARGS` through the server named by `$WARM_TRAINER_SOCKET`
+    in its environment (the plain process without one)."""
+    return [sys.executable, "-E", "-s", "-S", os.path.abspath(__file__), module, *args]
+
+
 def _umask() -> int:
     current = os.umask(0o022)
     os.umask(current)

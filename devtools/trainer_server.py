@@ -64,14 +64,13 @@ from pathlib import Path
 
 if __package__:
     from devtools import cli_server
-    from devtools.trainer_client import SOCKET_VAR
+    from devtools.trainer_client import SOCKET_VAR, command  # noqa: F401 - command: the tests' way to a served run
 else:  # `python trainer_server.py`: this folder is the path's first entry
     import cli_server
     from trainer_client import SOCKET_VAR
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-CLIENT = HERE / "trainer_client.py"
 DEFAULT_TF_LOG_LEVEL = "2"  # what `python -m trainer` sets when the caller did not
 IMPORT_READS = ("TF_CPP_", "TF_ENABLE_", "TF_USE_", "KERAS_")  # variables TensorFlow's and Keras's imports read
 
@@ -98,12 +97,6 @@ def ensure_server(*, wait: bool = True) -> str:
     while wait and not os.path.exists(path) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     return path
-
-
-def command(module: str, args: list[str]) -> list[str]:
-    """The argv that runs `python -m MODULE ARGS` through the server named by `$WARM_TRAINER_SOCKET`
-    in its environment (the plain process without one)."""
-    return [sys.executable, "-E", "-s", "-S", str(CLIENT), module, *args]
 
 
 # ---------------------------------------------------------------- the server process
