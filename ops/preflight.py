@@ -10,6 +10,8 @@ AWS
 - each instance type offered in the zones the group may use: those of its subnets
   (`compute.subnets`, else the default VPC's), narrowed to `compute.zones`; several machines
   use one zone, the one the program's own `choose_zone` picks;
+- a way out to the internet from each of the group's subnets in those zones: a 0.0.0.0/0
+  route to a NAT gateway, or to an internet gateway from a subnet that gives public IPs;
 - the AMI: `compute.imageId`, else the Deep Learning AMI the group looks up by name;
 - the bucket name: free, or already yours (then `storage.adopt: true` is needed), or
   someone else's (then another `storage.bucketName`).
@@ -224,6 +226,72 @@ def aws_offering_problems(settings: config.Settings, ec2: Any) -> list[Problem]:
     return problems
 
 
+def _default_route(table: dict) -> dict | None:
+    """The route table's active IPv4 default route (0.0.0.0/0), if any: a blackhole one (its target is gone) is none."""
+    for route in table.get("Routes", []):
+        if route.get("DestinationCidrBlock") == "0.0.0.0/0" and route.get("State", "active") == "active":
+            return route
+    return None
+
+
+def aws_network_problems(settings: config.Settings, ec2: Any) -> list[Problem]:
+    """Subnets of the group whose machines could not reach the internet.
+
+    A machine reads its bucket, pulls the image, installs packages and sets its group's size over
+    the network; without a way out every boot waits out its bounds, fails the run, and the group
+    launches the next machine, each billed, until the runtime cap. A subnet's way out is its route
+    table's 0.0.0.0/0 route (the subnet's own table, else its VPC's main one): to a NAT gateway, or
+    to an internet gateway for machines with a public IP (the launch template asks none, so the
+    subnet must give one: MapPublicIpOnLaunch). Other targets (a transit gateway, a firewall
+    appliance, a peering) cannot be judged from here and pass.
+    """
+    try:
+        zones = aws_zones(settings, ec2)
+    except ValueError:
+        return []  # no subnet, or none in compute.zones: the instance-type check says so
+    ids = [sid for sid, zone in aws_subnets(settings, ec2) if zone in zones]
+    if not ids:
+        return []
+    subnets = [s for page in ec2.get_paginator("describe_subnets").paginate(SubnetIds=ids) for s in page["Subnets"]]
+    own: dict[str, dict] = {}
+    for page in ec2.get_paginator("describe_route_tables").paginate(
+            Filters=[{"Name": "association.subnet-id", "Values": ids}]):
+        for table in page["RouteTables"]:
+            for a in table.get("Associations", []):
+                if a.get("SubnetId"):
+                    own[a["SubnetId"]] = table
+    main: dict[str, dict] = {}
+    for vpc in sorted({s["VpcId"] for s in subnets if s["SubnetId"] not in own}):
+        tables = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]},
+                                                    {"Name": "association.main", "Values": ["true"]}])["RouteTables"]
+        if tables:
+            main[vpc] = tables[0]
+    closed: dict[str, list[str]] = {}  # route table -> its subnets without a way out
+    private: list[tuple[str, str, str]] = []  # (subnet, zone, internet gateway) for machines without a public IP
+    for s in sorted(subnets, key=lambda s: s["SubnetId"]):
+        table = own.get(s["SubnetId"]) or main.get(s["VpcId"])
+        route = _default_route(table) if table else None
+        if route is None:
+            closed.setdefault(table["RouteTableId"] if table else "none", []).append(
+                f"{s['SubnetId']} ({s['AvailabilityZone']})")
+        elif str(route.get("GatewayId", "")).startswith("igw-") and not s.get("MapPublicIpOnLaunch"):
+            private.append((s["SubnetId"], s["AvailabilityZone"], route["GatewayId"]))
+    where = "compute.subnets" if settings.compute.subnets else "the default VPC's subnet(s)"
+    problems = [Problem(
+        f"{where} {', '.join(names)} of the group have no route to the internet (route table {rtb} has no "
+        "active 0.0.0.0/0 route): every machine would wait out its bounds reaching the bucket and the image, "
+        "and the group would launch the next one until the runtime cap",
+        f"add a 0.0.0.0/0 route to a NAT gateway (or, for subnets that give public IPs, an internet gateway) "
+        f"to {rtb}, or set compute.subnets to subnets that have one")
+        for rtb, names in closed.items()]
+    problems += [Problem(
+        f"subnet {sid} ({zone}) routes to internet gateway {igw} but gives its machines no public IP "
+        "(MapPublicIpOnLaunch is off), so they cannot reach the internet through it",
+        f"aws ec2 modify-subnet-attribute --subnet-id {sid} --map-public-ip-on-launch, or use subnets "
+        "behind a NAT gateway") for sid, zone, igw in private]
+    return problems
+
+
 def aws_image_problems(settings: config.Settings, ec2: Any) -> list[Problem]:
     """The AMI the group would use: compute.imageId, else the Deep Learning AMI found by name."""
     from components.aws.naming import DLAMI_NAME
@@ -299,6 +367,7 @@ def check_aws(settings: config.Settings, session: Any = None) -> list[Problem]:
     ec2 = client("ec2")
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [
         ("instance types", lambda: aws_offering_problems(settings, ec2)),
+        ("network", lambda: aws_network_problems(settings, ec2)),
         ("quotas", lambda: aws_quota_problems(settings, ec2, client("service-quotas"))),
         ("image", lambda: aws_image_problems(settings, ec2)),
         ("bucket", lambda: aws_bucket_problems(settings, client("s3"), client("sts"))),

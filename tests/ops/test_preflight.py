@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import datetime
 from pathlib import Path
 
 import boto3
@@ -94,15 +95,36 @@ def aws(monkeypatch: pytest.MonkeyPatch):
     from moto.ec2.models import amis
 
     def add_dlami() -> None:
-        monkeypatch.setattr(amis, "AMIS", [*amis.AMIS, {
+        dlami = {
             "ami_id": "ami-0dlami00000000001", "name": DLAMI_NAME.replace("*", " 20261101"),
             "description": "DLAMI", "owner_id": "898082745236", "public": True, "virtualization_type": "hvm",
             "architecture": "x86_64", "state": "available", "platform": None, "root_device_type": "ebs",
-            "root_device_name": "/dev/sda1", "sriov": "simple", "creation_date": "2026-11-01T00:00:00.000Z",
-        }])
+            "root_device_name": "/dev/sda1", "sriov": "simple",
+            "creation_date": datetime.datetime(2026, 11, 1, tzinfo=datetime.UTC),
+        }
+        monkeypatch.setattr(amis, "AMIS", [*amis.AMIS, dlami])
+        # The region's EC2 already loaded its images (the default VPC below): add it there too.
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ec2.models import ec2_backends
+
+        backend = ec2_backends[DEFAULT_ACCOUNT_ID][REGION]
+        backend.amis[dlami["ami_id"]] = amis.Ami(backend, **{**dlami, "owner_alias": "amazon"})
 
     with mock_aws():
+        default_vpc_as_on_aws(REGION)
         yield add_dlami
+
+
+def default_vpc_as_on_aws(region: str) -> None:
+    """The default VPC's way out as AWS makes it (an internet gateway, the main route table's
+    0.0.0.0/0 route to it, public IPs from its subnets): moto's default VPC has no gateway."""
+    ec2 = boto3.client("ec2", region_name=region)
+    vpc = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+    igw = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+    ec2.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc)
+    (main,) = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]},
+                                                {"Name": "association.main", "Values": ["true"]}])["RouteTables"]
+    ec2.create_route(RouteTableId=main["RouteTableId"], DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
 
 
 ENOUGH = {"L-3819A6DF": 64, "L-DB2E81BA": 64, "L-7212CCBC": 512, "L-417A185B": 512}

@@ -1,0 +1,123 @@
+"""`python -m ops preflight` on AWS: each of the group's subnets needs a way out to the internet.
+
+Against moto's EC2, with the default VPC made as AWS makes it (`default_vpc_as_on_aws`: an internet
+gateway, the main route table's 0.0.0.0/0 route to it, subnets that give public IPs).
+"""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+
+from ops import preflight
+from tests.ops.test_preflight import (
+    AWS,
+    ENOUGH,
+    REGION,
+    FakeQuotas,
+    Session,
+    aws,  # noqa: F401 - the fixture every test here uses
+    settings_of,
+)
+
+pytestmark = pytest.mark.usefixtures("aws")
+
+Z = (f"{REGION}a", f"{REGION}b", f"{REGION}c")
+
+
+def _ec2():
+    return boto3.client("ec2", region_name=REGION)
+
+
+def _default_vpc() -> tuple[str, dict[str, str], str, str]:
+    """The default VPC's id, its subnets by zone, its main route table and internet gateway."""
+    ec2 = _ec2()
+    vpc = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+    subnets = {s["AvailabilityZone"]: s["SubnetId"]
+               for s in ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["Subnets"]}
+    (main,) = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]},
+                                                {"Name": "association.main", "Values": ["true"]}])["RouteTables"]
+    (igw,) = ec2.describe_internet_gateways()["InternetGateways"]
+    return vpc, subnets, main["RouteTableId"], igw["InternetGatewayId"]
+
+
+def _own_table(vpc: str, subnet: str) -> str:
+    """A route table of its own for `subnet`, with only the VPC's local route."""
+    ec2 = _ec2()
+    rtb = ec2.create_route_table(VpcId=vpc)["RouteTable"]["RouteTableId"]
+    ec2.associate_route_table(RouteTableId=rtb, SubnetId=subnet)
+    return rtb
+
+
+def _nat(subnet: str) -> str:
+    ec2 = _ec2()
+    eip = ec2.allocate_address(Domain="vpc")["AllocationId"]
+    return ec2.create_nat_gateway(SubnetId=subnet, AllocationId=eip)["NatGateway"]["NatGatewayId"]
+
+
+def test_the_default_vpc_as_aws_makes_it_has_a_way_out() -> None:
+    _, subnets, _, _ = _default_vpc()
+    assert sorted(subnets) == list(Z)  # three subnets were read, one per zone
+    assert preflight.aws_network_problems(settings_of(AWS), _ec2()) == []
+
+
+def test_a_main_table_without_a_default_route_names_every_subnet_that_uses_it() -> None:
+    _, subnets, main, _ = _default_vpc()
+    _ec2().delete_route(RouteTableId=main, DestinationCidrBlock="0.0.0.0/0")
+    (p,) = preflight.aws_network_problems(settings_of(AWS), _ec2())
+    names = ", ".join(f"{subnets[z]} ({z})" for z in sorted(Z, key=lambda z: subnets[z]))
+    assert p.what.startswith(f"the default VPC's subnet(s) {names} of the group have no route to the internet "
+                             f"(route table {main} has no active 0.0.0.0/0 route)")
+    assert f"to {main}" in p.fix and "NAT gateway" in p.fix and "\n" not in p.line()
+    # The whole preflight reports it: the check is one of its checks.
+    assert p in preflight.check(settings_of(AWS), aws_session=Session(FakeQuotas(ENOUGH)))
+
+
+def test_a_subnet_s_own_table_decides_for_it_and_a_nat_route_is_a_way_out() -> None:
+    vpc, subnets, _, _ = _default_vpc()
+    rtb = _own_table(vpc, subnets[Z[1]])
+    (p,) = preflight.aws_network_problems(settings_of(AWS), _ec2())
+    assert f"{subnets[Z[1]]} ({Z[1]})" in p.what and f"route table {rtb}" in p.what
+    assert subnets[Z[0]] not in p.what and subnets[Z[2]] not in p.what  # the main table's igw route serves those
+    # Only the group's zones count: a subnet outside compute.zones is none of its business.
+    assert preflight.aws_network_problems(settings_of(AWS, compute={"zones": [Z[0], Z[2]]}), _ec2()) == []
+    _ec2().create_route(RouteTableId=rtb, DestinationCidrBlock="0.0.0.0/0", NatGatewayId=_nat(subnets[Z[0]]))
+    assert preflight.aws_network_problems(settings_of(AWS), _ec2()) == []
+
+
+def test_an_internet_gateway_needs_subnets_that_give_public_ips() -> None:
+    _, subnets, _, igw = _default_vpc()
+    _ec2().modify_subnet_attribute(SubnetId=subnets[Z[2]], MapPublicIpOnLaunch={"Value": False})
+    (p,) = preflight.aws_network_problems(settings_of(AWS), _ec2())
+    assert p.what.startswith(f"subnet {subnets[Z[2]]} ({Z[2]}) routes to internet gateway {igw} but gives its "
+                             "machines no public IP")
+    assert p.fix.startswith(f"aws ec2 modify-subnet-attribute --subnet-id {subnets[Z[2]]} --map-public-ip-on-launch")
+
+
+def test_compute_subnets_of_a_private_vpc_are_named_as_the_stack_names_them() -> None:
+    ec2 = _ec2()
+    vpc = ec2.create_vpc(CidrBlock="10.8.0.0/16")["Vpc"]["VpcId"]
+    a = ec2.create_subnet(VpcId=vpc, CidrBlock="10.8.1.0/24", AvailabilityZone=Z[0])["Subnet"]["SubnetId"]
+    b = ec2.create_subnet(VpcId=vpc, CidrBlock="10.8.2.0/24", AvailabilityZone=Z[1])["Subnet"]["SubnetId"]
+    s = settings_of(AWS, compute={"subnets": [a, b]})
+    problems = preflight.aws_network_problems(s, ec2)
+    assert [p.what.split(" of the group")[0] for p in problems] == [
+        f"compute.subnets {', '.join(f'{i} ({z})' for i, z in sorted([(a, Z[0]), (b, Z[1])]))}"]
+    # Several machines use one zone (the one `pulumi up` picks): only its subnet is checked.
+    (one,) = preflight.aws_network_problems(settings_of(AWS, compute={"subnets": [a, b], "nodes": 2,
+                                                                     "instanceTypes": ["g5.xlarge"]}), ec2)
+    assert one.what.count("subnet-") == 1
+
+
+@pytest.mark.parametrize("target", ["transit gateway", "network interface"])
+def test_a_way_out_this_check_cannot_judge_passes(target: str) -> None:
+    vpc, subnets, main, _ = _default_vpc()
+    ec2 = _ec2()
+    ec2.delete_route(RouteTableId=main, DestinationCidrBlock="0.0.0.0/0")
+    if target == "transit gateway":
+        tgw = ec2.create_transit_gateway()["TransitGateway"]["TransitGatewayId"]
+        ec2.create_route(RouteTableId=main, DestinationCidrBlock="0.0.0.0/0", TransitGatewayId=tgw)
+    else:
+        eni = ec2.create_network_interface(SubnetId=subnets[Z[0]])["NetworkInterface"]["NetworkInterfaceId"]
+        ec2.create_route(RouteTableId=main, DestinationCidrBlock="0.0.0.0/0", NetworkInterfaceId=eni)
+    assert preflight.aws_network_problems(settings_of(AWS), ec2) == []
