@@ -28,6 +28,9 @@ GCP
 - the APIs that must be on before the first `pulumi up` (the stack turns on the rest), and the
   Compute Engine API, which every check above reads (off: one line says to turn it on).
 
+A stack of several placements (docs/placements.md) is checked in each of them: the checks above in
+the placement's cloud, region and project, but for the bucket and the data, which are home's.
+
 Output: one line per problem, each with its fix; exit 1 when there are problems, 0 when
 clean, 2 when the stack's config is invalid (the settings loader's one-line error).
 """
@@ -358,8 +361,10 @@ def aws_bucket_problems(settings: config.Settings, s3: Any, sts: Any) -> list[Pr
     return []
 
 
-def check_aws(settings: config.Settings, session: Any = None) -> list[Problem]:
-    """Every AWS check; `session` is a boto3 Session (default: the environment's credentials)."""
+def check_aws(settings: config.Settings, session: Any = None, *, home: bool = True) -> list[Problem]:
+    """Every AWS check; `session` is a boto3 Session (default: the environment's credentials).
+
+    `home=False`: a placement's region, whose run folder is home's bucket: no bucket check there."""
     import boto3
 
     session = session or boto3.session.Session(region_name=settings.region)
@@ -370,8 +375,9 @@ def check_aws(settings: config.Settings, session: Any = None) -> list[Problem]:
         ("network", lambda: aws_network_problems(settings, ec2)),
         ("quotas", lambda: aws_quota_problems(settings, ec2, client("service-quotas"))),
         ("image", lambda: aws_image_problems(settings, ec2)),
-        ("bucket", lambda: aws_bucket_problems(settings, client("s3"), client("sts"))),
     ]
+    if home:
+        checks.append(("bucket", lambda: aws_bucket_problems(settings, client("s3"), client("sts"))))
     return _run_checks(checks, _aws_error)
 
 
@@ -639,8 +645,10 @@ def compute_api_problem(settings: config.Settings) -> Problem:
                    f"gcloud services enable {COMPUTE_API} --project {settings.project}, then run preflight again")
 
 
-def check_gcp(settings: config.Settings, api: GcpApi | None = None) -> list[Problem]:
-    """Every GCP check; `api` defaults to the REST client with Application Default Credentials."""
+def check_gcp(settings: config.Settings, api: GcpApi | None = None, *, home: bool = True) -> list[Problem]:
+    """Every GCP check; `api` defaults to the REST client with Application Default Credentials.
+
+    `home=False`: a placement's project and region, whose run and data are home's: no data check there."""
     api = api or RestGcpApi()
     enabled: set[str] = set()
 
@@ -668,8 +676,9 @@ def check_gcp(settings: config.Settings, api: GcpApi | None = None) -> list[Prob
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [
         ("GPU quota", off_api_said(lambda: gcp_quota_problems(settings, api))),
         ("machine types", off_api_said(lambda: gcp_offering_problems(settings, api))),
-        ("data bucket", off_api_said(lambda: gcp_data_problems(settings, api))),
     ]
+    if home:
+        checks.append(("data bucket", off_api_said(lambda: gcp_data_problems(settings, api))))
     for problem in _run_checks(checks, _gcp_error):
         if problem not in problems:  # an API that is off refuses every check the same way: said once
             problems.append(problem)
@@ -693,10 +702,19 @@ def _run_checks(checks: Iterable[tuple[str, Callable[[], list[Problem]]]],
 
 
 def check(settings: config.Settings, *, aws_session: Any = None, gcp_api: GcpApi | None = None) -> list[Problem]:
-    """Every check for the stack's cloud."""
-    if settings.cloud == "aws":
-        return check_aws(settings, aws_session)
-    return check_gcp(settings, gcp_api)
+    """Every check for each placement (home: the stack's own cloud and region), in its cloud, region and
+    project: a run moved to a placement whose quota, types, network or image fail would wait there
+    as it would at home. A placement's problems start with `placements[i] (cloud region):`."""
+    from components.placement import settings_at
+
+    problems: list[Problem] = []
+    for i, p in enumerate(settings.placement_list):
+        at = settings_at(settings, i)
+        found = check_aws(at, aws_session, home=i == 0) if at.cloud == "aws" else check_gcp(at, gcp_api, home=i == 0)
+        if i:
+            found = [Problem(f"placements[{i}] ({p.cloud} {p.region}): {f.what}", f.fix) for f in found]
+        problems += found
+    return problems
 
 
 def cmd_preflight(args: argparse.Namespace, *, aws_session: Any = None, gcp_api: GcpApi | None = None) -> int:

@@ -121,3 +121,38 @@ def test_a_way_out_this_check_cannot_judge_passes(target: str) -> None:
         eni = ec2.create_network_interface(SubnetId=subnets[Z[0]])["NetworkInterface"]["NetworkInterfaceId"]
         ec2.create_route(RouteTableId=main, DestinationCidrBlock="0.0.0.0/0", NetworkInterfaceId=eni)
     assert preflight.aws_network_problems(settings_of(AWS), ec2) == []
+
+
+def test_each_placement_is_checked_in_its_own_region_and_only_home_for_the_bucket() -> None:
+    # us-west-2's default VPC is moto's own (no gateway): the move there would wait, so preflight says so.
+    s = settings_of({**AWS, "placements": [{"cloud": "aws", "region": REGION, "instanceTypes": ["g5.xlarge"]},
+                                           {"cloud": "aws", "region": "us-west-2", "instanceTypes": ["g5.xlarge"]}]},
+                    compute={"instanceTypes": ["g5.xlarge"]})
+    quotas = FakeQuotas(ENOUGH)
+    asked: list[str] = []
+
+    class Regional(Session):
+        def client(self, name: str, region_name: str | None = None):
+            asked.append(f"{name} {region_name}")
+            return super().client(name, region_name)
+
+    problems = preflight.check(s, aws_session=Regional(quotas))
+    (p,) = [p for p in problems if "route to the internet" in p.what]
+    assert p.what.startswith("placements[1] (aws us-west-2): the default VPC's subnet(s) subnet-")
+    assert quotas.asked == ["L-3819A6DF", "L-3819A6DF"]  # home's quota, then the placement's
+    assert [a for a in asked if a.startswith("s3 ")] == [f"s3 {REGION}"]  # the bucket: home's only
+    assert "ec2 us-west-2" in asked
+
+
+def test_a_gcp_placement_of_an_aws_home_is_checked_in_its_project() -> None:
+    from tests.ops.test_preflight import GCP_OK, FakeGcp
+
+    s = settings_of({**AWS, "placements": [
+        {"cloud": "aws", "region": REGION, "instanceTypes": ["g5.xlarge"]},
+        {"cloud": "gcp", "region": "us-central1", "project": "my-gpus-42", "instanceTypes": ["g2-standard-4"]}]},
+        compute={"instanceTypes": ["g5.xlarge"]})
+    api = FakeGcp(**{**GCP_OK, "region": {}})  # no L4 quota in the placement's region
+    problems = preflight.check(s, aws_session=Session(FakeQuotas(ENOUGH)), gcp_api=api)
+    assert api.calls[:2] == ["services my-gpus-42", "region my-gpus-42 us-central1"]
+    (p,) = [p for p in problems if p.what.startswith("placements[1]")]  # home's: its AMI, which moto lacks
+    assert p.what.startswith("placements[1] (gcp us-central1): GPU quota NVIDIA_L4_GPUS in us-central1 is 0")
