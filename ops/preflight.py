@@ -22,6 +22,7 @@ GCP
   GPUS_ALL_REGIONS, for `gpusPerNode` x `nodes` GPUs;
 - each machine type (and an N1 machine's GPU) offered in a zone the group may use
   (`compute.zones`, else every zone of the region: the group is given that list);
+- the `default` network the machines use: there, with a subnet in the region and a 0.0.0.0/0 route;
 - a `gs://` `run.dataUri`: the bucket exists and, unless `run.dataGrant` is false, you may set
   its IAM policy (the stack grants the machines read access there; if not, whether the bucket
   is public, and what to ask its owner);
@@ -408,6 +409,12 @@ class GcpApi(Protocol):
     def publicly_readable(self, bucket: str, prefix: str) -> bool:
         """Whether anyone, without credentials, may list the bucket's objects under `prefix`."""
 
+    def network(self, project: str, name: str) -> dict | None:
+        """The project's VPC network of that name (Compute Engine's resource); None when there is none."""
+
+    def routes(self, project: str) -> list[dict]:
+        """Every route of the project (Compute Engine's resources)."""
+
 
 COMPUTE_API = "compute.googleapis.com"
 
@@ -504,6 +511,23 @@ class RestGcpApi:
                                    params={"prefix": prefix, "maxResults": 1}, timeout=30)
         return resp.status_code == 200
 
+    def network(self, project: str, name: str) -> dict | None:
+        """See GcpApi."""
+        return self._get(f"https://compute.googleapis.com/compute/v1/projects/{project}/global/networks/{name}",
+                         absent_ok=True)
+
+    def routes(self, project: str) -> list[dict]:
+        """See GcpApi."""
+        found: list[dict] = []
+        token = None
+        while True:
+            doc = self._get(f"https://compute.googleapis.com/compute/v1/projects/{project}/global/routes",
+                            {"maxResults": 500, **({"pageToken": token} if token else {})})
+            found += doc.get("items", [])
+            token = doc.get("nextPageToken")
+            if not token:
+                return found
+
     def enabled_services(self, project: str) -> set[str]:
         """See GcpApi."""
         names: set[str] = set()
@@ -594,6 +618,43 @@ def gcp_offering_problems(settings: config.Settings, api: GcpApi) -> list[Proble
 SET_POLICY = "storage.buckets.setIamPolicy"
 
 
+def gcp_network_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
+    """The `default` network the machines use: it exists, has a subnet in the region, and a 0.0.0.0/0
+    route to the internet gateway for the machines (their ephemeral public address reaches the bucket,
+    the registry and the package index through it).
+
+    Organizations often create projects without a `default` network (the policy
+    `compute.skipDefaultNetworkCreation`): `pulumi up` would then create the bucket and the identity
+    and fail at the firewall rules. A route through another next hop (an appliance, a load balancer)
+    cannot be judged from here and passes; a route with tags serves only machines with one of them.
+    """
+    from components.gcp.naming import MACHINE_NETWORK, network_tag
+    from ops.mockrun import project_name
+
+    project, region = settings.project, settings.region
+    net = api.network(project, MACHINE_NETWORK)
+    if net is None:
+        return [Problem(f"project {project} has no VPC network named {MACHINE_NETWORK!r}, which the machines and "
+                        "their firewall rules use (organizations often skip it: compute.skipDefaultNetworkCreation)",
+                        f"gcloud compute networks create {MACHINE_NETWORK} --subnet-mode=auto --project {project}")]
+    if not any(f"/regions/{region}/subnetworks/" in url for url in net.get("subnetworks", [])):
+        return [Problem(f"network {MACHINE_NETWORK} of project {project} has no subnet in {region}, so no machine "
+                        "can start there",
+                        f"gcloud compute networks subnets create {MACHINE_NETWORK}-{region} --network "
+                        f"{MACHINE_NETWORK} --region {region} --range 10.128.0.0/20 --project {project} "
+                        "(a range free in the network)")]
+    tag = network_tag(project=project_name(), stack=settings.stack)
+    for route in api.routes(project):
+        if (str(route.get("network", "")).endswith(f"/global/networks/{MACHINE_NETWORK}")
+                and route.get("destRange") == "0.0.0.0/0" and (not route.get("tags") or tag in route["tags"])):
+            return []
+    return [Problem(f"network {MACHINE_NETWORK} of project {project} has no 0.0.0.0/0 route for the machines: "
+                    "they could not reach the bucket, the registry or the package index, and every boot would "
+                    "wait out its bounds until the runtime cap",
+                    f"gcloud compute routes create {MACHINE_NETWORK}-internet --network {MACHINE_NETWORK} "
+                    f"--destination-range 0.0.0.0/0 --next-hop-gateway default-internet-gateway --project {project}")]
+
+
 def gcp_data_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
     """A gs:// dataUri: the bucket exists, and with run.dataGrant the deployer may set its IAM policy.
 
@@ -676,6 +737,7 @@ def check_gcp(settings: config.Settings, api: GcpApi | None = None, *, home: boo
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [
         ("GPU quota", off_api_said(lambda: gcp_quota_problems(settings, api))),
         ("machine types", off_api_said(lambda: gcp_offering_problems(settings, api))),
+        ("network", off_api_said(lambda: gcp_network_problems(settings, api))),
     ]
     if home:
         checks.append(("data bucket", off_api_said(lambda: gcp_data_problems(settings, api))))

@@ -21,11 +21,13 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_gcp as gcp
 
+from components.gcp.naming import MACHINE_NETWORK
+
 # Canonical's Ubuntu 22.04 with the NVIDIA driver: it runs cloud-init from the
 # `user-data` metadata key, as the AWS machines do.
 IMAGE_PROJECT = "ubuntu-os-accelerator-images"
 IMAGE_FAMILY = "ubuntu-accelerator-2204-amd64-with-nvidia-550"
-NETWORK = "global/networks/default"
+NETWORK = f"global/networks/{MACHINE_NETWORK}"
 # Machine series a compact placement policy accepts (Google's placement-policy
 # restrictions: A2, C2, C2D, G2, N2, N2D), of those that carry GPUs. A3 High (8 GPUs) wants
 # a MIG workload policy instead; N1 (T4, V100) has no compact placement.

@@ -90,6 +90,10 @@ def controller_account_ids(*, project: str, stack: str) -> tuple[str, str]:
     return f"tc-{slug(stack, 18)}-{digest}", f"ti-{slug(stack, 18)}-{digest}"
 
 
+# The VPC network the machines and their firewall rules use (ops preflight checks it is there).
+MACHINE_NETWORK = "default"
+
+
 def network_tag(*, project: str, stack: str) -> str:
     """The network tag the firewall rules select this stack's machines by."""
     return _rfc1035(f"{project}-{stack}", 63)

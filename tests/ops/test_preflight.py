@@ -251,6 +251,22 @@ class FakeGcp:
     def offered(self, project: str, zone: str, kind: str, name: str) -> bool:
         return (zone, name) not in self.not_offered
 
+    # The `default` network as a new project has it (auto mode: a subnet in every region, the route out).
+    networks: dict[str, dict] = {"default": {"name": "default", "autoCreateSubnetworks": True, "subnetworks": [
+        f"https://www.googleapis.com/compute/v1/projects/p/regions/{r}/subnetworks/default"
+        for r in ("us-central1", "europe-west4", "us-east4")]}}
+    route_list: list[dict] = [{"name": "default-route-1", "network": ".../global/networks/default",
+                               "destRange": "0.0.0.0/0", "priority": 1000,
+                               "nextHopGateway": ".../global/gateways/default-internet-gateway"}]
+
+    def network(self, project: str, name: str) -> dict | None:
+        self.calls.append(f"network {project} {name}")
+        return self.networks.get(name)
+
+    def routes(self, project: str) -> list[dict]:
+        self.calls.append(f"routes {project}")
+        return self.route_list
+
 
 GCP_OK = dict(region={"PREEMPTIBLE_NVIDIA_L4_GPUS": (4, 0), "NVIDIA_L4_GPUS": (4, 0)}, project={"GPUS_ALL_REGIONS": (4, 0)},
               services=set(PREREQUISITE_APIS) | {"compute.googleapis.com"})
@@ -259,7 +275,8 @@ GCP_OK = dict(region={"PREEMPTIBLE_NVIDIA_L4_GPUS": (4, 0), "NVIDIA_L4_GPUS": (4
 def test_gcp_clean() -> None:
     api = FakeGcp(**GCP_OK)
     assert preflight.check(settings_of(GCP), gcp_api=api) == []
-    assert api.calls == ["services my-project", "region my-project us-central1", "project my-project"]
+    assert api.calls == ["services my-project", "region my-project us-central1", "project my-project",
+                         "network my-project default", "routes my-project"]
 
 
 def test_gcp_problems_each_with_its_fix() -> None:
@@ -398,6 +415,18 @@ def test_the_rest_client_reads_the_documented_shapes() -> None:
     assert zones.region_zones("p", "us-central1") == ["us-central1-a", "us-central1-b"]
     assert zones.offered("p", "us-central1-a", "machineTypes", "g2-standard-4") is True
     assert zones.offered("p", "us-central1-b", "machineTypes", "g2-standard-4") is False
+    routes = f"{compute}/global/routes"
+    nets = FakeSession({
+        f"{compute}/global/networks/default": [FakeResponse(200, {"name": "default", "subnetworks": []})],
+        f"{compute}/global/networks/other": [FakeResponse(404, {"error": {"code": 404}})],
+        routes: [FakeResponse(200, {"items": [{"name": "r1"}], "nextPageToken": "n2"}),
+                 FakeResponse(200, {"items": [{"name": "r2"}]})],
+    })
+    api = preflight.RestGcpApi(nets)
+    assert api.network("p", "default") == {"name": "default", "subnetworks": []}
+    assert api.network("p", "other") is None
+    assert [r["name"] for r in api.routes("p")] == ["r1", "r2"]
+    assert nets.asked[-1] == (routes, {"maxResults": 500, "pageToken": "n2"})
     denied = preflight.RestGcpApi(FakeSession({compute: [FakeResponse(403, {"error": "PERMISSION_DENIED"})]}))
     with pytest.raises(RuntimeError, match="HTTP 403"):
         denied.project_quotas("p")
@@ -459,9 +488,10 @@ def test_the_compute_api_off_says_enable_it_not_check_the_credentials() -> None:
             FakeResponse(403, {"error": {"code": 403, "message": "denied", "status": "PERMISSION_DENIED"}})],
         f"{compute}/regions/us-central1": [FakeResponse(403, SERVICE_DISABLED)],
         f"{compute}/zones/us-central1-a/machineTypes/g2-standard-4": [FakeResponse(403, SERVICE_DISABLED)],
+        f"{compute}/global/networks/default": [FakeResponse(403, SERVICE_DISABLED)],
     })
     lines = [p.line() for p in preflight.check(settings_of(GCP), gcp_api=preflight.RestGcpApi(session))]
-    assert len(session.asked) == 3  # every check ran
+    assert len(session.asked) == 4  # every check ran
     assert lines[0].startswith("could not check APIs") and "credentials" in lines[0]  # a real permission error
     assert lines[1:] == [preflight.compute_api_problem(settings_of(GCP)).line()]
     assert all("credentials" not in line for line in lines[1:])

@@ -156,3 +156,42 @@ def test_a_gcp_placement_of_an_aws_home_is_checked_in_its_project() -> None:
     assert api.calls[:2] == ["services my-gpus-42", "region my-gpus-42 us-central1"]
     (p,) = [p for p in problems if p.what.startswith("placements[1]")]  # home's: its AMI, which moto lacks
     assert p.what.startswith("placements[1] (gcp us-central1): GPU quota NVIDIA_L4_GPUS in us-central1 is 0")
+
+
+def _gcp_problems(**fake) -> list:
+    from tests.ops.test_preflight import GCP, GCP_OK, FakeGcp
+
+    api = FakeGcp(**GCP_OK)
+    for name, value in fake.items():
+        setattr(api, name, value)
+    return [p for p in preflight.check(settings_of(GCP), gcp_api=api) if "network" in p.what]
+
+
+def test_a_gcp_project_without_the_default_network_is_told_how_to_make_it() -> None:
+    assert _gcp_problems() == []  # the default network as a new project has it
+    (p,) = _gcp_problems(networks={})
+    assert p.what.startswith("project my-project has no VPC network named 'default'")
+    assert p.fix == "gcloud compute networks create default --subnet-mode=auto --project my-project"
+
+
+def test_a_custom_mode_default_network_needs_a_subnet_in_the_region() -> None:
+    elsewhere = {"default": {"autoCreateSubnetworks": False, "subnetworks": [
+        "https://www.googleapis.com/compute/v1/projects/p/regions/europe-west4/subnetworks/eu"]}}
+    (p,) = _gcp_problems(networks=elsewhere)
+    assert p.what == "network default of project my-project has no subnet in us-central1, so no machine can start there"
+
+
+def test_the_machines_need_a_route_out_that_applies_to_them() -> None:
+    from components.gcp.naming import network_tag
+    from ops.mockrun import project_name
+
+    route = {"network": "https://www.googleapis.com/compute/v1/projects/my-project/global/networks/default",
+             "destRange": "0.0.0.0/0", "nextHopGateway": ".../global/gateways/default-internet-gateway"}
+    other_net = {**route, "network": ".../global/networks/vpc-2"}
+    (p,) = _gcp_problems(route_list=[other_net, {**route, "destRange": "10.0.0.0/8"}])
+    assert p.what.startswith("network default of project my-project has no 0.0.0.0/0 route for the machines")
+    assert "--next-hop-gateway default-internet-gateway" in p.fix
+    # A route for other machines' tags does not serve ours; one for our tag does.
+    assert len(_gcp_problems(route_list=[{**route, "tags": ["bastion"]}])) == 1
+    tag = network_tag(project=project_name(), stack="unit")
+    assert _gcp_problems(route_list=[{**route, "tags": ["bastion", tag]}]) == []
