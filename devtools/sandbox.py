@@ -82,8 +82,9 @@ class Sandbox:
             wrapper.chmod(0o755)
         env = boot_env(settings or settings_for(), run_uri=run.uri, group=group, code_uri=code_uri)
         # The watcher polls the metadata service each second (5 s on a machine): a poll is two
-        # metadata reads, each a dozen short processes, and at 0.2 s the watcher alone took 2.7 s
-        # of CPU in 20 s of a test's wait, against 0.9 s at 1 s.
+        # metadata reads (a curl each, about 20 ms of CPU in all), and at 0.2 s the watcher alone
+        # took 2.7 s of CPU in 20 s of a test's wait when a read was a dozen short processes,
+        # against 0.9 s at 1 s.
         env.update({"TRAINSTACK_POLL_S": "1", **(env_overrides or {})})
         self.user_data = render_user_data(env["TRAINSTACK_CLOUD"], env)
         self.doc = yaml.safe_load(self.user_data)

@@ -196,7 +196,6 @@ def _become(request: dict, fds: list[int], server_pid: int) -> None:
     if signal.SIGINT not in ignored:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     cli_server.take_call(request, fds)
-    os.umask(request["umask"])
     sys.path[:] = _child_path(request)
     importlib.invalidate_caches()
     sys.argv = [request["module"], *request["argv"]]  # runpy puts the module's file first

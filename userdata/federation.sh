@@ -40,11 +40,11 @@ federation_env() {
 federation_token() {
   [[ "$STORE_CLOUD" != "$TRAINSTACK_CLOUD" ]] || return 0
   local file="$AWS_WEB_IDENTITY_TOKEN_FILE" age=999999
-  [[ ! -s "$file" ]] || age=$(($(date +%s) - $(stat -c %Y "$file")))
+  [[ ! -s "$file" ]] || age=$((EPOCHSECONDS - $(stat -c %Y "$file")))
   ((age >= TOKEN_REFRESH_S)) || return 0
   # A renewal that failed within the last minute is not tried again by every store call
   # (each try costs up to 21 s) while the token still has life.
-  if ((age < 3300)) && [[ -e "$file.failed" ]] && (($(date +%s) - $(stat -c %Y "$file.failed") < 60)); then
+  if ((age < 3300)) && [[ -e "$file.failed" ]] && ((EPOCHSECONDS - $(stat -c %Y "$file.failed") < 60)); then
     return 0
   fi
   mkdir -p "$FEDERATION_DIR"

@@ -77,10 +77,10 @@ scale_down() {
     wait_s=30
     log "$earlier earlier machine(s) of this run could not scale the group: trying for ${wait_s}s"
   fi
-  until=$(($(date +%s) + wait_s))
+  until=$((EPOCHSECONDS + wait_s))
   until scale_to_zero 2>"$err"; do
     why="$(head -c 400 "$err" | tr -s '\n' ' ' | sed 's/^ //; s/ $//')"
-    if (($(date +%s) + pause > until)); then
+    if ((EPOCHSECONDS + pause > until)); then
       log "could not scale $TRAINSTACK_GROUP to zero in ${wait_s}s: ${why:-no error text}; shutting down"
       event "$MACHINE_SCALE_FAILED" "$MARKER_REASON=$why" "earlier:=$earlier" || true
       return 1

@@ -3,6 +3,7 @@
 # run folder in the bucket, instance metadata and the few calls where AWS and GCP differ.
 # Every path and endpoint can be moved by the environment so the scripts run unchanged
 # in a sandbox: TRAINSTACK_ROOT prefixes /etc, /var, /opt and /run.
+# Bash 5 or later (EPOCHSECONDS: the time without a process, in loops that poll for hours).
 # The variables below are used by the scripts that source this file.
 # shellcheck disable=SC2034
 
@@ -343,42 +344,58 @@ event() {
 # ---- instance metadata ----
 
 # IMDSv2 session token, kept (root-only) in /run for its 6-hour life minus a margin, so
-# the watcher's polls do not ask for a new one every time.
+# the watcher's polls do not ask for a new one every time. The file holds the second it was
+# fetched and the token, so a poll reads both with the shell's own `read` (the watcher polls
+# every few seconds for the machine's whole life: no process a poll but curl's).
+# Sets IMDS_TOKEN (empty when the service does not give one).
 imds_token() {
-  local file="$RUNTIME_DIR/imds-token"
-  if [[ ! -s "$file" ]] || (($(date +%s) - $(stat -c %Y "$file") > 21000)); then
-    # Each caller writes its own temporary file: the watcher and the supervisor start together.
-    if (umask 077 && curl -sf -m 2 -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 21600" \
-      "$METADATA_URL/latest/api/token" >"$file.$$"); then
-      mv "$file.$$" "$file"
+  local file="$RUNTIME_DIR/imds-token" tmp="$RUNTIME_DIR/imds-token.$BASHPID" at="" token=""
+  [[ ! -s "$file" ]] || read -r at token <"$file" || true
+  if [[ -z "$token" || ! "$at" =~ ^[0-9]+$ ]] || ((EPOCHSECONDS - at > 21000)); then
+    at=$EPOCHSECONDS
+    if token="$(curl -sf -m 2 -X PUT -H "X-aws-ec2-metadata-token-ttl-seconds: 21600" \
+      "$METADATA_URL/latest/api/token")" && [[ -n "$token" ]]; then
+      # Each caller writes its own temporary file: the watcher and the supervisor start together.
+      { (umask 077 && printf '%s %s\n' "$at" "$token" >"$tmp") && mv -f "$tmp" "$file"; } || rm -f "$tmp"
     else
-      rm -f "$file.$$"
+      token=""
     fi
   fi
-  cat "$file" 2>/dev/null || true
+  IMDS_TOKEN="$token"
+}
+
+# md_read VAR PATH: the value into VAR and 0; 1 when the path is absent (404); 2 on errors.
+# One process a read (curl): the status comes on a line of its own after the body.
+md_read() {
+  local _md_out _md_code _md_header _md_url
+  case "$TRAINSTACK_CLOUD" in
+    aws)
+      imds_token
+      _md_header="X-aws-ec2-metadata-token: $IMDS_TOKEN"
+      _md_url="$METADATA_URL/latest/meta-data/$2"
+      ;;
+    gcp)
+      _md_header="Metadata-Flavor: Google"
+      _md_url="$METADATA_URL/computeMetadata/v1/instance/$2"
+      ;;
+  esac
+  _md_out="$(curl -s -m 2 -w '\n%{http_code}' -H "$_md_header" "$_md_url")" || _md_out=$'\n000'
+  _md_code="${_md_out##*$'\n'}"
+  printf -v "$1" '%s' "${_md_out%$'\n'*}"
+  case "$_md_code" in
+    200) return 0 ;;
+    404) return 1 ;;
+    # A token that expired early answers 401: the next call fetches a new one.
+    401) [[ "$TRAINSTACK_CLOUD" != aws ]] || rm -f "$RUNTIME_DIR/imds-token"; return 2 ;;
+    *) return 2 ;;
+  esac
 }
 
 # md_get PATH: prints the value and returns 0; 1 when the path is absent (404); 2 on errors.
 md_get() {
-  local out code
-  out="$(mktemp)"
-  case "$TRAINSTACK_CLOUD" in
-    aws)
-      code="$(curl -s -m 2 -o "$out" -w '%{http_code}' -H "X-aws-ec2-metadata-token: $(imds_token)" \
-        "$METADATA_URL/latest/meta-data/$1")" || code=000
-      # A token that expired early answers 401: the next call fetches a new one.
-      [[ "$code" != 401 ]] || rm -f "$RUNTIME_DIR/imds-token"
-      ;;
-    gcp)
-      code="$(curl -s -m 2 -o "$out" -w '%{http_code}' -H "Metadata-Flavor: Google" \
-        "$METADATA_URL/computeMetadata/v1/instance/$1")" || code=000
-      ;;
-  esac
-  case "$code" in
-    200) cat "$out"; rm -f "$out"; return 0 ;;
-    404) rm -f "$out"; return 1 ;;
-    *) rm -f "$out"; return 2 ;;
-  esac
+  local value
+  md_read value "$1" || return
+  printf '%s' "$value"
 }
 
 # The instance id (AWS) or name (GCE): the name of this machine's logs and event object.

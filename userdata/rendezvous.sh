@@ -64,7 +64,7 @@ generation_objects() {
 # after the TTL.
 heartbeat() {
   local body
-  body="$(json member="$2" machine="$(instance_id)" endpoint="$3" "time:=$(date +%s)" "left:=${4:-false}")"
+  body="$(json member="$2" machine="$(instance_id)" endpoint="$3" "time:=$EPOCHSECONDS" "left:=${4:-false}")"
   store_put "$RUN_URI/$RENDEZVOUS_PREFIX$GEN_DIR$1/$MEMBERS_DIR/$2" <<<"$body" && printf '%s\n' "$body"
 }
 
@@ -133,7 +133,7 @@ join_generation() {
   local nodes="$TRAINSTACK_NODES" me endpoint last gen high objects record mine live polls=0 line
   local peer_wait_s="${TRAINSTACK_PEER_WAIT_S:-1800}" seal_tries="${TRAINSTACK_SEAL_TRIES:-30}"
   local started waited came=1 told=0 failed_seals=0 rc quick=0 step
-  started=$(date +%s)
+  started=$EPOCHSECONDS
   me="$(member_id)"
   endpoint="$(retry 5 private_ip)" || { log "cannot read this machine's private address"; return "$JOIN_NO_ADDRESS"; }
   endpoint="$endpoint:$WORKER_PORT"
@@ -146,8 +146,8 @@ join_generation() {
       log "a spot notice is pending: not joining generation $gen"
       return "$JOIN_NOTICE"
     fi
-    (($(date +%s) < DEADLINE)) || return "$JOIN_DEADLINE"
-    waited=$(($(date +%s) - started))
+    ((EPOCHSECONDS < DEADLINE)) || return "$JOIN_DEADLINE"
+    waited=$((EPOCHSECONDS - started))
     if ((waited >= peer_wait_s)); then
       step="$(newest_committed)"
       JOIN_REASON="the cluster did not form: $came of $nodes machines came to generation $gen in ${waited}s (spot capacity?). Checkpoints kept (step $step); to go on once there is capacity, delete $FAILED and set the group back to $nodes machines"

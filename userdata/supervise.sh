@@ -45,10 +45,10 @@ on_exit() {
 # a minute: a store blip is no verdict on the run.
 patiently() {
   local stop_at pause="${TRAINSTACK_RETRY_BASE_S:-2}"
-  stop_at=$(($(date +%s) + STORE_WAIT_S))
+  stop_at=$((EPOCHSECONDS + STORE_WAIT_S))
   ((pause > 0)) || pause=1
   until "$@"; do
-    if (($(date +%s) + pause > stop_at)); then
+    if ((EPOCHSECONDS + pause > stop_at)); then
       log "gave up after ${STORE_WAIT_S}s: $1"
       return 1
     fi
@@ -84,12 +84,12 @@ check_run_folder() {
     patiently read_deadline || finish "$FAILED" "cannot read the run's deadline: no answer for ${STORE_WAIT_S}s (see logs)"
   else
     # First boot of the run: the deadline counts from now and is written once.
-    DEADLINE=$(($(date +%s) + ${TRAINSTACK_MAX_RUNTIME_S:-86400}))
+    DEADLINE=$((EPOCHSECONDS + ${TRAINSTACK_MAX_RUNTIME_S:-86400}))
     patiently write_deadline || finish "$FAILED" "cannot write the run's deadline: no answer for ${STORE_WAIT_S}s (see logs)"
     log "first boot of the run: deadline $(date -u -d "@$DEADLINE" +%Y-%m-%dT%H:%M:%SZ)"
   fi
   [[ -n "$DEADLINE" ]] || finish "$FAILED" "the run's deadline file is empty"
-  (($(date +%s) < DEADLINE)) || { log "deadline passed"; finish "$TIMED_OUT" "the run's deadline passed"; }
+  ((EPOCHSECONDS < DEADLINE)) || { log "deadline passed"; finish "$TIMED_OUT" "the run's deadline passed"; }
 }
 
 # Bootstrap until it succeeds. A failure it names in failure-reason (no GPU, a damaged
@@ -98,7 +98,7 @@ check_run_folder() {
 # answer) is retried with a growing pause, for TRAINSTACK_BOOTSTRAP_WAIT_S (1 h) or until the
 # run's deadline, whichever comes first.
 run_bootstrap() {
-  local tries=0 pause until=$(($(date +%s) + ${TRAINSTACK_BOOTSTRAP_WAIT_S:-3600}))
+  local tries=0 pause until=$((EPOCHSECONDS + ${TRAINSTACK_BOOTSTRAP_WAIT_S:-3600}))
   until "$BIN_DIR/bootstrap.sh"; do
     if [[ -s "$RUNTIME_DIR/failure-reason" ]]; then
       finish "$FAILED" "$(cat "$RUNTIME_DIR/failure-reason")"
@@ -106,12 +106,12 @@ run_bootstrap() {
     tries=$((tries + 1))
     pause=$((BOOTSTRAP_BACKOFF_S * tries))
     ((pause <= 300)) || pause=300
-    if (($(date +%s) + pause >= DEADLINE)); then
+    if ((EPOCHSECONDS + pause >= DEADLINE)); then
       finish "$TIMED_OUT" "the run's deadline passed while setting up the machine (bootstrap failed $tries times; see logs)"
     fi
     # The machine is paid and not training: an outage longer than this is no passing one
     # (a registry the subnet cannot reach, a mirror gone), and waiting on would bill to the deadline.
-    if (($(date +%s) + pause >= until)); then
+    if ((EPOCHSECONDS + pause >= until)); then
       finish "$FAILED" "could not set up the machine in ${TRAINSTACK_BOOTSTRAP_WAIT_S:-3600}s (bootstrap failed $tries times for a passing reason; see logs)"
     fi
     log "bootstrap failed for a passing reason ($tries so far); retrying in ${pause}s"
@@ -142,9 +142,9 @@ print(reason[:500])
 # before the chief is no failure. Prints the marker; fails when none came in time.
 wait_for_end_marker() {
   local until marker
-  until=$(($(date +%s) + FINISH_WAIT_S))
+  until=$((EPOCHSECONDS + FINISH_WAIT_S))
   log "the trainer ended before the run's end marker: waiting for the chief (up to ${FINISH_WAIT_S}s)"
-  while (($(date +%s) < until)); do
+  while ((EPOCHSECONDS < until)); do
     marker="$(end_marker)" || marker=""
     if [[ -n "$marker" ]]; then
       printf '%s\n' "$marker"
@@ -265,9 +265,9 @@ reboot_on_driver_mismatch() {
 # answering), nothing can be told to the run or the group: the machine goes, and what it
 # was launched for costs that bound once per launch (the cloud's runtime cap ends launches).
 cli_first() {
-  local until=$(($(date +%s) + ${TRAINSTACK_CLI_WAIT_S:-300}))
+  local until=$((EPOCHSECONDS + ${TRAINSTACK_CLI_WAIT_S:-300}))
   until cloud_cli; do
-    if (($(date +%s) + 30 > until)); then
+    if ((EPOCHSECONDS + 30 > until)); then
       local which="$TRAINSTACK_CLOUD"
       [[ "$STORE_CLOUD" == "$TRAINSTACK_CLOUD" ]] || which="$TRAINSTACK_CLOUD or $STORE_CLOUD"
       log "error: no $which CLI on this image and none could be installed: the run cannot be read, marked or its group scaled; shutting down"
@@ -316,7 +316,7 @@ main() {
   read -r idle idle_step 2>/dev/null <"$STATE_DIR/idle-generations" || true
   while true; do
     [[ ! -e "$NOTICE_FILE" ]] || wait_for_cloud
-    remaining=$((DEADLINE - $(date +%s)))
+    remaining=$((DEADLINE - EPOCHSECONDS))
     ((remaining > 0)) || finish "$TIMED_OUT" "the run's deadline passed"
     log "starting the trainer (failures in a row: $failures)"
     before="$(newest_committed)"
@@ -329,7 +329,7 @@ main() {
     elif ((joined == 2)); then
       rc=$EXIT_NO_ADDRESS
     else
-      remaining=$((DEADLINE - $(date +%s)))
+      remaining=$((DEADLINE - EPOCHSECONDS))
       run_container "$remaining" || rc=$?
       log "trainer exited with $rc"
     fi
@@ -364,9 +364,9 @@ main() {
       # group (`nodes` machines, this one among them): another stack runs this run. This
       # group stands down: no end marker (it would end that run), group to zero.
       lease_tries=$((lease_tries + 1))
-      ((lease_since > 0)) || lease_since=$(date +%s)
-      if (($(date +%s) - lease_since >= lease_held_s)); then
-        finish "$CANCELLED" "another machine held the run's lease for $(($(date +%s) - lease_since))s ($lease_tries tries): it trains this run; this group stands down without an end marker"
+      ((lease_since > 0)) || lease_since=$EPOCHSECONDS
+      if ((EPOCHSECONDS - lease_since >= lease_held_s)); then
+        finish "$CANCELLED" "another machine held the run's lease for $((EPOCHSECONDS - lease_since))s ($lease_tries tries): it trains this run; this group stands down without an end marker"
       fi
       pause=$((lease_retry_s * lease_tries > 300 ? 300 : lease_retry_s * lease_tries))
       log "another machine holds the run's lease: trying again in ${pause}s"

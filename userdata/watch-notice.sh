@@ -13,20 +13,19 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
 
-# Prints the notice ("kind detail") and returns 0 when the cloud has announced one.
+# Returns 0 when the cloud has announced a notice, with its kind and detail in NOTICE_KIND and
+# NOTICE_DETAIL. A poll reads the metadata with md_read, in this shell: curl is its only process.
 notice() {
-  local body rc
+  local body
   case "$TRAINSTACK_CLOUD" in
     aws)
-      rc=0
-      body="$(md_get spot/instance-action)" || rc=$?
-      if ((rc == 0)); then printf 'instance-action %s\n' "$body"; return 0; fi
+      if md_read body spot/instance-action; then NOTICE_KIND=instance-action NOTICE_DETAIL="$body"; return 0; fi
       ;;
     gcp)
-      body="$(md_get preempted)" || body=""
-      if [[ "$body" == TRUE ]]; then printf 'preempted TRUE\n'; return 0; fi
-      body="$(md_get maintenance-event)" || body=""
-      if [[ "$body" == TERMINATE_ON_HOST_MAINTENANCE ]]; then printf 'maintenance-event %s\n' "$body"; return 0; fi
+      md_read body preempted || body=""
+      if [[ "$body" == TRUE ]]; then NOTICE_KIND=preempted NOTICE_DETAIL=TRUE; return 0; fi
+      md_read body maintenance-event || body=""
+      if [[ "$body" == TERMINATE_ON_HOST_MAINTENANCE ]]; then NOTICE_KIND=maintenance-event NOTICE_DETAIL="$body"; return 0; fi
       ;;
   esac
   return 1
@@ -37,7 +36,7 @@ notice() {
 rebalance() {
   local body
   [[ "$TRAINSTACK_CLOUD" == aws && ! -e "$RUNTIME_DIR/rebalance-seen" ]] || return 0
-  body="$(md_get events/recommendations/rebalance)" || return 0
+  md_read body events/recommendations/rebalance || return 0
   touch "$RUNTIME_DIR/rebalance-seen"
   log "rebalance recommendation: $body"
   event "$REBALANCE" cloud="$TRAINSTACK_CLOUD" detail="$body"
@@ -58,12 +57,9 @@ main() {
   load_env
   POLL_S="${TRAINSTACK_POLL_S:-5}"
   log "watching for spot notices every ${POLL_S}s ($TRAINSTACK_CLOUD, $METADATA_URL)"
-  local found kind detail
   while true; do
-    if [[ ! -e "$RUNTIME_DIR/notice-handled" ]] && found="$(notice)"; then
-      kind="${found%% *}"
-      detail="${found#* }"
-      handle "$kind" "$detail"
+    if [[ ! -e "$RUNTIME_DIR/notice-handled" ]] && notice; then
+      handle "$NOTICE_KIND" "$NOTICE_DETAIL"
     fi
     rebalance
     # The store's identity token, where the store is another cloud's: renewed here while the
