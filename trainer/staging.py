@@ -28,6 +28,7 @@ them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -41,6 +42,7 @@ from trainer import layout
 
 DOWNLOAD_WORKERS = 8
 INDEX_VERSION = 1
+COUNT_BATCH = 256  # records held at once while counting a file: bounded memory for large records
 
 
 class StagingError(RuntimeError):
@@ -106,10 +108,22 @@ def check_index(doc: object, sizes: dict[str, int]) -> tuple[dict[str, int] | No
 
 def count_file(path: str) -> int:
     """Records in one TFRecord file (read whole by TensorFlow, so a damaged file fails here)."""
-    import numpy as np
+    return int(_record_counter()(path))
+
+
+@functools.cache
+def _record_counter():
+    # Traced once for every file (a reduce traced per file cost about 0.1 s of CPU each), and
+    # summed a batch at a time: the reduce's function runs per element, and per record it cost
+    # eight times the CPU of the reading itself (16 files of 2,000 small records: 1.9 s, 0.21 s).
     import tensorflow as tf
 
-    return int(tf.data.TFRecordDataset(path).reduce(np.int64(0), lambda c, _: c + 1))
+    @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
+    def count(path):
+        return tf.data.TFRecordDataset(path).batch(COUNT_BATCH).reduce(
+            tf.constant(0, tf.int64), lambda n, batch: n + tf.shape(batch, out_type=tf.int64)[0])
+
+    return count
 
 
 class Staging:

@@ -16,6 +16,7 @@ the scenario is about.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -53,6 +54,24 @@ def _skip_export() -> None:
 
     export.export_model = lambda model, local_dir, store: 0
     export.saved_model_signature = lambda local_dir: {}
+
+
+def _shared_synthetic_data() -> None:
+    # Every attempt trains on the same synthetic set (one seed): drawn once for the process,
+    # not 60,000 images again per attempt (0.2-0.35 s of CPU each, of about 1.3). Read-only,
+    # so no attempt can hand the next other data.
+    from trainer import data
+
+    real = data.synthetic_mnist
+
+    @functools.cache
+    def synthetic_mnist(*args, **kwargs):
+        arrays = real(*args, **kwargs)
+        for array in arrays:
+            array.setflags(write=False)
+        return arrays
+
+    data.synthetic_mnist = synthetic_mnist
 
 
 def _fast_client_retries() -> None:
@@ -168,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         from trainer import attempt, loop  # noqa: F401
     _fast_client_retries()
     _skip_export()
+    _shared_synthetic_data()
     root = Path(tempfile.mkdtemp(prefix="fault-resume-"))
     ref_uri = f"file://{root}/ref"
     rc, events = _attempt(ref_uri, a.steps)

@@ -32,11 +32,14 @@ def test_fresh_run_leaves_every_output_and_second_start_exits_at_once(run_root, 
         TRAINSTACK_EXTRA_ARGS="--log-every 10 --seed 3",
     )
     import subprocess
-    import sys
 
-    from tests.trainer.helpers import REPO, parse_events
+    from tests.trainer.helpers import REPO, parse_events, trainer_command
 
-    p = subprocess.run([sys.executable, "-m", "trainer"], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    # `python -m trainer` with no arguments, forked from the warm trainer server (the plain
+    # start-up has its own tests): the child reads the environment it was handed, as the
+    # plain process reads its own.
+    argv, env = trainer_command("trainer", [], env)
+    p = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     printed = parse_events(p.stdout)
     assert kinds(printed)[0] == "started" and kinds(printed)[-1] == "finished", kinds(printed)

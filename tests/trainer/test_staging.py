@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 from types import SimpleNamespace
 
@@ -69,17 +70,31 @@ def _same(a, b):
         assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
 
 
-@pytest.fixture
-def dataset(tmp_path):
-    """16 files of 2000 records (a shuffle window reads 1250 of each of the first 8), and the staged reference stream's first batches."""
-    src = tmp_path / "bucket" / "data"
-    _write_records(src, 16, 2000)
-    files = data.stage(f"file://{src}", str(tmp_path / "reference"))
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """16 files of 2000 records (a shuffle window reads 1250 of each of the first 8), and the staged reference stream's first batches.
+
+    Written and read once for the module (about 1 s of CPU a test): each test stages its own copy.
+    """
+    root = tmp_path_factory.mktemp("staging-source")
+    _write_records(root / "data", 16, 2000)
+    files = data.stage(f"file://{root}/data", str(root / "reference"))
     batches_per_epoch = 32_000 // BATCH
     reference = _batches(data.from_tfrecords(files, PARSE, BATCH, seed=3, position=data.Position(0)),
                          batches_per_epoch + 10)
+    for batch in reference:
+        for array in batch:
+            array.setflags(write=False)  # shared by the module's tests: none may change it for the next
+    return SimpleNamespace(src=root / "data", reference=reference, per_epoch=batches_per_epoch)
+
+
+@pytest.fixture
+def dataset(source, tmp_path):
+    """The module's records in this test's own bucket folder (a test may add, rename or damage files)."""
+    src = tmp_path / "bucket" / "data"
+    shutil.copytree(source.src, src)
     return SimpleNamespace(uri=f"file://{src}", src=src, run_uri=f"file://{tmp_path}/runs/r", tmp=tmp_path,
-                           reference=reference, per_epoch=batches_per_epoch)
+                           reference=source.reference, per_epoch=source.per_epoch)
 
 
 def _staging(ds, name, **kw):
@@ -221,6 +236,19 @@ def test_a_file_not_on_disk_within_the_bound_fails_with_its_name(dataset):
     with pytest.raises(StagingError, match=r"part-00\.tfrecord was not on disk within --data-wait-s 1 s "
                                            r"\(0 of 16 files there\)"):
         st.ready(st.files[0])
+
+
+def test_files_are_counted_by_one_traced_function_and_a_damaged_file_fails(tmp_path):
+    # More records than a counting batch, and not a multiple of it.
+    _write_records(tmp_path / "d", 3, staging.COUNT_BATCH * 2 + 44)
+    files = sorted(str(p) for p in (tmp_path / "d").glob("*.tfrecord"))
+    assert [staging.count_file(f) for f in files] == [staging.COUNT_BATCH * 2 + 44] * 3
+    assert staging._record_counter().experimental_get_tracing_count() == 1
+    damaged = tmp_path / "damaged.tfrecord"
+    with open(files[0], "rb") as fh:
+        damaged.write_bytes(fh.read()[:-5])
+    with pytest.raises(tf.errors.DataLossError):
+        staging.count_file(str(damaged))
 
 
 def test_a_data_set_smaller_than_a_batch_fails_once_counted_instead_of_looping(tmp_path):
