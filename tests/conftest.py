@@ -46,6 +46,20 @@ def pytest_collection_modifyitems(config, items):
                                  item.module.__name__ not in slow_modules))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session):
+    """Give xdist's groups to the ids it sends its scheduler. pytest-xdist 3.8 marks a test's
+    group by appending `@<group>` to `item._nodeid`, which pytest 9.2 no longer reads (the id
+    is `item._id`, pytest-dev/pytest-xdist#1386): without this every grouped module's tests
+    were spread over all workers and each worker built the module's fixtures again."""
+    from _pytest.nodeid import NodeId
+
+    for item in session.items:
+        grouped = item.__dict__.get("_nodeid")
+        if isinstance(grouped, str) and grouped != item.nodeid and hasattr(item, "_id"):
+            item._id = NodeId.parse(grouped)
+
+
 # The modules of the longest tests by the clock in `.ci/run`'s `--durations` (2 cores, four
 # workers: 80 to 160 s each), longest first. Before this list xdist handed the trainer and
 # boot ones out as work units 679 to 879 of 2,655 (the bench and the month came early by
