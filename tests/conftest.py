@@ -11,7 +11,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-pytest_plugins = ["tests.fixtures.emulators", "tests.fixtures.sshd"]
+pytest_plugins = ["tests.fixtures.emulators", "tests.fixtures.sshd", "tests.fixtures.service_models"]
 
 settings.register_profile(
     "ci", derandomize=True, max_examples=50, deadline=None, database=None,
@@ -44,6 +44,20 @@ def pytest_collection_modifyitems(config, items):
     slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: (_LONGEST.get(item.module.__name__, len(_LONGEST)),
                                  item.module.__name__ not in slow_modules))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session):
+    """Give xdist's groups to the ids it sends its scheduler. pytest-xdist 3.8 marks a test's
+    group by appending `@<group>` to `item._nodeid`, which pytest 9.2 no longer reads (the id
+    is `item._id`, pytest-dev/pytest-xdist#1386): without this every grouped module's tests
+    were spread over all workers and each worker built the module's fixtures again."""
+    from _pytest.nodeid import NodeId
+
+    for item in session.items:
+        grouped = item.__dict__.get("_nodeid")
+        if isinstance(grouped, str) and grouped != item.nodeid and hasattr(item, "_id"):
+            item._id = NodeId.parse(grouped)
 
 
 # The modules of the longest tests by the clock in `.ci/run`'s `--durations` (2 cores, four

@@ -23,7 +23,7 @@ from controller.config import Config
 from controller.policy import READ_GROUP_ACTIONS, SIZE_GROUP_ACTIONS, aws_policy
 from controller.tick import move, tick
 from tests.controller.helpers import aws_config, moved_events, trained
-from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IamCloud
+from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IMAGE, IamCloud
 from tests.iam.policy_eval import Decision
 from trainer import layout
 from trainer.storage import open_store
@@ -40,10 +40,9 @@ NODES = 1
 
 def _build_group(cloud: IamCloud, region: str, name: str, size: int) -> None:
     ec2 = cloud.admin("ec2", region)
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
     lt = ec2.create_launch_template(LaunchTemplateName=f"{name}-lt",
-                                    LaunchTemplateData={"ImageId": image, "InstanceType": "t3.micro"})
+                                    LaunchTemplateData={"ImageId": IMAGE, "InstanceType": "t3.micro"})
     cloud.admin("autoscaling", region).create_auto_scaling_group(
         AutoScalingGroupName=name, MinSize=size, MaxSize=size, DesiredCapacity=size, VPCZoneIdentifier=subnet,
         LaunchTemplate={"LaunchTemplateId": lt["LaunchTemplate"]["LaunchTemplateId"], "Version": "$Latest"})

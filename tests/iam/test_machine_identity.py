@@ -33,7 +33,7 @@ import pytest
 
 from devtools import cli_server
 from tests.components.aws import helpers as aws_helpers
-from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IamCloud
+from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IMAGE, IamCloud
 from tests.iam.policy_eval import Decision
 from trainer import layout
 from trainer.storage import NotFound, open_store
@@ -78,10 +78,9 @@ class Machine:
 
 def _build_group(cloud: IamCloud, name: str, size: int) -> None:
     ec2 = cloud.admin("ec2", REGION)
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
     lt = ec2.create_launch_template(LaunchTemplateName=f"{name}-lt",
-                                    LaunchTemplateData={"ImageId": image, "InstanceType": "t3.micro"})
+                                    LaunchTemplateData={"ImageId": IMAGE, "InstanceType": "t3.micro"})
     cloud.admin("autoscaling", REGION).create_auto_scaling_group(
         AutoScalingGroupName=name, MinSize=0, MaxSize=size, DesiredCapacity=size, VPCZoneIdentifier=subnet,
         LaunchTemplate={"LaunchTemplateId": lt["LaunchTemplate"]["LaunchTemplateId"], "Version": "$Latest"},

@@ -20,7 +20,7 @@ import pytest
 
 from components import placement
 from ops import synth
-from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IamCloud
+from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IMAGE, IamCloud
 from tests.iam.policy_eval import Decision
 
 pytestmark = pytest.mark.slow
@@ -38,10 +38,9 @@ OTHER_REPOSITORY = "trainstack/other-stack"
 
 def _build_group(cloud: IamCloud, region: str, name: str, size: int) -> None:
     ec2 = cloud.admin("ec2", region)
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
     lt = ec2.create_launch_template(LaunchTemplateName=f"{name}-lt",
-                                    LaunchTemplateData={"ImageId": image, "InstanceType": "t3.micro"})
+                                    LaunchTemplateData={"ImageId": IMAGE, "InstanceType": "t3.micro"})
     cloud.admin("autoscaling", region).create_auto_scaling_group(
         AutoScalingGroupName=name, MinSize=0, MaxSize=size, DesiredCapacity=size, VPCZoneIdentifier=subnet,
         LaunchTemplate={"LaunchTemplateId": lt["LaunchTemplate"]["LaunchTemplateId"], "Version": "$Latest"})
