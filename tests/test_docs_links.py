@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP = {".venv", ".venv-policy", ".git", "node_modules", "runs", "out"}
+SKIP = {".venv", ".venv-policy", ".git", "node_modules", "runs", "out", "build"}  # build/: generated (mutation copies)
 PAGES = sorted(p for p in ROOT.rglob("*.md") if not SKIP & set(p.relative_to(ROOT).parts))
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", flags=re.S | re.M)
