@@ -42,7 +42,9 @@ from trainer import layout
 
 DOWNLOAD_WORKERS = 8
 INDEX_VERSION = 1
-COUNT_BATCH = 256  # records held at once while counting a file: bounded memory for large records
+# Records held at once while counting a file: 32 counts 32,000 small records in 0.42 s of CPU (256: 0.34 s)
+# and holds 32 records, so a file of 10 MB records costs 320 MB while it is counted, not 2.5 GB.
+COUNT_BATCH = 32
 
 
 class StagingError(RuntimeError):
