@@ -65,6 +65,27 @@ def pack(src: Path = TRAINER_DIR, user_code: Path | None = None) -> bytes:
         raise FileNotFoundError(f"{src}: no trainer files (*.py, requirements.txt) to pack")
     if user_code is not None:
         files += [(str(Path(USER_CODE_NAME) / p.relative_to(user_code)), p) for p in code_files(user_code)]
+    return _tar_gz(files)
+
+
+# The boot scripts a machine fetches from the bucket instead of carrying them in its user data (EC2
+# takes 16 KiB, gzipped; the rest of userdata/ fills it): those of a group of several machines only.
+# bootstrap.sh's `boot_scripts` installs them beside the others, in /opt/trainstack/bin.
+BOOT_SCRIPTS = ("rendezvous.sh",)
+
+
+def pack_boot_scripts(src: Path = project.USERDATA_DIR) -> bytes:
+    """The deterministic tar.gz of BOOT_SCRIPTS from `src` (userdata/), each at the archive's top."""
+    return _tar_gz([(name, src / name) for name in BOOT_SCRIPTS])
+
+
+def boot_key(data: bytes) -> str:
+    """`code/boot-<sha256[:16]>.tar.gz` for the boot scripts' archive bytes: the machine checks the name."""
+    return layout.code_key("boot", hashlib.sha256(data).hexdigest()[:16])
+
+
+def _tar_gz(files: list[tuple[str, Path]]) -> bytes:
+    """`files` ((name in the archive, path)) as a tar.gz whose bytes depend on their names and contents only."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, p in files:
@@ -85,10 +106,11 @@ def archive_key(data: bytes) -> str:
     return layout.code_key("trainer", hashlib.sha256(data).hexdigest()[:16])
 
 
-def write_archive(data: bytes, build_dir: Path = BUILD_DIR) -> Path:
-    """Write the archive where the Pulumi engine reads it; atomic, so runs never see half a file."""
+def write_archive(data: bytes, build_dir: Path = BUILD_DIR, key: str | None = None) -> Path:
+    """Write the archive (named after `key`, by default `archive_key`) where the Pulumi engine reads it;
+    atomic, so runs never see half a file."""
     build_dir.mkdir(parents=True, exist_ok=True)
-    path = build_dir / Path(archive_key(data)).name
+    path = build_dir / Path(key or archive_key(data)).name
     if not path.exists() or path.read_bytes() != data:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(data)
@@ -217,6 +239,9 @@ class TrainerCodeArgs:
     """The user's folder (run.code), packed beside the trainer as usercode/."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags for the uploaded object (S3 object tags; GCS objects carry no labels)."""
+    boot_scripts: bool = False
+    """True for a group of several machines: the boot scripts' archive (`pack_boot_scripts`) is uploaded
+    too, and boot_uri names it (otherwise "")."""
 
 
 class TrainerCodeBase(pulumi.ComponentResource):
@@ -227,6 +252,7 @@ class TrainerCodeBase(pulumi.ComponentResource):
 
     TYPE = ""
     code_uri: pulumi.Output[str]
+    boot_uri: pulumi.Output[str]
     key: str
     """The object key ("" when baked into the image)."""
 
@@ -239,7 +265,12 @@ class TrainerCodeBase(pulumi.ComponentResource):
             data = pack(Path(args.source_dir), _path(args.user_code_dir))
             self.key = archive_key(data)
             self.code_uri = self._upload(name, args, self.key, write_archive(data))
-        self.register_outputs({"code_uri": self.code_uri})
+        self.boot_uri = pulumi.Output.from_input("")
+        if args.boot_scripts:
+            boot = pack_boot_scripts()
+            self.boot_uri = self._upload(f"{name}-boot", args, boot_key(boot),
+                                         write_archive(boot, key=boot_key(boot)))
+        self.register_outputs({"code_uri": self.code_uri, "boot_uri": self.boot_uri})
 
     def _upload(self, name: str, args: TrainerCodeArgs, key: str, path: Path) -> pulumi.Output[str]:
         """Declare the object `key` of `args.bucket_name` holding the file at `path`; its URI."""

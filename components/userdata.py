@@ -52,7 +52,6 @@ NOTICE_GRACE_S = {"aws": 100, "gcp": 25}
 # Installed by write_files: (file in userdata/, path on the machine, permissions).
 FILES = (
     ("lib.sh", f"{BIN_DIR}/lib.sh", "0644"),
-    ("rendezvous.sh", f"{BIN_DIR}/rendezvous.sh", "0644"),
     ("bootstrap.sh", f"{BIN_DIR}/bootstrap.sh", "0755"),
     ("supervise.sh", f"{BIN_DIR}/supervise.sh", "0755"),
     ("watch-notice.sh", f"{BIN_DIR}/watch-notice.sh", "0755"),
@@ -76,8 +75,10 @@ JUPYTER_FILES = (
 SCRIPT_STOP_MARGIN_S = 10
 
 
-def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, str]:
-    """Everything a machine of this stack needs, as env-file values (no secrets).
+def boot_env(settings, *, run_uri: str, group: str, code_uri: str, boot_uri: str = "") -> dict[str, str]:
+    """Everything a machine of this stack needs, as env-file values (no secrets). `boot_uri`: the boot
+    scripts' archive in the bucket (components/code.py's `pack_boot_scripts`), which a group of several
+    machines needs.
 
     The TRAINSTACK_* trainer options (model, steps, …) are the trainer's own environment
     variables: the container gets this file with --env-file and needs no flags.
@@ -104,6 +105,8 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str) -> dict[str, 
         "TRAINSTACK_KEEP_CHECKPOINTS": str(run.keep_checkpoints),
         "TRAINSTACK_SEED": str(run.seed),
     }
+    if boot_uri:
+        env["TRAINSTACK_BOOT_URI"] = boot_uri
     if run.synthetic:
         env["TRAINSTACK_SYNTHETIC"] = "1"
     if run.data_uri:
@@ -216,6 +219,9 @@ def render_user_data(cloud: str, env: Mapping[str, str]) -> str:
     ]
     jupyter = env.get("TRAINSTACK_JUPYTER") == "1"
     across = env.get("TRAINSTACK_STORE_CLOUD", cloud) != cloud
+    if int(env["TRAINSTACK_NODES"]) > 1 and not env.get("TRAINSTACK_BOOT_URI"):
+        raise ValueError("a group of several machines needs TRAINSTACK_BOOT_URI: their rendezvous script is "
+                         "fetched from the bucket (components/code.py's pack_boot_scripts)")
     for name, path, mode in FILES + (JUPYTER_FILES if jupyter else ()) + (FEDERATION_FILES if across else ()):
         files.append({"path": path, "permissions": mode, "owner": "root:root",
                       "content": shipped(name)})
@@ -266,21 +272,22 @@ def aws_store_env(*, region: str, role_arn: pulumi.Input[str], audience: str) ->
 
 def user_data_output(
     cloud: str, settings, *, group: str, run_uri: pulumi.Input[str], code_uri: pulumi.Input[str],
-    image_ref: pulumi.Input[str], store: Mapping[str, pulumi.Input[str]] | None = None,
+    image_ref: pulumi.Input[str], boot_uri: pulumi.Input[str] = "",
+    store: Mapping[str, pulumi.Input[str]] | None = None,
 ) -> pulumi.Output[str]:
     """The stack's `#cloud-config` once the bucket, code and image are known; the image
     reference is the one the stack resolved (the pushed digest when it builds its own).
-    `store`: env-file values saying how a machine reaches a run folder in the other cloud
-    (`aws_store_env`), added to its own."""
+    `boot_uri`: the boot scripts' archive (a group of several machines). `store`: env-file values
+    saying how a machine reaches a run folder in the other cloud (`aws_store_env`), added to its own."""
     store = dict(store or {})
     keys = sorted(store)
 
     def render(values: list[str]) -> str:
-        run, code, image, *extra = values
-        env = boot_env(settings, run_uri=run, group=group, code_uri=code)
+        run, code, boot, image, *extra = values
+        env = boot_env(settings, run_uri=run, group=group, code_uri=code, boot_uri=boot)
         env["TRAINSTACK_IMAGE"] = image
         env.update(zip(keys, extra, strict=True))
         return render_user_data(cloud, env)
 
-    return pulumi.Output.all(run_uri, code_uri, image_ref, *(store[k] for k in keys)).apply(render)
+    return pulumi.Output.all(run_uri, code_uri, boot_uri, image_ref, *(store[k] for k in keys)).apply(render)
 

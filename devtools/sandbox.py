@@ -57,6 +57,28 @@ def make_group(run, size: int) -> str:
     return name
 
 
+def upload_boot_scripts(run) -> str:
+    """The boot scripts' archive, packed as the stack packs it, in `run`'s bucket (as `pulumi up` puts
+    it there for a group of several machines); its URI."""
+    from components.code import boot_key, pack_boot_scripts
+
+    data = pack_boot_scripts()
+    key = boot_key(data)
+    scheme, rest = run.uri.split("://", 1)
+    bucket = rest.split("/", 1)[0]
+    if scheme == "s3":
+        boto3.client("s3", endpoint_url=run.vars["AWS_ENDPOINT_URL"], region_name="us-east-1").put_object(
+            Bucket=bucket, Key=key, Body=data)
+    else:
+        from unittest import mock
+
+        from trainer.storage import open_store
+
+        with mock.patch.dict(os.environ, run.vars):
+            open_store(f"{scheme}://{bucket}").put_bytes(key, data)
+    return f"{scheme}://{bucket}/{key}"
+
+
 class Sandbox:
     """One machine's disk, PATH and processes; `boot()` is one boot of that machine.
 
@@ -86,6 +108,8 @@ class Sandbox:
         # took 2.7 s of CPU in 20 s of a test's wait when a read was a dozen short processes,
         # against 0.9 s at 1 s.
         env.update({"TRAINSTACK_POLL_S": "1", **(env_overrides or {})})
+        if int(env["TRAINSTACK_NODES"]) > 1 and "TRAINSTACK_BOOT_URI" not in env:
+            env["TRAINSTACK_BOOT_URI"] = upload_boot_scripts(run)
         self.user_data = render_user_data(env["TRAINSTACK_CLOUD"], env)
         self.doc = yaml.safe_load(self.user_data)
         for f in self.doc["write_files"]:

@@ -16,8 +16,6 @@ set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "${TRAINSTACK_LIB:-$(dirname "$0")/lib.sh}"
-# shellcheck source-path=SCRIPTDIR source=rendezvous.sh
-. "$(dirname "${TRAINSTACK_LIB:-$0}")/rendezvous.sh"
 
 CONTAINER_ENV="$RUNTIME_DIR/container.env"
 # The supervisor's own code for an attempt that ended without a marker (EXIT_NO_CLUSTER,
@@ -306,6 +304,11 @@ main() {
   run_bootstrap
   # shellcheck source=/dev/null
   . "$STATE_DIR/paths"
+  if ((${TRAINSTACK_NODES:-1} > 1)); then
+    # Installed by bootstrap (from the boot archive) on the machines of a group of several only.
+    # shellcheck source-path=SCRIPTDIR source=rendezvous.sh
+    . "$(dirname "${TRAINSTACK_LIB:-$0}")/rendezvous.sh"
+  fi
   local failures rc joined remaining marker reason before after pause
   failures="$(cat "$STATE_DIR/failures" 2>/dev/null || echo 0)"
   # Exit 77 tries in a row, since when, the pause unit and the bound.

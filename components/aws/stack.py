@@ -115,7 +115,7 @@ class TrainingStack(StackOutputs):
         code = TrainerCode(
             f"{name}-code",
             TrainerCodeArgs(bucket_name=bucket.name, baked_into_image=s.image.build, tags=tags,
-                            user_code_dir=user_code_dir(s)),
+                            user_code_dir=user_code_dir(s), boot_scripts=s.compute.nodes > 1),
             opts=child,
         )
 
@@ -148,7 +148,7 @@ class TrainingStack(StackOutputs):
                 continue
             opts = in_region[i]
             user_data = userdata.user_data_output(
-                "aws", ps, group=g, run_uri=run, code_uri=code.code_uri, image_ref=images[i]
+                "aws", ps, group=g, run_uri=run, code_uri=code.code_uri, boot_uri=code.boot_uri, image_ref=images[i]
             )
             c = ps.compute
             group = SpotGroup(
@@ -251,7 +251,7 @@ class TrainingStack(StackOutputs):
             opts=pulumi.ResourceOptions(parent=self),
         )
         user_data = userdata.user_data_output(
-            "gcp", p, group=group_name, run_uri=run, code_uri=code.code_uri, image_ref=image_ref,
+            "gcp", p, group=group_name, run_uri=run, code_uri=code.code_uri, boot_uri=code.boot_uri, image_ref=image_ref,
             store=userdata.aws_store_env(region=s.region, role_arn=role.role_arn, audience=token_audience),
         )
         c = p.compute

@@ -134,7 +134,7 @@ class TrainingStack(StackOutputs):
         )
         code = TrainerCode(
             f"{name}-code", TrainerCodeArgs(bucket_name=bucket.name, baked_into_image=s.image.build,
-                                        user_code_dir=user_code_dir(s)), opts=child
+                                        user_code_dir=user_code_dir(s), boot_scripts=s.compute.nodes > 1), opts=child
         )
 
         run = run_uri("gcp", bucket.name, run_id)
@@ -153,7 +153,7 @@ class TrainingStack(StackOutputs):
             ps = placement.settings_at(s, i)
             opts = in_region[i]
             user_data = userdata.user_data_output(
-                "gcp", ps, group=g, run_uri=run, code_uri=code.code_uri, image_ref=images[i]
+                "gcp", ps, group=g, run_uri=run, code_uri=code.code_uri, boot_uri=code.boot_uri, image_ref=images[i]
             )
             c = ps.compute
             group = SpotGroup(

@@ -31,6 +31,7 @@ import boto3
 import botocore.exceptions
 import pytest
 
+from components.code import boot_key, pack_boot_scripts
 from devtools import cli_server
 from tests.components.aws import helpers as aws_helpers
 from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IMAGE, IamCloud
@@ -105,6 +106,10 @@ def machine(iam_cloud: IamCloud) -> Machine:
     code_key = outputs["codeUri"].removeprefix(f"s3://{bucket}/")
     assert code_key.startswith(layout.CODE_PREFIX)
     s3.put_object(Bucket=bucket, Key=code_key, Body=b"code archive")
+    # Two machines: their user data names the boot scripts' archive, which `pulumi up` puts beside the code.
+    (user_data,) = result.user_data.values()
+    assert f"TRAINSTACK_BOOT_URI='s3://{bucket}/{boot_key(pack_boot_scripts())}'" in user_data
+    s3.put_object(Bucket=bucket, Key=boot_key(pack_boot_scripts()), Body=pack_boot_scripts())
     s3.put_object(Bucket=bucket, Key="runs/another-run/COMPLETE", Body=b"{}")
     s3.put_object(Bucket=bucket, Key=f"runs/{run_id}0/events.jsonl", Body=b"{}")  # a sibling: runs/exp-70
     s3.put_object(Bucket=OTHER_BUCKET, Key=f"runs/{run_id}/progress.json", Body=b"{}")
@@ -244,10 +249,12 @@ def test_the_run_lease_works_as_the_role(on_machine: Machine) -> None:
     assert set(decided(on_machine, "s3:PutObject", "/" + layout.LEASE_KEY)) == {Decision.ALLOW}
 
 
-def test_it_reads_the_code_archive(machine: Machine) -> None:
+def test_it_reads_the_code_archive_and_its_boot_scripts(machine: Machine) -> None:
     key = machine.outputs["codeUri"].removeprefix(f"s3://{machine.bucket}/")
     body = machine.client("s3").get_object(Bucket=machine.bucket, Key=key)["Body"].read()
     assert body == b"code archive"
+    boot = machine.client("s3").get_object(Bucket=machine.bucket, Key=boot_key(pack_boot_scripts()))["Body"].read()
+    assert boot == pack_boot_scripts()
 
 
 def test_it_pulls_its_image(machine: Machine) -> None:

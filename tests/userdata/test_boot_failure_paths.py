@@ -149,10 +149,11 @@ def test_no_cli_to_be_had_ends_the_machine_within_its_bound(machines, s3_run, gr
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])
-def test_a_cli_without_create_if_absent_fails_a_cluster_run_with_the_reason(machines, s3_run, cloud):
+def test_a_cli_without_create_if_absent_fails_a_cluster_run_with_the_reason(machines, request, cloud):
     # An older CLI takes `--if-none-match` (S3) / `--if-generation-match` (GCS) for an unknown
     # option: the rendezvous could never be sealed. Bootstrap says so and the run is FAILED.
-    box = machines(s3_run, "trainstack-x", "", settings=settings_for(cloud),
+    run = request.getfixturevalue({"aws": "s3_run", "gcp": "gs_run"}[cloud])
+    box = machines(run, "trainstack-x", "", settings=settings_for(cloud),
                    env_overrides={"TRAINSTACK_NODES": "2"})
     proc = _script(box, "bootstrap.sh")
     assert proc.returncode == 0, proc.stderr  # today's fake CLIs have it

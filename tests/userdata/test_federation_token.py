@@ -20,7 +20,7 @@ import yaml
 
 from components.userdata import USERDATA_DIR, aws_store_env, boot_env
 from devtools.metadata import MetadataServer, token_claims
-from tests.userdata.helpers import wait_for
+from tests.userdata.helpers import installed_scripts, wait_for
 
 AUDIENCE = "trainstack/trainstack-places--exp-7-gpu-p1"
 ROLE = "arn:aws:iam::123456789012:role/trainstack-federation-p1-role-0123456"
@@ -166,9 +166,7 @@ def test_federation_sh_is_installed_on_machines_of_the_other_clouds_store_only(t
     assert "/opt/trainstack/bin/federation.sh" in paths["across"]
     assert [x for x in paths["across"] if x != "/opt/trainstack/bin/federation.sh"] == paths["own"]
     # The scripts as installed (comments stripped) pass shellcheck, lib.sh following federation.sh.
-    for f in yaml.safe_load(render_user_data("gcp", across))["write_files"]:
-        if f["path"].endswith(".sh"):
-            (tmp_path / Path(f["path"]).name).write_text(f["content"])
+    installed_scripts(render_user_data("gcp", across), tmp_path)
     proc = subprocess.run(["shellcheck", "-x", "--severity=style", "lib.sh", "federation.sh", "supervise.sh"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout

@@ -22,7 +22,6 @@ import os
 import re
 import stat
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
@@ -31,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from components.settings import load_settings
 from components.userdata import JUPYTER_UNIT, boot_env, render_user_data
-from tests.userdata.helpers import s3_keys
+from tests.userdata.helpers import installed_scripts, s3_keys
 
 pytestmark = pytest.mark.slow
 
@@ -76,11 +75,7 @@ def test_rendered_jupyter_document_passes_cloud_init_schema_and_shellcheck(tmp_p
     schema = subprocess.run(["cloud-init", "schema", "--config-file", str(tmp_path / "user-data.yaml")],
                             capture_output=True, text=True, timeout=120)
     assert schema.returncode == 0 and "Valid cloud-config" in schema.stdout, schema.stdout + schema.stderr
-    scripts = []
-    for f in yaml.safe_load(text)["write_files"]:
-        if f["path"].endswith(".sh"):
-            scripts.append(tmp_path / Path(f["path"]).name)
-            scripts[-1].write_text(f["content"])
+    scripts = installed_scripts(text, tmp_path)
     assert "jupyter.sh" in [p.name for p in scripts]
     proc = subprocess.run(["shellcheck", "-x", "--severity=style", *map(str, scripts)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components.code import BOOT_SCRIPTS
 from components.settings import load_stack_file
 from components.userdata import (
     AWS_USER_DATA_LIMIT,
@@ -25,6 +26,7 @@ from components.userdata import (
     shipped,
 )
 from devtools.sandbox import settings_for
+from tests.userdata.helpers import installed_scripts
 
 ROOT = Path(__file__).resolve().parents[2]
 STACKS = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
@@ -43,7 +45,8 @@ def _render(name: str) -> tuple[str, dict]:
     s = _settings(name)
     scheme = "s3" if s.cloud == "aws" else "gs"
     env = boot_env(s, run_uri=f"{scheme}://bucket-x/runs/{s.run_id}", group=f"trainstack-{s.stack}",
-                   code_uri=f"{scheme}://bucket-x/code/trainer-0123456789abcdef.tar.gz")
+                   code_uri=f"{scheme}://bucket-x/code/trainer-0123456789abcdef.tar.gz",
+                   boot_uri=f"{scheme}://bucket-x/code/boot-0123456789abcdef.tar.gz" if s.compute.nodes > 1 else "")
     return render_user_data(s.cloud, env), env
 
 
@@ -127,6 +130,28 @@ def test_user_data_fits_ec2_limit_gzipped_and_round_trips(monkeypatch):
     assert decode_user_data(__import__("base64").b64encode(b"#cloud-config\n").decode()) == "#cloud-config\n"
 
 
+@pytest.mark.parametrize("name", [c for c in CASES if _settings(c).cloud == "aws"])
+def test_every_optional_part_of_the_user_data_fits_ec2_with_room_left(name):
+    # Jupyter on a group of several machines went past EC2's 16 KiB when rendezvous.sh was in the
+    # document too: each stack's user data with every option it may turn on keeps 1.5 KiB free.
+    _text, env = _render(name)
+    sizes = {}
+    for nodes in ("1", "2"):
+        for jupyter in ("0", "1"):
+            e = {**env, "TRAINSTACK_NODES": nodes, "TRAINSTACK_JUPYTER": jupyter,
+                 "TRAINSTACK_BOOT_URI": "s3://bucket-x/code/boot-0123456789abcdef.tar.gz"}
+            sizes[nodes, jupyter] = len(__import__("base64").b64decode(encode_user_data(render_user_data("aws", e))))
+    assert len(sizes) == 4 and max(sizes.values()) <= AWS_USER_DATA_LIMIT - 1536, sizes
+
+
+def test_a_group_of_several_machines_needs_its_boot_archive():
+    _text, env = _render("aws")
+    with pytest.raises(ValueError, match="several machines needs TRAINSTACK_BOOT_URI"):
+        render_user_data("aws", {**env, "TRAINSTACK_NODES": "2"})
+    text = render_user_data("aws", {**env, "TRAINSTACK_NODES": "2", "TRAINSTACK_BOOT_URI": "s3://b/code/boot-1.tar.gz"})
+    assert "TRAINSTACK_BOOT_URI='s3://b/code/boot-1.tar.gz'" in text
+
+
 def test_render_refuses_bad_input():
     _text, env = _render("aws")
     with pytest.raises(ValueError, match="cloud must be aws or gcp"):
@@ -143,13 +168,9 @@ def test_render_refuses_bad_input():
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])
 def test_rendered_scripts_pass_shellcheck(cloud, tmp_path):
     text, _env = _render(cloud)
-    scripts = []
-    for f in yaml.safe_load(text)["write_files"]:
-        if f["path"].endswith(".sh"):
-            path = tmp_path / Path(f["path"]).name
-            path.write_text(f["content"])
-            scripts.append(path)
-    assert len(scripts) == sum(1 for n, _p, _m in FILES if n.endswith(".sh")) == 7
+    scripts = installed_scripts(text, tmp_path)
+    # The document's six, and the boot archive's, which bootstrap.sh installs beside them.
+    assert len(scripts) == sum(1 for n, _p, _m in FILES if n.endswith(".sh")) + len(BOOT_SCRIPTS) == 7
     proc = subprocess.run(["shellcheck", "-x", "--severity=style", *map(str, scripts)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -170,11 +191,7 @@ def test_ops_synth_dev_user_data_passes_schema_and_shellcheck(tmp_path):
     schema = subprocess.run(["cloud-init", "schema", "--config-file", str(path)],
                             capture_output=True, text=True, timeout=120)
     assert schema.returncode == 0, schema.stdout + schema.stderr
-    scripts = []
-    for f in yaml.safe_load(text)["write_files"]:
-        if f["path"].endswith(".sh"):
-            scripts.append(tmp_path / Path(f["path"]).name)
-            scripts[-1].write_text(f["content"])
+    scripts = installed_scripts(text, tmp_path)
     assert len(scripts) == 7
     proc = subprocess.run(["shellcheck", "-x", *map(str, scripts)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)

@@ -14,6 +14,7 @@ import time
 import boto3
 import pytest
 
+from components.userdata import USERDATA_DIR
 from devtools.sandbox import settings_for
 from tests.userdata.cluster import Machine
 from tests.userdata.helpers import wait_for
@@ -23,9 +24,10 @@ pytestmark = pytest.mark.slow  # each case runs the scripts and the fake CLIs ag
 
 
 def bash(box: Machine, script: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Runs `script` with lib.sh and rendezvous.sh sourced and the env loaded, as supervise.sh has them."""
+    """Runs `script` with lib.sh and rendezvous.sh sourced and the env loaded, as supervise.sh has them
+    (rendezvous.sh as bootstrap.sh installs it from the boot archive: tests/userdata/test_boot_scripts.py)."""
     bin_dir = box.root / "opt/trainstack/bin"
-    prelude = (f'set -euo pipefail; . "{bin_dir}/lib.sh"; . "{bin_dir}/rendezvous.sh"; load_env; '
+    prelude = (f'set -euo pipefail; . "{bin_dir}/lib.sh"; . "{USERDATA_DIR}/rendezvous.sh"; load_env; '
                f'DEADLINE=$(($(date +%s) + 600)); CLUSTER_POLL_S=0.2; RENDEZVOUS_TTL_S=30; '
                f'WORKER_PORT=$TRAINSTACK_WORKER_PORT; CONTAINER_ENV="$RUNTIME_DIR/container.env"; '
                f'mkdir -p "$RUNTIME_DIR"; : >"$CONTAINER_ENV"; ')
