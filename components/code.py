@@ -69,14 +69,14 @@ def pack(src: Path = TRAINER_DIR, user_code: Path | None = None) -> bytes:
 
 
 # The boot scripts a machine fetches from the bucket instead of carrying them in its user data (EC2
-# takes 16 KiB, gzipped; the rest of userdata/ fills it): those of a group of several machines only.
-# bootstrap.sh's `boot_scripts` installs them beside the others, in /opt/trainstack/bin.
-BOOT_SCRIPTS = ("rendezvous.sh",)
+# takes 16 KiB, gzipped): what runs once the run folder has been read, by name and mode. lib.sh's
+# `boot_scripts` installs them beside the others, in /opt/trainstack/bin, before bootstrap.
+BOOT_SCRIPTS = (("bootstrap.sh", 0o755), ("rendezvous.sh", 0o644))
 
 
 def pack_boot_scripts(src: Path = project.USERDATA_DIR) -> bytes:
     """The deterministic tar.gz of BOOT_SCRIPTS from `src` (userdata/), each at the archive's top."""
-    return _tar_gz([(name, src / name) for name in BOOT_SCRIPTS])
+    return _tar_gz([(name, src / name) for name, _mode in BOOT_SCRIPTS], dict(BOOT_SCRIPTS))
 
 
 def boot_key(data: bytes) -> str:
@@ -84,8 +84,9 @@ def boot_key(data: bytes) -> str:
     return layout.code_key("boot", hashlib.sha256(data).hexdigest()[:16])
 
 
-def _tar_gz(files: list[tuple[str, Path]]) -> bytes:
-    """`files` ((name in the archive, path)) as a tar.gz whose bytes depend on their names and contents only."""
+def _tar_gz(files: list[tuple[str, Path]], modes: dict[str, int] | None = None) -> bytes:
+    """`files` ((name in the archive, path)) as a tar.gz whose bytes depend on their names, contents and
+    `modes` (by name; 0644 otherwise) only."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, p in files:
@@ -93,7 +94,7 @@ def _tar_gz(files: list[tuple[str, Path]]) -> bytes:
             data = p.read_bytes()
             info.size = len(data)
             info.mtime = _FIXED_MTIME
-            info.mode = 0o644
+            info.mode = (modes or {}).get(name, 0o644)
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             tar.addfile(info, io.BytesIO(data))
@@ -239,13 +240,11 @@ class TrainerCodeArgs:
     """The user's folder (run.code), packed beside the trainer as usercode/."""
     tags: dict[str, str] = field(default_factory=dict)
     """Tags for the uploaded object (S3 object tags; GCS objects carry no labels)."""
-    boot_scripts: bool = False
-    """True for a group of several machines: the boot scripts' archive (`pack_boot_scripts`) is uploaded
-    too, and boot_uri names it (otherwise "")."""
 
 
 class TrainerCodeBase(pulumi.ComponentResource):
-    """The trainer archive uploaded to <scheme>://<bucket>/code/trainer-<hash>.tar.gz.
+    """The trainer archive uploaded to <scheme>://<bucket>/code/trainer-<hash>.tar.gz, and the machines'
+    boot scripts to <scheme>://<bucket>/code/boot-<hash>.tar.gz (boot_uri).
 
     A cloud's subclass names its type token and implements `_upload`.
     """
@@ -265,11 +264,9 @@ class TrainerCodeBase(pulumi.ComponentResource):
             data = pack(Path(args.source_dir), _path(args.user_code_dir))
             self.key = archive_key(data)
             self.code_uri = self._upload(name, args, self.key, write_archive(data))
-        self.boot_uri = pulumi.Output.from_input("")
-        if args.boot_scripts:
-            boot = pack_boot_scripts()
-            self.boot_uri = self._upload(f"{name}-boot", args, boot_key(boot),
-                                         write_archive(boot, key=boot_key(boot)))
+        # The machines' boot scripts, whether or not the trainer is in the image.
+        boot = pack_boot_scripts()
+        self.boot_uri = self._upload(f"{name}-boot", args, boot_key(boot), write_archive(boot, key=boot_key(boot)))
         self.register_outputs({"code_uri": self.code_uri, "boot_uri": self.boot_uri})
 
     def _upload(self, name: str, args: TrainerCodeArgs, key: str, path: Path) -> pulumi.Output[str]:

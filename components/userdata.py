@@ -37,6 +37,7 @@ BOOT_ENV_KEYS = (
     "TRAINSTACK_GROUP",          # the Auto Scaling group / managed instance group name
     "TRAINSTACK_IMAGE",          # pinned image reference (by digest when known)
     "TRAINSTACK_CODE_URI",       # trainer archive in the bucket ("" when baked into the image)
+    "TRAINSTACK_BOOT_URI",       # the boot scripts' archive in the bucket (components/code.py)
     "TRAINSTACK_MAX_RUNTIME_S",  # the run's deadline, counted from the first boot
     "TRAINSTACK_NODES",          # machines in the group
     "TRAINSTACK_GPUS_PER_NODE",
@@ -49,10 +50,11 @@ BOOT_ENV_KEYS = (
 # warning, leaving the rest for the final upload to finish and the machine to go.
 NOTICE_GRACE_S = {"aws": 100, "gcp": 25}
 
-# Installed by write_files: (file in userdata/, path on the machine, permissions).
+# Installed by write_files: (file in userdata/, path on the machine, permissions). What runs after the
+# run folder's first read (bootstrap.sh, rendezvous.sh) comes from the bucket instead: components/code.py's
+# BOOT_SCRIPTS, installed by lib.sh's boot_scripts.
 FILES = (
     ("lib.sh", f"{BIN_DIR}/lib.sh", "0644"),
-    ("bootstrap.sh", f"{BIN_DIR}/bootstrap.sh", "0755"),
     ("supervise.sh", f"{BIN_DIR}/supervise.sh", "0755"),
     ("watch-notice.sh", f"{BIN_DIR}/watch-notice.sh", "0755"),
     ("finish.sh", f"{BIN_DIR}/finish.sh", "0755"),
@@ -77,8 +79,8 @@ SCRIPT_STOP_MARGIN_S = 10
 
 def boot_env(settings, *, run_uri: str, group: str, code_uri: str, boot_uri: str = "") -> dict[str, str]:
     """Everything a machine of this stack needs, as env-file values (no secrets). `boot_uri`: the boot
-    scripts' archive in the bucket (components/code.py's `pack_boot_scripts`), which a group of several
-    machines needs.
+    scripts' archive in the bucket (components/code.py's `pack_boot_scripts`), which every machine
+    fetches before bootstrap; a document is rendered only with one.
 
     The TRAINSTACK_* trainer options (model, steps, …) are the trainer's own environment
     variables: the container gets this file with --env-file and needs no flags.
@@ -93,6 +95,7 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str, boot_uri: str
         "TRAINSTACK_GROUP": group,
         "TRAINSTACK_IMAGE": settings.image.reference,
         "TRAINSTACK_CODE_URI": code_uri,
+        "TRAINSTACK_BOOT_URI": boot_uri,
         "TRAINSTACK_MAX_RUNTIME_S": str(int(compute.max_runtime_hours * 3600)),
         "TRAINSTACK_NODES": str(compute.nodes),
         "TRAINSTACK_GPUS_PER_NODE": str(compute.gpus_per_node),
@@ -105,8 +108,6 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str, boot_uri: str
         "TRAINSTACK_KEEP_CHECKPOINTS": str(run.keep_checkpoints),
         "TRAINSTACK_SEED": str(run.seed),
     }
-    if boot_uri:
-        env["TRAINSTACK_BOOT_URI"] = boot_uri
     if run.synthetic:
         env["TRAINSTACK_SYNTHETIC"] = "1"
     if run.data_uri:
@@ -219,9 +220,9 @@ def render_user_data(cloud: str, env: Mapping[str, str]) -> str:
     ]
     jupyter = env.get("TRAINSTACK_JUPYTER") == "1"
     across = env.get("TRAINSTACK_STORE_CLOUD", cloud) != cloud
-    if int(env["TRAINSTACK_NODES"]) > 1 and not env.get("TRAINSTACK_BOOT_URI"):
-        raise ValueError("a group of several machines needs TRAINSTACK_BOOT_URI: their rendezvous script is "
-                         "fetched from the bucket (components/code.py's pack_boot_scripts)")
+    if not env["TRAINSTACK_BOOT_URI"]:
+        raise ValueError("TRAINSTACK_BOOT_URI is empty: every machine fetches its boot scripts from the bucket "
+                         "(components/code.py's pack_boot_scripts)")
     for name, path, mode in FILES + (JUPYTER_FILES if jupyter else ()) + (FEDERATION_FILES if across else ()):
         files.append({"path": path, "permissions": mode, "owner": "root:root",
                       "content": shipped(name)})
@@ -272,12 +273,12 @@ def aws_store_env(*, region: str, role_arn: pulumi.Input[str], audience: str) ->
 
 def user_data_output(
     cloud: str, settings, *, group: str, run_uri: pulumi.Input[str], code_uri: pulumi.Input[str],
-    image_ref: pulumi.Input[str], boot_uri: pulumi.Input[str] = "",
+    boot_uri: pulumi.Input[str], image_ref: pulumi.Input[str],
     store: Mapping[str, pulumi.Input[str]] | None = None,
 ) -> pulumi.Output[str]:
     """The stack's `#cloud-config` once the bucket, code and image are known; the image
     reference is the one the stack resolved (the pushed digest when it builds its own).
-    `boot_uri`: the boot scripts' archive (a group of several machines). `store`: env-file values
+    `boot_uri`: the boot scripts' archive (components/code.py). `store`: env-file values
     saying how a machine reaches a run folder in the other cloud (`aws_store_env`), added to its own."""
     store = dict(store or {})
     keys = sorted(store)

@@ -59,7 +59,7 @@ def make_group(run, size: int) -> str:
 
 def upload_boot_scripts(run) -> str:
     """The boot scripts' archive, packed as the stack packs it, in `run`'s bucket (as `pulumi up` puts
-    it there for a group of several machines); its URI."""
+    it there); its URI."""
     from components.code import boot_key, pack_boot_scripts
 
     data = pack_boot_scripts()
@@ -108,7 +108,7 @@ class Sandbox:
         # took 2.7 s of CPU in 20 s of a test's wait when a read was a dozen short processes,
         # against 0.9 s at 1 s.
         env.update({"TRAINSTACK_POLL_S": "1", **(env_overrides or {})})
-        if int(env["TRAINSTACK_NODES"]) > 1 and "TRAINSTACK_BOOT_URI" not in env:
+        if not env["TRAINSTACK_BOOT_URI"]:
             env["TRAINSTACK_BOOT_URI"] = upload_boot_scripts(run)
         self.user_data = render_user_data(env["TRAINSTACK_CLOUD"], env)
         self.doc = yaml.safe_load(self.user_data)
@@ -161,10 +161,20 @@ class Sandbox:
             self._start("watcher", "watch-notice.sh")
         return self._start("trainer", "supervise.sh")
 
-    def bootstrap(self, timeout: float = 120) -> int:
-        """bootstrap.sh alone, as the supervisor runs it (after load_env), to its exit; what it
-        leaves running in the background (the package cache's upload) is killed by power_off."""
+    def install_boot_scripts(self) -> None:
+        """The boot archive's scripts (bootstrap.sh, rendezvous.sh) fetched and installed as the supervisor
+        does before its first bootstrap (lib.sh's boot_scripts), for tests that run them alone."""
         (self.root / "run").mkdir(exist_ok=True)
+        proc = subprocess.run(["bash", "-c", '. "$1"; load_env; boot_scripts', "-",
+                               str(self.root / "opt/trainstack/bin/lib.sh")],
+                              env=self.env, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise AssertionError(f"boot_scripts exited {proc.returncode}: {proc.stdout}{proc.stderr}")
+
+    def bootstrap(self, timeout: float = 120) -> int:
+        """bootstrap.sh alone, as the supervisor runs it (after load_env and boot_scripts), to its exit;
+        what it leaves running in the background (the package cache's upload) is killed by power_off."""
+        self.install_boot_scripts()
         self._start("bootstrap", "bootstrap.sh")
         return self.wait("bootstrap", timeout)
 

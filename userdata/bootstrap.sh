@@ -188,29 +188,6 @@ mount_local_disk() {
   mkdir -p "$mnt" && mount -o noatime,discard "$dev" "$mnt"
 }
 
-# A group of several machines needs scripts its user data has no room for (EC2 takes 16 KiB):
-# rendezvous.sh, from the stack's boot archive (boot-<sha256[:16]>.tar.gz, checked like the
-# code archive), installed beside the others. supervise.sh sources it after bootstrap.
-boot_scripts() {
-  ((${TRAINSTACK_NODES:-1} > 1)) || return 0
-  local name="${TRAINSTACK_BOOT_URI:-}" hash tmp sum
-  name="${name##*/}"
-  hash="${name#boot-}"
-  hash="${hash%.tar.gz}"
-  [[ "$hash" =~ ^[0-9a-f]{16,64}$ && "$name" == "boot-$hash.tar.gz" ]] ||
-    fail "TRAINSTACK_BOOT_URI '${TRAINSTACK_BOOT_URI:-}': a group of several machines needs boot-<sha256 hex>.tar.gz"
-  [[ "$(cat "$BIN_DIR/.boot-scripts" 2>/dev/null)" != "$hash" ]] || return 0
-  tmp="$(mktemp -d "$BIN_DIR/.fetch.XXXXXX")"
-  retry 5 store_cp "$TRAINSTACK_BOOT_URI" "$tmp/boot.tar.gz" || { rm -rf "$tmp"; die "cannot fetch $TRAINSTACK_BOOT_URI"; }
-  sum="$(sha256sum "$tmp/boot.tar.gz" | cut -d' ' -f1)"
-  [[ "$sum" == "$hash"* ]] || { rm -rf "$tmp"; fail "$name: its sha256 is $sum, not the $hash its name says"; }
-  tar -xzf "$tmp/boot.tar.gz" -C "$tmp" --no-same-owner rendezvous.sh || { rm -rf "$tmp"; fail "$name holds no rendezvous.sh"; }
-  mv "$tmp/rendezvous.sh" "$BIN_DIR/rendezvous.sh"
-  echo "$hash" >"$BIN_DIR/.boot-scripts"
-  rm -rf "$tmp"
-  log "boot scripts $hash installed"
-}
-
 # The code archive is named after its sha256 (trainer-<hex>.tar.gz); a mismatch means a
 # damaged or foreign archive and the machine refuses it.
 code() {
@@ -358,7 +335,6 @@ main() {
   step hold hold_driver
   step docker docker_engine
   step cli cli_check
-  step scripts boot_scripts
   step toolkit toolkit
   step data data_dir
   image_start

@@ -455,3 +455,36 @@ registry_login() {
     *) return 0 ;;
   esac
 }
+
+# What runs after the run folder's first read (bootstrap.sh, rendezvous.sh) is not in the user
+# data, which EC2 caps at 16 KiB: it is the stack's boot archive in the bucket
+# (boot-<sha256[:16]>.tar.gz, TRAINSTACK_BOOT_URI), unpacked beside the other scripts once per
+# disk. 1 when the store does not give it (a passing reason: tried again), 1 with
+# failure-reason written when its bytes are not what its name says (a verdict).
+boot_scripts() {
+  local name="${TRAINSTACK_BOOT_URI##*/}" hash tmp sum rc=0 reason=""
+  rm -f "$RUNTIME_DIR/failure-reason"
+  hash="${name#boot-}"
+  hash="${hash%.tar.gz}"
+  if [[ ! "$hash" =~ ^[0-9a-f]{16,64}$ || "$name" != "boot-$hash.tar.gz" ]]; then
+    reason="TRAINSTACK_BOOT_URI '$TRAINSTACK_BOOT_URI': expected boot-<sha256 hex>.tar.gz"
+  elif [[ "$(cat "$BIN_DIR/.boot-scripts" 2>/dev/null)" != "$hash" ]]; then
+    tmp="$(mktemp -d "$BIN_DIR/.fetch.XXXXXX")"
+    if ! retry 5 store_cp "$TRAINSTACK_BOOT_URI" "$tmp/boot.tar.gz"; then
+      log "cannot fetch $TRAINSTACK_BOOT_URI"
+      rc=1
+    elif sum="$(sha256sum "$tmp/boot.tar.gz" | cut -d' ' -f1)" && [[ "$sum" != "$hash"* ]]; then
+      reason="$name: its sha256 is $sum, not the $hash its name says"
+    elif ! mkdir "$tmp/tree" || ! tar -xzf "$tmp/boot.tar.gz" -C "$tmp/tree" --no-same-owner || [[ ! -x "$tmp/tree/bootstrap.sh" ]]; then
+      reason="$name holds no bootstrap.sh"
+    else
+      mv -f "$tmp/tree"/* "$BIN_DIR/"
+      echo "$hash" >"$BIN_DIR/.boot-scripts"
+      log "boot scripts $hash installed"
+    fi
+    rm -rf "$tmp"
+  fi
+  [[ -z "$reason" ]] || { printf '%s\n' "$reason" >"$RUNTIME_DIR/failure-reason"; log "$reason"; rc=1; }
+  return "$rc"
+}
+

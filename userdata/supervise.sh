@@ -97,7 +97,7 @@ check_run_folder() {
 # run's deadline, whichever comes first.
 run_bootstrap() {
   local tries=0 pause until=$((EPOCHSECONDS + ${TRAINSTACK_BOOTSTRAP_WAIT_S:-3600}))
-  until "$BIN_DIR/bootstrap.sh"; do
+  until boot_scripts && "$BIN_DIR/bootstrap.sh"; do
     if [[ -s "$RUNTIME_DIR/failure-reason" ]]; then
       finish "$FAILED" "$(cat "$RUNTIME_DIR/failure-reason")"
     fi
@@ -304,11 +304,9 @@ main() {
   run_bootstrap
   # shellcheck source=/dev/null
   . "$STATE_DIR/paths"
-  if ((${TRAINSTACK_NODES:-1} > 1)); then
-    # Installed by bootstrap (from the boot archive) on the machines of a group of several only.
-    # shellcheck source-path=SCRIPTDIR source=rendezvous.sh
-    . "$(dirname "${TRAINSTACK_LIB:-$0}")/rendezvous.sh"
-  fi
+  # From the boot archive (boot_scripts, above); a group of several machines only uses it.
+  # shellcheck source-path=SCRIPTDIR source=rendezvous.sh
+  . "$(dirname "${TRAINSTACK_LIB:-$0}")/rendezvous.sh"
   local failures rc joined remaining marker reason before after pause
   failures="$(cat "$STATE_DIR/failures" 2>/dev/null || echo 0)"
   # Exit 77 tries in a row, since when, the pause unit and the bound.

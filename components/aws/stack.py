@@ -115,7 +115,7 @@ class TrainingStack(StackOutputs):
         code = TrainerCode(
             f"{name}-code",
             TrainerCodeArgs(bucket_name=bucket.name, baked_into_image=s.image.build, tags=tags,
-                            user_code_dir=user_code_dir(s), boot_scripts=s.compute.nodes > 1),
+                            user_code_dir=user_code_dir(s)),
             opts=child,
         )
 

@@ -134,7 +134,7 @@ class TrainingStack(StackOutputs):
         )
         code = TrainerCode(
             f"{name}-code", TrainerCodeArgs(bucket_name=bucket.name, baked_into_image=s.image.build,
-                                        user_code_dir=user_code_dir(s), boot_scripts=s.compute.nodes > 1), opts=child
+                                        user_code_dir=user_code_dir(s)), opts=child
         )
 
         run = run_uri("gcp", bucket.name, run_id)

@@ -60,7 +60,8 @@ def test_archive_holds_trainer_and_user_folder_and_is_stable(tmp_path):
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])
 def test_stack_with_run_code_uploads_it_and_names_it_for_the_trainer(cloud):
     r = _synth(cloud, {"run": RUN})
-    (obj,) = r.of_type(OBJECTS[cloud])
+    # The trainer's archive (the other object is the machines' boot scripts).
+    (obj,) = [x for x in r.of_type(OBJECTS[cloud]) if "/trainer-" in x["inputs"]["name" if cloud == "gcp" else "key"]]
     data = Path(obj["inputs"]["source"]["fileAsset"]).read_bytes()
     names = _names(data)
     for p in ("shapes/model.py", "shapes/data.py", "write_tfrecords.py"):

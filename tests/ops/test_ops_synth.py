@@ -30,7 +30,7 @@ def test_cli_writes_resources_outputs_and_valid_user_data(tmp_path):
     proc = run_cli("--stack", "dev", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     resources = json.loads((out / "resources.json").read_text())
-    assert len(resources) == 24
+    assert len(resources) == 25
     assert all(set(r) == KEYS and set(r["options"]) >= OPTION_KEYS for r in resources)
     bucket = [r for r in resources if r["type"] == "aws:s3/bucket:Bucket"]
     assert len(bucket) == 1 and bucket[0]["options"]["retainOnDelete"] is True
@@ -99,7 +99,7 @@ def test_synthesize_runs_repeatedly_without_state_leaking_between_runs():
     dev = ROOT / "stacks" / "Pulumi.dev.yaml"
     large = ROOT / "stacks" / "Pulumi.large.yaml"
     runs = [synth.synthesize(p) for p in (dev, large, dev)]
-    assert [len(r.resources) for r in runs] == [24, 26, 24]  # large: 2 nodes, + a cluster placement group and the boot archive
+    assert [len(r.resources) for r in runs] == [25, 26, 25]  # large: 2 nodes, + a cluster placement group
     assert [r.outputs["region"] for r in runs] == ["us-east-1", "us-west-2", "us-east-1"]
     assert runs[0].outputs == runs[2].outputs
     # Same stack, same resources; only the cap's start time follows the clock.
@@ -190,7 +190,7 @@ def test_cli_ends_with_a_plan_of_resources_machines_and_cost(tmp_path):
     assert proc.returncode == 0, proc.stderr
     plan = proc.stdout.split("Plan for stack large", 1)[1]
     # what is created, by type, with the fake cloud's values marked
-    assert "Resources (26), by type:" in plan  # 2 nodes: with a cluster placement group and the boot archive
+    assert "Resources (26), by type:" in plan  # 2 nodes: with a cluster placement group
     assert "1 x aws:ec2/launchTemplate:LaunchTemplate: trainstack-group-lt" in plan
     assert f"imageId={synth.FAKE_AMI} (mock)" in plan
     # machines x nodes, each type's price, expected and worst case under the 72 h cap

@@ -165,8 +165,8 @@ def preempted_after_first_checkpoint(box, md, store) -> int:
 
 def installed_scripts(user_data: str, where: Path) -> list[Path]:
     """The scripts a machine of `user_data` runs, written to `where` as it installs them (for shellcheck,
-    which follows their `source`s there): the document's, then the boot archive's, which bootstrap.sh
-    puts beside them (components/code.py's BOOT_SCRIPTS, as shipped)."""
+    which follows their `source`s there): the document's, then the boot archive's, which lib.sh's
+    boot_scripts puts beside them (components/code.py's BOOT_SCRIPTS, as shipped)."""
     import yaml
 
     from components.code import BOOT_SCRIPTS
@@ -176,7 +176,7 @@ def installed_scripts(user_data: str, where: Path) -> list[Path]:
         if f["path"].endswith(".sh"):
             scripts.append(where / Path(f["path"]).name)
             scripts[-1].write_text(f["content"])
-    for name in BOOT_SCRIPTS:
+    for name, _mode in BOOT_SCRIPTS:
         scripts.append(where / name)
         scripts[-1].write_text((USERDATA_DIR / name).read_text())
     return scripts

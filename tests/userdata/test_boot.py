@@ -357,6 +357,9 @@ def test_sigterm_from_a_shutdown_is_no_verdict_but_an_unexpected_exit_is_failed(
     # A supervisor that breaks (here: bootstrap claims success but leaves no paths file)
     # finishes the run as FAILED instead of being restarted forever.
     box.power_off()
+    # The first boot may have been stopped before it installed the boot scripts: installed now, so
+    # the next boot does not fetch them again over the broken bootstrap.
+    box.install_boot_scripts()
     bootstrap = box.root / "opt/trainstack/bin/bootstrap.sh"
     bootstrap.write_text("#!/bin/sh\nexit 0\n")
     # The first boot's bootstrap may have finished before the SIGTERM: no paths file either way.

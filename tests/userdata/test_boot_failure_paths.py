@@ -21,6 +21,8 @@ from trainer import layout
 
 def _script(box, name: str, *args: str, timeout: float = 120, **env) -> subprocess.CompletedProcess:
     (box.root / "run").mkdir(exist_ok=True)
+    if not (box.root / "opt/trainstack/bin" / name).exists():
+        box.install_boot_scripts()  # bootstrap.sh comes from the bucket, as the supervisor fetches it
     return subprocess.run([str(box.root / "opt/trainstack/bin" / name), *args], env={**box.env, **env},
                           capture_output=True, text=True, timeout=timeout)
 

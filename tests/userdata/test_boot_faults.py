@@ -24,6 +24,7 @@ NVME = "dev/disk/by-id/nvme-Amazon_EC2_NVMe_Instance_Storage_AWS0123"
 
 def _bootstrap(box, timeout: float = 120) -> subprocess.CompletedProcess:
     (box.root / "run").mkdir(exist_ok=True)
+    box.install_boot_scripts()  # as the supervisor does before each bootstrap
     return subprocess.run([str(box.root / "opt/trainstack/bin/bootstrap.sh")], env=box.env, capture_output=True,
                           text=True, timeout=timeout)
 

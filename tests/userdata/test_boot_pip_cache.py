@@ -121,6 +121,8 @@ def test_an_archive_without_its_commit_is_never_read(sandbox_factory, s3_run):
 def test_machines_booting_together_commit_the_cache_once(sandbox_factory, s3_run):
     boxes = [sandbox_factory() for _ in range(3)]
     for box in boxes:
+        box.install_boot_scripts()
+    for box in boxes:
         box._start("bootstrap", "bootstrap.sh")
     for box in boxes:
         assert box.wait("bootstrap", 120) == 0, box.journal("bootstrap")

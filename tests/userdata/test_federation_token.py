@@ -159,7 +159,7 @@ def test_federation_sh_is_installed_on_machines_of_the_other_clouds_store_only(t
     from components.userdata import render_user_data
     from devtools.sandbox import settings_for
 
-    base = boot_env(settings_for("gcp"), run_uri="s3://b/runs/r", group="g", code_uri="")
+    base = boot_env(settings_for("gcp"), run_uri="s3://b/runs/r", group="g", code_uri="", boot_uri="s3://b/code/boot-0123456789abcdef.tar.gz")
     across = {**base, **aws_store_env(region="us-east-1", role_arn=ROLE, audience=AUDIENCE)}
     paths = {name: [f["path"] for f in yaml.safe_load(render_user_data("gcp", env))["write_files"]]
              for name, env in (("own", base), ("across", across))}

@@ -58,7 +58,7 @@ def jupyter_settings(cloud: str = "aws", jupyter: bool = True):
 def test_user_data_installs_and_enables_the_jupyter_unit_only_when_asked(cloud, jupyter):
     s = jupyter_settings(cloud, jupyter)
     scheme = "s3" if cloud == "aws" else "gs"
-    env = boot_env(s, run_uri=f"{scheme}://b/runs/x", group="g", code_uri="")
+    env = boot_env(s, run_uri=f"{scheme}://b/runs/x", group="g", code_uri="", boot_uri="s3://b/code/boot-0123456789abcdef.tar.gz")
     doc = yaml.safe_load(render_user_data(cloud, env))
     paths = [f["path"] for f in doc["write_files"]]
     enabled = doc["runcmd"][1]
@@ -69,7 +69,7 @@ def test_user_data_installs_and_enables_the_jupyter_unit_only_when_asked(cloud, 
 
 
 def test_rendered_jupyter_document_passes_cloud_init_schema_and_shellcheck(tmp_path):
-    env = boot_env(jupyter_settings(), run_uri="s3://b/runs/x", group="g", code_uri="")
+    env = boot_env(jupyter_settings(), run_uri="s3://b/runs/x", group="g", code_uri="", boot_uri="s3://b/code/boot-0123456789abcdef.tar.gz")
     text = render_user_data("aws", env)
     (tmp_path / "user-data.yaml").write_text(text)
     schema = subprocess.run(["cloud-init", "schema", "--config-file", str(tmp_path / "user-data.yaml")],

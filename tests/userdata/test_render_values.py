@@ -18,7 +18,8 @@ from devtools.sandbox import settings_for
 
 
 def _env(**run):
-    return boot_env(settings_for("aws", **run), run_uri="s3://b/runs/r", group="g", code_uri="s3://b/code/c.tar.gz")
+    return boot_env(settings_for("aws", **run), run_uri="s3://b/runs/r", group="g", code_uri="s3://b/code/c.tar.gz",
+                    boot_uri="s3://b/code/boot-0123456789abcdef.tar.gz")
 
 
 def test_the_env_file_carries_the_runs_and_the_machines_values():
@@ -28,7 +29,8 @@ def test_the_env_file_carries_the_runs_and_the_machines_values():
         "TRAINSTACK_CLOUD": "aws", "TRAINSTACK_REGION": "us-east-1", "TRAINSTACK_PLACEMENT": "aws us-east-1",
         "TRAINSTACK_RUN_URI": "s3://b/runs/r",
         "TRAINSTACK_GROUP": "g", "TRAINSTACK_IMAGE": "tensorflow/tensorflow:2.21.0-gpu",
-        "TRAINSTACK_CODE_URI": "s3://b/code/c.tar.gz", "TRAINSTACK_MAX_RUNTIME_S": "3600", "TRAINSTACK_NODES": "1",
+        "TRAINSTACK_CODE_URI": "s3://b/code/c.tar.gz", "TRAINSTACK_BOOT_URI": "s3://b/code/boot-0123456789abcdef.tar.gz",
+        "TRAINSTACK_MAX_RUNTIME_S": "3600", "TRAINSTACK_NODES": "1",
         "TRAINSTACK_GPUS_PER_NODE": "1", "TRAINSTACK_NOTICE_GRACE_S": "100", "TRAINSTACK_POLL_S": "5",
         "TRAINSTACK_MAX_FAILURES": "3", "TRAINSTACK_MODEL": "mlp", "TRAINSTACK_STEPS": "40",
         "TRAINSTACK_BATCH_SIZE": "16", "TRAINSTACK_KEEP_CHECKPOINTS": "4", "TRAINSTACK_SEED": "7",
@@ -105,6 +107,7 @@ def test_the_output_renders_once_the_bucket_code_and_image_are_known():
         def rendered():
             out = user_data_output("aws", settings, group="grp", run_uri=pulumi.Output.from_input("s3://b/runs/r"),
                                    code_uri=pulumi.Output.from_input("s3://b/code/c.tar.gz"),
+                                   boot_uri=pulumi.Output.from_input("s3://b/code/boot-0123456789abcdef.tar.gz"),
                                    image_ref=pulumi.Output.from_input("repo/img@sha256:abc"))
             return out.apply(seen.append)
 

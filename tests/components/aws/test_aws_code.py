@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from components.code import archive_key, pack, write_archive
-from tests.components.aws.helpers import one, synth_raw
+from components.code import archive_key, boot_key, pack, pack_boot_scripts, write_archive
+from tests.components.aws.helpers import synth_raw
 
 OBJECT = "aws:s3/bucketObjectv2:BucketObjectv2"
 
@@ -78,19 +78,27 @@ def test_write_archive_is_content_addressed(tmp_path):
     assert sorted(p.name for p in (tmp_path / "build").iterdir()) == [path.name]
 
 
-def test_stack_uploads_the_archive_under_its_hash():
+def test_stack_uploads_the_archive_and_the_boot_scripts_under_their_hashes():
     r = synth_raw({"storage": {"bucketName": "code-bucket"}})
-    obj = one(r, OBJECT)["inputs"]
+    objects = {x["inputs"]["key"].split("-")[0]: x["inputs"] for x in r.of_type(OBJECT)}
+    assert sorted(objects) == ["code/boot", "code/trainer"]
+    obj = objects["code/trainer"]
     asset = Path(obj["source"]["fileAsset"])
     digest = hashlib.sha256(asset.read_bytes()).hexdigest()[:16]
     assert obj["key"] == f"code/trainer-{digest}.tar.gz"
     assert obj["bucket"] == "code-bucket"
     assert r.outputs["codeUri"] == f"s3://code-bucket/code/trainer-{digest}.tar.gz"
+    boot = objects["code/boot"]
+    data = Path(boot["source"]["fileAsset"]).read_bytes()
+    assert data == pack_boot_scripts() and boot["key"] == boot_key(data) == f"code/boot-{hashlib.sha256(data).hexdigest()[:16]}.tar.gz"
+    assert boot["bucket"] == "code-bucket"
+    (text,) = r.user_data.values()
+    assert f"TRAINSTACK_BOOT_URI='s3://code-bucket/{boot['key']}'" in text
 
 
-def test_image_build_uploads_nothing_and_points_at_the_stack_repository():
+def test_image_build_uploads_only_the_boot_scripts_and_points_at_the_stack_repository():
     r = synth_raw({"image": {"build": True, "tag": "v3"}})
-    assert r.of_type(OBJECT) == []
+    assert [x["inputs"]["key"] for x in r.of_type(OBJECT)] == [boot_key(pack_boot_scripts())]
     assert r.outputs["codeUri"] == ""
     # The pushed trainer image, by digest (tests/components/aws/test_aws_image.py).
     assert re.fullmatch(r"123456789012\.dkr\.ecr\.eu-west-1\.amazonaws\.com/trainstack/unit@sha256:[0-9a-f]{64}",

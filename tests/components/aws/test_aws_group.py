@@ -259,7 +259,7 @@ def test_runtime_cap_schedule_at_launch_plus_cap_and_not_moved_by_later_ups():
 
 @pytest.mark.parametrize(
     ("overrides", "count"),
-    [({}, 17), ({"access": {"sshPublicKey": SSH_KEY}}, 18), ({"image": {"build": True}}, 16)],
+    [({}, 18), ({"access": {"sshPublicKey": SSH_KEY}}, 19), ({"image": {"build": True}}, 17)],
 )
 def test_lookups_and_resources_go_through_the_stacks_provider(overrides, count):
     r = synth_raw(overrides)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from components.code import TRAINER_DIR, archive_key, build_context, content_tag, pack
+from components.code import TRAINER_DIR, archive_key, boot_key, build_context, content_tag, pack, pack_boot_scripts
 from ops import synth
 from policy.rules import image_problem
 from tests.components.aws.helpers import ROOT, one, synth_raw
@@ -77,7 +77,7 @@ def test_machines_run_the_pushed_digest_with_the_code_baked_in(tmp_path):
     assert env_line(text, "TRAINSTACK_IMAGE") == ref
     assert env_line(text, "TRAINSTACK_CODE_URI") == ""
     assert r.outputs["codeUri"] == ""
-    assert r.of_type(OBJECT) == []
+    assert [x["inputs"]["key"] for x in r.of_type(OBJECT)] == [boot_key(pack_boot_scripts())]  # no trainer archive
     # The boot script logs in to ECR for this host and pulls the reference as it is.
     lib = (ROOT / "userdata" / "lib.sh").read_text()
     assert "*.dkr.ecr.*.amazonaws.com)" in lib and re.fullmatch(r"[0-9]+\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com",

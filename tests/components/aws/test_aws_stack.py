@@ -29,7 +29,7 @@ EXPECTED_TYPES = {
     "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration": 1, "aws:iam/role:Role": 1,
     "aws:iam/rolePolicy:RolePolicy": 1, "aws:iam/instanceProfile:InstanceProfile": 1,
     "aws:ecr/repository:Repository": 1, "aws:ecr/lifecyclePolicy:LifecyclePolicy": 1,
-    "aws:s3/bucketObjectv2:BucketObjectv2": 1, "aws:ec2/securityGroup:SecurityGroup": 1,
+    "aws:s3/bucketObjectv2:BucketObjectv2": 2, "aws:ec2/securityGroup:SecurityGroup": 1,
     "aws:ec2/launchTemplate:LaunchTemplate": 1, "aws:autoscaling/group:Group": 1,
     "aws:autoscaling/schedule:Schedule": 1,
 }
@@ -61,9 +61,8 @@ def test_stack_file_synthesizes_the_whole_stack_with_its_outputs(path):
     stack = path.name.removeprefix("Pulumi.").removesuffix(".yaml")
     run_id = cfg["run"].get("id") or stack
     r = synth.synthesize(path)
-    # Several machines share a cluster placement group, and fetch their boot scripts' archive from the bucket.
-    expected = EXPECTED_TYPES | ({"aws:ec2/placementGroup:PlacementGroup": 1, "aws:s3/bucketObjectv2:BucketObjectv2": 2}
-                                if cfg["compute"]["nodes"] > 1 else {})
+    # Several machines share a cluster placement group.
+    expected = EXPECTED_TYPES | ({"aws:ec2/placementGroup:PlacementGroup": 1} if cfg["compute"]["nodes"] > 1 else {})
     # Several placements: a group (and its provider) per placement, and the controller at home.
     places = len(cfg.get("placements") or [None])
     expected = {k: v * places if k in PER_PLACEMENT else v for k, v in expected.items()}
@@ -86,14 +85,13 @@ def test_stack_file_synthesizes_the_whole_stack_with_its_outputs(path):
     volume = r.named("trainstack-group-lt")["inputs"]["blockDeviceMappings"][0]["ebs"]
     assert volume["volumeSize"] == cfg["compute"]["rootDiskGb"]
     assert len(r.user_data) == places
-    # Several machines: the boot scripts' archive, packed from this checkout, is what their env file names.
+    # The boot scripts' archive, packed from this checkout, is what every placement's env file names.
     boot = [x["inputs"]["key"] for x in r.of_type("aws:s3/bucketObjectv2:BucketObjectv2")
             if x["inputs"]["key"].startswith("code/boot-")]
-    assert boot == ([boot_key(pack_boot_scripts())] if cfg["compute"]["nodes"] > 1 else [])
+    assert boot == [boot_key(pack_boot_scripts())]
     for user_data in r.user_data.values():
         assert f"TRAINSTACK_RUN_URI='{r.outputs['runUri']}'" in user_data
-        assert ("TRAINSTACK_BOOT_URI=" in user_data) is bool(boot)
-        assert all(f"TRAINSTACK_BOOT_URI='s3://{bucket}/{key}'" in user_data for key in boot)
+        assert f"TRAINSTACK_BOOT_URI='s3://{bucket}/{boot[0]}'" in user_data
 
 
 def test_parents_form_one_tree_under_the_training_stack():

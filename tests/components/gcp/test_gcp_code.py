@@ -8,15 +8,20 @@ import hashlib
 import re
 from pathlib import Path
 
-from components.code import archive_key, pack
-from tests.components.gcp.helpers import gcp, one
+from components.code import archive_key, boot_key, pack, pack_boot_scripts
+from tests.components.gcp.helpers import gcp
 
 OBJECT = "gcp:storage/bucketObject:BucketObject"
 
 
-def test_stack_uploads_the_archive_under_its_hash():
+def test_stack_uploads_the_archive_and_the_boot_scripts_under_their_hashes():
     r = gcp({"storage": {"bucketName": "code-bucket"}})
-    obj = one(r, OBJECT)["inputs"]
+    objects = {x["inputs"]["name"].split("-")[0]: x["inputs"] for x in r.of_type(OBJECT)}
+    assert sorted(objects) == ["code/boot", "code/trainer"]
+    boot = objects["code/boot"]
+    assert Path(boot["source"]["fileAsset"]).read_bytes() == pack_boot_scripts()
+    assert boot["name"] == boot_key(pack_boot_scripts()) and boot["bucket"] == "code-bucket"
+    obj = objects["code/trainer"]
     asset = Path(obj["source"]["fileAsset"])
     digest = hashlib.sha256(asset.read_bytes()).hexdigest()[:16]
     assert obj["name"] == f"code/trainer-{digest}.tar.gz" == archive_key(pack())
@@ -24,9 +29,9 @@ def test_stack_uploads_the_archive_under_its_hash():
     assert r.outputs["codeUri"] == f"gs://code-bucket/code/trainer-{digest}.tar.gz"
 
 
-def test_image_build_uploads_nothing():
+def test_image_build_uploads_only_the_boot_scripts():
     r = gcp({"image": {"build": True}})
-    assert r.of_type(OBJECT) == []
+    assert [x["inputs"]["name"] for x in r.of_type(OBJECT)] == [boot_key(pack_boot_scripts())]
     assert r.outputs["codeUri"] == ""
     (text,) = r.user_data.values()
     assert re.findall(r"^\s*TRAINSTACK_CODE_URI='([^']*)'$", text, re.M) == [""]

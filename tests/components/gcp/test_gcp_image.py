@@ -4,6 +4,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from components.code import boot_key, pack_boot_scripts
 from ops import synth
 from tests.components.gcp.helpers import (
     AR_URL,
@@ -39,7 +40,10 @@ def test_image_build_pushes_the_trainer_to_artifact_registry_and_machines_run_it
     assert [i["provider"] for i in r.invokes if i["token"] == CLIENT_CONFIG] == ["trainstack-gcp"]
     ref = r.outputs["imageRef"]
     assert re.fullmatch(re.escape(AR_URL) + r"@sha256:[0-9a-f]{64}", ref), ref
-    assert r.outputs["codeUri"] == "" and r.of_type("gcp:storage/bucketObject:BucketObject") == []
+    assert r.outputs["codeUri"] == ""
+    # No trainer archive: only the machines' boot scripts.
+    assert [x["inputs"]["name"] for x in r.of_type("gcp:storage/bucketObject:BucketObject")] == [
+        boot_key(pack_boot_scripts())]
     (text,) = r.user_data.values()
     assert login["password"] not in text
     assert re.findall(r"^\s*TRAINSTACK_IMAGE='([^']*)'$", text, re.M) == [ref]

@@ -43,7 +43,7 @@ def test_every_resource_goes_through_the_stacks_provider_and_is_labelled():
     (suffix,) = [x for x in custom if x["type"].startswith("random:")]
     assert suffix["type"] == "random:index/randomId:RandomId"
     custom = [x for x in custom if x is not suffix]
-    assert len(custom) == 17  # with the resize-operations role and its grant, and the package cache's two grants
+    assert len(custom) == 18  # with the resize-operations role and its grant, the package cache's two grants and the boot archive
     assert {x["options"]["provider"] for x in custom} == {"trainstack-gcp"}
     providers = {p["name"]: p for p in r.of_type("pulumi:providers:gcp")}
     assert sorted(providers) == ["trainstack-gcp", "trainstack-gcp-apis"]
