@@ -251,3 +251,24 @@ def test_preflight_checks_the_placement_in_its_own_project():
     assert away[:1] == [f"services {OTHER}"] and f"network {OTHER} default" in away, api.calls
     (p,) = problems
     assert p.what.startswith("placements[2] (gcp us-east4): GPU quota NVIDIA_L4_GPUS in us-east4 is 0"), p.what
+
+
+def test_two_placements_in_one_other_project_share_its_apis_rules_and_controller_grant():
+    raw = {**RAW, "placements": [*RAW["placements"], {"cloud": "gcp", "region": "europe-west1", "project": OTHER,
+                                                        "instanceTypes": ["g2-standard-4"]}]}
+    r = synth.synthesize(raw, stack="places")
+    services = [s["inputs"]["service"] for s in r.of_type("gcp:projects/service:Service") if s["inputs"]["project"] == OTHER]
+    assert sorted(services) == sorted(APIS)  # once for the project, not once per placement
+    firewalls = {f["parent"]: _project_of(r, f) for f in r.of_type("gcp:compute/firewall:Firewall")}
+    assert firewalls == {"trainstack-group": HOME, "trainstack-group-p2": OTHER}
+    # Each placement's machines have their own account, which resizes its own group only.
+    p2, p3 = _account(r, "trainstack-identity-p2"), _account(r, "trainstack-identity-p3")
+    p3_group = (OTHER, "europe-west1", f"{HOME_GROUP}-p3")
+    assert p2 != p3 and p3.endswith(f"@{OTHER}.iam.gserviceaccount.com")
+    assert _allows(r, p3, "compute.instanceGroupManagers.update", group=p3_group)
+    assert not _allows(r, p2, "compute.instanceGroupManagers.update", group=p3_group)
+    assert not _allows(r, p3, "compute.instanceGroupManagers.update", group=GROUPS[2])
+    (grant,) = [g for g in r.of_type(PROJECT_GRANT) if g["parent"] == "trainstack-controller" and _project_of(r, g) == OTHER]
+    assert grant["inputs"]["condition"]["expression"].count("instanceGroupManagers/") == 2
+    for group in (*GROUPS, p3_group):
+        assert _allows(r, _account(r, "trainstack-controller"), "compute.instanceGroupManagers.update", group=group)
