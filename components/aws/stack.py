@@ -218,14 +218,10 @@ class TrainingStack(StackOutputs):
 
         from components.aws.federation import FederatedRole, FederatedRoleArgs, audience
         from components.gcp import naming as gcp_naming
-        from components.gcp.federation import (
-            ControllerAccess,
-            ControllerAccessArgs,
-            PlacementIdentity,
-            PlacementIdentityArgs,
-        )
+        from components.gcp.federation import ControllerAccess, ControllerAccessArgs
         from components.gcp.group import SpotGroup as GceGroup
         from components.gcp.group import SpotGroupArgs as GceGroupArgs
+        from components.gcp.identity import PlacementIdentity, PlacementIdentityArgs
         from components.tags import gcp_labels
 
         s, p = args.settings, settings
@@ -235,7 +231,7 @@ class TrainingStack(StackOutputs):
                                 opts=pulumi.ResourceOptions(parent=self, depends_on=apis))
         in_project = pulumi.ResourceOptions(parent=self, providers={"gcp": provider})
         machine_sa, controller_sa = gcp_naming.placement_account_ids(**names, index=index)
-        prefix = f"{gcp_naming.custom_role_prefix(**names)[:44]}_p{index}"
+        prefix = gcp_naming.placement_role_prefix(**names, index=index)
         identity = PlacementIdentity(
             f"{name}-identity-p{index}",
             PlacementIdentityArgs(account_id=machine_sa, gcp_project=p.project, region=p.region,

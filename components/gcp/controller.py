@@ -5,8 +5,8 @@ OIDC token; the function runs one tick of the controller (`controller/handler.py
 configured by the `TRAINSTACK_PLACEMENTS` variable: components/placement.py) and scales to zero
 between calls. The function runs as its own service account, with exactly what a tick needs: read
 this run's folder, write only the placement record and the controller's events there, and read and
-resize this stack's groups only. The scheduler calls it as an invoker account that may do nothing
-else. The deployer needs `iam.serviceAccounts.actAs` on both accounts.
+resize this stack's groups only (a placement's group in another project through a role and a grant
+made in that project). The scheduler calls it as an invoker account that may do nothing else. The deployer needs `iam.serviceAccounts.actAs` on both accounts.
 """
 
 from __future__ import annotations
@@ -43,6 +43,18 @@ APIS = ("cloudfunctions.googleapis.com", "cloudbuild.googleapis.com", "run.googl
 
 
 @dataclass(kw_only=True)
+class ProjectGroups:
+    """A stack's groups in another project than home's, and the provider that makes resources there."""
+
+    gcp_project: str
+    """The project."""
+    groups: list[tuple[str, str]]
+    """(region, name) of each of the stack's groups in it."""
+    provider: pulumi.ProviderResource
+    """A provider of that project."""
+
+
+@dataclass(kw_only=True)
 class PlacementControllerArgs:
     """Inputs of a PlacementController."""
 
@@ -56,7 +68,10 @@ class PlacementControllerArgs:
     """Machines of the run: the most the function sets a group to (the controller's own rule: GCE IAM
     conditions cannot read a resize's size)."""
     groups: list[tuple[str, str]]
-    """(region, name) of every placement's group, home first."""
+    """(region, name) of every placement's group in home's project, home first."""
+    other_projects: list[ProjectGroups] = field(default_factory=list)
+    """The placements' groups in other projects than home's, by project: the function reads and resizes
+    them too."""
     tick_minutes: int = 1
     """Minutes between ticks."""
     gcp_project: str
@@ -139,20 +154,30 @@ class PlacementController(pulumi.ComponentResource):
             ),
         ]
         suffix = random.RandomId(f"{name}-role-suffix", byte_length=4, opts=child)
-        role = gcp.projects.IAMCustomRole(
-            f"{name}-groups-role",
-            project=args.gcp_project,
-            role_id=suffix.hex.apply(lambda h: custom_role_id(args.custom_role_prefix, h, "ctl")),
-            title="trainstack: read and resize the placements' groups",
-            permissions=GROUP_PERMISSIONS,
-            opts=child,
-        )
-        grants.append(gcp.projects.IAMMember(
-            f"{name}-groups", project=args.gcp_project, role=role.name, member=member,
-            condition=gcp.projects.IAMMemberConditionArgs(
-                title="this stack's groups", expression=groups_condition(args.gcp_project, args.groups)),
-            opts=child,
-        ))
+
+        def groups_grant(tail: str, gcp_project: str, groups: list[tuple[str, str]],
+                         opts: pulumi.ResourceOptions) -> gcp.projects.IAMMember:
+            # A custom role belongs to one project and a project's grant names that project's groups only:
+            # one role and one grant in each project that has a group of the stack.
+            role = gcp.projects.IAMCustomRole(
+                f"{name}-groups-role{tail}",
+                project=gcp_project,
+                role_id=suffix.hex.apply(lambda h: custom_role_id(args.custom_role_prefix, h, "ctl")),
+                title="trainstack: read and resize the placements' groups",
+                permissions=GROUP_PERMISSIONS,
+                opts=opts,
+            )
+            return gcp.projects.IAMMember(
+                f"{name}-groups{tail}", project=gcp_project, role=role.name, member=member,
+                condition=gcp.projects.IAMMemberConditionArgs(
+                    title="this stack's groups", expression=groups_condition(gcp_project, groups)),
+                opts=opts,
+            )
+
+        grants.append(groups_grant("", args.gcp_project, args.groups, child))
+        grants += [groups_grant(f"-{other.gcp_project}", other.gcp_project, other.groups,
+                                pulumi.ResourceOptions(parent=self, provider=other.provider))
+                   for other in args.other_projects]
         source = gcp.storage.BucketObject(
             f"{name}-source", bucket=args.bucket_name, name=f"{layout.CODE_PREFIX}controller.zip",
             source=function_source(federation=args.federation), opts=child,

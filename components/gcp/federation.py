@@ -1,10 +1,9 @@
-"""What a GCP placement of an AWS-home stack has in its own project: its machines' service account,
-and the reach of home's controller into its group.
+"""How home's AWS controller reaches a GCP placement's group in the placement's own project.
 
-- `PlacementIdentity`: the service account the placement's machines run as. On GCP it may only
-  resize its own group (the finish step; the runtime cap's scheduler job runs as it too) and follow
-  that resize's operation; nothing in GCS. The run folder is in the home S3 bucket, reached through
-  `components/aws/federation.py`'s role with this account's ID token.
+The placement's machines run as `components.gcp.identity.PlacementIdentity` (no grant in GCS); the run
+folder is in the home S3 bucket, reached through `components/aws/federation.py`'s role with that
+account's ID token.
+
 - `ControllerAccess`: the AWS controller function's way in, with no key: a workload identity pool with
   an AWS provider trusting home's account, whose attribute condition admits the controller function's
   role only (`attribute.aws_role`, the assumed-role ARN without its session); a service account that
@@ -23,7 +22,7 @@ import pulumi_gcp as gcp
 import pulumi_random as random
 
 from components.gcp.controller import GROUP_PERMISSIONS
-from components.gcp.identity import group_grants, groups_condition
+from components.gcp.identity import groups_condition
 from components.gcp.naming import ROLE_SUFFIX_BYTES, custom_role_id
 
 # The AWS provider's own default mapping, written out: the condition and the binding below depend on
@@ -50,48 +49,6 @@ def pool_id(stem: str, suffix: str) -> str:
     """A workload identity pool id: 4-32 of [a-z0-9-], not starting with `gcp-`. A deleted pool's id
     stays taken for 30 days, so a random suffix kept in state follows the stack's stem."""
     return f"ts-{stem[:20].strip('-')}-{suffix}"
-
-
-@dataclass(kw_only=True)
-class PlacementIdentityArgs:
-    """Inputs of a PlacementIdentity."""
-
-    account_id: str
-    """The service account id (6-30 characters)."""
-    gcp_project: str
-    """The placement's project."""
-    region: str
-    """The placement's region."""
-    group_name: str
-    """The placement's managed instance group: the only one the account may resize."""
-    custom_role_prefix: str
-    """The start of the custom roles' ids; a random suffix kept in the stack's state follows."""
-
-
-class PlacementIdentity(pulumi.ComponentResource):
-    """The service account of a GCP placement's machines, when the run folder is in another cloud."""
-
-    account: gcp.serviceaccount.Account
-    email: pulumi.Output[str]
-    unique_id: pulumi.Output[str]
-
-    def __init__(self, name: str, args: PlacementIdentityArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("trainstack:gcp:PlacementIdentity", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        self.account = gcp.serviceaccount.Account(
-            f"{name}-sa",
-            account_id=args.account_id,
-            project=args.gcp_project,
-            display_name="trainstack machines (placement)",
-            description="own group's size; the run's bucket through its AWS role",
-            opts=child,
-        )
-        member = pulumi.Output.concat("serviceAccount:", self.account.email)
-        self.grants = group_grants(name, gcp_project=args.gcp_project, custom_role_prefix=args.custom_role_prefix,
-                                   groups=[(args.region, args.group_name)], member=member, child=child)
-        self.email = self.account.email
-        self.unique_id = self.account.unique_id
-        self.register_outputs({"email": self.email, "unique_id": self.unique_id})
 
 
 @dataclass(kw_only=True)

@@ -7,6 +7,9 @@ with a built image, its copy in each placement's region too), and resizing
 only this stack's instance group (a custom role with two permissions, under an IAM
 condition naming the group, and one to follow the resize's operation). The machine reads its identity from the metadata server;
 several machines find each other under the run folder (`rendezvous/`), not by listing instances.
+
+PlacementIdentity: the account of a placement's machines in another project than home's (its own
+group only; on a GCP home's bucket, what the home account has there: `bucket_grants`).
 """
 
 from __future__ import annotations
@@ -129,6 +132,103 @@ def group_grants(name: str, *, gcp_project: str, custom_role_prefix: str, groups
     ]
 
 
+@dataclass(kw_only=True)
+class BucketAccess:
+    """What a machine account may reach of home's bucket and the run's data: the run's prefix
+    (read/write/delete), the trainer code (read), `cache/` (read and create) and the data
+    buckets (read, unless `data_grant` is False)."""
+
+    bucket_name: pulumi.Input[str]
+    """Home's bucket."""
+    run_id: str
+    """The run's folder: the account may write only under runs/<run_id>/."""
+    data_uri: str | None = None
+    """gs://BUCKET/PREFIX of the training data, read only; None for synthetic data."""
+    validation_data_uri: str | None = None
+    """gs://BUCKET/PREFIX of the validation data (run.validationDataUri), read only; None without."""
+    data_grant: bool = True
+    """Grant the account read access on the data buckets; False when they are public or their owner grants it."""
+
+
+def bucket_grants(name: str, access: BucketAccess, *, member: pulumi.Input[str],
+                  child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+    """The grants `access` describes, to `member`: on home's bucket under IAM conditions naming the
+    prefixes, and on each data bucket as a whole."""
+    bucket = access.bucket_name
+    grants: list[pulumi.Resource] = [
+        gcp.storage.BucketIAMMember(
+            f"{name}-run-objects",
+            bucket=bucket,
+            role="roles/storage.objectUser",
+            member=member,
+            condition=gcp.storage.BucketIAMMemberConditionArgs(
+                title="this run's prefix",
+                expression=prefix_condition(bucket, layout.run_prefix(access.run_id)),
+            ),
+            opts=child,
+        ),
+        gcp.storage.BucketIAMMember(
+            f"{name}-code-read",
+            bucket=bucket,
+            role="roles/storage.objectViewer",
+            member=member,
+            condition=gcp.storage.BucketIAMMemberConditionArgs(
+                title="trainer code",
+                expression=prefix_condition(bucket, layout.CODE_PREFIX),
+            ),
+            opts=child,
+        ),
+        # cache/: the trainer's packages, archived by the first machine that installs them and
+        # unpacked by the later ones (trainer/pip_cache.sh), and each data set's record counts
+        # (trainer/staging.py). Read, and create only:
+        # objectCreator cannot overwrite or delete, so an entry is written once.
+        gcp.storage.BucketIAMMember(
+            f"{name}-cache-read",
+            bucket=bucket,
+            role="roles/storage.objectViewer",
+            member=member,
+            condition=gcp.storage.BucketIAMMemberConditionArgs(
+                title="package cache (read)",
+                expression=prefix_condition(bucket, layout.CACHE_PREFIX),
+            ),
+            opts=child,
+        ),
+        gcp.storage.BucketIAMMember(
+            f"{name}-cache-write",
+            bucket=bucket,
+            role="roles/storage.objectCreator",
+            member=member,
+            condition=gcp.storage.BucketIAMMemberConditionArgs(
+                title="package cache (create)",
+                expression=prefix_condition(bucket, layout.CACHE_PREFIX),
+            ),
+            opts=child,
+        ),
+    ]
+    granted: set[str] = set()
+    for suffix, uri in (("data-read", access.data_uri), ("validation-read", access.validation_data_uri)):
+        if not uri or not access.data_grant:
+            continue
+        data_bucket, _ = split_gs_uri(uri)
+        if data_bucket in granted:
+            continue  # the validation data beside the training data: one grant covers both
+        granted.add(data_bucket)
+        # The whole bucket, read only, with no condition: IAM conditions need uniform
+        # bucket-level access and policy version 3 on that bucket, and a user's bucket with
+        # fine-grained ACLs refuses them (412). A bucket whose policy the deployer cannot set
+        # (a public data set of another project: 403) takes run.dataGrant: false.
+        grants.append(
+            gcp.storage.BucketIAMMember(
+                f"{name}-{suffix}",
+                bucket=data_bucket,
+                role="roles/storage.objectViewer",
+                member=member,
+                opts=child,
+            )
+        )
+    return grants
+
+
 class InstanceIdentity(pulumi.ComponentResource):
     """Service account plus the narrow grants one run needs."""
 
@@ -146,56 +246,11 @@ class InstanceIdentity(pulumi.ComponentResource):
             opts=child,
         )
         member = pulumi.Output.concat("serviceAccount:", self.account.email)
-        run_prefix = layout.run_prefix(args.run_id)
-        self.grants: list[pulumi.Resource] = [
-            gcp.storage.BucketIAMMember(
-                f"{name}-run-objects",
-                bucket=args.bucket_name,
-                role="roles/storage.objectUser",
-                member=member,
-                condition=gcp.storage.BucketIAMMemberConditionArgs(
-                    title="this run's prefix",
-                    expression=prefix_condition(args.bucket_name, run_prefix),
-                ),
-                opts=child,
-            ),
-            gcp.storage.BucketIAMMember(
-                f"{name}-code-read",
-                bucket=args.bucket_name,
-                role="roles/storage.objectViewer",
-                member=member,
-                condition=gcp.storage.BucketIAMMemberConditionArgs(
-                    title="trainer code",
-                    expression=prefix_condition(args.bucket_name, layout.CODE_PREFIX),
-                ),
-                opts=child,
-            ),
-            # cache/: the trainer's packages, archived by the first machine that installs them and
-            # unpacked by the later ones (trainer/pip_cache.sh), and each data set's record counts
-            # (trainer/staging.py). Read, and create only:
-            # objectCreator cannot overwrite or delete, so an entry is written once.
-            gcp.storage.BucketIAMMember(
-                f"{name}-cache-read",
-                bucket=args.bucket_name,
-                role="roles/storage.objectViewer",
-                member=member,
-                condition=gcp.storage.BucketIAMMemberConditionArgs(
-                    title="package cache (read)",
-                    expression=prefix_condition(args.bucket_name, layout.CACHE_PREFIX),
-                ),
-                opts=child,
-            ),
-            gcp.storage.BucketIAMMember(
-                f"{name}-cache-write",
-                bucket=args.bucket_name,
-                role="roles/storage.objectCreator",
-                member=member,
-                condition=gcp.storage.BucketIAMMemberConditionArgs(
-                    title="package cache (create)",
-                    expression=prefix_condition(args.bucket_name, layout.CACHE_PREFIX),
-                ),
-                opts=child,
-            ),
+        self.grants: list[pulumi.Resource] = bucket_grants(
+            name, BucketAccess(bucket_name=args.bucket_name, run_id=args.run_id, data_uri=args.data_uri,
+                               validation_data_uri=args.validation_data_uri, data_grant=args.data_grant),
+            member=member, child=child)
+        self.grants += [
             gcp.artifactregistry.RepositoryIamMember(
                 f"{name}-image-pull",
                 repository=args.repository_id,
@@ -213,29 +268,63 @@ class InstanceIdentity(pulumi.ComponentResource):
                 opts=child,
             ) for location, repository in args.other_repositories],
         ]
-        granted: set[str] = set()
-        for suffix, uri in (("data-read", args.data_uri), ("validation-read", args.validation_data_uri)):
-            if not uri or not args.data_grant:
-                continue
-            data_bucket, _ = split_gs_uri(uri)
-            if data_bucket in granted:
-                continue  # the validation data beside the training data: one grant covers both
-            granted.add(data_bucket)
-            # The whole bucket, read only, with no condition: IAM conditions need uniform
-            # bucket-level access and policy version 3 on that bucket, and a user's bucket with
-            # fine-grained ACLs refuses them (412). A bucket whose policy the deployer cannot set
-            # (a public data set of another project: 403) takes run.dataGrant: false.
-            self.grants.append(
-                gcp.storage.BucketIAMMember(
-                    f"{name}-{suffix}",
-                    bucket=data_bucket,
-                    role="roles/storage.objectViewer",
-                    member=member,
-                    opts=child,
-                )
-            )
         self.grants += group_grants(
             name, gcp_project=args.gcp_project, custom_role_prefix=args.custom_role_prefix,
             groups=[(args.region, args.group_name), *args.other_groups], member=member, child=child)
         self.email = self.account.email
         self.register_outputs({"email": self.email})
+
+
+@dataclass(kw_only=True)
+class PlacementIdentityArgs:
+    """Inputs of a PlacementIdentity."""
+
+    account_id: str
+    """The service account id (6-30 characters)."""
+    gcp_project: str
+    """The placement's project."""
+    region: str
+    """The placement's region."""
+    group_name: str
+    """The placement's managed instance group: the only one the account may resize."""
+    custom_role_prefix: str
+    """The start of the custom roles' ids; a random suffix kept in the stack's state follows."""
+    bucket: BucketAccess | None = None
+    """Home's bucket and the run's data, when home is on GCP: the account gets there what home's machine
+    account gets. None when the run folder is in S3 (reached through components/aws/federation.py's role)."""
+
+
+class PlacementIdentity(pulumi.ComponentResource):
+    """The service account of the machines of a placement in another project than home's.
+
+    Made in the placement's project: GCE runs a group's machines only as an account of the group's own
+    project unless the organization lifts `iam.disableCrossProjectServiceAccountUsage`. It may resize its
+    own group (the finish step; the runtime cap's scheduler job runs as it too) and follow that resize's
+    operation. With `bucket` (a GCP home), home grants it on its bucket directly, as it grants its own
+    machines; without (an AWS home), it has nothing in GCS.
+    """
+
+    account: gcp.serviceaccount.Account
+    email: pulumi.Output[str]
+    unique_id: pulumi.Output[str]
+
+    def __init__(self, name: str, args: PlacementIdentityArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainstack:gcp:PlacementIdentity", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.account = gcp.serviceaccount.Account(
+            f"{name}-sa",
+            account_id=args.account_id,
+            project=args.gcp_project,
+            display_name="trainstack machines (placement)",
+            description="own group's size; the run's bucket through its AWS role" if args.bucket is None
+            else "own group's size; one run's prefix of home's bucket",
+            opts=child,
+        )
+        member = pulumi.Output.concat("serviceAccount:", self.account.email)
+        self.grants: list[pulumi.Resource] = [] if args.bucket is None else bucket_grants(
+            name, args.bucket, member=member, child=child)
+        self.grants += group_grants(name, gcp_project=args.gcp_project, custom_role_prefix=args.custom_role_prefix,
+                                    groups=[(args.region, args.group_name)], member=member, child=child)
+        self.email = self.account.email
+        self.unique_id = self.account.unique_id
+        self.register_outputs({"email": self.email, "unique_id": self.unique_id})

@@ -126,7 +126,14 @@ def split_gs_uri(uri: str) -> tuple[str, str]:
 
 
 def placement_account_ids(*, project: str, stack: str, index: int) -> tuple[str, str]:
-    """The service account ids of placement `index` of another cloud's stack, in its own project: its
-    machines' and home's controller's. 6-30 characters each."""
+    """The service account ids of placement `index` in its own project (of an AWS home's stack, or of a GCP
+    home's in another project than home's): its machines' and home's controller's (an AWS home's only).
+    6-30 characters each."""
     digest = short_digest(project, stack, f"placement-{index}", n=6)
     return f"tm{index}-{slug(stack, 17)}-{digest}", f"tc{index}-{slug(stack, 17)}-{digest}"
+
+
+def placement_role_prefix(*, project: str, stack: str, index: int) -> str:
+    """The start of the custom role ids of placement `index` in its own project (`custom_role_prefix`, marked
+    with the placement so that two placements in one project, or home's, never share an id)."""
+    return f"{custom_role_prefix(project=project, stack=stack)[:44]}_p{index}"

@@ -1,6 +1,7 @@
 """TrainingStack: one training run on GCP, composed of bucket, identity, repository,
 trainer code and spot group, all in the stack's project and region through one explicit
-provider.
+provider. A placement in another project has its group, its machines' service account and
+firewall rules there, through a provider of that project (whose APIs the stack turns on).
 
 Exports the same outputs as the AWS stack: the bucket, the run's URI, the image, the
 group, the region and the command that watches the run.
@@ -17,9 +18,15 @@ from components.common import StackOutputs, TrainingStackArgs, image_refs, mirro
 from components.gcp.bucket import TrainingBucket, TrainingBucketArgs
 from components.gcp.code import TrainerCode, TrainerCodeArgs
 from components.gcp.controller import APIS as CONTROLLER_APIS
-from components.gcp.controller import PlacementController, PlacementControllerArgs
+from components.gcp.controller import PlacementController, PlacementControllerArgs, ProjectGroups
 from components.gcp.group import SpotGroup, SpotGroupArgs
-from components.gcp.identity import InstanceIdentity, InstanceIdentityArgs
+from components.gcp.identity import (
+    BucketAccess,
+    InstanceIdentity,
+    InstanceIdentityArgs,
+    PlacementIdentity,
+    PlacementIdentityArgs,
+)
 from components.gcp.image import ImageMirror, TrainerImage, TrainerImageArgs
 from components.gcp.naming import (
     APIS,
@@ -29,6 +36,8 @@ from components.gcp.naming import (
     default_bucket_name,
     group_name,
     network_tag,
+    placement_account_ids,
+    placement_role_prefix,
     repository_name,
     service_account_id,
 )
@@ -54,19 +63,25 @@ class TrainingStack(StackOutputs):
             f"{name}-gcp-apis", project=s.project, region=s.region, opts=pulumi.ResourceOptions(parent=self)
         )
 
-        def api_service(api: str, after: list[pulumi.Resource]) -> gcp.projects.Service:
+        def api_service(api: str, after: list[pulumi.Resource], project: str = s.project,
+                        through: gcp.Provider = api_provider) -> gcp.projects.Service:
             return gcp.projects.Service(
-                f"{name}-api-{api.split('.')[0]}",
-                project=s.project,
+                f"{name}-api-{api.split('.')[0]}" if project == s.project else
+                f"{name}-api-{project}-{api.split('.')[0]}",
+                project=project,
                 service=api,
                 # Other workloads of the project may use these APIs: destroy leaves them on.
                 disable_on_destroy=False,
                 disable_dependent_services=False,
-                opts=pulumi.ResourceOptions(parent=self, provider=api_provider, depends_on=after),
+                opts=pulumi.ResourceOptions(parent=self, provider=through, depends_on=after),
             )
 
-        resource_manager = api_service(RESOURCE_MANAGER_API, [])
-        apis = [resource_manager] + [api_service(api, [resource_manager]) for api in APIS if api != RESOURCE_MANAGER_API]
+        def project_apis(project: str, through: gcp.Provider) -> list[pulumi.Resource]:
+            first = api_service(RESOURCE_MANAGER_API, [], project, through)
+            return [first] + [api_service(api, [first], project, through) for api in APIS if api != RESOURCE_MANAGER_API]
+
+        apis = project_apis(s.project, api_provider)
+        resource_manager = apis[0]
         provider = gcp.Provider(
             f"{name}-gcp", project=s.project, region=s.region,
             opts=pulumi.ResourceOptions(parent=self, depends_on=apis),
@@ -88,12 +103,19 @@ class TrainingStack(StackOutputs):
             opts=child,
         )
         mig_name = group_name(**names, run_id=run_id)
-        # One group per placement (home first), each in its region; one service account serves them all.
+        # One group per placement (home first), each in its region; one service account serves those of
+        # home's project, and each placement in another project has its own there (`PlacementIdentity`).
         places = s.placement_list
         groups = placement.group_names(s, mig_name)
-        # Placement i >= 1: its region's provider; what is made there goes through it.
+        # Another project's APIs, turned on once per project through a provider of that project.
+        other_apis: dict[str, list[pulumi.Resource]] = {}
+        for p in places[1:]:
+            if p.project != s.project and p.project not in other_apis:
+                other_apis[p.project] = project_apis(p.project, gcp.Provider(
+                    f"{name}-gcp-apis-{p.project}", project=p.project, opts=pulumi.ResourceOptions(parent=self)))
+        # Placement i >= 1: its region's (and project's) provider; what is made there goes through it.
         regional = {i: gcp.Provider(f"{name}-gcp-p{i}", project=p.project, region=p.region,
-                                    opts=pulumi.ResourceOptions(parent=self, depends_on=apis))
+                                    opts=pulumi.ResourceOptions(parent=self, depends_on=other_apis.get(p.project, apis)))
                     for i, p in enumerate(places) if i > 0}
         in_region = {0: child, **{i: pulumi.ResourceOptions(parent=self, providers={"gcp": r})
                                   for i, r in regional.items()}}
@@ -123,7 +145,8 @@ class TrainingStack(StackOutputs):
                 other_repositories=[(places[i].region, m.repository.repository_id) for i, m in mirrors.items()],
                 region=s.region,
                 group_name=mig_name,
-                other_groups=[(p.region, g) for p, g in zip(places[1:], groups[1:], strict=True)],
+                other_groups=[(p.region, g) for p, g in zip(places[1:], groups[1:], strict=True)
+                              if p.project == s.project],
                 custom_role_prefix=custom_role_prefix(**names),
                 data_uri=s.run.data_uri,
                 validation_data_uri=s.run.validation_data_uri,
@@ -147,11 +170,25 @@ class TrainingStack(StackOutputs):
             opts=child,
         ).refs)
 
+        # A placement in another project: its machines' account there, granted on home's bucket what home's
+        # machines have (no federation: both are Google identities).
+        away = {i: PlacementIdentity(
+            f"{name}-identity-p{i}",
+            PlacementIdentityArgs(
+                account_id=placement_account_ids(**names, index=i)[0], gcp_project=p.project, region=p.region,
+                group_name=groups[i], custom_role_prefix=placement_role_prefix(**names, index=i),
+                bucket=BucketAccess(bucket_name=bucket.name, run_id=run_id, data_uri=s.run.data_uri,
+                                    validation_data_uri=s.run.validation_data_uri, data_grant=s.run.data_grant),
+            ),
+            opts=in_region[i],
+        ) for i, p in enumerate(places) if i > 0 and p.project != s.project}
+
         # Every placement runs the same pinned image and the same run folder in the home bucket.
         self.placement_groups: list[SpotGroup] = []
         for i, g in enumerate(groups):
             ps = placement.settings_at(s, i)
             opts = in_region[i]
+            machines = away.get(i, identity)
             user_data = userdata.user_data_output(
                 "gcp", ps, group=g, run_uri=run, code_uri=code.code_uri, boot_uri=code.boot_uri, image_ref=images[i]
             )
@@ -164,13 +201,13 @@ class TrainingStack(StackOutputs):
                     region=ps.region,
                     instance_types=list(c.instance_types),
                     network_tag=network_tag(**names),
-                    service_account_email=identity.email,
+                    service_account_email=machines.email,
                     user_data=user_data,
                     nodes=c.nodes,
                     # Only the active placement has machines: home, until the controller moves the run.
                     size=None if i == 0 else 0,
-                    # The home group's rules hold for the tag in every region of the project.
-                    firewalls=i == 0,
+                    # A project's rules hold for the tag in every region of it: made once, with its first group.
+                    firewalls=i == min(j for j, q in enumerate(places) if q.project == ps.project),
                     gpus_per_node=c.gpus_per_node,
                     accelerator=c.accelerator,
                     spot=c.spot,
@@ -182,7 +219,7 @@ class TrainingStack(StackOutputs):
                     ssh_public_key=s.access.ssh_public_key,
                     labels=labels,
                     # A machine that boots before its grants exist would fail its first call.
-                    wait_for=list(identity.grants),
+                    wait_for=list(machines.grants),
                 ),
                 opts=opts,
             )
@@ -202,7 +239,12 @@ class TrainingStack(StackOutputs):
                     config=controller_config,
                     run_id=run_id,
                     nodes=s.compute.nodes,
-                    groups=[(p.region, g) for p, g in zip(places, groups, strict=True)],
+                    groups=[(p.region, g) for p, g in zip(places, groups, strict=True) if p.project == s.project],
+                    other_projects=[ProjectGroups(
+                        gcp_project=project,
+                        groups=[(p.region, g) for p, g in zip(places, groups, strict=True) if p.project == project],
+                        provider=regional[min(i for i, p in enumerate(places) if p.project == project)],
+                    ) for project in other_apis],
                     gcp_project=s.project,
                     region=s.region,
                     bucket_name=bucket.name,

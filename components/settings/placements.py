@@ -134,7 +134,3 @@ def validate(s: Settings, cloud_checks: Mapping[str, Callable[[Settings], None]]
             if key is None:
                 raise ConfigError(e.key, f"{message} (in placements[{i}], {p.region})") from None
             raise ConfigError(key, message) from None
-        if p.cloud == "gcp" and s.cloud == "gcp" and p.project != s.project:
-            # The machines' service account and the home group's firewall rules are the home project's.
-            raise ConfigError(f"placements[{i}].project", f"{p.project!r}: a placement in another project than "
-                              f"home's ({s.project}) is not supported yet; use {s.project}")

@@ -3,7 +3,7 @@ provider SDK documents as allowed, wherever the SDK documents a closed list or a
 
 Runs over every stack file in stacks/ and a few variants that reach the optional
 resources (image build, several machines, on-demand, SSH, several placements with a built image, an AWS home with a GCP
-placement). Proven to catch the class of
+placement, a GCP home with a placement in another project). Proven to catch the class of
 defect it guards against by feeding it the Artifact Registry value that once shipped.
 """
 
@@ -50,6 +50,15 @@ VARIANTS = {
         "cloud": "aws", "region": "us-east-1", "run": RUN,
         "placements": [{"cloud": "aws", "region": "us-east-1", "instanceTypes": ["g5.xlarge"]},
                        {"cloud": "gcp", "region": "us-central1", "project": "my-gpus-42",
+                        "instanceTypes": ["g2-standard-4"]}],
+    },
+    # A GCP home with a placement in another project: its APIs, group, firewall rules, service account, custom
+    # roles and the controller's role there; the account's grants on home's bucket.
+    "gcp-home-other-project": {
+        "cloud": "gcp", "region": "us-central1", "project": "my-proj-123", "run": RUN,
+        "placements": [{"cloud": "gcp", "region": "us-central1", "project": "my-proj-123",
+                        "instanceTypes": ["g2-standard-4"]},
+                       {"cloud": "gcp", "region": "us-east4", "project": "my-other-1",
                         "instanceTypes": ["g2-standard-4"]}],
     },
     "gcp-on-demand": {

@@ -370,8 +370,6 @@ INVALID += [
      "placements[1].project", "is required for a gcp placement"),
     ("placement-gcp-bad-project", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "europe-west4", "project": "P"}]}),
      "placements[1].project", "expected the GCP project id"),
-    ("placement-other-project", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "us-east4", "project": "my-other-1"}]}),
-     "placements[1].project", "a placement in another project than home's (my-project-123) is not supported yet"),
     # A GCE machine reaches an S3 home; an EC2 machine does not reach a GCS home yet.
     ("placement-other-cloud", gcp(**{PL: [GCP_HOME, {**WEST, "region": "us-east-1"}]}), "placements[1].cloud",
      "a placement on another cloud than a gcp home is not supported yet"),
@@ -449,6 +447,8 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("aws-home-gcp-placement", stack(**{PL: [HOME, {**GCP_HOME, "region": "us-east4", "project": "my-gpus-42"}]},
                                      **{R: {"synthetic": DEL, "dataUri": "s3://my-data/train/"}},
                                      **{S: {"bucketName": "my.training.bucket", "keepOnDestroy": False}})),
+    # A GCP home and a placement in another project (GPU quota there): its machines' account is that project's.
+    ("gcp-placement-other-project", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "us-east4", "project": "my-other-1"}]})),
     ("three-gcp-regions", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "europe-west4", "zones": ["europe-west4-a"]},
                                       {**GCP_HOME, "region": "us-east4"}]})),
 ]

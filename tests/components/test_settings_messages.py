@@ -186,7 +186,6 @@ LINES = {
     'placement-aws-with-project': "trainstack:placements[1].project: 'my-project-123': is a GCP project id; remove it from an aws placement",
     'placement-gcp-without-project': 'trainstack:placements[1].project: is required for a gcp placement: the GCP project id of its machines',
     'placement-gcp-bad-project': "trainstack:placements[1].project: 'P': expected the GCP project id (6-30 lowercase letters, digits, '-')",
-    'placement-other-project': "trainstack:placements[1].project: 'my-other-1': a placement in another project than home's (my-project-123) is not supported yet; use my-project-123",
     'placement-other-cloud': "trainstack:placements[1].cloud: 'aws': a placement on another cloud than a gcp home is not supported yet; list gcp regions only",
     'placement-ami-other-cloud': "trainstack:compute.imageId: 'ami-0123456789abcdef0': an image of home's cloud (aws), and placements[1] is on gcp; remove it (each placement looks up its cloud's GPU image) or list aws placements only",
     'placement-other-cloud-n1-without-accelerator': 'trainstack:compute.accelerator: is required for n1-standard-8 (e.g. nvidia-tesla-t4) (in placements[1], us-east4)',
