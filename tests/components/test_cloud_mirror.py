@@ -38,9 +38,11 @@ ONLY = {
     "PlacementControllerArgs": {
         # An IAM policy names the bucket by ARN; a GCP placement's pool admits the function's role by its name.
         "aws": {"bucket_arn", "tags", "named_role"},
-        # GCS grants name the bucket; a GCP function runs as service accounts the stack names in advance.
+        # GCS grants name the bucket; a GCP function runs as service accounts the stack names in advance, and
+        # reaches the groups of placements in other GCP projects through grants there (an AWS home's GCP
+        # placements are on the other cloud: their access is made apart, by federation).
         "gcp": {"bucket_name", "gcp_project", "region", "account_id", "invoker_account_id", "custom_role_prefix",
-                "labels"},
+                "labels", "other_projects"},
     },
     "TrainerCodeArgs": {"aws": set(), "gcp": set()},
     "TrainerImageArgs": {"aws": set(), "gcp": set()},
