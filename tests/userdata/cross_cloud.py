@@ -18,7 +18,7 @@ from pathlib import Path
 
 from components import placement
 from components.aws.federation import audience
-from components.code import archive_key, pack
+from components.code import archive_key, boot_key, pack, pack_boot_scripts
 from components.settings import load_settings
 from components.userdata import aws_store_env
 from devtools.metadata import MetadataServer
@@ -58,6 +58,7 @@ class AwsHome:
     run_uri: str
     run_prefix: str  # the run folder's key prefix in the bucket, "runs/<id>/"
     code_uri: str
+    boot_uri: str  # the boot scripts' archive, as `pulumi up` uploads it
     home_group: str  # placement 0's Auto Scaling group (not created here)
     gcp_group: str  # placement 1's managed instance group
     machine_role: str  # the ARN of the GCP placement's machines' role
@@ -82,6 +83,8 @@ def aws_home(cloud: IamCloud, raw: dict) -> AwsHome:
     s3.create_bucket(Bucket=bucket)
     data = pack()
     s3.put_object(Bucket=bucket, Key=archive_key(data), Body=data)
+    boot = pack_boot_scripts()
+    s3.put_object(Bucket=bucket, Key=boot_key(boot), Body=boot)
     iam = cloud.admin("iam", REGION)
     arn = iam.create_role(RoleName="trainstack-gcp-p1", AssumeRolePolicyDocument=role["inputs"]["assumeRolePolicy"],
                           )["Role"]["Arn"]
@@ -89,6 +92,7 @@ def aws_home(cloud: IamCloud, raw: dict) -> AwsHome:
     cloud.proxy.trust(arn, role["inputs"]["assumeRolePolicy"], [policy["inputs"]["policy"]])
     return AwsHome(raw=raw, settings=settings, synth=r, bucket=bucket, run_uri=run_uri,
                    run_prefix=run_uri.removeprefix(f"s3://{bucket}/") + "/", code_uri=f"s3://{bucket}/{archive_key(data)}",
+                   boot_uri=f"s3://{bucket}/{boot_key(boot)}",
                    home_group=r.outputs["groupName"], gcp_group=r.named("trainstack-group-p1-mig")["inputs"]["name"],
                    machine_role=arn, unique_id=unique_id)
 
@@ -104,8 +108,9 @@ def gce_machine(tmp: Path, home: AwsHome, md: MetadataServer, endpoint: str, **e
     run = Run(uri=home.run_uri, bucket=home.bucket, vars={"AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": REGION})
     box = Sandbox(tmp, run, md, home.gcp_group, home.code_uri, settings=placement.settings_at(home.settings, 1),
                   warm_trainer=True,
-                  env_overrides=aws_store_env(region=REGION, role_arn=home.machine_role,
-                                              audience=audience(home.gcp_group)))
+                  env_overrides={**aws_store_env(region=REGION, role_arn=home.machine_role,
+                                                 audience=audience(home.gcp_group)),
+                                 "TRAINSTACK_BOOT_URI": home.boot_uri})
     for k in STATIC_KEYS:
         box.env.pop(k, None)
     box.env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull, **env)
