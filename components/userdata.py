@@ -271,6 +271,20 @@ def aws_store_env(*, region: str, role_arn: pulumi.Input[str], audience: str) ->
     }
 
 
+def gcs_store_env(*, audience: pulumi.Input[str], service_account: pulumi.Input[str]) -> dict[str, pulumi.Input[str]]:
+    """The env-file values of a machine on AWS whose run folder is in GCS (a GCP-home stack's AWS placement):
+    the store's cloud, the workload identity pool provider that trusts the machine's AWS role (`audience`,
+    `//iam.googleapis.com/projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/ID`) and
+    the service account that role's sessions impersonate. federation.sh writes google-auth's
+    `external_account` credentials from them (an `aws1` credential source: the instance's role through
+    IMDSv2), which `gcloud` and the trainer's GCS client read by themselves."""
+    return {
+        "TRAINSTACK_STORE_CLOUD": "gcp",
+        "TRAINSTACK_GCP_AUDIENCE": audience,
+        "TRAINSTACK_GCP_SERVICE_ACCOUNT": service_account,
+    }
+
+
 def user_data_output(
     cloud: str, settings, *, group: str, run_uri: pulumi.Input[str], code_uri: pulumi.Input[str],
     boot_uri: pulumi.Input[str], image_ref: pulumi.Input[str],
