@@ -64,7 +64,7 @@ FILES = (
 )
 UNITS = (WATCHER_UNIT, TRAINER_UNIT)
 # Installed only on machines whose run folder is in the other cloud's store (env TRAINSTACK_STORE_CLOUD):
-# their credentials there. Not on the others, whose EC2 user data has no room to spare (16 KiB gzipped).
+# their credentials there (the boot archive is fetched with them, so federation.sh cannot come from it).
 FEDERATION_FILES = (("federation.sh", f"{BIN_DIR}/federation.sh", "0644"),)
 # Installed and enabled only on stacks with access.jupyter: true (env TRAINSTACK_JUPYTER=1).
 JUPYTER_FILES = (

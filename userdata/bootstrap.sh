@@ -138,6 +138,7 @@ toolkit() {
 data_dir() {
   local dlami="$ROOT${TRAINSTACK_DLAMI_NVME:-/opt/dlami/nvme}" mnt="$ROOT/mnt/trainstack-data" dev
   DATA_DIR="$STATE_DIR/data"
+  PIP_BASE="$OPT_DIR/pip"
   if mountpoint -q "$dlami"; then
     if mkdir -p "$dlami/trainstack" 2>/dev/null; then
       DATA_DIR="$dlami/trainstack"
@@ -154,7 +155,14 @@ data_dir() {
     fi
   fi
   mkdir -p "$DATA_DIR"
-  [[ "$DATA_DIR" != "$STATE_DIR/data" ]] || log "data staging on the root disk ($DATA_DIR)"
+  if [[ "$DATA_DIR" == "$STATE_DIR/data" ]]; then
+    log "data staging on the root disk ($DATA_DIR)"
+  else
+    # The trainer's packages (~5 GB installed) too: written at the local disk's speed, not the
+    # root volume's (gp3: 125 MiB/s, shared with the image pull); a disk lost with the machine
+    # costs a reinstall from the bucket's cache.
+    PIP_BASE="$DATA_DIR/pip"
+  fi
 }
 
 # Prints the first local instance-store / local-SSD device that is ours to use.
@@ -228,7 +236,7 @@ packages() {
   [[ ! -f "$user_req" ]] || more="${more:+$more }-r /opt/trainstack/code/usercode/requirements.txt"
   key="$( (cat "$req"; [[ ! -f "$gpu_req" ]] || cat "$gpu_req"; [[ ! -f "$user_req" ]] || cat "$user_req"
     printf '%s' "$TRAINSTACK_IMAGE") | sha256sum | cut -c1-16)"
-  PIP_DIR="$OPT_DIR/pip/$key"
+  PIP_DIR="$PIP_BASE/$key"
   # The code archive's trainer/pip_cache.sh replaces these; an archive without it (a trainer
   # folder of one's own) has no cache: the package index as before.
   pip_cache_get() { return 1; }
@@ -239,8 +247,8 @@ packages() {
     cache_packages "$key"
     return 0
   fi
-  mkdir -p "$OPT_DIR/pip"
-  tmp="$(mktemp -d "$OPT_DIR/pip/.install.XXXXXX")"
+  mkdir -p "$PIP_BASE"
+  tmp="$(mktemp -d "$PIP_BASE/.install.XXXXXX")"
   # Another machine installed the same key already: its archive in the bucket, same region,
   # instead of ~3 GB from the package index. Anything wrong with it: the index, as before.
   if pip_cache_get "$key" "$tmp"; then

@@ -155,55 +155,23 @@ def bucket_grants(name: str, access: BucketAccess, *, member: pulumi.Input[str],
     """The grants `access` describes, to `member`: on home's bucket under IAM conditions naming the
     prefixes, and on each data bucket as a whole."""
     bucket = access.bucket_name
+
+    def under(suffix: str, role: str, title: str, prefix: str) -> gcp.storage.BucketIAMMember:
+        return gcp.storage.BucketIAMMember(
+            f"{name}-{suffix}", bucket=bucket, role=role, member=member,
+            condition=gcp.storage.BucketIAMMemberConditionArgs(title=title, expression=prefix_condition(bucket, prefix)),
+            opts=child,
+        )
+
     grants: list[pulumi.Resource] = [
-        gcp.storage.BucketIAMMember(
-            f"{name}-run-objects",
-            bucket=bucket,
-            role="roles/storage.objectUser",
-            member=member,
-            condition=gcp.storage.BucketIAMMemberConditionArgs(
-                title="this run's prefix",
-                expression=prefix_condition(bucket, layout.run_prefix(access.run_id)),
-            ),
-            opts=child,
-        ),
-        gcp.storage.BucketIAMMember(
-            f"{name}-code-read",
-            bucket=bucket,
-            role="roles/storage.objectViewer",
-            member=member,
-            condition=gcp.storage.BucketIAMMemberConditionArgs(
-                title="trainer code",
-                expression=prefix_condition(bucket, layout.CODE_PREFIX),
-            ),
-            opts=child,
-        ),
+        under("run-objects", "roles/storage.objectUser", "this run's prefix", layout.run_prefix(access.run_id)),
+        under("code-read", "roles/storage.objectViewer", "trainer code", layout.CODE_PREFIX),
         # cache/: the trainer's packages, archived by the first machine that installs them and
         # unpacked by the later ones (trainer/pip_cache.sh), and each data set's record counts
         # (trainer/staging.py). Read, and create only:
         # objectCreator cannot overwrite or delete, so an entry is written once.
-        gcp.storage.BucketIAMMember(
-            f"{name}-cache-read",
-            bucket=bucket,
-            role="roles/storage.objectViewer",
-            member=member,
-            condition=gcp.storage.BucketIAMMemberConditionArgs(
-                title="package cache (read)",
-                expression=prefix_condition(bucket, layout.CACHE_PREFIX),
-            ),
-            opts=child,
-        ),
-        gcp.storage.BucketIAMMember(
-            f"{name}-cache-write",
-            bucket=bucket,
-            role="roles/storage.objectCreator",
-            member=member,
-            condition=gcp.storage.BucketIAMMemberConditionArgs(
-                title="package cache (create)",
-                expression=prefix_condition(bucket, layout.CACHE_PREFIX),
-            ),
-            opts=child,
-        ),
+        under("cache-read", "roles/storage.objectViewer", "package cache (read)", layout.CACHE_PREFIX),
+        under("cache-write", "roles/storage.objectCreator", "package cache (create)", layout.CACHE_PREFIX),
     ]
     granted: set[str] = set()
     for suffix, uri in (("data-read", access.data_uri), ("validation-read", access.validation_data_uri)):

@@ -15,6 +15,7 @@ import hashlib
 import os
 import re
 import time
+from pathlib import Path
 
 import boto3
 import pytest
@@ -79,6 +80,32 @@ def test_the_first_machine_caches_its_packages_and_the_next_installs_none(sandbo
     uploads = [a for a in second.argvs("aws") if a[:2] == ["s3api", "put-object"]
                or (a[:2] == ["s3", "cp"] and layout.CACHE_PREFIX in a[-1])]
     assert uploads == []
+
+
+def _paths(box) -> dict[str, str]:
+    text = (box.root / "var/lib/trainstack/paths").read_text()
+    return dict(line.split("=", 1) for line in text.splitlines())
+
+
+def test_with_a_local_disk_the_packages_are_installed_and_cached_on_it(sandbox_factory, s3_run):
+    # The instance store takes the packages' writes off the root volume (docs/boot.md's budget).
+    first = sandbox_factory(nvme=True)
+    assert first.bootstrap() == 0, first.journal("bootstrap")
+    mnt = first.root / "mnt/trainstack-data"
+    paths = _paths(first)
+    assert paths["DATA_DIR"] == str(mnt) and Path(paths["PIP_DIR"]).parent == mnt / "pip", paths
+    assert (Path(paths["PIP_DIR"]) / "INSTALLED_BY_FAKE_PIP").is_file() and _installed(first) == []
+    assert len(_pip_runs(first)) == 1
+    _committed(s3_run)
+    # A replacement with its own local disk takes the bucket's archive onto it.
+    second = sandbox_factory(nvme=True)
+    assert second.bootstrap() == 0, second.journal("bootstrap")
+    pip_dir = Path(_paths(second)["PIP_DIR"])
+    assert pip_dir.parent == second.root / "mnt/trainstack-data/pip" and pip_dir.name == Path(paths["PIP_DIR"]).name
+    assert (pip_dir / "INSTALLED_BY_FAKE_PIP").is_file() and _pip_runs(second) == []
+    assert not list(pip_dir.parent.glob(".install.*"))
+    # Its next boot finds them there and installs nothing.
+    assert second.bootstrap() == 0 and _pip_runs(second) == []
 
 
 def test_a_damaged_archive_is_refused_by_its_digest_and_the_index_serves(sandbox_factory, s3_run):
