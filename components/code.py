@@ -270,7 +270,11 @@ class TrainerCodeBase(pulumi.ComponentResource):
         self.register_outputs({"code_uri": self.code_uri, "boot_uri": self.boot_uri})
 
     def _upload(self, name: str, args: TrainerCodeArgs, key: str, path: Path) -> pulumi.Output[str]:
-        """Declare the object `key` of `args.bucket_name` holding the file at `path`; its URI."""
+        """Declare the object `key` of `args.bucket_name` holding the file at `path`; its URI.
+
+        Kept when replaced (`retain_on_delete`): a new key replaces the object, and machines of the old
+        launch or instance template (booting, or a group not yet on the new one) still fetch the old
+        key; a few hundred KB per change, gone with the bucket."""
         raise NotImplementedError
 
 

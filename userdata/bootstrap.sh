@@ -248,6 +248,8 @@ packages() {
     return 0
   fi
   mkdir -p "$PIP_BASE"
+  # An install cut short by a power-off leaves its folder (gigabytes of wheels) behind.
+  rm -rf "$PIP_BASE"/.install.*
   tmp="$(mktemp -d "$PIP_BASE/.install.XXXXXX")"
   # Another machine installed the same key already: its archive in the bucket, same region,
   # instead of ~3 GB from the package index. Anything wrong with it: the index, as before.

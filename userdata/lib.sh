@@ -459,28 +459,51 @@ registry_login() {
 # What runs after the run folder's first read (bootstrap.sh, rendezvous.sh) is not in the user
 # data, which EC2 caps at 16 KiB: it is the stack's boot archive in the bucket
 # (boot-<sha256[:16]>.tar.gz, TRAINSTACK_BOOT_URI), unpacked beside the other scripts once per
-# disk. 1 when the store does not give it (a passing reason: tried again), 1 with
-# failure-reason written when its bytes are not what its name says (a verdict).
+# disk. 1 when the store does not give it or the disk does not take it (a passing reason: tried
+# again), 1 with failure-reason written when its bytes are not what its name says (a verdict).
+# BOOT_FILES: components/code.py's BOOT_SCRIPTS, each of which the archive must hold.
+BOOT_FILES=(bootstrap.sh rendezvous.sh)
+
+boot_scripts_installed() {
+  local f
+  [[ "$(cat "$BIN_DIR/.boot-scripts" 2>/dev/null)" == "$1" && -x "$BIN_DIR/bootstrap.sh" ]] || return 1
+  for f in "${BOOT_FILES[@]}"; do [[ -f "$BIN_DIR/$f" ]] || return 1; done
+}
+
 boot_scripts() {
-  local name="${TRAINSTACK_BOOT_URI##*/}" hash tmp sum rc=0 reason=""
+  local uri="${TRAINSTACK_BOOT_URI:-}" name hash tmp sum f rc=0 reason=""
+  name="${uri##*/}"
   rm -f "$RUNTIME_DIR/failure-reason"
+  # A fetch cut short by a power-off leaves its folder behind.
+  rm -rf "$BIN_DIR"/.fetch.*
   hash="${name#boot-}"
   hash="${hash%.tar.gz}"
   if [[ ! "$hash" =~ ^[0-9a-f]{16,64}$ || "$name" != "boot-$hash.tar.gz" ]]; then
-    reason="TRAINSTACK_BOOT_URI '$TRAINSTACK_BOOT_URI': expected boot-<sha256 hex>.tar.gz"
-  elif [[ "$(cat "$BIN_DIR/.boot-scripts" 2>/dev/null)" != "$hash" ]]; then
-    tmp="$(mktemp -d "$BIN_DIR/.fetch.XXXXXX")"
-    if ! retry 5 store_cp "$TRAINSTACK_BOOT_URI" "$tmp/boot.tar.gz"; then
-      log "cannot fetch $TRAINSTACK_BOOT_URI"
+    reason="TRAINSTACK_BOOT_URI '$uri': expected boot-<sha256 hex>.tar.gz"
+  elif ! boot_scripts_installed "$hash"; then
+    # set -e does not hold here (this runs as supervise.sh's `until` condition): every step is checked.
+    tmp="$(mktemp -d "$BIN_DIR/.fetch.XXXXXX")" || { log "cannot make a folder in $BIN_DIR"; return 1; }
+    if ! retry 5 store_cp "$uri" "$tmp/boot.tar.gz"; then
+      log "cannot fetch $uri"
       rc=1
     elif sum="$(sha256sum "$tmp/boot.tar.gz" | cut -d' ' -f1)" && [[ "$sum" != "$hash"* ]]; then
       reason="$name: its sha256 is $sum, not the $hash its name says"
-    elif ! mkdir "$tmp/tree" || ! tar -xzf "$tmp/boot.tar.gz" -C "$tmp/tree" --no-same-owner || [[ ! -x "$tmp/tree/bootstrap.sh" ]]; then
-      reason="$name holds no bootstrap.sh"
+    elif ! mkdir "$tmp/tree" || ! tar -xzf "$tmp/boot.tar.gz" -C "$tmp/tree" --no-same-owner; then
+      log "cannot unpack $name into $tmp"
+      rc=1
     else
-      mv -f "$tmp/tree"/* "$BIN_DIR/"
-      echo "$hash" >"$BIN_DIR/.boot-scripts"
-      log "boot scripts $hash installed"
+      for f in "${BOOT_FILES[@]}"; do
+        [[ -f "$tmp/tree/$f" && ! -L "$tmp/tree/$f" ]] || reason="$name holds no $f"
+      done
+      [[ -n "$reason" || -x "$tmp/tree/bootstrap.sh" ]] || reason="$name: bootstrap.sh is not executable"
+      if [[ -z "$reason" ]]; then
+        if mv -f "$tmp/tree"/* "$BIN_DIR/" && echo "$hash" >"$tmp/marker" && mv -f "$tmp/marker" "$BIN_DIR/.boot-scripts"; then
+          log "boot scripts $hash installed"
+        else
+          log "cannot install the boot scripts into $BIN_DIR"
+          rc=1
+        fi
+      fi
     fi
     rm -rf "$tmp"
   fi

@@ -25,6 +25,6 @@ class TrainerCode(TrainerCodeBase):
             source=pulumi.FileAsset(str(path)),
             content_type="application/gzip",
             tags=args.tags,
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
         )
         return pulumi.Output.concat("s3://", obj.bucket, "/", obj.key)

@@ -25,6 +25,6 @@ class TrainerCode(TrainerCodeBase):
             name=key,
             source=pulumi.FileAsset(str(path)),
             content_type="application/gzip",
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
         )
         return pulumi.Output.concat("gs://", obj.bucket, "/", obj.name)

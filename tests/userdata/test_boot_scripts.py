@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from components.code import BOOT_SCRIPTS, boot_key, pack_boot_scripts
+from components.code import BOOT_SCRIPTS, _tar_gz, boot_key, pack_boot_scripts
 from components.userdata import ENV_FILE, USERDATA_DIR
 from devtools.sandbox import settings_for
 from tests.userdata.helpers import _s3, group_size, s3_keys
@@ -89,3 +89,34 @@ def test_a_boot_archive_the_store_does_not_give_is_no_verdict(machines, s3_run):
     # Once the store gives it, the next try installs it.
     _s3(s3_run).put_object(Bucket=s3_run.bucket, Key=key, Body=body)
     assert _boot_scripts(box).returncode == 0 and (box.root / "opt/trainstack/bin/bootstrap.sh").exists()
+
+
+def test_an_archive_without_every_boot_script_ends_the_run_failed_with_the_reason(machines, s3_run):
+    """An archive whose name matches its bytes but that lacks rendezvous.sh installs nothing: a verdict."""
+    data = _tar_gz([("bootstrap.sh", USERDATA_DIR / "bootstrap.sh")], {"bootstrap.sh": 0o755})
+    _s3(s3_run).put_object(Bucket=s3_run.bucket, Key=boot_key(data), Body=data)
+    box = machines(s3_run, "trainstack-x", "",
+                   env_overrides={"TRAINSTACK_BOOT_URI": f"s3://{s3_run.bucket}/{boot_key(data)}"})
+    proc = _boot_scripts(box)
+    assert proc.returncode == 1
+    reason = (box.root / "run/trainstack/failure-reason").read_text()
+    assert reason.strip() == f"{boot_key(data).rsplit('/', 1)[1]} holds no rendezvous.sh", reason
+    bin_dir = box.root / "opt/trainstack/bin"
+    assert not (bin_dir / "bootstrap.sh").exists() and not (bin_dir / ".boot-scripts").exists()
+    assert not list(bin_dir.glob(".fetch.*"))
+
+
+def test_a_disk_whose_scripts_were_cut_short_installs_them_again(machines, s3_run):
+    """A power-off during the install can leave the marker without a script, or a fetch's folder: the next
+    boot fetches again and clears what was left."""
+    box = machines(s3_run, "trainstack-x", "")
+    bin_dir = box.root / "opt/trainstack/bin"
+    assert _boot_scripts(box).returncode == 0 and (bin_dir / ".boot-scripts").exists()
+    (bin_dir / "rendezvous.sh").unlink()
+    (bin_dir / ".fetch.cutshort").mkdir()
+    (bin_dir / ".fetch.cutshort" / "boot.tar.gz").write_bytes(b"half")
+    proc = _boot_scripts(box)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(_boot_fetches(box)) == 2
+    assert (bin_dir / "rendezvous.sh").read_text() == (USERDATA_DIR / "rendezvous.sh").read_text()
+    assert not list(bin_dir.glob(".fetch.*"))

@@ -105,3 +105,10 @@ def test_image_build_uploads_only_the_boot_scripts_and_points_at_the_stack_repos
                         r.outputs["imageRef"])
     (text,) = r.user_data.values()
     assert "TRAINSTACK_CODE_URI=''" in text
+
+
+def test_an_archive_replaced_by_a_new_one_stays_in_the_bucket():
+    """A change of code or boot scripts is a new key: machines of the old launch template still fetch the old."""
+    r = synth_raw({"storage": {"bucketName": "code-bucket"}})
+    kept = [x["options"]["retainOnDelete"] for x in r.of_type(OBJECT)]
+    assert kept == [True, True]

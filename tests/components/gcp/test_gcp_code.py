@@ -35,3 +35,10 @@ def test_image_build_uploads_only_the_boot_scripts():
     assert r.outputs["codeUri"] == ""
     (text,) = r.user_data.values()
     assert re.findall(r"^\s*TRAINSTACK_CODE_URI='([^']*)'$", text, re.M) == [""]
+
+
+def test_an_archive_replaced_by_a_new_one_stays_in_the_bucket():
+    """A change of code or boot scripts is a new key: machines of the old instance template still fetch the old."""
+    r = gcp({"storage": {"bucketName": "code-bucket"}})
+    kept = [x["options"]["retainOnDelete"] for x in r.of_type(OBJECT)]
+    assert kept == [True, True]
