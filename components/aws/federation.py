@@ -14,16 +14,22 @@ account and one audience, with the condition keys AWS documents for Google, each
 The role may do in S3 what the home machines' role may (`identity.bucket_statements`: this run's prefix,
 the trainer code, the package cache, the data read only) and nothing else: the machine's group, image and
 notices are GCP's, reached with its own service account.
+
+`ControllerRole` is the same trust the other way round: a GCP home's controller function (its service
+account's ID tokens for `controller_audience`) reaching the stack's AWS placements' groups
+(`controller.policy.aws_group_policy`: read them, size them up to the run's nodes), nothing in S3.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
 
 from components.aws.identity import bucket_statements
+from controller.policy import aws_group_policy
 
 # The issuer of Google's ID tokens, as AWS names the federated principal.
 GOOGLE = "accounts.google.com"
@@ -53,6 +59,19 @@ def audience(group: str) -> str:
     """The audience a placement's machines ask their token for: names the placement's group, so a token
     asked for another purpose (or another placement) is not this role's."""
     return f"trainstack/{group}"
+
+
+def controller_audience(home_group: str) -> str:
+    """The audience a GCP home's controller function asks its token for (`access.audience`): names the home
+    group, and says it is the controller's, so that no machine's token is ever the controller role's."""
+    return f"trainstack/{home_group}/controller"
+
+
+def controller_role_name(home_group: str) -> str:
+    """The name of a GCP home's controller role (`ControllerRole`), known before the role exists: the
+    controller's configuration names its ARN, and the role's trust needs the function's account, made
+    with the function (IAM role names take 64 characters)."""
+    return f"{home_group[:49]}-gcp-controller"
 
 
 @dataclass(kw_only=True)
@@ -100,6 +119,58 @@ class FederatedRole(pulumi.ComponentResource):
             policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": bucket_statements(
                 partition=partition, bucket_arn=args.bucket_arn, run_id=args.run_id, data_uri=args.data_uri,
                 validation_data_uri=args.validation_data_uri)}),
+            opts=child,
+        )
+        self.role_arn = self.role.arn
+        self.register_outputs({"role_arn": self.role_arn})
+
+
+@dataclass(kw_only=True)
+class ControllerRoleArgs:
+    """Inputs of a ControllerRole."""
+
+    role_name: str
+    """The role's name (`controller_role_name`)."""
+    service_account_unique_id: pulumi.Input[str]
+    """The unique id (numeric) of the GCP home's controller function's service account: the one identity trusted."""
+    audience: str
+    """The audience the function asks its ID token for (`controller_audience`)."""
+    groups: list[tuple[str, str]]
+    """(region, name) of the stack's AWS groups: the only ones the role may read and size."""
+    nodes: int
+    """Machines of the run: the most the role may set a group to."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Tags for the role."""
+
+
+class ControllerRole(pulumi.ComponentResource):
+    """The IAM role a GCP home's controller function assumes with its Google identity to size the AWS groups."""
+
+    role: aws.iam.Role
+    policy: aws.iam.RolePolicy
+    role_arn: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ControllerRoleArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainstack:aws:ControllerRole", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        invoke = pulumi.InvokeOptions(parent=self)
+        partition = aws.get_partition_output(opts=invoke).partition
+        account_id = aws.get_caller_identity_output(opts=invoke).account_id
+        self.role = aws.iam.Role(
+            f"{name}-role",
+            name=args.role_name,
+            assume_role_policy=google_trust(args.service_account_unique_id, args.audience),
+            description="trainstack placement controller of a GCP home: this stack's AWS groups, by its Google identity",
+            max_session_duration=MAX_SESSION_S,
+            tags=args.tags,
+            opts=child,
+        )
+        groups, nodes = list(args.groups), args.nodes
+        self.policy = aws.iam.RolePolicy(
+            f"{name}-policy",
+            role=self.role.id,
+            policy=pulumi.Output.all(partition, account_id).apply(lambda v: json.dumps(
+                aws_group_policy(groups=groups, nodes=nodes, account_id=v[1], partition=v[0]))),
             opts=child,
         )
         self.role_arn = self.role.arn

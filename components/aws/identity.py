@@ -36,12 +36,13 @@ _EC2_TRUST = {
 class InstanceIdentityArgs:
     """Inputs of an InstanceIdentity."""
 
-    bucket_arn: pulumi.Input[str]
-    """ARN of the stack's bucket."""
+    bucket_arn: pulumi.Input[str] | None
+    """ARN of the stack's bucket; None when the run folder is in GCS (a GCP home's AWS placement, whose
+    machines reach it through components/gcp/federation.py's `MachineAccess`): then no S3 grant at all."""
     run_id: str
     """The run's folder: the role may write only under runs/<run_id>/."""
-    repository_arn: pulumi.Input[str]
-    """ARN of the stack's ECR repository (pull only)."""
+    repository_arn: pulumi.Input[str] | None
+    """ARN of the stack's ECR repository (pull only); None for a public image (no ECR grant)."""
     other_repository_arns: list[pulumi.Input[str]] = field(default_factory=list)
     """ARNs of the built image's repositories in the other placements' regions (pull only): a
     placement's machines pull from their own region's."""
@@ -73,9 +74,9 @@ def policy_document(
     *,
     partition: pulumi.Input[str],
     account_id: pulumi.Input[str],
-    bucket_arn: pulumi.Input[str],
+    bucket_arn: pulumi.Input[str] | None,
     run_id: str,
-    repository_arn: pulumi.Input[str],
+    repository_arn: pulumi.Input[str] | None,
     group_name: str,
     region: str,
     data_uri: str | None,
@@ -83,26 +84,31 @@ def policy_document(
     other_groups: list[tuple[str, str]] | None = None,
     other_repository_arns: list[pulumi.Input[str]] | None = None,
 ) -> pulumi.Output[str]:
-    """The role's permissions as an IAM policy JSON document."""
-    statements = bucket_statements(partition=partition, bucket_arn=bucket_arn, run_id=run_id, data_uri=data_uri,
-                                   validation_data_uri=validation_data_uri)
+    """The role's permissions as an IAM policy JSON document: without `bucket_arn` no S3 statement, without
+    `repository_arn` no ECR one."""
+    statements = [] if bucket_arn is None else bucket_statements(
+        partition=partition, bucket_arn=bucket_arn, run_id=run_id, data_uri=data_uri,
+        validation_data_uri=validation_data_uri)
+    if repository_arn is not None:
+        statements += [
+            {
+                # GetAuthorizationToken has no resource-level permissions: AWS only accepts "*".
+                # The token alone grants nothing; the pull itself is scoped below.
+                "Sid": "EcrLogin",
+                "Effect": "Allow",
+                "Action": "ecr:GetAuthorizationToken",
+                "Resource": "*",
+            },
+            {
+                # The stack's repository; with a built image and several placements, each placement
+                # region's repository too (one string for one, as a one-placement stack has always written it).
+                "Sid": "PullStackImage",
+                "Effect": "Allow",
+                "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
+                "Resource": [repository_arn, *other_repository_arns] if other_repository_arns else repository_arn,
+            },
+        ]
     statements += [
-        {
-            # GetAuthorizationToken has no resource-level permissions: AWS only accepts "*".
-            # The token alone grants nothing; the pull itself is scoped below.
-            "Sid": "EcrLogin",
-            "Effect": "Allow",
-            "Action": "ecr:GetAuthorizationToken",
-            "Resource": "*",
-        },
-        {
-            # The stack's repository; with a built image and several placements, each placement
-            # region's repository too (one string for one, as a one-placement stack has always written it).
-            "Sid": "PullStackImage",
-            "Effect": "Allow",
-            "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
-            "Resource": [repository_arn, *other_repository_arns] if other_repository_arns else repository_arn,
-        },
         {
             # The finish path's one call: update-auto-scaling-group --min-size 0 --max-size 0
             # --desired-capacity 0 (userdata/lib.sh). The group's ARN holds a UUID known
@@ -228,7 +234,8 @@ class InstanceIdentity(pulumi.ComponentResource):
         self.role = aws.iam.Role(
             f"{name}-role",
             assume_role_policy=pulumi.Output.json_dumps(_EC2_TRUST),
-            description="trainstack machines: one run's bucket prefix, image pull, own group",
+            description="trainstack machines: one run's bucket prefix, image pull, own group" if args.bucket_arn is not None
+            else "trainstack machines of a GCP home: own group; the run's GCS bucket by workload identity federation",
             tags=args.tags,
             opts=child,
         )

@@ -127,6 +127,8 @@ class PlacementController(pulumi.ComponentResource):
     function: gcp.cloudfunctionsv2.Function
     job: gcp.cloudscheduler.Job
     function_name: pulumi.Output[str]
+    unique_id: pulumi.Output[str]
+    """The function's service account's unique id: what an AWS placement's role trusts (its ID tokens' `sub`)."""
 
     def __init__(self, name: str, args: PlacementControllerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:gcp:PlacementController", name, None, opts)
@@ -237,4 +239,5 @@ class PlacementController(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[invoke_grant]),
         )
         self.function_name = self.function.name
-        self.register_outputs({"function_name": self.function_name})
+        self.unique_id = account.unique_id
+        self.register_outputs({"function_name": self.function_name, "unique_id": self.unique_id})

@@ -11,6 +11,14 @@ account's ID token.
   group, through an IAM condition naming it, the group permissions a tick uses (read, list, resize).
   The controller takes `gcp_audience` (the provider's full name) and `service_account` from
   `controller_config`'s `access` and builds google-auth `external_account` credentials from them.
+- `MachineAccess`: a GCP home's AWS placement, the other way round: its EC2 machines, whose run folder is
+  in home's bucket, reach it with no key. A pool in home's project with an AWS provider trusting the
+  placement's AWS account, whose attribute condition admits the machines' role only; a service account
+  of home's project that principal set may impersonate, granted on home's bucket what home's machines
+  get there (`components.gcp.identity.bucket_grants`). The machines take the provider (`audience`) and
+  the account (`email`) from their env file (`components.userdata.gcs_store_env`).
+
+Both build the pool and its provider with `aws_pool`.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import pulumi_gcp as gcp
 import pulumi_random as random
 
 from components.gcp.controller import GROUP_PERMISSIONS
-from components.gcp.identity import groups_condition
+from components.gcp.identity import BucketAccess, bucket_grants, groups_condition
 from components.gcp.naming import ROLE_SUFFIX_BYTES, custom_role_id
 
 # The AWS provider's own default mapping, written out: the condition and the binding below depend on
@@ -35,6 +43,7 @@ AWS_ATTRIBUTE_MAPPING = {
                            " : assertion.arn"),
 }
 PROVIDER_ID = "aws-controller"
+MACHINES_PROVIDER_ID = "aws-machines"
 # What a caller's audience names: the provider's full resource name under iam.googleapis.com.
 AUDIENCE_PREFIX = "//iam.googleapis.com/"
 
@@ -49,6 +58,67 @@ def pool_id(stem: str, suffix: str) -> str:
     """A workload identity pool id: 4-32 of [a-z0-9-], not starting with `gcp-`. A deleted pool's id
     stays taken for 30 days, so a random suffix kept in state follows the stack's stem."""
     return f"ts-{stem[:20].strip('-')}-{suffix}"
+
+
+@dataclass(frozen=True)
+class AwsPool:
+    """A workload identity pool whose one AWS provider admits the sessions of one IAM role."""
+
+    suffix: random.RandomId
+    """The random part of the pool's id, kept in state (other ids of the same owner may use it too)."""
+    pool: gcp.iam.WorkloadIdentityPool
+    provider: gcp.iam.WorkloadIdentityPoolProvider
+    principal_set: pulumi.Output[str]
+    """`principalSet://iam.googleapis.com/<pool name>/attribute.aws_role/<assumed-role ARN>`: that role's sessions."""
+    audience: pulumi.Output[str]
+    """What a caller's token exchange names: `//iam.googleapis.com/` + the provider's full name."""
+
+
+def aws_pool(name: str, *, gcp_project: str, pool_stem: str, provider_id: str, aws_account_id: pulumi.Input[str],
+             aws_partition: pulumi.Input[str], role_name: pulumi.Input[str], display_name: str, description: str,
+             provider_display_name: str, provider_description: str, child: pulumi.ResourceOptions) -> AwsPool:
+    """A pool in `gcp_project` with an AWS provider trusting `aws_account_id`, whose attribute condition admits
+    the role `role_name`'s sessions only (`attribute.aws_role`, the assumed-role ARN without its session)."""
+    suffix = random.RandomId(f"{name}-suffix", byte_length=ROLE_SUFFIX_BYTES, opts=child)
+    pool = gcp.iam.WorkloadIdentityPool(
+        f"{name}-pool",
+        project=gcp_project,
+        workload_identity_pool_id=suffix.hex.apply(lambda h: pool_id(pool_stem, h)),
+        display_name=display_name,
+        description=description,
+        opts=child,
+    )
+    role_arn = assumed_role_arn(aws_partition, aws_account_id, role_name)
+    provider = gcp.iam.WorkloadIdentityPoolProvider(
+        f"{name}-provider",
+        project=gcp_project,
+        workload_identity_pool_id=pool.workload_identity_pool_id,
+        workload_identity_pool_provider_id=provider_id,
+        display_name=provider_display_name,
+        description=provider_description,
+        aws=gcp.iam.WorkloadIdentityPoolProviderAwsArgs(account_id=aws_account_id),
+        attribute_mapping=AWS_ATTRIBUTE_MAPPING,
+        attribute_condition=pulumi.Output.concat('attribute.aws_role == "', role_arn, '"'),
+        opts=child,
+    )
+    return AwsPool(
+        suffix=suffix, pool=pool, provider=provider,
+        principal_set=pulumi.Output.concat("principalSet://iam.googleapis.com/", pool.name, "/attribute.aws_role/",
+                                           role_arn),
+        audience=pulumi.Output.concat(AUDIENCE_PREFIX, provider.name),
+    )
+
+
+def impersonation(name: str, account: gcp.serviceaccount.Account, trusted: AwsPool,
+                  child: pulumi.ResourceOptions) -> gcp.serviceaccount.IAMMember:
+    """`roles/iam.workloadIdentityUser` on `account` for the principal set `trusted` admits, and no one else."""
+    return gcp.serviceaccount.IAMMember(
+        f"{name}-impersonate",
+        service_account_id=account.name,
+        role="roles/iam.workloadIdentityUser",
+        member=trusted.principal_set,
+        opts=child,
+    )
 
 
 @dataclass(kw_only=True)
@@ -87,28 +157,14 @@ class ControllerAccess(pulumi.ComponentResource):
     def __init__(self, name: str, args: ControllerAccessArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:gcp:ControllerAccess", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        suffix = random.RandomId(f"{name}-suffix", byte_length=ROLE_SUFFIX_BYTES, opts=child)
-        self.pool = gcp.iam.WorkloadIdentityPool(
-            f"{name}-pool",
-            project=args.gcp_project,
-            workload_identity_pool_id=suffix.hex.apply(lambda h: pool_id(args.pool_stem, h)),
+        trusted = aws_pool(
+            name, gcp_project=args.gcp_project, pool_stem=args.pool_stem, provider_id=PROVIDER_ID,
+            aws_account_id=args.aws_account_id, aws_partition=args.aws_partition, role_name=args.controller_role_name,
             display_name="trainstack controller",
             description="home's AWS placement controller: resizes this project's trainstack group",
-            opts=child,
-        )
-        role_arn = assumed_role_arn(args.aws_partition, args.aws_account_id, args.controller_role_name)
-        self.provider = gcp.iam.WorkloadIdentityPoolProvider(
-            f"{name}-provider",
-            project=args.gcp_project,
-            workload_identity_pool_id=self.pool.workload_identity_pool_id,
-            workload_identity_pool_provider_id=PROVIDER_ID,
-            display_name="trainstack AWS controller",
-            description="the controller function's role in home's AWS account, nothing else",
-            aws=gcp.iam.WorkloadIdentityPoolProviderAwsArgs(account_id=args.aws_account_id),
-            attribute_mapping=AWS_ATTRIBUTE_MAPPING,
-            attribute_condition=pulumi.Output.concat('attribute.aws_role == "', role_arn, '"'),
-            opts=child,
-        )
+            provider_display_name="trainstack AWS controller",
+            provider_description="the controller function's role in home's AWS account, nothing else", child=child)
+        self.pool, self.provider = trusted.pool, trusted.provider
         self.account = gcp.serviceaccount.Account(
             f"{name}-sa",
             account_id=args.account_id,
@@ -117,20 +173,11 @@ class ControllerAccess(pulumi.ComponentResource):
             description="home's AWS controller: this placement's group only",
             opts=child,
         )
-        self.grants: list[pulumi.Resource] = [
-            gcp.serviceaccount.IAMMember(
-                f"{name}-impersonate",
-                service_account_id=self.account.name,
-                role="roles/iam.workloadIdentityUser",
-                member=pulumi.Output.concat("principalSet://iam.googleapis.com/", self.pool.name,
-                                            "/attribute.aws_role/", role_arn),
-                opts=child,
-            ),
-        ]
+        self.grants: list[pulumi.Resource] = [impersonation(name, self.account, trusted, child)]
         role = gcp.projects.IAMCustomRole(
             f"{name}-group-role",
             project=args.gcp_project,
-            role_id=suffix.hex.apply(lambda h: custom_role_id(args.custom_role_prefix, h, "ctl")),
+            role_id=trusted.suffix.hex.apply(lambda h: custom_role_id(args.custom_role_prefix, h, "ctl")),
             title="trainstack: read and resize a placement's group",
             permissions=GROUP_PERMISSIONS,
             opts=child,
@@ -143,6 +190,64 @@ class ControllerAccess(pulumi.ComponentResource):
                                                                             [(args.region, args.group_name)])),
             opts=child,
         ))
-        self.audience = pulumi.Output.concat(AUDIENCE_PREFIX, self.provider.name)
+        self.audience = trusted.audience
+        self.email = self.account.email
+        self.register_outputs({"audience": self.audience, "email": self.email})
+
+
+@dataclass(kw_only=True)
+class MachineAccessArgs:
+    """Inputs of a MachineAccess."""
+
+    gcp_project: str
+    """Home's project: the pool, the provider and the service account are made there."""
+    account_id: str
+    """The machines' service account id in home's project (6-30 characters)."""
+    pool_stem: str
+    """The stack's part of the pool's id (`pool_id`)."""
+    bucket: BucketAccess
+    """Home's bucket and the run's data: the account gets there what home's machine account gets."""
+    aws_account_id: pulumi.Input[str]
+    """The placement's AWS account: the provider accepts its identities only."""
+    aws_partition: pulumi.Input[str]
+    """The placement's AWS partition (`aws`)."""
+    machine_role_name: pulumi.Input[str]
+    """The placement's machines' IAM role (their instance profile's): the one AWS identity admitted."""
+
+
+class MachineAccess(pulumi.ComponentResource):
+    """A GCP home's AWS placement's machines reaching home's bucket, by workload identity federation."""
+
+    pool: gcp.iam.WorkloadIdentityPool
+    provider: gcp.iam.WorkloadIdentityPoolProvider
+    account: gcp.serviceaccount.Account
+    audience: pulumi.Output[str]
+    email: pulumi.Output[str]
+
+    def __init__(self, name: str, args: MachineAccessArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainstack:gcp:MachineAccess", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        trusted = aws_pool(
+            name, gcp_project=args.gcp_project, pool_stem=args.pool_stem, provider_id=MACHINES_PROVIDER_ID,
+            aws_account_id=args.aws_account_id, aws_partition=args.aws_partition, role_name=args.machine_role_name,
+            display_name="trainstack AWS machines",
+            description="a trainstack run's machines on AWS: one run's prefix of this project's bucket",
+            provider_display_name="trainstack AWS machines",
+            provider_description="the machines' role in the placement's AWS account, nothing else", child=child)
+        self.pool, self.provider = trusted.pool, trusted.provider
+        self.account = gcp.serviceaccount.Account(
+            f"{name}-sa",
+            account_id=args.account_id,
+            project=args.gcp_project,
+            display_name="trainstack machines (AWS placement)",
+            description="one run's prefix of home's bucket, for the AWS placement's machine role",
+            opts=child,
+        )
+        self.grants: list[pulumi.Resource] = [
+            *bucket_grants(name, args.bucket, member=pulumi.Output.concat("serviceAccount:", self.account.email),
+                           child=child),
+            impersonation(name, self.account, trusted, child),
+        ]
+        self.audience = trusted.audience
         self.email = self.account.email
         self.register_outputs({"audience": self.audience, "email": self.email})

@@ -176,9 +176,13 @@ def validate(s: Settings) -> None:
         raise ConfigError("compute.maxPricePerHour", "only applies to spot; remove it or set compute.spot: true")
     if s.cloud == "gcp" and c.max_price_per_hour is not None:
         # Compute Engine's scheduling has no maximum price (provisioningModel SPOT, no bid): the setting
-        # would bind nothing. (An AWS home's GCP placements: it holds on the AWS ones, the stack warns.)
+        # would bind nothing. (An AWS home's GCP placements: it holds on the AWS ones, the stack warns.) A GCP
+        # home's AWS placements are refused it too: one key cannot bind some placements and not home.
+        aws_places = [f"placements[{i}] ({p.region})" for i, p in enumerate(s.placement_list) if p.cloud == "aws"]
+        also = (f"; {', '.join(aws_places)} on AWS then pay{'s' if len(aws_places) == 1 else ''} EC2's current spot "
+                "price, capped at the on-demand price") if aws_places else ""
         raise ConfigError("compute.maxPricePerHour", f"{c.max_price_per_hour}: GCE Spot VMs have no maximum price (they "
-                          "pay the current Spot price and are preempted for capacity, not price); remove it")
+                          f"pay the current Spot price and are preempted for capacity, not price); remove it{also}")
     check_one_gpu_model(s)
     check_extra_args(s)
     usercode.validate(s.run.code, s.run.model, BUILTIN_MODELS, command=s.run.command,

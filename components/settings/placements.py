@@ -92,11 +92,6 @@ def validate(s: Settings, cloud_checks: Mapping[str, Callable[[Settings], None]]
             raise ConfigError("image.build", f"true pushes the image to {owner} only, and placements[{i}] "
                               f"({p.region}) is {elsewhere}; set image.build: false (a public image runs "
                               "everywhere) or list placements of home's " + ("project" if s.cloud == "gcp" else "cloud"))
-        if p.cloud != s.cloud and s.cloud != "aws":
-            # A GCE machine reaches an S3 home (AssumeRoleWithWebIdentity); an EC2 machine reaching a GCS
-            # home (Workload Identity Federation) is not built yet.
-            raise ConfigError(f"placements[{i}].cloud", f"{p.cloud!r}: a placement on another cloud than a {s.cloud} "
-                              f"home is not supported yet; list {s.cloud} regions only")
         for j, t in enumerate(p.instance_types):
             counts = catalog.gpus_of(p.cloud, t)
             if counts is not None and c.gpus_per_node not in counts:
@@ -118,13 +113,16 @@ def validate(s: Settings, cloud_checks: Mapping[str, Callable[[Settings], None]]
         across = p.cloud != s.cloud
         moved = s.model_copy(update={
             "cloud": p.cloud, "region": p.region, "project": p.project or "",
-            # Across clouds the run's data and bucket stay home's (S3), reached through the federated role:
-            # the placement's cloud does not check their scheme or names.
-            **({"run": s.run.model_copy(update={"data_uri": None, "validation_data_uri": None}),
+            # Across clouds the run's data and bucket stay home's, reached by federation (a GCE machine through
+            # an AWS role, an EC2 machine through a workload identity pool and home's service account, which
+            # home grants on the data buckets as it grants its own machines): the placement's cloud checks
+            # neither their scheme, nor their names, nor run.dataGrant.
+            **({"run": s.run.model_copy(update={"data_uri": None, "validation_data_uri": None, "data_grant": True}),
                 "storage": s.storage.model_copy(update={"bucket_name": None})} if across else {}),
-            # Subnets belong to the home region's VPC: other regions use their default VPC.
+            # Subnets belong to the home region's VPC: other regions use their default VPC. An N1 accelerator is
+            # home's GPU model; another cloud's types come with their GPUs.
             "compute": c.model_copy(update={"instance_types": list(p.instance_types), "zones": list(p.zones),
-                                            "subnets": []}),
+                                            "subnets": [], **({"accelerator": None} if across else {})}),
         })
         try:
             cloud_checks[p.cloud](moved)

@@ -3,7 +3,7 @@ provider SDK documents as allowed, wherever the SDK documents a closed list or a
 
 Runs over every stack file in stacks/ and a few variants that reach the optional
 resources (image build, several machines, on-demand, SSH, several placements with a built image, an AWS home with a GCP
-placement, a GCP home with a placement in another project). Proven to catch the class of
+placement, a GCP home with a placement in another project, a GCP home with an AWS placement). Proven to catch the class of
 defect it guards against by feeding it the Artifact Registry value that once shipped.
 """
 
@@ -60,6 +60,18 @@ VARIANTS = {
                         "instanceTypes": ["g2-standard-4"]},
                        {"cloud": "gcp", "region": "us-east4", "project": "my-other-1",
                         "instanceTypes": ["g2-standard-4"]}],
+    },
+    # A GCP home with an AWS placement of several machines reachable over SSH: its group, placement group, key
+    # pair and security group in its region, its machines' role, the pool, its AWS provider and the service
+    # account's grants in home's project (the data bucket's too), and the controller's AWS role.
+    "gcp-home-aws-placement": {
+        "cloud": "gcp", "region": "us-central1", "project": "my-proj-123",
+        "run": {**RUN, "synthetic": False, "dataUri": "gs://my-data/train/"},
+        "compute": {"nodes": 2},
+        "access": {"sshPublicKey": SSH_KEY, "allowedCidrs": ["203.0.113.0/24"]},
+        "placements": [{"cloud": "gcp", "region": "us-central1", "project": "my-proj-123",
+                        "instanceTypes": ["g2-standard-4"]},
+                       {"cloud": "aws", "region": "us-east-1", "instanceTypes": ["g6.xlarge"]}],
     },
     "gcp-on-demand": {
         "cloud": "gcp", "region": "us-central1", "project": "my-proj-123", "run": RUN,

@@ -370,9 +370,20 @@ INVALID += [
      "placements[1].project", "is required for a gcp placement"),
     ("placement-gcp-bad-project", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "europe-west4", "project": "P"}]}),
      "placements[1].project", "expected the GCP project id"),
-    # A GCE machine reaches an S3 home; an EC2 machine does not reach a GCS home yet.
-    ("placement-other-cloud", gcp(**{PL: [GCP_HOME, {**WEST, "region": "us-east-1"}]}), "placements[1].cloud",
-     "a placement on another cloud than a gcp home is not supported yet"),
+    # A GCP home's AWS placement: no maximum price (GCE has none, and one key cannot bind some placements only),
+    # no image of home's cloud, the same replicas.
+    ("gcp-home-aws-placement-max-price", gcp(**{PL: [GCP_HOME, {**WEST, "region": "us-east-1"}]},
+                                             **{C: {"maxPricePerHour": 0.5}}), "compute.maxPricePerHour",
+     "placements[1] (us-east-1) on AWS then pays EC2's current spot price, capped at the on-demand price"),
+    ("gcp-home-aws-placement-image", gcp(**{PL: [GCP_HOME, {**WEST, "region": "us-east-1"}]},
+                                         **{C: {"imageId": "projects/my-project-123/global/images/tf-driver-570"}}),
+     "compute.imageId", "an image of home's cloud (gcp), and placements[1] is on aws"),
+    ("gcp-home-aws-placement-other-replicas", gcp(**{PL: [GCP_HOME, {**WEST, "region": "us-east-1",
+                                                                     "instanceTypes": ["g5.xlarge", "g5.12xlarge"]}]}),
+     "placements[1].instanceTypes[1]", "'g5.12xlarge' has 4 GPU(s)"),
+    ("gcp-home-aws-placement-built-image", gcp(**{PL: [GCP_HOME, {**WEST, "region": "us-east-1"}]},
+                                               **{IMG: {"build": True}}), "image.build",
+     "placements[1] (us-east-1) is on aws"),
     ("placement-ami-other-cloud", stack(**{PL: [HOME, {**GCP_HOME, "region": "us-east4", "project": "my-gpus-42"}]},
                                         **{C: {"imageId": "ami-0123456789abcdef0"}}),
      "compute.imageId", "an image of home's cloud (aws), and placements[1] is on gcp"),
@@ -447,6 +458,13 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("aws-home-gcp-placement", stack(**{PL: [HOME, {**GCP_HOME, "region": "us-east4", "project": "my-gpus-42"}]},
                                      **{R: {"synthetic": DEL, "dataUri": "s3://my-data/train/"}},
                                      **{S: {"bucketName": "my.training.bucket", "keepOnDestroy": False}})),
+    # A GCP home and an AWS placement: its machines reach the GCS bucket and data by federation. Home's N1
+    # accelerator and run.dataGrant are home's (an AWS type has its GPUs; home grants the data bucket).
+    ("gcp-home-aws-placement", gcp(**{PL: [GCP_HOME, {**WEST, "region": "us-east-1"}]})),
+    ("gcp-n1-home-aws-placement-own-data", gcp(**{
+        PL: [{**GCP_HOME, "instanceTypes": ["n1-standard-8"]}, {**WEST, "region": "us-east-1", "zones": ["us-east-1a"]}],
+        C: {"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-t4"},
+        R: {"synthetic": DEL, "dataUri": "gs://my-data/train/", "dataGrant": False}})),
     # A GCP home and a placement in another project (GPU quota there): its machines' account is that project's.
     ("gcp-placement-other-project", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "us-east4", "project": "my-other-1"}]})),
     ("three-gcp-regions", gcp(**{PL: [GCP_HOME, {**GCP_HOME, "region": "europe-west4", "zones": ["europe-west4-a"]},

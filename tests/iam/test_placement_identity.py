@@ -8,6 +8,9 @@ tests/fixtures/iam_cloud.py. The machine reaches this run's prefix of the home b
 image from its own region's repository, and may set its own group (in its region) to zero; it cannot
 scale any group up, touch another stack's group or repository in its region, or reach another run. See tests/iam/test_machine_identity.py for the one-placement
 machine, whose calls these are.
+
+A GCP home's AWS placement (stacks/Pulumi.gcp-aws.yaml) has a role of its own, evaluated the same way: its
+run folder is in GCS, so the role may set its own group to zero and do nothing else, in S3 least of all.
 """
 
 from __future__ import annotations
@@ -147,3 +150,76 @@ def test_a_machine_away_pulls_the_image_from_its_own_regions_repository_and_no_o
     assert info.value.response["Error"]["Code"] == "AccessDeniedException"
     assert [d for k, a, r, d in away["cloud"].proxy.decisions[before:] if a == "ecr:BatchGetImage"] == [
         Decision.IMPLICIT_DENY]
+
+
+# -- a GCP home's AWS placement: its machines' role ----------------------------------------------------
+
+GCP_HOME_REGION = "us-east-1"
+
+
+@pytest.fixture(scope="module")
+def gcp_home(iam_cloud: IamCloud) -> dict:
+    """The role of stacks/Pulumi.gcp-aws.yaml's AWS machines, made in moto, and its session's keys."""
+    result = synth.synthesize(synth.STACKS_DIR / "Pulumi.gcp-aws.yaml")
+    (policy,) = [r["inputs"]["policy"] for r in result.of_type("aws:iam/rolePolicy:RolePolicy")
+                 if r["parent"] == "trainstack-identity-p1"]
+    (group,) = [g["inputs"]["name"] for g in result.of_type("aws:autoscaling/group:Group")]
+    _build_group(iam_cloud, GCP_HOME_REGION, group, 1)
+    _build_group(iam_cloud, GCP_HOME_REGION, f"{group}-other", 1)
+    # Any bucket of the account, with a run's folder in it: the role reaches none.
+    s3 = iam_cloud.admin("s3", GCP_HOME_REGION)
+    s3.create_bucket(Bucket="trainstack-gcp-aws-any")
+    s3.put_object(Bucket="trainstack-gcp-aws-any", Key="runs/gcp-aws/progress.json", Body=b"{}")
+    iam = iam_cloud.admin("iam", GCP_HOME_REGION)
+    role = iam.create_role(RoleName="trainstack-gcp-aws-machines", AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:user/{ADMIN_USER}"}}]}))
+    iam.put_role_policy(RoleName="trainstack-gcp-aws-machines", PolicyName="machine", PolicyDocument=policy)
+    creds = iam_cloud.admin("sts", GCP_HOME_REGION).assume_role(RoleArn=role["Role"]["Arn"],
+                                                                RoleSessionName="i-0gcphome")["Credentials"]
+    iam_cloud.proxy.guard(creds["AccessKeyId"], [policy])
+
+    def client(service: str):
+        return boto3.session.Session().client(
+            service, endpoint_url=iam_cloud.proxy.url, region_name=GCP_HOME_REGION,
+            aws_access_key_id=creds["AccessKeyId"], aws_secret_access_key=creds["SecretAccessKey"],
+            aws_session_token=creds["SessionToken"])
+
+    return {"client": client, "group": group, "cloud": iam_cloud, "key": creds["AccessKeyId"], "policy": policy}
+
+
+def test_a_gcp_homes_aws_machine_sets_its_own_group_to_zero(gcp_home):
+    gcp_home["client"]("autoscaling").update_auto_scaling_group(
+        AutoScalingGroupName=gcp_home["group"], MinSize=0, MaxSize=0, DesiredCapacity=0)
+    (group,) = gcp_home["cloud"].admin("autoscaling", GCP_HOME_REGION).describe_auto_scaling_groups(
+        AutoScalingGroupNames=[gcp_home["group"]])["AutoScalingGroups"]
+    assert (group["MinSize"], group["MaxSize"], group["DesiredCapacity"]) == (0, 0, 0)
+    decided = [d for k, a, r, d in gcp_home["cloud"].proxy.decisions
+               if k == gcp_home["key"] and a == "autoscaling:UpdateAutoScalingGroup" and r.endswith(f"/{gcp_home['group']}")]
+    assert decided and decided[-1] is Decision.ALLOW
+    assert not [s for s in json.loads(gcp_home["policy"])["Statement"]
+                if any(str(a).startswith(("s3:", "ecr:")) for a in ([s["Action"]] if isinstance(s["Action"], str)
+                                                                     else s["Action"]))]
+
+
+GCP_HOME_REFUSED = {
+    "scale its group up": lambda a: a["client"]("autoscaling").update_auto_scaling_group(
+        AutoScalingGroupName=a["group"], MinSize=0, MaxSize=1, DesiredCapacity=1),
+    "set another group to zero": lambda a: a["client"]("autoscaling").update_auto_scaling_group(
+        AutoScalingGroupName=f"{a['group']}-other", MinSize=0, MaxSize=0, DesiredCapacity=0),
+    "read a run in S3": lambda a: a["client"]("s3").get_object(Bucket="trainstack-gcp-aws-any",
+                                                               Key="runs/gcp-aws/progress.json"),
+    "write a run in S3": lambda a: a["client"]("s3").put_object(Bucket="trainstack-gcp-aws-any",
+                                                                Key="runs/gcp-aws/events.jsonl", Body=b"{}"),
+    "list a bucket": lambda a: a["client"]("s3").list_objects_v2(Bucket="trainstack-gcp-aws-any", Prefix="runs/"),
+    "delete in S3": lambda a: a["client"]("s3").delete_object(Bucket="trainstack-gcp-aws-any",
+                                                              Key="runs/gcp-aws/progress.json"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(GCP_HOME_REFUSED))
+def test_a_gcp_homes_aws_machine_can_do_nothing_else(gcp_home, what):
+    before = len(gcp_home["cloud"].proxy.decisions)
+    assert _code(lambda: GCP_HOME_REFUSED[what](gcp_home)) == "AccessDenied"
+    assert any(d is not Decision.ALLOW for k, *_, d in gcp_home["cloud"].proxy.decisions[before:]
+               if k == gcp_home["key"])
