@@ -33,7 +33,6 @@ federation_env() {
       TOKEN_REFRESH_S="${TRAINSTACK_TOKEN_REFRESH_S:-1800}"
       ;;
     gcp)
-      [[ "$TRAINSTACK_CLOUD" == aws ]] || die "TRAINSTACK_STORE_CLOUD gcp needs an aws machine"
       for key in TRAINSTACK_GCP_AUDIENCE TRAINSTACK_GCP_SERVICE_ACCOUNT; do
         [[ -n "${!key:-}" ]] || die "$key is empty in $ENV_FILE (an aws machine reaching GCS needs it)"
       done

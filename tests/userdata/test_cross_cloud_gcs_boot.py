@@ -36,8 +36,6 @@ from tests.trainer.helpers import REPO, trainer_env
 from tests.userdata.helpers import wait_for
 from trainer import layout
 
-pytestmark = pytest.mark.slow
-
 STEPS, EVERY, BATCH, SEED = 300, 100, 16, 11
 ACCOUNT = "123456789012"  # moto's
 ROLE = "trainstack-gcs-machine-p1"
@@ -66,6 +64,7 @@ def _instance_role(md: MetadataServer) -> str:
     return c["AccessKeyId"]
 
 
+@pytest.mark.slow
 def test_an_ec2_machine_resumes_from_the_gcs_home_with_its_instance_role_and_completes(
         gs_run, gcs_emulator, moto_server, monkeypatch, tmp_path):
     from google.cloud import storage
@@ -165,3 +164,30 @@ def test_an_ec2_machine_resumes_from_the_gcs_home_with_its_instance_role_and_com
     assert any(a[:2] == ["autoscaling", "update-auto-scaling-group"] and group in a for a in box.argvs("aws"))
     asg = boto3.client("autoscaling", region_name="us-east-1", endpoint_url=moto_server)
     assert asg.describe_auto_scaling_groups(AutoScalingGroupNames=[group])["AutoScalingGroups"][0]["DesiredCapacity"] == 0
+
+
+def test_the_gate_admits_only_the_accounts_tokens_for_what_it_may_reach():
+    gate = GcsTokens({"ya29.sa": SERVICE_ACCOUNT, "ya29.other": "other@home-proj.iam.gserviceaccount.com"},
+                     service_account=SERVICE_ACCOUNT, bucket="home", prefixes=("runs/exp-7/", "code/trainer-1.tar.gz"))
+    sa, other = {"Authorization": "Bearer ya29.sa"}, {"Authorization": "Bearer ya29.other"}
+    admitted = [("GET", "/download/storage/v1/b/home/o/runs/exp-7/progress.json?alt=media", sa, b""),
+                ("GET", "/storage/v1/b/home/o/code%2Ftrainer-1.tar.gz", sa, b""),
+                ("GET", "/storage/v1/b/home/o?prefix=runs%2Fexp-7%2Fcheckpoints%2F&delimiter=%2F", sa, b""),
+                ("POST", "/upload/storage/v1/b/home/o?uploadType=multipart", sa,
+                 b'--b\r\ncontent-type: application/json\r\n\r\n{"name": "runs/exp-7/COMPLETE"}\r\n--b--'),
+                ("POST", "/storage/v1/b/home/o/runs%2Fexp-7%2Fa/rewriteTo/b/home/o/runs%2Fexp-7%2Fb", sa, b"")]
+    for method, path, headers, body in admitted:
+        assert gate.refuse(method, path, headers, body) is None, path
+    refused = [(401, "GET", "/storage/v1/b/home/o/runs%2Fexp-7%2Fprogress.json", {}, b""),
+               (401, "GET", "/storage/v1/b/home/o/runs%2Fexp-7%2Fprogress.json", other, b""),
+               (403, "GET", "/storage/v1/b/home/o/runs%2Fexp-8%2Fprogress.json", sa, b""),
+               (403, "GET", "/storage/v1/b/home/o?prefix=runs%2F", sa, b""),
+               (403, "GET", "/storage/v1/b/elsewhere/o/runs%2Fexp-7%2Fx", sa, b""),
+               (403, "POST", "/storage/v1/b/home/o/runs%2Fexp-7%2Fall/compose", sa,
+                b'{"sourceObjects": [{"name": "runs/exp-7/p1"}, {"name": "runs/exp-8/p2"}]}'),
+               (403, "GET", "/storage/v1/b/home", sa, b"")]
+    for status, method, path, headers, body in refused:
+        answer = gate.refuse(method, path, headers, body)
+        assert answer is not None and answer[0] == status, (path, answer)
+        assert json.loads(answer[2])["error"]["code"] == status
+    assert [ok for *_rest, ok in gate.decisions] == [True] * len(admitted) + [False] * len(refused)
