@@ -6,7 +6,7 @@ committed checkpoint. Then a machine of the stack's AWS placement boots in the s
 server (devtools/metadata.py, which serves the instance role's keys: moto issued them for that role), the
 fake `aws` for its group (boto3 with the same instance role), and for the store the fake `gcloud` and the
 trainer's own google-cloud-storage with no Google key at all, only the env file's pool provider and service
-account (`components/userdata.py` `gcs_store_env`). federation.sh writes google-auth's `external_account`
+account (`components/userdata.py` `gcs_store_env`). federation-gcp.sh writes google-auth's `external_account`
 configuration from them; the Google side (tests/controller/federation.py) checks the role's signed
 GetCallerIdentity against moto and issues the service account's tokens, and every GCS request goes through
 a gate (tests/fixtures/gcs_tokens.py) that admits only that account's tokens, only for the run's folder and
