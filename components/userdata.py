@@ -63,9 +63,11 @@ FILES = (
     (WATCHER_UNIT, f"{SYSTEMD_DIR}/{WATCHER_UNIT}", "0644"),
 )
 UNITS = (WATCHER_UNIT, TRAINER_UNIT)
-# Installed only on machines whose run folder is in the other cloud's store (env TRAINSTACK_STORE_CLOUD):
-# their credentials there (the boot archive is fetched with them, so federation.sh cannot come from it).
-FEDERATION_FILES = (("federation.sh", f"{BIN_DIR}/federation.sh", "0644"),)
+# Installed only on machines whose run folder is in the other cloud's store (env TRAINSTACK_STORE_CLOUD),
+# by that store's cloud: their credentials there (the boot archive is fetched with them, so these cannot
+# come from it). Not on the others, and one way only: EC2's user data has no room to spare (16 KiB gzipped).
+FEDERATION_FILES = {store: ((f"federation-{store}.sh", f"{BIN_DIR}/federation-{store}.sh", "0644"),)
+                    for store in ("aws", "gcp")}
 # Installed and enabled only on stacks with access.jupyter: true (env TRAINSTACK_JUPYTER=1).
 JUPYTER_FILES = (
     ("jupyter.sh", f"{BIN_DIR}/jupyter.sh", "0755"),
@@ -223,7 +225,10 @@ def render_user_data(cloud: str, env: Mapping[str, str]) -> str:
     if not env["TRAINSTACK_BOOT_URI"]:
         raise ValueError("TRAINSTACK_BOOT_URI is empty: every machine fetches its boot scripts from the bucket "
                          "(components/code.py's pack_boot_scripts)")
-    for name, path, mode in FILES + (JUPYTER_FILES if jupyter else ()) + (FEDERATION_FILES if across else ()):
+    if across and env["TRAINSTACK_STORE_CLOUD"] not in FEDERATION_FILES:
+        raise ValueError(f"TRAINSTACK_STORE_CLOUD must be aws or gcp, not {env['TRAINSTACK_STORE_CLOUD']!r}")
+    federation = FEDERATION_FILES[env["TRAINSTACK_STORE_CLOUD"]] if across else ()
+    for name, path, mode in FILES + (JUPYTER_FILES if jupyter else ()) + federation:
         files.append({"path": path, "permissions": mode, "owner": "root:root",
                       "content": shipped(name)})
     units = UNITS + ((JUPYTER_UNIT,) if jupyter else ())
@@ -275,7 +280,7 @@ def gcs_store_env(*, audience: pulumi.Input[str], service_account: pulumi.Input[
     """The env-file values of a machine on AWS whose run folder is in GCS (a GCP-home stack's AWS placement):
     the store's cloud, the workload identity pool provider that trusts the machine's AWS role (`audience`,
     `//iam.googleapis.com/projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/ID`) and
-    the service account that role's sessions impersonate. federation.sh writes google-auth's
+    the service account that role's sessions impersonate. federation-gcp.sh writes google-auth's
     `external_account` credentials from them (an `aws1` credential source: the instance's role through
     IMDSv2), which `gcloud` and the trainer's GCS client read by themselves."""
     return {

@@ -161,14 +161,18 @@ now_iso() { date -u +%Y-%m-%dT%H:%M:%S.%3NZ; }
 
 # ---- the store's credentials across clouds ----
 
-# A machine whose run folder is in the other cloud's store has federation.sh beside this file
-# (components/userdata.py installs it there only); elsewhere these stand in for it.
+# A machine whose run folder is in the other cloud's store has federation-<that cloud>.sh beside this
+# file (components/userdata.py installs it there only: the user data has no room for both ways).
+# load_env's first federation_env sources it, which defines the real federation_env (and, for S3,
+# federation_token) in place of these, and runs it.
 federation_token() { :; }
-federation_env() { die "TRAINSTACK_STORE_CLOUD $STORE_CLOUD: this machine has no federation.sh"; }
-if [[ -r "${BASH_SOURCE[0]%/*}/federation.sh" ]]; then
-  # shellcheck source-path=SCRIPTDIR source=federation.sh disable=SC1091
-  . "${BASH_SOURCE[0]%/*}/federation.sh"
-fi
+federation_env() {
+  local lib="${BASH_SOURCE[0]%/*}/federation-$STORE_CLOUD.sh"
+  [[ -r "$lib" ]] || die "TRAINSTACK_STORE_CLOUD $STORE_CLOUD: this machine has no ${lib##*/}"
+  # shellcheck source-path=SCRIPTDIR source=federation-aws.sh disable=SC1091
+  . "$lib"
+  federation_env
+}
 
 # ---- object storage: the only calls that name a cloud's CLI ----
 

@@ -211,11 +211,11 @@ run_container() {
     fi
   fi
   if [[ "$STORE_CLOUD" != "$TRAINSTACK_CLOUD" ]]; then
-    # The store's identity token (federation_token): the folder, not the file, so a renewal (a new
-    # file renamed over the old) reaches the running trainer; boto3 reads it with AWS_ROLE_ARN.
+    # The store's credentials (federation.sh): the folder, not the file, so a renewal (a new file
+    # renamed over the old) reaches the running trainer, and the variable its SDK reads it by.
+    # Host networking lets it reach the metadata service (the AWS role's keys) as the host does.
     federation_token || true
-    args+=(-v "$FEDERATION_DIR:$FEDERATION_DIR_IN_CONTAINER:ro"
-      -e "AWS_WEB_IDENTITY_TOKEN_FILE=$FEDERATION_DIR_IN_CONTAINER/$WEB_IDENTITY_TOKEN")
+    args+=("${FEDERATION_CONTAINER_ARGS[@]}")
   fi
   docker rm -f "$CONTAINER" >/dev/null 2>&1 || true
   docker "${args[@]}" "$TRAINSTACK_IMAGE" python -m trainer &

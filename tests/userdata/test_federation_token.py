@@ -10,6 +10,7 @@ its own cloud's it asks nothing. The notice watcher renews it on its polls while
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.userdata import USERDATA_DIR, aws_store_env, boot_env
+from components.userdata import USERDATA_DIR, aws_store_env, boot_env, gcs_store_env
 from devtools.metadata import MetadataServer, token_claims
 from tests.userdata.helpers import installed_scripts, wait_for
 
@@ -163,11 +164,11 @@ def test_federation_sh_is_installed_on_machines_of_the_other_clouds_store_only(t
     across = {**base, **aws_store_env(region="us-east-1", role_arn=ROLE, audience=AUDIENCE)}
     paths = {name: [f["path"] for f in yaml.safe_load(render_user_data("gcp", env))["write_files"]]
              for name, env in (("own", base), ("across", across))}
-    assert "/opt/trainstack/bin/federation.sh" in paths["across"]
-    assert [x for x in paths["across"] if x != "/opt/trainstack/bin/federation.sh"] == paths["own"]
-    # The scripts as installed (comments stripped) pass shellcheck, lib.sh following federation.sh.
+    assert "/opt/trainstack/bin/federation-aws.sh" in paths["across"]
+    assert [x for x in paths["across"] if x != "/opt/trainstack/bin/federation-aws.sh"] == paths["own"]
+    # The scripts as installed (comments stripped) pass shellcheck, lib.sh following federation-aws.sh.
     installed_scripts(render_user_data("gcp", across), tmp_path)
-    proc = subprocess.run(["shellcheck", "-x", "--severity=style", "lib.sh", "federation.sh", "supervise.sh"],
+    proc = subprocess.run(["shellcheck", "-x", "--severity=style", "lib.sh", "federation-aws.sh", "supervise.sh"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout
 
@@ -196,3 +197,83 @@ def test_a_gcp_image_without_the_aws_cli_gets_it_from_snap(tmp_path, md):
     (bin_dir / "aws").unlink()
     own = _run(tmp_path, md, "cloud_cli", store=False, PATH=f"{bin_dir}:{system}")
     assert own.returncode == 0 and (tmp_path / "snap.log").read_text().count("install") == 1
+
+
+# ---- an AWS machine whose run folder is in GCS: google-auth's credential configuration, no token to keep
+
+GCP_AUDIENCE = "//iam.googleapis.com/projects/418026337123/locations/global/workloadIdentityPools/ts/providers/aws-p1"
+GCP_ACCOUNT = "trainstack-p1@home-proj.iam.gserviceaccount.com"
+
+
+def _load_on_aws(root: Path, md: MetadataServer, script: str, **store: str) -> subprocess.CompletedProcess:
+    values = {"TRAINSTACK_CLOUD": "aws", "TRAINSTACK_REGION": "us-east-1", "TRAINSTACK_RUN_URI": "gs://b/runs/r",
+              "TRAINSTACK_GROUP": "g", "TRAINSTACK_IMAGE": "tensorflow/tensorflow:2.21.0-gpu",
+              **gcs_store_env(audience=GCP_AUDIENCE, service_account=GCP_ACCOUNT), **store}
+    path = root / "env"
+    path.write_text("".join(f"{k}='{v}'\n" for k, v in values.items()))
+    env = {"PATH": os.environ["PATH"], "TRAINSTACK_ROOT": str(root), "TRAINSTACK_ENV_FILE": str(path),
+           "TRAINSTACK_METADATA_URL": md.url, "TRAINSTACK_RETRY_BASE_S": "0"}
+    return subprocess.run(["bash", "-c", f'set -euo pipefail; . "{USERDATA_DIR / "lib.sh"}"; load_env; {script}'],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+def _config(root: Path) -> Path:
+    return root / "run/trainstack/federation/google-credentials.json"
+
+
+def test_an_aws_machine_reaching_gcs_writes_googles_credential_configuration_once(tmp_path, md):
+    show = ('printf "%s\\n" "$CLOUDSDK_AUTH_CREDENTIAL_FILE_OVERRIDE" "$GOOGLE_APPLICATION_CREDENTIALS" '
+            '"${FEDERATION_CONTAINER_ARGS[@]}"; federation_token')
+    proc = _load_on_aws(tmp_path, md, show)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        str(_config(tmp_path)), str(_config(tmp_path)),
+        "-v", f"{tmp_path}/run/trainstack/federation:/run/trainstack/federation:ro",
+        "-e", "GOOGLE_APPLICATION_CREDENTIALS=/run/trainstack/federation/google-credentials.json",
+        "-e", "GOOGLE_CLOUD_PROJECT=418026337123"]
+    imds = f"{md.url}/latest"
+    assert json.loads(_config(tmp_path).read_text()) == {
+        "type": "external_account", "audience": GCP_AUDIENCE,
+        "subject_token_type": "urn:ietf:params:aws:token-type:aws4_request",
+        "token_url": "https://sts.googleapis.com/v1/token",
+        "service_account_impersonation_url":
+            f"https://iamcredentials.googleapis.com/v1/projects/-/serviceAccounts/{GCP_ACCOUNT}:generateAccessToken",
+        "credential_source": {
+            "environment_id": "aws1", "region_url": f"{imds}/meta-data/placement/availability-zone",
+            "url": f"{imds}/meta-data/iam/security-credentials", "imdsv2_session_token_url": f"{imds}/api/token",
+            "regional_cred_verification_url":
+                "https://sts.{region}.amazonaws.com?Action=GetCallerIdentity&Version=2011-06-15"}}
+    assert _config(tmp_path).stat().st_mode & 0o777 == 0o600 and _config(tmp_path).parent.stat().st_mode & 0o777 == 0o700
+    # google-auth renews by itself: the boot asks the metadata server nothing for it.
+    assert md.requests == []
+    # Once per boot: a later load_env (every script runs one) keeps the file; the endpoints move only
+    # by the variables a test sets.
+    written = _config(tmp_path).stat().st_mtime_ns
+    moved = _load_on_aws(tmp_path, md, "true")
+    assert moved.returncode == 0 and _config(tmp_path).stat().st_mtime_ns == written
+    _config(tmp_path).unlink()
+    env_sts = subprocess.run(
+        ["bash", "-c", f'. "{USERDATA_DIR / "lib.sh"}"; load_env; cat "$GOOGLE_APPLICATION_CREDENTIALS"'],
+        env={"PATH": os.environ["PATH"], "TRAINSTACK_ROOT": str(tmp_path), "TRAINSTACK_ENV_FILE": str(tmp_path / "env"),
+             "TRAINSTACK_METADATA_URL": md.url, "TRAINSTACK_GOOGLE_STS_URL": "http://127.0.0.1:9/v1/token",
+             "TRAINSTACK_GOOGLE_IAM_CREDENTIALS_URL": "http://127.0.0.1:9/v1"}, capture_output=True, text=True, timeout=30)
+    doc = json.loads(env_sts.stdout)
+    assert doc["token_url"] == "http://127.0.0.1:9/v1/token"
+    assert doc["service_account_impersonation_url"].startswith("http://127.0.0.1:9/v1/projects/-/serviceAccounts/")
+    assert not list(_config(tmp_path).parent.glob("*.json.*"))  # no temporary file left behind
+
+
+@pytest.mark.parametrize(("store", "said"), [
+    ({"TRAINSTACK_GCP_AUDIENCE": ""}, "TRAINSTACK_GCP_AUDIENCE is empty"),
+    ({"TRAINSTACK_GCP_SERVICE_ACCOUNT": ""}, "TRAINSTACK_GCP_SERVICE_ACCOUNT is empty"),
+    ({"TRAINSTACK_GCP_AUDIENCE": "projects/418026337123/locations/global/workloadIdentityPools/ts/providers/aws-p1"},
+     "TRAINSTACK_GCP_AUDIENCE is not a workload identity pool's provider: 'projects/418026337123/"),
+    ({"TRAINSTACK_STORE_CLOUD": "azure"}, "TRAINSTACK_STORE_CLOUD azure: this machine has no federation-azure.sh"),
+])
+def test_an_aws_machine_reaching_gcs_refuses_what_cannot_reach_it(tmp_path, md, store, said):
+    """Without its pool and account the machine cannot reach the run folder (so cannot mark it FAILED
+    either): load_env stops every script with the reason in the journal, naming what is wrong."""
+    proc = _load_on_aws(tmp_path, md, "echo loaded", **store)
+    assert proc.returncode == 1 and "loaded" not in proc.stdout
+    assert said in proc.stderr, proc.stderr
+    assert not _config(tmp_path).exists()

@@ -16,11 +16,13 @@ from components.userdata import (
     AWS_USER_DATA_LIMIT,
     BOOT_ENV_KEYS,
     ENV_FILE,
+    FEDERATION_FILES,
     FILES,
     USERDATA_DIR,
     boot_env,
     decode_user_data,
     encode_user_data,
+    gcs_store_env,
     render_env,
     render_user_data,
     shipped,
@@ -35,19 +37,29 @@ STACKS = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
 def _settings(name: str):
     if name.startswith("stack:"):
         return load_stack_file(ROOT / "stacks" / name.removeprefix("stack:"))
-    return settings_for(name)
+    return settings_for(name.removesuffix(ACROSS))
 
 
-CASES = [f"stack:{p.name}" for p in STACKS] + ["aws", "gcp"]
+# An AWS machine whose run folder is in GCS (a GCP-home stack's AWS placement): federation-gcp.sh beside the rest.
+ACROSS = "+gcs"
+CASES = [f"stack:{p.name}" for p in STACKS] + ["aws", "gcp", f"aws{ACROSS}"]
 
 
 def _render(name: str) -> tuple[str, dict]:
     s = _settings(name)
-    scheme = "s3" if s.cloud == "aws" else "gs"
+    scheme = "s3" if s.cloud == "aws" and not name.endswith(ACROSS) else "gs"
     env = boot_env(s, run_uri=f"{scheme}://bucket-x/runs/{s.run_id}", group=f"trainstack-{s.stack}",
                    code_uri=f"{scheme}://bucket-x/code/trainer-0123456789abcdef.tar.gz",
                    boot_uri=f"{scheme}://bucket-x/code/boot-0123456789abcdef.tar.gz")
+    if name.endswith(ACROSS):
+        env.update(gcs_store_env(
+            audience="//iam.googleapis.com/projects/418026337123/locations/global/workloadIdentityPools/trainstack-x"
+                     "/providers/aws-p1", service_account="trainstack-x-p1@home-proj.iam.gserviceaccount.com"))
     return render_user_data(s.cloud, env), env
+
+
+def _installed(name: str) -> tuple[tuple[str, str, str], ...]:
+    return FILES + (FEDERATION_FILES["gcp"] if name.endswith(ACROSS) else ())
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -68,8 +80,8 @@ def test_document_installs_scripts_units_env_and_enables_units(name):
     doc = yaml.safe_load(text)
     assert set(doc) == {"write_files", "runcmd"}
     files = {f["path"]: f for f in doc["write_files"]}
-    assert list(files) == [ENV_FILE] + [path for _n, path, _m in FILES]
-    for name_, path, mode in FILES:
+    assert list(files) == [ENV_FILE] + [path for _n, path, _m in _installed(name)]
+    for name_, path, mode in _installed(name):
         assert files[path]["content"] == shipped(name_)
         assert files[path]["permissions"] == mode and files[path]["owner"] == "root:root"
     assert files[ENV_FILE]["content"] == render_env(env)
@@ -164,18 +176,21 @@ def test_render_refuses_bad_input():
         render_user_data("aws", {**env, "TRAINSTACK_GROUP": "two\nlines"})
 
 
-@pytest.mark.parametrize("cloud", ["aws", "gcp"])
-def test_rendered_scripts_pass_shellcheck(cloud, tmp_path):
-    text, _env = _render(cloud)
+@pytest.mark.parametrize("name", ["aws", "gcp", f"aws{ACROSS}"])
+def test_rendered_scripts_pass_shellcheck(name, tmp_path):
+    text, _env = _render(name)
     scripts = installed_scripts(text, tmp_path)
-    # The document's five, and the boot archive's two, which boot_scripts installs beside them.
-    assert len(scripts) == sum(1 for n, _p, _m in FILES if n.endswith(".sh")) + len(BOOT_SCRIPTS) == 7
+    # The document's five (six with federation-gcp.sh), and the boot archive's two, which boot_scripts installs
+    # beside them.
+    assert len(scripts) == sum(1 for n, _p, _m in _installed(name) if n.endswith(".sh")) + len(BOOT_SCRIPTS) == (
+        8 if name.endswith(ACROSS) else 7)
     proc = subprocess.run(["shellcheck", "-x", "--severity=style", *map(str, scripts)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for path in scripts:
         body = path.read_text()
-        assert "set -euo pipefail" in body or "set -Eeuo pipefail" in body or path.name in ("lib.sh", "rendezvous.sh")
+        assert "set -euo pipefail" in body or "set -Eeuo pipefail" in body or path.name in (
+            "lib.sh", "rendezvous.sh", "federation-gcp.sh")  # sourced, never run
 
 
 @pytest.mark.slow
@@ -197,7 +212,8 @@ def test_ops_synth_dev_user_data_passes_schema_and_shellcheck(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("name", [n for n, _p, _m in FILES if n.endswith(".sh")])
+@pytest.mark.parametrize("name", [n for n, _p, _m in FILES + FEDERATION_FILES["aws"] + FEDERATION_FILES["gcp"]
+                                  if n.endswith(".sh")])
 def test_shipped_scripts_lose_only_their_whole_line_comments(name):
     source = (USERDATA_DIR / name).read_text().splitlines()
     kept = shipped(name).splitlines()

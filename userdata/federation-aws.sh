@@ -1,32 +1,28 @@
 # shellcheck shell=bash
-# trainstack federation: a GCP machine whose run folder is in S3 (an AWS-home stack's GCP
+# trainstack federation to S3: a GCP machine whose run folder is in S3 (an AWS-home stack's GCP
 # placement) reaches it with its service account's Google identity, never with a key. Sourced
-# by lib.sh, installed only on such machines.
+# by lib.sh's load_env, installed only on such machines (federation-gcp.sh is the other way).
 # The variables below are used by the scripts that source lib.sh.
 # shellcheck disable=SC2034
 
 # A machine on GCP whose run folder is in S3 keeps its Google ID token here, for the `aws` CLI and boto3
-# (AWS_WEB_IDENTITY_TOKEN_FILE); the container sees the folder at the same path.
+# (AWS_WEB_IDENTITY_TOKEN_FILE); the container sees the folder at the same path (FEDERATION_CONTAINER_ARGS).
 FEDERATION_DIR="$RUNTIME_DIR/federation"
 FEDERATION_DIR_IN_CONTAINER="/run/trainstack/federation"
 WEB_IDENTITY_TOKEN="aws-token"
 
-# federation_env: load_env's part for a store on the other cloud: the role, the audience, and
+# federation_env: load_env's part for S3 from GCP: the role, the audience, and
 # the token file the aws CLI and boto3 read (AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN; they
 # read the file again whenever they renew the session).
 federation_env() {
   local key
-  case "$STORE_CLOUD" in
-    aws)
-      [[ "$TRAINSTACK_CLOUD" == gcp ]] || die "TRAINSTACK_STORE_CLOUD aws needs a gcp machine"
-      for key in AWS_ROLE_ARN TRAINSTACK_TOKEN_AUDIENCE; do
-        [[ -n "${!key:-}" ]] || die "$key is empty in $ENV_FILE (a gcp machine reaching S3 needs it)"
-      done
-      export AWS_WEB_IDENTITY_TOKEN_FILE="$FEDERATION_DIR/$WEB_IDENTITY_TOKEN"
-      TOKEN_REFRESH_S="${TRAINSTACK_TOKEN_REFRESH_S:-1800}"
-      ;;
-    *) die "TRAINSTACK_STORE_CLOUD must be aws (on a gcp machine) or $TRAINSTACK_CLOUD, not '$STORE_CLOUD'" ;;
-  esac
+  for key in AWS_ROLE_ARN TRAINSTACK_TOKEN_AUDIENCE; do
+    [[ -n "${!key:-}" ]] || die "$key is empty in $ENV_FILE (a gcp machine reaching S3 needs it)"
+  done
+  export AWS_WEB_IDENTITY_TOKEN_FILE="$FEDERATION_DIR/$WEB_IDENTITY_TOKEN"
+  FEDERATION_CONTAINER_ARGS=(-v "$FEDERATION_DIR:$FEDERATION_DIR_IN_CONTAINER:ro"
+    -e "AWS_WEB_IDENTITY_TOKEN_FILE=$FEDERATION_DIR_IN_CONTAINER/$WEB_IDENTITY_TOKEN")
+  TOKEN_REFRESH_S="${TRAINSTACK_TOKEN_REFRESH_S:-1800}"
 }
 
 # federation_token: on a GCP machine whose store is S3, a Google ID token of the machine's
