@@ -211,7 +211,7 @@ run_container() {
     fi
   fi
   if [[ "$STORE_CLOUD" != "$TRAINSTACK_CLOUD" ]]; then
-    # The store's credentials (federation.sh): the folder, not the file, so a renewal (a new file
+    # The store's credentials (federation-<store>.sh): the folder, not the file, so a renewal (a new file
     # renamed over the old) reaches the running trainer, and the variable its SDK reads it by.
     # Host networking lets it reach the metadata service (the AWS role's keys) as the host does.
     federation_token || true

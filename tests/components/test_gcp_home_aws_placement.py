@@ -150,12 +150,12 @@ def test_the_aws_machines_user_data_names_the_gcs_store_the_provider_and_the_acc
     # No AWS store: the run folder is home's.
     assert not {"AWS_ROLE_ARN", "TRAINSTACK_STORE_REGION", "TRAINSTACK_TOKEN_AUDIENCE"} & set(env)
     paths = [f["path"] for f in yaml.safe_load(text)["write_files"]]
-    assert "/opt/trainstack/bin/federation.sh" in paths
+    assert "/opt/trainstack/bin/federation-gcp.sh" in paths
     # Home's GCE machines read their own store: no federation there.
     (template,) = r.of_type(synth.INSTANCE_TEMPLATE)
     home = r.user_data[template["name"]]
     assert "TRAINSTACK_STORE_CLOUD" not in _env(home)
-    assert "/opt/trainstack/bin/federation.sh" not in [f["path"] for f in yaml.safe_load(home)["write_files"]]
+    assert "/opt/trainstack/bin/federation-gcp.sh" not in [f["path"] for f in yaml.safe_load(home)["write_files"]]
 
 
 def test_the_machine_role_may_set_its_own_group_to_zero_and_nothing_else():
