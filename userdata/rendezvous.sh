@@ -209,3 +209,50 @@ join_generation() {
     sleep "$CLUSTER_POLL_S"
   done
 }
+
+# ---- creating an object once, and this machine's address: used here only (this file comes from the boot
+# archive; the user data, where lib.sh is, has no room to spare) ----
+
+# store_create URI: writes stdin to URI only when no object is there (S3 If-None-Match: *,
+# GCS if-generation-match=0), atomically: of several machines creating one name at once,
+# one succeeds. 0: created; 1: the object exists (or another create of it is under way);
+# 2: any other error (logged, and kept in STORE_ERROR for the caller's reason).
+store_create() {
+  local tmp err rc=0 bucket key
+  tmp="$(mktemp)"
+  err="$(mktemp)"
+  cat >"$tmp"
+  federation_token 2>"$err" || { echo "no identity token for the store" >>"$err"; rc=2; }
+  ((rc != 0)) || case "$STORE_CLOUD" in
+    aws)
+      bucket="${1#s3://}"
+      key="${bucket#*/}"
+      bucket="${bucket%%/*}"
+      aws s3api put-object --bucket "$bucket" --key "$key" --body "$tmp" --if-none-match '*' \
+        >/dev/null 2>"$err" || rc=$?
+      ;;
+    gcp) gcloud storage cp --quiet --if-generation-match=0 "$tmp" "$1" 2>"$err" || rc=$? ;;
+  esac
+  rm -f "$tmp"
+  if ((rc != 0)); then
+    # S3: 412 PreconditionFailed (it exists), 409 ConditionalRequestConflict (another
+    # create is under way); GCS: 412 "pre-conditions you specified did not hold".
+    if grep -qE "PreconditionFailed|ConditionalRequestConflict|412|did not hold" "$err"; then
+      rc=1
+    else
+      STORE_ERROR="$(tr -s '\n' ' ' <"$err" | head -c 300)"
+      log "creating $1 failed: $STORE_ERROR"
+      rc=2
+    fi
+  fi
+  rm -f "$err"
+  return "$rc"
+}
+
+# This machine's private address, the one its peers reach (rendezvous.sh publishes it).
+private_ip() {
+  case "$TRAINSTACK_CLOUD" in
+    aws) md_get local-ipv4 ;;
+    gcp) md_get network-interfaces/0/ip ;;
+  esac
+}
