@@ -123,6 +123,7 @@ cli_of() {
   retry 3 snap install "$snap" --classic && command -v "$cli" >/dev/null
 }
 
+
 # retry ATTEMPTS CMD...: runs CMD until it succeeds, doubling the pause each time.
 retry() {
   local attempts="$1" i=1 pause="${TRAINSTACK_RETRY_BASE_S:-2}"
@@ -239,6 +240,42 @@ store_cat_all() {
       ;;
     gcp) gcloud storage cat "$1/**" 2>/dev/null || true ;;
   esac
+}
+
+# store_create URI: writes stdin to URI only when no object is there (S3 If-None-Match: *,
+# GCS if-generation-match=0), atomically: of several machines creating one name at once,
+# one succeeds. 0: created; 1: the object exists (or another create of it is under way);
+# 2: any other error (logged, and kept in STORE_ERROR for the caller's reason).
+store_create() {
+  local tmp err rc=0 bucket key
+  tmp="$(mktemp)"
+  err="$(mktemp)"
+  cat >"$tmp"
+  federation_token 2>"$err" || { echo "no identity token for the store" >>"$err"; rc=2; }
+  ((rc != 0)) || case "$STORE_CLOUD" in
+    aws)
+      bucket="${1#s3://}"
+      key="${bucket#*/}"
+      bucket="${bucket%%/*}"
+      aws s3api put-object --bucket "$bucket" --key "$key" --body "$tmp" --if-none-match '*' \
+        >/dev/null 2>"$err" || rc=$?
+      ;;
+    gcp) gcloud storage cp --quiet --if-generation-match=0 "$tmp" "$1" 2>"$err" || rc=$? ;;
+  esac
+  rm -f "$tmp"
+  if ((rc != 0)); then
+    # S3: 412 PreconditionFailed (it exists), 409 ConditionalRequestConflict (another
+    # create is under way); GCS: 412 "pre-conditions you specified did not hold".
+    if grep -qE "PreconditionFailed|ConditionalRequestConflict|412|did not hold" "$err"; then
+      rc=1
+    else
+      STORE_ERROR="$(tr -s '\n' ' ' <"$err" | head -c 300)"
+      log "creating $1 failed: $STORE_ERROR"
+      rc=2
+    fi
+  fi
+  rm -f "$err"
+  return "$rc"
 }
 
 # end_marker_in ENTRIES: prints the end marker (one of END_MARKERS) among a run folder
@@ -385,6 +422,14 @@ instance_id() {
 }
 
 # ---- the group and the registry ----
+
+# This machine's private address, the one its peers reach (rendezvous.sh publishes it).
+private_ip() {
+  case "$TRAINSTACK_CLOUD" in
+    aws) md_get local-ipv4 ;;
+    gcp) md_get network-interfaces/0/ip ;;
+  esac
+}
 
 # Sets this stack's group to zero machines. Idempotent: whichever node sees the end calls it.
 scale_to_zero() {
