@@ -123,7 +123,6 @@ cli_of() {
   retry 3 snap install "$snap" --classic && command -v "$cli" >/dev/null
 }
 
-
 # retry ATTEMPTS CMD...: runs CMD until it succeeds, doubling the pause each time.
 retry() {
   local attempts="$1" i=1 pause="${TRAINSTACK_RETRY_BASE_S:-2}"
@@ -423,14 +422,6 @@ instance_id() {
 
 # ---- the group and the registry ----
 
-# This machine's private address, the one its peers reach (rendezvous.sh publishes it).
-private_ip() {
-  case "$TRAINSTACK_CLOUD" in
-    aws) md_get local-ipv4 ;;
-    gcp) md_get network-interfaces/0/ip ;;
-  esac
-}
-
 # Sets this stack's group to zero machines. Idempotent: whichever node sees the end calls it.
 scale_to_zero() {
   case "$TRAINSTACK_CLOUD" in
@@ -468,12 +459,6 @@ registry_login() {
 # BOOT_FILES: components/code.py's BOOT_SCRIPTS, each of which the archive must hold.
 BOOT_FILES=(bootstrap.sh rendezvous.sh)
 
-boot_scripts_installed() {
-  local f
-  [[ "$(cat "$BIN_DIR/.boot-scripts" 2>/dev/null)" == "$1" && -x "$BIN_DIR/bootstrap.sh" ]] || return 1
-  for f in "${BOOT_FILES[@]}"; do [[ -f "$BIN_DIR/$f" ]] || return 1; done
-}
-
 boot_scripts() {
   local uri="${TRAINSTACK_BOOT_URI:-}" name hash tmp sum f rc=0 reason=""
   name="${uri##*/}"
@@ -484,7 +469,7 @@ boot_scripts() {
   hash="${hash%.tar.gz}"
   if [[ ! "$hash" =~ ^[0-9a-f]{16,64}$ || "$name" != "boot-$hash.tar.gz" ]]; then
     reason="TRAINSTACK_BOOT_URI '$uri': expected boot-<sha256 hex>.tar.gz"
-  elif ! boot_scripts_installed "$hash"; then
+  elif [[ "$(cat "$BIN_DIR/.boot-scripts" 2>/dev/null)" != "$hash" || ! -x "$BIN_DIR/bootstrap.sh" || ! -f "$BIN_DIR/rendezvous.sh" ]]; then
     # set -e does not hold here (this runs as supervise.sh's `until` condition): every step is checked.
     tmp="$(mktemp -d "$BIN_DIR/.fetch.XXXXXX")" || { log "cannot make a folder in $BIN_DIR"; return 1; }
     if ! retry 5 store_cp "$uri" "$tmp/boot.tar.gz"; then

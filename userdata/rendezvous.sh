@@ -209,3 +209,11 @@ join_generation() {
     sleep "$CLUSTER_POLL_S"
   done
 }
+
+# This machine's private address, the one its peers reach (rendezvous.sh publishes it).
+private_ip() {
+  case "$TRAINSTACK_CLOUD" in
+    aws) md_get local-ipv4 ;;
+    gcp) md_get network-interfaces/0/ip ;;
+  esac
+}
