@@ -66,7 +66,8 @@ def _probe_step():
 
     from trainer.config import TrainConfig
     from trainer.data import preprocess
-    from trainer.loop import per_example_loss, seeded_model
+    from trainer.models import seeded_model
+    from trainer.step import per_example_loss
 
     cfg = TrainConfig(run_uri="file:///nowhere", synthetic=True, batch_size=64)
     spec = seeded_model(cfg, tf.distribute.get_strategy())

@@ -1,7 +1,7 @@
 """The machine's limit for a model: its train step on one batch already in memory, many steps per call.
 
 No input pipeline, no distribution strategy, no checkpoints, no summaries: the same model,
-optimizer and loss the trainer builds (`trainer.loop.seeded_model`), stepping on one
+optimizer and loss the trainer builds (`trainer.models.seeded_model`), stepping on one
 preprocessed batch of its synthetic data inside a `tf.function` that runs `--steps-per-call`
 steps per call. The trainer's loop can at best match this.
 
@@ -25,7 +25,8 @@ def measure(model: str, batch_size: int, seconds: float, steps_per_call: int = 1
 
     from trainer.config import TrainConfig
     from trainer.data import preprocess
-    from trainer.loop import per_example_loss, seeded_model
+    from trainer.models import seeded_model
+    from trainer.step import per_example_loss
 
     cfg = TrainConfig(run_uri="file:///nowhere", model=model, synthetic=True, batch_size=batch_size, **(extra or {}))
     spec = seeded_model(cfg, tf.distribute.get_strategy())

@@ -51,13 +51,14 @@ def build(old_loop: str | None, batch: int) -> dict:
     import tensorflow as tf
 
     from trainer import data as D
-    from trainer import loop as L
+    from trainer import step as S
     from trainer.config import TrainConfig
+    from trainer.models import seeded_model
 
     cfg = TrainConfig(run_uri="file:///nowhere", synthetic=True, batch_size=batch)
     out: dict = {}
 
-    spec = L.seeded_model(cfg, tf.distribute.get_strategy())
+    spec = seeded_model(cfg, tf.distribute.get_strategy())
     x, y = spec.synthetic(0)
     xb, yb = D.preprocess(tf.constant(x[:batch])), tf.constant(y[:batch])
 
@@ -66,7 +67,7 @@ def build(old_loop: str | None, batch: int) -> dict:
         loss = tf.constant(0.0)
         for _ in tf.range(n):
             with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(L.per_example_loss(spec, yb, spec.model(xb, training=True)),
+                loss = tf.nn.compute_average_loss(S.per_example_loss(spec, yb, spec.model(xb, training=True)),
                                                   global_batch_size=batch)
             grads = tape.gradient(loss, spec.model.trainable_variables)
             spec.optimizer.apply_gradients(zip(grads, spec.model.trainable_variables, strict=True))
@@ -74,10 +75,10 @@ def build(old_loop: str | None, batch: int) -> dict:
 
     out[LIMIT] = (lambda: limit(tf.constant(100, tf.int64)), 100 * batch)
     request = tf.constant((0.0, 0.0, 0.0))
-    modules = [("new", L)] + ([("old", _load(old_loop, "old_loop"))] if old_loop else [])
+    modules = [("new", S)] + ([("old", _load(old_loop, "old_loop"))] if old_loop else [])
     for label, module in modules:
         strategy = tf.distribute.MirroredStrategy()
-        model = L.seeded_model(cfg, strategy)
+        model = seeded_model(cfg, strategy)
         examples = tf.Variable(0, dtype=tf.int64)
         step = module.make_train_step(strategy, model, cfg, batch, False, examples)
         ds = D.make_dataset(model, cfg, batch, D.Position(0))
@@ -93,7 +94,7 @@ def build(old_loop: str | None, batch: int) -> dict:
             out[f"new: plain iterator, {k}/call"] = (lambda s=step, i=plain, k=k: s(i, tf.constant(k, tf.int64), request),
                                                      k * batch)
         if hasattr(D, "InMemoryBatches"):
-            model = L.seeded_model(cfg, strategy)
+            model = seeded_model(cfg, strategy)
             step = module.make_train_step(strategy, model, cfg, batch, False, tf.Variable(0, dtype=tf.int64))
             x, y = model.synthetic(cfg.seed)
             batches = D.InMemoryBatches(x, y, batch, cfg.seed, D.Position(0), strategy.extended.worker_devices[0])

@@ -30,9 +30,9 @@ from trainer.checkpointer import ResumeMismatch
 from trainer.checkpoints import CheckpointStore
 from trainer.config import TrainConfig, as_dict
 from trainer.devices import DeviceMismatch, check_gpus
-from trainer.loop import TrainLoop, resolve_precision
+from trainer.loop import TrainLoop
 from trainer.metrics import MetricError
-from trainer.models import NoData
+from trainer.models import NoData, resolve_precision
 from trainer.run_attempt import RunAttempt, loop_complete_message, start
 from trainer.signals import StopRequest
 from trainer.strategy import Cluster, make_strategy, read_cluster
@@ -116,7 +116,7 @@ class Attempt(RunAttempt):
                   replicas=strategy.num_replicas_in_sync, global_batch=loop.global_batch,
                   precision=resolve_precision(cfg))
         # The `started` write (and its retries) must be over before the generators are
-        # seeded: see trainer.loop.seeded_model.
+        # seeded: see trainer.models.seeded_model.
         self.events.flush()
         loop.build()
         if self.startup is not None:

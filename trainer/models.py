@@ -217,3 +217,38 @@ def load_user_model(cfg: TrainConfig) -> ModelSpec:
         raise NoData(f"--model {cfg.model}: no data: give --data-uri (run.dataUri) with a parse_tfrecord, or "
                      f"ModelSpec.make_dataset (the ModelSpec has {has})")
     return spec
+
+
+def resolve_precision(cfg: TrainConfig) -> str:
+    """The Keras precision policy this run uses (`--precision`, else by model and device)."""
+    if cfg.precision is not None:
+        return cfg.precision
+    on_gpu = bool(tf.config.list_physical_devices("GPU"))
+    return "mixed_bfloat16" if cfg.model == "transformer-lm" and on_gpu else "float32"
+
+
+def configure_runtime(cfg: TrainConfig) -> str:
+    """Seeds, op determinism and the Keras precision policy; returns the policy name."""
+    keras.utils.set_random_seed(cfg.seed)
+    if cfg.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    precision = resolve_precision(cfg)
+    keras.mixed_precision.set_global_policy(precision)
+    return precision
+
+
+def seeded_model(cfg: TrainConfig, strategy) -> ModelSpec:
+    """Seed every generator, then build the model and its optimizer: the run's initial state.
+
+    Keras draws the seed of every initializer (and random layer) given none from Python's
+    global `random`, which `configure_runtime` has just seeded. Nothing else may draw from
+    it until the model is built: the object-store clients do on every retry (botocore's and
+    google-api-core's backoff jitter), so the caller must have no store transfer in flight
+    (`EventLog.flush`). Otherwise a retried write during the build changes the initial
+    weights, and the run trains to a different result.
+    """
+    configure_runtime(cfg)
+    with strategy.scope():
+        spec = build_model(cfg)
+        spec.optimizer.build(spec.model.trainable_variables)
+    return spec

@@ -94,7 +94,7 @@ def _attempt(uri: str, steps: int, stop_at: int | None = None) -> tuple[int, lis
     """
     import keras
 
-    from trainer import attempt, loop
+    from trainer import attempt, cadence
     from trainer.config import load_config
     from trainer.signals import StopRequest
 
@@ -102,7 +102,7 @@ def _attempt(uri: str, steps: int, stop_at: int | None = None) -> tuple[int, lis
     stop = StopRequest()
     out = _Watch()
     cfg = load_config(["--run-uri", uri, "--steps", str(steps), *ARGS])
-    real = loop.TrainLoop._steps_this_call
+    real = cadence.Cadence.steps_this_call
 
     def steps_this_call(training, step: int) -> int:
         if stop_at is not None and step >= stop_at and not stop.requested:
@@ -110,11 +110,11 @@ def _attempt(uri: str, steps: int, stop_at: int | None = None) -> tuple[int, lis
             stop.event.set()
         return real(training, step)
 
-    loop.TrainLoop._steps_this_call = steps_this_call
+    cadence.Cadence.steps_this_call = steps_this_call
     try:
         return attempt.train(cfg, stream=out, stop=stop), out.events
     finally:
-        loop.TrainLoop._steps_this_call = real
+        cadence.Cadence.steps_this_call = real
 
 
 def _jitter_probe(uri: str, steps: int) -> tuple[int, list[dict]]:
@@ -128,11 +128,11 @@ def _jitter_probe(uri: str, steps: int) -> tuple[int, list[dict]]:
     """
     import keras
 
-    from trainer import loop
+    from trainer import models
     from trainer.storage import FileStore
 
     seeded, drew = threading.Event(), threading.Event()
-    real_seed, real_build, real_append = keras.utils.set_random_seed, loop.build_model, FileStore.append_lines
+    real_seed, real_build, real_append = keras.utils.set_random_seed, models.build_model, FileStore.append_lines
 
     def set_random_seed(seed):
         real_seed(seed)
@@ -149,11 +149,11 @@ def _jitter_probe(uri: str, steps: int) -> tuple[int, list[dict]]:
             drew.set()
         return real_append(self, key, lines)
 
-    keras.utils.set_random_seed, loop.build_model, FileStore.append_lines = set_random_seed, build_model, append_lines
+    keras.utils.set_random_seed, models.build_model, FileStore.append_lines = set_random_seed, build_model, append_lines
     try:
         return _attempt(uri, steps)
     finally:
-        keras.utils.set_random_seed, loop.build_model, FileStore.append_lines = real_seed, real_build, real_append
+        keras.utils.set_random_seed, models.build_model, FileStore.append_lines = real_seed, real_build, real_append
 
 
 def _weights(uri: str, step: int) -> dict:

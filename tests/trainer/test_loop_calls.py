@@ -1,8 +1,7 @@
-"""Steps per call: calls that span several --log-every steps keep TensorBoard's points; auto sizing."""
+"""Steps per call: calls that span several --log-every steps keep TensorBoard's points (auto sizing: test_cadence)."""
 
 from __future__ import annotations
 
-import types
 from pathlib import Path
 
 import pytest
@@ -29,21 +28,3 @@ def test_a_call_spanning_log_steps_writes_each_log_steps_own_loss(file_run):
     assert finished["metrics"]["loss"] == pytest.approx(losses[-1][1], rel=1e-6)
     assert finished["steady_examples_per_sec"] > 0
 
-
-def _adapt(auto_steps: int, count: int, seconds: float) -> int:
-    from trainer.loop import TrainLoop
-
-    training = types.SimpleNamespace(auto_steps=auto_steps)
-    TrainLoop._adapt_steps(training, count, seconds)
-    return training.auto_steps
-
-
-def test_auto_steps_per_call_grows_at_most_twofold_towards_about_a_second():
-    from trainer.loop import CALL_SECONDS
-
-    assert CALL_SECONDS == 1.0
-    assert _adapt(1, 1, 0.001) == 2  # a fast step: double, not jump (the next call may be slower)
-    assert _adapt(64, 64, 0.064) == 128
-    assert _adapt(512, 512, 0.4) == 1024 and _adapt(1024, 1024, 0.8) == 1280  # about a second's worth
-    assert _adapt(100, 100, 4.0) == 25  # too long a call: a stop would wait for it, shrink at once
-    assert _adapt(1, 1, 5.0) == 1  # a step longer than a second: one per call

@@ -13,8 +13,8 @@ import tensorflow as tf
 
 from tests.trainer.helpers import REPO, run_trainer, trainer_env
 from trainer.config import load_config
-from trainer.loop import make_train_step
 from trainer.models import ModelSpec, build_model
+from trainer.step import make_train_step
 
 
 def _store(uri):

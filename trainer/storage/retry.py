@@ -8,7 +8,7 @@ cause chain (boto3's transfer manager wraps the error it gave up on).
 The backoff jitter comes from a private random generator, never the process-wide one:
 Keras draws the seeds of unseeded initializers from Python's global ``random``, so a
 retry drawing from it while a model is being built would change the model's initial
-weights (see ``trainer/loop.py``, issue 14).
+weights (see ``trainer.models.seeded_model``).
 """
 
 from __future__ import annotations
