@@ -1,0 +1,314 @@
+"""Preflight on AWS: vCPU quotas, instance types in the group's zones, the subnets' way out, the AMI, the bucket.
+
+Each check reads the account with the operator's credentials (boto3) and returns `Problem`s;
+`check_aws` runs them all for one region. What each check asks is in `ops.preflight`'s docstring.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from components import settings as config
+from ops.preflight.common import Problem, run_checks
+
+# EC2 vCPU quotas by instance family (Service Quotas, service code "ec2"): the quota
+# name, its code for spot requests and for running on-demand instances.
+AWS_QUOTAS: dict[str, tuple[str, str, str]] = {
+    "g": ("G and VT", "L-3819A6DF", "L-DB2E81BA"),
+    "vt": ("G and VT", "L-3819A6DF", "L-DB2E81BA"),
+    "p": ("P", "L-7212CCBC", "L-417A185B"),
+}
+
+
+def _family(instance_type: str) -> str:
+    return re.match(r"^[a-z]+", instance_type).group(0)  # type: ignore[union-attr]
+
+
+def _aws_error(e: Exception) -> str:
+    import botocore.exceptions
+
+    if isinstance(e, botocore.exceptions.ClientError):
+        err = e.response.get("Error", {})
+        return f"{err.get('Code')}: {err.get('Message')}"
+    return f"{type(e).__name__}: {e}"
+
+
+def aws_quota_problems(settings: config.Settings, ec2: Any, quotas: Any) -> list[Problem]:
+    """Each family's vCPU quota against the vCPUs the stack may need (largest type x nodes)."""
+    c = settings.compute
+    answer = ec2.describe_instance_types(InstanceTypes=list(c.instance_types))
+    vcpus = {t["InstanceType"]: int(t["VCpuInfo"]["DefaultVCpus"]) for t in answer["InstanceTypes"]}
+    problems = []
+    by_quota: dict[str, list[str]] = {}
+    for t in c.instance_types:
+        family = _family(t)
+        if family not in AWS_QUOTAS:
+            continue
+        _, spot_code, on_demand_code = AWS_QUOTAS[family]
+        by_quota.setdefault(spot_code if c.spot else on_demand_code, []).append(t)
+    for code, types in by_quota.items():
+        name = AWS_QUOTAS[_family(types[0])][0]
+        kind = f"All {name} Spot Instance Requests" if c.spot else f"Running On-Demand {name} instances"
+        known = [t for t in types if t in vcpus]
+        if not known:
+            continue
+        biggest = max(known, key=lambda t: vcpus[t])
+        need = vcpus[biggest] * c.nodes
+        try:
+            value = _quota_value(quotas, code)
+        except Exception as e:  # noqa: BLE001 - any failure to read is reported, not raised
+            problems.append(Problem(f"could not read the EC2 quota '{kind}' ({code}) in {settings.region}: "
+                                    f"{_aws_error(e)}", "allow servicequotas:GetServiceQuota to these credentials, "
+                                    "or check the quota in the Service Quotas console"))
+            continue
+        if value < need:
+            problems.append(Problem(
+                f"EC2 quota '{kind}' ({code}) in {settings.region} is {value:g} vCPUs; the stack needs {need} "
+                f"({biggest}: {vcpus[biggest]} vCPUs x {c.nodes} node(s)), so no machine would start",
+                f"aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
+                f"--desired-value {need} --region {settings.region} (new accounts start at 0; allow days)",
+            ))
+    return problems
+
+
+def _quota_value(quotas: Any, code: str) -> float:
+    try:
+        return float(quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
+    except Exception as e:
+        # An account that never changed a quota may have no applied value: the default holds.
+        if getattr(e, "response", {}).get("Error", {}).get("Code") != "NoSuchResourceException":
+            raise
+        return float(quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
+
+
+def aws_subnets(settings: config.Settings, ec2: Any) -> list[tuple[str, str]]:
+    """(subnet id, zone) of the subnets the group may use: compute.subnets, else the default VPC's."""
+    if settings.compute.subnets:
+        pages = ec2.get_paginator("describe_subnets").paginate(SubnetIds=list(settings.compute.subnets))
+    else:
+        vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+        if not vpcs:
+            return []
+        pages = ec2.get_paginator("describe_subnets").paginate(
+            Filters=[{"Name": "vpc-id", "Values": [vpcs[0]["VpcId"]]}])
+    return sorted((s["SubnetId"], s["AvailabilityZone"]) for page in pages for s in page["Subnets"])
+
+
+def _offerings(ec2: Any, types: list[str], zones: list[str]) -> list[tuple[str, str]]:
+    """EC2's (instance type, zone) offerings of these types in these zones."""
+    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType="availability-zone",
+        Filters=[{"Name": "instance-type", "Values": types}, {"Name": "location", "Values": zones}],
+    )
+    return [(o["InstanceType"], o["Location"]) for page in pages for o in page["InstanceTypeOfferings"]]
+
+
+def _group_zones(settings: config.Settings, ec2: Any) -> tuple[list[str], list[tuple[str, str]]]:
+    """The zones the group launches in and EC2's offerings of its types there; ValueError when none.
+
+    The zones are those of the group's subnets (narrowed to compute.zones); several machines
+    use one, chosen by the program's own `choose_zone`, so this is the zone `pulumi up` picks.
+    """
+    from components.aws.naming import choose_zone
+
+    c = settings.compute
+    subnets = aws_subnets(settings, ec2)
+    if not subnets:
+        raise ValueError(f"no subnet for the group in {settings.region} ("
+                         + ("compute.subnets found none" if c.subnets else "the region has no default VPC")
+                         + "); set compute.subnets to subnets of a VPC in this region")
+    covered = sorted({zone for _, zone in subnets})
+    zones = [z for z in c.zones if z in covered] if c.zones else covered
+    if not zones:
+        raise ValueError(f"compute.zones {list(c.zones)}: no subnet of the group is in them (the subnets are in "
+                         f"{', '.join(covered)}); choose compute.zones your subnets cover, or other subnets")
+    offers = _offerings(ec2, list(c.instance_types), zones)
+    if c.nodes > 1:
+        zones = [choose_zone(subnets, list(c.zones), offers, list(c.instance_types))[0]]
+    return zones, [(t, z) for t, z in offers if z in zones]
+
+
+def aws_zones(settings: config.Settings, ec2: Any) -> list[str]:
+    """The zones the group launches in: its subnets' (narrowed to compute.zones); one for several machines."""
+    return _group_zones(settings, ec2)[0]
+
+
+def aws_offering_problems(settings: config.Settings, ec2: Any) -> list[Problem]:
+    """Instance types the group's zones do not offer (a type offered nowhere there can never launch)."""
+    c = settings.compute
+    try:
+        zones, offers = _group_zones(settings, ec2)
+    except ValueError as e:
+        what, _, fix = str(e).partition("; ")
+        return [Problem(what, fix)]
+    offered: dict[str, set[str]] = {t: set() for t in c.instance_types}
+    for itype, zone in offers:
+        offered.setdefault(itype, set()).add(zone)
+    problems = []
+    where = f"zone {zones[0]} (several machines share one zone)" if c.nodes > 1 else f"zones {', '.join(zones)}"
+    missing = [t for t in c.instance_types if not offered.get(t)]
+    if missing and len(missing) == len(c.instance_types):
+        problems.append(Problem(
+            f"none of compute.instanceTypes ({', '.join(c.instance_types)}) is offered in {where} of {settings.region}",
+            "choose types the region offers (aws ec2 describe-instance-type-offerings --location-type "
+            f"availability-zone --region {settings.region}) or other compute.zones",
+        ))
+    else:
+        for t in missing:
+            problems.append(Problem(f"{t} is not offered in {where} of {settings.region}",
+                                    f"remove {t} from compute.instanceTypes or choose compute.zones that offer it"))
+    return problems
+
+
+def _default_route(table: dict) -> dict | None:
+    """The route table's active IPv4 default route (0.0.0.0/0), if any: a blackhole one (its target is gone) is none."""
+    for route in table.get("Routes", []):
+        if route.get("DestinationCidrBlock") == "0.0.0.0/0" and route.get("State", "active") == "active":
+            return route
+    return None
+
+
+def aws_network_problems(settings: config.Settings, ec2: Any) -> list[Problem]:
+    """Subnets of the group whose machines could not reach the internet.
+
+    A machine reads its bucket, pulls the image, installs packages and sets its group's size over
+    the network; without a way out every boot waits out its bounds, fails the run, and the group
+    launches the next machine, each billed, until the runtime cap. A subnet's way out is its route
+    table's 0.0.0.0/0 route (the subnet's own table, else its VPC's main one): to a NAT gateway, or
+    to an internet gateway for machines with a public IP (the launch template asks none, so the
+    subnet must give one: MapPublicIpOnLaunch). Other targets (a transit gateway, a firewall
+    appliance, a peering) cannot be judged from here and pass.
+    """
+    try:
+        zones = aws_zones(settings, ec2)
+    except ValueError:
+        return []  # no subnet, or none in compute.zones: the instance-type check says so
+    ids = [sid for sid, zone in aws_subnets(settings, ec2) if zone in zones]
+    if not ids:
+        return []
+    subnets = [s for page in ec2.get_paginator("describe_subnets").paginate(SubnetIds=ids) for s in page["Subnets"]]
+    own: dict[str, dict] = {}
+    for page in ec2.get_paginator("describe_route_tables").paginate(
+            Filters=[{"Name": "association.subnet-id", "Values": ids}]):
+        for table in page["RouteTables"]:
+            for a in table.get("Associations", []):
+                if a.get("SubnetId"):
+                    own[a["SubnetId"]] = table
+    main: dict[str, dict] = {}
+    for vpc in sorted({s["VpcId"] for s in subnets if s["SubnetId"] not in own}):
+        tables = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]},
+                                                    {"Name": "association.main", "Values": ["true"]}])["RouteTables"]
+        if tables:
+            main[vpc] = tables[0]
+    closed: dict[str, list[str]] = {}  # route table -> its subnets without a way out
+    private: list[tuple[str, str, str]] = []  # (subnet, zone, internet gateway) for machines without a public IP
+    for s in sorted(subnets, key=lambda s: s["SubnetId"]):
+        table = own.get(s["SubnetId"]) or main.get(s["VpcId"])
+        route = _default_route(table) if table else None
+        if route is None:
+            closed.setdefault(table["RouteTableId"] if table else "none", []).append(
+                f"{s['SubnetId']} ({s['AvailabilityZone']})")
+        elif str(route.get("GatewayId", "")).startswith("igw-") and not s.get("MapPublicIpOnLaunch"):
+            private.append((s["SubnetId"], s["AvailabilityZone"], route["GatewayId"]))
+    where = "compute.subnets" if settings.compute.subnets else "the default VPC's subnet(s)"
+    problems = [Problem(
+        f"{where} {', '.join(names)} of the group have no route to the internet (route table {rtb} has no "
+        "active 0.0.0.0/0 route): every machine would wait out its bounds reaching the bucket and the image, "
+        "and the group would launch the next one until the runtime cap",
+        f"add a 0.0.0.0/0 route to a NAT gateway (or, for subnets that give public IPs, an internet gateway) "
+        f"to {rtb}, or set compute.subnets to subnets that have one")
+        for rtb, names in closed.items()]
+    problems += [Problem(
+        f"subnet {sid} ({zone}) routes to internet gateway {igw} but gives its machines no public IP "
+        "(MapPublicIpOnLaunch is off), so they cannot reach the internet through it",
+        f"aws ec2 modify-subnet-attribute --subnet-id {sid} --map-public-ip-on-launch, or use subnets "
+        "behind a NAT gateway") for sid, zone, igw in private]
+    return problems
+
+
+def aws_image_problems(settings: config.Settings, ec2: Any) -> list[Problem]:
+    """The AMI the group would use: compute.imageId, else the Deep Learning AMI found by name."""
+    from components.aws.naming import DLAMI_NAME
+
+    image_id = settings.compute.image_id
+    if image_id:
+        try:
+            images = ec2.describe_images(ImageIds=[image_id])["Images"]
+        except Exception as e:  # noqa: BLE001 - an unknown id is an error answer, reported as a problem
+            images = []
+            detail = _aws_error(e)
+        else:
+            detail = "not found"
+        usable = [i for i in images if i.get("State") == "available"]
+        if not usable:
+            return [Problem(f"compute.imageId {image_id} is not an available AMI in {settings.region} ({detail})",
+                            "AMIs are regional: copy it here (aws ec2 copy-image) or use this region's id")]
+        return []
+    images = ec2.describe_images(Owners=["amazon"], Filters=[
+        {"Name": "name", "Values": [DLAMI_NAME]},
+        {"Name": "architecture", "Values": ["x86_64"]},
+        {"Name": "state", "Values": ["available"]},
+    ])["Images"]
+    if not images:
+        return [Problem(f"no AMI named '{DLAMI_NAME}' from Amazon in {settings.region}",
+                        "set compute.imageId to a GPU AMI of this region")]
+    return []
+
+
+def aws_bucket_name(settings: config.Settings, sts: Any) -> str:
+    """The bucket the stack would create: storage.bucketName, else the stack's generated name."""
+    if settings.storage.bucket_name:
+        return settings.storage.bucket_name
+    from components.aws.naming import default_bucket_name
+    from ops.mockrun import project_name
+
+    account = sts.get_caller_identity()["Account"]
+    return default_bucket_name(project=project_name(), stack=settings.stack, account_id=account,
+                               region=settings.region)
+
+
+def aws_bucket_problems(settings: config.Settings, s3: Any, sts: Any) -> list[Problem]:
+    """The bucket name must be free (a first up), or yours with storage.adopt (an up after destroy)."""
+    import botocore.exceptions
+
+    name = aws_bucket_name(settings, sts)
+    adopt = settings.storage.adopt
+    try:
+        s3.head_bucket(Bucket=name)
+        state = "yours"
+    except botocore.exceptions.ClientError as e:
+        code = str(e.response.get("Error", {}).get("Code"))
+        state = {"404": "free", "NoSuchBucket": "free", "403": "taken", "AccessDenied": "taken"}.get(code, "")
+        if not state:
+            return [Problem(f"could not check bucket {name}: {_aws_error(e)}", "check the credentials and retry")]
+    if state == "taken":
+        return [Problem(f"bucket {name} belongs to another account (bucket names are global)",
+                        "set storage.bucketName to a name of your own")]
+    if state == "yours" and not adopt:
+        return [Problem(f"bucket {name} already exists in your account (kept by an earlier `pulumi destroy`?); "
+                        "creating it again fails", "set storage.adopt: true to take it over with its data")]
+    if state == "free" and adopt:
+        return [Problem(f"storage.adopt is true but bucket {name} does not exist", "set storage.adopt: false")]
+    return []
+
+
+def check_aws(settings: config.Settings, session: Any = None, *, home: bool = True) -> list[Problem]:
+    """Every AWS check; `session` is a boto3 Session (default: the environment's credentials).
+
+    `home=False`: a placement's region, whose run folder is home's bucket: no bucket check there."""
+    import boto3
+
+    session = session or boto3.session.Session(region_name=settings.region)
+    client = lambda name: session.client(name, region_name=settings.region)  # noqa: E731 - one line, local
+    ec2 = client("ec2")
+    checks: list[tuple[str, Callable[[], list[Problem]]]] = [
+        ("instance types", lambda: aws_offering_problems(settings, ec2)),
+        ("network", lambda: aws_network_problems(settings, ec2)),
+        ("quotas", lambda: aws_quota_problems(settings, ec2, client("service-quotas"))),
+        ("image", lambda: aws_image_problems(settings, ec2)),
+    ]
+    if home:
+        checks.append(("bucket", lambda: aws_bucket_problems(settings, client("s3"), client("sts"))))
+    return run_checks(checks, _aws_error)
