@@ -32,9 +32,6 @@ from components.function_package import (  # noqa: F401 - re-exported
 )
 from components.settings import Settings
 
-# The controller function's environment variable holding its configuration (`controller_config`).
-CONFIG_ENV = "TRAINSTACK_PLACEMENTS"
-
 
 def max_price_warning(index: int, region: str, price: float) -> str:
     """What `pulumi up` says of an AWS home's `compute.maxPricePerHour` and its GCP placement `index`: GCE's

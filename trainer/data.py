@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from trainer.staging import Staging, count_file, local_root
+
 AUTOTUNE = tf.data.AUTOTUNE
 SHUFFLE_BUFFER = 10_000
 MNIST_EXAMPLES = 60_000
@@ -118,22 +120,7 @@ def make_lm_parser(seq_len: int) -> Callable:
     return parse
 
 
-def mlp_example(x: np.ndarray, y: int) -> bytes:
-    """One serialized `mlp` record (for writing data sets and tests)."""
-    feat = {
-        "x": tf.train.Feature(float_list=tf.train.FloatList(value=np.asarray(x, np.float32).ravel())),
-        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)])),
-    }
-    return tf.train.Example(features=tf.train.Features(feature=feat)).SerializeToString()
-
-
 # -- staging ----------------------------------------------------------------------------------
-
-
-def default_data_dir() -> str:
-    """A per-user cache folder, used when `--data-dir` is not given."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "trainstack", "data")
 
 
 def stage(data_uri: str, data_dir: str | None = None) -> list[str]:
@@ -147,9 +134,7 @@ def stage(data_uri: str, data_dir: str | None = None) -> list[str]:
     keys = sorted(k for k in store.list("") if ".tfrecord" in os.path.basename(k))
     if not keys:
         raise ValueError(f"--data-uri {data_uri}: no *.tfrecord* files there")
-    # One folder per data URI, so two data sets never mix in a shared cache.
-    sub = hashlib.sha256(data_uri.encode()).hexdigest()[:16]
-    root = os.path.join(data_dir or default_data_dir(), sub)
+    root = local_root(data_uri, data_dir)  # one folder per data URI: two data sets never mix
     paths = {k: os.path.join(root, *k.split("/")) for k in keys}
     for p in paths.values():
         os.makedirs(os.path.dirname(p), exist_ok=True)
@@ -166,8 +151,6 @@ def count_records(files: list[str]) -> int:
             return int(json.load(fh)["records"])
     except (OSError, ValueError, KeyError):
         pass
-    from trainer.staging import count_file
-
     n = sum(count_file(f) for f in files)
     tmp = cache + ".tmp"
     with open(tmp, "w") as fh:
@@ -355,8 +338,6 @@ def make_stream(spec, cfg, global_batch: int, position: Position, emit: Callable
     if cfg.synthetic:
         x, y = spec.synthetic(cfg.seed)
         return from_arrays(x, y, global_batch, cfg.seed, position), None
-    from trainer.staging import Staging
-
     staging = Staging(cfg.data_uri, cfg.data_dir, run_uri=cfg.run_uri, wait_s=cfg.data_wait_s, emit=emit,
                       min_records=global_batch)
     nfiles = len(staging.files)

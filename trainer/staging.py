@@ -56,10 +56,14 @@ def is_record_file(key: str) -> bool:
     return ".tfrecord" in os.path.basename(key)
 
 
+def default_data_dir() -> str:
+    """A per-user cache folder, used when `--data-dir` is not given."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "trainstack", "data")
+
+
 def local_root(data_uri: str, data_dir: str | None) -> str:
     """The local folder one data URI's files are staged to (one per URI, so two sets never mix)."""
-    from trainer.data import default_data_dir
-
     sub = hashlib.sha256(data_uri.encode()).hexdigest()[:16]
     return os.path.join(data_dir or default_data_dir(), sub)
 

@@ -21,6 +21,7 @@ import pytest
 
 from components import placement, project
 from components.settings import load_settings
+from controller.config import ENV_VAR as CONFIG_ENV
 from ops import synth
 from tests.components.test_placements import HOME_GROUP, RAW, REGIONS
 from trainer import layout
@@ -44,7 +45,7 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
     (fn,) = r.of_type(FUNCTION[cloud])
     env = fn["inputs"]["environment"]["variables"] if cloud == "aws" else \
         fn["inputs"]["serviceConfig"]["environmentVariables"]
-    config = json.loads(env[placement.CONFIG_ENV])
+    config = json.loads(env[CONFIG_ENV])
     s = load_settings(RAW[cloud], stack="places")
     assert config == placement.controller_config(s, r.outputs["runUri"], placement.group_names(s, HOME_GROUP))
     assert [p["group"] for p in config["placements"]] == [HOME_GROUP, f"{HOME_GROUP}-p1", f"{HOME_GROUP}-p2"]
@@ -278,7 +279,7 @@ def test_the_real_package_runs_a_tick_in_lambdas_runtime(tmp_path, s3_run):
     config = {"run_uri": s3_run.uri, "nodes": 1, "wait_minutes": 15, "placements": [
         {"cloud": "aws", "region": "us-east-1", "project": None, "group": home},
         {"cloud": "aws", "region": "us-east-1", "project": None, "group": other}]}
-    env = {**s3_run.vars, placement.CONFIG_ENV: json.dumps(config)}
+    env = {**s3_run.vars, CONFIG_ENV: json.dumps(config)}
     code = (f"import sys; sys.path[:0] = ['.', {str(runtime)!r}]; import json; "
             f"from controller.handler import handler; handler(); "
             f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('tenacity', 'google', 'tensorflow'))))")

@@ -187,3 +187,15 @@ def waiting_model(folder: Path, batch_wait_s: float = 0.025) -> list[str]:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "waiting.py").write_text(WAITING_MODEL.format(wait_us=int(batch_wait_s * 1e6)))
     return ["--code-dir", str(folder), "--model", "waiting:build"]
+
+
+def mlp_example(x, y: int) -> bytes:
+    """One serialized record of the built-in `mlp` model's format (`x`: 784 floats, `y`: the label)."""
+    import numpy as np
+    import tensorflow as tf
+
+    feat = {
+        "x": tf.train.Feature(float_list=tf.train.FloatList(value=np.asarray(x, np.float32).ravel())),
+        "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y)])),
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feat)).SerializeToString()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.trainer.helpers import mlp_example
 from trainer import data
 
 
@@ -54,7 +55,7 @@ def _write_records(folder, n_files=3, per_file=40):
     for f in range(n_files):
         with tf.io.TFRecordWriter(str(folder / f"part-{f}.tfrecord")) as w:
             for _ in range(per_file):
-                w.write(data.mlp_example(rng.random(784), label % 10))
+                w.write(mlp_example(rng.random(784), label % 10))
                 label += 1
     (folder / "README.txt").write_text("not a record file")
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.trainer.helpers import kinds, run_trainer, trainer_env
+from tests.trainer.helpers import kinds, mlp_example, run_trainer, trainer_env
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ def test_trains_from_tfrecords_in_the_bucket_and_restages_nothing(run_root, tmp_
         path = tmp_path / f"train-{part}.tfrecord"
         with tf.io.TFRecordWriter(str(path)) as w:
             for i in range(part * 300, (part + 1) * 300):
-                w.write(data.mlp_example(x[i] / 255.0, y[i]))
+                w.write(mlp_example(x[i] / 255.0, y[i]))
         store.put_file(path.name, str(path))
     store.put_bytes("LICENSE", b"not records")
 
@@ -53,7 +53,7 @@ def test_the_mlp_evaluates_every_record_of_its_validation_uri(tmp_path):
         folder.mkdir()
         with tf.io.TFRecordWriter(str(folder / "part-0.tfrecord")) as w:
             for xi, yi in zip(x, y, strict=True):
-                w.write(data.mlp_example(xi / 255.0, yi))
+                w.write(mlp_example(xi / 255.0, yi))
 
     write(tmp_path / "train", *data.synthetic_mnist(n=320, seed=4))
     write(tmp_path / "validation", *data.synthetic_mnist_validation(n=100, seed=4))  # 3 batches of 32 and 4 more
