@@ -1,7 +1,9 @@
 """The stack keys page (docs/configuration.md) names every stack key and no key that does not exist; the
 README starts with the two commands."""
 
+import importlib.metadata
 import re
+import shlex
 from pathlib import Path
 
 from components import settings as st
@@ -43,16 +45,35 @@ def test_config_reference_matches_settings():
     assert readme - model == set(), "docs/configuration.md documents keys that do not exist"
 
 
-def test_readme_first_command_is_the_local_trainer():
-    text = README.read_text()
-    assert "python -m trainer --run-uri file://./runs/demo --synthetic" in text
-    assert "python -m pytest" in text
-    assert "python -m pytest" in (README.parent / ".ci" / "run").read_text()
+DEMO = "bash .ci/setup && .venv/bin/python -m trainer --run-uri file://./runs/demo --model digits"
+TESTS = "bash .ci/run"
 
 
 def test_readme_starts_with_the_two_commands():
     text = README.read_text()
     assert text.split("\n## ", 2)[1].startswith("The two commands")
     blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
-    assert [b.strip() for b in blocks[:2]] == ["python -m trainer --run-uri file://./runs/demo --synthetic",
-                                               "python -m pytest"]
+    assert [b.strip() for b in blocks[:2]] == [DEMO, TESTS]
+
+
+def test_each_command_sets_itself_up():
+    ci_run = (README.parent / ".ci" / "run").read_text()
+    # The tests' command runs the set-up, then the linter and the suite.
+    assert ci_run.index("bash .ci/setup") < ci_run.index("ruff check .") < ci_run.index("python -m pytest")
+    assert DEMO.startswith("bash .ci/setup && .venv/bin/python ")  # the demo's interpreter is the one set up
+    setup = (README.parent / ".ci" / "setup").read_text()
+    assert "-r requirements-dev.txt" in setup
+
+
+def test_the_demo_command_is_a_valid_trainer_command_with_its_data_installed_by_the_setup():
+    from trainer.config import load_config
+
+    args = shlex.split(DEMO.split(" -m trainer ", 1)[1])
+    cfg = load_config(args)
+    assert cfg.model == "digits" and not cfg.synthetic and cfg.data_uri is None
+    # The digits come with scikit-learn, which the set-up installs at the pin the trainer names.
+    pins = [line for line in (README.parent / "requirements-dev.txt").read_text().splitlines()
+            if line.startswith("scikit-learn==")]
+    named = re.search(r'DIGITS_SKLEARN = "([^"]+)"', (README.parent / "trainer" / "data.py").read_text())
+    assert pins == [named.group(1)]
+    assert importlib.metadata.version("scikit-learn") == pins[0].split("==")[1]

@@ -186,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d = TrainConfig(run_uri="")
     p.add_argument("--run-uri", help="where the run lives: s3://B/runs/ID, gs://B/runs/ID or file://DIR (required)")
-    p.add_argument("--model", default=d.model, help="mlp, transformer-lm, or package.module:function returning a ModelSpec")
+    p.add_argument("--model", default=d.model, help="mlp, transformer-lm, digits (the local demo: real handwriting scikit-learn ships), "
+                   "or package.module:function returning a ModelSpec")
     p.add_argument("--code-dir", default=None,
                    help="folder of your own Python modules (importable by --model package.module:function); "
                    "on the machines it is the stack's run.code folder")
@@ -379,7 +380,10 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.command is not None:
         _validate_command(cfg)
         return
-    if cfg.synthetic == bool(cfg.data_uri) and not _is_user_model(cfg.model):
+    if cfg.model == "digits" and (cfg.synthetic or cfg.data_uri):
+        raise ConfigError("--model digits trains on the UCI digits scikit-learn ships: drop "
+                          f"{'--synthetic' if cfg.synthetic else '--data-uri'}")
+    if cfg.synthetic == bool(cfg.data_uri) and not _is_user_model(cfg.model) and cfg.model != "digits":
         raise ConfigError("choose the data: --synthetic or --data-uri URI (TRAINSTACK_SYNTHETIC=1 / TRAINSTACK_DATA_URI)")
     if cfg.data_uri:
         object.__setattr__(cfg, "data_uri", normalize_uri(cfg.data_uri))
@@ -392,8 +396,8 @@ def validate(cfg: TrainConfig) -> None:
         if not os.path.isdir(path):
             raise ConfigError(f"--code-dir {cfg.code_dir!r}: no such folder (the folder holding your model's modules)")
         object.__setattr__(cfg, "code_dir", path)
-    if cfg.model not in ("mlp", "transformer-lm") and not _is_user_model(cfg.model):
-        raise ConfigError(f"--model {cfg.model!r}: expected mlp, transformer-lm or package.module:function")
+    if cfg.model not in ("mlp", "transformer-lm", "digits") and not _is_user_model(cfg.model):
+        raise ConfigError(f"--model {cfg.model!r}: expected mlp, transformer-lm, digits or package.module:function")
     if cfg.checkpoint_every_steps is None and cfg.checkpoint_every_seconds is None:
         raise ConfigError("set --checkpoint-every-steps or --checkpoint-every-seconds (or both)")
     if cfg.lease_ttl_s <= 15:

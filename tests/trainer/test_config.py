@@ -65,6 +65,8 @@ def test_file_uri_and_bare_path_become_absolute(tmp_path, monkeypatch):
         (["--run-uri", "s3://b/r", "--eval-every-steps", "10", "--", "python", "-c", "pass"], {},
          "--eval-every-steps / --keep-best"),
         ([], {**BASE, "TRAINSTACK_SYNTHETIC": "maybe"}, "TRAINSTACK_SYNTHETIC='maybe'"),
+        (["--run-uri", "s3://b/r", "--model", "digits", "--synthetic"], {}, "--model digits trains on the UCI digits"),
+        (["--run-uri", "s3://b/r", "--model", "digits", "--data-uri", "s3://b/d"], {}, "drop --data-uri"),
         ([], {**BASE, "TRAINSTACK_EXTRA_ARGS": "--seed 'unclosed"}, "TRAINSTACK_EXTRA_ARGS"),
     ],
 )

@@ -73,6 +73,21 @@ def test_builtin_models_build_with_the_documented_shapes():
 
 
 @pytest.mark.slow
+def test_the_digits_demo_learns_real_handwriting(file_run):
+    # The README's demo: the seed's model on scikit-learn's UCI digits, validated on its held-out fifth.
+    from trainer.data import DIGITS_VALIDATION
+
+    args = ["--model", "digits", "--steps", "400", "--checkpoint-every-steps", "200", "--eval-every-steps", "200"]
+    rc, events, err = run_trainer(file_run.uri, *args, env=trainer_env(file_run.env))
+    assert rc == 0, err[-3000:]
+    evals = [e for e in events if e["event"] == "evaluated"]
+    assert evals[-1]["step"] == 400 and evals[-1]["examples"] == DIGITS_VALIDATION
+    done = json.loads(_store(file_run.uri).get_bytes("COMPLETE"))
+    assert done["metrics"]["val_accuracy"] > 0.9, done["metrics"]  # a chance guess is 0.1
+    assert done["signature"]["inputs"]["x"]["shape"] == [None, 64]
+
+
+@pytest.mark.slow
 def test_transformer_lm_trains_with_gradient_accumulation_and_exports(file_run, tmp_path):
     args = ["--model", "transformer-lm", "--synthetic", "--steps", "6", "--batch-size", "4", "--grad-accum", "2",
             "--lm-layers", "1", "--lm-dim", "32", "--lm-heads", "2", "--lm-seq-len", "16", "--lm-vocab", "64",
