@@ -52,7 +52,7 @@ from datetime import UTC, datetime
 from trainer import layout
 from trainer.storage import Cancelled, NotFound, Store, check_key, read_json, walk_files
 
-__all__ = ["CheckpointStore", "CheckpointError", "MARKER_FORMAT"]
+__all__ = ["CheckpointStore", "CheckpointError", "MARKER_FORMAT", "download_verified", "marker_problem", "scan"]
 
 MARKER_FORMAT = 1
 _HASH_CHUNK = 1024 * 1024
@@ -94,6 +94,226 @@ def _local_files(local_dir: str) -> list[tuple[str, str]]:
     return files
 
 
+def _base(step: int) -> str:
+    return layout.checkpoint_dir(step) + "/"
+
+
+def scan(store: Store) -> tuple[set[int], set[int]]:
+    """(steps with any object, steps with a marker) under the run's checkpoints, in one listing."""
+    present: set[int] = set()
+    committed: set[int] = set()
+    for key in store.list(layout.CHECKPOINTS_PREFIX):
+        found = layout.checkpoint_key_step(key)
+        if found is None:
+            continue
+        step, rest = found
+        present.add(step)
+        if rest == layout.COMMITTED:
+            committed.add(step)
+    return present, committed
+
+
+def _report_retries(store: Store, emit: Emit) -> None:
+    """Chain an `upload_retry` event for checkpoint keys onto `store.on_retry`, keeping the hook there."""
+    previous = store.on_retry
+
+    def on_retry(op: str, key: str, attempt: int, error: BaseException) -> None:
+        if previous is not None:
+            previous(op, key, attempt, error)
+        # Only checkpoint transfers: reporting retries of other writes (the event
+        # log itself) would feed a failing store more writes.
+        if layout.is_checkpoint_key(key):
+            emit(
+                layout.UPLOAD_RETRY,
+                {"attempt": attempt, "error": f"{type(error).__name__}: {error}", "op": op, "key": key},
+            )
+
+    store.on_retry = on_retry
+
+
+def _snapshot(local_dir: str, files: list[tuple[str, str]]) -> str:
+    """Hard links to `files` in a new folder beside `local_dir` (copies where links cannot be made)."""
+    parent = os.path.dirname(os.path.abspath(local_dir))
+    snap = tempfile.mkdtemp(prefix=".trainstack-snapshot-", dir=parent)
+    try:
+        for rel, path in files:
+            dest = os.path.join(snap, *rel.split("/"))
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            try:
+                os.link(path, dest)
+            except OSError:
+                shutil.copy2(path, dest)  # another filesystem, or links not supported
+    except BaseException:
+        shutil.rmtree(snap, ignore_errors=True)
+        raise
+    return snap
+
+
+def _verify_stored(store: Store, step: int, manifest: dict[str, dict]) -> None:
+    """Every uploaded file is in the store at its size; else CheckpointError (nothing is marked)."""
+    base = _base(step)
+    stored = store.stat(base)
+    for rel, meta in manifest.items():
+        info = stored.get(base + rel)
+        if info is None or info.size != meta["size"]:
+            got = "missing" if info is None else f"{info.size} bytes"
+            raise CheckpointError(
+                f"checkpoint {step}: {rel} should hold {meta['size']} bytes in {store.uri}/{base} "
+                f"but is {got}; not committed"
+            )
+
+
+def _marker(step: int, manifest: dict[str, dict], lease_epoch: int | None) -> dict:
+    """The COMMITTED marker's content for the uploaded `manifest` (see the module docstring)."""
+    marker = {
+        "format": MARKER_FORMAT,
+        "step": step,
+        "bytes": sum(m["size"] for m in manifest.values()),
+        "created": datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "files": dict(sorted(manifest.items())),
+    }
+    if lease_epoch is not None:
+        marker["lease_epoch"] = lease_epoch  # which holder of the run committed it
+    return marker
+
+
+def marker_problem(step: int, marker: dict) -> str | None:
+    """Why a marker cannot be trusted, or None if it is well-formed."""
+    if marker.get("step") != step:
+        return f"marker names step {marker.get('step')!r}"
+    files = marker.get("files")
+    if not isinstance(files, dict) or not files:
+        return "marker lists no files"
+    for rel, meta in files.items():
+        try:
+            check_key(rel)
+        except ValueError:
+            return f"marker lists an unsafe path {rel!r}"
+        if (
+            not isinstance(meta, dict)
+            or not isinstance(meta.get("size"), int)
+            or not _SHA256_RE.match(str(meta.get("sha256", "")))
+        ):
+            return f"marker entry for {rel} lacks size or sha256"
+    return None
+
+
+def download_verified(store: Store, step: int, files: dict[str, dict], staging: str, workers: int) -> str | None:
+    """Download checkpoint `step`'s `files` (the marker's) into `staging`; None, or what failed to verify."""
+    base = _base(step)
+    plan = {rel: os.path.join(staging, *rel.split("/")) for rel in files}
+
+    def fetch(rel: str) -> str | None:
+        try:
+            store.get_file(base + rel, plan[rel])
+        except NotFound:
+            return f"file {rel} is missing"
+        size = os.path.getsize(plan[rel])
+        if size != files[rel]["size"]:
+            return f"file {rel} holds {size} bytes, marker says {files[rel]['size']}"
+        if _sha256(plan[rel]) != files[rel]["sha256"]:
+            return f"file {rel} fails its sha256 check"
+        return None
+
+    with ThreadPoolExecutor(max_workers=min(workers, len(files)), thread_name_prefix="ckpt-down") as pool:
+        results = list(pool.map(fetch, sorted(files)))
+    problems = [r for r in results if r]
+    return "; ".join(problems) if problems else None
+
+
+class _Uploads:
+    """The background upload (one worker thread, the newest queued snapshot) and every step going up.
+
+    `upload(step, snapshot dir, cancel)` commits a queued snapshot; a synchronous commit
+    `take_over`s: a queued older snapshot is dropped, a running older upload cancelled, one of
+    the same step waited for. The steps going up (`active_steps`) are never restored or pruned.
+    """
+
+    def __init__(self, upload: Callable[[int, str, threading.Event], None]) -> None:
+        self.upload = upload
+        self.cond = threading.Condition()
+        self.pending: tuple[int, str] | None = None  # (step, snapshot dir) waiting to upload
+        self.in_flight: int | None = None  # step the background thread is uploading
+        self.cancel = threading.Event()  # tells the background upload to stop early
+        self.active: set[int] = set()  # steps being uploaded now (sync or background)
+        self.worker: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def queue(self, step: int, snap: str) -> None:
+        """Upload `snap` as `step` in the background, replacing a snapshot still queued."""
+        with self.cond:
+            if self.pending is not None:
+                _, old = self.pending
+                shutil.rmtree(old, ignore_errors=True)
+            self.pending = (step, snap)
+            if self.worker is None:
+                self.worker = threading.Thread(target=self._work, name="checkpoint-upload", daemon=True)
+                self.worker.start()
+            self.cond.notify_all()
+
+    def take_over(self, step: int) -> None:
+        """A synchronous commit of `step` starts (see the class docstring)."""
+        with self.cond:
+            if self.pending is not None and self.pending[0] <= step:
+                _, snap = self.pending
+                self.pending = None
+                shutil.rmtree(snap, ignore_errors=True)
+                self.cond.notify_all()
+            if self.in_flight is not None and self.in_flight < step:
+                self.cancel.set()
+            # The same step already going up in the background: let it finish rather than
+            # upload it twice; if it committed, the commit finds it and returns.
+            self.cond.wait_for(lambda: self.in_flight != step)
+            self.active.add(step)
+
+    def done(self, step: int) -> None:
+        """A synchronous commit of `step` ended, committed or not."""
+        with self.cond:
+            self.active.discard(step)
+
+    def active_steps(self) -> set[int]:
+        """The steps being uploaded now, synchronously or in the background."""
+        with self.cond:
+            return set(self.active)
+
+    def _work(self) -> None:
+        while True:
+            with self.cond:
+                if self.pending is None:
+                    self.worker = None
+                    self.cond.notify_all()
+                    return
+                step, snap = self.pending
+                self.pending = None
+                self.in_flight = step
+                self.active.add(step)
+                self.cancel.clear()
+            try:
+                self.upload(step, snap, self.cancel)
+            except _Cancelled:
+                pass  # a newer synchronous commit took over; its prune cleans up the partial
+            except BaseException as e:  # kept for wait(): a background thread has no caller to raise to
+                with self.cond:
+                    if self.error is None:
+                        self.error = e
+            finally:
+                shutil.rmtree(snap, ignore_errors=True)
+                with self.cond:
+                    self.in_flight = None
+                    self.active.discard(step)
+                    self.cond.notify_all()
+
+    def wait(self, timeout: float | None) -> None:
+        """Until nothing is queued or running; re-raise a background failure once."""
+        with self.cond:
+            idle = self.cond.wait_for(lambda: self.worker is None and self.pending is None, timeout)
+            if not idle:
+                raise TimeoutError(f"checkpoint upload of step {self.in_flight} still running after {timeout} s")
+            error, self.error = self.error, None
+        if error is not None:
+            raise error
+
+
 class CheckpointStore:
     """Checkpoints of one run in a :class:`~trainer.storage.Store` (see module docstring).
 
@@ -127,13 +347,7 @@ class CheckpointStore:
         self.on_commit = on_commit
         self.upload_workers = upload_workers
         self.lease = lease
-        self._cond = threading.Condition()
-        self._pending: tuple[int, str] | None = None  # (step, snapshot dir) waiting to upload
-        self._in_flight: int | None = None  # step the background thread is uploading
-        self._cancel = threading.Event()  # tells the background upload to stop early
-        self._active: set[int] = set()  # steps being uploaded now (sync or background)
-        self._worker: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._uploads = _Uploads(self._upload_queued)  # the background upload, and every step going up
         self._prune_lock = threading.Lock()
         # Committed steps that failed verification in restore_latest: never ranked as the
         # newest or kept in their place, so the checkpoints a resumed run writes survive.
@@ -141,40 +355,13 @@ class CheckpointStore:
         # Steps kept whatever their age (the run's best checkpoint, --keep-best): set by the caller.
         self.protect: set[int] = set()
         if emit is not None:
-            previous = store.on_retry
-
-            def on_retry(op: str, key: str, attempt: int, error: BaseException) -> None:
-                if previous is not None:
-                    previous(op, key, attempt, error)
-                # Only checkpoint transfers: reporting retries of other writes (the event
-                # log itself) would feed a failing store more writes.
-                if layout.is_checkpoint_key(key):
-                    emit(
-                        layout.UPLOAD_RETRY,
-                        {"attempt": attempt, "error": f"{type(error).__name__}: {error}", "op": op, "key": key},
-                    )
-
-            store.on_retry = on_retry
+            _report_retries(store, emit)
 
     # -- naming ------------------------------------------------------------------------
 
-    @staticmethod
-    def _base(step: int) -> str:
-        return layout.checkpoint_dir(step) + "/"
-
     def _scan(self) -> tuple[set[int], set[int]]:
         """(steps with any object, steps with a marker) under the prefix, in one listing."""
-        present: set[int] = set()
-        committed: set[int] = set()
-        for key in self.store.list(layout.CHECKPOINTS_PREFIX):
-            found = layout.checkpoint_key_step(key)
-            if found is None:
-                continue
-            step, rest = found
-            present.add(step)
-            if rest == layout.COMMITTED:
-                committed.add(step)
-        return present, committed
+        return scan(self.store)
 
     def _skip(self, step: int, reason: str) -> None:
         if self.emit is not None:
@@ -193,23 +380,11 @@ class CheckpointStore:
         """
         _check_step(step)
         files = _local_files(local_dir)
-        with self._cond:
-            if self._pending is not None and self._pending[0] <= step:
-                _, snap = self._pending
-                self._pending = None
-                shutil.rmtree(snap, ignore_errors=True)
-                self._cond.notify_all()
-            if self._in_flight is not None and self._in_flight < step:
-                self._cancel.set()
-            # The same step already going up in the background: let it finish rather than
-            # upload it twice; if it committed, the upload below finds it and returns.
-            self._cond.wait_for(lambda: self._in_flight != step)
-            self._active.add(step)
+        self._uploads.take_over(step)
         try:
             info = self._upload(step, files, cancel=None)
         finally:
-            with self._cond:
-                self._active.discard(step)
+            self._uploads.done(step)
         self.prune()
         self._committed(info)
         return info
@@ -220,7 +395,7 @@ class CheckpointStore:
 
     def _upload(self, step: int, files: list[tuple[str, str]], cancel: threading.Event | None) -> dict:
         t0 = time.monotonic()
-        base = self._base(step)
+        base = _base(step)
         marker_key = layout.committed_key(step)
 
         def check_cancel() -> None:
@@ -269,30 +444,13 @@ class CheckpointStore:
             ) from failures[0]
         check_cancel()
 
-        # Verify what the store holds before declaring it committed.
-        stored = self.store.stat(base)
-        for rel, meta in manifest.items():
-            info = stored.get(base + rel)
-            if info is None or info.size != meta["size"]:
-                got = "missing" if info is None else f"{info.size} bytes"
-                raise CheckpointError(
-                    f"checkpoint {step}: {rel} should hold {meta['size']} bytes in {self.store.uri}/{base} "
-                    f"but is {got}; not committed"
-                )
+        _verify_stored(self.store, step, manifest)  # what the store holds, before declaring it committed
 
         if self.lease is not None:
             # The last moment before the checkpoint counts: only the lease's holder may
             # make it count (raises LeaseLost, and nothing is marked, if another took over).
             self.lease.fence()
-        marker = {
-            "format": MARKER_FORMAT,
-            "step": step,
-            "bytes": sum(m["size"] for m in manifest.values()),
-            "created": datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            "files": dict(sorted(manifest.items())),
-        }
-        if self.lease is not None:
-            marker["lease_epoch"] = self.lease.epoch  # which holder of the run committed it
+        marker = _marker(step, manifest, None if self.lease is None else self.lease.epoch)
         self.store.put_bytes(marker_key, json.dumps(marker, indent=1).encode())
         self._bad.discard(step)
         return {**marker, "seconds": round(time.monotonic() - t0, 3), "uri": f"{self.store.uri}/{base}"}
@@ -305,63 +463,13 @@ class CheckpointStore:
         A failure is kept and re-raised by :meth:`wait`.
         """
         _check_step(step)
-        files = _local_files(local_dir)
-        snap = self._snapshot(local_dir, files)
-        with self._cond:
-            if self._pending is not None:
-                _, old = self._pending
-                shutil.rmtree(old, ignore_errors=True)
-            self._pending = (step, snap)
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="checkpoint-upload", daemon=True)
-                self._worker.start()
-            self._cond.notify_all()
+        self._uploads.queue(step, _snapshot(local_dir, _local_files(local_dir)))
 
-    @staticmethod
-    def _snapshot(local_dir: str, files: list[tuple[str, str]]) -> str:
-        parent = os.path.dirname(os.path.abspath(local_dir))
-        snap = tempfile.mkdtemp(prefix=".trainstack-snapshot-", dir=parent)
-        try:
-            for rel, path in files:
-                dest = os.path.join(snap, *rel.split("/"))
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                try:
-                    os.link(path, dest)
-                except OSError:
-                    shutil.copy2(path, dest)  # another filesystem, or links not supported
-        except BaseException:
-            shutil.rmtree(snap, ignore_errors=True)
-            raise
-        return snap
-
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                if self._pending is None:
-                    self._worker = None
-                    self._cond.notify_all()
-                    return
-                step, snap = self._pending
-                self._pending = None
-                self._in_flight = step
-                self._active.add(step)
-                self._cancel.clear()
-            try:
-                info = self._upload(step, walk_files(snap), cancel=self._cancel)
-                self.prune()
-                self._committed(info)
-            except _Cancelled:
-                pass  # a newer synchronous commit took over; its prune cleans up the partial
-            except BaseException as e:  # kept for wait(): a background thread has no caller to raise to
-                with self._cond:
-                    if self._error is None:
-                        self._error = e
-            finally:
-                shutil.rmtree(snap, ignore_errors=True)
-                with self._cond:
-                    self._in_flight = None
-                    self._active.discard(step)
-                    self._cond.notify_all()
+    def _upload_queued(self, step: int, snap: str, cancel: threading.Event) -> None:
+        # The background thread's commit of a snapshot: as `commit`, but cancellable.
+        info = self._upload(step, walk_files(snap), cancel=cancel)
+        self.prune()
+        self._committed(info)
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait until no upload is queued or running; re-raise a background failure.
@@ -369,15 +477,7 @@ class CheckpointStore:
         Raises ``TimeoutError`` if uploads are still running after ``timeout`` seconds.
         A failure is raised once; later calls succeed unless another upload fails.
         """
-        with self._cond:
-            idle = self._cond.wait_for(lambda: self._worker is None and self._pending is None, timeout)
-            if not idle:
-                raise TimeoutError(
-                    f"checkpoint upload of step {self._in_flight} still running after {timeout} s"
-                )
-            error, self._error = self._error, None
-        if error is not None:
-            raise error
+        self._uploads.wait(timeout)
 
     # -- reading -----------------------------------------------------------------------
 
@@ -388,37 +488,16 @@ class CheckpointStore:
     def _read_marker(self, step: int) -> dict | None:
         return read_json(self.store, layout.committed_key(step))
 
-    @staticmethod
-    def _marker_problem(step: int, marker: dict) -> str | None:
-        """Why a marker cannot be trusted, or None if it is well-formed."""
-        if marker.get("step") != step:
-            return f"marker names step {marker.get('step')!r}"
-        files = marker.get("files")
-        if not isinstance(files, dict) or not files:
-            return "marker lists no files"
-        for rel, meta in files.items():
-            try:
-                check_key(rel)
-            except ValueError:
-                return f"marker lists an unsafe path {rel!r}"
-            if (
-                not isinstance(meta, dict)
-                or not isinstance(meta.get("size"), int)
-                or not _SHA256_RE.match(str(meta.get("sha256", "")))
-            ):
-                return f"marker entry for {rel} lacks size or sha256"
-        return None
-
     def restore_step(self, step: int, dest_dir: str) -> bool:
         """Download committed checkpoint ``step`` into ``dest_dir`` if it verifies; False (and a
         ``checkpoint_skipped`` event) when it is missing or damaged."""
         marker = self._read_marker(_check_step(step))
         problem = "no COMMITTED marker" if marker is None else (
-            self._marker_problem(step, marker) if marker else "COMMITTED marker is not valid JSON")
+            marker_problem(step, marker) if marker else "COMMITTED marker is not valid JSON")
         if problem is None:
             shutil.rmtree(dest_dir, ignore_errors=True)
             os.makedirs(dest_dir)
-            problem = self._download_verified(step, marker["files"], dest_dir)
+            problem = download_verified(self.store, step, marker["files"], dest_dir, self.upload_workers)
         if problem:
             self._skip(step, problem)
             return False
@@ -438,9 +517,7 @@ class CheckpointStore:
         parent = os.path.dirname(dest_dir)
         os.makedirs(parent, exist_ok=True)
         for step in sorted(present, reverse=True):
-            with self._cond:
-                busy = step in self._active
-            if busy:
+            if step in self._uploads.active_steps():
                 continue  # our own upload in progress, not a candidate
             if step not in committed:
                 self._skip(step, "no COMMITTED marker (upload never finished)")
@@ -449,14 +526,14 @@ class CheckpointStore:
             if marker is None:  # deleted between listing and reading
                 self._skip(step, "COMMITTED marker vanished")
                 continue
-            problem = self._marker_problem(step, marker) if marker else "COMMITTED marker is not valid JSON"
+            problem = marker_problem(step, marker) if marker else "COMMITTED marker is not valid JSON"
             if problem:
                 self._bad.add(step)
                 self._skip(step, problem)
                 continue
             staging = tempfile.mkdtemp(prefix=".trainstack-restore-", dir=parent)
             try:
-                problem = self._download_verified(step, marker["files"], staging)
+                problem = download_verified(self.store, step, marker["files"], staging, self.upload_workers)
                 if problem:
                     self._bad.add(step)
                     self._skip(step, problem)
@@ -470,27 +547,6 @@ class CheckpointStore:
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
         return None
-
-    def _download_verified(self, step: int, files: dict[str, dict], staging: str) -> str | None:
-        base = self._base(step)
-        plan = {rel: os.path.join(staging, *rel.split("/")) for rel in files}
-
-        def fetch(rel: str) -> str | None:
-            try:
-                self.store.get_file(base + rel, plan[rel])
-            except NotFound:
-                return f"file {rel} is missing"
-            size = os.path.getsize(plan[rel])
-            if size != files[rel]["size"]:
-                return f"file {rel} holds {size} bytes, marker says {files[rel]['size']}"
-            if _sha256(plan[rel]) != files[rel]["sha256"]:
-                return f"file {rel} fails its sha256 check"
-            return None
-
-        with ThreadPoolExecutor(max_workers=min(self.upload_workers, len(files)), thread_name_prefix="ckpt-down") as pool:
-            results = list(pool.map(fetch, sorted(files)))
-        problems = [r for r in results if r]
-        return "; ".join(problems) if problems else None
 
     # -- pruning -----------------------------------------------------------------------
 
@@ -517,8 +573,7 @@ class CheckpointStore:
                 return
             newest = max(good)
             keep = set(sorted(good)[-self.keep :]) | {newest}
-            with self._cond:
-                active = set(self._active)
+            active = self._uploads.active_steps()
             protect = set(self.protect)
             for step in sorted(present):
                 if step in keep or step in active or step > newest or (step in protect and step in committed):
@@ -526,6 +581,6 @@ class CheckpointStore:
                 if step in committed:
                     # Marker first: from here on the checkpoint is no longer offered.
                     self.store.delete_prefix(layout.committed_key(step))
-                    self.store.delete_prefix(self._base(step))
+                    self.store.delete_prefix(_base(step))
                 else:
-                    self.store.delete_prefix(self._base(step))
+                    self.store.delete_prefix(_base(step))

@@ -456,7 +456,7 @@ def test_the_snapshot_is_hard_links_next_to_the_folder_and_goes_once_uploaded(st
     assert uploading.wait(10)
     try:
         # One worker, a daemon: an upload still running never keeps the trainer's process alive.
-        assert (ckpts._worker.name, ckpts._worker.daemon) == ("checkpoint-upload", True)
+        assert (ckpts._uploads.worker.name, ckpts._uploads.worker.daemon) == ("checkpoint-upload", True)
         snaps = [p for p in (tmp_path / "work").iterdir() if p.name != "c"]
         assert len(snaps) == 1 and snaps[0].name.startswith(".trainstack-snapshot-")
         for rel in ("a", "sub/b", "with space"):
@@ -501,7 +501,7 @@ def test_a_snapshot_that_fails_is_removed_and_its_error_raised(store, tmp_path, 
     with pytest.raises(PermissionError, match="disk full"):
         ckpts.commit_async(1, local)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "runs") == ["c"]
-    assert ckpts._worker is None and store.list("checkpoints/") == []
+    assert ckpts._uploads.worker is None and store.list("checkpoints/") == []
 
 
 def test_a_commit_after_a_background_one_finished(store, tmp_path):
