@@ -63,6 +63,15 @@ main() {
   shutdown -h now
 }
 
+# One call to scale the group to zero; its error text, one line, is why it failed.
+scale_once() {
+  local err="$RUNTIME_DIR/scale.err"
+  scale_to_zero 2>"$err" && return 0
+  SCALE_WHY="$(head -c 400 "$err" | tr -s '\n' ' ' | sed 's/^ //; s/ $//')"
+  RETRY_SAYS="could not scale $TRAINSTACK_GROUP to zero: ${SCALE_WHY:-no error text}"
+  return 1
+}
+
 # The group to zero. Without it the group replaces this machine when it shuts down, and
 # the replacement finds the run ended and comes here again: a relaunch loop that only the
 # cloud's runtime cap (scheduled action / Cloud Scheduler job) ends, since no machine can
@@ -71,25 +80,18 @@ main() {
 # endpoint blips pass in minutes); a machine launched after an earlier one already failed
 # (its scale_failed event) tries for 30 s and goes, its boot being what each turn costs.
 scale_down() {
-  local earlier wait_s=$SCALE_WAIT_S until pause="${TRAINSTACK_RETRY_BASE_S:-2}" err="$RUNTIME_DIR/scale.err" why
+  local earlier wait_s=$SCALE_WAIT_S
   earlier="$(store_cat_all "$RUN_URI/${MACHINE_EVENTS_PREFIX%/}" | grep -c "\"$EVENT\": \"$MACHINE_SCALE_FAILED\"")" || earlier=0
   if ((earlier > 0)); then
     wait_s=30
     log "$earlier earlier machine(s) of this run could not scale the group: trying for ${wait_s}s"
   fi
-  until=$((EPOCHSECONDS + wait_s))
-  until scale_to_zero 2>"$err"; do
-    why="$(head -c 400 "$err" | tr -s '\n' ' ' | sed 's/^ //; s/ $//')"
-    if ((EPOCHSECONDS + pause > until)); then
-      log "could not scale $TRAINSTACK_GROUP to zero in ${wait_s}s: ${why:-no error text}; shutting down"
-      event "$MACHINE_SCALE_FAILED" "$MARKER_REASON=$why" "earlier:=$earlier" || true
-      return 1
-    fi
-    log "could not scale $TRAINSTACK_GROUP to zero: ${why:-no error text}; retrying in ${pause}s"
-    sleep "$pause"
-    pause=$((pause * 2))
-    ((pause <= 60)) || pause=60
-  done
+  SCALE_WHY=""
+  if ! retry_for "$wait_s" scale_once; then
+    log "could not scale $TRAINSTACK_GROUP to zero in ${wait_s}s: ${SCALE_WHY:-no error text}; shutting down"
+    event "$MACHINE_SCALE_FAILED" "$MARKER_REASON=$SCALE_WHY" "earlier:=$earlier" || true
+    return 1
+  fi
   log "group $TRAINSTACK_GROUP scaled to zero"
 }
 

@@ -123,19 +123,26 @@ cli_of() {
   retry 3 snap install "$snap" --classic && command -v "$cli" >/dev/null
 }
 
-# retry ATTEMPTS CMD...: runs CMD until it succeeds, doubling the pause each time.
-retry() {
-  local attempts="$1" i=1 pause="${TRAINSTACK_RETRY_BASE_S:-2}"
-  shift
+# retry_for SECONDS CMD...: runs CMD until it succeeds, for at most SECONDS, the pause doubling
+# from TRAINSTACK_RETRY_BASE_S (2 s) up to a minute. CMD may set RETRY_SAYS to say its failure.
+retry_for() { _retry "$1" 0 "${@:2}"; }
+# retry ATTEMPTS CMD...: the same, for at most ATTEMPTS runs of CMD.
+retry() { _retry 0 "$1" "${@:2}"; }
+_retry() {
+  local seconds="$1" attempts="$2" i=1 pause="${TRAINSTACK_RETRY_BASE_S:-2}" stop_at bound="${1}s" of=""
+  shift 2
+  stop_at=$((EPOCHSECONDS + seconds))
+  if ((attempts)); then bound="$attempts attempts" of="/$attempts"; fi
+  RETRY_SAYS=""
   until "$@"; do
-    if ((i >= attempts)); then
-      log "gave up after $attempts attempts: $1 ${2:-}"
+    if ((attempts ? i >= attempts : EPOCHSECONDS + pause > stop_at)); then
+      log "gave up after $bound: $1 ${2:-}"
       return 1
     fi
-    log "attempt $i/$attempts failed: $1 ${2:-}; retrying in ${pause}s"
+    log "${RETRY_SAYS:-attempt $i$of failed: $1 ${2:-}}; retrying in ${pause}s"
     sleep "$pause"
-    i=$((i + 1))
-    pause=$((pause * 2))
+    i=$((i + 1)) RETRY_SAYS=""
+    pause=$((pause * 2 > 60 ? 60 : pause * 2))
   done
 }
 
