@@ -235,7 +235,7 @@ class Attempt(RunAttempt):
         export_mod.export_model(self.loop.spec.model, model_dir, self.store)
         signature = export_mod.saved_model_signature(model_dir)
         self.loop.summaries.sync()
-        metrics = {"loss": st.loss, **self.loop.latest_metrics()}
+        metrics = {"loss": st.loss, **self.loop.state.latest_metrics()}
         speed = self.loop.speed()
         evaluation = {"eval_seconds": round(st.eval_seconds, 3)} if st.evaluated else {}
         if best is not None:

@@ -181,10 +181,6 @@ class TrainLoop:
         if self.validation.due_at_end(self.state):
             self.evaluate()
 
-    def latest_metrics(self) -> dict[str, float]:
-        """The newest training metrics and validation results (val_…), for progress, status and COMPLETE."""
-        return self.state.latest_metrics()
-
     def _progress(self) -> None:
         st = self.state
         self.events.progress(st.step, self.cfg.steps, st.loss, self.rate, best=st.best, **st.progress_extra())
@@ -243,9 +239,8 @@ class TrainLoop:
         """
         cfg, st, cadence = self.cfg, self.state, self.cadence
         self.events.start_bar(cfg.steps, st.step)
-        last_log_time = time.monotonic()
-        cadence.start(last_log_time)
-        last_log_step, last_examples = st.step, int(examples.numpy())
+        last_log = (time.monotonic(), st.step, int(examples.numpy()))  # when, at which step, examples seen
+        cadence.start(last_log[0])
         requests = {r: tf.constant(r, tf.float32) for r in (GO, CHECKPOINT, STOP, CANCEL)}
         if self.chief:
             self.stop_key.start()
@@ -286,21 +281,7 @@ class TrainLoop:
                 now = time.monotonic()
                 logged = cadence.logged_steps(call_first, st.step, ending=cadence.finished(st.step) or wants_stop)
                 if logged:
-                    losses = loss_t.numpy()
-                    st.loss = float(losses[-1])
-                    seen = int(examples.numpy())
-                    rate = (seen - last_examples) / max(now - last_log_time, 1e-9)
-                    step_time = (now - last_log_time) / max(st.step - last_log_step, 1)
-                    rows = states[0].numpy() if states else None
-                    for s in logged:  # one call's points share its speed: it was measured once
-                        if rows is not None:
-                            st.train_metrics = self.validation.metrics.results(rows[s - call_first])
-                        self._summaries(s, float(losses[s - call_first]), rate, step_time)
-                    self.events.update_bar(st.step, st.loss, rate)
-                    self.rate = rate
-                    if cadence.progress_due(now):
-                        self._progress()
-                    last_log_time, last_log_step, last_examples = now, st.step, seen
+                    last_log = self._log(logged, call_first, loss_t, states, now, last_log)
                 if wants_stop:
                     self.cancelled = wants_cancel
                     return True
@@ -317,6 +298,27 @@ class TrainLoop:
             if loss_t is not None and int(tf.size(loss_t)):
                 st.loss = float(loss_t[-1])
             self.events.stop_bar()
+
+    def _log(self, logged: list[int], call_first: int, loss_t, states: list, now: float,
+             last_log: tuple[float, int, int]) -> tuple[float, int, int]:
+        """A call's --log-every points (TensorBoard), the bar and progress; returns this log's (when, step, examples)."""
+        st = self.state
+        last_time, last_step, last_examples = last_log
+        losses = loss_t.numpy()
+        st.loss = float(losses[-1])
+        seen = int(self.examples.numpy())
+        rate = (seen - last_examples) / max(now - last_time, 1e-9)
+        step_time = (now - last_time) / max(st.step - last_step, 1)
+        rows = states[0].numpy() if states else None
+        for s in logged:  # one call's points share its speed: it was measured once
+            if rows is not None:
+                st.train_metrics = self.validation.metrics.results(rows[s - call_first])
+            self._summaries(s, float(losses[s - call_first]), rate, step_time)
+        self.events.update_bar(st.step, st.loss, rate)
+        self.rate = rate
+        if self.cadence.progress_due(now):
+            self._progress()
+        return now, st.step, seen
 
     def _request(self, otherwise: tuple) -> tuple:
         """This worker's request: cancel (the run folder's STOP), stop (a signal), else `otherwise`."""

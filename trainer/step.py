@@ -32,16 +32,9 @@ def per_example_loss(spec: ModelSpec, y, pred) -> tf.Tensor:
     return per
 
 
-def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_batch: int, multi_worker: bool,
-                    examples: tf.Variable, metrics: MetricSet | None = None):
-    """A `tf.function(iterator, count, request)` running `count` optimizer steps on every replica.
-
-    Returns (each step's loss, a vector of `count`; the request agreed by all workers). Every
-    step's loss comes back so that one call may span several --log-every steps: the
-    TensorBoard points stay where they were while the host syncs once per call. With
-    `metrics`, a third value: each step's metric state over its global batch (`count` rows
-    of `metrics.size`, see `trainer.metrics`).
-    """
+def make_replica_step(spec: ModelSpec, cfg: TrainConfig, global_micro_batch: int, metrics: MetricSet | None):
+    """One optimizer step on one replica's batch, `(x, y) -> (loss, examples, metric state)`: the
+    gradients of --grad-accum micro-batches summed (each under XLA with --xla), then applied once."""
     model, opt = spec.model, spec.optimizer
     size = metrics.size if metrics else 0
     accum = cfg.grad_accum
@@ -75,6 +68,22 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
                 state += micro_state
         opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss, tf.shape(x, out_type=tf.int64)[0], state
+
+    return replica_step
+
+
+def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_batch: int, multi_worker: bool,
+                    examples: tf.Variable, metrics: MetricSet | None = None):
+    """A `tf.function(iterator, count, request)` running `count` optimizer steps on every replica.
+
+    Returns (each step's loss, a vector of `count`; the request agreed by all workers). Every
+    step's loss comes back so that one call may span several --log-every steps: the
+    TensorBoard points stay where they were while the host syncs once per call. With
+    `metrics`, a third value: each step's metric state over its global batch (`count` rows
+    of `metrics.size`, see `trainer.metrics`).
+    """
+    size = metrics.size if metrics else 0
+    replica_step = make_replica_step(spec, cfg, global_micro_batch, metrics)
 
     # Replicas of this worker: the first of them carries the worker's sums into the all-reduce.
     local_replicas = len(strategy.extended.worker_devices)
