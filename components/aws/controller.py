@@ -28,6 +28,15 @@ RUNTIME = "python3.12"
 # under the schedule's period, so a stuck tick never overlaps many others.
 TIMEOUT_S = 60
 MEMORY_MB = 256
+# Delivery: EventBridge Scheduler invokes the function asynchronously, and Lambda by default retries a failed
+# or timed-out invocation twice and keeps an undelivered one queued for six hours. A tick is at-least-once on
+# purpose with neither: no Lambda retry and no scheduler retry (the next scheduled minute is the retry), an event
+# older than a minute dropped (pulumi_aws documents 60-21600 s), and one tick at a time (reserved concurrency 1:
+# two scheduled ticks never run side by side; a tick may still overlap `ops move`, which the tick's own code
+# allows for).
+RETRY_ATTEMPTS = 0
+MAX_EVENT_AGE_S = 60
+CONCURRENCY = 1
 LOG_RETENTION_DAYS = 30
 
 # What a tick does on Auto Scaling: the two reads have no resource-level permissions ("*").
@@ -170,9 +179,17 @@ class PlacementController(pulumi.ComponentResource):
             role=self.role.arn,
             timeout=TIMEOUT_S,
             memory_size=MEMORY_MB,
+            reserved_concurrent_executions=CONCURRENCY,
             environment=aws.lambda_.FunctionEnvironmentArgs(variables={"TRAINSTACK_PLACEMENTS": args.config}),
             tags=args.tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[policy, logs, log_group]),
+        )
+        aws.lambda_.FunctionEventInvokeConfig(
+            f"{name}-delivery",
+            function_name=self.function.name,
+            maximum_retry_attempts=RETRY_ATTEMPTS,
+            maximum_event_age_in_seconds=MAX_EVENT_AGE_S,
+            opts=child,
         )
         scheduler_role = aws.iam.Role(
             f"{name}-scheduler-role",
@@ -205,7 +222,8 @@ class PlacementController(pulumi.ComponentResource):
                 arn=self.function.arn,
                 role_arn=scheduler_role.arn,
                 # A failed tick is not retried: the next one starts again from the run folder.
-                retry_policy=aws.scheduler.ScheduleTargetRetryPolicyArgs(maximum_retry_attempts=0),
+                retry_policy=aws.scheduler.ScheduleTargetRetryPolicyArgs(
+                    maximum_retry_attempts=RETRY_ATTEMPTS, maximum_event_age_in_seconds=MAX_EVENT_AGE_S),
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[invoke_policy]),
         )

@@ -290,3 +290,35 @@ def test_the_real_package_runs_a_tick_in_lambdas_runtime(tmp_path, s3_run):
     assert "tenacity" in json.loads(imported) and not [m for m in json.loads(imported) if m != "tenacity" and
                                                        not m.startswith("tenacity.")]
     assert group_size(s3_run, home) == (0, 0, 0) and group_size(s3_run, other) == (0, 0, 0)
+
+
+def test_aws_ticks_are_delivered_at_least_once_with_no_retry_and_one_at_a_time():
+    """Lambda retries an asynchronous invocation twice and keeps it six hours unless told; the scheduler retries
+    185 times. Here neither retries, an event older than a minute is dropped, and one tick runs at a time."""
+    from tests.components import provider_values as pv
+
+    r = synthesized("aws")
+    (fn,) = r.of_type(FUNCTION["aws"])
+    assert fn["inputs"]["reservedConcurrentExecutions"] == 1
+    (delivery,) = r.of_type("aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig")
+    assert delivery["inputs"]["functionName"] == fn["inputs"]["name"]
+    assert delivery["inputs"]["maximumRetryAttempts"] == 0
+    assert 60 <= delivery["inputs"]["maximumEventAgeInSeconds"] <= 120
+    (schedule,) = r.of_type(SCHEDULE["aws"])
+    assert schedule["inputs"]["target"]["retryPolicy"] == {"maximumRetryAttempts": 0, "maximumEventAgeInSeconds": 60}
+    # Each value is inside pulumi_aws's documented range; one outside it is caught.
+    for rec in (fn, delivery, schedule):
+        assert pv.check_resource(rec) == []
+    for rec, key, bad in ((delivery, "maximumEventAgeInSeconds", 30), (delivery, "maximumRetryAttempts", 3)):
+        planted = {**rec, "inputs": {**rec["inputs"], key: bad}}
+        (problem,) = pv.check_resource(planted)
+        assert (problem.path, problem.value) == (key, bad)
+
+
+def test_gcp_ticks_run_one_instance_at_a_time_with_no_scheduler_retry():
+    r = synthesized("gcp")
+    (fn,) = r.of_type(FUNCTION["gcp"])
+    assert fn["inputs"]["serviceConfig"]["maxInstanceCount"] == 1
+    assert fn["inputs"]["serviceConfig"]["minInstanceCount"] == 0
+    (job,) = [x for x in r.of_type(SCHEDULE["gcp"]) if x["parent"] == "trainstack-controller"]
+    assert job["inputs"]["retryConfig"] == {"retryCount": 0}
