@@ -30,7 +30,7 @@ from ops.mockrun import ProgramError, Result, project_name, run_program
 __all__ = [
     "DOCKER_IMAGE", "FAKE_ACCOUNT", "FAKE_AMI", "FAKE_GCP_IMAGE", "FAKE_VPC", "INSTANCE_TEMPLATE", "LAUNCH_TEMPLATE",
     "PROGRAM", "ROOT", "STACKS_DIR", "ProgramError", "Result", "Source", "cmd_synth", "config_for_sdk", "load_source",
-    "federated_subjects", "plan", "project_name", "subject_problem", "register", "run_program", "stack_names", "synthesize", "write",
+    "federated_subjects", "function_environments", "plan", "project_name", "subject_problem", "register", "run_program", "stack_names", "synthesize", "write",
 ]
 
 
@@ -135,6 +135,18 @@ def federated_subjects(result: Result) -> list[tuple[str, int]]:
     return out
 
 
+LAMBDA_FUNCTION = "aws:lambda/function:Function"
+
+
+def function_environments(result: Result) -> list[tuple[str, int]]:
+    """(function resource, bytes its environment variables take) for every Lambda function the program makes:
+    Lambda refuses more than `components.aws.controller.ENVIRONMENT_MAX_BYTES` together."""
+    from components.aws.controller import environment_bytes
+
+    return [(r["name"], environment_bytes((r["inputs"].get("environment") or {}).get("variables") or {}))
+            for r in result.of_type(LAMBDA_FUNCTION)]
+
+
 def subject_problem(subjects: list[tuple[str, int]]) -> str | None:
     """One line naming the first provider whose subject Google would refuse, or None."""
     from components.gcp.federation import SUBJECT_MAX_BYTES
@@ -202,6 +214,12 @@ def cmd_synth(args: argparse.Namespace) -> int:
         print("federated subjects (the longest a caller can present):")
         for name, size in subjects:
             print(f"  {name}: google.subject at most {size} of {SUBJECT_MAX_BYTES} bytes")
+    environments = function_environments(result)
+    if environments:
+        from components.aws.controller import ENVIRONMENT_MAX_BYTES
+
+        for name, size in environments:
+            print(f"{name}: environment variables take {size} of Lambda's {ENVIRONMENT_MAX_BYTES} bytes")
     print()
     print(plan(result, source.settings, ask_prices=not args.offline), end="")
     return EXIT_OK

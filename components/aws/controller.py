@@ -39,6 +39,29 @@ MAX_EVENT_AGE_S = 60
 CONCURRENCY = 1
 LOG_RETENTION_DAYS = 30
 
+# Lambda's limit on all of a function's environment variables together (names and values), in bytes. The
+# configuration (TRAINSTACK_PLACEMENTS) is one variable; each GCP placement's `access` adds about 330 bytes.
+# With the settings' most placements and the longest names they take it stays several hundred bytes under
+# (tests/components/test_placement_controller.py); `environment` refuses, naming the key, if it ever does not.
+ENVIRONMENT_MAX_BYTES = 4096
+
+
+def environment(config: str) -> dict[str, str]:
+    """The function's environment: the configuration, refused in one line when Lambda would refuse it."""
+    variables = {placement.CONFIG_ENV: config}
+    size = environment_bytes(variables)
+    if size > ENVIRONMENT_MAX_BYTES:
+        raise ValueError(f"trainstack:placements: the placement controller's configuration takes {size} bytes of "
+                         f"Lambda's {ENVIRONMENT_MAX_BYTES} for environment variables; list fewer placements, "
+                         "or shorter stack, run and project names")
+    return variables
+
+
+def environment_bytes(variables: dict[str, str]) -> int:
+    """What Lambda counts of `variables` against its limit: every name and value, in bytes."""
+    return sum(len(k.encode()) + len(v.encode()) for k, v in variables.items())
+
+
 # What a tick does on Auto Scaling: the two reads have no resource-level permissions ("*").
 READ_GROUP_ACTIONS = ["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities"]
 SIZE_GROUP_ACTIONS = ["autoscaling:UpdateAutoScalingGroup"]
@@ -180,7 +203,8 @@ class PlacementController(pulumi.ComponentResource):
             timeout=TIMEOUT_S,
             memory_size=MEMORY_MB,
             reserved_concurrent_executions=CONCURRENCY,
-            environment=aws.lambda_.FunctionEnvironmentArgs(variables={"TRAINSTACK_PLACEMENTS": args.config}),
+            environment=aws.lambda_.FunctionEnvironmentArgs(
+                variables=pulumi.Output.from_input(args.config).apply(environment)),
             tags=args.tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[policy, logs, log_group]),
         )

@@ -322,3 +322,54 @@ def test_gcp_ticks_run_one_instance_at_a_time_with_no_scheduler_retry():
     assert fn["inputs"]["serviceConfig"]["minInstanceCount"] == 0
     (job,) = [x for x in r.of_type(SCHEDULE["gcp"]) if x["parent"] == "trainstack-controller"]
     assert job["inputs"]["retryConfig"] == {"retryCount": 0}
+
+
+# The worst case of the AWS function's environment: the most placements the settings take, every one but home on
+# GCP (each with its `access`), the longest region names, project ids (30), stack (Pulumi's 100), run id (63),
+# bucket name (63) and Pulumi project name the naming keeps (40 characters of it).
+GCP_REGIONS = ["northamerica-northeast1", "northamerica-northeast2", "australia-southeast1", "australia-southeast2",
+               "europe-southwest1", "southamerica-east1", "southamerica-west1", "europe-central2"]
+
+
+def _longest_aws_home() -> dict:
+    from components.settings.schema import Settings
+
+    most = next(m.max_length for m in Settings.model_fields["placements"].metadata if hasattr(m, "max_length"))
+    return {
+        "cloud": "aws", "region": "ap-southeast-1", "run": {"synthetic": True, "steps": 100, "id": "r" * 63},
+        "storage": {"bucketName": "b" * 63},
+        "placements": [{"cloud": "aws", "region": "ap-southeast-1", "instanceTypes": ["g5.xlarge"]}] + [
+            {"cloud": "gcp", "region": GCP_REGIONS[i], "project": f"p{i}" + "x" * 28, "instanceTypes": ["g2-standard-4"]}
+            for i in range(most - 1)],
+    }, most
+
+
+def test_the_aws_functions_environment_fits_lambdas_limit_in_the_worst_case(monkeypatch):
+    import re
+
+    from components.aws import controller
+    from ops import mockrun
+
+    raw, most = _longest_aws_home()
+    monkeypatch.setattr(mockrun, "project_name", lambda: "q" * 40)
+    r = synth.synthesize(raw, stack="s" * 100)
+    (fn,) = r.of_type(FUNCTION["aws"])
+    variables = fn["inputs"]["environment"]["variables"]
+    config = json.loads(variables[placement.CONFIG_ENV])
+    assert len(config["placements"]) == most == 8 and sum("access" in p for p in config["placements"]) == most - 1
+    # GCP project numbers are at most 19 digits (int64); the fake cloud's are 12.
+    longest = {k: re.sub(r"/projects/\d+/", "/projects/" + "9" * 19 + "/", v) for k, v in variables.items()}
+    size = controller.environment_bytes(longest)
+    assert 3000 < size <= controller.ENVIRONMENT_MAX_BYTES, size
+    ((name, printed),) = synth.function_environments(r)
+    assert name == fn["name"] and printed == controller.environment_bytes(variables)
+
+
+def test_an_environment_lambda_would_refuse_is_refused_naming_the_key(monkeypatch):
+    from components.aws import controller
+
+    raw, _ = _longest_aws_home()
+    monkeypatch.setattr(controller, "ENVIRONMENT_MAX_BYTES", 3000)
+    with pytest.raises(synth.ProgramError, match=r"trainstack:placements: the placement controller's configuration "
+                                                 r"takes \d+ bytes of Lambda's 3000"):
+        synth.synthesize(raw, stack="s" * 100)
