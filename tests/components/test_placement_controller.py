@@ -373,3 +373,43 @@ def test_an_environment_lambda_would_refuse_is_refused_naming_the_key(monkeypatc
     with pytest.raises(synth.ProgramError, match=r"trainstack:placements: the placement controller's configuration "
                                                  r"takes \d+ bytes of Lambda's 3000"):
         synth.synthesize(raw, stack="s" * 100)
+
+
+def test_the_gcp_function_is_built_by_its_own_account_with_the_documented_roles_narrowed():
+    """Not the Compute Engine default account (roleless in new organisations): an account of the function's
+    own, with Logs Writer, Artifact Registry Writer on Cloud Functions' repository only, and read on the
+    function's source object only, and on the sources Cloud Functions stages."""
+    from components.gcp import controller as gcp_controller
+    from policy import rules
+
+    r = synthesized("gcp")
+    bucket = r.outputs["bucketName"]
+    (fn,) = r.of_type(FUNCTION["gcp"])
+    build = r.named("trainstack-controller-build")
+    assert build["inputs"]["accountId"].startswith("tb-") and 6 <= len(build["inputs"]["accountId"]) <= 30
+    email = f"{build['inputs']['accountId']}@my-proj-123.iam.gserviceaccount.com"
+    assert fn["inputs"]["buildConfig"]["serviceAccount"] == f"projects/my-proj-123/serviceAccounts/{email}"
+    member = f"serviceAccount:{email}"
+    grants = {x["name"]: x["inputs"] for x in r.resources if x["inputs"].get("member") == member}
+    assert {n: (g["role"], (g.get("condition") or {}).get("expression")) for n, g in grants.items()} == {
+        "trainstack-controller-build-logs": ("roles/logging.logWriter", None),
+        "trainstack-controller-build-image": (
+            "roles/artifactregistry.writer",
+            'resource.name.startsWith("projects/my-proj-123/locations/us-central1/repositories/gcf-artifacts")'),
+        "trainstack-controller-build-source": (
+            "roles/storage.objectViewer",
+            f'resource.name == "projects/_/buckets/{bucket}/objects/{gcp_controller.SOURCE_OBJECT}"'),
+        "trainstack-controller-build-staged-source": (
+            "roles/storage.objectViewer", 'resource.name.startsWith("projects/_/buckets/gcf-v2-sources-")'),
+    }
+    # The source object the grant names is the one the function is built from.
+    (source,) = [x for x in r.of_type("gcp:storage/bucketObject:BucketObject") if x["name"] == "trainstack-controller-source"]
+    assert source["inputs"]["name"] == gcp_controller.SOURCE_OBJECT == fn["inputs"]["buildConfig"]["source"][
+        "storageSource"]["object"]
+    # The function waits for the grants; the policy pack's least-privilege rule holds, and sees an admin role.
+    assert set(grants) <= set(fn["options"]["dependsOn"])
+    assert rules.identity.iam_least_privilege(r.resources, None) == []
+    planted = [{**x, "inputs": {**x["inputs"], "role": "roles/storage.admin", "condition": None}}
+               if x["name"] == "trainstack-controller-build-staged-source" else x for x in r.resources]
+    (violation,) = rules.identity.iam_least_privilege(planted, None)
+    assert violation.resource == "trainstack-controller-build-staged-source"
