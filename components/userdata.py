@@ -53,7 +53,14 @@ NOTICE_GRACE_S = {"aws": 100, "gcp": 25}
 # Installed by write_files: (file in userdata/, path on the machine, permissions). What runs after the
 # run folder's first read (bootstrap.sh, rendezvous.sh) comes from the bucket instead: components/code.py's
 # BOOT_SCRIPTS, installed by lib.sh's boot_scripts.
+# The first, the NVIDIA driver's hold: Ubuntu's unattended-upgrades would replace the driver's libraries under
+# the loaded kernel module, and every later container fails with "driver/library version mismatch" until a
+# reboot. unattended-upgrades reads its configuration only when it starts, and apt's timers may start it as
+# soon as the network is up: write_files runs in cloud-init's network stage, ordered before sysinit.target and
+# so before timers.target (a drop-in needs no dpkg lock either, which first boots often hold).
+APT_HOLD = ("apt-hold-nvidia.conf", "/etc/apt/apt.conf.d/51trainstack-hold-nvidia", "0644")
 FILES = (
+    APT_HOLD,
     ("lib.sh", f"{BIN_DIR}/lib.sh", "0644"),
     ("supervise.sh", f"{BIN_DIR}/supervise.sh", "0755"),
     ("watch-notice.sh", f"{BIN_DIR}/watch-notice.sh", "0755"),
