@@ -239,8 +239,39 @@ def transfer_per_gb(home_cloud: str, home_region: str, cloud: str, region: str) 
 
 
 @dataclass(frozen=True)
+class CheckpointWrites:
+    """What a placement's checkpoint writes to the home bucket cost while the run trains there: each checkpoint
+    leaves the placement's region (and cloud) every `run.checkpointEverySeconds`, billed by the sender's cloud."""
+
+    transfer: Transfer
+    """The sender's (the placement's) price per GB to home's bucket: "same region" (0) at home."""
+    checkpoint_bytes: int
+    """Bytes of one checkpoint (`components.storage.ASSUMED_CHECKPOINT_BYTES` unless a size is known)."""
+    every_seconds: float | None
+    """Seconds between the time trigger's checkpoints; None when the run checkpoints by steps only."""
+
+    @property
+    def per_hour(self) -> float | None:
+        """USD an hour of training there; None without a price or a time trigger (step checkpoints add to it)."""
+        if self.transfer.per_gb is None or not self.every_seconds:
+            return None
+        return self.transfer.per_gb * self.checkpoint_bytes / 1e9 * 3600 / self.every_seconds
+
+
+def checkpoint_writes(settings: Any, cloud: str, region: str, *, checkpoint_bytes: int | None = None) -> CheckpointWrites:
+    """The checkpoint writes of a run training in `cloud` `region`, to the bucket of its home placement."""
+    from components.storage import ASSUMED_CHECKPOINT_BYTES
+
+    home = settings.placement_list[0]
+    return CheckpointWrites(transfer_per_gb(cloud, region, home.cloud, home.region),
+                            ASSUMED_CHECKPOINT_BYTES if checkpoint_bytes is None else checkpoint_bytes,
+                            settings.run.checkpoint_every_seconds)
+
+
+@dataclass(frozen=True)
 class PlacementCost:
-    """One placement's machines per hour and what a restore there reads from the home bucket."""
+    """One placement's machines per hour, what a restore there reads from the home bucket, and what its
+    checkpoint writes to the home bucket cost an hour."""
 
     index: int
     cloud: str
@@ -248,6 +279,7 @@ class PlacementCost:
     estimate: CostEstimate
     transfer: Transfer
     restore_bytes: int
+    writes: CheckpointWrites | None = None
 
     @property
     def restore_cost(self) -> float | None:
@@ -266,7 +298,8 @@ def placement_costs(settings: Any, *, checkpoint_bytes: int) -> list[PlacementCo
         moved = placement.settings_at(settings, i)
         rows.append(PlacementCost(i, p.cloud, p.region, hourly_cost(moved),
                                   transfer_per_gb(settings.cloud, settings.region, p.cloud, p.region),
-                                  checkpoint_bytes))
+                                  checkpoint_bytes,
+                                  checkpoint_writes(settings, p.cloud, p.region, checkpoint_bytes=checkpoint_bytes)))
     return rows
 
 

@@ -53,7 +53,14 @@ NOTICE_GRACE_S = {"aws": 100, "gcp": 25}
 # Installed by write_files: (file in userdata/, path on the machine, permissions). What runs after the
 # run folder's first read (bootstrap.sh, rendezvous.sh) comes from the bucket instead: components/code.py's
 # BOOT_SCRIPTS, installed by lib.sh's boot_scripts.
+# The first, the NVIDIA driver's hold: Ubuntu's unattended-upgrades would replace the driver's libraries under
+# the loaded kernel module, and every later container fails with "driver/library version mismatch" until a
+# reboot. unattended-upgrades reads its configuration only when it starts, and apt's timers may start it as
+# soon as the network is up: write_files runs in cloud-init's network stage, ordered before sysinit.target and
+# so before timers.target (a drop-in needs no dpkg lock either, which first boots often hold).
+APT_HOLD = ("apt-hold-nvidia.conf", "/etc/apt/apt.conf.d/51trainstack-hold-nvidia", "0644")
 FILES = (
+    APT_HOLD,
     ("lib.sh", f"{BIN_DIR}/lib.sh", "0644"),
     ("supervise.sh", f"{BIN_DIR}/supervise.sh", "0755"),
     ("watch-notice.sh", f"{BIN_DIR}/watch-notice.sh", "0755"),
@@ -143,7 +150,11 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str, boot_uri: str
 def price_env(settings) -> dict[str, str]:
     """The estimated USD per machine-hour the trainer records with the run (ops status and COMPLETE
     total the cost from it): the dearest of the stack's types, from the shipped price table only, so
-    the user data does not change with the cloud's live spot price. Empty when the table has no price."""
+    the user data does not change with the cloud's live spot price. Empty when the table has no price.
+
+    A placement away from home's region adds its checkpoint writes to the home bucket (`pricing.checkpoint_writes`,
+    at the assumed checkpoint size), spread over the run's machines: the cost so far counts them for exactly the
+    time the run trains there, and the note says so."""
     from components import pricing
 
     est = pricing.hourly_cost(settings)
@@ -156,7 +167,12 @@ def price_env(settings) -> dict[str, str]:
             per_machine = [min(p, settings.compute.max_price_per_hour) for p in per_machine]
     else:
         what = "on-demand (dearest type)"
-    return {"TRAINSTACK_PRICE_PER_HOUR": f"{max(per_machine):.4f}",
+    price = max(per_machine)
+    writes = pricing.checkpoint_writes(settings, settings.cloud, settings.region).per_hour
+    if writes:
+        price += writes / settings.compute.nodes
+        what += f" + checkpoint writes to home ${writes:.2f}/h"
+    return {"TRAINSTACK_PRICE_PER_HOUR": f"{price:.4f}",
             "TRAINSTACK_PRICE_NOTE": f"{what}, price table {est.recorded}"}
 
 

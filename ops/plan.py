@@ -111,9 +111,22 @@ def placements_section(rows: list[PlacementCost], groups: list[str], wait_minute
             restore = (f"each restore reads one checkpoint ({checkpoint}) {row.transfer.kind} at "
                        f"${row.transfer.per_gb:g}/GB: {_money(row.restore_cost)}")
         where = f"{row.index} {row.cloud} {row.region}" + (" (home)" if row.index == 0 else "")
-        lines.append(f"  {where}: group {group}; {price}; {restore}")
+        lines.append(f"  {where}: group {group}; {price}; {restore}{writes_text(row, checkpoint)}")
     lines.append(f"  Transfer prices: {transfer_source}; not a quote.")
     return lines
+
+
+def writes_text(row: PlacementCost, checkpoint: str) -> str:
+    """What the placement's checkpoint writes to the home bucket cost an hour while the run trains there."""
+    writes = row.writes
+    if writes is None or writes.transfer.per_gb == 0:
+        return ""
+    if writes.transfer.per_gb is None:
+        return f"; checkpoint writes: no recorded {writes.transfer.kind} transfer price"
+    if writes.per_hour is None:
+        return f"; checkpoint writes: ${writes.transfer.per_gb:g}/GB {writes.transfer.kind} (by steps only: no hourly rate)"
+    return (f"; checkpoint writes: ${writes.per_hour:.2f}/h at the {checkpoint} size, one every "
+            f"{writes.every_seconds:g} s {writes.transfer.kind} at ${writes.transfer.per_gb:g}/GB")
 
 
 def image_copies_lines(copies: ImageCopies | None, source: str) -> list[str]:

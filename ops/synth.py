@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from ops.mockrun import ProgramError, Result, project_name, run_program
 __all__ = [
     "DOCKER_IMAGE", "FAKE_ACCOUNT", "FAKE_AMI", "FAKE_GCP_IMAGE", "FAKE_VPC", "INSTANCE_TEMPLATE", "LAUNCH_TEMPLATE",
     "PROGRAM", "ROOT", "STACKS_DIR", "ProgramError", "Result", "Source", "cmd_synth", "config_for_sdk", "load_source",
-    "plan", "project_name", "register", "run_program", "stack_names", "synthesize", "write",
+    "federated_subjects", "function_environments", "plan", "project_name", "subject_problem", "register", "run_program", "stack_names", "synthesize", "write",
 ]
 
 
@@ -116,6 +117,47 @@ def plan(result: Result, settings: config.Settings, *, ask_prices: bool = True) 
                             storage.plan_lines(checkpoints), placements)
 
 
+# A workload identity pool's provider: its attribute mapping gives each federated caller's `google.subject`.
+POOL_PROVIDER = "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider"
+
+
+def federated_subjects(result: Result) -> list[tuple[str, int]]:
+    """(provider resource, bytes of the longest `google.subject` it maps) for every workload identity pool
+    provider the program makes: the role its condition admits, in the longest partition, with a session name
+    of IAM's longest. Google's STS refuses a subject over `SUBJECT_MAX_BYTES`."""
+    from components.gcp.federation import LONGEST_NAME, subject_bytes_worst_case
+
+    out = []
+    for r in result.of_type(POOL_PROVIDER):
+        admitted = re.search(r"assumed-role/([^\"/]+)\"", str(r["inputs"].get("attributeCondition") or ""))
+        role = admitted.group(1) if admitted else "r" * LONGEST_NAME
+        out.append((r["name"], subject_bytes_worst_case(role, r["inputs"]["attributeMapping"])))
+    return out
+
+
+LAMBDA_FUNCTION = "aws:lambda/function:Function"
+
+
+def function_environments(result: Result) -> list[tuple[str, int]]:
+    """(function resource, bytes its environment variables take) for every Lambda function the program makes:
+    Lambda refuses more than `components.aws.controller.ENVIRONMENT_MAX_BYTES` together."""
+    from components.aws.controller import environment_bytes
+
+    return [(r["name"], environment_bytes((r["inputs"].get("environment") or {}).get("variables") or {}))
+            for r in result.of_type(LAMBDA_FUNCTION)]
+
+
+def subject_problem(subjects: list[tuple[str, int]]) -> str | None:
+    """One line naming the first provider whose subject Google would refuse, or None."""
+    from components.gcp.federation import SUBJECT_MAX_BYTES
+
+    for name, size in subjects:
+        if size > SUBJECT_MAX_BYTES:
+            return (f"ops synth: {name} maps a federated google.subject of up to {size} bytes; Google's STS refuses "
+                    f"over {SUBJECT_MAX_BYTES}: map it to something bounded (components/gcp/federation.py)")
+    return None
+
+
 def write(result: Result, out: Path) -> list[Path]:
     """Write resources.json, outputs.json and user-data/<name>.yaml under `out`."""
     out.mkdir(parents=True, exist_ok=True)
@@ -156,11 +198,28 @@ def cmd_synth(args: argparse.Namespace) -> int:
         # The program itself failed (not the config): one line, nothing written.
         print(f"ops synth: the program failed: {e}", file=sys.stderr)
         return EXIT_FAILED
+    subjects = federated_subjects(result)
+    problem = subject_problem(subjects)
+    if problem:
+        print(problem, file=sys.stderr)
+        return EXIT_ERROR
     out = Path(args.out)
     written = write(result, out)
     print(f"synth {args.stack}: {len(result.resources)} resources, {len(result.user_data)} user-data file(s) -> {out}")
     for p in written:
         print(f"  {p}")
+    if subjects:
+        from components.gcp.federation import SUBJECT_MAX_BYTES
+
+        print("federated subjects (the longest a caller can present):")
+        for name, size in subjects:
+            print(f"  {name}: google.subject at most {size} of {SUBJECT_MAX_BYTES} bytes")
+    environments = function_environments(result)
+    if environments:
+        from components.aws.controller import ENVIRONMENT_MAX_BYTES
+
+        for name, size in environments:
+            print(f"{name}: environment variables take {size} of Lambda's {ENVIRONMENT_MAX_BYTES} bytes")
     print()
     print(plan(result, source.settings, ask_prices=not args.offline), end="")
     return EXIT_OK

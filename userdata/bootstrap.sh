@@ -66,16 +66,6 @@ gpu() {
     fail "the NVIDIA driver does not answer: $(head -c 300 "$RUNTIME_DIR/gpus" | tr '\n' ' ')"
 }
 
-# Ubuntu's unattended-upgrades would replace the NVIDIA driver's libraries under the loaded
-# kernel module, and every later container fails with "driver/library version mismatch"
-# until a reboot (NVIDIA/nvidia-container-toolkit#394). Its blacklist takes Python regexes
-# matched at the start of the name; a drop-in needs no dpkg lock (first boots often hold it).
-hold_driver() {
-  mkdir -p "$ROOT/etc/apt/apt.conf.d"
-  printf '%s\n' 'Unattended-Upgrade::Package-Blacklist { "nvidia-"; "libnvidia-"; "linux-modules-nvidia-"; "linux-objects-nvidia-"; "linux-signatures-nvidia-"; };' \
-    >"$ROOT/etc/apt/apt.conf.d/51trainstack-hold-nvidia"
-}
-
 docker_engine() {
   command -v docker >/dev/null && return 0
   log "installing Docker (docker.io)"
@@ -342,7 +332,6 @@ main() {
   rm -f "$RUNTIME_DIR/failure-reason"
   local start=$SECONDS
   step gpu gpu
-  step hold hold_driver
   step docker docker_engine
   step cli cli_check
   step toolkit toolkit

@@ -28,7 +28,39 @@ RUNTIME = "python3.12"
 # under the schedule's period, so a stuck tick never overlaps many others.
 TIMEOUT_S = 60
 MEMORY_MB = 256
+# Delivery: EventBridge Scheduler invokes the function asynchronously, and Lambda by default retries a failed
+# or timed-out invocation twice and keeps an undelivered one queued for six hours. A tick is at-least-once on
+# purpose with neither: no Lambda retry and no scheduler retry (the next scheduled minute is the retry), an event
+# older than a minute dropped (pulumi_aws documents 60-21600 s), and one tick at a time (reserved concurrency 1:
+# two scheduled ticks never run side by side; a tick may still overlap `ops move`, which the tick's own code
+# allows for).
+RETRY_ATTEMPTS = 0
+MAX_EVENT_AGE_S = 60
+CONCURRENCY = 1
 LOG_RETENTION_DAYS = 30
+
+# Lambda's limit on all of a function's environment variables together (names and values), in bytes. The
+# configuration (TRAINSTACK_PLACEMENTS) is one variable; each GCP placement's `access` adds about 330 bytes.
+# With the settings' most placements and the longest names they take it stays several hundred bytes under
+# (tests/components/test_placement_controller.py); `environment` refuses, naming the key, if it ever does not.
+ENVIRONMENT_MAX_BYTES = 4096
+
+
+def environment(config: str) -> dict[str, str]:
+    """The function's environment: the configuration, refused in one line when Lambda would refuse it."""
+    variables = {placement.CONFIG_ENV: config}
+    size = environment_bytes(variables)
+    if size > ENVIRONMENT_MAX_BYTES:
+        raise ValueError(f"trainstack:placements: the placement controller's configuration takes {size} bytes of "
+                         f"Lambda's {ENVIRONMENT_MAX_BYTES} for environment variables; list fewer placements, "
+                         "or shorter stack, run and project names")
+    return variables
+
+
+def environment_bytes(variables: dict[str, str]) -> int:
+    """What Lambda counts of `variables` against its limit: every name and value, in bytes."""
+    return sum(len(k.encode()) + len(v.encode()) for k, v in variables.items())
+
 
 # What a tick does on Auto Scaling: the two reads have no resource-level permissions ("*").
 READ_GROUP_ACTIONS = ["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities"]
@@ -170,9 +202,18 @@ class PlacementController(pulumi.ComponentResource):
             role=self.role.arn,
             timeout=TIMEOUT_S,
             memory_size=MEMORY_MB,
-            environment=aws.lambda_.FunctionEnvironmentArgs(variables={"TRAINSTACK_PLACEMENTS": args.config}),
+            reserved_concurrent_executions=CONCURRENCY,
+            environment=aws.lambda_.FunctionEnvironmentArgs(
+                variables=pulumi.Output.from_input(args.config).apply(environment)),
             tags=args.tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[policy, logs, log_group]),
+        )
+        aws.lambda_.FunctionEventInvokeConfig(
+            f"{name}-delivery",
+            function_name=self.function.name,
+            maximum_retry_attempts=RETRY_ATTEMPTS,
+            maximum_event_age_in_seconds=MAX_EVENT_AGE_S,
+            opts=child,
         )
         scheduler_role = aws.iam.Role(
             f"{name}-scheduler-role",
@@ -205,7 +246,8 @@ class PlacementController(pulumi.ComponentResource):
                 arn=self.function.arn,
                 role_arn=scheduler_role.arn,
                 # A failed tick is not retried: the next one starts again from the run folder.
-                retry_policy=aws.scheduler.ScheduleTargetRetryPolicyArgs(maximum_retry_attempts=0),
+                retry_policy=aws.scheduler.ScheduleTargetRetryPolicyArgs(
+                    maximum_retry_attempts=RETRY_ATTEMPTS, maximum_event_age_in_seconds=MAX_EVENT_AGE_S),
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[invoke_policy]),
         )

@@ -46,6 +46,8 @@ class TrainingStack(StackOutputs):
         provider = aws.Provider(f"{name}-aws", region=s.region, opts=pulumi.ResourceOptions(parent=self))
         # Children inherit the provider from their parent component.
         child = pulumi.ResourceOptions(parent=self, providers={"aws": provider})
+        # What a GCP placement makes on AWS (its machines' role, the lookups) goes through home's provider too.
+        self._home_aws = provider
         invoke = pulumi.InvokeOptions(provider=provider, parent=self)
 
         if s.storage.bucket_name:
@@ -244,7 +246,7 @@ class TrainingStack(StackOutputs):
             FederatedRoleArgs(bucket_arn=bucket.arn, run_id=s.run_id, service_account_unique_id=identity.unique_id,
                               audience=token_audience, data_uri=s.run.data_uri,
                               validation_data_uri=s.run.validation_data_uri, tags=tags),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=pulumi.ResourceOptions(parent=self, providers={"aws": self._home_aws}),
         )
         user_data = userdata.user_data_output(
             "gcp", p, group=group_name, run_uri=run, code_uri=code.code_uri, boot_uri=code.boot_uri, image_ref=image_ref,
@@ -268,7 +270,7 @@ class TrainingStack(StackOutputs):
             ),
             opts=in_project,
         )
-        invoke = pulumi.InvokeOptions(parent=self)
+        invoke = pulumi.InvokeOptions(parent=self, provider=self._home_aws)
         reach = ControllerAccess(
             f"{name}-controller-access-p{index}",
             ControllerAccessArgs(

@@ -6,7 +6,8 @@ configured by the `TRAINSTACK_PLACEMENTS` variable: components/placement.py) and
 between calls. The function runs as its own service account, with exactly what a tick needs: read
 this run's folder, write only the placement record and the controller's events there, and read and
 resize this stack's groups only (a placement's group in another project through a role and a grant
-made in that project). The scheduler calls it as an invoker account that may do nothing else. The deployer needs `iam.serviceAccounts.actAs` on both accounts.
+made in that project). The scheduler calls it as an invoker account that may do nothing else. The function is built as an account of its own (`build_grants`). The deployer needs
+`iam.serviceAccounts.actAs` on the three accounts.
 """
 
 from __future__ import annotations
@@ -38,6 +39,19 @@ GROUP_PERMISSIONS = ["compute.instanceGroupManagers.get", "compute.instanceGroup
                      "compute.instanceGroupManagers.update"]
 # The only objects the controller writes, relative to the run folder.
 WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY)
+# What building the function needs, as its own account (Google's "build service account" page for Cloud Run
+# functions: Logs Writer, Artifact Registry Writer, and storage for the source), each on the narrowest resource
+# that takes a grant: build logs are written project-wide; the image goes to Cloud Functions' own repository
+# in the function's region (BUILD_REPOSITORY); the source is read from its one object in home's bucket and from
+# the Google-managed bucket Cloud Functions stages sources in (BUILD_SOURCES_BUCKET_PREFIX-NUMBER-REGION).
+# Nothing may be deleted or written in the run's bucket: Storage Object Admin, which the page also names for
+# Container Registry's images, is not needed where the image goes to Artifact Registry.
+BUILD_REPOSITORY = "gcf-artifacts"
+BUILD_SOURCES_BUCKET_PREFIX = "gcf-v2-sources-"
+BUILD_LOG_ROLE = "roles/logging.logWriter"
+BUILD_IMAGE_ROLE = "roles/artifactregistry.writer"
+BUILD_SOURCE_ROLE = "roles/storage.objectViewer"
+SOURCE_OBJECT = f"{layout.CODE_PREFIX}controller.zip"
 # APIs the function needs on top of the stack's own (turned on only for a stack of several placements).
 APIS = ("cloudfunctions.googleapis.com", "cloudbuild.googleapis.com", "run.googleapis.com")
 
@@ -84,6 +98,8 @@ class PlacementControllerArgs:
     """The function's service account id (6-30 characters)."""
     invoker_account_id: str
     """The scheduler's invoker service account id."""
+    build_account_id: str
+    """The id of the service account the function is built as (6-30 characters)."""
     custom_role_prefix: str
     """Prefix of the custom role's id (the stack's)."""
     labels: dict[str, str] = field(default_factory=dict)
@@ -119,6 +135,34 @@ def function_source(*, federation: bool = False) -> pulumi.AssetArchive:
         "main.py": pulumi.StringAsset(MAIN_PY), "requirements.txt": pulumi.StringAsset("\n".join(requirements(federation=federation)) + "\n")}
     assets.update({name: pulumi.FileAsset(str(path)) for name, path in files.items()})
     return pulumi.AssetArchive(assets)
+
+
+def build_grants(name: str, builder: gcp.serviceaccount.Account, *, bucket_name: pulumi.Input[str], gcp_project: str,
+                 region: str, child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+    """What the function's build account may do, and nothing else (BUILD_*: logs, its image, its source)."""
+    member = pulumi.Output.concat("serviceAccount:", builder.email)
+    repository = f"projects/{gcp_project}/locations/{region}/repositories/{BUILD_REPOSITORY}"
+    return [
+        gcp.projects.IAMMember(f"{name}-build-logs", project=gcp_project, role=BUILD_LOG_ROLE, member=member,
+                               opts=child),
+        gcp.projects.IAMMember(
+            f"{name}-build-image", project=gcp_project, role=BUILD_IMAGE_ROLE, member=member,
+            condition=gcp.projects.IAMMemberConditionArgs(
+                title="Cloud Functions' repository", expression=f'resource.name.startsWith("{repository}")'),
+            opts=child),
+        gcp.storage.BucketIAMMember(
+            f"{name}-build-source", bucket=bucket_name, role=BUILD_SOURCE_ROLE, member=member,
+            condition=gcp.storage.BucketIAMMemberConditionArgs(
+                title="the function's source", expression=pulumi.Output.concat(
+                    'resource.name == "projects/_/buckets/', bucket_name, f'/objects/{SOURCE_OBJECT}"')),
+            opts=child),
+        gcp.projects.IAMMember(
+            f"{name}-build-staged-source", project=gcp_project, role=BUILD_SOURCE_ROLE, member=member,
+            condition=gcp.projects.IAMMemberConditionArgs(
+                title="Cloud Functions' staged sources",
+                expression=f'resource.name.startsWith("projects/_/buckets/{BUILD_SOURCES_BUCKET_PREFIX}")'),
+            opts=child),
+    ]
 
 
 class PlacementController(pulumi.ComponentResource):
@@ -181,9 +225,18 @@ class PlacementController(pulumi.ComponentResource):
                                 pulumi.ResourceOptions(parent=self, provider=other.provider))
                    for other in args.other_projects]
         source = gcp.storage.BucketObject(
-            f"{name}-source", bucket=args.bucket_name, name=f"{layout.CODE_PREFIX}controller.zip",
+            f"{name}-source", bucket=args.bucket_name, name=SOURCE_OBJECT,
             source=function_source(federation=args.federation), opts=child,
         )
+        # Without its own account the build runs as the Compute Engine default account, which new
+        # organisations leave without roles (and older projects leave with Editor).
+        builder = gcp.serviceaccount.Account(
+            f"{name}-build", account_id=args.build_account_id, display_name="trainstack controller build",
+            description="builds the placement controller's function: its source, its image, its build logs",
+            opts=child,
+        )
+        grants += build_grants(name, builder, bucket_name=args.bucket_name, gcp_project=args.gcp_project,
+                               region=args.region, child=child)
         self.function = gcp.cloudfunctionsv2.Function(
             f"{name}-function",
             name=fn_name,
@@ -192,6 +245,7 @@ class PlacementController(pulumi.ComponentResource):
             build_config=gcp.cloudfunctionsv2.FunctionBuildConfigArgs(
                 runtime=RUNTIME,
                 entry_point=ENTRY_POINT,
+                service_account=builder.name,
                 source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
                     storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
                         bucket=args.bucket_name, object=source.name, generation=source.generation),

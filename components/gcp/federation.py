@@ -23,6 +23,7 @@ Both build the pool and its provider with `aws_pool`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pulumi
@@ -33,19 +34,73 @@ from components.gcp.controller import GROUP_PERMISSIONS
 from components.gcp.identity import BucketAccess, bucket_grants, groups_condition
 from components.gcp.naming import ROLE_SUFFIX_BYTES, custom_role_id
 
-# The AWS provider's own default mapping, written out: the condition and the binding below depend on
-# `attribute.aws_role` being the assumed-role ARN without its session name.
+# The assumed-role ARN without its session name: what the condition and the binding below compare.
+AWS_ROLE_EXPRESSION = ("assertion.arn.contains('assumed-role')"
+                       " ? assertion.arn.extract('{account_arn}assumed-role/')"
+                       " + 'assumed-role/' + assertion.arn.extract('assumed-role/{role_name}/')"
+                       " : assertion.arn")
+# The AWS provider's default mapping, except the subject. Google's STS refuses a mapped `google.subject` over
+# 127 bytes, and the default (`assertion.arn`, the whole assumed-role ARN) carries the session name: a Lambda's
+# is its function's name, which the ARN then holds twice (40 + 2 x 64 bytes at most). Without the session the
+# subject is bounded by IAM's 64-character role names (`subject_bytes_worst_case`). No binding names a
+# `principal://…/subject/`: the grants name the principal set of `attribute.aws_role`.
 AWS_ATTRIBUTE_MAPPING = {
-    "google.subject": "assertion.arn",
-    "attribute.aws_role": ("assertion.arn.contains('assumed-role')"
-                           " ? assertion.arn.extract('{account_arn}assumed-role/')"
-                           " + 'assumed-role/' + assertion.arn.extract('assumed-role/{role_name}/')"
-                           " : assertion.arn"),
+    "google.subject": AWS_ROLE_EXPRESSION,
+    "attribute.aws_role": AWS_ROLE_EXPRESSION,
 }
+# Google's limit on a mapped `google.subject`, in bytes.
+SUBJECT_MAX_BYTES = 127
+# The longest of each part of an assumed-role ARN: the partition (`aws-us-gov`), the account, an IAM role's
+# name and a session's name (a Lambda's is its function's name; an EC2 machine's, its instance id).
+LONGEST_PARTITION = "aws-us-gov"
+LONGEST_NAME = 64
 PROVIDER_ID = "aws-controller"
 MACHINES_PROVIDER_ID = "aws-machines"
 # What a caller's audience names: the provider's full resource name under iam.googleapis.com.
 AUDIENCE_PREFIX = "//iam.googleapis.com/"
+
+
+def _cel_value(expression: str, arn: str) -> str:
+    """The value of the few CEL forms the mapping uses (`assertion.arn`, its `contains`/`extract`, string
+    literals, `+`, `? :`), for a caller whose ARN is `arn`; anything else is refused."""
+    expression = expression.strip()
+    cond, sep, branches = expression.partition(" ? ")
+    if sep:
+        then, colon, otherwise = branches.rpartition(" : ")
+        test = re.fullmatch(r"assertion\.arn\.contains\('([^']*)'\)", cond.strip())
+        if not (colon and test):
+            raise ValueError(f"unsupported CEL condition: {expression!r}")
+        return _cel_value(then if test.group(1) in arn else otherwise, arn)
+    out = []
+    for term in (t.strip() for t in expression.split(" + ")):
+        if term == "assertion.arn":
+            out.append(arn)
+        elif literal := re.fullmatch(r"'([^']*)'", term):
+            out.append(literal.group(1))
+        elif extract := re.fullmatch(r"assertion\.arn\.extract\('([^{']*)\{\w+\}([^']*)'\)", term):
+            # Google's `extract`: the text between the template's prefix and suffix, or "" when absent.
+            prefix, suffix = extract.groups()
+            found = re.search(re.escape(prefix) + "(.*?)" + re.escape(suffix), arn)
+            out.append(found.group(1) if found else "")
+        else:
+            raise ValueError(f"unsupported CEL term: {term!r}")
+    return "".join(out)
+
+
+def mapped_subject(arn: str, mapping: dict[str, str] | None = None) -> str:
+    """The `google.subject` the provider's mapping gives a caller whose (assumed-role) ARN is `arn`."""
+    return _cel_value((mapping or AWS_ATTRIBUTE_MAPPING)["google.subject"], arn)
+
+
+def worst_case_arn(role_name: str) -> str:
+    """The longest assumed-role ARN a session of `role_name` can present: the longest partition and a
+    session name of IAM's longest."""
+    return f"arn:{LONGEST_PARTITION}:sts::123456789012:assumed-role/{role_name}/{'s' * LONGEST_NAME}"
+
+
+def subject_bytes_worst_case(role_name: str, mapping: dict[str, str] | None = None) -> int:
+    """The bytes of the longest `google.subject` a session of `role_name` is mapped to."""
+    return len(mapped_subject(worst_case_arn(role_name), mapping).encode())
 
 
 def assumed_role_arn(partition: pulumi.Input[str], account_id: pulumi.Input[str],

@@ -90,6 +90,12 @@ def controller_account_ids(*, project: str, stack: str) -> tuple[str, str]:
     return f"tc-{slug(stack, 18)}-{digest}", f"ti-{slug(stack, 18)}-{digest}"
 
 
+def controller_build_account_id(*, project: str, stack: str) -> str:
+    """The service account the placement controller's function is built as (Cloud Build): 6-30 characters."""
+    digest = short_digest(project, stack, "controller", n=6)
+    return f"tb-{slug(stack, 18)}-{digest}"
+
+
 # The VPC network the machines and their firewall rules use (ops preflight checks it is there).
 MACHINE_NETWORK = "default"
 

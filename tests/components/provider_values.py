@@ -48,7 +48,10 @@ _REF = re.compile(r"ForwardRef\('([A-Za-z_][A-Za-z0-9_]*)'\)")
 # "The value must be in between 604800(7 days) and 7776000(90 days). ... must be set to 0." and
 # "When set to `0` it will be ignored" (pulumi_gcp: the provider drops a 0, a rule loses that condition).
 _POSITIVE = re.compile(r"must be a (?:non-zero )?positive integer", re.IGNORECASE)
-_BETWEEN = re.compile(r"must be in between (\d+)\D[^.]*? and (\d+)", re.IGNORECASE)
+# and pulumi_aws's "Valid values between 60 and 21600." (Lambda's event invoke config), "Ranges from `0` to `185`"
+# (the scheduler's retry policy).
+_BETWEEN = re.compile(r"(?:must be in between|Valid values between|Ranges from) `?(\d+)`?(?:\s*\([^)]*\))?\s+(?:and|to)\s+`?(\d+)",
+                      re.IGNORECASE)
 _ALSO = re.compile(r"must be set to `?(\d+)`?", re.IGNORECASE)
 _ZERO_IGNORED = re.compile(r"set to `0` it will be ignored|`0` value of `\w+` field will be ignored", re.IGNORECASE)
 

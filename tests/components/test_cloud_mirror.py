@@ -41,8 +41,8 @@ ONLY = {
         # GCS grants name the bucket; a GCP function runs as service accounts the stack names in advance, and
         # reaches the groups of placements in other GCP projects through grants there (an AWS home's GCP
         # placements are on the other cloud: their access is made apart, by federation).
-        "gcp": {"bucket_name", "gcp_project", "region", "account_id", "invoker_account_id", "custom_role_prefix",
-                "labels", "other_projects"},
+        "gcp": {"bucket_name", "gcp_project", "region", "account_id", "invoker_account_id", "build_account_id",
+                "custom_role_prefix", "labels", "other_projects"},
     },
     "TrainerCodeArgs": {"aws": set(), "gcp": set()},
     "TrainerImageArgs": {"aws": set(), "gcp": set()},

@@ -291,3 +291,126 @@ def test_the_real_package_runs_a_tick_in_lambdas_runtime(tmp_path, s3_run):
     assert "tenacity" in json.loads(imported) and not [m for m in json.loads(imported) if m != "tenacity" and
                                                        not m.startswith("tenacity.")]
     assert group_size(s3_run, home) == (0, 0, 0) and group_size(s3_run, other) == (0, 0, 0)
+
+
+def test_aws_ticks_are_delivered_at_least_once_with_no_retry_and_one_at_a_time():
+    """Lambda retries an asynchronous invocation twice and keeps it six hours unless told; the scheduler retries
+    185 times. Here neither retries, an event older than a minute is dropped, and one tick runs at a time."""
+    from tests.components import provider_values as pv
+
+    r = synthesized("aws")
+    (fn,) = r.of_type(FUNCTION["aws"])
+    assert fn["inputs"]["reservedConcurrentExecutions"] == 1
+    (delivery,) = r.of_type("aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig")
+    assert delivery["inputs"]["functionName"] == fn["inputs"]["name"]
+    assert delivery["inputs"]["maximumRetryAttempts"] == 0
+    assert 60 <= delivery["inputs"]["maximumEventAgeInSeconds"] <= 120
+    (schedule,) = r.of_type(SCHEDULE["aws"])
+    assert schedule["inputs"]["target"]["retryPolicy"] == {"maximumRetryAttempts": 0, "maximumEventAgeInSeconds": 60}
+    # Each value is inside pulumi_aws's documented range; one outside it is caught.
+    for rec in (fn, delivery, schedule):
+        assert pv.check_resource(rec) == []
+    for rec, key, bad in ((delivery, "maximumEventAgeInSeconds", 30), (delivery, "maximumRetryAttempts", 3)):
+        planted = {**rec, "inputs": {**rec["inputs"], key: bad}}
+        (problem,) = pv.check_resource(planted)
+        assert (problem.path, problem.value) == (key, bad)
+
+
+def test_gcp_ticks_run_one_instance_at_a_time_with_no_scheduler_retry():
+    r = synthesized("gcp")
+    (fn,) = r.of_type(FUNCTION["gcp"])
+    assert fn["inputs"]["serviceConfig"]["maxInstanceCount"] == 1
+    assert fn["inputs"]["serviceConfig"]["minInstanceCount"] == 0
+    (job,) = [x for x in r.of_type(SCHEDULE["gcp"]) if x["parent"] == "trainstack-controller"]
+    assert job["inputs"]["retryConfig"] == {"retryCount": 0}
+
+
+# The worst case of the AWS function's environment: the most placements the settings take, every one but home on
+# GCP (each with its `access`), the longest region names, project ids (30), stack (Pulumi's 100), run id (63),
+# bucket name (63) and Pulumi project name the naming keeps (40 characters of it).
+GCP_REGIONS = ["northamerica-northeast1", "northamerica-northeast2", "australia-southeast1", "australia-southeast2",
+               "europe-southwest1", "southamerica-east1", "southamerica-west1", "europe-central2"]
+
+
+def _longest_aws_home() -> dict:
+    from components.settings.schema import Settings
+
+    most = next(m.max_length for m in Settings.model_fields["placements"].metadata if hasattr(m, "max_length"))
+    return {
+        "cloud": "aws", "region": "ap-southeast-1", "run": {"synthetic": True, "steps": 100, "id": "r" * 63},
+        "storage": {"bucketName": "b" * 63},
+        "placements": [{"cloud": "aws", "region": "ap-southeast-1", "instanceTypes": ["g5.xlarge"]}] + [
+            {"cloud": "gcp", "region": GCP_REGIONS[i], "project": f"p{i}" + "x" * 28, "instanceTypes": ["g2-standard-4"]}
+            for i in range(most - 1)],
+    }, most
+
+
+def test_the_aws_functions_environment_fits_lambdas_limit_in_the_worst_case(monkeypatch):
+    import re
+
+    from components.aws import controller
+    from ops import mockrun
+
+    raw, most = _longest_aws_home()
+    monkeypatch.setattr(mockrun, "project_name", lambda: "q" * 40)
+    r = synth.synthesize(raw, stack="s" * 100)
+    (fn,) = r.of_type(FUNCTION["aws"])
+    variables = fn["inputs"]["environment"]["variables"]
+    config = json.loads(variables[placement.CONFIG_ENV])
+    assert len(config["placements"]) == most == 8 and sum("access" in p for p in config["placements"]) == most - 1
+    # GCP project numbers are at most 19 digits (int64); the fake cloud's are 12.
+    longest = {k: re.sub(r"/projects/\d+/", "/projects/" + "9" * 19 + "/", v) for k, v in variables.items()}
+    size = controller.environment_bytes(longest)
+    assert 3000 < size <= controller.ENVIRONMENT_MAX_BYTES, size
+    ((name, printed),) = synth.function_environments(r)
+    assert name == fn["name"] and printed == controller.environment_bytes(variables)
+
+
+def test_an_environment_lambda_would_refuse_is_refused_naming_the_key(monkeypatch):
+    from components.aws import controller
+
+    raw, _ = _longest_aws_home()
+    monkeypatch.setattr(controller, "ENVIRONMENT_MAX_BYTES", 3000)
+    with pytest.raises(synth.ProgramError, match=r"trainstack:placements: the placement controller's configuration "
+                                                 r"takes \d+ bytes of Lambda's 3000"):
+        synth.synthesize(raw, stack="s" * 100)
+
+
+def test_the_gcp_function_is_built_by_its_own_account_with_the_documented_roles_narrowed():
+    """Not the Compute Engine default account (roleless in new organisations): an account of the function's
+    own, with Logs Writer, Artifact Registry Writer on Cloud Functions' repository only, and read on the
+    function's source object only, and on the sources Cloud Functions stages."""
+    from components.gcp import controller as gcp_controller
+    from policy import rules
+
+    r = synthesized("gcp")
+    bucket = r.outputs["bucketName"]
+    (fn,) = r.of_type(FUNCTION["gcp"])
+    build = r.named("trainstack-controller-build")
+    assert build["inputs"]["accountId"].startswith("tb-") and 6 <= len(build["inputs"]["accountId"]) <= 30
+    email = f"{build['inputs']['accountId']}@my-proj-123.iam.gserviceaccount.com"
+    assert fn["inputs"]["buildConfig"]["serviceAccount"] == f"projects/my-proj-123/serviceAccounts/{email}"
+    member = f"serviceAccount:{email}"
+    grants = {x["name"]: x["inputs"] for x in r.resources if x["inputs"].get("member") == member}
+    assert {n: (g["role"], (g.get("condition") or {}).get("expression")) for n, g in grants.items()} == {
+        "trainstack-controller-build-logs": ("roles/logging.logWriter", None),
+        "trainstack-controller-build-image": (
+            "roles/artifactregistry.writer",
+            'resource.name.startsWith("projects/my-proj-123/locations/us-central1/repositories/gcf-artifacts")'),
+        "trainstack-controller-build-source": (
+            "roles/storage.objectViewer",
+            f'resource.name == "projects/_/buckets/{bucket}/objects/{gcp_controller.SOURCE_OBJECT}"'),
+        "trainstack-controller-build-staged-source": (
+            "roles/storage.objectViewer", 'resource.name.startsWith("projects/_/buckets/gcf-v2-sources-")'),
+    }
+    # The source object the grant names is the one the function is built from.
+    (source,) = [x for x in r.of_type("gcp:storage/bucketObject:BucketObject") if x["name"] == "trainstack-controller-source"]
+    assert source["inputs"]["name"] == gcp_controller.SOURCE_OBJECT == fn["inputs"]["buildConfig"]["source"][
+        "storageSource"]["object"]
+    # The function waits for the grants; the policy pack's least-privilege rule holds, and sees an admin role.
+    assert set(grants) <= set(fn["options"]["dependsOn"])
+    assert rules.identity.iam_least_privilege(r.resources, None) == []
+    planted = [{**x, "inputs": {**x["inputs"], "role": "roles/storage.admin", "condition": None}}
+               if x["name"] == "trainstack-controller-build-staged-source" else x for x in r.resources]
+    (violation,) = rules.identity.iam_least_privilege(planted, None)
+    assert violation.resource == "trainstack-controller-build-staged-source"

@@ -246,3 +246,77 @@ def test_image_copies_without_a_recorded_price_say_so():
 
     (line,) = plan.image_copies_lines(pricing.ImageCopies(2, None, 0.0, 10), "src")
     assert "no recorded registry storage price" in line and "stored in 2 repositories" in line
+
+
+GCP_FROM_AWS_HOME = {"cloud": "aws", "region": "us-east-1", "run": {"synthetic": True},
+                     "placements": [{"cloud": "aws", "region": "us-east-1", "instanceTypes": ["g5.xlarge"]},
+                                    {"cloud": "aws", "region": "us-west-2", "instanceTypes": ["g6.xlarge"]},
+                                    {"cloud": "gcp", "region": "us-central1", "project": "my-gpus-42",
+                                     "instanceTypes": ["g2-standard-4"]}]}
+
+
+@pytest.mark.parametrize(("index", "per_hour", "kind"), [
+    (0, 0.0, "same region"),
+    # 1 GiB every 600 s (the trainer's default), from us-west-2 EC2 to S3 in us-east-1 at $0.02/GB.
+    (1, 0.02 * 1024**3 / 1e9 * 6, "inter-region"),
+    # The same from GCE to S3 at Google's internet egress, $0.12/GB: about $0.77 an hour.
+    (2, 0.12 * 1024**3 / 1e9 * 6, "internet"),
+])
+def test_a_placements_checkpoint_writes_cost_what_its_cloud_bills_to_send_them_home(index, per_hour, kind):
+    s = load_settings(GCP_FROM_AWS_HOME, stack="moves")
+    assert s.run.checkpoint_every_seconds == 600
+    p = s.placement_list[index]
+    writes = pricing.checkpoint_writes(s, p.cloud, p.region)
+    assert (writes.transfer.kind, writes.checkpoint_bytes) == (kind, 1024**3)
+    assert writes.per_hour == pytest.approx(per_hour)
+    if index == 2:
+        assert round(writes.per_hour, 2) == 0.77
+    # Checkpoints by steps only: no hourly rate to give.
+    steps_only = load_settings({**GCP_FROM_AWS_HOME, "run": {"synthetic": True, "checkpointEverySeconds": None,
+                                                             "checkpointEverySteps": 100}}, stack="moves")
+    assert pricing.checkpoint_writes(steps_only, p.cloud, p.region).per_hour is None
+
+
+def test_synth_plan_prints_each_placements_checkpoint_writes():
+    from ops import synth
+
+    raw = GCP_FROM_AWS_HOME
+    text = synth.plan(synth.synthesize(raw, stack="moves"), synth.load_source(raw, "moves").settings, ask_prices=False)
+    home, west, gce = text.split("Placements: 3, home first", 1)[1].splitlines()[1:4]
+    assert "checkpoint writes" not in home
+    assert west.endswith("; checkpoint writes: $0.13/h at the 1.0 GiB assumed size, one every 600 s inter-region "
+                         "at $0.02/GB"), west
+    assert gce.endswith("; checkpoint writes: $0.77/h at the 1.0 GiB assumed size, one every 600 s internet "
+                        "at $0.12/GB"), gce
+
+
+def test_the_cost_so_far_counts_checkpoint_writes_for_the_time_spent_away_from_home():
+    """The machines' recorded price carries their placement's checkpoint writes (spread over the machines), so
+    `ops status`'s cost so far (trainer.cost) counts them for exactly the hours the run trained there."""
+    from components import placement
+    from components.userdata import price_env
+    from trainer import cost
+
+    s = load_settings({**GCP_FROM_AWS_HOME, "compute": {"nodes": 2}}, stack="moves")
+    envs = [price_env(placement.settings_at(s, i)) for i in range(3)]
+    machines = [price_env(placement.settings_at(s, i).model_copy(
+        update={"run": s.run.model_copy(update={"checkpoint_every_seconds": None, "checkpoint_every_steps": 100})}))
+        for i in range(3)]
+    writes = [pricing.checkpoint_writes(s, p.cloud, p.region).per_hour for p in s.placement_list]
+    for env, bare, w in zip(envs, machines, writes, strict=True):
+        assert float(env["TRAINSTACK_PRICE_PER_HOUR"]) == pytest.approx(float(bare["TRAINSTACK_PRICE_PER_HOUR"]) + w / 2,
+                                                                         abs=1e-4)
+    assert "checkpoint writes" not in envs[0]["TRAINSTACK_PRICE_NOTE"]
+    assert " + checkpoint writes to home $0.77/h" in envs[2]["TRAINSTACK_PRICE_NOTE"]
+
+    def started(t: int, i: int) -> dict:
+        return {"event": "started", "time": f"2026-12-01T{t:02d}:00:00+00:00", "attempt": i + 1, "workers": 2,
+                "config": {"price_per_hour": float(envs[i]["TRAINSTACK_PRICE_PER_HOUR"]),
+                           "placement": f"{s.placement_list[i].cloud} {s.placement_list[i].region}"}}
+
+    # An hour at home, then an hour on GCP, still running.
+    events = [started(0, 0), {"event": "preempted", "time": "2026-12-01T01:00:00+00:00", "attempt": 1},
+              started(1, 2)]
+    total = cost.run_cost(events, now=cost.parse_time("2026-12-01T02:00:00+00:00"))
+    machines_only = 2 * (float(machines[0]["TRAINSTACK_PRICE_PER_HOUR"]) + float(machines[2]["TRAINSTACK_PRICE_PER_HOUR"]))
+    assert total.cost_usd == pytest.approx(machines_only + writes[2], abs=1e-3)

@@ -200,3 +200,15 @@ def test_the_check_reads_documented_number_ranges():
     (problem,) = pv.check_resource(config)
     assert (problem.path, problem.value, problem.allowed) == (
         "rules[0].noncurrentVersionExpiration.noncurrentDays", 0, ("a positive integer",))
+
+
+@pytest.mark.parametrize(("doc", "value", "problem"), [
+    ("Maximum age of a request. Valid values between 60 and 21600.", 30, "between 60 and 21600"),
+    ("Maximum age of a request. Valid values between 60 and 21600.", 60, None),
+    ("Maximum number of retry attempts. Ranges from `0` to `185` (default).", 186, "between 0 and 185"),
+    ("Maximum number of retry attempts. Ranges from `0` to `185` (default).", 0, None),
+    ("The value must be in between 604800(7 days) and 7776000(90 days).", 86_400, "between 604800 and 7776000"),
+    ("The value must be in between 604800 (7 days) and 7776000 (90 days).", 86_400, "between 604800 and 7776000"),
+])
+def test_documented_number_ranges_read_the_sdks_phrasings(doc, value, problem):
+    assert pv.documented_number_problem(doc, value) == problem

@@ -255,25 +255,6 @@ MISMATCH_DOCKER = ("docker: Error response from daemon: failed to create task fo
                    "driver/library version mismatch: unknown.")
 
 
-def test_bootstrap_keeps_unattended_upgrades_off_the_nvidia_driver(machines, s3_run):
-    import re
-
-    box = machines(s3_run, "trainstack-x", "")
-    assert _script(box, "bootstrap.sh").returncode == 0
-    dropin = box.root / "etc/apt/apt.conf.d/51trainstack-hold-nvidia"
-    assert dropin.is_file()
-    dump = subprocess.run(["apt-config", "-c", str(dropin), "dump", "Unattended-Upgrade::Package-Blacklist"],
-                          capture_output=True, text=True, check=True, timeout=30).stdout
-    patterns = re.findall(r'^Unattended-Upgrade::Package-Blacklist:: "(.*)";$', dump, re.M)
-    # unattended-upgrades matches each as a Python regex at the start of the package name.
-    held = {name for name in ("nvidia-driver-570-server", "libnvidia-compute-570-server", "nvidia-dkms-570-server",
-                              "nvidia-kernel-common-570-server", "linux-modules-nvidia-570-server-aws",
-                              "nvidia-utils-570-server", "linux-image-aws", "openssl", "docker.io")
-            if any(re.match(p, name) for p in patterns)}
-    assert held == {"nvidia-driver-570-server", "libnvidia-compute-570-server", "nvidia-dkms-570-server",
-                    "nvidia-kernel-common-570-server", "linux-modules-nvidia-570-server-aws", "nvidia-utils-570-server"}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("after", ["cleared", "persists", "again"])
 def test_a_driver_updated_under_the_machine_reboots_it_once_instead_of_failing_the_run(

@@ -224,3 +224,31 @@ def test_shipped_scripts_lose_only_their_whole_line_comments(name):
     assert [line for line in kept if not line.lstrip().startswith("#")] == code
     assert [line for line in source if line.lstrip().startswith("# shellcheck")] == [
         line for line in kept[2:] if line.lstrip().startswith("#")] or kept[0].startswith("# shellcheck")
+
+
+@pytest.mark.parametrize("name", ["aws", "gcp", f"aws{ACROSS}"])
+def test_cloud_init_itself_holds_the_nvidia_driver_before_apts_timers(name, tmp_path):
+    """The unattended-upgrades drop-in is in the document (write_files, cloud-init's network stage, before
+    sysinit.target and so before any apt timer), not written by bootstrap after network-online, when
+    apt-daily-upgrade may already have started unattended-upgrades, which reads its configuration once."""
+    import re
+
+    from components.userdata import APT_HOLD
+
+    text, _env = _render(name)
+    files = {f["path"]: f for f in yaml.safe_load(text)["write_files"]}
+    dropin = files["/etc/apt/apt.conf.d/51trainstack-hold-nvidia"]
+    assert APT_HOLD[1] == dropin["path"] and dropin["permissions"] == "0644" and dropin["owner"] == "root:root"
+    (tmp_path / "hold").write_text(dropin["content"])
+    dump = subprocess.run(["apt-config", "-c", str(tmp_path / "hold"), "dump", "Unattended-Upgrade::Package-Blacklist"],
+                          capture_output=True, text=True, check=True, timeout=30).stdout
+    patterns = re.findall(r'^Unattended-Upgrade::Package-Blacklist:: "(.*)";$', dump, re.M)
+    # unattended-upgrades matches each as a Python regex at the start of the package name.
+    held = {n for n in ("nvidia-driver-570-server", "libnvidia-compute-570-server", "nvidia-dkms-570-server",
+                        "nvidia-kernel-common-570-server", "linux-modules-nvidia-570-server-aws",
+                        "nvidia-utils-570-server", "linux-image-aws", "openssl", "docker.io")
+            if any(re.match(p, n) for p in patterns)}
+    assert held == {"nvidia-driver-570-server", "libnvidia-compute-570-server", "nvidia-dkms-570-server",
+                    "nvidia-kernel-common-570-server", "linux-modules-nvidia-570-server-aws", "nvidia-utils-570-server"}
+    # One writer: the boot scripts no longer write it (they ran after network-online).
+    assert "51trainstack-hold-nvidia" not in (USERDATA_DIR / "bootstrap.sh").read_text()

@@ -41,7 +41,8 @@ PER_PLACEMENT = {"pulumi:providers:aws", "trainstack:aws:SpotGroup", "aws:ec2/se
 # The placement controller, for two placements or more.
 CONTROLLER_TYPES = {
     "trainstack:aws:PlacementController": 1, "aws:iam/role:Role": 2, "aws:iam/rolePolicy:RolePolicy": 3,
-    "aws:cloudwatch/logGroup:LogGroup": 1, "aws:lambda/function:Function": 1, "aws:scheduler/schedule:Schedule": 1,
+    "aws:cloudwatch/logGroup:LogGroup": 1, "aws:lambda/function:Function": 1,
+    "aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig": 1, "aws:scheduler/schedule:Schedule": 1,
 }
 
 
