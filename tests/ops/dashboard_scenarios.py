@@ -119,7 +119,7 @@ def story(uri: str, tmp_path: Path, monkeypatch, *, start: float, eval_every: in
                 commit(store, tmp_path, step)
                 log.emit("checkpoint", step=step, seconds=3.2, bytes=48_000_000)
                 checkpoints += 1
-            if step % eval_every == 0:
+            if step % eval_every == 0 and step < steps:  # the trainer's loop: none at the last step
                 acc = 0.95 - 0.6 * (0.9993 ** step)
                 log.emit("evaluated", step=step, metrics={"val_accuracy": round(acc, 4),
                                                           "val_loss": round(1.6 * 0.9994 ** step + 0.08, 4)},
@@ -138,28 +138,29 @@ def story(uri: str, tmp_path: Path, monkeypatch, *, start: float, eval_every: in
         clock.t += 5
         log.emit("preempted", step=step, signal="SIGTERM", seconds=3.4)
 
-    # Attempt 1: i-0aaa in us-east-1, from 0 to 2200; a spot notice, then preempted.
+    # Attempt 1: i-0aaa in us-east-1, from 0 to `first`; a spot notice, then preempted.
+    first, second = steps * 11 // 30, steps * 53 // 120  # 2200 and 2650 of 6000
     log = attempt(1, EAST)
-    train(log, 0, 2200, 2.0)
-    preempted(log, "i-0aaa", 2200)
-    # Idle 25 minutes: no spot capacity; then i-0bbb in us-east-1 resumes and is preempted at 2650.
+    train(log, 0, first, 2.0)
+    preempted(log, "i-0aaa", first)
+    # Idle 25 minutes: no spot capacity; then i-0bbb in us-east-1 resumes and is preempted at `second`.
     clock.t += 25 * 60
     log = attempt(2, EAST)
-    log.emit("resumed", step=2200)
-    train(log, 2200, 2650, 2.0)
-    preempted(log, "i-0bbb", 2650)
+    log.emit("resumed", step=first)
+    train(log, first, second, 2.0)
+    preempted(log, "i-0bbb", second)
     # The controller moves the run to us-west-2 after 15 minutes without capacity.
     clock.t += 15 * 60
-    move = {"from": 0, "to": 1, "from_placement": EAST, "to_placement": WEST, "reason": MOVE_REASON, "step": 2650,
+    move = {"from": 0, "to": 1, "from_placement": EAST, "to_placement": WEST, "reason": MOVE_REASON, "step": second,
             "time": _iso(clock.t), "done": True}
     store.put_bytes(layout.PLACEMENT_KEY, json.dumps({"active": 1, "since": move["time"], "moves": [move]}).encode())
     store.put_bytes(layout.PLACEMENT_EVENTS_KEY, (json.dumps({"event": layout.MOVED, **move}) + "\n").encode())
     clock.t += 8 * 60
     log = attempt(3, WEST)
-    log.emit("resumed", step=2650)
+    log.emit("resumed", step=second)
     for _ in range(extra_events):
-        log.emit("checkpoint_skipped", step=2650, reason="the previous upload is still running")
-    train(log, 2650, steps, 2.4)
+        log.emit("checkpoint_skipped", step=second, reason="the previous upload is still running")
+    train(log, second, steps, 2.4)
     log.emit("finished", step=steps, metrics={"loss": losses[steps]})
     log.close()
     end = clock.t + 40

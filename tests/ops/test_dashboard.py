@@ -1,0 +1,181 @@
+"""`ops dashboard` without a browser: what each page says, its notes, its status codes, the server's guard.
+
+The bucket is ``dashboard_scenarios.bucket``'s (a preempted-and-moved COMPLETE run, and
+``test_status.build``'s resumed, failed and complete runs) on ``file://``; the browser tests
+(``test_dashboard_browser.py``) look at the same pages on the emulators.
+"""
+
+from __future__ import annotations
+
+import html
+import http.client
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ops.__main__ import main
+from ops.dashboard import Dashboard, bucket_of, data, make_server
+from tests.ops import dashboard_scenarios as scenarios
+from tests.ops.helpers import ctrl_c_reaches_it
+from trainer import layout
+from trainer.storage import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def bucket(tmp_path, monkeypatch):
+    uri = f"file://{tmp_path}/bucket"
+    states = scenarios.bucket(uri, tmp_path / "src", monkeypatch, start=time.time() - 9 * 3600)
+    return uri, states
+
+
+def _rows(body: str) -> dict[str, str]:
+    return dict(re.findall(r'<tr class="run" data-run="([^"]+)" data-state="([^"]+)"', body))
+
+
+def test_the_runs_table_shows_every_run_with_its_state_and_sorts(bucket):
+    uri, states = bucket
+    dash = Dashboard(uri, open_store(uri))
+    code, body = dash.respond("/")
+    assert code == 200 and _rows(body) == states
+    night = body[body.index('data-run="night"'):].split("</tr>")[0]
+    assert ">3<" in night and ">2<" in night  # attempts, preemptions
+    assert "aws us-east-1<br>aws us-west-2" in night and "val_accuracy 0.9341 @5500" in night
+    _code, by_cost = dash.respond("/?sort=cost&order=desc")
+    assert list(_rows(by_cost))[0] == "night"  # the only priced run is the dearest
+    _code, by_cost_up = dash.respond("/?sort=cost&order=asc")
+    assert list(_rows(by_cost_up))[-1] == "night"
+    # A run not over makes the page refresh itself; once all are over, it does not.
+    assert 'http-equiv="refresh"' in body
+
+
+def test_the_run_page_draws_its_story_with_the_figures_of_ops_status(bucket, capsys):
+    uri, _states = bucket
+    page = data.run_page(open_store(uri), "night", time.time())
+    assert [s.lane for s in page.spans] == ["i-0aaa (aws us-east-1)", "i-0bbb (aws us-east-1)",
+                                             "i-0ccc (aws us-west-2)"]
+    kinds = [m.kind for m in page.marks]
+    assert kinds.count("preempted") == 2 and kinds.count("spot_notice") == 2 and kinds.count("moved") == 1
+    assert page.end is not None and page.end.kind == "COMPLETE"
+    # The idle gaps: nothing trained between attempts (the move is not a machine's time).
+    gaps = [b.start - a.end for a, b in zip(page.spans, page.spans[1:], strict=False)]
+    assert gaps[0] > 24 * 60 and gaps[1] > 20 * 60, gaps
+    evaluations = sum(1 for m in page.marks if m.kind == "evaluated")
+    assert len(page.curves["val_accuracy"]) == evaluations == 11  # 500 to 5500
+    assert page.curve_source["train/loss"] == "TensorBoard" and len(page.curves["train/loss"]) == 60
+    assert page.notes == []
+    assert main(["status", "--run-uri", f"{uri}/runs/night", "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert page.st.cost_usd == st["cost_usd"] and st["cost_usd"] > 0
+    assert round(sum(s.cost_usd for s in page.spans), 2) == st["cost_usd"]  # the chart's total is the status's
+    code, body = Dashboard(uri, open_store(uri)).respond("/run/night")
+    assert code == 200 and f'data-usd="{st["cost_usd"]}"' in body
+    assert "price table 2026-11-30" in html.unescape(body) and "http-equiv" not in body  # over: no refresh
+    assert body.count('class="attempt"') == 3 and body.count('class="mark preempted"') == 2
+    assert "python -m ops pull --run-uri" in body and "SavedModel endpoint serve" in body
+
+
+def test_damaged_and_missing_files_are_notes_not_errors(bucket):
+    uri, _states = bucket
+    store = open_store(f"{uri}/runs/resumed")
+    store.put_bytes(layout.EVENTS_KEY, store.get_bytes(layout.EVENTS_KEY) + b"{not json\n[1, 2]\n")
+    store.delete_prefix(layout.PROGRESS_KEY)
+    store.put_bytes(layout.TENSORBOARD_PREFIX + "events.out.tfevents.9", b"\x05\x00\x00\x00\x00\x00\x00\x00"
+                    + b"\x00" * 4 + b"\xff\xff\xff\xff\xff" + b"\x00" * 4)
+    code, body = Dashboard(uri, open_store(uri)).respond("/run/resumed")
+    notes = re.findall(r'<li class="note">([^<]*)</li>', body)
+    assert code == 200, body
+    assert "events.jsonl: 2 damaged lines skipped (not JSON, or not an event)" in notes
+    assert "progress.json is missing: no heartbeat from the trainer yet" in notes
+    assert any("damaged record" in n for n in notes), notes
+    assert body.count('class="attempt"') == 2  # the rest of the page is still drawn
+
+
+class Unreadable:
+    """A bucket whose every read fails, as one without credentials does."""
+
+    uri = "s3://nowhere"
+
+    def stat(self, prefix=""):
+        raise PermissionError("AccessDenied: no credentials")
+
+    def __getattr__(self, name):
+        return self.stat
+
+
+def test_pages_that_cannot_be_read_say_why_with_404_or_503(bucket):
+    uri, _states = bucket
+    code, body = Dashboard(uri, open_store(uri)).respond("/run/no-such-run")
+    assert code == 404 and "no run &#x27;no-such-run&#x27;" in body
+    code, body = Dashboard("s3://nowhere", Unreadable()).respond("/")
+    assert code == 503 and "AccessDenied: no credentials" in body and "check your credentials" in body
+    assert 'http-equiv="refresh"' in body  # it tries again by itself
+
+
+def _get(port: int, path: str, host: str, method: str = "GET") -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request(method, path, headers={"Host": host})
+    r = conn.getresponse()
+    return r.status, r.read().decode()
+
+
+def test_the_server_listens_on_127_0_0_1_answers_only_to_it_and_only_reads(bucket):
+    uri, _states = bucket
+    server = make_server(Dashboard(uri, open_store(uri)), 0)
+    import threading
+
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_port
+        assert server.server_address[0] == "127.0.0.1"
+        assert _get(port, "/", f"127.0.0.1:{port}")[0] == 200
+        assert _get(port, "/run/night", f"localhost:{port}")[0] == 200
+        # A page elsewhere whose own name points at 127.0.0.1 (DNS rebinding) is refused.
+        code, text = _get(port, "/", f"evil.example:{port}")
+        assert code == 403 and "answers only on 127.0.0.1" in text
+        assert _get(port, "/", f"127.0.0.1:{port}", method="POST")[0] == 405
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_another_host_is_refused_on_the_command_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["dashboard", "--bucket-uri", f"file://{tmp_path}", "--host", "0.0.0.0"])
+    assert e.value.code == 2 and "unknown option --host" in capsys.readouterr().err
+
+
+def test_a_bucket_uri_may_name_the_runs_folder():
+    assert bucket_of("file://./runs") == "file://."
+    assert bucket_of("s3://b/runs/") == "s3://b"
+    assert bucket_of("s3://b") == "s3://b"
+    assert bucket_of("gs://runs") == "gs://runs"  # a bucket named runs
+
+
+def test_the_readme_demo_folder_is_served_and_the_url_printed(tmp_path, monkeypatch):
+    # The README's demo writes file://./runs/demo; `ops dashboard --bucket-uri file://./runs` shows it.
+    scenarios.story(f"file://{tmp_path}/runs/demo", tmp_path / "src", monkeypatch, start=time.time() - 3 * 3600,
+                    steps=1000, eval_every=250, checkpoint_every=500)
+    proc = subprocess.Popen([sys.executable, "-m", "ops", "dashboard", "--bucket-uri", "file://./runs", "--port", "0"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}, preexec_fn=ctrl_c_reaches_it)
+    try:
+        line = proc.stdout.readline()
+        m = re.search(r"at http://127\.0\.0\.1:(\d+)/", line)
+        assert m, (line, proc.stderr.read() if proc.poll() is not None else "")
+        port = int(m.group(1))
+        code, body = _get(port, "/", f"127.0.0.1:{port}")
+        assert code == 200 and _rows(body) == {"demo": "COMPLETE"}
+        code, body = _get(port, "/run/demo", f"127.0.0.1:{port}")
+        assert code == 200 and 'data-metric="val_accuracy" data-points="3"' in body
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=20)
+    assert rc == 130
