@@ -192,12 +192,15 @@ def timeline(page: RunPage) -> str:
     if page.end:
         times.append(page.end.at)
     t0, t1 = min(times), max(times)
-    if t1 - t0 < 60:
-        t1 = t0 + 60
+    pad = max(30.0, 0.02 * (t1 - t0))  # room for the marks at either end
+    t0, t1 = t0 - pad, t1 + pad
     lanes = list(dict.fromkeys(s.lane for s in spans)) or ["machine"]
-    label_w, width, lane_h, top = 230, 1100, 34, 34
+    # Rows from the top: the end's label, the idle gaps' labels, the lanes, the moves' labels, the time axis, the legend.
+    label_w, width, lane_h, top = 230, 1100, 34, 44
     plot_w = width - label_w - 30
-    height = top + lane_h * len(lanes) + 46
+    moves_y = top + lane_h * len(lanes) + 14
+    axis_y = moves_y + 16 * max(1, sum(1 for m in marks if m.kind == layout.MOVED))
+    height = axis_y + 36
 
     def x(t: float) -> float:
         return label_w + (t - t0) / (t1 - t0) * plot_w
@@ -207,8 +210,8 @@ def timeline(page: RunPage) -> str:
 
     parts = [f'<svg class="timeline" width="{width}" height="{height}" role="img" aria-label="attempts over time">']
     for t, label in _time_ticks(t0, t1):
-        parts.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top - 6}" y2="{height - 40}" stroke="#eee"/>'
-                     f'<text x="{x(t):.1f}" y="{height - 26}" text-anchor="middle" fill="#666">{label}</text>')
+        parts.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top - 6}" y2="{axis_y - 10}" stroke="#eee"/>'
+                     f'<text x="{x(t):.1f}" y="{axis_y + 2}" text-anchor="middle" fill="#666">{label}</text>')
     for i, lane in enumerate(lanes):
         y = lane_y(lane)
         parts.append(f'<text class="lane" x="8" y="{y + lane_h / 2 + 4:.1f}" fill="#333">{_e(lane[:34])}</text>')
@@ -223,7 +226,7 @@ def timeline(page: RunPage) -> str:
                          f"<title>idle {runstate.duration(b.start - a.end)}: no machine trained</title></rect>")
             mid = (x(a.end) + x(b.start)) / 2
             if x(b.start) - x(a.end) > 60:
-                parts.append(f'<text x="{mid:.1f}" y="{top - 8}" text-anchor="middle" fill="#999">idle '
+                parts.append(f'<text x="{mid:.1f}" y="{top - 9}" text-anchor="middle" fill="#999">idle '
                              f"{runstate.duration(b.start - a.end)}</text>")
     colours = {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(dict.fromkeys(s.placement for s in spans))}
     for s in spans:
@@ -237,6 +240,7 @@ def timeline(page: RunPage) -> str:
                      f'opacity="{0.65 if s.open else 0.85}"><title>{_e(tip)}</title></rect>')
         if w > 40:
             parts.append(f'<text x="{x(s.start) + 4:.1f}" y="{y + 14:.1f}" fill="#fff">#{_e(s.attempt)}</text>')
+    moves_drawn = 0
     for m in marks:
         cx = x(m.at)
         y = lane_y(m.lane) + 7
@@ -247,10 +251,15 @@ def timeline(page: RunPage) -> str:
             parts.append(f'<line class="tick {cls}" x1="{cx:.1f}" x2="{cx:.1f}" y1="{y0:.1f}" y2="{y1:.1f}" '
                          f'stroke="{colour}" stroke-width="1.5"><title>{_e(m.text)}</title></line>')
         elif m.kind == layout.MOVED:
-            parts.append(f'<g class="move"><line x1="{cx:.1f}" x2="{cx:.1f}" y1="{top - 8}" '
-                         f'y2="{top + lane_h * len(lanes)}" stroke="#1565c0" stroke-width="2" stroke-dasharray="5 3"/>'
-                         f'<text x="{cx + 4:.1f}" y="{top + lane_h * len(lanes) + 12}" fill="#1565c0">'
-                         f"{_e(_short(m.text, 60))}</text><title>{_e(m.text)}</title></g>")
+            # Its label under the lanes, one row per move, running left of the line when it is past the middle.
+            row_y = moves_y + 16 * moves_drawn
+            moves_drawn += 1
+            anchor, dx = ("end", -4) if cx > label_w + plot_w / 2 else ("start", 4)
+            room = int((cx - 10 if anchor == "end" else width - cx - 10) / 6.2)
+            parts.append(f'<g class="move"><line x1="{cx:.1f}" x2="{cx:.1f}" y1="{top - 6}" y2="{row_y - 10}" '
+                         f'stroke="#1565c0" stroke-width="2" stroke-dasharray="5 3"/>'
+                         f'<text x="{cx + dx:.1f}" y="{row_y}" text-anchor="{anchor}" fill="#1565c0">'
+                         f"{_e(_short(m.text, max(30, room)))}</text><title>{_e(m.text)}</title></g>")
         else:
             colour, shape, label = MARK_STYLE.get(m.kind, ("#333", "cross", m.kind))
             cls = f"mark {m.kind.replace('_', '-')}"
@@ -266,10 +275,13 @@ def timeline(page: RunPage) -> str:
     if page.end:
         cx = x(page.end.at)
         colour = STATE_COLOURS.get(page.end.kind, "#333")
-        parts.append(f'<g class="end" data-end="{_e(page.end.kind)}"><line x1="{cx:.1f}" x2="{cx:.1f}" y1="{top - 10}" '
+        text = _short(page.end.text, 120)
+        # Its label runs left of the line, or right of it when the line is too near the left edge.
+        anchor, dx = ("end", -4) if cx - 6.8 * len(text) > 0 else ("start", 4)
+        parts.append(f'<g class="end" data-end="{_e(page.end.kind)}"><line x1="{cx:.1f}" x2="{cx:.1f}" y1="{top - 24}" '
                      f'y2="{top + lane_h * len(lanes)}" stroke="{colour}" stroke-width="3"/>'
-                     f'<text x="{cx - 4:.1f}" y="{top - 14}" text-anchor="end" fill="{colour}" font-weight="600">'
-                     f"{_e(_short(page.end.text, 90))}</text><title>{_e(page.end.text)} at {_clock(page.end.at)}</title></g>")
+                     f'<text x="{cx + dx:.1f}" y="{top - 28}" text-anchor="{anchor}" fill="{colour}" font-weight="600">'
+                     f"{_e(text)}</text><title>{_e(page.end.text)} at {_clock(page.end.at)}</title></g>")
     parts.append('<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
                  'patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" stroke="#ddd" stroke-width="3"/>'
                  "</pattern></defs>")
