@@ -179,3 +179,20 @@ def test_the_readme_demo_folder_is_served_and_the_url_printed(tmp_path, monkeypa
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=20)
     assert rc == 130
+
+
+def test_the_pages_need_only_what_requirements_txt_installs(bucket):
+    # The curves' TensorBoard reader uses TensorBoard's protocol buffers, not TensorFlow.
+    from tests.test_requirements import GUARD, OWN, install_set, top_level_modules
+
+    uri, _states = bucket
+    allowed = top_level_modules(install_set(ROOT / "requirements.txt")) | OWN
+    page = ("from ops.dashboard import Dashboard\nfrom trainer.storage import open_store\n"
+            "code, body = Dashboard(sys.argv[2], open_store(sys.argv[2])).respond('/run/night')\n"
+            "print(code, body.count('class=\"point\"'))\n")
+    script = GUARD.replace("from ops.__main__ import main\nsys.exit(main(sys.argv[2:]))\n", page)
+    assert script != GUARD
+    got = subprocess.run([sys.executable, "-c", script, json.dumps(sorted(allowed)), uri], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert got.stdout.split() == ["200", str(60 + 11 + 11)]  # train/loss from TensorBoard, val_* from the events
