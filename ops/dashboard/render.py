@@ -31,6 +31,8 @@ MARK_STYLE = {  # kind: (colour, shape, label)
     layout.FAILED_EVENT: ("#8b0000", "cross", "attempt failed"),
     layout.CANCELLED_EVENT: ("#c77700", "cross", "cancelled"),
 }
+TICK_KINDS = (layout.EVALUATED, layout.CHECKPOINT)
+MAX_TICKS = 300
 PALETTE = ("#0a7ea4", "#c77700", "#6a3d9a", "#2e7d32", "#b15928", "#1f78b4")
 
 CSS = """
@@ -241,7 +243,14 @@ def timeline(page: RunPage) -> str:
         if w > 40:
             parts.append(f'<text x="{x(s.start) + 4:.1f}" y="{y + 14:.1f}" fill="#fff">#{_e(s.attempt)}</text>')
     moves_drawn = 0
+    # Thousands of ticks draw as one smear and weigh on the browser: past MAX_TICKS of a kind, every k-th.
+    every = {k: max(1, math.ceil(sum(1 for m in marks if m.kind == k) / MAX_TICKS)) for k in TICK_KINDS}
+    seen = dict.fromkeys(TICK_KINDS, 0)
     for m in marks:
+        if m.kind in every:
+            seen[m.kind] += 1
+            if (seen[m.kind] - 1) % every[m.kind]:
+                continue
         cx = x(m.at)
         y = lane_y(m.lane) + 7
         if m.kind in (layout.EVALUATED, layout.CHECKPOINT):
