@@ -135,15 +135,21 @@ def cmd_stop(args: argparse.Namespace) -> int:
 # -- runs ------------------------------------------------------------------------------
 
 
-def run_folders(store) -> dict[str, float]:
-    """Every ``runs/<id>/`` folder of a bucket's store: id -> when anything in it last changed (epoch
-    seconds), newest first. ``ops dashboard`` lists the same runs."""
-    newest: dict[str, float] = {}
+def run_listings(store) -> dict[str, dict]:
+    """Every ``runs/<id>/`` folder of a bucket's store, listed once: id -> {key in the run: ObjectInfo}."""
+    out: dict[str, dict] = {}
     for key, info in store.stat(layout.RUNS_PREFIX).items():
-        run_id, sep, _rest = key[len(layout.RUNS_PREFIX):].partition("/")
-        if not sep or not run_id:
-            continue
-        newest[run_id] = max(newest.get(run_id, 0.0), info.modified.timestamp())
+        run_id, sep, rest = key[len(layout.RUNS_PREFIX):].partition("/")
+        if sep and run_id:
+            out.setdefault(run_id, {})[rest] = info
+    return out
+
+
+def run_folders(store, listings: dict[str, dict] | None = None) -> dict[str, float]:
+    """Every run folder of a bucket's store (or of its ``listings``): id -> when anything in it last changed
+    (epoch seconds), newest first. ``ops dashboard`` lists the same runs."""
+    listings = run_listings(store) if listings is None else listings
+    newest = {r: max(i.modified.timestamp() for i in keys.values()) for r, keys in listings.items()}
     return {r: newest[r] for r in sorted(newest, key=lambda r: -newest[r])}
 
 

@@ -45,6 +45,8 @@ class Dashboard:
         self.bucket = bucket_uri.rstrip("/")
         self.store = store
         self.refresh = refresh
+        # The rows of runs that have ended, by run: read again only when their folder changes.
+        self.rows: dict = {}
 
     def respond(self, path: str, now: float | None = None) -> tuple[int, str]:
         """The status and HTML for a request path (``/``, ``/?sort=cost``, ``/run/<id>``)."""
@@ -56,7 +58,7 @@ class Dashboard:
         route = parts.path.rstrip("/") or "/"
         try:
             if route == "/":
-                rows, notes = data.table(self.store, now)
+                rows, notes = data.table(self.store, now, self.rows)
                 sort = (query.get("sort") or ["age"])[0]
                 desc = (query.get("order") or ["asc"])[0] == "desc"
                 return 200, render.runs_page(self.bucket, rows, notes, sort=sort, desc=desc, refresh=self.refresh)

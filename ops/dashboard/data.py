@@ -28,6 +28,7 @@ VAL_PREFIX = "val_"
 # The loop's own scalars that are not curves worth a chart of their own.
 TB_SKIP = frozenset({"learning_rate", "step_time_s", "examples_per_sec", "checkpoint_s", "checkpoint_save_s",
                      "eval_s"})
+READERS = 16  # runs read at once for the table
 TB_MAX_BYTES = 64 << 20  # event files beyond this are not read for curves (a note says so)
 
 
@@ -119,18 +120,66 @@ def _row(run_id: str, run, st: runstate.RunStatus, age: float) -> Row:
                age_seconds=round(max(0.0, age), 1), final=st.final)
 
 
-def table(store, now: float) -> tuple[list[Row], list[str]]:
-    """A row per run in the bucket's ``store`` (newest first), and notes for the runs that could not be read."""
-    rows, notes = [], []
-    for run_id, changed in runs.run_folders(store).items():
-        run = runs.run_view(store, run_id)
+class Listed:
+    """A run's folder read through the bucket's one listing: what the listing lacks is not asked for.
+
+    Reading a run asks for a dozen objects, most of them absent (three of the four end markers, a
+    worker's events): on an object store each is a request. With the listing in hand, only the
+    objects that are there are fetched, and the folder's listings are answered from it. An object
+    written after the listing is seen on the next refresh.
+    """
+
+    def __init__(self, view, keys: dict) -> None:
+        self.view, self.keys, self.uri = view, keys, view.uri
+
+    def get_bytes(self, key: str) -> bytes:
+        if key not in self.keys:
+            raise NotFound(key)
+        return self.view.get_bytes(key)
+
+    def stat(self, prefix: str = "") -> dict:
+        return {k: v for k, v in self.keys.items() if k.startswith(prefix)}
+
+    def list(self, prefix: str = "") -> list[str]:
+        return sorted(self.stat(prefix))
+
+    def exists(self, key: str) -> bool:
+        return key in self.keys
+
+
+def table(store, now: float, cache: dict | None = None) -> tuple[list[Row], list[str]]:
+    """A row per run in the bucket's ``store`` (newest first), and notes for the runs that could not be read.
+
+    The runs are read side by side (an object store's latency, not its bandwidth, is the cost: a run is
+    about ten small requests). ``cache``: the rows of earlier calls; a run that has ended and not changed
+    since (the newest object in its folder is the same) is not read again.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    cache = {} if cache is None else cache
+    listings = runs.run_listings(store)
+    folders = runs.run_folders(store, listings)
+
+    def one(run_id: str) -> Row | str:
+        changed = folders[run_id]
+        kept = cache.get(run_id)
+        if kept is not None and kept[0] == changed:
+            row = kept[1]
+            row.age_seconds = round(max(0.0, now - changed), 1)
+            return row
+        run = Listed(runs.run_view(store, run_id), listings[run_id])
         try:
             st = status.read_status(run.uri, store=run, events=0, now=now)
         except Exception as e:  # noqa: BLE001 - one unreadable run is a note; the others are still shown
-            notes.append(f"run {run_id}: could not be read ({type(e).__name__}: {e})")
-            continue
-        rows.append(_row(run_id, run, st, now - changed))
-    return rows, notes
+            return f"run {run_id}: could not be read ({type(e).__name__}: {e})"
+        row = _row(run_id, run, st, now - changed)
+        if row.final:  # an ended run's row changes only when its folder does
+            cache[run_id] = (changed, row)
+        return row
+
+    with ThreadPoolExecutor(max_workers=READERS) as pool:
+        got = list(pool.map(one, folders))
+    return [r for r in got if isinstance(r, Row)], [r for r in got if isinstance(r, str)]
 
 
 # -- one run ---------------------------------------------------------------------------
@@ -285,16 +334,19 @@ def _scalar(v) -> float | None:
 
 def run_page(store, run_id: str, now: float) -> RunPage:
     """One run's page, read from the bucket's ``store``. Raises :class:`KeyError` for a run that is not there."""
-    folders = runs.run_folders(store)
-    if run_id not in folders:
-        raise KeyError(run_id)
     run = runs.run_view(store, run_id)
+    # Only this run's folder is listed: the bucket may hold hundreds.
+    stored = run.stat("") if run_id and "/" not in run_id else {}
+    if not stored:
+        raise KeyError(run_id)
+    changed = max(info.modified.timestamp() for info in stored.values())
+    run = Listed(run, stored)
     notes: list[str] = []
     # As ops.status.read_status reads it, keeping the facts: the page draws every event.
     facts = status.read_facts(run, run.uri)
     st = runstate.classify(facts, now, events=0)
     st.placement = read_json(run, layout.PLACEMENT_KEY)
-    page = RunPage(row=_row(run_id, run, st, now - folders[run_id]), st=st, now=now)
+    page = RunPage(row=_row(run_id, run, st, now - changed), st=st, now=now)
 
     notes.extend(_damaged(run, facts))
     if not facts.trainer_events:
