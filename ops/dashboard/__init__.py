@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from ops.cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, OpsError, port_type, positive_float
 
 HOST = "127.0.0.1"
-DEFAULT_PORT = 6007
+DEFAULT_PORT = 6080
 DEFAULT_REFRESH_S = 15.0
 ALLOWED_HOSTS = frozenset({"127.0.0.1", "localhost"})
 
