@@ -141,13 +141,14 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         print(f"ops dashboard: {e}", file=sys.stderr)
         return EXIT_ERROR
     try:
-        server = make_server(Dashboard(bucket, store, refresh=args.refresh), args.port)
+        # Pages name the bucket as it was given (`file://./runs`, not the folder it resolves to).
+        server = make_server(Dashboard(args.bucket_uri or bucket, store, refresh=args.refresh), args.port)
     except OSError as e:
         print(f"ops dashboard: cannot listen on {HOST}:{args.port} ({e.strerror}); choose another port with --port",
               file=sys.stderr)
         return EXIT_ERROR
     url = f"http://{HOST}:{server.server_port}/"
-    print(f"ops dashboard: {bucket} at {url}  (read-only; Ctrl-C to stop)", flush=True)
+    print(f"ops dashboard: {args.bucket_uri or bucket} at {url}  (read-only; Ctrl-C to stop)", flush=True)
     thread = threading.Thread(target=server.serve_forever, name="dashboard", daemon=True)
     thread.start()
     try:

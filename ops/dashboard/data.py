@@ -219,8 +219,9 @@ def _cost_window(st: runstate.RunStatus, facts: runstate.RunFacts, now: float) -
     return {"now": None if runstate.is_local(st.run_uri) else now}
 
 
-def _lanes(found: list[cost.Span], machine_events: list[dict]) -> list[str]:
-    """A lane name per attempt: the machine its events came from while it ran, else its placement."""
+def _lanes(found: list[cost.Span], machine_events: list[dict], local: bool) -> list[str]:
+    """A lane name per attempt: the machine its events came from while it ran, else its placement (a run
+    in a local folder: this computer)."""
     out = []
     for s in found:
         seen = [e.get("instance") for e in machine_events
@@ -230,7 +231,7 @@ def _lanes(found: list[cost.Span], machine_events: list[dict]) -> list[str]:
         if machine:
             out.append(f"{machine}" + (f" ({s.placement})" if s.placement else ""))
         else:
-            out.append(s.placement or "machine")
+            out.append(s.placement or ("this computer" if local else "machine"))
     return out
 
 
@@ -363,7 +364,7 @@ def run_page(store, run_id: str, now: float) -> RunPage:
     log = runstate.merge_events(facts.trainer_events, facts.machine_events)
     page.events = len(log)
     found = cost.spans(log, **_cost_window(st, facts, now))
-    for s, lane in zip(found, _lanes(found, facts.machine_events), strict=True):
+    for s, lane in zip(found, _lanes(found, facts.machine_events, runstate.is_local(st.run_uri)), strict=True):
         page.spans.append(Span(attempt=s.attempt, lane=lane, start=s.start, end=s.end, open=s.open,
                                placement=s.placement, cost_usd=s.cost, price_per_hour=s.price_per_hour,
                                nodes=s.nodes))

@@ -140,7 +140,7 @@ def runs_page(bucket: str, rows: list[Row], notes: list[str], *, sort: str = "ag
         ]
         body.append(f'<tr class="run" data-run="{_e(r.id)}" data-state="{_e(r.state)}">{"".join(cells)}</tr>')
     if not rows:
-        body.append(f'<tr><td colspan="{len(COLUMNS)}" class="dim">no runs in {_e(bucket)}/{layout.RUNS_PREFIX} yet'
+        body.append(f'<tr><td colspan="{len(COLUMNS)}" class="dim">no runs in {_e(bucket)} yet'
                     "</td></tr>")
     live = any(not r.final for r in rows)
     sub = (f'{len(rows)} run{"" if len(rows) == 1 else "s"} · read from the bucket at {_clock_now()}'
@@ -172,10 +172,10 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
 
 def _time_ticks(t0: float, t1: float) -> list[tuple[float, str]]:
     span = max(1.0, t1 - t0)
-    step = next((s for s in (60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400)
+    step = next((s for s in (1, 2, 5, 10, 15, 30, 60, 300, 600, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400)
                  if span / s <= 8), 14 * 86400)
     first = math.ceil(t0 / step) * step
-    fmt = "%H:%M" if step < 86400 else "%b %d"
+    fmt = "%H:%M:%S" if step < 60 else "%H:%M" if step < 86400 else "%b %d"
     return [(t, datetime.fromtimestamp(t, UTC).strftime(fmt)) for t in _frange(first, t1, step)]
 
 
@@ -194,7 +194,7 @@ def timeline(page: RunPage) -> str:
     if page.end:
         times.append(page.end.at)
     t0, t1 = min(times), max(times)
-    pad = max(30.0, 0.02 * (t1 - t0))  # room for the marks at either end
+    pad = max(0.5, 0.02 * (t1 - t0))  # room for the marks at either end
     t0, t1 = t0 - pad, t1 + pad
     lanes = list(dict.fromkeys(s.lane for s in spans)) or ["machine"]
     # Rows from the top: the end's label, the idle gaps' labels, the lanes, the moves' labels, the time axis, the legend.
@@ -332,8 +332,8 @@ def curve(name: str, points: list[tuple[int, float]], source: str, *, width: int
         return ""
     s0, s1 = min(steps), max(steps)
     v0, v1 = min(vals), max(vals)
-    if s1 == s0:
-        s1 = s0 + 1
+    if s1 == s0:  # one point: in the middle
+        s0, s1 = s0 - 1, s1 + 1
     if v1 == v0:
         v0, v1 = v0 - 0.5 * (abs(v0) or 1), v1 + 0.5 * (abs(v1) or 1)
 
@@ -351,6 +351,8 @@ def curve(name: str, points: list[tuple[int, float]], source: str, *, width: int
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#eee"/>'
                      f'<text x="{left - 4}" y="{y(v) + 4:.1f}" text-anchor="end" fill="#666">{v:.4g}</text>')
     for s in _ticks(s0, s1, 4):
+        if s != int(s):  # steps are whole numbers
+            continue
         parts.append(f'<text x="{x(s):.1f}" y="{height - 12}" text-anchor="middle" fill="#666">{s:g}</text>')
     parts.append(f'<text x="{width - right}" y="{height - 1}" text-anchor="end" fill="#888">step</text>')
     colour = "#c77700" if name.startswith(("val_", "validation/")) else "#0a7ea4"
