@@ -3,9 +3,8 @@
     python -m bench.dashboard [--runs 200] [--events 10000] [--rounds 5] [--s3]
 
 Builds a bucket (``file://`` in a temporary folder; ``--s3`` also copies it to a moto_server
-bucket) of ``--runs`` runs: one run of about ``--events`` events (the tests' story of a
-preempted-and-moved run, evaluated every 10 steps), the rest copies
-of the tests' other runs (a short story, resumed, failed, complete). Then, for the runs table
+bucket) of ``--runs`` runs: one run of about ``--events`` events (``devtools.story_run``'s
+preempted-and-moved run, evaluated every 10 steps), the rest copies of a shorter one. Then, for the runs table
 (``/``) and the long run's page (``/run/long``):
 
 - server: the median seconds ``Dashboard.respond`` takes to read the bucket and write the page, the
@@ -37,39 +36,43 @@ if str(REPO) not in sys.path:
 
 
 def build_bucket(root: Path, runs: int, events: int) -> dict:
-    """The bucket under ``root``: ``runs/long`` with about ``events`` events and ``runs - 1`` others."""
-    import pytest
+    """The bucket under ``root``: ``runs/long`` with about ``events`` events and ``runs - 1`` others.
 
-    from tests.ops import dashboard_scenarios as scenarios
-    from tests.ops.test_status import build
-    from trainer.storage import open_store
+    The others are copies of a shorter story: three of four as it ended (COMPLETE), one of four
+    without its end marker (a run not over, which the table reads again on every refresh).
+    """
+    from devtools.story_run import story
+    from trainer import layout
 
     work = root.parent / "src"
-    mp = pytest.MonkeyPatch()
-    try:
-        # An evaluation every 10 steps: nearly every event is one the page draws (a tick, a curve's point).
-        story = scenarios.story(f"file://{root}/runs/long", work / "long", mp, start=time.time() - 60 * 3600,
-                                steps=events // 101 * 1000, eval_every=10, checkpoint_every=1000)
-        scenarios.story(f"file://{root}/runs/night", work / "night", mp, start=time.time() - 12 * 3600)
-    finally:
-        mp.undo()
-    kinds = ["resumed", "failed", "complete"]
-    for kind in kinds:
-        build(kind, open_store(f"file://{root}/runs/{kind}"), work / kind)
-    models = ["night", *kinds]
-    for i in range(runs - 1 - len(models)):
-        shutil.copytree(root / "runs" / models[i % len(models)], root / "runs" / f"run-{i:03d}")
+    # An evaluation every 10 steps: nearly every event is one the page draws (a tick, a curve's point).
+    long = story(f"file://{root}/runs/long", work / "long", start=time.time() - 60 * 3600,
+                 steps=events // 101 * 1000, eval_every=10, checkpoint_every=1000)
+    story(f"file://{root}/runs/night", work / "night", start=time.time() - 12 * 3600)
+    for i in range(runs - 2):
+        copy = root / "runs" / f"run-{i:03d}"
+        shutil.copytree(root / "runs/night", copy)
+        if i % 4 == 3:
+            (copy / layout.COMPLETE).unlink()
+            (copy / layout.machine_events_key("i-0ccc")).unlink()
     trainer_lines = len((root / "runs/long/events.jsonl").read_bytes().splitlines())
     machine_lines = sum(len(p.read_bytes().splitlines()) for p in (root / "runs/long/machine-events").glob("*.jsonl"))
     return {"runs": len(list((root / "runs").iterdir())), "long_run_events": trainer_lines + machine_lines,
-            "long_run_evaluations": story.evaluations}
+            "long_run_evaluations": long.evaluations}
+
+
+# As the browser tests start it (tests/ops/test_dashboard_browser.py): with no network here, the flags
+# that keep it from reaching for one.
+CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+         "--window-size=1280,900")
 
 
 def browser(profile: str):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    from tests.ops.test_dashboard_browser import CHROMIUM, DRIVER, FLAGS
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM

@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def bucket(tmp_path, monkeypatch):
+def bucket(tmp_path):
     uri = f"file://{tmp_path}/bucket"
-    states = scenarios.bucket(uri, tmp_path / "src", monkeypatch, start=time.time() - 9 * 3600)
+    states = scenarios.bucket(uri, tmp_path / "src", start=time.time() - 9 * 3600)
     return uri, states
 
 
@@ -54,6 +54,23 @@ def test_the_runs_table_shows_every_run_with_its_state_and_sorts(bucket):
     assert list(_rows(by_cost_up))[-1] == "night"
     # A run not over makes the page refresh itself; once all are over, it does not.
     assert 'http-equiv="refresh"' in body
+
+
+def test_the_table_keeps_the_rows_of_ended_runs_until_their_folder_changes(bucket):
+    uri, states = bucket
+    store, cache = open_store(uri), {}
+    first, _notes = data.table(store, time.time(), cache)
+    assert set(cache) == {r for r, s in states.items() if s in layout.END_MARKERS}  # not the RUNNING one
+    again, _notes = data.table(store, time.time() + 60, cache)
+    kept = {r.id: r for r in again}
+    assert all(kept[r] is cache[r][1] for r in cache) and kept["failed"].age_seconds >= 60
+    assert kept["resumed"] is not {r.id: r for r in first}["resumed"]  # read again: it may have moved on
+    time.sleep(0.01)
+    failed = open_store(f"{uri}/runs/failed")
+    doc = json.loads(failed.get_bytes("FAILED"))
+    failed.put_bytes("FAILED", json.dumps({**doc, "reason": "the run's deadline moved"}).encode())
+    rows, _notes = data.table(store, time.time(), cache)
+    assert {r.id: r.detail for r in rows}["failed"] == "the run's deadline moved"
 
 
 def test_the_run_page_draws_its_story_with_the_figures_of_ops_status(bucket, capsys):
@@ -159,9 +176,9 @@ def test_a_bucket_uri_may_name_the_runs_folder():
     assert bucket_of("gs://runs") == "gs://runs"  # a bucket named runs
 
 
-def test_the_readme_demo_folder_is_served_and_the_url_printed(tmp_path, monkeypatch):
+def test_the_readme_demo_folder_is_served_and_the_url_printed(tmp_path):
     # The README's demo writes file://./runs/demo; `ops dashboard --bucket-uri file://./runs` shows it.
-    scenarios.story(f"file://{tmp_path}/runs/demo", tmp_path / "src", monkeypatch, start=time.time() - 3 * 3600,
+    scenarios.story(f"file://{tmp_path}/runs/demo", tmp_path / "src", start=time.time() - 3 * 3600,
                     steps=1000, eval_every=250, checkpoint_every=500)
     proc = subprocess.Popen([sys.executable, "-m", "ops", "dashboard", "--bucket-uri", "file://./runs", "--port", "0"],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

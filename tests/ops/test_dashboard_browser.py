@@ -69,11 +69,11 @@ def shot(driver, url: str, out: Path) -> None:
     assert out.stat().st_size > 10_000, f"{out}: an empty screenshot"
 
 
-def test_a_preempted_and_moved_run_on_s3_tells_its_story(browser, s3_run, tmp_path, monkeypatch, capsys):
+def test_a_preempted_and_moved_run_on_s3_tells_its_story(browser, s3_run, tmp_path, capsys):
     from selenium.webdriver.common.by import By
 
     bucket_uri = s3_run.uri.rsplit("/runs/", 1)[0]
-    states = scenarios.bucket(bucket_uri, tmp_path / "src", monkeypatch, start=time.time() - 9 * 3600)
+    states = scenarios.bucket(bucket_uri, tmp_path / "src", start=time.time() - 9 * 3600)
     server = serve(bucket_uri)
     base = f"http://127.0.0.1:{server.server_port}"
     try:
