@@ -213,3 +213,44 @@ def test_the_pages_need_only_what_requirements_txt_installs(bucket):
                          capture_output=True, text=True, timeout=120)
     assert got.returncode == 0, got.stderr[-3000:]
     assert got.stdout.split() == ["200", str(60 + 11 + 11)]  # train/loss from TensorBoard, val_* from the events
+
+
+def test_the_stack_names_its_runs_bucket_and_a_taken_port_is_one_line(bucket, tmp_path, monkeypatch, capsys):
+    import os
+
+    import ops.dashboard
+    from tests.ops.test_status import fake_pulumi
+
+    uri, states = bucket
+    fake_pulumi(tmp_path / "bin", {"runUri": f"{uri}/runs/night"})
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    served = []
+
+    class Once:
+        """The server, answering one page and stopping (the command serves until Ctrl-C)."""
+
+        def __init__(self, dashboard, port):
+            self.dashboard, self.server_port = dashboard, port
+
+        def serve_forever(self):
+            served.append(self.dashboard.respond("/"))
+
+        def shutdown(self):
+            pass
+
+        server_close = shutdown
+
+    monkeypatch.setattr(ops.dashboard, "make_server", Once)
+    assert main(["dashboard", "--stack", "dev", "--port", "6081"]) == 0
+    assert capsys.readouterr().out.startswith(f"ops dashboard: {uri} at http://127.0.0.1:6081/")
+    [(code, body)] = served
+    assert code == 200 and _rows(body) == states
+
+    monkeypatch.undo()
+    taken = make_server(Dashboard(uri, open_store(uri)), 0)
+    try:
+        assert main(["dashboard", "--bucket-uri", uri, "--port", str(taken.server_port)]) == 2
+    finally:
+        taken.server_close()
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{taken.server_port}" in err and "choose another port with --port" in err
