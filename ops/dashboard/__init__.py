@@ -15,7 +15,7 @@ It listens on 127.0.0.1 only, as ``ops tensorboard`` and the tunnels do, and ans
 requests addressed to 127.0.0.1 or localhost (a web page elsewhere that points its own name
 at 127.0.0.1 gets 403). A damaged line or a missing file is a note on the page; a page that
 cannot be read at all says why, with status 503 for the bucket or 404 for an unknown run,
-never a 500.
+never a 500 (a run the page cannot draw says so, with 503, and the other pages still work).
 
 ``data.py`` reads (through ``ops.status`` / ``ops.runstate`` / ``trainer.cost``);
 ``render.py`` writes the HTML and its SVG charts.
@@ -56,25 +56,35 @@ class Dashboard:
         parts = urlsplit(path)
         query = parse_qs(parts.query)
         route = parts.path.rstrip("/") or "/"
+        run_id = ""
+        if route != "/" and not route.startswith("/run/"):
+            return 404, render.error_page("not found", f"nothing at {parts.path}: the runs are at /")
         try:
             if route == "/":
                 rows, notes = data.table(self.store, now, self.rows)
-                sort = (query.get("sort") or ["age"])[0]
-                desc = (query.get("order") or ["asc"])[0] == "desc"
-                return 200, render.runs_page(self.bucket, rows, notes, sort=sort, desc=desc, refresh=self.refresh)
-            if route.startswith("/run/"):
+            else:
                 run_id = unquote(route[len("/run/"):])
-                try:
-                    page = data.run_page(self.store, run_id, now)
-                except KeyError:
-                    return 404, render.error_page("no such run", f"no run {run_id!r} in {self.bucket}/runs/ "
-                                                  "(it may have been deleted); see the list of runs")
-                return 200, render.run_page(self.bucket, page, refresh=self.refresh)
-            return 404, render.error_page("not found", f"nothing at {parts.path}: the runs are at /")
+                page = data.run_page(self.store, run_id, now)
+        except KeyError as e:
+            if route == "/":
+                return 503, render.error_page("cannot read the bucket", f"{self.bucket}: KeyError {e}",
+                                              refresh=self.refresh)
+            return 404, render.error_page("no such run", f"no run {run_id!r} in {self.bucket} (it may have been "
+                                          "deleted); see the list of runs")
         except Exception as e:  # noqa: BLE001 - storage clients raise many types; the page says which, never a 500
             return 503, render.error_page("cannot read the bucket", f"{self.bucket} could not be read "
                                           f"({type(e).__name__}: {e}); check your credentials and network. "
                                           f"This page tries again in {self.refresh:g}s.", refresh=self.refresh)
+        try:
+            if route == "/":
+                sort = (query.get("sort") or ["age"])[0]
+                desc = (query.get("order") or ["asc"])[0] == "desc"
+                return 200, render.runs_page(self.bucket, rows, notes, sort=sort, desc=desc, refresh=self.refresh)
+            return 200, render.run_page(self.bucket, page, refresh=self.refresh)
+        except Exception as e:  # noqa: BLE001 - something in the run the page cannot draw: say so, keep serving
+            return 503, render.error_page("this page could not be drawn", f"{type(e).__name__}: {e} (the run's "
+                                          "folder holds something the dashboard does not expect; ops status "
+                                          "--run-uri shows it as text)", refresh=self.refresh)
 
 
 def make_server(dashboard: Dashboard, port: int) -> ThreadingHTTPServer:

@@ -335,9 +335,11 @@ def _scalar(v) -> float | None:
 
 def run_page(store, run_id: str, now: float) -> RunPage:
     """One run's page, read from the bucket's ``store``. Raises :class:`KeyError` for a run that is not there."""
+    if not run_id or "/" in run_id or run_id in (".", ".."):
+        raise KeyError(run_id)
     run = runs.run_view(store, run_id)
     # Only this run's folder is listed: the bucket may hold hundreds.
-    stored = run.stat("") if run_id and "/" not in run_id else {}
+    stored = run.stat("")
     if not stored:
         raise KeyError(run_id)
     changed = max(info.modified.timestamp() for info in stored.values())

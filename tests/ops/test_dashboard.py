@@ -254,3 +254,41 @@ def test_the_stack_names_its_runs_bucket_and_a_taken_port_is_one_line(bucket, tm
         taken.server_close()
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{taken.server_port}" in err and "choose another port with --port" in err
+
+
+def test_documents_damaged_every_way_still_make_a_page(tmp_path):
+    # Fields of the wrong type everywhere a hand edit, a foreign writer or a torn write could leave them.
+    uri = f"file://{tmp_path}"
+    bad = open_store(f"{uri}/runs/bad")
+    events = [
+        {"event": "started", "time": "2026-12-04T10:00:00+00:00", "attempt": "x", "workers": "two",
+         "config": {"price_per_hour": "1", "placement": 5, "steps": "many"}},
+        {"event": "evaluated", "time": "2026-12-04T10:01:00+00:00", "step": "abc", "metrics": [1, 2]},
+        {"event": "evaluated", "time": "2026-12-04T10:02:00+00:00", "step": 10,
+         "metrics": {"val_acc": "high", "val_loss": float("nan")}},
+        {"event": "evaluated", "time": "not a time", "step": 20, "metrics": {"val_loss": 1e308}},
+        {"event": "moved", "time": "2026-12-04T10:03:00+00:00", "from": None, "reason": ["x"]},
+        {"event": "preempted", "time": "2026-12-04T10:04:00Z", "step": None},
+        {"event": "spot_notice"},
+        {"event": "checkpoint", "time": 12345, "step": 5},
+    ]
+    bad.put_bytes("events.jsonl", "\n".join(json.dumps(e) for e in events).encode() + b"\n\xff\xfe\n")
+    bad.put_bytes("progress.json", json.dumps({"step": "5", "total": [1], "loss": "x", "best": {"metric": 3},
+                                               "metrics": {"a": None}}).encode())
+    bad.put_bytes("placement.json", json.dumps({"active": "one", "moves": [1, {"time": "bad"}]}).encode())
+    bad.put_bytes("COMPLETE", json.dumps({"step": "x", "best": "val", "finished_at": 7,
+                                          "signature": {"inputs": [1], "outputs": {"a": {"shape": "?"}}}}).encode())
+    bad.put_bytes("machine-events/i-1.jsonl", b'{"event": "spot_notice", "time": "2026-12-04T10:03:50Z", "instance": 7}\n[]\n')
+    bad.put_bytes("tensorboard/events.out.tfevents.x", b"\x00" * 3)
+    torn = open_store(f"{uri}/runs/torn")
+    torn.put_bytes("COMPLETE", b"not json")
+    torn.put_bytes("progress.json", b"[]")
+    dash = Dashboard(uri, open_store(uri))
+    for path in ("/", "/?sort=best&order=desc", "/?sort=no-such-column", "/run/bad"):
+        code, body = dash.respond(path)
+        assert code == 200, (path, body)
+    code, body = dash.respond("/run/torn")
+    assert code == 200 and "COMPLETE could not be read (not a JSON object): its reason is not known" in body
+    assert "progress.json could not be read (not a JSON object)" in body
+    for path in ("/run/..", "/run/%2e%2e", "/run/../../etc"):
+        assert dash.respond(path)[0] == 404, path
