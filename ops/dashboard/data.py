@@ -188,9 +188,10 @@ def table(store, now: float, cache: dict | None = None) -> tuple[list[Row], list
 def _lines(store, key: str) -> int:
     """The non-empty lines of a JSON-lines object (0 when it is absent)."""
     try:
-        return sum(1 for line in store.get_bytes(key).splitlines() if line.strip())
+        raw = store.get_bytes(key)
     except NotFound:
-        return 0
+        raw = b""
+    return sum(1 for line in raw.splitlines() if line.strip())
 
 
 def _damaged(store, facts: runstate.RunFacts) -> list[str]:
