@@ -47,6 +47,8 @@ class Dashboard:
         self.refresh = refresh
         # The rows of runs that have ended, by run: read again only when their folder changes.
         self.rows: dict = {}
+        # The objects read, by URI, with their size and time: fetched again only when the listing shows a change.
+        self.objects: dict = {}
 
     def respond(self, path: str, now: float | None = None) -> tuple[int, str]:
         """The status and HTML for a request path (``/``, ``/?sort=cost``, ``/run/<id>``)."""
@@ -61,10 +63,10 @@ class Dashboard:
             return 404, render.error_page("not found", f"nothing at {parts.path}: the runs are at /")
         try:
             if route == "/":
-                rows, notes = data.table(self.store, now, self.rows)
+                rows, notes = data.table(self.store, now, self.rows, self.objects)
             else:
                 run_id = unquote(route[len("/run/"):])
-                page = data.run_page(self.store, run_id, now)
+                page = data.run_page(self.store, run_id, now, self.objects)
         except KeyError as e:
             if route == "/":
                 return 503, render.error_page("cannot read the bucket", f"{self.bucket}: KeyError {e}",

@@ -29,6 +29,7 @@ VAL_PREFIX = "val_"
 TB_SKIP = frozenset({"learning_rate", "step_time_s", "examples_per_sec", "checkpoint_s", "checkpoint_save_s",
                      "eval_s"})
 READERS = 16  # runs read at once for the table
+CACHED_BYTES = 8 << 20  # objects up to this size are kept between refreshes (a long run's events.jsonl: ~2 MB)
 TB_MAX_BYTES = 64 << 20  # event files beyond this are not read for curves (a note says so)
 
 
@@ -129,13 +130,25 @@ class Listed:
     written after the listing is seen on the next refresh.
     """
 
-    def __init__(self, view, keys: dict) -> None:
+    def __init__(self, view, keys: dict, objects: dict | None = None) -> None:
         self.view, self.keys, self.uri = view, keys, view.uri
+        self.objects = objects
 
     def get_bytes(self, key: str) -> bytes:
-        if key not in self.keys:
+        info = self.keys.get(key)
+        if info is None:
             raise NotFound(key)
-        return self.view.get_bytes(key)
+        if self.objects is None or info.size > CACHED_BYTES:
+            return self.view.get_bytes(key)
+        # An object the listing shows unchanged (same size and time) is not fetched again: a refresh
+        # asks only for what was written since.
+        name, sig = self.uri + "/" + key, (info.size, info.modified)
+        kept = self.objects.get(name)
+        if kept is not None and kept[0] == sig:
+            return kept[1]
+        data = self.view.get_bytes(key)
+        self.objects[name] = (sig, data)
+        return data
 
     def stat(self, prefix: str = "") -> dict:
         return {k: v for k, v in self.keys.items() if k.startswith(prefix)}
@@ -147,12 +160,12 @@ class Listed:
         return key in self.keys
 
 
-def table(store, now: float, cache: dict | None = None) -> tuple[list[Row], list[str]]:
+def table(store, now: float, cache: dict | None = None, objects: dict | None = None) -> tuple[list[Row], list[str]]:
     """A row per run in the bucket's ``store`` (newest first), and notes for the runs that could not be read.
 
     The runs are read side by side (an object store's latency, not its bandwidth, is the cost: a run is
     about ten small requests). ``cache``: the rows of earlier calls; a run that has ended and not changed
-    since (the newest object in its folder is the same) is not read again.
+    since (the newest object in its folder is the same) is not read again. ``objects``: see :class:`Listed`.
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -167,7 +180,7 @@ def table(store, now: float, cache: dict | None = None) -> tuple[list[Row], list
             row = kept[1]
             row.age_seconds = round(max(0.0, now - changed), 1)
             return row
-        run = Listed(runs.run_view(store, run_id), listings[run_id])
+        run = Listed(runs.run_view(store, run_id), listings[run_id], objects)
         try:
             st = status.read_status(run.uri, store=run, events=0, now=now)
         except Exception as e:  # noqa: BLE001 - one unreadable run is a note; the others are still shown
@@ -334,7 +347,7 @@ def _scalar(v) -> float | None:
     return None
 
 
-def run_page(store, run_id: str, now: float) -> RunPage:
+def run_page(store, run_id: str, now: float, objects: dict | None = None) -> RunPage:
     """One run's page, read from the bucket's ``store``. Raises :class:`KeyError` for a run that is not there."""
     if not run_id or "/" in run_id or run_id in (".", ".."):
         raise KeyError(run_id)
@@ -344,7 +357,7 @@ def run_page(store, run_id: str, now: float) -> RunPage:
     if not stored:
         raise KeyError(run_id)
     changed = max(info.modified.timestamp() for info in stored.values())
-    run = Listed(run, stored)
+    run = Listed(run, stored, objects)
     notes: list[str] = []
     # As ops.status.read_status reads it, keeping the facts: the page draws every event.
     facts = status.read_facts(run, run.uri)

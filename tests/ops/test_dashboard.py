@@ -73,6 +73,35 @@ def test_the_table_keeps_the_rows_of_ended_runs_until_their_folder_changes(bucke
     assert {r.id: r.detail for r in rows}["failed"] == "the run's deadline moved"
 
 
+class Counting:
+    """A store that records the objects fetched from it."""
+
+    def __init__(self, store) -> None:
+        self.store, self.fetched = store, []
+
+    def get_bytes(self, key: str) -> bytes:
+        self.fetched.append(key)
+        return self.store.get_bytes(key)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_a_refresh_fetches_only_what_changed_since(bucket):
+    uri, _states = bucket
+    store = Counting(open_store(uri))
+    dash = Dashboard(uri, store)
+    assert dash.respond("/")[0] == 200 and len(store.fetched) > 10
+    # Nothing asked for that the listing says is absent (three of the four end markers, a worker's events).
+    assert not any(k.endswith(("/FAILED", "/TIMED_OUT", "/CANCELLED")) for k in store.fetched if "/failed/" not in k)
+    store.fetched.clear()
+    assert dash.respond("/")[0] == 200 and store.fetched == []
+    time.sleep(0.01)
+    resumed = open_store(f"{uri}/runs/resumed")
+    resumed.put_bytes(layout.EVENTS_KEY, resumed.get_bytes(layout.EVENTS_KEY) + b"\n")
+    assert dash.respond("/")[0] == 200 and store.fetched == ["runs/resumed/events.jsonl"]
+
+
 def test_the_run_page_draws_its_story_with_the_figures_of_ops_status(bucket, capsys):
     uri, _states = bucket
     page = data.run_page(open_store(uri), "night", time.time())
