@@ -13,4 +13,6 @@ here imports neither pytest nor anything of `tests/` or `bench/`
   `shutdown`…) as fakes that record their calls; `cli_server.py` and `cli_client.py` serve the
   cloud CLIs among them warm.
 - `sandbox.py`: the boot sandbox, a machine booting the rendered user data for real on the above.
+- `story_run.py`: a run folder of a night on spot machines (preemptions, a move, evaluations), for
+  `ops dashboard`'s tests, bench and screenshots.
 """

@@ -135,6 +135,29 @@ def cmd_stop(args: argparse.Namespace) -> int:
 # -- runs ------------------------------------------------------------------------------
 
 
+def run_listings(store) -> dict[str, dict]:
+    """Every ``runs/<id>/`` folder of a bucket's store, listed once: id -> {key in the run: ObjectInfo}."""
+    out: dict[str, dict] = {}
+    for key, info in store.stat(layout.RUNS_PREFIX).items():
+        run_id, sep, rest = key[len(layout.RUNS_PREFIX):].partition("/")
+        if sep and run_id:
+            out.setdefault(run_id, {})[rest] = info
+    return out
+
+
+def run_folders(store, listings: dict[str, dict] | None = None) -> dict[str, float]:
+    """Every run folder of a bucket's store (or of its ``listings``): id -> when anything in it last changed
+    (epoch seconds), newest first. ``ops dashboard`` lists the same runs."""
+    listings = run_listings(store) if listings is None else listings
+    newest = {r: max(i.modified.timestamp() for i in keys.values()) for r, keys in listings.items()}
+    return {r: newest[r] for r in sorted(newest, key=lambda r: -newest[r])}
+
+
+def run_view(store, run_id: str) -> _Under:
+    """One run's folder as a read-only store inside the bucket's ``store`` (its ``uri`` is the run URI)."""
+    return _Under(store, layout.run_prefix(run_id))
+
+
 def list_runs(bucket_uri: str, *, now: float | None = None) -> list[dict]:
     """Every run under ``<bucket>/runs/``: id, uri, state, step, total, age_seconds, attempts, machine_hours,
     cost_usd, cost_note, detail; newest first."""
@@ -143,16 +166,10 @@ def list_runs(bucket_uri: str, *, now: float | None = None) -> list[dict]:
 
     now = time.time() if now is None else now
     store = open_store(bucket_uri)
-    newest: dict[str, float] = {}
-    for key, info in store.stat(layout.RUNS_PREFIX).items():
-        run_id, sep, _rest = key[len(layout.RUNS_PREFIX):].partition("/")
-        if not sep or not run_id:
-            continue
-        newest[run_id] = max(newest.get(run_id, 0.0), info.modified.timestamp())
+    newest = run_folders(store)
     out = []
-    for run_id in sorted(newest, key=lambda r: -newest[r]):
-        prefix = layout.run_prefix(run_id)
-        run = _Under(store, prefix)
+    for run_id in newest:
+        run = run_view(store, run_id)
         st = status.read_status(run.uri, store=run, events=0, now=now)
         out.append({"id": run_id, "uri": run.uri, "state": st.state, "step": st.step, "total": st.total,
                     "age_seconds": round(max(0.0, now - newest[run_id]), 1), "attempts": st.attempts,

@@ -26,6 +26,8 @@ from trainer.events import parse_time
 # Events after which an attempt's machine is going or gone: it is not counted up to now.
 _ENDS_ATTEMPT = frozenset({layout.PREEMPTED, layout.FAILED_EVENT, layout.CANCELLED_EVENT, layout.SPOT_NOTICE,
                            layout.MACHINE_FINISH})
+# Events in the run's logs that no machine of an attempt wrote (placement.jsonl's moves).
+_NOT_A_MACHINE = frozenset({layout.MOVED})
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,8 @@ def spans(events: list[dict], *, now: float | None = None, end: float | None = N
         t0, _i, ev = timed[k]
         last = n == len(starts) - 1
         stop = len(timed) if last else starts[n + 1]
-        t1 = max(t for t, _i, _e in timed[k:stop])
+        # A move is the controller's, written while no machine of the run trains: it ends no attempt's time.
+        t1 = max(t for t, _i, e in timed[k:stop] if e is ev or e.get(layout.EVENT) not in _NOT_A_MACHINE)
         ended = any(e.get(layout.EVENT) in _ENDS_ATTEMPT for _t, _i, e in timed[k:stop])
         is_open = False
         if last and end is not None:

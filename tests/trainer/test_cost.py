@@ -126,6 +126,15 @@ def test_a_run_that_moved_splits_its_time_and_cost_by_placement_and_complete_rec
     ]
 
 
+def test_a_move_written_after_a_preemption_adds_no_machine_time():
+    # The controller moves the run 25 minutes after the preemption; no machine ran in between.
+    events = [started(0, 1, placement="aws us-east-1"), ev(layout.PREEMPTED, 30, 1),
+              {layout.EVENT: layout.MOVED, layout.TIME: at(55), "from": 0, "to": 1, "reason": "no capacity"},
+              started(60, 2, placement="aws us-west-2"), ev(layout.FINISHED, 90, 2)]
+    spans = cost.spans(events, end=ts(90))
+    assert [round((s.end - s.start) / 60) for s in spans] == [30, 30]
+
+
 def test_attempts_that_do_not_say_where_they_ran_stay_in_the_total_only():
     events = [started(0, 1, placement=None), ev(layout.PREEMPTED, 30, 1),
               started(30, 2, price=None, placement="gcp us-central1"), ev(layout.FINISHED, 60, 2),

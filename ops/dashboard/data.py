@@ -1,0 +1,421 @@
+"""What the dashboard shows, read from the bucket: a row per run and one run's whole story.
+
+Nothing here reads a run folder on its own: the runs are the folders ``ops runs`` lists
+(``ops.runs.run_folders``), each read with ``ops status``'s reader (``ops.status.read_facts``)
+and classified by ``ops.runstate.classify``; machine time and cost come from
+``trainer.cost``, the code ``ops status`` and the trainer's ``COMPLETE`` use, so the figures
+are the same. What is added is what a page needs beyond a status: the attempts as spans on a
+time axis, the marks on it, the curves, the cost as it grew, and notes for what could not be
+read (a damaged line, a missing file) so that a page never fails because of one.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from ops import runs, runstate, status
+from trainer import cost, layout
+from trainer.storage import NotFound, read_json
+
+# Events drawn on the timeline as marks (the others are in the event count only).
+MARKS = (layout.SPOT_NOTICE, layout.PREEMPTED, layout.FAILED_EVENT, layout.MOVED, layout.CANCELLED_EVENT,
+         layout.REBALANCE)
+TICKS = (layout.EVALUATED, layout.CHECKPOINT)
+# Newest-first train metric names in a status's metrics (script mode) or progress (the loop: `loss`).
+TRAIN_PREFIX = "train/"
+VAL_PREFIX = "val_"
+# The loop's own scalars that are not curves worth a chart of their own.
+TB_SKIP = frozenset({"learning_rate", "step_time_s", "examples_per_sec", "checkpoint_s", "checkpoint_save_s",
+                     "eval_s"})
+READERS = 16  # runs read at once for the table
+CACHED_BYTES = 8 << 20  # objects up to this size are kept between refreshes (a long run's events.jsonl: ~2 MB)
+TB_MAX_BYTES = 64 << 20  # event files beyond this are not read for curves (a note says so)
+
+
+@dataclass
+class Row:
+    """One run in the runs table."""
+
+    id: str
+    uri: str
+    state: str
+    detail: str
+    step: int | None
+    total: int | None
+    train_metric: tuple[str, float] | None
+    val_metric: tuple[str, float] | None
+    best: dict | None
+    attempts: int
+    preemptions: int
+    moves: int
+    placements: list[str]
+    machine_hours: float | None
+    cost_usd: float | None
+    cost_note: str
+    age_seconds: float
+    final: bool
+
+
+@dataclass
+class Span:
+    """One attempt on the timeline: where it ran and from when to when (epoch seconds)."""
+
+    attempt: int | None
+    lane: str
+    start: float
+    end: float
+    open: bool
+    placement: str | None
+    cost_usd: float | None
+    price_per_hour: float | None
+    nodes: int
+
+
+@dataclass
+class Mark:
+    """A moment on the timeline: a spot notice, a preemption, a move, an evaluation, a checkpoint."""
+
+    kind: str
+    at: float
+    lane: str | None
+    text: str
+
+
+@dataclass
+class RunPage:
+    """Everything one run's page shows."""
+
+    row: Row
+    st: runstate.RunStatus
+    spans: list[Span] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    end: Mark | None = None
+    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    curve_source: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    events: int = 0
+    now: float = 0.0
+
+
+def _row(run_id: str, run, st: runstate.RunStatus, age: float) -> Row:
+    metrics = dict(st.metrics)
+    train = None
+    if st.loss is not None:
+        train = ("loss", st.loss)
+    else:
+        named = sorted((k, v) for k, v in metrics.items() if not k.startswith(VAL_PREFIX))
+        train = next(((k, v) for k, v in named if "loss" in k), named[0] if named else None)
+    vals = sorted((k, v) for k, v in metrics.items() if k.startswith(VAL_PREFIX))
+    val = None
+    if vals:
+        prefer = st.best["metric"] if st.best else ""
+        val = next(((k, v) for k, v in vals if k == prefer), next(((k, v) for k, v in vals if k != "val_loss"),
+                                                                    vals[0]))
+    placement = st.placement if isinstance(st.placement, dict) else {}
+    moves = [m for m in placement.get("moves") or [] if isinstance(m, dict)]
+    return Row(id=run_id, uri=run.uri, state=st.state, detail=st.detail, step=st.step, total=st.total,
+               train_metric=train, val_metric=val, best=st.best, attempts=st.attempts, preemptions=st.preemptions,
+               moves=len(moves), placements=[str(p.get("placement")) for p in st.placement_costs],
+               machine_hours=st.machine_hours, cost_usd=st.cost_usd, cost_note=st.cost_note,
+               age_seconds=round(max(0.0, age), 1), final=st.final)
+
+
+class Listed:
+    """A run's folder read through the bucket's one listing: what the listing lacks is not asked for.
+
+    Reading a run asks for a dozen objects, most of them absent (three of the four end markers, a
+    worker's events): on an object store each is a request. With the listing in hand, only the
+    objects that are there are fetched, and the folder's listings are answered from it. An object
+    written after the listing is seen on the next refresh.
+    """
+
+    def __init__(self, view, keys: dict, objects: dict | None = None) -> None:
+        self.view, self.keys, self.uri = view, keys, view.uri
+        self.objects = objects
+
+    def get_bytes(self, key: str) -> bytes:
+        info = self.keys.get(key)
+        if info is None:
+            raise NotFound(key)
+        if self.objects is None or info.size > CACHED_BYTES:
+            return self.view.get_bytes(key)
+        # An object the listing shows unchanged (same size and time) is not fetched again: a refresh
+        # asks only for what was written since.
+        name, sig = self.uri + "/" + key, (info.size, info.modified)
+        kept = self.objects.get(name)
+        if kept is not None and kept[0] == sig:
+            return kept[1]
+        data = self.view.get_bytes(key)
+        self.objects[name] = (sig, data)
+        return data
+
+    def stat(self, prefix: str = "") -> dict:
+        return {k: v for k, v in self.keys.items() if k.startswith(prefix)}
+
+    def list(self, prefix: str = "") -> list[str]:
+        return sorted(self.stat(prefix))
+
+    def exists(self, key: str) -> bool:
+        return key in self.keys
+
+
+def table(store, now: float, cache: dict | None = None, objects: dict | None = None) -> tuple[list[Row], list[str]]:
+    """A row per run in the bucket's ``store`` (newest first), and notes for the runs that could not be read.
+
+    The runs are read side by side (an object store's latency, not its bandwidth, is the cost: a run is
+    about ten small requests). ``cache``: the rows of earlier calls; a run that has ended and not changed
+    since (the newest object in its folder is the same) is not read again. ``objects``: see :class:`Listed`.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    cache = {} if cache is None else cache
+    listings = runs.run_listings(store)
+    folders = runs.run_folders(store, listings)
+
+    def one(run_id: str) -> Row | str:
+        changed = folders[run_id]
+        kept = cache.get(run_id)
+        if kept is not None and kept[0] == changed:
+            row = kept[1]
+            row.age_seconds = round(max(0.0, now - changed), 1)
+            return row
+        run = Listed(runs.run_view(store, run_id), listings[run_id], objects)
+        try:
+            st = status.read_status(run.uri, store=run, events=0, now=now)
+        except Exception as e:  # noqa: BLE001 - one unreadable run is a note; the others are still shown
+            return f"run {run_id}: could not be read ({type(e).__name__}: {e})"
+        row = _row(run_id, run, st, now - changed)
+        if row.final:  # an ended run's row changes only when its folder does
+            cache[run_id] = (changed, row)
+        return row
+
+    with ThreadPoolExecutor(max_workers=READERS) as pool:
+        got = list(pool.map(one, folders))
+    return [r for r in got if isinstance(r, Row)], [r for r in got if isinstance(r, str)]
+
+
+# -- one run ---------------------------------------------------------------------------
+
+
+def _lines(store, key: str) -> int:
+    """The non-empty lines of a JSON-lines object (0 when it is absent)."""
+    try:
+        raw = store.get_bytes(key)
+    except NotFound:
+        raw = b""
+    return sum(1 for line in raw.splitlines() if line.strip())
+
+
+def _damaged(store, facts: runstate.RunFacts) -> list[str]:
+    """Notes for the lines the event readers (``trainer.events.read_jsonl``) skipped: what was stored, less
+    what was read. Counting lines costs a tenth of parsing them again."""
+    notes = []
+    bad = _lines(store, layout.EVENTS_KEY) - len(facts.trainer_events)
+    if bad > 0:
+        notes.append(f"{layout.EVENTS_KEY}: {bad} damaged line{'s' if bad > 1 else ''} skipped (not JSON, or not an event)")
+    keys = [k for prefix in (layout.MACHINE_EVENTS_PREFIX, layout.WORKER_EVENTS_PREFIX) for k in store.list(prefix)
+            if k.endswith(".jsonl")]
+    bad = sum(_lines(store, k) for k in keys) - len(facts.machine_events)
+    if bad > 0:
+        notes.append(f"{layout.MACHINE_EVENTS_PREFIX} and {layout.WORKER_EVENTS_PREFIX}: {bad} damaged "
+                     f"line{'s' if bad > 1 else ''} skipped (not JSON, or not an event)")
+    return notes
+
+
+def _cost_window(st: runstate.RunStatus, facts: runstate.RunFacts, now: float) -> dict:
+    """The ``now``/``end`` that ``classify`` counts the machine time up to (``runstate._add_cost``)."""
+    if facts.end_marker is not None:
+        doc = facts.end or {}
+        return {"end": runstate.stamp(doc.get("finished_at")) or runstate.stamp(doc.get(layout.TIME))}
+    if st.state == runstate.NOT_STARTED:
+        return {}
+    return {"now": None if runstate.is_local(st.run_uri) else now}
+
+
+def _lanes(found: list[cost.Span], machine_events: list[dict], local: bool) -> list[str]:
+    """A lane name per attempt: the machine its events came from while it ran, else its placement (a run
+    in a local folder: this computer)."""
+    out = []
+    for s in found:
+        seen = [e.get("instance") for e in machine_events
+                if isinstance(e.get("instance"), str) and (t := runstate.stamp(e.get(layout.TIME))) is not None
+                and s.start - 600 <= t <= s.end + 60]
+        machine = seen[-1] if seen else None
+        if machine:
+            out.append(f"{machine}" + (f" ({s.placement})" if s.placement else ""))
+        else:
+            out.append(s.placement or ("this computer" if local else "machine"))
+    return out
+
+
+def _mark_text(ev: dict) -> str:
+    kind = ev.get(layout.EVENT)
+    if kind == layout.MOVED:
+        return (f"moved {ev.get('from_placement', ev.get('from'))} -> {ev.get('to_placement', ev.get('to'))}"
+                + (f" at step {ev['step']}" if isinstance(ev.get("step"), int) else "")
+                + f": {ev.get('reason', '')}")
+    if kind == layout.EVALUATED:
+        metrics = ev.get("metrics") if isinstance(ev.get("metrics"), dict) else {}
+        return f"evaluated at step {ev.get('step')}: " + ", ".join(
+            f"{k} {v:.4g}" for k, v in sorted(metrics.items()) if isinstance(v, int | float))
+    fields = ", ".join(f"{k} {v}" for k, v in ev.items() if k not in (layout.EVENT, layout.TIME, "config", "instance")
+                       and not isinstance(v, dict | list))
+    return f"{kind}" + (f" ({fields})" if fields else "")
+
+
+def _lane_at(spans: list[Span], t: float) -> str | None:
+    for s in spans:
+        if s.start - 1 <= t <= s.end + 1:
+            return s.lane
+    before = [s for s in spans if s.start <= t]
+    return before[-1].lane if before else (spans[0].lane if spans else None)
+
+
+def _eval_curves(events: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """Each metric of the ``evaluated`` events against its step (a resumed attempt's repeats: the newest wins)."""
+    curves: dict[str, dict[int, float]] = {}
+    for ev in events:
+        if ev.get(layout.EVENT) != layout.EVALUATED or not isinstance(ev.get("step"), int):
+            continue
+        for k, v in (ev.get("metrics") or {}).items() if isinstance(ev.get("metrics"), dict) else ():
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                curves.setdefault(str(k), {})[ev["step"]] = float(v)
+    return {k: sorted(v.items()) for k, v in curves.items()}
+
+
+def tensorboard_scalars(store) -> tuple[dict[str, list[tuple[int, float]]], list[str]]:
+    """The scalars of the run's ``tensorboard/`` event files: name -> [(step, value)], and notes.
+
+    Read here from the TFRecord framing and TensorBoard's own protocol buffers, not through
+    TensorFlow: importing TensorFlow costs seconds, and the dashboard serves a laptop that
+    may not have it. A torn record at the end of a file (a file still being written) ends that
+    file's reading, as TensorBoard's own reader does.
+    """
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto import event_pb2
+
+    out: dict[str, dict[int, float]] = {}
+    notes = []
+    try:
+        files = {k: v for k, v in store.stat(layout.TENSORBOARD_PREFIX).items() if "tfevents" in k}
+    except Exception as e:  # noqa: BLE001 - the curves are optional; the page says why they are missing
+        return {}, [f"tensorboard/ could not be listed ({type(e).__name__}: {e})"]
+    for key, info in sorted(files.items()):
+        if info.size > TB_MAX_BYTES:
+            notes.append(f"{key}: {info.size >> 20} MiB, not read for curves (open it with ops tensorboard)")
+            continue
+        try:
+            data = store.get_bytes(key)
+        except Exception as e:  # noqa: BLE001 - same as above
+            notes.append(f"{key} could not be read ({type(e).__name__})")
+            continue
+        pos = damaged = 0
+        while pos + 12 <= len(data):
+            (length,) = struct.unpack_from("<Q", data, pos)
+            body = data[pos + 12:pos + 12 + length]
+            if len(body) < length:
+                break
+            pos += 12 + length + 4
+            ev = event_pb2.Event()
+            try:
+                ev.ParseFromString(body)
+            except DecodeError:
+                damaged += 1
+                continue
+            for v in ev.summary.value:
+                value = _scalar(v)
+                if value is not None and v.tag not in TB_SKIP:
+                    out.setdefault(v.tag, {})[int(ev.step)] = value
+        if damaged:
+            notes.append(f"{key}: {damaged} damaged record{'s' if damaged > 1 else ''} skipped")
+    return {k: sorted(v.items()) for k, v in out.items()}, notes
+
+
+def _scalar(v) -> float | None:
+    """A summary value's number: ``simple_value`` (TF 1 style) or a one-element float tensor (``tf.summary.scalar``)."""
+    if v.HasField("simple_value"):
+        return float(v.simple_value)
+    if v.HasField("tensor") and not v.tensor.tensor_shape.dim:
+        t = v.tensor
+        for vals in (t.float_val, t.double_val, t.int_val, t.int64_val):
+            if len(vals):
+                return float(vals[0])
+        fmt = {1: "<f", 2: "<d"}.get(t.dtype)  # DT_FLOAT, DT_DOUBLE
+        if fmt and len(t.tensor_content) == struct.calcsize(fmt):
+            return float(struct.unpack(fmt, t.tensor_content)[0])
+    return None
+
+
+def run_page(store, run_id: str, now: float, objects: dict | None = None) -> RunPage:
+    """One run's page, read from the bucket's ``store``. Raises :class:`KeyError` for a run that is not there."""
+    if not run_id or "/" in run_id or run_id in (".", ".."):
+        raise KeyError(run_id)
+    run = runs.run_view(store, run_id)
+    # Only this run's folder is listed: the bucket may hold hundreds.
+    stored = run.stat("")
+    if not stored:
+        raise KeyError(run_id)
+    changed = max(info.modified.timestamp() for info in stored.values())
+    run = Listed(run, stored, objects)
+    notes: list[str] = []
+    # As ops.status.read_status reads it, keeping the facts: the page draws every event.
+    facts = status.read_facts(run, run.uri)
+    st = runstate.classify(facts, now, events=0)
+    st.placement = read_json(run, layout.PLACEMENT_KEY)
+    page = RunPage(row=_row(run_id, run, st, now - changed), st=st, now=now)
+
+    notes.extend(_damaged(run, facts))
+    if not facts.trainer_events:
+        notes.append(f"{layout.EVENTS_KEY} is missing or empty: no attempt to draw yet")
+    if facts.progress is None and not st.final:
+        notes.append(f"{layout.PROGRESS_KEY} is missing: no heartbeat from the trainer yet")
+    elif facts.progress == {}:
+        notes.append(f"{layout.PROGRESS_KEY} could not be read (not a JSON object)")
+    if facts.end_marker is not None and not facts.end:
+        notes.append(f"{facts.end_marker} could not be read (not a JSON object): its reason is not known")
+    if st.placement == {}:
+        notes.append(f"{layout.PLACEMENT_KEY} could not be read (not a JSON object)")
+
+    log = runstate.merge_events(facts.trainer_events, facts.machine_events)
+    page.events = len(log)
+    found = cost.spans(log, **_cost_window(st, facts, now))
+    for s, lane in zip(found, _lanes(found, facts.machine_events, runstate.is_local(st.run_uri)), strict=True):
+        page.spans.append(Span(attempt=s.attempt, lane=lane, start=s.start, end=s.end, open=s.open,
+                               placement=s.placement, cost_usd=s.cost, price_per_hour=s.price_per_hour,
+                               nodes=s.nodes))
+    for ev in log:
+        kind = ev.get(layout.EVENT)
+        at = runstate.stamp(ev.get(layout.TIME))
+        if at is None or kind not in (*MARKS, *TICKS):
+            continue
+        page.marks.append(Mark(kind=str(kind), at=at, lane=_lane_at(page.spans, at), text=_mark_text(ev)))
+    if not any(m.kind == layout.MOVED for m in page.marks) and isinstance(st.placement, dict):
+        # placement.json records a move even where its event was not written (an older controller).
+        for m in st.placement.get("moves") or []:
+            at = runstate.stamp(m.get("time")) if isinstance(m, dict) else None
+            if at is not None:
+                page.marks.append(Mark(kind=layout.MOVED, at=at, lane=None, text=_mark_text({"event": "moved", **m})))
+    if facts.end_marker is not None:
+        doc = facts.end or {}
+        at = runstate.stamp(doc.get("finished_at")) or runstate.stamp(doc.get(layout.TIME))
+        if at is None and page.spans:
+            at = page.spans[-1].end
+        if at is not None:
+            reason = st.detail or str(doc.get(layout.MARKER_REASON) or "")
+            page.end = Mark(kind=facts.end_marker, at=at, lane=None,
+                            text=f"{facts.end_marker}" + (f": {reason}" if reason else ""))
+
+    scalars, tb_notes = tensorboard_scalars(run)
+    notes.extend(tb_notes)
+    for name, points in scalars.items():
+        page.curves[name] = points
+        page.curve_source[name] = "TensorBoard"
+    for name, points in _eval_curves(facts.trainer_events).items():
+        # The evaluated events name the metrics as the status does (val_…); TensorBoard's validation/… twin
+        # holds the same points, so the events' curve is the one kept.
+        page.curves.pop(f"validation/{name.removeprefix(VAL_PREFIX)}", None)
+        page.curves[name] = points
+        page.curve_source[name] = f"{layout.EVALUATED} events"
+    page.notes = notes
+    return page

@@ -1,0 +1,323 @@
+"""`ops dashboard` without a browser: what each page says, its notes, its status codes, the server's guard.
+
+The bucket is ``dashboard_scenarios.bucket``'s (a preempted-and-moved COMPLETE run, and
+``test_status.build``'s resumed, failed and complete runs) on ``file://``; the browser tests
+(``test_dashboard_browser.py``) look at the same pages on the emulators.
+"""
+
+from __future__ import annotations
+
+import html
+import http.client
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ops.__main__ import main
+from ops.dashboard import Dashboard, bucket_of, data, make_server
+from tests.ops import dashboard_scenarios as scenarios
+from tests.ops.helpers import ctrl_c_reaches_it
+from trainer import layout
+from trainer.storage import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def bucket(tmp_path):
+    uri = f"file://{tmp_path}/bucket"
+    states = scenarios.bucket(uri, tmp_path / "src", start=time.time() - 9 * 3600)
+    return uri, states
+
+
+def _rows(body: str) -> dict[str, str]:
+    return dict(re.findall(r'<tr class="run" data-run="([^"]+)" data-state="([^"]+)"', body))
+
+
+def test_the_runs_table_shows_every_run_with_its_state_and_sorts(bucket):
+    uri, states = bucket
+    dash = Dashboard(uri, open_store(uri))
+    code, body = dash.respond("/")
+    assert code == 200 and _rows(body) == states
+    night = body[body.index('data-run="night"'):].split("</tr>")[0]
+    assert ">3<" in night and ">2<" in night  # attempts, preemptions
+    assert "aws us-east-1<br>aws us-west-2" in night and "val_accuracy 0.9341 @5500" in night
+    _code, by_cost = dash.respond("/?sort=cost&order=desc")
+    assert list(_rows(by_cost))[0] == "night"  # the only priced run is the dearest
+    _code, by_cost_up = dash.respond("/?sort=cost&order=asc")
+    assert list(_rows(by_cost_up))[-1] == "night"
+    # A run not over makes the page refresh itself; once all are over, it does not.
+    assert 'http-equiv="refresh"' in body
+
+
+def test_the_table_keeps_the_rows_of_ended_runs_until_their_folder_changes(bucket):
+    uri, states = bucket
+    store, cache = open_store(uri), {}
+    first, _notes = data.table(store, time.time(), cache)
+    assert set(cache) == {r for r, s in states.items() if s in layout.END_MARKERS}  # not the RUNNING one
+    again, _notes = data.table(store, time.time() + 60, cache)
+    kept = {r.id: r for r in again}
+    assert all(kept[r] is cache[r][1] for r in cache) and kept["failed"].age_seconds >= 60
+    assert kept["resumed"] is not {r.id: r for r in first}["resumed"]  # read again: it may have moved on
+    time.sleep(0.01)
+    failed = open_store(f"{uri}/runs/failed")
+    doc = json.loads(failed.get_bytes("FAILED"))
+    failed.put_bytes("FAILED", json.dumps({**doc, "reason": "the run's deadline moved"}).encode())
+    rows, _notes = data.table(store, time.time(), cache)
+    assert {r.id: r.detail for r in rows}["failed"] == "the run's deadline moved"
+
+
+class Counting:
+    """A store that records the objects fetched from it."""
+
+    def __init__(self, store) -> None:
+        self.store, self.fetched = store, []
+
+    def get_bytes(self, key: str) -> bytes:
+        self.fetched.append(key)
+        return self.store.get_bytes(key)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_a_refresh_fetches_only_what_changed_since(bucket):
+    uri, _states = bucket
+    store = Counting(open_store(uri))
+    dash = Dashboard(uri, store)
+    assert dash.respond("/")[0] == 200 and len(store.fetched) > 10
+    # Nothing asked for that the listing says is absent (three of the four end markers, a worker's events).
+    assert not any(k.endswith(("/FAILED", "/TIMED_OUT", "/CANCELLED")) for k in store.fetched if "/failed/" not in k)
+    store.fetched.clear()
+    assert dash.respond("/")[0] == 200 and store.fetched == []
+    time.sleep(0.01)
+    resumed = open_store(f"{uri}/runs/resumed")
+    resumed.put_bytes(layout.EVENTS_KEY, resumed.get_bytes(layout.EVENTS_KEY) + b"\n")
+    assert dash.respond("/")[0] == 200 and store.fetched == ["runs/resumed/events.jsonl"]
+
+
+def test_the_run_page_draws_its_story_with_the_figures_of_ops_status(bucket, capsys):
+    uri, _states = bucket
+    page = data.run_page(open_store(uri), "night", time.time())
+    assert [s.lane for s in page.spans] == ["i-0aaa (aws us-east-1)", "i-0bbb (aws us-east-1)",
+                                             "i-0ccc (aws us-west-2)"]
+    kinds = [m.kind for m in page.marks]
+    assert kinds.count("preempted") == 2 and kinds.count("spot_notice") == 2 and kinds.count("moved") == 1
+    assert page.end is not None and page.end.kind == "COMPLETE"
+    # The idle gaps: nothing trained between attempts (the move is not a machine's time).
+    gaps = [b.start - a.end for a, b in zip(page.spans, page.spans[1:], strict=False)]
+    assert gaps[0] > 24 * 60 and gaps[1] > 20 * 60, gaps
+    evaluations = sum(1 for m in page.marks if m.kind == "evaluated")
+    assert len(page.curves["val_accuracy"]) == evaluations == 11  # 500 to 5500
+    assert page.curve_source["train/loss"] == "TensorBoard" and len(page.curves["train/loss"]) == 60
+    assert page.notes == []
+    assert main(["status", "--run-uri", f"{uri}/runs/night", "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert page.st.cost_usd == st["cost_usd"] and st["cost_usd"] > 0
+    assert round(sum(s.cost_usd for s in page.spans), 2) == st["cost_usd"]  # the chart's total is the status's
+    code, body = Dashboard(uri, open_store(uri)).respond("/run/night")
+    assert code == 200 and f'data-usd="{st["cost_usd"]}"' in body
+    assert "price table 2026-11-30" in html.unescape(body) and "http-equiv" not in body  # over: no refresh
+    assert body.count('class="attempt"') == 3 and body.count('class="mark preempted"') == 2
+    assert "python -m ops pull --run-uri" in body and "SavedModel endpoint serve" in body
+
+
+def test_damaged_and_missing_files_are_notes_not_errors(bucket):
+    uri, _states = bucket
+    store = open_store(f"{uri}/runs/resumed")
+    store.put_bytes(layout.EVENTS_KEY, store.get_bytes(layout.EVENTS_KEY) + b"{not json\n[1, 2]\n")
+    store.delete_prefix(layout.PROGRESS_KEY)
+    store.put_bytes(layout.TENSORBOARD_PREFIX + "events.out.tfevents.9", b"\x05\x00\x00\x00\x00\x00\x00\x00"
+                    + b"\x00" * 4 + b"\xff\xff\xff\xff\xff" + b"\x00" * 4)
+    code, body = Dashboard(uri, open_store(uri)).respond("/run/resumed")
+    notes = re.findall(r'<li class="note">([^<]*)</li>', body)
+    assert code == 200, body
+    assert "events.jsonl: 2 damaged lines skipped (not JSON, or not an event)" in notes
+    assert "progress.json is missing: no heartbeat from the trainer yet" in notes
+    assert any("damaged record" in n for n in notes), notes
+    assert body.count('class="attempt"') == 2  # the rest of the page is still drawn
+
+
+class Unreadable:
+    """A bucket whose every read fails, as one without credentials does."""
+
+    uri = "s3://nowhere"
+
+    def stat(self, prefix=""):
+        raise PermissionError("AccessDenied: no credentials")
+
+    def __getattr__(self, name):
+        return self.stat
+
+
+def test_pages_that_cannot_be_read_say_why_with_404_or_503(bucket):
+    uri, _states = bucket
+    code, body = Dashboard(uri, open_store(uri)).respond("/run/no-such-run")
+    assert code == 404 and "no run &#x27;no-such-run&#x27;" in body
+    code, body = Dashboard("s3://nowhere", Unreadable()).respond("/")
+    assert code == 503 and "AccessDenied: no credentials" in body and "check your credentials" in body
+    assert 'http-equiv="refresh"' in body  # it tries again by itself
+
+
+def _get(port: int, path: str, host: str, method: str = "GET") -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request(method, path, headers={"Host": host})
+    r = conn.getresponse()
+    return r.status, r.read().decode()
+
+
+def test_the_server_listens_on_127_0_0_1_answers_only_to_it_and_only_reads(bucket):
+    uri, _states = bucket
+    server = make_server(Dashboard(uri, open_store(uri)), 0)
+    import threading
+
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_port
+        assert server.server_address[0] == "127.0.0.1"
+        assert _get(port, "/", f"127.0.0.1:{port}")[0] == 200
+        assert _get(port, "/run/night", f"localhost:{port}")[0] == 200
+        # A page elsewhere whose own name points at 127.0.0.1 (DNS rebinding) is refused.
+        code, text = _get(port, "/", f"evil.example:{port}")
+        assert code == 403 and "answers only on 127.0.0.1" in text
+        assert _get(port, "/", f"127.0.0.1:{port}", method="POST")[0] == 405
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_another_host_is_refused_on_the_command_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["dashboard", "--bucket-uri", f"file://{tmp_path}", "--host", "0.0.0.0"])
+    assert e.value.code == 2 and "unknown option --host" in capsys.readouterr().err
+
+
+def test_a_bucket_uri_may_name_the_runs_folder():
+    assert bucket_of("file://./runs") == "file://."
+    assert bucket_of("s3://b/runs/") == "s3://b"
+    assert bucket_of("s3://b") == "s3://b"
+    assert bucket_of("gs://runs") == "gs://runs"  # a bucket named runs
+
+
+def test_the_readme_demo_folder_is_served_and_the_url_printed(tmp_path):
+    # The README's demo writes file://./runs/demo; `ops dashboard --bucket-uri file://./runs` shows it.
+    scenarios.story(f"file://{tmp_path}/runs/demo", tmp_path / "src", start=time.time() - 3 * 3600,
+                    steps=1000, eval_every=250, checkpoint_every=500)
+    proc = subprocess.Popen([sys.executable, "-m", "ops", "dashboard", "--bucket-uri", "file://./runs", "--port", "0"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}, preexec_fn=ctrl_c_reaches_it)
+    try:
+        line = proc.stdout.readline()
+        m = re.search(r"at http://127\.0\.0\.1:(\d+)/", line)
+        assert m, (line, proc.stderr.read() if proc.poll() is not None else "")
+        port = int(m.group(1))
+        code, body = _get(port, "/", f"127.0.0.1:{port}")
+        assert code == 200 and _rows(body) == {"demo": "COMPLETE"}
+        code, body = _get(port, "/run/demo", f"127.0.0.1:{port}")
+        assert code == 200 and 'data-metric="val_accuracy" data-points="3"' in body
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=20)
+    assert rc == 130
+
+
+def test_the_pages_need_only_what_requirements_txt_installs(bucket):
+    # The curves' TensorBoard reader uses TensorBoard's protocol buffers, not TensorFlow.
+    from tests.test_requirements import GUARD, OWN, install_set, top_level_modules
+
+    uri, _states = bucket
+    allowed = top_level_modules(install_set(ROOT / "requirements.txt")) | OWN
+    page = ("from ops.dashboard import Dashboard\nfrom trainer.storage import open_store\n"
+            "code, body = Dashboard(sys.argv[2], open_store(sys.argv[2])).respond('/run/night')\n"
+            "print(code, body.count('class=\"point\"'))\n")
+    script = GUARD.replace("from ops.__main__ import main\nsys.exit(main(sys.argv[2:]))\n", page)
+    assert script != GUARD
+    got = subprocess.run([sys.executable, "-c", script, json.dumps(sorted(allowed)), uri], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert got.stdout.split() == ["200", str(60 + 11 + 11)]  # train/loss from TensorBoard, val_* from the events
+
+
+def test_the_stack_names_its_runs_bucket_and_a_taken_port_is_one_line(bucket, tmp_path, monkeypatch, capsys):
+    import os
+
+    import ops.dashboard
+    from tests.ops.test_status import fake_pulumi
+
+    uri, states = bucket
+    fake_pulumi(tmp_path / "bin", {"runUri": f"{uri}/runs/night"})
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    served = []
+
+    class Once:
+        """The server, answering one page and stopping (the command serves until Ctrl-C)."""
+
+        def __init__(self, dashboard, port):
+            self.dashboard, self.server_port = dashboard, port
+
+        def serve_forever(self):
+            served.append(self.dashboard.respond("/"))
+
+        def shutdown(self):
+            pass
+
+        server_close = shutdown
+
+    monkeypatch.setattr(ops.dashboard, "make_server", Once)
+    assert main(["dashboard", "--stack", "dev", "--port", "6081"]) == 0
+    assert capsys.readouterr().out.startswith(f"ops dashboard: {uri} at http://127.0.0.1:6081/")
+    [(code, body)] = served
+    assert code == 200 and _rows(body) == states
+
+    monkeypatch.undo()
+    taken = make_server(Dashboard(uri, open_store(uri)), 0)
+    try:
+        assert main(["dashboard", "--bucket-uri", uri, "--port", str(taken.server_port)]) == 2
+    finally:
+        taken.server_close()
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{taken.server_port}" in err and "choose another port with --port" in err
+
+
+def test_documents_damaged_every_way_still_make_a_page(tmp_path):
+    # Fields of the wrong type everywhere a hand edit, a foreign writer or a torn write could leave them.
+    uri = f"file://{tmp_path}"
+    bad = open_store(f"{uri}/runs/bad")
+    events = [
+        {"event": "started", "time": "2026-12-04T10:00:00+00:00", "attempt": "x", "workers": "two",
+         "config": {"price_per_hour": "1", "placement": 5, "steps": "many"}},
+        {"event": "evaluated", "time": "2026-12-04T10:01:00+00:00", "step": "abc", "metrics": [1, 2]},
+        {"event": "evaluated", "time": "2026-12-04T10:02:00+00:00", "step": 10,
+         "metrics": {"val_acc": "high", "val_loss": float("nan")}},
+        {"event": "evaluated", "time": "not a time", "step": 20, "metrics": {"val_loss": 1e308}},
+        {"event": "moved", "time": "2026-12-04T10:03:00+00:00", "from": None, "reason": ["x"]},
+        {"event": "preempted", "time": "2026-12-04T10:04:00Z", "step": None},
+        {"event": "spot_notice"},
+        {"event": "checkpoint", "time": 12345, "step": 5},
+    ]
+    bad.put_bytes("events.jsonl", "\n".join(json.dumps(e) for e in events).encode() + b"\n\xff\xfe\n")
+    bad.put_bytes("progress.json", json.dumps({"step": "5", "total": [1], "loss": "x", "best": {"metric": 3},
+                                               "metrics": {"a": None}}).encode())
+    bad.put_bytes("placement.json", json.dumps({"active": "one", "moves": [1, {"time": "bad"}]}).encode())
+    bad.put_bytes("COMPLETE", json.dumps({"step": "x", "best": "val", "finished_at": 7,
+                                          "signature": {"inputs": [1], "outputs": {"a": {"shape": "?"}}}}).encode())
+    bad.put_bytes("machine-events/i-1.jsonl", b'{"event": "spot_notice", "time": "2026-12-04T10:03:50Z", "instance": 7}\n[]\n')
+    bad.put_bytes("tensorboard/events.out.tfevents.x", b"\x00" * 3)
+    torn = open_store(f"{uri}/runs/torn")
+    torn.put_bytes("COMPLETE", b"not json")
+    torn.put_bytes("progress.json", b"[]")
+    dash = Dashboard(uri, open_store(uri))
+    for path in ("/", "/?sort=best&order=desc", "/?sort=no-such-column", "/run/bad"):
+        code, body = dash.respond(path)
+        assert code == 200, (path, body)
+    code, body = dash.respond("/run/torn")
+    assert code == 200 and "COMPLETE could not be read (not a JSON object): its reason is not known" in body
+    assert "progress.json could not be read (not a JSON object)" in body
+    for path in ("/run/..", "/run/%2e%2e", "/run/../../etc"):
+        assert dash.respond(path)[0] == 404, path
