@@ -5,6 +5,7 @@ Three calls (docs/your-fit-script.md shows the diff):
     strategy = fit.strategy()                      # instead of tf.distribute.MirroredStrategy()
     model.fit(..., callbacks=fit.callbacks())      # instead of TensorBoard + ModelCheckpoint
     model.export(fit.model_dir())                  # or model.save(...) into that folder
+    open(os.path.join(fit.output_dir(), "report.txt"), "w")   # anything else to keep: outputs/
 
 Run by `python -m trainer --run-uri URI -- python train.py` (trainer/script.py), the callback:
 
@@ -23,7 +24,8 @@ Run by `python -m trainer --run-uri URI -- python train.py` (trainer/script.py),
   accuracy, val_*) for `progress.json`, the events and COMPLETE.
 
 Outside the trainer (no `TRAINSTACK_RUN_URI`) the script runs as it would without trainstack:
-`callbacks()` is a TensorBoard callback to `./logs`, `model_dir()` is `./model`.
+`callbacks()` is a TensorBoard callback to `./logs`, `model_dir()` is `./model`, `output_dir()`
+is `./outputs`.
 
 Needs Keras, TensorFlow (the checkpoint format and the strategies) and the store code
 (`trainer.storage`, `trainer.checkpoints.CheckpointStore`); nothing else of the trainer.
@@ -69,6 +71,15 @@ def model_dir() -> str:
     """Where to save the model: what the script leaves there becomes the run's `model/` when it exits 0."""
     path = os.environ.get("TRAINSTACK_MODEL_DIR") or os.path.abspath("model")
     os.makedirs(os.path.dirname(path.rstrip("/")) or ".", exist_ok=True)
+    return path
+
+
+def output_dir() -> str:
+    """Where to write what else the run should keep (reports, plots, CSVs): uploaded to the run's
+    `outputs/` at each committed checkpoint and at the end (`ops pull --outputs` fetches it). Outside
+    the trainer, `./outputs`. The working folder itself is a scratch copy of the code: not kept."""
+    path = os.environ.get("TRAINSTACK_OUTPUT_DIR") or os.path.abspath("outputs")
+    os.makedirs(path, exist_ok=True)
     return path
 
 

@@ -1,7 +1,11 @@
 """Script mode: run the user's own command (`python -m trainer ... -- python train.py`) with the run's guarantees.
 
-The command (a Keras `fit` script, typically) runs as a child process in `--code-dir`; this
-process, the parent, never imports TensorFlow and keeps what the run folder promises:
+The command (a Keras `fit` script, typically) runs as a child process in a writable working
+folder that starts as a copy of `--code-dir` (`run.code`), made afresh for each attempt in the
+work folder (on a machine the data disk, `/data/work`; never the code folder itself), so a
+script that writes beside itself (`./logs`, `history.csv`) works alike on a laptop and on a
+machine. This process, the parent, never imports TensorFlow and keeps what the run folder
+promises:
 
 - the run's lease (one writer per run; on a lost lease the child is killed at once, before it
   can commit again);
@@ -9,6 +13,9 @@ process, the parent, never imports TensorFlow and keeps what the run folder prom
   `cancelled`) in `events.jsonl`, and `progress.json` with the script's metrics, from the
   messages `trainer.fit`'s callback writes to a local file (`TRAINSTACK_MESSAGES_FILE`): the
   parent stays the one writer of both objects;
+- `outputs/`: the child's output folder (`TRAINSTACK_OUTPUT_DIR`, `fit.output_dir()`) is
+  uploaded at each committed checkpoint and at the end, whatever the ending; a later attempt
+  starts with what was kept there;
 - `tensorboard/`: the child's TensorBoard folder (`TRAINSTACK_TENSORBOARD_DIR`) is uploaded
   every `TENSORBOARD_EVERY_S` and at the end;
 - signals: SIGTERM/SIGINT (a spot notice) and the run folder's `STOP` (`ops stop`) are
@@ -28,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,6 +55,7 @@ ENV_TENSORBOARD_DIR = "TRAINSTACK_TENSORBOARD_DIR"
 ENV_MODEL_DIR = "TRAINSTACK_MODEL_DIR"
 ENV_MESSAGES_FILE = "TRAINSTACK_MESSAGES_FILE"
 ENV_ATTEMPT = "TRAINSTACK_ATTEMPT"
+ENV_OUTPUT_DIR = "TRAINSTACK_OUTPUT_DIR"
 
 POLL_S = 0.5
 TENSORBOARD_EVERY_S = 30.0
@@ -62,7 +71,9 @@ class ScriptRun(RunAttempt):
 
     def __init__(self, cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None) -> None:
         super().__init__(cfg, stream=stream, stop=stop)
-        self.dirs = {name: os.path.join(self.work, name) for name in ("checkpoints", "tensorboard", "model")}
+        self.dirs = {name: os.path.join(self.work, name) for name in ("checkpoints", "tensorboard", "model", "outputs")}
+        # The command's working folder: a copy of the code folder, made in _prepare_folders.
+        self.workdir = os.path.join(self.work, "code")
         self.messages = os.path.join(self.work, "messages.jsonl")
         self.child: subprocess.Popen | None = None
         self.lost_lease: str | None = None  # why the lease was lost, once it is
@@ -123,6 +134,8 @@ class ScriptRun(RunAttempt):
         elif kind == layout.CHECKPOINT:
             self.committed = msg.get("step")
             self.emit(layout.CHECKPOINT, step=msg.get("step"), seconds=msg.get("seconds"), bytes=msg.get("bytes"))
+            # A preempted run keeps the outputs of its last commit.
+            self.events.background(self._sync_outputs)
         elif kind == layout.RESUMED:
             self.emit(layout.RESUMED, step=msg.get("step"), examples_seen=msg.get("examples_seen"),
                       batches_seen=msg.get("step"), epoch=msg.get("epoch"), batch=msg.get("batch"))
@@ -141,7 +154,7 @@ class ScriptRun(RunAttempt):
     def child_env(self) -> dict:
         """The child's environment: the run's folders and the trainer on PYTHONPATH."""
         env = {k: v for k, v in os.environ.items() if k != "TRAINSTACK_COMMAND"}
-        path = [TRAINER_ROOT, self.cfg.code_dir or ""]
+        path = [TRAINER_ROOT, self.workdir]
         if env.get("PYTHONPATH"):
             path.append(env["PYTHONPATH"])
         env.update({
@@ -150,6 +163,7 @@ class ScriptRun(RunAttempt):
             ENV_CHECKPOINT_DIR: self.dirs["checkpoints"],
             ENV_TENSORBOARD_DIR: self.dirs["tensorboard"],
             ENV_MODEL_DIR: self.dirs["model"],
+            ENV_OUTPUT_DIR: self.dirs["outputs"],
             ENV_MESSAGES_FILE: self.messages,
             ENV_ATTEMPT: str(self.events.attempt),
             "TRAINSTACK_KEEP_CHECKPOINTS": str(self.cfg.keep_checkpoints),
@@ -159,16 +173,43 @@ class ScriptRun(RunAttempt):
             env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"] = f"{self.cfg.checkpoint_every_seconds:g}"
         return env
 
-    def _train(self) -> int:
-        cfg = self.cfg
+    def _prepare_folders(self) -> None:
+        """The run's local folders; the working folder, a fresh copy of the code folder; the output
+        folder, as the run last kept it (a resumed script finds what it wrote before)."""
         for d in self.dirs.values():
             os.makedirs(d, exist_ok=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        # The work folder may lie inside the code folder (a local --work-dir): never copied into itself.
+        work = os.path.realpath(self.work)
+
+        def ignore(folder: str, names: list[str]) -> list[str]:
+            return [n for n in names if n == "__pycache__" or os.path.realpath(os.path.join(folder, n)) == work]
+
+        shutil.copytree(self.cfg.code_dir, self.workdir, symlinks=True, ignore=ignore)
+        outputs = self.dirs["outputs"]
+        shutil.rmtree(outputs, ignore_errors=True)
+        os.makedirs(outputs)
+        kept = self.store.stat(layout.OUTPUTS_PREFIX)
+        if kept:
+            from trainer.storage import download_many
+
+            paths = {k: os.path.join(outputs, k[len(layout.OUTPUTS_PREFIX):]) for k in kept}
+            download_many(self.store, paths, skip_existing=False)
+            for key, path in paths.items():
+                # The stored time: upload_dir then sees the kept copy as current and uploads it
+                # again only when the command changes it.
+                stamp = kept[key].modified.timestamp()
+                os.utime(path, (stamp, stamp))
+
+    def _train(self) -> int:
+        cfg = self.cfg
+        self._prepare_folders()
         # `steps` is the trainer loop's; the command decides its own (progress.json carries its total).
         self.emit(layout.STARTED, config={**as_dict(cfg), "steps": None}, workers=1, worker=0, replicas=None, global_batch=None,
                   precision=None, mode="script", command=list(cfg.command))
         self.events.flush()
         self.stop_key.start()
-        self.child = subprocess.Popen(child_command(cfg.command), cwd=cfg.code_dir, env=self.child_env(),
+        self.child = subprocess.Popen(child_command(cfg.command), cwd=self.workdir, env=self.child_env(),
                                       preexec_fn=_die_with_parent)
         signalled_at: float | None = None
         cancelled = False
@@ -195,6 +236,7 @@ class ScriptRun(RunAttempt):
         self._sync_tensorboard()
         if self.lost_lease:
             raise LeaseLost(f"{self.lost_lease}; the command was killed")
+        self._sync_outputs()
         stopped = signalled_at is not None and rc in (layout.EXIT_PREEMPTED, -signal.SIGTERM, -signal.SIGKILL)
         if stopped and cancelled:
             return self._cancel()
@@ -220,6 +262,10 @@ class ScriptRun(RunAttempt):
 
         steps = CheckpointStore(self.store).committed_steps()
         return steps[-1] if steps else 0
+
+    def _sync_outputs(self) -> None:
+        if os.path.isdir(self.dirs["outputs"]):
+            self.store.upload_dir(self.dirs["outputs"], layout.OUTPUTS_PREFIX, changed_only=True)
 
     def _sync_tensorboard(self) -> None:
         self.store.upload_dir(self.dirs["tensorboard"], layout.TENSORBOARD_PREFIX, changed_only=True)

@@ -24,8 +24,17 @@ STANDIN = textwrap.dedent('''
         with open(os.environ["TRAINSTACK_MESSAGES_FILE"], "a") as out:
             out.write(json.dumps({"kind": kind, **f}) + "\\n")
     mode = sys.argv[1]
+    out = os.environ["TRAINSTACK_OUTPUT_DIR"]
+    # What an earlier attempt kept in outputs/, then a write beside the script (its working folder).
+    with open(os.path.join(out, "seen.txt"), "w") as f:
+        f.write(",".join(sorted(n for n in os.listdir(out) if n != "seen.txt")))
+    os.makedirs("logs", exist_ok=True)
+    with open(os.path.join("logs", "x"), "w") as f:
+        f.write(os.getcwd())
     if mode == "wait":
         def stop(signum, frame):
+            with open(os.path.join(out, "stopped.txt"), "w") as f:
+                f.write("7")
             send("checkpoint", step=7, seconds=0.1, bytes=10)
             sys.exit(143)
         signal.signal(signal.SIGTERM, stop)
@@ -95,6 +104,27 @@ def test_program_not_found_exits_2_with_one_line(code, tmp_path):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "run.command" in lines[0] and "no-such-program-xyz" in lines[0], p.stderr
     assert not (tmp_path / "run").exists()  # nothing written to the run
+
+
+# -- the working folder and the outputs --
+
+
+def test_the_command_runs_in_a_copy_of_the_code_and_its_outputs_are_kept_across_attempts(code, tmp_path):
+    # The first attempt is stopped; the second finds outputs/ as the first left it, in a fresh copy
+    # of the code folder, which itself is never written.
+    uri = f"file://{tmp_path}/run"
+    work = tmp_path / "work"
+    t = Trainer(uri, "--code-dir", str(code), "--work-dir", str(work), "--", "python", "standin.py", "wait")
+    t.wait_event("standin_ready", timeout=60)
+    t.signal()
+    assert t.wait(timeout=60) == layout.EXIT_PREEMPTED, t.stderr
+    kept = tmp_path / "run" / "outputs"
+    assert (kept / "stopped.txt").read_text() == "7"  # a preempted run keeps its outputs
+    assert (work / "code" / "logs" / "x").read_text() == str(work / "code")  # it ran in the copy
+    rc, _, err = run_trainer(uri, "--code-dir", str(code), "--", "python", "standin.py", "ok", timeout=60)
+    assert rc == 0, err
+    assert (kept / "seen.txt").read_text() == "stopped.txt"  # the second attempt started with the first's outputs
+    assert sorted(p.name for p in code.iterdir()) == ["standin.py"]  # the code folder was never written
 
 
 # -- endings --
