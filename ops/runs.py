@@ -249,6 +249,11 @@ def pull(run_uri: str, dest: Path, *, checkpoint: bool = False, outputs: bool = 
         n = _download_prefix(store, layout.OUTPUTS_PREFIX, dest / layout.OUTPUTS_PREFIX.rstrip("/"))
         if n:
             out["outputs"] = {"path": str(dest / layout.OUTPUTS_PREFIX.rstrip("/")), "files": n}
+    if "model" not in out and st.state == layout.COMPLETE and (st.end or {}).get("model_files") == 0:
+        note = str(st.end.get("model_note") or runstate.NO_SCRIPT_MODEL)
+        if not {"checkpoint", "outputs"} & set(out):
+            raise OpsError(f"no model in {run_uri}: {note}; --outputs fetches what it kept in outputs/")
+        out["model_note"] = note
     if not {"model", "checkpoint", "outputs"} & set(out):
         what = "no model" + (" and no committed checkpoint" if checkpoint else "") + (
             " and no outputs" if outputs else "")
@@ -271,6 +276,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
     if "model" in got:
         print(f"model ({got['model']['files']} files) -> {got['model']['path']}  "
               f"(tf.saved_model.load({got['model']['path']!r}))")
+    elif "model_note" in got:
+        print(f"ops pull: no model in {uri}: {got['model_note']}", file=sys.stderr)
     else:
         print(f"ops pull: no model in {uri} yet (the run is {got['state']})", file=sys.stderr)
     if "outputs" in got:

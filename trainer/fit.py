@@ -99,7 +99,8 @@ def callbacks(*, histogram_freq: int = 0, checkpoint_every_seconds: float | None
         return [board]
     every = checkpoint_every_seconds
     if every is None and os.environ.get("TRAINSTACK_CHECKPOINT_EVERY_SECONDS"):
-        every = float(os.environ["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"])
+        # The run's cadence as the trainer resolved it; 0 is off (epoch ends only).
+        every = float(os.environ["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"]) or None
     return [Backup(every_seconds=every, board=board), board]
 
 
@@ -156,6 +157,7 @@ class Backup(keras.callbacks.Callback):
         self._skip = 0
         self._skipped = False
         self._restored_metrics: list | None = None
+        self._epoch_logs: dict = {}  # the last finished epoch's metrics, saved with each checkpoint
         self._last_save = self._last_progress = time.monotonic()
         self._epoch_started = time.monotonic()
         self._examples_per_step: int | None = None
@@ -223,13 +225,17 @@ class Backup(keras.callbacks.Callback):
             os._exit(EXIT_UNUSABLE)
         self._ckpt.read(os.path.join(dest, CKPT_PREFIX)).assert_consumed()
         self.step, self.epoch, self.batch = state["step"], state["epoch"], state["batch"]
+        self._epoch_logs = state.get("epoch_logs") or {}
         # Keras's own BackupAndRestore resumes the same way: fit's loop starts at _initial_epoch.
         self.model._initial_epoch = self.epoch
         if self.batch:
             self._restored_metrics = state.get("metrics") or {}
             self._skip = self.batch
             self._wrap_train_function()
-        self._send("resumed", step=self.step, epoch=self.epoch, batch=self.batch, total=self._total())
+        # With the last epoch's metrics: a run resumed past its last epoch trains nothing more, and
+        # its COMPLETE carries them.
+        self._send("resumed", step=self.step, epoch=self.epoch, batch=self.batch, total=self._total(),
+                   **({"metrics": self._epoch_logs} if self._epoch_logs else {}))
 
     def _wrap_train_function(self) -> None:
         """Skip the batches the stopped epoch had trained on: draw them from the iterator, train nothing.
@@ -282,6 +288,7 @@ class Backup(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None) -> None:
         self.epoch, self.batch = epoch + 1, 0
         metrics = {k: _plain(v) for k, v in (logs or {}).items()}
+        self._epoch_logs = metrics
         seconds = time.monotonic() - self._epoch_started
         self._send("epoch", step=self.step, total=self._total(), epoch=epoch + 1, metrics=metrics,
                    epoch_seconds=round(seconds, 3))
@@ -302,6 +309,7 @@ class Backup(keras.callbacks.Callback):
         os.makedirs(folder)
         self._ckpt.write(os.path.join(folder, CKPT_PREFIX))
         state = {"step": self.step, "epoch": self.epoch, "batch": self.batch, "structure": self._structure(),
+                 "epoch_logs": self._epoch_logs,
                  "metrics": {v.path: np.asarray(v.numpy()).tolist() for v in self.model.metrics_variables}}
         with open(os.path.join(folder, STATE_FILE), "w") as f:
             json.dump(state, f)

@@ -39,6 +39,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -169,8 +170,11 @@ class ScriptRun(RunAttempt):
             "TRAINSTACK_KEEP_CHECKPOINTS": str(self.cfg.keep_checkpoints),
             "TRAINSTACK_SEED": str(self.cfg.seed),
         })
-        if self.cfg.checkpoint_every_seconds:
-            env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"] = f"{self.cfg.checkpoint_every_seconds:g}"
+        # The cadence as this process resolved it (extraArgs over the env file; 0 is off): the
+        # variable the child inherits may say otherwise.
+        env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"] = f"{self.cfg.checkpoint_every_seconds or 0:g}"
+        if not self.cfg.verbose:
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         return env
 
     def _prepare_folders(self) -> None:
@@ -205,12 +209,16 @@ class ScriptRun(RunAttempt):
         cfg = self.cfg
         self._prepare_folders()
         # `steps` is the trainer loop's; the command decides its own (progress.json carries its total).
-        self.emit(layout.STARTED, config={**as_dict(cfg), "steps": None}, workers=1, worker=0, replicas=None, global_batch=None,
+        self.emit(layout.STARTED, config={**as_dict(cfg), "steps": None, "model": None}, workers=1, worker=0, replicas=None, global_batch=None,
                   precision=None, mode="script", command=list(cfg.command))
         self.events.flush()
         self.stop_key.start()
         self.child = subprocess.Popen(child_command(cfg.command), cwd=self.workdir, env=self.child_env(),
-                                      preexec_fn=_die_with_parent)
+                                      preexec_fn=_die_with_parent, stderr=None if cfg.verbose else subprocess.PIPE)
+        relay = None
+        if self.child.stderr is not None:
+            relay = threading.Thread(target=_relay_stderr, args=(self.child.stderr,), daemon=True)
+            relay.start()
         signalled_at: float | None = None
         cancelled = False
         last_tb = time.monotonic()
@@ -233,17 +241,26 @@ class ScriptRun(RunAttempt):
                 last_tb = now
             time.sleep(POLL_S)
         self._read_messages()
+        if relay is not None:
+            relay.join(timeout=5)
         self._sync_tensorboard()
         if self.lost_lease:
             raise LeaseLost(f"{self.lost_lease}; the command was killed")
         self._sync_outputs()
-        stopped = signalled_at is not None and rc in (layout.EXIT_PREEMPTED, -signal.SIGTERM, -signal.SIGKILL)
+        if signalled_at is None and (self.stop.requested or self.stop_key.requested):
+            # The stop came while the child was already ending (a terminal's Ctrl-C reaches the
+            # whole process group: the child may exit 143 before this loop forwards anything).
+            cancelled = self.stop_key.requested and not self.stop.requested
+            signalled_at = time.monotonic()
+        stopped = (rc == layout.EXIT_PREEMPTED or (signalled_at is not None and rc in (
+            -signal.SIGTERM, -signal.SIGINT, -signal.SIGKILL)))
         if stopped and cancelled:
             return self._cancel()
         if stopped:
             self.events.flush()
             self.emit(layout.PREEMPTED, step=self._committed_step(),
-                      signal=self.stop.signal_name or "STOP", seconds=round(time.monotonic() - signalled_at, 3),
+                      signal=self.stop.signal_name or "STOP",
+                      seconds=round(time.monotonic() - signalled_at, 3) if signalled_at is not None else None,
                       examples_seen=self.examples_seen, exit_code=rc)
             return layout.EXIT_PREEMPTED
         if rc == 0:
@@ -281,12 +298,54 @@ class ScriptRun(RunAttempt):
         self._write_cancelled(step, reason, self.examples_seen)
         return layout.EXIT_OK
 
+    def _models_elsewhere(self) -> list[str]:
+        """Models the command saved outside its model folder (a `*.keras`/`*.h5` file, a SavedModel's
+        folder): new or changed files in its working folder (as `./path`) and in its output folder
+        (as `outputs/path`, kept there)."""
+        found = []
+        for root, label, compare in ((self.workdir, ".", self.cfg.code_dir), (self.dirs["outputs"], "outputs", None)):
+            for folder, dirs, names in os.walk(root):
+                dirs.sort()
+                for name in sorted(names):
+                    if not (name.endswith(MODEL_FILE_SUFFIXES) or name == "saved_model.pb"):
+                        continue
+                    path = os.path.join(folder, name)
+                    rel = os.path.relpath(path, root)
+                    if compare is not None and _same_file(path, os.path.join(compare, rel)):
+                        continue  # shipped with the code, not saved by this run
+                    if name == "saved_model.pb":
+                        rel = os.path.dirname(rel) or "."
+                    found.append(f"{label}/{rel}".replace("/./", "/").rstrip("/."))
+        return found
+
+    def _take_model(self, model_dir: str) -> tuple[int, str | None]:
+        """What `model/` gets, and the note that says what happened when the command left its
+        model folder empty: a lone `*.keras` file it saved in its working folder is taken (the
+        model of `model.save("x.keras")`); anything else is named, not guessed at."""
+        files = sum(len(names) for _, _, names in os.walk(model_dir))
+        if files:
+            return files, None
+        elsewhere = self._models_elsewhere()
+        if len(elsewhere) == 1 and elsewhere[0].startswith("./") and elsewhere[0].endswith(".keras"):
+            name = os.path.basename(elsewhere[0])
+            shutil.copy2(os.path.join(self.workdir, elsewhere[0][2:]), os.path.join(model_dir, name))
+            return 1, (f"the script saved no model in fit.model_dir(); its one model file, {elsewhere[0]} in its "
+                       f"working folder, was taken as model/{name} (keras.models.load_model)")
+        note = "the script saved no model in fit.model_dir()"
+        if elsewhere:
+            note += (f"; it saved {', '.join(elsewhere)} (./ is its working folder, a scratch copy that is not kept; "
+                     "outputs/ is kept): save the model with model.export(fit.model_dir()) or "
+                     "model.save(os.path.join(fit.model_dir(), 'model.keras'))")
+        return 0, note
+
     def _finish(self) -> int:
         """The command exited 0: its model folder becomes `model/`, then COMPLETE."""
         from trainer import export as export_mod
 
         model_dir = self.dirs["model"]
-        files = sum(len(names) for _, _, names in os.walk(model_dir))
+        files, model_note = self._take_model(model_dir)
+        if model_note:
+            print(f"trainstack: {model_note}", file=sys.stderr, flush=True)
         signature = None
         if files:
             self.store.delete_prefix(layout.MODEL_PREFIX)
@@ -298,11 +357,43 @@ class ScriptRun(RunAttempt):
                     self.events.emit("note", local_only=True, message=f"model/ has no {export_mod.SIGNATURE}: {e}")
         metrics = dict(self.metrics)
         self.emit(layout.FINISHED, step=self.step, metrics=metrics, examples_seen=self.examples_seen,
-                  model_files=files)
+                  model_files=files, **({"model_note": model_note} if model_note else {}))
         self.events.flush()
         self.lease.fence()
-        self._write_complete(step=self.step, metrics=metrics, examples_seen=self.examples_seen, signature=signature)
+        self._write_complete(step=self.step, metrics=metrics, examples_seen=self.examples_seen, signature=signature,
+                             model_files=files, model_note=model_note)
         return layout.EXIT_OK
+
+
+# Files a Keras script saves a model as (a SavedModel is found by its saved_model.pb).
+MODEL_FILE_SUFFIXES = (".keras", ".h5", ".hdf5")
+
+
+def _same_file(path: str, other: str) -> bool:
+    """`path` is a copy of `other` as copied (same size and modification time)."""
+    try:
+        a, b = os.stat(path), os.stat(other)
+    except OSError:
+        return False
+    return a.st_size == b.st_size and int(a.st_mtime) == int(b.st_mtime)
+
+
+def _relay_stderr(pipe) -> None:
+    """The child's stderr to ours, line by line, without TensorFlow's known start-up lines
+    (trainer/__main__.py: TF_NOISE); `--verbose` leaves the child's stderr as it is."""
+    from trainer.__main__ import TF_NOISE
+
+    out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+    for raw in iter(pipe.readline, b""):
+        line = raw.decode(errors="replace")
+        if TF_NOISE.match(line):
+            continue
+        if out is not None:
+            out.write(raw)
+            out.flush()
+        else:
+            sys.stderr.write(line)
+    pipe.close()
 
 
 def _die_with_parent() -> None:

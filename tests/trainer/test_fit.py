@@ -176,6 +176,10 @@ def test_outside_trainstack_the_helper_is_plain_keras(monkeypatch, tmp_path):
     cbs = fit.callbacks(histogram_freq=1)
     assert [type(c) for c in cbs] == [fit.Backup, keras.callbacks.TensorBoard]
     assert cbs[0].every_seconds == 30.0 and cbs[1].histogram_freq == 1
+    monkeypatch.setenv("TRAINSTACK_CHECKPOINT_EVERY_SECONDS", "0")  # the run's cadence switched off
+    assert fit.callbacks()[0].every_seconds is None
+    monkeypatch.setenv("TRAINSTACK_OUTPUT_DIR", str(tmp_path / "kept"))
+    assert fit.output_dir() == str(tmp_path / "kept") and (tmp_path / "kept").is_dir()
 
 
 @pytest.mark.parametrize(("tf_config", "gpus", "expected"), [
@@ -256,5 +260,14 @@ def test_the_helper_restores_the_newest_complete_checkpoint_and_refuses_another_
     lines = [ln for ln in err.splitlines() if ln.startswith("trainstack: checkpoint")]
     assert len(lines) == 1 and "written by another model" in lines[0] and "start a new run id" in lines[0], err[-3000:]
     assert "here" in lines[0] and "saved" in lines[0]  # which variable differs
+    last_epoch = [e for e in store_events(uri) if e["event"] == "epoch"][-1]
     assert layout.RESUMED not in kinds(events) and events[-1]["event"] == layout.FAILED_EVENT, kinds(events)
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "run" / "checkpoints").rglob("*")) == before
+
+    # The script fixed (it no longer fails after fit) and run again: past its last epoch it trains
+    # nothing, and COMPLETE carries the last epoch's metrics from the newest committed checkpoint.
+    rc, events, err = run_trainer(uri, "--code-dir", str(code), "--", "python", "tiny.py", "3", "3", "0", timeout=180)
+    assert rc == 0, err[-3000:]
+    assert "epoch" not in kinds(events)
+    done = json.loads((tmp_path / "run" / layout.COMPLETE).read_text())
+    assert done["metrics"] == last_epoch["metrics"] and "loss" in done["metrics"], (done, last_epoch)
