@@ -42,9 +42,19 @@ import sys
 import threading
 import time
 
-import keras
 import numpy as np
 import tensorflow as tf
+
+# `TF_USE_LEGACY_KERAS=1`: the script's `tf.keras` is Keras 2 (`tf_keras`), whose `fit` trains
+# under MultiWorkerMirroredStrategy; the callbacks must be of the Keras the model is.
+KERAS2 = os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
+if KERAS2:
+    import tf_keras as keras
+else:
+    import keras
+
+# Keras 3's fit fails under MultiWorkerMirroredStrategy (its PerReplica values reach the loss).
+KERAS3_MULTIWORKER = "keras-team/keras#20585"
 
 EXIT_PREEMPTED = 143
 EXIT_UNUSABLE = 78
@@ -56,15 +66,45 @@ PROGRESS_EVERY_S = 10.0
 def strategy() -> tf.distribute.Strategy:
     """The distribution strategy for this machine or cluster.
 
-    `TF_CONFIG` naming several workers: `MultiWorkerMirroredStrategy`. One or more GPUs:
-    `MirroredStrategy` over them. Otherwise TensorFlow's default strategy (one device).
+    `TF_CONFIG` naming several workers: `MultiWorkerMirroredStrategy`, with Keras 2 only
+    (`TF_USE_LEGACY_KERAS=1`; under Keras 3 a `RuntimeError` names keras-team/keras#20585). One or
+    more GPUs: `MirroredStrategy` over them. Otherwise TensorFlow's default strategy (one device).
     """
-    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
-    if sum(len(v) for k, v in cluster.items() if k in ("chief", "worker")) > 1:
-        return tf.distribute.MultiWorkerMirroredStrategy()
+    if _workers() > 1:
+        if not KERAS2:
+            raise RuntimeError(f"several workers need Keras 2: Keras 3's fit fails under MultiWorkerMirroredStrategy "
+                               f"({KERAS3_MULTIWORKER}); set TF_USE_LEGACY_KERAS=1 and build the model with tf.keras "
+                               "(docs/your-fit-script.md)")
+        made = tf.distribute.MultiWorkerMirroredStrategy()
+        if os.environ.get("TRAINSTACK_RUN_URI"):
+            # Starting the cluster's server takes SIGTERM over below Python (the stop never reached
+            # the callback): the handlers again, after it.
+            STOP.install()
+        return made
     if tf.config.list_physical_devices("GPU"):
         return tf.distribute.MirroredStrategy()
     return tf.distribute.get_strategy()
+
+
+def _tf_config() -> dict:
+    return json.loads(os.environ.get("TF_CONFIG") or "{}")
+
+
+def _workers() -> int:
+    cluster = _tf_config().get("cluster", {})
+    return sum(len(v) for k, v in cluster.items() if k in ("chief", "worker"))
+
+
+def is_chief() -> bool:
+    """This process writes the run's checkpoints: one worker alone, or the cluster's chief (the
+    `chief` task, else worker 0)."""
+    config = _tf_config()
+    task, cluster = config.get("task") or {}, config.get("cluster") or {}
+    if _workers() <= 1:
+        return True
+    if cluster.get("chief"):
+        return task.get("type") == "chief"
+    return task.get("type") == "worker" and int(task.get("index", 0)) == 0
 
 
 def model_dir() -> str:
@@ -94,7 +134,10 @@ def callbacks(*, histogram_freq: int = 0, checkpoint_every_seconds: float | None
     `checkpoint_every_seconds` (default: the run's `--checkpoint-every-seconds`) adds commits
     between epoch ends, for long epochs.
     """
-    board = keras.callbacks.TensorBoard(log_dir=tensorboard_dir(), histogram_freq=histogram_freq)
+    # Keras 2 writes the train step's graph after the first batch it runs, from a trace a resume
+    # that skips batches has not made yet (an AttributeError): no graph there.
+    board = keras.callbacks.TensorBoard(log_dir=tensorboard_dir(), histogram_freq=histogram_freq,
+                                        **({"write_graph": False} if KERAS2 else {}))
     if not os.environ.get("TRAINSTACK_RUN_URI"):
         return [board]
     every = checkpoint_every_seconds
@@ -127,6 +170,17 @@ if os.environ.get("TRAINSTACK_RUN_URI"):
     STOP.install()
 
 
+def _name(v) -> str:
+    """A variable's unique name: its path in Keras 3, its name in Keras 2."""
+    return getattr(v, "path", None) or v.name
+
+
+def _metric_variables(model) -> list:
+    if hasattr(model, "metrics_variables"):
+        return list(model.metrics_variables)
+    return [v for m in model.metrics for v in m.variables]  # Keras 2
+
+
 def _plain(value):
     try:
         return float(value)
@@ -150,6 +204,8 @@ class Backup(keras.callbacks.Callback):
         keep = int(os.environ.get("TRAINSTACK_KEEP_CHECKPOINTS") or 3)
         self.store = CheckpointStore(open_store(os.environ["TRAINSTACK_RUN_URI"]), keep=keep,
                                      emit=self._store_event, on_commit=self._committed)
+        self.workers = max(1, _workers())
+        self.chief = is_chief()
         self.epoch = 0
         self.batch = 0  # batches of the current epoch trained (or skipped on resume)
         self.step = 0
@@ -187,7 +243,7 @@ class Backup(keras.callbacks.Callback):
         return {"model": list(model.variables), "optimizer": list(model.optimizer.variables)}
 
     def _structure(self) -> list[str]:
-        return [f"{v.path}:{list(v.shape)}" for group in self._variables().values() for v in group]
+        return [f"{_name(v)}:{list(v.shape)}" for group in self._variables().values() for v in group]
 
     def _total(self) -> int | None:
         steps, epochs = self.params.get("steps"), self.params.get("epochs")
@@ -196,8 +252,9 @@ class Backup(keras.callbacks.Callback):
     # -- Keras hooks --
 
     def on_train_begin(self, logs=None) -> None:
+        STOP.install()  # again: whatever the script started since the import may have taken the signals over
         optimizer = self.model.optimizer
-        if not optimizer.built:
+        if not getattr(optimizer, "built", getattr(optimizer, "_built", False)):
             # Keras builds it at the first step; a checkpoint restored before must find its slots.
             with self.model.distribute_strategy.scope():
                 optimizer.build(self.model.trainable_variables)
@@ -226,8 +283,13 @@ class Backup(keras.callbacks.Callback):
         self._ckpt.read(os.path.join(dest, CKPT_PREFIX)).assert_consumed()
         self.step, self.epoch, self.batch = state["step"], state["epoch"], state["batch"]
         self._epoch_logs = state.get("epoch_logs") or {}
-        # Keras's own BackupAndRestore resumes the same way: fit's loop starts at _initial_epoch.
+        # Keras's own BackupAndRestore resumes the same way: fit's loop starts at the saved epoch
+        # (Keras 3: _initial_epoch; Keras 2: the counters it asks for, the step left at 0: the
+        # batches trained are drawn and skipped below, as Keras 2's own restore does not).
         self.model._initial_epoch = self.epoch
+        if KERAS2:
+            epoch = self.epoch
+            self.model._maybe_load_initial_counters_from_ckpt = lambda steps_per_epoch, initial_epoch: (epoch, 0)
         if self.batch:
             self._restored_metrics = state.get("metrics") or {}
             self._skip = self.batch
@@ -244,7 +306,8 @@ class Backup(keras.callbacks.Callback):
         Keras's metrics keep them) are added back, so the epoch's accuracy covers all of it.
         """
         original = self.model.train_function
-        per_call = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        per_call = getattr(self.model, "steps_per_execution", 1) or 1
+        per_call = int(per_call.numpy() if hasattr(per_call, "numpy") else per_call)  # a variable in Keras 2
 
         def skipping(iterator):
             if self._skip > 0:
@@ -256,9 +319,9 @@ class Backup(keras.callbacks.Callback):
             self.model.train_function = original
             logs = original(iterator)
             saved, self._restored_metrics = self._restored_metrics or {}, None
-            for v in self.model.metrics_variables:
-                if v.path in saved:
-                    v.assign_add(np.asarray(saved[v.path], dtype=v.dtype))
+            for v in _metric_variables(self.model):
+                if _name(v) in saved:
+                    v.assign_add(np.asarray(saved[_name(v)], dtype=v.dtype))
             return self.model.get_metrics_result() if saved else logs
 
         self.model.train_function = skipping
@@ -278,7 +341,8 @@ class Backup(keras.callbacks.Callback):
         if STOP.event.is_set():
             self._stop_now()
         now = time.monotonic()
-        if self.every_seconds and now - self._last_save >= self.every_seconds:
+        # Several workers save at epoch ends only: a time-based save would fall on different steps.
+        if self.every_seconds and self.workers == 1 and now - self._last_save >= self.every_seconds:
             self._save(sync=False)
         if now - self._last_progress >= PROGRESS_EVERY_S:
             self._last_progress = now
@@ -302,6 +366,8 @@ class Backup(keras.callbacks.Callback):
     # -- saving --
 
     def _save(self, *, sync: bool) -> None:
+        if not self.chief:
+            return  # the chief commits; every worker restores that commit (the same step)
         started = time.monotonic()
         self.step = int(self.model.optimizer.iterations.numpy())
         folder = os.path.join(self.local, f"{CKPT_PREFIX}-{self.step}")
@@ -310,7 +376,7 @@ class Backup(keras.callbacks.Callback):
         self._ckpt.write(os.path.join(folder, CKPT_PREFIX))
         state = {"step": self.step, "epoch": self.epoch, "batch": self.batch, "structure": self._structure(),
                  "epoch_logs": self._epoch_logs,
-                 "metrics": {v.path: np.asarray(v.numpy()).tolist() for v in self.model.metrics_variables}}
+                 "metrics": self._metric_sums()}
         with open(os.path.join(folder, STATE_FILE), "w") as f:
             json.dump(state, f)
         if sync:
@@ -322,6 +388,13 @@ class Backup(keras.callbacks.Callback):
                 shutil.rmtree(os.path.join(self.local, name), ignore_errors=True)
         self._last_save = time.monotonic()
         self.save_seconds.append(self._last_save - started)
+
+    def _metric_sums(self) -> dict:
+        # Several workers: a metric's sum is read across them (a collective the other workers are
+        # not in at a stop), so a resume inside an epoch starts its metrics from that step instead.
+        if self.workers > 1:
+            return {}
+        return {_name(v): np.asarray(v.numpy()).tolist() for v in _metric_variables(self.model)}
 
     def _stop_now(self) -> None:
         """A stop signal: commit the current step synchronously, close TensorBoard's files, exit 143."""

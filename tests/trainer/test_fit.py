@@ -145,8 +145,9 @@ os._exit(0)
 
 @pytest.mark.slow
 def test_keras_fit_under_multiworker_still_fails_so_script_mode_stays_on_one_machine(tmp_path):
-    # keras-team/keras#20585 in the Keras we pin: the reason run.command refuses compute.nodes > 1.
-    # When this fails because fit works, lift that refusal (components/settings/common.py).
+    # keras-team/keras#20585 in the Keras we pin: the reason fit.strategy() refuses several workers
+    # under Keras 3 (Keras 2, TF_USE_LEGACY_KERAS=1, trains: test_fit_multiworker.py) and run.command
+    # refuses compute.nodes > 1. When this fails because fit works, lift both refusals.
     from devtools.servers import free_ports
 
     (tmp_path / "worker.py").write_text(MWMS_WORKER)
@@ -203,8 +204,15 @@ def test_the_helper_strategy_follows_the_cluster_then_the_gpus(monkeypatch, tf_c
         monkeypatch.delenv("TF_CONFIG", raising=False)
     else:
         monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    monkeypatch.setattr(fit, "KERAS2", True)  # several workers: Keras 2 alone (below, Keras 3)
     got = fit.strategy()
     assert got is made.get(expected, tf.distribute.get_strategy()), (expected, got)
+    monkeypatch.setattr(fit, "KERAS2", False)
+    if expected == "multi-worker":
+        with pytest.raises(RuntimeError, match=r"keras-team/keras#20585.*TF_USE_LEGACY_KERAS=1"):
+            fit.strategy()
+    else:
+        assert fit.strategy() is made.get(expected, tf.distribute.get_strategy())
 
 
 TINY = '''
