@@ -123,6 +123,27 @@ def output_dir() -> str:
     return path
 
 
+def stage(uri: str) -> str:
+    """Copy the files under `uri` (s3://, gs:// or file://; a data set's folder) to a local folder
+    and return it: `TRAINSTACK_DATA_DIR` on the machines (the data disk), else `./data`. A file
+    already there whole is kept, so a resumed attempt on the same machine downloads nothing again.
+    (TensorFlow 2.21 reads gs:// itself but has no s3:// filesystem: stage S3 data.)"""
+    import hashlib
+
+    from trainer.config import normalize_uri
+    from trainer.storage import download_many, open_store
+
+    uri = normalize_uri(uri)
+    store = open_store(uri)
+    base = os.environ.get("TRAINSTACK_DATA_DIR") or os.path.abspath("data")
+    dest = os.path.join(base, hashlib.sha256(uri.encode()).hexdigest()[:16])
+    keys = store.list("")
+    if not keys:
+        raise FileNotFoundError(f"{uri}: no files to stage (check the URI and the machine's read access)")
+    download_many(store, {k: os.path.join(dest, k) for k in keys})
+    return dest
+
+
 def tensorboard_dir() -> str:
     """Where TensorBoard files go (uploaded to the run's `tensorboard/`)."""
     return os.environ.get("TRAINSTACK_TENSORBOARD_DIR") or os.path.abspath("logs")

@@ -10,6 +10,7 @@ never stopped (the guide's --deterministic recipe), its SavedModel loads and pre
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -181,6 +182,30 @@ def test_outside_trainstack_the_helper_is_plain_keras(monkeypatch, tmp_path):
     assert fit.callbacks()[0].every_seconds is None
     monkeypatch.setenv("TRAINSTACK_OUTPUT_DIR", str(tmp_path / "kept"))
     assert fit.output_dir() == str(tmp_path / "kept") and (tmp_path / "kept").is_dir()
+
+
+def test_stage_copies_a_data_folder_once_and_tensorflow_reads_gs_but_not_s3(monkeypatch, tmp_path):
+    import tensorflow as tf
+
+    from trainer import fit
+
+    data = tmp_path / "bucket" / "shards"
+    (data / "part").mkdir(parents=True)
+    (data / "a.tfrecord").write_bytes(b"a" * 10)
+    (data / "part" / "b.tfrecord").write_bytes(b"b" * 20)
+    monkeypatch.setenv("TRAINSTACK_DATA_DIR", str(tmp_path / "stage"))
+    local = fit.stage(f"file://{data}")
+    assert local.startswith(str(tmp_path / "stage"))
+    assert (tmp_path / "stage" / local).joinpath("part", "b.tfrecord").read_bytes() == b"b" * 20
+    before = os.stat(os.path.join(local, "a.tfrecord")).st_mtime_ns
+    assert fit.stage(f"file://{data}") == local  # again (a resumed attempt): nothing downloaded
+    assert os.stat(os.path.join(local, "a.tfrecord")).st_mtime_ns == before
+    with pytest.raises(FileNotFoundError, match="no files to stage"):
+        fit.stage(f"file://{tmp_path / 'empty'}")
+    # What the guide says of the pinned TensorFlow: gs:// is built in, s3:// is not.
+    assert "gs" in tf.io.gfile.get_registered_schemes()
+    with pytest.raises(tf.errors.UnimplementedError, match="s3"):
+        tf.io.gfile.exists("s3://trainstack-data/shards")
 
 
 @pytest.mark.parametrize(("tf_config", "gpus", "expected"), [
