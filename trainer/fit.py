@@ -186,9 +186,27 @@ class _Stop:
 
 
 STOP = _Stop()
+EXIT_PEER_LOST = 76
+
+
+def _peer_lost_hook(kind, value, tb) -> None:
+    """Several workers: a collective that failed because a peer was lost (a notice stopped it, its
+    machine went) ends the script with exit 76, which the trainer reports as the cluster's loss,
+    not this machine's failure; the cluster re-forms and resumes from the chief's commit."""
+    from trainer.cluster import peer_loss
+
+    if isinstance(value, Exception) and peer_loss(value):
+        print(f"trainstack: a worker of the cluster was lost ({kind.__name__}); exiting {EXIT_PEER_LOST}",
+              file=sys.stderr, flush=True)
+        os._exit(EXIT_PEER_LOST)
+    sys.__excepthook__(kind, value, tb)
+
+
 if os.environ.get("TRAINSTACK_RUN_URI"):
     # At import, so a notice during the script's start-up is not lost: the callback stops at train begin.
     STOP.install()
+    if _workers() > 1:
+        sys.excepthook = _peer_lost_hook
 
 
 def _name(v) -> str:

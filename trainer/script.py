@@ -71,7 +71,10 @@ class ScriptRun(RunAttempt):
     AGAIN_HINT = " (start a new run id to train again)"
 
     def __init__(self, cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None) -> None:
-        super().__init__(cfg, stream=stream, stop=stop)
+        self.workers, chief = cluster_role()
+        # Several workers: the chief's parent alone takes the lease and writes the run's objects;
+        # the others run their command and print their events.
+        super().__init__(cfg, stream=stream, stop=stop, chief=chief)
         self.dirs = {name: os.path.join(self.work, name) for name in ("checkpoints", "tensorboard", "model", "outputs")}
         # The command's working folder: a copy of the code folder, made in _prepare_folders.
         self.workdir = os.path.join(self.work, "code")
@@ -136,7 +139,8 @@ class ScriptRun(RunAttempt):
             self.committed = msg.get("step")
             self.emit(layout.CHECKPOINT, step=msg.get("step"), seconds=msg.get("seconds"), bytes=msg.get("bytes"))
             # A preempted run keeps the outputs of its last commit.
-            self.events.background(self._sync_outputs)
+            if self.chief:
+                self.events.background(self._sync_outputs)
         elif kind == layout.RESUMED:
             self.emit(layout.RESUMED, step=msg.get("step"), examples_seen=msg.get("examples_seen"),
                       batches_seen=msg.get("step"), epoch=msg.get("epoch"), batch=msg.get("batch"))
@@ -175,6 +179,9 @@ class ScriptRun(RunAttempt):
         env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"] = f"{self.cfg.checkpoint_every_seconds or 0:g}"
         if not self.cfg.verbose:
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        if self.workers > 1:
+            # Keras 3's fit fails under MultiWorkerMirroredStrategy: tf.keras is Keras 2 here.
+            env.setdefault("TF_USE_LEGACY_KERAS", "1")
         return env
 
     def _prepare_folders(self) -> None:
@@ -243,10 +250,12 @@ class ScriptRun(RunAttempt):
         self._read_messages()
         if relay is not None:
             relay.join(timeout=5)
-        self._sync_tensorboard()
+        if self.chief:
+            self._sync_tensorboard()
         if self.lost_lease:
             raise LeaseLost(f"{self.lost_lease}; the command was killed")
-        self._sync_outputs()
+        if self.chief:
+            self._sync_outputs()
         if signalled_at is None and (self.stop.requested or self.stop_key.requested):
             # The stop came while the child was already ending (a terminal's Ctrl-C reaches the
             # whole process group: the child may exit 143 before this loop forwards anything).
@@ -263,6 +272,13 @@ class ScriptRun(RunAttempt):
                       seconds=round(time.monotonic() - signalled_at, 3) if signalled_at is not None else None,
                       examples_seen=self.examples_seen, exit_code=rc)
             return layout.EXIT_PREEMPTED
+        if rc in (layout.EXIT_PEER_LOST, layout.EXIT_NO_CLUSTER):
+            # trainer.fit's ending when a worker of the cluster was lost: not this machine's failure.
+            self.emit(layout.FAILED_EVENT, reason=f"the command {list(cfg.command)!r} lost its cluster (exit {rc})",
+                      step=self.step, exit_code=rc)
+            return rc
+        if rc == 0 and not self.chief:
+            return layout.EXIT_OK  # the chief uploads the model and writes COMPLETE
         if rc == 0:
             return self._finish()
         reason = f"the command {list(cfg.command)!r} exited with {rc}" + (
@@ -288,6 +304,8 @@ class ScriptRun(RunAttempt):
         self.store.upload_dir(self.dirs["tensorboard"], layout.TENSORBOARD_PREFIX, changed_only=True)
 
     def _cancel(self) -> int:
+        if not self.chief:
+            return layout.EXIT_OK  # the chief writes CANCELLED
         self.events.flush()
         reason = self.stop_key.reason or "stop requested (STOP in the run folder)"
         step = self._committed_step()
@@ -363,6 +381,21 @@ class ScriptRun(RunAttempt):
         self._write_complete(step=self.step, metrics=metrics, examples_seen=self.examples_seen, signature=signature,
                              model_files=files, model_note=model_note)
         return layout.EXIT_OK
+
+
+def cluster_role() -> tuple[int, bool]:
+    """(workers, chief) from `TF_CONFIG`, as trainer.fit reads it: the `chief` task, else worker 0."""
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    except ValueError:
+        config = {}
+    cluster, task = config.get("cluster") or {}, config.get("task") or {}
+    workers = sum(len(v) for k, v in cluster.items() if k in ("chief", "worker"))
+    if workers <= 1:
+        return 1, True
+    if cluster.get("chief"):
+        return workers, task.get("type") == "chief"
+    return workers, task.get("type") == "worker" and int(task.get("index", 0)) == 0
 
 
 # Files a Keras script saves a model as (a SavedModel is found by its saved_model.pb).

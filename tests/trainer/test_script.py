@@ -43,6 +43,13 @@ STANDIN = textwrap.dedent('''
         print(json.dumps({"event": "standin_ready", "pid": os.getpid()}), flush=True)
         time.sleep(60)
         sys.exit(5)
+    if mode == "legacy":
+        with open(os.path.join(out, "legacy.txt"), "w") as f:
+            f.write(os.environ.get("TF_USE_LEGACY_KERAS", "unset"))
+        send("epoch", step=10, total=10, epoch=1, metrics={"loss": 0.5})
+        with open(os.path.join(os.environ["TRAINSTACK_MODEL_DIR"], "weights.bin"), "wb") as f:
+            f.write(b"model")
+        sys.exit(0)
     if mode == "noise":
         sys.stderr.write("I0000 00:00:1764000000.000000   12345 cpu_feature_guard.cc:210] This TensorFlow binary\\n")
         sys.stderr.write("the script's own warning\\n")
@@ -412,3 +419,34 @@ def test_ctrl_c_to_the_process_group_is_preempted_every_time(code, tmp_path):
         stored = store_events(uri)
         assert kinds(stored)[-1] == layout.PREEMPTED and stored[-1]["step"] == 7, (i, stored)
         assert layout.FAILED_EVENT not in kinds(stored) + kinds(parse_events(out)), (i, stored)
+
+
+# -- several workers --
+
+
+def _worker_env(index: int) -> dict:
+    return trainer_env(TF_CONFIG=json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+                                             "task": {"type": "worker", "index": index}}))
+
+
+def test_a_workers_parent_writes_nothing_to_the_run_and_the_chiefs_writes_it_all(code, tmp_path):
+    uri = f"file://{tmp_path}/run"
+    rc, events, err = run_trainer(uri, "--code-dir", str(code), "--work-dir", str(tmp_path / "w1"), "--", "python",
+                                  "standin.py", "legacy", env=_worker_env(1), timeout=60)
+    assert rc == 0, err
+    assert kinds(events)[0] == layout.STARTED  # printed only
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").iterdir())  # no lease, events, model
+    assert (tmp_path / "w1" / "outputs" / "legacy.txt").read_text() == "1"  # tf.keras is Keras 2 on a cluster
+    rc, _, err = run_trainer(uri, "--code-dir", str(code), "--", "python", "standin.py", "legacy",
+                             env=_worker_env(0), timeout=60)
+    assert rc == 0, err
+    assert (tmp_path / "run" / layout.COMPLETE).exists() and (tmp_path / "run" / "model" / "weights.bin").exists()
+    assert (tmp_path / "run" / "outputs" / "legacy.txt").read_text() == "1"
+
+
+def test_a_command_that_lost_its_cluster_exits_76_not_failed(code, tmp_path):
+    # trainer.fit ends a script whose peer was lost with 76: no failure counted on this machine.
+    rc, events, err = run_trainer(f"file://{tmp_path}/run", "--code-dir", str(code), "--", "python", "standin.py",
+                                  "76", env=_worker_env(0), timeout=60)
+    assert rc == layout.EXIT_PEER_LOST, err
+    assert events[-1]["event"] == layout.FAILED_EVENT and "lost its cluster" in events[-1]["reason"], events
