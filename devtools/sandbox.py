@@ -35,8 +35,8 @@ def settings_for(cloud: str = "aws", **run):
     raw = {
         "cloud": cloud,
         "region": "us-east-1" if cloud == "aws" else "us-central1",
-        "run": {"model": "mlp", "synthetic": True, "steps": 40, "batchSize": 16,
-                "checkpointEverySteps": 20, "checkpointEverySeconds": 600, **run},
+        "run": {"model": "mlp", "synthetic": True, "checkpointEverySeconds": 600, **(
+            {} if "command" in run else {"steps": 40, "batchSize": 16, "checkpointEverySteps": 20}), **run},
         "compute": {"instanceTypes": ["g5.xlarge"] if cloud == "aws" else ["g2-standard-4"], "maxRuntimeHours": 1},
     }
     if cloud == "gcp":

@@ -9,8 +9,8 @@ so they need no machine and no SSH:
   finishes at once (``CANCELLED`` is an end marker).
 - ``runs`` reads every ``runs/<id>/`` folder of the bucket with ``ops status``'s reader:
   state, step/total, age (since the folder last changed), attempts.
-- ``pull`` downloads the SavedModel (``model/``) and, with ``--checkpoint``, the newest
-  committed checkpoint.
+- ``pull`` downloads the SavedModel (``model/``), with ``--outputs`` what a script kept in
+  ``outputs/`` (``fit.output_dir()``), and with ``--checkpoint`` the newest committed checkpoint.
 """
 
 from __future__ import annotations
@@ -241,9 +241,10 @@ def _download_prefix(store, prefix: str, dest: Path) -> int:
     return len(keys)
 
 
-def pull(run_uri: str, dest: Path, *, checkpoint: bool = False, store=None) -> dict:
+def pull(run_uri: str, dest: Path, *, checkpoint: bool = False, outputs: bool = False, store=None) -> dict:
     """Download ``model/`` to ``dest/model`` (and the newest committed checkpoint to
-    ``dest/checkpoints/ckpt-<step>`` with ``checkpoint``); returns what was fetched."""
+    ``dest/checkpoints/ckpt-<step>`` with ``checkpoint``, a script's ``outputs/`` to
+    ``dest/outputs`` with ``outputs``); returns what was fetched."""
     from ops import status
     from trainer.checkpoints import CheckpointStore
     from trainer.storage import open_store
@@ -261,8 +262,18 @@ def pull(run_uri: str, dest: Path, *, checkpoint: bool = False, store=None) -> d
             rel = layout.checkpoint_dir(steps[-1])
             n = _download_prefix(store, rel + "/", dest / rel)
             out["checkpoint"] = {"step": steps[-1], "path": str(dest / rel), "files": n}
-    if "model" not in out and "checkpoint" not in out:
-        what = "no model" + (" and no committed checkpoint" if checkpoint else "")
+    if outputs:
+        n = _download_prefix(store, layout.OUTPUTS_PREFIX, dest / layout.OUTPUTS_PREFIX.rstrip("/"))
+        if n:
+            out["outputs"] = {"path": str(dest / layout.OUTPUTS_PREFIX.rstrip("/")), "files": n}
+    if "model" not in out and st.state == layout.COMPLETE and (st.end or {}).get("model_files") == 0:
+        note = str(st.end.get("model_note") or runstate.NO_SCRIPT_MODEL)
+        if not {"checkpoint", "outputs"} & set(out):
+            raise OpsError(f"no model in {run_uri}: {note}; --outputs fetches what it kept in outputs/")
+        out["model_note"] = note
+    if not {"model", "checkpoint", "outputs"} & set(out):
+        what = "no model" + (" and no committed checkpoint" if checkpoint else "") + (
+            " and no outputs" if outputs else "")
         hint = "" if checkpoint else "; --checkpoint fetches the newest committed checkpoint"
         raise OpsError(f"{what} in {run_uri} yet (the run is {st.state}: the trainer writes "
                        f"{layout.MODEL_PREFIX} when training ends){hint}")
@@ -275,15 +286,21 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
     try:
         uri = run_uri(args)
-        got = pull(uri, Path(args.dest), checkpoint=args.checkpoint)
+        got = pull(uri, Path(args.dest), checkpoint=args.checkpoint, outputs=args.outputs)
     except (hosts.HostsError, OpsError, status.NoRun, ValueError) as e:
         print(f"ops pull: {e}", file=sys.stderr)
         return EXIT_ERROR
     if "model" in got:
         print(f"model ({got['model']['files']} files) -> {got['model']['path']}  "
               f"(tf.saved_model.load({got['model']['path']!r}))")
+    elif "model_note" in got:
+        print(f"ops pull: no model in {uri}: {got['model_note']}", file=sys.stderr)
     else:
         print(f"ops pull: no model in {uri} yet (the run is {got['state']})", file=sys.stderr)
+    if "outputs" in got:
+        print(f"outputs ({got['outputs']['files']} files) -> {got['outputs']['path']}")
+    elif args.outputs:
+        print(f"ops pull: no outputs in {uri} (the script wrote nothing to fit.output_dir())", file=sys.stderr)
     if "checkpoint" in got:
         c = got["checkpoint"]
         print(f"checkpoint step {c['step']} ({c['files']} files) -> {c['path']}")
@@ -324,4 +341,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     _where(p)
     p.add_argument("dest", metavar="DEST", help="local folder: DEST/model/ (and DEST/checkpoints/ckpt-N/)")
     p.add_argument("--checkpoint", action="store_true", help="also the newest committed checkpoint")
+    p.add_argument("--outputs", action="store_true",
+                   help="also what a script wrote to fit.output_dir() (outputs/), to DEST/outputs/")
     p.set_defaults(func=cmd_pull)

@@ -39,6 +39,7 @@ QUIET_PHASE_S = 1800.0
 DEFAULT_PROGRESS_EVERY_S = 10.0
 DEFAULT_EVENTS = 6
 RESUME_LOCAL = "stopped: run the same command to resume"
+NO_SCRIPT_MODEL = "the script saved no model in fit.model_dir()"
 
 
 @dataclass(frozen=True)
@@ -287,6 +288,11 @@ def classify(facts: RunFacts, now: float, *, events: int = DEFAULT_EVENTS) -> Ru
             st.best = _best(doc) or st.best
             st.eval_seconds = _number(doc, "eval_seconds") if "eval_seconds" in doc else st.eval_seconds
             st.detail = f"model in {run_uri.rstrip('/')}/{layout.MODEL_PREFIX}"
+            if doc.get("model_files") == 0:
+                # A script that exited 0 without saving into fit.model_dir(): say so, and where its model went.
+                st.detail = str(doc.get("model_note") or NO_SCRIPT_MODEL)
+            elif doc.get("model_note"):
+                st.detail += f" ({doc['model_note']})"
         elif marker == layout.CANCELLED:
             reason = doc.get(layout.MARKER_REASON)
             st.detail = f"stopped on request at step {st.step}" + (f" ({reason})" if reason else "")
@@ -326,6 +332,11 @@ def classify(facts: RunFacts, now: float, *, events: int = DEFAULT_EVENTS) -> Ru
     elif is_local(run_uri) and silent:
         # Nothing restarts a local run: a silent one was killed or its machine slept.
         st.state, st.detail = STOPPED, f"{RESUME_LOCAL} (no heartbeat for {duration(st.heartbeat_age_seconds)})"
+    elif kind == layout.FAILED_EVENT and is_local(run_uri):
+        # No machine retries a local run.
+        st.state = STOPPED
+        st.detail = (f"attempt {last.get(layout.ATTEMPT)} failed ({last.get('reason')}); fix the cause and "
+                     "run the same command to resume from the newest checkpoint")
     elif kind == layout.FAILED_EVENT and not silent:
         st.detail = f"attempt {last.get(layout.ATTEMPT)} failed ({last.get('reason')}); the machine retries"
     elif notice is not None and notice.get(layout.EVENT) == layout.SPOT_NOTICE:

@@ -173,6 +173,9 @@ class _Parser(argparse.ArgumentParser):
                 near = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1, cutoff=0.75)
                 hints.append(f"{arg} (did you mean {near[0]}?)" if near else arg)
             message = "unknown option " + ", ".join(hints or [unknown.group(1)])
+            if not hints:
+                # Words with no flag among them: a command given without the `--` before it.
+                message += f" (to run a command, put -- before it: -- {unknown.group(1)})"
         self.exit(2, f"{self.prog}: error: {message}; see --help\n")
 
 
@@ -180,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The CLI; each option's env variable is `TRAINSTACK_` + its name in UPPER_SNAKE."""
     p = _Parser(
         prog="python -m trainer",
+        usage="python -m trainer --run-uri URI [options] [-- COMMAND ...]",
+        epilog="Script mode: everything after `--` is your own command (e.g. -- python train.py), run in a "
+        "writable copy of --code-dir with the run's checkpoints, events and outputs (docs/your-fit-script.md).",
         description="Train a TensorFlow model with checkpoints in object storage that survive preemption. "
         "Every option can also be set as TRAINSTACK_<OPTION> in the environment (e.g. TRAINSTACK_RUN_URI); "
         "TRAINSTACK_EXTRA_ARGS holds more flags. Flags beat the environment.",
@@ -416,6 +422,7 @@ def _validate_command(cfg: TrainConfig) -> None:
     if cfg.synthetic or cfg.data_uri:
         raise ConfigError("--synthetic / --data-uri (run.synthetic / run.dataUri) cannot be combined with a command "
                           "(run.command): the command reads its own data; drop one of them")
+    _refuse_loop_options(cfg)
     if cfg.validation_data_uri or cfg.eval_every_steps or cfg.keep_best:
         raise ConfigError("--validation-data-uri / --eval-every-steps / --keep-best (run.validationDataUri / "
                           "run.evalEverySteps / run.keepBest) cannot be combined with a command (run.command): the "
@@ -427,6 +434,39 @@ def _validate_command(cfg: TrainConfig) -> None:
     missing = command_problem(cfg.command, folder)
     if missing:
         raise ConfigError(f"command (run.command) {list(cfg.command)!r}: {missing}")
+
+
+# The trainer loop's own options, which a command never reads (its script decides them), with the
+# stack key that sets each (run.steps, run.batchSize) or "extraArgs" for those only flags set.
+LOOP_ONLY = {
+    "steps": ("run.steps", "the script decides its own steps (model.fit's epochs)"),
+    "batch_size": ("run.batchSize", "the script batches its own data"),
+    "checkpoint_every_steps": ("run.checkpointEverySteps",
+                               "fit.callbacks() commits at each epoch's end and every --checkpoint-every-seconds"),
+    "learning_rate": ("extraArgs", "the script builds its own optimizer"),
+    "precision": ("extraArgs", "the script sets its own precision policy"),
+    "xla": ("extraArgs", "the script compiles its own model (jit_compile)"),
+    "grad_accum": ("extraArgs", "the script builds its own train step"),
+    "steps_per_call": ("extraArgs", "the script compiles its own model (steps_per_execution)"),
+    "log_every": ("extraArgs", "fit.callbacks() writes TensorBoard at each epoch"),
+    "data_wait_s": ("extraArgs", "the script reads its own data"),
+    "data_state_max_mb": ("extraArgs", "the script reads its own data"),
+    **{f"lm_{k}": ("extraArgs", "it is a key of the built-in transformer-lm model")
+       for k in ("layers", "dim", "heads", "seq_len", "vocab", "tied")},
+}
+
+
+def _refuse_loop_options(cfg: TrainConfig) -> None:
+    """Script mode: an option of the trainer's own loop set to anything but its default (and not
+    switched off) would be ignored in silence; refused in one line naming it."""
+    defaults = TrainConfig(run_uri="")
+    for name, (key, why) in LOOP_ONLY.items():
+        value = getattr(cfg, name)
+        if value is None or value is False or value == getattr(defaults, name):
+            continue
+        flag = "--" + name.replace("_", "-")
+        where = f"{flag} ({key}, {ENV_PREFIX}{name.upper()})" if key != "extraArgs" else f"{flag} (run.extraArgs)"
+        raise ConfigError(f"{where} = {value!r} does not apply to a command (run.command): {why}; drop it")
 
 
 # A command's program that is the interpreter running the trainer (trainer/script.py: child_command).

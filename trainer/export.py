@@ -45,12 +45,15 @@ def saved_model_signature(local_dir: str) -> dict:
 
 
 def complete_record(*, step: int, metrics: dict, examples_seen: int, events: list[dict], finished_at: float,
-                    signature: dict | None = None, best: dict | None = None, eval_seconds: float | None = None) -> dict:
+                    signature: dict | None = None, best: dict | None = None, eval_seconds: float | None = None,
+                    model_files: int | None = None, model_note: str | None = None) -> dict:
     """The `COMPLETE` document, from the run's events (all attempts) and the final state.
 
     `metrics` are the final ones (the training loss and metrics, the last evaluation's
     val_…); `best` the best evaluation by --keep-best (its step, value and metrics, and
-    whether `model/` holds it); `eval_seconds` the time all validation passes took.
+    whether `model/` holds it); `eval_seconds` the time all validation passes took; a script's
+    `model_files` (how many files `model/` got) and `model_note` (what became of a model it
+    saved outside `fit.model_dir()`).
     """
     starts = [parse_time(e[layout.TIME]) for e in events if e.get(layout.EVENT) == layout.STARTED and layout.TIME in e]
     first = min(starts) if starts else finished_at
@@ -66,6 +69,8 @@ def complete_record(*, step: int, metrics: dict, examples_seen: int, events: lis
         **({"signature": signature} if signature else {}),
         **({"best": best} if best else {}),
         **({"eval_seconds": eval_seconds} if eval_seconds is not None else {}),
+        **({"model_files": model_files} if model_files is not None else {}),
+        **({"model_note": model_note} if model_note else {}),
     }
 
 

@@ -5,6 +5,7 @@ Three calls (docs/your-fit-script.md shows the diff):
     strategy = fit.strategy()                      # instead of tf.distribute.MirroredStrategy()
     model.fit(..., callbacks=fit.callbacks())      # instead of TensorBoard + ModelCheckpoint
     model.export(fit.model_dir())                  # or model.save(...) into that folder
+    open(os.path.join(fit.output_dir(), "report.txt"), "w")   # anything else to keep: outputs/
 
 Run by `python -m trainer --run-uri URI -- python train.py` (trainer/script.py), the callback:
 
@@ -23,7 +24,8 @@ Run by `python -m trainer --run-uri URI -- python train.py` (trainer/script.py),
   accuracy, val_*) for `progress.json`, the events and COMPLETE.
 
 Outside the trainer (no `TRAINSTACK_RUN_URI`) the script runs as it would without trainstack:
-`callbacks()` is a TensorBoard callback to `./logs`, `model_dir()` is `./model`.
+`callbacks()` is a TensorBoard callback to `./logs`, `model_dir()` is `./model`, `output_dir()`
+is `./outputs`.
 
 Needs Keras, TensorFlow (the checkpoint format and the strategies) and the store code
 (`trainer.storage`, `trainer.checkpoints.CheckpointStore`); nothing else of the trainer.
@@ -40,9 +42,19 @@ import sys
 import threading
 import time
 
-import keras
 import numpy as np
 import tensorflow as tf
+
+# `TF_USE_LEGACY_KERAS=1`: the script's `tf.keras` is Keras 2 (`tf_keras`), whose `fit` trains
+# under MultiWorkerMirroredStrategy; the callbacks must be of the Keras the model is.
+KERAS2 = os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
+if KERAS2:
+    import tf_keras as keras
+else:
+    import keras
+
+# Keras 3's fit fails under MultiWorkerMirroredStrategy (its PerReplica values reach the loss).
+KERAS3_MULTIWORKER = "keras-team/keras#20585"
 
 EXIT_PREEMPTED = 143
 EXIT_UNUSABLE = 78
@@ -54,15 +66,45 @@ PROGRESS_EVERY_S = 10.0
 def strategy() -> tf.distribute.Strategy:
     """The distribution strategy for this machine or cluster.
 
-    `TF_CONFIG` naming several workers: `MultiWorkerMirroredStrategy`. One or more GPUs:
-    `MirroredStrategy` over them. Otherwise TensorFlow's default strategy (one device).
+    `TF_CONFIG` naming several workers: `MultiWorkerMirroredStrategy`, with Keras 2 only
+    (`TF_USE_LEGACY_KERAS=1`; under Keras 3 a `RuntimeError` names keras-team/keras#20585). One or
+    more GPUs: `MirroredStrategy` over them. Otherwise TensorFlow's default strategy (one device).
     """
-    cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
-    if sum(len(v) for k, v in cluster.items() if k in ("chief", "worker")) > 1:
-        return tf.distribute.MultiWorkerMirroredStrategy()
+    if _workers() > 1:
+        if not KERAS2:
+            raise RuntimeError(f"several workers need Keras 2: Keras 3's fit fails under MultiWorkerMirroredStrategy "
+                               f"({KERAS3_MULTIWORKER}); set TF_USE_LEGACY_KERAS=1 and build the model with tf.keras "
+                               "(docs/your-fit-script.md)")
+        made = tf.distribute.MultiWorkerMirroredStrategy()
+        if os.environ.get("TRAINSTACK_RUN_URI"):
+            # Starting the cluster's server takes SIGTERM over below Python (the stop never reached
+            # the callback): the handlers again, after it.
+            STOP.install()
+        return made
     if tf.config.list_physical_devices("GPU"):
         return tf.distribute.MirroredStrategy()
     return tf.distribute.get_strategy()
+
+
+def _tf_config() -> dict:
+    return json.loads(os.environ.get("TF_CONFIG") or "{}")
+
+
+def _workers() -> int:
+    cluster = _tf_config().get("cluster", {})
+    return sum(len(v) for k, v in cluster.items() if k in ("chief", "worker"))
+
+
+def is_chief() -> bool:
+    """This process writes the run's checkpoints: one worker alone, or the cluster's chief (the
+    `chief` task, else worker 0)."""
+    config = _tf_config()
+    task, cluster = config.get("task") or {}, config.get("cluster") or {}
+    if _workers() <= 1:
+        return True
+    if cluster.get("chief"):
+        return task.get("type") == "chief"
+    return task.get("type") == "worker" and int(task.get("index", 0)) == 0
 
 
 def model_dir() -> str:
@@ -70,6 +112,36 @@ def model_dir() -> str:
     path = os.environ.get("TRAINSTACK_MODEL_DIR") or os.path.abspath("model")
     os.makedirs(os.path.dirname(path.rstrip("/")) or ".", exist_ok=True)
     return path
+
+
+def output_dir() -> str:
+    """Where to write what else the run should keep (reports, plots, CSVs): uploaded to the run's
+    `outputs/` at each committed checkpoint and at the end (`ops pull --outputs` fetches it). Outside
+    the trainer, `./outputs`. The working folder itself is a scratch copy of the code: not kept."""
+    path = os.environ.get("TRAINSTACK_OUTPUT_DIR") or os.path.abspath("outputs")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def stage(uri: str) -> str:
+    """Copy the files under `uri` (s3://, gs:// or file://; a data set's folder) to a local folder
+    and return it: `TRAINSTACK_DATA_DIR` on the machines (the data disk), else `./data`. A file
+    already there whole is kept, so a resumed attempt on the same machine downloads nothing again.
+    (TensorFlow 2.21 reads gs:// itself but has no s3:// filesystem: stage S3 data.)"""
+    import hashlib
+
+    from trainer.config import normalize_uri
+    from trainer.storage import download_many, open_store
+
+    uri = normalize_uri(uri)
+    store = open_store(uri)
+    base = os.environ.get("TRAINSTACK_DATA_DIR") or os.path.abspath("data")
+    dest = os.path.join(base, hashlib.sha256(uri.encode()).hexdigest()[:16])
+    keys = store.list("")
+    if not keys:
+        raise FileNotFoundError(f"{uri}: no files to stage (check the URI and the machine's read access)")
+    download_many(store, {k: os.path.join(dest, k) for k in keys})
+    return dest
 
 
 def tensorboard_dir() -> str:
@@ -83,12 +155,16 @@ def callbacks(*, histogram_freq: int = 0, checkpoint_every_seconds: float | None
     `checkpoint_every_seconds` (default: the run's `--checkpoint-every-seconds`) adds commits
     between epoch ends, for long epochs.
     """
-    board = keras.callbacks.TensorBoard(log_dir=tensorboard_dir(), histogram_freq=histogram_freq)
+    # Keras 2 writes the train step's graph after the first batch it runs, from a trace a resume
+    # that skips batches has not made yet (an AttributeError): no graph there.
+    board = keras.callbacks.TensorBoard(log_dir=tensorboard_dir(), histogram_freq=histogram_freq,
+                                        **({"write_graph": False} if KERAS2 else {}))
     if not os.environ.get("TRAINSTACK_RUN_URI"):
         return [board]
     every = checkpoint_every_seconds
     if every is None and os.environ.get("TRAINSTACK_CHECKPOINT_EVERY_SECONDS"):
-        every = float(os.environ["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"])
+        # The run's cadence as the trainer resolved it; 0 is off (epoch ends only).
+        every = float(os.environ["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"]) or None
     return [Backup(every_seconds=every, board=board), board]
 
 
@@ -110,9 +186,38 @@ class _Stop:
 
 
 STOP = _Stop()
+EXIT_PEER_LOST = 76
+
+
+def _peer_lost_hook(kind, value, tb) -> None:
+    """Several workers: a collective that failed because a peer was lost (a notice stopped it, its
+    machine went) ends the script with exit 76, which the trainer reports as the cluster's loss,
+    not this machine's failure; the cluster re-forms and resumes from the chief's commit."""
+    from trainer.cluster import peer_loss
+
+    if isinstance(value, Exception) and peer_loss(value):
+        print(f"trainstack: a worker of the cluster was lost ({kind.__name__}); exiting {EXIT_PEER_LOST}",
+              file=sys.stderr, flush=True)
+        os._exit(EXIT_PEER_LOST)
+    sys.__excepthook__(kind, value, tb)
+
+
 if os.environ.get("TRAINSTACK_RUN_URI"):
     # At import, so a notice during the script's start-up is not lost: the callback stops at train begin.
     STOP.install()
+    if _workers() > 1:
+        sys.excepthook = _peer_lost_hook
+
+
+def _name(v) -> str:
+    """A variable's unique name: its path in Keras 3, its name in Keras 2."""
+    return getattr(v, "path", None) or v.name
+
+
+def _metric_variables(model) -> list:
+    if hasattr(model, "metrics_variables"):
+        return list(model.metrics_variables)
+    return [v for m in model.metrics for v in m.variables]  # Keras 2
 
 
 def _plain(value):
@@ -138,6 +243,8 @@ class Backup(keras.callbacks.Callback):
         keep = int(os.environ.get("TRAINSTACK_KEEP_CHECKPOINTS") or 3)
         self.store = CheckpointStore(open_store(os.environ["TRAINSTACK_RUN_URI"]), keep=keep,
                                      emit=self._store_event, on_commit=self._committed)
+        self.workers = max(1, _workers())
+        self.chief = is_chief()
         self.epoch = 0
         self.batch = 0  # batches of the current epoch trained (or skipped on resume)
         self.step = 0
@@ -145,6 +252,7 @@ class Backup(keras.callbacks.Callback):
         self._skip = 0
         self._skipped = False
         self._restored_metrics: list | None = None
+        self._epoch_logs: dict = {}  # the last finished epoch's metrics, saved with each checkpoint
         self._last_save = self._last_progress = time.monotonic()
         self._epoch_started = time.monotonic()
         self._examples_per_step: int | None = None
@@ -174,7 +282,7 @@ class Backup(keras.callbacks.Callback):
         return {"model": list(model.variables), "optimizer": list(model.optimizer.variables)}
 
     def _structure(self) -> list[str]:
-        return [f"{v.path}:{list(v.shape)}" for group in self._variables().values() for v in group]
+        return [f"{_name(v)}:{list(v.shape)}" for group in self._variables().values() for v in group]
 
     def _total(self) -> int | None:
         steps, epochs = self.params.get("steps"), self.params.get("epochs")
@@ -183,8 +291,9 @@ class Backup(keras.callbacks.Callback):
     # -- Keras hooks --
 
     def on_train_begin(self, logs=None) -> None:
+        STOP.install()  # again: whatever the script started since the import may have taken the signals over
         optimizer = self.model.optimizer
-        if not optimizer.built:
+        if not getattr(optimizer, "built", getattr(optimizer, "_built", False)):
             # Keras builds it at the first step; a checkpoint restored before must find its slots.
             with self.model.distribute_strategy.scope():
                 optimizer.build(self.model.trainable_variables)
@@ -212,13 +321,22 @@ class Backup(keras.callbacks.Callback):
             os._exit(EXIT_UNUSABLE)
         self._ckpt.read(os.path.join(dest, CKPT_PREFIX)).assert_consumed()
         self.step, self.epoch, self.batch = state["step"], state["epoch"], state["batch"]
-        # Keras's own BackupAndRestore resumes the same way: fit's loop starts at _initial_epoch.
+        self._epoch_logs = state.get("epoch_logs") or {}
+        # Keras's own BackupAndRestore resumes the same way: fit's loop starts at the saved epoch
+        # (Keras 3: _initial_epoch; Keras 2: the counters it asks for, the step left at 0: the
+        # batches trained are drawn and skipped below, as Keras 2's own restore does not).
         self.model._initial_epoch = self.epoch
+        if KERAS2:
+            epoch = self.epoch
+            self.model._maybe_load_initial_counters_from_ckpt = lambda steps_per_epoch, initial_epoch: (epoch, 0)
         if self.batch:
             self._restored_metrics = state.get("metrics") or {}
             self._skip = self.batch
             self._wrap_train_function()
-        self._send("resumed", step=self.step, epoch=self.epoch, batch=self.batch, total=self._total())
+        # With the last epoch's metrics: a run resumed past its last epoch trains nothing more, and
+        # its COMPLETE carries them.
+        self._send("resumed", step=self.step, epoch=self.epoch, batch=self.batch, total=self._total(),
+                   **({"metrics": self._epoch_logs} if self._epoch_logs else {}))
 
     def _wrap_train_function(self) -> None:
         """Skip the batches the stopped epoch had trained on: draw them from the iterator, train nothing.
@@ -227,7 +345,8 @@ class Backup(keras.callbacks.Callback):
         Keras's metrics keep them) are added back, so the epoch's accuracy covers all of it.
         """
         original = self.model.train_function
-        per_call = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        per_call = getattr(self.model, "steps_per_execution", 1) or 1
+        per_call = int(per_call.numpy() if hasattr(per_call, "numpy") else per_call)  # a variable in Keras 2
 
         def skipping(iterator):
             if self._skip > 0:
@@ -239,9 +358,9 @@ class Backup(keras.callbacks.Callback):
             self.model.train_function = original
             logs = original(iterator)
             saved, self._restored_metrics = self._restored_metrics or {}, None
-            for v in self.model.metrics_variables:
-                if v.path in saved:
-                    v.assign_add(np.asarray(saved[v.path], dtype=v.dtype))
+            for v in _metric_variables(self.model):
+                if _name(v) in saved:
+                    v.assign_add(np.asarray(saved[_name(v)], dtype=v.dtype))
             return self.model.get_metrics_result() if saved else logs
 
         self.model.train_function = skipping
@@ -261,7 +380,8 @@ class Backup(keras.callbacks.Callback):
         if STOP.event.is_set():
             self._stop_now()
         now = time.monotonic()
-        if self.every_seconds and now - self._last_save >= self.every_seconds:
+        # Several workers save at epoch ends only: a time-based save would fall on different steps.
+        if self.every_seconds and self.workers == 1 and now - self._last_save >= self.every_seconds:
             self._save(sync=False)
         if now - self._last_progress >= PROGRESS_EVERY_S:
             self._last_progress = now
@@ -271,6 +391,7 @@ class Backup(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None) -> None:
         self.epoch, self.batch = epoch + 1, 0
         metrics = {k: _plain(v) for k, v in (logs or {}).items()}
+        self._epoch_logs = metrics
         seconds = time.monotonic() - self._epoch_started
         self._send("epoch", step=self.step, total=self._total(), epoch=epoch + 1, metrics=metrics,
                    epoch_seconds=round(seconds, 3))
@@ -284,6 +405,8 @@ class Backup(keras.callbacks.Callback):
     # -- saving --
 
     def _save(self, *, sync: bool) -> None:
+        if not self.chief:
+            return  # the chief commits; every worker restores that commit (the same step)
         started = time.monotonic()
         self.step = int(self.model.optimizer.iterations.numpy())
         folder = os.path.join(self.local, f"{CKPT_PREFIX}-{self.step}")
@@ -291,7 +414,8 @@ class Backup(keras.callbacks.Callback):
         os.makedirs(folder)
         self._ckpt.write(os.path.join(folder, CKPT_PREFIX))
         state = {"step": self.step, "epoch": self.epoch, "batch": self.batch, "structure": self._structure(),
-                 "metrics": {v.path: np.asarray(v.numpy()).tolist() for v in self.model.metrics_variables}}
+                 "epoch_logs": self._epoch_logs,
+                 "metrics": self._metric_sums()}
         with open(os.path.join(folder, STATE_FILE), "w") as f:
             json.dump(state, f)
         if sync:
@@ -303,6 +427,13 @@ class Backup(keras.callbacks.Callback):
                 shutil.rmtree(os.path.join(self.local, name), ignore_errors=True)
         self._last_save = time.monotonic()
         self.save_seconds.append(self._last_save - started)
+
+    def _metric_sums(self) -> dict:
+        # Several workers: a metric's sum is read across them (a collective the other workers are
+        # not in at a stop), so a resume inside an epoch starts its metrics from that step instead.
+        if self.workers > 1:
+            return {}
+        return {_name(v): np.asarray(v.numpy()).tolist() for v in _metric_variables(self.model)}
 
     def _stop_now(self) -> None:
         """A stop signal: commit the current step synchronously, close TensorBoard's files, exit 143."""

@@ -10,7 +10,7 @@ The boot scripts in `userdata/` cannot import Python: `tests/userdata/test_layou
 keeps their spellings equal to the ones here.
 
 One writer per object:
-  trainer (chief)        events.jsonl, progress.json, checkpoints/, tensorboard/, model/, COMPLETE,
+  trainer (chief)        events.jsonl, progress.json, checkpoints/, tensorboard/, model/, outputs/, COMPLETE,
                          CANCELLED (after a committed checkpoint, when it finds STOP)
   trainer (other worker) worker-events/<address>.jsonl (its own `failed` events)
   machine scripts        machine-events/<machine>.jsonl (each machine its own), logs/<machine>/,
@@ -62,6 +62,9 @@ CHECKPOINT_DIR = "ckpt"  # checkpoints/ckpt-<step>/
 COMMITTED = "COMMITTED"  # checkpoints/ckpt-<step>/COMMITTED, written last
 TENSORBOARD_PREFIX = "tensorboard/"
 MODEL_PREFIX = "model/"
+# Script mode: what the command writes to fit.output_dir() (TRAINSTACK_OUTPUT_DIR), kept at each
+# committed checkpoint and at the end (trainer/script.py); `ops pull --outputs` fetches it.
+OUTPUTS_PREFIX = "outputs/"
 LOGS_PREFIX = "logs/"
 DEADLINE_KEY = "deadline"
 MACHINE_EVENTS_PREFIX = "machine-events/"

@@ -150,7 +150,8 @@ class RunAttempt:
 def report_ended(store, *, attempt: int, stream, complete_message, again_hint: str = "") -> bool:
     """True, after printing one line, when the run already ended as COMPLETE or CANCELLED.
 
-    Printed, not appended: the run's log ended with its `finished` or `cancelled` event.
+    Printed, not appended: the run's log ended with its `finished` or `cancelled` event. The line
+    carries the time it is said, the run's last attempt (the marker's count) and when it ended.
     `complete_message(done)` words the COMPLETE case (the loop's names the steps asked for).
     """
     for marker, kind, when in ((layout.COMPLETE, layout.ALREADY_COMPLETE, "finished_at"),
@@ -160,8 +161,11 @@ def report_ended(store, *, attempt: int, stream, complete_message, again_hint: s
             continue
         message = (complete_message(done) if marker == layout.COMPLETE
                    else f"run already {marker}; nothing to do{again_hint}")
-        line = {layout.EVENT: kind, layout.TIME: done.get(when), layout.ATTEMPT: attempt,
-                "step": done.get(layout.MARKER_STEP), "message": message}
+        # Said now, about the run's last attempt: no new attempt started (`attempt` is the one it would have been).
+        attempts = done.get(layout.MARKER_ATTEMPTS)
+        line = {layout.EVENT: kind, layout.TIME: utc_now(),
+                layout.ATTEMPT: attempts if isinstance(attempts, int) and not isinstance(attempts, bool) else None,
+                "step": done.get(layout.MARKER_STEP), "ended_at": done.get(when), "message": message}
         stream.write(json.dumps(line) + "\n")
         stream.flush()
         return True

@@ -1,7 +1,11 @@
 """Script mode: run the user's own command (`python -m trainer ... -- python train.py`) with the run's guarantees.
 
-The command (a Keras `fit` script, typically) runs as a child process in `--code-dir`; this
-process, the parent, never imports TensorFlow and keeps what the run folder promises:
+The command (a Keras `fit` script, typically) runs as a child process in a writable working
+folder that starts as a copy of `--code-dir` (`run.code`), made afresh for each attempt in the
+work folder (on a machine the data disk, `/data/work`; never the code folder itself), so a
+script that writes beside itself (`./logs`, `history.csv`) works alike on a laptop and on a
+machine. This process, the parent, never imports TensorFlow and keeps what the run folder
+promises:
 
 - the run's lease (one writer per run; on a lost lease the child is killed at once, before it
   can commit again);
@@ -9,6 +13,9 @@ process, the parent, never imports TensorFlow and keeps what the run folder prom
   `cancelled`) in `events.jsonl`, and `progress.json` with the script's metrics, from the
   messages `trainer.fit`'s callback writes to a local file (`TRAINSTACK_MESSAGES_FILE`): the
   parent stays the one writer of both objects;
+- `outputs/`: the child's output folder (`TRAINSTACK_OUTPUT_DIR`, `fit.output_dir()`) is
+  uploaded at each committed checkpoint and at the end, whatever the ending; a later attempt
+  starts with what was kept there;
 - `tensorboard/`: the child's TensorBoard folder (`TRAINSTACK_TENSORBOARD_DIR`) is uploaded
   every `TENSORBOARD_EVERY_S` and at the end;
 - signals: SIGTERM/SIGINT (a spot notice) and the run folder's `STOP` (`ops stop`) are
@@ -28,9 +35,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +56,7 @@ ENV_TENSORBOARD_DIR = "TRAINSTACK_TENSORBOARD_DIR"
 ENV_MODEL_DIR = "TRAINSTACK_MODEL_DIR"
 ENV_MESSAGES_FILE = "TRAINSTACK_MESSAGES_FILE"
 ENV_ATTEMPT = "TRAINSTACK_ATTEMPT"
+ENV_OUTPUT_DIR = "TRAINSTACK_OUTPUT_DIR"
 
 POLL_S = 0.5
 TENSORBOARD_EVERY_S = 30.0
@@ -61,8 +71,13 @@ class ScriptRun(RunAttempt):
     AGAIN_HINT = " (start a new run id to train again)"
 
     def __init__(self, cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None) -> None:
-        super().__init__(cfg, stream=stream, stop=stop)
-        self.dirs = {name: os.path.join(self.work, name) for name in ("checkpoints", "tensorboard", "model")}
+        self.workers, chief = cluster_role()
+        # Several workers: the chief's parent alone takes the lease and writes the run's objects;
+        # the others run their command and print their events.
+        super().__init__(cfg, stream=stream, stop=stop, chief=chief)
+        self.dirs = {name: os.path.join(self.work, name) for name in ("checkpoints", "tensorboard", "model", "outputs")}
+        # The command's working folder: a copy of the code folder, made in _prepare_folders.
+        self.workdir = os.path.join(self.work, "code")
         self.messages = os.path.join(self.work, "messages.jsonl")
         self.child: subprocess.Popen | None = None
         self.lost_lease: str | None = None  # why the lease was lost, once it is
@@ -123,6 +138,9 @@ class ScriptRun(RunAttempt):
         elif kind == layout.CHECKPOINT:
             self.committed = msg.get("step")
             self.emit(layout.CHECKPOINT, step=msg.get("step"), seconds=msg.get("seconds"), bytes=msg.get("bytes"))
+            # A preempted run keeps the outputs of its last commit.
+            if self.chief:
+                self.events.background(self._sync_outputs)
         elif kind == layout.RESUMED:
             self.emit(layout.RESUMED, step=msg.get("step"), examples_seen=msg.get("examples_seen"),
                       batches_seen=msg.get("step"), epoch=msg.get("epoch"), batch=msg.get("batch"))
@@ -141,7 +159,7 @@ class ScriptRun(RunAttempt):
     def child_env(self) -> dict:
         """The child's environment: the run's folders and the trainer on PYTHONPATH."""
         env = {k: v for k, v in os.environ.items() if k != "TRAINSTACK_COMMAND"}
-        path = [TRAINER_ROOT, self.cfg.code_dir or ""]
+        path = [TRAINER_ROOT, self.workdir]
         if env.get("PYTHONPATH"):
             path.append(env["PYTHONPATH"])
         env.update({
@@ -150,26 +168,64 @@ class ScriptRun(RunAttempt):
             ENV_CHECKPOINT_DIR: self.dirs["checkpoints"],
             ENV_TENSORBOARD_DIR: self.dirs["tensorboard"],
             ENV_MODEL_DIR: self.dirs["model"],
+            ENV_OUTPUT_DIR: self.dirs["outputs"],
             ENV_MESSAGES_FILE: self.messages,
             ENV_ATTEMPT: str(self.events.attempt),
             "TRAINSTACK_KEEP_CHECKPOINTS": str(self.cfg.keep_checkpoints),
             "TRAINSTACK_SEED": str(self.cfg.seed),
         })
-        if self.cfg.checkpoint_every_seconds:
-            env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"] = f"{self.cfg.checkpoint_every_seconds:g}"
+        # The cadence as this process resolved it (extraArgs over the env file; 0 is off): the
+        # variable the child inherits may say otherwise.
+        env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"] = f"{self.cfg.checkpoint_every_seconds or 0:g}"
+        if not self.cfg.verbose:
+            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        if self.workers > 1:
+            # Keras 3's fit fails under MultiWorkerMirroredStrategy: tf.keras is Keras 2 here.
+            env.setdefault("TF_USE_LEGACY_KERAS", "1")
         return env
+
+    def _prepare_folders(self) -> None:
+        """The run's local folders; the working folder, a fresh copy of the code folder; the output
+        folder, as the run last kept it (a resumed script finds what it wrote before)."""
+        for d in self.dirs.values():
+            os.makedirs(d, exist_ok=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        # The work folder may lie inside the code folder (a local --work-dir): never copied into itself.
+        work = os.path.realpath(self.work)
+
+        def ignore(folder: str, names: list[str]) -> list[str]:
+            return [n for n in names if n == "__pycache__" or os.path.realpath(os.path.join(folder, n)) == work]
+
+        shutil.copytree(self.cfg.code_dir, self.workdir, symlinks=True, ignore=ignore)
+        outputs = self.dirs["outputs"]
+        shutil.rmtree(outputs, ignore_errors=True)
+        os.makedirs(outputs)
+        kept = self.store.stat(layout.OUTPUTS_PREFIX)
+        if kept:
+            from trainer.storage import download_many
+
+            paths = {k: os.path.join(outputs, k[len(layout.OUTPUTS_PREFIX):]) for k in kept}
+            download_many(self.store, paths, skip_existing=False)
+            for key, path in paths.items():
+                # The stored time: upload_dir then sees the kept copy as current and uploads it
+                # again only when the command changes it.
+                stamp = kept[key].modified.timestamp()
+                os.utime(path, (stamp, stamp))
 
     def _train(self) -> int:
         cfg = self.cfg
-        for d in self.dirs.values():
-            os.makedirs(d, exist_ok=True)
+        self._prepare_folders()
         # `steps` is the trainer loop's; the command decides its own (progress.json carries its total).
-        self.emit(layout.STARTED, config={**as_dict(cfg), "steps": None}, workers=1, worker=0, replicas=None, global_batch=None,
+        self.emit(layout.STARTED, config={**as_dict(cfg), "steps": None, "model": None}, workers=1, worker=0, replicas=None, global_batch=None,
                   precision=None, mode="script", command=list(cfg.command))
         self.events.flush()
         self.stop_key.start()
-        self.child = subprocess.Popen(child_command(cfg.command), cwd=cfg.code_dir, env=self.child_env(),
-                                      preexec_fn=_die_with_parent)
+        self.child = subprocess.Popen(child_command(cfg.command), cwd=self.workdir, env=self.child_env(),
+                                      preexec_fn=_die_with_parent, stderr=None if cfg.verbose else subprocess.PIPE)
+        relay = None
+        if self.child.stderr is not None:
+            relay = threading.Thread(target=_relay_stderr, args=(self.child.stderr,), daemon=True)
+            relay.start()
         signalled_at: float | None = None
         cancelled = False
         last_tb = time.monotonic()
@@ -192,18 +248,37 @@ class ScriptRun(RunAttempt):
                 last_tb = now
             time.sleep(POLL_S)
         self._read_messages()
-        self._sync_tensorboard()
+        if relay is not None:
+            relay.join(timeout=5)
+        if self.chief:
+            self._sync_tensorboard()
         if self.lost_lease:
             raise LeaseLost(f"{self.lost_lease}; the command was killed")
-        stopped = signalled_at is not None and rc in (layout.EXIT_PREEMPTED, -signal.SIGTERM, -signal.SIGKILL)
+        if self.chief:
+            self._sync_outputs()
+        if signalled_at is None and (self.stop.requested or self.stop_key.requested):
+            # The stop came while the child was already ending (a terminal's Ctrl-C reaches the
+            # whole process group: the child may exit 143 before this loop forwards anything).
+            cancelled = self.stop_key.requested and not self.stop.requested
+            signalled_at = time.monotonic()
+        stopped = (rc == layout.EXIT_PREEMPTED or (signalled_at is not None and rc in (
+            -signal.SIGTERM, -signal.SIGINT, -signal.SIGKILL)))
         if stopped and cancelled:
             return self._cancel()
         if stopped:
             self.events.flush()
             self.emit(layout.PREEMPTED, step=self._committed_step(),
-                      signal=self.stop.signal_name or "STOP", seconds=round(time.monotonic() - signalled_at, 3),
+                      signal=self.stop.signal_name or "STOP",
+                      seconds=round(time.monotonic() - signalled_at, 3) if signalled_at is not None else None,
                       examples_seen=self.examples_seen, exit_code=rc)
             return layout.EXIT_PREEMPTED
+        if rc in (layout.EXIT_PEER_LOST, layout.EXIT_NO_CLUSTER):
+            # trainer.fit's ending when a worker of the cluster was lost: not this machine's failure.
+            self.emit(layout.FAILED_EVENT, reason=f"the command {list(cfg.command)!r} lost its cluster (exit {rc})",
+                      step=self.step, exit_code=rc)
+            return rc
+        if rc == 0 and not self.chief:
+            return layout.EXIT_OK  # the chief uploads the model and writes COMPLETE
         if rc == 0:
             return self._finish()
         reason = f"the command {list(cfg.command)!r} exited with {rc}" + (
@@ -221,10 +296,16 @@ class ScriptRun(RunAttempt):
         steps = CheckpointStore(self.store).committed_steps()
         return steps[-1] if steps else 0
 
+    def _sync_outputs(self) -> None:
+        if os.path.isdir(self.dirs["outputs"]):
+            self.store.upload_dir(self.dirs["outputs"], layout.OUTPUTS_PREFIX, changed_only=True)
+
     def _sync_tensorboard(self) -> None:
         self.store.upload_dir(self.dirs["tensorboard"], layout.TENSORBOARD_PREFIX, changed_only=True)
 
     def _cancel(self) -> int:
+        if not self.chief:
+            return layout.EXIT_OK  # the chief writes CANCELLED
         self.events.flush()
         reason = self.stop_key.reason or "stop requested (STOP in the run folder)"
         step = self._committed_step()
@@ -235,12 +316,54 @@ class ScriptRun(RunAttempt):
         self._write_cancelled(step, reason, self.examples_seen)
         return layout.EXIT_OK
 
+    def _models_elsewhere(self) -> list[str]:
+        """Models the command saved outside its model folder (a `*.keras`/`*.h5` file, a SavedModel's
+        folder): new or changed files in its working folder (as `./path`) and in its output folder
+        (as `outputs/path`, kept there)."""
+        found = []
+        for root, label, compare in ((self.workdir, ".", self.cfg.code_dir), (self.dirs["outputs"], "outputs", None)):
+            for folder, dirs, names in os.walk(root):
+                dirs.sort()
+                for name in sorted(names):
+                    if not (name.endswith(MODEL_FILE_SUFFIXES) or name == "saved_model.pb"):
+                        continue
+                    path = os.path.join(folder, name)
+                    rel = os.path.relpath(path, root)
+                    if compare is not None and _same_file(path, os.path.join(compare, rel)):
+                        continue  # shipped with the code, not saved by this run
+                    if name == "saved_model.pb":
+                        rel = os.path.dirname(rel) or "."
+                    found.append(f"{label}/{rel}".replace("/./", "/").rstrip("/."))
+        return found
+
+    def _take_model(self, model_dir: str) -> tuple[int, str | None]:
+        """What `model/` gets, and the note that says what happened when the command left its
+        model folder empty: a lone `*.keras` file it saved in its working folder is taken (the
+        model of `model.save("x.keras")`); anything else is named, not guessed at."""
+        files = sum(len(names) for _, _, names in os.walk(model_dir))
+        if files:
+            return files, None
+        elsewhere = self._models_elsewhere()
+        if len(elsewhere) == 1 and elsewhere[0].startswith("./") and elsewhere[0].endswith(".keras"):
+            name = os.path.basename(elsewhere[0])
+            shutil.copy2(os.path.join(self.workdir, elsewhere[0][2:]), os.path.join(model_dir, name))
+            return 1, (f"the script saved no model in fit.model_dir(); its one model file, {elsewhere[0]} in its "
+                       f"working folder, was taken as model/{name} (keras.models.load_model)")
+        note = "the script saved no model in fit.model_dir()"
+        if elsewhere:
+            note += (f"; it saved {', '.join(elsewhere)} (./ is its working folder, a scratch copy that is not kept; "
+                     "outputs/ is kept): save the model with model.export(fit.model_dir()) or "
+                     "model.save(os.path.join(fit.model_dir(), 'model.keras'))")
+        return 0, note
+
     def _finish(self) -> int:
         """The command exited 0: its model folder becomes `model/`, then COMPLETE."""
         from trainer import export as export_mod
 
         model_dir = self.dirs["model"]
-        files = sum(len(names) for _, _, names in os.walk(model_dir))
+        files, model_note = self._take_model(model_dir)
+        if model_note:
+            print(f"trainstack: {model_note}", file=sys.stderr, flush=True)
         signature = None
         if files:
             self.store.delete_prefix(layout.MODEL_PREFIX)
@@ -252,11 +375,58 @@ class ScriptRun(RunAttempt):
                     self.events.emit("note", local_only=True, message=f"model/ has no {export_mod.SIGNATURE}: {e}")
         metrics = dict(self.metrics)
         self.emit(layout.FINISHED, step=self.step, metrics=metrics, examples_seen=self.examples_seen,
-                  model_files=files)
+                  model_files=files, **({"model_note": model_note} if model_note else {}))
         self.events.flush()
         self.lease.fence()
-        self._write_complete(step=self.step, metrics=metrics, examples_seen=self.examples_seen, signature=signature)
+        self._write_complete(step=self.step, metrics=metrics, examples_seen=self.examples_seen, signature=signature,
+                             model_files=files, model_note=model_note)
         return layout.EXIT_OK
+
+
+def cluster_role() -> tuple[int, bool]:
+    """(workers, chief) from `TF_CONFIG`, as trainer.fit reads it: the `chief` task, else worker 0."""
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    except ValueError:
+        config = {}
+    cluster, task = config.get("cluster") or {}, config.get("task") or {}
+    workers = sum(len(v) for k, v in cluster.items() if k in ("chief", "worker"))
+    if workers <= 1:
+        return 1, True
+    if cluster.get("chief"):
+        return workers, task.get("type") == "chief"
+    return workers, task.get("type") == "worker" and int(task.get("index", 0)) == 0
+
+
+# Files a Keras script saves a model as (a SavedModel is found by its saved_model.pb).
+MODEL_FILE_SUFFIXES = (".keras", ".h5", ".hdf5")
+
+
+def _same_file(path: str, other: str) -> bool:
+    """`path` is a copy of `other` as copied (same size and modification time)."""
+    try:
+        a, b = os.stat(path), os.stat(other)
+    except OSError:
+        return False
+    return a.st_size == b.st_size and int(a.st_mtime) == int(b.st_mtime)
+
+
+def _relay_stderr(pipe) -> None:
+    """The child's stderr to ours, line by line, without TensorFlow's known start-up lines
+    (trainer/__main__.py: TF_NOISE); `--verbose` leaves the child's stderr as it is."""
+    from trainer.__main__ import TF_NOISE
+
+    out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+    for raw in iter(pipe.readline, b""):
+        line = raw.decode(errors="replace")
+        if TF_NOISE.match(line):
+            continue
+        if out is not None:
+            out.write(raw)
+            out.flush()
+        else:
+            sys.stderr.write(line)
+    pipe.close()
 
 
 def _die_with_parent() -> None:

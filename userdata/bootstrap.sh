@@ -225,7 +225,7 @@ packages() {
   [[ ! -f "$gpu_req" ]] || more="-r /opt/trainstack/code/trainer/requirements-gpu.txt"
   [[ ! -f "$user_req" ]] || more="${more:+$more }-r /opt/trainstack/code/usercode/requirements.txt"
   key="$( (cat "$req"; [[ ! -f "$gpu_req" ]] || cat "$gpu_req"; [[ ! -f "$user_req" ]] || cat "$user_req"
-    printf '%s' "$TRAINSTACK_IMAGE") | sha256sum | cut -c1-16)"
+    cat "$CODE_DIR/trainer/requirements-keras2.txt" 2>/dev/null; printf '%s' "$TRAINSTACK_IMAGE") | sha256sum | cut -c1-16)"
   PIP_DIR="$PIP_BASE/$key"
   # The code archive's trainer/pip_cache.sh replaces these; an archive without it (a trainer
   # folder of one's own) has no cache: the package index as before.
@@ -276,7 +276,8 @@ pip_install() {
   docker run --rm --network host -v "$CODE_DIR:/opt/trainstack/code:ro" -v "$1:/opt/trainstack/pip" \
     -e "MORE_REQUIREMENTS=$2" "$TRAINSTACK_IMAGE" sh -c 'python -m pip freeze --all >/tmp/image.txt &&
       python -m pip install -q --no-cache-dir --disable-pip-version-check --target /opt/trainstack/pip
-      -c /tmp/image.txt -r /opt/trainstack/code/trainer/requirements.txt $MORE_REQUIREMENTS' >"$PIP_LOG" 2>&1 || rc=$?
+      -c /tmp/image.txt -r /opt/trainstack/code/trainer/requirements.txt $MORE_REQUIREMENTS && K=/opt/trainstack/code/trainer/requirements-keras2.txt &&
+      { [ ! -f $K ] || python -m pip install -q --no-cache-dir --no-deps --target /opt/trainstack/pip -r $K; }' >"$PIP_LOG" 2>&1 || rc=$?
   tail -n 20 "$PIP_LOG" >&2
   return "$rc"
 }

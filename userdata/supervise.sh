@@ -196,7 +196,10 @@ run_container() {
   args=(run --rm --name "$CONTAINER" --gpus all --network host --ipc host
     --stop-timeout "$GRACE_S" --env-file "$CONTAINER_ENV" -v "$DATA_DIR:/data")
   if [[ -n "$CODE_DIR" ]]; then
-    args+=(-v "$CODE_DIR:/opt/trainstack/code:ro" -w /opt/trainstack/code)
+    # The code stays read-only; the container starts in the data disk's work folder, where a script
+    # runs in its own writable copy of the code (trainer/script.py), never on the root volume.
+    mkdir -p "$DATA_DIR/work"
+    args+=(-v "$CODE_DIR:/opt/trainstack/code:ro" -w /data/work)
     if [[ -n "$PIP_DIR" ]]; then
       args+=(-v "$PIP_DIR:/opt/trainstack/pip:ro" -e PYTHONPATH=/opt/trainstack/code:/opt/trainstack/pip)
       # TensorFlow dlopens its CUDA/cuDNN libraries by name: the wheels' lib/ folders

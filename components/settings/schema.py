@@ -161,6 +161,14 @@ class RunSettings(_Block):
                 if value is not None:
                     raise keyed(key, "cannot be combined with run.command: the command evaluates its own model "
                                      "(Keras validation_data); remove it")
+            # The trainer loop's options: the script decides them (trainer/config.py refuses the flags alike).
+            for key, field, why in (("steps", "steps", "its own steps (model.fit's epochs)"),
+                                    ("batchSize", "batch_size", "its own batch size"),
+                                    ("checkpointEverySteps", "checkpoint_every_steps",
+                                     "nothing of it: fit.callbacks() commits at each epoch's end and every "
+                                     "checkpointEverySeconds")):
+                if getattr(self, field) not in (None, getattr(_TRAINER, field)):
+                    raise keyed(key, f"does not apply to run.command: the script decides {why}; remove it")
         elif self.synthetic and self.data_uri:
             raise keyed("dataUri", "set either synthetic: true or dataUri, not both")
         elif not self.synthetic and not self.data_uri and self.model in BUILTIN_MODELS:

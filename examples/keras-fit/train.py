@@ -8,10 +8,11 @@ synthetic MNIST-shaped data, flattened to the 784 inputs the Dense layer declare
 `--deterministic` is the guide's recipe for an exact resume: seeded, the same batch order
 in every epoch, deterministic ops.
 It still runs on its own (`python train.py`): outside trainstack the helper only adds
-TensorBoard to ./logs and the model goes to ./model.
+TensorBoard to ./logs, the model goes to ./model and the report to ./outputs.
 """
 
 import argparse
+import os
 
 import numpy as np
 import tensorflow as tf
@@ -36,6 +37,12 @@ def main():
         tf.keras.utils.set_random_seed(0)
         tf.config.experimental.enable_op_determinism()
 
+    # The article's own ./logs folder, kept: the script runs in a writable copy of its folder.
+    log_dir = "./logs"
+    os.makedirs(log_dir, exist_ok=True)
+    with open(os.path.join(log_dir, "args.txt"), "w") as f:
+        f.write(f"{vars(a)}\n")
+
     strategy = fit.strategy()  # trainstack: was tf.distribute.MirroredStrategy()
     with strategy.scope():
         model = tf.keras.Sequential([
@@ -58,8 +65,13 @@ def main():
 
     # trainstack: TensorBoard + ModelCheckpoint are replaced by the helper's callbacks
     # (TensorBoard to the run's tensorboard/, checkpoints to the bucket, stop on SIGTERM).
-    model.fit(dataset, epochs=a.epochs, callbacks=fit.callbacks(histogram_freq=1), verbose=2)
+    # Its own CSV beside it, too (the working folder is scratch: not kept after the run).
+    history = tf.keras.callbacks.CSVLogger("history.csv")
+    model.fit(dataset, epochs=a.epochs, callbacks=[*fit.callbacks(histogram_freq=1), history], verbose=2)
     model.export(fit.model_dir())  # trainstack: the run's model/ (was a local saved_model folder)
+    # trainstack: what else the run keeps goes to fit.output_dir() (the run's outputs/, `ops pull --outputs`).
+    with open(os.path.join(fit.output_dir(), "report.txt"), "w") as f:
+        f.write(f"epochs: {a.epochs}\nevaluation: {model.evaluate(dataset, verbose=0, return_dict=True)}\n")
 
 
 if __name__ == "__main__":

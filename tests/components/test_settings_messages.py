@@ -33,6 +33,8 @@ LINES = {
     'steps-zero': 'trainstack:run.steps: 0: expected a number greater than 0',
     'command-without-code': "trainstack:run.command: ['python', 'train.py']: needs run.code: the folder of your script, shipped to the machines, where the command runs",
     'command-with-data': "trainstack:run.command: ['python', 'train.py']: cannot be combined with run.synthetic or run.dataUri: the command reads its own data; remove them",
+    'command-with-steps': "trainstack:run.steps: 20000: does not apply to run.command: the script decides its own steps (model.fit's epochs); remove it",
+    'command-with-batch-size': 'trainstack:run.batchSize: 256: does not apply to run.command: the script decides its own batch size; remove it',
     'command-on-several-machines': 'trainstack:run.command: runs on one machine only (compute.nodes is 2): Keras fit under MultiWorkerMirroredStrategy fails (keras-team/keras#20585); train on several machines with a ModelSpec (run.model, docs/your-model.md)',
     'checkpoint-past-cap-by-a-second': 'trainstack:run.checkpointEverySeconds: 3601: longer than compute.maxRuntimeHours (1.0 h); no checkpoint would ever be written',
     'steps-negative': 'trainstack:run.steps: -5: expected a number greater than 0',

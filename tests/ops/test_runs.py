@@ -206,6 +206,22 @@ def test_pull_without_a_model_says_why(file_run, tmp_path, capsys):
     assert not list(Path(tmp_path / "out").glob(".*partial*"))
 
 
+def test_pull_outputs_brings_back_what_a_script_kept(file_run, tmp_path, capsys):
+    store = open_store(file_run.uri)
+    build("complete", store, tmp_path / "build")
+    _model(store)
+    store.put_bytes("outputs/report.txt", b"accuracy 0.9")
+    store.put_bytes("outputs/plots/loss.png", b"png")
+    dest = tmp_path / "out"
+    assert main(["pull", "--run-uri", file_run.uri, str(dest), "--outputs"]) == 0
+    assert (dest / "outputs" / "report.txt").read_bytes() == b"accuracy 0.9"
+    assert (dest / "outputs" / "plots" / "loss.png").read_bytes() == b"png"
+    assert f"outputs (2 files) -> {dest / 'outputs'}" in capsys.readouterr().out
+    # Without --outputs, only the model.
+    assert main(["pull", "--run-uri", file_run.uri, str(tmp_path / "plain")]) == 0
+    assert not (tmp_path / "plain" / "outputs").exists()
+
+
 def test_bucket_of_a_run_uri():
     assert runs.bucket_uri_of("s3://b/runs/dev") == "s3://b"
     assert runs.bucket_uri_of("gs://b/x/runs/dev/") == "gs://b/x"

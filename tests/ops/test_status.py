@@ -218,19 +218,23 @@ def test_text_report_has_the_bar_and_the_figures(file_run, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    ("last", "detail"),
+    ("last", "state", "detail"),
     [
-        (("failed", {"reason": "OSError: disk full", "step": 130}), "attempt 1 failed (OSError: disk full); the machine retries"),
-        (("spot_notice", {"cloud": "gcp", "kind": "preempted"}), "spot notice received: checkpointing before the machine is taken back"),
-        (("finished", {"step": 1000}), "training finished; writing the model"),
+        # A local run (file://): no machine retries it.
+        (("failed", {"reason": "OSError: disk full", "step": 130}), "STOPPED",
+         "attempt 1 failed (OSError: disk full); fix the cause and run the same command to resume from the newest "
+         "checkpoint"),
+        (("spot_notice", {"cloud": "gcp", "kind": "preempted"}), "RUNNING",
+         "spot notice received: checkpointing before the machine is taken back"),
+        (("finished", {"step": 1000}), "RUNNING", "training finished; writing the model"),
     ],
 )
-def test_running_run_says_what_it_is_doing(file_run, tmp_path, last, detail):
+def test_running_run_says_what_it_is_doing(file_run, tmp_path, last, state, detail):
     store = open_store(file_run.uri)
     build("running", store, tmp_path)
     events_of(store, 1, last)
     st = status.read_status(file_run.uri)
-    assert (st.state, st.detail) == ("RUNNING", detail)
+    assert (st.state, st.detail) == (state, detail)
 
 
 @pytest.mark.slow

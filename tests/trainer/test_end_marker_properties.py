@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from trainer import layout
 from trainer.attempt import Attempt as Run
+from trainer.events import utc_now
 from trainer.storage import FileStore
 
 JSON = st.recursive(
@@ -48,12 +49,21 @@ def test_any_end_marker_ends_the_attempt_with_one_line(marker, content):
         store = FileStore(f"file://{tmp}/runs/r")
         store.put_bytes(marker, content)
         run = _attempt(store)
+        started = utc_now()
         assert Run._already_complete(run) is True
         lines = run.events.stream.getvalue().splitlines()
         assert len(lines) == 1, lines
         said = json.loads(lines[0])
         expected = layout.ALREADY_COMPLETE if marker == layout.COMPLETE else layout.ALREADY_CANCELLED
-        assert said[layout.EVENT] == expected and said[layout.ATTEMPT] == 3 and said["message"]
+        assert said[layout.EVENT] == expected and said["message"]
+        # Said now, of no new attempt: the marker's own count, not the next attempt's number (3).
+        try:
+            doc = json.loads(content)
+        except ValueError:
+            doc = {}
+        attempts = doc.get("attempts") if isinstance(doc, dict) else None
+        want = attempts if type(attempts) is int else None
+        assert said[layout.ATTEMPT] == want and said[layout.TIME] >= started, said
 
 
 def test_no_end_marker_means_train():
@@ -82,7 +92,7 @@ def test_the_first_read_before_tensorflow_says_what_the_attempt_would():
         FileStore(cfg.run_uri).put_bytes(layout.COMPLETE, json.dumps({"step": 10}).encode())
         code, lines = said(cfg)
         assert code == layout.EXIT_OK and len(lines) == 1, lines
-        assert (lines[0][layout.EVENT], lines[0][layout.ATTEMPT], lines[0]["step"]) == (layout.ALREADY_COMPLETE, 1, 10)
+        assert (lines[0][layout.EVENT], lines[0][layout.ATTEMPT], lines[0]["step"]) == (layout.ALREADY_COMPLETE, None, 10)
         assert "COMPLETE at 10 steps; --steps 100 does not extend it" in lines[0]["message"]
         code, lines = said(types.SimpleNamespace(run_uri="nope://bucket/run", steps=100))
         assert code == layout.EXIT_FAILED and len(lines) == 1, lines

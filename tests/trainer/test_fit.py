@@ -10,9 +10,11 @@ never stopped (the guide's --deterministic recipe), its SavedModel loads and pre
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -145,8 +147,9 @@ os._exit(0)
 
 @pytest.mark.slow
 def test_keras_fit_under_multiworker_still_fails_so_script_mode_stays_on_one_machine(tmp_path):
-    # keras-team/keras#20585 in the Keras we pin: the reason run.command refuses compute.nodes > 1.
-    # When this fails because fit works, lift that refusal (components/settings/common.py).
+    # keras-team/keras#20585 in the Keras we pin: the reason fit.strategy() refuses several workers
+    # under Keras 3 (Keras 2, TF_USE_LEGACY_KERAS=1, trains: test_fit_multiworker.py) and run.command
+    # refuses compute.nodes > 1. When this fails because fit works, lift both refusals.
     from devtools.servers import free_ports
 
     (tmp_path / "worker.py").write_text(MWMS_WORKER)
@@ -176,6 +179,34 @@ def test_outside_trainstack_the_helper_is_plain_keras(monkeypatch, tmp_path):
     cbs = fit.callbacks(histogram_freq=1)
     assert [type(c) for c in cbs] == [fit.Backup, keras.callbacks.TensorBoard]
     assert cbs[0].every_seconds == 30.0 and cbs[1].histogram_freq == 1
+    monkeypatch.setenv("TRAINSTACK_CHECKPOINT_EVERY_SECONDS", "0")  # the run's cadence switched off
+    assert fit.callbacks()[0].every_seconds is None
+    monkeypatch.setenv("TRAINSTACK_OUTPUT_DIR", str(tmp_path / "kept"))
+    assert fit.output_dir() == str(tmp_path / "kept") and (tmp_path / "kept").is_dir()
+
+
+def test_stage_copies_a_data_folder_once_and_tensorflow_reads_gs_but_not_s3(monkeypatch, tmp_path):
+    import tensorflow as tf
+
+    from trainer import fit
+
+    data = tmp_path / "bucket" / "shards"
+    (data / "part").mkdir(parents=True)
+    (data / "a.tfrecord").write_bytes(b"a" * 10)
+    (data / "part" / "b.tfrecord").write_bytes(b"b" * 20)
+    monkeypatch.setenv("TRAINSTACK_DATA_DIR", str(tmp_path / "stage"))
+    local = fit.stage(f"file://{data}")
+    assert local.startswith(str(tmp_path / "stage"))
+    assert Path(local, "part", "b.tfrecord").read_bytes() == b"b" * 20
+    before = os.stat(os.path.join(local, "a.tfrecord")).st_mtime_ns
+    assert fit.stage(f"file://{data}") == local  # again (a resumed attempt): nothing downloaded
+    assert os.stat(os.path.join(local, "a.tfrecord")).st_mtime_ns == before
+    with pytest.raises(FileNotFoundError, match="no files to stage"):
+        fit.stage(f"file://{tmp_path / 'empty'}")
+    # What the guide says of the pinned TensorFlow: gs:// is built in, s3:// is not.
+    assert "gs" in tf.io.gfile.get_registered_schemes()
+    with pytest.raises(tf.errors.UnimplementedError, match="s3"):
+        tf.io.gfile.exists("s3://trainstack-data/shards")
 
 
 @pytest.mark.parametrize(("tf_config", "gpus", "expected"), [
@@ -199,8 +230,15 @@ def test_the_helper_strategy_follows_the_cluster_then_the_gpus(monkeypatch, tf_c
         monkeypatch.delenv("TF_CONFIG", raising=False)
     else:
         monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    monkeypatch.setattr(fit, "KERAS2", True)  # several workers: Keras 2 alone (below, Keras 3)
     got = fit.strategy()
     assert got is made.get(expected, tf.distribute.get_strategy()), (expected, got)
+    monkeypatch.setattr(fit, "KERAS2", False)
+    if expected == "multi-worker":
+        with pytest.raises(RuntimeError, match=r"keras-team/keras#20585.*TF_USE_LEGACY_KERAS=1"):
+            fit.strategy()
+    else:
+        assert fit.strategy() is made.get(expected, tf.distribute.get_strategy())
 
 
 TINY = '''
@@ -256,5 +294,14 @@ def test_the_helper_restores_the_newest_complete_checkpoint_and_refuses_another_
     lines = [ln for ln in err.splitlines() if ln.startswith("trainstack: checkpoint")]
     assert len(lines) == 1 and "written by another model" in lines[0] and "start a new run id" in lines[0], err[-3000:]
     assert "here" in lines[0] and "saved" in lines[0]  # which variable differs
+    last_epoch = [e for e in store_events(uri) if e["event"] == "epoch"][-1]
     assert layout.RESUMED not in kinds(events) and events[-1]["event"] == layout.FAILED_EVENT, kinds(events)
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "run" / "checkpoints").rglob("*")) == before
+
+    # The script fixed (it no longer fails after fit) and run again: past its last epoch it trains
+    # nothing, and COMPLETE carries the last epoch's metrics from the newest committed checkpoint.
+    rc, events, err = run_trainer(uri, "--code-dir", str(code), "--", "python", "tiny.py", "3", "3", "0", timeout=180)
+    assert rc == 0, err[-3000:]
+    assert "epoch" not in kinds(events)
+    done = json.loads((tmp_path / "run" / layout.COMPLETE).read_text())
+    assert done["metrics"] == last_epoch["metrics"] and "loss" in done["metrics"], (done, last_epoch)

@@ -96,8 +96,9 @@ def fit_code_uri(s3_run, tmp_path) -> str:
 
 def test_a_fit_script_from_the_archive_trains_to_complete(sandbox_factory, s3_run, fit_code_uri, tmp_path):
     # Script mode on a machine: run.command reaches the container's trainer, which runs the seed
-    # article's script (examples/keras-fit) in the unpacked folder; its model becomes model/, a
-    # SavedModel that serves, and `ops status` shows the run's accuracy.
+    # article's script (examples/keras-fit) in a writable copy of the unpacked folder on the data
+    # disk, where it writes ./logs/args.txt and ./history.csv; its fit.output_dir() becomes outputs/, its
+    # model model/, a SavedModel that serves, and `ops status` shows the run's accuracy.
     command = ["python", "train.py", "--epochs", "2", "--examples", "3200"]
     settings = settings_for(code="examples/keras-fit", command=command, synthetic=False)
     box = sandbox_factory(settings=settings, code_uri=fit_code_uri)
@@ -108,6 +109,12 @@ def test_a_fit_script_from_the_archive_trains_to_complete(sandbox_factory, s3_ru
     assert done["step"] == 2 * 50 and "accuracy" in done["metrics"], done
     assert done["signature"]["endpoint"] == "serve"
     assert any(k.startswith("model/") for k in objects) and any(k.startswith("tensorboard/") for k in objects)
+    assert objects["outputs/report.txt"].startswith(b"epochs: 2\n"), sorted(objects)
+    # The unpacked code folder (mounted read-only in the container) was never written; the copy was.
+    unpacked = [p.parent for p in box.root.rglob("usercode/train.py")]
+    assert len(unpacked) == 1 and not (unpacked[0] / "logs").exists() and not (unpacked[0] / "history.csv").exists()
+    assert [p.read_text()[:12] for p in box.root.rglob("work/code/logs/args.txt")] == ["{'epochs': 2"]
+    assert len(list(box.root.rglob("work/code/history.csv"))) == 1
     env_files = [c["argv"] for c in box.calls("docker-env-file")]
     assert any(f"TRAINSTACK_COMMAND={json.dumps(command)}" in lines for lines in env_files), env_files
 

@@ -50,7 +50,7 @@ CASES: dict[str, dict[str, Any]] = {
     },
     "script": {
         "id": "round-trip-script", "code": "examples/keras-fit", "command": ["python", "train.py", "--epochs", "1"],
-        "steps": 9, "checkpointEverySteps": None, "checkpointEverySeconds": 120,
+        "checkpointEverySteps": None, "checkpointEverySeconds": 120,
     },
     "data": {
         "id": "round-trip-data", "model": "mlp", "dataUri": "gs://trainstack-data/shards", "dataGrant": False,

@@ -64,13 +64,14 @@ class FileStore(Store):
         return data, hashlib.sha256(data).hexdigest()
 
     def _put_bytes_if(self, key: str, data: bytes, version: str | None) -> str:
-        # Compare and replace under an exclusive lock beside the object (processes on one
-        # host; a network filesystem's locks are its own). The version is the content's digest.
+        # Compare and replace under an exclusive lock on the object's folder (processes on one
+        # host; a network filesystem's locks are its own): a lock file would stay in the run
+        # folder. The version is the content's digest.
         dest = self._path(key)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        lock = os.path.join(os.path.dirname(dest), f"{TMP_MARK}lock-{os.path.basename(dest)}")
-        with open(lock, "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+        fd = os.open(os.path.dirname(dest), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 current = self._get_versioned(key)[1]
             except NotFound:
@@ -78,6 +79,8 @@ class FileStore(Store):
             if current != version:
                 raise PreconditionFailed(f"{self.uri}/{key}: {'exists' if version is None else 'changed'}")
             self._put_bytes(key, data)
+        finally:
+            os.close(fd)  # releases the lock
         return hashlib.sha256(data).hexdigest()
 
     def _put_file(self, key: str, path: str, cancel) -> None:
