@@ -27,7 +27,7 @@ import pulumi_docker_build as docker_build
 
 from components import project
 from components.project import TRAINER_DIR
-from trainer import layout
+from runfolder import layout
 
 BUILD_DIR = project.BUILD_DIR / "code"
 _FIXED_MTIME = 946684800  # 2000-01-01: any constant works; a real date keeps tar tools quiet
@@ -103,7 +103,7 @@ def _tar_gz(files: list[tuple[str, Path]], modes: dict[str, int] | None = None) 
 
 
 def archive_key(data: bytes) -> str:
-    """`code/trainer-<sha256[:16]>.tar.gz` for the archive bytes (trainer/layout.py's code key)."""
+    """`code/trainer-<sha256[:16]>.tar.gz` for the archive bytes (runfolder/layout.py's code key)."""
     return layout.code_key("trainer", hashlib.sha256(data).hexdigest()[:16])
 
 

@@ -6,7 +6,7 @@ the name slugs.
 TrainingBucket, InstanceIdentity, ImageRepository, TrainerCode, SpotGroup and their
 Args); `tests/components/test_cloud_mirror.py` keeps them equal. What differs for real
 (IAM roles vs service accounts, tags vs labels, spot flags) stays inside each cloud's
-package. The run folder's names come from `trainer/layout.py`.
+package. The run folder's names come from `runfolder/layout.py`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pulumi
 
 from components.settings import Settings
-from trainer import layout
+from runfolder import layout
 
 # The stack outputs, by their exported (camelCase) names, in export order.
 EXPORT_KEYS = ("bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri")

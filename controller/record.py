@@ -26,8 +26,8 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from trainer import layout
-from trainer.storage import NotFound, PreconditionFailed, Store, WriteConflict
+from runfolder import layout
+from runfolder.storage import NotFound, PreconditionFailed, Store, WriteConflict
 
 # A conditional write that met another write in flight (409) decided nothing: read and try again.
 CONFLICT_TRIES = 4

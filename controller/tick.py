@@ -26,9 +26,9 @@ from controller.clouds import CloudError
 from controller.config import Config, Placement
 from controller.decide import FINISH, MOVE, STAY, Decision, RunView, decide
 from controller.record import Record, epoch_of, iso
-from trainer import layout
-from trainer.lease import CLOCK_SKEW_S, LeaseRecord
-from trainer.storage import NotFound, PreconditionFailed, Store, open_store
+from runfolder import layout
+from runfolder.lease import CLOCK_SKEW_S, LeaseRecord
+from runfolder.storage import NotFound, PreconditionFailed, Store, open_store
 
 MOVED_BY_CONTROLLER = "controller"
 

@@ -61,7 +61,7 @@ def cmd_move(args: argparse.Namespace) -> int:
     from controller.config import ConfigError
     from controller.tick import MoveError, move
     from ops import hosts
-    from trainer.storage import PreconditionFailed
+    from runfolder.storage import PreconditionFailed
 
     try:
         config = load_config(args)

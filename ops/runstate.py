@@ -18,7 +18,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
-from trainer import layout
+from runfolder import layout
 
 NOT_STARTED = "NOT STARTED"
 RUNNING = "RUNNING"
@@ -380,7 +380,7 @@ def _waiting_for_machines(st: RunStatus, log: list[dict], last_at: float | None)
 
 
 def _add_cost(st: RunStatus, log: list[dict], *, now: float | None = None, end: float | None = None) -> None:
-    from trainer import cost
+    from runfolder import cost
 
     total = cost.run_cost(log, now=now, end=end)
     if total is not None and total.cost_usd is None and is_local(st.run_uri):

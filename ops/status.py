@@ -47,7 +47,7 @@ from ops.runstate import (
     classify,
     duration,
 )
-from trainer import layout
+from runfolder import layout
 from trainer.events import read_jsonl
 
 # States a watch cannot wait out: the run ended, or needs someone to look at it (a stall
@@ -88,8 +88,8 @@ def read_facts(store, run_uri: str) -> RunFacts:
     Each small JSON document is read with ``trainer.storage.read_json``, as the trainer reads
     them: absent is ``None``, present but unreadable is ``{}``.
     """
+    from runfolder.storage import read_json
     from trainer.checkpoints import CheckpointStore
-    from trainer.storage import read_json
 
     trainer_events = read_jsonl(store, layout.EVENTS_KEY)
     machine_events = read_machine_events(store)
@@ -116,7 +116,7 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
     ``must_exist``: raise :class:`NoRun` when nothing at all is stored at the URI (a URI
     given by hand; a stack's run may not have been written yet while its machine boots).
     """
-    from trainer.storage import open_store, read_json
+    from runfolder.storage import open_store, read_json
 
     now = time.time() if now is None else now
     store = open_store(run_uri) if store is None else store
@@ -331,7 +331,7 @@ def exit_code(st: RunStatus) -> int:
 def _watch(uri: str, args: argparse.Namespace, console) -> RunStatus:
     from rich.live import Live
 
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     store = open_store(uri)
     st = _snapshot(uri, args, store)

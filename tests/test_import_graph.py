@@ -87,7 +87,7 @@ def test_the_circle_finder_finds_a_planted_circle():
 def test_the_graph_sees_function_local_imports():
     graph = import_graph()
     assert "trainer.staging" in graph["trainer.data"]  # the stream stages its files
-    assert "trainer.storage" in graph["trainer.staging"]  # imported inside its functions
+    assert "runfolder.storage" in graph["trainer.staging"]  # imported inside its functions
 
 
 def test_no_project_module_imports_itself_back_through_others():

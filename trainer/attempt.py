@@ -4,7 +4,7 @@
 (COMPLETE written) or cancelled (the run folder's STOP found: a checkpoint committed,
 CANCELLED written), 143 stopped by SIGTERM/SIGINT after a committed checkpoint, 1 failed,
 75 the workers did not form their cluster, 76 a peer was lost, 77 another machine's
-trainer holds the run's lease (`trainer.lease`: one writer per run), 78 this machine
+trainer holds the run's lease (`runfolder.lease`: one writer per run), 78 this machine
 cannot run the run (the GPUs asked for are not seen: `trainer.devices`, or another
 model's checkpoints).
 
@@ -23,9 +23,9 @@ import os
 import shutil
 import time
 
+from runfolder import layout
 from trainer import cluster as cluster_mod
 from trainer import export as export_mod
-from trainer import layout
 from trainer.checkpointer import ResumeMismatch
 from trainer.checkpoints import CheckpointStore
 from trainer.config import TrainConfig, as_dict

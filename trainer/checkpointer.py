@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from trainer import layout
+from runfolder import layout
 from trainer.checkpoints import CheckpointStore
 
 __all__ = ["Checkpointer", "ResumeMismatch", "STATE_FILE", "resume_fingerprint", "structure", "variables_digest"]

@@ -8,7 +8,7 @@ A checkpoint is the set of files TF wrote into a local directory. It is uploaded
      "files": {"ckpt.index": {"size": 10, "sha256": "..."}, ...}}
 
 and is written last, after every file was uploaded (each upload retried on transient
-errors, see :mod:`trainer.storage`; in transit each request carries a checksum the store
+errors, see :mod:`runfolder.storage`; in transit each request carries a checksum the store
 checks: CRC32 from botocore, CRC32C from google-cloud-storage) and a listing confirmed
 every size. The SHA-256 of each file is checked again after download. A checkpoint
 without the marker, or whose files do not match it on download, is never restored: it is
@@ -21,11 +21,11 @@ imports none of it, so ``ops`` (status, pull) reads a run's checkpoints on a lap
 it. What goes into the folder, and how it is restored into a model, is
 :mod:`trainer.checkpointer`'s.
 
-Given the run's lease (:class:`trainer.lease.RunLease`), the store fences its writes: the
+Given the run's lease (:class:`runfolder.lease.RunLease`), the store fences its writes: the
 COMMITTED marker is written only right after a successful renewal of the lease (a
 conditional write the bucket decides), and pruning deletes nothing unless that renewal
 still covers it. A trainer that lost the run to another machine commits and deletes nothing
-(:class:`~trainer.lease.LeaseLost` is raised instead), so no two machines ever commit to one run.
+(:class:`~runfolder.lease.LeaseLost` is raised instead), so no two machines ever commit to one run.
 
 Background uploads (:meth:`CheckpointStore.commit_async`) run on one worker thread. The
 caller's directory is snapshotted first with hard links (a copy where links are not
@@ -49,8 +49,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
-from trainer import layout
-from trainer.storage import Cancelled, NotFound, Store, check_key, read_json, walk_files
+from runfolder import layout
+from runfolder.storage import Cancelled, NotFound, Store, check_key, read_json, walk_files
 
 __all__ = ["CheckpointStore", "CheckpointError", "MARKER_FORMAT", "download_verified", "marker_problem", "scan"]
 
@@ -315,7 +315,7 @@ class _Uploads:
 
 
 class CheckpointStore:
-    """Checkpoints of one run in a :class:`~trainer.storage.Store` (see module docstring).
+    """Checkpoints of one run in a :class:`~runfolder.storage.Store` (see module docstring).
 
     ``emit(kind, fields)`` receives ``checkpoint_skipped`` (step, reason) and
     ``upload_retry`` (attempt, error, op, key) for retried transfers of checkpoint keys;
@@ -323,7 +323,7 @@ class CheckpointStore:
     ``store.on_retry``, keeping any hook already there.
     ``on_commit(info)`` is called with :meth:`commit`'s result after every successful
     commit, background ones included, so the caller can report them.
-    ``lease`` (a :class:`~trainer.lease.RunLease` already taken, or anything with its
+    ``lease`` (a :class:`~runfolder.lease.RunLease` already taken, or anything with its
     ``fence()`` and ``check()``) fences markers and pruning, see the module docstring.
     """
 
@@ -560,7 +560,7 @@ class CheckpointStore:
         newer than the newest good one and deleted like any old one after that.
         """
         if self.lease is not None:
-            from trainer.lease import LeaseLost
+            from runfolder.lease import LeaseLost
 
             try:
                 self.lease.check()

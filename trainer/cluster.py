@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from trainer import layout
+from runfolder import layout
 
 # How long a dying worker may spend recording its `failed` event before it exits anyway.
 RECORD_TIMEOUT_S = 30.0

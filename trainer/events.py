@@ -6,7 +6,7 @@ bytes), `preempted` (step), `finished` (step, metrics), `failed` (reason), `eval
 (step, validation metrics, examples, seconds; `trainer.metrics`), `eval_slow`, plus a few
 informational ones (`checkpoint_skipped`, `checkpoint_failed`, `upload_retry`, `complete`).
 Every event has `event`, `time` (UTC, ISO 8601) and `attempt` (1 for a run's first start).
-The names, keys and fields are the run folder's contract in `trainer.layout`.
+The names, keys and fields are the run folder's contract in `runfolder.layout`.
 
 Also here: what a run's events add up to across attempts (`seconds_lost`, and the attempt
 count through `layout.attempts`).
@@ -28,7 +28,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 
-from trainer import layout
+from runfolder import layout
 
 # Re-exported for readers that import them from here (ops/status.py); defined in layout.
 EVENTS_KEY = layout.EVENTS_KEY
@@ -52,7 +52,7 @@ def read_events(store) -> list[dict]:
 
 def read_jsonl(store, key: str) -> list[dict]:
     """The JSON objects of a JSON-lines object of the run; a torn or foreign line is skipped."""
-    from trainer.storage import NotFound
+    from runfolder.storage import NotFound
 
     try:
         raw = store.get_bytes(key).decode("utf-8", "replace")

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import tensorflow as tf
 
-from trainer import layout
+from runfolder import layout
 from trainer import summaries as summaries_mod
 from trainer.cadence import Cadence
 from trainer.checkpointer import Checkpointer

@@ -18,12 +18,12 @@ import sys
 import tempfile
 import time
 
-from trainer import layout
+from runfolder import layout
+from runfolder.lease import LeaseHeld, LeaseLost, RunLease
+from runfolder.storage import open_store, read_json
 from trainer.config import TrainConfig
 from trainer.events import EventLog, read_events, utc_now
-from trainer.lease import LeaseHeld, LeaseLost, RunLease
 from trainer.signals import StopKeyPoller, StopRequest
-from trainer.storage import open_store, read_json
 
 
 class RunAttempt:

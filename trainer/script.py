@@ -34,9 +34,9 @@ import sys
 import time
 from pathlib import Path
 
-from trainer import layout
+from runfolder import layout
+from runfolder.lease import LeaseLost
 from trainer.config import TrainConfig, as_dict
-from trainer.lease import LeaseLost
 from trainer.run_attempt import RunAttempt, start
 from trainer.signals import StopRequest
 

@@ -25,7 +25,7 @@ WORKER_PORT_DEFAULT=2222
 NOTICE_FILE="$RUNTIME_DIR/notice-pending"
 
 # ---- the run folder's names ----
-# trainer/layout.py is their one definition; the scripts cannot import it, so
+# runfolder/layout.py is their one definition; the scripts cannot import it, so
 # tests/userdata/test_layout_names.py sources this file and compares every value below
 # with it, and checks that no script spells a run-folder name by hand.
 CACHE_PREFIX="cache/"

@@ -20,7 +20,7 @@ import pulumi_random as random
 from components import placement, project
 from components.gcp.identity import groups_condition, prefix_condition
 from components.gcp.naming import custom_role_id
-from trainer import layout
+from runfolder import layout
 
 # The function's package: components/placement.py's FUNCTION_PACKAGES, and the two files Cloud
 # Functions' Python build wants at the root (main.py names the entry point).

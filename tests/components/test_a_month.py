@@ -49,10 +49,10 @@ import yaml
 from components.settings import load_settings
 from components.storage import storage_plan
 from components.userdata import ENV_FILE
+from runfolder import layout
 from tests.fixtures.fake_cloud import Engine, FakeCloud, Refused
 from tests.trainer.helpers import Trainer, trainer_env
 from tests.userdata.helpers import wait_for
-from trainer import layout
 
 pytestmark = pytest.mark.slow
 

@@ -23,8 +23,8 @@ from components import placement, project
 from components.settings import load_settings
 from controller.config import ENV_VAR as CONFIG_ENV
 from ops import synth
+from runfolder import layout
 from tests.components.test_placements import HOME_GROUP, RAW, REGIONS
-from trainer import layout
 
 FUNCTION = {"aws": "aws:lambda/function:Function", "gcp": "gcp:cloudfunctionsv2/function:Function"}
 SCHEDULE = {"aws": "aws:scheduler/schedule:Schedule", "gcp": "gcp:cloudscheduler/job:Job"}
@@ -62,7 +62,7 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
         assert schedule["inputs"]["scheduleExpression"] == "rate(1 minute)"
         assert schedule["inputs"]["target"]["arn"].endswith(f":function:{fn['inputs']['name']}")
         files = fn["inputs"]["code"]["assetArchive"]
-        assert "trainer/layout.py" in files and "trainer/lease.py" in files
+        assert "runfolder/layout.py" in files and "runfolder/lease.py" in files
         libraries = placement.library_files(federation=False)  # every placement on AWS
         assert "tenacity/retry.py" in libraries
         assert all(name in libraries or name.startswith(("controller/", "trainer/")) and name.endswith(".py")
@@ -201,7 +201,7 @@ import os
 
 def handler(event=None, context=None):
     return {"placements": len(json.loads(os.environ["TRAINSTACK_PLACEMENTS"])["placements"]),
-            "layout": __import__("trainer.layout", fromlist=["x"]).PLACEMENT_KEY}
+            "layout": __import__("runfolder.layout", fromlist=["x"]).PLACEMENT_KEY}
 '''
 
 
@@ -236,7 +236,7 @@ def test_the_package_holds_what_the_handler_imports(cloud, tmp_path, monkeypatch
         archive, module, function = controller.function_source(), "main", controller.ENTRY_POINT
         assert archive.assets["requirements.txt"].text.splitlines() == [
             controller.GCS_REQUIREMENT, *placement.library_pins()] and placement.library_pins() == ["tenacity==9.2.1", "google-auth==2.63.0"]
-    assert {"controller/__init__.py", "controller/handler.py", "trainer/layout.py"} <= set(archive.assets)
+    assert {"controller/__init__.py", "controller/handler.py", "runfolder/layout.py"} <= set(archive.assets)
     assert not [name for name in archive.assets if "__pycache__" in name or name.endswith(".pyc")]
     task = tmp_path / "task"
     task.mkdir()
@@ -262,8 +262,8 @@ def test_the_real_package_runs_a_tick_in_lambdas_runtime(tmp_path, s3_run):
 
     from components.aws import controller
     from devtools.sandbox import make_group
+    from runfolder.storage import open_store
     from tests.userdata.helpers import group_size
-    from trainer.storage import open_store
 
     task, runtime = tmp_path / "task", tmp_path / "runtime"
     task.mkdir()

@@ -176,7 +176,7 @@ def test_the_function_files_are_the_packages_python_only(tmp_path):
     (tmp_path / "trainer" / "Dockerfile").write_text("")
     (tmp_path / "ops").mkdir()
     (tmp_path / "ops" / "move.py").write_text("")
-    assert list(placement.function_files(tmp_path)) == ["controller/handler.py", "trainer/storage/s3.py"]
+    assert list(placement.function_files(tmp_path)) == ["controller/handler.py", "runfolder/storage/s3.py"]
 
 
 def test_group_names_and_the_settings_of_a_placement():

@@ -22,11 +22,11 @@ from controller.clouds import AwsGroups, Clouds
 from controller.config import Config
 from controller.policy import READ_GROUP_ACTIONS, SIZE_GROUP_ACTIONS, aws_policy
 from controller.tick import move, tick
+from runfolder import layout
+from runfolder.storage import open_store
 from tests.controller.helpers import aws_config, moved_events, trained
 from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IMAGE, IamCloud
 from tests.iam.policy_eval import Decision
-from trainer import layout
-from trainer.storage import open_store
 
 pytestmark = pytest.mark.slow
 

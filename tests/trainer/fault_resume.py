@@ -80,7 +80,7 @@ def _fast_client_retries() -> None:
 
     standard.ExponentialBackoff._get_base_scale = lambda self, context: 0.002
     adaptive.ClientRateLimiter.on_sending_request = lambda self, request, **kwargs: None
-    from trainer.storage import retry
+    from runfolder.storage import retry
 
     retry.BACKOFF_INITIAL_S = 0.005
 
@@ -128,8 +128,8 @@ def _jitter_probe(uri: str, steps: int) -> tuple[int, list[dict]]:
     """
     import keras
 
+    from runfolder.storage import FileStore
     from trainer import models
-    from trainer.storage import FileStore
 
     seeded, drew = threading.Event(), threading.Event()
     real_seed, real_build, real_append = keras.utils.set_random_seed, models.build_model, FileStore.append_lines

@@ -14,10 +14,10 @@ import threading
 
 import pytest
 
-from trainer import layout
+from runfolder import layout
+from runfolder.lease import LeaseLost
+from runfolder.storage import open_store
 from trainer.checkpoints import CheckpointError, CheckpointStore
-from trainer.lease import LeaseLost
-from trainer.storage import open_store
 
 
 @pytest.fixture

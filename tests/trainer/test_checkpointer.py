@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
+from runfolder.storage import open_store
 from trainer.checkpoints import CheckpointStore
-from trainer.storage import open_store
 
 
 @pytest.fixture(scope="module")

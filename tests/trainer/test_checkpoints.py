@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer import layout, storage
+from runfolder import layout, storage
+from runfolder.storage import open_store
 from trainer.checkpoints import CheckpointError, CheckpointStore
-from trainer.storage import open_store
 
 
 @pytest.fixture(scope="module")
@@ -467,8 +467,8 @@ def test_restore_is_checked_against_the_saved_fingerprint(tf, tmp_path):
 def test_a_synchronous_commit_aborts_the_background_upload_mid_file(tmp_path, monkeypatch):
     """GCE gives 30 s: the commit on SIGTERM must not share the link with an older upload
     still sending a large file. The background upload stops at its next read."""
-    from trainer.storage import local
-    from trainer.storage.keys import CancellableReader
+    from runfolder.storage import local
+    from runfolder.storage.keys import CancellableReader
 
     monkeypatch.setattr(local, "COPY_CHUNK", 256 * 1024)
     store = open_store(f"file://{tmp_path}/run")

@@ -15,10 +15,11 @@ import time
 import pytest
 
 from devtools.servers import free_ports
+from runfolder import layout
+from runfolder.storage import open_store
 from tests.trainer.helpers import Trainer, store_events, trainer_env
-from trainer import cluster, layout
+from trainer import cluster
 from trainer.events import read_jsonl
-from trainer.storage import open_store
 
 
 def _tf_config(workers: list[str], index: int) -> str:

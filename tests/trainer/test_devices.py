@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainer import layout
+from runfolder import layout
 from trainer.config import load_config
 from trainer.devices import DeviceMismatch, check_gpus
 
@@ -54,8 +54,8 @@ def test_gpus_per_node_comes_from_the_machine_environment(tmp_path):
 def test_the_trainer_fails_once_with_exit_78_before_training(tmp_path, monkeypatch):
     import tensorflow as tf
 
+    from runfolder.storage import open_store
     from trainer.attempt import train
-    from trainer.storage import open_store
 
     fake, _ = _lister(0)
     monkeypatch.setattr(tf.config, "list_physical_devices", fake)

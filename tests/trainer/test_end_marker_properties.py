@@ -17,9 +17,9 @@ import types
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from trainer import layout
+from runfolder import layout
+from runfolder.storage import FileStore
 from trainer.attempt import Attempt as Run
-from trainer.storage import FileStore
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
+from runfolder import layout
 from tests.trainer.helpers import REPO, Trainer, kinds, run_trainer, store_events, trainer_env
-from trainer import layout
 
 EXAMPLE = REPO / "examples" / "keras-fit"
 # 100 steps an epoch at batch 64. The stopped attempts run the same script held at a known step
@@ -47,7 +47,7 @@ def _wait_held(t: Trainer, flag, timeout: float = 300) -> None:
 def _model_variables(uri: str, dest) -> dict:
     import tensorflow as tf
 
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     store = open_store(uri)
     for key in store.list(layout.MODEL_PREFIX):
@@ -107,7 +107,7 @@ def test_fit_script_survives_two_sigterms_and_ends_as_if_never_stopped(s3_run, t
     assert model.serve(x).numpy().shape == (4, 10)
     np.testing.assert_array_equal(model.serve(x).numpy(), ref_model.serve(x).numpy())
 
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     done = json.loads(open_store(uri).get_bytes(layout.COMPLETE))
     ref_done = json.loads(open_store(reference).get_bytes(layout.COMPLETE))
@@ -223,8 +223,8 @@ def test_the_helper_restores_the_newest_complete_checkpoint_and_refuses_another_
     # The whole-commit protocol through fit.callbacks(): a checkpoint without its COMMITTED marker
     # is skipped on restore; a committed one whose variables are another model's is refused, in
     # one line, with exit 78 (no retry), and nothing of the run is touched.
+    from runfolder.storage import open_store
     from trainer.checkpoints import CheckpointStore
-    from trainer.storage import open_store
 
     code = tmp_path / "code"
     code.mkdir()

@@ -17,10 +17,10 @@ import time
 
 import pytest
 
-from trainer import layout
+from runfolder import layout
+from runfolder.lease import LeaseBusy, LeaseHeld, LeaseLost, RunLease
+from runfolder.storage import PreconditionFailed, WriteConflict, open_store
 from trainer.checkpoints import CheckpointStore
-from trainer.lease import LeaseBusy, LeaseHeld, LeaseLost, RunLease
-from trainer.storage import PreconditionFailed, WriteConflict, open_store
 
 pytestmark = pytest.mark.slow
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from runfolder import layout
 from tests.trainer.helpers import REPO, kinds, run_trainer, store_events
-from trainer import layout
 
 
 @pytest.mark.slow

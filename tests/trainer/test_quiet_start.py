@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
+from runfolder import layout
 from tests.trainer.helpers import REPO
-from trainer import layout
 from trainer.__main__ import TF_NOISE
 
 NOISE_MARKS = ("absl::InitializeLog", "port.cc", "oneDNN", "cpu_feature_guard", "cuda_dnn", "cuda_fft",
@@ -31,8 +31,8 @@ def _env(**extra: str) -> dict:
 
 
 def _start(tmp_path, *flags: str, **env_extra: str) -> subprocess.CompletedProcess:
-    from trainer.lease import RunLease
-    from trainer.storage import open_store
+    from runfolder.lease import RunLease
+    from runfolder.storage import open_store
 
     run = tmp_path / "run"
     if not run.exists():
@@ -88,8 +88,8 @@ def test_a_run_that_already_ended_says_so_before_importing_tensorflow(tmp_path):
     # A run still training goes on to TensorFlow (what makes the check above able to fail):
     # here one whose lease machine-a holds, refused after the import.
     run = tmp_path / "held"
-    from trainer.lease import RunLease
-    from trainer.storage import open_store
+    from runfolder.lease import RunLease
+    from runfolder.storage import open_store
 
     RunLease(open_store(run.as_uri()), holder="machine-a/1", ttl_s=3600).acquire()
     said, last = _ended(run, "--lease-wait-s", "1", TRAINSTACK_MACHINE_ID="machine-b")

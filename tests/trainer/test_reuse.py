@@ -13,8 +13,8 @@ import signal
 
 import pytest
 
+from runfolder import layout
 from tests.trainer.helpers import REPO, Trainer, run_trainer
-from trainer import layout
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ import textwrap
 
 import pytest
 
+from runfolder import layout
 from tests.trainer.helpers import REPO, Trainer, kinds, run_trainer, store_events, trainer_env
-from trainer import layout
 from trainer.config import ConfigError, load_config
 
 STANDIN = textwrap.dedent('''
@@ -50,7 +50,7 @@ def code(tmp_path):
 
 
 def _store(uri):
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     return open_store(uri)
 

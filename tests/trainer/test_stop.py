@@ -7,14 +7,14 @@ import time
 
 import pytest
 
+from runfolder import layout
 from tests.trainer.helpers import FAST, Trainer, kinds, run_trainer, store_events, trainer_env, waiting_model
-from trainer import layout
 
 pytestmark = pytest.mark.slow
 
 
 def _store(uri):
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     return open_store(uri)
 

@@ -1,4 +1,4 @@
-"""The boot scripts speak the run folder's contract (`trainer/layout.py`) with the same names.
+"""The boot scripts speak the run folder's contract (`runfolder/layout.py`) with the same names.
 
 The scripts cannot import Python, so `lib.sh` holds a copy of each name the machine uses.
 These tests source `lib.sh` in bash and compare every copy with the layout, and read
@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from components.userdata import FILES, USERDATA_DIR
-from trainer import layout
+from runfolder import layout
 
 # lib.sh variable -> the layout's value (the same name in both, so a reader finds one from the other).
 SCALARS = ("CACHE_PREFIX", "PIP_CACHE_DIR", "EVENTS_KEY", "PROGRESS_KEY", "CHECKPOINTS_PREFIX", "CHECKPOINT_DIR", "COMMITTED", "DEADLINE_KEY", "LOGS_PREFIX", "MACHINE_EVENTS_PREFIX", "STOP_KEY", "RENDEZVOUS_PREFIX",

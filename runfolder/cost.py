@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainer import layout
+from runfolder import layout
 from trainer.events import parse_time
 
 # Events after which an attempt's machine is going or gone: it is not counted up to now.

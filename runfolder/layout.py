@@ -24,7 +24,7 @@ One writer per object:
   the first trainer to count a data set    <bucket>/cache/data/<digest>.json (trainer/staging.py;
                          create-if-absent, so the first count is the one kept)
   trainer (chief) holding the run's lease    lease.json (taken, renewed and released by conditional
-                         writes only; see trainer/lease.py); whoever holds it is the one trainer
+                         writes only; see runfolder/lease.py); whoever holds it is the one trainer
                          that may write the chief's objects above
 """
 
@@ -68,7 +68,7 @@ MACHINE_EVENTS_PREFIX = "machine-events/"
 STOP_KEY = "STOP"
 RENDEZVOUS_PREFIX = "rendezvous/"  # several machines: membership records by generation
 WORKER_EVENTS_PREFIX = "worker-events/"  # several machines: a non-chief worker's own `failed` events
-LEASE_KEY = "lease.json"  # the single-writer lease (trainer/lease.py)
+LEASE_KEY = "lease.json"  # the single-writer lease (runfolder/lease.py)
 # Several placements (issue 24): which one is active and every move (controller/record.py). Absent:
 # placement 0 (home) is active.
 PLACEMENT_KEY = "placement.json"
