@@ -1,4 +1,4 @@
-"""The trainer package as a deterministic, content-addressed archive, and the two
+"""The trainer package (with the run folder's package it imports) as a deterministic, content-addressed archive, and the two
 components both clouds build from it: TrainerCode (the archive uploaded to the bucket)
 and TrainerImage (trainer/Dockerfile built and pushed). Each cloud's subclass supplies
 only what differs: the object store upload, and the registry login.
@@ -26,7 +26,7 @@ import pulumi
 import pulumi_docker_build as docker_build
 
 from components import project
-from components.project import TRAINER_DIR
+from components.project import RUNFOLDER_DIR, TRAINER_DIR
 from runfolder import layout
 
 BUILD_DIR = project.BUILD_DIR / "code"
@@ -54,15 +54,18 @@ def _members(src: Path) -> list[Path]:
 USER_CODE_NAME = "usercode"
 
 
-def pack(src: Path = TRAINER_DIR, user_code: Path | None = None) -> bytes:
-    """The deterministic tar.gz of `src` (.py files and SHIPPED_NAMES) and, when
-    given, the user's folder `user_code` as `usercode/` (every file that ships, see
-    components/settings/usercode.py). The same folders always give the same bytes."""
+def pack(src: Path = TRAINER_DIR, user_code: Path | None = None, ground: Path = RUNFOLDER_DIR) -> bytes:
+    """The deterministic tar.gz of `src` (.py files and SHIPPED_NAMES), the run folder's package
+    `ground` (runfolder/, which the trainer imports) beside it, and, when given, the user's folder
+    `user_code` as `usercode/` (every file that ships, see components/settings/usercode.py). The same
+    folders always give the same bytes."""
     from components.settings.usercode import code_files
 
     files = [(str(Path(src.name) / p.relative_to(src)), p) for p in _members(src)]
     if not files:
         raise FileNotFoundError(f"{src}: no trainer files (*.py, requirements.txt) to pack")
+    files = sorted(files + [(str(Path(ground.name) / p.relative_to(ground)), p)
+                            for p in _members(ground) if p.suffix == ".py"])
     if user_code is not None:
         files += [(str(Path(USER_CODE_NAME) / p.relative_to(user_code)), p) for p in code_files(user_code)]
     return _tar_gz(files)

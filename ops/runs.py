@@ -228,8 +228,8 @@ def pull(run_uri: str, dest: Path, *, checkpoint: bool = False, store=None) -> d
     """Download ``model/`` to ``dest/model`` (and the newest committed checkpoint to
     ``dest/checkpoints/ckpt-<step>`` with ``checkpoint``); returns what was fetched."""
     from ops import status
+    from runfolder.checkpoints import committed_steps
     from runfolder.storage import open_store
-    from trainer.checkpoints import CheckpointStore
 
     store = open_store(run_uri) if store is None else store
     st = status.read_status(run_uri, store=store, events=0, must_exist=True)
@@ -239,7 +239,7 @@ def pull(run_uri: str, dest: Path, *, checkpoint: bool = False, store=None) -> d
     if files:
         out["model"] = {"path": str(dest / layout.MODEL_PREFIX.rstrip("/")), "files": files}
     if checkpoint:
-        steps = CheckpointStore(store).committed_steps()
+        steps = committed_steps(store)
         if steps:
             rel = layout.checkpoint_dir(steps[-1])
             n = _download_prefix(store, rel + "/", dest / rel)

@@ -48,7 +48,7 @@ from ops.runstate import (
     duration,
 )
 from runfolder import layout
-from trainer.events import read_jsonl
+from runfolder.events import read_jsonl
 
 # States a watch cannot wait out: the run ended, or needs someone to look at it (a stall
 # nothing explains) or to start it again (a local run).
@@ -88,13 +88,13 @@ def read_facts(store, run_uri: str) -> RunFacts:
     Each small JSON document is read with ``trainer.storage.read_json``, as the trainer reads
     them: absent is ``None``, present but unreadable is ``{}``.
     """
+    from runfolder.checkpoints import committed_steps
     from runfolder.storage import read_json
-    from trainer.checkpoints import CheckpointStore
 
     trainer_events = read_jsonl(store, layout.EVENTS_KEY)
     machine_events = read_machine_events(store)
     progress = read_json(store, layout.PROGRESS_KEY)
-    steps = CheckpointStore(store).committed_steps()
+    steps = committed_steps(store)
     step = steps[-1] if steps else None
     marker = (read_json(store, layout.committed_key(step)) or {}) if step is not None else {}
     end_marker, end = None, None

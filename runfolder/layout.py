@@ -30,16 +30,6 @@ One writer per object:
 
 from __future__ import annotations
 
-# -- the trainer's exit codes (python -m trainer) --
-
-EXIT_OK = 0  # the run ended: COMPLETE (or CANCELLED) is written
-EXIT_FAILED = 1  # this attempt failed; another attempt may succeed
-EXIT_NO_CLUSTER = 75  # the workers could not form their cluster in time (a peer missing): not this machine's failure
-EXIT_PEER_LOST = 76  # a peer was lost during training (collective error): not this machine's failure
-EXIT_LEASE_HELD = 77  # another machine's trainer holds the run's lease (it is training this run): not this machine's failure
-EXIT_UNUSABLE = 78  # this machine can never run this run (e.g. the GPUs asked for are not seen): no retry
-EXIT_PREEMPTED = 143  # stopped by a signal after a committed checkpoint
-
 # -- bucket-level prefixes (relative to the bucket root) --
 
 RUNS_PREFIX = "runs/"

@@ -43,7 +43,7 @@ class ResumeMismatch(RuntimeError):
     """What was restored differs from what the checkpoint recorded: training on would not be an exact resume.
 
     Also raised when a run folder's checkpoints belong to another model or other shapes: no
-    retry can help, so the trainer exits with `layout.EXIT_UNUSABLE`.
+    retry can help, so the trainer exits with `exits.UNUSABLE`.
     """
 
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -50,13 +49,13 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 from runfolder import layout
-from runfolder.storage import Cancelled, NotFound, Store, check_key, read_json, walk_files
+from runfolder.checkpoints import committed_steps, marker_problem, scan
+from runfolder.storage import Cancelled, NotFound, Store, read_json, walk_files
 
 __all__ = ["CheckpointStore", "CheckpointError", "MARKER_FORMAT", "download_verified", "marker_problem", "scan"]
 
 MARKER_FORMAT = 1
 _HASH_CHUNK = 1024 * 1024
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 Emit = Callable[[str, dict], None]
 
@@ -96,21 +95,6 @@ def _local_files(local_dir: str) -> list[tuple[str, str]]:
 
 def _base(step: int) -> str:
     return layout.checkpoint_dir(step) + "/"
-
-
-def scan(store: Store) -> tuple[set[int], set[int]]:
-    """(steps with any object, steps with a marker) under the run's checkpoints, in one listing."""
-    present: set[int] = set()
-    committed: set[int] = set()
-    for key in store.list(layout.CHECKPOINTS_PREFIX):
-        found = layout.checkpoint_key_step(key)
-        if found is None:
-            continue
-        step, rest = found
-        present.add(step)
-        if rest == layout.COMMITTED:
-            committed.add(step)
-    return present, committed
 
 
 def _report_retries(store: Store, emit: Emit) -> None:
@@ -175,27 +159,6 @@ def _marker(step: int, manifest: dict[str, dict], lease_epoch: int | None) -> di
     if lease_epoch is not None:
         marker["lease_epoch"] = lease_epoch  # which holder of the run committed it
     return marker
-
-
-def marker_problem(step: int, marker: dict) -> str | None:
-    """Why a marker cannot be trusted, or None if it is well-formed."""
-    if marker.get("step") != step:
-        return f"marker names step {marker.get('step')!r}"
-    files = marker.get("files")
-    if not isinstance(files, dict) or not files:
-        return "marker lists no files"
-    for rel, meta in files.items():
-        try:
-            check_key(rel)
-        except ValueError:
-            return f"marker lists an unsafe path {rel!r}"
-        if (
-            not isinstance(meta, dict)
-            or not isinstance(meta.get("size"), int)
-            or not _SHA256_RE.match(str(meta.get("sha256", "")))
-        ):
-            return f"marker entry for {rel} lacks size or sha256"
-    return None
 
 
 def download_verified(store: Store, step: int, files: dict[str, dict], staging: str, workers: int) -> str | None:
@@ -483,7 +446,7 @@ class CheckpointStore:
 
     def committed_steps(self) -> list[int]:
         """Steps that have a ``COMMITTED`` marker, ascending."""
-        return sorted(self._scan()[1])
+        return committed_steps(self.store)
 
     def _read_marker(self, step: int) -> dict | None:
         return read_json(self.store, layout.committed_key(step))

@@ -15,7 +15,7 @@ import shutil
 from datetime import UTC, datetime
 
 from runfolder import cost, layout
-from trainer.events import parse_time, seconds_lost
+from runfolder.events import parse_time, seconds_lost
 
 
 def export_model(model, local_dir: str, store) -> int:

@@ -44,8 +44,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-EXIT_PREEMPTED = 143
-EXIT_UNUSABLE = 78
+from runfolder.exits import PREEMPTED as EXIT_PREEMPTED
+from runfolder.exits import UNUSABLE as EXIT_UNUSABLE
+
 STATE_FILE = "state.json"
 CKPT_PREFIX = "ckpt"
 PROGRESS_EVERY_S = 10.0

@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from runfolder import layout
+from runfolder import exits, layout
 from runfolder.lease import LeaseLost
 from trainer.config import TrainConfig, as_dict
 from trainer.run_attempt import RunAttempt, start
@@ -195,7 +195,7 @@ class ScriptRun(RunAttempt):
         self._sync_tensorboard()
         if self.lost_lease:
             raise LeaseLost(f"{self.lost_lease}; the command was killed")
-        stopped = signalled_at is not None and rc in (layout.EXIT_PREEMPTED, -signal.SIGTERM, -signal.SIGKILL)
+        stopped = signalled_at is not None and rc in (exits.PREEMPTED, -signal.SIGTERM, -signal.SIGKILL)
         if stopped and cancelled:
             return self._cancel()
         if stopped:
@@ -203,13 +203,13 @@ class ScriptRun(RunAttempt):
             self.emit(layout.PREEMPTED, step=self._committed_step(),
                       signal=self.stop.signal_name or "STOP", seconds=round(time.monotonic() - signalled_at, 3),
                       examples_seen=self.examples_seen, exit_code=rc)
-            return layout.EXIT_PREEMPTED
+            return exits.PREEMPTED
         if rc == 0:
             return self._finish()
         reason = f"the command {list(cfg.command)!r} exited with {rc}" + (
             " (killed by a signal)" if rc < 0 else "")
         self.emit(layout.FAILED_EVENT, reason=reason, step=self.step, exit_code=rc)
-        return layout.EXIT_UNUSABLE if rc == layout.EXIT_UNUSABLE else layout.EXIT_FAILED
+        return exits.UNUSABLE if rc == exits.UNUSABLE else exits.FAILED
 
     def _committed_step(self) -> int:
         """Where the run stands: this attempt's last commit, else the newest in the bucket (a
@@ -233,7 +233,7 @@ class ScriptRun(RunAttempt):
         self.events.flush()
         self.lease.fence()
         self._write_cancelled(step, reason, self.examples_seen)
-        return layout.EXIT_OK
+        return exits.OK
 
     def _finish(self) -> int:
         """The command exited 0: its model folder becomes `model/`, then COMPLETE."""
@@ -256,7 +256,7 @@ class ScriptRun(RunAttempt):
         self.events.flush()
         self.lease.fence()
         self._write_complete(step=self.step, metrics=metrics, examples_seen=self.examples_seen, signature=signature)
-        return layout.EXIT_OK
+        return exits.OK
 
 
 def _die_with_parent() -> None:
@@ -282,4 +282,4 @@ def child_command(command) -> list[str]:
 def run_script(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None) -> int:
     """Run one script-mode attempt of the run `cfg` describes; returns the exit code."""
     run = start(ScriptRun, cfg, stream=stream, stop=stop)
-    return layout.EXIT_FAILED if run is None else run.run()
+    return exits.FAILED if run is None else run.run()

@@ -56,7 +56,7 @@ REBALANCE="rebalance"
 MACHINE_FINISH="finish"
 MACHINE_SCALE_FAILED="scale_failed"
 WAITING_FOR_MACHINES="waiting_for_machines"
-# The trainer's exit codes.
+# The trainer's exit codes (runfolder/exits.py).
 EXIT_OK=0
 EXIT_FAILED=1
 EXIT_NO_CLUSTER=75

@@ -115,8 +115,8 @@ class Trainer:
 
 def store_events(uri: str) -> list[dict]:
     """The run's events.jsonl as stored."""
+    from runfolder.events import read_events
     from runfolder.storage import open_store
-    from trainer.events import read_events
 
     return read_events(open_store(uri))
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from runfolder import layout
+from runfolder import exits, layout
 from trainer.config import load_config
 from trainer.devices import DeviceMismatch, check_gpus
 
@@ -62,7 +62,7 @@ def test_the_trainer_fails_once_with_exit_78_before_training(tmp_path, monkeypat
     uri = f"file://{tmp_path}/run"
     out = io.StringIO()
     rc = train(load_config(["--run-uri", uri, "--synthetic", "--gpus-per-node", "1"], env={}), stream=out)
-    assert rc == layout.EXIT_UNUSABLE == 78
+    assert rc == exits.UNUSABLE == 78
     printed = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [e[layout.EVENT] for e in printed] == [layout.FAILED_EVENT]
     assert "asks for 1 GPU(s) per machine but TensorFlow sees 0" in printed[0]["reason"]

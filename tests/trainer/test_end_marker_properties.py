@@ -17,7 +17,7 @@ import types
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from runfolder import layout
+from runfolder import exits, layout
 from runfolder.storage import FileStore
 from trainer.attempt import Attempt as Run
 
@@ -81,10 +81,10 @@ def test_the_first_read_before_tensorflow_says_what_the_attempt_would():
         assert said(cfg) == (None, [])
         FileStore(cfg.run_uri).put_bytes(layout.COMPLETE, json.dumps({"step": 10}).encode())
         code, lines = said(cfg)
-        assert code == layout.EXIT_OK and len(lines) == 1, lines
+        assert code == exits.OK and len(lines) == 1, lines
         assert (lines[0][layout.EVENT], lines[0][layout.ATTEMPT], lines[0]["step"]) == (layout.ALREADY_COMPLETE, 1, 10)
         assert "COMPLETE at 10 steps; --steps 100 does not extend it" in lines[0]["message"]
         code, lines = said(types.SimpleNamespace(run_uri="nope://bucket/run", steps=100))
-        assert code == layout.EXIT_FAILED and len(lines) == 1, lines
+        assert code == exits.FAILED and len(lines) == 1, lines
         assert lines[0][layout.EVENT] == layout.FAILED_EVENT and lines[0][layout.ATTEMPT] is None
         assert "nope://" in lines[0]["reason"], lines

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from runfolder.events import read_events, seconds_lost
 from runfolder.storage import open_store
-from trainer.events import EventLog, read_events, seconds_lost
+from trainer.events import EventLog
 from trainer.export import complete_record
 
 REPO = Path(__file__).resolve().parents[2]

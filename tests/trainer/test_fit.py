@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from runfolder import layout
+from runfolder import exits, layout
 from tests.trainer.helpers import REPO, Trainer, kinds, run_trainer, store_events, trainer_env
 
 EXAMPLE = REPO / "examples" / "keras-fit"
@@ -72,7 +72,7 @@ def test_fit_script_survives_two_sigterms_and_ends_as_if_never_stopped(s3_run, t
     t = Trainer(uri, *_held_script(STEPS_PER_EPOCH + 30, tmp_path / "held-1"), env=env)
     _wait_held(t, tmp_path / "held-1")
     t.signal()
-    assert t.wait(timeout=120) == layout.EXIT_PREEMPTED, t.stderr[-3000:]
+    assert t.wait(timeout=120) == exits.PREEMPTED, t.stderr[-3000:]
     first = t.wait_event(layout.PREEMPTED)
     assert first["step"] == STEPS_PER_EPOCH + 31, first
 
@@ -82,7 +82,7 @@ def test_fit_script_survives_two_sigterms_and_ends_as_if_never_stopped(s3_run, t
     _wait_held(t, tmp_path / "held-2")
     signalled = time.monotonic()
     t.signal()
-    assert t.wait(timeout=120) == layout.EXIT_PREEMPTED, t.stderr[-3000:]
+    assert t.wait(timeout=120) == exits.PREEMPTED, t.stderr[-3000:]
     stop_seconds = time.monotonic() - signalled
     second = t.wait_event(layout.PREEMPTED)
 
@@ -252,7 +252,7 @@ def test_the_helper_restores_the_newest_complete_checkpoint_and_refuses_another_
 
     before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "run" / "checkpoints").rglob("*"))
     rc, events, err = attempt(5, 3)  # another model (a layer of 5 units) on the same run
-    assert rc == layout.EXIT_UNUSABLE, err[-3000:]
+    assert rc == exits.UNUSABLE, err[-3000:]
     lines = [ln for ln in err.splitlines() if ln.startswith("trainstack: checkpoint")]
     assert len(lines) == 1 and "written by another model" in lines[0] and "start a new run id" in lines[0], err[-3000:]
     assert "here" in lines[0] and "saved" in lines[0]  # which variable differs

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from runfolder import layout
+from runfolder import exits, layout
 from tests.trainer.helpers import REPO, Trainer, kinds, run_trainer, store_events, trainer_env
 from trainer.config import ConfigError, load_config
 
@@ -135,7 +135,7 @@ def test_sigterm_is_forwarded_and_143_is_preempted(code, tmp_path):
     t = Trainer(uri, "--code-dir", str(code), "--", "python", "standin.py", "wait")
     t.wait_event("standin_ready", timeout=60)
     t.signal()
-    assert t.wait(timeout=60) == layout.EXIT_PREEMPTED, t.stderr
+    assert t.wait(timeout=60) == exits.PREEMPTED, t.stderr
     stored = store_events(uri)
     pre = [e for e in stored if e["event"] == layout.PREEMPTED]
     assert len(pre) == 1 and pre[0]["step"] == 7 and pre[0]["exit_code"] == 143, stored
@@ -155,7 +155,7 @@ def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(code, tmp_path
     t = Trainer(uri, "--code-dir", str(code), "--stop-grace-s", "1", "--", "python", "stubborn.py")
     t.wait_event("standin_ready", timeout=60)
     t.signal()
-    assert t.wait(timeout=30) == layout.EXIT_PREEMPTED, t.stderr
+    assert t.wait(timeout=30) == exits.PREEMPTED, t.stderr
     pre = [e for e in store_events(uri) if e["event"] == layout.PREEMPTED]
     assert len(pre) == 1 and pre[0]["exit_code"] == -9 and 1 <= pre[0]["seconds"] < 10, pre
 
@@ -207,7 +207,7 @@ def test_a_command_killed_by_the_signal_before_its_first_commit_is_preempted_at_
     t = Trainer(uri, "--code-dir", str(code), "--", "python", "bare.py")
     t.wait_event("standin_ready", timeout=60)
     t.signal()
-    assert t.wait(timeout=60) == layout.EXIT_PREEMPTED, t.stderr
+    assert t.wait(timeout=60) == exits.PREEMPTED, t.stderr
     pre = [e for e in store_events(uri) if e["event"] == layout.PREEMPTED]
     assert len(pre) == 1 and pre[0]["step"] == 42 and pre[0]["exit_code"] == -15, pre
 
@@ -227,7 +227,7 @@ def test_a_lease_taken_over_kills_the_command_at_once_and_exits_77(code, tmp_pat
     taken = {**held, "holder": "machine-b/1", "token": "b", "epoch": held["epoch"] + 1, "nonce": "b",
              "expires": time.time() + 600}
     store.put_bytes_if(layout.LEASE_KEY, json.dumps(taken).encode(), version=version)
-    assert t.wait(timeout=60) == layout.EXIT_LEASE_HELD, t.stderr[-3000:]
+    assert t.wait(timeout=60) == exits.LEASE_HELD, t.stderr[-3000:]
     assert t.events[-1]["event"] == layout.FAILED_EVENT and "taken over (machine-b/1" in t.events[-1]["reason"], t.events
     assert layout.CHECKPOINT not in kinds(t.events)  # the command was killed, not asked to save
     assert json.loads(store.get_bytes(layout.LEASE_KEY))["holder"] == "machine-b/1"
