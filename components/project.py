@@ -19,3 +19,5 @@ TRAINER_DIR = ROOT / "trainer"
 RUNFOLDER_DIR = ROOT / "runfolder"
 USERDATA_DIR = ROOT / "userdata"
 BUILD_DIR = ROOT / "build"
+# The stack output holding the placement controller's configuration (JSON), which ops reads to move a run.
+PLACEMENTS_OUTPUT = "placements"

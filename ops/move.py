@@ -24,12 +24,12 @@ import socket
 import sys
 from pathlib import Path
 
+from components.project import PLACEMENTS_OUTPUT
 from ops.cli import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, OpsError, positive_float
 
 # The old lease's TTL, the clock skew allowed and a margin: a preempted trainer's lease (not
 # released) has expired by then.
 DEFAULT_WAIT_S = 90.0
-PLACEMENTS_OUTPUT = "placements"  # the stack output (components/common.py PLACEMENTS_EXPORT)
 
 
 def load_config(args: argparse.Namespace):

@@ -17,6 +17,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components import placement, project
+from controller.config import ENV_VAR
 from runfolder import layout
 
 # The function's package is components/placement.py's FUNCTION_PACKAGES and the libraries Lambda's
@@ -170,7 +171,7 @@ class PlacementController(pulumi.ComponentResource):
             role=self.role.arn,
             timeout=TIMEOUT_S,
             memory_size=MEMORY_MB,
-            environment=aws.lambda_.FunctionEnvironmentArgs(variables={"TRAINSTACK_PLACEMENTS": args.config}),
+            environment=aws.lambda_.FunctionEnvironmentArgs(variables={ENV_VAR: args.config}),
             tags=args.tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[policy, logs, log_group]),
         )

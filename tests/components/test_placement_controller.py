@@ -52,10 +52,9 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
     assert [p["region"] for p in config["placements"]] == REGIONS[cloud]
     assert config["wait_minutes"] == s.placement.wait_minutes and config["nodes"] == 1
     # The same document is the stack's `placements` output, where `ops move --stack` and `ops status` read it.
-    from components.common import PLACEMENTS_EXPORT
-    from ops.move import PLACEMENTS_OUTPUT
+    from components.project import PLACEMENTS_OUTPUT
 
-    assert PLACEMENTS_OUTPUT == PLACEMENTS_EXPORT and json.loads(r.outputs[PLACEMENTS_OUTPUT]) == config
+    assert json.loads(r.outputs[PLACEMENTS_OUTPUT]) == config
     (schedule,) = [x for x in r.of_type(SCHEDULE[cloud]) if x["parent"] == "trainstack-controller"]
     if cloud == "aws":
         assert (fn["inputs"]["runtime"], fn["inputs"]["handler"]) == ("python3.12", "controller.handler.handler")
