@@ -1,7 +1,7 @@
 """The run's committed checkpoints as a reader sees them: which steps are committed, and whether a marker holds.
 
 A checkpoint is visible only once ``checkpoints/ckpt-<step>/COMMITTED`` exists (written last by
-the trainer, ``trainer.checkpoints``); its JSON lists every file with its size and SHA-256.
+the trainer, ``trainer.checkpoint_store``); its JSON lists every file with its size and SHA-256.
 ``ops status`` and ``ops pull`` read these without TensorFlow or the trainer; the trainer's
 restore uses the same checks.
 """

@@ -127,9 +127,9 @@ def layer_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 
 
 def test_the_layer_check_finds_a_planted_crossing():
-    graph = {"runfolder.layout": {"trainer.loop"}, "ops.status": {"runfolder.layout", "trainer.checkpoints"},
+    graph = {"runfolder.layout": {"trainer.loop"}, "ops.status": {"runfolder.layout", "trainer.checkpoint_store"},
              "components.settings.schema": {"trainer.config"}, "trainer.loop": {"runfolder.layout"}}
-    assert layer_violations(graph) == [("ops.status", "trainer.checkpoints"), ("runfolder.layout", "trainer.loop")]
+    assert layer_violations(graph) == [("ops.status", "trainer.checkpoint_store"), ("runfolder.layout", "trainer.loop")]
 
 
 def test_each_floor_imports_only_the_floors_below_it():

@@ -20,9 +20,9 @@ import tensorflow as tf
 from runfolder import layout
 from trainer import data as data_mod
 from trainer import data_state
-from trainer.checkpointer import STATE_FILE
 from trainer.config import TrainConfig
 from trainer.models import ModelSpec
+from trainer.tf_checkpoint import STATE_FILE
 
 
 @dataclass

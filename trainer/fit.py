@@ -129,7 +129,7 @@ class Backup(keras.callbacks.Callback):
     def __init__(self, *, every_seconds: float | None = None, board: keras.callbacks.TensorBoard | None = None) -> None:
         super().__init__()
         from runfolder.storage import open_store
-        from trainer.checkpoints import CheckpointStore
+        from trainer.checkpoint_store import CheckpointStore
 
         self.every_seconds = every_seconds
         self.board = board

@@ -216,7 +216,7 @@ class ScriptRun(RunAttempt):
         command stopped before its first commit, e.g. during its start-up)."""
         if self.committed is not None:
             return self.committed
-        from trainer.checkpoints import CheckpointStore
+        from trainer.checkpoint_store import CheckpointStore
 
         steps = CheckpointStore(self.store).committed_steps()
         return steps[-1] if steps else 0

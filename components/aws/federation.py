@@ -29,7 +29,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components.aws.identity import bucket_statements
-from controller.policy import aws_group_policy
+from controller.grants import aws_group_policy
 
 # The issuer of Google's ID tokens, as AWS names the federated principal.
 GOOGLE = "accounts.google.com"

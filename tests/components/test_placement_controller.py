@@ -158,8 +158,8 @@ def test_the_aws_function_reads_the_run_writes_only_its_record_and_sizes_only_th
 
 
 def test_the_aws_function_policy_is_the_controllers_own_when_both_are_here():
-    """Where the controller's own policy (controller/policy.py) is in the tree, the stack grants exactly it."""
-    policy = pytest.importorskip("controller.policy")
+    """Where the controller's own policy (controller/grants.py) is in the tree, the stack grants exactly it."""
+    policy = pytest.importorskip("controller.grants")
     r = synthesized("aws")
     mine = _policy(r, "trainstack-controller-policy")
     theirs = policy.aws_policy(bucket=r.outputs["bucketName"], run_id="exp-7", nodes=1, account_id=synth.FAKE_ACCOUNT,

@@ -56,8 +56,8 @@ TARGETS: dict[str, Target] = {
         ["tests/runfolder/test_layout.py", "tests/trainer/test_keys_properties.py",
          "tests/trainer/test_end_marker_properties.py", "tests/userdata/test_layout_names.py"]),
     "checkpoints": Target(
-        ["trainer/checkpoints.py"],
-        ["tests/trainer/test_checkpoint_rules.py", "tests/trainer/test_checkpoints.py",
+        ["trainer/checkpoint_store.py"],
+        ["tests/trainer/test_checkpoint_rules.py", "tests/trainer/test_checkpoint_store.py",
          "tests/trainer/test_checkpoint_retention.py"]),
     "lease": Target(
         ["runfolder/lease.py"], ["tests/runfolder/test_lease_rules.py", "tests/trainer/test_lease.py"],

@@ -25,7 +25,7 @@ from ops import runstate, status
 from ops.__main__ import main
 from runfolder import layout
 from runfolder.storage import open_store
-from trainer.checkpoints import CheckpointStore
+from trainer.checkpoint_store import CheckpointStore
 from trainer.events import EventLog
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from ops import status
 from runfolder import layout
 from runfolder.storage import FileStore
-from trainer.checkpoints import CheckpointStore
+from trainer.checkpoint_store import CheckpointStore
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC).timestamp()
 

@@ -94,7 +94,8 @@ def _attempt(uri: str, steps: int, stop_at: int | None = None) -> tuple[int, lis
     """
     import keras
 
-    from trainer import attempt, cadence
+    from trainer import cadence
+    from trainer import loop_attempt as attempt
     from trainer.config import load_config
     from trainer.signals import StopRequest
 
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     with imports_kept():
         import keras  # noqa: F401
 
-        from trainer import attempt, loop  # noqa: F401
+        from trainer import loop_attempt as attempt  # noqa: F401
     _fast_client_retries()
     _skip_export()
     _shared_synthetic_data()

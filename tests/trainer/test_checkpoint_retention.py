@@ -31,7 +31,7 @@ from runfolder.storage import open_store
 from tests.components.aws import helpers as aws_helpers
 from tests.components.gcp import helpers as gcp_helpers
 from tests.fixtures import lifecycle
-from trainer.checkpoints import CheckpointStore
+from trainer.checkpoint_store import CheckpointStore
 
 pytestmark = pytest.mark.slow
 

@@ -132,7 +132,7 @@ def _shuffled_weights(reference: str, tmp_path, code, steps: int) -> dict:
 
 def _committed(reference: str) -> list[int]:
     from runfolder.storage import open_store
-    from trainer.checkpoints import CheckpointStore
+    from trainer.checkpoint_store import CheckpointStore
 
     return CheckpointStore(open_store(reference)).committed_steps()
 

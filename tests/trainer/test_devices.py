@@ -55,7 +55,7 @@ def test_the_trainer_fails_once_with_exit_78_before_training(tmp_path, monkeypat
     import tensorflow as tf
 
     from runfolder.storage import open_store
-    from trainer.attempt import train
+    from trainer.loop_attempt import train
 
     fake, _ = _lister(0)
     monkeypatch.setattr(tf.config, "list_physical_devices", fake)

@@ -224,7 +224,7 @@ def test_the_helper_restores_the_newest_complete_checkpoint_and_refuses_another_
     # is skipped on restore; a committed one whose variables are another model's is refused, in
     # one line, with exit 78 (no retry), and nothing of the run is touched.
     from runfolder.storage import open_store
-    from trainer.checkpoints import CheckpointStore
+    from trainer.checkpoint_store import CheckpointStore
 
     code = tmp_path / "code"
     code.mkdir()

@@ -22,7 +22,7 @@ from runfolder import layout
 from runfolder.storage import FileStore, check_key
 from runfolder.storage.base import ObjectStore
 from runfolder.storage.keys import split_bucket_uri
-from trainer.checkpoints import CheckpointStore
+from trainer.checkpoint_store import CheckpointStore
 
 # What access.run.id accepts (components/settings/schema.py) and a bucket name both clouds take.
 RUN_IDS = st.from_regex(r"[a-z0-9][a-z0-9-]{0,62}", fullmatch=True)

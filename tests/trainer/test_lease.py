@@ -20,7 +20,7 @@ import pytest
 from runfolder import exits, layout
 from runfolder.lease import LeaseBusy, LeaseHeld, LeaseLost, RunLease
 from runfolder.storage import PreconditionFailed, WriteConflict, open_store
-from trainer.checkpoints import CheckpointStore
+from trainer.checkpoint_store import CheckpointStore
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ def _args(steps: int, every: int) -> list[str]:
 
 def _ckstore(uri):
     from runfolder.storage import open_store
-    from trainer.checkpoints import CheckpointStore
+    from trainer.checkpoint_store import CheckpointStore
 
     return CheckpointStore(open_store(uri))
 

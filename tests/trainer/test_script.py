@@ -195,7 +195,7 @@ def test_a_killed_trainer_takes_its_command_with_it(code, tmp_path):
 def test_a_command_killed_by_the_signal_before_its_first_commit_is_preempted_at_the_newest_checkpoint(code, tmp_path):
     # A notice during the script's start-up (before `from trainer import fit` handles SIGTERM): the
     # run stands at the newest committed checkpoint of an earlier attempt.
-    from trainer.checkpoints import CheckpointStore
+    from trainer.checkpoint_store import CheckpointStore
 
     (code / "bare.py").write_text("import json, time\nprint(json.dumps({'event': 'standin_ready'}), flush=True)\n"
                                   "time.sleep(60)\n")

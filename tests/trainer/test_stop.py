@@ -20,7 +20,7 @@ def _store(uri):
 
 
 def _committed(uri):
-    from trainer.checkpoints import CheckpointStore
+    from trainer.checkpoint_store import CheckpointStore
 
     return CheckpointStore(_store(uri)).committed_steps()
 

@@ -2,7 +2,7 @@
 
 :class:`Checkpointer` writes the model's and optimizer's variables (a ``tf.train.Checkpoint``)
 and the loop's counters to a local folder per step, and hands the folder to
-:class:`~trainer.checkpoints.CheckpointStore`, which commits it to the run. On restore it
+:class:`~trainer.checkpoint_store.CheckpointStore`, which commits it to the run. On restore it
 reads the newest committed folder back into the variables and proves the resume exact:
 the same model (``--model`` and variable shapes) and the same values, random streams and
 data position as were saved (:func:`resume_fingerprint`), else :class:`ResumeMismatch`.
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from runfolder import layout
-from trainer.checkpoints import CheckpointStore
+from trainer.checkpoint_store import CheckpointStore
 
 __all__ = ["Checkpointer", "ResumeMismatch", "STATE_FILE", "resume_fingerprint", "structure", "variables_digest"]
 

@@ -19,7 +19,7 @@ taken for a committed one.
 A checkpoint here is any folder of files: this module knows nothing of TensorFlow and
 imports none of it, so ``ops`` (status, pull) reads a run's checkpoints on a laptop without
 it. What goes into the folder, and how it is restored into a model, is
-:mod:`trainer.checkpointer`'s.
+:mod:`trainer.tf_checkpoint`'s.
 
 Given the run's lease (:class:`runfolder.lease.RunLease`), the store fences its writes: the
 COMMITTED marker is written only right after a successful renewal of the lease (a

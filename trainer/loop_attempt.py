@@ -26,8 +26,7 @@ import time
 from runfolder import exits, layout
 from trainer import cluster as cluster_mod
 from trainer import export as export_mod
-from trainer.checkpointer import ResumeMismatch
-from trainer.checkpoints import CheckpointStore
+from trainer.checkpoint_store import CheckpointStore
 from trainer.config import TrainConfig, as_dict
 from trainer.devices import DeviceMismatch, check_gpus
 from trainer.loop import TrainLoop
@@ -36,6 +35,7 @@ from trainer.models import NoData, resolve_precision
 from trainer.run_attempt import RunAttempt, loop_complete_message, start
 from trainer.signals import StopRequest
 from trainer.strategy import Cluster, make_strategy, read_cluster
+from trainer.tf_checkpoint import ResumeMismatch
 
 
 class Attempt(RunAttempt):
