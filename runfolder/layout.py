@@ -59,7 +59,7 @@ STOP_KEY = "STOP"
 RENDEZVOUS_PREFIX = "rendezvous/"  # several machines: membership records by generation
 WORKER_EVENTS_PREFIX = "worker-events/"  # several machines: a non-chief worker's own `failed` events
 LEASE_KEY = "lease.json"  # the single-writer lease (runfolder/lease.py)
-# Several placements (issue 24): which one is active and every move (controller/record.py). Absent:
+# Several placements: which one is active and every move (controller/record.py). Absent:
 # placement 0 (home) is active.
 PLACEMENT_KEY = "placement.json"
 # The placement controller's own events (`moved`), among the machines' so `ops status` shows them.

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     return train(cfg, stop=stop, keep=HELD)
 
 
-# The `Attempt`, held until the process ends: see exit_now.
+# The `LoopAttempt`, held until the process ends: see exit_now.
 HELD: list = []
 
 

@@ -38,7 +38,7 @@ from trainer.strategy import Cluster, make_strategy, read_cluster
 from trainer.tf_checkpoint import ResumeMismatch
 
 
-class Attempt(RunAttempt):
+class LoopAttempt(RunAttempt):
     """One attempt of a run around a `TrainLoop`: the shared lifecycle (`RunAttempt`) plus the cluster."""
 
     def __init__(self, cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None):
@@ -252,10 +252,10 @@ def train(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None, kee
     """Run one attempt of the run `cfg` describes; returns the exit code.
 
     `stop` is the signal flag, when the caller installed it early (see `trainer.signals`).
-    `keep`, when given, receives the `Attempt`, so that its TensorFlow objects outlive
+    `keep`, when given, receives the `LoopAttempt`, so that its TensorFlow objects outlive
     the call: `python -m trainer` then ends without freeing them (see trainer/__main__.py).
     """
-    attempt = start(Attempt, cfg, stream=stream, stop=stop)
+    attempt = start(LoopAttempt, cfg, stream=stream, stop=stop)
     if attempt is None:
         return exits.FAILED
     if keep is not None:

@@ -4,7 +4,7 @@
 STOP), the local work folder, the run's lease (the chief takes it), the first read (a run that
 already ended says so and exits 0), the turning of any exception into the exit code the boot
 scripts act on, and the end markers' documents (CANCELLED, COMPLETE). Two attempts build on
-it: `trainer.loop_attempt.Attempt` (the loop, TensorFlow in this process) and
+it: `trainer.loop_attempt.LoopAttempt` (the loop, TensorFlow in this process) and
 `trainer.script.ScriptRun` (the user's command as a child; this process never imports
 TensorFlow, so neither does this module).
 """

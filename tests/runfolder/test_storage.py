@@ -318,7 +318,7 @@ def test_bucketless_uris_are_refused_with_the_expected_form(uri):
 
 def test_retry_jitter_leaves_the_global_random_state_alone(tmp_path, monkeypatch):
     """Keras seeds unseeded initializers from Python's global `random`: a retry on another
-    thread must not draw from it, or a model built meanwhile gets other weights (issue 14)."""
+    thread must not draw from it, or a model built meanwhile gets other weights."""
     import random
 
     monkeypatch.setattr(storage.retry, "BACKOFF_INITIAL_S", 0.001)

@@ -1,4 +1,4 @@
-"""Driver for the exact-resume-under-faults test (issue 14): many stopped-and-resumed runs in one process.
+"""Driver for the exact-resume-under-faults test: many stopped-and-resumed runs in one process.
 
 Run as `python -m tests.trainer.fault_resume --endpoint URL --rates 0.25,0.5 --tries 10 --out FILE`
 (TensorFlow loads once; a subprocess per attempt would cost seconds each). It trains one

@@ -1,4 +1,4 @@
-"""The GPU check (issue 15): a machine whose TensorFlow sees other GPUs than asked for fails at once with exit 78."""
+"""The GPU check: a machine whose TensorFlow sees other GPUs than asked for fails at once with exit 78."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from runfolder import exits, layout
 from runfolder.storage import FileStore
-from trainer.loop_attempt import Attempt as Run
+from trainer.loop_attempt import LoopAttempt as Run
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),

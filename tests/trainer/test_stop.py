@@ -1,4 +1,4 @@
-"""Stopping a run on request (issue 11): the run folder's STOP ends it as CANCELLED after a committed checkpoint."""
+"""Stopping a run on request: the run folder's STOP ends it as CANCELLED after a committed checkpoint."""
 
 from __future__ import annotations
 
