@@ -63,8 +63,9 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
         files = fn["inputs"]["code"]["assetArchive"]
         assert "runfolder/layout.py" in files and "runfolder/lease.py" in files
         libraries = placement.library_files(federation=False)  # every placement on AWS
+        assert not [name for name in files if name.startswith("trainer/")]  # the trainer stays on the machines
         assert "tenacity/retry.py" in libraries
-        assert all(name in libraries or name.startswith(("controller/", "trainer/")) and name.endswith(".py")
+        assert all(name in libraries or name.startswith(("controller/", "runfolder/")) and name.endswith(".py")
                    for name in files)
         assert set(libraries) <= set(files)
     else:
@@ -225,6 +226,8 @@ def test_the_package_holds_what_the_handler_imports(cloud, tmp_path, monkeypatch
     # Compiled files differ from machine to machine: never part of the package (the function would change).
     (root / "controller" / "__pycache__").mkdir()
     (root / "controller" / "__pycache__" / "handler.cpython-311.pyc").write_bytes(b"\0")
+    shutil.copytree(project.RUNFOLDER_DIR, root / "runfolder", ignore=shutil.ignore_patterns("__pycache__"))
+    # The trainer beside them is not the controller's: the package leaves it out.
     shutil.copytree(project.TRAINER_DIR, root / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(project, "ROOT", root)
     if cloud == "aws":
@@ -236,6 +239,7 @@ def test_the_package_holds_what_the_handler_imports(cloud, tmp_path, monkeypatch
         assert archive.assets["requirements.txt"].text.splitlines() == [
             controller.GCS_REQUIREMENT, *placement.library_pins()] and placement.library_pins() == ["tenacity==9.2.1", "google-auth==2.63.0"]
     assert {"controller/__init__.py", "controller/handler.py", "runfolder/layout.py"} <= set(archive.assets)
+    assert not [name for name in archive.assets if name.startswith("trainer/")]
     assert not [name for name in archive.assets if "__pycache__" in name or name.endswith(".pyc")]
     task = tmp_path / "task"
     task.mkdir()

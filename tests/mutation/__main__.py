@@ -56,7 +56,7 @@ TARGETS: dict[str, Target] = {
         ["tests/runfolder/test_layout.py", "tests/trainer/test_keys_properties.py",
          "tests/trainer/test_end_marker_properties.py", "tests/userdata/test_layout_names.py"]),
     "checkpoints": Target(
-        ["trainer/checkpoint_store.py"],
+        ["trainer/checkpoint_store.py", "runfolder/checkpoints.py"],
         ["tests/trainer/test_checkpoint_rules.py", "tests/trainer/test_checkpoint_store.py",
          "tests/trainer/test_checkpoint_retention.py"]),
     "lease": Target(
