@@ -119,7 +119,7 @@ def run(*, store_mib_s: float, index_mib_s: float, wheels_mib: float, data_mib: 
     from devtools.metadata import MetadataServer
     from devtools.sandbox import Sandbox, make_group, settings_for
     from devtools.servers import AWS_VARS, Run, start_moto_server
-    from trainer import layout
+    from runfolder import layout
 
     os.environ.update(AWS_VARS)  # the sandbox's clients (make_group, the fake CLIs) take their keys from the environment
     out: dict = {"store_mib_s": store_mib_s, "index_mib_s": index_mib_s, "wheels_mib": wheels_mib,

@@ -49,9 +49,9 @@ def measure(size_mb: float, bucket: str, prefix: str) -> dict:
 
     import tensorflow as tf
 
-    from trainer.checkpointer import Checkpointer
-    from trainer.checkpoints import CheckpointStore
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
+    from trainer.checkpoint_store import CheckpointStore
+    from trainer.tf_checkpoint import Checkpointer
 
     floats, variables = max(1, int(size_mb * 1e6) // 4), []
     while floats > 0:

@@ -146,9 +146,9 @@ def measure_size(size_mb: float, bucket: str, run_prefix: str, step, per_call: i
     import boto3
     import tensorflow as tf
 
-    from trainer.checkpointer import Checkpointer
-    from trainer.checkpoints import CheckpointStore
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
+    from trainer.checkpoint_store import CheckpointStore
+    from trainer.tf_checkpoint import Checkpointer
 
     variables = _variables(int(size_mb * 1e6))
     update = _updater(variables)

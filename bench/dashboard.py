@@ -42,7 +42,7 @@ def build_bucket(root: Path, runs: int, events: int) -> dict:
     without its end marker (a run not over, which the table reads again on every refresh).
     """
     from devtools.story_run import story
-    from trainer import layout
+    from runfolder import layout
 
     work = root.parent / "src"
     # An evaluation every 10 steps: nearly every event is one the page draws (a tick, a curve's point).
@@ -89,7 +89,7 @@ def measure(bucket_uri: str, rounds: int, label: str) -> list[dict]:
     (the rows of ended, unchanged runs are kept).
     """
     from ops.dashboard import Dashboard, make_server
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     store = open_store(bucket_uri)
     profile = tempfile.mkdtemp(prefix="bench-dashboard-chromium-")
@@ -144,7 +144,7 @@ def to_s3(root: Path) -> str:
     import boto3
 
     from devtools.servers import start_moto_server
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     server = start_moto_server()
     os.environ.update(AWS_ENDPOINT_URL=server.url, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",

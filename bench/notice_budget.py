@@ -119,9 +119,9 @@ def _local_rates(size: int, work: Path) -> dict:
 
 def _measure_commits(uri: str, sizes_mib: list[int], work: Path) -> list[dict]:
     """One synchronous commit per size (one file of that size, as a large variable file is), lease held."""
-    from trainer.checkpoints import CheckpointStore
-    from trainer.lease import RunLease
-    from trainer.storage import open_store
+    from runfolder.lease import RunLease
+    from runfolder.storage import open_store
+    from trainer.checkpoint_store import CheckpointStore
 
     store = open_store(uri)
     lease = RunLease(store, holder="bench/1", ttl_s=60)

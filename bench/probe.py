@@ -1,7 +1,7 @@
 """`python -m trainer`, with marks of where its start-up seconds go.
 
 Runs exactly what `trainer/__main__.py` runs (signal flag first, then config, then
-`trainer.attempt.train`), with thin wrappers around the start-up phases of `trainer.attempt`
+`trainer.loop_attempt.train`), with thin wrappers around the start-up phases of `trainer.loop_attempt`
 and `trainer.loop`:
 imports, the strategy, the model build, the restore of a checkpoint, the data set, and the
 first call of the train step (tracing plus its steps). Each mark is seconds since the bench
@@ -55,8 +55,9 @@ def _timed(owner, name: str, label: str) -> None:
 
 
 def install() -> None:
-    """Wrap the start-up phases of `trainer.attempt` and `trainer.loop` (call after importing them)."""
-    from trainer import attempt, data, loop
+    """Wrap the start-up phases of `trainer.loop_attempt` and `trainer.loop` (call after importing them)."""
+    from trainer import data, loop
+    from trainer import loop_attempt as attempt
 
     _timed(attempt, "make_strategy", "strategy")
     _timed(loop, "seeded_model", "model")
@@ -108,7 +109,7 @@ def main() -> int:
         import tensorflow  # noqa: F401
 
         mark("imports_tf")
-        from trainer import attempt
+        from trainer import loop_attempt as attempt
 
     mark("imports_end")
     install()

@@ -299,7 +299,7 @@ class Bench:
     def _committed(self, uri: str, step: int) -> dict | None:
         import boto3
 
-        from trainer import layout
+        from runfolder import layout
 
         key = uri.split("/", 3)[3] + "/" + layout.committed_key(step)
         client = boto3.session.Session().client("s3", endpoint_url=self.env["AWS_ENDPOINT_URL"], region_name="us-east-1",

@@ -1,4 +1,4 @@
-"""The trainer package as a deterministic, content-addressed archive, and the two
+"""The trainer package (with the run folder's package it imports) as a deterministic, content-addressed archive, and the two
 components both clouds build from it: TrainerCode (the archive uploaded to the bucket)
 and TrainerImage (trainer/Dockerfile built and pushed). Each cloud's subclass supplies
 only what differs: the object store upload, and the registry login.
@@ -26,8 +26,8 @@ import pulumi
 import pulumi_docker_build as docker_build
 
 from components import project
-from components.project import TRAINER_DIR
-from trainer import layout
+from components.project import RUNFOLDER_DIR, TRAINER_DIR
+from runfolder import layout
 
 BUILD_DIR = project.BUILD_DIR / "code"
 _FIXED_MTIME = 946684800  # 2000-01-01: any constant works; a real date keeps tar tools quiet
@@ -54,15 +54,18 @@ def _members(src: Path) -> list[Path]:
 USER_CODE_NAME = "usercode"
 
 
-def pack(src: Path = TRAINER_DIR, user_code: Path | None = None) -> bytes:
-    """The deterministic tar.gz of `src` (.py files and SHIPPED_NAMES) and, when
-    given, the user's folder `user_code` as `usercode/` (every file that ships, see
-    components/settings/usercode.py). The same folders always give the same bytes."""
+def pack(src: Path = TRAINER_DIR, user_code: Path | None = None, ground: Path = RUNFOLDER_DIR) -> bytes:
+    """The deterministic tar.gz of `src` (.py files and SHIPPED_NAMES), the run folder's package
+    `ground` (runfolder/, which the trainer imports) beside it, and, when given, the user's folder
+    `user_code` as `usercode/` (every file that ships, see components/settings/usercode.py). The same
+    folders always give the same bytes."""
     from components.settings.usercode import code_files
 
     files = [(str(Path(src.name) / p.relative_to(src)), p) for p in _members(src)]
     if not files:
         raise FileNotFoundError(f"{src}: no trainer files (*.py, requirements.txt) to pack")
+    files = sorted(files + [(str(Path(ground.name) / p.relative_to(ground)), p)
+                            for p in _members(ground) if p.suffix == ".py"])
     if user_code is not None:
         files += [(str(Path(USER_CODE_NAME) / p.relative_to(user_code)), p) for p in code_files(user_code)]
     return _tar_gz(files)
@@ -103,7 +106,7 @@ def _tar_gz(files: list[tuple[str, Path]], modes: dict[str, int] | None = None) 
 
 
 def archive_key(data: bytes) -> str:
-    """`code/trainer-<sha256[:16]>.tar.gz` for the archive bytes (trainer/layout.py's code key)."""
+    """`code/trainer-<sha256[:16]>.tar.gz` for the archive bytes (runfolder/layout.py's code key)."""
     return layout.code_key("trainer", hashlib.sha256(data).hexdigest()[:16])
 
 

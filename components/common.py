@@ -6,7 +6,7 @@ the name slugs.
 TrainingBucket, InstanceIdentity, ImageRepository, TrainerCode, SpotGroup and their
 Args); `tests/components/test_cloud_mirror.py` keeps them equal. What differs for real
 (IAM roles vs service accounts, tags vs labels, spot flags) stays inside each cloud's
-package. The run folder's names come from `trainer/layout.py`.
+package. The run folder's names come from `runfolder/layout.py`.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from dataclasses import dataclass
 
 import pulumi
 
+from components.project import PLACEMENTS_OUTPUT
 from components.settings import Settings
-from trainer import layout
+from runfolder import layout
 
 # The stack outputs, by their exported (camelCase) names, in export order.
 EXPORT_KEYS = ("bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri")
 # A stack of several placements also exports the placement controller's configuration (JSON).
-PLACEMENTS_EXPORT = "placements"
 PROJECT_EXPORT = "project"  # GCP only: the project the stack lives in, for the operator's gcloud
 
 # The URI scheme of each cloud's object store.
@@ -147,7 +147,7 @@ class StackOutputs(pulumi.ComponentResource):
                   self.watch_command, self.code_uri)
         out = dict(zip(EXPORT_KEYS, values, strict=True))
         if self.placements is not None:
-            out[PLACEMENTS_EXPORT] = self.placements
+            out[PLACEMENTS_OUTPUT] = self.placements
         if self.gcp_project is not None:
             out[PROJECT_EXPORT] = self.gcp_project
         return out

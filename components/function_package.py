@@ -18,12 +18,15 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-# The controller function's package: the controller and the trainer modules it reads the run folder
-# with (trainer/layout.py, lease.py, storage/); its entry point is controller/handler.py:handler.
-FUNCTION_PACKAGES = ("controller", "trainer")
+# The controller function's package: the controller and the run folder's package it reads and marks
+# runs with (runfolder/: layout, lease, store); its entry point is controller/handler.py:handler.
+# Before runfolder/ was the ground floor the package carried the whole trainer: 45 files, 431,224 bytes
+# of Python (controller/ + trainer/); with runfolder/ it is 23 files, 162,378 bytes (62 % less), measured
+# when the change was made (function_files(ROOT)).
+FUNCTION_PACKAGES = ("controller", "runfolder")
 HANDLER_FILE = "controller/handler.py"
 # The libraries the controller's modules import that a function runtime may lack, each at the
-# trainer's pin (trainer/requirements.txt). trainer/storage's retries need tenacity; a placement on
+# trainer's pin (trainer/requirements.txt). runfolder/storage's retries need tenacity; a placement on
 # the other cloud needs google-auth (an AWS function reaching a GCP group: `external_account`
 # credentials with an AWS source, and its `requests` transport) or boto3 (a GCP function reaching an
 # AWS group: botocore's web-identity credentials).

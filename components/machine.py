@@ -1,7 +1,7 @@
 """The training machine's own names: where the boot scripts keep their logs and state, the
 systemd units they run as, and the ports the trainer and Jupyter listen on.
 
-One definition, as ``trainer/layout.py`` is for the run folder. The user data
+One definition, as ``runfolder/layout.py`` is for the run folder. The user data
 (``components/userdata.py``), the group's firewall (``components/common.py``) and ``ops``
 (``ops/remote.py``: logs, the Jupyter tunnel) import these; the scripts in ``userdata/``
 cannot, so ``userdata/lib.sh`` holds a copy of each, which

@@ -16,5 +16,8 @@ PULUMI_YAML = ROOT / "Pulumi.yaml"
 PROGRAM = ROOT / "__main__.py"
 STACKS_DIR = ROOT / "stacks"
 TRAINER_DIR = ROOT / "trainer"
+RUNFOLDER_DIR = ROOT / "runfolder"
 USERDATA_DIR = ROOT / "userdata"
 BUILD_DIR = ROOT / "build"
+# The stack output holding the placement controller's configuration (JSON), which ops reads to move a run.
+PLACEMENTS_OUTPUT = "placements"

@@ -2,8 +2,8 @@
 
 The bucket is versioned. The trainer keeps the newest `run.keepCheckpoints` checkpoints and
 prunes older ones; a pruned checkpoint stays a noncurrent version until the bucket's checkpoint
-rule removes it (`trainer.layout.CHECKPOINT_NONCURRENT_DAYS`, see `components/*/bucket.py`).
-On GCS a file of `trainer.storage.gcs.PARALLEL_THRESHOLD` bytes or more goes up as parts
+rule removes it (`runfolder.layout.CHECKPOINT_NONCURRENT_DAYS`, see `components/*/bucket.py`).
+On GCS a file of `runfolder.storage.gcs.PARALLEL_THRESHOLD` bytes or more goes up as parts
 composed into one object, and the deleted parts are noncurrent versions too, so every such
 checkpoint written leaves its size again for the same window.
 
@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass
 
 from components.settings import Settings
-from trainer import layout
-from trainer.storage.gcs import PARALLEL_THRESHOLD
+from runfolder import layout
+from runfolder.storage.gcs import PARALLEL_THRESHOLD
 
 GIB = 1024**3
 # Without a measured size: a 1 GiB checkpoint (weights and optimizer state), a round figure to scale from.

@@ -18,7 +18,7 @@ identity (:mod:`controller.clouds`: a web identity role on AWS, an impersonated 
 through Workload Identity Federation on GCP).
 
 The package imports neither TensorFlow nor Pulumi nor ``ops``: a function needs only this
-package, ``trainer/layout.py``, ``trainer/lease.py`` and ``trainer/storage/`` (boto3, tenacity;
+package, ``runfolder/layout.py``, ``runfolder/lease.py`` and ``runfolder/storage/`` (boto3, tenacity;
 google-cloud-storage and google-auth for a GCS run or a GCP group; google-auth's
 ``external_account`` credentials for a GCP group from AWS, botocore's web identity credentials
 for an AWS group from GCP).

@@ -8,9 +8,9 @@
 
 Absent: placement 0 is active. Its writers are the controller's tick and ``ops move``, both
 through :mod:`controller.tick`, and every write is conditional on the version read
-(:meth:`trainer.storage.Store.put_bytes_if`: S3 ``If-None-Match: *`` / ``If-Match``, GCS
+(:meth:`runfolder.storage.Store.put_bytes_if`: S3 ``If-None-Match: *`` / ``If-Match``, GCS
 ``ifGenerationMatch``), as the run's lease is written: of two writers from the same version,
-the store accepts one and the other gets :class:`~trainer.storage.PreconditionFailed`.
+the store accepts one and the other gets :class:`~runfolder.storage.PreconditionFailed`.
 
 A move is recorded before it is carried out (``done: false``); whoever reads a move that is
 not done finishes it (every step is idempotent), then marks it done.
@@ -26,8 +26,8 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from trainer import layout
-from trainer.storage import NotFound, PreconditionFailed, Store, WriteConflict
+from runfolder import layout
+from runfolder.storage import NotFound, PreconditionFailed, Store, WriteConflict
 
 # A conditional write that met another write in flight (409) decided nothing: read and try again.
 CONFLICT_TRIES = 4

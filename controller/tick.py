@@ -26,9 +26,9 @@ from controller.clouds import CloudError
 from controller.config import Config, Placement
 from controller.decide import FINISH, MOVE, STAY, Decision, RunView, decide
 from controller.record import Record, epoch_of, iso
-from trainer import layout
-from trainer.lease import CLOCK_SKEW_S, LeaseRecord
-from trainer.storage import NotFound, PreconditionFailed, Store, open_store
+from runfolder import layout
+from runfolder.lease import CLOCK_SKEW_S, LeaseRecord
+from runfolder.storage import NotFound, PreconditionFailed, Store, open_store
 
 MOVED_BY_CONTROLLER = "controller"
 
@@ -82,7 +82,7 @@ def read_lease(store: Store) -> LeaseRecord | None:
 
 def lease_gone(store: Store, now: float) -> str | None:
     """None once no trainer can hold the run's lease (absent, released or expired, as
-    ``trainer/lease.py`` reads it); else who holds it and until when."""
+    ``runfolder/lease.py`` reads it); else who holds it and until when."""
     lease = read_lease(store)
     if lease is None or lease.released or lease.expires + CLOCK_SKEW_S < now:
         return None

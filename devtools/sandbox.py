@@ -68,7 +68,7 @@ def upload_boot_scripts(run) -> str:
     bucket = rest.split("/", 1)[0]
     from unittest import mock
 
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     # A store of its own, made with the run's variables over this process's: boto3's default session
     # keeps the first credentials it found, which a test's earlier server may have issued.

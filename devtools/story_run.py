@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from trainer import layout
+from runfolder import layout
+from runfolder.storage import open_store
 from trainer.events import EventLog
-from trainer.storage import open_store
 
 PRICE_NOTE = "spot estimate (dearest type), price table 2026-11-30"
 EAST, WEST = "aws us-east-1", "aws us-west-2"
@@ -57,7 +57,7 @@ class Story:
 
 def commit(store, work: Path, step: int) -> None:
     """A small checkpoint of ``step`` committed as the trainer commits one (files, then ``COMMITTED``)."""
-    from trainer.checkpoints import CheckpointStore
+    from trainer.checkpoint_store import CheckpointStore
 
     src = work / f"ckpt-src-{step}"
     src.mkdir(parents=True)
@@ -80,7 +80,7 @@ def clocked(clock: Clock) -> Iterator[None]:
 
 
 def _machine(store, machine: str, name: str, t: float, **fields) -> None:
-    from trainer.storage import NotFound
+    from runfolder.storage import NotFound
 
     key = layout.machine_events_key(machine)
     try:
@@ -193,7 +193,7 @@ def _story(uri: str, work: Path, clock: Clock, *, eval_every: int, steps: int, c
     _machine(store, "i-0ccc", layout.MACHINE_FINISH, end + 5, cloud="aws", outcome="COMPLETE")
     _tensorboard(store, losses)
     events = trainer.events.read_events(store)
-    from trainer import cost
+    from runfolder import cost
 
     best_step = steps - steps % eval_every if steps % eval_every else steps - eval_every
     doc = {"step": steps, "metrics": {"loss": losses[steps], "val_accuracy": 0.93, "val_loss": 0.1},

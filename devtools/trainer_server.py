@@ -247,8 +247,8 @@ def _warm_up() -> None:
     from trainer import __main__ as entry
 
     with entry.imports_kept(), entry.quiet_native_stderr():
-        import trainer.attempt  # noqa: F401
         import trainer.config  # noqa: F401
+        import trainer.loop_attempt  # noqa: F401
         import trainer.run_attempt  # noqa: F401
         import trainer.signals  # noqa: F401
     # `python -m trainer` runs trainer/__main__.py as `__main__` only, never imported as a module

@@ -21,7 +21,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.project import ROOT
+from components.project import PLACEMENTS_OUTPUT, ROOT
 
 PULUMI_TIMEOUT_S = 120
 GCLOUD_TIMEOUT_S = 120
@@ -261,7 +261,7 @@ def placement_group_state(stack: str, index: int) -> GroupState:
     move the run trains there, not in the stack's home group."""
     from controller.config import ConfigError, parse
 
-    value = _outputs_once(stack).get("placements")
+    value = _outputs_once(stack).get(PLACEMENTS_OUTPUT)
     try:
         config = parse(value if isinstance(value, str) else json.dumps(value))
         p = config.placements[index]

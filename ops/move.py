@@ -24,12 +24,12 @@ import socket
 import sys
 from pathlib import Path
 
+from components.project import PLACEMENTS_OUTPUT
 from ops.cli import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, OpsError, positive_float
 
 # The old lease's TTL, the clock skew allowed and a margin: a preempted trainer's lease (not
 # released) has expired by then.
 DEFAULT_WAIT_S = 90.0
-PLACEMENTS_OUTPUT = "placements"  # the stack output (components/common.py PLACEMENTS_EXPORT)
 
 
 def load_config(args: argparse.Namespace):
@@ -61,7 +61,7 @@ def cmd_move(args: argparse.Namespace) -> int:
     from controller.config import ConfigError
     from controller.tick import MoveError, move
     from ops import hosts
-    from trainer.storage import PreconditionFailed
+    from runfolder.storage import PreconditionFailed
 
     try:
         config = load_config(args)

@@ -65,8 +65,8 @@ def _targets(args: argparse.Namespace) -> list[Target]:
 
 
 def _logs_from_bucket(args: argparse.Namespace) -> int:
-    from trainer import layout
-    from trainer.storage import open_store
+    from runfolder import layout
+    from runfolder.storage import open_store
 
     if args.host:
         print("ops logs: --from-bucket reads the run's bucket: give --stack or --run-uri, not --host", file=sys.stderr)

@@ -1,6 +1,6 @@
 """`ops stop`, `ops runs` and `ops pull`: end a run early, list a bucket's runs, fetch a run's model.
 
-All three work on the run folders in the bucket only (names from ``trainer/layout.py``),
+All three work on the run folders in the bucket only (names from ``runfolder/layout.py``),
 so they need no machine and no SSH:
 
 - ``stop`` writes the run's ``STOP`` request. The trainer polls for it, commits a
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ops import runstate
 from ops.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK, OpsError, positive_float, run_uri
-from trainer import layout
+from runfolder import layout
 
 DEFAULT_WAIT_S = 900.0
 
@@ -76,7 +76,7 @@ def request_stop(run_uri: str, *, reason: str = "", store=None, now: float | Non
     Raises :class:`OpsError` for a run that has already ended or does not exist.
     """
     from ops import status
-    from trainer.storage import NotFound, open_store
+    from runfolder.storage import NotFound, open_store
 
     store = open_store(run_uri) if store is None else store
     st = status.read_status(run_uri, store=store, events=0, must_exist=True)
@@ -162,7 +162,7 @@ def list_runs(bucket_uri: str, *, now: float | None = None) -> list[dict]:
     """Every run under ``<bucket>/runs/``: id, uri, state, step, total, age_seconds, attempts, machine_hours,
     cost_usd, cost_note, detail; newest first."""
     from ops import status
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     now = time.time() if now is None else now
     store = open_store(bucket_uri)
@@ -225,7 +225,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def _download_prefix(store, prefix: str, dest: Path) -> int:
     """Every key under ``prefix`` to ``dest`` (folders made), all or nothing; returns the count."""
-    from trainer.storage import download_many
+    from runfolder.storage import download_many
 
     keys = store.list(prefix)
     if keys:
@@ -246,8 +246,8 @@ def pull(run_uri: str, dest: Path, *, checkpoint: bool = False, outputs: bool = 
     ``dest/checkpoints/ckpt-<step>`` with ``checkpoint``, a script's ``outputs/`` to
     ``dest/outputs`` with ``outputs``); returns what was fetched."""
     from ops import status
-    from trainer.checkpoints import CheckpointStore
-    from trainer.storage import open_store
+    from runfolder.checkpoints import committed_steps
+    from runfolder.storage import open_store
 
     store = open_store(run_uri) if store is None else store
     st = status.read_status(run_uri, store=store, events=0, must_exist=True)
@@ -257,7 +257,7 @@ def pull(run_uri: str, dest: Path, *, checkpoint: bool = False, outputs: bool = 
     if files:
         out["model"] = {"path": str(dest / layout.MODEL_PREFIX.rstrip("/")), "files": files}
     if checkpoint:
-        steps = CheckpointStore(store).committed_steps()
+        steps = committed_steps(store)
         if steps:
             rel = layout.checkpoint_dir(steps[-1])
             n = _download_prefix(store, rel + "/", dest / rel)

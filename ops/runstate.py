@@ -18,7 +18,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
-from trainer import layout
+from runfolder import layout
 
 NOT_STARTED = "NOT STARTED"
 RUNNING = "RUNNING"
@@ -112,7 +112,7 @@ class RunStatus:
     launch_failures: list[str] = field(default_factory=list)
     group_note: str = ""
     # Machine time (every attempt's start to its end, x nodes) and its cost at the price the
-    # stack gave the machines (trainer.cost); cost_note says what the price is (an estimate).
+    # stack gave the machines (runfolder.cost); cost_note says what the price is (an estimate).
     machine_hours: float | None = None
     cost_usd: float | None = None
     cost_note: str = ""
@@ -391,7 +391,7 @@ def _waiting_for_machines(st: RunStatus, log: list[dict], last_at: float | None)
 
 
 def _add_cost(st: RunStatus, log: list[dict], *, now: float | None = None, end: float | None = None) -> None:
-    from trainer import cost
+    from runfolder import cost
 
     total = cost.run_cost(log, now=now, end=end)
     if total is not None and total.cost_usd is None and is_local(st.run_uri):

@@ -1,6 +1,6 @@
 """`ops status`: where a training run stands, read from its folder in the bucket.
 
-Three parts, in this order: reading the run's contract files (`trainer/layout.py` names
+Three parts, in this order: reading the run's contract files (`runfolder/layout.py` names
 them) into ``RunFacts`` (``read_facts``); deciding the state from them, which is
 ``ops.runstate.classify`` (pure, and where the states and their rules are described);
 and showing it (``render``, ``--json``, ``--watch``).
@@ -47,8 +47,8 @@ from ops.runstate import (
     classify,
     duration,
 )
-from trainer import layout
-from trainer.events import read_jsonl
+from runfolder import layout
+from runfolder.events import read_jsonl
 
 # States a watch cannot wait out: the run ended, or needs someone to look at it (a stall
 # nothing explains) or to start it again (a local run).
@@ -85,16 +85,16 @@ def read_machine_events(store) -> list[dict]:
 def read_facts(store, run_uri: str) -> RunFacts:
     """What the run's folder holds, for :func:`ops.runstate.classify`: reads only, decides nothing.
 
-    Each small JSON document is read with ``trainer.storage.read_json``, as the trainer reads
+    Each small JSON document is read with ``runfolder.storage.read_json``, as the trainer reads
     them: absent is ``None``, present but unreadable is ``{}``.
     """
-    from trainer.checkpoints import CheckpointStore
-    from trainer.storage import read_json
+    from runfolder.checkpoints import committed_steps
+    from runfolder.storage import read_json
 
     trainer_events = read_jsonl(store, layout.EVENTS_KEY)
     machine_events = read_machine_events(store)
     progress = read_json(store, layout.PROGRESS_KEY)
-    steps = CheckpointStore(store).committed_steps()
+    steps = committed_steps(store)
     step = steps[-1] if steps else None
     marker = (read_json(store, layout.committed_key(step)) or {}) if step is not None else {}
     end_marker, end = None, None
@@ -116,7 +116,7 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
     ``must_exist``: raise :class:`NoRun` when nothing at all is stored at the URI (a URI
     given by hand; a stack's run may not have been written yet while its machine boots).
     """
-    from trainer.storage import open_store, read_json
+    from runfolder.storage import open_store, read_json
 
     now = time.time() if now is None else now
     store = open_store(run_uri) if store is None else store
@@ -331,7 +331,7 @@ def exit_code(st: RunStatus) -> int:
 def _watch(uri: str, args: argparse.Namespace, console) -> RunStatus:
     from rich.live import Live
 
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     store = open_store(uri)
     st = _snapshot(uri, args, store)

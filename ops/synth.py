@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from components import settings as config
-from components.project import PROGRAM, ROOT, STACKS_DIR
+from components.project import PLACEMENTS_OUTPUT, PROGRAM, ROOT, STACKS_DIR
 from ops.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from ops.fakes.aws import FAKE_ACCOUNT, FAKE_AMI, FAKE_VPC, LAUNCH_TEMPLATE
 from ops.fakes.common import DOCKER_IMAGE
@@ -105,7 +105,7 @@ def plan(result: Result, settings: config.Settings, *, ask_prices: bool = True) 
 
         rows = pricing.placement_costs(settings, checkpoint_bytes=checkpoints.checkpoint_bytes)
         # The names the program gave (a GCP placement of an AWS home is named as GCE names groups).
-        config = json.loads(result.outputs["placements"]) if result.outputs.get("placements") else None
+        config = json.loads(result.outputs[PLACEMENTS_OUTPUT]) if result.outputs.get(PLACEMENTS_OUTPUT) else None
         groups = [p["group"] for p in config["placements"]] if config else \
             [placement.group_name(str(result.outputs.get("groupName", "")), i) for i in range(len(rows))]
         size = storage.size_text(checkpoints.checkpoint_bytes) + (" assumed" if checkpoints.size_assumed else "")

@@ -1,7 +1,7 @@
 """`ops tensorboard`: a run's TensorBoard on this computer, read from the bucket, with no SSH.
 
 The trainer writes its event files on the machine and uploads them to the run's
-``tensorboard/`` folder (``trainer/layout.py``: ``TENSORBOARD_PREFIX``). TensorFlow 2.21 has no
+``tensorboard/`` folder (``runfolder/layout.py``: ``TENSORBOARD_PREFIX``). TensorFlow 2.21 has no
 ``s3://`` filesystem, so TensorBoard cannot read the bucket itself: this command keeps a
 local mirror of that folder fresh (a background thread, through the trainer's own store,
 so S3, GCS and ``file://`` runs behave the same) and serves TensorBoard on the mirror. The
@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ops.cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, OpsError, port_type, positive_float, run_uri
-from trainer import layout
+from runfolder import layout
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 6006
@@ -44,7 +44,7 @@ OWN_FLAGS = ("--logdir", "--logdir_spec", "--host", "--bind_all", "--port", "--d
 class Mirror:
     """A local copy of a run's ``tensorboard/`` folder that :meth:`sync` brings up to date.
 
-    ``store`` is the run's store (``trainer.storage.open_store(run_uri)``); ``dest`` the
+    ``store`` is the run's store (``runfolder.storage.open_store(run_uri)``); ``dest`` the
     local folder TensorBoard reads. Objects are compared by size and modification time
     (what the stores report); only new or changed ones are downloaded.
     """
@@ -172,7 +172,7 @@ def configure(mirror_dir: str | os.PathLike, port: int, extra: list[str]):
 def cmd_tensorboard(args: argparse.Namespace) -> int:
     """``ops tensorboard``: mirror the run's event files and serve TensorBoard on them until Ctrl-C."""
     from ops import hosts
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     try:
         uri = run_uri(args)

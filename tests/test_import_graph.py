@@ -1,7 +1,10 @@
-"""The project's modules import one another without a circle, function-local imports included.
+"""The project's modules import one another without a circle, and each floor imports only the floors below it.
 
 A circle (a imports b, b imports a, however deep inside a function) means neither module can be
 understood, tested or moved without the other; the layers stay a ladder only if none exists.
+The floors (docs/architecture.md draws them): runfolder/ at the bottom imports no project package;
+trainer/, controller/, components/ and ops/ stand on it, and the last three never import the
+trainer, except where LAYER_EXCEPTIONS says why. Function-local imports count too.
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("bench", "components", "controller", "devtools", "examples", "ops", "policy", "trainer", "userdata")
+PACKAGES = ("bench", "components", "controller", "devtools", "examples", "ops", "policy", "runfolder", "trainer",
+            "userdata")
 
 
 def _modules() -> dict[str, Path]:
@@ -87,10 +91,56 @@ def test_the_circle_finder_finds_a_planted_circle():
 def test_the_graph_sees_function_local_imports():
     graph = import_graph()
     assert "trainer.staging" in graph["trainer.data"]  # the stream stages its files
-    assert "trainer.storage" in graph["trainer.staging"]  # imported inside its functions
+    assert "runfolder.storage" in graph["trainer.staging"]  # imported inside its functions
 
 
 def test_no_project_module_imports_itself_back_through_others():
     found = circles(import_graph())
     assert found == [], "import circles (break each by moving the shared piece down a floor): " + "; ".join(
         " <-> ".join(group) for group in found)
+
+
+# Package -> the project packages it must never import.
+FORBIDDEN = {
+    "runfolder": set(PACKAGES) - {"runfolder"},
+    "components": {"trainer"},
+    "controller": {"trainer", "components", "ops"},
+    "ops": {"trainer"},
+}
+# (importer, imported) -> why this one import crosses the floors.
+LAYER_EXCEPTIONS = {
+    ("components.settings.common", "trainer.config"): "a stack's run options are checked with the trainer's own "
+                                                      "command-line parser, so the stack refuses what the trainer would",
+    ("components.settings.schema", "trainer.config"): "the stack's run block is the trainer's TrainConfig",
+    ("components.settings.usercode", "trainer.config"): "a run.command is checked as the trainer checks it",
+}
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The (importer, imported) pairs where a package imports a floor FORBIDDEN to it, not excepted."""
+    found = []
+    for name, deps in sorted(graph.items()):
+        forbidden = FORBIDDEN.get(name.split(".")[0], set())
+        found += [(name, dep) for dep in sorted(deps)
+                  if dep.split(".")[0] in forbidden and (name, dep) not in LAYER_EXCEPTIONS]
+    return found
+
+
+def test_the_layer_check_finds_a_planted_crossing():
+    graph = {"runfolder.layout": {"trainer.loop"}, "ops.status": {"runfolder.layout", "trainer.checkpoint_store"},
+             "components.settings.schema": {"trainer.config"}, "trainer.loop": {"runfolder.layout"}}
+    assert layer_violations(graph) == [("ops.status", "trainer.checkpoint_store"), ("runfolder.layout", "trainer.loop")]
+
+
+def test_each_floor_imports_only_the_floors_below_it():
+    graph = import_graph()
+    assert graph["controller.tick"] & {"runfolder.lease", "runfolder.storage"}  # the graph sees the ground floor
+    found = layer_violations(graph)
+    assert found == [], "imports across the floors (move the shared piece into runfolder/, or add a reasoned " \
+        "exception to LAYER_EXCEPTIONS): " + "; ".join(f"{a} -> {b}" for a, b in found)
+
+
+def test_every_layer_exception_is_still_an_import():
+    graph = import_graph()
+    stale = [pair for pair in LAYER_EXCEPTIONS if pair[1] not in graph.get(pair[0], set())]
+    assert stale == [], f"exceptions no module needs any more (remove them): {stale}"

@@ -125,7 +125,7 @@ def test_ops_runs_with_only_requirements_txt_installed(tmp_path):
 
 @pytest.mark.parametrize("run_root", ["s3", "gs"], indirect=True)
 def test_ops_reads_both_clouds_buckets_with_only_requirements_txt_installed(run_root):
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     allowed = top_level_modules(install_set(ROOT / "requirements.txt")) | OWN
     open_store(run_root.uri).put_bytes("progress.json", json.dumps(

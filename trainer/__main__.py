@@ -98,16 +98,16 @@ def main(argv: list[str] | None = None) -> int:
         return code
     with imports_kept():
         if cfg.verbose:
-            from trainer.attempt import train
+            from trainer.loop_attempt import train
         else:
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             with quiet_native_stderr():
-                from trainer.attempt import train
+                from trainer.loop_attempt import train
 
     return train(cfg, stop=stop, keep=HELD)
 
 
-# The `Attempt`, held until the process ends: see exit_now.
+# The `LoopAttempt`, held until the process ends: see exit_now.
 HELD: list = []
 
 

@@ -7,14 +7,14 @@ named in `TF_CONFIG`, inside its C++ runtime and holding Python's GIL (measured 
 before TensorFlow starts: `wait_for_peers` listens on this worker's own port and waits, up to
 `--startup-timeout`, until every peer's port answers (a peer's own wait, or TensorFlow's server
 once it has started). A peer that never answers makes the worker record a `failed` event naming
-the workers it waited for and exit `layout.EXIT_NO_CLUSTER` (75). A peer that answered and
+the workers it waited for and exit `exits.NO_CLUSTER` (75). A peer that answered and
 then never joined (it died, or it formed another cluster) would still hold the wait inside
 TensorFlow: `StartupWatchdog` records the event and ends the process where Python can run, and
 its `NativeDeadline` (a libc timer calling `_exit(75)`) ends it where Python cannot, unrecorded.
 
 Once training runs, a peer that dies is seen by TensorFlow's heartbeats (a killed process at
 once, a frozen one in about 10 s) and the next collective raises; `peer_loss` recognises that
-error, so the worker exits `layout.EXIT_PEER_LOST` (76): not this machine's failure.
+error, so the worker exits `exits.PEER_LOST` (76): not this machine's failure.
 
 Only the chief writes the run's `events.jsonl`. Another worker's `failed` event is recorded
 in its own object, `worker-events/<address>.jsonl` (`layout.worker_events_key`), which
@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from trainer import layout
+from runfolder import exits, layout
 
 # How long a dying worker may spend recording its `failed` event before it exits anyway.
 RECORD_TIMEOUT_S = 30.0
@@ -145,7 +145,7 @@ class StartupWatchdog:
     """
 
     def __init__(self, timeout: float, on_expire: Callable[[], None], *, native_grace: float | None = None,
-                 native_code: int = layout.EXIT_NO_CLUSTER):
+                 native_code: int = exits.NO_CLUSTER):
         self.timeout = timeout
         self.on_expire = on_expire
         self.native_grace = native_grace

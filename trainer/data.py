@@ -153,7 +153,7 @@ def stage(data_uri: str, data_dir: str | None = None) -> list[str]:
 
     Files already staged with the right size are not downloaded again.
     """
-    from trainer.storage import download_many, open_store
+    from runfolder.storage import download_many, open_store
 
     store = open_store(data_uri)
     keys = sorted(k for k in store.list("") if ".tfrecord" in os.path.basename(k))

@@ -34,7 +34,7 @@ import re
 
 import tensorflow as tf
 
-from trainer import layout
+from runfolder import layout
 
 __all__ = ["DATA_PREFIX", "DataState", "restore_iterator", "saved_state_prefix", "state_bytes"]
 

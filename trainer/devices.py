@@ -5,7 +5,7 @@ against) would otherwise train on its CPU while the stack pays GPU prices until 
 cap. With `--gpus-per-node N` (`TRAINSTACK_GPUS_PER_NODE`, set by the machine's boot from
 the stack's `compute.gpusPerNode`; unset locally, where nothing is checked) the trainer
 compares N with the devices TF lists and, when they differ, ends the attempt with one
-`failed` event whose reason says what was seen, and exit code `layout.EXIT_UNUSABLE`: the
+`failed` event whose reason says what was seen, and exit code `exits.UNUSABLE`: the
 machine's supervisor marks the run FAILED at once instead of retrying on the same machine.
 """
 

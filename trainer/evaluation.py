@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from runfolder import layout
 from trainer import data as data_mod
-from trainer import layout
-from trainer.checkpoints import CheckpointStore
+from trainer.checkpoint_store import CheckpointStore
 from trainer.config import TrainConfig
 from trainer.metrics import EVAL_WARN_SHARE, Evaluator, KeepBest, MetricError, MetricSet, validation_names
 from trainer.models import ModelSpec

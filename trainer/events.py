@@ -6,10 +6,9 @@ bytes), `preempted` (step), `finished` (step, metrics), `failed` (reason), `eval
 (step, validation metrics, examples, seconds; `trainer.metrics`), `eval_slow`, plus a few
 informational ones (`checkpoint_skipped`, `checkpoint_failed`, `upload_retry`, `complete`).
 Every event has `event`, `time` (UTC, ISO 8601) and `attempt` (1 for a run's first start).
-The names, keys and fields are the run folder's contract in `trainer.layout`.
+The names, keys and fields are the run folder's contract in `runfolder.layout`.
 
-Also here: what a run's events add up to across attempts (`seconds_lost`, and the attempt
-count through `layout.attempts`).
+Reading them back (and what they add up to across attempts) is `runfolder.events`.
 
 Writes to the bucket happen on one background thread in order, so a slow or failing
 object store never holds up a training step; `close()` waits for them. Writes that pile up
@@ -26,49 +25,9 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime
 
-from trainer import layout
-
-# Re-exported for readers that import them from here (ops/status.py); defined in layout.
-EVENTS_KEY = layout.EVENTS_KEY
-PROGRESS_KEY = layout.PROGRESS_KEY
-
-
-def utc_now() -> str:
-    """Current UTC time as ISO 8601 with milliseconds."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
-
-
-def parse_time(text: str) -> float:
-    """An event's `time` back to a POSIX timestamp."""
-    return datetime.fromisoformat(text).timestamp()
-
-
-def read_events(store) -> list[dict]:
-    """The run's events so far (an unreadable line is skipped: it cannot be trusted)."""
-    return read_jsonl(store, EVENTS_KEY)
-
-
-def read_jsonl(store, key: str) -> list[dict]:
-    """The JSON objects of a JSON-lines object of the run; a torn or foreign line is skipped."""
-    from trainer.storage import NotFound
-
-    try:
-        raw = store.get_bytes(key).decode("utf-8", "replace")
-    except NotFound:
-        return []
-    out = []
-    for line in raw.splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        # A line whose `event` is not a name is foreign too: every reader matches it against
-        # names (sets of them included, where a list or an object would raise).
-        if isinstance(ev, dict) and isinstance(ev.get(layout.EVENT, ""), str):
-            out.append(ev)
-    return out
+from runfolder import layout
+from runfolder.events import utc_now
 
 
 class EventLog:
@@ -112,7 +71,7 @@ class EventLog:
         with self._queue_lock:
             lines, self._lines = self._lines, []
         if lines:
-            self._safe(self.store.append_lines, EVENTS_KEY, lines)
+            self._safe(self.store.append_lines, layout.EVENTS_KEY, lines)
 
     def _console_print(self, ev: dict) -> None:
         skip = (layout.EVENT, layout.TIME, layout.ATTEMPT, "config")
@@ -178,7 +137,7 @@ class EventLog:
         with self._queue_lock:
             doc, self._progress_doc = self._progress_doc, None
         if doc is not None:
-            self._safe(self.store.put_bytes, PROGRESS_KEY, json.dumps(doc).encode())
+            self._safe(self.store.put_bytes, layout.PROGRESS_KEY, json.dumps(doc).encode())
 
     def background(self, fn) -> None:
         """Run `fn()` on the writer thread, after the writes already queued; not again while
@@ -239,41 +198,6 @@ class EventLog:
         self.flush(timeout)
         if self._pool is not None:
             self._pool.shutdown(wait=False)
-
-
-def seconds_lost(events: list[dict]) -> float:
-    """Time the run stood still because machines were taken: from each interrupted attempt's end to the next `resumed`.
-
-    An attempt is interrupted when it ends with `preempted`, with a `failed` event whose
-    `exit_code` says a peer was missing or lost (`layout.EXIT_NO_CLUSTER`, `EXIT_PEER_LOST`),
-    or with nothing at all: a machine reclaimed without notice (SIGKILL) writes no last
-    event, so the attempt's last event is the last moment it is known to have run.
-    A failure of the attempt's own (any other `failed`) is not preemption and not counted.
-    """
-    peer_codes = (layout.EXIT_NO_CLUSTER, layout.EXIT_PEER_LOST)
-    lost, since, last, ended, current = 0.0, None, None, True, None
-    for ev in events:
-        kind = ev.get(layout.EVENT)
-        try:
-            t = parse_time(ev[layout.TIME])
-        except (KeyError, TypeError, ValueError):
-            continue
-        attempt = ev.get(layout.ATTEMPT)
-        # A new attempt speaks (its `started`, or an event before it such as a start-up `failed`).
-        if kind == layout.STARTED or (attempt is not None and attempt != current):
-            if not ended and since is None and last is not None:
-                since = last  # the previous attempt stopped without a word: killed
-            ended, current = False, attempt
-        if kind == layout.PREEMPTED or (kind == layout.FAILED_EVENT and ev.get("exit_code") in peer_codes):
-            since = t if since is None else since
-            ended = True
-        elif kind in (layout.FINISHED, layout.FAILED_EVENT, layout.CANCELLED_EVENT):
-            ended = True
-        elif kind == layout.RESUMED and since is not None:
-            lost += max(0.0, t - since)
-            since = None
-        last = t
-    return round(lost, 3)
 
 
 def _jsonable(o):

@@ -4,7 +4,7 @@ The SavedModel is made with Keras 3 `model.export` (a `serve` signature that pre
 and uploaded whole before `COMPLETE` is written, so `COMPLETE` only ever names a run whose
 outputs are all there. `COMPLETE` holds the final step, metrics, examples seen, number of
 attempts, seconds lost to preemption, total seconds, the machine-hours and their cost
-(`trainer.cost`: every attempt x nodes x the price the stack gave) and the SavedModel's
+(`runfolder.cost`: every attempt x nodes x the price the stack gave) and the SavedModel's
 signature (its inputs and outputs by name, dtype and shape), read back from the exported model.
 """
 
@@ -14,8 +14,8 @@ import json
 import shutil
 from datetime import UTC, datetime
 
-from trainer import cost, layout
-from trainer.events import parse_time, seconds_lost
+from runfolder import cost, layout
+from runfolder.events import parse_time, seconds_lost
 
 
 def export_model(model, local_dir: str, store) -> int:

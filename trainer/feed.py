@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from runfolder import layout
 from trainer import data as data_mod
-from trainer import data_state, layout
-from trainer.checkpointer import STATE_FILE
+from trainer import data_state
 from trainer.config import TrainConfig
 from trainer.models import ModelSpec
+from trainer.tf_checkpoint import STATE_FILE
 
 
 @dataclass

@@ -28,7 +28,7 @@ Outside the trainer (no `TRAINSTACK_RUN_URI`) the script runs as it would withou
 is `./outputs`.
 
 Needs Keras, TensorFlow (the checkpoint format and the strategies) and the store code
-(`trainer.storage`, `trainer.checkpoints.CheckpointStore`); nothing else of the trainer.
+(`runfolder.storage`, `trainer.checkpoint_store.CheckpointStore`); nothing else of the trainer.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from runfolder.exits import PREEMPTED as EXIT_PREEMPTED
+from runfolder.exits import UNUSABLE as EXIT_UNUSABLE
+
 # `TF_USE_LEGACY_KERAS=1`: the script's `tf.keras` is Keras 2 (`tf_keras`), whose `fit` trains
 # under MultiWorkerMirroredStrategy; the callbacks must be of the Keras the model is.
 KERAS2 = os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true", "yes")
@@ -56,8 +59,7 @@ else:
 # Keras 3's fit fails under MultiWorkerMirroredStrategy (its PerReplica values reach the loss).
 KERAS3_MULTIWORKER = "keras-team/keras#20585"
 
-EXIT_PREEMPTED = 143
-EXIT_UNUSABLE = 78
+
 STATE_FILE = "state.json"
 CKPT_PREFIX = "ckpt"
 PROGRESS_EVERY_S = 10.0
@@ -130,8 +132,8 @@ def stage(uri: str) -> str:
     (TensorFlow 2.21 reads gs:// itself but has no s3:// filesystem: stage S3 data.)"""
     import hashlib
 
+    from runfolder.storage import download_many, open_store
     from trainer.config import normalize_uri
-    from trainer.storage import download_many, open_store
 
     uri = normalize_uri(uri)
     store = open_store(uri)
@@ -232,8 +234,8 @@ class Backup(keras.callbacks.Callback):
 
     def __init__(self, *, every_seconds: float | None = None, board: keras.callbacks.TensorBoard | None = None) -> None:
         super().__init__()
-        from trainer.checkpoints import CheckpointStore
-        from trainer.storage import open_store
+        from runfolder.storage import open_store
+        from trainer.checkpoint_store import CheckpointStore
 
         self.every_seconds = every_seconds
         self.board = board

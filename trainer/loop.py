@@ -7,10 +7,10 @@ all-reduced across workers so all act after the same step), and does what `train
 says is due between two calls: TensorBoard points and progress, a validation pass
 (`trainer.evaluation`; a new best by --keep-best is checkpointed at once and kept out of the
 pruning), a checkpoint (a snapshot written and uploaded in the background with one worker,
-in the loop with several: `trainer.checkpointer`, committed by `trainer.checkpoints`), the end.
+in the loop with several: `trainer.tf_checkpoint`, committed by `trainer.checkpoint_store`), the end.
 A stop request (SIGTERM, the run folder's STOP) ends the loop after its current call; the
 ending commits that step synchronously. The input at the run's position is `trainer.feed`'s;
-the attempt around the loop (lease, cluster, exit code, the run's endings) is `trainer.attempt`'s.
+the attempt around the loop (lease, cluster, exit code, the run's endings) is `trainer.loop_attempt`'s.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ from dataclasses import asdict, dataclass
 
 import tensorflow as tf
 
-from trainer import layout
+from runfolder import layout
 from trainer import summaries as summaries_mod
 from trainer.cadence import Cadence
-from trainer.checkpointer import Checkpointer
-from trainer.checkpoints import CheckpointStore
+from trainer.checkpoint_store import CheckpointStore
 from trainer.config import TrainConfig
 from trainer.evaluation import Validation
 from trainer.events import EventLog
@@ -33,6 +32,7 @@ from trainer.feed import open_feed
 from trainer.models import ModelSpec, seeded_model
 from trainer.signals import StopKeyPoller, StopRequest
 from trainer.step import CANCEL, CHECKPOINT, GO, STOP, make_train_step
+from trainer.tf_checkpoint import Checkpointer
 
 
 @dataclass
@@ -92,7 +92,7 @@ class TrainLoop:
 
     The loop trains, checkpoints and stops when its `Cadence` says (`trainer.cadence`), or on a
     signal or the run folder's STOP. What the attempt does around it (the lease, the cluster,
-    the exit code, the run's endings) is `trainer.attempt`'s.
+    the exit code, the run's endings) is `trainer.loop_attempt`'s.
     """
 
     def __init__(self, cfg: TrainConfig, *, store, ckstore: CheckpointStore, events: EventLog,
@@ -356,7 +356,7 @@ class TrainLoop:
         started = time.monotonic()
         st = self.state
         doc = {**asdict(st), "attempt": self.events.attempt, "seed": self.cfg.seed, "model": self.cfg.model}
-        # In the background the loop waits for the snapshot only (trainer.checkpointer): that is what this measures.
+        # In the background the loop waits for the snapshot only (trainer.tf_checkpoint): that is what this measures.
         committing = self.checkpointer.save(st.step, doc, sync=sync)
         self.summaries.scalars(st.step, {"checkpoint_save_s": time.monotonic() - started})
         if not committing:

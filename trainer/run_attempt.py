@@ -4,7 +4,7 @@
 STOP), the local work folder, the run's lease (the chief takes it), the first read (a run that
 already ended says so and exits 0), the turning of any exception into the exit code the boot
 scripts act on, and the end markers' documents (CANCELLED, COMPLETE). Two attempts build on
-it: `trainer.attempt.Attempt` (the loop, TensorFlow in this process) and
+it: `trainer.loop_attempt.LoopAttempt` (the loop, TensorFlow in this process) and
 `trainer.script.ScriptRun` (the user's command as a child; this process never imports
 TensorFlow, so neither does this module).
 """
@@ -18,12 +18,13 @@ import sys
 import tempfile
 import time
 
-from trainer import layout
+from runfolder import exits, layout
+from runfolder.events import read_events, utc_now
+from runfolder.lease import LeaseHeld, LeaseLost, RunLease
+from runfolder.storage import open_store, read_json
 from trainer.config import TrainConfig
-from trainer.events import EventLog, read_events, utc_now
-from trainer.lease import LeaseHeld, LeaseLost, RunLease
+from trainer.events import EventLog
 from trainer.signals import StopKeyPoller, StopRequest
-from trainer.storage import open_store, read_json
 
 
 class RunAttempt:
@@ -92,7 +93,7 @@ class RunAttempt:
         self.stop.install()
         try:
             if self._already_complete():
-                return layout.EXIT_OK
+                return exits.OK
             if self.lease is not None:
                 self.lease.acquire()
                 self.lease.start()
@@ -101,13 +102,13 @@ class RunAttempt:
         except (LeaseHeld, LeaseLost) as e:
             # Another machine trains this run: say so here, write nothing there.
             self.events.emit(layout.FAILED_EVENT, local_only=True, reason=str(e), step=self._step_now())
-            return layout.EXIT_LEASE_HELD
+            return exits.LEASE_HELD
         except Exception as e:  # noqa: BLE001 - any failure ends the attempt the same way
             code = self._failure(e)
             if code is not None:
                 return code
             self.emit(layout.FAILED_EVENT, reason=f"{type(e).__name__}: {e}", step=self._step_now())
-            return layout.EXIT_FAILED
+            return exits.FAILED
         finally:
             self._cleanup()
             if self.lease is not None:
@@ -196,13 +197,13 @@ def ended_before_start(cfg: TrainConfig, *, complete_message, stream=None) -> in
         history = read_events(store)
     except Exception as e:  # noqa: BLE001 - the attempt could not start either: the same line, the same code
         _say_not_started(e, out)
-        return layout.EXIT_FAILED
+        return exits.FAILED
     try:
         ended = report_ended(store, attempt=1 + layout.attempts(history), stream=out,
                              complete_message=complete_message)
     except Exception:  # noqa: BLE001 - the attempt's own read says what went wrong, in its events
         return None
-    return layout.EXIT_OK if ended else None
+    return exits.OK if ended else None
 
 
 def _say_not_started(error: Exception, out) -> None:

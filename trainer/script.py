@@ -43,9 +43,9 @@ import threading
 import time
 from pathlib import Path
 
-from trainer import layout
+from runfolder import exits, layout
+from runfolder.lease import LeaseLost
 from trainer.config import TrainConfig, as_dict
-from trainer.lease import LeaseLost
 from trainer.run_attempt import RunAttempt, start
 from trainer.signals import StopRequest
 
@@ -202,7 +202,7 @@ class ScriptRun(RunAttempt):
         os.makedirs(outputs)
         kept = self.store.stat(layout.OUTPUTS_PREFIX)
         if kept:
-            from trainer.storage import download_many
+            from runfolder.storage import download_many
 
             paths = {k: os.path.join(outputs, k[len(layout.OUTPUTS_PREFIX):]) for k in kept}
             download_many(self.store, paths, skip_existing=False)
@@ -261,7 +261,7 @@ class ScriptRun(RunAttempt):
             # whole process group: the child may exit 143 before this loop forwards anything).
             cancelled = self.stop_key.requested and not self.stop.requested
             signalled_at = time.monotonic()
-        stopped = (rc == layout.EXIT_PREEMPTED or (signalled_at is not None and rc in (
+        stopped = (rc == exits.PREEMPTED or (signalled_at is not None and rc in (
             -signal.SIGTERM, -signal.SIGINT, -signal.SIGKILL)))
         if stopped and cancelled:
             return self._cancel()
@@ -271,27 +271,27 @@ class ScriptRun(RunAttempt):
                       signal=self.stop.signal_name or "STOP",
                       seconds=round(time.monotonic() - signalled_at, 3) if signalled_at is not None else None,
                       examples_seen=self.examples_seen, exit_code=rc)
-            return layout.EXIT_PREEMPTED
-        if rc in (layout.EXIT_PEER_LOST, layout.EXIT_NO_CLUSTER):
+            return exits.PREEMPTED
+        if rc in (exits.PEER_LOST, exits.NO_CLUSTER):
             # trainer.fit's ending when a worker of the cluster was lost: not this machine's failure.
             self.emit(layout.FAILED_EVENT, reason=f"the command {list(cfg.command)!r} lost its cluster (exit {rc})",
                       step=self.step, exit_code=rc)
             return rc
         if rc == 0 and not self.chief:
-            return layout.EXIT_OK  # the chief uploads the model and writes COMPLETE
+            return exits.OK  # the chief uploads the model and writes COMPLETE
         if rc == 0:
             return self._finish()
         reason = f"the command {list(cfg.command)!r} exited with {rc}" + (
             " (killed by a signal)" if rc < 0 else "")
         self.emit(layout.FAILED_EVENT, reason=reason, step=self.step, exit_code=rc)
-        return layout.EXIT_UNUSABLE if rc == layout.EXIT_UNUSABLE else layout.EXIT_FAILED
+        return exits.UNUSABLE if rc == exits.UNUSABLE else exits.FAILED
 
     def _committed_step(self) -> int:
         """Where the run stands: this attempt's last commit, else the newest in the bucket (a
         command stopped before its first commit, e.g. during its start-up)."""
         if self.committed is not None:
             return self.committed
-        from trainer.checkpoints import CheckpointStore
+        from trainer.checkpoint_store import CheckpointStore
 
         steps = CheckpointStore(self.store).committed_steps()
         return steps[-1] if steps else 0
@@ -305,7 +305,7 @@ class ScriptRun(RunAttempt):
 
     def _cancel(self) -> int:
         if not self.chief:
-            return layout.EXIT_OK  # the chief writes CANCELLED
+            return exits.OK  # the chief writes CANCELLED
         self.events.flush()
         reason = self.stop_key.reason or "stop requested (STOP in the run folder)"
         step = self._committed_step()
@@ -314,7 +314,7 @@ class ScriptRun(RunAttempt):
         self.events.flush()
         self.lease.fence()
         self._write_cancelled(step, reason, self.examples_seen)
-        return layout.EXIT_OK
+        return exits.OK
 
     def _models_elsewhere(self) -> list[str]:
         """Models the command saved outside its model folder (a `*.keras`/`*.h5` file, a SavedModel's
@@ -380,7 +380,7 @@ class ScriptRun(RunAttempt):
         self.lease.fence()
         self._write_complete(step=self.step, metrics=metrics, examples_seen=self.examples_seen, signature=signature,
                              model_files=files, model_note=model_note)
-        return layout.EXIT_OK
+        return exits.OK
 
 
 def cluster_role() -> tuple[int, bool]:
@@ -452,4 +452,4 @@ def child_command(command) -> list[str]:
 def run_script(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None) -> int:
     """Run one script-mode attempt of the run `cfg` describes; returns the exit code."""
     run = start(ScriptRun, cfg, stream=stream, stop=stop)
-    return layout.EXIT_FAILED if run is None else run.run()
+    return exits.FAILED if run is None else run.run()

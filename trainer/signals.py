@@ -15,7 +15,7 @@ import json
 import signal
 import threading
 
-from trainer import layout
+from runfolder import layout
 
 STOP_POLL_SECONDS = 10.0
 
@@ -90,7 +90,7 @@ class StopKeyPoller:
         return self
 
     def _poll(self) -> None:
-        from trainer.storage import NotFound
+        from runfolder.storage import NotFound
 
         while not self._done.is_set():
             try:

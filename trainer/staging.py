@@ -11,7 +11,7 @@ the file; a download that fails (after the store's retries) fails the run with t
 
 The stream needs the data set's record count only to place a resumed run in its epoch. It
 comes from an index in the stack's own bucket, beside the package cache:
-`cache/data/<digest>.json` (`trainer.layout.data_index_key`), one entry per file (name, size,
+`cache/data/<digest>.json` (`runfolder.layout.data_index_key`), one entry per file (name, size,
 records). The digest covers the data URI and every file's name, size and modification time,
 so a changed data set has another index; the document is checked against the listing's names
 and sizes all the same, and one that does not match is ignored (counted again, never
@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlparse
 
-from trainer import layout
+from runfolder import layout
 
 DOWNLOAD_WORKERS = 8
 INDEX_VERSION = 1
@@ -141,7 +141,7 @@ class Staging:
     def __init__(self, data_uri: str, data_dir: str | None, *, run_uri: str, wait_s: float,
                  emit: Callable[..., object] | None = None, workers: int = DOWNLOAD_WORKERS,
                  min_records: int = 1) -> None:
-        from trainer.storage import open_store
+        from runfolder.storage import open_store
 
         self.data_uri, self.wait_s, self.min_records = data_uri, wait_s, min_records
         self._emit = emit
@@ -175,7 +175,7 @@ class Staging:
     # -- the index --
 
     def _read_index(self) -> dict[str, int] | None:
-        from trainer.storage import NotFound
+        from runfolder.storage import NotFound
 
         try:
             raw, self._index_version = self._index_store.get_versioned(self.index_key)
@@ -195,7 +195,7 @@ class Staging:
         return counts
 
     def _write_index(self) -> None:
-        from trainer.storage import PreconditionFailed
+        from runfolder.storage import PreconditionFailed
 
         doc = {"version": INDEX_VERSION, "data_uri": self.data_uri,
                "files": [{"name": k, "size": self.sizes[k], "records": self.counts[k]} for k in self.keys]}

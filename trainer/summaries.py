@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from trainer import layout
+from runfolder import layout
 
 
 class Summaries:

@@ -25,7 +25,7 @@ WORKER_PORT_DEFAULT=2222
 NOTICE_FILE="$RUNTIME_DIR/notice-pending"
 
 # ---- the run folder's names ----
-# trainer/layout.py is their one definition; the scripts cannot import it, so
+# runfolder/layout.py is their one definition; the scripts cannot import it, so
 # tests/userdata/test_layout_names.py sources this file and compares every value below
 # with it, and checks that no script spells a run-folder name by hand.
 CACHE_PREFIX="cache/"
@@ -56,7 +56,7 @@ REBALANCE="rebalance"
 MACHINE_FINISH="finish"
 MACHINE_SCALE_FAILED="scale_failed"
 WAITING_FOR_MACHINES="waiting_for_machines"
-# The trainer's exit codes.
+# The trainer's exit codes (runfolder/exits.py).
 EXIT_OK=0
 EXIT_FAILED=1
 EXIT_NO_CLUSTER=75

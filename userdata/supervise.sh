@@ -163,7 +163,7 @@ write_container_env() {
     printf '%s=%s\n' "$key" "${!key}" >>"$CONTAINER_ENV"
   done < <(sed -n 's/^\([A-Z_][A-Z0-9_]*\)=.*/\1/p' "$ENV_FILE")
   printf 'TRAINSTACK_DATA_DIR=/data/stage\nTRAINSTACK_WORK_DIR=/data/work\n' >>"$CONTAINER_ENV"
-  # The trainer names this machine in the run's lease (trainer/lease.py).
+  # The trainer names this machine in the run's lease (runfolder/lease.py).
   printf 'TRAINSTACK_MACHINE_ID=%s\n' "$(instance_id 2>/dev/null || hostname)" >>"$CONTAINER_ENV"
 }
 

@@ -16,7 +16,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components.common import ABORT_UPLOAD_DAYS, adopted_bucket
-from trainer import layout
+from runfolder import layout
 
 
 @dataclass(kw_only=True)
@@ -46,7 +46,7 @@ def lifecycle_rules(noncurrent_days: int) -> list[aws.s3.BucketLifecycleConfigur
     rules overlap, the earliest expiration is taken, so the 1-day rule wins for checkpoints.
     Lifecycle filters are a prefix or tags, not wildcards: runs/<id>/checkpoints/ cannot be a
     prefix, so the rule filters on the tag the trainer puts on every checkpoint object
-    (`trainer.layout.CHECKPOINT_TAG_KEY`; tags are kept per version).
+    (`runfolder.layout.CHECKPOINT_TAG_KEY`; tags are kept per version).
     """
     everything = aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix="")
     return [

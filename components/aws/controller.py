@@ -17,7 +17,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components import placement, project
-from trainer import layout
+from runfolder import layout
 
 # The function's package is components/placement.py's FUNCTION_PACKAGES and the libraries Lambda's
 # python3.12 runtime lacks (it brings boto3): tenacity, and google-auth with its dependencies only

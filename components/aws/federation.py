@@ -17,7 +17,7 @@ notices are GCP's, reached with its own service account.
 
 `ControllerRole` is the same trust the other way round: a GCP home's controller function (its service
 account's ID tokens for `controller_audience`) reaching the stack's AWS placements' groups
-(`controller.policy.aws_group_policy`: read them, size them up to the run's nodes), nothing in S3.
+(`controller.grants.aws_group_policy`: read them, size them up to the run's nodes), nothing in S3.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components.aws.identity import bucket_statements
-from controller.policy import aws_group_policy
+from controller.grants import aws_group_policy
 
 # The issuer of Google's ID tokens, as AWS names the federated principal.
 GOOGLE = "accounts.google.com"

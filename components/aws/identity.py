@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
-from trainer import layout
+from runfolder import layout
 
 # What the machine may do to its group: set it to zero (and nothing else, see the conditions).
 SCALE_ACTIONS = ["autoscaling:UpdateAutoScalingGroup"]
@@ -132,7 +132,7 @@ def bucket_statements(*, partition: pulumi.Input[str], bucket_arn: pulumi.Input[
     """What a machine may do in S3: this run's prefix of the bucket, the trainer code, the package cache and
     the data sets (read only). The machines' role holds these and more; a placement's federated role
     (components/aws/federation.py) exactly these."""
-    # runs/<run_id>/ and below: the run folder of trainer/layout.py. Listing is granted for the
+    # runs/<run_id>/ and below: the run folder of runfolder/layout.py. Listing is granted for the
     # prefix with its slash only: a bare runs/<run_id> would also list a sibling runs/<run_id>0/.
     run_prefix = layout.run_prefix(run_id).rstrip("/")
     statements: list[dict] = [

@@ -16,7 +16,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components.common import ABORT_UPLOAD_DAYS, adopted_bucket
-from trainer import layout
+from runfolder import layout
 
 
 @dataclass(kw_only=True)
@@ -48,7 +48,7 @@ def lifecycle_rules(noncurrent_days: int) -> list[gcp.storage.BucketLifecycleRul
     Custom-Time the same way, world-federation-of-advertisers/cross-media-measurement#3467 adds
     an age rule for objects without one, which such a rule never reaches). Name conditions match a prefix or suffix of the whole name, and
     runs/<id>/checkpoints/ is neither, so the rule matches the Custom-Time the trainer sets on
-    every checkpoint object and upload part (`trainer.layout`), and nothing else sets one.
+    every checkpoint object and upload part (`runfolder.layout`), and nothing else sets one.
     Both at 1 day: a pruned checkpoint stays restorable a day, then stops billing (soft delete is
     off, see the bucket). 0 days is not sent by the provider (a documented Terraform bug).
     """

@@ -21,7 +21,8 @@ import pulumi_random as random
 from components import placement, project
 from components.gcp.identity import groups_condition, prefix_condition
 from components.gcp.naming import custom_role_id
-from trainer import layout
+from controller.config import ENV_VAR
+from runfolder import layout
 
 # The function's package: components/placement.py's FUNCTION_PACKAGES, and the two files Cloud
 # Functions' Python build wants at the root (main.py names the entry point).
@@ -253,7 +254,7 @@ class PlacementController(pulumi.ComponentResource):
             ),
             service_config=gcp.cloudfunctionsv2.FunctionServiceConfigArgs(
                 service_account_email=account.email,
-                environment_variables={"TRAINSTACK_PLACEMENTS": args.config},
+                environment_variables={ENV_VAR: args.config},
                 timeout_seconds=TIMEOUT_S,
                 available_memory=MEMORY,
                 min_instance_count=0,

@@ -21,7 +21,7 @@ import pulumi_gcp as gcp
 import pulumi_random as random
 
 from components.gcp.naming import ROLE_SUFFIX_BYTES, custom_role_id, split_gs_uri
-from trainer import layout
+from runfolder import layout
 
 # What the machine's finish step needs to set its own group's size to zero. GCE's IAM
 # cannot look at the size a resize asks for (no request attributes in its conditions), so

@@ -17,7 +17,7 @@ at 127.0.0.1 gets 403). A damaged line or a missing file is a note on the page; 
 cannot be read at all says why, with status 503 for the bucket or 404 for an unknown run,
 never a 500 (a run the page cannot draw says so, with 503, and the other pages still work).
 
-``data.py`` reads (through ``ops.status`` / ``ops.runstate`` / ``trainer.cost``);
+``data.py`` reads (through ``ops.status`` / ``ops.runstate`` / ``runfolder.cost``);
 ``render.py`` writes the HTML and its SVG charts.
 """
 
@@ -131,7 +131,7 @@ def make_server(dashboard: Dashboard, port: int) -> ThreadingHTTPServer:
 def bucket_of(uri: str) -> str:
     """The bucket a ``--bucket-uri`` names: the bucket itself, or its ``runs/`` folder (``file://./runs``, where
     the README's demo writes ``runs/demo``), which is taken as its bucket."""
-    from trainer import layout
+    from runfolder import layout
 
     uri = uri.rstrip("/")
     folder = "/" + layout.RUNS_PREFIX.rstrip("/")
@@ -142,7 +142,7 @@ def bucket_of(uri: str) -> str:
 def cmd_dashboard(args: argparse.Namespace) -> int:
     """``ops dashboard``: serve the bucket's runs on 127.0.0.1 until Ctrl-C."""
     from ops import hosts, runs
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     try:
         bucket = args.bucket_uri.rstrip("/") if args.bucket_uri else runs.bucket_uri_of(

@@ -3,7 +3,7 @@
 Nothing here reads a run folder on its own: the runs are the folders ``ops runs`` lists
 (``ops.runs.run_folders``), each read with ``ops status``'s reader (``ops.status.read_facts``)
 and classified by ``ops.runstate.classify``; machine time and cost come from
-``trainer.cost``, the code ``ops status`` and the trainer's ``COMPLETE`` use, so the figures
+``runfolder.cost``, the code ``ops status`` and the trainer's ``COMPLETE`` use, so the figures
 are the same. What is added is what a page needs beyond a status: the attempts as spans on a
 time axis, the marks on it, the curves, the cost as it grew, and notes for what could not be
 read (a damaged line, a missing file) so that a page never fails because of one.
@@ -15,8 +15,8 @@ import struct
 from dataclasses import dataclass, field
 
 from ops import runs, runstate, status
-from trainer import cost, layout
-from trainer.storage import NotFound, read_json
+from runfolder import cost, layout
+from runfolder.storage import NotFound, read_json
 
 # Events drawn on the timeline as marks (the others are in the event count only).
 MARKS = (layout.SPOT_NOTICE, layout.PREEMPTED, layout.FAILED_EVENT, layout.MOVED, layout.CANCELLED_EVENT,

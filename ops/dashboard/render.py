@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 from ops import runstate, status
 from ops.dashboard.data import Row, RunPage
-from trainer import layout
+from runfolder import layout
 
 STATE_COLOURS = {
     runstate.NOT_STARTED: "#888", runstate.RUNNING: "#0a7ea4", runstate.STALLED: "#a0279a",

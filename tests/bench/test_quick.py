@@ -1,7 +1,7 @@
 """`python -m bench --quick` on tiny sizes: the command keeps working as the trainer changes under it.
 
-The probe wraps functions of `trainer.attempt` and `trainer.loop`, and the stall bench drives
-`trainer.checkpointer` and `trainer.checkpoints` directly; a rename there fails this test
+The probe wraps functions of `trainer.loop_attempt` and `trainer.loop`, and the stall bench drives
+`trainer.tf_checkpoint` and `trainer.checkpoint_store` directly; a rename there fails this test
 rather than the lead's next full bench run. The sections it skips (the seed script, several
 workers) use only the trainer's CLI.
 """

@@ -49,10 +49,10 @@ import yaml
 from components.settings import load_settings
 from components.storage import storage_plan
 from components.userdata import ENV_FILE
+from runfolder import exits, layout
 from tests.fixtures.fake_cloud import Engine, FakeCloud, Refused
 from tests.trainer.helpers import Trainer, trainer_env
 from tests.userdata.helpers import wait_for
-from trainer import layout
 
 pytestmark = pytest.mark.slow
 
@@ -110,12 +110,12 @@ class Month:
             if self.ended(env):
                 self.finish(env)  # supervise.sh: a run that has ended costs only the listing
                 continue
-            rc = self.train(env, preempt=len([c for c in codes if c == layout.EXIT_PREEMPTED]) < preemptions)
+            rc = self.train(env, preempt=len([c for c in codes if c == exits.PREEMPTED]) < preemptions)
             codes.append(rc)
-            if rc == layout.EXIT_PREEMPTED:
+            if rc == exits.PREEMPTED:
                 self.cloud.preempt(group)
                 continue
-            assert rc == layout.EXIT_OK, f"run {run_id}: the trainer exited {rc}"
+            assert rc == exits.OK, f"run {run_id}: the trainer exited {rc}"
             self.finish(env)
         raise AssertionError(f"group {group} still has {self.cloud.groups.get(group)} machine(s) after {codes}")
 
@@ -164,7 +164,7 @@ class Month:
             assert start < int(held_step()) < RUN["steps"], (start, held_step())
             t.signal(signal.SIGTERM)
         rc = t.wait(timeout=240)
-        assert rc in (layout.EXIT_OK, layout.EXIT_PREEMPTED), t.stderr[-3000:]
+        assert rc in (exits.OK, exits.PREEMPTED), t.stderr[-3000:]
         return rc
 
     def finish(self, env: dict) -> None:

@@ -26,7 +26,7 @@ from components.machine import ENV_FILE
 from components.project import USERDATA_DIR
 from components.settings import load_stack_file
 from controller import config as controller_config
-from controller.policy import aws_group_policy
+from controller.grants import aws_group_policy
 from ops import synth
 from ops.fakes.common import fake_hex
 

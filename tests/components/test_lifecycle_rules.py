@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from runfolder import layout
 from tests.components.aws import helpers as aws_helpers
 from tests.components.gcp import helpers as gcp_helpers
 from tests.fixtures import lifecycle
-from trainer import layout
 
 NAME = "runs/exp-7/checkpoints/ckpt-100/ckpt.data-00000-of-00001"
 T0 = datetime(2026, 1, 1, 8, 0, tzinfo=UTC)

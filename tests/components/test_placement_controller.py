@@ -23,8 +23,8 @@ from components import placement, project
 from components.settings import load_settings
 from controller.config import ENV_VAR as CONFIG_ENV
 from ops import synth
+from runfolder import layout
 from tests.components.test_placements import HOME_GROUP, RAW, REGIONS
-from trainer import layout
 
 FUNCTION = {"aws": "aws:lambda/function:Function", "gcp": "gcp:cloudfunctionsv2/function:Function"}
 SCHEDULE = {"aws": "aws:scheduler/schedule:Schedule", "gcp": "gcp:cloudscheduler/job:Job"}
@@ -52,20 +52,20 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
     assert [p["region"] for p in config["placements"]] == REGIONS[cloud]
     assert config["wait_minutes"] == s.placement.wait_minutes and config["nodes"] == 1
     # The same document is the stack's `placements` output, where `ops move --stack` and `ops status` read it.
-    from components.common import PLACEMENTS_EXPORT
-    from ops.move import PLACEMENTS_OUTPUT
+    from components.project import PLACEMENTS_OUTPUT
 
-    assert PLACEMENTS_OUTPUT == PLACEMENTS_EXPORT and json.loads(r.outputs[PLACEMENTS_OUTPUT]) == config
+    assert json.loads(r.outputs[PLACEMENTS_OUTPUT]) == config
     (schedule,) = [x for x in r.of_type(SCHEDULE[cloud]) if x["parent"] == "trainstack-controller"]
     if cloud == "aws":
         assert (fn["inputs"]["runtime"], fn["inputs"]["handler"]) == ("python3.12", "controller.handler.handler")
         assert schedule["inputs"]["scheduleExpression"] == "rate(1 minute)"
         assert schedule["inputs"]["target"]["arn"].endswith(f":function:{fn['inputs']['name']}")
         files = fn["inputs"]["code"]["assetArchive"]
-        assert "trainer/layout.py" in files and "trainer/lease.py" in files
+        assert "runfolder/layout.py" in files and "runfolder/lease.py" in files
         libraries = placement.library_files(federation=False)  # every placement on AWS
+        assert not [name for name in files if name.startswith("trainer/")]  # the trainer stays on the machines
         assert "tenacity/retry.py" in libraries
-        assert all(name in libraries or name.startswith(("controller/", "trainer/")) and name.endswith(".py")
+        assert all(name in libraries or name.startswith(("controller/", "runfolder/")) and name.endswith(".py")
                    for name in files)
         assert set(libraries) <= set(files)
     else:
@@ -159,8 +159,8 @@ def test_the_aws_function_reads_the_run_writes_only_its_record_and_sizes_only_th
 
 
 def test_the_aws_function_policy_is_the_controllers_own_when_both_are_here():
-    """Where the controller's own policy (controller/policy.py) is in the tree, the stack grants exactly it."""
-    policy = pytest.importorskip("controller.policy")
+    """Where the controller's own policy (controller/grants.py) is in the tree, the stack grants exactly it."""
+    policy = pytest.importorskip("controller.grants")
     r = synthesized("aws")
     mine = _policy(r, "trainstack-controller-policy")
     theirs = policy.aws_policy(bucket=r.outputs["bucketName"], run_id="exp-7", nodes=1, account_id=synth.FAKE_ACCOUNT,
@@ -201,7 +201,7 @@ import os
 
 def handler(event=None, context=None):
     return {"placements": len(json.loads(os.environ["TRAINSTACK_PLACEMENTS"])["placements"]),
-            "layout": __import__("trainer.layout", fromlist=["x"]).PLACEMENT_KEY}
+            "layout": __import__("runfolder.layout", fromlist=["x"]).PLACEMENT_KEY}
 '''
 
 
@@ -226,6 +226,8 @@ def test_the_package_holds_what_the_handler_imports(cloud, tmp_path, monkeypatch
     # Compiled files differ from machine to machine: never part of the package (the function would change).
     (root / "controller" / "__pycache__").mkdir()
     (root / "controller" / "__pycache__" / "handler.cpython-311.pyc").write_bytes(b"\0")
+    shutil.copytree(project.RUNFOLDER_DIR, root / "runfolder", ignore=shutil.ignore_patterns("__pycache__"))
+    # The trainer beside them is not the controller's: the package leaves it out.
     shutil.copytree(project.TRAINER_DIR, root / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(project, "ROOT", root)
     if cloud == "aws":
@@ -236,7 +238,8 @@ def test_the_package_holds_what_the_handler_imports(cloud, tmp_path, monkeypatch
         archive, module, function = controller.function_source(), "main", controller.ENTRY_POINT
         assert archive.assets["requirements.txt"].text.splitlines() == [
             controller.GCS_REQUIREMENT, *placement.library_pins()] and placement.library_pins() == ["tenacity==9.2.1", "google-auth==2.63.0"]
-    assert {"controller/__init__.py", "controller/handler.py", "trainer/layout.py"} <= set(archive.assets)
+    assert {"controller/__init__.py", "controller/handler.py", "runfolder/layout.py"} <= set(archive.assets)
+    assert not [name for name in archive.assets if name.startswith("trainer/")]
     assert not [name for name in archive.assets if "__pycache__" in name or name.endswith(".pyc")]
     task = tmp_path / "task"
     task.mkdir()
@@ -262,8 +265,8 @@ def test_the_real_package_runs_a_tick_in_lambdas_runtime(tmp_path, s3_run):
 
     from components.aws import controller
     from devtools.sandbox import make_group
+    from runfolder.storage import open_store
     from tests.userdata.helpers import group_size
-    from trainer.storage import open_store
 
     task, runtime = tmp_path / "task", tmp_path / "runtime"
     task.mkdir()

@@ -171,12 +171,13 @@ def test_the_function_files_are_the_packages_python_only(tmp_path):
     (tmp_path / "controller" / "__pycache__").mkdir(parents=True)
     (tmp_path / "controller" / "handler.py").write_text("")
     (tmp_path / "controller" / "__pycache__" / "handler.cpython-311.pyc").write_text("")
-    (tmp_path / "trainer" / "storage").mkdir(parents=True)
-    (tmp_path / "trainer" / "storage" / "s3.py").write_text("")
-    (tmp_path / "trainer" / "Dockerfile").write_text("")
+    (tmp_path / "runfolder" / "storage").mkdir(parents=True)
+    (tmp_path / "runfolder" / "storage" / "s3.py").write_text("")
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "loop.py").write_text("")  # the trainer is not the controller's
     (tmp_path / "ops").mkdir()
     (tmp_path / "ops" / "move.py").write_text("")
-    assert list(placement.function_files(tmp_path)) == ["controller/handler.py", "trainer/storage/s3.py"]
+    assert list(placement.function_files(tmp_path)) == ["controller/handler.py", "runfolder/storage/s3.py"]
 
 
 def test_group_names_and_the_settings_of_a_placement():

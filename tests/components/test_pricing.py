@@ -292,10 +292,10 @@ def test_synth_plan_prints_each_placements_checkpoint_writes():
 
 def test_the_cost_so_far_counts_checkpoint_writes_for_the_time_spent_away_from_home():
     """The machines' recorded price carries their placement's checkpoint writes (spread over the machines), so
-    `ops status`'s cost so far (trainer.cost) counts them for exactly the hours the run trained there."""
+    `ops status`'s cost so far (runfolder.cost) counts them for exactly the hours the run trained there."""
     from components import placement
     from components.userdata import price_env
-    from trainer import cost
+    from runfolder import cost
 
     s = load_settings({**GCP_FROM_AWS_HOME, "compute": {"nodes": 2}}, stack="moves")
     envs = [price_env(placement.settings_at(s, i)) for i in range(3)]

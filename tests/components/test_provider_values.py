@@ -1,4 +1,4 @@
-"""The provider-value check (issue 9's guard): every input every stack sets is one the
+"""The provider-value check: every input every stack sets is one the
 provider SDK documents as allowed, wherever the SDK documents a closed list or an enum.
 
 Runs over every stack file in stacks/ and a few variants that reach the optional

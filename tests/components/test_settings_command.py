@@ -57,7 +57,7 @@ def test_bad_commands_are_one_line_naming_the_key(run, compute, key, words):
     assert e.value.key == key and words in msg and "\n" not in msg, msg
 
 
-# -- a user model with its own data (issue 22, section 3) --
+# -- a user model with its own data --
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_the_stack_accepts_an_own_data_model_and_refuses_a_records_one():
     assert e.value.key == "run.dataUri" and "is required" in str(e.value)
 
 
-# -- metrics and evaluation (issue 22, section 2) --
+# -- metrics and evaluation --
 
 def test_validation_eval_and_keep_best_reach_the_trainer_as_it_reads_them():
     s = _settings({"dataUri": "s3://data/train/", "validationDataUri": "s3://data/validation/",

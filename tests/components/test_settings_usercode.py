@@ -113,7 +113,7 @@ def test_synth_exits_2_with_one_line_and_writes_nothing(tmp_path, run, words):
     assert not out.exists()
 
 
-# -- each refusal's whole line, and what passes (mutation testing, issue 25) --
+# -- each refusal's whole line, and what passes (mutation testing) --
 
 
 def _refusal(project: Path, code: str | None, model: str, **kw) -> ConfigError:

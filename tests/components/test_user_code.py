@@ -49,7 +49,8 @@ def test_archive_holds_trainer_and_user_folder_and_is_stable(tmp_path):
     first = pack(user_code=user)
     names = _names(first)
     assert [n for n in names if n.startswith("usercode/")] == ["usercode/labels.json", "usercode/pkg/model.py"]
-    assert "trainer/__main__.py" in names and names == [*sorted(n for n in names if n.startswith("trainer/")),
+    assert "trainer/__main__.py" in names and names == [*sorted(n for n in names if n.startswith("runfolder/")),
+                                                        *sorted(n for n in names if n.startswith("trainer/")),
                                                         "usercode/labels.json", "usercode/pkg/model.py"]
     assert pack(user_code=user) == first  # unchanged folder: same bytes, same key, no upload
     (user / "pkg" / "model.py").write_text("def build(): return 1\n")

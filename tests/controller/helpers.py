@@ -13,8 +13,8 @@ from controller import record as records
 from controller.config import Config, parse
 from controller.record import iso
 from controller.tick import tick
-from trainer import layout
-from trainer.lease import LeaseRecord
+from runfolder import layout
+from runfolder.lease import LeaseRecord
 
 REGIONS = ("us-east-1", "us-west-2")
 

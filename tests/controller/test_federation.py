@@ -35,11 +35,11 @@ from controller.decide import MOVE, STAY
 from controller.tick import tick
 from devtools.fault_proxy import FaultProxy
 from devtools.servers import AWS_VARS
+from runfolder.storage import open_store
 from tests.controller.federation import GoogleSide, Pool, WebIdentityGate, claims
 from tests.controller.helpers import make_group, moved_events, race, trained
 from tests.fixtures.gce_groups import GceGroups
 from tests.fixtures.no_capacity import NoCapacity, insufficient_capacity
-from trainer.storage import open_store
 
 pytestmark = pytest.mark.slow
 

@@ -80,8 +80,8 @@ def test_transient_answers_are_retried_with_backoff_and_a_verdict_is_not(gce):
 def test_a_gcs_run_moves_between_two_gcp_regions_when_one_stocks_out(gce, gs_run_enforced):
     from controller.clouds import Clouds
     from controller.tick import tick
+    from runfolder.storage import open_store
     from tests.controller.helpers import moved_events, trained
-    from trainer.storage import open_store
 
     gce.add("ts-gpu-1", 0, region="europe-west4")
     gce.stockout("ts-gpu", "us-central1-a")

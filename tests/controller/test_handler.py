@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from runfolder.storage import open_store
 from tests.controller.helpers import make_group, sizes, trained
-from trainer.storage import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 # Refuses what an AWS function does not have (TensorFlow, Pulumi, the CLI, Google's libraries), then

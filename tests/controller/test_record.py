@@ -6,7 +6,7 @@ import pytest
 
 from controller import record as records
 from controller.record import Record
-from trainer.storage import PreconditionFailed, open_store
+from runfolder.storage import PreconditionFailed, open_store
 
 
 @pytest.mark.parametrize(("data", "named"), [

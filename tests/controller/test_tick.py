@@ -12,10 +12,10 @@ from controller import record as records
 from controller.clouds import AwsGroups, CloudError, Clouds
 from controller.decide import MOVE, STAY
 from controller.tick import MoveError, move, tick
+from runfolder import layout
+from runfolder.storage import open_store
 from tests.controller.helpers import FakeGroups, moved_events, race, sizes, trained
 from tests.fixtures.no_capacity import insufficient_capacity
-from trainer import layout
-from trainer.storage import open_store
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The placement controller's identity, enforced: its real calls, as a role holding `controller.policy.aws_policy`.
+"""The placement controller's identity, enforced: its real calls, as a role holding `controller.grants.aws_policy`.
 
 The role is made in moto, assumed through STS, and the controller's own code runs with the
 session's keys through the authorization layer (tests/fixtures/iam_cloud.py), which evaluates
@@ -20,13 +20,13 @@ import pytest
 
 from controller.clouds import AwsGroups, Clouds
 from controller.config import Config
-from controller.policy import READ_GROUP_ACTIONS, SIZE_GROUP_ACTIONS, aws_policy
+from controller.grants import READ_GROUP_ACTIONS, SIZE_GROUP_ACTIONS, aws_policy
 from controller.tick import move, tick
+from runfolder import layout
+from runfolder.storage import open_store
 from tests.controller.helpers import aws_config, moved_events, trained
 from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IMAGE, IamCloud
 from tests.iam.policy_eval import Decision
-from trainer import layout
-from trainer.storage import open_store
 
 pytestmark = pytest.mark.slow
 
@@ -188,7 +188,7 @@ def test_a_gcp_home_controller_reaches_its_aws_placement_as_its_role_only(contro
     from google.auth.compute_engine import _metadata
 
     from controller.config import Placement
-    from controller.policy import aws_group_policy
+    from controller.grants import aws_group_policy
     from devtools.fault_proxy import FaultProxy
     from tests.controller.federation import GoogleSide, WebIdentityGate
 

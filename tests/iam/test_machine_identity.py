@@ -33,11 +33,11 @@ import pytest
 
 from components.code import boot_key, pack_boot_scripts
 from devtools import cli_server
+from runfolder import layout
+from runfolder.storage import NotFound, open_store
 from tests.components.aws import helpers as aws_helpers
 from tests.fixtures.iam_cloud import ACCOUNT, ADMIN_USER, IMAGE, IamCloud
 from tests.iam.policy_eval import Decision
-from trainer import layout
-from trainer.storage import NotFound, open_store
 
 pytestmark = pytest.mark.slow
 
@@ -234,7 +234,7 @@ def test_checkpoint_uploads_need_the_tagging_grant(on_machine: Machine, tmp_path
 def test_the_run_lease_works_as_the_role(on_machine: Machine) -> None:
     """The lease's conditional writes (If-None-Match / If-Match on PutObject) need no grant beyond
     s3:PutObject and s3:GetObject under the run: taken, refused to a second holder, released."""
-    from trainer.lease import LeaseHeld, RunLease
+    from runfolder.lease import LeaseHeld, RunLease
 
     store = open_store(on_machine.outputs["runUri"])
     first = RunLease(store, holder="machine-a/1", ttl_s=20, poll_s=0.1, wait_s=0.3)

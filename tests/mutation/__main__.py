@@ -52,21 +52,21 @@ class Target:
 
 TARGETS: dict[str, Target] = {
     "layout": Target(
-        ["trainer/layout.py"],
-        ["tests/trainer/test_layout.py", "tests/trainer/test_keys_properties.py",
+        ["runfolder/layout.py"],
+        ["tests/runfolder/test_layout.py", "tests/trainer/test_keys_properties.py",
          "tests/trainer/test_end_marker_properties.py", "tests/userdata/test_layout_names.py"]),
     "checkpoints": Target(
-        ["trainer/checkpoints.py"],
-        ["tests/trainer/test_checkpoint_rules.py", "tests/trainer/test_checkpoints.py",
+        ["trainer/checkpoint_store.py", "runfolder/checkpoints.py"],
+        ["tests/trainer/test_checkpoint_rules.py", "tests/trainer/test_checkpoint_store.py",
          "tests/trainer/test_checkpoint_retention.py"]),
     "lease": Target(
-        ["trainer/lease.py"], ["tests/trainer/test_lease_rules.py", "tests/trainer/test_lease.py"],
+        ["runfolder/lease.py"], ["tests/runfolder/test_lease_rules.py", "tests/trainer/test_lease.py"],
         # Real-time twins of test_lease_rules.py's injected-clock cases (seconds each).
         select="not held_lease_is_waited_for and not nobody_renews_is_taken_over"),
     "storage": Target(
-        ["trainer/storage/keys.py", "trainer/storage/retry.py"],
-        ["tests/trainer/test_keys_properties.py", "tests/trainer/test_storage.py",
-         "tests/trainer/test_storage_retry.py", "tests/trainer/test_storage_keys.py"]),
+        ["runfolder/storage/keys.py", "runfolder/storage/retry.py"],
+        ["tests/trainer/test_keys_properties.py", "tests/runfolder/test_storage.py",
+         "tests/runfolder/test_storage_retry.py", "tests/runfolder/test_storage_keys.py"]),
     "settings": Target(
         ["components/settings/*.py"],
         ["tests/components/test_settings.py", "tests/components/test_settings_strict.py",

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from devtools.story_run import Story, story
+from runfolder.storage import open_store
 from tests.ops.test_status import build
-from trainer.storage import open_store
 
 # build() kinds the bucket holds besides the story, with the state each shows.
 BUILT = {"resumed": "RUNNING", "failed": "FAILED", "complete": "COMPLETE"}

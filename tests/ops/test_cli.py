@@ -80,7 +80,7 @@ def test_the_project_root_is_the_folder_with_pulumi_yaml():
     from components import project
 
     assert project.PULUMI_YAML.is_file() and project.PROGRAM.is_file() and project.STACKS_DIR.is_dir()
-    assert (project.USERDATA_DIR / "lib.sh").is_file() and (project.TRAINER_DIR / "layout.py").is_file()
+    assert (project.USERDATA_DIR / "lib.sh").is_file() and (project.RUNFOLDER_DIR / "layout.py").is_file()
 
 
 @pytest.mark.parametrize(("kind", "text", "value", "error"), [

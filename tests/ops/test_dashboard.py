@@ -21,10 +21,10 @@ import pytest
 
 from ops.__main__ import main
 from ops.dashboard import Dashboard, bucket_of, data, make_server
+from runfolder import layout
+from runfolder.storage import open_store
 from tests.ops import dashboard_scenarios as scenarios
 from tests.ops.helpers import ctrl_c_reaches_it
-from trainer import layout
-from trainer.storage import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -233,7 +233,7 @@ def test_the_pages_need_only_what_requirements_txt_installs(bucket):
 
     uri, _states = bucket
     allowed = top_level_modules(install_set(ROOT / "requirements.txt")) | OWN
-    page = ("from ops.dashboard import Dashboard\nfrom trainer.storage import open_store\n"
+    page = ("from ops.dashboard import Dashboard\nfrom runfolder.storage import open_store\n"
             "code, body = Dashboard(sys.argv[2], open_store(sys.argv[2])).respond('/run/night')\n"
             "print(code, body.count('class=\"point\"'))\n")
     script = GUARD.replace("from ops.__main__ import main\nsys.exit(main(sys.argv[2:]))\n", page)

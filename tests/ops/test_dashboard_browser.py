@@ -22,8 +22,8 @@ import pytest
 
 from ops.__main__ import main
 from ops.dashboard import Dashboard, make_server
+from runfolder.storage import open_store
 from tests.ops import dashboard_scenarios as scenarios
-from trainer.storage import open_store
 
 pytestmark = pytest.mark.slow
 CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"

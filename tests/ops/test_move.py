@@ -16,12 +16,12 @@ from controller import record as records
 from controller.clouds import COMPUTE_ENDPOINT_ENV
 from ops import status
 from ops.__main__ import main
+from runfolder.storage import open_store
 from tests.controller.federation import GoogleSide
 from tests.controller.helpers import moved_events, sizes, trained
 from tests.fixtures.gce_groups import GceGroups
 from tests.fixtures.no_capacity import placements  # noqa: F401 - a fixture, found by name
 from tests.ops.test_status import fake_pulumi
-from trainer.storage import open_store
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -132,7 +132,7 @@ def test_run_with_a_terminal_gives_plain_newlines_across_reads(sshd, ssh_home):
 
 def test_logs_from_bucket_prints_every_uploaded_file(file_run, capsysbinary):
     from ops.__main__ import main
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     store = open_store(file_run.uri)
     store.put_bytes("logs/i-0abc/journal.log", b"a1\na2\na3\n")

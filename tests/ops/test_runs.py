@@ -17,10 +17,10 @@ import pytest
 
 from ops import runs, runstate
 from ops.__main__ import main
+from runfolder import layout
+from runfolder.storage import open_store
+from runfolder.storage.keys import file_root
 from tests.ops.test_status import build, commit, fake_pulumi
-from trainer import layout
-from trainer.storage import open_store
-from trainer.storage.keys import file_root
 
 
 def _bucket_of(run_uri: str) -> str:

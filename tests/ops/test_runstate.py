@@ -12,7 +12,7 @@ import pytest
 
 from ops import runstate
 from ops.runstate import RunFacts, classify
-from trainer import layout
+from runfolder import layout
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC).timestamp()
 S3 = "s3://bucket/runs/r"

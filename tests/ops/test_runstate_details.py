@@ -13,8 +13,8 @@ import pytest
 
 from ops import runstate
 from ops.runstate import RunFacts, classify
+from runfolder import layout
 from tests.ops.test_runstate import LOCAL, NOW, S3, at, ev  # the same fixed clock and event builder
-from trainer import layout
 
 
 def started(ago: float, price=None, note="", workers=1, attempt=1, **config) -> dict:

@@ -23,10 +23,10 @@ import pytest
 
 from ops import runstate, status
 from ops.__main__ import main
-from trainer import layout
-from trainer.checkpoints import CheckpointStore
+from runfolder import layout
+from runfolder.storage import open_store
+from trainer.checkpoint_store import CheckpointStore
 from trainer.events import EventLog
-from trainer.storage import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 STATES = ["not_started", "running", "preempted", "resumed", "complete", "failed", "timed_out"]  # build() kinds
@@ -51,7 +51,7 @@ def progress_of(store, attempt: int, step: int, total: int, loss: float, rate: f
 
 def machine_event(store, name: str, machine: str = "i-0abc", **fields) -> None:
     """One line appended to the machine's own object, as lib.sh's `event` leaves it."""
-    from trainer.storage import NotFound
+    from runfolder.storage import NotFound
 
     key = layout.machine_events_key(machine)
     try:

@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 import pytest
 
 from ops import status
-from trainer import layout
-from trainer.storage import open_store
+from runfolder import layout
+from runfolder.storage import open_store
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC).timestamp()
 HOURS_AGO_3 = 3 * 3600.0

@@ -22,9 +22,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ops import status
-from trainer import layout
-from trainer.checkpoints import CheckpointStore
-from trainer.storage import FileStore
+from runfolder import layout
+from runfolder.storage import FileStore
+from trainer.checkpoint_store import CheckpointStore
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC).timestamp()
 

@@ -22,9 +22,9 @@ import pytest
 from devtools.servers import free_port
 from ops import tensorboard as tb
 from ops.__main__ import main
+from runfolder import layout
+from runfolder.storage import open_store
 from tests.ops.helpers import ctrl_c_reaches_it
-from trainer import layout
-from trainer.storage import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 TB = layout.TENSORBOARD_PREFIX
@@ -85,7 +85,7 @@ def test_a_key_that_would_leave_the_mirror_is_skipped(tmp_path):
         def stat(self, prefix):
             from datetime import UTC, datetime
 
-            from trainer.storage import ObjectInfo
+            from runfolder.storage import ObjectInfo
             return {f"{prefix}../escape": ObjectInfo(1, datetime.now(UTC)),
                     f"{prefix}ok.tfevents": ObjectInfo(1, datetime.now(UTC))}
 

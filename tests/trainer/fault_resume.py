@@ -1,4 +1,4 @@
-"""Driver for the exact-resume-under-faults test (issue 14): many stopped-and-resumed runs in one process.
+"""Driver for the exact-resume-under-faults test: many stopped-and-resumed runs in one process.
 
 Run as `python -m tests.trainer.fault_resume --endpoint URL --rates 0.25,0.5 --tries 10 --out FILE`
 (TensorFlow loads once; a subprocess per attempt would cost seconds each). It trains one
@@ -80,7 +80,7 @@ def _fast_client_retries() -> None:
 
     standard.ExponentialBackoff._get_base_scale = lambda self, context: 0.002
     adaptive.ClientRateLimiter.on_sending_request = lambda self, request, **kwargs: None
-    from trainer.storage import retry
+    from runfolder.storage import retry
 
     retry.BACKOFF_INITIAL_S = 0.005
 
@@ -94,7 +94,8 @@ def _attempt(uri: str, steps: int, stop_at: int | None = None) -> tuple[int, lis
     """
     import keras
 
-    from trainer import attempt, cadence
+    from trainer import cadence
+    from trainer import loop_attempt as attempt
     from trainer.config import load_config
     from trainer.signals import StopRequest
 
@@ -128,8 +129,8 @@ def _jitter_probe(uri: str, steps: int) -> tuple[int, list[dict]]:
     """
     import keras
 
+    from runfolder.storage import FileStore
     from trainer import models
-    from trainer.storage import FileStore
 
     seeded, drew = threading.Event(), threading.Event()
     real_seed, real_build, real_append = keras.utils.set_random_seed, models.build_model, FileStore.append_lines
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     with imports_kept():
         import keras  # noqa: F401
 
-        from trainer import attempt, loop  # noqa: F401
+        from trainer import loop_attempt as attempt  # noqa: F401
     _fast_client_retries()
     _skip_export()
     _shared_synthetic_data()

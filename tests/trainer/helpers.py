@@ -115,8 +115,8 @@ class Trainer:
 
 def store_events(uri: str) -> list[dict]:
     """The run's events.jsonl as stored."""
-    from trainer.events import read_events
-    from trainer.storage import open_store
+    from runfolder.events import read_events
+    from runfolder.storage import open_store
 
     return read_events(open_store(uri))
 
@@ -125,7 +125,7 @@ def committed_weights(uri: str, step: int, dest: Path) -> dict:
     """Model variables of the committed checkpoint `step` of a run, by checkpoint key."""
     import tensorflow as tf
 
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     store = open_store(uri)
     prefix = f"checkpoints/ckpt-{step}/"

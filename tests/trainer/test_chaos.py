@@ -31,7 +31,7 @@ def reference(tmp_path_factory):
     uri = f"file://{root}/runs/ref"
     rc, events, err = run_trainer(uri, *ARGS)
     assert rc == 0, err[-3000:]
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     done = json.loads(open_store(uri).get_bytes("COMPLETE"))
     return committed_weights(uri, STEPS, root / "weights"), done
@@ -67,7 +67,7 @@ def test_stopped_run_matches_uninterrupted(kills, s3_run, reference, tmp_path):
     rc, events, err = run_trainer(s3_run.uri, *ARGS, env=env)
     assert rc == 0, err[-3000:]
     assert codes == [143 if k == "TERM" else -9 for k in order]
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     done = json.loads(open_store(s3_run.uri).get_bytes("COMPLETE"))
     ref_weights, ref_done = reference

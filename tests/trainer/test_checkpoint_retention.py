@@ -26,12 +26,12 @@ import pytest
 
 from components import storage as storage_plan_mod
 from components.settings import load_settings
+from runfolder import layout
+from runfolder.storage import open_store
 from tests.components.aws import helpers as aws_helpers
 from tests.components.gcp import helpers as gcp_helpers
 from tests.fixtures import lifecycle
-from trainer import layout
-from trainer.checkpoints import CheckpointStore
-from trainer.storage import open_store
+from trainer.checkpoint_store import CheckpointStore
 
 pytestmark = pytest.mark.slow
 
@@ -135,7 +135,7 @@ def _is_checkpoint(run_prefix: str, name: str) -> bool:
 @pytest.mark.parametrize("run_root", ["s3", "gs"], indirect=True)
 def test_pruned_checkpoints_stop_billing_within_two_days_and_the_rest_keeps_its_window(run_root, tmp_path,
                                                                                       monkeypatch):
-    from trainer.storage import gcs
+    from runfolder.storage import gcs
 
     cloud = run_root.uri.split("://", 1)[0]
     # GCS: the variables' file goes up as parallel parts (deleted after compose: noncurrent too).

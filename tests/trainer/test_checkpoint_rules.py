@@ -1,4 +1,4 @@
-"""The checkpoint commit protocol's rules on a local run (trainer/checkpoints.py), one at a time:
+"""The checkpoint commit protocol's rules on a local run (trainer/checkpoint_store.py), one at a time:
 what it refuses, what a marker holds, why a checkpoint is skipped, how the lease fences it,
 what pruning keeps, and which retries are reported. The stores' own behaviour, the TensorFlow
 round trip and the background races are in test_checkpoints.py.
@@ -14,10 +14,10 @@ import threading
 
 import pytest
 
-from trainer import layout
-from trainer.checkpoints import CheckpointError, CheckpointStore
-from trainer.lease import LeaseLost
-from trainer.storage import open_store
+from runfolder import layout
+from runfolder.lease import LeaseLost
+from runfolder.storage import open_store
+from trainer.checkpoint_store import CheckpointError, CheckpointStore
 
 
 @pytest.fixture
@@ -515,7 +515,7 @@ def test_a_commit_after_a_background_one_finished(store, tmp_path):
 def test_transfers_run_on_at_most_upload_workers_named_threads(store, tmp_path, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
-    from trainer import checkpoints
+    from trainer import checkpoint_store as checkpoints
 
     pools = []
 
@@ -637,7 +637,7 @@ class _Monotonic:
 
 
 def test_a_commit_reports_its_seconds_to_the_millisecond(store, tmp_path, monkeypatch):
-    from trainer import checkpoints
+    from trainer import checkpoint_store as checkpoints
 
     ckpts = CheckpointStore(store)
     local = _dir(tmp_path, "c", {"d": b"x"})

@@ -15,10 +15,11 @@ import time
 import pytest
 
 from devtools.servers import free_ports
+from runfolder import exits, layout
+from runfolder.events import read_jsonl
+from runfolder.storage import open_store
 from tests.trainer.helpers import Trainer, store_events, trainer_env
-from trainer import cluster, layout
-from trainer.events import read_jsonl
-from trainer.storage import open_store
+from trainer import cluster
 
 
 def _tf_config(workers: list[str], index: int) -> str:
@@ -144,7 +145,7 @@ def test_a_worker_whose_peer_never_starts_exits_75_within_the_timeout_and_says_w
     finally:
         _kill_all(procs)
     elapsed = time.monotonic() - started
-    assert codes == [layout.EXIT_NO_CLUSTER] * 2, [p.stderr[-2000:] for p in procs]
+    assert codes == [exits.NO_CLUSTER] * 2, [p.stderr[-2000:] for p in procs]
     # TF's import and start-up come first (~10 s here); the wait itself is the timeout.
     assert timeout <= elapsed < timeout + 90
     chief, other = procs
@@ -180,7 +181,7 @@ def test_a_stop_signal_while_waiting_for_peers_ends_the_wait_at_once_with_143(fi
         rc = proc.wait(timeout=60)
     finally:
         _kill_all([proc])
-    assert rc == layout.EXIT_PREEMPTED, proc.stderr[-2000:]
+    assert rc == exits.PREEMPTED, proc.stderr[-2000:]
     (pre,) = [e for e in proc.events if e["event"] == "preempted"]
     assert pre["step"] == 0 and pre["signal"] == "SIGTERM"
 
@@ -200,7 +201,7 @@ def test_a_peer_that_answers_but_never_joins_still_ends_the_wait_with_75(file_ru
             rc = chief.wait(timeout=240)
         finally:
             _kill_all([chief])
-    assert rc == layout.EXIT_NO_CLUSTER, chief.stderr[-2000:]
+    assert rc == exits.NO_CLUSTER, chief.stderr[-2000:]
     assert 5 + 45 <= time.monotonic() - started < 5 + 45 + 90
     assert not any(e["event"] == "started" for e in chief.events)
 
@@ -219,7 +220,7 @@ def test_a_peer_killed_mid_training_ends_the_survivor_with_76_not_a_hang(file_ru
         waited = time.monotonic() - killed
     finally:
         _kill_all(procs)
-    assert rc == layout.EXIT_PEER_LOST, survivor.stderr[-3000:]
+    assert rc == exits.PEER_LOST, survivor.stderr[-3000:]
     assert waited < 60
     failed = [e for e in survivor.events if e["event"] == "failed"]
     assert len(failed) == 1 and failed[0]["exit_code"] == 76

@@ -15,8 +15,9 @@ import textwrap
 
 import pytest
 
+from runfolder import layout
 from tests.trainer.helpers import Trainer, committed_weights, kinds, max_abs_diff, run_trainer, trainer_env
-from trainer import data_state, layout
+from trainer import data_state
 
 USER_MODULE = textwrap.dedent('''
     """A user's model with its own make_dataset: shuffle + map + batch, as many pipelines are."""
@@ -93,7 +94,7 @@ def _stop_after(uri: str, args: list[str], env: dict, step: int) -> tuple[int, l
 
 
 def _state(uri: str, step: int) -> dict:
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     return json.loads(open_store(uri).get_bytes(f"checkpoints/ckpt-{step}/state.json"))
 
@@ -130,8 +131,8 @@ def _shuffled_weights(reference: str, tmp_path, code, steps: int) -> dict:
 
 
 def _committed(reference: str) -> list[int]:
-    from trainer.checkpoints import CheckpointStore
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
+    from trainer.checkpoint_store import CheckpointStore
 
     return CheckpointStore(open_store(reference)).committed_steps()
 
@@ -154,7 +155,7 @@ def test_sigterm_then_resume_restores_the_pipeline_and_matches_the_uninterrupted
     saved = _state(s3_run.uri, stopped)["data_state"]
     assert saved["skip"] == 0 and saved["bytes"] > 0, saved
     # The state's files are part of the committed checkpoint: listed (and hashed) in its marker.
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     marker = json.loads(open_store(s3_run.uri).get_bytes(layout.committed_key(stopped)))
     assert {"data.index", "data.data-00000-of-00001"} <= set(marker["files"]), marker["files"]

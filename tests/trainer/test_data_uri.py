@@ -16,8 +16,8 @@ pytestmark = pytest.mark.slow
 def test_trains_from_tfrecords_in_the_bucket_and_restages_nothing(run_root, tmp_path):
     import tensorflow as tf
 
+    from runfolder.storage import open_store
     from trainer import data
-    from trainer.storage import open_store
 
     # Two record files and a stray file, uploaded next to the run.
     data_uri = run_root.uri.rsplit("/runs/", 1)[0] + "/datasets/mnist"
@@ -92,9 +92,10 @@ def _lm_files(folder, n_files=16, per_file=2000):
 def test_a_streamed_run_trains_before_its_last_file_and_resumes_to_the_staged_runs_weights(faulty_s3, tmp_path):
     """The data downloads through a slow link while the run trains; stopped and resumed on a fresh disk from the
     bucket's index, it ends with the weights of a run whose files were all on disk before its first step."""
+    from runfolder import exits, layout
+    from runfolder.storage import open_store
     from tests.trainer.helpers import Trainer, committed_weights, max_abs_diff
-    from trainer import data, layout
-    from trainer.storage import open_store
+    from trainer import data
 
     files = _lm_files(tmp_path / "local")
     data_uri = f"s3://{faulty_s3.bucket}/datasets/lm"
@@ -122,7 +123,7 @@ def test_a_streamed_run_trains_before_its_last_file_and_resumes_to_the_staged_ru
     # Stopped after its first checkpoint; the stream waits for the last files meanwhile.
     first.wait_event(layout.CHECKPOINT, timeout=240)
     first.signal()
-    assert first.wait(timeout=240) == layout.EXIT_PREEMPTED, first.stderr[-3000:]
+    assert first.wait(timeout=240) == exits.PREEMPTED, first.stderr[-3000:]
     (stopped,) = [e["step"] for e in first.events if e["event"] == layout.PREEMPTED]
     staged = [e for e in first.events if e["event"] == layout.DATA_STAGED]
     assert [(e["downloaded"], e["counted"], e["index"]) for e in staged] == [(16, 16, "written")]

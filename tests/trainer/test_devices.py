@@ -1,4 +1,4 @@
-"""The GPU check (issue 15): a machine whose TensorFlow sees other GPUs than asked for fails at once with exit 78."""
+"""The GPU check: a machine whose TensorFlow sees other GPUs than asked for fails at once with exit 78."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainer import layout
+from runfolder import exits, layout
 from trainer.config import load_config
 from trainer.devices import DeviceMismatch, check_gpus
 
@@ -54,15 +54,15 @@ def test_gpus_per_node_comes_from_the_machine_environment(tmp_path):
 def test_the_trainer_fails_once_with_exit_78_before_training(tmp_path, monkeypatch):
     import tensorflow as tf
 
-    from trainer.attempt import train
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
+    from trainer.loop_attempt import train
 
     fake, _ = _lister(0)
     monkeypatch.setattr(tf.config, "list_physical_devices", fake)
     uri = f"file://{tmp_path}/run"
     out = io.StringIO()
     rc = train(load_config(["--run-uri", uri, "--synthetic", "--gpus-per-node", "1"], env={}), stream=out)
-    assert rc == layout.EXIT_UNUSABLE == 78
+    assert rc == exits.UNUSABLE == 78
     printed = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [e[layout.EVENT] for e in printed] == [layout.FAILED_EVENT]
     assert "asks for 1 GPU(s) per machine but TensorFlow sees 0" in printed[0]["reason"]

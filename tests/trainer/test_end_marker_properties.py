@@ -17,10 +17,10 @@ import types
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from trainer import layout
-from trainer.attempt import Attempt as Run
-from trainer.events import utc_now
-from trainer.storage import FileStore
+from runfolder import exits, layout
+from runfolder.events import utc_now
+from runfolder.storage import FileStore
+from trainer.loop_attempt import LoopAttempt as Run
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
@@ -91,10 +91,10 @@ def test_the_first_read_before_tensorflow_says_what_the_attempt_would():
         assert said(cfg) == (None, [])
         FileStore(cfg.run_uri).put_bytes(layout.COMPLETE, json.dumps({"step": 10}).encode())
         code, lines = said(cfg)
-        assert code == layout.EXIT_OK and len(lines) == 1, lines
+        assert code == exits.OK and len(lines) == 1, lines
         assert (lines[0][layout.EVENT], lines[0][layout.ATTEMPT], lines[0]["step"]) == (layout.ALREADY_COMPLETE, None, 10)
         assert "COMPLETE at 10 steps; --steps 100 does not extend it" in lines[0]["message"]
         code, lines = said(types.SimpleNamespace(run_uri="nope://bucket/run", steps=100))
-        assert code == layout.EXIT_FAILED and len(lines) == 1, lines
+        assert code == exits.FAILED and len(lines) == 1, lines
         assert lines[0][layout.EVENT] == layout.FAILED_EVENT and lines[0][layout.ATTEMPT] is None
         assert "nope://" in lines[0]["reason"], lines

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.events import EventLog, read_events, seconds_lost
+from runfolder.events import read_events, seconds_lost
+from runfolder.storage import open_store
+from trainer.events import EventLog
 from trainer.export import complete_record
-from trainer.storage import open_store
 
 REPO = Path(__file__).resolve().parents[2]
 

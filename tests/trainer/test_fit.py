@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from runfolder import exits, layout
 from tests.trainer.helpers import REPO, Trainer, kinds, run_trainer, store_events, trainer_env
-from trainer import layout
 
 EXAMPLE = REPO / "examples" / "keras-fit"
 # 100 steps an epoch at batch 64. The stopped attempts run the same script held at a known step
@@ -49,7 +49,7 @@ def _wait_held(t: Trainer, flag, timeout: float = 300) -> None:
 def _model_variables(uri: str, dest) -> dict:
     import tensorflow as tf
 
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     store = open_store(uri)
     for key in store.list(layout.MODEL_PREFIX):
@@ -74,7 +74,7 @@ def test_fit_script_survives_two_sigterms_and_ends_as_if_never_stopped(s3_run, t
     t = Trainer(uri, *_held_script(STEPS_PER_EPOCH + 30, tmp_path / "held-1"), env=env)
     _wait_held(t, tmp_path / "held-1")
     t.signal()
-    assert t.wait(timeout=120) == layout.EXIT_PREEMPTED, t.stderr[-3000:]
+    assert t.wait(timeout=120) == exits.PREEMPTED, t.stderr[-3000:]
     first = t.wait_event(layout.PREEMPTED)
     assert first["step"] == STEPS_PER_EPOCH + 31, first
 
@@ -84,7 +84,7 @@ def test_fit_script_survives_two_sigterms_and_ends_as_if_never_stopped(s3_run, t
     _wait_held(t, tmp_path / "held-2")
     signalled = time.monotonic()
     t.signal()
-    assert t.wait(timeout=120) == layout.EXIT_PREEMPTED, t.stderr[-3000:]
+    assert t.wait(timeout=120) == exits.PREEMPTED, t.stderr[-3000:]
     stop_seconds = time.monotonic() - signalled
     second = t.wait_event(layout.PREEMPTED)
 
@@ -109,7 +109,7 @@ def test_fit_script_survives_two_sigterms_and_ends_as_if_never_stopped(s3_run, t
     assert model.serve(x).numpy().shape == (4, 10)
     np.testing.assert_array_equal(model.serve(x).numpy(), ref_model.serve(x).numpy())
 
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     done = json.loads(open_store(uri).get_bytes(layout.COMPLETE))
     ref_done = json.loads(open_store(reference).get_bytes(layout.COMPLETE))
@@ -261,8 +261,8 @@ def test_the_helper_restores_the_newest_complete_checkpoint_and_refuses_another_
     # The whole-commit protocol through fit.callbacks(): a checkpoint without its COMMITTED marker
     # is skipped on restore; a committed one whose variables are another model's is refused, in
     # one line, with exit 78 (no retry), and nothing of the run is touched.
-    from trainer.checkpoints import CheckpointStore
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
+    from trainer.checkpoint_store import CheckpointStore
 
     code = tmp_path / "code"
     code.mkdir()
@@ -290,7 +290,7 @@ def test_the_helper_restores_the_newest_complete_checkpoint_and_refuses_another_
 
     before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "run" / "checkpoints").rglob("*"))
     rc, events, err = attempt(5, 3)  # another model (a layer of 5 units) on the same run
-    assert rc == layout.EXIT_UNUSABLE, err[-3000:]
+    assert rc == exits.UNUSABLE, err[-3000:]
     lines = [ln for ln in err.splitlines() if ln.startswith("trainstack: checkpoint")]
     assert len(lines) == 1 and "written by another model" in lines[0] and "start a new run id" in lines[0], err[-3000:]
     assert "here" in lines[0] and "saved" in lines[0]  # which variable differs

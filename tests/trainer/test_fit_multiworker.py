@@ -97,8 +97,8 @@ def _messages(out, worker: int) -> list[dict]:
 
 
 def test_two_workers_resume_the_chiefs_commit_and_end_as_if_never_stopped(tmp_path):
-    from trainer.checkpoints import CheckpointStore
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
+    from trainer.checkpoint_store import CheckpointStore
 
     code = tmp_path / "train.py"
     code.write_text(SCRIPT)

@@ -18,11 +18,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from trainer import layout
-from trainer.checkpoints import CheckpointStore
-from trainer.storage import FileStore, check_key
-from trainer.storage.base import ObjectStore
-from trainer.storage.keys import split_bucket_uri
+from runfolder import layout
+from runfolder.storage import FileStore, check_key
+from runfolder.storage.base import ObjectStore
+from runfolder.storage.keys import split_bucket_uri
+from trainer.checkpoint_store import CheckpointStore
 
 # What access.run.id accepts (components/settings/schema.py) and a bucket name both clouds take.
 RUN_IDS = st.from_regex(r"[a-z0-9][a-z0-9-]{0,62}", fullmatch=True)

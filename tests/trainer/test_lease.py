@@ -17,10 +17,10 @@ import time
 
 import pytest
 
-from trainer import layout
-from trainer.checkpoints import CheckpointStore
-from trainer.lease import LeaseBusy, LeaseHeld, LeaseLost, RunLease
-from trainer.storage import PreconditionFailed, WriteConflict, open_store
+from runfolder import exits, layout
+from runfolder.lease import LeaseBusy, LeaseHeld, LeaseLost, RunLease
+from runfolder.storage import PreconditionFailed, WriteConflict, open_store
+from trainer.checkpoint_store import CheckpointStore
 
 pytestmark = pytest.mark.slow
 
@@ -367,7 +367,7 @@ def test_a_second_trainer_process_on_a_training_run_exits_77_and_writes_nothing(
         before = store_events(s3_run.uri)
         rc, printed, _ = run_trainer(s3_run.uri, *common, "--lease-wait-s", "3",
                                      env=trainer_env(s3_run.env, TRAINSTACK_MACHINE_ID="machine-b"))
-        assert rc == layout.EXIT_LEASE_HELD, printed
+        assert rc == exits.LEASE_HELD, printed
         assert kinds(printed)[-1] == layout.FAILED_EVENT and layout.LEASE_WAIT in kinds(printed)
         assert "another trainer (machine-a/" in printed[-1]["reason"]
         after = store_events(s3_run.uri)
@@ -375,7 +375,7 @@ def test_a_second_trainer_process_on_a_training_run_exits_77_and_writes_nothing(
         assert kinds(after).count(layout.STARTED) == 1 and after[: len(before)] == before
         assert all(e.get(layout.ATTEMPT) == 1 for e in after)
         first.signal()
-        assert first.wait(120) == layout.EXIT_PREEMPTED
+        assert first.wait(120) == exits.PREEMPTED
     finally:
         if first.proc.poll() is None:
             first.proc.kill()
@@ -389,7 +389,7 @@ def test_a_second_trainer_process_on_a_training_run_exits_77_and_writes_nothing(
         doc = json.loads(open_store(s3_run.uri).get_bytes(layout.LEASE_KEY))
         assert (doc["holder"].split("/")[0], doc["epoch"], doc["released"]) == ("machine-b", 2, False)
         second.signal()
-        assert second.wait(120) == layout.EXIT_PREEMPTED
+        assert second.wait(120) == exits.PREEMPTED
     finally:
         if second.proc.poll() is None:
             second.proc.kill()
@@ -429,7 +429,7 @@ def test_a_trainer_whose_lease_is_taken_over_stops_and_commits_nothing_more(s3_r
     finally:
         if trainer.proc.poll() is None:
             trainer.proc.kill()
-    assert rc == layout.EXIT_LEASE_HELD, trainer.events[-3:]
+    assert rc == exits.LEASE_HELD, trainer.events[-3:]
     assert trainer.events[-1]["event"] == layout.FAILED_EVENT and "taken over (machine-b/1" in trainer.events[-1]["reason"]
     after = CheckpointStore(open_store(s3_run.uri)).committed_steps()
     # At most a background commit already past its fence when the lease changed hands.

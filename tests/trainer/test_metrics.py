@@ -92,8 +92,8 @@ def test_complete_holds_the_final_and_the_best_evaluation(evaluated):
 
 def test_the_best_checkpoint_outlives_the_pruning_and_is_the_exported_model(evaluated):
     uri, events, done = evaluated
-    from trainer.checkpoints import CheckpointStore
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
+    from trainer.checkpoint_store import CheckpointStore
 
     # --keep-checkpoints 1 keeps the newest; the best is kept besides it.
     assert CheckpointStore(open_store(uri)).committed_steps() == [BEST_STEP, STEPS]
@@ -135,8 +135,8 @@ def test_evaluation_does_not_move_the_training_and_the_best_survives_a_preemptio
     done = json.loads((_path(uri) / "COMPLETE").read_text())
     assert done["best"]["step"] == BEST_STEP and done["best"] == evaluated[2]["best"]
     assert done["metrics"] == evaluated[2]["metrics"]
-    from trainer.checkpoints import CheckpointStore
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
+    from trainer.checkpoint_store import CheckpointStore
 
     assert CheckpointStore(open_store(uri)).committed_steps() == [BEST_STEP, STEPS]
 

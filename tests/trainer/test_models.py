@@ -18,7 +18,7 @@ from trainer.step import make_train_step
 
 
 def _store(uri):
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     return open_store(uri)
 

@@ -43,8 +43,8 @@ def test_two_workers_train_and_stop_at_the_same_step_when_one_is_signalled(file_
     assert stops[0][0]["step"] == stops[1][0]["step"]
     step = stops[0][0]["step"]
     assert stops[0][0]["examples_seen"] == step * 32  # both workers' batches counted
-    from trainer.checkpoints import CheckpointStore
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
+    from trainer.checkpoint_store import CheckpointStore
 
     store = open_store(file_run.uri)
     assert CheckpointStore(store).committed_steps()[-1] == step

@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
+from runfolder import exits, layout
 from tests.trainer.helpers import REPO
-from trainer import layout
 from trainer.__main__ import TF_NOISE
 
 NOISE_MARKS = ("absl::InitializeLog", "port.cc", "oneDNN", "cpu_feature_guard", "cuda_dnn", "cuda_fft",
@@ -31,8 +31,8 @@ def _env(**extra: str) -> dict:
 
 
 def _start(tmp_path, *flags: str, **env_extra: str) -> subprocess.CompletedProcess:
-    from trainer.lease import RunLease
-    from trainer.storage import open_store
+    from runfolder.lease import RunLease
+    from runfolder.storage import open_store
 
     run = tmp_path / "run"
     if not run.exists():
@@ -47,14 +47,14 @@ def _start(tmp_path, *flags: str, **env_extra: str) -> subprocess.CompletedProce
 @pytest.mark.slow
 def test_start_up_prints_no_tensorflow_noise_and_verbose_brings_it_back(tmp_path):
     quiet = _start(tmp_path)
-    assert quiet.returncode == layout.EXIT_LEASE_HELD, quiet.stderr
+    assert quiet.returncode == exits.LEASE_HELD, quiet.stderr
     # The lease is taken after TensorFlow's import: the trainer got that far.
     assert "another trainer (machine-a/1" in quiet.stdout, quiet.stdout
     assert [line for line in quiet.stderr.splitlines() if any(m in line for m in NOISE_MARKS)] == []
     assert quiet.stderr == ""
 
     for loud in (_start(tmp_path, "--verbose"), _start(tmp_path, TRAINSTACK_VERBOSE="1")):
-        assert loud.returncode == layout.EXIT_LEASE_HELD, loud.stderr
+        assert loud.returncode == exits.LEASE_HELD, loud.stderr
         # Which INFO lines follow absl's depends on the CPU: oneDNN's on Intel, the CPU
         # feature guard's on AMD EPYC (no oneDNN line there).
         assert "absl::InitializeLog" in loud.stderr
@@ -88,12 +88,12 @@ def test_a_run_that_already_ended_says_so_before_importing_tensorflow(tmp_path):
     # A run still training goes on to TensorFlow (what makes the check above able to fail):
     # here one whose lease machine-a holds, refused after the import.
     run = tmp_path / "held"
-    from trainer.lease import RunLease
-    from trainer.storage import open_store
+    from runfolder.lease import RunLease
+    from runfolder.storage import open_store
 
     RunLease(open_store(run.as_uri()), holder="machine-a/1", ttl_s=3600).acquire()
     said, last = _ended(run, "--lease-wait-s", "1", TRAINSTACK_MACHINE_ID="machine-b")
-    assert said[-1]["event"] == layout.FAILED_EVENT and last == f"tensorflow imported: True exit {layout.EXIT_LEASE_HELD}"
+    assert said[-1]["event"] == layout.FAILED_EVENT and last == f"tensorflow imported: True exit {exits.LEASE_HELD}"
 
 
 @pytest.mark.parametrize(("line", "noise"), [

@@ -26,8 +26,8 @@ def _args(steps: int, every: int) -> list[str]:
 
 
 def _ckstore(uri):
-    from trainer.checkpoints import CheckpointStore
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
+    from trainer.checkpoint_store import CheckpointStore
 
     return CheckpointStore(open_store(uri))
 
@@ -50,7 +50,7 @@ def test_sigterm_mid_training_commits_then_resume_finishes(file_run):
     resumed = [e for e in events if e["event"] == "resumed"]
     assert len(resumed) == 1 and resumed[0]["step"] == stopped and resumed[0]["examples_seen"] == stopped * 32
     assert events[0]["attempt"] == 2 and events[-1]["event"] == "finished" and events[-1]["step"] == stopped + 30
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     done = json.loads(open_store(file_run.uri).get_bytes("COMPLETE"))
     assert done["attempts"] == 2 and done["step"] == stopped + 30

@@ -1,4 +1,4 @@
-"""Exact resume under object-store faults (issue 14): stopped-and-resumed runs end with the reference's weights.
+"""Exact resume under object-store faults: stopped-and-resumed runs end with the reference's weights.
 
 Twenty runs on S3 (moto_server) through a proxy failing 25 % and then 50 % of requests
 (seeded: 503 SlowDown, 500, or a connection closed without an answer), each stopped once

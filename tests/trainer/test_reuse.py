@@ -13,8 +13,8 @@ import signal
 
 import pytest
 
+from runfolder import exits, layout
 from tests.trainer.helpers import REPO, Trainer, run_trainer
-from trainer import layout
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def _stopped_run(uri: str, *args: str) -> int:
     t = Trainer(uri, *LONG, *args)
     t.wait_event("checkpoint", pred=lambda e: e["step"] >= 10)
     t.signal(signal.SIGTERM)
-    assert t.wait() == layout.EXIT_PREEMPTED, t.stderr[-2000:]
+    assert t.wait() == exits.PREEMPTED, t.stderr[-2000:]
     return t.events[-1]["step"]
 
 
@@ -47,7 +47,7 @@ def test_another_model_on_a_run_folder_fails_at_once_and_changes_nothing(tmp_pat
     _stopped_run(uri, *first)
     before = _snapshot(tmp_path / "run")
     rc, events, err = run_trainer(uri, *LONG, *second)
-    assert rc == layout.EXIT_UNUSABLE, (rc, err[-2000:])
+    assert rc == exits.UNUSABLE, (rc, err[-2000:])
     failed = [e for e in events if e["event"] == layout.FAILED_EVENT]
     assert len(failed) == 1 and words in failed[0]["reason"] and "new run id" in failed[0]["reason"], failed
     assert "\n" not in failed[0]["reason"]

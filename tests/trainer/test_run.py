@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def _store(uri):
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     return open_store(uri)
 

@@ -14,8 +14,8 @@ import textwrap
 
 import pytest
 
+from runfolder import exits, layout
 from tests.trainer.helpers import REPO, Trainer, kinds, run_trainer, store_events, trainer_env
-from trainer import layout
 from trainer.config import ConfigError, load_config
 
 STANDIN = textwrap.dedent('''
@@ -95,7 +95,7 @@ def code(tmp_path):
 
 
 def _store(uri):
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     return open_store(uri)
 
@@ -176,7 +176,7 @@ def test_the_command_runs_in_a_copy_of_the_code_and_its_outputs_are_kept_across_
     t = Trainer(uri, "--code-dir", str(code), "--work-dir", str(work), "--", "python", "standin.py", "wait")
     t.wait_event("standin_ready", timeout=60)
     t.signal()
-    assert t.wait(timeout=60) == layout.EXIT_PREEMPTED, t.stderr
+    assert t.wait(timeout=60) == exits.PREEMPTED, t.stderr
     kept = tmp_path / "run" / "outputs"
     assert (kept / "stopped.txt").read_text() == "7"  # a preempted run keeps its outputs
     assert (work / "code" / "logs" / "x").read_text() == str(work / "code")  # it ran in the copy
@@ -236,7 +236,7 @@ def test_sigterm_is_forwarded_and_143_is_preempted(code, tmp_path):
     t = Trainer(uri, "--code-dir", str(code), "--", "python", "standin.py", "wait")
     t.wait_event("standin_ready", timeout=60)
     t.signal()
-    assert t.wait(timeout=60) == layout.EXIT_PREEMPTED, t.stderr
+    assert t.wait(timeout=60) == exits.PREEMPTED, t.stderr
     stored = store_events(uri)
     pre = [e for e in stored if e["event"] == layout.PREEMPTED]
     assert len(pre) == 1 and pre[0]["step"] == 7 and pre[0]["exit_code"] == 143, stored
@@ -256,7 +256,7 @@ def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(code, tmp_path
     t = Trainer(uri, "--code-dir", str(code), "--stop-grace-s", "1", "--", "python", "stubborn.py")
     t.wait_event("standin_ready", timeout=60)
     t.signal()
-    assert t.wait(timeout=30) == layout.EXIT_PREEMPTED, t.stderr
+    assert t.wait(timeout=30) == exits.PREEMPTED, t.stderr
     pre = [e for e in store_events(uri) if e["event"] == layout.PREEMPTED]
     assert len(pre) == 1 and pre[0]["exit_code"] == -9 and 1 <= pre[0]["seconds"] < 10, pre
 
@@ -296,7 +296,7 @@ def test_a_killed_trainer_takes_its_command_with_it(code, tmp_path):
 def test_a_command_killed_by_the_signal_before_its_first_commit_is_preempted_at_the_newest_checkpoint(code, tmp_path):
     # A notice during the script's start-up (before `from trainer import fit` handles SIGTERM): the
     # run stands at the newest committed checkpoint of an earlier attempt.
-    from trainer.checkpoints import CheckpointStore
+    from trainer.checkpoint_store import CheckpointStore
 
     (code / "bare.py").write_text("import json, time\nprint(json.dumps({'event': 'standin_ready'}), flush=True)\n"
                                   "time.sleep(60)\n")
@@ -308,7 +308,7 @@ def test_a_command_killed_by_the_signal_before_its_first_commit_is_preempted_at_
     t = Trainer(uri, "--code-dir", str(code), "--", "python", "bare.py")
     t.wait_event("standin_ready", timeout=60)
     t.signal()
-    assert t.wait(timeout=60) == layout.EXIT_PREEMPTED, t.stderr
+    assert t.wait(timeout=60) == exits.PREEMPTED, t.stderr
     pre = [e for e in store_events(uri) if e["event"] == layout.PREEMPTED]
     assert len(pre) == 1 and pre[0]["step"] == 42 and pre[0]["exit_code"] == -15, pre
 
@@ -328,7 +328,7 @@ def test_a_lease_taken_over_kills_the_command_at_once_and_exits_77(code, tmp_pat
     taken = {**held, "holder": "machine-b/1", "token": "b", "epoch": held["epoch"] + 1, "nonce": "b",
              "expires": time.time() + 600}
     store.put_bytes_if(layout.LEASE_KEY, json.dumps(taken).encode(), version=version)
-    assert t.wait(timeout=60) == layout.EXIT_LEASE_HELD, t.stderr[-3000:]
+    assert t.wait(timeout=60) == exits.LEASE_HELD, t.stderr[-3000:]
     assert t.events[-1]["event"] == layout.FAILED_EVENT and "taken over (machine-b/1" in t.events[-1]["reason"], t.events
     assert layout.CHECKPOINT not in kinds(t.events)  # the command was killed, not asked to save
     assert json.loads(store.get_bytes(layout.LEASE_KEY))["holder"] == "machine-b/1"
@@ -415,7 +415,7 @@ def test_ctrl_c_to_the_process_group_is_preempted_every_time(code, tmp_path):
                 break
         os.killpg(p.pid, signal.SIGINT)
         out, err = p.communicate(timeout=60)
-        assert p.returncode == layout.EXIT_PREEMPTED, (i, err[-2000:])
+        assert p.returncode == exits.PREEMPTED, (i, err[-2000:])
         stored = store_events(uri)
         assert kinds(stored)[-1] == layout.PREEMPTED and stored[-1]["step"] == 7, (i, stored)
         assert layout.FAILED_EVENT not in kinds(stored) + kinds(parse_events(out)), (i, stored)
@@ -448,5 +448,5 @@ def test_a_command_that_lost_its_cluster_exits_76_not_failed(code, tmp_path):
     # trainer.fit ends a script whose peer was lost with 76: no failure counted on this machine.
     rc, events, err = run_trainer(f"file://{tmp_path}/run", "--code-dir", str(code), "--", "python", "standin.py",
                                   "76", env=_worker_env(0), timeout=60)
-    assert rc == layout.EXIT_PEER_LOST, err
+    assert rc == exits.PEER_LOST, err
     assert events[-1]["event"] == layout.FAILED_EVENT and "lost its cluster" in events[-1]["reason"], events

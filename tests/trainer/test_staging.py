@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import data, layout, staging
+from runfolder import layout
+from trainer import data, staging
 from trainer.staging import Staging, StagingError
 
 SEQ = 8

@@ -1,4 +1,4 @@
-"""Stopping a run on request (issue 11): the run folder's STOP ends it as CANCELLED after a committed checkpoint."""
+"""Stopping a run on request: the run folder's STOP ends it as CANCELLED after a committed checkpoint."""
 
 from __future__ import annotations
 
@@ -7,20 +7,20 @@ import time
 
 import pytest
 
+from runfolder import exits, layout
 from tests.trainer.helpers import FAST, Trainer, kinds, run_trainer, store_events, trainer_env, waiting_model
-from trainer import layout
 
 pytestmark = pytest.mark.slow
 
 
 def _store(uri):
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     return open_store(uri)
 
 
 def _committed(uri):
-    from trainer.checkpoints import CheckpointStore
+    from trainer.checkpoint_store import CheckpointStore
 
     return CheckpointStore(_store(uri)).committed_steps()
 
@@ -30,7 +30,7 @@ def test_stop_found_at_start_cancels_after_the_first_steps_and_stays_cancelled(f
     store.put_bytes(layout.STOP_KEY, json.dumps({layout.MARKER_REASON: "budget reached"}).encode())
     env = trainer_env(file_run.env)
     rc, events, err = run_trainer(file_run.uri, *FAST, env=env)
-    assert rc == layout.EXIT_OK, err[-3000:]
+    assert rc == exits.OK, err[-3000:]
     assert kinds(events)[0] == layout.STARTED and kinds(events)[-1] == layout.CANCELLED_EVENT, kinds(events)
     step = events[-1]["step"]
     assert 0 < step < 60 and events[-1]["reason"] == "budget reached"
@@ -44,7 +44,7 @@ def test_stop_found_at_start_cancels_after_the_first_steps_and_stays_cancelled(f
 
     # A later start (the group relaunching, a new `pulumi up`) ends at once, training nothing.
     rc, again, err = run_trainer(file_run.uri, *FAST, env=env)
-    assert rc == layout.EXIT_OK, err[-3000:]
+    assert rc == exits.OK, err[-3000:]
     assert kinds(again) == [layout.ALREADY_CANCELLED] and again[0]["step"] == step
     assert kinds(store_events(file_run.uri)) == kinds(events)
 
@@ -62,7 +62,7 @@ def test_stop_written_mid_run_is_seen_within_the_poll_interval(s3_run, tmp_path)
     asked = time.monotonic()
     rc = t.wait(timeout=120)
     took = time.monotonic() - asked
-    assert rc == layout.EXIT_OK, t.stderr[-3000:]
+    assert rc == exits.OK, t.stderr[-3000:]
     assert took < STOP_POLL_SECONDS + 20, took
     last = t.events[-1]
     assert last["event"] == layout.CANCELLED_EVENT and last["step"] > 50, kinds(t.events)

@@ -23,8 +23,8 @@ import boto3
 
 from devtools.metadata import MetadataServer
 from devtools.sandbox import Sandbox
+from runfolder import layout
 from tests.userdata.helpers import wait_for
-from trainer import layout
 
 CLUSTER_TRAINER = Path(__file__).with_name("cluster_trainer.py")
 

@@ -121,8 +121,8 @@ def assert_ended_with_its_google_identity(cloud: IamCloud, md: MetadataServer, h
     """The GCE machine asked only for tokens of its placement's audience, STS gave the role's sessions for
     them (the authorization layer allowed the trust), and one of those sessions wrote COMPLETE, allowed
     by the role's own policy."""
+    from runfolder import layout
     from tests.iam.policy_eval import Decision
-    from trainer import layout
 
     assert md.identity_audiences and set(md.identity_audiences) == {audience(home.gcp_group)}
     decisions = cloud.proxy.decisions

@@ -16,7 +16,7 @@ import pytest
 
 from components.userdata import USERDATA_DIR, render_env
 from devtools.metadata import INSTANCE_ID
-from trainer import layout
+from runfolder import layout
 
 
 @functools.cache

@@ -19,9 +19,9 @@ import pytest
 
 from devtools.metadata import GCE_NAME, INSTANCE_ID
 from devtools.sandbox import settings_for
+from runfolder import layout
 from tests.trainer.helpers import REPO
 from tests.userdata.helpers import events, group_size, machine_events, s3_keys, wait_for
-from trainer import layout
 
 
 def _order(box, *steps: tuple[str, ...]) -> list[float]:

@@ -15,8 +15,8 @@ import pytest
 from devtools import cli_server
 from devtools.metadata import INSTANCE_ID, MetadataServer
 from devtools.sandbox import FAKES, Sandbox, settings_for
+from runfolder import layout
 from tests.userdata.helpers import group_size, machine_events, s3_keys
-from trainer import layout
 
 
 def _script(box, name: str, *args: str, timeout: float = 120, **env) -> subprocess.CompletedProcess:

@@ -15,9 +15,9 @@ import time
 import pytest
 
 from devtools.metadata import INSTANCE_ID
+from runfolder import layout
 from tests.userdata.cluster import upload_code
 from tests.userdata.helpers import group_size, machine_events, s3_keys
-from trainer import layout
 
 NVME = "dev/disk/by-id/nvme-Amazon_EC2_NVMe_Instance_Storage_AWS0123"
 

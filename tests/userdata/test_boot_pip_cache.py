@@ -21,8 +21,8 @@ import boto3
 import pytest
 
 from devtools.fault_proxy import FaultProxy
+from runfolder import layout
 from tests.userdata.helpers import wait_for
-from trainer import layout
 
 pytestmark = pytest.mark.slow
 

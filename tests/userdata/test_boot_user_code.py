@@ -67,8 +67,8 @@ def test_user_model_from_the_archive_trains_to_complete(sandbox_factory, s3_run,
 def test_a_machine_whose_tensorflow_sees_no_gpu_fails_at_once_with_the_reason(sandbox_factory, s3_run, group):
     # The real trainer, asked for 1 GPU, on a TensorFlow that sees none (this CPU): exit 78, and the
     # machine marks the run FAILED on the first try, with the trainer's reason, and scales to zero.
+    from runfolder import layout
     from tests.userdata.helpers import group_size
-    from trainer import layout
 
     box = sandbox_factory(env_overrides={})
     box.env["FAKE_CHECK_GPUS"] = "1"

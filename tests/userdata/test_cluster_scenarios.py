@@ -17,9 +17,9 @@ import time
 import pytest
 
 from devtools.sandbox import make_group, settings_for
+from runfolder import layout
 from tests.userdata.cluster import Cluster, cluster_trainer_uri
 from tests.userdata.helpers import group_size, machine_events, wait_for
-from trainer import layout
 
 pytestmark = pytest.mark.slow
 

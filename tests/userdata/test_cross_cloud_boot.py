@@ -22,11 +22,11 @@ import sys
 import pytest
 
 from components.userdata import boot_env
+from runfolder import layout
 from tests.fixtures.iam_cloud import IamCloud
 from tests.trainer.helpers import REPO, trainer_env
 from tests.userdata import cross_cloud
 from tests.userdata.helpers import wait_for
-from trainer import layout
 
 pytestmark = pytest.mark.slow
 

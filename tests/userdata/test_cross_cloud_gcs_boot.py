@@ -30,11 +30,11 @@ from devtools.fault_proxy import FaultProxy
 from devtools.metadata import MetadataServer
 from devtools.sandbox import Sandbox, make_group, settings_for
 from devtools.servers import Run
+from runfolder import layout
 from tests.controller.federation import GoogleSide, Pool
 from tests.fixtures.gcs_tokens import GcsTokens
 from tests.trainer.helpers import REPO, trainer_env
 from tests.userdata.helpers import wait_for
-from trainer import layout
 
 STEPS, EVERY, BATCH, SEED = 300, 100, 16, 11
 ACCOUNT = "123456789012"  # moto's

@@ -36,6 +36,8 @@ from devtools.machine_commands import GCE_ACCESS_TOKEN
 from devtools.metadata import MetadataServer
 from devtools.sandbox import Sandbox
 from devtools.servers import Run
+from runfolder import layout
+from runfolder.storage import open_store
 from tests.controller.federation import GoogleSide, Pool
 from tests.controller.helpers import moved_events
 from tests.fixtures.gce_groups import GceGroups
@@ -53,8 +55,6 @@ from tests.userdata.cross_cloud import (
     raw_stack,
 )
 from tests.userdata.helpers import diff_from_uninterrupted, events, preempted_after_first_checkpoint
-from trainer import layout
-from trainer.storage import open_store
 
 pytestmark = pytest.mark.slow
 

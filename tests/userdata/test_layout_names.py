@@ -1,4 +1,4 @@
-"""The boot scripts speak the run folder's contract (`trainer/layout.py`) with the same names.
+"""The boot scripts speak the run folder's contract (`runfolder/layout.py`) with the same names.
 
 The scripts cannot import Python, so `lib.sh` holds a copy of each name the machine uses.
 These tests source `lib.sh` in bash and compare every copy with the layout, and read
@@ -14,19 +14,20 @@ import subprocess
 import pytest
 
 from components.userdata import FILES, USERDATA_DIR
-from trainer import layout
+from runfolder import exits, layout
 
 # lib.sh variable -> the layout's value (the same name in both, so a reader finds one from the other).
 SCALARS = ("CACHE_PREFIX", "PIP_CACHE_DIR", "EVENTS_KEY", "PROGRESS_KEY", "CHECKPOINTS_PREFIX", "CHECKPOINT_DIR", "COMMITTED", "DEADLINE_KEY", "LOGS_PREFIX", "MACHINE_EVENTS_PREFIX", "STOP_KEY", "RENDEZVOUS_PREFIX",
            "COMPLETE", "FAILED", "TIMED_OUT", "CANCELLED", "MARKER_STEP", "MARKER_ATTEMPTS", "MARKER_REASON",
            "EVENT", "TIME", "FAILED_EVENT", "SPOT_NOTICE", "REBALANCE", "MACHINE_FINISH", "MACHINE_SCALE_FAILED",
-           "WAITING_FOR_MACHINES",
-           "EXIT_OK", "EXIT_FAILED", "EXIT_NO_CLUSTER", "EXIT_PEER_LOST", "EXIT_LEASE_HELD", "EXIT_UNUSABLE", "EXIT_PREEMPTED")
+           "WAITING_FOR_MACHINES")
+# lib.sh's EXIT_<NAME> -> runfolder.exits.<NAME>: the trainer's exit codes the supervisor acts on.
+EXITS = ("OK", "FAILED", "NO_CLUSTER", "PEER_LOST", "LEASE_HELD", "UNUSABLE", "PREEMPTED")
 SCRIPTS = [name for name, _path, _mode in FILES if name.endswith(".sh")]
 
 
 def _lib_values() -> dict[str, str]:
-    names = " ".join(SCALARS)
+    names = " ".join(SCALARS + tuple(f"EXIT_{name}" for name in EXITS))
     script = (f'. "{USERDATA_DIR / "lib.sh"}"; for n in {names}; do printf "%s=%s\\n" "$n" "${{!n}}"; done; '
               'printf "END_MARKERS=%s\\n" "${END_MARKERS[*]}"')
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True, timeout=30).stdout
@@ -39,8 +40,12 @@ def test_lib_sh_names_equal_the_layout():
     for name in SCALARS:
         assert values[name] == str(getattr(layout, name)), name
         compared.append(name)
+    for name in EXITS:
+        assert values[f"EXIT_{name}"] == str(getattr(exits, name)), f"EXIT_{name}"
+        compared.append(name)
     assert values["END_MARKERS"].split() == list(layout.END_MARKERS)
-    assert len(compared) == len(SCALARS)
+    assert len(compared) == len(SCALARS) + len(EXITS) == len(SCALARS) + len(vars(exits)) - sum(
+        n.startswith("_") or n == "annotations" for n in vars(exits))
 
 
 def test_the_machine_events_object_is_the_layouts():

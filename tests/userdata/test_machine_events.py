@@ -17,10 +17,10 @@ import time
 import boto3
 
 from devtools.metadata import INSTANCE_ID
+from runfolder import layout
+from runfolder.storage import open_store
 from tests.userdata.helpers import events, machine_events
-from trainer import layout
 from trainer.events import EventLog
-from trainer.storage import open_store
 
 SCRIPTS, EVENTS_EACH = 3, 4
 

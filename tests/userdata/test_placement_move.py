@@ -22,11 +22,11 @@ from controller.decide import MOVE
 from controller.tick import tick
 from devtools.metadata import MetadataServer
 from devtools.sandbox import Sandbox
+from runfolder import layout
+from runfolder.storage import open_store
 from tests.controller.helpers import moved_events, sizes
 from tests.fixtures.no_capacity import insufficient_capacity, placements  # noqa: F401 - a fixture, found by name
 from tests.userdata.helpers import diff_from_uninterrupted, events, preempted_after_first_checkpoint
-from trainer import layout
-from trainer.storage import open_store
 
 pytestmark = pytest.mark.slow
 

@@ -16,9 +16,9 @@ import pytest
 
 from components.userdata import USERDATA_DIR
 from devtools.sandbox import settings_for
+from runfolder import layout
 from tests.userdata.cluster import Machine
 from tests.userdata.helpers import wait_for
-from trainer import layout
 
 pytestmark = pytest.mark.slow  # each case runs the scripts and the fake CLIs against the emulators
 

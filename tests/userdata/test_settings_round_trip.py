@@ -32,9 +32,9 @@ from components.machine import ENV_FILE
 from components.settings.schema import RunSettings
 from components.userdata import USER_CODE_DIR
 from ops import synth
+from runfolder import layout
 from tests.trainer.helpers import REPO, trainer_env
 from tests.userdata.helpers import container_env
-from trainer import layout
 from trainer.config import ENV_PREFIX, ConfigError, TrainConfig, as_dict, build_parser, load_config
 
 # One stack per case: together they set every run key to a value other than its default, and to

@@ -16,9 +16,9 @@ import pytest
 
 from devtools.metadata import INSTANCE_ID
 from devtools.sandbox import make_group
+from runfolder import layout
 from tests.userdata.cluster import Cluster, cluster_trainer_uri
 from tests.userdata.helpers import group_size, machine_events, s3_keys
-from trainer import layout
 
 
 @pytest.mark.slow

@@ -21,9 +21,9 @@ import pytest
 
 from devtools.metadata import INSTANCE_ID
 from devtools.sandbox import make_group
+from runfolder import layout
 from tests.userdata.cluster import Cluster, upload_code
 from tests.userdata.helpers import group_size, machine_events, s3_keys, wait_for
-from trainer import layout
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ import pytest
 
 from components.aws.naming import default_bucket_name
 from components.settings import bucket_name_problem
+from runfolder import layout
 from tests.components.aws.helpers import one, synth_raw
-from trainer import layout
 
 BUCKET = "aws:s3/bucket:Bucket"
 SETTINGS_TYPES = [

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from components.code import archive_key, boot_key, pack, pack_boot_scripts, write_archive
+from components.project import RUNFOLDER_DIR
 from tests.components.aws.helpers import synth_raw
 
 OBJECT = "aws:s3/bucketObjectv2:BucketObjectv2"
@@ -36,7 +37,11 @@ def test_archive_holds_code_requirements_and_dockerfile_only(tmp_path):
         members = tar.getmembers()
     names = [m.name for m in members]
     assert names == sorted(names)
-    assert names == [
+    # The run folder's package travels beside the trainer, which imports it (its .py files only).
+    ground = sorted(f"runfolder/{p.relative_to(RUNFOLDER_DIR).as_posix()}" for p in RUNFOLDER_DIR.rglob("*.py")
+                    if "__pycache__" not in p.parts)
+    assert "runfolder/layout.py" in ground and [n for n in names if n.startswith("runfolder/")] == ground
+    assert [n for n in names if not n.startswith("runfolder/")] == [
         "trainer/Dockerfile", "trainer/__init__.py", "trainer/__main__.py",
         "trainer/requirements.txt", "trainer/sub/models.py",
     ]

@@ -200,7 +200,7 @@ def test_group_is_spot_price_capacity_optimized_over_the_ordered_types():
     asg = one(r, ASG)
     inputs = asg["inputs"]
     assert (inputs["minSize"], inputs["maxSize"], inputs["desiredCapacity"]) == (0, 2, 2)
-    # Off: a rebalance recommendation must not replace the training machine (issue 15).
+    # Off: a rebalance recommendation must not replace the training machine.
     assert inputs["capacityRebalance"] is False
     dist = inputs["mixedInstancesPolicy"]["instancesDistribution"]
     assert dist == {

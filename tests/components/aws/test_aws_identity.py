@@ -5,8 +5,8 @@ import json
 import pytest
 from parliament import analyze_policy_string
 
+from runfolder import layout
 from tests.components.aws.helpers import one, synth_raw
-from trainer import layout
 
 ROLE = "aws:iam/role:Role"
 POLICY = "aws:iam/rolePolicy:RolePolicy"

@@ -11,9 +11,9 @@ import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from trainer.storage.base import ObjectInfo, Store
-from trainer.storage.errors import NotFound, PreconditionFailed
-from trainer.storage.keys import TMP_MARK, CancellableReader, file_root, walk_files
+from runfolder.storage.base import ObjectInfo, Store
+from runfolder.storage.errors import NotFound, PreconditionFailed
+from runfolder.storage.keys import TMP_MARK, CancellableReader, file_root, walk_files
 
 COPY_CHUNK = 1024 * 1024  # a cancelled copy stops within one chunk
 

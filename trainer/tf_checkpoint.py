@@ -2,7 +2,7 @@
 
 :class:`Checkpointer` writes the model's and optimizer's variables (a ``tf.train.Checkpoint``)
 and the loop's counters to a local folder per step, and hands the folder to
-:class:`~trainer.checkpoints.CheckpointStore`, which commits it to the run. On restore it
+:class:`~trainer.checkpoint_store.CheckpointStore`, which commits it to the run. On restore it
 reads the newest committed folder back into the variables and proves the resume exact:
 the same model (``--model`` and variable shapes) and the same values, random streams and
 data position as were saved (:func:`resume_fingerprint`), else :class:`ResumeMismatch`.
@@ -28,8 +28,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from trainer import layout
-from trainer.checkpoints import CheckpointStore
+from runfolder import layout
+from trainer.checkpoint_store import CheckpointStore
 
 __all__ = ["Checkpointer", "ResumeMismatch", "STATE_FILE", "resume_fingerprint", "structure", "variables_digest"]
 
@@ -43,7 +43,7 @@ class ResumeMismatch(RuntimeError):
     """What was restored differs from what the checkpoint recorded: training on would not be an exact resume.
 
     Also raised when a run folder's checkpoints belong to another model or other shapes: no
-    retry can help, so the trainer exits with `layout.EXIT_UNUSABLE`.
+    retry can help, so the trainer exits with `exits.UNUSABLE`.
     """
 
 

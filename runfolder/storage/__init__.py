@@ -20,19 +20,19 @@ while streaming a download, a flaky network filesystem). ``Store.on_retry`` sees
 retry, so the trainer can report it.
 
 Conditional writes (:meth:`Store.put_bytes_if`, against the version :meth:`Store.get_versioned`
-read) let one writer claim an object (the run's lease, :mod:`trainer.lease`) with the
+read) let one writer claim an object (the run's lease, :mod:`runfolder.lease`) with the
 store deciding races: S3 ``If-None-Match``/``If-Match`` on the ETag, GCS ``ifGenerationMatch``.
 
 An upload given a ``cancel`` event stops at its next read of the file once the event is
 set (a newer synchronous checkpoint commit takes the bandwidth). Large files go to GCS as
 parallel parts composed into one object; S3 uploads them as parallel multipart parts.
 
-The package, by section: :mod:`~trainer.storage.keys` (key checks, URI parsing, local
-walks), :mod:`~trainer.storage.errors` (what a store raises), :mod:`~trainer.storage.retry`
-(which errors are transient, the retry policy), :mod:`~trainer.storage.base` (the interface
+The package, by section: :mod:`~runfolder.storage.keys` (key checks, URI parsing, local
+walks), :mod:`~runfolder.storage.errors` (what a store raises), :mod:`~runfolder.storage.retry`
+(which errors are transient, the retry policy), :mod:`~runfolder.storage.base` (the interface
 and what it builds on the primitives), and one module per backend
-(:mod:`~trainer.storage.local`, :mod:`~trainer.storage.s3`, :mod:`~trainer.storage.gcs`).
-Import from here: ``from trainer.storage import open_store, NotFound``.
+(:mod:`~runfolder.storage.local`, :mod:`~runfolder.storage.s3`, :mod:`~runfolder.storage.gcs`).
+Import from here: ``from runfolder.storage import open_store, NotFound``.
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from trainer.storage.base import ObjectInfo, ObjectStore, Store
-from trainer.storage.errors import Cancelled, NotFound, PreconditionFailed, WriteConflict
-from trainer.storage.gcs import GCSStore
-from trainer.storage.keys import TMP_MARK, check_key, walk_files
-from trainer.storage.local import FileStore
-from trainer.storage.retry import is_transient
-from trainer.storage.s3 import S3Store
+from runfolder.storage.base import ObjectInfo, ObjectStore, Store
+from runfolder.storage.errors import Cancelled, NotFound, PreconditionFailed, WriteConflict
+from runfolder.storage.gcs import GCSStore
+from runfolder.storage.keys import TMP_MARK, check_key, walk_files
+from runfolder.storage.local import FileStore
+from runfolder.storage.retry import is_transient
+from runfolder.storage.s3 import S3Store
 
 __all__ = [
     "NotFound",

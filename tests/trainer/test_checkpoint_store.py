@@ -1,4 +1,4 @@
-"""Tests for the checkpoint commit protocol (trainer.checkpoints) on file://, S3 and GCS emulators."""
+"""Tests for the checkpoint commit protocol (trainer.checkpoint_store) on file://, S3 and GCS emulators."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer import layout, storage
-from trainer.checkpoints import CheckpointError, CheckpointStore
-from trainer.storage import open_store
+from runfolder import layout, storage
+from runfolder.storage import open_store
+from trainer.checkpoint_store import CheckpointError, CheckpointStore
 
 
 @pytest.fixture(scope="module")
@@ -430,7 +430,7 @@ def test_100mb_checkpoint_commits_to_s3_within_preemption_window(s3_run, tmp_pat
 
 
 def _checkpointer(tf, store, work: Path, w, rng, extra):
-    from trainer.checkpointer import Checkpointer
+    from trainer.tf_checkpoint import Checkpointer
 
     # The TF checkpoint holds `w` and `rng`; the fingerprint covers `extra` too, as it would
     # a variable the model has but the checkpoint failed to restore.
@@ -439,7 +439,7 @@ def _checkpointer(tf, store, work: Path, w, rng, extra):
 
 
 def test_restore_is_checked_against_the_saved_fingerprint(tf, tmp_path):
-    from trainer.checkpointer import ResumeMismatch
+    from trainer.tf_checkpoint import ResumeMismatch
 
     store = open_store(f"file://{tmp_path}/run")
     saver = _checkpointer(tf, store, tmp_path / "a", tf.Variable([1.0, 2.0]),
@@ -467,8 +467,8 @@ def test_restore_is_checked_against_the_saved_fingerprint(tf, tmp_path):
 def test_a_synchronous_commit_aborts_the_background_upload_mid_file(tmp_path, monkeypatch):
     """GCE gives 30 s: the commit on SIGTERM must not share the link with an older upload
     still sending a large file. The background upload stops at its next read."""
-    from trainer.storage import local
-    from trainer.storage.keys import CancellableReader
+    from runfolder.storage import local
+    from runfolder.storage.keys import CancellableReader
 
     monkeypatch.setattr(local, "COPY_CHUNK", 256 * 1024)
     store = open_store(f"file://{tmp_path}/run")
@@ -565,7 +565,7 @@ def test_the_commit_protocol_imports_no_tensorflow():
     import sys
 
     # ops imports CheckpointStore on a laptop: loading TensorFlow there would cost seconds and a dependency.
-    code = ("import sys; from trainer.checkpoints import CheckpointStore; "
+    code = ("import sys; from trainer.checkpoint_store import CheckpointStore; "
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')); "
             "print(CheckpointStore.__name__, heavy)")
     root = Path(__file__).resolve().parents[2]

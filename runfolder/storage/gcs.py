@@ -9,11 +9,11 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
-from trainer import layout
-from trainer.storage import retry
-from trainer.storage.base import ObjectInfo, ObjectStore
-from trainer.storage.errors import Cancelled, NotFound, PreconditionFailed, WriteConflict
-from trainer.storage.keys import CancellableReader
+from runfolder import layout
+from runfolder.storage import retry
+from runfolder.storage.base import ObjectInfo, ObjectStore
+from runfolder.storage.errors import Cancelled, NotFound, PreconditionFailed, WriteConflict
+from runfolder.storage.keys import CancellableReader
 
 # Files this large go up as parallel parts composed into one object (see _put_parallel).
 PARALLEL_THRESHOLD = 32 * 1024 * 1024
@@ -79,7 +79,7 @@ class GCSStore(ObjectStore):
     def _blob(self, name: str, *, checkpoint: bool, chunk_size: int | None = None):
         """A blob to upload; a checkpoint's (and every parallel-upload part) gets its Custom-Time.
 
-        The bucket's short noncurrent rule matches on Custom-Time (see `trainer.layout`): it
+        The bucket's short noncurrent rule matches on Custom-Time (see `runfolder.layout`): it
         is sent with the upload itself, so every generation of the object carries it.
         """
         blob = self.bucket.blob(name, chunk_size=chunk_size)

@@ -1,4 +1,4 @@
-"""Tests for trainer.checkpointer's background save: a snapshot of one step, written while training goes on."""
+"""Tests for trainer.tf_checkpoint's background save: a snapshot of one step, written while training goes on."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from trainer.checkpoints import CheckpointStore
-from trainer.storage import open_store
+from runfolder.storage import open_store
+from trainer.checkpoint_store import CheckpointStore
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def _held(checkpoint_of, gate: threading.Event, entered: threading.Event):
 
 
 def _checkpointer(tr: Trainer, store, work, checkpoint_of=None, **kw):
-    from trainer.checkpointer import Checkpointer
+    from trainer.tf_checkpoint import Checkpointer
 
     committed: list[dict] = []
     ckstore = CheckpointStore(store, on_commit=committed.append)

@@ -1,4 +1,4 @@
-"""The run's lease (trainer/lease.py) on a local run with an injected clock: every rule that decides
+"""The run's lease (runfolder/lease.py) on a local run with an injected clock: every rule that decides
 whether a lease is free, what the trainer is told, and what renewing, checking and releasing do.
 
 No real time passes: `clock`, `monotonic` and `sleep` are one fake clock that `sleep` advances,
@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from trainer import layout
-from trainer.lease import LeaseHeld, LeaseLost, LeaseRecord, RunLease, default_holder, machine_id
-from trainer.storage import open_store
+from runfolder import layout
+from runfolder.lease import LeaseHeld, LeaseLost, LeaseRecord, RunLease, default_holder, machine_id
+from runfolder.storage import open_store
 
 
 class Clock:
@@ -355,7 +355,7 @@ def test_release_with_the_store_down_leaves_the_lease_to_expire(store, clock, mo
 def _conflicts(store, n: int | None):
     """Make the store answer the next `n` conditional writes (all, for None) with 409, as S3's
     ConditionalRequestConflict and GCS's Conflict do; the rest are written. Returns the calls."""
-    from trainer.storage import WriteConflict
+    from runfolder.storage import WriteConflict
 
     real = store.put_bytes_if
     calls = []
@@ -381,7 +381,7 @@ def test_a_renewal_that_meets_writes_in_flight_tries_again_with_growing_pauses(s
 
 
 def test_a_renewal_that_keeps_meeting_writes_in_flight_gives_up_still_holding_the_lease(store, clock):
-    from trainer.lease import LeaseBusy
+    from runfolder.lease import LeaseBusy
 
     a = lease(store, clock)
     a.acquire()
@@ -409,7 +409,7 @@ def test_a_lost_lease_is_lost_even_when_telling_the_trainer_fails(store, clock):
 def test_a_write_whose_answer_was_lost_is_ours_and_renewed_from_its_version(store, clock):
     """The conditional write reached the store but its answer did not: the retry is refused
     (412), the object holds our nonce, so the lease is ours at the version the store holds."""
-    from trainer.storage import PreconditionFailed
+    from runfolder.storage import PreconditionFailed
 
     real = store.put_bytes_if
     calls = []
@@ -431,7 +431,7 @@ def test_a_write_whose_answer_was_lost_is_ours_and_renewed_from_its_version(stor
 
 
 def test_a_write_refused_for_another_writers_record_looks_again(store, clock):
-    from trainer.storage import PreconditionFailed
+    from runfolder.storage import PreconditionFailed
 
     real = store.put_bytes_if
     calls = []

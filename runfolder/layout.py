@@ -24,21 +24,11 @@ One writer per object:
   the first trainer to count a data set    <bucket>/cache/data/<digest>.json (trainer/staging.py;
                          create-if-absent, so the first count is the one kept)
   trainer (chief) holding the run's lease    lease.json (taken, renewed and released by conditional
-                         writes only; see trainer/lease.py); whoever holds it is the one trainer
+                         writes only; see runfolder/lease.py); whoever holds it is the one trainer
                          that may write the chief's objects above
 """
 
 from __future__ import annotations
-
-# -- the trainer's exit codes (python -m trainer) --
-
-EXIT_OK = 0  # the run ended: COMPLETE (or CANCELLED) is written
-EXIT_FAILED = 1  # this attempt failed; another attempt may succeed
-EXIT_NO_CLUSTER = 75  # the workers could not form their cluster in time (a peer missing): not this machine's failure
-EXIT_PEER_LOST = 76  # a peer was lost during training (collective error): not this machine's failure
-EXIT_LEASE_HELD = 77  # another machine's trainer holds the run's lease (it is training this run): not this machine's failure
-EXIT_UNUSABLE = 78  # this machine can never run this run (e.g. the GPUs asked for are not seen): no retry
-EXIT_PREEMPTED = 143  # stopped by a signal after a committed checkpoint
 
 # -- bucket-level prefixes (relative to the bucket root) --
 
@@ -71,8 +61,8 @@ MACHINE_EVENTS_PREFIX = "machine-events/"
 STOP_KEY = "STOP"
 RENDEZVOUS_PREFIX = "rendezvous/"  # several machines: membership records by generation
 WORKER_EVENTS_PREFIX = "worker-events/"  # several machines: a non-chief worker's own `failed` events
-LEASE_KEY = "lease.json"  # the single-writer lease (trainer/lease.py)
-# Several placements (issue 24): which one is active and every move (controller/record.py). Absent:
+LEASE_KEY = "lease.json"  # the single-writer lease (runfolder/lease.py)
+# Several placements: which one is active and every move (controller/record.py). Absent:
 # placement 0 (home) is active.
 PLACEMENT_KEY = "placement.json"
 # The placement controller's own events (`moved`), among the machines' so `ops status` shows them.

@@ -1,4 +1,4 @@
-"""Tests for trainer.storage against file://, moto_server (S3) and the GCS emulator."""
+"""Tests for runfolder.storage against file://, moto_server (S3) and the GCS emulator."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer import storage
-from trainer.storage import NotFound, open_store
+from runfolder import storage
+from runfolder.storage import NotFound, open_store
 
 
 def _write(path, data: bytes) -> str:
@@ -302,7 +302,7 @@ def test_s3_missing_key_under_prefix_scoped_listing_is_not_found(s3_run, tmp_pat
     ("gs://b/a/b/c", ("b", "a/b/c")),
 ])
 def test_bucket_uris_parse_the_same_for_both_clouds(uri, expected):
-    from trainer.storage.keys import split_bucket_uri
+    from runfolder.storage.keys import split_bucket_uri
 
     scheme = uri.split("://")[0]
     assert split_bucket_uri(uri, scheme) == expected
@@ -318,7 +318,7 @@ def test_bucketless_uris_are_refused_with_the_expected_form(uri):
 
 def test_retry_jitter_leaves_the_global_random_state_alone(tmp_path, monkeypatch):
     """Keras seeds unseeded initializers from Python's global `random`: a retry on another
-    thread must not draw from it, or a model built meanwhile gets other weights (issue 14)."""
+    thread must not draw from it, or a model built meanwhile gets other weights."""
     import random
 
     monkeypatch.setattr(storage.retry, "BACKOFF_INITIAL_S", 0.001)
@@ -368,7 +368,7 @@ def test_append_is_not_doubled_when_the_answer_is_lost(request, backend, monkeyp
 def test_a_cancelled_upload_stops_mid_file_and_publishes_nothing(tmp_path, monkeypatch):
     import threading
 
-    from trainer.storage.keys import CancellableReader
+    from runfolder.storage.keys import CancellableReader
 
     store = open_store(f"file://{tmp_path}/r")
     retries = []
@@ -399,8 +399,8 @@ def test_a_cancelled_upload_stops_mid_file_and_publishes_nothing(tmp_path, monke
 def test_large_gcs_uploads_go_as_parallel_parts_and_leave_none(gs_run, tmp_path, monkeypatch):
     import threading
 
-    from trainer.storage import gcs
-    from trainer.storage.keys import CancellableReader
+    from runfolder.storage import gcs
+    from runfolder.storage.keys import CancellableReader
 
     monkeypatch.setattr(gcs, "PARALLEL_THRESHOLD", 3 * 1024 * 1024)
     monkeypatch.setattr(gcs, "PART_MIN", 1024 * 1024)

@@ -8,7 +8,7 @@ A checkpoint is the set of files TF wrote into a local directory. It is uploaded
      "files": {"ckpt.index": {"size": 10, "sha256": "..."}, ...}}
 
 and is written last, after every file was uploaded (each upload retried on transient
-errors, see :mod:`trainer.storage`; in transit each request carries a checksum the store
+errors, see :mod:`runfolder.storage`; in transit each request carries a checksum the store
 checks: CRC32 from botocore, CRC32C from google-cloud-storage) and a listing confirmed
 every size. The SHA-256 of each file is checked again after download. A checkpoint
 without the marker, or whose files do not match it on download, is never restored: it is
@@ -19,13 +19,13 @@ taken for a committed one.
 A checkpoint here is any folder of files: this module knows nothing of TensorFlow and
 imports none of it, so ``ops`` (status, pull) reads a run's checkpoints on a laptop without
 it. What goes into the folder, and how it is restored into a model, is
-:mod:`trainer.checkpointer`'s.
+:mod:`trainer.tf_checkpoint`'s.
 
-Given the run's lease (:class:`trainer.lease.RunLease`), the store fences its writes: the
+Given the run's lease (:class:`runfolder.lease.RunLease`), the store fences its writes: the
 COMMITTED marker is written only right after a successful renewal of the lease (a
 conditional write the bucket decides), and pruning deletes nothing unless that renewal
 still covers it. A trainer that lost the run to another machine commits and deletes nothing
-(:class:`~trainer.lease.LeaseLost` is raised instead), so no two machines ever commit to one run.
+(:class:`~runfolder.lease.LeaseLost` is raised instead), so no two machines ever commit to one run.
 
 Background uploads (:meth:`CheckpointStore.commit_async`) run on one worker thread. The
 caller's directory is snapshotted first with hard links (a copy where links are not
@@ -40,7 +40,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -49,14 +48,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
-from trainer import layout
-from trainer.storage import Cancelled, NotFound, Store, check_key, read_json, walk_files
+from runfolder import layout
+from runfolder.checkpoints import committed_steps, marker_problem, scan
+from runfolder.storage import Cancelled, NotFound, Store, read_json, walk_files
 
 __all__ = ["CheckpointStore", "CheckpointError", "MARKER_FORMAT", "download_verified", "marker_problem", "scan"]
 
 MARKER_FORMAT = 1
 _HASH_CHUNK = 1024 * 1024
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 Emit = Callable[[str, dict], None]
 
@@ -96,21 +95,6 @@ def _local_files(local_dir: str) -> list[tuple[str, str]]:
 
 def _base(step: int) -> str:
     return layout.checkpoint_dir(step) + "/"
-
-
-def scan(store: Store) -> tuple[set[int], set[int]]:
-    """(steps with any object, steps with a marker) under the run's checkpoints, in one listing."""
-    present: set[int] = set()
-    committed: set[int] = set()
-    for key in store.list(layout.CHECKPOINTS_PREFIX):
-        found = layout.checkpoint_key_step(key)
-        if found is None:
-            continue
-        step, rest = found
-        present.add(step)
-        if rest == layout.COMMITTED:
-            committed.add(step)
-    return present, committed
 
 
 def _report_retries(store: Store, emit: Emit) -> None:
@@ -175,27 +159,6 @@ def _marker(step: int, manifest: dict[str, dict], lease_epoch: int | None) -> di
     if lease_epoch is not None:
         marker["lease_epoch"] = lease_epoch  # which holder of the run committed it
     return marker
-
-
-def marker_problem(step: int, marker: dict) -> str | None:
-    """Why a marker cannot be trusted, or None if it is well-formed."""
-    if marker.get("step") != step:
-        return f"marker names step {marker.get('step')!r}"
-    files = marker.get("files")
-    if not isinstance(files, dict) or not files:
-        return "marker lists no files"
-    for rel, meta in files.items():
-        try:
-            check_key(rel)
-        except ValueError:
-            return f"marker lists an unsafe path {rel!r}"
-        if (
-            not isinstance(meta, dict)
-            or not isinstance(meta.get("size"), int)
-            or not _SHA256_RE.match(str(meta.get("sha256", "")))
-        ):
-            return f"marker entry for {rel} lacks size or sha256"
-    return None
 
 
 def download_verified(store: Store, step: int, files: dict[str, dict], staging: str, workers: int) -> str | None:
@@ -315,7 +278,7 @@ class _Uploads:
 
 
 class CheckpointStore:
-    """Checkpoints of one run in a :class:`~trainer.storage.Store` (see module docstring).
+    """Checkpoints of one run in a :class:`~runfolder.storage.Store` (see module docstring).
 
     ``emit(kind, fields)`` receives ``checkpoint_skipped`` (step, reason) and
     ``upload_retry`` (attempt, error, op, key) for retried transfers of checkpoint keys;
@@ -323,7 +286,7 @@ class CheckpointStore:
     ``store.on_retry``, keeping any hook already there.
     ``on_commit(info)`` is called with :meth:`commit`'s result after every successful
     commit, background ones included, so the caller can report them.
-    ``lease`` (a :class:`~trainer.lease.RunLease` already taken, or anything with its
+    ``lease`` (a :class:`~runfolder.lease.RunLease` already taken, or anything with its
     ``fence()`` and ``check()``) fences markers and pruning, see the module docstring.
     """
 
@@ -483,7 +446,7 @@ class CheckpointStore:
 
     def committed_steps(self) -> list[int]:
         """Steps that have a ``COMMITTED`` marker, ascending."""
-        return sorted(self._scan()[1])
+        return committed_steps(self.store)
 
     def _read_marker(self, step: int) -> dict | None:
         return read_json(self.store, layout.committed_key(step))
@@ -560,7 +523,7 @@ class CheckpointStore:
         newer than the newest good one and deleted like any old one after that.
         """
         if self.lease is not None:
-            from trainer.lease import LeaseLost
+            from runfolder.lease import LeaseLost
 
             try:
                 self.lease.check()

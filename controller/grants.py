@@ -24,7 +24,7 @@ the bucket, conditioned on the run's prefix, object reads, listing, creation, an
 
 from __future__ import annotations
 
-from trainer import layout
+from runfolder import layout
 
 READ_GROUP_ACTIONS = ("autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities")
 SIZE_GROUP_ACTIONS = ("autoscaling:UpdateAutoScalingGroup",)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import tenacity
 
-from trainer.storage.errors import Cancelled, NotFound, PreconditionFailed
+from runfolder.storage.errors import Cancelled, NotFound, PreconditionFailed
 
 # A preempted machine has ~30 s (GCE) to ~2 min (EC2) of notice: a transfer must give up
 # on a dead endpoint quickly and try again rather than hang.

@@ -6,13 +6,13 @@ given the same run id. Each would commit checkpoints and prune the other's. So t
 takes a lease before it writes anything to the run, and every commit proves it still holds
 it.
 
-The lease is one small JSON object, ``<run>/lease.json`` (:data:`trainer.layout.LEASE_KEY`)::
+The lease is one small JSON object, ``<run>/lease.json`` (:data:`runfolder.layout.LEASE_KEY`)::
 
     {"format": 1, "holder": "host/pid", "token": "...", "epoch": 7, "ttl_s": 60,
      "expires": 1767225600.0, "released": false, "nonce": "..."}
 
 and every change to it is a conditional write the store decides atomically
-(:meth:`trainer.storage.Store.put_bytes_if`: S3 ``If-None-Match: *`` / ``If-Match`` on the
+(:meth:`runfolder.storage.Store.put_bytes_if`: S3 ``If-None-Match: *`` / ``If-Match`` on the
 ETag, GCS ``ifGenerationMatch``), against the version this trainer read. Of two trainers
 racing for it, exactly one wins; the other reads again.
 
@@ -56,8 +56,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainer import layout
-from trainer.storage import NotFound, PreconditionFailed, Store, WriteConflict
+from runfolder import layout
+from runfolder.storage import NotFound, PreconditionFailed, Store, WriteConflict
 
 LEASE_FORMAT = 1
 DEFAULT_TTL_S = 60.0

@@ -1,4 +1,4 @@
-"""Which storage errors are retried (trainer/storage/retry.py): each kind the clients raise, the
+"""Which storage errors are retried (runfolder/storage/retry.py): each kind the clients raise, the
 answers at the edges of "transient", the cause chain, and the retry loop's bounds and backoff."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import requests.exceptions as rx
 import tenacity
 from google.resumable_media import common as rm
 
-from trainer.storage import retry
-from trainer.storage.errors import Cancelled, NotFound, PreconditionFailed, WriteConflict
+from runfolder.storage import retry
+from runfolder.storage.errors import Cancelled, NotFound, PreconditionFailed, WriteConflict
 
 
 @pytest.mark.parametrize(("status", "code", "expected"), [

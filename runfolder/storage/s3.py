@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
-from trainer import layout
-from trainer.storage import retry
-from trainer.storage.base import ObjectInfo, ObjectStore
-from trainer.storage.errors import Cancelled, NotFound, PreconditionFailed, WriteConflict
-from trainer.storage.retry import is_transient, is_transient_answer
+from runfolder import layout
+from runfolder.storage import retry
+from runfolder.storage.base import ObjectInfo, ObjectStore
+from runfolder.storage.errors import Cancelled, NotFound, PreconditionFailed, WriteConflict
+from runfolder.storage.retry import is_transient, is_transient_answer
 
 
 class S3Store(ObjectStore):

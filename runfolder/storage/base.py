@@ -2,7 +2,7 @@
 
 A :class:`Store` is rooted at a run URI and speaks in keys relative to that root. Backends
 implement the ``_``-prefixed primitives on validated keys; this class validates keys,
-retries whole transfers on transient errors (:mod:`trainer.storage.retry`) and builds
+retries whole transfers on transient errors (:mod:`runfolder.storage.retry`) and builds
 appends, directory mirrors and prefix deletes on top. :class:`ObjectStore` is the common
 part of the cloud backends: a bucket and a root inside it, parsed from the URI once.
 """
@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from trainer.storage.errors import Cancelled, NotFound
-from trainer.storage.keys import TMP_MARK, check_key, split_bucket_uri, walk_files
-from trainer.storage.retry import RetryHook, retrying
+from runfolder.storage.errors import Cancelled, NotFound
+from runfolder.storage.keys import TMP_MARK, check_key, split_bucket_uri, walk_files
+from runfolder.storage.retry import RetryHook, retrying
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ class Store(abc.ABC):
         """Upload the local file ``path`` to ``key``, all or nothing.
 
         Setting ``cancel`` aborts the upload at the next read of the file (raises
-        :class:`~trainer.storage.keys.Cancelled`; nothing is published under ``key``).
+        :class:`~runfolder.storage.keys.Cancelled`; nothing is published under ``key``).
         """
         check_key(key)
         if not os.path.isfile(path):

@@ -4,7 +4,7 @@
 (COMPLETE written) or cancelled (the run folder's STOP found: a checkpoint committed,
 CANCELLED written), 143 stopped by SIGTERM/SIGINT after a committed checkpoint, 1 failed,
 75 the workers did not form their cluster, 76 a peer was lost, 77 another machine's
-trainer holds the run's lease (`trainer.lease`: one writer per run), 78 this machine
+trainer holds the run's lease (`runfolder.lease`: one writer per run), 78 this machine
 cannot run the run (the GPUs asked for are not seen: `trainer.devices`, or another
 model's checkpoints).
 
@@ -23,11 +23,10 @@ import os
 import shutil
 import time
 
+from runfolder import exits, layout
 from trainer import cluster as cluster_mod
 from trainer import export as export_mod
-from trainer import layout
-from trainer.checkpointer import ResumeMismatch
-from trainer.checkpoints import CheckpointStore
+from trainer.checkpoint_store import CheckpointStore
 from trainer.config import TrainConfig, as_dict
 from trainer.devices import DeviceMismatch, check_gpus
 from trainer.loop import TrainLoop
@@ -36,9 +35,10 @@ from trainer.models import NoData, resolve_precision
 from trainer.run_attempt import RunAttempt, loop_complete_message, start
 from trainer.signals import StopRequest
 from trainer.strategy import Cluster, make_strategy, read_cluster
+from trainer.tf_checkpoint import ResumeMismatch
 
 
-class Attempt(RunAttempt):
+class LoopAttempt(RunAttempt):
     """One attempt of a run around a `TrainLoop`: the shared lifecycle (`RunAttempt`) plus the cluster."""
 
     def __init__(self, cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None):
@@ -85,12 +85,12 @@ class Attempt(RunAttempt):
         if isinstance(error, DeviceMismatch):
             # This machine can never run this run: say why once, and let the supervisor end it.
             self.emit(layout.FAILED_EVENT, reason=str(error), step=self.loop.state.step, **error.details)
-            return layout.EXIT_UNUSABLE
+            return exits.UNUSABLE
         if isinstance(error, ResumeMismatch | NoData | MetricError):
             # Another model's checkpoints, no data at all, or a metric or validation set that cannot work: no
             # retry can help, and nothing was written to the run.
             self.emit(layout.FAILED_EVENT, reason=str(error), step=self.loop.state.step)
-            return layout.EXIT_UNUSABLE
+            return exits.UNUSABLE
         if self.cluster.multi_worker and cluster_mod.peer_loss(error):
             return self._peer_lost(error)
         return None
@@ -150,11 +150,11 @@ class Attempt(RunAttempt):
             steps = self.loop.ckstore.committed_steps()
             self.emit(layout.PREEMPTED, step=steps[-1] if steps else 0, signal=self.stop.signal_name,
                       seconds=0.0, examples_seen=None)
-            return layout.EXIT_PREEMPTED
+            return exits.PREEMPTED
         if missing:
             self.startup.disarm()
             self._no_cluster(missing)
-            return layout.EXIT_NO_CLUSTER
+            return exits.NO_CLUSTER
         return None
 
     def _no_cluster(self, missing: list[str]) -> None:
@@ -165,7 +165,7 @@ class Attempt(RunAttempt):
                   + (f" (no trainer listening at {', '.join(missing)})" if missing else "")
                   + ". Not this machine's failure: the machines form a new cluster and the run resumes "
                   "from its newest committed checkpoint")
-        self.emit(layout.FAILED_EVENT, reason=reason, step=self.loop.state.step, exit_code=layout.EXIT_NO_CLUSTER,
+        self.emit(layout.FAILED_EVENT, reason=reason, step=self.loop.state.step, exit_code=exits.NO_CLUSTER,
                   waited_for=cl.peers, unreachable=missing, worker=cl.index, address=cl.address)
 
     def _no_cluster_exit(self) -> None:
@@ -174,13 +174,13 @@ class Attempt(RunAttempt):
         self.events.flush(timeout=cluster_mod.RECORD_TIMEOUT_S)
         if self._own_work:
             shutil.rmtree(self.work, ignore_errors=True)
-        cluster_mod.hard_exit(layout.EXIT_NO_CLUSTER)
+        cluster_mod.hard_exit(exits.NO_CLUSTER)
 
     def _peer_lost(self, error: BaseException) -> int:
         """A collective failed because a peer went away: say which, exit 76 (75 before the cluster formed)."""
         cl = self.cluster
         forming = self.startup is not None and self.startup.armed
-        code = layout.EXIT_NO_CLUSTER if forming else layout.EXIT_PEER_LOST
+        code = exits.NO_CLUSTER if forming else exits.PEER_LOST
         lost = cluster_mod.lost_peers(error, cl.addresses, cl.index)
         checkpointer = self.loop.checkpointer
         committed = checkpointer.last_committed if checkpointer is not None else None
@@ -200,7 +200,7 @@ class Attempt(RunAttempt):
         self.events.flush()
         self.emit(layout.PREEMPTED, step=self.loop.state.step, signal=self.stop.signal_name,
                   seconds=round(time.monotonic() - started, 3), examples_seen=self.loop.state.examples_seen)
-        return layout.EXIT_PREEMPTED
+        return exits.PREEMPTED
 
     def _cancel(self) -> int:
         """Asked to end early (STOP): commit the current step, emit `cancelled`, write CANCELLED, exit 0."""
@@ -210,11 +210,11 @@ class Attempt(RunAttempt):
         st = self.loop.state
         self.emit(layout.CANCELLED_EVENT, step=st.step, reason=reason, examples_seen=st.examples_seen)
         if not self.chief:
-            return layout.EXIT_OK
+            return exits.OK
         self.events.flush()
         # Written last, after the checkpoint it names is committed: one atomic object.
         self._write_cancelled(st.step, reason, st.examples_seen)
-        return layout.EXIT_OK
+        return exits.OK
 
     def _finish(self) -> int:
         """All steps done: the last evaluation, final checkpoint, SavedModel (the best, with --keep-best),
@@ -225,7 +225,7 @@ class Attempt(RunAttempt):
         self.loop.final_evaluation()
         self.loop.commit_current()
         if not self.chief:
-            return layout.EXIT_OK
+            return exits.OK
         self.events.flush()
         best = dict(st.best) if st.best else None
         if best is not None:
@@ -245,19 +245,19 @@ class Attempt(RunAttempt):
         self.events.flush()
         self._write_complete(step=st.step, metrics=metrics, examples_seen=st.examples_seen, signature=signature,
                              **evaluation)
-        return layout.EXIT_OK
+        return exits.OK
 
 
 def train(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None, keep: list | None = None) -> int:
     """Run one attempt of the run `cfg` describes; returns the exit code.
 
     `stop` is the signal flag, when the caller installed it early (see `trainer.signals`).
-    `keep`, when given, receives the `Attempt`, so that its TensorFlow objects outlive
+    `keep`, when given, receives the `LoopAttempt`, so that its TensorFlow objects outlive
     the call: `python -m trainer` then ends without freeing them (see trainer/__main__.py).
     """
-    attempt = start(Attempt, cfg, stream=stream, stop=stop)
+    attempt = start(LoopAttempt, cfg, stream=stream, stop=stop)
     if attempt is None:
-        return layout.EXIT_FAILED
+        return exits.FAILED
     if keep is not None:
         keep.append(attempt)
     return attempt.run()

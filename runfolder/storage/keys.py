@@ -12,7 +12,7 @@ import os
 import threading
 from urllib.parse import urlparse
 
-from trainer.storage.errors import Cancelled
+from runfolder.storage.errors import Cancelled
 
 # Local temporary files carry this marker so listings and mirrors never show them.
 TMP_MARK = ".trainstack-tmp-"

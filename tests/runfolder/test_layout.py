@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer import layout
+from runfolder import layout
 
 
 @pytest.mark.parametrize(("key", "expected"), [

@@ -1,7 +1,7 @@
 """What a store operation raises besides the client libraries' own errors.
 
-Defined apart from the interface (:mod:`~trainer.storage.base`) and the retry policy
-(:mod:`~trainer.storage.retry`) because both need them: the interface raises them, the
+Defined apart from the interface (:mod:`~runfolder.storage.base`) and the retry policy
+(:mod:`~runfolder.storage.retry`) because both need them: the interface raises them, the
 policy never retries them. This module imports nothing, so neither has to import the other.
 """
 

@@ -1,4 +1,4 @@
-"""trainer/storage/keys.py at its edges: the key checks' messages, file:// roots, local walks, and
+"""runfolder/storage/keys.py at its edges: the key checks' messages, file:// roots, local walks, and
 the cancellable reader the cloud clients read uploads through."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.storage.errors import Cancelled
-from trainer.storage.keys import TMP_MARK, CancellableReader, check_key, file_root, split_bucket_uri, walk_files
+from runfolder.storage.errors import Cancelled
+from runfolder.storage.keys import TMP_MARK, CancellableReader, check_key, file_root, split_bucket_uri, walk_files
 
 
 @pytest.mark.parametrize(("key", "message"), [

@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainer import layout
-from trainer.events import parse_time
+from runfolder import layout
+from runfolder.events import parse_time
 
 # Events after which an attempt's machine is going or gone: it is not counted up to now.
 _ENDS_ATTEMPT = frozenset({layout.PREEMPTED, layout.FAILED_EVENT, layout.CANCELLED_EVENT, layout.SPOT_NOTICE,

@@ -1,4 +1,4 @@
-"""The cost arithmetic (`trainer.cost`): every attempt's start to its end x nodes x price per machine-hour.
+"""The cost arithmetic (`runfolder.cost`): every attempt's start to its end x nodes x price per machine-hour.
 
 Events are written as the trainer and the machines write them (ISO times; `started` with the
 config and `workers`); times here are whole minutes after T0 so each figure can be checked
@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from trainer import cost, layout
+from runfolder import cost, layout
 from trainer.export import complete_record
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
