@@ -68,15 +68,17 @@ def commit(store, work: Path, step: int) -> None:
 
 @contextlib.contextmanager
 def clocked(clock: Clock) -> Iterator[None]:
-    """``trainer.events.utc_now`` reads ``clock`` inside the block, the real time again after it."""
+    """``utc_now`` (the trainer's event log's and the run folder's) reads ``clock`` inside the block,
+    the real time again after it."""
+    import runfolder.events
     import trainer.events
 
-    real = trainer.events.utc_now
-    trainer.events.utc_now = clock
+    real = runfolder.events.utc_now
+    trainer.events.utc_now = runfolder.events.utc_now = clock
     try:
         yield
     finally:
-        trainer.events.utc_now = real
+        trainer.events.utc_now = runfolder.events.utc_now = real
 
 
 def _machine(store, machine: str, name: str, t: float, **fields) -> None:
@@ -120,7 +122,7 @@ def story(uri: str, work: Path, *, start: float, eval_every: int = 500, steps: i
 
 
 def _story(uri: str, work: Path, clock: Clock, *, eval_every: int, steps: int, checkpoint_every: int) -> Story:
-    import trainer.events
+    import runfolder.events
 
     store = open_store(uri)
     log: EventLog | None = None
@@ -192,13 +194,13 @@ def _story(uri: str, work: Path, clock: Clock, *, eval_every: int, steps: int, c
     end = clock.t + 40
     _machine(store, "i-0ccc", layout.MACHINE_FINISH, end + 5, cloud="aws", outcome="COMPLETE")
     _tensorboard(store, losses)
-    events = trainer.events.read_events(store)
+    events = runfolder.events.read_events(store)
     from runfolder import cost
 
     best_step = steps - steps % eval_every if steps % eval_every else steps - eval_every
     doc = {"step": steps, "metrics": {"loss": losses[steps], "val_accuracy": 0.93, "val_loss": 0.1},
            "examples_seen": steps * 64, "attempts": 3, "seconds_lost_to_preemption": 800.0,
-           "total_seconds": round(end - trainer.events.parse_time(events[0][layout.TIME]), 3), "finished_at": _iso(end),
+           "total_seconds": round(end - runfolder.events.parse_time(events[0][layout.TIME]), 3), "finished_at": _iso(end),
            **cost.run_cost(events, end=end).to_json(),
            "signature": {"endpoint": "serve", "signature": "serving_default",
                          "inputs": {"x": {"dtype": "float32", "shape": [None, 28, 28]}},

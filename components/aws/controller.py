@@ -17,6 +17,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components import placement, project
+from controller.config import ENV_VAR
 from runfolder import layout
 
 # The function's package is components/placement.py's FUNCTION_PACKAGES and the libraries Lambda's
@@ -48,7 +49,7 @@ ENVIRONMENT_MAX_BYTES = 4096
 
 def environment(config: str) -> dict[str, str]:
     """The function's environment: the configuration, refused in one line when Lambda would refuse it."""
-    variables = {placement.CONFIG_ENV: config}
+    variables = {ENV_VAR: config}
     size = environment_bytes(variables)
     if size > ENVIRONMENT_MAX_BYTES:
         raise ValueError(f"trainstack:placements: the placement controller's configuration takes {size} bytes of "
