@@ -141,3 +141,46 @@ def test_failed_and_cancelled_endings_name_the_third_attempt(earlier_run, tmp_pa
     assert t.wait(timeout=60) == 0, t.stderr
     marker = json.loads((tmp_path / "run" / layout.CANCELLED).read_text())
     assert (marker["attempts"], marker["step"], marker["reason"]) == (4, 7, "enough")
+
+
+def test_complete_record_is_exactly_the_documented_fields():
+    # A machine's event before the trainer's first start (not a start); a priced attempt on two
+    # machines whose last event was long before the end; an end 0.0004 s past a whole second.
+    events = [{layout.EVENT: "bootstrap", layout.TIME: _iso(T0 - 100)},
+              {layout.EVENT: layout.STARTED, layout.TIME: _iso(T0), layout.ATTEMPT: 1, "workers": 2,
+               "config": {"price_per_hour": 2.0, "price_note": "spot estimate"}},
+              {layout.EVENT: layout.CHECKPOINT, layout.TIME: _iso(T0 + 100), layout.ATTEMPT: 1, "step": 5}]
+    signature = {"endpoint": "serve", "signature": "serving_default", "inputs": {}, "outputs": {}}
+    best = {"metric": "val_loss", "mode": "min", "step": 5, "value": 0.5}
+
+    rec = complete_record(step=10, metrics={"loss": 0.25}, examples_seen=640, events=events,
+                          finished_at=T0 + 1800.0004, signature=signature, best=best, eval_seconds=0.0)
+
+    assert rec == {"step": 10, "metrics": {"loss": 0.25}, "examples_seen": 640, "attempts": 1,
+                   "seconds_lost_to_preemption": 0, "total_seconds": 1800.0,
+                   "finished_at": _iso(T0 + 1800.0004), "machine_hours": 1.0, "cost_usd": 2.0,
+                   "cost_note": "spot estimate", "signature": signature, "best": best, "eval_seconds": 0.0}
+    assert rec["finished_at"].endswith("+00:00")
+    # The attempt counts up to the end (1,800 s on two machines), not to its last event (100 s).
+    bare = complete_record(step=10, metrics={}, examples_seen=0, events=events[:2], finished_at=T0 + 0.0004)
+    assert bare["total_seconds"] == 0.0 and "signature" not in bare and "best" not in bare
+    assert "eval_seconds" not in bare and bare["machine_hours"] == 0.0
+
+
+def test_complete_record_of_a_run_without_events_has_one_attempt_and_no_cost():
+    rec = complete_record(step=0, metrics={}, examples_seen=0, events=[], finished_at=T0)
+    assert rec == {"step": 0, "metrics": {}, "examples_seen": 0, "attempts": 1, "seconds_lost_to_preemption": 0,
+                   "total_seconds": 0.0, "finished_at": _iso(T0)}
+
+
+def test_write_complete_stores_what_it_returns(tmp_path):
+    from trainer.export import write_complete
+    from trainer.storage import open_store
+
+    store = open_store(f"file://{tmp_path}/run")
+    events = _history([(T0, T0 + 60)]) + [{layout.EVENT: layout.STARTED, layout.TIME: _iso(T0 + 90),
+                                           layout.ATTEMPT: 2}]
+    doc = write_complete(store, step=4, metrics={"loss": 1.0}, examples_seen=8, events=events, finished_at=T0 + 120)
+    # One JSON document, indented as every end marker is for whoever reads it with `cat`.
+    assert store.get_bytes(layout.COMPLETE).decode() == json.dumps(doc, indent=2)
+    assert (doc["attempts"], doc["total_seconds"], doc["step"]) == (2, 120.0, 4)
