@@ -107,7 +107,7 @@ TARGETS: dict[str, Target] = {
         select="not after_two_preempted and not failed_and_cancelled"),
     "cost": Target(
         ["trainer/cost.py"],
-        ["tests/trainer/test_cost.py", "tests/trainer/test_catch_endings.py",
+        ["tests/trainer/test_cost.py", "tests/trainer/test_catch_cost.py", "tests/trainer/test_catch_endings.py",
          "tests/ops/test_runs.py::test_runs_shows_each_runs_cost"],
         extra=["-m", "not slow"]),
     "events": Target(
