@@ -112,7 +112,8 @@ TARGETS: dict[str, Target] = {
         extra=["-m", "not slow"]),
     "events": Target(
         ["trainer/events.py"],
-        ["tests/trainer/test_events.py", "tests/trainer/test_catch_endings.py", "tests/trainer/test_cost.py"],
+        ["tests/trainer/test_events.py", "tests/trainer/test_catch_events.py", "tests/trainer/test_catch_endings.py",
+         "tests/trainer/test_cost.py"],
         extra=["-m", "not slow"]),
     "runs": Target(
         ["ops/runs.py"], ["tests/ops/test_runs.py", "tests/ops/test_catch_runs.py"], extra=["-m", "not slow"]),
