@@ -54,3 +54,77 @@ def test_a_run_written_in_the_future_by_a_fast_clock_is_age_zero(tmp_path):
     _run(bucket, "behind", {name: 10.0 for name in FILES}, now)
     listed = runs.list_runs(bucket, now=now)
     assert [(r["id"], r["age_seconds"]) for r in listed] == [("ahead", 0.0), ("behind", 10.0)]
+
+
+def test_the_listing_skips_stray_files_rounds_ages_and_names_each_run_under_its_bucket(tmp_path):
+    bucket, now = f"file://{tmp_path}/bucket", time.time()
+    store = open_store(bucket)
+    store.put_bytes("runs/0-notes.txt", b"a file beside the runs, listed before them")
+    _run(bucket, "a", {name: 12.345 for name in FILES}, now)
+    _run(bucket, "b", {name: 99.96 for name in FILES}, now)
+
+    listed = runs.list_runs(bucket + "/", now=now)
+
+    assert [(r["id"], r["age_seconds"]) for r in listed] == [("a", 12.3), ("b", 100.0)]
+    assert [r["uri"] for r in listed] == [f"{bucket}/runs/a", f"{bucket}/runs/b"]
+
+
+@pytest.mark.parametrize(("uri", "bucket"), [
+    ("s3://b/runs/r1", "s3://b"), ("gs://b/runs/r1/", "gs://b"),
+    ("file:///data/runs/old/runs/r1", "file:///data/runs/old"),  # the last /runs/ is the run's
+])
+def test_a_run_uri_names_its_bucket(uri, bucket):
+    assert runs.bucket_uri_of(uri) == bucket
+
+
+@pytest.mark.parametrize("uri", ["s3://b/runs/", "s3://b/r1", "s3://b/runsr1"])
+def test_a_uri_that_is_no_run_is_refused_with_what_to_pass(uri):
+    with pytest.raises(runs.OpsError, match=r"is not of the form <bucket>/runs/<id>; pass --bucket-uri"):
+        runs.bucket_uri_of(uri)
+
+
+# -- stop -------------------------------------------------------------------------------
+
+
+def _running(tmp_path) -> tuple[str, object]:
+    from tests.ops.test_status import build
+
+    uri = f"file://{tmp_path}/bucket/runs/r"
+    store = open_store(uri)
+    build("running", store, tmp_path / "ckpt")
+    return uri, store
+
+
+def test_stop_writes_one_request_with_when_who_why_and_the_state_then_keeps_it(tmp_path, monkeypatch):
+    import getpass
+    import json
+    import socket
+
+    from trainer import layout
+
+    uri, store = _running(tmp_path)
+    monkeypatch.setattr(getpass, "getuser", lambda: "ana")
+    monkeypatch.setattr(socket, "gethostname", lambda: "laptop")
+
+    doc = runs.request_stop(uri, now=1_790_000_000.25)
+
+    assert doc == {"requested": "2026-09-21T14:13:20.250+00:00", "by": "ana@laptop",
+                   "reason": "asked to stop with ops stop", "state": "RUNNING"}
+    assert json.loads(store.get_bytes(layout.STOP_KEY)) == doc
+    again = runs.request_stop(uri, reason="a second time", store=store)
+    assert again == {"already": True, **doc}
+    store.put_bytes(layout.STOP_KEY, b"[1, 2]")
+    assert runs.request_stop(uri) == {"already": True}
+    store.put_bytes(layout.STOP_KEY, b"{torn")
+    assert runs.request_stop(uri) == {"already": True}
+
+
+def test_stop_names_the_state_of_a_run_that_has_ended(tmp_path):
+    from tests.ops.test_status import write_complete_doc
+
+    uri, store = _running(tmp_path)
+    write_complete_doc(store, 130)
+    with pytest.raises(runs.OpsError) as e:
+        runs.request_stop(uri)
+    assert str(e.value).startswith("the run has already ended: COMPLETE")
+    assert "None" not in str(e.value) and "XX" not in str(e.value)
