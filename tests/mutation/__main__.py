@@ -97,6 +97,26 @@ TARGETS: dict[str, Target] = {
          "tests/components/test_pricing.py::test_no_recorded_price_gives_the_machines_none"],
         # shellcheck and cloud-init's schema take ~15 s a case and test the scripts, not the rendering.
         select="not shellcheck and not schema"),
+    # The trainer's endings and the operator's listing: the in-process cases (the endings' `slow`
+    # ones run a trainer as a child, which mutmut cannot follow).
+    "export": Target(
+        ["trainer/export.py"],
+        ["tests/trainer/test_catch_endings.py", "tests/trainer/test_catch_export_model.py",
+         "tests/trainer/test_events.py", "tests/trainer/test_cost.py"],
+        # The Keras export runs in this process (TensorFlow imported once); the script-mode endings do not.
+        select="not after_two_preempted and not failed_and_cancelled"),
+    "cost": Target(
+        ["trainer/cost.py"],
+        ["tests/trainer/test_cost.py", "tests/trainer/test_catch_cost.py", "tests/trainer/test_catch_endings.py",
+         "tests/ops/test_runs.py::test_runs_shows_each_runs_cost"],
+        extra=["-m", "not slow"]),
+    "events": Target(
+        ["trainer/events.py"],
+        ["tests/trainer/test_events.py", "tests/trainer/test_catch_events.py", "tests/trainer/test_catch_endings.py",
+         "tests/trainer/test_cost.py"],
+        extra=["-m", "not slow"]),
+    "runs": Target(
+        ["ops/runs.py"], ["tests/ops/test_runs.py", "tests/ops/test_catch_runs.py"], extra=["-m", "not slow"]),
 }
 
 

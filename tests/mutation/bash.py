@@ -1,0 +1,196 @@
+"""Mutation testing of the boot scripts: `python -m tests.mutation.bash [SCRIPT ...] [--sample N]`.
+
+mutmut mutates Python only. This plants one small bug at a time in `userdata/*.sh`, where the
+scripts decide: a comparison flipped (`-lt`/`-le`, `-gt`/`-ge`, `-eq`/`-ne`, `==`/`!=`, and `<`,
+`<=`, `>`, `>=` inside `(( ))`), a numeric bound moved by one inside `(( ))`, an exit or return
+code changed (`exit 0` -> `exit 1`, `exit N` -> `exit N+1`, `return 0`/`return 1` swapped). Each
+mutant is written into a scratch copy of the working tree (`build/mutation/bash/`) and the tests
+that cover that script run there (`SCRIPTS`); a mutant is killed when they fail or time out.
+The boot tests run the real scripts in a sandbox (seconds each), so a script's sites are sampled
+(`--sample`, seeded by `--seed`). Comments are not mutated. Not CI: see tests/README.md for
+scores and times. Exits 1 while a mutant survives that `bash_equivalent.txt` does not explain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+WORK = ROOT / "build" / "mutation" / "bash"
+
+# The tests each script's decisions reach, cheapest first (the boot cases by the paths they take).
+BOOT = "tests/userdata/test_boot.py"
+SCRIPTS: dict[str, list[str]] = {
+    "userdata/supervise.sh": [
+        "tests/userdata/test_supervise_exit_trap.py",
+        BOOT + "::test_deadline_passed_times_out_without_starting_anything",
+        BOOT + "::test_ended_run_finishes_at_boot",
+        BOOT + "::test_crash_loop_fails_after_n_in_a_row_with_logs",
+        BOOT + "::test_no_gpu_fails_fast_with_reason",
+        BOOT + "::test_clean_run_completes_scales_to_zero_and_shuts_down",
+        BOOT + "::test_a_run_whose_lease_another_machine_holds_is_tried_again_not_failed",
+        BOOT + "::test_deadline_reached_during_training_stops_the_trainer_and_times_out",
+        BOOT + "::test_sigterm_from_a_shutdown_is_no_verdict_but_an_unexpected_exit_is_failed",
+    ],
+    "userdata/lib.sh": [
+        "tests/userdata/test_metadata_reads.py",
+        BOOT + "::test_ended_run_finishes_at_boot",
+        BOOT + "::test_clean_run_completes_scales_to_zero_and_shuts_down",
+    ],
+    "userdata/finish.sh": [
+        BOOT + "::test_ended_run_finishes_at_boot",
+        BOOT + "::test_crash_loop_fails_after_n_in_a_row_with_logs",
+        BOOT + "::test_clean_run_completes_scales_to_zero_and_shuts_down",
+    ],
+}
+SWAPS = {"-lt": "-le", "-le": "-lt", "-gt": "-ge", "-ge": "-gt", "-eq": "-ne", "-ne": "-eq", "==": "!=", "!=": "=="}
+ARITH = {"<=": "<", "<": "<=", ">=": ">", ">": ">="}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted bug: the line (1-based), the text it had and the text it gets."""
+
+    script: str
+    line: int
+    before: str
+    after: str
+    kind: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.script}:{self.line}:{self.kind}:{self.after.strip()[:60]}"
+
+
+def _code(line: str) -> str:
+    """The line without a trailing comment (a `#` after whitespace, outside `${...#...}`)."""
+    m = re.search(r"(^|\s)#(?![^{]*\})", line)
+    return line[:m.start()] if m else line
+
+
+def sites(script: str, text: str) -> list[Mutant]:
+    """Every mutant of `text` (the script's content), in line order."""
+    out: list[Mutant] = []
+    for n, line in enumerate(text.splitlines(keepends=True), 1):
+        code = _code(line)
+        if not code.strip() or code.lstrip().startswith("#"):
+            continue
+
+        def add(start: int, end: int, new: str, kind: str, n: int = n, line: str = line) -> None:
+            out.append(Mutant(script, n, line, line[:start] + new + line[end:], kind))
+
+        for m in re.finditer(r"(?<=\s)(-lt|-le|-gt|-ge|-eq|-ne|==|!=)(?=\s)", code):
+            add(m.start(), m.end(), SWAPS[m.group(1)], "compare")
+        for arith in re.finditer(r"\(\((.*?)\)\)", code):
+            body, base = arith.group(1), arith.start(1)
+            for m in re.finditer(r"(?<![<>=!])(<=|>=|<|>)(?![<>=])", body):
+                add(base + m.start(), base + m.end(), ARITH[m.group(1)], "arith")
+            for m in re.finditer(r"(?<![\w$.])(\d+)(?![\w.])", body):
+                add(base + m.start(), base + m.end(), str(int(m.group(1)) + 1), "bound")
+        for m in re.finditer(r"\b(exit|return) (\d+)\b", code):
+            code_now = int(m.group(2))
+            new = {"return": {0: 1, 1: 0}}.get(m.group(1), {}).get(code_now, 1 if code_now == 0 else code_now + 1)
+            add(m.start(2), m.end(2), str(new), m.group(1))
+    return out
+
+
+def prepare() -> Path:
+    """A fresh copy of the working tree (tracked and new files) under build/mutation/bash/."""
+    shutil.rmtree(WORK, ignore_errors=True)
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split("\0")
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if src.is_file() and not src.is_symlink():
+            dest = WORK / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest)
+    return WORK
+
+
+def run_tests(work: Path, tests: list[str], timeout: float) -> str:
+    """killed (a test failed), timeout, or survived."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n0", "-p", "no:cacheprovider", *tests]
+    try:
+        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    if proc.returncode == 0:
+        return "survived"
+    if proc.returncode == 1:
+        return "killed"
+    raise RuntimeError(f"pytest could not run {' '.join(tests)} (exit {proc.returncode}):\n{proc.stdout[-2000:]}")
+
+
+def equivalents() -> dict[str, str]:
+    """Mutant name prefix -> why it stays alive (`bash_equivalent.txt`)."""
+    path = HERE / "bash_equivalent.txt"
+    out = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        if line.strip() and not line.startswith("#"):
+            name, _, why = line.partition(" ")
+            out[name] = why
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.mutation.bash", description=__doc__.splitlines()[0])
+    parser.add_argument("scripts", nargs="*", choices=[[], *SCRIPTS], help="default: all of them")
+    parser.add_argument("--sample", type=int, default=0, help="mutants per script, drawn at random (0: all)")
+    parser.add_argument("--seed", type=int, default=37)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds a mutant's tests may take")
+    parser.add_argument("--list", action="store_true", help="print the mutants and exit")
+    opts = parser.parse_args(argv)
+    scripts = opts.scripts or list(SCRIPTS)
+    rng = random.Random(opts.seed)
+    chosen: list[Mutant] = []
+    for script in scripts:
+        found = sites(script, (ROOT / script).read_text())
+        picked = rng.sample(found, min(opts.sample, len(found))) if opts.sample else found
+        chosen += sorted(picked, key=lambda m: m.line)
+        print(f"{script}: {len(found)} mutants, {len(picked)} run")
+    if opts.list:
+        for m in chosen:
+            print(f"  {m.name}")
+        return 0
+    work = prepare()
+    if run_tests(work, sorted({t for s in scripts for t in SCRIPTS[s]}), opts.timeout) != "survived":
+        print("the tests fail on the unmutated scripts: fix that first")
+        return 2
+    why = equivalents()
+    start, left = time.monotonic(), 0
+    verdicts: dict[str, int] = {}
+    for m in chosen:
+        path = work / m.script
+        original = path.read_text()
+        lines = original.splitlines(keepends=True)
+        lines[m.line - 1] = m.after
+        path.write_text("".join(lines))
+        t0 = time.monotonic()
+        try:
+            verdict = run_tests(work, SCRIPTS[m.script], opts.timeout)
+        finally:
+            path.write_text(original)
+        verdicts[verdict] = verdicts.get(verdict, 0) + 1
+        note = next((w for n, w in why.items() if m.name.startswith(n)), None) if verdict == "survived" else None
+        left += verdict == "survived" and note is None
+        print(f"  {verdict:<9} {time.monotonic() - t0:5.0f} s  {m.name}" + (f"  [equivalent: {note}]" if note else ""),
+              flush=True)
+    killed = verdicts.get("killed", 0) + verdicts.get("timeout", 0)
+    print(f"bash: {killed} / {len(chosen)} killed ({100 * killed / max(1, len(chosen)):.1f} %), "
+          f"{verdicts.get('timeout', 0)} by timeout, in {time.monotonic() - start:.0f} s; "
+          f"{left} surviving mutants not explained")
+    return 1 if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

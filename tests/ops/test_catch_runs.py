@@ -1,0 +1,130 @@
+"""`ops runs` dates each run by its newest object, wherever that object falls in the listing.
+
+A run's files change at different times (checkpoints long ago, progress a minute ago), and a
+store lists them by name, not by time. Here every file of a run has a time of its own, and the
+newest is neither the first nor the last key of its run, so only the newest of them all gives
+the age and the order the operator expects.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ops import runs
+from trainer.storage import open_store
+from trainer.storage.keys import file_root
+
+FILES = ["checkpoints/ckpt-10/COMMITTED", "events.jsonl", "progress.json", "tensorboard/events.out"]
+
+
+def _run(bucket: str, run_id: str, ages: dict[str, float], now: float) -> None:
+    """A run folder whose files were last written `ages[name]` seconds before `now`."""
+    store = open_store(f"{bucket}/runs/{run_id}")
+    for name in FILES:
+        store.put_bytes(name, b"{}" if name.endswith(".json") else b"")
+    root = Path(file_root(f"{bucket}/runs/{run_id}"))
+    for name, age in ages.items():
+        os.utime(root / name, (now - age, now - age))
+
+
+@pytest.mark.parametrize("newest_of_recent", FILES[1:3])
+def test_a_runs_age_and_order_come_from_its_newest_file(tmp_path, newest_of_recent):
+    bucket, now = f"file://{tmp_path}/bucket", time.time()
+    # "recent": one file a minute old between files hours old; "steady": every file 20-40 min old.
+    recent = {name: 3600.0 * (i + 2) for i, name in enumerate(FILES)}
+    recent[newest_of_recent] = 60.0
+    _run(bucket, "recent", recent, now)
+    _run(bucket, "steady", {name: 1200.0 + 300 * i for i, name in enumerate(FILES)}, now)
+    _run(bucket, "old", {name: 86400.0 - 100 * i for i, name in enumerate(FILES)}, now)
+
+    listed = runs.list_runs(bucket, now=now)
+
+    assert [r["id"] for r in listed] == ["recent", "steady", "old"]
+    ages = {r["id"]: r["age_seconds"] for r in listed}
+    assert ages == pytest.approx({"recent": 60.0, "steady": 1200.0, "old": 86400.0 - 300}, abs=1.0)
+
+
+def test_a_run_written_in_the_future_by_a_fast_clock_is_age_zero(tmp_path):
+    bucket, now = f"file://{tmp_path}/bucket", time.time()
+    _run(bucket, "ahead", {name: -30.0 for name in FILES}, now)
+    _run(bucket, "behind", {name: 10.0 for name in FILES}, now)
+    listed = runs.list_runs(bucket, now=now)
+    assert [(r["id"], r["age_seconds"]) for r in listed] == [("ahead", 0.0), ("behind", 10.0)]
+
+
+def test_the_listing_skips_stray_files_rounds_ages_and_names_each_run_under_its_bucket(tmp_path):
+    bucket, now = f"file://{tmp_path}/bucket", time.time()
+    store = open_store(bucket)
+    store.put_bytes("runs/0-notes.txt", b"a file beside the runs, listed before them")
+    _run(bucket, "a", {name: 12.345 for name in FILES}, now)
+    _run(bucket, "b", {name: 99.96 for name in FILES}, now)
+
+    listed = runs.list_runs(bucket + "/", now=now)
+
+    assert [(r["id"], r["age_seconds"]) for r in listed] == [("a", 12.3), ("b", 100.0)]
+    assert [r["uri"] for r in listed] == [f"{bucket}/runs/a", f"{bucket}/runs/b"]
+
+
+@pytest.mark.parametrize(("uri", "bucket"), [
+    ("s3://b/runs/r1", "s3://b"), ("gs://b/runs/r1/", "gs://b"),
+    ("file:///data/runs/old/runs/r1", "file:///data/runs/old"),  # the last /runs/ is the run's
+])
+def test_a_run_uri_names_its_bucket(uri, bucket):
+    assert runs.bucket_uri_of(uri) == bucket
+
+
+@pytest.mark.parametrize("uri", ["s3://b/runs/", "s3://b/r1", "s3://b/runsr1"])
+def test_a_uri_that_is_no_run_is_refused_with_what_to_pass(uri):
+    with pytest.raises(runs.OpsError, match=r"is not of the form <bucket>/runs/<id>; pass --bucket-uri"):
+        runs.bucket_uri_of(uri)
+
+
+# -- stop -------------------------------------------------------------------------------
+
+
+def _running(tmp_path) -> tuple[str, object]:
+    from tests.ops.test_status import build
+
+    uri = f"file://{tmp_path}/bucket/runs/r"
+    store = open_store(uri)
+    build("running", store, tmp_path / "ckpt")
+    return uri, store
+
+
+def test_stop_writes_one_request_with_when_who_why_and_the_state_then_keeps_it(tmp_path, monkeypatch):
+    import getpass
+    import json
+    import socket
+
+    from trainer import layout
+
+    uri, store = _running(tmp_path)
+    monkeypatch.setattr(getpass, "getuser", lambda: "ana")
+    monkeypatch.setattr(socket, "gethostname", lambda: "laptop")
+
+    doc = runs.request_stop(uri, now=1_790_000_000.25)
+
+    assert doc == {"requested": "2026-09-21T14:13:20.250+00:00", "by": "ana@laptop",
+                   "reason": "asked to stop with ops stop", "state": "RUNNING"}
+    assert json.loads(store.get_bytes(layout.STOP_KEY)) == doc
+    again = runs.request_stop(uri, reason="a second time", store=store)
+    assert again == {"already": True, **doc}
+    store.put_bytes(layout.STOP_KEY, b"[1, 2]")
+    assert runs.request_stop(uri) == {"already": True}
+    store.put_bytes(layout.STOP_KEY, b"{torn")
+    assert runs.request_stop(uri) == {"already": True}
+
+
+def test_stop_names_the_state_of_a_run_that_has_ended(tmp_path):
+    from tests.ops.test_status import write_complete_doc
+
+    uri, store = _running(tmp_path)
+    write_complete_doc(store, 130)
+    with pytest.raises(runs.OpsError) as e:
+        runs.request_stop(uri)
+    assert str(e.value).startswith("the run has already ended: COMPLETE")
+    assert "None" not in str(e.value) and "XX" not in str(e.value)
