@@ -3,7 +3,7 @@
 A run of `nodes` machines trains only with all of them (the trainers wait for each other), so a
 group with some but not all of its machines is as stuck as an empty one. And a lease whose
 `expires` is behind the controller's clock by less than the margin the trainers allow for
-(`trainer.lease.CLOCK_SKEW_S`) may still be held by a trainer whose clock runs late: the move
+(`runfolder.lease.CLOCK_SKEW_S`) may still be held by a trainer whose clock runs late: the move
 waits for it. Pure decisions, and ticks over a `file://` run folder with groups kept in memory.
 """
 
@@ -21,10 +21,10 @@ from controller.config import parse
 from controller.decide import MOVE, STAY, GroupState, LaunchFailure, RunView, decide
 from controller.record import Record, iso
 from controller.tick import lease_gone, move, tick
+from runfolder import layout
+from runfolder.lease import CLOCK_SKEW_S, LeaseRecord
+from runfolder.storage import open_store
 from tests.controller.helpers import FakeGroups, moved_events, trained
-from trainer import layout
-from trainer.lease import CLOCK_SKEW_S, LeaseRecord
-from trainer.storage import open_store
 
 NOW = 1_800_000_000.0
 NO_CAPACITY = ("We currently do not have sufficient g5.xlarge capacity in the Availability Zone you requested "

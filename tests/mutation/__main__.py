@@ -106,7 +106,7 @@ TARGETS: dict[str, Target] = {
         # The Keras export runs in this process (TensorFlow imported once); the script-mode endings do not.
         select="not after_two_preempted and not failed_and_cancelled"),
     "cost": Target(
-        ["trainer/cost.py"],
+        ["runfolder/cost.py"],
         ["tests/trainer/test_cost.py", "tests/trainer/test_catch_cost.py", "tests/trainer/test_catch_endings.py",
          "tests/ops/test_runs.py::test_runs_shows_each_runs_cost"],
         extra=["-m", "not slow"]),

@@ -23,6 +23,7 @@ from controller import record as records
 from controller.clouds import COMPUTE_ENDPOINT_ENV
 from ops import hosts, preflight, status, synth
 from ops.__main__ import main
+from runfolder.storage import open_store
 from tests.controller.helpers import make_group, moved_events, trained
 from tests.ops.test_preflight import (  # noqa: F401 - `aws`: a fixture
     ENOUGH,
@@ -34,7 +35,6 @@ from tests.ops.test_preflight import (  # noqa: F401 - `aws`: a fixture
     default_vpc_as_on_aws,
 )
 from tests.ops.test_status import fake_pulumi
-from trainer.storage import open_store
 
 STACK = "gcp-aws"
 STACK_FILE = synth.STACKS_DIR / f"Pulumi.{STACK}.yaml"

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from ops import runs
-from trainer.storage import open_store
-from trainer.storage.keys import file_root
+from runfolder.storage import open_store
+from runfolder.storage.keys import file_root
 
 FILES = ["checkpoints/ckpt-10/COMMITTED", "events.jsonl", "progress.json", "tensorboard/events.out"]
 
@@ -100,7 +100,7 @@ def test_stop_writes_one_request_with_when_who_why_and_the_state_then_keeps_it(t
     import json
     import socket
 
-    from trainer import layout
+    from runfolder import layout
 
     uri, store = _running(tmp_path)
     monkeypatch.setattr(getpass, "getuser", lambda: "ana")

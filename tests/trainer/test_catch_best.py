@@ -39,8 +39,8 @@ def test_a_best_between_checkpoints_is_checkpointed_kept_and_exported(tmp_path):
     # The best's checkpoint was made at its own step, off the regular cadence (7, 14, 21, 28).
     checkpoints = [e["step"] for e in events if e["event"] == "checkpoint"]
     assert BEST_STEP in checkpoints and BEST_STEP % 7 != 0
-    from trainer.checkpoints import CheckpointStore
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
+    from trainer.checkpoint_store import CheckpointStore
 
     assert CheckpointStore(open_store(uri)).committed_steps() == [BEST_STEP, STEPS]
 

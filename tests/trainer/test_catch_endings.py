@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from runfolder import layout
 from tests.trainer.helpers import Trainer, kinds, run_trainer, store_events, trainer_env
-from trainer import layout
 from trainer.events import seconds_lost
 from trainer.export import complete_record
 
@@ -96,7 +96,7 @@ def earlier_run(tmp_path):
     """A script-mode run folder whose events hold two earlier attempts; its URI, its code, the first start."""
     import time
 
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     code = tmp_path / "code"
     code.mkdir()
@@ -135,7 +135,7 @@ def test_failed_and_cancelled_endings_name_the_third_attempt(earlier_run, tmp_pa
     # The fourth attempt is cancelled (ops stop wrote STOP) after its command committed step 7.
     t = Trainer(uri, "--code-dir", str(code), "--", "python", "standin.py", "wait", env=trainer_env())
     t.wait_event("standin_ready", timeout=60)
-    from trainer.storage import open_store
+    from runfolder.storage import open_store
 
     open_store(uri).put_bytes(layout.STOP_KEY, json.dumps({"reason": "enough"}).encode())
     assert t.wait(timeout=60) == 0, t.stderr
@@ -174,8 +174,8 @@ def test_complete_record_of_a_run_without_events_has_one_attempt_and_no_cost():
 
 
 def test_write_complete_stores_what_it_returns(tmp_path):
+    from runfolder.storage import open_store
     from trainer.export import write_complete
-    from trainer.storage import open_store
 
     store = open_store(f"file://{tmp_path}/run")
     events = _history([(T0, T0 + 60)]) + [{layout.EVENT: layout.STARTED, layout.TIME: _iso(T0 + 90),

@@ -15,9 +15,9 @@ from pathlib import PurePosixPath
 
 import pytest
 
-from trainer import layout
+from runfolder import layout
+from runfolder.storage import open_store
 from trainer.events import EventLog, read_events, read_jsonl, seconds_lost, utc_now
-from trainer.storage import open_store
 
 
 def _store(tmp_path):

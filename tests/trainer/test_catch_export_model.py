@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from trainer import layout
+from runfolder import layout
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +27,8 @@ def model():
 
 
 def test_export_replaces_a_partial_upload_and_uploads_every_file(model, tmp_path, capfd):
+    from runfolder.storage import open_store
     from trainer.export import export_model
-    from trainer.storage import open_store
 
     store = open_store(f"file://{tmp_path}/run")
     store.put_bytes(layout.MODEL_PREFIX + "stale/left-by-attempt-1", b"old")
@@ -49,8 +49,8 @@ def test_export_replaces_a_partial_upload_and_uploads_every_file(model, tmp_path
 
 
 def test_the_signature_is_the_one_the_saved_model_declares(model, tmp_path):
+    from runfolder.storage import open_store
     from trainer.export import SIGNATURE, export_model, saved_model_signature
-    from trainer.storage import open_store
 
     local = tmp_path / "export"
     export_model(model, str(local), open_store(f"file://{tmp_path}/run"))
