@@ -102,18 +102,18 @@ TARGETS: dict[str, Target] = {
     "export": Target(
         ["trainer/export.py"],
         ["tests/trainer/test_catch_endings.py", "tests/trainer/test_catch_export_model.py",
-         "tests/trainer/test_events.py", "tests/trainer/test_cost.py"],
+         "tests/trainer/test_events.py", "tests/runfolder/test_cost.py"],
         # The Keras export runs in this process (TensorFlow imported once); the script-mode endings do not.
         select="not after_two_preempted and not failed_and_cancelled"),
     "cost": Target(
         ["runfolder/cost.py"],
-        ["tests/trainer/test_cost.py", "tests/trainer/test_catch_cost.py", "tests/trainer/test_catch_endings.py",
+        ["tests/runfolder/test_cost.py", "tests/runfolder/test_catch_cost.py", "tests/trainer/test_catch_endings.py",
          "tests/ops/test_runs.py::test_runs_shows_each_runs_cost"],
         extra=["-m", "not slow"]),
     "events": Target(
-        ["trainer/events.py"],
+        ["trainer/events.py", "runfolder/events.py"],
         ["tests/trainer/test_events.py", "tests/trainer/test_catch_events.py", "tests/trainer/test_catch_endings.py",
-         "tests/trainer/test_cost.py"],
+         "tests/runfolder/test_cost.py"],
         extra=["-m", "not slow"]),
     "runs": Target(
         ["ops/runs.py"], ["tests/ops/test_runs.py", "tests/ops/test_catch_runs.py"], extra=["-m", "not slow"]),

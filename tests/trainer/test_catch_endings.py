@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runfolder import layout
+from runfolder.events import seconds_lost
 from tests.trainer.helpers import Trainer, kinds, run_trainer, store_events, trainer_env
-from trainer.events import seconds_lost
 from trainer.export import complete_record
 
 T0 = 1_790_000_000.0

@@ -16,8 +16,9 @@ from pathlib import PurePosixPath
 import pytest
 
 from runfolder import layout
+from runfolder.events import read_events, read_jsonl, seconds_lost, utc_now
 from runfolder.storage import open_store
-from trainer.events import EventLog, read_events, read_jsonl, seconds_lost, utc_now
+from trainer.events import EventLog
 
 
 def _store(tmp_path):

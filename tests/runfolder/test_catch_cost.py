@@ -13,7 +13,7 @@ import math
 import pytest
 
 from runfolder import cost, layout
-from tests.trainer.test_cost import ev, started, ts
+from tests.runfolder.test_cost import ev, started, ts
 
 
 @pytest.mark.parametrize("price", [0, 0.0, -2.0, math.inf, math.nan, True, "2.0", None, 10**400])
