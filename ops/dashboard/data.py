@@ -1,7 +1,7 @@
 """What the dashboard shows, read from the bucket: a row per run and one run's whole story.
 
 Nothing here reads a run folder on its own: the runs are the folders ``ops runs`` lists
-(``ops.runs.run_folders``), each read with ``ops status``'s reader (``ops.status.read_facts``)
+(``ops.runs.read_runs``), each read with ``ops status``'s reader (``ops.status.read_facts``)
 and classified by ``ops.runstate.classify``; machine time and cost come from
 ``trainer.cost``, the code ``ops status`` and the trainer's ``COMPLETE`` use, so the figures
 are the same. What is added is what a page needs beyond a status: the attempts as spans on a
@@ -28,8 +28,6 @@ VAL_PREFIX = "val_"
 # The loop's own scalars that are not curves worth a chart of their own.
 TB_SKIP = frozenset({"learning_rate", "step_time_s", "examples_per_sec", "checkpoint_s", "checkpoint_save_s",
                      "eval_s"})
-READERS = 16  # runs read at once for the table
-CACHED_BYTES = 8 << 20  # objects up to this size are kept between refreshes (a long run's events.jsonl: ~2 MB)
 TB_MAX_BYTES = 64 << 20  # event files beyond this are not read for curves (a note says so)
 
 
@@ -121,66 +119,22 @@ def _row(run_id: str, run, st: runstate.RunStatus, age: float) -> Row:
                age_seconds=round(max(0.0, age), 1), final=st.final)
 
 
-class Listed:
-    """A run's folder read through the bucket's one listing: what the listing lacks is not asked for.
-
-    Reading a run asks for a dozen objects, most of them absent (three of the four end markers, a
-    worker's events): on an object store each is a request. With the listing in hand, only the
-    objects that are there are fetched, and the folder's listings are answered from it. An object
-    written after the listing is seen on the next refresh.
-    """
-
-    def __init__(self, view, keys: dict, objects: dict | None = None) -> None:
-        self.view, self.keys, self.uri = view, keys, view.uri
-        self.objects = objects
-
-    def get_bytes(self, key: str) -> bytes:
-        info = self.keys.get(key)
-        if info is None:
-            raise NotFound(key)
-        if self.objects is None or info.size > CACHED_BYTES:
-            return self.view.get_bytes(key)
-        # An object the listing shows unchanged (same size and time) is not fetched again: a refresh
-        # asks only for what was written since.
-        name, sig = self.uri + "/" + key, (info.size, info.modified)
-        kept = self.objects.get(name)
-        if kept is not None and kept[0] == sig:
-            return kept[1]
-        data = self.view.get_bytes(key)
-        self.objects[name] = (sig, data)
-        return data
-
-    def stat(self, prefix: str = "") -> dict:
-        return {k: v for k, v in self.keys.items() if k.startswith(prefix)}
-
-    def list(self, prefix: str = "") -> list[str]:
-        return sorted(self.stat(prefix))
-
-    def exists(self, key: str) -> bool:
-        return key in self.keys
-
-
 def table(store, now: float, cache: dict | None = None, objects: dict | None = None) -> tuple[list[Row], list[str]]:
     """A row per run in the bucket's ``store`` (newest first), and notes for the runs that could not be read.
 
-    The runs are read side by side (an object store's latency, not its bandwidth, is the cost: a run is
-    about ten small requests). ``cache``: the rows of earlier calls; a run that has ended and not changed
-    since (the newest object in its folder is the same) is not read again. ``objects``: see :class:`Listed`.
+    The runs are listed and read side by side, as ``ops runs`` reads them (``ops.runs.read_runs``).
+    ``cache``: the rows of earlier calls; a run that has ended and not changed since (the newest
+    object in its folder is the same) is not read again. ``objects``: see ``ops.runs.Listed``.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     cache = {} if cache is None else cache
-    listings = runs.run_listings(store)
-    folders = runs.run_folders(store, listings)
 
-    def one(run_id: str) -> Row | str:
-        changed = folders[run_id]
+    def one(run_id: str, view, keys: dict, changed: float) -> Row | str:
         kept = cache.get(run_id)
         if kept is not None and kept[0] == changed:
             row = kept[1]
             row.age_seconds = round(max(0.0, now - changed), 1)
             return row
-        run = Listed(runs.run_view(store, run_id), listings[run_id], objects)
+        run = runs.Listed(view, keys, objects)
         try:
             st = status.read_status(run.uri, store=run, events=0, now=now)
         except Exception as e:  # noqa: BLE001 - one unreadable run is a note; the others are still shown
@@ -190,8 +144,7 @@ def table(store, now: float, cache: dict | None = None, objects: dict | None = N
             cache[run_id] = (changed, row)
         return row
 
-    with ThreadPoolExecutor(max_workers=READERS) as pool:
-        got = list(pool.map(one, folders))
+    got = runs.read_runs(store, one)
     return [r for r in got if isinstance(r, Row)], [r for r in got if isinstance(r, str)]
 
 
@@ -357,7 +310,7 @@ def run_page(store, run_id: str, now: float, objects: dict | None = None) -> Run
     if not stored:
         raise KeyError(run_id)
     changed = max(info.modified.timestamp() for info in stored.values())
-    run = Listed(run, stored, objects)
+    run = runs.Listed(run, stored, objects)
     notes: list[str] = []
     # As ops.status.read_status reads it, keeping the facts: the page draws every event.
     facts = status.read_facts(run, run.uri)
