@@ -11,6 +11,7 @@ read (a damaged line, a missing file) so that a page never fails because of one.
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass, field
 
@@ -29,6 +30,9 @@ VAL_PREFIX = "val_"
 TB_SKIP = frozenset({"learning_rate", "step_time_s", "examples_per_sec", "checkpoint_s", "checkpoint_save_s",
                      "eval_s"})
 TB_MAX_BYTES = 64 << 20  # event files beyond this are not read for curves (a note says so)
+# How a machine's recorded price says it carries its placement's checkpoint writes to home's bucket
+# (components.userdata.price_env writes the note; a test reads it from there).
+WRITES_NOTE = re.compile(r"\+ checkpoint writes to home \$(\d+(?:\.\d+)?)/h")
 
 
 @dataclass
@@ -94,6 +98,9 @@ class RunPage:
     notes: list[str] = field(default_factory=list)
     events: int = 0
     now: float = 0.0
+    # What each placement's recorded price is (its attempts' `price_note`, the newest): away from home's
+    # region it carries the checkpoint writes to home's bucket (see `writes_per_hour`).
+    price_notes: dict[str, str] = field(default_factory=dict)
 
 
 def _row(run_id: str, run, st: runstate.RunStatus, age: float) -> Row:
@@ -184,6 +191,24 @@ def _cost_window(st: runstate.RunStatus, facts: runstate.RunFacts, now: float) -
     if st.state == runstate.NOT_STARTED:
         return {}
     return {"now": None if runstate.is_local(st.run_uri) else now}
+
+
+def price_notes(events: list[dict]) -> dict[str, str]:
+    """Each placement's price note, from the newest ``started`` event there (``trainer.cost`` prices each
+    attempt by its own config)."""
+    out: dict[str, str] = {}
+    for ev in events:
+        cfg = ev.get("config") if ev.get(layout.EVENT) == layout.STARTED else None
+        if isinstance(cfg, dict) and isinstance(cfg.get("placement"), str) and cfg.get("price_note"):
+            out[cfg["placement"]] = str(cfg["price_note"])
+    return out
+
+
+def writes_per_hour(note: str) -> float | None:
+    """USD an hour of checkpoint writes to home's bucket that a price note says its price includes; None
+    when it includes none (home's region, or a price recorded before the writes were priced)."""
+    found = WRITES_NOTE.search(note or "")
+    return float(found.group(1)) if found else None
 
 
 def _lanes(found: list[cost.Span], machine_events: list[dict], local: bool) -> list[str]:
@@ -332,6 +357,7 @@ def run_page(store, run_id: str, now: float, objects: dict | None = None) -> Run
 
     log = runstate.merge_events(facts.trainer_events, facts.machine_events)
     page.events = len(log)
+    page.price_notes = price_notes(facts.trainer_events)
     found = cost.spans(log, **_cost_window(st, facts, now))
     for s, lane in zip(found, _lanes(found, facts.machine_events, runstate.is_local(st.run_uri)), strict=True):
         page.spans.append(Span(attempt=s.attempt, lane=lane, start=s.start, end=s.end, open=s.open,
