@@ -8,7 +8,9 @@ so they need no machine and no SSH:
   the group to zero and shuts the machine down, and a machine the group starts later
   finishes at once (``CANCELLED`` is an end marker).
 - ``runs`` reads every ``runs/<id>/`` folder of the bucket with ``ops status``'s reader:
-  state, step/total, age (since the folder last changed), attempts.
+  state, step/total, age (since the folder last changed), attempts. The folders are named
+  by one delimited listing, then each is listed and read on its own, 16 at once
+  (``read_runs``, which ``ops dashboard``'s table uses too).
 - ``pull`` downloads the SavedModel (``model/``) and, with ``--checkpoint``, the newest
   committed checkpoint.
 """
