@@ -258,7 +258,7 @@ def list_runs(bucket_uri: str, *, now: float | None = None) -> list[dict]:
     store = open_store(bucket_uri)
 
     def read(run_id: str, view, keys: dict, changed: float) -> dict:
-        st = status.read_status(view.uri, store=Listed(view, keys), events=0, now=now)
+        st = status.read_status(view.uri, store=Listed(view, keys), events=0, now=now, checkpoint_marker=False)
         return {"id": run_id, "uri": view.uri, "state": st.state, "step": st.step, "total": st.total,
                 "age_seconds": round(max(0.0, now - changed), 1), "attempts": st.attempts,
                 "machine_hours": st.machine_hours, "cost_usd": st.cost_usd, "cost_note": st.cost_note,

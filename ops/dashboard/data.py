@@ -143,7 +143,7 @@ def table(store, now: float, cache: dict | None = None, objects: dict | None = N
             return row
         run = runs.Listed(view, keys, objects)
         try:
-            st = status.read_status(run.uri, store=run, events=0, now=now)
+            st = status.read_status(run.uri, store=run, events=0, now=now, checkpoint_marker=False)
         except Exception as e:  # noqa: BLE001 - one unreadable run is a note; the others are still shown
             return f"run {run_id}: could not be read ({type(e).__name__}: {e})"
         row = _row(run_id, run, st, now - changed)

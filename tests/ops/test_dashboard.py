@@ -94,6 +94,9 @@ def test_a_refresh_fetches_only_what_changed_since(bucket):
     assert dash.respond("/")[0] == 200 and len(store.fetched) > 10
     # Nothing asked for that the listing says is absent (three of the four end markers, a worker's events).
     assert not any(k.endswith(("/FAILED", "/TIMED_OUT", "/CANCELLED")) for k in store.fetched if "/failed/" not in k)
+    # Nor a checkpoint's marker: the listing names the newest committed step, and no row shows its time.
+    assert not any(k.endswith("/" + layout.COMMITTED) for k in store.fetched)
+    assert any(k.startswith("runs/resumed/checkpoints/") for k in store.store.list("runs/resumed/"))
     store.fetched.clear()
     assert dash.respond("/")[0] == 200 and store.fetched == []
     time.sleep(0.01)
