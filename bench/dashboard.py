@@ -11,7 +11,9 @@ preempted-and-moved run, evaluated every 10 steps), the rest copies of a shorter
   first time (nothing read yet) and on a refresh (ended, unchanged runs' rows kept);
 - browser: headless chromium (as the browser tests start it) loading the page from the server
   on 127.0.0.1, by the page's Navigation Timing ``loadEventEnd`` (answered, laid out and drawn):
-  a fresh server's first page, and the median of its refreshes.
+  a fresh server's first page, and the median of its refreshes;
+- the table's pieces (``pieces``): naming the runs, one listing of all of ``runs/``, each run's
+  folder listed on its own, and the listings with the reads.
 
 Prints one JSON line and a Markdown table (bench/RESULTS.md keeps them with the command).
 """
@@ -137,6 +139,34 @@ def measure(bucket_uri: str, rounds: int, label: str) -> list[dict]:
     return out
 
 
+def pieces(bucket_uri: str, rounds: int, label: str) -> dict:
+    """The runs table's parts on their own, the median of ``rounds``: naming the runs (one delimited
+    listing), one listing of all of ``runs/`` (what the table read before), each run's folder listed
+    on its own side by side (what it reads now), and ``ops runs``'s reading of every run (listings
+    and objects: ``ops.runs.read_runs``)."""
+    from ops import runs, status
+    from runfolder.storage import open_store
+
+    store = open_store(bucket_uri)
+
+    def timed(fn) -> float:
+        times = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return round(statistics.median(times), 3)
+
+    def read(_run_id, view, keys, _changed):
+        return status.read_status(view.uri, store=runs.Listed(view, keys), events=0, checkpoint_marker=False)
+
+    return {"where": label, "objects": len(store.stat("runs/")),
+            "run_ids_s": timed(lambda: runs.run_ids(store)),
+            "one_listing_s": timed(lambda: store.stat("runs/")),
+            "per_run_listings_s": timed(lambda: runs.run_listings(store)),
+            "listed_and_read_s": timed(lambda: runs.read_runs(store, read))}
+
+
 def to_s3(root: Path) -> str:
     """The bucket copied to a fresh moto_server bucket (its variables set for this process); its URI."""
     import os
@@ -171,14 +201,17 @@ def main() -> None:
         made = build_bucket(work / "bucket", a.runs, a.events)
         made["build_s"] = round(time.perf_counter() - t, 1)
         rows = measure(f"file://{work / 'bucket'}", a.rounds, "file://")
+        parts = [pieces(f"file://{work / 'bucket'}", a.rounds, "file://")]
         if a.s3:
-            rows += measure(to_s3(work / "bucket"), a.rounds, "S3 (moto_server)")
+            s3 = to_s3(work / "bucket")
+            rows += measure(s3, a.rounds, "S3 (moto_server)")
+            parts.append(pieces(s3, a.rounds, "S3 (moto_server)"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if getattr(to_s3, "server", None):
             to_s3.server.close()
     doc = {**made, "rounds": a.rounds, "cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2),
-           "python": platform.python_version(), "results": rows}
+           "python": platform.python_version(), "results": rows, "pieces": parts}
     print(json.dumps(doc))
     print()
     print("| bucket | page | HTML | DOM nodes | server: first | server: refresh | browser: first load "
@@ -188,6 +221,13 @@ def main() -> None:
         print(f"| {r['where']} | `{r['page']}` | {r['bytes'] / 1024:.0f} KiB | {r['dom_nodes']} "
               f"| {r['server_first_s']:.3f} s | {r['server_refresh_s']:.3f} s | {r['browser_first_load_s']:.3f} s "
               f"| {r['browser_refresh_load_s']:.3f} s |")
+    print()
+    print("| bucket | objects | naming the runs | one listing of runs/ | each run listed, side by side "
+          "| listed and read (ops runs) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in parts:
+        print(f"| {r['where']} | {r['objects']} | {r['run_ids_s']:.3f} s | {r['one_listing_s']:.3f} s "
+              f"| {r['per_run_listings_s']:.3f} s | {r['listed_and_read_s']:.3f} s |")
 
 
 if __name__ == "__main__":

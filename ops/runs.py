@@ -8,7 +8,9 @@ so they need no machine and no SSH:
   the group to zero and shuts the machine down, and a machine the group starts later
   finishes at once (``CANCELLED`` is an end marker).
 - ``runs`` reads every ``runs/<id>/`` folder of the bucket with ``ops status``'s reader:
-  state, step/total, age (since the folder last changed), attempts.
+  state, step/total, age (since the folder last changed), attempts. The folders are named
+  by one delimited listing, then each is listed and read on its own, 16 at once
+  (``read_runs``, which ``ops dashboard``'s table uses too).
 - ``pull`` downloads the SavedModel (``model/``), with ``--outputs`` what a script kept in
   ``outputs/`` (``fit.output_dir()``), and with ``--checkpoint`` the newest committed checkpoint.
 """
@@ -135,27 +137,115 @@ def cmd_stop(args: argparse.Namespace) -> int:
 # -- runs ------------------------------------------------------------------------------
 
 
+# Runs read at once: an object store's latency, not its bandwidth, is the cost (a run is one listing
+# and about ten small requests), so this many requests are in flight (the S3 client keeps 32 connections).
+READERS = 16
+# Objects up to this size are kept between a dashboard's refreshes (a long run's events.jsonl: ~2 MB).
+CACHED_BYTES = 8 << 20
+
+
+class Listed:
+    """A run's folder read through its own listing: what the listing lacks is not asked for.
+
+    Reading a run asks for a dozen objects, most of them absent (three of the four end markers, a
+    worker's events): on an object store each is a request. With the listing in hand, only the
+    objects that are there are fetched, and the folder's listings are answered from it. An object
+    written after the listing is seen on the next read. ``objects`` (a dict kept by the caller):
+    an object the listing shows unchanged since it was last fetched (same size and time) is
+    not fetched again, so a dashboard's refresh asks only for what was written since.
+    """
+
+    def __init__(self, view, keys: dict, objects: dict | None = None) -> None:
+        self.view, self.keys, self.uri = view, keys, view.uri
+        self.objects = objects
+
+    def get_bytes(self, key: str) -> bytes:
+        from runfolder.storage import NotFound
+
+        info = self.keys.get(key)
+        if info is None:
+            raise NotFound(key)
+        if self.objects is None or info.size > CACHED_BYTES:
+            return self.view.get_bytes(key)
+        name, sig = self.uri + "/" + key, (info.size, info.modified)
+        kept = self.objects.get(name)
+        if kept is not None and kept[0] == sig:
+            return kept[1]
+        data = self.view.get_bytes(key)
+        self.objects[name] = (sig, data)
+        return data
+
+    def stat(self, prefix: str = "") -> dict:
+        return {k: v for k, v in self.keys.items() if k.startswith(prefix)}
+
+    def list(self, prefix: str = "") -> list[str]:
+        return sorted(self.stat(prefix))
+
+    def exists(self, key: str) -> bool:
+        return key in self.keys
+
+
+def run_ids(store) -> list[str]:
+    """The id of every run folder of a bucket's store (``runs/<id>/``): one delimited listing, which
+    names the folders without listing what is inside them (a file beside them is no run)."""
+    return [f[len(layout.RUNS_PREFIX):-1] for f in store.folders(layout.RUNS_PREFIX)]
+
+
 def run_listings(store) -> dict[str, dict]:
-    """Every ``runs/<id>/`` folder of a bucket's store, listed once: id -> {key in the run: ObjectInfo}."""
-    out: dict[str, dict] = {}
-    for key, info in store.stat(layout.RUNS_PREFIX).items():
-        run_id, sep, rest = key[len(layout.RUNS_PREFIX):].partition("/")
-        if sep and run_id:
-            out.setdefault(run_id, {})[rest] = info
-    return out
+    """Every ``runs/<id>/`` folder of a bucket's store: id -> {key in the run: ObjectInfo}.
+
+    Each run's folder is listed on its own, side by side: a bucket of many runs with long
+    histories is thousands of objects, which one listing of ``runs/`` would page through a
+    thousand at a time, one page after another.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    ids = run_ids(store)
+    with ThreadPoolExecutor(max_workers=READERS) as pool:
+        listed = pool.map(lambda r: run_view(store, r).stat(""), ids)
+        return {r: keys for r, keys in zip(ids, listed, strict=True) if keys}
+
+
+def changed_at(keys: dict) -> float:
+    """When anything in a run's listing last changed (epoch seconds)."""
+    return max(i.modified.timestamp() for i in keys.values())
 
 
 def run_folders(store, listings: dict[str, dict] | None = None) -> dict[str, float]:
     """Every run folder of a bucket's store (or of its ``listings``): id -> when anything in it last changed
     (epoch seconds), newest first. ``ops dashboard`` lists the same runs."""
     listings = run_listings(store) if listings is None else listings
-    newest = {r: max(i.modified.timestamp() for i in keys.values()) for r, keys in listings.items()}
+    newest = {r: changed_at(keys) for r, keys in listings.items()}
     return {r: newest[r] for r in sorted(newest, key=lambda r: -newest[r])}
 
 
 def run_view(store, run_id: str) -> _Under:
     """One run's folder as a read-only store inside the bucket's ``store`` (its ``uri`` is the run URI)."""
     return _Under(store, layout.run_prefix(run_id))
+
+
+def read_runs(store, read) -> list:
+    """``read(run_id, view, keys, changed)`` for every run of a bucket's ``store``, newest first.
+
+    Each run's folder is listed and read by one of :data:`READERS` threads (its listing, then its
+    objects, best through ``Listed(view, keys)``), so a run's requests follow one another while the
+    others' are in flight. ``view``: the run's folder (:func:`run_view`); ``keys``: its listing;
+    ``changed``: when anything in it last changed. A folder emptied since the bucket's listing is
+    left out.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(run_id: str):
+        view = run_view(store, run_id)
+        keys = view.stat("")
+        if not keys:
+            return None
+        changed = changed_at(keys)
+        return changed, read(run_id, view, keys, changed)
+
+    with ThreadPoolExecutor(max_workers=READERS) as pool:
+        got = [g for g in pool.map(one, run_ids(store)) if g is not None]
+    return [r for _changed, r in sorted(got, key=lambda g: -g[0])]
 
 
 def list_runs(bucket_uri: str, *, now: float | None = None) -> list[dict]:
@@ -166,16 +256,15 @@ def list_runs(bucket_uri: str, *, now: float | None = None) -> list[dict]:
 
     now = time.time() if now is None else now
     store = open_store(bucket_uri)
-    newest = run_folders(store)
-    out = []
-    for run_id in newest:
-        run = run_view(store, run_id)
-        st = status.read_status(run.uri, store=run, events=0, now=now)
-        out.append({"id": run_id, "uri": run.uri, "state": st.state, "step": st.step, "total": st.total,
-                    "age_seconds": round(max(0.0, now - newest[run_id]), 1), "attempts": st.attempts,
-                    "machine_hours": st.machine_hours, "cost_usd": st.cost_usd, "cost_note": st.cost_note,
-                    "detail": st.detail})
-    return out
+
+    def read(run_id: str, view, keys: dict, changed: float) -> dict:
+        st = status.read_status(view.uri, store=Listed(view, keys), events=0, now=now, checkpoint_marker=False)
+        return {"id": run_id, "uri": view.uri, "state": st.state, "step": st.step, "total": st.total,
+                "age_seconds": round(max(0.0, now - changed), 1), "attempts": st.attempts,
+                "machine_hours": st.machine_hours, "cost_usd": st.cost_usd, "cost_note": st.cost_note,
+                "detail": st.detail}
+
+    return read_runs(store, read)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

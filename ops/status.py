@@ -82,11 +82,13 @@ def read_machine_events(store) -> list[dict]:
     return out
 
 
-def read_facts(store, run_uri: str) -> RunFacts:
+def read_facts(store, run_uri: str, *, checkpoint_marker: bool = True) -> RunFacts:
     """What the run's folder holds, for :func:`ops.runstate.classify`: reads only, decides nothing.
 
     Each small JSON document is read with ``runfolder.storage.read_json``, as the trainer reads
-    them: absent is ``None``, present but unreadable is ``{}``.
+    them: absent is ``None``, present but unreadable is ``{}``. ``checkpoint_marker=False``: the
+    newest checkpoint's step from the listing, its marker not fetched (its time, which only a
+    status shows, is then unknown): a request less a run for a list of runs.
     """
     from runfolder.checkpoints import committed_steps
     from runfolder.storage import read_json
@@ -96,7 +98,7 @@ def read_facts(store, run_uri: str) -> RunFacts:
     progress = read_json(store, layout.PROGRESS_KEY)
     steps = committed_steps(store)
     step = steps[-1] if steps else None
-    marker = (read_json(store, layout.committed_key(step)) or {}) if step is not None else {}
+    marker = (read_json(store, layout.committed_key(step)) or {}) if step is not None and checkpoint_marker else {}
     end_marker, end = None, None
     for name in layout.END_MARKERS:  # exactly one ends a run: the first found is it
         doc = read_json(store, name)
@@ -108,7 +110,7 @@ def read_facts(store, run_uri: str) -> RunFacts:
 
 
 def read_status(run_uri: str, *, store=None, now: float | None = None, events: int = DEFAULT_EVENTS,
-                must_exist: bool = False) -> RunStatus:
+                must_exist: bool = False, checkpoint_marker: bool = True) -> RunStatus:
     """Read the run at ``run_uri`` and say where it stands.
 
     ``store``: the run's already opened store (a watch reuses one; opening an S3 client
@@ -120,7 +122,7 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
 
     now = time.time() if now is None else now
     store = open_store(run_uri) if store is None else store
-    facts = read_facts(store, run_uri)
+    facts = read_facts(store, run_uri, checkpoint_marker=checkpoint_marker)
     if facts.empty and must_exist and not store.list(""):
         raise NoRun(f"no run at {run_uri}: nothing is stored there (check the URI, or give --stack "
                     "for a stack whose machine is still booting)")

@@ -1,7 +1,7 @@
 """What the dashboard shows, read from the bucket: a row per run and one run's whole story.
 
 Nothing here reads a run folder on its own: the runs are the folders ``ops runs`` lists
-(``ops.runs.run_folders``), each read with ``ops status``'s reader (``ops.status.read_facts``)
+(``ops.runs.read_runs``), each read with ``ops status``'s reader (``ops.status.read_facts``)
 and classified by ``ops.runstate.classify``; machine time and cost come from
 ``runfolder.cost``, the code ``ops status`` and the trainer's ``COMPLETE`` use, so the figures
 are the same. What is added is what a page needs beyond a status: the attempts as spans on a
@@ -11,6 +11,7 @@ read (a damaged line, a missing file) so that a page never fails because of one.
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass, field
 
@@ -28,9 +29,10 @@ VAL_PREFIX = "val_"
 # The loop's own scalars that are not curves worth a chart of their own.
 TB_SKIP = frozenset({"learning_rate", "step_time_s", "examples_per_sec", "checkpoint_s", "checkpoint_save_s",
                      "eval_s"})
-READERS = 16  # runs read at once for the table
-CACHED_BYTES = 8 << 20  # objects up to this size are kept between refreshes (a long run's events.jsonl: ~2 MB)
 TB_MAX_BYTES = 64 << 20  # event files beyond this are not read for curves (a note says so)
+# How a machine's recorded price says it carries its placement's checkpoint writes to home's bucket
+# (components.userdata.price_env writes the note; a test reads it from there).
+WRITES_NOTE = re.compile(r"\+ checkpoint writes to home \$(\d+(?:\.\d+)?)/h")
 
 
 @dataclass
@@ -96,6 +98,9 @@ class RunPage:
     notes: list[str] = field(default_factory=list)
     events: int = 0
     now: float = 0.0
+    # What each placement's recorded price is (its attempts' `price_note`, the newest): away from home's
+    # region it carries the checkpoint writes to home's bucket (see `writes_per_hour`).
+    price_notes: dict[str, str] = field(default_factory=dict)
 
 
 def _row(run_id: str, run, st: runstate.RunStatus, age: float) -> Row:
@@ -121,68 +126,24 @@ def _row(run_id: str, run, st: runstate.RunStatus, age: float) -> Row:
                age_seconds=round(max(0.0, age), 1), final=st.final)
 
 
-class Listed:
-    """A run's folder read through the bucket's one listing: what the listing lacks is not asked for.
-
-    Reading a run asks for a dozen objects, most of them absent (three of the four end markers, a
-    worker's events): on an object store each is a request. With the listing in hand, only the
-    objects that are there are fetched, and the folder's listings are answered from it. An object
-    written after the listing is seen on the next refresh.
-    """
-
-    def __init__(self, view, keys: dict, objects: dict | None = None) -> None:
-        self.view, self.keys, self.uri = view, keys, view.uri
-        self.objects = objects
-
-    def get_bytes(self, key: str) -> bytes:
-        info = self.keys.get(key)
-        if info is None:
-            raise NotFound(key)
-        if self.objects is None or info.size > CACHED_BYTES:
-            return self.view.get_bytes(key)
-        # An object the listing shows unchanged (same size and time) is not fetched again: a refresh
-        # asks only for what was written since.
-        name, sig = self.uri + "/" + key, (info.size, info.modified)
-        kept = self.objects.get(name)
-        if kept is not None and kept[0] == sig:
-            return kept[1]
-        data = self.view.get_bytes(key)
-        self.objects[name] = (sig, data)
-        return data
-
-    def stat(self, prefix: str = "") -> dict:
-        return {k: v for k, v in self.keys.items() if k.startswith(prefix)}
-
-    def list(self, prefix: str = "") -> list[str]:
-        return sorted(self.stat(prefix))
-
-    def exists(self, key: str) -> bool:
-        return key in self.keys
-
-
 def table(store, now: float, cache: dict | None = None, objects: dict | None = None) -> tuple[list[Row], list[str]]:
     """A row per run in the bucket's ``store`` (newest first), and notes for the runs that could not be read.
 
-    The runs are read side by side (an object store's latency, not its bandwidth, is the cost: a run is
-    about ten small requests). ``cache``: the rows of earlier calls; a run that has ended and not changed
-    since (the newest object in its folder is the same) is not read again. ``objects``: see :class:`Listed`.
+    The runs are listed and read side by side, as ``ops runs`` reads them (``ops.runs.read_runs``).
+    ``cache``: the rows of earlier calls; a run that has ended and not changed since (the newest
+    object in its folder is the same) is not read again. ``objects``: see ``ops.runs.Listed``.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     cache = {} if cache is None else cache
-    listings = runs.run_listings(store)
-    folders = runs.run_folders(store, listings)
 
-    def one(run_id: str) -> Row | str:
-        changed = folders[run_id]
+    def one(run_id: str, view, keys: dict, changed: float) -> Row | str:
         kept = cache.get(run_id)
         if kept is not None and kept[0] == changed:
             row = kept[1]
             row.age_seconds = round(max(0.0, now - changed), 1)
             return row
-        run = Listed(runs.run_view(store, run_id), listings[run_id], objects)
+        run = runs.Listed(view, keys, objects)
         try:
-            st = status.read_status(run.uri, store=run, events=0, now=now)
+            st = status.read_status(run.uri, store=run, events=0, now=now, checkpoint_marker=False)
         except Exception as e:  # noqa: BLE001 - one unreadable run is a note; the others are still shown
             return f"run {run_id}: could not be read ({type(e).__name__}: {e})"
         row = _row(run_id, run, st, now - changed)
@@ -190,8 +151,7 @@ def table(store, now: float, cache: dict | None = None, objects: dict | None = N
             cache[run_id] = (changed, row)
         return row
 
-    with ThreadPoolExecutor(max_workers=READERS) as pool:
-        got = list(pool.map(one, folders))
+    got = runs.read_runs(store, one)
     return [r for r in got if isinstance(r, Row)], [r for r in got if isinstance(r, str)]
 
 
@@ -231,6 +191,24 @@ def _cost_window(st: runstate.RunStatus, facts: runstate.RunFacts, now: float) -
     if st.state == runstate.NOT_STARTED:
         return {}
     return {"now": None if runstate.is_local(st.run_uri) else now}
+
+
+def price_notes(events: list[dict]) -> dict[str, str]:
+    """Each placement's price note, from the newest ``started`` event there (``runfolder.cost`` prices each
+    attempt by its own config)."""
+    out: dict[str, str] = {}
+    for ev in events:
+        cfg = ev.get("config") if ev.get(layout.EVENT) == layout.STARTED else None
+        if isinstance(cfg, dict) and isinstance(cfg.get("placement"), str) and cfg.get("price_note"):
+            out[cfg["placement"]] = str(cfg["price_note"])
+    return out
+
+
+def writes_per_hour(note: str) -> float | None:
+    """USD an hour of checkpoint writes to home's bucket that a price note says its price includes; None
+    when it includes none (home's region, or a price recorded before the writes were priced)."""
+    found = WRITES_NOTE.search(note or "")
+    return float(found.group(1)) if found else None
 
 
 def _lanes(found: list[cost.Span], machine_events: list[dict], local: bool) -> list[str]:
@@ -357,7 +335,7 @@ def run_page(store, run_id: str, now: float, objects: dict | None = None) -> Run
     if not stored:
         raise KeyError(run_id)
     changed = max(info.modified.timestamp() for info in stored.values())
-    run = Listed(run, stored, objects)
+    run = runs.Listed(run, stored, objects)
     notes: list[str] = []
     # As ops.status.read_status reads it, keeping the facts: the page draws every event.
     facts = status.read_facts(run, run.uri)
@@ -379,6 +357,7 @@ def run_page(store, run_id: str, now: float, objects: dict | None = None) -> Run
 
     log = runstate.merge_events(facts.trainer_events, facts.machine_events)
     page.events = len(log)
+    page.price_notes = price_notes(facts.trainer_events)
     found = cost.spans(log, **_cost_window(st, facts, now))
     for s, lane in zip(found, _lanes(found, facts.machine_events, runstate.is_local(st.run_uri)), strict=True):
         page.spans.append(Span(attempt=s.attempt, lane=lane, start=s.start, end=s.end, open=s.open,

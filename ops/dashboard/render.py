@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from urllib.parse import quote
 
 from ops import runstate, status
-from ops.dashboard.data import Row, RunPage
+from ops.dashboard.data import Row, RunPage, writes_per_hour
 from runfolder import layout
 
 STATE_COLOURS = {
@@ -412,6 +412,28 @@ def cost_chart(page: RunPage, *, width: int = 860, height: int = 240) -> str:
     return "".join(parts)
 
 
+def placement_costs(page: RunPage) -> str:
+    """Each placement's cost, ``ops status``'s figures, with what its price is: away from home's region the
+    machines' recorded price carries the checkpoint writes to home's bucket (the transfer between regions
+    or clouds), and this says so, so a moved run's dearer hours there are not taken for dearer machines."""
+    items = []
+    for p in page.st.placement_costs:
+        where = str(p.get("placement"))
+        note = page.price_notes.get(where, "")
+        writes = writes_per_hour(note)
+        n = p.get("attempts")
+        text = (f"{where}: {_money(p.get('cost_usd'))} for {runstate.duration(float(p.get('machine_hours') or 0) * 3600)}"
+                f" machine time, {n} attempt{'' if n == 1 else 's'}")
+        if writes is not None:
+            text += (f"; transfer included: its checkpoint writes to home's bucket, ${writes:.2f}/h of its price")
+        if note:
+            text += f" ({note})"
+        usd = "" if p.get("cost_usd") is None else p["cost_usd"]
+        items.append(f'<li class="placement-cost" data-placement="{_e(where)}" data-usd="{usd}" '
+                     f'data-transfer-per-hour="{"" if writes is None else writes}">{_e(text)}</li>')
+    return f'<ul class="placement-costs">{"".join(items)}</ul>' if items else ""
+
+
 # -- a run's page ----------------------------------------------------------------------
 
 
@@ -463,7 +485,8 @@ def run_page(bucket: str, page: RunPage, *, refresh: float) -> str:
             + f'<dl class="facts">{grid}</dl>'
             + f"<h2>timeline</h2>{timeline(page)}"
             + f'<h2>curves</h2><div class="charts">{curves}</div>'
-            + f'<h2>cost over time</h2><p class="dim estimate">{estimate}</p>{cost_chart(page)}')
+            + f'<h2>cost over time</h2><p class="dim estimate">{estimate}</p>{cost_chart(page)}'
+            + placement_costs(page))
     return _page(f"{r.id} · {st.state}", body, refresh=refresh if live else None)
 
 

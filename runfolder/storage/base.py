@@ -160,6 +160,18 @@ class Store(abc.ABC):
         """Keys under ``prefix`` (a plain string prefix), relative to the root, recursive, sorted."""
         return sorted(self.stat(prefix))
 
+    def folders(self, prefix: str = "") -> list[str]:
+        """The folders directly under ``prefix`` (a folder: empty or ending in ``/``), each as its own prefix
+        (``runs/`` -> ``["runs/a/", "runs/b/"]``), sorted; a folder holds at least one object.
+
+        One delimited listing on an object store: the objects inside are not listed, so it costs
+        one request per thousand folders however much each one holds.
+        """
+        if prefix and not prefix.endswith("/"):
+            raise ValueError(f"folders() takes a folder prefix ending in '/', not {prefix!r}")
+        check_key(prefix.rstrip("/"), allow_empty=True)
+        return sorted(self._retrying("list", prefix, lambda: self._folders(prefix)))  # type: ignore[arg-type]
+
     def delete_prefix(self, prefix: str) -> None:
         """Delete every key that starts with ``prefix``. An empty prefix is refused."""
         if not prefix:
@@ -286,6 +298,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def _delete_keys(self, keys: list[str]) -> None:
         ...
+
+    def _folders(self, prefix: str) -> set[str]:
+        # From the full listing where a backend has no cheaper way.
+        return {prefix + rest.split("/", 1)[0] + "/" for rest in (k[len(prefix):] for k in self._stat(prefix))
+                if "/" in rest}
 
     def _append_line(self, key: str, text: str) -> None:
         try:

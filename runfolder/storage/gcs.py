@@ -262,6 +262,13 @@ class GCSStore(ObjectStore):
             out[self._key(blob.name)] = ObjectInfo(int(blob.size or 0), modified)
         return out
 
+    def _folders(self, prefix: str) -> set[str]:
+        blobs = self.client.list_blobs(self.bucket_name, prefix=self._name(prefix), delimiter="/",
+                                       timeout=self._timeout, retry=self._retry("list", prefix))
+        for _page in blobs.pages:  # the prefixes are gathered as the pages are read
+            pass
+        return {self._key(p) for p in blobs.prefixes}
+
     def _delete_keys(self, keys: list[str]) -> None:
         from google.api_core.exceptions import NotFound as GNotFound
 

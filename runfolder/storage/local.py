@@ -121,6 +121,16 @@ class FileStore(Store):
             out[key] = ObjectInfo(st.st_size, datetime.fromtimestamp(st.st_mtime, tz=UTC))
         return out
 
+    def _folders(self, prefix: str) -> set[str]:
+        start = self._path(prefix.rstrip("/")) if prefix else self.root
+        try:
+            entries = [e for e in os.scandir(start) if e.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            return set()
+        # As an object store has them: a folder is there while it holds an object (an emptied one is not).
+        return {f"{prefix}{e.name}/" for e in entries
+                if any(not f.startswith(TMP_MARK) for _d, _s, files in os.walk(e.path) for f in files)}
+
     def _delete_keys(self, keys: list[str]) -> None:
         dirs = set()
         for key in keys:

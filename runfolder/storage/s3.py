@@ -189,6 +189,14 @@ class S3Store(ObjectStore):
                 out[self._key(obj["Key"])] = ObjectInfo(int(obj["Size"]), obj["LastModified"])
         return out
 
+    def _folders(self, prefix: str) -> set[str]:
+        out: set[str] = set()
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._name(prefix),
+                                                                      Delimiter="/")
+        for page in pages:
+            out.update(self._key(p["Prefix"]) for p in page.get("CommonPrefixes", []))
+        return out
+
     def _delete_keys(self, keys: list[str]) -> None:
         for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
             batch = [{"Key": self._name(k)} for k in keys[i : i + 1000]]

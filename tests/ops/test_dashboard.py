@@ -94,6 +94,9 @@ def test_a_refresh_fetches_only_what_changed_since(bucket):
     assert dash.respond("/")[0] == 200 and len(store.fetched) > 10
     # Nothing asked for that the listing says is absent (three of the four end markers, a worker's events).
     assert not any(k.endswith(("/FAILED", "/TIMED_OUT", "/CANCELLED")) for k in store.fetched if "/failed/" not in k)
+    # Nor a checkpoint's marker: the listing names the newest committed step, and no row shows its time.
+    assert not any(k.endswith("/" + layout.COMMITTED) for k in store.fetched)
+    assert any(k.startswith("runs/resumed/checkpoints/") for k in store.store.list("runs/resumed/"))
     store.fetched.clear()
     assert dash.respond("/")[0] == 200 and store.fetched == []
     time.sleep(0.01)
@@ -321,3 +324,53 @@ def test_documents_damaged_every_way_still_make_a_page(tmp_path):
     assert "progress.json could not be read (not a JSON object)" in body
     for path in ("/run/..", "/run/%2e%2e", "/run/../../etc"):
         assert dash.respond(path)[0] == 404, path
+
+
+def test_a_run_moved_to_another_cloud_says_its_cost_there_includes_the_checkpoint_transfer(tmp_path):
+    """An hour at home on AWS, then an hour on GCP: the machines' recorded price there (the stack's
+    ``price_env``) carries the checkpoint writes back to home's S3 bucket, and the page's cost per
+    placement says so, with ``ops status``'s figures."""
+    from components import placement
+    from components.settings import load_settings
+    from components.userdata import price_env
+    from ops import status
+    from ops.dashboard import render
+    from tests.components.test_pricing import GCP_FROM_AWS_HOME
+
+    s = load_settings({**GCP_FROM_AWS_HOME, "compute": {"nodes": 2}}, stack="moves")
+    envs = {i: price_env(placement.settings_at(s, i)) for i in (0, 2)}
+    where = {i: f"{s.placement_list[i].cloud} {s.placement_list[i].region}" for i in (0, 2)}
+    assert where == {0: "aws us-east-1", 2: "gcp us-central1"}
+
+    def started(hour: int, attempt: int, i: int) -> dict:
+        return {"event": "started", "time": f"2026-12-01T{hour:02d}:00:00+00:00", "attempt": attempt, "workers": 2,
+                "config": {"steps": 1000, "price_per_hour": float(envs[i]["TRAINSTACK_PRICE_PER_HOUR"]),
+                           "price_note": envs[i]["TRAINSTACK_PRICE_NOTE"], "placement": where[i]}}
+
+    events = [started(0, 1, 0), {"event": "preempted", "time": "2026-12-01T01:00:00+00:00", "attempt": 1, "step": 400},
+              {"event": "moved", "time": "2026-12-01T01:00:10+00:00", "from_placement": where[0],
+               "to_placement": where[2], "reason": "no spot capacity", "step": 400},
+              started(1, 2, 2), {"event": "checkpoint", "time": "2026-12-01T02:00:00+00:00", "attempt": 2,
+                                 "step": 800, "seconds": 3.0, "bytes": 1 << 30}]
+    uri = f"file://{tmp_path}/bucket"
+    store = open_store(f"{uri}/runs/moved")
+    store.put_bytes(layout.EVENTS_KEY, "".join(json.dumps(e) + "\n" for e in events).encode())
+    now = time.time()
+
+    st = status.read_status(f"{uri}/runs/moved", now=now, events=0)
+    page = data.run_page(open_store(uri), "moved", now)
+    body = render.run_page(uri, page, refresh=15)
+
+    shown = {m.group(1): (m.group(2), m.group(3), html.unescape(m.group(4))) for m in re.finditer(
+        r'<li class="placement-cost" data-placement="([^"]*)" data-usd="([^"]*)" data-transfer-per-hour="([^"]*)">'
+        r"([^<]*)</li>", body)}
+    assert list(shown) == [p["placement"] for p in st.placement_costs] == [where[0], where[2]]
+    # The same figures as ops status, placement by placement.
+    assert [float(shown[p["placement"]][0]) for p in st.placement_costs] == [p["cost_usd"] for p in st.placement_costs]
+    home, away = shown[where[0]], shown[where[2]]
+    assert away[1] == "0.77" and "transfer included: its checkpoint writes to home's bucket, $0.77/h" in away[2]
+    assert away[2].startswith(f"{where[2]}: ${st.placement_costs[1]['cost_usd']:,.2f} for 2h")
+    assert home[1] == "" and "transfer" not in home[2]
+    # Its hour there: 2 machines at their price, which holds the writes ($0.77/h spread over the 2).
+    bare = float(envs[2]["TRAINSTACK_PRICE_PER_HOUR"]) - 0.77 / 2
+    assert st.placement_costs[1]["cost_usd"] == pytest.approx(2 * bare + 0.77, abs=0.01)

@@ -35,6 +35,23 @@ def test_round_trips(run_root, tmp_path):
     assert os.listdir(dest.parent) == ["f.dat"]
 
 
+def test_folders_names_the_folders_under_a_prefix_without_what_they_hold(run_root):
+    """One delimited listing: the folders right under the prefix, each once, however deep their objects
+    are; an object beside them is no folder, and a prefix that is no folder is refused."""
+    store = open_store(run_root.uri)
+    for key in ["runs/a/events.jsonl", "runs/a/checkpoints/ckpt-1/COMMITTED", "runs/b/x", "runs/c.txt",
+                "runs/d/e/f", "runsx/g/h", "top"]:
+        store.put_bytes(key, b"1")
+    assert store.folders("runs/") == ["runs/a/", "runs/b/", "runs/d/"]
+    assert store.folders("runs/a/") == ["runs/a/checkpoints/"]
+    assert store.folders("") == ["runs/", "runsx/"]
+    assert store.folders("runs/b/") == [] and store.folders("nothing/") == []
+    store.delete_prefix("runs/b/")  # an emptied folder is gone, on files as in a bucket
+    assert store.folders("runs/") == ["runs/a/", "runs/d/"]
+    with pytest.raises(ValueError, match="ending in '/'"):
+        store.folders("runs")
+
+
 def test_list_exists_notfound(run_root, tmp_path):
     store = open_store(run_root.uri)
     for key in ["x/1", "x/2/3", "x2", "y"]:
