@@ -2,7 +2,7 @@
 
 An EventBridge Scheduler schedule calls a Lambda function every `tick_minutes`; the function runs
 one tick of the controller (`controller/handler.py:handler`, configured by the
-`TRAINSTACK_PLACEMENTS` variable: components/placement.py) and is gone. Nothing bills while idle
+`TRAINSTACK_PLACEMENTS` variable: controller/config.py) and is gone. Nothing bills while idle
 beyond the invocations. The function has its own role, with exactly what a tick needs: read this
 run's folder, write only the placement record and the controller's events there, read the groups'
 scaling activities, and set the size of this stack's groups only, never above the run's `nodes`.
@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
-from components import placement, project
+from components import function_package, project
+from controller.config import ENV_VAR as CONFIG_ENV
 from trainer import layout
 
-# The function's package is components/placement.py's FUNCTION_PACKAGES and the libraries Lambda's
+# The function's package is components/function_package.py's FUNCTION_PACKAGES and the libraries Lambda's
 # python3.12 runtime lacks (it brings boto3): tenacity, and google-auth with its dependencies only
-# when a placement is on GCP (placement.library_files).
+# when a placement is on GCP (function_package.library_files).
 HANDLER = "controller.handler.handler"
 RUNTIME = "python3.12"
 # A tick reads a few small objects and makes a few API calls; a bound far above that, and well
@@ -48,7 +49,7 @@ ENVIRONMENT_MAX_BYTES = 4096
 
 def environment(config: str) -> dict[str, str]:
     """The function's environment: the configuration, refused in one line when Lambda would refuse it."""
-    variables = {placement.CONFIG_ENV: config}
+    variables = {CONFIG_ENV: config}
     size = environment_bytes(variables)
     if size > ENVIRONMENT_MAX_BYTES:
         raise ValueError(f"trainstack:placements: the placement controller's configuration takes {size} bytes of "
@@ -135,13 +136,13 @@ def function_policy(*, partition: pulumi.Input[str], account_id: pulumi.Input[st
 
 def function_code(*, federation: bool = False) -> pulumi.AssetArchive:
     """The function's package: the .py files of the controller, the trainer and the libraries they need
-    beyond Lambda's runtime (placement.library_files: with `federation`, those reaching a GCP group too),
+    beyond Lambda's runtime (function_package.library_files: with `federation`, those reaching a GCP group too),
     at their package paths."""
-    files = placement.function_files(project.ROOT)
-    if placement.HANDLER_FILE not in files:
-        pulumi.log.warn(f"{placement.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
+    files = function_package.function_files(project.ROOT)
+    if function_package.HANDLER_FILE not in files:
+        pulumi.log.warn(f"{function_package.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
                         "would have no handler")
-    files.update(placement.library_files(federation=federation))
+    files.update(function_package.library_files(federation=federation))
     return pulumi.AssetArchive({name: pulumi.FileAsset(str(path)) for name, path in files.items()})
 
 

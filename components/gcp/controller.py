@@ -2,7 +2,7 @@
 
 A Cloud Scheduler job calls a Cloud Functions (2nd gen) function every `tick_minutes` with an
 OIDC token; the function runs one tick of the controller (`controller/handler.py:handler`,
-configured by the `TRAINSTACK_PLACEMENTS` variable: components/placement.py) and scales to zero
+configured by the `TRAINSTACK_PLACEMENTS` variable: controller/config.py) and scales to zero
 between calls. The function runs as its own service account, with exactly what a tick needs: read
 this run's folder, write only the placement record and the controller's events there, and read and
 resize this stack's groups only (a placement's group in another project through a role and a grant
@@ -18,12 +18,12 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_random as random
 
-from components import placement, project
+from components import function_package, project
 from components.gcp.identity import groups_condition, prefix_condition
 from components.gcp.naming import custom_role_id
 from trainer import layout
 
-# The function's package: components/placement.py's FUNCTION_PACKAGES, and the two files Cloud
+# The function's package: components/function_package.py's FUNCTION_PACKAGES, and the two files Cloud
 # Functions' Python build wants at the root (main.py names the entry point).
 ENTRY_POINT = "handler"
 MAIN_PY = ('"""Cloud Functions\' entry point: one tick of the placement controller."""\n\n'
@@ -120,16 +120,16 @@ def written_condition(bucket: pulumi.Input[str], run_id: str) -> pulumi.Output[s
 def requirements(*, federation: bool) -> list[str]:
     """The function's requirements.txt lines: the GCS client and the libraries a tick imports, at the
     trainer's pins; with `federation` (a placement on AWS), boto3 too."""
-    names = placement.GCP_FUNCTION_LIBRARIES + (placement.AWS_LIBRARIES if federation else ())
-    return [GCS_REQUIREMENT, *placement.library_pins(names)]
+    names = function_package.GCP_FUNCTION_LIBRARIES + (function_package.AWS_LIBRARIES if federation else ())
+    return [GCS_REQUIREMENT, *function_package.library_pins(names)]
 
 
 def function_source(*, federation: bool = False) -> pulumi.AssetArchive:
     """The function's source: main.py, requirements.txt (`requirements`) and the .py files of the controller
     and the trainer."""
-    files = placement.function_files(project.ROOT)
-    if placement.HANDLER_FILE not in files:
-        pulumi.log.warn(f"{placement.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
+    files = function_package.function_files(project.ROOT)
+    if function_package.HANDLER_FILE not in files:
+        pulumi.log.warn(f"{function_package.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
                         "would have no handler")
     assets: dict[str, pulumi.Asset | pulumi.Archive] = {
         "main.py": pulumi.StringAsset(MAIN_PY), "requirements.txt": pulumi.StringAsset("\n".join(requirements(federation=federation)) + "\n")}
