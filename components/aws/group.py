@@ -23,6 +23,7 @@ import pulumi_aws as aws
 
 from components import userdata
 from components.aws.naming import DLAMI_NAME, choose_zone
+from components.settings import Settings
 
 
 @dataclass(kw_only=True)
@@ -64,6 +65,21 @@ class SpotGroupArgs:
     """Tags for every resource, and for the machines and their volumes."""
     wait_for: list[pulumi.Resource] = field(default_factory=list)
     """Resources the group must wait for before launching machines (e.g. the role's policy)."""
+
+
+def spot_group_args(settings: Settings, *, group_name: str, size: int | None, instance_profile_arn: pulumi.Input[str],
+                    user_data: pulumi.Input[str], tags: dict[str, str],
+                    wait_for: list[pulumi.Resource]) -> SpotGroupArgs:
+    """The Args of a placement's group from the stack's settings moved to it (its types, zones, subnets and
+    compute) and what the stack made for its machines (their profile, user data and what they wait for)."""
+    c = settings.compute
+    return SpotGroupArgs(
+        group_name=group_name, instance_types=list(c.instance_types), nodes=c.nodes, size=size, spot=c.spot,
+        max_price_per_hour=c.max_price_per_hour, max_runtime_hours=c.max_runtime_hours, root_disk_gb=c.root_disk_gb,
+        image_id=c.image_id, subnets=list(c.subnets), zones=list(c.zones),
+        allowed_cidrs=list(settings.access.allowed_cidrs), ssh_public_key=settings.access.ssh_public_key,
+        instance_profile_arn=instance_profile_arn, user_data=user_data, tags=tags, wait_for=wait_for,
+    )
 
 
 def cap_time(hours: float, now: dt.datetime | None = None) -> str:

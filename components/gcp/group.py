@@ -22,6 +22,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components.gcp.naming import MACHINE_NETWORK
+from components.settings import Settings
 
 # Canonical's Ubuntu 22.04 with the NVIDIA driver: it runs cloud-init from the
 # `user-data` metadata key, as the AWS machines do.
@@ -82,6 +83,22 @@ class SpotGroupArgs:
     """Labels for the template and its VMs."""
     wait_for: list[pulumi.Resource] = field(default_factory=list)
     """Resources the group must wait for before creating VMs (e.g. the IAM grants)."""
+
+
+def spot_group_args(settings: Settings, *, group_name: str, size: int | None, firewalls: bool, network_tag: str,
+                    service_account_email: pulumi.Input[str], user_data: pulumi.Input[str], labels: dict[str, str],
+                    wait_for: list[pulumi.Resource]) -> SpotGroupArgs:
+    """The Args of a placement's group from the stack's settings moved to it (its project, region, types, zones
+    and compute) and what the stack made for its machines (their account, user data and what they wait for)."""
+    c = settings.compute
+    return SpotGroupArgs(
+        group_name=group_name, gcp_project=settings.project, region=settings.region,
+        instance_types=list(c.instance_types), network_tag=network_tag, service_account_email=service_account_email,
+        user_data=user_data, nodes=c.nodes, size=size, firewalls=firewalls, gpus_per_node=c.gpus_per_node,
+        accelerator=c.accelerator, spot=c.spot, max_runtime_hours=c.max_runtime_hours, root_disk_gb=c.root_disk_gb,
+        image_id=c.image_id, zones=list(c.zones), allowed_cidrs=list(settings.access.allowed_cidrs),
+        ssh_public_key=settings.access.ssh_public_key, labels=labels, wait_for=wait_for,
+    )
 
 
 def compact_placement(instance_types: list[str], nodes: int) -> bool:
