@@ -356,7 +356,7 @@ def test_the_aws_functions_environment_fits_lambdas_limit_in_the_worst_case(monk
     r = synth.synthesize(raw, stack="s" * 100)
     (fn,) = r.of_type(FUNCTION["aws"])
     variables = fn["inputs"]["environment"]["variables"]
-    config = json.loads(variables[placement.CONFIG_ENV])
+    config = json.loads(variables[CONFIG_ENV])
     assert len(config["placements"]) == most == 8 and sum("access" in p for p in config["placements"]) == most - 1
     # GCP project numbers are at most 19 digits (int64); the fake cloud's are 12.
     longest = {k: re.sub(r"/projects/\d+/", "/projects/" + "9" * 19 + "/", v) for k, v in variables.items()}
