@@ -22,15 +22,7 @@ from components.aws.image import ImageMirror, TrainerImage, TrainerImageArgs
 from components.aws.naming import default_bucket_name, group_name, repository_name
 from components.aws.repository import ImageRepository, ImageRepositoryArgs
 from components.code import user_code_dir
-from components.common import (
-    Home,
-    Placements,
-    StackOutputs,
-    TrainingStackArgs,
-    image_refs,
-    mirrored_image,
-    run_uri,
-)
+from components.common import Home, Placements, StackOutputs, TrainingStackArgs, image_refs, mirrored_image, run_uri
 from components.tags import aws_tags
 
 __all__ = ["TrainingStack", "TrainingStackArgs"]

@@ -16,15 +16,7 @@ import pulumi_gcp as gcp
 
 from components import userdata
 from components.code import user_code_dir
-from components.common import (
-    Home,
-    Placements,
-    StackOutputs,
-    TrainingStackArgs,
-    image_refs,
-    mirrored_image,
-    run_uri,
-)
+from components.common import Home, Placements, StackOutputs, TrainingStackArgs, image_refs, mirrored_image, run_uri
 from components.gcp.bucket import TrainingBucket, TrainingBucketArgs
 from components.gcp.code import TrainerCode, TrainerCodeArgs
 from components.gcp.controller import APIS as CONTROLLER_APIS
