@@ -140,6 +140,14 @@ class Placements:
     other_cloud: OtherCloud | None = None
     """Builds the placements on the other cloud than home; None when every placement is on home's."""
 
+    def controller_config(self, run: pulumi.Output[str], access: Mapping[int, pulumi.Output]) -> pulumi.Output[str]:
+        """The controller's configuration once the run's URI and every `access` (by placement index) are known."""
+        if self.config is None:
+            raise ValueError("a stack of one placement has no controller to configure")
+        order = sorted(access)
+        return pulumi.Output.all(run, *(access[i] for i in order)).apply(
+            lambda v: self.config(v[0], dict(zip(order, v[1:], strict=True))))
+
     @classmethod
     def alone(cls, settings: Settings, group: str) -> Placements:
         """Home as the only placement: a stack of one placement needs nothing from the layer above."""

@@ -180,9 +180,7 @@ class TrainingStack(StackOutputs):
         self.controller: PlacementController | None = None
         if len(places) == 1:
             return None
-        order = sorted(access)
-        config = pulumi.Output.all(home.run, *(access[i] for i in order)).apply(
-            lambda v: self._places.config(v[0], dict(zip(order, v[1:], strict=True))))
+        config = self._places.controller_config(home.run, access)
         self.controller = PlacementController(
             f"{self._stem}-controller",
             PlacementControllerArgs(

@@ -257,9 +257,7 @@ class TrainingStack(StackOutputs):
             return None
         other = self._places.other_cloud
         access = other.controller_access(home) if other else {}
-        order = sorted(access)
-        config = pulumi.Output.all(home.run, *(access[i] for i in order)).apply(
-            lambda v: self._places.config(v[0], dict(zip(order, v[1:], strict=True))))
+        config = self._places.controller_config(home.run, access)
         controller_apis = project_apis(self, f"{self._stem}-api", s.project, self._api_provider, CONTROLLER_APIS,
                                        after=[self._resource_manager])
         controller_sa, invoker_sa = controller_account_ids(**names)
