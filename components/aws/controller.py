@@ -162,6 +162,38 @@ class PlacementController(pulumi.ComponentResource):
         account_id = aws.get_caller_identity_output(opts=invoke).account_id
         # Lambda function names take 64 characters; the schedule's, 64 too.
         fn_name = function_name(args.name)
+        ready = self._role(name, args, fn_name, partition, account_id)
+        self.function = aws.lambda_.Function(
+            f"{name}-function",
+            name=fn_name,
+            description="trainstack: moves the run to another placement when its own cannot launch",
+            runtime=RUNTIME,
+            handler=HANDLER,
+            code=function_code(federation=args.federation),
+            role=self.role.arn,
+            timeout=TIMEOUT_S,
+            memory_size=MEMORY_MB,
+            reserved_concurrent_executions=CONCURRENCY,
+            environment=aws.lambda_.FunctionEnvironmentArgs(
+                variables=pulumi.Output.from_input(args.config).apply(environment)),
+            tags=args.tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=ready),
+        )
+        aws.lambda_.FunctionEventInvokeConfig(
+            f"{name}-delivery",
+            function_name=self.function.name,
+            maximum_retry_attempts=RETRY_ATTEMPTS,
+            maximum_event_age_in_seconds=MAX_EVENT_AGE_S,
+            opts=child,
+        )
+        self._schedule(name, args, fn_name, account_id)
+        self.function_name = self.function.name
+        self.register_outputs({"function_name": self.function_name})
+
+    def _role(self, name: str, args: PlacementControllerArgs, fn_name: str, partition: pulumi.Output[str],
+              account_id: pulumi.Output[str]) -> list[pulumi.Resource]:
+        """The function's role, its log group and its policies; returns what the function waits for."""
+        child = pulumi.ResourceOptions(parent=self)
         log_group = aws.cloudwatch.LogGroup(
             f"{name}-logs", name=f"/aws/lambda/{fn_name}", retention_in_days=LOG_RETENTION_DAYS, tags=args.tags,
             opts=child,
@@ -193,29 +225,11 @@ class PlacementController(pulumi.ComponentResource):
             }]}),
             opts=child,
         )
-        self.function = aws.lambda_.Function(
-            f"{name}-function",
-            name=fn_name,
-            description="trainstack: moves the run to another placement when its own cannot launch",
-            runtime=RUNTIME,
-            handler=HANDLER,
-            code=function_code(federation=args.federation),
-            role=self.role.arn,
-            timeout=TIMEOUT_S,
-            memory_size=MEMORY_MB,
-            reserved_concurrent_executions=CONCURRENCY,
-            environment=aws.lambda_.FunctionEnvironmentArgs(
-                variables=pulumi.Output.from_input(args.config).apply(environment)),
-            tags=args.tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[policy, logs, log_group]),
-        )
-        aws.lambda_.FunctionEventInvokeConfig(
-            f"{name}-delivery",
-            function_name=self.function.name,
-            maximum_retry_attempts=RETRY_ATTEMPTS,
-            maximum_event_age_in_seconds=MAX_EVENT_AGE_S,
-            opts=child,
-        )
+        return [policy, logs, log_group]
+
+    def _schedule(self, name: str, args: PlacementControllerArgs, fn_name: str, account_id: pulumi.Output[str]) -> None:
+        """The EventBridge schedule that invokes the function every `tick_minutes`, and its own role."""
+        child = pulumi.ResourceOptions(parent=self)
         scheduler_role = aws.iam.Role(
             f"{name}-scheduler-role",
             # EventBridge Scheduler's own confused-deputy guard: only schedules of this account.
@@ -252,5 +266,3 @@ class PlacementController(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[invoke_policy]),
         )
-        self.function_name = self.function.name
-        self.register_outputs({"function_name": self.function_name})

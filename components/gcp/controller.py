@@ -183,47 +183,7 @@ class PlacementController(pulumi.ComponentResource):
             description="one run's folder and placement record, this stack's groups", opts=child,
         )
         member = pulumi.Output.concat("serviceAccount:", account.email)
-        grants: list[pulumi.Resource] = [
-            gcp.storage.BucketIAMMember(
-                f"{name}-run-read", bucket=args.bucket_name, role="roles/storage.objectViewer", member=member,
-                condition=gcp.storage.BucketIAMMemberConditionArgs(
-                    title="this run's folder", expression=prefix_condition(args.bucket_name,
-                                                                           layout.run_prefix(args.run_id))),
-                opts=child,
-            ),
-            # Replacing an object in GCS needs delete as well as create: objectUser, on the two objects only.
-            gcp.storage.BucketIAMMember(
-                f"{name}-placement-write", bucket=args.bucket_name, role="roles/storage.objectUser", member=member,
-                condition=gcp.storage.BucketIAMMemberConditionArgs(
-                    title="the placement record", expression=written_condition(args.bucket_name, args.run_id)),
-                opts=child,
-            ),
-        ]
-        suffix = random.RandomId(f"{name}-role-suffix", byte_length=4, opts=child)
-
-        def groups_grant(tail: str, gcp_project: str, groups: list[tuple[str, str]],
-                         opts: pulumi.ResourceOptions) -> gcp.projects.IAMMember:
-            # A custom role belongs to one project and a project's grant names that project's groups only:
-            # one role and one grant in each project that has a group of the stack.
-            role = gcp.projects.IAMCustomRole(
-                f"{name}-groups-role{tail}",
-                project=gcp_project,
-                role_id=suffix.hex.apply(lambda h: custom_role_id(args.custom_role_prefix, h, "ctl")),
-                title="trainstack: read and resize the placements' groups",
-                permissions=GROUP_PERMISSIONS,
-                opts=opts,
-            )
-            return gcp.projects.IAMMember(
-                f"{name}-groups{tail}", project=gcp_project, role=role.name, member=member,
-                condition=gcp.projects.IAMMemberConditionArgs(
-                    title="this stack's groups", expression=groups_condition(gcp_project, groups)),
-                opts=opts,
-            )
-
-        grants.append(groups_grant("", args.gcp_project, args.groups, child))
-        grants += [groups_grant(f"-{other.gcp_project}", other.gcp_project, other.groups,
-                                pulumi.ResourceOptions(parent=self, provider=other.provider))
-                   for other in args.other_projects]
+        grants = self._grants(name, args, member)
         source = gcp.storage.BucketObject(
             f"{name}-source", bucket=args.bucket_name, name=SOURCE_OBJECT,
             source=function_source(federation=args.federation), opts=child,
@@ -265,6 +225,61 @@ class PlacementController(pulumi.ComponentResource):
             labels=args.labels,
             opts=pulumi.ResourceOptions(parent=self, depends_on=grants),
         )
+        self._schedule(name, args, fn_name)
+        self.function_name = self.function.name
+        self.unique_id = account.unique_id
+        self.register_outputs({"function_name": self.function_name, "unique_id": self.unique_id})
+
+    def _grants(self, name: str, args: PlacementControllerArgs, member: pulumi.Output[str]) -> list[pulumi.Resource]:
+        """The function's account's grants: this run's folder, the placement record, the stack's groups in each
+        of their projects."""
+        child = pulumi.ResourceOptions(parent=self)
+        grants: list[pulumi.Resource] = [
+            gcp.storage.BucketIAMMember(
+                f"{name}-run-read", bucket=args.bucket_name, role="roles/storage.objectViewer", member=member,
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title="this run's folder", expression=prefix_condition(args.bucket_name,
+                                                                           layout.run_prefix(args.run_id))),
+                opts=child,
+            ),
+            # Replacing an object in GCS needs delete as well as create: objectUser, on the two objects only.
+            gcp.storage.BucketIAMMember(
+                f"{name}-placement-write", bucket=args.bucket_name, role="roles/storage.objectUser", member=member,
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title="the placement record", expression=written_condition(args.bucket_name, args.run_id)),
+                opts=child,
+            ),
+        ]
+        suffix = random.RandomId(f"{name}-role-suffix", byte_length=4, opts=child)
+
+        def groups_grant(tail: str, gcp_project: str, groups: list[tuple[str, str]],
+                         opts: pulumi.ResourceOptions) -> gcp.projects.IAMMember:
+            # A custom role belongs to one project and a project's grant names that project's groups only:
+            # one role and one grant in each project that has a group of the stack.
+            role = gcp.projects.IAMCustomRole(
+                f"{name}-groups-role{tail}",
+                project=gcp_project,
+                role_id=suffix.hex.apply(lambda h: custom_role_id(args.custom_role_prefix, h, "ctl")),
+                title="trainstack: read and resize the placements' groups",
+                permissions=GROUP_PERMISSIONS,
+                opts=opts,
+            )
+            return gcp.projects.IAMMember(
+                f"{name}-groups{tail}", project=gcp_project, role=role.name, member=member,
+                condition=gcp.projects.IAMMemberConditionArgs(
+                    title="this stack's groups", expression=groups_condition(gcp_project, groups)),
+                opts=opts,
+            )
+
+        grants.append(groups_grant("", args.gcp_project, args.groups, child))
+        grants += [groups_grant(f"-{other.gcp_project}", other.gcp_project, other.groups,
+                                pulumi.ResourceOptions(parent=self, provider=other.provider))
+                   for other in args.other_projects]
+        return grants
+
+    def _schedule(self, name: str, args: PlacementControllerArgs, fn_name: str) -> None:
+        """The Cloud Scheduler job that calls the function every `tick_minutes`, as an account of its own."""
+        child = pulumi.ResourceOptions(parent=self)
         invoker = gcp.serviceaccount.Account(
             f"{name}-invoker", account_id=args.invoker_account_id, display_name="trainstack controller schedule",
             description="calls the placement controller's function, nothing else", opts=child,
@@ -292,6 +307,3 @@ class PlacementController(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[invoke_grant]),
         )
-        self.function_name = self.function.name
-        self.unique_id = account.unique_id
-        self.register_outputs({"function_name": self.function_name, "unique_id": self.unique_id})
