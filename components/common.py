@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import pulumi
 
@@ -92,6 +93,71 @@ def adopted_bucket(bucket_name: pulumi.Input[str], adopt: bool) -> str | None:
 
 
 @dataclass(kw_only=True)
+class Home:
+    """What a home stack has made that a placement on the other cloud builds on (`OtherCloud`)."""
+
+    parent: pulumi.ComponentResource
+    """The home stack: the parent of everything its placements make."""
+    name: str
+    """The home stack's resource name (the stem of its children's names)."""
+    args: TrainingStackArgs
+    """The home stack's Args."""
+    provider: pulumi.ProviderResource
+    """Home's provider (its cloud, region and project)."""
+    bucket: Any
+    """Home's TrainingBucket."""
+    run: pulumi.Output[str]
+    """The run folder's URI, in home's bucket."""
+    code: Any
+    """Home's TrainerCode (its `code_uri` and `boot_uri`)."""
+    images: list[pulumi.Input[str]]
+    """The image reference of each placement, home first."""
+
+
+class OtherCloud(Protocol):
+    """The placements of a stack on the other cloud than home, built one floor up (components/multicloud/)."""
+
+    def placement(self, home: Home, index: int) -> tuple[pulumi.ComponentResource, pulumi.Output | None]:
+        """Placement `index`'s group, and how the controller reaches it (None: through `controller_access`)."""
+
+    def controller_access(self, home: Home) -> dict[int, pulumi.Output]:
+        """How home's controller reaches each placement on the other cloud, by index (its config's `access`)."""
+
+    def after_controller(self, home: Home, controller: Any) -> None:
+        """What the other cloud needs of home's controller once it exists."""
+
+
+@dataclass(kw_only=True)
+class Placements:
+    """A stack's placements as the layer one floor up (components/multicloud/) computed them, home first."""
+
+    groups: list[str]
+    """Every placement's group name."""
+    settings: list[Settings]
+    """The stack's settings moved to each placement (index 0: the stack's own)."""
+    config: Callable[[str, Mapping[int, Mapping[str, str]]], str] | None = None
+    """The controller's configuration (JSON) from the run's URI and the `access` to the other cloud's placements."""
+    other_cloud: OtherCloud | None = None
+    """Builds the placements on the other cloud than home; None when every placement is on home's."""
+
+    def controller_config(self, run: pulumi.Output[str], access: Mapping[int, pulumi.Output]) -> pulumi.Output[str]:
+        """The controller's configuration once the run's URI and every `access` (by placement index) are known."""
+        if self.config is None:
+            raise ValueError("a stack of one placement has no controller to configure")
+        order = sorted(access)
+        return pulumi.Output.all(run, *(access[i] for i in order)).apply(
+            lambda v: self.config(v[0], dict(zip(order, v[1:], strict=True))))
+
+    @classmethod
+    def alone(cls, settings: Settings, group: str) -> Placements:
+        """Home as the only placement: a stack of one placement needs nothing from the layer above."""
+        if len(settings.placement_list) > 1:
+            raise ValueError(f"trainstack:placements lists {len(settings.placement_list)} placements: build the stack "
+                             "with components.multicloud.training_stack, which names and builds every placement")
+        return cls(groups=[group], settings=[settings])
+
+
+@dataclass(kw_only=True)
 class TrainingStackArgs:
     """Inputs of a TrainingStack (either cloud)."""
 
@@ -101,6 +167,8 @@ class TrainingStackArgs:
     """The Pulumi project name (part of generated names, tags and labels)."""
     adopt_bucket: bool = False
     """Import the stack's existing bucket (kept by an earlier `pulumi destroy`) instead of creating it."""
+    placements: Placements | None = field(default=None)
+    """Every placement's group, settings and the other cloud's builder (components/multicloud/); None: home only."""
 
 
 class StackOutputs(pulumi.ComponentResource):

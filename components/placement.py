@@ -30,7 +30,7 @@ from components.function_package import (  # noqa: F401 - re-exported
     library_files,
     library_pins,
 )
-from components.settings import Settings
+from components.settings import Settings, placements
 
 
 def max_price_warning(index: int, region: str, price: float) -> str:
@@ -57,19 +57,9 @@ def group_names(settings: Settings, home_group: str) -> list[str]:
 
 
 def settings_at(settings: Settings, index: int) -> Settings:
-    """The stack's settings moved to placement `index`: its cloud, region, project, machine types and
-    zones. Home's are the stack's own; elsewhere the subnets (of the home region's VPC) are left out,
-    so the group takes its region's default VPC, and on the other cloud home's N1 accelerator too (the
-    placement's types come with their GPUs)."""
-    if index == 0:
-        return settings
-    p = settings.placement_list[index]
-    return settings.model_copy(update={
-        "cloud": p.cloud, "region": p.region, "project": p.project or "",
-        "compute": settings.compute.model_copy(update={
-            "instance_types": list(p.instance_types), "zones": list(p.zones), "subnets": [],
-            **({"accelerator": None} if p.cloud != settings.cloud else {})}),
-    })
+    """The stack's settings moved to placement `index` (components/settings/placements.py's `at`, which the
+    checks run on too)."""
+    return placements.at(settings, index)
 
 
 def controller_config(settings: Settings, run_uri: str, groups: list[str],

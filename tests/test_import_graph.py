@@ -144,3 +144,38 @@ def test_every_layer_exception_is_still_an_import():
     graph = import_graph()
     stale = [pair for pair in LAYER_EXCEPTIONS if pair[1] not in graph.get(pair[0], set())]
     assert stale == [], f"exceptions no module needs any more (remove them): {stale}"
+
+
+# Each cloud's package builds its own cloud only: what spans clouds (the placement list, federation across them)
+# lives one floor up, in components/multicloud/ and components/placement.py, and calls each cloud's package.
+CLOUD_PACKAGES = ("components.aws", "components.gcp")
+ABOVE_THE_CLOUDS = ("components.placement", "components.multicloud")
+
+
+def crossings(graph: dict[str, set[str]]) -> list[str]:
+    """`module -> import` for each import of a cloud package's module into the other cloud or the floor above."""
+    found = []
+    for module, deps in sorted(graph.items()):
+        own = next((p for p in CLOUD_PACKAGES if module == p or module.startswith(p + ".")), None)
+        if own is None:
+            continue
+        forbidden = [p for p in CLOUD_PACKAGES if p != own] + list(ABOVE_THE_CLOUDS)
+        found += [f"{module} -> {d}" for d in sorted(deps)
+                  if any(d == f or d.startswith(f + ".") for f in forbidden)]
+    return found
+
+
+def test_the_crossing_finder_finds_a_planted_crossing():
+    graph = {"components.aws.stack": {"components.gcp.naming", "components.common"},
+             "components.gcp.group": {"components.placement"}, "components.multicloud": {"components.aws.group"},
+             "components.awsx": {"components.gcp"}}
+    assert crossings(graph) == ["components.aws.stack -> components.gcp.naming",
+                                "components.gcp.group -> components.placement"]
+
+
+def test_neither_cloud_package_imports_the_other_or_the_floor_above():
+    graph = import_graph()
+    assert "components.aws.group" in graph["components.multicloud.aws_placements"]  # the graph sees the layer
+    found = crossings(graph)
+    assert found == [], ("a cloud package imports across clouds (move what spans clouds to components/multicloud/, "
+                         "which calls each cloud's package): " + "; ".join(found))

@@ -2,7 +2,7 @@
 
 An EventBridge Scheduler schedule calls a Lambda function every `tick_minutes`; the function runs
 one tick of the controller (`controller/handler.py:handler`, configured by the
-`TRAINSTACK_PLACEMENTS` variable: components/placement.py) and is gone. Nothing bills while idle
+`TRAINSTACK_PLACEMENTS` variable: controller/config.py) and is gone. Nothing bills while idle
 beyond the invocations. The function has its own role, with exactly what a tick needs: read this
 run's folder, write only the placement record and the controller's events there, read the groups'
 scaling activities, and set the size of this stack's groups only, never above the run's `nodes`.
@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
-from components import placement, project
+from components import function_package, project
 from controller.config import ENV_VAR
 from runfolder import layout
 
-# The function's package is components/placement.py's FUNCTION_PACKAGES and the libraries Lambda's
+# The function's package is components/function_package.py's FUNCTION_PACKAGES and the libraries Lambda's
 # python3.12 runtime lacks (it brings boto3): tenacity, and google-auth with its dependencies only
-# when a placement is on GCP (placement.library_files).
+# when a placement is on GCP (function_package.library_files).
 HANDLER = "controller.handler.handler"
 RUNTIME = "python3.12"
 # A tick reads a few small objects and makes a few API calls; a bound far above that, and well
@@ -136,13 +136,13 @@ def function_policy(*, partition: pulumi.Input[str], account_id: pulumi.Input[st
 
 def function_code(*, federation: bool = False) -> pulumi.AssetArchive:
     """The function's package: the .py files of the controller, the trainer and the libraries they need
-    beyond Lambda's runtime (placement.library_files: with `federation`, those reaching a GCP group too),
+    beyond Lambda's runtime (function_package.library_files: with `federation`, those reaching a GCP group too),
     at their package paths."""
-    files = placement.function_files(project.ROOT)
-    if placement.HANDLER_FILE not in files:
-        pulumi.log.warn(f"{placement.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
+    files = function_package.function_files(project.ROOT)
+    if function_package.HANDLER_FILE not in files:
+        pulumi.log.warn(f"{function_package.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
                         "would have no handler")
-    files.update(placement.library_files(federation=federation))
+    files.update(function_package.library_files(federation=federation))
     return pulumi.AssetArchive({name: pulumi.FileAsset(str(path)) for name, path in files.items()})
 
 
@@ -162,6 +162,38 @@ class PlacementController(pulumi.ComponentResource):
         account_id = aws.get_caller_identity_output(opts=invoke).account_id
         # Lambda function names take 64 characters; the schedule's, 64 too.
         fn_name = function_name(args.name)
+        ready = self._role(name, args, fn_name, partition, account_id)
+        self.function = aws.lambda_.Function(
+            f"{name}-function",
+            name=fn_name,
+            description="trainstack: moves the run to another placement when its own cannot launch",
+            runtime=RUNTIME,
+            handler=HANDLER,
+            code=function_code(federation=args.federation),
+            role=self.role.arn,
+            timeout=TIMEOUT_S,
+            memory_size=MEMORY_MB,
+            reserved_concurrent_executions=CONCURRENCY,
+            environment=aws.lambda_.FunctionEnvironmentArgs(
+                variables=pulumi.Output.from_input(args.config).apply(environment)),
+            tags=args.tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=ready),
+        )
+        aws.lambda_.FunctionEventInvokeConfig(
+            f"{name}-delivery",
+            function_name=self.function.name,
+            maximum_retry_attempts=RETRY_ATTEMPTS,
+            maximum_event_age_in_seconds=MAX_EVENT_AGE_S,
+            opts=child,
+        )
+        self._schedule(name, args, fn_name, account_id)
+        self.function_name = self.function.name
+        self.register_outputs({"function_name": self.function_name})
+
+    def _role(self, name: str, args: PlacementControllerArgs, fn_name: str, partition: pulumi.Output[str],
+              account_id: pulumi.Output[str]) -> list[pulumi.Resource]:
+        """The function's role, its log group and its policies; returns what the function waits for."""
+        child = pulumi.ResourceOptions(parent=self)
         log_group = aws.cloudwatch.LogGroup(
             f"{name}-logs", name=f"/aws/lambda/{fn_name}", retention_in_days=LOG_RETENTION_DAYS, tags=args.tags,
             opts=child,
@@ -193,29 +225,11 @@ class PlacementController(pulumi.ComponentResource):
             }]}),
             opts=child,
         )
-        self.function = aws.lambda_.Function(
-            f"{name}-function",
-            name=fn_name,
-            description="trainstack: moves the run to another placement when its own cannot launch",
-            runtime=RUNTIME,
-            handler=HANDLER,
-            code=function_code(federation=args.federation),
-            role=self.role.arn,
-            timeout=TIMEOUT_S,
-            memory_size=MEMORY_MB,
-            reserved_concurrent_executions=CONCURRENCY,
-            environment=aws.lambda_.FunctionEnvironmentArgs(
-                variables=pulumi.Output.from_input(args.config).apply(environment)),
-            tags=args.tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[policy, logs, log_group]),
-        )
-        aws.lambda_.FunctionEventInvokeConfig(
-            f"{name}-delivery",
-            function_name=self.function.name,
-            maximum_retry_attempts=RETRY_ATTEMPTS,
-            maximum_event_age_in_seconds=MAX_EVENT_AGE_S,
-            opts=child,
-        )
+        return [policy, logs, log_group]
+
+    def _schedule(self, name: str, args: PlacementControllerArgs, fn_name: str, account_id: pulumi.Output[str]) -> None:
+        """The EventBridge schedule that invokes the function every `tick_minutes`, and its own role."""
+        child = pulumi.ResourceOptions(parent=self)
         scheduler_role = aws.iam.Role(
             f"{name}-scheduler-role",
             # EventBridge Scheduler's own confused-deputy guard: only schedules of this account.
@@ -252,5 +266,3 @@ class PlacementController(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[invoke_policy]),
         )
-        self.function_name = self.function.name
-        self.register_outputs({"function_name": self.function_name})

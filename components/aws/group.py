@@ -23,6 +23,7 @@ import pulumi_aws as aws
 
 from components import userdata
 from components.aws.naming import DLAMI_NAME, choose_zone
+from components.settings import Settings
 
 
 @dataclass(kw_only=True)
@@ -66,6 +67,42 @@ class SpotGroupArgs:
     """Resources the group must wait for before launching machines (e.g. the role's policy)."""
 
 
+def spot_group_args(settings: Settings, *, group_name: str, size: int | None, instance_profile_arn: pulumi.Input[str],
+                    user_data: pulumi.Input[str], tags: dict[str, str],
+                    wait_for: list[pulumi.Resource]) -> SpotGroupArgs:
+    """The Args of a placement's group from the stack's settings moved to it (its types, zones, subnets and
+    compute) and what the stack made for its machines (their profile, user data and what they wait for)."""
+    c = settings.compute
+    return SpotGroupArgs(
+        group_name=group_name, instance_types=list(c.instance_types), nodes=c.nodes, size=size, spot=c.spot,
+        max_price_per_hour=c.max_price_per_hour, max_runtime_hours=c.max_runtime_hours, root_disk_gb=c.root_disk_gb,
+        image_id=c.image_id, subnets=list(c.subnets), zones=list(c.zones),
+        allowed_cidrs=list(settings.access.allowed_cidrs), ssh_public_key=settings.access.ssh_public_key,
+        instance_profile_arn=instance_profile_arn, user_data=user_data, tags=tags, wait_for=wait_for,
+    )
+
+
+def _ami(args: SpotGroupArgs, invoke: pulumi.InvokeOptions) -> pulumi.Output:
+    """The machines' image: `image_id`, else the newest Deep Learning AMI."""
+    if args.image_id:
+        ami = aws.ec2.get_ami_output(
+            filters=[aws.ec2.GetAmiFilterArgs(name="image-id", values=[args.image_id])],
+            opts=invoke,
+        )
+    else:
+        ami = aws.ec2.get_ami_output(
+            most_recent=True,
+            owners=["amazon"],
+            filters=[
+                aws.ec2.GetAmiFilterArgs(name="name", values=[DLAMI_NAME]),
+                aws.ec2.GetAmiFilterArgs(name="architecture", values=["x86_64"]),
+                aws.ec2.GetAmiFilterArgs(name="state", values=["available"]),
+            ],
+            opts=invoke,
+        )
+    return ami
+
+
 def cap_time(hours: float, now: dt.datetime | None = None) -> str:
     """The runtime cap as the RFC 3339 UTC time the scheduled action takes."""
     start = (now or dt.datetime.now(dt.UTC)) + dt.timedelta(hours=hours)
@@ -87,15 +124,100 @@ class SpotGroup(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         invoke = pulumi.InvokeOptions(parent=self)
 
+        self.placement_group: aws.ec2.PlacementGroup | None = None
+        self.zone: pulumi.Output[str] | None = None
+        """The one zone of several machines (None for one machine)."""
+        vpc_id, subnet_ids = self._network(name, args)
+
+        self.security_group = aws.ec2.SecurityGroup(
+            f"{name}-sg",
+            description="trainstack GPU machines",
+            vpc_id=vpc_id,
+            ingress=self._ingress(args),
+            # Open egress: the machines pull images, packages and reach S3/ECR endpoints.
+            egress=[
+                aws.ec2.SecurityGroupEgressArgs(
+                    protocol="-1", from_port=0, to_port=0,
+                    cidr_blocks=["0.0.0.0/0"], ipv6_cidr_blocks=["::/0"],
+                    description="image pulls, S3, ECR",
+                )
+            ],
+            tags=args.tags,
+            opts=child,
+        )
+
+        ami = _ami(args, invoke)
+        self.image_id = ami.id
+
+        self.launch_template = self._launch_template(name, args, ami)
+
+        self.group = self._group(name, args, subnet_ids)
+
+        # The cloud's own deadline: at first launch + maxRuntimeHours the group goes to
+        # zero even if a machine hangs. startTime is computed at each `pulumi up`; it is
+        # ignored after creation so a later `up` (e.g. to change the trainer) does not
+        # push the deadline back and silently extend the budget. To move the cap on
+        # purpose, replace this resource (`pulumi up --replace <its URN>`).
+        self.schedule = aws.autoscaling.Schedule(
+            f"{name}-runtime-cap",
+            scheduled_action_name=f"{args.group_name}-runtime-cap",
+            autoscaling_group_name=self.group.name,
+            min_size=0,
+            max_size=0,
+            desired_capacity=0,
+            start_time=cap_time(args.max_runtime_hours),
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["startTime"]),
+        )
+        self.group_name = self.group.name
+        self.register_outputs({"group_name": self.group_name, "image_id": self.image_id})
+
+    def _group(self, name: str, args: SpotGroupArgs, subnet_ids: pulumi.Input[list[str]]) -> aws.autoscaling.Group:
+        """The Auto Scaling group: spot (or on-demand) machines of the listed types, from the launch template."""
+        return aws.autoscaling.Group(
+            f"{name}-asg",
+            name=args.group_name,
+            min_size=0,
+            max_size=args.nodes,
+            desired_capacity=args.nodes if args.size is None else args.size,
+            # Off: see the module docstring (replace on the interruption notice only).
+            capacity_rebalance=False,
+            vpc_zone_identifiers=subnet_ids,
+            placement_group=self.placement_group.name if self.placement_group else None,
+            mixed_instances_policy=aws.autoscaling.GroupMixedInstancesPolicyArgs(
+                instances_distribution=self._distribution(args),
+                launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
+                    launch_template_specification=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
+                        launch_template_id=self.launch_template.id,
+                        version=self.launch_template.latest_version.apply(str),
+                    ),
+                    overrides=[
+                        aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(instance_type=t)
+                        for t in args.instance_types
+                    ],
+                ),
+            ),
+            # Spot capacity may take a while; `pulumi up` returns at once and the group
+            # keeps trying.
+            wait_for_capacity_timeout="0",
+            tags=[
+                aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=False)
+                for k, v in sorted(args.tags.items())
+            ],
+            # The machine sets desired capacity to 0 when the run is done, and the placement
+            # controller moves the run between groups; a later `pulumi up` must undo neither.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["desiredCapacity"], depends_on=args.wait_for),
+        )
+
+    def _network(self, name: str, args: SpotGroupArgs) -> tuple[pulumi.Output[str], pulumi.Input[list[str]]]:
+        """The group's VPC and subnets (with several machines, those of one zone, in a cluster placement group)."""
+        child = pulumi.ResourceOptions(parent=self)
+        invoke = pulumi.InvokeOptions(parent=self)
         if args.subnets:
             vpc_id = aws.ec2.get_subnet_output(id=args.subnets[0], opts=invoke).vpc_id
             within = aws.ec2.GetSubnetsFilterArgs(name="subnet-id", values=args.subnets)
         else:
             vpc_id = aws.ec2.get_vpc_output(default=True, opts=invoke).id
             within = aws.ec2.GetSubnetsFilterArgs(name="vpc-id", values=[vpc_id])
-        self.placement_group: aws.ec2.PlacementGroup | None = None
-        self.zone: pulumi.Output[str] | None = None
-        """The one zone of several machines (None for one machine)."""
         subnet_ids: pulumi.Input[list[str]]
         if args.nodes > 1:
             # Several machines train as one: a cluster placement group puts them on one
@@ -128,49 +250,19 @@ class SpotGroup(pulumi.ComponentResource):
             if args.zones:
                 filters.append(aws.ec2.GetSubnetsFilterArgs(name="availability-zone", values=args.zones))
             subnet_ids = aws.ec2.get_subnets_output(filters=filters, opts=invoke).ids
+        return vpc_id, subnet_ids
 
-        self.security_group = aws.ec2.SecurityGroup(
-            f"{name}-sg",
-            description="trainstack GPU machines",
-            vpc_id=vpc_id,
-            ingress=self._ingress(args),
-            # Open egress: the machines pull images, packages and reach S3/ECR endpoints.
-            egress=[
-                aws.ec2.SecurityGroupEgressArgs(
-                    protocol="-1", from_port=0, to_port=0,
-                    cidr_blocks=["0.0.0.0/0"], ipv6_cidr_blocks=["::/0"],
-                    description="image pulls, S3, ECR",
-                )
-            ],
-            tags=args.tags,
-            opts=child,
-        )
-
-        if args.image_id:
-            ami = aws.ec2.get_ami_output(
-                filters=[aws.ec2.GetAmiFilterArgs(name="image-id", values=[args.image_id])],
-                opts=invoke,
-            )
-        else:
-            ami = aws.ec2.get_ami_output(
-                most_recent=True,
-                owners=["amazon"],
-                filters=[
-                    aws.ec2.GetAmiFilterArgs(name="name", values=[DLAMI_NAME]),
-                    aws.ec2.GetAmiFilterArgs(name="architecture", values=["x86_64"]),
-                    aws.ec2.GetAmiFilterArgs(name="state", values=["available"]),
-                ],
-                opts=invoke,
-            )
-        self.image_id = ami.id
-
+    def _launch_template(self, name: str, args: SpotGroupArgs, ami: aws.ec2.AwaitableGetAmiResult,
+                         ) -> aws.ec2.LaunchTemplate:
+        """The machines' launch template: the image, the role, the user data, IMDSv2 and the root disk."""
+        child = pulumi.ResourceOptions(parent=self)
         key_name = None
         if args.ssh_public_key:
             key_name = aws.ec2.KeyPair(
                 f"{name}-key", public_key=args.ssh_public_key, tags=args.tags, opts=child
             ).key_name
 
-        self.launch_template = aws.ec2.LaunchTemplate(
+        return aws.ec2.LaunchTemplate(
             f"{name}-lt",
             description="trainstack GPU machine",
             image_id=ami.id,
@@ -207,59 +299,6 @@ class SpotGroup(pulumi.ComponentResource):
             tags=args.tags,
             opts=child,
         )
-
-        self.group = aws.autoscaling.Group(
-            f"{name}-asg",
-            name=args.group_name,
-            min_size=0,
-            max_size=args.nodes,
-            desired_capacity=args.nodes if args.size is None else args.size,
-            # Off: see the module docstring (replace on the interruption notice only).
-            capacity_rebalance=False,
-            vpc_zone_identifiers=subnet_ids,
-            placement_group=self.placement_group.name if self.placement_group else None,
-            mixed_instances_policy=aws.autoscaling.GroupMixedInstancesPolicyArgs(
-                instances_distribution=self._distribution(args),
-                launch_template=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateArgs(
-                    launch_template_specification=aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateLaunchTemplateSpecificationArgs(
-                        launch_template_id=self.launch_template.id,
-                        version=self.launch_template.latest_version.apply(str),
-                    ),
-                    overrides=[
-                        aws.autoscaling.GroupMixedInstancesPolicyLaunchTemplateOverrideArgs(instance_type=t)
-                        for t in args.instance_types
-                    ],
-                ),
-            ),
-            # Spot capacity may take a while; `pulumi up` returns at once and the group
-            # keeps trying.
-            wait_for_capacity_timeout="0",
-            tags=[
-                aws.autoscaling.GroupTagArgs(key=k, value=v, propagate_at_launch=False)
-                for k, v in sorted(args.tags.items())
-            ],
-            # The machine sets desired capacity to 0 when the run is done, and the placement
-            # controller moves the run between groups; a later `pulumi up` must undo neither.
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["desiredCapacity"], depends_on=args.wait_for),
-        )
-
-        # The cloud's own deadline: at first launch + maxRuntimeHours the group goes to
-        # zero even if a machine hangs. startTime is computed at each `pulumi up`; it is
-        # ignored after creation so a later `up` (e.g. to change the trainer) does not
-        # push the deadline back and silently extend the budget. To move the cap on
-        # purpose, replace this resource (`pulumi up --replace <its URN>`).
-        self.schedule = aws.autoscaling.Schedule(
-            f"{name}-runtime-cap",
-            scheduled_action_name=f"{args.group_name}-runtime-cap",
-            autoscaling_group_name=self.group.name,
-            min_size=0,
-            max_size=0,
-            desired_capacity=0,
-            start_time=cap_time(args.max_runtime_hours),
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["startTime"]),
-        )
-        self.group_name = self.group.name
-        self.register_outputs({"group_name": self.group_name, "image_id": self.image_id})
 
     def _ingress(self, args: SpotGroupArgs) -> list[aws.ec2.SecurityGroupIngressArgs]:
         rules = []

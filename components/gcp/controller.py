@@ -2,7 +2,7 @@
 
 A Cloud Scheduler job calls a Cloud Functions (2nd gen) function every `tick_minutes` with an
 OIDC token; the function runs one tick of the controller (`controller/handler.py:handler`,
-configured by the `TRAINSTACK_PLACEMENTS` variable: components/placement.py) and scales to zero
+configured by the `TRAINSTACK_PLACEMENTS` variable: controller/config.py) and scales to zero
 between calls. The function runs as its own service account, with exactly what a tick needs: read
 this run's folder, write only the placement record and the controller's events there, and read and
 resize this stack's groups only (a placement's group in another project through a role and a grant
@@ -18,13 +18,13 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_random as random
 
-from components import placement, project
+from components import function_package, project
 from components.gcp.identity import groups_condition, prefix_condition
 from components.gcp.naming import custom_role_id
 from controller.config import ENV_VAR
 from runfolder import layout
 
-# The function's package: components/placement.py's FUNCTION_PACKAGES, and the two files Cloud
+# The function's package: components/function_package.py's FUNCTION_PACKAGES, and the two files Cloud
 # Functions' Python build wants at the root (main.py names the entry point).
 ENTRY_POINT = "handler"
 MAIN_PY = ('"""Cloud Functions\' entry point: one tick of the placement controller."""\n\n'
@@ -121,16 +121,16 @@ def written_condition(bucket: pulumi.Input[str], run_id: str) -> pulumi.Output[s
 def requirements(*, federation: bool) -> list[str]:
     """The function's requirements.txt lines: the GCS client and the libraries a tick imports, at the
     trainer's pins; with `federation` (a placement on AWS), boto3 too."""
-    names = placement.GCP_FUNCTION_LIBRARIES + (placement.AWS_LIBRARIES if federation else ())
-    return [GCS_REQUIREMENT, *placement.library_pins(names)]
+    names = function_package.GCP_FUNCTION_LIBRARIES + (function_package.AWS_LIBRARIES if federation else ())
+    return [GCS_REQUIREMENT, *function_package.library_pins(names)]
 
 
 def function_source(*, federation: bool = False) -> pulumi.AssetArchive:
     """The function's source: main.py, requirements.txt (`requirements`) and the .py files of the controller
     and the trainer."""
-    files = placement.function_files(project.ROOT)
-    if placement.HANDLER_FILE not in files:
-        pulumi.log.warn(f"{placement.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
+    files = function_package.function_files(project.ROOT)
+    if function_package.HANDLER_FILE not in files:
+        pulumi.log.warn(f"{function_package.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
                         "would have no handler")
     assets: dict[str, pulumi.Asset | pulumi.Archive] = {
         "main.py": pulumi.StringAsset(MAIN_PY), "requirements.txt": pulumi.StringAsset("\n".join(requirements(federation=federation)) + "\n")}
@@ -184,47 +184,7 @@ class PlacementController(pulumi.ComponentResource):
             description="one run's folder and placement record, this stack's groups", opts=child,
         )
         member = pulumi.Output.concat("serviceAccount:", account.email)
-        grants: list[pulumi.Resource] = [
-            gcp.storage.BucketIAMMember(
-                f"{name}-run-read", bucket=args.bucket_name, role="roles/storage.objectViewer", member=member,
-                condition=gcp.storage.BucketIAMMemberConditionArgs(
-                    title="this run's folder", expression=prefix_condition(args.bucket_name,
-                                                                           layout.run_prefix(args.run_id))),
-                opts=child,
-            ),
-            # Replacing an object in GCS needs delete as well as create: objectUser, on the two objects only.
-            gcp.storage.BucketIAMMember(
-                f"{name}-placement-write", bucket=args.bucket_name, role="roles/storage.objectUser", member=member,
-                condition=gcp.storage.BucketIAMMemberConditionArgs(
-                    title="the placement record", expression=written_condition(args.bucket_name, args.run_id)),
-                opts=child,
-            ),
-        ]
-        suffix = random.RandomId(f"{name}-role-suffix", byte_length=4, opts=child)
-
-        def groups_grant(tail: str, gcp_project: str, groups: list[tuple[str, str]],
-                         opts: pulumi.ResourceOptions) -> gcp.projects.IAMMember:
-            # A custom role belongs to one project and a project's grant names that project's groups only:
-            # one role and one grant in each project that has a group of the stack.
-            role = gcp.projects.IAMCustomRole(
-                f"{name}-groups-role{tail}",
-                project=gcp_project,
-                role_id=suffix.hex.apply(lambda h: custom_role_id(args.custom_role_prefix, h, "ctl")),
-                title="trainstack: read and resize the placements' groups",
-                permissions=GROUP_PERMISSIONS,
-                opts=opts,
-            )
-            return gcp.projects.IAMMember(
-                f"{name}-groups{tail}", project=gcp_project, role=role.name, member=member,
-                condition=gcp.projects.IAMMemberConditionArgs(
-                    title="this stack's groups", expression=groups_condition(gcp_project, groups)),
-                opts=opts,
-            )
-
-        grants.append(groups_grant("", args.gcp_project, args.groups, child))
-        grants += [groups_grant(f"-{other.gcp_project}", other.gcp_project, other.groups,
-                                pulumi.ResourceOptions(parent=self, provider=other.provider))
-                   for other in args.other_projects]
+        grants = self._grants(name, args, member)
         source = gcp.storage.BucketObject(
             f"{name}-source", bucket=args.bucket_name, name=SOURCE_OBJECT,
             source=function_source(federation=args.federation), opts=child,
@@ -266,6 +226,61 @@ class PlacementController(pulumi.ComponentResource):
             labels=args.labels,
             opts=pulumi.ResourceOptions(parent=self, depends_on=grants),
         )
+        self._schedule(name, args, fn_name)
+        self.function_name = self.function.name
+        self.unique_id = account.unique_id
+        self.register_outputs({"function_name": self.function_name, "unique_id": self.unique_id})
+
+    def _grants(self, name: str, args: PlacementControllerArgs, member: pulumi.Output[str]) -> list[pulumi.Resource]:
+        """The function's account's grants: this run's folder, the placement record, the stack's groups in each
+        of their projects."""
+        child = pulumi.ResourceOptions(parent=self)
+        grants: list[pulumi.Resource] = [
+            gcp.storage.BucketIAMMember(
+                f"{name}-run-read", bucket=args.bucket_name, role="roles/storage.objectViewer", member=member,
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title="this run's folder", expression=prefix_condition(args.bucket_name,
+                                                                           layout.run_prefix(args.run_id))),
+                opts=child,
+            ),
+            # Replacing an object in GCS needs delete as well as create: objectUser, on the two objects only.
+            gcp.storage.BucketIAMMember(
+                f"{name}-placement-write", bucket=args.bucket_name, role="roles/storage.objectUser", member=member,
+                condition=gcp.storage.BucketIAMMemberConditionArgs(
+                    title="the placement record", expression=written_condition(args.bucket_name, args.run_id)),
+                opts=child,
+            ),
+        ]
+        suffix = random.RandomId(f"{name}-role-suffix", byte_length=4, opts=child)
+
+        def groups_grant(tail: str, gcp_project: str, groups: list[tuple[str, str]],
+                         opts: pulumi.ResourceOptions) -> gcp.projects.IAMMember:
+            # A custom role belongs to one project and a project's grant names that project's groups only:
+            # one role and one grant in each project that has a group of the stack.
+            role = gcp.projects.IAMCustomRole(
+                f"{name}-groups-role{tail}",
+                project=gcp_project,
+                role_id=suffix.hex.apply(lambda h: custom_role_id(args.custom_role_prefix, h, "ctl")),
+                title="trainstack: read and resize the placements' groups",
+                permissions=GROUP_PERMISSIONS,
+                opts=opts,
+            )
+            return gcp.projects.IAMMember(
+                f"{name}-groups{tail}", project=gcp_project, role=role.name, member=member,
+                condition=gcp.projects.IAMMemberConditionArgs(
+                    title="this stack's groups", expression=groups_condition(gcp_project, groups)),
+                opts=opts,
+            )
+
+        grants.append(groups_grant("", args.gcp_project, args.groups, child))
+        grants += [groups_grant(f"-{other.gcp_project}", other.gcp_project, other.groups,
+                                pulumi.ResourceOptions(parent=self, provider=other.provider))
+                   for other in args.other_projects]
+        return grants
+
+    def _schedule(self, name: str, args: PlacementControllerArgs, fn_name: str) -> None:
+        """The Cloud Scheduler job that calls the function every `tick_minutes`, as an account of its own."""
+        child = pulumi.ResourceOptions(parent=self)
         invoker = gcp.serviceaccount.Account(
             f"{name}-invoker", account_id=args.invoker_account_id, display_name="trainstack controller schedule",
             description="calls the placement controller's function, nothing else", opts=child,
@@ -293,6 +308,3 @@ class PlacementController(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[invoke_grant]),
         )
-        self.function_name = self.function.name
-        self.unique_id = account.unique_id
-        self.register_outputs({"function_name": self.function_name, "unique_id": self.unique_id})

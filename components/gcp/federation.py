@@ -177,31 +177,48 @@ def impersonation(name: str, account: gcp.serviceaccount.Account, trusted: AwsPo
 
 
 @dataclass(kw_only=True)
-class ControllerAccessArgs:
-    """Inputs of a ControllerAccess."""
+class FederatedAccountArgs:
+    """What both ways an AWS role reaches GCP share: a pool trusting that role, and the account it impersonates."""
 
     gcp_project: str
-    """The placement's project."""
+    """The project the pool, the provider and the service account are made in."""
+    account_id: str
+    """The service account's id in that project (6-30 characters)."""
+    pool_stem: str
+    """The stack's part of the pool's id (`pool_id`)."""
+    aws_account_id: pulumi.Input[str]
+    """The AWS account of the admitted role: the provider accepts its identities only."""
+    aws_partition: pulumi.Input[str]
+    """That account's AWS partition (`aws`)."""
+
+
+@dataclass(kw_only=True)
+class ControllerAccessArgs(FederatedAccountArgs):
+    """Inputs of a ControllerAccess (the placement's project; the controller's service account id there)."""
+
     region: str
     """The placement's region."""
     group_name: str
     """The placement's group: the only one the controller's account may read and resize."""
-    account_id: str
-    """The controller's service account id in this project (6-30 characters)."""
-    pool_stem: str
-    """The stack's part of the pool's id (`pool_id`)."""
     custom_role_prefix: str
     """The start of the custom role's id; a random suffix kept in the stack's state follows."""
-    aws_account_id: pulumi.Input[str]
-    """Home's AWS account: the provider accepts its identities only."""
-    aws_partition: pulumi.Input[str]
-    """Home's AWS partition (`aws`)."""
     controller_role_name: pulumi.Input[str]
     """The controller function's IAM role: the one AWS identity admitted."""
 
 
-class ControllerAccess(pulumi.ComponentResource):
-    """Home's AWS controller reaching one GCP placement's group, by workload identity federation."""
+@dataclass(kw_only=True)
+class MachineAccessArgs(FederatedAccountArgs):
+    """Inputs of a MachineAccess (home's project; the machines' service account id there)."""
+
+    bucket: BucketAccess
+    """Home's bucket and the run's data: the account gets there what home's machine account gets."""
+    machine_role_name: pulumi.Input[str]
+    """The placement's machines' IAM role (their instance profile's): the one AWS identity admitted."""
+
+
+class FederatedAccount(pulumi.ComponentResource):
+    """An AWS role's sessions reaching GCP as one service account: a pool trusting that role, the account, and
+    the role's right to impersonate it (`grants`). Each kind below adds what the account may do."""
 
     pool: gcp.iam.WorkloadIdentityPool
     provider: gcp.iam.WorkloadIdentityPoolProvider
@@ -209,25 +226,38 @@ class ControllerAccess(pulumi.ComponentResource):
     audience: pulumi.Output[str]
     email: pulumi.Output[str]
 
+    def _trust(self, name: str, args: FederatedAccountArgs, *, role_name: pulumi.Input[str], provider_id: str,
+               pool_texts: tuple[str, str], provider_texts: tuple[str, str], account_texts: tuple[str, str],
+               child: pulumi.ResourceOptions) -> AwsPool:
+        """Make the pool, its provider and the account ((display name, description) of each); returns the pool."""
+        trusted = aws_pool(
+            name, gcp_project=args.gcp_project, pool_stem=args.pool_stem, provider_id=provider_id,
+            aws_account_id=args.aws_account_id, aws_partition=args.aws_partition, role_name=role_name,
+            display_name=pool_texts[0], description=pool_texts[1], provider_display_name=provider_texts[0],
+            provider_description=provider_texts[1], child=child)
+        self.pool, self.provider = trusted.pool, trusted.provider
+        self.account = gcp.serviceaccount.Account(
+            f"{name}-sa", account_id=args.account_id, project=args.gcp_project, display_name=account_texts[0],
+            description=account_texts[1], opts=child,
+        )
+        self.audience = trusted.audience
+        self.email = self.account.email
+        return trusted
+
+
+class ControllerAccess(FederatedAccount):
+    """Home's AWS controller reaching one GCP placement's group, by workload identity federation."""
+
     def __init__(self, name: str, args: ControllerAccessArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:gcp:ControllerAccess", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        trusted = aws_pool(
-            name, gcp_project=args.gcp_project, pool_stem=args.pool_stem, provider_id=PROVIDER_ID,
-            aws_account_id=args.aws_account_id, aws_partition=args.aws_partition, role_name=args.controller_role_name,
-            display_name="trainstack controller",
-            description="home's AWS placement controller: resizes this project's trainstack group",
-            provider_display_name="trainstack AWS controller",
-            provider_description="the controller function's role in home's AWS account, nothing else", child=child)
-        self.pool, self.provider = trusted.pool, trusted.provider
-        self.account = gcp.serviceaccount.Account(
-            f"{name}-sa",
-            account_id=args.account_id,
-            project=args.gcp_project,
-            display_name="trainstack placement controller",
-            description="home's AWS controller: this placement's group only",
-            opts=child,
-        )
+        trusted = self._trust(
+            name, args, role_name=args.controller_role_name, provider_id=PROVIDER_ID,
+            pool_texts=("trainstack controller", "home's AWS placement controller: resizes this project's trainstack group"),
+            provider_texts=("trainstack AWS controller",
+                            "the controller function's role in home's AWS account, nothing else"),
+            account_texts=("trainstack placement controller", "home's AWS controller: this placement's group only"),
+            child=child)
         self.grants: list[pulumi.Resource] = [impersonation(name, self.account, trusted, child)]
         role = gcp.projects.IAMCustomRole(
             f"{name}-group-role",
@@ -245,64 +275,26 @@ class ControllerAccess(pulumi.ComponentResource):
                                                                             [(args.region, args.group_name)])),
             opts=child,
         ))
-        self.audience = trusted.audience
-        self.email = self.account.email
         self.register_outputs({"audience": self.audience, "email": self.email})
 
 
-@dataclass(kw_only=True)
-class MachineAccessArgs:
-    """Inputs of a MachineAccess."""
-
-    gcp_project: str
-    """Home's project: the pool, the provider and the service account are made there."""
-    account_id: str
-    """The machines' service account id in home's project (6-30 characters)."""
-    pool_stem: str
-    """The stack's part of the pool's id (`pool_id`)."""
-    bucket: BucketAccess
-    """Home's bucket and the run's data: the account gets there what home's machine account gets."""
-    aws_account_id: pulumi.Input[str]
-    """The placement's AWS account: the provider accepts its identities only."""
-    aws_partition: pulumi.Input[str]
-    """The placement's AWS partition (`aws`)."""
-    machine_role_name: pulumi.Input[str]
-    """The placement's machines' IAM role (their instance profile's): the one AWS identity admitted."""
-
-
-class MachineAccess(pulumi.ComponentResource):
+class MachineAccess(FederatedAccount):
     """A GCP home's AWS placement's machines reaching home's bucket, by workload identity federation."""
-
-    pool: gcp.iam.WorkloadIdentityPool
-    provider: gcp.iam.WorkloadIdentityPoolProvider
-    account: gcp.serviceaccount.Account
-    audience: pulumi.Output[str]
-    email: pulumi.Output[str]
 
     def __init__(self, name: str, args: MachineAccessArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:gcp:MachineAccess", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        trusted = aws_pool(
-            name, gcp_project=args.gcp_project, pool_stem=args.pool_stem, provider_id=MACHINES_PROVIDER_ID,
-            aws_account_id=args.aws_account_id, aws_partition=args.aws_partition, role_name=args.machine_role_name,
-            display_name="trainstack AWS machines",
-            description="a trainstack run's machines on AWS: one run's prefix of this project's bucket",
-            provider_display_name="trainstack AWS machines",
-            provider_description="the machines' role in the placement's AWS account, nothing else", child=child)
-        self.pool, self.provider = trusted.pool, trusted.provider
-        self.account = gcp.serviceaccount.Account(
-            f"{name}-sa",
-            account_id=args.account_id,
-            project=args.gcp_project,
-            display_name="trainstack machines (AWS placement)",
-            description="one run's prefix of home's bucket, for the AWS placement's machine role",
-            opts=child,
-        )
+        trusted = self._trust(
+            name, args, role_name=args.machine_role_name, provider_id=MACHINES_PROVIDER_ID,
+            pool_texts=("trainstack AWS machines",
+                        "a trainstack run's machines on AWS: one run's prefix of this project's bucket"),
+            provider_texts=("trainstack AWS machines", "the machines' role in the placement's AWS account, nothing else"),
+            account_texts=("trainstack machines (AWS placement)",
+                           "one run's prefix of home's bucket, for the AWS placement's machine role"),
+            child=child)
         self.grants: list[pulumi.Resource] = [
             *bucket_grants(name, args.bucket, member=pulumi.Output.concat("serviceAccount:", self.account.email),
                            child=child),
             impersonation(name, self.account, trusted, child),
         ]
-        self.audience = trusted.audience
-        self.email = self.account.email
         self.register_outputs({"audience": self.audience, "email": self.email})

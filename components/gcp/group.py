@@ -22,6 +22,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from components.gcp.naming import MACHINE_NETWORK
+from components.settings import Settings
 
 # Canonical's Ubuntu 22.04 with the NVIDIA driver: it runs cloud-init from the
 # `user-data` metadata key, as the AWS machines do.
@@ -84,6 +85,22 @@ class SpotGroupArgs:
     """Resources the group must wait for before creating VMs (e.g. the IAM grants)."""
 
 
+def spot_group_args(settings: Settings, *, group_name: str, size: int | None, firewalls: bool, network_tag: str,
+                    service_account_email: pulumi.Input[str], user_data: pulumi.Input[str], labels: dict[str, str],
+                    wait_for: list[pulumi.Resource]) -> SpotGroupArgs:
+    """The Args of a placement's group from the stack's settings moved to it (its project, region, types, zones
+    and compute) and what the stack made for its machines (their account, user data and what they wait for)."""
+    c = settings.compute
+    return SpotGroupArgs(
+        group_name=group_name, gcp_project=settings.project, region=settings.region,
+        instance_types=list(c.instance_types), network_tag=network_tag, service_account_email=service_account_email,
+        user_data=user_data, nodes=c.nodes, size=size, firewalls=firewalls, gpus_per_node=c.gpus_per_node,
+        accelerator=c.accelerator, spot=c.spot, max_runtime_hours=c.max_runtime_hours, root_disk_gb=c.root_disk_gb,
+        image_id=c.image_id, zones=list(c.zones), allowed_cidrs=list(settings.access.allowed_cidrs),
+        ssh_public_key=settings.access.ssh_public_key, labels=labels, wait_for=wait_for,
+    )
+
+
 def compact_placement(instance_types: list[str], nodes: int) -> bool:
     """Whether the group's machines get a compact placement policy: several machines, and
     every type the group may choose from of a series that supports it."""
@@ -114,6 +131,30 @@ def cap_cron(hours: float, now: dt.datetime | None = None) -> str:
     return f"{at.minute} {at.hour} {at.day} {at.month} *"
 
 
+def _scheduling(args: SpotGroupArgs) -> gcp.compute.InstanceTemplateSchedulingArgs:
+    """Spot (deleted when preempted) or standard machines, each stopped by GCE at the runtime cap."""
+    cap_seconds = int(args.max_runtime_hours * 3600)
+    if args.spot:
+        scheduling = gcp.compute.InstanceTemplateSchedulingArgs(
+            provisioning_model="SPOT",
+            preemptible=True,
+            automatic_restart=False,
+            on_host_maintenance="TERMINATE",
+            instance_termination_action="DELETE",
+            max_run_duration=gcp.compute.InstanceTemplateSchedulingMaxRunDurationArgs(seconds=cap_seconds),
+        )
+    else:
+        scheduling = gcp.compute.InstanceTemplateSchedulingArgs(
+            provisioning_model="STANDARD",
+            preemptible=False,
+            automatic_restart=True,
+            on_host_maintenance="TERMINATE",  # GPUs cannot live-migrate
+            instance_termination_action="DELETE",
+            max_run_duration=gcp.compute.InstanceTemplateSchedulingMaxRunDurationArgs(seconds=cap_seconds),
+        )
+    return scheduling
+
+
 class SpotGroup(pulumi.ComponentResource):
     """GPU VMs kept at `nodes` by a regional managed instance group, Spot by default."""
 
@@ -127,6 +168,16 @@ class SpotGroup(pulumi.ComponentResource):
         if args.firewalls:
             self._firewalls(name, args, child)
 
+        self.placement: gcp.compute.ResourcePolicy | None = None
+        self.template = self._template(name, args, child)
+        self.group = self._group(name, args)
+        self._runtime_cap(name, args)
+        self.group_name = self.group.name
+        self.register_outputs({"group_name": self.group_name})
+
+    def _template(self, name: str, args: SpotGroupArgs, child: pulumi.ResourceOptions) -> gcp.compute.InstanceTemplate:
+        """The machines' template (image, GPUs, user data, account, scheduling), and with several machines of a
+        type that takes one, a compact placement policy."""
         if args.image_id:
             source_image: pulumi.Input[str] = args.image_id
         else:
@@ -141,26 +192,7 @@ class SpotGroup(pulumi.ComponentResource):
         }
         if args.ssh_public_key:
             metadata["ssh-keys"] = f"ubuntu:{args.ssh_public_key}"
-        cap_seconds = int(args.max_runtime_hours * 3600)
-        if args.spot:
-            scheduling = gcp.compute.InstanceTemplateSchedulingArgs(
-                provisioning_model="SPOT",
-                preemptible=True,
-                automatic_restart=False,
-                on_host_maintenance="TERMINATE",
-                instance_termination_action="DELETE",
-                max_run_duration=gcp.compute.InstanceTemplateSchedulingMaxRunDurationArgs(seconds=cap_seconds),
-            )
-        else:
-            scheduling = gcp.compute.InstanceTemplateSchedulingArgs(
-                provisioning_model="STANDARD",
-                preemptible=False,
-                automatic_restart=True,
-                on_host_maintenance="TERMINATE",  # GPUs cannot live-migrate
-                instance_termination_action="DELETE",
-                max_run_duration=gcp.compute.InstanceTemplateSchedulingMaxRunDurationArgs(seconds=cap_seconds),
-            )
-        self.placement: gcp.compute.ResourcePolicy | None = None
+        scheduling = _scheduling(args)
         reason = no_compact_reason(args.instance_types, args.nodes)
         if reason:
             pulumi.log.warn(reason, resource=self)
@@ -178,7 +210,7 @@ class SpotGroup(pulumi.ComponentResource):
                 group_placement_policy=gcp.compute.ResourcePolicyGroupPlacementPolicyArgs(collocation="COLLOCATED"),
                 opts=child,
             )
-        self.template = gcp.compute.InstanceTemplate(
+        return gcp.compute.InstanceTemplate(
             f"{name}-template",
             name_prefix=f"{args.group_name[:36]}-",
             description="trainstack GPU machine",
@@ -222,6 +254,8 @@ class SpotGroup(pulumi.ComponentResource):
             opts=child,
         )
 
+    def _group(self, name: str, args: SpotGroupArgs) -> gcp.compute.RegionInstanceGroupManager:
+        """The regional managed instance group: its machines in one zone, of the listed types by rank."""
         flexibility = None
         if len(args.instance_types) > 1:
             flexibility = gcp.compute.RegionInstanceGroupManagerInstanceFlexibilityPolicyArgs(
@@ -232,7 +266,7 @@ class SpotGroup(pulumi.ComponentResource):
                     for rank, t in enumerate(args.instance_types, start=1)
                 ]
             )
-        self.group = gcp.compute.RegionInstanceGroupManager(
+        return gcp.compute.RegionInstanceGroupManager(
             f"{name}-mig",
             name=args.group_name,
             region=args.region,
@@ -269,6 +303,8 @@ class SpotGroup(pulumi.ComponentResource):
                                         depends_on=args.wait_for),
         )
 
+    def _runtime_cap(self, name: str, args: SpotGroupArgs) -> None:
+        """A Cloud Scheduler job that resizes the group to zero at the runtime cap."""
         group_path = f"projects/{args.gcp_project}/regions/{args.region}/instanceGroupManagers/{args.group_name}"
         # The cloud's own deadline. The schedule is computed at each `pulumi up` and
         # ignored after creation, so a later `up` does not push the deadline back.
@@ -289,8 +325,6 @@ class SpotGroup(pulumi.ComponentResource):
             ),
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["schedule"], depends_on=[self.group]),
         )
-        self.group_name = self.group.name
-        self.register_outputs({"group_name": self.group_name})
 
     def _firewalls(self, name: str, args: SpotGroupArgs, child: pulumi.ResourceOptions) -> None:
         # The default network lets SSH in from anywhere (default-allow-ssh) and lets every

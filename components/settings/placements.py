@@ -59,6 +59,22 @@ def merge_home(raw: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def at(s: Settings, index: int) -> Settings:
+    """The stack's settings moved to placement `index`: its cloud, region, project, machine types and
+    zones. Home's are the stack's own; elsewhere the subnets (of the home region's VPC) are left out,
+    so the group takes its region's default VPC, and on the other cloud home's N1 accelerator too (the
+    placement's types come with their GPUs)."""
+    if index == 0:
+        return s
+    p = s.placement_list[index]
+    return s.model_copy(update={
+        "cloud": p.cloud, "region": p.region, "project": p.project or "",
+        "compute": s.compute.model_copy(update={
+            "instance_types": list(p.instance_types), "zones": list(p.zones), "subnets": [],
+            **({"accelerator": None} if p.cloud != s.cloud else {})}),
+    })
+
+
 # A key of a check run on the stack moved to placement i, said as that placement's key.
 _MOVED_KEY = re.compile(r"^(?:compute\.(instanceTypes|zones)(\[\d+\])?|(region|project))$")
 
@@ -111,19 +127,15 @@ def validate(s: Settings, cloud_checks: Mapping[str, Callable[[Settings], None]]
                               f"is in {p.region}; remove it (each region looks up the Deep Learning AMI) or keep one "
                               "placement")
         across = p.cloud != s.cloud
-        moved = s.model_copy(update={
-            "cloud": p.cloud, "region": p.region, "project": p.project or "",
+        moved = at(s, i)
+        if across:
             # Across clouds the run's data and bucket stay home's, reached by federation (a GCE machine through
             # an AWS role, an EC2 machine through a workload identity pool and home's service account, which
             # home grants on the data buckets as it grants its own machines): the placement's cloud checks
             # neither their scheme, nor their names, nor run.dataGrant.
-            **({"run": s.run.model_copy(update={"data_uri": None, "validation_data_uri": None, "data_grant": True}),
-                "storage": s.storage.model_copy(update={"bucket_name": None})} if across else {}),
-            # Subnets belong to the home region's VPC: other regions use their default VPC. An N1 accelerator is
-            # home's GPU model; another cloud's types come with their GPUs.
-            "compute": c.model_copy(update={"instance_types": list(p.instance_types), "zones": list(p.zones),
-                                            "subnets": [], **({"accelerator": None} if across else {})}),
-        })
+            moved = moved.model_copy(update={
+                "run": s.run.model_copy(update={"data_uri": None, "validation_data_uri": None, "data_grant": True}),
+                "storage": s.storage.model_copy(update={"bucket_name": None})})
         try:
             cloud_checks[p.cloud](moved)
         except ConfigError as e:
