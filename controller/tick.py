@@ -5,17 +5,28 @@ group, asks :func:`controller.decide.decide`, and acts:
 
 - a move recorded but not carried out (its tick stopped between steps) is finished first;
 - ``finish``: every group not at zero goes to zero;
+- ``time_up`` (the run's deadline passed, no end marker): ``TIMED_OUT`` is written, as a
+  machine's finish path writes it, and every group goes to zero. The deadline is the run
+  folder's ``deadline`` file; a tick that finds none (no machine has booted yet) writes it from
+  ``max_runtime_s``, once (create-if-absent), and the machines then read the same one;
 - ``move``: :func:`start_move` records it (a conditional write: of two ticks at once, one
   wins; the other does nothing), then :func:`finish_move` carries it out:
   (1) the active group to zero, (2) the old lease expired (else the next tick goes on),
   (3) the next placement's group to ``nodes``, (4) one ``moved`` event, then the move is
   marked done. Every step is idempotent, so a tick that stops anywhere leaves a state the
   next one finishes;
-- otherwise every placement but the active one is kept at zero.
+- otherwise every placement but the active one is kept at zero, and the active group is put back
+  to ``nodes`` when it stands below (:func:`controller.decide.decide`'s ``size``).
+
+A tick acts only on the record it read: before it sizes anything it reads ``placement.json``
+again and, if another writer (a move) changed it meanwhile, leaves the sizing to the next tick; it
+never zeroes the placement the current record names active, and a move whose record changed
+under it does not size its new group up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -24,13 +35,14 @@ from dataclasses import asdict, dataclass, field
 from controller import record as records
 from controller.clouds import CloudError
 from controller.config import Config, Placement
-from controller.decide import FINISH, MOVE, STAY, Decision, RunView, decide
+from controller.decide import FINISH, MOVE, STAY, TIME_UP, Decision, GroupState, RunView, decide
 from controller.record import Record, epoch_of, iso
 from trainer import layout
 from trainer.lease import CLOCK_SKEW_S, LeaseRecord
 from trainer.storage import NotFound, PreconditionFailed, Store, open_store
 
-MOVED_BY_CONTROLLER = "controller"
+# Who wrote an end marker the controller wrote (the ``instance`` field, a machine's id otherwise).
+CONTROLLER_INSTANCE = "controller"
 
 
 @dataclass
@@ -48,9 +60,11 @@ class TickResult:
 
 
 def read_run(store: Store) -> RunView:
-    """The run folder as the controller reads it: end marker, newest sign of training, live lease, step."""
+    """The run folder as the controller reads it: end marker, newest sign of training, live lease, step,
+    STOP, deadline and attempts."""
     ended = next((name for name in layout.END_MARKERS if store.exists(name)), None)
     signs = []
+    attempts = 0
     try:
         progress = json.loads(store.get_bytes(layout.PROGRESS_KEY))
         signs.append(epoch_of(progress.get("updated")) if isinstance(progress, dict) else None)
@@ -60,6 +74,7 @@ def read_run(store: Store) -> RunView:
         lines = store.get_bytes(layout.EVENTS_KEY).decode(errors="replace").strip().splitlines()
         last = json.loads(lines[-1]) if lines else {}
         signs.append(epoch_of(last.get(layout.TIME)) if isinstance(last, dict) else None)
+        attempts = sum(1 for line in lines if f'"{layout.STARTED}"' in line)
     except (NotFound, ValueError):
         pass
     lease = read_lease(store)
@@ -70,7 +85,42 @@ def read_run(store: Store) -> RunView:
         if found and found[1] == layout.COMMITTED:
             steps.append(found[0])
     heartbeat = max((s for s in signs if s is not None), default=None)
-    return RunView(ended=ended, heartbeat=heartbeat, lease_until=lease_until, step=max(steps, default=None))
+    return RunView(ended=ended, heartbeat=heartbeat, lease_until=lease_until, step=max(steps, default=None),
+                   stop=store.exists(layout.STOP_KEY), deadline=read_deadline(store), attempts=attempts)
+
+
+def read_deadline(store: Store) -> float | None:
+    """The run's deadline (epoch seconds) from its ``deadline`` file; None while there is none."""
+    try:
+        digits = "".join(c for c in store.get_bytes(layout.DEADLINE_KEY).decode(errors="replace") if c.isdigit())
+    except NotFound:
+        return None
+    return float(digits) if digits else None
+
+
+def ensure_deadline(config: Config, store: Store, run: RunView, now: float) -> RunView:
+    """``run`` with its deadline: the ``deadline`` file, or, when none is written yet and the cap is
+    known, one written now (create-if-absent, in the machines' format: epoch seconds and a newline)."""
+    if run.deadline is not None or config.max_runtime_s is None:
+        return run
+    with contextlib.suppress(PreconditionFailed):  # a machine (or another tick) wrote it first: theirs counts
+        store.put_bytes_if(layout.DEADLINE_KEY, f"{int(now) + config.max_runtime_s}\n".encode(), version=None)
+    deadline = read_deadline(store)
+    return RunView(**{**asdict(run), "deadline": deadline})
+
+
+def end_timed_out(config: Config, clouds, store: Store, run: RunView, reason: str, now: float) -> TickResult:
+    """Write ``TIMED_OUT`` (unless an end marker is there), as a machine's finish path does, and put
+    every group to zero."""
+    result = TickResult(TIME_UP, f"{reason}: the controller ended it {layout.TIMED_OUT}; every group at zero")
+    if not any(store.exists(name) for name in layout.END_MARKERS):
+        body = {"outcome": layout.TIMED_OUT, layout.MARKER_REASON: reason, "instance": CONTROLLER_INSTANCE,
+                layout.TIME: iso(now), layout.MARKER_STEP: -1 if run.step is None else run.step,
+                layout.MARKER_ATTEMPTS: run.attempts}
+        with contextlib.suppress(PreconditionFailed):  # a machine's finish path wrote it meanwhile
+            store.put_bytes_if(layout.TIMED_OUT, (json.dumps(body) + "\n").encode(), version=None)
+    _zero(clouds, config.placements, result.resized)
+    return result
 
 
 def read_lease(store: Store) -> LeaseRecord | None:
@@ -133,6 +183,11 @@ def finish_move(config: Config, clouds, store: Store, rec: Record, version: str,
     if held:
         result.waiting = f"{held}; {new.label}'s group starts once it has expired"
         return result
+    current, _ = records.read(store)
+    if current.active != move["to"] or len(current.moves) != len(rec.moves):
+        # Another move was recorded meanwhile: its writer sizes its own group; this one must not.
+        result.reason = f"{layout.PLACEMENT_KEY} changed meanwhile (another move): the next tick acts on it"
+        return result
     _resize(clouds, new, config.nodes, result.resized)  # (3)
     number = len(rec.moves)
     records.append_moved_once(store, {  # (4)
@@ -163,6 +218,10 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None) -> T
         result = TickResult(FINISH, f"the run ended ({run.ended}): every group at zero")
         _zero(clouds, config.placements, result.resized)
         return result
+    run = ensure_deadline(config, store, run, now)
+    if run.deadline is not None and now >= run.deadline:
+        return end_timed_out(config, clouds, store, run, decide(config, records.Record(), run, _NO_GROUP, now).reason,
+                             now)
     rec, version = records.read(store)
     if rec.pending:
         return finish_move(config, clouds, store, rec, version, now)
@@ -178,8 +237,18 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None) -> T
             return TickResult(STAY, f"another tick changed {layout.PLACEMENT_KEY} first: it moves the run")
         return finish_move(config, clouds, store, rec, version, now)
     result = TickResult(decision.action, decision.reason)
-    _zero(clouds, [p for p in config.placements if p.index != rec.active], result.resized)
+    # Sized from the record read above: if a move changed it since, this tick's view is stale.
+    current, current_version = records.read(store)
+    if current_version != version:
+        result.reason = f"{layout.PLACEMENT_KEY} changed while this tick read the run (a move): the next tick acts on it"
+        return result
+    _zero(clouds, [p for p in config.placements if p.index != current.active], result.resized)
+    if decision.size is not None:
+        _resize(clouds, active, decision.size, result.resized)
     return result
+
+
+_NO_GROUP = GroupState(running=0, desired=None)
 
 
 class MoveError(RuntimeError):
@@ -191,13 +260,16 @@ def move(config: Config, clouds, to: Placement, reason: str, *, store: Store | N
          sleep: Callable[[float], None] = time.sleep) -> TickResult:
     """Move the run to ``to`` now (``ops move``), waiting up to ``wait_s`` for the old lease to expire.
 
-    The same record and steps as a tick's move; raises :class:`MoveError` when the run has ended
-    or is already active there, :class:`PreconditionFailed` when a tick moved it meanwhile.
+    The same record and steps as a tick's move; raises :class:`MoveError` when the run has ended,
+    its deadline has passed or it is already active there, :class:`PreconditionFailed` when a tick moved it meanwhile.
     """
     store = open_store(config.run_uri) if store is None else store
     run = read_run(store)
     if run.ended:
         raise MoveError(f"the run has ended ({run.ended}); nothing to move")
+    if run.deadline is not None and clock() >= run.deadline:
+        raise MoveError(f"the run's deadline ({iso(run.deadline)}) has passed: a move would start a machine the cap "
+                        "stops at once; the controller's next tick ends the run TIMED_OUT")
     rec, version = records.read(store)
     if rec.pending is None:
         if rec.active == to.index:
