@@ -6,8 +6,10 @@ answers one :class:`Decision`:
 
 - ``finish``: the run has an end marker; every group goes to zero (nothing keeps billing).
 - ``time_up``: the run's deadline (first start + ``maxRuntimeHours``) has passed with no end
-  marker: the controller ends it ``TIMED_OUT`` and every group goes to zero. No group is ever
-  sized up after the deadline.
+  marker: the controller ends it ``TIMED_OUT`` and every group goes to zero. No group is sized up
+  (no move, no size back) within ``LAUNCH_MARGIN_S`` of the deadline: the groups' own cap action
+  counts from the stack's deployment, minutes before the first boot that wrote the deadline, and a
+  machine started then would be stopped before it trained.
 - ``move``: the active placement has had no training machine for ``wait_minutes`` (no
   heartbeat, no event, no live lease since) and its group reports failed launches for a
   reason another placement can fix (capacity, quota, price): the run goes to :func:`next_placement`.
@@ -27,6 +29,8 @@ from controller.config import Config
 from controller.record import Record, epoch_of, iso
 
 FINISH, MOVE, STAY, TIME_UP = "finish", "move", "stay", "time_up"
+# No machine is started this close to the run's deadline (see the module docstring).
+LAUNCH_MARGIN_S = 15 * 60
 CAPACITY, QUOTA, PRICE, OTHER = "capacity", "quota", "price", "other"
 # Launch failures another placement can fix, and how the clouds say them (lower case). AWS:
 # Auto Scaling's failed activities carry EC2's error code and message in StatusMessage
@@ -137,12 +141,20 @@ def decide(config: Config, record: Record, run: RunView, group: GroupState, now:
     active = config.placements[record.active] if record.active < len(config.placements) else None
     if active is None:
         return Decision(STAY, f"placement.json names placement {record.active}, which the stack does not have")
+    if not may_launch(run, now):
+        return Decision(STAY, f"the run's deadline ({iso(run.deadline)}) is less than {LAUNCH_MARGIN_S // 60} min "
+                              "away: no machine is started any more")
     decision = _stay_or_move(config, record, run, group, now, active)
     if (decision.action == STAY and not run.stop and group.desired is not None
             and group.desired < config.nodes):
         return Decision(STAY, f"{decision.reason}; its group stood at {group.desired} of {config.nodes}: "
                               f"sized back to {config.nodes}", size=config.nodes)
     return decision
+
+
+def may_launch(run: RunView, now: float) -> bool:
+    """Whether a group may be sized up at ``now``: before ``LAUNCH_MARGIN_S`` ahead of the deadline."""
+    return run.deadline is None or now < run.deadline - LAUNCH_MARGIN_S
 
 
 def _stay_or_move(config: Config, record: Record, run: RunView, group: GroupState, now: float,

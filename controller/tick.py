@@ -35,7 +35,18 @@ from dataclasses import asdict, dataclass, field
 from controller import record as records
 from controller.clouds import CloudError
 from controller.config import Config, Placement
-from controller.decide import FINISH, MOVE, STAY, TIME_UP, Decision, GroupState, RunView, decide
+from controller.decide import (
+    FINISH,
+    LAUNCH_MARGIN_S,
+    MOVE,
+    STAY,
+    TIME_UP,
+    Decision,
+    GroupState,
+    RunView,
+    decide,
+    may_launch,
+)
 from controller.record import Record, epoch_of, iso
 from trainer import layout
 from trainer.lease import CLOCK_SKEW_S, LeaseRecord
@@ -172,8 +183,13 @@ def start_move(config: Config, store: Store, rec: Record, version: str | None, t
     return new, records.write(store, new, version)
 
 
-def finish_move(config: Config, clouds, store: Store, rec: Record, version: str, now: float) -> TickResult:
-    """Carry out ``rec``'s pending move (idempotent); a lease still held leaves it for the next tick."""
+def finish_move(config: Config, clouds, store: Store, rec: Record, version: str, now: float,
+                run: RunView | None = None, clock: Callable[[], float] | None = None) -> TickResult:
+    """Carry out ``rec``'s pending move (idempotent); a lease still held leaves it for the next tick.
+
+    ``run`` (its deadline) and ``clock`` (the time now, read again before the new group is sized up):
+    no group is sized up within the launch margin of the deadline.
+    """
     move = rec.pending
     assert move is not None
     old, new = config.placements[move["from"]], config.placements[move["to"]]
@@ -182,6 +198,10 @@ def finish_move(config: Config, clouds, store: Store, rec: Record, version: str,
     held = lease_gone(store, now)  # (2)
     if held:
         result.waiting = f"{held}; {new.label}'s group starts once it has expired"
+        return result
+    if run is not None and not may_launch(run, (clock or (lambda: now))()):
+        result.waiting = (f"the run's deadline is less than {LAUNCH_MARGIN_S // 60} min away: {new.label}'s group is "
+                          "not started")
         return result
     current, _ = records.read(store)
     if current.active != move["to"] or len(current.moves) != len(rec.moves):
@@ -210,9 +230,15 @@ def finish_move(config: Config, clouds, store: Store, rec: Record, version: str,
     return result
 
 
-def tick(config: Config, clouds, now: float, *, store: Store | None = None) -> TickResult:
-    """One pass of the controller (module docstring); safe to run twice at once."""
+def tick(config: Config, clouds, now: float, *, store: Store | None = None,
+         clock: Callable[[], float] | None = None) -> TickResult:
+    """One pass of the controller (module docstring); safe to run twice at once.
+
+    ``now`` is when the tick started; ``clock`` (default: ``now`` throughout) is read again before a
+    group is sized up, so a tick that ran long does not start a machine past the launch margin.
+    """
     store = open_store(config.run_uri) if store is None else store
+    clock = clock or (lambda: now)
     run = read_run(store)
     if run.ended:
         result = TickResult(FINISH, f"the run ended ({run.ended}): every group at zero")
@@ -224,7 +250,7 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None) -> T
                              now)
     rec, version = records.read(store)
     if rec.pending:
-        return finish_move(config, clouds, store, rec, version, now)
+        return finish_move(config, clouds, store, rec, version, now, run, clock)
     if rec.active >= len(config.placements):
         return TickResult(STAY, f"{layout.PLACEMENT_KEY} names placement {rec.active}, which the stack does not have")
     active = config.placements[rec.active]
@@ -235,7 +261,7 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None) -> T
                                       failed=True)
         except PreconditionFailed:
             return TickResult(STAY, f"another tick changed {layout.PLACEMENT_KEY} first: it moves the run")
-        return finish_move(config, clouds, store, rec, version, now)
+        return finish_move(config, clouds, store, rec, version, now, run, clock)
     result = TickResult(decision.action, decision.reason)
     # Sized from the record read above: if a move changed it since, this tick's view is stale.
     current, current_version = records.read(store)
@@ -243,7 +269,7 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None) -> T
         result.reason = f"{layout.PLACEMENT_KEY} changed while this tick read the run (a move): the next tick acts on it"
         return result
     _zero(clouds, [p for p in config.placements if p.index != current.active], result.resized)
-    if decision.size is not None:
+    if decision.size is not None and may_launch(run, clock()):
         _resize(clouds, active, decision.size, result.resized)
     return result
 
@@ -267,9 +293,12 @@ def move(config: Config, clouds, to: Placement, reason: str, *, store: Store | N
     run = read_run(store)
     if run.ended:
         raise MoveError(f"the run has ended ({run.ended}); nothing to move")
-    if run.deadline is not None and clock() >= run.deadline:
-        raise MoveError(f"the run's deadline ({iso(run.deadline)}) has passed: a move would start a machine the cap "
-                        "stops at once; the controller's next tick ends the run TIMED_OUT")
+    if not may_launch(run, clock()):
+        passed = clock() >= run.deadline  # type: ignore[operator]
+        raise MoveError(f"the run's deadline ({iso(run.deadline)}) " + (
+            "has passed: the controller's next tick ends the run TIMED_OUT" if passed else
+            f"is less than {LAUNCH_MARGIN_S // 60} min away: a machine started now would be stopped by the cap "
+            "before it trained") + "; nothing to move")
     rec, version = records.read(store)
     if rec.pending is None:
         if rec.active == to.index:
@@ -279,7 +308,7 @@ def move(config: Config, clouds, to: Placement, reason: str, *, store: Store | N
         raise MoveError(f"a move to placement {rec.pending['to']} is under way; run this again once it is done")
     deadline = clock() + wait_s
     while True:
-        result = finish_move(config, clouds, store, rec, version, clock())
+        result = finish_move(config, clouds, store, rec, version, clock(), run, clock)
         if result.waiting is None or clock() >= deadline:
             return result
         sleep(min(poll_s, max(0.0, deadline - clock())))
