@@ -169,6 +169,26 @@ def _zero(clouds, placements, done: list[dict]) -> None:
         raise CloudError("; ".join(errors))
 
 
+def moved_on(store: Store, rec: Record) -> bool:
+    """Whether the run has moved on from ``rec``'s move (another move recorded, or an end marker)."""
+    current, _ = records.read(store)
+    if current.active != rec.active or len(current.moves) != len(rec.moves):
+        return True
+    return any(store.exists(name) for name in layout.END_MARKERS)
+
+
+def current_record(store: Store, version: str | None) -> Record | None:
+    """``placement.json`` as it is now if it is still at ``version`` and the run has not ended; else None.
+
+    Read right before a tick sizes anything: a move (or the run's end) since the tick's first read
+    makes what it decided stale, and the next tick decides again from what is there.
+    """
+    current, current_version = records.read(store)
+    if current_version != version or any(store.exists(name) for name in layout.END_MARKERS):
+        return None
+    return current
+
+
 def start_move(config: Config, store: Store, rec: Record, version: str | None, to: int, reason: str,
                step: int | None, now: float, *, failed: bool) -> tuple[Record, str]:
     """Record the move from the active placement to ``to`` (not yet carried out); conditional on
@@ -194,6 +214,9 @@ def finish_move(config: Config, clouds, store: Store, rec: Record, version: str,
     assert move is not None
     old, new = config.placements[move["from"]], config.placements[move["to"]]
     result = TickResult(MOVE, move["reason"], move=move)
+    if moved_on(store, rec):
+        result.reason = f"{layout.PLACEMENT_KEY} changed meanwhile (another move, or the run ended): left to its writer"
+        return result
     _resize(clouds, old, 0, result.resized)  # (1)
     held = lease_gone(store, now)  # (2)
     if held:
@@ -203,10 +226,8 @@ def finish_move(config: Config, clouds, store: Store, rec: Record, version: str,
         result.waiting = (f"the run's deadline is less than {LAUNCH_MARGIN_S // 60} min away: {new.label}'s group is "
                           "not started")
         return result
-    current, _ = records.read(store)
-    if current.active != move["to"] or len(current.moves) != len(rec.moves):
-        # Another move was recorded meanwhile: its writer sizes its own group; this one must not.
-        result.reason = f"{layout.PLACEMENT_KEY} changed meanwhile (another move): the next tick acts on it"
+    if moved_on(store, rec):  # read last, right before the one step that starts a machine
+        result.reason = f"{layout.PLACEMENT_KEY} changed meanwhile (another move, or the run ended): left to its writer"
         return result
     _resize(clouds, new, config.nodes, result.resized)  # (3)
     number = len(rec.moves)
@@ -263,10 +284,10 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None,
             return TickResult(STAY, f"another tick changed {layout.PLACEMENT_KEY} first: it moves the run")
         return finish_move(config, clouds, store, rec, version, now, run, clock)
     result = TickResult(decision.action, decision.reason)
-    # Sized from the record read above: if a move changed it since, this tick's view is stale.
-    current, current_version = records.read(store)
-    if current_version != version:
-        result.reason = f"{layout.PLACEMENT_KEY} changed while this tick read the run (a move): the next tick acts on it"
+    current = current_record(store, version)
+    if current is None:
+        result.reason = (f"{layout.PLACEMENT_KEY} changed (a move) or the run ended while this tick read the run: "
+                         "the next tick acts on it")
         return result
     _zero(clouds, [p for p in config.placements if p.index != current.active], result.resized)
     if decision.size is not None and may_launch(run, clock()):
