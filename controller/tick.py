@@ -171,10 +171,10 @@ def _zero(clouds, placements, done: list[dict]) -> None:
 
 def moved_on(store: Store, rec: Record) -> bool:
     """Whether the run has moved on from ``rec``'s move (another move recorded, or an end marker)."""
-    current, _ = records.read(store)
-    if current.active != rec.active or len(current.moves) != len(rec.moves):
+    if any(store.exists(name) for name in layout.END_MARKERS):
         return True
-    return any(store.exists(name) for name in layout.END_MARKERS)
+    current, _ = records.read(store)  # last: nothing is read between it and the sizing that follows
+    return current.active != rec.active or len(current.moves) != len(rec.moves)
 
 
 def current_record(store: Store, version: str | None) -> Record | None:
@@ -183,10 +183,10 @@ def current_record(store: Store, version: str | None) -> Record | None:
     Read right before a tick sizes anything: a move (or the run's end) since the tick's first read
     makes what it decided stale, and the next tick decides again from what is there.
     """
-    current, current_version = records.read(store)
-    if current_version != version or any(store.exists(name) for name in layout.END_MARKERS):
+    if any(store.exists(name) for name in layout.END_MARKERS):
         return None
-    return current
+    current, current_version = records.read(store)  # last: nothing is read between it and the sizing
+    return current if current_version == version else None
 
 
 def start_move(config: Config, store: Store, rec: Record, version: str | None, to: int, reason: str,
