@@ -32,7 +32,9 @@ it, stand-ins run on a virtual clock, driven by one seeded random generator:
 - **the scheduler**: a tick each minute (a few seconds late at random); a tick that raises is
   retried 1 and 2 minutes later (Lambda's asynchronous retries; per schedule, on or off); some
   ticks are slow (overlapping the next ones and ``ops move``).
-- **the operator**: ``ops move`` to a random placement and ``ops stop`` at random times.
+- **the operator**: ``ops move`` to a random placement and ``ops stop`` at random times, and the
+  active group put to 0 from outside the controller (by hand, or a machine's finish path whose end
+  marker could not be written: ``finish.sh`` scales the group down all the same).
 
 Invariants, checked after every event (:meth:`Sim.check`) and at the end (:meth:`Sim.finish`):
 
@@ -112,7 +114,10 @@ FAILURE_WORDS = {
     "other": "The image id '[ami-12c6146b]' does not exist. Launching EC2 instance failed.",
 }
 START = 1_800_000_000.0  # the virtual clock's zero (an epoch second: time stamps read like real ones)
-PLANTS = ("stale", "liveness", "cap")
+# The fixes each plant puts back: "stale" sizes from the record a tick read first; "order" reads the
+# record again before the end markers (a pause between them made it stale: the simulator's own find);
+# "liveness" leaves an active group below nodes; "cap" gives the controller no deadline.
+PLANTS = ("stale", "order", "liveness", "cap")
 
 
 class Unavailable(Exception):  # noqa: N818 - the store's word for it (HTTP 503)
@@ -289,6 +294,7 @@ class Sim:
         self.seq = 0
         self.depth = 0
         self.quiet = False  # the invariants' own reads: no faults, no pauses
+        self._record, self._deadline, self._marker = records.Record(), None, None  # as stored last
         self.actors: list[Actor] = []
         self.store = SimStore(self)
         self.nplacements = r.choice((2, 2, 3, 3))
@@ -296,7 +302,7 @@ class Sim:
         self.wait_minutes = r.choice((2, 3, 5, 10))
         self.cap_s = r.choice((90, 120, 150, 180)) * 60
         self.target_steps = STEPS_PER_MIN * r.randint(20, 200)
-        self.commit_every = r.choice((2, 3, 5)) * 60.0
+        self.commit_every = r.choice((3, 5, 10)) * 60.0
         self.p503 = r.choice((0.0, 0.002, 0.01, 0.03))
         self.pwrite = r.choice((0.0, 0.01, 0.05))
         self.pcloud = r.choice((0.0, 0.005, 0.02))
@@ -397,6 +403,16 @@ class Sim:
             raise CloudError("the group's API failed after its retries (throttled)")
 
     def stored(self, key: str, data: bytes | None) -> None:
+        if key == layout.PLACEMENT_KEY:
+            self._record = records.Record() if data is None else records.Record.parse(data)
+            return
+        if key == layout.DEADLINE_KEY:
+            digits = "".join(c for c in (data or b"").decode() if c.isdigit())
+            self._deadline = float(digits) if digits else None
+            return
+        if key in layout.END_MARKERS:
+            self._marker = key if data is not None else None
+            return
         found = layout.checkpoint_key_step(key) if key.startswith(layout.CHECKPOINTS_PREFIX) else None
         if found is None or found[1] != layout.COMMITTED:
             return
@@ -429,9 +445,7 @@ class Sim:
     # -- time, record, markers -----------------------------------------------------------------
 
     def deadline(self) -> float | None:
-        data = self.store.peek(layout.DEADLINE_KEY)
-        digits = "".join(c for c in (data or b"").decode() if c.isdigit())
-        return float(digits) if digits else None
+        return self._deadline
 
     def cap_time(self) -> float:
         d = self.deadline()
@@ -442,11 +456,10 @@ class Sim:
         return self.cap_at if d is None else d
 
     def record(self) -> records.Record:
-        data = self.store.peek(layout.PLACEMENT_KEY)
-        return records.Record() if data is None else records.Record.parse(data)
+        return self._record
 
     def any_marker(self) -> str | None:
-        return next((m for m in layout.END_MARKERS if m in self.store.objects), None)
+        return self._marker
 
     def capacity(self, index: int, t: float) -> str | None:
         """The kind of outage placement ``index`` has at ``t``; None when it can launch."""
@@ -693,6 +706,11 @@ class Sim:
                 return
         self.last_operator_move = self.now
 
+    def outside_zero(self) -> None:
+        """The active group put to 0 from outside the controller: by hand in the console, or by a machine's
+        finish path whose end marker could not be written (finish.sh scales the group down all the same)."""
+        self.size(self.record().active, 0, "console")
+
     def operator_stop(self) -> None:
         with self.acting(Actor("ops stop")), contextlib.suppress(Unavailable):
             if self.any_marker() is None:
@@ -802,6 +820,8 @@ class Sim:
             self.at(START + r.uniform(0, self.cap_s), self.operator_move)
         if r.random() < 0.15:
             self.at(START + r.uniform(0, self.cap_s), self.operator_stop)
+        for _ in range(r.choice((0, 0, 1, 2))):
+            self.at(START + r.uniform(0, self.cap_s), self.outside_zero)
         for i, spans in enumerate(self.outages):
             for a, _b, _k in spans:
                 self.at(a, self.outage_starts, i)
@@ -843,7 +863,7 @@ with open(os.path.join(CKPT_DIR, "weights.bin"), "wb") as _f:
 
 @contextlib.contextmanager
 def planted(plant: str | None) -> Iterator[None]:
-    """Put one fix back (to show the invariants catch it): ``stale``, ``liveness`` or ``cap``."""
+    """Put one fix back (:data:`PLANTS`), to show the invariants catch it."""
     if plant is None:
         yield
         return
@@ -854,6 +874,8 @@ def planted(plant: str | None) -> Iterator[None]:
     try:
         if plant == "stale":  # size from the record the tick read first, whatever happened since
             ticks.current_record = _stale_record
+        elif plant == "order":
+            ticks.current_record = _record_then_markers
         elif plant == "liveness":  # a group found below nodes stays there
             ticks.decide = lambda *a, **k: _without_size(saved[1](*a, **k))
         elif plant == "cap":  # the controller knows no deadline
@@ -865,9 +887,19 @@ def planted(plant: str | None) -> Iterator[None]:
          ticks.may_launch) = saved
 
 
-def _stale_record(store: SimStore, version: str | None) -> records.Record:
+def _stale_record(store: SimStore, version: str | None) -> records.Record | None:
     """The record as it was at ``version``, the one the tick read first (the store keeps each)."""
+    if any(store.exists(name) for name in layout.END_MARKERS):
+        return None
     return records.Record() if version is None else records.Record.parse(store.history[version])
+
+
+def _record_then_markers(store: SimStore, version: str | None) -> records.Record | None:
+    """``current_record`` reading the record before the end markers (a pause between makes it stale)."""
+    current, current_version = records.read(store)
+    if current_version != version or any(store.exists(name) for name in layout.END_MARKERS):
+        return None
+    return current
 
 
 def _without_size(d: decides.Decision) -> decides.Decision:
