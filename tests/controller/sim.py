@@ -117,7 +117,10 @@ START = 1_800_000_000.0  # the virtual clock's zero (an epoch second: time stamp
 # The fixes each plant puts back: "stale" sizes from the record a tick read first; "order" reads the
 # record again before the end markers (a pause between them made it stale: the simulator's own find);
 # "liveness" leaves an active group below nodes; "cap" gives the controller no deadline.
-PLANTS = ("stale", "order", "liveness", "cap")
+# The others break what the invariants guard, to show each can fail: "others" leaves the non-active
+# groups up (7), "restart" resumes below the newest committed step (2), "twice" writes a move's moved
+# event again (6).
+PLANTS = ("stale", "order", "liveness", "cap", "others", "restart", "twice")
 
 
 class Unavailable(Exception):  # noqa: N818 - the store's word for it (HTTP 503)
@@ -869,8 +872,8 @@ def planted(plant: str | None) -> Iterator[None]:
         return
     if plant not in PLANTS:
         raise ValueError(f"unknown plant {plant!r}; expected one of {', '.join(PLANTS)}")
-    saved = (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, decides.may_launch,
-             ticks.may_launch)
+    saved = (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
+             RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize)
     try:
         if plant == "stale":  # size from the record the tick read first, whatever happened since
             ticks.current_record = _stale_record
@@ -881,10 +884,27 @@ def planted(plant: str | None) -> Iterator[None]:
         elif plant == "cap":  # the controller knows no deadline
             ticks.read_deadline = lambda store: None
             ticks.ensure_deadline = lambda config, store, run, now: run
+        elif plant == "others":  # the controller puts no group to zero but at the run's end
+            ticks._zero = lambda clouds, placements, done: (
+                saved[4](clouds, placements, done) if len(placements) == len(sim_config_placements(clouds)) else None)
+            ticks._resize = lambda clouds, p, n, done: None if n == 0 else saved[8](clouds, p, n, done)
+        elif plant == "restart":  # the newest committed checkpoint is not offered
+            CheckpointStore.committed_steps = lambda self: saved[6](self)[:-1]
+        elif plant == "twice":  # a moved event appended whether or not it is there
+            def twice(store, event, *, tries=8):
+                events, version = records.read_events(store)
+                body = "".join(json.dumps(e) + "\n" for e in [*events, event]).encode()
+                store.put_bytes_if(layout.PLACEMENT_EVENTS_KEY, body, version=version)
+                return True
+            records.append_moved_once = twice
         yield
     finally:
-        (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, decides.may_launch,
-         ticks.may_launch) = saved
+        (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
+         RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize) = saved
+
+
+def sim_config_placements(clouds: SimClouds) -> tuple:
+    return clouds.sim.config.placements
 
 
 def _stale_record(store: SimStore, version: str | None) -> records.Record | None:
