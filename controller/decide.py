@@ -107,6 +107,8 @@ class Decision:
     reason: str
     to: int | None = None
     size: int | None = None
+    stuck: str | None = None
+    """Set when the run cannot train anywhere now: a key for what holds it (the reason says it)."""
 
 
 def candidates(config: Config, record: Record, now: float) -> list[int]:
@@ -148,7 +150,7 @@ def decide(config: Config, record: Record, run: RunView, group: GroupState, now:
     if (decision.action == STAY and not run.stop and group.desired is not None
             and group.desired < config.nodes):
         return Decision(STAY, f"{decision.reason}; its group stood at {group.desired} of {config.nodes}: "
-                              f"sized back to {config.nodes}", size=config.nodes)
+                              f"sized back to {config.nodes}", size=config.nodes, stuck=decision.stuck)
     return decision
 
 
@@ -172,11 +174,13 @@ def _stay_or_move(config: Config, record: Record, run: RunView, group: GroupStat
     movable = [f for f in recent if f.kind in MOVABLE]
     if not movable:
         why = f"its launches fail for another reason: {recent[0].message}" if recent else "no failed launch"
-        return Decision(STAY, f"{active.label}: no training machine for {idle / 60:.0f} min, but {why}")
+        return Decision(STAY, f"{active.label}: no training machine for {idle / 60:.0f} min, but {why}",
+                        stuck=f"{record.active}:other" if recent else None)
     options = candidates(config, record, now)
     if not options:
         return Decision(STAY, f"{active.label} cannot launch ({movable[0].kind}), and no other placement may be "
-                              f"tried yet (a failed one waits {2 * config.wait_minutes} min)")
+                              f"tried yet (a failed one waits {2 * config.wait_minutes} min)",
+                        stuck=f"{record.active}:{movable[0].kind}:nowhere")
     to = options[0]
     return Decision(MOVE, f"no training machine in {active.label} for {idle / 60:.0f} min; its group cannot launch "
                           f"({movable[0].kind}): {movable[0].message}", to=to)

@@ -16,7 +16,9 @@ group, asks :func:`controller.decide.decide`, and acts:
   marked done. Every step is idempotent, so a tick that stops anywhere leaves a state the
   next one finishes;
 - otherwise every placement but the active one is kept at zero, and the active group is put back
-  to ``nodes`` when it stands below (:func:`controller.decide.decide`'s ``size``).
+  to ``nodes`` when it stands below (:func:`controller.decide.decide`'s ``size``). A run that cannot
+  train anywhere now (``stuck``) gets a ``waiting`` event with the reason among the placement
+  events, once per cause, which ``ops status`` shows.
 
 A tick acts only on the record it read: before it sizes anything it reads ``placement.json``
 again and, if another writer (a move) changed it meanwhile, leaves the sizing to the next tick; it
@@ -292,6 +294,10 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None,
     _zero(clouds, [p for p in config.placements if p.index != current.active], result.resized)
     if decision.size is not None and may_launch(run, clock()):
         _resize(clouds, active, decision.size, result.resized)
+    if decision.stuck is not None:  # said where `ops status` shows it: the run does not wait in silence
+        records.note_waiting(store, {layout.EVENT: layout.CONTROLLER_WAITING, layout.TIME: iso(now),
+                                     layout.ATTEMPT: None, "reason": decision.reason, "placement": active.label,
+                                     "key": decision.stuck})
     return result
 
 

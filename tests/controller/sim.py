@@ -46,7 +46,9 @@ Invariants, checked after every event (:meth:`Sim.check`) and at the end (:meth:
    current ``placement.json`` names active.
 4. While the run goes on (no end marker, no ``STOP``), more than ``LAUNCH_MARGIN_S`` before its
    deadline, and some placement has capacity throughout: a machine trains within
-   :meth:`Sim.liveness_bound` of the last one stopping (or of the last ``ops move``).
+   :meth:`Sim.liveness_bound` of the last one stopping (or of the last ``ops move``). When no
+   placement could launch, the controller said so within that bound (a ``waiting`` event, which
+   ``ops status`` shows, or a ``moved`` one): no run waits in silence.
 5. No group is sized above 0 after the cap (the scheduled action's time or the deadline,
    whichever is first); a run past its deadline has an end marker at the end.
 6. The ``moved`` events match the record's moves one for one; a move the controller makes comes
@@ -298,6 +300,7 @@ class Sim:
         self.depth = 0
         self.quiet = False  # the invariants' own reads: no faults, no pauses
         self._record, self._deadline, self._marker = records.Record(), None, None  # as stored last
+        self.said_at: float | None = None
         self.actors: list[Actor] = []
         self.store = SimStore(self)
         self.nplacements = r.choice((2, 2, 3, 3))
@@ -408,6 +411,9 @@ class Sim:
     def stored(self, key: str, data: bytes | None) -> None:
         if key == layout.PLACEMENT_KEY:
             self._record = records.Record() if data is None else records.Record.parse(data)
+            return
+        if key == layout.PLACEMENT_EVENTS_KEY and data is not None:
+            self.said_at = self.now  # a `waiting` or `moved` event appended
             return
         if key == layout.DEADLINE_KEY:
             digits = "".join(c for c in (data or b"").decode() if c.isdigit())
@@ -764,12 +770,18 @@ class Sim:
         since = max(self.last_training, self.last_operator_move)
         if self.now >= self.deadline_or_cap() - LAUNCH_MARGIN_S or self.now - since <= self.liveness_bound():
             return
-        if any(self.clear_between(i, since, self.now) for i in range(self.nplacements)):
-            self.fail(4, f"no machine has trained for {(self.now - since) / 60:.0f} min (bound "
-                         f"{self.liveness_bound() / 60:.0f}) while placement(s) "
-                         f"{[i for i in range(self.nplacements) if self.clear_between(i, since, self.now)]} "
-                         f"could launch; groups {[g.desired for g in self.groups]}, record active "
-                         f"{self.record().active}")
+        if not any(self.clear_between(i, since, self.now) for i in range(self.nplacements)):
+            # Nowhere to go: the run may wait, but not in silence (a `waiting` or `moved` event in the window).
+            said = self.said_at
+            if said is None or said < self.now - self.liveness_bound():
+                self.fail(4, f"no machine has trained for {(self.now - since) / 60:.0f} min, no placement could "
+                             "launch, and the controller said nothing (no waiting or moved event)")
+            return
+        self.fail(4, f"no machine has trained for {(self.now - since) / 60:.0f} min (bound "
+                     f"{self.liveness_bound() / 60:.0f}) while placement(s) "
+                     f"{[i for i in range(self.nplacements) if self.clear_between(i, since, self.now)]} "
+                     f"could launch; groups {[g.desired for g in self.groups]}, record active "
+                     f"{self.record().active}")
 
     def check_moves(self) -> None:
         rec = self.record()
@@ -873,7 +885,8 @@ def planted(plant: str | None) -> Iterator[None]:
     if plant not in PLANTS:
         raise ValueError(f"unknown plant {plant!r}; expected one of {', '.join(PLANTS)}")
     saved = (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
-             RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize)
+             RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize,
+             records.note_waiting)
     try:
         if plant == "stale":  # size from the record the tick read first, whatever happened since
             ticks.current_record = _stale_record
@@ -900,7 +913,8 @@ def planted(plant: str | None) -> Iterator[None]:
         yield
     finally:
         (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
-         RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize) = saved
+         RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize,
+         records.note_waiting) = saved
 
 
 def sim_config_placements(clouds: SimClouds) -> tuple:

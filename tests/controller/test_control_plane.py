@@ -152,3 +152,64 @@ def test_a_tick_that_ran_past_the_launch_margin_does_not_size_up(tmp_path):
     tick(config, groups, NOW, store=store, clock=lambda: NOW + 60)  # it started in time and sized a minute on
 
     assert groups.calls == []
+
+
+def _failing(config, minutes: int):
+    from controller.decide import LaunchFailure
+
+    words = "We currently do not have sufficient g5.xlarge capacity in the Availability Zone you requested."
+    return FakeGroups({p.group: 1 if p.index == 0 else 0 for p in config.placements},
+                      state=lambda p: GroupState(running=0, desired=1,
+                                                 failures=(LaunchFailure(NOW - minutes * 60, words),)))
+
+
+def test_a_run_that_cannot_train_anywhere_says_so_in_ops_status_once(tmp_path):
+    from rich.console import Console
+
+    from ops.status import read_status, render
+
+    config = _config(f"file://{tmp_path}")
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=NOW - 20 * 60)
+    # Placements 1 and 2 failed minutes ago: none may be tried yet, and home cannot launch.
+    records.write(store, records.Record(active=0, failed_at={"1": NOW - 60, "2": NOW - 120}), None)
+    groups = _failing(config, 16)
+
+    first = tick(config, groups, NOW, store=store)
+    tick(config, groups, NOW + 60, store=store)
+
+    assert first.action == STAY and "no other placement may be tried" in first.reason
+    waits = [e for e in records.read_events(store)[0] if e[layout.EVENT] == layout.CONTROLLER_WAITING]
+    assert [w["reason"] for w in waits] == [first.reason]  # once, not each minute
+    st = read_status(config.run_uri, store=store, now=NOW + 90)
+    assert st.waiting == first.reason
+    console = Console(width=300, record=True)
+    console.print(render(st))
+    assert "the run cannot train anywhere now" in console.export_text()
+
+
+def test_a_run_that_trains_again_is_no_longer_said_to_wait(tmp_path):
+    from ops.status import read_status
+
+    config = _config(f"file://{tmp_path}")
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=NOW - 20 * 60)
+    records.write(store, records.Record(active=0, failed_at={"1": NOW - 60, "2": NOW - 120}), None)
+    tick(config, _failing(config, 16), NOW, store=store)
+    trained(store, step=30, last_beat=NOW + 300)
+
+    assert read_status(config.run_uri, store=store, now=NOW + 310).waiting == ""
+
+
+def test_ops_status_says_the_controller_ended_the_run_timed_out(tmp_path):
+    from ops.status import read_status
+
+    config = _config(f"file://{tmp_path}")
+    store = open_store(config.run_uri)
+    trained(store, step=40, last_beat=NOW - 600)
+    store.put_bytes(layout.DEADLINE_KEY, f"{int(NOW) - 1}\n".encode())
+    tick(config, _groups(config, [1, 0, 0]), NOW, store=store)
+
+    st = read_status(config.run_uri, store=store, now=NOW + 60)
+
+    assert st.state == layout.TIMED_OUT and "deadline" in st.detail and st.step == 40

@@ -17,11 +17,11 @@ PARTS = 4
 CAUGHT = [
     ("stale", 57, 3),  # a tick zeroes the placement an ops move inside it moved to
     ("order", 56, 3),  # the same, through a pause between reading the end markers and the record
-    ("liveness", 95, 4),  # the active group put to 0 from outside stays there: no machine, silently
-    ("cap", 195, 5),  # a group sized up after the groups' cap; the run never marked TIMED_OUT
-    ("others", 295, 7),  # the old placement's machines left up, billed for nothing
-    ("restart", 58, 2),  # a machine resumes below the newest committed step
-    ("twice", 57, 6),  # a move's moved event written twice
+    ("liveness", 0, 4),  # the active group put to 0 from outside stays there: no machine, silently
+    ("cap", 0, 5),  # a group sized up after the groups' cap; the run never marked TIMED_OUT
+    ("others", 0, 7),  # the old placement's machines left up, billed for nothing
+    ("restart", 0, 2),  # a machine resumes below the newest committed step
+    ("twice", 11, 6),  # a move's moved event written twice
 ]
 
 
@@ -55,7 +55,7 @@ def test_a_schedule_replays_exactly():
 
 
 def test_a_failing_schedule_prints_its_seed_and_how_to_replay_it(capsys):
-    assert main(["--seed", "95", "--plant", "liveness"]) == 1
+    assert main(["--seed", "0", "--plant", "liveness"]) == 1
     out = capsys.readouterr().out
-    assert "FAIL seed 95: invariant 4" in out
-    assert "python -m tests.controller.sim --seed 95 --trace --plant liveness" in out
+    assert "FAIL seed 0: invariant 4" in out
+    assert "python -m tests.controller.sim --seed 0 --trace --plant liveness" in out
