@@ -952,6 +952,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, help="replay this one schedule")
     p.add_argument("--trace", action="store_true", help="print every event (with --seed)")
     p.add_argument("--plant", choices=PLANTS, help="put this fix back")
+    p.add_argument("--every", type=int, default=0, help="print the figures so far every N schedules")
     args = p.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.schedules)
     t0 = time.process_time()
@@ -967,6 +968,10 @@ def main(argv: list[str] | None = None) -> int:
         idle += out["idle_machine_min"]
         moves += out["moves"]
         ended[out["ended"]] = ended.get(out["ended"], 0) + 1
+        done = seed - seeds[0] + 1
+        if args.every and done % args.every == 0:
+            cpu = time.process_time() - t0
+            print(f"{done} schedules in {cpu:.0f} CPU-s ({done / cpu:.1f}/s), {len(failed)} failed", flush=True)
         if args.seed is not None:
             print(json.dumps(out))
     cpu = time.process_time() - t0
