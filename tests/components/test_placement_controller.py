@@ -50,6 +50,7 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
     assert [p["group"] for p in config["placements"]] == [HOME_GROUP, f"{HOME_GROUP}-p1", f"{HOME_GROUP}-p2"]
     assert [p["region"] for p in config["placements"]] == REGIONS[cloud]
     assert config["wait_minutes"] == s.placement.wait_minutes and config["nodes"] == 1
+    assert config["max_runtime_s"] == int(s.compute.max_runtime_hours * 3600)  # as the machines count it
     # The same document is the stack's `placements` output, where `ops move --stack` and `ops status` read it.
     from components.common import PLACEMENTS_EXPORT
     from ops.move import PLACEMENTS_OUTPUT
