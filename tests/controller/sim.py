@@ -13,8 +13,9 @@ it, stand-ins run on a virtual clock, driven by one seeded random generator:
   an operation of a tick or of ``ops move`` that pauses while the rest of the world goes on (the
   event loop runs nested up to the pause's end, then the operation runs). That is how a tick's
   reads and writes interleave with other ticks, moves and machines.
-- **the groups** (:class:`Group`): an Auto Scaling group / managed instance group: desired, min and
-  max; a launch takes 1-4 min; while the placement has no capacity each try fails, recorded as the
+- **the groups** (:class:`Group`): an Auto Scaling group / managed instance group, sized as
+  ``controller.clouds`` and ``finish.sh`` size it (min = max = desired, so one number here); a
+  launch takes 1-4 min and the machine boots in 0.5-2 min more; while the placement has no capacity each try fails, recorded as the
   cloud words it (capacity, quota, price, other) and retried with backoff (1, 2, 4, 5 min); a
   success clears the failures; a group above desired terminates its newest machines. The
   scheduled cap action puts every group's min, max and desired to 0 at deploy + the cap.
@@ -27,8 +28,10 @@ it, stand-ins run on a virtual clock, driven by one seeded random generator:
   commits every few minutes (``CheckpointStore.commit``, fenced by the lease), renews the lease
   every ``ttl / 4``, obeys ``STOP`` (commit, ``CANCELLED``) and writes ``COMPLETE`` at its last
   step. A spot notice (2 min on AWS, 30 s on GCP) makes the chief commit and release the lease;
-  a hard kill leaves the lease to expire. A peer lost stops the chief's training until the group
-  has ``nodes`` machines again.
+  a hard kill leaves the lease to expire (a machine is taken about once an hour, and about half of a
+  placement's machines get their notice when its capacity goes). A peer lost stops the chief's
+  training until the group has ``nodes`` machines again. Each placement's cloud (AWS or GCP) is
+  drawn per schedule, for its notice.
 - **the scheduler**: a tick each minute (a few seconds late at random); a tick that raises is
   retried 1 and 2 minutes later (Lambda's asynchronous retries; per schedule, on or off); some
   ticks are slow (overlapping the next ones and ``ops move``).
