@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from tests.controller.sim import PLANTS, Violation, main, run_one
+from tests.controller.sim import PLANTS, Machine, Sim, Violation, main, run_one
+from trainer.lease import RunLease
 
 # 2,000 schedules in four parts (pytest-xdist spreads them); SIM_SCHEDULES runs more.
 SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "2000"))
@@ -59,3 +60,17 @@ def test_a_failing_schedule_prints_its_seed_and_how_to_replay_it(capsys):
     out = capsys.readouterr().out
     assert "FAIL seed 0: invariant 4" in out
     assert "python -m tests.controller.sim --seed 0 --trace --plant liveness" in out
+
+
+def test_two_trainers_with_a_valid_lease_break_invariant_1():
+    # No plant reaches it (two chiefs at once are rare by design), so the check itself is shown failing.
+    sim = Sim(1)
+    g = sim.groups[0]
+    for name in ("m1", "m2"):
+        m = Machine(name, g, up_at=sim.now, booted=True, training=True)
+        m.lease = RunLease(sim.store, holder=f"{name}/1", wait_s=0, clock=lambda: sim.now, monotonic=lambda: sim.now)
+        m.lease._valid_until = sim.now + 30  # noqa: SLF001 - as a renewal a moment ago leaves it
+        sim.machines.append(m)
+
+    with pytest.raises(Violation, match="invariant 1 .*m1, m2 all train with a valid lease"):
+        sim.check()
