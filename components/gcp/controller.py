@@ -37,7 +37,9 @@ MEMORY = "256Mi"
 GROUP_PERMISSIONS = ["compute.instanceGroupManagers.get", "compute.instanceGroupManagers.list",
                      "compute.instanceGroupManagers.update"]
 # The only objects the controller writes, relative to the run folder.
-WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY)
+# The record and its events; the run's deadline when no machine has written it yet, and TIMED_OUT when
+# the deadline passed with no machine to end the run (controller/tick.py).
+WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT)
 # APIs the function needs on top of the stack's own (turned on only for a stack of several placements).
 APIS = ("cloudfunctions.googleapis.com", "cloudbuild.googleapis.com", "run.googleapis.com")
 
