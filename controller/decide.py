@@ -138,8 +138,7 @@ def decide(config: Config, record: Record, run: RunView, group: GroupState, now:
     if run.ended:
         return Decision(FINISH, f"the run ended ({run.ended}): every group goes to zero")
     if run.deadline is not None and now >= run.deadline:
-        return Decision(TIME_UP, f"the run's deadline ({iso(run.deadline)}, its first start + maxRuntimeHours) "
-                                 "passed and no machine ended it")
+        return Decision(TIME_UP, time_up_reason(run.deadline))
     active = config.placements[record.active] if record.active < len(config.placements) else None
     if active is None:
         return Decision(STAY, f"placement.json names placement {record.active}, which the stack does not have")
@@ -152,6 +151,11 @@ def decide(config: Config, record: Record, run: RunView, group: GroupState, now:
         return Decision(STAY, f"{decision.reason}; its group stood at {group.desired} of {config.nodes}: "
                               f"sized back to {config.nodes}", size=config.nodes, stuck=decision.stuck)
     return decision
+
+
+def time_up_reason(deadline: float) -> str:
+    """Why a run past its deadline is ended ``TIMED_OUT`` (the marker's reason)."""
+    return f"the run's deadline ({iso(deadline)}, its first start + maxRuntimeHours) passed and no machine ended it"
 
 
 def may_launch(run: RunView, now: float) -> bool:

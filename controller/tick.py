@@ -44,10 +44,10 @@ from controller.decide import (
     STAY,
     TIME_UP,
     Decision,
-    GroupState,
     RunView,
     decide,
     may_launch,
+    time_up_reason,
 )
 from controller.record import Record, epoch_of, iso
 from trainer import layout
@@ -87,7 +87,13 @@ def read_run(store: Store) -> RunView:
         lines = store.get_bytes(layout.EVENTS_KEY).decode(errors="replace").strip().splitlines()
         last = json.loads(lines[-1]) if lines else {}
         signs.append(epoch_of(last.get(layout.TIME)) if isinstance(last, dict) else None)
-        attempts = sum(1 for line in lines if f'"{layout.STARTED}"' in line)
+        events = []
+        for line in lines:
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by a machine taken mid-write; the others count
+        attempts = layout.attempts([e for e in events if isinstance(e, dict)])
     except (NotFound, ValueError):
         pass
     lease = read_lease(store)
@@ -269,8 +275,7 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None,
         return result
     run = ensure_deadline(config, store, run, now)
     if run.deadline is not None and now >= run.deadline:
-        return end_timed_out(config, clouds, store, run, decide(config, records.Record(), run, _NO_GROUP, now).reason,
-                             now)
+        return end_timed_out(config, clouds, store, run, time_up_reason(run.deadline), now)
     rec, version = records.read(store)
     if rec.pending:
         return finish_move(config, clouds, store, rec, version, now, run, clock)
@@ -299,9 +304,6 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None,
                                      layout.ATTEMPT: None, "reason": decision.reason, "placement": active.label,
                                      "key": decision.stuck})
     return result
-
-
-_NO_GROUP = GroupState(running=0, desired=None)
 
 
 class MoveError(RuntimeError):
