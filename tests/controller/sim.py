@@ -607,8 +607,8 @@ class Sim:
         except LeaseLost:
             self.stop_training(m)
             return False
-        except (CheckpointError, Unavailable, PreconditionFailed):
-            return False
+        except (CheckpointError, Unavailable, PreconditionFailed, LeaseBusy):
+            return False  # not committed; the trainer tries again at its next checkpoint
         m.last_commit = self.now
         return True
 
