@@ -66,7 +66,8 @@ def controller_config(settings: Settings, run_uri: str, groups: list[str],
                       access: Mapping[int, Mapping[str, str]] | None = None) -> dict[str, Any]:
     """The controller's configuration: the run, its size, the wait before a move and every placement's group.
 
-    `{"run_uri", "nodes", "wait_minutes", "placements": [{"cloud", "region", "project", "group"[, "access"]}]}`,
+    `{"run_uri", "nodes", "wait_minutes", "max_runtime_s", "placements": [{"cloud", "region", "project", "group"
+    [, "access"]}]}`,
     placements in the stack's order (index 0 is home). `access` (by placement index) is how the controller,
     which runs in home's cloud, reaches a placement on the other cloud: for a GCP placement of an AWS home
     `{"gcp_audience": "//iam.googleapis.com/projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/
@@ -91,6 +92,7 @@ def controller_config(settings: Settings, run_uri: str, groups: list[str],
         "run_uri": run_uri,
         "nodes": settings.compute.nodes,
         "wait_minutes": settings.placement.wait_minutes,
+        "max_runtime_s": int(settings.compute.max_runtime_hours * 3600),  # as the machines count it (userdata)
         "placements": entries,
     }
 

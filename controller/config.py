@@ -2,7 +2,7 @@
 
 ::
 
-    {"run_uri": "s3://B/runs/ID", "nodes": 1, "wait_minutes": 15,
+    {"run_uri": "s3://B/runs/ID", "nodes": 1, "wait_minutes": 15, "max_runtime_s": 86400,
      "placements": [{"cloud": "aws", "region": "us-east-1", "project": null, "group": "NAME"}, ...,
                     {"cloud": "gcp", "region": "us-central1", "project": "P", "group": "NAME-p2",
                      "access": {"gcp_audience": "//iam.googleapis.com/projects/N/locations/global/workloadIdentityPools/POOL/providers/PROVIDER",
@@ -18,7 +18,10 @@ carries ``access``, how the controller's own identity reaches it by federation (
   Identity Pool provider the function's AWS identity is exchanged at and the service account
   it then impersonates.
 
-A placement on home's cloud has none. Bad input is refused in one line naming the key.
+A placement on home's cloud has none. ``max_runtime_s`` (``compute.maxRuntimeHours``, optional) is the
+run's cap: its deadline is the ``deadline`` file the first machine writes (first boot + the cap), or, when
+the controller's tick comes first, the one it writes itself the same way. Bad input is refused in one
+line naming the key.
 """
 
 from __future__ import annotations
@@ -80,6 +83,8 @@ class Config:
     nodes: int
     wait_minutes: int
     placements: tuple[Placement, ...]
+    max_runtime_s: int | None = None
+    """The run's cap in seconds (None: the deadline comes only from the run folder's ``deadline`` file)."""
 
     @property
     def wait_s(self) -> float:
@@ -126,6 +131,10 @@ def parse(text: str | bytes | dict) -> Config:
     wait = _need(doc, "wait_minutes", int, "")
     if wait < 1:
         raise ConfigError(f"wait_minutes: expected 1 or more, got {wait}")
+    max_runtime = doc.get("max_runtime_s")
+    if max_runtime is not None and (isinstance(max_runtime, bool) or not isinstance(max_runtime, int)
+                                    or max_runtime < 1):
+        raise ConfigError(f"max_runtime_s: expected a whole number of seconds, 1 or more, got {max_runtime!r}")
     raw = _need(doc, "placements", list, "")
     if not raw:
         raise ConfigError("placements: expected at least one placement")
@@ -151,7 +160,8 @@ def parse(text: str | bytes | dict) -> Config:
         access = _access(p.get("access"), cloud, placements[0].cloud if placements else cloud, where)
         placements.append(Placement(index=i, cloud=cloud, region=region, group=group, project=project,
                                     access=access))
-    return Config(run_uri=run_uri.rstrip("/"), nodes=nodes, wait_minutes=wait, placements=tuple(placements))
+    return Config(run_uri=run_uri.rstrip("/"), nodes=nodes, wait_minutes=wait, placements=tuple(placements),
+                  max_runtime_s=max_runtime)
 
 
 def _access(value, cloud: str, home: str, where: str) -> Mapping[str, str] | None:

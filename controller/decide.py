@@ -5,10 +5,17 @@ says (:class:`RunView`) and what the active group says (:class:`GroupState`) at 
 answers one :class:`Decision`:
 
 - ``finish``: the run has an end marker; every group goes to zero (nothing keeps billing).
+- ``time_up``: the run's deadline (first start + ``maxRuntimeHours``) has passed with no end
+  marker: the controller ends it ``TIMED_OUT`` and every group goes to zero. No group is sized up
+  (no move, no size back) within ``LAUNCH_MARGIN_S`` of the deadline: the groups' own cap action
+  counts from the stack's deployment, minutes before the first boot that wrote the deadline, and a
+  machine started then would be stopped before it trained.
 - ``move``: the active placement has had no training machine for ``wait_minutes`` (no
   heartbeat, no event, no live lease since) and its group reports failed launches for a
   reason another placement can fix (capacity, quota, price): the run goes to :func:`next_placement`.
-- ``stay``: anything else, with the reason.
+- ``stay``: anything else, with the reason. A ``stay`` carries ``size``: the active group is put
+  back to ``nodes`` when it stands below (a machine, a person or an earlier tick put it lower)
+  while the run goes on, no ``STOP`` is asked and the deadline has not come.
 
 A placement the run left because it could not launch is tried again only after every other
 and not before ``2 × wait_minutes`` after it failed (:func:`candidates`).
@@ -19,9 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controller.config import Config
-from controller.record import Record, epoch_of
+from controller.record import Record, epoch_of, iso
 
-FINISH, MOVE, STAY = "finish", "move", "stay"
+FINISH, MOVE, STAY, TIME_UP = "finish", "move", "stay", "time_up"
+# No machine is started this close to the run's deadline (see the module docstring).
+LAUNCH_MARGIN_S = 15 * 60
 CAPACITY, QUOTA, PRICE, OTHER = "capacity", "quota", "price", "other"
 # Launch failures another placement can fix, and how the clouds say them (lower case). AWS:
 # Auto Scaling's failed activities carry EC2's error code and message in StatusMessage
@@ -77,21 +86,29 @@ class GroupState:
 class RunView:
     """What the run folder says, read by the tick: an end marker, the newest sign of a training
     machine (progress.json's ``updated``, the newest trainer event), the live lease's end, the
-    newest committed step."""
+    newest committed step, whether ``STOP`` is asked, the run's deadline (epoch seconds, None
+    while unknown) and how many attempts its events count."""
 
     ended: str | None = None
     heartbeat: float | None = None
     lease_until: float | None = None
     step: int | None = None
+    stop: bool = False
+    deadline: float | None = None
+    attempts: int = 0
 
 
 @dataclass(frozen=True)
 class Decision:
-    """What to do: ``action`` (finish, move, stay), why, and where to (for a move)."""
+    """What to do: ``action`` (finish, time_up, move, stay), why, where to (for a move), and the
+    size the active group is put back to (a stay whose group stands below ``nodes``)."""
 
     action: str
     reason: str
     to: int | None = None
+    size: int | None = None
+    stuck: str | None = None
+    """Set when the run cannot train anywhere now: a key for what holds it (the reason says it)."""
 
 
 def candidates(config: Config, record: Record, now: float) -> list[int]:
@@ -120,9 +137,34 @@ def decide(config: Config, record: Record, run: RunView, group: GroupState, now:
     """One tick's decision (module docstring)."""
     if run.ended:
         return Decision(FINISH, f"the run ended ({run.ended}): every group goes to zero")
+    if run.deadline is not None and now >= run.deadline:
+        return Decision(TIME_UP, time_up_reason(run.deadline))
     active = config.placements[record.active] if record.active < len(config.placements) else None
     if active is None:
         return Decision(STAY, f"placement.json names placement {record.active}, which the stack does not have")
+    if not may_launch(run, now):
+        return Decision(STAY, f"the run's deadline ({iso(run.deadline)}) is less than {LAUNCH_MARGIN_S // 60} min "
+                              "away: no machine is started any more")
+    decision = _stay_or_move(config, record, run, group, now, active)
+    if (decision.action == STAY and not run.stop and group.desired is not None
+            and group.desired < config.nodes):
+        return Decision(STAY, f"{decision.reason}; its group stood at {group.desired} of {config.nodes}: "
+                              f"sized back to {config.nodes}", size=config.nodes, stuck=decision.stuck)
+    return decision
+
+
+def time_up_reason(deadline: float) -> str:
+    """Why a run past its deadline is ended ``TIMED_OUT`` (the marker's reason)."""
+    return f"the run's deadline ({iso(deadline)}, its first start + maxRuntimeHours) passed and no machine ended it"
+
+
+def may_launch(run: RunView, now: float) -> bool:
+    """Whether a group may be sized up at ``now``: before ``LAUNCH_MARGIN_S`` ahead of the deadline."""
+    return run.deadline is None or now < run.deadline - LAUNCH_MARGIN_S
+
+
+def _stay_or_move(config: Config, record: Record, run: RunView, group: GroupState, now: float,
+                  active) -> Decision:
     if group.running >= config.nodes:
         return Decision(STAY, f"{active.label}: {group.running} machine(s) running")
     since = last_sign(run, record, group)
@@ -136,11 +178,13 @@ def decide(config: Config, record: Record, run: RunView, group: GroupState, now:
     movable = [f for f in recent if f.kind in MOVABLE]
     if not movable:
         why = f"its launches fail for another reason: {recent[0].message}" if recent else "no failed launch"
-        return Decision(STAY, f"{active.label}: no training machine for {idle / 60:.0f} min, but {why}")
+        return Decision(STAY, f"{active.label}: no training machine for {idle / 60:.0f} min, but {why}",
+                        stuck=f"{record.active}:other" if recent else None)
     options = candidates(config, record, now)
     if not options:
         return Decision(STAY, f"{active.label} cannot launch ({movable[0].kind}), and no other placement may be "
-                              f"tried yet (a failed one waits {2 * config.wait_minutes} min)")
+                              f"tried yet (a failed one waits {2 * config.wait_minutes} min)",
+                        stuck=f"{record.active}:{movable[0].kind}:nowhere")
     to = options[0]
     return Decision(MOVE, f"no training machine in {active.label} for {idle / 60:.0f} min; its group cannot launch "
                           f"({movable[0].kind}): {movable[0].message}", to=to)

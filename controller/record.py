@@ -138,6 +138,23 @@ def read_events(store: Store) -> tuple[list[dict], str | None]:
     return out, version
 
 
+def note_waiting(store: Store, event: dict, *, tries: int = 4) -> bool:
+    """Append the controller's ``waiting`` event unless the newest event already says the same (its
+    ``key``): what holds the run is written once, not each minute. True if this call wrote it."""
+    for _ in range(tries):
+        events, version = read_events(store)
+        last = events[-1] if events else {}
+        if last.get(layout.EVENT) == layout.CONTROLLER_WAITING and last.get("key") == event["key"]:
+            return False
+        body = "".join(json.dumps(e) + "\n" for e in [*events, event]).encode()
+        try:
+            store.put_bytes_if(layout.PLACEMENT_EVENTS_KEY, body, version=version)
+            return True
+        except (PreconditionFailed, WriteConflict):
+            continue
+    return False  # another writer kept appending: the next tick says it
+
+
 def append_moved_once(store: Store, event: dict, *, tries: int = 8) -> bool:
     """Append the ``moved`` event of move ``event["move"]`` unless it is there; True if this call wrote it."""
     for _ in range(tries):

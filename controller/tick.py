@@ -5,17 +5,30 @@ group, asks :func:`controller.decide.decide`, and acts:
 
 - a move recorded but not carried out (its tick stopped between steps) is finished first;
 - ``finish``: every group not at zero goes to zero;
+- ``time_up`` (the run's deadline passed, no end marker): ``TIMED_OUT`` is written, as a
+  machine's finish path writes it, and every group goes to zero. The deadline is the run
+  folder's ``deadline`` file; a tick that finds none (no machine has booted yet) writes it from
+  ``max_runtime_s``, once (create-if-absent), and the machines then read the same one;
 - ``move``: :func:`start_move` records it (a conditional write: of two ticks at once, one
   wins; the other does nothing), then :func:`finish_move` carries it out:
   (1) the active group to zero, (2) the old lease expired (else the next tick goes on),
   (3) the next placement's group to ``nodes``, (4) one ``moved`` event, then the move is
   marked done. Every step is idempotent, so a tick that stops anywhere leaves a state the
   next one finishes;
-- otherwise every placement but the active one is kept at zero.
+- otherwise every placement but the active one is kept at zero, and the active group is put back
+  to ``nodes`` when it stands below (:func:`controller.decide.decide`'s ``size``). A run that cannot
+  train anywhere now (``stuck``) gets a ``waiting`` event with the reason among the placement
+  events, once per cause, which ``ops status`` shows.
+
+A tick acts only on the record it read: before it sizes anything it reads ``placement.json``
+again and, if another writer (a move) changed it meanwhile, leaves the sizing to the next tick; it
+never zeroes the placement the current record names active, and a move whose record changed
+under it does not size its new group up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -24,13 +37,25 @@ from dataclasses import asdict, dataclass, field
 from controller import record as records
 from controller.clouds import CloudError
 from controller.config import Config, Placement
-from controller.decide import FINISH, MOVE, STAY, Decision, RunView, decide
+from controller.decide import (
+    FINISH,
+    LAUNCH_MARGIN_S,
+    MOVE,
+    STAY,
+    TIME_UP,
+    Decision,
+    RunView,
+    decide,
+    may_launch,
+    time_up_reason,
+)
 from controller.record import Record, epoch_of, iso
 from runfolder import layout
 from runfolder.lease import CLOCK_SKEW_S, LeaseRecord
 from runfolder.storage import NotFound, PreconditionFailed, Store, open_store
 
-MOVED_BY_CONTROLLER = "controller"
+# Who wrote an end marker the controller wrote (the ``instance`` field, a machine's id otherwise).
+CONTROLLER_INSTANCE = "controller"
 
 
 @dataclass
@@ -48,9 +73,11 @@ class TickResult:
 
 
 def read_run(store: Store) -> RunView:
-    """The run folder as the controller reads it: end marker, newest sign of training, live lease, step."""
+    """The run folder as the controller reads it: end marker, newest sign of training, live lease, step,
+    STOP, deadline and attempts."""
     ended = next((name for name in layout.END_MARKERS if store.exists(name)), None)
     signs = []
+    attempts = 0
     try:
         progress = json.loads(store.get_bytes(layout.PROGRESS_KEY))
         signs.append(epoch_of(progress.get("updated")) if isinstance(progress, dict) else None)
@@ -60,6 +87,13 @@ def read_run(store: Store) -> RunView:
         lines = store.get_bytes(layout.EVENTS_KEY).decode(errors="replace").strip().splitlines()
         last = json.loads(lines[-1]) if lines else {}
         signs.append(epoch_of(last.get(layout.TIME)) if isinstance(last, dict) else None)
+        events = []
+        for line in lines:
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut short by a machine taken mid-write; the others count
+        attempts = layout.attempts([e for e in events if isinstance(e, dict)])
     except (NotFound, ValueError):
         pass
     lease = read_lease(store)
@@ -70,7 +104,42 @@ def read_run(store: Store) -> RunView:
         if found and found[1] == layout.COMMITTED:
             steps.append(found[0])
     heartbeat = max((s for s in signs if s is not None), default=None)
-    return RunView(ended=ended, heartbeat=heartbeat, lease_until=lease_until, step=max(steps, default=None))
+    return RunView(ended=ended, heartbeat=heartbeat, lease_until=lease_until, step=max(steps, default=None),
+                   stop=store.exists(layout.STOP_KEY), deadline=read_deadline(store), attempts=attempts)
+
+
+def read_deadline(store: Store) -> float | None:
+    """The run's deadline (epoch seconds) from its ``deadline`` file; None while there is none."""
+    try:
+        digits = "".join(c for c in store.get_bytes(layout.DEADLINE_KEY).decode(errors="replace") if c.isdigit())
+    except NotFound:
+        return None
+    return float(digits) if digits else None
+
+
+def ensure_deadline(config: Config, store: Store, run: RunView, now: float) -> RunView:
+    """``run`` with its deadline: the ``deadline`` file, or, when none is written yet and the cap is
+    known, one written now (create-if-absent, in the machines' format: epoch seconds and a newline)."""
+    if run.deadline is not None or config.max_runtime_s is None:
+        return run
+    with contextlib.suppress(PreconditionFailed):  # a machine (or another tick) wrote it first: theirs counts
+        store.put_bytes_if(layout.DEADLINE_KEY, f"{int(now) + config.max_runtime_s}\n".encode(), version=None)
+    deadline = read_deadline(store)
+    return RunView(**{**asdict(run), "deadline": deadline})
+
+
+def end_timed_out(config: Config, clouds, store: Store, run: RunView, reason: str, now: float) -> TickResult:
+    """Write ``TIMED_OUT`` (unless an end marker is there), as a machine's finish path does, and put
+    every group to zero."""
+    result = TickResult(TIME_UP, f"{reason}: the controller ended it {layout.TIMED_OUT}; every group at zero")
+    if not any(store.exists(name) for name in layout.END_MARKERS):
+        body = {"outcome": layout.TIMED_OUT, layout.MARKER_REASON: reason, "instance": CONTROLLER_INSTANCE,
+                layout.TIME: iso(now), layout.MARKER_STEP: -1 if run.step is None else run.step,
+                layout.MARKER_ATTEMPTS: run.attempts}
+        with contextlib.suppress(PreconditionFailed):  # a machine's finish path wrote it meanwhile
+            store.put_bytes_if(layout.TIMED_OUT, (json.dumps(body) + "\n").encode(), version=None)
+    _zero(clouds, config.placements, result.resized)
+    return result
 
 
 def read_lease(store: Store) -> LeaseRecord | None:
@@ -108,6 +177,26 @@ def _zero(clouds, placements, done: list[dict]) -> None:
         raise CloudError("; ".join(errors))
 
 
+def moved_on(store: Store, rec: Record) -> bool:
+    """Whether the run has moved on from ``rec``'s move (another move recorded, or an end marker)."""
+    if any(store.exists(name) for name in layout.END_MARKERS):
+        return True
+    current, _ = records.read(store)  # last: nothing is read between it and the sizing that follows
+    return current.active != rec.active or len(current.moves) != len(rec.moves)
+
+
+def current_record(store: Store, version: str | None) -> Record | None:
+    """``placement.json`` as it is now if it is still at ``version`` and the run has not ended; else None.
+
+    Read right before a tick sizes anything: a move (or the run's end) since the tick's first read
+    makes what it decided stale, and the next tick decides again from what is there.
+    """
+    if any(store.exists(name) for name in layout.END_MARKERS):
+        return None
+    current, current_version = records.read(store)  # last: nothing is read between it and the sizing
+    return current if current_version == version else None
+
+
 def start_move(config: Config, store: Store, rec: Record, version: str | None, to: int, reason: str,
                step: int | None, now: float, *, failed: bool) -> tuple[Record, str]:
     """Record the move from the active placement to ``to`` (not yet carried out); conditional on
@@ -122,16 +211,31 @@ def start_move(config: Config, store: Store, rec: Record, version: str | None, t
     return new, records.write(store, new, version)
 
 
-def finish_move(config: Config, clouds, store: Store, rec: Record, version: str, now: float) -> TickResult:
-    """Carry out ``rec``'s pending move (idempotent); a lease still held leaves it for the next tick."""
+def finish_move(config: Config, clouds, store: Store, rec: Record, version: str, now: float,
+                run: RunView | None = None, clock: Callable[[], float] | None = None) -> TickResult:
+    """Carry out ``rec``'s pending move (idempotent); a lease still held leaves it for the next tick.
+
+    ``run`` (its deadline) and ``clock`` (the time now, read again before the new group is sized up):
+    no group is sized up within the launch margin of the deadline.
+    """
     move = rec.pending
     assert move is not None
     old, new = config.placements[move["from"]], config.placements[move["to"]]
     result = TickResult(MOVE, move["reason"], move=move)
+    if moved_on(store, rec):
+        result.reason = f"{layout.PLACEMENT_KEY} changed meanwhile (another move, or the run ended): left to its writer"
+        return result
     _resize(clouds, old, 0, result.resized)  # (1)
     held = lease_gone(store, now)  # (2)
     if held:
         result.waiting = f"{held}; {new.label}'s group starts once it has expired"
+        return result
+    if run is not None and not may_launch(run, (clock or (lambda: now))()):
+        result.waiting = (f"the run's deadline is less than {LAUNCH_MARGIN_S // 60} min away: {new.label}'s group is "
+                          "not started")
+        return result
+    if moved_on(store, rec):  # read last, right before the one step that starts a machine
+        result.reason = f"{layout.PLACEMENT_KEY} changed meanwhile (another move, or the run ended): left to its writer"
         return result
     _resize(clouds, new, config.nodes, result.resized)  # (3)
     number = len(rec.moves)
@@ -155,17 +259,26 @@ def finish_move(config: Config, clouds, store: Store, rec: Record, version: str,
     return result
 
 
-def tick(config: Config, clouds, now: float, *, store: Store | None = None) -> TickResult:
-    """One pass of the controller (module docstring); safe to run twice at once."""
+def tick(config: Config, clouds, now: float, *, store: Store | None = None,
+         clock: Callable[[], float] | None = None) -> TickResult:
+    """One pass of the controller (module docstring); safe to run twice at once.
+
+    ``now`` is when the tick started; ``clock`` (default: ``now`` throughout) is read again before a
+    group is sized up, so a tick that ran long does not start a machine past the launch margin.
+    """
     store = open_store(config.run_uri) if store is None else store
+    clock = clock or (lambda: now)
     run = read_run(store)
     if run.ended:
         result = TickResult(FINISH, f"the run ended ({run.ended}): every group at zero")
         _zero(clouds, config.placements, result.resized)
         return result
+    run = ensure_deadline(config, store, run, now)
+    if run.deadline is not None and now >= run.deadline:
+        return end_timed_out(config, clouds, store, run, time_up_reason(run.deadline), now)
     rec, version = records.read(store)
     if rec.pending:
-        return finish_move(config, clouds, store, rec, version, now)
+        return finish_move(config, clouds, store, rec, version, now, run, clock)
     if rec.active >= len(config.placements):
         return TickResult(STAY, f"{layout.PLACEMENT_KEY} names placement {rec.active}, which the stack does not have")
     active = config.placements[rec.active]
@@ -176,9 +289,20 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None) -> T
                                       failed=True)
         except PreconditionFailed:
             return TickResult(STAY, f"another tick changed {layout.PLACEMENT_KEY} first: it moves the run")
-        return finish_move(config, clouds, store, rec, version, now)
+        return finish_move(config, clouds, store, rec, version, now, run, clock)
     result = TickResult(decision.action, decision.reason)
-    _zero(clouds, [p for p in config.placements if p.index != rec.active], result.resized)
+    current = current_record(store, version)
+    if current is None:
+        result.reason = (f"{layout.PLACEMENT_KEY} changed (a move) or the run ended while this tick read the run: "
+                         "the next tick acts on it")
+        return result
+    _zero(clouds, [p for p in config.placements if p.index != current.active], result.resized)
+    if decision.size is not None and may_launch(run, clock()):
+        _resize(clouds, active, decision.size, result.resized)
+    if decision.stuck is not None:  # said where `ops status` shows it: the run does not wait in silence
+        records.note_waiting(store, {layout.EVENT: layout.CONTROLLER_WAITING, layout.TIME: iso(now),
+                                     layout.ATTEMPT: None, "reason": decision.reason, "placement": active.label,
+                                     "key": decision.stuck})
     return result
 
 
@@ -191,13 +315,19 @@ def move(config: Config, clouds, to: Placement, reason: str, *, store: Store | N
          sleep: Callable[[float], None] = time.sleep) -> TickResult:
     """Move the run to ``to`` now (``ops move``), waiting up to ``wait_s`` for the old lease to expire.
 
-    The same record and steps as a tick's move; raises :class:`MoveError` when the run has ended
-    or is already active there, :class:`PreconditionFailed` when a tick moved it meanwhile.
+    The same record and steps as a tick's move; raises :class:`MoveError` when the run has ended,
+    its deadline has passed or it is already active there, :class:`PreconditionFailed` when a tick moved it meanwhile.
     """
     store = open_store(config.run_uri) if store is None else store
     run = read_run(store)
     if run.ended:
         raise MoveError(f"the run has ended ({run.ended}); nothing to move")
+    if not may_launch(run, clock()):
+        passed = clock() >= run.deadline  # type: ignore[operator]
+        raise MoveError(f"the run's deadline ({iso(run.deadline)}) " + (
+            "has passed: the controller's next tick ends the run TIMED_OUT" if passed else
+            f"is less than {LAUNCH_MARGIN_S // 60} min away: a machine started now would be stopped by the cap "
+            "before it trained") + "; nothing to move")
     rec, version = records.read(store)
     if rec.pending is None:
         if rec.active == to.index:
@@ -207,7 +337,7 @@ def move(config: Config, clouds, to: Placement, reason: str, *, store: Store | N
         raise MoveError(f"a move to placement {rec.pending['to']} is under way; run this again once it is done")
     deadline = clock() + wait_s
     while True:
-        result = finish_move(config, clouds, store, rec, version, clock())
+        result = finish_move(config, clouds, store, rec, version, clock(), run, clock)
         if result.waiting is None or clock() >= deadline:
             return result
         sleep(min(poll_s, max(0.0, deadline - clock())))

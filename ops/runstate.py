@@ -110,6 +110,9 @@ class RunStatus:
     machines_running: int | None = None
     machines_desired: int | None = None
     launch_failures: list[str] = field(default_factory=list)
+    # The placement controller's word that the run cannot train anywhere now (its newest `waiting`
+    # event, while no machine has trained and no move came since), else "".
+    waiting: str = ""
     group_note: str = ""
     # Machine time (every attempt's start to its end, x nodes) and its cost at the price the
     # stack gave the machines (runfolder.cost); cost_note says what the price is (an estimate).
@@ -235,6 +238,20 @@ def _checkpoint(facts: RunFacts, now: float) -> Checkpoint | None:
     return Checkpoint(step=facts.checkpoint_step, created=created, age_seconds=_age(created, now))
 
 
+def _controller_waiting(log: list[dict], trainer_log: list[dict], progress_updated: str | None) -> str:
+    """The reason of the controller's newest ``waiting`` event, unless a machine trained or the run
+    moved after it."""
+    waits = [e for e in log if e.get(layout.EVENT) == layout.CONTROLLER_WAITING]
+    if not waits:
+        return ""
+    when = stamp(waits[-1].get(layout.TIME))
+    later = [stamp(e.get(layout.TIME)) for e in log if e.get(layout.EVENT) == layout.MOVED]
+    later += [stamp(e.get(layout.TIME)) for e in trainer_log[-1:]] + [stamp(progress_updated)]
+    if when is None or any(t is not None and t >= when for t in later):
+        return ""
+    return str(waits[-1].get("reason") or "")
+
+
 def classify(facts: RunFacts, now: float, *, events: int = DEFAULT_EVENTS) -> RunStatus:
     """Say where the run stands at ``now`` (epoch seconds) from what its folder holds.
 
@@ -300,6 +317,7 @@ def classify(facts: RunFacts, now: float, *, events: int = DEFAULT_EVENTS) -> Ru
             st.detail = str(doc.get(layout.MARKER_REASON) or "")
         return st
 
+    st.waiting = _controller_waiting(log, trainer_log, st.progress_updated)
     if not log and progress is None and st.checkpoint is None:
         st.detail = "nothing written yet: the machine may still be booting or waiting for spot capacity"
         return st

@@ -264,6 +264,8 @@ def render(st: RunStatus):
     )
     for label, line in placement_lines(st.placement):
         grid.add_row(label, line)
+    if st.waiting:
+        grid.add_row("waiting", Text(f"the run cannot train anywhere now: {st.waiting}", style="bold red"))
     if st.machines_running is not None:
         desired = "" if st.machines_desired is None else f" of {st.machines_desired}"
         grid.add_row("machines", f"{st.machines_running}{desired} running")

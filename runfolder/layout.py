@@ -147,6 +147,10 @@ WAITING_FOR_MACHINES = "waiting_for_machines"
 # The run moved to another placement (controller/ or `ops move`): from, to (placement indexes), the
 # reason and the newest committed step it resumes from.
 MOVED = "moved"
+# The placement controller finds that the run cannot train anywhere now (its active placement cannot
+# launch and no other may be tried, or its launches fail for a reason no move fixes): the reason, the
+# active placement and a key (the same key is written once in a row).
+CONTROLLER_WAITING = "waiting"
 
 # The fields each event carries besides EVENT, TIME and ATTEMPT (required ones).
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
@@ -168,6 +172,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     CHECKPOINT_FAILED: ("reason",),
     UPLOAD_RETRY: ("attempt", "error", "op", "key"),
     MOVED: ("from", "to", "reason", "step"),
+    CONTROLLER_WAITING: ("reason", "placement", "key"),
 }
 
 # The events that change what a run is doing (the others are informational).

@@ -67,7 +67,9 @@ def environment_bytes(variables: dict[str, str]) -> int:
 READ_GROUP_ACTIONS = ["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities"]
 SIZE_GROUP_ACTIONS = ["autoscaling:UpdateAutoScalingGroup"]
 # The only objects the controller writes, relative to the run folder.
-WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY)
+# The record and its events; the run's deadline when no machine has written it yet, and TIMED_OUT when
+# the deadline passed with no machine to end the run (controller/tick.py).
+WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT)
 
 
 def function_name(name: str) -> str:

@@ -51,6 +51,7 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
     assert [p["group"] for p in config["placements"]] == [HOME_GROUP, f"{HOME_GROUP}-p1", f"{HOME_GROUP}-p2"]
     assert [p["region"] for p in config["placements"]] == REGIONS[cloud]
     assert config["wait_minutes"] == s.placement.wait_minutes and config["nodes"] == 1
+    assert config["max_runtime_s"] == int(s.compute.max_runtime_hours * 3600)  # as the machines count it
     # The same document is the stack's `placements` output, where `ops move --stack` and `ops status` read it.
     from components.project import PLACEMENTS_OUTPUT
 
@@ -130,6 +131,11 @@ def _policy(r: synth.Result, name: str) -> dict:
     return json.loads(r.named(name)["inputs"]["policy"])
 
 
+# What the controller writes in the run folder: its record and events, the deadline (when no machine wrote
+# it first) and TIMED_OUT (a run past its deadline that no machine ended).
+WRITTEN = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT)
+
+
 def test_the_aws_function_reads_the_run_writes_only_its_record_and_sizes_only_these_groups_up_to_nodes():
     r = synthesized("aws")
     bucket = r.outputs["bucketName"]
@@ -137,8 +143,7 @@ def test_the_aws_function_reads_the_run_writes_only_its_record_and_sizes_only_th
     assert statements["ReadRunFolder"]["Resource"] == f"arn:aws:s3:::{bucket}/runs/exp-7/*"
     assert statements["ListRunFolder"]["Condition"] == {"StringLike": {"s3:prefix": ["runs/exp-7/", "runs/exp-7/*"]}}
     assert statements["WritePlacement"]["Resource"] == [
-        f"arn:aws:s3:::{bucket}/runs/exp-7/{layout.PLACEMENT_KEY}",
-        f"arn:aws:s3:::{bucket}/runs/exp-7/{layout.PLACEMENT_EVENTS_KEY}"]
+        f"arn:aws:s3:::{bucket}/runs/exp-7/{key}" for key in WRITTEN]
     assert statements["SizeGroups"]["Resource"] == [
         f"arn:aws:autoscaling:{region}:{synth.FAKE_ACCOUNT}:autoScalingGroup:*:autoScalingGroupName/"
         f"{placement.group_name(HOME_GROUP, i)}" for i, region in enumerate(REGIONS["aws"])]
@@ -177,7 +182,7 @@ def test_the_gcp_function_reads_the_run_writes_only_its_record_and_resizes_only_
     assert read["inputs"]["condition"]["expression"].endswith(f'startsWith("projects/_/buckets/{bucket}/objects/runs/exp-7/")')
     assert write["inputs"]["condition"]["expression"] == " || ".join(
         f'resource.name == "projects/_/buckets/{bucket}/objects/runs/exp-7/{key}"'
-        for key in (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY))
+        for key in WRITTEN)
     groups = r.named("trainstack-controller-groups")
     assert groups["inputs"]["condition"]["expression"] == " || ".join(
         f'resource.name == "projects/my-proj-123/regions/{region}/instanceGroupManagers/'

@@ -32,6 +32,8 @@ def test_the_stacks_document_reads_as_placements_in_order():
         (2, "gcp", "us-central1", "ts-gpu-2", "my-proj")]
     assert [p.access for p in config.placements[:2]] == [None, None]
     assert config.placements[2].access == GOOD["placements"][2]["access"]
+    assert config.max_runtime_s is None  # absent: the deadline comes from the run folder alone
+    assert parse({**GOOD, "max_runtime_s": 86400}).max_runtime_s == 86400
     [_home, aws] = parse(GCP_HOME).placements
     assert aws.access == {"aws_role_arn": "arn:aws:iam::123456789012:role/ts-controller-p1", "audience": "trainstack-ts"}
 
@@ -53,6 +55,8 @@ def _with(path: str, value, base: dict = GOOD):
     ("nodes", 0, "nodes"),
     ("nodes", True, "nodes"),
     ("wait_minutes", "15", "wait_minutes"),
+    ("max_runtime_s", 0, "max_runtime_s"),
+    ("max_runtime_s", 3600.5, "max_runtime_s"),
     ("placements", [], "placements"),
     ("2.project", None, "placements[2].project"),
     ("1.cloud", "azure", "placements[1].cloud"),

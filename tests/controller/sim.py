@@ -1,0 +1,988 @@
+"""A deterministic simulation of the placement controller's world: ticks, moves, machines, leases, the cap.
+
+The project's own code makes every decision: :func:`controller.tick.tick` and
+:func:`controller.tick.move` (with :mod:`controller.decide` and :mod:`controller.record`),
+:class:`runfolder.lease.RunLease`, :class:`trainer.checkpoint_store.CheckpointStore`'s commit protocol
+(upload, verify, fence, marker, prune) and :mod:`runfolder.layout`'s names and end markers. Around
+it, stand-ins run on a virtual clock, driven by one seeded random generator:
+
+- **the store** (:class:`SimStore`): a versioned object store with conditional writes. Faults, per
+  operation: ``503`` (the store's own retries gave up: :class:`Unavailable`), a conditional write
+  refused as in flight (``WriteConflict``, nothing written), a conditional write whose answer was
+  lost (written, and the caller told ``PreconditionFailed``, as its retry would be), and *slow*:
+  an operation of a tick or of ``ops move`` that pauses while the rest of the world goes on (the
+  event loop runs nested up to the pause's end, then the operation runs). That is how a tick's
+  reads and writes interleave with other ticks, moves and machines.
+- **the groups** (:class:`Group`): an Auto Scaling group / managed instance group, sized as
+  ``controller.clouds`` and ``finish.sh`` size it (min = max = desired, so one number here); a
+  launch takes 1-4 min and the machine boots in 0.5-2 min more; while the placement has no capacity each try fails, recorded as the
+  cloud words it (capacity, quota, price, other) and retried with backoff (1, 2, 4, 5 min); a
+  success clears the failures; a group above desired terminates its newest machines. The
+  scheduled cap action puts every group's min, max and desired to 0 at deploy + the cap.
+- **the machines** (:class:`Machine`), as the supervisor and trainer behave: the first boot writes
+  the ``deadline`` file (unless there is one); each minute a machine looks for an end marker
+  (then finishes: its group to zero, shut down) and for its deadline (then finishes ``TIMED_OUT``,
+  as ``finish.sh`` writes it); the chief (the group's oldest machine, once ``nodes`` machines are
+  up) takes the lease (``RunLease``, no waiting: it looks again next minute), resumes from the
+  newest committed step, trains ``STEPS_PER_MIN`` steps a minute, writes ``progress.json``,
+  commits every few minutes (``CheckpointStore.commit``, fenced by the lease), renews the lease
+  every ``ttl / 4``, obeys ``STOP`` (commit, ``CANCELLED``) and writes ``COMPLETE`` at its last
+  step. A spot notice (2 min on AWS, 30 s on GCP) makes the chief commit and release the lease;
+  a hard kill leaves the lease to expire (a machine is taken about once an hour, and about half of a
+  placement's machines get their notice when its capacity goes). A peer lost stops the chief's
+  training until the group has ``nodes`` machines again. Each placement's cloud (AWS or GCP) is
+  drawn per schedule, for its notice.
+- **the scheduler**: a tick each minute (a few seconds late at random); a tick that raises is
+  retried 1 and 2 minutes later (Lambda's asynchronous retries; per schedule, on or off); some
+  ticks are slow (overlapping the next ones and ``ops move``).
+- **the operator**: ``ops move`` to a random placement and ``ops stop`` at random times, and the
+  active group put to 0 from outside the controller (by hand, or a machine's finish path whose end
+  marker could not be written: ``finish.sh`` scales the group down all the same).
+
+Invariants, checked after every event (:meth:`Sim.check`) and at the end (:meth:`Sim.finish`):
+
+1. At most one machine trains with a valid lease (``RunLease.check`` passes).
+2. The newest committed step never goes backwards, no checkpoint below it is committed later,
+   and a resumed chief starts from the newest committed step.
+3. After an end marker, every group is at 0 once two ticks that started after it have completed,
+   and no group is sized up again; while the run goes on, no tick zeroes the placement the
+   current ``placement.json`` names active.
+4. While the run goes on (no end marker, no ``STOP``), more than ``LAUNCH_MARGIN_S`` before its
+   deadline, and some placement has capacity throughout: a machine trains within
+   :meth:`Sim.liveness_bound` of the last one stopping (or of the last ``ops move``). When no
+   placement could launch, the controller said so within that bound (a ``waiting`` event, which
+   ``ops status`` shows, or a ``moved`` one): no run waits in silence.
+5. No group is sized above 0 after the cap (the scheduled action's time or the deadline,
+   whichever is first); a run past its deadline has an end marker at the end.
+6. The ``moved`` events match the record's moves one for one; a move the controller makes comes
+   ``wait_minutes`` or more after the last training and after the move before it (one move per
+   failure episode).
+7. No machine is up without training longer than :meth:`Sim.idle_bound`; the machine-minutes
+   without training are reported per schedule.
+
+What the stand-ins leave out, and where that matters:
+
+- A cloud call (size a group, read it) is instantaneous: a tick pauses only at store operations,
+  *before* the operation. The project's code reads the store last right before it sizes a group,
+  so in the simulation nothing lands between that read and the call; in a real account one API
+  call's latency remains, and the next tick repairs what it got wrong (invariant 3's two ticks).
+- Every clock agrees (no skew); the lease's skew margin is never tested here (``tests/trainer``
+  does). Launches are all or nothing per placement (capacity is a placement's, not a zone's).
+- The trainer is a counter: no TensorFlow, no data, no evaluation; a commit is one small file.
+  Rendezvous of several machines is "``nodes`` machines up in the group"; a worker's own
+  failures, the bootstrap's retries and the relaunch loop of ``finish.sh`` are not modelled.
+- ``ops stop`` while no machine trains leaves the run to its deadline (the trainer writes
+  ``CANCELLED``); invariant 4 does not count a run with ``STOP``.
+
+``python -m tests.controller.sim --schedules 2000`` runs schedules 0..1999 and prints the figures;
+a failing schedule prints its seed, and ``--seed N --trace`` replays it event by event.
+``--plant NAME`` puts one of the fixes back (:data:`PLANTS`) to show the invariants catch it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import heapq
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from controller import decide as decides
+from controller import record as records
+from controller import tick as ticks
+from controller.clouds import CloudError
+from controller.config import Config, parse
+from controller.decide import LAUNCH_MARGIN_S, GroupState, LaunchFailure
+from controller.record import iso
+from runfolder import layout
+from runfolder.lease import CLOCK_SKEW_S, DEFAULT_TTL_S, LeaseBusy, LeaseHeld, LeaseLost, RunLease
+from runfolder.storage.base import ObjectInfo, Store
+from runfolder.storage.errors import NotFound, PreconditionFailed, WriteConflict
+from trainer.checkpoint_store import CheckpointError, CheckpointStore
+
+TICK_S = 60.0
+STEPS_PER_MIN = 10
+NOTICE_S = {"aws": 120.0, "gcp": 30.0}
+# What each cloud says for a failed launch, by kind (as controller.decide reads them).
+FAILURE_WORDS = {
+    "capacity": "We currently do not have sufficient g5.xlarge capacity in the Availability Zone you requested.",
+    "quota": "You have requested more vCPU capacity than your current vCPU limit of 8 allows (VcpuLimitExceeded).",
+    "price": "SpotMaxPriceTooLow: your Spot request price is lower than the minimum required.",
+    "other": "The image id '[ami-12c6146b]' does not exist. Launching EC2 instance failed.",
+}
+START = 1_800_000_000.0  # the virtual clock's zero (an epoch second: time stamps read like real ones)
+# The fixes each plant puts back: "stale" sizes from the record a tick read first; "order" reads the
+# record again before the end markers (a pause between them made it stale: the simulator's own find);
+# "liveness" leaves an active group below nodes; "cap" gives the controller no deadline.
+# The others break what the invariants guard, to show each can fail: "others" leaves the non-active
+# groups up (7), "restart" resumes below the newest committed step (2), "twice" writes a move's moved
+# event again (6).
+PLANTS = ("stale", "order", "liveness", "cap", "others", "restart", "twice")
+
+
+class Unavailable(Exception):  # noqa: N818 - the store's word for it (HTTP 503)
+    """503 Service Unavailable: the store's own retries gave up."""
+
+
+class Violation(AssertionError):
+    """An invariant failed; the message names it, the time and the seed."""
+
+
+# -- the store -----------------------------------------------------------------------------------
+
+
+class SimStore(Store):
+    """A versioned in-memory object store whose operations go through :meth:`Sim.store_op` (faults, pauses)."""
+
+    def __init__(self, sim: Sim) -> None:
+        super().__init__("file:///sim/runs/r")
+        self.sim = sim
+        self.objects: dict[str, tuple[bytes, int]] = {}
+        self.version = 0
+        self.committed: set[int] = set()
+        self.history: dict[str, bytes] = {}  # placement.json at each version (for the "stale" plant)
+
+    def _retrying(self, op: str, key: str, fn: Callable[[], object]) -> object:
+        self.sim.store_op(op, key)
+        return fn()
+
+    def _set(self, key: str, data: bytes) -> str:
+        self.version += 1
+        self.objects[key] = (data, self.version)
+        if key == layout.PLACEMENT_KEY:
+            self.history[str(self.version)] = data
+        self.sim.stored(key, data)
+        return str(self.version)
+
+    def _put_bytes(self, key: str, data: bytes) -> None:
+        self._set(key, data)
+
+    def _get_bytes(self, key: str) -> bytes:
+        return self._get_versioned(key)[0]
+
+    def _get_versioned(self, key: str) -> tuple[bytes, str]:
+        if key not in self.objects:
+            raise NotFound(key)
+        data, version = self.objects[key]
+        return data, str(version)
+
+    def _put_bytes_if(self, key: str, data: bytes, version: str | None) -> str:
+        current = self.objects.get(key)
+        if (current is None) != (version is None) or current is not None and str(current[1]) != version:
+            raise PreconditionFailed(f"{key}: changed")
+        fault = self.sim.write_fault()
+        if fault == "conflict":
+            raise WriteConflict(f"{key}: another write in flight (409)")
+        written = self._set(key, data)
+        if fault == "lost":
+            raise PreconditionFailed(f"{key}: the answer was lost; the retry met this very write")
+        return written
+
+    def _put_file(self, key: str, path: str, cancel) -> None:
+        with open(path, "rb") as f:
+            self._set(key, f.read())
+
+    def _get_file(self, key: str, path: str) -> None:
+        with open(path, "wb") as f:
+            f.write(self._get_bytes(key))
+
+    def _exists(self, key: str) -> bool:
+        return key in self.objects
+
+    def _stat(self, prefix: str) -> dict[str, ObjectInfo]:
+        when = datetime.fromtimestamp(self.sim.now, tz=UTC)
+        return {k: ObjectInfo(len(v[0]), when) for k, v in self.objects.items() if k.startswith(prefix)}
+
+    def _delete_keys(self, keys: list[str]) -> None:
+        for k in keys:
+            self.objects.pop(k, None)
+            self.sim.stored(k, None)
+
+    def peek(self, key: str) -> bytes | None:
+        """The object without faults or pauses (for the invariants)."""
+        got = self.objects.get(key)
+        return None if got is None else got[0]
+
+
+# -- the groups ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Group:
+    """One placement's group: sizes, machines, launches in flight and failed launches since the last success."""
+
+    index: int
+    cloud: str
+    desired: int = 0
+    machines: list[Machine] = field(default_factory=list)
+    launching: list[float] = field(default_factory=list)  # when each launch in flight completes
+    failures: list[LaunchFailure] = field(default_factory=list)
+    next_try: float = 0.0
+    backoff: float = 60.0
+
+    def __repr__(self) -> str:
+        return f"group-{self.index}(desired={self.desired}, machines={len(self.machines)}, launching={len(self.launching)})"
+
+
+class SimClouds:
+    """The controller's view of the groups (``desired``, ``state``, ``set_size``), as controller.clouds answers."""
+
+    def __init__(self, sim: Sim) -> None:
+        self.sim = sim
+
+    def desired(self, p) -> int:
+        self.sim.cloud_op()
+        return self.sim.groups[p.index].desired
+
+    def state(self, p) -> GroupState:
+        self.sim.cloud_op()
+        g = self.sim.groups[p.index]
+        return GroupState(running=len(g.machines), desired=g.desired, failures=tuple(g.failures))
+
+    def set_size(self, p, n: int) -> None:
+        self.sim.cloud_op()
+        self.sim.size(p.index, n, self.sim.actor_name())
+
+
+# -- the machines --------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Machine:
+    """One machine as its supervisor and trainer behave (module docstring)."""
+
+    name: str
+    group: Group
+    up_at: float
+    alive: bool = True
+    lease: RunLease | None = None
+    ckpt: CheckpointStore | None = None
+    step: int = 0
+    last_commit: float = 0.0
+    training: bool = False
+    noticed: bool = False
+    booted: bool = False
+    gone_at: float | None = None
+    idle_s: float = 0.0  # up without training, this stretch
+
+    def __repr__(self) -> str:
+        held = f", lease {self.lease.epoch}" if self.lease is not None else ""
+        return f"{self.name}({'training' if self.training else 'up' if self.alive else 'gone'}{held}, step {self.step})"
+
+
+@dataclass
+class Actor:
+    """Whoever runs now: a tick, ``ops move``, a machine, a group; a slow one pauses at its ``pause_at``-th store op."""
+
+    name: str
+    pause_at: int | None = None
+    pause_s: float = 0.0
+    ops: int = 0
+
+
+# -- the world -----------------------------------------------------------------------------------
+
+
+class Sim:
+    """One schedule: the world drawn from ``seed``, run to its end with the invariants checked after every event."""
+
+    def __init__(self, seed: int, *, plant: str | None = None, trace: bool = False) -> None:
+        self.seed, self.plant, self.trace = seed, plant, trace
+        r = self.rng = random.Random(seed)
+        self.now = START
+        self.heap: list[tuple[float, int, Callable, tuple]] = []
+        self.seq = 0
+        self.depth = 0
+        self.quiet = False  # the invariants' own reads: no faults, no pauses
+        self._record, self._deadline, self._marker = records.Record(), None, None  # as stored last
+        self.said_at: float | None = None
+        self.actors: list[Actor] = []
+        self.store = SimStore(self)
+        self.nplacements = r.choice((2, 2, 3, 3))
+        self.nodes = r.choice((1, 1, 2, 3))
+        self.wait_minutes = r.choice((2, 3, 5, 10))
+        self.cap_s = r.choice((90, 120, 150, 180)) * 60
+        self.target_steps = STEPS_PER_MIN * r.randint(20, 200)
+        self.commit_every = r.choice((3, 5, 10)) * 60.0
+        self.p503 = r.choice((0.0, 0.002, 0.01, 0.03))
+        self.pwrite = r.choice((0.0, 0.01, 0.05))
+        self.pcloud = r.choice((0.0, 0.005, 0.02))
+        self.pslow = r.choice((0.0, 0.05, 0.2, 0.5))
+        self.retries = r.random() < 0.5
+        self.clouds = [r.choice(("aws", "gcp")) for _ in range(self.nplacements)]
+        self.config: Config = parse({
+            "run_uri": self.store.uri, "nodes": self.nodes, "wait_minutes": self.wait_minutes,
+            "max_runtime_s": self.cap_s, "placements": [
+                {"cloud": "aws", "region": f"region-{i}", "project": None, "group": f"group-{i}"}
+                for i in range(self.nplacements)]})
+        self.groups = [Group(i, self.clouds[i]) for i in range(self.nplacements)]
+        self.groups[0].desired = self.nodes  # the stack starts home's group at nodes, the others at 0
+        self.sim_clouds = SimClouds(self)
+        # Capacity: each placement's outages (start, end, kind); "other" ones stay short (a bad image fixed).
+        self.outages: list[list[tuple[float, float, str]]] = []
+        for _ in range(self.nplacements):
+            spans, t = [], START + r.uniform(-600, 1800)
+            while t < START + self.cap_s + 3600:
+                kind = r.choice(("capacity", "capacity", "quota", "price", "other"))
+                length = r.uniform(60, (self.wait_minutes * 60 - 30) if kind == "other" else 5400)
+                spans.append((t, t + length, kind))
+                t += length + r.uniform(300, 5400)
+            self.outages.append(spans)
+        self.cap_at = START + self.cap_s  # the groups' scheduled action, counted from the deployment
+        self.machines: list[Machine] = []
+        self.count = 0
+        # What the invariants remember.
+        self.max_committed: int | None = None
+        self.ended_at: float | None = None
+        self.stop_at: float | None = None
+        self.last_training: float = START
+        self.training_since: float | None = None
+        self.last_operator_move: float = START
+        self.trained_at: list[float] = []
+        self.ticks_after_end = 0
+        self.moves_seen = 0
+        self.sizes: list[tuple[float, int, int, str]] = []
+        self.events = 0
+        self.idle_s = 0.0
+        self.ticks = 0
+        self.tick_failures = 0
+        self.end = START + self.cap_s + 40 * 60
+
+    # -- the event loop ------------------------------------------------------------------------
+
+    def at(self, t: float, fn: Callable, *args) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, fn, args))
+
+    def run_until(self, until: float) -> None:
+        while self.heap and self.heap[0][0] <= until:
+            t, _, fn, args = heapq.heappop(self.heap)
+            self.now = max(self.now, t)
+            if self.trace:
+                print(f"{self.now - START:9.1f} {'  ' * self.depth}{fn.__name__}{args}")
+            fn(*args)
+            self.events += 1
+            self.check()
+        self.now = max(self.now, until)
+
+    @contextlib.contextmanager
+    def acting(self, actor: Actor) -> Iterator[Actor]:
+        self.actors.append(actor)
+        try:
+            yield actor
+        finally:
+            self.actors.pop()
+
+    def actor_name(self) -> str:
+        return self.actors[-1].name if self.actors else "world"
+
+    def store_op(self, op: str, key: str) -> None:
+        if self.quiet:
+            return
+        actor = self.actors[-1] if self.actors else None
+        if actor is not None:
+            actor.ops += 1
+            if actor.pause_at == actor.ops and self.depth < 2:
+                self.depth += 1
+                try:
+                    self.run_until(self.now + actor.pause_s)  # the rest of the world goes on meanwhile
+                finally:
+                    self.depth -= 1
+        if self.p503 and self.rng.random() < self.p503:
+            raise Unavailable(f"503 on {op} {key}")
+
+    def write_fault(self) -> str | None:
+        x = self.rng.random()
+        if x < self.pwrite:
+            return "conflict"
+        if x < 2 * self.pwrite:
+            return "lost"
+        return None
+
+    def cloud_op(self) -> None:
+        if self.pcloud and self.rng.random() < self.pcloud:
+            raise CloudError("the group's API failed after its retries (throttled)")
+
+    def stored(self, key: str, data: bytes | None) -> None:
+        if key == layout.PLACEMENT_KEY:
+            self._record = records.Record() if data is None else records.Record.parse(data)
+            return
+        if key == layout.PLACEMENT_EVENTS_KEY and data is not None:
+            self.said_at = self.now  # a `waiting` or `moved` event appended
+            return
+        if key == layout.DEADLINE_KEY:
+            digits = "".join(c for c in (data or b"").decode() if c.isdigit())
+            self._deadline = float(digits) if digits else None
+            return
+        if key in layout.END_MARKERS:
+            self._marker = key if data is not None else None
+            return
+        found = layout.checkpoint_key_step(key) if key.startswith(layout.CHECKPOINTS_PREFIX) else None
+        if found is None or found[1] != layout.COMMITTED:
+            return
+        step = found[0]
+        if data is None:
+            self.store.committed.discard(step)
+            return
+        if self.max_committed is not None and step < self.max_committed:
+            self.fail(2, f"checkpoint {step} committed below the newest committed step {self.max_committed}")
+        self.store.committed.add(step)
+        self.max_committed = max(self.store.committed)
+
+    def size(self, index: int, n: int, who: str) -> None:
+        g = self.groups[index]
+        if n > 0:
+            if self.ended_at is not None:
+                self.fail(3, f"{who} sized group {index} to {n} after the run ended")
+            if self.now >= self.cap_time():
+                self.fail(5, f"{who} sized group {index} to {n} after the cap ({self.cap_time() - START:.0f})")
+        elif who.startswith("tick") and self.ended_at is None and self.store.peek(layout.STOP_KEY) is None:
+            rec = self.record()
+            if rec.active == index and self.now < self.deadline_or_cap() and not self.any_marker():
+                self.fail(3, f"{who} zeroed group {index}, the active placement of the current record")
+        self.sizes.append((self.now, index, n, who))
+        if self.trace:
+            print(f"{self.now - START:9.1f} {'  ' * self.depth}  {who}: group {index} -> {n}")
+        g.desired = n
+        self.reconcile(g)
+
+    # -- time, record, markers -----------------------------------------------------------------
+
+    def deadline(self) -> float | None:
+        return self._deadline
+
+    def cap_time(self) -> float:
+        d = self.deadline()
+        return self.cap_at if d is None else min(self.cap_at, d)
+
+    def deadline_or_cap(self) -> float:
+        d = self.deadline()
+        return self.cap_at if d is None else d
+
+    def record(self) -> records.Record:
+        return self._record
+
+    def any_marker(self) -> str | None:
+        return self._marker
+
+    def capacity(self, index: int, t: float) -> str | None:
+        """The kind of outage placement ``index`` has at ``t``; None when it can launch."""
+        return next((kind for a, b, kind in self.outages[index] if a <= t < b), None)
+
+    def clear_between(self, index: int, a: float, b: float) -> bool:
+        return not any(x < b and a < y for x, y, _ in self.outages[index])
+
+    # -- groups ---------------------------------------------------------------------------------
+
+    def reconcile(self, g: Group) -> None:
+        """Terminate the newest machines of a group above desired; launches wait for the group's own step."""
+        while len(g.machines) + len(g.launching) > g.desired:
+            if g.launching:
+                g.launching.pop()
+            else:
+                self.terminate(g.machines[-1], "scale-in")
+
+    def group_step(self, g: Group) -> None:
+        with self.acting(Actor(f"group-{g.index}")):
+            for done in [t for t in g.launching if t <= self.now]:
+                g.launching.remove(done)
+                self.count += 1
+                m = Machine(f"m{self.count}-p{g.index}", g, up_at=self.now)
+                g.machines.append(m)
+                self.machines.append(m)
+                g.failures.clear()  # a success: the failures since the last one are gone
+                g.backoff = 60.0
+                self.at(self.now + self.rng.uniform(30, 120), self.boot, m)
+                self.plan_preemption(m)
+            self.reconcile(g)
+            if len(g.machines) + len(g.launching) < g.desired and self.now >= g.next_try:
+                kind = self.capacity(g.index, self.now)
+                if kind is None:
+                    for _ in range(g.desired - len(g.machines) - len(g.launching)):
+                        g.launching.append(self.now + self.rng.uniform(60, 240))
+                else:
+                    g.failures.append(LaunchFailure(self.now, FAILURE_WORDS[kind]))
+                    g.next_try = self.now + g.backoff
+                    g.backoff = min(300.0, g.backoff * 2)
+        self.at(self.now + 30, self.group_step, g)
+
+    def cap_action(self) -> None:
+        for g in self.groups:
+            g.desired = 0
+            self.reconcile(g)
+
+    # -- machines -------------------------------------------------------------------------------
+
+    def plan_preemption(self, m: Machine) -> None:
+        r = self.rng
+        when = self.now + r.expovariate(1 / 3600)
+        self.at(when, self.spot_notice if r.random() < 0.7 else self.hard_kill, m)
+
+    def boot(self, m: Machine) -> None:
+        """The supervisor's first steps: the run's deadline (written at the first boot), then its loop."""
+        if not m.alive:
+            return
+        m.booted = True
+        with self.acting(Actor(m.name)), contextlib.suppress(Unavailable):
+            if not self.store.exists(layout.DEADLINE_KEY):
+                self.store.put_bytes(layout.DEADLINE_KEY, f"{int(self.now) + self.cap_s}\n".encode())
+        self.at(self.now + 1, self.machine_step, m)
+
+    def machine_step(self, m: Machine) -> None:
+        if not m.alive:
+            return
+        with self.acting(Actor(m.name)):
+            try:
+                self._machine_step(m)
+            except Unavailable:
+                self.stop_training(m, release=True)  # a trainer that met a dead store exits; its supervisor starts another
+        if m.alive:
+            self.at(self.now + 60, self.machine_step, m)
+
+    def _machine_step(self, m: Machine) -> None:
+        if any(self.store.exists(name) for name in layout.END_MARKERS):
+            self.finish_machine(m, None)
+            return
+        deadline = self.deadline()
+        if deadline is not None and self.now >= deadline:
+            self.finish_machine(m, layout.TIMED_OUT)
+            return
+        g = m.group
+        peers = [x for x in g.machines if x.alive and x.booted]
+        if peers[0] is not m:
+            return  # not the chief: it trains while the chief does
+        if len(peers) < self.nodes:
+            if m.training:
+                self.stop_training(m, release=True)  # a peer lost: the trainer exits, the supervisor waits
+            return
+        if m.lease is None:
+            lease = RunLease(self.store, holder=f"{m.name}/1", wait_s=0, clock=lambda: self.now,
+                             monotonic=lambda: self.now, sleep=lambda s: None)
+            try:
+                lease.acquire()
+            except (LeaseHeld, PreconditionFailed):
+                return
+            m.lease, m.ckpt = lease, CheckpointStore(self.store, keep=3, lease=lease, upload_workers=1)
+            newest = max(m.ckpt.committed_steps(), default=0)
+            if newest != (self.max_committed or 0):
+                self.fail(2, f"{m.name} resumed from step {newest}, not the newest committed {self.max_committed}")
+            m.step, m.last_commit = newest, self.now
+            self.store.append_line(layout.EVENTS_KEY, json.dumps(
+                {layout.EVENT: layout.STARTED, layout.TIME: iso(self.now), layout.ATTEMPT: 1}))
+            self.at(self.now + m.lease.ttl_s / 4, self.renew, m, m.lease)
+            self.set_training(m, True)
+            return
+        try:
+            m.lease.check()
+        except LeaseLost:
+            self.stop_training(m)
+            return
+        self.set_training(m, True)
+        m.step += STEPS_PER_MIN
+        self.store.put_bytes(layout.PROGRESS_KEY, json.dumps({"step": m.step, "updated": iso(self.now)}).encode())
+        if self.store.exists(layout.STOP_KEY):
+            if self.commit(m):
+                self.store.put_bytes(layout.CANCELLED, json.dumps({"step": m.step}).encode())
+                self.finish_machine(m, None)
+            return
+        if m.step >= self.target_steps:
+            if self.commit(m):
+                self.store.put_bytes(layout.COMPLETE, json.dumps({"step": m.step}).encode())
+                self.finish_machine(m, None)
+            return
+        if self.now - m.last_commit >= self.commit_every:
+            self.commit(m)
+
+    def commit(self, m: Machine) -> bool:
+        try:
+            m.ckpt.commit(m.step, CKPT_DIR)
+        except LeaseLost:
+            self.stop_training(m)
+            return False
+        except (CheckpointError, Unavailable, PreconditionFailed, LeaseBusy):
+            return False  # not committed; the trainer tries again at its next checkpoint
+        m.last_commit = self.now
+        return True
+
+    def renew(self, m: Machine, lease: RunLease) -> None:
+        if not m.alive or m.lease is not lease:
+            return
+        with self.acting(Actor(m.name)):
+            try:
+                lease.renew()
+            except LeaseLost:
+                self.stop_training(m)
+                return
+            except (Unavailable, LeaseBusy):
+                pass  # the renew loop tries again next round
+        self.at(self.now + lease.ttl_s / 4, self.renew, m, lease)
+
+    def set_training(self, m: Machine, on: bool) -> None:
+        m.training = on
+        if on and self.training_since is None:
+            self.training_since = self.now
+
+    def stop_training(self, m: Machine, *, release: bool = False) -> None:
+        """The trainer exits: its lease goes with it (released when it can say so, else left to expire)."""
+        if m.training:
+            self.last_training = self.now
+        m.training = False
+        if release and m.lease is not None:
+            with contextlib.suppress(Unavailable):
+                m.lease.release()
+        m.lease, m.ckpt = None, None
+        if not any(x.training for x in self.machines):
+            self.training_since = None
+
+    def spot_notice(self, m: Machine) -> None:
+        if not m.alive or m.noticed:
+            return
+        m.noticed = True
+        with self.acting(Actor(m.name)):
+            if m.training and m.lease is not None:
+                with contextlib.suppress(Unavailable):
+                    self.commit(m)
+                self.stop_training(m, release=True)
+            else:
+                self.stop_training(m)
+        self.at(self.now + NOTICE_S[m.group.cloud], self.terminate, m, "spot")
+
+    def hard_kill(self, m: Machine) -> None:
+        if m.alive:
+            self.terminate(m, "hard kill")
+
+    def terminate(self, m: Machine, why: str) -> None:
+        if not m.alive:
+            return
+        if m.training:
+            self.last_training = self.now
+        m.alive, m.training, m.gone_at = False, False, self.now
+        if m in m.group.machines:
+            m.group.machines.remove(m)
+        if not any(x.training for x in self.machines):
+            self.training_since = None
+
+    def finish_machine(self, m: Machine, outcome: str | None) -> None:
+        """finish.sh: the marker (FAILED / TIMED_OUT, unless one is there), the group to zero, shut down."""
+        if outcome is not None and not self.any_marker():
+            with contextlib.suppress(Unavailable):
+                self.store.put_bytes(outcome, json.dumps({"outcome": outcome, "reason": "the run's deadline passed",
+                                                          "instance": m.name}).encode())
+        self.size(m.group.index, 0, f"finish {m.name}")
+        self.terminate(m, "finish")
+
+    # -- the controller and the operator -------------------------------------------------------
+
+    def scheduled_tick(self, attempt: int = 0) -> None:
+        slow = self.rng.random() < self.pslow
+        actor = Actor(f"tick@{self.now - START:.0f}", pause_at=self.rng.randint(1, 14) if slow else None,
+                      pause_s=self.rng.uniform(20, 150))
+        started = self.now
+        with self.acting(actor):
+            try:
+                result = ticks.tick(self.config, self.sim_clouds, self.now, store=self.store, clock=lambda: self.now)
+                if self.trace:
+                    print(f"{self.now - START:9.1f} {'  ' * self.depth}  -> {result.action}: {result.reason} "
+                          f"{result.resized or ''}{' waiting: ' + result.waiting if result.waiting else ''}")
+            except (Unavailable, CloudError, PreconditionFailed):
+                self.tick_failures += 1
+                if self.retries and attempt < 2:
+                    self.at(self.now + 60 * (attempt + 1), self.scheduled_tick, attempt + 1)
+                return
+            finally:
+                self.ticks += 1
+        if self.ended_at is not None and started > self.ended_at:
+            self.ticks_after_end += 1
+
+    def next_tick(self) -> None:
+        self.scheduled_tick()
+        self.at(self.now - (self.now - START) % TICK_S + TICK_S + self.rng.uniform(0, 5), self.next_tick)
+
+    def operator_move(self) -> None:
+        to = self.config.placements[self.rng.randrange(self.nplacements)]
+        actor = Actor("ops move", pause_at=self.rng.randint(1, 10) if self.rng.random() < self.pslow else None,
+                      pause_s=self.rng.uniform(5, 90))
+        with self.acting(actor):
+            try:
+                ticks.move(self.config, self.sim_clouds, to, "asked by sim (ops move)", store=self.store, wait_s=0,
+                           clock=lambda: self.now, sleep=lambda s: None)
+            except (ticks.MoveError, PreconditionFailed, Unavailable, CloudError):
+                return
+        self.last_operator_move = self.now
+
+    def outside_zero(self) -> None:
+        """The active group put to 0 from outside the controller: by hand in the console, or by a machine's
+        finish path whose end marker could not be written (finish.sh scales the group down all the same)."""
+        self.size(self.record().active, 0, "console")
+
+    def operator_stop(self) -> None:
+        with self.acting(Actor("ops stop")), contextlib.suppress(Unavailable):
+            if self.any_marker() is None:
+                self.store.put_bytes(layout.STOP_KEY, json.dumps({"reason": "asked by sim (ops stop)"}).encode())
+                self.stop_at = self.now if self.stop_at is None else self.stop_at
+
+    # -- invariants -----------------------------------------------------------------------------
+
+    def fail(self, number: int, what: str) -> None:
+        raise Violation(f"seed {self.seed}: invariant {number} at t={self.now - START:.0f} s: {what}")
+
+    def liveness_bound(self) -> float:
+        """No training for longer than this, while some placement can launch, is a run waiting in vain:
+        each other placement's wait and its failed-placement pause, the old lease, a launch, a boot,
+        the nodes' joining and three ticks (slow ones included)."""
+        return (self.nplacements * (2 * self.config.wait_s + 3 * TICK_S) + DEFAULT_TTL_S + CLOCK_SKEW_S
+                + 2 * 300 + 240 + 120 + 3 * TICK_S + 2 * 150)
+
+    def idle_bound(self) -> float:
+        """A machine up this long without training is billed for nothing: a boot, the wait for a move
+        (or the lease of the machine before), a peer's launch, ticks."""
+        return 120 + self.config.wait_s + 2 * 300 + 240 + DEFAULT_TTL_S + CLOCK_SKEW_S + 4 * TICK_S + 2 * 150
+
+    def check(self) -> None:
+        valid = [m for m in self.machines if m.alive and m.training and m.lease is not None and m.lease.lost is None
+                 and self.now < m.lease._valid_until]  # noqa: SLF001 - the lease's own notion of "may write"
+        if len(valid) > 1:
+            self.fail(1, f"{', '.join(m.name for m in valid)} all train with a valid lease")
+        marker = self.any_marker()
+        if marker and self.ended_at is None:
+            self.ended_at = self.now
+        if self.ended_at is not None and self.ticks_after_end >= 2:
+            up = [g.index for g in self.groups if g.desired > 0]
+            if up:
+                self.fail(3, f"groups {up} still up two ticks after the run ended ({marker})")
+        if self.now > self.cap_time() and any(g.desired > 0 for g in self.groups):
+            self.fail(5, f"a group is above 0 after the cap: {[g.desired for g in self.groups]}")
+        if any(m.training for m in self.machines if m.alive):
+            self.last_training = self.now
+            if not self.trained_at or self.trained_at[-1] < self.now:
+                self.trained_at.append(self.now)
+        self.check_liveness()
+        self.check_moves()
+
+    def check_liveness(self) -> None:
+        if self.ended_at is not None or self.stop_at is not None or self.training_since is not None:
+            return
+        since = max(self.last_training, self.last_operator_move)
+        if self.now >= self.deadline_or_cap() - LAUNCH_MARGIN_S or self.now - since <= self.liveness_bound():
+            return
+        if not any(self.clear_between(i, since, self.now) for i in range(self.nplacements)):
+            # Nowhere to go: the run may wait, but not in silence (a `waiting` or `moved` event in the window).
+            said = self.said_at
+            if said is None or said < self.now - self.liveness_bound():
+                self.fail(4, f"no machine has trained for {(self.now - since) / 60:.0f} min, no placement could "
+                             "launch, and the controller said nothing (no waiting or moved event)")
+            return
+        self.fail(4, f"no machine has trained for {(self.now - since) / 60:.0f} min (bound "
+                     f"{self.liveness_bound() / 60:.0f}) while placement(s) "
+                     f"{[i for i in range(self.nplacements) if self.clear_between(i, since, self.now)]} "
+                     f"could launch; groups {[g.desired for g in self.groups]}, record active "
+                     f"{self.record().active}")
+
+    def check_moves(self) -> None:
+        rec = self.record()
+        if len(rec.moves) == self.moves_seen:
+            return
+        for m in rec.moves[self.moves_seen:]:
+            if not str(m.get("reason", "")).startswith("asked"):
+                t = records.epoch_of(m.get("time")) or self.now
+                # A machine's last heartbeat (progress.json, each minute) may precede its last minute of training.
+                i = bisect.bisect_right(self.trained_at, t - self.config.wait_s + TICK_S + 1)
+                if i < len(self.trained_at) and self.trained_at[i] <= t:
+                    self.fail(6, f"move {m['from']} -> {m['to']} at {t - START:.0f} s came less than wait_minutes "
+                                 f"after a machine trained (at {self.trained_at[i] - START:.0f} s)")
+                prev = [records.epoch_of(x.get("time")) for x in rec.moves[: rec.moves.index(m)]]
+                if prev and prev[-1] is not None and t - prev[-1] < self.config.wait_s - 1:
+                    self.fail(6, f"move {m} came {(t - prev[-1]):.0f} s after the move before it")
+        self.moves_seen = len(rec.moves)
+
+    def finish(self) -> dict:
+        """The end-of-schedule checks and the schedule's figures."""
+        rec = self.record()
+        self.quiet = True
+        events, _ = records.read_events(self.store)
+        moved = [e for e in events if e.get(layout.EVENT) == layout.MOVED]
+        numbers = [e["move"] for e in moved]
+        if len(numbers) != len(set(numbers)):
+            self.fail(6, f"a move has two moved events: {numbers}")
+        for e in moved:
+            m = rec.moves[e["move"] - 1] if 0 < e["move"] <= len(rec.moves) else None
+            if m is None or (m["from"], m["to"]) != (e["from"], e["to"]):
+                self.fail(6, f"moved event {e} matches no move of the record")
+        done = [i + 1 for i, m in enumerate(rec.moves) if m.get("done")]
+        if sorted(set(done) - set(numbers)):
+            self.fail(6, f"moves {sorted(set(done) - set(numbers))} are done without their moved event")
+        if self.now >= self.deadline_or_cap() + 3 * TICK_S and self.any_marker() is None:
+            self.fail(5, "the run is past its deadline and has no end marker")
+        idle = self.idle_s
+        return {"seed": self.seed, "ended": self.any_marker(), "moves": len(rec.moves), "machines": self.count,
+                "idle_machine_min": round(idle / 60, 1), "ticks": self.ticks, "tick_failures": self.tick_failures,
+                "events": self.events, "nodes": self.nodes, "placements": self.nplacements}
+
+    # -- one schedule ---------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        r = self.rng
+        self.at(START + r.uniform(0, 60), self.next_tick)
+        for g in self.groups:
+            self.at(START + r.uniform(0, 30), self.group_step, g)
+        self.at(self.cap_at, self.cap_action)
+        for _ in range(r.choice((0, 0, 1, 2, 4))):
+            self.at(START + r.uniform(0, self.cap_s), self.operator_move)
+        if r.random() < 0.15:
+            self.at(START + r.uniform(0, self.cap_s), self.operator_stop)
+        for _ in range(r.choice((0, 0, 1, 2))):
+            self.at(START + r.uniform(0, self.cap_s), self.outside_zero)
+        for i, spans in enumerate(self.outages):
+            for a, _b, _k in spans:
+                self.at(a, self.outage_starts, i)
+        self.at(START, self.idle_meter)
+        with planted(self.plant):
+            self.run_until(self.end)
+        return self.finish()
+
+    def outage_starts(self, index: int) -> None:
+        """Spot capacity gone: about half the placement's machines get their notice now."""
+        for m in list(self.groups[index].machines):
+            if self.rng.random() < 0.5:
+                self.at(self.now, self.spot_notice, m)
+
+    def idle_meter(self) -> None:
+        """Each 30 s, every machine up and not training (a non-chief trains while its chief does) is billed idle."""
+        trains = {m.group.index for m in self.machines if m.alive and m.training}
+        for m in self.machines:
+            if not m.alive:
+                continue
+            if m.group.index in trains:
+                m.idle_s = 0.0
+                continue
+            m.idle_s += 30
+            self.idle_s += 30
+            if m.idle_s > self.idle_bound():
+                self.fail(7, f"{m.name} has been up {m.idle_s / 60:.0f} min without training (bound "
+                             f"{self.idle_bound() / 60:.0f}); groups {[g.desired for g in self.groups]}, record "
+                             f"active {self.record().active}")
+        self.at(self.now + 30, self.idle_meter)
+
+
+_CKPT = tempfile.mkdtemp(prefix="trainstack-sim-")
+CKPT_DIR = os.path.join(_CKPT, "ckpt")
+os.makedirs(CKPT_DIR, exist_ok=True)
+with open(os.path.join(CKPT_DIR, "weights.bin"), "wb") as _f:
+    _f.write(b"w" * 64)
+
+
+@contextlib.contextmanager
+def planted(plant: str | None) -> Iterator[None]:
+    """Put one fix back (:data:`PLANTS`), to show the invariants catch it."""
+    if plant is None:
+        yield
+        return
+    if plant not in PLANTS:
+        raise ValueError(f"unknown plant {plant!r}; expected one of {', '.join(PLANTS)}")
+    saved = (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
+             RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize,
+             records.note_waiting)
+    try:
+        if plant == "stale":  # size from the record the tick read first, whatever happened since
+            ticks.current_record = _stale_record
+        elif plant == "order":
+            ticks.current_record = _record_then_markers
+        elif plant == "liveness":  # a group found below nodes stays there
+            ticks.decide = lambda *a, **k: _without_size(saved[1](*a, **k))
+        elif plant == "cap":  # the controller knows no deadline
+            ticks.read_deadline = lambda store: None
+            ticks.ensure_deadline = lambda config, store, run, now: run
+        elif plant == "others":  # the controller puts no group to zero but at the run's end
+            ticks._zero = lambda clouds, placements, done: (
+                saved[4](clouds, placements, done) if len(placements) == len(sim_config_placements(clouds)) else None)
+            ticks._resize = lambda clouds, p, n, done: None if n == 0 else saved[8](clouds, p, n, done)
+        elif plant == "restart":  # the newest committed checkpoint is not offered
+            CheckpointStore.committed_steps = lambda self: saved[6](self)[:-1]
+        elif plant == "twice":  # a moved event appended whether or not it is there
+            def twice(store, event, *, tries=8):
+                events, version = records.read_events(store)
+                body = "".join(json.dumps(e) + "\n" for e in [*events, event]).encode()
+                store.put_bytes_if(layout.PLACEMENT_EVENTS_KEY, body, version=version)
+                return True
+            records.append_moved_once = twice
+        yield
+    finally:
+        (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
+         RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize,
+         records.note_waiting) = saved
+
+
+def sim_config_placements(clouds: SimClouds) -> tuple:
+    return clouds.sim.config.placements
+
+
+def _stale_record(store: SimStore, version: str | None) -> records.Record | None:
+    """The record as it was at ``version``, the one the tick read first (the store keeps each)."""
+    if any(store.exists(name) for name in layout.END_MARKERS):
+        return None
+    return records.Record() if version is None else records.Record.parse(store.history[version])
+
+
+def _record_then_markers(store: SimStore, version: str | None) -> records.Record | None:
+    """``current_record`` reading the record before the end markers (a pause between makes it stale)."""
+    current, current_version = records.read(store)
+    if current_version != version or any(store.exists(name) for name in layout.END_MARKERS):
+        return None
+    return current
+
+
+def _without_size(d: decides.Decision) -> decides.Decision:
+    return decides.Decision(d.action, d.reason, d.to, None)
+
+
+def run_one(seed: int, *, plant: str | None = None, trace: bool = False) -> dict:
+    """Run schedule ``seed``; raises :class:`Violation` (naming the seed) when an invariant fails."""
+    return Sim(seed, plant=plant, trace=trace).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.controller.sim", description=__doc__.splitlines()[0])
+    p.add_argument("--schedules", type=int, default=2000, help="how many schedules (seeds start.. start+N-1)")
+    p.add_argument("--start", type=int, default=0, help="the first seed")
+    p.add_argument("--seed", type=int, help="replay this one schedule")
+    p.add_argument("--trace", action="store_true", help="print every event (with --seed)")
+    p.add_argument("--plant", choices=PLANTS, help="put this fix back")
+    p.add_argument("--every", type=int, default=0, help="print the figures so far every N schedules")
+    args = p.parse_args(argv)
+    seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.schedules)
+    t0 = time.process_time()
+    failed, idle, moves, ended = [], 0.0, 0, {}
+    for seed in seeds:
+        try:
+            out = run_one(seed, plant=args.plant, trace=args.trace)
+        except Violation as e:
+            print(f"FAIL {e}  (replay: python -m tests.controller.sim --seed {seed} --trace"
+                  f"{' --plant ' + args.plant if args.plant else ''})", flush=True)
+            failed.append(seed)
+            continue
+        idle += out["idle_machine_min"]
+        moves += out["moves"]
+        ended[out["ended"]] = ended.get(out["ended"], 0) + 1
+        done = seed - seeds[0] + 1
+        if args.every and done % args.every == 0:
+            cpu = time.process_time() - t0
+            print(f"{done} schedules in {cpu:.0f} CPU-s ({done / cpu:.1f}/s), {len(failed)} failed", flush=True)
+        if args.seed is not None:
+            print(json.dumps(out))
+    cpu = time.process_time() - t0
+    n = len(seeds)
+    print(f"{n} schedules in {cpu:.1f} CPU-s ({n / cpu:.0f}/s): {n - len(failed)} hold every invariant; "
+          f"{moves} moves; ends {ended}; {idle / 60:.1f} idle machine-hours")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

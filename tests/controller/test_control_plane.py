@@ -1,0 +1,215 @@
+"""The controller when events do not come one at a time: a move inside a tick, an active group found
+below ``nodes``, the run's deadline. A run folder on disk (file://) and groups in memory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controller import record as records
+from controller.config import parse
+from controller.decide import LAUNCH_MARGIN_S, STAY, TIME_UP, GroupState
+from controller.tick import MoveError, move, read_run, tick
+from runfolder import layout
+from runfolder.storage import open_store
+from tests.controller.helpers import FakeGroups, trained
+
+NOW = 1_800_000_000.0
+
+
+def _config(run_uri: str, *, nodes: int = 1, max_runtime_s: int | None = None):
+    return parse({"run_uri": run_uri, "nodes": nodes, "wait_minutes": 15, "max_runtime_s": max_runtime_s,
+                  "placements": [{"cloud": "aws", "region": f"r-{i}", "group": f"g{i}"} for i in range(3)]})
+
+
+def _groups(config, sizes):
+    return FakeGroups({p.group: n for p, n in zip(config.placements, sizes, strict=True)},
+                      state=lambda p: GroupState(running=0, desired=None))
+
+
+class MoveInside:
+    """A store that lets ``ops move`` run to its end right after the tick's first read of placement.json."""
+
+    def __init__(self, store, during) -> None:
+        self._store, self._during, self.moved = store, during, False
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def get_versioned(self, key):
+        got = self._store.get_versioned(key)
+        if key == layout.PLACEMENT_KEY and not self.moved:
+            self.moved = True
+            self._during()
+        return got
+
+
+def test_a_tick_that_read_the_record_before_a_move_does_not_zero_the_placement_moved_to(tmp_path):
+    config = _config(f"file://{tmp_path}")
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=NOW - 60)  # a released lease: the move completes at once
+    records.write(store, records.Record(active=0, since=records.iso(NOW - 600)), None)
+    groups = _groups(config, [1, 0, 0])
+    inside = MoveInside(store, lambda: move(config, groups, config.placements[1], "asked: ops move", store=store,
+                                            clock=lambda: NOW))
+
+    result = tick(config, groups, NOW, store=inside)
+
+    assert inside.moved and records.read(store)[0].active == 1
+    assert groups.sizes == {"g0": 0, "g1": 1, "g2": 0}, result  # with the stale record it zeroed g1
+    assert result.action == STAY and "changed" in result.reason
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3])
+def test_an_active_group_found_below_nodes_is_sized_back(tmp_path, nodes):
+    config = _config(f"file://{tmp_path}", nodes=nodes)
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=NOW - 60)
+    groups = FakeGroups({"g0": nodes - 1, "g1": 0, "g2": 0},
+                        state=lambda p: GroupState(running=0, desired=groups.sizes[p.group]))
+
+    result = tick(config, groups, NOW, store=store)
+
+    assert groups.sizes == {"g0": nodes, "g1": 0, "g2": 0}
+    assert result.action == STAY and f"sized back to {nodes}" in result.reason
+
+
+def test_a_run_asked_to_stop_is_not_sized_back(tmp_path):
+    config = _config(f"file://{tmp_path}", nodes=2)
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=NOW - 60)
+    store.put_bytes(layout.STOP_KEY, b'{"reason": "asked"}')
+    groups = FakeGroups({"g0": 0, "g1": 0, "g2": 0}, state=lambda p: GroupState(running=0, desired=0))
+
+    tick(config, groups, NOW, store=store)
+
+    assert groups.calls == []
+
+
+def test_the_first_tick_writes_the_deadline_the_machines_read(tmp_path):
+    config = _config(f"file://{tmp_path}", max_runtime_s=7200)
+    store = open_store(config.run_uri)
+    groups = _groups(config, [1, 0, 0])
+
+    tick(config, groups, NOW, store=store)
+    store.put_bytes(layout.DEADLINE_KEY, b"1\n")  # a later write (a machine's) is the run's, not overwritten
+    tick(config, groups, NOW + 60, store=store)
+
+    assert store.get_bytes(layout.DEADLINE_KEY) == b"1\n"
+    fresh = open_store(f"file://{tmp_path}/other")
+    tick(_config(fresh.uri, max_runtime_s=7200), groups, NOW, store=fresh)
+    assert fresh.get_bytes(layout.DEADLINE_KEY) == f"{int(NOW) + 7200}\n".encode()  # as supervise.sh writes it
+
+
+def test_past_the_deadline_the_controller_ends_the_run_timed_out(tmp_path):
+    config = _config(f"file://{tmp_path}", nodes=2)
+    store = open_store(config.run_uri)
+    trained(store, step=40, last_beat=NOW - 600)
+    store.append_line(layout.EVENTS_KEY, json.dumps({layout.EVENT: layout.STARTED, layout.TIME: "x", layout.ATTEMPT: 1}))
+    store.put_bytes(layout.DEADLINE_KEY, f"{int(NOW) - 1}\n".encode())
+    groups = _groups(config, [2, 1, 0])
+    with pytest.raises(MoveError, match="deadline .* has passed"):
+        move(config, groups, config.placements[1], "asked", store=store, clock=lambda: NOW)
+
+    result = tick(config, groups, NOW, store=store)
+
+    assert result.action == TIME_UP and "deadline" in result.reason
+    assert groups.sizes == {"g0": 0, "g1": 0, "g2": 0}
+    marker = json.loads(store.get_bytes(layout.TIMED_OUT))
+    # The shape finish.sh writes: outcome, reason, instance, time, step, attempts.
+    assert set(marker) == {"outcome", layout.MARKER_REASON, "instance", layout.TIME, layout.MARKER_STEP,
+                           layout.MARKER_ATTEMPTS}
+    assert (marker["outcome"], marker["instance"], marker["step"], marker["attempts"]) == (
+        layout.TIMED_OUT, "controller", 40, 1)
+    assert "deadline" in marker[layout.MARKER_REASON]
+    assert read_run(store).ended == layout.TIMED_OUT
+    assert not store.exists(layout.PLACEMENT_KEY)  # the refused move recorded nothing
+
+
+def test_no_group_is_sized_up_near_the_deadline(tmp_path):
+    config = _config(f"file://{tmp_path}", nodes=1)
+    store = open_store(config.run_uri)
+    trained(store, step=40, last_beat=NOW - 60)
+    store.put_bytes(layout.DEADLINE_KEY, f"{int(NOW) + LAUNCH_MARGIN_S - 60}\n".encode())
+    groups = FakeGroups({"g0": 0, "g1": 0, "g2": 0}, state=lambda p: GroupState(running=0, desired=0))
+
+    result = tick(config, groups, NOW, store=store)
+
+    assert groups.calls == [] and "no machine is started" in result.reason
+    with pytest.raises(MoveError, match="min away"):
+        move(config, groups, config.placements[1], "asked", store=store, clock=lambda: NOW)
+    assert not store.exists(layout.PLACEMENT_KEY)
+
+
+def test_a_tick_that_ran_past_the_launch_margin_does_not_size_up(tmp_path):
+    config = _config(f"file://{tmp_path}", nodes=1)
+    store = open_store(config.run_uri)
+    trained(store, step=40, last_beat=NOW - 60)
+    store.put_bytes(layout.DEADLINE_KEY, f"{int(NOW) + LAUNCH_MARGIN_S + 30}\n".encode())
+    groups = FakeGroups({"g0": 0, "g1": 0, "g2": 0}, state=lambda p: GroupState(running=0, desired=0))
+
+    tick(config, groups, NOW, store=store, clock=lambda: NOW + 60)  # it started in time and sized a minute on
+
+    assert groups.calls == []
+
+
+def _failing(config, minutes: int):
+    from controller.decide import LaunchFailure
+
+    words = "We currently do not have sufficient g5.xlarge capacity in the Availability Zone you requested."
+    return FakeGroups({p.group: 1 if p.index == 0 else 0 for p in config.placements},
+                      state=lambda p: GroupState(running=0, desired=1,
+                                                 failures=(LaunchFailure(NOW - minutes * 60, words),)))
+
+
+def test_a_run_that_cannot_train_anywhere_says_so_in_ops_status_once(tmp_path):
+    from rich.console import Console
+
+    from ops.status import read_status, render
+
+    config = _config(f"file://{tmp_path}")
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=NOW - 20 * 60)
+    # Placements 1 and 2 failed minutes ago: none may be tried yet, and home cannot launch.
+    records.write(store, records.Record(active=0, failed_at={"1": NOW - 60, "2": NOW - 120}), None)
+    groups = _failing(config, 16)
+
+    first = tick(config, groups, NOW, store=store)
+    tick(config, groups, NOW + 60, store=store)
+
+    assert first.action == STAY and "no other placement may be tried" in first.reason
+    waits = [e for e in records.read_events(store)[0] if e[layout.EVENT] == layout.CONTROLLER_WAITING]
+    assert [w["reason"] for w in waits] == [first.reason]  # once, not each minute
+    st = read_status(config.run_uri, store=store, now=NOW + 90)
+    assert st.waiting == first.reason
+    console = Console(width=300, record=True)
+    console.print(render(st))
+    assert "the run cannot train anywhere now" in console.export_text()
+
+
+def test_a_run_that_trains_again_is_no_longer_said_to_wait(tmp_path):
+    from ops.status import read_status
+
+    config = _config(f"file://{tmp_path}")
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=NOW - 20 * 60)
+    records.write(store, records.Record(active=0, failed_at={"1": NOW - 60, "2": NOW - 120}), None)
+    tick(config, _failing(config, 16), NOW, store=store)
+    trained(store, step=30, last_beat=NOW + 300)
+
+    assert read_status(config.run_uri, store=store, now=NOW + 310).waiting == ""
+
+
+def test_ops_status_says_the_controller_ended_the_run_timed_out(tmp_path):
+    from ops.status import read_status
+
+    config = _config(f"file://{tmp_path}")
+    store = open_store(config.run_uri)
+    trained(store, step=40, last_beat=NOW - 600)
+    store.put_bytes(layout.DEADLINE_KEY, f"{int(NOW) - 1}\n".encode())
+    tick(config, _groups(config, [1, 0, 0]), NOW, store=store)
+
+    st = read_status(config.run_uri, store=store, now=NOW + 60)
+
+    assert st.state == layout.TIMED_OUT and "deadline" in st.detail and st.step == 40
