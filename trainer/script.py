@@ -413,8 +413,8 @@ def _same_file(path: str, other: str) -> bool:
 
 def _relay_stderr(pipe) -> None:
     """The child's stderr to ours, line by line, without TensorFlow's known start-up lines
-    (trainer/__main__.py: TF_NOISE); `--verbose` leaves the child's stderr as it is."""
-    from trainer.__main__ import TF_NOISE
+    (trainer/quiet.py: TF_NOISE); `--verbose` leaves the child's stderr as it is."""
+    from trainer.quiet import TF_NOISE
 
     out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
     for raw in iter(pipe.readline, b""):

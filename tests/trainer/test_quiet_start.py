@@ -18,7 +18,7 @@ import pytest
 
 from runfolder import exits, layout
 from tests.trainer.helpers import REPO
-from trainer.__main__ import TF_NOISE
+from trainer.quiet import TF_NOISE
 
 NOISE_MARKS = ("absl::InitializeLog", "port.cc", "oneDNN", "cpu_feature_guard", "cuda_dnn", "cuda_fft",
                "cuda_blas", "computation_placer")
