@@ -141,6 +141,10 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str, boot_uri: str
         # time left for the trainer to record it.
         env["TRAINSTACK_COMMAND"] = json.dumps(run.command)
         env["TRAINSTACK_STOP_GRACE_S"] = str(max(5, NOTICE_GRACE_S[settings.cloud] - SCRIPT_STOP_MARGIN_S))
+        if run.keras == 2:
+            # The command inherits the trainer's environment: its tf.keras is Keras 2 (tf_keras) on
+            # every machine, one or several.
+            env["TF_USE_LEGACY_KERAS"] = "1"
     if settings.access.jupyter:
         env["TRAINSTACK_JUPYTER"] = "1"
     env.update(price_env(settings))

@@ -187,7 +187,9 @@ def validate(s: Settings) -> None:
     check_extra_args(s)
     usercode.validate(s.run.code, s.run.model, BUILTIN_MODELS, command=s.run.command,
                       own_data=not (s.run.synthetic or s.run.data_uri))
-    if s.run.command is not None and c.nodes > 1:
-        raise ConfigError("run.command", f"runs on one machine only (compute.nodes is {c.nodes}): Keras fit under "
-                          "MultiWorkerMirroredStrategy fails (keras-team/keras#20585); train on several machines "
-                          "with a ModelSpec (run.model, docs/your-model.md)")
+    if s.run.command is not None and c.nodes > 1 and s.run.keras != 2:
+        default = "" if "keras" in s.run.model_fields_set else " (the default)"
+        raise ConfigError("run.keras", f"{s.run.keras}{default}: run.command on compute.nodes {c.nodes} needs run.keras: 2 "
+                          "(Keras 3's fit fails under MultiWorkerMirroredStrategy, keras-team/keras#20585); set "
+                          "run.keras: 2 with a script on tf.keras (docs/your-fit-script.md), or train with a "
+                          "ModelSpec (run.model, docs/your-model.md)")

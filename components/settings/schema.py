@@ -78,6 +78,10 @@ class RunSettings(_Block):
     command: list[str] | None = Field(None, description="Script mode: your own command (e.g. [python, train.py, "
                                       "--epochs, '5']) run in the run.code folder instead of the trainer's loop; "
                                       "see docs/your-fit-script.md.")
+    keras: int = Field(3, description="Script mode: the Keras your script's tf.keras is. 3 (the "
+                                 "default): TensorFlow's own. 2: tf_keras, with TF_USE_LEGACY_KERAS=1 set for the "
+                                 "command; needed with compute.nodes > 1 (Keras 3's fit fails under "
+                                 "MultiWorkerMirroredStrategy, keras-team/keras#20585).")
     synthetic: bool = Field(_TRAINER.synthetic, description="Train on deterministic synthetic data (no dataUri needed).")
     data_uri: str | None = Field(None, description="TFRecord files: s3://… (AWS) or gs://… (GCP).")
     data_grant: bool = Field(True, description="GCP: grant the machines read access on the dataUri bucket; false "
@@ -132,6 +136,13 @@ class RunSettings(_Block):
                 raise ValueError(f"{arg!r} holds a line break or NUL, which the machine's env file cannot carry")
         return v
 
+    @field_validator("keras")
+    @classmethod
+    def _keras(cls, v: int) -> int:
+        if v not in (2, 3):
+            raise ValueError("expected 2 (tf_keras, TF_USE_LEGACY_KERAS=1) or 3 (TensorFlow's own Keras)")
+        return v
+
     @field_validator("command")
     @classmethod
     def _command(cls, v: list[str] | None) -> list[str] | None:
@@ -169,6 +180,10 @@ class RunSettings(_Block):
                                      "checkpointEverySeconds")):
                 if getattr(self, field) not in (None, getattr(_TRAINER, field)):
                     raise keyed(key, f"does not apply to run.command: the script decides {why}; remove it")
+        elif self.keras != 3:
+            # The trainer's own loop (built-in or ModelSpec) is distributed under Keras 3 already.
+            raise keyed("keras", "applies to run.command only: the trainer's own loop runs "
+                                 "Keras 3 on one machine or several; remove it")
         elif self.synthetic and self.data_uri:
             raise keyed("dataUri", "set either synthetic: true or dataUri, not both")
         elif not self.synthetic and not self.data_uri and self.model in BUILTIN_MODELS:

@@ -48,13 +48,33 @@ def test_a_command_with_its_code_is_accepted_and_reaches_the_trainer():
     ({**GOOD, "command": ["./run.sh"]}, {}, "run.command", "'./run.sh' is not an executable file"),
     ({**GOOD, "command": []}, {}, "run.command", "is empty"),
     ({**GOOD, "command": ["python", "it's.py"]}, {}, "run.command", "without quotes"),
-    (GOOD, {"nodes": 2}, "run.command", "keras-team/keras#20585"),
+    (GOOD, {"nodes": 2}, "run.keras", "3 (the default): run.command on compute.nodes 2 needs run.keras: 2 (Keras 3's fit "
+                                      "fails under MultiWorkerMirroredStrategy, keras-team/keras#20585)"),
+    ({**GOOD, "keras": 3}, {"nodes": 3}, "run.keras", "keras-team/keras#20585"),
+    ({**GOOD, "keras": 4}, {}, "run.keras", "expected 2 (tf_keras, TF_USE_LEGACY_KERAS=1) or 3"),
+    ({"synthetic": True, "keras": 2}, {}, "run.keras", "applies to run.command only"),
 ])
 def test_bad_commands_are_one_line_naming_the_key(run, compute, key, words):
     with pytest.raises(ConfigError) as e:
         _settings(run, **compute)
     msg = str(e.value)
     assert e.value.key == key and words in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_keras_2_command_runs_on_one_machine_or_several_with_tf_keras(nodes):
+    s = _settings({**GOOD, "keras": 2}, nodes=nodes)
+    env = boot_env(s, run_uri="s3://b/runs/dev", group="g", code_uri="s3://b/code/x.tar.gz")
+    render_env(env)
+    # The container's environment, which the command inherits (trainer/script.py): tf.keras is Keras 2.
+    assert env["TF_USE_LEGACY_KERAS"] == "1"
+    assert env["TRAINSTACK_NODES"] == str(nodes) and "TRAINSTACK_COMMAND" in env
+
+
+def test_a_keras_3_command_leaves_tf_keras_alone():
+    for run in (GOOD, {**GOOD, "keras": 3}):
+        env = boot_env(_settings(run), run_uri="s3://b/runs/dev", group="g", code_uri="s3://b/code/x.tar.gz")
+        assert "TF_USE_LEGACY_KERAS" not in env
 
 
 # -- a user model with its own data --

@@ -54,7 +54,7 @@ def test_a_mistyped_required_key_is_said_as_unknown_not_missing():
 
 def test_an_unknown_key_like_no_other_lists_the_blocks_keys():
     line = _refused(run={"synthetic": True, "zzzzzz": 1})
-    assert line.startswith("trainstack:run.zzzzzz: unknown key; expected one of: id, model, code, command, synthetic, "
+    assert line.startswith("trainstack:run.zzzzzz: unknown key; expected one of: id, model, code, command, keras, synthetic, "
                            "dataUri, "), line
 
 

@@ -50,7 +50,7 @@ CASES: dict[str, dict[str, Any]] = {
     },
     "script": {
         "id": "round-trip-script", "code": "examples/keras-fit", "command": ["python", "train.py", "--epochs", "1"],
-        "checkpointEverySteps": None, "checkpointEverySeconds": 120,
+        "keras": 2, "checkpointEverySteps": None, "checkpointEverySeconds": 120,
     },
     "data": {
         "id": "round-trip-data", "model": "mlp", "dataUri": "gs://trainstack-data/shards", "dataGrant": False,
@@ -101,6 +101,7 @@ TO_TRAINER: dict[str, Callable[[RunSettings, str, Path], dict[str, Any]]] = {
 # Run keys that are no trainer option, and where they go instead.
 NOT_TRAINER = {
     "data_grant": "the machines' read grant on the dataUri bucket (GCP IAM), made by the stack",
+    "keras": "the command's Keras: TF_USE_LEGACY_KERAS=1 in the container's environment, which the command inherits",
 }
 # Trainer options the env file or the machine sets from something other than a run key: left
 # out of the comparison above, so each says where its value comes from instead.
@@ -201,6 +202,8 @@ def test_a_stacks_run_keys_reach_the_trainers_config(case, tmp_path):
     cfg = load_config([], env=env)
     assert _differences(cfg, run, f"rt-{case}", tmp_path) == []
     assert cfg.gpus_per_node == 4  # compute.gpusPerNode
+    # run.keras: the container's environment, which the command inherits (trainer/script.py).
+    assert env.get("TF_USE_LEGACY_KERAS") == ("1" if run.keras == 2 else None)
 
 
 def test_dropping_any_run_variable_from_the_env_file_fails_the_comparison(tmp_path):
