@@ -110,6 +110,38 @@ def _wait(predicate, timeout: float, what: str):
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
+def _data_at_first_step(entry: dict, admin, bucket: str, name: str) -> None:
+    """What was on disk at the first step (a tree that streams its data says so in an event)."""
+    from runfolder import layout
+
+    def first_step_event(key=f"runs/{name}/{layout.EVENTS_KEY}"):
+        with contextlib.suppress(admin.exceptions.NoSuchKey):
+            lines = admin.get_object(Bucket=bucket, Key=key)["Body"].read().decode().splitlines()
+            found = [json.loads(x) for x in lines if '"data_first_step"' in x]
+            return found[0] if found else None
+        return None
+
+    with contextlib.suppress(TimeoutError):
+        ev = _wait(first_step_event, 30, "the data_first_step event")
+        entry["data_at_first_step"] = {k: ev[k] for k in ("files", "files_total", "bytes",
+                                                          "bytes_total")}
+
+
+def _cache_committed(entry: dict, admin, bucket: str, t0: float) -> None:
+    """The archive's upload, in the background while the trainer starts: when it committed, and its size."""
+    from runfolder import layout
+
+    def committed():
+        keys = [o["Key"] for o in admin.list_objects_v2(Bucket=bucket, Prefix=layout.CACHE_PREFIX)
+                .get("Contents", [])]
+        return [k for k in keys if k.endswith("/" + layout.COMMITTED)]
+    _wait(committed, 600, "the package cache's commit")
+    entry["boot_to_cache_committed_s"] = round(time.time() - t0, 2)
+    sizes = [o["Size"] for o in admin.list_objects_v2(Bucket=bucket, Prefix=layout.CACHE_PREFIX)
+             ["Contents"] if o["Key"].endswith(".tar.gz")]
+    entry["cache_archive_mib"] = round(sizes[0] / MIB, 2)
+
+
 def run(*, store_mib_s: float, index_mib_s: float, wheels_mib: float, data_mib: float = 0.0, data_files: int = 16,
         tree: Path | None = None) -> dict:
     import boto3
@@ -119,7 +151,6 @@ def run(*, store_mib_s: float, index_mib_s: float, wheels_mib: float, data_mib: 
     from devtools.metadata import MetadataServer
     from devtools.sandbox import Sandbox, make_group, settings_for
     from devtools.servers import AWS_VARS, Run, start_moto_server
-    from runfolder import layout
 
     os.environ.update(AWS_VARS)  # the sandbox's clients (make_group, the fake CLIs) take their keys from the environment
     out: dict = {"store_mib_s": store_mib_s, "index_mib_s": index_mib_s, "wheels_mib": wheels_mib,
@@ -179,29 +210,9 @@ def run(*, store_mib_s: float, index_mib_s: float, wheels_mib: float, data_mib: 
                          "from_cache": "from the bucket's cache" in log,
                          "pip_from_index": "installing the trainer's requirements" in log}
                 if data_mib:
-                    # What was on disk at the first step (a tree that streams its data says so in an event).
-                    def first_step_event(key=f"runs/{name}/{layout.EVENTS_KEY}"):
-                        with contextlib.suppress(admin.exceptions.NoSuchKey):
-                            lines = admin.get_object(Bucket=bucket, Key=key)["Body"].read().decode().splitlines()
-                            found = [json.loads(x) for x in lines if '"data_first_step"' in x]
-                            return found[0] if found else None
-                        return None
-
-                    with contextlib.suppress(TimeoutError):
-                        ev = _wait(first_step_event, 30, "the data_first_step event")
-                        entry["data_at_first_step"] = {k: ev[k] for k in ("files", "files_total", "bytes",
-                                                                          "bytes_total")}
+                    _data_at_first_step(entry, admin, bucket, name)
                 if name == "first":
-                    # The archive's upload, in the background while the trainer starts.
-                    def committed():
-                        keys = [o["Key"] for o in admin.list_objects_v2(Bucket=bucket, Prefix=layout.CACHE_PREFIX)
-                                .get("Contents", [])]
-                        return [k for k in keys if k.endswith("/" + layout.COMMITTED)]
-                    _wait(committed, 600, "the package cache's commit")
-                    entry["boot_to_cache_committed_s"] = round(time.time() - t0, 2)
-                    sizes = [o["Size"] for o in admin.list_objects_v2(Bucket=bucket, Prefix=layout.CACHE_PREFIX)
-                             ["Contents"] if o["Key"].endswith(".tar.gz")]
-                    entry["cache_archive_mib"] = round(sizes[0] / MIB, 2)
+                    _cache_committed(entry, admin, bucket, t0)
                 out[name] = entry
             finally:
                 box.power_off()

@@ -141,9 +141,63 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def _before(cp, ckstore, state) -> tuple[float, float, int, float]:
+    """Before: TF's write and the fingerprint in the loop, then the hand-over to the upload: the save's
+    seconds, the seconds blocked, the checkpoint's bytes and the extra memory."""
+    mem = _PeakMemory()
+    t0 = time.perf_counter()
+    folder = cp.save_local(1, state(1))
+    t1 = time.perf_counter()
+    nbytes = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+    cp.commit(1, folder, sync=False)
+    t2 = time.perf_counter()
+    before_mem = mem.extra()
+    ckstore.wait(None)
+    return t1 - t0, t2 - t0, nbytes, before_mem
+
+
+def _plain_upload_s(folder: str, bucket: str, run_prefix: str) -> float:
+    """Seconds to upload a checkpoint's files with plain boto3 (default TransferConfig), one by one."""
+    import boto3
+
+    client = boto3.session.Session().client("s3")
+    p0 = time.perf_counter()
+    for name in sorted(os.listdir(folder)):
+        client.upload_file(os.path.join(folder, name), bucket, f"{run_prefix}/plain/{name}")
+    return time.perf_counter() - p0
+
+
+def _sigterm_s(cp, ckstore, committed: list[dict], state, size_mb: float) -> float:
+    """Seconds for the stop's own step, committed synchronously right after a background save began."""
+    cp.save(5, state(5), sync=False)
+    s0 = time.perf_counter()
+    cp.save(6, state(6), sync=True)
+    sigterm_s = time.perf_counter() - s0
+    if cp.wait_uploads() is not None or committed[-1]["step"] != 6 or 5 in ckstore.committed_steps():
+        raise RuntimeError(f"the stop's checkpoint 6 ({size_mb} MB) was not the one committed: {committed[-2:]}")
+    return sigterm_s
+
+
+def _tf_async(variables, update, work: str) -> tuple[float, float, float, float]:
+    """TF's own async checkpoint on the same variables: its first and next write, the update after
+    it, and its extra memory (its host copies stay for the process's life)."""
+    import tensorflow as tf
+
+    tf_ckpt = tf.train.Checkpoint(v=list(variables))
+    opts = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
+    mem = _PeakMemory()
+    tf_first_s = _timed(lambda: tf_ckpt.write(os.path.join(work, "tf-async", "a"), options=opts))
+    tf_ckpt.sync()
+    tf_ckpt.write(os.path.join(work, "tf-async", "b"), options=opts)  # traces its copy function
+    tf_ckpt.sync()
+    tf_next_s = _timed(lambda: tf_ckpt.write(os.path.join(work, "tf-async", "c"), options=opts))
+    tf_update_s = _timed(update)
+    tf_ckpt.sync()
+    return tf_first_s, tf_next_s, tf_update_s, mem.extra()
+
+
 def measure_size(size_mb: float, bucket: str, run_prefix: str, step, per_call: int) -> dict:
     """All figures for one checkpoint size (see the module docstring)."""
-    import boto3
     import tensorflow as tf
 
     from runfolder.storage import open_store
@@ -163,16 +217,7 @@ def measure_size(size_mb: float, bucket: str, run_prefix: str, step, per_call: i
     try:
         cp = Checkpointer(ckstore, work=work, chief=True, variables=variables, model="bench",
                           checkpoint_of=lambda values: tf.train.Checkpoint(v=list(values)), background=True)
-        # Before: TF's write and the fingerprint in the loop, then the hand-over to the upload.
-        mem = _PeakMemory()
-        t0 = time.perf_counter()
-        folder = cp.save_local(1, state(1))
-        t1 = time.perf_counter()
-        nbytes = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
-        cp.commit(1, folder, sync=False)
-        t2 = time.perf_counter()
-        before_mem = mem.extra()
-        ckstore.wait(None)
+        before_save_s, before_blocked_s, nbytes, before_mem = _before(cp, ckstore, state)
 
         # Now: the background save, and the copy its snapshot costs the next update.
         update_s = min(_timed(update) for _ in range(2))
@@ -195,11 +240,7 @@ def measure_size(size_mb: float, bucket: str, run_prefix: str, step, per_call: i
 
         # The same files, uploaded with plain boto3 (default TransferConfig), one by one.
         folder3 = cp.save_local(3, state(3))
-        client = boto3.session.Session().client("s3")
-        p0 = time.perf_counter()
-        for name in sorted(os.listdir(folder3)):
-            client.upload_file(os.path.join(folder3, name), bucket, f"{run_prefix}/plain/{name}")
-        plain_s = time.perf_counter() - p0
+        plain_s = _plain_upload_s(folder3, bucket, run_prefix)
         # Ours again with nothing beside it, as the plain upload ran: the fair comparison.
         folder4 = cp.save_local(4, state(4))
         ckstore.commit(4, folder4)
@@ -207,31 +248,16 @@ def measure_size(size_mb: float, bucket: str, run_prefix: str, step, per_call: i
         store.delete_prefix("plain/")
 
         # SIGTERM right after a background save began: the stop's own step, committed synchronously.
-        cp.save(5, state(5), sync=False)
-        s0 = time.perf_counter()
-        cp.save(6, state(6), sync=True)
-        sigterm_s = time.perf_counter() - s0
-        if cp.wait_uploads() is not None or committed[-1]["step"] != 6 or 5 in ckstore.committed_steps():
-            raise RuntimeError(f"the stop's checkpoint 6 ({size_mb} MB) was not the one committed: {committed[-2:]}")
+        sigterm_s = _sigterm_s(cp, ckstore, committed, state, size_mb)
         # moto keeps objects in memory: free them before the next size.
         store.delete_prefix("checkpoints/")
 
         # TF's own async checkpoint, on the same variables (its host copies stay for the process's life).
-        tf_ckpt = tf.train.Checkpoint(v=list(variables))
-        opts = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
-        mem = _PeakMemory()
-        tf_first_s = _timed(lambda: tf_ckpt.write(os.path.join(work, "tf-async", "a"), options=opts))
-        tf_ckpt.sync()
-        tf_ckpt.write(os.path.join(work, "tf-async", "b"), options=opts)  # traces its copy function
-        tf_ckpt.sync()
-        tf_next_s = _timed(lambda: tf_ckpt.write(os.path.join(work, "tf-async", "c"), options=opts))
-        tf_update_s = _timed(update)
-        tf_ckpt.sync()
-        tf_mem = mem.extra()
+        tf_first_s, tf_next_s, tf_update_s, tf_mem = _tf_async(variables, update, work)
         cow_s = max(0.0, update_after_s - update_s)
         return {
             "size_mb": size_mb, "bytes": nbytes,
-            "before_save_s": round(t1 - t0, 3), "before_blocked_s": round(t2 - t0, 3),
+            "before_save_s": round(before_save_s, 3), "before_blocked_s": round(before_blocked_s, 3),
             "save_s": round(t4 - t3, 3), "update_s": round(update_s, 3), "update_after_s": round(update_after_s, 3),
             "copy_on_write_s": round(cow_s, 3), "blocked_s": round(t4 - t3 + cow_s, 3),
             "tf_async_first_s": round(tf_first_s, 3), "tf_async_next_s": round(tf_next_s, 3),

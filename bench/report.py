@@ -188,6 +188,216 @@ def render_boot(b: dict, goals: list, goal_name: str) -> list[str]:
     return out
 
 
+def _render_limit(fig: dict, goals: list) -> list[str]:
+    """The trainer's loop against the machine's limit."""
+    out: list[str] = []
+    out += ["### 1. The trainer's loop against the machine's limit", "",
+            "Limit: the model's step on one batch in memory, 100 steps per `tf.function` call, no pipeline, "
+            f"no checkpoints (`bench/limit.py`). Trainer: `python -m trainer`, checkpoints to moto_server every "
+            f"{fig['plan']['checkpoint_every_s']:g} s, TensorBoard on. *Loop* is the `finished` event's "
+            "examples/s (first call's tracing and the checkpoints included); *steady* leaves out the first call. "
+            "*Best*: the limit's fastest call and the loop's fastest TensorBoard window (a call of about a second): "
+            "another user's load only slows a window down, so best ÷ best is this machine's ratio when quiet; "
+            "the goal is judged on it, with steady ÷ limit (averaged over the load of the moment) beside it.", ""]
+    rows = []
+    for r in fig["limit"]:
+        lim, run = r["limit"], r["trainer"]
+        steady = ratio(run["steady_examples_per_sec"], lim["examples_per_sec"])
+        best = ratio(run.get("best_examples_per_sec"), lim.get("best_examples_per_sec"))
+        goals.append((f"loop ≥ 90 % of limit ({run['model']}, batch {run['batch']}; best ÷ best, steady ÷ limit)",
+                      f"{pct(best)}, {pct(steady)}", goal(best, 0.9)))
+        rows.append([f"`{run['model']}` batch {run['batch']}", fmt(lim["examples_per_sec"]),
+                     fmt(run["examples_per_sec"]), fmt(run["steady_examples_per_sec"]),
+                     pct(ratio(run["examples_per_sec"], lim["examples_per_sec"])), pct(steady),
+                     fmt(lim.get("best_examples_per_sec")), fmt(run.get("best_examples_per_sec")), pct(best),
+                     f"{run['steps']:,}", fmt(run["loop_seconds"], ".1f"), run["checkpoints_in_loop"]])
+    out += [table(["model", "limit ex/s", "loop ex/s", "steady ex/s", "loop ÷ limit", "steady ÷ limit",
+                     "best limit call", "best loop window", "best ÷ best", "steps", "loop s", "checkpoints in loop"],
+                    rows), ""]
+    return out
+
+
+def _render_seed(fig: dict, goals: list) -> list[str]:
+    """Against the seed article's script."""
+    out: list[str] = []
+    s, t = fig["seed"]["seed"], fig["seed"]["trainer"]
+    vs = ratio(t["examples_per_sec"], s["examples_per_sec"])
+    goals.append(("trainer ≥ 5× the seed's `fit` (mlp, batch 64)", times(vs), goal(vs, 5.0)))
+    out += ["### 2. Against the seed article's script", "",
+            f"Same model, {s['examples']:,} synthetic examples, batch 64, one process each. The seed's figure is "
+            "its own (examples ÷ `fit` wall time, its TensorBoard histograms and per-epoch checkpoints included).", "",
+            table(["run", "examples/s", "vs seed", "process wall s", "peak RSS MiB"], [
+                ["seed (`fit`)", fmt(s["examples_per_sec"]), "1.00×", fmt(s["process_wall_s"], ".1f"),
+                 s["peak_rss_mib"]],
+                ["trainstack (loop)", fmt(t["examples_per_sec"]), times(vs), fmt(t["process_wall_s"], ".1f"),
+                 t["peak_rss_mib"]],
+            ]), "", "Where the trainer's start-up seconds go (process start → first step):", "",
+            table(["phase", "s"], [[k, f"{v:.2f}"] for k, v in phases(t["marks"])]), ""]
+    return out
+
+
+def _render_startup(fig: dict, goals: list) -> list[str]:
+    """Start-up, fresh and resumed, and the preemption that ends each."""
+    out: list[str] = []
+    f, r = fig["startup"]["fresh"], fig["startup"]["resumed"]
+    fs, rs = f["marks"].get("first_step"), r["marks"].get("first_step")
+    rel = ratio(rs, fs)
+    goals.append(("resumed start ≤ 1.3× fresh", times(rel), goal(rel, 1.3, at_least=False)))
+    mb = (r.get("checkpoint_bytes") or 0) / 1e6
+    out += ["### 3. Start-up: process start → first step", "",
+            f"`{' '.join(fig['plan']['startup_model'])}` on moto_server; the resumed run restores the "
+            f"{mb:,.0f} MB checkpoint the fresh one committed when stopped.", ""]
+    fp, rp = dict(phases(f["marks"])), dict(phases(r["marks"]))
+    names = [k for k, _ in phases(r["marks"])] + [k for k in fp if k not in rp]
+    rows = [[k, fmt(fp.get(k), ".2f"), fmt(rp.get(k), ".2f")] for k in names]
+    rows.append(["**first step**", fmt(fs, ".2f"), fmt(rs, ".2f")])
+    out += [table(["phase", "fresh s", "resumed s"], rows), "",
+            f"Resumed ÷ fresh: {times(rel)}.", ""]
+    out += ["### 5. Preemption: SIGTERM → exit 143, checkpoint committed", "",
+            table(["run", "checkpoint MB", "SIGTERM → exit s", "`preempted` event's commit s", "marker found"], [
+                [k, fmt((v.get("checkpoint_bytes") or 0) / 1e6, ",.0f"), fmt(v["sigterm_to_exit_s"], ".2f"),
+                 fmt(v["preempted_seconds"], ".2f"), "yes" if v["committed"] else "**no**"]
+                for k, v in (("fresh", f), ("resumed", r))]), ""]
+    worst = max(f["sigterm_to_exit_s"], r["sigterm_to_exit_s"])
+    ok = bool(f["committed"] and r["committed"])
+    goals.append(("SIGTERM → committed < 20 s", f"{worst:.1f} s", goal(worst, 20.0, at_least=False) if ok else "**not met**"))
+    return out
+
+
+def _render_resume(fig: dict, goals: list) -> list[str]:
+    """Resume of a model's own make_dataset."""
+    out: list[str] = []
+    rows = []
+    for r in fig["resume"]:
+        fresh = r["fresh"].get("first_step")
+        st, sk = r["state"], r["skip"]
+        by_state, by_skip = ratio(st["marks"].get("first_step"), fresh), ratio(sk["marks"].get("first_step"), fresh)
+        goals.append((f"own make_dataset resumed start ≤ 1.3× fresh ({r['steps_done']:,} steps done)",
+                      times(by_state), goal(by_state, 1.3, at_least=False)))
+        restored, skipped = st.get("restored") or {}, sk.get("skipped") or {}
+        rows.append([f"{r['steps_done']:,}", f"{st['batches_seen']:,}", fmt(fresh, ".2f"),
+                     fmt(st["marks"].get("first_step"), ".2f"), times(by_state),
+                     fmt(restored.get("seconds"), ".2f"), fmt((restored.get("bytes") or 0) / 2**20, ".1f"),
+                     f"{sk['batches_seen']:,}", fmt(sk["marks"].get("first_step"), ".2f"), times(by_skip),
+                     fmt(skipped.get("seconds"), ".2f")])
+    out += ["### 3b. Resume of a model's own make_dataset: process start → first step", "",
+            "`bench/resume_model.py` (synthetic MNIST in memory, `shuffle(10_000)` + per-image `map` + `batch(8)`, "
+            "one Dense layer; 100 steps per call in every run) on moto_server: a fresh start, and the same run "
+            "resumed after N steps from the input pipeline's state saved in its checkpoint (`data_restored`), "
+            f"alternated, {fig['resume'][0].get('rounds', 1)} of each, the fastest of each kept (load only slows "
+            "a start down); then, once, skipping the consumed batches as before this existed "
+            "(`--data-state-max-mb 0`; `data_skipped`: the skip and the first call's 100 steps, tracing "
+            "excluded).", "",
+            table(["steps done", "batches (state)", "fresh s", "from state s", "÷ fresh", "state restore s",
+                   "state MiB", "batches (skip)", "skipping s", "÷ fresh", "skip s"], rows), ""]
+    return out
+
+
+def _render_stall(fig: dict, goals: list) -> list[str]:
+    """Checkpoint stall, memory and upload throughput."""
+    out: list[str] = []
+    every = fig["stall"]["every_s"]
+    rows, tp_rows, mem_rows = [], [], []
+    for s in fig["stall"]["sizes"]:
+        blocked = s["blocked_s"]
+        lost = contention_seconds(s["upload_wall_s"], s["rate_base"], s["rate_during"])
+        ours, plain = throughput_mb_s(s["bytes"], s["upload_alone_s"]), throughput_mb_s(s["bytes"], s["plain_s"])
+        beside = throughput_mb_s(s["bytes"], s["upload_s"])
+        share = stall_percent(blocked, every)
+        mb = f"{s['bytes'] / 1e6:,.0f}"
+        goals.append((f"stall ≤ 5 % ({s['size_mb']:g} MB, every {every:g} s)", f"{share:.1f} %",
+                      goal(share, 5.0, at_least=False)))
+        if "sigterm_s" in s:
+            goals.append((f"SIGTERM during a background save → committed < 20 s ({s['size_mb']:g} MB)",
+                          f"{s['sigterm_s']:.1f} s", goal(s["sigterm_s"], 20.0, at_least=False)))
+        tp = ratio(ours, plain)
+        goals.append((f"upload ≥ 50 % of plain boto3 ({s['size_mb']:g} MB)", pct(tp), goal(tp, 0.5)))
+        before = s.get("before_blocked_s")
+        rows.append([mb, fmt(before, ".2f"), "–" if before is None else f"{stall_percent(before, every):.1f} %",
+                     f"{s['save_s']:.2f}", fmt(s.get("copy_on_write_s"), ".2f"), f"{blocked:.2f}",
+                     f"{share:.1f} %", f"{lost:.2f}", f"{stall_percent(blocked + lost, every):.1f} %",
+                     fmt(s.get("tf_async_first_s"), ".2f"), fmt(s.get("tf_async_next_s"), ".2f"),
+                     fmt(None if s.get("tf_async_update_s") is None or s.get("update_s") is None
+                         else max(0.0, s["tf_async_update_s"] - s["update_s"]), ".2f"),
+                     fmt(s.get("sigterm_s"), ".1f")])
+        tp_rows.append([mb, fmt(beside, ",.0f"), fmt(ours, ",.0f"), fmt(plain, ",.0f"), pct(tp)])
+        memory = s.get("memory_mib")
+        if memory:
+            mem_rows.append([mb, *(fmt(memory.get(k), ",.0f") for k in ("before", "ours", "tf_async"))])
+    out += ["### 4. Checkpoint stall (moto_server)", "",
+            "*Blocked* = what the loop waits per checkpoint: the background save (a snapshot of the variables, "
+            "which costs no copy; TF's write, the resume fingerprint and the upload run on threads), plus the "
+            "*copy on write*: the first update of the variables after the snapshot copies them (the same update's "
+            "time with no snapshot held subtracted). *Before* = TF's write and the fingerprint in the loop, as "
+            "before the background write, in the same run. Share of a run checkpointing every "
+            f"{every:g} s = blocked ÷ (interval + blocked). *Contention* = training seconds lost while the "
+            "background write and upload ran beside a training step (moto_server shares these cores, so this "
+            "overstates a remote bucket). *TF async* = how long "
+            "`write(options=CheckpointOptions(experimental_enable_async_checkpoint=True))` blocks, first call "
+            "(it makes its host copies) and steady (the third: it refreshes them), without the resume fingerprint, and "
+            "the same update's extra time after it (on a CPU its refresh shares the buffers: copy on write too). "
+            "*SIGTERM* = a background save just handed over, then the stop's synchronous save of the next step: "
+            "seconds until it is committed.", "",
+            table(["MB", "before: blocked s", "before: share", "save s", "copy on write s", "blocked s",
+                   "stall share", "contention s", "with contention", "TF async first s", "TF async steady s", "TF async copy on write s",
+                   "SIGTERM → committed s"], rows), ""]
+    if mem_rows:
+        out += ["Peak resident memory above the process's before each save (MiB; the variables themselves "
+                "excluded, the upload's buffers included):", "",
+                table(["MB", "before (write in the loop)", "background save (snapshot held, updated once)",
+                       "TF async (its host copies, kept)"], mem_rows), ""]
+    out += ["Upload throughput: our commit (hashes, parallel multipart upload, listing check, marker) beside that "
+            "training step, and again alone; plain = boto3 `upload_file` of the same files, alone.", "",
+            table(["MB", "ours MB/s beside training", "ours MB/s alone", "plain boto3 MB/s", "ours alone ÷ plain"],
+                  tp_rows), ""]
+    return out
+
+
+def _render_notice(fig: dict) -> list[str]:
+    """The largest checkpoint committed within a spot notice."""
+    out: list[str] = []
+    n = fig["notice"]
+    loc = n["local"]
+    out += ["### 5b. The largest checkpoint committed within a spot notice (`bench/notice_budget.py`)", "",
+            f"Synchronous commits (lease fence included) to each cloud's emulator on this machine, a fixed cost and "
+            f"a rate fitted through them, and this machine's save ({loc['save_bytes_per_s']} MiB/s) and SHA-256 "
+            f"({loc['sha256_bytes_per_s']} MiB/s) rates; the last step is taken as {n['step_s']} s. The emulators "
+            "share these cores: their rate is this machine's floor, not a cloud's. See the script's docstring.", ""]
+    rows = []
+    for cloud, r in n["clouds"].items():
+        for name, mib in r["largest_mib"].items():
+            rows.append([cloud, f"{r['grace_s']} s", f"{r['fixed_s']} s", f"{r['emulator_mib_per_s']} MiB/s", name,
+                         f"{mib:,}"])
+    out += [table(["cloud", "grace", "fixed cost", "emulator rate", "bound", "largest checkpoint MiB"], rows), ""]
+    rows = [[cloud, name, f"{v['link_only']:,}", f"{v['with_this_machines_save_and_hash']:,}"]
+            for cloud, r in n["clouds"].items() for name, v in r["stated_links_mib"].items()]
+    if rows:
+        out += ["At each provider's stated bandwidth (upper bounds):", "",
+                table(["cloud", "instance", "link only MiB", "with this machine's save + SHA-256 MiB"], rows), ""]
+    return out
+
+
+def _render_scaling(fig: dict, m: dict) -> list[str]:
+    """Scaling shape (report only)."""
+    out: list[str] = []
+    rows = []
+    base = fig["scaling"][0]
+    for s in fig["scaling"]:
+        per_step = ratio(s["loop_seconds"], s["steps"])
+        base_step = ratio(base["loop_seconds"], base["steps"])
+        extra_ms = None if per_step is None or base_step is None else 1000 * (per_step - base_step)
+        rows.append([s["workers"], fmt(s["examples_per_sec"]), fmt(ratio(s["examples_per_sec"], s["workers"])),
+                     times(ratio(s["examples_per_sec"], base["examples_per_sec"])),
+                     fmt(per_step and 1000 * per_step, ".2f"), fmt(extra_ms, "+.2f"), fmt(s["process_wall_s"], ".1f")])
+    out += ["### 6. Scaling shape (report only)", "",
+            f"`mlp`, batch 64 per worker, {fig['plan']['scaling_steps']:,} steps, worker processes on 127.0.0.1 "
+            f"(TF_CONFIG, MultiWorkerMirroredStrategy) sharing {m['cpus']} cores: the shape and the per-step cost of "
+            "the all-reduce (and of sharing the cores), not a speed-up.", "",
+            table(["workers", "examples/s (all)", "per worker", "vs 1 worker", "ms per step", "vs 1 worker ms",
+                     "process wall s"], rows), ""]
+    return out
+
+
 def render(fig: dict) -> str:
     """The generated block of RESULTS.md from the figures of one run."""
     m = fig["machine"]
@@ -199,180 +409,19 @@ def render(fig: dict) -> str:
            "so only the ratios within this run count.", ""]
     goals = []
     if "limit" in fig:
-        out += ["### 1. The trainer's loop against the machine's limit", "",
-                "Limit: the model's step on one batch in memory, 100 steps per `tf.function` call, no pipeline, "
-                f"no checkpoints (`bench/limit.py`). Trainer: `python -m trainer`, checkpoints to moto_server every "
-                f"{fig['plan']['checkpoint_every_s']:g} s, TensorBoard on. *Loop* is the `finished` event's "
-                "examples/s (first call's tracing and the checkpoints included); *steady* leaves out the first call. "
-                "*Best*: the limit's fastest call and the loop's fastest TensorBoard window (a call of about a second): "
-                "another user's load only slows a window down, so best ÷ best is this machine's ratio when quiet; "
-                "the goal is judged on it, with steady ÷ limit (averaged over the load of the moment) beside it.", ""]
-        rows = []
-        for r in fig["limit"]:
-            lim, run = r["limit"], r["trainer"]
-            steady = ratio(run["steady_examples_per_sec"], lim["examples_per_sec"])
-            best = ratio(run.get("best_examples_per_sec"), lim.get("best_examples_per_sec"))
-            goals.append((f"loop ≥ 90 % of limit ({run['model']}, batch {run['batch']}; best ÷ best, steady ÷ limit)",
-                          f"{pct(best)}, {pct(steady)}", goal(best, 0.9)))
-            rows.append([f"`{run['model']}` batch {run['batch']}", fmt(lim["examples_per_sec"]),
-                         fmt(run["examples_per_sec"]), fmt(run["steady_examples_per_sec"]),
-                         pct(ratio(run["examples_per_sec"], lim["examples_per_sec"])), pct(steady),
-                         fmt(lim.get("best_examples_per_sec")), fmt(run.get("best_examples_per_sec")), pct(best),
-                         f"{run['steps']:,}", fmt(run["loop_seconds"], ".1f"), run["checkpoints_in_loop"]])
-        out += [table(["model", "limit ex/s", "loop ex/s", "steady ex/s", "loop ÷ limit", "steady ÷ limit",
-                         "best limit call", "best loop window", "best ÷ best", "steps", "loop s", "checkpoints in loop"],
-                        rows), ""]
+        out += _render_limit(fig, goals)
     if "seed" in fig:
-        s, t = fig["seed"]["seed"], fig["seed"]["trainer"]
-        vs = ratio(t["examples_per_sec"], s["examples_per_sec"])
-        goals.append(("trainer ≥ 5× the seed's `fit` (mlp, batch 64)", times(vs), goal(vs, 5.0)))
-        out += ["### 2. Against the seed article's script", "",
-                f"Same model, {s['examples']:,} synthetic examples, batch 64, one process each. The seed's figure is "
-                "its own (examples ÷ `fit` wall time, its TensorBoard histograms and per-epoch checkpoints included).", "",
-                table(["run", "examples/s", "vs seed", "process wall s", "peak RSS MiB"], [
-                    ["seed (`fit`)", fmt(s["examples_per_sec"]), "1.00×", fmt(s["process_wall_s"], ".1f"),
-                     s["peak_rss_mib"]],
-                    ["trainstack (loop)", fmt(t["examples_per_sec"]), times(vs), fmt(t["process_wall_s"], ".1f"),
-                     t["peak_rss_mib"]],
-                ]), "", "Where the trainer's start-up seconds go (process start → first step):", "",
-                table(["phase", "s"], [[k, f"{v:.2f}"] for k, v in phases(t["marks"])]), ""]
+        out += _render_seed(fig, goals)
     if "startup" in fig:
-        f, r = fig["startup"]["fresh"], fig["startup"]["resumed"]
-        fs, rs = f["marks"].get("first_step"), r["marks"].get("first_step")
-        rel = ratio(rs, fs)
-        goals.append(("resumed start ≤ 1.3× fresh", times(rel), goal(rel, 1.3, at_least=False)))
-        mb = (r.get("checkpoint_bytes") or 0) / 1e6
-        out += ["### 3. Start-up: process start → first step", "",
-                f"`{' '.join(fig['plan']['startup_model'])}` on moto_server; the resumed run restores the "
-                f"{mb:,.0f} MB checkpoint the fresh one committed when stopped.", ""]
-        fp, rp = dict(phases(f["marks"])), dict(phases(r["marks"]))
-        names = [k for k, _ in phases(r["marks"])] + [k for k in fp if k not in rp]
-        rows = [[k, fmt(fp.get(k), ".2f"), fmt(rp.get(k), ".2f")] for k in names]
-        rows.append(["**first step**", fmt(fs, ".2f"), fmt(rs, ".2f")])
-        out += [table(["phase", "fresh s", "resumed s"], rows), "",
-                f"Resumed ÷ fresh: {times(rel)}.", ""]
-        out += ["### 5. Preemption: SIGTERM → exit 143, checkpoint committed", "",
-                table(["run", "checkpoint MB", "SIGTERM → exit s", "`preempted` event's commit s", "marker found"], [
-                    [k, fmt((v.get("checkpoint_bytes") or 0) / 1e6, ",.0f"), fmt(v["sigterm_to_exit_s"], ".2f"),
-                     fmt(v["preempted_seconds"], ".2f"), "yes" if v["committed"] else "**no**"]
-                    for k, v in (("fresh", f), ("resumed", r))]), ""]
-        worst = max(f["sigterm_to_exit_s"], r["sigterm_to_exit_s"])
-        ok = bool(f["committed"] and r["committed"])
-        goals.append(("SIGTERM → committed < 20 s", f"{worst:.1f} s", goal(worst, 20.0, at_least=False) if ok else "**not met**"))
+        out += _render_startup(fig, goals)
     if fig.get("resume"):
-        rows = []
-        for r in fig["resume"]:
-            fresh = r["fresh"].get("first_step")
-            st, sk = r["state"], r["skip"]
-            by_state, by_skip = ratio(st["marks"].get("first_step"), fresh), ratio(sk["marks"].get("first_step"), fresh)
-            goals.append((f"own make_dataset resumed start ≤ 1.3× fresh ({r['steps_done']:,} steps done)",
-                          times(by_state), goal(by_state, 1.3, at_least=False)))
-            restored, skipped = st.get("restored") or {}, sk.get("skipped") or {}
-            rows.append([f"{r['steps_done']:,}", f"{st['batches_seen']:,}", fmt(fresh, ".2f"),
-                         fmt(st["marks"].get("first_step"), ".2f"), times(by_state),
-                         fmt(restored.get("seconds"), ".2f"), fmt((restored.get("bytes") or 0) / 2**20, ".1f"),
-                         f"{sk['batches_seen']:,}", fmt(sk["marks"].get("first_step"), ".2f"), times(by_skip),
-                         fmt(skipped.get("seconds"), ".2f")])
-        out += ["### 3b. Resume of a model's own make_dataset: process start → first step", "",
-                "`bench/resume_model.py` (synthetic MNIST in memory, `shuffle(10_000)` + per-image `map` + `batch(8)`, "
-                "one Dense layer; 100 steps per call in every run) on moto_server: a fresh start, and the same run "
-                "resumed after N steps from the input pipeline's state saved in its checkpoint (`data_restored`), "
-                f"alternated, {fig['resume'][0].get('rounds', 1)} of each, the fastest of each kept (load only slows "
-                "a start down); then, once, skipping the consumed batches as before this existed "
-                "(`--data-state-max-mb 0`; `data_skipped`: the skip and the first call's 100 steps, tracing "
-                "excluded).", "",
-                table(["steps done", "batches (state)", "fresh s", "from state s", "÷ fresh", "state restore s",
-                       "state MiB", "batches (skip)", "skipping s", "÷ fresh", "skip s"], rows), ""]
+        out += _render_resume(fig, goals)
     if "stall" in fig:
-        every = fig["stall"]["every_s"]
-        rows, tp_rows, mem_rows = [], [], []
-        for s in fig["stall"]["sizes"]:
-            blocked = s["blocked_s"]
-            lost = contention_seconds(s["upload_wall_s"], s["rate_base"], s["rate_during"])
-            ours, plain = throughput_mb_s(s["bytes"], s["upload_alone_s"]), throughput_mb_s(s["bytes"], s["plain_s"])
-            beside = throughput_mb_s(s["bytes"], s["upload_s"])
-            share = stall_percent(blocked, every)
-            mb = f"{s['bytes'] / 1e6:,.0f}"
-            goals.append((f"stall ≤ 5 % ({s['size_mb']:g} MB, every {every:g} s)", f"{share:.1f} %",
-                          goal(share, 5.0, at_least=False)))
-            if "sigterm_s" in s:
-                goals.append((f"SIGTERM during a background save → committed < 20 s ({s['size_mb']:g} MB)",
-                              f"{s['sigterm_s']:.1f} s", goal(s["sigterm_s"], 20.0, at_least=False)))
-            tp = ratio(ours, plain)
-            goals.append((f"upload ≥ 50 % of plain boto3 ({s['size_mb']:g} MB)", pct(tp), goal(tp, 0.5)))
-            before = s.get("before_blocked_s")
-            rows.append([mb, fmt(before, ".2f"), "–" if before is None else f"{stall_percent(before, every):.1f} %",
-                         f"{s['save_s']:.2f}", fmt(s.get("copy_on_write_s"), ".2f"), f"{blocked:.2f}",
-                         f"{share:.1f} %", f"{lost:.2f}", f"{stall_percent(blocked + lost, every):.1f} %",
-                         fmt(s.get("tf_async_first_s"), ".2f"), fmt(s.get("tf_async_next_s"), ".2f"),
-                         fmt(None if s.get("tf_async_update_s") is None or s.get("update_s") is None
-                             else max(0.0, s["tf_async_update_s"] - s["update_s"]), ".2f"),
-                         fmt(s.get("sigterm_s"), ".1f")])
-            tp_rows.append([mb, fmt(beside, ",.0f"), fmt(ours, ",.0f"), fmt(plain, ",.0f"), pct(tp)])
-            memory = s.get("memory_mib")
-            if memory:
-                mem_rows.append([mb, *(fmt(memory.get(k), ",.0f") for k in ("before", "ours", "tf_async"))])
-        out += ["### 4. Checkpoint stall (moto_server)", "",
-                "*Blocked* = what the loop waits per checkpoint: the background save (a snapshot of the variables, "
-                "which costs no copy; TF's write, the resume fingerprint and the upload run on threads), plus the "
-                "*copy on write*: the first update of the variables after the snapshot copies them (the same update's "
-                "time with no snapshot held subtracted). *Before* = TF's write and the fingerprint in the loop, as "
-                "before the background write, in the same run. Share of a run checkpointing every "
-                f"{every:g} s = blocked ÷ (interval + blocked). *Contention* = training seconds lost while the "
-                "background write and upload ran beside a training step (moto_server shares these cores, so this "
-                "overstates a remote bucket). *TF async* = how long "
-                "`write(options=CheckpointOptions(experimental_enable_async_checkpoint=True))` blocks, first call "
-                "(it makes its host copies) and steady (the third: it refreshes them), without the resume fingerprint, and "
-                "the same update's extra time after it (on a CPU its refresh shares the buffers: copy on write too). "
-                "*SIGTERM* = a background save just handed over, then the stop's synchronous save of the next step: "
-                "seconds until it is committed.", "",
-                table(["MB", "before: blocked s", "before: share", "save s", "copy on write s", "blocked s",
-                       "stall share", "contention s", "with contention", "TF async first s", "TF async steady s", "TF async copy on write s",
-                       "SIGTERM → committed s"], rows), ""]
-        if mem_rows:
-            out += ["Peak resident memory above the process's before each save (MiB; the variables themselves "
-                    "excluded, the upload's buffers included):", "",
-                    table(["MB", "before (write in the loop)", "background save (snapshot held, updated once)",
-                           "TF async (its host copies, kept)"], mem_rows), ""]
-        out += ["Upload throughput: our commit (hashes, parallel multipart upload, listing check, marker) beside that "
-                "training step, and again alone; plain = boto3 `upload_file` of the same files, alone.", "",
-                table(["MB", "ours MB/s beside training", "ours MB/s alone", "plain boto3 MB/s", "ours alone ÷ plain"],
-                      tp_rows), ""]
+        out += _render_stall(fig, goals)
     if "notice" in fig:
-        n = fig["notice"]
-        loc = n["local"]
-        out += ["### 5b. The largest checkpoint committed within a spot notice (`bench/notice_budget.py`)", "",
-                f"Synchronous commits (lease fence included) to each cloud's emulator on this machine, a fixed cost and "
-                f"a rate fitted through them, and this machine's save ({loc['save_bytes_per_s']} MiB/s) and SHA-256 "
-                f"({loc['sha256_bytes_per_s']} MiB/s) rates; the last step is taken as {n['step_s']} s. The emulators "
-                "share these cores: their rate is this machine's floor, not a cloud's. See the script's docstring.", ""]
-        rows = []
-        for cloud, r in n["clouds"].items():
-            for name, mib in r["largest_mib"].items():
-                rows.append([cloud, f"{r['grace_s']} s", f"{r['fixed_s']} s", f"{r['emulator_mib_per_s']} MiB/s", name,
-                             f"{mib:,}"])
-        out += [table(["cloud", "grace", "fixed cost", "emulator rate", "bound", "largest checkpoint MiB"], rows), ""]
-        rows = [[cloud, name, f"{v['link_only']:,}", f"{v['with_this_machines_save_and_hash']:,}"]
-                for cloud, r in n["clouds"].items() for name, v in r["stated_links_mib"].items()]
-        if rows:
-            out += ["At each provider's stated bandwidth (upper bounds):", "",
-                    table(["cloud", "instance", "link only MiB", "with this machine's save + SHA-256 MiB"], rows), ""]
+        out += _render_notice(fig)
     if "scaling" in fig:
-        rows = []
-        base = fig["scaling"][0]
-        for s in fig["scaling"]:
-            per_step = ratio(s["loop_seconds"], s["steps"])
-            base_step = ratio(base["loop_seconds"], base["steps"])
-            extra_ms = None if per_step is None or base_step is None else 1000 * (per_step - base_step)
-            rows.append([s["workers"], fmt(s["examples_per_sec"]), fmt(ratio(s["examples_per_sec"], s["workers"])),
-                         times(ratio(s["examples_per_sec"], base["examples_per_sec"])),
-                         fmt(per_step and 1000 * per_step, ".2f"), fmt(extra_ms, "+.2f"), fmt(s["process_wall_s"], ".1f")])
-        out += ["### 6. Scaling shape (report only)", "",
-                f"`mlp`, batch 64 per worker, {fig['plan']['scaling_steps']:,} steps, worker processes on 127.0.0.1 "
-                f"(TF_CONFIG, MultiWorkerMirroredStrategy) sharing {m['cpus']} cores: the shape and the per-step cost of "
-                "the all-reduce (and of sharing the cores), not a speed-up.", "",
-                table(["workers", "examples/s (all)", "per worker", "vs 1 worker", "ms per step", "vs 1 worker ms",
-                         "process wall s"], rows), ""]
+        out += _render_scaling(fig, m)
     errors = fig.get("errors") or {}
     boot_goal = "replacement power-on → first step ≤ 0.5× the first machine's (boot sandbox)"
     if "boot" in fig:

@@ -121,9 +121,33 @@ def story(uri: str, work: Path, *, start: float, eval_every: int = 500, steps: i
         return _story(uri, work, clock, eval_every=eval_every, steps=steps, checkpoint_every=checkpoint_every)
 
 
-def _story(uri: str, work: Path, clock: Clock, *, eval_every: int, steps: int, checkpoint_every: int) -> Story:
-    import runfolder.events
+def _moved(store, at: float, step: int) -> None:
+    """The controller's move to us-west-2 at ``step``, in its placement record and its events."""
+    move = {"from": 0, "to": 1, "from_placement": EAST, "to_placement": WEST, "reason": MOVE_REASON, "step": step,
+            "time": _iso(at), "done": True}
+    store.put_bytes(layout.PLACEMENT_KEY, json.dumps({"active": 1, "since": move["time"], "moves": [move]}).encode())
+    store.put_bytes(layout.PLACEMENT_EVENTS_KEY, (json.dumps({"event": layout.MOVED, **move}) + "\n").encode())
 
+
+def _complete(store, losses: dict[int, float], end: float, *, steps: int, eval_every: int) -> None:
+    """The COMPLETE marker the trainer writes at ``end``: figures, cost, signature and best checkpoint."""
+    import runfolder.events
+    from runfolder import cost
+
+    events = runfolder.events.read_events(store)
+    best_step = steps - steps % eval_every if steps % eval_every else steps - eval_every
+    doc = {"step": steps, "metrics": {"loss": losses[steps], "val_accuracy": 0.93, "val_loss": 0.1},
+           "examples_seen": steps * 64, "attempts": 3, "seconds_lost_to_preemption": 800.0,
+           "total_seconds": round(end - runfolder.events.parse_time(events[0][layout.TIME]), 3), "finished_at": _iso(end),
+           **cost.run_cost(events, end=end).to_json(),
+           "signature": {"endpoint": "serve", "signature": "serving_default",
+                         "inputs": {"x": {"dtype": "float32", "shape": [None, 28, 28]}},
+                         "outputs": {"output_0": {"dtype": "float32", "shape": [None, 10]}}},
+           "best": {"metric": "val_accuracy", "mode": "max", "step": best_step, "value": 0.9341, "exported": True}}
+    store.put_bytes(layout.COMPLETE, json.dumps(doc, indent=2).encode())
+
+
+def _story(uri: str, work: Path, clock: Clock, *, eval_every: int, steps: int, checkpoint_every: int) -> Story:
     store = open_store(uri)
     log: EventLog | None = None
     evaluations = checkpoints = 0
@@ -181,10 +205,7 @@ def _story(uri: str, work: Path, clock: Clock, *, eval_every: int, steps: int, c
     preempted(log, "i-0bbb", second)
     # The controller moves the run to us-west-2 after 15 minutes without capacity.
     clock.t += 15 * 60
-    move = {"from": 0, "to": 1, "from_placement": EAST, "to_placement": WEST, "reason": MOVE_REASON, "step": second,
-            "time": _iso(clock.t), "done": True}
-    store.put_bytes(layout.PLACEMENT_KEY, json.dumps({"active": 1, "since": move["time"], "moves": [move]}).encode())
-    store.put_bytes(layout.PLACEMENT_EVENTS_KEY, (json.dumps({"event": layout.MOVED, **move}) + "\n").encode())
+    _moved(store, clock.t, second)
     clock.t += 8 * 60
     log = attempt(3, WEST)
     log.emit("resumed", step=second)
@@ -194,18 +215,6 @@ def _story(uri: str, work: Path, clock: Clock, *, eval_every: int, steps: int, c
     end = clock.t + 40
     _machine(store, "i-0ccc", layout.MACHINE_FINISH, end + 5, cloud="aws", outcome="COMPLETE")
     _tensorboard(store, losses)
-    events = runfolder.events.read_events(store)
-    from runfolder import cost
-
-    best_step = steps - steps % eval_every if steps % eval_every else steps - eval_every
-    doc = {"step": steps, "metrics": {"loss": losses[steps], "val_accuracy": 0.93, "val_loss": 0.1},
-           "examples_seen": steps * 64, "attempts": 3, "seconds_lost_to_preemption": 800.0,
-           "total_seconds": round(end - runfolder.events.parse_time(events[0][layout.TIME]), 3), "finished_at": _iso(end),
-           **cost.run_cost(events, end=end).to_json(),
-           "signature": {"endpoint": "serve", "signature": "serving_default",
-                         "inputs": {"x": {"dtype": "float32", "shape": [None, 28, 28]}},
-                         "outputs": {"output_0": {"dtype": "float32", "shape": [None, 10]}}},
-           "best": {"metric": "val_accuracy", "mode": "max", "step": best_step, "value": 0.9341, "exported": True}}
-    store.put_bytes(layout.COMPLETE, json.dumps(doc, indent=2).encode())
+    _complete(store, losses, end, steps=steps, eval_every=eval_every)
     return Story(uri=uri, attempts=3, preemptions=2, spot_notices=2, evaluations=evaluations,
                  checkpoints=checkpoints, moves=1, end=end)

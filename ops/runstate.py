@@ -271,7 +271,28 @@ def classify(facts: RunFacts, now: float, *, events: int = DEFAULT_EVENTS) -> Ru
     st.preemptions = sum(1 for e in trainer_log if e.get(layout.EVENT) == layout.PREEMPTED)
     st.spot_notices = sum(1 for e in log if e.get(layout.EVENT) == layout.SPOT_NOTICE)
     st.checkpoint = _checkpoint(facts, now)
+    _read_progress(st, progress, starts, now)
 
+    if facts.end_marker is not None:
+        _ended(st, facts, log)
+        return st
+
+    st.waiting = _controller_waiting(log, trainer_log, st.progress_updated)
+    if not log and progress is None and st.checkpoint is None:
+        st.detail = "nothing written yet: the machine may still be booting or waiting for spot capacity"
+        return st
+
+    st.state = RUNNING
+    # A run that has not ended counts its newest attempt up to now (a stalled or preempted
+    # machine may still be billing; a gone one's group brings another).
+    _add_cost(st, log, now=None if is_local(run_uri) else now)
+    _running(st, log, trainer_log, starts, now)
+    return st
+
+
+def _read_progress(st: RunStatus, progress: dict | None, starts: list[dict], now: float) -> None:
+    """Fill the step, total, loss and metrics from progress.json, the newest checkpoint and the
+    attempts' configs, in that order of trust."""
     if progress:
         st.step = int(progress["step"]) if isinstance(progress.get("step"), int) else None
         st.total = int(progress["total"]) if isinstance(progress.get("total"), int) else None
@@ -292,40 +313,37 @@ def classify(facts: RunFacts, now: float, *, events: int = DEFAULT_EVENTS) -> Ru
                 st.total = steps
                 break
 
-    if facts.end_marker is not None:
-        marker, doc = facts.end_marker, facts.end or {}
-        st.state, st.end = marker, facts.end
-        ended = stamp(doc.get("finished_at")) or stamp(doc.get(layout.TIME))
-        _add_cost(st, log, end=ended)
-        step = doc.get(layout.MARKER_STEP)
-        if isinstance(step, int) and step >= 0:
-            st.step = step
-        if marker == layout.COMPLETE:
-            st.metrics = _metrics(doc) or st.metrics
-            st.best = _best(doc) or st.best
-            st.eval_seconds = _number(doc, "eval_seconds") if "eval_seconds" in doc else st.eval_seconds
-            st.detail = f"model in {run_uri.rstrip('/')}/{layout.MODEL_PREFIX}"
-            if doc.get("model_files") == 0:
-                # A script that exited 0 without saving into fit.model_dir(): say so, and where its model went.
-                st.detail = str(doc.get("model_note") or NO_SCRIPT_MODEL)
-            elif doc.get("model_note"):
-                st.detail += f" ({doc['model_note']})"
-        elif marker == layout.CANCELLED:
-            reason = doc.get(layout.MARKER_REASON)
-            st.detail = f"stopped on request at step {st.step}" + (f" ({reason})" if reason else "")
-        else:
-            st.detail = str(doc.get(layout.MARKER_REASON) or "")
-        return st
 
-    st.waiting = _controller_waiting(log, trainer_log, st.progress_updated)
-    if not log and progress is None and st.checkpoint is None:
-        st.detail = "nothing written yet: the machine may still be booting or waiting for spot capacity"
-        return st
+def _ended(st: RunStatus, facts: RunFacts, log: list[dict]) -> None:
+    """A run with an end marker: its state, cost, last step and what it left behind."""
+    marker, doc = facts.end_marker, facts.end or {}
+    st.state, st.end = marker, facts.end
+    ended = stamp(doc.get("finished_at")) or stamp(doc.get(layout.TIME))
+    _add_cost(st, log, end=ended)
+    step = doc.get(layout.MARKER_STEP)
+    if isinstance(step, int) and step >= 0:
+        st.step = step
+    if marker == layout.COMPLETE:
+        st.metrics = _metrics(doc) or st.metrics
+        st.best = _best(doc) or st.best
+        st.eval_seconds = _number(doc, "eval_seconds") if "eval_seconds" in doc else st.eval_seconds
+        st.detail = f"model in {facts.run_uri.rstrip('/')}/{layout.MODEL_PREFIX}"
+        if doc.get("model_files") == 0:
+            # A script that exited 0 without saving into fit.model_dir(): say so, and where its model went.
+            st.detail = str(doc.get("model_note") or NO_SCRIPT_MODEL)
+        elif doc.get("model_note"):
+            st.detail += f" ({doc['model_note']})"
+    elif marker == layout.CANCELLED:
+        reason = doc.get(layout.MARKER_REASON)
+        st.detail = f"stopped on request at step {st.step}" + (f" ({reason})" if reason else "")
+    else:
+        st.detail = str(doc.get(layout.MARKER_REASON) or "")
 
-    st.state = RUNNING
-    # A run that has not ended counts its newest attempt up to now (a stalled or preempted
-    # machine may still be billing; a gone one's group brings another).
-    _add_cost(st, log, now=None if is_local(run_uri) else now)
+
+def _running(st: RunStatus, log: list[dict], trainer_log: list[dict], starts: list[dict], now: float) -> None:
+    """A run that has not ended: its heartbeat, whether it is silent, what its newest lifecycle
+    event says, and its time left."""
+    run_uri = st.run_uri
     last = next((e for e in reversed(trainer_log) if e.get(layout.EVENT) in layout.LIFECYCLE), None)
     kind = last.get(layout.EVENT) if last else None
     # The trainer's heartbeat: its newest progress.json or event, whichever is later.
@@ -386,7 +404,6 @@ def classify(facts: RunFacts, now: float, *, events: int = DEFAULT_EVENTS) -> Ru
                      None)
         if batch:
             st.eta_seconds = round(max(0, st.total - st.step) * batch / st.examples_per_sec, 1)
-    return st
 
 
 def _waiting_for_machines(st: RunStatus, log: list[dict], last_at: float | None) -> None:

@@ -192,6 +192,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     d = TrainConfig(run_uri="")
+    # Added in this order: --help lists them so.
+    _add_run_and_data_options(p, d)
+    _add_training_options(p, d)
+    _add_transformer_lm_options(p, d)
+    _add_machine_options(p, d)
+    return p
+
+
+def _add_run_and_data_options(p: argparse.ArgumentParser, d: TrainConfig) -> None:
+    """Where the run lives, which model, and the data it trains and evaluates on."""
     p.add_argument("--run-uri", help="where the run lives: s3://B/runs/ID, gs://B/runs/ID or file://DIR (required)")
     p.add_argument("--model", default=d.model, help="mlp, transformer-lm, digits (the local demo: real handwriting scikit-learn ships), "
                    "or package.module:function returning a ModelSpec")
@@ -211,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the checkpoint with the best value of a validation metric (e.g. val_accuracy, "
                    "val_loss) outside the pruning and export it as model/; direction: min for names with "
                    "'loss' or 'error', else max, or say it with :min / :max")
+
+
+def _add_training_options(p: argparse.ArgumentParser, d: TrainConfig) -> None:
+    """How long and how it trains: steps, batches, checkpoints, seed, precision, logging."""
     p.add_argument("--steps", type=_positive_int, default=d.steps, help="optimizer steps in the whole run")
     p.add_argument("--batch-size", type=_positive_int, default=d.batch_size, help="examples per replica per micro-batch")
     p.add_argument("--checkpoint-every-steps", type=_optional(_positive_int), default=d.checkpoint_every_steps,
@@ -233,12 +247,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "Default auto: as many as run in about a second (with several workers: 10)")
     p.add_argument("--progress-every-seconds", type=_positive_float, default=d.progress_every_seconds,
                    help="how often progress.json is rewritten")
+
+
+def _add_transformer_lm_options(p: argparse.ArgumentParser, d: TrainConfig) -> None:
+    """The built-in transformer-lm's shape."""
     p.add_argument("--lm-layers", type=_positive_int, default=d.lm_layers, help="transformer-lm: decoder blocks")
     p.add_argument("--lm-dim", type=_positive_int, default=d.lm_dim, help="transformer-lm: model width")
     p.add_argument("--lm-heads", type=_positive_int, default=d.lm_heads, help="transformer-lm: attention heads")
     p.add_argument("--lm-seq-len", type=_positive_int, default=d.lm_seq_len, help="transformer-lm: tokens per sequence")
     p.add_argument("--lm-vocab", type=_positive_int, default=d.lm_vocab, help="transformer-lm: vocabulary size")
     p.add_argument("--lm-tied", action="store_true", default=None, help="transformer-lm: output head tied to the embedding")
+
+
+def _add_machine_options(p: argparse.ArgumentParser, d: TrainConfig) -> None:
+    """The machine it runs on: staging and scratch, GPUs, workers, the lease, price, placement, stopping."""
     p.add_argument("--data-dir", default=None,
                    help="local folder the --data-uri files are staged to (default: a cache folder)")
     p.add_argument("--data-wait-s", type=_positive_float, default=d.data_wait_s,
@@ -275,7 +297,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "the stream without reading the consumed batches again; larger, or 0, and a resume skips them")
     p.add_argument("--verbose", action="store_true", default=None,
                    help="show TensorFlow's start-up log lines (oneDNN, CPU features, CUDA plugins), hidden by default")
-    return p
 
 
 def _dest(action: argparse.Action) -> str:

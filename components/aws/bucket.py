@@ -98,6 +98,7 @@ class TrainingBucket(pulumi.ComponentResource):
     name: pulumi.Output[str]
     arn: pulumi.Output[str]
 
+    # long function: the bucket and its settings, declared top to bottom, one resource each
     def __init__(self, name: str, args: TrainingBucketArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:aws:TrainingBucket", name, None, opts)
         self.bucket = aws.s3.Bucket(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import quote
 
@@ -185,63 +186,120 @@ def _frange(a: float, b: float, step: float):
         a += step
 
 
-def timeline(page: RunPage) -> str:
-    """Each attempt as a bar in its machine's lane; notices, preemptions, moves, ticks and the end on it."""
+@dataclass(frozen=True)
+class _Frame:
+    """The timeline's geometry: the time span it shows, its lanes and where each row sits."""
+
+    t0: float
+    t1: float
+    lanes: list[str]
+    moves_y: float
+    axis_y: float
+    height: float
+    # Rows from the top: the end's label, the idle gaps' labels, the lanes, the moves' labels, the time axis, the legend.
+    label_w: int = 230
+    width: int = 1100
+    lane_h: int = 34
+    top: int = 44
+
+    @property
+    def plot_w(self) -> int:
+        return self.width - self.label_w - 30
+
+    def x(self, t: float) -> float:
+        return self.label_w + (t - self.t0) / (self.t1 - self.t0) * self.plot_w
+
+    def lane_y(self, lane: str | None) -> float:
+        return self.top + self.lane_h * (self.lanes.index(lane) if lane in self.lanes else 0)
+
+
+def _frame(page: RunPage) -> _Frame:
     spans, marks = page.spans, page.marks
-    if not spans and not marks:
-        return '<p class="dim">no attempt has started yet</p>'
     times = [s.start for s in spans] + [s.end for s in spans] + [m.at for m in marks]
     if page.end:
         times.append(page.end.at)
     t0, t1 = min(times), max(times)
     pad = max(0.5, 0.02 * (t1 - t0))  # room for the marks at either end
-    t0, t1 = t0 - pad, t1 + pad
     lanes = list(dict.fromkeys(s.lane for s in spans)) or ["machine"]
-    # Rows from the top: the end's label, the idle gaps' labels, the lanes, the moves' labels, the time axis, the legend.
-    label_w, width, lane_h, top = 230, 1100, 34, 44
-    plot_w = width - label_w - 30
+    top, lane_h = _Frame.top, _Frame.lane_h
     moves_y = top + lane_h * len(lanes) + 14
     axis_y = moves_y + 16 * max(1, sum(1 for m in marks if m.kind == layout.MOVED))
-    height = axis_y + 36
+    return _Frame(t0=t0 - pad, t1=t1 + pad, lanes=lanes, moves_y=moves_y, axis_y=axis_y, height=axis_y + 36)
 
-    def x(t: float) -> float:
-        return label_w + (t - t0) / (t1 - t0) * plot_w
 
-    def lane_y(lane: str | None) -> float:
-        return top + lane_h * (lanes.index(lane) if lane in lanes else 0)
+def timeline(page: RunPage) -> str:
+    """Each attempt as a bar in its machine's lane; notices, preemptions, moves, ticks and the end on it."""
+    spans, marks = page.spans, page.marks
+    if not spans and not marks:
+        return '<p class="dim">no attempt has started yet</p>'
+    f = _frame(page)
+    parts = [f'<svg class="timeline" width="{f.width}" height="{f.height}" role="img" aria-label="attempts over time">']
+    parts += _grid(f)
+    parts += _idle_gaps(f, spans)
+    parts += _attempt_bars(f, spans)
+    parts += _marks(f, marks)
+    if page.end:
+        parts.append(_end_line(f, page.end))
+    parts.append('<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
+                 'patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" stroke="#ddd" stroke-width="3"/>'
+                 "</pattern></defs>")
+    parts.append(_legend(10, f.height - 10))
+    parts.append("</svg>")
+    return "".join(parts)
 
-    parts = [f'<svg class="timeline" width="{width}" height="{height}" role="img" aria-label="attempts over time">']
-    for t, label in _time_ticks(t0, t1):
-        parts.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top - 6}" y2="{axis_y - 10}" stroke="#eee"/>'
-                     f'<text x="{x(t):.1f}" y="{axis_y + 2}" text-anchor="middle" fill="#666">{label}</text>')
-    for i, lane in enumerate(lanes):
-        y = lane_y(lane)
-        parts.append(f'<text class="lane" x="8" y="{y + lane_h / 2 + 4:.1f}" fill="#333">{_e(lane[:34])}</text>')
+
+def _grid(f: _Frame) -> list[str]:
+    """The time axis's lines and labels, and each lane's name and divider."""
+    parts = []
+    for t, label in _time_ticks(f.t0, f.t1):
+        parts.append(f'<line x1="{f.x(t):.1f}" x2="{f.x(t):.1f}" y1="{f.top - 6}" y2="{f.axis_y - 10}" stroke="#eee"/>'
+                     f'<text x="{f.x(t):.1f}" y="{f.axis_y + 2}" text-anchor="middle" fill="#666">{label}</text>')
+    for i, lane in enumerate(f.lanes):
+        y = f.lane_y(lane)
+        parts.append(f'<text class="lane" x="8" y="{y + f.lane_h / 2 + 4:.1f}" fill="#333">{_e(lane[:34])}</text>')
         if i:
-            parts.append(f'<line x1="{label_w}" x2="{width - 30}" y1="{y}" y2="{y}" stroke="#f2f2f2"/>')
-    # Idle gaps: between one attempt's end and the next one's start, nothing trained.
+            parts.append(f'<line x1="{f.label_w}" x2="{f.width - 30}" y1="{y}" y2="{y}" stroke="#f2f2f2"/>')
+    return parts
+
+
+def _idle_gaps(f: _Frame, spans) -> list[str]:
+    """Idle gaps: between one attempt's end and the next one's start, nothing trained."""
+    parts = []
     ordered = sorted(spans, key=lambda s: s.start)
     for a, b in zip(ordered, ordered[1:], strict=False):
         if b.start - a.end > 1:
-            parts.append(f'<rect class="gap" x="{x(a.end):.1f}" y="{top - 4}" width="{max(1.0, x(b.start) - x(a.end)):.1f}"'
-                         f' height="{lane_h * len(lanes) + 4}" fill="url(#hatch)" opacity="0.9">'
+            parts.append(f'<rect class="gap" x="{f.x(a.end):.1f}" y="{f.top - 4}" '
+                         f'width="{max(1.0, f.x(b.start) - f.x(a.end)):.1f}"'
+                         f' height="{f.lane_h * len(f.lanes) + 4}" fill="url(#hatch)" opacity="0.9">'
                          f"<title>idle {runstate.duration(b.start - a.end)}: no machine trained</title></rect>")
-            mid = (x(a.end) + x(b.start)) / 2
-            if x(b.start) - x(a.end) > 60:
-                parts.append(f'<text x="{mid:.1f}" y="{top - 9}" text-anchor="middle" fill="#999">idle '
+            mid = (f.x(a.end) + f.x(b.start)) / 2
+            if f.x(b.start) - f.x(a.end) > 60:
+                parts.append(f'<text x="{mid:.1f}" y="{f.top - 9}" text-anchor="middle" fill="#999">idle '
                              f"{runstate.duration(b.start - a.end)}</text>")
+    return parts
+
+
+def _attempt_bars(f: _Frame, spans) -> list[str]:
+    """One bar per attempt in its lane, coloured by placement."""
+    parts = []
     colours = {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(dict.fromkeys(s.placement for s in spans))}
     for s in spans:
-        y = lane_y(s.lane) + 7
-        w = max(2.0, x(s.end) - x(s.start))
+        y = f.lane_y(s.lane) + 7
+        w = max(2.0, f.x(s.end) - f.x(s.start))
         tip = (f"attempt {s.attempt}: {_clock(s.start)} – {'now (running)' if s.open else _clock(s.end)}, "
                f"{runstate.duration(s.end - s.start)}" + (f", {s.placement}" if s.placement else "")
                + (f", {_money(s.cost_usd)} (estimate)" if s.cost_usd is not None else ""))
-        parts.append(f'<rect class="attempt" data-attempt="{_e(s.attempt)}" x="{x(s.start):.1f}" y="{y:.1f}" '
-                     f'width="{w:.1f}" height="{lane_h - 14}" rx="3" fill="{colours[s.placement]}" '
+        parts.append(f'<rect class="attempt" data-attempt="{_e(s.attempt)}" x="{f.x(s.start):.1f}" y="{y:.1f}" '
+                     f'width="{w:.1f}" height="{f.lane_h - 14}" rx="3" fill="{colours[s.placement]}" '
                      f'opacity="{0.65 if s.open else 0.85}"><title>{_e(tip)}</title></rect>')
         if w > 40:
-            parts.append(f'<text x="{x(s.start) + 4:.1f}" y="{y + 14:.1f}" fill="#fff">#{_e(s.attempt)}</text>')
+            parts.append(f'<text x="{f.x(s.start) + 4:.1f}" y="{y + 14:.1f}" fill="#fff">#{_e(s.attempt)}</text>')
+    return parts
+
+
+def _marks(f: _Frame, marks) -> list[str]:
+    """Evaluation and checkpoint ticks, moves with their labels under the lanes, and the other marks."""
+    parts = []
     moves_drawn = 0
     # Thousands of ticks draw as one smear and weigh on the browser: past MAX_TICKS of a kind, every k-th.
     every = {k: max(1, math.ceil(sum(1 for m in marks if m.kind == k) / MAX_TICKS)) for k in TICK_KINDS}
@@ -251,52 +309,60 @@ def timeline(page: RunPage) -> str:
             seen[m.kind] += 1
             if (seen[m.kind] - 1) % every[m.kind]:
                 continue
-        cx = x(m.at)
-        y = lane_y(m.lane) + 7
+        cx = f.x(m.at)
+        y = f.lane_y(m.lane) + 7
         if m.kind in (layout.EVALUATED, layout.CHECKPOINT):
-            colour = "#2e7d32" if m.kind == layout.EVALUATED else "#555"
-            y0, y1 = (y - 5, y) if m.kind == layout.EVALUATED else (y + lane_h - 14, y + lane_h - 9)
-            cls = "evaluation" if m.kind == layout.EVALUATED else "checkpoint"
-            parts.append(f'<line class="tick {cls}" x1="{cx:.1f}" x2="{cx:.1f}" y1="{y0:.1f}" y2="{y1:.1f}" '
-                         f'stroke="{colour}" stroke-width="1.5"><title>{_e(m.text)}</title></line>')
+            parts.append(_tick(f, m, cx, y))
         elif m.kind == layout.MOVED:
-            # Its label under the lanes, one row per move, running left of the line when it is past the middle.
-            row_y = moves_y + 16 * moves_drawn
+            parts.append(_move(f, m, cx, f.moves_y + 16 * moves_drawn))
             moves_drawn += 1
-            anchor, dx = ("end", -4) if cx > label_w + plot_w / 2 else ("start", 4)
-            room = int((cx - 10 if anchor == "end" else width - cx - 10) / 6.2)
-            parts.append(f'<g class="move"><line x1="{cx:.1f}" x2="{cx:.1f}" y1="{top - 6}" y2="{row_y - 10}" '
-                         f'stroke="#1565c0" stroke-width="2" stroke-dasharray="5 3"/>'
-                         f'<text x="{cx + dx:.1f}" y="{row_y}" text-anchor="{anchor}" fill="#1565c0">'
-                         f"{_e(_short(m.text, max(30, room)))}</text><title>{_e(m.text)}</title></g>")
         else:
-            colour, shape, label = MARK_STYLE.get(m.kind, ("#333", "cross", m.kind))
-            cls = f"mark {m.kind.replace('_', '-')}"
-            if shape == "triangle":
-                d = f"M{cx:.1f},{y + 10:.1f} l-6,-11 h12 z"
-                parts.append(f'<path class="{cls}" d="{d}" fill="{colour}" stroke="#fff"><title>{_e(label)} at '
-                             f"{_clock(m.at)}: {_e(m.text)}</title></path>")
-            else:
-                c = y + (lane_h - 14) / 2
-                d = f"M{cx - 6:.1f},{c - 6:.1f} l12,12 m0,-12 l-12,12"
-                parts.append(f'<path class="{cls}" d="{d}" stroke="{colour}" stroke-width="3"><title>{_e(label)} at '
-                             f"{_clock(m.at)}: {_e(m.text)}</title></path>")
-    if page.end:
-        cx = x(page.end.at)
-        colour = STATE_COLOURS.get(page.end.kind, "#333")
-        text = _short(page.end.text, 120)
-        # Its label runs left of the line, or right of it when the line is too near the left edge.
-        anchor, dx = ("end", -4) if cx - 6.8 * len(text) > 0 else ("start", 4)
-        parts.append(f'<g class="end" data-end="{_e(page.end.kind)}"><line x1="{cx:.1f}" x2="{cx:.1f}" y1="{top - 24}" '
-                     f'y2="{top + lane_h * len(lanes)}" stroke="{colour}" stroke-width="3"/>'
-                     f'<text x="{cx + dx:.1f}" y="{top - 28}" text-anchor="{anchor}" fill="{colour}" font-weight="600">'
-                     f"{_e(text)}</text><title>{_e(page.end.text)} at {_clock(page.end.at)}</title></g>")
-    parts.append('<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
-                 'patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" stroke="#ddd" stroke-width="3"/>'
-                 "</pattern></defs>")
-    parts.append(_legend(10, height - 10))
-    parts.append("</svg>")
-    return "".join(parts)
+            parts.append(_mark(f, m, cx, y))
+    return parts
+
+
+def _tick(f: _Frame, m, cx: float, y: float) -> str:
+    colour = "#2e7d32" if m.kind == layout.EVALUATED else "#555"
+    y0, y1 = (y - 5, y) if m.kind == layout.EVALUATED else (y + f.lane_h - 14, y + f.lane_h - 9)
+    cls = "evaluation" if m.kind == layout.EVALUATED else "checkpoint"
+    return (f'<line class="tick {cls}" x1="{cx:.1f}" x2="{cx:.1f}" y1="{y0:.1f}" y2="{y1:.1f}" '
+            f'stroke="{colour}" stroke-width="1.5"><title>{_e(m.text)}</title></line>')
+
+
+def _move(f: _Frame, m, cx: float, row_y: float) -> str:
+    """Its label under the lanes, one row per move, running left of the line when it is past the middle."""
+    anchor, dx = ("end", -4) if cx > f.label_w + f.plot_w / 2 else ("start", 4)
+    room = int((cx - 10 if anchor == "end" else f.width - cx - 10) / 6.2)
+    return (f'<g class="move"><line x1="{cx:.1f}" x2="{cx:.1f}" y1="{f.top - 6}" y2="{row_y - 10}" '
+            f'stroke="#1565c0" stroke-width="2" stroke-dasharray="5 3"/>'
+            f'<text x="{cx + dx:.1f}" y="{row_y}" text-anchor="{anchor}" fill="#1565c0">'
+            f"{_e(_short(m.text, max(30, room)))}</text><title>{_e(m.text)}</title></g>")
+
+
+def _mark(f: _Frame, m, cx: float, y: float) -> str:
+    colour, shape, label = MARK_STYLE.get(m.kind, ("#333", "cross", m.kind))
+    cls = f"mark {m.kind.replace('_', '-')}"
+    if shape == "triangle":
+        d = f"M{cx:.1f},{y + 10:.1f} l-6,-11 h12 z"
+        return (f'<path class="{cls}" d="{d}" fill="{colour}" stroke="#fff"><title>{_e(label)} at '
+                f"{_clock(m.at)}: {_e(m.text)}</title></path>")
+    c = y + (f.lane_h - 14) / 2
+    d = f"M{cx - 6:.1f},{c - 6:.1f} l12,12 m0,-12 l-12,12"
+    return (f'<path class="{cls}" d="{d}" stroke="{colour}" stroke-width="3"><title>{_e(label)} at '
+            f"{_clock(m.at)}: {_e(m.text)}</title></path>")
+
+
+def _end_line(f: _Frame, end) -> str:
+    """The run's end as a line across the lanes with its label above them."""
+    cx = f.x(end.at)
+    colour = STATE_COLOURS.get(end.kind, "#333")
+    text = _short(end.text, 120)
+    # Its label runs left of the line, or right of it when the line is too near the left edge.
+    anchor, dx = ("end", -4) if cx - 6.8 * len(text) > 0 else ("start", 4)
+    return (f'<g class="end" data-end="{_e(end.kind)}"><line x1="{cx:.1f}" x2="{cx:.1f}" y1="{f.top - 24}" '
+            f'y2="{f.top + f.lane_h * len(f.lanes)}" stroke="{colour}" stroke-width="3"/>'
+            f'<text x="{cx + dx:.1f}" y="{f.top - 28}" text-anchor="{anchor}" fill="{colour}" font-weight="600">'
+            f"{_e(text)}</text><title>{_e(end.text)} at {_clock(end.at)}</title></g>")
 
 
 def _legend(x0: float, y: float) -> str:

@@ -8,7 +8,7 @@ from devtools.long_functions import LIMIT, long_functions, survey
 
 # The count on the day this check came in (issue: at most 5, each with its reason). Lower it as
 # functions are split; a function that reads top to bottom says why on the line above its def.
-MOST_WITHOUT_A_REASON = 11
+MOST_WITHOUT_A_REASON = 0
 
 
 def _module(tmp_path: Path, text: str) -> Path:
