@@ -5,7 +5,9 @@ The script is what docs/your-fit-script.md's multi-worker recipe says: `tf.keras
 run's variables, its own local folders). The chief, stopped by a signal inside the second epoch,
 commits that step and exits 143; the other worker loses its peer (exit 76). Started again, both restore the
 chief's commit (the same step) and end with the very weights of a two-worker run that never
-stopped (max |Δ| = 0). Only the chief commits.
+stopped (max |Δ| = 0). Only the chief commits. The model has a Dropout layer: its random
+generator's state travels in the checkpoint, so the resumed run draws the same masks; one worker
+alone, stopped and resumed inside an epoch, shows the same.
 """
 
 from __future__ import annotations
