@@ -207,6 +207,11 @@ def _peer_lost_hook(kind, value, tb) -> None:
 if os.environ.get("TRAINSTACK_RUN_URI"):
     # At import, so a notice during the script's start-up is not lost: the callback stops at train begin.
     STOP.install()
+    if KERAS2:
+        # Keras 2's default Dropout draws from TensorFlow's op seeds, a state no checkpoint holds:
+        # a resumed run would draw other masks. Layers made after this own a tf.random.Generator
+        # whose state variable the checkpoint carries (_random_states), as Keras 3's layers do.
+        keras.backend.experimental.enable_tf_random_generator()
     if _workers() > 1:
         sys.excepthook = _peer_lost_hook
 
@@ -214,6 +219,19 @@ if os.environ.get("TRAINSTACK_RUN_URI"):
 def _name(v) -> str:
     """A variable's unique name: its path in Keras 3, its name in Keras 2."""
     return getattr(v, "path", None) or v.name
+
+
+def _random_states(model) -> list:
+    """Keras 2: the state variables of the layers' random generators (Dropout's masks), in layer order.
+    Keras 3 keeps them among the model's variables already (its layers' SeedGenerator)."""
+    if not KERAS2:
+        return []
+    states = []
+    for layer in model._flatten_layers(include_self=False):
+        generator = getattr(getattr(layer, "_random_generator", None), "_generator", None)
+        if isinstance(generator, tf.random.Generator):
+            states.append(generator.state)
+    return states
 
 
 def _metric_variables(model) -> list:
@@ -281,7 +299,9 @@ class Backup(keras.callbacks.Callback):
         # The metrics' variables are not among them: Keras may build them only at the first
         # step; their sums travel in state.json (see _wrap_train_function).
         model = self.model
-        return {"model": list(model.variables), "optimizer": list(model.optimizer.variables)}
+        found = {"model": list(model.variables), "optimizer": list(model.optimizer.variables)}
+        random = _random_states(model)
+        return {**found, "random": random} if random else found
 
     def _structure(self) -> list[str]:
         return [f"{_name(v)}:{list(v.shape)}" for group in self._variables().values() for v in group]
@@ -362,7 +382,7 @@ class Backup(keras.callbacks.Callback):
             saved, self._restored_metrics = self._restored_metrics or {}, None
             for v in _metric_variables(self.model):
                 if _name(v) in saved:
-                    v.assign_add(np.asarray(saved[_name(v)], dtype=v.dtype))
+                    v.assign_add(np.asarray(saved[_name(v)], dtype=tf.as_dtype(v.dtype).as_numpy_dtype))
             return self.model.get_metrics_result() if saved else logs
 
         self.model.train_function = skipping

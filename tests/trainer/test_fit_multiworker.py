@@ -5,7 +5,9 @@ The script is what docs/your-fit-script.md's multi-worker recipe says: `tf.keras
 run's variables, its own local folders). The chief, stopped by a signal inside the second epoch,
 commits that step and exits 143; the other worker loses its peer (exit 76). Started again, both restore the
 chief's commit (the same step) and end with the very weights of a two-worker run that never
-stopped (max |Δ| = 0). Only the chief commits.
+stopped (max |Δ| = 0). Only the chief commits. The model has a Dropout layer: its random
+generator's state travels in the checkpoint, so the resumed run draws the same masks; one worker
+alone, stopped and resumed inside an epoch, shows the same.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ assert tf.keras.__name__.startswith("tf_keras"), tf.keras.__name__  # the recipe
 strategy = fit.strategy()
 with strategy.scope():
     model = tf.keras.Sequential([tf.keras.Input(shape=(8,)), tf.keras.layers.Dense(16, activation="relu"),
-                                 tf.keras.layers.Dense(4)])
+                                 tf.keras.layers.Dropout(0.2), tf.keras.layers.Dense(4)])
     model.compile(optimizer="adam", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
 rng = np.random.default_rng(0)
@@ -62,17 +64,18 @@ os._exit(0)
 '''
 
 
-def _start(code, run, out, hold_at: int) -> list[subprocess.Popen]:
-    workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
+def _start(code, run, out, hold_at: int, count: int = 2) -> list[subprocess.Popen]:
+    workers = [f"127.0.0.1:{p}" for p in free_ports(count)]
     procs = []
-    for i in range(2):
+    for i in range(count):
         local = out / f"worker-{i}"
         local.mkdir(parents=True, exist_ok=True)
         env = trainer_env(TF_USE_LEGACY_KERAS="1", TRAINSTACK_RUN_URI=f"file://{run}",
                           TRAINSTACK_CHECKPOINT_DIR=str(local / "checkpoints"),
                           TRAINSTACK_TENSORBOARD_DIR=str(local / "tensorboard"),
                           TRAINSTACK_MESSAGES_FILE=str(local / "messages.jsonl"),
-                          TF_CONFIG=json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}))
+                          TF_CONFIG=json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
+                          if count > 1 else "")
         procs.append(subprocess.Popen([sys.executable, str(code), str(out), str(hold_at)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs
@@ -96,6 +99,42 @@ def _messages(out, worker: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def _hold_then_stop(procs, out) -> None:
+    deadline = time.monotonic() + 240
+    while not (out / "held").exists():
+        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, _finish(procs, 5)
+        time.sleep(0.1)
+    procs[0].send_signal(signal.SIGTERM)  # the chief's spot notice
+
+
+def _max_diff(got, ref) -> float:
+    assert len(got.files) == len(ref.files) == 4
+    return max(float(np.max(np.abs(got[k] - ref[k]))) for k in ref.files)
+
+
+def test_one_worker_with_dropout_resumed_mid_epoch_draws_the_same_masks(tmp_path):
+    # Keras 2's Dropout: its random generator's state travels in the checkpoint, so the batches
+    # after the resume drop the same units as the run that never stopped.
+    code = tmp_path / "train.py"
+    code.write_text(SCRIPT)
+    reference = tmp_path / "reference"
+    results = _finish(_start(code, tmp_path / "reference-run", reference, hold_at=-1, count=1))
+    assert [rc for rc, _ in results] == [0], [text[-3000:] for _, text in results]
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    held = STEPS_PER_EPOCH + 3
+    procs = _start(code, run, out, hold_at=held, count=1)
+    _hold_then_stop(procs, out)
+    stopped = _finish(procs, timeout=120)
+    assert stopped[0][0] == 143, stopped[0][1][-3000:]
+    (out / "held").unlink()
+    results = _finish(_start(code, run, out, hold_at=-1, count=1))
+    assert [rc for rc, _ in results] == [0], [text[-3000:] for _, text in results]
+    resumed = [m for m in _messages(out, 0) if m["kind"] == "resumed"]
+    assert [(m["step"], m["epoch"], m["batch"]) for m in resumed] == [(held + 1, 1, 4)], resumed
+    assert _max_diff(np.load(out / "weights-True.npz"), np.load(reference / "weights-True.npz")) == 0.0
+
+
 def test_two_workers_resume_the_chiefs_commit_and_end_as_if_never_stopped(tmp_path):
     from runfolder.storage import open_store
     from trainer.checkpoint_store import CheckpointStore
@@ -110,11 +149,7 @@ def test_two_workers_resume_the_chiefs_commit_and_end_as_if_never_stopped(tmp_pa
     run, out = tmp_path / "run", tmp_path / "out"
     held = STEPS_PER_EPOCH + 3  # inside the second epoch
     procs = _start(code, run, out, hold_at=held)
-    deadline = time.monotonic() + 240
-    while not (out / "held").exists():
-        assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, _finish(procs, 5)
-        time.sleep(0.1)
-    procs[0].send_signal(signal.SIGTERM)  # the chief's spot notice
+    _hold_then_stop(procs, out)
     stopped = _finish(procs, timeout=120)
     assert stopped[0][0] == 143, stopped[0][1][-3000:]
     assert stopped[1][0] == 76, stopped[1][1][-3000:]  # it lost its peer: the cluster's loss, not its failure
@@ -131,6 +166,4 @@ def test_two_workers_resume_the_chiefs_commit_and_end_as_if_never_stopped(tmp_pa
     assert store.committed_steps()[-1] == 3 * STEPS_PER_EPOCH
     ref = np.load(reference / "weights-True.npz")
     for chief in (True, False):
-        got = np.load(out / f"weights-{chief}.npz")
-        assert len(got.files) == len(ref.files) == 4
-        assert max(float(np.max(np.abs(got[k] - ref[k]))) for k in ref.files) == 0.0
+        assert _max_diff(np.load(out / f"weights-{chief}.npz"), ref) == 0.0

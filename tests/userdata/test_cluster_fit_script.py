@@ -6,8 +6,8 @@ TF_USE_LEGACY_KERAS=1 and its `fit.strategy()` is MultiWorkerMirroredStrategy ov
 machines. Worker 1 holds after its first epoch (tests/userdata/held_fit) and gets a notice: it
 exits 143, the chief loses its peer and exits 76 (no failure counted), a replacement joins,
 generation 1 resumes from the chief's commit, and the run ends COMPLETE with the weights of an
-uninterrupted two-machine run. The model is the example less its Dropout layer: Keras 2 keeps no
-dropout random state in the checkpoint, so with it the resumed weights differ (max |Δ| ≈ 0.009).
+uninterrupted two-machine run (max |Δ| = 0), its Dropout layer included: the checkpoint carries
+the layer's random generator state, so the resumed run draws the same masks.
 """
 
 from __future__ import annotations
@@ -36,9 +36,7 @@ DROPOUT = "            tf.keras.layers.Dropout(0.2),\n"
 def keras2_code_uri(s3_run, tmp_path) -> str:
     folder = tmp_path / "my-fit-script"
     shutil.copytree(REPO / "examples" / "keras-fit", folder, ignore=shutil.ignore_patterns("__pycache__"))
-    script = (folder / "train.py").read_text()
-    assert DROPOUT in script  # examples/keras-fit changed: update DROPOUT
-    (folder / "train.py").write_text(script.replace(DROPOUT, ""))
+    assert DROPOUT in (folder / "train.py").read_text()  # the exact resume covers Dropout's masks
     data = pack(user_code=folder)
     key = archive_key(data)
     boto3.client("s3", endpoint_url=s3_run.vars["AWS_ENDPOINT_URL"]).put_object(Bucket=s3_run.bucket, Key=key, Body=data)
