@@ -101,6 +101,7 @@ def ensure_server(*, wait: bool = True) -> str:
 
 # ---------------------------------------------------------------- the server process
 
+LIBRARIES = Path(sys.prefix).resolve()  # the interpreter's environment (a .venv inside the checkout)
 BASE_PATH: list[str] = []  # the interpreter's own sys.path entries (stdlib, site-packages)
 SERVED_PACKAGES: dict[str, tuple[str, str]] = {}  # the project's packages imported here: name -> file, digest
 
@@ -258,8 +259,10 @@ def _warm_up() -> None:
     for name, module in sys.modules.items():
         file = getattr(module, "__file__", None)
         # The project's packages (this folder's own modules, imported by file, are the server).
+        # (A virtual environment inside the checkout holds libraries, not the project: scipy's extension
+        # modules, imported under top-level names such as `_csparsetools`, are found by no path.)
         if "." not in name and name != "__main__" and file and Path(file).resolve().parent != HERE \
-                and Path(file).resolve().is_relative_to(REPO):
+                and Path(file).resolve().is_relative_to(REPO) and not Path(file).resolve().is_relative_to(LIBRARIES):
             SERVED_PACKAGES[name] = (file, _digest(file))
     gc.collect()
     gc.freeze()

@@ -192,7 +192,8 @@ def test_a_server_with_more_than_one_thread_forks_no_run(probe, tmp_path):
                                            "warm-trainer-threads", "a server with threads", env=env)
     try:
         with open(f"/proc/{server.pid}/status") as f:
-            assert "Threads:\t2" in f.read()
+            threads = int(next(line.split()[1] for line in f if line.startswith("Threads:")))
+        assert threads >= 2, threads  # NumPy's pool (and SciPy's, where TensorFlow's import finds SciPy)
         proc = _start(probe, "facts", path)
         out, err = proc.communicate(input="", timeout=120)
         assert proc.returncode == 3 and not _served(proc, json.loads(out.splitlines()[0])), err
