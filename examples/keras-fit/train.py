@@ -65,9 +65,12 @@ def main():
 
     # trainstack: TensorBoard + ModelCheckpoint are replaced by the helper's callbacks
     # (TensorBoard to the run's tensorboard/, checkpoints to the bucket, stop on SIGTERM).
-    # Its own CSV beside it, too (the working folder is scratch: not kept after the run).
-    history = tf.keras.callbacks.CSVLogger("history.csv")
-    model.fit(dataset, epochs=a.epochs, callbacks=[*fit.callbacks(histogram_freq=1), history], verbose=2)
+    history = model.fit(dataset, epochs=a.epochs, callbacks=fit.callbacks(histogram_freq=1), verbose=2)
+    # Its own CSV of the epochs, in its working folder as on a laptop (scratch: not kept after the run).
+    with open("history.csv", "w") as f:
+        f.write(",".join(["epoch", *history.history]) + "\n")
+        for epoch, values in enumerate(zip(*history.history.values(), strict=True)):
+            f.write(",".join(str(v) for v in (epoch, *values)) + "\n")
     model.export(fit.model_dir())  # trainstack: the run's model/ (was a local saved_model folder)
     # trainstack: what else the run keeps goes to fit.output_dir() (the run's outputs/, `ops pull --outputs`).
     with open(os.path.join(fit.output_dir(), "report.txt"), "w") as f:

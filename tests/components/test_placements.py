@@ -191,7 +191,7 @@ def test_group_names_and_the_settings_of_a_placement():
     assert west.run == s.run and west.compute.nodes == s.compute.nodes and west.compute.subnets == []
     config = json.loads(placement.controller_config_json(s, "s3://b/runs/exp-7", placement.group_names(s, "g")))
     assert config == {
-        "run_uri": "s3://b/runs/exp-7", "nodes": 1, "wait_minutes": 20,
+        "run_uri": "s3://b/runs/exp-7", "nodes": 1, "wait_minutes": 20, "max_runtime_s": int(s.compute.max_runtime_hours * 3600),
         "placements": [{"cloud": "aws", "region": r, "project": None, "group": g}
                        for r, g in zip(REGIONS["aws"], ["g", "g-p1", "g-p2"], strict=True)]}
 
