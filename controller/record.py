@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -138,28 +139,12 @@ def read_events(store: Store) -> tuple[list[dict], str | None]:
     return out, version
 
 
-def note_waiting(store: Store, event: dict, *, tries: int = 4) -> bool:
-    """Append the controller's ``waiting`` event unless the newest event already says the same (its
-    ``key``): what holds the run is written once, not each minute. True if this call wrote it."""
+def _append_unless(store: Store, event: dict, there: Callable[[list[dict]], bool], tries: int) -> bool | None:
+    """Append ``event`` to the controller's events unless ``there(events)``: True if this call wrote it,
+    False if it was there, None if another writer kept appending for ``tries`` reads."""
     for _ in range(tries):
         events, version = read_events(store)
-        last = events[-1] if events else {}
-        if last.get(layout.EVENT) == layout.CONTROLLER_WAITING and last.get("key") == event["key"]:
-            return False
-        body = "".join(json.dumps(e) + "\n" for e in [*events, event]).encode()
-        try:
-            store.put_bytes_if(layout.PLACEMENT_EVENTS_KEY, body, version=version)
-            return True
-        except (PreconditionFailed, WriteConflict):
-            continue
-    return False  # another writer kept appending: the next tick says it
-
-
-def append_moved_once(store: Store, event: dict, *, tries: int = 8) -> bool:
-    """Append the ``moved`` event of move ``event["move"]`` unless it is there; True if this call wrote it."""
-    for _ in range(tries):
-        events, version = read_events(store)
-        if any(e.get(layout.EVENT) == layout.MOVED and e.get("move") == event["move"] for e in events):
+        if there(events):
             return False
         body = "".join(json.dumps(e) + "\n" for e in [*events, event]).encode()
         try:
@@ -167,4 +152,24 @@ def append_moved_once(store: Store, event: dict, *, tries: int = 8) -> bool:
             return True
         except (PreconditionFailed, WriteConflict):
             continue  # another writer appended meanwhile: read again (it may be this very event)
-    raise PreconditionFailed(f"{layout.PLACEMENT_EVENTS_KEY}: could not append after {tries} tries")
+    return None
+
+
+def note_waiting(store: Store, event: dict, *, tries: int = 4) -> bool:
+    """Append the controller's ``waiting`` event unless the newest event already says the same (its
+    ``key``): what holds the run is written once, not each minute. True if this call wrote it."""
+
+    def said(events: list[dict]) -> bool:
+        last = events[-1] if events else {}
+        return last.get(layout.EVENT) == layout.CONTROLLER_WAITING and last.get("key") == event["key"]
+
+    return bool(_append_unless(store, event, said, tries))  # None: the next tick says it
+
+
+def append_moved_once(store: Store, event: dict, *, tries: int = 8) -> bool:
+    """Append the ``moved`` event of move ``event["move"]`` unless it is there; True if this call wrote it."""
+    wrote = _append_unless(store, event, lambda events: any(
+        e.get(layout.EVENT) == layout.MOVED and e.get("move") == event["move"] for e in events), tries)
+    if wrote is None:
+        raise PreconditionFailed(f"{layout.PLACEMENT_EVENTS_KEY}: could not append after {tries} tries")
+    return wrote
