@@ -17,28 +17,13 @@ import pytest
 from runfolder import layout
 from runfolder.lease import LeaseLost
 from runfolder.storage import open_store
+from tests.trainer.test_checkpoint_store import Events, write_dir
 from trainer.checkpoint_store import CheckpointError, CheckpointStore
 
 
 @pytest.fixture
 def store(file_run):
     return open_store(file_run.uri)
-
-
-def _dir(tmp_path, name: str, files: dict[str, bytes]) -> str:
-    root = tmp_path / name
-    for rel, data in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
-    return str(root)
-
-
-class Events(list):
-    def __call__(self, kind: str, fields: dict) -> None:
-        self.append((kind, fields))
-
-    def of(self, kind: str) -> list[dict]:
-        return [f for k, f in self if k == kind]
 
 
 def _marker(store, step: int) -> dict:
@@ -50,7 +35,7 @@ def _marker(store, step: int) -> dict:
 @pytest.mark.parametrize("step", [True, -1, 1.0, "3", None])
 def test_a_step_is_a_non_negative_int(store, tmp_path, step):
     ckpts = CheckpointStore(store)
-    local = _dir(tmp_path, "c", {"d": b"x"})
+    local = write_dir(tmp_path, "c", {"d": b"x"})
     for call in (ckpts.commit, ckpts.commit_async, ckpts.restore_step):
         with pytest.raises(ValueError, match=re.escape(f"checkpoint step must be a non-negative int, got {step!r}")):
             call(step, local)
@@ -80,12 +65,12 @@ def test_a_missing_empty_or_marker_holding_directory_is_refused(store, tmp_path)
     empty = str(tmp_path / "empty")
     with pytest.raises(ValueError, match=re.escape(f"checkpoint directory {empty!r} holds no files; nothing to commit")):
         ckpts.commit(1, empty)
-    reserved = _dir(tmp_path, "r", {"d": b"x", "COMMITTED": b"{}"})
+    reserved = write_dir(tmp_path, "r", {"d": b"x", "COMMITTED": b"{}"})
     with pytest.raises(ValueError, match=re.escape(
             f"checkpoint directory {reserved!r} holds a file named COMMITTED, which is reserved")):
         ckpts.commit(1, reserved)
     # A file so named deeper down is the checkpoint's own.
-    assert ckpts.commit(1, _dir(tmp_path, "s", {"sub/COMMITTED": b"x"}))["files"].keys() == {"sub/COMMITTED"}
+    assert ckpts.commit(1, write_dir(tmp_path, "s", {"sub/COMMITTED": b"x"}))["files"].keys() == {"sub/COMMITTED"}
     assert store.list("checkpoints/") == [layout.committed_key(1), "checkpoints/ckpt-1/sub/COMMITTED"]
 
 
@@ -95,7 +80,7 @@ def test_the_marker_describes_every_file_and_the_result_adds_time_and_place(stor
     commits = []
     ckpts = CheckpointStore(store, on_commit=commits.append)
     files = {"z.data": b"z" * 300, "a.index": b"a", "sub/b": b"bb"}
-    info = ckpts.commit(7, _dir(tmp_path, "c", files))
+    info = ckpts.commit(7, write_dir(tmp_path, "c", files))
     marker = _marker(store, 7)
     assert list(marker) == ["format", "step", "bytes", "created", "files"]
     assert (marker["format"], marker["step"], marker["bytes"]) == (1, 7, 303)
@@ -110,7 +95,7 @@ def test_the_marker_describes_every_file_and_the_result_adds_time_and_place(stor
 
 def test_the_same_content_committed_again_keeps_its_marker(store, tmp_path):
     ckpts = CheckpointStore(store)
-    local = _dir(tmp_path, "c", {"d": b"one"})
+    local = write_dir(tmp_path, "c", {"d": b"one"})
     first = ckpts.commit(3, local)
     again = ckpts.commit(3, local)
     assert again == {**first, "seconds": again["seconds"]} and again["uri"] == f"{store.uri}/checkpoints/ckpt-3/"
@@ -127,7 +112,7 @@ def test_an_upload_that_fails_names_how_many_files_and_marks_nothing(store, tmp_
 
     monkeypatch.setattr(store, "put_file", denied)
     with pytest.raises(CheckpointError) as err:
-        ckpts.commit(4, _dir(tmp_path, "c", {"a": b"1", "b": b"2", "c": b"3"}))
+        ckpts.commit(4, write_dir(tmp_path, "c", {"a": b"1", "b": b"2", "c": b"3"}))
     assert str(err.value) == (f"checkpoint 4: 1 of 3 files failed to upload to {store.uri}/checkpoints/ckpt-4/; "
                               "not committed")
     assert isinstance(err.value.__cause__, PermissionError)
@@ -150,7 +135,7 @@ def test_a_file_the_store_does_not_hold_in_full_is_not_committed(store, tmp_path
 
     monkeypatch.setattr(store, "stat", short)
     with pytest.raises(CheckpointError) as err:
-        ckpts.commit(5, _dir(tmp_path, "c", {"d": b"abc", "e": b"e"}))
+        ckpts.commit(5, write_dir(tmp_path, "c", {"d": b"abc", "e": b"e"}))
     assert str(err.value) == (f"checkpoint 5: d should hold 3 bytes in {store.uri}/checkpoints/ckpt-5/ but is "
                               f"{got}; not committed")
     assert not store.exists(layout.committed_key(5))
@@ -181,7 +166,7 @@ class Lease:
 def test_the_marker_goes_out_right_after_the_lease_is_fenced_and_names_its_epoch(store, tmp_path):
     lease = Lease(store, epoch=3)
     ckpts = CheckpointStore(store, lease=lease)
-    info = ckpts.commit(1, _dir(tmp_path, "c", {"d": b"x"}))
+    info = ckpts.commit(1, write_dir(tmp_path, "c", {"d": b"x"}))
     # Fenced once, after the files and before the marker; then the prune checked it.
     assert lease.calls == [("fence", ["checkpoints/ckpt-1/d"]), ("check", None)]
     assert info["lease_epoch"] == 3 and _marker(store, 1)["lease_epoch"] == 3
@@ -189,27 +174,27 @@ def test_the_marker_goes_out_right_after_the_lease_is_fenced_and_names_its_epoch
 
 def test_a_lost_lease_marks_nothing_withdraws_nothing_and_prunes_nothing(store, tmp_path):
     ckpts = CheckpointStore(store, keep=1)
-    ckpts.commit(1, _dir(tmp_path, "c1", {"d": b"one"}))
-    ckpts.commit(2, _dir(tmp_path, "c2", {"d": b"two"}))
+    ckpts.commit(1, write_dir(tmp_path, "c1", {"d": b"one"}))
+    ckpts.commit(2, write_dir(tmp_path, "c2", {"d": b"two"}))
     store.put_bytes("checkpoints/ckpt-1/d", b"one")  # an old partial the prune would delete
     before = store.list("checkpoints/")
     lease = Lease(store)
     lease.lost = True
     fenced = CheckpointStore(store, keep=1, lease=lease)
     with pytest.raises(LeaseLost):
-        fenced.commit(3, _dir(tmp_path, "c3", {"d": b"three"}))
+        fenced.commit(3, write_dir(tmp_path, "c3", {"d": b"three"}))
     assert not store.exists(layout.committed_key(3))
     with pytest.raises(LeaseLost):
-        fenced.commit(2, _dir(tmp_path, "c2b", {"d": b"other"}))  # a different step 2: its marker stays
+        fenced.commit(2, write_dir(tmp_path, "c2b", {"d": b"other"}))  # a different step 2: its marker stays
     assert _marker(store, 2)["files"]["d"]["size"] == 3
     fenced.prune()
     assert [k for k in store.list("checkpoints/") if "ckpt-3" not in k] == before
 
 
 def test_replacing_a_committed_step_fences_before_withdrawing_its_marker(store, tmp_path):
-    CheckpointStore(store).commit(2, _dir(tmp_path, "c", {"d": b"two"}))
+    CheckpointStore(store).commit(2, write_dir(tmp_path, "c", {"d": b"two"}))
     lease = Lease(store)
-    CheckpointStore(store, lease=lease).commit(2, _dir(tmp_path, "c2", {"d": b"TWO!"}))
+    CheckpointStore(store, lease=lease).commit(2, write_dir(tmp_path, "c2", {"d": b"TWO!"}))
     # The first fence saw the old marker still there: it came before the withdrawal.
     assert lease.calls[0] == ("fence", [layout.committed_key(2), "checkpoints/ckpt-2/d"])
     assert [c for c, _ in lease.calls] == ["fence", "fence", "check"]
@@ -219,7 +204,7 @@ def test_replacing_a_committed_step_fences_before_withdrawing_its_marker(store, 
 # -- why a checkpoint is skipped --
 
 def _committed(store, tmp_path, step: int = 2) -> dict:
-    CheckpointStore(store).commit(step, _dir(tmp_path, f"c{step}", {"d": b"data"}))
+    CheckpointStore(store).commit(step, write_dir(tmp_path, f"c{step}", {"d": b"data"}))
     return _marker(store, step)
 
 
@@ -277,7 +262,7 @@ def test_a_damaged_file_is_named_in_the_skip(store, tmp_path, damage, reason):
 
 
 def test_every_damaged_file_is_named(store, tmp_path):
-    CheckpointStore(store).commit(2, _dir(tmp_path, "c", {"a": b"aa", "b": b"bb"}))
+    CheckpointStore(store).commit(2, write_dir(tmp_path, "c", {"a": b"aa", "b": b"bb"}))
     store.delete_prefix("checkpoints/ckpt-2/a")
     store.put_bytes("checkpoints/ckpt-2/b", b"b")
     events = Events()
@@ -334,7 +319,7 @@ def test_a_step_this_store_is_uploading_is_not_a_candidate(store, tmp_path, monk
         assert release.wait(10)
 
     monkeypatch.setattr(store, "put_file", held)
-    ckpts.commit_async(2, _dir(tmp_path, "c2", {"d": b"two"}))
+    ckpts.commit_async(2, write_dir(tmp_path, "c2", {"d": b"two"}))
     assert uploading.wait(10)
     events = Events()
     ckpts.emit = events
@@ -352,7 +337,7 @@ def test_protected_checkpoints_outlive_the_keep_count_until_unprotected(store, t
     ckpts = CheckpointStore(store, keep=1)
     ckpts.protect = {1}
     for step in (1, 2, 3):
-        ckpts.commit(step, _dir(tmp_path, f"c{step}", {"d": bytes([step])}))
+        ckpts.commit(step, write_dir(tmp_path, f"c{step}", {"d": bytes([step])}))
     assert ckpts.committed_steps() == [1, 3]
     store.put_bytes("checkpoints/ckpt-0/d", b"a partial")
     ckpts.protect = {0, 1}  # a partial is not kept for being protected
@@ -365,11 +350,11 @@ def test_protected_checkpoints_outlive_the_keep_count_until_unprotected(store, t
 
 def test_pruning_deletes_the_marker_before_the_files(store, tmp_path, monkeypatch):
     ckpts = CheckpointStore(store, keep=1)
-    ckpts.commit(1, _dir(tmp_path, "c1", {"d": b"1"}))
+    ckpts.commit(1, write_dir(tmp_path, "c1", {"d": b"1"}))
     deleted = []
     real = store.delete_prefix
     monkeypatch.setattr(store, "delete_prefix", lambda prefix: (deleted.append(prefix), real(prefix))[1])
-    ckpts.commit(2, _dir(tmp_path, "c2", {"d": b"2"}))
+    ckpts.commit(2, write_dir(tmp_path, "c2", {"d": b"2"}))
     assert deleted == [layout.committed_key(1), "checkpoints/ckpt-1/"]
     assert store.list("checkpoints/") == [layout.committed_key(2), "checkpoints/ckpt-2/d"]
 
@@ -422,7 +407,7 @@ def test_wait_times_out_naming_the_step_still_uploading(store, tmp_path, monkeyp
         real(key, path, **kw)
 
     monkeypatch.setattr(store, "put_file", held)
-    ckpts.commit_async(6, _dir(tmp_path, "c6", {"d": b"six"}))
+    ckpts.commit_async(6, write_dir(tmp_path, "c6", {"d": b"six"}))
     assert uploading.wait(10)
     with pytest.raises(TimeoutError, match=r"^checkpoint upload of step 6 still running after 0.05 s$"):
         ckpts.wait(timeout=0.05)
@@ -451,7 +436,7 @@ def test_the_snapshot_is_hard_links_next_to_the_folder_and_goes_once_uploaded(st
     ckpts = CheckpointStore(store)
     release, uploading = _held_uploads(store, monkeypatch)
     (tmp_path / "work").mkdir()
-    local = _dir(tmp_path / "work", "c", {"a": b"1", "sub/b": b"2", "with space": b"3"})
+    local = write_dir(tmp_path / "work", "c", {"a": b"1", "sub/b": b"2", "with space": b"3"})
     ckpts.commit_async(1, local)
     assert uploading.wait(10)
     try:
@@ -477,7 +462,7 @@ def test_the_snapshot_is_a_copy_where_links_fail(store, tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "link", no_links)
     ckpts = CheckpointStore(store)
-    local = _dir(tmp_path, "c", {"a": b"one", "sub/b": b"two"})
+    local = write_dir(tmp_path, "c", {"a": b"one", "sub/b": b"two"})
     ckpts.commit_async(1, local)
     ckpts.wait(10)
     assert ckpts.restore_latest(str(tmp_path / "r")) == 1
@@ -497,7 +482,7 @@ def test_a_snapshot_that_fails_is_removed_and_its_error_raised(store, tmp_path, 
     monkeypatch.setattr(os, "link", no_links)
     monkeypatch.setattr(shutil, "copy2", disk_full)
     ckpts = CheckpointStore(store)
-    local = _dir(tmp_path, "c", {"a": b"one"})
+    local = write_dir(tmp_path, "c", {"a": b"one"})
     with pytest.raises(PermissionError, match="disk full"):
         ckpts.commit_async(1, local)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "runs") == ["c"]
@@ -506,9 +491,9 @@ def test_a_snapshot_that_fails_is_removed_and_its_error_raised(store, tmp_path, 
 
 def test_a_commit_after_a_background_one_finished(store, tmp_path):
     ckpts = CheckpointStore(store)
-    ckpts.commit_async(1, _dir(tmp_path, "c1", {"d": b"one"}))
+    ckpts.commit_async(1, write_dir(tmp_path, "c1", {"d": b"one"}))
     ckpts.wait(10)
-    assert ckpts.commit(2, _dir(tmp_path, "c2", {"d": b"two"}))["step"] == 2
+    assert ckpts.commit(2, write_dir(tmp_path, "c2", {"d": b"two"}))["step"] == 2
     assert ckpts.committed_steps() == [1, 2]
 
 
@@ -525,8 +510,8 @@ def test_transfers_run_on_at_most_upload_workers_named_threads(store, tmp_path, 
 
     monkeypatch.setattr(checkpoints, "ThreadPoolExecutor", recorded)
     ckpts = CheckpointStore(store, upload_workers=2)
-    ckpts.commit(1, _dir(tmp_path, "c1", {"a": b"1", "b": b"2", "c": b"3"}))
-    ckpts.commit(2, _dir(tmp_path, "c2", {"a": b"1"}))
+    ckpts.commit(1, write_dir(tmp_path, "c1", {"a": b"1", "b": b"2", "c": b"3"}))
+    ckpts.commit(2, write_dir(tmp_path, "c2", {"a": b"1"}))
     assert ckpts.restore_latest(str(tmp_path / "r")) == 2 and ckpts.restore_step(1, str(tmp_path / "s"))
     # Never more threads than files, nor than upload_workers.
     assert pools == [((), {"max_workers": 2, "thread_name_prefix": "ckpt-up"}),
@@ -552,7 +537,7 @@ def test_a_newest_checkpoint_with_a_bad_marker_does_not_push_out_the_resumed_run
     store.put_bytes(layout.committed_key(3), json.dumps({"step": 3, "files": {}}).encode())
     ckpts = CheckpointStore(store, keep=1)
     assert ckpts.restore_latest(str(tmp_path / "r")) is None
-    ckpts.commit(2, _dir(tmp_path, "c2", {"d": b"two"}))
+    ckpts.commit(2, write_dir(tmp_path, "c2", {"d": b"two"}))
     assert ckpts.committed_steps() == [2, 3]
     assert ckpts.restore_latest(str(tmp_path / "r")) == 2
 
@@ -585,9 +570,9 @@ def test_a_synchronous_commit_takes_the_place_of_a_queued_one_of_its_step(store,
 
     monkeypatch.setattr(store, "put_file", step_1_held)
     (tmp_path / "work").mkdir()
-    ckpts.commit_async(1, _dir(tmp_path / "work", "c1", {"d": b"one"}))
+    ckpts.commit_async(1, write_dir(tmp_path / "work", "c1", {"d": b"one"}))
     assert uploading.wait(10)
-    local = _dir(tmp_path / "work", "c2", {"d": b"two"})
+    local = write_dir(tmp_path / "work", "c2", {"d": b"two"})
     ckpts.commit_async(2, local)  # queued behind step 1
     assert len([p for p in (tmp_path / "work").iterdir() if p.name.startswith(".trainstack-snapshot-")]) == 2
     info = ckpts.commit(2, local)
@@ -612,7 +597,7 @@ def test_a_step_being_committed_synchronously_is_not_a_restore_candidate(store, 
 
     monkeypatch.setattr(store, "put_file", held)
     result = {}
-    committing = threading.Thread(target=lambda: result.update(ckpts.commit(5, _dir(tmp_path, "c5", {"d": b"5"}))))
+    committing = threading.Thread(target=lambda: result.update(ckpts.commit(5, write_dir(tmp_path, "c5", {"d": b"5"}))))
     committing.start()
     try:
         assert uploading.wait(10)
@@ -640,7 +625,7 @@ def test_a_commit_reports_its_seconds_to_the_millisecond(store, tmp_path, monkey
     from trainer import checkpoint_store as checkpoints
 
     ckpts = CheckpointStore(store)
-    local = _dir(tmp_path, "c", {"d": b"x"})
+    local = write_dir(tmp_path, "c", {"d": b"x"})
     monkeypatch.setattr(checkpoints, "time", _Monotonic(100.0, 101.23456))
     assert ckpts.commit(1, local)["seconds"] == 1.235
     # The same content again: the marker is kept, and the time is still the call's own.
@@ -659,7 +644,7 @@ def test_the_marker_is_dated_in_utc_whatever_the_machines_zone(store, tmp_path, 
     time.tzset()
     try:
         before = datetime.now(tz=UTC)
-        CheckpointStore(store).commit(1, _dir(tmp_path, "c", {"d": b"x"}))
+        CheckpointStore(store).commit(1, write_dir(tmp_path, "c", {"d": b"x"}))
         after = datetime.now(tz=UTC)
     finally:
         monkeypatch.undo()

@@ -40,7 +40,8 @@ def _tf_load(tf, directory: Path) -> tuple[list[float], int]:
     return [float(x) for x in w.numpy()], int(step.numpy())
 
 
-def _dir(tmp_path: Path, name: str, files: dict[str, bytes]) -> str:
+def write_dir(tmp_path: Path, name: str, files: dict[str, bytes]) -> str:
+    """A folder ``tmp_path/name`` holding ``files`` (relative path -> bytes); its path."""
     root = tmp_path / name
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -122,8 +123,8 @@ def test_damaged_checkpoint_is_skipped_and_older_restored(run_root, tmp_path, da
     store = open_store(run_root.uri)
     events = Events()
     ckpts = CheckpointStore(store, emit=events)
-    ckpts.commit(1, _dir(tmp_path, "a", {"model.data": b"A" * 1000, "sub/model.index": b"a-index"}))
-    ckpts.commit(2, _dir(tmp_path, "b", {"model.data": b"B" * 1000, "sub/model.index": b"b-index"}))
+    ckpts.commit(1, write_dir(tmp_path, "a", {"model.data": b"A" * 1000, "sub/model.index": b"a-index"}))
+    ckpts.commit(2, write_dir(tmp_path, "b", {"model.data": b"B" * 1000, "sub/model.index": b"b-index"}))
     key = "checkpoints/ckpt-2/model.data"
     if damage == "flip":
         store.put_bytes(key, b"B" * 999 + b"C")
@@ -175,13 +176,13 @@ def test_prune_keeps_k_and_never_the_newest(run_root, tmp_path):
     store = open_store(run_root.uri)
     ckpts = CheckpointStore(store, keep=2)
     for step in (1, 2, 3):
-        ckpts.commit(step, _dir(tmp_path, f"c{step}", {"d": bytes([step]) * 10}))
+        ckpts.commit(step, write_dir(tmp_path, f"c{step}", {"d": bytes([step]) * 10}))
     assert ckpts.committed_steps() == [2, 3]
     # A partial older than the newest commit is stale; a newer one may be an upload in progress.
     store.put_bytes("checkpoints/ckpt-2x/ignored", b"not a checkpoint name")
     store.put_bytes("checkpoints/ckpt-0/d", b"stale partial")
     store.put_bytes("checkpoints/ckpt-9/d", b"in progress")
-    ckpts.commit(4, _dir(tmp_path, "c4", {"d": b"\x04" * 10}))
+    ckpts.commit(4, write_dir(tmp_path, "c4", {"d": b"\x04" * 10}))
     assert ckpts.committed_steps() == [3, 4]
     assert store.list("checkpoints/") == [
         "checkpoints/ckpt-2x/ignored",
@@ -205,8 +206,8 @@ def test_resumed_run_past_a_damaged_newest_keeps_its_new_checkpoints(run_root, t
     store = open_store(run_root.uri)
     events = Events()
     ckpts = CheckpointStore(store, keep=1, emit=events)
-    ckpts.commit(1, _dir(tmp_path, "c1", {"d": b"one"}))
-    ckpts.commit(3, _dir(tmp_path, "c3", {"d": b"three"}))
+    ckpts.commit(1, write_dir(tmp_path, "c1", {"d": b"one"}))
+    ckpts.commit(3, write_dir(tmp_path, "c3", {"d": b"three"}))
     store.put_bytes("checkpoints/ckpt-1/d", b"one")  # pruned with keep=1: put back as a partial
     assert ckpts.committed_steps() == [3]
     store.put_bytes("checkpoints/ckpt-3/d", b"THREE")  # damaged after commit
@@ -214,13 +215,13 @@ def test_resumed_run_past_a_damaged_newest_keeps_its_new_checkpoints(run_root, t
     resumed = CheckpointStore(store, keep=1, emit=events)
     assert resumed.restore_latest(str(tmp_path / "r")) is None  # 3 is damaged, 1 has no marker
     assert [e["step"] for e in events.of("checkpoint_skipped")] == [3, 1]
-    resumed.commit(2, _dir(tmp_path, "c2", {"d": b"two"}))
+    resumed.commit(2, write_dir(tmp_path, "c2", {"d": b"two"}))
     # The damaged 3 does not push out the resumed run's newest good checkpoint.
     assert resumed.committed_steps() == [2, 3]
     assert not store.exists("checkpoints/ckpt-1/d")
     assert resumed.restore_latest(str(tmp_path / "r")) == 2
     # Committing step 3 again replaces the damaged one for good.
-    resumed.commit(3, _dir(tmp_path, "c3b", {"d": b"three"}))
+    resumed.commit(3, write_dir(tmp_path, "c3b", {"d": b"three"}))
     assert resumed.committed_steps() == [3]
     assert resumed.restore_latest(str(tmp_path / "r")) == 3
     assert (tmp_path / "r" / "d").read_bytes() == b"three"
@@ -229,10 +230,10 @@ def test_resumed_run_past_a_damaged_newest_keeps_its_new_checkpoints(run_root, t
 def test_recommit_of_same_step_keeps_or_replaces_consistently(run_root, tmp_path):
     store = open_store(run_root.uri)
     ckpts = CheckpointStore(store)
-    first = ckpts.commit(7, _dir(tmp_path, "a", {"d": b"same"}))
-    again = ckpts.commit(7, _dir(tmp_path, "b", {"d": b"same"}))
+    first = ckpts.commit(7, write_dir(tmp_path, "a", {"d": b"same"}))
+    again = ckpts.commit(7, write_dir(tmp_path, "b", {"d": b"same"}))
     assert again["created"] == first["created"]  # identical content: left as committed
-    changed = ckpts.commit(7, _dir(tmp_path, "c", {"d": b"different", "e": b"x"}))
+    changed = ckpts.commit(7, write_dir(tmp_path, "c", {"d": b"different", "e": b"x"}))
     assert sorted(changed["files"]) == ["d", "e"]
     assert ckpts.restore_latest(str(tmp_path / "r")) == 7
     assert (tmp_path / "r" / "d").read_bytes() == b"different"
@@ -263,7 +264,7 @@ def test_commit_async_returns_at_once_and_newer_replaces_queued(run_root, tmp_pa
 
     returned = []
     for step in (1, 2, 3):
-        local = _dir(tmp_path, f"c{step}", {"model.data": bytes([step]) * 5000, "model.index": b"i"})
+        local = write_dir(tmp_path, f"c{step}", {"model.data": bytes([step]) * 5000, "model.index": b"i"})
         ckpts.commit_async(step, local)
         # It returned while every upload is held at the gate: the caller never waits for one (a
         # caller that did would return only after the gate's own 10 s timeout, with a commit made).
@@ -301,7 +302,7 @@ def test_wait_reraises_background_failure_once(tmp_path, monkeypatch):
         raise PermissionError(f"access denied to {key}")
 
     monkeypatch.setattr(store, "put_file", denied)
-    ckpts.commit_async(1, _dir(tmp_path, "c1", {"d": b"x"}))
+    ckpts.commit_async(1, write_dir(tmp_path, "c1", {"d": b"x"}))
     with pytest.raises(CheckpointError, match="not committed") as err:
         ckpts.wait(timeout=10)
     assert isinstance(err.value.__cause__, PermissionError)
@@ -325,9 +326,9 @@ def test_sync_commit_stops_older_background_upload(tmp_path, monkeypatch):
         real(key, path, **kw)
 
     monkeypatch.setattr(store, "put_file", held)
-    ckpts.commit_async(1, _dir(tmp_path, "c1", {f"f{i}": b"1" for i in range(5)}))
+    ckpts.commit_async(1, write_dir(tmp_path, "c1", {f"f{i}": b"1" for i in range(5)}))
     assert uploading.wait(10), "the background upload of step 1 never began"
-    ckpts.commit(2, _dir(tmp_path, "c2", {"f0": b"2"}))
+    ckpts.commit(2, write_dir(tmp_path, "c2", {"f0": b"2"}))
     synced.set()
     ckpts.wait(timeout=10)
     assert ckpts.committed_steps() == [2]
@@ -343,7 +344,7 @@ def test_sync_commit_of_the_step_uploading_in_background_waits_for_it(tmp_path, 
     ckpts = CheckpointStore(store, on_commit=commits.append)
     gate = threading.Event()
     started = _slow_uploads(store, monkeypatch, 0.0, gate)
-    local = _dir(tmp_path, "c5", {"model.data": b"5" * 100, "model.index": b"i"})
+    local = write_dir(tmp_path, "c5", {"model.data": b"5" * 100, "model.index": b"i"})
     ckpts.commit_async(5, local)
     deadline = time.monotonic() + 5
     while not started and time.monotonic() < deadline:
@@ -365,7 +366,7 @@ def test_flaky_store_commit_succeeds_and_reports_retries(request, tmp_path, back
     events = Events()
     ckpts = CheckpointStore(store, emit=events)
     # Over the multipart threshold, so part uploads meet the faults too.
-    local = _dir(tmp_path, "c", {"model.data": os.urandom(10 * 1024 * 1024), "model.index": b"idx"})
+    local = write_dir(tmp_path, "c", {"model.data": os.urandom(10 * 1024 * 1024), "model.index": b"idx"})
     faulty.proxy.fail_for(1.0, mode)
     info = ckpts.commit(5, local)
     assert faulty.proxy.failed > 0
@@ -386,9 +387,9 @@ def test_outage_longer_than_retries_commits_nothing(faulty_s3, tmp_path, monkeyp
     store = open_store(faulty_s3.uri)
     events = Events()
     ckpts = CheckpointStore(store, emit=events, upload_workers=1)  # files go up in order: d, e
-    ckpts.commit(1, _dir(tmp_path, "c1", {"d": b"good" * 100, "e": b"e"}))
+    ckpts.commit(1, write_dir(tmp_path, "c1", {"d": b"good" * 100, "e": b"e"}))
 
-    local = _dir(tmp_path, "c2", {"d": b"newer" * 100, "e": b"e2"})
+    local = write_dir(tmp_path, "c2", {"d": b"newer" * 100, "e": b"e2"})
     # Let the first file through, then drop everything: a half-uploaded checkpoint.
     real = store.put_file
     first = []
@@ -485,10 +486,10 @@ def test_a_synchronous_commit_aborts_the_background_upload_mid_file(tmp_path, mo
         return real_read(self, size)
 
     monkeypatch.setattr(CancellableReader, "read", slow_read)
-    ckpts.commit_async(1, _dir(tmp_path, "c1", {"big": os.urandom(16 * 1024 * 1024)}))
+    ckpts.commit_async(1, write_dir(tmp_path, "c1", {"big": os.urandom(16 * 1024 * 1024)}))
     assert reading.wait(10)
     cancelled_at.append(time.monotonic())
-    info = ckpts.commit(2, _dir(tmp_path, "c2", {"small": b"x" * 100}))
+    info = ckpts.commit(2, write_dir(tmp_path, "c2", {"small": b"x" * 100}))
     ckpts.wait(5)  # the background worker has wound down
     assert info["step"] == 2
     # It stopped at once, not at the end of the file: counted in reads of the big file (64 of
@@ -511,13 +512,13 @@ def test_a_synchronous_commit_aborts_the_background_upload_mid_request_on_a_slow
     ckpts = CheckpointStore(store, upload_workers=1)
     size = 16 * 1024 * 1024
     proxy.throttle(1024 * 1024)
-    ckpts.commit_async(1, _dir(tmp_path, "c1", {"big": os.urandom(size)}))
+    ckpts.commit_async(1, write_dir(tmp_path, "c1", {"big": os.urandom(size)}))
     deadline = time.monotonic() + 30
     while proxy.received < 1024 * 1024 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proxy.received >= 1024 * 1024, "the background upload never got going"
     t0 = time.monotonic()
-    info = ckpts.commit(2, _dir(tmp_path, "c2", {"small": b"x" * 100}))
+    info = ckpts.commit(2, write_dir(tmp_path, "c2", {"small": b"x" * 100}))
     took = time.monotonic() - t0
     ckpts.wait(30)
     # The big file alone needs 16 s on this link: a commit that waited for it could not end
