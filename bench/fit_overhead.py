@@ -3,7 +3,7 @@
     python -m bench.fit_overhead [--epochs 3] [--rounds 2]
 
 The seed article's model and data (examples/keras-fit/train.py) in one process, fit run in
-rounds that alternate [TensorBoard] and [trainstack Backup, TensorBoard] (the helper's list),
+rounds that alternate [TensorBoard] and [trainstack RunCheckpoint, TensorBoard] (the helper's list),
 checkpoints committed to a file:// run folder (an object store adds its upload, which runs
 in the background). Prints one JSON line: median seconds per epoch of each, the overhead in
 percent, and the median time the training waited for a checkpoint's local save.

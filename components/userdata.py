@@ -19,6 +19,7 @@ import yaml
 
 from components.machine import BIN_DIR, ENV_FILE, JUPYTER_UNIT, OPT_DIR, TRAINER_UNIT, WATCHER_UNIT
 from components.project import USERDATA_DIR
+from runfolder import environment
 
 # Where systemd looks for the units an administrator installs.
 SYSTEMD_DIR = "/etc/systemd/system"
@@ -30,21 +31,7 @@ USER_CODE_DIR = f"{OPT_DIR}/code/usercode"
 AWS_USER_DATA_LIMIT = 16 * 1024
 
 # Keys every machine's env file holds; components fill them, boot scripts read them.
-BOOT_ENV_KEYS = (
-    "TRAINSTACK_CLOUD",          # aws | gcp
-    "TRAINSTACK_REGION",         # region of the stack
-    "TRAINSTACK_RUN_URI",        # s3://BUCKET/runs/ID or gs://BUCKET/runs/ID
-    "TRAINSTACK_GROUP",          # the Auto Scaling group / managed instance group name
-    "TRAINSTACK_IMAGE",          # pinned image reference (by digest when known)
-    "TRAINSTACK_CODE_URI",       # trainer archive in the bucket ("" when baked into the image)
-    "TRAINSTACK_BOOT_URI",       # the boot scripts' archive in the bucket (components/code.py)
-    "TRAINSTACK_MAX_RUNTIME_S",  # the run's deadline, counted from the first boot
-    "TRAINSTACK_NODES",          # machines in the group
-    "TRAINSTACK_GPUS_PER_NODE",
-    "TRAINSTACK_NOTICE_GRACE_S",  # seconds the trainer gets after a spot notice before SIGKILL
-    "TRAINSTACK_POLL_S",          # notice watcher's polling interval
-    "TRAINSTACK_MAX_FAILURES",    # trainer failures in a row before the run is FAILED
-)
+BOOT_ENV_KEYS = environment.BOOT_KEYS
 
 # Seconds between the notice and SIGKILL: most of AWS's 2-minute and GCE's 30-second
 # warning, leaving the rest for the final upload to finish and the machine to go.
@@ -96,57 +83,57 @@ def boot_env(settings, *, run_uri: str, group: str, code_uri: str, boot_uri: str
     """
     run, compute = settings.run, settings.compute
     env = {
-        "TRAINSTACK_CLOUD": settings.cloud,
-        "TRAINSTACK_REGION": settings.region,
+        environment.CLOUD: settings.cloud,
+        environment.REGION: settings.region,
         # Recorded with each attempt: status and COMPLETE split time and cost by placement.
-        "TRAINSTACK_PLACEMENT": f"{settings.cloud} {settings.region}",
-        "TRAINSTACK_RUN_URI": run_uri,
-        "TRAINSTACK_GROUP": group,
-        "TRAINSTACK_IMAGE": settings.image.reference,
-        "TRAINSTACK_CODE_URI": code_uri,
-        "TRAINSTACK_BOOT_URI": boot_uri,
-        "TRAINSTACK_MAX_RUNTIME_S": str(int(compute.max_runtime_hours * 3600)),
-        "TRAINSTACK_NODES": str(compute.nodes),
-        "TRAINSTACK_GPUS_PER_NODE": str(compute.gpus_per_node),
-        "TRAINSTACK_NOTICE_GRACE_S": str(NOTICE_GRACE_S[settings.cloud]),
-        "TRAINSTACK_POLL_S": "5",
-        "TRAINSTACK_MAX_FAILURES": "3",
-        "TRAINSTACK_MODEL": run.model,
-        "TRAINSTACK_STEPS": str(run.steps),
-        "TRAINSTACK_BATCH_SIZE": str(run.batch_size),
-        "TRAINSTACK_KEEP_CHECKPOINTS": str(run.keep_checkpoints),
-        "TRAINSTACK_SEED": str(run.seed),
+        environment.PLACEMENT: f"{settings.cloud} {settings.region}",
+        environment.RUN_URI: run_uri,
+        environment.GROUP: group,
+        environment.IMAGE: settings.image.reference,
+        environment.CODE_URI: code_uri,
+        environment.BOOT_URI: boot_uri,
+        environment.MAX_RUNTIME_S: str(int(compute.max_runtime_hours * 3600)),
+        environment.NODES: str(compute.nodes),
+        environment.GPUS_PER_NODE: str(compute.gpus_per_node),
+        environment.NOTICE_GRACE_S: str(NOTICE_GRACE_S[settings.cloud]),
+        environment.POLL_S: "5",
+        environment.MAX_FAILURES: "3",
+        environment.MODEL: run.model,
+        environment.STEPS: str(run.steps),
+        environment.BATCH_SIZE: str(run.batch_size),
+        environment.KEEP_CHECKPOINTS: str(run.keep_checkpoints),
+        environment.SEED: str(run.seed),
     }
     if run.synthetic:
-        env["TRAINSTACK_SYNTHETIC"] = "1"
+        env[environment.SYNTHETIC] = "1"
     if run.data_uri:
-        env["TRAINSTACK_DATA_URI"] = run.data_uri
+        env[environment.DATA_URI] = run.data_uri
     if run.validation_data_uri:
-        env["TRAINSTACK_VALIDATION_DATA_URI"] = run.validation_data_uri
+        env[environment.VALIDATION_DATA_URI] = run.validation_data_uri
     if run.eval_every_steps:
-        env["TRAINSTACK_EVAL_EVERY_STEPS"] = str(run.eval_every_steps)
+        env[environment.EVAL_EVERY_STEPS] = str(run.eval_every_steps)
     if run.keep_best:
-        env["TRAINSTACK_KEEP_BEST"] = run.keep_best
+        env[environment.KEEP_BEST] = run.keep_best
     # Both cadences always: a null (off) is the trainer's 0, never a missing key that its own
     # default would fill.
-    env["TRAINSTACK_CHECKPOINT_EVERY_STEPS"] = str(run.checkpoint_every_steps or 0)
-    env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"] = str(run.checkpoint_every_seconds or 0)
+    env[environment.CHECKPOINT_EVERY_STEPS] = str(run.checkpoint_every_steps or 0)
+    env[environment.CHECKPOINT_EVERY_SECONDS] = str(run.checkpoint_every_seconds or 0)
     if run.extra_args:
-        env["TRAINSTACK_EXTRA_ARGS"] = shlex.join(run.extra_args)
+        env[environment.EXTRA_ARGS] = shlex.join(run.extra_args)
     if run.code:
-        env["TRAINSTACK_CODE_DIR"] = USER_CODE_DIR
+        env[environment.CODE_DIR] = USER_CODE_DIR
     if run.command:
         # Script mode (trainer/script.py): the trainer runs this command in the code folder. The
         # command's own stop must end inside docker's stop timeout (the notice's grace), with
         # time left for the trainer to record it.
-        env["TRAINSTACK_COMMAND"] = json.dumps(run.command)
-        env["TRAINSTACK_STOP_GRACE_S"] = str(max(5, NOTICE_GRACE_S[settings.cloud] - SCRIPT_STOP_MARGIN_S))
+        env[environment.COMMAND] = json.dumps(run.command)
+        env[environment.STOP_GRACE_S] = str(max(5, NOTICE_GRACE_S[settings.cloud] - SCRIPT_STOP_MARGIN_S))
         if run.keras == 2:
             # The command inherits the trainer's environment: its tf.keras is Keras 2 (tf_keras) on
             # every machine, one or several.
             env["TF_USE_LEGACY_KERAS"] = "1"
     if settings.access.jupyter:
-        env["TRAINSTACK_JUPYTER"] = "1"
+        env[environment.JUPYTER] = "1"
     env.update(price_env(settings))
     return env
 
@@ -176,8 +163,8 @@ def price_env(settings) -> dict[str, str]:
     if writes:
         price += writes / settings.compute.nodes
         what += f" + checkpoint writes to home ${writes:.2f}/h"
-    return {"TRAINSTACK_PRICE_PER_HOUR": f"{price:.4f}",
-            "TRAINSTACK_PRICE_NOTE": f"{what}, price table {est.recorded}"}
+    return {environment.PRICE_PER_HOUR: f"{price:.4f}",
+            environment.PRICE_NOTE: f"{what}, price table {est.recorded}"}
 
 
 def shipped(name: str) -> str:
@@ -235,19 +222,19 @@ def render_user_data(cloud: str, env: Mapping[str, str]) -> str:
     missing = [k for k in BOOT_ENV_KEYS if k not in env]
     if missing:
         raise ValueError(f"user data env lacks {', '.join(missing)}")
-    if env["TRAINSTACK_CLOUD"] != cloud:
-        raise ValueError(f"env is for {env['TRAINSTACK_CLOUD']!r}, the document for {cloud!r}")
+    if env[environment.CLOUD] != cloud:
+        raise ValueError(f"env is for {env[environment.CLOUD]!r}, the document for {cloud!r}")
     files = [
         {"path": ENV_FILE, "permissions": "0644", "owner": "root:root", "content": render_env(env)},
     ]
-    jupyter = env.get("TRAINSTACK_JUPYTER") == "1"
-    across = env.get("TRAINSTACK_STORE_CLOUD", cloud) != cloud
-    if not env["TRAINSTACK_BOOT_URI"]:
-        raise ValueError("TRAINSTACK_BOOT_URI is empty: every machine fetches its boot scripts from the bucket "
+    jupyter = env.get(environment.JUPYTER) == "1"
+    across = env.get(environment.STORE_CLOUD, cloud) != cloud
+    if not env[environment.BOOT_URI]:
+        raise ValueError(f"{environment.BOOT_URI} is empty: every machine fetches its boot scripts from the bucket "
                          "(components/code.py's pack_boot_scripts)")
-    if across and env["TRAINSTACK_STORE_CLOUD"] not in FEDERATION_FILES:
-        raise ValueError(f"TRAINSTACK_STORE_CLOUD must be aws or gcp, not {env['TRAINSTACK_STORE_CLOUD']!r}")
-    federation = FEDERATION_FILES[env["TRAINSTACK_STORE_CLOUD"]] if across else ()
+    if across and env[environment.STORE_CLOUD] not in FEDERATION_FILES:
+        raise ValueError(f"{environment.STORE_CLOUD} must be aws or gcp, not {env[environment.STORE_CLOUD]!r}")
+    federation = FEDERATION_FILES[env[environment.STORE_CLOUD]] if across else ()
     for name, path, mode in FILES + (JUPYTER_FILES if jupyter else ()) + federation:
         files.append({"path": path, "permissions": mode, "owner": "root:root",
                       "content": shipped(name)})
@@ -288,11 +275,11 @@ def aws_store_env(*, region: str, role_arn: pulumi.Input[str], audience: str) ->
     that token for. lib.sh keeps the token in a file (AWS_WEB_IDENTITY_TOKEN_FILE), which the `aws` CLI and
     boto3 (the trainer's, in the container too) read by themselves with AWS_ROLE_ARN."""
     return {
-        "TRAINSTACK_STORE_CLOUD": "aws",
-        "TRAINSTACK_STORE_REGION": region,
+        environment.STORE_CLOUD: "aws",
+        environment.STORE_REGION: region,
         "AWS_DEFAULT_REGION": region,
         "AWS_ROLE_ARN": role_arn,
-        "TRAINSTACK_TOKEN_AUDIENCE": audience,
+        environment.TOKEN_AUDIENCE: audience,
     }
 
 
@@ -304,9 +291,9 @@ def gcs_store_env(*, audience: pulumi.Input[str], service_account: pulumi.Input[
     `external_account` credentials from them (an `aws1` credential source: the instance's role through
     IMDSv2), which `gcloud` and the trainer's GCS client read by themselves."""
     return {
-        "TRAINSTACK_STORE_CLOUD": "gcp",
-        "TRAINSTACK_GCP_AUDIENCE": audience,
-        "TRAINSTACK_GCP_SERVICE_ACCOUNT": service_account,
+        environment.STORE_CLOUD: "gcp",
+        environment.GCP_AUDIENCE: audience,
+        environment.GCP_SERVICE_ACCOUNT: service_account,
     }
 
 
@@ -325,7 +312,7 @@ def user_data_output(
     def render(values: list[str]) -> str:
         run, code, boot, image, *extra = values
         env = boot_env(settings, run_uri=run, group=group, code_uri=code, boot_uri=boot)
-        env["TRAINSTACK_IMAGE"] = image
+        env[environment.IMAGE] = image
         env.update(zip(keys, extra, strict=True))
         return render_user_data(cloud, env)
 

@@ -31,8 +31,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from runfolder import environment
+
 CLOUDS = ("aws", "gcp")
-ENV_VAR = "TRAINSTACK_PLACEMENTS"
+ENV_VAR = environment.PLACEMENTS
 # ``access`` of a placement on the other cloud, by that placement's cloud: each key and the form
 # its value must have (an IAM role ARN; AWS's `aud` for Google tokens is any string the role's
 # trust names; a Workload Identity Pool provider's full resource name; a service account email).

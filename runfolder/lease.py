@@ -56,7 +56,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runfolder import layout
+from runfolder import environment, layout
 from runfolder.storage import NotFound, PreconditionFailed, Store, WriteConflict
 
 LEASE_FORMAT = 1
@@ -122,7 +122,7 @@ class LeaseRecord:
 
 def machine_id() -> str:
     """This machine: ``TRAINSTACK_MACHINE_ID`` (the instance, set by the machine's boot), else the host name."""
-    return os.environ.get("TRAINSTACK_MACHINE_ID") or socket.gethostname()
+    return os.environ.get(environment.MACHINE_ID) or socket.gethostname()
 
 
 def default_holder() -> str:

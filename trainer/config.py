@@ -1,8 +1,9 @@
 """The trainer's configuration: one typed dataclass filled from CLI flags and `TRAINSTACK_*` env vars.
 
 Every flag `--some-option` can also be given as `TRAINSTACK_SOME_OPTION` (booleans as
-`1/true/yes` or `0/false/no`); the machines' env file (`components/userdata.py: boot_env`)
-uses exactly these names. `TRAINSTACK_EXTRA_ARGS` holds more flags (shell-quoted) that are
+`1/true/yes` or `0/false/no`): `runfolder.environment.option_env` derives the name, and that
+module's table gives the names the machines' env file (`components/userdata.py: boot_env`) and
+script mode set. `TRAINSTACK_EXTRA_ARGS` holds more flags (shell-quoted) that are
 parsed as if given on the command line. Precedence: command-line flags, then
 `TRAINSTACK_EXTRA_ARGS`, then the other variables, then the defaults below.
 
@@ -24,7 +25,8 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-ENV_PREFIX = "TRAINSTACK_"
+from runfolder import environment
+
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -300,7 +302,13 @@ def _add_machine_options(p: argparse.ArgumentParser, d: TrainConfig) -> None:
 
 
 def _dest(action: argparse.Action) -> str:
-    return ENV_PREFIX + action.dest.upper()
+    return environment.option_env(action.dest)
+
+
+def env_variables() -> frozenset[str]:
+    """Every variable the trainer reads as its configuration: each option's, the extra flags and the command."""
+    options = {_dest(a) for a in build_parser()._actions if a.option_strings and a.dest != "help"}
+    return frozenset(options | {environment.EXTRA_ARGS, environment.COMMAND})
 
 
 def _env_argv(parser: argparse.ArgumentParser, env: Mapping[str, str]) -> list[str]:
@@ -336,9 +344,9 @@ def load_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None
         argv = argv[: argv.index("--")]
     parser = build_parser()
     try:
-        extra = shlex.split(env.get(ENV_PREFIX + "EXTRA_ARGS", ""))
+        extra = shlex.split(env.get(environment.EXTRA_ARGS, ""))
     except ValueError as e:
-        raise ConfigError(f"TRAINSTACK_EXTRA_ARGS: cannot split {env[ENV_PREFIX + 'EXTRA_ARGS']!r}: {e}") from e
+        raise ConfigError(f"{environment.EXTRA_ARGS}: cannot split {env[environment.EXTRA_ARGS]!r}: {e}") from e
     env_args = _env_argv(parser, env)
     # The env-derived flags first, then the extra args, then the real flags: argparse keeps
     # the last value, so real flags beat the environment. The data source is one choice:
@@ -370,7 +378,7 @@ def _command(argv: list[str], env: Mapping[str, str]) -> tuple[str, ...] | None:
         if not words:
             raise ConfigError("--: nothing after it; give the command to run, e.g. -- python train.py")
         return tuple(words)
-    raw = env.get(ENV_PREFIX + "COMMAND", "").strip()
+    raw = env.get(environment.COMMAND, "").strip()
     if not raw:
         return None
     try:
@@ -486,7 +494,7 @@ def _refuse_loop_options(cfg: TrainConfig) -> None:
         if value is None or value is False or value == getattr(defaults, name):
             continue
         flag = "--" + name.replace("_", "-")
-        where = f"{flag} ({key}, {ENV_PREFIX}{name.upper()})" if key != "extraArgs" else f"{flag} (run.extraArgs)"
+        where = f"{flag} ({key}, {environment.option_env(name)})" if key != "extraArgs" else f"{flag} (run.extraArgs)"
         raise ConfigError(f"{where} = {value!r} does not apply to a command (run.command): {why}; drop it")
 
 

@@ -27,8 +27,9 @@ Outside the trainer (no `TRAINSTACK_RUN_URI`) the script runs as it would withou
 `callbacks()` is a TensorBoard callback to `./logs`, `model_dir()` is `./model`, `output_dir()`
 is `./outputs`.
 
-Needs Keras, TensorFlow (the checkpoint format and the strategies) and the store code
-(`runfolder.storage`, `trainer.checkpoint_store.CheckpointStore`); nothing else of the trainer.
+Needs Keras, TensorFlow (the checkpoint format and the strategies), the variables' names
+(`runfolder.environment`) and the store code (`runfolder.storage`,
+`trainer.checkpoint_store.CheckpointStore`); nothing else of the trainer.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from runfolder import environment
 from runfolder.exits import PREEMPTED as EXIT_PREEMPTED
 from runfolder.exits import UNUSABLE as EXIT_UNUSABLE
 
@@ -78,7 +80,7 @@ def strategy() -> tf.distribute.Strategy:
                                f"({KERAS3_MULTIWORKER}); set TF_USE_LEGACY_KERAS=1 and build the model with tf.keras "
                                "(docs/your-fit-script.md)")
         made = tf.distribute.MultiWorkerMirroredStrategy()
-        if os.environ.get("TRAINSTACK_RUN_URI"):
+        if os.environ.get(environment.RUN_URI):
             # Starting the cluster's server takes SIGTERM over below Python (the stop never reached
             # the callback): the handlers again, after it.
             STOP.install()
@@ -111,7 +113,7 @@ def is_chief() -> bool:
 
 def model_dir() -> str:
     """Where to save the model: what the script leaves there becomes the run's `model/` when it exits 0."""
-    path = os.environ.get("TRAINSTACK_MODEL_DIR") or os.path.abspath("model")
+    path = os.environ.get(environment.MODEL_DIR) or os.path.abspath("model")
     os.makedirs(os.path.dirname(path.rstrip("/")) or ".", exist_ok=True)
     return path
 
@@ -120,7 +122,7 @@ def output_dir() -> str:
     """Where to write what else the run should keep (reports, plots, CSVs): uploaded to the run's
     `outputs/` at each committed checkpoint and at the end (`ops pull --outputs` fetches it). Outside
     the trainer, `./outputs`. The working folder itself is a scratch copy of the code: not kept."""
-    path = os.environ.get("TRAINSTACK_OUTPUT_DIR") or os.path.abspath("outputs")
+    path = os.environ.get(environment.OUTPUT_DIR) or os.path.abspath("outputs")
     os.makedirs(path, exist_ok=True)
     return path
 
@@ -137,7 +139,7 @@ def stage(uri: str) -> str:
 
     uri = normalize_uri(uri)
     store = open_store(uri)
-    base = os.environ.get("TRAINSTACK_DATA_DIR") or os.path.abspath("data")
+    base = os.environ.get(environment.DATA_DIR) or os.path.abspath("data")
     dest = os.path.join(base, hashlib.sha256(uri.encode()).hexdigest()[:16])
     keys = store.list("")
     if not keys:
@@ -148,11 +150,11 @@ def stage(uri: str) -> str:
 
 def tensorboard_dir() -> str:
     """Where TensorBoard files go (uploaded to the run's `tensorboard/`)."""
-    return os.environ.get("TRAINSTACK_TENSORBOARD_DIR") or os.path.abspath("logs")
+    return os.environ.get(environment.TENSORBOARD_DIR) or os.path.abspath("logs")
 
 
 def callbacks(*, histogram_freq: int = 0, checkpoint_every_seconds: float | None = None) -> list[keras.callbacks.Callback]:
-    """The callbacks to pass to `model.fit`: trainstack's backup-and-restore, then TensorBoard.
+    """The callbacks to pass to `model.fit`: trainstack's run checkpoint (`RunCheckpoint`), then TensorBoard.
 
     `checkpoint_every_seconds` (default: the run's `--checkpoint-every-seconds`) adds commits
     between epoch ends, for long epochs.
@@ -161,13 +163,13 @@ def callbacks(*, histogram_freq: int = 0, checkpoint_every_seconds: float | None
     # that skips batches has not made yet (an AttributeError): no graph there.
     board = keras.callbacks.TensorBoard(log_dir=tensorboard_dir(), histogram_freq=histogram_freq,
                                         **({"write_graph": False} if KERAS2 else {}))
-    if not os.environ.get("TRAINSTACK_RUN_URI"):
+    if not os.environ.get(environment.RUN_URI):
         return [board]
     every = checkpoint_every_seconds
-    if every is None and os.environ.get("TRAINSTACK_CHECKPOINT_EVERY_SECONDS"):
+    if every is None and os.environ.get(environment.CHECKPOINT_EVERY_SECONDS):
         # The run's cadence as the trainer resolved it; 0 is off (epoch ends only).
-        every = float(os.environ["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"]) or None
-    return [Backup(every_seconds=every, board=board), board]
+        every = float(os.environ[environment.CHECKPOINT_EVERY_SECONDS]) or None
+    return [RunCheckpoint(every_seconds=every, board=board), board]
 
 
 class _Stop:
@@ -204,7 +206,7 @@ def _peer_lost_hook(kind, value, tb) -> None:
     sys.__excepthook__(kind, value, tb)
 
 
-if os.environ.get("TRAINSTACK_RUN_URI"):
+if os.environ.get(environment.RUN_URI):
     # At import, so a notice during the script's start-up is not lost: the callback stops at train begin.
     STOP.install()
     if KERAS2:
@@ -247,8 +249,8 @@ def _plain(value):
         return None
 
 
-class Backup(keras.callbacks.Callback):
-    """Backup and restore to the run's bucket, stop on a signal, report progress (see the module docstring)."""
+class RunCheckpoint(keras.callbacks.Callback):
+    """Checkpoints to the run's bucket and restores from it, stops on a signal, reports progress (see the module docstring)."""
 
     def __init__(self, *, every_seconds: float | None = None, board: keras.callbacks.TensorBoard | None = None) -> None:
         super().__init__()
@@ -257,11 +259,11 @@ class Backup(keras.callbacks.Callback):
 
         self.every_seconds = every_seconds
         self.board = board
-        self.local = os.environ.get("TRAINSTACK_CHECKPOINT_DIR") or os.path.abspath("checkpoints")
-        self.messages = os.environ.get("TRAINSTACK_MESSAGES_FILE")
+        self.local = os.environ.get(environment.CHECKPOINT_DIR) or os.path.abspath("checkpoints")
+        self.messages = os.environ.get(environment.MESSAGES_FILE)
         self._lock = threading.Lock()
-        keep = int(os.environ.get("TRAINSTACK_KEEP_CHECKPOINTS") or 3)
-        self.store = CheckpointStore(open_store(os.environ["TRAINSTACK_RUN_URI"]), keep=keep,
+        keep = int(os.environ.get(environment.KEEP_CHECKPOINTS) or 3)
+        self.store = CheckpointStore(open_store(os.environ[environment.RUN_URI]), keep=keep,
                                      emit=self._store_event, on_commit=self._committed)
         self.workers = max(1, _workers())
         self.chief = is_chief()

@@ -43,20 +43,11 @@ import threading
 import time
 from pathlib import Path
 
-from runfolder import exits, layout
+from runfolder import environment, exits, layout
 from runfolder.lease import LeaseLost
 from trainer.config import TrainConfig, as_dict
 from trainer.run_attempt import RunAttempt, start
 from trainer.signals import StopRequest
-
-# What the child is told (trainer.fit reads the same names).
-ENV_RUN_URI = "TRAINSTACK_RUN_URI"
-ENV_CHECKPOINT_DIR = "TRAINSTACK_CHECKPOINT_DIR"
-ENV_TENSORBOARD_DIR = "TRAINSTACK_TENSORBOARD_DIR"
-ENV_MODEL_DIR = "TRAINSTACK_MODEL_DIR"
-ENV_MESSAGES_FILE = "TRAINSTACK_MESSAGES_FILE"
-ENV_ATTEMPT = "TRAINSTACK_ATTEMPT"
-ENV_OUTPUT_DIR = "TRAINSTACK_OUTPUT_DIR"
 
 POLL_S = 0.5
 TENSORBOARD_EVERY_S = 30.0
@@ -158,25 +149,26 @@ class ScriptRun(RunAttempt):
 
     def child_env(self) -> dict:
         """The child's environment: the run's folders and the trainer on PYTHONPATH."""
-        env = {k: v for k, v in os.environ.items() if k != "TRAINSTACK_COMMAND"}
+        env = {k: v for k, v in os.environ.items() if k != environment.COMMAND}
         path = [TRAINER_ROOT, self.workdir]
         if env.get("PYTHONPATH"):
             path.append(env["PYTHONPATH"])
+        # What the child is told (trainer.fit reads the same names).
         env.update({
             "PYTHONPATH": os.pathsep.join(p for p in path if p),
-            ENV_RUN_URI: self.cfg.run_uri,
-            ENV_CHECKPOINT_DIR: self.dirs["checkpoints"],
-            ENV_TENSORBOARD_DIR: self.dirs["tensorboard"],
-            ENV_MODEL_DIR: self.dirs["model"],
-            ENV_OUTPUT_DIR: self.dirs["outputs"],
-            ENV_MESSAGES_FILE: self.messages,
-            ENV_ATTEMPT: str(self.events.attempt),
-            "TRAINSTACK_KEEP_CHECKPOINTS": str(self.cfg.keep_checkpoints),
-            "TRAINSTACK_SEED": str(self.cfg.seed),
+            environment.RUN_URI: self.cfg.run_uri,
+            environment.CHECKPOINT_DIR: self.dirs["checkpoints"],
+            environment.TENSORBOARD_DIR: self.dirs["tensorboard"],
+            environment.MODEL_DIR: self.dirs["model"],
+            environment.OUTPUT_DIR: self.dirs["outputs"],
+            environment.MESSAGES_FILE: self.messages,
+            environment.ATTEMPT: str(self.events.attempt),
+            environment.KEEP_CHECKPOINTS: str(self.cfg.keep_checkpoints),
+            environment.SEED: str(self.cfg.seed),
         })
         # The cadence as this process resolved it (extraArgs over the env file; 0 is off): the
         # variable the child inherits may say otherwise.
-        env["TRAINSTACK_CHECKPOINT_EVERY_SECONDS"] = f"{self.cfg.checkpoint_every_seconds or 0:g}"
+        env[environment.CHECKPOINT_EVERY_SECONDS] = f"{self.cfg.checkpoint_every_seconds or 0:g}"
         if not self.cfg.verbose:
             env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if self.workers > 1:

@@ -23,12 +23,12 @@ HOLD_S = 300.0
 
 
 class Hold(keras.callbacks.Callback):
-    def __init__(self, backup: fit.Backup, at: int, flag: str) -> None:
+    def __init__(self, checkpoint: fit.RunCheckpoint, at: int, flag: str) -> None:
         super().__init__()
-        self.backup, self.at, self.flag = backup, at, flag
+        self.checkpoint, self.at, self.flag = checkpoint, at, flag
 
     def on_train_batch_end(self, batch, logs=None) -> None:
-        if self.backup.step == self.at and not fit.STOP.event.is_set():
+        if self.checkpoint.step == self.at and not fit.STOP.event.is_set():
             with open(self.flag, "w") as f:
                 f.write(str(self.at))
             fit.STOP.event.wait(HOLD_S)
@@ -45,8 +45,8 @@ def main() -> None:
 
     def held(**kw):
         callbacks = plain(**kw)
-        (backup,) = [c for c in callbacks if isinstance(c, fit.Backup)]
-        return [*callbacks, Hold(backup, a.hold_at, a.flag)]
+        (checkpoint,) = [c for c in callbacks if isinstance(c, fit.RunCheckpoint)]
+        return [*callbacks, Hold(checkpoint, a.hold_at, a.flag)]
 
     fit.callbacks = held
     sys.argv = [a.script, *a.args]

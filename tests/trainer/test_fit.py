@@ -177,7 +177,7 @@ def test_outside_trainstack_the_helper_is_plain_keras(monkeypatch, tmp_path):
     monkeypatch.setenv("TRAINSTACK_RUN_URI", f"file://{tmp_path}/run")
     monkeypatch.setenv("TRAINSTACK_CHECKPOINT_EVERY_SECONDS", "30")
     cbs = fit.callbacks(histogram_freq=1)
-    assert [type(c) for c in cbs] == [fit.Backup, keras.callbacks.TensorBoard]
+    assert [type(c) for c in cbs] == [fit.RunCheckpoint, keras.callbacks.TensorBoard]
     assert cbs[0].every_seconds == 30.0 and cbs[1].histogram_freq == 1
     monkeypatch.setenv("TRAINSTACK_CHECKPOINT_EVERY_SECONDS", "0")  # the run's cadence switched off
     assert fit.callbacks()[0].every_seconds is None

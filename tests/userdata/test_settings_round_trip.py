@@ -35,7 +35,7 @@ from ops import synth
 from runfolder import layout
 from tests.trainer.helpers import REPO, trainer_env
 from tests.userdata.helpers import container_env
-from trainer.config import ENV_PREFIX, ConfigError, TrainConfig, as_dict, build_parser, load_config
+from trainer.config import ConfigError, TrainConfig, as_dict, build_parser, env_variables, load_config
 
 # One stack per case: together they set every run key to a value other than its default, and to
 # null where the schema allows it (run.command excludes run.model/synthetic/dataUri, and the
@@ -146,9 +146,7 @@ def _here(container: dict[str, str], run: RunSettings, tmp: Path) -> dict[str, s
 
 def _trainer_variables() -> set[str]:
     """Every variable the trainer reads: `TRAINSTACK_` + each option's name, the extra args, the command."""
-    parser = build_parser()
-    options = {ENV_PREFIX + a.dest.upper() for a in parser._actions if a.option_strings and a.dest != "help"}
-    return options | {ENV_PREFIX + "EXTRA_ARGS", ENV_PREFIX + "COMMAND"}
+    return set(env_variables())
 
 
 def _differences(cfg: TrainConfig, run: RunSettings, stack: str, tmp: Path) -> list[str]:

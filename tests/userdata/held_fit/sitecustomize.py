@@ -2,7 +2,7 @@
 
 A test puts this folder on the sandbox trainer's PYTHONPATH (`FAKE_TRAINER_PATH`); script mode
 passes it on to the user's script, where Python imports this module at start-up. It imports
-nothing itself: once the script imports `trainer.fit`, `Backup.on_epoch_end` is wrapped so that
+nothing itself: once the script imports `trainer.fit`, `RunCheckpoint.on_epoch_end` is wrapped so that
 after the first epoch's checkpoint the script waits until SIGTERM or SIGINT sets the stop flag
 (or HOLD_S passes), writing `$FAKE_STATE/trainer-held` (the step) first. A notice sent once that
 file is there lands mid-training at a known step, however slowly the machine trains; after it,
@@ -21,7 +21,7 @@ HOLD_S = 300.0  # a bound on the hold: a test that never stops the script still 
 
 
 def _hold(fit) -> None:
-    original = fit.Backup.on_epoch_end  # AttributeError: trainer/fit.py changed, update this module
+    original = fit.RunCheckpoint.on_epoch_end  # AttributeError: trainer/fit.py changed, update this module
     held: list[int] = []
 
     def on_epoch_end(self, epoch, logs=None):
@@ -34,7 +34,7 @@ def _hold(fit) -> None:
         while not fit.STOP.event.is_set() and time.monotonic() < deadline:
             time.sleep(0.05)
 
-    fit.Backup.on_epoch_end = on_epoch_end
+    fit.RunCheckpoint.on_epoch_end = on_epoch_end
 
 
 class _AfterFit(importlib.abc.MetaPathFinder):
