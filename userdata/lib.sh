@@ -136,10 +136,10 @@ _retry() {
   RETRY_SAYS=""
   until "$@"; do
     if ((attempts ? i >= attempts : EPOCHSECONDS + pause > stop_at)); then
-      log "gave up after $bound: $1 ${2:-}"
+      log "gave up after $bound: ${*:1:2}"
       return 1
     fi
-    log "${RETRY_SAYS:-attempt $i$of failed: $1 ${2:-}}; retrying in ${pause}s"
+    log "${RETRY_SAYS:-attempt $i$of failed: ${*:1:2}}; retrying in ${pause}s"
     sleep "$pause"
     i=$((i + 1)) RETRY_SAYS=""
     pause=$((pause * 2 > 60 ? 60 : pause * 2))

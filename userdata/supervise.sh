@@ -39,23 +39,6 @@ on_exit() {
   finish "$FAILED" "the supervisor stopped unexpectedly (exit $1); see logs"
 }
 
-# patiently CMD...: CMD until it succeeds, for at most STORE_WAIT_S, pauses doubling up to
-# a minute: a store blip is no verdict on the run.
-patiently() {
-  local stop_at pause="${TRAINSTACK_RETRY_BASE_S:-2}"
-  stop_at=$((EPOCHSECONDS + STORE_WAIT_S))
-  ((pause > 0)) || pause=1
-  until "$@"; do
-    if ((EPOCHSECONDS + pause > stop_at)); then
-      log "gave up after ${STORE_WAIT_S}s: $1"
-      return 1
-    fi
-    log "$1 failed; retrying in ${pause}s"
-    sleep "$pause"
-    pause=$((pause * 2 > 60 ? 60 : pause * 2))
-  done
-}
-
 read_deadline() {
   local text
   text="$(store_cat "$RUN_URI/$DEADLINE_KEY")" || return 1
@@ -66,12 +49,13 @@ read_deadline() {
 write_deadline() { printf '%s\n' "$DEADLINE" | store_put "$RUN_URI/$DEADLINE_KEY"; }
 
 # The run's end markers are checked first, before any setup: a run that has ended costs
-# only this listing. A store unreadable for TRAINSTACK_STORE_WAIT_S ends the run: finish
+# only this listing. Each read and write is retried (lib.sh's retry_for): a store blip is no
+# verdict on the run. A store unreadable for TRAINSTACK_STORE_WAIT_S ends the run: finish
 # cannot write FAILED either, but its group to zero keeps replacements from the same wait.
 check_run_folder() {
   local entries marker
   STORE_WAIT_S="${TRAINSTACK_STORE_WAIT_S:-600}"
-  entries="$(patiently run_entries)" ||
+  entries="$(retry_for "$STORE_WAIT_S" run_entries)" ||
     finish "$FAILED" "cannot read the run folder $RUN_URI: no answer for ${STORE_WAIT_S}s (see logs)"
   marker="$(end_marker_in "$entries")"
   if [[ -n "$marker" ]]; then
@@ -79,11 +63,11 @@ check_run_folder() {
     finish "$marker"
   fi
   if grep -qxF "$DEADLINE_KEY" <<<"$entries"; then
-    patiently read_deadline || finish "$FAILED" "cannot read the run's deadline: no answer for ${STORE_WAIT_S}s (see logs)"
+    retry_for "$STORE_WAIT_S" read_deadline || finish "$FAILED" "cannot read the run's deadline: no answer for ${STORE_WAIT_S}s (see logs)"
   else
     # First boot of the run: the deadline counts from now and is written once.
     DEADLINE=$((EPOCHSECONDS + ${TRAINSTACK_MAX_RUNTIME_S:-86400}))
-    patiently write_deadline || finish "$FAILED" "cannot write the run's deadline: no answer for ${STORE_WAIT_S}s (see logs)"
+    retry_for "$STORE_WAIT_S" write_deadline || finish "$FAILED" "cannot write the run's deadline: no answer for ${STORE_WAIT_S}s (see logs)"
     log "first boot of the run: deadline $(date -u -d "@$DEADLINE" +%Y-%m-%dT%H:%M:%SZ)"
   fi
   [[ -n "$DEADLINE" ]] || finish "$FAILED" "the run's deadline file is empty"

@@ -42,6 +42,7 @@ SCRIPTS: dict[str, list[str]] = {
         BOOT + "::test_sigterm_from_a_shutdown_is_no_verdict_but_an_unexpected_exit_is_failed",
     ],
     "userdata/lib.sh": [
+        "tests/userdata/test_retry.py",
         "tests/userdata/test_metadata_reads.py",
         BOOT + "::test_ended_run_finishes_at_boot",
         BOOT + "::test_clean_run_completes_scales_to_zero_and_shuts_down",

@@ -60,9 +60,10 @@ def test_a_bucket_that_does_not_answer_for_a_while_at_boot_is_waited_out(sandbox
     # Longer than the old five quick tries, far shorter than the bound: the run goes on.
     box = sandbox_factory(code_uri=ways_uri)
     box.env["FAKE_TRAINER"] = "cancel"
+    box.env["TRAINSTACK_RETRY_BASE_S"] = "1"  # the machines' pauses, doubling (the sandbox's 0 does not pause)
     (box.state / "s3-outage-until").write_text(str(time.time() + 15))
     assert box.boot(watcher=False).wait(timeout=180) == 0, box.journal()
-    assert "run_entries failed; retrying in" in box.journal()
+    assert "failed: run_entries; retrying in" in box.journal()
     assert len(_trainer_runs(box)) == 1, box.journal()
     objects = s3_keys(s3_run)
     assert layout.CANCELLED in objects and not (ENDINGS - {layout.CANCELLED}) & set(objects), sorted(objects)
@@ -74,11 +75,12 @@ def test_a_deadline_that_cannot_be_written_for_a_while_at_first_boot_is_written_
     # it is written once the bucket answers, whole (a retried pipe used to write nothing).
     box = sandbox_factory(code_uri=ways_uri, env_overrides={"TRAINSTACK_MAX_RUNTIME_S": "3600"})
     box.env["FAKE_TRAINER"] = "cancel"
+    box.env["TRAINSTACK_RETRY_BASE_S"] = "1"
     (box.state / "s3-outage-only").write_text(f"/{layout.DEADLINE_KEY}")
     (box.state / "s3-outage-until").write_text(str(time.time() + 15))
     started = time.time()
     assert box.boot(watcher=False).wait(timeout=180) == 0, box.journal()
-    assert "write_deadline failed; retrying in" in box.journal()
+    assert "failed: write_deadline; retrying in" in box.journal()
     objects = s3_keys(s3_run)
     deadline = int(objects[layout.DEADLINE_KEY].decode())
     assert started + 3600 - 5 <= deadline <= time.time() + 3600, (deadline, started)
@@ -88,8 +90,10 @@ def test_a_deadline_that_cannot_be_written_for_a_while_at_first_boot_is_written_
 def test_a_bucket_unreadable_past_the_bound_ends_the_run_with_the_group_at_zero(sandbox_factory, s3_run, group,
                                                                                  ways_uri):
     box = sandbox_factory(code_uri=ways_uri, env_overrides={"TRAINSTACK_STORE_WAIT_S": "5"})
+    box.env["TRAINSTACK_RETRY_BASE_S"] = "1"
     (box.state / "s3-outage-until").write_text(str(time.time() + 3600))
     assert box.boot(watcher=False).wait(timeout=180) == 0, box.journal()
+    assert "gave up after 5s: run_entries" in box.journal()
     assert f"cannot read the run folder {s3_run.uri}: no answer for 5s" in box.journal()
     # The marker cannot be written either, but no replacement boots into the same wait.
     assert group_size(s3_run, group) == (0, 0, 0) and box.argvs("shutdown") == [["-h", "now"]]
