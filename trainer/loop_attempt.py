@@ -8,7 +8,7 @@ trainer holds the run's lease (`runfolder.lease`: one writer per run), 78 this m
 cannot run the run (the GPUs asked for are not seen: `trainer.devices`, or another
 model's checkpoints).
 
-An `Attempt` is a `trainer.run_attempt.RunAttempt` (the run's store and events, the lease, the
+A `LoopAttempt` is a `trainer.run_attempt.RunAttempt` (the run's store and events, the lease, the
 first read, exception → exit code, the end markers: shared with script mode) that also
 waits for its peers and forms the cluster (several workers), knows the loop's own failures
 (the GPUs, another model's checkpoints, a lost peer) and writes the loop's endings:

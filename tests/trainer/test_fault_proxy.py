@@ -1,7 +1,7 @@
 """The fault proxy the store tests rely on: what it does not fail reaches the upstream byte for byte.
 
-Issue 14 asked first for proof that the proxy itself cannot alter a body or a length, so a
-wrong result under faults is the trainer's and not the test rig's.
+Proof first that the proxy itself cannot alter a body or a length, so a wrong result under
+faults is the trainer's and not the test rig's.
 """
 
 from __future__ import annotations
