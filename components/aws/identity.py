@@ -228,15 +228,8 @@ def role_with_policy(parent: pulumi.Resource, name: str, *, trust: pulumi.Input[
     """An IAM role (`{name}-role`, named `role_name` or by Pulumi) that `trust` lets assume it, and its
     inline policy (`{name}-policy`), both children of `parent`."""
     child = pulumi.ResourceOptions(parent=parent)
-    role = aws.iam.Role(
-        f"{name}-role",
-        name=role_name,
-        assume_role_policy=trust,
-        description=description,
-        max_session_duration=max_session_s,
-        tags=tags,
-        opts=child,
-    )
+    role = aws.iam.Role(f"{name}-role", name=role_name, assume_role_policy=trust, description=description,
+                        max_session_duration=max_session_s, tags=tags, opts=child)
     return role, aws.iam.RolePolicy(f"{name}-policy", role=role.id, policy=policy, opts=child)
 
 
