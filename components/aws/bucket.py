@@ -48,12 +48,19 @@ def lifecycle_rules(noncurrent_days: int) -> list[aws.s3.BucketLifecycleConfigur
     prefix, so the rule filters on the tag the trainer puts on every checkpoint object
     (`runfolder.layout.CHECKPOINT_TAG_KEY`; tags are kept per version).
     """
-    everything = aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix="")
+
+    def enabled(rule_id: str, *, only: aws.s3.BucketLifecycleConfigurationRuleFilterArgs | None = None,
+                **action) -> aws.s3.BucketLifecycleConfigurationRuleArgs:
+        """A rule in force, on the objects `only` matches (every object when None)."""
+        return aws.s3.BucketLifecycleConfigurationRuleArgs(
+            id=rule_id, status="Enabled", filter=only or aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
+            **action,
+        )
+
     return [
-        aws.s3.BucketLifecycleConfigurationRuleArgs(
-            id="expire-noncurrent-checkpoints",
-            status="Enabled",
-            filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(
+        enabled(
+            "expire-noncurrent-checkpoints",
+            only=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(
                 tag=aws.s3.BucketLifecycleConfigurationRuleFilterTagArgs(
                     key=layout.CHECKPOINT_TAG_KEY, value=layout.CHECKPOINT_TAG_VALUE,
                 ),
@@ -62,28 +69,22 @@ def lifecycle_rules(noncurrent_days: int) -> list[aws.s3.BucketLifecycleConfigur
                 noncurrent_days=layout.CHECKPOINT_NONCURRENT_DAYS,
             ),
         ),
-        aws.s3.BucketLifecycleConfigurationRuleArgs(
-            id="expire-noncurrent-versions",
-            status="Enabled",
-            filter=everything,
+        enabled(
+            "expire-noncurrent-versions",
             noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
                 noncurrent_days=noncurrent_days,
             ),
         ),
-        aws.s3.BucketLifecycleConfigurationRuleArgs(
-            # A pruned key keeps its delete marker after its versions expire; S3 removes such an
-            # "expired object delete marker" only when a rule says so (it cannot take a tag filter).
-            id="remove-expired-delete-markers",
-            status="Enabled",
-            filter=everything,
+        # A pruned key keeps its delete marker after its versions expire; S3 removes such an
+        # "expired object delete marker" only when a rule says so (it cannot take a tag filter).
+        enabled(
+            "remove-expired-delete-markers",
             expiration=aws.s3.BucketLifecycleConfigurationRuleExpirationArgs(expired_object_delete_marker=True),
         ),
-        aws.s3.BucketLifecycleConfigurationRuleArgs(
-            # A checkpoint upload cut off by preemption leaves its parts billed until aborted;
-            # an upload takes minutes, so a day is far beyond any live one.
-            id="abort-incomplete-uploads",
-            status="Enabled",
-            filter=everything,
+        # A checkpoint upload cut off by preemption leaves its parts billed until aborted;
+        # an upload takes minutes, so a day is far beyond any live one.
+        enabled(
+            "abort-incomplete-uploads",
             abort_incomplete_multipart_upload=aws.s3.BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
                 days_after_initiation=ABORT_UPLOAD_DAYS,
             ),
