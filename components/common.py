@@ -92,6 +92,15 @@ def adopted_bucket(bucket_name: pulumi.Input[str], adopt: bool) -> str | None:
     return bucket_name
 
 
+def kept_bucket(parent: pulumi.Resource, bucket_name: pulumi.Input[str], *, keep_on_destroy: bool,
+                adopt: bool) -> pulumi.ResourceOptions:
+    """The options of a stack's bucket resource: retained by `pulumi destroy` when `keep_on_destroy` (Pulumi
+    forgets it instead of deleting it: the checkpoints are the run's value), and imported instead of created
+    when `adopt` (`adopted_bucket`)."""
+    return pulumi.ResourceOptions(parent=parent, retain_on_delete=keep_on_destroy,
+                                  import_=adopted_bucket(bucket_name, adopt))
+
+
 @dataclass(kw_only=True)
 class Home:
     """What a home stack has made that a placement on the other cloud builds on (`OtherCloud`)."""

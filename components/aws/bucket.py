@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
-from components.common import ABORT_UPLOAD_DAYS, adopted_bucket
+from components.common import ABORT_UPLOAD_DAYS, kept_bucket
 from runfolder import layout
 
 
@@ -102,16 +102,14 @@ class TrainingBucket(pulumi.ComponentResource):
     # long function: the bucket and its settings, declared top to bottom, one resource each
     def __init__(self, name: str, args: TrainingBucketArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:aws:TrainingBucket", name, None, opts)
+        own = kept_bucket(self, args.bucket_name, keep_on_destroy=args.keep_on_destroy, adopt=args.adopt)
         self.bucket = aws.s3.Bucket(
             f"{name}-s3",
             bucket=args.bucket_name,
-            # keepOnDestroy: Pulumi forgets the bucket instead of deleting it, and even a
-            # targeted delete fails while objects remain.
+            # keepOnDestroy: even a targeted delete fails while objects remain.
             force_destroy=not args.keep_on_destroy,
             tags=args.tags,
-            opts=pulumi.ResourceOptions(
-                parent=self, retain_on_delete=args.keep_on_destroy, import_=adopted_bucket(args.bucket_name, args.adopt),
-            ),
+            opts=own,
         )
         bucket_id = self.bucket.id
         # The settings below are separate resources in the v2 S3 model; each must be
