@@ -106,7 +106,7 @@ class TrainingBucket(pulumi.ComponentResource):
         self.bucket = aws.s3.Bucket(
             f"{name}-s3",
             bucket=args.bucket_name,
-            # keepOnDestroy: even a targeted delete fails while objects remain.
+            # Without keepOnDestroy, destroy empties the bucket: even a targeted delete fails while objects remain.
             force_destroy=not args.keep_on_destroy,
             tags=args.tags,
             opts=own,

@@ -97,7 +97,7 @@ class TrainingBucket(pulumi.ComponentResource):
             # only stretches every window above. 0 turns it off ("To disable the soft delete policy
             # on a bucket, This field must be set to 0"; otherwise 7 to 90 days).
             soft_delete_policy=gcp.storage.BucketSoftDeletePolicyArgs(retention_duration_seconds=0),
-            # keepOnDestroy: even a targeted delete fails while objects remain.
+            # Without keepOnDestroy, destroy empties the bucket: even a targeted delete fails while objects remain.
             force_destroy=not args.keep_on_destroy,
             labels=args.labels,
             opts=own,

@@ -98,7 +98,7 @@ def group_grants(name: str, *, gcp_project: str, custom_role_prefix: str, groups
     # GCP reserves a deleted custom role's id for up to 37 days: a suffix drawn once and
     # kept in state keeps the ids stable across `up`s, and new after a `destroy`.
     suffix = random.RandomId(f"{name}-role-suffix", byte_length=ROLE_SUFFIX_BYTES, opts=child)
-    role, operations = (
+    role, operations = [
         gcp.projects.IAMCustomRole(
             f"{name}-{resource}-role",
             project=gcp_project,
@@ -111,7 +111,7 @@ def group_grants(name: str, *, gcp_project: str, custom_role_prefix: str, groups
             ("resize", "resize", "trainstack: resize own instance group", RESIZE_PERMISSIONS),
             ("operations", "ops", "trainstack: follow own resize operations", OPERATION_PERMISSIONS),
         )
-    )
+    ]
     return [
         gcp.projects.IAMMember(
             f"{name}-resize",
