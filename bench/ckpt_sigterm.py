@@ -33,9 +33,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _CHUNK_FLOATS = 16 * 1024 * 1024  # 64 MiB per variable, as bench.ckpt_stall makes them
 
 
-# Its own copy of bench.ckpt_stall's reader: this file runs with another code tree first on the
-# path (--trees), whose bench/ may not have it.
-def _status_mib(field: str) -> float:
+# Defined here, not imported: this file runs with another code tree first on the path (--trees),
+# whose bench/ may not have a shared module. bench.ckpt_stall imports it from here.
+def status_mib(field: str) -> float:
+    """A memory figure of this process in MiB (`VmRSS`, `VmHWM`: /proc/self/status), NaN where absent."""
     with open("/proc/self/status") as fh:
         for line in fh:
             if line.startswith(field + ":"):
@@ -74,7 +75,7 @@ def measure(size_mb: float, bucket: str, prefix: str) -> dict:
         update()  # traced before the measurement
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")  # the peak from here
-        rss_before = _status_mib("VmRSS")
+        rss_before = status_mib("VmRSS")
         cp.save(1, {"step": 1, "batches_seen": 1, "examples_seen": 1}, sync=False)
         update()
         s0 = time.perf_counter()
@@ -84,7 +85,7 @@ def measure(size_mb: float, bucket: str, prefix: str) -> dict:
         w0 = time.perf_counter()
         error = cp.wait_uploads()
         wait_s = time.perf_counter() - w0
-        peak = _status_mib("VmHWM") - rss_before
+        peak = status_mib("VmHWM") - rss_before
         steps = [c["step"] for c in committed]
         if error is not None or not steps_at_stop or steps_at_stop[-1] != 2 or steps[-1] != 2:
             raise RuntimeError(f"the stop's checkpoint 2 was not the one committed last: {steps} ({error!r})")

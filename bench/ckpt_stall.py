@@ -42,6 +42,8 @@ import tempfile
 import threading
 import time
 
+from bench.ckpt_sigterm import status_mib
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 _CHUNK_FLOATS = 16 * 1024 * 1024  # 64 MiB per variable: large checkpoints as several files' worth of tensors
@@ -99,14 +101,6 @@ def _rate(step, per_call: int, until) -> tuple[float, float]:
     return n * per_call / dt, dt
 
 
-def _status_mib(field: str) -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 class _PeakMemory:
     """The peak resident memory above the present one, from here to `extra()` (Linux: `VmHWM`, reset)."""
 
@@ -116,10 +110,10 @@ class _PeakMemory:
                 fh.write("5")  # resets the peak to the present
         except OSError:
             pass  # the peak then counts from the process's start: an overstatement, never an understatement
-        self.before = _status_mib("VmRSS")
+        self.before = status_mib("VmRSS")
 
     def extra(self) -> float:
-        return round(_status_mib("VmHWM") - self.before, 1)
+        return round(status_mib("VmHWM") - self.before, 1)
 
 
 def _updater(variables):

@@ -245,11 +245,15 @@ class TrainerCodeArgs:
     """Tags for the uploaded object (S3 object tags; GCS objects carry no labels)."""
 
 
+# The content type of every archive the stack uploads (gzip-compressed tar).
+ARCHIVE_TYPE = "application/gzip"
+
+
 class TrainerCodeBase(pulumi.ComponentResource):
     """The trainer archive uploaded to <scheme>://<bucket>/code/trainer-<hash>.tar.gz, and the machines'
     boot scripts to <scheme>://<bucket>/code/boot-<hash>.tar.gz (boot_uri).
 
-    A cloud's subclass names its type token and implements `_upload`.
+    A cloud's subclass names its type token and implements `_object`.
     """
 
     TYPE = ""
@@ -278,6 +282,13 @@ class TrainerCodeBase(pulumi.ComponentResource):
         Kept when replaced (`retain_on_delete`): a new key replaces the object, and machines of the old
         launch or instance template (booting, or a group not yet on the new one) still fetch the old
         key; a few hundred KB per change, gone with the bucket."""
+        return self._object(f"{name}-archive", args, key, pulumi.FileAsset(str(path)),
+                            pulumi.ResourceOptions(parent=self, retain_on_delete=True))
+
+    def _object(self, name: str, args: TrainerCodeArgs, key: str, source: pulumi.FileAsset,
+                opts: pulumi.ResourceOptions) -> pulumi.Output[str]:
+        """The cloud's object resource `name`: `source` at `key` of `args.bucket_name`, typed `ARCHIVE_TYPE`,
+        with `opts`; returns its URI."""
         raise NotImplementedError
 
 

@@ -92,6 +92,15 @@ def adopted_bucket(bucket_name: pulumi.Input[str], adopt: bool) -> str | None:
     return bucket_name
 
 
+def kept_bucket(parent: pulumi.Resource, bucket_name: pulumi.Input[str], *, keep_on_destroy: bool,
+                adopt: bool) -> pulumi.ResourceOptions:
+    """The options of a stack's bucket resource: retained by `pulumi destroy` when `keep_on_destroy` (Pulumi
+    forgets it instead of deleting it: the checkpoints are the run's value), and imported instead of created
+    when `adopt` (`adopted_bucket`)."""
+    return pulumi.ResourceOptions(parent=parent, retain_on_delete=keep_on_destroy,
+                                  import_=adopted_bucket(bucket_name, adopt))
+
+
 @dataclass(kw_only=True)
 class Home:
     """What a home stack has made that a placement on the other cloud builds on (`OtherCloud`)."""
@@ -128,6 +137,22 @@ class OtherCloud(Protocol):
 
 
 @dataclass(kw_only=True)
+class ControllerRun:
+    """What a placement controller is told of its run, the same on both clouds (`Placements.controller_run`)."""
+
+    name: str
+    """The function's (and its schedule's) name, fixed in advance: the stack's groups' name stem."""
+    config: pulumi.Input[str]
+    """The controller's configuration, JSON (TRAINSTACK_PLACEMENTS)."""
+    run_id: str
+    """The run's folder: the function reads runs/<run_id>/ and writes only its placement record there."""
+    nodes: int
+    """Machines of the run: the most the function sets a group to."""
+    tick_minutes: int = 1
+    """Minutes between ticks."""
+
+
+@dataclass(kw_only=True)
 class Placements:
     """A stack's placements as the layer one floor up (components/multicloud/) computed them, home first."""
 
@@ -147,6 +172,12 @@ class Placements:
         order = sorted(access)
         return pulumi.Output.all(run, *(access[i] for i in order)).apply(
             lambda v: self.config(v[0], dict(zip(order, v[1:], strict=True))))
+
+    def controller_run(self, settings: Settings, name: str, run: pulumi.Output[str],
+                       access: Mapping[int, pulumi.Output]) -> ControllerRun:
+        """What home's controller `name` is told of the run whose folder is `run` (see `controller_config`)."""
+        return ControllerRun(name=name, config=self.controller_config(run, access), run_id=settings.run_id,
+                             nodes=settings.compute.nodes)
 
     @classmethod
     def alone(cls, settings: Settings, group: str) -> Placements:

@@ -1,11 +1,7 @@
 """The AWS training stack: bucket, identity, image repository, trainer code and image, spot group.
 
-The same names, with the same constructor signatures, as components.gcp
-(tests/components/test_cloud_mirror.py); `__main__.py` picks the package by the stack's cloud.
-
-Each name is imported from its module on first use (components/lazy.py), so the
-Pulumi-free modules here (`naming.py`, which `ops preflight` reads) load without the
-cloud's provider package.
+The same names as components.gcp, each imported from its module on first use (why:
+components/lazy.py); `__main__.py` picks the package by the stack's cloud.
 """
 
 from __future__ import annotations

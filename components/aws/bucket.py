@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
-from components.common import ABORT_UPLOAD_DAYS, adopted_bucket
+from components.common import ABORT_UPLOAD_DAYS, kept_bucket
 from runfolder import layout
 
 
@@ -48,12 +48,19 @@ def lifecycle_rules(noncurrent_days: int) -> list[aws.s3.BucketLifecycleConfigur
     prefix, so the rule filters on the tag the trainer puts on every checkpoint object
     (`runfolder.layout.CHECKPOINT_TAG_KEY`; tags are kept per version).
     """
-    everything = aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix="")
+
+    def enabled(rule_id: str, *, only: aws.s3.BucketLifecycleConfigurationRuleFilterArgs | None = None,
+                **action) -> aws.s3.BucketLifecycleConfigurationRuleArgs:
+        """A rule in force, on the objects `only` matches (every object when None)."""
+        return aws.s3.BucketLifecycleConfigurationRuleArgs(
+            id=rule_id, status="Enabled", filter=only or aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
+            **action,
+        )
+
     return [
-        aws.s3.BucketLifecycleConfigurationRuleArgs(
-            id="expire-noncurrent-checkpoints",
-            status="Enabled",
-            filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(
+        enabled(
+            "expire-noncurrent-checkpoints",
+            only=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(
                 tag=aws.s3.BucketLifecycleConfigurationRuleFilterTagArgs(
                     key=layout.CHECKPOINT_TAG_KEY, value=layout.CHECKPOINT_TAG_VALUE,
                 ),
@@ -62,28 +69,22 @@ def lifecycle_rules(noncurrent_days: int) -> list[aws.s3.BucketLifecycleConfigur
                 noncurrent_days=layout.CHECKPOINT_NONCURRENT_DAYS,
             ),
         ),
-        aws.s3.BucketLifecycleConfigurationRuleArgs(
-            id="expire-noncurrent-versions",
-            status="Enabled",
-            filter=everything,
+        enabled(
+            "expire-noncurrent-versions",
             noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
                 noncurrent_days=noncurrent_days,
             ),
         ),
-        aws.s3.BucketLifecycleConfigurationRuleArgs(
-            # A pruned key keeps its delete marker after its versions expire; S3 removes such an
-            # "expired object delete marker" only when a rule says so (it cannot take a tag filter).
-            id="remove-expired-delete-markers",
-            status="Enabled",
-            filter=everything,
+        # A pruned key keeps its delete marker after its versions expire; S3 removes such an
+        # "expired object delete marker" only when a rule says so (it cannot take a tag filter).
+        enabled(
+            "remove-expired-delete-markers",
             expiration=aws.s3.BucketLifecycleConfigurationRuleExpirationArgs(expired_object_delete_marker=True),
         ),
-        aws.s3.BucketLifecycleConfigurationRuleArgs(
-            # A checkpoint upload cut off by preemption leaves its parts billed until aborted;
-            # an upload takes minutes, so a day is far beyond any live one.
-            id="abort-incomplete-uploads",
-            status="Enabled",
-            filter=everything,
+        # A checkpoint upload cut off by preemption leaves its parts billed until aborted;
+        # an upload takes minutes, so a day is far beyond any live one.
+        enabled(
+            "abort-incomplete-uploads",
             abort_incomplete_multipart_upload=aws.s3.BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
                 days_after_initiation=ABORT_UPLOAD_DAYS,
             ),
@@ -101,16 +102,14 @@ class TrainingBucket(pulumi.ComponentResource):
     # long function: the bucket and its settings, declared top to bottom, one resource each
     def __init__(self, name: str, args: TrainingBucketArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:aws:TrainingBucket", name, None, opts)
+        own = kept_bucket(self, args.bucket_name, keep_on_destroy=args.keep_on_destroy, adopt=args.adopt)
         self.bucket = aws.s3.Bucket(
             f"{name}-s3",
             bucket=args.bucket_name,
-            # keepOnDestroy: Pulumi forgets the bucket instead of deleting it, and even a
-            # targeted delete fails while objects remain.
+            # Without keepOnDestroy, destroy empties the bucket: even a targeted delete fails while objects remain.
             force_destroy=not args.keep_on_destroy,
             tags=args.tags,
-            opts=pulumi.ResourceOptions(
-                parent=self, retain_on_delete=args.keep_on_destroy, import_=adopted_bucket(args.bucket_name, args.adopt),
-            ),
+            opts=own,
         )
         bucket_id = self.bucket.id
         # The settings below are separate resources in the v2 S3 model; each must be

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pulumi
 import pulumi_aws as aws
 
-from components.code import TrainerCodeArgs, TrainerCodeBase, archive_key, pack
+from components.code import ARCHIVE_TYPE, TrainerCodeArgs, TrainerCodeBase, archive_key, pack
 
 __all__ = ["TrainerCode", "TrainerCodeArgs", "archive_key", "pack"]
 
@@ -17,14 +15,8 @@ class TrainerCode(TrainerCodeBase):
 
     TYPE = "trainstack:aws:TrainerCode"
 
-    def _upload(self, name: str, args: TrainerCodeArgs, key: str, path: Path) -> pulumi.Output[str]:
-        obj = aws.s3.BucketObjectv2(
-            f"{name}-archive",
-            bucket=args.bucket_name,
-            key=key,
-            source=pulumi.FileAsset(str(path)),
-            content_type="application/gzip",
-            tags=args.tags,
-            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
-        )
+    def _object(self, name: str, args: TrainerCodeArgs, key: str, source: pulumi.FileAsset,
+                opts: pulumi.ResourceOptions) -> pulumi.Output[str]:
+        obj = aws.s3.BucketObjectv2(name, bucket=args.bucket_name, key=key, source=source, content_type=ARCHIVE_TYPE,
+                                    tags=args.tags, opts=opts)
         return pulumi.Output.concat("s3://", obj.bucket, "/", obj.key)

@@ -17,6 +17,8 @@ import pulumi
 import pulumi_aws as aws
 
 from components import function_package, project
+from components.aws.identity import deployer_account, role_with_policy
+from components.common import ControllerRun
 from controller.config import ENV_VAR
 from runfolder import layout
 
@@ -86,18 +88,10 @@ def role_name(name: str) -> str:
 class PlacementControllerArgs:
     """Inputs of a PlacementController."""
 
-    name: str
-    """The function's (and schedule's) name, fixed in advance: the stack's groups' name stem."""
-    config: pulumi.Input[str]
-    """The controller's configuration, JSON (TRAINSTACK_PLACEMENTS)."""
-    run_id: str
-    """The run's folder: the function reads runs/<run_id>/ and writes only its placement record there."""
-    nodes: int
-    """Machines of the run: the most the function may set a group to."""
+    run: ControllerRun
+    """The function's name, configuration, run folder, machines and tick (the same on both clouds)."""
     groups: list[tuple[str, str]]
     """(region, name) of every placement's group, home first."""
-    tick_minutes: int = 1
-    """Minutes between ticks."""
     bucket_arn: pulumi.Input[str]
     """ARN of the home bucket."""
     tags: dict[str, str] = field(default_factory=dict)
@@ -159,11 +153,9 @@ class PlacementController(pulumi.ComponentResource):
     def __init__(self, name: str, args: PlacementControllerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:aws:PlacementController", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        invoke = pulumi.InvokeOptions(parent=self)
-        partition = aws.get_partition_output(opts=invoke).partition
-        account_id = aws.get_caller_identity_output(opts=invoke).account_id
+        partition, account_id = deployer_account(self)
         # Lambda function names take 64 characters; the schedule's, 64 too.
-        fn_name = function_name(args.name)
+        fn_name = function_name(args.run.name)
         ready = self._role(name, args, fn_name, partition, account_id)
         self.function = aws.lambda_.Function(
             f"{name}-function",
@@ -177,7 +169,7 @@ class PlacementController(pulumi.ComponentResource):
             memory_size=MEMORY_MB,
             reserved_concurrent_executions=CONCURRENCY,
             environment=aws.lambda_.FunctionEnvironmentArgs(
-                variables=pulumi.Output.from_input(args.config).apply(environment)),
+                variables=pulumi.Output.from_input(args.run.config).apply(environment)),
             tags=args.tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=ready),
         )
@@ -200,22 +192,16 @@ class PlacementController(pulumi.ComponentResource):
             f"{name}-logs", name=f"/aws/lambda/{fn_name}", retention_in_days=LOG_RETENTION_DAYS, tags=args.tags,
             opts=child,
         )
-        self.role = aws.iam.Role(
-            f"{name}-role",
-            name=role_name(args.name) if args.named_role else None,
-            assume_role_policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
+        self.role, policy = role_with_policy(
+            self, name,
+            role_name=role_name(args.run.name) if args.named_role else None,
+            trust=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": [{
                 "Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole",
             }]}),
             description="trainstack placement controller: one run's folder and placement record, this stack's groups",
             tags=args.tags,
-            opts=child,
-        )
-        policy = aws.iam.RolePolicy(
-            f"{name}-policy",
-            role=self.role.id,
             policy=function_policy(partition=partition, account_id=account_id, bucket_arn=args.bucket_arn,
-                                   run_id=args.run_id, nodes=args.nodes, groups=args.groups),
-            opts=child,
+                                   run_id=args.run.run_id, nodes=args.run.nodes, groups=args.groups),
         )
         logs = aws.iam.RolePolicy(
             f"{name}-logging",
@@ -256,7 +242,7 @@ class PlacementController(pulumi.ComponentResource):
             f"{name}-schedule",
             name=fn_name,
             description="trainstack: one placement controller tick",
-            schedule_expression=f"rate({args.tick_minutes} minute{'s' if args.tick_minutes > 1 else ''})",
+            schedule_expression=f"rate({args.run.tick_minutes} minute{'s' if args.run.tick_minutes > 1 else ''})",
             flexible_time_window=aws.scheduler.ScheduleFlexibleTimeWindowArgs(mode="OFF"),
             state="ENABLED",
             target=aws.scheduler.ScheduleTargetArgs(

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
-from components.aws.identity import bucket_statements
+from components.aws.identity import bucket_statements, deployer_account, role_with_policy
 from controller.grants import aws_group_policy
 
 # The issuer of Google's ID tokens, as AWS names the federated principal.
@@ -94,35 +94,38 @@ class FederatedRoleArgs:
     """Tags for the role."""
 
 
-class FederatedRole(pulumi.ComponentResource):
-    """An IAM role trusting one Google service account's ID tokens, with the machines' S3 access."""
+class GoogleTrustedRole(pulumi.ComponentResource):
+    """An IAM role that one Google service account's ID tokens for one audience may assume, with one inline
+    policy: what `FederatedRole` and `ControllerRole` each build with their own policy."""
 
     role: aws.iam.Role
     policy: aws.iam.RolePolicy
     role_arn: pulumi.Output[str]
 
-    def __init__(self, name: str, args: FederatedRoleArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("trainstack:aws:FederatedRole", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        partition = aws.get_partition_output(opts=pulumi.InvokeOptions(parent=self)).partition
-        self.role = aws.iam.Role(
-            f"{name}-role",
-            assume_role_policy=google_trust(args.service_account_unique_id, args.audience),
-            description="trainstack machines on GCP: one run's bucket prefix, by their Google identity",
-            max_session_duration=MAX_SESSION_S,
-            tags=args.tags,
-            opts=child,
-        )
-        self.policy = aws.iam.RolePolicy(
-            f"{name}-policy",
-            role=self.role.id,
-            policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": bucket_statements(
-                partition=partition, bucket_arn=args.bucket_arn, run_id=args.run_id, data_uri=args.data_uri,
-                validation_data_uri=args.validation_data_uri)}),
-            opts=child,
+    def _trusted_role(self, name: str, *, unique_id: pulumi.Input[str], audience: str, description: str,
+                      policy: pulumi.Input[str], tags: dict[str, str], role_name: str | None = None) -> None:
+        """Declare the role and its policy, and register `role_arn` (the last step of a constructor)."""
+        self.role, self.policy = role_with_policy(
+            self, name, role_name=role_name, trust=google_trust(unique_id, audience), description=description,
+            max_session_s=MAX_SESSION_S, tags=tags, policy=policy,
         )
         self.role_arn = self.role.arn
         self.register_outputs({"role_arn": self.role_arn})
+
+
+class FederatedRole(GoogleTrustedRole):
+    """An IAM role trusting one Google service account's ID tokens, with the machines' S3 access."""
+
+    def __init__(self, name: str, args: FederatedRoleArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("trainstack:aws:FederatedRole", name, None, opts)
+        partition = aws.get_partition_output(opts=pulumi.InvokeOptions(parent=self)).partition
+        self._trusted_role(
+            name, unique_id=args.service_account_unique_id, audience=args.audience, tags=args.tags,
+            description="trainstack machines on GCP: one run's bucket prefix, by their Google identity",
+            policy=pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": bucket_statements(
+                partition=partition, bucket_arn=args.bucket_arn, run_id=args.run_id, data_uri=args.data_uri,
+                validation_data_uri=args.validation_data_uri)}),
+        )
 
 
 @dataclass(kw_only=True)
@@ -143,35 +146,17 @@ class ControllerRoleArgs:
     """Tags for the role."""
 
 
-class ControllerRole(pulumi.ComponentResource):
+class ControllerRole(GoogleTrustedRole):
     """The IAM role a GCP home's controller function assumes with its Google identity to size the AWS groups."""
-
-    role: aws.iam.Role
-    policy: aws.iam.RolePolicy
-    role_arn: pulumi.Output[str]
 
     def __init__(self, name: str, args: ControllerRoleArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:aws:ControllerRole", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        invoke = pulumi.InvokeOptions(parent=self)
-        partition = aws.get_partition_output(opts=invoke).partition
-        account_id = aws.get_caller_identity_output(opts=invoke).account_id
-        self.role = aws.iam.Role(
-            f"{name}-role",
-            name=args.role_name,
-            assume_role_policy=google_trust(args.service_account_unique_id, args.audience),
-            description="trainstack placement controller of a GCP home: this stack's AWS groups, by its Google identity",
-            max_session_duration=MAX_SESSION_S,
-            tags=args.tags,
-            opts=child,
-        )
+        partition, account_id = deployer_account(self)
         groups, nodes = list(args.groups), args.nodes
-        self.policy = aws.iam.RolePolicy(
-            f"{name}-policy",
-            role=self.role.id,
+        self._trusted_role(
+            name, unique_id=args.service_account_unique_id, audience=args.audience, tags=args.tags,
+            role_name=args.role_name,
+            description="trainstack placement controller of a GCP home: this stack's AWS groups, by its Google identity",
             policy=pulumi.Output.all(partition, account_id).apply(lambda v: json.dumps(
                 aws_group_policy(groups=groups, nodes=nodes, account_id=v[1], partition=v[0]))),
-            opts=child,
         )
-        self.role_arn = self.role.arn
-        self.register_outputs({"role_arn": self.role_arn})

@@ -215,6 +215,24 @@ def group_arns(partition: pulumi.Input[str], account_id: pulumi.Input[str],
     return arns[0] if len(arns) == 1 else arns
 
 
+def deployer_account(parent: pulumi.Resource) -> tuple[pulumi.Output[str], pulumi.Output[str]]:
+    """The partition (`aws`, `aws-cn`, ...) and account id the stack deploys into, asked through `parent`'s
+    provider: what the ARNs in a policy are made of."""
+    invoke = pulumi.InvokeOptions(parent=parent)
+    return aws.get_partition_output(opts=invoke).partition, aws.get_caller_identity_output(opts=invoke).account_id
+
+
+def role_with_policy(parent: pulumi.Resource, name: str, *, trust: pulumi.Input[str], description: str,
+                     policy: pulumi.Input[str], tags: dict[str, str], role_name: str | None = None,
+                     max_session_s: int | None = None) -> tuple[aws.iam.Role, aws.iam.RolePolicy]:
+    """An IAM role (`{name}-role`, named `role_name` or by Pulumi) that `trust` lets assume it, and its
+    inline policy (`{name}-policy`), both children of `parent`."""
+    child = pulumi.ResourceOptions(parent=parent)
+    role = aws.iam.Role(f"{name}-role", name=role_name, assume_role_policy=trust, description=description,
+                        max_session_duration=max_session_s, tags=tags, opts=child)
+    return role, aws.iam.RolePolicy(f"{name}-policy", role=role.id, policy=policy, opts=child)
+
+
 class InstanceIdentity(pulumi.ComponentResource):
     """IAM role, instance profile and scoped inline policy for a stack's machines."""
 
@@ -227,21 +245,13 @@ class InstanceIdentity(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: InstanceIdentityArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:aws:InstanceIdentity", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
-        invoke = pulumi.InvokeOptions(parent=self)
-        partition = aws.get_partition_output(opts=invoke).partition
-        account_id = aws.get_caller_identity_output(opts=invoke).account_id
-        self.role = aws.iam.Role(
-            f"{name}-role",
-            assume_role_policy=pulumi.Output.json_dumps(_EC2_TRUST),
+        partition, account_id = deployer_account(self)
+        self.role, self.policy = role_with_policy(
+            self, name,
+            trust=pulumi.Output.json_dumps(_EC2_TRUST),
             description="trainstack machines: one run's bucket prefix, image pull, own group" if args.bucket_arn is not None
             else "trainstack machines of a GCP home: own group; the run's GCS bucket by workload identity federation",
             tags=args.tags,
-            opts=child,
-        )
-        self.policy = aws.iam.RolePolicy(
-            f"{name}-policy",
-            role=self.role.id,
             policy=policy_document(
                 partition=partition,
                 account_id=account_id,
@@ -255,9 +265,9 @@ class InstanceIdentity(pulumi.ComponentResource):
                 other_groups=list(args.other_groups),
                 other_repository_arns=list(args.other_repository_arns),
             ),
-            opts=child,
         )
-        self.profile = aws.iam.InstanceProfile(f"{name}-profile", role=self.role.name, tags=args.tags, opts=child)
+        self.profile = aws.iam.InstanceProfile(f"{name}-profile", role=self.role.name, tags=args.tags,
+                                               opts=pulumi.ResourceOptions(parent=self))
         self.role_arn = self.role.arn
         self.profile_arn = self.profile.arn
         self.profile_name = self.profile.name

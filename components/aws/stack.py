@@ -180,14 +180,11 @@ class TrainingStack(StackOutputs):
         self.controller: PlacementController | None = None
         if len(places) == 1:
             return None
-        config = self._places.controller_config(home.run, access)
+        run = self._places.controller_run(s, self._group, home.run, access)
         self.controller = PlacementController(
             f"{self._stem}-controller",
             PlacementControllerArgs(
-                name=self._group,
-                config=config,
-                run_id=s.run_id,
-                nodes=s.compute.nodes,
+                run=run,
                 # Its AWS grants reach the AWS groups; a GCP placement's group, through `access`.
                 groups=[(p.region, g) for p, g in zip(places, self._places.groups, strict=True) if p.cloud == "aws"],
                 bucket_arn=home.bucket.arn,
@@ -197,4 +194,4 @@ class TrainingStack(StackOutputs):
             ),
             opts=self._at_home,
         )
-        return config
+        return run.config

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_gcp as gcp
 
-from components.common import ABORT_UPLOAD_DAYS, adopted_bucket
+from components.common import ABORT_UPLOAD_DAYS, kept_bucket
 from runfolder import layout
 
 
@@ -83,6 +83,7 @@ class TrainingBucket(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: TrainingBucketArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:gcp:TrainingBucket", name, None, opts)
+        own = kept_bucket(self, args.bucket_name, keep_on_destroy=args.keep_on_destroy, adopt=args.adopt)
         self.bucket = gcp.storage.Bucket(
             f"{name}-gcs",
             name=args.bucket_name,
@@ -96,13 +97,10 @@ class TrainingBucket(pulumi.ComponentResource):
             # only stretches every window above. 0 turns it off ("To disable the soft delete policy
             # on a bucket, This field must be set to 0"; otherwise 7 to 90 days).
             soft_delete_policy=gcp.storage.BucketSoftDeletePolicyArgs(retention_duration_seconds=0),
-            # keepOnDestroy: Pulumi forgets the bucket instead of deleting it, and even a
-            # targeted delete fails while objects remain.
+            # Without keepOnDestroy, destroy empties the bucket: even a targeted delete fails while objects remain.
             force_destroy=not args.keep_on_destroy,
             labels=args.labels,
-            opts=pulumi.ResourceOptions(
-                parent=self, retain_on_delete=args.keep_on_destroy, import_=adopted_bucket(args.bucket_name, args.adopt),
-            ),
+            opts=own,
         )
         self.name = self.bucket.name
         self.url = pulumi.Output.concat("gs://", self.bucket.name)

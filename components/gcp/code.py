@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pulumi
 import pulumi_gcp as gcp
 
-from components.code import TrainerCodeArgs, TrainerCodeBase
+from components.code import ARCHIVE_TYPE, TrainerCodeArgs, TrainerCodeBase
 
 __all__ = ["TrainerCode", "TrainerCodeArgs"]
 
@@ -17,14 +15,9 @@ class TrainerCode(TrainerCodeBase):
 
     TYPE = "trainstack:gcp:TrainerCode"
 
-    def _upload(self, name: str, args: TrainerCodeArgs, key: str, path: Path) -> pulumi.Output[str]:
+    def _object(self, name: str, args: TrainerCodeArgs, key: str, source: pulumi.FileAsset,
+                opts: pulumi.ResourceOptions) -> pulumi.Output[str]:
         # GCS objects carry no labels: args.tags has nowhere to go.
-        obj = gcp.storage.BucketObject(
-            f"{name}-archive",
-            bucket=args.bucket_name,
-            name=key,
-            source=pulumi.FileAsset(str(path)),
-            content_type="application/gzip",
-            opts=pulumi.ResourceOptions(parent=self, retain_on_delete=True),
-        )
+        obj = gcp.storage.BucketObject(name, bucket=args.bucket_name, name=key, source=source, content_type=ARCHIVE_TYPE,
+                                       opts=opts)
         return pulumi.Output.concat("gs://", obj.bucket, "/", obj.name)

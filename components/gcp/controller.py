@@ -19,6 +19,7 @@ import pulumi_gcp as gcp
 import pulumi_random as random
 
 from components import function_package, project
+from components.common import ControllerRun
 from components.gcp.identity import groups_condition, prefix_condition
 from components.gcp.naming import custom_role_id
 from controller.config import ENV_VAR
@@ -74,22 +75,14 @@ class ProjectGroups:
 class PlacementControllerArgs:
     """Inputs of a PlacementController."""
 
-    name: str
-    """The function's (and job's) name, fixed in advance: the stack's groups' name stem."""
-    config: pulumi.Input[str]
-    """The controller's configuration, JSON (TRAINSTACK_PLACEMENTS)."""
-    run_id: str
-    """The run's folder: the function reads runs/<run_id>/ and writes only its placement record there."""
-    nodes: int
-    """Machines of the run: the most the function sets a group to (the controller's own rule: GCE IAM
-    conditions cannot read a resize's size)."""
+    run: ControllerRun
+    """The function's (and job's) name, configuration, run folder, machines and tick (the same on both clouds).
+    Its `nodes` is the controller's own rule here: GCE IAM conditions cannot read a resize's size."""
     groups: list[tuple[str, str]]
     """(region, name) of every placement's group in home's project, home first."""
     other_projects: list[ProjectGroups] = field(default_factory=list)
     """The placements' groups in other projects than home's, by project: the function reads and resizes
     them too."""
-    tick_minutes: int = 1
-    """Minutes between ticks."""
     gcp_project: str
     """The home project."""
     region: str
@@ -179,7 +172,7 @@ class PlacementController(pulumi.ComponentResource):
     def __init__(self, name: str, args: PlacementControllerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:gcp:PlacementController", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        fn_name = f"{args.name[:52]}-controller"
+        fn_name = f"{args.run.name[:52]}-controller"
         account = gcp.serviceaccount.Account(
             f"{name}-sa", account_id=args.account_id, display_name="trainstack placement controller",
             description="one run's folder and placement record, this stack's groups", opts=child,
@@ -215,7 +208,7 @@ class PlacementController(pulumi.ComponentResource):
             ),
             service_config=gcp.cloudfunctionsv2.FunctionServiceConfigArgs(
                 service_account_email=account.email,
-                environment_variables={ENV_VAR: args.config},
+                environment_variables={ENV_VAR: args.run.config},
                 timeout_seconds=TIMEOUT_S,
                 available_memory=MEMORY,
                 min_instance_count=0,
@@ -241,14 +234,14 @@ class PlacementController(pulumi.ComponentResource):
                 f"{name}-run-read", bucket=args.bucket_name, role="roles/storage.objectViewer", member=member,
                 condition=gcp.storage.BucketIAMMemberConditionArgs(
                     title="this run's folder", expression=prefix_condition(args.bucket_name,
-                                                                           layout.run_prefix(args.run_id))),
+                                                                           layout.run_prefix(args.run.run_id))),
                 opts=child,
             ),
             # Replacing an object in GCS needs delete as well as create: objectUser, on the two objects only.
             gcp.storage.BucketIAMMember(
                 f"{name}-placement-write", bucket=args.bucket_name, role="roles/storage.objectUser", member=member,
                 condition=gcp.storage.BucketIAMMemberConditionArgs(
-                    title="the placement record", expression=written_condition(args.bucket_name, args.run_id)),
+                    title="the placement record", expression=written_condition(args.bucket_name, args.run.run_id)),
                 opts=child,
             ),
         ]
@@ -297,7 +290,7 @@ class PlacementController(pulumi.ComponentResource):
             name=fn_name,
             region=args.region,
             description="trainstack: one placement controller tick",
-            schedule=f"*/{args.tick_minutes} * * * *",
+            schedule=f"*/{args.run.tick_minutes} * * * *",
             time_zone="Etc/UTC",
             # A failed tick is not retried: the next one starts again from the run folder.
             retry_config=gcp.cloudscheduler.JobRetryConfigArgs(retry_count=0),

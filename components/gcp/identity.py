@@ -98,22 +98,20 @@ def group_grants(name: str, *, gcp_project: str, custom_role_prefix: str, groups
     # GCP reserves a deleted custom role's id for up to 37 days: a suffix drawn once and
     # kept in state keeps the ids stable across `up`s, and new after a `destroy`.
     suffix = random.RandomId(f"{name}-role-suffix", byte_length=ROLE_SUFFIX_BYTES, opts=child)
-    role = gcp.projects.IAMCustomRole(
-        f"{name}-resize-role",
-        project=gcp_project,
-        role_id=suffix.hex.apply(lambda h: custom_role_id(custom_role_prefix, h, "resize")),
-        title="trainstack: resize own instance group",
-        permissions=RESIZE_PERMISSIONS,
-        opts=child,
-    )
-    operations = gcp.projects.IAMCustomRole(
-        f"{name}-operations-role",
-        project=gcp_project,
-        role_id=suffix.hex.apply(lambda h: custom_role_id(custom_role_prefix, h, "ops")),
-        title="trainstack: follow own resize operations",
-        permissions=OPERATION_PERMISSIONS,
-        opts=child,
-    )
+    role, operations = [
+        gcp.projects.IAMCustomRole(
+            f"{name}-{resource}-role",
+            project=gcp_project,
+            role_id=suffix.hex.apply(lambda h, kind=kind: custom_role_id(custom_role_prefix, h, kind)),
+            title=title,
+            permissions=permissions,
+            opts=child,
+        )
+        for resource, kind, title, permissions in (
+            ("resize", "resize", "trainstack: resize own instance group", RESIZE_PERMISSIONS),
+            ("operations", "ops", "trainstack: follow own resize operations", OPERATION_PERMISSIONS),
+        )
+    ]
     return [
         gcp.projects.IAMMember(
             f"{name}-resize",
@@ -197,24 +195,35 @@ def bucket_grants(name: str, access: BucketAccess, *, member: pulumi.Input[str],
     return grants
 
 
-class InstanceIdentity(pulumi.ComponentResource):
-    """Service account plus the narrow grants one run needs."""
+class MachineAccount(pulumi.ComponentResource):
+    """A service account machines run as, and its grants: what `InstanceIdentity` and `PlacementIdentity`
+    each grant their own way."""
 
     account: gcp.serviceaccount.Account
     email: pulumi.Output[str]
+    grants: list[pulumi.Resource]
+    """Every grant, in the order declared: what the machines' group waits for."""
+
+    def _account(self, name: str, *, account_id: str, display_name: str, description: str,
+                 gcp_project: str | None = None) -> pulumi.Output[str]:
+        """Declare the account (`{name}-sa`, in the provider's project unless `gcp_project`); its IAM member."""
+        self.account = gcp.serviceaccount.Account(
+            f"{name}-sa", account_id=account_id, project=gcp_project, display_name=display_name,
+            description=description, opts=pulumi.ResourceOptions(parent=self),
+        )
+        self.email = self.account.email
+        return pulumi.Output.concat("serviceAccount:", self.account.email)
+
+
+class InstanceIdentity(MachineAccount):
+    """Service account plus the narrow grants one run needs."""
 
     def __init__(self, name: str, args: InstanceIdentityArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:gcp:InstanceIdentity", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.account = gcp.serviceaccount.Account(
-            f"{name}-sa",
-            account_id=args.account_id,
-            display_name="trainstack machines",
-            description="one run's bucket prefix, image pull, own group",
-            opts=child,
-        )
-        member = pulumi.Output.concat("serviceAccount:", self.account.email)
-        self.grants: list[pulumi.Resource] = bucket_grants(
+        member = self._account(name, account_id=args.account_id, display_name="trainstack machines",
+                               description="one run's bucket prefix, image pull, own group")
+        self.grants = bucket_grants(
             name, BucketAccess(bucket_name=args.bucket_name, run_id=args.run_id, data_uri=args.data_uri,
                                validation_data_uri=args.validation_data_uri, data_grant=args.data_grant),
             member=member, child=child)
@@ -239,7 +248,6 @@ class InstanceIdentity(pulumi.ComponentResource):
         self.grants += group_grants(
             name, gcp_project=args.gcp_project, custom_role_prefix=args.custom_role_prefix,
             groups=[(args.region, args.group_name), *args.other_groups], member=member, child=child)
-        self.email = self.account.email
         self.register_outputs({"email": self.email})
 
 
@@ -262,7 +270,7 @@ class PlacementIdentityArgs:
     account gets. None when the run folder is in S3 (reached through components/aws/federation.py's role)."""
 
 
-class PlacementIdentity(pulumi.ComponentResource):
+class PlacementIdentity(MachineAccount):
     """The service account of the machines of a placement in another project than home's.
 
     Made in the placement's project: GCE runs a group's machines only as an account of the group's own
@@ -272,27 +280,18 @@ class PlacementIdentity(pulumi.ComponentResource):
     machines; without (an AWS home), it has nothing in GCS.
     """
 
-    account: gcp.serviceaccount.Account
-    email: pulumi.Output[str]
     unique_id: pulumi.Output[str]
 
     def __init__(self, name: str, args: PlacementIdentityArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("trainstack:gcp:PlacementIdentity", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        self.account = gcp.serviceaccount.Account(
-            f"{name}-sa",
-            account_id=args.account_id,
-            project=args.gcp_project,
+        member = self._account(
+            name, account_id=args.account_id, gcp_project=args.gcp_project,
             display_name="trainstack machines (placement)",
             description="own group's size; the run's bucket through its AWS role" if args.bucket is None
-            else "own group's size; one run's prefix of home's bucket",
-            opts=child,
-        )
-        member = pulumi.Output.concat("serviceAccount:", self.account.email)
-        self.grants: list[pulumi.Resource] = [] if args.bucket is None else bucket_grants(
-            name, args.bucket, member=member, child=child)
+            else "own group's size; one run's prefix of home's bucket")
+        self.grants = [] if args.bucket is None else bucket_grants(name, args.bucket, member=member, child=child)
         self.grants += group_grants(name, gcp_project=args.gcp_project, custom_role_prefix=args.custom_role_prefix,
                                     groups=[(args.region, args.group_name)], member=member, child=child)
-        self.email = self.account.email
         self.unique_id = self.account.unique_id
         self.register_outputs({"email": self.email, "unique_id": self.unique_id})

@@ -257,17 +257,14 @@ class TrainingStack(StackOutputs):
             return None
         other = self._places.other_cloud
         access = other.controller_access(home) if other else {}
-        config = self._places.controller_config(home.run, access)
+        run = self._places.controller_run(s, self._group, home.run, access)
         controller_apis = project_apis(self, f"{self._stem}-api", s.project, self._api_provider, CONTROLLER_APIS,
                                        after=[self._resource_manager])
         controller_sa, invoker_sa = controller_account_ids(**names)
         self.controller = PlacementController(
             f"{self._stem}-controller",
             PlacementControllerArgs(
-                name=self._group,
-                config=config,
-                run_id=s.run_id,
-                nodes=s.compute.nodes,
+                run=run,
                 groups=[(p.region, g) for p, g in zip(places, groups, strict=True)
                         if p.cloud == "gcp" and p.project == s.project],
                 other_projects=[ProjectGroups(
@@ -289,7 +286,7 @@ class TrainingStack(StackOutputs):
         )
         if other:
             other.after_controller(home, self.controller)
-        return config
+        return run.config
 
 
 def bucket_access(settings: Settings, bucket_name: pulumi.Input[str]) -> BucketAccess:
