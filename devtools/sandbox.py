@@ -140,7 +140,9 @@ class Sandbox:
             "CUDA_VISIBLE_DEVICES": "",
         }
         if warm_trainer:  # the tests' machines: `docker run ... python -m trainer` forks from a warm server
-            self.env[trainer_server.SOCKET_VAR] = trainer_server.ensure_server(wait=False)  # up by the trainer's start
+            # Waited for: a trainer started before the server answers runs as the plain process (about
+            # 3 s of CPU more), as the first trainers of a worker's first cluster test did on a loaded machine.
+            self.env[trainer_server.SOCKET_VAR] = trainer_server.ensure_server()
 
     # -- running --
 

@@ -11,7 +11,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-pytest_plugins = ["tests.fixtures.emulators", "tests.fixtures.sshd", "tests.fixtures.service_models"]
+pytest_plugins = ["tests.fixtures.emulators", "tests.fixtures.sshd", "tests.fixtures.service_models", "tests.fixtures.collector"]
 
 settings.register_profile(
     "ci", derandomize=True, max_examples=50, deadline=None, database=None,

@@ -3,6 +3,7 @@ fix put back (a plant) caught by a schedule kept here."""
 
 from __future__ import annotations
 
+import datetime
 import os
 
 import pytest
@@ -10,9 +11,25 @@ import pytest
 from runfolder.lease import RunLease
 from tests.controller.sim import PLANTS, Machine, Sim, Violation, main, run_one
 
-# 2,000 schedules in four parts (pytest-xdist spreads them); SIM_SCHEDULES runs more.
-SCHEDULES = int(os.environ.get("SIM_SCHEDULES", "2000"))
+# CI's schedules: the same 300 every run (seeds 0-299, which hold every kept seed below) and a window of
+# 300 more that moves on each day (UTC) through the 100,000 seeds that held by hand, so a change the fixed
+# seeds miss meets other schedules on other days; a failure names its seed, which replays exactly.
+# SIM_WINDOW_START=S pins the window (to rerun a day's); SIM_SCHEDULES=N runs seeds 0..N-1 instead.
+FIXED = 300
+WINDOW = 300
+HELD_BY_HAND = 100_000
 PARTS = 4
+
+
+def ci_seeds(day: int | None = None) -> list[int]:
+    """The schedules this run checks (see above) on ``day`` (a proleptic ordinal; today, UTC, by default)."""
+    if os.environ.get("SIM_SCHEDULES"):
+        return list(range(int(os.environ["SIM_SCHEDULES"])))
+    if day is None:
+        day = datetime.datetime.now(datetime.UTC).date().toordinal()
+    start = int(os.environ.get("SIM_WINDOW_START", FIXED + day % ((HELD_BY_HAND - FIXED) // WINDOW) * WINDOW))
+    return [*range(FIXED), *range(start, start + WINDOW)]
+
 
 # A schedule per plant that the plant breaks: (plant, seed, the invariant that catches it).
 CAUGHT = [
@@ -29,8 +46,7 @@ CAUGHT = [
 @pytest.mark.slow
 @pytest.mark.parametrize("part", range(PARTS))
 def test_every_invariant_holds_over_the_ci_schedules(part):
-    per = -(-SCHEDULES // PARTS)
-    figures = [run_one(seed) for seed in range(part * per, min(SCHEDULES, (part + 1) * per))]
+    figures = [run_one(seed) for seed in ci_seeds()[part::PARTS]]
     assert figures and all(f["events"] > 0 for f in figures)
     if len(figures) >= 100:
         # The schedules reach every ending and move the run: the invariants were checked on runs that did things.
@@ -49,6 +65,22 @@ def test_each_plant_is_caught_by_its_kept_schedule(plant, seed, invariant):
 
 def test_every_plant_has_its_kept_schedule():
     assert sorted(c[0] for c in CAUGHT) == sorted(PLANTS)
+    assert {seed for _, seed, _ in CAUGHT} <= set(range(FIXED))  # every CI run holds them without the plant
+
+
+def test_the_window_moves_each_day_inside_the_seeds_held_by_hand(monkeypatch):
+    monkeypatch.delenv("SIM_SCHEDULES", raising=False)
+    monkeypatch.delenv("SIM_WINDOW_START", raising=False)
+    seeds = ci_seeds()
+    assert len(seeds) == len(set(seeds)) == FIXED + WINDOW and seeds[:FIXED] == list(range(FIXED))
+    assert seeds[FIXED] >= FIXED and seeds[-1] < HELD_BY_HAND
+    today = datetime.datetime.now(datetime.UTC).date().toordinal()
+    assert ci_seeds(today) == seeds
+    windows = [ci_seeds(today + d)[FIXED:] for d in range(400)]
+    assert len({w[0] for w in windows}) == 332  # 332 windows of 300 fill seeds 300-99,899, then it starts again
+    assert all(w[0] >= FIXED and w[-1] < HELD_BY_HAND for w in windows)
+    monkeypatch.setenv("SIM_WINDOW_START", "5000")
+    assert ci_seeds()[FIXED:] == list(range(5000, 5000 + WINDOW))
 
 
 def test_a_schedule_replays_exactly():
@@ -74,3 +106,4 @@ def test_two_trainers_with_a_valid_lease_break_invariant_1():
 
     with pytest.raises(Violation, match="invariant 1 .*m1, m2 all train with a valid lease"):
         sim.check()
+
