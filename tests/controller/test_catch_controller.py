@@ -9,6 +9,8 @@ Pure decisions, and ticks over a `file://` run folder with groups kept in memory
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from controller.config import parse
@@ -27,6 +29,10 @@ from controller.decide import (
     time_up_reason,
 )
 from controller.record import Record, iso
+from controller.tick import read_deadline, read_run
+from runfolder import layout
+from runfolder.lease import LeaseRecord
+from runfolder.storage import open_store
 
 NOW = 1_800_000_000.0
 NO_CAPACITY = ("We currently do not have sufficient g5.xlarge capacity in the Availability Zone you requested "
@@ -113,3 +119,67 @@ def test_no_machine_is_started_from_the_launch_margin_on():
     assert may_launch(RunView(), NOW) and may_launch(RunView(deadline=deadline), deadline - LAUNCH_MARGIN_S - 1)
     assert not may_launch(RunView(deadline=deadline), deadline - LAUNCH_MARGIN_S)
     assert time_up_reason(deadline).startswith(f"the run's deadline ({iso(deadline)},")
+
+
+def _event(name: str, at: float, attempt: int = 1, **more) -> str:
+    return json.dumps({layout.EVENT: name, layout.TIME: iso(at), layout.ATTEMPT: attempt, **more})
+
+
+def _lease(store, expires: float, *, released: bool = False) -> None:
+    store.put_bytes(layout.LEASE_KEY, LeaseRecord(holder="i-0b/2", token="t", epoch=2, ttl_s=60.0, expires=expires,
+                                                  released=released, nonce="n").dump())
+
+
+def test_the_run_folder_reads_as_its_newest_sign_lease_step_stop_deadline_and_attempts(file_run):
+    store = open_store(file_run.uri)
+    assert read_run(store) == RunView()  # nothing written yet
+
+    store.put_bytes(layout.PROGRESS_KEY, json.dumps({"step": 30, "updated": iso(NOW - 300)}).encode())
+    store.put_bytes(layout.EVENTS_KEY, "\n".join([
+        _event(layout.STARTED, NOW - 900), _event(layout.PREEMPTED, NOW - 800, step=20),
+        _event(layout.STARTED, NOW - 700, 2), _event(layout.CHECKPOINT, NOW - 120, 2, step=30),
+        '{"event": "checkpo']).encode())  # the last line cut short by a machine taken mid-write
+    for step in (10, 30):
+        store.put_bytes(layout.committed_key(step), b"{}")
+    store.put_bytes(f"{layout.checkpoint_dir(50)}/weights.h5", b"...")  # no COMMITTED yet: not a step
+    _lease(store, NOW + 45)
+    store.put_bytes(layout.STOP_KEY, b'{"reason": "asked"}')
+    store.put_bytes(layout.DEADLINE_KEY, b"1800007200\n")
+
+    assert read_run(store) == RunView(ended=None, heartbeat=NOW - 120, lease_until=NOW + 45, step=30, stop=True,
+                                      deadline=1_800_007_200.0, attempts=2)
+
+    store.put_bytes(layout.PROGRESS_KEY, json.dumps({"step": 31, "updated": iso(NOW - 10)}).encode())
+    _lease(store, NOW + 45, released=True)
+    store.put_bytes(layout.CANCELLED, b"{}")
+    store.put_bytes(layout.FAILED, b"{}")
+
+    # The newest of progress and events; a released lease holds nothing; the end markers in their order.
+    assert read_run(store) == RunView(ended=layout.FAILED, heartbeat=NOW - 10, lease_until=None, step=30, stop=True,
+                                      deadline=1_800_007_200.0, attempts=2)
+
+
+@pytest.mark.parametrize(("progress", "events", "heartbeat", "attempts"), [
+    (b"[1, 2]", _event(layout.STARTED, NOW - 60), NOW - 60, 1),  # progress that is not an object: no sign
+    (b"{not json", _event(layout.STARTED, NOW - 60), NOW - 60, 1),
+    (json.dumps({"updated": iso(NOW - 30)}).encode(), "[1]\n\n" + _event(layout.RESUMED, NOW - 90, step=3), NOW - 30, 0),
+    (json.dumps({"updated": "not a time"}).encode(), '"a string"', None, 0),
+])
+def test_what_a_machine_left_half_written_does_not_hide_the_rest(file_run, progress, events, heartbeat, attempts):
+    store = open_store(file_run.uri)
+    store.put_bytes(layout.PROGRESS_KEY, progress)
+    store.put_bytes(layout.EVENTS_KEY, events.encode())
+
+    run = read_run(store)
+
+    assert (run.heartbeat, run.attempts) == (heartbeat, attempts)
+
+
+@pytest.mark.parametrize(("text", "deadline"), [
+    (b"1800007200\n", 1_800_007_200.0), (b" 1800007200 ", 1_800_007_200.0), (b"\n", None), (b"", None)])
+def test_the_deadline_file_reads_as_epoch_seconds(file_run, text, deadline):
+    store = open_store(file_run.uri)
+    assert read_deadline(store) is None
+    store.put_bytes(layout.DEADLINE_KEY, text)
+
+    assert read_deadline(store) == deadline
