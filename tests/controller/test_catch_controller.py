@@ -13,6 +13,8 @@ import json
 
 import pytest
 
+from controller import record as records
+from controller.clouds import CloudError, Clouds
 from controller.config import parse
 from controller.decide import (
     FINISH,
@@ -29,10 +31,11 @@ from controller.decide import (
     time_up_reason,
 )
 from controller.record import Record, iso
-from controller.tick import read_deadline, read_run
+from controller.tick import end_timed_out, ensure_deadline, move, read_deadline, read_run, tick
 from runfolder import layout
 from runfolder.lease import LeaseRecord
 from runfolder.storage import open_store
+from tests.controller.helpers import FakeGroups, trained
 
 NOW = 1_800_000_000.0
 NO_CAPACITY = ("We currently do not have sufficient g5.xlarge capacity in the Availability Zone you requested "
@@ -183,3 +186,192 @@ def test_the_deadline_file_reads_as_epoch_seconds(file_run, text, deadline):
     store.put_bytes(layout.DEADLINE_KEY, text)
 
     assert read_deadline(store) == deadline
+
+
+def _failing_groups(config, nodes: int, message: str = NO_CAPACITY, ago: float = 60) -> FakeGroups:
+    """Groups in memory, home at ``nodes``, whose every state is short a machine and failing for ``message``."""
+    return FakeGroups({p.group: nodes if p.index == 0 else 0 for p in config.placements},
+                      state=lambda p: _short(nodes, (NOW - ago, message)))
+
+
+def _trained(store, last_beat: float) -> None:
+    trained(store, step=40, last_beat=last_beat)  # a released lease: nothing holds a move
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3])
+def test_a_ticks_move_is_recorded_carried_out_and_said_once_whole(file_run, nodes):
+    config = _config(nodes, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 16 * 60)
+    groups = _failing_groups(config, nodes)
+    now = NOW + 0.1234  # the record keeps the failure's time to the millisecond
+    reason = f"no training machine in {HOME} for 16 min; its group cannot launch (capacity): {NO_CAPACITY}"
+
+    result = tick(config, Clouds(aws=groups), now)
+
+    move = {"from": 0, "to": 1, "from_placement": HOME, "to_placement": WEST, "reason": reason, "step": 40,
+            "time": iso(now), "done": True, "done_time": iso(now)}
+    assert result.to_json() == {"action": MOVE, "reason": reason, "move": move, "waiting": None, "resized": [
+        {"placement": 0, "group": "g0", "size": 0}, {"placement": 1, "group": "g1", "size": nodes}]}
+    assert groups.calls == [("g0", 0), ("g1", nodes)]
+    rec, _ = records.read(store)
+    assert (rec.active, rec.since, rec.moves, rec.failed_at) == (1, iso(now), [move], {"0": round(NOW + 0.123, 3)})
+    assert records.read_events(store)[0] == [{
+        layout.EVENT: layout.MOVED, layout.TIME: iso(now), layout.ATTEMPT: None, "move": 1, "from": 0, "to": 1,
+        "from_placement": HOME, "to_placement": WEST, "reason": reason, "step": 40}]
+
+    groups.calls.clear()
+    again = tick(config, Clouds(aws=groups), now + 60)  # the new placement: nothing is running there yet
+
+    assert (again.action, again.resized, again.move, groups.calls) == (STAY, [], None, [])
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_ops_move_waits_for_the_old_lease_polling_and_then_moves(file_run, nodes):
+    config = _config(nodes, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    _lease(store, NOW + 100)  # held until NOW + 115 with the clock-skew margin
+    groups = _failing_groups(config, nodes)
+    clock, slept = [NOW], []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        clock[0] += s
+
+    result = move(config, Clouds(aws=groups), config.placements[2], "asked", store=store, wait_s=300, poll_s=60,
+                  clock=lambda: clock[0], sleep=sleep)
+
+    assert slept == [60, 60] and result.waiting is None, result
+    assert groups.sizes == {"g0": 0, "g1": 0, "g2": nodes}
+    assert result.move == {"from": 0, "to": 2, "from_placement": HOME, "to_placement": "aws eu-west-1",
+                           "reason": "asked", "step": 40, "time": iso(NOW), "done": True, "done_time": iso(NOW + 120)}
+    rec, _ = records.read(store)
+    assert (rec.active, rec.failed_at) == (2, {})  # an operator's move is not a failure of home
+
+
+def test_ops_move_gives_up_waiting_at_its_limit_and_says_who_holds_the_lease(file_run):
+    config = _config(2, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    _lease(store, NOW + 100)
+    groups = _failing_groups(config, 2)
+    clock, slept = [NOW], []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        clock[0] += s
+
+    result = move(config, Clouds(aws=groups), config.placements[1], "asked", store=store, wait_s=90, poll_s=60,
+                  clock=lambda: clock[0], sleep=sleep)
+
+    assert slept == [60, 30]
+    assert result.waiting == (f"the run's lease is held by i-0b/2 until {iso(NOW + 115)}; {WEST}'s group starts once "
+                              "it has expired")
+    assert result.resized == [] and groups.sizes == {"g0": 0, "g1": 0, "g2": 0}  # home was zeroed by the first try
+    assert records.read(store)[0].pending["to"] == 1
+
+
+def test_ops_move_returns_the_move_a_tick_finished_while_it_waited(file_run):
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    _lease(store, NOW + 100)
+    groups = _failing_groups(config, 1)
+    clock = [NOW]
+
+    def sleep(s: float) -> None:  # a tick runs while ops move sleeps, after the lease has gone
+        clock[0] += s
+        tick(config, Clouds(aws=groups), clock[0] + 60)
+
+    result = move(config, Clouds(aws=groups), config.placements[1], "asked", store=store, wait_s=300, poll_s=60,
+                  clock=lambda: clock[0], sleep=sleep)
+
+    assert (result.action, result.reason, result.waiting) == (MOVE, "asked", None)
+    assert result.move["done"] and result.move["done_time"] == iso(NOW + 120)
+    assert groups.sizes == {"g0": 0, "g1": 1, "g2": 0}
+
+
+def test_a_move_recorded_near_the_deadline_does_not_start_the_next_group(file_run):
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 16 * 60)
+    store.put_bytes(layout.DEADLINE_KEY, f"{int(NOW) + LAUNCH_MARGIN_S + 10}\n".encode())
+    groups = _failing_groups(config, 1)
+
+    result = tick(config, Clouds(aws=groups), NOW, clock=lambda: NOW + 10)  # the margin came while it ran
+
+    assert result.action == MOVE
+    assert result.waiting == f"the run's deadline is less than 15 min away: {WEST}'s group is not started"
+    assert groups.calls == [("g0", 0)] and records.read_events(store)[0] == []
+    assert records.read(store)[0].pending is not None
+
+
+@pytest.mark.parametrize(("step", "marker_step"), [(None, -1), (40, 40)])
+def test_the_controllers_timed_out_marker_is_the_one_a_machine_writes(file_run, step, marker_step):
+    config = _config(2, run_uri=file_run.uri, max_runtime_s=3600)
+    store = open_store(config.run_uri)
+    if step is not None:
+        _trained(store, NOW - 600)
+    store.put_bytes(layout.EVENTS_KEY, "\n".join(
+        _event(layout.STARTED, NOW - 3000 + 10 * a, a) for a in (1, 2, 3)).encode())
+    store.put_bytes(layout.DEADLINE_KEY, f"{int(NOW) - 1}\n".encode())
+    groups = FakeGroups({"g0": 2, "g1": 0, "g2": 1})
+
+    result = tick(config, Clouds(aws=groups), NOW + 0.5)
+
+    reason = time_up_reason(NOW - 1)
+    assert result.to_json() == {
+        "action": TIME_UP, "reason": f"{reason}: the controller ended it TIMED_OUT; every group at zero", "move": None,
+        "waiting": None, "resized": [{"placement": 0, "group": "g0", "size": 0}, {"placement": 2, "group": "g2", "size": 0}]}
+    assert json.loads(store.get_bytes(layout.TIMED_OUT)) == {
+        "outcome": layout.TIMED_OUT, layout.MARKER_REASON: reason, "instance": "controller", layout.TIME: iso(NOW + 0.5),
+        layout.MARKER_STEP: marker_step, layout.MARKER_ATTEMPTS: 3}
+    assert store.get_bytes(layout.DEADLINE_KEY) == f"{int(NOW) - 1}\n".encode()  # the machines' deadline stands
+
+
+def test_a_timed_out_run_whose_machine_wrote_its_marker_first_keeps_it(file_run):
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    store.put_bytes(layout.DEADLINE_KEY, f"{int(NOW) - 1}\n".encode())
+    run = RunView(deadline=NOW - 1)
+    groups = FakeGroups({"g0": 1, "g1": 0, "g2": 0})
+    store.put_bytes(layout.TIMED_OUT, b'{"instance": "i-0a"}')  # written between the tick's read and its write
+
+    result = end_timed_out(config, Clouds(aws=groups), store, run, "why", NOW)
+
+    assert store.get_bytes(layout.TIMED_OUT) == b'{"instance": "i-0a"}'
+    assert result.action == TIME_UP and groups.sizes == {"g0": 0, "g1": 0, "g2": 0}
+
+
+def test_the_first_tick_writes_the_deadline_only_with_a_cap_and_reads_it_back(file_run):
+    store = open_store(file_run.uri)
+    uncapped = ensure_deadline(_config(1, run_uri=file_run.uri), store, RunView(step=3), NOW + 0.9)
+    assert uncapped == RunView(step=3) and not store.exists(layout.DEADLINE_KEY)
+
+    capped = ensure_deadline(_config(1, run_uri=file_run.uri, max_runtime_s=7200), store, RunView(step=3), NOW + 0.9)
+
+    assert capped == RunView(step=3, deadline=NOW + 7200)
+    assert store.get_bytes(layout.DEADLINE_KEY) == f"{int(NOW) + 7200}\n".encode()
+    known = RunView(deadline=NOW + 60)
+    assert ensure_deadline(_config(1, run_uri=file_run.uri, max_runtime_s=9), store, known, NOW) is known
+
+
+def test_groups_that_cannot_be_reached_are_each_named_after_the_others_are_zeroed(file_run):
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    store.put_bytes(layout.COMPLETE, b"{}")
+
+    class Refusing(FakeGroups):
+        def desired(self, p) -> int:
+            if p.index != 1:
+                raise CloudError(f"placement {p.index} refused")
+            return super().desired(p)
+
+    groups = Refusing({"g0": 1, "g1": 1, "g2": 1})
+
+    with pytest.raises(CloudError) as e:
+        tick(config, Clouds(aws=groups), NOW)
+
+    assert str(e.value) == "placement 0 refused; placement 2 refused"
+    assert groups.calls == [("g1", 0)]
