@@ -31,10 +31,20 @@ from controller.decide import (
     time_up_reason,
 )
 from controller.record import Record, iso
-from controller.tick import end_timed_out, ensure_deadline, move, read_deadline, read_run, tick
+from controller.tick import (
+    MoveError,
+    end_timed_out,
+    ensure_deadline,
+    finish_move,
+    move,
+    read_deadline,
+    read_run,
+    start_move,
+    tick,
+)
 from runfolder import layout
 from runfolder.lease import LeaseRecord
-from runfolder.storage import open_store
+from runfolder.storage import PreconditionFailed, open_store
 from tests.controller.helpers import FakeGroups, trained
 
 NOW = 1_800_000_000.0
@@ -375,3 +385,237 @@ def test_groups_that_cannot_be_reached_are_each_named_after_the_others_are_zeroe
 
     assert str(e.value) == "placement 0 refused; placement 2 refused"
     assert groups.calls == [("g1", 0)]
+
+
+class Hooked:
+    """A store that calls ``during(n)`` after its n-th read of placement.json (from 1), and ``on_write``
+    before each conditional write of it (which may raise in place of the store)."""
+
+    def __init__(self, store, during=None, on_write=None) -> None:
+        self._store, self.during, self.on_write, self.reads, self.writes = store, during, on_write, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def get_versioned(self, key):
+        got = self._store.get_versioned(key)
+        if key == layout.PLACEMENT_KEY:
+            self.reads += 1
+            if self.during:
+                self.during(self.reads)
+        return got
+
+    def put_bytes_if(self, key, data, *, version):
+        if key == layout.PLACEMENT_KEY:
+            self.writes += 1
+            if self.on_write:
+                self.on_write(self.writes, data, version)
+        return self._store.put_bytes_if(key, data, version=version)
+
+
+STALE = (f"{layout.PLACEMENT_KEY} changed (a move) or the run ended while this tick read the run: the next tick "
+         "acts on it")
+LEFT = f"{layout.PLACEMENT_KEY} changed meanwhile (another move, or the run ended): left to its writer"
+
+
+@pytest.mark.parametrize("meanwhile", ["ended", "rewritten"])
+def test_a_tick_whose_record_changed_while_it_read_sizes_nothing(file_run, meanwhile):
+    config = _config(2, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    records.write(store, Record(), None)
+    groups = FakeGroups({"g0": 1, "g1": 2, "g2": 0}, state=lambda p: GroupState(1, 1))
+
+    def during(n: int) -> None:
+        if n == 1 and meanwhile == "ended":
+            store.put_bytes(layout.COMPLETE, b"{}")
+        elif n == 1:
+            records.write(store, Record(), records.read(store)[1])  # the same record, written again: another version
+
+    result = tick(config, Clouds(aws=groups), NOW, store=Hooked(store, during))
+
+    assert (result.action, result.reason, result.resized, groups.calls) == (STAY, STALE, [], [])
+
+
+def test_a_tick_whose_move_another_tick_recorded_first_does_nothing_more(file_run):
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 16 * 60)
+    records.write(store, Record(), None)
+    groups = _failing_groups(config, 1)
+
+    def first(n: int) -> None:
+        if n == 1:
+            records.write(store, Record(active=2, since=iso(NOW)), records.read(store)[1])
+
+    result = tick(config, Clouds(aws=groups), NOW, store=Hooked(store, first))
+
+    assert result.to_json() == {"action": STAY, "move": None, "waiting": None, "resized": [],
+                                "reason": f"another tick changed {layout.PLACEMENT_KEY} first: it moves the run"}
+    assert groups.calls == [] and records.read(store)[0].active == 2
+
+
+def _pending(config, store, to: int = 1) -> tuple[Record, str]:
+    return start_move(config, store, *records.read(store), to, "asked", 40, NOW, failed=False)
+
+
+def test_a_recorded_move_another_move_or_the_end_overtook_is_left_to_its_writer(file_run):
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    groups = FakeGroups({"g0": 1, "g1": 0, "g2": 0})
+    rec, version = _pending(config, store)
+    _pending(config, store, to=2)  # another move from the same record came after (ops move again)
+
+    result = finish_move(config, Clouds(aws=groups), store, rec, version, NOW)
+
+    assert (result.action, result.reason, result.resized, result.move["to"]) == (MOVE, LEFT, [], 1)
+    assert groups.calls == [] and records.read_events(store)[0] == []
+
+
+def test_a_move_whose_run_ended_while_the_old_group_went_down_starts_nothing(file_run):
+    config = _config(2, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    rec, version = _pending(config, store)
+
+    class EndingGroups(FakeGroups):
+        def set_size(self, p, n):
+            super().set_size(p, n)
+            store.put_bytes(layout.COMPLETE, b"{}")  # the old machine's finish path wrote COMPLETE meanwhile
+
+    groups = EndingGroups({"g0": 2, "g1": 0, "g2": 0})
+
+    result = finish_move(config, Clouds(aws=groups), store, rec, version, NOW)
+
+    assert (result.reason, result.waiting) == (LEFT, None)
+    assert groups.calls == [("g0", 0)] and records.read_events(store)[0] == []
+    assert records.read(store)[0].pending is not None
+
+
+def test_a_tick_finishes_a_move_another_left_half_done(file_run):
+    config = _config(3, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    _pending(config, store, to=2)
+    groups = FakeGroups({"g0": 3, "g1": 0, "g2": 0}, state=lambda p: pytest.fail("no decision is asked"))
+
+    result = tick(config, Clouds(aws=groups), NOW + 30)
+
+    assert (result.action, result.reason, result.move["done"], result.move["done_time"]) == (MOVE, "asked", True,
+                                                                                              iso(NOW + 30))
+    assert groups.calls == [("g0", 0), ("g2", 3)]
+    assert [e["move"] for e in records.read_events(store)[0]] == [1]
+
+
+def test_a_move_marked_done_after_another_writer_touched_the_record_is_marked_once(file_run):
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    rec, version = _pending(config, store)
+
+    def touch(n: int, data: bytes, at) -> None:
+        if n == 1:  # another tick wrote the same pending record (its own nonce) just before us
+            records.write(store, records.read(store)[0], at)
+
+    hooked = Hooked(store, on_write=touch)
+    result = finish_move(config, Clouds(aws=FakeGroups({"g0": 1, "g1": 0, "g2": 0})), hooked, rec, version, NOW)
+
+    assert hooked.writes == 2 and result.move["done"] and result.move["done_time"] == iso(NOW)
+    assert records.read(store)[0].moves == [result.move]
+
+
+def test_a_move_another_tick_marked_done_first_is_theirs(file_run):
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    rec, version = _pending(config, store)
+
+    def theirs(n: int, data: bytes, at) -> None:
+        if n == 1:
+            done, _ = records.read(store)
+            done.moves[-1] = {**done.moves[-1], "done": True, "done_time": "theirs"}
+            records.write(store, done, at)
+
+    hooked = Hooked(store, on_write=theirs)
+    result = finish_move(config, Clouds(aws=FakeGroups({"g0": 1, "g1": 0, "g2": 0})), hooked, rec, version, NOW)
+
+    assert hooked.writes == 1 and result.move["done_time"] == "theirs"
+    assert records.read(store)[0].moves == [result.move]
+
+
+def test_a_record_that_keeps_changing_fails_the_tick_after_the_move_is_carried_out(file_run):
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    rec, version = _pending(config, store)
+
+    def touch(n: int, data: bytes, at) -> None:
+        records.write(store, records.read(store)[0], records.read(store)[1])
+
+    hooked = Hooked(store, on_write=touch)
+    groups = FakeGroups({"g0": 1, "g1": 0, "g2": 0})
+
+    with pytest.raises(PreconditionFailed, match=f"^{layout.PLACEMENT_KEY} kept changing while the move was marked "
+                                                 "done$"):
+        finish_move(config, Clouds(aws=groups), hooked, rec, version, NOW)
+
+    assert hooked.writes == records.CONFLICT_TRIES and groups.sizes == {"g0": 0, "g1": 1, "g2": 0}
+    assert records.read(store)[0].pending is not None  # the next tick marks it
+
+
+def test_the_run_waiting_is_said_with_the_placement_and_its_cause(file_run):
+    config = _config(2, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60 * 60)
+    records.write(store, Record(active=1, since=iso(NOW - 60 * 60)), None)
+    groups = FakeGroups({"g0": 0, "g1": 1, "g2": 0}, state=lambda p: GroupState(0, 1, (LaunchFailure(NOW, NO_IMAGE),)))
+
+    result = tick(config, Clouds(aws=groups), NOW)
+
+    assert result.reason == (f"{WEST}: no training machine for 60 min, but its launches fail for another reason: "
+                             f"{NO_IMAGE}; its group stood at 1 of 2: sized back to 2")
+    assert groups.calls == [("g1", 2)]  # sized back to nodes; the others stay at zero
+    assert records.read_events(store)[0] == [{layout.EVENT: layout.CONTROLLER_WAITING, layout.TIME: iso(NOW),
+                                              layout.ATTEMPT: None, "reason": result.reason, "placement": WEST,
+                                              "key": "1:other"}]
+
+
+def test_a_record_naming_a_placement_the_stack_lost_touches_no_group(file_run):
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    records.write(store, Record(active=3), None)
+    groups = FakeGroups({"g0": 1, "g1": 0, "g2": 0}, state=lambda p: pytest.fail("no group is read"))
+
+    result = tick(config, Clouds(aws=groups), NOW)
+
+    assert (result.action, result.reason, groups.calls) == (
+        STAY, f"{layout.PLACEMENT_KEY} names placement 3, which the stack does not have", [])
+
+
+@pytest.mark.parametrize(("setup", "to", "says"), [
+    ("ended", 1, "the run has ended (CANCELLED); nothing to move"),
+    ("past", 1, f"the run's deadline ({iso(NOW)}) has passed: the controller's next tick ends the run TIMED_OUT; "
+                "nothing to move"),
+    ("near", 1, f"the run's deadline ({iso(NOW + 600)}) is less than 15 min away: a machine started now would be "
+                "stopped by the cap before it trained; nothing to move"),
+    ("here", 0, "the run is already in placement 0 (aws us-east-1)"),
+    ("under way", 1, "a move to placement 2 is under way; run this again once it is done"),
+])
+def test_ops_move_refuses_what_it_cannot_do_and_says_why(file_run, setup, to, says):
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    if setup == "ended":
+        store.put_bytes(layout.CANCELLED, b"{}")
+    if setup in ("past", "near"):
+        store.put_bytes(layout.DEADLINE_KEY, f"{int(NOW) + (0 if setup == 'past' else 600)}\n".encode())
+    if setup == "under way":
+        _pending(config, store, to=2)
+    before = store.exists(layout.PLACEMENT_KEY) and records.read(store)
+    groups = FakeGroups({"g0": 1, "g1": 0, "g2": 0})
+
+    with pytest.raises(MoveError) as e:
+        move(config, Clouds(aws=groups), config.placements[to], "asked", store=store, clock=lambda: NOW)
+
+    assert str(e.value) == says and groups.calls == []
+    assert (store.exists(layout.PLACEMENT_KEY) and records.read(store)) == before
