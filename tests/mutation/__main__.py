@@ -127,7 +127,8 @@ TARGETS: dict[str, Target] = {
          "tests/controller/test_tick.py", "tests/controller/test_record.py", "tests/controller/test_config.py",
          "tests/controller/test_handler.py", "tests/controller/test_gcp_groups.py", "tests/controller/test_sim.py",
          "tests/controller/test_catch_controller.py", "tests/controller/test_catch_record.py",
-         "tests/controller/test_catch_clouds.py", "tests/controller/test_catch_grants_and_handler.py"],
+         "tests/controller/test_catch_clouds.py", "tests/controller/test_catch_grants_and_handler.py",
+         "tests/controller/test_catch_config.py"],
         select="not every_invariant_holds_over_the_ci_schedules"),
 }
 
