@@ -180,7 +180,7 @@ class GceSession:
     tail, one answer each call, the last repeated) and records them."""
 
     def __init__(self, answers: dict[str, list]) -> None:
-        self.answers, self.calls = answers, []
+        self.answers, self.calls = {k: list(v) for k, v in answers.items()}, []  # popped here, not in the cases
 
     def request(self, method, url, **kw):
         self.calls.append((method, url, kw))
