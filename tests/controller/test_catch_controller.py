@@ -36,6 +36,7 @@ from controller.tick import (
     end_timed_out,
     ensure_deadline,
     finish_move,
+    lease_gone,
     move,
     read_deadline,
     read_run,
@@ -43,7 +44,7 @@ from controller.tick import (
     tick,
 )
 from runfolder import layout
-from runfolder.lease import LeaseRecord
+from runfolder.lease import CLOCK_SKEW_S, LeaseRecord
 from runfolder.storage import PreconditionFailed, open_store
 from tests.controller.helpers import FakeGroups, trained
 
@@ -619,3 +620,189 @@ def test_ops_move_refuses_what_it_cannot_do_and_says_why(file_run, setup, to, sa
 
     assert str(e.value) == says and groups.calls == []
     assert (store.exists(layout.PLACEMENT_KEY) and records.read(store)) == before
+
+
+class WrittenFirst:
+    """A store on which a machine writes ``key`` (``theirs``) right before the controller's own
+    conditional write of it, as a machine's finish path or first boot does between a tick's read and write."""
+
+    def __init__(self, store, key: str, theirs: bytes) -> None:
+        self._store, self.key, self.theirs = store, key, theirs
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def put_bytes_if(self, key, data, *, version):
+        if key == self.key:
+            self._store.put_bytes(key, self.theirs)
+        return self._store.put_bytes_if(key, data, version=version)
+
+
+def test_a_marker_a_machine_wrote_between_the_ticks_read_and_write_stands(file_run):
+    config = _config(1, run_uri=file_run.uri)
+    store = WrittenFirst(open_store(config.run_uri), layout.TIMED_OUT, b'{"instance": "i-0a"}')
+    store.put_bytes(layout.DEADLINE_KEY, f"{int(NOW)}\n".encode())
+    groups = FakeGroups({"g0": 1, "g1": 0, "g2": 0})
+
+    result = tick(config, Clouds(aws=groups), NOW, store=store)  # at the deadline to the second: timed out
+
+    assert result.action == TIME_UP and store.get_bytes(layout.TIMED_OUT) == b'{"instance": "i-0a"}'
+    assert groups.sizes == {"g0": 0, "g1": 0, "g2": 0}
+
+
+def test_a_deadline_a_machine_wrote_between_the_ticks_read_and_write_is_the_runs(file_run):
+    store = WrittenFirst(open_store(file_run.uri), layout.DEADLINE_KEY, b"1800000900\n")
+
+    run = ensure_deadline(_config(1, run_uri=file_run.uri, max_runtime_s=7200), store, RunView(), NOW)
+
+    assert run.deadline == 1_800_000_900.0 and store.get_bytes(layout.DEADLINE_KEY) == b"1800000900\n"
+
+
+def test_an_ended_runs_tick_says_so_and_zeroes_every_group(file_run):
+    config = _config(2, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    store.put_bytes(layout.COMPLETE, b"{}")
+    groups = FakeGroups({"g0": 2, "g1": 0, "g2": 1}, state=lambda p: pytest.fail("no group is read"))
+
+    result = tick(config, Clouds(aws=groups), NOW)
+
+    assert result.to_json() == {"action": FINISH, "reason": "the run ended (COMPLETE): every group at zero",
+                                "move": None, "waiting": None, "resized": [
+                                    {"placement": 0, "group": "g0", "size": 0},
+                                    {"placement": 2, "group": "g2", "size": 0}]}
+
+
+def test_a_lease_is_still_held_at_the_very_end_of_the_margin_as_the_trainers_count_it(file_run):
+    store = open_store(file_run.uri)
+    _lease(store, NOW - CLOCK_SKEW_S)
+
+    assert lease_gone(store, NOW) == f"the run's lease is held by i-0b/2 until {iso(NOW)}"
+    assert lease_gone(store, NOW + 0.001) is None
+
+
+def test_bytes_a_machine_cut_mid_character_do_not_hide_the_deadline_or_the_events(file_run):
+    store = open_store(file_run.uri)
+    store.put_bytes(layout.DEADLINE_KEY, b"1800007200\n\xe2\x82")
+    store.put_bytes(layout.EVENTS_KEY, "\n".join([
+        _event(layout.STARTED, NOW - 900), '{"event": "fail', _event(layout.STARTED, NOW - 60, 2)]).encode()
+        + b'\n{"event": "checkpoint", "note": "\xe2\x82')
+
+    run = read_run(store)
+
+    assert (run.deadline, run.attempts, run.heartbeat) == (1_800_007_200.0, 2, NOW - 60)
+
+
+def test_ops_move_opens_the_run_folder_itself_and_polls_every_five_seconds(file_run):
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    _lease(store, NOW + 100)
+    groups = _failing_groups(config, 1)
+    clock, slept = [NOW], []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        clock[0] += s
+
+    result = move(config, Clouds(aws=groups), config.placements[1], "asked", wait_s=12, clock=lambda: clock[0],
+                  sleep=sleep)
+
+    assert slept == [5, 5, 2] and result.waiting and records.read(store)[0].pending["to"] == 1
+
+
+def _ticking(start: float, step: float = 10.0):
+    """A clock that moves ``step`` seconds each time it is read (a slow store, a slow cloud)."""
+    now = [start - step]
+
+    def read() -> float:
+        now[0] += step
+        return now[0]
+
+    return read
+
+
+def test_ops_move_reads_the_clock_again_before_it_starts_a_machine(file_run):
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    # ops move reads the clock at NOW (the margin check), +10 (the record), +20 (its wait), +30 (the try)
+    # and +40 (right before it starts the next group): the margin begins at +35.
+    store.put_bytes(layout.DEADLINE_KEY, f"{int(NOW) + 35 + LAUNCH_MARGIN_S}\n".encode())
+    groups = _failing_groups(config, 1)
+
+    result = move(config, Clouds(aws=groups), config.placements[1], "asked", store=store, clock=_ticking(NOW))
+
+    assert result.waiting == f"the run's deadline is less than 15 min away: {WEST}'s group is not started"
+    assert groups.sizes == {"g0": 0, "g1": 0, "g2": 0}
+
+
+@pytest.mark.parametrize("decided", [True, False])
+def test_a_tick_reads_the_clock_again_before_it_starts_a_machine(file_run, decided):
+    # `decided`: the tick records the move itself; else it finishes one recorded before.
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 16 * 60)
+    store.put_bytes(layout.DEADLINE_KEY, f"{int(NOW) + 5 + LAUNCH_MARGIN_S}\n".encode())
+    if not decided:
+        _pending(config, store)
+    groups = _failing_groups(config, 1)
+
+    result = tick(config, Clouds(aws=groups), NOW, clock=_ticking(NOW + 10))  # it started in time, ran long
+
+    assert result.action == MOVE and result.waiting.startswith("the run's deadline is less than 15 min away")
+    assert groups.sizes == {"g0": 0, "g1": 0, "g2": 0}
+
+
+def test_a_tick_given_no_clock_sizes_back_by_its_start_time(file_run):
+    config = _config(2, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    store.put_bytes(layout.DEADLINE_KEY, f"{int(NOW) + 7200}\n".encode())
+    groups = FakeGroups({"g0": 1, "g1": 0, "g2": 0}, state=lambda p: GroupState(1, 1))
+
+    tick(config, Clouds(aws=groups), NOW)
+
+    assert groups.calls == [("g0", 2)]
+
+
+def test_a_move_finished_with_the_runs_deadline_and_no_clock_counts_from_its_start(file_run):
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    rec, version = _pending(config, store)
+    groups = FakeGroups({"g0": 1, "g1": 0, "g2": 0})
+
+    near = finish_move(config, Clouds(aws=groups), store, rec, version, NOW, RunView(deadline=NOW + 600))
+    assert near.waiting and groups.calls == [("g0", 0)]
+
+    done = finish_move(config, Clouds(aws=groups), store, rec, version, NOW, RunView(deadline=NOW + 7200))
+    assert done.waiting is None and groups.calls == [("g0", 0), ("g1", 1)]
+
+
+def test_a_second_move_reports_itself_not_the_first(file_run):
+    config = _config(2, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    groups = FakeGroups({"g0": 2, "g1": 0, "g2": 0})
+    first = move(config, Clouds(aws=groups), config.placements[1], "first", store=store, clock=lambda: NOW)
+
+    second = move(config, Clouds(aws=groups), config.placements[2], "second", store=store, clock=lambda: NOW + 60)
+
+    assert (first.move["to"], second.move["from"], second.move["to"], second.move["reason"]) == (1, 1, 2, "second")
+    assert [e["move"] for e in records.read_events(store)[0]] == [1, 2]
+
+
+def test_a_move_that_came_back_to_the_same_placement_meanwhile_is_left_to_its_writer(file_run):
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)
+    rec, version = _pending(config, store)
+    # Meanwhile: another writer finished it, moved the run on to 2 and back to 1: the same active placement.
+    back = Record(active=1, since=iso(NOW), moves=[{**m, "done": True} for m in (
+        rec.moves[0], {"from": 1, "to": 2, "reason": "r", "step": 40}, {"from": 2, "to": 1, "reason": "r", "step": 40})])
+    records.write(store, back, version)
+    groups = FakeGroups({"g0": 0, "g1": 1, "g2": 0})
+
+    result = finish_move(config, Clouds(aws=groups), store, rec, version, NOW)
+
+    assert result.reason == LEFT and groups.calls == []
