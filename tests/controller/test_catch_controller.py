@@ -704,10 +704,10 @@ def test_ops_move_opens_the_run_folder_itself_and_polls_every_five_seconds(file_
         slept.append(s)
         clock[0] += s
 
-    result = move(config, Clouds(aws=groups), config.placements[1], "asked", wait_s=12, clock=lambda: clock[0],
+    result = move(config, Clouds(aws=groups), config.placements[1], "asked", wait_s=10.5, clock=lambda: clock[0],
                   sleep=sleep)
 
-    assert slept == [5, 5, 2] and result.waiting and records.read(store)[0].pending["to"] == 1
+    assert slept == [5, 5, 0.5] and result.waiting and records.read(store)[0].pending["to"] == 1
 
 
 def _ticking(start: float, step: float = 10.0):
