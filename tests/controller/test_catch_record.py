@@ -8,6 +8,7 @@ A `file://` run folder behind a store that answers as S3 and GCS do when writers
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -114,6 +115,8 @@ def test_a_record_reads_every_field_as_the_writers_put_it():
     assert Record.parse(b'{"moves": null, "failed_at": null}') == Record()
     assert Record.parse(rec.dump()) == rec
     assert set(json.loads(rec.dump())) == {"active", "since", "moves", "failed_at", "nonce"}
+    # One key a line, as an operator reads it in the bucket's console.
+    assert rec.dump().decode().splitlines()[:3] == ["{", ' "active": 2,', ' "since": "2026-12-01T00:00:00.000Z",']
 
 
 @pytest.mark.parametrize(("data", "named"), [
@@ -136,7 +139,9 @@ def test_only_the_last_move_not_yet_done_is_pending(moves, pending):
     assert Record(moves=moves).pending == pending
 
 
-def test_time_stamps_read_as_epoch_seconds_and_anything_else_as_none():
+def test_time_stamps_read_as_epoch_seconds_and_anything_else_as_none(monkeypatch):
+    monkeypatch.setenv("TZ", "America/New_York")  # an operator's laptop: a stamp without a zone is still UTC
+    time.tzset()
     assert iso(1_800_000_000.25) == "2027-01-15T08:00:00.250Z"
     assert epoch_of("2027-01-15T08:00:00.250Z") == 1_800_000_000.25
     assert epoch_of("2027-01-15T08:00:00.250") == 1_800_000_000.25  # no zone: UTC, as the machines write
@@ -144,10 +149,16 @@ def test_time_stamps_read_as_epoch_seconds_and_anything_else_as_none():
     assert [epoch_of(x) for x in ("", "soon", None, 5)] == [None] * 4
 
 
+@pytest.fixture(autouse=True)
+def _local_zone_back():
+    yield
+    time.tzset()  # monkeypatch has put TZ back; the process's zone follows it
+
+
 def test_the_controllers_events_skip_what_is_not_one(file_run):
     store = open_store(file_run.uri)
     assert records.read_events(store) == ([], None)
-    store.put_bytes(layout.PLACEMENT_EVENTS_KEY, b'{"event": "a"}\n{"ev\n[1]\n\n{"event": "b"}\n')
+    store.put_bytes(layout.PLACEMENT_EVENTS_KEY, b'{"event": "a"}\n{"ev\xe2\x82\n[1]\n\n{"event": "b"}\n')
 
     events, version = records.read_events(store)
 
