@@ -85,7 +85,7 @@ class Session:
         return self.asg
 
 
-def _group(desired=2, states=("InService", "Pending", "InService", "Terminating")) -> dict:
+def _group(desired=2, states=("InService", "Pending", "InService", "InService", "Terminating")) -> dict:
     return {"AutoScalingGroupName": "ts-gpu", "DesiredCapacity": desired,
             "Instances": [{"InstanceId": f"i-{n}", "LifecycleState": s} for n, s in enumerate(states)]}
 
@@ -104,7 +104,7 @@ def test_an_aws_group_reads_as_its_machines_in_service_and_its_failures_since_th
 
     state = AwsGroups(Session(asg)).state(AWS)
 
-    assert state == GroupState(running=2, desired=2, failures=(
+    assert state == GroupState(running=3, desired=2, failures=(
         LaunchFailure(NOW - 300, "Launching: no message"),
         LaunchFailure(NOW - 600, "We currently do not have sufficient capacity."),
         LaunchFailure(NOW - 1200, "launch failed")))
@@ -166,9 +166,9 @@ def test_aws_clients_are_made_once_per_region_and_identity_with_standard_retries
 
 
 class Response:
-    def __init__(self, status: int, body: dict | None = None) -> None:
+    def __init__(self, status: int, body: dict | None = None, text: str = "") -> None:
         self.status_code = status
-        self.content = json.dumps(body).encode() if body is not None else b""
+        self.content = json.dumps(body).encode() if body is not None else text.encode()
         self.text = self.content.decode() or f"status {status}"
 
     def json(self):
@@ -253,13 +253,22 @@ def test_gcloud_s_endpoint_override_is_the_api_reached(monkeypatch):
     ([Response(503)], [1.0, 2.0, 4.0, 8.0], "GET get of the group ts-gpu (gcp us-central1) failed: HTTP 503: status 503"),
     ([requests.ConnectionError("reset")], [1.0, 2.0, 4.0, 8.0],
      "GET get of the group ts-gpu (gcp us-central1) failed: ConnectionError: reset"),
+    ([Response(403, text="z" * 400)], [], f"GET get of the group ts-gpu (gcp us-central1) failed: HTTP 403: {'z' * 300}"),
+    ([Response(300)], [], "GET get of the group ts-gpu (gcp us-central1) failed: HTTP 300: status 300"),
+    ([TransportError("metadata server down")], [1.0, 2.0, 4.0, 8.0],
+     "GET get of the group ts-gpu (gcp us-central1) failed: TransportError: metadata server down"),
+    ([TransportError("x" * 400)], [1.0, 2.0, 4.0, 8.0],
+     f"GET get of the group ts-gpu (gcp us-central1) failed: TransportError: {'x' * 300}"),
+    ([RefreshError("invalid_grant " + "y" * 600)], [],
+     f"placement 0 (gcp us-central1): Google refused this function's own credentials: invalid_grant {'y' * 486}"),
     ([RefreshError("invalid_grant: the   token\nis expired")], [],
      "placement 0 (gcp us-central1): Google refused this function's own credentials: invalid_grant: the token is "
      "expired"),
 ])
 def test_gcp_blips_are_retried_with_doubling_pauses_and_verdicts_are_not(answers, pauses, says):
     slept: list[float] = []
-    groups = _gcp(GceSession({"ts-gpu": answers}), slept)
+    session = GceSession({"ts-gpu": answers})
+    groups = _gcp(session, slept)
 
     if says is None:
         assert groups.desired(GCP) == 1
@@ -267,7 +276,7 @@ def test_gcp_blips_are_retried_with_doubling_pauses_and_verdicts_are_not(answers
         with pytest.raises(CloudError) as e:
             groups.desired(GCP)
         assert str(e.value) == says
-    assert slept == pauses
+    assert slept == pauses and len(session.calls) == len(pauses) + 1  # a pause before each try again
 
 
 def test_a_refused_federated_credential_names_the_service_account_and_provider(monkeypatch):
@@ -351,3 +360,135 @@ def test_a_cloud_without_groups_given_gets_its_own_once():
 
     assert isinstance(aws, AwsGroups) and isinstance(gcp, GcpGroups)
     assert routed.of(AWS_FAR) is aws and routed.of(GCP_FAR) is gcp and routed.federate is True
+
+
+def test_answers_missing_their_lists_read_as_empty_ones():
+    asg = Asg({"DesiredCapacity": 1}, [  # a group with no instance yet, a success that was no launch
+        {"StatusCode": "Successful", "StartTime": _at(60)},
+        {"StatusCode": "Failed", "StartTime": _at(120), "StatusMessage": "no Spot capacity"}])
+    assert AwsGroups(Session(asg)).state(AWS) == GroupState(0, 1, (LaunchFailure(NOW - 120, "no Spot capacity"),))
+
+    session = GceSession({"ts-gpu": [Response(200, {"targetSize": 1})], "listManagedInstances": [Response(200, {})],
+                          "listErrors": [Response(200, {})]})
+    assert _gcp(session, []).state(GCP) == GroupState(0, 1, ())
+
+    session = GceSession({"ts-gpu": [Response(200, {"targetSize": 1})], "listErrors": [Response(200, {})],
+                          "listManagedInstances": [Response(200, {"managedInstances": [
+                              {"currentAction": "CREATING", "lastAttempt": {"errors": {"errors": [{}]}}}]})]})
+    assert _gcp(session, []).state(GCP) == GroupState(0, 1, (LaunchFailure(None, ": "),))
+
+
+class IdTokens:
+    """google-auth's IDTokenCredentials as the metadata server gives them: ``fail`` says a refusal."""
+
+    made: list[tuple] = []
+    fail = ""
+
+    def __init__(self, request, audience, **kw) -> None:
+        IdTokens.made.append((request, audience, kw))
+        self.token = None
+
+    def refresh(self, request) -> None:
+        if IdTokens.fail:
+            raise RefreshError(IdTokens.fail)
+        self.token = f"id-token-{len(IdTokens.made)}"
+
+
+def test_a_google_id_token_comes_from_the_metadata_servers_identity_endpoint_or_names_the_placement(monkeypatch):
+    import google.auth.compute_engine
+
+    monkeypatch.setattr(google.auth.compute_engine, "IDTokenCredentials", IdTokens)
+    IdTokens.made.clear()
+    monkeypatch.setattr(IdTokens, "fail", "")
+
+    load = clouds.google_id_token(AWS_FAR, "trainstack")
+
+    assert load() == "id-token-1" and IdTokens.made == [(None, "trainstack", {"use_metadata_identity_endpoint": True})]
+    IdTokens.fail = "metadata server answered 404"
+    with pytest.raises(CloudError) as e:
+        load()
+    assert str(e.value) == ("placement 2 (aws us-west-2): no Google ID token for the audience 'trainstack' from the "
+                            "metadata server: metadata server answered 404")
+
+
+class Fetcher:
+    """botocore's AssumeRoleWithWebIdentityCredentialFetcher: records how it was made, answers or refuses."""
+
+    made: list = []
+    refuse = False
+
+    def __init__(self, client_creator, web_identity_token_loader, role_arn, extra_args=None) -> None:
+        Fetcher.made.append((client_creator, web_identity_token_loader, role_arn, extra_args))
+
+    def fetch_credentials(self) -> dict:
+        if Fetcher.refuse:
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Not authorized to perform "
+                                         "sts:AssumeRoleWithWebIdentity"}}, "AssumeRoleWithWebIdentity")
+        return {"access_key": "ASIAFAKE", "secret_key": "s", "token": "t",
+                "expiry_time": (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).isoformat()}
+
+
+def test_an_aws_group_from_gcp_is_reached_as_the_role_assumed_with_googles_token(monkeypatch):
+    from botocore import credentials as botocore_credentials
+    from botocore.config import Config
+
+    monkeypatch.setattr(botocore_credentials, "AssumeRoleWithWebIdentityCredentialFetcher", Fetcher)
+    Fetcher.made.clear()
+    monkeypatch.setattr(Fetcher, "refuse", False)
+    loader = lambda: "google-id-token"  # noqa: E731
+
+    session = clouds.web_identity_session(AWS_FAR, loader)
+
+    frozen = session.get_credentials().get_frozen_credentials()
+    assert (frozen.access_key, frozen.secret_key, frozen.token) == ("ASIAFAKE", "s", "t")
+    assert session.get_credentials().method == "assume-role-with-web-identity"
+    [(make_client, token_loader, role, extra)] = Fetcher.made
+    assert (token_loader, role, extra) == (loader, ROLE, {"RoleSessionName": "trainstack-controller"})
+    sts = make_client("sts")
+    retries = {"mode": "standard", "total_max_attempts": AWS_MAX_ATTEMPTS + 1}  # botocore counts the first call too
+    assert (sts.meta.region_name, sts.meta.config.retries, sts.meta.config.read_timeout) == ("us-west-2", retries, 30)
+    merged = make_client("sts", config=Config(read_timeout=5))  # botocore's own config merged over ours
+    assert (merged.meta.region_name, merged.meta.config.retries, merged.meta.config.read_timeout) == (
+        "us-west-2", retries, 5)
+
+
+def test_aws_refusing_the_role_names_the_placement_role_and_audience(monkeypatch):
+    from botocore import credentials as botocore_credentials
+
+    monkeypatch.setattr(botocore_credentials, "AssumeRoleWithWebIdentityCredentialFetcher", Fetcher)
+    monkeypatch.setattr(Fetcher, "refuse", True)
+
+    session = clouds.web_identity_session(AWS_FAR, lambda: "token")
+
+    with pytest.raises(CloudError) as e:
+        session.get_credentials().get_frozen_credentials()
+    assert str(e.value) == (
+        f"placement 2 (aws us-west-2): AWS refused the role {ROLE} for this function's Google identity (audience "
+        "'trainstack'): An error occurred (AccessDenied) when calling the AssumeRoleWithWebIdentity operation: Not "
+        "authorized to perform sts:AssumeRoleWithWebIdentity")
+
+
+def test_each_far_identity_gets_a_session_of_its_own_and_keeps_it(monkeypatch):
+    made = []
+    monkeypatch.setattr(clouds, "web_identity_session", lambda p, loader: made.append(p.group) or Session(Asg(_group())))
+    groups = AwsGroups(Session(Asg(_group())), id_token=lambda p, audience: lambda: "tok")
+    other = Placement(index=3, cloud="aws", region="us-west-2", group="ts-other",
+                      access={"aws_role_arn": ROLE.replace("controller", "other"), "audience": "trainstack"})
+    same_role = Placement(index=4, cloud="aws", region="eu-west-1", group="ts-eu", access=AWS_FAR.access)
+
+    for p in (AWS_FAR, other, same_role, AWS_FAR):
+        groups.desired(p)
+
+    assert made == ["ts-far", "ts-other"]  # one per role, whatever its region
+
+    gcp = GcpGroups(object(), iam_credentials="https://iam.example/v1")
+    second = Placement(index=2, cloud="gcp", region="asia-east1", group="ts-asia", project="my-proj", access={
+        **GCP_FAR.access, "service_account": "trainstack-2@my-proj.iam.gserviceaccount.com"})
+
+    far, far2 = gcp.session_for(GCP_FAR), gcp.session_for(second)
+
+    assert far is not far2 and gcp.session_for(GCP_FAR) is far
+    assert far.credentials.scopes == [clouds.GCP_SCOPE]
+    assert far2.credentials._service_account_impersonation_url == (
+        "https://iam.example/v1/projects/-/serviceAccounts/trainstack-2@my-proj.iam.gserviceaccount.com:"
+        "generateAccessToken")
