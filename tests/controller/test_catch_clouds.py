@@ -389,6 +389,9 @@ class IdTokens:
         self.token = None
 
     def refresh(self, request) -> None:
+        from google.auth.transport.requests import Request
+
+        assert isinstance(request, Request), request  # the metadata server is reached through requests
         if IdTokens.fail:
             raise RefreshError(IdTokens.fail)
         self.token = f"id-token-{len(IdTokens.made)}"
