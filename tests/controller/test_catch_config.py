@@ -32,6 +32,7 @@ ACCOUNT = GOOD["placements"][2]["access"]["service_account"]
     (_with("placements", [GOOD["placements"][0], "p"]), "placements[1]: expected an object, got 'p'"),
     (_with("1.cloud", "azure"), "placements[1].cloud: expected one of aws, gcp, got 'azure'"),
     (_with("1.region", None), "placements[1].region: expected str, got None"),
+    (_with("1.cloud", None), "placements[1].cloud: expected str, got None"),
     (_with("2.project", ""), "placements[2].project: a gcp placement needs its project id, got ''"),
     (_with("1.project", 7), "placements[1].project: expected a string or null, got 7"),
     (_with("1.group", "ts-gpu", _with("1.region", "us-east-1")),
@@ -61,8 +62,10 @@ def test_the_smallest_numbers_and_a_role_in_another_partition_are_accepted():
     doc = _with("max_runtime_s", 1, _with("wait_minutes", 1, _with("nodes", 1, GCP_HOME)))
     doc["placements"][1]["access"]["aws_role_arn"] = "arn:aws-us-gov:iam::123456789012:role/path/ts-controller"
 
+    doc["run_uri"] = "gs://b/runs/TEST-X//"
     config = parse(doc)
 
+    assert config.run_uri == "gs://b/runs/TEST-X"  # only the slashes go: the run's own name stays whole
     assert (config.nodes, config.wait_minutes, config.max_runtime_s, config.wait_s) == (1, 1, 1, 60.0)
     assert config.placements[1].label == "aws us-east-1" and config.placements[0].project == "my-proj"
 
