@@ -48,6 +48,8 @@ def test_the_aws_function_may_read_its_run_write_its_own_objects_and_size_its_gr
 def test_the_role_a_gcp_home_assumes_in_aws_holds_the_groups_part_only():
     assert grants.aws_group_policy(groups=GROUPS, nodes=3, account_id="123456789012", partition="aws-cn") == {
         "Version": "2012-10-17", "Statement": [READ_GROUPS, SIZE_GROUPS]}
+    named_x = grants.aws_policy(bucket="b", run_id="run-X", groups=[], nodes=1, account_id="1")
+    assert named_x["Statement"][1]["Resource"] == "arn:aws:s3:::b/runs/run-X/*"  # only the slash goes
     default = grants.aws_group_policy(groups=GROUPS[:1], nodes=1, account_id="123456789012")
     assert default["Statement"][1]["Resource"] == [
         "arn:aws:autoscaling:us-east-1:123456789012:autoScalingGroup:*:autoScalingGroupName/ts-home-gpu"]
@@ -73,7 +75,8 @@ def test_the_handler_ticks_the_configured_run_prints_and_returns_what_it_did(fil
     import time
 
     trained(open_store(file_run.uri), step=10, last_beat=time.time())
-    doc = {"run_uri": file_run.uri + "/", "nodes": 1, "wait_minutes": 15, "placements": [
+    start = int(time.time())
+    doc = {"run_uri": file_run.uri + "/", "nodes": 1, "wait_minutes": 15, "max_runtime_s": 7200, "placements": [
         {"cloud": "aws", "region": r, "group": f"g{i}"} for i, r in enumerate(("us-east-1", "us-west-2"))]}
     monkeypatch.setenv(ENV_VAR, json.dumps(doc))
 
@@ -83,7 +86,34 @@ def test_the_handler_ticks_the_configured_run_prints_and_returns_what_it_did(fil
                       "waiting": None, "resized": [{"placement": 1, "group": "g1", "size": 0}]}
     assert json.loads(capsys.readouterr().out) == {"run_uri": file_run.uri, **result}
     assert in_memory.sizes == {"g0": 1, "g1": 0}
+    assert start + 7200 <= int(open_store(file_run.uri).get_bytes(layout.DEADLINE_KEY)) <= time.time() + 7200
     assert handler.main() == 0  # the same tick again, from the job's command
+
+
+def test_the_handler_reads_the_clock_again_before_it_sizes_a_group_back(file_run, monkeypatch, capsys):
+    from controller.decide import LAUNCH_MARGIN_S
+
+    start = 1_800_000_000.0
+    reads = []
+
+    class Clock:  # each read of the wall clock a minute on: a tick that ran long
+        @staticmethod
+        def time() -> float:
+            reads.append(start + 60 * len(reads))
+            return reads[-1]
+
+    store = open_store(file_run.uri)
+    trained(store, step=10, last_beat=start)
+    store.put_bytes(layout.DEADLINE_KEY, f"{int(start) + LAUNCH_MARGIN_S + 30}\n".encode())
+    groups = FakeGroups({"g0": 0}, state=lambda p: GroupState(0, 0))
+    monkeypatch.setattr(handler, "Clouds", lambda: Clouds(aws=groups))
+    monkeypatch.setattr(handler, "time", Clock)
+    monkeypatch.setenv(ENV_VAR, json.dumps({"run_uri": file_run.uri, "nodes": 1, "wait_minutes": 15, "placements": [
+        {"cloud": "aws", "region": "us-east-1", "group": "g0"}]}))
+
+    result = handler.handler()
+
+    assert "sized back to 1" in result["reason"] and groups.calls == [] and len(reads) == 2
 
 
 @pytest.mark.parametrize(("value", "says"), [
