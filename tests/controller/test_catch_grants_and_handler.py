@@ -8,7 +8,9 @@ fresh process as a function runs it, test_handler.py's.
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 
 import pytest
 
@@ -87,6 +89,20 @@ def test_the_handler_ticks_the_configured_run_prints_and_returns_what_it_did(fil
     assert json.loads(capsys.readouterr().out) == {"run_uri": file_run.uri, **result}
     assert in_memory.sizes == {"g0": 1, "g1": 0}
     assert start + 7200 <= int(open_store(file_run.uri).get_bytes(layout.DEADLINE_KEY)) <= time.time() + 7200
+
+    class Log(io.StringIO):
+        """The function's stdout: what it held when it was last flushed (a frozen Lambda keeps only that)."""
+
+        flushed = ""
+
+        def flush(self) -> None:
+            super().flush()
+            self.flushed = self.getvalue()
+
+    log = Log()
+    monkeypatch.setattr(sys, "stdout", log)
+    again = handler.handler({}, None)
+    assert log.flushed == json.dumps({"run_uri": file_run.uri, **again}) + "\n"
     assert handler.main() == 0  # the same tick again, from the job's command
 
 
