@@ -2,9 +2,8 @@
 
 Each target (the run layout, the checkpoint store, the lease, storage keys and retries,
 settings, the policy rules, the status classification, the user-data rendering, the placement
-controller) runs
-`mutmut run --max-children 1` in its own scratch copy of the working tree under
-`build/mutation/<target>/`, mutating only its own files and running only the fast tests
+controller) runs `mutmut run --max-children 1` in its own scratch copy of the working tree
+under `build/mutation/<target>/`, mutating only its own files and running only the fast tests
 that cover them (the `file://` backend where a test is parametrized over stores: the code
 under test is the same for every store). Then it prints killed / total per target and
 every mutant that was not killed, marking the ones `equivalent.txt` or `by_hand.txt` explains.
