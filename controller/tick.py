@@ -85,16 +85,17 @@ def read_run(store: Store) -> RunView:
         pass
     try:
         lines = store.get_bytes(layout.EVENTS_KEY).decode(errors="replace").strip().splitlines()
-        last = json.loads(lines[-1]) if lines else {}
-        signs.append(epoch_of(last.get(layout.TIME)) if isinstance(last, dict) else None)
         events = []
         for line in lines:
             try:
-                events.append(json.loads(line))
+                event = json.loads(line)
             except ValueError:
-                continue  # a line cut short by a machine taken mid-write; the others count
-        attempts = layout.attempts([e for e in events if isinstance(e, dict)])
-    except (NotFound, ValueError):
+                continue  # a line cut short by a machine taken mid-write (the last, most often); the others count
+            if isinstance(event, dict):
+                events.append(event)
+        signs.append(epoch_of(events[-1].get(layout.TIME)) if events else None)
+        attempts = layout.attempts(events)
+    except NotFound:
         pass
     lease = read_lease(store)
     lease_until = lease.expires if lease is not None and not lease.released else None
