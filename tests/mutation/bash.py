@@ -7,8 +7,11 @@ code changed (`exit 0` -> `exit 1`, `exit N` -> `exit N+1`, `return 0`/`return 1
 mutant is written into a scratch copy of the working tree (`build/mutation/bash/`) and the tests
 that cover that script run there (`SCRIPTS`); a mutant is killed when they fail or time out.
 The boot tests run the real scripts in a sandbox (seconds each), so a script's sites are sampled
-(`--sample`, seeded by `--seed`). Comments are not mutated. Not CI: see tests/README.md for
-scores and times. Exits 1 while a mutant survives that `bash_equivalent.txt` does not explain.
+(`--sample`, seeded by `--seed`). Comments are not mutated. Each run keeps its survivors in
+`build/mutation/bash-survivors.txt`; `--again` runs only those (after tests were added),
+`--tests` runs other tests than `SCRIPTS` lists (a quick screen with the focused tests alone).
+Not CI: see tests/README.md for scores and times. Exits 1 while a mutant survives that
+`bash_equivalent.txt` does not explain.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 WORK = ROOT / "build" / "mutation" / "bash"
+# Outside WORK, which each run makes afresh.
+SURVIVORS = ROOT / "build" / "mutation" / "bash-survivors.txt"
 
 # The tests each script's decisions reach, cheapest first (the boot cases by the paths they take).
 BOOT = "tests/userdata/test_boot.py"
@@ -149,26 +154,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=37)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a mutant's tests may take")
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
+    parser.add_argument("--again", action="store_true",
+                        help=f"run only the mutants the last run left alive ({SURVIVORS.relative_to(ROOT)})")
+    parser.add_argument("--tests", nargs="+", metavar="TEST", help="run these tests for every mutant instead of SCRIPTS'")
     opts = parser.parse_args(argv)
     scripts = opts.scripts or list(SCRIPTS)
     rng = random.Random(opts.seed)
+    before = set(SURVIVORS.read_text().splitlines()) if opts.again and SURVIVORS.exists() else None
+    if opts.again and before is None:
+        print(f"--again: no {SURVIVORS.relative_to(ROOT)}: run without --again first")
+        return 2
     chosen: list[Mutant] = []
     for script in scripts:
         found = sites(script, (ROOT / script).read_text())
-        picked = rng.sample(found, min(opts.sample, len(found))) if opts.sample else found
+        if before is not None:
+            picked = [m for m in found if m.name in before]
+        else:
+            picked = rng.sample(found, min(opts.sample, len(found))) if opts.sample else found
         chosen += sorted(picked, key=lambda m: m.line)
         print(f"{script}: {len(found)} mutants, {len(picked)} run")
     if opts.list:
         for m in chosen:
             print(f"  {m.name}")
         return 0
+    tests_of = {s: opts.tests or SCRIPTS[s] for s in scripts}
     work = prepare()
-    if run_tests(work, sorted({t for s in scripts for t in SCRIPTS[s]}), opts.timeout) != "survived":
+    if run_tests(work, sorted({t for s in scripts for t in tests_of[s]}), opts.timeout) != "survived":
         print("the tests fail on the unmutated scripts: fix that first")
         return 2
     why = equivalents()
     start, left = time.monotonic(), 0
     verdicts: dict[str, int] = {}
+    alive: list[str] = []
     for m in chosen:
         path = work / m.script
         original = path.read_text()
@@ -177,18 +194,22 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text("".join(lines))
         t0 = time.monotonic()
         try:
-            verdict = run_tests(work, SCRIPTS[m.script], opts.timeout)
+            verdict = run_tests(work, tests_of[m.script], opts.timeout)
         finally:
             path.write_text(original)
         verdicts[verdict] = verdicts.get(verdict, 0) + 1
         note = next((w for n, w in why.items() if m.name.startswith(n)), None) if verdict == "survived" else None
         left += verdict == "survived" and note is None
+        if verdict == "survived":
+            alive.append(m.name)
         print(f"  {verdict:<9} {time.monotonic() - t0:5.0f} s  {m.name}" + (f"  [equivalent: {note}]" if note else ""),
               flush=True)
     killed = verdicts.get("killed", 0) + verdicts.get("timeout", 0)
     print(f"bash: {killed} / {len(chosen)} killed ({100 * killed / max(1, len(chosen)):.1f} %), "
           f"{verdicts.get('timeout', 0)} by timeout, in {time.monotonic() - start:.0f} s; "
           f"{left} surviving mutants not explained")
+    SURVIVORS.parent.mkdir(parents=True, exist_ok=True)
+    SURVIVORS.write_text("".join(f"{name}\n" for name in alive))
     return 1 if left else 0
 
 
