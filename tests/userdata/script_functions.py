@@ -34,6 +34,8 @@ record() {{ echo "$*" >>"$OUT"; }}
 finish() {{ trap - EXIT; record "finish $*"; exit 0; }}
 shutdown() {{ record "shutdown $*"; }}
 instance_id() {{ echo i-0fake; }}
+# The fakes above replace the library's own: a body that tests one of them sources it again
+# (`. "$USERDATA/lib.sh"`).
 # count NAME: how many times it was called with NAME, this one included (kept in a file, so a
 # call inside $(...) counts too).
 count() {{ local n; n=$(($(cat "$OUT.$1" 2>/dev/null || echo 0) + 1)); echo "$n" >"$OUT.$1"; echo "$n"; }}
@@ -93,6 +95,7 @@ def run_script(tmp_path: Path, name: str | None, body: str, *, env: str = "", re
     ])
     full = {"PATH": os.environ["PATH"], "TRAINSTACK_ROOT": str(root), "TRAINSTACK_ENV_FILE": str(env_file),
             "TRAINSTACK_LIB": str(bin_dir / "lib.sh"), "TRAINSTACK_RETRY_BASE_S": "2",
-            "TRAINSTACK_METADATA_URL": "http://127.0.0.1:9", "OUT": str(out), **(extra_env or {})}
+            "TRAINSTACK_METADATA_URL": "http://127.0.0.1:9", "OUT": str(out), "USERDATA": str(USERDATA),
+            **(extra_env or {})}
     proc = subprocess.run(["bash", "-c", script], env=full, capture_output=True, text=True, timeout=timeout)
     return Ran(proc.returncode, out.read_text().splitlines(), proc.stderr)
