@@ -32,11 +32,21 @@ WORK = ROOT / "build" / "mutation" / "bash"
 # Outside WORK, which each run makes afresh.
 SURVIVORS = ROOT / "build" / "mutation" / "bash-survivors.txt"
 
-# The tests each script's decisions reach, cheapest first (the boot cases by the paths they take).
+# The tests each script's decisions reach, cheapest first: the focused tests that run the script's
+# own functions in bash with fakes (milliseconds a case, script_functions.py), then the boot
+# sandbox's cases by the paths they take (15-40 s a boot), which a mutant reaches only when it
+# survives the first.
 BOOT = "tests/userdata/test_boot.py"
+BOUNDS = "tests/userdata/test_supervise_bounds.py"
+SANDBOX_END = [
+    BOOT + "::test_ended_run_finishes_at_boot",
+    BOOT + "::test_clean_run_completes_scales_to_zero_and_shuts_down",
+]
 SCRIPTS: dict[str, list[str]] = {
     "userdata/supervise.sh": [
         "tests/userdata/test_supervise_exit_trap.py",
+        "tests/userdata/test_supervise_loop.py",
+        "tests/userdata/test_supervise_setup.py",
         BOOT + "::test_deadline_passed_times_out_without_starting_anything",
         BOOT + "::test_ended_run_finishes_at_boot",
         BOOT + "::test_crash_loop_fails_after_n_in_a_row_with_logs",
@@ -45,16 +55,21 @@ SCRIPTS: dict[str, list[str]] = {
         BOOT + "::test_a_run_whose_lease_another_machine_holds_is_tried_again_not_failed",
         BOOT + "::test_deadline_reached_during_training_stops_the_trainer_and_times_out",
         BOOT + "::test_sigterm_from_a_shutdown_is_no_verdict_but_an_unexpected_exit_is_failed",
+        BOUNDS + "::test_a_lease_held_elsewhere_is_retried_with_pauses_then_the_group_stands_down",
+        BOUNDS + "::test_a_bucket_unreadable_past_the_bound_ends_the_run_with_the_group_at_zero",
     ],
     "userdata/lib.sh": [
+        "tests/userdata/test_lib_functions.py",
+        "tests/userdata/test_retry.py",
         "tests/userdata/test_metadata_reads.py",
-        BOOT + "::test_ended_run_finishes_at_boot",
-        BOOT + "::test_clean_run_completes_scales_to_zero_and_shuts_down",
+        "tests/userdata/test_federation_token.py",
+        *SANDBOX_END,
+        "tests/userdata/test_boot_scripts.py::test_a_machine_installs_its_boot_scripts_from_the_bucket_once",
     ],
     "userdata/finish.sh": [
-        BOOT + "::test_ended_run_finishes_at_boot",
+        "tests/userdata/test_finish_steps.py",
+        *SANDBOX_END,
         BOOT + "::test_crash_loop_fails_after_n_in_a_row_with_logs",
-        BOOT + "::test_clean_run_completes_scales_to_zero_and_shuts_down",
     ],
 }
 SWAPS = {"-lt": "-le", "-le": "-lt", "-gt": "-ge", "-ge": "-gt", "-eq": "-ne", "-ne": "-eq", "==": "!=", "!=": "=="}
@@ -137,12 +152,15 @@ def run_tests(work: Path, tests: list[str], timeout: float) -> str:
 
 
 def equivalents() -> dict[str, str]:
-    """Mutant name prefix -> why it stays alive (`bash_equivalent.txt`)."""
+    """Mutant name prefix -> why it stays alive (`bash_equivalent.txt`: `<prefix> ## <why>`; the
+    prefix holds the mutated text, so a line that moves or changes is not excused by a stale entry)."""
     path = HERE / "bash_equivalent.txt"
     out = {}
-    for line in path.read_text().splitlines() if path.exists() else []:
+    for n, line in enumerate(path.read_text().splitlines() if path.exists() else [], 1):
         if line.strip() and not line.startswith("#"):
-            name, _, why = line.partition(" ")
+            name, sep, why = line.partition(" ## ")
+            if not sep or not why.strip():
+                raise SystemExit(f"{path}:{n}: expected `<mutant name prefix> ## <why>`, got {line!r}")
             out[name] = why
     return out
 
@@ -202,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         left += verdict == "survived" and note is None
         if verdict == "survived":
             alive.append(m.name)
-        print(f"  {verdict:<9} {time.monotonic() - t0:5.0f} s  {m.name}" + (f"  [equivalent: {note}]" if note else ""),
+        print(f"  {verdict:<9} {time.monotonic() - t0:5.0f} s  {m.name}" + (f"  [explained: {note}]" if note else ""),
               flush=True)
     killed = verdicts.get("killed", 0) + verdicts.get("timeout", 0)
     print(f"bash: {killed} / {len(chosen)} killed ({100 * killed / max(1, len(chosen)):.1f} %), "

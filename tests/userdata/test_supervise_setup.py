@@ -67,6 +67,10 @@ def test_patiently_doubles_its_pause_up_to_a_minute(tmp_path):
     spin = run_script(tmp_path / "zero", "supervise.sh", STORE + "LS_FAILS=2 ENTRIES=COMPLETE\ncheck_run_folder",
                       extra_env={"TRAINSTACK_RETRY_BASE_S": "0"})
     assert _sleeps(spin) == [1, 2] and spin.lines[-1] == "finish COMPLETE"
+    # From 25 s: 50, then the minute.
+    late = run_script(tmp_path / "late", "supervise.sh", STORE + "LS_FAILS=3 ENTRIES=COMPLETE\ncheck_run_folder",
+                      extra_env={"TRAINSTACK_RETRY_BASE_S": "25"})
+    assert _sleeps(late) == [25, 50, 60]
 
 
 def test_a_store_unreadable_past_its_bound_ends_the_run(tmp_path):
