@@ -32,44 +32,52 @@ WORK = ROOT / "build" / "mutation" / "bash"
 # Outside WORK, which each run makes afresh.
 SURVIVORS = ROOT / "build" / "mutation" / "bash-survivors.txt"
 
-# The tests each script's decisions reach, cheapest first: the focused tests that run the script's
-# own functions in bash with fakes (milliseconds a case, script_functions.py), then the boot
-# sandbox's cases by the paths they take (15-40 s a boot), which a mutant reaches only when it
-# survives the first.
+# The tests each script's decisions reach, in two stages a mutant meets in turn: the focused tests
+# that run the script's own functions in bash with fakes (milliseconds a case, script_functions.py),
+# then the boot sandbox's cases by the paths they take (15-40 s a boot), which a mutant reaches only
+# when it survives the first. Each stage is one pytest run: within a run the suite's conftest starts
+# slow modules first, so one run of both would boot sandboxes before the focused tests.
 BOOT = "tests/userdata/test_boot.py"
 BOUNDS = "tests/userdata/test_supervise_bounds.py"
 SANDBOX_END = [
     BOOT + "::test_ended_run_finishes_at_boot",
     BOOT + "::test_clean_run_completes_scales_to_zero_and_shuts_down",
 ]
-SCRIPTS: dict[str, list[str]] = {
+SCRIPTS: dict[str, list[list[str]]] = {
     "userdata/supervise.sh": [
-        "tests/userdata/test_supervise_exit_trap.py",
-        "tests/userdata/test_supervise_loop.py",
-        "tests/userdata/test_supervise_setup.py",
-        BOOT + "::test_deadline_passed_times_out_without_starting_anything",
-        BOOT + "::test_ended_run_finishes_at_boot",
-        BOOT + "::test_crash_loop_fails_after_n_in_a_row_with_logs",
-        BOOT + "::test_no_gpu_fails_fast_with_reason",
-        BOOT + "::test_clean_run_completes_scales_to_zero_and_shuts_down",
-        BOOT + "::test_a_run_whose_lease_another_machine_holds_is_tried_again_not_failed",
-        BOOT + "::test_deadline_reached_during_training_stops_the_trainer_and_times_out",
-        BOOT + "::test_sigterm_from_a_shutdown_is_no_verdict_but_an_unexpected_exit_is_failed",
-        BOUNDS + "::test_a_lease_held_elsewhere_is_retried_with_pauses_then_the_group_stands_down",
-        BOUNDS + "::test_a_bucket_unreadable_past_the_bound_ends_the_run_with_the_group_at_zero",
+        [
+            "tests/userdata/test_supervise_exit_trap.py",
+            "tests/userdata/test_supervise_loop.py",
+            "tests/userdata/test_supervise_setup.py",
+        ],
+        [
+            BOOT + "::test_deadline_passed_times_out_without_starting_anything",
+            BOOT + "::test_ended_run_finishes_at_boot",
+            BOOT + "::test_crash_loop_fails_after_n_in_a_row_with_logs",
+            BOOT + "::test_no_gpu_fails_fast_with_reason",
+            BOOT + "::test_clean_run_completes_scales_to_zero_and_shuts_down",
+            BOOT + "::test_a_run_whose_lease_another_machine_holds_is_tried_again_not_failed",
+            BOOT + "::test_deadline_reached_during_training_stops_the_trainer_and_times_out",
+            BOOT + "::test_sigterm_from_a_shutdown_is_no_verdict_but_an_unexpected_exit_is_failed",
+            BOUNDS + "::test_a_lease_held_elsewhere_is_retried_with_pauses_then_the_group_stands_down",
+            BOUNDS + "::test_a_bucket_unreadable_past_the_bound_ends_the_run_with_the_group_at_zero",
+        ],
     ],
     "userdata/lib.sh": [
-        "tests/userdata/test_lib_functions.py",
-        "tests/userdata/test_retry.py",
-        "tests/userdata/test_metadata_reads.py",
-        "tests/userdata/test_federation_token.py",
-        *SANDBOX_END,
-        "tests/userdata/test_boot_scripts.py::test_a_machine_installs_its_boot_scripts_from_the_bucket_once",
+        [
+            "tests/userdata/test_lib_functions.py",
+            "tests/userdata/test_retry.py",
+            "tests/userdata/test_metadata_reads.py",
+            "tests/userdata/test_federation_token.py",
+        ],
+        [
+            *SANDBOX_END,
+            "tests/userdata/test_boot_scripts.py::test_a_machine_installs_its_boot_scripts_from_the_bucket_once",
+        ],
     ],
     "userdata/finish.sh": [
-        "tests/userdata/test_finish_steps.py",
-        *SANDBOX_END,
-        BOOT + "::test_crash_loop_fails_after_n_in_a_row_with_logs",
+        ["tests/userdata/test_finish_steps.py"],
+        [*SANDBOX_END, BOOT + "::test_crash_loop_fails_after_n_in_a_row_with_logs"],
     ],
 }
 SWAPS = {"-lt": "-le", "-le": "-lt", "-gt": "-ge", "-ge": "-gt", "-eq": "-ne", "-ne": "-eq", "==": "!=", "!=": "=="}
@@ -137,18 +145,22 @@ def prepare() -> Path:
     return WORK
 
 
-def run_tests(work: Path, tests: list[str], timeout: float) -> str:
-    """killed (a test failed), timeout, or survived."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n0", "-p", "no:cacheprovider", *tests]
-    try:
-        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return "timeout"
-    if proc.returncode == 0:
-        return "survived"
-    if proc.returncode == 1:
-        return "killed"
-    raise RuntimeError(f"pytest could not run {' '.join(tests)} (exit {proc.returncode}):\n{proc.stdout[-2000:]}")
+def run_tests(work: Path, stages: list[list[str]], timeout: float) -> str:
+    """killed (a test failed), timeout, or survived: each stage in one pytest run, in turn, up to
+    the first that fails; `timeout` seconds for them all."""
+    stop_at = time.monotonic() + timeout
+    for tests in stages:
+        cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n0", "-p", "no:cacheprovider", *tests]
+        try:
+            proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True,
+                                  timeout=max(1.0, stop_at - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return "timeout"
+        if proc.returncode == 1:
+            return "killed"
+        if proc.returncode != 0:
+            raise RuntimeError(f"pytest could not run {' '.join(tests)} (exit {proc.returncode}):\n{proc.stdout[-2000:]}")
+    return "survived"
 
 
 def equivalents() -> dict[str, str]:
@@ -195,9 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         for m in chosen:
             print(f"  {m.name}")
         return 0
-    tests_of = {s: opts.tests or SCRIPTS[s] for s in scripts}
+    tests_of = {s: [opts.tests] if opts.tests else SCRIPTS[s] for s in scripts}
     work = prepare()
-    if run_tests(work, sorted({t for s in scripts for t in tests_of[s]}), opts.timeout) != "survived":
+    every = sorted({t for s in scripts for stage in tests_of[s] for t in stage})
+    if run_tests(work, [every], max(opts.timeout, 1800.0)) != "survived":
         print("the tests fail on the unmutated scripts: fix that first")
         return 2
     why = equivalents()
