@@ -145,9 +145,9 @@ def prepare() -> Path:
     return WORK
 
 
-def run_tests(work: Path, stages: list[list[str]], timeout: float) -> str:
-    """killed (a test failed), timeout, or survived: each stage in one pytest run, in turn, up to
-    the first that fails; `timeout` seconds for them all."""
+def run_tests(work: Path, stages: list[list[str]], timeout: float) -> tuple[str, str]:
+    """killed (a test failed), timeout, or survived, and the test that failed: each stage in one
+    pytest run, in turn, up to the first that fails; `timeout` seconds for them all."""
     stop_at = time.monotonic() + timeout
     for tests in stages:
         cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-n0", "-p", "no:cacheprovider", *tests]
@@ -155,12 +155,14 @@ def run_tests(work: Path, stages: list[list[str]], timeout: float) -> str:
             proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True,
                                   timeout=max(1.0, stop_at - time.monotonic()))
         except subprocess.TimeoutExpired:
-            return "timeout"
+            return "timeout", ""
         if proc.returncode == 1:
-            return "killed"
+            # A kill in the sandbox stage can be a case that flaked under load: the name says which.
+            failed = re.findall(r"^FAILED (\S+)", proc.stdout, re.M)
+            return "killed", failed[0] if failed else ""
         if proc.returncode != 0:
             raise RuntimeError(f"pytest could not run {' '.join(tests)} (exit {proc.returncode}):\n{proc.stdout[-2000:]}")
-    return "survived"
+    return "survived", ""
 
 
 def equivalents() -> dict[str, str]:
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     tests_of = {s: [opts.tests] if opts.tests else SCRIPTS[s] for s in scripts}
     work = prepare()
     every = sorted({t for s in scripts for stage in tests_of[s] for t in stage})
-    if run_tests(work, [every], max(opts.timeout, 1800.0)) != "survived":
+    if run_tests(work, [every], max(opts.timeout, 1800.0))[0] != "survived":
         print("the tests fail on the unmutated scripts: fix that first")
         return 2
     why = equivalents()
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text("".join(lines))
         t0 = time.monotonic()
         try:
-            verdict = run_tests(work, tests_of[m.script], opts.timeout)
+            verdict, by = run_tests(work, tests_of[m.script], opts.timeout)
         finally:
             path.write_text(original)
         verdicts[verdict] = verdicts.get(verdict, 0) + 1
@@ -233,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         left += verdict == "survived" and note is None
         if verdict == "survived":
             alive.append(m.name)
-        print(f"  {verdict:<9} {time.monotonic() - t0:5.0f} s  {m.name}" + (f"  [explained: {note}]" if note else ""),
-              flush=True)
+        print(f"  {verdict:<9} {time.monotonic() - t0:5.0f} s  {m.name}" + (f"  [explained: {note}]" if note else "")
+              + (f"  [by {by.removeprefix('tests/userdata/')}]" if by else ""), flush=True)
     killed = verdicts.get("killed", 0) + verdicts.get("timeout", 0)
     print(f"bash: {killed} / {len(chosen)} killed ({100 * killed / max(1, len(chosen)):.1f} %), "
           f"{verdicts.get('timeout', 0)} by timeout, in {time.monotonic() - start:.0f} s; "
