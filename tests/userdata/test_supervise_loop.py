@@ -218,3 +218,10 @@ def test_a_worker_waits_for_the_chiefs_end_marker_for_its_bound_then_counts_a_fa
     assert _sleeps(ran) == [10, 10, 10, 15]
     assert "trainer exited 0 but the run has no end marker" in ran.log
     assert ran.lines[-1] == "finish COMPLETE"
+
+
+def test_a_sigterm_ends_the_supervisor_with_143_and_no_verdict(tmp_path):
+    # systemd stopping the unit (the machine shutting down) while the trainer runs.
+    body = LOOP + "ATTEMPTS=('kill -TERM $$; return 1')\nmain\n"
+    ran = run_script(tmp_path, "supervise.sh", body, timeout=15)
+    assert (ran.rc, ran.lines) == (143, ["run 100000"]), ran.log[-2000:]
