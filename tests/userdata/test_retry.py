@@ -53,7 +53,7 @@ def test_retry_for_keeps_trying_for_its_seconds_with_the_pause_doubling(tmp_path
     found, err, took = _run(tmp_path, 10, "retry_for", "3", "flaky", base="1")
     assert (found["rc"], found["runs"]) == ("1", "3"), err
     assert "retrying in 1s" in err and "retrying in 2s" in err and "gave up after 3s: flaky" in err
-    assert 2.5 < took < 10
+    assert 2.5 < took < 30  # slept for its pauses; the upper bound leaves a loaded machine room
 
 
 def test_retry_for_says_the_commands_own_failure_and_stops_once_it_passes(tmp_path):
