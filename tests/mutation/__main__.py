@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SCRATCH = ROOT / "build" / "mutation"
 # The packages a test may import: copied into mutmut's `mutants/` folder (only `mutate` is mutated).
-SOURCES = ["trainer", "components", "ops", "policy"]
+SOURCES = ["trainer", "runfolder", "controller", "components", "ops", "policy"]
 # What the tests read besides the packages (templates, stacks, examples, the pack's manifest).
 ALSO_COPY = ["devtools", "userdata", "stacks", "examples", "bench", "docs", "Pulumi.yaml", "__main__.py", "README.md",
              "requirements.txt", "requirements-dev.txt"]
@@ -117,6 +117,9 @@ TARGETS: dict[str, Target] = {
         extra=["-m", "not slow"]),
     "runs": Target(
         ["ops/runs.py"], ["tests/ops/test_runs.py", "tests/ops/test_catch_runs.py"], extra=["-m", "not slow"]),
+    # The trainer's own modules, each through in-process tests of its functions (the trainer runs
+    # of tests/trainer/test_stop.py, test_resume.py... are children, which mutmut cannot follow).
+    "signals": Target(["trainer/signals.py"], ["tests/trainer/test_signals.py"]),
 }
 
 
