@@ -120,6 +120,7 @@ TARGETS: dict[str, Target] = {
     # The trainer's own modules, each through in-process tests of its functions (the trainer runs
     # of tests/trainer/test_stop.py, test_resume.py... are children, which mutmut cannot follow).
     "signals": Target(["trainer/signals.py"], ["tests/trainer/test_signals.py"]),
+    "cadence": Target(["trainer/cadence.py"], ["tests/trainer/test_cadence.py"]),
 }
 
 
