@@ -121,6 +121,9 @@ TARGETS: dict[str, Target] = {
     # of tests/trainer/test_stop.py, test_resume.py... are children, which mutmut cannot follow).
     "signals": Target(["trainer/signals.py"], ["tests/trainer/test_signals.py"]),
     "cadence": Target(["trainer/cadence.py"], ["tests/trainer/test_cadence.py"]),
+    "data_state": Target(
+        ["trainer/data_state.py"],
+        ["tests/trainer/test_data_state_saves.py", "tests/trainer/test_data_state.py"], extra=["-m", "not slow"]),
 }
 
 
