@@ -124,6 +124,10 @@ TARGETS: dict[str, Target] = {
     "data_state": Target(
         ["trainer/data_state.py"],
         ["tests/trainer/test_data_state_saves.py", "tests/trainer/test_data_state.py"], extra=["-m", "not slow"]),
+    "metrics": Target(
+        ["trainer/metrics.py"],
+        ["tests/trainer/test_metric_states.py", "tests/trainer/test_catch_metrics.py", "tests/trainer/test_metrics.py"],
+        extra=["-m", "not slow"]),
 }
 
 

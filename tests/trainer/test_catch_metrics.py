@@ -22,6 +22,16 @@ from trainer.metrics import Evaluator, KeepBest, MetricError, MetricSet, resolve
 EXAMPLES, BATCH, CLASSES = 10, 4, 3
 
 
+@pytest.fixture(autouse=True)
+def _eager():
+    """The validation pass's `tf.function` run as plain Python: a graph function hangs in a process
+    forked after TensorFlow ran one (as mutmut's workers are: tests/mutation/plugin.py), and the sums
+    are the same either way (the slow trainer runs of tests/trainer/test_metrics.py run it as a graph)."""
+    tf.config.run_functions_eagerly(True)
+    yield
+    tf.config.run_functions_eagerly(False)
+
+
 def _data():
     rng = np.random.default_rng(3)
     x = rng.normal(size=(EXAMPLES, 4)).astype("float32")
@@ -169,6 +179,22 @@ def test_no_metrics_is_an_empty_state(given):
 def test_a_metric_is_named_as_keras_names_it(metric, kind, name):
     found = resolve(metric, tf.TensorSpec([None], tf.int64), (None, 5))
     assert type(found) is kind and re.fullmatch(rf"{name}(_\d+)?", found.name), found.name  # Keras numbers a repeat
+
+
+def test_a_callable_without_a_name_is_named_by_its_text():
+    class Scaled:
+        """A user's callable metric object: no `__name__`, its repr names it."""
+
+        def __call__(self, y, pred):
+            return tf.reduce_mean(tf.cast(pred, tf.float32), axis=-1)
+
+        def __repr__(self):
+            return "scaled_mean"
+
+    metrics = MetricSet([Scaled()])
+    assert metrics.names == ["scaled_mean"]
+    state = metrics.state(tf.constant([[0.0], [0.0]]), tf.constant([[1.0], [3.0]]))
+    assert metrics.results(state) == {"scaled_mean": pytest.approx(2.0)}
 
 
 def test_a_plain_function_is_averaged_over_the_examples():
