@@ -128,6 +128,9 @@ TARGETS: dict[str, Target] = {
         ["trainer/metrics.py"],
         ["tests/trainer/test_metric_states.py", "tests/trainer/test_catch_metrics.py", "tests/trainer/test_metrics.py"],
         extra=["-m", "not slow"]),
+    "run_attempt": Target(
+        ["trainer/run_attempt.py"],
+        ["tests/trainer/test_run_attempt.py", "tests/trainer/test_end_marker_properties.py"], extra=["-m", "not slow"]),
 }
 
 

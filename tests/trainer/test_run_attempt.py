@@ -189,11 +189,36 @@ def test_a_lease_held_by_another_machine_stops_the_attempt_before_it_trains(file
     other = RunLease(open_store(file_run.uri), holder="other-machine:1", ttl_s=60)
     other.acquire()
     out = io.StringIO()
-    attempt = _Attempt(_cfg(file_run.uri, lease_wait_s=0.0), stream=out)
+    attempt = _Attempt(_cfg(file_run.uri, lease_wait_s=0.2), stream=out)
     assert attempt.run() == exits.LEASE_HELD
     assert "train" not in attempt.calls and "holding" not in attempt.calls
     assert _lease_doc(file_run.uri)["holder"] == "other-machine:1"
-    assert _lines(out)[-1]["event"] == layout.FAILED_EVENT
+    # The wait is said here (the lease's own line), the failure too; the run's log has neither.
+    assert [e["event"] for e in _lines(out)] == [layout.LEASE_WAIT, layout.FAILED_EVENT]
+    assert _lines(out)[0]["holder"] == "other-machine:1" and _lines(out)[0]["attempt"] == 1
+    assert read_events(open_store(file_run.uri)) == []
+
+
+def test_the_lease_is_the_runs_with_the_configured_times_and_the_attempts_hooks(file_run):
+    cfg = _cfg(file_run.uri, lease_ttl_s=90.0, lease_wait_s=7.0)
+    attempt = _Attempt(cfg, stream=io.StringIO())
+    assert attempt.cfg is cfg
+    lease = attempt.lease
+    assert lease.store is attempt.store and lease.ttl_s == 90.0 and lease.wait_s == 7.0
+    assert lease.on_lost == attempt._lease_lost and lease.emit == attempt._lease_event
+    assert attempt.stop_key.store is attempt.store
+    assert attempt.run() == exits.OK
+    assert _lease_doc(file_run.uri)["ttl_s"] == 90.0
+
+
+def test_a_work_folder_removed_while_training_ends_the_attempt_as_it_would(file_run):
+    import shutil
+
+    def train(self):
+        shutil.rmtree(self.work)  # e.g. the start-up watchdog's exit path cleans it first
+        return 42
+
+    assert _Attempt(_cfg(file_run.uri), train=train, stream=io.StringIO()).run() == 42
 
 
 @pytest.mark.parametrize(("marker", "kind", "when", "message"), [
@@ -279,12 +304,13 @@ def test_complete_counts_the_earlier_attempts_and_this_ones(file_run):
     store.put_bytes(layout.EVENTS_KEY, json.dumps({"event": layout.STARTED, "attempt": 1}).encode() + b"\n")
     attempt = _Attempt(_cfg(file_run.uri), stream=io.StringIO())
     attempt.emit(layout.STARTED, step=4)
-    attempt._write_complete(step=50, metrics={"loss": 0.5}, examples_seen=1600, signature=None,
+    signature = {"endpoint": "serve", "inputs": {"x": {"dtype": "float32", "shape": [None, 4]}}}
+    attempt._write_complete(step=50, metrics={"loss": 0.5}, examples_seen=1600, signature=signature,
                             best={"metric": "val_loss", "value": 0.4})
     doc = json.loads(store.get_bytes(layout.COMPLETE))
     assert doc[layout.MARKER_STEP] == 50 and doc[layout.MARKER_ATTEMPTS] == 2
     assert doc["metrics"] == {"loss": 0.5} and doc["examples_seen"] == 1600
-    assert doc["best"] == {"metric": "val_loss", "value": 0.4}
+    assert doc["best"] == {"metric": "val_loss", "value": 0.4} and doc["signature"] == signature
     attempt.events.close()
 
 
