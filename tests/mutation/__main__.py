@@ -131,6 +131,7 @@ TARGETS: dict[str, Target] = {
     "run_attempt": Target(
         ["trainer/run_attempt.py"],
         ["tests/trainer/test_run_attempt.py", "tests/trainer/test_end_marker_properties.py"], extra=["-m", "not slow"]),
+    "loop_attempt": Target(["trainer/loop_attempt.py"], ["tests/trainer/test_loop_attempt.py"]),
 }
 
 
