@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -46,6 +47,7 @@ class _Loop:
         self.summaries = SimpleNamespace(sync=lambda: self.calls.append("sync"))
         self.best_exported = "ckpt-20"
         self.lease_when_restored = None
+        self.commit_seconds = 0.0
 
     def _call(self, name):
         self.calls.append(name)
@@ -71,6 +73,7 @@ class _Loop:
 
     def commit_current(self):
         self.calls.append(f"commit {self.state.step}")
+        time.sleep(self.commit_seconds)
 
     def final_evaluation(self):
         self.calls.append("final_evaluation")
@@ -85,6 +88,9 @@ class _Loop:
 
 class _Strategy:
     num_replicas_in_sync = 2
+
+    def __init__(self, cluster):
+        self.cluster = cluster
 
 
 class _Watchdog:
@@ -113,7 +119,7 @@ def exported(monkeypatch):
     made = []
     monkeypatch.setattr(loop_attempt.export_mod, "export_model", lambda model, d, store: made.append((model, d, store)))
     monkeypatch.setattr(loop_attempt.export_mod, "saved_model_signature", lambda d: {"endpoint": "serve", "dir": d})
-    monkeypatch.setattr(loop_attempt, "make_strategy", lambda cluster: _Strategy())
+    monkeypatch.setattr(loop_attempt, "make_strategy", _Strategy)
     return made
 
 
@@ -131,6 +137,7 @@ def make(file_run, monkeypatch, exported):
         cfg = TrainConfig(run_uri=file_run.uri, **{"steps": 40, **options})
         out = io.StringIO()
         attempt = LoopAttempt(cfg, stream=out)
+        attempt.real_loop = attempt.loop
         attempt.loop = _Loop(attempt.loop.ckstore, **(loop or {}))
         return attempt, attempt.loop, out
 
@@ -154,6 +161,7 @@ def test_a_run_trains_its_steps_then_exports_and_completes(make, exported):
     assert attempt.run() == exits.OK
     assert loop.calls == ["use", "build", "restore", "train", "final_evaluation", "commit 40", "sync"]
     assert loop.lease_when_restored is attempt.lease  # the commits are fenced by the lease
+    assert isinstance(loop.strategy, _Strategy) and loop.strategy.cluster is attempt.cluster
     assert exported == [("the model", os.path.join(attempt.work, "model"), attempt.store)]
     events = _stored(attempt)
     assert _kinds(events) == [layout.STARTED, layout.FINISHED]
@@ -201,13 +209,14 @@ def test_the_best_is_the_exported_model_and_complete_names_it(make):
 
 def test_a_signal_commits_the_step_and_exits_preempted(make):
     attempt, loop, _ = make(loop={"stopped": True})
+    loop.commit_seconds = 0.0105  # the commit's time is reported to the millisecond
     attempt.stop.signal_name = "SIGTERM"
     assert attempt.run() == exits.PREEMPTED
     assert loop.calls[-1] == "commit 40" and "final_evaluation" not in loop.calls
     preempted = _stored(attempt)[-1]
     assert preempted["event"] == layout.PREEMPTED and preempted["step"] == 40
     assert preempted["signal"] == "SIGTERM" and preempted["examples_seen"] == 2560
-    assert 0 <= preempted["seconds"] < 10
+    assert 0.01 <= preempted["seconds"] < 1 and preempted["seconds"] == round(preempted["seconds"], 3)
     assert not attempt.store.exists(layout.COMPLETE) and not attempt.store.exists(layout.CANCELLED)
 
 
@@ -269,6 +278,12 @@ def test_any_other_error_fails_the_attempt(make):
     assert _stored(attempt)[-1]["reason"] == "UnavailableError: socket closed"
 
 
+def _printed_failures(attempt):
+    """A worker's failed events: kept in its own log in the run folder."""
+    raw = attempt.store.get_bytes(layout.worker_events_key(attempt.cluster.address)).decode()
+    return [json.loads(line) for line in raw.splitlines()]
+
+
 def _unavailable(text="Collective ops is aborted by: /job:worker/replica:0/task:1 is gone"):
     import tensorflow as tf
 
@@ -277,15 +292,29 @@ def _unavailable(text="Collective ops is aborted by: /job:worker/replica:0/task:
 
 def test_a_peer_lost_after_the_cluster_formed_exits_76_naming_it(make, monkeypatch):
     monkeypatch.setattr(loop_attempt.cluster_mod, "wait_for_peers", lambda *a, **k: [])
-    attempt, loop, _ = make(workers=3, index=0, loop={"error": _unavailable(), "fail_in": "train"})
+    error = _unavailable("Collective ops is aborted by: /job:worker/replica:0/task:2 is gone, "
+                         "/job:worker/replica:0/task:1 too")
+    attempt, loop, _ = make(workers=3, index=1, loop={"error": error, "fail_in": "train", "restored": 25})
     assert attempt.run() == exits.PEER_LOST
     assert _Watchdog.made[0].disarmed
+    failed = _stored(attempt) or _printed_failures(attempt)
+    failed = failed[-1]
+    assert failed["reason"] == ("a peer was lost after step 25 (10.0.0.3:2222): UnavailableError: Collective ops is "
+                                "aborted by: /job:worker/replica:0/task:2 is gone, /job:worker/replica:0/task:1 too. "
+                                "Not this machine's failure: the run resumes from its newest committed checkpoint")
+    assert failed["exit_code"] == exits.PEER_LOST and failed["lost"] == ["10.0.0.3:2222"]  # not itself
+    assert failed["step"] == 25
+    assert failed["committed_step"] == 30 and failed["worker"] == 1 and failed["address"] == "10.0.0.2:2222"
+
+
+def test_the_chief_names_every_peer_it_lost(make, monkeypatch):
+    monkeypatch.setattr(loop_attempt.cluster_mod, "wait_for_peers", lambda *a, **k: [])
+    error = _unavailable("/job:worker/replica:0/task:2 and /job:worker/replica:0/task:1 are gone")
+    attempt, _, _ = make(workers=3, index=0, loop={"error": error, "fail_in": "train"})
+    assert attempt.run() == exits.PEER_LOST
     failed = _stored(attempt)[-1]
-    assert failed["reason"] == ("a peer was lost after step 0 (10.0.0.2:2222): UnavailableError: Collective ops is "
-                                "aborted by: /job:worker/replica:0/task:1 is gone. Not this machine's failure: the "
-                                "run resumes from its newest committed checkpoint")
-    assert failed["exit_code"] == exits.PEER_LOST and failed["lost"] == ["10.0.0.2:2222"]
-    assert failed["committed_step"] == 30 and failed["worker"] == 0 and failed["address"] == "10.0.0.1:2222"
+    assert failed["lost"] == ["10.0.0.3:2222", "10.0.0.2:2222"]
+    assert failed["reason"].startswith("a peer was lost after step 0 (10.0.0.3:2222, 10.0.0.2:2222): ")
 
 
 def test_a_peer_lost_while_the_cluster_forms_exits_75(make, monkeypatch):
@@ -303,7 +332,7 @@ def test_peers_missing_at_start_end_the_attempt_as_no_cluster(make, monkeypatch)
 
     def wait_for_peers(own, peers, deadline, stop):
         asked.update(own=own, peers=peers, deadline=deadline, stop=stop())
-        return ["10.0.0.3:2222"]
+        return ["10.0.0.2:2222", "10.0.0.3:2222"]
 
     monkeypatch.setattr(loop_attempt.cluster_mod, "wait_for_peers", wait_for_peers)
     attempt, loop, _ = make(workers=3, index=0, startup_timeout=120.0)
@@ -313,14 +342,14 @@ def test_peers_missing_at_start_end_the_attempt_as_no_cluster(make, monkeypatch)
                      "stop": False}
     [dog] = _Watchdog.made
     assert dog.timeout == 125.0 and dog.native_grace == 5 + loop_attempt.cluster_mod.RECORD_TIMEOUT_S + 5
-    assert dog.disarmed
+    assert dog.disarmed and dog.on_expire == attempt._no_cluster_exit
     failed = _stored(attempt)[-1]
     assert failed["reason"] == (
         "the 3 workers did not form a cluster within --startup-timeout 120 s; waited for 10.0.0.2:2222, "
-        "10.0.0.3:2222 (no trainer listening at 10.0.0.3:2222). Not this machine's failure: the machines form a "
+        "10.0.0.3:2222 (no trainer listening at 10.0.0.2:2222, 10.0.0.3:2222). Not this machine's failure: the machines form a "
         "new cluster and the run resumes from its newest committed checkpoint")
     assert failed["exit_code"] == exits.NO_CLUSTER and failed["waited_for"] == ["10.0.0.2:2222", "10.0.0.3:2222"]
-    assert failed["unreachable"] == ["10.0.0.3:2222"] and failed["worker"] == 0
+    assert failed["unreachable"] == ["10.0.0.2:2222", "10.0.0.3:2222"] and failed["worker"] == 0
     assert failed["address"] == "10.0.0.1:2222" and failed["step"] == 0
 
 
@@ -333,12 +362,12 @@ def test_a_stop_while_waiting_for_peers_ends_preempted_at_the_committed_step(mak
 
     monkeypatch.setattr(loop_attempt.cluster_mod, "wait_for_peers", wait_for_peers)
     attempt, loop, _ = make(workers=2, index=0)
-    attempt.loop.ckstore.committed_steps = lambda: [10, 20]
+    attempt.loop.ckstore.committed_steps = lambda: [10, 20, 30]
     assert attempt.run() == exits.PREEMPTED
     assert loop.calls == [] and _Watchdog.made[0].disarmed
     preempted = _stored(attempt)[-1]
     assert {k: preempted[k] for k in ("event", "step", "signal", "seconds", "examples_seen")} == {
-        "event": layout.PREEMPTED, "step": 20, "signal": "SIGTERM", "seconds": 0.0, "examples_seen": None}
+        "event": layout.PREEMPTED, "step": 30, "signal": "SIGTERM", "seconds": 0.0, "examples_seen": None}
 
 
 def test_a_stop_while_waiting_before_any_commit_names_step_zero(make, monkeypatch):
@@ -358,8 +387,15 @@ def test_the_start_up_watchdog_records_the_missing_peers_and_exits_75(make, monk
     monkeypatch.setattr(loop_attempt.cluster_mod, "hard_exit", ended.append)
     attempt, _, _ = make(workers=2, index=0, startup_timeout=30.0)
     work = attempt.work
+    flushed = []
+    flush = attempt.events.flush
+    monkeypatch.setattr(attempt.events, "flush", lambda *a, **kw: flushed.append((a, kw)) or flush(*a, **kw))
     attempt._no_cluster_exit()
+    # Bounded: the store may hang, and the process must still end.
+    assert flushed == [((), {"timeout": loop_attempt.cluster_mod.RECORD_TIMEOUT_S})]
     assert ended == [exits.NO_CLUSTER] and not os.path.exists(work)
+    attempt._no_cluster_exit()  # its folder already gone (the main thread's cleanup ran first)
+    assert ended == [exits.NO_CLUSTER] * 2
     attempt.events.close()
     failed = _stored(attempt)[-1]
     assert failed["unreachable"] == ["10.0.0.2:2222"] and failed["exit_code"] == exits.NO_CLUSTER
@@ -372,8 +408,9 @@ def test_the_start_up_watchdog_keeps_a_given_work_folder(make, monkeypatch, tmp_
     attempt._no_cluster_exit()
     assert (tmp_path / "work").is_dir()
     attempt.events.close()
-    assert _stored(attempt)[-1]["reason"].endswith("resumes from its newest committed checkpoint")
-    assert "no trainer listening" not in _stored(attempt)[-1]["reason"]
+    assert _stored(attempt)[-1]["reason"] == (
+        "the 2 workers did not form a cluster within --startup-timeout 600 s; waited for 10.0.0.2:2222. Not this "
+        "machine's failure: the machines form a new cluster and the run resumes from its newest committed checkpoint")
 
 
 def test_a_workers_failure_is_kept_in_its_own_log(make):
@@ -397,11 +434,25 @@ def test_the_chiefs_failure_is_not_copied_to_a_worker_log(make):
     (layout.EVENTS_KEY, False), (layout.PROGRESS_KEY, False), ("checkpoints/ckpt-10/COMMITTED", True)])
 def test_a_store_retry_on_the_logs_own_writes_is_only_printed(make, key, stored):
     attempt, _, out = make()
-    attempt._store_event("store_retry", {"key": key, "attempt": 2})
+    attempt._store_event("store_retry", {"key": key, "retry": 2})
     attempt.events.close()
-    assert _kinds(_printed(out)) == ["store_retry"]
-    assert _kinds(_stored(attempt)) == (["store_retry"] if stored else [])
+    assert _kinds(_printed(out)) == ["store_retry"] and _printed(out)[0]["key"] == key
+    assert _printed(out)[0]["retry"] == 2
+    assert [(e["event"], e["key"]) for e in _stored(attempt)] == ([("store_retry", key)] if stored else [])
     assert (attempt.own_events != []) is stored
+
+
+def test_a_checkpoint_upload_retry_is_logged_under_the_runs_attempt(make, file_run):
+    # The run's second attempt retries a checkpoint upload for the third time: the log must say
+    # attempt 2 (what ops status and the time lost to preemption group events by), retry 3.
+    store = open_store(file_run.uri)
+    store.put_bytes(layout.EVENTS_KEY, json.dumps({"event": layout.STARTED, "attempt": 1}).encode() + b"\n")
+    attempt, _, _ = make()
+    attempt.store.on_retry("put", "checkpoints/ckpt-10/variables.index", 3, OSError("connection reset"))
+    attempt.events.close()
+    [retry] = _stored(attempt)[1:]
+    assert retry["event"] == layout.UPLOAD_RETRY and retry["attempt"] == 2 and retry["retry"] == 3
+    assert retry["key"] == "checkpoints/ckpt-10/variables.index" and retry["op"] == "put"
 
 
 def test_a_lost_lease_stops_the_loop_after_its_step(make):
@@ -427,6 +478,28 @@ def test_train_ends_a_complete_run_at_once_and_keeps_the_attempt(file_run, monke
     [attempt] = keep
     assert isinstance(attempt, LoopAttempt) and _kinds(_printed(out)) == [layout.ALREADY_COMPLETE]
     assert loop_attempt.train(TrainConfig(run_uri=file_run.uri, steps=40), stream=io.StringIO()) == exits.OK
+
+
+def test_train_uses_the_stop_installed_early(file_run, monkeypatch):
+    from trainer.signals import StopRequest
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    open_store(file_run.uri).put_bytes(layout.COMPLETE, b"{}")
+    stop, keep = StopRequest(), []
+    loop_attempt.train(TrainConfig(run_uri=file_run.uri), stream=io.StringIO(), stop=stop, keep=keep)
+    assert keep[0].stop is stop
+
+
+def test_the_loop_is_built_from_the_attempts_own_parts(make):
+    attempt, _, _ = make(workers=3, index=2, keep_checkpoints=4)
+    real = attempt.real_loop
+    ck = real.ckstore
+    assert ck.store is attempt.store and ck.keep == 4 and ck.emit == attempt._store_event
+    assert real.cfg is attempt.cfg and real.store is attempt.store and real.events is attempt.events
+    assert real.emit == attempt.emit and real.stop is attempt.stop and real.stop_key is attempt.stop_key
+    assert real.chief is False and real.multi_worker is True and real.work == attempt.work
+    assert (real.workers, real.worker) == (3, 2)
+    attempt.events.close()
 
 
 def test_train_that_cannot_start_fails(monkeypatch):
