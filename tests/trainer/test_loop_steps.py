@@ -34,22 +34,29 @@ BATCH = 4
 class _Step:
     """The compiled step's stand-in: `count` steps, a loss of step/100 each, the request agreed as given."""
 
-    def __init__(self, loop, *, on_call=None):
-        self.loop, self.on_call = loop, on_call
+    def __init__(self, loop, *, on_call=None, states=False):
+        self.loop, self.on_call, self.states = loop, on_call, states
         self.calls: list[tuple[int, tuple]] = []
         self.traced = []
+        self.iterators = []
 
     def __call__(self, iterator, count, request):
+        # The compiled step's signature: an int64 count and a float32 request (another dtype retraces it).
+        assert count.dtype == tf.int64 and request.dtype == tf.float32, (count.dtype, request.dtype)
+        self.iterators.append(iterator)
         n = int(count.numpy())
         first = self.loop.state.step + 1
         self.calls.append((n, tuple(float(v) for v in request.numpy())))
         self.loop.examples.assign_add(n * BATCH)
         if self.on_call:
             self.on_call(len(self.calls))
-        return tf.constant([s / 100 for s in range(first, first + n)], tf.float32), request
+        loss = tf.constant([s / 100 for s in range(first, first + n)], tf.float32)
+        if self.states:  # one metric-state row per step: the row's first value is its step
+            return loss, request, tf.constant([[float(s), 0.0] for s in range(first, first + n)])
+        return loss, request
 
     def get_concrete_function(self, iterator, count, request):
-        self.traced.append(int(count.numpy()))
+        self.traced.append((iterator, int(count.numpy()), tuple(request.numpy().tolist())))
 
 
 class _Checkpointer:
@@ -237,8 +244,9 @@ def test_a_skipped_pipeline_traces_first_and_says_how_long_the_skip_took(make):
     loop = make(steps=3, steps_per_call=3)
     step = _Step(loop)
     made = __import__("time").monotonic()
-    loop._loop(step, iter(()), loop.examples, skipped=(40, "the pipeline cannot be saved", made))
-    assert step.traced == [3]
+    loop._loop(step, feed := iter(()), loop.examples, skipped=(40, "the pipeline cannot be saved", made))
+    assert step.iterators == [feed]
+    assert step.traced == [(step.iterators[0], 3, GO)]
     [skipped] = [e for e in _events(loop) if e["event"] == layout.DATA_SKIPPED]
     assert skipped["batches"] == 40 and skipped["steps"] == 3 and skipped["reason"] == "the pipeline cannot be saved"
     assert 0 <= skipped["seconds"] < 60
@@ -357,3 +365,194 @@ def test_progress_is_written_on_its_clock(make, monkeypatch):
     progress = json.loads(open_store(loop.cfg.run_uri).get_bytes(layout.PROGRESS_KEY))
     assert progress["step"] in (2, 4) and progress["total"] == 4 and progress["attempt"] == 2
     assert progress["loss"] == pytest.approx(progress["step"] / 100) and progress["examples_per_sec"] > 0
+
+
+class _Clock:
+    """time.monotonic for the loop: stands still except while a call runs (2 s each)."""
+
+    def __init__(self, start=100.0):
+        self.now = start
+
+    def __call__(self):
+        return self.now
+
+
+def test_each_log_step_gets_its_calls_speed_and_metrics(make, monkeypatch):
+    loop = make()
+    clock = _Clock()
+    monkeypatch.setattr("trainer.loop.time.monotonic", clock)
+
+    def call(n):
+        clock.now += 2.0
+
+    class _Metrics:
+        def results(self, row):
+            return {"seen_step": float(row[0])}
+
+    loop.validation.metrics = _Metrics()
+    bar = []
+    monkeypatch.setattr(loop.events, "start_bar", lambda total, done: bar.append(("start", total, done)))
+    monkeypatch.setattr(loop.events, "update_bar", lambda step, loss, rate: bar.append((step, loss, rate)))
+    loop._loop(_Step(loop, on_call=call, states=True), iter(()), loop.examples)
+    p = loop.summaries.points
+    # Calls of 3, 1, 3, 1, 2 steps, 2 s each: the first's log step 2 saw 12 examples in 2 s over 3 steps.
+    assert (p[2]["examples_per_sec"], p[2]["step_time_s"]) == (6.0, pytest.approx(2 / 3))
+    assert (p[4]["examples_per_sec"], p[4]["step_time_s"]) == (2.0, 2.0)
+    assert (p[6]["examples_per_sec"], p[6]["step_time_s"]) == (6.0, pytest.approx(2 / 3))
+    assert (p[10]["examples_per_sec"], p[10]["step_time_s"]) == (4.0, 1.0)
+    assert {s: p[s]["train/seen_step"] for s in p} == {2: 2.0, 4: 4.0, 6: 6.0, 8: 8.0, 10: 10.0}
+    assert loop.state.train_metrics == {"seen_step": 10.0}
+    assert loop.state.train_seconds == 10.0 and loop.rate == 4.0
+    assert bar[0] == ("start", 10, 0) and bar[1] == (3, pytest.approx(0.03), 6.0) and bar[-1][0] == 10
+    assert loop.checkpointer.saved[0][1]["train_seconds"] == 4.0  # two calls of 2 s before step 4's checkpoint
+    assert loop.summaries.points[4]["checkpoint_save_s"] == 0.0
+
+
+def test_a_loop_with_nothing_left_to_train_calls_nothing(make):
+    loop = make()
+    loop.state.step, loop.state.loss = 10, 0.5
+    step = _Step(loop)
+    assert loop._loop(step, iter(()), loop.examples) is False
+    assert step.calls == [] and loop.state.loss == 0.5
+
+
+def test_a_step_that_fails_fails_the_loop_in_the_stagings_words(make):
+    loop = make()
+
+    def failing(iterator, count, request):
+        raise tf.errors.InternalError(None, None, "read error")
+
+    with pytest.raises(tf.errors.InternalError):
+        loop._loop(failing, iter(()), loop.examples)
+
+    class _Staging:
+        def check(self):
+            raise OSError("data/part-3.tfrecord could not be staged: 403")
+
+        def close(self):
+            pass
+
+    loop.staging = _Staging()
+    with pytest.raises(OSError, match="could not be staged"):
+        loop._loop(failing, iter(()), loop.examples)
+
+
+def test_the_first_call_says_what_the_staging_has_on_disk(make, monkeypatch):
+    loop = make(steps=3, steps_per_call=3)
+    clock = _Clock(50.0)
+    monkeypatch.setattr("trainer.loop.time.monotonic", clock)
+    checked = []
+
+    class _Staging:
+        def check(self):
+            checked.append(1)
+
+        def on_disk(self):
+            return {"files": 2, "bytes": 2048}
+
+    loop.staging = _Staging()
+    loop._loop(_Step(loop, on_call=lambda n: setattr(clock, "now", clock.now + 1.5)), iter(()), loop.examples,
+               skipped=(7, "why", 40.0))
+    events = _events(loop)
+    [first] = [e for e in events if e["event"] == layout.DATA_FIRST_STEP]
+    assert (first["step"], first["files"], first["bytes"]) == (3, 2, 2048)
+    [skipped] = [e for e in events if e["event"] == layout.DATA_SKIPPED]
+    assert skipped["seconds"] == 11.5  # from the pipeline's making to the first call's end
+    assert checked == [1]
+
+
+def test_a_fresh_loop_holds_nothing_yet(file_run):
+    store = open_store(file_run.uri)
+    events = EventLog(store, stream=io.StringIO())
+    ckstore = CheckpointStore(store)
+    cfg = TrainConfig(run_uri=file_run.uri)
+    loop = TrainLoop(cfg, store=store, ckstore=ckstore, events=events, emit=events.emit, stop=StopRequest(),
+                     stop_key=StopKeyPoller(store), chief=True, multi_worker=True, work="/tmp/w")
+    assert (loop.workers, loop.worker) == (1, 0)
+    assert loop.strategy is None and loop.spec is None and loop.examples is None and loop.checkpointer is None
+    assert loop.pipeline is None and loop.staging is None and loop.cancelled is False and loop.rate is None
+    assert (loop.global_micro, loop.global_batch, loop.loop_seconds, loop.loop_examples) == (0, 0, 0.0, 0)
+    assert loop.first_call is None and loop.commit_seconds == [] and loop.state == RunState()
+    assert ckstore.on_commit == loop._on_commit
+    assert loop.cadence.multi_worker is True and loop.cadence.chief is True and loop.cadence.cfg is cfg
+    assert loop.summaries.enabled is False and loop.summaries.store is store  # on once training starts
+    assert loop.validation.ckstore is ckstore and loop.validation.emit == events.emit
+    assert loop.speed() == {}
+    events.close()
+
+
+def test_the_global_batch_follows_the_replicas_and_accumulation(make):
+    loop = make(batch_size=8, grad_accum=3)
+    strategy = SimpleNamespace(num_replicas_in_sync=2)
+    loop.use(strategy)
+    assert loop.strategy is strategy and (loop.global_micro, loop.global_batch) == (16, 48)
+    loop.loop_seconds, loop.loop_examples, loop.first_call = 10.0, 1000, (2.0, 40)
+    assert loop.speed() == loop_speed(10.0, 1000, (2.0, 40))
+
+
+def test_an_evaluation_writes_progress_and_the_end_evaluates_once(make):
+    loop = make()
+    asked = []
+
+    class _Validation:
+        evaluator = object()
+
+        def setup(self, spec, strategy, global_batch, y_spec, *, workers, worker):
+            asked.append(("setup", y_spec, global_batch, workers, worker))
+
+        def evaluate(self, st, scalars):
+            asked.append(("evaluate", st.step))
+            st.evaluated = {"step": st.step, "metrics": {"val_loss": 0.5}}
+            return True
+
+        def due_at_end(self, st):
+            return st.evaluated is None or st.evaluated["step"] != st.step
+
+    loop.validation = _Validation()
+    loop.state.step = 10
+    assert loop.evaluate() is True
+    loop.final_evaluation()
+    assert asked == [("evaluate", 10), ("setup", None, BATCH, 1, 0)]
+    assert loop.cadence.evaluates is True
+    loop.events.close()
+    progress = json.loads(open_store(loop.cfg.run_uri).get_bytes(layout.PROGRESS_KEY))
+    assert progress["evaluated_step"] == 10 and progress["metrics"] == {"val_loss": 0.5}
+
+
+def test_progress_names_the_best(make):
+    loop = make()
+    loop.state.best = {"metric": "val_loss", "step": 4, "value": 0.2}
+    loop.state.train_metrics = {"accuracy": 0.5}
+    loop._progress()
+    loop.events.close()
+    progress = json.loads(open_store(loop.cfg.run_uri).get_bytes(layout.PROGRESS_KEY))
+    assert progress["best"] == loop.state.best and progress["metrics"] == {"accuracy": 0.5}
+
+
+def test_a_checkpoint_that_commits_nothing_reports_nothing(make):
+    loop = make()
+    loop.checkpointer.save = lambda step, doc, sync: False
+    loop._checkpoint(sync=True)
+    loop.events.close()
+    assert not open_store(loop.cfg.run_uri).exists(layout.PROGRESS_KEY) and loop.summaries.synced == 0
+
+
+def test_a_committed_checkpoint_syncs_tensorboard_in_the_background(make):
+    loop = make()
+    loop._checkpoint(sync=False)
+    loop.events.close()
+    assert loop.summaries.synced == 1 and open_store(loop.cfg.run_uri).exists(layout.PROGRESS_KEY)
+
+
+def test_a_commit_without_its_seconds_counts_zero(make):
+    loop = make()
+    loop._on_commit({"step": 3})
+    assert loop.commit_seconds == [(3, 0.0)]
+
+
+@pytest.mark.parametrize(("args", "steady"), [
+    ((2.0, 50, (2.0, 40)), None),  # nothing after the first call: no steady speed
+    ((5.0, 1040, (2.0, 40)), 333.3),
+])
+def test_the_steady_speed_is_given_to_a_tenth(args, steady):
+    assert loop_speed(*args).get("steady_examples_per_sec") == steady
