@@ -383,7 +383,7 @@ def test_each_log_step_gets_its_calls_speed_and_metrics(make, monkeypatch):
     monkeypatch.setattr("trainer.loop.time.monotonic", clock)
 
     def call(n):
-        clock.now += 2.0
+        clock.now += 0.5
 
     class _Metrics:
         def results(self, row):
@@ -395,16 +395,17 @@ def test_each_log_step_gets_its_calls_speed_and_metrics(make, monkeypatch):
     monkeypatch.setattr(loop.events, "update_bar", lambda step, loss, rate: bar.append((step, loss, rate)))
     loop._loop(_Step(loop, on_call=call, states=True), iter(()), loop.examples)
     p = loop.summaries.points
-    # Calls of 3, 1, 3, 1, 2 steps, 2 s each: the first's log step 2 saw 12 examples in 2 s over 3 steps.
-    assert (p[2]["examples_per_sec"], p[2]["step_time_s"]) == (6.0, pytest.approx(2 / 3))
-    assert (p[4]["examples_per_sec"], p[4]["step_time_s"]) == (2.0, 2.0)
-    assert (p[6]["examples_per_sec"], p[6]["step_time_s"]) == (6.0, pytest.approx(2 / 3))
-    assert (p[10]["examples_per_sec"], p[10]["step_time_s"]) == (4.0, 1.0)
+    # Calls of 3, 1, 3, 1, 2 steps, 0.5 s each: the first's log step 2 saw 12 examples in 0.5 s over 3 steps.
+    assert (p[2]["examples_per_sec"], p[2]["step_time_s"]) == (24.0, pytest.approx(0.5 / 3))
+    assert (p[4]["examples_per_sec"], p[4]["step_time_s"]) == (8.0, 0.5)
+    assert (p[6]["examples_per_sec"], p[6]["step_time_s"]) == (24.0, pytest.approx(0.5 / 3))
+    assert (p[10]["examples_per_sec"], p[10]["step_time_s"]) == (16.0, 0.25)
     assert {s: p[s]["train/seen_step"] for s in p} == {2: 2.0, 4: 4.0, 6: 6.0, 8: 8.0, 10: 10.0}
     assert loop.state.train_metrics == {"seen_step": 10.0}
-    assert loop.state.train_seconds == 10.0 and loop.rate == 4.0
-    assert bar[0] == ("start", 10, 0) and bar[1] == (3, pytest.approx(0.03), 6.0) and bar[-1][0] == 10
-    assert loop.checkpointer.saved[0][1]["train_seconds"] == 4.0  # two calls of 2 s before step 4's checkpoint
+    assert loop.state.train_seconds == 2.5 and loop.rate == 16.0
+    assert loop.first_call == (0.5, 3 * BATCH) and loop.validation.since_eval == 2.5
+    assert bar[0] == ("start", 10, 0) and bar[1] == (3, pytest.approx(0.03), 24.0) and bar[-1][0] == 10
+    assert loop.checkpointer.saved[0][1]["train_seconds"] == 1.0  # two calls of 0.5 s before step 4's checkpoint
     assert loop.summaries.points[4]["checkpoint_save_s"] == 0.0
 
 
@@ -451,13 +452,21 @@ def test_the_first_call_says_what_the_staging_has_on_disk(make, monkeypatch):
             return {"files": 2, "bytes": 2048}
 
     loop.staging = _Staging()
-    loop._loop(_Step(loop, on_call=lambda n: setattr(clock, "now", clock.now + 1.5)), iter(()), loop.examples,
-               skipped=(7, "why", 40.0))
+    step = _Step(loop, on_call=lambda n: setattr(clock, "now", clock.now + 1.5))
+    traced = step.get_concrete_function
+
+    def tracing(*args):
+        clock.now += 1.0  # tracing the step takes a second: not the skip's
+        traced(*args)
+
+    step.get_concrete_function = tracing
+    loop._loop(step, iter(()), loop.examples, skipped=(7, "why", 40.0004))
     events = _events(loop)
     [first] = [e for e in events if e["event"] == layout.DATA_FIRST_STEP]
     assert (first["step"], first["files"], first["bytes"]) == (3, 2, 2048)
     [skipped] = [e for e in events if e["event"] == layout.DATA_SKIPPED]
-    assert skipped["seconds"] == 11.5  # from the pipeline's making to the first call's end
+    # From the pipeline's making to the first call's end (52.5 - 40.0004), less the tracing's second.
+    assert skipped["seconds"] == 11.5
     assert checked == [1]
 
 
@@ -498,9 +507,11 @@ def test_an_evaluation_writes_progress_and_the_end_evaluates_once(make):
         evaluator = object()
 
         def setup(self, spec, strategy, global_batch, y_spec, *, workers, worker):
+            assert spec is loop.spec and strategy is loop.strategy
             asked.append(("setup", y_spec, global_batch, workers, worker))
 
         def evaluate(self, st, scalars):
+            assert scalars == loop.summaries.scalars  # the validation scalars go to TensorBoard
             asked.append(("evaluate", st.step))
             st.evaluated = {"step": st.step, "metrics": {"val_loss": 0.5}}
             return True
@@ -509,10 +520,13 @@ def test_an_evaluation_writes_progress_and_the_end_evaluates_once(make):
             return st.evaluated is None or st.evaluated["step"] != st.step
 
     loop.validation = _Validation()
+    loop.strategy = SimpleNamespace(num_replicas_in_sync=1)
     loop.state.step = 10
     assert loop.evaluate() is True
     loop.final_evaluation()
     assert asked == [("evaluate", 10), ("setup", None, BATCH, 1, 0)]
+    loop._setup_metrics("the labels' spec")  # the training data's, when training starts
+    assert asked[-1] == ("setup", "the labels' spec", BATCH, 1, 0)
     assert loop.cadence.evaluates is True
     loop.events.close()
     progress = json.loads(open_store(loop.cfg.run_uri).get_bytes(layout.PROGRESS_KEY))
