@@ -132,7 +132,7 @@ TARGETS: dict[str, Target] = {
         ["trainer/run_attempt.py"],
         ["tests/trainer/test_run_attempt.py", "tests/trainer/test_end_marker_properties.py"], extra=["-m", "not slow"]),
     "loop_attempt": Target(["trainer/loop_attempt.py"], ["tests/trainer/test_loop_attempt.py"]),
-    "loop": Target(["trainer/loop.py"], ["tests/trainer/test_loop_steps.py"]),
+    "loop": Target(["trainer/loop.py"], ["tests/trainer/test_loop_steps.py", "tests/trainer/test_loop_real_step.py"]),
 }
 
 
