@@ -47,11 +47,16 @@ def test_the_loop_builds_trains_commits_and_resumes(file_run, tmp_path):
     loop = _loop(file_run.uri, tmp_path / "a")
     loop.build()
     assert loop.spec is not None and loop.checkpointer is not None and int(loop.examples.numpy()) == 0
+    assert loop.examples.trainable is False  # a counter, not a weight
+    ck = loop.checkpointer
+    assert ck.model == "mlp" and ck.background is True  # one worker writes from a snapshot on a thread
+    assert len(ck.variables) == len(loop.spec.model.variables) + len(loop.spec.optimizer.variables)
     loop.restore()
     assert loop.train() is False
     st = loop.state
     assert (st.step, st.batches_seen, st.examples_seen) == (6, 6, 48) and st.loss is not None
-    assert loop.loop_examples == 48 and loop.loop_seconds > 0 and loop.summaries.enabled
+    assert loop.loop_examples == 48 and 0 < loop.loop_seconds < 600 and loop.summaries.enabled
+    assert loop.summaries.store is loop.store and loop.pipeline is not None
     loop.commit_current()
     loop.events.close()
     assert CheckpointStore(open_store(file_run.uri)).committed_steps()[-1] == 6
@@ -63,4 +68,5 @@ def test_the_loop_builds_trains_commits_and_resumes(file_run, tmp_path):
     again.restore()
     assert again.state.step == 6 and int(again.examples.numpy()) == 48
     assert again.train() is False and again.state.step == 8 and again.state.examples_seen == 64
+    assert again.loop_examples == 16 and 0 < again.loop_seconds < 600  # this attempt's part only
     again.events.close()
