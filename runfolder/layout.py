@@ -170,7 +170,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     DATA_FIRST_STEP: ("files", "bytes", "files_total", "bytes_total", "seconds"),
     DATA_STAGED: ("files", "bytes", "downloaded", "records", "index", "seconds"),
     CHECKPOINT_FAILED: ("reason",),
-    UPLOAD_RETRY: ("attempt", "error", "op", "key"),
+    UPLOAD_RETRY: ("retry", "error", "op", "key"),
     MOVED: ("from", "to", "reason", "step"),
     CONTROLLER_WAITING: ("reason", "placement", "key"),
 }

@@ -109,7 +109,8 @@ def _report_retries(store: Store, emit: Emit) -> None:
         if layout.is_checkpoint_key(key):
             emit(
                 layout.UPLOAD_RETRY,
-                {"attempt": attempt, "error": f"{type(error).__name__}: {error}", "op": op, "key": key},
+                # `retry`, not `attempt`: every event's `attempt` is the run's attempt that wrote it.
+                {"retry": attempt, "error": f"{type(error).__name__}: {error}", "op": op, "key": key},
             )
 
     store.on_retry = on_retry
@@ -281,7 +282,7 @@ class CheckpointStore:
     """Checkpoints of one run in a :class:`~runfolder.storage.Store` (see module docstring).
 
     ``emit(kind, fields)`` receives ``checkpoint_skipped`` (step, reason) and
-    ``upload_retry`` (attempt, error, op, key) for retried transfers of checkpoint keys;
+    ``upload_retry`` (retry, error, op, key) for retried transfers of checkpoint keys;
     it may be called from upload threads. The retry hook is chained onto
     ``store.on_retry``, keeping any hook already there.
     ``on_commit(info)`` is called with :meth:`commit`'s result after every successful

@@ -130,6 +130,22 @@ TARGETS: dict[str, Target] = {
          "tests/controller/test_catch_clouds.py", "tests/controller/test_catch_grants_and_handler.py",
          "tests/controller/test_catch_config.py"],
         select="not every_invariant_holds_over_the_ci_schedules"),
+    # The trainer's own modules, each through in-process tests of its functions (the trainer runs
+    # of tests/trainer/test_stop.py, test_resume.py... are children, which mutmut cannot follow).
+    "signals": Target(["trainer/signals.py"], ["tests/trainer/test_signals.py"]),
+    "cadence": Target(["trainer/cadence.py"], ["tests/trainer/test_cadence.py"]),
+    "data_state": Target(
+        ["trainer/data_state.py"],
+        ["tests/trainer/test_data_state_saves.py", "tests/trainer/test_data_state.py"], extra=["-m", "not slow"]),
+    "metrics": Target(
+        ["trainer/metrics.py"],
+        ["tests/trainer/test_metric_states.py", "tests/trainer/test_catch_metrics.py", "tests/trainer/test_metrics.py"],
+        extra=["-m", "not slow"]),
+    "run_attempt": Target(
+        ["trainer/run_attempt.py"],
+        ["tests/trainer/test_run_attempt.py", "tests/trainer/test_end_marker_properties.py"], extra=["-m", "not slow"]),
+    "loop_attempt": Target(["trainer/loop_attempt.py"], ["tests/trainer/test_loop_attempt.py"]),
+    "loop": Target(["trainer/loop.py"], ["tests/trainer/test_loop_steps.py", "tests/trainer/test_loop_real_step.py"]),
 }
 
 

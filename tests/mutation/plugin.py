@@ -9,6 +9,15 @@ its own working directory and fails), so those tests stay with the ordinary test
 
 from __future__ import annotations
 
+import os
+
+# mutmut runs each mutant's tests in a process forked from the one that ran them all first. A
+# TensorFlow op that hands work to the runtime's thread pools (a softmax, any graph function)
+# waits forever in such a fork: the pools' threads were not copied. With one thread each, TF runs
+# eager ops inline; the tests of the trainer's modules run their `tf.function`s eagerly too.
+os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+
 EMULATORS = {"moto_server", "gcs_emulator"}
 # Parameters that pick a store through `request.getfixturevalue` (tests/fixtures/emulators.py).
 CLOUD_STORES = {"s3", "gs"}

@@ -31,6 +31,8 @@ def test_auto_steps_per_call_grows_at_most_twofold_towards_about_a_second():
     assert _adapt(512, 512, 0.4) == 1024 and _adapt(1024, 1024, 0.8) == 1280  # about a second's worth
     assert _adapt(100, 100, 4.0) == 25  # too long a call: a stop would wait for it, shrink at once
     assert _adapt(1, 1, 5.0) == 1  # a step longer than a second: one per call
+    assert _adapt(1, 1, 0.8) == 1  # one step of 0.8 s: two would pass the second
+    assert _adapt(1, 0, 0.0) == 2  # an empty call measures nothing: it still grows, twofold at most
 
 
 @pytest.mark.parametrize(("options", "extra", "step", "expected"), [
@@ -39,6 +41,8 @@ def test_auto_steps_per_call_grows_at_most_twofold_towards_about_a_second():
     ({"steps_per_call": 40, "checkpoint_every_steps": 25}, {}, 10, 15),
     ({"steps_per_call": 40, "checkpoint_every_steps": None, "steps": 100}, {}, 90, 10),  # never past the end
     ({"steps_per_call": 40, "checkpoint_every_steps": None, "eval_every_steps": 30}, {"evaluates": True}, 0, 30),
+    ({"steps_per_call": 40, "checkpoint_every_steps": None, "eval_every_steps": 30}, {"evaluates": True}, 10, 20),
+    ({"steps_per_call": 40, "checkpoint_every_steps": None, "eval_every_steps": 30}, {"evaluates": True}, 35, 25),
     # No validation set: --eval-every-steps does not cut the calls (the run fails on it elsewhere).
     ({"steps_per_call": 40, "checkpoint_every_steps": None, "eval_every_steps": 30}, {}, 0, 40),
     ({"checkpoint_every_steps": None}, {"multi_worker": True}, 0, MULTI_WORKER_STEPS_PER_CALL),
@@ -90,6 +94,8 @@ def test_a_call_logs_its_log_every_steps_and_its_last_when_it_ends_the_run():
     assert cadence.logged_steps(26, 29, ending=False) == []
     assert cadence.logged_steps(26, 33, ending=True) == [30, 33]
     assert cadence.logged_steps(31, 40, ending=True) == [40]  # not twice
+    assert cadence.logged_steps(11, 20, ending=False) == [20]  # the call's last step is one of them
+    assert cadence.logged_steps(20, 20, ending=False) == [20]
 
 
 def test_progress_is_due_every_progress_seconds_and_restarts_its_clock():
@@ -101,3 +107,18 @@ def test_progress_is_due_every_progress_seconds_and_restarts_its_clock():
 def test_the_run_is_finished_at_its_last_step():
     cadence = _cadence(steps=100)
     assert not cadence.finished(99) and cadence.finished(100)
+
+
+def test_a_new_cadence_evaluates_nothing_until_the_loop_has_a_validation_set():
+    cadence = Cadence(TrainConfig(run_uri="file:///nowhere", steps=100, eval_every_steps=20, steps_per_call=40,
+                                  checkpoint_every_steps=None), chief=True, multi_worker=False)
+    assert cadence.evaluates is False
+    assert cadence.evaluation_due(20) is False
+    assert cadence.steps_this_call(0) == 40
+
+
+def test_the_seconds_clocks_count_from_zero_until_the_loop_starts():
+    cadence = _cadence(checkpoint_every_seconds=60.0, progress_every_seconds=10.0)
+    assert (cadence.last_checkpoint, cadence.last_progress) == (0.0, 0.0)
+    assert not cadence.checkpoint_seconds_due(59.5) and cadence.checkpoint_seconds_due(60.0)
+    assert not cadence.progress_due(9.5) and cadence.progress_due(10.0)

@@ -376,7 +376,7 @@ def test_retries_of_checkpoint_transfers_are_reported_and_the_hook_already_there
     store.on_retry("put", "checkpoints/ckpt-1/d", 2, error)
     store.on_retry("put", layout.EVENTS_KEY, 1, error)
     assert earlier == [("put", "checkpoints/ckpt-1/d", 2, error), ("put", layout.EVENTS_KEY, 1, error)]
-    assert events == [(layout.UPLOAD_RETRY, {"attempt": 2, "error": "OSError: connection reset", "op": "put",
+    assert events == [(layout.UPLOAD_RETRY, {"retry": 2, "error": "OSError: connection reset", "op": "put",
                                              "key": "checkpoints/ckpt-1/d"})]
 
 
@@ -384,7 +384,7 @@ def test_retries_are_reported_with_no_hook_there_before(store):
     events = Events()
     CheckpointStore(store, emit=events)
     store.on_retry("get", "checkpoints/ckpt-1/d", 1, TimeoutError("slow"))
-    assert events == [(layout.UPLOAD_RETRY, {"attempt": 1, "error": "TimeoutError: slow", "op": "get",
+    assert events == [(layout.UPLOAD_RETRY, {"retry": 1, "error": "TimeoutError: slow", "op": "get",
                                              "key": "checkpoints/ckpt-1/d"})]
 
 

@@ -372,7 +372,7 @@ def test_flaky_store_commit_succeeds_and_reports_retries(request, tmp_path, back
     assert faulty.proxy.failed > 0
     assert events.of("upload_retry"), "retries were not reported"
     retries = events.of("upload_retry")
-    assert all({"attempt", "error"} <= set(e) and e["key"].startswith("checkpoints/ckpt-5/") for e in retries), retries
+    assert all({"retry", "error"} <= set(e) and e["key"].startswith("checkpoints/ckpt-5/") for e in retries), retries
     assert ckpts.restore_latest(str(tmp_path / "r")) == 5
     assert (tmp_path / "r" / "model.data").read_bytes() == Path(local, "model.data").read_bytes()
     assert info["bytes"] == 10 * 1024 * 1024 + 3
