@@ -241,7 +241,8 @@ def _become(request: dict, fds: list[int], server_pid: int) -> None:
     else:
         sys.argv = [request["module"], *request["argv"]]  # runpy puts the module's file first
         sys.orig_argv = [sys.executable, "-m", request["module"], *request["argv"]]
-        if "--" in request["argv"] and SCRIPT_LAUNCHER:  # script mode: its `python` is served too
+        # In script mode (its command in argv or TRAINSTACK_COMMAND), the user's `python` is served too.
+        if request["module"] == "trainer" and SCRIPT_LAUNCHER:
             sys.executable = SCRIPT_LAUNCHER[0]
     sys.dont_write_bytecode = bool(request["env"].get("PYTHONDONTWRITEBYTECODE"))
     _standard_streams(request["env"])

@@ -314,11 +314,17 @@ def test_a_script_the_server_cannot_serve_runs_the_plain_interpreter(server, fit
         assert not facts["tensorflow"] and facts["ppid"] == os.getpid(), extra  # the launcher became it (exec)
 
 
-def test_a_served_script_mode_trainer_serves_its_script_and_it_ends_with_the_trainer(server, fit_script, tmp_path):
+@pytest.mark.parametrize("given", ["after --", "TRAINSTACK_COMMAND"])  # a laptop's run, a machine's
+def test_a_served_script_mode_trainer_serves_its_script_and_it_ends_with_the_trainer(server, fit_script, tmp_path,
+                                                                                      given):
     env, code = fit_script
-    argv, env = trainer_server.command("trainer", ["--run-uri", f"file://{tmp_path}/run", "--code-dir", str(code),
-                                                   "--", "python", "sub/fit_probe.py", "wait"]), \
-        {**env, trainer_server.SOCKET_VAR: server}
+    command = ["python", "sub/fit_probe.py", "wait"]
+    args = ["--run-uri", f"file://{tmp_path}/run", "--code-dir", str(code)]
+    if given == "after --":
+        args += ["--", *command]
+    else:
+        env = {**env, "TRAINSTACK_COMMAND": json.dumps(command)}
+    argv, env = trainer_server.command("trainer", args), {**env, trainer_server.SOCKET_VAR: server}
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: (tmp_path / "ready").exists(), 120, "the trainer's script to start")
