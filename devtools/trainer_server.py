@@ -40,13 +40,14 @@ with a `trainer/` of its own; a copy of the same files, a machine's unpacked cod
 same code) run as the plain process.
 
 The user's own command of a served script-mode trainer (`python -m trainer ... -- python
-train.py`: a Keras fit script, which imports TensorFlow) is served too: the trainer's child sees
-as `sys.executable` (the interpreter `python` names there) this server's script launcher
-(`SOCKET.python`, `trainer_client.script_main`), which asks the server for `python SCRIPT ARGS`
-in a child of its own: `sys.argv` `[SCRIPT, *ARGS]`, `sys.path[0]` the script's folder, the
-script's code run as `__main__` with `__file__` its absolute path, the caller's environment,
-working directory and streams, signals relayed. What the imports would read differently
-(`TF_USE_LEGACY_KERAS=1` of a Keras 2 script, `TF_CPP_*` of a verbose run), an option before the
+train.py`, or a machine's `TRAINSTACK_COMMAND`: a Keras fit script, which imports TensorFlow) is
+served too: a served trainer sees as `sys.executable` (what `python` names in its command) this
+server's script launcher (`SOCKET.python`, `trainer_client.script_main`), which asks the
+server for `python SCRIPT ARGS` in a child of its own: `sys.argv` `[SCRIPT, *ARGS]`,
+`sys.path[0]` the script's folder, the script's code run as `__main__` with `__file__` its
+absolute path, the caller's environment, working directory and streams, signals relayed. What the imports would read differently
+(`TF_USE_LEGACY_KERAS=1` of a Keras 2 script, `TF_CPP_*` of a verbose run, a `sitecustomize` on
+its PYTHONPATH, which the interpreter's start-up would import), an option before the
 script (`-u`, `-m`, `-c`) or no script file run the plain interpreter, with the same arguments.
 The trainer's `_die_with_parent` holds for the launcher, and the server kills the script's child
 when its launcher goes away.
@@ -161,6 +162,13 @@ def _why_plain(request: dict) -> str | None:
     if env.get("TRAINSTACK_VERBOSE") or (script is None and "--verbose" in args):
         return "a verbose run shows TensorFlow's import"
     path = _child_path(request)
+    for name in ("sitecustomize", "usercustomize"):
+        # The interpreter's start-up imports them from the caller's path (its first entry, the
+        # script's folder or the working directory, is added after): the server's start-up did not.
+        spec = importlib.machinery.PathFinder.find_spec(name, path[1:])
+        served = getattr(sys.modules.get(name), "__file__", None)
+        if spec is not None and spec.origin != served:
+            return f"its path has a {name} of its own"
     for name, (origin, digest) in SERVED_PACKAGES.items():
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         # Another copy of the same files (a machine's unpacked code archive) is the same code.

@@ -303,10 +303,13 @@ def test_a_signal_to_a_served_scripts_launcher_has_the_plain_verdict(server, fit
         assert proc.returncode == code, (python, proc.returncode)
 
 
-def test_a_script_the_server_cannot_serve_runs_the_plain_interpreter(server, fit_script):
+def test_a_script_the_server_cannot_serve_runs_the_plain_interpreter(server, fit_script, tmp_path):
     env, code = fit_script
     launcher = trainer_server.script_launcher(server)
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("")  # the interpreter's start-up imports it
     for argv, extra in (([launcher, "sub/fit_probe.py", "exit"], {"TF_USE_LEGACY_KERAS": "1"}),  # read at import
+                        ([launcher, "sub/fit_probe.py", "exit"], {"PYTHONPATH": f"{tmp_path / 'site'}:{REPO}"}),
                         ([launcher, "-u", "sub/fit_probe.py", "exit"], {})):  # an option of the interpreter's
         p = subprocess.run(argv, cwd=code, env={**env, **extra}, capture_output=True, text=True, timeout=120)
         facts = json.loads(p.stdout.splitlines()[0])
