@@ -6,6 +6,9 @@ signals and its stdin, stdout and stderr; it relays every signal it can catch to
 child for the run, and ends as the child ended: with its exit code, or killed by the same
 signal. Without a server at `$WARM_TRAINER_SOCKET`, or when the server answers that this run
 is not one it can serve, it becomes the plain `python -m MODULE ARGS...` (exec).
+
+`script_main` is the same for `python SCRIPT ARGS...`: the interpreter a served script-mode
+trainer runs the user's command with (`python -m trainer ... -- python train.py`).
 """
 
 import contextlib
@@ -30,6 +33,24 @@ def main() -> int:
     module, args = sys.argv[1], sys.argv[2:]
     env = dict(os.environ)
     path = env.pop(SOCKET_VAR, "")
+    return run({"module": module, "argv": args}, path, env, [sys.executable, "-m", module, *args], f"python -m {module}")
+
+
+def script_main(path: str) -> int:
+    """The warm stand-in for `python` that the server gives a served script-mode trainer as its
+    `sys.executable`: `python SCRIPT ARGS...` through the server at `path` when SCRIPT is a file,
+    the plain interpreter with the same arguments for anything else (an option such as `-u`, `-m`
+    or `-c`, a folder or zip archive, the interactive interpreter)."""
+    args = sys.argv[1:]
+    plain = [sys.executable, *args]
+    if not args or args[0].startswith("-") or not os.path.isfile(args[0]) or args[0].endswith((".zip", ".pyz")):
+        os.execv(sys.executable, plain)
+    return run({"script": args[0], "argv": args[1:]}, path, dict(os.environ), plain, f"python {args[0]}")
+
+
+def run(call: dict, path: str, env: dict, plain_argv: list[str], what: str) -> int:
+    """Run `call` (a module or a script, with its arguments) in a child of the server at `path`;
+    without one, or when it will not serve the call, become `plain_argv` (exec)."""
     relayed = [s for s in signal.valid_signals() if s not in NOT_RELAYED]
     ignored = [int(s) for s in relayed if s not in PYTHON_IGNORES and signal.getsignal(s) == signal.SIG_IGN]
     # Held until the child's pidfd is here, then relayed: a signal sent during the hand-over is not lost.
@@ -37,12 +58,12 @@ def main() -> int:
 
     def plain() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        os.execve(sys.executable, [sys.executable, "-m", module, *args], env)
+        os.execve(plain_argv[0], plain_argv, env)
 
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
-        send_call(conn, {"module": module, "argv": args, "env": env, "cwd": os.getcwd(),
+        send_call(conn, {**call, "env": env, "cwd": os.getcwd(),
                          "umask": _umask(), "mask": sorted(int(s) for s in mask), "ignored": ignored})
         head, fds, _flags, _addr = socket.recv_fds(conn, 8, 1)
         head += read_exact(conn, 8 - len(head)) if 0 < len(head) < 8 else b""
@@ -66,7 +87,7 @@ def main() -> int:
     try:
         status = int.from_bytes(read_exact(conn, 4), "big", signed=True)
     except ConnectionError:
-        print(f"python -m {module}: the warm trainer server went away (its child {pid} with it)", file=sys.stderr)
+        print(f"{what}: the warm trainer server went away (its child {pid} with it)", file=sys.stderr)
         return 1
     code = os.waitstatus_to_exitcode(status)
     if code < 0:  # killed by a signal: so is this process, and its parent sees the same -N

@@ -37,8 +37,20 @@ A run whose environment differs in what the imports read (`TF_CPP_*`, `KERAS_*`,
 Python's own `PYTHON*` settings but PYTHONPATH), a `--verbose` run (it shows TensorFlow's
 import lines), and one whose path finds other trainer sources than the server's (a code folder
 with a `trainer/` of its own; a copy of the same files, a machine's unpacked code archive, is the
-same code) run as the plain process, and so does a run of the user's own command
-(`python -m trainer ... -- python train.py`: it imports no TensorFlow).
+same code) run as the plain process.
+
+The user's own command of a served script-mode trainer (`python -m trainer ... -- python
+train.py`, or a machine's `TRAINSTACK_COMMAND`: a Keras fit script, which imports TensorFlow) is
+served too: a served trainer sees as `sys.executable` (what `python` names in its command) this
+server's script launcher (`SOCKET.python`, `trainer_client.script_main`), which asks the
+server for `python SCRIPT ARGS` in a child of its own: `sys.argv` `[SCRIPT, *ARGS]`,
+`sys.path[0]` the script's folder, the script's code run as `__main__` with `__file__` its
+absolute path, the caller's environment, working directory and streams, signals relayed. What the imports would read differently
+(`TF_USE_LEGACY_KERAS=1` of a Keras 2 script, `TF_CPP_*` of a verbose run, a `sitecustomize` on
+its PYTHONPATH, which the interpreter's start-up would import), an option before the
+script (`-u`, `-m`, `-c`) or no script file run the plain interpreter, with the same arguments.
+The trainer's `_die_with_parent` holds for the launcher, and the server kills the script's child
+when its launcher goes away.
 
 `python trainer_server.py SOCKET` serves until killed; `ensure_server()` starts one per test
 process, on first use. The bench measures real start-ups and never uses it.
@@ -104,12 +116,34 @@ def ensure_server(*, wait: bool = True) -> str:
 LIBRARIES = Path(sys.prefix).resolve()  # the interpreter's environment (a .venv inside the checkout)
 BASE_PATH: list[str] = []  # the interpreter's own sys.path entries (stdlib, site-packages)
 SERVED_PACKAGES: dict[str, tuple[str, str]] = {}  # the project's packages imported here: name -> file, digest
+SCRIPT_LAUNCHER: list[str] = []  # the served script-mode trainer's `python` (`script_launcher`), once written
+
+
+def script_launcher(path: str) -> str:
+    """The executable that stands in for `python SCRIPT ARGS` through the server at socket `path`."""
+    return path + ".python"
+
+
+def _write_script_launcher(path: str) -> str:
+    launcher = script_launcher(path)
+    # One interpreter word and one option word: all a #! line carries to the kernel.
+    text = (f"#!{sys.executable} -ESs\n"
+            f'"""`python SCRIPT ARGS` through the warm trainer server (devtools/trainer_server.py)."""\n'
+            f"import sys\n"
+            f"sys.path.insert(0, {str(HERE)!r})\n"
+            f"from trainer_client import script_main\n"
+            f"sys.exit(script_main({path!r}))\n")
+    with open(launcher + ".tmp", "w") as f:
+        f.write(text)
+    os.chmod(launcher + ".tmp", 0o755)
+    os.rename(launcher + ".tmp", launcher)
+    return launcher
 
 
 def _why_plain(request: dict) -> str | None:
     """Why this run cannot be served (it then runs as the plain process), or None."""
-    env, args = request["env"], request["argv"]
-    if request.get("module") is None:
+    env, args, script = request["env"], request["argv"], request.get("script")
+    if request.get("module") is None and script is None:
         return "no module"
     for key in sorted(set(env) | set(os.environ)):
         if key in ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"):
@@ -119,16 +153,22 @@ def _why_plain(request: dict) -> str | None:
         # TensorFlow's and Keras's settings that their imports read (TF_CONFIG and the like are
         # read when the run asks: the caller's own reach the child).
         if key.startswith(IMPORT_READS):
-            default = DEFAULT_TF_LOG_LEVEL if key == "TF_CPP_MIN_LOG_LEVEL" else None
+            # The trainer sets the log level when the caller did not; a script is told it (or not: verbose).
+            default = DEFAULT_TF_LOG_LEVEL if key == "TF_CPP_MIN_LOG_LEVEL" and script is None else None
             if env.get(key, default) != os.environ.get(key, default):
                 return f"{key} differs"
     if _text_encoding(env) != _text_encoding(os.environ):
         return "its locale's encoding differs"
-    if env.get("TRAINSTACK_VERBOSE") or "--verbose" in args:
+    if env.get("TRAINSTACK_VERBOSE") or (script is None and "--verbose" in args):
         return "a verbose run shows TensorFlow's import"
-    if "--" in args:
-        return "a run of the user's own command imports no TensorFlow"
     path = _child_path(request)
+    for name in ("sitecustomize", "usercustomize"):
+        # The interpreter's start-up imports them from the caller's path (its first entry, the
+        # script's folder or the working directory, is added after): the server's start-up did not.
+        spec = importlib.machinery.PathFinder.find_spec(name, path[1:])
+        served = getattr(sys.modules.get(name), "__file__", None)
+        if spec is not None and spec.origin != served:
+            return f"its path has a {name} of its own"
     for name, (origin, digest) in SERVED_PACKAGES.items():
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         # Another copy of the same files (a machine's unpacked code archive) is the same code.
@@ -158,9 +198,13 @@ def _text_encoding(env) -> str:
 
 
 def _child_path(request: dict) -> list[str]:
-    """sys.path as `python -m` builds it in the caller's working directory and PYTHONPATH."""
+    """sys.path as `python -m` (or `python SCRIPT`: the script's folder, its links resolved) builds it
+    in the caller's working directory and PYTHONPATH."""
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    return [request["cwd"], *extra, *BASE_PATH]
+    first = request["cwd"]
+    if request.get("script") is not None:
+        first = os.path.dirname(os.path.realpath(os.path.join(request["cwd"], request["script"])))
+    return [first, *extra, *BASE_PATH]
 
 
 def _standard_streams(env: dict) -> None:
@@ -199,8 +243,15 @@ def _become(request: dict, fds: list[int], server_pid: int) -> None:
     cli_server.take_call(request, fds)
     sys.path[:] = _child_path(request)
     importlib.invalidate_caches()
-    sys.argv = [request["module"], *request["argv"]]  # runpy puts the module's file first
-    sys.orig_argv = [sys.executable, "-m", request["module"], *request["argv"]]
+    if request.get("script") is not None:
+        sys.argv = [request["script"], *request["argv"]]
+        sys.orig_argv = [sys.executable, request["script"], *request["argv"]]
+    else:
+        sys.argv = [request["module"], *request["argv"]]  # runpy puts the module's file first
+        sys.orig_argv = [sys.executable, "-m", request["module"], *request["argv"]]
+        # In script mode (its command in argv or TRAINSTACK_COMMAND), the user's `python` is served too.
+        if request["module"] == "trainer" and SCRIPT_LAUNCHER:
+            sys.executable = SCRIPT_LAUNCHER[0]
     sys.dont_write_bytecode = bool(request["env"].get("PYTHONDONTWRITEBYTECODE"))
     _standard_streams(request["env"])
     if "numpy" in sys.modules:  # NumPy's global generator was seeded once, in the server
@@ -208,14 +259,45 @@ def _become(request: dict, fds: list[int], server_pid: int) -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, request["mask"])
 
 
-def _run(module: str) -> int:
-    """Run `module` as `__main__`; the exit code a `python -m` process would end with."""
+def _run_script(script: str) -> None:
+    """Run the file `script` as `python SCRIPT` runs it: its code in a fresh `__main__` module."""
+    import builtins
+    import types
+
+    file = os.path.abspath(script)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=file, __cached__=None, __builtins__=builtins, __package__=None, __spec__=None,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", file))
+    sys.modules["__main__"] = main
+    with io.open_code(file) as f:
+        source = f.read()
+    exec(compile(source, file, "exec", dont_inherit=True), main.__dict__)  # noqa: S102 - the user's script, as python runs it
+
+
+def _report(script: str | None) -> None:
+    """The uncaught exception on stderr, as the interpreter reports it: for a script, from its own
+    frames on (none for a SyntaxError), not the server's."""
+    kind, value, tb = sys.exc_info()
+    if script is not None:
+        file = os.path.abspath(script)
+        while tb is not None and tb.tb_frame.f_code.co_filename != file:
+            tb = tb.tb_next
+        value = value.with_traceback(tb)  # what the interpreter's report prints
+    sys.excepthook(kind, value, tb)
+
+
+def _run(request: dict) -> int:
+    """Run the module (or script) as `__main__`; the exit code a `python -m` (`python SCRIPT`)
+    process would end with."""
     import atexit
     import runpy
 
-    code = 0
+    code, script = 0, request.get("script")
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if script is not None:
+            _run_script(script)
+        else:
+            runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
             code = e.code or 0
@@ -223,10 +305,10 @@ def _run(module: str) -> int:
             print(e.code, file=sys.stderr)
             code = 1
     except KeyboardInterrupt:  # the interpreter then ends by SIGINT
-        traceback.print_exc()
+        _report(script)
         code = -signal.SIGINT
     except BaseException:  # noqa: BLE001 - reported as the interpreter reports it
-        sys.excepthook(*sys.exc_info())
+        _report(script)
         code = 1
     threading._shutdown()  # noqa: SLF001 - what the interpreter does at exit: join the threads
     atexit._run_exitfuncs()  # noqa: SLF001
@@ -282,6 +364,7 @@ def serve(path: str) -> None:
     BASE_PATH[:] = sys.path[1:]  # started with -E: the interpreter's entries after this folder
     sys.path.insert(0, str(REPO))
     _warm_up()
+    SCRIPT_LAUNCHER[:] = [_write_script_launcher(path)]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".tmp")
     listener.listen(64)
@@ -364,7 +447,7 @@ def _start(listener: socket.socket, runs: dict[int, _Run]) -> _Run | None:
             for fd in {run.pidfd for run in runs.values()}:
                 os.close(fd)
             _become(request, fds, server_pid)
-            code = _run(request["module"])
+            code = _run(request)
         except BaseException:  # noqa: BLE001 - a child that failed to start says why, on the caller's stderr
             with contextlib.suppress(Exception):
                 traceback.print_exc()

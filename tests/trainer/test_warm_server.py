@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -162,8 +163,7 @@ def test_a_run_whose_launcher_is_killed_ends(server, probe):
         proc.communicate()
 
 
-@pytest.mark.parametrize("case", ["verbose", "other trainer", "no server", "PYTHONHASHSEED", "TF_ENABLE_ONEDNN_OPTS",
-                                  "user's command"])
+@pytest.mark.parametrize("case", ["verbose", "other trainer", "no server", "PYTHONHASHSEED", "TF_ENABLE_ONEDNN_OPTS"])
 def test_a_run_the_server_cannot_serve_runs_as_the_plain_process(server, probe, tmp_path, case):
     env, via, cwd, args = probe, server, REPO, ()
     if case == "verbose":
@@ -174,8 +174,6 @@ def test_a_run_the_server_cannot_serve_runs_as_the_plain_process(server, probe, 
         (cwd / "trainer" / "__init__.py").write_text("")
     elif case == "no server":
         via = str(tmp_path / "nothing-listens-here")
-    elif case == "user's command":
-        args = ("--", "python", "train.py")
     else:  # read at import: the server's import did not see the caller's
         env = {**env, case: "7" if case == "PYTHONHASHSEED" else "0"}
     proc = _start(env, "facts", via, cwd=cwd, args=args)
@@ -231,3 +229,115 @@ def test_the_served_trainer_says_what_the_plain_one_says(server, tmp_path, args)
         seen[mode] = (p.returncode, p.stdout, p.stderr)
     assert seen["served"] == seen["plain"]
     assert seen["plain"][0] == (2 if "--stpes" in args else 0) and (seen["plain"][1] or seen["plain"][2])
+
+
+# -- the user's script of a script-mode trainer (`python -m trainer ... -- python train.py`) --
+
+FIT_SCRIPT = '''
+import json, os, signal, sys, time
+
+print(json.dumps({
+    "argv": sys.argv, "orig_argv": sys.orig_argv, "path0": sys.path[0], "file": __file__, "cwd": os.getcwd(),
+    "name": __name__, "executable": sys.executable, "spec": repr(__spec__), "package": __package__,
+    "pid": os.getpid(), "ppid": os.getppid(), "tensorflow": "tensorflow" in sys.modules,
+}), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+mode = sys.argv[1]
+if mode == "raise":
+    raise ValueError("the script's own error")
+if mode == "term":  # fit's way with a stop signal: exit 143
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+if mode in ("term", "wait"):
+    with open(os.environ["READY_FILE"], "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+sys.exit(4)
+'''
+
+
+@pytest.fixture
+def fit_script(tmp_path) -> tuple[dict, Path]:
+    """The script in `code/sub/`, and the environment the trainer gives it (the trainer on its path)."""
+    (tmp_path / "code" / "sub").mkdir(parents=True)
+    (tmp_path / "code" / "sub" / "fit_probe.py").write_text(FIT_SCRIPT)
+    return trainer_env(PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2",
+                       READY_FILE=str(tmp_path / "ready")), tmp_path / "code"
+
+
+@pytest.mark.parametrize("mode", ["exit", "raise"])
+def test_a_served_script_runs_as_the_plain_one(server, fit_script, mode):
+    env, code = fit_script
+    seen = {}
+    for via, python in (("plain", sys.executable), ("served", trainer_server.script_launcher(server))):
+        p = subprocess.run([python, "sub/fit_probe.py", mode, "two words"], cwd=code, env=env, capture_output=True,
+                           text=True, timeout=120)
+        facts = json.loads(p.stdout.splitlines()[0])
+        seen[via] = (p.returncode, facts, p.stdout.splitlines()[1:], p.stderr)
+    (plain_rc, plain, plain_out, plain_err), (rc, served, out, err) = seen["plain"], seen["served"]
+    # Served: forked from the server, TensorFlow already imported; plain: the interpreter's own process.
+    assert served.pop("tensorflow") and not plain.pop("tensorflow")
+    assert served.pop("ppid") == trainer_server._server[0].pid != plain.pop("ppid")
+    served.pop("pid"), plain.pop("pid")
+    assert served == plain
+    assert plain["argv"] == ["sub/fit_probe.py", mode, "two words"] and plain["path0"] == str(code / "sub")
+    assert plain["file"] == str(code / "sub" / "fit_probe.py") and plain["name"] == "__main__"
+    assert (rc, out, err) == (plain_rc, plain_out, plain_err)
+    assert rc == (4 if mode == "exit" else 1)
+    assert err == "to stderr\n" if mode == "exit" else err.endswith("ValueError: the script's own error\n"), err
+
+
+@pytest.mark.parametrize(("mode", "code"), [("term", 143), ("wait", -signal.SIGTERM)])
+def test_a_signal_to_a_served_scripts_launcher_has_the_plain_verdict(server, fit_script, tmp_path, mode, code):
+    env, folder = fit_script
+    for python in (sys.executable, trainer_server.script_launcher(server)):
+        (tmp_path / "ready").unlink(missing_ok=True)
+        proc = subprocess.Popen([python, "sub/fit_probe.py", mode], cwd=folder, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, preexec_fn=_default_signals)
+        try:
+            wait_for(lambda: (tmp_path / "ready").exists(), 60, "the script to start")
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        finally:
+            proc.kill()
+            proc.communicate()
+        assert proc.returncode == code, (python, proc.returncode)
+
+
+def test_a_script_the_server_cannot_serve_runs_the_plain_interpreter(server, fit_script, tmp_path):
+    env, code = fit_script
+    launcher = trainer_server.script_launcher(server)
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("")  # the interpreter's start-up imports it
+    for argv, extra in (([launcher, "sub/fit_probe.py", "exit"], {"TF_USE_LEGACY_KERAS": "1"}),  # read at import
+                        ([launcher, "sub/fit_probe.py", "exit"], {"PYTHONPATH": f"{tmp_path / 'site'}:{REPO}"}),
+                        ([launcher, "-u", "sub/fit_probe.py", "exit"], {})):  # an option of the interpreter's
+        p = subprocess.run(argv, cwd=code, env={**env, **extra}, capture_output=True, text=True, timeout=120)
+        facts = json.loads(p.stdout.splitlines()[0])
+        assert p.returncode == 4 and facts["argv"] == ["sub/fit_probe.py", "exit"], p.stderr
+        assert not facts["tensorflow"] and facts["ppid"] == os.getpid(), extra  # the launcher became it (exec)
+
+
+@pytest.mark.parametrize("given", ["after --", "TRAINSTACK_COMMAND"])  # a laptop's run, a machine's
+def test_a_served_script_mode_trainer_serves_its_script_and_it_ends_with_the_trainer(server, fit_script, tmp_path,
+                                                                                      given):
+    env, code = fit_script
+    command = ["python", "sub/fit_probe.py", "wait"]
+    args = ["--run-uri", f"file://{tmp_path}/run", "--code-dir", str(code)]
+    if given == "after --":
+        args += ["--", *command]
+    else:
+        env = {**env, "TRAINSTACK_COMMAND": json.dumps(command)}
+    argv, env = trainer_server.command("trainer", args), {**env, trainer_server.SOCKET_VAR: server}
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (tmp_path / "ready").exists(), 120, "the trainer's script to start")
+        script = int((tmp_path / "ready").read_text())
+        with open(f"/proc/{script}/status") as f:
+            ppid = int(next(line.split()[1] for line in f if line.startswith("PPid:")))
+        assert ppid == trainer_server._server[0].pid  # forked from the server: served
+        proc.kill()  # the trainer's launcher: the server kills the trainer, its script's launcher dies with it
+        proc.wait(timeout=30)
+        wait_for(lambda: not _alive(script), 30, "the served script to end with its trainer")
+    finally:
+        proc.kill()
+        proc.communicate()
