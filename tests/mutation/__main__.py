@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SCRATCH = ROOT / "build" / "mutation"
 # The packages a test may import: copied into mutmut's `mutants/` folder (only `mutate` is mutated).
-SOURCES = ["trainer", "components", "ops", "policy"]
+SOURCES = ["trainer", "components", "ops", "policy", "runfolder", "controller"]
 # What the tests read besides the packages (templates, stacks, examples, the pack's manifest).
 ALSO_COPY = ["devtools", "userdata", "stacks", "examples", "bench", "docs", "Pulumi.yaml", "__main__.py", "README.md",
              "requirements.txt", "requirements-dev.txt"]
@@ -116,7 +116,10 @@ TARGETS: dict[str, Target] = {
          "tests/runfolder/test_cost.py"],
         extra=["-m", "not slow"]),
     "runs": Target(
-        ["ops/runs.py"], ["tests/ops/test_runs.py", "tests/ops/test_catch_runs.py"], extra=["-m", "not slow"]),
+        ["ops/runs.py"], ["tests/ops/test_runs.py", "tests/ops/test_catch_runs.py", "tests/ops/test_catch_runs_commands.py"],
+        extra=["-m", "not slow"]),
+    # The operator's other commands, each over a local store, in-memory groups or moto in this process.
+    "move": Target(["ops/move.py"], ["tests/ops/test_catch_move.py"], extra=["-m", "not slow"]),
 }
 
 
