@@ -120,6 +120,8 @@ TARGETS: dict[str, Target] = {
         extra=["-m", "not slow"]),
     # The operator's other commands, each over a local store, in-memory groups or moto in this process.
     "move": Target(["ops/move.py"], ["tests/ops/test_catch_move.py"], extra=["-m", "not slow"]),
+    # The plan's text from figures given by the test: the synth tests run Pulumi's mock runtime (see plugin.py).
+    "plan": Target(["ops/plan.py"], ["tests/ops/test_catch_plan.py"]),
 }
 
 
