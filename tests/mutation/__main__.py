@@ -122,6 +122,7 @@ TARGETS: dict[str, Target] = {
     "move": Target(["ops/move.py"], ["tests/ops/test_catch_move.py"], extra=["-m", "not slow"]),
     # The plan's text from figures given by the test: the synth tests run Pulumi's mock runtime (see plugin.py).
     "plan": Target(["ops/plan.py"], ["tests/ops/test_catch_plan.py"]),
+    "hosts": Target(["ops/hosts.py"], ["tests/ops/test_catch_hosts.py"]),
 }
 
 

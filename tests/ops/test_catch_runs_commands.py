@@ -510,7 +510,8 @@ def test_the_commands_refuse_what_they_do_not_take(capsys, argv, error):
               "--checkpoint also the newest committed checkpoint",
               "--outputs also what a script wrote to fit.output_dir() (outputs/), to DEST/outputs/"]),
 ])
-def test_each_commands_help_says_what_each_flag_does(capsys, command, helps):
+def test_each_commands_help_says_what_each_flag_does(capsys, monkeypatch, command, helps):
+    monkeypatch.setenv("COLUMNS", "200")  # one line per flag: argparse wraps at hyphens
     with pytest.raises(SystemExit):
         main(["--help"])
     overview = " ".join(capsys.readouterr().out.split())
