@@ -123,6 +123,8 @@ TARGETS: dict[str, Target] = {
     # The plan's text from figures given by the test: the synth tests run Pulumi's mock runtime (see plugin.py).
     "plan": Target(["ops/plan.py"], ["tests/ops/test_catch_plan.py"]),
     "hosts": Target(["ops/hosts.py"], ["tests/ops/test_catch_hosts.py"]),
+    # `ops synth` with the program's run replaced by a given result (the mock runtime hangs in mutmut's workers).
+    "synth": Target(["ops/synth.py"], ["tests/ops/test_catch_synth.py"]),
 }
 
 
