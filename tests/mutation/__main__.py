@@ -125,6 +125,18 @@ TARGETS: dict[str, Target] = {
     "hosts": Target(["ops/hosts.py"], ["tests/ops/test_catch_hosts.py"]),
     # `ops synth` with the program's run replaced by a given result (the mock runtime hangs in mutmut's workers).
     "synth": Target(["ops/synth.py"], ["tests/ops/test_catch_synth.py"]),
+    "status": Target(
+        ["ops/status.py"],
+        ["tests/ops/test_status.py", "tests/ops/test_status_heartbeat.py", "tests/ops/test_status_readers_properties.py",
+         "tests/ops/test_status_signature.py", "tests/ops/test_runstate_details.py", "tests/ops/test_catch_status.py"],
+        extra=["-m", "not slow"]),
+    # AWS through moto in this process, GCP through test_preflight.py's fake API.
+    "preflight": Target(
+        ["ops/preflight/aws.py", "ops/preflight/gcp.py", "ops/preflight/common.py", "ops/preflight/__init__.py"],
+        ["tests/ops/test_preflight.py", "tests/ops/test_preflight_network.py",
+         "tests/ops/test_catch_preflight_routes.py", "tests/ops/test_catch_gcp_aws.py",
+         "tests/ops/test_catch_preflight.py"],
+        extra=["-m", "not slow"]),
 }
 
 

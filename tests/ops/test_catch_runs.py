@@ -128,3 +128,27 @@ def test_stop_names_the_state_of_a_run_that_has_ended(tmp_path):
         runs.request_stop(uri)
     assert str(e.value).startswith("the run has already ended: COMPLETE")
     assert "None" not in str(e.value) and "XX" not in str(e.value)
+
+
+def test_each_runs_folder_is_listed_on_its_own_and_one_emptied_meanwhile_is_left_out(tmp_path):
+    bucket, now = f"file://{tmp_path}/bucket", time.time()
+    _run(bucket, "a", {name: 10.0 for name in FILES}, now)
+    _run(bucket, "b", {name: 20.0 for name in FILES}, now)
+
+    class Emptied:
+        """The bucket's store, whose listing of folders still names a run deleted since."""
+
+        def __init__(self, store) -> None:
+            self.store, self.uri = store, store.uri
+
+        def folders(self, prefix: str) -> list[str]:
+            return [*self.store.folders(prefix), prefix + "gone/"]
+
+        def stat(self, prefix: str = "") -> dict:
+            return self.store.stat(prefix)
+
+    listed = runs.run_listings(Emptied(open_store(bucket)))
+
+    assert sorted(listed) == ["a", "b"]
+    assert sorted(listed["a"]) == sorted(FILES)
+    assert runs.changed_at(listed["b"]) == pytest.approx(now - 20.0, abs=0.01)
