@@ -152,3 +152,74 @@ def test_each_runs_folder_is_listed_on_its_own_and_one_emptied_meanwhile_is_left
     assert sorted(listed) == ["a", "b"]
     assert sorted(listed["a"]) == sorted(FILES)
     assert runs.changed_at(listed["b"]) == pytest.approx(now - 20.0, abs=0.01)
+
+
+# -- a run read through its listing ------------------------------------------------------
+
+
+class _Counting:
+    """A run folder's view that counts what is fetched."""
+
+    def __init__(self, uri: str, data: dict[str, bytes]) -> None:
+        self.uri, self.data, self.fetched = uri, data, []
+
+    def get_bytes(self, key: str) -> bytes:
+        self.fetched.append(key)
+        return self.data[key]
+
+
+def _info(size: int, second: int):
+    from datetime import UTC, datetime
+
+    from runfolder.storage.base import ObjectInfo
+
+    return ObjectInfo(size, datetime(2026, 12, 4, 10, 0, second, tzinfo=UTC))
+
+
+def test_an_unchanged_object_is_fetched_once_between_refreshes():
+    view = _Counting("s3://b/runs/r", {"progress.json": b"{}", "events.jsonl": b"e"})
+    objects: dict = {}
+    keys = {"progress.json": _info(2, 1), "events.jsonl": _info(1, 1)}
+    first = runs.Listed(view, keys, objects)
+    assert (first.get_bytes("progress.json"), first.get_bytes("events.jsonl")) == (b"{}", b"e")
+    assert sorted(objects) == ["s3://b/runs/r/events.jsonl", "s3://b/runs/r/progress.json"]
+    # The next refresh: progress.json rewritten (a new time), events.jsonl as it was.
+    view.data["progress.json"] = b'{"step": 1}'
+    again = runs.Listed(view, {"progress.json": _info(11, 2), "events.jsonl": _info(1, 1)}, objects)
+    assert (again.get_bytes("progress.json"), again.get_bytes("events.jsonl")) == (b'{"step": 1}', b"e")
+    assert view.fetched == ["progress.json", "events.jsonl", "progress.json"]
+    # Without a cache every read fetches.
+    plain = runs.Listed(view, keys)
+    plain.get_bytes("events.jsonl")
+    plain.get_bytes("events.jsonl")
+    assert view.fetched[3:] == ["events.jsonl", "events.jsonl"]
+
+
+def test_an_object_over_the_cache_limit_is_fetched_each_time():
+    view = _Counting("s3://b/runs/r", {"at": b"a", "over": b"o"})
+    objects: dict = {}
+    listed = runs.Listed(view, {"at": _info(runs.CACHED_BYTES, 1), "over": _info(runs.CACHED_BYTES + 1, 1)}, objects)
+    for _ in range(2):
+        listed.get_bytes("at")
+        listed.get_bytes("over")
+    assert view.fetched == ["at", "over", "over"]
+    assert list(objects) == ["s3://b/runs/r/at"]
+
+
+def test_a_key_the_listing_lacks_is_not_asked_for():
+    from runfolder.storage import NotFound
+
+    view = _Counting("s3://b/runs/r", {"late": b"written after the listing"})
+    listed = runs.Listed(view, {"COMPLETE": _info(3, 1)}, {})
+    with pytest.raises(NotFound, match="^late$"):
+        listed.get_bytes("late")
+    assert view.fetched == [] and listed.exists("COMPLETE") and not listed.exists("late")
+    assert listed.list("") == ["COMPLETE"] and listed.stat("C") == {"COMPLETE": _info(3, 1)} and listed.stat("x") == {}
+
+
+def test_a_run_in_a_bucket_whose_names_end_in_x_keeps_its_whole_uri(tmp_path):
+    bucket, now = f"file://{tmp_path}/bucketX", time.time()
+    _run(bucket, "runX", {name: 5.0 for name in FILES}, now)
+    [listed] = runs.list_runs(bucket, now=now)
+    assert (listed["id"], listed["uri"]) == ("runX", f"{bucket}/runs/runX")
+    assert runs.bucket_uri_of(f"{bucket}/runs/X") == bucket

@@ -248,21 +248,29 @@ def test_runs_table_shows_each_runs_figures_in_their_columns(tmp_path, capsys, w
     assert rows["n"][:6] == ["n", runstate.NOT_STARTED, "-", "1m 30s", "0", "-"]
     assert rows["p"][2] == "7" and rows["p"][5] == "$4,321.00"
     assert plain.splitlines()[-1] == f"cost: machine time x nodes x {note}"
+    assert out.splitlines()[-1].startswith("\x1b[2mcost: ")  # the note is dim: a footnote, not a figure
     # Each state in its colour.
     assert "\x1b[1;31mFAILED" in out and f"\x1b[2m{runstate.NOT_STARTED}" in out
 
 
 def test_runs_aligns_numbers_right_and_words_left(tmp_path, capsys, wide):
+    from tests.ops.test_status import iso
+
     _run(tmp_path, "failed", "a-long-run-name")
-    _run(tmp_path, "not_started", "n")
+    uri, store = _run(tmp_path, "not_started", "n")
+    events = [{"event": "started", "time": iso(7200), "attempt": 1, "workers": 1,
+               "config": {"price_per_hour": 4321.0}},
+              {"event": "preempted", "time": iso(3600), "attempt": 1, "step": 0}]
+    store.put_bytes("events.jsonl", "".join(json.dumps(e) + "\n" for e in events).encode())
     assert main(["runs", "--bucket-uri", f"file://{tmp_path}/bucket"]) == 0
     lines = {ln.strip("│").split("│")[0].strip(): ln for ln in ANSI.sub("", capsys.readouterr().out).splitlines()
              if ln.startswith("│") and ln.strip("│").split("│")[0].strip()}
     long, short = lines["a-long-run-name"], lines["n"]
     # Left: the cells start at the same column; right: they end at the same column.
-    for cell_long, cell_short in [("a-long-run-name", "n"), ("FAILED", runstate.NOT_STARTED)]:
+    for cell_long, cell_short in [("a-long-run-name", "n"), ("FAILED", runstate.STOPPED)]:
         assert long.index(cell_long) == short.index(cell_short)
-    for cell_long, cell_short in [("400/1000", "-"), ("2 │", "0 │")]:
+    assert "$4,321.00" in short and " - │" in long
+    for cell_long, cell_short in [("400/1000", "-"), ("2 │", "1 │"), ("- │", "$4,321.00 │")]:
         assert long.index(cell_long) + len(cell_long) == short.index(cell_short) + len(cell_short)
 
 
@@ -281,6 +289,13 @@ def test_runs_json_is_the_listing(tmp_path, capsys):
     assert main(["runs", "--bucket-uri", f"file://{tmp_path}/bucket/", "--json"]) == 0
     [r] = json.loads(capsys.readouterr().out)
     assert (r["id"], r["uri"], r["state"], r["step"], r["total"], r["attempts"]) == ("r", uri, "RUNNING", 400, 1000, 2)
+
+
+def test_runs_of_a_bucket_whose_name_ends_in_x(tmp_path, capsys):
+    uri = f"file://{tmp_path}/archiveX/runs/r"
+    build("running", open_store(uri), tmp_path / "build")
+    assert main(["runs", "--bucket-uri", f"file://{tmp_path}/archiveX/", "--json"]) == 0
+    assert [r["uri"] for r in json.loads(capsys.readouterr().out)] == [uri]
 
 
 def test_an_empty_bucket_says_where_it_looked(tmp_path, capsys):
