@@ -223,3 +223,63 @@ def test_a_run_in_a_bucket_whose_names_end_in_x_keeps_its_whole_uri(tmp_path):
     [listed] = runs.list_runs(bucket, now=now)
     assert (listed["id"], listed["uri"]) == ("runX", f"{bucket}/runs/runX")
     assert runs.bucket_uri_of(f"{bucket}/runs/X") == bucket
+
+
+class _Recording:
+    """The bucket's store, recording each object fetched through it."""
+
+    def __init__(self, store) -> None:
+        self.store, self.uri, self.fetched = store, store.uri, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    def get_bytes(self, key: str) -> bytes:
+        self.fetched.append(key)
+        return self.store.get_bytes(key)
+
+
+def test_the_listing_reads_every_run_through_the_buckets_one_client_and_no_checkpoint_marker(tmp_path, monkeypatch):
+    from runfolder import storage
+    from tests.ops.test_status import build
+
+    bucket = f"file://{tmp_path}/bucket"
+    build("resumed", open_store(f"{bucket}/runs/r"), tmp_path / "build")
+    opened = []
+    real = storage.open_store
+    monkeypatch.setattr(storage, "open_store", lambda uri: opened.append(_Recording(real(uri))) or opened[-1])
+
+    [run] = runs.list_runs(bucket)
+
+    assert (run["state"], run["step"]) == ("RUNNING", 400)
+    assert [s.uri for s in opened] == [bucket]  # one client for the bucket, none per run
+    fetched = opened[0].fetched
+    assert "runs/r/progress.json" in fetched and "runs/r/events.jsonl" in fetched
+    assert not [k for k in fetched if k.endswith("/COMMITTED")]  # a listing shows no checkpoint's time
+
+
+def test_the_listing_judges_each_run_at_the_time_it_is_given(tmp_path):
+    from tests.ops.test_status import build
+
+    bucket = f"file://{tmp_path}/bucket"
+    build("running", open_store(f"{bucket}/runs/r"), tmp_path / "build")
+    [now] = runs.list_runs(bucket)
+    [later] = runs.list_runs(bucket, now=time.time() + 6 * 3600)
+    assert (now["state"], later["state"]) == ("RUNNING", "STOPPED")  # a local run six hours silent
+    assert later["age_seconds"] >= 6 * 3600 - 60
+
+
+def test_sixteen_runs_are_read_at_once(tmp_path):
+    import threading
+
+    bucket = f"file://{tmp_path}/bucket"
+    for i in range(runs.READERS):
+        open_store(f"{bucket}/runs/r{i:02d}").put_bytes("progress.json", b"{}")
+    together = threading.Barrier(runs.READERS, timeout=20)
+
+    def read(run_id, _view, _keys, _changed):
+        together.wait()  # every reader in flight before any returns
+        return run_id
+
+    assert sorted(runs.read_runs(open_store(bucket), read)) == [f"r{i:02d}" for i in range(runs.READERS)]
+    assert runs.READERS == 16

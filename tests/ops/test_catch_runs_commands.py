@@ -536,3 +536,26 @@ def test_each_commands_help_says_what_each_flag_does(capsys, monkeypatch, comman
     assert helps[0] in overview
     for line in helps[1:]:
         assert line in text, line
+
+
+def test_pull_fetches_only_the_model_unless_asked_and_makes_the_folders_on_the_way(tmp_path):
+    uri, store = _run(tmp_path, "complete")
+    _model(store)
+    store.put_bytes("outputs/a.txt", b"a")
+    dest = tmp_path / "a" / "b" / "out"
+    assert runs.pull(uri, dest) == {"state": "COMPLETE", "model": {"path": str(dest / "model"), "files": 2}}
+    assert [p.name for p in dest.iterdir()] == ["model"]
+
+
+def test_a_partial_folder_left_by_an_earlier_pull_is_not_mixed_in(tmp_path):
+    import os
+
+    uri, store = _run(tmp_path, "complete")
+    _model(store)
+    dest = tmp_path / "out"
+    stale = dest / f".model.partial-{os.getpid()}"  # a pull killed before it renamed its folder
+    (stale / "variables").mkdir(parents=True)
+    (stale / "variables" / "old-shard").write_bytes(b"from another model")
+    runs.pull(uri, dest)
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == [
+        "model/saved_model.pb", "model/variables/v0"]
