@@ -184,7 +184,7 @@ def test_a_config_that_is_not_the_controllers_document_is_refused(groups, tmp_pa
 
 def test_run_uri_moves_another_run_of_the_stack(groups, run, tmp_path, capsys):
     uri, store, config = run
-    other = f"file://{tmp_path}/bucket/runs/other"
+    other = f"file://{tmp_path}/bucket/runs/otherX"
     trained(open_store(other), step=7, last_beat=time.time() - 5)
     assert main(["move", "--config", str(config), "--run-uri", other + "/", "--to", "1"]) == 0
     assert capsys.readouterr().out.startswith(f"moved {other} from 0 (aws us-east-1) to 1 (aws us-west-2); "
@@ -279,3 +279,21 @@ def test_move_arguments_are_checked_before_anything_is_read(groups, capsys, argv
     assert e.value.code == 2
     assert error in capsys.readouterr().err
     assert groups.made == []
+
+
+def test_move_help_says_what_each_flag_does(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # one line per flag: argparse wraps at hyphens
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "move the run to another placement of its stack (region or cloud)" in " ".join(
+        capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
+        main(["move", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for line in ["--stack STACK stack name: the placements come from its outputs (pulumi CLI)",
+                 "--config CONFIG the controller's configuration document (JSON file)",
+                 "--to TO the placement: its index, region, or cloud:region",
+                 "--run-uri RUN_URI another run of the stack (default: the configuration's run)",
+                 "--reason REASON why, recorded with the move",
+                 "--wait WAIT seconds to wait for the old placement's lease to expire (default: 90.0)"]:
+        assert line in text, line
