@@ -1,0 +1,152 @@
+"""`ops preflight`'s own part: how the checks are run, named and printed, for each placement.
+
+`tests/ops/test_preflight.py` asks moto and a fake GCP API what each check finds; here the
+per-cloud checks are replaced by recorders, so what `ops/preflight/__init__.py` and
+`common.py` add is compared whole: which cloud, region and project each placement is checked
+in (home's bucket and data only at home), the prefix a placement's problem gets, a check that
+cannot run, each line printed and the exit status.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from components.project import STACKS_DIR
+from ops import preflight
+from ops.__main__ import OpsParser, main
+from ops.preflight.common import Problem, run_checks
+
+
+def test_a_problem_is_one_line_with_its_fix():
+    assert Problem("the vCPU quota is 0", "ask for 8").line() == "the vCPU quota is 0; fix: ask for 8"
+
+
+def test_each_check_runs_and_one_that_cannot_is_a_problem_naming_it():
+    ran = []
+
+    def ok(name, found):
+        def check():
+            ran.append(name)
+            return found
+        return check
+
+    def broken():
+        ran.append("broken")
+        raise PermissionError("AccessDenied")
+
+    problems = run_checks([("quota", ok("quota", [Problem("a", "x")])), ("zones", broken),
+                           ("image", ok("image", [Problem("b", "y"), Problem("c", "z")]))],
+                          lambda e: f"{type(e).__name__}: {e}")
+    assert ran == ["quota", "broken", "image"]
+    assert problems == [Problem("a", "x"),
+                        Problem("could not check zones: PermissionError: AccessDenied",
+                                "check the credentials (and their region/project) and run preflight again"),
+                        Problem("b", "y"), Problem("c", "z")]
+    assert run_checks([], str) == []
+
+
+@pytest.fixture
+def checks(monkeypatch):
+    """The per-cloud checks, recording (cloud, region, project, home, session or api) and finding one problem each."""
+    seen = []
+
+    def aws(settings, session=None, *, home=True):
+        seen.append(("aws", settings.region, home, session))
+        return [Problem(f"aws {settings.region}", "fix aws")]
+
+    def gcp(settings, api=None, *, home=True):
+        seen.append(("gcp", settings.region, settings.project, home, api))
+        return [Problem(f"gcp {settings.region}", "fix gcp")]
+
+    monkeypatch.setattr(preflight, "check_aws", aws)
+    monkeypatch.setattr(preflight, "check_gcp", gcp)
+    return seen
+
+
+def _settings(stack: str):
+    from ops import synth
+
+    return synth.load_source(STACKS_DIR / f"Pulumi.{stack}.yaml").settings
+
+
+def test_each_placement_is_checked_in_its_cloud_and_region_and_named_in_its_problems(checks):
+    session, api = object(), object()
+    problems = preflight.check(_settings("gcp-aws"), aws_session=session, gcp_api=api)
+    settings = _settings("gcp-aws")
+    assert checks == [("gcp", "us-central1", settings.project, True, api), ("aws", "us-east-1", False, session)]
+    assert problems == [Problem("gcp us-central1", "fix gcp"),
+                        Problem("placements[1] (aws us-east-1): aws us-east-1", "fix aws")]
+
+
+def test_a_stack_of_one_cloud_checks_home_then_each_other_region(checks):
+    problems = preflight.check(_settings("regions"))
+    assert checks == [("aws", "us-east-1", True, None), ("aws", "us-west-2", False, None)]
+    assert [p.line() for p in problems] == ["aws us-east-1; fix: fix aws",
+                                            "placements[1] (aws us-west-2): aws us-west-2; fix: fix aws"]
+
+
+def test_preflight_prints_each_problem_then_a_summary_and_exits_1(checks, capsys):
+    assert main(["preflight", "--stack", "regions"]) == 1
+    assert capsys.readouterr() == (
+        "aws us-east-1; fix: fix aws\n"
+        "placements[1] (aws us-west-2): aws us-west-2; fix: fix aws\n"
+        "preflight regions: 2 problem(s); `pulumi up` would not start a machine as asked\n", "")
+
+
+def test_a_clean_stack_says_ok_with_its_cloud_and_region(monkeypatch, capsys):
+    monkeypatch.setattr(preflight, "check_gcp", lambda settings, api=None, *, home=True: [])
+    monkeypatch.setattr(preflight, "check_aws", lambda settings, session=None, *, home=True: [])
+    assert main(["preflight", "--stack", "gcp-dev"]) == 0
+    assert capsys.readouterr() == ("preflight gcp-dev: ok (gcp, us-central1)\n", "")
+
+
+def test_the_session_and_api_reach_the_checks(checks, capsys):
+    import argparse
+
+    session, api = object(), object()
+    args = argparse.Namespace(stack="gcp-aws", stacks_dir=str(STACKS_DIR))
+    assert preflight.cmd_preflight(args, aws_session=session, gcp_api=api) == 1
+    assert [c[-1] for c in checks] == [api, session]
+
+
+def test_no_stack_file_is_one_line_naming_it(checks, tmp_path, capsys):
+    assert main(["preflight", "--stack", "nope", "--stacks-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr() == ("", f"ops preflight: no stack file {tmp_path / 'Pulumi.nope.yaml'}\n")
+    (tmp_path / "Pulumi.dir.yaml").mkdir()
+    assert main(["preflight", "--stack", "dir", "--stacks-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"ops preflight: no stack file {tmp_path / 'Pulumi.dir.yaml'}\n"
+    assert checks == []
+
+
+def test_a_bad_stack_is_its_config_line_and_nothing_is_checked(checks, tmp_path, capsys):
+    (tmp_path / "Pulumi.bad.yaml").write_text("config:\n  trainstack:cloud: aws\n  trainstack:regoin: x\n")
+    assert main(["preflight", "--stack", "bad", "--stacks-dir", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1 and "trainstack:" in err
+    assert checks == []
+
+
+def test_the_stack_is_read_under_its_own_name(checks, tmp_path, capsys):
+    (tmp_path / "Pulumi.mine.yaml").write_text((STACKS_DIR / "Pulumi.dev.yaml").read_text())
+    assert main(["preflight", "--stack", "mine", "--stacks-dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.splitlines()[-1].startswith("preflight mine: 1 problem(s)")
+
+
+def test_preflight_arguments(capsys, monkeypatch):
+    parser = OpsParser(prog="python -m ops")
+    preflight.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["preflight", "--stack", "dev"])
+    assert (args.func, args.stacks_dir) == (preflight.cmd_preflight, str(STACKS_DIR))
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["preflight", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--stack STACK stack name: stacks/Pulumi.<NAME>.yaml" in text
+    assert f"--stacks-dir STACKS_DIR folder of the stack files (default: {STACKS_DIR})" in text
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    assert "check quotas, zones, image, bucket (AWS) or GPU quota, APIs (GCP) first" in " ".join(
+        capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["preflight"])
+    assert "the following arguments are required: --stack" in capsys.readouterr().err
