@@ -285,8 +285,7 @@ def test_move_help_says_what_each_flag_does(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # one line per flag: argparse wraps at hyphens
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert "move the run to another placement of its stack (region or cloud)" in " ".join(
-        capsys.readouterr().out.split())
+    assert " move the run to another placement of its stack (region or cloud) " in " ".join(capsys.readouterr().out.split()) + " "
     with pytest.raises(SystemExit):
         main(["move", "--help"])
     text = " ".join(capsys.readouterr().out.split())

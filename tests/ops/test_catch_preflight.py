@@ -145,8 +145,7 @@ def test_preflight_arguments(capsys, monkeypatch):
     assert f"--stacks-dir STACKS_DIR folder of the stack files (default: {STACKS_DIR})" in text
     with pytest.raises(SystemExit):
         parser.parse_args(["--help"])
-    assert "check quotas, zones, image, bucket (AWS) or GPU quota, APIs (GCP) first" in " ".join(
-        capsys.readouterr().out.split())
+    assert " check quotas, zones, image, bucket (AWS) or GPU quota, APIs (GCP) first " in " ".join(capsys.readouterr().out.split()) + " "
     with pytest.raises(SystemExit):
         parser.parse_args(["preflight"])
     assert "the following arguments are required: --stack" in capsys.readouterr().err

@@ -283,3 +283,42 @@ def test_sixteen_runs_are_read_at_once(tmp_path):
 
     assert sorted(runs.read_runs(open_store(bucket), read)) == [f"r{i:02d}" for i in range(runs.READERS)]
     assert runs.READERS == 16
+
+
+def test_sixteen_run_folders_are_listed_at_once(tmp_path):
+    import threading
+
+    bucket = f"file://{tmp_path}/bucket"
+    for i in range(runs.READERS):
+        open_store(f"{bucket}/runs/r{i:02d}").put_bytes("progress.json", b"{}")
+    together = threading.Barrier(runs.READERS, timeout=20)
+
+    class Slow:
+        """The bucket's store, whose listing of a run's folder waits until every one is asked for."""
+
+        def __init__(self, store) -> None:
+            self.store, self.uri = store, store.uri
+
+        def folders(self, prefix: str) -> list[str]:
+            return self.store.folders(prefix)
+
+        def stat(self, prefix: str = "") -> dict:
+            together.wait()
+            return self.store.stat(prefix)
+
+    assert sorted(runs.run_listings(Slow(open_store(bucket)))) == [f"r{i:02d}" for i in range(runs.READERS)]
+
+
+def test_a_runs_folder_answers_as_a_store_of_its_own(tmp_path):
+    bucket = f"file://{tmp_path}/bucket"
+    store = open_store(bucket)
+    store.put_bytes("runs/r/progress.json", b"{}")
+    store.put_bytes("runs/r/checkpoints/ckpt-1/COMMITTED", b"{}")
+    store.put_bytes("runs/other/progress.json", b"[]")
+    view = runs.run_view(store, "r")
+    assert view.uri == f"{bucket}/runs/r"
+    assert view.list() == ["checkpoints/ckpt-1/COMMITTED", "progress.json"] == sorted(view.stat())
+    assert view.list("checkpoints/") == ["checkpoints/ckpt-1/COMMITTED"]
+    assert view.exists("progress.json") and not view.exists("events.jsonl") and view.get_bytes("progress.json") == b"{}"
+    listed = runs.Listed(view, view.stat())
+    assert listed.list() == view.list() and sorted(listed.stat()) == view.list()

@@ -109,11 +109,12 @@ def test_stop_again_says_when_it_was_first_asked(tmp_path, capsys):
      "FAILED  the trainer failed 5 times in a row"),
     (layout.TIMED_OUT, {"outcome": "TIMED_OUT", "reason": "the run's deadline passed", "step": 130}, 1,
      "TIMED_OUT  the run's deadline passed"),
+    (layout.FAILED, {"outcome": "FAILED"}, 1, "FAILED"),  # a marker with no reason: the state alone
 ])
 def test_stop_wait_ends_with_the_runs_end_and_its_exit_status(tmp_path, capsys, marker, doc, rc, last):
     uri, store = _run(tmp_path, "running")
     t = _ends_once_asked(store, marker, doc)
-    got = main(["stop", "--run-uri", uri, "--wait", "--interval", "0.05", "--timeout", "30"])
+    got = main(["stop", "--run-uri", uri, "--wait", "--interval", "0.05", "--timeout", "10"])
     t.join()
     out, err = capsys.readouterr()
     assert (got, err) == (rc, "")
@@ -132,7 +133,7 @@ def test_stop_wait_ending_complete_is_success(tmp_path, capsys):
 
     t = threading.Thread(target=trainer, daemon=True)
     t.start()
-    assert main(["stop", "--run-uri", uri, "--wait", "--interval", "0.05", "--timeout", "30"]) == 0
+    assert main(["stop", "--run-uri", uri, "--wait", "--interval", "0.05", "--timeout", "10"]) == 0
     t.join()
     assert capsys.readouterr().out.splitlines()[-1].startswith("COMPLETE")
 
@@ -157,6 +158,13 @@ def test_stop_refuses_an_ended_run_with_its_detail(tmp_path, capsys, kind):
     detail = {"complete": f"COMPLETE  model in {uri}/model/",
               "failed": "FAILED  the trainer failed 5 times in a row (last exit 1)"}[kind]
     assert (out, err.splitlines()) == ("", [f"ops stop: the run has already ended: {detail}"])
+
+
+def test_stop_refuses_an_ended_run_without_a_reason_with_its_state_alone(tmp_path, capsys):
+    uri, store = _run(tmp_path, "running")
+    store.put_bytes(layout.FAILED, b'{"outcome": "FAILED"}')
+    assert main(["stop", "--run-uri", uri]) == 2
+    assert capsys.readouterr() == ("", "ops stop: the run has already ended: FAILED\n")
 
 
 def test_stop_through_a_stack_that_pulumi_cannot_read_is_one_line(tmp_path, monkeypatch, capsys):
@@ -533,7 +541,7 @@ def test_each_commands_help_says_what_each_flag_does(capsys, monkeypatch, comman
     with pytest.raises(SystemExit):
         main([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert helps[0] in overview
+    assert f" {helps[0]} " in overview + " "  # the whole sentence, nothing added around it
     for line in helps[1:]:
         assert line in text, line
 
@@ -559,3 +567,12 @@ def test_a_partial_folder_left_by_an_earlier_pull_is_not_mixed_in(tmp_path):
     runs.pull(uri, dest)
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == [
         "model/saved_model.pb", "model/variables/v0"]
+
+
+def test_pull_checkpoint_of_a_script_that_saved_no_model_fetches_it_and_says_why_no_model(tmp_path, capsys):
+    uri, store = _scripts_run(tmp_path, None)
+    commit(store, tmp_path / "ckpt", 10)
+    dest = tmp_path / "out"
+    assert main(["pull", "--run-uri", uri, str(dest), "--checkpoint"]) == 0
+    assert capsys.readouterr() == (f"checkpoint step 10 (3 files) -> {dest / layout.checkpoint_dir(10)}\n",
+                                   f"ops pull: no model in {uri}: {runstate.NO_SCRIPT_MODEL}\n")

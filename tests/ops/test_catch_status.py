@@ -420,8 +420,7 @@ def test_status_arguments_and_their_defaults(capsys, monkeypatch):
         assert line in text, line
     with pytest.raises(SystemExit):
         parser.parse_args(["--help"])
-    assert "where a run stands: state, progress, attempts, checkpoints, events" in " ".join(
-        capsys.readouterr().out.split())
+    assert " where a run stands: state, progress, attempts, checkpoints, events " in " ".join(capsys.readouterr().out.split()) + " "
     for argv, error in [(["status"], "one of the arguments --stack --run-uri is required"),
                         (["status", "--stack", "d", "--interval", "0"], "argument --interval: '0': must be more than 0"),
                         (["status", "--stack", "d", "--events", "-1"], "argument --events: '-1': must be 0 or more")]:

@@ -258,8 +258,7 @@ def test_synth_arguments(program, capsys, monkeypatch):
         assert line in text, line
     with pytest.raises(SystemExit):
         parser.parse_args(["--help"])
-    assert "run the Pulumi program offline under mocks and write what it would create" in " ".join(
-        capsys.readouterr().out.split())
+    assert " run the Pulumi program offline under mocks and write what it would create " in " ".join(capsys.readouterr().out.split()) + " "
     for missing in (["synth", "--out", "o"], ["synth", "--stack", "dev"]):
         with pytest.raises(SystemExit):
             parser.parse_args(missing)
