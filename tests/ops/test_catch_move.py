@@ -132,7 +132,7 @@ def test_a_run_with_no_checkpoint_resumes_from_the_start(groups, tmp_path, capsy
 
 def test_a_live_lease_leaves_the_move_recorded_and_exits_1(groups, run, capsys):
     uri, store, config = run
-    until = time.time() + 300
+    until = float(int(time.time()) + 300)  # whole seconds: the lease keeps its expiry to the millisecond
     trained(store, step=30, last_beat=time.time(), lease_released=False, lease_until=until)
     start = time.monotonic()
     rc = main(["move", "--config", str(config), "--to", "1", "--wait", "0.3"])
