@@ -61,6 +61,7 @@ def test_resources_are_counted_by_type_with_three_names_and_the_made_up_inputs()
     three = [{"type": "t", "name": n} for n in ("x", "y", "z")]
     assert plan.resources_section(three * 4, set())[1] == "  12 x t: x, y, z, … (+9)"
     assert plan.resources_section(three, set())[1] == "   3 x t: x, y, z"
+    assert plan.resources_section([*three, {"type": "t", "name": "w"}], set())[1] == "   4 x t: x, y, z, … (+1)"
 
 
 def _estimate(**kw) -> CostEstimate:
@@ -107,6 +108,19 @@ def test_the_cost_under_a_maximum_price_from_the_spot_api():
     on_demand = plan.cost_section(_estimate(spot=False, types=[TypePrice("g5.xlarge", 1.006, None, "estimate")],
                                             max_price_per_hour=0.5), 1)
     assert on_demand[3] == "Worst case: $2.012/h (the on-demand price x 2 nodes) until the runtime cap (72 h): $144.86"
+
+
+def test_every_type_without_a_recorded_price_is_named():
+    est = _estimate(types=[TypePrice("g9.huge", None, None, "estimate"), TypePrice("g9.big", None, None, "estimate")],
+                    missing=["g9.huge", "g9.big"])
+    assert "  no recorded price for g9.huge, g9.big in us-east-1; see components/prices.yaml" in plan.cost_section(est, 1)
+
+
+def test_placements_and_their_groups_must_pair_up():
+    est = _estimate(nodes=1, types=[TypePrice("g5.xlarge", 1.006, 0.4024, "estimate")])
+    rows = [_row(0, "us-east-1", Transfer(0.0, "same region"), est), _row(1, "us-west-2", Transfer(0.02, "x"), est)]
+    with pytest.raises(ValueError):
+        plan.placements_section(rows, ["only-home"], 15, "1 GB", "t")
 
 
 def test_a_type_without_a_recorded_price_is_named_and_the_worst_case_is_unknown():
@@ -183,7 +197,7 @@ def test_the_built_images_copies_are_priced_per_gb(copies, lines):
 
 def test_the_whole_plan_in_order():
     est = _estimate(nodes=1, spot=False, types=[TypePrice("g5.xlarge", 1.006, None, "estimate")])
-    resources = [{"type": "aws:s3/bucket:Bucket", "name": "bucket", "inputs": {}}]
+    resources = [{"type": "aws:s3/bucket:Bucket", "name": "bucket", "inputs": {"arn": "arn:FAKE"}}]
     outputs = {"runUri": "s3://mine/runs/dev", "ami": "ami-FAKE", "groupName": "g"}
     text = plan.render("dev", "aws", "us-east-1", resources, outputs, {"FAKE"}, est, 1, storage=["Storage: s"],
                        placements=["Placements: p"])
@@ -191,6 +205,7 @@ def test_the_whole_plan_in_order():
         "Plan for stack dev (aws, us-east-1); offline: values marked (mock) come from the fake cloud, not your account",
         "Resources (1), by type:",
         "   1 x aws:s3/bucket:Bucket: bucket",
+        "         bucket: arn=arn:FAKE (mock)",
         "Outputs:",
         "  ami        ami-FAKE (mock)",
         "  groupName  g",
