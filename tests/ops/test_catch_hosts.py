@@ -40,7 +40,7 @@ def _gcloud(bin_dir: Path, answers: dict[str, object], *, rc: int = 0, stderr: s
     bin_dir.mkdir(exist_ok=True)
     cases = []
     for i, (key, doc) in enumerate(answers.items()):
-        (bin_dir / f"answer{i}.json").write_text(json.dumps(doc))
+        (bin_dir / f"answer{i}.json").write_text("" if doc == "" else json.dumps(doc))  # "": prints nothing
         cases.append(f'  *"{key}"*) cat {bin_dir}/answer{i}.json;;')
     script = bin_dir / "gcloud"
     script.write_text("#!/bin/sh\n"
@@ -140,7 +140,8 @@ def test_an_output_that_is_not_a_name_is_missing(value):
     assert hosts.require_output({"groupName": "g"}, "groupName", "prod") == "g"
 
 
-@pytest.mark.parametrize(("uri", "cloud"), [("s3://b/runs/r", "aws"), ("gs://b/runs/r", "gcp"), ("GS://b", "gcp")])
+@pytest.mark.parametrize(("uri", "cloud"), [("s3://b/runs/r", "aws"), ("gs://b/runs/r", "gcp"), ("GS://b", "gcp"),
+                                           ("s3://b/runs/from-gs://x", "aws")])
 def test_the_cloud_comes_from_the_run_uris_scheme(uri, cloud):
     assert hosts.cloud_of(uri) == cloud
 
@@ -196,6 +197,19 @@ def test_aws_machines_are_the_groups_running_instances_oldest_first(monkeypatch)
                      hosts.Host("i-c", "3.3.3.3", "10.0.0.9", str(t2), "us-east-1b")]
 
 
+def test_an_aws_page_without_reservations_or_times_still_lists(monkeypatch):
+    client, stub = _client("ec2", monkeypatch)
+    filters = [{"Name": "tag:aws:autoscaling:groupName", "Values": ["g"]},
+               {"Name": "instance-state-name", "Values": ["running"]}]
+    stub.add_response("describe_instances", {}, {"Filters": filters})
+    with stub:
+        assert hosts.aws_hosts("g") == []
+    stub.add_response("describe_instances", {"Reservations": [{"Instances": [
+        {"InstanceId": "i-z", "LaunchTime": datetime(2026, 1, 1)}, {"InstanceId": "i-y"}]}]}, {"Filters": filters})
+    with stub:
+        assert [(h.name, h.launched) for h in hosts.aws_hosts("g")] == [("i-y", ""), ("i-z", "2026-01-01 00:00:00")]
+
+
 def test_aws_machines_that_cannot_be_listed_name_the_group(monkeypatch):
     client, stub = _client("ec2", monkeypatch)
     stub.add_client_error("describe_instances", "UnauthorizedOperation", "You are not authorized")
@@ -228,22 +242,43 @@ def test_the_aws_group_counts_machines_in_service_and_its_failures_newest_first(
     stub.add_response("describe_scaling_activities", {"Activities": [
         _activity(9, "Successful", description="Terminating an EC2 instance"),
         _activity(11, "Cancelled", message="  spaced\n  out  "),
-        _activity(13, "Failed", message=long), _activity(12, "Failed"),
+        _activity(13, "Failed", message=long),
         _activity(10, "InProgress"), _activity(8, "Successful"), _activity(7, "Failed", message="overcome")]},
         {"AutoScalingGroupName": "g", "MaxRecords": 20})
     with stub:
         state = hosts.aws_group_state("g", "us-west-2")
     assert client.regions == ["us-west-2"]
     assert (state.running, state.desired) == (2, 2)
-    assert state.launch_failures == ("13:05 " + ("x " * 99)[:197] + "...", "12:05 Launching a new EC2 instance",
-                                     "11:05 spaced out")
-    stub.add_response("describe_auto_scaling_groups", _group([]), {"AutoScalingGroupNames": ["g"]})
-    stub.add_response("describe_scaling_activities", {"Activities": [
-        _activity(i, "Failed", message=f"m{i}", description="") for i in range(1, 6)]},
-        {"AutoScalingGroupName": "g", "MaxRecords": 20})
-    with stub:
-        state = hosts.aws_group_state("g", client=client, limit=2)
-    assert state.launch_failures == ("05:05 m5", "04:05 m4")
+    # Newest first, up to the last successful launch: the failure before it was overcome.
+    assert state.launch_failures == ("13:05 " + ("x " * 99)[:197] + "...", "11:05 spaced out")
+    for limit, shown in [(None, ("05:05 m5", "04:05 m4", "03:05 Launching a new EC2 instance")),
+                         (2, ("05:05 m5", "04:05 m4"))]:
+        stub.add_response("describe_auto_scaling_groups", _group([]), {"AutoScalingGroupNames": ["g"]})
+        stub.add_response("describe_scaling_activities", {"Activities": [
+            _activity(i, "Failed", message=f"m{i}" if i != 3 else "", description="" if i != 3 else
+                      "Launching a new EC2 instance") for i in range(1, 6)]},
+            {"AutoScalingGroupName": "g", "MaxRecords": 20})
+        with stub:
+            state = hosts.aws_group_state("g", client=client, **({"limit": limit} if limit else {}))
+        assert state.launch_failures == shown
+
+
+class _Answers:
+    """An Auto Scaling client answering as the parsed API does when lists are empty (it leaves them out)."""
+
+    def __init__(self, group: dict, activities: list[dict]) -> None:
+        self.group, self.activities = group, activities
+
+    def describe_auto_scaling_groups(self, AutoScalingGroupNames):  # noqa: N803 - boto3's argument names
+        return {"AutoScalingGroups": [self.group]}
+
+    def describe_scaling_activities(self, AutoScalingGroupName, MaxRecords):  # noqa: N803
+        return {"Activities": self.activities}
+
+
+def test_a_group_without_instances_and_a_failure_without_a_time():
+    state = hosts.aws_group_state("g", client=_Answers({"DesiredCapacity": 1}, [{"StatusCode": "Failed"}]))
+    assert state == hosts.GroupState(running=0, desired=1, launch_failures=("launch failed",))
 
 
 def test_a_failure_without_any_words_or_time_still_counts(monkeypatch):
@@ -347,10 +382,51 @@ def test_the_gcp_group_reads_its_size_errors_and_running_machines(tmp_path, monk
         "compute instance-groups managed list-errors --limit=1 g --format=json"]
 
 
-def test_a_gcp_group_with_nothing_to_say_is_empty(tmp_path, monkeypatch):
-    _gcloud(tmp_path / "bin", {"describe": None, "list-errors": {"not": "a list"}, "instances list": []})
+@pytest.mark.parametrize("said", [None, ""])
+def test_a_gcp_group_with_nothing_to_say_is_empty(tmp_path, monkeypatch, said):
+    _gcloud(tmp_path / "bin", {"describe": said, "list-errors": {"not": "a list"}, "instances list": ""})
     _on_path(monkeypatch, tmp_path / "bin")
     assert hosts.gcp_group_state("g") == hosts.GroupState(running=0, desired=None, launch_failures=())
+    assert hosts.gcp_hosts("g") == []
+
+
+def test_a_gce_instance_without_a_time_or_zone_still_counts(tmp_path, monkeypatch):
+    _gcloud(tmp_path / "bin", {"instances list": [{"name": "g-aaaa"}, {"name": "g-bbbb", "zone": "europe-west4-b"}]})
+    _on_path(monkeypatch, tmp_path / "bin")
+    assert hosts.gcp_hosts("g") == [hosts.Host("g-aaaa", None, None, "", ""),
+                                    hosts.Host("g-bbbb", None, None, "", "europe-west4-b")]
+
+
+def test_gce_machines_that_cannot_be_listed_name_the_call(tmp_path, monkeypatch):
+    _gcloud(tmp_path / "bin", {}, rc=1, stderr="ERROR: (gcloud.compute.instances.list) PERMISSION_DENIED")
+    _on_path(monkeypatch, tmp_path / "bin")
+    with pytest.raises(hosts.HostsError) as e:
+        hosts.gcp_hosts("g")
+    assert str(e.value) == "gcloud compute instances list failed: ERROR: (gcloud.compute.instances.list) PERMISSION_DENIED"
+
+
+def test_a_gce_listing_that_hangs_is_stopped(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gcloud").write_text("#!/bin/sh\nexec sleep 30\n")
+    (bin_dir / "gcloud").chmod(0o755)
+    _on_path(monkeypatch, bin_dir)
+    monkeypatch.setattr(hosts, "GCLOUD_TIMEOUT_S", 0.3)
+    with pytest.raises(hosts.HostsError) as e:
+        hosts.gcp_hosts("g")
+    assert str(e.value) == "gcloud compute instances list took over 0.3 s; try again"
+
+
+def test_pulumi_that_hangs_is_stopped(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pulumi").write_text("#!/bin/sh\nexec sleep 30\n")
+    (bin_dir / "pulumi").chmod(0o755)
+    _on_path(monkeypatch, bin_dir)
+    monkeypatch.setattr(hosts, "PULUMI_TIMEOUT_S", 0.3)
+    with pytest.raises(hosts.HostsError) as e:
+        hosts.stack_outputs("dev")
+    assert str(e.value) == "pulumi stack output --stack dev took over 0.3 s; try again"
 
 
 def test_a_gcp_group_that_cannot_be_read_is_one_line_naming_the_call(tmp_path, monkeypatch):
@@ -410,12 +486,14 @@ def test_the_stacks_group_is_read_on_its_cloud_in_its_region(tmp_path, monkeypat
     assert not args_file.exists()
 
 
-def test_a_stack_without_a_group_output_says_so(tmp_path, monkeypatch, recorded):
-    fake_pulumi(tmp_path / "bin", {"runUri": "s3://b/runs/r"})
+@pytest.mark.parametrize(("outputs", "missing"), [({"runUri": "s3://b/runs/r"}, "groupName"),
+                                                  ({"groupName": "g"}, "runUri")])
+def test_a_stack_without_a_group_or_run_output_says_so(tmp_path, monkeypatch, recorded, outputs, missing):
+    fake_pulumi(tmp_path / "bin", outputs)
     _on_path(monkeypatch, tmp_path / "bin")
-    with pytest.raises(hosts.HostsError, match="^stack dev has no groupName output"):
+    with pytest.raises(hosts.HostsError, match=f"^stack dev has no {missing} output"):
         hosts.stack_group_state("dev")
-    with pytest.raises(hosts.HostsError, match="^stack dev has no groupName output"):
+    with pytest.raises(hosts.HostsError, match=f"^stack dev has no {missing} output"):
         hosts.stack_hosts("dev")
 
 
@@ -481,7 +559,10 @@ def test_the_machines_to_reach_are_the_host_or_the_stacks(tmp_path, monkeypatch,
 
 def _parser(extra_source: bool = False) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ops logs")
-    hosts.add_machine_args(p, extra_source=extra_source)
+    if extra_source:
+        hosts.add_machine_args(p, extra_source=True)
+    else:
+        hosts.add_machine_args(p)  # as `logs` and `tunnel` call it: no --run-uri
     return p
 
 
