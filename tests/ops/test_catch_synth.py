@@ -269,3 +269,56 @@ def test_synth_parses_nothing_it_does_not_know(program, tmp_path):
     with pytest.raises(SystemExit):
         main([*_args(tmp_path), "--regoin"])
     assert program.calls == []
+
+
+def test_the_plan_of_several_placements_is_the_plan_texts_sections_in_order(program):
+    from components import placement, pricing, storage
+    from ops import plan as plan_text
+
+    raw = {"cloud": "aws", "region": "us-east-1", "run": {"synthetic": True}, "image": {"build": True, "keepImages": 4},
+           "placement": {"waitMinutes": 25},
+           "compute": {"gpusPerNode": 4, "instanceTypes": ["g5.12xlarge"]},
+           "placements": [{"cloud": "aws", "region": r, "instanceTypes": ["g5.12xlarge"]}
+                          for r in ("us-east-1", "us-west-2")]}
+    settings = synth.load_source(raw, "img").settings
+    result = _result(outputs={"groupName": "ts-g", "runUri": "s3://b/runs/img"})
+    checkpoints = storage.storage_plan(settings)
+    rows = pricing.placement_costs(settings, checkpoint_bytes=checkpoints.checkpoint_bytes)
+    size = storage.size_text(checkpoints.checkpoint_bytes) + " assumed"
+    assert checkpoints.size_assumed
+    expected = plan_text.render(
+        "img", "aws", "us-east-1", result.resources, result.outputs, result.mock_values,
+        pricing.hourly_cost(settings), 4, storage.plan_lines(checkpoints),
+        plan_text.placements_section(rows, [placement.group_name("ts-g", i) for i in range(2)], 25, size,
+                                     pricing.transfer_source())
+        + plan_text.image_copies_lines(pricing.image_copies(settings), pricing.registry_source()))
+    text = synth.plan(result, settings, ask_prices=False)
+    assert text == expected
+    for line in ["Machines: 1 node x 4 GPU, spot, one of: g5.12xlarge", "  ts-g", "waitMinutes (25)", f"({size})",
+                 f"  Transfer prices: {pricing.transfer_source()}; not a quote.", "  Built image: stored in 2",
+                 storage.plan_lines(checkpoints)[0]]:
+        assert line in text, line
+
+
+def test_the_plan_asks_the_cloud_for_spot_prices_by_default(program, monkeypatch):
+    asked = []
+    monkeypatch.setattr("components.pricing.aws_spot_prices", lambda region, types: asked.append(region) or {})
+    synth.plan(_result(), synth.load_source(ROOT / "stacks" / "Pulumi.dev.yaml").settings)
+    assert asked == ["us-east-1"]
+
+
+def test_synthesize_names_raw_settings_by_the_stack_given(program):
+    raw = {"cloud": "aws", "region": "us-east-1", "compute": {"instanceTypes": ["g5.xlarge"]}, "run": {"synthetic": True}}
+    synth.synthesize(raw, stack="moves")
+    assert program.calls[-1][1]["stack"] == "moves"
+    synth.synthesize(raw)
+    assert program.calls[-1][1]["stack"] == "test"
+
+
+def test_resources_json_is_sorted_and_indented_for_diffs(tmp_path):
+    result = _result()
+    result.resources[0] = {"type": "t", "name": "n", "parent": None, "inputs": {"z": 1, "a": 2}}
+    synth.write(result, tmp_path)
+    assert (tmp_path / "resources.json").read_text() == (
+        '[\n  {\n    "inputs": {\n      "a": 2,\n      "z": 1\n    },\n    "name": "n",\n    "parent": null,\n'
+        '    "type": "t"\n  }\n]\n')
