@@ -427,3 +427,101 @@ def test_status_arguments_and_their_defaults(capsys, monkeypatch):
         with pytest.raises(SystemExit):
             parser.parse_args(argv)
         assert error in capsys.readouterr().err
+
+
+# -- --watch, over a scripted sequence of readings ---------------------------------------------
+
+
+class _Readings:
+    """`_snapshot` replaced by a script of statuses (an exception is raised as a failed read); it records
+    the store each read was given."""
+
+    def __init__(self, monkeypatch, *script) -> None:
+        self.script, self.stores = list(script), []
+        monkeypatch.setattr(status, "_snapshot", self)
+        self.opened = []
+        from runfolder import storage
+
+        monkeypatch.setattr(storage, "open_store", lambda uri: self.opened.append(uri) or object())
+        monkeypatch.setattr(status.time, "sleep", lambda s: None)
+
+    def __call__(self, uri, args, store=None):
+        self.stores.append(store)
+        got = self.script.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+
+def _st(state: str, step: int, *events: str) -> RunStatus:
+    return RunStatus("s3://b/runs/r", state, step=step, total=1000,
+                     events=[{"event": e, "time": f"2026-12-04T10:00:{i:02d}"} for i, e in enumerate(events)])
+
+
+def _watch_args(**kw) -> argparse.Namespace:
+    return argparse.Namespace(**{"json": False, "interval": 5.0, "events": 3, "run_uri": "s3://b/runs/r", **kw})
+
+
+@pytest.mark.parametrize("mode", ["json", "terminal", "log"])
+def test_a_watch_opens_one_client_for_all_its_reads_and_rides_out_a_failed_read(monkeypatch, capsys, mode):
+    readings = _Readings(monkeypatch, _st("RUNNING", 400, "started"), ConnectionError("reset"),
+                         _st("RUNNING", 700, "started"), _st(layout.COMPLETE, 1000, "started", "finished"))
+    out = io.StringIO()
+    console = Console(file=out, width=120, force_terminal=mode == "terminal", color_system=None)
+    st = status._watch("s3://b/runs/r", _watch_args(json=mode == "json"), console)
+    assert st.state == layout.COMPLETE and readings.script == []
+    assert readings.opened == ["s3://b/runs/r"] and len(readings.stores) == 4
+    assert all(s is not None and s is readings.stores[0] for s in readings.stores)
+    printed, err = capsys.readouterr()
+    said = "ops status: could not read the run (ConnectionError: reset); retrying"
+    # (Rich's live display takes over stderr while it draws, and prints the line above it.)
+    assert said in (out.getvalue() if mode == "terminal" else err)
+    if mode == "json":
+        # One line per refresh: the failed read repeats the last snapshot.
+        assert [json.loads(line)["step"] for line in printed.splitlines()] == [400, 400, 700, 1000]
+    else:
+        shown = out.getvalue()
+        assert shown.index("400/1000") < shown.index("700/1000") < shown.index("1000/1000")
+
+
+def test_a_json_watch_flushes_each_snapshot_for_a_pipe(monkeypatch):
+    _Readings(monkeypatch, _st("RUNNING", 400), _st("RUNNING", 700), _st(layout.COMPLETE, 1000))
+    lines, flushed = [], []
+
+    class Pipe:
+        def write(self, text: str) -> None:
+            lines.append(text)
+
+        def flush(self) -> None:
+            flushed.append(len("".join(lines).splitlines()))
+
+    monkeypatch.setattr("sys.stdout", Pipe())
+    status._watch("s3://b/runs/r", _watch_args(json=True), Console(file=io.StringIO()))
+    assert flushed[:3] == [1, 2, 3]  # each line is out before the next wait
+
+
+def test_a_log_file_gets_a_snapshot_only_when_the_state_step_or_newest_event_changes(monkeypatch):
+    _Readings(monkeypatch,
+              _st("RUNNING", 400, "started"),
+              _st("RUNNING", 400, "started"),                      # nothing new: not printed
+              _st("RUNNING", 400, "started", "checkpoint"),        # a new event
+              _st("RUNNING", 400, "started", "checkpoint"),
+              _st("RUNNING", 400, "checkpoint", "a", "b"),         # three events: the newest is new
+              _st("RUNNING", 400, "checkpoint", "a", "b"),
+              _st(layout.COMPLETE, 400, "checkpoint", "a", "b"))   # the end, same step
+    out = io.StringIO()
+    st = status._watch("s3://b/runs/r", _watch_args(), Console(file=out, width=120, color_system=None))
+    assert st.state == layout.COMPLETE
+    snapshots = out.getvalue().split("\n\n")
+    assert len(snapshots) == 4
+    assert [s.count(" started") for s in snapshots[:2]] == [1, 1] and "checkpoint" in snapshots[1]
+    assert "10:00:02 b" in snapshots[2] and "COMPLETE" in snapshots[3]
+
+
+def test_a_terminal_watch_draws_every_new_snapshot_not_only_the_last(monkeypatch):
+    _Readings(monkeypatch, _st("RUNNING", 400), _st("RUNNING", 700), _st(layout.CANCELLED, 800))
+    out = io.StringIO()
+    status._watch("s3://b/runs/r", _watch_args(), Console(file=out, width=120, force_terminal=True,
+                                                          color_system=None))
+    text = out.getvalue()
+    assert text.index("400/1000") < text.index("700/1000") < text.index("CANCELLED")
