@@ -453,9 +453,12 @@ class _Readings:
         return got
 
 
+EVENT_SECOND = {"started": 0, "checkpoint": 1, "a": 2, "b": 3, "finished": 4}
+
+
 def _st(state: str, step: int, *events: str) -> RunStatus:
     return RunStatus("s3://b/runs/r", state, step=step, total=1000,
-                     events=[{"event": e, "time": f"2026-12-04T10:00:{i:02d}"} for i, e in enumerate(events)])
+                     events=[{"event": e, "time": f"2026-12-04T10:00:{EVENT_SECOND[e]:02d}"} for e in events])
 
 
 def _watch_args(**kw) -> argparse.Namespace:
@@ -503,19 +506,20 @@ def test_a_json_watch_flushes_each_snapshot_for_a_pipe(monkeypatch):
 def test_a_log_file_gets_a_snapshot_only_when_the_state_step_or_newest_event_changes(monkeypatch):
     _Readings(monkeypatch,
               _st("RUNNING", 400, "started"),
-              _st("RUNNING", 400, "started"),                      # nothing new: not printed
-              _st("RUNNING", 400, "started", "checkpoint"),        # a new event
+              _st("RUNNING", 400, "started"),                 # nothing new: not printed
+              _st("RUNNING", 400, "started", "checkpoint"),   # a new event
               _st("RUNNING", 400, "started", "checkpoint"),
-              _st("RUNNING", 400, "checkpoint", "a", "b"),         # three events: the newest is new
-              _st("RUNNING", 400, "checkpoint", "a", "b"),
-              _st(layout.COMPLETE, 400, "checkpoint", "a", "b"))   # the end, same step
+              _st("RUNNING", 400, "checkpoint", "a"),         # as many events, the newest new
+              _st("RUNNING", 400, "checkpoint", "a"),
+              _st(layout.COMPLETE, 400, "checkpoint", "a"))   # the end, same step and events
     out = io.StringIO()
     st = status._watch("s3://b/runs/r", _watch_args(), Console(file=out, width=120, color_system=None))
     assert st.state == layout.COMPLETE
     snapshots = out.getvalue().split("\n\n")
     assert len(snapshots) == 4
-    assert [s.count(" started") for s in snapshots[:2]] == [1, 1] and "checkpoint" in snapshots[1]
-    assert "10:00:02 b" in snapshots[2] and "COMPLETE" in snapshots[3]
+    assert ["10:00:01 checkpoint" in s for s in snapshots] == [False, True, True, True]
+    assert ["10:00:02 a" in s for s in snapshots] == [False, False, True, True]
+    assert "COMPLETE" in snapshots[3] and "COMPLETE" not in snapshots[2]
 
 
 def test_a_terminal_watch_draws_every_new_snapshot_not_only_the_last(monkeypatch):
