@@ -529,3 +529,73 @@ def test_a_terminal_watch_draws_every_new_snapshot_not_only_the_last(monkeypatch
                                                           color_system=None))
     text = out.getvalue()
     assert text.index("400/1000") < text.index("700/1000") < text.index("CANCELLED")
+
+
+def test_the_labels_are_bold_and_whole_and_the_state_in_its_colour():
+    st = RunStatus("r", "RUNNING", launch_failures=["12:05 no capacity in any zone of the region right now"])
+    out = io.StringIO()
+    Console(file=out, width=120, force_terminal=True, color_system="standard").print(status.render(st))
+    assert "\x1b[1mrun" in out.getvalue() and "\x1b[1;36mRUNNING" in out.getvalue()
+    narrow = io.StringIO()
+    Console(file=narrow, width=20, color_system=None).print(status.render(st))
+    assert "launch failed" in narrow.getvalue()  # a label is never wrapped, however narrow the terminal
+
+
+ANSI_RE = __import__("re").compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.mark.parametrize(("hours", "shown"), [(0.50011111, "30m 00s"), (0.50025, "30m 01s")])
+def test_machine_time_is_hours_times_3600_seconds(hours, shown):
+    st = RunStatus("r", "RUNNING", machine_hours=hours, cost_usd=1.0, placement_costs=[
+        {"placement": "a", "machine_hours": hours, "cost_usd": 1.0, "attempts": 1},
+        {"placement": "b", "machine_hours": hours, "cost_usd": 1.0, "attempts": 1}])
+    assert status.cost_text(st) == f"$1.00 so far for {shown} machine time"
+    assert status.placement_cost_lines(st)[0] == f"a: $1.00 for {shown} machine time, 1 attempt"
+
+
+def test_an_event_without_a_time_or_of_111_characters():
+    assert status._event_line({"event": "x", "k": 1}) == " x k=1"
+    line = {"event": "e", "time": "2026-12-04T10:11:12", "k": "v" * 98}
+    assert status._event_line(line) == ("10:11:12 e k=" + "v" * 98)[:107] + "..."
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
+def test_a_stacks_run_on_either_cloud_reads_its_group(tmp_path, monkeypatch, groups, scheme):
+    _cloud_run(tmp_path, monkeypatch)
+    status._snapshot(f"{scheme}://b/runs/r", _stack_args())
+    assert groups == [("home", "dev")]
+
+
+def test_a_placement_record_without_an_active_one_is_home(tmp_path, monkeypatch, groups):
+    uri = _cloud_run(tmp_path, monkeypatch, placement={"moves": []})
+    status._snapshot(uri, _stack_args())
+    assert groups == [("home", "dev")]
+
+
+def test_a_snapshot_reads_through_the_store_it_is_given(tmp_path):
+    uri = f"file://{tmp_path}/b/runs/r"
+    build("running", open_store(uri), tmp_path / "build")
+    fetched = []
+
+    class Recording:
+        def __init__(self, store) -> None:
+            self.store, self.uri = store, store.uri
+
+        def __getattr__(self, name: str):
+            return getattr(self.store, name)
+
+        def get_bytes(self, key: str) -> bytes:
+            fetched.append(key)
+            return self.store.get_bytes(key)
+
+    st = status._snapshot(uri, _stack_args(stack=None, run_uri=uri), Recording(open_store(uri)))
+    assert st.state == "RUNNING" and "progress.json" in fetched
+
+
+def test_a_watch_in_a_log_file_prints_the_report(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
+    uri = f"file://{tmp_path}/b/runs/r"
+    build("complete", open_store(uri), tmp_path / "build")
+    assert main(["status", "--run-uri", uri, "--watch", "--interval", "0.01"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["run", uri] and "COMPLETE" in out
