@@ -599,3 +599,54 @@ def test_a_watch_in_a_log_file_prints_the_report(tmp_path, capsys, monkeypatch):
     assert main(["status", "--run-uri", uri, "--watch", "--interval", "0.01"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["run", uri] and "COMPLETE" in out
+
+
+def test_warnings_are_red_and_notes_dim():
+    st = RunStatus("r", runstate.NOT_STARTED, waiting="every placement failed", launch_failures=["12:05 no capacity"],
+                   group_note="group not read: x")
+    out = io.StringIO()
+    Console(file=out, width=160, force_terminal=True, color_system="standard").print(status.render(st))
+    text = out.getvalue()
+    assert "\x1b[1;31mthe run cannot train anywhere now: every placement failed" in text
+    assert "\x1b[31m12:05 no capacity" in text and "\x1b[2mgroup not read: x" in text
+
+
+def test_a_long_event_is_cut_to_the_terminal_not_wrapped():
+    st = RunStatus("r", "RUNNING", events=[{"event": "failed", "time": "2026-12-04T10:11:12", "reason": "r" * 90}])
+    out = io.StringIO()
+    Console(file=out, width=60, color_system=None).print(status.render(st))
+    last = out.getvalue().splitlines()[-1]
+    assert last.startswith("events      10:11:12 failed reason=rrr") and last.rstrip().endswith("…")
+    assert len(out.getvalue().splitlines()) == 5
+
+
+def test_a_full_bar_then_one_space_then_the_figures():
+    assert _shown(RunStatus("r", layout.COMPLETE, step=1000, total=1000))[2] == (
+        "progress    " + "━" * 36 + " 1000/1000 (100.0%)")
+    assert len(_shown(RunStatus("r", layout.COMPLETE, step=1000, total=1000))) == 5
+
+
+def test_a_run_folder_holding_only_a_stray_file_has_not_started(tmp_path):
+    uri = f"file://{tmp_path}/b/runs/r"
+    open_store(uri).put_bytes("notes.txt", b"mine")
+    assert status.read_status(uri, must_exist=True).state == runstate.NOT_STARTED
+    with pytest.raises(status.NoRun) as e:
+        status.read_status(f"file://{tmp_path}/b/runs/none", must_exist=True)
+    assert str(e.value) == (f"no run at file://{tmp_path}/b/runs/none: nothing is stored there (check the URI, or "
+                            "give --stack for a stack whose machine is still booting)")
+
+
+def test_a_listing_reads_the_checkpoint_without_its_marker(tmp_path):
+    uri = f"file://{tmp_path}/b/runs/r"
+    build("running", open_store(uri), tmp_path / "build")
+    full = status.read_status(uri)
+    listed = status.read_status(uri, checkpoint_marker=False)
+    assert (full.checkpoint.step, listed.checkpoint.step) == (100, 100)
+    assert full.checkpoint.created is not None and listed.checkpoint.created is None
+
+
+def test_the_signature_of_several_inputs_and_odd_shapes():
+    end = {"signature": {"inputs": {"a": {"dtype": "int64", "shape": [None]}, "b": {"dtype": "string", "shape": "x"},
+                                    "c": "not a spec"}, "outputs": "not specs"}}
+    assert status.signature_lines(end) == [("model", "SavedModel endpoint serve(a int64[?], b string[])"),
+                                           ("returns", "")]
