@@ -650,3 +650,10 @@ def test_the_signature_of_several_inputs_and_odd_shapes():
                                     "c": "not a spec"}, "outputs": "not specs"}}
     assert status.signature_lines(end) == [("model", "SavedModel endpoint serve(a int64[?], b string[])"),
                                            ("returns", "")]
+
+
+def test_the_dashboards_reading_fetches_the_checkpoints_marker(tmp_path):
+    uri = f"file://{tmp_path}/b/runs/r"
+    build("running", open_store(uri), tmp_path / "build")
+    facts = status.read_facts(open_store(uri), uri)  # as ops/dashboard/data.py reads a run
+    assert facts.checkpoint_step == 100 and facts.checkpoint_marker
