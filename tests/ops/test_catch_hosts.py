@@ -240,17 +240,19 @@ def test_the_aws_group_counts_machines_in_service_and_its_failures_newest_first(
                       {"AutoScalingGroupNames": ["g"]})
     long = "x " * 150
     stub.add_response("describe_scaling_activities", {"Activities": [
-        _activity(9, "Successful", description="Terminating an EC2 instance"),
+        _activity(10, "Successful", description="Terminating an EC2 instance"),
         _activity(11, "Cancelled", message="  spaced\n  out  "),
-        _activity(13, "Failed", message=long),
-        _activity(10, "InProgress"), _activity(8, "Successful"), _activity(7, "Failed", message="overcome")]},
+        _activity(13, "Failed", message=long), _activity(9, "Failed", message="after a termination"),
+        _activity(12, "InProgress"), _activity(8, "Successful"), _activity(7, "Failed", message="overcome")]},
         {"AutoScalingGroupName": "g", "MaxRecords": 20})
     with stub:
-        state = hosts.aws_group_state("g", "us-west-2")
+        state = hosts.aws_group_state("g", "us-west-2", limit=5)
     assert client.regions == ["us-west-2"]
     assert (state.running, state.desired) == (2, 2)
-    # Newest first, up to the last successful launch: the failure before it was overcome.
-    assert state.launch_failures == ("13:05 " + ("x " * 99)[:197] + "...", "11:05 spaced out")
+    # Newest first, up to the last successful launch (a successful termination is no launch): the
+    # failure before that launch was overcome.
+    assert state.launch_failures == ("13:05 " + ("x " * 99)[:197] + "...", "11:05 spaced out",
+                                     "09:05 after a termination")
     for limit, shown in [(None, ("05:05 m5", "04:05 m4", "03:05 Launching a new EC2 instance")),
                          (2, ("05:05 m5", "04:05 m4"))]:
         stub.add_response("describe_auto_scaling_groups", _group([]), {"AutoScalingGroupNames": ["g"]})
