@@ -149,3 +149,13 @@ def test_preflight_arguments(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         parser.parse_args(["preflight"])
     assert "the following arguments are required: --stack" in capsys.readouterr().err
+
+
+def test_a_second_gcp_placement_is_checked_without_homes_data(checks):
+    from ops import synth
+
+    raw = {"cloud": "gcp", "region": "us-central1", "project": "my-project-123", "run": {"synthetic": True},
+           "placements": [{"cloud": "gcp", "region": r, "project": "my-project-123",
+                           "instanceTypes": ["g2-standard-4"]} for r in ("us-central1", "us-east4")]}
+    preflight.check(synth.load_source(raw, "two").settings)
+    assert [(c[0], c[1], c[3]) for c in checks] == [("gcp", "us-central1", True), ("gcp", "us-east4", False)]
