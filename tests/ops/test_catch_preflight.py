@@ -159,3 +159,92 @@ def test_a_second_gcp_placement_is_checked_without_homes_data(checks):
                            "instanceTypes": ["g2-standard-4"]} for r in ("us-central1", "us-east4")]}
     preflight.check(synth.load_source(raw, "two").settings)
     assert [(c[0], c[1], c[3]) for c in checks] == [("gcp", "us-central1", True), ("gcp", "us-east4", False)]
+
+
+# -- GCP's problems, each line whole -------------------------------------------------------------
+
+
+def _gcp():
+    from tests.ops.test_preflight import GCP_OK, FakeGcp
+
+    return FakeGcp(**GCP_OK)
+
+
+def _gcp_settings(**blocks):
+    from tests.ops.test_preflight import GCP, settings_of
+
+    return settings_of(GCP, **blocks)
+
+
+def test_gcp_apis_off_are_named_with_the_command_that_turns_them_on():
+    from components.gcp.naming import PREREQUISITE_APIS
+
+    from ops.preflight import gcp
+
+    [p] = gcp.gcp_api_problems(_gcp_settings(), set())
+    missing = list(PREREQUISITE_APIS)
+    assert len(missing) >= 2 and p.line() == (
+        f"API(s) {', '.join(missing)} off in project my-project; the stack cannot turn on the others without them; "
+        f"fix: gcloud services enable {' '.join(missing)} --project my-project")
+    assert gcp.compute_api_problem(_gcp_settings()).line() == (
+        "the Compute Engine API (compute.googleapis.com) is off in project my-project, so its GPU quotas and machine "
+        "types cannot be checked (`pulumi up` would turn it on, but a new project's GPU quota is 0 until you ask); "
+        "fix: gcloud services enable compute.googleapis.com --project my-project, then run preflight again")
+
+
+def test_a_gcp_read_refused_because_another_api_is_off_names_that_api():
+    from ops.preflight import gcp
+    from ops.preflight.gcp_api import ApiDisabled
+
+    class Off(type(_gcp())):
+        def routes(self, project):
+            raise ApiDisabled("dns.googleapis.com", "SERVICE_DISABLED")
+
+    problems = gcp.check_gcp(_gcp_settings(), _off(Off))
+    assert [p.line() for p in problems] == [
+        "the API dns.googleapis.com is off in project my-project (dns.googleapis.com is off: SERVICE_DISABLED); "
+        "fix: gcloud services enable dns.googleapis.com --project my-project, then run preflight again"]
+
+
+def _off(cls):
+    """An instance of a FakeGcp subclass with every quota and API in order."""
+    from tests.ops.test_preflight import GCP_OK
+
+    return cls(**GCP_OK)
+
+
+@pytest.mark.parametrize(("networks", "routes", "line"), [
+    ({}, None,
+     "project my-project has no VPC network named 'default', which the machines and their firewall rules use "
+     "(organizations often skip it: compute.skipDefaultNetworkCreation); fix: gcloud compute networks create default "
+     "--subnet-mode=auto --project my-project"),
+    ({"default": {"name": "default"}}, None,
+     "network default of project my-project has no subnet in us-central1, so no machine can start there; fix: gcloud "
+     "compute networks subnets create default-us-central1 --network default --region us-central1 --range "
+     "10.128.0.0/20 --project my-project (a range free in the network)"),
+    (None, [{"destRange": "0.0.0.0/0"}],
+     "network default of project my-project has no 0.0.0.0/0 route for the machines: they could not reach the "
+     "bucket, the registry or the package index, and every boot would wait out its bounds until the runtime cap; "
+     "fix: gcloud compute routes create default-internet --network default --destination-range 0.0.0.0/0 "
+     "--next-hop-gateway default-internet-gateway --project my-project"),
+])
+def test_each_gcp_network_problem_is_one_whole_line(networks, routes, line):
+    from ops.preflight import gcp
+
+    api = _gcp()
+    if networks is not None:
+        api.networks = networks
+    if routes is not None:
+        api.route_list = routes
+    assert [p.line() for p in gcp.gcp_network_problems(_gcp_settings(), api)] == [line]
+
+
+def test_a_public_data_bucket_is_asked_about_its_prefix_and_home_checks_data_by_default():
+    from ops.preflight import gcp
+    from tests.ops.test_preflight import DataBuckets
+
+    api = DataBuckets({"public-data": (set(), True)})
+    s = _gcp_settings(run={"synthetic": False, "dataUri": "gs://public-data/lm/", "dataGrant": True})
+    problems = gcp.check_gcp(s, api)
+    assert "public public-data lm/" in api.calls
+    assert [p.fix for p in problems] == ["set run.dataGrant: false"]
