@@ -178,7 +178,6 @@ def _gcp_settings(**blocks):
 
 def test_gcp_apis_off_are_named_with_the_command_that_turns_them_on():
     from components.gcp.naming import PREREQUISITE_APIS
-
     from ops.preflight import gcp
 
     [p] = gcp.gcp_api_problems(_gcp_settings(), set())
