@@ -247,3 +247,59 @@ def test_a_public_data_bucket_is_asked_about_its_prefix_and_home_checks_data_by_
     problems = gcp.check_gcp(s, api)
     assert "public public-data lm/" in api.calls
     assert [p.fix for p in problems] == ["set run.dataGrant: false"]
+
+
+def test_each_gcp_check_that_cannot_run_is_named():
+    from ops.preflight import gcp
+    from tests.ops.test_preflight import DataBuckets
+
+    class Broken(DataBuckets):
+        def region_quotas(self, project, region):
+            raise RuntimeError("quotas down")
+
+        def region_zones(self, project, region):
+            raise RuntimeError("zones down")
+
+        def network(self, project, name):
+            raise RuntimeError("network down")
+
+        def bucket_permissions(self, bucket, permissions):
+            raise RuntimeError("storage down")
+
+    s = _gcp_settings(run={"synthetic": False, "dataUri": "gs://data-bucket/lm/"}, compute={"zones": []})
+    assert [p.what for p in gcp.check_gcp(s, Broken({}))] == [
+        "could not check GPU quota: RuntimeError: quotas down", "could not check machine types: RuntimeError: zones down",
+        "could not check network: RuntimeError: network down", "could not check data bucket: RuntimeError: storage down"]
+
+
+def test_gcp_quotas_missing_from_the_answer_count_as_zero(monkeypatch):
+    from ops.preflight import gcp
+
+    api = _gcp()
+    api.region, api.project = {}, {}
+    lines = [p.line() for p in gcp.gcp_quota_problems(_gcp_settings(), api)]
+    assert lines == [
+        "GPU quota NVIDIA_L4_GPUS in us-central1 is 0 (Spot VMs use it while PREEMPTIBLE_NVIDIA_L4_GPUS is 0); the "
+        "stack needs 1 (1 per node x 1 node(s)), so no machine would start; fix: request 1 in the console (IAM & Admin "
+        "> Quotas, metric compute.googleapis.com/nvidia_l4_gpus, region us-central1)",
+        "GPU quota GPUS_ALL_REGIONS of project my-project is 0; the stack needs 1; fix: request 1 'GPUs (all regions)' "
+        "in IAM & Admin > Quotas (new projects start at 0)"]
+
+
+def test_an_n1_machines_gpu_quota_is_its_accelerators_and_an_unknown_family_has_none():
+    from ops.preflight import gcp
+
+    assert gcp.gcp_gpu_metric("e2-standard-4", None) is None
+    api = _gcp()
+    api.region = {"NVIDIA_T4_GPUS": (0, 0)}
+    s = _gcp_settings(compute={"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-t4", "spot": False})
+    assert [p.what.split(";")[0] for p in gcp.gcp_quota_problems(s, api)] == ["GPU quota NVIDIA_T4_GPUS in us-central1 "
+                                                                              "is 0"]
+
+
+def test_the_zones_are_asked_of_the_stacks_project_when_none_are_set():
+    from ops.preflight import gcp
+
+    api = _gcp()
+    assert gcp.gcp_zones(_gcp_settings(compute={"zones": []}), api) == ["us-central1-a", "us-central1-b"]
+    assert api.calls == ["zones my-project us-central1"]
