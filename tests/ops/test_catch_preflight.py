@@ -303,3 +303,16 @@ def test_the_zones_are_asked_of_the_stacks_project_when_none_are_set():
     api = _gcp()
     assert gcp.gcp_zones(_gcp_settings(compute={"zones": []}), api) == ["us-central1-a", "us-central1-b"]
     assert api.calls == ["zones my-project us-central1"]
+
+
+@pytest.mark.parametrize(("quota", "lines"), [
+    ((4, 3), []),  # one free: exactly what the stack needs
+    ((4, 4), ["GPU quota GPUS_ALL_REGIONS of project my-project is 4 with 4 in use; the stack needs 1; fix: request 5 "
+              "'GPUs (all regions)' in IAM & Admin > Quotas (new projects start at 0)"]),
+])
+def test_gpus_in_use_elsewhere_count_against_the_projects_quota(quota, lines):
+    from ops.preflight import gcp
+
+    api = _gcp()
+    api.project = {"GPUS_ALL_REGIONS": quota}
+    assert [p.line() for p in gcp.gcp_quota_problems(_gcp_settings(), api)] == lines
