@@ -1,7 +1,8 @@
 """Mutation testing of the contract modules: `python -m tests.mutation [TARGET ...] [--list]`.
 
 Each target (the run layout, the checkpoint store, the lease, storage keys and retries,
-settings, the policy rules, the status classification, the user-data rendering) runs
+settings, the policy rules, the status classification, the user-data rendering, the operator's
+commands in ops/) runs
 `mutmut run --max-children 1` in its own scratch copy of the working tree under
 `build/mutation/<target>/`, mutating only its own files and running only the fast tests
 that cover them (the `file://` backend where a test is parametrized over stores: the code
