@@ -211,14 +211,6 @@ def changed_at(keys: dict) -> float:
     return max(i.modified.timestamp() for i in keys.values())
 
 
-def run_folders(store, listings: dict[str, dict] | None = None) -> dict[str, float]:
-    """Every run folder of a bucket's store (or of its ``listings``): id -> when anything in it last changed
-    (epoch seconds), newest first. ``ops dashboard`` lists the same runs."""
-    listings = run_listings(store) if listings is None else listings
-    newest = {r: changed_at(keys) for r, keys in listings.items()}
-    return {r: newest[r] for r in sorted(newest, key=lambda r: -newest[r])}
-
-
 def run_view(store, run_id: str) -> _Under:
     """One run's folder as a read-only store inside the bucket's ``store`` (its ``uri`` is the run URI)."""
     return _Under(store, layout.run_prefix(run_id))

@@ -2,8 +2,9 @@
 
 Each target (the run layout, the checkpoint store, the lease, storage keys and retries,
 settings, the policy rules, the status classification, the user-data rendering, the placement
-controller) runs `mutmut run --max-children 1` in its own scratch copy of the working tree
-under `build/mutation/<target>/`, mutating only its own files and running only the fast tests
+controller, the trainer's own modules, the operator's commands in ops/) runs `mutmut run
+--max-children 1` in its own scratch copy of the working tree under `build/mutation/<target>/`,
+mutating only its own files and running only the fast tests
 that cover them (the `file://` backend where a test is parametrized over stores: the code
 under test is the same for every store). Then it prints killed / total per target and
 every mutant that was not killed, marking the ones `equivalent.txt` or `by_hand.txt` explains.
@@ -116,7 +117,8 @@ TARGETS: dict[str, Target] = {
          "tests/runfolder/test_cost.py"],
         extra=["-m", "not slow"]),
     "runs": Target(
-        ["ops/runs.py"], ["tests/ops/test_runs.py", "tests/ops/test_catch_runs.py"], extra=["-m", "not slow"]),
+        ["ops/runs.py"], ["tests/ops/test_runs.py", "tests/ops/test_catch_runs.py", "tests/ops/test_catch_runs_commands.py"],
+        extra=["-m", "not slow"]),
     # The placement controller: its pure decision, its ticks over a `file://` run folder with groups kept
     # in memory, the GCP groups' fake REST API, and the simulator's kept schedules (a fraction of a
     # second each); the simulator's long runs over the CI schedules stay with the ordinary test run.
@@ -146,6 +148,25 @@ TARGETS: dict[str, Target] = {
         ["tests/trainer/test_run_attempt.py", "tests/trainer/test_end_marker_properties.py"], extra=["-m", "not slow"]),
     "loop_attempt": Target(["trainer/loop_attempt.py"], ["tests/trainer/test_loop_attempt.py"]),
     "loop": Target(["trainer/loop.py"], ["tests/trainer/test_loop_steps.py", "tests/trainer/test_loop_real_step.py"]),
+    # The operator's other commands, each over a local store, in-memory groups or moto in this process.
+    "move": Target(["ops/move.py"], ["tests/ops/test_catch_move.py"], extra=["-m", "not slow"]),
+    # The plan's text from figures given by the test: the synth tests run Pulumi's mock runtime (see plugin.py).
+    "plan": Target(["ops/plan.py"], ["tests/ops/test_catch_plan.py"]),
+    "hosts": Target(["ops/hosts.py"], ["tests/ops/test_catch_hosts.py"]),
+    # `ops synth` with the program's run replaced by a given result (the mock runtime hangs in mutmut's workers).
+    "synth": Target(["ops/synth.py"], ["tests/ops/test_catch_synth.py"]),
+    "status": Target(
+        ["ops/status.py"],
+        ["tests/ops/test_status.py", "tests/ops/test_status_heartbeat.py", "tests/ops/test_status_readers_properties.py",
+         "tests/ops/test_status_signature.py", "tests/ops/test_runstate_details.py", "tests/ops/test_catch_status.py"],
+        extra=["-m", "not slow"]),
+    # AWS through moto in this process, GCP through test_preflight.py's fake API.
+    "preflight": Target(
+        ["ops/preflight/aws.py", "ops/preflight/gcp.py", "ops/preflight/common.py", "ops/preflight/__init__.py"],
+        ["tests/ops/test_preflight.py", "tests/ops/test_preflight_network.py",
+         "tests/ops/test_catch_preflight_routes.py", "tests/ops/test_catch_gcp_aws.py",
+         "tests/ops/test_catch_preflight.py"],
+        extra=["-m", "not slow"]),
 }
 
 
