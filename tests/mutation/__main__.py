@@ -117,6 +117,9 @@ TARGETS: dict[str, Target] = {
         extra=["-m", "not slow"]),
     "runs": Target(
         ["ops/runs.py"], ["tests/ops/test_runs.py", "tests/ops/test_catch_runs.py"], extra=["-m", "not slow"]),
+    # Script mode's parent in this process, the user's command a small stand-in (test_script.py's
+    # cases run the trainer as a child, which mutmut cannot follow).
+    "script": Target(["trainer/script.py"], ["tests/trainer/test_catch_script.py"]),
 }
 
 
