@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SCRATCH = ROOT / "build" / "mutation"
 # The packages a test may import: copied into mutmut's `mutants/` folder (only `mutate` is mutated).
-SOURCES = ["trainer", "components", "ops", "policy"]
+SOURCES = ["trainer", "runfolder", "components", "ops", "policy"]
 # What the tests read besides the packages (templates, stacks, examples, the pack's manifest).
 ALSO_COPY = ["devtools", "userdata", "stacks", "examples", "bench", "docs", "Pulumi.yaml", "__main__.py", "README.md",
              "requirements.txt", "requirements-dev.txt"]
@@ -120,6 +120,10 @@ TARGETS: dict[str, Target] = {
     # Script mode's parent in this process, the user's command a small stand-in (test_script.py's
     # cases run the trainer as a child, which mutmut cannot follow).
     "script": Target(["trainer/script.py"], ["tests/trainer/test_catch_script.py"]),
+    # The fit helper with a tiny Keras model in this process (TensorFlow imported once); the
+    # user's script under the trainer (test_fit.py's slow cases) is a child.
+    "fit": Target(["trainer/fit.py"], ["tests/trainer/test_catch_fit.py", "tests/trainer/test_fit.py"],
+                  extra=["-m", "not slow"]),
 }
 
 

@@ -1,0 +1,386 @@
+"""The fit helper (`from trainer import fit`) in this process: where things go, who is chief,
+and `RunCheckpoint` on a tiny Keras model (commits, progress, a stop, a resume inside an epoch).
+
+A stop ends the script with `os._exit`; here `os._exit` raises instead, so the test reads what
+the callback left. The end-to-end twins (the helper inside a user's script under the trainer)
+are in test_fit.py and examples/keras-fit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+import numpy as np
+import pytest
+
+from runfolder import environment
+from runfolder.storage import open_store
+from trainer.checkpoint_store import CheckpointStore
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+from trainer import fit  # noqa: E402 - after TensorFlow is known to be there
+
+STEPS = 4  # batches an epoch
+
+
+class Exited(Exception):
+    """`os._exit(code)`, caught."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch, tmp_path):
+    for k in list(os.environ):
+        if k.startswith("TRAINSTACK_") or k == "TF_CONFIG":
+            monkeypatch.delenv(k)
+    monkeypatch.chdir(tmp_path)
+
+    def exit_(code):
+        raise Exited(code)
+
+    monkeypatch.setattr(os, "_exit", exit_)
+    fit.STOP.event.clear()
+    fit.STOP.signal_name = None
+    yield
+    fit.STOP.event.clear()
+    fit.STOP.signal_name = None
+
+
+@pytest.fixture
+def run_env(monkeypatch, tmp_path):
+    """The variables script mode gives the command."""
+    monkeypatch.setenv(environment.RUN_URI, f"file://{tmp_path}/run")
+    monkeypatch.setenv(environment.CHECKPOINT_DIR, str(tmp_path / "local"))
+    monkeypatch.setenv(environment.MESSAGES_FILE, str(tmp_path / "messages.jsonl"))
+    monkeypatch.setenv(environment.TENSORBOARD_DIR, str(tmp_path / "tb"))
+    return tmp_path
+
+
+def messages(tmp_path) -> list[dict]:
+    path = tmp_path / "messages.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def tiny(units: int = 3, momentum: float = 0.0):
+    # The variables' names as a fresh script process gives them (Keras numbers layers per process).
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(units), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=momentum), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def data():
+    x = np.arange(8 * STEPS * 4, dtype=np.float32).reshape(8 * STEPS, 4) / 100.0
+    y = (np.arange(8 * STEPS) % 2).astype(np.int64)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+
+
+class StopAt(keras.callbacks.Callback):
+    """A stop signal after the given (0-based) batch of the given epoch: before RunCheckpoint sees that batch end."""
+
+    def __init__(self, epoch: int, batch: int):
+        super().__init__()
+        self.at, self.epoch = (epoch, batch), 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self.epoch, batch) == self.at:
+            fit.STOP.signal_name = "SIGTERM"
+            fit.STOP.event.set()
+
+
+def weights(model) -> list:
+    return [v.numpy() for v in model.variables]
+
+
+# -- where things go, who is chief --
+
+
+@pytest.mark.parametrize(("tf_config", "workers", "chief"), [
+    (None, 0, True),
+    ({"cluster": {"worker": ["a"]}, "task": {"type": "worker", "index": 0}}, 1, True),
+    ({"cluster": {"chief": ["c"], "worker": ["a", "b"]}, "task": {"type": "chief", "index": 0}}, 3, True),
+    ({"cluster": {"chief": ["c"], "worker": ["a", "b"]}, "task": {"type": "worker", "index": 0}}, 3, False),
+    ({"cluster": {"worker": ["a", "b"], "ps": ["p"]}, "task": {"type": "worker", "index": 0}}, 2, True),
+    ({"cluster": {"worker": ["a", "b"]}, "task": {"type": "worker", "index": "0"}}, 2, True),
+    ({"cluster": {"worker": ["a", "b"]}, "task": {"type": "worker"}}, 2, True),
+    ({"cluster": {"worker": ["a", "b"]}, "task": {"type": "worker", "index": 1}}, 2, False),
+    ({"cluster": {"worker": ["a", "b"]}, "task": {"type": "ps", "index": 0}}, 2, False),
+    ({"cluster": {"worker": ["a", "b"]}}, 2, False),
+])
+def test_the_chief_writes_the_checkpoints(monkeypatch, tf_config, workers, chief):
+    if tf_config is not None:
+        monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    assert fit._workers() == workers
+    assert fit.is_chief() is chief
+
+
+def test_outside_the_trainer_things_go_beside_the_script(tmp_path):
+    assert fit.model_dir() == str(tmp_path / "model")
+    assert fit.output_dir() == str(tmp_path / "outputs") and (tmp_path / "outputs").is_dir()
+    assert fit.tensorboard_dir() == str(tmp_path / "logs")
+    (board,) = fit.callbacks(histogram_freq=2)
+    assert isinstance(board, keras.callbacks.TensorBoard)
+    assert board.log_dir == str(tmp_path / "logs") and board.histogram_freq == 2
+    assert board.write_graph is True  # Keras 3: the graph is written as usual
+
+
+def test_under_the_trainer_things_go_where_it_says(run_env, monkeypatch):
+    tmp_path = run_env
+    monkeypatch.setenv(environment.MODEL_DIR, str(tmp_path / "deep" / "m" / "model"))
+    monkeypatch.setenv(environment.OUTPUT_DIR, str(tmp_path / "kept" / "out"))
+    assert fit.model_dir() == str(tmp_path / "deep" / "m" / "model")
+    assert (tmp_path / "deep" / "m").is_dir()  # its parent is made: model.save can write there at once
+    assert fit.output_dir() == str(tmp_path / "kept" / "out") and (tmp_path / "kept" / "out").is_dir()
+    assert fit.tensorboard_dir() == str(tmp_path / "tb")
+    monkeypatch.setenv(environment.MODEL_DIR, str(tmp_path / "slash") + "/")
+    assert fit.model_dir() == str(tmp_path / "slash") + "/" and (tmp_path).is_dir()
+
+
+@pytest.mark.parametrize(("arg", "env", "every"), [
+    (None, None, None), (None, "30", 30.0), (None, "0", None), (None, "2.5", 2.5), (7.0, "30", 7.0), (7.0, None, 7.0)])
+def test_the_run_checkpoint_comes_first_at_the_runs_cadence(run_env, monkeypatch, arg, env, every):
+    if env is not None:
+        monkeypatch.setenv(environment.CHECKPOINT_EVERY_SECONDS, env)
+    cbs = fit.callbacks(checkpoint_every_seconds=arg, histogram_freq=1)
+    assert [type(c) for c in cbs] == [fit.RunCheckpoint, keras.callbacks.TensorBoard]
+    assert cbs[0].every_seconds == every and cbs[0].board is cbs[1]
+    assert cbs[1].log_dir == str(run_env / "tb") and cbs[1].histogram_freq == 1
+
+
+def test_the_checkpoint_keeps_what_the_run_says(run_env, monkeypatch):
+    assert fit.RunCheckpoint().store.keep == 3
+    monkeypatch.setenv(environment.KEEP_CHECKPOINTS, "5")
+    cb = fit.RunCheckpoint()
+    assert cb.store.keep == 5 and cb.local == str(run_env / "local")
+    assert cb.store.store.uri == f"file://{run_env}/run"
+    assert (cb.workers, cb.chief, cb.epoch, cb.batch, cb.step) == (1, True, 0, 0, 0)
+    monkeypatch.delenv(environment.CHECKPOINT_DIR)
+    assert fit.RunCheckpoint().local == str(run_env / "checkpoints")
+
+
+def test_no_messages_file_sends_nothing(run_env, monkeypatch):
+    monkeypatch.delenv(environment.MESSAGES_FILE)
+    cb = fit.RunCheckpoint()
+    cb._send("progress", step=1)
+    assert messages(run_env) == []
+
+
+def test_a_stop_signal_sets_the_flag_and_names_itself():
+    stop = fit._Stop()
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        stop.install()
+        for s in old:
+            assert signal.getsignal(s) == stop._handle
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    stop._handle(signal.SIGINT, None)
+    assert stop.event.is_set() and stop.signal_name == "SIGINT"
+
+
+def test_a_lost_peer_ends_the_script_with_76_and_anything_else_is_reported(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(sys, "__excepthook__", lambda *a: seen.append(a))
+    lost = tf.errors.UnavailableError(None, None, "peer gone")
+    with pytest.raises(Exited) as e:
+        fit._peer_lost_hook(type(lost), lost, None)
+    assert e.value.code == fit.EXIT_PEER_LOST == 76
+    assert capsys.readouterr().err == ("trainstack: a worker of the cluster was lost (UnavailableError); "
+                                       "exiting 76\n")
+    other = ValueError("mine")
+    fit._peer_lost_hook(ValueError, other, None)
+    assert seen == [(ValueError, other, None)]
+    fit._peer_lost_hook(KeyboardInterrupt, KeyboardInterrupt(), None)
+    assert len(seen) == 2
+
+
+def test_values_keras_logs_become_plain_numbers():
+    assert fit._plain(np.float32(0.5)) == 0.5 and fit._plain("x") is None and fit._plain(None) is None
+    assert fit._plain(tf.constant(2.0)) == 2.0
+
+
+# -- RunCheckpoint on a tiny model --
+
+
+def test_each_epoch_is_committed_and_said(run_env):
+    model = tiny()
+    cb = fit.RunCheckpoint()
+    model.fit(data(), epochs=2, callbacks=[cb], verbose=0)
+    store = CheckpointStore(open_store(f"file://{run_env}/run"))
+    assert store.committed_steps() == [STEPS, 2 * STEPS]
+    said = messages(run_env)
+    epochs = [m for m in said if m["kind"] == "epoch"]
+    assert [(m["step"], m["total"], m["epoch"]) for m in epochs] == [(STEPS, 2 * STEPS, 1), (2 * STEPS, 2 * STEPS, 2)]
+    assert set(epochs[0]["metrics"]) == {"loss", "accuracy"} and all(
+        isinstance(v, float) for v in epochs[0]["metrics"].values())
+    assert 0 <= epochs[0]["epoch_seconds"] < 60
+    commits = [m for m in said if m["kind"] == "checkpoint"]
+    assert [m["step"] for m in commits] == [STEPS, 2 * STEPS]
+    assert all(m["bytes"] > 0 and m["seconds"] >= 0 for m in commits)
+    # What a resume needs, saved with the variables.
+    dest = run_env / "restored"
+    assert store.restore_latest(str(dest)) == 2 * STEPS
+    state = json.loads((dest / fit.STATE_FILE).read_text())
+    assert (state["step"], state["epoch"], state["batch"]) == (2 * STEPS, 2, 0)
+    assert state["epoch_logs"] == epochs[-1]["metrics"]
+    assert state["structure"] == cb._structure() and len(state["structure"]) == len(model.variables) + len(
+        model.optimizer.variables)
+    assert all(":" in s and s.endswith("]") for s in state["structure"])
+    assert set(state["metrics"]) == {fit._name(v) for v in fit._metric_variables(model)}
+    # Only the newest local snapshot folder is left (the upload has its own copy).
+    assert sorted(os.listdir(run_env / "local")) == [f"{fit.CKPT_PREFIX}-{2 * STEPS}"]
+    assert len(cb.save_seconds) == 2
+
+
+def test_a_rerun_resumes_after_the_last_epoch_and_trains_only_what_is_left(run_env):
+    model = tiny()
+    model.fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0)
+    first = messages(run_env)
+    (run_env / "messages.jsonl").unlink()
+    again = tiny()
+    history = again.fit(data(), epochs=3, callbacks=[fit.RunCheckpoint()], verbose=0)
+    said = messages(run_env)
+    resumed = [m for m in said if m["kind"] == "resumed"]
+    last = [m for m in first if m["kind"] == "epoch"][-1]
+    assert resumed == [{"kind": "resumed", "step": 2 * STEPS, "epoch": 2, "batch": 0, "total": 3 * STEPS,
+                        "metrics": last["metrics"]}]
+    assert len(history.history["loss"]) == 1  # the third epoch only
+    assert [m["epoch"] for m in said if m["kind"] == "epoch"] == [3]
+    assert int(again.optimizer.iterations.numpy()) == 3 * STEPS
+
+
+def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_never_stopped(run_env):
+    straight = tiny()
+    straight.fit(data(), epochs=2, verbose=0)
+    model = tiny()
+    cb = fit.RunCheckpoint()
+    with pytest.raises(Exited) as e:
+        model.fit(data(), epochs=2, callbacks=[StopAt(1, 1), cb], verbose=0)
+    assert e.value.code == 143
+    store = CheckpointStore(open_store(f"file://{run_env}/run"))
+    assert store.committed_steps()[-1] == STEPS + 2  # synchronously, over the epoch end's if still queued
+    stopped = [m for m in messages(run_env) if m["kind"] == "stopped"]
+    assert stopped == [{"kind": "stopped", "step": STEPS + 2, "signal": "SIGTERM"}]
+    dest = run_env / "restored"
+    store.restore_latest(str(dest))
+    state = json.loads((dest / fit.STATE_FILE).read_text())
+    assert (state["step"], state["epoch"], state["batch"]) == (STEPS + 2, 1, 2)
+    assert any(v != 0 for v in np.ravel(next(iter(state["metrics"].values()))))  # the epoch's sums so far
+    fit.STOP.event.clear()
+    (run_env / "messages.jsonl").unlink()
+    resumed = tiny()
+    history = resumed.fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0)
+    said = messages(run_env)
+    assert [m for m in said if m["kind"] == "resumed"][0] == {
+        "kind": "resumed", "step": STEPS + 2, "epoch": 1, "batch": 2, "total": 2 * STEPS,
+        "metrics": state["epoch_logs"]}
+    for a, b in zip(weights(straight), weights(resumed), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    # The epoch's accuracy covers the batches before the stop too.
+    straight_acc = straight.get_metrics_result()["accuracy"]
+    assert history.history["accuracy"][-1] == pytest.approx(float(straight_acc), abs=1e-6)
+    assert store.committed_steps()[-1] == 2 * STEPS
+    assert [m["step"] for m in said if m["kind"] == "epoch"] == [2 * STEPS]
+
+
+def test_a_stop_before_training_begins_commits_and_exits(run_env):
+    fit.STOP.event.set()
+    fit.STOP.signal_name = "SIGINT"
+    model = tiny()
+    with pytest.raises(Exited) as e:
+        model.fit(data(), epochs=1, callbacks=[fit.RunCheckpoint()], verbose=0)
+    assert e.value.code == 143
+    assert CheckpointStore(open_store(f"file://{run_env}/run")).committed_steps() == [0]
+    assert [m for m in messages(run_env) if m["kind"] == "stopped"] == [
+        {"kind": "stopped", "step": 0, "signal": "SIGINT"}]
+
+
+def test_a_stop_at_an_epochs_end_commits_once_more_and_exits(run_env):
+    model = tiny()
+
+    class StopAtEnd(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            fit.STOP.event.set()
+
+    with pytest.raises(Exited):
+        model.fit(data(), epochs=3, callbacks=[StopAtEnd(), fit.RunCheckpoint()], verbose=0)
+    assert CheckpointStore(open_store(f"file://{run_env}/run")).committed_steps() == [STEPS]
+
+
+def test_another_models_checkpoint_is_refused_with_exit_78(run_env, capsys):
+    tiny(3).fit(data(), epochs=1, callbacks=[fit.RunCheckpoint()], verbose=0)
+    before = sorted(p.name for p in (run_env / "run" / "checkpoints").iterdir())
+    with pytest.raises(Exited) as e:
+        tiny(5).fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0)
+    assert e.value.code == 78
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("trainstack:")]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"trainstack: checkpoint {STEPS} in file://{run_env}/run was written by another model "
+                               "(variables differ: ")
+    assert ":[4, 5] here, " in lines[0] and ":[4, 3] saved)" in lines[0]
+    assert lines[0].endswith("; start a new run id for this model")
+    assert sorted(p.name for p in (run_env / "run" / "checkpoints").iterdir()) == before
+
+
+def test_a_model_with_more_variables_than_saved_is_refused(run_env, capsys):
+    tiny(3).fit(data(), epochs=1, callbacks=[fit.RunCheckpoint()], verbose=0)
+    with pytest.raises(Exited) as e:  # the same layers, an optimizer with momentum slots
+        tiny(3, momentum=0.9).fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0)
+    assert e.value.code == 78
+    assert " here, nothing saved)" in capsys.readouterr().err
+
+
+def test_time_based_commits_between_epoch_ends_and_progress(run_env, monkeypatch):
+    monkeypatch.setattr(fit, "PROGRESS_EVERY_S", 0.0)
+    model = tiny()
+    model.fit(data(), epochs=1, callbacks=[fit.RunCheckpoint(every_seconds=1e-9)], verbose=0)
+    assert CheckpointStore(open_store(f"file://{run_env}/run")).committed_steps()[-1] == STEPS
+    said = messages(run_env)
+    progress = [m for m in said if m["kind"] == "progress"]
+    assert [(m["step"], m["total"], m["epoch"]) for m in progress] == [(s, STEPS, 0) for s in range(1, STEPS + 1)]
+    assert set(progress[0]["metrics"]) >= {"loss", "accuracy"}
+    # A commit after each batch (a queued one may give way to a newer): more than the epoch end's.
+    assert len({m["step"] for m in said if m["kind"] == "checkpoint"}) >= 2
+
+
+def test_without_a_cadence_only_epoch_ends_commit_and_progress_waits(run_env):
+    model = tiny()
+    model.fit(data(), epochs=1, callbacks=[fit.RunCheckpoint(every_seconds=None)], verbose=0)
+    said = messages(run_env)
+    assert [m["step"] for m in said if m["kind"] == "checkpoint"] == [STEPS]
+    assert [m for m in said if m["kind"] == "progress"] == []
+
+
+def test_several_workers_commit_at_epoch_ends_only_and_save_no_metric_sums(run_env, monkeypatch):
+    model = tiny()
+    cb = fit.RunCheckpoint(every_seconds=1e-9)
+    cb.workers = 2
+    model.fit(data(), epochs=1, callbacks=[cb], verbose=0)
+    store = CheckpointStore(open_store(f"file://{run_env}/run"))
+    assert store.committed_steps() == [STEPS]
+    dest = run_env / "restored"
+    store.restore_latest(str(dest))
+    assert json.loads((dest / fit.STATE_FILE).read_text())["metrics"] == {}
+
+
+def test_a_worker_that_is_not_chief_commits_nothing(run_env):
+    model = tiny()
+    cb = fit.RunCheckpoint()
+    cb.chief = False
+    model.fit(data(), epochs=1, callbacks=[cb], verbose=0)
+    assert CheckpointStore(open_store(f"file://{run_env}/run")).committed_steps() == []
+    assert not (run_env / "local" / f"{fit.CKPT_PREFIX}-{STEPS}").exists()
