@@ -124,6 +124,9 @@ TARGETS: dict[str, Target] = {
     # user's script under the trainer (test_fit.py's slow cases) is a child.
     "fit": Target(["trainer/fit.py"], ["tests/trainer/test_catch_fit.py", "tests/trainer/test_fit.py"],
                   extra=["-m", "not slow"]),
+    # The step loop on the synthetic MLP in this process; the attempt around it (and the trainer
+    # process tests) are not in it.
+    "loop": Target(["trainer/loop.py"], ["tests/trainer/test_catch_loop.py"]),
 }
 
 
