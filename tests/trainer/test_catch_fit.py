@@ -218,7 +218,7 @@ def test_values_keras_logs_become_plain_numbers():
 def test_each_epoch_is_committed_and_said(run_env):
     model = tiny()
     cb = fit.RunCheckpoint()
-    model.fit(data(), epochs=2, callbacks=[cb], verbose=0)
+    model.fit(data(), epochs=2, callbacks=[cb], verbose=0, shuffle=False)
     store = CheckpointStore(open_store(f"file://{run_env}/run"))
     assert store.committed_steps() == [STEPS, 2 * STEPS]
     said = messages(run_env)
@@ -247,11 +247,11 @@ def test_each_epoch_is_committed_and_said(run_env):
 
 def test_a_rerun_resumes_after_the_last_epoch_and_trains_only_what_is_left(run_env):
     model = tiny()
-    model.fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0)
+    model.fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
     first = messages(run_env)
     (run_env / "messages.jsonl").unlink()
     again = tiny()
-    history = again.fit(data(), epochs=3, callbacks=[fit.RunCheckpoint()], verbose=0)
+    history = again.fit(data(), epochs=3, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
     said = messages(run_env)
     resumed = [m for m in said if m["kind"] == "resumed"]
     last = [m for m in first if m["kind"] == "epoch"][-1]
@@ -264,11 +264,11 @@ def test_a_rerun_resumes_after_the_last_epoch_and_trains_only_what_is_left(run_e
 
 def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_never_stopped(run_env):
     straight = tiny()
-    straight.fit(data(), epochs=2, verbose=0)
+    straight.fit(data(), epochs=2, verbose=0, shuffle=False)
     model = tiny()
     cb = fit.RunCheckpoint()
     with pytest.raises(Exited) as e:
-        model.fit(data(), epochs=2, callbacks=[StopAt(1, 1), cb], verbose=0)
+        model.fit(data(), epochs=2, callbacks=[StopAt(1, 1), cb], verbose=0, shuffle=False)
     assert e.value.code == 143
     store = CheckpointStore(open_store(f"file://{run_env}/run"))
     assert store.committed_steps()[-1] == STEPS + 2  # synchronously, over the epoch end's if still queued
@@ -282,7 +282,7 @@ def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_neve
     fit.STOP.event.clear()
     (run_env / "messages.jsonl").unlink()
     resumed = tiny()
-    history = resumed.fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0)
+    history = resumed.fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
     said = messages(run_env)
     assert [m for m in said if m["kind"] == "resumed"][0] == {
         "kind": "resumed", "step": STEPS + 2, "epoch": 1, "batch": 2, "total": 2 * STEPS,
@@ -301,7 +301,7 @@ def test_a_stop_before_training_begins_commits_and_exits(run_env):
     fit.STOP.signal_name = "SIGINT"
     model = tiny()
     with pytest.raises(Exited) as e:
-        model.fit(data(), epochs=1, callbacks=[fit.RunCheckpoint()], verbose=0)
+        model.fit(data(), epochs=1, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
     assert e.value.code == 143
     assert CheckpointStore(open_store(f"file://{run_env}/run")).committed_steps() == [0]
     assert [m for m in messages(run_env) if m["kind"] == "stopped"] == [
@@ -316,15 +316,15 @@ def test_a_stop_at_an_epochs_end_commits_once_more_and_exits(run_env):
             fit.STOP.event.set()
 
     with pytest.raises(Exited):
-        model.fit(data(), epochs=3, callbacks=[StopAtEnd(), fit.RunCheckpoint()], verbose=0)
+        model.fit(data(), epochs=3, callbacks=[StopAtEnd(), fit.RunCheckpoint()], verbose=0, shuffle=False)
     assert CheckpointStore(open_store(f"file://{run_env}/run")).committed_steps() == [STEPS]
 
 
 def test_another_models_checkpoint_is_refused_with_exit_78(run_env, capsys):
-    tiny(3).fit(data(), epochs=1, callbacks=[fit.RunCheckpoint()], verbose=0)
+    tiny(3).fit(data(), epochs=1, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
     before = sorted(p.name for p in (run_env / "run" / "checkpoints").iterdir())
     with pytest.raises(Exited) as e:
-        tiny(5).fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0)
+        tiny(5).fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
     assert e.value.code == 78
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("trainstack:")]
@@ -337,9 +337,9 @@ def test_another_models_checkpoint_is_refused_with_exit_78(run_env, capsys):
 
 
 def test_a_model_with_more_variables_than_saved_is_refused(run_env, capsys):
-    tiny(3).fit(data(), epochs=1, callbacks=[fit.RunCheckpoint()], verbose=0)
+    tiny(3).fit(data(), epochs=1, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
     with pytest.raises(Exited) as e:  # the same layers, an optimizer with momentum slots
-        tiny(3, momentum=0.9).fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0)
+        tiny(3, momentum=0.9).fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
     assert e.value.code == 78
     assert " here, nothing saved)" in capsys.readouterr().err
 
@@ -347,7 +347,7 @@ def test_a_model_with_more_variables_than_saved_is_refused(run_env, capsys):
 def test_time_based_commits_between_epoch_ends_and_progress(run_env, monkeypatch):
     monkeypatch.setattr(fit, "PROGRESS_EVERY_S", 0.0)
     model = tiny()
-    model.fit(data(), epochs=1, callbacks=[fit.RunCheckpoint(every_seconds=1e-9)], verbose=0)
+    model.fit(data(), epochs=1, callbacks=[fit.RunCheckpoint(every_seconds=1e-9)], verbose=0, shuffle=False)
     assert CheckpointStore(open_store(f"file://{run_env}/run")).committed_steps()[-1] == STEPS
     said = messages(run_env)
     progress = [m for m in said if m["kind"] == "progress"]
@@ -359,7 +359,7 @@ def test_time_based_commits_between_epoch_ends_and_progress(run_env, monkeypatch
 
 def test_without_a_cadence_only_epoch_ends_commit_and_progress_waits(run_env):
     model = tiny()
-    model.fit(data(), epochs=1, callbacks=[fit.RunCheckpoint(every_seconds=None)], verbose=0)
+    model.fit(data(), epochs=1, callbacks=[fit.RunCheckpoint(every_seconds=None)], verbose=0, shuffle=False)
     said = messages(run_env)
     assert [m["step"] for m in said if m["kind"] == "checkpoint"] == [STEPS]
     assert [m for m in said if m["kind"] == "progress"] == []
@@ -369,7 +369,7 @@ def test_several_workers_commit_at_epoch_ends_only_and_save_no_metric_sums(run_e
     model = tiny()
     cb = fit.RunCheckpoint(every_seconds=1e-9)
     cb.workers = 2
-    model.fit(data(), epochs=1, callbacks=[cb], verbose=0)
+    model.fit(data(), epochs=1, callbacks=[cb], verbose=0, shuffle=False)
     store = CheckpointStore(open_store(f"file://{run_env}/run"))
     assert store.committed_steps() == [STEPS]
     dest = run_env / "restored"
@@ -381,6 +381,76 @@ def test_a_worker_that_is_not_chief_commits_nothing(run_env):
     model = tiny()
     cb = fit.RunCheckpoint()
     cb.chief = False
-    model.fit(data(), epochs=1, callbacks=[cb], verbose=0)
+    model.fit(data(), epochs=1, callbacks=[cb], verbose=0, shuffle=False)
     assert CheckpointStore(open_store(f"file://{run_env}/run")).committed_steps() == []
     assert not (run_env / "local" / f"{fit.CKPT_PREFIX}-{STEPS}").exists()
+
+
+def test_several_workers_take_the_stop_signals_back_after_the_strategy_starts(monkeypatch):
+    made = object()
+    monkeypatch.setattr(tf.distribute, "MultiWorkerMirroredStrategy", lambda: made)
+    monkeypatch.setattr(fit, "KERAS2", True)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    installed = []
+    monkeypatch.setattr(fit.STOP, "install", lambda: installed.append(True))
+    assert fit.strategy() is made and installed == []  # outside the trainer: its own handlers stay
+    monkeypatch.setenv(environment.RUN_URI, "file:///tmp/run")
+    assert fit.strategy() is made and installed == [True]
+
+
+class _Var:
+    def __init__(self, name, path=None):
+        self.name, self.path = name, path
+
+
+def test_keras_2s_variables_go_by_name_and_its_dropout_state_is_saved(monkeypatch):
+    assert fit._name(_Var("dense/kernel:0", "seq/dense/kernel")) == "seq/dense/kernel"
+    assert fit._name(_Var("dense/kernel:0")) == "dense/kernel:0"
+
+    class Metric:
+        variables = ["total", "count"]
+
+    class Keras2Model:
+        metrics = [Metric(), Metric()]
+
+        def _flatten_layers(self, include_self=True):
+            assert include_self is False
+            return layers
+
+    class Layer:
+        def __init__(self, generator):
+            self._random_generator = type("G", (), {"_generator": generator})()
+
+    generator = tf.random.Generator.from_seed(1)
+    layers = [Layer(generator), Layer(None), object()]
+    assert fit._metric_variables(Keras2Model()) == ["total", "count", "total", "count"]
+    assert fit._random_states(Keras2Model()) == []  # Keras 3 keeps them among the variables
+    monkeypatch.setattr(fit, "KERAS2", True)
+    assert fit._random_states(Keras2Model()) == [generator.state]
+
+
+def test_a_keras_2_resume_asks_fit_to_start_at_the_saved_epoch(run_env, monkeypatch):
+    tiny().fit(data(), epochs=1, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
+    model = tiny()
+    cb = fit.RunCheckpoint()
+    cb.set_model(model)
+    cb.set_params({"steps": STEPS, "epochs": 3})
+    monkeypatch.setattr(fit, "KERAS2", True)
+    monkeypatch.setattr(fit, "_random_states", lambda m: [])
+    cb.on_train_begin()
+    assert model._initial_epoch == 1
+    assert model._maybe_load_initial_counters_from_ckpt(STEPS, 0) == (1, 0)
+
+
+def test_a_stop_closes_tensorboards_files_before_it_exits(run_env):
+    closed = []
+
+    class Board:
+        def _close_writers(self):
+            closed.append(True)
+
+    fit.STOP.event.set()
+    with pytest.raises(Exited):
+        tiny().fit(data(), epochs=1, callbacks=[fit.RunCheckpoint(board=Board())], verbose=0, shuffle=False)
+    assert closed == [True]
