@@ -28,6 +28,9 @@ from trainer import script
 from trainer.config import load_config
 from trainer.signals import StopRequest
 
+# Each case takes a second or two; a loop that never ends (a planted bug) fails here, not in an hour.
+pytestmark = pytest.mark.timeout(20)
+
 PLAN = textwrap.dedent('''
     import json, os, signal, sys, time
     plan = json.loads(sys.argv[1])
@@ -46,6 +49,15 @@ PLAN = textwrap.dedent('''
             f.write(text.replace("$CWD", os.getcwd()))
     for msg in plan.get("messages", []):
         send(msg)
+    for line in plan.get("stderr", []):
+        sys.stderr.write(line + "\\n")
+    sys.stderr.flush()
+    if plan.get("pdeathsig"):
+        import ctypes
+        got = ctypes.c_int()
+        ctypes.CDLL("libc.so.6").prctl(2, ctypes.byref(got))  # PR_GET_PDEATHSIG
+        with open(os.path.join(os.environ["TRAINSTACK_OUTPUT_DIR"], "pdeathsig"), "w") as f:
+            f.write(str(got.value))
     # Wait (at most 10 s) until the parent has uploaded this file to the run folder.
     seen = plan.get("until_uploaded")
     if seen:
@@ -65,7 +77,7 @@ PLAN = textwrap.dedent('''
         signal.signal(signal.SIGTERM, stop)
     if plan.get("ready"):
         open(os.environ["STANDIN_READY"], "w").close()
-        time.sleep(plan.get("sleep", 30))
+        time.sleep(plan.get("sleep", 10))
     if plan.get("kill_self"):
         os.kill(os.getpid(), signal.SIGKILL)
     sys.exit(plan.get("exit", 0))
@@ -340,17 +352,24 @@ def test_progress_and_epochs_reach_progress_json_and_the_events(tmp_path, code):
         "step": 10, "epoch": 1, "metrics": {"loss": 0.5}}
     assert of(stored(tmp_path), "epoch")  # the run's log has it too
     progress = json.loads((tmp_path / "run" / layout.PROGRESS_KEY).read_text())
-    assert (progress["step"], progress["total"], progress["loss"], progress["epoch"], progress["examples_per_sec"]) == (
-        10, 10, 0.5, 1, 20.0)
+    assert (progress["step"], progress["total"], progress["loss"], progress["epoch"], progress["examples_per_sec"],
+            progress["metrics"]) == (10, 10, 0.5, 1, 20.0, {"loss": 0.5})
 
 
-def test_a_progress_without_a_total_or_a_loss(tmp_path, code):
+@pytest.mark.parametrize("kind", ["progress", "epoch"])
+def test_a_progress_without_a_total_or_a_loss(tmp_path, code, kind):
     run = new_run(tmp_path, code)
-    run._message({"kind": "progress", "step": 2})
+    run._message({"kind": kind, "step": 2})
     run.events.flush()
     progress = json.loads((tmp_path / "run" / layout.PROGRESS_KEY).read_text())
     assert (progress["step"], progress["total"], progress["loss"]) == (2, 0, None)
     assert "epoch" not in progress
+
+
+def test_a_message_without_a_kind_still_says_where_the_command_is(tmp_path, code):
+    run = new_run(tmp_path, code)
+    run._message({"step": 5, "total": 9})
+    assert (run.step, run.total) == (5, 9) and printed(run.events.stream) == []
 
 
 @pytest.mark.parametrize("bad", [{"step": "3"}, {"total": 1.5}, {"examples_seen": None}, {"metrics": [1]}])
@@ -423,13 +442,16 @@ def test_exit_0_keeps_the_model_outputs_and_tensorboard_and_writes_complete(tmp_
     assert sorted(p.name for p in code.iterdir()) == ["plan.py"]  # the code folder was never written
     done = json.loads((run_folder / layout.COMPLETE).read_text())
     assert done["step"] == 10 and done["metrics"] == {"loss": 0.5, "accuracy": 0.875}
-    assert done["examples_seen"] == 320
+    assert done["examples_seen"] == 320 and done["model_files"] == 1
     finished = of(evs, layout.FINISHED)
     assert len(finished) == 1 and {k: finished[0][k] for k in ("step", "metrics", "examples_seen", "model_files")} == {
         "step": 10, "metrics": {"loss": 0.5, "accuracy": 0.875}, "examples_seen": 320, "model_files": 1}
     assert "model_note" not in finished[0]
     started = of(stored(tmp_path), layout.STARTED)
-    assert len(started) == 1 and started[0]["mode"] == "script" and started[0]["workers"] == 1
+    assert len(started) == 1 and started[0]["mode"] == "script"
+    # The loop's fields, as script mode knows them: one process, no replicas, batch or precision of its own.
+    assert {k: started[0][k] for k in ("workers", "worker", "replicas", "global_batch", "precision")} == {
+        "workers": 1, "worker": 0, "replicas": None, "global_batch": None, "precision": None}
     assert started[0]["command"] == ["python", "plan.py", json.dumps(plan)]
     assert started[0]["config"]["steps"] is None and started[0]["config"]["model"] is None
     assert [e["event"] for e in stored(tmp_path)] == [layout.STARTED, "epoch", layout.FINISHED]
@@ -588,8 +610,8 @@ def test_a_command_ended_by_the_signal_before_its_first_commit_stands_at_the_new
     saved.mkdir()
     (saved / "state.json").write_text("{}")
     ckstore = CheckpointStore(open_store(f"file://{tmp_path}/run"))
-    ckstore.commit(12, str(saved))
-    ckstore.commit(42, str(saved))
+    for step in (12, 30, 42):
+        ckstore.commit(step, str(saved))
     rc, _, _ = attempt(tmp_path, code, {"ready": True}, stop=SignalWhenReady(Ready(tmp_path)))
     assert rc == exits.PREEMPTED
     pre = of(stored(tmp_path), layout.PREEMPTED)
@@ -769,3 +791,59 @@ def test_run_script_runs_one_attempt_or_fails_to_start(tmp_path, code):
     stream = io.StringIO()
     assert script.run_script(broken, stream=stream) == exits.FAILED
     assert printed(stream)[0]["event"] == layout.FAILED_EVENT
+
+
+def test_the_command_is_killed_with_its_trainer_and_its_stderr_relayed_without_tensorflows_noise(
+        tmp_path, code, capfd, monkeypatch):
+    made = []
+    real = script.threading.Thread
+
+    def spy(*args, **kwargs):
+        thread = real(*args, **kwargs)
+        made.append((kwargs.get("target"), thread))
+        return thread
+
+    monkeypatch.setattr(script.threading, "Thread", spy)
+    noise = "I0000 00:00:1764000000.000000   12345 cpu_feature_guard.cc:210] This TensorFlow binary"
+    rc, _, _ = attempt(tmp_path, code, {"pdeathsig": True, "stderr": [noise, "the script's own warning"]})
+    assert rc == exits.OK
+    assert (tmp_path / "run" / "outputs" / "pdeathsig").read_text() == str(int(signal.SIGKILL))
+    err = capfd.readouterr().err
+    assert "the script's own warning\n" in err and "cpu_feature_guard" not in err
+    relays = [t for target, t in made if target is script._relay_stderr]
+    assert len(relays) == 1 and relays[0].daemon  # a command's stray child holding stderr never holds the trainer
+
+
+def test_verbose_leaves_the_commands_stderr_as_it_is(tmp_path, code, capfd):
+    noise = "I0000 00:00:1764000000.000000   12345 cpu_feature_guard.cc:210] This TensorFlow binary"
+    rc, _, _ = attempt(tmp_path, code, {"stderr": [noise]}, "--verbose")
+    assert rc == exits.OK
+    assert noise in capfd.readouterr().err
+
+
+def test_only_what_changed_is_uploaded_again_and_the_model_whole(tmp_path, code, monkeypatch):
+    calls = []
+    real = script.ScriptRun._prepare_folders
+
+    def prepare(self):
+        upload = self.store.upload_dir
+
+        def spy(local, prefix, *, changed_only):
+            calls.append((prefix, changed_only))
+            return upload(local, prefix, changed_only=changed_only)
+
+        self.store.upload_dir = spy
+        real(self)
+
+    monkeypatch.setattr(script.ScriptRun, "_prepare_folders", prepare)
+    rc, _, _ = attempt(tmp_path, code, {"files": {"MODEL/w": "m", "OUTPUT/o": "o", "TENSORBOARD/t": "t"},
+                                        "messages": [{"kind": "checkpoint", "step": 1}]})
+    assert rc == exits.OK
+    assert sorted(set(calls)) == [(layout.MODEL_PREFIX, False), (layout.OUTPUTS_PREFIX, True),
+                                  (layout.TENSORBOARD_PREFIX, True)]
+
+
+def test_run_script_passes_the_stop_on(tmp_path, code):
+    stop = SignalWhenReady(Ready(tmp_path))
+    cfg = make_cfg(tmp_path, code, {"ready": True})
+    assert script.run_script(cfg, stream=io.StringIO(), stop=stop) == exits.PREEMPTED
