@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -454,3 +455,66 @@ def test_a_stop_closes_tensorboards_files_before_it_exits(run_env):
     with pytest.raises(Exited):
         tiny().fit(data(), epochs=1, callbacks=[fit.RunCheckpoint(board=Board())], verbose=0, shuffle=False)
     assert closed == [True]
+
+
+def test_relative_folders_are_made_where_the_script_runs_and_again_without_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(environment.MODEL_DIR, "m")
+    monkeypatch.setenv(environment.OUTPUT_DIR, "o")
+    for _ in range(2):
+        assert fit.model_dir() == "m" and fit.output_dir() == "o"
+    assert sorted(os.listdir(tmp_path)) == ["o"]  # the model folder itself is the save's to make
+    monkeypatch.setenv(environment.MODEL_DIR, str(tmp_path / "a" / "model"))
+    for _ in range(2):
+        fit.model_dir()
+    assert sorted(os.listdir(tmp_path)) == ["a", "o"] and not (tmp_path / "a" / "model").exists()
+
+
+def test_stage_keeps_each_data_set_in_a_folder_of_its_own(tmp_path, monkeypatch):
+    import hashlib
+
+    data = tmp_path / "bucket" / "shards"
+    data.mkdir(parents=True)
+    (data / "a.tfrecord").write_bytes(b"a")
+    local = fit.stage(f"file://{data}")  # no TRAINSTACK_DATA_DIR: ./data
+    assert local == str(tmp_path / "data" / hashlib.sha256(f"file://{data}".encode()).hexdigest()[:16])
+    assert Path(local, "a.tfrecord").read_bytes() == b"a"
+
+
+def test_keras_2_writes_no_graph_to_tensorboard(monkeypatch):
+    monkeypatch.setattr(fit, "KERAS2", True)
+    (board,) = fit.callbacks()
+    assert board.write_graph is False
+
+
+def test_the_signals_are_only_taken_on_the_main_thread():
+    import threading
+
+    stop = fit._Stop()
+    before = signal.getsignal(signal.SIGTERM)
+    t = threading.Thread(target=stop.install)
+    t.start()
+    t.join()
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_messages_carry_any_value_and_the_total_only_when_known(run_env):
+    cb = fit.RunCheckpoint()
+    cb._send("event", event="note", at=object)
+    assert messages(run_env)[0]["at"] == str(object)
+    for params, total in (({"steps": 4, "epochs": 3}, 12), ({"steps": None, "epochs": 3}, None),
+                          ({"steps": 4, "epochs": None}, None), ({}, None)):
+        cb.set_params(params)
+        assert cb._total() == total
+
+
+def test_the_stores_own_events_reach_the_parent(run_env):
+    tiny().fit(data(), epochs=1, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
+    torn = run_env / "run" / "checkpoints" / "ckpt-99"  # files, no COMMITTED marker
+    torn.mkdir(parents=True)
+    (torn / "state.json").write_text("{}")
+    (run_env / "messages.jsonl").unlink()
+    tiny().fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
+    said = messages(run_env)
+    skipped = [m for m in said if m["kind"] == "event" and m["event"] == "checkpoint_skipped"]
+    assert len(skipped) == 1 and skipped[0]["step"] == 99
+    assert [m["step"] for m in said if m["kind"] == "resumed"] == [STEPS]
