@@ -25,6 +25,9 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 from trainer import fit  # noqa: E402 - after TensorFlow is known to be there
 
+# A planted bug that never ends the training fails here instead of hanging the run.
+pytestmark = pytest.mark.timeout(60)
+
 STEPS = 4  # batches an epoch
 
 

@@ -28,6 +28,9 @@ from trainer import loop as loop_mod  # noqa: E402 - after TensorFlow is known t
 from trainer.loop import RunState, TrainLoop, loop_speed, training_scalars  # noqa: E402
 from trainer.strategy import Cluster, make_strategy  # noqa: E402
 
+# A planted bug that never ends the training fails here instead of hanging the run.
+pytestmark = pytest.mark.timeout(90)
+
 BATCH = 32
 # Checkpoints every 7 steps, evaluations every 10, calls of 4 steps, points every 5: nothing lines up.
 ARGS = ["--synthetic", "--deterministic", "--steps", "30", "--batch-size", str(BATCH), "--seed", "3",
