@@ -66,9 +66,18 @@ PLAN = textwrap.dedent('''
             if time.monotonic() > deadline:
                 sys.exit(9)
             time.sleep(0.02)
+    if plan.get("orphan"):
+        # A process of its own that outlives it, holding its stderr open.
+        import subprocess
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(15)"])
     on_term = plan.get("on_term")
     if on_term == "ignore":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif on_term == "sigint":
+        def interrupted(signum, frame):
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        signal.signal(signal.SIGTERM, interrupted)
     elif on_term is not None:
         def stop(signum, frame):
             for msg in on_term:
@@ -413,9 +422,9 @@ def test_messages_are_read_line_by_line_a_torn_line_waits_and_junk_is_skipped(tm
     run._read_messages()  # no file yet: nothing
     os.makedirs(os.path.dirname(run.messages), exist_ok=True)
     with open(run.messages, "w") as f:
-        f.write('{"kind": "other", "step": 1}\nnot json\n[1, 2]\n{"kind": "other", "st')
+        f.write('{"kind": "other", "step": 1}\nnot json\n[1, 2]\n{"kind": "other", "total": 5}\n{"kind": "other", "st')
     run._read_messages()
-    assert run.step == 1
+    assert (run.step, run.total) == (1, 5)  # the line after the junk is read too
     with open(run.messages, "a") as f:
         f.write('ep": 2}\n')
     run._read_messages()
@@ -587,7 +596,8 @@ def test_a_stop_signal_is_forwarded_and_a_commit_then_143_is_preempted(tmp_path,
     assert len(pre) == 1
     assert {k: pre[0][k] for k in ("step", "signal", "exit_code", "examples_seen")} == {
         "step": 7, "signal": "SIGTERM", "exit_code": 143, "examples_seen": 96}
-    assert 0 <= pre[0]["seconds"] < 10
+    # From the forwarded signal to the command's end, in milliseconds.
+    assert 0 <= pre[0]["seconds"] < 2.5 and pre[0]["seconds"] == round(pre[0]["seconds"], 3)
     assert [e["event"] for e in stored(tmp_path)][-2:] == [layout.CHECKPOINT, layout.PREEMPTED]
     assert (tmp_path / "run" / "outputs" / "before.txt").read_text() == "b"
     assert not (tmp_path / "run" / layout.COMPLETE).exists()
@@ -847,3 +857,49 @@ def test_run_script_passes_the_stop_on(tmp_path, code):
     stop = SignalWhenReady(Ready(tmp_path))
     cfg = make_cfg(tmp_path, code, {"ready": True})
     assert script.run_script(cfg, stream=io.StringIO(), stop=stop) == exits.PREEMPTED
+
+
+def test_a_command_that_said_nothing_ends_at_step_0(tmp_path, code):
+    rc, evs, _ = attempt(tmp_path, code, {"exit": 3})
+    assert rc == exits.FAILED and of(stored(tmp_path), layout.FAILED_EVENT)[0]["step"] == 0
+    other = tmp_path / "ok"
+    other.mkdir()
+    rc, evs, _ = attempt(other, code, {"files": {"MODEL/w": "m"}})
+    assert rc == exits.OK
+    done = json.loads((other / "run" / layout.COMPLETE).read_text())
+    assert (done["step"], done["examples_seen"], done["metrics"]) == (0, None, {})
+    finished = of(evs, layout.FINISHED)[0]
+    assert (finished["step"], finished["examples_seen"]) == (0, None)
+
+
+def test_a_signal_and_the_run_folders_stop_as_the_command_ended_is_preempted(tmp_path, code):
+    run = None
+
+    def ended():
+        return run is not None and run.child is not None and run.child.poll() is not None
+
+    class Late(StopRequest):
+        @property
+        def requested(self):
+            if ended():
+                self.signal_name = "SIGTERM"
+                return True
+            return False
+
+    run = script.ScriptRun(make_cfg(tmp_path, code, {"exit": 143}), stream=io.StringIO(), stop=Late())
+    run.stop_key = StopKeyWhen(ended)
+    assert run.run() == exits.PREEMPTED
+    assert not (tmp_path / "run" / layout.CANCELLED).exists()
+
+
+def test_a_command_that_dies_of_sigint_after_the_forwarded_signal_is_preempted(tmp_path, code):
+    rc, _, _ = attempt(tmp_path, code, {"ready": True, "on_term": "sigint"}, stop=SignalWhenReady(Ready(tmp_path)))
+    assert rc == exits.PREEMPTED
+    assert of(stored(tmp_path), layout.PREEMPTED)[0]["exit_code"] == -signal.SIGINT
+
+
+def test_a_process_the_command_left_behind_does_not_hold_the_trainer(tmp_path, code):
+    started = time.monotonic()
+    rc, _, _ = attempt(tmp_path, code, {"orphan": True, "files": {"MODEL/w": "m"}})
+    assert rc == exits.OK
+    assert time.monotonic() - started < 12  # the stderr relay is waited for 5 s, not for the stray process
