@@ -122,6 +122,7 @@ def weights(model) -> list:
     ({"cluster": {"worker": ["a", "b"]}, "task": {"type": "worker", "index": 1}}, 2, False),
     ({"cluster": {"worker": ["a", "b"]}, "task": {"type": "ps", "index": 0}}, 2, False),
     ({"cluster": {"worker": ["a", "b"]}}, 2, False),
+    ({"cluster": {"worker": ["a"]}}, 1, True),  # one machine is its own chief, whatever its task says
 ])
 def test_the_chief_writes_the_checkpoints(monkeypatch, tf_config, workers, chief):
     if tf_config is not None:

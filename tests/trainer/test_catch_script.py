@@ -208,6 +208,7 @@ def new_run(tmp_path, code, plan=None, *flags, **changes):
     ({"cluster": {"worker": ["a", "b"]}, "task": {"type": "evaluator", "index": 0}}, (2, False)),
     ({"cluster": {"worker": ["a", "b"]}}, (2, False)),
     ({"task": {"type": "worker", "index": 0}}, (1, True)),
+    ({"cluster": {"worker": ["a"]}}, (1, True)),  # one machine is its own chief, whatever its task says
 ])
 def test_the_chief_of_a_cluster_is_its_chief_task_else_worker_0(monkeypatch, tf_config, role):
     if tf_config is not None:
