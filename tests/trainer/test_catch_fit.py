@@ -131,6 +131,23 @@ def test_the_chief_writes_the_checkpoints(monkeypatch, tf_config, workers, chief
     assert fit.is_chief() is chief
 
 
+def test_several_workers_under_keras_3_are_refused_with_what_to_do(monkeypatch):
+    monkeypatch.setattr(fit, "KERAS2", False)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:1"]},
+                                                "task": {"type": "worker", "index": 0}}))
+    with pytest.raises(RuntimeError) as e:
+        fit.strategy()
+    assert str(e.value) == (
+        "several workers need Keras 2: Keras 3's fit fails under MultiWorkerMirroredStrategy "
+        "(keras-team/keras#20585); set TF_USE_LEGACY_KERAS=1 and build the model with tf.keras "
+        "(docs/your-fit-script.md)")
+
+
+def test_a_fresh_stop_flag_names_no_signal():
+    stop = fit._Stop()
+    assert stop.signal_name is None and not stop.event.is_set()
+
+
 def test_outside_the_trainer_things_go_beside_the_script(tmp_path):
     assert fit.model_dir() == str(tmp_path / "model")
     assert fit.output_dir() == str(tmp_path / "outputs") and (tmp_path / "outputs").is_dir()
@@ -138,6 +155,7 @@ def test_outside_the_trainer_things_go_beside_the_script(tmp_path):
     (board,) = fit.callbacks(histogram_freq=2)
     assert isinstance(board, keras.callbacks.TensorBoard)
     assert board.log_dir == str(tmp_path / "logs") and board.histogram_freq == 2
+    assert fit.callbacks()[0].histogram_freq == 0  # no histograms unless asked: they cost time each epoch
     assert board.write_graph is True  # Keras 3: the graph is written as usual
 
 
@@ -150,7 +168,8 @@ def test_under_the_trainer_things_go_where_it_says(run_env, monkeypatch):
     assert fit.output_dir() == str(tmp_path / "kept" / "out") and (tmp_path / "kept" / "out").is_dir()
     assert fit.tensorboard_dir() == str(tmp_path / "tb")
     monkeypatch.setenv(environment.MODEL_DIR, str(tmp_path / "slash") + "/")
-    assert fit.model_dir() == str(tmp_path / "slash") + "/" and (tmp_path).is_dir()
+    assert fit.model_dir() == str(tmp_path / "slash") + "/"
+    assert not (tmp_path / "slash").exists()  # a trailing slash names the same folder: its parent is made
 
 
 @pytest.mark.parametrize(("arg", "env", "every"), [
@@ -205,9 +224,12 @@ def test_a_lost_peer_ends_the_script_with_76_and_anything_else_is_reported(monke
     assert e.value.code == fit.EXIT_PEER_LOST == 76
     assert capsys.readouterr().err == ("trainstack: a worker of the cluster was lost (UnavailableError); "
                                        "exiting 76\n")
-    other = ValueError("mine")
-    fit._peer_lost_hook(ValueError, other, None)
-    assert seen == [(ValueError, other, None)]
+    try:
+        raise ValueError("mine")
+    except ValueError as e:
+        other, tb = e, e.__traceback__
+    fit._peer_lost_hook(ValueError, other, tb)
+    assert seen == [(ValueError, other, tb)]  # Python's own report, with where it happened
     fit._peer_lost_hook(KeyboardInterrupt, KeyboardInterrupt(), None)
     assert len(seen) == 2
 
