@@ -493,6 +493,9 @@ def test_relative_folders_are_made_where_the_script_runs_and_again_without_error
     for _ in range(2):
         fit.model_dir()
     assert sorted(os.listdir(tmp_path)) == ["a", "o"] and not (tmp_path / "a" / "model").exists()
+    monkeypatch.setenv(environment.MODEL_DIR, str(tmp_path / "b" / "X"))  # any name, any letters
+    fit.model_dir()
+    assert (tmp_path / "b").is_dir() and not (tmp_path / "b" / "X").exists()
 
 
 def test_stage_keeps_each_data_set_in_a_folder_of_its_own(tmp_path, monkeypatch):
