@@ -24,8 +24,7 @@ from trainer.events import EventLog
 from trainer.signals import StopRequest
 
 tf = pytest.importorskip("tensorflow")
-from trainer import loop as loop_mod  # noqa: E402 - after TensorFlow is known to be there
-from trainer.loop import RunState, TrainLoop, loop_speed, training_scalars  # noqa: E402
+from trainer.loop import RunState, TrainLoop, loop_speed, training_scalars  # noqa: E402 - after TensorFlow
 from trainer.strategy import Cluster, make_strategy  # noqa: E402
 
 # A planted bug that never ends the training fails here instead of hanging the run.
@@ -279,7 +278,3 @@ def test_a_failed_upload_is_reported_and_the_next_commit_follows(tmp_path, monke
     monkeypatch.setattr(run.loop.checkpointer, "wait_uploads", lambda: None)
     run.loop._wait_uploads()
     assert len([e for e in run.emitted if e["event"] == layout.CHECKPOINT_FAILED]) == 1
-
-
-def test_the_module_names_no_other_loop():
-    assert loop_mod.TrainLoop is TrainLoop
