@@ -324,8 +324,8 @@ class ScriptRun(RunAttempt):
                     if compare is not None and _same_file(path, os.path.join(compare, rel)):
                         continue  # shipped with the code, not saved by this run
                     if name == "saved_model.pb":
-                        rel = os.path.dirname(rel) or "."
-                    found.append(f"{label}/{rel}".replace("/./", "/").rstrip("/."))
+                        rel = os.path.dirname(rel)  # the SavedModel's folder ("" for the folder itself)
+                    found.append(f"{label}/{rel}")
         return found
 
     def _take_model(self, model_dir: str) -> tuple[int, str | None]:
