@@ -173,6 +173,18 @@ def test_complete_record_of_a_run_without_events_has_one_attempt_and_no_cost():
                    "total_seconds": 0.0, "finished_at": _iso(T0)}
 
 
+def test_a_scripts_complete_says_how_many_files_model_got_and_what_became_of_a_model_saved_elsewhere():
+    note = "./x.keras was saved outside fit.model_dir(): taken as model/x.keras"
+    rec = complete_record(step=4, metrics={}, examples_seen=0, events=[], finished_at=T0, model_files=3,
+                          model_note=note)
+    assert (rec["model_files"], rec["model_note"]) == (3, note)
+    # No file is a count a user reads ("model/ got nothing"); no note is no key.
+    empty = complete_record(step=4, metrics={}, examples_seen=0, events=[], finished_at=T0, model_files=0,
+                            model_note="")
+    assert empty["model_files"] == 0 and "model_note" not in empty
+    assert "model_files" not in complete_record(step=4, metrics={}, examples_seen=0, events=[], finished_at=T0)
+
+
 def test_write_complete_stores_what_it_returns(tmp_path):
     from runfolder.storage import open_store
     from trainer.export import write_complete
