@@ -531,3 +531,38 @@ def test_without_a_session_the_environment_s_credentials_are_used_in_the_setting
     assert aws.check_aws(settings(region="us-east-2", bucket="b-1", adopt=True)) == []
     assert made == [{"region_name": "us-east-2"}]
 
+
+
+def test_a_quota_left_out_unknown_or_unreadable_does_not_stop_the_next_one():
+    ec2 = TableEc2(vcpus=VCPUS)
+    # inf2 has no GPU quota here, g5.48xlarge is unknown to EC2: each is passed over, not the end of the check.
+    assert [p.line() for p in aws.aws_quota_problems(settings(instance_types=("inf2.xlarge", "g5.48xlarge",
+                                                                              "p4d.24xlarge")),
+                                                     ec2, Quotas({"L-7212CCBC": 95}))] == [
+        short("All P Spot Instance Requests", "L-7212CCBC", "95", 96, "p4d.24xlarge", 96, 1)]
+    quotas = Quotas({"L-3819A6DF": client_error("AccessDeniedException", "no"), "L-7212CCBC": 0})
+    assert quota_lines(quotas, instance_types=("g5.xlarge", "p4d.24xlarge")) == [
+        f"could not read the EC2 quota '{SPOT_G}' (L-3819A6DF) in {REGION}: AccessDeniedException: no; fix: {READ_FIX}",
+        short("All P Spot Instance Requests", "L-7212CCBC", "0", 96, "p4d.24xlarge", 96, 1)]
+
+
+def test_an_s3_error_without_a_code_is_reported_not_raised():
+    (p,) = aws.aws_bucket_problems(settings(bucket="b-1"), S3(botocore.exceptions.ClientError({}, "HeadBucket")), None)
+    assert p.line() == "could not check bucket b-1: None: None; fix: check the credentials and retry"
+
+
+def test_each_check_that_cannot_run_is_named():
+    class Broken:
+        def __getattr__(self, name):
+            def fail(*args, **kw):
+                raise client_error("AccessDenied", f"{name} denied")
+            return fail
+
+    broken = Broken()
+    session = Session(ec2=broken, service_quotas=broken, s3=broken, sts=broken)
+    fix = "check the credentials (and their region/project) and run preflight again"
+    assert [p.line() for p in aws.check_aws(settings(), session)] == [
+        f"could not check {name}: AccessDenied: {op} denied; fix: {fix}"
+        for name, op in (("instance types", "describe_vpcs"), ("network", "describe_vpcs"),
+                         ("quotas", "describe_instance_types"), ("image", "describe_images"),
+                         ("bucket", "get_caller_identity"))]
