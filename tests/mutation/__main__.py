@@ -165,12 +165,12 @@ TARGETS: dict[str, Target] = {
         ["tests/ops/test_status.py", "tests/ops/test_status_heartbeat.py", "tests/ops/test_status_readers_properties.py",
          "tests/ops/test_status_signature.py", "tests/ops/test_runstate_details.py", "tests/ops/test_catch_status.py"],
         extra=["-m", "not slow"]),
-    # AWS through moto in this process, GCP through test_preflight.py's fake API.
+    # AWS through moto in this process and EC2 clients answered from tables, GCP through test_preflight.py's fake API.
     "preflight": Target(
         ["ops/preflight/aws.py", "ops/preflight/gcp.py", "ops/preflight/common.py", "ops/preflight/__init__.py"],
         ["tests/ops/test_preflight.py", "tests/ops/test_preflight_network.py",
          "tests/ops/test_catch_preflight_routes.py", "tests/ops/test_catch_gcp_aws.py",
-         "tests/ops/test_catch_preflight.py"],
+         "tests/ops/test_catch_preflight.py", "tests/ops/test_catch_preflight_aws.py"],
         extra=["-m", "not slow"]),
     # Script mode's parent in this process, the user's command a small stand-in (test_script.py's
     # cases run the trainer as a child, which mutmut cannot follow).
