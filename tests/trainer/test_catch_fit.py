@@ -72,13 +72,14 @@ def messages(tmp_path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def tiny(units: int = 3, momentum: float = 0.0):
+def tiny(units: int = 3, momentum: float = 0.0, steps_per_execution: int = 1):
     # The variables' names as a fresh script process gives them (Keras numbers layers per process).
     keras.backend.clear_session()
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(units), keras.layers.Dense(2)])
     model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=momentum), metrics=["accuracy"],
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=steps_per_execution)
     return model
 
 
@@ -289,10 +290,12 @@ def test_a_rerun_resumes_after_the_last_epoch_and_trains_only_what_is_left(run_e
     assert int(again.optimizer.iterations.numpy()) == 3 * STEPS
 
 
-def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_never_stopped(run_env):
-    straight = tiny()
+# Two batches a call: the resume skips the stopped epoch's first two in one call of the step.
+@pytest.mark.parametrize("per_call", [1, 2])
+def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_never_stopped(run_env, per_call):
+    straight = tiny(steps_per_execution=per_call)
     straight.fit(data(), epochs=2, verbose=0, shuffle=False)
-    model = tiny()
+    model = tiny(steps_per_execution=per_call)
     cb = fit.RunCheckpoint()
     with pytest.raises(Exited) as e:
         model.fit(data(), epochs=2, callbacks=[StopAt(1, 1), cb], verbose=0, shuffle=False)
@@ -308,7 +311,7 @@ def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_neve
     assert any(v != 0 for v in np.ravel(next(iter(state["metrics"].values()))))  # the epoch's sums so far
     fit.STOP.event.clear()
     (run_env / "messages.jsonl").unlink()
-    resumed = tiny()
+    resumed = tiny(steps_per_execution=per_call)
     history = resumed.fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
     said = messages(run_env)
     assert [m for m in said if m["kind"] == "resumed"][0] == {
@@ -382,6 +385,28 @@ def test_time_based_commits_between_epoch_ends_and_progress(run_env, monkeypatch
     assert set(progress[0]["metrics"]) >= {"loss", "accuracy"}
     # A commit after each batch (a queued one may give way to a newer): more than the epoch end's.
     assert len({m["step"] for m in said if m["kind"] == "checkpoint"}) >= 2
+
+
+class Clock(keras.callbacks.Callback):
+    """The helper's clock, moved 10 s before each batch of the first epoch and still otherwise."""
+
+    def __init__(self, monkeypatch):
+        super().__init__()
+        self.now = 0.0
+        monkeypatch.setattr(fit, "time", type("Time", (), {"monotonic": staticmethod(lambda: self.now)}))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.now = 10.0 * (batch + 1)
+
+
+def test_a_commit_and_progress_are_due_once_their_seconds_have_passed_in_full(run_env, monkeypatch):
+    monkeypatch.setattr(fit, "PROGRESS_EVERY_S", 20.0)
+    clock = Clock(monkeypatch)
+    cb = fit.RunCheckpoint(every_seconds=20.0)
+    tiny().fit(data(), epochs=1, callbacks=[clock, cb], verbose=0, shuffle=False)
+    # Batches end at 10, 20, 30, 40 s: due at 20 and 40 (exactly 20 s after the last), then the epoch's end.
+    assert len(cb.save_seconds) == 3
+    assert [m["step"] for m in messages(run_env) if m["kind"] == "progress"] == [2, 4]
 
 
 def test_without_a_cadence_only_epoch_ends_commit_and_progress_waits(run_env):
