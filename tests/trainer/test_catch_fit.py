@@ -338,6 +338,29 @@ def test_a_stop_before_training_begins_commits_and_exits(run_env):
         {"kind": "stopped", "step": 0, "signal": "SIGINT"}]
 
 
+def test_a_stop_exits_143_even_when_the_uploads_tensorboard_or_output_fail_at_the_end(run_env, monkeypatch):
+    class Broken:
+        def write(self, text):
+            return len(text)
+
+        def flush(self):
+            raise OSError("the pipe is gone")
+
+    def fail():
+        raise RuntimeError("an upload failed")
+
+    fit.STOP.event.set()
+    board = keras.callbacks.TensorBoard(str(run_env / "tb"))
+    cb = fit.RunCheckpoint(board=board)
+    monkeypatch.setattr(board, "_close_writers", fail)
+    monkeypatch.setattr(cb.store, "wait", fail)
+    monkeypatch.setattr(sys, "stdout", Broken())
+    with pytest.raises(Exited) as e:
+        tiny().fit(data(), epochs=1, callbacks=[cb], verbose=0, shuffle=False)
+    assert e.value.code == 143
+    assert [m["step"] for m in messages(run_env) if m["kind"] == "stopped"] == [0]
+
+
 def test_a_stop_at_an_epochs_end_commits_once_more_and_exits(run_env):
     model = tiny()
 
@@ -395,6 +418,9 @@ class Clock(keras.callbacks.Callback):
         self.now = 0.0
         monkeypatch.setattr(fit, "time", type("Time", (), {"monotonic": staticmethod(lambda: self.now)}))
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self.now = 0.0123  # before the helper reads the epoch's start
+
     def on_train_batch_begin(self, batch, logs=None):
         self.now = 10.0 * (batch + 1)
 
@@ -406,7 +432,9 @@ def test_a_commit_and_progress_are_due_once_their_seconds_have_passed_in_full(ru
     tiny().fit(data(), epochs=1, callbacks=[clock, cb], verbose=0, shuffle=False)
     # Batches end at 10, 20, 30, 40 s: due at 20 and 40 (exactly 20 s after the last), then the epoch's end.
     assert len(cb.save_seconds) == 3
-    assert [m["step"] for m in messages(run_env) if m["kind"] == "progress"] == [2, 4]
+    said = messages(run_env)
+    assert [m["step"] for m in said if m["kind"] == "progress"] == [2, 4]
+    assert [m["epoch_seconds"] for m in said if m["kind"] == "epoch"] == [39.988]  # to the millisecond
 
 
 def test_without_a_cadence_only_epoch_ends_commit_and_progress_waits(run_env):
