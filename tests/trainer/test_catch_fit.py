@@ -292,7 +292,8 @@ def test_a_rerun_resumes_after_the_last_epoch_and_trains_only_what_is_left(run_e
 
 # Two batches a call: the resume skips the stopped epoch's first two in one call of the step.
 @pytest.mark.parametrize("per_call", [1, 2])
-def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_never_stopped(run_env, per_call):
+def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_never_stopped(run_env, monkeypatch,
+                                                                                        per_call):
     straight = tiny(steps_per_execution=per_call)
     straight.fit(data(), epochs=2, verbose=0, shuffle=False)
     model = tiny(steps_per_execution=per_call)
@@ -311,6 +312,7 @@ def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_neve
     assert any(v != 0 for v in np.ravel(next(iter(state["metrics"].values()))))  # the epoch's sums so far
     fit.STOP.event.clear()
     (run_env / "messages.jsonl").unlink()
+    monkeypatch.setattr(fit, "PROGRESS_EVERY_S", 0.0)  # progress at each call's end: none for the skipped ones
     resumed = tiny(steps_per_execution=per_call)
     history = resumed.fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
     said = messages(run_env)
@@ -324,6 +326,7 @@ def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_neve
     assert history.history["accuracy"][-1] == pytest.approx(float(straight_acc), abs=1e-6)
     assert store.committed_steps()[-1] == 2 * STEPS
     assert [m["step"] for m in said if m["kind"] == "epoch"] == [2 * STEPS]
+    assert [m["step"] for m in said if m["kind"] == "progress"] == list(range(STEPS + 2 + per_call, 2 * STEPS + 1, per_call))
 
 
 def test_a_stop_before_training_begins_commits_and_exits(run_env):
