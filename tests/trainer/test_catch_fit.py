@@ -364,6 +364,19 @@ def test_a_stop_exits_143_even_when_the_uploads_tensorboard_or_output_fail_at_th
     assert [m["step"] for m in messages(run_env) if m["kind"] == "stopped"] == [0]
 
 
+def test_a_stop_before_a_resume_has_skipped_its_batches_commits_nothing_again(run_env):
+    with pytest.raises(Exited):
+        tiny().fit(data(), epochs=1, callbacks=[StopAt(0, 0), fit.RunCheckpoint()], verbose=0, shuffle=False)
+    (run_env / "messages.jsonl").unlink()  # the stop's commit of step 1, batch 1; the signal still set
+    with pytest.raises(Exited) as e:
+        tiny().fit(data(), epochs=1, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
+    assert e.value.code == 143
+    said = messages(run_env)
+    # The step restored is committed already; saved again before its batch is skipped, its metric sums would be lost.
+    assert [m["kind"] for m in said if m["kind"] != "event"] == ["resumed", "stopped"]
+    assert said[-1] == {"kind": "stopped", "step": 1, "signal": "SIGTERM"}
+
+
 def test_a_stop_at_an_epochs_end_commits_once_more_and_exits(run_env):
     model = tiny()
 
