@@ -417,6 +417,14 @@ def test_a_model_with_more_variables_than_saved_is_refused(run_env, capsys):
     assert " here, nothing saved)" in capsys.readouterr().err
 
 
+def test_a_model_with_fewer_variables_than_saved_is_refused(run_env, capsys):
+    tiny(3, momentum=0.9).fit(data(), epochs=1, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
+    with pytest.raises(Exited) as e:  # the momentum slots saved, none here
+        tiny(3).fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
+    assert e.value.code == 78
+    assert "(variables differ: nothing here, " in capsys.readouterr().err
+
+
 def test_time_based_commits_between_epoch_ends_and_progress(run_env, monkeypatch):
     monkeypatch.setattr(fit, "PROGRESS_EVERY_S", 0.0)
     model = tiny()
