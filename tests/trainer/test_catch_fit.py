@@ -313,6 +313,7 @@ def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_neve
     fit.STOP.event.clear()
     (run_env / "messages.jsonl").unlink()
     monkeypatch.setattr(fit, "PROGRESS_EVERY_S", 0.0)  # progress at each call's end: none for the skipped ones
+    (run_env / "local" / "kept.txt").write_text("the script's own")  # the restore replaces only its own folder
     resumed = tiny(steps_per_execution=per_call)
     history = resumed.fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
     said = messages(run_env)
@@ -327,6 +328,7 @@ def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_neve
     assert store.committed_steps()[-1] == 2 * STEPS
     assert [m["step"] for m in said if m["kind"] == "epoch"] == [2 * STEPS]
     assert not (run_env / "restore").exists()  # restored under the checkpoint folder, not where the script runs
+    assert (run_env / "local" / "kept.txt").read_text() == "the script's own"
     assert [m["step"] for m in said if m["kind"] == "progress"] == list(range(STEPS + 2 + per_call, 2 * STEPS + 1, per_call))
     # The first call trained after the skip reports the sums added back too (at two a call, the epoch's last).
     progress = [m for m in said if m["kind"] == "progress"]
