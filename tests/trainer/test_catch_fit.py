@@ -380,6 +380,8 @@ def test_a_stop_before_a_resume_has_skipped_its_batches_commits_nothing_again(ru
     said = messages(run_env)
     # The step restored is committed already; saved again before its batch is skipped, its metric sums would be lost.
     assert [m["kind"] for m in said if m["kind"] != "event"] == ["resumed", "stopped"]
+    # No epoch had ended: the resume names no metrics.
+    assert said[0] == {"kind": "resumed", "step": 1, "epoch": 0, "batch": 1, "total": STEPS}
     assert said[-1] == {"kind": "stopped", "step": 1, "signal": "SIGTERM"}
 
 
