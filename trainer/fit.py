@@ -396,11 +396,12 @@ class RunCheckpoint(keras.callbacks.Callback):
         self._epoch_started = time.monotonic()
 
     def on_train_batch_end(self, batch, logs=None) -> None:
-        self.batch = batch + 1
+        # One call of the step trains `steps_per_execution` batches; `batch` is the call's last.
+        trained, self.batch = batch + 1 - self.batch, batch + 1
         if self._skipped:
             self._skipped = False
             return  # a skipped batch: nothing trained
-        self.step += 1
+        self.step += trained
         if STOP.event.is_set():
             self._stop_now()
         now = time.monotonic()

@@ -51,11 +51,6 @@ class Target:
     extra: list[str] = field(default_factory=list)
 
 
-# test_catch_fit.py's cases that run Keras `fit` (see the `fit` target).
-FIT_TRAINS = ("not (each_epoch or rerun_resumes or stop_inside or stop_before or stop_at_an or another_models "
-              "or more_variables or time_based or without_a_cadence or several_workers_commit or not_chief "
-              "or keras_2_resume or closes_tensorboard or stores_own)")
-
 TARGETS: dict[str, Target] = {
     "layout": Target(
         ["runfolder/layout.py"],
@@ -175,12 +170,10 @@ TARGETS: dict[str, Target] = {
     # Script mode's parent in this process, the user's command a small stand-in (test_script.py's
     # cases run the trainer as a child, which mutmut cannot follow).
     "script": Target(["trainer/script.py"], ["tests/trainer/test_catch_script.py"]),
-    # The fit helper's functions. Its cases that train a tiny Keras model are left out: Keras `fit`
-    # (tf.function, tf.data) hangs in a process forked after TensorFlow ran in its parent, as
-    # mutmut's workers are, so every RunCheckpoint mutant would time out and count as killed
-    # whatever it changed (tests/README.md, round three). They run in the ordinary suite.
+    # The fit helper and RunCheckpoint on a tiny Keras model. A graph `fit` hangs in mutmut's
+    # forked workers; the plugin runs test_catch_fit.py's `fit` eagerly there, which trains.
     "fit": Target(["trainer/fit.py"], ["tests/trainer/test_catch_fit.py", "tests/trainer/test_fit.py"],
-                  select=FIT_TRAINS, extra=["-m", "not slow"]),
+                  extra=["-m", "not slow"]),
 }
 
 

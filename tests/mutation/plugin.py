@@ -10,6 +10,7 @@ its own working directory and fails), so those tests stay with the ordinary test
 from __future__ import annotations
 
 import os
+import sys
 
 # mutmut runs each mutant's tests in a process forked from the one that ran them all first. A
 # TensorFlow op that hands work to the runtime's thread pools (a softmax, any graph function)
@@ -17,6 +18,11 @@ import os
 # eager ops inline; the tests of the trainer's modules run their `tf.function`s eagerly too.
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+
+# Test modules whose Keras `fit` runs eagerly in a mutation run (`tf.config.run_functions_eagerly`):
+# a graph `fit` waits forever in the fork even with one thread a pool, an eager one trains. The
+# ordinary suite keeps the graph, which is faster.
+EAGER_FIT = {"test_catch_fit.py"}
 
 EMULATORS = {"moto_server", "gcs_emulator"}
 # Parameters that pick a store through `request.getfixturevalue` (tests/fixtures/emulators.py).
@@ -49,3 +55,15 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def pytest_runtest_setup(item):
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and item.path.name in EAGER_FIT:
+        tf.config.run_functions_eagerly(True)
+
+
+def pytest_runtest_teardown(item):
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and item.path.name in EAGER_FIT:
+        tf.config.run_functions_eagerly(False)

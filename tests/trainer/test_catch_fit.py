@@ -72,13 +72,14 @@ def messages(tmp_path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def tiny(units: int = 3, momentum: float = 0.0):
+def tiny(units: int = 3, momentum: float = 0.0, steps_per_execution: int = 1):
     # The variables' names as a fresh script process gives them (Keras numbers layers per process).
     keras.backend.clear_session()
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(units), keras.layers.Dense(2)])
     model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=momentum), metrics=["accuracy"],
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=steps_per_execution)
     return model
 
 
@@ -289,10 +290,13 @@ def test_a_rerun_resumes_after_the_last_epoch_and_trains_only_what_is_left(run_e
     assert int(again.optimizer.iterations.numpy()) == 3 * STEPS
 
 
-def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_never_stopped(run_env):
-    straight = tiny()
+# Two batches a call: the resume skips the stopped epoch's first two in one call of the step.
+@pytest.mark.parametrize("per_call", [1, 2])
+def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_never_stopped(run_env, monkeypatch,
+                                                                                        per_call):
+    straight = tiny(steps_per_execution=per_call)
     straight.fit(data(), epochs=2, verbose=0, shuffle=False)
-    model = tiny()
+    model = tiny(steps_per_execution=per_call)
     cb = fit.RunCheckpoint()
     with pytest.raises(Exited) as e:
         model.fit(data(), epochs=2, callbacks=[StopAt(1, 1), cb], verbose=0, shuffle=False)
@@ -308,7 +312,9 @@ def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_neve
     assert any(v != 0 for v in np.ravel(next(iter(state["metrics"].values()))))  # the epoch's sums so far
     fit.STOP.event.clear()
     (run_env / "messages.jsonl").unlink()
-    resumed = tiny()
+    monkeypatch.setattr(fit, "PROGRESS_EVERY_S", 0.0)  # progress at each call's end: none for the skipped ones
+    (run_env / "local" / "kept.txt").write_text("the script's own")  # the restore replaces only its own folder
+    resumed = tiny(steps_per_execution=per_call)
     history = resumed.fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
     said = messages(run_env)
     assert [m for m in said if m["kind"] == "resumed"][0] == {
@@ -321,6 +327,12 @@ def test_a_stop_inside_an_epoch_commits_that_step_and_the_resume_ends_as_if_neve
     assert history.history["accuracy"][-1] == pytest.approx(float(straight_acc), abs=1e-6)
     assert store.committed_steps()[-1] == 2 * STEPS
     assert [m["step"] for m in said if m["kind"] == "epoch"] == [2 * STEPS]
+    assert not (run_env / "restore").exists()  # restored under the checkpoint folder, not where the script runs
+    assert (run_env / "local" / "kept.txt").read_text() == "the script's own"
+    assert [m["step"] for m in said if m["kind"] == "progress"] == list(range(STEPS + 2 + per_call, 2 * STEPS + 1, per_call))
+    # The first call trained after the skip reports the sums added back too (at two a call, the epoch's last).
+    progress = [m for m in said if m["kind"] == "progress"]
+    assert progress[-1]["metrics"]["accuracy"] == pytest.approx(float(straight_acc), abs=1e-6)
 
 
 def test_a_stop_before_training_begins_commits_and_exits(run_env):
@@ -333,6 +345,44 @@ def test_a_stop_before_training_begins_commits_and_exits(run_env):
     assert CheckpointStore(open_store(f"file://{run_env}/run")).committed_steps() == [0]
     assert [m for m in messages(run_env) if m["kind"] == "stopped"] == [
         {"kind": "stopped", "step": 0, "signal": "SIGINT"}]
+
+
+def test_a_stop_exits_143_even_when_the_uploads_tensorboard_or_output_fail_at_the_end(run_env, monkeypatch):
+    class Broken:
+        def write(self, text):
+            return len(text)
+
+        def flush(self):
+            raise OSError("the pipe is gone")
+
+    def fail():
+        raise RuntimeError("an upload failed")
+
+    fit.STOP.event.set()
+    board = keras.callbacks.TensorBoard(str(run_env / "tb"))
+    cb = fit.RunCheckpoint(board=board)
+    monkeypatch.setattr(board, "_close_writers", fail)
+    monkeypatch.setattr(cb.store, "wait", fail)
+    monkeypatch.setattr(sys, "stdout", Broken())
+    with pytest.raises(Exited) as e:
+        tiny().fit(data(), epochs=1, callbacks=[cb], verbose=0, shuffle=False)
+    assert e.value.code == 143
+    assert [m["step"] for m in messages(run_env) if m["kind"] == "stopped"] == [0]
+
+
+def test_a_stop_before_a_resume_has_skipped_its_batches_commits_nothing_again(run_env):
+    with pytest.raises(Exited):
+        tiny().fit(data(), epochs=1, callbacks=[StopAt(0, 0), fit.RunCheckpoint()], verbose=0, shuffle=False)
+    (run_env / "messages.jsonl").unlink()  # the stop's commit of step 1, batch 1; the signal still set
+    with pytest.raises(Exited) as e:
+        tiny().fit(data(), epochs=1, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
+    assert e.value.code == 143
+    said = messages(run_env)
+    # The step restored is committed already; saved again before its batch is skipped, its metric sums would be lost.
+    assert [m["kind"] for m in said if m["kind"] != "event"] == ["resumed", "stopped"]
+    # No epoch had ended: the resume names no metrics.
+    assert said[0] == {"kind": "resumed", "step": 1, "epoch": 0, "batch": 1, "total": STEPS}
+    assert said[-1] == {"kind": "stopped", "step": 1, "signal": "SIGTERM"}
 
 
 def test_a_stop_at_an_epochs_end_commits_once_more_and_exits(run_env):
@@ -371,6 +421,14 @@ def test_a_model_with_more_variables_than_saved_is_refused(run_env, capsys):
     assert " here, nothing saved)" in capsys.readouterr().err
 
 
+def test_a_model_with_fewer_variables_than_saved_is_refused(run_env, capsys):
+    tiny(3, momentum=0.9).fit(data(), epochs=1, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
+    with pytest.raises(Exited) as e:  # the momentum slots saved, none here
+        tiny(3).fit(data(), epochs=2, callbacks=[fit.RunCheckpoint()], verbose=0, shuffle=False)
+    assert e.value.code == 78
+    assert "(variables differ: nothing here, " in capsys.readouterr().err
+
+
 def test_time_based_commits_between_epoch_ends_and_progress(run_env, monkeypatch):
     monkeypatch.setattr(fit, "PROGRESS_EVERY_S", 0.0)
     model = tiny()
@@ -382,6 +440,38 @@ def test_time_based_commits_between_epoch_ends_and_progress(run_env, monkeypatch
     assert set(progress[0]["metrics"]) >= {"loss", "accuracy"}
     # A commit after each batch (a queued one may give way to a newer): more than the epoch end's.
     assert len({m["step"] for m in said if m["kind"] == "checkpoint"}) >= 2
+
+
+class Clock(keras.callbacks.Callback):
+    """The helper's clock, moved 10 s before each batch of the first epoch and still otherwise."""
+
+    def __init__(self, monkeypatch):
+        super().__init__()
+        self.now = 0.0
+        monkeypatch.setattr(fit, "time", type("Time", (), {"monotonic": staticmethod(lambda: self.now)}))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.now = 0.0123  # before the helper reads the epoch's start
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.now = 10.0 * (batch + 1)
+
+
+def test_a_commit_and_progress_are_due_once_their_seconds_have_passed_in_full(run_env, monkeypatch):
+    monkeypatch.setattr(fit, "PROGRESS_EVERY_S", 20.0)
+    clock = Clock(monkeypatch)
+    cb = fit.RunCheckpoint(every_seconds=20.0)
+
+    def waits(step, folder):
+        raise AssertionError(f"the training waited for checkpoint {step}'s upload")
+
+    monkeypatch.setattr(cb.store, "commit", waits)  # only a stop waits for its commit
+    tiny().fit(data(), epochs=1, callbacks=[clock, cb], verbose=0, shuffle=False)
+    # Batches end at 10, 20, 30, 40 s: due at 20 and 40 (exactly 20 s after the last), then the epoch's end.
+    assert len(cb.save_seconds) == 3
+    said = messages(run_env)
+    assert [m["step"] for m in said if m["kind"] == "progress"] == [2, 4]
+    assert [m["epoch_seconds"] for m in said if m["kind"] == "epoch"] == [39.988]  # to the millisecond
 
 
 def test_without_a_cadence_only_epoch_ends_commit_and_progress_waits(run_env):
@@ -428,12 +518,15 @@ def test_several_workers_take_the_stop_signals_back_after_the_strategy_starts(mo
 
 class _Var:
     def __init__(self, name, path=None):
-        self.name, self.path = name, path
+        self.name = name
+        if path is not None:  # Keras 2's variables have no `path` at all
+            self.path = path
 
 
 def test_keras_2s_variables_go_by_name_and_its_dropout_state_is_saved(monkeypatch):
     assert fit._name(_Var("dense/kernel:0", "seq/dense/kernel")) == "seq/dense/kernel"
     assert fit._name(_Var("dense/kernel:0")) == "dense/kernel:0"
+    assert fit._name(_Var("dense/kernel:0", "")) == "dense/kernel:0"
 
     class Metric:
         variables = ["total", "count"]
