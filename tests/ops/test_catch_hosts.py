@@ -407,28 +407,20 @@ def test_gce_machines_that_cannot_be_listed_name_the_call(tmp_path, monkeypatch)
     assert str(e.value) == "gcloud compute instances list failed: ERROR: (gcloud.compute.instances.list) PERMISSION_DENIED"
 
 
-def test_a_gce_listing_that_hangs_is_stopped(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("cli", "bound", "call", "said"), [
+    ("gcloud", "GCLOUD_TIMEOUT_S", lambda: hosts.gcp_hosts("g"), "gcloud compute instances list"),
+    ("pulumi", "PULUMI_TIMEOUT_S", lambda: hosts.stack_outputs("dev"), "pulumi stack output --stack dev"),
+])
+def test_a_gce_listing_or_pulumi_that_hangs_is_stopped(tmp_path, monkeypatch, cli, bound, call, said):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "gcloud").write_text("#!/bin/sh\nexec sleep 30\n")
-    (bin_dir / "gcloud").chmod(0o755)
+    (bin_dir / cli).write_text("#!/bin/sh\nexec sleep 30\n")
+    (bin_dir / cli).chmod(0o755)
     _on_path(monkeypatch, bin_dir)
-    monkeypatch.setattr(hosts, "GCLOUD_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(hosts, bound, 0.3)
     with pytest.raises(hosts.HostsError) as e:
-        hosts.gcp_hosts("g")
-    assert str(e.value) == "gcloud compute instances list took over 0.3 s; try again"
-
-
-def test_pulumi_that_hangs_is_stopped(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "pulumi").write_text("#!/bin/sh\nexec sleep 30\n")
-    (bin_dir / "pulumi").chmod(0o755)
-    _on_path(monkeypatch, bin_dir)
-    monkeypatch.setattr(hosts, "PULUMI_TIMEOUT_S", 0.3)
-    with pytest.raises(hosts.HostsError) as e:
-        hosts.stack_outputs("dev")
-    assert str(e.value) == "pulumi stack output --stack dev took over 0.3 s; try again"
+        call()
+    assert str(e.value) == f"{said} took over 0.3 s; try again"
 
 
 def test_a_gcp_group_that_cannot_be_read_is_one_line_naming_the_call(tmp_path, monkeypatch):
