@@ -301,14 +301,20 @@ def test_the_real_package_runs_a_tick_in_lambdas_runtime(tmp_path, s3_run):
     assert group_size(s3_run, home) == (0, 0, 0) and group_size(s3_run, other) == (0, 0, 0)
 
 
-def test_aws_ticks_are_delivered_at_least_once_with_no_retry_and_one_at_a_time():
+def test_aws_ticks_are_delivered_with_no_retry_and_no_reservation_unless_asked():
     """Lambda retries an asynchronous invocation twice and keeps it six hours unless told; the scheduler retries
-    185 times. Here neither retries, an event older than a minute is dropped, and one tick runs at a time."""
+    185 times. Here neither retries and an event older than a minute is dropped. No concurrency is reserved by
+    default (Lambda refuses any reservation on an account limited to 10): ticks side by side are safe by
+    placement.json's conditional writes; `placement.reserveConcurrency` reserves one."""
+    from components.aws import controller
     from tests.components import provider_values as pv
 
     r = synthesized("aws")
     (fn,) = r.of_type(FUNCTION["aws"])
-    assert fn["inputs"]["reservedConcurrentExecutions"] == 1
+    assert fn["inputs"]["reservedConcurrentExecutions"] == controller.UNRESERVED == -1
+    reserved = synth.synthesize({**RAW["aws"], "placement": {"reserveConcurrency": True}}, stack="places")
+    (one,) = reserved.of_type(FUNCTION["aws"])
+    assert one["inputs"]["reservedConcurrentExecutions"] == 1
     (delivery,) = r.of_type("aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig")
     assert delivery["inputs"]["functionName"] == fn["inputs"]["name"]
     assert delivery["inputs"]["maximumRetryAttempts"] == 0
@@ -316,7 +322,7 @@ def test_aws_ticks_are_delivered_at_least_once_with_no_retry_and_one_at_a_time()
     (schedule,) = r.of_type(SCHEDULE["aws"])
     assert schedule["inputs"]["target"]["retryPolicy"] == {"maximumRetryAttempts": 0, "maximumEventAgeInSeconds": 60}
     # Each value is inside pulumi_aws's documented range; one outside it is caught.
-    for rec in (fn, delivery, schedule):
+    for rec in (fn, one, delivery, schedule):
         assert pv.check_resource(rec) == []
     for rec, key, bad in ((delivery, "maximumEventAgeInSeconds", 30), (delivery, "maximumRetryAttempts", 3)):
         planted = {**rec, "inputs": {**rec["inputs"], key: bad}}
