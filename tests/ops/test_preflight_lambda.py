@@ -111,16 +111,14 @@ def test_preflight_asks_lambda_only_when_the_key_is_on_and_there_is_a_controller
     stub.assert_no_pending_responses()
     assert [p.what for p in problems if p.what.startswith("placement.reserveConcurrency")] != []
     # Off (the default), or on with one placement (no controller): Lambda is never asked.
-    for off in (settings(reserve=False), config.load_settings({**PLACES, "placements": PLACES["placements"][:1],
-                                                               "placement": {"reserveConcurrency": True}}, stack="u")):
+    alone = config.load_settings({**PLACES, "placements": PLACES["placements"][:1],
+                                  "placement": {"reserveConcurrency": True}}, stack="u")
+    for off in (settings(reserve=False), alone):
         session = Session(None)
         preflight.check(off, aws_session=session)
         assert "lambda" not in session.asked
         assert session.asked  # the other checks did ask for their clients
-    client, stub = stubbed(10, 10, None, s)
-    one = config.load_settings({**PLACES, "placements": PLACES["placements"][:1],
-                                "placement": {"reserveConcurrency": True}}, stack="u")
-    assert preflight_aws.aws_lambda_concurrency_problems(one, client) == []
+    assert preflight_aws.aws_lambda_concurrency_problems(alone, None) == []
 
 
 def test_the_key_is_refused_on_a_gcp_home() -> None:
