@@ -6,7 +6,10 @@ configured by the `TRAINSTACK_PLACEMENTS` variable: controller/config.py) and sc
 between calls. The function runs as its own service account, with exactly what a tick needs: read
 this run's folder, write only the placement record and the controller's events there, and read and
 resize this stack's groups only (a placement's group in another project through a role and a grant
-made in that project). The scheduler calls it as an invoker account that may do nothing else. The function is built as an account of its own (`build_grants`). The deployer needs
+made in that project). The scheduler calls it as an invoker account that may do nothing else. The function is built as an account of its own
+(`build_grants`) into a Docker repository of the stack's own (`build_repository`), once those grants have had time
+to propagate (components/propagation.py). A tick may be delivered twice (Cloud Scheduler after a transport error,
+Cloud Run briefly over `max_instance_count`): placement.json's conditional writes keep that safe. The deployer needs
 `iam.serviceAccounts.actAs` on the three accounts.
 """
 
