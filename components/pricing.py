@@ -211,31 +211,50 @@ _CONTINENTS = {"us": "north-america", "northamerica": "north-america", "southame
                "europe": "europe", "asia": "asia", "australia": "oceania", "me": "middle-east", "africa": "africa"}
 
 
+# The bytes of the unit each cloud's transfer prices are per: AWS bills per GB (10^9 bytes), Google per GiB
+# (2^30 bytes: its network pricing says "GiB"), about 7 % more bytes for the same price.
+TRANSFER_UNIT_BYTES = {"aws": 10**9, "gcp": 2**30}
+_UNIT_NAMES = {10**9: "GB", 2**30: "GiB"}
+
+
 @dataclass(frozen=True)
 class Transfer:
-    """What reading bytes from the home bucket costs a placement, per GB."""
+    """What reading bytes from the home bucket costs a placement, per unit of the sender's cloud (`unit`)."""
 
     per_gb: float | None
-    """USD per GB (10^9 bytes); 0 in the bucket's own region; None when the table has no price."""
+    """USD per `unit_bytes` (AWS: GB, 10^9 bytes; GCP: GiB, 2^30 bytes); 0 in the bucket's own region; None when
+    the table has no price."""
     kind: str
     """"same region", "inter-region", "same continent", "inter-continent" or "internet"."""
+    unit_bytes: int = 10**9
+    """The bytes `per_gb` is the price of: the sending cloud's billing unit (TRANSFER_UNIT_BYTES)."""
+
+    @property
+    def unit(self) -> str:
+        """The billing unit's name, "GB" or "GiB", as the price is written ($0.12/GiB)."""
+        return _UNIT_NAMES.get(self.unit_bytes, f"{self.unit_bytes} bytes")
+
+    def cost(self, nbytes: float) -> float | None:
+        """USD to move `nbytes`; None without a price."""
+        return None if self.per_gb is None else self.per_gb * nbytes / self.unit_bytes
 
 
 def transfer_per_gb(home_cloud: str, home_region: str, cloud: str, region: str) -> Transfer:
     """The list price of moving data from a bucket in `home_region` to machines in `region` (components/prices.yaml)."""
     table = price_table().get("transfer") or {}
     prices = table.get(home_cloud) or {}
+    unit = TRANSFER_UNIT_BYTES[home_cloud]
     if cloud != home_cloud:
         kind = "internet"
     elif region == home_region:
-        return Transfer(0.0, "same region")
+        return Transfer(0.0, "same region", unit)
     elif home_cloud == "aws":
         kind = "inter-region"
     else:
         same = _CONTINENTS.get(home_region.split("-")[0]) == _CONTINENTS.get(region.split("-")[0]) is not None
         kind = "same continent" if same else "inter-continent"
     price = prices.get(kind.replace("-", "_").replace(" ", "_"))
-    return Transfer(None if price is None else float(price), kind)
+    return Transfer(None if price is None else float(price), kind, unit)
 
 
 @dataclass(frozen=True)
@@ -244,7 +263,7 @@ class CheckpointWrites:
     leaves the placement's region (and cloud) every `run.checkpointEverySeconds`, billed by the sender's cloud."""
 
     transfer: Transfer
-    """The sender's (the placement's) price per GB to home's bucket: "same region" (0) at home."""
+    """The sender's (the placement's) price per GB (GiB on GCP) to home's bucket: "same region" (0) at home."""
     checkpoint_bytes: int
     """Bytes of one checkpoint (`components.storage.ASSUMED_CHECKPOINT_BYTES` unless a size is known)."""
     every_seconds: float | None
@@ -255,7 +274,7 @@ class CheckpointWrites:
         """USD an hour of training there; None without a price or a time trigger (step checkpoints add to it)."""
         if self.transfer.per_gb is None or not self.every_seconds:
             return None
-        return self.transfer.per_gb * self.checkpoint_bytes / 1e9 * 3600 / self.every_seconds
+        return self.transfer.cost(self.checkpoint_bytes) * 3600 / self.every_seconds
 
 
 def checkpoint_writes(settings: Any, cloud: str, region: str, *, checkpoint_bytes: int | None = None) -> CheckpointWrites:
@@ -284,9 +303,8 @@ class PlacementCost:
     @property
     def restore_cost(self) -> float | None:
         """USD to read one checkpoint from the home bucket into this placement."""
-        if self.transfer.per_gb is None:
-            return None
-        return round(self.transfer.per_gb * self.restore_bytes / 1e9, 4)
+        cost = self.transfer.cost(self.restore_bytes)
+        return None if cost is None else round(cost, 4)
 
 
 def placement_costs(settings: Any, *, checkpoint_bytes: int) -> list[PlacementCost]:

@@ -109,7 +109,7 @@ def placements_section(rows: list[PlacementCost], groups: list[str], wait_minute
             restore = f"restore: no recorded {row.transfer.kind} transfer price"
         else:
             restore = (f"each restore reads one checkpoint ({checkpoint}) {row.transfer.kind} at "
-                       f"${row.transfer.per_gb:g}/GB: {_money(row.restore_cost)}")
+                       f"${row.transfer.per_gb:g}/{row.transfer.unit}: {_money(row.restore_cost)}")
         where = f"{row.index} {row.cloud} {row.region}" + (" (home)" if row.index == 0 else "")
         lines.append(f"  {where}: group {group}; {price}; {restore}{writes_text(row, checkpoint)}")
     lines.append(f"  Transfer prices: {transfer_source}; not a quote.")
@@ -124,9 +124,9 @@ def writes_text(row: PlacementCost, checkpoint: str) -> str:
     if writes.transfer.per_gb is None:
         return f"; checkpoint writes: no recorded {writes.transfer.kind} transfer price"
     if writes.per_hour is None:
-        return f"; checkpoint writes: ${writes.transfer.per_gb:g}/GB {writes.transfer.kind} (by steps only: no hourly rate)"
+        return f"; checkpoint writes: ${writes.transfer.per_gb:g}/{writes.transfer.unit} {writes.transfer.kind} (by steps only: no hourly rate)"
     return (f"; checkpoint writes: ${writes.per_hour:.2f}/h at the {checkpoint} size, one every "
-            f"{writes.every_seconds:g} s {writes.transfer.kind} at ${writes.transfer.per_gb:g}/GB")
+            f"{writes.every_seconds:g} s {writes.transfer.kind} at ${writes.transfer.per_gb:g}/{writes.transfer.unit}")
 
 
 def image_copies_lines(copies: ImageCopies | None, source: str) -> list[str]:

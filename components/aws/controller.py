@@ -32,14 +32,21 @@ RUNTIME = "python3.12"
 TIMEOUT_S = 60
 MEMORY_MB = 256
 # Delivery: EventBridge Scheduler invokes the function asynchronously, and Lambda by default retries a failed
-# or timed-out invocation twice and keeps an undelivered one queued for six hours. A tick is at-least-once on
-# purpose with neither: no Lambda retry and no scheduler retry (the next scheduled minute is the retry), an event
-# older than a minute dropped (pulumi_aws documents 60-21600 s), and one tick at a time (reserved concurrency 1:
-# two scheduled ticks never run side by side; a tick may still overlap `ops move`, which the tick's own code
-# allows for).
+# or timed-out invocation twice and keeps an undelivered one queued for six hours. Here neither retries (the next
+# scheduled minute is the retry) and an event older than a minute is dropped (pulumi_aws documents 60-21600 s).
+# A tick may still arrive twice (Lambda's asynchronous queue may deliver one event more than once) and overlap
+# another tick or `ops move`: correctness rests on placement.json's conditional writes (controller/record.py),
+# never on delivery.
 RETRY_ATTEMPTS = 0
 MAX_EVENT_AGE_S = 60
+# Reserved concurrency, only with `placement.reserveConcurrency`: one tick at a time. Off by default, because
+# Lambda refuses a reservation that would leave the account under its minimum of unreserved concurrency (100; on
+# an account whose limit is 10, common for new accounts, every reservation), and `pulumi up` would then fail at
+# the function. `ops preflight` checks the account's room when it is on (ops/preflight/aws.py).
 CONCURRENCY = 1
+# pulumi_aws's "no reservation" (its default, said explicitly: a stack that turns the key off releases its
+# reservation on the next `pulumi up`).
+UNRESERVED = -1
 LOG_RETENTION_DAYS = 30
 
 # Lambda's limit on all of a function's environment variables together (names and values), in bytes. The
@@ -102,6 +109,9 @@ class PlacementControllerArgs:
     named_role: bool = False
     """Name the function's role `role_name(name)` (instead of a generated name): a GCP placement's workload
     identity provider admits that role by name, and must know it before the role exists."""
+    reserve_concurrency: bool = False
+    """Reserve CONCURRENCY of the account's concurrent executions for the function (`placement.reserveConcurrency`):
+    one tick at a time. None reserved by default: the ticks are safe side by side."""
 
 
 def function_policy(*, partition: pulumi.Input[str], account_id: pulumi.Input[str], bucket_arn: pulumi.Input[str],
@@ -167,7 +177,7 @@ class PlacementController(pulumi.ComponentResource):
             role=self.role.arn,
             timeout=TIMEOUT_S,
             memory_size=MEMORY_MB,
-            reserved_concurrent_executions=CONCURRENCY,
+            reserved_concurrent_executions=CONCURRENCY if args.reserve_concurrency else UNRESERVED,
             environment=aws.lambda_.FunctionEnvironmentArgs(
                 variables=pulumi.Output.from_input(args.run.config).apply(environment)),
             tags=args.tags,

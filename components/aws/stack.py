@@ -191,6 +191,7 @@ class TrainingStack(StackOutputs):
                 tags=self._tags,
                 federation=bool(access),
                 named_role=bool(access),
+                reserve_concurrency=s.placement.reserve_concurrency,
             ),
             opts=self._at_home,
         )

@@ -6,7 +6,10 @@ configured by the `TRAINSTACK_PLACEMENTS` variable: controller/config.py) and sc
 between calls. The function runs as its own service account, with exactly what a tick needs: read
 this run's folder, write only the placement record and the controller's events there, and read and
 resize this stack's groups only (a placement's group in another project through a role and a grant
-made in that project). The scheduler calls it as an invoker account that may do nothing else. The function is built as an account of its own (`build_grants`). The deployer needs
+made in that project). The scheduler calls it as an invoker account that may do nothing else. The function is built as an account of its own
+(`build_grants`) into a Docker repository of the stack's own (`build_repository`), once those grants have had time
+to propagate (components/propagation.py). A tick may be delivered twice (Cloud Scheduler after a transport error,
+Cloud Run briefly over `max_instance_count`): placement.json's conditional writes keep that safe. The deployer needs
 `iam.serviceAccounts.actAs` on the three accounts.
 """
 
@@ -22,6 +25,7 @@ from components import function_package, project
 from components.common import ControllerRun
 from components.gcp.identity import groups_condition, prefix_condition
 from components.gcp.naming import custom_role_id
+from components.propagation import IamPropagation
 from controller.config import ENV_VAR
 from runfolder import layout
 
@@ -42,14 +46,22 @@ GROUP_PERMISSIONS = ["compute.instanceGroupManagers.get", "compute.instanceGroup
 # The only objects the controller writes, relative to the run folder: the record and its events; the run's deadline when no machine has written it yet, and TIMED_OUT when
 # the deadline passed with no machine to end the run (controller/tick.py).
 WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT)
-# What building the function needs, as its own account (Google's "build service account" page for Cloud Run
-# functions: Logs Writer, Artifact Registry Writer, and storage for the source), each on the narrowest resource
-# that takes a grant: build logs are written project-wide; the image goes to Cloud Functions' own repository
-# in the function's region (BUILD_REPOSITORY); the source is read from its one object in home's bucket and from
-# the Google-managed bucket Cloud Functions stages sources in (BUILD_SOURCES_BUCKET_PREFIX-NUMBER-REGION).
-# Nothing may be deleted or written in the run's bucket: Storage Object Admin, which the page also names for
-# Container Registry's images, is not needed where the image goes to Artifact Registry.
-BUILD_REPOSITORY = "gcf-artifacts"
+# What building the function needs, as its own account (Google's "custom service account for Cloud Build" page
+# for Cloud Run functions: Logs Writer, Artifact Registry Writer, and storage for the source), each on the
+# narrowest resource that takes a grant. Build logs are written project-wide. The image goes to a repository of
+# the stack's own (`docker_repository`: BUILD_REPOSITORY_SUFFIX, in the function's region, as Cloud Functions
+# requires), granted on that repository alone: without it Cloud Functions pushes to `gcf-artifacts` (a
+# repository it creates and the stack does not own), and Cloud Run's source deployments to
+# `cloud-run-source-deploy`, neither of which this build uses. The source is read from its one object in home's
+# bucket (`storage_source`) and from the copy Cloud Functions stages of it before the build
+# (BUILD_SOURCES_BUCKET_PREFIX-NUMBER-REGION, a Google-managed bucket of the project, named in a condition as
+# Google's page does). The `gcf-v2-uploads-*` bucket holds uploads from GenerateUploadUrl (gcloud's own
+# deploys) and `run-sources-*` Cloud Run's source deployments: neither is read here. Nothing may be deleted or
+# written in the run's bucket: Storage Object Admin, which the page also names for Container Registry's
+# images, is not needed where the image goes to Artifact Registry.
+BUILD_REPOSITORY_SUFFIX = "-controller"
+# Images the build repository keeps: each deploy pushes one; the running revision's and the one before it.
+BUILD_KEEP_IMAGES = 2
 BUILD_SOURCES_BUCKET_PREFIX = "gcf-v2-sources-"
 BUILD_LOG_ROLE = "roles/logging.logWriter"
 BUILD_IMAGE_ROLE = "roles/artifactregistry.writer"
@@ -132,19 +144,58 @@ def function_source(*, federation: bool = False) -> pulumi.AssetArchive:
     return pulumi.AssetArchive(assets)
 
 
-def build_grants(name: str, builder: gcp.serviceaccount.Account, *, bucket_name: pulumi.Input[str], gcp_project: str,
-                 region: str, child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+def build_repository_id(name: str) -> str:
+    """The build repository's id: the function's own name (Artifact Registry takes 63 characters, a letter first)."""
+    return f"{name[:52]}{BUILD_REPOSITORY_SUFFIX}"
+
+
+def build_repository(name: str, *, repository_id: str, region: str, labels: dict[str, str],
+                     child: pulumi.ResourceOptions) -> gcp.artifactregistry.Repository:
+    """The Docker repository the function's image is pushed to: the stack's own, deleted with it, keeping
+    BUILD_KEEP_IMAGES. Tags stay mutable: each build of Cloud Functions moves the function's `latest` tag."""
+    return gcp.artifactregistry.Repository(
+        f"{name}-build-repo",
+        repository_id=repository_id,
+        location=region,
+        format="DOCKER",
+        description="trainstack: the placement controller's function images",
+        # INHERITED or DISABLED are the only values (as for the trainer's repository).
+        vulnerability_scanning_config=gcp.artifactregistry.RepositoryVulnerabilityScanningConfigArgs(
+            enablement_config="INHERITED"),
+        cleanup_policy_dry_run=False,
+        cleanup_policies=[
+            gcp.artifactregistry.RepositoryCleanupPolicyArgs(
+                id="keep-newest", action="KEEP",
+                most_recent_versions=gcp.artifactregistry.RepositoryCleanupPolicyMostRecentVersionsArgs(
+                    keep_count=BUILD_KEEP_IMAGES)),
+            gcp.artifactregistry.RepositoryCleanupPolicyArgs(
+                id="delete-older", action="DELETE",
+                condition=gcp.artifactregistry.RepositoryCleanupPolicyConditionArgs(tag_state="ANY")),
+        ],
+        labels=labels,
+        opts=child,
+    )
+
+
+def docker_repository(repository: gcp.artifactregistry.Repository, *, gcp_project: str,
+                      region: str) -> pulumi.Output[str]:
+    """`projects/P/locations/R/repositories/ID`: the form Cloud Functions' `docker_repository` takes (its own
+    project and region: it refuses a repository elsewhere)."""
+    return pulumi.Output.concat("projects/", gcp_project, "/locations/", region, "/repositories/",
+                                repository.repository_id)
+
+
+def build_grants(name: str, builder: gcp.serviceaccount.Account, *, repository: gcp.artifactregistry.Repository,
+                 bucket_name: pulumi.Input[str], gcp_project: str, region: str,
+                 child: pulumi.ResourceOptions) -> list[pulumi.CustomResource]:
     """What the function's build account may do, and nothing else (BUILD_*: logs, its image, its source)."""
     member = pulumi.Output.concat("serviceAccount:", builder.email)
-    repository = f"projects/{gcp_project}/locations/{region}/repositories/{BUILD_REPOSITORY}"
     return [
         gcp.projects.IAMMember(f"{name}-build-logs", project=gcp_project, role=BUILD_LOG_ROLE, member=member,
                                opts=child),
-        gcp.projects.IAMMember(
-            f"{name}-build-image", project=gcp_project, role=BUILD_IMAGE_ROLE, member=member,
-            condition=gcp.projects.IAMMemberConditionArgs(
-                title="Cloud Functions' repository", expression=f'resource.name.startsWith("{repository}")'),
-            opts=child),
+        gcp.artifactregistry.RepositoryIamMember(
+            f"{name}-build-image", project=gcp_project, location=region, repository=repository.repository_id,
+            role=BUILD_IMAGE_ROLE, member=member, opts=child),
         gcp.storage.BucketIAMMember(
             f"{name}-build-source", bucket=bucket_name, role=BUILD_SOURCE_ROLE, member=member,
             condition=gcp.storage.BucketIAMMemberConditionArgs(
@@ -165,6 +216,8 @@ class PlacementController(pulumi.ComponentResource):
 
     function: gcp.cloudfunctionsv2.Function
     job: gcp.cloudscheduler.Job
+    build_wait: IamPropagation
+    """The wait between the build account's grants and the function (IAM_PROPAGATION_S)."""
     function_name: pulumi.Output[str]
     unique_id: pulumi.Output[str]
     """The function's service account's unique id: what an AWS placement's role trusts (its ID tokens' `sub`)."""
@@ -190,8 +243,13 @@ class PlacementController(pulumi.ComponentResource):
             description="builds the placement controller's function: its source, its image, its build logs",
             opts=child,
         )
-        grants += build_grants(name, builder, bucket_name=args.bucket_name, gcp_project=args.gcp_project,
-                               region=args.region, child=child)
+        repository = build_repository(name, repository_id=build_repository_id(args.run.name), region=args.region,
+                                      labels=args.labels, child=child)
+        built_by = build_grants(name, builder, repository=repository, bucket_name=args.bucket_name,
+                                gcp_project=args.gcp_project, region=args.region, child=child)
+        # A build with the account's grants minutes old may be refused: the function waits for them to
+        # propagate (components/propagation.py).
+        self.build_wait = IamPropagation(f"{name}-build-wait", grants=built_by, opts=child)
         self.function = gcp.cloudfunctionsv2.Function(
             f"{name}-function",
             name=fn_name,
@@ -201,6 +259,7 @@ class PlacementController(pulumi.ComponentResource):
                 runtime=RUNTIME,
                 entry_point=ENTRY_POINT,
                 service_account=builder.name,
+                docker_repository=docker_repository(repository, gcp_project=args.gcp_project, region=args.region),
                 source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceArgs(
                     storage_source=gcp.cloudfunctionsv2.FunctionBuildConfigSourceStorageSourceArgs(
                         bucket=args.bucket_name, object=source.name, generation=source.generation),
@@ -218,7 +277,7 @@ class PlacementController(pulumi.ComponentResource):
                 all_traffic_on_latest_revision=True,
             ),
             labels=args.labels,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=grants),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*grants, self.build_wait]),
         )
         self._schedule(name, args, fn_name)
         self.function_name = self.function.name

@@ -183,6 +183,11 @@ def validate(s: Settings) -> None:
                 "price, capped at the on-demand price") if aws_places else ""
         raise ConfigError("compute.maxPricePerHour", f"{c.max_price_per_hour}: GCE Spot VMs have no maximum price (they "
                           f"pay the current Spot price and are preempted for capacity, not price); remove it{also}")
+    if s.cloud == "gcp" and s.placement.reserve_concurrency:
+        # The GCP controller runs one instance at most already (max_instance_count 1); Cloud Functions has no
+        # reservation to make.
+        raise ConfigError("placement.reserveConcurrency", "true: reserves concurrency for an AWS home's Lambda function "
+                          "only; a GCP home's function runs one instance at most already: remove it")
     check_one_gpu_model(s)
     check_extra_args(s)
     usercode.validate(s.run.code, s.run.model, BUILTIN_MODELS, command=s.run.command,

@@ -393,6 +393,12 @@ class PlacementPolicySettings(_Block):
     wait_minutes: int = Field(DEFAULT_WAIT_MINUTES, ge=1, le=7 * 24 * 60,
                               description="Minutes without a training machine, while the active placement's group "
                                           "fails to launch, before the run moves to the next placement.")
+    reserve_concurrency: bool = Field(False, description="AWS home: reserve one of the account's concurrent "
+                                      "executions for the controller's Lambda function (at most one tick at a time). "
+                                      "Off by default: Lambda refuses a reservation that leaves the account under its "
+                                      "unreserved minimum (100, or all of a new account's 10), and a tick delivered "
+                                      "twice is safe without it (placement.json's conditional writes); `ops preflight` "
+                                      "checks the account's room when it is on.")
 
 
 class Settings(_Block):

@@ -15,6 +15,10 @@ AWS
 - the AMI: `compute.imageId`, else the Deep Learning AMI the group looks up by name;
 - the bucket name: free, or already yours (then `storage.adopt: true` is needed), or
   someone else's (then another `storage.bucketName`).
+- with `placement.reserveConcurrency` and a controller (two placements or more): room in the
+  account to reserve the controller function's execution (Lambda's GetAccountSettings: at least
+  100 executions must stay unreserved after it; the function's own reservation, from an earlier
+  `pulumi up`, counts as room).
 
 GCP
 - the GPU quota of the region for the machines' GPU (for Spot VMs the PREEMPTIBLE_ one when
@@ -55,6 +59,7 @@ from ops.preflight.aws import (
     aws_bucket_name,
     aws_bucket_problems,
     aws_image_problems,
+    aws_lambda_concurrency_problems,
     aws_network_problems,
     aws_offering_problems,
     aws_quota_problems,
@@ -84,7 +89,7 @@ from ops.preflight.gcp_api import COMPUTE_API, ApiDisabled, GcpApi, RestGcpApi, 
 __all__ = [
     "AWS_QUOTAS", "COMPUTE_API", "GCP_ACCELERATOR_METRICS", "GCP_GPU_METRICS", "SET_POLICY", "ApiDisabled", "GcpApi",
     "Problem", "RestGcpApi", "api_disabled", "aws_bucket_name", "aws_bucket_problems", "aws_image_problems",
-    "aws_network_problems", "aws_offering_problems", "aws_quota_problems", "aws_subnets", "aws_zones", "check",
+    "aws_lambda_concurrency_problems", "aws_network_problems", "aws_offering_problems", "aws_quota_problems", "aws_subnets", "aws_zones", "check",
     "check_aws", "check_gcp", "cmd_preflight", "compute_api_problem", "config", "gcp_api_problems",
     "gcp_data_problems", "gcp_gpu_metric", "gcp_gpu_quota", "gcp_network_problems", "gcp_offering_problems",
     "gcp_quota_problems", "gcp_zones", "register", "run_checks",

@@ -294,6 +294,51 @@ def aws_bucket_problems(settings: config.Settings, s3: Any, sts: Any) -> list[Pr
     return []
 
 
+# Lambda keeps this much of an account's concurrency unreserved, and refuses any reservation that would leave
+# less (an account whose limit is 10, common for new ones, can reserve nothing). The account's limit is the
+# Service Quotas quota "Concurrent executions" (L-B99A9384).
+LAMBDA_UNRESERVED_MINIMUM = 100
+LAMBDA_CONCURRENCY_QUOTA = "L-B99A9384"
+
+
+def aws_controller_function(settings: config.Settings) -> str:
+    """The name of the placement controller's function the stack would create at home."""
+    from components.aws.controller import function_name
+    from components.aws.naming import group_name
+    from ops.mockrun import project_name
+
+    return function_name(group_name(project=project_name(), stack=settings.stack, run_id=settings.run_id))
+
+
+def aws_lambda_concurrency_problems(settings: config.Settings, lam: Any) -> list[Problem]:
+    """With `placement.reserveConcurrency` (and a controller: two placements or more), room in the account to
+    reserve the controller's executions: Lambda's GetAccountSettings, and the function's own reservation when an
+    earlier `pulumi up` made it (it is already out of the unreserved count, and is kept, not added)."""
+    from components.aws.controller import CONCURRENCY
+
+    if not settings.placement.reserve_concurrency or len(settings.placement_list) < 2:
+        return []
+    limit = lam.get_account_settings()["AccountLimit"]
+    total, unreserved = int(limit["ConcurrentExecutions"]), int(limit["UnreservedConcurrentExecutions"])
+    name = aws_controller_function(settings)
+    try:
+        held = int(lam.get_function_concurrency(FunctionName=name).get("ReservedConcurrentExecutions") or 0)
+    except lam.exceptions.ResourceNotFoundException:
+        held = 0  # a first `pulumi up`: the function does not exist yet
+    left = unreserved + held - CONCURRENCY
+    if left >= LAMBDA_UNRESERVED_MINIMUM:
+        return []
+    return [Problem(
+        f"placement.reserveConcurrency: reserving {CONCURRENCY} of the account's Lambda concurrency in "
+        f"{settings.region} for {name} would leave {left} unreserved (the account's limit is {total}, {unreserved} "
+        f"unreserved now), and Lambda keeps at least {LAMBDA_UNRESERVED_MINIMUM}: `pulumi up` would fail at the "
+        "controller's function",
+        "set placement.reserveConcurrency: false (the default: a tick delivered twice is safe, placement.json's "
+        "writes are conditional), or ask for a higher limit: aws service-quotas request-service-quota-increase "
+        f"--service-code lambda --quota-code {LAMBDA_CONCURRENCY_QUOTA} --desired-value "
+        f"{max(total, 0) + LAMBDA_UNRESERVED_MINIMUM - left} --region {settings.region}")]
+
+
 def check_aws(settings: config.Settings, session: Any = None, *, home: bool = True) -> list[Problem]:
     """Every AWS check; `session` is a boto3 Session (default: the environment's credentials).
 
@@ -311,4 +356,6 @@ def check_aws(settings: config.Settings, session: Any = None, *, home: bool = Tr
     ]
     if home:
         checks.append(("bucket", lambda: aws_bucket_problems(settings, client("s3"), client("sts"))))
+        if settings.placement.reserve_concurrency and len(settings.placement_list) > 1:
+            checks.append(("Lambda concurrency", lambda: aws_lambda_concurrency_problems(settings, client("lambda"))))
     return run_checks(checks, _aws_error)

@@ -36,8 +36,9 @@ ONLY = {
                 "accelerator", "labels", "firewalls"},  # GCE firewall rules are the project's, not a region's
     },
     "PlacementControllerArgs": {
-        # An IAM policy names the bucket by ARN; a GCP placement's pool admits the function's role by its name.
-        "aws": {"bucket_arn", "tags", "named_role"},
+        # An IAM policy names the bucket by ARN; a GCP placement's pool admits the function's role by its name;
+        # Lambda may reserve concurrency (a GCP function asks for one instance at most already).
+        "aws": {"bucket_arn", "tags", "named_role", "reserve_concurrency"},
         # GCS grants name the bucket; a GCP function runs as service accounts the stack names in advance, and
         # reaches the groups of placements in other GCP projects through grants there (an AWS home's GCP
         # placements are on the other cloud: their access is made apart, by federation).

@@ -76,9 +76,11 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
         assert schedule["inputs"]["httpTarget"]["uri"].endswith(".a.run.app")
         assert schedule["inputs"]["httpTarget"]["oidcToken"]["audience"] == schedule["inputs"]["httpTarget"]["uri"]
         assert fn["inputs"]["location"] == REGIONS[cloud][0]
-    # Everything of the controller is made at home, through the home provider.
+    # Everything of the controller is made at home, through the home provider (but the wait for IAM to
+    # propagate, which is the program's own: components/propagation.py).
     home = "trainstack-aws" if cloud == "aws" else "trainstack-gcp"
-    made = [x for x in _controller(r) if x["type"] != "random:index/randomId:RandomId"]
+    made = [x for x in _controller(r) if x["type"] not in ("random:index/randomId:RandomId",
+                                                           "pulumi-python:dynamic:Resource")]
     assert len(made) >= 8 and {x["options"]["provider"] for x in made} == {home}
 
 
@@ -301,14 +303,20 @@ def test_the_real_package_runs_a_tick_in_lambdas_runtime(tmp_path, s3_run):
     assert group_size(s3_run, home) == (0, 0, 0) and group_size(s3_run, other) == (0, 0, 0)
 
 
-def test_aws_ticks_are_delivered_at_least_once_with_no_retry_and_one_at_a_time():
+def test_aws_ticks_are_delivered_with_no_retry_and_no_reservation_unless_asked():
     """Lambda retries an asynchronous invocation twice and keeps it six hours unless told; the scheduler retries
-    185 times. Here neither retries, an event older than a minute is dropped, and one tick runs at a time."""
+    185 times. Here neither retries and an event older than a minute is dropped. No concurrency is reserved by
+    default (Lambda refuses any reservation on an account limited to 10): ticks side by side are safe by
+    placement.json's conditional writes; `placement.reserveConcurrency` reserves one."""
+    from components.aws import controller
     from tests.components import provider_values as pv
 
     r = synthesized("aws")
     (fn,) = r.of_type(FUNCTION["aws"])
-    assert fn["inputs"]["reservedConcurrentExecutions"] == 1
+    assert fn["inputs"]["reservedConcurrentExecutions"] == controller.UNRESERVED == -1
+    reserved = synth.synthesize({**RAW["aws"], "placement": {"reserveConcurrency": True}}, stack="places")
+    (one,) = reserved.of_type(FUNCTION["aws"])
+    assert one["inputs"]["reservedConcurrentExecutions"] == 1
     (delivery,) = r.of_type("aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig")
     assert delivery["inputs"]["functionName"] == fn["inputs"]["name"]
     assert delivery["inputs"]["maximumRetryAttempts"] == 0
@@ -316,7 +324,7 @@ def test_aws_ticks_are_delivered_at_least_once_with_no_retry_and_one_at_a_time()
     (schedule,) = r.of_type(SCHEDULE["aws"])
     assert schedule["inputs"]["target"]["retryPolicy"] == {"maximumRetryAttempts": 0, "maximumEventAgeInSeconds": 60}
     # Each value is inside pulumi_aws's documented range; one outside it is caught.
-    for rec in (fn, delivery, schedule):
+    for rec in (fn, one, delivery, schedule):
         assert pv.check_resource(rec) == []
     for rec, key, bad in ((delivery, "maximumEventAgeInSeconds", 30), (delivery, "maximumRetryAttempts", 3)):
         planted = {**rec, "inputs": {**rec["inputs"], key: bad}}
@@ -386,8 +394,9 @@ def test_an_environment_lambda_would_refuse_is_refused_naming_the_key(monkeypatc
 
 def test_the_gcp_function_is_built_by_its_own_account_with_the_documented_roles_narrowed():
     """Not the Compute Engine default account (roleless in new organisations): an account of the function's
-    own, with Logs Writer, Artifact Registry Writer on Cloud Functions' repository only, and read on the
-    function's source object only, and on the sources Cloud Functions stages."""
+    own, with Logs Writer, Artifact Registry Writer on the stack's own build repository only (the function's
+    `docker_repository`: never Cloud Functions' `gcf-artifacts`), and read on the function's source object
+    only, and on the sources Cloud Functions stages."""
     from components.gcp import controller as gcp_controller
     from policy import rules
 
@@ -398,13 +407,26 @@ def test_the_gcp_function_is_built_by_its_own_account_with_the_documented_roles_
     assert build["inputs"]["accountId"].startswith("tb-") and 6 <= len(build["inputs"]["accountId"]) <= 30
     email = f"{build['inputs']['accountId']}@my-proj-123.iam.gserviceaccount.com"
     assert fn["inputs"]["buildConfig"]["serviceAccount"] == f"projects/my-proj-123/serviceAccounts/{email}"
+    # The image goes to a repository the stack owns, in the function's project and region, in the form Cloud
+    # Functions takes (projects/P/locations/R/repositories/ID), a Docker repository (the only format it takes).
+    repo = r.named("trainstack-controller-build-repo")
+    assert repo["type"] == "gcp:artifactregistry/repository:Repository" and repo["inputs"]["format"] == "DOCKER"
+    assert repo["inputs"]["location"] == fn["inputs"]["location"] == "us-central1"
+    assert repo["inputs"]["repositoryId"] == fn["inputs"]["name"]
+    assert fn["inputs"]["buildConfig"]["dockerRepository"] == (
+        f"projects/my-proj-123/locations/us-central1/repositories/{repo['inputs']['repositoryId']}")
+    assert "dockerConfig" not in repo["inputs"]  # tags stay mutable: each build moves the function's tag
     member = f"serviceAccount:{email}"
     grants = {x["name"]: x["inputs"] for x in r.resources if x["inputs"].get("member") == member}
+    image = grants.pop("trainstack-controller-build-image")
+    assert r.named("trainstack-controller-build-image")["type"] == \
+        "gcp:artifactregistry/repositoryIamMember:RepositoryIamMember"
+    assert (image["role"], image["project"], image["location"], image["repository"], image.get("condition")) == (
+        "roles/artifactregistry.writer", "my-proj-123", "us-central1", repo["inputs"]["repositoryId"], None)
+    assert "trainstack-controller-build-repo" in r.named("trainstack-controller-build-image")["options"]["dependsOn"]
+    assert not any("gcf-artifacts" in json.dumps(x["inputs"]) for x in r.resources)
     assert {n: (g["role"], (g.get("condition") or {}).get("expression")) for n, g in grants.items()} == {
         "trainstack-controller-build-logs": ("roles/logging.logWriter", None),
-        "trainstack-controller-build-image": (
-            "roles/artifactregistry.writer",
-            'resource.name.startsWith("projects/my-proj-123/locations/us-central1/repositories/gcf-artifacts")'),
         "trainstack-controller-build-source": (
             "roles/storage.objectViewer",
             f'resource.name == "projects/_/buckets/{bucket}/objects/{gcp_controller.SOURCE_OBJECT}"'),
@@ -415,8 +437,11 @@ def test_the_gcp_function_is_built_by_its_own_account_with_the_documented_roles_
     (source,) = [x for x in r.of_type("gcp:storage/bucketObject:BucketObject") if x["name"] == "trainstack-controller-source"]
     assert source["inputs"]["name"] == gcp_controller.SOURCE_OBJECT == fn["inputs"]["buildConfig"]["source"][
         "storageSource"]["object"]
-    # The function waits for the grants; the policy pack's least-privilege rule holds, and sees an admin role.
-    assert set(grants) <= set(fn["options"]["dependsOn"])
+    # The function waits for the build grants to propagate (tests/components/test_propagation.py), and for its own
+    # account's grants; the policy pack's least-privilege rule holds, and sees an admin role.
+    wait = r.named("trainstack-controller-build-wait")
+    assert set(wait["options"]["dependsOn"]) == {*grants, "trainstack-controller-build-image"}
+    assert {"trainstack-controller-build-wait", "trainstack-controller-run-read"} <= set(fn["options"]["dependsOn"])
     assert rules.identity.iam_least_privilege(r.resources, None) == []
     planted = [{**x, "inputs": {**x["inputs"], "role": "roles/storage.admin", "condition": None}}
                if x["name"] == "trainstack-controller-build-staged-source" else x for x in r.resources]

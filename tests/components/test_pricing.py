@@ -177,6 +177,24 @@ def test_transfer_prices_between_placements(home, cloud, region, per_gb, kind):
     home_cloud = "aws" if home.count("-") == 2 else "gcp"
     t = pricing.transfer_per_gb(home_cloud, home, cloud, region)
     assert (t.per_gb, t.kind) == (per_gb, kind)
+    # Each price is per the sending cloud's unit: AWS's GB (10^9 bytes), Google's GiB (2^30 bytes).
+    assert (t.unit_bytes, t.unit) == ((10**9, "GB") if home_cloud == "aws" else (2**30, "GiB"))
+
+
+@pytest.mark.parametrize(("sender", "home", "region", "per_unit", "unit_bytes"), [
+    ("aws", "us-east-1", "us-west-2", 0.02, 10**9),
+    ("gcp", "us-central1", "europe-west4", 0.05, 2**30),
+    ("gcp", "us-central1", "us-east-1", 0.12, 2**30),
+])
+def test_a_transfer_costs_its_bytes_in_the_senders_billing_unit(sender, home, region, per_unit, unit_bytes):
+    """Google's network prices are per GiB: 1 GiB from GCS costs exactly the listed price, where dividing by
+    10^9 would overstate it by 7.4 %; AWS's are per GB."""
+    t = pricing.transfer_per_gb(sender, home, "aws" if region.count("-") == 2 else "gcp", region)
+    assert t.cost(unit_bytes) == pytest.approx(per_unit)
+    restore = pricing.PlacementCost(1, "x", region, None, t, 2**30)
+    assert restore.restore_cost == round(per_unit * 2**30 / unit_bytes, 4)
+    if sender == "gcp":
+        assert restore.restore_cost == per_unit
 
 
 def test_synth_plan_shows_every_placements_prices_and_restore_transfer_with_the_tables_source():
@@ -259,8 +277,8 @@ GCP_FROM_AWS_HOME = {"cloud": "aws", "region": "us-east-1", "run": {"synthetic":
     (0, 0.0, "same region"),
     # 1 GiB every 600 s (the trainer's default), from us-west-2 EC2 to S3 in us-east-1 at $0.02/GB.
     (1, 0.02 * 1024**3 / 1e9 * 6, "inter-region"),
-    # The same from GCE to S3 at Google's internet egress, $0.12/GB: about $0.77 an hour.
-    (2, 0.12 * 1024**3 / 1e9 * 6, "internet"),
+    # The same from GCE to S3 at Google's internet egress, $0.12/GiB: $0.72 an hour.
+    (2, 0.12 * 6, "internet"),
 ])
 def test_a_placements_checkpoint_writes_cost_what_its_cloud_bills_to_send_them_home(index, per_hour, kind):
     s = load_settings(GCP_FROM_AWS_HOME, stack="moves")
@@ -270,7 +288,7 @@ def test_a_placements_checkpoint_writes_cost_what_its_cloud_bills_to_send_them_h
     assert (writes.transfer.kind, writes.checkpoint_bytes) == (kind, 1024**3)
     assert writes.per_hour == pytest.approx(per_hour)
     if index == 2:
-        assert round(writes.per_hour, 2) == 0.77
+        assert round(writes.per_hour, 2) == 0.72
     # Checkpoints by steps only: no hourly rate to give.
     steps_only = load_settings({**GCP_FROM_AWS_HOME, "run": {"synthetic": True, "checkpointEverySeconds": None,
                                                              "checkpointEverySteps": 100}}, stack="moves")
@@ -286,8 +304,8 @@ def test_synth_plan_prints_each_placements_checkpoint_writes():
     assert "checkpoint writes" not in home
     assert west.endswith("; checkpoint writes: $0.13/h at the 1.0 GiB assumed size, one every 600 s inter-region "
                          "at $0.02/GB"), west
-    assert gce.endswith("; checkpoint writes: $0.77/h at the 1.0 GiB assumed size, one every 600 s internet "
-                        "at $0.12/GB"), gce
+    assert gce.endswith("; checkpoint writes: $0.72/h at the 1.0 GiB assumed size, one every 600 s internet "
+                        "at $0.12/GiB"), gce
 
 
 def test_the_cost_so_far_counts_checkpoint_writes_for_the_time_spent_away_from_home():
@@ -307,7 +325,7 @@ def test_the_cost_so_far_counts_checkpoint_writes_for_the_time_spent_away_from_h
         assert float(env["TRAINSTACK_PRICE_PER_HOUR"]) == pytest.approx(float(bare["TRAINSTACK_PRICE_PER_HOUR"]) + w / 2,
                                                                          abs=1e-4)
     assert "checkpoint writes" not in envs[0]["TRAINSTACK_PRICE_NOTE"]
-    assert " + checkpoint writes to home $0.77/h" in envs[2]["TRAINSTACK_PRICE_NOTE"]
+    assert " + checkpoint writes to home $0.72/h" in envs[2]["TRAINSTACK_PRICE_NOTE"]
 
     def started(t: int, i: int) -> dict:
         return {"event": "started", "time": f"2026-12-01T{t:02d}:00:00+00:00", "attempt": i + 1, "workers": 2,

@@ -431,6 +431,11 @@ INVALID += [
     ("wait-minutes-bool", stack(trainstack_placement={"waitMinutes": True}), "placement.waitMinutes",
      "not true/false"),
     ("placement-not-block", stack(trainstack_placement=[15]), "placement", "expected a block of keys"),
+    ("reserve-concurrency-on-gcp", gcp(trainstack_placement={"reserveConcurrency": True}),
+     "placement.reserveConcurrency", "true: reserves concurrency for an AWS home's Lambda function only; a GCP "
+     "home's function runs one instance at most already: remove it"),
+    ("reserve-concurrency-not-bool", stack(trainstack_placement={"reserveConcurrency": "maybe"}),
+     "placement.reserveConcurrency", "expected true or false"),
 ]
 
 VALID: list[tuple[str, dict[str, Any]]] = [

@@ -206,6 +206,8 @@ LINES = {
     'wait-minutes-zero': 'trainstack:placement.waitMinutes: 0: expected 1 or more',
     'wait-minutes-fraction': 'trainstack:placement.waitMinutes: 7.5: expected a whole number, e.g. 4',
     'wait-minutes-bool': 'trainstack:placement.waitMinutes: True: expected a number, not true/false',
+    'reserve-concurrency-on-gcp': "trainstack:placement.reserveConcurrency: true: reserves concurrency for an AWS home's Lambda function only; a GCP home's function runs one instance at most already: remove it",
+    'reserve-concurrency-not-bool': "trainstack:placement.reserveConcurrency: 'maybe': expected true or false",
     'placement-not-block': 'trainstack:placement: [15]: expected a block of keys',
 }
 

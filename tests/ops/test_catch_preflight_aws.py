@@ -27,7 +27,8 @@ def settings(*, region: str = REGION, bucket: str | None = None, adopt: bool = F
     c = {"instance_types": ("g5.xlarge",), "spot": True, "nodes": 1, "subnets": (), "zones": (), "image_id": None,
          **compute}
     return SimpleNamespace(region=region, stack="unit", compute=SimpleNamespace(**c),
-                           storage=SimpleNamespace(bucket_name=bucket, adopt=adopt))
+                           storage=SimpleNamespace(bucket_name=bucket, adopt=adopt),
+                           placement=SimpleNamespace(reserve_concurrency=False), placement_list=[None])
 
 
 def client_error(code: str, message: str, op: str = "Op") -> botocore.exceptions.ClientError:

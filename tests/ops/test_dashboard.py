@@ -368,9 +368,9 @@ def test_a_run_moved_to_another_cloud_says_its_cost_there_includes_the_checkpoin
     # The same figures as ops status, placement by placement.
     assert [float(shown[p["placement"]][0]) for p in st.placement_costs] == [p["cost_usd"] for p in st.placement_costs]
     home, away = shown[where[0]], shown[where[2]]
-    assert away[1] == "0.77" and "transfer included: its checkpoint writes to home's bucket, $0.77/h" in away[2]
+    assert away[1] == "0.72" and "transfer included: its checkpoint writes to home's bucket, $0.72/h" in away[2]
     assert away[2].startswith(f"{where[2]}: ${st.placement_costs[1]['cost_usd']:,.2f} for 2h")
     assert home[1] == "" and "transfer" not in home[2]
-    # Its hour there: 2 machines at their price, which holds the writes ($0.77/h spread over the 2).
-    bare = float(envs[2]["TRAINSTACK_PRICE_PER_HOUR"]) - 0.77 / 2
-    assert st.placement_costs[1]["cost_usd"] == pytest.approx(2 * bare + 0.77, abs=0.01)
+    # Its hour there: 2 machines at their price, which holds the writes ($0.72/h spread over the 2).
+    bare = float(envs[2]["TRAINSTACK_PRICE_PER_HOUR"]) - 0.72 / 2
+    assert st.placement_costs[1]["cost_usd"] == pytest.approx(2 * bare + 0.72, abs=0.01)
