@@ -177,10 +177,15 @@ class ScriptRun(RunAttempt):
         return env
 
     def _prepare_folders(self) -> None:
-        """The run's local folders; the working folder, a fresh copy of the code folder; the output
-        folder, as the run last kept it (a resumed script finds what it wrote before)."""
+        """The run's local folders; no messages file; the working folder, a fresh copy of the code
+        folder; the output folder, as the run last kept it (a resumed script finds what it wrote before)."""
         for d in self.dirs.values():
             os.makedirs(d, exist_ok=True)
+        # The messages of an earlier attempt (a machine's work folder survives its reboot) were
+        # said in that attempt: this one reads only its own command's.
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.messages)
+        self._offset = 0
         shutil.rmtree(self.workdir, ignore_errors=True)
         # The work folder may lie inside the code folder (a local --work-dir): never copied into itself.
         work = os.path.realpath(self.work)

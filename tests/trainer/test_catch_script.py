@@ -435,6 +435,23 @@ def test_messages_are_read_line_by_line_a_torn_line_waits_and_junk_is_skipped(tm
     assert run.step == 0
 
 
+def test_a_resumed_attempt_says_only_its_own_events(tmp_path, code):
+    # The work folder outlives an attempt (a machine's /data/work survives its reboot): the messages
+    # of attempt 1 must not be read again, and said again as attempt 2's, by attempt 2.
+    first = {"messages": [{"kind": "epoch", "step": 5, "epoch": 0, "metrics": {"loss": 1.0}},
+                          {"kind": "checkpoint", "step": 5, "seconds": 0.1, "bytes": 10}], "exit": 143}
+    rc, _, _ = attempt(tmp_path, code, first)
+    assert rc == exits.PREEMPTED
+    second = {"messages": [{"kind": "resumed", "step": 5, "examples_seen": 160, "epoch": 1, "batch": 0},
+                           {"kind": "epoch", "step": 10, "epoch": 1, "metrics": {"loss": 0.5}}]}
+    rc, _, _ = attempt(tmp_path, code, second)
+    assert rc == exits.OK
+    kinds = [(e["attempt"], e["event"]) for e in stored(tmp_path)]
+    assert kinds == [(1, layout.STARTED), (1, "epoch"), (1, layout.CHECKPOINT), (1, layout.PREEMPTED),
+                     (2, layout.STARTED), (2, layout.RESUMED), (2, "epoch"), (2, layout.FINISHED)]
+    assert [e["step"] for e in of(stored(tmp_path), layout.CHECKPOINT)] == [5]
+
+
 # -- endings --
 
 
