@@ -11,7 +11,8 @@ so they need no machine and no SSH:
   state, step/total, age (since the folder last changed), attempts. The folders are named
   by one delimited listing, then each is listed and read on its own, 16 at once
   (``read_runs``, which ``ops dashboard``'s table uses too).
-- ``pull`` downloads the SavedModel (``model/``), with ``--outputs`` what a script kept in
+- ``pull`` downloads the model (``model/``: a SavedModel, or a script's ``.keras`` file) and names
+  the call that loads it; with ``--outputs`` what a script kept in
   ``outputs/`` (``fit.output_dir()``), and with ``--checkpoint`` the newest committed checkpoint.
 """
 
@@ -322,6 +323,22 @@ def _download_prefix(store, prefix: str, dest: Path) -> int:
     return len(keys)
 
 
+# Files a Keras model is saved as; Keras loads each with `keras.models.load_model`.
+KERAS_MODEL_SUFFIXES = (".keras", ".h5", ".hdf5")
+
+
+def loader_of(model: Path) -> str | None:
+    """The call that loads the model pulled to ``model``: a SavedModel (``saved_model.pb``) with
+    ``tf.saved_model.load``, a lone Keras file (``model.save("x.keras")``) with
+    ``keras.models.load_model``; None when the folder holds neither, or several Keras files."""
+    if (model / "saved_model.pb").is_file():
+        return f"tf.saved_model.load({str(model)!r})"
+    files = sorted(p for p in model.rglob("*") if p.is_file() and p.name.endswith(KERAS_MODEL_SUFFIXES))
+    if len(files) == 1:
+        return f"keras.models.load_model({str(files[0])!r})"
+    return None
+
+
 def pull(run_uri: str, dest: Path, *, checkpoint: bool = False, outputs: bool = False, store=None) -> dict:
     """Download ``model/`` to ``dest/model`` (and the newest committed checkpoint to
     ``dest/checkpoints/ckpt-<step>`` with ``checkpoint``, a script's ``outputs/`` to
@@ -336,7 +353,8 @@ def pull(run_uri: str, dest: Path, *, checkpoint: bool = False, outputs: bool = 
     out: dict = {"state": st.state}
     files = _download_prefix(store, layout.MODEL_PREFIX, dest / layout.MODEL_PREFIX.rstrip("/"))
     if files:
-        out["model"] = {"path": str(dest / layout.MODEL_PREFIX.rstrip("/")), "files": files}
+        model = dest / layout.MODEL_PREFIX.rstrip("/")
+        out["model"] = {"path": str(model), "files": files, "load": loader_of(model)}
     if checkpoint:
         steps = committed_steps(store)
         if steps:
@@ -372,8 +390,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
         print(f"ops pull: {e}", file=sys.stderr)
         return EXIT_ERROR
     if "model" in got:
-        print(f"model ({got['model']['files']} files) -> {got['model']['path']}  "
-              f"(tf.saved_model.load({got['model']['path']!r}))")
+        load = got["model"]["load"]
+        print(f"model ({got['model']['files']} files) -> {got['model']['path']}" + (f"  ({load})" if load else ""))
     elif "model_note" in got:
         print(f"ops pull: no model in {uri}: {got['model_note']}", file=sys.stderr)
     else:

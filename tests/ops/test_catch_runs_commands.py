@@ -360,6 +360,32 @@ def test_pull_prints_where_the_model_went_and_how_to_load_it(tmp_path, capsys):
     assert [p.name for p in dest.iterdir()] == ["model"]  # no partial folder left beside it
 
 
+@pytest.mark.parametrize(("files", "load"), [
+    (["x.keras"], "keras.models.load_model({!r})".format),
+    (["sub/net.h5", "notes.txt"], "keras.models.load_model({!r})".format),
+    (["saved_model.pb", "variables/v0", "assets/m.keras"], None),
+])
+def test_pull_names_the_loader_of_the_model_it_fetched(tmp_path, capsys, files, load):
+    uri, store = _run(tmp_path, "complete")
+    for name in files:
+        store.put_bytes(f"model/{name}", b"m")
+    dest = tmp_path / "out"
+    assert main(["pull", "--run-uri", uri, str(dest)]) == 0
+    model = dest / "model"
+    call = load(str(model / files[0])) if load else f"tf.saved_model.load({str(model)!r})"
+    assert capsys.readouterr() == (f"model ({len(files)} files) -> {model}  ({call})\n", "")
+
+
+@pytest.mark.parametrize("files", [["a.keras", "b.keras"], ["weights.bin"]])
+def test_pull_of_a_model_it_cannot_name_a_loader_for_names_none(tmp_path, capsys, files):
+    uri, store = _run(tmp_path, "complete")
+    for name in files:
+        store.put_bytes(f"model/{name}", b"m")
+    dest = tmp_path / "out"
+    assert main(["pull", "--run-uri", uri, str(dest)]) == 0
+    assert capsys.readouterr() == (f"model ({len(files)} files) -> {dest / 'model'}\n", "")
+
+
 def test_pull_of_a_running_run_warns_the_model_may_be_early(tmp_path, capsys):
     uri, store = _run(tmp_path, "resumed")
     _model(store)
@@ -441,7 +467,8 @@ def test_pull_returns_what_it_fetched(tmp_path):
     store.put_bytes("outputs/a.txt", b"a")
     dest = tmp_path / "out"
     got = runs.pull(uri, dest, checkpoint=True, outputs=True, store=store)
-    assert got == {"state": "COMPLETE", "model": {"path": str(dest / "model"), "files": 2},
+    assert got == {"state": "COMPLETE", "model": {"path": str(dest / "model"), "files": 2,
+                                                  "load": f"tf.saved_model.load({str(dest / 'model')!r})"},
                    "checkpoint": {"step": 1000, "path": str(dest / layout.checkpoint_dir(1000)), "files": 3},
                    "outputs": {"path": str(dest / "outputs"), "files": 1}}
 
@@ -551,7 +578,8 @@ def test_pull_fetches_only_the_model_unless_asked_and_makes_the_folders_on_the_w
     _model(store)
     store.put_bytes("outputs/a.txt", b"a")
     dest = tmp_path / "a" / "b" / "out"
-    assert runs.pull(uri, dest) == {"state": "COMPLETE", "model": {"path": str(dest / "model"), "files": 2}}
+    assert runs.pull(uri, dest) == {"state": "COMPLETE", "model": {
+        "path": str(dest / "model"), "files": 2, "load": f"tf.saved_model.load({str(dest / 'model')!r})"}}
     assert [p.name for p in dest.iterdir()] == ["model"]
 
 
