@@ -16,6 +16,8 @@ promises:
 - `outputs/`: the child's output folder (`TRAINSTACK_OUTPUT_DIR`, `fit.output_dir()`) is
   uploaded at each committed checkpoint and at the end, whatever the ending; a later attempt
   starts with what was kept there;
+- the working folder is scratch: what the command wrote there (new or changed files) is named in
+  one line on stderr at the end of each attempt, pointing to `fit.output_dir()`;
 - `tensorboard/`: the child's TensorBoard folder (`TRAINSTACK_TENSORBOARD_DIR`) is uploaded
   every `TENSORBOARD_EVERY_S` and at the end;
 - signals: SIGTERM/SIGINT (a spot notice) and the run folder's `STOP` (`ops stop`) are
@@ -78,6 +80,7 @@ class ScriptRun(RunAttempt):
         self.metrics: dict = {}
         self.examples_seen: int | None = None
         self._offset = 0
+        self.taken_model: str | None = None  # the working folder's model file taken as model/, once it is
 
     # -- what the child says --
 
@@ -210,6 +213,14 @@ class ScriptRun(RunAttempt):
                 os.utime(path, (stamp, stamp))
 
     def _train(self) -> int:
+        try:
+            return self._run_command()
+        finally:
+            line = left_behind_line(left_behind(self.workdir, self.cfg.code_dir, skip=self.taken_model))
+            if line:
+                print(f"trainstack: {line}", file=sys.stderr, flush=True)
+
+    def _run_command(self) -> int:
         cfg = self.cfg
         self._prepare_folders()
         # `steps` is the trainer loop's; the command decides its own (progress.json carries its total).
@@ -344,6 +355,7 @@ class ScriptRun(RunAttempt):
         if len(elsewhere) == 1 and elsewhere[0].startswith("./") and elsewhere[0].endswith(".keras"):
             name = os.path.basename(elsewhere[0])
             shutil.copy2(os.path.join(self.workdir, elsewhere[0][2:]), os.path.join(model_dir, name))
+            self.taken_model = elsewhere[0][2:]
             return 1, (f"the script saved no model in fit.model_dir(); its one model file, {elsewhere[0]} in its "
                        f"working folder, was taken as model/{name} (keras.models.load_model)")
         note = "the script saved no model in fit.model_dir()"
@@ -397,6 +409,36 @@ def cluster_role() -> tuple[int, bool]:
 
 # Files a Keras script saves a model as (a SavedModel is found by its saved_model.pb).
 MODEL_FILE_SUFFIXES = (".keras", ".h5", ".hdf5")
+
+
+def left_behind(workdir: str, code_dir: str, *, skip: str | None = None) -> list[tuple[str, int]]:
+    """What the command wrote in its working folder, which is not kept: (`./name` of each new or
+    changed top-level file, or `./folder/`, its count of such files), by name. Python's caches and
+    `skip` (the model file taken as `model/`) are not counted."""
+    counts: dict[str, int] = {}
+    if not os.path.isdir(workdir):
+        return []
+    for folder, dirs, names in os.walk(workdir):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in names:
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, workdir)
+            if rel == skip or _same_file(path, os.path.join(code_dir, rel)):
+                continue
+            top, sep, _ = rel.partition(os.sep)
+            label = f"./{top}/" if sep else f"./{top}"
+            counts[label] = counts.get(label, 0) + 1
+    return sorted(counts.items())
+
+
+def left_behind_line(found: list[tuple[str, int]], *, most: int = 5) -> str | None:
+    """One line naming what `left_behind` found (the first `most` entries), and where to write instead."""
+    if not found:
+        return None
+    names = [f"{label} ({n} file{'s' if n != 1 else ''})" if label.endswith("/") else label for label, n in found]
+    shown = ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+    return (f"not kept, written in the working folder (a scratch copy of the code): {shown}; "
+            "write what the run should keep to fit.output_dir() (kept as outputs/)")
 
 
 def _same_file(path: str, other: str) -> bool:

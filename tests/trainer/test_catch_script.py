@@ -555,6 +555,62 @@ def test_no_model_at_all_is_said(tmp_path, code):
     assert run._models_elsewhere() == []
 
 
+def test_what_the_command_left_in_its_working_folder_is_said_in_one_line_at_the_end(tmp_path, code, capsys):
+    (code / "data.csv").write_text("shipped")
+    plan = {"files": {"logs/train/events.out": "tb", "logs/validation/events.out": "tb", "history.csv": "epoch,loss",
+                      "sub/net.keras": "k", "OUTPUT/kept.txt": "kept"}, "exit": 143}
+    rc, _, _ = attempt(tmp_path, code, plan)
+    assert rc == exits.PREEMPTED  # whatever the ending
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["trainstack: not kept, written in the working folder (a scratch copy of the code): ./history.csv, "
+                   "./logs/ (2 files), ./sub/ (1 file); write what the run should keep to fit.output_dir() "
+                   "(kept as outputs/)"]
+
+
+def test_a_model_taken_from_the_working_folder_is_not_said_to_be_left_behind(tmp_path, code, capsys):
+    rc, _, _ = attempt(tmp_path, code, {"files": {"net.keras": "k", "history.csv": "h"}})
+    assert rc == exits.OK
+    err = capsys.readouterr().err
+    assert "model/net.keras" in err
+    assert err.splitlines()[-1] == ("trainstack: not kept, written in the working folder (a scratch copy of the "
+                                    "code): ./history.csv; write what the run should keep to fit.output_dir() "
+                                    "(kept as outputs/)")
+
+
+def test_a_command_that_wrote_nothing_beside_itself_says_nothing_of_it(tmp_path, code, capsys):
+    rc, _, _ = attempt(tmp_path, code, {"files": {"MODEL/w": "m", "OUTPUT/o": "o"}})
+    assert rc == exits.OK
+    assert "not kept" not in capsys.readouterr().err
+
+
+def test_left_behind_counts_new_and_changed_files_not_copies_or_caches(tmp_path):
+    code, work = tmp_path / "code", tmp_path / "work"
+    (code / "pkg").mkdir(parents=True)
+    for rel in ("same.py", "pkg/same.txt", "changed.txt"):
+        (code / rel).write_text("shipped")
+    import shutil
+    shutil.copytree(code, work)
+    (work / "changed.txt").write_text("written again")
+    (work / "pkg" / "new.txt").write_text("n")
+    (work / "__pycache__").mkdir()
+    (work / "__pycache__" / "same.cpython.pyc").write_text("c")
+    (work / "pkg" / "__pycache__").mkdir()
+    (work / "pkg" / "__pycache__" / "x.pyc").write_text("c")
+    (work / "model.keras").write_text("taken")
+    assert script.left_behind(str(work), str(code), skip="model.keras") == [("./changed.txt", 1), ("./pkg/", 1)]
+    assert script.left_behind(str(work), str(code))[0] == ("./changed.txt", 1)
+    assert script.left_behind(str(tmp_path / "none"), str(code)) == []
+
+
+def test_the_left_behind_line_names_five_then_counts():
+    assert script.left_behind_line([]) is None
+    found = [(f"./f{i}", 1) for i in range(6)] + [("./logs/", 3)]
+    line = script.left_behind_line(found)
+    assert line.startswith("not kept, written in the working folder (a scratch copy of the code): "
+                           "./f0, ./f1, ./f2, ./f3, ./f4 and 2 more; ")
+    assert script.left_behind_line([("./logs/", 3)], most=1).split(": ")[1].startswith("./logs/ (3 files);")
+
+
 def test_a_copied_file_is_the_same_only_with_its_size_and_time(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.write_text("12345")
