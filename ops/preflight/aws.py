@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from components import settings as config
-from ops.preflight.common import Problem, run_checks
+from ops.preflight.common import NoCredentials, Problem, run_checks
 
 # EC2 vCPU quotas by instance family (Service Quotas, service code "ec2"): the quota
 # name, its code for spot requests and for running on-demand instances.
@@ -299,8 +299,16 @@ def check_aws(settings: config.Settings, session: Any = None, *, home: bool = Tr
 
     `home=False`: a placement's region, whose run folder is home's bucket: no bucket check there."""
     import boto3
+    import botocore.exceptions
 
-    session = session or boto3.session.Session(region_name=settings.region)
+    try:
+        session = session or boto3.session.Session(region_name=settings.region)
+    except botocore.exceptions.ProfileNotFound as e:
+        raise NoCredentials("AWS", str(e), "name a profile of ~/.aws/config in AWS_PROFILE, or unset it") from e
+    if getattr(session, "get_credentials", None) is not None and session.get_credentials() is None:
+        raise NoCredentials("AWS", "environment variables, AWS_PROFILE, ~/.aws/credentials and ~/.aws/config, "
+                            "an instance or container role", "run `aws configure` or `aws sso login` "
+                            "(or set AWS_PROFILE)")
     client = lambda name: session.client(name, region_name=settings.region)  # noqa: E731 - one line, local
     ec2 = client("ec2")
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [
