@@ -45,6 +45,33 @@ def bucket_uri_of(run_uri: str) -> str:
     return head
 
 
+def bucket_of(uri: str) -> str:
+    """The bucket a ``--bucket-uri`` names: the bucket itself, or its ``runs/`` folder (``file://./runs``, where
+    the README's demo writes ``runs/demo``), which is taken as its bucket."""
+    uri = uri.rstrip("/")
+    folder = "/" + layout.RUNS_PREFIX.rstrip("/")
+    parent = uri[: -len(folder)] if uri.endswith(folder) else uri
+    return uri if parent.endswith("/") else parent  # `s3://runs`: a bucket named runs
+
+
+def open_bucket(bucket_uri: str | None, stack: str | None):
+    """``(bucket, store)`` for ``--bucket-uri`` or ``--stack``: one rule for ``ops runs`` and ``ops dashboard``.
+
+    ``--bucket-uri`` names the bucket or its ``runs/`` folder (:func:`bucket_of`); ``--stack``, the
+    bucket of the stack's run. A local folder that is not there raises :class:`OpsError` (one
+    line) rather than showing no runs: it is a mistyped path far more often than an empty bucket.
+    """
+    from ops import hosts
+    from runfolder.storage import FileStore, open_store
+
+    bucket = bucket_of(bucket_uri) if bucket_uri else bucket_uri_of(hosts.run_uri_for_stack(stack))
+    store = open_store(bucket)
+    if isinstance(store, FileStore) and not os.path.isdir(store.root):
+        raise OpsError(f"no folder {store.root} ({bucket_uri or bucket}): give the bucket's folder or its "
+                       f"{layout.RUNS_PREFIX} folder")
+    return bucket, store
+
+
 class _Under:
     """A read-only view of a store under one prefix: a run folder inside a bucket's store.
 
@@ -241,14 +268,14 @@ def read_runs(store, read) -> list:
     return [r for _changed, r in sorted(got, key=lambda g: -g[0])]
 
 
-def list_runs(bucket_uri: str, *, now: float | None = None) -> list[dict]:
+def list_runs(bucket_uri: str, *, now: float | None = None, store=None) -> list[dict]:
     """Every run under ``<bucket>/runs/``: id, uri, state, step, total, age_seconds, attempts, machine_hours,
     cost_usd, cost_note, detail; newest first."""
     from ops import status
     from runfolder.storage import open_store
 
     now = time.time() if now is None else now
-    store = open_store(bucket_uri)
+    store = open_store(bucket_uri) if store is None else store
 
     def read(run_id: str, view, keys: dict, changed: float) -> dict:
         st = status.read_status(view.uri, store=Listed(view, keys), events=0, now=now, checkpoint_marker=False)
@@ -268,8 +295,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from ops import hosts, status
 
     try:
-        bucket = args.bucket_uri.rstrip("/") if args.bucket_uri else bucket_uri_of(hosts.run_uri_for_stack(args.stack))
-        runs = list_runs(bucket)
+        bucket, store = open_bucket(args.bucket_uri, args.stack)
+        runs = list_runs(bucket, store=store)
     except (hosts.HostsError, OpsError, ValueError) as e:
         print(f"ops runs: {e}", file=sys.stderr)
         return EXIT_ERROR

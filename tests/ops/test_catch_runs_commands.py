@@ -307,9 +307,38 @@ def test_runs_of_a_bucket_whose_name_ends_in_x(tmp_path, capsys):
 
 
 def test_an_empty_bucket_says_where_it_looked(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
     bucket = f"file://{tmp_path}/empty"
     assert main(["runs", "--bucket-uri", bucket + "/"]) == 0
     assert capsys.readouterr() == (f"no runs in {bucket}/runs/\n", "")
+
+
+@pytest.mark.parametrize("command", ["runs", "dashboard"])
+def test_a_folder_that_is_not_there_is_one_line_and_exit_2_for_runs_and_the_dashboard(tmp_path, capsys, command):
+    from ops import dashboard
+
+    parser = OpsParser(prog="python -m ops")
+    sub = parser.add_subparsers(dest="command", required=True)
+    runs.register(sub)
+    dashboard.register(sub)
+    args = parser.parse_args([command, "--bucket-uri", f"file://{tmp_path}/nope/runs", "--port", "0"][
+        :None if command == "dashboard" else 3])
+    assert args.func(args) == 2
+    assert capsys.readouterr() == ("", f"ops {command}: no folder {tmp_path}/nope (file://{tmp_path}/nope/runs): give "
+                                       "the bucket's folder or its runs/ folder\n")
+
+
+def test_runs_of_the_runs_folder_are_the_buckets_runs_as_the_dashboard_reads_them(tmp_path, capsys, monkeypatch):
+    from ops import dashboard
+
+    uri = f"file://{tmp_path}/runs/demo"
+    build("complete", open_store(uri), tmp_path / "build")
+    monkeypatch.chdir(tmp_path)
+    assert main(["runs", "--bucket-uri", "file://./runs", "--json"]) == 0
+    assert [r["uri"] for r in json.loads(capsys.readouterr().out)] == [f"file://{tmp_path}/runs/demo"]
+    bucket, store = runs.open_bucket("file://./runs/", None)
+    assert (bucket, store.uri) == ("file://.", f"file://{tmp_path}")
+    assert dashboard.open_bucket is runs.open_bucket  # the dashboard's rule is this one
 
 
 def test_runs_through_a_stack_whose_run_uri_is_no_run_says_to_pass_the_bucket(tmp_path, monkeypatch, capsys):
@@ -326,12 +355,15 @@ def test_runs_of_a_bucket_no_store_can_open_is_one_line(capsys):
     assert out == "" and err.startswith("ops runs: ") and "ftp://host" in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize(("argv", "where"), [(["--bucket-uri", "file:///b"], "file:///b"), (["--stack", "dev"], "dev")])
+@pytest.mark.parametrize(("argv", "where"), [(["--bucket-uri", "file://{}/b"], "file://{}/b"),
+                                            (["--stack", "dev"], "dev")])
 def test_runs_a_store_that_fails_names_the_bucket_and_the_error(tmp_path, monkeypatch, capsys, argv, where):
-    fake_pulumi(tmp_path / "bin", {"runUri": "file:///b/runs/r"})
+    (tmp_path / "b").mkdir()
+    argv, where = [a.format(tmp_path) for a in argv], where.format(tmp_path)
+    fake_pulumi(tmp_path / "bin", {"runUri": f"file://{tmp_path}/b/runs/r"})
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
 
-    def refused(_bucket):
+    def refused(_bucket, **_kw):
         raise PermissionError("Access Denied")
 
     monkeypatch.setattr(runs, "list_runs", refused)
