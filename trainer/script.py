@@ -79,6 +79,8 @@ class ScriptRun(RunAttempt):
         self.committed: int | None = None
         self.metrics: dict = {}
         self.examples_seen: int | None = None
+        self.epoch: int | None = None
+        self.rate: float | None = None
         self._offset = 0
         self.taken_model: str | None = None  # the working folder's model file taken as model/, once it is
 
@@ -122,16 +124,20 @@ class ScriptRun(RunAttempt):
             self.examples_seen = msg["examples_seen"]
         if isinstance(msg.get("metrics"), dict):
             self.metrics = msg["metrics"]
+        if isinstance(msg.get("epoch"), int):
+            self.epoch = msg["epoch"]
+        if kind in ("progress", "epoch") and "examples_per_sec" in msg:
+            self.rate = msg["examples_per_sec"]
         if kind == "progress":
-            self.events.progress(self.step, self.total or 0, self.metrics.get("loss"), msg.get("examples_per_sec"),
-                                 metrics=self.metrics, epoch=msg.get("epoch"))
+            self._progress()
         elif kind == "epoch":
             self.emit("epoch", step=self.step, epoch=msg.get("epoch"), metrics=self.metrics)
-            self.events.progress(self.step, self.total or 0, self.metrics.get("loss"), msg.get("examples_per_sec"),
-                                 metrics=self.metrics, epoch=msg.get("epoch"))
+            self._progress()
         elif kind == layout.CHECKPOINT:
             self.committed = msg.get("step")
             self.emit(layout.CHECKPOINT, step=msg.get("step"), seconds=msg.get("seconds"), bytes=msg.get("bytes"))
+            # progress.json says the committed step too: a stop's commit is where the run stands.
+            self._progress()
             # A preempted run keeps the outputs of its last commit.
             if self.chief:
                 self.events.background(self._sync_outputs)
@@ -141,6 +147,10 @@ class ScriptRun(RunAttempt):
         elif kind == "event" and isinstance(msg.get("event"), str):
             name = msg.pop("event")
             self.emit(name, **msg)
+
+    def _progress(self) -> None:
+        self.events.progress(self.step, self.total or 0, self.metrics.get("loss"), self.rate,
+                             metrics=self.metrics, epoch=self.epoch)
 
     # -- the attempt --
 

@@ -405,6 +405,17 @@ def test_a_commit_is_a_checkpoint_event_and_uploads_the_outputs(tmp_path, code):
     assert of(stored(tmp_path), layout.CHECKPOINT)
 
 
+def test_a_commit_moves_progress_json_to_its_step(tmp_path, code):
+    # A stop's commit lands between two progress messages: progress.json must not stay behind the
+    # `preempted` event's step (ops status draws its bar from one and words from the other).
+    run = new_run(tmp_path, code)
+    run._message({"kind": "progress", "step": 2423, "total": 2814, "epoch": 5, "metrics": {"loss": 0.25}})
+    run._message({"kind": "checkpoint", "step": 2742, "seconds": 0.5, "bytes": 10})
+    run.events.flush()
+    progress = json.loads((tmp_path / "run" / layout.PROGRESS_KEY).read_text())
+    assert (progress["step"], progress["total"], progress["epoch"], progress["loss"]) == (2742, 2814, 5, 0.25)
+
+
 def test_a_resume_and_the_stores_own_events_are_said(tmp_path, code):
     run = new_run(tmp_path, code)
     run._message({"kind": "resumed", "step": 30, "examples_seen": 960, "epoch": 2, "batch": 5})
