@@ -7,6 +7,7 @@ them all for one project and region. What each check asks is in `ops.preflight`'
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 
@@ -206,6 +207,13 @@ def check_gcp(settings: config.Settings, api: GcpApi | None = None, *, home: boo
         try:
             api = RestGcpApi()
         except google.auth.exceptions.DefaultCredentialsError as e:
+            named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+            if named:
+                # The variable names a file google-auth cannot use: say which, in google-auth's first line.
+                raise NoCredentials("Google Cloud", f"GOOGLE_APPLICATION_CREDENTIALS={named}: "
+                                    f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}",
+                                    "point it at a key file, or unset it and run "
+                                    "`gcloud auth application-default login`") from e
             raise NoCredentials("Google Cloud", "Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS, "
                                 "gcloud's application-default login, the metadata server",
                                 "run `gcloud auth application-default login`") from e

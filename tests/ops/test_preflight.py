@@ -373,6 +373,18 @@ def test_no_credentials_is_one_line_and_exit_2(no_credentials, tmp_path: Path, c
     assert capsys.readouterr() == ("", line + "\n")
 
 
+def test_a_key_file_that_is_not_there_is_one_line_and_exit_2(no_credentials, monkeypatch, tmp_path: Path,
+                                                              capsys) -> None:
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "gone.json"))
+    write_stack(tmp_path, GCP)
+    assert ops_main.main(["preflight", "--stack", "unit", "--stacks-dir", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"ops preflight: no Google Cloud credentials found (GOOGLE_APPLICATION_CREDENTIALS={tmp_path / 'gone.json'}: "
+        f"File {tmp_path / 'gone.json'} was not found.); point it at a key file, or unset it and run `gcloud auth "
+        "application-default login`, then run preflight again\n")
+
+
 def test_a_profile_that_is_not_there_is_one_line_and_exit_2(no_credentials, monkeypatch, tmp_path: Path,
                                                              capsys) -> None:
     monkeypatch.setenv("AWS_PROFILE", "gone")
