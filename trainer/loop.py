@@ -223,6 +223,9 @@ class TrainLoop:
         loop_started, examples_before = self.loop_from
         self.loop_seconds = time.monotonic() - loop_started
         self.loop_examples = self.state.examples_seen - examples_before
+        # What progress.json says from here on (the ending's evaluation and commit write it) is the
+        # `finished` event's figure.
+        self.rate = self.speed().get("examples_per_sec", self.rate)
         return stopped
 
     def speed(self) -> dict:
