@@ -278,7 +278,8 @@ def test_runs_aligns_numbers_right_and_words_left(tmp_path, capsys, wide):
     for cell_long, cell_short in [("a-long-run-name", "n"), ("FAILED", runstate.STOPPED)]:
         assert long.index(cell_long) == short.index(cell_short)
     assert "$4,321.00" in short and " - │" in long
-    for cell_long, cell_short in [("400/1000", "-"), ("2 │", "1 │"), ("- │", "$4,321.00 │")]:
+    # The short run stopped before its first commit: it stands at step 0 (its `preempted` event's).
+    for cell_long, cell_short in [("400/1000", "0"), ("2 │", "1 │"), ("- │", "$4,321.00 │")]:
         assert long.index(cell_long) + len(cell_long) == short.index(cell_short) + len(cell_short)
 
 
