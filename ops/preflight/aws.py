@@ -294,6 +294,24 @@ def aws_bucket_problems(settings: config.Settings, s3: Any, sts: Any) -> list[Pr
     return []
 
 
+def _usable_credentials(session: Any) -> None:
+    """Raise `NoCredentials` when the session finds no credentials, or finds some it cannot load
+    (an expired SSO token, a failing `credential_process`): every check would fail alike."""
+    import botocore.exceptions
+
+    try:
+        credentials = session.get_credentials()
+        if credentials is not None:
+            credentials.get_frozen_credentials()  # loads what is deferred (SSO, a role to assume)
+    except botocore.exceptions.BotoCoreError as e:
+        raise NoCredentials("AWS", f"{type(e).__name__}: {e}", "run `aws sso login` or `aws configure` for this "
+                            "profile (AWS_PROFILE)") from e
+    if credentials is None:
+        raise NoCredentials("AWS", "environment variables, AWS_PROFILE, ~/.aws/credentials and ~/.aws/config, "
+                            "an instance or container role", "run `aws configure` or `aws sso login` "
+                            "(or set AWS_PROFILE)")
+
+
 def check_aws(settings: config.Settings, session: Any = None, *, home: bool = True) -> list[Problem]:
     """Every AWS check; `session` is a boto3 Session (default: the environment's credentials).
 
@@ -305,10 +323,8 @@ def check_aws(settings: config.Settings, session: Any = None, *, home: bool = Tr
         session = session or boto3.session.Session(region_name=settings.region)
     except botocore.exceptions.ProfileNotFound as e:
         raise NoCredentials("AWS", str(e), "name a profile of ~/.aws/config in AWS_PROFILE, or unset it") from e
-    if getattr(session, "get_credentials", None) is not None and session.get_credentials() is None:
-        raise NoCredentials("AWS", "environment variables, AWS_PROFILE, ~/.aws/credentials and ~/.aws/config, "
-                            "an instance or container role", "run `aws configure` or `aws sso login` "
-                            "(or set AWS_PROFILE)")
+    if getattr(session, "get_credentials", None) is not None:
+        _usable_credentials(session)
     client = lambda name: session.client(name, region_name=settings.region)  # noqa: E731 - one line, local
     ec2 = client("ec2")
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [

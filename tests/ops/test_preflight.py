@@ -373,6 +373,21 @@ def test_no_credentials_is_one_line_and_exit_2(no_credentials, tmp_path: Path, c
     assert capsys.readouterr() == ("", line + "\n")
 
 
+def test_credentials_that_cannot_be_loaded_are_one_line_and_exit_2(no_credentials, monkeypatch, tmp_path: Path,
+                                                                    capsys) -> None:
+    config = tmp_path / "home" / "aws-config"
+    config.write_text("[profile broken]\ncredential_process = /bin/false\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_PROFILE", "broken")
+    write_stack(tmp_path, AWS)
+    assert ops_main.main(["preflight", "--stack", "unit", "--stacks-dir", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1
+    assert err.startswith("ops preflight: no AWS credentials found (CredentialRetrievalError: ")
+    assert err.endswith("; run `aws sso login` or `aws configure` for this profile (AWS_PROFILE), then run "
+                        "preflight again\n")
+
+
 def test_a_key_file_that_is_not_there_is_one_line_and_exit_2(no_credentials, monkeypatch, tmp_path: Path,
                                                               capsys) -> None:
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "gone.json"))
