@@ -271,12 +271,11 @@ def decode_user_data(b64: str) -> str:
 
 def aws_store_env(*, region: str, role_arn: pulumi.Input[str], audience: str) -> dict[str, pulumi.Input[str]]:
     """The env-file values of a machine on GCP whose run folder is in S3 (an AWS-home stack's GCP placement):
-    the store's cloud and region, the role it assumes with its Google ID token, and the audience it asks
-    that token for. lib.sh keeps the token in a file (AWS_WEB_IDENTITY_TOKEN_FILE), which the `aws` CLI and
+    the store's cloud and region (as AWS_DEFAULT_REGION, which the `aws` CLI and boto3 read), the role it
+    assumes with its Google ID token, and the audience it asks that token for. lib.sh keeps the token in a file (AWS_WEB_IDENTITY_TOKEN_FILE), which the `aws` CLI and
     boto3 (the trainer's, in the container too) read by themselves with AWS_ROLE_ARN."""
     return {
         environment.STORE_CLOUD: "aws",
-        environment.STORE_REGION: region,
         "AWS_DEFAULT_REGION": region,
         "AWS_ROLE_ARN": role_arn,
         environment.TOKEN_AUDIENCE: audience,

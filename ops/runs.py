@@ -11,7 +11,8 @@ so they need no machine and no SSH:
   state, step/total, age (since the folder last changed), attempts. The folders are named
   by one delimited listing, then each is listed and read on its own, 16 at once
   (``read_runs``, which ``ops dashboard``'s table uses too).
-- ``pull`` downloads the SavedModel (``model/``), with ``--outputs`` what a script kept in
+- ``pull`` downloads the model (``model/``: a SavedModel, or a script's ``.keras`` file) and names
+  the call that loads it; with ``--outputs`` what a script kept in
   ``outputs/`` (``fit.output_dir()``), and with ``--checkpoint`` the newest committed checkpoint.
 """
 
@@ -42,6 +43,33 @@ def bucket_uri_of(run_uri: str) -> str:
     if not sep:
         raise OpsError(f"run URI {run_uri!r} is not of the form <bucket>/{layout.RUNS_PREFIX}<id>; pass --bucket-uri")
     return head
+
+
+def bucket_of(uri: str) -> str:
+    """The bucket a ``--bucket-uri`` names: the bucket itself, or its ``runs/`` folder (``file://./runs``, where
+    the README's demo writes ``runs/demo``), which is taken as its bucket."""
+    uri = uri.rstrip("/")
+    folder = "/" + layout.RUNS_PREFIX.rstrip("/")
+    parent = uri[: -len(folder)] if uri.endswith(folder) else uri
+    return uri if parent.endswith("/") else parent  # `s3://runs`: a bucket named runs
+
+
+def open_bucket(bucket_uri: str | None, stack: str | None):
+    """``(bucket, store)`` for ``--bucket-uri`` or ``--stack``: one rule for ``ops runs`` and ``ops dashboard``.
+
+    ``--bucket-uri`` names the bucket or its ``runs/`` folder (:func:`bucket_of`); ``--stack``, the
+    bucket of the stack's run. A local folder that is not there raises :class:`OpsError` (one
+    line) rather than showing no runs: it is a mistyped path far more often than an empty bucket.
+    """
+    from ops import hosts
+    from runfolder.storage import FileStore, open_store
+
+    bucket = bucket_of(bucket_uri) if bucket_uri else bucket_uri_of(hosts.run_uri_for_stack(stack))
+    store = open_store(bucket)
+    if isinstance(store, FileStore) and not os.path.isdir(store.root):
+        raise OpsError(f"no folder {store.root} ({bucket_uri or bucket}): give the bucket's folder or its "
+                       f"{layout.RUNS_PREFIX} folder")
+    return bucket, store
 
 
 class _Under:
@@ -240,14 +268,14 @@ def read_runs(store, read) -> list:
     return [r for _changed, r in sorted(got, key=lambda g: -g[0])]
 
 
-def list_runs(bucket_uri: str, *, now: float | None = None) -> list[dict]:
+def list_runs(bucket_uri: str, *, now: float | None = None, store=None) -> list[dict]:
     """Every run under ``<bucket>/runs/``: id, uri, state, step, total, age_seconds, attempts, machine_hours,
     cost_usd, cost_note, detail; newest first."""
     from ops import status
     from runfolder.storage import open_store
 
     now = time.time() if now is None else now
-    store = open_store(bucket_uri)
+    store = open_store(bucket_uri) if store is None else store
 
     def read(run_id: str, view, keys: dict, changed: float) -> dict:
         st = status.read_status(view.uri, store=Listed(view, keys), events=0, now=now, checkpoint_marker=False)
@@ -267,8 +295,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from ops import hosts, status
 
     try:
-        bucket = args.bucket_uri.rstrip("/") if args.bucket_uri else bucket_uri_of(hosts.run_uri_for_stack(args.stack))
-        runs = list_runs(bucket)
+        bucket, store = open_bucket(args.bucket_uri, args.stack)
+        runs = list_runs(bucket, store=store)
     except (hosts.HostsError, OpsError, ValueError) as e:
         print(f"ops runs: {e}", file=sys.stderr)
         return EXIT_ERROR
@@ -322,6 +350,22 @@ def _download_prefix(store, prefix: str, dest: Path) -> int:
     return len(keys)
 
 
+# Files a Keras model is saved as; Keras loads each with `keras.models.load_model`.
+KERAS_MODEL_SUFFIXES = (".keras", ".h5", ".hdf5")
+
+
+def loader_of(model: Path) -> str | None:
+    """The call that loads the model pulled to ``model``: a SavedModel (``saved_model.pb``) with
+    ``tf.saved_model.load``, a lone Keras file (``model.save("x.keras")``) with
+    ``keras.models.load_model``; None when the folder holds neither, or several Keras files."""
+    if (model / "saved_model.pb").is_file():
+        return f"tf.saved_model.load({str(model)!r})"
+    files = sorted(p for p in model.rglob("*") if p.is_file() and p.name.endswith(KERAS_MODEL_SUFFIXES))
+    if len(files) == 1:
+        return f"keras.models.load_model({str(files[0])!r})"
+    return None
+
+
 def pull(run_uri: str, dest: Path, *, checkpoint: bool = False, outputs: bool = False, store=None) -> dict:
     """Download ``model/`` to ``dest/model`` (and the newest committed checkpoint to
     ``dest/checkpoints/ckpt-<step>`` with ``checkpoint``, a script's ``outputs/`` to
@@ -336,7 +380,8 @@ def pull(run_uri: str, dest: Path, *, checkpoint: bool = False, outputs: bool = 
     out: dict = {"state": st.state}
     files = _download_prefix(store, layout.MODEL_PREFIX, dest / layout.MODEL_PREFIX.rstrip("/"))
     if files:
-        out["model"] = {"path": str(dest / layout.MODEL_PREFIX.rstrip("/")), "files": files}
+        model = dest / layout.MODEL_PREFIX.rstrip("/")
+        out["model"] = {"path": str(model), "files": files, "load": loader_of(model)}
     if checkpoint:
         steps = committed_steps(store)
         if steps:
@@ -372,8 +417,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
         print(f"ops pull: {e}", file=sys.stderr)
         return EXIT_ERROR
     if "model" in got:
-        print(f"model ({got['model']['files']} files) -> {got['model']['path']}  "
-              f"(tf.saved_model.load({got['model']['path']!r}))")
+        load = got["model"]["load"]
+        print(f"model ({got['model']['files']} files) -> {got['model']['path']}" + (f"  ({load})" if load else ""))
     elif "model_note" in got:
         print(f"ops pull: no model in {uri}: {got['model_note']}", file=sys.stderr)
     else:

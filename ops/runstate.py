@@ -360,11 +360,15 @@ def _running(st: RunStatus, log: list[dict], trainer_log: list[dict], starts: li
     silent = st.heartbeat_age_seconds is not None and st.heartbeat_age_seconds > limit
     notice = next((e for e in reversed(log) if e.get(layout.EVENT) in (layout.SPOT_NOTICE, *layout.LIFECYCLE)), None)
     if kind == layout.PREEMPTED:
+        if isinstance(last.get("step"), int) and not isinstance(last.get("step"), bool):
+            # Where the run resumes (the stop's commit), not progress.json's last heartbeat: one step
+            # for the bar and the words.
+            st.step = last["step"]
         if is_local(run_uri):
-            st.state, st.detail = STOPPED, f"{RESUME_LOCAL} (stopped at step {last.get('step')})"
+            st.state, st.detail = STOPPED, f"{RESUME_LOCAL} (stopped at step {st.step})"
         else:
             st.state = PREEMPTED
-            st.detail = f"stopped at step {last.get('step')}; waiting for the group to start a machine"
+            st.detail = f"stopped at step {st.step}; waiting for the group to start a machine"
     elif is_local(run_uri) and silent:
         # Nothing restarts a local run: a silent one was killed or its machine slept.
         st.state, st.detail = STOPPED, f"{RESUME_LOCAL} (no heartbeat for {duration(st.heartbeat_age_seconds)})"

@@ -82,7 +82,6 @@ MAX_FAILURES = PREFIX + "MAX_FAILURES"  # trainer failures in a row before the r
 JUPYTER = PREFIX + "JUPYTER"  # "1": the stack installs the Jupyter unit (access.jupyter)
 # A run folder in the other cloud's store: that cloud, and how the machine reaches it by federation.
 STORE_CLOUD = PREFIX + "STORE_CLOUD"
-STORE_REGION = PREFIX + "STORE_REGION"  # recorded; the clients read AWS_DEFAULT_REGION
 TOKEN_AUDIENCE = PREFIX + "TOKEN_AUDIENCE"  # the audience of the Google ID token an S3 store's role trusts
 GCP_AUDIENCE = PREFIX + "GCP_AUDIENCE"  # the workload identity pool provider a GCS store trusts
 GCP_SERVICE_ACCOUNT = PREFIX + "GCP_SERVICE_ACCOUNT"  # the service account it impersonates

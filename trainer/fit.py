@@ -277,7 +277,6 @@ class RunCheckpoint(keras.callbacks.Callback):
         self._epoch_logs: dict = {}  # the last finished epoch's metrics, saved with each checkpoint
         self._last_save = self._last_progress = time.monotonic()
         self._epoch_started = time.monotonic()
-        self._examples_per_step: int | None = None
         self.save_seconds: list[float] = []  # time the training waited for each save (measured in tests)
 
     # -- messages to the parent --

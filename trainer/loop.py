@@ -120,6 +120,7 @@ class TrainLoop:
         self.state = RunState()
         self.rate: float | None = None
         self.loop_seconds, self.loop_examples = 0.0, 0
+        self.loop_from = (time.monotonic(), 0)  # when this attempt's loop started, and the examples seen then
         # The loop's first call traces the step: its seconds and examples, to report the steady speed.
         self.first_call: tuple[float, int] | None = None
         self.cadence = Cadence(cfg, chief=chief, multi_worker=multi_worker)  # when: trainer.cadence
@@ -214,14 +215,17 @@ class TrainLoop:
         # freed with the attempt, after the lease and the event log are closed, or never (the CLI
         # keeps the attempt and ends with os._exit).
         self.pipeline = (iterator, train_step)
-        loop_started, examples_before = time.monotonic(), self.state.examples_seen
         try:
             stopped = self._loop(train_step, iterator, self.examples, skipped)
         finally:
             if self.staging is not None:
                 self.staging.close()
+        loop_started, examples_before = self.loop_from
         self.loop_seconds = time.monotonic() - loop_started
         self.loop_examples = self.state.examples_seen - examples_before
+        # What progress.json says from here on (the ending's evaluation and commit write it) is the
+        # `finished` event's figure.
+        self.rate = self.speed().get("examples_per_sec", self.rate)
         return stopped
 
     def speed(self) -> dict:
@@ -240,6 +244,7 @@ class TrainLoop:
         cfg, st, cadence = self.cfg, self.state, self.cadence
         self.events.start_bar(cfg.steps, st.step)
         last_log = (time.monotonic(), st.step, int(examples.numpy()))  # when, at which step, examples seen
+        self.loop_from = (last_log[0], last_log[2])
         cadence.start(last_log[0])
         requests = {r: tf.constant(r, tf.float32) for r in (GO, CHECKPOINT, STOP, CANCEL)}
         if self.chief:
@@ -314,8 +319,10 @@ class TrainLoop:
             if rows is not None:
                 st.train_metrics = self.validation.metrics.results(rows[s - call_first])
             self._summaries(s, float(losses[s - call_first]), rate, step_time)
-        self.events.update_bar(st.step, st.loss, rate)
-        self.rate = rate
+        # The speed said (the bar, progress.json: ops status and its ETA) is the attempt's loop so far,
+        # checkpoints and evaluations included, as the `finished` event's; TensorBoard's curve is this log's.
+        self.rate = loop_speed(now - self.loop_from[0], seen - self.loop_from[1], None).get("examples_per_sec")
+        self.events.update_bar(st.step, st.loss, self.rate)
         if self.cadence.progress_due(now):
             self._progress()
         return now, st.step, seen

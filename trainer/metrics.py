@@ -25,8 +25,8 @@ import tensorflow as tf
 
 from trainer.config import keep_best_mode
 
-# A run whose validation pass takes more than this share of the training time between two
-# evaluations gets an `eval_slow` warning event.
+# A run whose validation pass (its tracing left out; the attempt's first pass not judged) takes more
+# than this share of the training time between two evaluations gets an `eval_slow` warning event.
 EVAL_WARN_SHARE = 0.10
 
 # How the string "accuracy" (or "acc") is spelled out, as Keras `compile` does: by the
@@ -142,6 +142,10 @@ class Evaluator:
         opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         self.dataset = dataset.with_options(opts)
         self._pass = tf.function(self._sums)
+        self._traced = False
+        # Seconds the latest pass spent tracing the pass (its first of the attempt; 0 after): a one-off
+        # cost, not the pass's, which the `eval_slow` share leaves out.
+        self.trace_seconds = 0.0
         self._reduce = None
         if workers > 1:
             local = len(strategy.extended.worker_devices)
@@ -165,6 +169,11 @@ class Evaluator:
     def run(self) -> tuple[dict[str, float], int, float]:
         """Evaluate now: (`{"loss": …, metric: …}`, examples evaluated, seconds)."""
         started = time.monotonic()
+        self.trace_seconds = 0.0
+        if not self._traced and not tf.config.functions_run_eagerly():
+            self._pass.get_concrete_function(self.dataset)
+            self._traced = True
+            self.trace_seconds = time.monotonic() - started
         total = self._pass(self.dataset)
         if self._reduce is not None:
             total = self._reduce(total)

@@ -16,6 +16,8 @@ promises:
 - `outputs/`: the child's output folder (`TRAINSTACK_OUTPUT_DIR`, `fit.output_dir()`) is
   uploaded at each committed checkpoint and at the end, whatever the ending; a later attempt
   starts with what was kept there;
+- the working folder is scratch: what the command wrote there (new or changed files) is named in
+  one line on stderr at the end of each attempt, pointing to `fit.output_dir()`;
 - `tensorboard/`: the child's TensorBoard folder (`TRAINSTACK_TENSORBOARD_DIR`) is uploaded
   every `TENSORBOARD_EVERY_S` and at the end;
 - signals: SIGTERM/SIGINT (a spot notice) and the run folder's `STOP` (`ops stop`) are
@@ -28,31 +30,48 @@ promises:
 
 Checkpoints are the child's: `trainer.fit` commits them to `checkpoints/` with the same
 protocol as the trainer's own loop (`CheckpointStore`).
+
+Its rooms: `trainer.script_folders` (the local folders, what is kept of them and what is
+left behind), `trainer.script_messages` (the command's messages, as events and progress),
+`trainer.script_child` (the child process and what it is told); this module supervises the
+child and turns its exit into the run's ending.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from pathlib import Path
+from dataclasses import dataclass
 
-from runfolder import environment, exits, layout
+from runfolder import exits, layout
 from runfolder.lease import LeaseLost
 from trainer.config import TrainConfig, as_dict
 from trainer.run_attempt import RunAttempt, start
+from trainer.script_child import TRAINER_ROOT, child_command, child_env, cluster_role, start_child
+from trainer.script_folders import ScriptFolders
+from trainer.script_messages import CommandReport
 from trainer.signals import StopRequest
+
+# What `trainer.script` has always given (the child's helpers live in trainer.script_child).
+__all__ = ["POLL_S", "TENSORBOARD_EVERY_S", "TRAINER_ROOT", "ScriptRun", "child_command", "cluster_role",
+           "run_script"]
 
 POLL_S = 0.5
 TENSORBOARD_EVERY_S = 30.0
-# The trainer package's parent folder: put on the child's PYTHONPATH so `from trainer import fit` works.
-TRAINER_ROOT = str(Path(__file__).resolve().parents[1])
+
+
+@dataclass
+class ChildExit:
+    """How the command ended: its exit code, when the stop was forwarded to it, and whether that
+    stop was the run folder's STOP (a cancel) rather than a signal."""
+
+    rc: int
+    signalled_at: float | None = None
+    cancelled: bool = False
 
 
 class ScriptRun(RunAttempt):
@@ -66,20 +85,15 @@ class ScriptRun(RunAttempt):
         # Several workers: the chief's parent alone takes the lease and writes the run's objects;
         # the others run their command and print their events.
         super().__init__(cfg, stream=stream, stop=stop, chief=chief)
-        self.dirs = {name: os.path.join(self.work, name) for name in ("checkpoints", "tensorboard", "model", "outputs")}
-        # The command's working folder: a copy of the code folder, made in _prepare_folders.
-        self.workdir = os.path.join(self.work, "code")
-        self.messages = os.path.join(self.work, "messages.jsonl")
+        self.folders = ScriptFolders(self.work, cfg.code_dir, self.store)
+        # A preempted run keeps the outputs of its last commit.
+        self.report = CommandReport(self.folders.messages, events=self.events, emit=self.emit,
+                                    on_commit=self._commit_kept if chief else None)
         self.child: subprocess.Popen | None = None
         self.lost_lease: str | None = None  # why the lease was lost, once it is
-        self.step = 0
-        self.total: int | None = None
-        self.committed: int | None = None
-        self.metrics: dict = {}
-        self.examples_seen: int | None = None
-        self._offset = 0
 
-    # -- what the child says --
+    def _commit_kept(self) -> None:
+        self.events.background(self.folders.sync_outputs)
 
     def _lease_lost(self, reason: str) -> None:
         # Another machine took the run: the child must not commit again.
@@ -91,139 +105,60 @@ class ScriptRun(RunAttempt):
             with contextlib.suppress(ProcessLookupError):
                 self.child.kill()
 
-    def _read_messages(self) -> None:
-        """Turn the child's new message lines into events and progress (a torn last line waits)."""
-        try:
-            with open(self.messages, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        end = data.rfind(b"\n") + 1
-        self._offset += end
-        for line in data[:end].splitlines():
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(msg, dict):
-                self._message(msg)
-
-    def _message(self, msg: dict) -> None:
-        kind = msg.pop("kind", None)
-        if isinstance(msg.get("step"), int):
-            self.step = msg["step"]
-        if isinstance(msg.get("total"), int):
-            self.total = msg["total"]
-        if isinstance(msg.get("examples_seen"), int):
-            self.examples_seen = msg["examples_seen"]
-        if isinstance(msg.get("metrics"), dict):
-            self.metrics = msg["metrics"]
-        if kind == "progress":
-            self.events.progress(self.step, self.total or 0, self.metrics.get("loss"), msg.get("examples_per_sec"),
-                                 metrics=self.metrics, epoch=msg.get("epoch"))
-        elif kind == "epoch":
-            self.emit("epoch", step=self.step, epoch=msg.get("epoch"), metrics=self.metrics)
-            self.events.progress(self.step, self.total or 0, self.metrics.get("loss"), msg.get("examples_per_sec"),
-                                 metrics=self.metrics, epoch=msg.get("epoch"))
-        elif kind == layout.CHECKPOINT:
-            self.committed = msg.get("step")
-            self.emit(layout.CHECKPOINT, step=msg.get("step"), seconds=msg.get("seconds"), bytes=msg.get("bytes"))
-            # A preempted run keeps the outputs of its last commit.
-            if self.chief:
-                self.events.background(self._sync_outputs)
-        elif kind == layout.RESUMED:
-            self.emit(layout.RESUMED, step=msg.get("step"), examples_seen=msg.get("examples_seen"),
-                      batches_seen=msg.get("step"), epoch=msg.get("epoch"), batch=msg.get("batch"))
-        elif kind == "event" and isinstance(msg.get("event"), str):
-            name = msg.pop("event")
-            self.emit(name, **msg)
-
     # -- the attempt --
 
     def _step_now(self) -> int:
-        return self.step
+        return self.report.step
 
     def _cleanup(self) -> None:
         self._kill_child()
 
     def child_env(self) -> dict:
-        """The child's environment: the run's folders and the trainer on PYTHONPATH."""
-        env = {k: v for k, v in os.environ.items() if k != environment.COMMAND}
-        path = [TRAINER_ROOT, self.workdir]
-        if env.get("PYTHONPATH"):
-            path.append(env["PYTHONPATH"])
-        # What the child is told (trainer.fit reads the same names).
-        env.update({
-            "PYTHONPATH": os.pathsep.join(p for p in path if p),
-            environment.RUN_URI: self.cfg.run_uri,
-            environment.CHECKPOINT_DIR: self.dirs["checkpoints"],
-            environment.TENSORBOARD_DIR: self.dirs["tensorboard"],
-            environment.MODEL_DIR: self.dirs["model"],
-            environment.OUTPUT_DIR: self.dirs["outputs"],
-            environment.MESSAGES_FILE: self.messages,
-            environment.ATTEMPT: str(self.events.attempt),
-            environment.KEEP_CHECKPOINTS: str(self.cfg.keep_checkpoints),
-            environment.SEED: str(self.cfg.seed),
-        })
-        # The cadence as this process resolved it (extraArgs over the env file; 0 is off): the
-        # variable the child inherits may say otherwise.
-        env[environment.CHECKPOINT_EVERY_SECONDS] = f"{self.cfg.checkpoint_every_seconds or 0:g}"
-        if not self.cfg.verbose:
-            env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        if self.workers > 1:
-            # Keras 3's fit fails under MultiWorkerMirroredStrategy: tf.keras is Keras 2 here.
-            env.setdefault("TF_USE_LEGACY_KERAS", "1")
-        return env
-
-    def _prepare_folders(self) -> None:
-        """The run's local folders; the working folder, a fresh copy of the code folder; the output
-        folder, as the run last kept it (a resumed script finds what it wrote before)."""
-        for d in self.dirs.values():
-            os.makedirs(d, exist_ok=True)
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        # The work folder may lie inside the code folder (a local --work-dir): never copied into itself.
-        work = os.path.realpath(self.work)
-
-        def ignore(folder: str, names: list[str]) -> list[str]:
-            return [n for n in names if n == "__pycache__" or os.path.realpath(os.path.join(folder, n)) == work]
-
-        shutil.copytree(self.cfg.code_dir, self.workdir, symlinks=True, ignore=ignore)
-        outputs = self.dirs["outputs"]
-        shutil.rmtree(outputs, ignore_errors=True)
-        os.makedirs(outputs)
-        kept = self.store.stat(layout.OUTPUTS_PREFIX)
-        if kept:
-            from runfolder.storage import download_many
-
-            paths = {k: os.path.join(outputs, k[len(layout.OUTPUTS_PREFIX):]) for k in kept}
-            download_many(self.store, paths, skip_existing=False)
-            for key, path in paths.items():
-                # The stored time: upload_dir then sees the kept copy as current and uploads it
-                # again only when the command changes it.
-                stamp = kept[key].modified.timestamp()
-                os.utime(path, (stamp, stamp))
+        """The child's environment (trainer.script_child.child_env)."""
+        return child_env(self.cfg, self.folders, attempt=self.events.attempt, workers=self.workers)
 
     def _train(self) -> int:
+        try:
+            return self._run_command()
+        finally:
+            line = self.folders.left_behind_line()
+            if line:
+                print(f"trainstack: {line}", file=sys.stderr, flush=True)
+
+    def _run_command(self) -> int:
         cfg = self.cfg
-        self._prepare_folders()
+        self.folders.prepare()
         # `steps` is the trainer loop's; the command decides its own (progress.json carries its total).
-        self.emit(layout.STARTED, config={**as_dict(cfg), "steps": None, "model": None}, workers=1, worker=0, replicas=None, global_batch=None,
-                  precision=None, mode="script", command=list(cfg.command))
+        self.emit(layout.STARTED, config={**as_dict(cfg), "steps": None, "model": None}, workers=1, worker=0,
+                  replicas=None, global_batch=None, precision=None, mode="script", command=list(cfg.command))
         self.events.flush()
         self.stop_key.start()
-        self.child = subprocess.Popen(child_command(cfg.command), cwd=self.workdir, env=self.child_env(),
-                                      preexec_fn=_die_with_parent, stderr=None if cfg.verbose else subprocess.PIPE)
-        relay = None
-        if self.child.stderr is not None:
-            relay = threading.Thread(target=_relay_stderr, args=(self.child.stderr,), daemon=True)
-            relay.start()
+        self.child, relay = start_child(cfg, self.folders, self.child_env())
+        ended = self._supervise()
+        if relay is not None:
+            relay.join(timeout=5)
+        if self.chief:
+            self.folders.sync_tensorboard()
+        if self.lost_lease:
+            raise LeaseLost(f"{self.lost_lease}; the command was killed")
+        if self.chief:
+            self.folders.sync_outputs()
+        if ended.signalled_at is None and (self.stop.requested or self.stop_key.requested):
+            # The stop came while the child was already ending (a terminal's Ctrl-C reaches the
+            # whole process group: the child may exit 143 before this loop forwards anything).
+            ended.cancelled = self.stop_key.requested and not self.stop.requested
+            ended.signalled_at = time.monotonic()
+        return self._ending(ended)
+
+    def _supervise(self) -> ChildExit:
+        """Until the command exits: its messages read, a stop forwarded (then a kill after the
+        grace), TensorBoard uploaded every `TENSORBOARD_EVERY_S`."""
         signalled_at: float | None = None
         cancelled = False
         last_tb = time.monotonic()
         while True:
             rc = self.child.poll()
-            self._read_messages()
+            self.report.read()
             if rc is not None:
                 break
             now = time.monotonic()
@@ -232,42 +167,36 @@ class ScriptRun(RunAttempt):
                 with contextlib.suppress(ProcessLookupError):
                     self.child.send_signal(signal.SIGTERM)
                 signalled_at = now
-            elif signalled_at is not None and now - signalled_at > cfg.stop_grace_s:
+            elif signalled_at is not None and now - signalled_at > self.cfg.stop_grace_s:
                 with contextlib.suppress(ProcessLookupError):
                     self.child.kill()
             if now - last_tb >= TENSORBOARD_EVERY_S:
-                self.events.background(self._sync_tensorboard)
+                self.events.background(self.folders.sync_tensorboard)
                 last_tb = now
             time.sleep(POLL_S)
-        self._read_messages()
-        if relay is not None:
-            relay.join(timeout=5)
-        if self.chief:
-            self._sync_tensorboard()
-        if self.lost_lease:
-            raise LeaseLost(f"{self.lost_lease}; the command was killed")
-        if self.chief:
-            self._sync_outputs()
-        if signalled_at is None and (self.stop.requested or self.stop_key.requested):
-            # The stop came while the child was already ending (a terminal's Ctrl-C reaches the
-            # whole process group: the child may exit 143 before this loop forwards anything).
-            cancelled = self.stop_key.requested and not self.stop.requested
-            signalled_at = time.monotonic()
-        stopped = (rc == exits.PREEMPTED or (signalled_at is not None and rc in (
+        self.report.read()
+        return ChildExit(rc, signalled_at, cancelled)
+
+    # -- endings --
+
+    def _ending(self, ended: ChildExit) -> int:
+        """The run's ending from how the command ended."""
+        cfg, rc, report = self.cfg, ended.rc, self.report
+        stopped = (rc == exits.PREEMPTED or (ended.signalled_at is not None and rc in (
             -signal.SIGTERM, -signal.SIGINT, -signal.SIGKILL)))
-        if stopped and cancelled:
+        if stopped and ended.cancelled:
             return self._cancel()
         if stopped:
             self.events.flush()
             self.emit(layout.PREEMPTED, step=self._committed_step(),
                       signal=self.stop.signal_name or "STOP",
-                      seconds=round(time.monotonic() - signalled_at, 3) if signalled_at is not None else None,
-                      examples_seen=self.examples_seen, exit_code=rc)
+                      seconds=round(time.monotonic() - ended.signalled_at, 3) if ended.signalled_at is not None
+                      else None, examples_seen=report.examples_seen, exit_code=rc)
             return exits.PREEMPTED
         if rc in (exits.PEER_LOST, exits.NO_CLUSTER):
             # trainer.fit's ending when a worker of the cluster was lost: not this machine's failure.
             self.emit(layout.FAILED_EVENT, reason=f"the command {list(cfg.command)!r} lost its cluster (exit {rc})",
-                      step=self.step, exit_code=rc)
+                      step=report.step, exit_code=rc)
             return rc
         if rc == 0 and not self.chief:
             return exits.OK  # the chief uploads the model and writes COMPLETE
@@ -275,25 +204,18 @@ class ScriptRun(RunAttempt):
             return self._finish()
         reason = f"the command {list(cfg.command)!r} exited with {rc}" + (
             " (killed by a signal)" if rc < 0 else "")
-        self.emit(layout.FAILED_EVENT, reason=reason, step=self.step, exit_code=rc)
+        self.emit(layout.FAILED_EVENT, reason=reason, step=report.step, exit_code=rc)
         return exits.UNUSABLE if rc == exits.UNUSABLE else exits.FAILED
 
     def _committed_step(self) -> int:
         """Where the run stands: this attempt's last commit, else the newest in the bucket (a
         command stopped before its first commit, e.g. during its start-up)."""
-        if self.committed is not None:
-            return self.committed
+        if self.report.committed is not None:
+            return self.report.committed
         from trainer.checkpoint_store import CheckpointStore
 
         steps = CheckpointStore(self.store).committed_steps()
         return steps[-1] if steps else 0
-
-    def _sync_outputs(self) -> None:
-        if os.path.isdir(self.dirs["outputs"]):
-            self.store.upload_dir(self.dirs["outputs"], layout.OUTPUTS_PREFIX, changed_only=True)
-
-    def _sync_tensorboard(self) -> None:
-        self.store.upload_dir(self.dirs["tensorboard"], layout.TENSORBOARD_PREFIX, changed_only=True)
 
     def _cancel(self) -> int:
         if not self.chief:
@@ -302,58 +224,19 @@ class ScriptRun(RunAttempt):
         reason = self.stop_key.reason or "stop requested (STOP in the run folder)"
         step = self._committed_step()
         self.emit(layout.CANCELLED_EVENT, step=step, reason=reason,
-                  examples_seen=self.examples_seen)
+                  examples_seen=self.report.examples_seen)
         self.events.flush()
         self.lease.fence()
-        self._write_cancelled(step, reason, self.examples_seen)
+        self._write_cancelled(step, reason, self.report.examples_seen)
         return exits.OK
-
-    def _models_elsewhere(self) -> list[str]:
-        """Models the command saved outside its model folder (a `*.keras`/`*.h5` file, a SavedModel's
-        folder): new or changed files in its working folder (as `./path`) and in its output folder
-        (as `outputs/path`, kept there)."""
-        found = []
-        for root, label, compare in ((self.workdir, ".", self.cfg.code_dir), (self.dirs["outputs"], "outputs", None)):
-            for folder, dirs, names in os.walk(root):
-                dirs.sort()
-                for name in sorted(names):
-                    if not (name.endswith(MODEL_FILE_SUFFIXES) or name == "saved_model.pb"):
-                        continue
-                    path = os.path.join(folder, name)
-                    rel = os.path.relpath(path, root)
-                    if compare is not None and _same_file(path, os.path.join(compare, rel)):
-                        continue  # shipped with the code, not saved by this run
-                    if name == "saved_model.pb":
-                        rel = os.path.dirname(rel)  # the SavedModel's folder ("" for the folder itself)
-                    found.append(f"{label}/{rel}")
-        return found
-
-    def _take_model(self, model_dir: str) -> tuple[int, str | None]:
-        """What `model/` gets, and the note that says what happened when the command left its
-        model folder empty: a lone `*.keras` file it saved in its working folder is taken (the
-        model of `model.save("x.keras")`); anything else is named, not guessed at."""
-        files = sum(len(names) for _, _, names in os.walk(model_dir))
-        if files:
-            return files, None
-        elsewhere = self._models_elsewhere()
-        if len(elsewhere) == 1 and elsewhere[0].startswith("./") and elsewhere[0].endswith(".keras"):
-            name = os.path.basename(elsewhere[0])
-            shutil.copy2(os.path.join(self.workdir, elsewhere[0][2:]), os.path.join(model_dir, name))
-            return 1, (f"the script saved no model in fit.model_dir(); its one model file, {elsewhere[0]} in its "
-                       f"working folder, was taken as model/{name} (keras.models.load_model)")
-        note = "the script saved no model in fit.model_dir()"
-        if elsewhere:
-            note += (f"; it saved {', '.join(elsewhere)} (./ is its working folder, a scratch copy that is not kept; "
-                     "outputs/ is kept): save the model with model.export(fit.model_dir()) or "
-                     "model.save(os.path.join(fit.model_dir(), 'model.keras'))")
-        return 0, note
 
     def _finish(self) -> int:
         """The command exited 0: its model folder becomes `model/`, then COMPLETE."""
         from trainer import export as export_mod
 
-        model_dir = self.dirs["model"]
-        files, model_note = self._take_model(model_dir)
+        report = self.report
+        model_dir = self.folders.dirs["model"]
+        files, model_note = self.folders.take_model()
         if model_note:
             print(f"trainstack: {model_note}", file=sys.stderr, flush=True)
         signature = None
@@ -365,80 +248,14 @@ class ScriptRun(RunAttempt):
                     signature = export_mod.saved_model_signature(model_dir)
                 except Exception as e:  # noqa: BLE001 - a SavedModel without the serving signature is still the model
                     self.events.emit("note", local_only=True, message=f"model/ has no {export_mod.SIGNATURE}: {e}")
-        metrics = dict(self.metrics)
-        self.emit(layout.FINISHED, step=self.step, metrics=metrics, examples_seen=self.examples_seen,
+        metrics = dict(report.metrics)
+        self.emit(layout.FINISHED, step=report.step, metrics=metrics, examples_seen=report.examples_seen,
                   model_files=files, **({"model_note": model_note} if model_note else {}))
         self.events.flush()
         self.lease.fence()
-        self._write_complete(step=self.step, metrics=metrics, examples_seen=self.examples_seen, signature=signature,
-                             model_files=files, model_note=model_note)
+        self._write_complete(step=report.step, metrics=metrics, examples_seen=report.examples_seen,
+                             signature=signature, model_files=files, model_note=model_note)
         return exits.OK
-
-
-def cluster_role() -> tuple[int, bool]:
-    """(workers, chief) from `TF_CONFIG`, as trainer.fit reads it: the `chief` task, else worker 0."""
-    try:
-        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    except ValueError:
-        config = {}
-    cluster, task = config.get("cluster") or {}, config.get("task") or {}
-    workers = sum(len(v) for k, v in cluster.items() if k in ("chief", "worker"))
-    if workers <= 1:
-        return 1, True
-    if cluster.get("chief"):
-        return workers, task.get("type") == "chief"
-    return workers, task.get("type") == "worker" and int(task.get("index", 0)) == 0
-
-
-# Files a Keras script saves a model as (a SavedModel is found by its saved_model.pb).
-MODEL_FILE_SUFFIXES = (".keras", ".h5", ".hdf5")
-
-
-def _same_file(path: str, other: str) -> bool:
-    """`path` is a copy of `other` as copied (same size and modification time)."""
-    try:
-        a, b = os.stat(path), os.stat(other)
-    except OSError:
-        return False
-    return a.st_size == b.st_size and int(a.st_mtime) == int(b.st_mtime)
-
-
-def _relay_stderr(pipe) -> None:
-    """The child's stderr to ours, line by line, without TensorFlow's known start-up lines
-    (trainer/quiet.py: TF_NOISE); `--verbose` leaves the child's stderr as it is."""
-    from trainer.quiet import TF_NOISE
-
-    out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
-    for raw in iter(pipe.readline, b""):
-        line = raw.decode(errors="replace")
-        if TF_NOISE.match(line):
-            continue
-        if out is not None:
-            out.write(raw)
-            out.flush()
-        else:
-            sys.stderr.write(line)
-    pipe.close()
-
-
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): killed when the trainer dies, so a SIGKILLed trainer
-    leaves no script training on, unleased, beside the next attempt."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def child_command(command) -> list[str]:
-    """The command as run: `python` / `python3` is the interpreter running the trainer (the same
-    environment, with TensorFlow), whatever `python` PATH would find first."""
-    from trainer.config import SELF_PYTHON
-
-    words = list(command)
-    if words[0] in SELF_PYTHON:
-        words[0] = sys.executable
-    return words
 
 
 def run_script(cfg: TrainConfig, *, stream=None, stop: StopRequest | None = None) -> int:

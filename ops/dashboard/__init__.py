@@ -31,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ops.cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, OpsError, port_type, positive_float
+from ops.runs import bucket_of, open_bucket  # noqa: F401 - bucket_of: what `ops.dashboard` has always given
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 6080
@@ -128,27 +129,12 @@ def make_server(dashboard: Dashboard, port: int) -> ThreadingHTTPServer:
     return server
 
 
-def bucket_of(uri: str) -> str:
-    """The bucket a ``--bucket-uri`` names: the bucket itself, or its ``runs/`` folder (``file://./runs``, where
-    the README's demo writes ``runs/demo``), which is taken as its bucket."""
-    from runfolder import layout
-
-    uri = uri.rstrip("/")
-    folder = "/" + layout.RUNS_PREFIX.rstrip("/")
-    parent = uri[: -len(folder)] if uri.endswith(folder) else uri
-    return uri if parent.endswith("/") else parent  # `s3://runs`: a bucket named runs
-
-
 def cmd_dashboard(args: argparse.Namespace) -> int:
     """``ops dashboard``: serve the bucket's runs on 127.0.0.1 until Ctrl-C."""
-    from ops import hosts, runs
-    from runfolder.storage import open_store
+    from ops import hosts
 
     try:
-        bucket = args.bucket_uri.rstrip("/") if args.bucket_uri else runs.bucket_uri_of(
-            hosts.run_uri_for_stack(args.stack))
-        bucket = bucket_of(bucket)
-        store = open_store(bucket)
+        bucket, store = open_bucket(args.bucket_uri, args.stack)
     except (hosts.HostsError, OpsError, ValueError) as e:
         print(f"ops dashboard: {e}", file=sys.stderr)
         return EXIT_ERROR

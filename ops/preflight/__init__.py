@@ -41,7 +41,8 @@ The checks live per cloud, as `components/` does: `ops.preflight.aws`, `ops.pref
 this module walks the placements and is the command.
 
 Output: one line per problem, each with its fix; exit 1 when there are problems, 0 when
-clean, 2 when the stack's config is invalid (the settings loader's one-line error).
+clean, 2 when the stack's config is invalid (the settings loader's one-line error) or no
+credentials for a cloud it must ask were found (one line: which cloud, what to do).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ from ops.preflight.aws import (
     aws_zones,
     check_aws,
 )
-from ops.preflight.common import Problem, run_checks
+from ops.preflight.common import NoCredentials, Problem, run_checks
 from ops.preflight.gcp import (
     GCP_ACCELERATOR_METRICS,
     GCP_GPU_METRICS,
@@ -88,7 +89,7 @@ from ops.preflight.gcp_api import COMPUTE_API, ApiDisabled, GcpApi, RestGcpApi, 
 # What `from ops.preflight import X` has always given; the checks live in the per-cloud modules.
 __all__ = [
     "AWS_QUOTAS", "COMPUTE_API", "GCP_ACCELERATOR_METRICS", "GCP_GPU_METRICS", "SET_POLICY", "ApiDisabled", "GcpApi",
-    "Problem", "RestGcpApi", "api_disabled", "aws_bucket_name", "aws_bucket_problems", "aws_image_problems",
+    "NoCredentials", "Problem", "RestGcpApi", "api_disabled", "aws_bucket_name", "aws_bucket_problems", "aws_image_problems",
     "aws_lambda_concurrency_problems", "aws_network_problems", "aws_offering_problems", "aws_quota_problems", "aws_subnets", "aws_zones", "check",
     "check_aws", "check_gcp", "cmd_preflight", "compute_api_problem", "config", "gcp_api_problems",
     "gcp_data_problems", "gcp_gpu_metric", "gcp_gpu_quota", "gcp_network_problems", "gcp_offering_problems",
@@ -113,7 +114,7 @@ def check(settings: config.Settings, *, aws_session: Any = None, gcp_api: GcpApi
 
 
 def cmd_preflight(args: argparse.Namespace, *, aws_session: Any = None, gcp_api: GcpApi | None = None) -> int:
-    """`python -m ops preflight`: one line per problem; exit 1 with problems, 0 clean, 2 on bad config."""
+    """`python -m ops preflight`: one line per problem; exit 1 with problems, 0 clean, 2 on bad config or no credentials."""
     stack_file = Path(args.stacks_dir) / f"Pulumi.{args.stack}.yaml"
     if not stack_file.is_file():
         print(f"ops preflight: no stack file {stack_file}", file=sys.stderr)
@@ -123,7 +124,11 @@ def cmd_preflight(args: argparse.Namespace, *, aws_session: Any = None, gcp_api:
     except config.ConfigError as e:
         print(str(e), file=sys.stderr)
         return EXIT_ERROR
-    problems = check(settings, aws_session=aws_session, gcp_api=gcp_api)
+    try:
+        problems = check(settings, aws_session=aws_session, gcp_api=gcp_api)
+    except NoCredentials as e:
+        print(f"ops preflight: {e}", file=sys.stderr)
+        return EXIT_ERROR
     for p in problems:
         print(p.line())
     if problems:

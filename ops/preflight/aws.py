@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from components import settings as config
-from ops.preflight.common import Problem, run_checks
+from ops.preflight.common import NoCredentials, Problem, run_checks
 
 # EC2 vCPU quotas by instance family (Service Quotas, service code "ec2"): the quota
 # name, its code for spot requests and for running on-demand instances.
@@ -339,13 +339,37 @@ def aws_lambda_concurrency_problems(settings: config.Settings, lam: Any) -> list
         f"{max(total, 0) + LAMBDA_UNRESERVED_MINIMUM - left} --region {settings.region}")]
 
 
+def _usable_credentials(session: Any) -> None:
+    """Raise `NoCredentials` when the session finds no credentials, or finds some it cannot load
+    (an expired SSO token, a failing `credential_process`): every check would fail alike."""
+    import botocore.exceptions
+
+    try:
+        credentials = session.get_credentials()
+        if credentials is not None:
+            credentials.get_frozen_credentials()  # loads what is deferred (SSO, a role to assume)
+    except botocore.exceptions.BotoCoreError as e:
+        raise NoCredentials("AWS", f"{type(e).__name__}: {e}", "run `aws sso login` or `aws configure` for this "
+                            "profile (AWS_PROFILE)") from e
+    if credentials is None:
+        raise NoCredentials("AWS", "environment variables, AWS_PROFILE, ~/.aws/credentials and ~/.aws/config, "
+                            "an instance or container role", "run `aws configure` or `aws sso login` "
+                            "(or set AWS_PROFILE)")
+
+
 def check_aws(settings: config.Settings, session: Any = None, *, home: bool = True) -> list[Problem]:
     """Every AWS check; `session` is a boto3 Session (default: the environment's credentials).
 
     `home=False`: a placement's region, whose run folder is home's bucket: no bucket check there."""
     import boto3
+    import botocore.exceptions
 
-    session = session or boto3.session.Session(region_name=settings.region)
+    try:
+        session = session or boto3.session.Session(region_name=settings.region)
+    except botocore.exceptions.ProfileNotFound as e:
+        raise NoCredentials("AWS", str(e), "name a profile of ~/.aws/config in AWS_PROFILE, or unset it") from e
+    if getattr(session, "get_credentials", None) is not None:
+        _usable_credentials(session)
     client = lambda name: session.client(name, region_name=settings.region)  # noqa: E731 - one line, local
     ec2 = client("ec2")
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [

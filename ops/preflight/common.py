@@ -1,9 +1,17 @@
-"""What every preflight check returns, and how a list of checks runs: each failure to check is a problem too."""
+"""What every preflight check returns, and how a list of checks runs: each failure to check is a problem too;
+no credentials at all is no list of problems but one line (`NoCredentials`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+
+class NoCredentials(Exception):
+    """No credentials for a cloud were found: every check would fail alike, so preflight says it once."""
+
+    def __init__(self, cloud: str, found_in: str, fix: str) -> None:
+        super().__init__(f"no {cloud} credentials found ({found_in}); {fix}, then run preflight again")
 
 
 @dataclass(frozen=True)

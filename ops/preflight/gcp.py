@@ -7,11 +7,12 @@ them all for one project and region. What each check asks is in `ops.preflight`'
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 
 from components import settings as config
-from ops.preflight.common import Problem, run_checks
+from ops.preflight.common import NoCredentials, Problem, run_checks
 from ops.preflight.gcp_api import COMPUTE_API, ApiDisabled, GcpApi, RestGcpApi
 
 # GCE machine family (or N1 accelerator) -> the GPU quota metric of its GPUs.
@@ -200,7 +201,22 @@ def check_gcp(settings: config.Settings, api: GcpApi | None = None, *, home: boo
     """Every GCP check; `api` defaults to the REST client with Application Default Credentials.
 
     `home=False`: a placement's project and region, whose run and data are home's: no data check there."""
-    api = api or RestGcpApi()
+    if api is None:
+        import google.auth.exceptions
+
+        try:
+            api = RestGcpApi()
+        except google.auth.exceptions.DefaultCredentialsError as e:
+            named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+            if named:
+                # The variable names a file google-auth cannot use: say which, in google-auth's first line.
+                raise NoCredentials("Google Cloud", f"GOOGLE_APPLICATION_CREDENTIALS={named}: "
+                                    f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}",
+                                    "point it at a key file, or unset it and run "
+                                    "`gcloud auth application-default login`") from e
+            raise NoCredentials("Google Cloud", "Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS, "
+                                "gcloud's application-default login, the metadata server",
+                                "run `gcloud auth application-default login`") from e
     enabled: set[str] = set()
 
     def apis() -> list[Problem]:

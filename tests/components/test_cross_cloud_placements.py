@@ -87,8 +87,8 @@ def test_the_gcp_machines_env_names_the_s3_store_and_the_role_their_token_assume
     assert env["TRAINSTACK_CLOUD"] == "gcp" and env["TRAINSTACK_REGION"] == "us-central1"
     assert env["TRAINSTACK_RUN_URI"] == r.outputs["runUri"] and env["TRAINSTACK_RUN_URI"].startswith("s3://")
     assert env["TRAINSTACK_GROUP"] == GCE_GROUP
-    assert (env["TRAINSTACK_STORE_CLOUD"], env["TRAINSTACK_STORE_REGION"], env["AWS_DEFAULT_REGION"]) == \
-        ("aws", "us-east-1", "us-east-1")
+    assert (env["TRAINSTACK_STORE_CLOUD"], env["AWS_DEFAULT_REGION"]) == ("aws", "us-east-1")
+    assert "TRAINSTACK_STORE_REGION" not in env  # the region is AWS_DEFAULT_REGION, which the clients read
     # The role's generated name, as the fake cloud makes it (ops/fakes/aws.py).
     generated = f"{role['name']}-{fake_hex('aws:iam/role:Role', role['name'])[:7]}"
     assert env["AWS_ROLE_ARN"] == f"arn:aws:iam::{synth.FAKE_ACCOUNT}:role/{generated}"

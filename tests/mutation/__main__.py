@@ -169,7 +169,8 @@ TARGETS: dict[str, Target] = {
         extra=["-m", "not slow"]),
     # Script mode's parent in this process, the user's command a small stand-in (test_script.py's
     # cases run the trainer as a child, which mutmut cannot follow).
-    "script": Target(["trainer/script.py"], ["tests/trainer/test_catch_script.py"]),
+    "script": Target(["trainer/script.py", "trainer/script_folders.py", "trainer/script_messages.py",
+                       "trainer/script_child.py"], ["tests/trainer/test_catch_script.py"]),
     # The fit helper and RunCheckpoint on a tiny Keras model. A graph `fit` hangs in mutmut's
     # forked workers; the plugin runs test_catch_fit.py's `fit` eagerly there, which trains.
     "fit": Target(["trainer/fit.py"], ["tests/trainer/test_catch_fit.py", "tests/trainer/test_fit.py"],

@@ -278,7 +278,8 @@ def test_runs_aligns_numbers_right_and_words_left(tmp_path, capsys, wide):
     for cell_long, cell_short in [("a-long-run-name", "n"), ("FAILED", runstate.STOPPED)]:
         assert long.index(cell_long) == short.index(cell_short)
     assert "$4,321.00" in short and " - │" in long
-    for cell_long, cell_short in [("400/1000", "-"), ("2 │", "1 │"), ("- │", "$4,321.00 │")]:
+    # The short run stopped before its first commit: it stands at step 0 (its `preempted` event's).
+    for cell_long, cell_short in [("400/1000", "0"), ("2 │", "1 │"), ("- │", "$4,321.00 │")]:
         assert long.index(cell_long) + len(cell_long) == short.index(cell_short) + len(cell_short)
 
 
@@ -307,9 +308,38 @@ def test_runs_of_a_bucket_whose_name_ends_in_x(tmp_path, capsys):
 
 
 def test_an_empty_bucket_says_where_it_looked(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
     bucket = f"file://{tmp_path}/empty"
     assert main(["runs", "--bucket-uri", bucket + "/"]) == 0
     assert capsys.readouterr() == (f"no runs in {bucket}/runs/\n", "")
+
+
+@pytest.mark.parametrize("command", ["runs", "dashboard"])
+def test_a_folder_that_is_not_there_is_one_line_and_exit_2_for_runs_and_the_dashboard(tmp_path, capsys, command):
+    from ops import dashboard
+
+    parser = OpsParser(prog="python -m ops")
+    sub = parser.add_subparsers(dest="command", required=True)
+    runs.register(sub)
+    dashboard.register(sub)
+    args = parser.parse_args([command, "--bucket-uri", f"file://{tmp_path}/nope/runs", "--port", "0"][
+        :None if command == "dashboard" else 3])
+    assert args.func(args) == 2
+    assert capsys.readouterr() == ("", f"ops {command}: no folder {tmp_path}/nope (file://{tmp_path}/nope/runs): give "
+                                       "the bucket's folder or its runs/ folder\n")
+
+
+def test_runs_of_the_runs_folder_are_the_buckets_runs_as_the_dashboard_reads_them(tmp_path, capsys, monkeypatch):
+    from ops import dashboard
+
+    uri = f"file://{tmp_path}/runs/demo"
+    build("complete", open_store(uri), tmp_path / "build")
+    monkeypatch.chdir(tmp_path)
+    assert main(["runs", "--bucket-uri", "file://./runs", "--json"]) == 0
+    assert [r["uri"] for r in json.loads(capsys.readouterr().out)] == [f"file://{tmp_path}/runs/demo"]
+    bucket, store = runs.open_bucket("file://./runs/", None)
+    assert (bucket, store.uri) == ("file://.", f"file://{tmp_path}")
+    assert dashboard.open_bucket is runs.open_bucket  # the dashboard's rule is this one
 
 
 def test_runs_through_a_stack_whose_run_uri_is_no_run_says_to_pass_the_bucket(tmp_path, monkeypatch, capsys):
@@ -326,12 +356,15 @@ def test_runs_of_a_bucket_no_store_can_open_is_one_line(capsys):
     assert out == "" and err.startswith("ops runs: ") and "ftp://host" in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize(("argv", "where"), [(["--bucket-uri", "file:///b"], "file:///b"), (["--stack", "dev"], "dev")])
+@pytest.mark.parametrize(("argv", "where"), [(["--bucket-uri", "file://{}/b"], "file://{}/b"),
+                                            (["--stack", "dev"], "dev")])
 def test_runs_a_store_that_fails_names_the_bucket_and_the_error(tmp_path, monkeypatch, capsys, argv, where):
-    fake_pulumi(tmp_path / "bin", {"runUri": "file:///b/runs/r"})
+    (tmp_path / "b").mkdir()
+    argv, where = [a.format(tmp_path) for a in argv], where.format(tmp_path)
+    fake_pulumi(tmp_path / "bin", {"runUri": f"file://{tmp_path}/b/runs/r"})
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
 
-    def refused(_bucket):
+    def refused(_bucket, **_kw):
         raise PermissionError("Access Denied")
 
     monkeypatch.setattr(runs, "list_runs", refused)
@@ -358,6 +391,32 @@ def test_pull_prints_where_the_model_went_and_how_to_load_it(tmp_path, capsys):
     assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == [
         "model/saved_model.pb", "model/variables/v0", "model/variables/v1"]
     assert [p.name for p in dest.iterdir()] == ["model"]  # no partial folder left beside it
+
+
+@pytest.mark.parametrize(("files", "load"), [
+    (["x.keras"], "keras.models.load_model({!r})".format),
+    (["sub/net.h5", "notes.txt"], "keras.models.load_model({!r})".format),
+    (["saved_model.pb", "variables/v0", "assets/m.keras"], None),
+])
+def test_pull_names_the_loader_of_the_model_it_fetched(tmp_path, capsys, files, load):
+    uri, store = _run(tmp_path, "complete")
+    for name in files:
+        store.put_bytes(f"model/{name}", b"m")
+    dest = tmp_path / "out"
+    assert main(["pull", "--run-uri", uri, str(dest)]) == 0
+    model = dest / "model"
+    call = load(str(model / files[0])) if load else f"tf.saved_model.load({str(model)!r})"
+    assert capsys.readouterr() == (f"model ({len(files)} files) -> {model}  ({call})\n", "")
+
+
+@pytest.mark.parametrize("files", [["a.keras", "b.keras"], ["weights.bin"]])
+def test_pull_of_a_model_it_cannot_name_a_loader_for_names_none(tmp_path, capsys, files):
+    uri, store = _run(tmp_path, "complete")
+    for name in files:
+        store.put_bytes(f"model/{name}", b"m")
+    dest = tmp_path / "out"
+    assert main(["pull", "--run-uri", uri, str(dest)]) == 0
+    assert capsys.readouterr() == (f"model ({len(files)} files) -> {dest / 'model'}\n", "")
 
 
 def test_pull_of_a_running_run_warns_the_model_may_be_early(tmp_path, capsys):
@@ -441,7 +500,8 @@ def test_pull_returns_what_it_fetched(tmp_path):
     store.put_bytes("outputs/a.txt", b"a")
     dest = tmp_path / "out"
     got = runs.pull(uri, dest, checkpoint=True, outputs=True, store=store)
-    assert got == {"state": "COMPLETE", "model": {"path": str(dest / "model"), "files": 2},
+    assert got == {"state": "COMPLETE", "model": {"path": str(dest / "model"), "files": 2,
+                                                  "load": f"tf.saved_model.load({str(dest / 'model')!r})"},
                    "checkpoint": {"step": 1000, "path": str(dest / layout.checkpoint_dir(1000)), "files": 3},
                    "outputs": {"path": str(dest / "outputs"), "files": 1}}
 
@@ -551,7 +611,8 @@ def test_pull_fetches_only_the_model_unless_asked_and_makes_the_folders_on_the_w
     _model(store)
     store.put_bytes("outputs/a.txt", b"a")
     dest = tmp_path / "a" / "b" / "out"
-    assert runs.pull(uri, dest) == {"state": "COMPLETE", "model": {"path": str(dest / "model"), "files": 2}}
+    assert runs.pull(uri, dest) == {"state": "COMPLETE", "model": {
+        "path": str(dest / "model"), "files": 2, "load": f"tf.saved_model.load({str(dest / 'model')!r})"}}
     assert [p.name for p in dest.iterdir()] == ["model"]
 
 

@@ -341,6 +341,75 @@ def write_stack(tmp_path: Path, raw: dict) -> Path:
     return tmp_path
 
 
+@pytest.fixture
+def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An environment where neither boto3 nor google-auth finds any credentials (and asks no metadata server)."""
+    import os
+
+    for k in list(os.environ):
+        if k.startswith(("AWS_", "GOOGLE_", "CLOUDSDK_", "GCE_")):
+            monkeypatch.delenv(k)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(home / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(home / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(home / "gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+
+
+@pytest.mark.parametrize(("raw", "line"), [
+    (AWS, "ops preflight: no AWS credentials found (environment variables, AWS_PROFILE, ~/.aws/credentials and "
+          "~/.aws/config, an instance or container role); run `aws configure` or `aws sso login` (or set "
+          "AWS_PROFILE), then run preflight again"),
+    (GCP, "ops preflight: no Google Cloud credentials found (Application Default Credentials: "
+          "GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default login, the metadata server); run `gcloud "
+          "auth application-default login`, then run preflight again"),
+], ids=["aws", "gcp"])
+def test_no_credentials_is_one_line_and_exit_2(no_credentials, tmp_path: Path, capsys, raw, line) -> None:
+    write_stack(tmp_path, raw)
+    assert ops_main.main(["preflight", "--stack", "unit", "--stacks-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr() == ("", line + "\n")
+
+
+def test_credentials_that_cannot_be_loaded_are_one_line_and_exit_2(no_credentials, monkeypatch, tmp_path: Path,
+                                                                    capsys) -> None:
+    config = tmp_path / "home" / "aws-config"
+    config.write_text("[profile broken]\ncredential_process = /bin/false\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_PROFILE", "broken")
+    write_stack(tmp_path, AWS)
+    assert ops_main.main(["preflight", "--stack", "unit", "--stacks-dir", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1
+    assert err.startswith("ops preflight: no AWS credentials found (CredentialRetrievalError: ")
+    assert err.endswith("; run `aws sso login` or `aws configure` for this profile (AWS_PROFILE), then run "
+                        "preflight again\n")
+
+
+def test_a_key_file_that_is_not_there_is_one_line_and_exit_2(no_credentials, monkeypatch, tmp_path: Path,
+                                                              capsys) -> None:
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "gone.json"))
+    write_stack(tmp_path, GCP)
+    assert ops_main.main(["preflight", "--stack", "unit", "--stacks-dir", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"ops preflight: no Google Cloud credentials found (GOOGLE_APPLICATION_CREDENTIALS={tmp_path / 'gone.json'}: "
+        f"File {tmp_path / 'gone.json'} was not found.); point it at a key file, or unset it and run `gcloud auth "
+        "application-default login`, then run preflight again\n")
+
+
+def test_a_profile_that_is_not_there_is_one_line_and_exit_2(no_credentials, monkeypatch, tmp_path: Path,
+                                                             capsys) -> None:
+    monkeypatch.setenv("AWS_PROFILE", "gone")
+    write_stack(tmp_path, AWS)
+    assert ops_main.main(["preflight", "--stack", "unit", "--stacks-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr() == ("", "ops preflight: no AWS credentials found (The config profile (gone) could not "
+                                       "be found); name a profile of ~/.aws/config in AWS_PROFILE, or unset it, then "
+                                       "run preflight again\n")
+
+
 def test_cli_exit_codes(aws, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     aws()
     args = argparse.Namespace(stack="unit", stacks_dir=str(write_stack(tmp_path, AWS)))

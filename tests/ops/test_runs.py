@@ -159,6 +159,7 @@ def test_runs_shows_each_runs_cost(tmp_path, capsys):
 
 
 def test_an_empty_bucket_has_no_runs(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
     assert main(["runs", "--bucket-uri", f"file://{tmp_path}/empty"]) == 0
     assert capsys.readouterr().out.startswith("no runs in ")
 

@@ -95,5 +95,16 @@ def test_classify_is_pure_and_reads_the_figures():
     assert len(first.events) == 1 and "config" not in first.events[0]
 
 
+@pytest.mark.parametrize("uri", [S3, LOCAL])
+@pytest.mark.parametrize("progress_step", [2423, 2800])
+def test_a_stopped_run_stands_where_it_stopped_in_its_bar_and_its_words(uri, progress_step):
+    # progress.json is a heartbeat (every few seconds); the stop's commit is where the run resumes.
+    facts = RunFacts(uri, [STARTED, ev(layout.PREEMPTED, 30, step=2742)], progress={**progress(40, progress_step),
+                                                                                      "total": 2814})
+    st = classify(facts, NOW)
+    assert (st.step, st.total) == (2742, 2814)
+    assert "stopped at step 2742" in st.detail
+
+
 def test_a_stall_is_bounded_below_and_by_the_runs_interval():
     assert runstate.stall_after(60) == 360 and runstate.stall_after(1) == runstate.STALL_MIN_S

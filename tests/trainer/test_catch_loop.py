@@ -201,6 +201,8 @@ def test_cadences_that_do_not_line_up_each_keep_their_steps_and_a_new_best_is_ch
     assert progress["evaluated_step"] == 20 and progress["best"]["step"] == 10
     assert progress["examples_per_sec"] > 0 and "val_loss" in progress["metrics"]
     speed = loop.speed()
+    # The ending's commit wrote progress.json with the loop's speed: what `finished` says, one figure.
+    assert progress["examples_per_sec"] == speed["examples_per_sec"]
     assert speed["loop_seconds"] > 0 and speed["examples_per_sec"] > 0 and "steady_examples_per_sec" in speed
     assert loop.loop_examples == 30 * BATCH
     assert loop.first_call[1] == 4 * BATCH  # the first call: 4 steps

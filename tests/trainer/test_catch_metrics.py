@@ -263,3 +263,37 @@ def test_keep_best_tracks_the_best_by_its_mode(text, value, best, better):
 def test_validation_names_are_keras_own():
     assert validation_names({"loss": 0.5, "accuracy": 0.9}) == {"val_loss": 0.5, "val_accuracy": 0.9}
     assert validation_names({}) == {}
+
+
+class _Pass:
+    """An evaluator that took `seconds`, `traced` of them tracing the pass."""
+
+    def __init__(self, seconds: float, traced: float):
+        self.seconds, self.trace_seconds = seconds, traced
+
+    def run(self):
+        return {"loss": 0.5}, 360, self.seconds
+
+
+@pytest.mark.parametrize(("seconds", "traced", "slow"), [(0.407, 0.38, False), (0.407, 0.0, True), (0.3, 0.1, True)])
+@pytest.mark.parametrize("first", [True, False])
+def test_eval_slow_leaves_the_passs_tracing_out_and_never_judges_the_first_pass(seconds, traced, slow, first):
+    from types import SimpleNamespace
+
+    from trainer.config import load_config
+    from trainer.evaluation import Validation
+
+    events = []
+    validation = Validation(load_config(["--run-uri", "file:///unused", "--synthetic"], env={}), ckstore=None,
+                            emit=lambda name, **f: events.append({"event": name, **f}))
+    validation.evaluator = _Pass(seconds, traced)
+    validation.passes = 0 if first else 1
+    validation.since_eval = 1.946
+    st = SimpleNamespace(step=1000, eval_seconds=0.0, evaluated=None, best=None)
+    validation.evaluate(st, lambda step, scalars: None)
+    evaluated = events[0]
+    assert evaluated["event"] == "evaluated" and evaluated["trace_seconds"] == round(traced, 3)
+    assert evaluated["share"] == round((seconds - traced) / 1.946, 4)
+    assert evaluated["seconds"] == seconds  # the pass's whole time is still said
+    assert [e["event"] for e in events[1:]] == (["eval_slow"] if slow and not first else [])
+    assert validation.passes == (1 if first else 2)

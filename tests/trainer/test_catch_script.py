@@ -24,7 +24,7 @@ import pytest
 
 from runfolder import environment, exits, layout
 from runfolder.storage import open_store
-from trainer import script
+from trainer import script, script_child, script_folders
 from trainer.config import load_config
 from trainer.signals import StopRequest
 
@@ -284,7 +284,7 @@ def test_the_command_dies_with_its_trainer():
     before = ctypes.c_int()
     libc.prctl(2, ctypes.byref(before))  # PR_GET_PDEATHSIG
     try:
-        script._die_with_parent()
+        script_child.die_with_parent()
         got = ctypes.c_int()
         libc.prctl(2, ctypes.byref(got))
         assert got.value == signal.SIGKILL
@@ -302,14 +302,14 @@ def test_the_working_folder_is_a_fresh_copy_of_the_code_and_outputs_come_back_as
     (code / "__pycache__" / "plan.cpython.pyc").write_text("stale")
     (code / "link").symlink_to("data/a.csv")
     run = new_run(tmp_path, code)
-    os.makedirs(run.workdir)
+    os.makedirs(run.folders.workdir)
     (tmp_path / "work" / "code" / "old.txt").write_text("from an earlier attempt")
-    os.makedirs(run.dirs["outputs"])
+    os.makedirs(run.folders.dirs["outputs"])
     (tmp_path / "work" / "outputs" / "local-only.txt").write_text("never kept")
     store = open_store(f"file://{tmp_path}/run")
     store.put_bytes("outputs/report.txt", b"kept")
     store.put_bytes("outputs/deep/plot.png", b"png")
-    run._prepare_folders()
+    run.folders.prepare()
     work = tmp_path / "work"
     assert sorted(str(p.relative_to(work / "code")) for p in (work / "code").rglob("*")) == [
         "data", "data/a.csv", "link", "plan.py"]
@@ -330,15 +330,15 @@ def test_a_work_folder_inside_the_code_folder_is_not_copied_into_itself(tmp_path
     run = script.ScriptRun(dataclasses.replace(make_cfg(tmp_path, code), work_dir=str(code / "work")),
                            stream=io.StringIO())
     (code / "workish").mkdir()
-    run._prepare_folders()
+    run.folders.prepare()
     assert sorted(p.name for p in (code / "work" / "code").iterdir()) == ["plan.py", "workish"]
     assert not (code / "work" / "code" / "work").exists()
 
 
 def test_no_outputs_kept_is_an_empty_output_folder(tmp_path, code):
     run = new_run(tmp_path, code)
-    run._prepare_folders()
-    assert os.listdir(run.dirs["outputs"]) == []
+    run.folders.prepare()
+    assert os.listdir(run.folders.dirs["outputs"]) == []
 
 
 # -- what the command says --
@@ -346,16 +346,16 @@ def test_no_outputs_kept_is_an_empty_output_folder(tmp_path, code):
 
 def test_progress_and_epochs_reach_progress_json_and_the_events(tmp_path, code):
     run = new_run(tmp_path, code)
-    run._prepare_folders()
-    run._message({"kind": "progress", "step": 3, "total": 10, "epoch": 0, "examples_per_sec": 12.5,
+    run.folders.prepare()
+    run.report.said({"kind": "progress", "step": 3, "total": 10, "epoch": 0, "examples_per_sec": 12.5,
                   "metrics": {"loss": 1.5, "accuracy": 0.25}, "examples_seen": 96})
     run.events.flush()
     progress = json.loads((tmp_path / "run" / layout.PROGRESS_KEY).read_text())
     assert {k: progress[k] for k in ("step", "total", "loss", "examples_per_sec", "metrics", "epoch")} == {
         "step": 3, "total": 10, "loss": 1.5, "examples_per_sec": 12.5,
         "metrics": {"loss": 1.5, "accuracy": 0.25}, "epoch": 0}
-    assert (run.step, run.total, run.examples_seen) == (3, 10, 96)
-    run._message({"kind": "epoch", "step": 10, "epoch": 1, "examples_per_sec": 20.0, "metrics": {"loss": 0.5}})
+    assert (run.report.step, run.report.total, run.report.examples_seen) == (3, 10, 96)
+    run.report.said({"kind": "epoch", "step": 10, "epoch": 1, "examples_per_sec": 20.0, "metrics": {"loss": 0.5}})
     run.events.flush()
     epoch = of(printed(run.events.stream), "epoch")
     assert len(epoch) == 1 and {k: epoch[0][k] for k in ("step", "epoch", "metrics")} == {
@@ -369,7 +369,7 @@ def test_progress_and_epochs_reach_progress_json_and_the_events(tmp_path, code):
 @pytest.mark.parametrize("kind", ["progress", "epoch"])
 def test_a_progress_without_a_total_or_a_loss(tmp_path, code, kind):
     run = new_run(tmp_path, code)
-    run._message({"kind": kind, "step": 2})
+    run.report.said({"kind": kind, "step": 2})
     run.events.flush()
     progress = json.loads((tmp_path / "run" / layout.PROGRESS_KEY).read_text())
     assert (progress["step"], progress["total"], progress["loss"]) == (2, 0, None)
@@ -378,39 +378,50 @@ def test_a_progress_without_a_total_or_a_loss(tmp_path, code, kind):
 
 def test_a_message_without_a_kind_still_says_where_the_command_is(tmp_path, code):
     run = new_run(tmp_path, code)
-    run._message({"step": 5, "total": 9})
-    assert (run.step, run.total) == (5, 9) and printed(run.events.stream) == []
+    run.report.said({"step": 5, "total": 9})
+    assert (run.report.step, run.report.total) == (5, 9) and printed(run.events.stream) == []
 
 
 @pytest.mark.parametrize("bad", [{"step": "3"}, {"total": 1.5}, {"examples_seen": None}, {"metrics": [1]}])
 def test_fields_of_the_wrong_type_leave_what_was_known(tmp_path, code, bad):
     run = new_run(tmp_path, code)
-    run._message({"kind": "other", "step": 4, "total": 8, "examples_seen": 16, "metrics": {"loss": 1.0}})
-    run._message({"kind": "other", **bad})
-    assert (run.step, run.total, run.examples_seen, run.metrics) == (4, 8, 16, {"loss": 1.0})
+    run.report.said({"kind": "other", "step": 4, "total": 8, "examples_seen": 16, "metrics": {"loss": 1.0}})
+    run.report.said({"kind": "other", **bad})
+    assert (run.report.step, run.report.total, run.report.examples_seen, run.report.metrics) == (4, 8, 16, {"loss": 1.0})
     assert printed(run.events.stream) == []  # an unknown kind says nothing
 
 
 def test_a_commit_is_a_checkpoint_event_and_uploads_the_outputs(tmp_path, code):
     run = new_run(tmp_path, code)
-    run._prepare_folders()
+    run.folders.prepare()
     (tmp_path / "work" / "outputs" / "report.txt").write_text("at step 7")
-    run._message({"kind": "checkpoint", "step": 7, "seconds": 0.25, "bytes": 100})
+    run.report.said({"kind": "checkpoint", "step": 7, "seconds": 0.25, "bytes": 100})
     run.events.flush()
     ev = of(printed(run.events.stream), layout.CHECKPOINT)
     assert len(ev) == 1 and {k: ev[0][k] for k in ("step", "seconds", "bytes")} == {"step": 7, "seconds": 0.25,
                                                                                   "bytes": 100}
-    assert run.committed == 7
+    assert run.report.committed == 7
     assert (tmp_path / "run" / "outputs" / "report.txt").read_text() == "at step 7"
     assert of(stored(tmp_path), layout.CHECKPOINT)
 
 
+def test_a_commit_moves_progress_json_to_its_step(tmp_path, code):
+    # A stop's commit lands between two progress messages: progress.json must not stay behind the
+    # `preempted` event's step (ops status draws its bar from one and words from the other).
+    run = new_run(tmp_path, code)
+    run.report.said({"kind": "progress", "step": 2423, "total": 2814, "epoch": 5, "metrics": {"loss": 0.25}})
+    run.report.said({"kind": "checkpoint", "step": 2742, "seconds": 0.5, "bytes": 10})
+    run.events.flush()
+    progress = json.loads((tmp_path / "run" / layout.PROGRESS_KEY).read_text())
+    assert (progress["step"], progress["total"], progress["epoch"], progress["loss"]) == (2742, 2814, 5, 0.25)
+
+
 def test_a_resume_and_the_stores_own_events_are_said(tmp_path, code):
     run = new_run(tmp_path, code)
-    run._message({"kind": "resumed", "step": 30, "examples_seen": 960, "epoch": 2, "batch": 5})
-    run._message({"kind": "event", "event": "checkpoint_failed", "reason": "slow"})
-    run._message({"kind": "event", "event": 5, "reason": "not a name"})
-    run._message({"kind": "event"})
+    run.report.said({"kind": "resumed", "step": 30, "examples_seen": 960, "epoch": 2, "batch": 5})
+    run.report.said({"kind": "event", "event": "checkpoint_failed", "reason": "slow"})
+    run.report.said({"kind": "event", "event": 5, "reason": "not a name"})
+    run.report.said({"kind": "event"})
     evs = printed(run.events.stream)
     assert [e["event"] for e in evs] == [layout.RESUMED, "checkpoint_failed"]
     assert {k: evs[0][k] for k in ("step", "examples_seen", "batches_seen", "epoch", "batch")} == {
@@ -420,19 +431,36 @@ def test_a_resume_and_the_stores_own_events_are_said(tmp_path, code):
 
 def test_messages_are_read_line_by_line_a_torn_line_waits_and_junk_is_skipped(tmp_path, code):
     run = new_run(tmp_path, code)
-    run._read_messages()  # no file yet: nothing
-    os.makedirs(os.path.dirname(run.messages), exist_ok=True)
-    with open(run.messages, "w") as f:
+    run.report.read()  # no file yet: nothing
+    os.makedirs(os.path.dirname(run.folders.messages), exist_ok=True)
+    with open(run.folders.messages, "w") as f:
         f.write('{"kind": "other", "step": 1}\nnot json\n[1, 2]\n{"kind": "other", "total": 5}\n{"kind": "other", "st')
-    run._read_messages()
-    assert (run.step, run.total) == (1, 5)  # the line after the junk is read too
-    with open(run.messages, "a") as f:
+    run.report.read()
+    assert (run.report.step, run.report.total) == (1, 5)  # the line after the junk is read too
+    with open(run.folders.messages, "a") as f:
         f.write('ep": 2}\n')
-    run._read_messages()
-    assert run.step == 2
-    run.step = 0
-    run._read_messages()  # what was read is not read again
-    assert run.step == 0
+    run.report.read()
+    assert run.report.step == 2
+    run.report.step = 0
+    run.report.read()  # what was read is not read again
+    assert run.report.step == 0
+
+
+def test_a_resumed_attempt_says_only_its_own_events(tmp_path, code):
+    # The work folder outlives an attempt (a machine's /data/work survives its reboot): the messages
+    # of attempt 1 must not be read again, and said again as attempt 2's, by attempt 2.
+    first = {"messages": [{"kind": "epoch", "step": 5, "epoch": 0, "metrics": {"loss": 1.0}},
+                          {"kind": "checkpoint", "step": 5, "seconds": 0.1, "bytes": 10}], "exit": 143}
+    rc, _, _ = attempt(tmp_path, code, first)
+    assert rc == exits.PREEMPTED
+    second = {"messages": [{"kind": "resumed", "step": 5, "examples_seen": 160, "epoch": 1, "batch": 0},
+                           {"kind": "epoch", "step": 10, "epoch": 1, "metrics": {"loss": 0.5}}]}
+    rc, _, _ = attempt(tmp_path, code, second)
+    assert rc == exits.OK
+    kinds = [(e["attempt"], e["event"]) for e in stored(tmp_path)]
+    assert kinds == [(1, layout.STARTED), (1, "epoch"), (1, layout.CHECKPOINT), (1, layout.PREEMPTED),
+                     (2, layout.STARTED), (2, layout.RESUMED), (2, "epoch"), (2, layout.FINISHED)]
+    assert [e["step"] for e in of(stored(tmp_path), layout.CHECKPOINT)] == [5]
 
 
 # -- endings --
@@ -533,9 +561,65 @@ def test_models_saved_elsewhere_are_named_not_guessed_at(tmp_path, code, capsys,
 
 def test_no_model_at_all_is_said(tmp_path, code):
     run = new_run(tmp_path, code)
-    run._prepare_folders()
-    assert run._take_model(run.dirs["model"]) == (0, "the script saved no model in fit.model_dir()")
-    assert run._models_elsewhere() == []
+    run.folders.prepare()
+    assert run.folders.take_model() == (0, "the script saved no model in fit.model_dir()")
+    assert run.folders.models_elsewhere() == []
+
+
+def test_what_the_command_left_in_its_working_folder_is_said_in_one_line_at_the_end(tmp_path, code, capsys):
+    (code / "data.csv").write_text("shipped")
+    plan = {"files": {"logs/train/events.out": "tb", "logs/validation/events.out": "tb", "history.csv": "epoch,loss",
+                      "sub/net.keras": "k", "OUTPUT/kept.txt": "kept"}, "exit": 143}
+    rc, _, _ = attempt(tmp_path, code, plan)
+    assert rc == exits.PREEMPTED  # whatever the ending
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["trainstack: not kept, written in the working folder (a scratch copy of the code): ./history.csv, "
+                   "./logs/ (2 files), ./sub/ (1 file); write what the run should keep to fit.output_dir() "
+                   "(kept as outputs/)"]
+
+
+def test_a_model_taken_from_the_working_folder_is_not_said_to_be_left_behind(tmp_path, code, capsys):
+    rc, _, _ = attempt(tmp_path, code, {"files": {"net.keras": "k", "history.csv": "h"}})
+    assert rc == exits.OK
+    err = capsys.readouterr().err
+    assert "model/net.keras" in err
+    assert err.splitlines()[-1] == ("trainstack: not kept, written in the working folder (a scratch copy of the "
+                                    "code): ./history.csv; write what the run should keep to fit.output_dir() "
+                                    "(kept as outputs/)")
+
+
+def test_a_command_that_wrote_nothing_beside_itself_says_nothing_of_it(tmp_path, code, capsys):
+    rc, _, _ = attempt(tmp_path, code, {"files": {"MODEL/w": "m", "OUTPUT/o": "o"}})
+    assert rc == exits.OK
+    assert "not kept" not in capsys.readouterr().err
+
+
+def test_left_behind_counts_new_and_changed_files_not_copies_or_caches(tmp_path):
+    code, work = tmp_path / "code", tmp_path / "work"
+    (code / "pkg").mkdir(parents=True)
+    for rel in ("same.py", "pkg/same.txt", "changed.txt"):
+        (code / rel).write_text("shipped")
+    import shutil
+    shutil.copytree(code, work)
+    (work / "changed.txt").write_text("written again")
+    (work / "pkg" / "new.txt").write_text("n")
+    (work / "__pycache__").mkdir()
+    (work / "__pycache__" / "same.cpython.pyc").write_text("c")
+    (work / "pkg" / "__pycache__").mkdir()
+    (work / "pkg" / "__pycache__" / "x.pyc").write_text("c")
+    (work / "model.keras").write_text("taken")
+    assert script_folders.left_behind(str(work), str(code), skip="model.keras") == [("./changed.txt", 1), ("./pkg/", 1)]
+    assert script_folders.left_behind(str(work), str(code))[0] == ("./changed.txt", 1)
+    assert script_folders.left_behind(str(tmp_path / "none"), str(code)) == []
+
+
+def test_the_left_behind_line_names_five_then_counts():
+    assert script_folders.left_behind_line([]) is None
+    found = [(f"./f{i}", 1) for i in range(6)] + [("./logs/", 3)]
+    line = script_folders.left_behind_line(found)
+    assert line.startswith("not kept, written in the working folder (a scratch copy of the code): "
+                           "./f0, ./f1, ./f2, ./f3, ./f4 and 2 more; ")
+    assert script_folders.left_behind_line([("./logs/", 3)], most=1).split(": ")[1].startswith("./logs/ (3 files);")
 
 
 def test_a_copied_file_is_the_same_only_with_its_size_and_time(tmp_path):
@@ -544,15 +628,15 @@ def test_a_copied_file_is_the_same_only_with_its_size_and_time(tmp_path):
     b.write_text("12345")
     os.utime(a, (1000, 1000.2))
     os.utime(b, (1000, 1000.7))
-    assert script._same_file(str(a), str(b))
+    assert script_folders.same_file(str(a), str(b))
     os.utime(b, (1000, 1001.0))
-    assert not script._same_file(str(a), str(b))
+    assert not script_folders.same_file(str(a), str(b))
     os.utime(b, (1000, 1000.0))
     b.write_text("123456")
     os.utime(b, (1000, 1000.0))
-    assert not script._same_file(str(a), str(b))
-    assert not script._same_file(str(a), str(tmp_path / "missing"))
-    assert not script._same_file(str(tmp_path / "missing"), str(a))
+    assert not script_folders.same_file(str(a), str(b))
+    assert not script_folders.same_file(str(a), str(tmp_path / "missing"))
+    assert not script_folders.same_file(str(tmp_path / "missing"), str(a))
 
 
 @pytest.mark.parametrize(("rc", "code_out"), [(3, exits.FAILED), (exits.UNUSABLE, exits.UNUSABLE), (1, exits.FAILED)])
@@ -720,8 +804,8 @@ def test_tensorboard_waits_for_its_period(tmp_path, code, monkeypatch):
                                                                                 "events.out")}
     run = new_run(tmp_path, code, plan)
     synced = []
-    run._sync_tensorboard = lambda: synced.append(run.child.poll())
-    run._sync_outputs = lambda: None
+    run.folders.sync_tensorboard = lambda: synced.append(run.child.poll())
+    run.folders.sync_outputs = lambda: None
     # The command gives up after its 10 s wait: the upload came only at the end.
     assert run.run() == exits.FAILED
     assert synced == [9]
@@ -785,13 +869,13 @@ def test_the_commands_stderr_is_relayed_without_tensorflows_start_up_lines(monke
                       b"the script's own warning\n\xff bytes\n")
     out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
     monkeypatch.setattr(sys, "stderr", out)
-    script._relay_stderr(pipe)
+    script_child.relay_stderr(pipe)
     out.flush()
     assert out.buffer.getvalue() == b"the script's own warning\n\xff bytes\n"
     assert pipe.closed
     text = io.StringIO()
     monkeypatch.setattr(sys, "stderr", text)
-    script._relay_stderr(io.BytesIO(b"plain\n\xff\n"))
+    script_child.relay_stderr(io.BytesIO(b"plain\n\xff\n"))
     assert text.getvalue() == "plain\n\ufffd\n"
 
 
@@ -807,21 +891,21 @@ def test_run_script_runs_one_attempt_or_fails_to_start(tmp_path, code):
 def test_the_command_is_killed_with_its_trainer_and_its_stderr_relayed_without_tensorflows_noise(
         tmp_path, code, capfd, monkeypatch):
     made = []
-    real = script.threading.Thread
+    real = script_child.threading.Thread
 
     def spy(*args, **kwargs):
         thread = real(*args, **kwargs)
         made.append((kwargs.get("target"), thread))
         return thread
 
-    monkeypatch.setattr(script.threading, "Thread", spy)
+    monkeypatch.setattr(script_child.threading, "Thread", spy)
     noise = "I0000 00:00:1764000000.000000   12345 cpu_feature_guard.cc:210] This TensorFlow binary"
     rc, _, _ = attempt(tmp_path, code, {"pdeathsig": True, "stderr": [noise, "the script's own warning"]})
     assert rc == exits.OK
     assert (tmp_path / "run" / "outputs" / "pdeathsig").read_text() == str(int(signal.SIGKILL))
     err = capfd.readouterr().err
     assert "the script's own warning\n" in err and "cpu_feature_guard" not in err
-    relays = [t for target, t in made if target is script._relay_stderr]
+    relays = [t for target, t in made if target is script_child.relay_stderr]
     assert len(relays) == 1 and relays[0].daemon  # a command's stray child holding stderr never holds the trainer
 
 
@@ -834,7 +918,7 @@ def test_verbose_leaves_the_commands_stderr_as_it_is(tmp_path, code, capfd):
 
 def test_only_what_changed_is_uploaded_again_and_the_model_whole(tmp_path, code, monkeypatch):
     calls = []
-    real = script.ScriptRun._prepare_folders
+    real = script_folders.ScriptFolders.prepare
 
     def prepare(self):
         upload = self.store.upload_dir
@@ -846,7 +930,7 @@ def test_only_what_changed_is_uploaded_again_and_the_model_whole(tmp_path, code,
         self.store.upload_dir = spy
         real(self)
 
-    monkeypatch.setattr(script.ScriptRun, "_prepare_folders", prepare)
+    monkeypatch.setattr(script_folders.ScriptFolders, "prepare", prepare)
     rc, _, _ = attempt(tmp_path, code, {"files": {"MODEL/w": "m", "OUTPUT/o": "o", "TENSORBOARD/t": "t"},
                                         "messages": [{"kind": "checkpoint", "step": 1}]})
     assert rc == exits.OK

@@ -409,6 +409,37 @@ def test_each_log_step_gets_its_calls_speed_and_metrics(make, monkeypatch):
     assert loop.summaries.points[4]["checkpoint_save_s"] == 0.0
 
 
+def test_the_speed_said_is_the_loops_so_far_with_its_checkpoints_as_finished_says_it(make, monkeypatch):
+    loop = make()
+    clock = _Clock()
+    monkeypatch.setattr("trainer.loop.time.monotonic", clock)
+    started = clock.now
+    saved = loop.checkpointer.save
+
+    def slow_save(step, doc, sync):
+        clock.now += 1.0  # a checkpoint of 1 s: the loop's speed counts it, a log's does not
+        return saved(step, doc, sync)
+
+    monkeypatch.setattr(loop.checkpointer, "save", slow_save)
+    bar = []
+    monkeypatch.setattr(loop.events, "update_bar", lambda step, loss, rate: bar.append(rate))
+
+    def call(n):
+        clock.now += 0.5
+
+    loop._loop(_Step(loop, on_call=call), iter(()), loop.examples)
+    elapsed = clock.now - started
+    assert len(loop.checkpointer.saved) >= 2 and elapsed > 5 * 0.5  # the checkpoints took time
+    assert loop.rate == loop_speed(elapsed, 10 * BATCH, None)["examples_per_sec"] == round(40 / elapsed, 1)
+    assert loop.summaries.points[2]["examples_per_sec"] == 24.0  # TensorBoard's: that log's calls only
+    assert bar[0] == 24.0  # the first call, before any checkpoint: the loop so far is that call
+    assert bar[-1] == loop.rate
+    loop._progress()
+    loop.events.close()
+    progress = json.loads(open_store(loop.cfg.run_uri).get_bytes(layout.PROGRESS_KEY))
+    assert progress["examples_per_sec"] == loop.rate
+
+
 def test_a_loop_with_nothing_left_to_train_calls_nothing(make):
     loop = make()
     loop.state.step, loop.state.loss = 10, 0.5
