@@ -13,7 +13,11 @@ preempted or gone. It reads and never writes. The server is the standard library
 ``http.server``: two pages need no framework, and nothing more has to be installed or kept.
 It listens on 127.0.0.1 only, as ``ops tensorboard`` and the tunnels do, and answers only
 requests addressed to 127.0.0.1 or localhost (a web page elsewhere that points its own name
-at 127.0.0.1 gets 403). A damaged line or a missing file is a note on the page; a page that
+at 127.0.0.1 gets 403). Nor does it answer what another website makes the browser ask for: a page
+elsewhere can point an image or a form at ``http://127.0.0.1:PORT/run/...``, and each answer would be
+a read of the bucket with the user's credentials. Browsers say where a request comes from in
+``Sec-Fetch-Site``; only ``same-origin`` (a link on the dashboard's own page), ``none`` (typed in,
+a bookmark) or no such header (curl, a script) is served, anything else gets 403. A damaged line or a missing file is a note on the page; a page that
 cannot be read at all says why, with status 503 for the bucket or 404 for an unknown run,
 never a 500 (a run the page cannot draw says so, with 503, and the other pages still work).
 
@@ -36,6 +40,9 @@ HOST = "127.0.0.1"
 DEFAULT_PORT = 6080
 DEFAULT_REFRESH_S = 15.0
 ALLOWED_HOSTS = frozenset({"127.0.0.1", "localhost"})
+# What a browser's Sec-Fetch-Site may say for a request to be served: the dashboard's own links, an address
+# typed in. Absent: a client that is not a browser (every browser that runs scripts sends it).
+ALLOWED_FETCH_SITES = frozenset({"same-origin", "none"})
 
 
 class Dashboard:
@@ -99,6 +106,11 @@ def make_server(dashboard: Dashboard, port: int) -> ThreadingHTTPServer:
             host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]")
             if host not in ALLOWED_HOSTS:
                 self._send(403, f"ops dashboard answers only on {HOST}: open http://{HOST}:{self.server.server_port}/")
+                return
+            site = self.headers.get("Sec-Fetch-Site")
+            if site is not None and site.strip().lower() not in ALLOWED_FETCH_SITES:
+                self._send(403, f"ops dashboard answers only its own pages, not a request another website made "
+                                f"(Sec-Fetch-Site: {site}): open http://{HOST}:{self.server.server_port}/ yourself")
                 return
             code, body = dashboard.respond(self.path)
             self._send(code, body, "text/html; charset=utf-8")

@@ -168,9 +168,9 @@ def test_pages_that_cannot_be_read_say_why_with_404_or_503(bucket):
     assert 'http-equiv="refresh"' in body  # it tries again by itself
 
 
-def _get(port: int, path: str, host: str, method: str = "GET") -> tuple[int, str]:
+def _get(port: int, path: str, host: str, method: str = "GET", **headers: str) -> tuple[int, str]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    conn.request(method, path, headers={"Host": host})
+    conn.request(method, path, headers={"Host": host, **{k.replace("_", "-"): v for k, v in headers.items()}})
     r = conn.getresponse()
     return r.status, r.read().decode()
 
@@ -193,6 +193,54 @@ def test_the_server_listens_on_127_0_0_1_answers_only_to_it_and_only_reads(bucke
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def served(bucket):
+    """The dashboard of ``bucket`` on a free port, on a thread; yields the port."""
+    import threading
+
+    uri, _states = bucket
+    server = make_server(Dashboard(uri, open_store(uri)), 0)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_host_that_only_begins_or_ends_like_127_0_0_1_or_localhost_is_refused(served):
+    # DNS rebinding: a name of the attacker's, made to resolve to 127.0.0.1, arrives with its own name as Host.
+    hosts = ["localhost.evil.example", "127.0.0.1.attacker.test", "localhost.", "127.0.0.10", "evil.localhost",
+             "xlocalhost", "127.0.0.1@evil.example", "[::1]"]
+    seen = []
+    for host in hosts:
+        for sent in (f"{host}:{served}", host):
+            code, text = _get(served, "/run/night", sent)
+            assert code == 403 and "answers only on 127.0.0.1" in text and "night" not in text, (sent, code)
+            seen.append(sent)
+    assert len(seen) == 2 * len(hosts)
+    assert _get(served, "/run/night", "127.0.0.1")[0] == _get(served, "/run/night", "localhost")[0] == 200
+
+
+def test_a_request_another_website_makes_the_browser_send_is_refused(served):
+    # Any page the user opens can point an image, a form or a fetch at the dashboard: each answer would read the
+    # bucket with the user's credentials. Browsers say where such a request comes from.
+    refused = []
+    for site in ("cross-site", "same-site", "Cross-Site", "something-new"):
+        for path in ("/", "/run/night", "/run/no-such-run"):
+            code, text = _get(served, path, f"127.0.0.1:{served}", Sec_Fetch_Site=site)
+            assert code == 403 and f"Sec-Fetch-Site: {site}" in text and "night" not in text, (site, path, code)
+            refused.append((site, path))
+    assert len(refused) == 12
+
+
+def test_the_dashboards_own_links_an_address_typed_in_and_clients_without_a_browser_are_served(served):
+    for site in ("same-origin", "none", None):
+        headers = {} if site is None else {"Sec_Fetch_Site": site}
+        code, body = _get(served, "/run/night", f"localhost:{served}", **headers)
+        assert code == 200 and "<h1>night</h1>" in body, site
 
 
 def test_another_host_is_refused_on_the_command_line(tmp_path, capsys):
