@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import math
+import shlex
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import quote
@@ -534,7 +535,9 @@ def run_page(bucket: str, page: RunPage, *, refresh: float) -> str:
         facts.append(("checkpoint", "none committed yet"))
     for label, line in status.signature_lines(st.end):
         facts.append((label, _e(line)))
-    facts.append(("pull", f"<code>python -m ops pull --run-uri {_e(r.uri)} ./{_e(r.id)} --checkpoint</code>"))
+    # A line to paste into a shell: quoted for the shell (a run id may hold a space or a `;`), then for HTML.
+    pull = shlex.join(["python", "-m", "ops", "pull", "--run-uri", r.uri, f"./{r.id}", "--checkpoint"])
+    facts.append(("pull", f'<code class="pull">{_e(pull)}</code>'))
     grid = "".join(f"<dt>{_e(k)}</dt><dd>{v}</dd>" for k, v in facts)
 
     curves = "".join(curve(name, pts, page.curve_source.get(name, "")) for name, pts in _curve_order(page.curves))

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -129,6 +130,25 @@ def test_the_run_page_draws_its_story_with_the_figures_of_ops_status(bucket, cap
     assert "price table 2026-11-30" in html.unescape(body) and "http-equiv" not in body  # over: no refresh
     assert body.count('class="attempt"') == 3 and body.count('class="mark preempted"') == 2
     assert "python -m ops pull --run-uri" in body and "SavedModel endpoint serve" in body
+
+
+@pytest.mark.parametrize("run_id", ["a b;touch pwned", "it's $(id)", "plain-1"])
+def test_the_pull_line_pastes_into_a_shell_as_one_command_whatever_the_run_id(tmp_path, run_id):
+    import shlex
+
+    uri = f"file://{tmp_path}/bucket"
+    scenarios.story(f"{uri}/runs/{run_id}", tmp_path / "src", start=time.time() - 3600, steps=200, eval_every=100,
+                    checkpoint_every=100)
+    code, body = Dashboard(uri, open_store(uri)).respond("/run/" + quote(run_id))
+    [line] = re.findall(r'<code class="pull">([^<]*)</code>', body)
+    argv = shlex.split(html.unescape(line))
+    assert code == 200 and argv == ["python", "-m", "ops", "pull", "--run-uri", f"{uri}/runs/{run_id}", f"./{run_id}",
+                                    "--checkpoint"]
+    # What the shell runs: one command, the run id one word of it.
+    echoed = subprocess.run(["bash", "-c", html.unescape(line).replace("python -m ops pull", "printf '%s\\n'", 1)],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=10)
+    assert echoed.returncode == 0 and echoed.stdout.splitlines()[-2] == f"./{run_id}", echoed
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_damaged_and_missing_files_are_notes_not_errors(bucket):
