@@ -58,6 +58,9 @@ class _Under:
     def get_bytes(self, key: str) -> bytes:
         return self.store.get_bytes(self.prefix + key)
 
+    def get_range(self, key: str, start: int, end: int | None = None) -> bytes:
+        return self.store.get_range(self.prefix + key, start, end)
+
     def stat(self, prefix: str = "") -> dict:
         n = len(self.prefix)
         return {k[n:]: v for k, v in self.store.stat(self.prefix + prefix).items()}
@@ -174,6 +177,14 @@ class Listed:
         data = self.view.get_bytes(key)
         self.objects[name] = (sig, data)
         return data
+
+    def get_range(self, key: str, start: int, end: int | None = None) -> bytes:
+        """Part of an object the listing shows (see ``Store.get_range``); never kept."""
+        from runfolder.storage import NotFound
+
+        if key not in self.keys:
+            raise NotFound(key)
+        return self.view.get_range(key, start, end)
 
     def stat(self, prefix: str = "") -> dict:
         return {k: v for k, v in self.keys.items() if k.startswith(prefix)}

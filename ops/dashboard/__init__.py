@@ -9,7 +9,9 @@
 
 Everything is read from the bucket with the user's own credentials, on each request (the
 page refreshes itself while a run is not over), so it works while the machines are
-preempted or gone. It reads and never writes. The server is the standard library's
+preempted or gone. A refresh fetches only what the listing shows changed, and of a growing
+TensorBoard event file only its new tail; what is kept between refreshes is bounded in bytes
+(``cache.Kept``). It reads and never writes. The server is the standard library's
 ``http.server``: two pages need no framework, and nothing more has to be installed or kept.
 It listens on 127.0.0.1 only, as ``ops tensorboard`` and the tunnels do, and answers only
 requests addressed to 127.0.0.1 or localhost (a web page elsewhere that points its own name
@@ -35,11 +37,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ops.cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, OpsError, port_type, positive_float
+from ops.dashboard.cache import Kept
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 6080
 DEFAULT_REFRESH_S = 15.0
 ALLOWED_HOSTS = frozenset({"127.0.0.1", "localhost"})
+# What the dashboard keeps between refreshes, at most (a tab left open on a bucket of many runs):
+# the objects it read (events.jsonl and the like) and the curves of the event files.
+OBJECTS_MAX_BYTES = 256 << 20
+CURVES_MAX_BYTES = 64 << 20
 # What a browser's Sec-Fetch-Site may say for a request to be served: the dashboard's own links, an address
 # typed in. Absent: a client that is not a browser (every browser that runs scripts sends it).
 ALLOWED_FETCH_SITES = frozenset({"same-origin", "none"})
@@ -55,7 +62,9 @@ class Dashboard:
         # The rows of runs that have ended, by run: read again only when their folder changes.
         self.rows: dict = {}
         # The objects read, by URI, with their size and time: fetched again only when the listing shows a change.
-        self.objects: dict = {}
+        self.objects = Kept(OBJECTS_MAX_BYTES, weigh=lambda kept: len(kept[1]))
+        # The TensorBoard event files read, by URI: a refresh reads only what was added to each since.
+        self.curves = Kept(CURVES_MAX_BYTES, weigh=lambda f: f.weight())
 
     def respond(self, path: str, now: float | None = None) -> tuple[int, str]:
         """The status and HTML for a request path (``/``, ``/?sort=cost``, ``/run/<id>``)."""
@@ -73,7 +82,7 @@ class Dashboard:
                 rows, notes = data.table(self.store, now, self.rows, self.objects)
             else:
                 run_id = unquote(route[len("/run/"):])
-                page = data.run_page(self.store, run_id, now, self.objects)
+                page = data.run_page(self.store, run_id, now, self.objects, self.curves)
         except KeyError as e:
             if route == "/":
                 return 503, render.error_page("cannot read the bucket", f"{self.bucket}: KeyError {e}",
