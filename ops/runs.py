@@ -227,18 +227,21 @@ def run_view(store, run_id: str) -> _Under:
     return _Under(store, layout.run_prefix(run_id))
 
 
-def read_runs(store, read) -> list:
+def read_runs(store, read, known=None) -> list:
     """``read(run_id, view, keys, changed)`` for every run of a bucket's ``store``, newest first.
 
     Each run's folder is listed and read by one of :data:`READERS` threads (its listing, then its
     objects, best through ``Listed(view, keys)``), so a run's requests follow one another while the
     others' are in flight. ``view``: the run's folder (:func:`run_view`); ``keys``: its listing;
     ``changed``: when anything in it last changed. A folder emptied since the bucket's listing is
-    left out.
+    left out. ``known(run_id)``: ``(changed, result)`` for a run the caller need not list again
+    (an ended run a dashboard read lately), else None.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     def one(run_id: str):
+        if known is not None and (got := known(run_id)) is not None:
+            return got
         view = run_view(store, run_id)
         keys = view.stat("")
         if not keys:

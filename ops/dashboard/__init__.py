@@ -8,7 +8,7 @@
 - ``/run/<id>``: the run's timeline, curves, cost over time and model.
 
 Everything is read from the bucket with the user's own credentials, on each request (the
-page refreshes itself while a run is not over), so it works while the machines are
+page refreshes itself while a run is not over and its folder changed lately: ``data.live``), so it works while the machines are
 preempted or gone. A refresh fetches only what the listing shows changed, and of a growing
 TensorBoard event file only its new tail; what is kept between refreshes is bounded in bytes
 (``cache.Kept``). It reads and never writes. The server is the standard library's

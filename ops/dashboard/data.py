@@ -30,6 +30,12 @@ VAL_PREFIX = "val_"
 TB_SKIP = frozenset({"learning_rate", "step_time_s", "examples_per_sec", "checkpoint_s", "checkpoint_save_s",
                      "eval_s"})
 TB_MAX_BYTES = 64 << 20  # event files beyond this are not read for curves (a note says so)
+# A run not over whose folder has not changed for this long (placement and machine events included) is no
+# longer refreshed: its stack may be destroyed, and it would never get an end marker. The longest a live
+# run's folder stays unchanged by design: an attempt's start, staging data (ops status's stall bound then).
+QUIET_S = runstate.QUIET_PHASE_S
+# An ended run's folder is listed again at most this often by the runs table (to see it changed or emptied).
+RELIST_S = 900.0
 TAIL_CHECK = 64  # bytes before the end of what was read, fetched again to check that a file only grew
 # How a machine's recorded price says it carries its placement's checkpoint writes to home's bucket
 # (components.userdata.price_env writes the note; a test reads it from there).
@@ -127,21 +133,39 @@ def _row(run_id: str, run, st: runstate.RunStatus, age: float) -> Row:
                age_seconds=round(max(0.0, age), 1), final=st.final)
 
 
+def live(row: Row) -> bool:
+    """Whether a page showing this run should refresh itself: the run has not ended, and something in
+    its folder (events, progress, placement, a machine's events) changed within :data:`QUIET_S`. A run
+    whose stack was destroyed never gets its end marker; its pages stop asking the bucket."""
+    return not row.final and row.age_seconds <= QUIET_S
+
+
 def table(store, now: float, cache: dict | None = None, objects: dict | None = None) -> tuple[list[Row], list[str]]:
     """A row per run in the bucket's ``store`` (newest first), and notes for the runs that could not be read.
 
     The runs are listed and read side by side, as ``ops runs`` reads them (``ops.runs.read_runs``).
     ``cache``: the rows of earlier calls; a run that has ended and not changed since (the newest
-    object in its folder is the same) is not read again. ``objects``: see ``ops.runs.Listed``.
+    object in its folder is the same) is not read again, and its folder is not even listed again
+    for :data:`RELIST_S` (an ended run's folder is left alone: only its removal, which the
+    bucket's listing of run folders shows at once, is expected). ``objects``: see ``ops.runs.Listed``.
     """
     cache = {} if cache is None else cache
+
+    def aged(changed: float, row: Row) -> Row:
+        row.age_seconds = round(max(0.0, now - changed), 1)
+        return row
+
+    def known(run_id: str):
+        kept = cache.get(run_id)
+        if kept is not None and 0 <= now - kept[2] < RELIST_S:
+            return kept[0], aged(kept[0], kept[1])
+        return None
 
     def one(run_id: str, view, keys: dict, changed: float) -> Row | str:
         kept = cache.get(run_id)
         if kept is not None and kept[0] == changed:
-            row = kept[1]
-            row.age_seconds = round(max(0.0, now - changed), 1)
-            return row
+            cache[run_id] = (changed, kept[1], now)
+            return aged(changed, kept[1])
         run = runs.Listed(view, keys, objects)
         try:
             st = status.read_status(run.uri, store=run, events=0, now=now, checkpoint_marker=False)
@@ -149,10 +173,10 @@ def table(store, now: float, cache: dict | None = None, objects: dict | None = N
             return f"run {run_id}: could not be read ({type(e).__name__}: {e})"
         row = _row(run_id, run, st, now - changed)
         if row.final:  # an ended run's row changes only when its folder does
-            cache[run_id] = (changed, row)
+            cache[run_id] = (changed, row, now)
         return row
 
-    got = runs.read_runs(store, one)
+    got = runs.read_runs(store, one, known)
     return [r for r in got if isinstance(r, Row)], [r for r in got if isinstance(r, str)]
 
 

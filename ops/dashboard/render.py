@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from urllib.parse import quote
 
 from ops import runstate, status
+from ops.dashboard import data
 from ops.dashboard.data import Row, RunPage, writes_per_hour
 from runfolder import layout
 
@@ -144,9 +145,14 @@ def runs_page(bucket: str, rows: list[Row], notes: list[str], *, sort: str = "ag
     if not rows:
         body.append(f'<tr><td colspan="{len(COLUMNS)}" class="dim">no runs in {_e(bucket)} yet'
                     "</td></tr>")
-    live = any(not r.final for r in rows)
+    live = any(data.live(r) for r in rows)
+    quiet = sum(1 for r in rows if not r.final and not data.live(r))
     sub = (f'{len(rows)} run{"" if len(rows) == 1 else "s"} · read from the bucket at {_clock_now()}'
-           + (f" · refreshes every {refresh:g}s while a run is not over" if live else ""))
+           + (f" · refreshes every {refresh:g}s while a run is not over" if live else "")
+           + (f' · <span class="quiet">{quiet} run{" is" if quiet == 1 else "s are"} not over but nothing in '
+              f"{'its' if quiet == 1 else 'their'} folder changed for over {runstate.duration(data.QUIET_S)} "
+              "(the stack may be destroyed): not refreshed for "
+              f"{'it' if quiet == 1 else 'them'}; reload to read again</span>" if quiet else ""))
     price = "".join(f'<p class="dim">cost: machine time × nodes × {_e(n)} (an estimate, not the bill)</p>'
                     for n in price_notes)
     out = (f"<h1>runs in {_e(bucket)}</h1><div class=sub>{sub}</div>{_notes(notes)}"
@@ -546,10 +552,13 @@ def run_page(bucket: str, page: RunPage, *, refresh: float) -> str:
                   "its TensorBoard scalars (tensorboard/)</p>")
     estimate = (f"an estimate: machine time × nodes × {_e(st.cost_note)}; the machines' boot time is not in it"
                 if st.cost_note else "an estimate from the prices the stack gave the machines")
-    live = not st.final
+    live = data.live(r)
+    quiet = (f' · <span class="quiet">not refreshing: nothing in the run\'s folder changed for '
+             f"{_e(runstate.duration(r.age_seconds))} (its machines may be gone, or its stack destroyed); reload "
+             "to read it again</span>") if not st.final and not live else ""
     body = (f'<p><a href="/">← all runs in {_e(bucket)}</a></p><h1>{_e(r.id)}</h1>'
             f'<div class="sub">{_e(r.uri)} · {page.events} events · read at {_clock(page.now)}'
-            + (f" · refreshes every {refresh:g}s" if live else "") + "</div>"
+            + (f" · refreshes every {refresh:g}s" if live else quiet) + "</div>"
             + _notes(page.notes)
             + f'<dl class="facts">{grid}</dl>'
             + f"<h2>timeline</h2>{timeline(page)}"

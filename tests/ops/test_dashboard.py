@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import http.client
 import json
+import os
 import re
 import signal
 import subprocess
@@ -70,8 +71,77 @@ def test_the_table_keeps_the_rows_of_ended_runs_until_their_folder_changes(bucke
     failed = open_store(f"{uri}/runs/failed")
     doc = json.loads(failed.get_bytes("FAILED"))
     failed.put_bytes("FAILED", json.dumps({**doc, "reason": "the run's deadline moved"}).encode())
-    rows, _notes = data.table(store, time.time(), cache)
+    # An ended run's folder is not listed again at every refresh: its change is seen within RELIST_S.
+    rows, _notes = data.table(store, time.time() + 60, cache)
+    assert {r.id: r.detail for r in rows}["failed"] == "the trainer failed 5 times in a row (last exit 1)"
+    rows, _notes = data.table(store, time.time() + data.RELIST_S, cache)
     assert {r.id: r.detail for r in rows}["failed"] == "the run's deadline moved"
+
+
+class Listings:
+    """A store that records the prefixes listed in it."""
+
+    def __init__(self, store) -> None:
+        self.store, self.listed = store, []
+
+    def stat(self, prefix: str = "") -> dict:
+        self.listed.append(prefix)
+        return self.store.stat(prefix)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_a_refresh_of_the_runs_table_lists_only_the_folders_of_runs_not_over(bucket):
+    uri, states = bucket
+    store = Listings(open_store(uri))
+    dash = Dashboard(uri, store)
+    now = time.time()
+    assert dash.respond("/", now=now)[0] == 200
+    assert sorted(store.listed) == sorted(f"runs/{r}/" for r in states)
+    store.listed.clear()
+    code, body = dash.respond("/", now=now + 15)
+    assert code == 200 and _rows(body) == states and store.listed == ["runs/resumed/"]
+    # A run folder removed is gone from the table at once: the bucket's listing of run folders says so.
+    open_store(uri).delete_prefix("runs/complete/")
+    code, body = dash.respond("/", now=now + 30)
+    assert code == 200 and set(_rows(body)) == set(states) - {"complete"}
+
+
+def test_a_run_not_over_whose_folder_stays_unchanged_stops_refreshing_until_something_changes(bucket):
+    # A stack destroyed under a running run: no end marker ever comes, and nothing is written any more.
+    uri, _states = bucket
+    dash = Dashboard(uri, open_store(uri))
+    later = time.time() + data.QUIET_S + 120
+    code, body = dash.respond("/run/resumed", now=later)
+    assert code == 200 and 'http-equiv="refresh"' not in body
+    assert "not refreshing: nothing in the run's folder changed for 32m 00s" in body
+    code, table = dash.respond("/", now=later)
+    assert 'http-equiv="refresh"' not in table and "1 run is not over but nothing in its folder changed" in table
+    assert 'http-equiv="refresh"' in dash.respond("/run/resumed", now=later - 240)[1]
+    # A run waiting for capacity: the controller's events and a machine's are changes of the run's folder too.
+    folder = Path(uri.removeprefix("file://")) / "runs" / "resumed"
+    lines = {layout.PLACEMENT_EVENTS_KEY: {"event": "waiting", "reason": "no spot capacity in aws us-east-1",
+                                           "placement": "aws us-east-1", "key": "capacity"},
+             layout.MACHINE_EVENTS_PREFIX + "i-0new.jsonl": {"event": "rebalance", "instance": "i-0new"},
+             layout.PLACEMENT_KEY: None}
+    seen = []
+    for key, line in lines.items():
+        path = folder / key
+        path.write_text(json.dumps({**line, "time": scenarios_iso(later - 60)}) + "\n" if line else '{"active": 0}')
+        os.utime(path, (later - 60, later - 60))
+        for page in ("/run/resumed", "/"):
+            code, body = dash.respond(page, now=later)
+            assert code == 200 and 'http-equiv="refresh"' in body and "not refreshing" not in body, (key, page)
+        seen.append(key)
+        path.unlink()
+    assert len(seen) == 3
+
+
+def scenarios_iso(t: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
 
 
 class Counting:
