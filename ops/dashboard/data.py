@@ -386,8 +386,11 @@ def tensorboard_scalars(store, kept=None) -> tuple[dict[str, list[tuple[int, flo
         except Exception as e:  # noqa: BLE001 - same as above
             notes.append(f"{key} could not be read ({type(e).__name__})")
             continue
+        # A file in a folder names its curves by it: Keras's callback writes `epoch_loss` to both train/ and
+        # validation/, two curves and not one.
+        folder = key[len(layout.TENSORBOARD_PREFIX):].rpartition("/")[0]
         for tag, pts in f.scalars.items():
-            out.setdefault(tag, {}).update(pts)
+            out.setdefault(f"{folder}/{tag}" if folder else tag, {}).update(pts)
         if f.damaged:
             notes.append(f"{key}: {f.damaged} damaged record{'s' if f.damaged > 1 else ''} skipped")
     return {k: sorted(v.items()) for k, v in out.items()}, notes
@@ -477,8 +480,10 @@ def run_page(store, run_id: str, now: float, objects: dict | None = None, curves
         page.curve_source[name] = "TensorBoard"
     for name, points in _eval_curves(facts.trainer_events).items():
         # The evaluated events name the metrics as the status does (val_…); TensorBoard's validation/… twin
-        # holds the same points, so the events' curve is the one kept.
-        page.curves.pop(f"validation/{name.removeprefix(VAL_PREFIX)}", None)
+        # (the loop's, or Keras's evaluation_…_vs_iterations) holds the same points: the events' curve is kept.
+        bare = name.removeprefix(VAL_PREFIX)
+        page.curves.pop(f"validation/{bare}", None)
+        page.curves.pop(f"validation/evaluation_{bare}_vs_iterations", None)
         page.curves[name] = points
         page.curve_source[name] = f"{layout.EVALUATED} events"
     page.notes = notes

@@ -49,7 +49,7 @@ def test_the_runs_table_shows_every_run_with_its_state_and_sorts(bucket):
     assert code == 200 and _rows(body) == states
     night = body[body.index('data-run="night"'):].split("</tr>")[0]
     assert ">3<" in night and ">2<" in night  # attempts, preemptions
-    assert "aws us-east-1<br>aws us-west-2" in night and "val_accuracy 0.9341 @5500" in night
+    assert "aws us-east-1<br>aws us-west-2" in night and 'val_accuracy <span class="nowrap">0.9372 @5500</span>' in night
     _code, by_cost = dash.respond("/?sort=cost&order=desc")
     assert list(_rows(by_cost))[0] == "night"  # the only priced run is the dearest
     _code, by_cost_up = dash.respond("/?sort=cost&order=asc")
