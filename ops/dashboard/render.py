@@ -72,6 +72,11 @@ def _money(v: float | None) -> str:
     return "-" if v is None else f"${v:,.2f}"
 
 
+def _money_fine(v: float) -> str:
+    """Dollars in cents, or in tenths of a cent under one (a short run's cost is not "$0.00")."""
+    return f"${v:,.2f}" if v >= 0.01 or v == 0 else f"${v:.3f}" if v >= 0.001 else "<$0.001"
+
+
 def _page(title: str, body: str, *, refresh: float | None) -> str:
     meta = f'<meta http-equiv="refresh" content="{refresh:g}">' if refresh else ""
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8>{meta}<title>{_e(title)}</title>"
@@ -578,9 +583,9 @@ def cost_chart(page: RunPage, *, width: int = 860, height: int = 240) -> str:
     for i, (label, pts, colour, w) in enumerate(lines):
         d = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in pts)
         parts.append(f'<polyline class="cost-line" data-placement="{_e(label)}" points="{d}" fill="none" '
-                     f'stroke="{colour}" stroke-width="{w}"><title>{_e(label)}: {_money(pts[-1][1])}</title></polyline>')
+                     f'stroke="{colour}" stroke-width="{w}"><title>{_e(label)}: {_money_fine(pts[-1][1])}</title></polyline>')
         parts.append(f'<text x="{width - right + 8}" y="{top + 14 + 16 * i}" fill="{colour}">{_e(label)} '
-                     f"{_money(pts[-1][1])}</text>")
+                     f"{_money_fine(pts[-1][1])}</text>")
     parts.append("</svg>")
     return "".join(parts)
 

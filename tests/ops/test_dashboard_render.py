@@ -139,6 +139,10 @@ def test_a_cheap_runs_cost_ticks_differ_and_its_time_axis_ends_with_the_run(tmp_
     xs = [float(p.split(",")[0]) for line in chart.iter("polyline") for p in line.get("points").split()]
     assert max(xs) == pytest.approx(float(chart.get("width")) - 180, abs=0.2)
     assert all(inside(chart, t) for t in [*texts(chart, "cost-tick"), *texts(chart, "time-tick")])
+    # The total beside the line, as precise as a cheap run needs.
+    [total] = [t.text for t in chart.iter("text") if t.get("class") is None and "aws us-east-1" in (t.text or "")]
+    cost = seconds / 3600 * price
+    assert total == (f"aws us-east-1 ${cost:.2f}" if cost >= 0.01 else f"aws us-east-1 ${cost:.3f}"), total
 
 
 def test_lane_names_and_move_reasons_are_drawn_whole(tmp_path):
