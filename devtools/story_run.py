@@ -129,21 +129,23 @@ def _moved(store, at: float, step: int) -> None:
     store.put_bytes(layout.PLACEMENT_EVENTS_KEY, (json.dumps({"event": layout.MOVED, **move}) + "\n").encode())
 
 
-def _complete(store, losses: dict[int, float], end: float, *, steps: int, eval_every: int) -> None:
-    """The COMPLETE marker the trainer writes at ``end``: figures, cost, signature and best checkpoint."""
+def _complete(store, losses: dict[int, float], end: float, *, steps: int, evals: dict[int, dict]) -> None:
+    """The COMPLETE marker the trainer writes at ``end``: figures, cost, signature and best checkpoint, each
+    as the run's evaluations have them (the newest evaluation's metrics, the best one's value and step)."""
     import runfolder.events
     from runfolder import cost
 
     events = runfolder.events.read_events(store)
-    best_step = steps - steps % eval_every if steps % eval_every else steps - eval_every
-    doc = {"step": steps, "metrics": {"loss": losses[steps], "val_accuracy": 0.93, "val_loss": 0.1},
+    best_step = max(evals, key=lambda s: (evals[s]["val_accuracy"], s), default=None)
+    doc = {"step": steps, "metrics": {"loss": losses[steps], **(evals[max(evals)] if evals else {})},
            "examples_seen": steps * 64, "attempts": 3, "seconds_lost_to_preemption": 800.0,
            "total_seconds": round(end - runfolder.events.parse_time(events[0][layout.TIME]), 3), "finished_at": _iso(end),
            **cost.run_cost(events, end=end).to_json(),
            "signature": {"endpoint": "serve", "signature": "serving_default",
                          "inputs": {"x": {"dtype": "float32", "shape": [None, 28, 28]}},
                          "outputs": {"output_0": {"dtype": "float32", "shape": [None, 10]}}},
-           "best": {"metric": "val_accuracy", "mode": "max", "step": best_step, "value": 0.9341, "exported": True}}
+           **({"best": {"metric": "val_accuracy", "mode": "max", "step": best_step,
+                        "value": evals[best_step]["val_accuracy"], "exported": True}} if evals else {})}
     store.put_bytes(layout.COMPLETE, json.dumps(doc, indent=2).encode())
 
 
@@ -152,6 +154,7 @@ def _story(uri: str, work: Path, clock: Clock, *, eval_every: int, steps: int, c
     log: EventLog | None = None
     evaluations = checkpoints = 0
     losses: dict[int, float] = {}
+    evals: dict[int, dict] = {}
 
     def attempt(n: int, where: str) -> EventLog:
         nonlocal log
@@ -174,10 +177,9 @@ def _story(uri: str, work: Path, clock: Clock, *, eval_every: int, steps: int, c
                 log.emit("checkpoint", step=step, seconds=3.2, bytes=48_000_000)
                 checkpoints += 1
             if step % eval_every == 0 and step < steps:  # the trainer's loop: none at the last step
-                acc = 0.95 - 0.6 * (0.9993 ** step)
-                log.emit("evaluated", step=step, metrics={"val_accuracy": round(acc, 4),
-                                                          "val_loss": round(1.6 * 0.9994 ** step + 0.08, 4)},
-                         examples=10000, seconds=4.1)
+                evals[step] = {"val_accuracy": round(0.95 - 0.6 * (0.9993 ** step), 4),
+                               "val_loss": round(1.6 * 0.9994 ** step + 0.08, 4)}
+                log.emit("evaluated", step=step, metrics=evals[step], examples=10000, seconds=4.1)
                 evaluations += 1
         log.progress(last, steps, losses.get(last // 100 * 100, 1.0), 2400.0)
 
@@ -215,6 +217,6 @@ def _story(uri: str, work: Path, clock: Clock, *, eval_every: int, steps: int, c
     end = clock.t + 40
     _machine(store, "i-0ccc", layout.MACHINE_FINISH, end + 5, cloud="aws", outcome="COMPLETE")
     _tensorboard(store, losses)
-    _complete(store, losses, end, steps=steps, eval_every=eval_every)
+    _complete(store, losses, end, steps=steps, evals=evals)
     return Story(uri=uri, attempts=3, preemptions=2, spot_notices=2, evaluations=evaluations,
                  checkpoints=checkpoints, moves=1, end=end)

@@ -86,6 +86,9 @@ class _Under:
     def get_bytes(self, key: str) -> bytes:
         return self.store.get_bytes(self.prefix + key)
 
+    def get_range(self, key: str, start: int, end: int | None = None) -> bytes:
+        return self.store.get_range(self.prefix + key, start, end)
+
     def stat(self, prefix: str = "") -> dict:
         n = len(self.prefix)
         return {k[n:]: v for k, v in self.store.stat(self.prefix + prefix).items()}
@@ -203,6 +206,14 @@ class Listed:
         self.objects[name] = (sig, data)
         return data
 
+    def get_range(self, key: str, start: int, end: int | None = None) -> bytes:
+        """Part of an object the listing shows (see ``Store.get_range``); never kept."""
+        from runfolder.storage import NotFound
+
+        if key not in self.keys:
+            raise NotFound(key)
+        return self.view.get_range(key, start, end)
+
     def stat(self, prefix: str = "") -> dict:
         return {k: v for k, v in self.keys.items() if k.startswith(prefix)}
 
@@ -244,18 +255,21 @@ def run_view(store, run_id: str) -> _Under:
     return _Under(store, layout.run_prefix(run_id))
 
 
-def read_runs(store, read) -> list:
+def read_runs(store, read, known=None) -> list:
     """``read(run_id, view, keys, changed)`` for every run of a bucket's ``store``, newest first.
 
     Each run's folder is listed and read by one of :data:`READERS` threads (its listing, then its
     objects, best through ``Listed(view, keys)``), so a run's requests follow one another while the
     others' are in flight. ``view``: the run's folder (:func:`run_view`); ``keys``: its listing;
     ``changed``: when anything in it last changed. A folder emptied since the bucket's listing is
-    left out.
+    left out. ``known(run_id)``: ``(changed, result)`` for a run the caller need not list again
+    (an ended run a dashboard read lately), else None.
     """
     from concurrent.futures import ThreadPoolExecutor
 
     def one(run_id: str):
+        if known is not None and (got := known(run_id)) is not None:
+            return got
         view = run_view(store, run_id)
         keys = view.stat("")
         if not keys:

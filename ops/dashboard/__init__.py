@@ -8,12 +8,18 @@
 - ``/run/<id>``: the run's timeline, curves, cost over time and model.
 
 Everything is read from the bucket with the user's own credentials, on each request (the
-page refreshes itself while a run is not over), so it works while the machines are
-preempted or gone. It reads and never writes. The server is the standard library's
+page refreshes itself while a run is not over and its folder changed lately: ``data.live``), so it works while the machines are
+preempted or gone. A refresh fetches only what the listing shows changed, and of a growing
+TensorBoard event file only its new tail; what is kept between refreshes is bounded in bytes
+(``cache.Kept``). It reads and never writes. The server is the standard library's
 ``http.server``: two pages need no framework, and nothing more has to be installed or kept.
 It listens on 127.0.0.1 only, as ``ops tensorboard`` and the tunnels do, and answers only
 requests addressed to 127.0.0.1 or localhost (a web page elsewhere that points its own name
-at 127.0.0.1 gets 403). A damaged line or a missing file is a note on the page; a page that
+at 127.0.0.1 gets 403). Nor does it answer what another website makes the browser ask for: a page
+elsewhere can point an image or a form at ``http://127.0.0.1:PORT/run/...``, and each answer would be
+a read of the bucket with the user's credentials. Browsers say where a request comes from in
+``Sec-Fetch-Site``; only ``same-origin`` (a link on the dashboard's own page), ``none`` (typed in,
+a bookmark) or no such header (curl, a script) is served, anything else gets 403. A damaged line or a missing file is a note on the page; a page that
 cannot be read at all says why, with status 503 for the bucket or 404 for an unknown run,
 never a 500 (a run the page cannot draw says so, with 503, and the other pages still work).
 
@@ -31,12 +37,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from ops.cli import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, OpsError, port_type, positive_float
+from ops.dashboard.cache import Kept
 from ops.runs import bucket_of, open_bucket  # noqa: F401 - bucket_of: what `ops.dashboard` has always given
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 6080
 DEFAULT_REFRESH_S = 15.0
 ALLOWED_HOSTS = frozenset({"127.0.0.1", "localhost"})
+# What the dashboard keeps between refreshes, at most (a tab left open on a bucket of many runs):
+# the objects it read (events.jsonl and the like) and the curves of the event files.
+OBJECTS_MAX_BYTES = 256 << 20
+CURVES_MAX_BYTES = 64 << 20
+# What a browser's Sec-Fetch-Site may say for a request to be served: the dashboard's own links, an address
+# typed in. Absent: a client that is not a browser (every browser that runs scripts sends it).
+ALLOWED_FETCH_SITES = frozenset({"same-origin", "none"})
 
 
 class Dashboard:
@@ -49,7 +63,9 @@ class Dashboard:
         # The rows of runs that have ended, by run: read again only when their folder changes.
         self.rows: dict = {}
         # The objects read, by URI, with their size and time: fetched again only when the listing shows a change.
-        self.objects: dict = {}
+        self.objects = Kept(OBJECTS_MAX_BYTES, weigh=lambda kept: len(kept[1]))
+        # The TensorBoard event files read, by URI: a refresh reads only what was added to each since.
+        self.curves = Kept(CURVES_MAX_BYTES, weigh=lambda f: f.weight())
 
     def respond(self, path: str, now: float | None = None) -> tuple[int, str]:
         """The status and HTML for a request path (``/``, ``/?sort=cost``, ``/run/<id>``)."""
@@ -67,7 +83,7 @@ class Dashboard:
                 rows, notes = data.table(self.store, now, self.rows, self.objects)
             else:
                 run_id = unquote(route[len("/run/"):])
-                page = data.run_page(self.store, run_id, now, self.objects)
+                page = data.run_page(self.store, run_id, now, self.objects, self.curves)
         except KeyError as e:
             if route == "/":
                 return 503, render.error_page("cannot read the bucket", f"{self.bucket}: KeyError {e}",
@@ -100,6 +116,11 @@ def make_server(dashboard: Dashboard, port: int) -> ThreadingHTTPServer:
             host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]")
             if host not in ALLOWED_HOSTS:
                 self._send(403, f"ops dashboard answers only on {HOST}: open http://{HOST}:{self.server.server_port}/")
+                return
+            site = self.headers.get("Sec-Fetch-Site")
+            if site is not None and site.strip().lower() not in ALLOWED_FETCH_SITES:
+                self._send(403, f"ops dashboard answers only its own pages, not a request another website made "
+                                f"(Sec-Fetch-Site: {site}): open http://{HOST}:{self.server.server_port}/ yourself")
                 return
             code, body = dashboard.respond(self.path)
             self._send(code, body, "text/html; charset=utf-8")

@@ -30,6 +30,13 @@ VAL_PREFIX = "val_"
 TB_SKIP = frozenset({"learning_rate", "step_time_s", "examples_per_sec", "checkpoint_s", "checkpoint_save_s",
                      "eval_s"})
 TB_MAX_BYTES = 64 << 20  # event files beyond this are not read for curves (a note says so)
+# A run not over whose folder has not changed for this long (placement and machine events included) is no
+# longer refreshed: its stack may be destroyed, and it would never get an end marker. The longest a live
+# run's folder stays unchanged by design: an attempt's start, staging data (ops status's stall bound then).
+QUIET_S = runstate.QUIET_PHASE_S
+# An ended run's folder is listed again at most this often by the runs table (to see it changed or emptied).
+RELIST_S = 900.0
+TAIL_CHECK = 64  # bytes before the end of what was read, fetched again to check that a file only grew
 # How a machine's recorded price says it carries its placement's checkpoint writes to home's bucket
 # (components.userdata.price_env writes the note; a test reads it from there).
 WRITES_NOTE = re.compile(r"\+ checkpoint writes to home \$(\d+(?:\.\d+)?)/h")
@@ -126,21 +133,39 @@ def _row(run_id: str, run, st: runstate.RunStatus, age: float) -> Row:
                age_seconds=round(max(0.0, age), 1), final=st.final)
 
 
+def live(row: Row) -> bool:
+    """Whether a page showing this run should refresh itself: the run has not ended, and something in
+    its folder (events, progress, placement, a machine's events) changed within :data:`QUIET_S`. A run
+    whose stack was destroyed never gets its end marker; its pages stop asking the bucket."""
+    return not row.final and row.age_seconds <= QUIET_S
+
+
 def table(store, now: float, cache: dict | None = None, objects: dict | None = None) -> tuple[list[Row], list[str]]:
     """A row per run in the bucket's ``store`` (newest first), and notes for the runs that could not be read.
 
     The runs are listed and read side by side, as ``ops runs`` reads them (``ops.runs.read_runs``).
     ``cache``: the rows of earlier calls; a run that has ended and not changed since (the newest
-    object in its folder is the same) is not read again. ``objects``: see ``ops.runs.Listed``.
+    object in its folder is the same) is not read again, and its folder is not even listed again
+    for :data:`RELIST_S` (an ended run's folder is left alone: only its removal, which the
+    bucket's listing of run folders shows at once, is expected). ``objects``: see ``ops.runs.Listed``.
     """
     cache = {} if cache is None else cache
+
+    def aged(changed: float, row: Row) -> Row:
+        row.age_seconds = round(max(0.0, now - changed), 1)
+        return row
+
+    def known(run_id: str):
+        kept = cache.get(run_id)
+        if kept is not None and 0 <= now - kept[2] < RELIST_S:
+            return kept[0], aged(kept[0], kept[1])
+        return None
 
     def one(run_id: str, view, keys: dict, changed: float) -> Row | str:
         kept = cache.get(run_id)
         if kept is not None and kept[0] == changed:
-            row = kept[1]
-            row.age_seconds = round(max(0.0, now - changed), 1)
-            return row
+            cache[run_id] = (changed, kept[1], now)
+            return aged(changed, kept[1])
         run = runs.Listed(view, keys, objects)
         try:
             st = status.read_status(run.uri, store=run, events=0, now=now, checkpoint_marker=False)
@@ -148,10 +173,10 @@ def table(store, now: float, cache: dict | None = None, objects: dict | None = N
             return f"run {run_id}: could not be read ({type(e).__name__}: {e})"
         row = _row(run_id, run, st, now - changed)
         if row.final:  # an ended run's row changes only when its folder does
-            cache[run_id] = (changed, row)
+            cache[run_id] = (changed, row, now)
         return row
 
-    got = runs.read_runs(store, one)
+    got = runs.read_runs(store, one, known)
     return [r for r in got if isinstance(r, Row)], [r for r in got if isinstance(r, str)]
 
 
@@ -262,17 +287,90 @@ def _eval_curves(events: list[dict]) -> dict[str, list[tuple[int, float]]]:
     return {k: sorted(v.items()) for k, v in curves.items()}
 
 
-def tensorboard_scalars(store) -> tuple[dict[str, list[tuple[int, float]]], list[str]]:
+@dataclass
+class EventFile:
+    """What was read of one TensorBoard event file, so that the next read fetches only what was added.
+
+    Event files only grow (the trainer appends, and its upload replaces the object with the longer
+    file): a refresh asks the store for the bytes from ``offset`` on, preceded by ``tail``, the bytes
+    just before it; when they are not what the store sends first, the file was replaced by another
+    and is read again whole.
+    """
+
+    size: int
+    modified: object
+    offset: int = 0  # where its last whole record ends
+    tail: bytes = b""
+    scalars: dict[str, dict[int, float]] = field(default_factory=dict)
+    damaged: int = 0
+
+    def weight(self) -> int:
+        """About the bytes it holds in memory (a step and its value in a dict: ~100 bytes)."""
+        return 256 + len(self.tail) + sum(64 + len(tag) + 100 * len(pts) for tag, pts in self.scalars.items())
+
+
+def _read_records(f: EventFile, data: bytes, pos: int) -> None:
+    """Add the whole records of ``data`` from ``pos`` on to ``f`` (``data`` ends at the file's end as read,
+    and its ``pos`` is the file's ``f.offset``). A record cut at the end (a file still being written)
+    waits for the next read, as TensorBoard's own reader does."""
+    from google.protobuf.message import DecodeError
+    from tensorboard.compat.proto import event_pb2
+
+    base = f.offset - pos  # where data begins in the file
+    while pos + 12 <= len(data):
+        (length,) = struct.unpack_from("<Q", data, pos)
+        end = pos + 12 + length + 4  # length, its CRC, the record, its CRC
+        if end > len(data):
+            break
+        body = data[pos + 12:pos + 12 + length]
+        pos = end
+        ev = event_pb2.Event()
+        try:
+            ev.ParseFromString(body)
+        except DecodeError:
+            f.damaged += 1
+            continue
+        for v in ev.summary.value:
+            value = _scalar(v)
+            if value is not None and v.tag not in TB_SKIP:
+                f.scalars.setdefault(v.tag, {})[int(ev.step)] = value
+    f.offset = base + pos
+    f.tail = data[max(0, pos - TAIL_CHECK):pos]
+
+
+def _event_file(store, key: str, info, kept) -> EventFile:
+    """One event file's scalars: kept as they were when the listing shows it unchanged, else read on from
+    where the last read ended, else read whole."""
+    name = f"{store.uri}/{key}"
+    old = kept.get(name) if kept is not None else None
+    if old is not None and (old.size, old.modified) == (info.size, info.modified):
+        return old
+    if old is not None and info.size >= old.offset:
+        data = store.get_range(key, old.offset - len(old.tail))
+        if data.startswith(old.tail):
+            # A copy: another request may be drawing from the kept one.
+            f = EventFile(info.size, info.modified, old.offset, old.tail,
+                          {tag: dict(pts) for tag, pts in old.scalars.items()}, old.damaged)
+            _read_records(f, data, len(old.tail))
+            if kept is not None:
+                kept[name] = f
+            return f
+    f = EventFile(info.size, info.modified)
+    _read_records(f, store.get_range(key, 0), 0)
+    if kept is not None:
+        kept[name] = f
+    return f
+
+
+def tensorboard_scalars(store, kept=None) -> tuple[dict[str, list[tuple[int, float]]], list[str]]:
     """The scalars of the run's ``tensorboard/`` event files: name -> [(step, value)], and notes.
 
     Read here from the TFRecord framing and TensorBoard's own protocol buffers, not through
     TensorFlow: importing TensorFlow costs seconds, and the dashboard serves a laptop that
-    may not have it. A torn record at the end of a file (a file still being written) ends that
-    file's reading, as TensorBoard's own reader does.
+    may not have it. ``kept`` (a dict-like cache the caller keeps, ``ops.dashboard.cache.Kept``):
+    what earlier reads found, by file, so that a refresh reads only each file's new tail
+    (:class:`EventFile`); without it every file is read whole.
     """
-    from google.protobuf.message import DecodeError
-    from tensorboard.compat.proto import event_pb2
-
     out: dict[str, dict[int, float]] = {}
     notes = []
     try:
@@ -284,29 +382,17 @@ def tensorboard_scalars(store) -> tuple[dict[str, list[tuple[int, float]]], list
             notes.append(f"{key}: {info.size >> 20} MiB, not read for curves (open it with ops tensorboard)")
             continue
         try:
-            data = store.get_bytes(key)
+            f = _event_file(store, key, info, kept)
         except Exception as e:  # noqa: BLE001 - same as above
             notes.append(f"{key} could not be read ({type(e).__name__})")
             continue
-        pos = damaged = 0
-        while pos + 12 <= len(data):
-            (length,) = struct.unpack_from("<Q", data, pos)
-            body = data[pos + 12:pos + 12 + length]
-            if len(body) < length:
-                break
-            pos += 12 + length + 4
-            ev = event_pb2.Event()
-            try:
-                ev.ParseFromString(body)
-            except DecodeError:
-                damaged += 1
-                continue
-            for v in ev.summary.value:
-                value = _scalar(v)
-                if value is not None and v.tag not in TB_SKIP:
-                    out.setdefault(v.tag, {})[int(ev.step)] = value
-        if damaged:
-            notes.append(f"{key}: {damaged} damaged record{'s' if damaged > 1 else ''} skipped")
+        # A file in a folder names its curves by it: Keras's callback writes `epoch_loss` to both train/ and
+        # validation/, two curves and not one.
+        folder = key[len(layout.TENSORBOARD_PREFIX):].rpartition("/")[0]
+        for tag, pts in f.scalars.items():
+            out.setdefault(f"{folder}/{tag}" if folder else tag, {}).update(pts)
+        if f.damaged:
+            notes.append(f"{key}: {f.damaged} damaged record{'s' if f.damaged > 1 else ''} skipped")
     return {k: sorted(v.items()) for k, v in out.items()}, notes
 
 
@@ -325,8 +411,10 @@ def _scalar(v) -> float | None:
     return None
 
 
-def run_page(store, run_id: str, now: float, objects: dict | None = None) -> RunPage:
-    """One run's page, read from the bucket's ``store``. Raises :class:`KeyError` for a run that is not there."""
+def run_page(store, run_id: str, now: float, objects: dict | None = None, curves=None) -> RunPage:
+    """One run's page, read from the bucket's ``store``. Raises :class:`KeyError` for a run that is not there.
+
+    ``objects``: see ``ops.runs.Listed``; ``curves``: see :func:`tensorboard_scalars`."""
     if not run_id or "/" in run_id or run_id in (".", ".."):
         raise KeyError(run_id)
     run = runs.run_view(store, run_id)
@@ -385,15 +473,17 @@ def run_page(store, run_id: str, now: float, objects: dict | None = None) -> Run
             page.end = Mark(kind=facts.end_marker, at=at, lane=None,
                             text=f"{facts.end_marker}" + (f": {reason}" if reason else ""))
 
-    scalars, tb_notes = tensorboard_scalars(run)
+    scalars, tb_notes = tensorboard_scalars(run, curves)
     notes.extend(tb_notes)
     for name, points in scalars.items():
         page.curves[name] = points
         page.curve_source[name] = "TensorBoard"
     for name, points in _eval_curves(facts.trainer_events).items():
         # The evaluated events name the metrics as the status does (val_…); TensorBoard's validation/… twin
-        # holds the same points, so the events' curve is the one kept.
-        page.curves.pop(f"validation/{name.removeprefix(VAL_PREFIX)}", None)
+        # (the loop's, or Keras's evaluation_…_vs_iterations) holds the same points: the events' curve is kept.
+        bare = name.removeprefix(VAL_PREFIX)
+        page.curves.pop(f"validation/{bare}", None)
+        page.curves.pop(f"validation/evaluation_{bare}_vs_iterations", None)
         page.curves[name] = points
         page.curve_source[name] = f"{layout.EVALUATED} events"
     page.notes = notes

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import html
 import math
+import shlex
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import quote
 
 from ops import runstate, status
+from ops.dashboard import data
 from ops.dashboard.data import Row, RunPage, writes_per_hour
 from runfolder import layout
 
@@ -42,8 +44,10 @@ h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:22px 0 6px}
 a{color:#0a5fa4;text-decoration:none} a:hover{text-decoration:underline}
 .sub{color:#666;margin-bottom:12px} .dim{color:#777}
 table.runs{border-collapse:collapse;background:#fff;box-shadow:0 1px 2px #0002}
-table.runs{font-size:13px} table.runs th,table.runs td{padding:5px 8px;border-bottom:1px solid #eee;text-align:left;white-space:nowrap}
-table.runs th{background:#f0f0f0;font-weight:600} td.num,th.num{text-align:right}
+table.runs{font-size:13px} table.runs th,table.runs td{padding:5px 6px;border-bottom:1px solid #eee;text-align:left;white-space:nowrap}
+table.runs th{background:#f0f0f0;font-weight:600;white-space:normal;vertical-align:bottom} td.num,th.num{text-align:right}
+table.runs td.metric{white-space:normal;min-width:4em} .nowrap{white-space:nowrap}
+table.runs td.run-cell{white-space:normal;max-width:16em;overflow-wrap:anywhere}
 .state{font-weight:600}
 .notes{background:#fff8e1;border:1px solid #f0d48a;padding:6px 12px;margin:8px 0;max-width:1000px}
 .notes li{margin:2px 0}
@@ -68,6 +72,11 @@ def _money(v: float | None) -> str:
     return "-" if v is None else f"${v:,.2f}"
 
 
+def _money_fine(v: float) -> str:
+    """Dollars in cents, or in tenths of a cent under one (a short run's cost is not "$0.00")."""
+    return f"${v:,.2f}" if v >= 0.01 or v == 0 else f"${v:.3f}" if v >= 0.001 else "<$0.001"
+
+
 def _page(title: str, body: str, *, refresh: float | None) -> str:
     meta = f'<meta http-equiv="refresh" content="{refresh:g}">' if refresh else ""
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8>{meta}<title>{_e(title)}</title>"
@@ -90,8 +99,15 @@ def _step(r: Row) -> str:
     return f"{r.step}/{r.total}" if r.total else str(r.step)
 
 
-def _metric(m: tuple[str, float] | None) -> str:
-    return "-" if m is None else f"{_e(m[0])} {m[1]:.4g}"
+def _metric(m: tuple[str, float] | None, at: str = "") -> str:
+    """A metric's name and value (and where), the value kept on one line: a narrow window wraps the name."""
+    return "-" if m is None else f'{_e(m[0])} <span class="nowrap">{m[1]:.4g}{at}</span>'
+
+
+def _best(best: dict | None) -> str:
+    if not best:
+        return "-"
+    return _metric((best["metric"], best["value"]), f" @{_e(best['step'])}")
 
 
 # The runs table's columns: (key, heading, numeric, sort key).
@@ -127,25 +143,29 @@ def runs_page(bucket: str, rows: list[Row], notes: list[str], *, sort: str = "ag
     body = []
     price_notes = sorted({r.cost_note for r in rows if r.cost_note})
     for r in rows:
-        best = "-" if not r.best else f"{_e(r.best['metric'])} {r.best['value']:.4g} @{r.best['step']}"
         cells = [
-            f'<td><a class="run-link" href="/run/{quote(r.id)}">{_e(r.id)}</a></td>',
+            f'<td class="run-cell"><a class="run-link" href="/run/{quote(r.id)}">{_e(r.id)}</a></td>',
             f'<td class="state-cell" title="{_e(r.detail)}">{_state(r.state)}</td>',
-            f'<td class="num">{_step(r)}</td>', f'<td class="num">{_metric(r.train_metric)}</td>',
-            f'<td class="num">{_metric(r.val_metric)}</td>', f'<td class="num">{best}</td>',
+            f'<td class="num">{_step(r)}</td>', f'<td class="num metric">{_metric(r.train_metric)}</td>',
+            f'<td class="num metric">{_metric(r.val_metric)}</td>', f'<td class="num metric">{_best(r.best)}</td>',
             f'<td class="num">{r.attempts}</td>', f'<td class="num">{r.preemptions}</td>',
             f'<td class="num">{r.moves}</td>', f'<td class="places">{"<br>".join(_e(p) for p in r.placements) or "-"}</td>',
             f'<td class="num">{"-" if r.machine_hours is None else f"{r.machine_hours:.2f}"}</td>',
             f'<td class="num cost" title="{_e(r.cost_note)}">{_money(r.cost_usd)}</td>',
-            f'<td class="num">{_e(runstate.duration(r.age_seconds))}</td>',
+            f'<td class="num age">{_e(runstate.duration(r.age_seconds))}</td>',
         ]
         body.append(f'<tr class="run" data-run="{_e(r.id)}" data-state="{_e(r.state)}">{"".join(cells)}</tr>')
     if not rows:
         body.append(f'<tr><td colspan="{len(COLUMNS)}" class="dim">no runs in {_e(bucket)} yet'
                     "</td></tr>")
-    live = any(not r.final for r in rows)
+    live = any(data.live(r) for r in rows)
+    quiet = sum(1 for r in rows if not r.final and not data.live(r))
     sub = (f'{len(rows)} run{"" if len(rows) == 1 else "s"} · read from the bucket at {_clock_now()}'
-           + (f" · refreshes every {refresh:g}s while a run is not over" if live else ""))
+           + (f" · refreshes every {refresh:g}s while a run is not over" if live else "")
+           + (f' · <span class="quiet">{quiet} run{" is" if quiet == 1 else "s are"} not over but nothing in '
+              f"{'its' if quiet == 1 else 'their'} folder changed for over {runstate.duration(data.QUIET_S)} "
+              "(the stack may be destroyed): not refreshed for "
+              f"{'it' if quiet == 1 else 'them'}; reload to read again</span>" if quiet else ""))
     price = "".join(f'<p class="dim">cost: machine time × nodes × {_e(n)} (an estimate, not the bill)</p>'
                     for n in price_notes)
     out = (f"<h1>runs in {_e(bucket)}</h1><div class=sub>{sub}</div>{_notes(notes)}"
@@ -160,15 +180,49 @@ def _clock_now() -> str:
 # -- charts ----------------------------------------------------------------------------
 
 
+def _tick_step(lo: float, hi: float, n: int) -> float:
+    """A round step (1, 2, 2.5 or 5 × 10^k) that cuts lo..hi into about ``n`` parts."""
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    return next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw * (1 - 1e-9))
+
+
 def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     """About ``n`` round values between lo and hi."""
     if hi <= lo:
         return [lo]
-    raw = (hi - lo) / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.ceil(lo / step) * step
-    return [first + i * step for i in range(int((hi - first) / step) + 1)]
+    step = _tick_step(lo, hi, n)
+    first = math.ceil(lo / step - 1e-9) * step
+    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def _decimals(ticks: list[float]) -> int:
+    """The decimals that show each of ``ticks`` whole ("100000", "0.25", "0.0015"): those of their step
+    (the ticks are its multiples), or of the one tick."""
+    step = abs(ticks[1] - ticks[0]) if len(ticks) > 1 else abs(ticks[0]) if ticks else 0.0
+    if step == 0 or not math.isfinite(step):
+        return 0
+    return next((d for d in range(10) if abs(round(step, d) - step) <= 1e-9 * step), 10)
+
+
+def _labels(ticks: list[float], fmt: str = "{:.{d}f}", least: int = 0) -> list[str]:
+    d = max(least, _decimals(ticks))
+    return [fmt.format(t, d=d) for t in ticks]
+
+
+def _text_w(text: str) -> float:
+    """About how wide ``text`` is at most in the charts' 11 px font (a digit in DejaVu Sans: 7 px)."""
+    return 6.8 * len(text)
+
+
+def _anchored(x: float, text: str, lo: float, hi: float) -> str:
+    """A text's anchor at ``x``, so that it stays between ``lo`` and ``hi`` (the middle when it fits)."""
+    half = _text_w(text) / 2
+    if x + half > hi:
+        return "end"
+    if x - half < lo:
+        return "start"
+    return "middle"
 
 
 def _time_ticks(t0: float, t1: float) -> list[tuple[float, str]]:
@@ -201,6 +255,9 @@ class _Frame:
     width: int = 1100
     lane_h: int = 34
     top: int = 44
+    # Each move's label: its anchor and its lines, wrapped to the room beside its line (a reason is never cut).
+    moves: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    line_h: int = 14
 
     @property
     def plot_w(self) -> int:
@@ -221,10 +278,24 @@ def _frame(page: RunPage) -> _Frame:
     t0, t1 = min(times), max(times)
     pad = max(0.5, 0.02 * (t1 - t0))  # room for the marks at either end
     lanes = list(dict.fromkeys(s.lane for s in spans)) or ["machine"]
-    top, lane_h = _Frame.top, _Frame.lane_h
+    top, lane_h, line_h = _Frame.top, _Frame.lane_h, _Frame.line_h
+    probe = _Frame(t0=t0 - pad, t1=t1 + pad, lanes=lanes, moves_y=0, axis_y=0, height=0)
+    moves = tuple(_move_label(probe, probe.x(m.at), m.text) for m in marks if m.kind == layout.MOVED)
     moves_y = top + lane_h * len(lanes) + 14
-    axis_y = moves_y + 16 * max(1, sum(1 for m in marks if m.kind == layout.MOVED))
-    return _Frame(t0=t0 - pad, t1=t1 + pad, lanes=lanes, moves_y=moves_y, axis_y=axis_y, height=axis_y + 36)
+    axis_y = moves_y + line_h * max(1, sum(len(lines) for _a, lines in moves)) + 2
+    return _Frame(t0=t0 - pad, t1=t1 + pad, lanes=lanes, moves_y=moves_y, axis_y=axis_y, height=axis_y + 36,
+                  moves=moves)
+
+
+def _move_label(f: _Frame, cx: float, text: str) -> tuple[str, tuple[str, ...]]:
+    """A move's label: left of its line when the line is past the middle, else right of it; wrapped into
+    as many lines as the room on that side needs."""
+    import textwrap
+
+    anchor = "end" if cx > f.label_w + f.plot_w / 2 else "start"
+    room = (cx - 12) if anchor == "end" else (f.width - cx - 12)
+    lines = textwrap.wrap(text, width=max(20, int(room / 6.8)), break_on_hyphens=False) or [""]
+    return anchor, tuple(lines)
 
 
 def timeline(page: RunPage) -> str:
@@ -256,10 +327,23 @@ def _grid(f: _Frame) -> list[str]:
                      f'<text x="{f.x(t):.1f}" y="{f.axis_y + 2}" text-anchor="middle" fill="#666">{label}</text>')
     for i, lane in enumerate(f.lanes):
         y = f.lane_y(lane)
-        parts.append(f'<text class="lane" x="8" y="{y + f.lane_h / 2 + 4:.1f}" fill="#333">{_e(lane[:34])}</text>')
+        parts.append(_lane_label(f, lane, y))
         if i:
             parts.append(f'<line x1="{f.label_w}" x2="{f.width - 30}" y1="{y}" y2="{y}" stroke="#f2f2f2"/>')
     return parts
+
+
+def _lane_label(f: _Frame, lane: str, y: float) -> str:
+    """A lane's name left of it: on one line where it fits, else the machine over its placement (an
+    instance id and its region do not fit one line); a line still too long ends in "…", and hovering
+    shows the whole name."""
+    room = f.label_w - 14
+    mid = y + f.lane_h / 2
+    machine, sep, place = lane.partition(" (")
+    one = _text_w(lane) <= room or not sep
+    lines = [(mid + 4, lane)] if one else [(mid - 2, machine), (mid + 11, "(" + place)]
+    spans = "".join(f'<tspan x="8" y="{ly:.1f}">{_e(_short(text, int(room / 6.8)))}</tspan>' for ly, text in lines)
+    return f'<text class="lane" fill="#333"><title>{_e(lane)}</title>{spans}</text>'
 
 
 def _idle_gaps(f: _Frame, spans) -> list[str]:
@@ -300,7 +384,7 @@ def _attempt_bars(f: _Frame, spans) -> list[str]:
 def _marks(f: _Frame, marks) -> list[str]:
     """Evaluation and checkpoint ticks, moves with their labels under the lanes, and the other marks."""
     parts = []
-    moves_drawn = 0
+    moves_drawn = rows = 0
     # Thousands of ticks draw as one smear and weigh on the browser: past MAX_TICKS of a kind, every k-th.
     every = {k: max(1, math.ceil(sum(1 for m in marks if m.kind == k) / MAX_TICKS)) for k in TICK_KINDS}
     seen = dict.fromkeys(TICK_KINDS, 0)
@@ -314,8 +398,10 @@ def _marks(f: _Frame, marks) -> list[str]:
         if m.kind in (layout.EVALUATED, layout.CHECKPOINT):
             parts.append(_tick(f, m, cx, y))
         elif m.kind == layout.MOVED:
-            parts.append(_move(f, m, cx, f.moves_y + 16 * moves_drawn))
+            anchor, lines = f.moves[moves_drawn]
+            parts.append(_move(f, m, cx, f.moves_y + f.line_h * rows, anchor, lines))
             moves_drawn += 1
+            rows += len(lines)
         else:
             parts.append(_mark(f, m, cx, y))
     return parts
@@ -329,14 +415,14 @@ def _tick(f: _Frame, m, cx: float, y: float) -> str:
             f'stroke="{colour}" stroke-width="1.5"><title>{_e(m.text)}</title></line>')
 
 
-def _move(f: _Frame, m, cx: float, row_y: float) -> str:
-    """Its label under the lanes, one row per move, running left of the line when it is past the middle."""
-    anchor, dx = ("end", -4) if cx > f.label_w + f.plot_w / 2 else ("start", 4)
-    room = int((cx - 10 if anchor == "end" else f.width - cx - 10) / 6.2)
+def _move(f: _Frame, m, cx: float, row_y: float, anchor: str, lines: tuple[str, ...]) -> str:
+    """Its line across the lanes, and its label under them (see :func:`_move_label`)."""
+    dx = -4 if anchor == "end" else 4
+    text = "".join(f'<tspan x="{cx + dx:.1f}" y="{row_y + f.line_h * i}">{_e(line)}</tspan>'
+                   for i, line in enumerate(lines))
     return (f'<g class="move"><line x1="{cx:.1f}" x2="{cx:.1f}" y1="{f.top - 6}" y2="{row_y - 10}" '
             f'stroke="#1565c0" stroke-width="2" stroke-dasharray="5 3"/>'
-            f'<text x="{cx + dx:.1f}" y="{row_y}" text-anchor="{anchor}" fill="#1565c0">'
-            f"{_e(_short(m.text, max(30, room)))}</text><title>{_e(m.text)}</title></g>")
+            f'<text text-anchor="{anchor}" fill="#1565c0">{text}</text><title>{_e(m.text)}</title></g>')
 
 
 def _mark(f: _Frame, m, cx: float, y: float) -> str:
@@ -358,7 +444,7 @@ def _end_line(f: _Frame, end) -> str:
     colour = STATE_COLOURS.get(end.kind, "#333")
     text = _short(end.text, 120)
     # Its label runs left of the line, or right of it when the line is too near the left edge.
-    anchor, dx = ("end", -4) if cx - 6.8 * len(text) > 0 else ("start", 4)
+    anchor, dx = ("end", -4) if cx - _text_w(text) > 0 else ("start", 4)
     return (f'<g class="end" data-end="{_e(end.kind)}"><line x1="{cx:.1f}" x2="{cx:.1f}" y1="{f.top - 24}" '
             f'y2="{f.top + f.lane_h * len(f.lanes)}" stroke="{colour}" stroke-width="3"/>'
             f'<text x="{cx + dx:.1f}" y="{f.top - 28}" text-anchor="{anchor}" fill="{colour}" font-weight="600">'
@@ -389,19 +475,43 @@ def _short(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def curve(name: str, points: list[tuple[int, float]], source: str, *, width: int = 420, height: int = 220) -> str:
-    """One metric against the step: a line with a dot per point (thinned to 400 dots for long runs)."""
-    left, right, top, bottom = 56, 14, 24, 30
-    steps = [p[0] for p in points]
-    vals = [p[1] for p in points if math.isfinite(p[1])]
-    if not vals:
-        return ""
-    s0, s1 = min(steps), max(steps)
+def _value_range(vals: list[float]) -> tuple[float, float]:
+    """The value axis's span: the values with a margin, never below 0 for values that are not, nor above
+    1 for values between 0 and 1 (an accuracy's axis ends at 1); a flat curve gets ±10 %."""
     v0, v1 = min(vals), max(vals)
-    if s1 == s0:  # one point: in the middle
-        s0, s1 = s0 - 1, s1 + 1
-    if v1 == v0:
-        v0, v1 = v0 - 0.5 * (abs(v0) or 1), v1 + 0.5 * (abs(v1) or 1)
+    pad = (abs(v0) * 0.1 or 1.0) if v1 == v0 else (v1 - v0) * 0.05
+    lo, hi = v0 - pad, v1 + pad
+    if v0 >= 0:
+        lo = max(lo, 0.0)
+        if v1 <= 1:
+            hi = min(hi, 1.0)
+    return lo, hi
+
+
+def x_unit(name: str) -> str:
+    """What a curve's points are counted in: Keras's TensorBoard callback writes its ``epoch_*`` scalars
+    once an epoch, at the epoch's number (from 0); everything else is at a training step."""
+    return "epoch" if name.rsplit("/", 1)[-1].startswith("epoch_") else "step"
+
+
+def curve(name: str, points: list[tuple[int, float]], source: str, *, width: int = 420, height: int = 220) -> str:
+    """One metric against the step (or the epoch): a line with a dot per point (thinned to 400 dots)."""
+    right, top, bottom = 16, 24, 30
+    good = [(s, v) for s, v in points if math.isfinite(v)]
+    if not good:
+        return ""
+    steps = [s for s, _v in good]
+    s0, s1 = min(steps), max(steps)
+    v0, v1 = _value_range([v for _s, v in good])
+    vticks = _ticks(v0, v1, 4)
+    vlabels = _labels(vticks)
+    # Room for the longest value label left of the axis.
+    left = max(40, 12 + math.ceil(max(_text_w(t) for t in vlabels)))
+    if s1 == s0:  # one point: in the middle, its step the only tick
+        sticks, s0, s1 = [s0], s0 - 1, s1 + 1
+    else:
+        sticks = [s for s in _ticks(s0, s1, 4) if s == int(s)]  # steps are whole numbers
+    unit = x_unit(name)
 
     def x(s: float) -> float:
         return left + (s - s0) / (s1 - s0) * (width - left - right)
@@ -409,25 +519,25 @@ def curve(name: str, points: list[tuple[int, float]], source: str, *, width: int
     def y(v: float) -> float:
         return top + (1 - (v - v0) / (v1 - v0)) * (height - top - bottom)
 
-    good = [(s, v) for s, v in points if math.isfinite(v)]
-    parts = [f'<svg class="curve" data-metric="{_e(name)}" data-points="{len(good)}" width="{width}" '
-             f'height="{height}"><text x="{left}" y="15" font-weight="600" font-size="12">{_e(name)}</text>'
+    parts = [f'<svg class="curve" data-metric="{_e(name)}" data-points="{len(good)}" data-unit="{unit}" '
+             f'width="{width}" height="{height}"><text x="8" y="15" font-weight="600" font-size="12">{_e(name)}</text>'
              f'<text x="{width - right}" y="15" text-anchor="end" fill="#888">{_e(source)}</text>']
-    for v in _ticks(v0, v1, 4):
+    for v, label in zip(vticks, vlabels, strict=True):
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#eee"/>'
-                     f'<text x="{left - 4}" y="{y(v) + 4:.1f}" text-anchor="end" fill="#666">{v:.4g}</text>')
-    for s in _ticks(s0, s1, 4):
-        if s != int(s):  # steps are whole numbers
-            continue
-        parts.append(f'<text x="{x(s):.1f}" y="{height - 12}" text-anchor="middle" fill="#666">{s:g}</text>')
-    parts.append(f'<text x="{width - right}" y="{height - 1}" text-anchor="end" fill="#888">step</text>')
+                     f'<text class="value-tick" x="{left - 4}" y="{y(v) + 4:.1f}" text-anchor="end" '
+                     f'fill="#666">{label}</text>')
+    for s, label in zip(sticks, _labels(sticks), strict=True):
+        parts.append(f'<text class="step-tick" x="{x(s):.1f}" y="{height - 12}" '
+                     f'text-anchor="{_anchored(x(s), label, 2, width - 2)}" fill="#666">{label}</text>')
+    # Under the value labels, where no step label goes.
+    parts.append(f'<text class="unit" x="8" y="{height - 4}" fill="#888">{unit} →</text>')
     colour = "#c77700" if name.startswith(("val_", "validation/")) else "#0a7ea4"
     line = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in good)
     parts.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="1.8"/>')
     every = max(1, len(good) // 400)
     for s, v in good[::every]:
         parts.append(f'<circle class="point" cx="{x(s):.1f}" cy="{y(v):.1f}" r="2.6" fill="{colour}">'
-                     f"<title>step {s}: {v:.5g}</title></circle>")
+                     f"<title>{unit} {s}: {v:.5g}</title></circle>")
     parts.append("</svg>")
     return "".join(parts)
 
@@ -439,9 +549,7 @@ def cost_chart(page: RunPage, *, width: int = 860, height: int = 240) -> str:
         return '<p class="dim">no price recorded with the run: machine time only</p>'
     left, right, top, bottom = 64, 180, 20, 30
     t0 = min(s.start for s in spans)
-    t1 = max(s.end for s in spans)
-    if t1 - t0 < 60:
-        t1 = t0 + 60
+    t1 = max(t0 + 1, max(s.end for s in spans))  # the axis ends where the run's machine time does
     places = list(dict.fromkeys(s.placement or "machines" for s in spans))
     # Each series: cumulative cost at every span boundary.
     bounds = sorted({t0, t1, *(s.start for s in spans), *(s.end for s in spans)})
@@ -461,19 +569,23 @@ def cost_chart(page: RunPage, *, width: int = 860, height: int = 240) -> str:
         return top + (1 - v / top_v) * (height - top - bottom)
 
     parts = [f'<svg class="cost" width="{width}" height="{height}">']
-    for v in _ticks(0, top_v, 4):
+    # Cents at least; a cheap run's ticks get the decimals that tell them apart ($0.005, $0.010, ...).
+    ticks = _ticks(0, top_v, 4)
+    for v, label in zip(ticks, _labels(ticks, "${:,.{d}f}", least=2), strict=True):
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#eee"/>'
-                     f'<text x="{left - 4}" y="{y(v) + 4:.1f}" text-anchor="end" fill="#666">${v:,.2f}</text>')
+                     f'<text class="cost-tick" x="{left - 4}" y="{y(v) + 4:.1f}" text-anchor="end" '
+                     f'fill="#666">{label}</text>')
     for t, label in _time_ticks(t0, t1):
-        parts.append(f'<text x="{x(t):.1f}" y="{height - 12}" text-anchor="middle" fill="#666">{label}</text>')
+        parts.append(f'<text class="time-tick" data-t="{t:.0f}" x="{x(t):.1f}" y="{height - 12}" '
+                     f'text-anchor="{_anchored(x(t), label, 2, width - right + 20)}" fill="#666">{label}</text>')
     lines = [("all placements", total, "#222", "2.5")] if len(places) > 1 else []
     lines += [(p, series[p], PALETTE[i % len(PALETTE)], "1.8") for i, p in enumerate(places)]
     for i, (label, pts, colour, w) in enumerate(lines):
         d = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in pts)
         parts.append(f'<polyline class="cost-line" data-placement="{_e(label)}" points="{d}" fill="none" '
-                     f'stroke="{colour}" stroke-width="{w}"><title>{_e(label)}: {_money(pts[-1][1])}</title></polyline>')
+                     f'stroke="{colour}" stroke-width="{w}"><title>{_e(label)}: {_money_fine(pts[-1][1])}</title></polyline>')
         parts.append(f'<text x="{width - right + 8}" y="{top + 14 + 16 * i}" fill="{colour}">{_e(label)} '
-                     f"{_money(pts[-1][1])}</text>")
+                     f"{_money_fine(pts[-1][1])}</text>")
     parts.append("</svg>")
     return "".join(parts)
 
@@ -534,7 +646,9 @@ def run_page(bucket: str, page: RunPage, *, refresh: float) -> str:
         facts.append(("checkpoint", "none committed yet"))
     for label, line in status.signature_lines(st.end):
         facts.append((label, _e(line)))
-    facts.append(("pull", f"<code>python -m ops pull --run-uri {_e(r.uri)} ./{_e(r.id)} --checkpoint</code>"))
+    # A line to paste into a shell: quoted for the shell (a run id may hold a space or a `;`), then for HTML.
+    pull = shlex.join(["python", "-m", "ops", "pull", "--run-uri", r.uri, f"./{r.id}", "--checkpoint"])
+    facts.append(("pull", f'<code class="pull">{_e(pull)}</code>'))
     grid = "".join(f"<dt>{_e(k)}</dt><dd>{v}</dd>" for k, v in facts)
 
     curves = "".join(curve(name, pts, page.curve_source.get(name, "")) for name, pts in _curve_order(page.curves))
@@ -543,10 +657,13 @@ def run_page(bucket: str, page: RunPage, *, refresh: float) -> str:
                   "its TensorBoard scalars (tensorboard/)</p>")
     estimate = (f"an estimate: machine time × nodes × {_e(st.cost_note)}; the machines' boot time is not in it"
                 if st.cost_note else "an estimate from the prices the stack gave the machines")
-    live = not st.final
+    live = data.live(r)
+    quiet = (f' · <span class="quiet">not refreshing: nothing in the run\'s folder changed for '
+             f"{_e(runstate.duration(r.age_seconds))} (its machines may be gone, or its stack destroyed); reload "
+             "to read it again</span>") if not st.final and not live else ""
     body = (f'<p><a href="/">← all runs in {_e(bucket)}</a></p><h1>{_e(r.id)}</h1>'
             f'<div class="sub">{_e(r.uri)} · {page.events} events · read at {_clock(page.now)}'
-            + (f" · refreshes every {refresh:g}s" if live else "") + "</div>"
+            + (f" · refreshes every {refresh:g}s" if live else quiet) + "</div>"
             + _notes(page.notes)
             + f'<dl class="facts">{grid}</dl>'
             + f"<h2>timeline</h2>{timeline(page)}"

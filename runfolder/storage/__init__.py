@@ -23,6 +23,10 @@ Conditional writes (:meth:`Store.put_bytes_if`, against the version :meth:`Store
 read) let one writer claim an object (the run's lease, :mod:`runfolder.lease`) with the
 store deciding races: S3 ``If-None-Match``/``If-Match`` on the ETag, GCS ``ifGenerationMatch``.
 
+A ranged read (:meth:`Store.get_range`: S3 ``Range``, GCS ``start``/``end``, a seek locally) fetches
+only part of an object, so a reader following an object that grows (a TensorBoard event
+file) fetches only what was added since its last read.
+
 An upload given a ``cancel`` event stops at its next read of the file once the event is
 set (a newer synchronous checkpoint commit takes the bandwidth). Large files go to GCS as
 parallel parts composed into one object; S3 uploads them as parallel multipart parts.

@@ -101,6 +101,23 @@ class GCSStore(ObjectStore):
         except GNotFound as e:
             raise NotFound(f"{self.uri}/{key}") from e
 
+    def _get_range(self, key: str, start: int, end: int | None) -> bytes:
+        from google.api_core.exceptions import NotFound as GNotFound
+        from google.api_core.exceptions import RequestRangeNotSatisfiable
+
+        blob = self.bucket.blob(self._name(key))
+        try:
+            # `end` is inclusive in the client, as in HTTP's Range.
+            return blob.download_as_bytes(start=start, end=None if end is None else end - 1, timeout=self._timeout,
+                                          retry=self._retry("get", key))
+        except RequestRangeNotSatisfiable:
+            # 416: the object ends before `start` (or is empty): nothing to read there.
+            if not self._exists(key):
+                raise NotFound(f"{self.uri}/{key}") from None
+            return b""
+        except GNotFound as e:
+            raise NotFound(f"{self.uri}/{key}") from e
+
     def _get_versioned(self, key: str) -> tuple[bytes, str]:
         from google.api_core.exceptions import NotFound as GNotFound
         from google.api_core.exceptions import PreconditionFailed as GPreconditionFailed

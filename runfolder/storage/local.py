@@ -59,6 +59,14 @@ class FileStore(Store):
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
             raise NotFound(f"{self.uri}/{key}") from e
 
+    def _get_range(self, key: str, start: int, end: int | None) -> bytes:
+        try:
+            with open(self._path(key), "rb") as f:
+                f.seek(start)
+                return f.read() if end is None else f.read(end - start)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+            raise NotFound(f"{self.uri}/{key}") from e
+
     def _get_versioned(self, key: str) -> tuple[bytes, str]:
         data = self._get_bytes(key)
         return data, hashlib.sha256(data).hexdigest()

@@ -113,6 +113,24 @@ class S3Store(ObjectStore):
                 raise NotFound(f"{self.uri}/{key}") from e
             raise
 
+    def _get_range(self, key: str, start: int, end: int | None) -> bytes:
+        import botocore.exceptions as bx
+
+        wanted = f"bytes={start}-" + ("" if end is None else str(end - 1))
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=self._name(key), Range=wanted)
+            return resp["Body"].read()
+        except bx.ClientError as e:
+            # 416 InvalidRange: the object ends before `start` (or is empty): nothing to read there.
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status == 416 or e.response.get("Error", {}).get("Code") == "InvalidRange":
+                if not self._exists(key):
+                    raise NotFound(f"{self.uri}/{key}") from e
+                return b""
+            if self._not_found(e, key):
+                raise NotFound(f"{self.uri}/{key}") from e
+            raise
+
     def _get_versioned(self, key: str) -> tuple[bytes, str]:
         try:
             resp = self.client.get_object(Bucket=self.bucket, Key=self._name(key))

@@ -10,12 +10,14 @@ from __future__ import annotations
 import html
 import http.client
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -47,7 +49,7 @@ def test_the_runs_table_shows_every_run_with_its_state_and_sorts(bucket):
     assert code == 200 and _rows(body) == states
     night = body[body.index('data-run="night"'):].split("</tr>")[0]
     assert ">3<" in night and ">2<" in night  # attempts, preemptions
-    assert "aws us-east-1<br>aws us-west-2" in night and "val_accuracy 0.9341 @5500" in night
+    assert "aws us-east-1<br>aws us-west-2" in night and 'val_accuracy <span class="nowrap">0.9372 @5500</span>' in night
     _code, by_cost = dash.respond("/?sort=cost&order=desc")
     assert list(_rows(by_cost))[0] == "night"  # the only priced run is the dearest
     _code, by_cost_up = dash.respond("/?sort=cost&order=asc")
@@ -69,8 +71,77 @@ def test_the_table_keeps_the_rows_of_ended_runs_until_their_folder_changes(bucke
     failed = open_store(f"{uri}/runs/failed")
     doc = json.loads(failed.get_bytes("FAILED"))
     failed.put_bytes("FAILED", json.dumps({**doc, "reason": "the run's deadline moved"}).encode())
-    rows, _notes = data.table(store, time.time(), cache)
+    # An ended run's folder is not listed again at every refresh: its change is seen within RELIST_S.
+    rows, _notes = data.table(store, time.time() + 60, cache)
+    assert {r.id: r.detail for r in rows}["failed"] == "the trainer failed 5 times in a row (last exit 1)"
+    rows, _notes = data.table(store, time.time() + data.RELIST_S, cache)
     assert {r.id: r.detail for r in rows}["failed"] == "the run's deadline moved"
+
+
+class Listings:
+    """A store that records the prefixes listed in it."""
+
+    def __init__(self, store) -> None:
+        self.store, self.listed = store, []
+
+    def stat(self, prefix: str = "") -> dict:
+        self.listed.append(prefix)
+        return self.store.stat(prefix)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_a_refresh_of_the_runs_table_lists_only_the_folders_of_runs_not_over(bucket):
+    uri, states = bucket
+    store = Listings(open_store(uri))
+    dash = Dashboard(uri, store)
+    now = time.time()
+    assert dash.respond("/", now=now)[0] == 200
+    assert sorted(store.listed) == sorted(f"runs/{r}/" for r in states)
+    store.listed.clear()
+    code, body = dash.respond("/", now=now + 15)
+    assert code == 200 and _rows(body) == states and store.listed == ["runs/resumed/"]
+    # A run folder removed is gone from the table at once: the bucket's listing of run folders says so.
+    open_store(uri).delete_prefix("runs/complete/")
+    code, body = dash.respond("/", now=now + 30)
+    assert code == 200 and set(_rows(body)) == set(states) - {"complete"}
+
+
+def test_a_run_not_over_whose_folder_stays_unchanged_stops_refreshing_until_something_changes(bucket):
+    # A stack destroyed under a running run: no end marker ever comes, and nothing is written any more.
+    uri, _states = bucket
+    dash = Dashboard(uri, open_store(uri))
+    later = time.time() + data.QUIET_S + 120
+    code, body = dash.respond("/run/resumed", now=later)
+    assert code == 200 and 'http-equiv="refresh"' not in body
+    assert "not refreshing: nothing in the run's folder changed for 32m 00s" in body
+    code, table = dash.respond("/", now=later)
+    assert 'http-equiv="refresh"' not in table and "1 run is not over but nothing in its folder changed" in table
+    assert 'http-equiv="refresh"' in dash.respond("/run/resumed", now=later - 240)[1]
+    # A run waiting for capacity: the controller's events and a machine's are changes of the run's folder too.
+    folder = Path(uri.removeprefix("file://")) / "runs" / "resumed"
+    lines = {layout.PLACEMENT_EVENTS_KEY: {"event": "waiting", "reason": "no spot capacity in aws us-east-1",
+                                           "placement": "aws us-east-1", "key": "capacity"},
+             layout.MACHINE_EVENTS_PREFIX + "i-0new.jsonl": {"event": "rebalance", "instance": "i-0new"},
+             layout.PLACEMENT_KEY: None}
+    seen = []
+    for key, line in lines.items():
+        path = folder / key
+        path.write_text(json.dumps({**line, "time": scenarios_iso(later - 60)}) + "\n" if line else '{"active": 0}')
+        os.utime(path, (later - 60, later - 60))
+        for page in ("/run/resumed", "/"):
+            code, body = dash.respond(page, now=later)
+            assert code == 200 and 'http-equiv="refresh"' in body and "not refreshing" not in body, (key, page)
+        seen.append(key)
+        path.unlink()
+    assert len(seen) == 3
+
+
+def scenarios_iso(t: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
 
 
 class Counting:
@@ -131,6 +202,25 @@ def test_the_run_page_draws_its_story_with_the_figures_of_ops_status(bucket, cap
     assert "python -m ops pull --run-uri" in body and "SavedModel endpoint serve" in body
 
 
+@pytest.mark.parametrize("run_id", ["a b;touch pwned", "it's $(id)", "plain-1"])
+def test_the_pull_line_pastes_into_a_shell_as_one_command_whatever_the_run_id(tmp_path, run_id):
+    import shlex
+
+    uri = f"file://{tmp_path}/bucket"
+    scenarios.story(f"{uri}/runs/{run_id}", tmp_path / "src", start=time.time() - 3600, steps=200, eval_every=100,
+                    checkpoint_every=100)
+    code, body = Dashboard(uri, open_store(uri)).respond("/run/" + quote(run_id))
+    [line] = re.findall(r'<code class="pull">([^<]*)</code>', body)
+    argv = shlex.split(html.unescape(line))
+    assert code == 200 and argv == ["python", "-m", "ops", "pull", "--run-uri", f"{uri}/runs/{run_id}", f"./{run_id}",
+                                    "--checkpoint"]
+    # What the shell runs: one command, the run id one word of it.
+    echoed = subprocess.run(["bash", "-c", html.unescape(line).replace("python -m ops pull", "printf '%s\\n'", 1)],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=10)
+    assert echoed.returncode == 0 and echoed.stdout.splitlines()[-2] == f"./{run_id}", echoed
+    assert not (tmp_path / "pwned").exists()
+
+
 def test_damaged_and_missing_files_are_notes_not_errors(bucket):
     uri, _states = bucket
     store = open_store(f"{uri}/runs/resumed")
@@ -168,9 +258,9 @@ def test_pages_that_cannot_be_read_say_why_with_404_or_503(bucket):
     assert 'http-equiv="refresh"' in body  # it tries again by itself
 
 
-def _get(port: int, path: str, host: str, method: str = "GET") -> tuple[int, str]:
+def _get(port: int, path: str, host: str, method: str = "GET", **headers: str) -> tuple[int, str]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    conn.request(method, path, headers={"Host": host})
+    conn.request(method, path, headers={"Host": host, **{k.replace("_", "-"): v for k, v in headers.items()}})
     r = conn.getresponse()
     return r.status, r.read().decode()
 
@@ -193,6 +283,54 @@ def test_the_server_listens_on_127_0_0_1_answers_only_to_it_and_only_reads(bucke
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def served(bucket):
+    """The dashboard of ``bucket`` on a free port, on a thread; yields the port."""
+    import threading
+
+    uri, _states = bucket
+    server = make_server(Dashboard(uri, open_store(uri)), 0)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_host_that_only_begins_or_ends_like_127_0_0_1_or_localhost_is_refused(served):
+    # DNS rebinding: a name of the attacker's, made to resolve to 127.0.0.1, arrives with its own name as Host.
+    hosts = ["localhost.evil.example", "127.0.0.1.attacker.test", "localhost.", "127.0.0.10", "evil.localhost",
+             "xlocalhost", "127.0.0.1@evil.example", "[::1]"]
+    seen = []
+    for host in hosts:
+        for sent in (f"{host}:{served}", host):
+            code, text = _get(served, "/run/night", sent)
+            assert code == 403 and "answers only on 127.0.0.1" in text and "night" not in text, (sent, code)
+            seen.append(sent)
+    assert len(seen) == 2 * len(hosts)
+    assert _get(served, "/run/night", "127.0.0.1")[0] == _get(served, "/run/night", "localhost")[0] == 200
+
+
+def test_a_request_another_website_makes_the_browser_send_is_refused(served):
+    # Any page the user opens can point an image, a form or a fetch at the dashboard: each answer would read the
+    # bucket with the user's credentials. Browsers say where such a request comes from.
+    refused = []
+    for site in ("cross-site", "same-site", "Cross-Site", "something-new"):
+        for path in ("/", "/run/night", "/run/no-such-run"):
+            code, text = _get(served, path, f"127.0.0.1:{served}", Sec_Fetch_Site=site)
+            assert code == 403 and f"Sec-Fetch-Site: {site}" in text and "night" not in text, (site, path, code)
+            refused.append((site, path))
+    assert len(refused) == 12
+
+
+def test_the_dashboards_own_links_an_address_typed_in_and_clients_without_a_browser_are_served(served):
+    for site in ("same-origin", "none", None):
+        headers = {} if site is None else {"Sec_Fetch_Site": site}
+        code, body = _get(served, "/run/night", f"localhost:{served}", **headers)
+        assert code == 200 and "<h1>night</h1>" in body, site
 
 
 def test_another_host_is_refused_on_the_command_line(tmp_path, capsys):

@@ -60,13 +60,23 @@ def serve(bucket_uri: str):
     return server
 
 
+# The texts of a chart drawn past its edge (cut by it), and how far the page runs past the window's width.
+CUT = """return [...document.querySelectorAll('svg text')].filter(t => {
+    const r = t.getBoundingClientRect(), s = t.closest('svg').getBoundingClientRect();
+    return r.width > 0 && (r.left < s.left - 0.5 || r.right > s.right + 0.5 || r.top < s.top - 0.5
+                           || r.bottom > s.bottom + 0.5); }).map(t => t.textContent)"""
+WIDER = "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
+
+
 def shot(driver, url: str, out: Path) -> None:
-    """Open ``url`` and save the whole page as ``out``."""
+    """Open ``url`` and save the whole page as ``out``; nothing on it is cut at 1280 px."""
     driver.get(url)
     height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.set_window_size(1280, max(600, height + 20))
     driver.save_screenshot(str(out))
     assert out.stat().st_size > 10_000, f"{out}: an empty screenshot"
+    assert driver.execute_script(WIDER) <= 0, f"{url}: wider than the window"
+    assert driver.execute_script(CUT) == [], f"{url}: texts cut by their chart's edge"
 
 
 def test_a_preempted_and_moved_run_on_s3_tells_its_story(browser, s3_run, tmp_path, capsys):
@@ -74,6 +84,11 @@ def test_a_preempted_and_moved_run_on_s3_tells_its_story(browser, s3_run, tmp_pa
 
     bucket_uri = s3_run.uri.rsplit("/runs/", 1)[0]
     states = scenarios.bucket(bucket_uri, tmp_path / "src", start=time.time() - 9 * 3600)
+    # A long run id, as dated ones are: the runs table still fits the window.
+    long = "mnist-resnet50-lr-sweep-0.003-2026-12-04"
+    scenarios.story(f"{bucket_uri}/runs/{long}", tmp_path / "long", start=time.time() - 3 * 3600, steps=1000,
+                    eval_every=250, checkpoint_every=500)
+    states[long] = "COMPLETE"
     server = serve(bucket_uri)
     base = f"http://127.0.0.1:{server.server_port}"
     try:
