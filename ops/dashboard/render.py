@@ -201,7 +201,7 @@ def _decimals(ticks: list[float]) -> int:
     (the ticks are its multiples), or of the one tick."""
     step = abs(ticks[1] - ticks[0]) if len(ticks) > 1 else abs(ticks[0]) if ticks else 0.0
     if step == 0 or not math.isfinite(step):
-        return 0
+        step = 1.0  # no spacing to show: whole numbers
     return next((d for d in range(10) if abs(round(step, d) - step) <= 1e-9 * step), 10)
 
 
