@@ -5,6 +5,7 @@ Catalog's pages against the cloudbilling v1 discovery document, and the cache's 
 from __future__ import annotations
 
 import json
+import zlib
 from datetime import UTC, datetime
 
 import boto3
@@ -166,3 +167,165 @@ def test_the_cache_round_trips_through_the_run_folder_and_is_written_only_when_i
 
 def asdict_quote() -> dict:
     return {"price": 0.4, "source": "aws", "as_of": NOW, "unknown_field_of_a_later_version": 1}
+
+
+# -- GCP: the Cloud Billing Catalog ------------------------------------------------------------------
+
+def _document() -> dict:
+    from pathlib import Path
+
+    import googleapiclient
+
+    path = Path(googleapiclient.__file__).parent / "discovery_cache" / "documents" / "cloudbilling.v1.json"
+    return json.loads(path.read_text())
+
+
+def _valid(value, schema: dict, schemas: dict, where: str) -> list[str]:
+    """What in ``value`` the discovery document's ``schema`` does not allow (unknown keys, wrong types)."""
+    if "$ref" in schema:
+        return _valid(value, schemas[schema["$ref"]], schemas, where)
+    kind = schema.get("type")
+    if kind == "object":
+        if not isinstance(value, dict):
+            return [f"{where}: not an object"]
+        props = schema.get("properties", {})
+        return [e for k, v in value.items()
+                for e in ([f"{where}.{k}: not in the schema"] if k not in props else _valid(v, props[k], schemas,
+                                                                                             f"{where}.{k}"))]
+    if kind == "array":
+        if not isinstance(value, list):
+            return [f"{where}: not an array"]
+        return [e for i, v in enumerate(value) for e in _valid(v, schema["items"], schemas, f"{where}[{i}]")]
+    if kind == "string":  # int64 travels as a string
+        ok = isinstance(value, str) and (schema.get("format") != "int64" or value.lstrip("-").isdigit())
+        return [] if ok and value in schema.get("enum", [value]) else [f"{where}: {value!r} is not a valid string"]
+    if kind == "integer":
+        return [] if isinstance(value, int) and not isinstance(value, bool) else [f"{where}: not an integer"]
+    if kind == "number":
+        return [] if isinstance(value, int | float) and not isinstance(value, bool) else [f"{where}: not a number"]
+    if kind == "boolean":
+        return [] if isinstance(value, bool) else [f"{where}: not a boolean"]
+    return [f"{where}: unknown schema {schema}"]
+
+
+def _sku(description: str, usage_unit: str, units: str, nanos: int, *, regions=("us-central1",),
+         usage_type: str = "Preemptible", group: str = "CPU", older: tuple[str, int] | None = None) -> dict:
+    def info(u: str, n: int, effective: str) -> dict:
+        return {"effectiveTime": effective, "summary": "", "currencyConversionRate": 1,
+                "pricingExpression": {"usageUnit": usage_unit, "displayQuantity": 1, "usageUnitDescription": usage_unit,
+                                      "baseUnit": "s", "baseUnitConversionFactor": 3600,
+                                      "tieredRates": [{"startUsageAmount": 0,
+                                                       "unitPrice": {"currencyCode": "USD", "units": u, "nanos": n}}]}}
+
+    sku_id = f"{zlib.crc32(f'{description}{usage_unit}'.encode()):012d}"
+    return {"name": f"{prices.COMPUTE_SERVICE}/skus/{sku_id}", "skuId": sku_id, "description": description,
+            "category": {"serviceDisplayName": "Compute Engine", "resourceFamily": "Compute",
+                         "resourceGroup": group, "usageType": usage_type},
+            "serviceRegions": list(regions), "serviceProviderName": "Google",
+            "geoTaxonomy": {"type": "REGIONAL" if len(regions) == 1 else "MULTI_REGIONAL", "regions": list(regions)},
+            "pricingInfo": ([info(*older, "2026-10-01T07:00:00Z")] if older else [])
+            + [info(units, nanos, "2026-11-01T07:00:00Z")]}
+
+
+# Two pages as the catalog answers them: the SKUs of a g2-standard-8 (8 vCPUs, 32 GiB, one L4) in us-central1
+# among others that must not count.
+PAGES = [
+    {"skus": [
+        _sku("Spot Preemptible G2 Instance Core running in Americas", "h", "0", 9_290_000),
+        _sku("G2 Instance Core running in Americas", "h", "0", 24_988_000, usage_type="OnDemand"),
+        _sku("Spot Preemptible G2 Instance Core running in Belgium", "h", "0", 5_000_000, regions=("europe-west1",)),
+        _sku("Spot Preemptible G2 Custom Instance Core running in Americas", "h", "0", 1_000_000),
+        _sku("Reserved G2 Instance Core running in Americas", "h", "0", 1_000_000),
+        _sku("Spot Preemptible G2 Instance Ram running in Americas", "GiBy.h", "0", 1_088_000, group="RAM",
+             older=("0", 2_000_000)),
+        _sku("Spot Preemptible N1 Predefined Instance Core running in Americas", "h", "0", 7_000_000),
+    ], "nextPageToken": "page-2"},
+    {"skus": [
+        _sku("Spot Preemptible Nvidia L4 GPU running in Americas", "h", "0", 224_000_000, group="GPU"),
+        _sku("Spot Preemptible Nvidia L4 GPU running in Americas", "GiBy.h", "9", 0, group="GPU"),  # not per hour
+        _sku("Nvidia H100 80GB Mega GPU attached to Spot Preemptible VMs running in Americas", "h", "2", 500_000_000,
+             group="GPU"),
+        _sku("Spot Preemptible A3Plus Instance Core running in Americas", "h", "0", 30_000_000),
+        _sku("Spot Preemptible A3Plus Instance Ram running in Americas", "GiBy.h", "0", 3_000_000, group="RAM"),
+    ], "nextPageToken": ""},
+]
+G2 = GcpMachine("g2-standard-8", 8, 32, "nvidia-l4", 1)
+
+
+def test_the_catalog_pages_are_in_the_documented_shape():
+    doc = _document()
+    assert doc["resources"]["services"]["resources"]["skus"]["methods"]["list"]["path"] == "v1/{+parent}/skus"
+    errors = [e for i, page in enumerate(PAGES) for e in _valid(page, {"$ref": "ListSkusResponse"}, doc["schemas"],
+                                                                   f"page{i}")]
+    assert errors == []
+    assert _valid({"skus": [{"skuid": "x"}]}, {"$ref": "ListSkusResponse"}, doc["schemas"], "p")  # the check bites
+
+
+def test_a_machines_spot_price_is_its_cores_ram_and_gpus_from_the_newest_pricing_in_its_region():
+    found = prices.gcp_sku_prices(PAGES, "us-central1")
+    assert found == {("core", "g2"): 0.00929, ("ram", "g2"): 0.001088, ("core", "n1"): 0.007,
+                     ("gpu", "nvidia-l4"): 0.224, ("gpu", "nvidia-h100-mega-80gb"): 2.5,
+                     ("core", "a3plus"): 0.03, ("ram", "a3plus"): 0.003}
+    assert prices.gcp_machine_price(found, G2) == round(8 * 0.00929 + 32 * 0.001088 + 0.224, 6)
+    assert prices.gcp_machine_price(found, GcpMachine("a3-megagpu-8g", 208, 1872, "nvidia-h100-mega-80gb", 8)) \
+        == round(208 * 0.03 + 1872 * 0.003 + 8 * 2.5, 6)
+    assert prices.gcp_machine_price(found, GcpMachine("n1-standard-8", 8, 30, "nvidia-tesla-t4", 1)) is None  # no RAM
+    assert prices.gcp_sku_prices(PAGES, "europe-west1") == {("core", "g2"): 0.005}
+
+
+def test_the_controllers_requests_are_the_discovery_documents_and_its_pages_follow_the_token():
+    from googleapiclient.discovery import build
+    from googleapiclient.http import HttpMockSequence
+
+    http = HttpMockSequence([({"status": "200"}, json.dumps(page)) for page in PAGES])
+    service = build("cloudbilling", "v1", http=http, static_discovery=True)
+
+    class Session:
+        """What gcp_http_get sends (a requests session), answered by the discovery client's own call."""
+
+        def __init__(self):
+            self.sent = []
+
+        def get(self, url, params, timeout):
+            import requests
+
+            self.sent.append(requests.Request("GET", url, params=params).prepare().url)
+            assert url == f"{prices.BILLING_API}/{prices.COMPUTE_SERVICE}/skus" and timeout == prices.GCP_TIMEOUT_S
+            body = service.services().skus().list(parent=prices.COMPUTE_SERVICE, pageSize=int(params["pageSize"]),
+                                                  pageToken=params.get("pageToken")).execute()
+
+            class Answer:
+                status_code, text = 200, ""
+
+                @staticmethod
+                def json():
+                    return body
+
+            return Answer()
+
+    session = Session()
+    quote = prices.gcp_quote(Offer(1, "gcp", "us-central1", ("g2-standard-8",), machines=(G2,)),
+                             pages=prices.gcp_catalog_pages(prices.gcp_http_get(session)), now=NOW)
+    # The discovery client adds alt=json, the REST default (JSON answers) that the controller leaves implicit.
+    assert [uri.replace("%2F", "/").replace("&alt=json", "") for uri, *_ in http.request_sequence] == session.sent
+    assert session.sent == [f"{prices.BILLING_API}/{prices.COMPUTE_SERVICE}/skus?pageSize=5000",
+                            f"{prices.BILLING_API}/{prices.COMPUTE_SERVICE}/skus?pageSize=5000&pageToken=page-2"]
+    assert quote == Quote(price=round(8 * 0.00929 + 32 * 0.001088 + 0.224, 6), source="gcp", as_of=NOW,
+                          low=0.333136, high=0.333136, pools=1)
+
+
+def test_a_token_that_never_ends_is_bounded_and_a_refusal_is_an_error():
+    with pytest.raises(prices.PriceError, match="more than 3 pages"):
+        list(prices.gcp_catalog_pages(lambda url, params: {"skus": [], "nextPageToken": "again"}, max_pages=3))
+
+    class Refused:
+        status_code, text = 403, "Cloud Billing API has not been used in project 1 before or it is disabled"
+
+    class Session:
+        def get(self, url, params, timeout):
+            return Refused()
+
+    with pytest.raises(prices.PriceError, match="HTTP 403: Cloud Billing API has not been used"):
+        list(prices.gcp_catalog_pages(prices.gcp_http_get(Session())))
+    with pytest.raises(prices.PriceError, match=r"placement 1 \(gcp us-east4\): the catalog has no Spot price"):
+        prices.gcp_quote(Offer(1, "gcp", "us-east4", ("g2-standard-8",), machines=(G2,)), pages=PAGES, now=NOW)
