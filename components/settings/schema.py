@@ -27,6 +27,7 @@ from pydantic.alias_generators import to_camel
 
 from components import config_shared
 from components.settings.errors import NO_SECRETS, keyed
+from controller.cost import DEFAULT_MOVE_FLOOR_USD, DEFAULT_MOVE_FRACTION
 from trainer.config import TrainConfig
 
 BLOCKS = ("run", "compute", "image", "storage", "access", "placement")
@@ -393,6 +394,19 @@ class PlacementPolicySettings(_Block):
     wait_minutes: int = Field(DEFAULT_WAIT_MINUTES, ge=1, le=7 * 24 * 60,
                               description="Minutes without a training machine, while the active placement's group "
                                           "fails to launch, before the run moves to the next placement.")
+    choose: Literal["cheapest", "inOrder"] = Field(
+        "cheapest", description="How the run picks a placement at a restart: the least expected cost to finish "
+                                "(cheapest), or the listed order (inOrder). Validated, not yet acted on: the "
+                                "controller follows the listed order (docs/placements.md).")
+    rebalance: bool = Field(False, description="Allow a move for price while a machine trains, right after a commit "
+                                               "(default: a training machine is never stopped for price). Validated, "
+                                               "not yet acted on.")
+    move_floor_usd: float = Field(DEFAULT_MOVE_FLOOR_USD, ge=0, le=1e6,
+                                  description="A move for price must save more than this many USD of the expected "
+                                              "cost to finish.")
+    move_fraction: float = Field(DEFAULT_MOVE_FRACTION, ge=0, le=1,
+                                 description="A move for price must save more than this share of the active "
+                                             "placement's expected cost to finish (0.1: 10 %).")
 
 
 class Settings(_Block):
