@@ -61,6 +61,9 @@ REFRESH_S = {"aws": 600.0, "gcp": 86400.0}
 STALE_S = {"aws": 3600.0, "gcp": 35 * 86400.0}
 CACHE_VERSION = 1
 PRODUCT = "Linux/UNIX"
+# What EC2 answers for that product: its own name, or the name EC2-Classic-era accounts (and moto) see for the same
+# Linux price in a VPC; never another operating system's.
+LINUX_PRODUCTS = frozenset({PRODUCT, "Linux/UNIX (Amazon VPC)"})
 # EC2's answers that mean "this account or partition may not ask for scores": no score, not an error.
 SCORE_REFUSALS = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "UnsupportedOperation",
                             "InvalidAction", "OptInRequired", "NotImplemented", "InvalidParameterValue"})
@@ -184,7 +187,7 @@ def aws_pool_prices(client, instance_types: Sequence[str], zones: Sequence[str] 
     newest: dict[tuple[str, str], tuple[datetime | None, float]] = {}
     for page in pages:
         for entry in page.get("SpotPriceHistory", []):
-            if entry.get("ProductDescription") != PRODUCT or entry.get("InstanceType") not in instance_types:
+            if entry.get("ProductDescription") not in LINUX_PRODUCTS or entry.get("InstanceType") not in instance_types:
                 continue
             zone = entry.get("AvailabilityZone", "")
             if zones and zone not in zones:
@@ -210,8 +213,8 @@ def aws_placement_score(client, instance_types: Sequence[str], region: str, node
         if code in SCORE_REFUSALS or code.startswith("AccessDenied"):
             return None, f"placement score refused: {code}"
         return None, f"placement score unavailable: {code or e}"
-    except botocore.exceptions.BotoCoreError as e:
-        return None, f"placement score unavailable: {e}"
+    except Exception as e:  # noqa: BLE001 - a score is a hint: any failure (an answer botocore cannot parse) is none
+        return None, f"placement score unavailable: {e}"[:300]
     scores = [int(s["Score"]) for s in answer.get("SpotPlacementScores", [])
               if s.get("Region") in (None, region) and s.get("Score") is not None]
     return (max(scores) if scores else None), ""

@@ -48,11 +48,11 @@ def test_each_pool_takes_its_newest_price_across_pages_and_the_median_stands_for
             _entry("g5.xlarge", "us-west-2a", "0.4100"),
             _entry("g5.xlarge", "us-west-2a", "0.9000", when=NOW - 86400),  # older: replaced
             _entry("g5.xlarge", "us-west-2b", "0.5200"),
-            _entry("g5.xlarge", "us-west-2a", "0.1000", product="Linux/UNIX (Amazon VPC)"),  # another product
+            _entry("g5.xlarge", "us-west-2a", "0.1000", product="SUSE Linux"),  # another operating system
         ]}, _history_params())
         stub.add_response("describe_spot_price_history", {"NextToken": "", "SpotPriceHistory": [
             _entry("g6.xlarge", "us-west-2a", "0.3300"),
-            _entry("g6.xlarge", "us-west-2c", "0.6100"),
+            _entry("g6.xlarge", "us-west-2c", "0.6100", product="Linux/UNIX (Amazon VPC)"),  # an older account's name
         ]}, _history_params("p2"))
         stub.add_response("get_spot_placement_scores", {"SpotPlacementScores": [
             {"Region": "us-west-2", "Score": 7}]}, _score_params())
