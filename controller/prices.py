@@ -257,19 +257,21 @@ def _sku_rate(sku: Mapping) -> tuple[float, str] | None:
     return _money(tiers[0]["unitPrice"]), str(expression.get("usageUnit", ""))
 
 
-def gcp_sku_prices(pages: Iterable[Mapping], region: str) -> dict[tuple[str, str], float]:
-    """The Spot prices in ``region`` found in the catalog's ``pages`` (ListSkusResponse documents), by
-    (``core``, family) and (``ram``, family) in USD per vCPU-hour and GiB-hour, and (``gpu``, accelerator
-    type) per GPU-hour. A SKU counts when its ``category`` is Compute / ``Preemptible``, ``region`` is among
-    its ``serviceRegions``, its description is a Spot VM's core, RAM or GPU (patterns above), and its usage
-    unit is the one that kind is priced in (``h``; ``GiBy.h`` for RAM)."""
-    found: dict[tuple[str, str], float] = {}
+def gcp_sku_prices(pages: Iterable[Mapping], regions: Iterable[str]) -> dict[str, dict[tuple[str, str], float]]:
+    """The Spot prices in each of ``regions`` found in the catalog's ``pages`` (ListSkusResponse documents, read
+    one at a time: only these small tables are kept), by (``core``, family) and (``ram``, family) in USD per
+    vCPU-hour and GiB-hour, and (``gpu``, accelerator type) per GPU-hour. A SKU counts when its ``category`` is
+    Compute / ``Preemptible``, the region is among its ``serviceRegions``, its description is a Spot VM's core,
+    RAM or GPU (patterns above), and its usage unit is the one that kind is priced in (``h``; ``GiBy.h`` for
+    RAM)."""
+    found: dict[str, dict[tuple[str, str], float]] = {r: {} for r in regions}
     for page in pages:
         for sku in page.get("skus") or []:
             category = sku.get("category") or {}
             if category.get("resourceFamily") != "Compute" or category.get("usageType") != "Preemptible":
                 continue
-            if region not in (sku.get("serviceRegions") or []):
+            wanted = [r for r in sku.get("serviceRegions") or [] if r in found]
+            if not wanted:
                 continue
             description = str(sku.get("description", ""))
             if any(word in description for word in _NOT_SPOT_VM):
@@ -284,7 +286,8 @@ def gcp_sku_prices(pages: Iterable[Mapping], region: str) -> dict[tuple[str, str
             rate = _sku_rate(sku)
             if rate is None or rate[1] != _USAGE_UNITS[key[0]]:
                 continue
-            found[key] = rate[0]
+            for region in wanted:
+                found[region][key] = rate[0]
     return found
 
 
@@ -344,10 +347,9 @@ def gcp_http_get(session, *, timeout_s: float = GCP_TIMEOUT_S) -> Callable[[str,
     return get
 
 
-def gcp_quote(offer: Offer, *, pages: Iterable[Mapping], now: float) -> Quote:
-    """A live quote for a GCP placement from the catalog's ``pages``: each machine type's Spot price, the
-    median standing for the group."""
-    prices = gcp_sku_prices(pages, offer.region)
+def gcp_quote(offer: Offer, *, prices: Mapping[tuple[str, str], float], now: float) -> Quote:
+    """A live quote for a GCP placement from its region's Spot SKU prices (:func:`gcp_sku_prices`): each machine
+    type's Spot price, the median standing for the group."""
     by_type = {m.machine_type: gcp_machine_price(prices, m) for m in offer.machines}
     priced = [p for p in by_type.values() if p is not None]
     price, low, high = group_price(priced)
@@ -454,17 +456,18 @@ class PriceBook:
 def live_fetch(clouds, placements: Mapping[int, object], *, now: float) -> Callable[[Offer], Quote]:
     """The ``fetch`` of :func:`refresh` that asks each placement's cloud as the identity that reaches it
     (``clouds``: :class:`controller.clouds.Clouds`; ``placements``: each offer's
-    :class:`~controller.config.Placement` by index). The catalog is read once per tick for every GCP
-    placement (its SKUs are the same pages whatever the region)."""
-    pages: list[Mapping] | None = None
+    :class:`~controller.config.Placement` by index). The catalog is read once per tick, page by page, for every
+    GCP placement's region at once (its SKUs are the same pages whatever the region: tens of thousands)."""
+    by_region: dict[str, dict[tuple[str, str], float]] | None = None
 
     def fetch(offer: Offer) -> Quote:
-        nonlocal pages
+        nonlocal by_region
         p = placements[offer.index]
         if offer.cloud == "aws":
             return aws_quote(offer, ec2=clouds.ec2(p), now=now)
-        if pages is None:
-            pages = list(gcp_catalog_pages(gcp_http_get(clouds.gcp_session(p))))
-        return gcp_quote(offer, pages=pages, now=now)
+        if by_region is None:
+            regions = sorted({q.region for q in placements.values() if q.cloud == "gcp"})
+            by_region = gcp_sku_prices(gcp_catalog_pages(gcp_http_get(clouds.gcp_session(p))), regions)
+        return gcp_quote(offer, prices=by_region.get(offer.region, {}), now=now)
 
     return fetch

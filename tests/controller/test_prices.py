@@ -262,7 +262,8 @@ def test_the_catalog_pages_are_in_the_documented_shape():
 
 
 def test_a_machines_spot_price_is_its_cores_ram_and_gpus_from_the_newest_pricing_in_its_region():
-    found = prices.gcp_sku_prices(PAGES, "us-central1")
+    by_region = prices.gcp_sku_prices(iter(PAGES), ["us-central1", "europe-west1", "us-east4"])
+    found = by_region["us-central1"]
     assert found == {("core", "g2"): 0.00929, ("ram", "g2"): 0.001088, ("core", "n1"): 0.007,
                      ("gpu", "nvidia-l4"): 0.224, ("gpu", "nvidia-h100-mega-80gb"): 2.5,
                      ("core", "a3plus"): 0.03, ("ram", "a3plus"): 0.003}
@@ -270,7 +271,7 @@ def test_a_machines_spot_price_is_its_cores_ram_and_gpus_from_the_newest_pricing
     assert prices.gcp_machine_price(found, GcpMachine("a3-megagpu-8g", 208, 1872, "nvidia-h100-mega-80gb", 8)) \
         == round(208 * 0.03 + 1872 * 0.003 + 8 * 2.5, 6)
     assert prices.gcp_machine_price(found, GcpMachine("n1-standard-8", 8, 30, "nvidia-tesla-t4", 1)) is None  # no RAM
-    assert prices.gcp_sku_prices(PAGES, "europe-west1") == {("core", "g2"): 0.005}
+    assert (by_region["europe-west1"], by_region["us-east4"]) == ({("core", "g2"): 0.005}, {})
 
 
 def test_the_controllers_requests_are_the_discovery_documents_and_its_pages_follow_the_token():
@@ -304,8 +305,9 @@ def test_the_controllers_requests_are_the_discovery_documents_and_its_pages_foll
             return Answer()
 
     session = Session()
-    quote = prices.gcp_quote(Offer(1, "gcp", "us-central1", ("g2-standard-8",), machines=(G2,)),
-                             pages=prices.gcp_catalog_pages(prices.gcp_http_get(session)), now=NOW)
+    pages = prices.gcp_catalog_pages(prices.gcp_http_get(session))
+    found = prices.gcp_sku_prices(pages, ["us-central1"])["us-central1"]
+    quote = prices.gcp_quote(Offer(1, "gcp", "us-central1", ("g2-standard-8",), machines=(G2,)), prices=found, now=NOW)
     # The discovery client adds alt=json, the REST default (JSON answers) that the controller leaves implicit.
     assert [uri.replace("%2F", "/").replace("&alt=json", "") for uri, *_ in http.request_sequence] == session.sent
     assert session.sent == [f"{prices.BILLING_API}/{prices.COMPUTE_SERVICE}/skus?pageSize=5000",
@@ -328,4 +330,52 @@ def test_a_token_that_never_ends_is_bounded_and_a_refusal_is_an_error():
     with pytest.raises(prices.PriceError, match="HTTP 403: Cloud Billing API has not been used"):
         list(prices.gcp_catalog_pages(prices.gcp_http_get(Session())))
     with pytest.raises(prices.PriceError, match=r"placement 1 \(gcp us-east4\): the catalog has no Spot price"):
-        prices.gcp_quote(Offer(1, "gcp", "us-east4", ("g2-standard-8",), machines=(G2,)), pages=PAGES, now=NOW)
+        prices.gcp_quote(Offer(1, "gcp", "us-east4", ("g2-standard-8",), machines=(G2,)), prices={}, now=NOW)
+
+
+def test_a_tick_reads_the_catalog_once_for_every_gcp_region_and_asks_ec2_as_the_placements_identity():
+    from controller.config import Placement
+
+    placements = {0: Placement(0, "aws", "us-east-1", "g0"), 1: Placement(1, "gcp", "us-central1", "g1", "p"),
+                  2: Placement(2, "gcp", "europe-west1", "g2", "p")}
+    ec2 = _ec2()
+
+    class Clouds:
+        sessions: list[int] = []
+
+        def ec2(self, p):
+            assert p is placements[0]
+            return ec2
+
+        def gcp_session(self, p):
+            self.sessions.append(p.index)
+
+            class Session:
+                pages = iter(PAGES)
+
+                def get(self, url, params, timeout):
+                    class Answer:
+                        status_code, text = 200, ""
+                        body = next(Session.pages)
+
+                        def json(self):
+                            return self.body
+
+                    return Answer()
+
+            return Session()
+
+    clouds = Clouds()
+    fetch = prices.live_fetch(clouds, placements, now=NOW)
+    g2 = (G2,)
+    with Stubber(ec2) as stub:
+        stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [_entry("g5.xlarge", "us-east-1a", "0.4")]},
+                          {**_history_params(), "InstanceTypes": ["g5.xlarge"]})
+        stub.add_client_error("get_spot_placement_scores", service_error_code="UnauthorizedOperation")
+        quotes = [fetch(Offer(0, "aws", "us-east-1", ("g5.xlarge",))),
+                  fetch(Offer(1, "gcp", "us-central1", ("g2-standard-8",), machines=g2))]
+        # Europe's pages have a core price only: read in the same pass, no price.
+        with pytest.raises(prices.PriceError, match=r"placement 2 \(gcp europe-west1\)"):
+            fetch(Offer(2, "gcp", "europe-west1", ("g2-standard-8",), machines=g2))
+    assert clouds.sessions == [1]  # one catalog read (two pages) for both GCP regions
+    assert [(q.source, q.price) for q in quotes] == [("aws", 0.4), ("gcp", 0.333136)]
