@@ -159,6 +159,31 @@ class Quote:
         return self.price is not None
 
 
+def offer(index: int, cloud: str, region: str, pricing: Mapping, *, nodes: int = 1) -> Offer:
+    """The :class:`Offer` of placement ``index`` from the document the stack writes for it
+    (components/pricing.py's ``decision_inputs``: ``instance_types``, ``zones`` and, on GCP, ``machines``);
+    a bad document is a ValueError naming the key."""
+    where = f"placements[{index}].pricing."
+    types = pricing.get("instance_types")
+    if not isinstance(types, list) or not types or not all(isinstance(t, str) and t for t in types):
+        raise ValueError(f"{where}instance_types: expected a non-empty list of machine types, got {types!r}")
+    zones = pricing.get("zones", [])
+    if not isinstance(zones, list) or not all(isinstance(z, str) for z in zones):
+        raise ValueError(f"{where}zones: expected a list of zone names, got {zones!r}")
+    machines = []
+    if cloud == "gcp":
+        for j, m in enumerate(pricing.get("machines") or []):
+            try:
+                machines.append(GcpMachine(machine_type=str(m["machine_type"]), vcpus=float(m["vcpus"]),
+                                           memory_gib=float(m["memory_gib"]), accelerator=m.get("accelerator"),
+                                           gpus=int(m.get("gpus") or 0)))
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"{where}machines[{j}]: expected machine_type, vcpus, memory_gib, accelerator and "
+                                 f"gpus, got {m!r} ({e})") from None
+    return Offer(index=index, cloud=cloud, region=region, instance_types=tuple(types), zones=tuple(zones),
+                 machines=tuple(machines), nodes=nodes)
+
+
 def rank_key(quote: Quote) -> tuple[bool, float]:
     """Sorts known prices cheapest first and every unknown price after them."""
     return (quote.price is None, quote.price if quote.price is not None else 0.0)
