@@ -8,7 +8,8 @@ logging grant, e.g. AWSLambdaBasicExecutionRole): exactly the calls :mod:`contro
   COMMITTED), write only ``placement.json``, the controller's events object, the price cache
   (``prices.json``) and its decision tables (``decisions/*``);
 - EC2: ``DescribeSpotPriceHistory`` and ``GetSpotPlacementScores``, the placements' prices and
-  capacity scores (controller/prices.py; neither has resource-level permissions: ``*``);
+  capacity scores (controller/prices.py; neither has resource-level permissions: ``*``), in the AWS
+  placements' regions only (``ec2:Region``);
 - Auto Scaling: ``DescribeAutoScalingGroups`` and ``DescribeScalingActivities`` (no
   resource-level permissions: ``*``) and ``UpdateAutoScalingGroup`` on the placements' groups
   only, with sizes no larger than the run's ``nodes`` (MinSize and MaxSize must be sent and
@@ -77,5 +78,14 @@ def aws_group_policy(*, groups: list[tuple[str, str]], nodes: int, account_id: s
          "Resource": [f"arn:{partition}:autoscaling:{region}:{account_id}:autoScalingGroup:*:autoScalingGroupName/{name}"
                       for region, name in groups],
          "Condition": {"NumericLessThanEquals": {"autoscaling:MinSize": str(nodes), "autoscaling:MaxSize": str(nodes)}}},
-        {"Sid": "ReadSpotPrices", "Effect": "Allow", "Action": list(PRICE_ACTIONS), "Resource": "*"},
+        *price_statements(sorted({region for region, _name in groups})),
     ]}
+
+
+def price_statements(regions: list[str]) -> list[dict]:
+    """The spot prices and placement scores, in ``regions`` only (the calls take no resource, and ``ec2:Region``
+    is the one condition key they have); none without a region."""
+    if not regions:
+        return []
+    return [{"Sid": "ReadSpotPrices", "Effect": "Allow", "Action": list(PRICE_ACTIONS), "Resource": "*",
+             "Condition": {"StringEquals": {"ec2:Region": regions}}}]

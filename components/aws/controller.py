@@ -132,7 +132,9 @@ def function_policy(*, partition: pulumi.Input[str], account_id: pulumi.Input[st
             "Condition": {"NumericLessThanEquals": {"autoscaling:MinSize": str(nodes),
                                                     "autoscaling:MaxSize": str(nodes)}},
         },
-        {"Sid": "ReadSpotPrices", "Effect": "Allow", "Action": PRICE_ACTIONS, "Resource": "*"},
+        # No resource: the placements' regions (ec2:Region, the calls' one condition key) narrow them.
+        {"Sid": "ReadSpotPrices", "Effect": "Allow", "Action": PRICE_ACTIONS, "Resource": "*",
+         "Condition": {"StringEquals": {"ec2:Region": sorted({region for region, _name in groups})}}},
     ]
     return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})
 

@@ -32,7 +32,8 @@ SIZE_GROUPS = {"Sid": "SizeGroups", "Effect": "Allow", "Action": ["autoscaling:U
 READ_GROUPS = {"Sid": "ReadGroups", "Effect": "Allow", "Resource": "*",
                "Action": ["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities"]}
 READ_PRICES = {"Sid": "ReadSpotPrices", "Effect": "Allow", "Resource": "*",
-               "Action": ["ec2:DescribeSpotPriceHistory", "ec2:GetSpotPlacementScores"]}
+               "Action": ["ec2:DescribeSpotPriceHistory", "ec2:GetSpotPlacementScores"],
+               "Condition": {"StringEquals": {"ec2:Region": ["us-east-1", "us-west-2"]}}}
 
 
 def test_the_aws_function_may_read_its_run_write_its_own_objects_and_size_its_groups_up_to_nodes():
@@ -153,3 +154,20 @@ def test_the_jobs_command_says_a_bad_configuration_in_one_line_and_exits_2(monke
 
     out = capsys.readouterr()
     assert out.err == says + "\n" and out.out == "" and in_memory.calls == []
+
+
+def test_parliament_finds_nothing_in_the_policy_and_the_price_calls_take_no_resource_but_their_region():
+    import pathlib
+
+    import parliament
+    from parliament import analyze_policy_string
+
+    policy = grants.aws_policy(bucket="b-1", run_id="r-7", groups=GROUPS, nodes=1, account_id="123456789012")
+    assert [(f.issue, f.detail) for f in analyze_policy_string(json.dumps(policy)).findings] == []
+    definition = json.loads((pathlib.Path(parliament.__file__).parent / "iam_definition.json").read_text())
+    (ec2,) = [s for s in definition if s["prefix"] == "ec2"]
+    found = {p["privilege"]: p["resource_types"] for p in ec2["privileges"]}
+    for action in grants.PRICE_ACTIONS:
+        assert found[action.split(":")[1]] == [{"condition_keys": ["ec2:Region"], "dependent_actions": [],
+                                                "resource_type": ""}]
+    assert grants.price_statements([]) == []

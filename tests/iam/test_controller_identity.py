@@ -167,6 +167,8 @@ def test_the_controller_moves_and_finishes_with_its_own_policy_only(as_controlle
     ("the bucket's other prefixes", lambda c: c.client("s3").list_objects_v2(Bucket=BUCKET, Prefix="runs/"),
      "AccessDenied"),
     ("an EC2 read beside the prices", lambda c: c.client("ec2").describe_instances(), "UnauthorizedOperation"),
+    ("prices in a region no placement is in", lambda c: c.client("ec2", "eu-west-1").describe_spot_price_history(
+        InstanceTypes=["t3.micro"]), "UnauthorizedOperation"),
     ("an object beside the price cache", lambda c: c.client("s3").put_object(
         Bucket=BUCKET, Key=f"runs/{RUN_ID}/{layout.PRICES_KEY}.tmp", Body=b"{}"), "AccessDenied"),
     ("another run's decisions", lambda c: c.client("s3").put_object(
