@@ -74,6 +74,13 @@ class CloudError(RuntimeError):
     """A group could not be read or sized (after the retries); the message names the group."""
 
 
+def _price_config():
+    """EC2's price calls: a price is refreshed later if this one fails, so they never hold a tick for long."""
+    from botocore.config import Config
+
+    return Config(retries={"mode": "standard", "total_max_attempts": 2}, connect_timeout=5, read_timeout=10)
+
+
 def _aws_config():
     from botocore.config import Config
 
@@ -181,7 +188,7 @@ class AwsGroups:
         identity that reaches ``p``."""
         key = (f"ec2:{p.region}", p.access["aws_role_arn"] if p.access else None)
         if key not in self._clients:
-            self._clients[key] = self._session_for(p).client("ec2", region_name=p.region, config=_aws_config())
+            self._clients[key] = self._session_for(p).client("ec2", region_name=p.region, config=_price_config())
         return self._clients[key]
 
     def _call(self, p: Placement, what: str, fn: Callable[[], dict]) -> dict:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -340,13 +341,16 @@ def gcp_machine_price(prices: Mapping[tuple[str, str], float], machine: GcpMachi
     return round(total, 6)
 
 
-def gcp_catalog_pages(get: Callable[[str, Mapping[str, str]], Mapping], *,
-                      max_pages: int = MAX_PAGES) -> Iterable[Mapping]:
+def gcp_catalog_pages(get: Callable[[str, Mapping[str, str]], Mapping], *, max_pages: int = MAX_PAGES,
+                      out_of_time: Callable[[], bool] = lambda: False) -> Iterable[Mapping]:
     """The catalog's pages of Compute Engine SKUs: ``get(url, params)`` answers one ListSkusResponse; pages
-    follow ``nextPageToken`` until it is empty, at most ``max_pages`` (a token that never ends is an error)."""
+    follow ``nextPageToken`` until it is empty, at most ``max_pages`` (a token that never ends is an error), and
+    none is asked once ``out_of_time()`` (the tick's time for prices is spent: a PriceError, the old quote stays)."""
     url = f"{BILLING_API}/{COMPUTE_SERVICE}/skus"
     token = ""
-    for _ in range(max_pages):
+    for n in range(max_pages):
+        if out_of_time():
+            raise PriceError(f"the tick's time for prices ran out after {n} pages of the Cloud Billing Catalog")
         params = {"pageSize": str(PAGE_SIZE)}
         if token:
             params["pageToken"] = token
@@ -417,16 +421,21 @@ def dump(quotes: Mapping[str, Quote]) -> bytes:
 
 
 def refresh(cached: Mapping[str, Quote], offers: Sequence[Offer], *, now: float,
-            fetch: Callable[[Offer], Quote]) -> tuple[dict[str, Quote], bool]:
+            fetch: Callable[[Offer], Quote], out_of_time: Callable[[], bool] = lambda: False
+            ) -> tuple[dict[str, Quote], bool]:
     """The cache after asking ``fetch`` for each offer whose live quote is missing or older than its cloud's
     :data:`REFRESH_S`, and whether anything changed. A fetch that fails (:class:`PriceError` or any error of
-    the cloud's client) keeps the previous quote and its as_of, with the error as its note."""
+    the cloud's client) keeps the previous quote and its as_of, with the error as its note. Once
+    ``out_of_time()``, nothing more is asked: the rest keep their quotes until a later tick (a tick's time is
+    the run's, not the prices')."""
     quotes = dict(cached)
     changed = False
     for offer in offers:
         old = quotes.get(offer.key)
         if old is not None and old.as_of is not None and now - old.as_of < REFRESH_S[offer.cloud]:
             continue
+        if out_of_time():
+            break
         try:
             quotes[offer.key] = fetch(offer)
         except Exception as e:  # noqa: BLE001 - a price API's failure of any kind leaves the old quote in place
@@ -467,9 +476,10 @@ class PriceBook:
     def open(cls, store) -> PriceBook:
         return cls(store, load(store))
 
-    def update(self, offers: Sequence[Offer], *, now: float, fetch: Callable[[Offer], Quote]) -> None:
+    def update(self, offers: Sequence[Offer], *, now: float, fetch: Callable[[Offer], Quote],
+               out_of_time: Callable[[], bool] = lambda: False) -> None:
         """Refresh what is due (:func:`refresh`) and write the cache back when anything changed."""
-        self.quotes, changed = refresh(self.quotes, offers, now=now, fetch=fetch)
+        self.quotes, changed = refresh(self.quotes, offers, now=now, fetch=fetch, out_of_time=out_of_time)
         if changed:
             self.store.put_bytes(layout.PRICES_KEY, dump(self.quotes))
 
@@ -478,7 +488,14 @@ class PriceBook:
         return quotes_for(self.quotes, offers, now=now, estimates=estimates)
 
 
-def live_fetch(clouds, placements: Mapping[int, object], *, now: float) -> Callable[[Offer], Quote]:
+def time_budget(seconds: float, clock: Callable[[], float] = time.monotonic) -> Callable[[], bool]:
+    """``out_of_time`` for :func:`refresh` and :func:`live_fetch`: true once ``seconds`` have passed from now."""
+    end = clock() + seconds
+    return lambda: clock() >= end
+
+
+def live_fetch(clouds, placements: Mapping[int, object], *, now: float,
+               out_of_time: Callable[[], bool] = lambda: False) -> Callable[[Offer], Quote]:
     """The ``fetch`` of :func:`refresh` that asks each placement's cloud as the identity that reaches it
     (``clouds``: :class:`controller.clouds.Clouds`; ``placements``: each offer's
     :class:`~controller.config.Placement` by index). The catalog is read once per tick, page by page, for every
@@ -492,7 +509,8 @@ def live_fetch(clouds, placements: Mapping[int, object], *, now: float) -> Calla
             return aws_quote(offer, ec2=clouds.ec2(p), now=now)
         if by_region is None:
             regions = sorted({q.region for q in placements.values() if q.cloud == "gcp"})
-            by_region = gcp_sku_prices(gcp_catalog_pages(gcp_http_get(clouds.gcp_session(p))), regions)
+            by_region = gcp_sku_prices(gcp_catalog_pages(gcp_http_get(clouds.gcp_session(p)),
+                                                         out_of_time=out_of_time), regions)
         return gcp_quote(offer, prices=by_region.get(offer.region, {}), now=now)
 
     return fetch

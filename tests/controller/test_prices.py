@@ -379,3 +379,36 @@ def test_a_tick_reads_the_catalog_once_for_every_gcp_region_and_asks_ec2_as_the_
             fetch(Offer(2, "gcp", "europe-west1", ("g2-standard-8",), machines=g2))
     assert clouds.sessions == [1]  # one catalog read (two pages) for both GCP regions
     assert [(q.source, q.price) for q in quotes] == [("aws", 0.4), ("gcp", 0.333136)]
+
+
+def test_a_refresh_stops_asking_when_the_ticks_time_for_prices_is_spent():
+    clock = [0.0]
+    out_of_time = prices.time_budget(10, clock=lambda: clock[0])
+    asked = []
+
+    def fetch(offer):
+        asked.append(offer.index)
+        clock[0] += 6  # each answer takes 6 s
+        return Quote(price=0.1, source=offer.cloud, as_of=NOW)
+
+    offers = [AWS, GCP, Offer(2, "aws", "us-west-2", TYPES)]
+    quotes, changed = prices.refresh({}, offers, now=NOW, fetch=fetch, out_of_time=out_of_time)
+    assert asked == [0, 1] and changed and offers[2].key not in quotes  # the third waits for a later tick
+    # The catalog stops between pages, too.
+    clock[0] = 0.0
+    pages = prices.gcp_catalog_pages(lambda url, params: (clock.__setitem__(0, clock[0] + 6), PAGES[0])[1],
+                                     out_of_time=prices.time_budget(10, clock=lambda: clock[0]))
+    with pytest.raises(prices.PriceError, match="ran out after 2 pages"):
+        list(pages)
+
+
+def test_ec2s_price_calls_never_hold_a_tick_for_long(monkeypatch):
+    from controller.clouds import AwsGroups, Clouds
+    from controller.config import Placement
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    client = Clouds(aws=AwsGroups()).ec2(Placement(1, "aws", "us-west-2", "g1"))
+    config = client.meta.config
+    assert (client.meta.region_name, config.retries["total_max_attempts"], config.connect_timeout, config.read_timeout) == (
+        "us-west-2", 2, 5, 10)
