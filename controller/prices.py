@@ -28,7 +28,7 @@ A placement's price is one figure, USD per machine-hour, read from its cloud's o
 tick asks a cloud again only when its quote is older than the cloud's refresh interval
 (:data:`REFRESH_S`), and a quote older than :data:`STALE_S` counts as unknown. AWS spot prices move
 several times a day: refreshed every 10 minutes, unknown after an hour. Google changes Spot prices at
-most once a month (its Spot VM pricing page: "Spot prices ... can change up to once every 30 days"):
+most once a month (its price list, cloud.google.com/skus: "Spot prices are dynamic and can change up to once every 30 days"):
 refreshed daily, unknown after 35 days. A refresh that fails keeps the previous quote (and its age),
 with the error noted: the run never waits on a price API.
 
