@@ -65,6 +65,24 @@ GCP_GPU_MODELS: dict[str, str] = {
 GCP_N1_ACCELERATORS = ("nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100", "nvidia-tesla-p4",
                        "nvidia-tesla-k80")
 
+# What the Cloud Billing Catalog prices a GCE GPU machine by (controller/prices.py): its vCPUs and memory (GiB;
+# Compute Engine's machine-type pages give memory in GB meaning GiB, the RAM SKUs' unit), and the accelerator type
+# its GPUs are billed as. From Compute Engine's accelerator-optimized machine family pages (A2, A3, G2).
+GCP_MACHINE_SHAPES: dict[str, tuple[int, float]] = {
+    "g2-standard-4": (4, 16), "g2-standard-8": (8, 32), "g2-standard-12": (12, 48), "g2-standard-16": (16, 64),
+    "g2-standard-24": (24, 96), "g2-standard-32": (32, 128), "g2-standard-48": (48, 192), "g2-standard-96": (96, 384),
+    "a2-highgpu-1g": (12, 85), "a2-highgpu-2g": (24, 170), "a2-highgpu-4g": (48, 340), "a2-highgpu-8g": (96, 680),
+    "a2-megagpu-16g": (96, 1360), "a2-ultragpu-1g": (12, 170), "a2-ultragpu-2g": (24, 340),
+    "a2-ultragpu-4g": (48, 680), "a2-ultragpu-8g": (96, 1360), "a3-highgpu-8g": (208, 1872),
+    "a3-megagpu-8g": (208, 1872),
+}
+GCP_MACHINE_ACCELERATORS: dict[str, str] = {
+    "g2-standard": "nvidia-l4", "a2-highgpu": "nvidia-tesla-a100", "a2-megagpu": "nvidia-tesla-a100",
+    "a2-ultragpu": "nvidia-a100-80gb", "a3-highgpu": "nvidia-h100-80gb", "a3-megagpu": "nvidia-h100-mega-80gb",
+}
+# An N1 machine's memory per vCPU (GiB) by kind.
+_N1_GIB_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
+
 # Why TensorFlow 2.21 cannot use a GPU at all, by family prefix (see the module docstring).
 _NO_TF_KERNELS = "TensorFlow 2.21's GPU kernels need compute capability 6.0 or newer"
 TF_UNUSABLE: dict[str, str] = {
@@ -127,6 +145,23 @@ def gpu_model(cloud: str, machine_type: str, accelerator: str | None = None) -> 
     if machine_type.startswith("n1-"):
         return accelerator
     return GCP_GPU_MODELS.get("-".join(machine_type.split("-")[:2]))
+
+
+def gcp_machine_shape(machine_type: str, accelerator: str | None = None,
+                      gpus: int | None = None) -> dict[str, object] | None:
+    """A GCE GPU machine as the Billing Catalog prices it: ``{"machine_type", "vcpus", "memory_gib", "accelerator",
+    "gpus"}`` (an N1 machine's GPUs are ``accelerator`` x ``gpus``); None for a machine type the table lacks."""
+    m = _GCP_N1.match(machine_type)
+    if m:
+        vcpus = int(m.group(2))
+        return {"machine_type": machine_type, "vcpus": vcpus, "memory_gib": vcpus * _N1_GIB_PER_VCPU[m.group(1)],
+                "accelerator": accelerator, "gpus": gpus or 0}
+    shape = GCP_MACHINE_SHAPES.get(machine_type)
+    if shape is None:
+        return None
+    return {"machine_type": machine_type, "vcpus": shape[0], "memory_gib": shape[1],
+            "accelerator": GCP_MACHINE_ACCELERATORS["-".join(machine_type.split("-")[:2])],
+            "gpus": GCP_GPU_MACHINES[machine_type]}
 
 
 def zone_in_region(cloud: str, zone: str, region: str) -> bool:

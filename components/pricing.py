@@ -321,6 +321,38 @@ def placement_costs(settings: Any, *, checkpoint_bytes: int) -> list[PlacementCo
     return rows
 
 
+def decision_inputs(settings: Any) -> list[dict[str, Any]]:
+    """What the placement controller prices and costs each placement by, home first, as JSON-ready documents
+    (controller/prices.py's ``offer``, controller/cost.py's PlacementFacts): ``{"instance_types", "zones", "gpu",
+    "estimate_per_hour", "restore_per_gb", "writes_per_gb", "max_price_per_hour"}`` and, on GCP, ``"machines"``
+    (each type's vCPUs, memory and GPUs, which the Billing Catalog prices). ``estimate_per_hour`` is the price
+    table's spot estimate standing in when no cloud answers: the median of the placement's types, as a live price
+    is; ``restore_per_gb`` what home's bucket sends there, ``writes_per_gb`` what the placement sends home."""
+    from components import placement
+    from components.catalog import gcp_machine_shape, gpu_model
+
+    home = settings.placement_list[0]
+    rows = []
+    for i, p in enumerate(settings.placement_list):
+        moved = placement.settings_at(settings, i)
+        c = moved.compute
+        spots = sorted(t.spot for t in hourly_cost(moved).types if t.spot is not None)
+        row: dict[str, Any] = {
+            "instance_types": list(c.instance_types), "zones": list(c.zones),
+            "gpu": gpu_model(p.cloud, c.instance_types[0], c.accelerator),
+            "estimate_per_hour": statistics.median_low(spots) if spots else None,
+            "restore_per_gb": transfer_per_gb(home.cloud, home.region, p.cloud, p.region).per_gb,
+            "writes_per_gb": transfer_per_gb(p.cloud, p.region, home.cloud, home.region).per_gb,
+            # GCE Spot VMs take no maximum price (docs/placements.md).
+            "max_price_per_hour": c.max_price_per_hour if p.cloud == "aws" else None,
+        }
+        if p.cloud == "gcp":
+            row["machines"] = [m for t in c.instance_types
+                               if (m := gcp_machine_shape(t, c.accelerator, c.gpus_per_node)) is not None]
+        rows.append(row)
+    return rows
+
+
 @dataclass(frozen=True)
 class ImageCopies:
     """A built image's storage with several placements: one repository in each placement's region."""

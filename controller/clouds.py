@@ -74,6 +74,13 @@ class CloudError(RuntimeError):
     """A group could not be read or sized (after the retries); the message names the group."""
 
 
+def _price_config():
+    """EC2's price calls: a price is refreshed later if this one fails, so they never hold a tick for long."""
+    from botocore.config import Config
+
+    return Config(retries={"mode": "standard", "total_max_attempts": 2}, connect_timeout=5, read_timeout=10)
+
+
 def _aws_config():
     from botocore.config import Config
 
@@ -174,6 +181,14 @@ class AwsGroups:
         key = (p.region, p.access["aws_role_arn"] if p.access else None)
         if key not in self._clients:
             self._clients[key] = self._session_for(p).client("autoscaling", region_name=p.region, config=_aws_config())
+        return self._clients[key]
+
+    def ec2(self, p: Placement):
+        """``p``'s region's EC2 client (its spot prices and placement scores, controller/prices.py), as the
+        identity that reaches ``p``."""
+        key = (f"ec2:{p.region}", p.access["aws_role_arn"] if p.access else None)
+        if key not in self._clients:
+            self._clients[key] = self._session_for(p).client("ec2", region_name=p.region, config=_price_config())
         return self._clients[key]
 
     def _call(self, p: Placement, what: str, fn: Callable[[], dict]) -> dict:
@@ -360,3 +375,11 @@ class Clouds:
 
     def set_size(self, p: Placement, n: int) -> None:
         self.of(p).set_size(self._as(p), n)
+
+    def ec2(self, p: Placement):
+        """An AWS placement's EC2 client, as the identity that reaches it (controller/prices.py)."""
+        return self.of(p).ec2(self._as(p))
+
+    def gcp_session(self, p: Placement):
+        """The authorized session that reaches a GCP placement (the Cloud Billing Catalog, controller/prices.py)."""
+        return self.of(p).session_for(self._as(p))

@@ -5,7 +5,11 @@ logging grant, e.g. AWSLambdaBasicExecutionRole): exactly the calls :mod:`contro
 :mod:`controller.clouds` make, proven under IAM enforcement by ``tests/iam/test_controller_identity.py``.
 
 - the run folder: list it, read its objects (progress, events, lease, markers, checkpoints'
-  COMMITTED), write only ``placement.json`` and the controller's events object;
+  COMMITTED), write only ``placement.json``, the controller's events object, the price cache
+  (``prices.json``) and its decision tables (``decisions/*``);
+- EC2: ``DescribeSpotPriceHistory`` and ``GetSpotPlacementScores``, the placements' prices and
+  capacity scores (controller/prices.py; neither has resource-level permissions: ``*``), in the AWS
+  placements' regions only (``ec2:Region``);
 - Auto Scaling: ``DescribeAutoScalingGroups`` and ``DescribeScalingActivities`` (no
   resource-level permissions: ``*``) and ``UpdateAutoScalingGroup`` on the placements' groups
   only, with sizes no larger than the run's ``nodes`` (MinSize and MaxSize must be sent and
@@ -19,7 +23,8 @@ and resize, no bucket.
 :data:`GCP_PERMISSIONS` lists what a GCP function's custom role needs: the managed groups'
 reads (``get``; ``list`` covers listManagedInstances and listErrors) and ``update`` (resize); on
 the bucket, conditioned on the run's prefix, object reads, listing, creation, and delete
-(GCS needs ``storage.objects.delete`` to replace an existing object).
+(GCS needs ``storage.objects.delete`` to replace an existing object). Its prices come from the Cloud
+Billing Catalog, which any authenticated caller may list: no permission, only the API enabled.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from runfolder import layout
 
 READ_GROUP_ACTIONS = ("autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities")
 SIZE_GROUP_ACTIONS = ("autoscaling:UpdateAutoScalingGroup",)
+PRICE_ACTIONS = ("ec2:DescribeSpotPriceHistory", "ec2:GetSpotPlacementScores")
 GCP_PERMISSIONS = (
     "compute.instanceGroupManagers.get",
     "compute.instanceGroupManagers.list",
@@ -41,7 +47,9 @@ GCP_GROUP_PERMISSIONS = GCP_PERMISSIONS[:3]
 # The only objects the controller writes, relative to the run folder.
 # The record and its events; the run's deadline when no machine has written it yet, and TIMED_OUT when
 # the deadline passed with no machine to end the run (controller/tick.py).
-WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT)
+# The price cache and the decision tables (controller/prices.py, controller/table.py): a key, and a folder of them.
+WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT, layout.PRICES_KEY)
+WRITE_PREFIXES = (layout.DECISIONS_PREFIX,)
 
 
 def aws_policy(*, bucket: str, run_id: str, groups: list[tuple[str, str]], nodes: int, account_id: str,
@@ -54,19 +62,30 @@ def aws_policy(*, bucket: str, run_id: str, groups: list[tuple[str, str]], nodes
          "Condition": {"StringLike": {"s3:prefix": [f"{run_prefix}/", f"{run_prefix}/*"]}}},
         {"Sid": "ReadRunFolder", "Effect": "Allow", "Action": "s3:GetObject", "Resource": f"{bucket_arn}/{run_prefix}/*"},
         {"Sid": "WritePlacement", "Effect": "Allow", "Action": "s3:PutObject",
-         "Resource": [f"{bucket_arn}/{run_prefix}/{key}" for key in WRITES]},
+         "Resource": [f"{bucket_arn}/{run_prefix}/{key}" for key in WRITES]
+         + [f"{bucket_arn}/{run_prefix}/{prefix}*" for prefix in WRITE_PREFIXES]},
         *aws_group_policy(groups=groups, nodes=nodes, account_id=account_id, partition=partition)["Statement"],
     ]}
 
 
 def aws_group_policy(*, groups: list[tuple[str, str]], nodes: int, account_id: str, partition: str = "aws") -> dict:
-    """The groups' part of :func:`aws_policy`: all a GCP-home controller's role in AWS needs (the role it
-    assumes with its Google identity, ``access.aws_role_arn``): the run folder is in home's bucket, which
-    the function reaches as itself. ``groups``: (region, name) of the AWS placements' groups."""
+    """The groups' part of :func:`aws_policy`, with the spot prices: all a GCP-home controller's role in AWS needs
+    (the role it assumes with its Google identity, ``access.aws_role_arn``): the run folder is in home's bucket,
+    which the function reaches as itself. ``groups``: (region, name) of the AWS placements' groups."""
     return {"Version": "2012-10-17", "Statement": [
         {"Sid": "ReadGroups", "Effect": "Allow", "Action": list(READ_GROUP_ACTIONS), "Resource": "*"},
         {"Sid": "SizeGroups", "Effect": "Allow", "Action": list(SIZE_GROUP_ACTIONS),
          "Resource": [f"arn:{partition}:autoscaling:{region}:{account_id}:autoScalingGroup:*:autoScalingGroupName/{name}"
                       for region, name in groups],
          "Condition": {"NumericLessThanEquals": {"autoscaling:MinSize": str(nodes), "autoscaling:MaxSize": str(nodes)}}},
+        *price_statements(sorted({region for region, _name in groups})),
     ]}
+
+
+def price_statements(regions: list[str]) -> list[dict]:
+    """The spot prices and placement scores, in ``regions`` only (the calls take no resource, and ``ec2:Region``
+    is the one condition key they have); none without a region."""
+    if not regions:
+        return []
+    return [{"Sid": "ReadSpotPrices", "Effect": "Allow", "Action": list(PRICE_ACTIONS), "Resource": "*",
+             "Condition": {"StringEquals": {"ec2:Region": regions}}}]

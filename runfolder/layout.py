@@ -19,6 +19,8 @@ One writer per object:
   placement controller   placement.json (which placement is active, the moves; conditional writes
   and `ops move`         only, see controller/record.py), machine-events/placement.jsonl (its
                          `moved` events, appended only by the writer whose placement.json write won)
+  placement controller   prices.json (the placements' spot prices with their as_of, controller/prices.py),
+                         decisions/<time>.json (one table per decision, controller/table.py)
   the first machine to install a package key    <bucket>/cache/pip/<key>/ (trainer/pip_cache.sh;
                          COMMITTED by a create-if-absent write, so one machine's archive is named)
   the first trainer to count a data set    <bucket>/cache/data/<digest>.json (trainer/staging.py;
@@ -29,6 +31,8 @@ One writer per object:
 """
 
 from __future__ import annotations
+
+import datetime
 
 # -- bucket-level prefixes (relative to the bucket root) --
 
@@ -67,6 +71,12 @@ LEASE_KEY = "lease.json"  # the single-writer lease (runfolder/lease.py)
 PLACEMENT_KEY = "placement.json"
 # The placement controller's own events (`moved`), among the machines' so `ops status` shows them.
 PLACEMENT_EVENTS_KEY = f"{MACHINE_EVENTS_PREFIX}placement.jsonl"
+# The placements' spot prices as the controller last read them from each cloud, each with its as_of
+# (controller/prices.py): the cache that spares a tick the clouds' price APIs, and says how old a price is.
+PRICES_KEY = "prices.json"
+# One object per placement decision: every placement's price, its age, rate, preemptions, transfer, expected
+# cost to finish and feasibility (controller/table.py), decisions/<UTC time>.json, so they sort by time.
+DECISIONS_PREFIX = "decisions/"
 
 # -- how the bucket tells a checkpoint's objects from the rest (components/*/bucket.py) --
 
@@ -223,6 +233,12 @@ def pip_cache_prefix(key: str) -> str:
 def data_index_key(digest: str) -> str:
     """`cache/data/<digest>.json`: a data set's record counts, relative to the bucket root."""
     return f"{CACHE_PREFIX}{DATA_INDEX_DIR}/{digest}.json"
+
+
+def decision_key(epoch: float) -> str:
+    """`decisions/<YYYYmmddTHHMMSS.ffffffZ>.json`: the decision table made at `epoch` (UTC, sorts by time)."""
+    stamp = datetime.datetime.fromtimestamp(float(epoch), datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    return f"{DECISIONS_PREFIX}{stamp}.json"
 
 
 def machine_events_key(machine: str) -> str:

@@ -75,10 +75,14 @@ def environment_bytes(variables: dict[str, str]) -> int:
 # What a tick does on Auto Scaling: the two reads have no resource-level permissions ("*").
 READ_GROUP_ACTIONS = ["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities"]
 SIZE_GROUP_ACTIONS = ["autoscaling:UpdateAutoScalingGroup"]
+# The placements' spot prices and capacity scores (controller/prices.py): no resource-level permissions ("*").
+PRICE_ACTIONS = ["ec2:DescribeSpotPriceHistory", "ec2:GetSpotPlacementScores"]
 # The only objects the controller writes, relative to the run folder.
 # The record and its events; the run's deadline when no machine has written it yet, and TIMED_OUT when
-# the deadline passed with no machine to end the run (controller/tick.py).
-WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT)
+# the deadline passed with no machine to end the run (controller/tick.py); the price cache, and a folder of decision
+# tables (controller/prices.py, controller/table.py).
+WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT, layout.PRICES_KEY)
+WRITE_PREFIXES = (layout.DECISIONS_PREFIX,)
 
 
 def function_name(name: str) -> str:
@@ -116,7 +120,8 @@ class PlacementControllerArgs:
 
 def function_policy(*, partition: pulumi.Input[str], account_id: pulumi.Input[str], bucket_arn: pulumi.Input[str],
                     run_id: str, nodes: int, groups: list[tuple[str, str]]) -> pulumi.Output[str]:
-    """The function's permissions: the run folder, the placement record, the groups' reads and sizes."""
+    """The function's permissions: the run folder, the placement record, the price cache and decision tables, the
+    groups' reads and sizes, the spot prices."""
     run_prefix = layout.run_prefix(run_id).rstrip("/")
     statements = [
         {"Sid": "ListRunFolder", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket_arn,
@@ -124,7 +129,8 @@ def function_policy(*, partition: pulumi.Input[str], account_id: pulumi.Input[st
         {"Sid": "ReadRunFolder", "Effect": "Allow", "Action": "s3:GetObject",
          "Resource": pulumi.Output.concat(bucket_arn, f"/{run_prefix}/*")},
         {"Sid": "WritePlacement", "Effect": "Allow", "Action": "s3:PutObject",
-         "Resource": [pulumi.Output.concat(bucket_arn, f"/{run_prefix}/{key}") for key in WRITES]},
+         "Resource": [pulumi.Output.concat(bucket_arn, f"/{run_prefix}/{key}") for key in WRITES]
+         + [pulumi.Output.concat(bucket_arn, f"/{run_prefix}/{prefix}*") for prefix in WRITE_PREFIXES]},
         {"Sid": "ReadGroups", "Effect": "Allow", "Action": READ_GROUP_ACTIONS, "Resource": "*"},
         {
             # Sizes no larger than the run's: a request must send MinSize and MaxSize (a missing key
@@ -136,6 +142,9 @@ def function_policy(*, partition: pulumi.Input[str], account_id: pulumi.Input[st
             "Condition": {"NumericLessThanEquals": {"autoscaling:MinSize": str(nodes),
                                                     "autoscaling:MaxSize": str(nodes)}},
         },
+        # No resource: the placements' regions (ec2:Region, the calls' one condition key) narrow them.
+        {"Sid": "ReadSpotPrices", "Effect": "Allow", "Action": PRICE_ACTIONS, "Resource": "*",
+         "Condition": {"StringEquals": {"ec2:Region": sorted({region for region, _name in groups})}}},
     ]
     return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})
 

@@ -17,7 +17,8 @@ notices are GCP's, reached with its own service account.
 
 `ControllerRole` is the same trust the other way round: a GCP home's controller function (its service
 account's ID tokens for `controller_audience`) reaching the stack's AWS placements' groups
-(`controller.grants.aws_group_policy`: read them, size them up to the run's nodes), nothing in S3.
+(`controller.grants.aws_group_policy`: read them, size them up to the run's nodes, read their spot prices),
+nothing in S3.
 """
 
 from __future__ import annotations

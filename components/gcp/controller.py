@@ -44,8 +44,10 @@ MEMORY = "256Mi"
 GROUP_PERMISSIONS = ["compute.instanceGroupManagers.get", "compute.instanceGroupManagers.list",
                      "compute.instanceGroupManagers.update"]
 # The only objects the controller writes, relative to the run folder: the record and its events; the run's deadline when no machine has written it yet, and TIMED_OUT when
-# the deadline passed with no machine to end the run (controller/tick.py).
-WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT)
+# the deadline passed with no machine to end the run (controller/tick.py); the price cache, and a folder of decision
+# tables (controller/prices.py, controller/table.py).
+WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT, layout.PRICES_KEY)
+WRITE_PREFIXES = (layout.DECISIONS_PREFIX,)
 # What building the function needs, as its own account (Google's "custom service account for Cloud Build" page
 # for Cloud Run functions: Logs Writer, Artifact Registry Writer, and storage for the source), each on the
 # narrowest resource that takes a grant. Build logs are written project-wide. The image goes to a repository of
@@ -67,8 +69,10 @@ BUILD_LOG_ROLE = "roles/logging.logWriter"
 BUILD_IMAGE_ROLE = "roles/artifactregistry.writer"
 BUILD_SOURCE_ROLE = "roles/storage.objectViewer"
 SOURCE_OBJECT = f"{layout.CODE_PREFIX}controller.zip"
-# APIs the function needs on top of the stack's own (turned on only for a stack of several placements).
-APIS = ("cloudfunctions.googleapis.com", "cloudbuild.googleapis.com", "run.googleapis.com")
+# APIs the function needs on top of the stack's own (turned on only for a stack of several placements); the Cloud
+# Billing API answers the Spot prices of the GCP placements (controller/prices.py: the Catalog, no IAM role).
+APIS = ("cloudfunctions.googleapis.com", "cloudbuild.googleapis.com", "run.googleapis.com",
+        "cloudbilling.googleapis.com")
 
 
 @dataclass(kw_only=True)
@@ -116,11 +120,13 @@ class PlacementControllerArgs:
 
 
 def written_condition(bucket: pulumi.Input[str], run_id: str) -> pulumi.Output[str]:
-    """CEL: exactly the objects the controller writes in the run folder."""
+    """CEL: exactly the objects the controller writes in the run folder, and those in its folders of them."""
     run_prefix = layout.run_prefix(run_id)
     parts: list[pulumi.Input[str]] = []
     for i, key in enumerate(WRITES):
         parts += [" || " if i else "", 'resource.name == "projects/_/buckets/', bucket, f'/objects/{run_prefix}{key}"']
+    for prefix in WRITE_PREFIXES:
+        parts += [' || resource.name.startsWith("projects/_/buckets/', bucket, f'/objects/{run_prefix}{prefix}")']
     return pulumi.Output.concat(*parts)
 
 

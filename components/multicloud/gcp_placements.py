@@ -24,9 +24,12 @@ from components.settings import Settings
 from components.tags import aws_tags, gcp_labels
 
 # A GCP placement's project: the APIs its resources live in (after the Resource Manager API, through which
-# the others are turned on), and STS and IAM Credentials, which the controller's federation goes through.
+# the others are turned on), STS and IAM Credentials, which the controller's federation goes through, and the
+# Cloud Billing API, whose catalog the controller reads the placement's Spot prices from as the account it
+# impersonates there (the account's project is the one the call counts against).
 GCP_PLACEMENT_APIS = (gcp_naming.RESOURCE_MANAGER_API, "cloudscheduler.googleapis.com", "compute.googleapis.com",
-                      "iam.googleapis.com", "iamcredentials.googleapis.com", "sts.googleapis.com")
+                      "iam.googleapis.com", "iamcredentials.googleapis.com", "sts.googleapis.com",
+                      "cloudbilling.googleapis.com")
 
 
 class GcpPlacements:

@@ -27,6 +27,7 @@ from pydantic.alias_generators import to_camel
 
 from components import config_shared
 from components.settings.errors import NO_SECRETS, keyed
+from controller.cost import DEFAULT_MOVE_FLOOR_USD, DEFAULT_MOVE_FRACTION
 from trainer.config import TrainConfig
 
 BLOCKS = ("run", "compute", "image", "storage", "access", "placement")
@@ -399,6 +400,19 @@ class PlacementPolicySettings(_Block):
                                       "unreserved minimum (100, or all of a new account's 10), and a tick delivered "
                                       "twice is safe without it (placement.json's conditional writes); `ops preflight` "
                                       "checks the account's room when it is on.")
+    choose: Literal["cheapest", "inOrder"] = Field(
+        "cheapest", description="How the run picks a placement at a restart: the least expected cost to finish "
+                                "(cheapest), or the listed order (inOrder). Validated, not yet acted on: the "
+                                "controller follows the listed order (docs/placements.md).")
+    rebalance: bool = Field(False, description="Allow a move for price while a machine trains, right after a commit "
+                                               "(default: a training machine is never stopped for price). Validated, "
+                                               "not yet acted on.")
+    move_floor_usd: float = Field(DEFAULT_MOVE_FLOOR_USD, ge=0, le=1e6,
+                                  description="A move for price must save more than this many USD of the expected "
+                                              "cost to finish.")
+    move_fraction: float = Field(DEFAULT_MOVE_FRACTION, ge=0, le=1,
+                                 description="A move for price must save more than this share of the active "
+                                             "placement's expected cost to finish (0.1: 10 %).")
 
 
 class Settings(_Block):

@@ -20,6 +20,10 @@ WILDCARD_RESOURCE_ACTIONS: dict[str, str] = {
     "ec2:DescribeTags": "EC2 Describe* calls support no resource-level permission",
     "ec2:DescribeSpotInstanceRequests": "EC2 Describe* calls support no resource-level permission",
     "cloudwatch:PutMetricData": "CloudWatch metrics take no resource; scope with the cloudwatch:namespace condition",
+    "ec2:DescribeSpotPriceHistory": "EC2 Describe* calls support no resource-level permission (the placement "
+                                    "controller's spot prices)",
+    "ec2:GetSpotPlacementScores": "EC2's spot placement scores take no resource (the placement controller's "
+                                  "capacity signal)",
 }
 
 

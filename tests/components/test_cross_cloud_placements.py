@@ -76,7 +76,8 @@ def test_the_gcp_group_is_in_its_project_at_zero_with_its_own_service_account():
     assert not [m for m in r.resources if m["type"].startswith("gcp:storage/")]
     # The project's APIs are turned on, the token exchange's among them.
     services = {s["inputs"]["service"] for s in r.of_type("gcp:projects/service:Service")}
-    assert {"compute.googleapis.com", "sts.googleapis.com", "iamcredentials.googleapis.com"} <= services
+    assert {"compute.googleapis.com", "sts.googleapis.com", "iamcredentials.googleapis.com",
+            "cloudbilling.googleapis.com"} <= services  # the last for the controller's Spot prices
 
 
 def test_the_gcp_machines_env_names_the_s3_store_and_the_role_their_token_assumes():

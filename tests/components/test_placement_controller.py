@@ -135,7 +135,7 @@ def _policy(r: synth.Result, name: str) -> dict:
 
 # What the controller writes in the run folder: its record and events, the deadline (when no machine wrote
 # it first) and TIMED_OUT (a run past its deadline that no machine ended).
-WRITTEN = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT)
+WRITTEN = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT, layout.PRICES_KEY)
 
 
 def test_the_aws_function_reads_the_run_writes_only_its_record_and_sizes_only_these_groups_up_to_nodes():
@@ -145,7 +145,7 @@ def test_the_aws_function_reads_the_run_writes_only_its_record_and_sizes_only_th
     assert statements["ReadRunFolder"]["Resource"] == f"arn:aws:s3:::{bucket}/runs/exp-7/*"
     assert statements["ListRunFolder"]["Condition"] == {"StringLike": {"s3:prefix": ["runs/exp-7/", "runs/exp-7/*"]}}
     assert statements["WritePlacement"]["Resource"] == [
-        f"arn:aws:s3:::{bucket}/runs/exp-7/{key}" for key in WRITTEN]
+        f"arn:aws:s3:::{bucket}/runs/exp-7/{key}" for key in WRITTEN] + [f"arn:aws:s3:::{bucket}/runs/exp-7/decisions/*"]
     assert statements["SizeGroups"]["Resource"] == [
         f"arn:aws:autoscaling:{region}:{synth.FAKE_ACCOUNT}:autoScalingGroup:*:autoScalingGroupName/"
         f"{placement.group_name(HOME_GROUP, i)}" for i, region in enumerate(REGIONS["aws"])]
@@ -156,7 +156,9 @@ def test_the_aws_function_reads_the_run_writes_only_its_record_and_sizes_only_th
     # Nothing else: no delete, no other bucket, no write outside the record.
     actions = {a for s in statements.values() for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
     assert actions == {"s3:ListBucket", "s3:GetObject", "s3:PutObject", "autoscaling:DescribeAutoScalingGroups",
-                       "autoscaling:DescribeScalingActivities", "autoscaling:UpdateAutoScalingGroup"}
+                       "autoscaling:DescribeScalingActivities", "autoscaling:UpdateAutoScalingGroup",
+                       "ec2:DescribeSpotPriceHistory", "ec2:GetSpotPlacementScores"}
+    assert statements["ReadSpotPrices"]["Resource"] == "*"  # neither price call has resource-level permissions
     (logs,) = _policy(r, "trainstack-controller-logging")["Statement"]
     assert logs["Resource"].endswith(f":log-group:/aws/lambda/{HOME_GROUP}-controller:*")
     (invoke,) = _policy(r, "trainstack-controller-scheduler-policy")["Statement"]
@@ -184,7 +186,7 @@ def test_the_gcp_function_reads_the_run_writes_only_its_record_and_resizes_only_
     assert read["inputs"]["condition"]["expression"].endswith(f'startsWith("projects/_/buckets/{bucket}/objects/runs/exp-7/")')
     assert write["inputs"]["condition"]["expression"] == " || ".join(
         f'resource.name == "projects/_/buckets/{bucket}/objects/runs/exp-7/{key}"'
-        for key in WRITTEN)
+        for key in WRITTEN) + f' || resource.name.startsWith("projects/_/buckets/{bucket}/objects/runs/exp-7/decisions/")'
     groups = r.named("trainstack-controller-groups")
     assert groups["inputs"]["condition"]["expression"] == " || ".join(
         f'resource.name == "projects/my-proj-123/regions/{region}/instanceGroupManagers/'
@@ -198,7 +200,8 @@ def test_the_gcp_function_reads_the_run_writes_only_its_record_and_resizes_only_
     assert fn["inputs"]["serviceConfig"]["serviceAccountEmail"].startswith("tc-")
     # The function's APIs are turned on for this stack only (a one-placement stack's APIs stay as they were).
     apis = {x["inputs"]["service"] for x in r.of_type("gcp:projects/service:Service")}
-    assert {"cloudfunctions.googleapis.com", "cloudbuild.googleapis.com", "run.googleapis.com"} <= apis
+    assert {"cloudfunctions.googleapis.com", "cloudbuild.googleapis.com", "run.googleapis.com",
+            "cloudbilling.googleapis.com"} <= apis
 
 
 STAND_IN = '''"""A stand-in controller: answers with its configuration."""

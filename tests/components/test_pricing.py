@@ -338,3 +338,43 @@ def test_the_cost_so_far_counts_checkpoint_writes_for_the_time_spent_away_from_h
     total = cost.run_cost(events, now=cost.parse_time("2026-12-01T02:00:00+00:00"))
     machines_only = 2 * (float(machines[0]["TRAINSTACK_PRICE_PER_HOUR"]) + float(machines[2]["TRAINSTACK_PRICE_PER_HOUR"]))
     assert total.cost_usd == pytest.approx(machines_only + writes[2], abs=1e-3)
+
+
+def test_the_controller_is_given_each_placements_types_gpu_estimate_and_transfer_prices():
+    from controller import prices
+
+    s = load_settings(GCP_FROM_AWS_HOME, stack="moves")
+    home, west, gce = pricing.decision_inputs(s)
+    assert (home["instance_types"], home["gpu"], home["restore_per_gb"], home["writes_per_gb"]) == (
+        ["g5.xlarge"], "A10G", 0.0, 0.0)
+    assert home["estimate_per_hour"] == pytest.approx(1.006 * 0.4)  # the table's spot estimate
+    assert (west["gpu"], west["restore_per_gb"], west["writes_per_gb"]) == ("L4", 0.02, 0.02)
+    # GCE: S3 sends at AWS's internet price, GCE sends home at Google's; no maximum price; its machine's shape.
+    assert (gce["restore_per_gb"], gce["writes_per_gb"], gce["max_price_per_hour"]) == (0.09, 0.12, None)
+    assert gce["machines"] == [{"machine_type": "g2-standard-4", "vcpus": 4, "memory_gib": 16,
+                                "accelerator": "nvidia-l4", "gpus": 1}]
+    # The controller reads them back as what it prices.
+    offer = prices.offer(2, "gcp", "us-central1", gce, nodes=1)
+    assert offer.machines == (prices.GcpMachine("g2-standard-4", 4, 16, "nvidia-l4", 1),)
+    with pytest.raises(ValueError, match=r"^placements\[2\]\.pricing\.machines\[0\]: expected machine_type"):
+        prices.offer(2, "gcp", "us-central1", {**gce, "machines": [{"vcpus": 4}]})
+    with pytest.raises(ValueError, match=r"^placements\[0\]\.pricing\.instance_types: expected a non-empty list"):
+        prices.offer(0, "aws", "us-east-1", {**home, "instance_types": []})
+
+
+def test_every_gcp_gpu_machine_has_the_shape_the_billing_catalog_prices():
+    assert set(catalog.GCP_MACHINE_SHAPES) == set(catalog.GCP_GPU_MACHINES)
+    assert catalog.gcp_machine_shape("n1-highmem-8", "nvidia-tesla-t4", 2) == {
+        "machine_type": "n1-highmem-8", "vcpus": 8, "memory_gib": 52.0, "accelerator": "nvidia-tesla-t4", "gpus": 2}
+    assert catalog.gcp_machine_shape("a3-megagpu-8g")["accelerator"] == "nvidia-h100-mega-80gb"
+    assert catalog.gcp_machine_shape("z9-unknown-1") is None
+
+
+def test_every_gpu_tensorflow_can_use_has_a_relative_throughput():
+    from controller.cost import RELATIVE_THROUGHPUT
+
+    models = set(catalog.AWS_GPU_MODELS.values()) | set(catalog.GCP_GPU_MODELS.values()) | set(
+        catalog.GCP_N1_ACCELERATORS)
+    unusable = {"K80", "M60", "nvidia-tesla-k80"}  # TensorFlow 2.21 has no kernels for them (catalog.TF_UNUSABLE)
+    assert models - set(RELATIVE_THROUGHPUT) == unusable
+    assert set(RELATIVE_THROUGHPUT) <= models  # no figure for a GPU the stack cannot name

@@ -436,6 +436,16 @@ INVALID += [
      "home's function runs one instance at most already: remove it"),
     ("reserve-concurrency-not-bool", stack(trainstack_placement={"reserveConcurrency": "maybe"}),
      "placement.reserveConcurrency", "expected true or false"),
+    ("placement-choose-unknown", stack(trainstack_placement={"choose": "cheap"}), "placement.choose",
+     "'cheap': expected cheapest or inOrder"),
+    ("placement-rebalance-not-bool", stack(trainstack_placement={"rebalance": "sometimes"}), "placement.rebalance",
+     "expected true or false"),
+    ("placement-move-floor-negative", stack(trainstack_placement={"moveFloorUsd": -1}), "placement.moveFloorUsd",
+     "-1: expected 0 or more"),
+    ("placement-move-fraction-above-one", stack(trainstack_placement={"moveFraction": 1.5}), "placement.moveFraction",
+     "1.5: expected 1 or less"),
+    ("placement-move-fraction-bool", stack(trainstack_placement={"moveFraction": True}), "placement.moveFraction",
+     "not true/false"),
 ]
 
 VALID: list[tuple[str, dict[str, Any]]] = [
@@ -649,6 +659,13 @@ def test_program_config_is_validated_like_the_stack_file():
     # The list of placements and the placement block reach the program as the stack file gives them.
     s = _from_sdk({**cfg, "trainstack:placements": [HOME, WEST], "trainstack:placement": {"waitMinutes": 9}}, [])
     assert [p.region for p in s.placement_list] == ["us-east-1", "us-west-2"] and s.placement.wait_minutes == 9
+    # The cost keys: the defaults (cheapest, no rebalance, the controller's move threshold), or as given.
+    assert (s.placement.choose, s.placement.rebalance, s.placement.move_floor_usd, s.placement.move_fraction) == (
+        "cheapest", False, 1.0, 0.1)
+    s = _from_sdk({**cfg, "trainstack:placements": [HOME, WEST], "trainstack:placement": {
+        "choose": "inOrder", "rebalance": True, "moveFloorUsd": 5, "moveFraction": 0.25}}, [])
+    assert (s.placement.choose, s.placement.rebalance, s.placement.move_floor_usd, s.placement.move_fraction) == (
+        "inOrder", True, 5.0, 0.25)
     with pytest.raises(ConfigError) as info:
         _from_sdk({**cfg, "trainstack:placements": [HOME, {**WEST, "region": "us-west"}]}, [])
     assert info.value.key == "placements[1].region"

@@ -31,6 +31,9 @@ SIZE_GROUPS = {"Sid": "SizeGroups", "Effect": "Allow", "Action": ["autoscaling:U
                "Condition": {"NumericLessThanEquals": {"autoscaling:MinSize": "3", "autoscaling:MaxSize": "3"}}}
 READ_GROUPS = {"Sid": "ReadGroups", "Effect": "Allow", "Resource": "*",
                "Action": ["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeScalingActivities"]}
+READ_PRICES = {"Sid": "ReadSpotPrices", "Effect": "Allow", "Resource": "*",
+               "Action": ["ec2:DescribeSpotPriceHistory", "ec2:GetSpotPlacementScores"],
+               "Condition": {"StringEquals": {"ec2:Region": ["us-east-1", "us-west-2"]}}}
 
 
 def test_the_aws_function_may_read_its_run_write_its_own_objects_and_size_its_groups_up_to_nodes():
@@ -43,13 +46,14 @@ def test_the_aws_function_may_read_its_run_write_its_own_objects_and_size_its_gr
         {"Sid": "ReadRunFolder", "Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws-cn:s3:::b-1/runs/r-7/*"},
         {"Sid": "WritePlacement", "Effect": "Allow", "Action": "s3:PutObject", "Resource": [
             "arn:aws-cn:s3:::b-1/runs/r-7/placement.json", "arn:aws-cn:s3:::b-1/runs/r-7/machine-events/placement.jsonl",
-            "arn:aws-cn:s3:::b-1/runs/r-7/deadline", "arn:aws-cn:s3:::b-1/runs/r-7/TIMED_OUT"]},
-        READ_GROUPS, SIZE_GROUPS]}
+            "arn:aws-cn:s3:::b-1/runs/r-7/deadline", "arn:aws-cn:s3:::b-1/runs/r-7/TIMED_OUT",
+            "arn:aws-cn:s3:::b-1/runs/r-7/prices.json", "arn:aws-cn:s3:::b-1/runs/r-7/decisions/*"]},
+        READ_GROUPS, SIZE_GROUPS, READ_PRICES]}
 
 
 def test_the_role_a_gcp_home_assumes_in_aws_holds_the_groups_part_only():
     assert grants.aws_group_policy(groups=GROUPS, nodes=3, account_id="123456789012", partition="aws-cn") == {
-        "Version": "2012-10-17", "Statement": [READ_GROUPS, SIZE_GROUPS]}
+        "Version": "2012-10-17", "Statement": [READ_GROUPS, SIZE_GROUPS, READ_PRICES]}
     named_x = grants.aws_policy(bucket="b", run_id="run-X", groups=[], nodes=1, account_id="1")
     assert named_x["Statement"][1]["Resource"] == "arn:aws:s3:::b/runs/run-X/*"  # only the slash goes
     default = grants.aws_group_policy(groups=GROUPS[:1], nodes=1, account_id="123456789012")
@@ -62,7 +66,9 @@ def test_the_role_a_gcp_home_assumes_in_aws_holds_the_groups_part_only():
 def test_the_gcp_groups_account_may_read_and_resize_groups_and_nothing_of_the_bucket():
     assert grants.GCP_GROUP_PERMISSIONS == ("compute.instanceGroupManagers.get", "compute.instanceGroupManagers.list",
                                             "compute.instanceGroupManagers.update")
-    assert grants.WRITES == (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT)
+    assert grants.WRITES == (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT,
+                             layout.PRICES_KEY)
+    assert grants.WRITE_PREFIXES == (layout.DECISIONS_PREFIX,)
 
 
 @pytest.fixture
@@ -148,3 +154,20 @@ def test_the_jobs_command_says_a_bad_configuration_in_one_line_and_exits_2(monke
 
     out = capsys.readouterr()
     assert out.err == says + "\n" and out.out == "" and in_memory.calls == []
+
+
+def test_parliament_finds_nothing_in_the_policy_and_the_price_calls_take_no_resource_but_their_region():
+    import pathlib
+
+    import parliament
+    from parliament import analyze_policy_string
+
+    policy = grants.aws_policy(bucket="b-1", run_id="r-7", groups=GROUPS, nodes=1, account_id="123456789012")
+    assert [(f.issue, f.detail) for f in analyze_policy_string(json.dumps(policy)).findings] == []
+    definition = json.loads((pathlib.Path(parliament.__file__).parent / "iam_definition.json").read_text())
+    (ec2,) = [s for s in definition if s["prefix"] == "ec2"]
+    found = {p["privilege"]: p["resource_types"] for p in ec2["privileges"]}
+    for action in grants.PRICE_ACTIONS:
+        assert found[action.split(":")[1]] == [{"condition_keys": ["ec2:Region"], "dependent_actions": [],
+                                                "resource_type": ""}]
+    assert grants.price_statements([]) == []

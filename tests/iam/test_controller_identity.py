@@ -166,12 +166,44 @@ def test_the_controller_moves_and_finishes_with_its_own_policy_only(as_controlle
      "AccessDenied"),
     ("the bucket's other prefixes", lambda c: c.client("s3").list_objects_v2(Bucket=BUCKET, Prefix="runs/"),
      "AccessDenied"),
+    ("an EC2 read beside the prices", lambda c: c.client("ec2").describe_instances(), "UnauthorizedOperation"),
+    ("prices in a region no placement is in", lambda c: c.client("ec2", "eu-west-1").describe_spot_price_history(
+        InstanceTypes=["t3.micro"]), "UnauthorizedOperation"),
+    ("an object beside the price cache", lambda c: c.client("s3").put_object(
+        Bucket=BUCKET, Key=f"runs/{RUN_ID}/{layout.PRICES_KEY}.tmp", Body=b"{}"), "AccessDenied"),
+    ("another run's decisions", lambda c: c.client("s3").put_object(
+        Bucket=BUCKET, Key=f"runs/another-run/{layout.decision_key(0)}", Body=b"{}"), "AccessDenied"),
 ])
 def test_the_controller_can_do_nothing_else(controller, what, call, code):
     with pytest.raises(botocore.exceptions.ClientError) as e:
         call(controller)
     assert e.value.response["Error"]["Code"] == code, what
     assert controller.decisions()[-1][2] is not Decision.ALLOW
+
+
+def test_the_controller_reads_spot_prices_and_writes_its_cache_and_tables_with_its_own_policy_only(as_controller):
+    from controller import prices, table
+    from controller.prices import Offer
+
+    c = as_controller
+    now = time.time()
+    before = len(c.decisions())
+    p = c.config.placements[1]
+    offer = Offer(1, "aws", p.region, ("t3.micro",))
+    book = prices.PriceBook.open(open_store(c.config.run_uri))
+    book.update([offer], now=now, fetch=prices.live_fetch(Clouds(aws=AwsGroups()), {1: p}, now=now))
+    key = table.write(open_store(c.config.run_uri), {"rows": []}, now=now)
+
+    quote = book.quotes[offer.key]
+    assert (quote.source, quote.as_of) == ("aws", now) and quote.price is not None, quote.note  # moto's fixed price
+    assert quote.score is None  # moto has no placement scores: an answer it cannot give is no score
+    seen = c.decisions()[before:]
+    assert [(a, r) for a, r, d in seen if d is not Decision.ALLOW] == []
+    # The cache read (a missing object is told apart by a listing), the two price calls, the two writes.
+    assert {a for a, _r, _d in seen} == {"ec2:DescribeSpotPriceHistory", "ec2:GetSpotPlacementScores",
+                                         "s3:GetObject", "s3:ListBucket", "s3:PutObject"}
+    writes = sorted(r.split(f"runs/{RUN_ID}/", 1)[1] for a, r, _d in seen if a == "s3:PutObject")
+    assert writes == sorted([layout.PRICES_KEY, key])
 
 
 # -- a GCP-home controller's role in AWS (access.aws_role_arn) ---------------------------------------

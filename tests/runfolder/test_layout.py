@@ -54,3 +54,11 @@ def test_the_placement_events_are_read_with_the_machines_events():
     assert layout.PLACEMENT_EVENTS_KEY.startswith(layout.MACHINE_EVENTS_PREFIX)
     assert layout.MOVED not in layout.LIFECYCLE  # a move changes where the run trains, not its state
     assert layout.EVENT_FIELDS[layout.MOVED] == ("from", "to", "reason", "step")
+
+
+def test_decision_tables_are_named_by_their_utc_time_and_sort_by_it():
+    first, second = layout.decision_key(1_765_000_000.25), layout.decision_key(1_765_000_000.5)
+    assert first == "decisions/20251206T054640.250000Z.json"
+    assert first.startswith(layout.DECISIONS_PREFIX) and sorted([second, first]) == [first, second]
+    # The wider run folder's listing sees neither the cache nor the tables as a machine's or a checkpoint's.
+    assert not layout.is_checkpoint_key(first) and not layout.PRICES_KEY.startswith(layout.MACHINE_EVENTS_PREFIX)
