@@ -208,6 +208,11 @@ LINES = {
     'wait-minutes-bool': 'trainstack:placement.waitMinutes: True: expected a number, not true/false',
     'reserve-concurrency-on-gcp': "trainstack:placement.reserveConcurrency: true: reserves concurrency for an AWS home's Lambda function only; a GCP home's function runs one instance at most already: remove it",
     'reserve-concurrency-not-bool': "trainstack:placement.reserveConcurrency: 'maybe': expected true or false",
+    'placement-choose-unknown': "trainstack:placement.choose: 'cheap': expected cheapest or inOrder",
+    'placement-rebalance-not-bool': "trainstack:placement.rebalance: 'sometimes': expected true or false",
+    'placement-move-floor-negative': 'trainstack:placement.moveFloorUsd: -1: expected 0 or more',
+    'placement-move-fraction-above-one': 'trainstack:placement.moveFraction: 1.5: expected 1 or less',
+    'placement-move-fraction-bool': 'trainstack:placement.moveFraction: True: expected a number, not true/false',
     'placement-not-block': 'trainstack:placement: [15]: expected a block of keys',
 }
 
