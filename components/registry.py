@@ -194,10 +194,15 @@ def _anonymous_token(challenge: str, loc: Where, timeout: float) -> str:
 # ---- the seam: where a tag's digest comes from
 
 
-def synth_digest(repository: str, tag: str) -> str:
-    """`ops synth`'s stand-in: a digest that depends only on the reference (no registry is asked)."""
-    SYNTH_LOOKUPS.get().append((repository, tag, where(repository).manifest_url(tag)))
+def stand_in(repository: str, tag: str) -> str:
+    """The stand-in digest of `repository:tag` under the mocks: it depends only on the reference."""
     return "sha256:" + hashlib.sha256(f"synth stand-in for {repository}:{tag}".encode()).hexdigest()
+
+
+def synth_digest(repository: str, tag: str) -> str:
+    """`ops synth`'s lookup: no registry is asked; the stand-in, recorded with where `pulumi up` would ask."""
+    SYNTH_LOOKUPS.get().append((repository, tag, where(repository).manifest_url(tag)))
+    return stand_in(repository, tag)
 
 
 DIGEST_SOURCE: contextvars.ContextVar[Callable[[str, str], str]] = contextvars.ContextVar(

@@ -132,7 +132,15 @@ def image_lines(result: Result, settings: config.Settings) -> list[str]:
                  f"runs that digest; synth used a stand-in (pin one with image.digest)"
                  for repo, tag, url in result.digest_lookups]
     if image.build:
-        lines.append("image.build: the machines run the pushed image by its digest, built FROM the one above")
+        from datetime import date
+
+        from components import findings
+
+        scanner = {"aws": "ECR's scan", "gcp": "Artifact Analysis"}[settings.cloud]
+        lines.append("image.build: the machines run the pushed image by its digest, built FROM the one above, once "
+                     f"{scanner} of it has no finding at or above image.maxSeverity {image.max_severity} "
+                     f"(waited for up to image.scanWaitMinutes {image.scan_wait_minutes} min; synth cannot see findings)")
+        lines += findings.allowance_lines(image.allow_findings, date.today())
     return lines
 
 

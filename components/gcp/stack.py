@@ -217,7 +217,7 @@ class TrainingStack(StackOutputs):
         s = self._args.settings
         return image_refs(s, lambda: TrainerImage(
             f"{self._stem}-image", TrainerImageArgs(
-                repository_url=repo.url, base_image=s.image.reference, user_code_dir=user_code_dir(s),
+                repository_url=repo.url, base_image=s.image.reference, user_code_dir=user_code_dir(s), gate=s.image,
                 mirrors=[ImageMirror(repository_url=m.url, provider=self._regional[i]) for i, m in mirrors.items()]),
             opts=self._at_home,
         ).refs)
