@@ -96,3 +96,14 @@ def test_synth_says_what_the_gate_will_judge_and_which_exception_has_expired():
     expired = findings.allowance_lines([scan_gate._allowed({"allow_findings": [ALLOW]})[0]], TODAY + timedelta(days=40))
     assert expired == [f"image.allowFindings[0]: CVE-2024-3094 EXPIRED on {ALLOW['expires']}: blocks like any finding "
                        f"({ALLOW['reason']})"]
+
+
+def test_a_gcp_stack_that_builds_turns_on_the_scanning_its_gate_reads_and_one_that_does_not_leaves_it():
+    def services(r) -> set[str]:
+        return {x["inputs"]["service"] for x in r.of_type("gcp:projects/service:Service")}
+
+    built = services(synth.synthesize(_stack("gcp"), stack="unit"))
+    plain = services(synth.synthesize({k: v for k, v in _stack("gcp").items() if k != "image"}, stack="unit"))
+    assert {"containerscanning.googleapis.com", "containeranalysis.googleapis.com"} <= built
+    assert not {"containerscanning.googleapis.com", "containeranalysis.googleapis.com"} & plain
+    assert "artifactregistry.googleapis.com" in plain
