@@ -107,3 +107,18 @@ def test_a_gcp_stack_that_builds_turns_on_the_scanning_its_gate_reads_and_one_th
     assert {"containerscanning.googleapis.com", "containeranalysis.googleapis.com"} <= built
     assert not {"containerscanning.googleapis.com", "containeranalysis.googleapis.com"} & plain
     assert "artifactregistry.googleapis.com" in plain
+
+
+def test_the_gcp_reader_asks_the_repositorys_project_with_the_deployers_credentials(monkeypatch):
+    import google.auth
+
+    from components.gcp import scan
+
+    asked = {}
+    monkeypatch.setattr(google.auth, "default", lambda scopes: (asked.update(scopes=scopes) or "creds", "p"))
+    monkeypatch.setattr(scan, "client", lambda credentials: asked.update(credentials=credentials) or "api")
+    monkeypatch.setattr(scan, "read", lambda api, **kw: asked.update(api=api, **kw) or Scan(done=True))
+    url = "us-central1-docker.pkg.dev/my-proj-123/trainstack-unit/trainer"
+    scan_gate._reader(_props(cloud="gcp", repository_url=url, registry_id=""))()
+    assert asked == {"scopes": ["https://www.googleapis.com/auth/cloud-platform"], "credentials": "creds", "api": "api",
+                     "project": "my-proj-123", "repository_url": url, "digest": DIGEST}

@@ -42,3 +42,16 @@ def test_a_digest_in_the_stack_file_is_what_every_machine_runs_and_no_registry_i
     assert _machine_image(result) == f"tensorflow/tensorflow@{digest}"
     assert result.digest_lookups == []
     assert synth.image_lines(result, source.settings) == [f"image: tensorflow/tensorflow@{digest} (image.digest)"]
+
+
+def test_the_synth_command_prints_where_the_digest_comes_from(tmp_path, capsys):
+    import argparse
+
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "Pulumi.t.yaml").write_text(yaml.safe_dump({"config": {
+        "trainstack:cloud": "aws", "trainstack:region": "us-east-1", "trainstack:run": {"synthetic": True}}}))
+    args = argparse.Namespace(stack="t", out=str(tmp_path / "out"), stacks_dir=str(tmp_path / "stacks"), offline=True)
+    assert synth.cmd_synth(args) == 0
+    out = capsys.readouterr().out
+    assert ("image: tensorflow/tensorflow:2.21.0-gpu: `pulumi up` resolves the tag to its digest at "
+            "https://registry-1.docker.io/v2/tensorflow/tensorflow/manifests/2.21.0-gpu") in out
