@@ -42,6 +42,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from email.message import Message
 
 from components.settings import ConfigError
 
@@ -147,18 +148,20 @@ def _lookup(loc: Where, tag: str, timeout: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _request(method: str, url: str, token: str | None, timeout: float) -> tuple[int, dict, bytes]:
+def _request(method: str, url: str, token: str | None, timeout: float) -> tuple[int, Message, bytes]:
+    """(status, headers, body): the headers as sent, read without regard to case (Docker Hub sends
+    `docker-content-digest` and `www-authenticate` in lower case)."""
     # Only http(s) URLs reach here: the manifest's (Where.base) and a realm _anonymous_token checked.
     req = urllib.request.Request(url, method=method, headers={"Accept": ", ".join(MANIFEST_TYPES)})  # noqa: S310
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (http(s) URLs built above)
-            return resp.status, dict(resp.headers), resp.read() if method == "GET" else b""
+            return resp.status, resp.headers, resp.read() if method == "GET" else b""
     except urllib.error.HTTPError as e:
         if e.code == 429 or e.code >= 500:
             raise _Passing(f"{urllib.parse.urlsplit(url).netloc} answered HTTP {e.code}") from e
-        return e.code, dict(e.headers), b""
+        return e.code, e.headers, b""
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise _Passing(f"cannot reach {urllib.parse.urlsplit(url).netloc}: {reason}") from e

@@ -9,6 +9,7 @@ import json
 import threading
 import uuid
 from collections.abc import Iterator
+from email.message import Message
 
 import pytest
 
@@ -102,13 +103,14 @@ class _Hub(http.server.BaseHTTPRequestHandler):
             self.wfile.write(body)
         elif self.headers.get("Authorization") != "Bearer anon-token":
             self.send_response(401)
-            self.send_header("WWW-Authenticate", f'Bearer realm="http://127.0.0.1:{port}/token",'
+            # Docker Hub's own spelling: header names in lower case.
+            self.send_header("www-authenticate", f'Bearer realm="http://127.0.0.1:{port}/token",'
                              'service="registry.docker.io",scope="repository:tensorflow/tensorflow:pull"')
             self.send_header("Content-Length", "0")
             self.end_headers()
         else:
             self.send_response(200)
-            self.send_header("Docker-Content-Digest", cls.digest)
+            self.send_header("docker-content-digest", cls.digest)
             self.send_header("Content-Length", "0")
             self.end_headers()
 
@@ -158,7 +160,9 @@ def test_a_token_realm_off_https_is_refused_before_it_is_asked(realm, monkeypatc
 
     def answer(method, url, token, timeout):
         asked.append(url)
-        return 401, {"WWW-Authenticate": f'Bearer realm="{realm}",service="s"'}, b""
+        headers = Message()
+        headers["WWW-Authenticate"] = f'Bearer realm="{realm}",service="s"'
+        return 401, headers, b""
 
     monkeypatch.setattr(registry, "_request", answer)
     with pytest.raises(registry.RegistryError, match="names a token realm that is not https"):
