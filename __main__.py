@@ -15,7 +15,11 @@ except config.ConfigError as e:
 # components.aws / components.gcp: same class names, imported only for the clouds the placements use
 # (each provider SDK takes seconds to load); components.multicloud names and builds every placement.
 # storage.adopt: import the bucket an earlier `pulumi destroy` kept, instead of creating it.
-stack = multicloud.training_stack("trainstack", settings, project=pulumi.get_project(),
-                                  adopt_bucket=settings.storage.adopt)
+try:
+    stack = multicloud.training_stack("trainstack", settings, project=pulumi.get_project(),
+                                      adopt_bucket=settings.storage.adopt)
+except config.ConfigError as e:
+    # The image's tag that no registry resolves to a digest: one line, before any resource is registered.
+    raise pulumi.RunError(str(e)) from None
 for key, value in stack.exports().items():
     pulumi.export(key, value)

@@ -21,12 +21,14 @@ import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pulumi
 import pulumi_docker_build as docker_build
 
 from components import project
 from components.project import RUNFOLDER_DIR, TRAINER_DIR
+from components.scan_gate import ScanGate
 from runfolder import layout
 
 BUILD_DIR = project.BUILD_DIR / "code"
@@ -321,6 +323,9 @@ class TrainerImageArgs:
     mirrors: list[ImageMirror] = field(default_factory=list)
     """The other placements' repositories, each in its region: the same image is pushed to each, and
     their machines pull it from there (`refs`)."""
+    gate: Any = None
+    """The stack's ImageSettings: the pushed digest reaches `refs` only through the scan's gate
+    (components/scan_gate.py: image.maxSeverity, image.allowFindings, image.scanWaitMinutes); None: no gate."""
 
 
 class TrainerImageBase(pulumi.ComponentResource):
@@ -331,6 +336,7 @@ class TrainerImageBase(pulumi.ComponentResource):
     """
 
     TYPE = ""
+    CLOUD = ""
     image: docker_build.Image
     tag: str
     """The content tag, trainer-<hash>."""
@@ -358,9 +364,14 @@ class TrainerImageBase(pulumi.ComponentResource):
             parent=self,
         )
         self.digest = self.image.digest
-        self.ref = pulumi.Output.concat(args.repository_url, "@", self.image.digest)
+        if args.gate is not None:
+            # The home repository's scan judges the one digest every mirror holds.
+            self.digest = ScanGate(f"{name}-scan-gate", cloud=self.CLOUD, repository_url=args.repository_url,
+                                   digest=self.image.digest, image=args.gate, registry_id=args.registry_id,
+                                   opts=pulumi.ResourceOptions(parent=self)).digest
+        self.ref = pulumi.Output.concat(args.repository_url, "@", self.digest)
         # The one digest in each mirror: every placement pulls the same image from its own region.
-        self.refs = [self.ref] + [pulumi.Output.concat(m.repository_url, "@", self.image.digest)
+        self.refs = [self.ref] + [pulumi.Output.concat(m.repository_url, "@", self.digest)
                                   for m in args.mirrors]
         self.register_outputs({"digest": self.digest, "ref": self.ref})
 

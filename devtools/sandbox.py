@@ -44,6 +44,18 @@ def settings_for(cloud: str = "aws", **run):
     return load_settings(raw, stack="sandbox")
 
 
+# The digest a sandbox's image is pinned by when its settings give none: what `pulumi up` resolves the
+# tag to (components/registry.py), here a stand-in, since the sandbox's docker is a fake.
+SANDBOX_DIGEST = "sha256:" + "5a" * 32
+
+
+def pinned(settings):
+    """`settings` with its image pinned by digest, as `pulumi up` pins it (the one given, else SANDBOX_DIGEST)."""
+    if settings.image.digest:
+        return settings
+    return settings.model_copy(update={"image": settings.image.model_copy(update={"digest": SANDBOX_DIGEST})})
+
+
 def make_group(run, size: int) -> str:
     """An Auto Scaling group of `size` machines on the moto_server that `run` (a `devtools.servers.Run`) is on; its name."""
     ep = run.vars["AWS_ENDPOINT_URL"]
@@ -100,7 +112,7 @@ class Sandbox:
             wrapper = self.bin / name
             wrapper.write_text(cli_server.wrapper(name, FAKES))
             wrapper.chmod(0o755)
-        env = boot_env(settings or settings_for(), run_uri=run.uri, group=group, code_uri=code_uri)
+        env = boot_env(pinned(settings or settings_for()), run_uri=run.uri, group=group, code_uri=code_uri)
         # The watcher polls the metadata service each second (5 s on a machine): a poll is two
         # metadata reads (a curl each, about 20 ms of CPU in all), and at 0.2 s the watcher alone
         # took 2.7 s of CPU in 20 s of a test's wait when a read was a dozen short processes,

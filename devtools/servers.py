@@ -1,5 +1,5 @@
-"""Local stand-ins as child processes on 127.0.0.1: moto_server (S3), gcp-storage-emulator (GCS), free ports;
-and `Run`, a run root on one of them.
+"""Local stand-ins as child processes on 127.0.0.1: moto_server (S3), gcp-storage-emulator (GCS), an OCI
+registry (Debian's `docker-registry`, distribution 2.8.2), free ports; and `Run`, a run root on one of them.
 
 `tests/fixtures/emulators.py` wraps these in pytest fixtures; `bench/` starts them directly,
 so the two start them one way. A server is found only through the URL it is given
@@ -139,3 +139,22 @@ def start_gcs_emulator() -> Server:
     return Server("gcp-storage-emulator",
                   lambda port: [exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"],
                   "/storage/v1/b")
+
+
+def start_registry(root: Path) -> Server:
+    """Start Debian's `docker-registry` (distribution) on a free port of 127.0.0.1, its blobs under `root`;
+    `.url` is its base URL, and `127.0.0.1:<port>/<name>` an image repository on it (plain HTTP)."""
+    exe = shutil.which("docker-registry")
+    if not exe:
+        raise RuntimeError("docker-registry is not installed; run .ci/setup (Debian package docker-registry)")
+
+    def argv(port: int) -> list[str]:
+        config = root / f"registry-{port}.yml"
+        config.write_text(
+            "version: 0.1\nlog:\n  level: error\n"
+            f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"
+            f"http:\n  addr: 127.0.0.1:{port}\n"
+        )
+        return [exe, "serve", str(config)]
+
+    return Server("docker-registry", argv, "/v2/")

@@ -30,7 +30,7 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_in_stack
 from pulumi.runtime.sync_await import _ensure_event_loop
 
-from components import userdata
+from components import registry, userdata
 from components.project import PROGRAM, PULUMI_YAML, ROOT
 from ops.fakes import Mocks, jsonable, urn_name
 from ops.fakes.aws import LAUNCH_TEMPLATE
@@ -67,6 +67,9 @@ class Result:
     """[{"token", "args", "provider"}]: the lookups the program made."""
     mock_values: set[str] = field(default_factory=set)
     """Ids and values the fake cloud made up (ARNs, AMI, subnets, account): never the user's real ones."""
+    digest_lookups: list[tuple[str, str, str]] = field(default_factory=list)
+    """(repository, tag, manifest URL) of each image tag `pulumi up` would resolve to its digest there
+    (components/registry.py); synth put a stand-in digest in its place."""
 
     def of_type(self, type_token: str) -> list[dict[str, Any]]:
         """The resources of one type token, e.g. aws:s3/bucket:Bucket."""
@@ -185,6 +188,8 @@ def run_program(sdk_config: Mapping[str, str], *, stack: str, region: str, gcp_p
 def _run(sdk_config: dict[str, str], stack: str, region: str, gcp_project: str) -> Result:
     mocks = Mocks(region, gcp_project)
     monitor = _Monitor(mocks)
+    # No registry is reached offline: a tag's digest is a stand-in, and the run records where it would come from.
+    lookups = registry.use_synth_digests()
     install_mock_runtime(monitor, sdk_config, project=project_name(), stack=stack)
     loop = asyncio.new_event_loop()
     # A failed program leaves futures whose errors are already raised from the run itself.
@@ -212,7 +217,7 @@ def _run(sdk_config: dict[str, str], stack: str, region: str, gcp_project: str) 
         elif r["type"] == INSTANCE_TEMPLATE and (r["inputs"].get("metadata") or {}).get("user-data"):
             user_data[r["name"]] = r["inputs"]["metadata"]["user-data"]
     return Result(resources=resources, outputs=jsonable(monitor.stack_outputs), user_data=user_data, invokes=mocks.invokes,
-                  mock_values=set(mocks.made))
+                  mock_values=set(mocks.made), digest_lookups=list(lookups))
 
 
 def _resolve_parents(monitor: _Monitor) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from ops.mockrun import ProgramError, Result, project_name, run_program
 __all__ = [
     "DOCKER_IMAGE", "FAKE_ACCOUNT", "FAKE_AMI", "FAKE_GCP_IMAGE", "FAKE_VPC", "INSTANCE_TEMPLATE", "LAUNCH_TEMPLATE",
     "PROGRAM", "ROOT", "STACKS_DIR", "ProgramError", "Result", "Source", "cmd_synth", "config_for_sdk", "load_source",
-    "federated_subjects", "function_environments", "plan", "project_name", "subject_problem", "register", "run_program", "stack_names", "synthesize", "write",
+    "federated_subjects", "function_environments", "image_lines", "plan", "project_name", "subject_problem", "register", "run_program", "stack_names", "synthesize", "write",
 ]
 
 
@@ -119,6 +119,29 @@ def plan(result: Result, settings: config.Settings, *, ask_prices: bool = True) 
 
 # A workload identity pool's provider: its attribute mapping gives each federated caller's `google.subject`.
 POOL_PROVIDER = "gcp:iam/workloadIdentityPoolProvider:WorkloadIdentityPoolProvider"
+
+
+def image_lines(result: Result, settings: config.Settings) -> list[str]:
+    """Where the digest every machine runs comes from: `image.digest`, or the registry at `pulumi up`
+    (synth cannot ask it: the digest in what it wrote is a stand-in)."""
+    image = settings.image
+    if image.digest:
+        lines = [f"image: {image.repository}@{image.digest} (image.digest)"]
+    else:
+        lines = [f"image: {repo}:{tag}: `pulumi up` resolves the tag to its digest at {url} and every machine "
+                 f"runs that digest; synth used a stand-in (pin one with image.digest)"
+                 for repo, tag, url in result.digest_lookups]
+    if image.build:
+        from datetime import date
+
+        from components import findings
+
+        scanner = {"aws": "ECR's scan", "gcp": "Artifact Analysis"}[settings.cloud]
+        lines.append("image.build: the machines run the pushed image by its digest, built FROM the one above, once "
+                     f"{scanner} of it has no finding at or above image.maxSeverity {image.max_severity} "
+                     f"(waited for up to image.scanWaitMinutes {image.scan_wait_minutes} min; synth cannot see findings)")
+        lines += findings.allowance_lines(image.allow_findings, date.today())
+    return lines
 
 
 def federated_subjects(result: Result) -> list[tuple[str, int]]:
@@ -220,6 +243,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
         for name, size in environments:
             print(f"{name}: environment variables take {size} of Lambda's {ENVIRONMENT_MAX_BYTES} bytes")
+    for line in image_lines(result, source.settings):
+        print(line)
     print()
     print(plan(result, source.settings, ask_prices=not args.offline), end="")
     return EXIT_OK

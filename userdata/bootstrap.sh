@@ -311,6 +311,7 @@ image_wait() {
 
 image() {
   [[ -e "$RUNTIME_DIR/image.ready" ]] && return 0
+  image_pinned
   if docker image inspect "$TRAINSTACK_IMAGE" >/dev/null 2>&1; then
     log "image $TRAINSTACK_IMAGE already on disk"
   else
@@ -318,7 +319,27 @@ image() {
     retry 3 registry_login || die "cannot log in to the registry of $TRAINSTACK_IMAGE"
     retry 5 docker pull -q "$TRAINSTACK_IMAGE" || die "cannot pull $TRAINSTACK_IMAGE"
   fi
+  image_verify
   touch "$RUNTIME_DIR/image.ready"
+}
+
+# A machine never pulls by tag: the env file names the image by the digest `pulumi up` pinned
+# (components/registry.py). Anything else is a verdict on the run, not a passing failure.
+image_pinned() {
+  [[ "$TRAINSTACK_IMAGE" =~ ^[^@]+@sha256:[0-9a-f]{64}$ ]] ||
+    fail "the image $TRAINSTACK_IMAGE is not pinned by digest (REPOSITORY@sha256:...): a machine never runs an image by tag"
+}
+
+# After the pull, the image on disk must be the one the env file names: docker keeps the
+# manifest digests an image was pulled by (RepoDigests). Another digest is a verdict, and the
+# image is never run.
+image_verify() {
+  local digests
+  digests=$(docker image inspect --format '{{join .RepoDigests " "}}' "$TRAINSTACK_IMAGE") ||
+    die "cannot inspect $TRAINSTACK_IMAGE"
+  [[ " $digests " == *" $TRAINSTACK_IMAGE "* ]] ||
+    fail "the pulled image is not $TRAINSTACK_IMAGE (its digests: ${digests:-none}): refusing to run it"
+  log "image $TRAINSTACK_IMAGE verified by digest"
 }
 
 main() {

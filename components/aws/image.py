@@ -26,6 +26,7 @@ class TrainerImage(TrainerImageBase):
     """The trainer image, built from trainer/Dockerfile and pushed to ECR by a content tag."""
 
     TYPE = "trainstack:aws:TrainerImage"
+    CLOUD = "aws"
 
     def _login(self, registry_id: pulumi.Input[str] | None,
                provider: pulumi.ProviderResource | None) -> tuple[pulumi.Input[str], pulumi.Input[str]]:

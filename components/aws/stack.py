@@ -140,7 +140,7 @@ class TrainingStack(StackOutputs):
         return image_refs(s, lambda: TrainerImage(
             f"{self._stem}-image",
             TrainerImageArgs(repository_url=repo.url, registry_id=repo.registry_id, base_image=s.image.reference,
-                             user_code_dir=user_code_dir(s),
+                             user_code_dir=user_code_dir(s), gate=s.image,
                              mirrors=[ImageMirror(repository_url=m.url, registry_id=m.registry_id,
                                                   provider=self._regional[i])
                                       for i, m in mirrors.items()]),

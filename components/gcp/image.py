@@ -27,6 +27,7 @@ class TrainerImage(TrainerImageBase):
     """The trainer image, built from trainer/Dockerfile and pushed to Artifact Registry by a content tag."""
 
     TYPE = "trainstack:gcp:TrainerImage"
+    CLOUD = "gcp"
 
     _token: pulumi.Output[str] | None = None
 

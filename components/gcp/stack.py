@@ -53,6 +53,10 @@ __all__ = ["TrainingStack", "TrainingStackArgs"]
 # What an AWS placement's machines go through in home's project: the token exchange (STS) and the
 # impersonation of their service account (IAM Credentials).
 FEDERATION_APIS = ("iamcredentials.googleapis.com", "sts.googleapis.com")
+# With image.build: Artifact Registry scans pushed images only with the Container Scanning API on (billed per
+# image), and the findings gate reads the scan's occurrences through the Container Analysis API
+# (components/scan_gate.py): without them no scan ever starts, and the gate blocks every build after its wait.
+SCAN_APIS = ("containerscanning.googleapis.com", "containeranalysis.googleapis.com")
 
 
 def project_apis(parent: pulumi.Resource, stem: str, project: str, provider: gcp.Provider, apis: tuple[str, ...],
@@ -137,8 +141,9 @@ class TrainingStack(StackOutputs):
         )
         self._api_provider = api_provider
         federation = FEDERATION_APIS if any(p.cloud == "aws" for p in places) else ()
+        scanning = SCAN_APIS if s.image.build else ()
         apis = project_apis(self, f"{name}-api", s.project, api_provider,
-                            (RESOURCE_MANAGER_API, *(a for a in APIS + federation if a != RESOURCE_MANAGER_API)))
+                            (RESOURCE_MANAGER_API, *(a for a in APIS + federation + scanning if a != RESOURCE_MANAGER_API)))
         self._resource_manager = apis[0]
         self._home_provider = gcp.Provider(
             f"{name}-gcp", project=s.project, region=s.region,
@@ -217,7 +222,7 @@ class TrainingStack(StackOutputs):
         s = self._args.settings
         return image_refs(s, lambda: TrainerImage(
             f"{self._stem}-image", TrainerImageArgs(
-                repository_url=repo.url, base_image=s.image.reference, user_code_dir=user_code_dir(s),
+                repository_url=repo.url, base_image=s.image.reference, user_code_dir=user_code_dir(s), gate=s.image,
                 mirrors=[ImageMirror(repository_url=m.url, provider=self._regional[i]) for i, m in mirrors.items()]),
             opts=self._at_home,
         ).refs)

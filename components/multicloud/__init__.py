@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-from components import placement
+from components import placement, registry
 from components.aws import naming as aws_naming
 from components.common import OtherCloud, Placements, StackOutputs, TrainingStackArgs
 from components.gcp import naming as gcp_naming
@@ -52,7 +52,9 @@ def _other_cloud(s: Settings, project: str, groups: list[str], moved: list[Setti
 
 
 def training_stack(name: str, settings: Settings, *, project: str, adopt_bucket: bool = False) -> StackOutputs:
-    """The home cloud's TrainingStack, with every placement (on either cloud) planned here."""
+    """The home cloud's TrainingStack, with every placement (on either cloud) planned here; the image pinned by
+    its digest first (components/registry.py: a tag is resolved here, once, for every machine)."""
+    settings = registry.pinned(settings)
     cloud = importlib.import_module(f"components.{settings.cloud}")
     return cloud.TrainingStack(name, TrainingStackArgs(settings=settings, project=project, adopt_bucket=adopt_bucket,
                                                        placements=plan(settings, project)))

@@ -188,6 +188,11 @@ def validate(s: Settings) -> None:
         # reservation to make.
         raise ConfigError("placement.reserveConcurrency", "true: reserves concurrency for an AWS home's Lambda function "
                           "only; a GCP home's function runs one instance at most already: remove it")
+    gate = [k for k in ("max_severity", "allow_findings", "scan_wait_minutes") if k in s.image.model_fields_set]
+    if gate and not s.image.build:
+        key = {"max_severity": "maxSeverity", "allow_findings": "allowFindings", "scan_wait_minutes": "scanWaitMinutes"}[gate[0]]
+        raise ConfigError(f"image.{key}", "applies to the scan of an image the stack builds; set image.build: true, or "
+                          "remove it (a public image is pinned by digest and not scanned by the stack: docs/images.md)")
     check_one_gpu_model(s)
     check_extra_args(s)
     usercode.validate(s.run.code, s.run.model, BUILTIN_MODELS, command=s.run.command,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import re
+from datetime import date, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -238,14 +239,78 @@ class ComputeSettings(_Block):
         return data
 
 
+# Scan severities, lowest first: ECR's (basic and enhanced) and Artifact Analysis's (MINIMAL: GCP's lowest).
+SEVERITIES = ("INFORMATIONAL", "LOW", "MEDIUM", "HIGH", "CRITICAL")
+# How far ahead an exception may expire: one is looked at again at least once a year.
+ALLOW_FINDING_MAX_DAYS = 366
+
+
+def _no_date() -> date:
+    raise ValueError("not a date")
+
+
+class AllowedFinding(_Block):
+    """A finding let through the gate: which, why, and until when (an expired one blocks again)."""
+
+    id: str = Field(description="The vulnerability's id, e.g. CVE-2024-3094.")
+    reason: str = Field(description="Why it may run: who judged it and on what ground.")
+    expires: date = Field(description="The last day it is let through (YYYY-MM-DD); at most a year ahead.")
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not re.fullmatch(r"(CVE-\d{4}-\d{4,}|GHSA(-[23456789cfghjmpqrvwx]{4}){3})", v):
+            raise ValueError("expected a CVE id (CVE-2024-3094) or a GitHub advisory id (GHSA-xxxx-xxxx-xxxx)")
+        return v
+
+    @field_validator("expires", mode="before")
+    @classmethod
+    def _expires_format(cls, v: Any) -> Any:
+        if isinstance(v, date):
+            return v
+        try:
+            return date.fromisoformat(str(v)) if re.fullmatch(r"\d{4}-\d{2}-\d{2}", str(v)) else _no_date()
+        except ValueError:
+            raise ValueError("expected a date as YYYY-MM-DD") from None
+
+    @field_validator("expires")
+    @classmethod
+    def _expires_soon_enough(cls, v: date) -> date:
+        latest = date.today() + timedelta(days=ALLOW_FINDING_MAX_DAYS)
+        if v > latest:
+            raise ValueError(f"more than a year ahead; an exception is looked at again at least yearly (at most {latest})")
+        return v
+
+    @field_validator("reason")
+    @classmethod
+    def _reason(cls, v: str) -> str:
+        if len(v.strip()) < 10:
+            raise ValueError("expected a reason of a few words: who judged the finding and why it may run")
+        return v.strip()
+
+
 class ImageSettings(_Block):
     """The pinned TensorFlow container the trainer runs in."""
 
     repository: str = Field(DEFAULT_IMAGE_REPOSITORY, description="Image repository (no tag).")
     tag: str = Field(DEFAULT_IMAGE_TAG, description="A pinned tag; 'latest' is refused.")
-    digest: str | None = Field(None, description="sha256:<64 hex>; when set the machines pull by digest.")
+    digest: str | None = Field(None, description="sha256:<64 hex>: the digest every machine runs; default: the tag's, resolved at `pulumi up`.")
     build: bool = Field(False, description="Build trainer/Dockerfile and push it to the stack's repository (and to one in each placement's region).")
     keep_images: int = Field(10, ge=1, le=1000, description="Images the stack's repository keeps.")
+    max_severity: Literal[SEVERITIES] = Field(  # type: ignore[valid-type]
+        "CRITICAL", description="With image.build: a scan finding of this severity or above keeps the image off the machines.")
+    allow_findings: list[AllowedFinding] = Field(
+        default_factory=list, description="With image.build: findings let through the gate, each with a reason and an expiry date.")
+    scan_wait_minutes: int = Field(30, ge=1, le=240, description="With image.build: how long `pulumi up` waits for the pushed image's scan.")
+
+    @field_validator("allow_findings")
+    @classmethod
+    def _allow_findings(cls, v: list[AllowedFinding]) -> list[AllowedFinding]:
+        ids = [a.id for a in v]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise ValueError(f"expected each id once; {', '.join(twice)} is listed more than once")
+        return v
 
     @field_validator("repository")
     @classmethod
@@ -274,7 +339,7 @@ class ImageSettings(_Block):
 
     @property
     def reference(self) -> str:
-        """What `docker pull` takes: by digest when known, else by the pinned tag."""
+        """By digest when known, else by the pinned tag (what `pulumi up` resolves: components/registry.py)."""
         if self.digest:
             return f"{self.repository}@{self.digest}"
         return f"{self.repository}:{self.tag}"

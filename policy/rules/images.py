@@ -65,7 +65,7 @@ _IMAGE_LINE = re.compile(r"^\s*TRAINSTACK_IMAGE=['\"]?([^'\"\s]*)['\"]?\s*$", re
 
 def image_pinned(resources: list[Resource], ctx: Context) -> list[Violation]:
     """The image every machine runs (TRAINSTACK_IMAGE in its user data's env file) is pinned
-    by tag or digest, never `latest`: a moving image changes a running job under it."""
+    by its sha256 digest: a tag (`latest` above all) can move under a running job."""
     out: list[Violation] = []
     for r, text in user_data_texts(resources):
         refs = _IMAGE_LINE.findall(text)
@@ -73,6 +73,9 @@ def image_pinned(resources: list[Resource], ctx: Context) -> list[Violation]:
             out.append(Violation("image-pinned", r["name"], "user data sets no TRAINSTACK_IMAGE; render it with components.userdata"))
         for ref in refs:
             problem = image_problem(ref) if ref else "empty image reference"
+            if not problem and "@" not in ref:
+                # A tag is a name the registry can move; the machine refuses one (userdata/bootstrap.sh).
+                problem = "pinned by tag only; a machine runs its image by digest (pulumi up resolves the tag: docs/images.md)"
             if problem:
                 out.append(Violation("image-pinned", r["name"], f"TRAINSTACK_IMAGE={ref}: {problem}"))
     for repo in base.of_type(resources, "aws:ecr/repository:Repository"):

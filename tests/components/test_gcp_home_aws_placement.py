@@ -18,7 +18,7 @@ from functools import cache
 
 import yaml
 
-from components import userdata
+from components import registry, userdata
 from components.aws.federation import GOOGLE, controller_audience, controller_role_name
 from components.aws.naming import group_name as aws_group_name
 from components.gcp.federation import AWS_ATTRIBUTE_MAPPING, MACHINES_PROVIDER_ID
@@ -140,7 +140,7 @@ def test_the_aws_machines_user_data_names_the_gcs_store_the_provider_and_the_acc
     (pool,) = r.of_type("gcp:iam/workloadIdentityPool:WorkloadIdentityPool")
     assert (env["TRAINSTACK_CLOUD"], env["TRAINSTACK_REGION"], env["TRAINSTACK_GROUP"]) == ("aws", REGION, GROUP)
     assert env["TRAINSTACK_RUN_URI"] == r.outputs["runUri"] and env["TRAINSTACK_RUN_URI"].startswith("gs://")
-    assert env["TRAINSTACK_IMAGE"] == "tensorflow/tensorflow:2.21.0-gpu"
+    assert env["TRAINSTACK_IMAGE"] == f"tensorflow/tensorflow@{registry.stand_in('tensorflow/tensorflow', '2.21.0-gpu')}"
     assert env["TRAINSTACK_STORE_CLOUD"] == "gcp"
     assert re.fullmatch(r"//iam\.googleapis\.com/projects/\d+/locations/global/workloadIdentityPools/"
                         + re.escape(pool["inputs"]["workloadIdentityPoolId"]) + "/providers/" + MACHINES_PROVIDER_ID,

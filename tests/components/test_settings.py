@@ -217,6 +217,11 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
     ("digest-other-algorithm", stack(**{IMG: {"digest": "md5:" + "a" * 32}}), "image.digest", "sha256:"),
     ("build-not-bool", stack(**{IMG: {"build": "sometimes"}}), "image.build", "expected true or false"),
     ("keep-no-images", stack(**{IMG: {"keepImages": 0}}), "image.keepImages", "1 or more"),
+    ("max-severity-unknown", stack(**{IMG: {"build": True, "maxSeverity": "SEVERE"}}), "image.maxSeverity",
+     "expected INFORMATIONAL, LOW, MEDIUM, HIGH or CRITICAL"),
+    ("allow-finding-no-reason", stack(**{IMG: {"build": True, "allowFindings": [
+        {"id": "CVE-2024-3094", "reason": "", "expires": "2026-01-01"}]}}), "image.allowFindings[0].reason", "a reason"),
+    ("scan-wait-zero", stack(**{IMG: {"build": True, "scanWaitMinutes": 0}}), "image.scanWaitMinutes", "1 or more"),
     # storage
     ("bucket-uppercase", stack(**{S: {"bucketName": "My_Bucket"}}), "storage.bucketName", "lowercase"),
     ("bucket-short", stack(**{S: {"bucketName": "ab"}}), "storage.bucketName", "3-63 characters"),

@@ -101,6 +101,10 @@ LINES = {
     'digest-other-algorithm': "trainstack:image.digest: 'md5:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa': expected sha256: followed by 64 lowercase hex digits",
     'build-not-bool': "trainstack:image.build: 'sometimes': expected true or false",
     'keep-no-images': 'trainstack:image.keepImages: 0: expected 1 or more',
+    'max-severity-unknown': "trainstack:image.maxSeverity: 'SEVERE': expected INFORMATIONAL, LOW, MEDIUM, HIGH or CRITICAL",
+    'allow-finding-no-reason': "trainstack:image.allowFindings[0].reason: '': expected a reason of a few words: who judged "
+                               "the finding and why it may run",
+    'scan-wait-zero': 'trainstack:image.scanWaitMinutes: 0: expected 1 or more',
     'bucket-uppercase': "trainstack:storage.bucketName: 'My_Bucket': expected lowercase letters, digits, '.' and '-'",
     'bucket-short': "trainstack:storage.bucketName: 'ab': expected 3-63 characters",
     'bucket-ip': "trainstack:storage.bucketName: '192.168.1.1': expected no '..' and not an IP address",

@@ -90,6 +90,8 @@ def _typo(key: str) -> str:
 # A list of blocks the dev stack has none of: one valid entry, the typo goes into it.
 LIST_ENTRY = {"placements": {"cloud": "aws", "region": DEV["config"]["trainstack:region"],
                              "instanceTypes": DEV["config"]["trainstack:compute"]["instanceTypes"]}}
+# A list of blocks inside a block: one valid entry, the typo goes into it.
+INNER_LIST_ENTRY = {"allowFindings": {"id": "CVE-2024-3094", "reason": "not reachable in this image", "expires": "2026-01-01"}}
 
 
 def _at(raw: dict[str, Any], path: tuple[str, ...]) -> tuple[dict[str, Any], str]:
@@ -102,6 +104,10 @@ def _at(raw: dict[str, Any], path: tuple[str, ...]) -> tuple[dict[str, Any], str
         cur = raw.setdefault(f"trainstack:{path[0]}", {})
         shown = path[0]
     for part in path[1:]:
+        if part in INNER_LIST_ENTRY:
+            cur = cur.setdefault(part, [copy.deepcopy(INNER_LIST_ENTRY[part])])[0]
+            shown += f".{part}[0]"
+            continue
         cur = cur.setdefault(part, {})
         shown += f".{part}"
     return cur, shown

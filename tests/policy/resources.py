@@ -15,7 +15,7 @@ TAGS = {"trainstack-project": "trainstack", "trainstack-stack": STACK, "trainsta
 BUCKET = "trainstack-dev-0123456789ab"
 BUCKET_ARN = f"arn:aws:s3:::{BUCKET}"
 GROUP = "trainstack-dev-gpu"
-IMAGE = "tensorflow/tensorflow:2.21.0-gpu"
+IMAGE = "tensorflow/tensorflow@sha256:" + "5a" * 32
 
 
 def user_data(image: str = IMAGE, extra: str = "") -> str:

@@ -156,9 +156,11 @@ def test_the_image_line_is_read_from_user_data_however_it_is_encoded():
 
 
 @pytest.mark.parametrize(("line", "want"), [
-    ("TRAINSTACK_IMAGE=tf:2.21.0-gpu", []),
-    ('TRAINSTACK_IMAGE="tf:2.21.0-gpu"', []),
-    ("  TRAINSTACK_IMAGE='tf:2.21.0-gpu'  ", []),
+    ("TRAINSTACK_IMAGE=tf@sha256:" + "0" * 64, []),
+    ('TRAINSTACK_IMAGE="tf@sha256:' + "0" * 64 + '"', []),
+    ("  TRAINSTACK_IMAGE='tf@sha256:" + "0" * 64 + "'  ", []),
+    ("TRAINSTACK_IMAGE=tf:2.21.0-gpu", ["t: TRAINSTACK_IMAGE=tf:2.21.0-gpu: pinned by tag only; a machine runs its image by "
+                                        "digest (pulumi up resolves the tag: docs/images.md)"]),
     ("TRAINSTACK_IMAGE=''", ["t: TRAINSTACK_IMAGE=: empty image reference"]),
     ("TRAINSTACK_IMAGE=tf", ["t: TRAINSTACK_IMAGE=tf: no tag or digest (docker would pull latest); pin a tag such as "
                              "2.21.0-gpu"]),
@@ -170,7 +172,7 @@ def test_the_image_line_in_its_spellings(line, want):
 
 
 def test_every_image_line_is_judged():
-    text = "TRAINSTACK_IMAGE=tf:1.0\nTRAINSTACK_IMAGE=tf\n"
+    text = "TRAINSTACK_IMAGE=tf@sha256:" + "0" * 64 + "\nTRAINSTACK_IMAGE=tf\n"
     res = [_resource("gcp:compute/instanceTemplate:InstanceTemplate", "t", metadata={"user-data": text})]
     assert _lines(images.image_pinned, res) == [
         "t: TRAINSTACK_IMAGE=tf: no tag or digest (docker would pull latest); pin a tag such as 2.21.0-gpu"]

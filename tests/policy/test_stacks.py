@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from components import registry
 from components.settings import load_settings, load_stack_file, raw_from_stack_file
 from components.userdata import decode_user_data, encode_user_data
 from ops import synth
@@ -134,8 +135,9 @@ def _statement_edit(resources: list[dict], type_: str, i: int, **kv) -> None:
 def _replace_image(resources: list[dict], image: str) -> None:
     lt = _one(resources, "aws:ec2/launchTemplate:LaunchTemplate")
     text = decode_user_data(lt["inputs"]["userData"])
-    assert "TRAINSTACK_IMAGE='tensorflow/tensorflow:2.21.0-gpu'" in text
-    text = text.replace("tensorflow/tensorflow:2.21.0-gpu", image)
+    pinned = f"tensorflow/tensorflow@{registry.stand_in('tensorflow/tensorflow', '2.21.0-gpu')}"
+    assert f"TRAINSTACK_IMAGE='{pinned}'" in text
+    text = text.replace(pinned, image)
     lt["inputs"]["userData"] = encode_user_data(text)
 
 

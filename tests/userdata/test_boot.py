@@ -18,7 +18,7 @@ import boto3
 import pytest
 
 from devtools.metadata import GCE_NAME, INSTANCE_ID
-from devtools.sandbox import settings_for
+from devtools.sandbox import SANDBOX_DIGEST, settings_for
 from runfolder import layout
 from tests.trainer.helpers import REPO
 from tests.userdata.helpers import events, group_size, machine_events, s3_keys, wait_for
@@ -64,7 +64,9 @@ def test_clean_run_completes_scales_to_zero_and_shuts_down(sandbox_factory, s3_r
     run = runs[0]
     for flag in (["--gpus", "all"], ["--network", "host"], ["--ipc", "host"], ["--stop-timeout", "100"]):
         assert any(run[i : i + 2] == flag for i in range(len(run))), (flag, run)
-    assert run[-4:] == ["tensorflow/tensorflow:2.21.0-gpu", "python", "-m", "trainer"]
+    # The container runs the image by the digest it was pulled by, never by a tag.
+    assert run[-4:] == [f"tensorflow/tensorflow@{SANDBOX_DIGEST}", "python", "-m", "trainer"]
+    assert [a for a in box.argvs("docker") if a[0] == "pull"] == [["pull", "-q", f"tensorflow/tensorflow@{SANDBOX_DIGEST}"]]
     # The machine used IMDSv2: a token first, every metadata read with it.
     aws_reads = [r for r in metadata.requests if r[1].startswith("/latest/")]
     assert aws_reads and aws_reads[0][:2] == ("PUT", "/latest/api/token")

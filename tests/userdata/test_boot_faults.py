@@ -82,7 +82,9 @@ def test_a_data_disk_problem_falls_back_to_the_root_disk(machines, s3_run, case,
     assert _paths(box)["DATA_DIR"] == str(box.root / "var/lib/trainstack/data")
     assert {cmd: len(box.argvs(cmd)) for cmd in calls} == calls
     assert "data staging on the root disk" in proc.stderr
-    assert box.argvs("docker") and box.argvs("docker")[-1][0] == "pull"  # bootstrap went on
+    # Bootstrap went on: the image pulled, then checked by its digest (the last docker call).
+    docker = box.argvs("docker")
+    assert [a[0] for a in docker[-2:]] == ["pull", "image"] and "--format" in docker[-1], docker
 
 
 def test_a_blank_local_disk_is_formatted_and_mounted(machines, s3_run):

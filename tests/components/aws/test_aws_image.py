@@ -13,10 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from components import registry
 from components.code import TRAINER_DIR, archive_key, boot_key, build_context, content_tag, pack, pack_boot_scripts
 from ops import synth
 from policy.rules import image_problem
 from tests.components.aws.helpers import ROOT, one, synth_raw
+
+# The default image as every machine runs it: by the tag's digest (synth's stand-in).
+PINNED = f"tensorflow/tensorflow@{registry.stand_in('tensorflow/tensorflow', '2.21.0-gpu')}"
 
 IMAGE = "docker-build:index:Image"
 OBJECT = "aws:s3/bucketObjectv2:BucketObjectv2"
@@ -40,8 +44,9 @@ def test_build_true_builds_trainer_dockerfile_for_amd64_and_pushes_a_content_tag
     assert one(r, "trainstack:aws:TrainerImage")["name"] == "trainstack-image"
     inputs = image["inputs"]
     assert (inputs["push"], inputs["platforms"], inputs["buildOnPreview"]) == (True, ["linux/amd64"], False)
-    assert inputs["tags"] == [f"{REPO_URL}:{content_tag(pack(), 'tensorflow/tensorflow:2.21.0-gpu')}"]
-    assert inputs["buildArgs"] == {"BASE_IMAGE": "tensorflow/tensorflow:2.21.0-gpu"}
+    # The Dockerfile builds FROM the base image pinned by its digest (components/registry.py).
+    assert inputs["tags"] == [f"{REPO_URL}:{content_tag(pack(), PINNED)}"]
+    assert inputs["buildArgs"] == {"BASE_IMAGE": PINNED}
     # The context is the trainer archive unpacked: the same bytes the tag's hash names.
     context = (Path.cwd() / inputs["context"]["location"]).resolve()
     dockerfile = (Path.cwd() / inputs["dockerfile"]["location"]).resolve()
@@ -106,9 +111,9 @@ def test_build_false_builds_nothing_and_runs_the_pinned_image():
     r = synth_raw()
     assert r.of_type(IMAGE) == [] and r.of_type("trainstack:aws:TrainerImage") == []
     assert [i for i in r.invokes if i["token"] == TOKEN] == []
-    assert r.outputs["imageRef"] == "tensorflow/tensorflow:2.21.0-gpu"
+    assert r.outputs["imageRef"] == PINNED
     (text,) = r.user_data.values()
-    assert env_line(text, "TRAINSTACK_IMAGE") == "tensorflow/tensorflow:2.21.0-gpu"
+    assert env_line(text, "TRAINSTACK_IMAGE") == PINNED
     assert env_line(text, "TRAINSTACK_CODE_URI") == r.outputs["codeUri"] != ""
 
 

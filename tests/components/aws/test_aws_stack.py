@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components import registry
 from components.code import boot_key, pack_boot_scripts
 from ops import synth
 
@@ -76,7 +77,9 @@ def test_stack_file_synthesizes_the_whole_stack_with_its_outputs(path):
     assert r.outputs["codeUri"].startswith(f"s3://{bucket}/code/trainer-")
     assert r.outputs["region"] == cfg["region"]
     assert r.outputs["groupName"] == (f"trainstack-{stack}-gpu" if run_id == stack else f"trainstack-{stack}--{run_id}-gpu")
-    assert r.outputs["imageRef"] == f"{cfg['image']['repository']}:{cfg['image']['tag']}"
+    # Pinned by the tag's digest (synth's stand-in for what `pulumi up` resolves).
+    image = cfg["image"]
+    assert r.outputs["imageRef"] == f"{image['repository']}@{registry.stand_in(image['repository'], image['tag'])}"
     assert r.outputs["watchCommand"] == f"python -m ops status --stack {stack}"
     asg = r.named("trainstack-group-asg")["inputs"]
     assert asg["maxSize"] == cfg["compute"]["nodes"]

@@ -4,6 +4,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from components import registry
 from components.code import boot_key, pack_boot_scripts
 from ops import synth
 from tests.components.gcp.helpers import (
@@ -14,6 +15,9 @@ from tests.components.gcp.helpers import (
     gcp,
     one,
 )
+
+# The default image as every machine runs it: by the tag's digest (synth's stand-in).
+PINNED = f"tensorflow/tensorflow@{registry.stand_in('tensorflow/tensorflow', '2.21.0-gpu')}"
 
 
 def test_image_build_pushes_the_trainer_to_artifact_registry_and_machines_run_its_digest(tmp_path):
@@ -28,7 +32,7 @@ def test_image_build_pushes_the_trainer_to_artifact_registry_and_machines_run_it
     from components.code import archive_key, content_tag, pack
 
     data = pack()
-    assert tag.endswith(content_tag(data, "tensorflow/tensorflow:2.21.0-gpu"))
+    assert tag.endswith(content_tag(data, PINNED))
     assert context.name == archive_key(data).split("/")[-1].removesuffix(".tar.gz")
     assert (Path.cwd() / inputs["dockerfile"]["location"]).resolve() == context / "trainer" / "Dockerfile"
     # The deployer's access token, secret, through the stack's provider; never in user data.
@@ -58,7 +62,7 @@ def test_without_image_build_nothing_is_built():
     r = gcp()
     assert r.of_type(IMAGE) == [] and r.of_type("trainstack:gcp:TrainerImage") == []
     assert [i for i in r.invokes if i["token"] == CLIENT_CONFIG] == []
-    assert r.outputs["imageRef"] == "tensorflow/tensorflow:2.21.0-gpu"
+    assert r.outputs["imageRef"] == PINNED
     (text,) = r.user_data.values()
     assert re.findall(r"^\s*TRAINSTACK_IMAGE='([^']*)'$", text, re.M) == [r.outputs["imageRef"]]
 
@@ -71,7 +75,7 @@ def test_both_clouds_build_the_same_image_under_the_same_tag():
     (a,), (g,) = images
     for key in ("context", "dockerfile", "buildArgs", "platforms"):
         assert a["inputs"][key] == g["inputs"][key], key
-    assert a["inputs"]["buildArgs"] == {"BASE_IMAGE": "tensorflow/tensorflow:2.21.0-gpu"}
+    assert a["inputs"]["buildArgs"] == {"BASE_IMAGE": PINNED}
     tags = [i["inputs"]["tags"][0].rsplit(":", 1)[1] for i in (a, g)]
     assert tags[0] == tags[1] and tags[0].startswith("trainer-")
 
