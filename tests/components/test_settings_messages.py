@@ -209,6 +209,9 @@ LINES = {
     'reserve-concurrency-on-gcp': "trainstack:placement.reserveConcurrency: true: reserves concurrency for an AWS home's Lambda function only; a GCP home's function runs one instance at most already: remove it",
     'reserve-concurrency-not-bool': "trainstack:placement.reserveConcurrency: 'maybe': expected true or false",
     'placement-not-block': 'trainstack:placement: [15]: expected a block of keys',
+    'scheduler-unknown': "trainstack:scheduler: 'slurm': expected groups, sagemaker or vertex",
+    'scheduler-sagemaker-on-gcp': "trainstack:scheduler: 'sagemaker' runs on AWS and this stack's cloud is gcp; use groups or vertex on gcp",
+    'scheduler-sagemaker-public-image': "trainstack:image.build: false: scheduler sagemaker runs the stack's own image (its entry takes `train`; SageMaker cannot mount the trainer's code into a public image); set image.build: true",
 }
 
 
