@@ -34,6 +34,7 @@ class JobState:
     training_s: int | None = None  # seconds on machines, waiting and interruptions excluded
     billable_s: int | None = None  # seconds billed: below training_s by the managed-spot saving
     ended: bool = False  # the job will not run again
+    interruptions: int = 0  # spot interruptions the service restarted the job after
 
     @property
     def saving(self) -> float | None:
