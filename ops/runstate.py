@@ -114,6 +114,11 @@ class RunStatus:
     # event, while no machine has trained and no move came since), else "".
     waiting: str = ""
     group_note: str = ""
+    # A managed scheduler's run (scheduler.json): its job as the service reports it (schedulers.JobState), or
+    # why it could not be read.
+    scheduler: dict | None = None
+    job: object | None = None
+    job_note: str = ""
     # Machine time (every attempt's start to its end, x nodes) and its cost at the price the
     # stack gave the machines (runfolder.cost); cost_note says what the price is (an estimate).
     machine_hours: float | None = None
