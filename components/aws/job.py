@@ -163,7 +163,11 @@ def hyperparameters(settings, run_uri: str) -> dict[str, str]:
     them as its environment (trainer/sagemaker_entry.py); the machines' own keys (group, boot archive,
     notice watcher) mean nothing in a job and are left out."""
     env = userdata.boot_env(settings, run_uri=run_uri, group="", code_uri="")
-    return {k: str(v) for k, v in env.items() if k in environment.OPTIONS or k in _JOB_KEYS}
+    # The price table's figure is EC2's spot estimate, not SageMaker's ml.* price, which AWS publishes no
+    # spot price for: the run records no price rather than a wrong one; the job's billable seconds are its cost.
+    unpriced = (environment.PRICE_PER_HOUR, environment.PRICE_NOTE)
+    return {k: str(v) for k, v in env.items()
+            if (k in environment.OPTIONS or k in _JOB_KEYS) and k not in unpriced}
 
 
 def job_spec(settings, *, run_uri: pulumi.Input[str], image: pulumi.Input[str], role_arn: pulumi.Input[str],

@@ -69,6 +69,8 @@ def test_hyperparameters_are_the_trainers_options_and_not_the_machines_keys():
     assert hp[environment.STEPS] == "7" and hp[environment.SYNTHETIC] == "1"
     assert hp[environment.EXTRA_ARGS] == "--precision=mixed_float16"
     assert not {environment.GROUP, environment.BOOT_URI, environment.NOTICE_GRACE_S, environment.POLL_S} & set(hp)
+    # EC2's spot estimate is not SageMaker's price: none is recorded.
+    assert not {environment.PRICE_PER_HOUR, environment.PRICE_NOTE} & set(hp)
 
 
 def test_the_sagemaker_stack_file_synthesizes_a_job_role_and_no_group():
