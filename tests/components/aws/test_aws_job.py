@@ -9,9 +9,9 @@ import json
 import pytest
 
 from components.aws.job import hyperparameters
-from components.settings import load_settings
+from components.settings import load_settings, load_stack_file
 from runfolder import environment
-from tests.components.aws.helpers import synth_raw, synth_stack
+from tests.components.aws.helpers import STACKS, synth_raw, synth_stack
 
 SAGEMAKER = {"scheduler": "sagemaker", "image": {"build": True},
              "compute": {"instanceTypes": ["g5.xlarge"], "maxRuntimeHours": 6, "nodes": 2}}
@@ -80,3 +80,13 @@ def test_the_sagemaker_stack_file_synthesizes_a_job_role_and_no_group():
     assert not {t for t in types if t.startswith(("aws:autoscaling", "aws:ec2", "aws:lambda", "aws:scheduler"))}
     job = json.loads(r.outputs["sagemakerJob"])
     assert (job["instance_type"], job["max_runtime_s"], job["volume_gb"]) == ("ml.g5.xlarge", 10 * 3600, 200)
+
+
+def test_the_plan_says_what_the_job_is_and_that_its_price_is_an_estimate():
+    from ops import synth
+
+    r = synth_stack("sagemaker")
+    text = synth.plan(r, load_stack_file(STACKS / "Pulumi.sagemaker.yaml"), ask_prices=False)
+    assert "SageMaker: the run is one training job on ml.g5.xlarge x 1, managed spot, waiting and training within " \
+           "10 h of its first start; nothing runs until `python -m ops start --stack sagemaker` submits it" in text
+    assert "Price: an estimate. SageMaker publishes no spot price by API" in text
