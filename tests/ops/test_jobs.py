@@ -48,3 +48,10 @@ def test_start_refuses_a_job_output_from_another_checkout(monkeypatch, capsys):
     monkeypatch.setattr(hosts, "stack_outputs", lambda stack: {"sagemakerJob": json.dumps(doc)})
     assert main(["start", "--stack", "sm"]) == 2
     assert "does not read as a job" in capsys.readouterr().err
+
+
+def test_status_of_a_sagemaker_stack_before_its_start_says_to_start_it(monkeypatch):
+    monkeypatch.setattr(hosts, "_outputs_once", lambda stack: {
+        "runUri": "s3://b/runs/sm", "groupName": "", "sagemakerJob": json.dumps(dataclasses.asdict(SPEC))})
+    with pytest.raises(hosts.HostsError, match="not submitted yet: python -m ops start --stack sm"):
+        hosts.stack_group_state("sm")
