@@ -47,7 +47,7 @@ def job_state(store, *, client=None) -> JobState | None:
     if record is None:
         return None
     c = sagemaker.client_for(record["region"], client=client)
-    return sagemaker.job_state(c, record["job"])
+    return sagemaker.job_state(c, record["job"], run_uri=_s3_uri(store))
 
 
 def stop_job(store, *, client=None) -> list[str]:
@@ -57,7 +57,15 @@ def stop_job(store, *, client=None) -> list[str]:
     record = read_record(store)
     if record is None:
         return []
-    return sagemaker.stop(sagemaker.client_for(record["region"], client=client), record["job_prefix"])
+    return sagemaker.stop(sagemaker.client_for(record["region"], client=client), record["job_prefix"],
+                          run_uri=_s3_uri(store))
+
+
+def _s3_uri(store) -> str | None:
+    """The run folder's URI, against which the job's own output path is checked (a local copy of a run has
+    no job of its own to compare with: None)."""
+    uri = getattr(store, "uri", "")
+    return uri if uri.startswith("s3://") else None
 
 
 def start(spec, *, store=None, client=None, now: float | None = None):

@@ -104,6 +104,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     from botocore.exceptions import BotoCoreError, ClientError
 
     from ops import hosts, jobs, status
+    from schedulers import sagemaker
 
     try:
         uri = run_uri(args)
@@ -115,7 +116,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         from runfolder.storage import open_store
 
         stopped = jobs.stop_job(open_store(uri))
-    except (BotoCoreError, ClientError) as e:
+    except (BotoCoreError, ClientError, sagemaker.SubmitError) as e:
         print(f"ops stop: the STOP request is written, but SageMaker did not stop the job: {' '.join(str(e).split())}; "
               "run ops stop again", file=sys.stderr)
         return EXIT_ERROR

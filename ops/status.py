@@ -156,7 +156,7 @@ def with_job(st: RunStatus, store, *, client=None, now: float | None = None) -> 
 
     try:
         st.job = jobs.job_state(store, client=client)
-    except (BotoCoreError, ClientError) as e:
+    except (BotoCoreError, ClientError, sagemaker.SubmitError) as e:
         st.job_note = f"job not read: {' '.join(str(e).split())}"
         return False
     if st.job is None:

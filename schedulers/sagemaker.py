@@ -177,7 +177,7 @@ def training_request(spec: JobSpec, *, name: str, deadline: float, now: float) -
         "AlgorithmSpecification": {"TrainingImage": spec.image, "TrainingInputMode": "File"},
         "RoleArn": spec.role_arn,
         "HyperParameters": {str(k): str(v) for k, v in spec.hyperparameters.items()},
-        "OutputDataConfig": {"S3OutputPath": spec.run_uri.rstrip("/") + "/" + OUTPUT_PREFIX},
+        "OutputDataConfig": {"S3OutputPath": output_path(spec.run_uri)},
         "ResourceConfig": {"InstanceType": spec.instance_type, "InstanceCount": spec.instance_count,
                            "VolumeSizeInGB": spec.volume_gb},
         "StoppingCondition": stopping_condition(spec, deadline=deadline, now=now),
@@ -325,9 +325,28 @@ TIMED_OUT_STATUSES = ("MaxWaitTimeExceeded", "MaxRuntimeExceeded")
 WAITING_STATUSES = ("Starting", "Pending", "Restarting", "Interrupted", "LaunchingMLInstances")
 
 
-def job_state(client, name: str) -> JobState:
-    """The job as SageMaker describes it, in the words every room shares."""
+def output_path(run_uri: str) -> str:
+    """Where the run's jobs put /opt/ml/model: `<run>/sagemaker/` (the request's OutputDataConfig)."""
+    return run_uri.rstrip("/") + "/" + OUTPUT_PREFIX
+
+
+def check_owner(d: dict, run_uri: str | None) -> None:
+    """Raise SubmitError unless the described job is this run's: its output path, which the submitter sets
+    (the job's own role cannot change it), is the run's. The run folder's scheduler.json, which the job's
+    role may write, then cannot point `ops stop` or `ops status` at another run's job."""
+    if run_uri is None:
+        return
+    got = (d.get("OutputDataConfig") or {}).get("S3OutputPath", "")
+    if got.rstrip("/") != output_path(run_uri).rstrip("/"):
+        raise SubmitError(f"job {d.get('TrainingJobName')} writes to {got!r}, not this run's {output_path(run_uri)!r}: "
+                          "it is not this run's job; the run folder's scheduler.json names another run's")
+
+
+def job_state(client, name: str, *, run_uri: str | None = None) -> JobState:
+    """The job as SageMaker describes it, in the words every room shares; with `run_uri`, only when it is that
+    run's job (check_owner)."""
     d = client.describe_training_job(TrainingJobName=name)
+    check_owner(d, run_uri)
     status = d["TrainingJobStatus"]
     return JobState(
         name=name, status=status, secondary=d.get("SecondaryStatus", ""),
@@ -382,14 +401,17 @@ def latest_job(client, prefix: str) -> str | None:
     return jobs[-1]["TrainingJobName"] if jobs else None
 
 
-def stop(client, prefix: str) -> list[str]:
+def stop(client, prefix: str, *, run_uri: str | None = None) -> list[str]:
     """StopTrainingJob for each of the run's jobs still running (SageMaker sends the container SIGTERM, then
-    SIGKILL after 120 s); returns their names. A job already stopping or ended is left alone."""
+    SIGKILL after 120 s); returns their names. A job already stopping or ended is left alone; with `run_uri`,
+    a job that is not that run's (check_owner) is refused before any is stopped."""
     stopped = []
-    for j in run_jobs(client, prefix):
-        if j["TrainingJobStatus"] == "InProgress":
-            client.stop_training_job(TrainingJobName=j["TrainingJobName"])
-            stopped.append(j["TrainingJobName"])
+    running = [j for j in run_jobs(client, prefix) if j["TrainingJobStatus"] == "InProgress"]
+    for j in running if run_uri is not None else []:
+        check_owner(client.describe_training_job(TrainingJobName=j["TrainingJobName"]), run_uri)
+    for j in running:
+        client.stop_training_job(TrainingJobName=j["TrainingJobName"])
+        stopped.append(j["TrainingJobName"])
     return stopped
 
 

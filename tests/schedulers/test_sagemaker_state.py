@@ -189,3 +189,50 @@ def test_the_status_command_reads_the_job_and_shows_the_run_timed_out(tmp_path, 
     st = status._snapshot(uri, argparse.Namespace(events=5, stack=None, run_uri=uri))
     assert st.state == layout.TIMED_OUT and st.job == ended
     assert "MaxWaitTimeExceeded" in json.loads(store.get_bytes(layout.TIMED_OUT))[layout.MARKER_REASON]
+
+
+class S3Run:
+    """A run folder in S3 as ops sees it: its URI and its scheduler.json (which the job's own role could write)."""
+
+    uri = "s3://b/runs/exp-7"
+
+    def __init__(self, prefix: str = "trainstack-sm-exp-7"):
+        self.record = json.dumps({"scheduler": "sagemaker", "region": "us-east-1", "job_prefix": prefix,
+                                  "job": f"{prefix}--2"}).encode()
+
+    def get_bytes(self, key):
+        assert key == layout.SCHEDULER_KEY
+        return self.record
+
+
+@pytest.mark.parametrize(("output", "stops"), [("s3://b/runs/exp-7/sagemaker/", True),
+                                               ("s3://b/runs/other-run/sagemaker/", False)])
+def test_ops_stop_stops_only_a_job_that_writes_to_this_run(output, stops):
+    c = _client()
+    summary = {"TrainingJobArn": "arn:aws:sagemaker:us-east-1:1:training-job/x", "CreationTime": T0,
+               "TrainingJobName": "trainstack-sm-exp-7--2", "TrainingJobStatus": "InProgress"}
+    d = described("InProgress", "Training", history=["Training"])
+    d["OutputDataConfig"] = {"S3OutputPath": output}
+    with Stubber(c) as stub:
+        stub.add_response("list_training_jobs", {"TrainingJobSummaries": [summary]})
+        stub.add_response("describe_training_job", d, {"TrainingJobName": "trainstack-sm-exp-7--2"})
+        if stops:
+            stub.add_response("stop_training_job", {}, {"TrainingJobName": "trainstack-sm-exp-7--2"})
+            assert jobs.stop_job(S3Run(), client=c) == ["trainstack-sm-exp-7--2"]
+        else:
+            with pytest.raises(sagemaker.SubmitError, match="not this run's job"):
+                jobs.stop_job(S3Run(), client=c)
+        stub.assert_no_pending_responses()
+
+
+def test_ops_status_names_a_job_of_another_run_and_reads_nothing_from_it():
+    c = _client()
+    d = described("Stopped", "MaxWaitTimeExceeded", history=["MaxWaitTimeExceeded"])
+    d["OutputDataConfig"] = {"S3OutputPath": "s3://b/runs/other-run/sagemaker/"}
+    from ops.runstate import NOT_STARTED, RunStatus
+
+    st = RunStatus(run_uri=S3Run.uri, state=NOT_STARTED)
+    with Stubber(c) as stub:
+        stub.add_response("describe_training_job", d, {"TrainingJobName": "trainstack-sm-exp-7--2"})
+        assert status.with_job(st, S3Run(), client=c) is False
+    assert st.job is None and "not this run's job" in st.job_note
