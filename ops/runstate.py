@@ -137,8 +137,11 @@ class RunStatus:
         return self.state in FINAL_STATES
 
     def to_json(self) -> dict:
-        """A plain dict for ``json.dumps``."""
-        return asdict(self)
+        """A plain dict for ``json.dumps`` (a managed job's with its managed-spot saving)."""
+        out = asdict(self)
+        if out.get("job") is not None:
+            out["job"]["saving"] = self.job.saving
+        return out
 
 
 def stamp(text) -> float | None:

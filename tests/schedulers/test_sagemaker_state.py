@@ -188,6 +188,8 @@ def test_the_status_command_reads_the_job_and_shows_the_run_timed_out(tmp_path, 
     monkeypatch.setattr(jobs, "job_state", lambda store, client=None: ended)
     st = status._snapshot(uri, argparse.Namespace(events=5, stack=None, run_uri=uri))
     assert st.state == layout.TIMED_OUT and st.job == ended
+    shown = json.loads(json.dumps(st.to_json()))["job"]
+    assert (shown["secondary"], shown["billable_s"], shown["saving"]) == ("MaxWaitTimeExceeded", 240, 0.6)
     assert "MaxWaitTimeExceeded" in json.loads(store.get_bytes(layout.TIMED_OUT))[layout.MARKER_REASON]
 
 
