@@ -37,7 +37,8 @@ _FIXED_MTIME = 946684800  # 2000-01-01: any constant works; a real date keeps ta
 
 # Besides the .py files: the requirement files, the image's Dockerfile, and the machines' package
 # cache script (bootstrap.sh sources it from the archive, beside the requirement files it caches).
-SHIPPED_NAMES = ("requirements.txt", "requirements-gpu.txt", "requirements-keras2.txt", "Dockerfile", "pip_cache.sh")
+SHIPPED_NAMES = ("requirements.txt", "requirements-gpu.txt", "requirements-keras2.txt", "Dockerfile", "pip_cache.sh",
+                 "train")
 
 
 def _members(src: Path) -> list[Path]:

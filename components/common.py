@@ -26,6 +26,8 @@ from runfolder import layout
 # The stack outputs, by their exported (camelCase) names, in export order.
 EXPORT_KEYS = ("bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri")
 # A stack of several placements also exports the placement controller's configuration (JSON).
+# `scheduler: sagemaker`: what `ops start` submits (JSON, schedulers.sagemaker.JobSpec's fields).
+SAGEMAKER_JOB_OUTPUT = "sagemakerJob"
 PROJECT_EXPORT = "project"  # GCP only: the project the stack lives in, for the operator's gcloud
 
 # The URI scheme of each cloud's object store.
@@ -245,6 +247,9 @@ class StackOutputs(pulumi.ComponentResource):
         values = (self.bucket_name, self.run_uri, self.image_ref, self.group_name, self.region,
                   self.watch_command, self.code_uri)
         out = dict(zip(EXPORT_KEYS, values, strict=True))
+        job = getattr(self, "sagemaker_job", None)
+        if job is not None:
+            out[SAGEMAKER_JOB_OUTPUT] = job
         if self.placements is not None:
             out[PLACEMENTS_OUTPUT] = self.placements
         if self.gcp_project is not None:

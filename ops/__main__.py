@@ -1,4 +1,4 @@
-"""`python -m ops`: the operator's commands. `synth` writes what a stack would create, offline (ops/synth.py); `status`, `logs` and `tunnel` (ops/status.py, ops/remote.py) follow a run and reach its machines; `stop`, `runs` and `pull` (ops/runs.py) end, list and fetch runs; `tensorboard` (ops/tensorboard.py) serves a run's TensorBoard from its bucket; `move` (ops/move.py) moves a run to another placement; `dashboard` (ops/dashboard/) shows a bucket's runs in a browser.
+"""`python -m ops`: the operator's commands. `synth` writes what a stack would create, offline (ops/synth.py); `status`, `logs` and `tunnel` (ops/status.py, ops/remote.py) follow a run and reach its machines; `stop`, `runs` and `pull` (ops/runs.py) end, list and fetch runs; `tensorboard` (ops/tensorboard.py) serves a run's TensorBoard from its bucket; `move` (ops/move.py) moves a run to another placement; `start` (ops/jobs.py) submits a SageMaker stack's training job; `dashboard` (ops/dashboard/) shows a bucket's runs in a browser.
 
 A mistyped command or flag gets one line with the nearest real one, not the whole usage."""
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run one command; returns the exit status."""
     parser = OpsParser(prog="python -m ops", description="Operate trainstack stacks.")
     sub = parser.add_subparsers(dest="command", required=True)
-    from ops import dashboard, move, preflight, remote, runs, status, synth, tensorboard
+    from ops import dashboard, jobs, move, preflight, remote, runs, status, synth, tensorboard
 
     synth.register(sub)
     status.register(sub)
@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     preflight.register(sub)
     tensorboard.register(sub)
     move.register(sub)
+    jobs.register(sub)
     dashboard.register(sub)
     args, extra = parser.parse_known_args(argv)
     if extra:

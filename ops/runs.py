@@ -130,8 +130,12 @@ def request_stop(run_uri: str, *, reason: str = "", store=None, now: float | Non
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    """``ops stop``: ask the run to end as CANCELLED (``--wait``: until it has)."""
-    from ops import hosts, status
+    """``ops stop``: ask the run to end as CANCELLED (``--wait``: until it has); on a SageMaker stack, also stop
+    its training job."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from ops import hosts, jobs, status
+    from schedulers import sagemaker
 
     try:
         uri = run_uri(args)
@@ -139,6 +143,17 @@ def cmd_stop(args: argparse.Namespace) -> int:
     except (hosts.HostsError, OpsError, status.NoRun, ValueError) as e:
         print(f"ops stop: {e}", file=sys.stderr)
         return EXIT_ERROR
+    try:
+        from runfolder.storage import open_store
+
+        stopped = jobs.stop_job(open_store(uri))
+    except (BotoCoreError, ClientError, sagemaker.SubmitError) as e:
+        print(f"ops stop: the STOP request is written, but SageMaker did not stop the job: {' '.join(str(e).split())}; "
+              "run ops stop again", file=sys.stderr)
+        return EXIT_ERROR
+    for name in stopped:
+        print(f"stopped SageMaker training job {name}: SIGTERM to the trainer, which commits a checkpoint; the run "
+              "ends CANCELLED (ops status records it once the job has stopped)")
     if doc.get("already"):
         print(f"ops stop: {uri} was already asked to stop ({doc.get('requested', 'earlier')}); waiting for the trainer")
     else:

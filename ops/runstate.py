@@ -114,6 +114,11 @@ class RunStatus:
     # event, while no machine has trained and no move came since), else "".
     waiting: str = ""
     group_note: str = ""
+    # A managed scheduler's run (scheduler.json): its job as the service reports it (schedulers.JobState), or
+    # why it could not be read.
+    scheduler: dict | None = None
+    job: object | None = None
+    job_note: str = ""
     # Machine time (every attempt's start to its end, x nodes) and its cost at the price the
     # stack gave the machines (runfolder.cost); cost_note says what the price is (an estimate).
     machine_hours: float | None = None
@@ -132,8 +137,11 @@ class RunStatus:
         return self.state in FINAL_STATES
 
     def to_json(self) -> dict:
-        """A plain dict for ``json.dumps``."""
-        return asdict(self)
+        """A plain dict for ``json.dumps`` (a managed job's with its managed-spot saving)."""
+        out = asdict(self)
+        if out.get("job") is not None:
+            out["job"]["saving"] = self.job.saving
+        return out
 
 
 def stamp(text) -> float | None:

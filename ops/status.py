@@ -128,6 +128,7 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
                     "for a stack whose machine is still booting)")
     st = classify(facts, now, events=events)
     st.placement = read_json(store, layout.PLACEMENT_KEY)
+    st.scheduler = read_json(store, layout.SCHEDULER_KEY)
     return st
 
 
@@ -144,13 +145,57 @@ def with_group(st: RunStatus, group) -> RunStatus:
     return st
 
 
+def with_job(st: RunStatus, store, *, client=None, now: float | None = None) -> bool:
+    """Add the run's managed job (its scheduler.json; none on the groups) to ``st``, and when the job ended
+    without the trainer's own marker, write the run's (schedulers.sagemaker.record_end: MaxWaitTimeExceeded
+    ends it TIMED_OUT with the job's reason). True when that wrote a marker ``st`` does not show yet."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from ops import jobs
+    from schedulers import sagemaker
+
+    try:
+        st.job = jobs.job_state(store, client=client)
+    except (BotoCoreError, ClientError, sagemaker.SubmitError) as e:
+        st.job_note = f"job not read: {' '.join(str(e).split())}"
+        return False
+    if st.job is None:
+        return False
+    marker = sagemaker.record_end(st.job, store=store, now=time.time() if now is None else now)
+    return marker is not None and not st.final
+
+
+def job_lines(job) -> list[tuple[str, str]]:
+    """The managed job's rows: its status and secondary status, then its training and billable time and the
+    managed-spot saving, 1 - billable / training (the service's own figures, not an estimate)."""
+    if job is None:
+        return []
+    rows = [("job", f"{job.name}  {job.status}" + (f" / {job.secondary}" if job.secondary else "")
+             + (f"  {job.message}" if job.message else ""))]
+    if job.training_s is not None:
+        billed = "-" if job.billable_s is None else f"{job.billable_s} s"
+        saving = "" if job.saving is None else f"   managed-spot saving {job.saving:.0%} (1 - billable / training)"
+        rows.append(("billing", f"training {job.training_s} s   billable {billed}{saving}"
+                                + (f"   spot interruptions {job.interruptions}" if job.interruptions else "")))
+    return rows
+
+
 def _snapshot(uri: str, args: argparse.Namespace, store=None) -> RunStatus:
     """One reading of the run (and, with --stack, of its group: a failure to read it is a note)."""
     from ops import hosts
+    from runfolder.storage import open_store
 
     st = read_status(uri, store=store, events=args.events, must_exist=getattr(args, "run_uri", None) is not None)
+    if st.scheduler is not None:
+        store = open_store(uri) if store is None else store
+    if st.scheduler is not None and with_job(st, store):
+        # The job's own end (the wait ran out, a failure, a stop) is now the run's marker: read it again.
+        job, note = st.job, st.job_note
+        st = read_status(uri, store=store, events=args.events)
+        st.job, st.job_note = job, note
+        return st
     stack = getattr(args, "stack", None)
-    if stack and not st.final and uri.startswith(("s3://", "gs://")):
+    if st.job is None and not st.job_note and stack and not st.final and uri.startswith(("s3://", "gs://")):
         active = st.placement.get("active", 0) if isinstance(st.placement, dict) else 0
         try:
             # After a move the run trains in another placement's group (placement.json says which).
@@ -273,6 +318,10 @@ def render(st: RunStatus):
         grid.add_row("launch failed", Text(line, style="red"))
     if st.group_note:
         grid.add_row("group", Text(st.group_note, style="dim"))
+    for label, line in job_lines(st.job):
+        grid.add_row(label, line)
+    if st.job_note:
+        grid.add_row("job", Text(st.job_note, style="dim"))
     if st.machine_hours is not None:
         grid.add_row("cost", cost_text(st))
         for line in placement_cost_lines(st):

@@ -112,9 +112,26 @@ def plan(result: Result, settings: config.Settings, *, ask_prices: bool = True) 
         placements = plan_text.placements_section(rows, groups, settings.placement.wait_minutes, size,
                                                   pricing.transfer_source())
         placements += plan_text.image_copies_lines(pricing.image_copies(settings), pricing.registry_source())
+    if settings.scheduler == "sagemaker":
+        placements += sagemaker_lines(settings)
     return plan_text.render(settings.stack, settings.cloud, settings.region, result.resources, result.outputs,
                             result.mock_values, est, settings.compute.gpus_per_node,
                             storage.plan_lines(checkpoints), placements)
+
+
+def sagemaker_lines(settings: config.Settings) -> list[str]:
+    """A SageMaker stack's job, and what its price figures are: SageMaker publishes no spot price by API."""
+    from schedulers import sagemaker
+
+    c = settings.compute
+    return [
+        f"SageMaker: the run is one training job on {sagemaker.instance_type(c.instance_types[0])} x {c.nodes}"
+        f"{', managed spot' if c.spot else ''}, waiting and training within {c.max_runtime_hours:g} h of its first "
+        f"start; nothing runs until `python -m ops start --stack {settings.stack}` submits it",
+        "  Price: an estimate. SageMaker publishes no spot price by API; AWS documents managed spot as up to 90 % off "
+        "the ml.* on-demand price, which is above the EC2 figures shown for the same machine. The real cost is the "
+        "job's billable seconds; ops status shows them and the saving, 1 - billable / training",
+    ]
 
 
 # A workload identity pool's provider: its attribute mapping gives each federated caller's `google.subject`.

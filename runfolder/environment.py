@@ -65,6 +65,8 @@ EXTRA_ARGS = PREFIX + "EXTRA_ARGS"
 COMMAND = PREFIX + "COMMAND"
 # This machine's name in the run's lease (the boot sets the instance's id; else the host name).
 MACHINE_ID = PREFIX + "MACHINE_ID"
+# Under SageMaker: where the job's /opt/ml is (trainer/sagemaker_entry.py; the tests lay one out in a folder).
+OPT_ML = PREFIX + "OPT_ML"
 
 # -- the machine's env file: the machine's own keys (the boot scripts read them) --
 

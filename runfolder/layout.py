@@ -69,6 +69,9 @@ LEASE_KEY = "lease.json"  # the single-writer lease (runfolder/lease.py)
 # Several placements: which one is active and every move (controller/record.py). Absent:
 # placement 0 (home) is active.
 PLACEMENT_KEY = "placement.json"
+# A managed scheduler's run (trainstack:scheduler sagemaker): which service runs it and its newest job, written
+# by whoever submits the job (`ops start`, schedulers/), read by `ops status` and `ops stop`. Absent: the groups.
+SCHEDULER_KEY = "scheduler.json"
 # The placement controller's own events (`moved`), among the machines' so `ops status` shows them.
 PLACEMENT_EVENTS_KEY = f"{MACHINE_EVENTS_PREFIX}placement.jsonl"
 # The placements' spot prices as the controller last read them from each cloud, each with its as_of

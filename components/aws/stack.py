@@ -1,5 +1,7 @@
 """TrainingStack: one training run on AWS, composed of bucket, identity, repository,
 trainer code and spot group, all in the stack's region through one explicit provider.
+With `scheduler: sagemaker`, bucket, repository, image and the job's role only (components/aws/job.py):
+SageMaker runs the machines.
 A placement in another AWS region has its group there; a placement on GCP is built one floor
 up (components/multicloud/, through `TrainingStackArgs.placements`).
 
@@ -19,11 +21,13 @@ from components.aws.controller import PlacementController, PlacementControllerAr
 from components.aws.group import SpotGroup, spot_group_args
 from components.aws.identity import InstanceIdentity, InstanceIdentityArgs
 from components.aws.image import ImageMirror, TrainerImage, TrainerImageArgs
+from components.aws.job import JobIdentity, JobIdentityArgs, job_spec
 from components.aws.naming import default_bucket_name, group_name, repository_name
 from components.aws.repository import ImageRepository, ImageRepositoryArgs
 from components.code import user_code_dir
 from components.common import Home, Placements, StackOutputs, TrainingStackArgs, image_refs, mirrored_image, run_uri
 from components.tags import aws_tags
+from schedulers import sagemaker
 
 __all__ = ["TrainingStack", "TrainingStackArgs"]
 
@@ -51,6 +55,9 @@ class TrainingStack(StackOutputs):
 
         bucket = self._bucket()
         repo, mirrors = self._repositories()
+        if s.scheduler == "sagemaker":
+            self._job(bucket, repo)
+            return
         identity = self._identity(bucket, repo, mirrors)
         code = TrainerCode(
             f"{name}-code",
@@ -68,6 +75,25 @@ class TrainingStack(StackOutputs):
             s, bucket_name=bucket.name, run_uri=run, image_ref=home.images[0],
             group_name=self.placement_groups[0].group_name, code_uri=code.code_uri, placements=controller_config,
         )
+
+    def _job(self, bucket: TrainingBucket, repo: ImageRepository) -> None:
+        """`scheduler: sagemaker`: the job's role and what `ops start` submits; no group, no controller (SageMaker
+        runs and releases the machines, and its StoppingCondition is the runtime cap)."""
+        s, args = self._args.settings, self._args
+        self.placement_groups, self.controller = [], None
+        prefix = sagemaker.job_prefix(project=args.project, stack=s.stack, run_id=s.run_id)
+        identity = JobIdentity(
+            f"{self._stem}-job-identity",
+            JobIdentityArgs(bucket_arn=bucket.arn, run_id=s.run_id, repository_arn=repo.arn, job_prefix=prefix,
+                            region=s.region, data_uri=s.run.data_uri, validation_data_uri=s.run.validation_data_uri,
+                            tags=self._tags),
+            opts=self._at_home,
+        )
+        run = run_uri("aws", bucket.name, s.run_id)
+        image = self._images(repo, {})[0]
+        self.sagemaker_job = job_spec(s, run_uri=run, image=image, role_arn=identity.role_arn, job_prefix=prefix)
+        self._set_outputs(s, bucket_name=bucket.name, run_uri=run, image_ref=image,
+                          group_name=pulumi.Output.from_input(""), code_uri=pulumi.Output.from_input(""))
 
     def _bucket(self) -> TrainingBucket:
         """The run's bucket: the configured name, or the stack's default in the deployer's account."""

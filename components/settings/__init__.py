@@ -1,7 +1,7 @@
 """The stack's configuration as typed, validated data.
 
 A stack file (`stacks/Pulumi.<stack>.yaml`) holds scalars (`trainstack:cloud`,
-`trainstack:region`, `trainstack:project`) and structured blocks (`trainstack:run`,
+`trainstack:region`, `trainstack:project`, `trainstack:scheduler`) and structured blocks (`trainstack:run`,
 `trainstack:compute`, `trainstack:image`, `trainstack:storage`, `trainstack:access`,
 `trainstack:placement`) and the list `trainstack:placements`, with
 camelCase keys as Pulumi config usually has. Everything is checked here, before the first
@@ -9,7 +9,8 @@ resource is created; a bad value raises `ConfigError` whose message is one line 
 key, the value and what was expected.
 
 One module per job: `schema` (the blocks, their keys and one-block checks), `errors`
-(the one-line messages), `aws` / `gcp` (each cloud's `validate()`), `common` (checks both
+(the one-line messages), `aws` / `gcp` (each cloud's `validate()`), `schedulers` (what a managed training job
+cannot take), `common` (checks both
 clouds share), `placements` (several places of one run), `loading` (stack files and the Pulumi SDK). The secret patterns and the
 defaults the policy pack reads are in `components.config_shared`.
 """

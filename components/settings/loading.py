@@ -1,7 +1,7 @@
 """Loading a stack's config: from a stack file or from the Pulumi SDK, checked before anything is created.
 
 Order: no secret anywhere, only known top-level keys, then the schema (`schema.py`), then
-the stack's cloud (`aws.validate` / `gcp.validate`) and the rules common to both
+the scheduler (`schedulers.py`), the stack's cloud (`aws.validate` / `gcp.validate`) and the rules common to both
 (`common.validate`). The first problem raises `ConfigError`, one line naming the key.
 """
 
@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from components import config_shared
-from components.settings import aws, common, gcp, placements
+from components.settings import aws, common, gcp, placements, schedulers
 from components.settings.errors import NAMESPACE, NO_SECRETS, ConfigError, closest, one_line
 from components.settings.schema import BLOCKS, LISTS, SCALARS, Settings
 
@@ -54,7 +54,8 @@ def refuse_secrets(raw: Mapping[str, Any]) -> None:
 
 
 def validate(s: Settings) -> None:
-    """The checks beyond the schema: the stack's cloud's, then those common to both clouds."""
+    """The checks beyond the schema: the scheduler's, the stack's cloud's, then those common to both clouds."""
+    schedulers.validate(s)
     CLOUD_CHECKS[s.cloud](s)
     common.validate(s)
     placements.validate(s, CLOUD_CHECKS)

@@ -34,7 +34,9 @@ from trainer.config import TrainConfig
 BLOCKS = ("run", "compute", "image", "storage", "access", "placement")
 # Keys that hold a list of blocks (each entry checked like a block).
 LISTS = ("placements",)
-SCALARS = ("cloud", "region", "project")
+SCALARS = ("cloud", "region", "project", "scheduler")
+# Who runs the training machines: the stack's own spot groups, or a managed service's training job.
+SCHEDULERS = ("groups", "sagemaker", "vertex")
 BUILTIN_MODELS = ("mlp", "transformer-lm")
 DEFAULT_IMAGE_REPOSITORY = "tensorflow/tensorflow"
 DEFAULT_IMAGE_TAG = "2.21.0-gpu"
@@ -487,6 +489,9 @@ class Settings(_Block):
     cloud: Literal["aws", "gcp"] = Field("aws", description="aws or gcp.")
     region: str = Field(description="Region of every resource.")
     project: str = Field("", description="GCP project id (GCP only).")
+    scheduler: Literal["groups", "sagemaker", "vertex"] = Field(
+        "groups", description="Who runs the machines: groups (the stack's own spot groups), sagemaker (a SageMaker "
+                              "managed-spot training job, AWS) or vertex (a Vertex AI custom job, GCP).")
     run: RunSettings
     compute: ComputeSettings = Field(default_factory=ComputeSettings)
     image: ImageSettings = Field(default_factory=ImageSettings)

@@ -51,6 +51,11 @@ ONLY = {
 }
 
 
+# Files only one cloud has yet, and why: a managed scheduler's job (trainstack:scheduler) is built for SageMaker on
+# AWS (job.py: the job's role and what `ops start` submits); Vertex AI's, GCP's twin, is not built yet.
+ONLY_FILES = {"aws": {"job.py"}, "gcp": set()}
+
+
 def fields(cls) -> dict[str, str]:
     return {f.name: str(f.type) for f in dataclasses.fields(cls)}
 
@@ -59,8 +64,10 @@ def test_both_clouds_export_the_same_names_from_the_same_files():
     assert aws.__all__ == gcp.__all__
     assert sorted(aws.__all__) == sorted([*COMPONENTS, *(f"{n}Args" for n in COMPONENTS)])
     assert len(COMPONENTS) == 8
-    files = {cloud: sorted(p.name for p in (ROOT / "components" / cloud).glob("*.py")) for cloud in ("aws", "gcp")}
+    files = {cloud: sorted(p.name for p in (ROOT / "components" / cloud).glob("*.py") if p.name not in ONLY_FILES[cloud])
+             for cloud in ("aws", "gcp")}
     assert files["aws"] == files["gcp"]
+    assert all((ROOT / "components" / cloud / f).is_file() for cloud, names in ONLY_FILES.items() for f in names)
 
 
 @pytest.mark.parametrize("name", COMPONENTS)
@@ -98,7 +105,8 @@ def test_shared_parts_are_one_definition():
 
 
 def test_each_clouds_tests_mirror_the_other():
-    tests = {cloud: sorted(p.name.replace(cloud, "CLOUD") for p in (ROOT / "tests" / "components" / cloud).glob("*.py"))
+    tests = {cloud: sorted(p.name.replace(cloud, "CLOUD") for p in (ROOT / "tests" / "components" / cloud).glob("*.py")
+                           if p.name.removeprefix(f"test_{cloud}_") not in ONLY_FILES[cloud])
              for cloud in ("aws", "gcp")}
     assert tests["aws"] == tests["gcp"]
     assert "test_CLOUD_stack.py" in tests["aws"] and "helpers.py" in tests["aws"]

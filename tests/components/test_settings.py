@@ -352,6 +352,11 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
      "only GCP stacks grant on the data bucket itself"),
     ("gcp-n1-unknown-accelerator", gcp(**{C: {"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-a100"}}),
      "compute.accelerator", "expected one of nvidia-tesla-t4"),
+    ("scheduler-unknown", stack(trainstack_scheduler="slurm"), "scheduler", "expected groups, sagemaker or vertex"),
+    ("scheduler-sagemaker-on-gcp", gcp(trainstack_scheduler="sagemaker", **{IMG: {"build": True}}), "scheduler",
+     "'sagemaker' runs on AWS and this stack's cloud is gcp"),
+    ("scheduler-sagemaker-public-image", stack(trainstack_scheduler="sagemaker"), "image.build",
+     "scheduler sagemaker runs the stack's own image"),
 ]
 
 # placements: the home (the dev stack's own cloud, region and types) and other places of the same run

@@ -218,6 +218,9 @@ LINES = {
     'placement-move-fraction-above-one': 'trainstack:placement.moveFraction: 1.5: expected 1 or less',
     'placement-move-fraction-bool': 'trainstack:placement.moveFraction: True: expected a number, not true/false',
     'placement-not-block': 'trainstack:placement: [15]: expected a block of keys',
+    'scheduler-unknown': "trainstack:scheduler: 'slurm': expected groups, sagemaker or vertex",
+    'scheduler-sagemaker-on-gcp': "trainstack:scheduler: 'sagemaker' runs on AWS and this stack's cloud is gcp; use groups or vertex on gcp",
+    'scheduler-sagemaker-public-image': "trainstack:image.build: false: scheduler sagemaker runs the stack's own image (its entry takes `train`; SageMaker cannot mount the trainer's code into a public image); set image.build: true",
 }
 
 

@@ -177,18 +177,23 @@ def evaluate(documents: Iterable[str | Mapping], request: Request) -> Decision:
 
 
 
-def evaluate_trust(document: str | Mapping, *, federated: str, action: str,
-                   context: Mapping[str, str | list[str]]) -> Decision:
-    """The decision of a role's trust policy for a federated caller (`Principal: {Federated: ...}`):
-    a statement applies when its principal names `federated`, its action matches and its conditions hold
-    for `context` (the token's claims as the provider's condition keys). No other principal kind is
+def evaluate_trust(document: str | Mapping, *, action: str, context: Mapping[str, str | list[str]],
+                   federated: str | None = None, service: str | None = None) -> Decision:
+    """The decision of a role's trust policy for a federated caller (`Principal: {Federated: ...}`) or an AWS
+    service acting for a resource (`Principal: {Service: ...}`, e.g. SageMaker for a training job): a
+    statement applies when its principal names the caller, its action matches and its conditions hold for
+    `context` (a token's claims as the provider's condition keys; for a service, `aws:SourceAccount` and
+    `aws:SourceArn` of the resource it acts for). Give `federated` or `service`; no other principal kind is
     evaluated: a statement naming one raises UnsupportedPolicy."""
+    if (federated is None) == (service is None):
+        raise ValueError("give one of federated or service")
+    kind, caller = ("Federated", federated) if federated is not None else ("Service", service)
     allowed = False
     for statement in statements([document]):
         principal = statement.get("Principal")
-        if not isinstance(principal, Mapping) or set(principal) != {"Federated"} or "NotPrincipal" in statement:
-            raise UnsupportedPolicy(f"trust principal {principal!r}: only Federated is evaluated")
-        if federated not in _as_list(principal["Federated"]):
+        if not isinstance(principal, Mapping) or set(principal) != {kind} or "NotPrincipal" in statement:
+            raise UnsupportedPolicy(f"trust principal {principal!r}: only {kind} is evaluated here")
+        if caller not in _as_list(principal[kind]):
             continue
         if not any(wildcard_match(p, action, ignore_case=True) for p in _as_list(statement.get("Action", []))):
             continue

@@ -14,11 +14,12 @@ ROOT = Path(__file__).resolve().parents[3]
 ALL_STACK_FILES = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
 
 
-def _cloud(path: Path) -> str:
-    return (yaml.safe_load(path.read_text())["config"] or {}).get("trainstack:cloud", "aws")
+def _cloud(path: Path, key: str = "cloud", default: str = "aws") -> str:
+    return (yaml.safe_load(path.read_text())["config"] or {}).get(f"trainstack:{key}", default)
 
 
-STACK_FILES = [p for p in ALL_STACK_FILES if _cloud(p) == "aws"]
+# The AWS stacks of spot groups; a SageMaker stack's are in test_aws_job.py.
+STACK_FILES = [p for p in ALL_STACK_FILES if _cloud(p) == "aws" and _cloud(p, "scheduler", "groups") == "groups"]
 EXPORTS = {"bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri"}
 EXPECTED_TYPES = {
     "trainstack:aws:TrainingStack": 1, "trainstack:aws:TrainingBucket": 1, "trainstack:aws:InstanceIdentity": 1,

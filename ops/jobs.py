@@ -1,0 +1,121 @@
+"""`ops start`: submit the run's job on a managed scheduler (`trainstack:scheduler: sagemaker`); and what
+`ops stop` and `ops status` ask the job's service besides the run folder.
+
+A stack of spot groups starts with `pulumi up` and has nothing to submit. A SageMaker stack's `pulumi up`
+makes the bucket, the image and the job's role only: a training job is a run, not infrastructure (a
+resource would be replaced, so trained again, by a later `up`), so `ops start` submits it, from the
+stack's `sagemakerJob` output, through schedulers/sagemaker.py, which makes no second job for a run
+that has one running or completed, or has ended. It records the job in the run folder's
+`scheduler.json`, where `ops status --run-uri` and `ops stop --run-uri` find it without the stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from ops.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK
+from runfolder import layout
+from schedulers import JobState
+
+SAGEMAKER_OUTPUT = "sagemakerJob"  # components/common.py's SAGEMAKER_JOB_OUTPUT (ops cannot import components)
+
+
+def read_record(store) -> dict | None:
+    """The run folder's `scheduler.json` (which service runs the run, and its newest job), or None on the groups."""
+    from runfolder.storage import NotFound
+
+    try:
+        doc = json.loads(store.get_bytes(layout.SCHEDULER_KEY))
+    except (NotFound, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("scheduler") == "sagemaker" else None
+
+
+def write_record(store, spec, job: str) -> None:
+    store.put_bytes(layout.SCHEDULER_KEY, json.dumps({"scheduler": "sagemaker", "region": spec.region,
+                                                      "job_prefix": spec.job_prefix, "job": job}).encode())
+
+
+def job_state(store, *, client=None) -> JobState | None:
+    """The run's job as its service reports it, or None on the groups (no scheduler.json)."""
+    from schedulers import sagemaker
+
+    record = read_record(store)
+    if record is None:
+        return None
+    c = sagemaker.client_for(record["region"], client=client)
+    return sagemaker.job_state(c, record["job"], run_uri=_s3_uri(store))
+
+
+def stop_job(store, *, client=None) -> list[str]:
+    """StopTrainingJob for the run's running job (none on the groups); returns the jobs stopped."""
+    from schedulers import sagemaker
+
+    record = read_record(store)
+    if record is None:
+        return []
+    return sagemaker.stop(sagemaker.client_for(record["region"], client=client), record["job_prefix"],
+                          run_uri=_s3_uri(store))
+
+
+def _s3_uri(store) -> str | None:
+    """The run folder's URI, against which the job's own output path is checked (a local copy of a run has
+    no job of its own to compare with: None)."""
+    uri = getattr(store, "uri", "")
+    return uri if uri.startswith("s3://") else None
+
+
+def start(spec, *, store=None, client=None, now: float | None = None):
+    """Submit the run's job (schedulers.sagemaker.launch) and record it in the run folder."""
+    from runfolder.storage import open_store
+    from schedulers import sagemaker
+
+    store = open_store(spec.run_uri) if store is None else store
+    done = sagemaker.launch(spec, client=sagemaker.client_for(spec, client=client), store=store,
+                            now=time.time() if now is None else now)
+    if done.job is not None and done.outcome in ("submitted", "running"):
+        write_record(store, spec, done.job)
+    return done
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    """``ops start``: submit the stack's run as a SageMaker training job, once."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from ops import hosts
+    from schedulers import sagemaker
+
+    try:
+        outputs = hosts.stack_outputs(args.stack)
+        text = outputs.get(SAGEMAKER_OUTPUT)
+        if not text:
+            print(f"ops start: stack {args.stack} trains on its own spot groups (trainstack:scheduler groups): "
+                  "`pulumi up` started it; nothing to submit", file=sys.stderr)
+            return EXIT_ERROR
+        done = start(sagemaker.JobSpec.from_json(text))
+    except (hosts.HostsError, sagemaker.SubmitError) as e:
+        print(f"ops start: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except (BotoCoreError, ClientError) as e:
+        print(f"ops start: SageMaker refused the job: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_ERROR
+    if done.outcome == "submitted":
+        print(f"submitted SageMaker training job {done.job} (managed spot: "
+              f"{done.request['EnableManagedSpotTraining']}, stopping condition {done.request['StoppingCondition']})")
+    elif done.outcome == "ended":
+        print(f"ops start: {done.detail}", file=sys.stderr)
+        return EXIT_FAILED
+    else:
+        print(f"the run's job {done.job} is {done.detail}: nothing submitted")
+    print(f"follow it: python -m ops status --stack {args.stack} --watch")
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``start`` to ``python -m ops``."""
+    p = sub.add_parser("start", help="submit the run's SageMaker training job (trainstack:scheduler sagemaker), once")
+    p.add_argument("--stack", required=True, help="stack name: the job comes from its sagemakerJob output (pulumi CLI)")
+    p.set_defaults(func=cmd_start)
