@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from components import config_shared
-from components.settings import aws, common, gcp, placements
+from components.settings import aws, common, gcp, kubernetes, placements
 from components.settings.errors import NAMESPACE, NO_SECRETS, ConfigError, closest, one_line
 from components.settings.schema import BLOCKS, LISTS, SCALARS, Settings
 
@@ -23,7 +23,8 @@ from components.settings.schema import BLOCKS, LISTS, SCALARS, Settings
 CLOUD_CHECKS: dict[str, Callable[[Settings], None]] = {"aws": aws.validate, "gcp": gcp.validate}
 
 # Provider keys that hold credentials: in a stack file they must at least be Pulumi secrets.
-PLAIN_CREDENTIAL_KEYS = ("aws:accessKey", "aws:secretKey", "aws:token", "gcp:credentials", "gcp:accessToken")
+PLAIN_CREDENTIAL_KEYS = ("aws:accessKey", "aws:secretKey", "aws:token", "gcp:credentials", "gcp:accessToken",
+                         "kubernetes:kubeconfig")
 
 
 def _walk(value: Any, key: str):
@@ -55,6 +56,7 @@ def refuse_secrets(raw: Mapping[str, Any]) -> None:
 
 def validate(s: Settings) -> None:
     """The checks beyond the schema: the stack's cloud's, then those common to both clouds."""
+    kubernetes.validate(s)
     CLOUD_CHECKS[s.cloud](s)
     common.validate(s)
     placements.validate(s, CLOUD_CHECKS)

@@ -27,12 +27,13 @@ from pydantic.alias_generators import to_camel
 
 from components import config_shared
 from components.settings.errors import NO_SECRETS, keyed
+from components.settings.kubernetes import KubernetesSettings
 from trainer.config import TrainConfig
 
-BLOCKS = ("run", "compute", "image", "storage", "access", "placement")
+BLOCKS = ("run", "compute", "image", "storage", "access", "placement", "kubernetes")
 # Keys that hold a list of blocks (each entry checked like a block).
 LISTS = ("placements",)
-SCALARS = ("cloud", "region", "project")
+SCALARS = ("cloud", "region", "project", "scheduler")
 BUILTIN_MODELS = ("mlp", "transformer-lm")
 DEFAULT_IMAGE_REPOSITORY = "tensorflow/tensorflow"
 DEFAULT_IMAGE_TAG = "2.21.0-gpu"
@@ -408,6 +409,9 @@ class Settings(_Block):
     cloud: Literal["aws", "gcp"] = Field("aws", description="aws or gcp.")
     region: str = Field(description="Region of every resource.")
     project: str = Field("", description="GCP project id (GCP only).")
+    scheduler: Literal["groups", "kubernetes"] = Field(
+        "groups", description="Who runs the machines: groups (the stack's own spot groups) or kubernetes (a Job on "
+                              "your cluster, the kubernetes block).")
     run: RunSettings
     compute: ComputeSettings = Field(default_factory=ComputeSettings)
     image: ImageSettings = Field(default_factory=ImageSettings)
@@ -417,6 +421,9 @@ class Settings(_Block):
         default_factory=list, min_length=1, max_length=8,
         description="Where the run may train, home first; default: one placement, the stack's cloud and region.")
     placement: PlacementPolicySettings = Field(default_factory=PlacementPolicySettings)
+    kubernetes: KubernetesSettings | None = Field(None, description="scheduler kubernetes: the cluster, its "
+                                                  "namespace and spot nodes, the pod's size (components/settings/"
+                                                  "kubernetes.py).")
 
     @property
     def placement_list(self) -> list[PlacementSettings]:
