@@ -52,7 +52,12 @@ def _other_cloud(s: Settings, project: str, groups: list[str], moved: list[Setti
 
 
 def training_stack(name: str, settings: Settings, *, project: str, adopt_bucket: bool = False) -> StackOutputs:
-    """The home cloud's TrainingStack, with every placement (on either cloud) planned here."""
+    """The home cloud's TrainingStack, with every placement (on either cloud) planned here; with
+    `scheduler: kubernetes` the run's Job on the user's cluster (components/kubernetes/) instead."""
+    if settings.scheduler == "kubernetes":
+        from components.kubernetes.stack import TrainingStack
+
+        return TrainingStack(name, TrainingStackArgs(settings=settings, project=project, adopt_bucket=adopt_bucket))
     cloud = importlib.import_module(f"components.{settings.cloud}")
     return cloud.TrainingStack(name, TrainingStackArgs(settings=settings, project=project, adopt_bucket=adopt_bucket,
                                                        placements=plan(settings, project)))

@@ -17,7 +17,12 @@ def _cloud(path: Path) -> str:
     return (yaml.safe_load(path.read_text())["config"] or {}).get("trainstack:cloud", "aws")
 
 
-STACK_FILES = [p for p in ALL_STACK_FILES if _cloud(p) == "aws"]
+def _scheduler(path: Path) -> str:
+    return (yaml.safe_load(path.read_text())["config"] or {}).get("trainstack:scheduler", "groups")
+
+
+# A kubernetes stack makes a Job, no group (tests/components/kubernetes/).
+STACK_FILES = [p for p in ALL_STACK_FILES if _cloud(p) == "aws" and _scheduler(p) == "groups"]
 EXPORTS = {"bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri"}
 EXPECTED_TYPES = {
     "trainstack:aws:TrainingStack": 1, "trainstack:aws:TrainingBucket": 1, "trainstack:aws:InstanceIdentity": 1,
