@@ -2,7 +2,7 @@
 
 `TrainingStack` (stack.py) hands these to pulumi-kubernetes; the tests validate the same dicts with the API's
 own schemas (kubernetes-validate, strict) at every version in `SUPPORTED_VERSIONS`, and run the Job through the
-fake Job controller (`components/kubernetes/fake_controller.py`). One function per object.
+fake Job controller (`tests/components/kubernetes/fake_controller.py`). One function per object.
 
 Several nodes: an Indexed Job (`completionMode: Indexed`, parallelism = completions = compute.nodes) and a
 headless Service; each pod's DNS name is `<job>-<index>.<service>` and its index comes as JOB_COMPLETION_INDEX,
