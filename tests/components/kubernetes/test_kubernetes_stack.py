@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import kubernetes_validate
+import pulumi
 import pytest
 import yaml
 
@@ -155,3 +156,31 @@ def test_the_network_policy_denies_by_default_and_opens_only_what_the_run_needs(
     assert ports == sorted(expected)
     https = next(r for r in spec["egress"] if r.get("ports") == [{"protocol": "TCP", "port": 443}])
     assert https["to"] == [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}}]
+
+
+def _with_kubeconfig_secret(tmp_path, secret: bool) -> Path:
+    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.eks.yaml").read_text())
+    block = doc["config"]["trainstack:kubernetes"]
+    del block["context"]
+    block["kubeconfigSecret"] = True
+    if secret:
+        doc["config"]["kubernetes:kubeconfig"] = {"secure": "v1:c2VjcmV0IGt1YmVjb25maWc="}
+    path = tmp_path / "Pulumi.kc.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_kubeconfig_secret_reaches_the_provider_and_no_context_is_taken(tmp_path):
+    result = synth.synthesize(_with_kubeconfig_secret(tmp_path, secret=True))
+    (provider,) = [r for r in result.resources if r["type"] == "pulumi:providers:kubernetes"]
+    assert set(provider["inputs"]) == {"kubeconfig"}
+    kubeconfig = provider["inputs"]["kubeconfig"]
+    # Still a secret when it reaches the provider (the SDK's wire signature of a secret value).
+    assert kubeconfig[pulumi.runtime.rpc._special_sig_key] == pulumi.runtime.rpc._special_secret_sig
+    assert "v1:c2VjcmV0IGt1YmVjb25maWc=" in kubeconfig["value"]
+
+
+def test_a_missing_kubeconfig_secret_is_one_line_naming_the_key(tmp_path):
+    with pytest.raises(synth.ProgramError, match="kubernetes:kubeconfig: is required") as info:
+        synth.synthesize(_with_kubeconfig_secret(tmp_path, secret=False))
+    assert "\n" not in str(info.value).strip()
