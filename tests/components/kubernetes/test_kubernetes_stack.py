@@ -184,3 +184,36 @@ def test_a_missing_kubeconfig_secret_is_one_line_naming_the_key(tmp_path):
     with pytest.raises(synth.ProgramError, match="kubernetes:kubeconfig: is required") as info:
         synth.synthesize(_with_kubeconfig_secret(tmp_path, secret=False))
     assert "\n" not in str(info.value).strip()
+
+
+def _eks_settings(**changes):
+    """The eks stack's settings with block changes ({"compute": {...}} merged into its block)."""
+    cfg = yaml.safe_load((ROOT / "stacks" / "Pulumi.eks.yaml").read_text())["config"]
+    raw = {k.split(":", 1)[1]: v for k, v in cfg.items() if k.startswith("trainstack:")}
+    for block, values in changes.items():
+        raw[block] = {k: v for k, v in {**raw.get(block, {}), **values}.items() if v is not None}
+    return synth.load_source(raw, stack="eks").settings
+
+
+def test_on_demand_selects_no_spot_nodes_and_unlisted_types_no_affinity():
+    from components.kubernetes.stack import job_manifest
+
+    on_demand = job_manifest(_eks_settings(compute={"spot": False, "instanceTypes": None}), "s3://b/runs/eks")
+    pod = on_demand["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod and "affinity" not in pod
+    assert pod["tolerations"] == [manifests.GPU_TOLERATION]
+    listed = job_manifest(_eks_settings(), "s3://b/runs/eks")["spec"]["template"]["spec"]
+    terms = listed["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
+                                            "values": ["g5.xlarge", "g6.xlarge"]}]}]
+    for manifest in (on_demand, job_manifest(_eks_settings(), "s3://b/runs/eks")):
+        kubernetes_validate.validate(manifest, manifests.SUPPORTED_VERSIONS[-1], strict=True)
+
+
+def test_the_default_namespace_is_a_dns_label_for_the_longest_run_id():
+    from components.kubernetes.stack import namespace_name
+
+    settings = _eks_settings(run={"id": "r" * 51 + "-" + "x" * 11})  # the cut falls on its "-"
+    name = namespace_name(settings)
+    assert len(name) <= 63 and name.startswith("trainstack-rrr") and not name.endswith("-")
+    assert namespace_name(_eks_settings(kubernetes={"namespace": "team-a-training"})) == "team-a-training"
