@@ -62,7 +62,7 @@ class KubernetesSettings(BaseModel):
     @classmethod
     def _quantity(cls, v: str) -> str:
         if not _QUANTITY.fullmatch(str(v)):
-            raise ValueError(f"{v!r}: expected a Kubernetes quantity such as 4, 500m or 16Gi")
+            raise ValueError("expected a Kubernetes quantity such as 4, 500m or 16Gi")
         return str(v)
 
     @field_validator("namespace")
@@ -71,7 +71,7 @@ class KubernetesSettings(BaseModel):
         if v is not None and not _DNS_LABEL.fullmatch(v):
             raise ValueError("expected a DNS label: lowercase letters, digits and '-', 1-63 characters")
         if v in ("default", "kube-system", "kube-public", "kube-node-lease"):
-            raise ValueError(f"{v!r} is the cluster's own; the stack creates and deletes its namespace: name another")
+            raise ValueError("is the cluster's own; the stack creates and deletes its namespace: name another")
         return v
 
     @field_validator("oidc_issuer")
@@ -85,7 +85,7 @@ class KubernetesSettings(BaseModel):
     @model_validator(mode="after")
     def _one_way_in(self) -> KubernetesSettings:
         if self.context is not None and self.kubeconfig_secret:
-            raise keyed("context", "and kubeconfigSecret both set: name one way to reach the cluster")
+            raise keyed("context", "is set together with kubeconfigSecret: true; name one way to reach the cluster")
         if self.context is None and not self.kubeconfig_secret:
             raise keyed("context", "is required (or kubeconfigSecret: true): trainstack never takes the kubeconfig's "
                         "current context silently")

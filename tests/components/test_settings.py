@@ -513,7 +513,7 @@ INVALID += [
     ("kubernetes-no-way-in", eks(**{KUBE: {"context": DEL}}), "kubernetes.context",
      "never takes the kubeconfig's current context"),
     ("kubernetes-two-ways-in", eks(**{KUBE: {"kubeconfigSecret": True}}), "kubernetes.context",
-     "and kubeconfigSecret both set"),
+     "is set together with kubeconfigSecret: true"),
     ("kubernetes-kubeconfig-secret-not-bool", eks(**{KUBE: {"context": DEL, "kubeconfigSecret": "yes please"}}),
      "kubernetes.kubeconfigSecret", "expected true or false"),
     ("kubernetes-namespace-system", eks(**{KUBE: {"namespace": "kube-system"}}), "kubernetes.namespace",
@@ -540,7 +540,7 @@ INVALID += [
     ("kubernetes-image-build", eks(**{KI: {"build": True}}), "image.build", "does not build the image yet"),
     ("kubernetes-ssh", eks(**{A: {"sshPublicKey": KEY}}), "access.sshPublicKey", "nobody logs in to a pod"),
     ("kubernetes-kubeconfig-plain", eks(kubernetes__kubeconfig="apiVersion: v1"), "kubernetes:kubeconfig",
-     "credential in plain text"),
+     "name a context instead"),
 ]
 
 
