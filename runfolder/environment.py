@@ -105,6 +105,13 @@ OUTPUT_DIR = PREFIX + "OUTPUT_DIR"  # kept in the run's outputs/
 MESSAGES_FILE = PREFIX + "MESSAGES_FILE"  # the callback's messages to the trainer (progress, checkpoints)
 ATTEMPT = PREFIX + "ATTEMPT"  # the attempt's number
 
+# -- a Kubernetes pod's own (scheduler kubernetes: the Job sets them, the downward API fills the pod's;
+# trainer/pod.py reads them) --
+
+POD_NAMESPACE = PREFIX + "POD_NAMESPACE"  # the pod's namespace (downward API)
+NODE_NAME = PREFIX + "NODE_NAME"  # the node the pod runs on (downward API)
+WORKERS = PREFIX + "WORKERS"  # every worker's host:port, by the Job's completion index, comma-separated
+
 # -- the controller's configuration (controller/config.py; the stack sets it on the function) --
 
 PLACEMENTS = PREFIX + "PLACEMENTS"

@@ -17,6 +17,7 @@ BLOCK_MODELS = {
     "storage": st.StorageSettings,
     "access": st.AccessSettings,
     "placement": st.PlacementPolicySettings,
+    "kubernetes": st.KubernetesSettings,
 }
 # Lists of blocks: each entry's keys, written `placements[].region`.
 LIST_MODELS = {"placements": st.PlacementSettings}

@@ -53,8 +53,13 @@ def _other_cloud(s: Settings, project: str, groups: list[str], moved: list[Setti
 
 def training_stack(name: str, settings: Settings, *, project: str, adopt_bucket: bool = False) -> StackOutputs:
     """The home cloud's TrainingStack, with every placement (on either cloud) planned here; the image pinned by
-    its digest first (components/registry.py: a tag is resolved here, once, for every machine)."""
+    its digest first (components/registry.py: a tag is resolved here, once, for every machine); with
+    `scheduler: kubernetes` the run's Job on the user's cluster (components/kubernetes/) instead."""
     settings = registry.pinned(settings)
+    if settings.scheduler == "kubernetes":
+        from components.kubernetes.stack import TrainingStack
+
+        return TrainingStack(name, TrainingStackArgs(settings=settings, project=project, adopt_bucket=adopt_bucket))
     cloud = importlib.import_module(f"components.{settings.cloud}")
     return cloud.TrainingStack(name, TrainingStackArgs(settings=settings, project=project, adopt_bucket=adopt_bucket,
                                                        placements=plan(settings, project)))

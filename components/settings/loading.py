@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from components import config_shared
-from components.settings import aws, common, gcp, placements, schedulers
+from components.settings import aws, common, gcp, kubernetes, placements, schedulers
 from components.settings.errors import NAMESPACE, NO_SECRETS, ConfigError, closest, one_line
 from components.settings.schema import BLOCKS, LISTS, SCALARS, Settings
 
@@ -23,7 +23,10 @@ from components.settings.schema import BLOCKS, LISTS, SCALARS, Settings
 CLOUD_CHECKS: dict[str, Callable[[Settings], None]] = {"aws": aws.validate, "gcp": gcp.validate}
 
 # Provider keys that hold credentials: in a stack file they must at least be Pulumi secrets.
-PLAIN_CREDENTIAL_KEYS = ("aws:accessKey", "aws:secretKey", "aws:token", "gcp:credentials", "gcp:accessToken")
+# A cluster's whole kubeconfig (scheduler kubernetes, kubernetes.kubeconfigSecret): a Pulumi secret or nothing.
+KUBECONFIG_KEY = "kubernetes:kubeconfig"
+PLAIN_CREDENTIAL_KEYS = ("aws:accessKey", "aws:secretKey", "aws:token", "gcp:credentials", "gcp:accessToken",
+                         KUBECONFIG_KEY)
 
 
 def _walk(value: Any, key: str):
@@ -56,6 +59,7 @@ def refuse_secrets(raw: Mapping[str, Any]) -> None:
 def validate(s: Settings) -> None:
     """The checks beyond the schema: the scheduler's, the stack's cloud's, then those common to both clouds."""
     schedulers.validate(s)
+    kubernetes.validate(s)
     CLOUD_CHECKS[s.cloud](s)
     common.validate(s)
     placements.validate(s, CLOUD_CHECKS)
@@ -120,6 +124,9 @@ def raw_from_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         ns, _, key = str(k).partition(":")
         if ns == NAMESPACE:
             raw[key] = v
+        elif str(k) == KUBECONFIG_KEY and not _is_secure(v):
+            raise ConfigError(str(k), "is a credential in plain text; name a context instead "
+                              f"(trainstack:kubernetes.context), or `pulumi config set --secret {KUBECONFIG_KEY}`")
         elif str(k) in PLAIN_CREDENTIAL_KEYS and not _is_secure(v):
             raise ConfigError(str(k), "is a credential in plain text; use an AWS profile or gcloud's application "
                               "default credentials, or at least `pulumi config set --secret`")

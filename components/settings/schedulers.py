@@ -20,8 +20,8 @@ SAGEMAKER_MAX_HOURS = 28 * 24
 
 def validate(s: Settings) -> None:
     """Refuse a scheduler on the wrong cloud, and what the managed job cannot take, naming the key."""
-    if s.scheduler == "groups":
-        return
+    if s.scheduler in ("groups", "kubernetes"):
+        return  # a Job on the user's cluster: components/settings/kubernetes.py checks its block
     cloud = CLOUD_OF[s.scheduler]
     if s.cloud != cloud:
         other = next(k for k, v in CLOUD_OF.items() if v == s.cloud)

@@ -28,15 +28,17 @@ from pydantic.alias_generators import to_camel
 
 from components import config_shared
 from components.settings.errors import NO_SECRETS, keyed
+from components.settings.kubernetes import KubernetesSettings
 from controller.cost import DEFAULT_MOVE_FLOOR_USD, DEFAULT_MOVE_FRACTION
 from trainer.config import TrainConfig
 
-BLOCKS = ("run", "compute", "image", "storage", "access", "placement")
+BLOCKS = ("run", "compute", "image", "storage", "access", "placement", "kubernetes")
 # Keys that hold a list of blocks (each entry checked like a block).
 LISTS = ("placements",)
 SCALARS = ("cloud", "region", "project", "scheduler")
-# Who runs the training machines: the stack's own spot groups, or a managed service's training job.
-SCHEDULERS = ("groups", "sagemaker", "vertex")
+# Who runs the training machines: the stack's own spot groups, or a managed service's training job, or a Job on
+# the user's Kubernetes cluster.
+SCHEDULERS = ("groups", "sagemaker", "vertex", "kubernetes")
 BUILTIN_MODELS = ("mlp", "transformer-lm")
 DEFAULT_IMAGE_REPOSITORY = "tensorflow/tensorflow"
 DEFAULT_IMAGE_TAG = "2.21.0-gpu"
@@ -489,9 +491,10 @@ class Settings(_Block):
     cloud: Literal["aws", "gcp"] = Field("aws", description="aws or gcp.")
     region: str = Field(description="Region of every resource.")
     project: str = Field("", description="GCP project id (GCP only).")
-    scheduler: Literal["groups", "sagemaker", "vertex"] = Field(
+    scheduler: Literal["groups", "sagemaker", "vertex", "kubernetes"] = Field(
         "groups", description="Who runs the machines: groups (the stack's own spot groups), sagemaker (a SageMaker "
-                              "managed-spot training job, AWS) or vertex (a Vertex AI custom job, GCP).")
+                              "managed-spot training job, AWS), vertex (a Vertex AI custom job, GCP) or kubernetes "
+                              "(a Job on your cluster, the kubernetes block).")
     run: RunSettings
     compute: ComputeSettings = Field(default_factory=ComputeSettings)
     image: ImageSettings = Field(default_factory=ImageSettings)
@@ -501,6 +504,9 @@ class Settings(_Block):
         default_factory=list, min_length=1, max_length=8,
         description="Where the run may train, home first; default: one placement, the stack's cloud and region.")
     placement: PlacementPolicySettings = Field(default_factory=PlacementPolicySettings)
+    kubernetes: KubernetesSettings | None = Field(None, description="scheduler kubernetes: the cluster, its "
+                                                  "namespace and spot nodes, the pod's size (components/settings/"
+                                                  "kubernetes.py).")
 
     @property
     def placement_list(self) -> list[PlacementSettings]:

@@ -97,7 +97,8 @@ def test_every_input_with_a_documented_list_is_in_it(key):
     assert problems == []
     # The walk reached the inputs that carry lists (nested ones included), not just the top.
     checked = sum(pv.checked_inputs(rec) for rec in r.resources)
-    assert checked >= 8, checked
+    # A kubernetes stack has fewer cloud resources (no group): its bucket's and identity's.
+    assert checked >= (4 if r.of_type("pulumi:providers:kubernetes") else 8), checked
 
 
 def test_the_check_catches_the_artifact_registry_value_that_once_shipped():

@@ -352,7 +352,7 @@ INVALID: list[tuple[str, dict[str, Any] | str, str, str]] = [
      "only GCP stacks grant on the data bucket itself"),
     ("gcp-n1-unknown-accelerator", gcp(**{C: {"instanceTypes": ["n1-standard-8"], "accelerator": "nvidia-tesla-a100"}}),
      "compute.accelerator", "expected one of nvidia-tesla-t4"),
-    ("scheduler-unknown", stack(trainstack_scheduler="slurm"), "scheduler", "expected groups, sagemaker or vertex"),
+    ("scheduler-unknown", stack(trainstack_scheduler="slurm"), "scheduler", "expected groups, sagemaker, vertex or kubernetes"),
     ("scheduler-sagemaker-on-gcp", gcp(trainstack_scheduler="sagemaker", **{IMG: {"build": True}}), "scheduler",
      "'sagemaker' runs on AWS and this stack's cloud is gcp"),
     ("scheduler-sagemaker-public-image", stack(trainstack_scheduler="sagemaker"), "image.build",
@@ -514,6 +514,55 @@ VALID: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+# scheduler kubernetes: the run as a Job on the user's cluster (components/settings/kubernetes.py).
+KUBE, KI = "trainstack_kubernetes", "trainstack_image"
+EKS_BLOCK = {"context": "gpu-cluster", "spotNodes": "eks",
+             "oidcIssuer": "oidc.eks.us-east-1.amazonaws.com/id/EXAMPLED539D4633E53DE1B71EXAMPLE"}
+OWN_IMAGE = {"repository": "111122223333.dkr.ecr.us-east-1.amazonaws.com/trainer", "digest": "sha256:" + "ab" * 32}
+
+
+def eks(**changes: Any) -> dict[str, Any]:
+    """The dev stack as a Job on an EKS cluster, with changes (same rules as `stack`)."""
+    return _apply(stack(trainstack_scheduler="kubernetes", **{KUBE: dict(EKS_BLOCK), KI: dict(OWN_IMAGE)}), changes)
+
+
+INVALID += [
+    ("kubernetes-without-scheduler", stack(**{KUBE: dict(EKS_BLOCK)}), "kubernetes", "scheduler is not kubernetes"),
+    ("kubernetes-block-missing", eks(**{KUBE: DEL}), "kubernetes", "is required with scheduler kubernetes"),
+    ("kubernetes-no-way-in", eks(**{KUBE: {"context": DEL}}), "kubernetes.context",
+     "never takes the kubeconfig's current context"),
+    ("kubernetes-two-ways-in", eks(**{KUBE: {"kubeconfigSecret": True}}), "kubernetes.context",
+     "is set together with kubeconfigSecret: true"),
+    ("kubernetes-kubeconfig-secret-not-bool", eks(**{KUBE: {"context": DEL, "kubeconfigSecret": "yes please"}}),
+     "kubernetes.kubeconfigSecret", "expected true or false"),
+    ("kubernetes-namespace-system", eks(**{KUBE: {"namespace": "kube-system"}}), "kubernetes.namespace",
+     "is the cluster's own"),
+    ("kubernetes-namespace-not-dns", eks(**{KUBE: {"namespace": "My_Run"}}), "kubernetes.namespace", "DNS label"),
+    ("kubernetes-spot-nodes-azure", eks(**{KUBE: {"spotNodes": "aks"}}), "kubernetes.spotNodes", "gke"),
+    ("kubernetes-gke-nodes-on-aws", eks(**{KUBE: {"spotNodes": "gke"}}), "kubernetes.spotNodes",
+     "this stack's cloud is aws"),
+    ("kubernetes-oidc-issuer-missing", eks(**{KUBE: {"oidcIssuer": DEL}}), "kubernetes.oidcIssuer",
+     "is required on EKS"),
+    ("kubernetes-oidc-issuer-url", eks(**{KUBE: {"oidcIssuer": "https://oidc.eks.us-east-1.amazonaws.com/id/AB"}}),
+     "kubernetes.oidcIssuer", "without https://"),
+    ("kubernetes-cpu-not-quantity", eks(**{KUBE: {"cpu": "four"}}), "kubernetes.cpu", "Kubernetes quantity"),
+    ("kubernetes-memory-not-quantity", eks(**{KUBE: {"memory": "16GB"}}), "kubernetes.memory", "Kubernetes quantity"),
+    ("kubernetes-grace-zero", eks(**{KUBE: {"terminationGraceSeconds": 0}}), "kubernetes.terminationGraceSeconds",
+     "expected 1 or more"),
+    ("kubernetes-backoff-negative", eks(**{KUBE: {"backoffLimit": -1}}), "kubernetes.backoffLimit",
+     "expected 0 or more"),
+    ("kubernetes-ttl-negative", eks(**{KUBE: {"ttlSecondsAfterFinished": -5}}), "kubernetes.ttlSecondsAfterFinished",
+     "expected 0 or more"),
+    ("kubernetes-image-by-tag", eks(**{KI: {"digest": DEL}}), "image.digest", "pinned by digest"),
+    ("kubernetes-image-without-trainer", eks(**{KI: {"repository": "tensorflow/tensorflow"}}), "image.repository",
+     "has no trainer in it"),
+    ("kubernetes-image-build", eks(**{KI: {"build": True}}), "image.build", "does not build the image yet"),
+    ("kubernetes-ssh", eks(**{A: {"sshPublicKey": KEY}}), "access.sshPublicKey", "nobody logs in to a pod"),
+    ("kubernetes-kubeconfig-plain", eks(kubernetes__kubeconfig="apiVersion: v1"), "kubernetes:kubeconfig",
+     "name a context instead"),
+]
+
+
 def _write(tmp_path: Path, name: str, doc: dict[str, Any] | str) -> Path:
     p = tmp_path / f"Pulumi.{name}.yaml"
     p.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc, sort_keys=False))
@@ -526,6 +575,8 @@ def test_enough_cases_covering_every_key():
     named = {c[2] for c in INVALID}
     for block in st.BLOCKS:
         model = st.Settings.model_fields[block].annotation
+        # An optional block (kubernetes): its model.
+        model = next(a for a in getattr(model, "__args__", (model,)) if a is not type(None))
         for key in st.known_keys(model):
             assert any(n == f"{block}.{key}" or n.startswith(f"{block}.{key}[") for n in named), f"{block}.{key} untested"
     for block in st.LISTS:

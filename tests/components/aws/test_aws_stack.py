@@ -18,7 +18,8 @@ def _cloud(path: Path, key: str = "cloud", default: str = "aws") -> str:
     return (yaml.safe_load(path.read_text())["config"] or {}).get(f"trainstack:{key}", default)
 
 
-# The AWS stacks of spot groups; a SageMaker stack's are in test_aws_job.py.
+# The AWS stacks of spot groups; a SageMaker stack's are in test_aws_job.py, a kubernetes
+# stack makes a Job, no group (tests/components/kubernetes/).
 STACK_FILES = [p for p in ALL_STACK_FILES if _cloud(p) == "aws" and _cloud(p, "scheduler", "groups") == "groups"]
 EXPORTS = {"bucketName", "runUri", "imageRef", "groupName", "region", "watchCommand", "codeUri"}
 EXPECTED_TYPES = {

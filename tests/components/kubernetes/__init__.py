@@ -1,0 +1,1 @@
+"""Tests of components/kubernetes/: the scheduler kubernetes room."""
