@@ -490,7 +490,7 @@ boot_scripts() {
       rc=1
     else
       for f in "${BOOT_FILES[@]}"; do
-        [[ -f "$tmp/tree/$f" && ! -L "$tmp/tree/$f" ]] || reason="$name holds no $f"
+        [[ -f "$tmp/tree/$f" && ! -L "$tmp/tree/$f" ]] || reason="${reason:-$name holds no $f}"
       done
       [[ -n "$reason" || -x "$tmp/tree/bootstrap.sh" ]] || reason="$name: bootstrap.sh is not executable"
       if [[ -z "$reason" ]]; then

@@ -37,7 +37,7 @@ def _watch(tmp_path, docs: list[tuple[int, str]], *, used: list[tuple[int, str]]
            end: int = 20_000, env: str = "") -> Ran:
     """progress_watch with progress.json and the disk as timelines, until it stops the trainer, returns,
     or its next pause would pass `end` seconds."""
-    body = (f'. "$USERDATA/progress.sh"\n' + _timeline("progress_doc", docs) + _timeline("disk_used", list(used))
+    body = ('. "$USERDATA/progress.sh"\n' + _timeline("progress_doc", docs) + _timeline("disk_used", list(used))
             + f'docker() {{ record "docker $* at $((EPOCHSECONDS - {START}))"; }}\n'
             + f'progress_pause() {{ ((EPOCHSECONDS - {START} + $1 <= {end})) || {{ record "still watching"; exit 0; }}; '
             + 'EPOCHSECONDS=$((EPOCHSECONDS + $1)); }\n'
