@@ -15,8 +15,10 @@
 #              that never uses fit.callbacks() writes no progress at all.
 #   training   TRAINSTACK_STALL_S (1800 s) without a change (an evaluation pass or a synchronous
 #              checkpoint upload must fit in it).
-#   finishing  progress.json's step has reached its total: the final evaluation, commit and model
-#              export; no bound but the run's deadline.
+#   finishing  from the step that reaches the run's total: the final evaluation, commit, the best
+#              checkpoint's read and the model's export: TRAINSTACK_END_STALL_S (7200 s) with
+#              neither a change nor the disk moving (the export writes there). Not in script mode
+#              either: what a command does after its last epoch is its own.
 # A read of progress.json the store does not answer is no verdict: the bound starts again.
 # On a stall the trainer is stopped (its notice grace, then SIGKILL), the machine records a
 # `stalled` event and shuts down: the group, which keeps its size, brings a fresh machine, as it
@@ -67,12 +69,12 @@ progress_pause() {
 progress_init() {
   P_PHASE=starting P_SINCE=$EPOCHSECONDS P_LAST="$UNREAD" P_USED="$(disk_used)" P_STEP=""
   P_START_S="${TRAINSTACK_START_STALL_S:-3600}" P_STALL_S="${TRAINSTACK_STALL_S:-1800}"
-  if [[ -n "${TRAINSTACK_COMMAND:-}" ]]; then P_START_S=0; fi
+  P_END_S="${TRAINSTACK_END_STALL_S:-7200}"
+  if [[ -n "${TRAINSTACK_COMMAND:-}" ]]; then P_START_S=0 P_END_S=0; fi
   P_LAST="$(progress_doc)" || P_LAST="$UNREAD"
 }
 
-# progress_poll: one look at the trainer's progress. 0: nothing to do; 1: stalled (P_REASON says
-# how); 2: the trainer is finishing (nothing more to watch).
+# progress_poll: one look at the trainer's progress. 0: nothing to do; 1: stalled (P_REASON says how).
 progress_poll() {
   local doc used bound total
   if ! doc="$(progress_doc)"; then
@@ -88,25 +90,28 @@ progress_poll() {
       P_PHASE=training
       log "the trainer makes progress (step $P_STEP): it may go ${P_STALL_S}s without"
     fi
-    if ((total > 0 && P_STEP >= total)); then
-      log "the trainer reached its last step ($P_STEP): its export is not bounded by progress"
-      return 2
+    if [[ "$P_PHASE" == training ]] && ((total > 0 && P_STEP >= total)); then
+      P_PHASE=finishing
+      log "the trainer reached its last step ($P_STEP): it may export for ${P_END_S}s without progress or disk writes"
     fi
   fi
-  if [[ "$P_PHASE" == starting ]]; then
+  case "$P_PHASE" in
+    training) bound=$P_STALL_S ;;
+    starting) bound=$P_START_S ;;
+    finishing) bound=$P_END_S ;;
+  esac
+  if [[ "$P_PHASE" != training ]]; then
+    # Staging, a restore and an export write to the data disk: bytes landing are progress too.
     used="$(disk_used)"
     if [[ "$used" != "$P_USED" ]]; then P_USED="$used" P_SINCE=$EPOCHSECONDS; fi
-    bound=$P_START_S
     ((bound > 0)) || return 0
-  else
-    bound=$P_STALL_S
   fi
   ((EPOCHSECONDS - P_SINCE >= bound)) || return 0
-  if [[ "$P_PHASE" == starting ]]; then
-    P_REASON="the trainer showed no progress for $((EPOCHSECONDS - P_SINCE))s after it started (no progress.json of its own, nothing written to the data disk)"
-  else
-    P_REASON="the trainer made no progress for $((EPOCHSECONDS - P_SINCE))s after step $P_STEP"
-  fi
+  case "$P_PHASE" in
+    training) P_REASON="the trainer made no progress for $((EPOCHSECONDS - P_SINCE))s after step $P_STEP" ;;
+    starting) P_REASON="the trainer showed no progress for $((EPOCHSECONDS - P_SINCE))s after it started (no progress.json of its own, nothing written to the data disk)" ;;
+    finishing) P_REASON="the trainer made no progress for $((EPOCHSECONDS - P_SINCE))s after its last step ($P_STEP: the final evaluation, commit or export), nothing written to the data disk" ;;
+  esac
   return 1
 }
 
@@ -114,17 +119,14 @@ progress_poll() {
 # TRAINSTACK_STALL_POLL_S (60 s); on a stall, writes its reason to STALLED_FILE and stops the container.
 progress_watch() {
   set +e
-  local poll="${TRAINSTACK_STALL_POLL_S:-60}" rc
+  local poll="${TRAINSTACK_STALL_POLL_S:-60}"
   trap 'kill $! 2>/dev/null; exit 0' TERM
   rm -f "$STALLED_FILE"
   progress_init
   while true; do
     progress_pause "$poll"
-    progress_poll
-    rc=$?
-    ((rc == 0)) || break
+    progress_poll || break
   done
-  ((rc == 1)) || return 0
   log "$P_REASON: stopping the trainer"
   printf '%s\n' "$P_REASON" >"$STALLED_FILE"
   docker stop --time "$GRACE_S" "$CONTAINER" >/dev/null 2>&1 || true

@@ -4,8 +4,8 @@ The watch's own functions run in bash on the virtual clock (script_functions.py)
 progress.json and the data disk's used bytes are timelines the test writes (what each reads at
 each second), `docker` and the store's writes are records. Each bound is pinned at its poll: a
 hung trainer is stopped after the bound and not before; a start that stages data, a script that
-never reports progress, an export after the last step and a store that does not answer are not;
-progress that resumes starts the bound again. Then what the machine does after the stop
+never reports progress and a store that does not answer are not, and an export after the last step
+has its own bound; progress that resumes starts the bound again. Then what the machine does after the stop
 (`replace_stalled`), and the supervisor's loop handing a stopped trainer to it.
 """
 
@@ -87,11 +87,20 @@ def test_a_store_that_does_not_answer_is_no_verdict(tmp_path):
     assert ran.log.count("the store does not answer") == 40
 
 
-def test_the_last_step_ends_the_watch_so_the_export_is_never_bounded(tmp_path):
-    # Step 1000 of 1000 at 600 s: the final evaluation, commit and export may take hours.
-    ran = _watch(tmp_path, [*TRAINS, (600, _doc(1000))], end=40_000)
-    assert ran.lines == ["returned at 600"]
+def test_after_the_last_step_the_export_has_its_own_bound_and_writing_to_the_disk_is_progress(tmp_path):
+    # Step 1000 of 1000 at 600 s: the final evaluation, commit and export. Two hours of writes to the
+    # disk, then nothing (a hung collective in the final evaluation): stopped 2 hours after the last write.
+    done = [*TRAINS, (600, _doc(1000))]
+    used = [(t, str(1000 + t)) for t in range(600, 7801, 60)]
+    ran = _watch(tmp_path, done, used=[(0, "1000"), *used], end=40_000)
+    assert ran.lines[0] == STOP + str(7800 + 7200)
+    assert ran.lines[-1] == ("stalled: the trainer made no progress for 7200s after its last step (1000: the final "
+                             "evaluation, commit or export), nothing written to the data disk")
     assert "reached its last step (1000)" in ran.log
+    # Silent from its last step: the training bound (30 minutes) does not apply, the end's does.
+    silent = _watch(tmp_path / "silent", done, end=40_000)
+    assert silent.lines[0] == STOP + str(600 + 7200)
+    assert _watch(tmp_path / "before", done, end=600 + 7199).lines == ["still watching"]
 
 
 # -- starting ----------------------------------------------------------------------------------
@@ -116,11 +125,14 @@ def test_a_start_that_stages_data_for_longer_than_the_bound_is_not_stopped(tmp_p
 
 def test_a_script_that_never_reports_progress_is_never_stopped(tmp_path):
     # Script mode: a command without fit.callbacks() writes no progress.json; ten hours of silence.
-    ran = _watch(tmp_path, [(0, "")], end=36_000, env="TRAINSTACK_COMMAND='[\"python\", \"train.py\"]'\n")
+    script = "TRAINSTACK_COMMAND='[\"python\", \"train.py\"]'\n"
+    ran = _watch(tmp_path, [(0, "")], end=36_000, env=script)
     assert ran.lines == ["still watching"]
+    # Nor what it does after its last epoch (its own export, predictions): its own.
+    after = _watch(tmp_path / "after", [(0, ""), (120, _doc(1000))], end=36_000, env=script)
+    assert after.lines == ["still watching"]
     # Once it reports, the training bound holds for it too.
-    reports = _watch(tmp_path / "reports", [(0, ""), (120, _doc(5))],
-                     env="TRAINSTACK_COMMAND='[\"python\", \"train.py\"]'\n")
+    reports = _watch(tmp_path / "reports", [(0, ""), (120, _doc(5))], env=script)
     assert reports.lines[0] == STOP + str(120 + 1800)
 
 
