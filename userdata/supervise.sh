@@ -78,10 +78,10 @@ check_run_folder() {
 # code archive) ends the run as FAILED; any other failure (the image's own first-boot
 # apt run holding the dpkg lock past bootstrap's wait, a mirror or registry that does not
 # answer) is retried with a growing pause, for TRAINSTACK_BOOTSTRAP_WAIT_S (1 h) or until the
-# run's deadline, whichever comes first.
+# run's deadline, whichever comes first. A try that hangs (a pull that never ends) is cut there.
 run_bootstrap() {
   local tries=0 pause until=$((EPOCHSECONDS + ${TRAINSTACK_BOOTSTRAP_WAIT_S:-3600}))
-  until boot_scripts && "$BIN_DIR/bootstrap.sh"; do
+  until boot_scripts && timeout -k 30 "$((until > EPOCHSECONDS ? until - EPOCHSECONDS : 1))" "$BIN_DIR/bootstrap.sh"; do
     if [[ -s "$RUNTIME_DIR/failure-reason" ]]; then
       finish "$FAILED" "$(cat "$RUNTIME_DIR/failure-reason")"
     fi
