@@ -131,9 +131,11 @@ def test_a_script_that_never_reports_progress_is_never_stopped(tmp_path):
     # Nor what it does after its last epoch (its own export, predictions): its own.
     after = _watch(tmp_path / "after", [(0, ""), (120, _doc(1000))], end=36_000, env=script)
     assert after.lines == ["still watching"]
-    # Once it reports, the training bound holds for it too.
+    # Once it reports, the training bound holds for it too, whether or not it knows its total.
     reports = _watch(tmp_path / "reports", [(0, ""), (120, _doc(5))], env=script)
     assert reports.lines[0] == STOP + str(120 + 1800)
+    unknown = _watch(tmp_path / "unknown", [(0, ""), (120, _doc(5, total=0))], env=script)
+    assert unknown.lines[0] == STOP + str(120 + 1800)
 
 
 def test_a_store_that_does_not_answer_at_the_start_sets_no_progress(tmp_path):
@@ -199,9 +201,9 @@ def test_the_third_stall_in_a_row_without_a_newer_checkpoint_fails_the_run(tmp_p
 
 
 def test_machines_of_one_generation_stalling_together_are_one_stall(tmp_path):
-    # Three machines of generation 7 stop together (the collective waits for all): one stall, not three.
-    same = [_stalled(f"i-{n}", '{"committed": 500, "key": "generation-7"}') for n in (1, 2)]
-    ran = _replace(tmp_path, same, env="TRAINSTACK_NODES=3\n", generation="7")
+    # Both machines of generation 7 stop together (the collective waits for all): one stall, not two.
+    same = [_stalled("i-1", '{"committed": 500, "key": "generation-7"}')]
+    ran = _replace(tmp_path, same, env="TRAINSTACK_NODES=2\n", generation="7")
     assert ran.lines[0].endswith("key=generation-7") and ran.lines[-1] == "shutdown -h now"
     assert "(1/3 in a row)" in ran.log
     older = [*same, _stalled("i-3", '{"committed": 500, "key": "generation-5"}'),
