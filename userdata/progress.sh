@@ -10,8 +10,8 @@
 # bootstrap or the rendezvous, which have their own bounds), in three phases:
 #   starting   from the container's start to this attempt's first change of progress.json (the
 #              lease, the peers, the checkpoint's restore, data staging up to the first step):
-#              TRAINSTACK_START_STALL_S (3600 s) with neither a change nor the data disk's used
-#              bytes moving (staging and a restore write there). Not in script mode: a command
+#              TRAINSTACK_START_STALL_S (3600 s) with neither a change nor the bytes of the
+#              trainer's folders on the data disk moving (staging and a restore write there). Not in script mode: a command
 #              that never uses fit.callbacks() writes no progress at all.
 #   training   TRAINSTACK_STALL_S (1800 s) without a change (an evaluation pass or a synchronous
 #              checkpoint upload must fit in it).
@@ -57,8 +57,13 @@ print(step, total)
 ' "$1"
 }
 
-# disk_used: the bytes used on the data disk (staging, a checkpoint's restore); nothing when unknown.
-disk_used() { df -B1 --output=used "${DATA_DIR:-$STATE_DIR}" 2>/dev/null | tail -n 1 | tr -dc 0-9; }
+# disk_used: the bytes of the trainer's own folders on the data disk (the container's /data/stage and
+# /data/work: staging, a checkpoint's restore, the export). Not the file system's use: on the root
+# volume the machine's own logs would move it.
+disk_used() {
+  local dir="${DATA_DIR:-$STATE_DIR/data}"
+  { du -sb "$dir/stage" "$dir/work" 2>/dev/null || true; } | awk '{ n += $1 } END { print n + 0 }'
+}
 
 # A pause the trainer's end (TERM from run_container) cuts short.
 progress_pause() {

@@ -264,3 +264,15 @@ def test_the_watch_ends_with_the_trainer(tmp_path):
     # The trainer ends at once; the watch would have said "stalled" at its 4th poll (200 ms later).
     ran = run_script(tmp_path, "supervise.sh", "POLLS=4 RETURNS=1 AFTER_S=0.5\n" + BESIDE)
     assert ran.lines == ["docker run", "rc 0"]
+
+
+def test_the_disk_that_counts_is_the_trainers_own_folders(tmp_path):
+    # Staging and the work folder count; the packages beside them and the machine's logs do not.
+    body = ('. "$USERDATA/progress.sh"\n'
+            'DATA_DIR="$TRAINSTACK_ROOT/data"; mkdir -p "$DATA_DIR/stage" "$DATA_DIR/work" "$DATA_DIR/pip"\n'
+            'a=$(disk_used); head -c 5000 /dev/zero >"$DATA_DIR/stage/part-0"; b=$(disk_used)\n'
+            'head -c 7000 /dev/zero >"$DATA_DIR/work/model.keras"; c=$(disk_used)\n'
+            'head -c 9000 /dev/zero >"$DATA_DIR/pip/wheel"; head -c 9000 /dev/zero >"$LOG_DIR/trainstack.log"\n'
+            'record "grew $((b - a)) $((c - b)) then $(($(disk_used) - c))"\n')
+    ran = run_script(tmp_path, None, body)
+    assert ran.lines == ["grew 5000 7000 then 0"]
