@@ -11,7 +11,7 @@
 # without progress are counted apart), anything else restarts with backoff until
 # TRAINSTACK_MAX_FAILURES failures in a row without progress mark it FAILED (a driver upgraded
 # under the machine reboots it once instead). Every ending goes through finish.sh, which
-# scales the group to zero and shuts down.
+# scales the group to zero and shuts down, but a stall (progress.sh) replaces the machine instead.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -174,7 +174,7 @@ tf_config() {
   esac
 }
 
-# Runs the container in the foreground with a watchdog that stops it at the deadline.
+# Runs the container in the foreground with a watchdog that stops it at the deadline, and the progress watch.
 run_container() {
   local remaining=$1 args pid watchdog watch rc=0
   args=(run --rm --name "$CONTAINER" --gpus all --network host --ipc host
