@@ -77,7 +77,7 @@ def pack(src: Path = TRAINER_DIR, user_code: Path | None = None, ground: Path = 
 # The boot scripts a machine fetches from the bucket instead of carrying them in its user data (EC2
 # takes 16 KiB, gzipped): what runs once the run folder has been read, by name and mode. lib.sh's
 # `boot_scripts` installs them beside the others, in /opt/trainstack/bin, before bootstrap.
-BOOT_SCRIPTS = (("bootstrap.sh", 0o755), ("rendezvous.sh", 0o644))
+BOOT_SCRIPTS = (("bootstrap.sh", 0o755), ("rendezvous.sh", 0o644), ("progress.sh", 0o644))
 
 
 def pack_boot_scripts(src: Path = project.USERDATA_DIR) -> bytes:

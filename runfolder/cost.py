@@ -25,7 +25,7 @@ from runfolder.events import parse_time
 
 # Events after which an attempt's machine is going or gone: it is not counted up to now.
 _ENDS_ATTEMPT = frozenset({layout.PREEMPTED, layout.FAILED_EVENT, layout.CANCELLED_EVENT, layout.SPOT_NOTICE,
-                           layout.MACHINE_FINISH})
+                           layout.MACHINE_FINISH, layout.MACHINE_STALLED})
 # Events in the run's logs that no machine of an attempt wrote (placement.jsonl's moves).
 _NOT_A_MACHINE = frozenset({layout.MOVED})
 

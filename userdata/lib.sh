@@ -55,6 +55,7 @@ SPOT_NOTICE="spot_notice"
 REBALANCE="rebalance"
 MACHINE_FINISH="finish"
 MACHINE_SCALE_FAILED="scale_failed"
+MACHINE_STALLED="stalled"
 WAITING_FOR_MACHINES="waiting_for_machines"
 # The trainer's exit codes (runfolder/exits.py).
 EXIT_OK=0
@@ -464,7 +465,7 @@ registry_login() {
 # disk. 1 when the store does not give it or the disk does not take it (a passing reason: tried
 # again), 1 with failure-reason written when its bytes are not what its name says (a verdict).
 # BOOT_FILES: components/code.py's BOOT_SCRIPTS, each of which the archive must hold.
-BOOT_FILES=(bootstrap.sh rendezvous.sh)
+BOOT_FILES=(bootstrap.sh rendezvous.sh progress.sh)
 
 boot_scripts() {
   local uri="${TRAINSTACK_BOOT_URI:-}" name hash tmp sum f rc=0 reason=""
@@ -489,7 +490,7 @@ boot_scripts() {
       rc=1
     else
       for f in "${BOOT_FILES[@]}"; do
-        [[ -f "$tmp/tree/$f" && ! -L "$tmp/tree/$f" ]] || reason="$name holds no $f"
+        [[ -f "$tmp/tree/$f" && ! -L "$tmp/tree/$f" ]] || reason="${reason:-$name holds no $f}"
       done
       [[ -n "$reason" || -x "$tmp/tree/bootstrap.sh" ]] || reason="$name: bootstrap.sh is not executable"
       if [[ -z "$reason" ]]; then

@@ -11,7 +11,7 @@
 # without progress are counted apart), anything else restarts with backoff until
 # TRAINSTACK_MAX_FAILURES failures in a row without progress mark it FAILED (a driver upgraded
 # under the machine reboots it once instead). Every ending goes through finish.sh, which
-# scales the group to zero and shuts down.
+# scales the group to zero and shuts down, but a stall (progress.sh) replaces the machine instead.
 set -euo pipefail
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -78,10 +78,10 @@ check_run_folder() {
 # code archive) ends the run as FAILED; any other failure (the image's own first-boot
 # apt run holding the dpkg lock past bootstrap's wait, a mirror or registry that does not
 # answer) is retried with a growing pause, for TRAINSTACK_BOOTSTRAP_WAIT_S (1 h) or until the
-# run's deadline, whichever comes first.
+# run's deadline, whichever comes first. A try that hangs (a pull that never ends) is cut there.
 run_bootstrap() {
   local tries=0 pause until=$((EPOCHSECONDS + ${TRAINSTACK_BOOTSTRAP_WAIT_S:-3600}))
-  until boot_scripts && "$BIN_DIR/bootstrap.sh"; do
+  until boot_scripts && timeout -k 30 "$((until > EPOCHSECONDS ? until - EPOCHSECONDS : 1))" "$BIN_DIR/bootstrap.sh"; do
     if [[ -s "$RUNTIME_DIR/failure-reason" ]]; then
       finish "$FAILED" "$(cat "$RUNTIME_DIR/failure-reason")"
     fi
@@ -174,9 +174,9 @@ tf_config() {
   esac
 }
 
-# Runs the container in the foreground with a watchdog that stops it at the deadline.
+# Runs the container in the foreground with a watchdog that stops it at the deadline, and the progress watch.
 run_container() {
-  local remaining=$1 args pid watchdog rc=0
+  local remaining=$1 args pid watchdog watch rc=0
   args=(run --rm --name "$CONTAINER" --gpus all --network host --ipc host
     --stop-timeout "$GRACE_S" --env-file "$CONTAINER_ENV" -v "$DATA_DIR:/data")
   if [[ -n "$CODE_DIR" ]]; then
@@ -216,8 +216,11 @@ run_container() {
     docker stop --time "$GRACE_S" "$CONTAINER" >/dev/null 2>&1 || true
   ) &
   watchdog=$!
+  progress_watch &
+  watch=$!
   wait "$pid" || rc=$?
-  kill "$watchdog" 2>/dev/null || true
+  # The watch is not waited for: a store call it has under way ends it when it returns.
+  kill "$watchdog" "$watch" 2>/dev/null || true
   wait "$watchdog" 2>/dev/null || true
   return "$rc"
 }
@@ -291,9 +294,11 @@ main() {
   run_bootstrap
   # shellcheck source=/dev/null
   . "$STATE_DIR/paths"
-  # From the boot archive (boot_scripts, above); a group of several machines only uses it.
+  # From the boot archive (boot_scripts, above): the rendezvous (several machines) and the progress watch.
   # shellcheck source-path=SCRIPTDIR source=rendezvous.sh
   . "$(dirname "${TRAINSTACK_LIB:-$0}")/rendezvous.sh"
+  # shellcheck source-path=SCRIPTDIR source=progress.sh
+  . "$(dirname "${TRAINSTACK_LIB:-$0}")/progress.sh"
   local failures rc joined remaining marker reason before after pause
   failures="$(cat "$STATE_DIR/failures" 2>/dev/null || echo 0)"
   # Exit 77 tries in a row, since when, the pause unit and the bound.
@@ -333,6 +338,7 @@ main() {
     # COMPLETE or CANCELLED (asked to stop), or another machine's FAILED / TIMED_OUT.
     marker="$(end_marker)" || marker=""
     [[ -z "$marker" ]] || finish "$marker"
+    [[ ! -s "$STALLED_FILE" ]] || replace_stalled
     ((rc == EXIT_OK || rc == EXIT_PREEMPTED)) || reboot_on_driver_mismatch
     if ((rc == EXIT_OK)); then
       if ((${TRAINSTACK_NODES:-1} > 1)) && marker="$(wait_for_end_marker)"; then

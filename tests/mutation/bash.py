@@ -79,6 +79,10 @@ SCRIPTS: dict[str, list[list[str]]] = {
         ["tests/userdata/test_finish_steps.py"],
         [*SANDBOX_END, BOOT + "::test_crash_loop_fails_after_n_in_a_row_with_logs"],
     ],
+    "userdata/progress.sh": [
+        ["tests/userdata/test_progress_watch.py"],
+        [BOOT + "::test_a_trainer_that_stops_making_progress_is_stopped_and_its_machine_replaced"],
+    ],
 }
 SWAPS = {"-lt": "-le", "-le": "-lt", "-gt": "-ge", "-ge": "-gt", "-eq": "-ne", "-ne": "-eq", "==": "!=", "!=": "=="}
 ARITH = {"<=": "<", "<": "<=", ">=": ">", ">": ">="}

@@ -78,7 +78,8 @@ def test_a_running_attempt_counts_up_to_now():
     assert cost.run_cost(events).machine_hours == pytest.approx(2 * 10 / 60)
 
 
-@pytest.mark.parametrize("ending", [layout.PREEMPTED, layout.FAILED_EVENT, layout.SPOT_NOTICE, layout.MACHINE_FINISH])
+@pytest.mark.parametrize("ending", [layout.PREEMPTED, layout.FAILED_EVENT, layout.SPOT_NOTICE, layout.MACHINE_FINISH,
+                                    layout.MACHINE_STALLED])
 def test_an_attempt_something_ended_is_not_counted_up_to_now(ending):
     events = [started(0, 1), ev(ending, 20, 1)]
     total = cost.run_cost(events, now=ts(500))

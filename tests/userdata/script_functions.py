@@ -65,11 +65,12 @@ def script_without_main(name: str) -> str:
     return text.rstrip().removesuffix('main "$@"')
 
 
-def run_script(tmp_path: Path, name: str | None, body: str, *, env: str = "", rendezvous: str = "",
+def run_script(tmp_path: Path, name: str | None, body: str, *, env: str = "", rendezvous: str = "", progress: str = "",
                extra_env: dict[str, str] | None = None, timeout: float = 30) -> Ran:
     """Sources `userdata/NAME` (lib.sh alone when NAME is None) in a machine root under tmp_path,
     then the prelude and `body`. `env` adds lines to the machine's env file; `rendezvous` is
-    what `supervise.sh`'s main sources as rendezvous.sh, after the real one."""
+    what `supervise.sh`'s main sources as rendezvous.sh, after the real one; `progress` the same for
+    progress.sh."""
     root = tmp_path / "root"
     bin_dir = root / "opt/trainstack/bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
@@ -77,9 +78,10 @@ def run_script(tmp_path: Path, name: str | None, body: str, *, env: str = "", re
     (root / "var/lib/trainstack/paths").write_text("")
     env_file = root / "env"
     env_file.write_text(ENV + env)
-    # The scripts find lib.sh (and supervise.sh rendezvous.sh) beside TRAINSTACK_LIB.
+    # The scripts find lib.sh (and supervise.sh rendezvous.sh and progress.sh) beside TRAINSTACK_LIB.
     (bin_dir / "lib.sh").write_text(f'. "{USERDATA / "lib.sh"}"\n')
     (bin_dir / "rendezvous.sh").write_text(f'. "{USERDATA / "rendezvous.sh"}"\n{rendezvous}\n')
+    (bin_dir / "progress.sh").write_text(f'. "{USERDATA / "progress.sh"}"\n{progress}\n')
     out = tmp_path / "out"
     out.write_text("")
     source = ""

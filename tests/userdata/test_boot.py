@@ -345,6 +345,34 @@ def test_deadline_reached_during_training_stops_the_trainer_and_times_out(sandbo
 
 
 @pytest.mark.slow
+def test_a_trainer_that_stops_making_progress_is_stopped_and_its_machine_replaced(sandbox_factory, s3_run, group):
+    # The trainer holds after its first checkpoint (tests/userdata/held_trainer.py), as a hung collective
+    # would: its progress.json stops changing. The start (set-up, TensorFlow's import, the first steps)
+    # is silent for longer than the training bound here, and is not taken for a stall.
+    settings = settings_for(steps=100, checkpointEverySteps=20)
+    box = sandbox_factory(settings=settings, env_overrides={
+        "TRAINSTACK_STALL_S": "6", "TRAINSTACK_STALL_POLL_S": "1", "TRAINSTACK_START_STALL_S": "600"})
+    box.env.update(FAKE_TRAINER_MODULE="tests.userdata.held_trainer", FAKE_TRAINER_PATH=str(REPO))
+    assert box.boot(watcher=False).wait(timeout=240) == 0, box.journal()
+    assert (box.state / "trainer-held").read_text() == "20\n"
+    journal = box.journal()
+    assert "the trainer makes progress (step 20)" in journal
+    assert box.argvs("docker").count(["stop", "--time", "100", "trainstack-trainer"]) == 1
+    (stalled,) = [e for e in machine_events(s3_run) if e["event"] == layout.MACHINE_STALLED]
+    assert stalled["reason"].startswith("the trainer made no progress for ") and stalled["reason"].endswith(
+        "s after step 20"), stalled
+    assert stalled["key"] == INSTANCE_ID and stalled["committed"] >= 20
+    keys = s3_keys(s3_run)
+    # No verdict on the run: no marker, the group keeps its size and brings a fresh machine.
+    assert not any(marker in keys for marker in layout.END_MARKERS)
+    assert group_size(s3_run, group) == (1, 1, 1)
+    assert [a for a in box.argvs("aws") if a[0] == "autoscaling"] == []
+    assert any(k.startswith(f"logs/{INSTANCE_ID}/") for k in keys)
+    assert box.argvs("shutdown") == [["-h", "now"]]
+    _order(box, ("docker", "run"), ("docker", "stop"), ("shutdown", "-h", "now"))
+
+
+@pytest.mark.slow
 def test_sigterm_from_a_shutdown_is_no_verdict_but_an_unexpected_exit_is_failed(sandbox_factory, s3_run, group):
     # systemd stopping the unit (the machine shutting down) ends the supervisor with 143
     # and leaves the run as it is.

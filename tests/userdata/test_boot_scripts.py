@@ -54,7 +54,7 @@ def test_a_machine_installs_its_boot_scripts_from_the_bucket_once(machines, requ
         assert (bin_dir / name).read_text() == (USERDATA_DIR / name).read_text()
         assert (bin_dir / name).stat().st_mode & 0o777 == mode
         checked += 1
-    assert checked == len(BOOT_SCRIPTS) == 2
+    assert checked == len(BOOT_SCRIPTS) == 3
     assert len(_boot_fetches(box)) == 1, box.argvs("aws") + box.argvs("gcloud")
     # The next boot of the same disk fetches nothing again.
     assert _boot_scripts(box).returncode == 0

@@ -19,7 +19,7 @@ from runfolder import exits, layout
 # lib.sh variable -> the layout's value (the same name in both, so a reader finds one from the other).
 SCALARS = ("CACHE_PREFIX", "PIP_CACHE_DIR", "EVENTS_KEY", "PROGRESS_KEY", "CHECKPOINTS_PREFIX", "CHECKPOINT_DIR", "COMMITTED", "DEADLINE_KEY", "LOGS_PREFIX", "MACHINE_EVENTS_PREFIX", "STOP_KEY", "RENDEZVOUS_PREFIX",
            "COMPLETE", "FAILED", "TIMED_OUT", "CANCELLED", "MARKER_STEP", "MARKER_ATTEMPTS", "MARKER_REASON",
-           "EVENT", "TIME", "FAILED_EVENT", "SPOT_NOTICE", "REBALANCE", "MACHINE_FINISH", "MACHINE_SCALE_FAILED",
+           "EVENT", "TIME", "FAILED_EVENT", "SPOT_NOTICE", "REBALANCE", "MACHINE_FINISH", "MACHINE_SCALE_FAILED", "MACHINE_STALLED",
            "WAITING_FOR_MACHINES")
 # lib.sh's EXIT_<NAME> -> runfolder.exits.<NAME>: the trainer's exit codes the supervisor acts on.
 EXITS = ("OK", "FAILED", "NO_CLUSTER", "PEER_LOST", "LEASE_HELD", "UNUSABLE", "PREEMPTED")

@@ -207,7 +207,7 @@ def test_a_public_image_needs_no_registry_login(tmp_path):
 # -- the boot archive ----------------------------------------------------------------------------
 
 
-def _archive(folder: Path, bootstrap: str, *, files=("bootstrap.sh", "rendezvous.sh")) -> str:
+def _archive(folder: Path, bootstrap: str, *, files=("bootstrap.sh", "rendezvous.sh", "progress.sh")) -> str:
     """A boot archive named after its sha256, as components/code.py packs it; its URI."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:

@@ -180,17 +180,17 @@ def test_render_refuses_bad_input():
 def test_rendered_scripts_pass_shellcheck(name, tmp_path):
     text, _env = _render(name)
     scripts = installed_scripts(text, tmp_path)
-    # The document's five (six with federation-gcp.sh), and the boot archive's two, which boot_scripts installs
-    # beside them.
+    # The document's five (six with federation-gcp.sh), and the boot archive's three, which boot_scripts
+    # installs beside them.
     assert len(scripts) == sum(1 for n, _p, _m in _installed(name) if n.endswith(".sh")) + len(BOOT_SCRIPTS) == (
-        8 if name.endswith(ACROSS) else 7)
+        9 if name.endswith(ACROSS) else 8)
     proc = subprocess.run(["shellcheck", "-x", "--severity=style", *map(str, scripts)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for path in scripts:
         body = path.read_text()
         assert "set -euo pipefail" in body or "set -Eeuo pipefail" in body or path.name in (
-            "lib.sh", "rendezvous.sh", "federation-gcp.sh")  # sourced, never run
+            "lib.sh", "rendezvous.sh", "progress.sh", "federation-gcp.sh")  # sourced, never run
 
 
 @pytest.mark.slow
@@ -206,7 +206,7 @@ def test_ops_synth_dev_user_data_passes_schema_and_shellcheck(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert schema.returncode == 0, schema.stdout + schema.stderr
     scripts = installed_scripts(text, tmp_path)
-    assert len(scripts) == 7
+    assert len(scripts) == 8
     proc = subprocess.run(["shellcheck", "-x", *map(str, scripts)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

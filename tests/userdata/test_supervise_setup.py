@@ -121,6 +121,17 @@ def test_bootstrap_retries_end_at_the_runs_deadline(tmp_path):
                              "failed 2 times; see logs)")
 
 
+def test_a_bootstrap_that_hangs_is_cut_at_its_bound(tmp_path):
+    # An image pull that never ends: the try is stopped when the set-up's bound (2 s, real time here) is
+    # spent, and no pause is left in it.
+    ran = _bootstrap(tmp_path, "", bootstrap="sleep 60", env="TRAINSTACK_BOOTSTRAP_WAIT_S=2\n")
+    assert ran.lines == ["boot_scripts", "finish FAILED could not set up the machine in 2s (bootstrap failed 1 times "
+                         "for a passing reason; see logs)"]
+    # Fetching the boot scripts took the whole hour (timeout 0 would be no bound at all): a 1 s try.
+    spent = _bootstrap(tmp_path / "spent", "BOOT_S=3600", bootstrap="sleep 60")
+    assert spent.lines[-1].startswith("finish FAILED could not set up the machine in 3600s")
+
+
 def test_a_bootstrap_failure_with_a_reason_ends_the_run_at_once(tmp_path):
     ran = _bootstrap(tmp_path, "", bootstrap='echo "no GPU: nvidia-smi sees none" >"$TRAINSTACK_ROOT/run/trainstack/failure-reason"; exit 1')
     assert ran.lines == ["boot_scripts", "finish FAILED no GPU: nvidia-smi sees none"]
