@@ -271,7 +271,9 @@ def _until(check, what: str, timeout: float = 10.0):
 
 def test_the_background_renewal_keeps_the_lease_and_says_when_it_is_lost(store):
     said = []
-    a = RunLease(store, holder="machine-a/1", ttl_s=0.4, safety_s=0.1, skew_s=0.1, poll_s=0.05,
+    # Renewed every second (ttl/4): a renewal late by 3.5 s would lose the lease by its own clock and say
+    # another reason; with a 0.4 s TTL a loaded machine's 0.3 s pause did (the real clock, a real thread).
+    a = RunLease(store, holder="machine-a/1", ttl_s=4.0, safety_s=0.5, skew_s=0.5, poll_s=0.05,
                  emit=lambda kind, fields: said.append((kind, fields)))
     a.acquire()
     first = record(store)["nonce"]
