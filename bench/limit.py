@@ -49,7 +49,7 @@ def measure(model: str, batch_size: int, seconds: float, steps_per_call: int = 1
     t0 = time.perf_counter()
     float(steps(n))  # traces
     warm = time.perf_counter() - t0
-    calls, start, best = 0, time.perf_counter(), 0.0
+    calls, start, best, cpu = 0, time.perf_counter(), 0.0, time.process_time()
     while True:
         t = time.perf_counter()
         float(steps(n))  # a host sync per call, so each call's own time is measured
@@ -58,12 +58,15 @@ def measure(model: str, batch_size: int, seconds: float, steps_per_call: int = 1
         elapsed = time.perf_counter() - start
         if elapsed >= seconds and calls >= 2:
             break
+    cpu = time.process_time() - cpu
     return {"tf_version": tf.__version__, "gpus": len(tf.config.list_physical_devices("GPU")),
             "model": model, "batch_size": batch_size, "steps_per_call": steps_per_call, "calls": calls,
             "seconds": round(elapsed, 3), "first_call_seconds": round(warm, 3),
             "examples_per_sec": round(calls * steps_per_call * batch_size / elapsed, 1),
             # The fastest call: on a shared machine, the closest to what a quiet one would do.
-            "best_examples_per_sec": round(best, 1)}
+            "best_examples_per_sec": round(best, 1),
+            # CPU per example, every thread's: what another user's load changes least.
+            "cpu_us_per_example": round(cpu / (calls * steps_per_call * batch_size) * 1e6, 2)}
 
 
 def main() -> None:

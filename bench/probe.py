@@ -8,7 +8,9 @@ first call of the train step (tracing plus its steps). Each mark is seconds sinc
 started the process (`BENCH_T0`, the parent's `time.time()` just before spawning), and is
 written as JSON to `BENCH_MARKS` after the first and second calls, so the parent can watch
 for the first step. A renamed function in either fails here at once (AttributeError),
-which is how `tests/bench` notices that the probe needs updating.
+which is how `tests/bench` notices that the probe needs updating. From the second call on it
+also keeps the process's CPU seconds (`loop_cpu_s`, every thread's) and the steps run
+(`loop_steps`), written with the marks at the end.
 
 Usage: BENCH_T0=... BENCH_MARKS=marks.json python -m bench.probe --run-uri ... (trainer flags)
 """
@@ -75,7 +77,14 @@ def install() -> None:
             n = calls[0]
             if n <= 2:
                 mark(f"call{n}_start")
+            if n == 2:
+                # The process's CPU seconds from the second call on (the first traces the step), every
+                # thread's (checkpoint writes and uploads, tf.data, summaries) over the steps they served.
+                MARKS["loop_cpu_start"] = time.process_time()
             out = fn(*a, **kw)
+            if n >= 2:
+                MARKS["loop_cpu_s"] = round(time.process_time() - MARKS["loop_cpu_start"], 4)
+                MARKS["loop_steps"] = MARKS.get("loop_steps", 0) + int(a[1])
             if n <= 2:
                 mark(f"call{n}_end")
                 if n == 1:

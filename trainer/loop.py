@@ -315,10 +315,12 @@ class TrainLoop:
         rate = (seen - last_examples) / max(now - last_time, 1e-9)
         step_time = (now - last_time) / max(st.step - last_step, 1)
         rows = states[0].numpy() if states else None
+        points = []
         for s in logged:  # one call's points share its speed: it was measured once
             if rows is not None:
                 st.train_metrics = self.validation.metrics.results(rows[s - call_first])
-            self._summaries(s, float(losses[s - call_first]), rate, step_time)
+            points.append((s, training_scalars(self.spec, st, float(losses[s - call_first]), rate, step_time)))
+        self._summaries(points)
         # The speed said (the bar, progress.json: ops status and its ETA) is the attempt's loop so far,
         # checkpoints and evaluations included, as the `finished` event's; TensorBoard's curve is this log's.
         self.rate = loop_speed(now - self.loop_from[0], seen - self.loop_from[1], None).get("examples_per_sec")
@@ -351,12 +353,14 @@ class TrainLoop:
             self.emit(layout.DATA_SKIPPED, batches=batches, steps=count, reason=why,
                       seconds=round(time.monotonic() - made - trace_seconds, 3))
 
-    def _summaries(self, step: int, loss: float, rate: float, step_time: float) -> None:
+    def _summaries(self, points: list[tuple[int, dict]]) -> None:
+        """A call's training points, and the commits' durations recorded since, to TensorBoard in one write."""
         if self.summaries.enabled:
+            commits = []
             while self.commit_seconds:  # recorded by the upload thread, written here
                 ckpt_step, seconds = self.commit_seconds.pop(0)
-                self.summaries.scalars(ckpt_step, {"checkpoint_s": seconds})
-            self.summaries.scalars(step, training_scalars(self.spec, self.state, loss, rate, step_time))
+                commits.append((ckpt_step, {"checkpoint_s": seconds}))
+            self.summaries.series(commits + points)
 
     def _checkpoint(self, *, sync: bool) -> None:
         """Save the current step, then commit it to the run (in the background unless `sync`)."""

@@ -98,6 +98,10 @@ class _Summaries:
     def scalars(self, step, values):
         self.points.setdefault(step, {}).update(values)
 
+    def series(self, points):
+        for step, values in points:
+            self.scalars(step, values)
+
     def sync(self):
         self.synced += 1
 
@@ -272,7 +276,7 @@ def test_a_commit_reports_the_checkpoint_and_lets_the_previous_best_go(make):
     [ev] = _events(loop)
     assert (ev["event"], ev["step"], ev["seconds"], ev["bytes"]) == (layout.CHECKPOINT, 8, 1.5, 1234)
     # The next logged step writes the commit's time to TensorBoard, at the checkpoint's step.
-    loop._summaries(10, 0.5, 100.0, 0.01)
+    loop._summaries([(10, training_scalars(loop.spec, loop.state, 0.5, 100.0, 0.01))])
     assert loop.summaries.points[8] == {"checkpoint_s": 1.5} and loop.commit_seconds == []
     assert loop.summaries.points[10]["train/loss"] == 0.5
 
