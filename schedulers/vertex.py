@@ -92,6 +92,7 @@ def output_path(run_uri: str) -> str:
 
 
 def parent(spec: JobSpec) -> str:
+    """Where the run's jobs live: `projects/<project>/locations/<region>`."""
     return f"projects/{spec.project}/locations/{spec.region}"
 
 
@@ -156,16 +157,17 @@ class Launch:
     request: dict | None = None
 
 
-def run_jobs(api, spec: JobSpec) -> list[dict]:
-    """The run's CustomJobs (every page of customJobs.list, by the run's label), oldest first by number."""
+def run_jobs(api, *, where: str, prefix: str) -> list[dict]:
+    """The run's CustomJobs in `where` (projects/P/locations/R): every page of customJobs.list by the run's
+    label, oldest first by number."""
     jobs, token = [], None
     for _ in range(1000):  # bounded: a service that never ends its pages is an error, not a hang
         page = api.projects().locations().customJobs().list(
-            parent=parent(spec), filter=f'labels.{RUN_LABEL}="{spec.job_prefix}"', pageToken=token).execute()
-        jobs += [j for j in page.get("customJobs", []) if job_number(spec.job_prefix, j.get("displayName", ""))]
+            parent=where, filter=f'labels.{RUN_LABEL}="{prefix}"', pageToken=token).execute()
+        jobs += [j for j in page.get("customJobs", []) if job_number(prefix, j.get("displayName", ""))]
         token = page.get("nextPageToken")
         if not token:
-            return sorted(jobs, key=lambda j: job_number(spec.job_prefix, j["displayName"]))
+            return sorted(jobs, key=lambda j: job_number(prefix, j["displayName"]))
     raise SubmitError("customJobs.list did not end after 1000 pages")
 
 
@@ -176,7 +178,7 @@ def launch(spec: JobSpec, *, api, store, now: float) -> Launch:
     marker = ended_marker(store)
     if marker is not None:
         return Launch("ended", detail=f"the run has ended {marker}: it is not submitted again")
-    jobs = run_jobs(api, spec)
+    jobs = run_jobs(api, where=parent(spec), prefix=spec.job_prefix)
     for j in reversed(jobs):
         if j.get("state") in ACTIVE:
             return Launch("running", job=j["name"], detail=j["state"])
@@ -247,11 +249,11 @@ def record_end(job: JobState, *, store, now: float) -> str | None:
     return ended_marker(store)
 
 
-def stop(api, spec: JobSpec, *, run_uri: str | None = None) -> list[str]:
+def stop(api, *, where: str, prefix: str, run_uri: str | None = None) -> list[str]:
     """customJobs.cancel for each of the run's jobs still running (Vertex AI sends the container SIGTERM);
     returns their names. A job cancelling or ended is left alone; with `run_uri`, a job that is not that
     run's (check_owner) is refused before any is cancelled."""
-    running = [j for j in run_jobs(api, spec) if j.get("state") in ACTIVE and j.get("state") != "JOB_STATE_CANCELLING"]
+    running = [j for j in run_jobs(api, where=where, prefix=prefix) if j.get("state") in ACTIVE and j.get("state") != "JOB_STATE_CANCELLING"]
     for j in running:
         check_owner(j, run_uri)
     for j in running:

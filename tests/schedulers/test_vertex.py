@@ -200,7 +200,7 @@ def test_another_runs_job_is_refused_by_its_output_directory():
 
 def test_stop_cancels_the_runs_running_jobs_only():
     api, http = _api({"customJobs": [_job(1, "JOB_STATE_FAILED"), _job(2, "JOB_STATE_RUNNING")]}, {})
-    assert vertex.stop(api, SPEC, run_uri=SPEC.run_uri) == [f"{PARENT}/customJobs/102"]
+    assert vertex.stop(api, where=PARENT, prefix=SPEC.job_prefix, run_uri=SPEC.run_uri) == [f"{PARENT}/customJobs/102"]
     assert _methods(http) == ["GET /", "POST /102:cancel"]
 
 
@@ -208,7 +208,7 @@ def test_stop_refuses_a_job_that_is_not_the_runs_before_cancelling_any():
     api, http = _api({"customJobs": [_job(1, "JOB_STATE_RUNNING"),
                                      _job(2, "JOB_STATE_RUNNING", run_uri="gs://b/runs/other")]})
     with pytest.raises(SubmitError, match="not this run's job"):
-        vertex.stop(api, SPEC, run_uri=SPEC.run_uri)
+        vertex.stop(api, where=PARENT, prefix=SPEC.job_prefix, run_uri=SPEC.run_uri)
     assert _methods(http) == ["GET /"]
 
 
