@@ -37,7 +37,7 @@ def test_a_sagemaker_stack_with_its_own_image_loads():
     ({**AWS, "scheduler": "vertex"},
      "trainstack:scheduler: 'vertex' runs on GCP and this stack's cloud is aws; use groups or sagemaker on aws"),
     ({**GCP, "scheduler": "vertex"}, "trainstack:scheduler: 'vertex': Vertex AI custom jobs are not built yet; use "
-     "groups on gcp (docs/sagemaker.md says what a managed scheduler does)"),
+     "groups on gcp (docs/vertex.md says what is built)"),
     ({**AWS, "scheduler": "SageMaker"}, "trainstack:scheduler: 'SageMaker': expected groups, sagemaker or vertex"),
 ])
 def test_a_scheduler_on_the_wrong_cloud_is_refused_naming_the_key(raw, line):
