@@ -107,6 +107,10 @@ def timeout(*, deadline: float, now: float) -> str:
 
 
 def _pool(spec: JobSpec, replicas: int) -> dict:
+    from runfolder import environment
+
+    # The run folder is the job's own, whatever the stack's env says: the trainer's entry reads it there.
+    env = {**spec.env, environment.RUN_URI: spec.run_uri}
     machine: dict[str, Any] = {"machineType": spec.machine_type}
     if spec.accelerator_type and spec.accelerator_count:
         machine |= {"acceleratorType": spec.accelerator_type, "acceleratorCount": spec.accelerator_count}
@@ -115,7 +119,7 @@ def _pool(spec: JobSpec, replicas: int) -> dict:
         "replicaCount": str(replicas),  # int64 travels as a string
         "diskSpec": {"bootDiskType": "pd-ssd", "bootDiskSizeGb": spec.disk_gb},
         "containerSpec": {"imageUri": spec.image, "args": ["train"],
-                          "env": [{"name": k, "value": str(v)} for k, v in sorted(spec.env.items())]},
+                          "env": [{"name": k, "value": str(v)} for k, v in sorted(env.items())]},
     }
 
 

@@ -72,6 +72,7 @@ def test_the_custom_job_is_spot_to_the_runs_deadline_by_digest_and_in_the_docume
                                       "acceleratorCount": 1}
     assert pool[0]["containerSpec"]["imageUri"] == SPEC.image and pool[0]["containerSpec"]["args"] == ["train"]
     assert {"name": "TRAINSTACK_STEPS", "value": "20000"} in pool[0]["containerSpec"]["env"]
+    assert {"name": "TRAINSTACK_RUN_URI", "value": SPEC.run_uri} in pool[0]["containerSpec"]["env"]
     assert body["labels"] == {vertex.RUN_LABEL: SPEC.job_prefix}
 
 
