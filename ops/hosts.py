@@ -249,10 +249,10 @@ def stack_group_state(stack: str) -> GroupState:
     """The deployed stack's group (see :class:`GroupState`)."""
     outputs = _outputs_once(stack)
     cloud = cloud_of(require_output(outputs, "runUri", stack))
-    if outputs.get("sagemakerJob"):
-        # A SageMaker stack has no group; its job is found through the run folder once submitted.
-        raise HostsError(f"stack {stack} runs as a SageMaker training job, not submitted yet: "
-                         f"python -m ops start --stack {stack}")
+    for output, what in (("sagemakerJob", "a SageMaker training job"), ("vertexJob", "a Vertex AI custom job")):
+        if outputs.get(output):
+            # A managed stack has no group; its job is found through the run folder once submitted.
+            raise HostsError(f"stack {stack} runs as {what}, not submitted yet: python -m ops start --stack {stack}")
     group = require_output(outputs, "groupName", stack)
     region = outputs.get("region") or None
     if cloud == "aws":

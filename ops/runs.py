@@ -131,11 +131,8 @@ def request_stop(run_uri: str, *, reason: str = "", store=None, now: float | Non
 
 def cmd_stop(args: argparse.Namespace) -> int:
     """``ops stop``: ask the run to end as CANCELLED (``--wait``: until it has); on a SageMaker stack, also stop
-    its training job."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
+    its training job; on a Vertex AI stack, cancel its custom job."""
     from ops import hosts, jobs, status
-    from schedulers import sagemaker
 
     try:
         uri = run_uri(args)
@@ -146,13 +143,16 @@ def cmd_stop(args: argparse.Namespace) -> int:
     try:
         from runfolder.storage import open_store
 
-        stopped = jobs.stop_job(open_store(uri))
-    except (BotoCoreError, ClientError, sagemaker.SubmitError) as e:
-        print(f"ops stop: the STOP request is written, but SageMaker did not stop the job: {' '.join(str(e).split())}; "
+        store = open_store(uri)
+        service = "Vertex AI" if (jobs.read_record(store) or {}).get("scheduler") == "vertex" else "SageMaker"
+        stopped = jobs.stop_job(store)
+    except jobs.service_errors() as e:
+        print(f"ops stop: the STOP request is written, but the service did not stop the job: {' '.join(str(e).split())}; "
               "run ops stop again", file=sys.stderr)
         return EXIT_ERROR
     for name in stopped:
-        print(f"stopped SageMaker training job {name}: SIGTERM to the trainer, which commits a checkpoint; the run "
+        what = "cancelled Vertex AI custom job" if service == "Vertex AI" else "stopped SageMaker training job"
+        print(f"{what} {name}: SIGTERM to the trainer, which commits a checkpoint; the run "
               "ends CANCELLED (ops status records it once the job has stopped)")
     if doc.get("already"):
         print(f"ops stop: {uri} was already asked to stop ({doc.get('requested', 'earlier')}); waiting for the trainer")

@@ -147,21 +147,18 @@ def with_group(st: RunStatus, group) -> RunStatus:
 
 def with_job(st: RunStatus, store, *, client=None, now: float | None = None) -> bool:
     """Add the run's managed job (its scheduler.json; none on the groups) to ``st``, and when the job ended
-    without the trainer's own marker, write the run's (schedulers.sagemaker.record_end: MaxWaitTimeExceeded
+    without the trainer's own marker, write the run's (the room's record_end: SageMaker's MaxWaitTimeExceeded
     ends it TIMED_OUT with the job's reason). True when that wrote a marker ``st`` does not show yet."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
     from ops import jobs
-    from schedulers import sagemaker
 
     try:
         st.job = jobs.job_state(store, client=client)
-    except (BotoCoreError, ClientError, sagemaker.SubmitError) as e:
+    except jobs.service_errors() as e:
         st.job_note = f"job not read: {' '.join(str(e).split())}"
         return False
     if st.job is None:
         return False
-    marker = sagemaker.record_end(st.job, store=store, now=time.time() if now is None else now)
+    marker = jobs.record_end(store, st.job, now=time.time() if now is None else now)
     return marker is not None and not st.final
 
 

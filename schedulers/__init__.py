@@ -2,7 +2,7 @@
 
 The stack's own spot groups (the default, `trainstack:scheduler: groups`) are run by the
 boot scripts and the controller; a managed service's training job is a room here:
-`schedulers.sagemaker` (AWS), and a Vertex AI room beside it later. Each room answers the
+`schedulers.sagemaker` (AWS) and `schedulers.vertex` (GCP). Each room answers the
 same four things about a run, and nothing else crosses the seam:
 
 - ``launch``: submit the run's job, at most one at a time, never again once the run has ended;

@@ -17,6 +17,9 @@ A stop (a spot interruption, `StopTrainingJob`, the wait running out) is SIGTERM
 after 120 s. The trainer replaces this process (`exec`), so the signal reaches it directly: it
 commits a checkpoint and exits 143, and SageMaker's restart resumes from it exactly as a group's
 new machine does. `TRAINSTACK_OPT_ML` moves `/opt/ml` (the tests lay one out in a folder).
+
+The same `train` under a Vertex AI CustomJob (it names the job, CLOUD_ML_JOB_ID, or its AIP_* output
+directories) maps that contract instead: trainer/vertex_entry.py.
 """
 
 from __future__ import annotations
@@ -87,11 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     """`train`: set the trainer's environment from the job's files and become `python -m trainer`."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] != ["train"]:
-        print(f"expected the argument train (SageMaker runs IMAGE train), got {args!r}", file=sys.stderr)
+        print(f"expected the argument train (SageMaker and Vertex AI run IMAGE train), got {args!r}", file=sys.stderr)
         return 2
+    from trainer import vertex_entry
+
     try:
-        env = job_environment(os.environ)
-    except ContractError as e:
+        env = vertex_entry.job_environment(os.environ) if vertex_entry.is_vertex(os.environ) else job_environment(os.environ)
+    except (ContractError, vertex_entry.ContractError) as e:
         print(f"train: {e}", file=sys.stderr)
         return 2
     os.execve(sys.executable, [sys.executable, "-m", "trainer"], {**os.environ, **env})  # noqa: S606 - no shell, by design

@@ -4,7 +4,8 @@ cannot take.
 `groups` is today's stack (spot groups and the controller) and takes everything the other checks
 allow. `sagemaker` runs the run as a SageMaker managed-spot training job on an AWS stack: the job runs
 the stack's own image (`image.build: true`) with the argument `train`, on one instance type SageMaker
-knows, in the stack's one region, and nobody reaches its machines. `vertex` is GCP's, not built yet.
+knows, in the stack's one region, and nobody reaches its machines. `vertex` is GCP's: its room
+(schedulers/vertex.py) is built, its stack not yet, so it is refused.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def validate(s: Settings) -> None:
                           f"use groups or {other} on {s.cloud}")
     if s.scheduler == "vertex":
         raise ConfigError("scheduler", "'vertex': Vertex AI custom jobs are not built yet; use groups on gcp "
-                          "(docs/sagemaker.md says what a managed scheduler does)")
+                          "(docs/vertex.md says what is built)")
     _sagemaker(s)
 
 

@@ -16,6 +16,7 @@ from controller import prices
 from controller.prices import GcpMachine, Offer, Quote
 from runfolder import layout
 from runfolder.storage import open_store
+from tests.fixtures import discovery
 
 NOW = 1_765_000_000.0
 TYPES = ("g5.xlarge", "g6.xlarge")
@@ -172,40 +173,10 @@ def asdict_quote() -> dict:
 # -- GCP: the Cloud Billing Catalog ------------------------------------------------------------------
 
 def _document() -> dict:
-    from pathlib import Path
-
-    import googleapiclient
-
-    path = Path(googleapiclient.__file__).parent / "discovery_cache" / "documents" / "cloudbilling.v1.json"
-    return json.loads(path.read_text())
+    return discovery.document("cloudbilling", "v1")
 
 
-def _valid(value, schema: dict, schemas: dict, where: str) -> list[str]:
-    """What in ``value`` the discovery document's ``schema`` does not allow (unknown keys, wrong types)."""
-    if "$ref" in schema:
-        return _valid(value, schemas[schema["$ref"]], schemas, where)
-    kind = schema.get("type")
-    if kind == "object":
-        if not isinstance(value, dict):
-            return [f"{where}: not an object"]
-        props = schema.get("properties", {})
-        return [e for k, v in value.items()
-                for e in ([f"{where}.{k}: not in the schema"] if k not in props else _valid(v, props[k], schemas,
-                                                                                             f"{where}.{k}"))]
-    if kind == "array":
-        if not isinstance(value, list):
-            return [f"{where}: not an array"]
-        return [e for i, v in enumerate(value) for e in _valid(v, schema["items"], schemas, f"{where}[{i}]")]
-    if kind == "string":  # int64 travels as a string
-        ok = isinstance(value, str) and (schema.get("format") != "int64" or value.lstrip("-").isdigit())
-        return [] if ok and value in schema.get("enum", [value]) else [f"{where}: {value!r} is not a valid string"]
-    if kind == "integer":
-        return [] if isinstance(value, int) and not isinstance(value, bool) else [f"{where}: not an integer"]
-    if kind == "number":
-        return [] if isinstance(value, int | float) and not isinstance(value, bool) else [f"{where}: not a number"]
-    if kind == "boolean":
-        return [] if isinstance(value, bool) else [f"{where}: not a boolean"]
-    return [f"{where}: unknown schema {schema}"]
+_valid = discovery.invalid
 
 
 def _sku(description: str, usage_unit: str, units: str, nanos: int, *, regions=("us-central1",),

@@ -1,5 +1,6 @@
 """`ops start` (ops/jobs.py): a SageMaker stack's run is submitted once, from the stack's `sagemakerJob`
-output, and recorded in the run folder's scheduler.json; a stack of groups has nothing to submit."""
+output (a Vertex AI stack's from its `vertexJob`), and recorded in the run folder's scheduler.json, where
+`ops status` and `ops stop` find the job; a stack of groups has nothing to submit."""
 
 from __future__ import annotations
 
@@ -55,3 +56,53 @@ def test_status_of_a_sagemaker_stack_before_its_start_says_to_start_it(monkeypat
         "runUri": "s3://b/runs/sm", "groupName": "", "sagemakerJob": json.dumps(dataclasses.asdict(SPEC))})
     with pytest.raises(hosts.HostsError, match="not submitted yet: python -m ops start --stack sm"):
         hosts.stack_group_state("sm")
+
+
+# -- a Vertex AI stack: the same seam, over the aiplatform v1 client -------------------------------------------
+
+
+def _vertex_api(*answers: dict):
+    from googleapiclient.http import HttpMockSequence
+
+    from schedulers import vertex
+
+    http = HttpMockSequence([({"status": "200"}, json.dumps(a)) for a in answers])
+    return vertex.client("us-central1", http=http), http
+
+
+def test_a_vertex_start_submits_once_records_the_job_and_status_and_stop_reach_it(tmp_path):
+    from ops import status
+    from tests.schedulers import test_vertex as tv
+
+    store = open_store((tmp_path / "run").as_uri())
+    made = tv._job(1, "JOB_STATE_QUEUED")
+    api, http = _vertex_api({}, made)
+    first = jobs.start(tv.SPEC, store=store, client=api, now=tv.NOW)
+    assert first.outcome == "submitted" and first.job == made["name"]
+    assert json.loads(store.get_bytes(layout.SCHEDULER_KEY)) == {
+        "scheduler": "vertex", "project": tv.SPEC.project, "region": "us-central1", "job_prefix": tv.SPEC.job_prefix,
+        "job": made["name"]}
+    api, http = _vertex_api({"customJobs": [tv._job(1, "JOB_STATE_RUNNING")]})
+    assert jobs.start(tv.SPEC, store=store, client=api, now=tv.NOW + 5).outcome == "running"
+    assert [m for _, m, *_ in http.request_sequence] == ["GET"]  # no second create
+    api, _ = _vertex_api(tv._job(1, "JOB_STATE_RUNNING"))
+    assert jobs.job_state(store, client=api).status == "JOB_STATE_RUNNING"
+    api, http = _vertex_api({"customJobs": [tv._job(1, "JOB_STATE_RUNNING")]}, {})
+    assert jobs.stop_job(store, client=api) == [made["name"]]
+    assert http.request_sequence[-1][0].endswith(made["name"] + ":cancel?alt=json")
+    # The job cancelled after ops stop's STOP: ops status ends the run CANCELLED with the job's word.
+    store.put_bytes(layout.STOP_KEY, b"{}\n")
+    api, _ = _vertex_api(tv._job(1, "JOB_STATE_CANCELLED"))
+    st = status.read_status(store.uri, store=store)
+    assert status.with_job(st, store, client=api, now=tv.NOW) is True
+    assert st.job.status == "JOB_STATE_CANCELLED" and store.exists(layout.CANCELLED)
+    assert dict(status.job_lines(st.job))["job"] == f"{made['name']}  JOB_STATE_CANCELLED"
+
+
+def test_status_of_a_vertex_stack_before_its_start_says_to_start_it(monkeypatch):
+    from tests.schedulers import test_vertex as tv
+
+    monkeypatch.setattr(hosts, "_outputs_once", lambda stack: {
+        "runUri": "gs://b/runs/vx", "groupName": "", "vertexJob": json.dumps(dataclasses.asdict(tv.SPEC))})
+    with pytest.raises(hosts.HostsError, match="Vertex AI custom job, not submitted yet: python -m ops start --stack vx"):
+        hosts.stack_group_state("vx")
