@@ -5,9 +5,8 @@ resource after ScanGate.
 Its outputs are the signed `digest` (what the user data may name) and the key's `public_key` (base64 DER
 of its SubjectPublicKeyInfo, `TRAINSTACK_IMAGE_PUBLIC_KEY` on the machines: public, never a secret), read
 from the KMS with the same call that proves the key signs (AWS `GetPublicKey`, Cloud KMS `getPublicKey`).
-The signature is made again when the digest, the key or the repositories change; a signature already
-stored is overwritten by the same payload signed anew (ECDSA signatures differ each time; any of them
-verifies). Like `components/scan_gate.py`, it does nothing under the SDK's mocks.
+The signature is made again when the digest, the key or the repositories change, in a repository whose
+`.sig` tag holds no signature by the key yet (the repositories' tags are immutable: a tag is written once). Like `components/scan_gate.py`, it does nothing under the SDK's mocks.
 """
 
 from __future__ import annotations
@@ -65,9 +64,27 @@ def sign(props: dict[str, Any], clients=None) -> str:
     from components import signing
 
     signer, der, auth = (clients or {"aws": _aws, "gcp": _gcp}[props["cloud"]])(props)
+    pem = signing.public_key_pem(der)
     for url in props["repository_urls"]:
-        signing.push_signature(url, props["digest"], signer, auth=auth(url))
+        header = auth(url)
+        if not _signed(pem, url, props["digest"], header):
+            signing.push_signature(url, props["digest"], signer, auth=header)
     return base64.b64encode(der).decode()
+
+
+def _signed(pem: bytes, url: str, digest: str, header: str | None) -> bool:
+    """Whether `url@digest` holds a signature by the key already. The repositories' tags are immutable,
+    so a `.sig` tag is written once: a second `pulumi up` finds it and signs nothing; one by another
+    key (the key was replaced) is refused by the registry, and says so."""
+    from components import signing
+
+    for signed in signing.fetch_signatures(url, digest, auth=header):
+        try:
+            signing.verify(pem, url, digest, signed)
+            return True
+        except signing.SigningError:
+            continue
+    return False
 
 
 class _Signer(pulumi.dynamic.ResourceProvider):

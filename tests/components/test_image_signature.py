@@ -41,6 +41,11 @@ def test_the_digest_is_signed_in_every_repository_and_the_public_key_is_the_kms_
         [signed] = signing.fetch_signatures(repo, digest)
         signing.verify(signing.public_key_pem(der), repo, digest, signed)
 
+    # A second `pulumi up` finds the signatures and signs nothing (the repositories' tags are immutable).
+    def refused(_data):
+        raise AssertionError("signed again")
+    assert image_signature.sign(props, lambda p: (refused, der, lambda url: None)) == public
+
 
 @pytest.mark.parametrize(("change", "again"), [
     ({}, False), ({"digest": "sha256:" + "c" * 64}, True), ({"key": "other"}, True),
