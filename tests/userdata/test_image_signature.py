@@ -126,3 +126,26 @@ def test_without_a_public_key_the_registry_is_not_asked(tmp_path):
     ran, reason = _image(tmp_path, ref, "")
     assert ran.rc == 0, ran.log
     assert reason == "" and "signed by the stack's key" not in ran.log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signed_by_stack", [True, False])
+def test_the_sandbox_machine_reads_the_signature_from_the_registry_before_any_docker_call(
+        machines, s3_run, code_uri, images, signed_by_stack):
+    from tests.userdata.test_boot_failure_paths import _script
+
+    repo, a, _, key = images
+    public = _public(key if signed_by_stack else ec.generate_private_key(ec.SECP256R1()))
+    box = machines(s3_run, "trainstack-x", code_uri,
+                   env_overrides={"TRAINSTACK_IMAGE": f"{repo}@{a}", "TRAINSTACK_IMAGE_PUBLIC_KEY": public})
+    proc = _script(box, "bootstrap.sh")
+    reason = box.root / "run/trainstack/failure-reason"
+    pulls = [argv for argv in box.argvs("docker") if argv[:1] == ["pull"]]
+    if signed_by_stack:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert pulls == [["pull", "-q", f"{repo}@{a}"]] and not reason.exists()
+    else:
+        assert proc.returncode != 0
+        assert reason.read_text().strip() == (
+            f"the signature of {repo}@{a} does not verify with the stack's public key: refusing to run it")
+        assert not [argv for argv in box.argvs("docker") if argv[:1] in (["pull"], ["run"])]
