@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from components import signing
 from tests.fixtures.oci_images import oci_layout, push
+from tests.userdata.helpers import group_size, s3_keys
 from tests.userdata.script_functions import run_script
 from tests.userdata.test_image_digest import DOCKER
 
@@ -130,22 +131,21 @@ def test_without_a_public_key_the_registry_is_not_asked(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signed_by_stack", [True, False])
-def test_the_sandbox_machine_reads_the_signature_from_the_registry_before_any_docker_call(
-        machines, s3_run, code_uri, images, signed_by_stack):
-    from tests.userdata.test_boot_failure_paths import _script
-
+def test_the_sandbox_machine_reads_the_signature_from_the_registry_and_runs_only_a_signed_image(
+        sandbox_factory, s3_run, group, images, signed_by_stack):
     repo, a, _, key = images
     public = _public(key if signed_by_stack else ec.generate_private_key(ec.SECP256R1()))
-    box = machines(s3_run, "trainstack-x", code_uri,
-                   env_overrides={"TRAINSTACK_IMAGE": f"{repo}@{a}", "TRAINSTACK_IMAGE_PUBLIC_KEY": public})
-    proc = _script(box, "bootstrap.sh")
-    reason = box.root / "run/trainstack/failure-reason"
-    pulls = [argv for argv in box.argvs("docker") if argv[:1] == ["pull"]]
+    box = sandbox_factory(env_overrides={"TRAINSTACK_IMAGE": f"{repo}@{a}", "TRAINSTACK_IMAGE_PUBLIC_KEY": public})
+    assert box.boot().wait(timeout=240) == 0, box.journal()
+    objects = s3_keys(s3_run)
+    runs = [argv for argv in box.argvs("docker") if argv[:1] == ["run"] and "trainer" in argv]
     if signed_by_stack:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert pulls == [["pull", "-q", f"{repo}@{a}"]] and not reason.exists()
+        assert "COMPLETE" in objects and "FAILED" not in objects, sorted(objects)
+        assert [argv for argv in box.argvs("docker") if argv[:1] == ["pull"]] == [["pull", "-q", f"{repo}@{a}"]]
+        assert len(runs) == 1 and runs[0][-4:] == [f"{repo}@{a}", "python", "-m", "trainer"]
     else:
-        assert proc.returncode != 0
-        assert reason.read_text().strip() == (
-            f"the signature of {repo}@{a} does not verify with the stack's public key: refusing to run it")
+        assert "FAILED" in objects and "COMPLETE" not in objects, sorted(objects)
+        assert objects["FAILED"].decode().find(
+            f"the signature of {repo}@{a} does not verify with the stack's public key") >= 0, objects["FAILED"]
         assert not [argv for argv in box.argvs("docker") if argv[:1] in (["pull"], ["run"])]
+    assert group_size(s3_run, group) == (0, 0, 0)
