@@ -342,25 +342,29 @@ SIG_MEDIA_TYPE="application/vnd.dev.cosign.simplesigning.v1+json"
 # registry_auth: the Authorization header the machine's own identity gives the image's registry
 # (the same credentials `docker pull` logs in with); nothing for any other registry.
 registry_auth() {
-  local host="${TRAINSTACK_IMAGE%%/*}" region
+  local host="${TRAINSTACK_IMAGE%%/*}" region secret
   case "$host" in
     *.dkr.ecr.*.amazonaws.com)
       region="${host#*.dkr.ecr.}"
       region="${region%.amazonaws.com}"
-      printf 'Authorization: Basic %s' "$(printf 'AWS:%s' "$(aws ecr get-login-password --region "$region")" | base64 -w0)" ;;
+      secret="$(aws ecr get-login-password --region "$region")" || return 1
+      printf 'Authorization: Basic %s' "$(printf 'AWS:%s' "$secret" | base64 -w0)" ;;
     *-docker.pkg.dev)
-      printf 'Authorization: Bearer %s' "$(gcloud auth print-access-token)" ;;
+      secret="$(gcloud auth print-access-token)" || return 1
+      printf 'Authorization: Bearer %s' "$secret" ;;
   esac
 }
 
 # sig_get URL FILE: the registry's answer to URL in FILE, its HTTP status in FILE.code (000: no
 # answer); 1 for what is worth another try (no answer, no credentials yet, 429, 5xx).
+# The credential goes to curl in a file of the machine's own (-H @FILE), never on its command line.
 sig_get() {
-  local header code
+  local code
   echo 000 >"$2.code"
-  header="$(registry_auth)" || return 1
+  (umask 077 && registry_auth >"$2.auth") || return 1
   code="$(curl -s -m 30 -o "$2" -w '%{http_code}' -H "Accept: application/vnd.oci.image.manifest.v1+json" \
-    ${header:+-H "$header"} "$1")" || code=000
+    -H @"$2.auth" "$1")" || code=000
+  rm -f "$2.auth"
   echo "$code" >"$2.code"
   [[ "$code" != 000 && "$code" != 429 && "$code" != 5* ]]
 }

@@ -121,6 +121,21 @@ def test_a_signature_manifest_without_cosigns_layer_is_a_verdict(tmp_path, image
         f"the signature manifest of {repo}@{b} holds no cosign signature: refusing to run it")
 
 
+def test_the_registry_credential_reaches_curl_in_a_file_never_on_its_command_line(tmp_path, images):
+    repo, a, _, key = images
+    body = ('registry_auth() { printf "Authorization: Bearer s3cret-t0ken"; }\n'
+            'curl() { record "curl $*"; for f in "$@"; do [[ "$f" != @* ]] || record "header $(cat "${f#@}")"; done;'
+            ' command curl "$@"; }\n')
+    ran = run_script(tmp_path, "bootstrap.sh", DOCKER + body + "image; record ready",
+                     env=f"TRAINSTACK_IMAGE={repo}@{a}\nTRAINSTACK_IMAGE_PUBLIC_KEY={_public(key)}\n",
+                     extra_env={"PULLED": f"{repo}@{a}"})
+    assert ran.rc == 0, ran.log
+    curls = ran.starting("curl")
+    assert len(curls) == 2 and not [c for c in curls if "s3cret" in c], curls
+    assert ran.starting("header") == ["header Authorization: Bearer s3cret-t0ken"] * 2
+    assert not list((tmp_path / "root/run/trainstack").glob(".sig.*/*.auth"))
+
+
 def test_without_a_public_key_the_registry_is_not_asked(tmp_path):
     # An image the stack does not sign (a public one, pinned by digest) is held by its digest alone.
     ref = "127.0.0.1:9/t/x@sha256:" + "ab" * 32
