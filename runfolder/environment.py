@@ -85,6 +85,7 @@ JUPYTER = PREFIX + "JUPYTER"  # "1": the stack installs the Jupyter unit (access
 # A run folder in the other cloud's store: that cloud, and how the machine reaches it by federation.
 STORE_CLOUD = PREFIX + "STORE_CLOUD"
 TOKEN_AUDIENCE = PREFIX + "TOKEN_AUDIENCE"  # the audience of the Google ID token an S3 store's role trusts
+IMAGE_PUBLIC_KEY = PREFIX + "IMAGE_PUBLIC_KEY"  # base64 DER of the key that signs the image ("": not signed)
 GCP_AUDIENCE = PREFIX + "GCP_AUDIENCE"  # the workload identity pool provider a GCS store trusts
 GCP_SERVICE_ACCOUNT = PREFIX + "GCP_SERVICE_ACCOUNT"  # the service account it impersonates
 
@@ -93,7 +94,7 @@ BOOT_KEYS = (CLOUD, REGION, RUN_URI, GROUP, IMAGE, CODE_URI, BOOT_URI, MAX_RUNTI
              NOTICE_GRACE_S, POLL_S, MAX_FAILURES)
 # The env file's keys the boot scripts read (the rest are the trainer's, or decide what is rendered).
 SCRIPT_KEYS = (CLOUD, REGION, RUN_URI, GROUP, IMAGE, CODE_URI, BOOT_URI, MAX_RUNTIME_S, NODES, NOTICE_GRACE_S,
-               POLL_S, MAX_FAILURES, STORE_CLOUD, TOKEN_AUDIENCE, GCP_AUDIENCE, GCP_SERVICE_ACCOUNT)
+               POLL_S, MAX_FAILURES, STORE_CLOUD, TOKEN_AUDIENCE, GCP_AUDIENCE, GCP_SERVICE_ACCOUNT, IMAGE_PUBLIC_KEY)
 
 # -- script mode: what the trainer tells the user's command (besides RUN_URI, KEEP_CHECKPOINTS, SEED and
 # CHECKPOINT_EVERY_SECONDS, as the trainer resolved them) --

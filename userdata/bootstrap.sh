@@ -312,6 +312,7 @@ image_wait() {
 image() {
   [[ -e "$RUNTIME_DIR/image.ready" ]] && return 0
   image_pinned
+  [[ -z "${TRAINSTACK_IMAGE_PUBLIC_KEY:-}" ]] || image_signed
   if docker image inspect "$TRAINSTACK_IMAGE" >/dev/null 2>&1; then
     log "image $TRAINSTACK_IMAGE already on disk"
   else
@@ -328,6 +329,90 @@ image() {
 image_pinned() {
   [[ "$TRAINSTACK_IMAGE" =~ ^[^@]+@sha256:[0-9a-f]{64}$ ]] ||
     fail "the image $TRAINSTACK_IMAGE is not pinned by digest (REPOSITORY@sha256:...): a machine never runs an image by tag"
+}
+
+# An image the stack signs (TRAINSTACK_IMAGE_PUBLIC_KEY: the public key, base64 DER, from the user
+# data) runs only with a signature over its digest by that key, read from its repository as cosign
+# stores it (components/signing.py): the `sha256-<hex>.sig` manifest, whose payload layer names the
+# digest and carries the signature in its annotation. It is checked before the pull, so no byte of an
+# image that is not the stack's is pulled; image_verify then holds the pull to that digest. No
+# signature, another digest or another key is a verdict; a registry that does not answer is retried.
+SIG_MEDIA_TYPE="application/vnd.dev.cosign.simplesigning.v1+json"
+
+# registry_auth: the Authorization header the machine's own identity gives the image's registry
+# (the same credentials `docker pull` logs in with); nothing for any other registry.
+registry_auth() {
+  local host="${TRAINSTACK_IMAGE%%/*}" region secret
+  case "$host" in
+    *.dkr.ecr.*.amazonaws.com)
+      region="${host#*.dkr.ecr.}"
+      region="${region%.amazonaws.com}"
+      secret="$(aws ecr get-login-password --region "$region")" || return 1
+      printf 'Authorization: Basic %s' "$(printf 'AWS:%s' "$secret" | base64 -w0)" ;;
+    *-docker.pkg.dev)
+      secret="$(gcloud auth print-access-token)" || return 1
+      printf 'Authorization: Bearer %s' "$secret" ;;
+  esac
+}
+
+# sig_get URL FILE: the registry's answer to URL in FILE, its HTTP status in FILE.code (000: no
+# answer); 1 for what is worth another try (no answer, no credentials yet, 429, 5xx).
+# The credential goes to curl in a file of the machine's own (-H @FILE), never on its command line.
+sig_get() {
+  local code
+  echo 000 >"$2.code"
+  (umask 077 && registry_auth >"$2.auth") || return 1
+  code="$(curl -s -m 30 -o "$2" -w '%{http_code}' -H "Accept: application/vnd.oci.image.manifest.v1+json" \
+    -H @"$2.auth" "$1")" || code=000
+  rm -f "$2.auth"
+  echo "$code" >"$2.code"
+  [[ "$code" != 000 && "$code" != 429 && "$code" != 5* ]]
+}
+
+image_signed() {
+  local repo="${TRAINSTACK_IMAGE%@*}" digest="${TRAINSTACK_IMAGE#*@}" host base dir code layer
+  host="${repo%%/*}"
+  case "${host%:*}" in
+    127.0.0.1 | localhost) base="http://$host/v2/${repo#*/}" ;;
+    *) base="https://$host/v2/${repo#*/}" ;;
+  esac
+  dir="$(mktemp -d "$RUNTIME_DIR/.sig.XXXXXX")"
+  retry 3 sig_get "$base/manifests/${digest/:/-}.sig" "$dir/manifest.json" || true
+  code="$(cat "$dir/manifest.json.code")"
+  [[ "$code" != 404 ]] || fail "the image $TRAINSTACK_IMAGE has no signature (${digest/:/-}.sig): refusing to run it"
+  [[ "$code" == 200 ]] || die "cannot read the signature of $TRAINSTACK_IMAGE (HTTP $code)"
+  # The payload layer's digest, then its base64 signature (python3: the machines' JSON reader).
+  layer="$(python3 -c '
+import json, sys
+for layer in json.load(open(sys.argv[1])).get("layers", []):
+    sig = (layer.get("annotations") or {}).get("dev.cosignproject.cosign/signature")
+    if layer.get("mediaType") == sys.argv[2] and sig:
+        print(layer["digest"], sig)
+        break' "$dir/manifest.json" "$SIG_MEDIA_TYPE" 2>/dev/null)" || layer=""
+  [[ "$layer" =~ ^sha256:[0-9a-f]{64}\ [A-Za-z0-9+/=]+$ ]] ||
+    fail "the signature manifest of $TRAINSTACK_IMAGE holds no cosign signature: refusing to run it"
+  retry 3 sig_get "$base/blobs/${layer%% *}" "$dir/payload.json" || true
+  code="$(cat "$dir/payload.json.code")"
+  [[ "$code" == 200 ]] || die "cannot read the signature payload of $TRAINSTACK_IMAGE (HTTP $code)"
+  [[ "sha256:$(sha256sum "$dir/payload.json" | cut -d' ' -f1)" == "${layer%% *}" ]] ||
+    fail "the signature payload of $TRAINSTACK_IMAGE is not the one its manifest names: refusing to run it"
+  local said
+  said="$(python3 -c '
+import json, sys
+c = json.load(open(sys.argv[1]))["critical"]
+assert c["type"] == "cosign container image signature"
+print(c["image"]["docker-manifest-digest"], c["identity"]["docker-reference"])' "$dir/payload.json" 2>/dev/null)" ||
+    fail "the signature payload of $TRAINSTACK_IMAGE is not cosign's simple signing: refusing to run it"
+  [[ "$said" == "$digest $repo" ]] ||
+    fail "the signature of $TRAINSTACK_IMAGE is of ${said/ / in }, not of $digest in $repo: refusing to run it"
+  printf '%s' "${layer#* }" | base64 -d >"$dir/sig.der" 2>/dev/null ||
+    fail "the signature of $TRAINSTACK_IMAGE is not base64: refusing to run it"
+  { echo "-----BEGIN PUBLIC KEY-----"; printf '%s' "$TRAINSTACK_IMAGE_PUBLIC_KEY" | fold -w 64; echo
+    echo "-----END PUBLIC KEY-----"; } >"$dir/key.pem"
+  openssl dgst -sha256 -verify "$dir/key.pem" -signature "$dir/sig.der" "$dir/payload.json" >/dev/null 2>&1 ||
+    fail "the signature of $TRAINSTACK_IMAGE does not verify with the stack's public key: refusing to run it"
+  rm -rf "$dir"
+  log "image $TRAINSTACK_IMAGE signed by the stack's key"
 }
 
 # After the pull, the image on disk must be the one the env file names: docker keeps the
