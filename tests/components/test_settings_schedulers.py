@@ -38,7 +38,7 @@ def test_a_sagemaker_stack_with_its_own_image_loads():
      "trainstack:scheduler: 'vertex' runs on GCP and this stack's cloud is aws; use groups or sagemaker on aws"),
     ({**GCP, "scheduler": "vertex"}, "trainstack:scheduler: 'vertex': Vertex AI custom jobs are not built yet; use "
      "groups on gcp (docs/sagemaker.md says what a managed scheduler does)"),
-    ({**AWS, "scheduler": "SageMaker"}, "trainstack:scheduler: 'SageMaker': expected groups, sagemaker or vertex"),
+    ({**AWS, "scheduler": "SageMaker"}, "trainstack:scheduler: 'SageMaker': expected groups, sagemaker, vertex or kubernetes"),
 ])
 def test_a_scheduler_on_the_wrong_cloud_is_refused_naming_the_key(raw, line):
     assert _refused(raw) == line
