@@ -22,7 +22,7 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
-OWN = {"ops", "components", "controller", "runfolder", "trainer", "policy", "tests"}
+OWN = {"ops", "components", "controller", "runfolder", "trainer", "policy", "schedulers", "tests"}
 
 
 def _requirements(path: Path) -> list[Requirement]:

@@ -1,0 +1,111 @@
+"""What `ops stop`, `ops logs` and `ops status` ask of a Job stack's cluster (`trainstack:scheduler:
+kubernetes`), through the official Kubernetes Python client.
+
+- stop: before the trainer has committed (no COMPLETE), the Job is suspended (`spec.suspend: true`): its pods
+  get their grace period and the Job stays, to be resumed with `suspend: false` at the last checkpoint; after
+  the trainer has committed it is deleted with its pods (nothing of the run lives in the Job).
+- logs: the trainer container's log of each of the Job's pods (selected by the `job-name` label the Job
+  controller sets), newest pod last.
+- status: the Job's conditions, its failed pods (what counts against backoffLimit) and the pods ended by a
+  disruption (the `DisruptionTarget` condition: evictions, spot terminations), which podFailurePolicy ignores.
+
+The cluster is reached as the stack says (a kubeconfig context, or the kubeconfig text), never the current
+context taken silently. Every call has a timeout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+JOB_NAME = "train"  # components/kubernetes/stack.py's JOB_NAME (ops does not import components)
+TRAINER_CONTAINER = "trainer"
+TIMEOUT_S = 20  # each API call's bound
+
+
+def api_client(*, context: str | None = None, kubeconfig: dict | None = None):
+    """A client for the cluster named by `context` (in the kubeconfig file) or by a whole kubeconfig."""
+    import os
+
+    from kubernetes import config
+
+    if (context is None) == (kubeconfig is None):
+        raise ValueError("name the cluster: a kubeconfig context or the kubeconfig itself, one of them")
+    if kubeconfig is not None:
+        return config.new_client_from_config_dict(kubeconfig)
+    # KUBECONFIG as it is now (the client reads it once, at import), else the file kubectl uses.
+    return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG") or "~/.kube/config",
+                                         context=context)
+
+
+@dataclass
+class JobView:
+    """The Job as `ops status` shows it."""
+
+    conditions: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message), status True
+    suspended: bool = False
+    active: int = 0
+    succeeded: int = 0
+    failed: int = 0  # counted against backoffLimit
+    disrupted: list[tuple[str, str]] = field(default_factory=list)  # (pod, reason) ignored by podFailurePolicy
+
+    def lines(self) -> list[str]:
+        out = [f"job {JOB_NAME}: {'suspended, ' if self.suspended else ''}{self.active} active, "
+               f"{self.succeeded} succeeded, {self.failed} failed (counted), {len(self.disrupted)} ended by a "
+               "disruption (not counted)"]
+        out += [f"  condition {t}: {reason}{' - ' + msg if msg else ''}" for t, reason, msg in self.conditions]
+        out += [f"  pod {pod}: {reason}" for pod, reason in self.disrupted]
+        return out
+
+
+def job_view(client, namespace: str) -> JobView:
+    """The Job's conditions and counts, and its pods ended by a disruption."""
+    from kubernetes import client as k
+
+    job = k.BatchV1Api(client).read_namespaced_job_status(JOB_NAME, namespace, _request_timeout=TIMEOUT_S)
+    st = job.status
+    view = JobView(conditions=[(c.type, c.reason or "", c.message or "") for c in (st.conditions or [])
+                               if c.status == "True"],
+                   suspended=bool(job.spec.suspend), active=st.active or 0, succeeded=st.succeeded or 0,
+                   failed=st.failed or 0)
+    for pod in _pods(client, namespace):
+        for c in pod.status.conditions or []:
+            if c.type == "DisruptionTarget" and c.status == "True":
+                view.disrupted.append((pod.metadata.name, c.reason or ""))
+    return view
+
+
+def _pods(client, namespace: str) -> list:
+    from kubernetes import client as k
+
+    pods = k.CoreV1Api(client).list_namespaced_pod(namespace, label_selector=f"job-name={JOB_NAME}",
+                                                    _request_timeout=TIMEOUT_S).items
+    return sorted(pods, key=lambda p: (p.metadata.creation_timestamp is None, p.metadata.creation_timestamp,
+                                       p.metadata.name))
+
+
+def logs(client, namespace: str, *, tail_lines: int | None = None) -> list[tuple[str, str]]:
+    """(pod, the trainer container's log) of each of the Job's pods, oldest first."""
+    from kubernetes import client as k
+
+    core = k.CoreV1Api(client)
+    out = []
+    for pod in _pods(client, namespace):
+        kwargs = {"tail_lines": tail_lines} if tail_lines else {}
+        # The raw text: preloaded, the client would parse a log of JSON lines (the trainer's events) as data.
+        resp = core.read_namespaced_pod_log(pod.metadata.name, namespace, container=TRAINER_CONTAINER,
+                                            _request_timeout=TIMEOUT_S, _preload_content=False, **kwargs)
+        out.append((pod.metadata.name, resp.data.decode("utf-8", "replace")))
+    return out
+
+
+def stop(client, namespace: str, *, committed: bool) -> str:
+    """Suspend the Job, or delete it (and its pods) once the trainer has committed; what was done."""
+    from kubernetes import client as k
+
+    batch = k.BatchV1Api(client)
+    if committed:
+        batch.delete_namespaced_job(JOB_NAME, namespace, propagation_policy="Background",
+                                    _request_timeout=TIMEOUT_S)
+        return "deleted"
+    batch.patch_namespaced_job(JOB_NAME, namespace, {"spec": {"suspend": True}}, _request_timeout=TIMEOUT_S)
+    return "suspended"

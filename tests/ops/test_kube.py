@@ -1,0 +1,110 @@
+"""`ops` against a Job stack's cluster (ops/kube.py), with the official Kubernetes client talking to a fake API
+server on 127.0.0.1 (tests/ops/fake_kube_api.py) whose Job is run by the fake Job controller: stop suspends the
+Job, or deletes it once the trainer has committed; logs are read through the API; status shows the Job's
+conditions, its counted failures and the pods a disruption ended (not counted)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from components.kubernetes import manifests
+from ops import kube
+from tests.components.kubernetes.fake_controller import SIGTERM_EXIT, FakeJob, disrupted, failed_pod
+from tests.ops.fake_kube_api import FakeKubeAPI
+
+NS = "trainstack-r1"
+
+
+def _job() -> FakeJob:
+    return FakeJob(manifests.job(NS, "r1", name=kube.JOB_NAME, image="repo@sha256:" + "a" * 64, args=[], env={},
+                                 nodes=1, gpus=1, cpu="4", memory="16Gi", spot_nodes="gke", node_affinity={},
+                                 grace_seconds=15, deadline_seconds=3600, backoff_limit=3, ttl_seconds=60,
+                                 service=None))
+
+
+def _kubeconfig(api: FakeKubeAPI) -> dict:
+    return {"apiVersion": "v1", "kind": "Config", "current-context": "other",
+            "clusters": [{"name": "c", "cluster": {"server": api.url}}],
+            "users": [{"name": "u", "user": {"token": api.token}}],
+            "contexts": [{"name": "gpu", "context": {"cluster": "c", "user": "u"}},
+                         {"name": "other", "context": {"cluster": "c", "user": "nobody"}}]}
+
+
+@pytest.fixture
+def api():
+    with FakeKubeAPI(NS, _job()) as a:
+        yield a
+
+
+def _evict_twice_and_crash_once(api: FakeKubeAPI) -> list[str]:
+    """Two spot terminations (the kubelet's and the eviction API's conditions) and one real crash."""
+    job, names = api.job, []
+    for reason in ("TerminationByKubelet", "EvictionByEvictionAPI"):
+        pod = disrupted(job.pods[0], reason, {manifests.TRAINER_CONTAINER: SIGTERM_EXIT})
+        assert job.pod_failed(pod) == "Ignore"
+        api.ended.append(pod)
+        names.append(pod.name)
+    crash = failed_pod(job.pods[0].name, 0, {manifests.TRAINER_CONTAINER: 1})
+    assert job.pod_failed(crash) == "Count"
+    api.ended.append(crash)
+    return [*names, crash.name, job.pods[0].name]
+
+
+def test_status_shows_the_conditions_the_counted_failures_and_the_disruptions(api):
+    pods = _evict_twice_and_crash_once(api)
+    client = kube.api_client(kubeconfig=_kubeconfig(api) | {"current-context": "gpu"})
+    view = kube.job_view(client, NS)
+    assert (view.active, view.failed, view.succeeded, view.suspended) == (1, 1, 0, False)
+    assert view.disrupted == [(pods[0], "TerminationByKubelet"), (pods[1], "EvictionByEvictionAPI")]
+    api.job.pod_succeeded(0)
+    view = kube.job_view(client, NS)
+    assert view.conditions == [("Complete", "", "")]
+    lines = view.lines()
+    assert lines[0] == ("job train: 0 active, 1 succeeded, 1 failed (counted), 2 ended by a disruption "
+                        "(not counted)")
+    assert f"  pod {pods[0]}: TerminationByKubelet" in lines
+    # The pods were asked for by the label the Job controller sets, with a bound on every call.
+    listed = [r for r in api.requests if r["path"].endswith("/pods")]
+    assert listed and all(r["query"]["labelSelector"] == ["job-name=train"] for r in listed)
+
+
+def test_stop_suspends_the_job_before_the_commit_and_deletes_it_after(api):
+    client = kube.api_client(kubeconfig=_kubeconfig(api) | {"current-context": "gpu"})
+    assert kube.stop(client, NS, committed=False) == "suspended"
+    patch = next(r for r in api.requests if r["method"] == "PATCH")
+    assert patch["body"] == {"spec": {"suspend": True}}
+    assert patch["path"] == f"/apis/batch/v1/namespaces/{NS}/jobs/train"
+    view = kube.job_view(client, NS)
+    assert view.suspended and view.active == 0 and api.deleted is None
+
+    assert kube.stop(client, NS, committed=True) == "deleted"
+    delete = next(r for r in api.requests if r["method"] == "DELETE")
+    assert api.deleted is not None and delete["query"]["propagationPolicy"] == ["Background"]  # pods go too
+
+
+def test_logs_are_each_pods_trainer_log_through_the_api_oldest_first(api):
+    pods = _evict_twice_and_crash_once(api)
+    for i, name in enumerate(pods):
+        api.logs[(name, manifests.TRAINER_CONTAINER)] = f'{{"event": "attempt", "n": {i}}}\n'
+    client = kube.api_client(kubeconfig=_kubeconfig(api) | {"current-context": "gpu"})
+    got = kube.logs(client, NS, tail_lines=50)
+    assert got == [(name, f'{{"event": "attempt", "n": {i}}}\n') for i, name in enumerate(pods)]
+    reads = [r for r in api.requests if r["path"].endswith("/log")]
+    assert len(reads) == 4 and all(r["query"]["container"] == ["trainer"] and r["query"]["tailLines"] == ["50"]
+                                   for r in reads)
+
+
+def test_the_cluster_is_the_named_context_never_the_current_one(api, tmp_path, monkeypatch):
+    """The kubeconfig's current context names a user the server refuses: only the named context gets in."""
+    from kubernetes.client.exceptions import ApiException
+
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(_kubeconfig(api)))
+    with pytest.raises(ApiException) as e:
+        kube.job_view(kube.api_client(kubeconfig=_kubeconfig(api)), NS)
+    assert e.value.status == 401
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    assert kube.job_view(kube.api_client(context="gpu"), NS).active == 1
+    with pytest.raises(ValueError):
+        kube.api_client()
