@@ -94,6 +94,21 @@ def serving_tag(tf_version: str) -> str:
     return re.match(r"\d+\.\d+\.\d+", tf_version).group(0)
 
 
+def serving_image(tf_version: str) -> str:
+    """`tensorflow/serving` of the training's version, pinned by the digest its tag has now (the registry's
+    answer through `registry.DIGEST_SOURCE`, as the Job's image is pinned); one line naming the tag if none."""
+    from components import registry
+
+    tag = serving_tag(tf_version)
+    try:
+        digest = registry.DIGEST_SOURCE.get()(SERVING_REPOSITORY, tag)
+    except registry.RegistryError as e:
+        raise ConfigError("serve", f"cannot resolve {SERVING_REPOSITORY}:{tag} to a digest: {e}") from e
+    if not registry.DIGEST_RE.fullmatch(digest):
+        raise ConfigError("serve", f"{SERVING_REPOSITORY}:{tag} resolved to {digest!r}, not a sha256 digest")
+    return f"{SERVING_REPOSITORY}@{digest}"
+
+
 def publish(store, version: int) -> list[str]:
     """Copy the run's model/ to serving/<version>/ (what TF Serving loads as version `version`); the keys
     written. A copy already there is written afresh: a half copy from a stopped `ops serve` is never served."""

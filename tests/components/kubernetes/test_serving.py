@@ -67,6 +67,26 @@ def test_another_minor_version_is_refused_naming_both_and_a_patch_release_is_ser
     assert serving.check_model(["saved_model.pb"], _pb("2.21.0"), "2.21.1") == "2.21.0"
 
 
+def test_the_serving_image_is_the_training_version_pinned_by_digest():
+    from components import registry
+
+    asked = []
+
+    def source(repository, tag):
+        asked.append((repository, tag))
+        return "sha256:" + "b" * 64 if tag == "2.21.0" else "latest"
+
+    token = registry.DIGEST_SOURCE.set(source)
+    try:
+        assert serving.serving_image("2.21.0") == "tensorflow/serving@sha256:" + "b" * 64
+        with pytest.raises(ConfigError) as e:
+            serving.serving_image("2.20.1")
+    finally:
+        registry.DIGEST_SOURCE.reset(token)
+    assert asked == [("tensorflow/serving", "2.21.0"), ("tensorflow/serving", "2.20.1")]
+    assert "not a sha256 digest" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_the_versioned_copy_is_what_tf_serving_loads(tmp_path):
     from runfolder.storage import open_store
 
