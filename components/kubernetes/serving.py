@@ -124,6 +124,26 @@ def publish(store, version: int) -> list[str]:
     return written
 
 
+def prepare(store, *, serving_version: str | None = None) -> tuple[str, int, list[str]]:
+    """What `ops serve` does in the run folder before the cluster: refuse a run that is not COMPLETE or a model
+    TF Serving `serving_version` (default: the training's own) would not load, then publish the next version.
+    Returns (the training's TensorFlow version, the version published, the keys written)."""
+    from runfolder import layout
+    from runfolder.storage import NotFound
+
+    try:
+        store.get_bytes(layout.COMPLETE)
+    except NotFound:
+        raise ConfigError("serve", "the run is not COMPLETE: tensorflow/serving serves a finished run's model; "
+                          "run ops serve again once ops status says COMPLETE") from None
+    files = [k[len(layout.MODEL_PREFIX):] for k in store.list(layout.MODEL_PREFIX)]
+    pb = store.get_bytes(layout.MODEL_PREFIX + "saved_model.pb") if "saved_model.pb" in files else None
+    trained = check_model(files, pb, serving_version or (saved_model_tf_version(pb) if pb else "0.0"))
+    published = {k[len(VERSIONS_PREFIX):].split("/", 1)[0] for k in store.list(VERSIONS_PREFIX)}
+    version = 1 + max((int(v) for v in published if v.isdigit()), default=0)
+    return trained, version, publish(store, version)
+
+
 def serving_labels(run_id: str) -> dict[str, str]:
     """The serving pods' labels: the run's, with their own component (the Job's headless Service does not
     select them, and this Service selects no trainer)."""

@@ -99,6 +99,28 @@ def test_the_versioned_copy_is_what_tf_serving_loads(tmp_path):
     assert store.get_bytes("model/saved_model.pb") == store.get_bytes("serving/3/saved_model.pb") == b"pb"
 
 
+def test_prepare_refuses_an_unfinished_run_and_a_keras_model_and_publishes_the_next_version(tmp_path):
+    from runfolder.storage import open_store
+
+    store = open_store(f"file://{tmp_path}/run")
+    store.put_bytes("model/model.keras", b"zip")
+    with pytest.raises(ConfigError) as e:
+        serving.prepare(store)
+    assert "is not COMPLETE" in str(e.value)
+    store.put_bytes("COMPLETE", b"{}")
+    with pytest.raises(ConfigError) as e:
+        serving.prepare(store)
+    assert "model.keras is a Keras file, not a SavedModel" in str(e.value)
+    store.delete_prefix("model/")
+    store.put_bytes("model/saved_model.pb", _pb("2.21.0"))
+    assert serving.prepare(store) == ("2.21.0", 1, ["serving/1/saved_model.pb"])
+    assert serving.prepare(store)[1] == 2  # a later ops serve publishes the next version beside the first
+    with pytest.raises(ConfigError) as e:
+        serving.prepare(store, serving_version="2.20.0")
+    assert "TensorFlow 2.21.0" in str(e.value) and "tensorflow/serving 2.20.0" in str(e.value)
+    assert sorted(store.list("serving/")) == ["serving/1/saved_model.pb", "serving/2/saved_model.pb"]
+
+
 def test_serving_without_a_cluster_is_refused_naming_the_key():
     raw = {"cloud": "aws", "region": "us-east-1", "run": {"synthetic": True}, "serve": {"enabled": True}}
     with pytest.raises(ConfigError) as e:
