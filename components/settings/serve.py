@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
 
 from components.settings.errors import ConfigError
 from components.settings.kubernetes import _QUANTITY
@@ -18,7 +19,7 @@ from components.settings.kubernetes import _QUANTITY
 class ServeResources(BaseModel):
     """Each serving pod's CPU and memory, requested and limited (Kubernetes quantities)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
     cpu: str = Field("1", description="CPU of each serving pod (1, 500m).")
     memory: str = Field("2Gi", description="Memory of each serving pod (2Gi).")
@@ -34,7 +35,9 @@ class ServeResources(BaseModel):
 class ServeSettings(BaseModel):
     """Whether `ops serve` may deploy the run's model, on how many pods of what size."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # The same rules as every other block (schema._Block): camelCase keys, unknown keys refused.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True,
+                              allow_inf_nan=False)
 
     enabled: bool = Field(False, description="true: `ops serve` deploys tensorflow/serving for the COMPLETE run.")
     replicas: int = Field(1, ge=1, le=20, description="Serving pods (the Deployment's replicas).")
