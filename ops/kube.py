@@ -98,6 +98,36 @@ def logs(client, namespace: str, *, tail_lines: int | None = None) -> list[tuple
     return out
 
 
+# Where each kind `apply` takes lives in the API: (client class, create method, replace method).
+_KINDS = {
+    "Deployment": ("AppsV1Api", "create_namespaced_deployment", "replace_namespaced_deployment"),
+    "Service": ("CoreV1Api", "create_namespaced_service", "replace_namespaced_service"),
+    "NetworkPolicy": ("NetworkingV1Api", "create_namespaced_network_policy", "replace_namespaced_network_policy"),
+}
+
+
+def apply(client, objects: list[dict]) -> list[tuple[str, str, str]]:
+    """Create each object (serving's Deployment, Service, NetworkPolicy), or replace it where it exists (a
+    later `ops serve`); returns (kind, name, "created" or "replaced")."""
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    done = []
+    for o in objects:
+        api_class, create, replace = _KINDS[o["kind"]]
+        api = getattr(k, api_class)(client)
+        name, ns = o["metadata"]["name"], o["metadata"]["namespace"]
+        try:
+            getattr(api, create)(ns, o, _request_timeout=TIMEOUT_S)
+            done.append((o["kind"], name, "created"))
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            getattr(api, replace)(name, ns, o, _request_timeout=TIMEOUT_S)
+            done.append((o["kind"], name, "replaced"))
+    return done
+
+
 def stop(client, namespace: str, *, committed: bool) -> str:
     """Suspend the Job, or delete it (and its pods) once the trainer has committed; what was done."""
     from kubernetes import client as k

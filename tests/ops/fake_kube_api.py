@@ -2,7 +2,7 @@
 (ops/kube.py), answered from the fake Job controller's state (tests/components/kubernetes/fake_controller.py).
 
 Served, as the API spells them: GET a Job's status, PATCH a Job (merge patch: what `ops stop` sends), DELETE a
-Job (its propagationPolicy kept), GET the pods by label selector (`job-name=<job>`), GET a pod's log (the
+Job (its propagationPolicy kept), POST or PUT a Deployment, Service or NetworkPolicy (serving's), GET the pods by label selector (`job-name=<job>`), GET a pod's log (the
 container named); everything else is a 404 Status. Every request is recorded (method, path, query, headers,
 body) for the tests to assert on what the client sent.
 """
@@ -29,6 +29,7 @@ class FakeKubeAPI:
         self.ended: list[Pod] = []  # terminal pods the controller has replaced
         self.logs: dict[tuple[str, str], str] = {}  # (pod, container) -> text
         self.requests: list[dict[str, Any]] = []
+        self.applied: dict[tuple[str, str], dict[str, Any]] = {}  # (collection path, name) -> object
         self._order: dict[str, int] = {}
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -105,6 +106,20 @@ class FakeKubeAPI:
                     if method == "DELETE" and url.path == job_path:
                         api.deleted = body or {}
                         return self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+                collections = (f"/apis/apps/v1{ns}/deployments", f"/api/v1{ns}/services",
+                                   f"/apis/networking.k8s.io/v1{ns}/networkpolicies")
+                if method == "POST" and url.path in collections:
+                    key = (url.path, body["metadata"]["name"])
+                    if key in api.applied:
+                        return self._status(409, "AlreadyExists", f"{key[1]} already exists")
+                    api.applied[key] = body
+                    return self._send(201, body)
+                base, _, obj = url.path.rpartition("/")
+                if method == "PUT" and base in collections:
+                    if (base, obj) not in api.applied:
+                        return self._status(404, "NotFound", f"{obj} not found")
+                    api.applied[(base, obj)] = body
+                    return self._send(200, body)
                 if url.path == f"/api/v1{ns}/pods" and method == "GET":
                     selector = query.get("labelSelector", [""])[0]
                     pods = [] if api.deleted is not None else [*api.ended, *api.job.pods.values()]
@@ -126,6 +141,12 @@ class FakeKubeAPI:
 
             def do_DELETE(self) -> None:
                 self._route("DELETE")
+
+            def do_POST(self) -> None:
+                self._route("POST")
+
+            def do_PUT(self) -> None:
+                self._route("PUT")
 
         return Handler
 

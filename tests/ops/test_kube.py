@@ -108,3 +108,18 @@ def test_the_cluster_is_the_named_context_never_the_current_one(api, tmp_path, m
     assert kube.job_view(kube.api_client(context="gpu"), NS).active == 1
     with pytest.raises(ValueError):
         kube.api_client()
+
+
+def test_serving_is_created_then_replaced_by_a_later_apply(api):
+    from components.kubernetes import serving
+
+    objects = [serving.deployment(NS, "r1", image="tensorflow/serving@sha256:" + "b" * 64,
+                                  base_path="gs://b/runs/r1/serving", replicas=1, cpu="1", memory="2Gi"),
+               serving.service(NS, "r1"), serving.network_policy(NS, "r1")]
+    client = kube.api_client(kubeconfig=_kubeconfig(api) | {"current-context": "gpu"})
+    assert kube.apply(client, objects) == [("Deployment", "serving", "created"), ("Service", "serving", "created"),
+                                           ("NetworkPolicy", "serving", "created")]
+    objects[0]["spec"]["replicas"] = 3
+    assert [d for _k, _n, d in kube.apply(client, objects)] == ["replaced"] * 3
+    deployment = api.applied[(f"/apis/apps/v1/namespaces/{NS}/deployments", "serving")]
+    assert deployment["spec"]["replicas"] == 3 and deployment == objects[0]
