@@ -128,6 +128,27 @@ def apply(client, objects: list[dict]) -> list[tuple[str, str, str]]:
     return done
 
 
+def serve(settings, store, client, *, run_uri: str) -> tuple[str, int, list[tuple[str, str, str]]]:
+    """`ops serve`: check the COMPLETE run's model and publish its next version (components/kubernetes/
+    serving.py's `prepare`), then apply tensorflow/serving of the training's version, pinned by digest, in the
+    run's namespace. Returns (the training's TensorFlow version, the version published, what `apply` did)."""
+    from components.kubernetes import serving
+    from components.kubernetes.stack import namespace_name
+    from components.settings.errors import ConfigError
+
+    want = settings.serve
+    if settings.scheduler != "kubernetes" or not want.enabled:
+        raise ConfigError("serve.enabled", "is not true on this stack (scheduler kubernetes): set serve.enabled: "
+                          "true to serve its run's model")
+    trained, version, _keys = serving.prepare(store)
+    image = serving.serving_image(trained)
+    ns, run_id = namespace_name(settings), settings.run_id
+    objects = [serving.deployment(ns, run_id, image=image, base_path=run_uri.rstrip("/") + "/serving",
+                                  replicas=want.replicas, cpu=want.resources.cpu, memory=want.resources.memory),
+               serving.service(ns, run_id), serving.network_policy(ns, run_id)]
+    return trained, version, apply(client, objects)
+
+
 def stop(client, namespace: str, *, committed: bool) -> str:
     """Suspend the Job, or delete it (and its pods) once the trainer has committed; what was done."""
     from kubernetes import client as k

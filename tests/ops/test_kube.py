@@ -123,3 +123,33 @@ def test_serving_is_created_then_replaced_by_a_later_apply(api):
     assert [d for _k, _n, d in kube.apply(client, objects)] == ["replaced"] * 3
     deployment = api.applied[(f"/apis/apps/v1/namespaces/{NS}/deployments", "serving")]
     assert deployment["spec"]["replicas"] == 3 and deployment == objects[0]
+
+
+def test_serve_publishes_the_complete_runs_model_and_applies_the_pinned_image(tmp_path):
+    from components import registry
+    from components.kubernetes.stack import namespace_name
+    from components.settings import ServeSettings
+    from ops import synth
+    from runfolder.storage import open_store
+    from tests.components.kubernetes.test_serving import _pb
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    settings = settings.model_copy(update={"serve": ServeSettings(enabled=True, replicas=2)})
+    uri = f"file://{tmp_path}/run"
+    store = open_store(uri)
+    store.put_bytes("COMPLETE", b"{}")
+    store.put_bytes("model/saved_model.pb", _pb("2.21.0"))
+    token = registry.DIGEST_SOURCE.set(lambda repo, tag: "sha256:" + "c" * 64)
+    try:
+        with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+            client = kube.api_client(kubeconfig=_kubeconfig(fake) | {"current-context": "gpu"})
+            trained, version, done = kube.serve(settings, store, client, run_uri=uri)
+    finally:
+        registry.DIGEST_SOURCE.reset(token)
+    assert (trained, version, [d for _k, _n, d in done]) == ("2.21.0", 1, ["created"] * 3)
+    deployment = fake.applied[(f"/apis/apps/v1/namespaces/{namespace_name(settings)}/deployments", "serving")]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "tensorflow/serving@sha256:" + "c" * 64
+    assert f"--model_base_path={uri}/serving" in pod["containers"][0]["args"]
+    assert deployment["spec"]["replicas"] == 2
+    assert store.list("serving/") == ["serving/1/saved_model.pb"]
