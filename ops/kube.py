@@ -15,7 +15,12 @@ context taken silently. Every call has a timeout.
 
 from __future__ import annotations
 
+import argparse
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from ops.cli import EXIT_ERROR, EXIT_OK
 
 JOB_NAME = "train"  # components/kubernetes/stack.py's JOB_NAME (ops does not import components)
 TRAINER_CONTAINER = "trainer"
@@ -160,3 +165,42 @@ def stop(client, namespace: str, *, committed: bool) -> str:
         return "deleted"
     batch.patch_namespaced_job(JOB_NAME, namespace, {"spec": {"suspend": True}}, _request_timeout=TIMEOUT_S)
     return "suspended"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``ops serve``: serve a Job stack's COMPLETE run with tensorflow/serving (`serve`)."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+
+    from components.settings import ConfigError
+    from ops import cli, hosts, synth
+    from runfolder.storage import open_store
+
+    try:
+        settings = synth.load_source(Path(args.stacks_dir) / f"Pulumi.{args.stack}.yaml").settings
+        if settings.kubernetes is None or settings.kubernetes.context is None:
+            raise ConfigError("kubernetes.context", "ops serve reaches the cluster through a named context of your "
+                              "kubeconfig; this stack has none (scheduler kubernetes, not kubeconfigSecret)")
+        uri = cli.run_uri(args)
+        trained, version, done = serve(settings, open_store(uri), api_client(context=settings.kubernetes.context),
+                                       run_uri=uri)
+    except (ConfigError, hosts.HostsError, synth.ProgramError, ConfigException, OSError) as e:
+        print(f"ops serve: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except ApiException as e:
+        print(f"ops serve: the cluster refused: {e.status} {e.reason}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"published {uri}/serving/{version}/ (TensorFlow {trained}); " +
+          ", ".join(f"{what} {kind}/{name}" for kind, name, what in done))
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``serve`` to ``python -m ops``."""
+    from ops import synth
+
+    p = sub.add_parser("serve", help="serve a Job stack's COMPLETE run with tensorflow/serving of its TF version")
+    p.add_argument("--stack", required=True, help="stack name: its settings (serve, kubernetes.context)")
+    p.add_argument("--run-uri", help="the run folder (default: the stack's runUri output, through the pulumi CLI)")
+    p.add_argument("--stacks-dir", default=str(synth.STACKS_DIR), help="folder of the stack files (default: %(default)s)")
+    p.set_defaults(func=cmd_serve)

@@ -153,3 +153,40 @@ def test_serve_publishes_the_complete_runs_model_and_applies_the_pinned_image(tm
     assert f"--model_base_path={uri}/serving" in pod["containers"][0]["args"]
     assert deployment["spec"]["replicas"] == 2
     assert store.list("serving/") == ["serving/1/saved_model.pb"]
+
+
+def test_ops_serve_serves_the_stacks_run_through_its_named_context(tmp_path, monkeypatch, capsys):
+    from components import registry
+    from components.kubernetes.stack import namespace_name
+    from ops import synth
+    from ops.__main__ import main
+    from runfolder.storage import open_store
+    from tests.components.kubernetes.test_serving import _pb
+
+    doc = yaml.safe_load((synth.STACKS_DIR / "Pulumi.eks.yaml").read_text())
+    doc["config"]["trainstack:serve"] = {"enabled": True}
+    (tmp_path / "Pulumi.eks.yaml").write_text(yaml.safe_dump(doc))
+    settings = synth.load_source(tmp_path / "Pulumi.eks.yaml").settings
+    uri = f"file://{tmp_path}/run"
+    store = open_store(uri)
+    store.put_bytes("COMPLETE", b"{}")
+    store.put_bytes("model/saved_model.pb", _pb("2.21.0"))
+    token = registry.DIGEST_SOURCE.set(lambda repo, tag: "sha256:" + "d" * 64)
+    argv = ["serve", "--stack", "eks", "--run-uri", uri, "--stacks-dir", str(tmp_path)]
+    try:
+        with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+            config = _kubeconfig(fake)
+            config["contexts"][0]["name"] = settings.kubernetes.context
+            (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
+            monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+            assert main(argv) == 0
+            store.delete_prefix("model/")
+            store.put_bytes("model/model.keras", b"zip")
+            assert main(argv) == 2
+    finally:
+        registry.DIGEST_SOURCE.reset(token)
+    out, err = capsys.readouterr()
+    assert out.strip() == (f"published {uri}/serving/1/ (TensorFlow 2.21.0); created Deployment/serving, "
+                           "created Service/serving, created NetworkPolicy/serving")
+    assert err.strip().startswith("ops serve: trainstack:serve: the run's model/: model.keras is a Keras file")
+    assert len(fake.applied) == 3
