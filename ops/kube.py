@@ -167,6 +167,38 @@ def stop(client, namespace: str, *, committed: bool) -> str:
     return "suspended"
 
 
+def stop_for_stack(stack: str | None, store, *, stacks_dir: Path | None = None, client=None) -> str | None:
+    """`ops stop --stack NAME` on a Job stack: suspend its Job, or delete it once the run is COMPLETE (`stop`);
+    None for any other stack (or with --run-uri alone: the run folder does not name the cluster)."""
+    from components.settings import ConfigError
+    from ops import synth
+    from runfolder import layout
+    from runfolder.storage import NotFound
+
+    if stack is None:
+        return None
+    path = Path(stacks_dir or synth.STACKS_DIR) / f"Pulumi.{stack}.yaml"
+    if not path.exists():
+        return None
+    settings = synth.load_source(path).settings
+    if settings.scheduler != "kubernetes":
+        return None
+    from components.kubernetes.stack import namespace_name
+
+    if client is None:
+        if settings.kubernetes.context is None:
+            raise ConfigError("kubernetes.context", "ops stop reaches the Job through a named context; this "
+                              "stack's kubeconfig is a Pulumi secret: kubectl -n "
+                              f"{namespace_name(settings)} patch job {JOB_NAME} -p '{{\"spec\":{{\"suspend\":true}}}}'")
+        client = api_client(context=settings.kubernetes.context)
+    try:
+        store.get_bytes(layout.COMPLETE)
+        committed = True
+    except NotFound:
+        committed = False
+    return stop(client, namespace_name(settings), committed=committed)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """``ops serve``: serve a Job stack's COMPLETE run with tensorflow/serving (`serve`)."""
     from kubernetes.client.exceptions import ApiException

@@ -190,3 +190,22 @@ def test_ops_serve_serves_the_stacks_run_through_its_named_context(tmp_path, mon
                            "created Service/serving, created NetworkPolicy/serving")
     assert err.strip().startswith("ops serve: trainstack:serve: the run's model/: model.keras is a Keras file")
     assert len(fake.applied) == 3
+
+
+def test_ops_stop_on_a_job_stack_suspends_before_the_commit_and_deletes_after(tmp_path):
+    from components.kubernetes.stack import namespace_name
+    from ops import synth
+    from runfolder.storage import open_store
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    store = open_store(f"file://{tmp_path}/run")
+    with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+        client = kube.api_client(kubeconfig=_kubeconfig(fake) | {"current-context": "gpu"})
+        assert kube.stop_for_stack("eks", store, client=client) == "suspended"
+        assert fake.job.manifest["spec"]["suspend"] is True and fake.deleted is None
+        store.put_bytes("COMPLETE", b"{}")
+        assert kube.stop_for_stack("eks", store, client=client) == "deleted"
+        assert fake.deleted is not None
+    # Another scheduler's stack, or the run folder alone, names no Job.
+    assert kube.stop_for_stack("dev", store, client=object()) is None
+    assert kube.stop_for_stack(None, store, client=object()) is None
