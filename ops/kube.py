@@ -167,13 +167,11 @@ def stop(client, namespace: str, *, committed: bool) -> str:
     return "suspended"
 
 
-def stop_for_stack(stack: str | None, store, *, stacks_dir: Path | None = None, client=None) -> str | None:
-    """`ops stop --stack NAME` on a Job stack: suspend its Job, or delete it once the run is COMPLETE (`stop`);
-    None for any other stack (or with --run-uri alone: the run folder does not name the cluster)."""
+def _job_stack(stack: str | None, stacks_dir: Path | None, client, command: str):
+    """(client, namespace) of a Job stack's cluster; None for any other stack (or with --run-uri alone: the
+    run folder does not name the cluster)."""
     from components.settings import ConfigError
     from ops import synth
-    from runfolder import layout
-    from runfolder.storage import NotFound
 
     if stack is None:
         return None
@@ -185,18 +183,40 @@ def stop_for_stack(stack: str | None, store, *, stacks_dir: Path | None = None, 
         return None
     from components.kubernetes.stack import namespace_name
 
+    ns = namespace_name(settings)
     if client is None:
         if settings.kubernetes.context is None:
-            raise ConfigError("kubernetes.context", "ops stop reaches the Job through a named context; this "
-                              "stack's kubeconfig is a Pulumi secret: kubectl -n "
-                              f"{namespace_name(settings)} patch job {JOB_NAME} -p '{{\"spec\":{{\"suspend\":true}}}}'")
+            raise ConfigError("kubernetes.context", f"ops {command} reaches the Job through a named context; this "
+                              f"stack's kubeconfig is a Pulumi secret: use kubectl -n {ns} ... job/{JOB_NAME}")
         client = api_client(context=settings.kubernetes.context)
+    return client, ns
+
+
+def stop_for_stack(stack: str | None, store, *, stacks_dir: Path | None = None, client=None) -> str | None:
+    """`ops stop --stack NAME` on a Job stack: suspend its Job, or delete it once the run is COMPLETE (`stop`);
+    None for any other stack."""
+    from runfolder import layout
+    from runfolder.storage import NotFound
+
+    target = _job_stack(stack, stacks_dir, client, "stop")
+    if target is None:
+        return None
     try:
         store.get_bytes(layout.COMPLETE)
         committed = True
     except NotFound:
         committed = False
-    return stop(client, namespace_name(settings), committed=committed)
+    return stop(target[0], target[1], committed=committed)
+
+
+def status_lines_for_stack(stack: str | None, *, stacks_dir: Path | None = None, client=None) -> list[str]:
+    """`ops status --stack NAME` on a Job stack: the Job's lines (`JobView.lines`), or one line saying why it
+    was not read (the run folder's status stands alone then); none for any other stack."""
+    try:
+        target = _job_stack(stack, stacks_dir, client, "status")
+        return [] if target is None else job_view(*target).lines()
+    except Exception as e:  # noqa: BLE001 - the client raises many types; each is one line beside the run's status
+        return [f"job {JOB_NAME}: not read: {type(e).__name__}: {' '.join(str(e).split())[:200]}"]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -209,3 +209,19 @@ def test_ops_stop_on_a_job_stack_suspends_before_the_commit_and_deletes_after(tm
     # Another scheduler's stack, or the run folder alone, names no Job.
     assert kube.stop_for_stack("dev", store, client=object()) is None
     assert kube.stop_for_stack(None, store, client=object()) is None
+
+
+def test_ops_status_on_a_job_stack_adds_the_jobs_lines_and_says_when_it_cannot_read_them():
+    from components.kubernetes.stack import namespace_name
+    from ops import synth
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+        pods = _evict_twice_and_crash_once(fake)
+        client = kube.api_client(kubeconfig=_kubeconfig(fake) | {"current-context": "gpu"})
+        lines = kube.status_lines_for_stack("eks", client=client)
+        refused = kube.status_lines_for_stack("eks", client=kube.api_client(kubeconfig=_kubeconfig(fake)))
+    assert lines == ["job train: 1 active, 0 succeeded, 1 failed (counted), 2 ended by a disruption (not counted)",
+                     f"  pod {pods[0]}: TerminationByKubelet", f"  pod {pods[1]}: EvictionByEvictionAPI"]
+    assert len(refused) == 1 and refused[0].startswith("job train: not read: ApiException: (401)")
+    assert kube.status_lines_for_stack("dev", client=object()) == []
