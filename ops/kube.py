@@ -219,6 +219,13 @@ def status_lines_for_stack(stack: str | None, *, stacks_dir: Path | None = None,
         return [f"job {JOB_NAME}: not read: {type(e).__name__}: {' '.join(str(e).split())[:200]}"]
 
 
+def logs_for_stack(stack: str | None, *, tail_lines: int | None = None, stacks_dir: Path | None = None,
+                   client=None) -> list[tuple[str, str]] | None:
+    """`ops logs --stack NAME` on a Job stack: each pod's trainer log (`logs`); None for any other stack."""
+    target = _job_stack(stack, stacks_dir, client, "logs")
+    return None if target is None else logs(*target, tail_lines=tail_lines)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """``ops serve``: serve a Job stack's COMPLETE run with tensorflow/serving (`serve`)."""
     from kubernetes.client.exceptions import ApiException

@@ -225,3 +225,16 @@ def test_ops_status_on_a_job_stack_adds_the_jobs_lines_and_says_when_it_cannot_r
                      f"  pod {pods[0]}: TerminationByKubelet", f"  pod {pods[1]}: EvictionByEvictionAPI"]
     assert len(refused) == 1 and refused[0].startswith("job train: not read: ApiException: (401)")
     assert kube.status_lines_for_stack("dev", client=object()) == []
+
+
+def test_ops_logs_on_a_job_stack_reads_the_pods_through_the_api():
+    from components.kubernetes.stack import namespace_name
+    from ops import synth
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+        name = fake.job.pods[0].name
+        fake.logs[(name, "trainer")] = '{"event": "step", "step": 7}\n'
+        client = kube.api_client(kubeconfig=_kubeconfig(fake) | {"current-context": "gpu"})
+        assert kube.logs_for_stack("eks", tail_lines=10, client=client) == [(name, '{"event": "step", "step": 7}\n')]
+    assert kube.logs_for_stack("dev", client=object()) is None
