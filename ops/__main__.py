@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run one command; returns the exit status."""
     parser = OpsParser(prog="python -m ops", description="Operate trainstack stacks.")
     sub = parser.add_subparsers(dest="command", required=True)
-    from ops import dashboard, jobs, move, preflight, remote, runs, status, synth, tensorboard
+    from ops import dashboard, jobs, kube, move, preflight, remote, runs, status, synth, tensorboard
 
     synth.register(sub)
     status.register(sub)
@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     tensorboard.register(sub)
     move.register(sub)
     jobs.register(sub)
+    kube.register(sub)
     dashboard.register(sub)
     args, extra = parser.parse_known_args(argv)
     if extra:

@@ -150,6 +150,23 @@ def cmd_stop(args: argparse.Namespace) -> int:
         print(f"ops stop: the STOP request is written, but the service did not stop the job: {' '.join(str(e).split())}; "
               "run ops stop again", file=sys.stderr)
         return EXIT_ERROR
+    try:
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.config.config_exception import ConfigException
+
+        from components.settings import ConfigError
+        from ops import kube
+
+        done = kube.stop_for_stack(args.stack, open_store(uri))
+    except (ApiException, ConfigException, ConfigError, OSError) as e:
+        print(f"ops stop: the STOP request is written, but the Job was not suspended: {' '.join(str(e).split())}; "
+              "run ops stop again", file=sys.stderr)
+        return EXIT_ERROR
+    if done == "suspended":
+        print("suspended the Job: its pods get their grace period and the trainer commits a checkpoint; "
+              "kubectl patch job train -p '{\"spec\":{\"suspend\":false}}' resumes it")
+    elif done == "deleted":
+        print("deleted the finished Job and its pods (the run folder keeps everything)")
     for name in stopped:
         what = "cancelled Vertex AI custom job" if service == "Vertex AI" else "stopped SageMaker training job"
         print(f"{what} {name}: SIGTERM to the trainer, which commits a checkpoint; the run "

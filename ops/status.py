@@ -446,6 +446,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(json.dumps(st.to_json()))
             else:
                 console.print(render(st))
+                from ops import kube
+
+                for line in kube.status_lines_for_stack(getattr(args, "stack", None)):  # a Job stack's Job, read from its cluster
+                    print(line)
     except (ValueError, NoRun) as e:
         print(f"ops status: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -18,6 +18,7 @@ BLOCK_MODELS = {
     "access": st.AccessSettings,
     "placement": st.PlacementPolicySettings,
     "kubernetes": st.KubernetesSettings,
+    "serve": st.ServeSettings,
 }
 # Lists of blocks: each entry's keys, written `placements[].region`.
 LIST_MODELS = {"placements": st.PlacementSettings}

@@ -47,11 +47,12 @@ from components.settings.schema import (
     Settings,
     StorageSettings,
 )
+from components.settings.serve import ServeSettings
 
 __all__ = [
     "BLOCKS", "BUILTIN_MODELS", "DEFAULT_IMAGE_REPOSITORY", "DEFAULT_IMAGE_TAG", "DEFAULT_WAIT_MINUTES", "LISTS",
     "NAMESPACE", "NO_SECRETS", "PLAIN_CREDENTIAL_KEYS", "SCALARS", "AccessSettings", "ComputeSettings", "ConfigError",
-    "ImageSettings", "KubernetesSettings", "PlacementPolicySettings", "PlacementSettings", "RunSettings", "Settings", "StorageSettings",
+    "ImageSettings", "KubernetesSettings", "PlacementPolicySettings", "PlacementSettings", "RunSettings", "ServeSettings", "Settings", "StorageSettings",
     "bucket_name_problem", "from_pulumi_config", "known_keys", "load_settings", "load_stack_file", "raw_from_config",
     "raw_from_stack_file", "read_stack_file", "secret_kind", "stack_name_of", "validate",
 ]

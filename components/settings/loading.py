@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from components import config_shared
-from components.settings import aws, common, gcp, kubernetes, placements, schedulers
+from components.settings import aws, common, gcp, kubernetes, placements, schedulers, serve
 from components.settings.errors import NAMESPACE, NO_SECRETS, ConfigError, closest, one_line
 from components.settings.schema import BLOCKS, LISTS, SCALARS, Settings
 
@@ -60,6 +60,7 @@ def validate(s: Settings) -> None:
     """The checks beyond the schema: the scheduler's, the stack's cloud's, then those common to both clouds."""
     schedulers.validate(s)
     kubernetes.validate(s)
+    serve.validate(s)
     CLOUD_CHECKS[s.cloud](s)
     common.validate(s)
     placements.validate(s, CLOUD_CHECKS)

@@ -29,10 +29,11 @@ from pydantic.alias_generators import to_camel
 from components import config_shared
 from components.settings.errors import NO_SECRETS, keyed
 from components.settings.kubernetes import KubernetesSettings
+from components.settings.serve import ServeSettings
 from controller.cost import DEFAULT_MOVE_FLOOR_USD, DEFAULT_MOVE_FRACTION
 from trainer.config import TrainConfig
 
-BLOCKS = ("run", "compute", "image", "storage", "access", "placement", "kubernetes")
+BLOCKS = ("run", "compute", "image", "storage", "access", "placement", "kubernetes", "serve")
 # Keys that hold a list of blocks (each entry checked like a block).
 LISTS = ("placements",)
 SCALARS = ("cloud", "region", "project", "scheduler")
@@ -507,6 +508,8 @@ class Settings(_Block):
     kubernetes: KubernetesSettings | None = Field(None, description="scheduler kubernetes: the cluster, its "
                                                   "namespace and spot nodes, the pod's size (components/settings/"
                                                   "kubernetes.py).")
+    serve: ServeSettings = Field(default_factory=ServeSettings, description="tensorflow/serving for the COMPLETE "
+                                 "run's model, deployed by `ops serve` (scheduler kubernetes).")
 
     @property
     def placement_list(self) -> list[PlacementSettings]:

@@ -560,6 +560,14 @@ INVALID += [
     ("kubernetes-ssh", eks(**{A: {"sshPublicKey": KEY}}), "access.sshPublicKey", "nobody logs in to a pod"),
     ("kubernetes-kubeconfig-plain", eks(kubernetes__kubeconfig="apiVersion: v1"), "kubernetes:kubeconfig",
      "name a context instead"),
+    # trainstack:serve: tensorflow/serving on the run's cluster (components/settings/serve.py).
+    ("serve-without-cluster", stack(trainstack_serve={"enabled": True}), "serve.enabled",
+     "serving runs on the run's cluster"),
+    ("serve-replicas-zero", eks(trainstack_serve={"enabled": True, "replicas": 0}), "serve.replicas",
+     "expected 1 or more"),
+    ("serve-resources-cpu", eks(trainstack_serve={"resources": {"cpu": "lots"}}), "serve.resources.cpu",
+     "'lots'"),
+    ("serve-resources-not-a-block", eks(trainstack_serve={"resources": "big"}), "serve.resources", "'big'"),
 ]
 
 

@@ -81,7 +81,7 @@ def test_the_program_s_config_splits_the_namespace_at_the_first_colon():
     err = _refused(_from_sdk, {**DEV["config"], "trainstack:foo:bar": "1"}, [])
     # Like nothing known: every known key is named instead of a guess.
     assert (err.key, str(err)) == ("foo:bar", "foo:bar: unknown key; expected one of: access, cloud, compute, image, "
-                                   "kubernetes, placement, placements, project, region, run, scheduler, storage")
+                                   "kubernetes, placement, placements, project, region, run, scheduler, serve, storage")
 
 
 def test_the_program_s_unknown_key_is_checked_for_secrets_with_its_value():

@@ -242,6 +242,10 @@ LINES = {
     'kubernetes-image-build': 'trainstack:image.build: true: scheduler kubernetes does not build the image yet; build and push trainer/Dockerfile yourself and give image.repository and image.digest',
     'kubernetes-ssh': "trainstack:access.sshPublicKey: 'ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAABAgMEBQYHCAkKCwwNDg8QERITFBUWFxgZGhscHR4f me@laptop': nobody logs in to a pod; use kubectl (scheduler kubernetes); remove it",
     'kubernetes-kubeconfig-plain': 'kubernetes:kubeconfig: is a credential in plain text; name a context instead (trainstack:kubernetes.context), or `pulumi config set --secret kubernetes:kubeconfig`',
+    'serve-without-cluster': "trainstack:serve.enabled: true: serving runs on the run's cluster, and scheduler is groups; set scheduler: kubernetes or serve.enabled: false",
+    'serve-replicas-zero': 'trainstack:serve.replicas: 0: expected 1 or more',
+    'serve-resources-cpu': "trainstack:serve.resources.cpu: 'lots': expected a Kubernetes quantity such as 1, 500m or 2Gi",
+    'serve-resources-not-a-block': "trainstack:serve.resources: 'big': expected a block of keys",
 }
 
 

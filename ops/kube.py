@@ -1,0 +1,265 @@
+"""What `ops stop`, `ops logs` and `ops status` ask of a Job stack's cluster (`trainstack:scheduler:
+kubernetes`), through the official Kubernetes Python client.
+
+- stop: before the trainer has committed (no COMPLETE), the Job is suspended (`spec.suspend: true`): its pods
+  get their grace period and the Job stays, to be resumed with `suspend: false` at the last checkpoint; after
+  the trainer has committed it is deleted with its pods (nothing of the run lives in the Job).
+- logs: the trainer container's log of each of the Job's pods (selected by the `job-name` label the Job
+  controller sets), newest pod last.
+- status: the Job's conditions, its failed pods (what counts against backoffLimit) and the pods ended by a
+  disruption (the `DisruptionTarget` condition: evictions, spot terminations), which podFailurePolicy ignores.
+
+The cluster is reached as the stack says (a kubeconfig context, or the kubeconfig text), never the current
+context taken silently. Every call has a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ops.cli import EXIT_ERROR, EXIT_OK
+
+JOB_NAME = "train"  # components/kubernetes/stack.py's JOB_NAME (ops does not import components)
+TRAINER_CONTAINER = "trainer"
+TIMEOUT_S = 20  # each API call's bound
+
+
+def api_client(*, context: str | None = None, kubeconfig: dict | None = None):
+    """A client for the cluster named by `context` (in the kubeconfig file) or by a whole kubeconfig."""
+    import os
+
+    from kubernetes import config
+
+    if (context is None) == (kubeconfig is None):
+        raise ValueError("name the cluster: a kubeconfig context or the kubeconfig itself, one of them")
+    if kubeconfig is not None:
+        return config.new_client_from_config_dict(kubeconfig)
+    # KUBECONFIG as it is now (the client reads it once, at import), else the file kubectl uses.
+    return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG") or "~/.kube/config",
+                                         context=context)
+
+
+@dataclass
+class JobView:
+    """The Job as `ops status` shows it."""
+
+    conditions: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message), status True
+    suspended: bool = False
+    active: int = 0
+    succeeded: int = 0
+    failed: int = 0  # counted against backoffLimit
+    disrupted: list[tuple[str, str]] = field(default_factory=list)  # (pod, reason) ignored by podFailurePolicy
+
+    def lines(self) -> list[str]:
+        out = [f"job {JOB_NAME}: {'suspended, ' if self.suspended else ''}{self.active} active, "
+               f"{self.succeeded} succeeded, {self.failed} failed (counted), {len(self.disrupted)} ended by a "
+               "disruption (not counted)"]
+        out += [f"  condition {t}: {reason}{' - ' + msg if msg else ''}" for t, reason, msg in self.conditions]
+        out += [f"  pod {pod}: {reason}" for pod, reason in self.disrupted]
+        return out
+
+
+def job_view(client, namespace: str) -> JobView:
+    """The Job's conditions and counts, and its pods ended by a disruption."""
+    from kubernetes import client as k
+
+    job = k.BatchV1Api(client).read_namespaced_job_status(JOB_NAME, namespace, _request_timeout=TIMEOUT_S)
+    st = job.status
+    view = JobView(conditions=[(c.type, c.reason or "", c.message or "") for c in (st.conditions or [])
+                               if c.status == "True"],
+                   suspended=bool(job.spec.suspend), active=st.active or 0, succeeded=st.succeeded or 0,
+                   failed=st.failed or 0)
+    for pod in _pods(client, namespace):
+        for c in pod.status.conditions or []:
+            if c.type == "DisruptionTarget" and c.status == "True":
+                view.disrupted.append((pod.metadata.name, c.reason or ""))
+    return view
+
+
+def _pods(client, namespace: str) -> list:
+    from kubernetes import client as k
+
+    pods = k.CoreV1Api(client).list_namespaced_pod(namespace, label_selector=f"job-name={JOB_NAME}",
+                                                    _request_timeout=TIMEOUT_S).items
+    return sorted(pods, key=lambda p: (p.metadata.creation_timestamp is None, p.metadata.creation_timestamp,
+                                       p.metadata.name))
+
+
+def logs(client, namespace: str, *, tail_lines: int | None = None) -> list[tuple[str, str]]:
+    """(pod, the trainer container's log) of each of the Job's pods, oldest first."""
+    from kubernetes import client as k
+
+    core = k.CoreV1Api(client)
+    out = []
+    for pod in _pods(client, namespace):
+        kwargs = {"tail_lines": tail_lines} if tail_lines else {}
+        # The raw text: preloaded, the client would parse a log of JSON lines (the trainer's events) as data.
+        resp = core.read_namespaced_pod_log(pod.metadata.name, namespace, container=TRAINER_CONTAINER,
+                                            _request_timeout=TIMEOUT_S, _preload_content=False, **kwargs)
+        out.append((pod.metadata.name, resp.data.decode("utf-8", "replace")))
+    return out
+
+
+# Where each kind `apply` takes lives in the API: (client class, create method, replace method).
+_KINDS = {
+    "Deployment": ("AppsV1Api", "create_namespaced_deployment", "replace_namespaced_deployment"),
+    "Service": ("CoreV1Api", "create_namespaced_service", "replace_namespaced_service"),
+    "NetworkPolicy": ("NetworkingV1Api", "create_namespaced_network_policy", "replace_namespaced_network_policy"),
+}
+
+
+def apply(client, objects: list[dict]) -> list[tuple[str, str, str]]:
+    """Create each object (serving's Deployment, Service, NetworkPolicy), or replace it where it exists (a
+    later `ops serve`); returns (kind, name, "created" or "replaced")."""
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    done = []
+    for o in objects:
+        api_class, create, replace = _KINDS[o["kind"]]
+        api = getattr(k, api_class)(client)
+        name, ns = o["metadata"]["name"], o["metadata"]["namespace"]
+        try:
+            getattr(api, create)(ns, o, _request_timeout=TIMEOUT_S)
+            done.append((o["kind"], name, "created"))
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            getattr(api, replace)(name, ns, o, _request_timeout=TIMEOUT_S)
+            done.append((o["kind"], name, "replaced"))
+    return done
+
+
+def serve(settings, store, client, *, run_uri: str) -> tuple[str, int, list[tuple[str, str, str]]]:
+    """`ops serve`: check the COMPLETE run's model and publish its next version (components/kubernetes/
+    serving.py's `prepare`), then apply tensorflow/serving of the training's version, pinned by digest, in the
+    run's namespace. Returns (the training's TensorFlow version, the version published, what `apply` did)."""
+    from components.kubernetes import serving
+    from components.kubernetes.stack import namespace_name
+    from components.settings.errors import ConfigError
+
+    want = settings.serve
+    if settings.scheduler != "kubernetes" or not want.enabled:
+        raise ConfigError("serve.enabled", "is not true on this stack (scheduler kubernetes): set serve.enabled: "
+                          "true to serve its run's model")
+    trained, version, _keys = serving.prepare(store)
+    image = serving.serving_image(trained)
+    ns, run_id = namespace_name(settings), settings.run_id
+    objects = [serving.deployment(ns, run_id, image=image, base_path=run_uri.rstrip("/") + "/serving",
+                                  replicas=want.replicas, cpu=want.resources.cpu, memory=want.resources.memory),
+               serving.service(ns, run_id), serving.network_policy(ns, run_id)]
+    return trained, version, apply(client, objects)
+
+
+def stop(client, namespace: str, *, committed: bool) -> str:
+    """Suspend the Job, or delete it (and its pods) once the trainer has committed; what was done."""
+    from kubernetes import client as k
+
+    batch = k.BatchV1Api(client)
+    if committed:
+        batch.delete_namespaced_job(JOB_NAME, namespace, propagation_policy="Background",
+                                    _request_timeout=TIMEOUT_S)
+        return "deleted"
+    batch.patch_namespaced_job(JOB_NAME, namespace, {"spec": {"suspend": True}}, _request_timeout=TIMEOUT_S)
+    return "suspended"
+
+
+def _job_stack(stack: str | None, stacks_dir: Path | None, client, command: str):
+    """(client, namespace) of a Job stack's cluster; None for any other stack (or with --run-uri alone: the
+    run folder does not name the cluster)."""
+    from components.settings import ConfigError
+    from ops import synth
+
+    if stack is None:
+        return None
+    path = Path(stacks_dir or synth.STACKS_DIR) / f"Pulumi.{stack}.yaml"
+    if not path.exists():
+        return None
+    settings = synth.load_source(path).settings
+    if settings.scheduler != "kubernetes":
+        return None
+    from components.kubernetes.stack import namespace_name
+
+    ns = namespace_name(settings)
+    if client is None:
+        if settings.kubernetes.context is None:
+            raise ConfigError("kubernetes.context", f"ops {command} reaches the Job through a named context; this "
+                              f"stack's kubeconfig is a Pulumi secret: use kubectl -n {ns} ... job/{JOB_NAME}")
+        client = api_client(context=settings.kubernetes.context)
+    return client, ns
+
+
+def stop_for_stack(stack: str | None, store, *, stacks_dir: Path | None = None, client=None) -> str | None:
+    """`ops stop --stack NAME` on a Job stack: suspend its Job, or delete it once the run is COMPLETE (`stop`);
+    None for any other stack."""
+    from runfolder import layout
+    from runfolder.storage import NotFound
+
+    target = _job_stack(stack, stacks_dir, client, "stop")
+    if target is None:
+        return None
+    try:
+        store.get_bytes(layout.COMPLETE)
+        committed = True
+    except NotFound:
+        committed = False
+    return stop(target[0], target[1], committed=committed)
+
+
+def status_lines_for_stack(stack: str | None, *, stacks_dir: Path | None = None, client=None) -> list[str]:
+    """`ops status --stack NAME` on a Job stack: the Job's lines (`JobView.lines`), or one line saying why it
+    was not read (the run folder's status stands alone then); none for any other stack."""
+    try:
+        target = _job_stack(stack, stacks_dir, client, "status")
+        return [] if target is None else job_view(*target).lines()
+    except Exception as e:  # noqa: BLE001 - the client raises many types; each is one line beside the run's status
+        return [f"job {JOB_NAME}: not read: {type(e).__name__}: {' '.join(str(e).split())[:200]}"]
+
+
+def logs_for_stack(stack: str | None, *, tail_lines: int | None = None, stacks_dir: Path | None = None,
+                   client=None) -> list[tuple[str, str]] | None:
+    """`ops logs --stack NAME` on a Job stack: each pod's trainer log (`logs`); None for any other stack."""
+    target = _job_stack(stack, stacks_dir, client, "logs")
+    return None if target is None else logs(*target, tail_lines=tail_lines)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``ops serve``: serve a Job stack's COMPLETE run with tensorflow/serving (`serve`)."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
+
+    from components.settings import ConfigError
+    from ops import cli, hosts, synth
+    from runfolder.storage import open_store
+
+    try:
+        settings = synth.load_source(Path(args.stacks_dir) / f"Pulumi.{args.stack}.yaml").settings
+        if settings.kubernetes is None or settings.kubernetes.context is None:
+            raise ConfigError("kubernetes.context", "ops serve reaches the cluster through a named context of your "
+                              "kubeconfig; this stack has none (scheduler kubernetes, not kubeconfigSecret)")
+        uri = cli.run_uri(args)
+        trained, version, done = serve(settings, open_store(uri), api_client(context=settings.kubernetes.context),
+                                       run_uri=uri)
+    except (ConfigError, hosts.HostsError, synth.ProgramError, ConfigException, OSError) as e:
+        print(f"ops serve: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except ApiException as e:
+        print(f"ops serve: the cluster refused: {e.status} {e.reason}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"published {uri}/serving/{version}/ (TensorFlow {trained}); " +
+          ", ".join(f"{what} {kind}/{name}" for kind, name, what in done))
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``serve`` to ``python -m ops``."""
+    from ops import synth
+
+    p = sub.add_parser("serve", help="serve a Job stack's COMPLETE run with tensorflow/serving of its TF version")
+    p.add_argument("--stack", required=True, help="stack name: its settings (serve, kubernetes.context)")
+    p.add_argument("--run-uri", help="the run folder (default: the stack's runUri output, through the pulumi CLI)")
+    p.add_argument("--stacks-dir", default=str(synth.STACKS_DIR), help="folder of the stack files (default: %(default)s)")
+    p.set_defaults(func=cmd_serve)

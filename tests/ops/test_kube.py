@@ -1,0 +1,240 @@
+"""`ops` against a Job stack's cluster (ops/kube.py), with the official Kubernetes client talking to a fake API
+server on 127.0.0.1 (tests/ops/fake_kube_api.py) whose Job is run by the fake Job controller: stop suspends the
+Job, or deletes it once the trainer has committed; logs are read through the API; status shows the Job's
+conditions, its counted failures and the pods a disruption ended (not counted)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from components.kubernetes import manifests
+from ops import kube
+from tests.components.kubernetes.fake_controller import SIGTERM_EXIT, FakeJob, disrupted, failed_pod
+from tests.ops.fake_kube_api import FakeKubeAPI
+
+NS = "trainstack-r1"
+
+
+def _job() -> FakeJob:
+    return FakeJob(manifests.job(NS, "r1", name=kube.JOB_NAME, image="repo@sha256:" + "a" * 64, args=[], env={},
+                                 nodes=1, gpus=1, cpu="4", memory="16Gi", spot_nodes="gke", node_affinity={},
+                                 grace_seconds=15, deadline_seconds=3600, backoff_limit=3, ttl_seconds=60,
+                                 service=None))
+
+
+def _kubeconfig(api: FakeKubeAPI) -> dict:
+    return {"apiVersion": "v1", "kind": "Config", "current-context": "other",
+            "clusters": [{"name": "c", "cluster": {"server": api.url}}],
+            "users": [{"name": "u", "user": {"token": api.token}}],
+            "contexts": [{"name": "gpu", "context": {"cluster": "c", "user": "u"}},
+                         {"name": "other", "context": {"cluster": "c", "user": "nobody"}}]}
+
+
+@pytest.fixture
+def api():
+    with FakeKubeAPI(NS, _job()) as a:
+        yield a
+
+
+def _evict_twice_and_crash_once(api: FakeKubeAPI) -> list[str]:
+    """Two spot terminations (the kubelet's and the eviction API's conditions) and one real crash."""
+    job, names = api.job, []
+    for reason in ("TerminationByKubelet", "EvictionByEvictionAPI"):
+        pod = disrupted(job.pods[0], reason, {manifests.TRAINER_CONTAINER: SIGTERM_EXIT})
+        assert job.pod_failed(pod) == "Ignore"
+        api.ended.append(pod)
+        names.append(pod.name)
+    crash = failed_pod(job.pods[0].name, 0, {manifests.TRAINER_CONTAINER: 1})
+    assert job.pod_failed(crash) == "Count"
+    api.ended.append(crash)
+    return [*names, crash.name, job.pods[0].name]
+
+
+def test_status_shows_the_conditions_the_counted_failures_and_the_disruptions(api):
+    pods = _evict_twice_and_crash_once(api)
+    client = kube.api_client(kubeconfig=_kubeconfig(api) | {"current-context": "gpu"})
+    view = kube.job_view(client, NS)
+    assert (view.active, view.failed, view.succeeded, view.suspended) == (1, 1, 0, False)
+    assert view.disrupted == [(pods[0], "TerminationByKubelet"), (pods[1], "EvictionByEvictionAPI")]
+    api.job.pod_succeeded(0)
+    view = kube.job_view(client, NS)
+    assert view.conditions == [("Complete", "", "")]
+    lines = view.lines()
+    assert lines[0] == ("job train: 0 active, 1 succeeded, 1 failed (counted), 2 ended by a disruption "
+                        "(not counted)")
+    assert f"  pod {pods[0]}: TerminationByKubelet" in lines
+    # The pods were asked for by the label the Job controller sets, with a bound on every call.
+    listed = [r for r in api.requests if r["path"].endswith("/pods")]
+    assert listed and all(r["query"]["labelSelector"] == ["job-name=train"] for r in listed)
+
+
+def test_stop_suspends_the_job_before_the_commit_and_deletes_it_after(api):
+    client = kube.api_client(kubeconfig=_kubeconfig(api) | {"current-context": "gpu"})
+    assert kube.stop(client, NS, committed=False) == "suspended"
+    patch = next(r for r in api.requests if r["method"] == "PATCH")
+    assert patch["body"] == {"spec": {"suspend": True}}
+    assert patch["path"] == f"/apis/batch/v1/namespaces/{NS}/jobs/train"
+    view = kube.job_view(client, NS)
+    assert view.suspended and view.active == 0 and api.deleted is None
+
+    assert kube.stop(client, NS, committed=True) == "deleted"
+    delete = next(r for r in api.requests if r["method"] == "DELETE")
+    assert api.deleted is not None and delete["query"]["propagationPolicy"] == ["Background"]  # pods go too
+
+
+def test_logs_are_each_pods_trainer_log_through_the_api_oldest_first(api):
+    pods = _evict_twice_and_crash_once(api)
+    for i, name in enumerate(pods):
+        api.logs[(name, manifests.TRAINER_CONTAINER)] = f'{{"event": "attempt", "n": {i}}}\n'
+    client = kube.api_client(kubeconfig=_kubeconfig(api) | {"current-context": "gpu"})
+    got = kube.logs(client, NS, tail_lines=50)
+    assert got == [(name, f'{{"event": "attempt", "n": {i}}}\n') for i, name in enumerate(pods)]
+    reads = [r for r in api.requests if r["path"].endswith("/log")]
+    assert len(reads) == 4 and all(r["query"]["container"] == ["trainer"] and r["query"]["tailLines"] == ["50"]
+                                   for r in reads)
+
+
+def test_the_cluster_is_the_named_context_never_the_current_one(api, tmp_path, monkeypatch):
+    """The kubeconfig's current context names a user the server refuses: only the named context gets in."""
+    from kubernetes.client.exceptions import ApiException
+
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(_kubeconfig(api)))
+    with pytest.raises(ApiException) as e:
+        kube.job_view(kube.api_client(kubeconfig=_kubeconfig(api)), NS)
+    assert e.value.status == 401
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    assert kube.job_view(kube.api_client(context="gpu"), NS).active == 1
+    with pytest.raises(ValueError):
+        kube.api_client()
+
+
+def test_serving_is_created_then_replaced_by_a_later_apply(api):
+    from components.kubernetes import serving
+
+    objects = [serving.deployment(NS, "r1", image="tensorflow/serving@sha256:" + "b" * 64,
+                                  base_path="gs://b/runs/r1/serving", replicas=1, cpu="1", memory="2Gi"),
+               serving.service(NS, "r1"), serving.network_policy(NS, "r1")]
+    client = kube.api_client(kubeconfig=_kubeconfig(api) | {"current-context": "gpu"})
+    assert kube.apply(client, objects) == [("Deployment", "serving", "created"), ("Service", "serving", "created"),
+                                           ("NetworkPolicy", "serving", "created")]
+    objects[0]["spec"]["replicas"] = 3
+    assert [d for _k, _n, d in kube.apply(client, objects)] == ["replaced"] * 3
+    deployment = api.applied[(f"/apis/apps/v1/namespaces/{NS}/deployments", "serving")]
+    assert deployment["spec"]["replicas"] == 3 and deployment == objects[0]
+
+
+def test_serve_publishes_the_complete_runs_model_and_applies_the_pinned_image(tmp_path):
+    from components import registry
+    from components.kubernetes.stack import namespace_name
+    from components.settings import ServeSettings
+    from ops import synth
+    from runfolder.storage import open_store
+    from tests.components.kubernetes.test_serving import _pb
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    settings = settings.model_copy(update={"serve": ServeSettings(enabled=True, replicas=2)})
+    uri = f"file://{tmp_path}/run"
+    store = open_store(uri)
+    store.put_bytes("COMPLETE", b"{}")
+    store.put_bytes("model/saved_model.pb", _pb("2.21.0"))
+    token = registry.DIGEST_SOURCE.set(lambda repo, tag: "sha256:" + "c" * 64)
+    try:
+        with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+            client = kube.api_client(kubeconfig=_kubeconfig(fake) | {"current-context": "gpu"})
+            trained, version, done = kube.serve(settings, store, client, run_uri=uri)
+    finally:
+        registry.DIGEST_SOURCE.reset(token)
+    assert (trained, version, [d for _k, _n, d in done]) == ("2.21.0", 1, ["created"] * 3)
+    deployment = fake.applied[(f"/apis/apps/v1/namespaces/{namespace_name(settings)}/deployments", "serving")]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "tensorflow/serving@sha256:" + "c" * 64
+    assert f"--model_base_path={uri}/serving" in pod["containers"][0]["args"]
+    assert deployment["spec"]["replicas"] == 2
+    assert store.list("serving/") == ["serving/1/saved_model.pb"]
+
+
+def test_ops_serve_serves_the_stacks_run_through_its_named_context(tmp_path, monkeypatch, capsys):
+    from components import registry
+    from components.kubernetes.stack import namespace_name
+    from ops import synth
+    from ops.__main__ import main
+    from runfolder.storage import open_store
+    from tests.components.kubernetes.test_serving import _pb
+
+    doc = yaml.safe_load((synth.STACKS_DIR / "Pulumi.eks.yaml").read_text())
+    doc["config"]["trainstack:serve"] = {"enabled": True}
+    (tmp_path / "Pulumi.eks.yaml").write_text(yaml.safe_dump(doc))
+    settings = synth.load_source(tmp_path / "Pulumi.eks.yaml").settings
+    uri = f"file://{tmp_path}/run"
+    store = open_store(uri)
+    store.put_bytes("COMPLETE", b"{}")
+    store.put_bytes("model/saved_model.pb", _pb("2.21.0"))
+    token = registry.DIGEST_SOURCE.set(lambda repo, tag: "sha256:" + "d" * 64)
+    argv = ["serve", "--stack", "eks", "--run-uri", uri, "--stacks-dir", str(tmp_path)]
+    try:
+        with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+            config = _kubeconfig(fake)
+            config["contexts"][0]["name"] = settings.kubernetes.context
+            (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
+            monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+            assert main(argv) == 0
+            store.delete_prefix("model/")
+            store.put_bytes("model/model.keras", b"zip")
+            assert main(argv) == 2
+    finally:
+        registry.DIGEST_SOURCE.reset(token)
+    out, err = capsys.readouterr()
+    assert out.strip() == (f"published {uri}/serving/1/ (TensorFlow 2.21.0); created Deployment/serving, "
+                           "created Service/serving, created NetworkPolicy/serving")
+    assert err.strip().startswith("ops serve: trainstack:serve: the run's model/: model.keras is a Keras file")
+    assert len(fake.applied) == 3
+
+
+def test_ops_stop_on_a_job_stack_suspends_before_the_commit_and_deletes_after(tmp_path):
+    from components.kubernetes.stack import namespace_name
+    from ops import synth
+    from runfolder.storage import open_store
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    store = open_store(f"file://{tmp_path}/run")
+    with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+        client = kube.api_client(kubeconfig=_kubeconfig(fake) | {"current-context": "gpu"})
+        assert kube.stop_for_stack("eks", store, client=client) == "suspended"
+        assert fake.job.manifest["spec"]["suspend"] is True and fake.deleted is None
+        store.put_bytes("COMPLETE", b"{}")
+        assert kube.stop_for_stack("eks", store, client=client) == "deleted"
+        assert fake.deleted is not None
+    # Another scheduler's stack, or the run folder alone, names no Job.
+    assert kube.stop_for_stack("dev", store, client=object()) is None
+    assert kube.stop_for_stack(None, store, client=object()) is None
+
+
+def test_ops_status_on_a_job_stack_adds_the_jobs_lines_and_says_when_it_cannot_read_them():
+    from components.kubernetes.stack import namespace_name
+    from ops import synth
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+        pods = _evict_twice_and_crash_once(fake)
+        client = kube.api_client(kubeconfig=_kubeconfig(fake) | {"current-context": "gpu"})
+        lines = kube.status_lines_for_stack("eks", client=client)
+        refused = kube.status_lines_for_stack("eks", client=kube.api_client(kubeconfig=_kubeconfig(fake)))
+    assert lines == ["job train: 1 active, 0 succeeded, 1 failed (counted), 2 ended by a disruption (not counted)",
+                     f"  pod {pods[0]}: TerminationByKubelet", f"  pod {pods[1]}: EvictionByEvictionAPI"]
+    assert len(refused) == 1 and refused[0].startswith("job train: not read: ApiException: (401)")
+    assert kube.status_lines_for_stack("dev", client=object()) == []
+
+
+def test_ops_logs_on_a_job_stack_reads_the_pods_through_the_api():
+    from components.kubernetes.stack import namespace_name
+    from ops import synth
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+        name = fake.job.pods[0].name
+        fake.logs[(name, "trainer")] = '{"event": "step", "step": 7}\n'
+        client = kube.api_client(kubeconfig=_kubeconfig(fake) | {"current-context": "gpu"})
+        assert kube.logs_for_stack("eks", tail_lines=10, client=client) == [(name, '{"event": "step", "step": 7}\n')]
+    assert kube.logs_for_stack("dev", client=object()) is None
