@@ -4,13 +4,18 @@
 
     {"active": 1, "since": "2026-...Z",
      "moves": [{"from": 0, "to": 1, "reason": "...", "step": 400, "time": "2026-...Z", "done": true}],
-     "failed_at": {"0": 1767225600.0}}
+     "failed_at": {"0": 1767225600.0},
+     "broken": {"2": {"first": 1767225600.0, "ticks": 6, "error": "...", "said": true}}}
 
 Absent: placement 0 is active. Its writers are the controller's tick and ``ops move``, both
 through :mod:`controller.tick`, and every write is conditional on the version read
 (:meth:`runfolder.storage.Store.put_bytes_if`: S3 ``If-None-Match: *`` / ``If-Match``, GCS
 ``ifGenerationMatch``), as the run's lease is written: of two writers from the same version,
 the store accepts one and the other gets :class:`~runfolder.storage.PreconditionFailed`.
+
+``broken`` names the placements whose group's API failed at every tick since ``first`` (``ticks`` of
+them in a row, the newest ``error``; ``said`` once a ``waiting`` event named it): an entry goes as soon
+as one of its calls succeeds (:mod:`controller.tick`).
 
 A move is recorded before it is carried out (``done: false``); whoever reads a move that is
 not done finishes it (every step is idempotent), then marks it done.
@@ -59,6 +64,7 @@ class Record:
     moves: list[dict] = field(default_factory=list)
     failed_at: dict[str, float] = field(default_factory=dict)
     nonce: str = ""
+    broken: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, data: bytes) -> Record:
@@ -75,12 +81,17 @@ class Record:
         failed = doc.get("failed_at") or {}
         if not isinstance(failed, dict):
             raise ValueError(f"{layout.PLACEMENT_KEY}: failed_at: expected an object")
+        broken = doc.get("broken") or {}
+        if not isinstance(broken, dict) or not all(isinstance(v, dict) for v in broken.values()):
+            raise ValueError(f"{layout.PLACEMENT_KEY}: broken: expected an object of objects")
         return cls(active=active, since=doc.get("since"), moves=[dict(m) for m in moves],
-                   failed_at={str(k): float(v) for k, v in failed.items()}, nonce=str(doc.get("nonce", "")))
+                   failed_at={str(k): float(v) for k, v in failed.items()}, nonce=str(doc.get("nonce", "")),
+                   broken={str(k): dict(v) for k, v in broken.items()})
 
     def dump(self) -> bytes:
         return json.dumps({"active": self.active, "since": self.since, "moves": self.moves,
-                           "failed_at": self.failed_at, "nonce": self.nonce}, indent=1).encode()
+                           "failed_at": self.failed_at, "nonce": self.nonce,
+                           **({"broken": self.broken} if self.broken else {})}, indent=1).encode()
 
     @property
     def pending(self) -> dict | None:

@@ -20,6 +20,14 @@ group, asks :func:`controller.decide.decide`, and acts:
   train anywhere now (``stuck``) gets a ``waiting`` event with the reason among the placement
   events, once per cause, which ``ops status`` shows.
 
+Each placement's errors stay inside it: a group that cannot be read or sized (a refused credential, a
+deleted group, an API still failing after its retries) keeps no other duty of the tick from being done
+(the other groups' sizes, the active group's size back, the ``waiting`` event); the tick raises one
+:class:`CloudError` naming every such group at its end. Every tick calls every placement's group at
+least once (:class:`Watched` notes how each answered) and keeps ``placement.json``'s ``broken`` up to
+date: a group that failed at every tick for ``BROKEN_TICKS`` ticks over ``BROKEN_S`` is marked failed
+and named in a ``waiting`` event, no move goes to it, and a move under way to it is abandoned.
+
 A tick acts only on the record it read: before it sizes anything it reads ``placement.json``
 again and, if another writer (a move) changed it meanwhile, leaves the sizing to the next tick; it
 never zeroes the placement the current record names active, and a move whose record changed
@@ -44,8 +52,10 @@ from controller.decide import (
     STAY,
     TIME_UP,
     Decision,
+    GroupState,
     RunView,
     decide,
+    is_broken,
     may_launch,
     time_up_reason,
 )
@@ -67,9 +77,14 @@ class TickResult:
     resized: list[dict] = field(default_factory=list)
     move: dict | None = None
     waiting: str | None = None
+    errors: list[str] = field(default_factory=list)
+    """The groups that could not be read or sized (a tick raises them, joined, at its end)."""
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not self.errors:
+            del out["errors"]  # a tick that reached every group logs as before
+        return out
 
 
 def read_run(store: Store) -> RunView:
@@ -139,7 +154,7 @@ def end_timed_out(config: Config, clouds, store: Store, run: RunView, reason: st
                 layout.MARKER_ATTEMPTS: run.attempts}
         with contextlib.suppress(PreconditionFailed):  # a machine's finish path wrote it meanwhile
             store.put_bytes_if(layout.TIMED_OUT, (json.dumps(body) + "\n").encode(), version=None)
-    _zero(clouds, config.placements, result.resized)
+    _zero(clouds, config.placements, result.resized, result.errors)
     return result
 
 
@@ -159,23 +174,63 @@ def lease_gone(store: Store, now: float) -> str | None:
     return f"the run's lease is held by {lease.holder} until {iso(lease.expires + CLOCK_SKEW_S)}"
 
 
+class Watched:
+    """The groups as a tick calls them, noting how each placement's calls answered: ``failed[index]``
+    holds a placement's newest error, ``answered`` the placements a call succeeded for."""
+
+    def __init__(self, clouds) -> None:
+        self.clouds = clouds
+        self.failed: dict[int, str] = {}
+        self.answered: set[int] = set()
+        self.maybe_broken = False  # the record the tick read has `broken` entries
+
+    def _call(self, p: Placement, fn, *args):
+        try:
+            out = fn(p, *args)
+        except CloudError as e:
+            self.failed[p.index] = str(e)
+            raise
+        self.answered.add(p.index)
+        return out
+
+    def state(self, p: Placement) -> GroupState:
+        return self._call(p, self.clouds.state)
+
+    def desired(self, p: Placement) -> int:
+        return self._call(p, self.clouds.desired)
+
+    def set_size(self, p: Placement, n: int) -> None:
+        self._call(p, self.clouds.set_size, n)
+
+
 def _resize(clouds, p: Placement, n: int, done: list[dict]) -> None:
     if clouds.desired(p) != n:
         clouds.set_size(p, n)
         done.append({"placement": p.index, "group": p.group, "size": n})
 
 
-def _zero(clouds, placements, done: list[dict]) -> None:
+def _zero(clouds, placements, done: list[dict], errors: list[str] | None = None) -> None:
     """Every one of ``placements`` to zero; one that cannot be reached (a refused credential, an API
-    still failing after its retries) does not keep the others up: the error names each, after."""
-    errors = []
+    still failing after its retries) does not keep the others up: its error goes to ``errors`` or,
+    without that list, is raised naming each, after."""
+    missed = []
     for p in placements:
         try:
             _resize(clouds, p, 0, done)
         except CloudError as e:
-            errors.append(str(e))
-    if errors:
-        raise CloudError("; ".join(errors))
+            missed.append(str(e))
+    if errors is not None:
+        errors.extend(missed)
+    elif missed:
+        raise CloudError("; ".join(missed))
+
+
+def _contained(errors: list[str], fn, *args) -> None:
+    """``fn(*args)``; a group's :class:`CloudError` goes to ``errors`` (the tick's other duties go on)."""
+    try:
+        fn(*args)
+    except CloudError as e:
+        errors.append(str(e))
 
 
 def moved_on(store: Store, rec: Record) -> bool:
@@ -208,16 +263,20 @@ def start_move(config: Config, store: Store, rec: Record, version: str | None, t
     failed_at = dict(rec.failed_at)
     if failed:
         failed_at[str(rec.active)] = round(now, 3)
-    new = Record(active=to, since=iso(now), moves=[*rec.moves, move], failed_at=failed_at)
+    new = Record(active=to, since=iso(now), moves=[*rec.moves, move], failed_at=failed_at, broken=rec.broken)
     return new, records.write(store, new, version)
 
 
 def finish_move(config: Config, clouds, store: Store, rec: Record, version: str, now: float,
-                run: RunView | None = None, clock: Callable[[], float] | None = None) -> TickResult:
+                run: RunView | None = None, clock: Callable[[], float] | None = None, *,
+                contain: bool = False) -> TickResult:
     """Carry out ``rec``'s pending move (idempotent); a lease still held leaves it for the next tick.
 
     ``run`` (its deadline) and ``clock`` (the time now, read again before the new group is sized up):
-    no group is sized up within the launch margin of the deadline.
+    no group is sized up within the launch margin of the deadline. ``contain`` (a tick): an old group
+    that cannot be reached is noted in the result's ``errors`` and the move goes on (the lease keeps its
+    machines, if any, from training beside the new ones; later ticks keep zeroing it); the new group's
+    error, too, is noted, and the move stays under way.
     """
     move = rec.pending
     assert move is not None
@@ -226,7 +285,10 @@ def finish_move(config: Config, clouds, store: Store, rec: Record, version: str,
     if moved_on(store, rec):
         result.reason = f"{layout.PLACEMENT_KEY} changed meanwhile (another move, or the run ended): left to its writer"
         return result
-    _resize(clouds, old, 0, result.resized)  # (1)
+    if contain:  # (1)
+        _contained(result.errors, _resize, clouds, old, 0, result.resized)
+    else:
+        _resize(clouds, old, 0, result.resized)
     held = lease_gone(store, now)  # (2)
     if held:
         result.waiting = f"{held}; {new.label}'s group starts once it has expired"
@@ -238,7 +300,13 @@ def finish_move(config: Config, clouds, store: Store, rec: Record, version: str,
     if moved_on(store, rec):  # read last, right before the one step that starts a machine
         result.reason = f"{layout.PLACEMENT_KEY} changed meanwhile (another move, or the run ended): left to its writer"
         return result
-    _resize(clouds, new, config.nodes, result.resized)  # (3)
+    if contain:  # (3)
+        _contained(result.errors, _resize, clouds, new, config.nodes, result.resized)
+        if result.errors and new.index in getattr(clouds, "failed", {}):
+            result.waiting = f"{new.label}'s group could not be sized up: the move stays under way"
+            return result
+    else:
+        _resize(clouds, new, config.nodes, result.resized)
     number = len(rec.moves)
     records.append_moved_once(store, {  # (4)
         layout.EVENT: layout.MOVED, layout.TIME: iso(now), layout.ATTEMPT: None, "move": number,
@@ -266,45 +334,138 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None,
 
     ``now`` is when the tick started; ``clock`` (default: ``now`` throughout) is read again before a
     group is sized up, so a tick that ran long does not start a machine past the launch margin.
+    Raises :class:`CloudError` naming every group it could not reach, once every other duty is done.
     """
     store = open_store(config.run_uri) if store is None else store
     clock = clock or (lambda: now)
+    watched = Watched(clouds)
+    result = _tick(config, watched, store, now, clock)
+    _note_health(config, watched, store, now)
+    if result.errors:
+        error = CloudError("; ".join(result.errors))
+        error.result = result  # type: ignore[attr-defined] - what the tick did besides
+        raise error
+    return result
+
+
+def _tick(config: Config, clouds: Watched, store: Store, now: float, clock: Callable[[], float]) -> TickResult:
     run = read_run(store)
     if run.ended:
         result = TickResult(FINISH, f"the run ended ({run.ended}): every group at zero")
-        _zero(clouds, config.placements, result.resized)
+        _zero(clouds, config.placements, result.resized, result.errors)
         return result
     run = ensure_deadline(config, store, run, now)
     if run.deadline is not None and now >= run.deadline:
         return end_timed_out(config, clouds, store, run, time_up_reason(run.deadline), now)
     rec, version = records.read(store)
+    clouds.maybe_broken = bool(rec.broken)
     if rec.pending:
-        return finish_move(config, clouds, store, rec, version, now, run, clock)
+        if is_broken(rec, rec.pending["to"], now):
+            return _abandon(config, clouds, store, rec, version, now)
+        return finish_move(config, clouds, store, rec, version, now, run, clock, contain=True)
     if rec.active >= len(config.placements):
         return TickResult(STAY, f"{layout.PLACEMENT_KEY} names placement {rec.active}, which the stack does not have")
     active = config.placements[rec.active]
-    decision: Decision = decide(config, rec, run, clouds.state(active), now)
+    try:
+        group = clouds.state(active)
+    except CloudError as e:
+        group = GroupState(running=0, desired=None, error=str(e))
+    decision: Decision = decide(config, rec, run, group, now, _launch_failed(config, clouds, rec, run, group, now))
     if decision.action == MOVE:
         try:
             rec, version = start_move(config, store, rec, version, decision.to, decision.reason, run.step, now,
                                       failed=True)
         except PreconditionFailed:
             return TickResult(STAY, f"another tick changed {layout.PLACEMENT_KEY} first: it moves the run")
-        return finish_move(config, clouds, store, rec, version, now, run, clock)
+        return finish_move(config, clouds, store, rec, version, now, run, clock, contain=True)
     result = TickResult(decision.action, decision.reason)
+    if group.error is not None:
+        result.errors.append(group.error)
     current = current_record(store, version)
     if current is None:
         result.reason = (f"{layout.PLACEMENT_KEY} changed (a move) or the run ended while this tick read the run: "
                          "the next tick acts on it")
         return result
-    _zero(clouds, [p for p in config.placements if p.index != current.active], result.resized)
+    _zero(clouds, [p for p in config.placements if p.index != current.active], result.resized, result.errors)
     if decision.size is not None and may_launch(run, clock()):
-        _resize(clouds, active, decision.size, result.resized)
+        _contained(result.errors, _resize, clouds, active, decision.size, result.resized)
     if decision.stuck is not None:  # said where `ops status` shows it: the run does not wait in silence
         records.note_waiting(store, {layout.EVENT: layout.CONTROLLER_WAITING, layout.TIME: iso(now),
                                      layout.ATTEMPT: None, "reason": decision.reason, "placement": active.label,
                                      "key": decision.stuck})
     return result
+
+
+def _launch_failed(config: Config, clouds: Watched, rec: Record, run: RunView, group: GroupState,
+                   now: float) -> dict[int, float] | None:
+    """Each other placement's newest launch failure another placement could fix, within ``2 × wait_minutes``
+    (its group's own activity): read only when the active placement may be left (no machine trains there)."""
+    if len(config.placements) < 3 or (group.error is None and group.running >= config.nodes):
+        return None  # with two placements there is no choice to weigh
+    out: dict[int, float] = {}
+    for p in config.placements:
+        if p.index == rec.active or is_broken(rec, p.index, now):
+            continue
+        try:
+            t = clouds.state(p).failed_launch_at(now, 2 * config.wait_s)
+        except CloudError:
+            continue  # a group that cannot be read now is weighed by `broken`
+        if t is not None:
+            out[p.index] = t
+    return out
+
+
+def _abandon(config: Config, clouds: Watched, store: Store, rec: Record, version: str | None,
+             now: float) -> TickResult:
+    """Give up the move under way to a broken placement: the move is marked done and abandoned, the
+    placement failed; the next tick decides from there (the run moves on as from one that cannot launch)."""
+    move = rec.pending
+    assert move is not None
+    to = config.placements[move["to"]] if move["to"] < len(config.placements) else None
+    why = (f"placement {move['to']} ({to.label if to else '?'})'s group's API has failed at every tick since "
+           f"{iso(rec.broken[str(move['to'])]['first'])}: the move to it is abandoned")
+    rec.moves[-1] = {**move, "done": True, "done_time": iso(now), "abandoned": why}
+    rec.failed_at[str(move["to"])] = round(now, 3)
+    result = TickResult(STAY, why)
+    try:
+        records.write(store, rec, version)
+    except PreconditionFailed:
+        result.reason = f"another writer changed {layout.PLACEMENT_KEY} first: the next tick decides"
+    return result
+
+
+def _note_health(config: Config, watched: Watched, store: Store, now: float) -> None:
+    """Keep ``placement.json``'s ``broken`` as this tick found the groups (module docstring); a placement
+    that has just become broken is marked failed and named in a ``waiting`` event. Written only when it
+    changes; a write another writer beat is left to the next tick."""
+    if not watched.failed and not watched.maybe_broken:
+        return  # nothing to note: no read of the record
+    with contextlib.suppress(PreconditionFailed, NotFound):
+        rec, version = records.read(store)
+        broken = {k: dict(v) for k, v in rec.broken.items()}
+        for i in watched.answered - set(watched.failed):
+            broken.pop(str(i), None)
+        for i, error in watched.failed.items():
+            entry = broken.setdefault(str(i), {"first": round(now, 3), "ticks": 0})
+            entry["ticks"] = int(entry.get("ticks") or 0) + 1
+            entry["error"] = error[:500]
+        if broken == rec.broken:
+            return
+        rec.broken = broken
+        for key, entry in broken.items():
+            if entry.get("said") or not is_broken(rec, int(key), now):
+                continue
+            index = int(key)  # said first, marked after: a tick stopped between says it again, never not at all
+            label = config.placements[index].label if index < len(config.placements) else key
+            records.note_waiting(store, {
+                layout.EVENT: layout.CONTROLLER_WAITING, layout.TIME: iso(now), layout.ATTEMPT: None,
+                "reason": (f"{label}'s group could not be reached at {entry['ticks']} ticks in a row since "
+                           f"{iso(entry['first'])}: it is marked failed and no move goes there until it "
+                           f"answers ({entry.get('error')})"),
+                "placement": label, "key": f"{key}:broken"})
+            entry["said"] = True
+            rec.failed_at[key] = round(now, 3)
+        records.write(store, rec, version)
 
 
 class MoveError(RuntimeError):

@@ -18,7 +18,9 @@ it, stand-ins run on a virtual clock, driven by one seeded random generator:
   launch takes 1-4 min and the machine boots in 0.5-2 min more; while the placement has no capacity each try fails, recorded as the
   cloud words it (capacity, quota, price, other) and retried with backoff (1, 2, 4, 5 min); a
   success clears the failures; a group above desired terminates its newest machines. The
-  scheduled cap action puts every group's min, max and desired to 0 at deploy + the cap.
+  scheduled cap action puts every group's min, max and desired to 0 at deploy + the cap. In some
+  schedules one placement's group API refuses every call of the controller and ``ops move`` for a
+  while or for good (a refused credential, a deleted group's API): the group itself goes on.
 - **the machines** (:class:`Machine`), as the supervisor and trainer behave: the first boot writes
   the ``deadline`` file (unless there is one); each minute a machine looks for an end marker
   (then finishes: its group to zero, shut down) and for its deadline (then finishes ``TIMED_OUT``,
@@ -46,7 +48,7 @@ Invariants, checked after every event (:meth:`Sim.check`) and at the end (:meth:
    and a resumed chief starts from the newest committed step.
 3. After an end marker, every group is at 0 once two ticks that started after it have completed,
    and no group is sized up again; while the run goes on, no tick zeroes the placement the
-   current ``placement.json`` names active.
+   current ``placement.json`` names active (a group the controller cannot reach is left to 5).
 4. While the run goes on (no end marker, no ``STOP``), more than ``LAUNCH_MARGIN_S`` before its
    deadline, and some placement has capacity throughout: a machine trains within
    :meth:`Sim.liveness_bound` of the last one stopping (or of the last ``ops move``). When no
@@ -57,8 +59,11 @@ Invariants, checked after every event (:meth:`Sim.check`) and at the end (:meth:
 6. The ``moved`` events match the record's moves one for one; a move the controller makes comes
    ``wait_minutes`` or more after the last training and after the move before it (one move per
    failure episode).
-7. No machine is up without training longer than :meth:`Sim.idle_bound`; the machine-minutes
+7. No machine is up without training longer than :meth:`Sim.idle_bound` while some placement could
+   have launched the run (a group no controller can reach is left to the cap); the machine-minutes
    without training are reported per schedule.
+8. A placement whose API has refused every call for :meth:`Sim.broken_bound` is named in a
+   ``waiting`` event written since, and no move to it stays under way that long.
 
 What the stand-ins leave out, and where that matters:
 
@@ -124,8 +129,8 @@ START = 1_800_000_000.0  # the virtual clock's zero (an epoch second: time stamp
 # "liveness" leaves an active group below nodes; "cap" gives the controller no deadline.
 # The others break what the invariants guard, to show each can fail: "others" leaves the non-active
 # groups up (7), "restart" resumes below the newest committed step (2), "twice" writes a move's moved
-# event again (6).
-PLANTS = ("stale", "order", "liveness", "cap", "others", "restart", "twice")
+# event again (6), "broken" keeps no count of a placement whose API fails at every tick (8).
+PLANTS = ("stale", "order", "liveness", "cap", "others", "restart", "twice", "broken")
 
 
 class Unavailable(Exception):  # noqa: N818 - the store's word for it (HTTP 503)
@@ -239,16 +244,16 @@ class SimClouds:
         self.sim = sim
 
     def desired(self, p) -> int:
-        self.sim.cloud_op()
+        self.sim.cloud_op(p.index)
         return self.sim.groups[p.index].desired
 
     def state(self, p) -> GroupState:
-        self.sim.cloud_op()
+        self.sim.cloud_op(p.index)
         g = self.sim.groups[p.index]
         return GroupState(running=len(g.machines), desired=g.desired, failures=tuple(g.failures))
 
     def set_size(self, p, n: int) -> None:
-        self.sim.cloud_op()
+        self.sim.cloud_op(p.index)
         self.sim.size(p.index, n, self.sim.actor_name())
 
 
@@ -304,6 +309,7 @@ class Sim:
         self.quiet = False  # the invariants' own reads: no faults, no pauses
         self._record, self._deadline, self._marker = records.Record(), None, None  # as stored last
         self.said_at: float | None = None
+        self.said_keys: dict[str, float] = {}
         self.actors: list[Actor] = []
         self.store = SimStore(self)
         self.nplacements = r.choice((2, 2, 3, 3))
@@ -336,6 +342,13 @@ class Sim:
                 spans.append((t, t + length, kind))
                 t += length + r.uniform(300, 5400)
             self.outages.append(spans)
+        # A placement whose group's API refuses the controller (a refused credential, a deleted group's
+        # API answers): for a while, or for good; the group itself goes on.
+        self.broken: list[tuple[float, float] | None] = [None] * self.nplacements
+        if r.random() < 0.2:
+            a = START + r.uniform(0, self.cap_s)
+            self.broken[r.randrange(self.nplacements)] = (a, a + r.uniform(600, 3600) if r.random() < 0.5 else
+                                                         float("inf"))
         self.cap_at = START + self.cap_s  # the groups' scheduled action, counted from the deployment
         self.machines: list[Machine] = []
         self.count = 0
@@ -407,7 +420,9 @@ class Sim:
             return "lost"
         return None
 
-    def cloud_op(self) -> None:
+    def cloud_op(self, index: int) -> None:
+        if self.broken_at(index, self.now):
+            raise CloudError(f"placement {index}: AccessDenied (the controller's credential is refused)")
         if self.pcloud and self.rng.random() < self.pcloud:
             raise CloudError("the group's API failed after its retries (throttled)")
 
@@ -417,6 +432,9 @@ class Sim:
             return
         if key == layout.PLACEMENT_EVENTS_KEY and data is not None:
             self.said_at = self.now  # a `waiting` or `moved` event appended
+            last = data.decode(errors="replace").strip().splitlines()[-1:]
+            with contextlib.suppress(ValueError, IndexError):
+                self.said_keys[str(json.loads(last[0]).get("key"))] = self.now
             return
         if key == layout.DEADLINE_KEY:
             digits = "".join(c for c in (data or b"").decode() if c.isdigit())
@@ -478,7 +496,20 @@ class Sim:
         return next((kind for a, b, kind in self.outages[index] if a <= t < b), None)
 
     def clear_between(self, index: int, a: float, b: float) -> bool:
+        broken = self.broken[index]
+        if broken is not None and broken[0] < b and a < broken[1]:
+            return False
         return not any(x < b and a < y for x, y, _ in self.outages[index])
+
+    def broken_at(self, index: int, t: float) -> bool:
+        """Whether placement ``index``'s group's API refuses every call at ``t`` (the group itself works on)."""
+        broken = self.broken[index]
+        return broken is not None and broken[0] <= t < broken[1]
+
+    def broken_bound(self) -> float:
+        """A placement broken this long is named in a ``waiting`` event, and no move to it is still under way:
+        the controller's own bound (BROKEN_TICKS ticks over BROKEN_S), ticks that failed on the store, slow ones."""
+        return decides.BROKEN_S + (decides.BROKEN_TICKS + 8) * TICK_S + 2 * 150
 
     # -- groups ---------------------------------------------------------------------------------
 
@@ -692,7 +723,11 @@ class Sim:
                 if self.trace:
                     print(f"{self.now - START:9.1f} {'  ' * self.depth}  -> {result.action}: {result.reason} "
                           f"{result.resized or ''}{' waiting: ' + result.waiting if result.waiting else ''}")
-            except (Unavailable, CloudError, PreconditionFailed):
+            except (Unavailable, CloudError, PreconditionFailed) as e:
+                if self.trace:
+                    did = getattr(e, "result", None)
+                    print(f"{self.now - START:9.1f} {'  ' * self.depth}  -> {type(e).__name__}: {e}"
+                          + (f" (after {did.action}: {did.reason})" if did is not None else ""))
                 self.tick_failures += 1
                 if self.retries and attempt < 2:
                     self.at(self.now + 60 * (attempt + 1), self.scheduled_tick, attempt + 1)
@@ -755,7 +790,8 @@ class Sim:
         if marker and self.ended_at is None:
             self.ended_at = self.now
         if self.ended_at is not None and self.ticks_after_end >= 2:
-            up = [g.index for g in self.groups if g.desired > 0]
+            # A group the controller cannot reach is left to its machines' finish path and the cap (5).
+            up = [g.index for g in self.groups if g.desired > 0 and not self.broken_at(g.index, self.now)]
             if up:
                 self.fail(3, f"groups {up} still up two ticks after the run ended ({marker})")
         if self.now > self.cap_time() and any(g.desired > 0 for g in self.groups):
@@ -766,6 +802,19 @@ class Sim:
                 self.trained_at.append(self.now)
         self.check_liveness()
         self.check_moves()
+        self.check_broken()
+
+    def check_broken(self) -> None:
+        for i, span in enumerate(self.broken):
+            if span is None or not span[0] + self.broken_bound() < self.now < span[1]:
+                continue
+            if self.said_keys.get(f"{i}:broken", -1.0) < span[0]:
+                self.fail(8, f"placement {i} has refused every call since {span[0] - START:.0f} s and no waiting "
+                             "event names it")
+            pending = self.record().pending
+            if (pending is not None and pending.get("to") == i
+                    and self.now - (records.epoch_of(pending.get("time")) or START) > self.broken_bound()):
+                self.fail(8, f"a move to placement {i}, broken since {span[0] - START:.0f} s, is still under way")
 
     def check_liveness(self) -> None:
         if self.ended_at is not None or self.stop_at is not None or self.training_since is not None:
@@ -775,8 +824,8 @@ class Sim:
             return
         if not any(self.clear_between(i, since, self.now) for i in range(self.nplacements)):
             # Nowhere to go: the run may wait, but not in silence (a `waiting` or `moved` event in the window).
-            said = self.said_at
-            if said is None or said < self.now - self.liveness_bound():
+            said = self.said_at  # once per cause: a cause that lasts is said once, since the training stopped
+            if said is None or said < since:
                 self.fail(4, f"no machine has trained for {(self.now - since) / 60:.0f} min, no placement could "
                              "launch, and the controller said nothing (no waiting or moved event)")
             return
@@ -816,7 +865,7 @@ class Sim:
             m = rec.moves[e["move"] - 1] if 0 < e["move"] <= len(rec.moves) else None
             if m is None or (m["from"], m["to"]) != (e["from"], e["to"]):
                 self.fail(6, f"moved event {e} matches no move of the record")
-        done = [i + 1 for i, m in enumerate(rec.moves) if m.get("done")]
+        done = [i + 1 for i, m in enumerate(rec.moves) if m.get("done") and not m.get("abandoned")]
         if sorted(set(done) - set(numbers)):
             self.fail(6, f"moves {sorted(set(done) - set(numbers))} are done without their moved event")
         if self.now >= self.deadline_or_cap() + 3 * TICK_S and self.any_marker() is None:
@@ -865,7 +914,11 @@ class Sim:
                 continue
             m.idle_s += 30
             self.idle_s += 30
-            if m.idle_s > self.idle_bound():
+            if self.broken_at(m.group.index, self.now):
+                m.idle_s = 0.0  # billed, and reported; no controller can reach its group to stop it
+            if m.idle_s > self.idle_bound() and any(self.clear_between(i, self.now - m.idle_s, self.now)
+                                                    for i in range(self.nplacements)):
+                # (Where no placement could have launched all the machines the run waits, said by invariant 4.)
                 self.fail(7, f"{m.name} has been up {m.idle_s / 60:.0f} min without training (bound "
                              f"{self.idle_bound() / 60:.0f}); groups {[g.desired for g in self.groups]}, record "
                              f"active {self.record().active}")
@@ -889,7 +942,7 @@ def planted(plant: str | None) -> Iterator[None]:
         raise ValueError(f"unknown plant {plant!r}; expected one of {', '.join(PLANTS)}")
     saved = (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
              RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize,
-             records.note_waiting)
+             records.note_waiting, ticks._note_health)
     try:
         if plant == "stale":  # size from the record the tick read first, whatever happened since
             ticks.current_record = _stale_record
@@ -901,8 +954,9 @@ def planted(plant: str | None) -> Iterator[None]:
             ticks.read_deadline = lambda store: None
             ticks.ensure_deadline = lambda config, store, run, now: run
         elif plant == "others":  # the controller puts no group to zero but at the run's end
-            ticks._zero = lambda clouds, placements, done: (
-                saved[4](clouds, placements, done) if len(placements) == len(sim_config_placements(clouds)) else None)
+            ticks._zero = lambda clouds, placements, done, errors=None: (
+                saved[4](clouds, placements, done, errors)
+                if len(placements) == len(sim_config_placements(clouds)) else None)
             ticks._resize = lambda clouds, p, n, done: None if n == 0 else saved[8](clouds, p, n, done)
         elif plant == "restart":  # the newest committed checkpoint is not offered
             CheckpointStore.committed_steps = lambda self: saved[6](self)[:-1]
@@ -913,15 +967,17 @@ def planted(plant: str | None) -> Iterator[None]:
                 store.put_bytes_if(layout.PLACEMENT_EVENTS_KEY, body, version=version)
                 return True
             records.append_moved_once = twice
+        elif plant == "broken":  # a group's failures are raised, never counted: no placement is ever broken
+            ticks._note_health = lambda *a, **k: None
         yield
     finally:
         (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
          RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize,
-         records.note_waiting) = saved
+         records.note_waiting, ticks._note_health) = saved
 
 
-def sim_config_placements(clouds: SimClouds) -> tuple:
-    return clouds.sim.config.placements
+def sim_config_placements(clouds) -> tuple:
+    return getattr(clouds, "clouds", clouds).sim.config.placements
 
 
 def _stale_record(store: SimStore, version: str | None) -> records.Record | None:

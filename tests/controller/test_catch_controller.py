@@ -200,9 +200,10 @@ def test_the_deadline_file_reads_as_epoch_seconds(file_run, text, deadline):
 
 
 def _failing_groups(config, nodes: int, message: str = NO_CAPACITY, ago: float = 60) -> FakeGroups:
-    """Groups in memory, home at ``nodes``, whose every state is short a machine and failing for ``message``."""
+    """Groups in memory, home at ``nodes``, short a machine and failing for ``message``; the others at zero,
+    never tried."""
     return FakeGroups({p.group: nodes if p.index == 0 else 0 for p in config.placements},
-                      state=lambda p: _short(nodes, (NOW - ago, message)))
+                      state=lambda p: _short(nodes, (NOW - ago, message)) if p.index == 0 else GroupState(0, 0))
 
 
 def _trained(store, last_beat: float) -> None:

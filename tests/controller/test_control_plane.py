@@ -213,3 +213,109 @@ def test_ops_status_says_the_controller_ended_the_run_timed_out(tmp_path):
     st = read_status(config.run_uri, store=store, now=NOW + 60)
 
     assert st.state == layout.TIMED_OUT and "deadline" in st.detail and st.step == 40
+
+
+class _Refusing(FakeGroups):
+    """Groups in memory of which ``refused`` (placement indexes) answer every call with a refusal."""
+
+    def __init__(self, config, sizes, refused, state=None) -> None:
+        super().__init__({p.group: n for p, n in zip(config.placements, sizes, strict=True)},
+                         state=state or (lambda p: GroupState(running=0, desired=self.sizes[p.group])))
+        self.refused = set(refused)
+
+    def _check(self, p):
+        from controller.clouds import CloudError
+
+        if p.index in self.refused:
+            raise CloudError(f"placement {p.index} ({p.label}): AccessDenied")
+
+    def desired(self, p):
+        self._check(p)
+        return super().desired(p)
+
+    def set_size(self, p, n):
+        self._check(p)
+        super().set_size(p, n)
+
+    def state(self, p):
+        self._check(p)
+        return super().state(p)
+
+
+def test_a_broken_placement_keeps_no_other_duty_of_the_tick_from_being_done(tmp_path):
+    from controller.clouds import CloudError
+
+    config = _config(f"file://{tmp_path}")
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=NOW - 20 * 60)
+    # Home stands at 0 (a person put it there) and cannot launch; 1 and 2 failed a minute ago; 1 refuses every call.
+    records.write(store, records.Record(active=0, failed_at={"1": NOW - 60, "2": NOW - 60}), None)
+    words = "We currently do not have sufficient g5.xlarge capacity in the Availability Zone you requested."
+    from controller.decide import LaunchFailure
+
+    groups = _Refusing(config, [0, 1, 1], refused={1}, state=lambda p: GroupState(
+        running=0, desired=groups.sizes[p.group], failures=(LaunchFailure(NOW - 16 * 60, words),) if p.index == 0
+        else ()))
+
+    with pytest.raises(CloudError, match=r"^placement 1 \(aws r-1\): AccessDenied$") as raised:
+        tick(config, groups, NOW, store=store)
+
+    assert groups.sizes == {"g0": 1, "g1": 1, "g2": 0}  # 2 zeroed, home sized back: the broken one held nothing up
+    waits = [e for e in records.read_events(store)[0] if e[layout.EVENT] == layout.CONTROLLER_WAITING]
+    assert [w["key"] for w in waits] == ["0:capacity:nowhere"]
+    assert raised.value.result.errors == ["placement 1 (aws r-1): AccessDenied"]
+
+
+def _tick_quietly(config, groups, store, now):
+    from controller.clouds import CloudError
+
+    try:
+        return tick(config, groups, now, store=store)
+    except CloudError as e:
+        return e.result
+
+
+def test_a_placement_broken_for_its_ticks_is_marked_failed_named_once_and_forgiven_when_it_answers(tmp_path):
+    from controller.decide import BROKEN_S, BROKEN_TICKS
+
+    config = _config(f"file://{tmp_path}")
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=NOW)
+    groups = _Refusing(config, [1, 0, 0], refused={2}, state=lambda p: GroupState(running=1, desired=1))
+
+    for k in range(BROKEN_TICKS + 3):
+        _tick_quietly(config, groups, store, NOW + k * BROKEN_S / (BROKEN_TICKS - 1))
+
+    rec = records.read(store)[0]
+    assert rec.broken["2"]["ticks"] == BROKEN_TICKS + 3 and rec.broken["2"]["said"]
+    assert "2" in rec.failed_at and "1" not in rec.broken
+    waits = [e for e in records.read_events(store)[0] if e[layout.EVENT] == layout.CONTROLLER_WAITING]
+    assert [(w["key"], w["placement"]) for w in waits] == [("2:broken", "aws r-2")]
+    assert "AccessDenied" in waits[0]["reason"]
+
+    groups.refused.clear()
+    tick(config, groups, NOW + 2 * BROKEN_S, store=store)
+    assert records.read(store)[0].broken == {}
+
+
+def test_a_move_to_a_broken_placement_is_abandoned_and_the_run_moves_on_elsewhere(tmp_path):
+    from controller.decide import BROKEN_S, BROKEN_TICKS, MOVE
+
+    config = _config(f"file://{tmp_path}")
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=NOW - 60 * 60)
+    # An operator's move to 1 whose new group could not be sized: it stays under way.
+    records.write(store, records.Record(active=1, since=records.iso(NOW), moves=[
+        {"from": 0, "to": 1, "reason": "asked: ops move", "step": 20, "time": records.iso(NOW), "done": False}]), None)
+    groups = _Refusing(config, [0, 0, 0], refused={1})
+
+    results = [_tick_quietly(config, groups, store, NOW + k * 60) for k in range(BROKEN_S // 60 + 2)]
+
+    rec = records.read(store)[0]
+    assert rec.pending is None and "abandoned" in rec.moves[0] and "1" in rec.failed_at
+    assert any("abandoned" in r.reason for r in results)
+    assert len([r for r in results if "abandoned" in r.reason]) == 1
+    assert len(results) >= BROKEN_TICKS
+    # The run, in a placement that cannot be reached, moves on after the wait; never back to 1.
+    later = _tick_quietly(config, groups, store, NOW + 16 * 60)
+    assert later.action == MOVE and later.move["to"] in (0, 2) and groups.sizes[config.placements[later.move["to"]].group] == 1
