@@ -13,6 +13,11 @@ answers one :class:`Decision`:
 - ``move``: the active placement has had no training machine for ``wait_minutes`` (no
   heartbeat, no event, no live lease since) and its group reports failed launches for a
   reason another placement can fix (capacity, quota, price): the run goes to :func:`next_placement`.
+- ``replace``: the active group has all its machines (``running ≥ nodes``) but the run has shown no
+  progress for ``HUNG_S`` (a hung collective, a bad GPU, a bootstrap that never ends): the group is
+  cycled (to zero, then back to ``nodes``: fresh machines), within the grants it already has. A
+  placement whose machines were replaced once already since it became active counts as failed: the
+  run moves when another placement may be tried.
 - ``stay``: anything else, with the reason. A ``stay`` carries ``size``: the active group is put
   back to ``nodes`` when it stands below (a machine, a person or an earlier tick put it lower)
   while the run goes on, no ``STOP`` is asked and the deadline has not come.
@@ -32,7 +37,18 @@ from dataclasses import dataclass
 from controller.config import Config
 from controller.record import Record, epoch_of, iso
 
-FINISH, MOVE, STAY, TIME_UP = "finish", "move", "stay", "time_up"
+FINISH, MOVE, REPLACE, STAY, TIME_UP = "finish", "move", "replace", "stay", "time_up"
+# No progress (progress.json's update, a trainer event) for this long, with all the run's machines up,
+# is a machine that bills without training. The machines watch themselves first (userdata/progress.sh:
+# 3600 s from the trainer's start to its first progress, 1800 s between two, none while it finishes);
+# this bound adds a slow boot (up to 15 min) and a margin to the longest of those, so the controller
+# replaces only what the machine could not (a bootstrap that never reaches the trainer, a machine
+# whose own watch died), never a machine still booting, staging, meeting its peers or exporting.
+HUNG_S = 90 * 60
+# After the controller cycles a group, a tick leaves it alone this long (its old machines are terminating,
+# the new ones not yet seen); after that the new machines' own age counts, and a cycle a failed tick left
+# undone is tried again.
+REPLACED_GUARD_S = 10 * 60
 # No machine is started this close to the run's deadline (see the module docstring).
 LAUNCH_MARGIN_S = 15 * 60
 CAPACITY, QUOTA, PRICE, OTHER = "capacity", "quota", "price", "other"
@@ -89,6 +105,11 @@ class GroupState:
     running: int
     desired: int | None
     failures: tuple[LaunchFailure, ...] = ()
+    launched: float | None = None
+    """When its newest machine was launched (epoch seconds): AWS's activities say it; the tick also counts
+    from when it first saw the running machines (``machines``) as they are now."""
+    machines: tuple[str, ...] = ()
+    """The running machines' ids (an instance id, a managed instance's id)."""
     error: str | None = None
     """Set when the group could not be read this tick (the cloud's error): the other fields say nothing."""
 
@@ -112,6 +133,11 @@ class RunView:
     stop: bool = False
     deadline: float | None = None
     attempts: int = 0
+    progress_at: float | None = None
+    """progress.json's ``updated``: the trainer's progress alone (userdata/progress.sh's signal; an event
+    such as ``started`` is a sign of life, not of progress)."""
+    finishing: bool = False
+    """progress.json's step has reached its total: the final evaluation, commit and export, silent by design."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +193,37 @@ def last_sign(run: RunView, record: Record, group: GroupState) -> float | None:
     return min(times) if times else None
 
 
+def replaced_here(record: Record) -> list[float]:
+    """When the controller replaced the active placement's machines since it became active."""
+    since = epoch_of(record.since) or 0.0
+    return [t for t in record.hung.get(str(record.active), []) if t >= since]
+
+
+def _hung(config: Config, record: Record, run: RunView, group: GroupState, now: float, active,
+          launch_failed: dict[int, float] | None) -> Decision | None:
+    """A ``replace`` (or a move) when all the run's machines are up and the run has shown no progress for
+    ``HUNG_S``; None otherwise. The newest of: progress (progress.json), the placement becoming active, its
+    newest machine's launch (or first sight) or failed launch; none within ``REPLACED_GUARD_S`` of a replacement."""
+    if run.stop or run.finishing or not may_launch(run, now):
+        return None
+    if any(now - t < REPLACED_GUARD_S for t in record.hung.get(str(record.active), [])):
+        return None
+    signs = [run.progress_at, epoch_of(record.since), group.launched, *(f.time for f in group.failures)]
+    known = [t for t in signs if t is not None]
+    if not known or now - max(known) < HUNG_S:
+        return None
+    quiet = (now - max(known)) / 60
+    why = (f"{active.label}: {group.running} machine(s) running but no progress for {quiet:.0f} min "
+           f"(bound {HUNG_S // 60} min)")
+    if replaced_here(record):
+        options = candidates(config, record, now, launch_failed)
+        if options:
+            return Decision(MOVE, f"{why}, again after its machines were replaced: it counts as failed", to=options[0])
+        return Decision(REPLACE, f"{why}, again after its machines were replaced, and no other placement may be "
+                                 "tried yet: its machines are replaced again", stuck=f"{record.active}:hung:nowhere")
+    return Decision(REPLACE, f"{why}: its machines are replaced (the group to zero, then back to {config.nodes})")
+
+
 def decide(config: Config, record: Record, run: RunView, group: GroupState, now: float,
            launch_failed: dict[int, float] | None = None) -> Decision:
     """One tick's decision (module docstring); ``launch_failed``: the other groups' newest launch
@@ -203,7 +260,8 @@ def _stay_or_move(config: Config, record: Record, run: RunView, group: GroupStat
                   active, launch_failed: dict[int, float] | None) -> Decision:
     broken = is_broken(record, record.active, now)
     if group.error is None and group.running >= config.nodes:
-        return Decision(STAY, f"{active.label}: {group.running} machine(s) running")
+        return _hung(config, record, run, group, now, active, launch_failed) or Decision(
+            STAY, f"{active.label}: {group.running} machine(s) running")
     since = last_sign(run, record, group)
     if since is None:
         return Decision(STAY, f"{active.label}: no machine yet and no failed launch" if group.error is None else

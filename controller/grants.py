@@ -39,9 +39,10 @@ GCP_PERMISSIONS = (
 )
 GCP_GROUP_PERMISSIONS = GCP_PERMISSIONS[:3]
 # The only objects the controller writes, relative to the run folder.
-# The record and its events; the run's deadline when no machine has written it yet, and TIMED_OUT when
-# the deadline passed with no machine to end the run (controller/tick.py).
-WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT)
+# The record and its events; the run's deadline when no machine has written it yet, TIMED_OUT when
+# the deadline passed with no machine to end the run, CANCELLED when a stop no trainer heeds was asked
+# (controller/tick.py).
+WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT, layout.CANCELLED)
 
 
 def aws_policy(*, bucket: str, run_id: str, groups: list[tuple[str, str]], nodes: int, account_id: str,

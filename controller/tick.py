@@ -5,6 +5,9 @@ group, asks :func:`controller.decide.decide`, and acts:
 
 - a move recorded but not carried out (its tick stopped between steps) is finished first;
 - ``finish``: every group not at zero goes to zero;
+- a ``STOP`` no trainer heeds (none holds the lease, or nothing progressed for ``STOP_GRACE_S`` since
+  it was asked): ``CANCELLED`` is written, the controller's (``instance``: controller), and every
+  group goes to zero: a stop asked is a stop, with or without a machine;
 - ``time_up`` (the run's deadline passed, no end marker): ``TIMED_OUT`` is written, as a
   machine's finish path writes it, and every group goes to zero. The deadline is the run
   folder's ``deadline`` file; a tick that finds none (no machine has booted yet) writes it from
@@ -15,6 +18,8 @@ group, asks :func:`controller.decide.decide`, and acts:
   (3) the next placement's group to ``nodes``, (4) one ``moved`` event, then the move is
   marked done. Every step is idempotent, so a tick that stops anywhere leaves a state the
   next one finishes;
+- ``replace`` (all the run's machines up, no progress for ``HUNG_S``): recorded in ``placement.json``
+  (``hung``, a conditional write), then the active group is cycled: to zero and back to ``nodes``;
 - otherwise every placement but the active one is kept at zero, and the active group is put back
   to ``nodes`` when it stands below (:func:`controller.decide.decide`'s ``size``). A run that cannot
   train anywhere now (``stuck``) gets a ``waiting`` event with the reason among the placement
@@ -37,6 +42,7 @@ under it does not size its new group up.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -49,6 +55,7 @@ from controller.decide import (
     FINISH,
     LAUNCH_MARGIN_S,
     MOVE,
+    REPLACE,
     STAY,
     TIME_UP,
     Decision,
@@ -66,6 +73,9 @@ from runfolder.storage import NotFound, PreconditionFailed, Store, open_store
 
 # Who wrote an end marker the controller wrote (the ``instance`` field, a machine's id otherwise).
 CONTROLLER_INSTANCE = "controller"
+# A stop asked this long ago, with no progress since, is one the trainer holding the lease does not heed (it
+# hangs): a trainer sees STOP within a step and commits (a checkpoint's upload fits well inside).
+STOP_GRACE_S = 30 * 60
 
 
 @dataclass
@@ -93,9 +103,14 @@ def read_run(store: Store) -> RunView:
     ended = next((name for name in layout.END_MARKERS if store.exists(name)), None)
     signs = []
     attempts = 0
+    finishing, progress_at = False, None
     try:
         progress = json.loads(store.get_bytes(layout.PROGRESS_KEY))
-        signs.append(epoch_of(progress.get("updated")) if isinstance(progress, dict) else None)
+        if isinstance(progress, dict):
+            progress_at = epoch_of(progress.get("updated"))
+            signs.append(progress_at)
+            step, total = progress.get("step"), progress.get("total")
+            finishing = isinstance(step, int) and isinstance(total, int) and 0 < total <= step
     except (NotFound, ValueError):
         pass
     try:
@@ -121,7 +136,8 @@ def read_run(store: Store) -> RunView:
             steps.append(found[0])
     heartbeat = max((s for s in signs if s is not None), default=None)
     return RunView(ended=ended, heartbeat=heartbeat, lease_until=lease_until, step=max(steps, default=None),
-                   stop=store.exists(layout.STOP_KEY), deadline=read_deadline(store), attempts=attempts)
+                   stop=store.exists(layout.STOP_KEY), deadline=read_deadline(store), attempts=attempts,
+                   finishing=finishing, progress_at=progress_at)
 
 
 def read_deadline(store: Store) -> float | None:
@@ -144,16 +160,60 @@ def ensure_deadline(config: Config, store: Store, run: RunView, now: float) -> R
     return RunView(**{**asdict(run), "deadline": deadline})
 
 
+def write_end(store: Store, outcome: str, reason: str, run: RunView, now: float,
+              instance: str = CONTROLLER_INSTANCE) -> bool:
+    """Write the end marker ``outcome`` (create-if-absent, unless any end marker is there), as a machine's
+    finish path writes it: ``instance`` names who ended the run; the step is the newest committed one.
+    True if this call wrote it."""
+    if any(store.exists(name) for name in layout.END_MARKERS):
+        return False
+    body = {"outcome": outcome, layout.MARKER_REASON: reason, "instance": instance, layout.TIME: iso(now),
+            layout.MARKER_STEP: -1 if run.step is None else run.step, layout.MARKER_ATTEMPTS: run.attempts}
+    try:
+        store.put_bytes_if(outcome, (json.dumps(body) + "\n").encode(), version=None)
+    except PreconditionFailed:  # a machine's finish path wrote it meanwhile
+        return False
+    return True
+
+
 def end_timed_out(config: Config, clouds, store: Store, run: RunView, reason: str, now: float) -> TickResult:
     """Write ``TIMED_OUT`` (unless an end marker is there), as a machine's finish path does, and put
     every group to zero."""
     result = TickResult(TIME_UP, f"{reason}: the controller ended it {layout.TIMED_OUT}; every group at zero")
-    if not any(store.exists(name) for name in layout.END_MARKERS):
-        body = {"outcome": layout.TIMED_OUT, layout.MARKER_REASON: reason, "instance": CONTROLLER_INSTANCE,
-                layout.TIME: iso(now), layout.MARKER_STEP: -1 if run.step is None else run.step,
-                layout.MARKER_ATTEMPTS: run.attempts}
-        with contextlib.suppress(PreconditionFailed):  # a machine's finish path wrote it meanwhile
-            store.put_bytes_if(layout.TIMED_OUT, (json.dumps(body) + "\n").encode(), version=None)
+    write_end(store, layout.TIMED_OUT, reason, run, now)
+    _zero(clouds, config.placements, result.resized, result.errors)
+    return result
+
+
+def stop_unheeded(store: Store, run: RunView, now: float) -> str | None:
+    """Why a run asked to stop must be ended by whoever sees it (the controller, ``ops stop``), or None while
+    a trainer may still heed it: no trainer holds the run's lease (none trains), or the request is older
+    than ``STOP_GRACE_S`` and nothing has progressed since (one that holds it and hangs)."""
+    if not run.stop:
+        return None
+    held = lease_gone(store, now)
+    if held is None:
+        return "a stop was asked and no machine is training: ended without one"
+    asked = stop_asked_at(store)
+    if asked is not None and now - asked >= STOP_GRACE_S and (run.progress_at is None or run.progress_at < asked):
+        return (f"a stop was asked at {iso(asked)} and nothing has progressed since ({held}): ended without "
+                "the trainer")
+    return None
+
+
+def stop_asked_at(store: Store) -> float | None:
+    """When ``STOP`` was asked (its ``requested`` stamp), None when it does not say."""
+    try:
+        doc = json.loads(store.get_bytes(layout.STOP_KEY))
+    except (NotFound, ValueError):
+        return None
+    return epoch_of(doc.get("requested")) if isinstance(doc, dict) else None
+
+
+def end_stopped(config: Config, clouds, store: Store, run: RunView, reason: str, now: float) -> TickResult:
+    """End a run whose stop no trainer heeds: ``CANCELLED`` (the controller's), every group to zero."""
+    result = TickResult(FINISH, f"{reason}: the controller ended it {layout.CANCELLED}; every group at zero")
+    write_end(store, layout.CANCELLED, reason, run, now)
     _zero(clouds, config.placements, result.resized, result.errors)
     return result
 
@@ -263,7 +323,8 @@ def start_move(config: Config, store: Store, rec: Record, version: str | None, t
     failed_at = dict(rec.failed_at)
     if failed:
         failed_at[str(rec.active)] = round(now, 3)
-    new = Record(active=to, since=iso(now), moves=[*rec.moves, move], failed_at=failed_at, broken=rec.broken)
+    new = Record(active=to, since=iso(now), moves=[*rec.moves, move], failed_at=failed_at, broken=rec.broken,
+                 hung=rec.hung, seen={k: v for k, v in rec.seen.items() if k != str(to)})
     return new, records.write(store, new, version)
 
 
@@ -340,6 +401,10 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None,
     clock = clock or (lambda: now)
     watched = Watched(clouds)
     result = _tick(config, watched, store, now, clock)
+    for p in config.placements:  # every group is called each tick (a move under way may touch only two)
+        if p.index not in watched.answered and p.index not in watched.failed:
+            with contextlib.suppress(CloudError):
+                watched.desired(p)
     _note_health(config, watched, store, now)
     if result.errors:
         error = CloudError("; ".join(result.errors))
@@ -357,6 +422,9 @@ def _tick(config: Config, clouds: Watched, store: Store, now: float, clock: Call
     run = ensure_deadline(config, store, run, now)
     if run.deadline is not None and now >= run.deadline:
         return end_timed_out(config, clouds, store, run, time_up_reason(run.deadline), now)
+    unheeded = stop_unheeded(store, run, now)
+    if unheeded is not None:
+        return end_stopped(config, clouds, store, run, unheeded, now)
     rec, version = records.read(store)
     clouds.maybe_broken = bool(rec.broken)
     if rec.pending:
@@ -370,6 +438,7 @@ def _tick(config: Config, clouds: Watched, store: Store, now: float, clock: Call
         group = clouds.state(active)
     except CloudError as e:
         group = GroupState(running=0, desired=None, error=str(e))
+    group, rec, version = _seen(store, rec, version, group, now)
     decision: Decision = decide(config, rec, run, group, now, _launch_failed(config, clouds, rec, run, group, now))
     if decision.action == MOVE:
         try:
@@ -378,6 +447,8 @@ def _tick(config: Config, clouds: Watched, store: Store, now: float, clock: Call
         except PreconditionFailed:
             return TickResult(STAY, f"another tick changed {layout.PLACEMENT_KEY} first: it moves the run")
         return finish_move(config, clouds, store, rec, version, now, run, clock, contain=True)
+    if decision.action == REPLACE:
+        return _replace(config, clouds, store, rec, version, run, decision, now, clock)
     result = TickResult(decision.action, decision.reason)
     if group.error is not None:
         result.errors.append(group.error)
@@ -396,12 +467,60 @@ def _tick(config: Config, clouds: Watched, store: Store, now: float, clock: Call
     return result
 
 
+def _seen(store: Store, rec: Record, version: str | None, group: GroupState, now: float
+          ) -> tuple[GroupState, Record, str | None]:
+    """``group`` with ``launched`` no earlier than when a tick first saw its running machines as they are now
+    (``placement.json``'s ``seen``, written when they change: a conditional write, left to the next tick
+    when another writer came first), and the record and version as they are after it."""
+    if group.error is not None or not group.machines:
+        return group, rec, version
+    key, ids = str(rec.active), list(group.machines)
+    seen = rec.seen.get(key) or {}
+    at = seen.get("at") if seen.get("ids") == ids and isinstance(seen.get("at"), int | float) else None
+    if at is None:
+        at = now
+        new = dataclasses.replace(rec, seen={**rec.seen, key: {"ids": ids, "at": round(now, 3)}})
+        with contextlib.suppress(PreconditionFailed):
+            version = records.write(store, new, version)
+            rec = new
+    launched = max(t for t in (group.launched, at) if t is not None)
+    return dataclasses.replace(group, launched=launched), rec, version
+
+
+def _replace(config: Config, clouds: Watched, store: Store, rec: Record, version: str | None, run: RunView,
+             decision: Decision, now: float, clock: Callable[[], float]) -> TickResult:
+    """Cycle the active group (to zero, then back to ``nodes``): its machines, up without progress, are
+    replaced by fresh ones. Recorded first (a conditional write: of two ticks at once, one replaces)."""
+    key = str(rec.active)
+    rec.hung = {**rec.hung, key: [*rec.hung.get(key, [])[-4:], round(now, 3)]}
+    result = TickResult(REPLACE, decision.reason)
+    try:
+        version = records.write(store, rec, version)
+    except PreconditionFailed:
+        result.action, result.reason = STAY, f"another writer changed {layout.PLACEMENT_KEY} first: the next tick decides"
+        return result
+    if current_record(store, version) is None:
+        result.action = STAY
+        result.reason = f"{layout.PLACEMENT_KEY} changed (a move) or the run ended meanwhile: the next tick acts on it"
+        return result
+    active = config.placements[rec.active]
+    _zero(clouds, [p for p in config.placements if p.index != rec.active], result.resized, result.errors)
+    _contained(result.errors, _resize, clouds, active, 0, result.resized)
+    if active.index not in clouds.failed and may_launch(run, clock()):
+        _contained(result.errors, _resize, clouds, active, config.nodes, result.resized)
+    if decision.stuck is not None:
+        records.note_waiting(store, {layout.EVENT: layout.CONTROLLER_WAITING, layout.TIME: iso(now),
+                                     layout.ATTEMPT: None, "reason": decision.reason, "placement": active.label,
+                                     "key": decision.stuck})
+    return result
+
+
 def _launch_failed(config: Config, clouds: Watched, rec: Record, run: RunView, group: GroupState,
                    now: float) -> dict[int, float] | None:
     """Each other placement's newest launch failure another placement could fix, within ``2 × wait_minutes``
     (its group's own activity): read only when the active placement may be left (no machine trains there)."""
-    if len(config.placements) < 3 or (group.error is None and group.running >= config.nodes):
-        return None  # with two placements there is no choice to weigh
+    if group.error is None and group.running >= config.nodes:
+        return None  # the run stays: nothing to weigh
     out: dict[int, float] = {}
     for p in config.placements:
         if p.index == rec.active or is_broken(rec, p.index, now):

@@ -70,8 +70,9 @@ READ_GROUP_ACTIONS = ["autoscaling:DescribeAutoScalingGroups", "autoscaling:Desc
 SIZE_GROUP_ACTIONS = ["autoscaling:UpdateAutoScalingGroup"]
 # The only objects the controller writes, relative to the run folder.
 # The record and its events; the run's deadline when no machine has written it yet, and TIMED_OUT when
-# the deadline passed with no machine to end the run (controller/tick.py).
-WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT)
+# the deadline passed with no machine to end the run, CANCELLED when a stop no trainer heeds was asked
+# (controller/tick.py).
+WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT, layout.CANCELLED)
 
 
 def function_name(name: str) -> str:

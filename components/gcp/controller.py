@@ -40,8 +40,9 @@ MEMORY = "256Mi"
 GROUP_PERMISSIONS = ["compute.instanceGroupManagers.get", "compute.instanceGroupManagers.list",
                      "compute.instanceGroupManagers.update"]
 # The only objects the controller writes, relative to the run folder: the record and its events; the run's deadline when no machine has written it yet, and TIMED_OUT when
-# the deadline passed with no machine to end the run (controller/tick.py).
-WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT)
+# the deadline passed with no machine to end the run, CANCELLED when a stop no trainer heeds was asked
+# (controller/tick.py).
+WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT, layout.CANCELLED)
 # What building the function needs, as its own account (Google's "build service account" page for Cloud Run
 # functions: Logs Writer, Artifact Registry Writer, and storage for the source), each on the narrowest resource
 # that takes a grant: build logs are written project-wide; the image goes to Cloud Functions' own repository

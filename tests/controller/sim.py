@@ -33,7 +33,13 @@ it, stand-ins run on a virtual clock, driven by one seeded random generator:
   a hard kill leaves the lease to expire (a machine is taken about once an hour, and about half of a
   placement's machines get their notice when its capacity goes). A peer lost stops the chief's
   training until the group has ``nodes`` machines again. Each placement's cloud (AWS or GCP) is
-  drawn per schedule, for its notice.
+  drawn per schedule, for its notice. The silences that are no hang: in some schedules boots take
+  5-15 min, a chief stages for up to 20 min after it takes the lease (once a machine), and the export
+  after the last step takes up to 30 min (progress.json says step = total). In some schedules 5-10 %
+  of machines hang: a bootstrap that never ends (up, never a peer) or a trainer that hangs (it keeps
+  the lease, renewed by its own thread, and never progresses; its peers with it); spot takes a hung
+  machine back only once in four hours. The groups report no launch time (as a managed instance
+  group does): the controller counts from when it first saw a machine.
 - **the scheduler**: a tick each minute (a few seconds late at random); a tick that raises is
   retried 1 and 2 minutes later (Lambda's asynchronous retries; per schedule, on or off); some
   ticks are slow (overlapping the next ones and ``ops move``).
@@ -64,6 +70,10 @@ Invariants, checked after every event (:meth:`Sim.check`) and at the end (:meth:
    without training are reported per schedule.
 8. A placement whose API has refused every call for :meth:`Sim.broken_bound` is named in a
    ``waiting`` event written since, and no move to it stays under way that long.
+9. The controller replaces (cycles) a group only where one of its machines hung; a machine booting
+   (5-15 min), staging, waiting for its peers or exporting is never replaced.
+10. A stop asked is a stop: the run has an end marker within :meth:`Sim.stop_bound`, whether a machine
+    trains or not (the trainer's ``CANCELLED``, or the controller's).
 
 What the stand-ins leave out, and where that matters:
 
@@ -76,8 +86,7 @@ What the stand-ins leave out, and where that matters:
 - The trainer is a counter: no TensorFlow, no data, no evaluation; a commit is one small file.
   Rendezvous of several machines is "``nodes`` machines up in the group"; a worker's own
   failures, the bootstrap's retries and the relaunch loop of ``finish.sh`` are not modelled.
-- ``ops stop`` while no machine trains leaves the run to its deadline (the trainer writes
-  ``CANCELLED``); invariant 4 does not count a run with ``STOP``.
+- Invariant 4 does not count a run with ``STOP`` (invariant 10 does).
 
 ``python -m tests.controller.sim --schedules 2000`` runs schedules 0..1999 and prints the figures;
 a failing schedule prints its seed, and ``--seed N --trace`` replays it event by event.
@@ -93,6 +102,7 @@ import heapq
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -129,8 +139,10 @@ START = 1_800_000_000.0  # the virtual clock's zero (an epoch second: time stamp
 # "liveness" leaves an active group below nodes; "cap" gives the controller no deadline.
 # The others break what the invariants guard, to show each can fail: "others" leaves the non-active
 # groups up (7), "restart" resumes below the newest committed step (2), "twice" writes a move's moved
-# event again (6), "broken" keeps no count of a placement whose API fails at every tick (8).
-PLANTS = ("stale", "order", "liveness", "cap", "others", "restart", "twice", "broken")
+# event again (6), "broken" keeps no count of a placement whose API fails at every tick (8), "hung" never
+# replaces a machine that is up and makes no progress (7), "eager" replaces after 10 min without
+# progress: machines still booting, staging or exporting (9), "stop" leaves a stop no trainer heeds (10).
+PLANTS = ("stale", "order", "liveness", "cap", "others", "restart", "twice", "broken", "hung", "eager", "stop")
 
 
 class Unavailable(Exception):  # noqa: N818 - the store's word for it (HTTP 503)
@@ -231,6 +243,8 @@ class Group:
     launching: list[float] = field(default_factory=list)  # when each launch in flight completes
     failures: list[LaunchFailure] = field(default_factory=list)
     next_try: float = 0.0
+    hung_seen_at: float | None = None  # the last time one of its machines was up and hung
+    joined_at: float = 0.0  # when its newest machine came up
     backoff: float = 60.0
 
     def __repr__(self) -> str:
@@ -250,7 +264,9 @@ class SimClouds:
     def state(self, p) -> GroupState:
         self.sim.cloud_op(p.index)
         g = self.sim.groups[p.index]
-        return GroupState(running=len(g.machines), desired=g.desired, failures=tuple(g.failures))
+        # No launch time, as a managed instance group says none: the tick counts from when it saw the machines.
+        return GroupState(running=len(g.machines), desired=g.desired, failures=tuple(g.failures),
+                          machines=tuple(sorted(m.name for m in g.machines)))
 
     def set_size(self, p, n: int) -> None:
         self.sim.cloud_op(p.index)
@@ -275,6 +291,9 @@ class Machine:
     training: bool = False
     noticed: bool = False
     booted: bool = False
+    hang: str | None = None  # "boot": its bootstrap never ends; "train": its trainer (or collective) hangs
+    staging_until: float | None = None  # the attempt's start: staging, restore (no progress, by design)
+    exporting_until: float | None = None  # after the last step: the final commit and export (no progress)
     gone_at: float | None = None
     idle_s: float = 0.0  # up without training, this stretch
 
@@ -316,6 +335,11 @@ class Sim:
         self.nodes = r.choice((1, 1, 2, 3))
         self.wait_minutes = r.choice((2, 3, 5, 10))
         self.cap_s = r.choice((90, 120, 150, 180)) * 60
+        # Machines that never train (a bootstrap that never ends, a hung collective); their runs are longer, so
+        # that the controller's bound (HUNG_S) is reached inside them.
+        self.phung = r.choice((0.0, 0.0, 0.0, 0.05, 0.1))
+        if self.phung:
+            self.cap_s = r.choice((240, 300)) * 60
         self.target_steps = STEPS_PER_MIN * r.randint(20, 200)
         self.commit_every = r.choice((3, 5, 10)) * 60.0
         self.p503 = r.choice((0.0, 0.002, 0.01, 0.03))
@@ -368,6 +392,10 @@ class Sim:
         self.ticks = 0
         self.tick_failures = 0
         self.end = START + self.cap_s + 40 * 60
+        # The silences that are no hang: a boot of 5-15 minutes, the attempt's start (staging), the export.
+        self.boot_s = r.choice(((30.0, 120.0), (30.0, 120.0), (300.0, 900.0)))
+        self.stage_s = r.choice((0.0, 0.0, 600.0, 1200.0))
+        self.export_s = r.choice((0.0, 0.0, 600.0, 1800.0))
 
     # -- the event loop ------------------------------------------------------------------------
 
@@ -380,7 +408,7 @@ class Sim:
             t, _, fn, args = heapq.heappop(self.heap)
             self.now = max(self.now, t)
             if self.trace:
-                print(f"{self.now - START:9.1f} {'  ' * self.depth}{fn.__name__}{args}")
+                print(f"{self.now - START:9.1f} {'  ' * self.depth}{fn.__name__}{shown(args)}")
             fn(*args)
             self.events += 1
             self.check()
@@ -465,7 +493,12 @@ class Sim:
         elif who.startswith("tick") and self.ended_at is None and self.store.peek(layout.STOP_KEY) is None:
             rec = self.record()
             if rec.active == index and self.now < self.deadline_or_cap() and not self.any_marker():
-                self.fail(3, f"{who} zeroed group {index}, the active placement of the current record")
+                replaced = rec.hung.get(str(index), [])
+                if not replaced or self.now - replaced[-1] > 200:
+                    self.fail(3, f"{who} zeroed group {index}, the active placement of the current record")
+                if g.hung_seen_at is None or self.now - g.hung_seen_at > 600:
+                    self.fail(9, f"{who} replaced the machines of group {index}, none of which hung: "
+                                 f"{g.machines}")
         self.sizes.append((self.now, index, n, who))
         if self.trace:
             print(f"{self.now - START:9.1f} {'  ' * self.depth}  {who}: group {index} -> {n}")
@@ -528,10 +561,13 @@ class Sim:
                 self.count += 1
                 m = Machine(f"m{self.count}-p{g.index}", g, up_at=self.now)
                 g.machines.append(m)
+                g.joined_at = self.now
                 self.machines.append(m)
                 g.failures.clear()  # a success: the failures since the last one are gone
                 g.backoff = 60.0
-                self.at(self.now + self.rng.uniform(30, 120), self.boot, m)
+                if self.phung and self.rng.random() < self.phung:
+                    m.hang = self.rng.choice(("boot", "train"))
+                self.at(self.now + self.rng.uniform(*self.boot_s), self.boot, m)
                 self.plan_preemption(m)
             self.reconcile(g)
             if len(g.machines) + len(g.launching) < g.desired and self.now >= g.next_try:
@@ -554,13 +590,15 @@ class Sim:
 
     def plan_preemption(self, m: Machine) -> None:
         r = self.rng
-        when = self.now + r.expovariate(1 / 3600)
+        # A hung machine is taken back as rarely as the capacity of a calm region allows (once in 4 hours):
+        # what stops its bill is the controller, not luck.
+        when = self.now + r.expovariate(1 / (4 * 3600 if m.hang else 3600))
         self.at(when, self.spot_notice if r.random() < 0.7 else self.hard_kill, m)
 
     def boot(self, m: Machine) -> None:
         """The supervisor's first steps: the run's deadline (written at the first boot), then its loop."""
-        if not m.alive:
-            return
+        if not m.alive or m.hang == "boot":
+            return  # a bootstrap that never ends: up, billed, never a peer
         m.booted = True
         with self.acting(Actor(m.name)), contextlib.suppress(Unavailable):
             if not self.store.exists(layout.DEADLINE_KEY):
@@ -591,7 +629,7 @@ class Sim:
         if peers[0] is not m:
             return  # not the chief: it trains while the chief does
         if len(peers) < self.nodes:
-            if m.training:
+            if m.training or m.lease is not None:
                 self.stop_training(m, release=True)  # a peer lost: the trainer exits, the supervisor waits
             return
         if m.lease is None:
@@ -609,7 +647,23 @@ class Sim:
             self.store.append_line(layout.EVENTS_KEY, json.dumps(
                 {layout.EVENT: layout.STARTED, layout.TIME: iso(self.now), layout.ATTEMPT: 1}))
             self.at(self.now + m.lease.ttl_s / 4, self.renew, m, m.lease)
-            self.set_training(m, True)
+            if self.stage_s and m.staging_until is None:  # once a machine: a restarted trainer finds its data
+                m.staging_until = self.now + self.rng.uniform(0, self.stage_s)
+            if m.staging_until is not None and self.now < m.staging_until:
+                return
+            if not any(x.hang == "train" for x in peers):
+                self.set_training(m, True)
+            return
+        if any(x.hang == "train" for x in peers):
+            if m.training:
+                self.stop_training(m, keep=True)
+            return  # a hung trainer or collective: the lease is renewed (its own thread), nothing trains
+        if m.staging_until is not None and self.now < m.staging_until:
+            return
+        if m.exporting_until is not None:
+            if self.now >= m.exporting_until:
+                self.store.put_bytes(layout.COMPLETE, json.dumps({"step": m.step}).encode())
+                self.finish_machine(m, None)
             return
         try:
             m.lease.check()
@@ -618,7 +672,8 @@ class Sim:
             return
         self.set_training(m, True)
         m.step += STEPS_PER_MIN
-        self.store.put_bytes(layout.PROGRESS_KEY, json.dumps({"step": m.step, "updated": iso(self.now)}).encode())
+        self.store.put_bytes(layout.PROGRESS_KEY, json.dumps(
+            {"step": m.step, "total": self.target_steps, "updated": iso(self.now)}).encode())
         if self.store.exists(layout.STOP_KEY):
             if self.commit(m):
                 self.store.put_bytes(layout.CANCELLED, json.dumps({"step": m.step}).encode())
@@ -626,6 +681,10 @@ class Sim:
             return
         if m.step >= self.target_steps:
             if self.commit(m):
+                if self.export_s:
+                    m.exporting_until = self.now + self.rng.uniform(0, self.export_s)
+                    self.stop_training(m, keep=True)
+                    return
                 self.store.put_bytes(layout.COMPLETE, json.dumps({"step": m.step}).encode())
                 self.finish_machine(m, None)
             return
@@ -661,15 +720,18 @@ class Sim:
         if on and self.training_since is None:
             self.training_since = self.now
 
-    def stop_training(self, m: Machine, *, release: bool = False) -> None:
-        """The trainer exits: its lease goes with it (released when it can say so, else left to expire)."""
+    def stop_training(self, m: Machine, *, release: bool = False, keep: bool = False) -> None:
+        """The trainer exits: its lease goes with it (released when it can say so, else left to expire);
+        ``keep``: its training ends, and it keeps the lease to export."""
         if m.training:
             self.last_training = self.now
         m.training = False
-        if release and m.lease is not None:
-            with contextlib.suppress(Unavailable):
-                m.lease.release()
-        m.lease, m.ckpt = None, None
+        if not keep:
+            if release and m.lease is not None:
+                with contextlib.suppress(Unavailable):
+                    m.lease.release()
+            m.lease, m.ckpt = None, None
+            m.exporting_until = None
         if not any(x.training for x in self.machines):
             self.training_since = None
 
@@ -761,7 +823,8 @@ class Sim:
     def operator_stop(self) -> None:
         with self.acting(Actor("ops stop")), contextlib.suppress(Unavailable):
             if self.any_marker() is None:
-                self.store.put_bytes(layout.STOP_KEY, json.dumps({"reason": "asked by sim (ops stop)"}).encode())
+                self.store.put_bytes(layout.STOP_KEY, json.dumps(
+                    {"requested": iso(self.now), "reason": "asked by sim (ops stop)"}).encode())
                 self.stop_at = self.now if self.stop_at is None else self.stop_at
 
     # -- invariants -----------------------------------------------------------------------------
@@ -772,14 +835,25 @@ class Sim:
     def liveness_bound(self) -> float:
         """No training for longer than this, while some placement can launch, is a run waiting in vain:
         each other placement's wait and its failed-placement pause, the old lease, a launch, a boot,
-        the nodes' joining and three ticks (slow ones included)."""
+        the nodes' joining, the attempt's start (twice: a chief lost while it stages), three ticks (slow
+        ones included) and, where machines hang, the controller's bound for them."""
         return (self.nplacements * (2 * self.config.wait_s + 3 * TICK_S) + DEFAULT_TTL_S + CLOCK_SKEW_S
-                + 2 * 300 + 240 + 120 + 3 * TICK_S + 2 * 150)
+                + 2 * 300 + 240 + self.boot_s[1] + 2 * self.stage_s + 3 * TICK_S + 2 * 150 + self.hung_allowance())
 
-    def idle_bound(self) -> float:
-        """A machine up this long without training is billed for nothing: a boot, the wait for a move
-        (or the lease of the machine before), a peer's launch, ticks."""
-        return 120 + self.config.wait_s + 2 * 300 + 240 + DEFAULT_TTL_S + CLOCK_SKEW_S + 4 * TICK_S + 2 * 150
+    def hung_allowance(self) -> float:
+        """Where machines hang: the controller's bound, the cycle's ticks, the fresh machine's boot (twice:
+        the placement's first replacement, then a move away)."""
+        return 2 * (decides.HUNG_S + 3 * TICK_S + self.boot_s[1] + 240) if self.phung else 0.0
+
+    def idle_bound(self, m: Machine | None = None) -> float:
+        """A machine up this long without training is billed for nothing: its boot and its peers' (one
+        each, a peer taken meanwhile), the wait for a move (or the lease of the machine before), a peer's
+        launch, ticks; where its group had a machine that
+        hung, the controller's bound for that too."""
+        hung = m is not None and m.group.hung_seen_at is not None and self.now - m.group.hung_seen_at < 2 * 3600
+        base = (self.nodes * self.boot_s[1] + self.config.wait_s + 2 * 300 + 240 + DEFAULT_TTL_S + CLOCK_SKEW_S
+                + 4 * TICK_S + 2 * 150)
+        return max(base, decides.HUNG_S + 6 * TICK_S + 2 * 150) if hung else base
 
     def check(self) -> None:
         valid = [m for m in self.machines if m.alive and m.training and m.lease is not None and m.lease.lost is None
@@ -803,6 +877,15 @@ class Sim:
         self.check_liveness()
         self.check_moves()
         self.check_broken()
+        if self.stop_at is not None and marker is None and self.now - self.stop_at > self.stop_bound():
+            self.fail(10, f"a stop asked at {self.stop_at - START:.0f} s has not ended the run")
+
+    def stop_bound(self) -> float:
+        """A stop ends the run within this: the trainer's next step and commit, the attempt's start (a chief
+        that stages sees it after), or the controller's grace for a trainer that holds the lease and hangs; the
+        lease's expiry and ticks (slow ones, retried ones)."""
+        return (max(ticks.STOP_GRACE_S, self.stage_s) + DEFAULT_TTL_S + CLOCK_SKEW_S + 5 * TICK_S + 2 * 150
+                + self.commit_every)
 
     def check_broken(self) -> None:
         for i, span in enumerate(self.broken):
@@ -873,7 +956,9 @@ class Sim:
         idle = self.idle_s
         return {"seed": self.seed, "ended": self.any_marker(), "moves": len(rec.moves), "machines": self.count,
                 "idle_machine_min": round(idle / 60, 1), "ticks": self.ticks, "tick_failures": self.tick_failures,
-                "events": self.events, "nodes": self.nodes, "placements": self.nplacements}
+                "events": self.events, "nodes": self.nodes, "placements": self.nplacements,
+                "replaced": sum(len(v) for v in rec.hung.values()),
+                "hung": sum(1 for m in self.machines if m.hang is not None)}
 
     # -- one schedule ---------------------------------------------------------------------------
 
@@ -905,10 +990,13 @@ class Sim:
 
     def idle_meter(self) -> None:
         """Each 30 s, every machine up and not training (a non-chief trains while its chief does) is billed idle."""
-        trains = {m.group.index for m in self.machines if m.alive and m.training}
+        trains = {m.group.index for m in self.machines if m.alive and (
+            m.training or (m.staging_until or 0.0) > self.now or m.exporting_until is not None) and m.hang is None}
         for m in self.machines:
             if not m.alive:
                 continue
+            if m.hang is not None:
+                m.group.hung_seen_at = self.now
             if m.group.index in trains:
                 m.idle_s = 0.0
                 continue
@@ -916,11 +1004,16 @@ class Sim:
             self.idle_s += 30
             if self.broken_at(m.group.index, self.now):
                 m.idle_s = 0.0  # billed, and reported; no controller can reach its group to stop it
-            if m.idle_s > self.idle_bound() and any(self.clear_between(i, self.now - m.idle_s, self.now)
-                                                    for i in range(self.nplacements)):
-                # (Where no placement could have launched all the machines the run waits, said by invariant 4.)
-                self.fail(7, f"{m.name} has been up {m.idle_s / 60:.0f} min without training (bound "
-                             f"{self.idle_bound() / 60:.0f}); groups {[g.desired for g in self.groups]}, record "
+            hung = m.group.hung_seen_at is not None and self.now - m.group.hung_seen_at < 2 * 3600
+            # Where a machine hangs, the bound counts from the group's newest machine (a new peer is a new
+            # start for all: the controller gives it its boot); else from the machine's own idle stretch.
+            stretch = min(m.idle_s, self.now - m.group.joined_at) if hung else m.idle_s
+            if stretch > self.idle_bound(m) and (m.hang is not None or any(
+                    self.clear_between(i, self.now - m.idle_s, self.now) for i in range(self.nplacements))):
+                # (Where no placement could have launched all the machines the run waits, said by invariant 4;
+                # a machine that hangs is replaced whatever the capacity: its bill stops.)
+                self.fail(7, f"{m.name} has been up {stretch / 60:.0f} min without training (bound "
+                             f"{self.idle_bound(m) / 60:.0f}); groups {[g.desired for g in self.groups]}, record "
                              f"active {self.record().active}")
         self.at(self.now + 30, self.idle_meter)
 
@@ -942,7 +1035,7 @@ def planted(plant: str | None) -> Iterator[None]:
         raise ValueError(f"unknown plant {plant!r}; expected one of {', '.join(PLANTS)}")
     saved = (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
              RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize,
-             records.note_waiting, ticks._note_health)
+             records.note_waiting, ticks._note_health, decides._hung, decides.HUNG_S, ticks.stop_unheeded)
     try:
         if plant == "stale":  # size from the record the tick read first, whatever happened since
             ticks.current_record = _stale_record
@@ -969,11 +1062,25 @@ def planted(plant: str | None) -> Iterator[None]:
             records.append_moved_once = twice
         elif plant == "broken":  # a group's failures are raised, never counted: no placement is ever broken
             ticks._note_health = lambda *a, **k: None
+        elif plant == "hung":  # all the run's machines up: it stays, whatever their progress
+            decides._hung = lambda *a, **k: None
+        elif plant == "eager":
+            decides.HUNG_S = 10 * 60
+        elif plant == "stop":  # a stop waits for a trainer, whether one runs or not
+            ticks.stop_unheeded = lambda *a, **k: None
         yield
     finally:
         (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
          RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize,
-         records.note_waiting, ticks._note_health) = saved
+         records.note_waiting, ticks._note_health, decides._hung, decides.HUNG_S, ticks.stop_unheeded) = saved
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+
+
+def shown(args: tuple) -> str:
+    """An event's arguments as the trace prints them: no object's address (two replays print the same bytes)."""
+    return _ADDRESS.sub("", repr(args))
 
 
 def sim_config_placements(clouds) -> tuple:
@@ -1015,7 +1122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.schedules)
     t0 = time.process_time()
-    failed, idle, moves, ended = [], 0.0, 0, {}
+    failed, idle, moves, ended, hung, replaced = [], 0.0, 0, {}, 0, 0
     for seed in seeds:
         try:
             out = run_one(seed, plant=args.plant, trace=args.trace)
@@ -1026,6 +1133,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         idle += out["idle_machine_min"]
         moves += out["moves"]
+        hung += out["hung"]
+        replaced += out["replaced"]
         ended[out["ended"]] = ended.get(out["ended"], 0) + 1
         done = seed - seeds[0] + 1
         if args.every and done % args.every == 0:
@@ -1035,8 +1144,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(out))
     cpu = time.process_time() - t0
     n = len(seeds)
-    print(f"{n} schedules in {cpu:.1f} CPU-s ({n / cpu:.0f}/s): {n - len(failed)} hold every invariant; "
-          f"{moves} moves; ends {ended}; {idle / 60:.1f} idle machine-hours")
+    # A replay (--seed) prints no CPU time: two replays of one seed print the same bytes.
+    took = "" if args.seed is not None else f" in {cpu:.1f} CPU-s ({n / max(cpu, 1e-9):.0f}/s)"
+    print(f"{n} schedules{took}: {n - len(failed)} hold every invariant; "
+          f"{moves} moves; ends {ended}; {idle / 60:.1f} idle machine-hours; {hung} machines hung, "
+          f"{replaced} replacements")
     return 1 if failed else 0
 
 

@@ -43,7 +43,8 @@ def test_the_aws_function_may_read_its_run_write_its_own_objects_and_size_its_gr
         {"Sid": "ReadRunFolder", "Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws-cn:s3:::b-1/runs/r-7/*"},
         {"Sid": "WritePlacement", "Effect": "Allow", "Action": "s3:PutObject", "Resource": [
             "arn:aws-cn:s3:::b-1/runs/r-7/placement.json", "arn:aws-cn:s3:::b-1/runs/r-7/machine-events/placement.jsonl",
-            "arn:aws-cn:s3:::b-1/runs/r-7/deadline", "arn:aws-cn:s3:::b-1/runs/r-7/TIMED_OUT"]},
+            "arn:aws-cn:s3:::b-1/runs/r-7/deadline", "arn:aws-cn:s3:::b-1/runs/r-7/TIMED_OUT",
+            "arn:aws-cn:s3:::b-1/runs/r-7/CANCELLED"]},
         READ_GROUPS, SIZE_GROUPS]}
 
 
@@ -62,7 +63,8 @@ def test_the_role_a_gcp_home_assumes_in_aws_holds_the_groups_part_only():
 def test_the_gcp_groups_account_may_read_and_resize_groups_and_nothing_of_the_bucket():
     assert grants.GCP_GROUP_PERMISSIONS == ("compute.instanceGroupManagers.get", "compute.instanceGroupManagers.list",
                                             "compute.instanceGroupManagers.update")
-    assert grants.WRITES == (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT)
+    assert grants.WRITES == (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT,
+                             layout.CANCELLED)
 
 
 @pytest.fixture

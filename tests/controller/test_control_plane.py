@@ -319,3 +319,87 @@ def test_a_move_to_a_broken_placement_is_abandoned_and_the_run_moves_on_elsewher
     # The run, in a placement that cannot be reached, moves on after the wait; never back to 1.
     later = _tick_quietly(config, groups, store, NOW + 16 * 60)
     assert later.action == MOVE and later.move["to"] in (0, 2) and groups.sizes[config.placements[later.move["to"]].group] == 1
+
+
+def test_machines_up_without_progress_are_replaced_by_cycling_their_group_once(tmp_path):
+    from controller.decide import HUNG_S, REPLACE
+
+    config = _config(f"file://{tmp_path}", nodes=2)
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=NOW - 3 * HUNG_S)
+    records.write(store, records.Record(active=0, since=records.iso(NOW - 4 * HUNG_S),
+                                        seen={"0": {"ids": ["i-1", "i-2"], "at": NOW - 2 * HUNG_S}}), None)
+    groups = FakeGroups({"g0": 2, "g1": 0, "g2": 0},
+                        state=lambda p: GroupState(running=2, desired=2, machines=("i-1", "i-2")))
+
+    result = tick(config, groups, NOW, store=store)
+    again = tick(config, groups, NOW + 60, store=store)
+
+    assert result.action == REPLACE and "no progress" in result.reason
+    assert groups.calls == [("g0", 0), ("g0", 2)]  # to zero and back: fresh machines, within the grants
+    assert records.read(store)[0].hung == {"0": [NOW]}
+    assert again.action == STAY and groups.calls == [("g0", 0), ("g0", 2)]  # the replacement counts as a sign
+
+
+def test_machines_the_controller_has_not_seen_before_are_given_their_boot(tmp_path):
+    from controller.decide import HUNG_S
+
+    config = _config(f"file://{tmp_path}")
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=NOW - 3 * HUNG_S)  # the machine before hung, then was taken back
+    records.write(store, records.Record(active=0, since=records.iso(NOW - 4 * HUNG_S),
+                                        seen={"0": {"ids": ["i-old"], "at": NOW - 3 * HUNG_S}}), None)
+    groups = FakeGroups({"g0": 1, "g1": 0, "g2": 0},
+                        state=lambda p: GroupState(running=1, desired=1, machines=("i-new",)))
+
+    assert tick(config, groups, NOW, store=store).action == STAY
+    assert tick(config, groups, NOW + HUNG_S - 60, store=store).action == STAY  # still within its own bound
+    assert records.read(store)[0].seen["0"] == {"ids": ["i-new"], "at": NOW}
+    assert groups.calls == []
+
+
+def test_after_an_operators_move_the_controller_weighs_the_groups_own_failed_launches(tmp_path):
+    from controller.decide import MOVE, LaunchFailure
+
+    config = _config(f"file://{tmp_path}")
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=NOW - 30 * 60)
+    words = "We currently do not have sufficient g5.xlarge capacity in the Availability Zone you requested."
+    # The operator moved 0 -> 2 twenty minutes ago, away from 0's failing group: the record marks nothing failed.
+    records.write(store, records.Record(active=2, since=records.iso(NOW - 20 * 60), moves=[
+        {"from": 0, "to": 2, "reason": "asked: ops move", "step": 20, "time": records.iso(NOW - 20 * 60),
+         "done": True}]), None)
+    failed = {0: (LaunchFailure(NOW - 21 * 60, words),), 1: (), 2: (LaunchFailure(NOW - 60, words),)}
+    groups = FakeGroups({"g0": 0, "g1": 0, "g2": 1}, state=lambda p: GroupState(
+        running=0, desired=groups.sizes[p.group], failures=failed[p.index]))
+
+    result = tick(config, groups, NOW, store=store)
+
+    assert result.action == MOVE and result.move["to"] == 1  # not back to 0 as "never tried"
+    assert groups.sizes == {"g0": 0, "g1": 1, "g2": 0}
+
+
+@pytest.mark.parametrize(("lease_held", "asked_ago", "ends"), [
+    (False, 0, True),  # no trainer holds the lease: none trains, none would heed it
+    (True, 5 * 60, False),  # a trainer holds it: it sees STOP within a step and commits
+    (True, 31 * 60, True),  # it holds it and nothing progressed since the stop was asked: it hangs
+])
+def test_a_stop_no_trainer_heeds_is_ended_by_the_controller_with_every_group_at_zero(tmp_path, lease_held, asked_ago,
+                                                                                     ends):
+    from controller.decide import FINISH
+
+    config = _config(f"file://{tmp_path}")
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=NOW - 40 * 60, lease_released=not lease_held, lease_until=NOW + 60)
+    store.put_bytes(layout.STOP_KEY, json.dumps({"requested": records.iso(NOW - asked_ago)}).encode())
+    groups = _groups(config, [1, 0, 1])
+
+    result = tick(config, groups, NOW, store=store)
+
+    if not ends:
+        assert not store.exists(layout.CANCELLED) and result.action == STAY
+        return
+    marker = json.loads(store.get_bytes(layout.CANCELLED))
+    assert (result.action, marker["outcome"], marker["instance"], marker["step"]) == (
+        FINISH, layout.CANCELLED, "controller", 20)
+    assert "stop was asked" in marker["reason"] and groups.sizes == {"g0": 0, "g1": 0, "g2": 0}
