@@ -182,13 +182,16 @@ def _append_unless(store: Store, event: dict, there: Callable[[list[dict]], bool
     return None
 
 
-def note_waiting(store: Store, event: dict, *, tries: int = 4) -> bool:
+def note_waiting(store: Store, event: dict, *, tries: int = 4, after: float | None = None) -> bool:
     """Append the controller's ``waiting`` event unless the newest event already says the same (its
-    ``key``): what holds the run is written once, not each minute. True if this call wrote it."""
+    ``key``) since ``after`` (the run's newest sign of training): what holds the run is written once
+    per episode, not each minute, and again when it holds the run again later. True if this call wrote it."""
 
     def said(events: list[dict]) -> bool:
         last = events[-1] if events else {}
-        return last.get(layout.EVENT) == layout.CONTROLLER_WAITING and last.get("key") == event["key"]
+        when = epoch_of(last.get(layout.TIME))
+        return (last.get(layout.EVENT) == layout.CONTROLLER_WAITING and last.get("key") == event["key"]
+                and (after is None or (when is not None and when >= after)))
 
     return bool(_append_unless(store, event, said, tries))  # None: the next tick says it
 

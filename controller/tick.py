@@ -463,7 +463,7 @@ def _tick(config: Config, clouds: Watched, store: Store, now: float, clock: Call
     if decision.stuck is not None:  # said where `ops status` shows it: the run does not wait in silence
         records.note_waiting(store, {layout.EVENT: layout.CONTROLLER_WAITING, layout.TIME: iso(now),
                                      layout.ATTEMPT: None, "reason": decision.reason, "placement": active.label,
-                                     "key": decision.stuck})
+                                     "key": decision.stuck}, after=run.heartbeat)
     return result
 
 

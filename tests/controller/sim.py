@@ -35,14 +35,17 @@ it, stand-ins run on a virtual clock, driven by one seeded random generator:
   training until the group has ``nodes`` machines again. Each placement's cloud (AWS or GCP) is
   drawn per schedule, for its notice. The silences that are no hang: in some schedules boots take
   5-15 min, a chief stages for up to 20 min after it takes the lease (once a machine), and the export
-  after the last step takes up to 30 min (progress.json says step = total). In some schedules 5-10 %
-  of machines hang: a bootstrap that never ends (up, never a peer) or a trainer that hangs (it keeps
+  after the last step takes up to 30 min (progress.json says step = total). In a quarter of the schedules
+  (3-4 hours long) 10 % of machines hang: a bootstrap that never ends (up, never a peer) or a trainer that hangs (it keeps
   the lease, renewed by its own thread, and never progresses; its peers with it); spot takes a hung
   machine back only once in four hours. The groups report no launch time (as a managed instance
   group does): the controller counts from when it first saw a machine.
 - **the scheduler**: a tick each minute (a few seconds late at random); a tick that raises is
   retried 1 and 2 minutes later (Lambda's asynchronous retries; per schedule, on or off); some
-  ticks are slow (overlapping the next ones and ``ops move``).
+  ticks are slow (overlapping the next ones and ``ops move``); in some schedules it misses 30-45 min
+  of ticks. The store goes down for 2-10 min in some; ``finish.sh``'s scale-down fails in some (half
+  or all of the time); the cap action comes 5 min late or not at all in some; a started event is
+  followed by a line cut short in some.
 - **the operator**: ``ops move`` to a random placement and ``ops stop`` at random times, and the
   active group put to 0 from outside the controller (by hand, or a machine's finish path whose end
   marker could not be written: ``finish.sh`` scales the group down all the same).
@@ -74,6 +77,10 @@ Invariants, checked after every event (:meth:`Sim.check`) and at the end (:meth:
    (5-15 min), staging, waiting for its peers or exporting is never replaced.
 10. A stop asked is a stop: the run has an end marker within :meth:`Sim.stop_bound`, whether a machine
     trains or not (the trainer's ``CANCELLED``, or the controller's).
+11. No group is sized up inside the launch margin (``LAUNCH_MARGIN_S`` before the deadline).
+
+Where the machines' finish path could not scale their group down, invariant 3 is the controller's own end
+branch zeroing it; where the cap action came late or failed, invariant 5 holds the controller to the deadline.
 
 What the stand-ins leave out, and where that matters:
 
@@ -141,8 +148,10 @@ START = 1_800_000_000.0  # the virtual clock's zero (an epoch second: time stamp
 # groups up (7), "restart" resumes below the newest committed step (2), "twice" writes a move's moved
 # event again (6), "broken" keeps no count of a placement whose API fails at every tick (8), "hung" never
 # replaces a machine that is up and makes no progress (7), "eager" replaces after 10 min without
-# progress: machines still booting, staging or exporting (9), "stop" leaves a stop no trainer heeds (10).
-PLANTS = ("stale", "order", "liveness", "cap", "others", "restart", "twice", "broken", "hung", "eager", "stop")
+# progress: machines still booting, staging or exporting (9), "stop" leaves a stop no trainer heeds (10),
+# "margin" cuts the launch margin to 5 minutes (11).
+PLANTS = ("stale", "order", "liveness", "cap", "others", "restart", "twice", "broken", "hung", "eager", "stop",
+          "margin")
 
 
 class Unavailable(Exception):  # noqa: N818 - the store's word for it (HTTP 503)
@@ -337,9 +346,9 @@ class Sim:
         self.cap_s = r.choice((90, 120, 150, 180)) * 60
         # Machines that never train (a bootstrap that never ends, a hung collective); their runs are longer, so
         # that the controller's bound (HUNG_S) is reached inside them.
-        self.phung = r.choice((0.0, 0.0, 0.0, 0.05, 0.1))
+        self.phung = r.choice((0.0, 0.0, 0.0, 0.1))
         if self.phung:
-            self.cap_s = r.choice((240, 300)) * 60
+            self.cap_s = r.choice((180, 240)) * 60
         self.target_steps = STEPS_PER_MIN * r.randint(20, 200)
         self.commit_every = r.choice((3, 5, 10)) * 60.0
         self.p503 = r.choice((0.0, 0.002, 0.01, 0.03))
@@ -396,6 +405,21 @@ class Sim:
         self.boot_s = r.choice(((30.0, 120.0), (30.0, 120.0), (300.0, 900.0)))
         self.stage_s = r.choice((0.0, 0.0, 600.0, 1200.0))
         self.export_s = r.choice((0.0, 0.0, 600.0, 1800.0))
+        # The rest of an account's world: a scheduler that misses 30-45 min of ticks, store outages of
+        # minutes, finish.sh's scale-down failing (the controller's end branch zeroes), a cap action late
+        # or failed, events.jsonl lines cut short by a machine taken mid-write.
+        self.gap = None
+        if r.random() < 0.15:
+            a = START + r.uniform(0, self.cap_s)
+            self.gap = (a, a + r.uniform(1800, 2700))
+        self.store_down: list[tuple[float, float]] = []
+        if r.random() < 0.15:
+            for _ in range(r.randint(1, 3)):
+                a = START + r.uniform(0, self.cap_s)
+                self.store_down.append((a, a + r.uniform(120, 600)))
+        self.pscale_fail = r.choice((0.0, 0.0, 0.5, 1.0))
+        self.cap_late = r.choice((0.0, 0.0, 0.0, 300.0, None))  # None: the cap action failed
+        self.pcut = r.choice((0.0, 0.0, 0.3))
 
     # -- the event loop ------------------------------------------------------------------------
 
@@ -437,6 +461,8 @@ class Sim:
                     self.run_until(self.now + actor.pause_s)  # the rest of the world goes on meanwhile
                 finally:
                     self.depth -= 1
+        if any(a <= self.now < b for a, b in self.store_down):
+            raise Unavailable(f"503 on {op} {key} (the store is down)")
         if self.p503 and self.rng.random() < self.p503:
             raise Unavailable(f"503 on {op} {key}")
 
@@ -486,6 +512,10 @@ class Sim:
     def size(self, index: int, n: int, who: str) -> None:
         g = self.groups[index]
         if n > 0:
+            deadline = self.deadline()
+            if deadline is not None and self.now >= deadline - LAUNCH_MARGIN_S:
+                self.fail(11, f"{who} sized group {index} to {n} {(deadline - self.now) / 60:.1f} min before the "
+                              f"deadline, inside the {LAUNCH_MARGIN_S // 60}-minute launch margin")
             if self.ended_at is not None:
                 self.fail(3, f"{who} sized group {index} to {n} after the run ended")
             if self.now >= self.cap_time():
@@ -513,6 +543,18 @@ class Sim:
     def cap_time(self) -> float:
         d = self.deadline()
         return self.cap_at if d is None else min(self.cap_at, d)
+
+    def slack(self) -> float:
+        """The world's own delays: the scheduler's gap, the store's outages."""
+        return ((self.gap[1] - self.gap[0]) if self.gap else 0.0) + sum(b - a for a, b in self.store_down)
+
+    def cap_limit(self) -> float:
+        """When every group is at 0 at the latest: the cap action's time, or, where it came late or failed, the
+        controller's ending of the run at its deadline (ticks, slow ones, the world's delays)."""
+        if self.cap_late == 0.0:
+            return self.cap_time()
+        late = self.cap_at + self.cap_late if self.cap_late is not None else float("inf")
+        return min(late, self.deadline_or_cap() + 4 * TICK_S + 2 * 150 + self.slack())
 
     def deadline_or_cap(self) -> float:
         d = self.deadline()
@@ -542,7 +584,7 @@ class Sim:
     def broken_bound(self) -> float:
         """A placement broken this long is named in a ``waiting`` event, and no move to it is still under way:
         the controller's own bound (BROKEN_TICKS ticks over BROKEN_S), ticks that failed on the store, slow ones."""
-        return decides.BROKEN_S + (decides.BROKEN_TICKS + 8) * TICK_S + 2 * 150
+        return decides.BROKEN_S + (decides.BROKEN_TICKS + 8) * TICK_S + 2 * 150 + self.slack()
 
     # -- groups ---------------------------------------------------------------------------------
 
@@ -646,6 +688,8 @@ class Sim:
             m.step, m.last_commit = newest, self.now
             self.store.append_line(layout.EVENTS_KEY, json.dumps(
                 {layout.EVENT: layout.STARTED, layout.TIME: iso(self.now), layout.ATTEMPT: 1}))
+            if self.pcut and self.rng.random() < self.pcut:  # a line cut short: the machine before was taken mid-write
+                self.store.append_line(layout.EVENTS_KEY, '{"event": "checkpoint", "ti')
             self.at(self.now + m.lease.ttl_s / 4, self.renew, m, m.lease)
             if self.stage_s and m.staging_until is None:  # once a machine: a restarted trainer finds its data
                 m.staging_until = self.now + self.rng.uniform(0, self.stage_s)
@@ -769,7 +813,8 @@ class Sim:
             with contextlib.suppress(Unavailable):
                 self.store.put_bytes(outcome, json.dumps({"outcome": outcome, "reason": "the run's deadline passed",
                                                           "instance": m.name}).encode())
-        self.size(m.group.index, 0, f"finish {m.name}")
+        if not (self.pscale_fail and self.rng.random() < self.pscale_fail):  # else: finish.sh's scale-down failed
+            self.size(m.group.index, 0, f"finish {m.name}")
         self.terminate(m, "finish")
 
     # -- the controller and the operator -------------------------------------------------------
@@ -800,7 +845,8 @@ class Sim:
             self.ticks_after_end += 1
 
     def next_tick(self) -> None:
-        self.scheduled_tick()
+        if self.gap is None or not self.gap[0] <= self.now < self.gap[1]:  # the scheduler's gap: no tick
+            self.scheduled_tick()
         self.at(self.now - (self.now - START) % TICK_S + TICK_S + self.rng.uniform(0, 5), self.next_tick)
 
     def operator_move(self) -> None:
@@ -838,7 +884,8 @@ class Sim:
         the nodes' joining, the attempt's start (twice: a chief lost while it stages), three ticks (slow
         ones included) and, where machines hang, the controller's bound for them."""
         return (self.nplacements * (2 * self.config.wait_s + 3 * TICK_S) + DEFAULT_TTL_S + CLOCK_SKEW_S
-                + 2 * 300 + 240 + self.boot_s[1] + 2 * self.stage_s + 3 * TICK_S + 2 * 150 + self.hung_allowance())
+                + 2 * 300 + 240 + self.boot_s[1] + 2 * self.stage_s + 3 * TICK_S + 2 * 150 + self.hung_allowance()
+                + self.slack())
 
     def hung_allowance(self) -> float:
         """Where machines hang: the controller's bound, the cycle's ticks, the fresh machine's boot (twice:
@@ -852,8 +899,8 @@ class Sim:
         hung, the controller's bound for that too."""
         hung = m is not None and m.group.hung_seen_at is not None and self.now - m.group.hung_seen_at < 2 * 3600
         base = (self.nodes * self.boot_s[1] + self.config.wait_s + 2 * 300 + 240 + DEFAULT_TTL_S + CLOCK_SKEW_S
-                + 4 * TICK_S + 2 * 150)
-        return max(base, decides.HUNG_S + 6 * TICK_S + 2 * 150) if hung else base
+                + 4 * TICK_S + 2 * 150 + self.slack())
+        return max(base, decides.HUNG_S + 6 * TICK_S + 2 * 150 + self.slack()) if hung else base
 
     def check(self) -> None:
         valid = [m for m in self.machines if m.alive and m.training and m.lease is not None and m.lease.lost is None
@@ -868,7 +915,9 @@ class Sim:
             up = [g.index for g in self.groups if g.desired > 0 and not self.broken_at(g.index, self.now)]
             if up:
                 self.fail(3, f"groups {up} still up two ticks after the run ended ({marker})")
-        if self.now > self.cap_time() and any(g.desired > 0 for g in self.groups):
+        # (A group no controller can reach, whose cap action failed, is its machines' finish path's alone.)
+        if self.now > self.cap_limit() and any(g.desired > 0 and (self.cap_late == 0.0 or not self.broken_at(
+                g.index, self.now)) for g in self.groups):
             self.fail(5, f"a group is above 0 after the cap: {[g.desired for g in self.groups]}")
         if any(m.training for m in self.machines if m.alive):
             self.last_training = self.now
@@ -885,7 +934,7 @@ class Sim:
         that stages sees it after), or the controller's grace for a trainer that holds the lease and hangs; the
         lease's expiry and ticks (slow ones, retried ones)."""
         return (max(ticks.STOP_GRACE_S, self.stage_s) + DEFAULT_TTL_S + CLOCK_SKEW_S + 5 * TICK_S + 2 * 150
-                + self.commit_every)
+                + self.commit_every + self.slack())
 
     def check_broken(self) -> None:
         for i, span in enumerate(self.broken):
@@ -895,7 +944,7 @@ class Sim:
                 self.fail(8, f"placement {i} has refused every call since {span[0] - START:.0f} s and no waiting "
                              "event names it")
             pending = self.record().pending
-            if (pending is not None and pending.get("to") == i
+            if (pending is not None and pending.get("to") == i and self.any_marker() is None
                     and self.now - (records.epoch_of(pending.get("time")) or START) > self.broken_bound()):
                 self.fail(8, f"a move to placement {i}, broken since {span[0] - START:.0f} s, is still under way")
 
@@ -967,7 +1016,8 @@ class Sim:
         self.at(START + r.uniform(0, 60), self.next_tick)
         for g in self.groups:
             self.at(START + r.uniform(0, 30), self.group_step, g)
-        self.at(self.cap_at, self.cap_action)
+        if self.cap_late is not None:
+            self.at(self.cap_at + self.cap_late, self.cap_action)
         for _ in range(r.choice((0, 0, 1, 2, 4))):
             self.at(START + r.uniform(0, self.cap_s), self.operator_move)
         if r.random() < 0.15:
@@ -1008,6 +1058,8 @@ class Sim:
             # Where a machine hangs, the bound counts from the group's newest machine (a new peer is a new
             # start for all: the controller gives it its boot); else from the machine's own idle stretch.
             stretch = min(m.idle_s, self.now - m.group.joined_at) if hung else m.idle_s
+            if any(x.alive and x.lease is not None and self.broken_at(x.group.index, self.now) for x in self.machines):
+                m.idle_s = stretch = 0.0  # the lease, held where no controller reaches: the meter starts again
             if stretch > self.idle_bound(m) and (m.hang is not None or any(
                     self.clear_between(i, self.now - m.idle_s, self.now) for i in range(self.nplacements))):
                 # (Where no placement could have launched all the machines the run waits, said by invariant 4;
@@ -1035,7 +1087,8 @@ def planted(plant: str | None) -> Iterator[None]:
         raise ValueError(f"unknown plant {plant!r}; expected one of {', '.join(PLANTS)}")
     saved = (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
              RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize,
-             records.note_waiting, ticks._note_health, decides._hung, decides.HUNG_S, ticks.stop_unheeded)
+             records.note_waiting, ticks._note_health, decides._hung, decides.HUNG_S, ticks.stop_unheeded,
+             decides.LAUNCH_MARGIN_S)
     try:
         if plant == "stale":  # size from the record the tick read first, whatever happened since
             ticks.current_record = _stale_record
@@ -1068,11 +1121,14 @@ def planted(plant: str | None) -> Iterator[None]:
             decides.HUNG_S = 10 * 60
         elif plant == "stop":  # a stop waits for a trainer, whether one runs or not
             ticks.stop_unheeded = lambda *a, **k: None
+        elif plant == "margin":
+            decides.LAUNCH_MARGIN_S = 5 * 60
         yield
     finally:
         (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
          RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize,
-         records.note_waiting, ticks._note_health, decides._hung, decides.HUNG_S, ticks.stop_unheeded) = saved
+         records.note_waiting, ticks._note_health, decides._hung, decides.HUNG_S, ticks.stop_unheeded,
+         decides.LAUNCH_MARGIN_S) = saved
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")

@@ -403,3 +403,19 @@ def test_a_stop_no_trainer_heeds_is_ended_by_the_controller_with_every_group_at_
     assert (result.action, marker["outcome"], marker["instance"], marker["step"]) == (
         FINISH, layout.CANCELLED, "controller", 20)
     assert "stop was asked" in marker["reason"] and groups.sizes == {"g0": 0, "g1": 0, "g2": 0}
+
+
+def test_a_run_held_again_by_the_same_cause_after_it_trained_is_said_to_wait_again(tmp_path):
+    config = _config(f"file://{tmp_path}")
+    store = open_store(config.run_uri)
+    trained(store, step=20, last_beat=NOW - 20 * 60)
+    records.write(store, records.Record(active=0, failed_at={"1": NOW - 60, "2": NOW - 120}), None)
+    tick(config, _failing(config, 16), NOW, store=store)
+    trained(store, step=30, last_beat=NOW + 600)  # it trained again, then lost its machine to the same cause
+    records.write(store, records.Record(active=0, failed_at={"1": NOW + 1500, "2": NOW + 1500}),
+                  records.read(store)[1])
+
+    tick(config, _failing(config, -25), NOW + 1560, store=store)  # failing since NOW + 25 min
+
+    waits = [e for e in records.read_events(store)[0] if e[layout.EVENT] == layout.CONTROLLER_WAITING]
+    assert len(waits) == 2 and waits[0]["key"] == waits[1]["key"]

@@ -33,17 +33,18 @@ def ci_seeds(day: int | None = None) -> list[int]:
 
 # A schedule per plant that the plant breaks: (plant, seed, the invariant that catches it).
 CAUGHT = [
-    ("stale", 1, 3),  # a tick zeroes the placement an ops move inside it moved to
-    ("order", 29, 3),  # the same, through a pause between reading the end markers and the record
-    ("liveness", 2, 4),  # the active group put to 0 from outside stays there: no machine, silently
-    ("cap", 0, 5),  # a group sized up after the groups' cap; the run never marked TIMED_OUT
-    ("others", 12, 7),  # the old placement's machines left up, billed for nothing
+    ("stale", 89, 3),  # a tick zeroes the placement an ops move inside it moved to
+    ("order", 138, 3),  # the same, through a pause between reading the end markers and the record
+    ("liveness", 15, 4),  # the active group put to 0 from outside stays there: no machine, silently
+    ("cap", 2, 5),  # a group sized up after the groups' cap; the run never marked TIMED_OUT
+    ("others", 0, 7),  # the old placement's machines left up, billed for nothing
     ("restart", 0, 2),  # a machine resumes below the newest committed step
-    ("twice", 0, 6),  # a move's moved event written twice
+    ("twice", 1, 6),  # a move's moved event written twice
     ("broken", 6, 8),  # a placement whose API refuses every call, never named, a move to it never given up
-    ("hung", 23, 7),  # a machine up whose bootstrap never ends, never replaced: billed for nothing
+    ("hung", 4, 7),  # a machine up whose bootstrap never ends, never replaced: billed for nothing
     ("eager", 1, 9),  # a machine replaced while it boots
-    ("stop", 52, 10),  # a stop asked while no trainer heeds it waits for the deadline
+    ("stop", 0, 10),  # a stop asked while no trainer heeds it waits for the deadline
+    ("margin", 4, 11),  # a launch margin of 5 minutes: a group sized up 10 min before the deadline
 ]
 
 
@@ -101,10 +102,10 @@ def test_two_traces_of_one_seed_are_the_same_bytes(capsys):
 
 
 def test_a_failing_schedule_prints_its_seed_and_how_to_replay_it(capsys):
-    assert main(["--seed", "2", "--plant", "liveness"]) == 1
+    assert main(["--seed", "15", "--plant", "liveness"]) == 1
     out = capsys.readouterr().out
-    assert "FAIL seed 2: invariant 4" in out
-    assert "python -m tests.controller.sim --seed 2 --trace --plant liveness" in out
+    assert "FAIL seed 15: invariant 4" in out
+    assert "python -m tests.controller.sim --seed 15 --trace --plant liveness" in out
 
 
 def test_two_trainers_with_a_valid_lease_break_invariant_1():
