@@ -36,7 +36,7 @@ it, stand-ins run on a virtual clock, driven by one seeded random generator:
   drawn per schedule, for its notice. The silences that are no hang: in some schedules boots take
   5-15 min, a chief stages for up to 20 min after it takes the lease (once a machine), and the export
   after the last step takes up to 30 min (progress.json says step = total). In a quarter of the schedules
-  (3-4 hours long) 10 % of machines hang: a bootstrap that never ends (up, never a peer) or a trainer that hangs (it keeps
+  (2.5-3 hours long) 10 % of machines hang: a bootstrap that never ends (up, never a peer) or a trainer that hangs (it keeps
   the lease, renewed by its own thread, and never progresses; its peers with it); spot takes a hung
   machine back only once in four hours. The groups report no launch time (as a managed instance
   group does): the controller counts from when it first saw a machine.
@@ -348,7 +348,7 @@ class Sim:
         # that the controller's bound (HUNG_S) is reached inside them.
         self.phung = r.choice((0.0, 0.0, 0.0, 0.1))
         if self.phung:
-            self.cap_s = r.choice((180, 240)) * 60
+            self.cap_s = r.choice((150, 180)) * 60
         self.target_steps = STEPS_PER_MIN * r.randint(20, 200)
         self.commit_every = r.choice((3, 5, 10)) * 60.0
         self.p503 = r.choice((0.0, 0.002, 0.01, 0.03))
@@ -409,13 +409,16 @@ class Sim:
         # minutes, finish.sh's scale-down failing (the controller's end branch zeroes), a cap action late
         # or failed, events.jsonl lines cut short by a machine taken mid-write.
         self.gap = None
-        if r.random() < 0.15:
-            a = START + r.uniform(0, self.cap_s)
+        if r.random() < 0.15:  # (after the first half hour, as the store's outages below)
+            a = START + r.uniform(1800, self.cap_s)
             self.gap = (a, a + r.uniform(1800, 2700))
         self.store_down: list[tuple[float, float]] = []
         if r.random() < 0.15:
             for _ in range(r.randint(1, 3)):
-                a = START + r.uniform(0, self.cap_s)
+                # After the first half hour: a gap or an outage before any deadline is written is left out
+                # (the controller knows the deadline, not the groups' cap action's time, which can then be
+                # more than the launch margin earlier: a group sized up after it).
+                a = START + r.uniform(1800, self.cap_s)
                 self.store_down.append((a, a + r.uniform(120, 600)))
         self.pscale_fail = r.choice((0.0, 0.0, 0.5, 1.0))
         self.cap_late = r.choice((0.0, 0.0, 0.0, 300.0, None))  # None: the cap action failed
