@@ -903,7 +903,7 @@ class Sim:
         hung = m is not None and m.group.hung_seen_at is not None and self.now - m.group.hung_seen_at < 2 * 3600
         base = (self.nodes * self.boot_s[1] + self.config.wait_s + 2 * 300 + 240 + DEFAULT_TTL_S + CLOCK_SKEW_S
                 + 4 * TICK_S + 2 * 150 + self.slack())
-        return max(base, decides.HUNG_S + 6 * TICK_S + 2 * 150 + self.slack()) if hung else base
+        return max(base, decides.HUNG_S + decides.REPLACED_GUARD_S + 6 * TICK_S + 2 * 150 + self.slack()) if hung else base
 
     def check(self) -> None:
         valid = [m for m in self.machines if m.alive and m.training and m.lease is not None and m.lease.lost is None
