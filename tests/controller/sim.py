@@ -1003,7 +1003,7 @@ class Sim:
         done = [i + 1 for i, m in enumerate(rec.moves) if m.get("done") and not m.get("abandoned")]
         if sorted(set(done) - set(numbers)):
             self.fail(6, f"moves {sorted(set(done) - set(numbers))} are done without their moved event")
-        if self.now >= self.deadline_or_cap() + 3 * TICK_S and self.any_marker() is None:
+        if self.now >= self.deadline_or_cap() + 3 * TICK_S + self.slack() and self.any_marker() is None:
             self.fail(5, "the run is past its deadline and has no end marker")
         idle = self.idle_s
         return {"seed": self.seed, "ended": self.any_marker(), "moves": len(rec.moves), "machines": self.count,
