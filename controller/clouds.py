@@ -215,15 +215,19 @@ class AwsGroups:
         asg = self.client(p)
         activities = self._call(p, "describe_scaling_activities", lambda: asg.describe_scaling_activities(
             AutoScalingGroupName=p.group, MaxRecords=ACTIVITIES))["Activities"]
-        running = sum(1 for i in group.get("Instances", []) if i.get("LifecycleState") == "InService")
+        in_service = [i for i in group.get("Instances", []) if i.get("LifecycleState") == "InService"]
+        running = len(in_service)
         failures = []
+        launched = None
         for a in sorted(activities, key=lambda a: _epoch(a.get("StartTime")) or 0.0, reverse=True):
             if a.get("StatusCode") == "Successful" and "launching" in str(a.get("Description", "")).lower():
+                launched = _epoch(a.get("StartTime"))  # the newest machine's launch
                 break  # the failures before this launch were overcome by it
             if a.get("StatusCode") == "Failed":
                 message = " ".join(str(a.get("StatusMessage") or a.get("Description") or "launch failed").split())
                 failures.append(LaunchFailure(_epoch(a.get("StartTime")), message))
-        return GroupState(running=running, desired=group.get("DesiredCapacity"), failures=tuple(failures))
+        return GroupState(running=running, desired=group.get("DesiredCapacity"), failures=tuple(failures),
+                          launched=launched, machines=tuple(sorted(str(i.get("InstanceId")) for i in in_service)))
 
     def set_size(self, p: Placement, n: int) -> None:
         asg = self.client(p)
@@ -330,7 +334,8 @@ class GcpGroups:
     def state(self, p: Placement) -> GroupState:
         group = self._call(p, "GET")
         managed = self._call(p, "POST", "/listManagedInstances").get("managedInstances", [])
-        running = sum(1 for m in managed if m.get("instanceStatus") == "RUNNING" and m.get("currentAction") == "NONE")
+        up = [m for m in managed if m.get("instanceStatus") == "RUNNING" and m.get("currentAction") == "NONE"]
+        running = len(up)
         errors = self._call(p, "GET", "/listErrors").get("items", [])
         failures = [LaunchFailure(epoch_of(e.get("timestamp")),
                                   f"{(e.get('error') or {}).get('code', '')}: {(e.get('error') or {}).get('message', '')}")
@@ -339,7 +344,9 @@ class GcpGroups:
             for err in ((m.get("lastAttempt") or {}).get("errors") or {}).get("errors", []):
                 failures.append(LaunchFailure(None, f"{err.get('code', '')}: {err.get('message', '')}"))
         failures.sort(key=lambda f: f.time or 0.0, reverse=True)
-        return GroupState(running=running, desired=group.get("targetSize"), failures=tuple(failures))
+        return GroupState(running=running, desired=group.get("targetSize"), failures=tuple(failures),
+                          machines=tuple(sorted(str(m.get("id") or m.get("instance")) for m in up
+                                                if m.get("id") or m.get("instance"))))
 
     def set_size(self, p: Placement, n: int) -> None:
         self._call(p, "POST", "/resize", params={"size": n})

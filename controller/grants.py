@@ -46,9 +46,10 @@ GCP_PERMISSIONS = (
 GCP_GROUP_PERMISSIONS = GCP_PERMISSIONS[:3]
 # The only objects the controller writes, relative to the run folder.
 # The record and its events; the run's deadline when no machine has written it yet, and TIMED_OUT when
-# the deadline passed with no machine to end the run (controller/tick.py).
-# The price cache and the decision tables (controller/prices.py, controller/table.py): a key, and a folder of them.
-WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT, layout.PRICES_KEY)
+# the deadline passed with no machine to end the run, CANCELLED when a stop no trainer heeds was asked
+# (controller/tick.py). The price cache and the decision tables (controller/prices.py, controller/table.py): a key, and a folder of them.
+WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT, layout.CANCELLED,
+          layout.PRICES_KEY)
 WRITE_PREFIXES = (layout.DECISIONS_PREFIX,)
 
 

@@ -4,13 +4,22 @@
 
     {"active": 1, "since": "2026-...Z",
      "moves": [{"from": 0, "to": 1, "reason": "...", "step": 400, "time": "2026-...Z", "done": true}],
-     "failed_at": {"0": 1767225600.0}}
+     "failed_at": {"0": 1767225600.0},
+     "broken": {"2": {"first": 1767225600.0, "ticks": 6, "error": "...", "said": true}},
+     "hung": {"1": [1767229200.0]}, "seen": {"1": {"ids": ["i-0a"], "at": 1767229500.0}}}
 
 Absent: placement 0 is active. Its writers are the controller's tick and ``ops move``, both
 through :mod:`controller.tick`, and every write is conditional on the version read
 (:meth:`runfolder.storage.Store.put_bytes_if`: S3 ``If-None-Match: *`` / ``If-Match``, GCS
 ``ifGenerationMatch``), as the run's lease is written: of two writers from the same version,
 the store accepts one and the other gets :class:`~runfolder.storage.PreconditionFailed`.
+
+``broken`` names the placements whose group's API failed at every tick since ``first`` (``ticks`` of
+them in a row, the newest ``error``; ``said`` once a ``waiting`` event named it): an entry goes as soon
+as one of its calls succeeds (:mod:`controller.tick`). ``hung`` keeps, per placement, when the
+controller last replaced its machines for making no progress (the newest few); ``seen``, the active
+group's running machines (their ids) and when a tick first saw them so: a machine's age where the cloud
+does not say it.
 
 A move is recorded before it is carried out (``done: false``); whoever reads a move that is
 not done finishes it (every step is idempotent), then marks it done.
@@ -59,6 +68,9 @@ class Record:
     moves: list[dict] = field(default_factory=list)
     failed_at: dict[str, float] = field(default_factory=dict)
     nonce: str = ""
+    broken: dict[str, dict] = field(default_factory=dict)
+    hung: dict[str, list[float]] = field(default_factory=dict)
+    seen: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, data: bytes) -> Record:
@@ -75,12 +87,27 @@ class Record:
         failed = doc.get("failed_at") or {}
         if not isinstance(failed, dict):
             raise ValueError(f"{layout.PLACEMENT_KEY}: failed_at: expected an object")
+        broken = doc.get("broken") or {}
+        if not isinstance(broken, dict) or not all(isinstance(v, dict) for v in broken.values()):
+            raise ValueError(f"{layout.PLACEMENT_KEY}: broken: expected an object of objects")
+        hung = doc.get("hung") or {}
+        if not isinstance(hung, dict) or not all(isinstance(v, list) for v in hung.values()):
+            raise ValueError(f"{layout.PLACEMENT_KEY}: hung: expected an object of lists")
+        seen = doc.get("seen") or {}
+        if not isinstance(seen, dict) or not all(isinstance(v, dict) for v in seen.values()):
+            raise ValueError(f"{layout.PLACEMENT_KEY}: seen: expected an object of objects")
         return cls(active=active, since=doc.get("since"), moves=[dict(m) for m in moves],
-                   failed_at={str(k): float(v) for k, v in failed.items()}, nonce=str(doc.get("nonce", "")))
+                   failed_at={str(k): float(v) for k, v in failed.items()}, nonce=str(doc.get("nonce", "")),
+                   broken={str(k): dict(v) for k, v in broken.items()},
+                   hung={str(k): [float(t) for t in v] for k, v in hung.items()},
+                   seen={str(k): dict(v) for k, v in seen.items()})
 
     def dump(self) -> bytes:
         return json.dumps({"active": self.active, "since": self.since, "moves": self.moves,
-                           "failed_at": self.failed_at, "nonce": self.nonce}, indent=1).encode()
+                           "failed_at": self.failed_at, "nonce": self.nonce,
+                           **({"broken": self.broken} if self.broken else {}),
+                           **({"hung": self.hung} if self.hung else {}),
+                           **({"seen": self.seen} if self.seen else {})}, indent=1).encode()
 
     @property
     def pending(self) -> dict | None:
@@ -155,13 +182,16 @@ def _append_unless(store: Store, event: dict, there: Callable[[list[dict]], bool
     return None
 
 
-def note_waiting(store: Store, event: dict, *, tries: int = 4) -> bool:
+def note_waiting(store: Store, event: dict, *, tries: int = 4, after: float | None = None) -> bool:
     """Append the controller's ``waiting`` event unless the newest event already says the same (its
-    ``key``): what holds the run is written once, not each minute. True if this call wrote it."""
+    ``key``) since ``after`` (the run's newest sign of training): what holds the run is written once
+    per episode, not each minute, and again when it holds the run again later. True if this call wrote it."""
 
     def said(events: list[dict]) -> bool:
         last = events[-1] if events else {}
-        return last.get(layout.EVENT) == layout.CONTROLLER_WAITING and last.get("key") == event["key"]
+        when = epoch_of(last.get(layout.TIME))
+        return (last.get(layout.EVENT) == layout.CONTROLLER_WAITING and last.get("key") == event["key"]
+                and (after is None or (when is not None and when >= after)))
 
     return bool(_append_unless(store, event, said, tries))  # None: the next tick says it
 

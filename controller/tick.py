@@ -5,6 +5,9 @@ group, asks :func:`controller.decide.decide`, and acts:
 
 - a move recorded but not carried out (its tick stopped between steps) is finished first;
 - ``finish``: every group not at zero goes to zero;
+- a ``STOP`` no trainer heeds (none holds the lease, or nothing progressed for ``STOP_GRACE_S`` since
+  it was asked): ``CANCELLED`` is written, the controller's (``instance``: controller), and every
+  group goes to zero: a stop asked is a stop, with or without a machine;
 - ``time_up`` (the run's deadline passed, no end marker): ``TIMED_OUT`` is written, as a
   machine's finish path writes it, and every group goes to zero. The deadline is the run
   folder's ``deadline`` file; a tick that finds none (no machine has booted yet) writes it from
@@ -15,10 +18,20 @@ group, asks :func:`controller.decide.decide`, and acts:
   (3) the next placement's group to ``nodes``, (4) one ``moved`` event, then the move is
   marked done. Every step is idempotent, so a tick that stops anywhere leaves a state the
   next one finishes;
+- ``replace`` (all the run's machines up, no progress for ``HUNG_S``): recorded in ``placement.json``
+  (``hung``, a conditional write), then the active group is cycled: to zero and back to ``nodes``;
 - otherwise every placement but the active one is kept at zero, and the active group is put back
   to ``nodes`` when it stands below (:func:`controller.decide.decide`'s ``size``). A run that cannot
   train anywhere now (``stuck``) gets a ``waiting`` event with the reason among the placement
   events, once per cause, which ``ops status`` shows.
+
+Each placement's errors stay inside it: a group that cannot be read or sized (a refused credential, a
+deleted group, an API still failing after its retries) keeps no other duty of the tick from being done
+(the other groups' sizes, the active group's size back, the ``waiting`` event); the tick raises one
+:class:`CloudError` naming every such group at its end. Every tick calls every placement's group at
+least once (:class:`Watched` notes how each answered) and keeps ``placement.json``'s ``broken`` up to
+date: a group that failed at every tick for ``BROKEN_TICKS`` ticks over ``BROKEN_S`` is marked failed
+and named in a ``waiting`` event, no move goes to it, and a move under way to it is abandoned.
 
 A tick acts only on the record it read: before it sizes anything it reads ``placement.json``
 again and, if another writer (a move) changed it meanwhile, leaves the sizing to the next tick; it
@@ -29,6 +42,7 @@ under it does not size its new group up.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -41,11 +55,14 @@ from controller.decide import (
     FINISH,
     LAUNCH_MARGIN_S,
     MOVE,
+    REPLACE,
     STAY,
     TIME_UP,
     Decision,
+    GroupState,
     RunView,
     decide,
+    is_broken,
     may_launch,
     time_up_reason,
 )
@@ -56,6 +73,9 @@ from runfolder.storage import NotFound, PreconditionFailed, Store, open_store
 
 # Who wrote an end marker the controller wrote (the ``instance`` field, a machine's id otherwise).
 CONTROLLER_INSTANCE = "controller"
+# A stop asked this long ago, with no progress since, is one the trainer holding the lease does not heed (it
+# hangs): a trainer sees STOP within a step and commits (a checkpoint's upload fits well inside).
+STOP_GRACE_S = 30 * 60
 
 
 @dataclass
@@ -67,9 +87,14 @@ class TickResult:
     resized: list[dict] = field(default_factory=list)
     move: dict | None = None
     waiting: str | None = None
+    errors: list[str] = field(default_factory=list)
+    """The groups that could not be read or sized (a tick raises them, joined, at its end)."""
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not self.errors:
+            del out["errors"]  # a tick that reached every group logs as before
+        return out
 
 
 def read_run(store: Store) -> RunView:
@@ -78,9 +103,14 @@ def read_run(store: Store) -> RunView:
     ended = next((name for name in layout.END_MARKERS if store.exists(name)), None)
     signs = []
     attempts = 0
+    finishing, progress_at = False, None
     try:
         progress = json.loads(store.get_bytes(layout.PROGRESS_KEY))
-        signs.append(epoch_of(progress.get("updated")) if isinstance(progress, dict) else None)
+        if isinstance(progress, dict):
+            progress_at = epoch_of(progress.get("updated"))
+            signs.append(progress_at)
+            step, total = progress.get("step"), progress.get("total")
+            finishing = isinstance(step, int) and isinstance(total, int) and 0 < total <= step
     except (NotFound, ValueError):
         pass
     try:
@@ -106,7 +136,8 @@ def read_run(store: Store) -> RunView:
             steps.append(found[0])
     heartbeat = max((s for s in signs if s is not None), default=None)
     return RunView(ended=ended, heartbeat=heartbeat, lease_until=lease_until, step=max(steps, default=None),
-                   stop=store.exists(layout.STOP_KEY), deadline=read_deadline(store), attempts=attempts)
+                   stop=store.exists(layout.STOP_KEY), deadline=read_deadline(store), attempts=attempts,
+                   finishing=finishing, progress_at=progress_at)
 
 
 def read_deadline(store: Store) -> float | None:
@@ -129,17 +160,61 @@ def ensure_deadline(config: Config, store: Store, run: RunView, now: float) -> R
     return RunView(**{**asdict(run), "deadline": deadline})
 
 
+def write_end(store: Store, outcome: str, reason: str, run: RunView, now: float,
+              instance: str = CONTROLLER_INSTANCE) -> bool:
+    """Write the end marker ``outcome`` (create-if-absent, unless any end marker is there), as a machine's
+    finish path writes it: ``instance`` names who ended the run; the step is the newest committed one.
+    True if this call wrote it."""
+    if any(store.exists(name) for name in layout.END_MARKERS):
+        return False
+    body = {"outcome": outcome, layout.MARKER_REASON: reason, "instance": instance, layout.TIME: iso(now),
+            layout.MARKER_STEP: -1 if run.step is None else run.step, layout.MARKER_ATTEMPTS: run.attempts}
+    try:
+        store.put_bytes_if(outcome, (json.dumps(body) + "\n").encode(), version=None)
+    except PreconditionFailed:  # a machine's finish path wrote it meanwhile
+        return False
+    return True
+
+
 def end_timed_out(config: Config, clouds, store: Store, run: RunView, reason: str, now: float) -> TickResult:
     """Write ``TIMED_OUT`` (unless an end marker is there), as a machine's finish path does, and put
     every group to zero."""
     result = TickResult(TIME_UP, f"{reason}: the controller ended it {layout.TIMED_OUT}; every group at zero")
-    if not any(store.exists(name) for name in layout.END_MARKERS):
-        body = {"outcome": layout.TIMED_OUT, layout.MARKER_REASON: reason, "instance": CONTROLLER_INSTANCE,
-                layout.TIME: iso(now), layout.MARKER_STEP: -1 if run.step is None else run.step,
-                layout.MARKER_ATTEMPTS: run.attempts}
-        with contextlib.suppress(PreconditionFailed):  # a machine's finish path wrote it meanwhile
-            store.put_bytes_if(layout.TIMED_OUT, (json.dumps(body) + "\n").encode(), version=None)
-    _zero(clouds, config.placements, result.resized)
+    write_end(store, layout.TIMED_OUT, reason, run, now)
+    _zero(clouds, config.placements, result.resized, result.errors)
+    return result
+
+
+def stop_unheeded(store: Store, run: RunView, now: float) -> str | None:
+    """Why a run asked to stop must be ended by whoever sees it (the controller, ``ops stop``), or None while
+    a trainer may still heed it: no trainer holds the run's lease (none trains), or the request is older
+    than ``STOP_GRACE_S`` and nothing has progressed since (one that holds it and hangs)."""
+    if not run.stop:
+        return None
+    held = lease_gone(store, now)
+    if held is None:
+        return "a stop was asked and no machine is training: ended without one"
+    asked = stop_asked_at(store)
+    if asked is not None and now - asked >= STOP_GRACE_S and (run.progress_at is None or run.progress_at < asked):
+        return (f"a stop was asked at {iso(asked)} and nothing has progressed since ({held}): ended without "
+                "the trainer")
+    return None
+
+
+def stop_asked_at(store: Store) -> float | None:
+    """When ``STOP`` was asked (its ``requested`` stamp), None when it does not say."""
+    try:
+        doc = json.loads(store.get_bytes(layout.STOP_KEY))
+    except (NotFound, ValueError):
+        return None
+    return epoch_of(doc.get("requested")) if isinstance(doc, dict) else None
+
+
+def end_stopped(config: Config, clouds, store: Store, run: RunView, reason: str, now: float) -> TickResult:
+    """End a run whose stop no trainer heeds: ``CANCELLED`` (the controller's), every group to zero."""
+    result = TickResult(FINISH, f"{reason}: the controller ended it {layout.CANCELLED}; every group at zero")
+    write_end(store, layout.CANCELLED, reason, run, now)
+    _zero(clouds, config.placements, result.resized, result.errors)
     return result
 
 
@@ -159,23 +234,63 @@ def lease_gone(store: Store, now: float) -> str | None:
     return f"the run's lease is held by {lease.holder} until {iso(lease.expires + CLOCK_SKEW_S)}"
 
 
+class Watched:
+    """The groups as a tick calls them, noting how each placement's calls answered: ``failed[index]``
+    holds a placement's newest error, ``answered`` the placements a call succeeded for."""
+
+    def __init__(self, clouds) -> None:
+        self.clouds = clouds
+        self.failed: dict[int, str] = {}
+        self.answered: set[int] = set()
+        self.maybe_broken = False  # the record the tick read has `broken` entries
+
+    def _call(self, p: Placement, fn, *args):
+        try:
+            out = fn(p, *args)
+        except CloudError as e:
+            self.failed[p.index] = str(e)
+            raise
+        self.answered.add(p.index)
+        return out
+
+    def state(self, p: Placement) -> GroupState:
+        return self._call(p, self.clouds.state)
+
+    def desired(self, p: Placement) -> int:
+        return self._call(p, self.clouds.desired)
+
+    def set_size(self, p: Placement, n: int) -> None:
+        self._call(p, self.clouds.set_size, n)
+
+
 def _resize(clouds, p: Placement, n: int, done: list[dict]) -> None:
     if clouds.desired(p) != n:
         clouds.set_size(p, n)
         done.append({"placement": p.index, "group": p.group, "size": n})
 
 
-def _zero(clouds, placements, done: list[dict]) -> None:
+def _zero(clouds, placements, done: list[dict], errors: list[str] | None = None) -> None:
     """Every one of ``placements`` to zero; one that cannot be reached (a refused credential, an API
-    still failing after its retries) does not keep the others up: the error names each, after."""
-    errors = []
+    still failing after its retries) does not keep the others up: its error goes to ``errors`` or,
+    without that list, is raised naming each, after."""
+    missed = []
     for p in placements:
         try:
             _resize(clouds, p, 0, done)
         except CloudError as e:
-            errors.append(str(e))
-    if errors:
-        raise CloudError("; ".join(errors))
+            missed.append(str(e))
+    if errors is not None:
+        errors.extend(missed)
+    elif missed:
+        raise CloudError("; ".join(missed))
+
+
+def _contained(errors: list[str], fn, *args) -> None:
+    """``fn(*args)``; a group's :class:`CloudError` goes to ``errors`` (the tick's other duties go on)."""
+    try:
+        fn(*args)
+    except CloudError as e:
+        errors.append(str(e))
 
 
 def moved_on(store: Store, rec: Record) -> bool:
@@ -208,16 +323,21 @@ def start_move(config: Config, store: Store, rec: Record, version: str | None, t
     failed_at = dict(rec.failed_at)
     if failed:
         failed_at[str(rec.active)] = round(now, 3)
-    new = Record(active=to, since=iso(now), moves=[*rec.moves, move], failed_at=failed_at)
+    new = Record(active=to, since=iso(now), moves=[*rec.moves, move], failed_at=failed_at, broken=rec.broken,
+                 hung=rec.hung, seen={k: v for k, v in rec.seen.items() if k != str(to)})
     return new, records.write(store, new, version)
 
 
 def finish_move(config: Config, clouds, store: Store, rec: Record, version: str, now: float,
-                run: RunView | None = None, clock: Callable[[], float] | None = None) -> TickResult:
+                run: RunView | None = None, clock: Callable[[], float] | None = None, *,
+                contain: bool = False) -> TickResult:
     """Carry out ``rec``'s pending move (idempotent); a lease still held leaves it for the next tick.
 
     ``run`` (its deadline) and ``clock`` (the time now, read again before the new group is sized up):
-    no group is sized up within the launch margin of the deadline.
+    no group is sized up within the launch margin of the deadline. ``contain`` (a tick): an old group
+    that cannot be reached is noted in the result's ``errors`` and the move goes on (the lease keeps its
+    machines, if any, from training beside the new ones; later ticks keep zeroing it); the new group's
+    error, too, is noted, and the move stays under way.
     """
     move = rec.pending
     assert move is not None
@@ -226,7 +346,10 @@ def finish_move(config: Config, clouds, store: Store, rec: Record, version: str,
     if moved_on(store, rec):
         result.reason = f"{layout.PLACEMENT_KEY} changed meanwhile (another move, or the run ended): left to its writer"
         return result
-    _resize(clouds, old, 0, result.resized)  # (1)
+    if contain:  # (1)
+        _contained(result.errors, _resize, clouds, old, 0, result.resized)
+    else:
+        _resize(clouds, old, 0, result.resized)
     held = lease_gone(store, now)  # (2)
     if held:
         result.waiting = f"{held}; {new.label}'s group starts once it has expired"
@@ -238,7 +361,13 @@ def finish_move(config: Config, clouds, store: Store, rec: Record, version: str,
     if moved_on(store, rec):  # read last, right before the one step that starts a machine
         result.reason = f"{layout.PLACEMENT_KEY} changed meanwhile (another move, or the run ended): left to its writer"
         return result
-    _resize(clouds, new, config.nodes, result.resized)  # (3)
+    if contain:  # (3)
+        _contained(result.errors, _resize, clouds, new, config.nodes, result.resized)
+        if result.errors and new.index in getattr(clouds, "failed", {}):
+            result.waiting = f"{new.label}'s group could not be sized up: the move stays under way"
+            return result
+    else:
+        _resize(clouds, new, config.nodes, result.resized)
     number = len(rec.moves)
     records.append_moved_once(store, {  # (4)
         layout.EVENT: layout.MOVED, layout.TIME: iso(now), layout.ATTEMPT: None, "move": number,
@@ -266,45 +395,196 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None,
 
     ``now`` is when the tick started; ``clock`` (default: ``now`` throughout) is read again before a
     group is sized up, so a tick that ran long does not start a machine past the launch margin.
+    Raises :class:`CloudError` naming every group it could not reach, once every other duty is done.
     """
     store = open_store(config.run_uri) if store is None else store
     clock = clock or (lambda: now)
+    watched = Watched(clouds)
+    result = _tick(config, watched, store, now, clock)
+    for p in config.placements:  # every group is called each tick (a move under way may touch only two)
+        if p.index not in watched.answered and p.index not in watched.failed:
+            with contextlib.suppress(CloudError):
+                watched.desired(p)
+    _note_health(config, watched, store, now)
+    if result.errors:
+        error = CloudError("; ".join(result.errors))
+        error.result = result  # type: ignore[attr-defined] - what the tick did besides
+        raise error
+    return result
+
+
+def _tick(config: Config, clouds: Watched, store: Store, now: float, clock: Callable[[], float]) -> TickResult:
     run = read_run(store)
     if run.ended:
         result = TickResult(FINISH, f"the run ended ({run.ended}): every group at zero")
-        _zero(clouds, config.placements, result.resized)
+        _zero(clouds, config.placements, result.resized, result.errors)
         return result
     run = ensure_deadline(config, store, run, now)
     if run.deadline is not None and now >= run.deadline:
         return end_timed_out(config, clouds, store, run, time_up_reason(run.deadline), now)
+    unheeded = stop_unheeded(store, run, now)
+    if unheeded is not None:
+        return end_stopped(config, clouds, store, run, unheeded, now)
     rec, version = records.read(store)
+    clouds.maybe_broken = bool(rec.broken)
     if rec.pending:
-        return finish_move(config, clouds, store, rec, version, now, run, clock)
+        if is_broken(rec, rec.pending["to"], now):
+            return _abandon(config, clouds, store, rec, version, now)
+        return finish_move(config, clouds, store, rec, version, now, run, clock, contain=True)
     if rec.active >= len(config.placements):
         return TickResult(STAY, f"{layout.PLACEMENT_KEY} names placement {rec.active}, which the stack does not have")
     active = config.placements[rec.active]
-    decision: Decision = decide(config, rec, run, clouds.state(active), now)
+    try:
+        group = clouds.state(active)
+    except CloudError as e:
+        group = GroupState(running=0, desired=None, error=str(e))
+    group, rec, version = _seen(store, rec, version, group, now)
+    decision: Decision = decide(config, rec, run, group, now, _launch_failed(config, clouds, rec, run, group, now))
     if decision.action == MOVE:
         try:
             rec, version = start_move(config, store, rec, version, decision.to, decision.reason, run.step, now,
                                       failed=True)
         except PreconditionFailed:
             return TickResult(STAY, f"another tick changed {layout.PLACEMENT_KEY} first: it moves the run")
-        return finish_move(config, clouds, store, rec, version, now, run, clock)
+        return finish_move(config, clouds, store, rec, version, now, run, clock, contain=True)
+    if decision.action == REPLACE:
+        return _replace(config, clouds, store, rec, version, run, decision, now, clock)
     result = TickResult(decision.action, decision.reason)
+    if group.error is not None:
+        result.errors.append(group.error)
     current = current_record(store, version)
     if current is None:
         result.reason = (f"{layout.PLACEMENT_KEY} changed (a move) or the run ended while this tick read the run: "
                          "the next tick acts on it")
         return result
-    _zero(clouds, [p for p in config.placements if p.index != current.active], result.resized)
+    _zero(clouds, [p for p in config.placements if p.index != current.active], result.resized, result.errors)
     if decision.size is not None and may_launch(run, clock()):
-        _resize(clouds, active, decision.size, result.resized)
+        _contained(result.errors, _resize, clouds, active, decision.size, result.resized)
     if decision.stuck is not None:  # said where `ops status` shows it: the run does not wait in silence
+        records.note_waiting(store, {layout.EVENT: layout.CONTROLLER_WAITING, layout.TIME: iso(now),
+                                     layout.ATTEMPT: None, "reason": decision.reason, "placement": active.label,
+                                     "key": decision.stuck}, after=run.heartbeat)
+    return result
+
+
+def _seen(store: Store, rec: Record, version: str | None, group: GroupState, now: float
+          ) -> tuple[GroupState, Record, str | None]:
+    """``group`` with ``launched`` no earlier than when a tick first saw its running machines as they are now
+    (``placement.json``'s ``seen``, written when they change: a conditional write, left to the next tick
+    when another writer came first), and the record and version as they are after it."""
+    if group.error is not None or not group.machines:
+        return group, rec, version
+    key, ids = str(rec.active), list(group.machines)
+    seen = rec.seen.get(key) or {}
+    at = seen.get("at") if seen.get("ids") == ids and isinstance(seen.get("at"), int | float) else None
+    if at is None:
+        at = now
+        new = dataclasses.replace(rec, seen={**rec.seen, key: {"ids": ids, "at": round(now, 3)}})
+        with contextlib.suppress(PreconditionFailed):
+            version = records.write(store, new, version)
+            rec = new
+    launched = max(t for t in (group.launched, at) if t is not None)
+    return dataclasses.replace(group, launched=launched), rec, version
+
+
+def _replace(config: Config, clouds: Watched, store: Store, rec: Record, version: str | None, run: RunView,
+             decision: Decision, now: float, clock: Callable[[], float]) -> TickResult:
+    """Cycle the active group (to zero, then back to ``nodes``): its machines, up without progress, are
+    replaced by fresh ones. Recorded first (a conditional write: of two ticks at once, one replaces)."""
+    key = str(rec.active)
+    rec.hung = {**rec.hung, key: [*rec.hung.get(key, [])[-4:], round(now, 3)]}
+    result = TickResult(REPLACE, decision.reason)
+    try:
+        version = records.write(store, rec, version)
+    except PreconditionFailed:
+        result.action, result.reason = STAY, f"another writer changed {layout.PLACEMENT_KEY} first: the next tick decides"
+        return result
+    if current_record(store, version) is None:
+        result.action = STAY
+        result.reason = f"{layout.PLACEMENT_KEY} changed (a move) or the run ended meanwhile: the next tick acts on it"
+        return result
+    active = config.placements[rec.active]
+    _zero(clouds, [p for p in config.placements if p.index != rec.active], result.resized, result.errors)
+    _contained(result.errors, _resize, clouds, active, 0, result.resized)
+    if active.index not in clouds.failed and may_launch(run, clock()):
+        _contained(result.errors, _resize, clouds, active, config.nodes, result.resized)
+    if decision.stuck is not None:
         records.note_waiting(store, {layout.EVENT: layout.CONTROLLER_WAITING, layout.TIME: iso(now),
                                      layout.ATTEMPT: None, "reason": decision.reason, "placement": active.label,
                                      "key": decision.stuck})
     return result
+
+
+def _launch_failed(config: Config, clouds: Watched, rec: Record, run: RunView, group: GroupState,
+                   now: float) -> dict[int, float] | None:
+    """Each other placement's newest launch failure another placement could fix, within ``2 × wait_minutes``
+    (its group's own activity): read only when the active placement may be left (no machine trains there)."""
+    if group.error is None and group.running >= config.nodes:
+        return None  # the run stays: nothing to weigh
+    out: dict[int, float] = {}
+    for p in config.placements:
+        if p.index == rec.active or is_broken(rec, p.index, now):
+            continue
+        try:
+            t = clouds.state(p).failed_launch_at(now, 2 * config.wait_s)
+        except CloudError:
+            continue  # a group that cannot be read now is weighed by `broken`
+        if t is not None:
+            out[p.index] = t
+    return out
+
+
+def _abandon(config: Config, clouds: Watched, store: Store, rec: Record, version: str | None,
+             now: float) -> TickResult:
+    """Give up the move under way to a broken placement: the move is marked done and abandoned, the
+    placement failed; the next tick decides from there (the run moves on as from one that cannot launch)."""
+    move = rec.pending
+    assert move is not None
+    to = config.placements[move["to"]] if move["to"] < len(config.placements) else None
+    why = (f"placement {move['to']} ({to.label if to else '?'})'s group's API has failed at every tick since "
+           f"{iso(rec.broken[str(move['to'])]['first'])}: the move to it is abandoned")
+    rec.moves[-1] = {**move, "done": True, "done_time": iso(now), "abandoned": why}
+    rec.failed_at[str(move["to"])] = round(now, 3)
+    result = TickResult(STAY, why)
+    try:
+        records.write(store, rec, version)
+    except PreconditionFailed:
+        result.reason = f"another writer changed {layout.PLACEMENT_KEY} first: the next tick decides"
+    return result
+
+
+def _note_health(config: Config, watched: Watched, store: Store, now: float) -> None:
+    """Keep ``placement.json``'s ``broken`` as this tick found the groups (module docstring); a placement
+    that has just become broken is marked failed and named in a ``waiting`` event. Written only when it
+    changes; a write another writer beat is left to the next tick."""
+    if not watched.failed and not watched.maybe_broken:
+        return  # nothing to note: no read of the record
+    with contextlib.suppress(PreconditionFailed, NotFound):
+        rec, version = records.read(store)
+        broken = {k: dict(v) for k, v in rec.broken.items()}
+        for i in watched.answered - set(watched.failed):
+            broken.pop(str(i), None)
+        for i, error in watched.failed.items():
+            entry = broken.setdefault(str(i), {"first": round(now, 3), "ticks": 0})
+            entry["ticks"] = int(entry.get("ticks") or 0) + 1
+            entry["error"] = error[:500]
+        if broken == rec.broken:
+            return
+        rec.broken = broken
+        for key, entry in broken.items():
+            if entry.get("said") or not is_broken(rec, int(key), now):
+                continue
+            index = int(key)  # said first, marked after: a tick stopped between says it again, never not at all
+            label = config.placements[index].label if index < len(config.placements) else key
+            records.note_waiting(store, {
+                layout.EVENT: layout.CONTROLLER_WAITING, layout.TIME: iso(now), layout.ATTEMPT: None,
+                "reason": (f"{label}'s group could not be reached at {entry['ticks']} ticks in a row since "
+                           f"{iso(entry['first'])}: it is marked failed and no move goes there until it "
+                           f"answers ({entry.get('error')})"),
+                "placement": label, "key": f"{key}:broken"})
+            entry["said"] = True
+            rec.failed_at[key] = round(now, 3)
+        records.write(store, rec, version)
 
 
 class MoveError(RuntimeError):

@@ -6,7 +6,10 @@ so they need no machine and no SSH:
 - ``stop`` writes the run's ``STOP`` request. The trainer polls for it, commits a
   checkpoint and ends the run as ``CANCELLED``; the machine's finish path then scales
   the group to zero and shuts the machine down, and a machine the group starts later
-  finishes at once (``CANCELLED`` is an end marker).
+  finishes at once (``CANCELLED`` is an end marker). When no trainer holds a cloud run's lease
+  (none trains: preempted, waiting for capacity, not started), ``stop`` writes ``CANCELLED``
+  itself, as the placement controller does at its next tick (``controller.tick.stop_unheeded``):
+  a stop asked is a stop, not a wait for the deadline.
 - ``runs`` reads every ``runs/<id>/`` folder of the bucket with ``ops status``'s reader:
   state, step/total, age (since the folder last changed), attempts. The folders are named
   by one delimited listing, then each is listed and read on its own, 16 at once
@@ -129,6 +132,21 @@ def request_stop(run_uri: str, *, reason: str = "", store=None, now: float | Non
     return doc
 
 
+def end_unheeded(run_uri: str, *, store=None, now: float | None = None) -> str | None:
+    """After a stop was asked: when no trainer can heed it (none holds the lease), write ``CANCELLED``
+    (create-if-absent, ``instance``: ops stop) and return why; None while a trainer may heed it."""
+    from controller.tick import read_run, stop_unheeded, write_end
+    from runfolder.storage import open_store
+
+    store = open_store(run_uri) if store is None else store
+    now = time.time() if now is None else now
+    run = read_run(store)
+    why = None if run.ended else stop_unheeded(store, run, now)
+    if why is None or not write_end(store, layout.CANCELLED, why, run, now, instance="ops stop"):
+        return None
+    return why
+
+
 def cmd_stop(args: argparse.Namespace) -> int:
     """``ops stop``: ask the run to end as CANCELLED (``--wait``: until it has); on a SageMaker stack, also stop
     its training job; on a Vertex AI stack, cancel its custom job."""
@@ -171,7 +189,17 @@ def cmd_stop(args: argparse.Namespace) -> int:
         what = "cancelled Vertex AI custom job" if service == "Vertex AI" else "stopped SageMaker training job"
         print(f"{what} {name}: SIGTERM to the trainer, which commits a checkpoint; the run "
               "ends CANCELLED (ops status records it once the job has stopped)")
-    if doc.get("already"):
+    from ops.runstate import is_local
+
+    try:  # a local run has no machine to wait for: starting its command once more ends it
+        ended = None if is_local(uri) else end_unheeded(uri)
+    except (OSError, ValueError) as e:  # the request stands: a trainer, or the controller, ends the run
+        print(f"ops stop: could not end the run here ({e}); the next trainer or the controller ends it", file=sys.stderr)
+        ended = None
+    if ended:
+        print(f"asked {uri} to stop: no machine is training, so it ends CANCELLED now ({ended});")
+        print("  a machine the group starts later finishes at once and puts its group to zero")
+    elif doc.get("already"):
         print(f"ops stop: {uri} was already asked to stop ({doc.get('requested', 'earlier')}); waiting for the trainer")
     else:
         print(f"asked {uri} to stop: the trainer commits a checkpoint and ends the run as CANCELLED;")

@@ -44,9 +44,11 @@ MEMORY = "256Mi"
 GROUP_PERMISSIONS = ["compute.instanceGroupManagers.get", "compute.instanceGroupManagers.list",
                      "compute.instanceGroupManagers.update"]
 # The only objects the controller writes, relative to the run folder: the record and its events; the run's deadline when no machine has written it yet, and TIMED_OUT when
-# the deadline passed with no machine to end the run (controller/tick.py); the price cache, and a folder of decision
+# the deadline passed with no machine to end the run, CANCELLED when a stop no trainer heeds was asked
+# (controller/tick.py); the price cache, and a folder of decision
 # tables (controller/prices.py, controller/table.py).
-WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT, layout.PRICES_KEY)
+WRITES = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT, layout.CANCELLED,
+          layout.PRICES_KEY)
 WRITE_PREFIXES = (layout.DECISIONS_PREFIX,)
 # What building the function needs, as its own account (Google's "custom service account for Cloud Build" page
 # for Cloud Run functions: Logs Writer, Artifact Registry Writer, and storage for the source), each on the

@@ -134,8 +134,9 @@ def _policy(r: synth.Result, name: str) -> dict:
 
 
 # What the controller writes in the run folder: its record and events, the deadline (when no machine wrote
-# it first) and TIMED_OUT (a run past its deadline that no machine ended).
-WRITTEN = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT, layout.PRICES_KEY)
+# it first), TIMED_OUT (a run past its deadline that no machine ended) and CANCELLED (a stop no trainer heeds); the price cache.
+WRITTEN = (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT, layout.CANCELLED,
+           layout.PRICES_KEY)
 
 
 def test_the_aws_function_reads_the_run_writes_only_its_record_and_sizes_only_these_groups_up_to_nodes():

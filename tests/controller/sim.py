@@ -18,7 +18,9 @@ it, stand-ins run on a virtual clock, driven by one seeded random generator:
   launch takes 1-4 min and the machine boots in 0.5-2 min more; while the placement has no capacity each try fails, recorded as the
   cloud words it (capacity, quota, price, other) and retried with backoff (1, 2, 4, 5 min); a
   success clears the failures; a group above desired terminates its newest machines. The
-  scheduled cap action puts every group's min, max and desired to 0 at deploy + the cap.
+  scheduled cap action puts every group's min, max and desired to 0 at deploy + the cap. In some
+  schedules one placement's group API refuses every call of the controller and ``ops move`` for a
+  while or for good (a refused credential, a deleted group's API): the group itself goes on.
 - **the machines** (:class:`Machine`), as the supervisor and trainer behave: the first boot writes
   the ``deadline`` file (unless there is one); each minute a machine looks for an end marker
   (then finishes: its group to zero, shut down) and for its deadline (then finishes ``TIMED_OUT``,
@@ -31,10 +33,19 @@ it, stand-ins run on a virtual clock, driven by one seeded random generator:
   a hard kill leaves the lease to expire (a machine is taken about once an hour, and about half of a
   placement's machines get their notice when its capacity goes). A peer lost stops the chief's
   training until the group has ``nodes`` machines again. Each placement's cloud (AWS or GCP) is
-  drawn per schedule, for its notice.
+  drawn per schedule, for its notice. The silences that are no hang: in some schedules boots take
+  5-15 min, a chief stages for up to 20 min after it takes the lease (once a machine), and the export
+  after the last step takes up to 30 min (progress.json says step = total). In a quarter of the schedules
+  (2.5-3 hours long) 10 % of machines hang: a bootstrap that never ends (up, never a peer) or a trainer that hangs (it keeps
+  the lease, renewed by its own thread, and never progresses; its peers with it); spot takes a hung
+  machine back only once in four hours. The groups report no launch time (as a managed instance
+  group does): the controller counts from when it first saw a machine.
 - **the scheduler**: a tick each minute (a few seconds late at random); a tick that raises is
   retried 1 and 2 minutes later (Lambda's asynchronous retries; per schedule, on or off); some
-  ticks are slow (overlapping the next ones and ``ops move``).
+  ticks are slow (overlapping the next ones and ``ops move``); in some schedules it misses 30-45 min
+  of ticks. The store goes down for 2-10 min in some; ``finish.sh``'s scale-down fails in some (half
+  or all of the time); the cap action comes 5 min late or not at all in some; a started event is
+  followed by a line cut short in some.
 - **the operator**: ``ops move`` to a random placement and ``ops stop`` at random times, and the
   active group put to 0 from outside the controller (by hand, or a machine's finish path whose end
   marker could not be written: ``finish.sh`` scales the group down all the same).
@@ -46,7 +57,7 @@ Invariants, checked after every event (:meth:`Sim.check`) and at the end (:meth:
    and a resumed chief starts from the newest committed step.
 3. After an end marker, every group is at 0 once two ticks that started after it have completed,
    and no group is sized up again; while the run goes on, no tick zeroes the placement the
-   current ``placement.json`` names active.
+   current ``placement.json`` names active (a group the controller cannot reach is left to 5).
 4. While the run goes on (no end marker, no ``STOP``), more than ``LAUNCH_MARGIN_S`` before its
    deadline, and some placement has capacity throughout: a machine trains within
    :meth:`Sim.liveness_bound` of the last one stopping (or of the last ``ops move``). When no
@@ -57,8 +68,19 @@ Invariants, checked after every event (:meth:`Sim.check`) and at the end (:meth:
 6. The ``moved`` events match the record's moves one for one; a move the controller makes comes
    ``wait_minutes`` or more after the last training and after the move before it (one move per
    failure episode).
-7. No machine is up without training longer than :meth:`Sim.idle_bound`; the machine-minutes
+7. No machine is up without training longer than :meth:`Sim.idle_bound` while some placement could
+   have launched the run (a group no controller can reach is left to the cap); the machine-minutes
    without training are reported per schedule.
+8. A placement whose API has refused every call for :meth:`Sim.broken_bound` is named in a
+   ``waiting`` event written since, and no move to it stays under way that long.
+9. The controller replaces (cycles) a group only where one of its machines hung; a machine booting
+   (5-15 min), staging, waiting for its peers or exporting is never replaced.
+10. A stop asked is a stop: the run has an end marker within :meth:`Sim.stop_bound`, whether a machine
+    trains or not (the trainer's ``CANCELLED``, or the controller's).
+11. No group is sized up inside the launch margin (``LAUNCH_MARGIN_S`` before the deadline).
+
+Where the machines' finish path could not scale their group down, invariant 3 is the controller's own end
+branch zeroing it; where the cap action came late or failed, invariant 5 holds the controller to the deadline.
 
 What the stand-ins leave out, and where that matters:
 
@@ -71,8 +93,7 @@ What the stand-ins leave out, and where that matters:
 - The trainer is a counter: no TensorFlow, no data, no evaluation; a commit is one small file.
   Rendezvous of several machines is "``nodes`` machines up in the group"; a worker's own
   failures, the bootstrap's retries and the relaunch loop of ``finish.sh`` are not modelled.
-- ``ops stop`` while no machine trains leaves the run to its deadline (the trainer writes
-  ``CANCELLED``); invariant 4 does not count a run with ``STOP``.
+- Invariant 4 does not count a run with ``STOP`` (invariant 10 does).
 
 ``python -m tests.controller.sim --schedules 2000`` runs schedules 0..1999 and prints the figures;
 a failing schedule prints its seed, and ``--seed N --trace`` replays it event by event.
@@ -88,6 +109,7 @@ import heapq
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -124,8 +146,12 @@ START = 1_800_000_000.0  # the virtual clock's zero (an epoch second: time stamp
 # "liveness" leaves an active group below nodes; "cap" gives the controller no deadline.
 # The others break what the invariants guard, to show each can fail: "others" leaves the non-active
 # groups up (7), "restart" resumes below the newest committed step (2), "twice" writes a move's moved
-# event again (6).
-PLANTS = ("stale", "order", "liveness", "cap", "others", "restart", "twice")
+# event again (6), "broken" keeps no count of a placement whose API fails at every tick (8), "hung" never
+# replaces a machine that is up and makes no progress (7), "eager" replaces after 10 min without
+# progress: machines still booting, staging or exporting (9), "stop" leaves a stop no trainer heeds (10),
+# "margin" cuts the launch margin to 5 minutes (11).
+PLANTS = ("stale", "order", "liveness", "cap", "others", "restart", "twice", "broken", "hung", "eager", "stop",
+          "margin")
 
 
 class Unavailable(Exception):  # noqa: N818 - the store's word for it (HTTP 503)
@@ -226,6 +252,8 @@ class Group:
     launching: list[float] = field(default_factory=list)  # when each launch in flight completes
     failures: list[LaunchFailure] = field(default_factory=list)
     next_try: float = 0.0
+    hung_seen_at: float | None = None  # the last time one of its machines was up and hung
+    joined_at: float = 0.0  # when its newest machine came up
     backoff: float = 60.0
 
     def __repr__(self) -> str:
@@ -239,16 +267,18 @@ class SimClouds:
         self.sim = sim
 
     def desired(self, p) -> int:
-        self.sim.cloud_op()
+        self.sim.cloud_op(p.index)
         return self.sim.groups[p.index].desired
 
     def state(self, p) -> GroupState:
-        self.sim.cloud_op()
+        self.sim.cloud_op(p.index)
         g = self.sim.groups[p.index]
-        return GroupState(running=len(g.machines), desired=g.desired, failures=tuple(g.failures))
+        # No launch time, as a managed instance group says none: the tick counts from when it saw the machines.
+        return GroupState(running=len(g.machines), desired=g.desired, failures=tuple(g.failures),
+                          machines=tuple(sorted(m.name for m in g.machines)))
 
     def set_size(self, p, n: int) -> None:
-        self.sim.cloud_op()
+        self.sim.cloud_op(p.index)
         self.sim.size(p.index, n, self.sim.actor_name())
 
 
@@ -270,6 +300,9 @@ class Machine:
     training: bool = False
     noticed: bool = False
     booted: bool = False
+    hang: str | None = None  # "boot": its bootstrap never ends; "train": its trainer (or collective) hangs
+    staging_until: float | None = None  # the attempt's start: staging, restore (no progress, by design)
+    exporting_until: float | None = None  # after the last step: the final commit and export (no progress)
     gone_at: float | None = None
     idle_s: float = 0.0  # up without training, this stretch
 
@@ -304,12 +337,18 @@ class Sim:
         self.quiet = False  # the invariants' own reads: no faults, no pauses
         self._record, self._deadline, self._marker = records.Record(), None, None  # as stored last
         self.said_at: float | None = None
+        self.said_keys: dict[str, float] = {}
         self.actors: list[Actor] = []
         self.store = SimStore(self)
         self.nplacements = r.choice((2, 2, 3, 3))
         self.nodes = r.choice((1, 1, 2, 3))
         self.wait_minutes = r.choice((2, 3, 5, 10))
         self.cap_s = r.choice((90, 120, 150, 180)) * 60
+        # Machines that never train (a bootstrap that never ends, a hung collective); their runs are longer, so
+        # that the controller's bound (HUNG_S) is reached inside them.
+        self.phung = r.choice((0.0, 0.0, 0.0, 0.1))
+        if self.phung:
+            self.cap_s = r.choice((150, 180)) * 60
         self.target_steps = STEPS_PER_MIN * r.randint(20, 200)
         self.commit_every = r.choice((3, 5, 10)) * 60.0
         self.p503 = r.choice((0.0, 0.002, 0.01, 0.03))
@@ -336,6 +375,13 @@ class Sim:
                 spans.append((t, t + length, kind))
                 t += length + r.uniform(300, 5400)
             self.outages.append(spans)
+        # A placement whose group's API refuses the controller (a refused credential, a deleted group's
+        # API answers): for a while, or for good; the group itself goes on.
+        self.broken: list[tuple[float, float] | None] = [None] * self.nplacements
+        if r.random() < 0.2:
+            a = START + r.uniform(0, self.cap_s)
+            self.broken[r.randrange(self.nplacements)] = (a, a + r.uniform(600, 3600) if r.random() < 0.5 else
+                                                         float("inf"))
         self.cap_at = START + self.cap_s  # the groups' scheduled action, counted from the deployment
         self.machines: list[Machine] = []
         self.count = 0
@@ -355,6 +401,28 @@ class Sim:
         self.ticks = 0
         self.tick_failures = 0
         self.end = START + self.cap_s + 40 * 60
+        # The silences that are no hang: a boot of 5-15 minutes, the attempt's start (staging), the export.
+        self.boot_s = r.choice(((30.0, 120.0), (30.0, 120.0), (300.0, 900.0)))
+        self.stage_s = r.choice((0.0, 0.0, 600.0, 1200.0))
+        self.export_s = r.choice((0.0, 0.0, 600.0, 1800.0))
+        # The rest of an account's world: a scheduler that misses 30-45 min of ticks, store outages of
+        # minutes, finish.sh's scale-down failing (the controller's end branch zeroes), a cap action late
+        # or failed, events.jsonl lines cut short by a machine taken mid-write.
+        self.gap = None
+        if r.random() < 0.15:  # (after the first half hour, as the store's outages below)
+            a = START + r.uniform(1800, self.cap_s)
+            self.gap = (a, a + r.uniform(1800, 2700))
+        self.store_down: list[tuple[float, float]] = []
+        if r.random() < 0.15:
+            for _ in range(r.randint(1, 3)):
+                # After the first half hour: a gap or an outage before any deadline is written is left out
+                # (the controller knows the deadline, not the groups' cap action's time, which can then be
+                # more than the launch margin earlier: a group sized up after it).
+                a = START + r.uniform(1800, self.cap_s)
+                self.store_down.append((a, a + r.uniform(120, 600)))
+        self.pscale_fail = r.choice((0.0, 0.0, 0.5, 1.0))
+        self.cap_late = r.choice((0.0, 0.0, 0.0, 300.0, None))  # None: the cap action failed
+        self.pcut = r.choice((0.0, 0.0, 0.3))
 
     # -- the event loop ------------------------------------------------------------------------
 
@@ -367,7 +435,7 @@ class Sim:
             t, _, fn, args = heapq.heappop(self.heap)
             self.now = max(self.now, t)
             if self.trace:
-                print(f"{self.now - START:9.1f} {'  ' * self.depth}{fn.__name__}{args}")
+                print(f"{self.now - START:9.1f} {'  ' * self.depth}{fn.__name__}{shown(args)}")
             fn(*args)
             self.events += 1
             self.check()
@@ -396,6 +464,8 @@ class Sim:
                     self.run_until(self.now + actor.pause_s)  # the rest of the world goes on meanwhile
                 finally:
                     self.depth -= 1
+        if any(a <= self.now < b for a, b in self.store_down):
+            raise Unavailable(f"503 on {op} {key} (the store is down)")
         if self.p503 and self.rng.random() < self.p503:
             raise Unavailable(f"503 on {op} {key}")
 
@@ -407,7 +477,9 @@ class Sim:
             return "lost"
         return None
 
-    def cloud_op(self) -> None:
+    def cloud_op(self, index: int) -> None:
+        if self.broken_at(index, self.now):
+            raise CloudError(f"placement {index}: AccessDenied (the controller's credential is refused)")
         if self.pcloud and self.rng.random() < self.pcloud:
             raise CloudError("the group's API failed after its retries (throttled)")
 
@@ -417,6 +489,9 @@ class Sim:
             return
         if key == layout.PLACEMENT_EVENTS_KEY and data is not None:
             self.said_at = self.now  # a `waiting` or `moved` event appended
+            last = data.decode(errors="replace").strip().splitlines()[-1:]
+            with contextlib.suppress(ValueError, IndexError):
+                self.said_keys[str(json.loads(last[0]).get("key"))] = self.now
             return
         if key == layout.DEADLINE_KEY:
             digits = "".join(c for c in (data or b"").decode() if c.isdigit())
@@ -440,6 +515,10 @@ class Sim:
     def size(self, index: int, n: int, who: str) -> None:
         g = self.groups[index]
         if n > 0:
+            deadline = self.deadline()
+            if deadline is not None and self.now >= deadline - LAUNCH_MARGIN_S:
+                self.fail(11, f"{who} sized group {index} to {n} {(deadline - self.now) / 60:.1f} min before the "
+                              f"deadline, inside the {LAUNCH_MARGIN_S // 60}-minute launch margin")
             if self.ended_at is not None:
                 self.fail(3, f"{who} sized group {index} to {n} after the run ended")
             if self.now >= self.cap_time():
@@ -447,7 +526,12 @@ class Sim:
         elif who.startswith("tick") and self.ended_at is None and self.store.peek(layout.STOP_KEY) is None:
             rec = self.record()
             if rec.active == index and self.now < self.deadline_or_cap() and not self.any_marker():
-                self.fail(3, f"{who} zeroed group {index}, the active placement of the current record")
+                replaced = rec.hung.get(str(index), [])
+                if not replaced or self.now - replaced[-1] > 200:
+                    self.fail(3, f"{who} zeroed group {index}, the active placement of the current record")
+                if g.hung_seen_at is None or self.now - g.hung_seen_at > 600:
+                    self.fail(9, f"{who} replaced the machines of group {index}, none of which hung: "
+                                 f"{g.machines}")
         self.sizes.append((self.now, index, n, who))
         if self.trace:
             print(f"{self.now - START:9.1f} {'  ' * self.depth}  {who}: group {index} -> {n}")
@@ -462,6 +546,18 @@ class Sim:
     def cap_time(self) -> float:
         d = self.deadline()
         return self.cap_at if d is None else min(self.cap_at, d)
+
+    def slack(self) -> float:
+        """The world's own delays: the scheduler's gap, the store's outages."""
+        return ((self.gap[1] - self.gap[0]) if self.gap else 0.0) + sum(b - a for a, b in self.store_down)
+
+    def cap_limit(self) -> float:
+        """When every group is at 0 at the latest: the cap action's time, or, where it came late or failed, the
+        controller's ending of the run at its deadline (ticks, slow ones, the world's delays)."""
+        if self.cap_late == 0.0:
+            return self.cap_time()
+        late = self.cap_at + self.cap_late if self.cap_late is not None else float("inf")
+        return min(late, self.deadline_or_cap() + 4 * TICK_S + 2 * 150 + self.slack())
 
     def deadline_or_cap(self) -> float:
         d = self.deadline()
@@ -478,7 +574,20 @@ class Sim:
         return next((kind for a, b, kind in self.outages[index] if a <= t < b), None)
 
     def clear_between(self, index: int, a: float, b: float) -> bool:
+        broken = self.broken[index]
+        if broken is not None and broken[0] < b and a < broken[1]:
+            return False
         return not any(x < b and a < y for x, y, _ in self.outages[index])
+
+    def broken_at(self, index: int, t: float) -> bool:
+        """Whether placement ``index``'s group's API refuses every call at ``t`` (the group itself works on)."""
+        broken = self.broken[index]
+        return broken is not None and broken[0] <= t < broken[1]
+
+    def broken_bound(self) -> float:
+        """A placement broken this long is named in a ``waiting`` event, and no move to it is still under way:
+        the controller's own bound (BROKEN_TICKS ticks over BROKEN_S), ticks that failed on the store, slow ones."""
+        return decides.BROKEN_S + (decides.BROKEN_TICKS + 8) * TICK_S + 2 * 150 + self.slack()
 
     # -- groups ---------------------------------------------------------------------------------
 
@@ -497,10 +606,13 @@ class Sim:
                 self.count += 1
                 m = Machine(f"m{self.count}-p{g.index}", g, up_at=self.now)
                 g.machines.append(m)
+                g.joined_at = self.now
                 self.machines.append(m)
                 g.failures.clear()  # a success: the failures since the last one are gone
                 g.backoff = 60.0
-                self.at(self.now + self.rng.uniform(30, 120), self.boot, m)
+                if self.phung and self.rng.random() < self.phung:
+                    m.hang = self.rng.choice(("boot", "train"))
+                self.at(self.now + self.rng.uniform(*self.boot_s), self.boot, m)
                 self.plan_preemption(m)
             self.reconcile(g)
             if len(g.machines) + len(g.launching) < g.desired and self.now >= g.next_try:
@@ -523,13 +635,15 @@ class Sim:
 
     def plan_preemption(self, m: Machine) -> None:
         r = self.rng
-        when = self.now + r.expovariate(1 / 3600)
+        # A hung machine is taken back as rarely as the capacity of a calm region allows (once in 4 hours):
+        # what stops its bill is the controller, not luck.
+        when = self.now + r.expovariate(1 / (4 * 3600 if m.hang else 3600))
         self.at(when, self.spot_notice if r.random() < 0.7 else self.hard_kill, m)
 
     def boot(self, m: Machine) -> None:
         """The supervisor's first steps: the run's deadline (written at the first boot), then its loop."""
-        if not m.alive:
-            return
+        if not m.alive or m.hang == "boot":
+            return  # a bootstrap that never ends: up, billed, never a peer
         m.booted = True
         with self.acting(Actor(m.name)), contextlib.suppress(Unavailable):
             if not self.store.exists(layout.DEADLINE_KEY):
@@ -560,7 +674,7 @@ class Sim:
         if peers[0] is not m:
             return  # not the chief: it trains while the chief does
         if len(peers) < self.nodes:
-            if m.training:
+            if m.training or m.lease is not None:
                 self.stop_training(m, release=True)  # a peer lost: the trainer exits, the supervisor waits
             return
         if m.lease is None:
@@ -577,8 +691,26 @@ class Sim:
             m.step, m.last_commit = newest, self.now
             self.store.append_line(layout.EVENTS_KEY, json.dumps(
                 {layout.EVENT: layout.STARTED, layout.TIME: iso(self.now), layout.ATTEMPT: 1}))
+            if self.pcut and self.rng.random() < self.pcut:  # a line cut short: the machine before was taken mid-write
+                self.store.append_line(layout.EVENTS_KEY, '{"event": "checkpoint", "ti')
             self.at(self.now + m.lease.ttl_s / 4, self.renew, m, m.lease)
-            self.set_training(m, True)
+            if self.stage_s and m.staging_until is None:  # once a machine: a restarted trainer finds its data
+                m.staging_until = self.now + self.rng.uniform(0, self.stage_s)
+            if m.staging_until is not None and self.now < m.staging_until:
+                return
+            if not any(x.hang == "train" for x in peers):
+                self.set_training(m, True)
+            return
+        if any(x.hang == "train" for x in peers):
+            if m.training:
+                self.stop_training(m, keep=True)
+            return  # a hung trainer or collective: the lease is renewed (its own thread), nothing trains
+        if m.staging_until is not None and self.now < m.staging_until:
+            return
+        if m.exporting_until is not None:
+            if self.now >= m.exporting_until:
+                self.store.put_bytes(layout.COMPLETE, json.dumps({"step": m.step}).encode())
+                self.finish_machine(m, None)
             return
         try:
             m.lease.check()
@@ -587,7 +719,8 @@ class Sim:
             return
         self.set_training(m, True)
         m.step += STEPS_PER_MIN
-        self.store.put_bytes(layout.PROGRESS_KEY, json.dumps({"step": m.step, "updated": iso(self.now)}).encode())
+        self.store.put_bytes(layout.PROGRESS_KEY, json.dumps(
+            {"step": m.step, "total": self.target_steps, "updated": iso(self.now)}).encode())
         if self.store.exists(layout.STOP_KEY):
             if self.commit(m):
                 self.store.put_bytes(layout.CANCELLED, json.dumps({"step": m.step}).encode())
@@ -595,6 +728,10 @@ class Sim:
             return
         if m.step >= self.target_steps:
             if self.commit(m):
+                if self.export_s:
+                    m.exporting_until = self.now + self.rng.uniform(0, self.export_s)
+                    self.stop_training(m, keep=True)
+                    return
                 self.store.put_bytes(layout.COMPLETE, json.dumps({"step": m.step}).encode())
                 self.finish_machine(m, None)
             return
@@ -630,15 +767,18 @@ class Sim:
         if on and self.training_since is None:
             self.training_since = self.now
 
-    def stop_training(self, m: Machine, *, release: bool = False) -> None:
-        """The trainer exits: its lease goes with it (released when it can say so, else left to expire)."""
+    def stop_training(self, m: Machine, *, release: bool = False, keep: bool = False) -> None:
+        """The trainer exits: its lease goes with it (released when it can say so, else left to expire);
+        ``keep``: its training ends, and it keeps the lease to export."""
         if m.training:
             self.last_training = self.now
         m.training = False
-        if release and m.lease is not None:
-            with contextlib.suppress(Unavailable):
-                m.lease.release()
-        m.lease, m.ckpt = None, None
+        if not keep:
+            if release and m.lease is not None:
+                with contextlib.suppress(Unavailable):
+                    m.lease.release()
+            m.lease, m.ckpt = None, None
+            m.exporting_until = None
         if not any(x.training for x in self.machines):
             self.training_since = None
 
@@ -676,7 +816,8 @@ class Sim:
             with contextlib.suppress(Unavailable):
                 self.store.put_bytes(outcome, json.dumps({"outcome": outcome, "reason": "the run's deadline passed",
                                                           "instance": m.name}).encode())
-        self.size(m.group.index, 0, f"finish {m.name}")
+        if not (self.pscale_fail and self.rng.random() < self.pscale_fail):  # else: finish.sh's scale-down failed
+            self.size(m.group.index, 0, f"finish {m.name}")
         self.terminate(m, "finish")
 
     # -- the controller and the operator -------------------------------------------------------
@@ -692,7 +833,11 @@ class Sim:
                 if self.trace:
                     print(f"{self.now - START:9.1f} {'  ' * self.depth}  -> {result.action}: {result.reason} "
                           f"{result.resized or ''}{' waiting: ' + result.waiting if result.waiting else ''}")
-            except (Unavailable, CloudError, PreconditionFailed):
+            except (Unavailable, CloudError, PreconditionFailed) as e:
+                if self.trace:
+                    did = getattr(e, "result", None)
+                    print(f"{self.now - START:9.1f} {'  ' * self.depth}  -> {type(e).__name__}: {e}"
+                          + (f" (after {did.action}: {did.reason})" if did is not None else ""))
                 self.tick_failures += 1
                 if self.retries and attempt < 2:
                     self.at(self.now + 60 * (attempt + 1), self.scheduled_tick, attempt + 1)
@@ -703,7 +848,8 @@ class Sim:
             self.ticks_after_end += 1
 
     def next_tick(self) -> None:
-        self.scheduled_tick()
+        if self.gap is None or not self.gap[0] <= self.now < self.gap[1]:  # the scheduler's gap: no tick
+            self.scheduled_tick()
         self.at(self.now - (self.now - START) % TICK_S + TICK_S + self.rng.uniform(0, 5), self.next_tick)
 
     def operator_move(self) -> None:
@@ -726,7 +872,8 @@ class Sim:
     def operator_stop(self) -> None:
         with self.acting(Actor("ops stop")), contextlib.suppress(Unavailable):
             if self.any_marker() is None:
-                self.store.put_bytes(layout.STOP_KEY, json.dumps({"reason": "asked by sim (ops stop)"}).encode())
+                self.store.put_bytes(layout.STOP_KEY, json.dumps(
+                    {"requested": iso(self.now), "reason": "asked by sim (ops stop)"}).encode())
                 self.stop_at = self.now if self.stop_at is None else self.stop_at
 
     # -- invariants -----------------------------------------------------------------------------
@@ -737,14 +884,26 @@ class Sim:
     def liveness_bound(self) -> float:
         """No training for longer than this, while some placement can launch, is a run waiting in vain:
         each other placement's wait and its failed-placement pause, the old lease, a launch, a boot,
-        the nodes' joining and three ticks (slow ones included)."""
+        the nodes' joining, the attempt's start (twice: a chief lost while it stages), three ticks (slow
+        ones included) and, where machines hang, the controller's bound for them."""
         return (self.nplacements * (2 * self.config.wait_s + 3 * TICK_S) + DEFAULT_TTL_S + CLOCK_SKEW_S
-                + 2 * 300 + 240 + 120 + 3 * TICK_S + 2 * 150)
+                + 2 * 300 + 240 + self.boot_s[1] + 2 * self.stage_s + 3 * TICK_S + 2 * 150 + self.hung_allowance()
+                + self.slack())
 
-    def idle_bound(self) -> float:
-        """A machine up this long without training is billed for nothing: a boot, the wait for a move
-        (or the lease of the machine before), a peer's launch, ticks."""
-        return 120 + self.config.wait_s + 2 * 300 + 240 + DEFAULT_TTL_S + CLOCK_SKEW_S + 4 * TICK_S + 2 * 150
+    def hung_allowance(self) -> float:
+        """Where machines hang: the controller's bound, the cycle's ticks, the fresh machine's boot (twice:
+        the placement's first replacement, then a move away)."""
+        return 2 * (decides.HUNG_S + 3 * TICK_S + self.boot_s[1] + 240) if self.phung else 0.0
+
+    def idle_bound(self, m: Machine | None = None) -> float:
+        """A machine up this long without training is billed for nothing: its boot and its peers' (one
+        each, a peer taken meanwhile), the wait for a move (or the lease of the machine before), a peer's
+        launch, ticks; where its group had a machine that
+        hung, the controller's bound for that too."""
+        hung = m is not None and m.group.hung_seen_at is not None and self.now - m.group.hung_seen_at < 2 * 3600
+        base = (self.nodes * self.boot_s[1] + self.config.wait_s + 2 * 300 + 240 + DEFAULT_TTL_S + CLOCK_SKEW_S
+                + 4 * TICK_S + 2 * 150 + self.slack())
+        return max(base, decides.HUNG_S + decides.REPLACED_GUARD_S + 6 * TICK_S + 2 * 150 + self.slack()) if hung else base
 
     def check(self) -> None:
         valid = [m for m in self.machines if m.alive and m.training and m.lease is not None and m.lease.lost is None
@@ -755,10 +914,13 @@ class Sim:
         if marker and self.ended_at is None:
             self.ended_at = self.now
         if self.ended_at is not None and self.ticks_after_end >= 2:
-            up = [g.index for g in self.groups if g.desired > 0]
+            # A group the controller cannot reach is left to its machines' finish path and the cap (5).
+            up = [g.index for g in self.groups if g.desired > 0 and not self.broken_at(g.index, self.now)]
             if up:
                 self.fail(3, f"groups {up} still up two ticks after the run ended ({marker})")
-        if self.now > self.cap_time() and any(g.desired > 0 for g in self.groups):
+        # (A group no controller can reach, whose cap action failed, is its machines' finish path's alone.)
+        if self.now > self.cap_limit() and any(g.desired > 0 and (self.cap_late == 0.0 or not self.broken_at(
+                g.index, self.now)) for g in self.groups):
             self.fail(5, f"a group is above 0 after the cap: {[g.desired for g in self.groups]}")
         if any(m.training for m in self.machines if m.alive):
             self.last_training = self.now
@@ -766,6 +928,28 @@ class Sim:
                 self.trained_at.append(self.now)
         self.check_liveness()
         self.check_moves()
+        self.check_broken()
+        if self.stop_at is not None and marker is None and self.now - self.stop_at > self.stop_bound():
+            self.fail(10, f"a stop asked at {self.stop_at - START:.0f} s has not ended the run")
+
+    def stop_bound(self) -> float:
+        """A stop ends the run within this: the trainer's next step and commit, the attempt's start (a chief
+        that stages sees it after), or the controller's grace for a trainer that holds the lease and hangs; the
+        lease's expiry and ticks (slow ones, retried ones)."""
+        return (max(ticks.STOP_GRACE_S, self.stage_s) + DEFAULT_TTL_S + CLOCK_SKEW_S + 5 * TICK_S + 2 * 150
+                + self.commit_every + self.slack())
+
+    def check_broken(self) -> None:
+        for i, span in enumerate(self.broken):
+            if span is None or not span[0] + self.broken_bound() < self.now < span[1]:
+                continue
+            if self.said_keys.get(f"{i}:broken", -1.0) < span[0]:
+                self.fail(8, f"placement {i} has refused every call since {span[0] - START:.0f} s and no waiting "
+                             "event names it")
+            pending = self.record().pending
+            if (pending is not None and pending.get("to") == i and self.any_marker() is None
+                    and self.now - (records.epoch_of(pending.get("time")) or START) > self.broken_bound()):
+                self.fail(8, f"a move to placement {i}, broken since {span[0] - START:.0f} s, is still under way")
 
     def check_liveness(self) -> None:
         if self.ended_at is not None or self.stop_at is not None or self.training_since is not None:
@@ -775,8 +959,8 @@ class Sim:
             return
         if not any(self.clear_between(i, since, self.now) for i in range(self.nplacements)):
             # Nowhere to go: the run may wait, but not in silence (a `waiting` or `moved` event in the window).
-            said = self.said_at
-            if said is None or said < self.now - self.liveness_bound():
+            said = self.said_at  # once per cause: a cause that lasts is said once, since the training stopped
+            if said is None or said < since:
                 self.fail(4, f"no machine has trained for {(self.now - since) / 60:.0f} min, no placement could "
                              "launch, and the controller said nothing (no waiting or moved event)")
             return
@@ -816,15 +1000,17 @@ class Sim:
             m = rec.moves[e["move"] - 1] if 0 < e["move"] <= len(rec.moves) else None
             if m is None or (m["from"], m["to"]) != (e["from"], e["to"]):
                 self.fail(6, f"moved event {e} matches no move of the record")
-        done = [i + 1 for i, m in enumerate(rec.moves) if m.get("done")]
+        done = [i + 1 for i, m in enumerate(rec.moves) if m.get("done") and not m.get("abandoned")]
         if sorted(set(done) - set(numbers)):
             self.fail(6, f"moves {sorted(set(done) - set(numbers))} are done without their moved event")
-        if self.now >= self.deadline_or_cap() + 3 * TICK_S and self.any_marker() is None:
+        if self.now >= self.deadline_or_cap() + 3 * TICK_S + self.slack() and self.any_marker() is None:
             self.fail(5, "the run is past its deadline and has no end marker")
         idle = self.idle_s
         return {"seed": self.seed, "ended": self.any_marker(), "moves": len(rec.moves), "machines": self.count,
                 "idle_machine_min": round(idle / 60, 1), "ticks": self.ticks, "tick_failures": self.tick_failures,
-                "events": self.events, "nodes": self.nodes, "placements": self.nplacements}
+                "events": self.events, "nodes": self.nodes, "placements": self.nplacements,
+                "replaced": sum(len(v) for v in rec.hung.values()),
+                "hung": sum(1 for m in self.machines if m.hang is not None)}
 
     # -- one schedule ---------------------------------------------------------------------------
 
@@ -833,7 +1019,8 @@ class Sim:
         self.at(START + r.uniform(0, 60), self.next_tick)
         for g in self.groups:
             self.at(START + r.uniform(0, 30), self.group_step, g)
-        self.at(self.cap_at, self.cap_action)
+        if self.cap_late is not None:
+            self.at(self.cap_at + self.cap_late, self.cap_action)
         for _ in range(r.choice((0, 0, 1, 2, 4))):
             self.at(START + r.uniform(0, self.cap_s), self.operator_move)
         if r.random() < 0.15:
@@ -856,18 +1043,32 @@ class Sim:
 
     def idle_meter(self) -> None:
         """Each 30 s, every machine up and not training (a non-chief trains while its chief does) is billed idle."""
-        trains = {m.group.index for m in self.machines if m.alive and m.training}
+        trains = {m.group.index for m in self.machines if m.alive and (
+            m.training or (m.staging_until or 0.0) > self.now or m.exporting_until is not None) and m.hang is None}
         for m in self.machines:
             if not m.alive:
                 continue
+            if m.hang is not None:
+                m.group.hung_seen_at = self.now
             if m.group.index in trains:
                 m.idle_s = 0.0
                 continue
             m.idle_s += 30
             self.idle_s += 30
-            if m.idle_s > self.idle_bound():
-                self.fail(7, f"{m.name} has been up {m.idle_s / 60:.0f} min without training (bound "
-                             f"{self.idle_bound() / 60:.0f}); groups {[g.desired for g in self.groups]}, record "
+            if self.broken_at(m.group.index, self.now):
+                m.idle_s = 0.0  # billed, and reported; no controller can reach its group to stop it
+            hung = m.group.hung_seen_at is not None and self.now - m.group.hung_seen_at < 2 * 3600
+            # Where a machine hangs, the bound counts from the group's newest machine (a new peer is a new
+            # start for all: the controller gives it its boot); else from the machine's own idle stretch.
+            stretch = min(m.idle_s, self.now - m.group.joined_at) if hung else m.idle_s
+            if any(x.alive and x.lease is not None and self.broken_at(x.group.index, self.now) for x in self.machines):
+                m.idle_s = stretch = 0.0  # the lease, held where no controller reaches: the meter starts again
+            if stretch > self.idle_bound(m) and (m.hang is not None or any(
+                    self.clear_between(i, self.now - m.idle_s, self.now) for i in range(self.nplacements))):
+                # (Where no placement could have launched all the machines the run waits, said by invariant 4;
+                # a machine that hangs is replaced whatever the capacity: its bill stops.)
+                self.fail(7, f"{m.name} has been up {stretch / 60:.0f} min without training (bound "
+                             f"{self.idle_bound(m) / 60:.0f}); groups {[g.desired for g in self.groups]}, record "
                              f"active {self.record().active}")
         self.at(self.now + 30, self.idle_meter)
 
@@ -889,7 +1090,8 @@ def planted(plant: str | None) -> Iterator[None]:
         raise ValueError(f"unknown plant {plant!r}; expected one of {', '.join(PLANTS)}")
     saved = (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
              RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize,
-             records.note_waiting)
+             records.note_waiting, ticks._note_health, decides._hung, decides.HUNG_S, ticks.stop_unheeded,
+             decides.LAUNCH_MARGIN_S)
     try:
         if plant == "stale":  # size from the record the tick read first, whatever happened since
             ticks.current_record = _stale_record
@@ -901,8 +1103,9 @@ def planted(plant: str | None) -> Iterator[None]:
             ticks.read_deadline = lambda store: None
             ticks.ensure_deadline = lambda config, store, run, now: run
         elif plant == "others":  # the controller puts no group to zero but at the run's end
-            ticks._zero = lambda clouds, placements, done: (
-                saved[4](clouds, placements, done) if len(placements) == len(sim_config_placements(clouds)) else None)
+            ticks._zero = lambda clouds, placements, done, errors=None: (
+                saved[4](clouds, placements, done, errors)
+                if len(placements) == len(sim_config_placements(clouds)) else None)
             ticks._resize = lambda clouds, p, n, done: None if n == 0 else saved[8](clouds, p, n, done)
         elif plant == "restart":  # the newest committed checkpoint is not offered
             CheckpointStore.committed_steps = lambda self: saved[6](self)[:-1]
@@ -913,15 +1116,34 @@ def planted(plant: str | None) -> Iterator[None]:
                 store.put_bytes_if(layout.PLACEMENT_EVENTS_KEY, body, version=version)
                 return True
             records.append_moved_once = twice
+        elif plant == "broken":  # a group's failures are raised, never counted: no placement is ever broken
+            ticks._note_health = lambda *a, **k: None
+        elif plant == "hung":  # all the run's machines up: it stays, whatever their progress
+            decides._hung = lambda *a, **k: None
+        elif plant == "eager":
+            decides.HUNG_S = 10 * 60
+        elif plant == "stop":  # a stop waits for a trainer, whether one runs or not
+            ticks.stop_unheeded = lambda *a, **k: None
+        elif plant == "margin":
+            decides.LAUNCH_MARGIN_S = 5 * 60
         yield
     finally:
         (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
          RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize,
-         records.note_waiting) = saved
+         records.note_waiting, ticks._note_health, decides._hung, decides.HUNG_S, ticks.stop_unheeded,
+         decides.LAUNCH_MARGIN_S) = saved
 
 
-def sim_config_placements(clouds: SimClouds) -> tuple:
-    return clouds.sim.config.placements
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+
+
+def shown(args: tuple) -> str:
+    """An event's arguments as the trace prints them: no object's address (two replays print the same bytes)."""
+    return _ADDRESS.sub("", repr(args))
+
+
+def sim_config_placements(clouds) -> tuple:
+    return getattr(clouds, "clouds", clouds).sim.config.placements
 
 
 def _stale_record(store: SimStore, version: str | None) -> records.Record | None:
@@ -959,7 +1181,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.schedules)
     t0 = time.process_time()
-    failed, idle, moves, ended = [], 0.0, 0, {}
+    failed, idle, moves, ended, hung, replaced = [], 0.0, 0, {}, 0, 0
     for seed in seeds:
         try:
             out = run_one(seed, plant=args.plant, trace=args.trace)
@@ -970,6 +1192,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         idle += out["idle_machine_min"]
         moves += out["moves"]
+        hung += out["hung"]
+        replaced += out["replaced"]
         ended[out["ended"]] = ended.get(out["ended"], 0) + 1
         done = seed - seeds[0] + 1
         if args.every and done % args.every == 0:
@@ -979,8 +1203,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(out))
     cpu = time.process_time() - t0
     n = len(seeds)
-    print(f"{n} schedules in {cpu:.1f} CPU-s ({n / cpu:.0f}/s): {n - len(failed)} hold every invariant; "
-          f"{moves} moves; ends {ended}; {idle / 60:.1f} idle machine-hours")
+    # A replay (--seed) prints no CPU time: two replays of one seed print the same bytes.
+    took = "" if args.seed is not None else f" in {cpu:.1f} CPU-s ({n / max(cpu, 1e-9):.0f}/s)"
+    print(f"{n} schedules{took}: {n - len(failed)} hold every invariant; "
+          f"{moves} moves; ends {ended}; {idle / 60:.1f} idle machine-hours; {hung} machines hung, "
+          f"{replaced} replacements")
     return 1 if failed else 0
 
 

@@ -107,7 +107,8 @@ def test_an_aws_group_reads_as_its_machines_in_service_and_its_failures_since_th
     assert state == GroupState(running=3, desired=2, failures=(
         LaunchFailure(NOW - 300, "Launching: no message"),
         LaunchFailure(NOW - 600, "We currently do not have sufficient capacity."),
-        LaunchFailure(NOW - 1200, "launch failed")))
+        LaunchFailure(NOW - 1200, "launch failed")), launched=NOW - 3600,  # the newest machine's launch
+        machines=("i-0", "i-2", "i-3"))
     assert asg.calls == [("describe_auto_scaling_groups", {"AutoScalingGroupNames": ["ts-gpu"]}),
                          ("describe_scaling_activities", {"AutoScalingGroupName": "ts-gpu", "MaxRecords": ACTIVITIES})]
 

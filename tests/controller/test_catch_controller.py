@@ -161,7 +161,7 @@ def test_the_run_folder_reads_as_its_newest_sign_lease_step_stop_deadline_and_at
     store.put_bytes(layout.DEADLINE_KEY, b"1800007200\n")
 
     assert read_run(store) == RunView(ended=None, heartbeat=NOW - 120, lease_until=NOW + 45, step=30, stop=True,
-                                      deadline=1_800_007_200.0, attempts=2)
+                                      deadline=1_800_007_200.0, attempts=2, progress_at=NOW - 300)
 
     store.put_bytes(layout.PROGRESS_KEY, json.dumps({"step": 31, "updated": iso(NOW - 10)}).encode())
     _lease(store, NOW + 45, released=True)
@@ -170,7 +170,7 @@ def test_the_run_folder_reads_as_its_newest_sign_lease_step_stop_deadline_and_at
 
     # The newest of progress and events; a released lease holds nothing; the end markers in their order.
     assert read_run(store) == RunView(ended=layout.FAILED, heartbeat=NOW - 10, lease_until=None, step=30, stop=True,
-                                      deadline=1_800_007_200.0, attempts=2)
+                                      deadline=1_800_007_200.0, attempts=2, progress_at=NOW - 10)
 
 
 @pytest.mark.parametrize(("progress", "events", "heartbeat", "attempts"), [
@@ -200,9 +200,10 @@ def test_the_deadline_file_reads_as_epoch_seconds(file_run, text, deadline):
 
 
 def _failing_groups(config, nodes: int, message: str = NO_CAPACITY, ago: float = 60) -> FakeGroups:
-    """Groups in memory, home at ``nodes``, whose every state is short a machine and failing for ``message``."""
+    """Groups in memory, home at ``nodes``, short a machine and failing for ``message``; the others at zero,
+    never tried."""
     return FakeGroups({p.group: nodes if p.index == 0 else 0 for p in config.placements},
-                      state=lambda p: _short(nodes, (NOW - ago, message)))
+                      state=lambda p: _short(nodes, (NOW - ago, message)) if p.index == 0 else GroupState(0, 0))
 
 
 def _trained(store, last_beat: float) -> None:
@@ -458,6 +459,31 @@ def test_a_tick_whose_move_another_tick_recorded_first_does_nothing_more(file_ru
 
 def _pending(config, store, to: int = 1) -> tuple[Record, str]:
     return start_move(config, store, *records.read(store), to, "asked", 40, NOW, failed=False)
+
+
+def test_a_move_overtaken_after_its_first_steps_does_not_size_its_new_group_up(file_run):
+    # finish_move reads placement.json twice: before it zeroes the old group, and again right before the one
+    # step that starts machines. Another move recorded between the two must keep the new group at zero.
+    config = _config(1, run_uri=file_run.uri)
+    store = open_store(config.run_uri)
+    _trained(store, NOW - 60)  # a released lease: nothing holds the move between its steps
+    groups = FakeGroups({"g0": 1, "g1": 0, "g2": 0})
+    rec, version = _pending(config, store)  # 0 -> 1 recorded, not carried out
+    reads = []
+
+    def during(n: int) -> None:
+        reads.append(n)
+        if n == 1:  # right after the first read: an operator's move 1 -> 2 lands
+            current, current_version = records.read(store)
+            moves = [*current.moves, {"from": 1, "to": 2, "reason": "asked", "step": 40, "time": iso(NOW),
+                                      "done": False}]
+            records.write(store, Record(active=2, since=iso(NOW), moves=moves), current_version)
+
+    result = finish_move(config, Clouds(aws=groups), Hooked(store, during), rec, version, NOW)
+
+    assert reads == [1, 2]  # the second read is the one right before the new group would be sized up
+    assert result.reason == LEFT and ("g1", 1) not in groups.calls and groups.sizes["g1"] == 0
+    assert groups.calls == [("g0", 0)] and records.read(store)[0].active == 2
 
 
 def test_a_recorded_move_another_move_or_the_end_overtook_is_left_to_its_writer(file_run):

@@ -94,7 +94,8 @@ def test_a_tick_moves_a_run_whose_group_lacks_one_machine_and_sizes_the_next_to_
     config = _config(nodes, f"file://{tmp_path}/runs/r")
     store = open_store(config.run_uri)
     trained(store, step=40, last_beat=NOW - (WAIT_MINUTES + 1) * 60)
-    groups = FakeGroups({"g0": nodes, "g1": 0}, state=lambda p: _stuck(nodes - 1, nodes))
+    groups = FakeGroups({"g0": nodes, "g1": 0},
+                        state=lambda p: _stuck(nodes - 1, nodes) if p.index == 0 else GroupState(0, 0))
 
     result = tick(config, Clouds(aws=groups), NOW)
 

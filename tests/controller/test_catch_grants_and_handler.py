@@ -47,7 +47,7 @@ def test_the_aws_function_may_read_its_run_write_its_own_objects_and_size_its_gr
         {"Sid": "WritePlacement", "Effect": "Allow", "Action": "s3:PutObject", "Resource": [
             "arn:aws-cn:s3:::b-1/runs/r-7/placement.json", "arn:aws-cn:s3:::b-1/runs/r-7/machine-events/placement.jsonl",
             "arn:aws-cn:s3:::b-1/runs/r-7/deadline", "arn:aws-cn:s3:::b-1/runs/r-7/TIMED_OUT",
-            "arn:aws-cn:s3:::b-1/runs/r-7/prices.json", "arn:aws-cn:s3:::b-1/runs/r-7/decisions/*"]},
+            "arn:aws-cn:s3:::b-1/runs/r-7/CANCELLED", "arn:aws-cn:s3:::b-1/runs/r-7/prices.json", "arn:aws-cn:s3:::b-1/runs/r-7/decisions/*"]},
         READ_GROUPS, SIZE_GROUPS, READ_PRICES]}
 
 
@@ -67,7 +67,7 @@ def test_the_gcp_groups_account_may_read_and_resize_groups_and_nothing_of_the_bu
     assert grants.GCP_GROUP_PERMISSIONS == ("compute.instanceGroupManagers.get", "compute.instanceGroupManagers.list",
                                             "compute.instanceGroupManagers.update")
     assert grants.WRITES == (layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY, layout.DEADLINE_KEY, layout.TIMED_OUT,
-                             layout.PRICES_KEY)
+                             layout.CANCELLED, layout.PRICES_KEY)
     assert grants.WRITE_PREFIXES == (layout.DECISIONS_PREFIX,)
 
 

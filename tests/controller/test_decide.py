@@ -8,10 +8,12 @@ from controller.config import parse
 from controller.decide import (
     CAPACITY,
     FINISH,
+    HUNG_S,
     MOVE,
     OTHER,
     PRICE,
     QUOTA,
+    REPLACE,
     STAY,
     GroupState,
     LaunchFailure,
@@ -90,3 +92,53 @@ def test_with_nowhere_to_go_the_run_stays_and_says_why():
     rec = Record(active=1, since=iso(NOW - 60 * 60), failed_at={"0": NOW - 60, "2": NOW - 60})
     stay = decide(CONFIG, rec, RunView(), _group(16 * 60), NOW)
     assert stay.action == STAY and "30 min" in stay.reason
+
+
+def _up(n: int = 1, launched: float | None = None) -> GroupState:
+    return GroupState(n, n, (), launched=launched)
+
+
+@pytest.mark.parametrize(("run", "group", "rec", "action"), [
+    (RunView(progress_at=NOW - HUNG_S - 60), _up(), Record(), REPLACE),  # all machines up, no progress for the bound
+    (RunView(progress_at=NOW - HUNG_S + 60), _up(), Record(), STAY),  # progress within the bound
+    (RunView(progress_at=NOW - 3 * HUNG_S), _up(launched=NOW - 20 * 60), Record(), STAY),  # a fresh machine boots
+    (RunView(progress_at=NOW - 3 * HUNG_S, finishing=True), _up(), Record(), STAY),  # the export after the last step
+    (RunView(progress_at=NOW - 3 * HUNG_S, stop=True), _up(), Record(), STAY),  # a stop is asked: not a machine's fault
+    (RunView(progress_at=NOW - 3 * HUNG_S, deadline=NOW + 600), _up(), Record(), STAY),  # inside the launch margin
+    (RunView(progress_at=NOW - 3 * HUNG_S), _up(), Record(since=iso(NOW - 30 * 60)), STAY),  # active for 30 min only
+    (RunView(), _up(), Record(), STAY),  # nothing known: no age to judge by
+])
+def test_machines_up_without_progress_are_replaced_only_past_every_legitimate_silence(run, group, rec, action):
+    assert decide(CONFIG, rec, run, group, NOW).action == action
+
+
+def test_a_placement_that_hangs_again_after_its_machines_were_replaced_counts_as_failed():
+    rec = Record(active=0, since=iso(NOW - 5 * HUNG_S), hung={"0": [NOW - 2 * HUNG_S]})
+    run = RunView(progress_at=NOW - 3 * HUNG_S)
+
+    moved = decide(CONFIG, rec, run, _up(), NOW)
+
+    assert (moved.action, moved.to) == (MOVE, 1) and "again after its machines were replaced" in moved.reason
+    # With nowhere to go, its machines are replaced again, and the controller says why it waits.
+    stuck = decide(CONFIG, Record(**{**rec.__dict__, "failed_at": {"1": NOW, "2": NOW}}), run, _up(), NOW)
+    assert (stuck.action, stuck.stuck) == (REPLACE, "0:hung:nowhere")
+
+
+def test_the_controllers_bound_waits_out_the_machines_own_watch_and_a_slow_boot():
+    from ops.runstate import QUIET_PHASE_S
+
+    # userdata/progress.sh: 3600 s from the trainer's start to its first progress; a boot takes up to 15 min.
+    assert HUNG_S > 3600 + 15 * 60 and HUNG_S > QUIET_PHASE_S + 15 * 60
+
+
+def test_a_placement_whose_own_group_failed_lately_waits_like_one_the_run_left_whoever_moved_it():
+    wait = CONFIG.wait_s
+    # An operator moved the run 0 -> 1 (no failed_at), away from 0's failing group; now 1 cannot launch.
+    rec = Record(active=1, since=iso(NOW - 20 * 60))
+    assert candidates(CONFIG, rec, NOW) == [2, 0]
+    assert candidates(CONFIG, rec, NOW, {0: NOW - 5 * 60}) == [2]  # its own activity: failed 5 min ago
+    assert candidates(CONFIG, rec, NOW, {0: NOW - 2 * wait}) == [2, 0]  # and tried again after twice the wait
+    assert candidates(CONFIG, Record(active=1, failed_at={"2": NOW - 3 * wait}), NOW, {0: NOW - 3 * wait + 60}) == [2, 0]
+
+    moved = decide(CONFIG, rec, RunView(progress_at=NOW - 20 * 60), _group(60), NOW, {0: NOW - 5 * 60})
+    assert (moved.action, moved.to) == (MOVE, 2)

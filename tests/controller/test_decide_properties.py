@@ -6,7 +6,18 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from controller.config import parse
-from controller.decide import FINISH, MOVE, STAY, GroupState, LaunchFailure, RunView, candidates, decide
+from controller.decide import (
+    FINISH,
+    HUNG_S,
+    MOVE,
+    REPLACE,
+    STAY,
+    GroupState,
+    LaunchFailure,
+    RunView,
+    candidates,
+    decide,
+)
 from controller.record import Record, iso
 
 NOW = 1_800_000_000.0
@@ -40,15 +51,19 @@ def test_a_move_goes_somewhere_allowed_and_only_after_the_wait(n, wait, active, 
     active %= n
     failed_at = {k: v for k, v in failed_at.items() if int(k) < n}
     rec = Record(active=active, since=None if since is None else iso(NOW - since), failed_at=failed_at)
-    run = RunView(ended=ended, heartbeat=None if heartbeat is None else NOW - heartbeat)
+    beat = None if heartbeat is None else NOW - heartbeat
+    run = RunView(ended=ended, heartbeat=beat, progress_at=beat)  # progress.json: a heartbeat, and progress
     group = GroupState(running, nodes, tuple(LaunchFailure(None if a is None else NOW - a, m) for a, m in failures))
 
     d = decide(config, rec, run, group, NOW)
 
     if ended:
         assert d.action == FINISH
-    elif running >= nodes:
-        assert d.action == STAY and f"{running} machine(s) running" in d.reason  # all the run's machines: it stays
+    elif running >= nodes:  # all the run's machines: it stays, or replaces them once they made no progress for long
+        signs = [t for t in (run.progress_at, None if since is None else NOW - since,
+                             *(f.time for f in group.failures)) if t is not None]
+        quiet = bool(signs) and NOW - max(signs) >= HUNG_S
+        assert (d.action, f"{running} machine(s) running" in d.reason) == ((REPLACE, True) if quiet else (STAY, True))
     if d.action != MOVE:
         return
     assert d.to != active and 0 <= d.to < n

@@ -33,7 +33,7 @@ def _groups(gce: GceGroups, pauses: list[float] | None = None) -> GcpGroups:
 
 def test_a_group_with_its_machine_running(gce):
     state = _groups(gce).state(P)
-    assert state == GroupState(running=1, desired=1, failures=())
+    assert state == GroupState(running=1, desired=1, failures=(), machines=("ts-gpu-0000",))
 
 
 def test_a_stockout_reads_as_capacity_failures_and_moves_the_run(gce):

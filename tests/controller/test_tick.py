@@ -187,7 +187,8 @@ def test_two_ticks_at_once_move_once_on_gcs(gs_run_enforced):
     store = open_store(config.run_uri)
     trained(store, step=20, last_beat=now - 16 * 60)
     groups = FakeGroups({"home-gpu": 1, "west-gpu": 0},
-                        state=lambda p: GroupState(0, 1, (LaunchFailure(now - 30, NO_CAPACITY),)))
+                        state=lambda p: GroupState(0, 1, (LaunchFailure(now - 30, NO_CAPACITY),)) if p.index == 0
+                        else GroupState(0, 0))
 
     meeting, results = race(config, Clouds(aws=groups), store, now)
 

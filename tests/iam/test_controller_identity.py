@@ -150,6 +150,25 @@ def test_the_controller_moves_and_finishes_with_its_own_policy_only(as_controlle
     assert writes == sorted([layout.PLACEMENT_KEY, layout.PLACEMENT_EVENTS_KEY])
 
 
+def test_the_controller_ends_a_stop_no_trainer_heeds_with_its_own_policy(as_controller):
+    c = as_controller
+    now = time.time()
+    admin = _admin_store(c)
+    trained(admin, step=20, last_beat=now - 600)  # its lease released: no trainer runs
+    admin.put_bytes(layout.STOP_KEY, b'{"reason": "asked"}')
+    before = len(c.decisions())
+
+    result = tick(c.config, Clouds(aws=AwsGroups()), now)
+
+    marker = c.cloud.admin("s3", REGIONS[0]).get_object(Bucket=BUCKET, Key=f"runs/{RUN_ID}/{layout.CANCELLED}")
+    assert result.action == "finish", result
+    assert json.loads(marker["Body"].read())["instance"] == "controller"
+    assert (_size(c.cloud, REGIONS[0], GROUPS[0]), _size(c.cloud, REGIONS[1], GROUPS[1])) == (0, 0)
+    seen = c.decisions()[before:]
+    assert [(a, r) for a, r, d in seen if d is not Decision.ALLOW] == []
+    assert sorted({r.split(f"runs/{RUN_ID}/", 1)[1] for a, r, _d in seen if a == "s3:PutObject"}) == [layout.CANCELLED]
+
+
 @pytest.mark.parametrize(("what", "call", "code"), [
     ("another stack's group", lambda c: c.client("autoscaling").update_auto_scaling_group(
         AutoScalingGroupName=OTHER_GROUP, MinSize=0, MaxSize=0, DesiredCapacity=0), "AccessDenied"),

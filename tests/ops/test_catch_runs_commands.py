@@ -637,3 +637,25 @@ def test_pull_checkpoint_of_a_script_that_saved_no_model_fetches_it_and_says_why
     assert main(["pull", "--run-uri", uri, str(dest), "--checkpoint"]) == 0
     assert capsys.readouterr() == (f"checkpoint step 10 (3 files) -> {dest / layout.checkpoint_dir(10)}\n",
                                    f"ops pull: no model in {uri}: {runstate.NO_SCRIPT_MODEL}\n")
+
+
+@pytest.mark.parametrize("held", [False, True])
+def test_stop_without_a_training_machine_ends_a_cloud_run_itself(tmp_path, capsys, monkeypatch, held):
+    from ops import runstate
+    from tests.controller.helpers import trained
+
+    uri = f"file://{tmp_path}/bucket/runs/r"
+    store = open_store(uri)
+    now = time.time()
+    trained(store, step=30, last_beat=now - 600, lease_released=not held, lease_until=now + 120)
+    monkeypatch.setattr(runstate, "is_local", lambda run_uri: False)  # as a run in a bucket reads
+
+    assert runs.cmd_stop(_parse(["stop", "--run-uri", uri])) == 0
+
+    out = capsys.readouterr().out
+    if held:  # a trainer holds the lease: it heeds the request itself
+        assert not store.exists(layout.CANCELLED) and "no machine is training" not in out
+        return
+    marker = json.loads(store.get_bytes(layout.CANCELLED))
+    assert (marker["outcome"], marker["instance"], marker["step"]) == (layout.CANCELLED, "ops stop", 30)
+    assert "no machine is training, so it ends CANCELLED now" in out
