@@ -154,6 +154,9 @@ def test_the_controller_ends_a_stop_no_trainer_heeds_with_its_own_policy(as_cont
     c = as_controller
     now = time.time()
     admin = _admin_store(c)
+    # The module's run folder is shared: an earlier test's run may have ended it, and its placement moved.
+    for key in (*layout.END_MARKERS, layout.PLACEMENT_KEY):
+        admin.s3.delete_object(Bucket=BUCKET, Key=f"runs/{RUN_ID}/{key}")
     trained(admin, step=20, last_beat=now - 600)  # its lease released: no trainer runs
     admin.put_bytes(layout.STOP_KEY, b'{"reason": "asked"}')
     before = len(c.decisions())
