@@ -378,6 +378,14 @@ def end_of(job: JobState, *, stop_requested: bool) -> tuple[str, str] | None:
 def record_end(job: JobState, *, store, now: float) -> str | None:
     """Write the run's end marker for a job that ended without one (create-if-absent: a trainer's own
     marker, written first, wins); returns the marker the run ends with, or None while it has none."""
+    return write_end(job, store=store, now=now, end_of=end_of,
+                     details={"status": job.status, "secondary": job.secondary, "training_s": job.training_s,
+                              "billable_s": job.billable_s})
+
+
+def write_end(job: JobState, *, store, now: float, end_of, details: dict) -> str | None:
+    """Every managed room's end of a run whose job ended without the trainer's marker: `end_of(job,
+    stop_requested=...)` names the marker and reason, `details` the job's own fields kept beside them."""
     from runfolder.storage import PreconditionFailed
 
     marker = ended_marker(store)
@@ -388,8 +396,7 @@ def record_end(job: JobState, *, store, now: float) -> str | None:
         return None
     stamp = datetime.datetime.fromtimestamp(now, tz=datetime.UTC).isoformat(timespec="milliseconds")
     body = {"outcome": end[0], layout.MARKER_REASON: end[1], "instance": job.name, layout.TIME: stamp,
-            layout.MARKER_STEP: -1, "job": {"status": job.status, "secondary": job.secondary,
-                                            "training_s": job.training_s, "billable_s": job.billable_s}}
+            layout.MARKER_STEP: -1, "job": details}
     with contextlib.suppress(PreconditionFailed):
         store.put_bytes_if(end[0], (json.dumps(body) + "\n").encode(), version=None)
     return ended_marker(store)

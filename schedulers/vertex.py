@@ -24,9 +24,7 @@ keeps writing the run folder's own names; the image's `train` entry maps the AIP
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import datetime
 import json
 from typing import Any
 
@@ -39,6 +37,7 @@ from schedulers.sagemaker import (  # the same run-folder rules for every manage
     job_name,
     job_number,
     job_prefix,
+    write_end,
 )
 
 __all__ = ["JobSpec", "SubmitError", "job_prefix", "job_name", "custom_job", "launch", "job_state", "record_end",
@@ -237,20 +236,7 @@ def end_of(job: JobState, *, stop_requested: bool) -> tuple[str, str] | None:
 def record_end(job: JobState, *, store, now: float) -> str | None:
     """Write the run's end marker for a job that ended without one (create-if-absent: the trainer's own
     marker, written first, wins); returns the marker the run ends with, or None while it has none."""
-    from runfolder.storage import PreconditionFailed
-
-    marker = ended_marker(store)
-    if marker is not None:
-        return marker
-    end = end_of(job, stop_requested=store.exists(layout.STOP_KEY))
-    if end is None:
-        return None
-    stamp = datetime.datetime.fromtimestamp(now, tz=datetime.UTC).isoformat(timespec="milliseconds")
-    body = {"outcome": end[0], layout.MARKER_REASON: end[1], "instance": job.name, layout.TIME: stamp,
-            layout.MARKER_STEP: -1, "job": {"status": job.status, "error": job.message}}
-    with contextlib.suppress(PreconditionFailed):
-        store.put_bytes_if(end[0], (json.dumps(body) + "\n").encode(), version=None)
-    return ended_marker(store)
+    return write_end(job, store=store, now=now, end_of=end_of, details={"status": job.status, "error": job.message})
 
 
 def stop(api, *, where: str, prefix: str, run_uri: str | None = None) -> list[str]:

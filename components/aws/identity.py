@@ -11,6 +11,7 @@ run folder (its `rendezvous/`, docs/multinode.md), not by listing instances.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -70,6 +71,26 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, prefix
 
 
+def ecr_pull_statements(resource: Any) -> list[dict]:
+    """Log in to ECR and pull the images of `resource` (a repository's ARN, or a list of them), nothing more."""
+    return [
+        {
+            # GetAuthorizationToken has no resource-level permissions: AWS only accepts "*".
+            # The token alone grants nothing; the pull itself is scoped below.
+            "Sid": "EcrLogin",
+            "Effect": "Allow",
+            "Action": "ecr:GetAuthorizationToken",
+            "Resource": "*",
+        },
+        {
+            "Sid": "PullStackImage",
+            "Effect": "Allow",
+            "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
+            "Resource": resource,
+        },
+    ]
+
+
 def policy_document(
     *,
     partition: pulumi.Input[str],
@@ -90,24 +111,10 @@ def policy_document(
         partition=partition, bucket_arn=bucket_arn, run_id=run_id, data_uri=data_uri,
         validation_data_uri=validation_data_uri)
     if repository_arn is not None:
-        statements += [
-            {
-                # GetAuthorizationToken has no resource-level permissions: AWS only accepts "*".
-                # The token alone grants nothing; the pull itself is scoped below.
-                "Sid": "EcrLogin",
-                "Effect": "Allow",
-                "Action": "ecr:GetAuthorizationToken",
-                "Resource": "*",
-            },
-            {
-                # The stack's repository; with a built image and several placements, each placement
-                # region's repository too (one string for one, as a one-placement stack has always written it).
-                "Sid": "PullStackImage",
-                "Effect": "Allow",
-                "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
-                "Resource": [repository_arn, *other_repository_arns] if other_repository_arns else repository_arn,
-            },
-        ]
+        # The stack's repository; with a built image and several placements, each placement region's
+        # repository too (one string for one, as a one-placement stack has always written it).
+        statements += ecr_pull_statements(
+            [repository_arn, *other_repository_arns] if other_repository_arns else repository_arn)
     statements += [
         {
             # The finish path's one call: update-auto-scaling-group --min-size 0 --max-size 0

@@ -31,7 +31,7 @@ import pulumi
 import pulumi_aws as aws
 
 from components import userdata
-from components.aws.identity import bucket_statements, deployer_account, role_with_policy
+from components.aws.identity import bucket_statements, deployer_account, ecr_pull_statements, role_with_policy
 from runfolder import environment
 from schedulers import sagemaker
 
@@ -88,20 +88,8 @@ def policy_document(*, partition: pulumi.Input[str], account_id: pulumi.Input[st
                                                  data_uri=data_uri, validation_data_uri=validation_data_uri)
                   if st["Sid"] != "ReadTrainerCode"]  # the code is in the image
     log_group = pulumi.Output.concat("arn:", partition, ":logs:", region, ":", account_id, ":log-group:", LOG_GROUP)
+    statements += ecr_pull_statements(repository_arn)
     statements += [
-        {
-            # GetAuthorizationToken has no resource-level permissions: AWS only accepts "*".
-            "Sid": "EcrLogin",
-            "Effect": "Allow",
-            "Action": "ecr:GetAuthorizationToken",
-            "Resource": "*",
-        },
-        {
-            "Sid": "PullStackImage",
-            "Effect": "Allow",
-            "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
-            "Resource": repository_arn,
-        },
         {
             # SageMaker's own log group for training jobs (it exists once any job has run; created otherwise).
             # IAM writes a log group's ARN with or without the trailing ":*"; both name this group only.
