@@ -392,6 +392,7 @@ class Sim:
         self.last_training: float = START
         self.training_since: float | None = None
         self.last_operator_move: float = START
+        self.last_taken: float = START  # the world took a machine of the active group (spot, a kill, by hand)
         self.trained_at: list[float] = []
         self.ticks_after_end = 0
         self.moves_seen = 0
@@ -804,6 +805,8 @@ class Sim:
             return
         if m.training:
             self.last_training = self.now
+        if why in ("spot", "hard kill") and m.group.index == self.record().active:
+            self.last_taken = self.now
         m.alive, m.training, m.gone_at = False, False, self.now
         if m in m.group.machines:
             m.group.machines.remove(m)
@@ -867,6 +870,8 @@ class Sim:
     def outside_zero(self) -> None:
         """The active group put to 0 from outside the controller: by hand in the console, or by a machine's
         finish path whose end marker could not be written (finish.sh scales the group down all the same)."""
+        if self.groups[self.record().active].machines:
+            self.last_taken = self.now
         self.size(self.record().active, 0, "console")
 
     def operator_stop(self) -> None:
@@ -954,7 +959,10 @@ class Sim:
     def check_liveness(self) -> None:
         if self.ended_at is not None or self.stop_at is not None or self.training_since is not None:
             return
-        since = max(self.last_training, self.last_operator_move)
+        # A machine of the active group taken by the world (spot, a hard kill, the group zeroed by hand) starts
+        # the run's wait again, trained or not: with boots of 5-15 min and 2-3 nodes, spot can take a booting
+        # machine before its peers are up, again and again, and no controller makes a cloud keep a machine.
+        since = max(self.last_training, self.last_operator_move, self.last_taken)
         if self.now >= self.deadline_or_cap() - LAUNCH_MARGIN_S or self.now - since <= self.liveness_bound():
             return
         if not any(self.clear_between(i, since, self.now) for i in range(self.nplacements)):
