@@ -585,6 +585,11 @@ class Sim:
         broken = self.broken[index]
         return broken is not None and broken[0] <= t < broken[1]
 
+    def broken_between(self, index: int, a: float, b: float) -> bool:
+        """Whether placement ``index``'s group's API refused every call at some time between ``a`` and ``b``."""
+        broken = self.broken[index]
+        return broken is not None and broken[0] <= b and a < broken[1]
+
     def broken_bound(self) -> float:
         """A placement broken this long is named in a ``waiting`` event, and no move to it is still under way:
         the controller's own bound (BROKEN_TICKS ticks over BROKEN_S), ticks that failed on the store, slow ones."""
@@ -923,9 +928,11 @@ class Sim:
             up = [g.index for g in self.groups if g.desired > 0 and not self.broken_at(g.index, self.now)]
             if up:
                 self.fail(3, f"groups {up} still up two ticks after the run ended ({marker})")
-        # (A group no controller can reach, whose cap action failed, is its machines' finish path's alone.)
-        if self.now > self.cap_limit() and any(g.desired > 0 and (self.cap_late == 0.0 or not self.broken_at(
-                g.index, self.now)) for g in self.groups):
+        # (A group no controller can reach, whose cap action failed, is its machines' finish path's alone; once
+        # its API answers again the controller zeroes it at its next ticks, not in the same instant: a tick
+        # that the refusal stopped does not run again before the next minute, slow ones later still.)
+        if self.now > self.cap_limit() and any(g.desired > 0 and (self.cap_late == 0.0 or not self.broken_between(
+                g.index, self.now - 4 * TICK_S - 2 * 150, self.now)) for g in self.groups):
             self.fail(5, f"a group is above 0 after the cap: {[g.desired for g in self.groups]}")
         if any(m.training for m in self.machines if m.alive):
             self.last_training = self.now
