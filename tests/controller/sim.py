@@ -60,7 +60,8 @@ Invariants, checked after every event (:meth:`Sim.check`) and at the end (:meth:
    current ``placement.json`` names active (a group the controller cannot reach is left to 5).
 4. While the run goes on (no end marker, no ``STOP``), more than ``LAUNCH_MARGIN_S`` before its
    deadline, and some placement has capacity throughout: a machine trains within
-   :meth:`Sim.liveness_bound` of the last one stopping (or of the last ``ops move``). When no
+   :meth:`Sim.liveness_bound` of the last one stopping (or of the last ``ops move``, or of the world
+   taking a machine of the active group: spot can take a booting machine before its peers are up). When no
    placement could launch, the controller said so within that bound (a ``waiting`` event, which
    ``ops status`` shows, or a ``moved`` one): no run waits in silence.
 5. No group is sized above 0 after the cap (the scheduled action's time or the deadline,
@@ -71,8 +72,9 @@ Invariants, checked after every event (:meth:`Sim.check`) and at the end (:meth:
 7. No machine is up without training longer than :meth:`Sim.idle_bound` while some placement could
    have launched the run (a group no controller can reach is left to the cap); the machine-minutes
    without training are reported per schedule.
-8. A placement whose API has refused every call for :meth:`Sim.broken_bound` is named in a
-   ``waiting`` event written since, and no move to it stays under way that long.
+8. A placement whose API has refused every call for :meth:`Sim.broken_bound`, and ``BROKEN_TICKS`` + 2 ticks
+   that met the refusal ended by saying so (not by the store's error first), is named in a ``waiting`` event
+   written since, and no move to it stays under way that long.
 9. The controller replaces (cycles) a group only where one of its machines hung; a machine booting
    (5-15 min), staging, waiting for its peers or exporting is never replaced.
 10. A stop asked is a stop: the run has an end marker within :meth:`Sim.stop_bound`, whether a machine
