@@ -18,7 +18,7 @@ from tests.controller.sim import PLANTS, Machine, Sim, Violation, main, run_one
 FIXED = 300
 WINDOW = 300
 # The world grew (broken placements, hung machines, the account's delays): seeds 0-599 held in it by hand;
-# of seeds 0-9,999, four fail (tests/README.md), so the window stays inside the first 600.
+# seeds 0-9,999 hold (tests/README.md: 9,996 in the sweep, the four in KEPT since); the window stays in 0-599.
 HELD_BY_HAND = 600
 PARTS = 4
 
@@ -49,6 +49,15 @@ CAUGHT = [
     ("margin", 0, 11),  # a launch margin of 5 minutes: a group sized up 10 min before the deadline
 ]
 
+# Schedules outside CI's seeds that once failed where the world, not the controller, was unfair: each held once
+# its invariant counted what no controller can change, and replays here in every run.
+KEPT = [
+    5273,  # 4: spot takes a booting peer again and again (2 nodes, 5-15 min boots): the wait counts from each
+    5426,  # 4: the same with 3 nodes and the active group zeroed by hand while its machines booted
+    6584,  # 5: a group whose API answers again after the deadline (its cap action failed): zeroed a tick later
+    9868,  # 8: a store failing most ticks before they reach a broken placement's API: fewer than 5 ticks noted it
+]
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("part", range(PARTS))
@@ -68,6 +77,11 @@ def test_each_plant_is_caught_by_its_kept_schedule(plant, seed, invariant):
 
     with pytest.raises(Violation, match=f"seed {seed}: invariant {invariant} "):
         run_one(seed, plant=plant)
+
+
+@pytest.mark.parametrize("seed", KEPT)
+def test_each_schedule_that_once_failed_holds(seed):
+    assert run_one(seed)["events"] > 0
 
 
 def test_every_plant_has_its_kept_schedule():
