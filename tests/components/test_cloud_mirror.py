@@ -51,9 +51,9 @@ ONLY = {
 }
 
 
-# Files only one cloud has yet, and why: a managed scheduler's job (trainstack:scheduler) is built for SageMaker on
-# AWS (job.py: the job's role and what `ops start` submits); Vertex AI's, GCP's twin, is not built yet.
-ONLY_FILES = {"aws": {"job.py"}, "gcp": set()}
+# Files only one cloud has yet, and why (none now: each cloud's managed scheduler, SageMaker's and Vertex AI's
+# job, is its job.py; what each holds differs, as the clouds' services do).
+ONLY_FILES: dict[str, set[str]] = {"aws": set(), "gcp": set()}
 
 
 def fields(cls) -> dict[str, str]:
