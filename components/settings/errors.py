@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -32,6 +32,14 @@ class ConfigError(ValueError):
 
 # A model validator's error names the key it is about: "\x00key\x00message" (see one_line).
 _KEYED = "\x00"
+
+
+def refuse_set(scheduler: str, keys: Iterable[tuple[str, Any, str]]) -> None:
+    """Refuse the first of `keys` ((key, value, why) each) that is set, for a stack whose `scheduler` has no
+    use for it, naming the key."""
+    for key, value, why in keys:
+        if value:
+            raise ConfigError(key, f"{value!r}: {why} (scheduler {scheduler}); remove it")
 
 
 def keyed(key: str, message: str) -> ValueError:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from components.settings.errors import ConfigError, keyed
+from components.settings.errors import ConfigError, keyed, refuse_set
 
 # The image the groups run the shipped trainer code in: without the trainer a Job cannot use it.
 DEFAULT_IMAGE_REPOSITORY = "tensorflow/tensorflow"
@@ -133,7 +133,7 @@ def validate(s: Any) -> None:
     if len(s.placement_list) > 1:
         raise ConfigError("placements", f"{len(s.placement_list)} placements: a Job runs on one cluster; remove "
                           "placements")
-    for key, value, why in (
+    refuse_set("kubernetes", (
         ("compute.maxPricePerHour", c.max_price_per_hour, "the cluster's node pools set their own price"),
         ("compute.subnets", c.subnets, "the cluster places its nodes itself"),
         ("compute.zones", c.zones, "the cluster places its nodes itself"),
@@ -142,6 +142,4 @@ def validate(s: Any) -> None:
         ("access.allowedCidrs", s.access.allowed_cidrs, "nobody logs in to a pod; use kubectl"),
         ("access.jupyter", s.access.jupyter, "nobody logs in to a pod; use kubectl"),
         ("run.code", s.run.code, "the Job runs the image alone: bake your code into it (image.build)"),
-    ):
-        if value:
-            raise ConfigError(key, f"{value!r}: {why} (scheduler kubernetes); remove it")
+    ))

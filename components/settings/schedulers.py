@@ -10,7 +10,7 @@ knows, in the stack's one region, and nobody reaches its machines. `vertex` is G
 
 from __future__ import annotations
 
-from components.settings.errors import ConfigError
+from components.settings.errors import ConfigError, refuse_set
 from components.settings.schema import Settings
 
 # Which cloud each managed scheduler runs on.
@@ -57,7 +57,7 @@ def _sagemaker(s: Settings) -> None:
     if c.max_runtime_hours > SAGEMAKER_MAX_HOURS:
         raise ConfigError("compute.maxRuntimeHours", f"{c.max_runtime_hours}: SageMaker stops a training job after "
                           f"{SAGEMAKER_MAX_HOURS} h (28 days), waiting included; set {SAGEMAKER_MAX_HOURS} or less")
-    for key, value, why in (
+    refuse_set("sagemaker", (
         ("compute.maxPricePerHour", c.max_price_per_hour, "managed spot training has no maximum price"),
         ("compute.subnets", c.subnets, "SageMaker places the job's machines itself"),
         ("compute.zones", c.zones, "SageMaker places the job's machines itself"),
@@ -66,6 +66,4 @@ def _sagemaker(s: Settings) -> None:
         ("access.allowedCidrs", s.access.allowed_cidrs, "nobody logs in to a SageMaker job's machines"),
         ("access.jupyter", s.access.jupyter, "nobody logs in to a SageMaker job's machines"),
         ("placement.reserveConcurrency", s.placement.reserve_concurrency, "a SageMaker stack has no controller"),
-    ):
-        if value:
-            raise ConfigError(key, f"{value!r}: {why} (scheduler sagemaker); remove it")
+    ))
