@@ -17,36 +17,13 @@ import pulumi
 from components import catalog, userdata
 from runfolder import environment
 
-# GCE machine family (its first two parts) -> Vertex AI's name of the GPUs it comes with.
-VERTEX_ACCELERATORS = {
-    "g2-standard": "NVIDIA_L4",
-    "a2-highgpu": "NVIDIA_TESLA_A100",
-    "a2-megagpu": "NVIDIA_TESLA_A100",
-    "a2-ultragpu": "NVIDIA_A100_80GB",
-    "a3-highgpu": "NVIDIA_H100_80GB",
-    "a3-megagpu": "NVIDIA_H100_MEGA_80GB",
-}
 # What a job's container is told besides the trainer's options: its commands and the Keras it runs.
 _JOB_KEYS = (environment.EXTRA_ARGS, environment.COMMAND, "TF_USE_LEGACY_KERAS")
 
 
-class NoAccelerator(ValueError):
-    """Vertex AI has no name for the machine's GPUs; the message says which machine."""
-
-
-def accelerator(machine_type: str, n1_accelerator: str | None, gpus_per_node: int) -> tuple[str, int]:
-    """(Vertex AI's accelerator type, count) for a GCE machine type; ("", 0) for a machine with no GPU."""
-    if machine_type.startswith("n1-"):
-        if not n1_accelerator:
-            return "", 0
-        return n1_accelerator.upper().replace("-", "_"), gpus_per_node
-    family = "-".join(machine_type.split("-")[:2])
-    count = catalog.GCP_GPU_MACHINES.get(machine_type)
-    if count is None:
-        return "", 0
-    if family not in VERTEX_ACCELERATORS:
-        raise NoAccelerator(f"{machine_type!r}: Vertex AI's name of its GPUs is not known here")
-    return VERTEX_ACCELERATORS[family], count
+# Vertex AI's names of a machine's GPUs (components/catalog.py holds the table; the settings check them too).
+NoAccelerator = catalog.NoVertexAccelerator
+accelerator = catalog.vertex_accelerator
 
 
 def job_env(settings, run_uri: str) -> dict[str, str]:
