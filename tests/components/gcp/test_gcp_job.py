@@ -185,3 +185,13 @@ def test_the_vertex_stack_file_synthesizes_a_job_identity_and_no_group():
     spec = vertex.JobSpec.from_json(r.outputs["vertexJob"])
     assert (spec.machine_type, spec.accelerator_type, spec.max_runtime_s, spec.disk_gb, spec.spot) == \
         ("g2-standard-8", "NVIDIA_L4", 10 * 3600, 200, True)
+
+
+def test_the_plan_says_what_the_job_is_and_that_its_price_is_an_estimate():
+    from components.settings import load_stack_file
+
+    r = synth.synthesize(STACKS / "Pulumi.vertex.yaml")
+    text = synth.plan(r, load_stack_file(STACKS / "Pulumi.vertex.yaml"), ask_prices=False)
+    assert "Vertex AI: the run is one CustomJob on g2-standard-8 with 1 x NVIDIA_L4 x 1, Spot, within 10 h of its " \
+           "first start (scheduling.timeout); nothing runs until `python -m ops start --stack vertex` submits it" in text
+    assert "Price: an estimate. The figures above are Compute Engine's; Vertex AI bills custom training" in text
