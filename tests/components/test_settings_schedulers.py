@@ -145,3 +145,10 @@ def test_the_vertex_accelerator_types_are_the_documents_less_its_deprecated():
     kinds = vertex.accelerator_types()
     assert "NVIDIA_L4" in kinds and "NVIDIA_H100_MEGA_80GB" in kinds
     assert not {"NVIDIA_TESLA_K80", "ACCELERATOR_TYPE_UNSPECIFIED", "TPU_V3"} & set(kinds)
+
+
+def test_a_vertex_job_takes_the_h100s_the_groups_default_image_cannot_drive():
+    # Vertex AI boots its own image and driver; on the groups the default image's driver 550 refuses an H100.
+    a3 = {"compute": {"instanceTypes": ["a3-highgpu-8g"], "gpusPerNode": 8}}
+    assert load_settings({**VERTEX, **a3}, stack="dev").compute.instance_types == ["a3-highgpu-8g"]
+    assert "driver 550" in _refused({**GCP, **a3})
