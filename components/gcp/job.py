@@ -67,9 +67,9 @@ class JobIdentityArgs:
     depends_on: list[pulumi.Resource] | None = None
     """The aiplatform API: its service agents exist only once it is on."""
 
+
 # What a job's container is told besides the trainer's options: its commands and the Keras it runs.
 _JOB_KEYS = (environment.EXTRA_ARGS, environment.COMMAND, "TF_USE_LEGACY_KERAS")
-
 
 # Vertex AI's names of a machine's GPUs (components/catalog.py holds the table; the settings check them too).
 NoAccelerator = catalog.NoVertexAccelerator
