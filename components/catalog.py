@@ -65,6 +65,22 @@ GCP_GPU_MODELS: dict[str, str] = {
 GCP_N1_ACCELERATORS = ("nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100", "nvidia-tesla-p4",
                        "nvidia-tesla-k80")
 
+# Vertex AI names a custom job's GPUs apart from its machine type, even where Compute Engine attaches them with
+# the machine: GCE machine family (its first two parts) -> the aiplatform v1 `AcceleratorType` of its GPUs.
+VERTEX_ACCELERATORS: dict[str, str] = {
+    "g2-standard": "NVIDIA_L4",
+    "a2-highgpu": "NVIDIA_TESLA_A100",
+    "a2-megagpu": "NVIDIA_TESLA_A100",
+    "a2-ultragpu": "NVIDIA_A100_80GB",
+    "a3-highgpu": "NVIDIA_H100_80GB",
+    "a3-megagpu": "NVIDIA_H100_MEGA_80GB",
+}
+# The counts Vertex AI's custom training attaches of each N1 GPU (its "Configure compute resources" GPU table).
+VERTEX_N1_COUNTS: dict[str, tuple[int, ...]] = {
+    "NVIDIA_TESLA_T4": (1, 2, 4), "NVIDIA_TESLA_P4": (1, 2, 4), "NVIDIA_TESLA_P100": (1, 2, 4),
+    "NVIDIA_TESLA_V100": (1, 2, 4, 8),
+}
+
 # What the Cloud Billing Catalog prices a GCE GPU machine by (controller/prices.py): its vCPUs and memory (GiB;
 # Compute Engine's machine-type pages give memory in GB meaning GiB, the RAM SKUs' unit), and the accelerator type
 # its GPUs are billed as. From Compute Engine's accelerator-optimized machine family pages (A2, A3, G2).
@@ -186,3 +202,22 @@ def unsupported_reason(cloud: str, name: str, *, custom_image: bool = False) -> 
         if name.startswith(prefix):
             return f"{reason}; {IMAGE_HINT[cloud]}"
     return None
+
+
+class NoVertexAccelerator(ValueError):
+    """Vertex AI has no name for the machine's GPUs; the message says which machine."""
+
+
+def vertex_accelerator(machine_type: str, n1_accelerator: str | None, gpus_per_node: int) -> tuple[str, int]:
+    """(Vertex AI's accelerator type, count) for a GCE machine type; ("", 0) for a machine with no GPU."""
+    if machine_type.startswith("n1-"):
+        if not n1_accelerator:
+            return "", 0
+        return n1_accelerator.upper().replace("-", "_"), gpus_per_node
+    count = GCP_GPU_MACHINES.get(machine_type)
+    if count is None:
+        return "", 0
+    family = "-".join(machine_type.split("-")[:2])
+    if family not in VERTEX_ACCELERATORS:
+        raise NoVertexAccelerator(f"{machine_type!r}: Vertex AI's name of its GPUs is not known here")
+    return VERTEX_ACCELERATORS[family], count

@@ -28,6 +28,8 @@ EXPORT_KEYS = ("bucketName", "runUri", "imageRef", "groupName", "region", "watch
 # A stack of several placements also exports the placement controller's configuration (JSON).
 # `scheduler: sagemaker`: what `ops start` submits (JSON, schedulers.sagemaker.JobSpec's fields).
 SAGEMAKER_JOB_OUTPUT = "sagemakerJob"
+# `scheduler: vertex`: what `ops start` submits (JSON, schedulers.vertex.JobSpec's fields).
+VERTEX_JOB_OUTPUT = "vertexJob"
 PROJECT_EXPORT = "project"  # GCP only: the project the stack lives in, for the operator's gcloud
 
 # The URI scheme of each cloud's object store.
@@ -247,9 +249,10 @@ class StackOutputs(pulumi.ComponentResource):
         values = (self.bucket_name, self.run_uri, self.image_ref, self.group_name, self.region,
                   self.watch_command, self.code_uri)
         out = dict(zip(EXPORT_KEYS, values, strict=True))
-        job = getattr(self, "sagemaker_job", None)
-        if job is not None:
-            out[SAGEMAKER_JOB_OUTPUT] = job
+        for attribute, key in (("sagemaker_job", SAGEMAKER_JOB_OUTPUT), ("vertex_job", VERTEX_JOB_OUTPUT)):
+            job = getattr(self, attribute, None)
+            if job is not None:
+                out[key] = job
         if self.placements is not None:
             out[PLACEMENTS_OUTPUT] = self.placements
         if self.gcp_project is not None:

@@ -114,6 +114,8 @@ def plan(result: Result, settings: config.Settings, *, ask_prices: bool = True) 
         placements += plan_text.image_copies_lines(pricing.image_copies(settings), pricing.registry_source())
     if settings.scheduler == "sagemaker":
         placements += sagemaker_lines(settings)
+    if settings.scheduler == "vertex":
+        placements += vertex_lines(settings)
     return plan_text.render(settings.stack, settings.cloud, settings.region, result.resources, result.outputs,
                             result.mock_values, est, settings.compute.gpus_per_node,
                             storage.plan_lines(checkpoints), placements)
@@ -131,6 +133,23 @@ def sagemaker_lines(settings: config.Settings) -> list[str]:
         "  Price: an estimate. SageMaker publishes no spot price by API; AWS documents managed spot as up to 90 % off "
         "the ml.* on-demand price, which is above the EC2 figures shown for the same machine. The real cost is the "
         "job's billable seconds; ops status shows them and the saving, 1 - billable / training",
+    ]
+
+
+def vertex_lines(settings: config.Settings) -> list[str]:
+    """A Vertex AI stack's job, and what its price figures are: Compute Engine's, below Vertex AI's own rates."""
+    from components import catalog
+
+    c = settings.compute
+    kind, count = catalog.vertex_accelerator(c.instance_types[0], c.accelerator, c.gpus_per_node)
+    gpus = f" with {count} x {kind}" if kind else ""
+    return [
+        f"Vertex AI: the run is one CustomJob on {c.instance_types[0]}{gpus} x {c.nodes}"
+        f"{', Spot' if c.spot else ''}, within {c.max_runtime_hours:g} h of its first start (scheduling.timeout); "
+        f"nothing runs until `python -m ops start --stack {settings.stack}` submits it",
+        "  Price: an estimate. The figures above are Compute Engine's; Vertex AI bills custom training at its own "
+        "rates per machine and GPU, above Compute Engine's for the same machine (Spot jobs at its Spot rates), and "
+        "reports no billable seconds: the bill is the job's running time at those rates",
     ]
 
 

@@ -25,6 +25,7 @@ keeps writing the run folder's own names; the image's `train` entry maps the AIP
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any
 
@@ -54,6 +55,17 @@ SUCCEEDED = "JOB_STATE_SUCCEEDED"
 ENDED = (SUCCEEDED, "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED", "JOB_STATE_PARTIALLY_SUCCEEDED")
 # google.rpc.Code DEADLINE_EXCEEDED: the error of a job its scheduling.timeout stopped.
 DEADLINE_EXCEEDED = 4
+# Where Vertex AI runs custom training (its "Vertex AI locations" page; there is no global location, and the
+# API is served per region). A GPU type is offered in some of these only: Vertex AI refuses the job at create.
+REGIONS = (
+    "us-central1", "us-east1", "us-east4", "us-east5", "us-south1", "us-west1", "us-west2", "us-west3", "us-west4",
+    "northamerica-northeast1", "northamerica-northeast2", "southamerica-east1", "southamerica-west1",
+    "europe-central2", "europe-north1", "europe-southwest1", "europe-west1", "europe-west2", "europe-west3",
+    "europe-west4", "europe-west6", "europe-west8", "europe-west9", "europe-west12",
+    "asia-east1", "asia-east2", "asia-northeast1", "asia-northeast2", "asia-northeast3", "asia-south1",
+    "asia-southeast1", "asia-southeast2", "australia-southeast1", "australia-southeast2",
+    "me-central1", "me-central2", "me-west1", "africa-south1",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,6 +261,22 @@ def stop(api, *, where: str, prefix: str, run_uri: str | None = None) -> list[st
     for j in running:
         api.projects().locations().customJobs().cancel(name=j["name"], body={}).execute()
     return [j["name"] for j in running]
+
+
+@functools.cache
+def document() -> dict:
+    """The aiplatform v1 discovery document google-api-python-client ships (no network); read once."""
+    from googleapiclient.discovery_cache import get_static_doc
+
+    return json.loads(get_static_doc("aiplatform", "v1"))
+
+
+def accelerator_types() -> tuple[str, ...]:
+    """The GPU names a CustomJob's machineSpec.acceleratorType takes: the document's `AcceleratorType`
+    enumeration less its deprecated values (NVIDIA_TESLA_K80), the unspecified one and the TPUs."""
+    prop = document()["schemas"]["GoogleCloudAiplatformV1MachineSpec"]["properties"]["acceleratorType"]
+    deprecated = prop.get("enumDeprecated") or [False] * len(prop["enum"])
+    return tuple(v for v, old in zip(prop["enum"], deprecated, strict=True) if v.startswith("NVIDIA_") and not old)
 
 
 def client(region: str, *, http: Any = None, credentials: Any = None) -> Any:

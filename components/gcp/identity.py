@@ -149,9 +149,10 @@ class BucketAccess:
 
 
 def bucket_grants(name: str, access: BucketAccess, *, member: pulumi.Input[str],
-                  child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+                  child: pulumi.ResourceOptions, code: bool = True) -> list[pulumi.Resource]:
     """The grants `access` describes, to `member`: on home's bucket under IAM conditions naming the
-    prefixes, and on each data bucket as a whole."""
+    prefixes, and on each data bucket as a whole. Without `code` no read of the trainer code: an identity
+    whose image has the code baked in (a managed job's) reads none."""
     bucket = access.bucket_name
 
     def under(suffix: str, role: str, title: str, prefix: str) -> gcp.storage.BucketIAMMember:
@@ -163,7 +164,7 @@ def bucket_grants(name: str, access: BucketAccess, *, member: pulumi.Input[str],
 
     grants: list[pulumi.Resource] = [
         under("run-objects", "roles/storage.objectUser", "this run's prefix", layout.run_prefix(access.run_id)),
-        under("code-read", "roles/storage.objectViewer", "trainer code", layout.CODE_PREFIX),
+        *([under("code-read", "roles/storage.objectViewer", "trainer code", layout.CODE_PREFIX)] if code else []),
         # cache/: the trainer's packages, archived by the first machine that installs them and
         # unpacked by the later ones (trainer/pip_cache.sh), and each data set's record counts
         # (trainer/staging.py). Read, and create only:

@@ -4,6 +4,8 @@ provider. A placement in another project has its group, its machines' service ac
 firewall rules there, through a provider of that project (whose APIs the stack turns on).
 A placement on AWS is built one floor up (components/multicloud/, through
 `TrainingStackArgs.placements`); this stack turns on the token exchange it goes through.
+With `scheduler: vertex`, bucket, repository, image, the aiplatform API and the job's identity only
+(components/gcp/job.py): Vertex AI runs the machines.
 
 Exports the same outputs as the AWS stack: the bucket, the run's URI, the image, the
 group, the region and the command that watches the run.
@@ -30,6 +32,8 @@ from components.gcp.identity import (
     PlacementIdentityArgs,
 )
 from components.gcp.image import ImageMirror, TrainerImage, TrainerImageArgs
+from components.gcp.job import API as VERTEX_API
+from components.gcp.job import JobIdentity, JobIdentityArgs, job_spec
 from components.gcp.naming import (
     APIS,
     RESOURCE_MANAGER_API,
@@ -47,6 +51,7 @@ from components.gcp.naming import (
 from components.gcp.repository import ImageRepository, ImageRepositoryArgs
 from components.settings import Settings
 from components.tags import gcp_labels
+from schedulers import sagemaker
 
 __all__ = ["TrainingStack", "TrainingStackArgs"]
 
@@ -57,6 +62,7 @@ FEDERATION_APIS = ("iamcredentials.googleapis.com", "sts.googleapis.com")
 # image), and the findings gate reads the scan's occurrences through the Container Analysis API
 # (components/scan_gate.py): without them no scan ever starts, and the gate blocks every build after its wait.
 SCAN_APIS = ("containerscanning.googleapis.com", "containeranalysis.googleapis.com")
+SCHEDULER_API = "cloudscheduler.googleapis.com"
 
 
 def project_apis(parent: pulumi.Resource, stem: str, project: str, provider: gcp.Provider, apis: tuple[str, ...],
@@ -109,6 +115,9 @@ class TrainingStack(StackOutputs):
             opts=self._at_home,
         )
         repo = self._repository(0)
+        if s.scheduler == "vertex":
+            self._job(bucket, repo)
+            return
         # A built image with several placements: a repository of the same settings in each placement's
         # region (of home's project), so every machine pulls from its own region.
         mirrors = {i: self._repository(i) for i in self._regional} if mirrored_image(s) else {}
@@ -129,6 +138,27 @@ class TrainingStack(StackOutputs):
             gcp_project=s.project,
         )
 
+    def _job(self, bucket: TrainingBucket, repo: ImageRepository) -> None:
+        """`scheduler: vertex`: the job's identity and what `ops start` submits; no group, no controller (Vertex AI
+        runs and releases the machines, and the job's scheduling.timeout is the runtime cap)."""
+        s, args = self._args.settings, self._args
+        self.placement_groups, self.controller = [], None
+        # The room names a run's Vertex AI jobs as SageMaker's: `<prefix>--<n>`, labelled with the prefix.
+        prefix = sagemaker.job_prefix(project=args.project, stack=s.stack, run_id=s.run_id)
+        identity = JobIdentity(
+            f"{self._stem}-job-identity",
+            JobIdentityArgs(account_id=service_account_id(**self._names), gcp_project=s.project, region=s.region,
+                            repository_id=repo.repository.repository_id, bucket=bucket_access(s, bucket.name),
+                            depends_on=self._vertex_api),
+            opts=self._at_home,
+        )
+        run = run_uri("gcp", bucket.name, s.run_id)
+        image = self._images(repo, {})[0]
+        self.vertex_job = job_spec(s, run_uri=run, image=image, service_account=identity.email, job_prefix=prefix)
+        self._set_outputs(s, bucket_name=bucket.name, run_uri=run, image_ref=image,
+                          group_name=pulumi.Output.from_input(""), code_uri=pulumi.Output.from_input(""),
+                          gcp_project=s.project)
+
     def _make_providers(self) -> None:
         """Home's provider, after its project's APIs, and one for each GCP placement's region (and project, whose
         APIs are turned on once per project). A placement on AWS is made one floor up (components/multicloud/)."""
@@ -142,9 +172,14 @@ class TrainingStack(StackOutputs):
         self._api_provider = api_provider
         federation = FEDERATION_APIS if any(p.cloud == "aws" for p in places) else ()
         scanning = SCAN_APIS if s.image.build else ()
-        apis = project_apis(self, f"{name}-api", s.project, api_provider,
-                            (RESOURCE_MANAGER_API, *(a for a in APIS + federation + scanning if a != RESOURCE_MANAGER_API)))
+        vertex = (VERTEX_API,) if s.scheduler == "vertex" else ()
+        # A Vertex AI stack has no runtime-cap schedule (the job's timeout is the cap): no Cloud Scheduler.
+        own = tuple(a for a in APIS if not (vertex and a == SCHEDULER_API))
+        names = (RESOURCE_MANAGER_API, *(a for a in own + federation + scanning + vertex if a != RESOURCE_MANAGER_API))
+        apis = project_apis(self, f"{name}-api", s.project, api_provider, names)
         self._resource_manager = apis[0]
+        # The job's identity grants to Vertex AI's agents, which exist once its API is on.
+        self._vertex_api = [r for api, r in zip(names, apis, strict=True) if api == VERTEX_API]
         self._home_provider = gcp.Provider(
             f"{name}-gcp", project=s.project, region=s.region,
             opts=pulumi.ResourceOptions(parent=self, depends_on=apis),

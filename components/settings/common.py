@@ -34,7 +34,9 @@ def check_machine_types(s: Settings, each: Callable[[str], None] | None = None) 
             near = difflib.get_close_matches(t, known, n=1)
             raise ConfigError(key, f"{t!r} is not a known {cloud.upper()} GPU machine type"
                                    + (f"; did you mean {near[0]!r}?" if near else ""))
-        reason = catalog.unsupported_reason(cloud, t, custom_image=bool(c.image_id))
+        # A Vertex AI job's machines boot Vertex AI's own image and driver, not the stack's default one (and
+        # compute.imageId is refused there): only what TensorFlow itself cannot use is refused.
+        reason = catalog.unsupported_reason(cloud, t, custom_image=bool(c.image_id) or s.scheduler == "vertex")
         if reason:
             raise ConfigError(key, f"{t!r}: {reason}")
         if c.gpus_per_node not in counts:

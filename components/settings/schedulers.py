@@ -4,8 +4,9 @@ cannot take.
 `groups` is today's stack (spot groups and the controller) and takes everything the other checks
 allow. `sagemaker` runs the run as a SageMaker managed-spot training job on an AWS stack: the job runs
 the stack's own image (`image.build: true`) with the argument `train`, on one instance type SageMaker
-knows, in the stack's one region, and nobody reaches its machines. `vertex` is GCP's: its room
-(schedulers/vertex.py) is built, its stack not yet, so it is refused.
+knows, in the stack's one region, and nobody reaches its machines. `vertex` is GCP's alike: a Vertex AI
+Spot CustomJob of the stack's own image, on one machine type whose GPUs Vertex AI names (the aiplatform v1
+discovery document's `AcceleratorType`, less what it deprecates), in a region where Vertex AI trains.
 """
 
 from __future__ import annotations
@@ -29,24 +30,30 @@ def validate(s: Settings) -> None:
         raise ConfigError("scheduler", f"{s.scheduler!r} runs on {cloud.upper()} and this stack's cloud is {s.cloud}; "
                           f"use groups or {other} on {s.cloud}")
     if s.scheduler == "vertex":
-        raise ConfigError("scheduler", "'vertex': Vertex AI custom jobs are not built yet; use groups on gcp "
-                          "(docs/vertex.md says what is built)")
+        _vertex(s)
+        return
     _sagemaker(s)
+
+
+def _one_place_one_type(s: Settings, service: str, why_one_region: str) -> None:
+    """What every managed job asks alike: the stack's own image, the stack's one region, one machine type."""
+    if not s.image.build:
+        raise ConfigError("image.build", f"false: scheduler {s.scheduler} runs the stack's own image (its entry takes "
+                          f"`train`; {service} cannot mount the trainer's code into a public image); set image.build: true")
+    if len(s.placement_list) > 1:
+        raise ConfigError("placements", f"{len(s.placement_list)} placements: a {service} job runs in the stack's "
+                          f"region alone ({why_one_region}); remove placements")
+    c = s.compute
+    if "instance_types" in c.model_fields_set and len(c.instance_types) > 1:
+        raise ConfigError("compute.instanceTypes", f"{len(c.instance_types)} types: a {service} job runs one "
+                          f"{'instance' if s.cloud == 'aws' else 'machine'} type; list one")
 
 
 def _sagemaker(s: Settings) -> None:
     from schedulers import sagemaker
 
     c = s.compute
-    if not s.image.build:
-        raise ConfigError("image.build", "false: scheduler sagemaker runs the stack's own image (its entry takes "
-                          "`train`; SageMaker cannot mount the trainer's code into a public image); set image.build: true")
-    if len(s.placement_list) > 1:
-        raise ConfigError("placements", f"{len(s.placement_list)} placements: a SageMaker job runs in the stack's "
-                          "region alone (SageMaker waits for spot capacity itself); remove placements")
-    if "instance_types" in c.model_fields_set and len(c.instance_types) > 1:
-        raise ConfigError("compute.instanceTypes", f"{len(c.instance_types)} types: a SageMaker job runs one instance "
-                          "type; list one")
+    _one_place_one_type(s, "SageMaker", "SageMaker waits for spot capacity itself")
     t = c.instance_types[0]
     if t.startswith(sagemaker.ML_PREFIX):
         raise ConfigError("compute.instanceTypes[0]", f"{t!r}: write the EC2 name {t.removeprefix(sagemaker.ML_PREFIX)!r}; "
@@ -66,4 +73,38 @@ def _sagemaker(s: Settings) -> None:
         ("access.allowedCidrs", s.access.allowed_cidrs, "nobody logs in to a SageMaker job's machines"),
         ("access.jupyter", s.access.jupyter, "nobody logs in to a SageMaker job's machines"),
         ("placement.reserveConcurrency", s.placement.reserve_concurrency, "a SageMaker stack has no controller"),
+    ))
+
+
+def _vertex(s: Settings) -> None:
+    from components import catalog
+    from schedulers import vertex
+
+    c = s.compute
+    _one_place_one_type(s, "Vertex AI", "Vertex AI waits for Spot capacity itself")
+    if s.region not in vertex.REGIONS:
+        raise ConfigError("region", f"{s.region!r}: Vertex AI runs no custom training there; pick one of its regions "
+                          "(e.g. us-central1, europe-west4, asia-southeast1)")
+    t = c.instance_types[0]
+    try:
+        kind, count = catalog.vertex_accelerator(t, c.accelerator, c.gpus_per_node)
+    except catalog.NoVertexAccelerator as e:
+        raise ConfigError("compute.instanceTypes[0]", f"{e}; pick a G2, A2, A3 or N1 machine") from None
+    key = "compute.accelerator" if t.startswith("n1-") else "compute.instanceTypes[0]"
+    if kind and kind not in vertex.accelerator_types():  # no GPU at all: the cloud's own checks say so
+        raise ConfigError(key, f"{c.accelerator if t.startswith('n1-') else t!r}: Vertex AI trains on no {kind} "
+                          "(aiplatform v1's accelerator types deprecate it, or lack it); pick another GPU")
+    counts = catalog.VERTEX_N1_COUNTS.get(kind)
+    if t.startswith("n1-") and counts is not None and count not in counts:
+        raise ConfigError("compute.gpusPerNode", f"{count}: Vertex AI attaches {' or '.join(map(str, counts))} "
+                          f"{kind} to an N1 machine")
+    refuse_set("vertex", (
+        ("compute.maxPricePerHour", c.max_price_per_hour, "a Spot job is billed at Vertex AI's Spot rate; it takes "
+                                                          "no maximum price"),
+        ("compute.zones", c.zones, "Vertex AI places the job's machines itself"),
+        ("compute.imageId", c.image_id, "Vertex AI boots its own machine image"),
+        ("access.sshPublicKey", s.access.ssh_public_key, "nobody logs in to a Vertex AI job's machines"),
+        ("access.allowedCidrs", s.access.allowed_cidrs, "nobody logs in to a Vertex AI job's machines"),
+        ("access.jupyter", s.access.jupyter, "nobody logs in to a Vertex AI job's machines"),
+        ("placement.reserveConcurrency", s.placement.reserve_concurrency, "a Vertex AI stack has no controller"),
     ))

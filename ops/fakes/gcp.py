@@ -66,6 +66,10 @@ def resource(t: str, name: str, inputs: dict[str, Any], h: str, project: str) ->
             "serviceConfig": {**(inputs.get("serviceConfig") or {}), "service": f"projects/{p}/locations/{loc}/services/{n}",
                               "uri": url},
         }
+    if t == "gcp:projects/serviceIdentity:ServiceIdentity":
+        # A service's agent is named by the project's number and the service's first word.
+        email = f"service-{project_number(p)}@gcp-sa-{str(inputs.get('service')).split('.')[0]}.iam.gserviceaccount.com"
+        return f"projects/{p}/services/{inputs.get('service')}", {"email": email, "member": f"serviceAccount:{email}"}
     if t == "gcp:storage/bucketObject:BucketObject":
         return f"{inputs.get('bucket')}-{inputs.get('name')}", {
             "selfLink": f"https://www.googleapis.com/storage/v1/b/{inputs.get('bucket')}/o/{inputs.get('name')}",
@@ -89,6 +93,9 @@ def call(fn: str, a: dict[str, Any], region: str, project: str) -> dict[str, Any
         r = a.get("region") or region
         return {"id": f"projects/{a.get('project') or project}/regions/{r}", "names": [f"{r}-{z}" for z in "abcf"],
                 "project": a.get("project") or project, "region": r}
+    if fn == "gcp:organizations/getProject:getProject":
+        p = a.get("projectId") or project
+        return {"id": f"projects/{p}", "projectId": p, "number": project_number(p), "name": p, "labels": {}}
     if fn == "gcp:organizations/getClientConfig:getClientConfig":
         return {
             "id": f"projects/{project}/regions/{region}/zones/{region}-a",

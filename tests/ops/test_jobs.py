@@ -106,3 +106,49 @@ def test_status_of_a_vertex_stack_before_its_start_says_to_start_it(monkeypatch)
         "runUri": "gs://b/runs/vx", "groupName": "", "vertexJob": json.dumps(dataclasses.asdict(tv.SPEC))})
     with pytest.raises(hosts.HostsError, match="Vertex AI custom job, not submitted yet: python -m ops start --stack vx"):
         hosts.stack_group_state("vx")
+
+
+def test_ops_start_on_the_vertex_stack_submits_its_own_output_once_in_the_documents_shape(tmp_path, monkeypatch,
+                                                                                         capsys):
+    from googleapiclient.http import HttpMockSequence
+
+    from ops import synth
+    from runfolder import storage
+    from schedulers import vertex
+    from tests.components.aws.helpers import STACKS
+    from tests.fixtures import discovery
+
+    outputs = synth.synthesize(STACKS / "Pulumi.vertex.yaml").outputs
+    spec = vertex.JobSpec.from_json(outputs["vertexJob"])
+    store = open_store((tmp_path / "run").as_uri())
+    opened: list[str] = []
+    monkeypatch.setattr(hosts, "stack_outputs", lambda stack: outputs)
+    monkeypatch.setattr(storage, "open_store", lambda uri: opened.append(uri) or store)
+    made = {"name": f"projects/{spec.project}/locations/{spec.region}/customJobs/7001",
+            "displayName": f"{spec.job_prefix}--1", "state": "JOB_STATE_QUEUED"}
+    http = HttpMockSequence([({"status": "200"}, "{}"), ({"status": "200"}, json.dumps(made))])
+    regions: list[str] = []
+    build = vertex.client
+    monkeypatch.setattr(vertex, "client", lambda region, **kw: regions.append(region) or build(region, http=http))
+
+    assert main(["start", "--stack", "vertex"]) == 0
+    assert opened == [outputs["runUri"]] and regions == ["us-central1"]
+    (_, (uri, method, body, _)) = http.request_sequence
+    assert (method, uri.split("?")[0]) == (
+        "POST", f"https://us-central1-aiplatform.googleapis.com/v1/projects/{spec.project}/locations/us-central1/customJobs")
+    sent = json.loads(body)
+    doc = discovery.document("aiplatform", "v1")
+    assert discovery.invalid(sent, {"$ref": "GoogleCloudAiplatformV1CustomJob"}, doc["schemas"], "body") == []
+    assert sent["jobSpec"]["serviceAccount"] == spec.service_account
+    assert sent["jobSpec"]["scheduling"]["strategy"] == "SPOT"
+    (pool,) = sent["jobSpec"]["workerPoolSpecs"]
+    assert pool["machineSpec"] == {"machineType": "g2-standard-8", "acceleratorType": "NVIDIA_L4", "acceleratorCount": 1}
+    assert pool["containerSpec"]["imageUri"] == outputs["imageRef"] and pool["containerSpec"]["args"] == ["train"]
+    assert json.loads(store.get_bytes(layout.SCHEDULER_KEY))["job"] == made["name"]
+    assert capsys.readouterr().out.startswith(f"submitted Vertex AI custom job {made['name']}")
+
+    # A second start finds the queued job by its label and makes no create call.
+    http = HttpMockSequence([({"status": "200"}, json.dumps({"customJobs": [made]}))])
+    assert main(["start", "--stack", "vertex"]) == 0
+    assert [m for _, m, *_ in http.request_sequence] == ["GET"]
+    assert "is JOB_STATE_QUEUED: nothing submitted" in capsys.readouterr().out
