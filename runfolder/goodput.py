@@ -5,12 +5,13 @@ Everything is derived from what the run folder already records, with the machine
 x nodes) plus the boots before each attempt. Each attempt's paid time splits into:
 
 - **boot**: from the machine's launch to the attempt's first step. The run folder records no
-  machine's launch. The first machine's boot counts from when it wrote the run's ``deadline`` object
-  (its supervisor does so on the run's first boot, after cloud-init: the minutes before are not
-  recorded); a replacement's from the latest of the previous attempt's end, a move, a decision
-  table, a controller ``waiting`` event and a failed launch the controller noted (``placement.json``
-  ``failed_at``), all of which come before the replacement was launched. Where capacity was short
-  and nothing of these was written meanwhile, the wait for it counts as boot: an upper bound.
+  machine's launch. The first machine's boot counts from when the run's ``deadline`` object was
+  written (the first machine's supervisor writes it on the run's first boot, after cloud-init: the
+  minutes before are not recorded; the placement controller's first tick may write it first, and
+  then a decision after it bounds the launch as below); a replacement's from the latest of the previous attempt's end, a move, a controller
+  ``waiting`` event and a decision table (``ops`` passes their times, from their keys), all of which
+  come before the replacement was launched. Where capacity was short and nothing of these was
+  written meanwhile, the wait for it counts as boot: an upper bound.
   Then the trainer's own start: from ``started`` to ``resumed`` (the checkpoint restored); a first
   attempt's start-up before its first step is not recorded and counts as training.
 - **idle**: paid time with no training: machines of several waiting for the others
@@ -120,7 +121,7 @@ def goodput(events: list[dict], *, now: float | None = None, end: float | None =
     ``now`` / ``end``: as :func:`runfolder.cost.spans` counts the machine time (the newest attempt up to now while
     the run has not ended; up to its end marker's time once it has). ``first_boot``: when the run's first machine
     wrote the ``deadline`` object; ``launched_after``: other times a replacement was launched after when they fall
-    between two attempts (the decision tables' times, placement.json's failed launches); ``completed``: the run
+    between two attempts (the decision tables' times); ``completed``: the run
     ended COMPLETE (its last attempt's training is kept).
     """
     # A wait for the other machines comes before the attempt it leads to, and the controller's `waiting` is no
@@ -143,7 +144,9 @@ def goodput(events: list[dict], *, now: float | None = None, end: float | None =
         trainer = [e for e in window if e.get(layout.EVENT) in _TRAINER]
         # -- before the start: the machine's own boot, and waits for the other machines
         if k == 0:
-            launch = first_boot if first_boot is not None and first_boot <= s.start else s.start
+            # The controller's first tick may write the deadline before it decides where the first machine goes.
+            launch = s.start if first_boot is None or first_boot > s.start else max(
+                [first_boot, *(m for m in marks if first_boot <= m <= s.start)])
         else:
             launch = max([found[k - 1].end, *(m for m in marks if found[k - 1].end <= m <= s.start)])
         wait_h = 0.0
@@ -203,7 +206,7 @@ def goodput(events: list[dict], *, now: float | None = None, end: float | None =
             uncommitted_h=uncommitted / 3600 * n, kept_h=(kept_until - first_step) / 3600 * n, lost_steps=lost_steps))
     if len(found) > 1:
         notes.append("a replacement's boot counts from the last thing before its launch (the previous machine's "
-                     "end, a move, a decision, a failed launch): an upper bound where capacity was short")
+                     "end, a move, a decision): an upper bound where capacity was short")
     return Goodput(paid_h=sum(a.paid_h for a in attempts), kept_h=sum(a.kept_h for a in attempts),
                    boot_h=sum(a.boot_h for a in attempts), idle_h=sum(a.idle_h for a in attempts),
                    lost_h=sum(a.lost_h for a in attempts), uncommitted_h=sum(a.uncommitted_h for a in attempts),

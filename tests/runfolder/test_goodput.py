@@ -93,6 +93,9 @@ def test_a_long_boot_counts_from_the_controllers_last_word_before_the_launch():
     moved = goodput.goodput([*events, machine(layout.MOVED, 100, **{"from": 0, "to": 1, "reason": "x", "step": 300})],
                             end=ts(185), first_boot=ts(0), completed=True)
     assert round(moved.attempts[1].boot_h, 6) == h(25)
+    # The first launch: the controller's first tick wrote the deadline at -6 and decided at -2.
+    first = goodput.goodput(events, end=ts(185), first_boot=ts(-6), completed=True, launched_after=[ts(-2)])
+    assert round(first.attempts[0].boot_h, 6) == h(2)
     assert told.share == pytest.approx((30 + 60) / (30 + 30 + 60))  # attempt 1, the boot and restore, attempt 2
 
 
