@@ -61,6 +61,12 @@ class Attempt:
     uncommitted_h: float
     kept_h: float
     lost_steps: int = 0
+    launch: float | None = None
+    """When its boot is counted from (epoch seconds)."""
+    first_step: float | None = None
+    kept_until: float | None = None
+    """Its training up to here was kept; from here to ``train_end`` it was lost (or is not committed yet)."""
+    train_end: float | None = None
 
     @property
     def paid_h(self) -> float:
@@ -203,7 +209,8 @@ def goodput(events: list[dict], *, now: float | None = None, end: float | None =
         attempts.append(Attempt(
             attempt=s.attempt, nodes=n, boot_h=boot_pre + (first_step - s.start) / 3600 * n,
             idle_h=wait_h + (s.end - train_end) / 3600 * n, lost_h=lost / 3600 * n,
-            uncommitted_h=uncommitted / 3600 * n, kept_h=(kept_until - first_step) / 3600 * n, lost_steps=lost_steps))
+            uncommitted_h=uncommitted / 3600 * n, kept_h=(kept_until - first_step) / 3600 * n, lost_steps=lost_steps,
+            launch=launch, first_step=first_step, kept_until=kept_until, train_end=train_end))
     if len(found) > 1:
         notes.append("a replacement's boot counts from the last thing before its launch (the previous machine's "
                      "end, a move, a decision): an upper bound where capacity was short")

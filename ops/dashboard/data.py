@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass, field
 
 from ops import runs, runstate, status, why
-from runfolder import cost, layout
+from runfolder import cost, goodput, layout
 from runfolder.storage import NotFound, read_json
 
 # Events drawn on the timeline as marks (the others are in the event count only).
@@ -86,6 +86,14 @@ class Span:
     cost_usd: float | None
     price_per_hour: float | None
     nodes: int
+    # What goodput counts of it (runfolder.goodput): its boot from `launch` to its first step, and the training
+    # from `kept_until` to `train_end` that was lost (None where goodput did not find the attempt).
+    launch: float | None = None
+    first_step: float | None = None
+    kept_until: float | None = None
+    train_end: float | None = None
+    lost_steps: int = 0
+    uncommitted: bool = False
 
 
 @dataclass
@@ -465,11 +473,19 @@ def run_page(store, run_id: str, now: float, objects: dict | None = None, curves
     log = runstate.merge_events(facts.trainer_events, facts.machine_events)
     page.events = len(log)
     page.price_notes = price_notes(facts.trainer_events)
-    found = cost.spans(log, **_cost_window(st, facts, now))
-    for s, lane in zip(found, _lanes(found, facts.machine_events, runstate.is_local(st.run_uri)), strict=True):
+    window = _cost_window(st, facts, now)
+    found = cost.spans(log, **window)
+    kept = goodput.goodput(log, **window, first_boot=facts.first_boot, launched_after=facts.decision_times,
+                           completed=facts.end_marker == layout.COMPLETE)
+    parts = {} if kept is None else {(i, a.attempt): a for i, a in enumerate(kept.attempts)}
+    for i, (s, lane) in enumerate(zip(found, _lanes(found, facts.machine_events, runstate.is_local(st.run_uri)),
+                                      strict=True)):
+        a = parts.get((i, s.attempt))
         page.spans.append(Span(attempt=s.attempt, lane=lane, start=s.start, end=s.end, open=s.open,
                                placement=s.placement, cost_usd=s.cost, price_per_hour=s.price_per_hour,
-                               nodes=s.nodes))
+                               nodes=s.nodes, launch=a and a.launch, first_step=a and a.first_step,
+                               kept_until=a and a.kept_until, train_end=a and a.train_end,
+                               lost_steps=a.lost_steps if a else 0, uncommitted=bool(a and a.uncommitted_h)))
     for ev in log:
         kind = ev.get(layout.EVENT)
         at = runstate.stamp(ev.get(layout.TIME))

@@ -35,6 +35,7 @@ MARK_STYLE = {  # kind: (colour, shape, label)
     layout.CANCELLED_EVENT: ("#c77700", "cross", "cancelled"),
 }
 DECISION_COLOUR = "#6a3d9a"
+BOOT_COLOUR, LOST_COLOUR, UNCOMMITTED_COLOUR = "#9e9e9e", "#c62828", "#e69500"
 TICK_KINDS = (layout.EVALUATED, layout.CHECKPOINT)
 MAX_TICKS = 300
 PALETTE = ("#0a7ea4", "#c77700", "#6a3d9a", "#2e7d32", "#b15928", "#1f78b4")
@@ -276,7 +277,8 @@ class _Frame:
 
 def _frame(page: RunPage) -> _Frame:
     spans, marks = page.spans, page.marks
-    times = [s.start for s in spans] + [s.end for s in spans] + [m.at for m in marks]
+    times = [s.start for s in spans] + [s.end for s in spans] + [m.at for m in marks] + [
+        s.launch for s in spans if s.launch is not None]
     if page.end:
         times.append(page.end.at)
     t0, t1 = min(times), max(times)
@@ -380,8 +382,31 @@ def _attempt_bars(f: _Frame, spans) -> list[str]:
         parts.append(f'<rect class="attempt" data-attempt="{_e(s.attempt)}" x="{f.x(s.start):.1f}" y="{y:.1f}" '
                      f'width="{w:.1f}" height="{f.lane_h - 14}" rx="3" fill="{colours[s.placement]}" '
                      f'opacity="{0.65 if s.open else 0.85}"><title>{_e(tip)}</title></rect>')
+        parts += _goodput_parts(f, s, y)
         if w > 40:
             parts.append(f'<text x="{f.x(s.start) + 4:.1f}" y="{y + 14:.1f}" fill="#fff">#{_e(s.attempt)}</text>')
+    return parts
+
+
+def _goodput_parts(f: _Frame, s, y: float) -> list[str]:
+    """What goodput counts against an attempt, on its bar: its boot (a grey band from its launch, as far as the
+    run folder bounds it, to its first step) and its lost training (red, from the last commit the run went on
+    from to where it stopped; amber while the running attempt has not committed it yet)."""
+    parts = []
+    h = f.lane_h - 14
+    if s.launch is not None and s.first_step is not None and s.first_step - s.launch > 1:
+        parts.append(f'<rect class="boot" x="{f.x(s.launch):.1f}" y="{y + h / 2 - 3:.1f}" '
+                     f'width="{max(1.0, f.x(s.first_step) - f.x(s.launch)):.1f}" height="6" fill="{BOOT_COLOUR}">'
+                     f"<title>boot of attempt {_e(s.attempt)}: {runstate.duration(s.first_step - s.launch)} from "
+                     f"{_clock(s.launch)} (the launch, as far as the run folder bounds it) to its first step"
+                     "</title></rect>")
+    if s.kept_until is not None and s.train_end is not None and s.train_end - s.kept_until > 1:
+        what = ("not committed yet" if s.uncommitted else "lost: trained after the last commit the run went on "
+                "from" + (f" ({s.lost_steps} steps at least)" if s.lost_steps else ""))
+        parts.append(f'<rect class="{"uncommitted" if s.uncommitted else "lost"}" x="{f.x(s.kept_until):.1f}" '
+                     f'y="{y:.1f}" width="{max(1.0, f.x(s.train_end) - f.x(s.kept_until)):.1f}" height="{h}" '
+                     f'fill="{UNCOMMITTED_COLOUR if s.uncommitted else LOST_COLOUR}" opacity="0.55">'
+                     f"<title>{_e(what)}: {runstate.duration(s.train_end - s.kept_until)}</title></rect>")
     return parts
 
 
@@ -487,7 +512,8 @@ def _end_line(f: _Frame, end) -> str:
 def _legend(x0: float, y: float) -> str:
     items = [("#0a7ea4", "rect", "attempt"), ("#e69500", "tri", "spot notice"), ("#c62828", "x", "preempted"),
              ("#1565c0", "line", "move"), ("#2e7d32", "tick", "evaluation"), ("#555", "tick", "checkpoint"),
-             ("#ddd", "rect", "idle"), (DECISION_COLOUR, "diamond", "decision")]
+             ("#ddd", "rect", "idle"), (BOOT_COLOUR, "rect", "boot"), (LOST_COLOUR, "rect", "lost"),
+             (DECISION_COLOUR, "diamond", "decision")]
     out, x = [], x0
     for colour, shape, label in items:
         if shape == "rect":

@@ -72,3 +72,19 @@ def test_a_damaged_table_is_a_note_and_the_page_still_draws(tmp_path):
     assert code == 200 and "could not be read (not a JSON object)" in body
     assert len(re.findall(r'class="mark decision"', body)) == 2
     assert json.loads(run.get_bytes(layout.decision_key(ts(1))))["chosen"] == 0
+
+
+def test_the_timeline_draws_each_attempts_boot_and_its_lost_training(tmp_path):
+    from tests.ops.test_status_why import ev, lines, started
+
+    bucket, store, run, _docs = _bucket(tmp_path, 0)
+    lines(run, started(10, 1), ev(layout.CHECKPOINT, 20, 1, step=200), ev(layout.EVALUATED, 28, 1, step=280, metrics={}),
+          {"event": layout.SPOT_NOTICE, "time": ev("x", 30)["time"], "instance": "i-1"},
+          started(40, 2), ev(layout.RESUMED, 42, 2, step=200), ev(layout.FINISHED, 70, 2, step=1000))
+    page = data.run_page(store, "run", ts(80))
+    first, second = page.spans
+    assert (first.launch, first.first_step, first.kept_until, first.train_end) == (ts(0), ts(10), ts(20), ts(30))
+    assert first.lost_steps == 80 and (second.launch, second.first_step) == (ts(30), ts(42))
+    code, body = Dashboard(bucket, store).respond("/run/run", now=ts(80))
+    assert code == 200 and body.count('<rect class="boot"') == 2 and body.count('<rect class="lost"') == 1
+    assert "lost: trained after the last commit the run went on from (80 steps at least): 10m 00s" in body
