@@ -155,3 +155,35 @@ def test_to_json_names_each_figure():
     assert doc["goodput"] == pytest.approx(30 / 36, abs=1e-4)
     assert {"paid_h", "kept_h", "boot_h", "idle_h", "lost_h", "uncommitted_h", "lost_steps", "boots",
             "notes"} <= set(doc)
+
+
+KINDS = [layout.STARTED, layout.RESUMED, layout.CHECKPOINT, layout.EVALUATED, layout.PREEMPTED, layout.FINISHED,
+         layout.FAILED_EVENT, layout.SPOT_NOTICE, layout.MACHINE_STALLED, layout.WAITING_FOR_MACHINES, layout.MOVED,
+         layout.CONTROLLER_WAITING, layout.MACHINE_FINISH]
+
+
+def test_any_log_splits_its_paid_time_into_parts_that_add_up():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    one = st.builds(lambda kind, minute, attempt, step, workers, came: {
+        layout.EVENT: kind, layout.TIME: at(minute), layout.ATTEMPT: attempt, "step": step, "workers": workers,
+        "came": came, "since": at(minute - 3)},
+        st.sampled_from(KINDS), st.integers(0, 300), st.integers(1, 4), st.one_of(st.none(), st.integers(-5, 900)),
+        st.one_of(st.none(), st.integers(1, 4), st.just(True)), st.one_of(st.none(), st.integers(0, 6)))
+
+    @settings(max_examples=120, deadline=None, derandomize=True)
+    @given(st.lists(one, max_size=14), st.one_of(st.none(), st.integers(-20, 300)), st.booleans(),
+           st.lists(st.integers(-20, 300), max_size=3))
+    def check(events, boot, completed, marks):
+        g = goodput.goodput(events, now=ts(320), first_boot=None if boot is None else ts(boot), completed=completed,
+                            launched_after=[ts(m) for m in marks])
+        if g is None:
+            assert not any(e[layout.EVENT] == layout.STARTED for e in events)
+            return
+        for a in g.attempts:
+            assert min(a.boot_h, a.idle_h, a.lost_h, a.uncommitted_h, a.kept_h, a.lost_steps) >= 0
+        assert g.paid_h == pytest.approx(g.kept_h + g.boot_h + g.idle_h + g.lost_h + g.uncommitted_h)
+        assert g.share is None or 0 <= g.share <= 1 + 1e-9
+
+    check()
