@@ -130,8 +130,8 @@ def goodput(events: list[dict], *, now: float | None = None, end: float | None =
     between two attempts (the decision tables' times); ``completed``: the run
     ended COMPLETE (its last attempt's training is kept).
     """
-    # A wait for the other machines comes before the attempt it leads to, and the controller's `waiting` is no
-    # machine's: neither extends the attempt before them (runfolder.cost counts them as its machine time).
+    # A wait for the other machines comes before the attempt it leads to (runfolder.cost counts it as the machine
+    # time of the attempt before), and the controller's `waiting` is no machine's: neither extends the attempt before.
     found = cost.spans([e for e in events if e.get(layout.EVENT) not in _BETWEEN], now=now, end=end)
     if not found:
         return None
