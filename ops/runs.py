@@ -344,7 +344,7 @@ def read_runs(store, read, known=None) -> list:
 
 def list_runs(bucket_uri: str, *, now: float | None = None, store=None) -> list[dict]:
     """Every run under ``<bucket>/runs/``: id, uri, state, step, total, age_seconds, attempts, machine_hours,
-    cost_usd, cost_note, detail; newest first."""
+    cost_usd, cost_note, goodput (kept / paid machine time, ``runfolder.goodput``), detail; newest first."""
     from ops import status
     from runfolder.storage import open_store
 
@@ -356,7 +356,7 @@ def list_runs(bucket_uri: str, *, now: float | None = None, store=None) -> list[
         return {"id": run_id, "uri": view.uri, "state": st.state, "step": st.step, "total": st.total,
                 "age_seconds": round(max(0.0, now - changed), 1), "attempts": st.attempts,
                 "machine_hours": st.machine_hours, "cost_usd": st.cost_usd, "cost_note": st.cost_note,
-                "detail": st.detail}
+                "goodput": (st.goodput or {}).get("goodput"), "detail": st.detail}
 
     return read_runs(store, read)
 
@@ -385,9 +385,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(f"no runs in {bucket}/{layout.RUNS_PREFIX}")
         return EXIT_OK
     table = Table(title=f"runs in {bucket}", title_justify="left")
-    for col in ("run", "state", "step", "age", "attempts", "cost", "detail"):
+    for col in ("run", "state", "step", "age", "attempts", "cost", "goodput", "detail"):
         table.add_column(col, no_wrap=col != "detail",
-                         justify="right" if col in ("step", "attempts", "cost") else "left")
+                         justify="right" if col in ("step", "attempts", "cost", "goodput") else "left")
     notes = set()
     for r in runs:
         step = "-" if r["step"] is None else f"{r['step']}/{r['total']}" if r["total"] else str(r["step"])
@@ -395,7 +395,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         if r["cost_note"]:
             notes.add(r["cost_note"])
         table.add_row(r["id"], f"[{status.STYLES.get(r['state'], '')}]{r['state']}", step,
-                      runstate.duration(r["age_seconds"]), str(r["attempts"]), cost, r["detail"])
+                      runstate.duration(r["age_seconds"]), str(r["attempts"]), cost,
+                      "-" if r["goodput"] is None else f"{r['goodput']:.0%}", r["detail"])
     console = Console()
     console.print(table)
     for note in sorted(notes):

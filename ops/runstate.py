@@ -59,6 +59,10 @@ class RunFacts:
     # The first end marker present (layout.END_MARKERS order) and its body ({} when unreadable).
     end_marker: str | None = None
     end: dict | None = None
+    # When the run's first machine wrote the `deadline` object (its first boot), and when each decision table
+    # was made (their keys say): the boots that goodput counts (runfolder.goodput).
+    first_boot: float | None = None
+    decision_times: tuple[float, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -130,6 +134,12 @@ class RunStatus:
     # Several placements: placement.json as the controller wrote it (active, since, moves), None
     # for a stack of one placement (ops/status.py reads it).
     placement: dict | None = None
+    # The share of paid machine time that produced kept steps, with the boots, waits and lost steps against
+    # it (runfolder.goodput's Goodput.to_json), None before any attempt.
+    goodput: dict | None = None
+    # The placement controller's newest decision table (decisions/<time>.json, controller/table.py), when
+    # ops status reads it; None when the run folder has none.
+    decision: dict | None = None
 
     @property
     def final(self) -> bool:
@@ -294,6 +304,7 @@ def classify(facts: RunFacts, now: float, *, events: int = DEFAULT_EVENTS) -> Ru
     # A run that has not ended counts its newest attempt up to now (a stalled or preempted
     # machine may still be billing; a gone one's group brings another).
     _add_cost(st, log, now=None if is_local(run_uri) else now)
+    _add_goodput(st, facts, log, now=None if is_local(run_uri) else now)
     _running(st, log, trainer_log, starts, now)
     return st
 
@@ -328,6 +339,7 @@ def _ended(st: RunStatus, facts: RunFacts, log: list[dict]) -> None:
     st.state, st.end = marker, facts.end
     ended = stamp(doc.get("finished_at")) or stamp(doc.get(layout.TIME))
     _add_cost(st, log, end=ended)
+    _add_goodput(st, facts, log, end=ended)
     step = doc.get(layout.MARKER_STEP)
     if isinstance(step, int) and step >= 0:
         st.step = step
@@ -450,3 +462,14 @@ def _add_cost(st: RunStatus, log: list[dict], *, now: float | None = None, end: 
         if total.unpriced and total.cost_usd is not None:
             st.cost_note = f"{total.unpriced} of {total.attempts} attempts without a price; " + st.cost_note
         st.placement_costs = [p.to_json() for p in total.placements]
+
+
+def _add_goodput(st: RunStatus, facts: RunFacts, log: list[dict], *, now: float | None = None,
+                 end: float | None = None) -> None:
+    from runfolder import goodput
+
+    found = goodput.goodput(log, now=now, end=end, first_boot=facts.first_boot, launched_after=facts.decision_times,
+                            completed=facts.end_marker == layout.COMPLETE)
+    st.goodput = None if found is None else found.to_json()
+    if st.goodput is not None and is_local(st.run_uri):
+        st.goodput["notes"] = []  # no machine boots for a run on this computer

@@ -23,6 +23,7 @@ import json
 import sys
 import time
 
+from ops import why
 from ops.cli import (
     EXIT_ERROR,
     EXIT_FAILED,
@@ -105,18 +106,22 @@ def read_facts(store, run_uri: str, *, checkpoint_marker: bool = True) -> RunFac
         if doc is not None:
             end_marker, end = name, doc
             break
+    deadline = store.stat(layout.DEADLINE_KEY).get(layout.DEADLINE_KEY)
+    decisions = tuple(t for k in store.list(layout.DECISIONS_PREFIX) if (t := layout.decision_time(k)) is not None)
     return RunFacts(run_uri, trainer_events, machine_events, progress=progress, checkpoint_step=step,
-                    checkpoint_marker=marker, end_marker=end_marker, end=end)
+                    checkpoint_marker=marker, end_marker=end_marker, end=end,
+                    first_boot=None if deadline is None else deadline.modified.timestamp(), decision_times=decisions)
 
 
 def read_status(run_uri: str, *, store=None, now: float | None = None, events: int = DEFAULT_EVENTS,
-                must_exist: bool = False, checkpoint_marker: bool = True) -> RunStatus:
+                must_exist: bool = False, checkpoint_marker: bool = True, decision: bool = False) -> RunStatus:
     """Read the run at ``run_uri`` and say where it stands.
 
     ``store``: the run's already opened store (a watch reuses one; opening an S3 client
     costs most of a second); ``events``: how many recent events to include;
     ``must_exist``: raise :class:`NoRun` when nothing at all is stored at the URI (a URI
-    given by hand; a stack's run may not have been written yet while its machine boots).
+    given by hand; a stack's run may not have been written yet while its machine boots);
+    ``decision``: read the controller's newest decision table too (``controller.table.latest``).
     """
     from runfolder.storage import open_store, read_json
 
@@ -129,6 +134,10 @@ def read_status(run_uri: str, *, store=None, now: float | None = None, events: i
     st = classify(facts, now, events=events)
     st.placement = read_json(store, layout.PLACEMENT_KEY)
     st.scheduler = read_json(store, layout.SCHEDULER_KEY)
+    if decision and facts.decision_times:
+        from controller import table
+
+        st.decision = table.latest(store)
     return st
 
 
@@ -182,13 +191,14 @@ def _snapshot(uri: str, args: argparse.Namespace, store=None) -> RunStatus:
     from ops import hosts
     from runfolder.storage import open_store
 
-    st = read_status(uri, store=store, events=args.events, must_exist=getattr(args, "run_uri", None) is not None)
+    st = read_status(uri, store=store, events=args.events, must_exist=getattr(args, "run_uri", None) is not None,
+                     decision=True)
     if st.scheduler is not None:
         store = open_store(uri) if store is None else store
     if st.scheduler is not None and with_job(st, store):
         # The job's own end (the wait ran out, a failure, a stop) is now the run's marker: read it again.
         job, note = st.job, st.job_note
-        st = read_status(uri, store=store, events=args.events)
+        st = read_status(uri, store=store, events=args.events, decision=True)
         st.job, st.job_note = job, note
         return st
     stack = getattr(args, "stack", None)
@@ -306,6 +316,8 @@ def render(st: RunStatus):
     )
     for label, line in placement_lines(st.placement):
         grid.add_row(label, line)
+    for label, line in why.decision_lines(st.decision):
+        grid.add_row(label, line)
     if st.waiting:
         grid.add_row("waiting", Text(f"the run cannot train anywhere now: {st.waiting}", style="bold red"))
     if st.machines_running is not None:
@@ -323,6 +335,8 @@ def render(st: RunStatus):
         grid.add_row("cost", cost_text(st))
         for line in placement_cost_lines(st):
             grid.add_row("", line)
+    if st.goodput:
+        grid.add_row("goodput", why.goodput_text(st.goodput))
     if st.checkpoint:
         age = f", {duration(st.checkpoint.age_seconds)} ago" if st.checkpoint.age_seconds is not None else ""
         grid.add_row("checkpoint", f"step {st.checkpoint.step}{age}")

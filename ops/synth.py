@@ -112,6 +112,7 @@ def plan(result: Result, settings: config.Settings, *, ask_prices: bool = True) 
         placements = plan_text.placements_section(rows, groups, settings.placement.wait_minutes, size,
                                                   pricing.transfer_source())
         placements += plan_text.image_copies_lines(pricing.image_copies(settings), pricing.registry_source())
+        placements += first_launch_lines(first_launch(settings, checkpoint_bytes=checkpoints.checkpoint_bytes))
     if settings.scheduler == "sagemaker":
         placements += sagemaker_lines(settings)
     if settings.scheduler == "vertex":
@@ -119,6 +120,55 @@ def plan(result: Result, settings: config.Settings, *, ask_prices: bool = True) 
     return plan_text.render(settings.stack, settings.cloud, settings.region, result.resources, result.outputs,
                             result.mock_values, est, settings.compute.gpus_per_node,
                             storage.plan_lines(checkpoints), placements)
+
+
+def first_launch(settings: config.Settings, *, checkpoint_bytes: int, now: float | None = None) -> dict:
+    """The decision table the placement controller's first launch would write (controller/table.py's document),
+    every placement priced from the stack's price table (components/prices.yaml through
+    ``pricing.decision_inputs``) as the controller prices a placement no cloud has answered for, and costed by
+    ``controller.cost.estimate`` with nothing measured yet: a run that has not trained has no steps per hour of
+    its own, so E stays unknown until it has."""
+    import time
+
+    from components import pricing
+    from controller import cost, prices, table
+
+    now = time.time() if now is None else now
+    nodes = settings.compute.nodes
+    inputs = pricing.decision_inputs(settings)
+    places = settings.placement_list
+    offers = [prices.offer(i, p.cloud, p.region, doc, nodes=nodes) for i, (p, doc) in enumerate(zip(places, inputs,
+                                                                                                    strict=True))]
+    quotes = prices.quotes_for({}, offers, now=now, estimates={i: doc["estimate_per_hour"] for i, doc in
+                                                               enumerate(inputs)})
+    run = cost.RunFacts(nodes=nodes, remaining_steps=settings.run.steps,
+                        checkpoint_interval_s=float(settings.run.checkpoint_every_seconds or 0),
+                        checkpoint_bytes=checkpoint_bytes, measured_rates={}, now=now,
+                        deadline=now + settings.compute.max_runtime_hours * 3600)
+    estimates = [cost.estimate(run, cost.PlacementFacts(
+        index=i, price=q.price, gpu=doc["gpu"], restore_per_gb=doc["restore_per_gb"],
+        writes_per_gb=doc["writes_per_gb"], max_price=doc["max_price_per_hour"]))
+        for i, (q, doc) in enumerate(zip(quotes, inputs, strict=True))]
+    policy = settings.placement.choose
+    choice = table.choose(estimates, active=0, policy=policy, floor_usd=settings.placement.move_floor_usd,
+                          fraction=settings.placement.move_fraction)
+    labels = [f"{p.cloud} {p.region}" for p in places]
+    return table.document(table.rows(labels, quotes, estimates, now=now), choice, now=now, active=0, policy=policy)
+
+
+def first_launch_lines(doc: dict) -> list[str]:
+    """The first launch's table as the plan prints it (``ops.why``'s words, as ``ops status`` shows a decision),
+    marked as an estimate."""
+    from ops import why
+
+    rows = why.decision_lines(doc, estimate=True)
+    lines = ["First launch: the table the placement controller would start from (an estimate: priced from the "
+             "stack's price table, components/prices.yaml; running, it asks each cloud's price API)"]
+    lines += [f"  {text}" for _label, text in rows]
+    if all(r.get("cost") is None for r in doc.get("rows") or []):
+        lines.append("  E (the expected cost to finish) is unknown until the run has measured its own steps per hour; "
+                     "then every restart decides again by it (ops status shows each decision)")
+    return lines
 
 
 def sagemaker_lines(settings: config.Settings) -> list[str]:

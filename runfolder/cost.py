@@ -26,8 +26,9 @@ from runfolder.events import parse_time
 # Events after which an attempt's machine is going or gone: it is not counted up to now.
 _ENDS_ATTEMPT = frozenset({layout.PREEMPTED, layout.FAILED_EVENT, layout.CANCELLED_EVENT, layout.SPOT_NOTICE,
                            layout.MACHINE_FINISH, layout.MACHINE_STALLED})
-# Events in the run's logs that no machine of an attempt wrote (placement.jsonl's moves).
-_NOT_A_MACHINE = frozenset({layout.MOVED})
+# Events in the run's logs that no machine of an attempt wrote (placement.jsonl's moves, and the controller's word
+# that the run cannot train anywhere now, written while no machine trains).
+_NOT_A_MACHINE = frozenset({layout.MOVED, layout.CONTROLLER_WAITING})
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ def spans(events: list[dict], *, now: float | None = None, end: float | None = N
         t0, _i, ev = timed[k]
         last = n == len(starts) - 1
         stop = len(timed) if last else starts[n + 1]
-        # A move is the controller's, written while no machine of the run trains: it ends no attempt's time.
+        # A move or a `waiting` is the controller's, written while no machine of the run trains: it ends no
+        # attempt's time.
         t1 = max(t for t, _i, e in timed[k:stop] if e is ev or e.get(layout.EVENT) not in _NOT_A_MACHINE)
         ended = any(e.get(layout.EVENT) in _ENDS_ATTEMPT for _t, _i, e in timed[k:stop])
         is_open = False

@@ -247,6 +247,18 @@ def decision_key(epoch: float) -> str:
     return f"{DECISIONS_PREFIX}{stamp}.json"
 
 
+def decision_time(key: str) -> float | None:
+    """The epoch a decision table was made at, from its key (`decision_key`'s inverse); None for any other key."""
+    name = key.removeprefix(DECISIONS_PREFIX)
+    if name == key or not name.endswith(".json"):
+        return None
+    try:
+        when = datetime.datetime.strptime(name[:-len(".json")], "%Y%m%dT%H%M%S.%fZ")
+    except ValueError:
+        return None
+    return when.replace(tzinfo=datetime.UTC).timestamp()
+
+
 def machine_events_key(machine: str) -> str:
     """`machine-events/<machine>.jsonl`: one machine's own events (that machine is its only writer)."""
     return f"{MACHINE_EVENTS_PREFIX}{machine}.jsonl"

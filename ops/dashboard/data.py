@@ -15,8 +15,8 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from ops import runs, runstate, status
-from runfolder import cost, layout
+from ops import runs, runstate, status, why
+from runfolder import cost, goodput, layout
 from runfolder.storage import NotFound, read_json
 
 # Events drawn on the timeline as marks (the others are in the event count only).
@@ -36,6 +36,10 @@ TB_MAX_BYTES = 64 << 20  # event files beyond this are not read for curves (a no
 QUIET_S = runstate.QUIET_PHASE_S
 # An ended run's folder is listed again at most this often by the runs table (to see it changed or emptied).
 RELIST_S = 900.0
+# A decision of the placement controller (decisions/<time>.json) on the timeline: each is a mark; the newest
+# this many tables are read and shown (the older ones' times come from their keys, without a read).
+DECISION = "decision"
+DECISION_TABLES = 20
 TAIL_CHECK = 64  # bytes before the end of what was read, fetched again to check that a file only grew
 # How a machine's recorded price says it carries its placement's checkpoint writes to home's bucket
 # (components.userdata.price_env writes the note; a test reads it from there).
@@ -64,6 +68,9 @@ class Row:
     cost_note: str
     age_seconds: float
     final: bool
+    goodput: float | None = None
+    """Kept / paid machine time (runfolder.goodput), None before anything was paid."""
+    goodput_text: str = ""
 
 
 @dataclass
@@ -79,6 +86,14 @@ class Span:
     cost_usd: float | None
     price_per_hour: float | None
     nodes: int
+    # What goodput counts of it (runfolder.goodput): its boot from `launch` to its first step, and the training
+    # from `kept_until` to `train_end` that was lost (None where goodput did not find the attempt).
+    launch: float | None = None
+    first_step: float | None = None
+    kept_until: float | None = None
+    train_end: float | None = None
+    lost_steps: int = 0
+    uncommitted: bool = False
 
 
 @dataclass
@@ -89,6 +104,15 @@ class Mark:
     at: float
     lane: str | None
     text: str
+
+
+@dataclass
+class Decision:
+    """One decision table of the placement controller: when, its key, and the table (None: not read)."""
+
+    at: float
+    key: str
+    doc: dict | None
 
 
 @dataclass
@@ -108,6 +132,8 @@ class RunPage:
     # What each placement's recorded price is (its attempts' `price_note`, the newest): away from home's
     # region it carries the checkpoint writes to home's bucket (see `writes_per_hour`).
     price_notes: dict[str, str] = field(default_factory=dict)
+    # The controller's decisions, oldest first (their tables: the newest DECISION_TABLES only).
+    decisions: list[Decision] = field(default_factory=list)
 
 
 def _row(run_id: str, run, st: runstate.RunStatus, age: float) -> Row:
@@ -130,7 +156,8 @@ def _row(run_id: str, run, st: runstate.RunStatus, age: float) -> Row:
                train_metric=train, val_metric=val, best=st.best, attempts=st.attempts, preemptions=st.preemptions,
                moves=len(moves), placements=[str(p.get("placement")) for p in st.placement_costs],
                machine_hours=st.machine_hours, cost_usd=st.cost_usd, cost_note=st.cost_note,
-               age_seconds=round(max(0.0, age), 1), final=st.final)
+               age_seconds=round(max(0.0, age), 1), final=st.final,
+               goodput=(st.goodput or {}).get("goodput"), goodput_text=why.goodput_text(st.goodput))
 
 
 def live(row: Row) -> bool:
@@ -446,11 +473,19 @@ def run_page(store, run_id: str, now: float, objects: dict | None = None, curves
     log = runstate.merge_events(facts.trainer_events, facts.machine_events)
     page.events = len(log)
     page.price_notes = price_notes(facts.trainer_events)
-    found = cost.spans(log, **_cost_window(st, facts, now))
-    for s, lane in zip(found, _lanes(found, facts.machine_events, runstate.is_local(st.run_uri)), strict=True):
+    window = _cost_window(st, facts, now)
+    found = cost.spans(log, **window)
+    kept = goodput.goodput(log, **window, first_boot=facts.first_boot, launched_after=facts.decision_times,
+                           completed=facts.end_marker == layout.COMPLETE)
+    parts = {} if kept is None else {(i, a.attempt): a for i, a in enumerate(kept.attempts)}
+    for i, (s, lane) in enumerate(zip(found, _lanes(found, facts.machine_events, runstate.is_local(st.run_uri)),
+                                      strict=True)):
+        a = parts.get((i, s.attempt))
         page.spans.append(Span(attempt=s.attempt, lane=lane, start=s.start, end=s.end, open=s.open,
                                placement=s.placement, cost_usd=s.cost, price_per_hour=s.price_per_hour,
-                               nodes=s.nodes))
+                               nodes=s.nodes, launch=a and a.launch, first_step=a and a.first_step,
+                               kept_until=a and a.kept_until, train_end=a and a.train_end,
+                               lost_steps=a.lost_steps if a else 0, uncommitted=bool(a and a.uncommitted_h)))
     for ev in log:
         kind = ev.get(layout.EVENT)
         at = runstate.stamp(ev.get(layout.TIME))
@@ -473,6 +508,8 @@ def run_page(store, run_id: str, now: float, objects: dict | None = None, curves
             page.end = Mark(kind=facts.end_marker, at=at, lane=None,
                             text=f"{facts.end_marker}" + (f": {reason}" if reason else ""))
 
+    _decisions(page, run, stored, notes)
+
     scalars, tb_notes = tensorboard_scalars(run, curves)
     notes.extend(tb_notes)
     for name, points in scalars.items():
@@ -488,3 +525,30 @@ def run_page(store, run_id: str, now: float, objects: dict | None = None, curves
         page.curve_source[name] = f"{layout.EVALUATED} events"
     page.notes = notes
     return page
+
+
+def decision_summary(doc: dict | None) -> str:
+    """A decision's one line: where it chose and why (``ops.why``'s words)."""
+    rows = why.decision_lines(doc)
+    return rows[0][1] if rows else "decision (its table could not be read)"
+
+
+def _decisions(page: RunPage, run, stored: dict, notes: list[str]) -> None:
+    """The run's decision tables as marks on the timeline: their times from the listing, the newest
+    :data:`DECISION_TABLES` tables read (through the page's bounded object cache), the older ones not."""
+    found = sorted((t, k) for k in stored if (t := layout.decision_time(k)) is not None)
+    for n, (t, key) in enumerate(found):
+        doc = None
+        if n >= len(found) - DECISION_TABLES:
+            doc = read_json(run, key)
+            if not doc:
+                notes.append(f"{key} could not be read (not a JSON object)")
+                doc = None
+        page.decisions.append(Decision(at=t, key=key, doc=doc))
+        page.marks.append(Mark(kind=DECISION, at=t, lane=None, text=decision_summary(doc) if doc else
+                               "decision" + ("" if n >= len(found) - DECISION_TABLES else
+                                             " (an older one: its table is not read here)")))
+    if len(found) > DECISION_TABLES:
+        notes.append(f"{len(found)} decisions: the newest {DECISION_TABLES} tables are shown, the older ones as "
+                     f"marks only (each is {layout.DECISIONS_PREFIX}<time>.json in the run's folder)")
+    page.st.decision = next((d.doc for d in reversed(page.decisions) if d.doc), None)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import quote
 
-from ops import runstate, status
+from ops import runstate, status, why
 from ops.dashboard import data
 from ops.dashboard.data import Row, RunPage, writes_per_hour
 from runfolder import layout
@@ -34,6 +34,8 @@ MARK_STYLE = {  # kind: (colour, shape, label)
     layout.FAILED_EVENT: ("#8b0000", "cross", "attempt failed"),
     layout.CANCELLED_EVENT: ("#c77700", "cross", "cancelled"),
 }
+DECISION_COLOUR = "#6a3d9a"
+BOOT_COLOUR, LOST_COLOUR, UNCOMMITTED_COLOUR = "#9e9e9e", "#c62828", "#e69500"
 TICK_KINDS = (layout.EVALUATED, layout.CHECKPOINT)
 MAX_TICKS = 300
 PALETTE = ("#0a7ea4", "#c77700", "#6a3d9a", "#2e7d32", "#b15928", "#1f78b4")
@@ -124,6 +126,7 @@ COLUMNS = (
     ("placements", "placements", False, lambda r: ", ".join(r.placements)),
     ("hours", "machine-hours", True, lambda r: r.machine_hours or 0.0),
     ("cost", "cost", True, lambda r: r.cost_usd if r.cost_usd is not None else -1.0),
+    ("goodput", "goodput", True, lambda r: r.goodput if r.goodput is not None else -1.0),
     ("age", "age", True, lambda r: r.age_seconds),
 )
 SORTS = {c[0]: c[3] for c in COLUMNS}
@@ -152,6 +155,8 @@ def runs_page(bucket: str, rows: list[Row], notes: list[str], *, sort: str = "ag
             f'<td class="num">{r.moves}</td>', f'<td class="places">{"<br>".join(_e(p) for p in r.placements) or "-"}</td>',
             f'<td class="num">{"-" if r.machine_hours is None else f"{r.machine_hours:.2f}"}</td>',
             f'<td class="num cost" title="{_e(r.cost_note)}">{_money(r.cost_usd)}</td>',
+            f'<td class="num goodput" title="{_e(r.goodput_text)}">'
+            f'{"-" if r.goodput is None else f"{r.goodput:.0%}"}</td>',
             f'<td class="num age">{_e(runstate.duration(r.age_seconds))}</td>',
         ]
         body.append(f'<tr class="run" data-run="{_e(r.id)}" data-state="{_e(r.state)}">{"".join(cells)}</tr>')
@@ -272,7 +277,8 @@ class _Frame:
 
 def _frame(page: RunPage) -> _Frame:
     spans, marks = page.spans, page.marks
-    times = [s.start for s in spans] + [s.end for s in spans] + [m.at for m in marks]
+    times = [s.start for s in spans] + [s.end for s in spans] + [m.at for m in marks] + [
+        s.launch for s in spans if s.launch is not None]
     if page.end:
         times.append(page.end.at)
     t0, t1 = min(times), max(times)
@@ -376,15 +382,38 @@ def _attempt_bars(f: _Frame, spans) -> list[str]:
         parts.append(f'<rect class="attempt" data-attempt="{_e(s.attempt)}" x="{f.x(s.start):.1f}" y="{y:.1f}" '
                      f'width="{w:.1f}" height="{f.lane_h - 14}" rx="3" fill="{colours[s.placement]}" '
                      f'opacity="{0.65 if s.open else 0.85}"><title>{_e(tip)}</title></rect>')
+        parts += _goodput_parts(f, s, y)
         if w > 40:
             parts.append(f'<text x="{f.x(s.start) + 4:.1f}" y="{y + 14:.1f}" fill="#fff">#{_e(s.attempt)}</text>')
+    return parts
+
+
+def _goodput_parts(f: _Frame, s, y: float) -> list[str]:
+    """What goodput counts against an attempt, on its bar: its boot (a grey band from its launch, as far as the
+    run folder bounds it, to its first step) and its lost training (red, from the last commit the run went on
+    from to where it stopped; amber while the running attempt has not committed it yet)."""
+    parts = []
+    h = f.lane_h - 14
+    if s.launch is not None and s.first_step is not None and s.first_step - s.launch > 1:
+        parts.append(f'<rect class="boot" x="{f.x(s.launch):.1f}" y="{y + h / 2 - 3:.1f}" '
+                     f'width="{max(1.0, f.x(s.first_step) - f.x(s.launch)):.1f}" height="6" fill="{BOOT_COLOUR}">'
+                     f"<title>boot of attempt {_e(s.attempt)}: {runstate.duration(s.first_step - s.launch)} from "
+                     f"{_clock(s.launch)} (the launch, as far as the run folder bounds it) to its first step"
+                     "</title></rect>")
+    if s.kept_until is not None and s.train_end is not None and s.train_end - s.kept_until > 1:
+        what = ("not committed yet" if s.uncommitted else "lost: trained after the last commit the run went on "
+                "from" + (f" ({s.lost_steps} steps at least)" if s.lost_steps else ""))
+        parts.append(f'<rect class="{"uncommitted" if s.uncommitted else "lost"}" x="{f.x(s.kept_until):.1f}" '
+                     f'y="{y:.1f}" width="{max(1.0, f.x(s.train_end) - f.x(s.kept_until)):.1f}" height="{h}" '
+                     f'fill="{UNCOMMITTED_COLOUR if s.uncommitted else LOST_COLOUR}" opacity="0.55">'
+                     f"<title>{_e(what)}: {runstate.duration(s.train_end - s.kept_until)}</title></rect>")
     return parts
 
 
 def _marks(f: _Frame, marks) -> list[str]:
     """Evaluation and checkpoint ticks, moves with their labels under the lanes, and the other marks."""
     parts = []
-    moves_drawn = rows = 0
+    moves_drawn = rows = decisions = 0
     # Thousands of ticks draw as one smear and weigh on the browser: past MAX_TICKS of a kind, every k-th.
     every = {k: max(1, math.ceil(sum(1 for m in marks if m.kind == k) / MAX_TICKS)) for k in TICK_KINDS}
     seen = dict.fromkeys(TICK_KINDS, 0)
@@ -397,6 +426,9 @@ def _marks(f: _Frame, marks) -> list[str]:
         y = f.lane_y(m.lane) + 7
         if m.kind in (layout.EVALUATED, layout.CHECKPOINT):
             parts.append(_tick(f, m, cx, y))
+        elif m.kind == data.DECISION:
+            parts.append(_decision_mark(f, m, cx, decisions))
+            decisions += 1
         elif m.kind == layout.MOVED:
             anchor, lines = f.moves[moves_drawn]
             parts.append(_move(f, m, cx, f.moves_y + f.line_h * rows, anchor, lines))
@@ -405,6 +437,32 @@ def _marks(f: _Frame, marks) -> list[str]:
         else:
             parts.append(_mark(f, m, cx, y))
     return parts
+
+
+def _decision_mark(f: _Frame, m, cx: float, n: int) -> str:
+    """A decision of the placement controller: a diamond above the lanes, linked to its table below."""
+    y = f.top - 16
+    d = f"M{cx:.1f},{y - 6:.1f} l5,6 l-5,6 l-5,-6 z"
+    return (f'<a href="#decision-{n}"><path class="mark decision" d="{d}" fill="{DECISION_COLOUR}" stroke="#fff">'
+            f"<title>decision at {_clock(m.at)}: {_e(m.text)}</title></path></a>")
+
+
+def decisions_section(page: RunPage) -> str:
+    """Each decision's table, newest first: where it chose and why, and every placement's row (price and its
+    age, rate, preemptions, transfer, E, feasible or why not)."""
+    if not page.decisions:
+        return ""
+    out = []
+    for n, d in reversed(list(enumerate(page.decisions))):
+        if d.doc is None:
+            continue
+        lines = why.decision_lines(d.doc)
+        rows = "".join(f"<li>{_e(text)}</li>" for _label, text in lines[1:])
+        out.append(f'<details class="decision" id="decision-{n}"{" open" if n == len(page.decisions) - 1 else ""}>'
+                   f"<summary>{_e(lines[0][1])}</summary><ul>{rows}</ul></details>")
+    return (f'<h2>decisions</h2><p class="dim">each restart, the placement controller prices every placement and '
+            f"writes why it chose one ({_e(layout.DECISIONS_PREFIX)}): * marks the chosen one, E is the expected "
+            f"cost to finish there</p>{''.join(out)}")
 
 
 def _tick(f: _Frame, m, cx: float, y: float) -> str:
@@ -454,13 +512,16 @@ def _end_line(f: _Frame, end) -> str:
 def _legend(x0: float, y: float) -> str:
     items = [("#0a7ea4", "rect", "attempt"), ("#e69500", "tri", "spot notice"), ("#c62828", "x", "preempted"),
              ("#1565c0", "line", "move"), ("#2e7d32", "tick", "evaluation"), ("#555", "tick", "checkpoint"),
-             ("#ddd", "rect", "idle")]
+             ("#ddd", "rect", "idle"), (BOOT_COLOUR, "rect", "boot"), (LOST_COLOUR, "rect", "lost"),
+             (DECISION_COLOUR, "diamond", "decision")]
     out, x = [], x0
     for colour, shape, label in items:
         if shape == "rect":
             out.append(f'<rect x="{x}" y="{y - 9}" width="14" height="9" fill="{colour}"/>')
         elif shape == "tri":
             out.append(f'<path d="M{x + 7},{y} l-6,-10 h12 z" fill="{colour}"/>')
+        elif shape == "diamond":
+            out.append(f'<path d="M{x + 7},{y - 11} l5,6 l-5,6 l-5,-6 z" fill="{colour}"/>')
         elif shape == "x":
             out.append(f'<path d="M{x + 2},{y - 9} l9,9 m0,-9 l-9,9" stroke="{colour}" stroke-width="2.5"/>')
         else:
@@ -639,6 +700,13 @@ def run_page(bucket: str, page: RunPage, *, refresh: float) -> str:
                               f"{_e(cost)}</span>"))
         for line in status.placement_cost_lines(st):
             facts.append(("", _e(line)))
+    if st.goodput:
+        facts.append(("goodput", f'<span class="goodput" data-goodput="{_e(st.goodput.get("goodput") or "")}">'
+                                 f"{_e(why.goodput_text(st.goodput))}</span>"
+                                 + "".join(f'<br><span class="dim">{_e(n)}</span>' for n in st.goodput.get("notes") or [])))
+    if page.decisions:
+        facts.append(("decision", f'<a href="#decision-{len(page.decisions) - 1}">'
+                                  f"{_e(data.decision_summary(st.decision))}</a>"))
     if st.checkpoint:
         when = f" ({_e(st.checkpoint.created)})" if st.checkpoint.created else ""
         facts.append(("checkpoint", f'<span class="checkpoint">step {st.checkpoint.step}</span>{when}'))
@@ -667,6 +735,7 @@ def run_page(bucket: str, page: RunPage, *, refresh: float) -> str:
             + _notes(page.notes)
             + f'<dl class="facts">{grid}</dl>'
             + f"<h2>timeline</h2>{timeline(page)}"
+            + decisions_section(page)
             + f'<h2>curves</h2><div class="charts">{curves}</div>'
             + f'<h2>cost over time</h2><p class="dim estimate">{estimate}</p>{cost_chart(page)}'
             + placement_costs(page))

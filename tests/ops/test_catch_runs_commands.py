@@ -248,11 +248,12 @@ def test_runs_table_shows_each_runs_figures_in_their_columns(tmp_path, capsys, w
     plain = ANSI.sub("", out)
     assert plain.splitlines()[0].rstrip() == f"runs in {bucket}"
     assert [c.strip() for c in plain.splitlines()[2].strip("┃").split("┃")] == [
-        "run", "state", "step", "age", "attempts", "cost", "detail"]
+        "run", "state", "step", "age", "attempts", "cost", "goodput", "detail"]
     rows = _table(out)
     assert list(rows) == ["p", "n", "f"]  # newest first
-    assert rows["f"] == ["f", "FAILED", "400/1000", "3h 07m", "2", "-",
-                         "the trainer failed 5 times in a row (last exit 1)"]
+    assert rows["f"][:6] == ["f", "FAILED", "400/1000", "3h 07m", "2", "-"]
+    assert rows["f"][7] == "the trainer failed 5 times in a row (last exit 1)"
+    assert rows["n"][6] == "-"  # nothing paid yet: no goodput
     assert rows["n"][:6] == ["n", runstate.NOT_STARTED, "-", "1m 30s", "0", "-"]
     assert rows["p"][2] == "7" and rows["p"][5] == "$4,321.00"
     assert plain.splitlines()[-1] == f"cost: machine time x nodes x {note}"
@@ -290,7 +291,7 @@ def test_runs_wraps_a_long_detail_and_keeps_the_run_id_whole(tmp_path, capsys, m
     assert main(["runs", "--bucket-uri", f"file://{tmp_path}/bucket"]) == 0
     rows = _table(capsys.readouterr().out)
     assert list(rows) == [name]
-    assert rows[name][6] == "the trainer failed 5 times in a row (last exit 1)"
+    assert rows[name][7] == "the trainer failed 5 times in a row (last exit 1)"
 
 
 def test_runs_json_is_the_listing(tmp_path, capsys):

@@ -291,7 +291,8 @@ def test_the_plan_of_several_placements_is_the_plan_texts_sections_in_order(prog
         pricing.hourly_cost(settings), 4, storage.plan_lines(checkpoints),
         plan_text.placements_section(rows, [placement.group_name("ts-g", i) for i in range(2)], 25, size,
                                      pricing.transfer_source())
-        + plan_text.image_copies_lines(pricing.image_copies(settings), pricing.registry_source()))
+        + plan_text.image_copies_lines(pricing.image_copies(settings), pricing.registry_source())
+        + synth.first_launch_lines(synth.first_launch(settings, checkpoint_bytes=checkpoints.checkpoint_bytes)))
     text = synth.plan(result, settings, ask_prices=False)
     assert text == expected
     for line in ["Machines: 1 node x 4 GPU, spot, one of: g5.12xlarge", "  ts-g", "waitMinutes (25)", f"({size})",
@@ -322,3 +323,33 @@ def test_resources_json_is_sorted_and_indented_for_diffs(tmp_path):
     assert (tmp_path / "resources.json").read_text() == (
         '[\n  {\n    "inputs": {\n      "a": 2,\n      "z": 1\n    },\n    "name": "n",\n    "parent": null,\n'
         '    "type": "t"\n  }\n]\n')
+
+
+@pytest.mark.parametrize("stack", ["regions", "gcp-aws"])
+def test_the_first_launch_table_is_priced_from_the_price_table_and_says_it_is_an_estimate(stack):
+    from components import pricing, storage
+    from controller import table
+
+    settings = synth.load_source(ROOT / "stacks" / f"Pulumi.{stack}.yaml").settings
+    inputs = pricing.decision_inputs(settings)
+    doc = synth.first_launch(settings, checkpoint_bytes=storage.storage_plan(settings).checkpoint_bytes, now=1.8e9)
+    assert doc["policy"] == settings.placement.choose and doc["active"] == 0 and doc["chosen"] == 0
+    assert [(r["index"], r["price"], r["price_source"], r["price_age_s"]) for r in doc["rows"]] == [
+        (i, d["estimate_per_hour"], "estimate", None) for i, d in enumerate(inputs)]
+    assert [r["label"] for r in doc["rows"]] == [f"{p.cloud} {p.region}" for p in settings.placement_list]
+    # Nothing measured yet: E is unknown, and every placement is feasible.
+    assert all(r["cost"] is None and r["feasible"] and r["why"] == "rate unknown: no measured rate yet"
+               for r in doc["rows"])
+    assert set(doc) == set(table.document([], table.Choice(0, ""), now=0, active=0, policy="cheapest"))
+    lines = synth.first_launch_lines(doc)
+    assert lines[0].startswith("First launch: the table the placement controller would start from (an estimate: "
+                               "priced from the stack's price table, components/prices.yaml")
+    assert lines[1] == "  estimate cheapest: placement 0 (the cheapest feasible placement)"
+    assert len(lines) == 2 + len(inputs) + 1 and "E unknown" in lines[2] and "estimate" in lines[2]
+    assert "unknown until the run has measured its own steps per hour" in lines[-1]
+
+
+def test_a_first_launch_table_with_a_cost_has_no_note_on_unknown_costs():
+    doc = {"policy": "cheapest", "chosen": 1, "active": 0, "reason": "r",
+           "rows": [{"index": 0, "cost": 3.0}, {"index": 1, "cost": 2.0}]}
+    assert [x for x in synth.first_launch_lines(doc) if "unknown until" in x] == []

@@ -147,3 +147,12 @@ def test_attempts_that_do_not_say_where_they_ran_stay_in_the_total_only():
     assert total.machine_hours == pytest.approx(1.5) and total.cost_usd == pytest.approx(2.0)
     # Nothing recorded where it ran: no placements field at all (a stack of one placement before this field).
     assert "placements" not in cost.run_cost(events[:2], end=ts(30)).to_json()
+
+
+def test_the_controllers_waiting_is_no_machine_time_of_the_attempt_before_it():
+    events = [started(0, 1), ev(layout.PREEMPTED, 30, 1, step=40),
+              # An hour with no capacity anywhere: the controller says so; no machine runs.
+              {layout.EVENT: layout.CONTROLLER_WAITING, layout.TIME: at(90), "reason": "no capacity", "placement": 0,
+               "key": "k"},
+              started(120, 2), ev(layout.FINISHED, 150, 2, step=100)]
+    assert [round((s.end - s.start) / 60) for s in cost.spans(events, end=ts(150))] == [30, 30]
