@@ -273,7 +273,8 @@ def test_controller_config_gives_the_aws_placement_its_access_and_the_controller
 def test_the_plan_prices_the_aws_placement_and_a_restore_from_gcs():
     r = synthesized()
     text = synth.plan(r, load_stack_file(STACK_FILE), ask_prices=False)
-    (line,) = [ln for ln in text.splitlines() if ln.strip().startswith("1 aws us-east-1")]
+    # The placements' own lines (the first launch's table below them names placement 1 too, indented further).
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("  1 aws us-east-1")]
     assert f"group {GROUP}" in line and "spot estimate" in line
     assert re.search(r"\$\d+\.\d+-\$\d+\.\d+/h", line), line  # g5.xlarge and g6.xlarge, both priced
     # A restore reads GCS out to the internet at Google's price per GiB: 1 GiB (the assumed size) costs $0.12.

@@ -205,7 +205,8 @@ def test_synth_plan_shows_every_placements_prices_and_restore_transfer_with_the_
                           {"cloud": "aws", "region": "us-west-2", "instanceTypes": ["g6.xlarge"]},
                           {"cloud": "aws", "region": "eu-central-1", "instanceTypes": ["g5.xlarge"]}]}
     text = synth.plan(synth.synthesize(raw, stack="moves"), synth.load_source(raw, "moves").settings, ask_prices=False)
-    section = text.split("Placements: 3, home first", 1)[1].split("\nCheckpoint storage", 1)[0].splitlines()[1:]
+    section = text.split("Placements: 3, home first", 1)[1].split("\nFirst launch", 1)[0].splitlines()[1:]
+    assert "\nFirst launch: " in text.split("\nCheckpoint storage", 1)[0]  # the first launch's table follows
     assert len(section) == 4, section
     home, west, frankfurt, source = section
     g6 = pricing.on_demand_price("aws", "us-west-2", "g6.xlarge") * pricing.price_table()["spot_estimate_fraction"]
