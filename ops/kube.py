@@ -167,10 +167,44 @@ def stop(client, namespace: str, *, committed: bool) -> str:
     return "suspended"
 
 
-def _job_stack(stack: str | None, stacks_dir: Path | None, client, command: str):
-    """(client, namespace) of a Job stack's cluster; None for any other stack (or with --run-uri alone: the
-    run folder does not name the cluster)."""
+def stack_kubeconfig(stack: str) -> dict:
+    """The kubeconfig a `kubeconfigSecret: true` stack holds as the Pulumi secret kubernetes:kubeconfig, as the
+    pulumi CLI decrypts it (`pulumi config get kubernetes:kubeconfig --stack NAME`, in the project folder)."""
+    import shutil
+
+    import yaml
+
     from components.settings import ConfigError
+    from ops import hosts
+
+    exe = shutil.which("pulumi")
+    if exe is None:
+        raise ConfigError("kubernetes.kubeconfigSecret", "the kubeconfig is a Pulumi secret and the pulumi CLI is "
+                          "not on PATH to read it; install it, or name a context of your kubeconfig file instead")
+    what = f"pulumi config get kubernetes:kubeconfig --stack {stack}"
+    proc = hosts._run_cli([exe, "config", "get", "kubernetes:kubeconfig", "--stack", stack], what,
+                          hosts.PULUMI_TIMEOUT_S, cwd=hosts.ROOT)
+    try:
+        doc = yaml.safe_load(proc.stdout)
+    except yaml.YAMLError:
+        doc = None
+    if not isinstance(doc, dict) or not doc.get("clusters"):
+        raise ConfigError("kubernetes.kubeconfigSecret", f"{what} printed no kubeconfig (a YAML or JSON document "
+                          "with clusters:); set it with pulumi config set --secret kubernetes:kubeconfig \"$(cat FILE)\"")
+    return doc
+
+
+def stack_client(settings, stack: str):
+    """A client for a Job stack's cluster as the stack reaches it: its named context, or its kubeconfig secret."""
+    k = settings.kubernetes
+    if k.context is not None:
+        return api_client(context=k.context)
+    return api_client(kubeconfig=stack_kubeconfig(stack))
+
+
+def job_stack_settings(stack: str | None, stacks_dir: Path | None = None):
+    """A Job stack's settings from its stack file; None for any other stack, or none named (--run-uri alone: the
+    run folder does not name the cluster)."""
     from ops import synth
 
     if stack is None:
@@ -179,17 +213,17 @@ def _job_stack(stack: str | None, stacks_dir: Path | None, client, command: str)
     if not path.exists():
         return None
     settings = synth.load_source(path).settings
-    if settings.scheduler != "kubernetes":
+    return settings if settings.scheduler == "kubernetes" else None
+
+
+def _job_stack(stack: str | None, stacks_dir: Path | None, client):
+    """(client, namespace) of a Job stack's cluster; None for any other stack."""
+    settings = job_stack_settings(stack, stacks_dir)
+    if settings is None:
         return None
     from components.kubernetes.stack import namespace_name
 
-    ns = namespace_name(settings)
-    if client is None:
-        if settings.kubernetes.context is None:
-            raise ConfigError("kubernetes.context", f"ops {command} reaches the Job through a named context; this "
-                              f"stack's kubeconfig is a Pulumi secret: use kubectl -n {ns} ... job/{JOB_NAME}")
-        client = api_client(context=settings.kubernetes.context)
-    return client, ns
+    return client or stack_client(settings, stack), namespace_name(settings)
 
 
 def stop_for_stack(stack: str | None, store, *, stacks_dir: Path | None = None, client=None) -> str | None:
@@ -198,7 +232,7 @@ def stop_for_stack(stack: str | None, store, *, stacks_dir: Path | None = None, 
     from runfolder import layout
     from runfolder.storage import NotFound
 
-    target = _job_stack(stack, stacks_dir, client, "stop")
+    target = _job_stack(stack, stacks_dir, client)
     if target is None:
         return None
     try:
@@ -213,7 +247,7 @@ def status_lines_for_stack(stack: str | None, *, stacks_dir: Path | None = None,
     """`ops status --stack NAME` on a Job stack: the Job's lines (`JobView.lines`), or one line saying why it
     was not read (the run folder's status stands alone then); none for any other stack."""
     try:
-        target = _job_stack(stack, stacks_dir, client, "status")
+        target = _job_stack(stack, stacks_dir, client)
         return [] if target is None else job_view(*target).lines()
     except Exception as e:  # noqa: BLE001 - the client raises many types; each is one line beside the run's status
         return [f"job {JOB_NAME}: not read: {type(e).__name__}: {' '.join(str(e).split())[:200]}"]
@@ -222,7 +256,7 @@ def status_lines_for_stack(stack: str | None, *, stacks_dir: Path | None = None,
 def logs_for_stack(stack: str | None, *, tail_lines: int | None = None, stacks_dir: Path | None = None,
                    client=None) -> list[tuple[str, str]] | None:
     """`ops logs --stack NAME` on a Job stack: each pod's trainer log (`logs`); None for any other stack."""
-    target = _job_stack(stack, stacks_dir, client, "logs")
+    target = _job_stack(stack, stacks_dir, client)
     return None if target is None else logs(*target, tail_lines=tail_lines)
 
 
@@ -237,12 +271,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         settings = synth.load_source(Path(args.stacks_dir) / f"Pulumi.{args.stack}.yaml").settings
-        if settings.kubernetes is None or settings.kubernetes.context is None:
-            raise ConfigError("kubernetes.context", "ops serve reaches the cluster through a named context of your "
-                              "kubeconfig; this stack has none (scheduler kubernetes, not kubeconfigSecret)")
+        if settings.kubernetes is None:
+            raise ConfigError("scheduler", "ops serve serves a Job stack's run; this stack's scheduler is "
+                              f"{settings.scheduler}, not kubernetes")
         uri = cli.run_uri(args)
-        trained, version, done = serve(settings, open_store(uri), api_client(context=settings.kubernetes.context),
-                                       run_uri=uri)
+        trained, version, done = serve(settings, open_store(uri), stack_client(settings, args.stack), run_uri=uri)
     except (ConfigError, hosts.HostsError, synth.ProgramError, ConfigException, OSError) as e:
         print(f"ops serve: {e}", file=sys.stderr)
         return EXIT_ERROR
