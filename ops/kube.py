@@ -53,6 +53,13 @@ class JobView:
     failed: int = 0  # counted against backoffLimit
     disrupted: list[tuple[str, str]] = field(default_factory=list)  # (pod, reason) ignored by podFailurePolicy
 
+    def to_json(self) -> dict:
+        """The Job as `ops status --json` prints it."""
+        return {"name": JOB_NAME, "suspended": self.suspended, "active": self.active, "succeeded": self.succeeded,
+                "failed": self.failed,
+                "conditions": [{"type": t, "reason": r, "message": m} for t, r, m in self.conditions],
+                "disrupted": [{"pod": p, "reason": r} for p, r in self.disrupted]}
+
     def lines(self) -> list[str]:
         out = [f"job {JOB_NAME}: {'suspended, ' if self.suspended else ''}{self.active} active, "
                f"{self.succeeded} succeeded, {self.failed} failed (counted), {len(self.disrupted)} ended by a "
@@ -243,6 +250,37 @@ def stop_for_stack(stack: str | None, store, *, stacks_dir: Path | None = None, 
     return stop(target[0], target[1], committed=committed)
 
 
+def stack_target(stack: str | None, *, stacks_dir: Path | None = None):
+    """What `ops status` reads a Job stack's Job with: (client, namespace); a one-line note when its cluster cannot
+    be reached; None for any other stack (whose stack file, if it cannot be read, is no Job stack's either)."""
+    try:
+        settings = job_stack_settings(stack, stacks_dir)
+    except Exception:  # noqa: BLE001 - an unreadable stack file is reported by the commands that need it
+        return None
+    if settings is None:
+        return None
+    from components.kubernetes.stack import namespace_name
+
+    try:
+        return stack_client(settings, stack), namespace_name(settings)
+    except Exception as e:  # noqa: BLE001 - the client and the pulumi CLI raise many types; each is one line
+        return _not_read(e)
+
+
+def _not_read(e: Exception) -> str:
+    return f"job {JOB_NAME}: not read: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+
+
+def read_job(target) -> tuple[JobView | None, str]:
+    """(the Job, "") or (None, why it was not read) for a `stack_target`'s (client, namespace) or note."""
+    if isinstance(target, str):
+        return None, target
+    try:
+        return job_view(*target), ""
+    except Exception as e:  # noqa: BLE001 - the client raises many types; each is one line beside the run's status
+        return None, _not_read(e)
+
+
 def status_lines_for_stack(stack: str | None, *, stacks_dir: Path | None = None, client=None) -> list[str]:
     """`ops status --stack NAME` on a Job stack: the Job's lines (`JobView.lines`), or one line saying why it
     was not read (the run folder's status stands alone then); none for any other stack."""
@@ -250,7 +288,7 @@ def status_lines_for_stack(stack: str | None, *, stacks_dir: Path | None = None,
         target = _job_stack(stack, stacks_dir, client)
         return [] if target is None else job_view(*target).lines()
     except Exception as e:  # noqa: BLE001 - the client raises many types; each is one line beside the run's status
-        return [f"job {JOB_NAME}: not read: {type(e).__name__}: {' '.join(str(e).split())[:200]}"]
+        return [_not_read(e)]
 
 
 def logs_for_stack(stack: str | None, *, tail_lines: int | None = None, stacks_dir: Path | None = None,

@@ -238,3 +238,62 @@ def test_ops_logs_on_a_job_stack_reads_the_pods_through_the_api():
         client = kube.api_client(kubeconfig=_kubeconfig(fake) | {"current-context": "gpu"})
         assert kube.logs_for_stack("eks", tail_lines=10, client=client) == [(name, '{"event": "step", "step": 7}\n')]
     assert kube.logs_for_stack("dev", client=object()) is None
+
+
+def _eks_cluster(fake: FakeKubeAPI, tmp_path, monkeypatch) -> None:
+    """KUBECONFIG names the fake server under the eks stack's context; `pulumi stack output` gives a file run."""
+    from ops import synth
+    from tests.ops.test_status import fake_pulumi
+
+    config = _kubeconfig(fake)
+    config["contexts"][0]["name"] = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings.kubernetes.context
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    fake_pulumi(tmp_path / "bin", {"runUri": f"file://{tmp_path}/run", "groupName": ""})
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{__import__('os').environ['PATH']}")
+
+
+@pytest.mark.parametrize("watch", [False, True], ids=["once", "watch"])
+def test_ops_status_json_and_watch_on_a_job_stack_carry_the_job_and_no_group(watch, tmp_path, monkeypatch, capsys):
+    import json
+
+    from components.kubernetes.stack import namespace_name
+    from ops import synth
+    from ops.__main__ import main
+    from runfolder.storage import open_store
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    open_store(f"file://{tmp_path}/run").put_bytes("COMPLETE", json.dumps({"step": 10}).encode())
+    with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+        pods = _evict_twice_and_crash_once(fake)
+        fake.job.pod_succeeded(0)
+        _eks_cluster(fake, tmp_path, monkeypatch)
+        assert main(["status", "--stack", "eks", "--json", *(["--watch", "--interval", "0.01"] if watch else [])]) == 0
+        docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        monkeypatch.setenv("COLUMNS", "200")  # rich's table, unwrapped
+        assert main(["status", "--stack", "eks"]) == 0
+        text = capsys.readouterr().out
+    assert len(docs) == 1 and docs[0]["state"] == "COMPLETE"
+    assert docs[0]["kube_job"] == {
+        "name": "train", "suspended": False, "active": 0, "succeeded": 1, "failed": 1,
+        "conditions": [{"type": "Complete", "reason": "", "message": ""}],
+        "disrupted": [{"pod": pods[0], "reason": "TerminationByKubelet"},
+                      {"pod": pods[1], "reason": "EvictionByEvictionAPI"}]}
+    assert docs[0]["group_note"] == "" and docs[0]["kube_note"] == ""  # a Job stack has no group to read
+    assert "train: 0 active, 1 succeeded, 1 failed (counted), 2 ended by a disruption" in text
+    assert f"pod {pods[0]}: TerminationByKubelet" in text and "group not read" not in text
+
+
+def test_ops_status_json_says_in_one_field_why_the_job_was_not_read(tmp_path, monkeypatch, capsys):
+    import json
+
+    from ops.__main__ import main
+    from runfolder.storage import open_store
+
+    open_store(f"file://{tmp_path}/run").put_bytes("COMPLETE", b"{}")
+    with FakeKubeAPI(NS, _job()) as fake:
+        _eks_cluster(fake, tmp_path, monkeypatch)
+        (tmp_path / "kubeconfig").write_text(yaml.safe_dump(_kubeconfig(fake)))  # the stack's context is gone
+        assert main(["status", "--stack", "eks", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kube_job"] is None and doc["kube_note"].startswith("job train: not read: ConfigException")
