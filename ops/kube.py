@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,6 +109,93 @@ def logs(client, namespace: str, *, tail_lines: int | None = None) -> list[tuple
                                             _request_timeout=TIMEOUT_S, _preload_content=False, **kwargs)
         out.append((pod.metadata.name, resp.data.decode("utf-8", "replace")))
     return out
+
+
+# `ops logs --follow`: a stream that drops while its pod runs is reopened, at most this many times in a row with no
+# new line, this long apart; a stream with nothing to read for FOLLOW_READ_S is treated as dropped (the pod is asked).
+FOLLOW_RECONNECTS = 5
+RECONNECT_WAIT_S = 2.0
+FOLLOW_READ_S = 300
+ENDED = ("Succeeded", "Failed")
+
+
+class FollowError(Exception):
+    """The log stream could not be kept: one line saying why."""
+
+
+def _log_lines(core, pod: str, namespace: str, *, follow: bool):
+    """The trainer container's log of `pod` as complete lines (bytes, with their newline) and, last, the partial
+    line at its end (b"" when none); with `follow`, as they come until the stream ends or drops."""
+    kwargs = {"follow": True, "_request_timeout": (TIMEOUT_S, FOLLOW_READ_S)} if follow else {
+        "_request_timeout": TIMEOUT_S}
+    resp = core.read_namespaced_pod_log(pod, namespace, container=TRAINER_CONTAINER, _preload_content=False,
+                                        **kwargs)
+    rest = b""
+    try:
+        for chunk in resp.stream(amt=None, decode_content=False):
+            rest += chunk
+            *lines, rest = rest.split(b"\n")
+            for line in lines:
+                yield line + b"\n"
+    finally:
+        resp.release_conn()
+    yield rest
+
+
+def follow(client, namespace: str, out, *, pod: str | None = None, tail_lines: int | None = None,
+           sleep=time.sleep, reconnects: int = FOLLOW_RECONNECTS) -> str:
+    """Write the trainer's log of `pod` (default: the Job's newest pod still running, else its newest) to the binary
+    `out` as it comes, until the pod ends; returns how it ended ("Succeeded", or "Failed" with its DisruptionTarget
+    reason). A stream that ends while the pod runs (a dropped connection, an API server's restart) is reopened and
+    the lines already written skipped; `reconnects` times in a row with nothing new ends it with FollowError."""
+    from kubernetes import client as k
+    from kubernetes.client.exceptions import ApiException
+
+    core = k.CoreV1Api(client)
+    if pod is None:
+        pods = _pods(client, namespace)
+        if not pods:
+            raise FollowError(f"job {JOB_NAME} has no pod in {namespace} (suspended, deleted, or not scheduled yet)")
+        running = [p for p in pods if (p.status.phase or "") not in ENDED]
+        pod = (running or pods)[-1].metadata.name
+    seen = 0
+    if tail_lines is not None:  # the last tail_lines lines so far, then what comes
+        seen = max(0, sum(1 for line in _log_lines(core, pod, namespace, follow=False) if line) - tail_lines)
+    quiet = 0
+    while True:
+        written, partial, dropped = 0, b"", "closed"
+        try:
+            for n, line in enumerate(_log_lines(core, pod, namespace, follow=True)):
+                if not line.endswith(b"\n"):
+                    partial = line
+                elif n >= seen:
+                    out.write(line)
+                    out.flush()
+                    seen, written = seen + 1, written + 1
+        except Exception as e:  # noqa: BLE001 - a dropped stream raises urllib3's many types; the pod's phase decides
+            dropped = type(e).__name__
+        try:
+            state = core.read_namespaced_pod(pod, namespace, _request_timeout=TIMEOUT_S).status
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            state = None
+        if state is None or (state.phase or "") in ENDED:
+            if state is not None:  # the end of the log, in case the stream dropped just before it
+                lines = list(_log_lines(core, pod, namespace, follow=False))
+                out.write(b"".join(lines[seen:]))
+            elif partial:
+                out.write(partial)
+            out.flush()
+            if state is None:
+                return "deleted"
+            reasons = [c.reason for c in state.conditions or [] if c.type == "DisruptionTarget" and c.status == "True"]
+            return state.phase + (f" ({reasons[0]})" if reasons else "")
+        quiet = 0 if written else quiet + 1
+        if quiet > reconnects:
+            raise FollowError(f"the log stream of pod {pod} ended {quiet} times in a row with nothing new while the "
+                              f"pod is {state.phase} (last: {dropped}); try again, or kubectl -n {namespace} logs -f {pod} -c {TRAINER_CONTAINER}")
+        sleep(RECONNECT_WAIT_S)
 
 
 # Where each kind `apply` takes lives in the API: (client class, create method, replace method).
@@ -296,6 +384,14 @@ def logs_for_stack(stack: str | None, *, tail_lines: int | None = None, stacks_d
     """`ops logs --stack NAME` on a Job stack: each pod's trainer log (`logs`); None for any other stack."""
     target = _job_stack(stack, stacks_dir, client)
     return None if target is None else logs(*target, tail_lines=tail_lines)
+
+
+def follow_for_stack(stack: str | None, out, *, tail_lines: int | None = None, stacks_dir: Path | None = None,
+                     client=None, sleep=time.sleep) -> str | None:
+    """`ops logs --stack NAME --follow` on a Job stack: its newest pod's trainer log until that pod ends (`follow`);
+    None for any other stack."""
+    target = _job_stack(stack, stacks_dir, client)
+    return None if target is None else follow(*target, out, tail_lines=tail_lines, sleep=sleep)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

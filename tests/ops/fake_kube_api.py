@@ -2,7 +2,7 @@
 (ops/kube.py), answered from the fake Job controller's state (tests/components/kubernetes/fake_controller.py).
 
 Served, as the API spells them: GET /version, the nodes, a namespace and a ServiceAccount (what preflight
-reads), GET a Job's status, PATCH a Job (merge patch: what `ops stop` sends), DELETE a
+reads), GET a pod, GET a Job's status, PATCH a Job (merge patch: what `ops stop` sends), DELETE a
 Job (its propagationPolicy kept), POST or PUT a Deployment, Service or NetworkPolicy (serving's), GET the pods by label selector (`job-name=<job>`), GET a pod's log (the
 container named); everything else is a 404 Status. Every request is recorded (method, path, query, headers,
 body) for the tests to assert on what the client sent.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -30,6 +31,9 @@ class FakeKubeAPI:
         self.ended: list[Pod] = []  # terminal pods the controller has replaced
         self.logs: dict[tuple[str, str], str] = {}  # (pod, container) -> text
         self.requests: list[dict[str, Any]] = []
+        # Called with (pod, container, follow) before a log is served: a test changes the log, or ends the pod,
+        # between one connection and the next. A followed log is served as it stands, then the stream closes.
+        self.on_log: Callable[[str, str, bool], None] | None = None
         self.applied: dict[tuple[str, str], dict[str, Any]] = {}  # (collection path, name) -> object
         self._order: dict[str, int] = {}
         # What preflight reads: the server's version, the nodes, namespaces by name, ServiceAccounts by (ns, name).
@@ -141,6 +145,12 @@ class FakeKubeAPI:
                         return self._status(404, "NotFound", f"{obj} not found")
                     api.applied[(base, obj)] = body
                     return self._send(200, body)
+                if url.path.startswith(f"/api/v1{ns}/pods/") and len(parts) == 7 and method == "GET":
+                    pods = [] if api.deleted is not None else [*api.ended, *api.job.pods.values()]
+                    found = [p for p in pods if p.name == parts[6]]
+                    if found:
+                        return self._send(200, api.pod_object(found[-1]))
+                    return self._status(404, "NotFound", f'pods "{parts[6]}" not found')
                 if url.path == f"/api/v1{ns}/pods" and method == "GET":
                     selector = query.get("labelSelector", [""])[0]
                     pods = [] if api.deleted is not None else [*api.ended, *api.job.pods.values()]
@@ -150,6 +160,8 @@ class FakeKubeAPI:
                 if url.path.startswith(f"/api/v1{ns}/pods/") and url.path.endswith("/log") and method == "GET":
                     pod = url.path.split("/")[-2]
                     container = query.get("container", [""])[0]
+                    if api.on_log is not None:
+                        api.on_log(pod, container, query.get("follow", [""])[0].lower() == "true")
                     if (pod, container) in api.logs:
                         return self._send(200, api.logs[(pod, container)], "text/plain")
                 return self._status(404, "NotFound", f"{url.path} not found")

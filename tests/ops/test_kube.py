@@ -297,3 +297,84 @@ def test_ops_status_json_says_in_one_field_why_the_job_was_not_read(tmp_path, mo
         assert main(["status", "--stack", "eks", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["kube_job"] is None and doc["kube_note"].startswith("job train: not read: ConfigException")
+
+
+def test_logs_follow_reconnects_a_dropped_stream_without_repeating_a_line_and_ends_with_the_pod(api):
+    """Each followed read is served as the log stands and then closed, as a dropped stream is: the next connection
+    skips what was written (a line cut in two comes whole, once); the pod's end ends the follow."""
+    import io
+
+    pod = api.job.pods[0].name
+    key = (pod, manifests.TRAINER_CONTAINER)
+    api.logs[key] = "a\nb\n"
+    reads: list[bool] = []
+
+    def on_log(name: str, container: str, follow: bool) -> None:
+        reads.append(follow)
+        n = sum(reads)
+        if follow and n == 2:
+            api.logs[key] += "c\npart"
+        if follow and n == 3:
+            api.logs[key] += "ial\n"
+            ended = disrupted(api.job.pods[0], "TerminationByKubelet", {manifests.TRAINER_CONTAINER: SIGTERM_EXIT})
+            api.job.pod_failed(ended)
+            api.ended.append(ended)
+
+    api.on_log = on_log
+    out, sleeps = io.BytesIO(), []
+    client = kube.api_client(kubeconfig=_kubeconfig(api) | {"current-context": "gpu"})
+    assert kube.follow(client, NS, out, sleep=sleeps.append) == "Failed (TerminationByKubelet)"
+    assert out.getvalue() == b"a\nb\nc\npartial\n"
+    assert reads == [True, True, True, False] and len(sleeps) == 2  # two reconnects, then the end read once
+    follows = [r for r in api.requests
+               if r["path"].endswith("/log") and r["query"].get("follow", [""])[0].lower() == "true"]
+    assert all(r["query"]["container"] == ["trainer"] for r in follows)
+
+
+def test_logs_follow_gives_up_on_a_stream_that_keeps_dropping_with_nothing_new(api):
+    import io
+
+    api.logs[(api.job.pods[0].name, manifests.TRAINER_CONTAINER)] = "a\n"
+    out, sleeps = io.BytesIO(), []
+    client = kube.api_client(kubeconfig=_kubeconfig(api) | {"current-context": "gpu"})
+    with pytest.raises(kube.FollowError, match=r"ended 3 times in a row with nothing new while the pod is Running"):
+        kube.follow(client, NS, out, sleep=sleeps.append, reconnects=2)
+    assert out.getvalue() == b"a\n" and len(sleeps) == 3  # after the first read, and after 2 with nothing new
+
+
+def test_logs_follow_starts_at_the_last_lines_asked_for(api):
+    import io
+
+    pod = api.job.pods[0].name
+    api.logs[(pod, manifests.TRAINER_CONTAINER)] = "1\n2\n3\n4\n"
+    api.on_log = lambda name, container, follow: api.job.pod_succeeded(0) if follow else None
+    out = io.BytesIO()
+    client = kube.api_client(kubeconfig=_kubeconfig(api) | {"current-context": "gpu"})
+    assert kube.follow(client, NS, out, tail_lines=2, pod=pod, sleep=lambda s: None) == "deleted"
+    assert out.getvalue() == b"3\n4\n"
+
+
+def test_ops_logs_follow_on_a_job_stack_streams_the_newest_pod_until_it_ends(tmp_path, monkeypatch, capsysbinary):
+    from components.kubernetes.stack import namespace_name
+    from ops import synth
+    from ops.__main__ import main
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+        _evict_twice_and_crash_once(fake)
+        pod = fake.job.pods[0]
+        fake.logs[(pod.name, "trainer")] = '{"event": "resumed", "step": 500}\n'
+
+        def end(name: str, container: str, follow: bool) -> None:
+            if follow and name == pod.name and fake.job.pods:
+                fake.job.pod_succeeded(0)
+                pod.phase = "Succeeded"
+                fake.ended.append(pod)
+
+        fake.on_log = end
+        _eks_cluster(fake, tmp_path, monkeypatch)
+        assert main(["logs", "--stack", "eks", "--follow"]) == 0
+    out, err = capsysbinary.readouterr()
+    assert out == b'{"event": "resumed", "step": 500}\n'
+    assert err.decode().strip() == ("ops logs: the pod ended: Succeeded; a replacement's log: python -m ops logs "
+                                    "--stack eks --follow")
