@@ -155,7 +155,8 @@ def test_serve_publishes_the_complete_runs_model_and_applies_the_pinned_image(tm
     assert store.list("serving/") == ["serving/1/saved_model.pb"]
 
 
-def test_ops_serve_serves_the_stacks_run_through_its_named_context(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("reach", ["context", "kubeconfigSecret"])
+def test_ops_serve_serves_the_stacks_run_through_its_cluster(reach, tmp_path, monkeypatch, capsys):
     from components import registry
     from components.kubernetes.stack import namespace_name
     from ops import synth
@@ -165,6 +166,9 @@ def test_ops_serve_serves_the_stacks_run_through_its_named_context(tmp_path, mon
 
     doc = yaml.safe_load((synth.STACKS_DIR / "Pulumi.eks.yaml").read_text())
     doc["config"]["trainstack:serve"] = {"enabled": True}
+    if reach == "kubeconfigSecret":  # the kubeconfig as the pulumi CLI decrypts it; the file has no such context
+        del doc["config"]["trainstack:kubernetes"]["context"]
+        doc["config"]["trainstack:kubernetes"]["kubeconfigSecret"] = True
     (tmp_path / "Pulumi.eks.yaml").write_text(yaml.safe_dump(doc))
     settings = synth.load_source(tmp_path / "Pulumi.eks.yaml").settings
     uri = f"file://{tmp_path}/run"
@@ -176,7 +180,13 @@ def test_ops_serve_serves_the_stacks_run_through_its_named_context(tmp_path, mon
     try:
         with FakeKubeAPI(namespace_name(settings), _job()) as fake:
             config = _kubeconfig(fake)
-            config["contexts"][0]["name"] = settings.kubernetes.context
+            if reach == "context":
+                config["contexts"][0]["name"] = settings.kubernetes.context
+            else:
+                from tests.ops.test_status import fake_pulumi
+
+                fake_pulumi(tmp_path / "bin", config | {"current-context": "gpu"})
+                monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{__import__('os').environ['PATH']}")
             (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
             monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
             assert main(argv) == 0
@@ -378,3 +388,20 @@ def test_ops_logs_follow_on_a_job_stack_streams_the_newest_pod_until_it_ends(tmp
     assert out == b'{"event": "resumed", "step": 500}\n'
     assert err.decode().strip() == ("ops logs: the pod ended: Succeeded; a replacement's log: python -m ops logs "
                                     "--stack eks --follow")
+
+
+def test_serve_refuses_a_run_on_s3_before_publishing_or_applying_anything():
+    """tensorflow/serving since 2.7 cannot read s3://: the Deployment would never be ready."""
+    from components.settings import ConfigError, ServeSettings
+    from ops import synth
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    settings = settings.model_copy(update={"serve": ServeSettings(enabled=True)})
+
+    class Untouched:
+        def __getattr__(self, name):
+            raise AssertionError(f"{name} was called")
+
+    with pytest.raises(ConfigError, match=r"^trainstack:serve.enabled: the run folder is on S3 \(s3://b/runs/r\) "
+                                          r"and tensorflow/serving images since 2.7 have no s3:// file system"):
+        kube.serve(settings, Untouched(), Untouched(), run_uri="s3://b/runs/r")
