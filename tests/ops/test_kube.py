@@ -405,3 +405,38 @@ def test_serve_refuses_a_run_on_s3_before_publishing_or_applying_anything():
     with pytest.raises(ConfigError, match=r"^trainstack:serve.enabled: the run folder is on S3 \(s3://b/runs/r\) "
                                           r"and tensorflow/serving images since 2.7 have no s3:// file system"):
         kube.serve(settings, Untouched(), Untouched(), run_uri="s3://b/runs/r")
+
+
+@pytest.mark.parametrize("cluster", ["secret unread", "unreachable"])
+def test_ops_stop_says_in_one_line_when_the_jobs_cluster_cannot_be_reached(cluster, tmp_path, monkeypatch, capsys):
+    """The STOP request is written either way; the Job's side is one line (exit 2), never a traceback."""
+    from ops import synth
+    from ops.__main__ import main
+    from runfolder.storage import open_store
+
+    doc = yaml.safe_load((synth.STACKS_DIR / "Pulumi.eks.yaml").read_text())
+    if cluster == "secret unread":
+        del doc["config"]["trainstack:kubernetes"]["context"]
+        doc["config"]["trainstack:kubernetes"]["kubeconfigSecret"] = True
+    (tmp_path / "Pulumi.eks.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.setattr("ops.synth.STACKS_DIR", tmp_path)
+    uri = f"file://{tmp_path}/run"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # `pulumi stack output` answers; `pulumi config get` fails as it does without the passphrase.
+    (bin_dir / "pulumi").write_text('#!/bin/sh\nif [ "$1" = config ]; then echo "error: passphrase must be set" >&2; '
+                                    f"exit 255; fi\necho '{{\"runUri\": \"{uri}\"}}'\n")
+    (bin_dir / "pulumi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    with FakeKubeAPI(NS, _job()) as fake:
+        config = _kubeconfig(fake)
+        config["contexts"][0]["name"] = doc["config"]["trainstack:kubernetes"].get("context", "gpu")
+        config["clusters"][0]["cluster"]["server"] = "http://127.0.0.1:9"  # nothing listens there
+        (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    open_store(uri).put_bytes("events.jsonl", b"")
+    assert main(["stop", "--stack", "eks"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ops stop: the STOP request is written, but the Job was not suspended: ")
+    if cluster == "secret unread":
+        assert "pulumi config get kubernetes:kubeconfig --stack eks failed: error: passphrase must be set" in err[0]
