@@ -403,6 +403,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """``ops serve``: serve a Job stack's COMPLETE run with tensorflow/serving (`serve`)."""
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException
+    from urllib3.exceptions import HTTPError
 
     from components.settings import ConfigError
     from ops import cli, hosts, synth
@@ -420,6 +421,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     except ApiException as e:
         print(f"ops serve: the cluster refused: {e.status} {e.reason}", file=sys.stderr)
+        return EXIT_ERROR
+    except HTTPError as e:  # no answer: connection refused, a timeout, a bad certificate
+        print(f"ops serve: the cluster did not answer: {type(e).__name__}: {' '.join(str(e).split())[:300]}",
+              file=sys.stderr)
         return EXIT_ERROR
     print(f"published {uri}/serving/{version}/ (TensorFlow {trained}); " +
           ", ".join(f"{what} {kind}/{name}" for kind, name, what in done))

@@ -440,3 +440,24 @@ def test_ops_stop_says_in_one_line_when_the_jobs_cluster_cannot_be_reached(clust
     assert len(err) == 1 and err[0].startswith("ops stop: the STOP request is written, but the Job was not suspended: ")
     if cluster == "secret unread":
         assert "pulumi config get kubernetes:kubeconfig --stack eks failed: error: passphrase must be set" in err[0]
+
+
+def test_ops_serve_says_in_one_line_when_the_cluster_does_not_answer(tmp_path, monkeypatch, capsys):
+    from ops import synth
+    from ops.__main__ import main
+
+    doc = yaml.safe_load((synth.STACKS_DIR / "Pulumi.eks.yaml").read_text())
+    doc["config"]["trainstack:serve"] = {"enabled": True}
+    (tmp_path / "Pulumi.eks.yaml").write_text(yaml.safe_dump(doc))
+    config = {"apiVersion": "v1", "kind": "Config", "clusters": [{"name": "c", "cluster": {
+        "server": "http://127.0.0.1:9"}}], "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": doc["config"]["trainstack:kubernetes"]["context"], "context": {"cluster": "c",
+                                                                                            "user": "u"}}]}
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    monkeypatch.setattr(kube, "serve",  # what serve does last: apply, here to a port nothing listens on
+                        lambda settings, store, client, run_uri: kube.apply(client, [{
+                            "kind": "Service", "metadata": {"name": "serving", "namespace": "ns"}}]))
+    assert main(["serve", "--stack", "eks", "--run-uri", f"file://{tmp_path}/run", "--stacks-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ops serve: the cluster did not answer: MaxRetryError")
