@@ -189,12 +189,14 @@ def _aws_problems(settings: config.Settings, session: Any) -> list[Problem]:
     import boto3
     import botocore.exceptions
 
-    from ops.preflight.aws import _aws_error, aws_bucket_problems
+    from ops.preflight.aws import _aws_error, _usable_credentials, aws_bucket_problems
 
     try:
         session = session or boto3.session.Session(region_name=settings.region)
     except botocore.exceptions.ProfileNotFound as e:
         raise NoCredentials("AWS", str(e), "name a profile of ~/.aws/config in AWS_PROFILE, or unset it") from e
+    if getattr(session, "get_credentials", None) is not None:
+        _usable_credentials(session)  # none: one line for the whole account side, as on the groups
     client = lambda name: session.client(name, region_name=settings.region)  # noqa: E731 - one line, local
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [
         ("the IAM OIDC provider", lambda: oidc_problems(settings, client("iam"))),

@@ -162,3 +162,17 @@ def test_a_kubeconfig_secret_stack_is_reached_through_the_pulumi_cli(tmp_path, m
     got = [p.line() for p in kp.check_kubernetes(settings, stack="sec")]
     assert len(got) == 1 and got[0].startswith("trainstack:kubernetes.kubeconfigSecret: pulumi config get "
                                                "kubernetes:kubeconfig --stack sec printed no kubeconfig")
+
+
+def test_no_aws_credentials_on_an_eks_stack_is_one_line_exit_2(capsys):
+    class NoCredentialsSession:
+        def get_credentials(self):
+            return None
+
+    with FakeKubeAPI(namespace_name(EKS), _job()) as api:
+        api.nodes = [_node("gpu-1", node_labels=EKS_SPOT)]
+        client = kube.api_client(kubeconfig=_kubeconfig(api) | {"current-context": "gpu"})
+        args = argparse.Namespace(stack="eks", stacks_dir=str(synth.STACKS_DIR))
+        assert preflight.cmd_preflight(args, aws_session=NoCredentialsSession(), kube_client=client) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("ops preflight: no AWS credentials found (") and err.count("\n") == 1
