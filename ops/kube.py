@@ -26,6 +26,7 @@ from ops.cli import EXIT_ERROR, EXIT_OK
 JOB_NAME = "train"  # components/kubernetes/stack.py's JOB_NAME (ops does not import components)
 TRAINER_CONTAINER = "trainer"
 TIMEOUT_S = 20  # each API call's bound
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # the Job controller sets it on each pod
 
 
 def api_client(*, context: str | None = None, kubeconfig: dict | None = None):
@@ -144,7 +145,8 @@ def _log_lines(core, pod: str, namespace: str, *, follow: bool):
 
 def follow(client, namespace: str, out, *, pod: str | None = None, tail_lines: int | None = None,
            sleep=time.sleep, reconnects: int = FOLLOW_RECONNECTS) -> str:
-    """Write the trainer's log of `pod` (default: the Job's newest pod still running, else its newest) to the binary
+    """Write the trainer's log of `pod` (default: the Job's newest pod still running, the chief's with several
+    workers, else its newest) to the binary
     `out` as it comes, until the pod ends; returns how it ended ("Succeeded", or "Failed" with its DisruptionTarget
     reason). A stream that ends while the pod runs (a dropped connection, an API server's restart) is reopened and
     the lines already written skipped; `reconnects` times in a row with nothing new ends it with FollowError."""
@@ -157,7 +159,9 @@ def follow(client, namespace: str, out, *, pod: str | None = None, tail_lines: i
         if not pods:
             raise FollowError(f"job {JOB_NAME} has no pod in {namespace} (suspended, deleted, or not scheduled yet)")
         running = [p for p in pods if (p.status.phase or "") not in ENDED]
-        pod = (running or pods)[-1].metadata.name
+        # With several workers, the chief's (index 0): it writes the run's events.
+        chief = [p for p in running if (p.metadata.labels or {}).get(COMPLETION_INDEX_LABEL) == "0"]
+        pod = (chief or running or pods)[-1].metadata.name
     seen = 0
     if tail_lines is not None:  # the last tail_lines lines so far, then what comes
         seen = max(0, sum(1 for line in _log_lines(core, pod, namespace, follow=False) if line) - tail_lines)

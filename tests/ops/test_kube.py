@@ -461,3 +461,25 @@ def test_ops_serve_says_in_one_line_when_the_cluster_does_not_answer(tmp_path, m
     assert main(["serve", "--stack", "eks", "--run-uri", f"file://{tmp_path}/run", "--stacks-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("ops serve: the cluster did not answer: MaxRetryError")
+
+
+def test_logs_follow_takes_the_chiefs_pod_of_several_workers():
+    import io
+
+    job = FakeJob(manifests.job(NS, "r1", name=kube.JOB_NAME, image="repo@sha256:" + "a" * 64, args=[], env={},
+                                nodes=2, gpus=1, cpu="4", memory="16Gi", spot_nodes="gke", node_affinity={},
+                                grace_seconds=15, deadline_seconds=3600, backoff_limit=3, ttl_seconds=60,
+                                service="workers"))
+    with FakeKubeAPI(NS, job) as fake:
+        # The chief was evicted and replaced: its replacement is older than no one, yet it is the one followed.
+        ended = disrupted(job.pods[0], "EvictionByEvictionAPI", {manifests.TRAINER_CONTAINER: SIGTERM_EXIT})
+        job.pod_failed(ended)
+        fake.ended.append(ended)
+        chief, worker = job.pods[0].name, job.pods[1].name
+        fake._order[worker], fake._order[chief] = 5, 1  # the worker's pod is the newest
+        fake.logs[(chief, "trainer")], fake.logs[(worker, "trainer")] = "chief\n", "worker\n"
+        fake.on_log = lambda name, container, follow: job.pod_succeeded(0) if follow and 0 in job.pods else None
+        out = io.BytesIO()
+        client = kube.api_client(kubeconfig=_kubeconfig(fake) | {"current-context": "gpu"})
+        assert kube.follow(client, NS, out, sleep=lambda s: None) == "deleted"
+    assert out.getvalue() == b"chief\n"
