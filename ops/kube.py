@@ -347,6 +347,32 @@ def stop_for_stack(stack: str | None, store, *, stacks_dir: Path | None = None, 
     return stop(target[0], target[1], committed=committed)
 
 
+def end_of(view: JobView, *, stop_requested: bool = False) -> tuple[str, str] | None:
+    """The run's end marker and reason for a Job that failed (its `Failed` condition), or None while it has not:
+    activeDeadlineSeconds (DeadlineExceeded) is the run's runtime cap, TIMED_OUT as on the groups; any other
+    failure (BackoffLimitExceeded, PodFailurePolicy) is FAILED."""
+    from runfolder import layout
+
+    failed = next(((reason, message) for t, reason, message in view.conditions if t == "Failed"), None)
+    if failed is None:
+        return None
+    reason, message = failed
+    text = f"the Job failed: {reason or 'no reason given'}" + (f" - {message}" if message else "")
+    return (layout.TIMED_OUT if reason == "DeadlineExceeded" else layout.FAILED), text
+
+
+def record_end(view: JobView, store, *, now: float) -> str | None:
+    """The run's end marker for a Job that failed without the trainer's (a deadline's pods are killed before
+    they can write one): create-if-absent, so a trainer's own marker, written first, wins. Returns the marker
+    the run ends with, or None while it has none. The managed rooms' own writer (schedulers' write_end)."""
+    from types import SimpleNamespace
+
+    from schedulers.sagemaker import write_end
+
+    return write_end(SimpleNamespace(name=f"job/{JOB_NAME}"), store=store, now=now, details=view.to_json(),
+                     end_of=lambda _job, stop_requested: end_of(view, stop_requested=stop_requested))
+
+
 def stack_target(stack: str | None, *, stacks_dir: Path | None = None):
     """What `ops status` reads a Job stack's Job with: (client, namespace); a one-line note when its cluster cannot
     be reached; None for any other stack (whose stack file, if it cannot be read, is no Job stack's either)."""

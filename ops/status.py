@@ -201,6 +201,13 @@ def _snapshot(uri: str, args: argparse.Namespace, store=None) -> RunStatus:
 
         # A Job stack has no group: its Job, read from the cluster, is what schedules the run.
         st.kube_job, st.kube_note = kube.read_job(args.kube_target)
+        if st.kube_job is not None and not st.final:
+            store = open_store(uri) if store is None else store
+            if kube.record_end(st.kube_job, store, now=time.time()) is not None:
+                # The Job's failure is now the run's marker: read it again.
+                job, note = st.kube_job, st.kube_note
+                st = read_status(uri, store=store, events=args.events)
+                st.kube_job, st.kube_note = job, note
         return st
     if st.job is None and not st.job_note and stack and not st.final and uri.startswith(("s3://", "gs://")):
         active = st.placement.get("active", 0) if isinstance(st.placement, dict) else 0

@@ -483,3 +483,44 @@ def test_logs_follow_takes_the_chiefs_pod_of_several_workers():
         client = kube.api_client(kubeconfig=_kubeconfig(fake) | {"current-context": "gpu"})
         assert kube.follow(client, NS, out, sleep=lambda s: None) == "deleted"
     assert out.getvalue() == b"chief\n"
+
+
+@pytest.mark.parametrize("trainer_marker", [False, True], ids=["none", "the trainer's"])
+def test_ops_status_ends_the_run_timed_out_when_the_jobs_deadline_killed_its_pods(trainer_marker, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """activeDeadlineSeconds kills the pods before the trainer can write a marker: `ops status` writes the
+    run's TIMED_OUT from the Job's condition, as the groups' finish does; a marker already there stays."""
+    import json
+
+    from components.kubernetes.stack import namespace_name
+    from ops import synth
+    from ops.__main__ import main
+    from runfolder.storage import open_store
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    store = open_store(f"file://{tmp_path}/run")
+    store.put_bytes("events.jsonl", (json.dumps({"event": "started", "time": "2026-12-01T00:00:00.000+00:00",
+                                                 "attempt": 1, "config": {"steps": 100}}) + "\n").encode())
+    if trainer_marker:
+        store.put_bytes("FAILED", json.dumps({"reason": "the trainer's own"}).encode())
+    with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+        fake.job.advance(3600)
+        _eks_cluster(fake, tmp_path, monkeypatch)
+        assert main(["status", "--stack", "eks", "--json", "--watch", "--interval", "0.01"]) == 1
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(docs) == 1  # the watch ended at once
+    if trainer_marker:
+        assert docs[0]["state"] == "FAILED" and not store.exists("TIMED_OUT")
+    else:
+        assert docs[0]["state"] == "TIMED_OUT" and docs[0]["kube_job"]["conditions"][0]["reason"] == "DeadlineExceeded"
+        marker = json.loads(store.get_bytes("TIMED_OUT"))
+        assert marker["reason"] == "the Job failed: DeadlineExceeded" and marker["job"]["name"] == "train"
+
+
+def test_a_job_that_failed_otherwise_ends_the_run_failed_and_a_running_one_no_end():
+    from runfolder import layout
+
+    view = kube.JobView(conditions=[("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")])
+    assert kube.end_of(view) == (layout.FAILED, "the Job failed: BackoffLimitExceeded - Job has reached the "
+                                                "specified backoff limit")
+    assert kube.end_of(kube.JobView(conditions=[("Suspended", "JobSuspended", "")])) is None
