@@ -244,16 +244,14 @@ def serve(settings, store, client, *, run_uri: str) -> tuple[str, int, list[tupl
     if settings.scheduler != "kubernetes" or not want.enabled:
         raise ConfigError("serve.enabled", "is not true on this stack (scheduler kubernetes): set serve.enabled: "
                           "true to serve its run's model")
-    if run_uri.startswith("s3://"):
-        # Refused before a version is published or an object applied: the Deployment would never become ready.
-        raise ConfigError("serve.enabled", f"the run folder is on S3 ({run_uri}) and tensorflow/serving images "
-                          "since 2.7 have no s3:// file system (tensorflow/serving#1963), so the model could not be "
-                          "loaded; serving is for runs on GCS (gs://) for now: docs/kubernetes.md")
     trained, version, _keys = serving.prepare(store)
     image = serving.serving_image(trained)
     ns, run_id = namespace_name(settings), settings.run_id
     objects = [serving.deployment(ns, run_id, image=image, base_path=run_uri.rstrip("/") + "/serving",
-                                  replicas=want.replicas, cpu=want.resources.cpu, memory=want.resources.memory),
+                                  replicas=want.replicas, cpu=want.resources.cpu, memory=want.resources.memory,
+                                  # tensorflow/serving has had no s3:// since 2.7: the trainer's image copies it.
+                                  fetch_image=settings.image.reference if run_uri.startswith("s3://") else None,
+                                  version=version),
                serving.service(ns, run_id), serving.network_policy(ns, run_id)]
     return trained, version, apply(client, objects)
 

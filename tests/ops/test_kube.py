@@ -390,21 +390,36 @@ def test_ops_logs_follow_on_a_job_stack_streams_the_newest_pod_until_it_ends(tmp
                                     "--stack eks --follow")
 
 
-def test_serve_refuses_a_run_on_s3_before_publishing_or_applying_anything():
-    """tensorflow/serving since 2.7 cannot read s3://: the Deployment would never be ready."""
-    from components.settings import ConfigError, ServeSettings
+def test_serve_of_a_run_on_s3_has_the_trainers_image_copy_it_for_the_server(tmp_path):
+    """tensorflow/serving since 2.7 cannot read s3://: the stack's own trainer image, pinned, copies it."""
+    from components import registry
+    from components.kubernetes.stack import namespace_name
+    from components.settings import ServeSettings
     from ops import synth
+    from runfolder.storage import open_store
+    from tests.components.kubernetes.test_serving import _pb
 
     settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
     settings = settings.model_copy(update={"serve": ServeSettings(enabled=True)})
-
-    class Untouched:
-        def __getattr__(self, name):
-            raise AssertionError(f"{name} was called")
-
-    with pytest.raises(ConfigError, match=r"^trainstack:serve.enabled: the run folder is on S3 \(s3://b/runs/r\) "
-                                          r"and tensorflow/serving images since 2.7 have no s3:// file system"):
-        kube.serve(settings, Untouched(), Untouched(), run_uri="s3://b/runs/r")
+    store = open_store(f"file://{tmp_path}/run")  # stands in for the bucket
+    store.put_bytes("COMPLETE", b"{}")
+    store.put_bytes("model/saved_model.pb", _pb("2.21.0"))
+    token = registry.DIGEST_SOURCE.set(lambda repo, tag: "sha256:" + "c" * 64)
+    try:
+        with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+            client = kube.api_client(kubeconfig=_kubeconfig(fake) | {"current-context": "gpu"})
+            kube.serve(settings, store, client, run_uri="s3://b/runs/eks")
+    finally:
+        registry.DIGEST_SOURCE.reset(token)
+    pod = fake.applied[(f"/apis/apps/v1/namespaces/{namespace_name(settings)}/deployments", "serving")]["spec"][
+        "template"]["spec"]
+    assert pod["initContainers"][0]["image"] == settings.image.reference and "@sha256:" in settings.image.reference
+    assert pod["initContainers"][0]["command"][-2:] == ["s3://b/runs/eks/serving", "/models/model"]
+    assert "--model_base_path=/models/model" in pod["containers"][0]["args"]
+    # The version published is the template's annotation: the next `ops serve` rolls the pods, which copy it.
+    template = fake.applied[(f"/apis/apps/v1/namespaces/{namespace_name(settings)}/deployments", "serving")][
+        "spec"]["template"]
+    assert template["metadata"]["annotations"] == {"trainstack.dev/serving-version": "1"}
 
 
 @pytest.mark.parametrize("cluster", ["secret unread", "unreachable"])
