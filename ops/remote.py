@@ -99,11 +99,18 @@ def cmd_logs(args: argparse.Namespace) -> int:
         if args.run_uri:
             print("ops logs: --run-uri reads the bucket; add --from-bucket (or use --stack/--host)", file=sys.stderr)
             return EXIT_ERROR
-        if getattr(args, "stack", None) and not args.follow:
+        if getattr(args, "stack", None):
             from ops import kube
 
             try:  # a Job stack: its pods' logs through the cluster's API, not SSH
-                pods = kube.logs_for_stack(args.stack, tail_lines=100 if args.lines is None else args.lines)
+                if args.follow:
+                    ended = kube.follow_for_stack(args.stack, sys.stdout.buffer, tail_lines=args.lines)
+                    if ended is not None:
+                        print(f"ops logs: the pod ended: {ended}; a replacement's log: python -m ops logs "
+                              f"--stack {args.stack} --follow", file=sys.stderr)
+                        return EXIT_OK
+                pods = None if args.follow else kube.logs_for_stack(args.stack, tail_lines=100 if args.lines is None
+                                                                    else args.lines)
             except Exception as e:  # noqa: BLE001 - the client raises many types; each gets the same one line
                 print(f"ops logs: the Job's logs were not read: {type(e).__name__}: {' '.join(str(e).split())[:300]}",
                       file=sys.stderr)

@@ -171,12 +171,14 @@ def cmd_stop(args: argparse.Namespace) -> int:
     try:
         from kubernetes.client.exceptions import ApiException
         from kubernetes.config.config_exception import ConfigException
+        from urllib3.exceptions import HTTPError
 
         from components.settings import ConfigError
         from ops import kube
 
         done = kube.stop_for_stack(args.stack, open_store(uri))
-    except (ApiException, ConfigException, ConfigError, OSError) as e:
+    # The cluster refused or did not answer; its kubeconfig secret was not read (the pulumi CLI's error).
+    except (ApiException, ConfigException, ConfigError, HTTPError, hosts.HostsError, OSError) as e:
         print(f"ops stop: the STOP request is written, but the Job was not suspended: {' '.join(str(e).split())}; "
               "run ops stop again", file=sys.stderr)
         return EXIT_ERROR

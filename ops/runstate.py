@@ -123,6 +123,10 @@ class RunStatus:
     scheduler: dict | None = None
     job: object | None = None
     job_note: str = ""
+    # A Job stack's (scheduler kubernetes, with --stack) Job as its cluster reports it (ops/kube.py JobView), or
+    # why it was not read.
+    kube_job: object | None = None
+    kube_note: str = ""
     # Machine time (every attempt's start to its end, x nodes) and its cost at the price the
     # stack gave the machines (runfolder.cost); cost_note says what the price is (an estimate).
     machine_hours: float | None = None
@@ -151,6 +155,8 @@ class RunStatus:
         out = asdict(self)
         if out.get("job") is not None:
             out["job"]["saving"] = self.job.saving
+        if self.kube_job is not None:
+            out["kube_job"] = self.kube_job.to_json()
         return out
 
 

@@ -202,6 +202,23 @@ def _snapshot(uri: str, args: argparse.Namespace, store=None) -> RunStatus:
         st.job, st.job_note = job, note
         return st
     stack = getattr(args, "stack", None)
+    if not hasattr(args, "kube_target"):  # read once: a watch asks the same cluster each time
+        from ops import kube
+
+        args.kube_target = kube.stack_target(stack) if stack else None
+    if args.kube_target is not None:
+        from ops import kube
+
+        # A Job stack has no group: its Job, read from the cluster, is what schedules the run.
+        st.kube_job, st.kube_note = kube.read_job(args.kube_target)
+        if st.kube_job is not None and not st.final:
+            store = open_store(uri) if store is None else store
+            if kube.record_end(st.kube_job, store, now=time.time()) is not None:
+                # The Job's failure is now the run's marker: read it again.
+                job, note = st.kube_job, st.kube_note
+                st = read_status(uri, store=store, events=args.events)
+                st.kube_job, st.kube_note = job, note
+        return st
     if st.job is None and not st.job_note and stack and not st.final and uri.startswith(("s3://", "gs://")):
         active = st.placement.get("active", 0) if isinstance(st.placement, dict) else 0
         try:
@@ -331,6 +348,11 @@ def render(st: RunStatus):
         grid.add_row(label, line)
     if st.job_note:
         grid.add_row("job", Text(st.job_note, style="dim"))
+    if st.kube_job is not None:
+        first, *rest = st.kube_job.lines()
+        grid.add_row("job", first.removeprefix("job ") + "".join(f"\n{line.strip()}" for line in rest))
+    if st.kube_note:
+        grid.add_row("job", Text(st.kube_note.removeprefix("job "), style="dim"))
     if st.machine_hours is not None:
         grid.add_row("cost", cost_text(st))
         for line in placement_cost_lines(st):
@@ -460,10 +482,6 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print(json.dumps(st.to_json()))
             else:
                 console.print(render(st))
-                from ops import kube
-
-                for line in kube.status_lines_for_stack(getattr(args, "stack", None)):  # a Job stack's Job, read from its cluster
-                    print(line)
     except (ValueError, NoRun) as e:
         print(f"ops status: {e}", file=sys.stderr)
         return EXIT_ERROR

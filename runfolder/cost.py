@@ -26,9 +26,10 @@ from runfolder.events import parse_time
 # Events after which an attempt's machine is going or gone: it is not counted up to now.
 _ENDS_ATTEMPT = frozenset({layout.PREEMPTED, layout.FAILED_EVENT, layout.CANCELLED_EVENT, layout.SPOT_NOTICE,
                            layout.MACHINE_FINISH, layout.MACHINE_STALLED})
-# Events in the run's logs that no machine of an attempt wrote (placement.jsonl's moves, and the controller's word
-# that the run cannot train anywhere now, written while no machine trains).
-_NOT_A_MACHINE = frozenset({layout.MOVED, layout.CONTROLLER_WAITING})
+# Events in the run's logs that no machine of the attempt before them wrote: placement.jsonl's moves, the
+# controller's word that the run cannot train anywhere now (written while no machine trains), and a Job's next
+# pod's `pod` event (written as it starts, before its trainer: the time it waited is no attempt's).
+_NOT_A_MACHINE = frozenset({layout.MOVED, layout.CONTROLLER_WAITING, layout.POD_STARTED})
 
 
 @dataclass(frozen=True)

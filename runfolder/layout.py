@@ -158,6 +158,9 @@ MACHINE_SCALE_FAILED = "scale_failed"
 # The machine stopped a trainer that made no progress for its bound and shut down for a fresh one (reason,
 # committed: the newest committed step, key: the machine, or the generation with several machines).
 MACHINE_STALLED = "stalled"
+# A Job's pod began (trainer/pod.py; the pod is the machine: machine-events/<pod>.jsonl): instance (the pod),
+# node, namespace, index (its completion index).
+POD_STARTED = "pod"
 # A machine of several has waited long for the others (generation, came, nodes, since, until).
 WAITING_FOR_MACHINES = "waiting_for_machines"
 # The run moved to another placement (controller/ or `ops move`): from, to (placement indexes), the

@@ -109,6 +109,13 @@ def serving_image(tf_version: str) -> str:
     return f"{SERVING_REPOSITORY}@{digest}"
 
 
+# The pod template's record of the version published last (a change of it rolls the serving pods).
+VERSION_ANNOTATION = "trainstack.dev/serving-version"
+# Where a run on S3's versions are copied for the server (an emptyDir of the serving pod).
+LOCAL_MODELS = "/models"
+LOCAL_BASE_PATH = f"{LOCAL_MODELS}/{MODEL_NAME}"
+
+
 def publish(store, version: int) -> list[str]:
     """Copy the run's model/ to serving/<version>/ (what TF Serving loads as version `version`); the keys
     written. A copy already there is written afresh: a half copy from a stopped `ops serve` is never served."""
@@ -151,15 +158,34 @@ def serving_labels(run_id: str) -> dict[str, str]:
 
 
 def deployment(ns: str, run_id: str, *, image: str, base_path: str, replicas: int, cpu: str,
-               memory: str) -> dict[str, Any]:
+               memory: str, fetch_image: str | None = None, version: int | None = None) -> dict[str, Any]:
     """tensorflow/serving of the run's versioned copies at `base_path` (the store's serving/ folder), as the
-    trainer's ServiceAccount (which may read the run's prefix)."""
+    trainer's ServiceAccount (which may read the run's prefix).
+
+    `fetch_image` (the trainer's image, for a run on S3, which tensorflow/serving cannot read since 2.7): an init
+    container of it copies the versions into an emptyDir (`python -m trainer.serving_fetch`), and the server
+    loads them from there. `version` (the one just published) is the pod template's annotation: a new one rolls
+    the pods, whose init container copies it (a server reading the store itself finds it by its own polling)."""
     resources = {"cpu": cpu, "memory": memory}
     selector = serving_labels(run_id)
+    security = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    mounts = [{"name": "scratch", "mountPath": "/tmp"}]
+    volumes: list[dict[str, Any]] = [{"name": "scratch", "emptyDir": {}}]
+    init: list[dict[str, Any]] = []
+    if fetch_image is not None:
+        volumes.append({"name": "models", "emptyDir": {}})
+        init.append({"name": "fetch", "image": fetch_image, "imagePullPolicy": "IfNotPresent",
+                     "command": ["python", "-m", "trainer.serving_fetch", base_path, LOCAL_BASE_PATH],
+                     "env": [{"name": "HOME", "value": "/tmp"}],
+                     "resources": {"requests": resources, "limits": resources}, "securityContext": security,
+                     "volumeMounts": [*mounts, {"name": "models", "mountPath": LOCAL_MODELS}]})
+        mounts = [*mounts, {"name": "models", "mountPath": LOCAL_MODELS, "readOnly": True}]
+        base_path = LOCAL_BASE_PATH
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": SERVING_NAME, "namespace": ns, "labels": selector},
             "spec": {"replicas": replicas, "selector": {"matchLabels": selector}, "template": {
-                "metadata": {"labels": selector},
+                "metadata": {"labels": selector,
+                             **({"annotations": {VERSION_ANNOTATION: str(version)}} if version is not None else {})},
                 "spec": {
                     "serviceAccountName": "trainstack",
                     "automountServiceAccountToken": False,
@@ -176,11 +202,11 @@ def deployment(ns: str, run_id: str, *, image: str, base_path: str, replicas: in
                         "readinessProbe": {"httpGet": {"path": f"/v1/models/{MODEL_NAME}", "port": "rest"},
                                            "periodSeconds": 10},
                         "resources": {"requests": resources, "limits": resources},
-                        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                            "capabilities": {"drop": ["ALL"]}},
-                        "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}],
+                        "securityContext": security,
+                        "volumeMounts": mounts,
                     }],
-                    "volumes": [{"name": "scratch", "emptyDir": {}}],
+                    **({"initContainers": init} if init else {}),
+                    "volumes": volumes,
                 }}}}
 
 

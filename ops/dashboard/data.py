@@ -265,12 +265,15 @@ def writes_per_hour(note: str) -> float | None:
 
 def _lanes(found: list[cost.Span], machine_events: list[dict], local: bool) -> list[str]:
     """A lane name per attempt: the machine its events came from while it ran, else its placement (a run
-    in a local folder: this computer)."""
+    in a local folder: this computer). The last machine to write before the attempt ended is its own; a
+    machine's events in the minute after it count only when none came before (its finish), since a Job's
+    replacement pod writes its `pod` event seconds after the evicted one's attempt ended."""
     out = []
+    stamped = [(t, e.get("instance")) for e in machine_events
+               if isinstance(e.get("instance"), str) and (t := runstate.stamp(e.get(layout.TIME))) is not None]
     for s in found:
-        seen = [e.get("instance") for e in machine_events
-                if isinstance(e.get("instance"), str) and (t := runstate.stamp(e.get(layout.TIME))) is not None
-                and s.start - 600 <= t <= s.end + 60]
+        seen = [m for t, m in stamped if s.start - 600 <= t <= s.end] or [
+            m for t, m in stamped if s.end < t <= s.end + 60]
         machine = seen[-1] if seen else None
         if machine:
             out.append(f"{machine}" + (f" ({s.placement})" if s.placement else ""))

@@ -33,6 +33,10 @@ GCP
 - the APIs that must be on before the first `pulumi up` (the stack turns on the rest), and the
   Compute Engine API, which every check above reads (off: one line says to turn it on).
 
+A Job stack (`scheduler: kubernetes`, docs/kubernetes.md) is checked on its cluster instead
+(`ops.preflight.kubernetes`): reached as the stack says, Kubernetes 1.31 or later, GPU nodes with the
+spot label, the namespace free or the run's, the identity binding (and on AWS the bucket).
+
 A stack of several placements (docs/placements.md) is checked in each of them: the checks above in
 the placement's cloud, region and project, but for the bucket and the data, which are home's.
 
@@ -97,12 +101,18 @@ __all__ = [
 ]
 
 
-def check(settings: config.Settings, *, aws_session: Any = None, gcp_api: GcpApi | None = None) -> list[Problem]:
-    """Every check for each placement (home: the stack's own cloud and region), in its cloud, region and
+def check(settings: config.Settings, *, aws_session: Any = None, gcp_api: GcpApi | None = None,
+          stack: str | None = None, kube_client: Any = None) -> list[Problem]:
+    """A Job stack's (`scheduler: kubernetes`): its cluster's checks (`ops.preflight.kubernetes`), the groups'
+    quotas, machine types and network being the cluster's own business. Any other stack's: every check for each placement (home: the stack's own cloud and region), in its cloud, region and
     project: a run moved to a placement whose quota, types, network or image fail would wait there
     as it would at home. A placement's problems start with `placements[i] (cloud region):`."""
     from components.placement import settings_at
 
+    if settings.scheduler == "kubernetes":
+        from ops.preflight.kubernetes import check_kubernetes
+
+        return check_kubernetes(settings, stack=stack or settings.stack, client=kube_client, aws_session=aws_session)
     problems: list[Problem] = []
     for i, p in enumerate(settings.placement_list):
         at = settings_at(settings, i)
@@ -113,7 +123,8 @@ def check(settings: config.Settings, *, aws_session: Any = None, gcp_api: GcpApi
     return problems
 
 
-def cmd_preflight(args: argparse.Namespace, *, aws_session: Any = None, gcp_api: GcpApi | None = None) -> int:
+def cmd_preflight(args: argparse.Namespace, *, aws_session: Any = None, gcp_api: GcpApi | None = None,
+                  kube_client: Any = None) -> int:
     """`python -m ops preflight`: one line per problem; exit 1 with problems, 0 clean, 2 on bad config or no credentials."""
     stack_file = Path(args.stacks_dir) / f"Pulumi.{args.stack}.yaml"
     if not stack_file.is_file():
@@ -125,16 +136,19 @@ def cmd_preflight(args: argparse.Namespace, *, aws_session: Any = None, gcp_api:
         print(str(e), file=sys.stderr)
         return EXIT_ERROR
     try:
-        problems = check(settings, aws_session=aws_session, gcp_api=gcp_api)
+        problems = check(settings, aws_session=aws_session, gcp_api=gcp_api, stack=args.stack, kube_client=kube_client)
     except NoCredentials as e:
         print(f"ops preflight: {e}", file=sys.stderr)
         return EXIT_ERROR
     for p in problems:
         print(p.line())
     if problems:
-        print(f"preflight {args.stack}: {len(problems)} problem(s); `pulumi up` would not start a machine as asked")
+        print(f"preflight {args.stack}: {len(problems)} problem(s); `pulumi up` would not start a machine as asked"
+              if settings.scheduler != "kubernetes" else
+              f"preflight {args.stack}: {len(problems)} problem(s); the Job would not run as asked")
         return EXIT_FAILED
-    print(f"preflight {args.stack}: ok ({settings.cloud}, {settings.region})")
+    print(f"preflight {args.stack}: ok ({settings.cloud}, {settings.region}"
+          + (f", cluster of {settings.kubernetes.context or 'the kubeconfig secret'})" if settings.kubernetes else ")"))
     return EXIT_OK
 
 

@@ -1,7 +1,8 @@
 """A small fake Kubernetes API server on 127.0.0.1: the few calls `ops` makes of a Job stack's cluster
 (ops/kube.py), answered from the fake Job controller's state (tests/components/kubernetes/fake_controller.py).
 
-Served, as the API spells them: GET a Job's status, PATCH a Job (merge patch: what `ops stop` sends), DELETE a
+Served, as the API spells them: GET /version, the nodes, a namespace and a ServiceAccount (what preflight
+reads), GET a pod, GET a Job's status, PATCH a Job (merge patch: what `ops stop` sends), DELETE a
 Job (its propagationPolicy kept), POST or PUT a Deployment, Service or NetworkPolicy (serving's), GET the pods by label selector (`job-name=<job>`), GET a pod's log (the
 container named); everything else is a 404 Status. Every request is recorded (method, path, query, headers,
 body) for the tests to assert on what the client sent.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -29,11 +31,21 @@ class FakeKubeAPI:
         self.ended: list[Pod] = []  # terminal pods the controller has replaced
         self.logs: dict[tuple[str, str], str] = {}  # (pod, container) -> text
         self.requests: list[dict[str, Any]] = []
+        # Called with (pod, container, follow) before a log is served: a test changes the log, or ends the pod,
+        # between one connection and the next. A followed log is served as it stands, then the stream closes.
+        self.on_log: Callable[[str, str, bool], None] | None = None
         self.applied: dict[tuple[str, str], dict[str, Any]] = {}  # (collection path, name) -> object
         self._order: dict[str, int] = {}
+        # What preflight reads: the server's version, the nodes, namespaces by name, ServiceAccounts by (ns, name).
+        self.version = {"major": "1", "minor": "33", "gitVersion": "v1.33.2", "gitCommit": "0" * 40,
+                        "gitTreeState": "clean", "buildDate": "2026-06-17T00:00:00Z", "goVersion": "go1.24.4",
+                        "compiler": "gc", "platform": "linux/amd64"}
+        self.nodes: list[dict[str, Any]] = []
+        self.namespaces: dict[str, dict[str, Any]] = {}
+        self.service_accounts: dict[tuple[str, str], dict[str, Any]] = {}
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
 
     def __enter__(self) -> FakeKubeAPI:
         self._thread.start()
@@ -93,6 +105,19 @@ class FakeKubeAPI:
                 if self.headers.get("Authorization") != f"Bearer {api.token}":
                     return self._status(401, "Unauthorized", "Unauthorized")
                 ns = f"/namespaces/{api.namespace}"
+                if method == "GET" and url.path in ("/version", "/version/"):
+                    return self._send(200, api.version)
+                if method == "GET" and url.path == "/api/v1/nodes":
+                    return self._send(200, {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": api.nodes})
+                parts = url.path.split("/")
+                if method == "GET" and len(parts) == 5 and url.path.startswith("/api/v1/namespaces/"):
+                    if parts[4] in api.namespaces:
+                        return self._send(200, api.namespaces[parts[4]])
+                    return self._status(404, "NotFound", f'namespaces "{parts[4]}" not found')
+                if method == "GET" and len(parts) == 7 and parts[5] == "serviceaccounts":
+                    if (parts[4], parts[6]) in api.service_accounts:
+                        return self._send(200, api.service_accounts[(parts[4], parts[6])])
+                    return self._status(404, "NotFound", f'serviceaccounts "{parts[6]}" not found')
                 name = api.job.manifest["metadata"]["name"]
                 job_path = f"/apis/batch/v1{ns}/jobs/{name}"
                 exists = api.deleted is None
@@ -120,6 +145,12 @@ class FakeKubeAPI:
                         return self._status(404, "NotFound", f"{obj} not found")
                     api.applied[(base, obj)] = body
                     return self._send(200, body)
+                if url.path.startswith(f"/api/v1{ns}/pods/") and len(parts) == 7 and method == "GET":
+                    pods = [] if api.deleted is not None else [*api.ended, *api.job.pods.values()]
+                    found = [p for p in pods if p.name == parts[6]]
+                    if found:
+                        return self._send(200, api.pod_object(found[-1]))
+                    return self._status(404, "NotFound", f'pods "{parts[6]}" not found')
                 if url.path == f"/api/v1{ns}/pods" and method == "GET":
                     selector = query.get("labelSelector", [""])[0]
                     pods = [] if api.deleted is not None else [*api.ended, *api.job.pods.values()]
@@ -129,6 +160,8 @@ class FakeKubeAPI:
                 if url.path.startswith(f"/api/v1{ns}/pods/") and url.path.endswith("/log") and method == "GET":
                     pod = url.path.split("/")[-2]
                     container = query.get("container", [""])[0]
+                    if api.on_log is not None:
+                        api.on_log(pod, container, query.get("follow", [""])[0].lower() == "true")
                     if (pod, container) in api.logs:
                         return self._send(200, api.logs[(pod, container)], "text/plain")
                 return self._status(404, "NotFound", f"{url.path} not found")

@@ -512,3 +512,33 @@ def test_a_run_moved_to_another_cloud_says_its_cost_there_includes_the_checkpoin
     # Its hour there: 2 machines at their price, which holds the writes ($0.72/h spread over the 2).
     bare = float(envs[2]["TRAINSTACK_PRICE_PER_HOUR"]) - 0.72 / 2
     assert st.placement_costs[1]["cost_usd"] == pytest.approx(2 * bare + 0.72, abs=0.01)
+
+
+def test_a_job_runs_lanes_name_each_pod_though_its_replacement_writes_seconds_after_it_ended(tmp_path):
+    """A Job's pods (trainer/pod.py's `pod` events): each replacement starts seconds after the evicted pod's
+    attempt ended, and each attempt's lane is still its own pod's."""
+    from datetime import UTC, datetime
+
+    def at(t: float) -> str:
+        return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
+
+    store = open_store(f"file://{tmp_path}/b/runs/eks")
+    t0, where = time.time() - 3600, "kubernetes aws us-east-1"
+    events, pods = [], [f"train-0-0000{i}" for i in (1, 2, 3)]
+    for i, pod in enumerate(pods):
+        start = t0 + 530 * i  # the replacement pod runs 27 s after the evicted one's attempt ended
+        store.put_bytes(layout.machine_events_key(pod), (json.dumps({
+            "event": layout.POD_STARTED, "time": at(start - 3), "instance": pod, "node": f"node-{i}",
+            "namespace": "trainstack-eks", "index": 0}) + "\n").encode())
+        events.append({"event": "started", "time": at(start), "attempt": i + 1, "workers": 1, "worker": 0,
+                       "config": {"steps": 300, "placement": where}})
+        end = {"event": "preempted", "step": 100 * (i + 1), "signal": "SIGTERM"} if i < 2 else {
+            "event": "finished", "step": 300, "metrics": {"loss": 0.1}}
+        events.append({**end, "time": at(start + 500), "attempt": i + 1})
+    store.put_bytes(layout.EVENTS_KEY, "".join(json.dumps(e) + "\n" for e in events).encode())
+    store.put_bytes(layout.COMPLETE, json.dumps({"step": 300, "attempts": 3}).encode())
+    page = data.run_page(open_store(f"file://{tmp_path}/b"), "eks", time.time())
+    assert [s.lane for s in page.spans] == [f"{pod} ({where})" for pod in pods]
+    # A pod's wait to start is no attempt's machine time: each attempt ends at its own last event.
+    assert [round(s.end - s.start) for s in page.spans] == [500, 500, 500]
+    assert [m.kind for m in page.marks].count("preempted") == 2

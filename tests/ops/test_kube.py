@@ -155,7 +155,8 @@ def test_serve_publishes_the_complete_runs_model_and_applies_the_pinned_image(tm
     assert store.list("serving/") == ["serving/1/saved_model.pb"]
 
 
-def test_ops_serve_serves_the_stacks_run_through_its_named_context(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("reach", ["context", "kubeconfigSecret"])
+def test_ops_serve_serves_the_stacks_run_through_its_cluster(reach, tmp_path, monkeypatch, capsys):
     from components import registry
     from components.kubernetes.stack import namespace_name
     from ops import synth
@@ -165,6 +166,9 @@ def test_ops_serve_serves_the_stacks_run_through_its_named_context(tmp_path, mon
 
     doc = yaml.safe_load((synth.STACKS_DIR / "Pulumi.eks.yaml").read_text())
     doc["config"]["trainstack:serve"] = {"enabled": True}
+    if reach == "kubeconfigSecret":  # the kubeconfig as the pulumi CLI decrypts it; the file has no such context
+        del doc["config"]["trainstack:kubernetes"]["context"]
+        doc["config"]["trainstack:kubernetes"]["kubeconfigSecret"] = True
     (tmp_path / "Pulumi.eks.yaml").write_text(yaml.safe_dump(doc))
     settings = synth.load_source(tmp_path / "Pulumi.eks.yaml").settings
     uri = f"file://{tmp_path}/run"
@@ -176,7 +180,13 @@ def test_ops_serve_serves_the_stacks_run_through_its_named_context(tmp_path, mon
     try:
         with FakeKubeAPI(namespace_name(settings), _job()) as fake:
             config = _kubeconfig(fake)
-            config["contexts"][0]["name"] = settings.kubernetes.context
+            if reach == "context":
+                config["contexts"][0]["name"] = settings.kubernetes.context
+            else:
+                from tests.ops.test_status import fake_pulumi
+
+                fake_pulumi(tmp_path / "bin", config | {"current-context": "gpu"})
+                monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{__import__('os').environ['PATH']}")
             (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
             monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
             assert main(argv) == 0
@@ -238,3 +248,294 @@ def test_ops_logs_on_a_job_stack_reads_the_pods_through_the_api():
         client = kube.api_client(kubeconfig=_kubeconfig(fake) | {"current-context": "gpu"})
         assert kube.logs_for_stack("eks", tail_lines=10, client=client) == [(name, '{"event": "step", "step": 7}\n')]
     assert kube.logs_for_stack("dev", client=object()) is None
+
+
+def _eks_cluster(fake: FakeKubeAPI, tmp_path, monkeypatch) -> None:
+    """KUBECONFIG names the fake server under the eks stack's context; `pulumi stack output` gives a file run."""
+    from ops import synth
+    from tests.ops.test_status import fake_pulumi
+
+    config = _kubeconfig(fake)
+    config["contexts"][0]["name"] = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings.kubernetes.context
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    fake_pulumi(tmp_path / "bin", {"runUri": f"file://{tmp_path}/run", "groupName": ""})
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{__import__('os').environ['PATH']}")
+
+
+@pytest.mark.parametrize("watch", [False, True], ids=["once", "watch"])
+def test_ops_status_json_and_watch_on_a_job_stack_carry_the_job_and_no_group(watch, tmp_path, monkeypatch, capsys):
+    import json
+
+    from components.kubernetes.stack import namespace_name
+    from ops import synth
+    from ops.__main__ import main
+    from runfolder.storage import open_store
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    open_store(f"file://{tmp_path}/run").put_bytes("COMPLETE", json.dumps({"step": 10}).encode())
+    with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+        pods = _evict_twice_and_crash_once(fake)
+        fake.job.pod_succeeded(0)
+        _eks_cluster(fake, tmp_path, monkeypatch)
+        assert main(["status", "--stack", "eks", "--json", *(["--watch", "--interval", "0.01"] if watch else [])]) == 0
+        docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        monkeypatch.setenv("COLUMNS", "200")  # rich's table, unwrapped
+        assert main(["status", "--stack", "eks"]) == 0
+        text = capsys.readouterr().out
+    assert len(docs) == 1 and docs[0]["state"] == "COMPLETE"
+    assert docs[0]["kube_job"] == {
+        "name": "train", "suspended": False, "active": 0, "succeeded": 1, "failed": 1,
+        "conditions": [{"type": "Complete", "reason": "", "message": ""}],
+        "disrupted": [{"pod": pods[0], "reason": "TerminationByKubelet"},
+                      {"pod": pods[1], "reason": "EvictionByEvictionAPI"}]}
+    assert docs[0]["group_note"] == "" and docs[0]["kube_note"] == ""  # a Job stack has no group to read
+    assert "train: 0 active, 1 succeeded, 1 failed (counted), 2 ended by a disruption" in text
+    assert f"pod {pods[0]}: TerminationByKubelet" in text and "group not read" not in text
+
+
+def test_ops_status_json_says_in_one_field_why_the_job_was_not_read(tmp_path, monkeypatch, capsys):
+    import json
+
+    from ops.__main__ import main
+    from runfolder.storage import open_store
+
+    open_store(f"file://{tmp_path}/run").put_bytes("COMPLETE", b"{}")
+    with FakeKubeAPI(NS, _job()) as fake:
+        _eks_cluster(fake, tmp_path, monkeypatch)
+        (tmp_path / "kubeconfig").write_text(yaml.safe_dump(_kubeconfig(fake)))  # the stack's context is gone
+        assert main(["status", "--stack", "eks", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kube_job"] is None and doc["kube_note"].startswith("job train: not read: ConfigException")
+
+
+def test_logs_follow_reconnects_a_dropped_stream_without_repeating_a_line_and_ends_with_the_pod(api):
+    """Each followed read is served as the log stands and then closed, as a dropped stream is: the next connection
+    skips what was written (a line cut in two comes whole, once); the pod's end ends the follow."""
+    import io
+
+    pod = api.job.pods[0].name
+    key = (pod, manifests.TRAINER_CONTAINER)
+    api.logs[key] = "a\nb\n"
+    reads: list[bool] = []
+
+    def on_log(name: str, container: str, follow: bool) -> None:
+        reads.append(follow)
+        n = sum(reads)
+        if follow and n == 2:
+            api.logs[key] += "c\npart"
+        if follow and n == 3:
+            api.logs[key] += "ial\n"
+            ended = disrupted(api.job.pods[0], "TerminationByKubelet", {manifests.TRAINER_CONTAINER: SIGTERM_EXIT})
+            api.job.pod_failed(ended)
+            api.ended.append(ended)
+
+    api.on_log = on_log
+    out, sleeps = io.BytesIO(), []
+    client = kube.api_client(kubeconfig=_kubeconfig(api) | {"current-context": "gpu"})
+    assert kube.follow(client, NS, out, sleep=sleeps.append) == "Failed (TerminationByKubelet)"
+    assert out.getvalue() == b"a\nb\nc\npartial\n"
+    assert reads == [True, True, True, False] and len(sleeps) == 2  # two reconnects, then the end read once
+    follows = [r for r in api.requests
+               if r["path"].endswith("/log") and r["query"].get("follow", [""])[0].lower() == "true"]
+    assert all(r["query"]["container"] == ["trainer"] for r in follows)
+
+
+def test_logs_follow_gives_up_on_a_stream_that_keeps_dropping_with_nothing_new(api):
+    import io
+
+    api.logs[(api.job.pods[0].name, manifests.TRAINER_CONTAINER)] = "a\n"
+    out, sleeps = io.BytesIO(), []
+    client = kube.api_client(kubeconfig=_kubeconfig(api) | {"current-context": "gpu"})
+    with pytest.raises(kube.FollowError, match=r"ended 3 times in a row with nothing new while the pod is Running"):
+        kube.follow(client, NS, out, sleep=sleeps.append, reconnects=2)
+    assert out.getvalue() == b"a\n" and len(sleeps) == 3  # after the first read, and after 2 with nothing new
+
+
+def test_logs_follow_starts_at_the_last_lines_asked_for(api):
+    import io
+
+    pod = api.job.pods[0].name
+    api.logs[(pod, manifests.TRAINER_CONTAINER)] = "1\n2\n3\n4\n"
+    api.on_log = lambda name, container, follow: api.job.pod_succeeded(0) if follow else None
+    out = io.BytesIO()
+    client = kube.api_client(kubeconfig=_kubeconfig(api) | {"current-context": "gpu"})
+    assert kube.follow(client, NS, out, tail_lines=2, pod=pod, sleep=lambda s: None) == "deleted"
+    assert out.getvalue() == b"3\n4\n"
+
+
+def test_ops_logs_follow_on_a_job_stack_streams_the_newest_pod_until_it_ends(tmp_path, monkeypatch, capsysbinary):
+    from components.kubernetes.stack import namespace_name
+    from ops import synth
+    from ops.__main__ import main
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+        _evict_twice_and_crash_once(fake)
+        pod = fake.job.pods[0]
+        fake.logs[(pod.name, "trainer")] = '{"event": "resumed", "step": 500}\n'
+
+        def end(name: str, container: str, follow: bool) -> None:
+            if follow and name == pod.name and fake.job.pods:
+                fake.job.pod_succeeded(0)
+                pod.phase = "Succeeded"
+                fake.ended.append(pod)
+
+        fake.on_log = end
+        _eks_cluster(fake, tmp_path, monkeypatch)
+        assert main(["logs", "--stack", "eks", "--follow"]) == 0
+    out, err = capsysbinary.readouterr()
+    assert out == b'{"event": "resumed", "step": 500}\n'
+    assert err.decode().strip() == ("ops logs: the pod ended: Succeeded; a replacement's log: python -m ops logs "
+                                    "--stack eks --follow")
+
+
+def test_serve_of_a_run_on_s3_has_the_trainers_image_copy_it_for_the_server(tmp_path):
+    """tensorflow/serving since 2.7 cannot read s3://: the stack's own trainer image, pinned, copies it."""
+    from components import registry
+    from components.kubernetes.stack import namespace_name
+    from components.settings import ServeSettings
+    from ops import synth
+    from runfolder.storage import open_store
+    from tests.components.kubernetes.test_serving import _pb
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    settings = settings.model_copy(update={"serve": ServeSettings(enabled=True)})
+    store = open_store(f"file://{tmp_path}/run")  # stands in for the bucket
+    store.put_bytes("COMPLETE", b"{}")
+    store.put_bytes("model/saved_model.pb", _pb("2.21.0"))
+    token = registry.DIGEST_SOURCE.set(lambda repo, tag: "sha256:" + "c" * 64)
+    try:
+        with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+            client = kube.api_client(kubeconfig=_kubeconfig(fake) | {"current-context": "gpu"})
+            kube.serve(settings, store, client, run_uri="s3://b/runs/eks")
+    finally:
+        registry.DIGEST_SOURCE.reset(token)
+    pod = fake.applied[(f"/apis/apps/v1/namespaces/{namespace_name(settings)}/deployments", "serving")]["spec"][
+        "template"]["spec"]
+    assert pod["initContainers"][0]["image"] == settings.image.reference and "@sha256:" in settings.image.reference
+    assert pod["initContainers"][0]["command"][-2:] == ["s3://b/runs/eks/serving", "/models/model"]
+    assert "--model_base_path=/models/model" in pod["containers"][0]["args"]
+    # The version published is the template's annotation: the next `ops serve` rolls the pods, which copy it.
+    template = fake.applied[(f"/apis/apps/v1/namespaces/{namespace_name(settings)}/deployments", "serving")][
+        "spec"]["template"]
+    assert template["metadata"]["annotations"] == {"trainstack.dev/serving-version": "1"}
+
+
+@pytest.mark.parametrize("cluster", ["secret unread", "unreachable"])
+def test_ops_stop_says_in_one_line_when_the_jobs_cluster_cannot_be_reached(cluster, tmp_path, monkeypatch, capsys):
+    """The STOP request is written either way; the Job's side is one line (exit 2), never a traceback."""
+    from ops import synth
+    from ops.__main__ import main
+    from runfolder.storage import open_store
+
+    doc = yaml.safe_load((synth.STACKS_DIR / "Pulumi.eks.yaml").read_text())
+    if cluster == "secret unread":
+        del doc["config"]["trainstack:kubernetes"]["context"]
+        doc["config"]["trainstack:kubernetes"]["kubeconfigSecret"] = True
+    (tmp_path / "Pulumi.eks.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.setattr("ops.synth.STACKS_DIR", tmp_path)
+    uri = f"file://{tmp_path}/run"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # `pulumi stack output` answers; `pulumi config get` fails as it does without the passphrase.
+    (bin_dir / "pulumi").write_text('#!/bin/sh\nif [ "$1" = config ]; then echo "error: passphrase must be set" >&2; '
+                                    f"exit 255; fi\necho '{{\"runUri\": \"{uri}\"}}'\n")
+    (bin_dir / "pulumi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    with FakeKubeAPI(NS, _job()) as fake:
+        config = _kubeconfig(fake)
+        config["contexts"][0]["name"] = doc["config"]["trainstack:kubernetes"].get("context", "gpu")
+        config["clusters"][0]["cluster"]["server"] = "http://127.0.0.1:9"  # nothing listens there
+        (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    open_store(uri).put_bytes("events.jsonl", b"")
+    assert main(["stop", "--stack", "eks"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ops stop: the STOP request is written, but the Job was not suspended: ")
+    if cluster == "secret unread":
+        assert "pulumi config get kubernetes:kubeconfig --stack eks failed: error: passphrase must be set" in err[0]
+
+
+def test_ops_serve_says_in_one_line_when_the_cluster_does_not_answer(tmp_path, monkeypatch, capsys):
+    from ops import synth
+    from ops.__main__ import main
+
+    doc = yaml.safe_load((synth.STACKS_DIR / "Pulumi.eks.yaml").read_text())
+    doc["config"]["trainstack:serve"] = {"enabled": True}
+    (tmp_path / "Pulumi.eks.yaml").write_text(yaml.safe_dump(doc))
+    config = {"apiVersion": "v1", "kind": "Config", "clusters": [{"name": "c", "cluster": {
+        "server": "http://127.0.0.1:9"}}], "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": doc["config"]["trainstack:kubernetes"]["context"], "context": {"cluster": "c",
+                                                                                            "user": "u"}}]}
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    monkeypatch.setattr(kube, "serve",  # what serve does last: apply, here to a port nothing listens on
+                        lambda settings, store, client, run_uri: kube.apply(client, [{
+                            "kind": "Service", "metadata": {"name": "serving", "namespace": "ns"}}]))
+    assert main(["serve", "--stack", "eks", "--run-uri", f"file://{tmp_path}/run", "--stacks-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ops serve: the cluster did not answer: MaxRetryError")
+
+
+def test_logs_follow_takes_the_chiefs_pod_of_several_workers():
+    import io
+
+    job = FakeJob(manifests.job(NS, "r1", name=kube.JOB_NAME, image="repo@sha256:" + "a" * 64, args=[], env={},
+                                nodes=2, gpus=1, cpu="4", memory="16Gi", spot_nodes="gke", node_affinity={},
+                                grace_seconds=15, deadline_seconds=3600, backoff_limit=3, ttl_seconds=60,
+                                service="workers"))
+    with FakeKubeAPI(NS, job) as fake:
+        # The chief was evicted and replaced: its replacement is older than no one, yet it is the one followed.
+        ended = disrupted(job.pods[0], "EvictionByEvictionAPI", {manifests.TRAINER_CONTAINER: SIGTERM_EXIT})
+        job.pod_failed(ended)
+        fake.ended.append(ended)
+        chief, worker = job.pods[0].name, job.pods[1].name
+        fake._order[worker], fake._order[chief] = 5, 1  # the worker's pod is the newest
+        fake.logs[(chief, "trainer")], fake.logs[(worker, "trainer")] = "chief\n", "worker\n"
+        fake.on_log = lambda name, container, follow: job.pod_succeeded(0) if follow and 0 in job.pods else None
+        out = io.BytesIO()
+        client = kube.api_client(kubeconfig=_kubeconfig(fake) | {"current-context": "gpu"})
+        assert kube.follow(client, NS, out, sleep=lambda s: None) == "deleted"
+    assert out.getvalue() == b"chief\n"
+
+
+@pytest.mark.parametrize("trainer_marker", [False, True], ids=["none", "the trainer's"])
+def test_ops_status_ends_the_run_timed_out_when_the_jobs_deadline_killed_its_pods(trainer_marker, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """activeDeadlineSeconds kills the pods before the trainer can write a marker: `ops status` writes the
+    run's TIMED_OUT from the Job's condition, as the groups' finish does; a marker already there stays."""
+    import json
+
+    from components.kubernetes.stack import namespace_name
+    from ops import synth
+    from ops.__main__ import main
+    from runfolder.storage import open_store
+
+    settings = synth.load_source(synth.STACKS_DIR / "Pulumi.eks.yaml").settings
+    store = open_store(f"file://{tmp_path}/run")
+    store.put_bytes("events.jsonl", (json.dumps({"event": "started", "time": "2026-12-01T00:00:00.000+00:00",
+                                                 "attempt": 1, "config": {"steps": 100}}) + "\n").encode())
+    if trainer_marker:
+        store.put_bytes("FAILED", json.dumps({"reason": "the trainer's own"}).encode())
+    with FakeKubeAPI(namespace_name(settings), _job()) as fake:
+        fake.job.advance(3600)
+        _eks_cluster(fake, tmp_path, monkeypatch)
+        assert main(["status", "--stack", "eks", "--json", "--watch", "--interval", "0.01"]) == 1
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(docs) == 1  # the watch ended at once
+    if trainer_marker:
+        assert docs[0]["state"] == "FAILED" and not store.exists("TIMED_OUT")
+    else:
+        assert docs[0]["state"] == "TIMED_OUT" and docs[0]["kube_job"]["conditions"][0]["reason"] == "DeadlineExceeded"
+        marker = json.loads(store.get_bytes("TIMED_OUT"))
+        assert marker["reason"] == "the Job failed: DeadlineExceeded" and marker["job"]["name"] == "train"
+
+
+def test_a_job_that_failed_otherwise_ends_the_run_failed_and_a_running_one_no_end():
+    from runfolder import layout
+
+    view = kube.JobView(conditions=[("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")])
+    assert kube.end_of(view) == (layout.FAILED, "the Job failed: BackoffLimitExceeded - Job has reached the "
+                                                "specified backoff limit")
+    assert kube.end_of(kube.JobView(conditions=[("Suspended", "JobSuspended", "")])) is None

@@ -46,3 +46,31 @@ def test_main_hands_the_trainer_its_tf_config(monkeypatch):
     assert pod.main(["--steps", "3"]) == 0
     assert seen == [(["--steps", "3"], {"cluster": {"worker": WORKERS.split(",")}, "task": {"type": "worker",
                                                                                             "index": 1}})]
+
+
+def test_main_records_the_pod_in_its_own_event_object_before_the_trainer_runs(tmp_path, monkeypatch, capsys):
+    import trainer.__main__ as trainer_main
+    from runfolder import layout
+    from runfolder.storage import open_store
+
+    uri = f"file://{tmp_path}/run"
+    key = layout.machine_events_key("train-0-00002")
+    seen = []
+    monkeypatch.setattr(trainer_main, "main", lambda argv: seen.append(open_store(uri).get_bytes(key)) or 0)
+    for name, value in {environment.MACHINE_ID: "train-0-00002", environment.NODE_NAME: "ip-10-0-1-7",
+                        environment.POD_NAMESPACE: "trainstack-eks", pod.COMPLETION_INDEX: "0",
+                        environment.RUN_URI: uri}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv(environment.WORKERS, raising=False)
+    assert pod.main([]) == 0
+    (line,) = seen[0].decode().splitlines()
+    ev = json.loads(line)
+    assert {k: v for k, v in ev.items() if k != "time"} == {
+        "event": "pod", "instance": "train-0-00002", "node": "ip-10-0-1-7", "namespace": "trainstack-eks", "index": 0}
+    # The flag names the run folder where it is given; a store that cannot be written is one line, and the
+    # training goes on.
+    seen.clear()
+    assert pod.main(["--run-uri", "nowhere://x"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(seen) == 1  # the trainer ran
+    assert len(err) == 1 and err[0].startswith("trainer: the pod's event was not written (")

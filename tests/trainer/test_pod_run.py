@@ -67,6 +67,9 @@ def test_a_pod_evicted_twice_resumes_exactly_and_the_job_counts_no_failure(tmp_p
     store = open_store(uri)
     done = json.loads(store.get_bytes("COMPLETE"))
     assert done["step"] == STEPS and done["attempts"] == 3
+    # Each pod said which it was, in its own event object (the dashboard's lanes, ops status's events).
+    assert sorted(store.list(layout.MACHINE_EVENTS_PREFIX)) == sorted(
+        layout.machine_events_key(name) for name in [*names, last.name])
     # The last pod held the run's lease under its own name (the downward API's).
     assert json.loads(store.get_bytes(layout.LEASE_KEY))["holder"].startswith(f"{last.name}/")
     diff = max_abs_diff(committed_weights(uri, STEPS, tmp_path / "w"), committed_weights(ref, STEPS, tmp_path / "r"))

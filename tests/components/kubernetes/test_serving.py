@@ -19,7 +19,10 @@ NS, RUN = "trainstack-r1", "r1"
 def _objects():
     return [serving.deployment(NS, RUN, image="tensorflow/serving@sha256:" + "a" * 64,
                                base_path="gs://bucket/runs/r1/serving", replicas=2, cpu="1", memory="2Gi"),
-            serving.service(NS, RUN), serving.network_policy(NS, RUN)]
+            serving.service(NS, RUN), serving.network_policy(NS, RUN),
+            serving.deployment(NS, RUN, image="tensorflow/serving@sha256:" + "a" * 64,
+                               base_path="s3://bucket/runs/r1/serving", replicas=1, cpu="1", memory="2Gi",
+                               fetch_image="trainer@sha256:" + "c" * 64, version=3)]
 
 
 def test_the_serving_objects_pass_the_api_schemas_strict_at_every_supported_version():
@@ -28,7 +31,7 @@ def test_the_serving_objects_pass_the_api_schemas_strict_at_every_supported_vers
         for o in _objects():
             kubernetes_validate.validate(o, version, strict=True)
             checked.append((version, o["kind"]))
-    assert len(checked) == 3 * len(manifests.SUPPORTED_VERSIONS)
+    assert len(checked) == 4 * len(manifests.SUPPORTED_VERSIONS)
     bad = _objects()[0]
     bad["spec"]["template"]["spec"]["containers"][0]["port"] = 8501  # misspelt: strict says no
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -36,7 +39,7 @@ def test_the_serving_objects_pass_the_api_schemas_strict_at_every_supported_vers
 
 
 def test_serving_takes_requests_from_its_own_namespace_only_and_selects_no_trainer():
-    deployment, service, policy = _objects()
+    deployment, service, policy, _ = _objects()
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {}}], "ports": [
         {"protocol": "TCP", "port": serving.REST_PORT}, {"protocol": "TCP", "port": serving.GRPC_PORT}]}]
     assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "serving"
@@ -44,6 +47,21 @@ def test_serving_takes_requests_from_its_own_namespace_only_and_selects_no_train
     assert service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"] != manifests.labels(RUN)
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--model_base_path=gs://bucket/runs/r1/serving" in args
+
+
+def test_a_run_on_s3_is_copied_by_the_trainers_image_for_the_server_to_load_from_its_own_volume():
+    """tensorflow/serving has had no s3:// since 2.7: an init container of the trainer's image copies the
+    versions into an emptyDir, which the server reads, read only."""
+    plain, fetched = _objects()[0]["spec"]["template"]["spec"], _objects()[3]["spec"]["template"]["spec"]
+    assert "initContainers" not in plain
+    (init,) = fetched["initContainers"]
+    assert init["image"] == "trainer@sha256:" + "c" * 64
+    assert init["command"] == ["python", "-m", "trainer.serving_fetch", "s3://bucket/runs/r1/serving", "/models/model"]
+    server = fetched["containers"][0]
+    assert "--model_base_path=/models/model" in server["args"]
+    assert {"name": "models", "mountPath": "/models", "readOnly": True} in server["volumeMounts"]
+    assert {"name": "models", "mountPath": "/models"} in init["volumeMounts"]
+    assert init["securityContext"] == server["securityContext"] and init["resources"] == server["resources"]
 
 
 def _pb(tf_version: str) -> bytes:
