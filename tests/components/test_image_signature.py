@@ -151,3 +151,23 @@ def test_a_stack_that_runs_a_pinned_image_has_no_key_and_verifies_nothing(cloud)
     (text,) = r.user_data.values()
     assert re.findall(r"^\s*TRAINSTACK_IMAGE='([^']*)'$", text, re.M) == [f"tensorflow/tensorflow@{pinned}"]
     assert re.findall(r"^\s*TRAINSTACK_IMAGE_PUBLIC_KEY=", text, re.M) == []
+
+
+def test_a_signature_that_cannot_be_made_names_the_key_and_the_repository():
+    def refused(_data):
+        raise RuntimeError("User: arn:aws:iam::123456789012:user/x is not authorized to perform: kms:Sign")
+
+    props = {"cloud": "aws", "key": "arn:aws:kms:us-east-1:123456789012:key/k", "key_region": "us-east-1",
+             "repository_urls": ["127.0.0.1:9/t/r"], "digest": "sha256:" + "b" * 64}
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    der = ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    with pytest.raises(signing.SigningError) as e:
+        image_signature.sign(props, lambda p: (refused, der, lambda url: None))
+    assert str(e.value).startswith(f"cannot sign 127.0.0.1:9/t/r@{props['digest']} with the signing key "
+                                   "arn:aws:kms:us-east-1:123456789012:key/k: cannot reach 127.0.0.1:9")
+    assert "\n" not in str(e.value)
+    with pytest.raises(signing.SigningError, match="cannot read the public key of the signing key arn:aws:kms:"):
+        image_signature.sign(props, lambda p: (refused, b"not a key", lambda url: None))
