@@ -9,6 +9,7 @@ reason in `failure-reason`, and docker is never called (no pull, no run).
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import urllib.request
 import uuid
@@ -96,8 +97,10 @@ def test_an_unsigned_image_is_a_verdict_and_never_pulled(tmp_path, images):
 def test_a_signature_by_another_key_is_a_verdict_and_never_pulled(tmp_path, images):
     repo, a, _, _ = images
     other = _public(ec.generate_private_key(ec.SECP256R1()))
+    named = hashlib.sha256(base64.b64decode(other)).hexdigest()[:16]
     assert _refused(tmp_path, f"{repo}@{a}", other) == (
-        f"the signature of {repo}@{a} does not verify with the stack's public key: refusing to run it")
+        f"the signature of {repo}@{a} does not verify with the stack's public key (TRAINSTACK_IMAGE_PUBLIC_KEY, "
+        f"sha256 {named}): refusing to run it")
 
 
 def test_another_images_signature_at_the_digests_tag_is_a_verdict_and_never_pulled(tmp_path, images):
