@@ -27,6 +27,7 @@ import pulumi
 import pulumi_docker_build as docker_build
 
 from components import project
+from components.image_signature import ImageSignature
 from components.project import RUNFOLDER_DIR, TRAINER_DIR
 from components.scan_gate import ScanGate
 from runfolder import layout
@@ -327,6 +328,9 @@ class TrainerImageArgs:
     gate: Any = None
     """The stack's ImageSettings: the pushed digest reaches `refs` only through the scan's gate
     (components/scan_gate.py: image.maxSeverity, image.allowFindings, image.scanWaitMinutes); None: no gate."""
+    signing_key: Any = None
+    """The stack's SigningKey (`key_id`, `region`, `ready`): with a gate, the digest that passed it is signed in
+    every repository (components/image_signature.py) before it reaches `refs`; None: nothing is signed."""
 
 
 class TrainerImageBase(pulumi.ComponentResource):
@@ -347,6 +351,8 @@ class TrainerImageBase(pulumi.ComponentResource):
     """<repository_url>@<digest>: what the home placement's machines pull."""
     refs: list[pulumi.Output[str]]
     """`ref`, then <mirror repository_url>@<digest> of each mirror, in `mirrors`' order."""
+    public_key: pulumi.Output[str] | None
+    """The signing key's public key (base64 DER) once the digest is signed everywhere; None when unsigned."""
 
     def __init__(self, name: str, args: TrainerImageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(self.TYPE, name, None, opts)
@@ -365,11 +371,25 @@ class TrainerImageBase(pulumi.ComponentResource):
             parent=self,
         )
         self.digest = self.image.digest
+        self.public_key = None
+        if args.signing_key is not None and args.gate is None:
+            raise ValueError("an image is signed only once its scan's gate has passed it: give the gate too")
         if args.gate is not None:
             # The home repository's scan judges the one digest every mirror holds.
-            self.digest = ScanGate(f"{name}-scan-gate", cloud=self.CLOUD, repository_url=args.repository_url,
-                                   digest=self.image.digest, image=args.gate, registry_id=args.registry_id,
-                                   opts=pulumi.ResourceOptions(parent=self)).digest
+            gate = ScanGate(f"{name}-scan-gate", cloud=self.CLOUD, repository_url=args.repository_url,
+                            digest=self.image.digest, image=args.gate, registry_id=args.registry_id,
+                            opts=pulumi.ResourceOptions(parent=self))
+            self.digest = gate.digest
+        if args.signing_key is not None:
+            # Signed after the gate (a blocked digest fails the gate, and nothing is signed), by a key whose grants
+            # exist, in every repository a machine pulls from; the user data reads the signed digest and the key.
+            key = args.signing_key
+            signature = ImageSignature(
+                f"{name}-signature", cloud=self.CLOUD, key=key.key_id, key_region=key.region,
+                repository_urls=[args.repository_url, *(m.repository_url for m in args.mirrors)], digest=gate.digest,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[gate, *key.ready]))
+            self.digest = signature.digest
+            self.public_key = signature.public_key
         self.ref = pulumi.Output.concat(args.repository_url, "@", self.digest)
         # The one digest in each mirror: every placement pulls the same image from its own region.
         self.refs = [self.ref] + [pulumi.Output.concat(m.repository_url, "@", self.digest)

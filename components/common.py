@@ -125,6 +125,9 @@ class Home:
     """Home's TrainerCode (its `code_uri` and `boot_uri`)."""
     images: list[pulumi.Input[str]]
     """The image reference of each placement, home first."""
+    image_public_key: pulumi.Output[str] | None = None
+    """The public key (base64 DER) that signed the built image, which every machine verifies it with; None when
+    the stack signs nothing (a public or pinned image)."""
 
 
 class OtherCloud(Protocol):

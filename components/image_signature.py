@@ -63,13 +63,24 @@ def sign(props: dict[str, Any], clients=None) -> str:
     `clients(props)` gives (signer, public key DER, auth per repository URL); the cloud's by default."""
     from components import signing
 
-    signer, der, auth = (clients or {"aws": _aws, "gcp": _gcp}[props["cloud"]])(props)
-    pem = signing.public_key_pem(der)
+    key, digest = props["key"], props["digest"]
+    try:
+        signer, der, auth = (clients or {"aws": _aws, "gcp": _gcp}[props["cloud"]])(props)
+        pem = signing.public_key_pem(der)
+    except Exception as e:  # noqa: BLE001 - the cloud's own error, whatever its kind, said on one line
+        raise signing.SigningError(f"cannot read the public key of the signing key {key}: {_one_line(e)}") from e
     for url in props["repository_urls"]:
-        header = auth(url)
-        if not _signed(pem, url, props["digest"], header):
-            signing.push_signature(url, props["digest"], signer, auth=header)
+        try:
+            header = auth(url)
+            if not _signed(pem, url, digest, header):
+                signing.push_signature(url, digest, signer, auth=header)
+        except Exception as e:  # noqa: BLE001 - as above
+            raise signing.SigningError(f"cannot sign {url}@{digest} with the signing key {key}: {_one_line(e)}") from e
     return base64.b64encode(der).decode()
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 def _signed(pem: bytes, url: str, digest: str, header: str | None) -> bool:

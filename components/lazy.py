@@ -27,6 +27,8 @@ CLOUD_EXPORTS = {
     "TrainerImageArgs": "image",
     "ImageRepository": "repository",
     "ImageRepositoryArgs": "repository",
+    "SigningKey": "signing_key",
+    "SigningKeyArgs": "signing_key",
     "PlacementController": "controller",
     "PlacementControllerArgs": "controller",
     "TrainingStack": "stack",

@@ -299,13 +299,17 @@ def gcs_store_env(*, audience: pulumi.Input[str], service_account: pulumi.Input[
 def user_data_output(
     cloud: str, settings, *, group: str, run_uri: pulumi.Input[str], code_uri: pulumi.Input[str],
     boot_uri: pulumi.Input[str], image_ref: pulumi.Input[str],
-    store: Mapping[str, pulumi.Input[str]] | None = None,
+    store: Mapping[str, pulumi.Input[str]] | None = None, image_public_key: pulumi.Input[str] | None = None,
 ) -> pulumi.Output[str]:
     """The stack's `#cloud-config` once the bucket, code and image are known; the image
     reference is the one the stack resolved (the pushed digest when it builds its own).
     `boot_uri`: the boot scripts' archive (components/code.py). `store`: env-file values
-    saying how a machine reaches a run folder in the other cloud (`aws_store_env`), added to its own."""
+    saying how a machine reaches a run folder in the other cloud (`aws_store_env`), added to its own.
+    `image_public_key`: the key that signed the image (base64 DER; public), which the machine verifies its
+    signature with before `docker run` (userdata/bootstrap.sh); None for an image the stack does not sign."""
     store = dict(store or {})
+    if image_public_key is not None:
+        store[environment.IMAGE_PUBLIC_KEY] = image_public_key
     keys = sorted(store)
 
     def render(values: list[str]) -> str:
@@ -313,6 +317,8 @@ def user_data_output(
         env = boot_env(settings, run_uri=run, group=group, code_uri=code, boot_uri=boot)
         env[environment.IMAGE] = image
         env.update(zip(keys, extra, strict=True))
+        if image_public_key is not None and not env[environment.IMAGE_PUBLIC_KEY]:
+            raise ValueError(f"{environment.IMAGE_PUBLIC_KEY} is empty: the image was signed by no key the stack read")
         return render_user_data(cloud, env)
 
     return pulumi.Output.all(run_uri, code_uri, boot_uri, image_ref, *(store[k] for k in keys)).apply(render)

@@ -226,8 +226,30 @@ def image_lines(result: Result, settings: config.Settings) -> list[str]:
         lines.append("image.build: the machines run the pushed image by its digest, built FROM the one above, once "
                      f"{scanner} of it has no finding at or above image.maxSeverity {image.max_severity} "
                      f"(waited for up to image.scanWaitMinutes {image.scan_wait_minutes} min; synth cannot see findings)")
+        lines += signing_lines(result, settings)
         lines += findings.allowance_lines(image.allow_findings, date.today())
     return lines
+
+
+# What signs a built image, by cloud: the key's resource type and what ImageSignature names it by.
+SIGNING_KEYS = {"aws": ("aws:kms/key:Key", "AWS KMS key"), "gcp": ("gcp:kms/cryptoKey:CryptoKey", "Cloud KMS key")}
+
+
+def signing_lines(result: Result, settings: config.Settings) -> list[str]:
+    """Which key signs the built image, where the signature goes, and what the machines check before `docker run`."""
+    typ, what = SIGNING_KEYS[settings.cloud]
+    keys = [r["name"] for r in result.of_type(typ)]
+    signatures = [r for r in result.resources if r["type"] == "pulumi-python:dynamic:Resource"
+                  and {"key", "repository_urls", "digest"} <= set(r["inputs"])]
+    if not keys or not signatures:
+        return ["image.build: the pushed image is NOT signed: its machines verify no signature"]
+    repos = sum(len(s["inputs"]["repository_urls"]) for s in signatures)
+    return [f"image.build: then signed by the {what} {keys[0]} (ECDSA P-256; the deployer alone may sign) as cosign "
+            f"does, at the digest's sha256-<hex>.sig tag in {repos} repositor{'y' if repos == 1 else 'ies'} "
+            f"({', '.join(s['name'] for s in signatures)}); "
+            + ("SageMaker runs the signed digest, and checks no signature itself" if settings.scheduler == "sagemaker"
+               else "every machine checks the signature with the key's public half in its user data "
+                    "(TRAINSTACK_IMAGE_PUBLIC_KEY) before `docker run`, and refuses an image that fails")]
 
 
 def federated_subjects(result: Result) -> list[tuple[str, int]]:

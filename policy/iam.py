@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 # type -> (input holding a document, kind). "trust" documents say who may assume a role,
-# "identity" ones what a role may do, "resource" ones who may touch a bucket or repository.
+# "identity" ones what a role may do, "resource" ones who may touch a bucket or repository, "key" who may
+# administer or use a KMS key (its key policy).
 DOCUMENT_INPUTS: dict[str, tuple[tuple[str, str], ...]] = {
     "aws:iam/role:Role": (("assumeRolePolicy", "trust"),),
     "aws:iam/policy:Policy": (("policy", "identity"),),
@@ -25,11 +26,15 @@ DOCUMENT_INPUTS: dict[str, tuple[tuple[str, str], ...]] = {
     "aws:s3/bucket:Bucket": (("policy", "resource"),),
     "aws:s3/bucketV2:BucketV2": (("policy", "resource"),),
     "aws:ecr/repositoryPolicy:RepositoryPolicy": (("policy", "resource"),),
+    "aws:kms/key:Key": (("policy", "key"),),
 }
 
 # What parliament reports for every trust policy by design: a trust policy names a
 # Principal and has no Resource, which parliament's identity-policy checks call malformed.
 TRUST_POLICY_FINDINGS = (("MALFORMED", "neither Resource nor NotResource"),)
+# And for every key policy: its Resource must be "*", which in a key policy means the key itself (AWS KMS's
+# key policy documentation); parliament reads it as every resource.
+KEY_POLICY_FINDINGS = ("RESOURCE_STAR",)
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,8 @@ def lint(docs: Iterable[PolicyDocument]) -> list[LintFinding]:
     for d in docs:
         for f in analyze_policy_string(d.text).findings:
             if d.kind == "trust" and any(f.issue == i and s in str(f.detail) for i, s in TRUST_POLICY_FINDINGS):
+                continue
+            if d.kind == "key" and f.issue in KEY_POLICY_FINDINGS:
                 continue
             out.append(LintFinding(d.resource, d.field, f.issue, str(f.detail)))
     return out

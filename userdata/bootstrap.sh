@@ -409,8 +409,9 @@ print(c["image"]["docker-manifest-digest"], c["identity"]["docker-reference"])' 
     fail "the signature of $TRAINSTACK_IMAGE is not base64: refusing to run it"
   { echo "-----BEGIN PUBLIC KEY-----"; printf '%s' "$TRAINSTACK_IMAGE_PUBLIC_KEY" | fold -w 64; echo
     echo "-----END PUBLIC KEY-----"; } >"$dir/key.pem"
+  # The key is named by the sha256 of its DER (docs/images.md says how to compute it from the user data).
   openssl dgst -sha256 -verify "$dir/key.pem" -signature "$dir/sig.der" "$dir/payload.json" >/dev/null 2>&1 ||
-    fail "the signature of $TRAINSTACK_IMAGE does not verify with the stack's public key: refusing to run it"
+    fail "the signature of $TRAINSTACK_IMAGE does not verify with the stack's public key (TRAINSTACK_IMAGE_PUBLIC_KEY, sha256 $(printf '%s' "$TRAINSTACK_IMAGE_PUBLIC_KEY" | base64 -d 2>/dev/null | sha256sum | cut -c1-16)): refusing to run it"
   rm -rf "$dir"
   log "image $TRAINSTACK_IMAGE signed by the stack's key"
 }

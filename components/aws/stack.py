@@ -24,6 +24,7 @@ from components.aws.image import ImageMirror, TrainerImage, TrainerImageArgs
 from components.aws.job import JobIdentity, JobIdentityArgs, job_spec
 from components.aws.naming import default_bucket_name, group_name, repository_name
 from components.aws.repository import ImageRepository, ImageRepositoryArgs
+from components.aws.signing_key import SigningKey, SigningKeyArgs
 from components.code import user_code_dir
 from components.common import Home, Placements, StackOutputs, TrainingStackArgs, image_refs, mirrored_image, run_uri
 from components.tags import aws_tags
@@ -66,8 +67,9 @@ class TrainingStack(StackOutputs):
             opts=self._at_home,
         )
         run = run_uri("aws", bucket.name, s.run_id)
+        images = self._images(repo, mirrors)
         home = Home(parent=self, name=name, args=args, provider=self._home_provider, bucket=bucket, run=run, code=code,
-                    images=self._images(repo, mirrors))
+                    images=images, image_public_key=self._image_public_key)
         # Every placement runs the same pinned image and the same run folder in the home bucket.
         self.placement_groups, access = self._groups(home, identity)
         controller_config = self._controller(home, access)
@@ -163,15 +165,24 @@ class TrainingStack(StackOutputs):
         """The image each placement's machines run, by digest, from its own region's repository; their user
         data waits for the push."""
         s = self._args.settings
-        return image_refs(s, lambda: TrainerImage(
-            f"{self._stem}-image",
-            TrainerImageArgs(repository_url=repo.url, registry_id=repo.registry_id, base_image=s.image.reference,
-                             user_code_dir=user_code_dir(s), gate=s.image,
-                             mirrors=[ImageMirror(repository_url=m.url, registry_id=m.registry_id,
-                                                  provider=self._regional[i])
-                                      for i, m in mirrors.items()]),
-            opts=self._at_home,
-        ).refs)
+        self._image_public_key: pulumi.Output[str] | None = None
+
+        def build() -> list[pulumi.Output[str]]:
+            # Home's KMS key signs the digest in every repository (the mirrors are in home's account).
+            key = SigningKey(f"{self._stem}-signing", SigningKeyArgs(region=s.region, tags=self._tags),
+                             opts=self._at_home)
+            image = TrainerImage(
+                f"{self._stem}-image",
+                TrainerImageArgs(repository_url=repo.url, registry_id=repo.registry_id, base_image=s.image.reference,
+                                 user_code_dir=user_code_dir(s), gate=s.image, signing_key=key,
+                                 mirrors=[ImageMirror(repository_url=m.url, registry_id=m.registry_id,
+                                                      provider=self._regional[i])
+                                          for i, m in mirrors.items()]),
+                opts=self._at_home,
+            )
+            self._image_public_key = image.public_key
+            return image.refs
+        return image_refs(s, build)
 
     def _groups(self, home: Home, identity: InstanceIdentity,
                 ) -> tuple[list[pulumi.ComponentResource], dict[int, pulumi.Output]]:
@@ -187,7 +198,8 @@ class TrainingStack(StackOutputs):
                     access[i] = reach
                 continue
             user_data = userdata.user_data_output("aws", ps, group=g, run_uri=home.run, code_uri=home.code.code_uri,
-                                                  boot_uri=home.code.boot_uri, image_ref=home.images[i])
+                                                  boot_uri=home.code.boot_uri, image_ref=home.images[i],
+                                                  image_public_key=home.image_public_key)
             groups.append(SpotGroup(
                 f"{self._stem}-group" if i == 0 else f"{self._stem}-group-p{i}",
                 # Only the active placement has machines: home, until the controller moves the run. A machine

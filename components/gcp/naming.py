@@ -125,6 +125,18 @@ def custom_role_id(prefix: str, suffix: str, purpose: str) -> str:
     return f"{prefix[:47]}_{suffix}_{purpose}"
 
 
+def key_ring_name(prefix: str, suffix: str) -> str:
+    """The signing key's key ring: `prefix` (the stack's name, `key_ring_prefix`) and the random `suffix` (hex).
+    Cloud KMS never deletes a key ring, so a fixed name could not be made again after `pulumi destroy`; it takes
+    1-63 letters, digits, '_' and '-'."""
+    return f"{prefix[:54]}-{suffix}"
+
+
+def key_ring_prefix(*, project: str, stack: str) -> str:
+    """The part of this stack's key ring name that names it (the random suffix follows)."""
+    return slug(f"{project}-{stack}", 54)
+
+
 def split_gs_uri(uri: str) -> tuple[str, str]:
     """('bucket', 'prefix') of gs://bucket/prefix."""
     bucket, _, prefix = uri.removeprefix("gs://").partition("/")

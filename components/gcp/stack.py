@@ -42,6 +42,7 @@ from components.gcp.naming import (
     custom_role_prefix,
     default_bucket_name,
     group_name,
+    key_ring_prefix,
     network_tag,
     placement_account_ids,
     placement_role_prefix,
@@ -49,6 +50,7 @@ from components.gcp.naming import (
     service_account_id,
 )
 from components.gcp.repository import ImageRepository, ImageRepositoryArgs
+from components.gcp.signing_key import SigningKey, SigningKeyArgs
 from components.settings import Settings
 from components.tags import gcp_labels
 from schedulers import sagemaker
@@ -63,6 +65,8 @@ FEDERATION_APIS = ("iamcredentials.googleapis.com", "sts.googleapis.com")
 # (components/scan_gate.py): without them no scan ever starts, and the gate blocks every build after its wait.
 SCAN_APIS = ("containerscanning.googleapis.com", "containeranalysis.googleapis.com")
 SCHEDULER_API = "cloudscheduler.googleapis.com"
+# With image.build: the key that signs the image lives in Cloud KMS (components/gcp/signing_key.py).
+SIGNING_APIS = ("cloudkms.googleapis.com",)
 
 
 def project_apis(parent: pulumi.Resource, stem: str, project: str, provider: gcp.Provider, apis: tuple[str, ...],
@@ -127,8 +131,9 @@ class TrainingStack(StackOutputs):
                                             user_code_dir=user_code_dir(s)), opts=self._at_home
         )
         run = run_uri("gcp", bucket.name, s.run_id)
+        images = self._images(repo, mirrors)
         home = Home(parent=self, name=name, args=args, provider=self._home_provider, bucket=bucket, run=run, code=code,
-                    images=self._images(repo, mirrors))
+                    images=images, image_public_key=self._image_public_key)
         # Every placement runs the same pinned image and the same run folder in the home bucket.
         self.placement_groups = self._groups(home, identities)
         controller_config = self._controller(home)
@@ -171,7 +176,7 @@ class TrainingStack(StackOutputs):
         )
         self._api_provider = api_provider
         federation = FEDERATION_APIS if any(p.cloud == "aws" for p in places) else ()
-        scanning = SCAN_APIS if s.image.build else ()
+        scanning = SCAN_APIS + SIGNING_APIS if s.image.build else ()
         vertex = (VERTEX_API,) if s.scheduler == "vertex" else ()
         # A Vertex AI stack has no runtime-cap schedule (the job's timeout is the cap): no Cloud Scheduler.
         own = tuple(a for a in APIS if not (vertex and a == SCHEDULER_API))
@@ -255,12 +260,23 @@ class TrainingStack(StackOutputs):
         """The image each placement's machines run, by digest, from its own region's repository; their user
         data waits for the push."""
         s = self._args.settings
-        return image_refs(s, lambda: TrainerImage(
-            f"{self._stem}-image", TrainerImageArgs(
-                repository_url=repo.url, base_image=s.image.reference, user_code_dir=user_code_dir(s), gate=s.image,
-                mirrors=[ImageMirror(repository_url=m.url, provider=self._regional[i]) for i, m in mirrors.items()]),
-            opts=self._at_home,
-        ).refs)
+        self._image_public_key: pulumi.Output[str] | None = None
+
+        def build() -> list[pulumi.Output[str]]:
+            # Home's Cloud KMS key signs the digest in every repository (the mirrors are in home's project).
+            key = SigningKey(f"{self._stem}-signing", SigningKeyArgs(
+                gcp_project=s.project, region=s.region, name_prefix=key_ring_prefix(**self._names), labels=self._labels),
+                opts=self._at_home)
+            image = TrainerImage(
+                f"{self._stem}-image", TrainerImageArgs(
+                    repository_url=repo.url, base_image=s.image.reference, user_code_dir=user_code_dir(s), gate=s.image,
+                    signing_key=key,
+                    mirrors=[ImageMirror(repository_url=m.url, provider=self._regional[i]) for i, m in mirrors.items()]),
+                opts=self._at_home,
+            )
+            self._image_public_key = image.public_key
+            return image.refs
+        return image_refs(s, build)
 
     def _groups(self, home: Home, identities: dict[int, InstanceIdentity | PlacementIdentity],
                 ) -> list[pulumi.ComponentResource]:
@@ -273,7 +289,8 @@ class TrainingStack(StackOutputs):
                 continue
             machines = identities[i]
             user_data = userdata.user_data_output("gcp", ps, group=g, run_uri=home.run, code_uri=home.code.code_uri,
-                                                  boot_uri=home.code.boot_uri, image_ref=home.images[i])
+                                                  boot_uri=home.code.boot_uri, image_ref=home.images[i],
+                                                  image_public_key=home.image_public_key)
             groups.append(SpotGroup(
                 f"{self._stem}-group" if i == 0 else f"{self._stem}-group-p{i}",
                 # Only the active placement has machines: home, until the controller moves the run. A project's

@@ -62,7 +62,7 @@ class AwsPlacements:
         )
         user_data = userdata.user_data_output(
             "aws", p, group=group_name, run_uri=home.run, code_uri=home.code.code_uri, boot_uri=home.code.boot_uri,
-            image_ref=home.images[index],
+            image_ref=home.images[index], image_public_key=home.image_public_key,
             store=userdata.gcs_store_env(audience=access.audience, service_account=access.email),
         )
         return SpotGroup(

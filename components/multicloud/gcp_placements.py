@@ -68,7 +68,7 @@ class GcpPlacements:
         )
         user_data = userdata.user_data_output(
             "gcp", p, group=group_name, run_uri=home.run, code_uri=home.code.code_uri, boot_uri=home.code.boot_uri,
-            image_ref=home.images[index],
+            image_ref=home.images[index], image_public_key=home.image_public_key,
             store=userdata.aws_store_env(region=s.region, role_arn=role.role_arn, audience=token_audience),
         )
         c = p.compute

@@ -17,7 +17,17 @@ from typing import Any
 import pulumi
 
 from ops.fakes import aws, gcp
-from ops.fakes.common import DOCKER_IMAGE, RANDOM_ID, docker_image, fake_hex, jsonable, random_id, urn_name
+from ops.fakes.common import (
+    DOCKER_IMAGE,
+    DYNAMIC,
+    RANDOM_ID,
+    docker_image,
+    fake_hex,
+    jsonable,
+    random_id,
+    signing_public_key,
+    urn_name,
+)
 
 
 class Mocks(pulumi.runtime.Mocks):
@@ -65,6 +75,10 @@ class Mocks(pulumi.runtime.Mocks):
             rid, extra = docker_image(name, inputs, h)
         elif t == RANDOM_ID:
             rid, extra = random_id(inputs, h)
+        elif t == DYNAMIC and {"key", "repository_urls", "digest"} <= inputs.keys() and not inputs.get("public_key"):
+            # An ImageSignature (components/image_signature.py): KMS would give its key's public half at `pulumi up`.
+            rid, extra = f"{name}-{h[:7]}", {"public_key": signing_public_key(h)}
+            self._remember(list(extra.values()), inputs)
         elif t.startswith("pulumi:providers:"):
             rid, extra = f"{name}-provider-id", {}
             self.note_provider(args)

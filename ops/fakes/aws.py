@@ -40,6 +40,10 @@ def resource(t: str, name: str, inputs: dict[str, Any], h: str, region: str) -> 
             repositoryUrl=f"{FAKE_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/{n}",
             registryId=FAKE_ACCOUNT,
         )
+    elif t == "aws:kms/key:Key":
+        # KMS names a key by a UUID.
+        rid = f"{h[:8]}-{h[8:12]}-4{h[12:15]}-8{h[15:17]}0-{(h * 2)[:12]}"
+        extra.update(arn=arn.format(svc="kms") + f"key/{rid}", keyId=rid)
     elif t == LAUNCH_TEMPLATE:
         rid = f"lt-{h}"
         extra.update(arn=arn.format(svc="ec2") + f"launch-template/{rid}", latestVersion=1, defaultVersion=1)
@@ -105,6 +109,16 @@ def call(fn: str, a: dict[str, Any], region: str) -> dict[str, Any] | None:
             "accountId": FAKE_ACCOUNT, "id": FAKE_ACCOUNT,
             "arn": f"arn:aws:iam::{FAKE_ACCOUNT}:user/synth", "userId": "AIDAFAKEFAKEFAKEFAKE",
         }
+    if fn == "aws:iam/getSessionContext:getSessionContext":
+        # An assumed role's session ARN gives its role; any other ARN (the fake caller is a user) is its own issuer.
+        arn = str(a.get("arn"))
+        issuer, session = arn, ""
+        if ":assumed-role/" in arn:
+            head, _, rest = arn.partition(":assumed-role/")
+            role, _, session = rest.partition("/")
+            issuer = head.replace(":sts::", ":iam::") + f":role/{role}"
+        return {"id": arn, "arn": arn, "issuerArn": issuer, "issuerId": "", "issuerName": issuer.rsplit("/", 1)[-1],
+                "sessionName": session}
     if fn == "aws:index/getPartition:getPartition":
         return {"id": "aws", "partition": "aws", "dnsSuffix": "amazonaws.com", "reverseDnsPrefix": "com.amazonaws"}
     if fn == "aws:index/getRegion:getRegion":

@@ -55,6 +55,22 @@ def docker_image(name: str, inputs: dict, h: str) -> tuple[str, dict]:
     return digest, {"digest": digest, "ref": f"{tags[0]}@{digest}" if tags else "", "contextHash": h}
 
 
+DYNAMIC = "pulumi-python:dynamic:Resource"
+
+
+def signing_public_key(h: str) -> str:
+    """An image signature's public key (base64 DER of an EC P-256 SubjectPublicKeyInfo): a real key's shape, made
+    from the resource's fake hex, whose private half nobody holds for signing. Under the mocks no KMS is asked."""
+    import base64
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.derive_private_key(int(h, 16) or 1, ec.SECP256R1()).public_key()
+    return base64.b64encode(key.public_bytes(serialization.Encoding.DER,
+                                             serialization.PublicFormat.SubjectPublicKeyInfo)).decode()
+
+
 def random_id(inputs: dict, h: str) -> tuple[str, dict]:
     """A RandomId: `byteLength` bytes from the resource's fake hex, in the provider's encodings."""
     raw = bytes.fromhex((h * 8)[: 2 * int(inputs.get("byteLength") or 8)])

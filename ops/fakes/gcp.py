@@ -70,6 +70,15 @@ def resource(t: str, name: str, inputs: dict[str, Any], h: str, project: str) ->
         # A service's agent is named by the project's number and the service's first word.
         email = f"service-{project_number(p)}@gcp-sa-{str(inputs.get('service')).split('.')[0]}.iam.gserviceaccount.com"
         return f"projects/{p}/services/{inputs.get('service')}", {"email": email, "member": f"serviceAccount:{email}"}
+    if t == "gcp:kms/keyRing:KeyRing":
+        n = f"projects/{inputs.get('project') or p}/locations/{inputs.get('location')}/keyRings/{inputs.get('name')}"
+        return n, {}
+    if t == "gcp:kms/cryptoKey:CryptoKey":
+        n = f"{inputs.get('keyRing')}/cryptoKeys/{inputs.get('name')}"
+        return n, {"primary": [], "effectiveLabels": inputs.get("labels") or {}}
+    if t == "gcp:kms/cryptoKeyVersion:CryptoKeyVersion":
+        n = f"{inputs.get('cryptoKey')}/cryptoKeyVersions/1"
+        return n, {"name": n, "state": "ENABLED", "algorithm": "EC_SIGN_P256_SHA256", "protectionLevel": "SOFTWARE"}
     if t == "gcp:storage/bucketObject:BucketObject":
         return f"{inputs.get('bucket')}-{inputs.get('name')}", {
             "selfLink": f"https://www.googleapis.com/storage/v1/b/{inputs.get('bucket')}/o/{inputs.get('name')}",
@@ -96,6 +105,9 @@ def call(fn: str, a: dict[str, Any], region: str, project: str) -> dict[str, Any
     if fn == "gcp:organizations/getProject:getProject":
         p = a.get("projectId") or project
         return {"id": f"projects/{p}", "projectId": p, "number": project_number(p), "name": p, "labels": {}}
+    if fn == "gcp:organizations/getClientOpenIdUserInfo:getClientOpenIdUserInfo":
+        # The account `pulumi up` runs as: a user here (a deployer's own gcloud login).
+        return {"id": "synth@example.com", "email": "synth@example.com"}
     if fn == "gcp:organizations/getClientConfig:getClientConfig":
         return {
             "id": f"projects/{project}/regions/{region}/zones/{region}-a",

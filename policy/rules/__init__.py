@@ -37,7 +37,15 @@ from policy.rules.buckets import (
 )
 from policy.rules.cost import ASGS, MIGS, spot_with_runtime_cap
 from policy.rules.identity import GCP_BASIC_ROLES, GCP_PROJECT_IAM, WILDCARD_RESOURCE_ACTIONS, iam_least_privilege
-from policy.rules.images import SECRET_PATTERNS, image_pinned, image_problem, no_secrets, secret_kind, user_data_texts
+from policy.rules.images import (
+    SECRET_PATTERNS,
+    image_pinned,
+    image_problem,
+    image_verified,
+    no_secrets,
+    secret_kind,
+    user_data_texts,
+)
 from policy.rules.machines import (
     GCE_TEMPLATES,
     LAUNCH_TEMPLATES,
@@ -54,7 +62,7 @@ __all__ = [
     "STACK_TAG", "TAGGABLE", "UNKNOWN", "WILDCARD_RESOURCE_ACTIONS", "Context", "Ingress", "Resource", "Rule",
     "Violation", "bucket_encrypted", "bucket_not_public", "bucket_retained", "bucket_tls_only", "bucket_versioned",
     "check", "context_from_config", "context_from_settings", "gce_metadata_hardened", "iam_least_privilege",
-    "image_pinned", "image_problem", "imdsv2_required", "no_secrets", "no_world_ingress", "released_on_destroy",
+    "image_pinned", "image_problem", "image_verified", "imdsv2_required", "no_secrets", "no_world_ingress", "released_on_destroy",
     "root_volume_encrypted", "secret_kind", "spot_with_runtime_cap", "ssh_only_from_allowed", "tagged",
     "user_data_texts",
 ]
@@ -99,6 +107,8 @@ RULES: tuple[Rule, ...] = (
          "A stolen machine credential reaches this stack's bucket, repository and group only.", iam_least_privilege, "resource"),
     Rule("image-pinned", "Machines run an image pinned by tag or digest (never latest); ECR tags are immutable.",
          "A moving image would change a running job; a resumed run must run the same code.", image_pinned, "resource"),
+    Rule("image-verified", "In a stack that signs its image, every machine holds the key that verifies it.",
+         "A machine without the public key would run an image nobody vouched for.", image_verified),
     Rule("no-secrets", "No credentials in user data or any resource input.",
          "User data is readable from the instance without auth and inputs are kept in the state.", no_secrets, "resource"),
     Rule("spot-with-runtime-cap", "Groups run spot unless on-demand is explicit, and the cloud stops them after the runtime cap.",

@@ -80,8 +80,10 @@ def iam_least_privilege(resources: list[Resource], ctx: Context) -> list[Violati
                 if _principal_is_anyone(st.get("Principal")):
                     out.append(Violation("iam-least-privilege", d.resource, f"{sid} lets anyone assume the role; name the service"))
                 continue
-            if d.kind == "resource":
-                continue  # who may use a bucket is bucket-not-public's business; resources are the bucket's own
+            if d.kind in ("resource", "key"):
+                # Who may use a bucket is bucket-not-public's business; resources are the bucket's own. A key
+                # policy's Resource "*" is the key itself.
+                continue
             if "*" in base.as_list(st.get("Resource")):
                 unjustified = [a for a in actions if a not in WILDCARD_RESOURCE_ACTIONS]
                 if unjustified:

@@ -84,6 +84,23 @@ def image_pinned(resources: list[Resource], ctx: Context) -> list[Violation]:
     return out
 
 
+_KEY_LINE = re.compile(r"^\s*TRAINSTACK_IMAGE_PUBLIC_KEY=['\"]?([A-Za-z0-9+/]+=*)['\"]?\s*$", re.M)
+# The keys a stack signs the image it builds with (components/aws/signing_key.py, components/gcp/signing_key.py).
+SIGNING_KEYS = ("aws:kms/key:Key", "gcp:kms/cryptoKey:CryptoKey")
+
+
+def image_verified(resources: list[Resource], ctx: Context) -> list[Violation]:
+    """In a stack that signs its image (a KMS signing key), every machine's user data holds the public key it
+    verifies the signature with before `docker run` (TRAINSTACK_IMAGE_PUBLIC_KEY): without it the machine would
+    run the image unverified."""
+    keys = [k["name"] for k in base.of_type(resources, *SIGNING_KEYS)]
+    if not keys:
+        return []
+    return [Violation("image-verified", r["name"], f"the stack signs its image with {keys[0]}, and this user data "
+                      "sets no TRAINSTACK_IMAGE_PUBLIC_KEY: its machines would run the image unverified")
+            for r, text in user_data_texts(resources) if not _KEY_LINE.search(text)]
+
+
 # The patterns are shared with the config checks (components.settings): one definition.
 SECRET_PATTERNS = config_shared.SECRET_PATTERNS
 secret_kind = config_shared.secret_kind

@@ -90,8 +90,11 @@ def test_the_gate_judges_again_when_the_digest_the_policy_or_the_day_changes():
 def test_synth_says_what_the_gate_will_judge_and_which_exception_has_expired():
     source = synth.load_source(_stack("aws", allowFindings=[ALLOW]))
     lines = synth.image_lines(synth.synthesize(source), source.settings)
-    assert lines[-2].startswith("image.build: the machines run the pushed image by its digest, built FROM the one above, "
+    assert lines[-3].startswith("image.build: the machines run the pushed image by its digest, built FROM the one above, "
                                 "once ECR's scan of it has no finding at or above image.maxSeverity CRITICAL")
+    assert lines[-2].startswith("image.build: then signed by the AWS KMS key trainstack-signing-key (ECDSA P-256; "
+                                "the deployer alone may sign) as cosign does, at the digest's sha256-<hex>.sig tag in "
+                                "1 repository (trainstack-image-signature)")
     assert lines[-1] == f"image.allowFindings[0]: CVE-2024-3094 until {ALLOW['expires']} ({ALLOW['reason']})"
     expired = findings.allowance_lines([scan_gate._allowed({"allow_findings": [ALLOW]})[0]], TODAY + timedelta(days=40))
     assert expired == [f"image.allowFindings[0]: CVE-2024-3094 EXPIRED on {ALLOW['expires']}: blocks like any finding "

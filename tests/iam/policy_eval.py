@@ -214,3 +214,44 @@ def google_token_context(claims: Mapping[str, object]) -> dict[str, str]:
     context = {"accounts.google.com:oaud": str(claims.get("aud", "")), "accounts.google.com:sub": str(claims.get("sub", ""))}
     context["accounts.google.com:aud"] = str(claims.get("azp") or claims.get("aud", ""))
     return context
+
+
+def _names(principal: object, caller: str, account: str) -> tuple[bool, bool]:
+    """(whether a key policy's `Principal` names `caller` itself, whether it names `caller`'s account root)."""
+    if principal == "*":
+        raise UnsupportedPolicy("a key policy Principal of '*' is not evaluated here")
+    if not isinstance(principal, Mapping) or set(principal) != {"AWS"}:
+        raise UnsupportedPolicy(f"key policy principal {principal!r}: only AWS principals are evaluated here")
+    named = [str(p) for p in _as_list(principal["AWS"])]
+    root = f"arn:aws:iam::{account}:root"
+    return caller in named, root in named or account in named
+
+
+def evaluate_key_policy(key_policy: str | Mapping, identity_policies: Iterable[str | Mapping], *, caller: str,
+                        request: Request) -> Decision:
+    """The decision for a KMS request by `caller` (a role's or user's ARN in the key's account; a session of a role
+    is its role) under the key's policy and the caller's own identity policies, as AWS KMS documents it: an explicit
+    Deny in either wins; a key policy statement naming the caller allows by itself; one naming the account root
+    lets the caller's identity policies allow (and only then); anything else is an implicit deny. One account only:
+    no grants, no cross-account principals, no `*` principal."""
+    account = caller.split(":")[4]
+    by_key, through_iam = False, False
+    for statement in statements([key_policy]):
+        if "NotPrincipal" in statement:
+            raise UnsupportedPolicy("NotPrincipal is not evaluated here")
+        itself, root = _names(statement.get("Principal"), caller, account)
+        if not (itself or root):
+            continue
+        bare = {k: v for k, v in statement.items() if k != "Principal"}
+        if not _statement_applies(bare, request):
+            continue
+        if statement.get("Effect") == "Deny":
+            return Decision.EXPLICIT_DENY
+        by_key = by_key or itself
+        through_iam = through_iam or root
+    identity = evaluate(identity_policies, request)
+    if identity is Decision.EXPLICIT_DENY:
+        return Decision.EXPLICIT_DENY
+    if by_key or (through_iam and identity is Decision.ALLOW):
+        return Decision.ALLOW
+    return Decision.IMPLICIT_DENY

@@ -31,6 +31,7 @@ import boto3
 import botocore.exceptions
 import pytest
 
+from components.aws.signing_key import KEY_SPEC, KEY_USAGE, key_policy
 from components.code import boot_key, pack_boot_scripts
 from devtools import cli_server
 from runfolder import layout
@@ -62,6 +63,8 @@ class Machine:
     run_id: str
     keys: dict[str, str]
     cloud: IamCloud
+    signing_key: str
+    """The ARN of a key made as the stack's SigningKey makes it (its key policy lets the deployer alone sign)."""
 
     def env(self) -> dict[str, str]:
         """The variables a process on the machine would have: the endpoint and the role's keys."""
@@ -130,7 +133,11 @@ def machine(iam_cloud: IamCloud) -> Machine:
     iam_cloud.proxy.guard(creds["AccessKeyId"], [policy])
     keys = {"AWS_ACCESS_KEY_ID": creds["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": creds["SecretAccessKey"],
             "AWS_SESSION_TOKEN": creds["SessionToken"]}
-    return Machine(outputs, policy, bucket, group, repository, run_id, keys, iam_cloud)
+    signer = f"arn:aws:iam::{ACCOUNT}:user/{ADMIN_USER}"
+    signing_key = iam_cloud.admin("kms", REGION).create_key(
+        KeySpec=KEY_SPEC, KeyUsage=KEY_USAGE, Policy=key_policy(partition="aws", account_id=ACCOUNT, signer_arn=signer),
+    )["KeyMetadata"]["Arn"]
+    return Machine(outputs, policy, bucket, group, repository, run_id, keys, iam_cloud, signing_key)
 
 
 @pytest.fixture
@@ -412,12 +419,16 @@ REFUSED = {
         Bucket=m.bucket, Key=f"{RUN}/events.jsonl", VersionId="v1", Tagging={"TagSet": []})),
     "delete a version of its own object (pruning leaves versions to the bucket's rules)": (
         "s3", lambda m, c: c.delete_object(Bucket=m.bucket, Key=f"{RUN}/events.jsonl", VersionId="v1")),
+    # It verifies its image with the public key in its user data: the stack's signing key is not its to use.
+    "sign with the stack's key": ("kms", lambda m, c: c.sign(KeyId=m.signing_key, Message=b"{}", MessageType="RAW",
+                                                             SigningAlgorithm="ECDSA_SHA_256")),
+    "read the signing key's public key": ("kms", lambda m, c: c.get_public_key(KeyId=m.signing_key)),
     "launch instances": ("ec2", lambda m, c: c.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1,
                                                              InstanceType="p5.48xlarge")),
 }
 # The codes AWS answers a refusal with, per service.
 DENIED = {"s3": "AccessDenied", "autoscaling": "AccessDenied", "iam": "AccessDenied",
-          "ecr": "AccessDeniedException", "ec2": "UnauthorizedOperation"}
+          "ecr": "AccessDeniedException", "ec2": "UnauthorizedOperation", "kms": "AccessDeniedException"}
 
 
 def test_the_data_index_is_written_once_and_read_as_the_role(on_machine: Machine, tmp_path: Path) -> None:

@@ -55,3 +55,28 @@ def test_the_synth_command_prints_where_the_digest_comes_from(tmp_path, capsys):
     out = capsys.readouterr().out
     assert ("image: tensorflow/tensorflow:2.21.0-gpu: `pulumi up` resolves the tag to its digest at "
             "https://registry-1.docker.io/v2/tensorflow/tensorflow/manifests/2.21.0-gpu") in out
+
+
+def test_the_synth_command_on_a_build_stack_writes_and_names_the_signing_key_and_the_signature(tmp_path, capsys):
+    import argparse
+    import json
+
+    for cloud, extra, key_type in (
+            ("aws", {"trainstack:region": "us-east-1"}, "aws:kms/key:Key"),
+            ("gcp", {"trainstack:region": "us-central1", "trainstack:project": "my-proj-123",
+                     "trainstack:compute": {"instanceTypes": ["g2-standard-8"]}}, "gcp:kms/cryptoKey:CryptoKey")):
+        (tmp_path / cloud / "stacks").mkdir(parents=True)
+        (tmp_path / cloud / "stacks" / "Pulumi.t.yaml").write_text(yaml.safe_dump({"config": {
+            "trainstack:cloud": cloud, "trainstack:run": {"synthetic": True}, "trainstack:image": {"build": True},
+            **extra}}))
+        args = argparse.Namespace(stack="t", out=str(tmp_path / cloud / "out"), stacks_dir=str(tmp_path / cloud / "stacks"),
+                                  offline=True)
+        assert synth.cmd_synth(args) == 0
+        out = capsys.readouterr().out
+        written = json.loads((tmp_path / cloud / "out" / "resources.json").read_text())
+        assert [r["name"] for r in written if r["type"] == key_type] == ["trainstack-signing-key"]
+        assert [r["parent"] for r in written if r["name"] == "trainstack-image-signature"] == ["trainstack-image"]
+        (line,) = [x for x in out.splitlines() if x.startswith("image.build: then signed by")]
+        assert "trainstack-signing-key" in line and "TRAINSTACK_IMAGE_PUBLIC_KEY" in line
+        (doc,) = (tmp_path / cloud / "out" / "user-data").glob("*.yaml")
+        assert "TRAINSTACK_IMAGE_PUBLIC_KEY='MF" in doc.read_text()  # a P-256 key's DER, in base64

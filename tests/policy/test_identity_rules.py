@@ -151,3 +151,18 @@ def test_a_grant_after_one_not_known_yet_is_still_judged():
     res = [*R.gcp_stack(), _grant(UNKNOWN, name="dev-later"), _grant("roles/editor")]
     assert _lines(res) == ["dev-grant: grants roles/editor on the whole project; grant a predefined role on the "
                            "bucket or repository instead"]
+
+
+def test_a_signing_key_policy_is_judged_by_its_actions_and_its_resource_star_is_the_key():
+    from components.aws.signing_key import key_policy
+
+    ours = json.loads(key_policy(partition="aws", account_id="123456789012", signer_arn="arn:aws:iam::123456789012:role/D"))
+    key = {"type": "aws:kms/key:Key", "name": "dev-signing-key", "parent": "dev-signing", "inputs": {"policy": json.dumps(ours)}}
+    assert _lines([*R.aws_stack(), key]) == []
+    # AWS's default key policy: the account root may do anything with the key, so any IAM policy may grant Sign.
+    default = {"Version": "2012-10-17", "Statement": [{"Sid": "EnableIAM", "Effect": "Allow", "Action": "kms:*",
+                                                        "Principal": {"AWS": "arn:aws:iam::123456789012:root"},
+                                                        "Resource": "*"}]}
+    key["inputs"]["policy"] = json.dumps(default)
+    assert _lines([*R.aws_stack(), key]) == ["dev-signing-key: policy Statement[0] (EnableIAM) allows kms:*; list the "
+                                             "actions needed"]

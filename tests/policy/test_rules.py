@@ -148,6 +148,9 @@ AWS_BREAKS: list[tuple[str, str, str, str, Callable[[list[dict]], None]]] = [
     ("bad-digest", "image-pinned", LT, "sha256", _user_data(R.user_data("tensorflow/tensorflow@sha256:abc"))),
     ("no-image-line", "image-pinned", LT, "no TRAINSTACK_IMAGE", _user_data("#cloud-config\n")),
     ("mutable-ecr", "image-pinned", "dev-repo", "IMMUTABLE", _set("dev-repo", "imageTagMutability", "MUTABLE")),
+    ("signed-image-no-key", "image-verified", LT, "sets no TRAINSTACK_IMAGE_PUBLIC_KEY", _add(R._r(
+        "aws:kms/key:Key", "dev-signing-key", "dev-signing",
+        {"keyUsage": "SIGN_VERIFY", "customerMasterKeySpec": "ECC_NIST_P256", "tags": dict(R.TAGS)}))),
     ("aws-key-in-user-data", "no-secrets", LT, "AWS access key id",
      _user_data(R.user_data(extra="AWS_ACCESS_KEY_ID='AKIAIOSFODNN7EXAMPLE'\n"))),
     ("secret-key-in-user-data", "no-secrets", LT, "AWS secret access key",
@@ -190,6 +193,9 @@ GCP_BREAKS: list[tuple[str, str, str, str, Callable[[list[dict]], None]]] = [
      _set("dev-group-tpl", "scheduling", {"provisioningModel": "SPOT"})),
     ("gce-latest", "image-pinned", "dev-group-tpl", "moves",
      _set("dev-group-tpl", "metadata.user-data", R.user_data("gcr.io/x/tf:latest"))),
+    ("signed-image-no-key", "image-verified", "dev-group-tpl", "sets no TRAINSTACK_IMAGE_PUBLIC_KEY", _add(R._r(
+        "gcp:kms/cryptoKey:CryptoKey", "dev-signing-key", "dev-signing",
+        {"purpose": "ASYMMETRIC_SIGN", "labels": {k: v.lower() for k, v in R.TAGS.items()}}))),
     ("gcp-editor", "iam-least-privilege", "dev-identity-resize", "roles/editor",
      _set("dev-identity-resize", "role", "roles/editor")),
     ("gcp-admin-unconditioned", "iam-least-privilege", "dev-identity-resize", "without an IAM condition",
@@ -393,3 +399,11 @@ def test_pack_manifest_points_at_its_own_virtualenv():
     assert venv == pack_dir.parent / ".venv-policy"
     reqs = (pack_dir / "requirements.txt").read_text().split()
     assert "pulumi-policy==1.21.0" in reqs
+
+
+def test_a_signed_images_machines_that_hold_the_key_pass():
+    key = R._r("aws:kms/key:Key", "dev-signing-key", "dev-signing", {"keyUsage": "SIGN_VERIFY", "tags": dict(R.TAGS)})
+    res = [*R.aws_stack(), key]
+    (lt,) = [r for r in res if r["name"] == LT]
+    lt["inputs"]["userData"] = R.user_data(extra="TRAINSTACK_IMAGE_PUBLIC_KEY='MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE'\n")
+    assert [str(v) for v in _fired(res)] == []

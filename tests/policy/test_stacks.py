@@ -101,7 +101,9 @@ def test_stack_policies_pass_parliament(synthesized, stack):
     # the role's trust policy, its permissions and the TLS-only bucket policy, at least; a GCP home's AWS
     # placement has roles and no S3 bucket (the run folder is in GCS), so no bucket policy
     in_s3 = any(r["type"] == "aws:s3/bucket:Bucket" for r in result.resources)
-    assert {d.kind for d in docs} == {"trust", "identity", *(["resource"] if in_s3 else [])}
+    # a stack that builds its image holds the key policy of the key that signs it
+    signs = any(r["type"] == "aws:kms/key:Key" for r in result.resources)
+    assert {d.kind for d in docs} == {"trust", "identity", *(["resource"] if in_s3 else []), *(["key"] if signs else [])}
     assert len(docs) >= (3 if in_s3 else 4)
     findings = [f for f in iam.lint(docs) if (f.resource.split("-", 1)[-1], f.issue) not in ALLOWED_FINDINGS]
     assert findings == [], [str(f) for f in findings]
@@ -159,6 +161,11 @@ BREAKS = {
         {"protocol": "tcp", "fromPort": 22, "toPort": 22, "cidrBlocks": ["198.51.100.0/24"]}),
     "iam-least-privilege": lambda rs: _statement_edit(rs, "aws:iam/rolePolicy:RolePolicy", 0, Resource="*"),
     "image-pinned": lambda rs: _replace_image(rs, "tensorflow/tensorflow:latest-gpu"),
+    # A signing key beside machines whose user data holds no public key (as if the stack signed and forgot them).
+    "image-verified": lambda rs: rs.append({"type": "aws:kms/key:Key", "name": "trainstack-signing-key",
+                                            "parent": "trainstack-signing", "options": {"custom": True},
+                                            "inputs": {"keyUsage": "SIGN_VERIFY",
+                                                       "tags": dict(_one(rs, "aws:s3/bucket:Bucket")["inputs"]["tags"])}}),
     "no-secrets": lambda rs: _one(rs, "aws:s3/bucket:Bucket")["inputs"]["tags"].update(key="AKIAIOSFODNN7EXAMPLE"),
     "spot-with-runtime-cap": lambda rs: rs.remove(_one(rs, "aws:autoscaling/schedule:Schedule")),
     "tagged": lambda rs: _one(rs, "aws:iam/role:Role")["inputs"].update(tags={}),
@@ -172,6 +179,18 @@ def test_rule_reads_the_real_synth_shape(synthesized, rule):
     BREAKS[rule](resources)
     fired = rules.check(resources, ctx)
     assert {v.rule for v in fired} == {rule}, [str(v) for v in fired]
+
+
+def test_a_stack_that_signs_its_image_gives_every_machine_the_key_and_the_rule_sees_one_without(synthesized):
+    result, ctx = synthesized["image-build"]
+    resources = copy.deepcopy(result.resources)
+    assert resources and _one(resources, "aws:kms/key:Key")
+    assert [str(v) for v in rules.check(resources, ctx, [rules.RULES_BY_ID["image-verified"]])] == []
+    lt = _one(resources, "aws:ec2/launchTemplate:LaunchTemplate")
+    text = decode_user_data(lt["inputs"]["userData"])
+    lt["inputs"]["userData"] = encode_user_data("".join(
+        line for line in text.splitlines(keepends=True) if "TRAINSTACK_IMAGE_PUBLIC_KEY=" not in line))
+    assert {v.rule for v in rules.check(resources, ctx)} == {"image-verified"}
 
 
 def test_every_aws_rule_is_broken_on_real_output():

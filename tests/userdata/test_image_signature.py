@@ -9,6 +9,7 @@ reason in `failure-reason`, and docker is never called (no pull, no run).
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import urllib.request
 import uuid
@@ -96,8 +97,10 @@ def test_an_unsigned_image_is_a_verdict_and_never_pulled(tmp_path, images):
 def test_a_signature_by_another_key_is_a_verdict_and_never_pulled(tmp_path, images):
     repo, a, _, _ = images
     other = _public(ec.generate_private_key(ec.SECP256R1()))
+    named = hashlib.sha256(base64.b64decode(other)).hexdigest()[:16]
     assert _refused(tmp_path, f"{repo}@{a}", other) == (
-        f"the signature of {repo}@{a} does not verify with the stack's public key: refusing to run it")
+        f"the signature of {repo}@{a} does not verify with the stack's public key (TRAINSTACK_IMAGE_PUBLIC_KEY, "
+        f"sha256 {named}): refusing to run it")
 
 
 def test_another_images_signature_at_the_digests_tag_is_a_verdict_and_never_pulled(tmp_path, images):
@@ -164,3 +167,31 @@ def test_the_sandbox_machine_reads_the_signature_from_the_registry_and_runs_only
             f"the signature of {repo}@{a} does not verify with the stack's public key") >= 0, objects["FAILED"]
         assert not [argv for argv in box.argvs("docker") if argv[:1] in (["pull"], ["run"])]
     assert group_size(s3_run, group) == (0, 0, 0)
+
+
+def test_a_digest_signed_by_the_stacks_kms_key_at_pulumi_up_is_what_the_machine_accepts(tmp_path, images):
+    """The chain end to end: the key as the stack declares it, made in moto's KMS; ImageSignature's step of
+    `pulumi up` signs the digest in the real registry and hands on the public key; the machine, given that key
+    as its user data would, verifies the signature and goes on to the pull. The image signed by the other key
+    (the fixture's) is refused with the KMS key."""
+    import boto3
+    from moto import mock_aws
+
+    from components import image_signature
+    from components.aws.signing_key import KEY_SPEC, KEY_USAGE, key_policy
+
+    repo, _, b, _ = images
+    with mock_aws():
+        kms = boto3.client("kms", region_name="us-east-1", aws_access_key_id="testing",
+                           aws_secret_access_key="testing")  # noqa: S106 (moto's)
+        arn = kms.create_key(KeySpec=KEY_SPEC, KeyUsage=KEY_USAGE, Policy=key_policy(
+            partition="aws", account_id="123456789012", signer_arn="arn:aws:iam::123456789012:user/d"))["KeyMetadata"]["Arn"]
+        props = {"cloud": "aws", "key": arn, "key_region": "us-east-1", "repository_urls": [repo], "digest": b}
+        public = image_signature.sign(props, lambda p: (signing.aws_kms_signer(kms, arn),
+                                                        kms.get_public_key(KeyId=arn)["PublicKey"], lambda url: None))
+    ran, reason = _image(tmp_path / "b", f"{repo}@{b}", public)
+    assert ran.rc == 0 and reason == "", ran.log
+    assert f"docker pull -q {repo}@{b}" in ran.starting("docker")
+    _, a, _, _ = images
+    assert _refused(tmp_path / "a", f"{repo}@{a}", public).startswith(
+        f"the signature of {repo}@{a} does not verify with the stack's public key (TRAINSTACK_IMAGE_PUBLIC_KEY")

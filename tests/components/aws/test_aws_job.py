@@ -26,10 +26,13 @@ def test_only_what_the_job_needs_and_nothing_that_idles(result):
     types = sorted({r["type"] for r in result.resources if not r["type"].startswith("aws:s3/")})
     assert types == [
         "aws:ecr/lifecyclePolicy:LifecyclePolicy", "aws:ecr/repository:Repository", "aws:iam/role:Role",
-        "aws:iam/rolePolicy:RolePolicy", "docker-build:index:Image",
-        "pulumi-python:dynamic:Resource",  # the findings gate between the push and the job's image
+        "aws:iam/rolePolicy:RolePolicy",
+        "aws:kms/key:Key",  # the key that signs the job's image (a KMS key is billed by the month, used or not)
+        "docker-build:index:Image",
+        "pulumi-python:dynamic:Resource",  # the findings gate and the signature between the push and the job's image
         "pulumi:providers:aws", "trainstack:aws:ImageRepository", "trainstack:aws:JobIdentity",
-        "trainstack:aws:TrainerImage", "trainstack:aws:TrainingBucket", "trainstack:aws:TrainingStack",
+        "trainstack:aws:SigningKey", "trainstack:aws:TrainerImage", "trainstack:aws:TrainingBucket",
+        "trainstack:aws:TrainingStack",
     ]
     assert result.of_type("aws:s3/bucket:Bucket")
     # The same settings under the groups make a group, a launch template and the machines' role.
