@@ -457,8 +457,14 @@ def _tick(config: Config, clouds: Watched, store: Store, now: float, clock: Call
     decision: Decision = decide(config, rec, run, group, now, launch_failed)
     failed, price_note = decision.action == MOVE, None
     if inputs is not None and inputs.cheapest:
+        if launch_failed is None:  # not read (machines up): a move for price weighs the other groups' failures too
+            def launch_failed_now():
+                return _launch_failed(config, clouds, rec, run, group, now, always=True)
+        else:
+            def launch_failed_now():
+                return launch_failed
         decision, price_note = _by_price(config, inputs, store, rec, run, group, decision, now, prices,
-                                         launch_failed)
+                                         launch_failed_now)
     if decision.action == MOVE:
         try:
             rec, version = start_move(config, store, rec, version, decision.to, decision.reason, run.step, now,
@@ -537,10 +543,11 @@ def _replace(config: Config, clouds: Watched, store: Store, rec: Record, version
 
 
 def _launch_failed(config: Config, clouds: Watched, rec: Record, run: RunView, group: GroupState,
-                   now: float) -> dict[int, float] | None:
+                   now: float, *, always: bool = False) -> dict[int, float] | None:
     """Each other placement's newest launch failure another placement could fix, within ``2 × wait_minutes``
-    (its group's own activity): read only when the active placement may be left (no machine trains there)."""
-    if group.error is None and group.running >= config.nodes:
+    (its group's own activity): read only when the active placement may be left (no machine trains there), or
+    ``always`` (a move for price)."""
+    if not always and group.error is None and group.running >= config.nodes:
         return None  # the run stays: nothing to weigh
     out: dict[int, float] = {}
     for p in config.placements:
@@ -556,7 +563,7 @@ def _launch_failed(config: Config, clouds: Watched, rec: Record, run: RunView, g
 
 
 def _by_price(config: Config, inputs: choices.Inputs, store: Store, rec: Record, run: RunView, group: GroupState,
-              decision: Decision, now: float, prices, launch_failed: dict[int, float] | None
+              decision: Decision, now: float, prices, launch_failed: Callable[[], dict[int, float] | None]
               ) -> tuple[Decision, str | None]:
     """The decision with ``cheapest`` (controller/choice.py): where a failure move goes, and a move for price.
 
@@ -571,7 +578,7 @@ def _by_price(config: Config, inputs: choices.Inputs, store: Store, rec: Record,
     the tick goes on."""
     if decision.action not in (MOVE, STAY) or run.stop or rec.pending or not may_launch(run, now):
         return decision, None
-    training = lease_gone(store, now) is not None
+    training = trainer_holds(store, now)
     if decision.action == STAY:
         last_move = epoch_of(rec.moves[-1].get("time")) if rec.moves else None
         since = max(t for t in (last_move, epoch_of(rec.since), -1.0) if t is not None)
@@ -585,9 +592,15 @@ def _by_price(config: Config, inputs: choices.Inputs, store: Store, rec: Record,
         return decision, f"the price decision failed: {type(e).__name__}: {e}"[:500]
 
 
+def trainer_holds(store: Store, now: float) -> bool:
+    """Whether a trainer may be training now: it holds the run's lease (:func:`lease_gone` says who)."""
+    return lease_gone(store, now) is not None
+
+
 def _priced(config: Config, inputs: choices.Inputs, store: Store, rec: Record, run: RunView, group: GroupState,
             decision: Decision, now: float, prices, launch_failed, training: bool) -> tuple[Decision, str | None]:
-    options = set(candidates(config, rec, now, launch_failed))
+    order = candidates(config, rec, now, launch_failed())
+    options = set(order)
     allowed = {p.index: "the waiting rules do not allow it now (a failed or broken placement waits)"
                for p in config.placements if p.index not in options and p.index != rec.active}
     if decision.action == MOVE:
@@ -603,12 +616,22 @@ def _priced(config: Config, inputs: choices.Inputs, store: Store, rec: Record, r
     if decision.action == MOVE:
         to = verdict.to
         if to is None or verdict.cost_to is None:
-            to = decision.to  # nothing feasible, or nothing priced: the listed order's next, as inOrder
+            # Nothing priced: the listed order's next feasible placement; nothing feasible: the listed order's next.
+            feasible = {r["index"] for r in doc["rows"] if r["feasible"]}
+            to = next((i for i in order if i in feasible), decision.to)
             doc["chosen"] = to
-            doc["reason"] += f"; the move goes to the listed order's next, placement {to}"
+            doc["reason"] += f"; the move goes to the listed order's next{' feasible' if to in feasible else ''} " \
+                             f"placement, {to}"
         tables.write(store, doc, now=now)
         return Decision(MOVE, f"{decision.reason}; to placement {to}: {doc['reason']}", to=to), note
-    if verdict.to is None or verdict.to == rec.active:
+    active_row = doc["rows"][rec.active]
+    if verdict.to is None or verdict.to == rec.active or verdict.cost_to is None or (
+            verdict.cost_from is None and active_row["feasible"]):
+        # Staying: a move for price needs the target's cost, and the active placement's too unless it is
+        # infeasible now (its price above the maximum, its deadline out of reach there): then any known feasible
+        # placement is better than one that cannot finish.
+        if verdict.to is not None and verdict.to != rec.active:
+            doc["chosen"], doc["reason"] = rec.active, f"staying: {doc['reason']}, but without a known cost there"
         latest = tables.latest(store)
         if (latest is None or (latest.get("active"), latest.get("chosen")) != (doc["active"], doc["chosen"])
                 or (epoch_of(latest.get("time")) or 0.0) < now - choices.TABLE_EVERY_S):
