@@ -44,8 +44,7 @@ from controller.record import epoch_of
 from runfolder import layout
 
 INPUTS_FILE = Path(__file__).with_name("decision.json")
-# A price move and a rebalance wait this long after the move before them (the wait of a failure move, at least):
-# a run never flaps between two placements whose prices cross back and forth.
+# A replacement's boot to its first step, per cloud, until the stack says otherwise (components/pricing.py).
 DEFAULT_BOOT_S = 600.0
 # "Right after a commit" (rebalance): the steps since the newest commit took at most this long.
 REBALANCE_WINDOW_S = 180.0
@@ -132,8 +131,10 @@ def parse_inputs(doc: Mapping, config: Config) -> Inputs:
                   placements=tuple(dict(r) for r in rows))
 
 
-def load_inputs(config: Config, path: Path = INPUTS_FILE) -> Inputs:
-    """The inputs the stack shipped beside the code; the listed order (``inOrder``) without the file."""
+def load_inputs(config: Config, path: Path | None = None) -> Inputs:
+    """The inputs the stack shipped beside the code (``path``: :data:`INPUTS_FILE`); the listed order (``inOrder``)
+    without the file."""
+    path = INPUTS_FILE if path is None else path
     try:
         text = path.read_text()
     except FileNotFoundError:

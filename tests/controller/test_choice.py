@@ -292,3 +292,51 @@ def test_the_runs_history_gives_each_placements_rate_preemptions_and_machine_hou
     assert (h.tallies[0].preemptions, h.tallies[1].preemptions) == (1, 0)
     assert h.tallies[0].machine_hours == pytest.approx(2 * 0.5) and h.tallies[1].machine_hours == pytest.approx(2 * 4200 / 3600)
     assert h.checkpoint_bytes == 7 and h.checkpoint_interval_s == 3600
+
+
+def test_a_restart_never_moves_for_price_to_an_unknown_cost_but_leaves_a_placement_that_cannot_finish(tmp_path):
+    config = _config(tmp_path, 3)
+    store = open_store(config.run_uri)
+    _run(store, step=20_000, beat=NOW - 120)
+    # Home is over its maximum price; 1 has no rate figure for its GPU (unknown cost); 2 over its maximum too.
+    rows = [_row(max_price_per_hour=2.0), _row(gpu="Z9"), _row(max_price_per_hour=0.3)]
+    groups = _groups(config, home=GroupState(running=0, desired=1))
+    result = tick(config, groups, NOW, store=store, inputs=_inputs(config, rows=rows),
+                  prices=Prices({0: 3.0, 1: 0.1, 2: 0.5}))
+    assert result.action == STAY and groups.sizes["g0"] == 1
+    (doc,) = _tables(store)
+    assert doc["chosen"] == 0 and "without a known cost there" in doc["reason"]
+    assert doc["rows"][1]["cost"] is None and doc["rows"][1]["feasible"] and doc["rows"][2]["feasible"] is False
+
+    # Home over its own maximum price now: the run leaves it for the placement of known cost that can finish.
+    config = _config(tmp_path / "b", 3)
+    store = open_store(config.run_uri)
+    _run(store, step=20_000, beat=NOW - 120)
+    rows = [_row(max_price_per_hour=2.0), _row(gpu="Z9"), _row()]
+    result = tick(config, _groups(config, home=GroupState(running=0, desired=1)), NOW, store=store,
+                  inputs=_inputs(config, rows=rows), prices=Prices({0: 3.0, 1: 0.1, 2: 2.5}))
+    assert result.action == MOVE and result.move["to"] == 2, result
+
+
+def test_the_handler_ticks_with_the_inputs_in_its_package(tmp_path, monkeypatch):
+    from controller import handler
+
+    config_doc = {"run_uri": f"file://{tmp_path}/runs/r", "nodes": 1, "wait_minutes": 15, "placements": [
+        {"cloud": "aws", "region": r, "project": None, "group": f"g{i}"} for i, r in enumerate(REGIONS[:2])]}
+    monkeypatch.setenv("TRAINSTACK_PLACEMENTS", json.dumps(config_doc))
+    path = tmp_path / "decision.json"
+    path.write_text(json.dumps({"policy": "cheapest", "placements": [_row(), _row()]}))
+    monkeypatch.setattr(choice, "INPUTS_FILE", path)
+    seen = {}
+
+    def fake_tick(config, clouds, now, *, clock, inputs, prices):
+        seen.update(inputs=inputs, prices=prices)
+        return type("R", (), {"to_json": lambda self: {"action": "stay"}})()
+
+    monkeypatch.setattr(handler, "tick", fake_tick)
+    monkeypatch.setattr(handler, "Clouds", lambda: object())
+    assert handler.handler() == {"action": "stay"}
+    assert seen["inputs"].cheapest and callable(seen["prices"])
+
+    path.write_text(json.dumps({"policy": "cheap", "placements": [_row(), _row()]}))
+    assert handler.main() == 2
