@@ -1356,7 +1356,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.schedules)
     t0 = time.process_time()
-    failed, idle, moves, ended, hung, replaced = [], 0.0, 0, {}, 0, 0
+    failed, idle, moves, ended, hung, replaced, price_moves, cheapest = [], 0.0, 0, {}, 0, 0, 0, 0
     for seed in seeds:
         try:
             out = run_one(seed, plant=args.plant, trace=args.trace)
@@ -1369,6 +1369,8 @@ def main(argv: list[str] | None = None) -> int:
         moves += out["moves"]
         hung += out["hung"]
         replaced += out["replaced"]
+        price_moves += out["price_moves"]
+        cheapest += out["policy"] == "cheapest"
         ended[out["ended"]] = ended.get(out["ended"], 0) + 1
         done = seed - seeds[0] + 1
         if args.every and done % args.every == 0:
@@ -1381,8 +1383,8 @@ def main(argv: list[str] | None = None) -> int:
     # A replay (--seed) prints no CPU time: two replays of one seed print the same bytes.
     took = "" if args.seed is not None else f" in {cpu:.1f} CPU-s ({n / max(cpu, 1e-9):.0f}/s)"
     print(f"{n} schedules{took}: {n - len(failed)} hold every invariant; "
-          f"{moves} moves; ends {ended}; {idle / 60:.1f} idle machine-hours; {hung} machines hung, "
-          f"{replaced} replacements")
+          f"{moves} moves ({price_moves} for price, in the {cheapest} schedules with cheapest); ends {ended}; "
+          f"{idle / 60:.1f} idle machine-hours; {hung} machines hung, {replaced} replacements")
     return 1 if failed else 0
 
 
