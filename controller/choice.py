@@ -51,7 +51,7 @@ REBALANCE_WINDOW_S = 180.0
 # What a tick may spend asking the price APIs (Lambda's timeout is 60 s; the groups come first).
 PRICE_BUDGET_S = 20.0
 PRICE_REASON = "for price: "
-# A decision that changes nothing is written again only this often (a restart's ticks would write one a minute).
+# A restart is decided again this often while it lasts (AWS's quotes refresh as often): not at every tick.
 TABLE_EVERY_S = 600.0
 
 

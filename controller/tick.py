@@ -125,16 +125,15 @@ def read_run(store: Store) -> RunView:
         pass
     try:
         lines = store.get_bytes(layout.EVENTS_KEY).decode(errors="replace").strip().splitlines()
-        events = []
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a machine taken mid-write (the last, most often); the others count
-            if isinstance(event, dict):
-                events.append(event)
-        signs.append(epoch_of(events[-1].get(layout.TIME)) if events else None)
-        attempts = layout.attempts(events)
+        # Only the newest event and the attempts (``started`` events) count here: a line is parsed only when it
+        # may be one of those (a run's log grows by a checkpoint event every few minutes, read at every tick).
+        newest = None
+        for line in reversed(lines):
+            newest = _event(line)
+            if newest is not None:
+                break  # a line cut short by a machine taken mid-write (the last, most often): the one before counts
+        signs.append(epoch_of(newest.get(layout.TIME)) if newest is not None else None)
+        attempts = layout.attempts([e for line in lines if layout.STARTED in line and (e := _event(line)) is not None])
     except NotFound:
         pass
     lease = read_lease(store)
@@ -148,6 +147,15 @@ def read_run(store: Store) -> RunView:
     return RunView(ended=ended, heartbeat=heartbeat, lease_until=lease_until, step=max(steps, default=None),
                    stop=store.exists(layout.STOP_KEY), deadline=read_deadline(store), attempts=attempts,
                    finishing=finishing, progress_at=progress_at, progress_step=progress_step, total=total)
+
+
+def _event(line: str) -> dict | None:
+    """One line of ``events.jsonl`` as an event; None for a line cut short or not an object."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
 
 
 def read_deadline(store: Store) -> float | None:
@@ -578,13 +586,13 @@ def _by_price(config: Config, inputs: choices.Inputs, store: Store, rec: Record,
     the tick goes on."""
     if decision.action not in (MOVE, STAY) or run.stop or rec.pending or not may_launch(run, now):
         return decision, None
-    training = trainer_holds(store, now)
+    training = trainer_holds(run, now)
     if decision.action == STAY:
         last_move = epoch_of(rec.moves[-1].get("time")) if rec.moves else None
         since = max(t for t in (last_move, epoch_of(rec.since), -1.0) if t is not None)
         if (decision.stuck is not None or group.error is not None
                 or is_broken(rec, rec.active, now) or now - since < config.wait_s or run.finishing
-                or training and not inputs.rebalance):
+                or training and not inputs.rebalance or _decided_lately(store, rec, run, now, training)):
             return decision, None
     try:
         return _priced(config, inputs, store, rec, run, group, decision, now, prices, launch_failed, training)
@@ -592,9 +600,24 @@ def _by_price(config: Config, inputs: choices.Inputs, store: Store, rec: Record,
         return decision, f"the price decision failed: {type(e).__name__}: {e}"[:500]
 
 
-def trainer_holds(store: Store, now: float) -> bool:
-    """Whether a trainer may be training now: it holds the run's lease (:func:`lease_gone` says who)."""
-    return lease_gone(store, now) is not None
+def _decided_lately(store: Store, rec: Record, run: RunView, now: float, training: bool) -> bool:
+    """Whether this decision point has been decided already: the newest table is of the active placement and,
+    for a restart, younger than ``TABLE_EVERY_S`` (a quote's refresh) and no older than the run's last sign of
+    training (a new restart is decided at once, a long one again as its prices refresh); for a training run
+    (``rebalance``), of the newest commit (one decision a commit)."""
+    latest = tables.latest(store)
+    at = epoch_of((latest or {}).get("time"))
+    if latest is None or at is None or latest.get("active") != rec.active:
+        return False
+    if training:
+        return latest.get("step") == run.step
+    return now - at < choices.TABLE_EVERY_S and at >= (run.heartbeat or 0.0)
+
+
+def trainer_holds(run: RunView, now: float) -> bool:
+    """Whether a trainer may be training now: it holds the run's lease, as :func:`lease_gone` reads it (not
+    released, not past its end and the clocks' skew), as :func:`read_run` found it."""
+    return run.lease_until is not None and run.lease_until + CLOCK_SKEW_S >= now
 
 
 def _priced(config: Config, inputs: choices.Inputs, store: Store, rec: Record, run: RunView, group: GroupState,
@@ -613,6 +636,7 @@ def _priced(config: Config, inputs: choices.Inputs, store: Store, rec: Record, r
                                    committed=run.step, progress_step=run.progress_step, total=run.total,
                                    deadline=run.deadline, running_active=training, booted_s=booted, restart=training)
     doc = verdict.doc
+    doc["step"] = run.step  # the newest commit it was decided at
     if decision.action == MOVE:
         to = verdict.to
         if to is None or verdict.cost_to is None:
@@ -632,10 +656,7 @@ def _priced(config: Config, inputs: choices.Inputs, store: Store, rec: Record, r
         # placement is better than one that cannot finish.
         if verdict.to is not None and verdict.to != rec.active:
             doc["chosen"], doc["reason"] = rec.active, f"staying: {doc['reason']}, but without a known cost there"
-        latest = tables.latest(store)
-        if (latest is None or (latest.get("active"), latest.get("chosen")) != (doc["active"], doc["chosen"])
-                or (epoch_of(latest.get("time")) or 0.0) < now - choices.TABLE_EVERY_S):
-            tables.write(store, doc, now=now)
+        tables.write(store, doc, now=now)
         return decision, note
     tables.write(store, doc, now=now)
     return Decision(MOVE, f"{choices.PRICE_REASON}{verdict.reason}", to=verdict.to), note

@@ -89,11 +89,12 @@ Invariants, checked after every event (:meth:`Sim.check`) and at the end (:meth:
 12. A move for price saves more than the move threshold (``moveFloorUsd`` and ``moveFraction`` of the active
     placement's expected cost, after the restart's cost), by the table the tick wrote for it, or leaves an active
     placement that is infeasible for one of known cost; none is made without its table or a known cost there.
-13. No move the controller makes goes to a placement the waiting rules refuse (one failed less than
-    ``2 x wait_minutes`` before, by the record or its group's launches, or broken); with ``cheapest`` none goes to a
+13. No move the controller makes goes to a placement the waiting rules refuse (one the record marks failed less
+    than ``2 x wait_minutes`` before, or broken); with ``cheapest`` none goes to a
     placement its table marks infeasible while another is feasible (when none is, a failure move goes where the
     listed order says, as ``inOrder``), and every such move is its table's choice.
-14. With ``rebalance`` off, no move for price stops a machine that trains (holds a valid lease, as in 1).
+14. With ``rebalance`` off, no move for price stops a machine that trains (holds a valid lease, as in 1, taken
+    before the tick began).
 
 Where the machines' finish path could not scale their group down, invariant 3 is the controller's own end
 branch zeroing it; where the cap action came late or failed, invariant 5 holds the controller to the deadline.
@@ -326,6 +327,7 @@ class Machine:
     exporting_until: float | None = None  # after the last step: the final commit and export (no progress)
     gone_at: float | None = None
     idle_s: float = 0.0  # up without training, this stretch
+    lease_at: float = 0.0  # when it took the run's lease
 
     def __repr__(self) -> str:
         held = f", lease {self.lease.epoch}" if self.lease is not None else ""
@@ -776,6 +778,7 @@ class Sim:
             except (LeaseHeld, PreconditionFailed):
                 return
             m.lease, m.ckpt = lease, CheckpointStore(self.store, keep=3, lease=lease, upload_workers=1)
+            m.lease_at = self.now
             newest = max(m.ckpt.committed_steps(), default=0)
             if newest != (self.max_committed or 0):
                 self.fail(2, f"{m.name} resumed from step {newest}, not the newest committed {self.max_committed}")
@@ -1092,15 +1095,14 @@ class Sim:
         """Invariants 12-14, as the controller records a move (its table was written just before, by the same tick)."""
         if str(move.get("reason", "")).startswith("asked"):
             return
-        # 13, by the world: the waiting rules, as the tick read them (the record before this move, the groups'
-        # failed launches before the tick began), allow the placement the run goes to.
+        # 13, by the world: the waiting rules, as the tick read them (the record before this move: the groups'
+        # own failed launches count where the tick could read them, which a flaky API may not allow), allow the
+        # placement the run goes to.
         to, t = move["to"], records.epoch_of(move.get("time")) or self.now
         prior = self._record
-        failed = [x for x in (prior.failed_at.get(str(to)), *(f.time for f in self.groups[to].failures
-                                                             if f.time is not None and f.time < t and
-                                                             f.kind in decides.MOVABLE)) if x is not None]
-        if failed and t - max(failed) < 2 * self.config.wait_s - 1:
-            self.fail(13, f"move {move['from']} -> {to}: placement {to} failed {(t - max(failed)) / 60:.1f} min "
+        failed = prior.failed_at.get(str(to))
+        if failed is not None and t - failed < 2 * self.config.wait_s - 1:
+            self.fail(13, f"move {move['from']} -> {to}: placement {to} failed {(t - failed) / 60:.1f} min "
                           f"before, and a failed placement waits {2 * self.config.wait_minutes} min")
         if decides.is_broken(prior, to, t):
             self.fail(13, f"move {move['from']} -> {to}: placement {to} is broken")
@@ -1131,8 +1133,11 @@ class Sim:
             self.fail(12, f"a move for price {frm} -> {to} saves {saving:.4f} USD of {current:.4f}: not more than "
                           f"{floor} USD and {fraction:.0%}")
         if not self.inputs.rebalance:
+            # (A lease taken after the tick began is one no tick could have seen: a race the lease's fence and the
+            # move's own wait for the old lease settle, not a price decision.)
             training = [m.name for m in self.groups[frm].machines if m.alive and m.training and m.lease is not None
-                        and m.lease.lost is None and self.now < m.lease._valid_until]  # noqa: SLF001 - as invariant 1
+                        and m.lease.lost is None and self.now < m.lease._valid_until  # noqa: SLF001 - as invariant 1
+                        and m.lease_at < t]
             if training:
                 self.fail(14, f"a move for price {frm} -> {to} stops {training}, training, with rebalance off")
 
@@ -1300,7 +1305,7 @@ def planted(plant: str | None) -> Iterator[None]:
             choices.price_tables = lambda *a, allowed, active, **k: saved[18](
                 *a, allowed={i: why for i, why in allowed.items() if i == active}, active=active, **k)
         elif plant == "training":  # the run priced as if no trainer held its lease
-            ticks.trainer_holds = lambda store, now: False
+            ticks.trainer_holds = lambda run, now: False
         yield
     finally:
         (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
