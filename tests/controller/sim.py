@@ -693,6 +693,9 @@ class Sim:
                 self.terminate(g.machines[-1], "scale-in")
 
     def group_step(self, g: Group) -> None:
+        if not g.desired and not g.machines and not g.launching:  # a group at 0 with nothing in flight: nothing to do
+            self.at(self.now + 30, self.group_step, g)
+            return
         with self.acting(Actor(f"group-{g.index}")):
             for done in [t for t in g.launching if t <= self.now]:
                 g.launching.remove(done)
@@ -1059,7 +1062,8 @@ class Sim:
             # The controller learns of a refusal only at a tick that reaches the group's API and then writes
             # what it found: where the store fails most ticks first (its 503s, slow ticks), BROKEN_TICKS such
             # ticks can take longer than any bound in minutes. Two more: a note another writer beat, redone.
-            if sum(1 for t in self.refused_ticks[i] if t >= span[0]) < decides.BROKEN_TICKS + 2:
+            ticks_since = len(self.refused_ticks[i]) - bisect.bisect_left(self.refused_ticks[i], span[0])  # in order
+            if ticks_since < decides.BROKEN_TICKS + 2:
                 continue
             if self.said_keys.get(f"{i}:broken", -1.0) < span[0]:
                 self.fail(8, f"placement {i} has refused every call since {span[0] - START:.0f} s and no waiting "
