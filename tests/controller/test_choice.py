@@ -340,3 +340,31 @@ def test_the_handler_ticks_with_the_inputs_in_its_package(tmp_path, monkeypatch)
 
     path.write_text(json.dumps({"policy": "cheap", "placements": [_row(), _row()]}))
     assert handler.main() == 2
+
+
+def test_a_stale_price_ranks_after_every_known_one_and_the_table_says_its_age(tmp_path):
+    from controller import prices as price_cache
+    from controller.prices import Offer
+
+    config = _config(tmp_path)
+    store = open_store(config.run_uri)
+    _run(store, step=20_000, beat=NOW - 16 * 60)
+    inputs = _inputs(config)
+    offers = [Offer(p.index, p.cloud, p.region, ("g5.xlarge",)) for p in config.placements]
+    # Placement 2's price is the cheapest but two hours old (AWS's go stale after one); its refresh fails.
+    cached = {offers[0].key: Quote(1.0, "aws", as_of=NOW - 60), offers[1].key: Quote(1.2, "aws", as_of=NOW - 60),
+              offers[2].key: Quote(0.1, "aws", as_of=NOW - 7200)}
+    store.put_bytes(layout.PRICES_KEY, price_cache.dump(cached))
+
+    def prices():
+        def fetch(offer):
+            raise price_cache.PriceError(f"placement {offer.index}: throttled")
+        return fetch
+
+    result = tick(config, _failing_home(config), NOW, store=store, inputs=inputs, prices=prices)
+
+    assert result.move["to"] == 1  # the known price, not the stale cheap one
+    (doc,) = _tables(store)
+    stale = doc["rows"][2]
+    assert (stale["price"], stale["price_source"], stale["price_age_s"], stale["cost"]) == (None, "stale", 7200.0, None)
+    assert doc["rows"][1]["price_age_s"] == 60.0
