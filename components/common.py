@@ -157,6 +157,9 @@ class ControllerRun:
     """Machines of the run: the most the function sets a group to."""
     tick_minutes: int = 1
     """Minutes between ticks."""
+    decision: str | None = None
+    """The price decision's inputs (components/placement.py's ``decision_json``), shipped as a file in the
+    function's code package (``DECISION_FILE``); None: none shipped, the controller keeps the listed order."""
 
 
 @dataclass(kw_only=True)
@@ -171,6 +174,9 @@ class Placements:
     """The controller's configuration (JSON) from the run's URI and the `access` to the other cloud's placements."""
     other_cloud: OtherCloud | None = None
     """Builds the placements on the other cloud than home; None when every placement is on home's."""
+    decision: str | None = None
+    """The controller's price decision inputs (components/placement.py's ``decision_json``), None without a
+    controller."""
 
     def controller_config(self, run: pulumi.Output[str], access: Mapping[int, pulumi.Output]) -> pulumi.Output[str]:
         """The controller's configuration once the run's URI and every `access` (by placement index) are known."""
@@ -184,7 +190,7 @@ class Placements:
                        access: Mapping[int, pulumi.Output]) -> ControllerRun:
         """What home's controller `name` is told of the run whose folder is `run` (see `controller_config`)."""
         return ControllerRun(name=name, config=self.controller_config(run, access), run_id=settings.run_id,
-                             nodes=settings.compute.nodes)
+                             nodes=settings.compute.nodes, decision=self.decision)
 
     @classmethod
     def alone(cls, settings: Settings, group: str) -> Placements:

@@ -25,6 +25,9 @@ from pathlib import Path
 # when the change was made (function_files(ROOT)).
 FUNCTION_PACKAGES = ("controller", "runfolder")
 HANDLER_FILE = "controller/handler.py"
+# The price decision's inputs (components/placement.py's decision_json) in the package, where
+# controller/choice.py's INPUTS_FILE reads them: a file, since Lambda's environment holds 4 KB in all.
+DECISION_FILE = "controller/decision.json"
 # The libraries the controller's modules import that a function runtime may lack, each at the
 # trainer's pin (trainer/requirements.txt). runfolder/storage's retries need tenacity; a placement on
 # the other cloud needs google-auth (an AWS function reaching a GCP group: `external_account`

@@ -18,6 +18,7 @@ from typing import Any
 # components/function_package.py; these names stay importable from here, as before.
 from components.function_package import (  # noqa: F401 - re-exported
     AWS_LIBRARIES,
+    DECISION_FILE,
     FEDERATION_LIBRARIES,
     FUNCTION_LIBRARIES,
     FUNCTION_PACKAGES,
@@ -101,3 +102,4 @@ def controller_config_json(settings: Settings, run_uri: str, groups: list[str],
                            access: Mapping[int, Mapping[str, str]] | None = None) -> str:
     """`controller_config` as the one-line JSON the function's environment holds (keys sorted)."""
     return json.dumps(controller_config(settings, run_uri, groups, access), sort_keys=True, separators=(",", ":"))
+

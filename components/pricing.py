@@ -11,6 +11,7 @@ spot machine never costs more than the on-demand price (or `compute.maxPricePerH
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import statistics
@@ -351,6 +352,34 @@ def decision_inputs(settings: Any) -> list[dict[str, Any]]:
                                if (m := gcp_machine_shape(t, c.accelerator, c.gpus_per_node)) is not None]
         rows.append(row)
     return rows
+
+
+# The boot to the first step the controller assumes for a replacement in each cloud until the run has measured one
+# (controller/choice.py): the slow end of a GPU image's first boot (drivers, the image pull, the trainer's start).
+DECISION_BOOT_S = {"aws": 600, "gcp": 600}
+
+
+def decision_document(settings: Any) -> dict[str, Any]:
+    """What the controller's price decision is told (controller/choice.py reads it, ``Inputs``): the policy and
+    move threshold (``trainstack:placement``), the run's steps, checkpoint cadence and assumed checkpoint size, the
+    boots, and each placement's price inputs (``decision_inputs``), home first.
+
+    It travels as a file in the function's code package, not in its environment: Lambda's variables share 4 KB,
+    which TRAINSTACK_PLACEMENTS nearly fills with eight placements (docs/placements.md)."""
+    from components.storage import ASSUMED_CHECKPOINT_BYTES
+
+    p = settings.placement
+    return {
+        "policy": p.choose, "rebalance": p.rebalance, "move_floor_usd": p.move_floor_usd,
+        "move_fraction": p.move_fraction, "steps": settings.run.steps,
+        "checkpoint_every_s": settings.run.checkpoint_every_seconds, "checkpoint_bytes": ASSUMED_CHECKPOINT_BYTES,
+        "boot_s": dict(DECISION_BOOT_S), "placements": decision_inputs(settings),
+    }
+
+
+def decision_json(settings: Any) -> str:
+    """``decision_document`` as the file the function's package holds (keys sorted)."""
+    return json.dumps(decision_document(settings), sort_keys=True, indent=1) + "\n"
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,10 @@ class RunView:
     such as ``started`` is a sign of life, not of progress)."""
     finishing: bool = False
     """progress.json's step has reached its total: the final evaluation, commit and export, silent by design."""
+    progress_step: int | None = None
+    """progress.json's step (trained, not yet committed past ``step``)."""
+    total: int | None = None
+    """progress.json's total: the run's steps."""
 
 
 @dataclass(frozen=True)

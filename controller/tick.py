@@ -48,7 +48,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from controller import choice as choices
 from controller import record as records
+from controller import table as tables
 from controller.clouds import CloudError
 from controller.config import Config, Placement
 from controller.decide import (
@@ -61,11 +63,13 @@ from controller.decide import (
     Decision,
     GroupState,
     RunView,
+    candidates,
     decide,
     is_broken,
     may_launch,
     time_up_reason,
 )
+from controller.prices import Offer, Quote
 from controller.record import Record, epoch_of, iso
 from runfolder import layout
 from runfolder.lease import CLOCK_SKEW_S, LeaseRecord
@@ -89,11 +93,15 @@ class TickResult:
     waiting: str | None = None
     errors: list[str] = field(default_factory=list)
     """The groups that could not be read or sized (a tick raises them, joined, at its end)."""
+    price: str | None = None
+    """What the price decision found wrong (a price API, the cache, the inputs), when it did: the tick went on."""
 
     def to_json(self) -> dict:
         out = asdict(self)
         if not self.errors:
             del out["errors"]  # a tick that reached every group logs as before
+        if self.price is None:
+            del out["price"]
         return out
 
 
@@ -103,7 +111,7 @@ def read_run(store: Store) -> RunView:
     ended = next((name for name in layout.END_MARKERS if store.exists(name)), None)
     signs = []
     attempts = 0
-    finishing, progress_at = False, None
+    finishing, progress_at, progress_step, total = False, None, None, None
     try:
         progress = json.loads(store.get_bytes(layout.PROGRESS_KEY))
         if isinstance(progress, dict):
@@ -111,20 +119,21 @@ def read_run(store: Store) -> RunView:
             signs.append(progress_at)
             step, total = progress.get("step"), progress.get("total")
             finishing = isinstance(step, int) and isinstance(total, int) and 0 < total <= step
+            progress_step = step if isinstance(step, int) else None
+            total = total if isinstance(total, int) and total > 0 else None
     except (NotFound, ValueError):
         pass
     try:
         lines = store.get_bytes(layout.EVENTS_KEY).decode(errors="replace").strip().splitlines()
-        events = []
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a machine taken mid-write (the last, most often); the others count
-            if isinstance(event, dict):
-                events.append(event)
-        signs.append(epoch_of(events[-1].get(layout.TIME)) if events else None)
-        attempts = layout.attempts(events)
+        # Only the newest event and the attempts (``started`` events) count here: a line is parsed only when it
+        # may be one of those (a run's log grows by a checkpoint event every few minutes, read at every tick).
+        newest = None
+        for line in reversed(lines):
+            newest = _event(line)
+            if newest is not None:
+                break  # a line cut short by a machine taken mid-write (the last, most often): the one before counts
+        signs.append(epoch_of(newest.get(layout.TIME)) if newest is not None else None)
+        attempts = layout.attempts([e for line in lines if layout.STARTED in line and (e := _event(line)) is not None])
     except NotFound:
         pass
     lease = read_lease(store)
@@ -137,7 +146,16 @@ def read_run(store: Store) -> RunView:
     heartbeat = max((s for s in signs if s is not None), default=None)
     return RunView(ended=ended, heartbeat=heartbeat, lease_until=lease_until, step=max(steps, default=None),
                    stop=store.exists(layout.STOP_KEY), deadline=read_deadline(store), attempts=attempts,
-                   finishing=finishing, progress_at=progress_at)
+                   finishing=finishing, progress_at=progress_at, progress_step=progress_step, total=total)
+
+
+def _event(line: str) -> dict | None:
+    """One line of ``events.jsonl`` as an event; None for a line cut short or not an object."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
 
 
 def read_deadline(store: Store) -> float | None:
@@ -390,17 +408,20 @@ def finish_move(config: Config, clouds, store: Store, rec: Record, version: str,
 
 
 def tick(config: Config, clouds, now: float, *, store: Store | None = None,
-         clock: Callable[[], float] | None = None) -> TickResult:
+         clock: Callable[[], float] | None = None, inputs: choices.Inputs | None = None,
+         prices: Callable[[], Callable[[Offer], Quote]] | None = None) -> TickResult:
     """One pass of the controller (module docstring); safe to run twice at once.
 
     ``now`` is when the tick started; ``clock`` (default: ``now`` throughout) is read again before a
     group is sized up, so a tick that ran long does not start a machine past the launch margin.
+    ``inputs`` (:mod:`controller.choice`; None: the listed order) and ``prices`` (makes the fetch that asks
+    the clouds for a quote; None: the cache alone) drive the price decision.
     Raises :class:`CloudError` naming every group it could not reach, once every other duty is done.
     """
     store = open_store(config.run_uri) if store is None else store
     clock = clock or (lambda: now)
     watched = Watched(clouds)
-    result = _tick(config, watched, store, now, clock)
+    result = _tick(config, watched, store, now, clock, inputs, prices)
     for p in config.placements:  # every group is called each tick (a move under way may touch only two)
         if p.index not in watched.answered and p.index not in watched.failed:
             with contextlib.suppress(CloudError):
@@ -413,7 +434,8 @@ def tick(config: Config, clouds, now: float, *, store: Store | None = None,
     return result
 
 
-def _tick(config: Config, clouds: Watched, store: Store, now: float, clock: Callable[[], float]) -> TickResult:
+def _tick(config: Config, clouds: Watched, store: Store, now: float, clock: Callable[[], float],
+          inputs: choices.Inputs | None = None, prices=None) -> TickResult:
     run = read_run(store)
     if run.ended:
         result = TickResult(FINISH, f"the run ended ({run.ended}): every group at zero")
@@ -439,17 +461,30 @@ def _tick(config: Config, clouds: Watched, store: Store, now: float, clock: Call
     except CloudError as e:
         group = GroupState(running=0, desired=None, error=str(e))
     group, rec, version = _seen(store, rec, version, group, now)
-    decision: Decision = decide(config, rec, run, group, now, _launch_failed(config, clouds, rec, run, group, now))
+    launch_failed = _launch_failed(config, clouds, rec, run, group, now)
+    decision: Decision = decide(config, rec, run, group, now, launch_failed)
+    failed, price_note = decision.action == MOVE, None
+    if inputs is not None and inputs.cheapest:
+        if launch_failed is None:  # not read (machines up): a move for price weighs the other groups' failures too
+            def launch_failed_now():
+                return _launch_failed(config, clouds, rec, run, group, now, always=True)
+        else:
+            def launch_failed_now():
+                return launch_failed
+        decision, price_note = _by_price(config, inputs, store, rec, run, group, decision, now, prices,
+                                         launch_failed_now)
     if decision.action == MOVE:
         try:
             rec, version = start_move(config, store, rec, version, decision.to, decision.reason, run.step, now,
-                                      failed=True)
+                                      failed=failed)
         except PreconditionFailed:
             return TickResult(STAY, f"another tick changed {layout.PLACEMENT_KEY} first: it moves the run")
-        return finish_move(config, clouds, store, rec, version, now, run, clock, contain=True)
+        result = finish_move(config, clouds, store, rec, version, now, run, clock, contain=True)
+        result.price = price_note
+        return result
     if decision.action == REPLACE:
         return _replace(config, clouds, store, rec, version, run, decision, now, clock)
-    result = TickResult(decision.action, decision.reason)
+    result = TickResult(decision.action, decision.reason, price=price_note)
     if group.error is not None:
         result.errors.append(group.error)
     current = current_record(store, version)
@@ -516,10 +551,11 @@ def _replace(config: Config, clouds: Watched, store: Store, rec: Record, version
 
 
 def _launch_failed(config: Config, clouds: Watched, rec: Record, run: RunView, group: GroupState,
-                   now: float) -> dict[int, float] | None:
+                   now: float, *, always: bool = False) -> dict[int, float] | None:
     """Each other placement's newest launch failure another placement could fix, within ``2 × wait_minutes``
-    (its group's own activity): read only when the active placement may be left (no machine trains there)."""
-    if group.error is None and group.running >= config.nodes:
+    (its group's own activity): read only when the active placement may be left (no machine trains there), or
+    ``always`` (a move for price)."""
+    if not always and group.error is None and group.running >= config.nodes:
         return None  # the run stays: nothing to weigh
     out: dict[int, float] = {}
     for p in config.placements:
@@ -532,6 +568,98 @@ def _launch_failed(config: Config, clouds: Watched, rec: Record, run: RunView, g
         if t is not None:
             out[p.index] = t
     return out
+
+
+def _by_price(config: Config, inputs: choices.Inputs, store: Store, rec: Record, run: RunView, group: GroupState,
+              decision: Decision, now: float, prices, launch_failed: Callable[[], dict[int, float] | None]
+              ) -> tuple[Decision, str | None]:
+    """The decision with ``cheapest`` (controller/choice.py): where a failure move goes, and a move for price.
+
+    A decision point is a failure move (``decision`` is one: it goes to the feasible placement of least
+    expected cost among those the waiting rules allow, the listed order's next when none has a known cost),
+    or a tick at which no trainer holds the run's lease (the first launch, a preemption or lost machine, the
+    end of a move: the run leaves for a placement whose saving beats the move threshold). A machine that
+    trains is never stopped for price, unless ``rebalance``: then only right after a commit, and only when
+    the saving also covers the restart. Neither comes within ``wait_minutes`` of the move before (no flapping),
+    inside the launch margin, with a stop asked, or from a placement whose group cannot be read. Whatever
+    fails here (a price API, the cache, an estimate) leaves ``decision`` as it was, and is returned as a note:
+    the tick goes on."""
+    if decision.action not in (MOVE, STAY) or run.stop or rec.pending or not may_launch(run, now):
+        return decision, None
+    training = trainer_holds(run, now)
+    if decision.action == STAY:
+        last_move = epoch_of(rec.moves[-1].get("time")) if rec.moves else None
+        since = max(t for t in (last_move, epoch_of(rec.since), -1.0) if t is not None)
+        if (decision.stuck is not None or group.error is not None
+                or is_broken(rec, rec.active, now) or now - since < config.wait_s or run.finishing
+                or training and not inputs.rebalance or _decided_lately(store, rec, run, now, training)):
+            return decision, None
+    try:
+        return _priced(config, inputs, store, rec, run, group, decision, now, prices, launch_failed, training)
+    except Exception as e:  # noqa: BLE001 - one broken part (a price API, the cache) never stops the tick's duties
+        return decision, f"the price decision failed: {type(e).__name__}: {e}"[:500]
+
+
+def _decided_lately(store: Store, rec: Record, run: RunView, now: float, training: bool) -> bool:
+    """Whether this decision point has been decided already: the newest table is of the active placement and,
+    for a restart, younger than ``TABLE_EVERY_S`` (a quote's refresh) and no older than the run's last sign of
+    training (a new restart is decided at once, a long one again as its prices refresh); for a training run
+    (``rebalance``), of the newest commit (one decision a commit)."""
+    latest = tables.latest(store)
+    at = epoch_of((latest or {}).get("time"))
+    if latest is None or at is None or latest.get("active") != rec.active:
+        return False
+    if training:
+        return latest.get("step") == run.step
+    return now - at < choices.TABLE_EVERY_S and at >= (run.heartbeat or 0.0)
+
+
+def trainer_holds(run: RunView, now: float) -> bool:
+    """Whether a trainer may be training now: it holds the run's lease, as :func:`lease_gone` reads it (not
+    released, not past its end and the clocks' skew), as :func:`read_run` found it."""
+    return run.lease_until is not None and run.lease_until + CLOCK_SKEW_S >= now
+
+
+def _priced(config: Config, inputs: choices.Inputs, store: Store, rec: Record, run: RunView, group: GroupState,
+            decision: Decision, now: float, prices, launch_failed, training: bool) -> tuple[Decision, str | None]:
+    order = candidates(config, rec, now, launch_failed())
+    options = set(order)
+    allowed = {p.index: "the waiting rules do not allow it now (a failed or broken placement waits)"
+               for p in config.placements if p.index not in options and p.index != rec.active}
+    if decision.action == MOVE:
+        allowed[rec.active] = decision.reason
+    fetch = prices() if prices is not None else None
+    quotes, note = choices.quotes(config, inputs, store, now=now, fetch=fetch,
+                                  out_of_time=choices.prices_budget())
+    booted = now - group.launched if group.running and group.launched is not None else None
+    verdict = choices.price_tables(config, inputs, store, quotes, active=rec.active, now=now, allowed=allowed,
+                                   committed=run.step, progress_step=run.progress_step, total=run.total,
+                                   deadline=run.deadline, running_active=training, booted_s=booted, restart=training)
+    doc = verdict.doc
+    doc["step"] = run.step  # the newest commit it was decided at
+    if decision.action == MOVE:
+        to = verdict.to
+        if to is None or verdict.cost_to is None:
+            # Nothing priced: the listed order's next feasible placement; nothing feasible: the listed order's next.
+            feasible = {r["index"] for r in doc["rows"] if r["feasible"]}
+            to = next((i for i in order if i in feasible), decision.to)
+            doc["chosen"] = to
+            doc["reason"] += f"; the move goes to the listed order's next{' feasible' if to in feasible else ''} " \
+                             f"placement, {to}"
+        tables.write(store, doc, now=now)
+        return Decision(MOVE, f"{decision.reason}; to placement {to}: {doc['reason']}", to=to), note
+    active_row = doc["rows"][rec.active]
+    if verdict.to is None or verdict.to == rec.active or verdict.cost_to is None or (
+            verdict.cost_from is None and active_row["feasible"]):
+        # Staying: a move for price needs the target's cost, and the active placement's too unless it is
+        # infeasible now (its price above the maximum, its deadline out of reach there): then any known feasible
+        # placement is better than one that cannot finish.
+        if verdict.to is not None and verdict.to != rec.active:
+            doc["chosen"], doc["reason"] = rec.active, f"staying: {doc['reason']}, but without a known cost there"
+        tables.write(store, doc, now=now)
+        return decision, note
+    tables.write(store, doc, now=now)
+    return Decision(MOVE, f"{choices.PRICE_REASON}{verdict.reason}", to=verdict.to), note
 
 
 def _abandon(config: Config, clouds: Watched, store: Store, rec: Record, version: str | None,

@@ -151,16 +151,19 @@ def function_policy(*, partition: pulumi.Input[str], account_id: pulumi.Input[st
     return pulumi.Output.json_dumps({"Version": "2012-10-17", "Statement": statements})
 
 
-def function_code(*, federation: bool = False) -> pulumi.AssetArchive:
+def function_code(*, federation: bool = False, decision: str | None = None) -> pulumi.AssetArchive:
     """The function's package: the .py files of the controller, the trainer and the libraries they need
     beyond Lambda's runtime (function_package.library_files: with `federation`, those reaching a GCP group too),
-    at their package paths."""
+    at their package paths, and the price decision's inputs (`decision`, at `function_package.DECISION_FILE`)."""
     files = function_package.function_files(project.ROOT)
     if function_package.HANDLER_FILE not in files:
         pulumi.log.warn(f"{function_package.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
                         "would have no handler")
     files.update(function_package.library_files(federation=federation))
-    return pulumi.AssetArchive({name: pulumi.FileAsset(str(path)) for name, path in files.items()})
+    assets: dict[str, pulumi.Asset] = {name: pulumi.FileAsset(str(path)) for name, path in files.items()}
+    if decision is not None:
+        assets[function_package.DECISION_FILE] = pulumi.StringAsset(decision)
+    return pulumi.AssetArchive(assets)
 
 
 class PlacementController(pulumi.ComponentResource):
@@ -184,7 +187,7 @@ class PlacementController(pulumi.ComponentResource):
             description="trainstack: moves the run to another placement when its own cannot launch",
             runtime=RUNTIME,
             handler=HANDLER,
-            code=function_code(federation=args.federation),
+            code=function_code(federation=args.federation, decision=args.run.decision),
             role=self.role.arn,
             timeout=TIMEOUT_S,
             memory_size=MEMORY_MB,

@@ -139,9 +139,9 @@ def requirements(*, federation: bool) -> list[str]:
     return [GCS_REQUIREMENT, *function_package.library_pins(names)]
 
 
-def function_source(*, federation: bool = False) -> pulumi.AssetArchive:
-    """The function's source: main.py, requirements.txt (`requirements`) and the .py files of the controller
-    and the trainer."""
+def function_source(*, federation: bool = False, decision: str | None = None) -> pulumi.AssetArchive:
+    """The function's source: main.py, requirements.txt (`requirements`), the .py files of the controller
+    and the trainer, and the price decision's inputs (`decision`, at `function_package.DECISION_FILE`)."""
     files = function_package.function_files(project.ROOT)
     if function_package.HANDLER_FILE not in files:
         pulumi.log.warn(f"{function_package.HANDLER_FILE} is not in {project.ROOT}: the placement controller's function "
@@ -149,6 +149,8 @@ def function_source(*, federation: bool = False) -> pulumi.AssetArchive:
     assets: dict[str, pulumi.Asset | pulumi.Archive] = {
         "main.py": pulumi.StringAsset(MAIN_PY), "requirements.txt": pulumi.StringAsset("\n".join(requirements(federation=federation)) + "\n")}
     assets.update({name: pulumi.FileAsset(str(path)) for name, path in files.items()})
+    if decision is not None:
+        assets[function_package.DECISION_FILE] = pulumi.StringAsset(decision)
     return pulumi.AssetArchive(assets)
 
 
@@ -242,7 +244,7 @@ class PlacementController(pulumi.ComponentResource):
         grants = self._grants(name, args, member)
         source = gcp.storage.BucketObject(
             f"{name}-source", bucket=args.bucket_name, name=SOURCE_OBJECT,
-            source=function_source(federation=args.federation), opts=child,
+            source=function_source(federation=args.federation, decision=args.run.decision), opts=child,
         )
         # Without its own account the build runs as the Compute Engine default account, which new
         # organisations leave without roles (and older projects leave with Editor).

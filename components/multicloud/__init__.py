@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-from components import placement, registry
+from components import placement, pricing, registry
 from components.aws import naming as aws_naming
 from components.common import OtherCloud, Placements, StackOutputs, TrainingStackArgs
 from components.gcp import naming as gcp_naming
@@ -34,6 +34,7 @@ def plan(settings: Settings, project: str) -> Placements:
         groups=groups,
         settings=moved,
         config=lambda run, access: placement.controller_config_json(s, run, groups, access),
+        decision=pricing.decision_json(s),
         other_cloud=_other_cloud(s, project, groups, moved),
     )
 

@@ -472,11 +472,10 @@ class PlacementPolicySettings(_Block):
                                       "checks the account's room when it is on.")
     choose: Literal["cheapest", "inOrder"] = Field(
         "cheapest", description="How the run picks a placement at a restart: the least expected cost to finish "
-                                "(cheapest), or the listed order (inOrder). Validated, not yet acted on: the "
-                                "controller follows the listed order (docs/placements.md).")
-    rebalance: bool = Field(False, description="Allow a move for price while a machine trains, right after a commit "
-                                               "(default: a training machine is never stopped for price). Validated, "
-                                               "not yet acted on.")
+                                "(cheapest), or the listed order (inOrder) (docs/placements.md).")
+    rebalance: bool = Field(False, description="Allow a move for price while a machine trains, right after a commit, "
+                                               "when the saving also covers the restart (default: a training machine "
+                                               "is never stopped for price).")
     move_floor_usd: float = Field(DEFAULT_MOVE_FLOOR_USD, ge=0, le=1e6,
                                   description="A move for price must save more than this many USD of the expected "
                                               "cost to finish.")

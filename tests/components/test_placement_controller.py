@@ -19,7 +19,7 @@ from pathlib import Path
 import pulumi
 import pytest
 
-from components import placement, project
+from components import function_package, placement, pricing, project
 from components.settings import load_settings
 from controller.config import ENV_VAR as CONFIG_ENV
 from ops import synth
@@ -67,7 +67,7 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
         assert not [name for name in files if name.startswith("trainer/")]  # the trainer stays on the machines
         assert "tenacity/retry.py" in libraries
         assert all(name in libraries or name.startswith(("controller/", "runfolder/")) and name.endswith(".py")
-                   for name in files)
+                   for name in files if name != function_package.DECISION_FILE)  # and the price decision's inputs
         assert set(libraries) <= set(files)
     else:
         build = fn["inputs"]["buildConfig"]
@@ -82,6 +82,56 @@ def test_the_function_is_told_every_placements_group_and_runs_on_a_schedule(clou
     made = [x for x in _controller(r) if x["type"] not in ("random:index/randomId:RandomId",
                                                            "pulumi-python:dynamic:Resource")]
     assert len(made) >= 8 and {x["options"]["provider"] for x in made} == {home}
+
+
+def _package(r: synth.Result, cloud: str) -> dict:
+    if cloud == "aws":
+        (fn,) = r.of_type(FUNCTION["aws"])
+        return fn["inputs"]["code"]["assetArchive"]
+    (source,) = [x for x in r.of_type("gcp:storage/bucketObject:BucketObject") if x["name"].endswith("-source")]
+    return source["inputs"]["source"]["assetArchive"]
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_the_price_decisions_inputs_travel_in_the_functions_package(cloud):
+    from controller import choice
+    from controller.config import parse
+
+    r = synthesized(cloud)
+    s = load_settings(RAW[cloud], stack="places")
+    files = _package(r, cloud)
+    assert f"controller/{choice.INPUTS_FILE.name}" == function_package.DECISION_FILE  # where the handler reads it
+    text = files[function_package.DECISION_FILE]["stringAsset"]
+    assert text == pricing.decision_json(s)
+    doc = json.loads(text)
+    assert (doc["policy"], doc["rebalance"], doc["move_floor_usd"], doc["move_fraction"]) == ("cheapest", False, 1.0, 0.1)
+    assert doc["steps"] == s.run.steps and doc["checkpoint_every_s"] == s.run.checkpoint_every_seconds
+    assert [row["instance_types"] for row in doc["placements"]] == [
+        list(p.instance_types) for p in s.placement_list]
+    # The controller reads it back for the configuration the function's environment holds.
+    (fn,) = r.of_type(FUNCTION[cloud])
+    env = fn["inputs"]["environment"]["variables"] if cloud == "aws" else \
+        fn["inputs"]["serviceConfig"]["environmentVariables"]
+    inputs = choice.parse_inputs(doc, parse(env[CONFIG_ENV]))
+    assert inputs.cheapest and len(inputs.placements) == 3
+    assert not any("estimate_per_hour" in v or "instance_types" in v for v in env.values())  # not in the environment
+
+
+def test_every_aws_function_of_the_stacks_fits_lambdas_environment_with_its_inputs_in_the_package():
+    from components.aws import controller
+
+    seen = []
+    for path in sorted(synth.STACKS_DIR.glob("Pulumi.*.yaml")):
+        name = path.name.split(".")[1]
+        raw = synth.load_source(path, name)
+        r = synth.synthesize(raw, stack=name)
+        for fn in r.of_type(FUNCTION["aws"]):
+            variables = fn["inputs"]["environment"]["variables"]
+            assert set(variables) == {CONFIG_ENV}
+            assert controller.environment_bytes(variables) <= controller.ENVIRONMENT_MAX_BYTES
+            assert function_package.DECISION_FILE in fn["inputs"]["code"]["assetArchive"]
+            seen.append(name)
+    assert seen == ["regions"]  # the stacks' only AWS home with placements
 
 
 # What only a package reaching a GCP group needs: google-auth and its transport, and the compiled

@@ -46,6 +46,12 @@ it, stand-ins run on a virtual clock, driven by one seeded random generator:
   of ticks. The store goes down for 2-10 min in some; ``finish.sh``'s scale-down fails in some (half
   or all of the time); the cap action comes 5 min late or not at all in some; a started event is
   followed by a line cut short in some.
+- **the prices** (:meth:`Sim.price_world`, a generator of their own): each placement's spot price steps every
+  20-90 min by 0.7-1.4 times; the price API fails per fetch (0, 10 or 50 %) and in some schedules is down for
+  30 min to 2 hours (every cached price goes stale); what the stack tells the controller (``controller/choice.py``'s
+  inputs): ``cheapest`` in four schedules of five (``inOrder`` else), ``rebalance`` in a quarter, a move threshold
+  of 0-0.2 USD and 5-30 %, the price table's list price. The machines write the events the controller measures
+  the run by: ``started`` (with its placement), ``checkpoint`` (step, bytes), ``preempted``.
 - **the operator**: ``ops move`` to a random placement and ``ops stop`` at random times, and the
   active group put to 0 from outside the controller (by hand, or a machine's finish path whose end
   marker could not be written: ``finish.sh`` scales the group down all the same).
@@ -67,8 +73,8 @@ Invariants, checked after every event (:meth:`Sim.check`) and at the end (:meth:
 5. No group is sized above 0 after the cap (the scheduled action's time or the deadline,
    whichever is first); a run past its deadline has an end marker at the end.
 6. The ``moved`` events match the record's moves one for one; a move the controller makes comes
-   ``wait_minutes`` or more after the last training and after the move before it (one move per
-   failure episode).
+   ``wait_minutes`` or more after the move before it, and a failure move that long after the last training
+   (one move per failure episode; a move for price comes at a restart, weighed by 12-14).
 7. No machine is up without training longer than :meth:`Sim.idle_bound` while some placement could
    have launched the run (a group no controller can reach is left to the cap); the machine-minutes
    without training are reported per schedule.
@@ -80,6 +86,15 @@ Invariants, checked after every event (:meth:`Sim.check`) and at the end (:meth:
 10. A stop asked is a stop: the run has an end marker within :meth:`Sim.stop_bound`, whether a machine
     trains or not (the trainer's ``CANCELLED``, or the controller's).
 11. No group is sized up inside the launch margin (``LAUNCH_MARGIN_S`` before the deadline).
+12. A move for price saves more than the move threshold (``moveFloorUsd`` and ``moveFraction`` of the active
+    placement's expected cost, after the restart's cost), by the table the tick wrote for it, or leaves an active
+    placement that is infeasible for one of known cost; none is made without its table or a known cost there.
+13. No move the controller makes goes to a placement the waiting rules refuse (one the record marks failed less
+    than ``2 x wait_minutes`` before, or broken); with ``cheapest`` none goes to a
+    placement its table marks infeasible while another is feasible (when none is, a failure move goes where the
+    listed order says, as ``inOrder``), and every such move is its table's choice.
+14. With ``rebalance`` off, no move for price stops a machine that trains (holds a valid lease, as in 1, taken
+    before the tick began).
 
 Where the machines' finish path could not scale their group down, invariant 3 is the controller's own end
 branch zeroing it; where the cap action came late or failed, invariant 5 holds the controller to the deadline.
@@ -119,12 +134,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from controller import choice as choices
+from controller import cost as costs
 from controller import decide as decides
 from controller import record as records
 from controller import tick as ticks
 from controller.clouds import CloudError
 from controller.config import Config, parse
 from controller.decide import LAUNCH_MARGIN_S, GroupState, LaunchFailure
+from controller.prices import PriceError, Quote
 from controller.record import iso
 from runfolder import layout
 from runfolder.lease import CLOCK_SKEW_S, DEFAULT_TTL_S, LeaseBusy, LeaseHeld, LeaseLost, RunLease
@@ -152,8 +170,10 @@ START = 1_800_000_000.0  # the virtual clock's zero (an epoch second: time stamp
 # replaces a machine that is up and makes no progress (7), "eager" replaces after 10 min without
 # progress: machines still booting, staging or exporting (9), "stop" leaves a stop no trainer heeds (10),
 # "margin" cuts the launch margin to 5 minutes (11).
+# "threshold" moves for any saving at all (12), "infeasible" prices as if the waiting rules allowed every placement (13),
+# "training" prices a run while a trainer holds its lease, without rebalance (14).
 PLANTS = ("stale", "order", "liveness", "cap", "others", "restart", "twice", "broken", "hung", "eager", "stop",
-          "margin")
+          "margin", "threshold", "infeasible", "training")
 
 
 class Unavailable(Exception):  # noqa: N818 - the store's word for it (HTTP 503)
@@ -307,6 +327,7 @@ class Machine:
     exporting_until: float | None = None  # after the last step: the final commit and export (no progress)
     gone_at: float | None = None
     idle_s: float = 0.0  # up without training, this stretch
+    lease_at: float = 0.0  # when it took the run's lease
 
     def __repr__(self) -> str:
         held = f", lease {self.lease.epoch}" if self.lease is not None else ""
@@ -430,6 +451,58 @@ class Sim:
         self.pscale_fail = r.choice((0.0, 0.0, 0.5, 1.0))
         self.cap_late = r.choice((0.0, 0.0, 0.0, 300.0, None))  # None: the cap action failed
         self.pcut = r.choice((0.0, 0.0, 0.3))
+        self.price_world()
+
+    def price_world(self) -> None:
+        """Each placement's spot price over time (a step every 20-90 min, by 0.7-1.4 times), the price API's
+        failures (per fetch, and in some schedules an outage long enough for every price to go stale), and what
+        the stack tells the controller (the policy, the threshold, the price table's list price). Drawn from a
+        generator of its own: the rest of the schedule is drawn as before."""
+        r = random.Random(self.seed * 7919 + 17)
+        self.policy = r.choice((choices.table.CHEAPEST,) * 4 + (choices.table.IN_ORDER,))
+        self.rebalance = r.random() < 0.25
+        self.prices: list[list[tuple[float, float]]] = []
+        for _ in range(self.nplacements):
+            t, price, steps = START - 3600, r.uniform(0.3, 1.5), []
+            while t < self.end + 3600:
+                steps.append((t, round(price, 4)))
+                t += r.uniform(1200, 5400)
+                price = min(3.0, max(0.1, price * r.uniform(0.7, 1.4)))
+            self.prices.append(steps)
+        self.pprice_fail = r.choice((0.0, 0.0, 0.1, 0.5))
+        self.price_down = None
+        if r.random() < 0.15:
+            a = START + r.uniform(0, self.cap_s)
+            self.price_down = (a, a + r.uniform(1800, 7200))
+        self.price_rng = r
+        rows = [{"instance_types": ["g5.xlarge"], "zones": [], "gpu": "A10G",
+                 "estimate_per_hour": round(self.prices[i][0][1] * 1.2, 4),
+                 "restore_per_gb": 0.0 if i == 0 else (0.02 if self.clouds[i] == self.clouds[0] else 0.09),
+                 "writes_per_gb": 0.0 if i == 0 else (0.02 if self.clouds[i] == self.clouds[0] else 0.12),
+                 "max_price_per_hour": r.choice((None, None, 2.0))} for i in range(self.nplacements)]
+        self.inputs = choices.parse_inputs({
+            "policy": self.policy, "rebalance": self.rebalance, "move_floor_usd": r.choice((0.0, 0.05, 0.2)),
+            "move_fraction": r.choice((0.05, 0.1, 0.3)), "steps": self.target_steps,
+            "checkpoint_every_s": self.commit_every, "checkpoint_bytes": 10**9,
+            "boot_s": {"aws": sum(self.boot_s) / 2, "gcp": sum(self.boot_s) / 2}, "placements": rows}, self.config)
+        self.price_moves = 0
+        self.last_table: tuple[str, dict] | None = None  # who wrote the newest decision table, and the table
+
+    def price_at(self, index: int, t: float) -> float:
+        steps = self.prices[index]
+        return steps[max(0, bisect.bisect_right(steps, (t, float("inf"))) - 1)][1]
+
+    def price_fetch(self):
+        """The tick's fetch of a quote (controller.prices' ``fetch``): the world's price now, or the API's failure."""
+        if self.price_down is not None and self.price_down[0] <= self.now < self.price_down[1]:
+            raise PriceError("EC2 answered 503 (the price API is down)")
+
+        def fetch(offer) -> Quote:
+            if self.pprice_fail and self.price_rng.random() < self.pprice_fail:
+                raise PriceError(f"placement {offer.index}: DescribeSpotPriceHistory failed (throttled)")
+            return Quote(price=self.price_at(offer.index, self.now), source="aws", as_of=self.now)
+
+        return fetch
 
     # -- the event loop ------------------------------------------------------------------------
 
@@ -494,7 +567,13 @@ class Sim:
 
     def stored(self, key: str, data: bytes | None) -> None:
         if key == layout.PLACEMENT_KEY:
-            self._record = records.Record() if data is None else records.Record.parse(data)
+            new = records.Record() if data is None else records.Record.parse(data)
+            if len(new.moves) > len(self._record.moves):
+                self.check_choice(new.moves[-1])
+            self._record = new
+            return
+        if key.startswith(layout.DECISIONS_PREFIX) and data is not None:
+            self.last_table = (self.actor_name(), json.loads(data))
             return
         if key == layout.PLACEMENT_EVENTS_KEY and data is not None:
             self.said_at = self.now  # a `waiting` or `moved` event appended
@@ -614,6 +693,9 @@ class Sim:
                 self.terminate(g.machines[-1], "scale-in")
 
     def group_step(self, g: Group) -> None:
+        if not g.desired and not g.machines and not g.launching:  # a group at 0 with nothing in flight: nothing to do
+            self.at(self.now + 30, self.group_step, g)
+            return
         with self.acting(Actor(f"group-{g.index}")):
             for done in [t for t in g.launching if t <= self.now]:
                 g.launching.remove(done)
@@ -699,12 +781,14 @@ class Sim:
             except (LeaseHeld, PreconditionFailed):
                 return
             m.lease, m.ckpt = lease, CheckpointStore(self.store, keep=3, lease=lease, upload_workers=1)
+            m.lease_at = self.now
             newest = max(m.ckpt.committed_steps(), default=0)
             if newest != (self.max_committed or 0):
                 self.fail(2, f"{m.name} resumed from step {newest}, not the newest committed {self.max_committed}")
             m.step, m.last_commit = newest, self.now
             self.store.append_line(layout.EVENTS_KEY, json.dumps(
-                {layout.EVENT: layout.STARTED, layout.TIME: iso(self.now), layout.ATTEMPT: 1}))
+                {layout.EVENT: layout.STARTED, layout.TIME: iso(self.now), layout.ATTEMPT: 1,
+                 "config": {"placement": self.config.placements[g.index].label}}))
             if self.pcut and self.rng.random() < self.pcut:  # a line cut short: the machine before was taken mid-write
                 self.store.append_line(layout.EVENTS_KEY, '{"event": "checkpoint", "ti')
             self.at(self.now + m.lease.ttl_s / 4, self.renew, m, m.lease)
@@ -761,7 +845,14 @@ class Sim:
         except (CheckpointError, Unavailable, PreconditionFailed, LeaseBusy):
             return False  # not committed; the trainer tries again at its next checkpoint
         m.last_commit = self.now
+        self.event(layout.CHECKPOINT, step=m.step, bytes=10**9)  # the controller measures its rate from these
         return True
+
+    def event(self, kind: str, **fields) -> None:
+        """A trainer event in ``events.jsonl`` (one that cannot be written is lost, as the trainer's are)."""
+        with contextlib.suppress(Unavailable):
+            self.store.append_line(layout.EVENTS_KEY, json.dumps(
+                {layout.EVENT: kind, layout.TIME: iso(self.now), layout.ATTEMPT: 1, **fields}))
 
     def renew(self, m: Machine, lease: RunLease) -> None:
         if not m.alive or m.lease is not lease:
@@ -804,6 +895,7 @@ class Sim:
             if m.training and m.lease is not None:
                 with contextlib.suppress(Unavailable):
                     self.commit(m)
+                self.event(layout.PREEMPTED, step=m.step)
                 self.stop_training(m, release=True)
             else:
                 self.stop_training(m)
@@ -845,7 +937,8 @@ class Sim:
         started = self.now
         with self.acting(actor):
             try:
-                result = ticks.tick(self.config, self.sim_clouds, self.now, store=self.store, clock=lambda: self.now)
+                result = ticks.tick(self.config, self.sim_clouds, self.now, store=self.store, clock=lambda: self.now,
+                                    inputs=self.inputs, prices=self.price_fetch)
                 if self.trace:
                     print(f"{self.now - START:9.1f} {'  ' * self.depth}  -> {result.action}: {result.reason} "
                           f"{result.resized or ''}{' waiting: ' + result.waiting if result.waiting else ''}")
@@ -969,7 +1062,8 @@ class Sim:
             # The controller learns of a refusal only at a tick that reaches the group's API and then writes
             # what it found: where the store fails most ticks first (its 503s, slow ticks), BROKEN_TICKS such
             # ticks can take longer than any bound in minutes. Two more: a note another writer beat, redone.
-            if sum(1 for t in self.refused_ticks[i] if t >= span[0]) < decides.BROKEN_TICKS + 2:
+            ticks_since = len(self.refused_ticks[i]) - bisect.bisect_left(self.refused_ticks[i], span[0])  # in order
+            if ticks_since < decides.BROKEN_TICKS + 2:
                 continue
             if self.said_keys.get(f"{i}:broken", -1.0) < span[0]:
                 self.fail(8, f"placement {i} has refused every call since {span[0] - START:.0f} s and no waiting "
@@ -1001,6 +1095,56 @@ class Sim:
                      f"could launch; groups {[g.desired for g in self.groups]}, record active "
                      f"{self.record().active}")
 
+    def check_choice(self, move: dict) -> None:
+        """Invariants 12-14, as the controller records a move (its table was written just before, by the same tick)."""
+        if str(move.get("reason", "")).startswith("asked"):
+            return
+        # 13, by the world: the waiting rules, as the tick read them (the record before this move: the groups'
+        # own failed launches count where the tick could read them, which a flaky API may not allow), allow the
+        # placement the run goes to.
+        to, t = move["to"], records.epoch_of(move.get("time")) or self.now
+        prior = self._record
+        failed = prior.failed_at.get(str(to))
+        if failed is not None and t - failed < 2 * self.config.wait_s - 1:
+            self.fail(13, f"move {move['from']} -> {to}: placement {to} failed {(t - failed) / 60:.1f} min "
+                          f"before, and a failed placement waits {2 * self.config.wait_minutes} min")
+        if decides.is_broken(prior, to, t):
+            self.fail(13, f"move {move['from']} -> {to}: placement {to} is broken")
+        if not self.inputs.cheapest:
+            return
+        by_price = str(move.get("reason", "")).startswith(choices.PRICE_REASON)
+        who, doc = self.last_table if self.last_table is not None else (None, {})
+        if who != self.actor_name():
+            if by_price:
+                self.fail(12, f"a move for price {move['from']} -> {move['to']} without its decision table")
+            return  # a failure move the price decision left alone (it failed, or a stop was asked): as inOrder
+        rows = doc["rows"]
+        frm = move["from"]
+        if doc["chosen"] != to or doc["active"] != frm:
+            self.fail(13, f"move {frm} -> {to} is not its table's choice ({doc['active']} -> {doc['chosen']})")
+        if not rows[to]["feasible"] and any(r["feasible"] for r in rows):
+            self.fail(13, f"move {frm} -> {to} goes to a placement its table marks infeasible ({rows[to]['why']}) "
+                          f"while {[r['index'] for r in rows if r['feasible']]} were feasible")
+        if not by_price:
+            return
+        self.price_moves += 1
+        current, best = rows[frm]["cost"], rows[to]["cost"]
+        if best is None or current is None and rows[frm]["feasible"]:
+            self.fail(12, f"a move for price {frm} -> {to} without a known cost for both ({current}, {best})")
+        saving = None if current is None else current - best - doc["move"]["restart_usd"]
+        floor, fraction = self.inputs.move_floor_usd, self.inputs.move_fraction
+        if saving is not None and not (saving > floor and saving > fraction * current):
+            self.fail(12, f"a move for price {frm} -> {to} saves {saving:.4f} USD of {current:.4f}: not more than "
+                          f"{floor} USD and {fraction:.0%}")
+        if not self.inputs.rebalance:
+            # (A lease taken after the tick began is one no tick could have seen: a race the lease's fence and the
+            # move's own wait for the old lease settle, not a price decision.)
+            training = [m.name for m in self.groups[frm].machines if m.alive and m.training and m.lease is not None
+                        and m.lease.lost is None and self.now < m.lease._valid_until  # noqa: SLF001 - as invariant 1
+                        and m.lease_at < t]
+            if training:
+                self.fail(14, f"a move for price {frm} -> {to} stops {training}, training, with rebalance off")
+
     def check_moves(self) -> None:
         rec = self.record()
         if len(rec.moves) == self.moves_seen:
@@ -1008,9 +1152,10 @@ class Sim:
         for m in rec.moves[self.moves_seen:]:
             if not str(m.get("reason", "")).startswith("asked"):
                 t = records.epoch_of(m.get("time")) or self.now
+                by_price = str(m.get("reason", "")).startswith(choices.PRICE_REASON)
                 # A machine's last heartbeat (progress.json, each minute) may precede its last minute of training.
                 i = bisect.bisect_right(self.trained_at, t - self.config.wait_s + TICK_S + 1)
-                if i < len(self.trained_at) and self.trained_at[i] <= t:
+                if i < len(self.trained_at) and self.trained_at[i] <= t and not by_price:  # (12-14 weigh those)
                     self.fail(6, f"move {m['from']} -> {m['to']} at {t - START:.0f} s came less than wait_minutes "
                                  f"after a machine trained (at {self.trained_at[i] - START:.0f} s)")
                 prev = [records.epoch_of(x.get("time")) for x in rec.moves[: rec.moves.index(m)]]
@@ -1041,7 +1186,8 @@ class Sim:
                 "idle_machine_min": round(idle / 60, 1), "ticks": self.ticks, "tick_failures": self.tick_failures,
                 "events": self.events, "nodes": self.nodes, "placements": self.nplacements,
                 "replaced": sum(len(v) for v in rec.hung.values()),
-                "hung": sum(1 for m in self.machines if m.hang is not None)}
+                "hung": sum(1 for m in self.machines if m.hang is not None), "policy": self.policy,
+                "price_moves": self.price_moves}
 
     # -- one schedule ---------------------------------------------------------------------------
 
@@ -1122,7 +1268,7 @@ def planted(plant: str | None) -> Iterator[None]:
     saved = (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
              RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize,
              records.note_waiting, ticks._note_health, decides._hung, decides.HUNG_S, ticks.stop_unheeded,
-             decides.LAUNCH_MARGIN_S)
+             decides.LAUNCH_MARGIN_S, costs.worth_moving, choices.table.choose, ticks.trainer_holds, choices.price_tables)
     try:
         if plant == "stale":  # size from the record the tick read first, whatever happened since
             ticks.current_record = _stale_record
@@ -1157,12 +1303,19 @@ def planted(plant: str | None) -> Iterator[None]:
             ticks.stop_unheeded = lambda *a, **k: None
         elif plant == "margin":
             decides.LAUNCH_MARGIN_S = 5 * 60
+        elif plant == "threshold":  # any saving moves the run
+            costs.worth_moving = lambda current, best, **k: best < current
+        elif plant == "infeasible":  # the price decision forgets the waiting rules (a failed placement is allowed)
+            choices.price_tables = lambda *a, allowed, active, **k: saved[18](
+                *a, allowed={i: why for i, why in allowed.items() if i == active}, active=active, **k)
+        elif plant == "training":  # the run priced as if no trainer held its lease
+            ticks.trainer_holds = lambda run, now: False
         yield
     finally:
         (ticks.current_record, ticks.decide, ticks.read_deadline, ticks.ensure_deadline, ticks._zero,
          RunLease._read, CheckpointStore.committed_steps, records.append_moved_once, ticks._resize,
          records.note_waiting, ticks._note_health, decides._hung, decides.HUNG_S, ticks.stop_unheeded,
-         decides.LAUNCH_MARGIN_S) = saved
+         decides.LAUNCH_MARGIN_S, costs.worth_moving, choices.table.choose, ticks.trainer_holds, choices.price_tables) = saved
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
@@ -1212,7 +1365,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.schedules)
     t0 = time.process_time()
-    failed, idle, moves, ended, hung, replaced = [], 0.0, 0, {}, 0, 0
+    failed, idle, moves, ended, hung, replaced, price_moves, cheapest = [], 0.0, 0, {}, 0, 0, 0, 0
     for seed in seeds:
         try:
             out = run_one(seed, plant=args.plant, trace=args.trace)
@@ -1225,6 +1378,8 @@ def main(argv: list[str] | None = None) -> int:
         moves += out["moves"]
         hung += out["hung"]
         replaced += out["replaced"]
+        price_moves += out["price_moves"]
+        cheapest += out["policy"] == "cheapest"
         ended[out["ended"]] = ended.get(out["ended"], 0) + 1
         done = seed - seeds[0] + 1
         if args.every and done % args.every == 0:
@@ -1237,8 +1392,8 @@ def main(argv: list[str] | None = None) -> int:
     # A replay (--seed) prints no CPU time: two replays of one seed print the same bytes.
     took = "" if args.seed is not None else f" in {cpu:.1f} CPU-s ({n / max(cpu, 1e-9):.0f}/s)"
     print(f"{n} schedules{took}: {n - len(failed)} hold every invariant; "
-          f"{moves} moves; ends {ended}; {idle / 60:.1f} idle machine-hours; {hung} machines hung, "
-          f"{replaced} replacements")
+          f"{moves} moves ({price_moves} for price, in the {cheapest} schedules with cheapest); ends {ended}; "
+          f"{idle / 60:.1f} idle machine-hours; {hung} machines hung, {replaced} replacements")
     return 1 if failed else 0
 
 

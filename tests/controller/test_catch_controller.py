@@ -161,7 +161,7 @@ def test_the_run_folder_reads_as_its_newest_sign_lease_step_stop_deadline_and_at
     store.put_bytes(layout.DEADLINE_KEY, b"1800007200\n")
 
     assert read_run(store) == RunView(ended=None, heartbeat=NOW - 120, lease_until=NOW + 45, step=30, stop=True,
-                                      deadline=1_800_007_200.0, attempts=2, progress_at=NOW - 300)
+                                      deadline=1_800_007_200.0, attempts=2, progress_at=NOW - 300, progress_step=30)
 
     store.put_bytes(layout.PROGRESS_KEY, json.dumps({"step": 31, "updated": iso(NOW - 10)}).encode())
     _lease(store, NOW + 45, released=True)
@@ -170,7 +170,7 @@ def test_the_run_folder_reads_as_its_newest_sign_lease_step_stop_deadline_and_at
 
     # The newest of progress and events; a released lease holds nothing; the end markers in their order.
     assert read_run(store) == RunView(ended=layout.FAILED, heartbeat=NOW - 10, lease_until=None, step=30, stop=True,
-                                      deadline=1_800_007_200.0, attempts=2, progress_at=NOW - 10)
+                                      deadline=1_800_007_200.0, attempts=2, progress_at=NOW - 10, progress_step=31)
 
 
 @pytest.mark.parametrize(("progress", "events", "heartbeat", "attempts"), [

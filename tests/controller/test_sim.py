@@ -35,18 +35,21 @@ def ci_seeds(day: int | None = None) -> list[int]:
 
 # A schedule per plant that the plant breaks: (plant, seed, the invariant that catches it).
 CAUGHT = [
-    ("stale", 34, 3),  # a tick zeroes the placement an ops move inside it moved to
-    ("order", 78, 3),  # the same, through a pause between reading the end markers and the record
+    ("stale", 205, 3),  # a tick zeroes the placement an ops move inside it moved to
+    ("order", 34, 3),  # the same, through a pause between reading the end markers and the record
     ("liveness", 15, 4),  # the active group put to 0 from outside stays there: no machine, silently
-    ("cap", 1, 5),  # a group sized up after the groups' cap; the run never marked TIMED_OUT
+    ("cap", 2, 5),  # a group sized up after the groups' cap; the run never marked TIMED_OUT
     ("others", 9, 7),  # the old placement's machines left up, billed for nothing
     ("restart", 1, 2),  # a machine resumes below the newest committed step
-    ("twice", 1, 6),  # a move's moved event written twice
+    ("twice", 14, 6),  # a move's moved event written twice
     ("broken", 6, 8),  # a placement whose API refuses every call, never named, a move to it never given up
-    ("hung", 4, 7),  # a machine up whose bootstrap never ends, never replaced: billed for nothing
+    ("hung", 204, 7),  # a machine up whose bootstrap never ends, never replaced: billed for nothing
     ("eager", 0, 9),  # a machine replaced while it boots
     ("stop", 50, 10),  # a stop asked while no trainer heeds it waits for the deadline
     ("margin", 0, 11),  # a launch margin of 5 minutes: a group sized up 10 min before the deadline
+    ("threshold", 15, 12),  # a move for price that saves less than the move threshold
+    ("infeasible", 24, 13),  # a move to a placement the record marks failed minutes before
+    ("training", 19, 14),  # a move for price that stops a training machine, rebalance off
 ]
 
 # Schedules outside CI's seeds that once failed where the world, not the controller, was unfair: each held once
@@ -69,6 +72,9 @@ def test_every_invariant_holds_over_the_ci_schedules(part):
         assert {f["ended"] for f in figures} >= {"COMPLETE", "TIMED_OUT", "CANCELLED"}
         assert sum(f["moves"] for f in figures) > len(figures)
         assert {f["nodes"] for f in figures} == {1, 2, 3}
+        # Both policies ran, and runs moved for price: invariants 12-14 were checked on moves that happened.
+        assert {f["policy"] for f in figures} == {"cheapest", "inOrder"}
+        assert sum(f["price_moves"] for f in figures) > 0
 
 
 @pytest.mark.parametrize(("plant", "seed", "invariant"), CAUGHT, ids=[c[0] for c in CAUGHT])
