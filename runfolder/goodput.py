@@ -119,6 +119,43 @@ def _count(ev: dict, key: str) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
+def _before_start(found: list, k: int, first_boot: float | None, marks: list[float],
+                  timed: list[tuple[float, int, dict]]) -> tuple[float, float, float]:
+    """Attempt ``k``'s launch time, its machines' boot before their start and their wait for the others (hours)."""
+    s = found[k]
+    if k == 0:
+        # The controller's first tick may write the deadline before it decides where the first machine goes.
+        launch = s.start if first_boot is None or first_boot > s.start else max(
+            [first_boot, *(m for m in marks if first_boot <= m <= s.start)])
+    else:
+        launch = max([found[k - 1].end, *(m for m in marks if found[k - 1].end <= m <= s.start)])
+    waits = [e for t, _i, e in timed if launch <= t <= s.start and e.get(layout.EVENT) == layout.WAITING_FOR_MACHINES]
+    if not waits:
+        return launch, (s.start - launch) / 3600 * s.nodes, 0.0
+    since = _time({layout.TIME: waits[-1].get("since")}) or _time(waits[-1])
+    since = min(max(since, launch), s.start)
+    came = min(_count(waits[-1], "came") or s.nodes, s.nodes)
+    boot_pre = (since - launch) / 3600 * s.nodes + (s.start - since) / 3600 * (s.nodes - came)
+    return launch, boot_pre, (s.start - since) / 3600 * came
+
+
+def _training(s, trainer: list[dict], window: list[dict]) -> tuple[float, int, dict | None, float]:
+    """Span ``s``'s first step's time and step, the trainer's event that ended its training, and when it ended."""
+    resumed = next((e for e in trainer if e.get(layout.EVENT) == layout.RESUMED), None)
+    first_step = min(max(_time(resumed) or s.start, s.start), s.end) if resumed else s.start
+    from_step = (_step(resumed) or 0) if resumed else 0
+    ending = next((e for e in trainer if e.get(layout.EVENT) in _TRAINING_ENDS and _time(e) >= first_step), None)
+    stalled = next((e for e in window if e.get(layout.EVENT) == layout.MACHINE_STALLED), None)
+    if ending is not None:
+        train_end = _time(ending)
+    elif stalled is not None:
+        # No progress for the machine's bound: the trainer's last word is the last time it trained.
+        train_end = max([first_step, *(_time(e) for e in trainer if _time(e) <= _time(stalled))])
+    else:
+        train_end = s.end  # still running, or taken without a word: trained up to the last thing heard
+    return first_step, from_step, ending, min(max(train_end, first_step), s.end)
+
+
 def goodput(events: list[dict], *, now: float | None = None, end: float | None = None,
             first_boot: float | None = None, launched_after: Iterable[float] = (),
             completed: bool = False) -> Goodput | None:
@@ -148,37 +185,9 @@ def goodput(events: list[dict], *, now: float | None = None, end: float | None =
     for k, s in enumerate(found):
         window = windows[k]
         trainer = [e for e in window if e.get(layout.EVENT) in _TRAINER]
-        # -- before the start: the machine's own boot, and waits for the other machines
-        if k == 0:
-            # The controller's first tick may write the deadline before it decides where the first machine goes.
-            launch = s.start if first_boot is None or first_boot > s.start else max(
-                [first_boot, *(m for m in marks if first_boot <= m <= s.start)])
-        else:
-            launch = max([found[k - 1].end, *(m for m in marks if found[k - 1].end <= m <= s.start)])
-        wait_h = 0.0
-        waits = [e for t, _i, e in timed if launch <= t <= s.start and e.get(layout.EVENT) == layout.WAITING_FOR_MACHINES]
-        if waits:
-            since = _time({layout.TIME: waits[-1].get("since")}) or _time(waits[-1])
-            since = min(max(since, launch), s.start)
-            came = min(_count(waits[-1], "came") or s.nodes, s.nodes)
-            wait_h = (s.start - since) / 3600 * came
-            boot_pre = (since - launch) / 3600 * s.nodes + (s.start - since) / 3600 * (s.nodes - came)
-        else:
-            boot_pre = (s.start - launch) / 3600 * s.nodes
+        launch, boot_pre, wait_h = _before_start(found, k, first_boot, marks, timed)
         # -- the attempt itself: start-up, training, its end
-        resumed = next((e for e in trainer if e.get(layout.EVENT) == layout.RESUMED), None)
-        first_step = min(max(_time(resumed) or s.start, s.start), s.end) if resumed else s.start
-        from_step = (_step(resumed) or 0) if resumed else 0
-        ending = next((e for e in trainer if e.get(layout.EVENT) in _TRAINING_ENDS and _time(e) >= first_step), None)
-        stalled = next((e for e in window if e.get(layout.EVENT) == layout.MACHINE_STALLED), None)
-        if ending is not None:
-            train_end = _time(ending)
-        elif stalled is not None:
-            # No progress for the machine's bound: the trainer's last word is the last time it trained.
-            train_end = max([first_step, *(_time(e) for e in trainer if _time(e) <= _time(stalled))])
-        else:
-            train_end = s.end  # still running, or taken without a word: trained up to the last thing heard
-        train_end = min(max(train_end, first_step), s.end)
+        first_step, from_step, ending, train_end = _training(s, trainer, window)
         commits = [(_time(e), _step(e)) for e in trainer
                    if e.get(layout.EVENT) == layout.CHECKPOINT and _step(e) is not None and _time(e) <= train_end]
         steps = [x for e in trainer if (x := _step(e)) is not None and _time(e) <= train_end]

@@ -441,6 +441,36 @@ def _scalar(v) -> float | None:
     return None
 
 
+def _read_notes(run, facts, st) -> list[str]:
+    """What of the run folder could not be read, or is not there yet, one note each."""
+    notes = list(_damaged(run, facts))
+    if not facts.trainer_events:
+        notes.append(f"{layout.EVENTS_KEY} is missing or empty: no attempt to draw yet")
+    if facts.progress is None and not st.final:
+        notes.append(f"{layout.PROGRESS_KEY} is missing: no heartbeat from the trainer yet")
+    elif facts.progress == {}:
+        notes.append(f"{layout.PROGRESS_KEY} could not be read (not a JSON object)")
+    if facts.end_marker is not None and not facts.end:
+        notes.append(f"{facts.end_marker} could not be read (not a JSON object): its reason is not known")
+    if st.placement == {}:
+        notes.append(f"{layout.PLACEMENT_KEY} could not be read (not a JSON object)")
+    return notes
+
+
+def _end_mark(facts, st, spans: list[Span]) -> Mark | None:
+    """The end marker's mark: at its own time, else at the last attempt's end; None before the run ends."""
+    if facts.end_marker is None:
+        return None
+    doc = facts.end or {}
+    at = runstate.stamp(doc.get("finished_at")) or runstate.stamp(doc.get(layout.TIME))
+    if at is None and spans:
+        at = spans[-1].end
+    if at is None:
+        return None
+    reason = st.detail or str(doc.get(layout.MARKER_REASON) or "")
+    return Mark(kind=facts.end_marker, at=at, lane=None, text=f"{facts.end_marker}" + (f": {reason}" if reason else ""))
+
+
 def run_page(store, run_id: str, now: float, objects: dict | None = None, curves=None) -> RunPage:
     """One run's page, read from the bucket's ``store``. Raises :class:`KeyError` for a run that is not there.
 
@@ -461,17 +491,7 @@ def run_page(store, run_id: str, now: float, objects: dict | None = None, curves
     st.placement = read_json(run, layout.PLACEMENT_KEY)
     page = RunPage(row=_row(run_id, run, st, now - changed), st=st, now=now)
 
-    notes.extend(_damaged(run, facts))
-    if not facts.trainer_events:
-        notes.append(f"{layout.EVENTS_KEY} is missing or empty: no attempt to draw yet")
-    if facts.progress is None and not st.final:
-        notes.append(f"{layout.PROGRESS_KEY} is missing: no heartbeat from the trainer yet")
-    elif facts.progress == {}:
-        notes.append(f"{layout.PROGRESS_KEY} could not be read (not a JSON object)")
-    if facts.end_marker is not None and not facts.end:
-        notes.append(f"{facts.end_marker} could not be read (not a JSON object): its reason is not known")
-    if st.placement == {}:
-        notes.append(f"{layout.PLACEMENT_KEY} could not be read (not a JSON object)")
+    notes.extend(_read_notes(run, facts, st))
 
     log = runstate.merge_events(facts.trainer_events, facts.machine_events)
     page.events = len(log)
@@ -501,15 +521,7 @@ def run_page(store, run_id: str, now: float, objects: dict | None = None, curves
             at = runstate.stamp(m.get("time")) if isinstance(m, dict) else None
             if at is not None:
                 page.marks.append(Mark(kind=layout.MOVED, at=at, lane=None, text=_mark_text({"event": "moved", **m})))
-    if facts.end_marker is not None:
-        doc = facts.end or {}
-        at = runstate.stamp(doc.get("finished_at")) or runstate.stamp(doc.get(layout.TIME))
-        if at is None and page.spans:
-            at = page.spans[-1].end
-        if at is not None:
-            reason = st.detail or str(doc.get(layout.MARKER_REASON) or "")
-            page.end = Mark(kind=facts.end_marker, at=at, lane=None,
-                            text=f"{facts.end_marker}" + (f": {reason}" if reason else ""))
+    page.end = _end_mark(facts, st, page.spans)
 
     _decisions(page, run, stored, notes)
 
