@@ -101,7 +101,8 @@ def choose(estimates: Sequence[Estimate], *, active: int, policy: str = CHEAPEST
                       if best.cost is not None else f"placement {active} is not feasible ({why}): no price is "
                       "known, the first feasible one in the listed order")
     if best.index == active:
-        return Choice(active, "the cheapest feasible placement")
+        return Choice(active, "the cheapest feasible placement" if best.cost is not None else
+                      "staying: no feasible placement has a known cost yet (no measured rate)")
     if current.cost is None or best.cost is None:
         return Choice(active, "staying: without a known cost for both, a price never moves the run")
     saving = current.cost - best.cost - restart_usd

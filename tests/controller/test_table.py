@@ -45,6 +45,8 @@ def test_the_rows_carry_each_placements_price_age_rate_preemptions_transfer_and_
     ([_e(0, None, False, "waiting"), _e(1, None), _e(2, None)], 0,
      (1, "placement 0 is not feasible (waiting): no price is known, the first feasible one in the listed order")),
     ([_e(0, None), _e(1, 10.0)], 0, (0, "staying: without a known cost for both, a price never moves the run")),
+    # Before the run has measured a rate (the first launch), no cost is known: it stays, and says that, not "cheapest".
+    ([_e(0, None), _e(1, None)], 0, (0, "staying: no feasible placement has a known cost yet (no measured rate)")),
     ([_e(0, None, False), _e(1, None, False)], 0, (None, "no placement is feasible now")),
 ])
 def test_cheapest_moves_only_past_the_threshold_and_always_off_an_infeasible_placement(estimates, active, expected):

@@ -344,7 +344,7 @@ def test_the_first_launch_table_is_priced_from_the_price_table_and_says_it_is_an
     lines = synth.first_launch_lines(doc)
     assert lines[0].startswith("First launch: the table the placement controller would start from (an estimate: "
                                "priced from the stack's price table, components/prices.yaml")
-    assert lines[1] == "  estimate cheapest: placement 0 (the cheapest feasible placement)"
+    assert lines[1] == "  estimate cheapest: placement 0 (staying: no feasible placement has a known cost yet (no measured rate))"
     assert len(lines) == 2 + len(inputs) + 1 and "E unknown" in lines[2] and "estimate" in lines[2]
     assert "unknown until the run has measured its own steps per hour" in lines[-1]
 
