@@ -42,6 +42,7 @@ from runfolder import goodput as goodputs
 from runfolder import layout
 from simworld import world
 
+ROOT = Path(__file__).resolve().parents[1]
 EXIT_BAD_TRACE = 2
 EXIT_VIOLATION = 1
 # The replayed world's own delays, fixed (the tests' schedules draw them): a boot of 3 min after a launch of 1-4.
@@ -108,8 +109,10 @@ def read_trace(path: Path) -> Trace:
     if not isinstance(head["stack"], str):
         raise TraceError(f"{where}: stack: expected a stack file's path, got {head['stack']!r}")
     stack = Path(head["stack"])
-    if not stack.is_absolute() and not stack.exists() and (path.parent / stack).exists():
-        stack = path.parent / stack
+    # Relative to where the command runs, else to the trace's folder, else to the project (the examples' way).
+    for base in (path.parent, ROOT):
+        if not stack.is_absolute() and not stack.exists() and (base / stack).exists():
+            stack = base / stack
     if not stack.exists():
         raise TraceError(f"{where}: stack: no such file {head['stack']!r}")
     steps = head["steps"]
