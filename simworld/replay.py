@@ -243,6 +243,7 @@ class Replay(world.Sim):
         for i, t in quiet.items():
             self.silent[i].append((t, math.inf))
         self.pprice_fail, self.price_down, self.price_moves, self.last_table = 0.0, None, 0, None
+        self.started_once = False
 
     def price_world(self) -> None:
         if not getattr(self, "_replaying", False):
@@ -258,6 +259,19 @@ class Replay(world.Sim):
 
     def plan_preemption(self, m: world.Machine) -> None:
         pass  # the trace's preempt events alone take machines
+
+    def begin_attempt(self, m: world.Machine) -> None:
+        if self.started_once:
+            self.attempt += 1
+        self.started_once = True
+
+    def resumed(self, m: world.Machine, step: int) -> None:
+        if step > 0:  # as the trainer says it restored a checkpoint (goodput counts what was lost from it)
+            self.event(layout.RESUMED, step=step)
+
+    def _machine_step(self, m: world.Machine) -> None:
+        if not m.noticed:  # a machine with its spot notice has committed and stopped: it starts no trainer again
+            super()._machine_step(m)
 
     def steps_per_min(self, index: int) -> int:
         return max(1, round(self.trace_run.steps_per_hour[index] / 60))
@@ -301,7 +315,9 @@ class Replay(world.Sim):
                 committed = True
                 cost += float(self.rows[where]["writes_per_gb"] or 0.0) * gb
         marker = self.any_marker()
-        found = goodputs.goodput(events, now=self.now, end=ended if marker else None, completed=marker == layout.COMPLETE)
+        first_boot = None if self.deadline() is None else self.deadline() - self.cap_s  # as the deadline was written
+        found = goodputs.goodput(events, now=self.now, end=ended if marker else None, first_boot=first_boot,
+                                 completed=marker == layout.COMPLETE)
         share = None if found is None or found.share is None else round(found.share, 4)
         return {"policy": self.policy, "cost_usd": round(cost, 4), "hours": round((ended - world.START) / 3600, 4),
                 "moves": len(self.record().moves), "goodput": share, "finished": marker == layout.COMPLETE,

@@ -434,6 +434,7 @@ class Sim:
         self.cap_late = r.choice((0.0, 0.0, 0.0, 300.0, None))  # None: the cap action failed
         self.pcut = r.choice((0.0, 0.0, 0.3))
         self.checkpoint_bytes = 10**9  # what each commit's event says (the controller's measured size)
+        self.attempt = 1  # the attempt number the machines' events carry
         self.price_world()
 
     def price_world(self) -> None:
@@ -769,9 +770,11 @@ class Sim:
             if newest != (self.max_committed or 0):
                 self.fail(2, f"{m.name} resumed from step {newest}, not the newest committed {self.max_committed}")
             m.step, m.last_commit = newest, self.now
+            self.begin_attempt(m)
             self.store.append_line(layout.EVENTS_KEY, json.dumps(
-                {layout.EVENT: layout.STARTED, layout.TIME: iso(self.now), layout.ATTEMPT: 1,
+                {layout.EVENT: layout.STARTED, layout.TIME: iso(self.now), layout.ATTEMPT: self.attempt,
                  "config": {"placement": self.config.placements[g.index].label}}))
+            self.resumed(m, newest)
             if self.pcut and self.rng.random() < self.pcut:  # a line cut short: the machine before was taken mid-write
                 self.store.append_line(layout.EVENTS_KEY, '{"event": "checkpoint", "ti')
             self.at(self.now + m.lease.ttl_s / 4, self.renew, m, m.lease)
@@ -835,7 +838,7 @@ class Sim:
         """A trainer event in ``events.jsonl`` (one that cannot be written is lost, as the trainer's are)."""
         with contextlib.suppress(Unavailable):
             self.store.append_line(layout.EVENTS_KEY, json.dumps(
-                {layout.EVENT: kind, layout.TIME: iso(self.now), layout.ATTEMPT: 1, **fields}))
+                {layout.EVENT: kind, layout.TIME: iso(self.now), layout.ATTEMPT: self.attempt, **fields}))
 
     def renew(self, m: Machine, lease: RunLease) -> None:
         if not m.alive or m.lease is not lease:
@@ -1177,6 +1180,13 @@ class Sim:
     def planting(self) -> contextlib.AbstractContextManager:
         """What the schedule runs inside: nothing here; the tests' simulator puts a fix back (its plants)."""
         return contextlib.nullcontext()
+
+    def begin_attempt(self, m: Machine) -> None:
+        """A chief took the lease: a trainer starts. The schedules number every attempt 1 (the controller reads
+        its rates from one attempt's consecutive commits all the same); the replay counts them."""
+
+    def resumed(self, m: Machine, step: int) -> None:
+        """A trainer restored ``step``; the schedules write nothing for it, the replay what the trainer writes."""
 
     def steps_per_min(self, index: int) -> int:
         """The steps a chief trains each minute at placement ``index``."""
