@@ -17,19 +17,11 @@ from simworld.world import START
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / "examples" / "traces"
-# Where the replay disagrees with what the README expected, and why (the README says the same).
-CONTRADICTED = {
-    "preempts-every-20-min": "the controller's preemption prior weighs a machine-day (controller/cost.py's "
-                             "PRIOR_MACHINE_HOURS): a placement preempted every 20 minutes still looks cheap hours "
-                             "later, and cheapest stays there",
-}
-
-
 def expected() -> dict[str, tuple[int, str]]:
     """The README's table: trace -> (where cheapest ends, what it costs against inOrder)."""
     rows = {}
     for line in (TRACES / "README.md").read_text().splitlines():
-        found = re.match(r"\| `([\w-]+)\.jsonl` \|[^|]*\| (\d+)\b[^|]*\| ([^|]*) \|$", line)
+        found = re.match(r"\| `([\w-]+)\.jsonl`[^|]*\|[^|]*\| (\d+)\b[^|]*\| ([^|]*) \|$", line)
         if found:
             rows[found[1]] = (int(found[2]), found[3].strip())
     return rows
@@ -60,9 +52,6 @@ def test_cheapest_finishes_never_flaps_and_keeps_within_the_threshold_of_in_orde
     if in_order["finished"]:
         inputs = replay.Replay(replay.read_trace(TRACES / f"{name}.jsonl"), "cheapest").inputs
         threshold = max(inputs.move_floor_usd, inputs.move_fraction * in_order["cost_usd"])
-        if name in CONTRADICTED:
-            assert cheapest["cost_usd"] > in_order["cost_usd"] + threshold, "fixed? update the README and CONTRADICTED"
-            pytest.xfail(CONTRADICTED[name])
         assert cheapest["cost_usd"] <= in_order["cost_usd"] + threshold, (cheapest, in_order)
 
 
@@ -70,9 +59,6 @@ def test_cheapest_finishes_never_flaps_and_keeps_within_the_threshold_of_in_orde
 def test_cheapest_ends_where_the_readme_expected(name):
     where, against = expected()[name]
     cheapest, in_order, _moves, _wait = outcome(name)
-    if name in CONTRADICTED:
-        assert cheapest["placement"] != where, "fixed? update the README and CONTRADICTED"
-        pytest.xfail(CONTRADICTED[name])
     assert cheapest["placement"] == where, (cheapest, in_order)
     if against == "the same cost":
         assert cheapest["cost_usd"] == pytest.approx(in_order["cost_usd"], rel=0.01)
