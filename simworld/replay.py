@@ -170,11 +170,13 @@ def stack_inputs(trace: Trace, run_uri: str) -> tuple[dict, dict, int]:
     from components import placement, pricing
     from components import settings as config
 
-    full = config.read_stack_file(trace.stack)
-    raw = config.raw_from_config(full)
-    if trace.max_runtime_hours is not None:
-        raw["compute"] = {**(raw.get("compute") or {}), "maxRuntimeHours": trace.max_runtime_hours}
-    settings = config.load_settings(raw, stack=config.stack_name_of(trace.stack))
+    try:
+        raw = config.raw_from_config(config.read_stack_file(trace.stack))
+        if trace.max_runtime_hours is not None:
+            raw["compute"] = {**(raw.get("compute") or {}), "maxRuntimeHours": trace.max_runtime_hours}
+        settings = config.load_settings(raw, stack=config.stack_name_of(trace.stack))
+    except ValueError as e:  # the settings loader's ConfigError: one line naming the key
+        raise TraceError(f"stack {trace.stack}: {e}") from None
     n = len(settings.placement_list)
     missing = sorted(set(range(n)) - set(trace.steps_per_hour))
     extra = sorted(set(trace.steps_per_hour) - set(range(n)))
@@ -272,6 +274,9 @@ class Replay(world.Sim):
     def _machine_step(self, m: world.Machine) -> None:
         if not m.noticed:  # a machine with its spot notice has committed and stopped: it starts no trainer again
             super()._machine_step(m)
+
+    def fail(self, number: int, what: str) -> None:
+        raise world.Violation(f"{self.policy}: invariant {number} at t={self.now - world.START:.0f} s: {what}")
 
     def steps_per_min(self, index: int) -> int:
         return max(1, round(self.trace_run.steps_per_hour[index] / 60))

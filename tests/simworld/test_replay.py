@@ -94,6 +94,8 @@ HEAD = '{"stack": "stacks/Pulumi.regions.yaml", "steps": 600, "steps_per_hour": 
     ([HEAD.replace('"steps": 600', '"steps": -1')], ":1: steps: expected a whole number"),
     ([HEAD.replace('"checkpoint_gib": 1.0', '"checkpoint_gb": 1.0')], ":1: checkpoint_gb: not a key of the run's line"),
     ([HEAD.replace("Pulumi.regions", "Pulumi.nowhere")], ":1: stack: no such file"),
+    ([HEAD.replace('"checkpoint_gib": 1.0', '"checkpoint_gib": 1.0, "max_runtime_hours": 1000')],
+     "stack stacks/Pulumi.regions.yaml: trainstack:compute.maxRuntimeHours: 1000.0: expected 720 or less"),
 ])
 def test_a_bad_line_is_one_error_naming_the_line_and_the_key(tmp_path, capsys, lines, says):
     path = tmp_path / "bad.jsonl"
@@ -108,6 +110,14 @@ def test_steps_per_hour_must_name_each_placement_of_the_stack(tmp_path, capsys):
     path.write_text(HEAD.replace(', "1": 6000', "") + "\n")
     assert replay.main([str(path)]) == replay.EXIT_BAD_TRACE
     assert "steps_per_hour: the stack has placements 0..1; missing [1]" in capsys.readouterr().err
+
+
+def test_a_controller_that_breaks_an_invariant_exits_1_saying_which(monkeypatch, capsys):
+    from controller import cost
+
+    monkeypatch.setattr(cost, "worth_moving", lambda current, best, **k: best < current)  # any saving moves
+    assert replay.main([str(TRACES / "noise-within-threshold.jsonl")]) == replay.EXIT_VIOLATION
+    assert "cheapest: invariant 12 at t=" in capsys.readouterr().err
 
 
 def test_the_trace_drives_prices_capacity_and_preemptions(tmp_path):
