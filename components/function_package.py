@@ -25,6 +25,9 @@ from pathlib import Path
 # when the change was made (function_files(ROOT)).
 FUNCTION_PACKAGES = ("controller", "runfolder")
 HANDLER_FILE = "controller/handler.py"
+# Files of FUNCTION_PACKAGES the function never runs: the replay's command line (`python -m controller.replay`),
+# which imports the simulated world (simworld/) and the stack's settings, neither of which the package carries.
+NOT_SHIPPED = ("controller/replay.py",)
 # The price decision's inputs (components/placement.py's decision_json) in the package, where
 # controller/choice.py's INPUTS_FILE reads them: a file, since Lambda's environment holds 4 KB in all.
 DECISION_FILE = "controller/decision.json"
@@ -133,12 +136,13 @@ def lambda_wheel_files(cache: Path = WHEEL_CACHE) -> dict[str, Path]:
 
 def function_files(root: Path) -> dict[str, Path]:
     """The controller function's files under `root`: every .py of FUNCTION_PACKAGES, by its path in the
-    package (`controller/handler.py`), sorted; no `__pycache__` (whose bytes differ from machine to
+    package (`controller/handler.py`), sorted, but NOT_SHIPPED; no `__pycache__` (whose bytes differ from machine to
     machine and would change the function on every `pulumi up`)."""
     files = {}
     for package in FUNCTION_PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             rel = path.relative_to(root)
-            if "__pycache__" not in rel.parts and not any(part.startswith(".") for part in rel.parts):
+            if ("__pycache__" not in rel.parts and not any(part.startswith(".") for part in rel.parts)
+                    and rel.as_posix() not in NOT_SHIPPED):
                 files[rel.as_posix()] = path
     return files

@@ -12,8 +12,8 @@ end of a move):
   measured rate scaled by :data:`RELATIVE_THROUGHPUT` (per GPU; every placement has the same GPUs per
   machine). With no measurement at all it is unknown, and so is E_p.
 - **lambda_p** (:func:`preemption_rate`): the run's own preemptions per machine-hour there, with a prior
-  of one preemption in :data:`PRIOR_MACHINE_HOURS` machine-hours (a pseudo-count: the run's own count
-  takes over as its hours there grow).
+  of one preemption a machine-day weighing :data:`PRIOR_MACHINE_HOURS` machine-hour (a pseudo-count: the
+  run's own count takes over within its first hours there).
 - **overhead_p** (:func:`overhead`) = 1 / (1 - L), L = nodes x lambda_p x (checkpoint interval / 2 + boot_p).
 
 Why 1 / (1 - L) (and not 1 + L)
@@ -71,12 +71,15 @@ RELATIVE_THROUGHPUT: dict[str, float] = {
     "H100": 10.0, "H100 Mega": 10.0,
     "H200": 11.0,
 }
-# The prior of a placement's preemption rate (module docstring): one preemption per this many machine-hours.
-# One a machine-day: above Google's published average for preemptible VMs (5-15 % of them a day) and AWS's
-# Spot Instance Advisor's buckets (the highest, "> 20 %", is a month's share), since GPU types are the most
-# reclaimed; a run that has trained there replaces it with its own count within a few machine-days.
-PRIOR_PREEMPTIONS = 1.0
-PRIOR_MACHINE_HOURS = 24.0
+# The prior of a placement's preemption rate (module docstring): PRIOR_PREEMPTIONS in PRIOR_MACHINE_HOURS.
+# Its mean, one a machine-day: above Google's published average for preemptible VMs (5-15 % of them a day) and
+# AWS's Spot Instance Advisor's buckets (the highest, "> 20 %", is a month's share), since GPU types are the most
+# reclaimed. Its weight, one machine-hour: the run's own count takes over within its first hours there. A prior
+# weighing a machine-day (1 in 24) kept a placement that preempts every 10 minutes looking cheap for 7 hours in
+# the replay (examples/traces/preempts-every-10-min.jsonl: 17.66 USD against inOrder's 9.48); weighing one hour
+# it is left after 40 minutes (10.19 USD).
+PRIOR_PREEMPTIONS = 1.0 / 24.0
+PRIOR_MACHINE_HOURS = 1.0
 # The move threshold's defaults (trainstack:placement moveFloorUsd / moveFraction, components/settings).
 DEFAULT_MOVE_FLOOR_USD = 1.0
 DEFAULT_MOVE_FRACTION = 0.1

@@ -177,7 +177,19 @@ def test_the_function_files_are_the_packages_python_only(tmp_path):
     (tmp_path / "trainer" / "loop.py").write_text("")  # the trainer is not the controller's
     (tmp_path / "ops").mkdir()
     (tmp_path / "ops" / "move.py").write_text("")
+    (tmp_path / "controller" / "replay.py").write_text("")  # the replay's command line: the function never runs it
+    (tmp_path / "simworld").mkdir()
+    (tmp_path / "simworld" / "world.py").write_text("")
     assert list(placement.function_files(tmp_path)) == ["controller/handler.py", "runfolder/storage/s3.py"]
+
+
+def test_the_real_function_package_carries_no_replay_and_no_simulated_world():
+    from components.project import ROOT
+
+    files = placement.function_files(ROOT)
+    assert "controller/tick.py" in files and "controller/handler.py" in files
+    assert "controller/replay.py" not in files
+    assert not [f for f in files if f.startswith(("simworld/", "tests/"))]
 
 
 def test_group_names_and_the_settings_of_a_placement():

@@ -98,8 +98,15 @@ def test_the_runs_own_rate_wins_and_other_gpus_scale_it_by_the_table():
 
 def test_the_preemption_rate_starts_at_the_prior_and_follows_the_runs_own_count():
     assert cost.preemption_rate(0, 0) == pytest.approx(1 / 24)
-    assert cost.preemption_rate(30, 100) == pytest.approx(31 / 124)
+    assert cost.preemption_rate(30, 100) == pytest.approx((30 + 1 / 24) / 101)
     assert cost.preemption_rate(0, 2400) < 0.0005
+
+
+def test_a_placement_preempted_every_few_minutes_is_seen_so_within_its_first_hour():
+    # Six preemptions in the first machine-hour there (a machine taken every 10 minutes): the run's own count,
+    # not the prior of one a machine-day, says how often it preempts (controller/cost.py's prior weighs an hour).
+    assert cost.preemption_rate(6, 1.0) > 3.0
+    assert cost.preemption_rate(2, 0.25) > 1.5
 
 
 # -- E_p and feasibility --------------------------------------------------------------------------------
@@ -134,7 +141,7 @@ def test_a_200_gib_checkpoint_to_the_other_cloud_costs_more_than_its_cheaper_mac
 @pytest.mark.parametrize(("placement", "run", "why"), [
     (PlacementFacts(0, price=0.5, gpu="A10G", allowed=False, not_allowed="failed 3 min ago"), {}, "failed 3 min ago"),
     (PlacementFacts(0, price=0.5, gpu="A10G", preemptions=200, machine_hours=40), {},
-     "preempts too often to finish (L = 1.31 >= 1)"),
+     "preempts too often to finish (L = 2.03 >= 1)"),
     (PlacementFacts(0, price=0.9, gpu="A10G", max_price=0.8), {}, "price 0.9000 above the maximum 0.8000"),
     (PlacementFacts(0, price=0.5, gpu="A10G", boot_s=0), {"deadline": NOW + 2 * 3600},
      "would finish 1.0 h after the deadline"),

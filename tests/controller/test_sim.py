@@ -48,7 +48,7 @@ CAUGHT = [
     ("stop", 50, 10),  # a stop asked while no trainer heeds it waits for the deadline
     ("margin", 0, 11),  # a launch margin of 5 minutes: a group sized up 10 min before the deadline
     ("threshold", 15, 12),  # a move for price that saves less than the move threshold
-    ("infeasible", 24, 13),  # a move to a placement the record marks failed minutes before
+    ("infeasible", 25, 13),  # a move to a placement the record marks failed minutes before
     ("training", 19, 14),  # a move for price that stops a training machine, rebalance off
 ]
 
