@@ -80,6 +80,37 @@ def _number(value, where: str, *, low: float = 0.0, strict: bool = False) -> flo
     return float(value)
 
 
+def _read_event(where: str, doc: dict, per_hour: dict, last: float) -> dict:
+    """One event line after the run's (``last``: the time of the line above)."""
+    for key in doc:
+        if key not in ("t", "placement", *_EVENT_KINDS):
+            raise TraceError(f"{where}: {key}: not a key of an event (expected t, placement and one of "
+                             f"{', '.join(_EVENT_KINDS)})")
+    for key in ("t", "placement"):
+        if key not in doc:
+            raise TraceError(f"{where}: {key}: missing")
+    t = _number(doc["t"], f"{where}: t")
+    if t < last:
+        raise TraceError(f"{where}: t: {doc['t']} comes before the line above ({last:g}): events go in time order")
+    index = doc["placement"]
+    if isinstance(index, bool) or not isinstance(index, int) or index not in per_hour:
+        raise TraceError(f"{where}: placement: expected one of {sorted(per_hour)} (steps_per_hour's), "
+                         f"got {index!r}")
+    kinds = [k for k in _EVENT_KINDS if k in doc]
+    if len(kinds) != 1:
+        raise TraceError(f"{where}: {'/'.join(kinds) or 'price'}: expected exactly one of "
+                         f"{', '.join(_EVENT_KINDS)}")
+    kind = kinds[0]
+    value = doc[kind]
+    if kind == "price" and value is not None:
+        _number(value, f"{where}: price", strict=True)
+    elif kind == "capacity" and not isinstance(value, bool):
+        raise TraceError(f"{where}: capacity: expected true or false, got {value!r}")
+    elif kind == "preempt" and value is not True:
+        raise TraceError(f"{where}: preempt: expected true, got {value!r}")
+    return {"t": t, "placement": index, kind: value}
+
+
 def read_trace(path: Path) -> Trace:
     """The trace in ``path``; :class:`TraceError` names the first bad line and key."""
     lines = path.read_text().splitlines()
@@ -132,35 +163,9 @@ def read_trace(path: Path) -> Trace:
         runtime = _number(runtime, f"{where}: max_runtime_hours", strict=True)
     events, last = [], 0.0
     for n, doc in docs[1:]:
-        where = f"{path}:{n}"
-        for key in doc:
-            if key not in ("t", "placement", *_EVENT_KINDS):
-                raise TraceError(f"{where}: {key}: not a key of an event (expected t, placement and one of "
-                                 f"{', '.join(_EVENT_KINDS)})")
-        for key in ("t", "placement"):
-            if key not in doc:
-                raise TraceError(f"{where}: {key}: missing")
-        t = _number(doc["t"], f"{where}: t")
-        if t < last:
-            raise TraceError(f"{where}: t: {doc['t']} comes before the line above ({last:g}): events go in time order")
-        last = t
-        index = doc["placement"]
-        if isinstance(index, bool) or not isinstance(index, int) or index not in per_hour:
-            raise TraceError(f"{where}: placement: expected one of {sorted(per_hour)} (steps_per_hour's), "
-                             f"got {index!r}")
-        kinds = [k for k in _EVENT_KINDS if k in doc]
-        if len(kinds) != 1:
-            raise TraceError(f"{where}: {'/'.join(kinds) or 'price'}: expected exactly one of "
-                             f"{', '.join(_EVENT_KINDS)}")
-        kind = kinds[0]
-        value = doc[kind]
-        if kind == "price" and value is not None:
-            _number(value, f"{where}: price", strict=True)
-        elif kind == "capacity" and not isinstance(value, bool):
-            raise TraceError(f"{where}: capacity: expected true or false, got {value!r}")
-        elif kind == "preempt" and value is not True:
-            raise TraceError(f"{where}: preempt: expected true, got {value!r}")
-        events.append({"t": t, "placement": index, kind: value, "line": n})
+        event = _read_event(f"{path}:{n}", doc, per_hour, last)
+        last = event["t"]
+        events.append({**event, "line": n})
     return Trace(stack, steps, per_hour, round(gib * 2**30), runtime, tuple(events))
 
 

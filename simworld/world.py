@@ -333,6 +333,7 @@ class Actor:
 class Sim:
     """One schedule: the world drawn from ``seed``, run to its end with the invariants checked after every event."""
 
+    # long function: the world drawn from its seed in one place, in the order the seed draws it (moving a draw changes every schedule)
     def __init__(self, seed: int, *, plant: str | None = None, trace: bool = False) -> None:
         self.seed, self.plant, self.trace = seed, plant, trace
         r = self.rng = random.Random(seed)
