@@ -12,14 +12,15 @@ from runfolder.lease import RunLease
 from tests.controller.sim import PLANTS, Machine, Sim, Violation, main, run_one
 
 # CI's schedules: the same 300 every run (seeds 0-299, which hold every kept seed below) and a window of
-# 300 more that moves on each day (UTC) through the seeds that held by hand, so a change the fixed
+# 100 more that moves on each day (UTC) through the seeds that held by hand, so a change the fixed
 # seeds miss meets other schedules on other days; a failure names its seed, which replays exactly.
 # SIM_WINDOW_START=S pins the window (to rerun a day's); SIM_SCHEDULES=N runs seeds 0..N-1 instead.
 FIXED = 300
-WINDOW = 300
-# The world grew (broken placements, hung machines, the account's delays): seeds 0-599 held in it by hand;
-# seeds 0-9,999 hold (tests/README.md: 9,996 in the sweep, the four in KEPT since); the window stays in 0-599.
-HELD_BY_HAND = 600
+# A window of 100 (it was 300 while only seeds 0-599 had held by hand): the priced world costs more a schedule,
+# and the 10,000 that hold give the window 97 days before it comes round (tests/README.md).
+WINDOW = 100
+# The priced world's sweep: seeds 0-9,999 hold every invariant (tests/README.md), so the window moves through them.
+HELD_BY_HAND = 10_000
 PARTS = 4
 
 
@@ -104,7 +105,7 @@ def test_the_window_moves_each_day_inside_the_seeds_held_by_hand(monkeypatch):
     today = datetime.datetime.now(datetime.UTC).date().toordinal()
     assert ci_seeds(today) == seeds
     windows = [ci_seeds(today + d)[FIXED:] for d in range(400)]
-    assert len({w[0] for w in windows}) == (HELD_BY_HAND - FIXED) // WINDOW  # windows of 300 fill the held seeds
+    assert len({w[0] for w in windows}) == (HELD_BY_HAND - FIXED) // WINDOW  # windows of 100 fill the held seeds
     assert all(w[0] >= FIXED and w[-1] < HELD_BY_HAND for w in windows)
     monkeypatch.setenv("SIM_WINDOW_START", "5000")
     assert ci_seeds()[FIXED:] == list(range(5000, 5000 + WINDOW))
