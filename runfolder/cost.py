@@ -98,7 +98,8 @@ class RunCost:
         return out
 
 
-def _time(ev: dict) -> float | None:
+def event_time(ev: dict) -> float | None:
+    """An event's time in epoch seconds; None where it has none that parses."""
     try:
         return parse_time(ev[layout.TIME])
     except (KeyError, TypeError, ValueError):
@@ -122,7 +123,7 @@ def spans(events: list[dict], *, now: float | None = None, end: float | None = N
     `end`: when the run ended (its end marker's time), if known; `now`: the time to count the
     newest attempt up to while the run has not ended (None: up to its last event).
     """
-    timed = sorted(((t, i, e) for i, e in enumerate(events) if (t := _time(e)) is not None), key=lambda x: x[:2])
+    timed = sorted(((t, i, e) for i, e in enumerate(events) if (t := event_time(e)) is not None), key=lambda x: x[:2])
     starts = [k for k, (_t, _i, e) in enumerate(timed) if e.get(layout.EVENT) == layout.STARTED]
     out = []
     for n, k in enumerate(starts):

@@ -36,7 +36,6 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from runfolder import cost, layout
-from runfolder.events import parse_time
 
 # Trainer events that end an attempt's training (the machine may go on: an export, a stop).
 _TRAINING_ENDS = frozenset({layout.PREEMPTED, layout.FINISHED, layout.CANCELLED_EVENT, layout.FAILED_EVENT})
@@ -102,11 +101,7 @@ class Goodput:
         return out
 
 
-def _time(ev: dict) -> float | None:
-    try:
-        return parse_time(ev[layout.TIME])
-    except (KeyError, TypeError, ValueError):
-        return None
+_time = cost.event_time
 
 
 def _step(ev: dict) -> int | None:
