@@ -42,6 +42,7 @@ from controller.config import Config, Placement
 from controller.prices import Offer, PriceBook, Quote, offer
 from controller.record import epoch_of
 from runfolder import layout
+from runfolder.events import read_events
 
 INPUTS_FILE = Path(__file__).with_name("decision.json")
 # A replacement's boot to its first step, per cloud, until the stack says otherwise (components/pricing.py).
@@ -281,25 +282,6 @@ def price_tables(config: Config, inputs: Inputs, store, quotes: Sequence[Quote],
     by = {e.index: e for e in estimates}
     return Verdict(choice.index, choice.reason, doc, by[active].cost,
                    by[choice.index].cost if choice.index is not None else None)
-
-
-def read_events(store) -> list[dict]:
-    """The run's events, in order (a line cut short is skipped); none when there is no log yet."""
-    from runfolder.storage.errors import NotFound
-
-    try:
-        text = store.get_bytes(layout.EVENTS_KEY).decode(errors="replace")
-    except NotFound:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(e, dict):
-            out.append(e)
-    return out
 
 
 def quotes(config: Config, inputs: Inputs, store, *, now: float,
