@@ -5,7 +5,8 @@ argv, environment (less `WARM_TRAINER_SOCKET`), working directory, umask, signal
 signals and its stdin, stdout and stderr; it relays every signal it can catch to the server's
 child for the run, and ends as the child ended: with its exit code, or killed by the same
 signal. Without a server at `$WARM_TRAINER_SOCKET`, or when the server answers that this run
-is not one it can serve, it becomes the plain `python -m MODULE ARGS...` (exec).
+is not one it can serve, it becomes the plain `python -m MODULE ARGS...` (exec). A call with
+`TF_USE_LEGACY_KERAS=1` goes to the server's Keras 2 sibling (`trainer_server.py` says how).
 
 `script_main` is the same for `python SCRIPT ARGS...`: the interpreter a served script-mode
 trainer runs the user's command with (`python -m trainer ... -- python train.py`).
@@ -16,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+import time
 
 if __package__:
     from devtools.cli_client import read_exact, send_call
@@ -23,6 +25,11 @@ else:  # `python trainer_client.py`: this folder is the path's first entry
     from cli_client import read_exact, send_call
 
 SOCKET_VAR = "WARM_TRAINER_SOCKET"
+# TensorFlow reads TF_USE_LEGACY_KERAS at its import: a call with it set to 1 (a Keras 2 fit script, the
+# trainer of a Keras 2 run) goes to a sibling server imported with it, at the server's socket + KERAS2_SUFFIX.
+# The first such call asks the server, which starts the sibling and answers ASK_KERAS2.
+KERAS2_VAR, KERAS2_SUFFIX, ASK_KERAS2 = "TF_USE_LEGACY_KERAS", ".keras2", -1
+KERAS2_START_S = 120  # the sibling's imports: about 3 s of CPU, longer on a loaded machine
 # SIGKILL and SIGSTOP cannot be caught; SIGCHLD would be this process's own (it has no children).
 NOT_RELAYED = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
 # Python itself ignores these at start-up: the run's process gets the same from the server.
@@ -60,19 +67,19 @@ def run(call: dict, path: str, env: dict, plain_argv: list[str], what: str) -> i
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.execve(plain_argv[0], plain_argv, env)
 
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.connect(path)
-        send_call(conn, {**call, "env": env, "cwd": os.getcwd(),
-                         "umask": _umask(), "mask": sorted(int(s) for s in mask), "ignored": ignored})
-        head, fds, _flags, _addr = socket.recv_fds(conn, 8, 1)
-        head += read_exact(conn, 8 - len(head)) if 0 < len(head) < 8 else b""
-    except OSError:  # no server, or it went away before forking (ConnectionError is an OSError)
+    request = {**call, "env": env, "cwd": os.getcwd(), "umask": _umask(), "mask": sorted(int(s) for s in mask),
+               "ignored": ignored}
+    keras2 = keras2_server(path) if env.get(KERAS2_VAR) == "1" else path
+    conn, pid, fds = _ask(keras2 if os.path.exists(keras2) else path, request)
+    if pid == ASK_KERAS2:  # the server has started its Keras 2 sibling: the call goes there once it answers
         conn.close()
-        plain()
-    pid = int.from_bytes(head, "big", signed=True) if len(head) == 8 else 0
-    if pid <= 0 or not fds:  # the server runs no child for this call: the plain process runs it
-        conn.close()
+        deadline = time.monotonic() + KERAS2_START_S
+        while not os.path.exists(keras2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        conn, pid, fds = _ask(keras2, request)
+    if conn is None or pid <= 0 or not fds:  # no server, or it runs no child for this call: the plain process
+        if conn is not None:
+            conn.close()
         plain()
     pidfd = fds[0]
 
@@ -96,6 +103,26 @@ def run(call: dict, path: str, env: dict, plain_argv: list[str], what: str) -> i
         os.kill(os.getpid(), -code)
         return 128 - code
     return code
+
+
+def _ask(path: str, request: dict) -> tuple[socket.socket | None, int, list[int]]:
+    """Send the call to the server at `path`: its connection, its answer (the child's pid; 0: run the
+    plain process; ASK_KERAS2) and the child's pidfd; no connection when no server answered."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+        send_call(conn, request)
+        head, fds, _flags, _addr = socket.recv_fds(conn, 8, 1)
+        head += read_exact(conn, 8 - len(head)) if 0 < len(head) < 8 else b""
+    except OSError:  # no server, or it went away before forking (ConnectionError is an OSError)
+        conn.close()
+        return None, 0, []
+    return conn, int.from_bytes(head, "big", signed=True) if len(head) == 8 else 0, fds
+
+
+def keras2_server(path: str) -> str:
+    """The socket of the server at `path`'s Keras 2 sibling (itself when `path` is that sibling's)."""
+    return path if path.endswith(KERAS2_SUFFIX) else path + KERAS2_SUFFIX
 
 
 def command(module: str, args: list[str]) -> list[str]:

@@ -46,9 +46,14 @@ server's script launcher (`SOCKET.python`, `trainer_client.script_main`), which 
 server for `python SCRIPT ARGS` in a child of its own: `sys.argv` `[SCRIPT, *ARGS]`,
 `sys.path[0]` the script's folder, the script's code run as `__main__` with `__file__` its
 absolute path, the caller's environment, working directory and streams, signals relayed. What the imports would read differently
-(`TF_USE_LEGACY_KERAS=1` of a Keras 2 script, `TF_CPP_*` of a verbose run, a `sitecustomize` on
-its PYTHONPATH, which the interpreter's start-up would import), an option before the
-script (`-u`, `-m`, `-c`) or no script file run the plain interpreter, with the same arguments.
+(`TF_CPP_*` of a verbose run, a `sitecustomize` on its PYTHONPATH, which the interpreter's start-up
+would import), an option before the script (`-u`, `-m`, `-c`) or no script file run the plain
+interpreter, with the same arguments.
+
+A call with `TF_USE_LEGACY_KERAS=1` (a Keras 2 fit script, or the trainer of a `run.keras: 2` run),
+which TensorFlow reads at its import, goes to a sibling server imported with it, at this server's
+socket + `.keras2`: the first such call asks this server, which starts the sibling (it ends with
+this server) and answers the launcher to call there once it answers.
 The trainer's `_die_with_parent` holds for the launcher, and the server kills the script's child
 when its launcher goes away.
 
@@ -76,10 +81,12 @@ from pathlib import Path
 
 if __package__:
     from devtools import cli_server
-    from devtools.trainer_client import SOCKET_VAR, command  # noqa: F401 - command: the tests' way to a served run
+
+    # command: the tests' way to a served run
+    from devtools.trainer_client import ASK_KERAS2, KERAS2_VAR, SOCKET_VAR, command, keras2_server  # noqa: F401
 else:  # `python trainer_server.py`: this folder is the path's first entry
     import cli_server
-    from trainer_client import SOCKET_VAR
+    from trainer_client import ASK_KERAS2, KERAS2_VAR, SOCKET_VAR, keras2_server
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -116,6 +123,7 @@ def ensure_server(*, wait: bool = True) -> str:
 LIBRARIES = Path(sys.prefix).resolve()  # the interpreter's environment (a .venv inside the checkout)
 BASE_PATH: list[str] = []  # the interpreter's own sys.path entries (stdlib, site-packages)
 SERVED_PACKAGES: dict[str, tuple[str, str]] = {}  # the project's packages imported here: name -> file, digest
+SOCKET: list[str] = []  # this server's socket path
 SCRIPT_LAUNCHER: list[str] = []  # the served script-mode trainer's `python` (`script_launcher`), once written
 
 
@@ -364,7 +372,7 @@ def serve(path: str) -> None:
     BASE_PATH[:] = sys.path[1:]  # started with -E: the interpreter's entries after this folder
     sys.path.insert(0, str(REPO))
     _warm_up()
-    SCRIPT_LAUNCHER[:] = [_write_script_launcher(path)]
+    SOCKET[:], SCRIPT_LAUNCHER[:] = [path], [_write_script_launcher(path)]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".tmp")
     listener.listen(64)
@@ -408,6 +416,27 @@ def serve(path: str) -> None:
 
 
 _warned = False
+_keras2: list = []  # the Keras 2 sibling server, once started
+
+
+def _keras2_sibling(request: dict, path: str) -> bool:
+    """Whether a call this server cannot serve only because it sets TF_USE_LEGACY_KERAS=1 goes to
+    the Keras 2 sibling (started here on the first such call): a server imported with it set."""
+    env = request["env"]
+    if os.environ.get(KERAS2_VAR) is not None or env.get(KERAS2_VAR) != "1":
+        return False  # this is the sibling, or the call's Keras is this server's (or another value)
+    if _why_plain({**request, "env": {k: v for k, v in env.items() if k != KERAS2_VAR}}) is not None:
+        return False
+    if not _keras2:
+        import subprocess
+
+        pdeathsig = ctypes.CDLL(None, use_errno=True).prctl
+        # Its own socket: the launcher goes there once it exists. It ends with this server.
+        _keras2.append(subprocess.Popen(  # noqa: S603 - this interpreter and this file
+            [sys.executable, "-E", str(Path(__file__).resolve()), keras2_server(path)],
+            stdin=subprocess.DEVNULL, env={**os.environ, KERAS2_VAR: "1"},
+            preexec_fn=lambda: pdeathsig(1, signal.SIGKILL)))  # noqa: PLW1509 - one thread here
+    return _keras2[0].poll() is None
 
 
 def _start(listener: socket.socket, runs: dict[int, _Run]) -> _Run | None:
@@ -423,6 +452,13 @@ def _start(listener: socket.socket, runs: dict[int, _Run]) -> _Run | None:
         return None
     conn.settimeout(None)
     why, threads = _why_plain(request), _threads()
+    if why is not None and _keras2_sibling(request, SOCKET[0]):
+        with contextlib.suppress(OSError):
+            conn.sendall(ASK_KERAS2.to_bytes(8, "big", signed=True))
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return None
     if why is None and threads != 1:
         why = f"the warm trainer server has {threads} threads: trainers run as plain processes"
         if not _warned:

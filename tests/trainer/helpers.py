@@ -52,6 +52,12 @@ def trainer_command(module: str, args: list[str], env: dict, *, served: bool = T
     return trainer_server.command(module, args), {**env, trainer_server.SOCKET_VAR: trainer_server.ensure_server()}
 
 
+def script_command(args: list[str], env: dict) -> tuple[list[str], dict]:
+    """The argv and environment that run `python SCRIPT ARGS` (`args`) in `env` through this test
+    process's warm trainer server (a Keras 2 script's, TF_USE_LEGACY_KERAS=1, through its sibling)."""
+    return [trainer_server.script_launcher(trainer_server.ensure_server()), *args], env
+
+
 def run_trainer(uri: str, *args: str, env: dict | None = None, timeout: float = 240,
                 served: bool = True) -> tuple[int, list[dict], str]:
     """Run one attempt to its end; returns (exit code, events printed, stderr)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from runfolder import exits, layout
-from tests.trainer.helpers import REPO, Trainer, kinds, run_trainer, store_events, trainer_env
+from tests.trainer.helpers import REPO, Trainer, kinds, run_trainer, script_command, store_events, trainer_env
 
 EXAMPLE = REPO / "examples" / "keras-fit"
 # 100 steps an epoch at batch 64. The stopped attempts run the same script held at a known step
@@ -154,8 +154,9 @@ def test_keras_fit_under_multiworker_still_fails_so_script_mode_stays_on_one_mac
 
     (tmp_path / "worker.py").write_text(MWMS_WORKER)
     peers = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
-    procs = [subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), str(i), peers], env=trainer_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for i in range(2)]
+    commands = [script_command([str(tmp_path / "worker.py"), str(i), peers], trainer_env()) for i in range(2)]
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for argv, env in commands]
     outs = [p.communicate(timeout=240)[0] for p in procs]
     for out in outs:
         assert "FIT FAILED" in out and "PerReplica" in out, out[-2000:]

@@ -15,14 +15,13 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 from devtools.servers import free_ports
-from tests.trainer.helpers import trainer_env
+from tests.trainer.helpers import script_command, trainer_env
 
 pytestmark = pytest.mark.slow
 
@@ -76,8 +75,8 @@ def _start(code, run, out, hold_at: int, count: int = 2) -> list[subprocess.Pope
                           TRAINSTACK_MESSAGES_FILE=str(local / "messages.jsonl"),
                           TF_CONFIG=json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
                           if count > 1 else "")
-        procs.append(subprocess.Popen([sys.executable, str(code), str(out), str(hold_at)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        argv, env = script_command([str(code), str(out), str(hold_at)], env)
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs
 
 

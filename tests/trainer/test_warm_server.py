@@ -308,13 +308,47 @@ def test_a_script_the_server_cannot_serve_runs_the_plain_interpreter(server, fit
     launcher = trainer_server.script_launcher(server)
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text("")  # the interpreter's start-up imports it
-    for argv, extra in (([launcher, "sub/fit_probe.py", "exit"], {"TF_USE_LEGACY_KERAS": "1"}),  # read at import
+    # Read at import: "1" goes to the Keras 2 sibling (below), TensorFlow's other spelling runs plain.
+    for argv, extra in (([launcher, "sub/fit_probe.py", "exit"], {"TF_USE_LEGACY_KERAS": "true"}),
                         ([launcher, "sub/fit_probe.py", "exit"], {"PYTHONPATH": f"{tmp_path / 'site'}:{REPO}"}),
                         ([launcher, "-u", "sub/fit_probe.py", "exit"], {})):  # an option of the interpreter's
         p = subprocess.run(argv, cwd=code, env={**env, **extra}, capture_output=True, text=True, timeout=120)
         facts = json.loads(p.stdout.splitlines()[0])
         assert p.returncode == 4 and facts["argv"] == ["sub/fit_probe.py", "exit"], p.stderr
         assert not facts["tensorflow"] and facts["ppid"] == os.getpid(), extra  # the launcher became it (exec)
+
+
+KERAS2_SCRIPT = '''
+import json, os, sys
+before = "tensorflow" in sys.modules
+import tensorflow as tf
+print(json.dumps({"before": before, "model": tf.keras.Model.__module__, "ppid": os.getppid()}), flush=True)
+'''
+
+
+def test_a_keras_2_call_is_served_by_a_sibling_imported_with_keras_2(server, fit_script):
+    # TF_USE_LEGACY_KERAS=1 is read at TensorFlow's import: the server starts a sibling imported with it.
+    env, code = fit_script
+    (code / "keras2.py").write_text(KERAS2_SCRIPT)
+    seen = {}
+    for via, python in (("plain", sys.executable), ("served", trainer_server.script_launcher(server))):
+        p = subprocess.run([python, "keras2.py"], cwd=code, env={**env, "TF_USE_LEGACY_KERAS": "1"},
+                           capture_output=True, text=True, timeout=180)
+        assert p.returncode == 0, p.stderr
+        seen[via] = json.loads(p.stdout.splitlines()[-1])
+    assert seen["served"]["before"] and not seen["plain"]["before"]
+    assert seen["served"]["model"] == seen["plain"]["model"] == "tf_keras.src.engine.training"
+    with open(f"/proc/{seen['served']['ppid']}/cmdline") as f:
+        parent = f.read().split("\0")
+    assert trainer_server.keras2_server(server) in parent and seen["served"]["ppid"] != trainer_server._server[0].pid
+    # `python -m MODULE` too (the trainer of a Keras 2 run), once the sibling answers.
+    (code / "warm_probe.py").write_text(PROBE)
+    proc = _start({**env, "TF_USE_LEGACY_KERAS": "1", "PYTHONPATH": f"{code}{os.pathsep}{REPO}", "PROBE_VALUE": "-"},
+                  "facts", server)
+    out, err = proc.communicate(input="", timeout=120)
+    assert proc.returncode == 3, err
+    facts = json.loads(out.splitlines()[0])
+    assert _served(proc, facts) and facts["env"]["TF_USE_LEGACY_KERAS"] == "1"
 
 
 @pytest.mark.parametrize("given", ["after --", "TRAINSTACK_COMMAND"])  # a laptop's run, a machine's
