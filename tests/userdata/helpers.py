@@ -4,10 +4,13 @@ for a condition with a timeout."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
 import json
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -180,3 +183,24 @@ def installed_scripts(user_data: str, where: Path) -> list[Path]:
         scripts.append(where / name)
         scripts[-1].write_text((USERDATA_DIR / name).read_text())
     return scripts
+
+
+def shellcheck(names: list[str], where: Path) -> tuple[int, str]:
+    """`shellcheck -x` (its default severity, style: every check) over the scripts `names` in the folder
+    `where`, which their `source`s are followed in: its exit code and output. The same scripts (the
+    folder's every script, by name and content) are checked once a test session, across its xdist
+    workers: each cloud's document installs the same boot scripts (about 4 CPU-s a check)."""
+    digest = hashlib.sha256("\0".join(names).encode())
+    for path in sorted(where.glob("*.sh")):
+        digest.update(f"\0{path.name}\0".encode() + hashlib.sha256(path.read_bytes()).digest())
+    folder = Path(tempfile.gettempdir()) / f"trainstack-shellcheck-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}"
+    folder.mkdir(exist_ok=True)
+    verdict = folder / f"{digest.hexdigest()}.json"
+    with open(folder / f"{digest.hexdigest()}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second worker with the same scripts waits for the first's verdict
+        if not verdict.exists():
+            proc = subprocess.run(["shellcheck", "-x", *names], cwd=where, capture_output=True, text=True, timeout=120)
+            verdict.with_suffix(".tmp").write_text(json.dumps([proc.returncode, proc.stdout + proc.stderr]))
+            verdict.with_suffix(".tmp").rename(verdict)
+        code, output = json.loads(verdict.read_text())
+    return code, output

@@ -21,7 +21,7 @@ import yaml
 
 from components.userdata import USERDATA_DIR, aws_store_env, boot_env, gcs_store_env
 from devtools.metadata import MetadataServer, token_claims
-from tests.userdata.helpers import installed_scripts, wait_for
+from tests.userdata.helpers import installed_scripts, shellcheck, wait_for
 
 AUDIENCE = "trainstack/trainstack-places--exp-7-gpu-p1"
 ROLE = "arn:aws:iam::123456789012:role/trainstack-federation-p1-role-0123456"
@@ -168,9 +168,8 @@ def test_federation_sh_is_installed_on_machines_of_the_other_clouds_store_only(t
     assert [x for x in paths["across"] if x != "/opt/trainstack/bin/federation-aws.sh"] == paths["own"]
     # The scripts as installed (comments stripped) pass shellcheck, lib.sh following federation-aws.sh.
     installed_scripts(render_user_data("gcp", across), tmp_path)
-    proc = subprocess.run(["shellcheck", "-x", "--severity=style", "lib.sh", "federation-aws.sh", "supervise.sh"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout
+    code, output = shellcheck(["lib.sh", "federation-aws.sh", "supervise.sh"], tmp_path)
+    assert code == 0, output
 
 
 def test_a_gcp_image_without_the_aws_cli_gets_it_from_snap(tmp_path, md):

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from components.settings import load_settings
 from components.userdata import JUPYTER_UNIT, boot_env, render_user_data
-from tests.userdata.helpers import installed_scripts, s3_keys
+from tests.userdata.helpers import installed_scripts, s3_keys, shellcheck
 
 pytestmark = pytest.mark.slow
 
@@ -77,9 +77,8 @@ def test_rendered_jupyter_document_passes_cloud_init_schema_and_shellcheck(tmp_p
     assert schema.returncode == 0 and "Valid cloud-config" in schema.stdout, schema.stdout + schema.stderr
     scripts = installed_scripts(text, tmp_path)
     assert "jupyter.sh" in [p.name for p in scripts]
-    proc = subprocess.run(["shellcheck", "-x", "--severity=style", *map(str, scripts)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, output = shellcheck([p.name for p in scripts], tmp_path)
+    assert code == 0, output
 
 
 def test_jupyter_binds_loopback_with_a_token_made_on_the_machine(sandbox_factory, s3_run):

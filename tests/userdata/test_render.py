@@ -28,7 +28,7 @@ from components.userdata import (
     shipped,
 )
 from devtools.sandbox import settings_for
-from tests.userdata.helpers import installed_scripts
+from tests.userdata.helpers import installed_scripts, shellcheck
 
 ROOT = Path(__file__).resolve().parents[2]
 STACKS = sorted((ROOT / "stacks").glob("Pulumi.*.yaml"))
@@ -184,9 +184,8 @@ def test_rendered_scripts_pass_shellcheck(name, tmp_path):
     # installs beside them.
     assert len(scripts) == sum(1 for n, _p, _m in _installed(name) if n.endswith(".sh")) + len(BOOT_SCRIPTS) == (
         9 if name.endswith(ACROSS) else 8)
-    proc = subprocess.run(["shellcheck", "-x", "--severity=style", *map(str, scripts)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, output = shellcheck([p.name for p in scripts], tmp_path)
+    assert code == 0, output
     for path in scripts:
         body = path.read_text()
         assert "set -euo pipefail" in body or "set -Eeuo pipefail" in body or path.name in (
@@ -207,9 +206,8 @@ def test_ops_synth_dev_user_data_passes_schema_and_shellcheck(tmp_path):
     assert schema.returncode == 0, schema.stdout + schema.stderr
     scripts = installed_scripts(text, tmp_path)
     assert len(scripts) == 8
-    proc = subprocess.run(["shellcheck", "-x", *map(str, scripts)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, output = shellcheck([p.name for p in scripts], tmp_path)
+    assert code == 0, output
 
 
 @pytest.mark.parametrize("name", [n for n, _p, _m in FILES + FEDERATION_FILES["aws"] + FEDERATION_FILES["gcp"]
