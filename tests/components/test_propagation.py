@@ -10,6 +10,8 @@ read from `ops synth`.
 from __future__ import annotations
 
 import base64
+import threading
+import time
 from functools import cache
 
 import dill
@@ -25,9 +27,19 @@ FUNCTION = "trainstack-controller-function"
 
 @pytest.fixture
 def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Every time.sleep the wait makes, recorded instead of slept."""
+    """Every time.sleep the wait makes, recorded instead of slept. Only this thread's: `time.sleep` is
+    every thread's, and another's (a profiler's poll, a run's lease renewal left by an earlier test) is
+    not the wait's."""
     calls: list[float] = []
-    monkeypatch.setattr(propagation.time, "sleep", calls.append)
+    real, test = time.sleep, threading.get_ident()
+
+    def sleep(seconds: float) -> None:
+        if threading.get_ident() == test:
+            calls.append(seconds)
+        else:
+            real(seconds)
+
+    monkeypatch.setattr(propagation.time, "sleep", sleep)
     return calls
 
 
