@@ -220,11 +220,12 @@ class Verdict:
 def price_tables(config: Config, inputs: Inputs, store, quotes: Sequence[Quote], *, active: int, now: float,
                  allowed: Mapping[int, str], committed: int | None, progress_step: int | None,
                  total: int | None, deadline: float | None, running_active: bool, booted_s: float | None,
-                 restart: bool) -> Verdict:
+                 restart: bool, first: bool = False) -> Verdict:
     """Estimate every placement, choose one, and the table as written (not written here).
 
     ``allowed``: each placement the waiting rules refuse now, with why (``controller.decide``); ``restart``: a
-    training machine would be stopped (rebalance), so the saving must also cover :func:`cost.restart_cost`."""
+    training machine would be stopped (rebalance), so the saving must also cover :func:`cost.restart_cost`; ``first``:
+    the run's first launch (no placement is active: no move threshold, :func:`controller.table.choose`)."""
     events = read_events(store)
     hist = history(events, config.placements, config.nodes)
     gpus = [row.get("gpu") for row in inputs.placements]
@@ -274,9 +275,9 @@ def price_tables(config: Config, inputs: Inputs, store, quotes: Sequence[Quote],
                                             price_from=quotes[active].price, steps_since_commit=steps_since,
                                             rate_from=rate_from)
     choice = table.choose(estimates, active=active, policy=table.CHEAPEST, floor_usd=inputs.move_floor_usd,
-                          fraction=inputs.move_fraction, restart_usd=restart_usd)
-    doc = table.document(table.rows(labels, quotes, estimates, now=now), choice, now=now, active=active,
-                         policy=table.CHEAPEST)
+                          fraction=inputs.move_fraction, restart_usd=restart_usd, first=first)
+    doc = table.document(table.rows(labels, quotes, estimates, now=now), choice, now=now,
+                         active=None if first else active, policy=table.CHEAPEST)
     doc["move"] = {"floor_usd": inputs.move_floor_usd, "fraction": inputs.move_fraction,
                    "restart_usd": round(restart_usd, 4)}
     by = {e.index: e for e in estimates}

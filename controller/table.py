@@ -13,7 +13,8 @@ and ``ops synth`` can say why the run is where it is:
 
 ``choose`` with ``policy`` ``inOrder`` keeps the listed order (the first placement the waiting rules allow);
 with ``cheapest`` it takes the feasible placement of least expected cost, and leaves the active one only
-when the saving beats the move threshold (:func:`controller.cost.worth_moving`). Pure but for
+when the saving beats the move threshold (:func:`controller.cost.worth_moving`). At the run's first launch
+(``first``) nothing runs anywhere, so nothing is moved: no threshold, the cheapest feasible placement. Pure but for
 :func:`write` and :func:`latest`.
 """
 
@@ -81,9 +82,10 @@ class Choice:
 
 def choose(estimates: Sequence[Estimate], *, active: int, policy: str = CHEAPEST,
            floor_usd: float = cost.DEFAULT_MOVE_FLOOR_USD, fraction: float = cost.DEFAULT_MOVE_FRACTION,
-           restart_usd: float = 0.0) -> Choice:
+           restart_usd: float = 0.0, first: bool = False) -> Choice:
     """The placement to be in (``estimates`` in listed order; ``active``: where the run is now). ``restart_usd``:
-    what leaving costs beyond E (a training machine stopped: :func:`controller.cost.restart_cost`)."""
+    what leaving costs beyond E (a training machine stopped: :func:`controller.cost.restart_cost`). ``first``:
+    the run's first launch (no placement is active: ``active`` is not weighed)."""
     if policy not in POLICIES:
         raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {policy!r}")
     by_index = {e.index: e for e in estimates}
@@ -95,6 +97,10 @@ def choose(estimates: Sequence[Estimate], *, active: int, policy: str = CHEAPEST
         first = feasible[0]
         return Choice(first.index, "the first placement in the listed order the rules allow")
     best = min(feasible, key=cost.rank_key)
+    if first:
+        return Choice(best.index, "the first launch: the cheapest feasible placement" if best.cost is not None else
+                      "the first launch: no placement has a known cost yet (no measured rate): the first feasible "
+                      "one in the listed order")
     if current is None or not current.feasible:
         why = current.why if current is not None else "not a placement"
         return Choice(best.index, f"placement {active} is not feasible ({why}): the cheapest feasible one"
@@ -113,8 +119,8 @@ def choose(estimates: Sequence[Estimate], *, active: int, policy: str = CHEAPEST
                           f"(more than {floor_usd:.2f} USD and {fraction:.0%} of {current.cost:.2f})", round(saving, 4))
 
 
-def document(table_rows: Sequence[Row], choice: Choice, *, now: float, active: int, policy: str) -> dict:
-    """The table as written (module docstring)."""
+def document(table_rows: Sequence[Row], choice: Choice, *, now: float, active: int | None, policy: str) -> dict:
+    """The table as written (module docstring); ``active`` None: the first launch, where none is."""
     return {"time": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "policy": policy,
             "active": active, "chosen": choice.index, "reason": choice.reason, "saving": choice.saving,
             "rows": [asdict(r) for r in table_rows]}
