@@ -146,7 +146,8 @@ def first_launch(settings: config.Settings, *, checkpoint_bytes: int, now: float
                         checkpoint_bytes=checkpoint_bytes, measured_rates={}, now=now,
                         deadline=now + settings.compute.max_runtime_hours * 3600)
     estimates = [cost.estimate(run, cost.PlacementFacts(
-        index=i, price=q.price, gpu=doc["gpu"], restore_per_gb=doc["restore_per_gb"],
+        index=i, price=q.price, gpu=doc["gpu"], boot_s=float(pricing.DECISION_BOOT_S[places[i].cloud]),
+        restore_per_gb=doc["restore_per_gb"],
         writes_per_gb=doc["writes_per_gb"], max_price=doc["max_price_per_hour"]))
         for i, (q, doc) in enumerate(zip(quotes, inputs, strict=True))]
     policy = settings.placement.choose
@@ -154,7 +155,8 @@ def first_launch(settings: config.Settings, *, checkpoint_bytes: int, now: float
     choice = table.choose(estimates, active=0, policy=policy, floor_usd=settings.placement.move_floor_usd,
                           fraction=settings.placement.move_fraction, first=first)
     labels = [f"{p.cloud} {p.region}" for p in places]
-    doc = table.document(table.rows(labels, quotes, estimates, now=now), choice, now=now,
+    boots = [(float(pricing.DECISION_BOOT_S[p.cloud]), "prior") for p in places]
+    doc = table.document(table.rows(labels, quotes, estimates, now=now, boots=boots), choice, now=now,
                          active=None if first else 0, policy=policy)
     if first:
         doc["first_launch"] = True

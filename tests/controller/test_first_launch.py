@@ -33,8 +33,8 @@ def _config(tmp_path: Path, n: int = 3):
                       {"cloud": "aws", "region": REGIONS[i], "project": None, "group": f"g{i}"} for i in range(n)]})
 
 
-def _inputs(config, *, policy: str = "cheapest", max_prices=None) -> choice.Inputs:
-    rows = [{"instance_types": ["g5.xlarge"], "zones": [], "gpu": "A10G", "estimate_per_hour": 0.4,
+def _inputs(config, *, policy: str = "cheapest", max_prices=None, gpus=None) -> choice.Inputs:
+    rows = [{"instance_types": ["g5.xlarge"], "zones": [], "gpu": (gpus or {}).get(i, "A10G"), "estimate_per_hour": 0.4,
              "restore_per_gb": 0.02, "writes_per_gb": 0.02, "max_price_per_hour": (max_prices or {}).get(i)}
             for i in range(len(config.placements))]
     return choice.parse_inputs({"policy": policy, "steps": 100_000, "checkpoint_every_s": 600,
@@ -74,10 +74,12 @@ def test_the_first_tick_launches_a_run_not_started_where_its_table_says_and_writ
     config = _config(tmp_path)
     store = open_store(config.run_uri)
     groups = Groups(config)
-    # Home's price is above its maximum: the table sends the first launch to the next feasible placement.
-    inputs = _inputs(config, max_prices={0: 0.5})
+    # Home's price is above its maximum; no rate is measured yet, so no E: the least price per unit of GPU work
+    # decides, and placement 2's cheaper L4 does less work an hour than placement 1's A10G for its price.
+    inputs = _inputs(config, max_prices={0: 0.5}, gpus={2: "L4"})
+    prices = _prices({0: 0.6, 1: 0.4, 2: 0.36})
 
-    result = tick(config, groups, NOW, store=store, inputs=inputs, prices=_prices({0: 0.9, 1: 0.4, 2: 0.3}))
+    result = tick(config, groups, NOW, store=store, inputs=inputs, prices=prices)
 
     assert result.action == LAUNCH and "the first launch" in result.reason, result
     assert groups.sizes == {"g0": 0, "g1": 2, "g2": 0} and groups.calls == [("g1", 2)]
@@ -86,21 +88,36 @@ def test_the_first_tick_launches_a_run_not_started_where_its_table_says_and_writ
     (doc,) = _tables(store)
     assert doc["first_launch"] is True and doc["chosen"] == 1 and doc["active"] is None
     assert [r["feasible"] for r in doc["rows"]] == [False, True, True] and "above the maximum" in doc["rows"][0]["why"]
-    assert doc["rows"][1]["price"] == 0.4 and "no measured rate" in doc["reason"]
+    assert [r["price"] for r in doc["rows"]] == [0.6, 0.4, 0.36] and all(r["cost"] is None for r in doc["rows"])
+    assert doc["rows"][1]["work_usd"] < doc["rows"][2]["work_usd"] and "least price per unit" in doc["reason"]
 
-    again = tick(config, groups, NOW + 60, store=store, inputs=inputs, prices=_prices({0: 0.9, 1: 0.4, 2: 0.3}))
+    again = tick(config, groups, NOW + 60, store=store, inputs=inputs, prices=prices)
     assert again.action == STAY and groups.calls == [("g1", 2)] and len(_tables(store)) == 1  # launched once
 
 
-def test_with_no_cost_known_and_home_feasible_the_first_launch_is_homes(tmp_path):
+def test_the_first_launch_goes_where_the_same_gpu_is_cheapest_with_no_move_threshold(tmp_path):
     config = _config(tmp_path)
     store = open_store(config.run_uri)
     groups = Groups(config)
 
-    result = tick(config, groups, NOW, store=store, inputs=_inputs(config), prices=_prices({0: 0.9, 1: 0.4, 2: 0.3}))
+    # 3 % cheaper than home: below any move threshold, but nothing runs yet, so nothing is moved.
+    result = tick(config, groups, NOW, store=store, inputs=_inputs(config), prices=_prices({0: 1.0, 1: 0.97, 2: 1.2}))
+
+    assert result.action == LAUNCH and groups.sizes == {"g0": 0, "g1": 2, "g2": 0}
+    assert _tables(store)[0]["chosen"] == 1
+
+
+def test_with_no_throughput_figure_the_first_launch_takes_the_listed_orders_first_feasible(tmp_path):
+    config = _config(tmp_path)
+    store = open_store(config.run_uri)
+    groups = Groups(config)
+    inputs = _inputs(config, gpus={i: "a GPU of no table" for i in range(3)})
+
+    result = tick(config, groups, NOW, store=store, inputs=inputs, prices=_prices({0: 0.9, 1: 0.4, 2: 0.3}))
 
     assert result.action == LAUNCH and groups.sizes == {"g0": 2, "g1": 0, "g2": 0}
-    assert _tables(store)[0]["chosen"] == 0
+    (doc,) = _tables(store)
+    assert doc["chosen"] == 0 and "the first feasible one in the listed order" in doc["reason"]
 
 
 @pytest.mark.parametrize("why", ["in-order", "started", "sized", "finished"])
@@ -132,7 +149,7 @@ def test_a_group_that_cannot_be_read_holds_the_first_launch_to_the_next_tick(tmp
     store = open_store(config.run_uri)
     groups = Groups(config, refuse={0})  # home's group not made yet, say
     inputs = _inputs(config, max_prices={0: 0.5})
-    prices = _prices({0: 0.9, 1: 0.4, 2: 0.3})
+    prices = _prices({0: 0.9, 1: 0.3, 2: 0.4})
 
     with pytest.raises(CloudError) as raised:
         tick(config, groups, NOW, store=store, inputs=inputs, prices=prices)
@@ -163,7 +180,7 @@ def test_the_chosen_placement_refusing_capacity_moves_the_run_by_the_failed_laun
     store = open_store(config.run_uri)
     groups = Groups(config)
     inputs = _inputs(config, max_prices={0: 0.5})
-    prices = _prices({0: 0.9, 1: 0.4, 2: 0.3})
+    prices = _prices({0: 0.9, 1: 0.3, 2: 0.4})
     assert tick(config, groups, NOW, store=store, inputs=inputs, prices=prices).action == LAUNCH
     groups.failures[1] = (LaunchFailure(NOW + 30, NO_CAPACITY),)
 

@@ -42,7 +42,7 @@ CAUGHT = [
     ("order", 61, 3),  # the same, through a pause between reading the end markers and the record
     ("liveness", 15, 4),  # the active group put to 0 from outside stays there: no machine, silently
     ("cap", 2, 5),  # a group sized up after the groups' cap; the run never marked TIMED_OUT
-    ("others", 44, 7),  # the old placement's machines left up, billed for nothing
+    ("others", 46, 7),  # the old placement's machines left up, billed for nothing
     ("restart", 1, 2),  # a machine resumes below the newest committed step
     ("twice", 14, 6),  # a move's moved event written twice
     ("broken", 6, 8),  # a placement whose API refuses every call, never named, a move to it never given up
@@ -51,7 +51,7 @@ CAUGHT = [
     ("stop", 50, 10),  # a stop asked while no trainer heeds it waits for the deadline
     ("margin", 0, 11),  # a launch margin of 5 minutes: a group sized up 10 min before the deadline
     ("threshold", 15, 12),  # a move for price that saves less than the move threshold
-    ("infeasible", 27, 13),  # a move to a placement the record marks failed minutes before
+    ("infeasible", 23, 13),  # a move to a placement the record marks failed minutes before
     ("training", 18, 14),  # a move for price that stops a training machine, rebalance off
 ]
 

@@ -76,7 +76,7 @@ def test_each_decision_is_its_own_object_and_the_latest_is_read_back(tmp_path):
     assert json.loads(store.get_bytes(layout.decision_key(NOW)))["rows"][0] == {
         "index": 0, "label": "aws us-east-1", "price": 0.4, "price_source": "estimate", "price_age_s": None,
         "score": None, "rate": None, "rate_source": "", "lam": 0.0, "load": 0.0, "transfer_usd": None, "cost": 12.0,
-        "hours": None, "feasible": True, "why": ""}
+        "hours": None, "feasible": True, "why": "", "work_usd": None, "boot_s": None, "boot_source": ""}
     assert first["time"] == "2025-12-06T05:46:40Z" and first["chosen"] == 0
 
 
