@@ -309,7 +309,7 @@ def price_tables(config: Config, inputs: Inputs, store, quotes: Sequence[Quote],
             running=p.index == active and running_active)
         estimates.append(cost.estimate(run, facts))
     restart_usd = 0.0
-    labels = [p.label for p in config.placements]
+    labels = table.labels([(p.cloud, p.region, p.project) for p in config.placements])
     if restart:
         current = estimates[active]
         rate_from = current.rate or hist.rate(active)

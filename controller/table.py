@@ -68,6 +68,15 @@ class Row:
     """``measured`` (the run's own boots in that cloud) or ``prior`` (the stack's figure)."""
 
 
+def labels(places: Sequence[tuple[str, str, str | None]]) -> list[str]:
+    """Each placement's label in the table, from its (cloud, region, project): ``aws us-west-2``, as an operator
+    types it, and where two placements share a cloud and region (GCP placements in several projects) its project
+    too, else its index, so that no two rows read the same."""
+    plain = [f"{cloud} {region}" for cloud, region, _ in places]
+    return [label if plain.count(label) == 1 else f"{label} ({project or f'placement {i}'})"
+            for i, (label, (_, _, project)) in enumerate(zip(plain, places, strict=True))]
+
+
 def rows(labels: Sequence[str], quotes: Sequence[Quote], estimates: Sequence[Estimate], *, now: float,
          boots: Sequence[tuple[float, str]] | None = None) -> list[Row]:
     """The table's rows, one per placement in listed order (``labels``, ``quotes``, ``estimates`` and ``boots``, the

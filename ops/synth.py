@@ -154,7 +154,7 @@ def first_launch(settings: config.Settings, *, checkpoint_bytes: int, now: float
     first = policy == table.CHEAPEST  # every group starts at 0: the first tick launches where the table says
     choice = table.choose(estimates, active=0, policy=policy, floor_usd=settings.placement.move_floor_usd,
                           fraction=settings.placement.move_fraction, first=first)
-    labels = [f"{p.cloud} {p.region}" for p in places]
+    labels = table.labels([(p.cloud, p.region, p.project or None) for p in places])
     boots = [(float(pricing.DECISION_BOOT_S[p.cloud]), "prior") for p in places]
     doc = table.document(table.rows(labels, quotes, estimates, now=now, boots=boots), choice, now=now,
                          active=None if first else 0, policy=policy)

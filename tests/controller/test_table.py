@@ -94,3 +94,11 @@ def test_the_decision_modules_import_no_cloud_client_or_stack_library():
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_placements_of_one_cloud_and_region_read_apart_in_the_table():
+    assert table.labels([("aws", "us-east-1", None), ("gcp", "us-central1", "proj-a"),
+                         ("gcp", "us-central1", "proj-b"), ("gcp", "europe-west4", "proj-a")]) == [
+        "aws us-east-1", "gcp us-central1 (proj-a)", "gcp us-central1 (proj-b)", "gcp europe-west4"]
+    assert table.labels([("gcp", "us-central1", None), ("gcp", "us-central1", None)]) == [
+        "gcp us-central1 (placement 0)", "gcp us-central1 (placement 1)"]
