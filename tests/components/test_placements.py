@@ -117,6 +117,19 @@ def test_home_starts_at_the_run_size_in_order_and_at_zero_for_the_first_tick_to_
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_a_second_run_has_new_groups_at_zero_for_its_own_first_tick(cloud):
+    """A new run.id names new groups (tests/components/test_second_run.py): created at 0 like the first run's,
+    they wait for the controller's first tick over the new run folder, whatever size the old run's groups had."""
+    raw = {**RAW[cloud], "run": {**RAW[cloud]["run"], "id": "exp-8"}}
+    r = synth.synthesize(raw, stack="places")
+    size = "desiredCapacity" if cloud == "aws" else "targetSize"
+    groups = sorted(r.of_type(GROUP[cloud]), key=lambda g: g["inputs"]["name"])
+    assert [g["inputs"]["name"] for g in groups] == [HOME_GROUP.replace("exp-7", "exp-8") + s for s in ("", "-p1", "-p2")]
+    assert [g["inputs"][size] for g in groups] == [0, 0, 0]
+    assert r.outputs["runUri"].endswith("/runs/exp-8")
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
 def test_every_placement_runs_the_same_image_and_run_folder_and_scales_only_its_own_group(cloud):
     r = synthesized(cloud)
     envs = {}
