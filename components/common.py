@@ -75,6 +75,19 @@ def mirrored_image(settings: Settings) -> bool:
     return settings.image.build and len(settings.placement_list) > 1
 
 
+def first_launch_by_controller(settings: Settings) -> bool:
+    """Whether the placement controller's first tick launches the run (`choose: cheapest` with several
+    placements): every group is created at 0 and the first tick sizes the one its decision table picks."""
+    return len(settings.placement_list) > 1 and settings.placement.choose == "cheapest"
+
+
+def group_size(settings: Settings, index: int) -> int | None:
+    """The size placement `index`'s group is created with: None (`nodes`) for home, 0 for the others; 0 for
+    home too when the controller's first tick launches the run (`first_launch_by_controller`). Pulumi ignores
+    the size after creation, so a later `pulumi up` never resets one the controller (or a machine) set."""
+    return None if index == 0 and not first_launch_by_controller(settings) else 0
+
+
 # Days before a bucket aborts a multipart upload that never finished (S3 and GCS lifecycle
 # rules): a checkpoint upload takes minutes, and one cut off by preemption bills its parts
 # until aborted.

@@ -22,9 +22,16 @@ a ``pulumi up`` that changes a price input redeploys it with the code that reads
 function deployed before it existed, a test) the controller follows the listed order (``inOrder``).
 
 **What the run says** (:func:`history`), from its ``events.jsonl``: each placement's measured steps per hour
-(consecutive ``checkpoint`` events of one attempt), its preemptions (``preempted`` events) and machine-hours
-(from each ``started`` to the attempt's last event, times ``nodes``), by the ``placement`` label each
-``started`` event's ``config`` carries (home's when it says none), and the newest checkpoint's ``bytes``.
+(consecutive ``checkpoint`` events of one attempt, or its ``resumed`` and the ``checkpoint`` after it; not the
+commit a spot notice asked for, which ends an interval the stop cut short), its
+preemptions (``preempted`` events) and machine-hours (from each ``started`` to the attempt's last event, times
+``nodes``), by the ``placement`` label each ``started`` event's ``config`` carries (home's when it says none),
+the newest checkpoint's ``bytes``, and each cloud's **replacement boots**: from a ``preempted`` event to the
+``resumed`` event (the checkpoint restored, training about to go on) of the next attempt when it is in the same
+placement (the group replaced its machine): the relaunch, the boot, the image, the trainer's start and the
+restore, all of which a preemption costs. The median of a cloud's boots is its ``boot_p``; a cloud the run has
+no such boot in yet takes the stack's prior (``boot_s``: components/pricing.py's ``DECISION_BOOT_S``). Where
+capacity was short after the notice, the wait counts too: an upper bound, as a preemption then costs that.
 
 Standard library only but the price APIs' clients (imported where a fetch needs them).
 """
@@ -45,8 +52,11 @@ from runfolder import layout
 from runfolder.events import read_events
 
 INPUTS_FILE = Path(__file__).with_name("decision.json")
-# A replacement's boot to its first step, per cloud, until the stack says otherwise (components/pricing.py).
+# A replacement's boot to its first step, per cloud, until the run has measured one there and the stack says none
+# (components/pricing.py's DECISION_BOOT_S, the prior the stack ships, is the same figure).
 DEFAULT_BOOT_S = 600.0
+# A checkpoint this close before a `preempted` event is the commit the spot notice asked for (history).
+NOTICE_COMMIT_S = 60.0
 # "Right after a commit" (rebalance): the steps since the newest commit took at most this long.
 REBALANCE_WINDOW_S = 180.0
 # What a tick may spend asking the price APIs (Lambda's timeout is 60 s; the groups come first).
@@ -159,15 +169,22 @@ class Tally:
 
 @dataclass(frozen=True)
 class History:
-    """What the run's events say (module docstring), by placement index."""
+    """What the run's events say (module docstring), by placement index; the replacement boots by cloud."""
 
     tallies: Mapping[int, Tally]
     checkpoint_bytes: int | None = None
     checkpoint_interval_s: float | None = None
+    boots: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    """Seconds from a ``preempted`` event to the replacement's ``resumed`` in the same placement, by its cloud."""
 
     def rate(self, index: int) -> float | None:
         t = self.tallies.get(index)
         return t.steps / t.hours if t is not None and t.hours > 0 and t.steps > 0 else None
+
+    def boot_s(self, cloud: str) -> float | None:
+        """The run's measured replacement boot in ``cloud`` (the median of its boots there), None before one."""
+        found = sorted(self.boots.get(cloud, ()))
+        return found[(len(found) - 1) // 2] if found else None
 
 
 def history(events: Sequence[Mapping], placements: Sequence[Placement], nodes: int) -> History:
@@ -176,6 +193,9 @@ def history(events: Sequence[Mapping], placements: Sequence[Placement], nodes: i
     tallies: dict[int, Tally] = {}
     where, started, last_t, prev_ckpt = 0, None, None, None
     newest_bytes, gaps = None, []
+    boots: dict[str, list[float]] = {}
+    notice, boot_from = None, None  # (placement, time) of the newest `preempted`; a replacement's boot since
+    last_gap = None  # the newest checkpoint's part of the rate: (time, steps, seconds, counted as an interval)
 
     def close() -> None:
         if started is not None and last_t is not None and last_t > started:
@@ -187,23 +207,56 @@ def history(events: Sequence[Mapping], placements: Sequence[Placement], nodes: i
             close()
             label = (e.get("config") or {}).get("placement") if isinstance(e.get("config"), dict) else None
             where, started, last_t, prev_ckpt = by_label.get(label, 0), t, t, None
+            # The group's own replacement of a machine it lost to a preemption: its boot runs from the notice.
+            boot_from = notice[1] if notice is not None and notice[0] == where else None
+            notice = None
             continue
         if t is not None and started is not None:
             last_t = max(last_t or t, t)
         if kind == layout.PREEMPTED:
             tallies.setdefault(where, Tally()).preemptions += 1
+            notice = (where, t) if t is not None else None
+            if last_gap is not None and t is not None and 0 <= t - last_gap[0] <= NOTICE_COMMIT_S:
+                # The commit the notice asked for ends an interval the stop cut short: neither its rate nor its length
+                # is the training's cadence.
+                tally = tallies[where]
+                tally.steps -= last_gap[1]
+                tally.hours -= last_gap[2] / 3600
+                if last_gap[3]:
+                    gaps.pop()
+            last_gap = None
+        elif kind == layout.RESUMED and isinstance(e.get("step"), int) and t is not None:
+            # The checkpoint restored: training goes on from its step now (the rate counts from here), and the
+            # replacement's boot, from its predecessor's notice to its first step, is over.
+            if prev_ckpt is None:
+                prev_ckpt = (e["step"], t, False)  # not a commit: no checkpoint interval counts from it
+            if boot_from is not None and t > boot_from and where < len(placements):
+                boots.setdefault(placements[where].cloud, []).append(t - boot_from)
+            boot_from = None
         elif kind == layout.CHECKPOINT and isinstance(e.get("step"), int) and t is not None:
             if isinstance(e.get("bytes"), int) and e["bytes"] > 0:
                 newest_bytes = e["bytes"]
+            last_gap = None
             if prev_ckpt is not None and e["step"] > prev_ckpt[0] and t > prev_ckpt[1]:
                 tally = tallies.setdefault(where, Tally())
                 tally.steps += e["step"] - prev_ckpt[0]
                 tally.hours += (t - prev_ckpt[1]) / 3600
-                gaps.append(t - prev_ckpt[1])
-            prev_ckpt = (e["step"], t)
+                if prev_ckpt[2]:
+                    gaps.append(t - prev_ckpt[1])
+                last_gap = (t, e["step"] - prev_ckpt[0], t - prev_ckpt[1], prev_ckpt[2])
+            prev_ckpt = (e["step"], t, True)
     close()
     interval = sorted(gaps)[len(gaps) // 2] if gaps else None
-    return History(tallies, newest_bytes, interval)
+    return History(tallies, newest_bytes, interval, {c: tuple(v) for c, v in boots.items()})
+
+
+def boot_for(hist: History, inputs: Inputs, cloud: str) -> tuple[float, str]:
+    """(seconds, where they come from) of a replacement's boot in ``cloud``: the run's own (``measured``, the median
+    of its boots there), else the stack's prior (``prior``)."""
+    measured = hist.boot_s(cloud)
+    if measured is not None:
+        return measured, "measured"
+    return float(inputs.boot_s.get(cloud, DEFAULT_BOOT_S)), "prior"
 
 
 @dataclass(frozen=True)
@@ -220,11 +273,12 @@ class Verdict:
 def price_tables(config: Config, inputs: Inputs, store, quotes: Sequence[Quote], *, active: int, now: float,
                  allowed: Mapping[int, str], committed: int | None, progress_step: int | None,
                  total: int | None, deadline: float | None, running_active: bool, booted_s: float | None,
-                 restart: bool) -> Verdict:
+                 restart: bool, first: bool = False) -> Verdict:
     """Estimate every placement, choose one, and the table as written (not written here).
 
     ``allowed``: each placement the waiting rules refuse now, with why (``controller.decide``); ``restart``: a
-    training machine would be stopped (rebalance), so the saving must also cover :func:`cost.restart_cost`."""
+    training machine would be stopped (rebalance), so the saving must also cover :func:`cost.restart_cost`; ``first``:
+    the run's first launch (no placement is active: no move threshold, :func:`controller.table.choose`)."""
     events = read_events(store)
     hist = history(events, config.placements, config.nodes)
     gpus = [row.get("gpu") for row in inputs.placements]
@@ -239,21 +293,23 @@ def price_tables(config: Config, inputs: Inputs, store, quotes: Sequence[Quote],
     run = cost.RunFacts(nodes=config.nodes, remaining_steps=remaining, checkpoint_interval_s=interval,
                         checkpoint_bytes=hist.checkpoint_bytes or inputs.checkpoint_bytes, measured_rates=measured,
                         now=now, deadline=deadline)
-    estimates = []
+    estimates, boots = [], []
     for p, row, q in zip(config.placements, inputs.placements, quotes, strict=True):
         tally = hist.tallies.get(p.index, Tally())
-        boot = inputs.boot_s.get(p.cloud, DEFAULT_BOOT_S)
+        boot, source = boot_for(hist, inputs, p.cloud)
+        boots.append((round(boot, 1), source))
+        left = None
         if p.index == active and booted_s is not None:  # its replacement's boot so far is a cost already paid
-            boot = max(0.0, boot - booted_s)
+            left = max(0.0, boot - booted_s)
         facts = cost.PlacementFacts(
             index=p.index, price=q.price, gpu=row.get("gpu"), preemptions=tally.preemptions,
-            machine_hours=tally.machine_hours, boot_s=boot, restore_per_gb=row.get("restore_per_gb"),
+            machine_hours=tally.machine_hours, boot_s=boot, boot_left_s=left, restore_per_gb=row.get("restore_per_gb"),
             writes_per_gb=row.get("writes_per_gb"), max_price=row.get("max_price_per_hour"),
             allowed=p.index not in allowed, not_allowed=allowed.get(p.index, ""),
             running=p.index == active and running_active)
         estimates.append(cost.estimate(run, facts))
     restart_usd = 0.0
-    labels = [p.label for p in config.placements]
+    labels = table.labels([(p.cloud, p.region, p.project) for p in config.placements])
     if restart:
         current = estimates[active]
         rate_from = current.rate or hist.rate(active)
@@ -262,21 +318,20 @@ def price_tables(config: Config, inputs: Inputs, store, quotes: Sequence[Quote],
             why = (f"a machine trains and its last commit is more than {REBALANCE_WINDOW_S:.0f} s of steps behind: "
                    "a rebalance waits for the next commit")
             stay = table.Choice(active, why)
-            doc = table.document(table.rows(labels, quotes, estimates, now=now), stay, now=now, active=active,
+            doc = table.document(table.rows(labels, quotes, estimates, now=now, boots=boots), stay, now=now, active=active,
                                  policy=table.CHEAPEST)
             return Verdict(active, why, doc, current.cost, current.cost)
         best = min((e for e in estimates if e.feasible), key=cost.rank_key, default=None)
         price_to = quotes[best.index].price if best is not None else None
         if rate_from and price_to is not None and quotes[active].price is not None:
             restart_usd = cost.restart_cost(nodes=config.nodes, price_to=price_to,
-                                            boot_s=inputs.boot_s.get(config.placements[best.index].cloud,
-                                                                     DEFAULT_BOOT_S),
+                                            boot_s=boot_for(hist, inputs, config.placements[best.index].cloud)[0],
                                             price_from=quotes[active].price, steps_since_commit=steps_since,
                                             rate_from=rate_from)
     choice = table.choose(estimates, active=active, policy=table.CHEAPEST, floor_usd=inputs.move_floor_usd,
-                          fraction=inputs.move_fraction, restart_usd=restart_usd)
-    doc = table.document(table.rows(labels, quotes, estimates, now=now), choice, now=now, active=active,
-                         policy=table.CHEAPEST)
+                          fraction=inputs.move_fraction, restart_usd=restart_usd, first=first)
+    doc = table.document(table.rows(labels, quotes, estimates, now=now, boots=boots), choice, now=now,
+                         active=None if first else active, policy=table.CHEAPEST)
     doc["move"] = {"floor_usd": inputs.move_floor_usd, "fraction": inputs.move_fraction,
                    "restart_usd": round(restart_usd, 4)}
     by = {e.index: e for e in estimates}

@@ -40,6 +40,21 @@ x^2/2 + xy/2 + y^2/12 with x = Lambda b, y = Lambda c, while 1 + L falls short o
 x^2/2 + xy/2 + y^2/6): the estimate never undercounts a preempting placement's cost.
 tests/controller/test_cost.py checks both against seeded Monte Carlo runs of preemptions.
 
+Before any measured rate (the first launch)
+-------------------------------------------
+With rate_p unknown everywhere, E is unknown everywhere, yet the first launch must go somewhere. Writing the
+unknown rate as rate_p = k x r_p (k steps per hour of a T4, r_p the GPU's :data:`RELATIVE_THROUGHPUT`, the
+same k everywhere: every placement trains the same model on the same replicas), E_p is
+
+    (steps left / k) x (price_p x nodes + restores_p per hour + writes_p per hour) x overhead_p / r_p
+        + the first boot and restore,
+
+and only the first term grows with the work left. Its bracket, :func:`work_price` (USD per hour of a T4's
+work; the restores per hour are those after preemptions, nodes x lambda_p a paid hour), ranks the placements
+as E would wherever the training outweighs one boot and one restore, which is
+what a run long enough to be worth several placements is. The first launch takes the least of it when no
+placement has a known E (controller/table.py's ``choose``); once the run has measured its rate, E decides.
+
 Moving (:func:`worth_moving`): a run moves for price only when the saving E_current - E_best exceeds both
 ``moveFloorUsd`` and ``moveFraction`` x E_current (``trainstack:placement``): noise below either never moves
 a run. While a machine trains (``rebalance``), the saving must also cover the restart (:func:`restart_cost`).
@@ -150,7 +165,9 @@ class PlacementFacts:
     machine_hours: float = 0.0
     """The run's machine-hours there."""
     boot_s: float = 600.0
-    """The measured replacement boot (boot to first step) for its cloud."""
+    """The replacement boot (boot to first step) for its cloud: what each preemption there costs (in L)."""
+    boot_left_s: float | None = None
+    """What is left of this restart's boot there (a replacement already booting has paid the rest); None: all of it."""
     restore_per_gb: float | None = 0.0
     """USD per GB to read the checkpoint from the home bucket there (components/pricing.py transfer_per_gb)."""
     writes_per_gb: float | None = 0.0
@@ -186,6 +203,21 @@ class Estimate:
     transfer_usd: float | None = None
     """The restores (the first and one after each expected preemption) and the checkpoint writes."""
     finish_at: float | None = None
+    work_usd: float | None = None
+    """:func:`work_price`, where the rate is unknown and the rest is known: what ranks a first launch."""
+
+
+def work_price(run: RunFacts, p: PlacementFacts, lam: float, overhead_factor: float) -> float | None:
+    """USD per hour of a T4's work (module docstring: before any measured rate): an hour's machines, restores after
+    preemptions and checkpoint writes home, times the overhead, over the GPU's relative throughput; None without a
+    throughput figure for its GPU or a price."""
+    relative = RELATIVE_THROUGHPUT.get(p.gpu or "")
+    if not relative or p.price is None or p.writes_per_gb is None or p.restore_per_gb is None:
+        return None
+    gb = run.checkpoint_bytes / GB
+    writes = p.writes_per_gb * gb * 3600 / run.checkpoint_interval_s if run.checkpoint_interval_s else 0.0
+    restores = p.restore_per_gb * gb * run.nodes * lam
+    return round((p.price * run.nodes + restores + writes) * overhead_factor / relative, 6)
 
 
 def estimate(run: RunFacts, p: PlacementFacts) -> Estimate:
@@ -193,7 +225,7 @@ def estimate(run: RunFacts, p: PlacementFacts) -> Estimate:
     maximum price; a placement with an unknown part is feasible but has no E (it ranks after every known one)."""
     rate, rate_source = rate_for(p.gpu, run.measured_rates)
     lam = preemption_rate(p.preemptions, p.machine_hours)
-    boot_h = 0.0 if p.running else p.boot_s / 3600
+    boot_h = 0.0 if p.running else (p.boot_s if p.boot_left_s is None else p.boot_left_s) / 3600
     interval_h = run.checkpoint_interval_s / 3600
     load = loss_load(run.nodes, lam, interval_h, p.boot_s / 3600)
     factor = overhead(run.nodes, lam, interval_h, p.boot_s / 3600)
@@ -206,7 +238,8 @@ def estimate(run: RunFacts, p: PlacementFacts) -> Estimate:
         return Estimate(cost=None, feasible=False, why=f"price {p.price:.4f} above the maximum {p.max_price:.4f}",
                         **base)
     if rate is None:
-        return Estimate(cost=None, feasible=True, why=f"rate unknown: {rate_source}", **base)
+        return Estimate(cost=None, feasible=True, why=f"rate unknown: {rate_source}",
+                        work_usd=work_price(run, p, lam, factor), **base)
     train_h = max(0, run.remaining_steps) / rate * factor
     hours = train_h + boot_h
     finish_at = run.now + hours * 3600

@@ -9,11 +9,18 @@ and ``ops synth`` can say why the run is where it is:
      "reason": "saves 12.40 USD (31 %) over placement 0", "rows": [
        {"index": 0, "label": "aws us-east-1", "price": 0.41, "price_source": "aws", "price_age_s": 120.0,
         "score": 7, "rate": 20000.0, "rate_source": "measured", "lam": 0.04, "load": 0.02,
-        "transfer_usd": 0.0, "cost": 40.1, "hours": 3.1, "feasible": true, "why": ""}, ...]}
+        "transfer_usd": 0.0, "cost": 40.1, "hours": 3.1, "feasible": true, "why": "", "work_usd": null,
+        "boot_s": 600.0, "boot_source": "prior"}, ...]}
+
+(``work_usd``: USD per hour of a T4's work, where the rate is unknown: what ranks a first launch; the first
+launch's table also says ``"first_launch": true``, with ``active`` null.)
 
 ``choose`` with ``policy`` ``inOrder`` keeps the listed order (the first placement the waiting rules allow);
 with ``cheapest`` it takes the feasible placement of least expected cost, and leaves the active one only
-when the saving beats the move threshold (:func:`controller.cost.worth_moving`). Pure but for
+when the saving beats the move threshold (:func:`controller.cost.worth_moving`). At the run's first launch
+(``first``) nothing runs anywhere, so nothing is moved: no threshold, the cheapest feasible placement; with no
+E known anywhere (no measured rate yet), the least price per unit of GPU work (controller/cost.py's
+``work_price``), else the listed order's first feasible one. Pure but for
 :func:`write` and :func:`latest`.
 """
 
@@ -53,19 +60,38 @@ class Row:
     hours: float | None
     feasible: bool
     why: str
+    work_usd: float | None = None
+    """USD per hour of a T4's work where the rate is unknown (controller/cost.py's ``work_price``)."""
+    boot_s: float | None = None
+    """The replacement boot in its cloud (seconds; the active placement's estimate counts what is left of it)."""
+    boot_source: str = ""
+    """``measured`` (the run's own boots in that cloud) or ``prior`` (the stack's figure)."""
 
 
-def rows(labels: Sequence[str], quotes: Sequence[Quote], estimates: Sequence[Estimate], *, now: float) -> list[Row]:
-    """The table's rows, one per placement in listed order (``labels``, ``quotes`` and ``estimates`` by index)."""
+def labels(places: Sequence[tuple[str, str, str | None]]) -> list[str]:
+    """Each placement's label in the table, from its (cloud, region, project): ``aws us-west-2``, as an operator
+    types it, and where two placements share a cloud and region (GCP placements in several projects) its project
+    too, else its index, so that no two rows read the same."""
+    plain = [f"{cloud} {region}" for cloud, region, _ in places]
+    return [label if plain.count(label) == 1 else f"{label} ({project or f'placement {i}'})"
+            for i, (label, (_, _, project)) in enumerate(zip(plain, places, strict=True))]
+
+
+def rows(labels: Sequence[str], quotes: Sequence[Quote], estimates: Sequence[Estimate], *, now: float,
+         boots: Sequence[tuple[float, str]] | None = None) -> list[Row]:
+    """The table's rows, one per placement in listed order (``labels``, ``quotes``, ``estimates`` and ``boots``, the
+    boot each estimate used and its source, by index)."""
     out = []
-    for label, q, e in zip(labels, quotes, estimates, strict=True):
+    boots = boots if boots is not None else [(None, "")] * len(estimates)
+    for label, q, e, (boot, boot_source) in zip(labels, quotes, estimates, boots, strict=True):
         age = q.age(now)
         why = e.why or (q.note if q.source in ("stale", "unknown", "estimate") else "")
         out.append(Row(index=e.index, label=label, price=q.price, price_source=q.source,
                        price_age_s=None if age is None else round(age, 1), score=q.score,
                        rate=None if e.rate is None else round(e.rate, 2), rate_source=e.rate_source,
                        lam=round(e.lam, 6), load=round(e.load, 4), transfer_usd=e.transfer_usd, cost=e.cost,
-                       hours=None if e.hours is None else round(e.hours, 3), feasible=e.feasible, why=why))
+                       hours=None if e.hours is None else round(e.hours, 3), feasible=e.feasible, why=why,
+                       work_usd=e.work_usd, boot_s=boot, boot_source=boot_source))
     return out
 
 
@@ -81,9 +107,10 @@ class Choice:
 
 def choose(estimates: Sequence[Estimate], *, active: int, policy: str = CHEAPEST,
            floor_usd: float = cost.DEFAULT_MOVE_FLOOR_USD, fraction: float = cost.DEFAULT_MOVE_FRACTION,
-           restart_usd: float = 0.0) -> Choice:
+           restart_usd: float = 0.0, first: bool = False) -> Choice:
     """The placement to be in (``estimates`` in listed order; ``active``: where the run is now). ``restart_usd``:
-    what leaving costs beyond E (a training machine stopped: :func:`controller.cost.restart_cost`)."""
+    what leaving costs beyond E (a training machine stopped: :func:`controller.cost.restart_cost`). ``first``:
+    the run's first launch (no placement is active: ``active`` is not weighed)."""
     if policy not in POLICIES:
         raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {policy!r}")
     by_index = {e.index: e for e in estimates}
@@ -95,6 +122,17 @@ def choose(estimates: Sequence[Estimate], *, active: int, policy: str = CHEAPEST
         first = feasible[0]
         return Choice(first.index, "the first placement in the listed order the rules allow")
     best = min(feasible, key=cost.rank_key)
+    if first:
+        if best.cost is not None:
+            return Choice(best.index, "the first launch: the cheapest feasible placement")
+        priced = [e for e in feasible if e.work_usd is not None]
+        if priced:
+            least = min(priced, key=lambda e: (e.work_usd, e.index))
+            return Choice(least.index, "the first launch: no measured rate yet, so no E; the least price per unit of "
+                                       "GPU work (machines, restores and checkpoint writes, times the overhead, over "
+                                       "the GPU's relative throughput)")
+        return Choice(best.index, "the first launch: no placement has a known cost yet (no measured rate): the first "
+                                  "feasible one in the listed order")
     if current is None or not current.feasible:
         why = current.why if current is not None else "not a placement"
         return Choice(best.index, f"placement {active} is not feasible ({why}): the cheapest feasible one"
@@ -113,8 +151,8 @@ def choose(estimates: Sequence[Estimate], *, active: int, policy: str = CHEAPEST
                           f"(more than {floor_usd:.2f} USD and {fraction:.0%} of {current.cost:.2f})", round(saving, 4))
 
 
-def document(table_rows: Sequence[Row], choice: Choice, *, now: float, active: int, policy: str) -> dict:
-    """The table as written (module docstring)."""
+def document(table_rows: Sequence[Row], choice: Choice, *, now: float, active: int | None, policy: str) -> dict:
+    """The table as written (module docstring); ``active`` None: the first launch, where none is."""
     return {"time": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "policy": policy,
             "active": active, "chosen": choice.index, "reason": choice.reason, "saving": choice.saving,
             "rows": [asdict(r) for r in table_rows]}

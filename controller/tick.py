@@ -20,6 +20,14 @@ group, asks :func:`controller.decide.decide`, and acts:
   next one finishes;
 - ``replace`` (all the run's machines up, no progress for ``HUNG_S``): recorded in ``placement.json``
   (``hung``, a conditional write), then the active group is cycled: to zero and back to ``nodes``;
+- ``launch`` (the first launch, with ``cheapest``): every group starts at zero (components/common.py's
+  ``group_size``), and a tick that finds a run not started (no machine in any group, no event, no lease, no
+  progress, no commit, and ``placement.json`` names no placement launched or moved to) prices every placement,
+  writes the decision table (``first_launch``) and records the chosen placement active (a conditional write:
+  of two ticks at once, one launches), then sizes its group to ``nodes``. A group that cannot be read holds the
+  first launch to the next tick (a group ``pulumi up`` has not made yet must not send the run elsewhere), unless
+  it is broken; a price decision that fails launches the listed order's first placement. From there on the run
+  is as any other: its group refusing capacity moves it by the failed-launch rules;
 - otherwise every placement but the active one is kept at zero, and the active group is put back
   to ``nodes`` when it stands below (:func:`controller.decide.decide`'s ``size``). A run that cannot
   train anywhere now (``stuck``) gets a ``waiting`` event with the reason among the placement
@@ -75,6 +83,7 @@ from runfolder import layout
 from runfolder.lease import CLOCK_SKEW_S, LeaseRecord
 from runfolder.storage import NotFound, PreconditionFailed, Store, open_store
 
+LAUNCH = "launch"  # the tick's action at the run's first launch (``cheapest``: every group starts at zero)
 # Who wrote an end marker the controller wrote (the ``instance`` field, a machine's id otherwise).
 CONTROLLER_INSTANCE = "controller"
 # A stop asked this long ago, with no progress since, is one the trainer holding the lease does not heed (it
@@ -455,6 +464,10 @@ def _tick(config: Config, clouds: Watched, store: Store, now: float, clock: Call
         return finish_move(config, clouds, store, rec, version, now, run, clock, contain=True)
     if rec.active >= len(config.placements):
         return TickResult(STAY, f"{layout.PLACEMENT_KEY} names placement {rec.active}, which the stack does not have")
+    if inputs is not None and inputs.cheapest and not_started(run, rec):
+        launched = _first_launch(config, clouds, store, rec, version, run, now, clock, inputs, prices)
+        if launched is not None:
+            return launched
     active = config.placements[rec.active]
     try:
         group = clouds.state(active)
@@ -500,6 +513,77 @@ def _tick(config: Config, clouds: Watched, store: Store, now: float, clock: Call
                                      layout.ATTEMPT: None, "reason": decision.reason, "placement": active.label,
                                      "key": decision.stuck}, after=run.heartbeat)
     return result
+
+
+def not_started(run: RunView, rec: Record) -> bool:
+    """Whether the run folder shows a run no machine has started: no event, lease, progress or commit, and
+    ``placement.json`` names no placement launched (its ``since``) or moved to."""
+    return (run.attempts == 0 and run.heartbeat is None and run.lease_until is None and run.step is None
+            and run.progress_at is None and rec.since is None and not rec.moves)
+
+
+def _first_launch(config: Config, clouds: Watched, store: Store, rec: Record, version: str | None, run: RunView,
+                  now: float, clock: Callable[[], float], inputs: choices.Inputs, prices) -> TickResult | None:
+    """The run's first launch (module docstring): None when a group has a machine or is sized up already (a
+    person, a stack deployed before the groups started at zero: the run is not one the first tick launches)."""
+    broken = {p.index: "its group's API has failed at every tick: marked failed until it answers"
+              for p in config.placements if is_broken(rec, p.index, now)}
+    unread = []
+    for p in config.placements:
+        if p.index in broken:
+            continue
+        try:
+            group = clouds.state(p)
+        except CloudError as e:
+            unread.append(str(e))
+            continue
+        if group.running or (group.desired or 0) > 0:
+            return None
+    if unread:
+        return TickResult(STAY, "the first launch waits for every group to answer (a group not made yet, or an API "
+                                "failing): the next tick decides", errors=unread)
+    to, why, note = _first_choice(config, store, run, now, inputs, prices, broken)
+    if to is None:
+        return TickResult(STAY, f"the first launch: {why}")
+    new = dataclasses.replace(rec, active=to, since=iso(now))
+    try:
+        version = records.write(store, new, version)
+    except PreconditionFailed:
+        return TickResult(STAY, f"another tick changed {layout.PLACEMENT_KEY} first: it launches the run", price=note)
+    chosen = config.placements[to]
+    result = TickResult(LAUNCH, f"the first launch, in {chosen.label}: {why}", price=note)
+    if current_record(store, version) is None:
+        result.reason = f"{layout.PLACEMENT_KEY} changed or the run ended meanwhile: the next tick acts on it"
+        return result
+    _zero(clouds, [p for p in config.placements if p.index != to], result.resized, result.errors)
+    if may_launch(run, clock()):
+        _contained(result.errors, _resize, clouds, chosen, config.nodes, result.resized)
+    return result
+
+
+def _first_choice(config: Config, store: Store, run: RunView, now: float, inputs: choices.Inputs, prices,
+                  broken: dict[int, str]) -> tuple[int | None, str, str | None]:
+    """Where the first launch goes, why, and what failed on the way (a price API, the cache): the decision table's
+    choice, written (``first_launch``); whatever fails leaves the listed order's first placement not broken."""
+    fallback = next((p.index for p in config.placements if p.index not in broken), None)
+    try:
+        fetch = prices() if prices is not None else None
+        quotes, note = choices.quotes(config, inputs, store, now=now, fetch=fetch,
+                                      out_of_time=choices.prices_budget())
+        verdict = choices.price_tables(config, inputs, store, quotes, active=0, now=now, allowed=broken,
+                                       committed=None, progress_step=None, total=None, deadline=run.deadline,
+                                       running_active=False, booted_s=None, restart=False, first=True)
+    except Exception as e:  # noqa: BLE001 - the run is launched whatever the prices do
+        why = f"the price decision failed: {type(e).__name__}: {e}"[:500]
+        return fallback, "the listed order's first placement (the price decision failed)", why
+    doc, to = verdict.doc, verdict.to
+    if to is None:  # nothing feasible: the run trains toward its deadline rather than wait
+        to = fallback
+        doc["chosen"] = to
+        doc["reason"] += f"; the first launch goes to the listed order's first placement, {to}"
+    doc["first_launch"], doc["step"] = True, None
+    tables.write(store, doc, now=now)
+    return to, str(doc["reason"]), note or None
 
 
 def _seen(store: Store, rec: Record, version: str | None, group: GroupState, now: float

@@ -146,14 +146,21 @@ def first_launch(settings: config.Settings, *, checkpoint_bytes: int, now: float
                         checkpoint_bytes=checkpoint_bytes, measured_rates={}, now=now,
                         deadline=now + settings.compute.max_runtime_hours * 3600)
     estimates = [cost.estimate(run, cost.PlacementFacts(
-        index=i, price=q.price, gpu=doc["gpu"], restore_per_gb=doc["restore_per_gb"],
+        index=i, price=q.price, gpu=doc["gpu"], boot_s=float(pricing.DECISION_BOOT_S[places[i].cloud]),
+        restore_per_gb=doc["restore_per_gb"],
         writes_per_gb=doc["writes_per_gb"], max_price=doc["max_price_per_hour"]))
         for i, (q, doc) in enumerate(zip(quotes, inputs, strict=True))]
     policy = settings.placement.choose
+    first = policy == table.CHEAPEST  # every group starts at 0: the first tick launches where the table says
     choice = table.choose(estimates, active=0, policy=policy, floor_usd=settings.placement.move_floor_usd,
-                          fraction=settings.placement.move_fraction)
-    labels = [f"{p.cloud} {p.region}" for p in places]
-    return table.document(table.rows(labels, quotes, estimates, now=now), choice, now=now, active=0, policy=policy)
+                          fraction=settings.placement.move_fraction, first=first)
+    labels = table.labels([(p.cloud, p.region, p.project or None) for p in places])
+    boots = [(float(pricing.DECISION_BOOT_S[p.cloud]), "prior") for p in places]
+    doc = table.document(table.rows(labels, quotes, estimates, now=now, boots=boots), choice, now=now,
+                         active=None if first else 0, policy=policy)
+    if first:
+        doc["first_launch"] = True
+    return doc
 
 
 def first_launch_lines(doc: dict) -> list[str]:
@@ -165,6 +172,13 @@ def first_launch_lines(doc: dict) -> list[str]:
     lines = ["First launch: the table the placement controller would start from (an estimate: priced from the "
              "stack's price table, components/prices.yaml; running, it asks each cloud's price API)"]
     lines += [f"  {text}" for _label, text in rows]
+    chosen = doc.get("chosen")
+    if doc.get("first_launch"):
+        lines.append(f"  Every group starts at 0; the controller's first tick (within a minute of `pulumi up`) launches "
+                     f"the run in placement {chosen}, as priced then, and writes its table")
+    else:
+        lines.append("  `pulumi up` starts home's group (inOrder); the controller moves the run only when a placement "
+                     "cannot launch")
     if all(r.get("cost") is None for r in doc.get("rows") or []):
         lines.append("  E (the expected cost to finish) is unknown until the run has measured its own steps per hour; "
                      "then every restart decides again by it (ops status shows each decision)")

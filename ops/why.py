@@ -48,10 +48,16 @@ def row_text(row: dict, *, chosen: int | None, active: int | None) -> str:
     lam = _num(row.get("lam"))
     if lam is not None:
         parts.append(f"λ {lam:.3f}/machine-h")
+    boot = _num(row.get("boot_s"))
+    if boot is not None:
+        parts.append(f"boot {duration(boot)} ({row.get('boot_source') or '?'})")
     if _num(row.get("transfer_usd")):
         parts.append(f"transfer {_usd(row.get('transfer_usd'))}")
     cost = _num(row.get("cost"))
     parts.append(f"E {_usd(cost)}" if cost is not None else "E unknown")
+    work = _num(row.get("work_usd"))
+    if cost is None and work is not None:
+        parts.append(f"${work:.4f} per T4-hour of work")
     if row.get("feasible") is False:
         parts.append(f"not feasible: {row.get('why') or '?'}")
     elif row.get("why"):

@@ -221,7 +221,8 @@ class Replay(world.Sim):
         self.end = world.START + self.cap_s + 40 * 60
         self.policy = policy
         doc["policy"] = policy
-        self.groups[0].desired = self.nodes  # `pulumi up` sizes home's group, whatever the policy (docs/placements.md)
+        if policy != choices.table.CHEAPEST:  # as `pulumi up` makes them (components/common.py's group_size): with
+            self.groups[0].desired = self.nodes  # cheapest every group starts at 0 and the first tick launches
         self.inputs = choices.parse_inputs(doc, self.config)
         self.rebalance = self.inputs.rebalance
         self.rows = doc["placements"]

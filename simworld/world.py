@@ -445,6 +445,8 @@ class Sim:
         generator of its own: the rest of the schedule is drawn as before."""
         r = random.Random(self.seed * 7919 + 17)
         self.policy = r.choice((choices.table.CHEAPEST,) * 4 + (choices.table.IN_ORDER,))
+        if self.policy == choices.table.CHEAPEST and self.nplacements > 1:
+            self.groups[0].desired = 0  # as the stack makes them (components/common.py's group_size): the first tick launches
         self.rebalance = r.random() < 0.25
         self.prices: list[list[tuple[float, float]]] = []
         for _ in range(self.nplacements):

@@ -26,7 +26,16 @@ from components.aws.naming import default_bucket_name, group_name, repository_na
 from components.aws.repository import ImageRepository, ImageRepositoryArgs
 from components.aws.signing_key import SigningKey, SigningKeyArgs
 from components.code import user_code_dir
-from components.common import Home, Placements, StackOutputs, TrainingStackArgs, image_refs, mirrored_image, run_uri
+from components.common import (
+    Home,
+    Placements,
+    StackOutputs,
+    TrainingStackArgs,
+    group_size,
+    image_refs,
+    mirrored_image,
+    run_uri,
+)
 from components.tags import aws_tags
 from schedulers import sagemaker
 
@@ -202,9 +211,10 @@ class TrainingStack(StackOutputs):
                                                   image_public_key=home.image_public_key)
             groups.append(SpotGroup(
                 f"{self._stem}-group" if i == 0 else f"{self._stem}-group-p{i}",
-                # Only the active placement has machines: home, until the controller moves the run. A machine
+                # Only the active placement has machines: home, until the controller moves the run; with `choose:
+                # cheapest`, none until the controller's first tick launches it (group_size). A machine
                 # that boots before its policy is attached would fail its first S3 call.
-                spot_group_args(ps, group_name=g, size=None if i == 0 else 0,
+                spot_group_args(ps, group_name=g, size=group_size(self._args.settings, i),
                                 instance_profile_arn=identity.profile_arn, user_data=user_data, tags=self._tags,
                                 wait_for=[identity.policy]),
                 opts=self._in_region[i],

@@ -18,7 +18,16 @@ import pulumi_gcp as gcp
 
 from components import userdata
 from components.code import user_code_dir
-from components.common import Home, Placements, StackOutputs, TrainingStackArgs, image_refs, mirrored_image, run_uri
+from components.common import (
+    Home,
+    Placements,
+    StackOutputs,
+    TrainingStackArgs,
+    group_size,
+    image_refs,
+    mirrored_image,
+    run_uri,
+)
 from components.gcp.bucket import TrainingBucket, TrainingBucketArgs
 from components.gcp.code import TrainerCode, TrainerCodeArgs
 from components.gcp.controller import APIS as CONTROLLER_APIS
@@ -293,10 +302,11 @@ class TrainingStack(StackOutputs):
                                                   image_public_key=home.image_public_key)
             groups.append(SpotGroup(
                 f"{self._stem}-group" if i == 0 else f"{self._stem}-group-p{i}",
-                # Only the active placement has machines: home, until the controller moves the run. A project's
+                # Only the active placement has machines: home, until the controller moves the run; with `choose:
+                # cheapest`, none until the controller's first tick launches it (group_size). A project's
                 # firewall rules hold for the tag in every region of it: made once, with its first group. A
                 # machine that boots before its grants exist would fail its first call.
-                spot_group_args(ps, group_name=g, size=None if i == 0 else 0,
+                spot_group_args(ps, group_name=g, size=group_size(self._args.settings, i),
                                 firewalls=i == min(j for j, q in enumerate(places) if q.project == ps.project),
                                 network_tag=network_tag(**self._names), service_account_email=machines.email,
                                 user_data=user_data, labels=self._labels, wait_for=list(machines.grants)),

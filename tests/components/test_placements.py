@@ -72,7 +72,8 @@ def test_each_placement_has_its_group_in_its_region_and_only_home_has_machines(c
     groups = sorted(r.of_type(GROUP[cloud]), key=lambda g: g["inputs"]["name"])
     assert [g["inputs"]["name"] for g in groups] == [HOME_GROUP, f"{HOME_GROUP}-p1", f"{HOME_GROUP}-p2"]
     size = "desiredCapacity" if cloud == "aws" else "targetSize"
-    assert [g["inputs"][size] for g in groups] == [1, 0, 0]
+    # `choose: cheapest` (the default): every group at 0, the controller's first tick launches the run.
+    assert [g["inputs"][size] for g in groups] == [0, 0, 0]
     if cloud == "aws":
         assert [g["inputs"]["maxSize"] for g in groups] == [1, 1, 1]  # the controller may set any of them to nodes
     # Every group, and everything in its component, is made through the provider of its placement's region.
@@ -95,6 +96,37 @@ def test_each_placement_has_its_group_in_its_region_and_only_home_has_machines(c
         assert zones[1] == ["europe-west4-b"] and all(z.startswith("us-east4-") for z in zones[2])
         # The firewall rules are the project's: made once, for the tag every placement's machines carry.
         assert len(r.of_type("gcp:compute/firewall:Firewall")) == 1
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+@pytest.mark.parametrize(("choose", "sizes"), [("inOrder", [1, 0, 0]), ("cheapest", [0, 0, 0])])
+def test_home_starts_at_the_run_size_in_order_and_at_zero_for_the_first_tick_to_decide_by_price(cloud, choose, sizes):
+    raw = {**RAW[cloud], "placement": {**RAW[cloud].get("placement", {}), "choose": choose}}
+    r = synth.synthesize(raw, stack="places")
+    size = "desiredCapacity" if cloud == "aws" else "targetSize"
+    groups = sorted(r.of_type(GROUP[cloud]), key=lambda g: g["inputs"]["name"])
+    assert [g["inputs"][size] for g in groups] == sizes
+    assert all(size in g["options"]["ignoreChanges"] for g in groups)  # a later `pulumi up` keeps the tick's size
+    # The controller's schedule ticks every minute: the first tick decides within a minute of the deploy.
+    if cloud == "aws":
+        (schedule,) = r.of_type("aws:scheduler/schedule:Schedule")
+        assert schedule["inputs"]["scheduleExpression"] == "rate(1 minute)"
+    else:
+        ticks = [j["inputs"]["schedule"] for j in r.of_type("gcp:cloudscheduler/job:Job") if "controller" in j["name"]]
+        assert ticks == ["*/1 * * * *"]
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_a_second_run_has_new_groups_at_zero_for_its_own_first_tick(cloud):
+    """A new run.id names new groups (tests/components/test_second_run.py): created at 0 like the first run's,
+    they wait for the controller's first tick over the new run folder, whatever size the old run's groups had."""
+    raw = {**RAW[cloud], "run": {**RAW[cloud]["run"], "id": "exp-8"}}
+    r = synth.synthesize(raw, stack="places")
+    size = "desiredCapacity" if cloud == "aws" else "targetSize"
+    groups = sorted(r.of_type(GROUP[cloud]), key=lambda g: g["inputs"]["name"])
+    assert [g["inputs"]["name"] for g in groups] == [HOME_GROUP.replace("exp-7", "exp-8") + s for s in ("", "-p1", "-p2")]
+    assert [g["inputs"][size] for g in groups] == [0, 0, 0]
+    assert r.outputs["runUri"].endswith("/runs/exp-8")
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])
@@ -210,17 +242,20 @@ def test_group_names_and_the_settings_of_a_placement():
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp"])
 @pytest.mark.parametrize("keep_ignore", [True, False], ids=["as-built", "without-ignore-changes"])
-def test_a_later_up_leaves_the_sizes_the_controller_set(cloud, keep_ignore, moto_server, monkeypatch):
-    """The controller moves the run (home to 0, the next placement to nodes); `pulumi refresh` reads the
-    sizes, and the next `up` changes nothing. Without the group's ignoreChanges the same `up` would launch
-    home again and empty the placement the run moved to: the control case shows the check can fail."""
-    raw = RAW[cloud]
+@pytest.mark.parametrize("choose", ["inOrder", "cheapest"])
+def test_a_later_up_leaves_the_sizes_the_controller_set(cloud, keep_ignore, choose, moto_server, monkeypatch):
+    """The controller sizes the groups (``inOrder``: moves the run, home to 0 and the next placement to nodes;
+    ``cheapest``: every group starts at 0 and its first tick launches placement 1); `pulumi refresh` reads the
+    sizes, and the next `up` changes nothing. Without the group's ignoreChanges the same `up` would put every
+    group back to its size at creation: the control case shows the check can fail."""
+    raw = {**RAW[cloud], "placement": {**RAW[cloud].get("placement", {}), "choose": choose}}
     cloud_ = FakeCloud(cloud, raw["region"], moto_server, project=raw.get("project", ""))
     engine = Engine(cloud_, "places")
     engine.up(raw)
     names = [placement.group_name(HOME_GROUP, i) for i in range(3)]
-    assert [cloud_.groups[n] for n in names] == [1, 0, 0]
-    cloud_.resize(names[0], 0)  # the controller's move
+    created = [1, 0, 0] if choose == "inOrder" else [0, 0, 0]
+    assert [cloud_.groups[n] for n in names] == created
+    cloud_.resize(names[0], 0)  # the controller's move, or its first launch
     cloud_.resize(names[1], 1)
     engine.refresh()
     if not keep_ignore:
@@ -232,5 +267,5 @@ def test_a_later_up_leaves_the_sizes_the_controller_set(cloud, keep_ignore, moto
         assert [cloud_.groups[n] for n in names] == [0, 1, 0]
         assert group_steps == {"same"}
     else:
-        assert [cloud_.groups[n] for n in names] == [1, 0, 0]
+        assert [cloud_.groups[n] for n in names] == created
         assert "update" in group_steps

@@ -294,6 +294,69 @@ def test_the_runs_history_gives_each_placements_rate_preemptions_and_machine_hou
     assert h.checkpoint_bytes == 7 and h.checkpoint_interval_s == 3600
 
 
+ACCESS = {"gcp_audience": "//iam.googleapis.com/projects/123/locations/global/workloadIdentityPools/pool/providers/aws-home",
+          "service_account": "trainstack@my-proj.iam.gserviceaccount.com"}
+
+
+def _boot_events(t: float) -> list[dict]:
+    """Home (aws us-east-1) preempted twice, each time replaced by its own group (boots of 400 and 800 s, notice to
+    ``resumed``), then a move to a GCP placement whose first attempt has no boot to measure (no notice before it)."""
+    return [
+        {"event": "started", "time": iso(t), "config": {"placement": "aws us-east-1"}},
+        {"event": "checkpoint", "time": iso(t + 600), "step": 100},
+        {"event": "checkpoint", "time": iso(t + 1200), "step": 300},
+        {"event": "checkpoint", "time": iso(t + 1290), "step": 310},  # the commit the notice asked for
+        {"event": "preempted", "time": iso(t + 1300), "step": 310},
+        {"event": "started", "time": iso(t + 1600), "config": {"placement": "aws us-east-1"}},
+        {"event": "resumed", "time": iso(t + 1700), "step": 310},
+        {"event": "checkpoint", "time": iso(t + 2300), "step": 510},
+        {"event": "preempted", "time": iso(t + 2400), "step": 510},
+        {"event": "started", "time": iso(t + 3000), "config": {"placement": "aws us-east-1"}},
+        {"event": "resumed", "time": iso(t + 3200), "step": 510},
+        {"event": "preempted", "time": iso(t + 3300), "step": 510},
+        {"event": "started", "time": iso(t + 4000), "config": {"placement": "gcp us-central1"}},
+        {"event": "resumed", "time": iso(t + 4100), "step": 510},
+    ]
+
+
+def test_the_runs_history_measures_each_clouds_replacement_boot_from_notice_to_resume():
+    config = parse({"run_uri": "file:///x", "nodes": 1, "wait_minutes": 15, "placements": [
+        {"cloud": "aws", "region": "us-east-1", "project": None, "group": "g0"},
+        {"cloud": "gcp", "region": "us-central1", "project": "p", "group": "g1", "access": ACCESS}]})
+    h = choice.history(_boot_events(NOW), config.placements, config.nodes)
+    # 1300 -> 1700 and 2400 -> 3200 at home; the move to GCP is no replacement by a group: not a boot.
+    assert h.boots == {"aws": (400.0, 800.0)} and h.boot_s("aws") == 400.0 and h.boot_s("gcp") is None
+    # The rate: 200 steps in 600 s, and 200 from the resume in 600 s; not the notice's commit (10 steps in 90 s).
+    assert h.rate(0) == pytest.approx(400 / (1200 / 3600))
+    assert h.checkpoint_interval_s == 600  # neither the resume's gap nor the notice's commit is the cadence
+    inputs = choice.Inputs(boot_s={"aws": 600.0, "gcp": 900.0})
+    assert choice.boot_for(h, inputs, "aws") == (400.0, "measured")
+    assert choice.boot_for(h, inputs, "gcp") == (900.0, "prior")
+
+
+def test_each_row_says_which_boot_it_used_and_l_charges_a_full_boot_though_this_ones_is_partly_paid(tmp_path):
+    config = parse({"run_uri": f"file://{tmp_path}/runs/r", "nodes": 1, "wait_minutes": 15, "placements": [
+        {"cloud": "aws", "region": "us-east-1", "project": None, "group": "g0"},
+        {"cloud": "gcp", "region": "us-central1", "project": "p", "group": "g1", "access": ACCESS}]})
+    store = open_store(config.run_uri)
+    store.put_bytes(layout.EVENTS_KEY, "".join(json.dumps(e) + "\n" for e in _boot_events(NOW - 7200)).encode())
+    inputs = choice.parse_inputs({"policy": "cheapest", "steps": 100_000, "checkpoint_every_s": 600,
+                                  "boot_s": {"aws": 600, "gcp": 900}, "placements": [_row(), _row(gpu="L4")]}, config)
+    quotes = [Quote(price=1.0, source="aws", as_of=NOW), Quote(price=1.0, source="gcp", as_of=NOW)]
+
+    def table(booted_s):
+        return choice.price_tables(config, inputs, store, quotes, active=0, now=NOW, allowed={}, committed=510,
+                                   progress_step=510, total=100_000, deadline=None, running_active=False,
+                                   booted_s=booted_s, restart=False).doc["rows"]
+
+    fresh, booting = table(None), table(300.0)
+    assert [(r["boot_s"], r["boot_source"]) for r in fresh] == [(400.0, "measured"), (900.0, "prior")]
+    # A replacement 300 s into its 400 s boot: the rest of it is what this restart still pays, but each preemption
+    # to come costs a whole boot, so the load is the same.
+    assert booting[0]["load"] == fresh[0]["load"] and booting[0]["hours"] < fresh[0]["hours"]
+    assert booting[0]["hours"] == pytest.approx(fresh[0]["hours"] - 300 / 3600, abs=1e-3)
+
+
 def test_a_restart_never_moves_for_price_to_an_unknown_cost_but_leaves_a_placement_that_cannot_finish(tmp_path):
     config = _config(tmp_path, 3)
     store = open_store(config.run_uri)

@@ -192,3 +192,27 @@ def test_the_restart_costs_the_new_boot_and_the_steps_since_the_commit():
 
 def test_the_estimate_is_a_plain_record():
     assert Estimate(0, None, True, "").cost is None  # the table (controller/table.py) writes its fields
+
+
+def test_before_a_measured_rate_the_work_price_ranks_the_placements_as_e_does_for_a_long_run():
+    """The first launch's rank (work_price) against E with the rate known as k x relative throughput, over seeded
+    placements: for a run of many hours they order the same, and with no rate E is unknown but work_price is not."""
+    rng = random.Random(7)
+    gpus = ["T4", "A10G", "L4", "A100 40GB"]
+    checked = 0
+    for _ in range(200):
+        facts = [PlacementFacts(index=i, price=rng.uniform(0.2, 4.0), gpu=rng.choice(gpus),
+                                preemptions=rng.randint(0, 3), machine_hours=rng.uniform(0, 10),
+                                writes_per_gb=rng.choice((0.0, 0.02, 0.09)), restore_per_gb=0.02) for i in range(3)]
+        unknown = RunFacts(nodes=2, remaining_steps=10**7, checkpoint_interval_s=600, checkpoint_bytes=2 * 10**9,
+                           measured_rates={}, now=0.0)
+        blind = [cost.estimate(unknown, f) for f in facts]
+        assert all(e.cost is None and e.work_usd is not None for e in blind if e.feasible)
+        known = RunFacts(**{**unknown.__dict__, "measured_rates": {"T4": 1000.0}})
+        seen = [cost.estimate(known, f) for f in facts]
+        feasible = [i for i in range(3) if seen[i].feasible and seen[i].cost is not None]
+        if len(feasible) < 2:
+            continue
+        assert min(feasible, key=lambda i: seen[i].cost) == min(feasible, key=lambda i: blind[i].work_usd)
+        checked += 1
+    assert checked > 100

@@ -4,10 +4,12 @@ fix put back (a plant) caught by a schedule kept here."""
 from __future__ import annotations
 
 import datetime
+import json
 import os
 
 import pytest
 
+from runfolder import layout
 from runfolder.lease import RunLease
 from tests.controller.sim import PLANTS, Machine, Sim, Violation, main, run_one
 
@@ -36,11 +38,11 @@ def ci_seeds(day: int | None = None) -> list[int]:
 
 # A schedule per plant that the plant breaks: (plant, seed, the invariant that catches it).
 CAUGHT = [
-    ("stale", 205, 3),  # a tick zeroes the placement an ops move inside it moved to
-    ("order", 34, 3),  # the same, through a pause between reading the end markers and the record
+    ("stale", 34, 3),  # a tick zeroes the placement an ops move inside it moved to
+    ("order", 61, 3),  # the same, through a pause between reading the end markers and the record
     ("liveness", 15, 4),  # the active group put to 0 from outside stays there: no machine, silently
     ("cap", 2, 5),  # a group sized up after the groups' cap; the run never marked TIMED_OUT
-    ("others", 9, 7),  # the old placement's machines left up, billed for nothing
+    ("others", 46, 7),  # the old placement's machines left up, billed for nothing
     ("restart", 1, 2),  # a machine resumes below the newest committed step
     ("twice", 14, 6),  # a move's moved event written twice
     ("broken", 6, 8),  # a placement whose API refuses every call, never named, a move to it never given up
@@ -49,8 +51,8 @@ CAUGHT = [
     ("stop", 50, 10),  # a stop asked while no trainer heeds it waits for the deadline
     ("margin", 0, 11),  # a launch margin of 5 minutes: a group sized up 10 min before the deadline
     ("threshold", 15, 12),  # a move for price that saves less than the move threshold
-    ("infeasible", 25, 13),  # a move to a placement the record marks failed minutes before
-    ("training", 19, 14),  # a move for price that stops a training machine, rebalance off
+    ("infeasible", 23, 13),  # a move to a placement the record marks failed minutes before
+    ("training", 18, 14),  # a move for price that stops a training machine, rebalance off
 ]
 
 # Schedules outside CI's seeds that once failed where the world, not the controller, was unfair: each held once
@@ -144,3 +146,24 @@ def test_two_trainers_with_a_valid_lease_break_invariant_1():
     with pytest.raises(Violation, match="invariant 1 .*m1, m2 all train with a valid lease"):
         sim.check()
 
+
+
+def test_a_cheapest_world_starts_every_group_at_zero_and_its_first_tick_launches_where_its_table_says():
+    launched = 0
+    for seed in range(30):
+        sim = Sim(seed)
+        if sim.policy != "cheapest":
+            assert sim.groups[0].desired == sim.nodes  # inOrder: home at nodes, as the stack makes it
+            continue
+        assert [g.desired for g in sim.groups] == [0] * sim.nplacements
+        sim.run()
+        tables = [json.loads(sim.store.objects[k][0]) for k in sorted(sim.store.objects)
+                  if k.startswith(layout.DECISIONS_PREFIX)]
+        first = [t for t in tables if t.get("first_launch")]
+        if not first:  # a stop asked, or the deadline, before any tick could launch it
+            continue
+        assert len(first) == 1 and tables[0] is first[0], seed  # launched once, by its first decision
+        rec = sim.record()
+        assert (rec.moves[0]["from"] if rec.moves else rec.active) == first[0]["chosen"], seed
+        launched += 1
+    assert launched >= 10

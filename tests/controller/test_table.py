@@ -76,7 +76,7 @@ def test_each_decision_is_its_own_object_and_the_latest_is_read_back(tmp_path):
     assert json.loads(store.get_bytes(layout.decision_key(NOW)))["rows"][0] == {
         "index": 0, "label": "aws us-east-1", "price": 0.4, "price_source": "estimate", "price_age_s": None,
         "score": None, "rate": None, "rate_source": "", "lam": 0.0, "load": 0.0, "transfer_usd": None, "cost": 12.0,
-        "hours": None, "feasible": True, "why": ""}
+        "hours": None, "feasible": True, "why": "", "work_usd": None, "boot_s": None, "boot_source": ""}
     assert first["time"] == "2025-12-06T05:46:40Z" and first["chosen"] == 0
 
 
@@ -94,3 +94,11 @@ def test_the_decision_modules_import_no_cloud_client_or_stack_library():
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_placements_of_one_cloud_and_region_read_apart_in_the_table():
+    assert table.labels([("aws", "us-east-1", None), ("gcp", "us-central1", "proj-a"),
+                         ("gcp", "us-central1", "proj-b"), ("gcp", "europe-west4", "proj-a")]) == [
+        "aws us-east-1", "gcp us-central1 (proj-a)", "gcp us-central1 (proj-b)", "gcp europe-west4"]
+    assert table.labels([("gcp", "us-central1", None), ("gcp", "us-central1", None)]) == [
+        "gcp us-central1 (placement 0)", "gcp us-central1 (placement 1)"]

@@ -333,20 +333,39 @@ def test_the_first_launch_table_is_priced_from_the_price_table_and_says_it_is_an
     settings = synth.load_source(ROOT / "stacks" / f"Pulumi.{stack}.yaml").settings
     inputs = pricing.decision_inputs(settings)
     doc = synth.first_launch(settings, checkpoint_bytes=storage.storage_plan(settings).checkpoint_bytes, now=1.8e9)
-    assert doc["policy"] == settings.placement.choose and doc["active"] == 0 and doc["chosen"] == 0
+    # cheapest (the default): no placement is active before the first tick launches the run, and with no measured
+    # rate it goes where a unit of GPU work costs least.
+    least = min(range(len(inputs)), key=lambda i: (doc["rows"][i]["work_usd"], i))
+    assert doc["policy"] == settings.placement.choose == "cheapest" and doc["active"] is None
+    assert doc["chosen"] == least and all(r["work_usd"] > 0 for r in doc["rows"])
+    assert doc["first_launch"] is True
     assert [(r["index"], r["price"], r["price_source"], r["price_age_s"]) for r in doc["rows"]] == [
         (i, d["estimate_per_hour"], "estimate", None) for i, d in enumerate(inputs)]
     assert [r["label"] for r in doc["rows"]] == [f"{p.cloud} {p.region}" for p in settings.placement_list]
     # Nothing measured yet: E is unknown, and every placement is feasible.
     assert all(r["cost"] is None and r["feasible"] and r["why"] == "rate unknown: no measured rate yet"
                for r in doc["rows"])
-    assert set(doc) == set(table.document([], table.Choice(0, ""), now=0, active=0, policy="cheapest"))
+    assert set(doc) == set(table.document([], table.Choice(0, ""), now=0, active=0, policy="cheapest")) | {"first_launch"}
     lines = synth.first_launch_lines(doc)
     assert lines[0].startswith("First launch: the table the placement controller would start from (an estimate: "
                                "priced from the stack's price table, components/prices.yaml")
-    assert lines[1] == "  estimate cheapest: placement 0 (staying: no feasible placement has a known cost yet (no measured rate))"
-    assert len(lines) == 2 + len(inputs) + 1 and "E unknown" in lines[2] and "estimate" in lines[2]
+    assert lines[1] == (f"  estimate cheapest: placement {least} (the first launch: no measured rate yet, so no E; the "
+                        "least price per unit of GPU work (machines, restores and checkpoint writes, times the overhead, "
+                        "over the GPU's relative throughput))")
+    assert len(lines) == 2 + len(inputs) + 2 and "E unknown" in lines[2] and "estimate" in lines[2]
+    assert lines[-2] == ("  Every group starts at 0; the controller's first tick (within a minute of `pulumi up`) launches "
+                         f"the run in placement {least}, as priced then, and writes its table")
     assert "unknown until the run has measured its own steps per hour" in lines[-1]
+
+
+def test_with_in_order_the_first_launch_is_homes_started_by_pulumi_up():
+    from components import storage
+
+    settings = synth.load_source(ROOT / "stacks" / "Pulumi.regions.yaml").settings
+    settings = settings.model_copy(update={"placement": settings.placement.model_copy(update={"choose": "inOrder"})})
+    doc = synth.first_launch(settings, checkpoint_bytes=storage.storage_plan(settings).checkpoint_bytes, now=1.8e9)
+    assert doc["active"] == 0 and "first_launch" not in doc
+    assert synth.first_launch_lines(doc)[-2].startswith("  `pulumi up` starts home's group (inOrder)")
 
 
 def test_a_first_launch_table_with_a_cost_has_no_note_on_unknown_costs():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 
 from controller import table
@@ -134,3 +135,13 @@ def test_the_first_boot_and_the_decisions_are_read_from_the_listing(tmp_path):
     st = runstate.classify(facts, ts(80))
     # The first machine was launched after the decision at minute 2, not when the deadline was written.
     assert st.goodput["boot_h"] == round(8 / 60, 4) and st.goodput["goodput"] == round(60 / 73, 4)
+
+
+def test_a_row_says_the_boot_it_used_and_a_first_launch_its_price_per_unit_of_work():
+    from ops import why
+
+    first = {**asdict(row(0, "aws us-east-1", price=0.41)), "rate": None, "boot_s": 400.0, "boot_source": "measured",
+             "work_usd": 0.1865}
+    text = why.row_text(first, chosen=0, active=None)
+    assert "boot 6m 40s (measured)" in text and "E unknown; $0.1865 per T4-hour of work" in text
+    assert "boot" not in why.row_text(asdict(row(1, "aws us-west-2", price=0.25, cost=1.0)), chosen=0, active=0)
