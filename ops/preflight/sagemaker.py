@@ -53,7 +53,14 @@ def sagemaker_quota_problems(settings: config.Settings, quotas: Any) -> list[Pro
     c = settings.compute
     itype = sagemaker.instance_type(c.instance_types[0])
     name = quota_name(itype, spot=c.spot)
-    quota, _ = find_quota(quotas, name)
+    try:
+        quota, _ = find_quota(quotas, name)
+    except Exception as e:  # noqa: BLE001 - any failure to read is reported, not raised
+        from ops.preflight.aws import _aws_error
+
+        return [Problem(f"could not read SageMaker's quota '{name}' in {settings.region}: {_aws_error(e)}",
+                        "allow servicequotas:ListServiceQuotas and servicequotas:ListAWSDefaultServiceQuotas to "
+                        "these credentials, or check the quota in the Service Quotas console (Amazon SageMaker)")]
     if quota is None:
         return [Problem(f"SageMaker has no quota '{name}' in {settings.region} (Service Quotas, service code "
                         f"{SERVICE_CODE}): the region may not offer {itype} for training",

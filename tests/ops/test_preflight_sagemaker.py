@@ -110,6 +110,16 @@ def test_a_type_without_any_quota_says_the_region_may_not_offer_it() -> None:
     assert "list-aws-default-service-quotas --service-code sagemaker" in p.fix
 
 
+def test_credentials_that_may_not_list_quotas_are_told_which_permissions_to_add() -> None:
+    client = boto3.client("service-quotas", region_name=REGION, aws_access_key_id="k", aws_secret_access_key="s")
+    with Stubber(client) as stub:
+        stub.add_client_error("list_service_quotas", "AccessDeniedException", "not authorized", 400,
+                              expected_params={"ServiceCode": "sagemaker"})
+        (p,) = preflight_sagemaker.sagemaker_quota_problems(stack(), client)
+    assert p.what == (f"could not read SageMaker's quota '{SPOT}' in {REGION}: AccessDeniedException: not authorized")
+    assert p.fix.startswith("allow servicequotas:ListServiceQuotas and servicequotas:ListAWSDefaultServiceQuotas")
+
+
 class Session:
     """A boto3 session: the stubbed Service Quotas client, moto's for the rest; records which clients are made."""
 
