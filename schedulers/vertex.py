@@ -55,8 +55,9 @@ SUCCEEDED = "JOB_STATE_SUCCEEDED"
 ENDED = (SUCCEEDED, "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED", "JOB_STATE_PARTIALLY_SUCCEEDED")
 # google.rpc.Code DEADLINE_EXCEEDED: the error of a job its scheduling.timeout stopped.
 DEADLINE_EXCEEDED = 4
-# Where Vertex AI runs custom training (its "Vertex AI locations" page; there is no global location, and the
-# API is served per region). A GPU type is offered in some of these only: Vertex AI refuses the job at create.
+# Where Vertex AI runs custom training (its "Vertex AI locations" page,
+# https://cloud.google.com/vertex-ai/docs/general/locations; there is no global location, and the API is
+# served per region). A GPU type is offered in some of these only: Vertex AI refuses the job at create.
 REGIONS = (
     "us-central1", "us-east1", "us-east4", "us-east5", "us-south1", "us-west1", "us-west2", "us-west3", "us-west4",
     "northamerica-northeast1", "northamerica-northeast2", "southamerica-east1", "southamerica-west1",

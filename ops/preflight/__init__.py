@@ -37,6 +37,12 @@ A Job stack (`scheduler: kubernetes`, docs/kubernetes.md) is checked on its clus
 (`ops.preflight.kubernetes`): reached as the stack says, Kubernetes 1.31 or later, GPU nodes with the
 spot label, the namespace free or the run's, the identity binding (and on AWS the bucket).
 
+A managed training job (`scheduler: sagemaker`, docs/sagemaker.md; `scheduler: vertex`, docs/vertex.md) draws
+on the service's own quotas, not the groups' EC2 or Compute Engine ones, and runs on the service's machines,
+image and network: it is checked for the service's training quota of its instance type or GPU (spot or on
+demand; a new account has 0), the bucket (SageMaker) or the APIs and the data bucket (Vertex AI):
+`ops.preflight.sagemaker`, `ops.preflight.vertex`.
+
 A stack of several placements (docs/placements.md) is checked in each of them: the checks above in
 the placement's cloud, region and project, but for the bucket and the data, which are home's.
 
@@ -104,7 +110,8 @@ __all__ = [
 def check(settings: config.Settings, *, aws_session: Any = None, gcp_api: GcpApi | None = None,
           stack: str | None = None, kube_client: Any = None) -> list[Problem]:
     """A Job stack's (`scheduler: kubernetes`): its cluster's checks (`ops.preflight.kubernetes`), the groups'
-    quotas, machine types and network being the cluster's own business. Any other stack's: every check for each placement (home: the stack's own cloud and region), in its cloud, region and
+    quotas, machine types and network being the cluster's own business. A managed job's (`scheduler: sagemaker`
+    or `vertex`): the service's own quota and the bucket or data (`ops.preflight.sagemaker`, `.vertex`). Any other stack's: every check for each placement (home: the stack's own cloud and region), in its cloud, region and
     project: a run moved to a placement whose quota, types, network or image fail would wait there
     as it would at home. A placement's problems start with `placements[i] (cloud region):`."""
     from components.placement import settings_at
@@ -113,6 +120,14 @@ def check(settings: config.Settings, *, aws_session: Any = None, gcp_api: GcpApi
         from ops.preflight.kubernetes import check_kubernetes
 
         return check_kubernetes(settings, stack=stack or settings.stack, client=kube_client, aws_session=aws_session)
+    if settings.scheduler == "sagemaker":
+        from ops.preflight.sagemaker import check_sagemaker
+
+        return check_sagemaker(settings, aws_session)
+    if settings.scheduler == "vertex":
+        from ops.preflight.vertex import check_vertex
+
+        return check_vertex(settings, gcp_api)
     problems: list[Problem] = []
     for i, p in enumerate(settings.placement_list):
         at = settings_at(settings, i)
@@ -143,9 +158,9 @@ def cmd_preflight(args: argparse.Namespace, *, aws_session: Any = None, gcp_api:
     for p in problems:
         print(p.line())
     if problems:
-        print(f"preflight {args.stack}: {len(problems)} problem(s); `pulumi up` would not start a machine as asked"
-              if settings.scheduler != "kubernetes" else
-              f"preflight {args.stack}: {len(problems)} problem(s); the Job would not run as asked")
+        outcome = {"groups": "`pulumi up` would not start a machine as asked", "kubernetes": "the Job would not run "
+                   "as asked"}.get(settings.scheduler, f"the {settings.scheduler} training job would be refused")
+        print(f"preflight {args.stack}: {len(problems)} problem(s); {outcome}")
         return EXIT_FAILED
     print(f"preflight {args.stack}: ok ({settings.cloud}, {settings.region}"
           + (f", cluster of {settings.kubernetes.context or 'the kubeconfig secret'})" if settings.kubernetes else ")"))

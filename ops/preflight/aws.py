@@ -357,10 +357,9 @@ def _usable_credentials(session: Any) -> None:
                             "(or set AWS_PROFILE)")
 
 
-def check_aws(settings: config.Settings, session: Any = None, *, home: bool = True) -> list[Problem]:
-    """Every AWS check; `session` is a boto3 Session (default: the environment's credentials).
-
-    `home=False`: a placement's region, whose run folder is home's bucket: no bucket check there."""
+def aws_session(settings: config.Settings, session: Any = None) -> Any:
+    """`session`, else a boto3 Session of the environment's credentials in the stack's region; `NoCredentials`
+    when it finds none, or none it can load."""
     import boto3
     import botocore.exceptions
 
@@ -370,6 +369,14 @@ def check_aws(settings: config.Settings, session: Any = None, *, home: bool = Tr
         raise NoCredentials("AWS", str(e), "name a profile of ~/.aws/config in AWS_PROFILE, or unset it") from e
     if getattr(session, "get_credentials", None) is not None:
         _usable_credentials(session)
+    return session
+
+
+def check_aws(settings: config.Settings, session: Any = None, *, home: bool = True) -> list[Problem]:
+    """Every AWS check; `session` is a boto3 Session (default: the environment's credentials).
+
+    `home=False`: a placement's region, whose run folder is home's bucket: no bucket check there."""
+    session = aws_session(settings, session)
     client = lambda name: session.client(name, region_name=settings.region)  # noqa: E731 - one line, local
     ec2 = client("ec2")
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [

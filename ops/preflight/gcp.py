@@ -201,6 +201,48 @@ def check_gcp(settings: config.Settings, api: GcpApi | None = None, *, home: boo
     """Every GCP check; `api` defaults to the REST client with Application Default Credentials.
 
     `home=False`: a placement's project and region, whose run and data are home's: no data check there."""
+    api = gcp_api(api)
+    enabled: set[str] = set()
+
+    def apis() -> list[Problem]:
+        enabled.update(api.enabled_services(settings.project))
+        return gcp_api_problems(settings, enabled)
+
+    problems = run_checks([("APIs", off_api_said(settings, apis))], _gcp_error)
+    if enabled and COMPUTE_API not in enabled:
+        # Every read below goes to the Compute Engine API: one line says to turn it on.
+        return [*problems, compute_api_problem(settings)]
+    checks: list[tuple[str, Callable[[], list[Problem]]]] = [
+        ("GPU quota", off_api_said(settings, lambda: gcp_quota_problems(settings, api))),
+        ("machine types", off_api_said(settings, lambda: gcp_offering_problems(settings, api))),
+        ("network", off_api_said(settings, lambda: gcp_network_problems(settings, api))),
+    ]
+    if home:
+        checks.append(("data bucket", off_api_said(settings, lambda: gcp_data_problems(settings, api))))
+    return merge(problems, run_checks(checks, _gcp_error))
+
+
+def merge(problems: list[Problem], more: list[Problem]) -> list[Problem]:
+    """`problems` and then `more`, each said once: an API that is off refuses every check the same way."""
+    return problems + [p for i, p in enumerate(more) if p not in problems and p not in more[:i]]
+
+
+def off_api_said(settings: config.Settings, check: Callable[[], list[Problem]]) -> Callable[[], list[Problem]]:
+    """`check`, where a read of an API that is off is no credentials problem: one line says which API to turn on."""
+    def run() -> list[Problem]:
+        try:
+            return check()
+        except ApiDisabled as e:
+            if e.service == COMPUTE_API:
+                return [compute_api_problem(settings)]
+            return [Problem(f"the API {e.service} is off in project {settings.project} ({e})",
+                            f"gcloud services enable {e.service} --project {settings.project}, "
+                            "then run preflight again")]
+    return run
+
+
+def gcp_api(api: GcpApi | None = None) -> GcpApi:
+    """`api`, else the REST client with Application Default Credentials; `NoCredentials` when there are none."""
     if api is None:
         import google.auth.exceptions
 
@@ -217,40 +259,7 @@ def check_gcp(settings: config.Settings, api: GcpApi | None = None, *, home: boo
             raise NoCredentials("Google Cloud", "Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS, "
                                 "gcloud's application-default login, the metadata server",
                                 "run `gcloud auth application-default login`") from e
-    enabled: set[str] = set()
-
-    def apis() -> list[Problem]:
-        enabled.update(api.enabled_services(settings.project))
-        return gcp_api_problems(settings, enabled)
-
-    def off_api_said(check: Callable[[], list[Problem]]) -> Callable[[], list[Problem]]:
-        # A read of an API that is off is no credentials problem: say which API to turn on.
-        def run() -> list[Problem]:
-            try:
-                return check()
-            except ApiDisabled as e:
-                if e.service == COMPUTE_API:
-                    return [compute_api_problem(settings)]
-                return [Problem(f"the API {e.service} is off in project {settings.project} ({e})",
-                                f"gcloud services enable {e.service} --project {settings.project}, "
-                                "then run preflight again")]
-        return run
-
-    problems = run_checks([("APIs", off_api_said(apis))], _gcp_error)
-    if enabled and COMPUTE_API not in enabled:
-        # Every read below goes to the Compute Engine API: one line says to turn it on.
-        return [*problems, compute_api_problem(settings)]
-    checks: list[tuple[str, Callable[[], list[Problem]]]] = [
-        ("GPU quota", off_api_said(lambda: gcp_quota_problems(settings, api))),
-        ("machine types", off_api_said(lambda: gcp_offering_problems(settings, api))),
-        ("network", off_api_said(lambda: gcp_network_problems(settings, api))),
-    ]
-    if home:
-        checks.append(("data bucket", off_api_said(lambda: gcp_data_problems(settings, api))))
-    for problem in run_checks(checks, _gcp_error):
-        if problem not in problems:  # an API that is off refuses every check the same way: said once
-            problems.append(problem)
-    return problems
+    return api
 
 
 def _gcp_error(e: Exception) -> str:

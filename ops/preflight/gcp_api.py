@@ -3,6 +3,11 @@
 `RestGcpApi` reads the public REST endpoints (Compute Engine, Service Usage, Cloud Storage)
 with Application Default Credentials (google-auth); an answer that says its API is off
 becomes `ApiDisabled`, which the checks turn into one line naming the API to turn on.
+
+Another service's quotas (Vertex AI's custom-training GPUs: `service_quota_limits`) are read from Service
+Usage's consumerQuotaMetrics (v1beta1), not the Cloud Quotas API: preflight already reads Service Usage (the
+enabled APIs), and `pulumi up` needs it on before anything else, while Cloud Quotas is one more API a new
+project has off. The caller needs serviceusage.quotas.get (roles/serviceusage.serviceUsageViewer).
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ class GcpApi(Protocol):
 
     def routes(self, project: str) -> list[dict]:
         """Every route of the project (Compute Engine's resources)."""
+
+    def service_quota_limits(self, project: str, service: str, metric: str) -> dict[str, float] | None:
+        """region -> the project's effective limit of a per-region quota `metric` of `service` ("" for the
+        default of every other region; -1 for no limit); None when the service has no such metric."""
 
 
 COMPUTE_API = "compute.googleapis.com"
@@ -153,6 +162,25 @@ class RestGcpApi:
             token = doc.get("nextPageToken")
             if not token:
                 return found
+
+    def service_quota_limits(self, project: str, service: str, metric: str) -> dict[str, float] | None:
+        """See GcpApi: Service Usage's ConsumerQuotaMetric (v1beta1) of the metric; its per-region limit (unit
+        `1/{project}/{region}`), whose quota buckets are ordered from the global default to a region's own."""
+        from urllib.parse import quote
+
+        doc = self._get(f"https://serviceusage.googleapis.com/v1beta1/projects/{project}/services/{service}/"
+                        f"consumerQuotaMetrics/{quote(metric, safe='')}", absent_ok=True)
+        if doc is None:
+            return None
+        limits = [q for q in doc.get("consumerQuotaLimits", []) if "{region}" in str(q.get("unit", ""))]
+        if not limits:
+            return None
+        found: dict[str, float] = {}
+        for bucket in limits[0].get("quotaBuckets", []):
+            dimensions = bucket.get("dimensions") or {}
+            if set(dimensions) <= {"region"}:  # the default, or a region's own (not a zone's or another kind's)
+                found[dimensions.get("region", "")] = float(bucket.get("effectiveLimit", 0))
+        return found
 
     def enabled_services(self, project: str) -> set[str]:
         """See GcpApi."""

@@ -366,7 +366,15 @@ def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     (GCP, "ops preflight: no Google Cloud credentials found (Application Default Credentials: "
           "GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default login, the metadata server); run `gcloud "
           "auth application-default login`, then run preflight again"),
-], ids=["aws", "gcp"])
+    ({**AWS, "scheduler": "sagemaker", "image": {"build": True}, "compute": {"instanceTypes": ["g5.xlarge"]}},
+     "ops preflight: no AWS credentials found (environment variables, AWS_PROFILE, ~/.aws/credentials and "
+     "~/.aws/config, an instance or container role); run `aws configure` or `aws sso login` (or set "
+     "AWS_PROFILE), then run preflight again"),
+    ({**GCP, "scheduler": "vertex", "image": {"build": True}, "compute": {"instanceTypes": ["g2-standard-4"]}},
+     "ops preflight: no Google Cloud credentials found (Application Default Credentials: "
+     "GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default login, the metadata server); run `gcloud "
+     "auth application-default login`, then run preflight again"),
+], ids=["aws", "gcp", "sagemaker", "vertex"])
 def test_no_credentials_is_one_line_and_exit_2(no_credentials, tmp_path: Path, capsys, raw, line) -> None:
     write_stack(tmp_path, raw)
     assert ops_main.main(["preflight", "--stack", "unit", "--stacks-dir", str(tmp_path)]) == 2
