@@ -51,7 +51,7 @@ class TrainConfig:
     steps: int = 1000
     batch_size: int = 64
     # Off by default: a step cadence on a fast model checkpoints several times a second (250 steps
-    # of the mlp at batch 64 take ~0.25 s), and every checkpoint saves the input pipeline's state
+    # of the mlp at batch 64 take ~0.25 s), and every checkpoint serializes a make_dataset's state
     # in the loop; time bounds the work a failure loses, and a spot notice saves its own step.
     checkpoint_every_steps: int | None = None
     checkpoint_every_seconds: float | None = 600.0
