@@ -16,6 +16,16 @@ the NVIDIA driver), lists the GPUs TF sees, runs one matmul and one training ste
 trainer's `mlp` on the first GPU, checks that both ran there, and ends with one JSON line
 (`"ok": true|false`) to record in bench/RESULTS.md. Exit 0 when every check passed, 1 when
 one failed, 2 when TF sees no GPU at all (e.g. the image's cuDNN is older than TF's build).
+
+Once the step runs on the GPU it also measures the loop's step against two limits, `mlp` at
+batch 64, 1,000 steps a call, about `LOOP_SECONDS` each (reported, not a check): `loop` is
+the trainer's own step (`trainer.step.make_train_step` under its one-machine strategy, fed by
+the `--synthetic` stream through the distributed iterator that prefetches to the device, with
+its metrics); `loop_plain_iterator` the same step fed by the stream's own iterator (the loop's
+on one CPU replica: the batch is copied to the device inside the step); `limit` the same
+model's step on one batch already on the device, in the same kind of `tf.range` loop
+(`bench.limit`); `jit_limit` that loop compiled whole with XLA (the host out of the loop).
+bench/RESULTS.md says what to expect of them.
 """
 
 from __future__ import annotations
@@ -28,6 +38,69 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the trainer package, run from anywhere
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # keep "Skipping registering GPU devices" visible
+
+
+LOOP_SECONDS = 3.0
+
+
+def loop_speeds(batch: int = 64, per_call: int = 1000, seconds: float = LOOP_SECONDS) -> dict:
+    """examples/s of the trainer's step, the limit's and the limit compiled whole, on the default device."""
+    import tensorflow as tf
+
+    from trainer import data as data_mod
+    from trainer.config import TrainConfig
+    from trainer.metrics import MetricSet
+    from trainer.models import seeded_model
+    from trainer.step import make_train_step, per_example_loss
+
+    cfg = TrainConfig(run_uri="file:///tmp/gpu-smoke", synthetic=True, batch_size=batch)
+    strategy = tf.distribute.MirroredStrategy()  # trainer.strategy's choice for one machine
+    spec = seeded_model(cfg, strategy)
+    ds = data_mod.make_dataset(spec, cfg, batch, data_mod.Position(0))
+    metrics = MetricSet(spec.metrics, ds.element_spec[1], (None, 10))
+    step = make_train_step(strategy, spec, cfg, batch, False, tf.Variable(0, dtype=tf.int64), metrics)
+    iterator = iter(strategy.experimental_distribute_dataset(ds))
+    # The plain iterator (the loop's on one CPU replica): its batch is on the host, copied in the step.
+    plain_spec = seeded_model(cfg, strategy)
+    plain_step = make_train_step(strategy, plain_spec, cfg, batch, False, tf.Variable(0, dtype=tf.int64), metrics)
+    plain = iter(data_mod.make_dataset(plain_spec, cfg, batch, data_mod.Position(0)))
+    count, request = tf.constant(per_call, tf.int64), tf.constant((0.0, 0.0, 0.0))
+
+    limit_spec = seeded_model(cfg, tf.distribute.get_strategy())
+    x, y = limit_spec.synthetic(cfg.seed)
+    xb, yb = data_mod.preprocess(tf.constant(x[:batch])), tf.constant(y[:batch])
+    model, opt = limit_spec.model, limit_spec.optimizer
+
+    def steps(n):
+        loss = tf.constant(0.0)
+        for _ in tf.range(n):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(per_example_loss(limit_spec, yb, model(xb, training=True)),
+                                                  global_batch_size=batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    limit, jit_limit = tf.function(steps), tf.function(steps, jit_compile=True)
+    calls = {"loop": lambda: step(iterator, count, request)[0],
+             "loop_plain_iterator": lambda: plain_step(plain, count, request)[0],
+             "limit": lambda: limit(count), "jit_limit": lambda: jit_limit(count)}
+    out = {}
+    for name, call in calls.items():
+        try:
+            call().numpy()  # traces (and compiles)
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                call().numpy()  # a host sync per call, as the trainer's loop has
+                n += 1
+            out[f"{name}_examples_per_sec"] = round(n * per_call * batch / (time.perf_counter() - t0), 1)
+        except Exception as e:  # noqa: BLE001 - a limit XLA cannot compile is reported, the others still run
+            out[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+    for loop in ("loop", "loop_plain_iterator"):
+        for ref in ("limit", "jit_limit"):
+            if f"{ref}_examples_per_sec" in out and f"{loop}_examples_per_sec" in out:
+                out[f"{loop}_of_{ref}"] = round(out[f"{loop}_examples_per_sec"] / out[f"{ref}_examples_per_sec"], 3)
+    return out
 
 
 def main() -> int:
@@ -91,6 +164,9 @@ def main() -> int:
         checks["error"] = f"{type(e).__name__}: {e}"
     report.update(checks)
     report["ok"] = bool(checks.get("matmul_on_gpu") and checks.get("train_step_on_gpu"))
+    if report["ok"]:
+        report["loop_speed"] = loop_speeds()
+        print(f"mlp batch 64, examples/s: {report['loop_speed']}")
     print(f"matmul on {checks.get('matmul_device')}: {'ok' if checks.get('matmul_on_gpu') else 'FAILED'}; "
           f"training step on {checks.get('variables_device')}: {'ok' if checks.get('train_step_on_gpu') else 'FAILED'}"
           + (f"; {checks['error']}" if "error" in checks else ""))

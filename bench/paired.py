@@ -3,9 +3,9 @@
     python -m bench.paired [--pairs 3] [--data synthetic,memory] [--steps 6000] [--seed-epochs 2]
 
 Each pair is one `python -m trainer` run (the default run configuration: checkpoints every
---checkpoint-every-steps and every --checkpoint-every-seconds to a local run folder, TensorBoard
-on, the end's evaluation) followed at once by one `bench.limit` run (the same model and batch,
-one batch in memory, 100 steps a call). The pair's ratio is the trainer's steady examples/s (its
+--checkpoint-every-seconds to a local run folder, none by steps, TensorBoard on, the end's
+evaluation and commit; more flags with --trainer-arg) followed at once by one `bench.limit` run
+(the same model and batch, one batch in memory, 100 steps a call). The pair's ratio is the trainer's steady examples/s (its
 first call, which traces the step, left out, as the limit leaves out its own) ÷ the limit's.
 The median pair's ratio is the figure: a pair's two runs share the machine's load of the moment
 (`uptime`'s 1-minute average is printed beside each run), so the load cancels within a pair.
@@ -18,11 +18,13 @@ least with the load: it is what the loop costs beyond the limit's step.
 Data (`--data`): `synthetic` is the trainer's `--synthetic` stream; `memory` is an in-memory
 MNIST-shaped set through `tf.data` (`bench.mnist_memory`: cached, shuffled, batched, prefetched),
 the path a user's `make_dataset` takes. The seed article's `fit` (`bench/seed_train.py`) runs
-once in the same command, and the trainer's median steady figure is given against it.
+right after each pair (`--seed-epochs`, 0: never), so that it shares the pair's load too: the
+figure against it is the median of the pairs' trainer ÷ seed (its examples/s are its own: the
+`fit` call's wall time).
 
 Prints one JSON line per run, then one summary line per data path:
 {"data", "median_ratio", "ratios", "median_cpu_ratio", "cpu_ratios", "trainer_median_examples_per_sec",
-"seed_examples_per_sec", "vs_seed"}.
+"seed_median_examples_per_sec", "vs_seed" (the median of the pairs' trainer ÷ seed), "vs_seeds"}.
 """
 
 from __future__ import annotations
@@ -112,20 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--steps", type=int, default=6000, help="the trainer's steps per run (~10 s on a quiet machine)")
     p.add_argument("--limit-seconds", type=float, default=8.0)
-    p.add_argument("--seed-epochs", type=int, default=2, help="0: no seed run")
+    p.add_argument("--seed-epochs", type=int, default=2, help="the seed's epochs, run after every pair (0: no seed run)")
     p.add_argument("--trainer-arg", action="append", default=[], help="one more trainer flag (repeatable)")
     a = p.parse_args(argv)
     datas = [d for d in a.data.split(",") if d]
     for d in datas:
         if d not in DATA:
             p.error(f"--data: {d!r} is not one of {', '.join(DATA)}")
-    seed_doc = None
-    if a.seed_epochs:
-        seed_doc = seed(a.seed_epochs)
-        print(json.dumps(seed_doc), flush=True)
     summaries = []
     for d in datas:
-        ratios, rates, cpu = [], [], []
+        ratios, rates, cpu, seeds, vs_seed = [], [], [], [], []
         for _ in range(a.pairs):
             t = trainer(d, a.batch_size, a.steps, a.trainer_arg)
             print(json.dumps(t), flush=True)
@@ -134,13 +132,19 @@ def main(argv: list[str] | None = None) -> int:
             rates.append(t["steady_examples_per_sec"])
             ratios.append(t["steady_examples_per_sec"] / lim["examples_per_sec"])
             cpu.append(lim["cpu_us_per_example"] / t["cpu_us_per_example"])
+            if a.seed_epochs:
+                seed_doc = seed(a.seed_epochs)
+                print(json.dumps(seed_doc), flush=True)
+                seeds.append(seed_doc["examples_per_sec"])
+                vs_seed.append(t["steady_examples_per_sec"] / seed_doc["examples_per_sec"])
         med = statistics.median(ratios)
         doc = {"data": d, "median_ratio": round(med, 3), "ratios": [round(r, 3) for r in ratios],
                "median_cpu_ratio": round(statistics.median(cpu), 3), "cpu_ratios": [round(r, 3) for r in cpu],
                "trainer_median_examples_per_sec": statistics.median(rates)}
-        if seed_doc:
-            doc["seed_examples_per_sec"] = seed_doc["examples_per_sec"]
-            doc["vs_seed"] = round(statistics.median(rates) / seed_doc["examples_per_sec"], 2)
+        if seeds:
+            doc["seed_median_examples_per_sec"] = statistics.median(seeds)
+            doc["vs_seed"] = round(statistics.median(vs_seed), 2)
+            doc["vs_seeds"] = [round(r, 2) for r in vs_seed]
         summaries.append(doc)
     for doc in summaries:
         print(json.dumps(doc), flush=True)

@@ -75,6 +75,20 @@ def restore_iterator(iterator, prefix: str) -> None:
     tf.train.Checkpoint(iterator=iterator).read(prefix).assert_consumed()
 
 
+class _Captured(tf.__internal__.tracking.Trackable):
+    """A serialized iterator state, saved under the key the iterator's own checkpoint gives it."""
+
+    def __init__(self, state) -> None:
+        self._state = state
+
+    def _serialize_to_tensors(self):
+        return {"ITERATOR_STATE": self._state}
+
+    def checkpoint(self) -> tf.train.Checkpoint:
+        """The checkpoint `tf.train.Checkpoint(iterator=...)` would write of the iterator, from the captured state."""
+        return tf.train.Checkpoint(iterator=self)
+
+
 class DataState:
     """Saves the input iterator's state into each checkpoint folder while it can and is small enough.
 
@@ -96,14 +110,35 @@ class DataState:
 
     def save(self, folder: str, step: int) -> dict:
         """Write the state into `folder` (beside the variables); returns what `state.json` records under `data_state`."""
-        if self.iterator is not None:
+        iterator = self.iterator
+        return self._write(folder, step, None if iterator is None else lambda: tf.train.Checkpoint(iterator=iterator))
+
+    def capture(self):
+        """The iterator's state at this step, serialized (None when it is not saved): what `write` writes.
+
+        The serialization is the part that must happen at the step, in the loop; the tensor it
+        returns stays as it is while the iterator moves on, so the file can be written later (on
+        the background write's thread) without holding the loop.
+        """
+        if self.iterator is None:
+            return None
+        try:
+            return self.iterator._serialize_to_tensors()["_STATE"]
+        except (tf.errors.OpError, ValueError, TypeError) as e:
+            self._cannot_save(e)
+            return None
+
+    def write(self, folder: str, captured, step: int) -> dict:
+        """Write a `capture`d state into `folder`; returns what `state.json` records under `data_state`."""
+        return self._write(folder, step, None if captured is None else lambda: _Captured(captured).checkpoint())
+
+    def _write(self, folder: str, step: int, checkpoint) -> dict:
+        if checkpoint is not None:
             try:
-                tf.train.Checkpoint(iterator=self.iterator).write(os.path.join(folder, DATA_PREFIX))
+                checkpoint().write(os.path.join(folder, DATA_PREFIX))
             except (tf.errors.OpError, ValueError, TypeError) as e:
                 _drop(folder)
-                detail = _tf_words(getattr(e, "message", str(e)))
-                self._give_up(f"TensorFlow cannot save this input pipeline ({detail}); a pipeline built "
-                              "from Python (from_generator, py_function, numpy_function) has state only Python holds")
+                self._cannot_save(e)
             else:
                 size = state_bytes(folder)
                 if size <= self.max_mb * 2**20:
@@ -113,6 +148,11 @@ class DataState:
                               f"--data-state-max-mb {self.max_mb:g} (a large shuffle buffer?)")
         self._say(step)
         return {"reason": self.reason}
+
+    def _cannot_save(self, e: BaseException) -> None:
+        detail = _tf_words(getattr(e, "message", str(e)))
+        self._give_up(f"TensorFlow cannot save this input pipeline ({detail}); a pipeline built "
+                      "from Python (from_generator, py_function, numpy_function) has state only Python holds")
 
     def _give_up(self, reason: str) -> None:
         self.iterator, self.reason = None, reason

@@ -221,7 +221,7 @@ class Checkpointer:
         """Save ``step`` and commit it (in the background unless ``sync``); returns whether this worker commits it.
 
         In the background (the chief, with ``background``): the loop waits for the snapshot
-        and the input pipeline's state only; the write and the upload follow on threads, one
+        and the input pipeline's serialized state only; the writes and the upload follow on threads, one
         write at a time. Synchronous (a stop, the end): a background write of an older step
         still running is waited for (at most ``write_wait_s``) and then not uploaded: this
         step supersedes it.
@@ -236,10 +236,10 @@ class Checkpointer:
         folder = self._new_folder(step, background=True)
         # Reading a variable costs no copy; its next update copies it while the snapshot holds it.
         values = [self._read(v) for v in self.variables]
-        if self.data is not None:
-            state = {**state, "data_state": self.data.save(folder, step)}
+        # The input pipeline's state is serialized at this step, here; its file is written on the thread.
+        data = self.data.capture() if self.data is not None else None
         job = _Write(step)
-        job.thread = threading.Thread(target=self._write_then_commit, args=(job, folder, state, values),
+        job.thread = threading.Thread(target=self._write_then_commit, args=(job, folder, state, values, data),
                                       name="checkpoint-write", daemon=True)
         self._write = job
         self.async_step = step
@@ -252,8 +252,10 @@ class Checkpointer:
 
         return tf.convert_to_tensor(variable)
 
-    def _write_then_commit(self, job: _Write, folder: str, state: dict, values: list) -> None:
+    def _write_then_commit(self, job: _Write, folder: str, state: dict, values: list, data=None) -> None:
         try:
+            if self.data is not None:
+                state = {**state, "data_state": self.data.write(folder, data, job.step)}
             self._write_folder(folder, job.step, state, _frozen_checkpoint(self.checkpoint_of, values), values)
             if job.superseded.is_set():
                 shutil.rmtree(folder, ignore_errors=True)  # a synchronous save of a newer step took over

@@ -102,7 +102,8 @@ class RunSettings(_Block):
     steps: int = Field(_TRAINER.steps, gt=0, description="Training steps in the whole run.")
     batch_size: int = Field(_TRAINER.batch_size, gt=0, le=65_536, description="Examples per GPU per step.")
     checkpoint_every_steps: int | None = Field(_TRAINER.checkpoint_every_steps, gt=0,
-                                               description="Checkpoint every N steps; null: no step cadence.")
+                                               description="Checkpoint every N steps; default null: no step cadence "
+                                               "(checkpointEverySeconds bounds the work a failure loses).")
     checkpoint_every_seconds: int | None = Field(int(_TRAINER.checkpoint_every_seconds), gt=0,
                                                  description="Checkpoint at least every S seconds; null: no time cadence.")
     keep_checkpoints: int = Field(_TRAINER.keep_checkpoints, ge=1, le=100, description="Committed checkpoints kept in the bucket.")

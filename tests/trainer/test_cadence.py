@@ -122,3 +122,15 @@ def test_the_seconds_clocks_count_from_zero_until_the_loop_starts():
     assert (cadence.last_checkpoint, cadence.last_progress) == (0.0, 0.0)
     assert not cadence.checkpoint_seconds_due(59.5) and cadence.checkpoint_seconds_due(60.0)
     assert not cadence.progress_due(9.5) and cadence.progress_due(10.0)
+
+
+def test_by_default_checkpoints_follow_the_clock_and_calls_grow_to_about_a_second():
+    # A step cadence on a fast model checkpointed several times a second and cut every call to
+    # its steps (bench/RESULTS.md): by default only the clock asks for a checkpoint.
+    cadence = _cadence(steps=100_000)
+    assert (cadence.cfg.checkpoint_every_steps, cadence.cfg.checkpoint_every_seconds) == (None, 600.0)
+    cadence.start(0.0)
+    cadence.adapt(1000, 0.25)  # a small model's 1,000 steps in a quarter of a second
+    assert cadence.steps_this_call(0) == 2000 and cadence.steps_this_call(250) == 2000
+    assert not cadence.checkpoint_due(250, requested=False, new_best=False)
+    assert not cadence.checkpoint_seconds_due(599.0) and cadence.checkpoint_seconds_due(600.0)

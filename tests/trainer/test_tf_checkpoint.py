@@ -167,3 +167,43 @@ def test_a_failed_background_write_fails_the_next_save(tf, tmp_path):
     with pytest.raises(OSError, match="No space left"):
         cp.save(4, {"step": 4, "batches_seen": 4, "examples_seen": 64}, sync=False)
     assert committed == [] and CheckpointStore(store).committed_steps() == []
+
+
+def test_the_input_position_is_serialized_at_the_step_and_its_file_written_off_the_loop(tf, tmp_path, monkeypatch):
+    """The loop serializes the iterator's state at the saved step and goes on; the file is written
+    on the write's thread after the iterator has moved on, and still restores the saved step's position."""
+    from trainer import data_state
+
+    writers, gate, entered = [], threading.Event(), threading.Event()
+    write = data_state.DataState.write
+
+    def held(self, folder, captured, step):
+        writers.append(threading.current_thread().name)
+        if writers[-1] == "checkpoint-write":
+            entered.set()
+            assert gate.wait(60), "the test never released the write"
+        return write(self, folder, captured, step)
+
+    monkeypatch.setattr(data_state.DataState, "write", held)
+    store = open_store(f"file://{tmp_path}/run")
+    tr = Trainer(tf)
+    cp, committed = _checkpointer(tr, store, tmp_path / "a")
+    pipeline = tf.data.Dataset.range(1000).shuffle(50, seed=5).batch(4)
+    iterator = iter(pipeline)
+    cp.data = data_state.DataState(iterator, skip=0, max_mb=64, emit=lambda *a, **k: None)
+    for _ in range(3):
+        next(iterator)
+    assert cp.save(3, {"step": 3, "batches_seen": 3, "examples_seen": 12}, sync=False)
+    assert entered.wait(60), "the input state's file was not written on the write's thread"
+    after = [next(iterator).numpy().tolist() for _ in range(3)]  # the loop goes on while the file waits
+    gate.set()
+    assert cp.wait_uploads() is None
+    assert writers == ["checkpoint-write"] and [c["step"] for c in committed] == [3]
+
+    reader, _ = _checkpointer(Trainer(tf, seed=1), store, tmp_path / "b")
+    step, saved = reader.restore()
+    assert step == 3 and saved["data_state"]["skip"] == 0 and saved["data_state"]["bytes"] > 0
+    prefix, skip = data_state.saved_state_prefix(reader.restored_dir, saved)
+    resumed = iter(pipeline.skip(skip))
+    data_state.restore_iterator(resumed, prefix)
+    assert [next(resumed).numpy().tolist() for _ in range(3)] == after
