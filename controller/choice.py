@@ -26,7 +26,8 @@ function deployed before it existed, a test) the controller follows the listed o
 commit a spot notice asked for, which ends an interval the stop cut short), its
 preemptions (``preempted`` events) and machine-hours (from each ``started`` to the attempt's last event, times
 ``nodes``), by the ``placement`` label each ``started`` event's ``config`` carries (home's when it says none),
-the newest checkpoint's ``bytes``, and each cloud's **replacement boots**: from a ``preempted`` event to the
+the newest checkpoint's ``bytes``, the newest ``data_staged`` event's ``bytes`` (what a machine stages of the
+run's data at each start, controller/cost.py), and each cloud's **replacement boots**: from a ``preempted`` event to the
 ``resumed`` event (the checkpoint restored, training about to go on) of the next attempt when it is in the same
 placement (the group replaced its machine): the relaunch, the boot, the image, the trainer's start and the
 restore, all of which a preemption costs. The median of a cloud's boots is its ``boot_p``; a cloud the run has
@@ -175,6 +176,8 @@ class History:
     checkpoint_bytes: int | None = None
     checkpoint_interval_s: float | None = None
     boots: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    data_bytes: int | None = None
+    """The newest ``data_staged`` event's bytes: what a machine stages of the run's data at each start."""
     """Seconds from a ``preempted`` event to the replacement's ``resumed`` in the same placement, by its cloud."""
 
     def rate(self, index: int) -> float | None:
@@ -192,7 +195,7 @@ def history(events: Sequence[Mapping], placements: Sequence[Placement], nodes: i
     by_label = {p.label: p.index for p in placements}
     tallies: dict[int, Tally] = {}
     where, started, last_t, prev_ckpt = 0, None, None, None
-    newest_bytes, gaps = None, []
+    newest_bytes, data_bytes, gaps = None, None, []
     boots: dict[str, list[float]] = {}
     notice, boot_from = None, None  # (placement, time) of the newest `preempted`; a replacement's boot since
     last_gap = None  # the newest checkpoint's part of the rate: (time, steps, seconds, counted as an interval)
@@ -233,6 +236,8 @@ def history(events: Sequence[Mapping], placements: Sequence[Placement], nodes: i
             if boot_from is not None and t > boot_from and where < len(placements):
                 boots.setdefault(placements[where].cloud, []).append(t - boot_from)
             boot_from = None
+        elif kind == layout.DATA_STAGED and isinstance(e.get("bytes"), int) and e["bytes"] >= 0:
+            data_bytes = e["bytes"]
         elif kind == layout.CHECKPOINT and isinstance(e.get("step"), int) and t is not None:
             if isinstance(e.get("bytes"), int) and e["bytes"] > 0:
                 newest_bytes = e["bytes"]
@@ -247,7 +252,7 @@ def history(events: Sequence[Mapping], placements: Sequence[Placement], nodes: i
             prev_ckpt = (e["step"], t, True)
     close()
     interval = sorted(gaps)[len(gaps) // 2] if gaps else None
-    return History(tallies, newest_bytes, interval, {c: tuple(v) for c, v in boots.items()})
+    return History(tallies, newest_bytes, interval, {c: tuple(v) for c, v in boots.items()}, data_bytes)
 
 
 def boot_for(hist: History, inputs: Inputs, cloud: str) -> tuple[float, str]:
@@ -292,7 +297,7 @@ def price_tables(config: Config, inputs: Inputs, store, quotes: Sequence[Quote],
     interval = inputs.checkpoint_every_s or hist.checkpoint_interval_s or 1800.0
     run = cost.RunFacts(nodes=config.nodes, remaining_steps=remaining, checkpoint_interval_s=interval,
                         checkpoint_bytes=hist.checkpoint_bytes or inputs.checkpoint_bytes, measured_rates=measured,
-                        now=now, deadline=deadline)
+                        now=now, deadline=deadline, data_bytes=hist.data_bytes or 0)
     estimates, boots = [], []
     for p, row, q in zip(config.placements, inputs.placements, quotes, strict=True):
         tally = hist.tallies.get(p.index, Tally())

@@ -6,7 +6,7 @@ end of a move):
     E_p = price_p x nodes x (remaining_steps / rate_p x overhead_p + boot_p)
           + checkpoint_bytes x restore_p x (1 + expected preemptions)        (home bucket -> p, each start)
           + checkpoint writes back to home for the hours left                 (CheckpointWrites.per_hour)
-          + data_p                                                            (data not where p is)
+          + data_bytes x restore_p x nodes x (1 + expected preemptions)     (the data, each machine, each start)
 
 - **rate_p** (:func:`rate_for`): the run's own measured steps per hour on p's GPU type; elsewhere the
   measured rate scaled by :data:`RELATIVE_THROUGHPUT` (per GPU; every placement has the same GPUs per
@@ -15,6 +15,11 @@ end of a move):
   of one preemption a machine-day weighing :data:`PRIOR_MACHINE_HOURS` machine-hour (a pseudo-count: the
   run's own count takes over within its first hours there).
 - **overhead_p** (:func:`overhead`) = 1 / (1 - L), L = nodes x lambda_p x (checkpoint interval / 2 + boot_p).
+- **data_bytes**: what each machine stages of the run's training data at each start (the newest
+  ``data_staged`` event's bytes; 0 before the run first staged it, and for synthetic data). It is priced
+  on the checkpoint's route, from the home bucket's side: where the data is the home bucket's (the usual
+  ``run.dataUri``) that is exact; data in a bucket elsewhere is priced as if it were home's. Home itself
+  reads it in its own region: free.
 
 Why 1 / (1 - L) (and not 1 + L)
 -------------------------------
@@ -150,6 +155,8 @@ class RunFacts:
     now: float
     deadline: float | None = None
     """Epoch seconds by which the run must finish (None: no cap)."""
+    data_bytes: int = 0
+    """What each machine stages of the training data at each start (module docstring); 0: none known."""
 
 
 @dataclass(frozen=True)
@@ -172,8 +179,6 @@ class PlacementFacts:
     """USD per GB to read the checkpoint from the home bucket there (components/pricing.py transfer_per_gb)."""
     writes_per_gb: float | None = 0.0
     """USD per GB to write a checkpoint from there to the home bucket (CheckpointWrites' transfer)."""
-    data_usd: float = 0.0
-    """What reading the training data there costs (0 where the data is)."""
     max_price: float | None = None
     """The placement's maximum price per machine-hour (AWS's spot max price), None: none."""
     allowed: bool = True
@@ -201,10 +206,16 @@ class Estimate:
     """Paid hours to finish there, boot included."""
     machines_usd: float | None = None
     transfer_usd: float | None = None
-    """The restores (the first and one after each expected preemption) and the checkpoint writes."""
+    """The restores (the first and one after each expected preemption) with the data each machine stages then,
+    and the checkpoint writes."""
     finish_at: float | None = None
     work_usd: float | None = None
     """:func:`work_price`, where the rate is unknown and the rest is known: what ranks a first launch."""
+
+
+def _start_gb(run: RunFacts) -> float:
+    """GB read from the home bucket's side at each start of the group: the checkpoint, and the data on each machine."""
+    return (run.checkpoint_bytes + run.data_bytes * run.nodes) / GB
 
 
 def work_price(run: RunFacts, p: PlacementFacts, lam: float, overhead_factor: float) -> float | None:
@@ -214,8 +225,9 @@ def work_price(run: RunFacts, p: PlacementFacts, lam: float, overhead_factor: fl
     relative = RELATIVE_THROUGHPUT.get(p.gpu or "")
     if not relative or p.price is None or p.writes_per_gb is None or p.restore_per_gb is None:
         return None
-    gb = run.checkpoint_bytes / GB
-    writes = p.writes_per_gb * gb * 3600 / run.checkpoint_interval_s if run.checkpoint_interval_s else 0.0
+    gb = _start_gb(run)
+    writes = p.writes_per_gb * run.checkpoint_bytes / GB * 3600 / run.checkpoint_interval_s \
+        if run.checkpoint_interval_s else 0.0
     restores = p.restore_per_gb * gb * run.nodes * lam
     return round((p.price * run.nodes + restores + writes) * overhead_factor / relative, 6)
 
@@ -251,13 +263,13 @@ def estimate(run: RunFacts, p: PlacementFacts) -> Estimate:
     if p.restore_per_gb is None or p.writes_per_gb is None:
         return Estimate(cost=None, feasible=True, hours=hours, finish_at=finish_at, why="transfer price unknown",
                         **base)
-    gb = run.checkpoint_bytes / GB
     preemptions = run.nodes * lam * hours
     restores = (0 if p.running else 1) + preemptions
-    writes_per_hour = p.writes_per_gb * gb * 3600 / run.checkpoint_interval_s if run.checkpoint_interval_s else 0.0
-    transfer = p.restore_per_gb * gb * restores + writes_per_hour * train_h
+    writes_per_hour = p.writes_per_gb * run.checkpoint_bytes / GB * 3600 / run.checkpoint_interval_s \
+        if run.checkpoint_interval_s else 0.0
+    transfer = p.restore_per_gb * _start_gb(run) * restores + writes_per_hour * train_h
     machines = p.price * run.nodes * hours
-    cost = machines + transfer + p.data_usd
+    cost = machines + transfer
     return Estimate(cost=round(cost, 4), feasible=True, why="", hours=hours, finish_at=finish_at,
                     machines_usd=round(machines, 4), transfer_usd=round(transfer, 4), **base)
 

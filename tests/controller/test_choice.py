@@ -281,10 +281,12 @@ def test_the_runs_history_gives_each_placements_rate_preemptions_and_machine_hou
         {"cloud": "aws", "region": r, "project": None, "group": f"g{i}"} for i, r in enumerate(REGIONS[:2])]})
     t = NOW
     events = [{"event": "started", "time": iso(t)},  # no placement named: home
+              {"event": "data_staged", "time": iso(t + 60), "files": 3, "bytes": 900},
               {"event": "checkpoint", "time": iso(t + 600), "step": 100, "bytes": 5},
               {"event": "checkpoint", "time": iso(t + 1200), "step": 300, "bytes": 7},
               {"event": "preempted", "time": iso(t + 1800), "step": 300},
               {"event": "started", "time": iso(t + 3600), "config": {"placement": "aws us-west-2"}},
+              {"event": "data_staged", "time": iso(t + 3660), "files": 4, "bytes": 1200},
               {"event": "checkpoint", "time": iso(t + 4200), "step": 400},
               {"event": "checkpoint", "time": iso(t + 7800), "step": 1400}]
     h = choice.history(events, config.placements, config.nodes)
@@ -292,6 +294,8 @@ def test_the_runs_history_gives_each_placements_rate_preemptions_and_machine_hou
     assert (h.tallies[0].preemptions, h.tallies[1].preemptions) == (1, 0)
     assert h.tallies[0].machine_hours == pytest.approx(2 * 0.5) and h.tallies[1].machine_hours == pytest.approx(2 * 4200 / 3600)
     assert h.checkpoint_bytes == 7 and h.checkpoint_interval_s == 3600
+    assert h.data_bytes == 1200  # the newest staging's: what a machine stages at its next start
+    assert choice.history(events[:1], config.placements, config.nodes).data_bytes is None  # synthetic: none
 
 
 ACCESS = {"gcp_audience": "//iam.googleapis.com/projects/123/locations/global/workloadIdentityPools/pool/providers/aws-home",

@@ -138,6 +138,27 @@ def test_a_200_gib_checkpoint_to_the_other_cloud_costs_more_than_its_cheaper_mac
     assert sorted([other, home], key=cost.rank_key)[0] is home
 
 
+def test_each_machine_stages_the_data_again_at_each_start_where_the_data_is_not():
+    # 50 GB of data on each of two machines, a 2 GB checkpoint: each start there reads 102 GB from home's side.
+    run, data = _run(nodes=2), _run(nodes=2, data_bytes=50 * 10**9)
+    away = PlacementFacts(1, price=0.5, gpu="A10G", restore_per_gb=0.02, writes_per_gb=0.02)
+    plain, staged = cost.estimate(run, away), cost.estimate(data, away)
+    starts = 1 + 2 * (1 / 24) * staged.hours  # the first start and each expected preemption of the group
+    assert staged.transfer_usd - plain.transfer_usd == pytest.approx(0.02 * 100 * starts, abs=1e-3)
+    assert staged.cost - plain.cost == pytest.approx(0.02 * 100 * starts, abs=1e-3)
+    # Home reads it in its own region: the same E with data or without; training there now: no first start.
+    home = PlacementFacts(0, price=0.5, gpu="A10G")
+    assert cost.estimate(data, home).cost == cost.estimate(run, home).cost
+    running = PlacementFacts(**{**away.__dict__, "running": True})
+    gone = 0.02 * 100 * 2 * (1 / 24) * cost.estimate(data, running).hours
+    assert cost.estimate(data, running).transfer_usd - cost.estimate(run, running).transfer_usd == pytest.approx(
+        gone, abs=1e-3)
+    # Before any rate: the first launch's price per unit of work counts the restaging after preemptions too.
+    unknown = _run(nodes=2, measured_rates={}, data_bytes=50 * 10**9)
+    assert cost.work_price(unknown, away, 1 / 24, 1.0) > cost.work_price(_run(nodes=2, measured_rates={}), away,
+                                                                          1 / 24, 1.0)
+
+
 @pytest.mark.parametrize(("placement", "run", "why"), [
     (PlacementFacts(0, price=0.5, gpu="A10G", allowed=False, not_allowed="failed 3 min ago"), {}, "failed 3 min ago"),
     (PlacementFacts(0, price=0.5, gpu="A10G", preemptions=200, machine_hours=40), {},
