@@ -197,18 +197,23 @@ def compute_api_problem(settings: config.Settings) -> Problem:
                    f"gcloud services enable {COMPUTE_API} --project {settings.project}, then run preflight again")
 
 
-def check_gcp(settings: config.Settings, api: GcpApi | None = None, *, home: bool = True) -> list[Problem]:
-    """Every GCP check; `api` defaults to the REST client with Application Default Credentials.
-
-    `home=False`: a placement's project and region, whose run and data are home's: no data check there."""
-    api = gcp_api(api)
+def api_checks(settings: config.Settings, api: GcpApi) -> tuple[list[Problem], set[str]]:
+    """The prerequisite APIs' check: its problems, and the services it found on (none when it could not read them)."""
     enabled: set[str] = set()
 
     def apis() -> list[Problem]:
         enabled.update(api.enabled_services(settings.project))
         return gcp_api_problems(settings, enabled)
 
-    problems = run_checks([("APIs", off_api_said(settings, apis))], _gcp_error)
+    return run_checks([("APIs", off_api_said(settings, apis))], _gcp_error), enabled
+
+
+def check_gcp(settings: config.Settings, api: GcpApi | None = None, *, home: bool = True) -> list[Problem]:
+    """Every GCP check; `api` defaults to the REST client with Application Default Credentials.
+
+    `home=False`: a placement's project and region, whose run and data are home's: no data check there."""
+    api = gcp_api(api)
+    problems, enabled = api_checks(settings, api)
     if enabled and COMPUTE_API not in enabled:
         # Every read below goes to the Compute Engine API: one line says to turn it on.
         return [*problems, compute_api_problem(settings)]

@@ -87,16 +87,10 @@ def vertex_api_problem(settings: config.Settings) -> Problem:
 
 def check_vertex(settings: config.Settings, api: GcpApi | None = None) -> list[Problem]:
     """Every check of a Vertex AI stack; `api` defaults to the REST client with Application Default Credentials."""
-    from ops.preflight.gcp import _gcp_error, gcp_api, gcp_api_problems, gcp_data_problems, merge, off_api_said
+    from ops.preflight.gcp import _gcp_error, api_checks, gcp_api, gcp_data_problems, merge, off_api_said
 
     api = gcp_api(api)
-    enabled: set[str] = set()
-
-    def apis() -> list[Problem]:
-        enabled.update(api.enabled_services(settings.project))
-        return gcp_api_problems(settings, enabled)
-
-    problems = run_checks([("APIs", off_api_said(settings, apis))], _gcp_error)
+    problems, enabled = api_checks(settings, api)
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [
         ("data bucket", off_api_said(settings, lambda: gcp_data_problems(settings, api)))]
     if enabled and AIPLATFORM_API not in enabled:
