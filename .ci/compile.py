@@ -5,7 +5,8 @@ not compiled here is compiled again by every process that imports it. The Pulumi
 of the environment's sources (pulumi_aws and pulumi_gcp: 200 MB in 4,500 files, 19 CPU-s of compiling), and a
 program imports only the services it names (`aws.ec2`, `gcp.compute`: each a subpackage loaded on first use).
 So their subpackages are compiled only where the project's sources name them; the rest of site-packages is
-compiled whole. A service named later and missed here is still imported, only compiled on the way.
+compiled whole but for what nothing here imports (`NEVER`). A service named later and missed here is still
+imported, only compiled on the way.
 
 A stamp in the environment (the hash of the requirements and of the project's sources that name services)
 skips a second compile of the same environment: walking 23,000 files again took 11 CPU-s.
@@ -25,6 +26,9 @@ PROVIDERS = {"pulumi_aws": ("aws", "pulumi_aws"), "pulumi_gcp": ("gcp", "pulumi_
              "pulumi_kubernetes": ("k8s", "kubernetes", "pulumi_kubernetes")}
 # Subpackages the named ones import themselves (every Kubernetes kind's metadata is `meta.v1`'s).
 ALWAYS = {"__pycache__", "_utilities", "config", "meta"}
+# Never imported by the project, its tests or its tools: the packages' own test suites, and cfn-lint with what only
+# it needs (moto imports it for CloudFormation's template validation, which no test calls): 60 MB of sources.
+NEVER = ("/tests/", "/cfnlint/", "/sympy/", "/mpmath/", "/networkx/")
 SOURCES = ("components", "controller", "ops", "schedulers", "tests", "devtools", "bench", "policy", "__main__.py")
 
 
@@ -57,6 +61,7 @@ def main() -> int:
         unused = sorted(p.name for p in (site / pkg).glob("*/") if p.is_dir() and p.name not in names
                         and p.name not in ALWAYS)
         skip += [re.escape(f"/{pkg}/{name}/") for name in unused]
+    skip += [re.escape(path) for path in NEVER]
     rx = re.compile("|".join(skip)) if skip else None
     if not compileall.compile_dir(str(site), quiet=1, workers=0, rx=rx):
         return 1
