@@ -35,7 +35,8 @@ import statistics
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-LIMIT = "limit (in memory, 100/call)"
+
+from bench.variants import LIMIT, limit_call  # noqa: E402 - after the log level TensorFlow reads at import
 
 
 def build(batch: int, per_call: int) -> dict:
@@ -51,21 +52,7 @@ def build(batch: int, per_call: int) -> dict:
 
     cfg = TrainConfig(run_uri="file:///nowhere", synthetic=True, batch_size=batch)
     out: dict = {}
-    spec = seeded_model(cfg, tf.distribute.get_strategy())
-    x, y = spec.synthetic(0)
-    xb, yb = D.preprocess(tf.constant(x[:batch])), tf.constant(y[:batch])
-
-    @tf.function
-    def limit(n):
-        loss = tf.constant(0.0)
-        for _ in tf.range(n):
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(S.per_example_loss(spec, yb, spec.model(xb, training=True)),
-                                                  global_batch_size=batch)
-            grads = tape.gradient(loss, spec.model.trainable_variables)
-            spec.optimizer.apply_gradients(zip(grads, spec.model.trainable_variables, strict=True))
-        return loss
-
+    limit, xb, yb = limit_call(cfg, batch)
     out[LIMIT] = (lambda: limit(tf.constant(100, tf.int64)), 100 * batch)
     out[f"limit ({per_call}/call)"] = (lambda: limit(tf.constant(per_call, tf.int64)), per_call * batch)
     request = tf.constant((0.0, 0.0, 0.0))

@@ -46,17 +46,13 @@ def _load(path: str, name: str):
     return module
 
 
-def build(old_loop: str | None, batch: int) -> dict:
-    """The variants: name → (call, examples per call)."""
+def limit_call(cfg, batch: int):
+    """The limit: one batch held in memory, `n` steps a call (a `tf.function` of the int64 tensor `n`), and that batch."""
     import tensorflow as tf
 
     from trainer import data as D
     from trainer import step as S
-    from trainer.config import TrainConfig
     from trainer.models import seeded_model
-
-    cfg = TrainConfig(run_uri="file:///nowhere", synthetic=True, batch_size=batch)
-    out: dict = {}
 
     spec = seeded_model(cfg, tf.distribute.get_strategy())
     x, y = spec.synthetic(0)
@@ -73,6 +69,22 @@ def build(old_loop: str | None, batch: int) -> dict:
             spec.optimizer.apply_gradients(zip(grads, spec.model.trainable_variables, strict=True))
         return loss
 
+    return limit, xb, yb
+
+
+def build(old_loop: str | None, batch: int) -> dict:
+    """The variants: name → (call, examples per call)."""
+    import tensorflow as tf
+
+    from trainer import data as D
+    from trainer import step as S
+    from trainer.config import TrainConfig
+    from trainer.models import seeded_model
+
+    cfg = TrainConfig(run_uri="file:///nowhere", synthetic=True, batch_size=batch)
+    out: dict = {}
+
+    limit, xb, yb = limit_call(cfg, batch)
     out[LIMIT] = (lambda: limit(tf.constant(100, tf.int64)), 100 * batch)
     request = tf.constant((0.0, 0.0, 0.0))
     modules = [("new", S)] + ([("old", _load(old_loop, "old_loop"))] if old_loop else [])
