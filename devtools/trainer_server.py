@@ -80,12 +80,13 @@ import traceback
 from pathlib import Path
 
 if __package__:
-    from devtools import cli_server
+    from devtools import cli_server, warm_autograph
 
     # command: the tests' way to a served run
     from devtools.trainer_client import ASK_KERAS2, KERAS2_VAR, SOCKET_VAR, command, keras2_server  # noqa: F401
 else:  # `python trainer_server.py`: this folder is the path's first entry
     import cli_server
+    import warm_autograph
     from trainer_client import ASK_KERAS2, KERAS2_VAR, SOCKET_VAR, keras2_server
 
 HERE = Path(__file__).resolve().parent
@@ -124,6 +125,7 @@ LIBRARIES = Path(sys.prefix).resolve()  # the interpreter's environment (a .venv
 BASE_PATH: list[str] = []  # the interpreter's own sys.path entries (stdlib, site-packages)
 SERVED_PACKAGES: dict[str, tuple[str, str]] = {}  # the project's packages imported here: name -> file, digest
 SOCKET: list[str] = []  # this server's socket path
+LEARNED: list = []  # the AutoGraph conversions its children logged (warm_autograph.Learned)
 SCRIPT_LAUNCHER: list[str] = []  # the served script-mode trainer's `python` (`script_launcher`), once written
 
 
@@ -262,6 +264,8 @@ def _become(request: dict, fds: list[int], server_pid: int) -> None:
             sys.executable = SCRIPT_LAUNCHER[0]
     sys.dont_write_bytecode = bool(request["env"].get("PYTHONDONTWRITEBYTECODE"))
     _standard_streams(request["env"])
+    if SOCKET:
+        warm_autograph.record(SOCKET[0] + ".autograph")
     if "numpy" in sys.modules:  # NumPy's global generator was seeded once, in the server
         sys.modules["numpy"].random.seed()
     signal.pthread_sigmask(signal.SIG_SETMASK, request["mask"])
@@ -382,6 +386,9 @@ def serve(path: str) -> None:
     sys.path.insert(0, str(REPO))
     _warm_up()
     SOCKET[:], SCRIPT_LAUNCHER[:] = [path], [_write_script_launcher(path)]
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path + ".autograph")
+    LEARNED[:] = [warm_autograph.Learned(path + ".autograph")]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path + ".tmp")
     listener.listen(64)
@@ -422,6 +429,7 @@ def serve(path: str) -> None:
                     with contextlib.suppress(OSError):
                         run.conn.sendall(status.to_bytes(4, "big", signed=True))
                     run.conn.close()
+                LEARNED[0].take()  # what it converted, converted here for the next children
 
 
 _warned = False

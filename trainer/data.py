@@ -57,9 +57,17 @@ def synthetic_mnist(n: int = MNIST_EXAMPLES, seed: int = 0) -> tuple[np.ndarray,
     rng = np.random.default_rng([seed, 784])
     prototypes = rng.integers(0, 192, size=(10, 784), dtype=np.uint8)
     y = rng.integers(0, 10, size=(n,), dtype=np.int64)
-    x = rng.integers(0, 64, size=(n, 784), dtype=np.uint8)
+    x = _pixel_noise(rng, n)
     x += prototypes[y]  # at most 191 + 63: no uint8 overflow
     return x, y
+
+
+def _pixel_noise(rng: np.random.Generator, n: int) -> np.ndarray:
+    """`n` images of uniform noise in 0-63, eight pixels from each full-range 64-bit draw (its bytes,
+    little-endian, low six bits): a quarter of the CPU of a bounded draw per pixel (0.06 against
+    0.22 CPU-s for 60,000 images), which every synthetic run pays at its start."""
+    words = rng.integers(0, 2**64, size=-(-n * 784 // 8), dtype=np.uint64).astype("<u8", copy=False)
+    return (words.view(np.uint8)[: n * 784] & np.uint8(63)).reshape(n, 784)
 
 
 def synthetic_mnist_validation(n: int = MNIST_VALIDATION, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -67,7 +75,7 @@ def synthetic_mnist_validation(n: int = MNIST_VALIDATION, seed: int = 0) -> tupl
     prototypes = np.random.default_rng([seed, 784]).integers(0, 192, size=(10, 784), dtype=np.uint8)
     rng = np.random.default_rng([seed, 784, 1])
     y = rng.integers(0, 10, size=(n,), dtype=np.int64)
-    x = rng.integers(0, 64, size=(n, 784), dtype=np.uint8)
+    x = _pixel_noise(rng, n)
     x += prototypes[y]
     return x, y
 

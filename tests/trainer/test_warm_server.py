@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from devtools import cli_server, trainer_server
-from tests.trainer.helpers import REPO, trainer_env
+from tests.trainer.helpers import FAST, REPO, committed_weights, max_abs_diff, run_trainer, trainer_env
 from tests.userdata.helpers import wait_for
 
 PROBE = '''
@@ -181,6 +181,33 @@ def test_a_run_the_server_cannot_serve_runs_as_the_plain_process(server, probe, 
     facts = json.loads(out.splitlines()[0])
     assert proc.returncode == 3, err
     assert not _served(proc, facts)
+
+
+def _conversions(server: str) -> list[list]:
+    """The AutoGraph conversions the server's children logged (file, line, name, options)."""
+    log = Path(server + ".autograph")
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_a_run_after_the_first_converts_nothing_the_server_has_and_trains_as_the_plain_process(server, tmp_path):
+    args = [*FAST[:1], "--steps", "20", *FAST[3:]]
+    before = len(_conversions(server))
+    code, _, err = run_trainer(f"file://{tmp_path}/first", *args)
+    assert code == 0, err
+    first = _conversions(server)[before:]
+    # The trainer's own step and data functions, and Keras's and TensorFlow's export signatures.
+    files = {Path(line[0]).name for line in first}
+    assert {"step.py", "data.py", "metrics.py"} <= files, first
+    code, _, err = run_trainer(f"file://{tmp_path}/second", *args)
+    assert code == 0, err
+    again = _conversions(server)[before + len(first):]
+    assert again == [], again  # each was converted in the server after the first run: cache hits
+    code, _, err = run_trainer(f"file://{tmp_path}/plain", *args, served=False)
+    assert code == 0, err
+    weights = {name: committed_weights(f"file://{tmp_path}/{name}", 20, tmp_path / f"w-{name}")
+               for name in ("first", "second", "plain")}
+    assert max_abs_diff(weights["second"], weights["plain"]) == 0.0
+    assert max_abs_diff(weights["first"], weights["plain"]) == 0.0
 
 
 def test_a_server_with_more_than_one_thread_forks_no_run(probe, tmp_path):
