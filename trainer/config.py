@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_run_and_data_options(p: argparse.ArgumentParser, d: TrainConfig) -> None:
     """Where the run lives, which model, and the data it trains and evaluates on."""
     p.add_argument("--run-uri", help="where the run lives: s3://B/runs/ID, gs://B/runs/ID or file://DIR (required)")
-    p.add_argument("--model", default=d.model, help="mlp, transformer-lm, digits (the local demo: real handwriting scikit-learn ships), "
+    p.add_argument("--model", default=d.model, help="mlp, transformer-lm, digits (the local demo: real handwriting, in the checkout), "
                    "or package.module:function returning a ModelSpec")
     p.add_argument("--code-dir", default=None,
                    help="folder of your own Python modules (importable by --model package.module:function); "
@@ -420,7 +420,7 @@ def validate(cfg: TrainConfig) -> None:
         _validate_command(cfg)
         return
     if cfg.model == "digits" and (cfg.synthetic or cfg.data_uri):
-        raise ConfigError("--model digits trains on the UCI digits scikit-learn ships: drop "
+        raise ConfigError("--model digits trains on the UCI digits of the checkout: drop "
                           f"{'--synthetic' if cfg.synthetic else '--data-uri'}")
     if cfg.synthetic == bool(cfg.data_uri) and not _is_user_model(cfg.model) and cfg.model != "digits":
         raise ConfigError("choose the data: --synthetic or --data-uri URI (TRAINSTACK_SYNTHETIC=1 / TRAINSTACK_DATA_URI)")

@@ -5,7 +5,7 @@ Built in:
     over 784 inputs, Adam, sparse categorical cross-entropy. Data: synthetic MNIST-like
     images, or TFRecords with features `x` (float list of 784) and `y` (int64).
   * `digits` — the same model over 64 inputs, trained on real handwriting: the UCI digits that
-    scikit-learn ships (1,797 8x8 images; 360 held out for validation), no download. The demo.
+    ship in the checkout (trainer/digits.csv.gz: 1,797 8x8 images; 360 held out for validation), no download. The demo.
   * `transformer-lm` — a small decoder-only language model: token + position embedding,
     `--lm-layers` blocks of causal multi-head attention and an MLP (pre-norm, residual),
     a final norm and an output head (separate, or tied to the embedding with `--lm-tied`).
@@ -118,7 +118,7 @@ def seed_mlp(inputs: int, seed: int, name: str) -> keras.Model:
 
 
 def build_digits(cfg: TrainConfig) -> ModelSpec:
-    """The seed article's model on real handwriting: the UCI digits that scikit-learn ships (8x8 images)."""
+    """The seed article's model on real handwriting: the UCI digits of the checkout (8x8 images)."""
     (x, y), validation = data_mod.uci_digits()
     return ModelSpec(
         model=seed_mlp(64, cfg.seed, "digits"),

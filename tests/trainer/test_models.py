@@ -74,7 +74,7 @@ def test_builtin_models_build_with_the_documented_shapes():
 
 @pytest.mark.slow
 def test_the_digits_demo_learns_real_handwriting(file_run):
-    # The README's demo: the seed's model on scikit-learn's UCI digits, validated on its held-out fifth.
+    # The README's demo: the seed's model on the UCI digits (trainer/digits.csv.gz), validated on its held-out fifth.
     from trainer.data import DIGITS_VALIDATION
 
     args = ["--model", "digits", "--steps", "400", "--checkpoint-every-steps", "200", "--eval-every-steps", "200"]
