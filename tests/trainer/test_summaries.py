@@ -50,6 +50,23 @@ def test_a_set_of_names_is_traced_once_whatever_the_number_of_points(tmp_path):
     assert len(_scalars(tmp_path)) == 2 * (1 + 3 + 7)
 
 
+def test_a_single_point_is_written_without_a_trace_until_its_names_come_as_a_series(tmp_path):
+    s = summaries_mod.Summaries(str(tmp_path), store=None)
+    s.scalars(10, {"validation/loss": 0.5, "eval_s": 0.25})
+    s.scalars(20, {"checkpoint_save_s": 0.125})
+    assert s._writes == {}  # two points, no writer traced
+    s.series([(30, {"validation/loss": 0.25, "eval_s": 0.5}), (40, {"validation/loss": 0.125, "eval_s": 0.5})])
+    s.scalars(50, {"validation/loss": 0.0625, "eval_s": 0.5})
+    [write] = s._writes.values()  # traced for the series, then used for the names' next point
+    assert write.experimental_get_tracing_count() == 1
+    s._writer.flush()
+    assert sorted(_scalars(tmp_path)) == sorted([
+        (10, "validation/loss", 0.5, "float32"), (10, "eval_s", 0.25, "float32"), (20, "checkpoint_save_s", 0.125, "float32"),
+        (30, "validation/loss", 0.25, "float32"), (30, "eval_s", 0.5, "float32"),
+        (40, "validation/loss", 0.125, "float32"), (40, "eval_s", 0.5, "float32"),
+        (50, "validation/loss", 0.0625, "float32"), (50, "eval_s", 0.5, "float32")])
+
+
 def test_a_disabled_writer_writes_nothing(tmp_path):
     s = summaries_mod.Summaries(str(tmp_path), store=None, enabled=False)
     s.series([(1, {"a": 1.0})])
