@@ -230,12 +230,6 @@ class _Uploads:
             self.cond.wait_for(lambda: self.in_flight != step)
             self.active.add(step)
 
-    def settle(self, step: int, timeout: float = 30.0) -> None:
-        """Until an older background upload that `take_over` cancelled has ended (its marker written
-        or not), at most `timeout` s: a marker it wrote after the commit's prune would outlive it."""
-        with self.cond:
-            self.cond.wait_for(lambda: self.in_flight is None or self.in_flight >= step, timeout)
-
     def done(self, step: int) -> None:
         """A synchronous commit of `step` ended, committed or not."""
         with self.cond:
@@ -355,7 +349,6 @@ class CheckpointStore:
             info = self._upload(step, files, cancel=None)
         finally:
             self._uploads.done(step)
-        self._uploads.settle(step)
         self.prune()
         self._committed(info)
         return info
