@@ -60,7 +60,10 @@ def record(path: str) -> None:
 
 def _codes(code: types.CodeType, out: dict) -> None:
     """`code` and the code nested in it (its functions, lambdas and classes), by file line and name."""
-    out.setdefault((code.co_firstlineno, code.co_qualname), []).append(code)
+    found = out.setdefault((code.co_firstlineno, code.co_qualname), [])
+    if any(c is code for c in found):
+        return  # reached again (a class attribute naming a module function): one code object, not two
+    found.append(code)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             _codes(const, out)
