@@ -6,6 +6,7 @@ Each check reads the account with the operator's credentials (boto3) and returns
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -339,6 +340,98 @@ def aws_lambda_concurrency_problems(settings: config.Settings, lam: Any) -> list
         f"{max(total, 0) + LAMBDA_UNRESERVED_MINIMUM - left} --region {settings.region}")]
 
 
+
+# What `pulumi up` and `pulumi destroy` ask KMS about the image-signing key (components/aws/signing_key.py) under
+# the deployer's IAM policies: pulumi_aws's kms.Key creates it with its policy and tags (CreateKey, TagResource; KMS
+# refuses a policy that would lock its creator out, so PutKeyPolicy too), reads it back on every up (DescribeKey,
+# GetKeyPolicy, GetKeyRotationStatus, ListResourceTags), changes its policy or tags, and schedules its deletion on
+# destroy. The stack makes no alias. CreateKey's resource is "*" (there is no key yet); the others' is the key.
+SIGNING_CREATE_ACTIONS = ("kms:CreateKey", "kms:TagResource")
+SIGNING_KEY_ACTIONS = ("kms:DescribeKey", "kms:GetKeyPolicy", "kms:GetKeyRotationStatus", "kms:ListResourceTags",
+                       "kms:PutKeyPolicy", "kms:TagResource", "kms:UntagResource", "kms:ScheduleKeyDeletion")
+# Sign and GetPublicKey (ImageSignature, at `pulumi up`) are granted by the key's own policy, which names the
+# deployer's role: the simulator evaluates a resource policy only for an IAM user caller (CallerArn), so for them
+# only what no key policy can override is a problem: an explicit deny, or the organization's SCPs.
+SIGNING_SIGNER_ACTIONS = ("kms:GetPublicKey", "kms:Sign")
+
+
+def aws_deployer_arn(caller_arn: str, iam: Any) -> str | None:
+    """The IAM principal whose policies decide what `caller_arn` (STS GetCallerIdentity's) may do: an assumed
+    role's session maps to its role, with the path GetRole gives (a session ARN leaves it out); a user is itself;
+    None for the account's root, which IAM policies do not limit."""
+    kind = caller_arn.split(":", 5)[-1]
+    if kind == "root":
+        return None
+    if kind.startswith("assumed-role/"):
+        return iam.get_role(RoleName=kind.split("/")[1])["Role"]["Arn"]
+    return caller_arn
+
+
+def _denied(results: list[dict], *, signer: bool) -> list[str]:
+    """The actions of `results` (SimulatePrincipalPolicy's) that would be refused; for the signer's, only a refusal
+    no key policy overrides."""
+    def refused(r: dict) -> bool:
+        if (r.get("OrganizationsDecisionDetail") or {}).get("AllowedByOrganizations") is False:
+            return True
+        return r["EvalDecision"] == "explicitDeny" if signer else r["EvalDecision"] != "allowed"
+    return sorted({r["EvalActionName"] for r in results if refused(r)})
+
+
+def _simulate(iam: Any, principal: str, actions: tuple[str, ...], resource: str) -> list[dict]:
+    pages = iam.get_paginator("simulate_principal_policy").paginate(
+        PolicySourceArn=principal, ActionNames=list(actions), ResourceArns=[resource])
+    return [r for page in pages for r in page["EvaluationResults"]]
+
+
+def aws_signing_key_problems(settings: config.Settings, sts: Any, iam: Any) -> list[Problem]:
+    """With `image.build`, whether the identity running `pulumi up` may create, read, change and delete the
+    image-signing KMS key and sign with it: its IAM policies simulated (IAM SimulatePrincipalPolicy) for the
+    actions the key's resource makes. A refused simulation is said as not checked."""
+    import botocore.exceptions
+
+    if not settings.image.build:
+        return []
+    caller = sts.get_caller_identity()
+    partition, account = caller["Arn"].split(":")[1], caller["Account"]
+    where = f"image.build: the image-signing KMS key in {settings.region}"
+    try:
+        principal = aws_deployer_arn(caller["Arn"], iam)
+    except botocore.exceptions.ClientError as e:
+        return [Problem(f"{where}: could not read the role of {caller['Arn']} (iam:GetRole: {_aws_error(e)}); "
+                        "`pulumi up` reads it too, to name the role in the key's policy",
+                        "allow iam:GetRole on that role to it")]
+    if principal is None:
+        return []
+    if not principal.startswith(f"arn:{partition}:iam::"):
+        return [Problem(f"{where}: could not check what {principal} may do (IAM simulates only users and roles)",
+                        f"make sure it may {', '.join(SIGNING_CREATE_ACTIONS + SIGNING_KEY_ACTIONS)}, or deploy "
+                        "as a role or user")]
+    key = f"arn:{partition}:kms:{settings.region}:{account}:key/*"  # the key's id is not known before CreateKey
+    try:
+        missing = sorted(set(_denied(_simulate(iam, principal, SIGNING_CREATE_ACTIONS, "*"), signer=False)
+                             + _denied(_simulate(iam, principal, SIGNING_KEY_ACTIONS, key), signer=False)))
+        blocked = _denied(_simulate(iam, principal, SIGNING_SIGNER_ACTIONS, key), signer=True)
+    except botocore.exceptions.ClientError as e:
+        if e.response.get("Error", {}).get("Code") not in ("AccessDenied", "AccessDeniedException"):
+            raise
+        return [Problem(f"{where}: could not check what {principal} may do with it (iam:SimulatePrincipalPolicy "
+                        f"refused: {_aws_error(e)}); it was not checked",
+                        f"allow iam:SimulatePrincipalPolicy on {principal} to these credentials, or make sure it "
+                        f"may {', '.join(SIGNING_CREATE_ACTIONS + SIGNING_KEY_ACTIONS)} (Resource \"*\")")]
+    problems = []
+    if missing:
+        statement = json.dumps({"Effect": "Allow", "Action": missing, "Resource": "*"})
+        problems.append(Problem(
+            f"{where}: {principal} may not {', '.join(missing)} (its IAM policies, simulated), so `pulumi up` would "
+            "fail at the key after the bucket, repository and image exist (or `pulumi destroy` at its deletion)",
+            f"add to {principal}'s IAM policy the statement {statement}"))
+    if blocked:
+        problems.append(Problem(
+            f"{where}: {principal} is denied {', '.join(blocked)} by its IAM policies or the organization's SCPs, "
+            "which the key's own policy cannot override, so `pulumi up` could not sign the image",
+            f"remove that deny for {', '.join(blocked)} on this account's KMS keys"))
+    return problems
+
 def _usable_credentials(session: Any) -> None:
     """Raise `NoCredentials` when the session finds no credentials, or finds some it cannot load
     (an expired SSO token, a failing `credential_process`): every check would fail alike."""
@@ -389,4 +482,6 @@ def check_aws(settings: config.Settings, session: Any = None, *, home: bool = Tr
         checks.append(("bucket", lambda: aws_bucket_problems(settings, client("s3"), client("sts"))))
         if settings.placement.reserve_concurrency and len(settings.placement_list) > 1:
             checks.append(("Lambda concurrency", lambda: aws_lambda_concurrency_problems(settings, client("lambda"))))
+        if settings.image.build:
+            checks.append(("image signing key", lambda: aws_signing_key_problems(settings, client("sts"), client("iam"))))
     return run_checks(checks, _aws_error)

@@ -10,7 +10,9 @@ job is SageMaker's quota per instance type, which is 0 until asked for (`CreateT
   `compute.nodes` instances. Its code differs per type, so it is found by name in the account's applied
   values (ListServiceQuotas), else in AWS's defaults (ListAWSDefaultServiceQuotas): an account that never
   changed a quota has no applied value;
-- the bucket, as on the groups (`aws_bucket_problems`): free, or yours with `storage.adopt`.
+- the bucket, as on the groups (`aws_bucket_problems`): free, or yours with `storage.adopt`;
+- the deployer's rights on the image-signing KMS key, as on the groups (`aws_signing_key_problems`): a SageMaker
+  stack always builds, and signs, its image.
 
 The image repository is the stack's own and `pulumi up` creates it (nothing to check before), and a
 SageMaker stack has no controller (no Lambda concurrency).
@@ -78,12 +80,13 @@ def sagemaker_quota_problems(settings: config.Settings, quotas: Any) -> list[Pro
 
 def check_sagemaker(settings: config.Settings, session: Any = None) -> list[Problem]:
     """Every check of a SageMaker stack; `session` is a boto3 Session (default: the environment's credentials)."""
-    from ops.preflight.aws import _aws_error, aws_bucket_problems, aws_session
+    from ops.preflight.aws import _aws_error, aws_bucket_problems, aws_session, aws_signing_key_problems
 
     session = aws_session(settings, session)
     client = lambda name: session.client(name, region_name=settings.region)  # noqa: E731 - one line, local
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [
         ("SageMaker quota", lambda: sagemaker_quota_problems(settings, client("service-quotas"))),
         ("bucket", lambda: aws_bucket_problems(settings, client("s3"), client("sts"))),
+        ("image signing key", lambda: aws_signing_key_problems(settings, client("sts"), client("iam"))),
     ]
     return run_checks(checks, _aws_error)

@@ -120,15 +120,43 @@ def test_credentials_that_may_not_list_quotas_are_told_which_permissions_to_add(
     assert p.fix.startswith("allow servicequotas:ListServiceQuotas and servicequotas:ListAWSDefaultServiceQuotas")
 
 
+class DeployerSts:
+    """moto's STS, whose caller is an IAM user of moto's account (moto names its caller with an `sts` ARN, which
+    IAM cannot simulate)."""
+
+    def __init__(self, region: str | None) -> None:
+        self.sts = boto3.client("sts", region_name=region)
+
+    def get_caller_identity(self) -> dict:
+        found = self.sts.get_caller_identity()
+        return {**found, "Arn": f"arn:aws:iam::{found['Account']}:user/deployer"}
+
+
+def allowing_iam() -> object:
+    """IAM that allows every action the image-signing key check simulates (a SageMaker stack signs its image)."""
+    from ops.preflight import aws as preflight_aws
+
+    iam = boto3.client("iam", region_name=REGION, aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(iam)
+    for actions in (preflight_aws.SIGNING_CREATE_ACTIONS, preflight_aws.SIGNING_KEY_ACTIONS,
+                    preflight_aws.SIGNING_SIGNER_ACTIONS):
+        stub.add_response("simulate_principal_policy", {"EvaluationResults": [
+            {"EvalActionName": a, "EvalDecision": "allowed"} for a in actions], "IsTruncated": False})
+    stub.activate()
+    return iam
+
+
 class Session:
-    """A boto3 session: the stubbed Service Quotas client, moto's for the rest; records which clients are made."""
+    """A boto3 session: the stubbed Service Quotas and IAM clients, moto's for the rest; records which clients are
+    made."""
 
     def __init__(self, quotas: object) -> None:
         self.quotas, self.made = quotas, []
 
     def client(self, name: str, region_name: str | None = None):
         self.made.append(name)
-        return self.quotas if name == "service-quotas" else boto3.client(name, region_name=region_name)
+        made = {"service-quotas": lambda: self.quotas, "iam": allowing_iam, "sts": lambda: DeployerSts(region_name)}
+        return made.get(name, lambda: boto3.client(name, region_name=region_name))()
 
 
 @pytest.fixture
@@ -146,7 +174,8 @@ def test_a_sagemaker_stack_gets_the_job_s_checks_not_the_groups(aws) -> None:
     found = preflight.check(stack(), aws_session=session)
     stub.assert_no_pending_responses()
     assert [p.what.split(" in ")[0] for p in found] == [f"SageMaker quota '{SPOT}' (L-SPOT)"]
-    assert sorted(set(session.made)) == ["s3", "service-quotas", "sts"]  # no EC2: no zones, subnets, AMI
+    # No EC2 (no zones, subnets, AMI); IAM for the image-signing key's rights.
+    assert sorted(set(session.made)) == ["iam", "s3", "service-quotas", "sts"]
 
 
 def test_a_sagemaker_stack_s_bucket_is_checked(aws) -> None:
