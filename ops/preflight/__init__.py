@@ -19,6 +19,11 @@ AWS
   account to reserve the controller function's execution (Lambda's GetAccountSettings: at least
   100 executions must stay unreserved after it; the function's own reservation, from an earlier
   `pulumi up`, counts as room).
+- with `image.build` (and on a SageMaker stack, which always builds): that the identity running `pulumi up`
+  may create, read, tag, re-policy and schedule the deletion of the image-signing KMS key (its IAM policies
+  simulated with IAM SimulatePrincipalPolicy: an assumed role's session as its role, whose path GetRole gives),
+  and is not denied Sign or GetPublicKey, which the key's own policy grants it. A refused simulation is one line
+  saying the rights were not checked.
 
 GCP
 - the GPU quota of the region for the machines' GPU (for Spot VMs the PREEMPTIBLE_ one when
@@ -31,7 +36,10 @@ GCP
   its IAM policy (the stack grants the machines read access there; if not, whether the bucket
   is public, and what to ask its owner);
 - the APIs that must be on before the first `pulumi up` (the stack turns on the rest), and the
-  Compute Engine API, which every check above reads (off: one line says to turn it on).
+  Compute Engine API, which every check above reads (off: one line says to turn it on);
+- with `image.build` (and on a Vertex AI stack, which always builds): the Cloud KMS permissions that making,
+  granting on and destroying the image-signing key take, held on the project (Cloud Resource Manager's
+  projects.testIamPermissions).
 
 A Job stack (`scheduler: kubernetes`, docs/kubernetes.md) is checked on its cluster instead
 (`ops.preflight.kubernetes`): reached as the stack says, Kubernetes 1.31 or later, GPU nodes with the

@@ -176,6 +176,42 @@ def gcp_data_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
                           "roles/storage.admin on that bucket")]
 
 
+# What `pulumi up` and `pulumi destroy` do in Cloud KMS for the image-signing key (components/gcp/signing_key.py),
+# through pulumi_gcp: create the key ring, the key and its one version and read them back on every up; grant the
+# deployer on the key (CryptoKeyIAMMember reads and sets the key's policy); on destroy, destroy the version, and
+# the key's deletion destroys every version it lists and clears its rotation (an update). Key rings and keys are
+# never deleted. The deployer's signing and public-key reads (useToSign, viewPublicKey) are not asked here: the
+# stack grants them on the key itself (the setIamPolicy above), and the usual roles of a key administrator
+# (roles/cloudkms.admin) carry no cryptographic operation.
+SIGNING_PERMISSIONS = (
+    "cloudkms.keyRings.create", "cloudkms.keyRings.get",
+    "cloudkms.cryptoKeys.create", "cloudkms.cryptoKeys.get", "cloudkms.cryptoKeys.update",
+    "cloudkms.cryptoKeys.getIamPolicy", "cloudkms.cryptoKeys.setIamPolicy",
+    "cloudkms.cryptoKeyVersions.create", "cloudkms.cryptoKeyVersions.get", "cloudkms.cryptoKeyVersions.list",
+    "cloudkms.cryptoKeyVersions.destroy",
+)
+
+
+def gcp_signing_key_problems(settings: config.Settings, api: GcpApi) -> list[Problem]:
+    """With `image.build`, whether the account running `pulumi up` may create, grant on and destroy the
+    image-signing key in the project: Cloud Resource Manager's projects.testIamPermissions, which counts the roles
+    it holds on the project and those it inherits (the key ring is new: nothing is granted on it yet).
+
+    Cloud KMS's API need not be on for the question: `pulumi up` turns it on (with image.build)."""
+    if not settings.image.build:
+        return []
+    granted = api.project_permissions(settings.project, list(SIGNING_PERMISSIONS))
+    missing = [p for p in SIGNING_PERMISSIONS if p not in granted]
+    if not missing:
+        return []
+    return [Problem(
+        f"image.build: you may not {', '.join(missing)} in project {settings.project} (testIamPermissions), so "
+        "`pulumi up` would fail at the image-signing key after the bucket, repository and image exist (or "
+        "`pulumi destroy` at its version)",
+        f"gcloud projects add-iam-policy-binding {settings.project} --member=user:YOU (or serviceAccount:...) "
+        "--role=roles/cloudkms.admin, or a custom role with those permissions")]
+
+
 def gcp_api_problems(settings: config.Settings, enabled: set[str]) -> list[Problem]:
     """The APIs that must be on before the first `pulumi up` (components/gcp/naming.py PREREQUISITE_APIS),
     of the project's `enabled` services."""
@@ -224,6 +260,8 @@ def check_gcp(settings: config.Settings, api: GcpApi | None = None, *, home: boo
     ]
     if home:
         checks.append(("data bucket", off_api_said(settings, lambda: gcp_data_problems(settings, api))))
+        if settings.image.build:
+            checks.append(("image signing key", off_api_said(settings, lambda: gcp_signing_key_problems(settings, api))))
     return merge(problems, run_checks(checks, _gcp_error))
 
 

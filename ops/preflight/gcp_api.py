@@ -1,7 +1,7 @@
 """The few GCP reads preflight needs: the `GcpApi` protocol (a fake in tests) and its REST client.
 
-`RestGcpApi` reads the public REST endpoints (Compute Engine, Service Usage, Cloud Storage)
-with Application Default Credentials (google-auth); an answer that says its API is off
+`RestGcpApi` reads the public REST endpoints (Compute Engine, Service Usage, Cloud Storage, Cloud Resource
+Manager's testIamPermissions) with Application Default Credentials (google-auth); an answer that says its API is off
 becomes `ApiDisabled`, which the checks turn into one line naming the API to turn on.
 
 Another service's quotas (Vertex AI's custom-training GPUs: `service_quota_limits`) are read from Service
@@ -45,6 +45,9 @@ class GcpApi(Protocol):
 
     def routes(self, project: str) -> list[dict]:
         """Every route of the project (Compute Engine's resources)."""
+
+    def project_permissions(self, project: str, permissions: list[str]) -> set[str]:
+        """Which of `permissions` the caller has on the project (its roles there and those it inherits)."""
 
     def service_quota_limits(self, project: str, service: str, metric: str) -> dict[str, float] | None:
         """region -> the project's effective limit of a per-region quota `metric` of `service` ("" for the
@@ -100,7 +103,13 @@ class RestGcpApi:
         self._session, self._anonymous = session, anonymous
 
     def _get(self, url: str, params: dict | None = None, *, absent_ok: bool = False) -> dict | None:
-        resp = self._session.get(url, params=params, timeout=30)
+        return self._answer("GET", url, self._session.get(url, params=params, timeout=30), absent_ok=absent_ok)
+
+    def _post(self, url: str, body: dict) -> dict:
+        return self._answer("POST", url, self._session.post(url, json=body, timeout=30))  # type: ignore[return-value]
+
+    @staticmethod
+    def _answer(method: str, url: str, resp: Any, *, absent_ok: bool = False) -> dict | None:
         if absent_ok and resp.status_code == 404:
             return None
         if resp.status_code != 200:
@@ -111,7 +120,7 @@ class RestGcpApi:
             disabled = api_disabled(resp.status_code, doc)
             if disabled:
                 raise disabled
-            raise RuntimeError(f"GET {url}: HTTP {resp.status_code} {resp.text[:200]}")
+            raise RuntimeError(f"{method} {url}: HTTP {resp.status_code} {resp.text[:200]}")
         return resp.json()
 
     def region_quotas(self, project: str, region: str) -> dict[str, tuple[float, float]]:
@@ -139,6 +148,13 @@ class RestGcpApi:
         doc = self._get(f"https://storage.googleapis.com/storage/v1/b/{bucket}/iam/testPermissions",
                         {"permissions": list(permissions)}, absent_ok=True)
         return None if doc is None else set(doc.get("permissions", []))
+
+    def project_permissions(self, project: str, permissions: list[str]) -> set[str]:
+        """See GcpApi (Cloud Resource Manager's projects.testIamPermissions, which asks no permission of its own:
+        the subset of `permissions` the caller has)."""
+        doc = self._post(f"https://cloudresourcemanager.googleapis.com/v1/projects/{project}:testIamPermissions",
+                         {"permissions": list(permissions)})
+        return set(doc.get("permissions", []))
 
     def publicly_readable(self, bucket: str, prefix: str) -> bool:
         """See GcpApi: an object listing asked without credentials."""

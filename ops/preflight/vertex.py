@@ -11,7 +11,9 @@ quota limits: aiplatform.googleapis.com/custom_model_training_..."). A Vertex AI
   (`compute.spot`) draws on `custom_model_training_preemptible_<gpu>_gpus`, an on-demand one on
   `custom_model_training_<gpu>_gpus` (Vertex AI's quota page names both per GPU; unlike Compute Engine, a Spot
   job does not fall back to the standard quota). Read through Service Usage (`GcpApi.service_quota_limits`);
-- a `gs://` `run.dataUri`, as on the groups (`gcp_data_problems`).
+- a `gs://` `run.dataUri`, as on the groups (`gcp_data_problems`);
+- the deployer's Cloud KMS permissions for the image-signing key, as on the groups (`gcp_signing_key_problems`):
+  a Vertex AI stack always builds, and signs, its image.
 
 The CPUs of a job's machines have their own Vertex AI quota (custom_model_training_cpus), which new projects
 are granted some of; it is not checked.
@@ -87,12 +89,21 @@ def vertex_api_problem(settings: config.Settings) -> Problem:
 
 def check_vertex(settings: config.Settings, api: GcpApi | None = None) -> list[Problem]:
     """Every check of a Vertex AI stack; `api` defaults to the REST client with Application Default Credentials."""
-    from ops.preflight.gcp import _gcp_error, api_checks, gcp_api, gcp_data_problems, merge, off_api_said
+    from ops.preflight.gcp import (
+        _gcp_error,
+        api_checks,
+        gcp_api,
+        gcp_data_problems,
+        gcp_signing_key_problems,
+        merge,
+        off_api_said,
+    )
 
     api = gcp_api(api)
     problems, enabled = api_checks(settings, api)
     checks: list[tuple[str, Callable[[], list[Problem]]]] = [
-        ("data bucket", off_api_said(settings, lambda: gcp_data_problems(settings, api)))]
+        ("data bucket", off_api_said(settings, lambda: gcp_data_problems(settings, api))),
+        ("image signing key", off_api_said(settings, lambda: gcp_signing_key_problems(settings, api)))]
     if enabled and AIPLATFORM_API not in enabled:
         problems.append(vertex_api_problem(settings))
     else:

@@ -14,7 +14,11 @@ import pytest
 from botocore.stub import Stubber
 
 from components import settings as config
+from components.gcp.naming import PREREQUISITE_APIS
+from ops import preflight
 from ops.preflight import aws as preflight_aws
+from ops.preflight import gcp as preflight_gcp
+from ops.preflight.gcp_api import ApiDisabled, RestGcpApi
 
 REGION = "eu-west-1"
 ACCOUNT = "123456789012"
@@ -153,3 +157,123 @@ def test_the_groups_check_the_key_only_when_they_build(build: bool) -> None:
     problems = preflight_aws.check_aws(aws_settings(build), session)
     assert ("iam" in session.made) is build
     assert any(p.what.startswith("could not check image signing key: ") for p in problems) is build
+
+
+GCP = {"cloud": "gcp", "region": "us-central1", "project": "my-project",
+       "run": {"id": "exp-7", "synthetic": True, "steps": 100},
+       "compute": {"instanceTypes": ["g2-standard-4"], "zones": ["us-central1-a"]}}
+
+
+def gcp_settings(build: bool = True) -> config.Settings:
+    return config.load_settings({**GCP, "image": {"build": build}}, stack="unit")
+
+
+class Permissions:
+    """The GCP read the check makes: which of the asked permissions the caller holds on the project."""
+
+    def __init__(self, held: set[str]) -> None:
+        self.held, self.asked = held, []
+
+    def project_permissions(self, project: str, permissions: list[str]) -> set[str]:
+        self.asked.append((project, list(permissions)))
+        return self.held & set(permissions)
+
+
+@pytest.mark.parametrize("permission", preflight_gcp.SIGNING_PERMISSIONS)
+def test_each_cloud_kms_permission_the_key_needs_that_the_project_withholds_is_named(permission: str) -> None:
+    api = Permissions(set(preflight_gcp.SIGNING_PERMISSIONS) - {permission})
+    (p,) = preflight_gcp.gcp_signing_key_problems(gcp_settings(), api)
+    assert api.asked == [("my-project", list(preflight_gcp.SIGNING_PERMISSIONS))]
+    assert p.what == (f"image.build: you may not {permission} in project my-project (testIamPermissions), so "
+                      "`pulumi up` would fail at the image-signing key after the bucket, repository and image exist "
+                      "(or `pulumi destroy` at its version)")
+    assert p.fix.startswith("gcloud projects add-iam-policy-binding my-project --member=")
+    assert "--role=roles/cloudkms.admin" in p.fix
+
+
+def test_every_permission_held_is_clean_and_signing_is_left_to_the_key_s_own_grant() -> None:
+    api = Permissions(set(preflight_gcp.SIGNING_PERMISSIONS))
+    assert preflight_gcp.gcp_signing_key_problems(gcp_settings(), api) == []
+    # The stack grants the deployer signer and publicKeyViewer on the key: not asked of the project.
+    assert not {"cloudkms.cryptoKeyVersions.useToSign", "cloudkms.cryptoKeyVersions.viewPublicKey"} & set(
+        api.asked[0][1])
+
+
+class GcpReads(Permissions):
+    """Every GCP read of the groups' checks answered clean, and the permissions held as said."""
+
+    def enabled_services(self, project: str) -> set[str]:
+        return {*PREREQUISITE_APIS, "compute.googleapis.com"}
+
+    def region_quotas(self, project: str, region: str) -> dict[str, tuple[float, float]]:
+        return {"PREEMPTIBLE_NVIDIA_L4_GPUS": (8.0, 0.0)}
+
+    def project_quotas(self, project: str) -> dict[str, tuple[float, float]]:
+        return {"GPUS_ALL_REGIONS": (8.0, 0.0)}
+
+    def offered(self, project: str, zone: str, kind: str, name: str) -> bool:
+        return True
+
+    def network(self, project: str, name: str) -> dict | None:
+        return {"subnetworks": [f"https://www.googleapis.com/compute/v1/projects/{project}/regions/us-central1/"
+                                "subnetworks/default"]}
+
+    def routes(self, project: str) -> list[dict]:
+        return [{"network": f"https://www.googleapis.com/compute/v1/projects/{project}/global/networks/default",
+                 "destRange": "0.0.0.0/0"}]
+
+
+@pytest.mark.parametrize("build", [True, False])
+def test_the_groups_ask_cloud_kms_permissions_only_when_they_build(build: bool) -> None:
+    api = GcpReads(set())
+    problems = preflight.check(gcp_settings(build), gcp_api=api)
+    assert bool(api.asked) is build
+    assert [p.what.split(" in project")[0] for p in problems] == (
+        [f"image.build: you may not {', '.join(preflight_gcp.SIGNING_PERMISSIONS)}"] if build else [])
+
+
+def test_a_vertex_stack_asks_them_too() -> None:
+    from tests.ops.test_preflight_vertex import FakeVertexGcp, stack
+
+    class Withheld(FakeVertexGcp):
+        def project_permissions(self, project: str, permissions: list[str]) -> set[str]:
+            return set(permissions) - {"cloudkms.keyRings.create"}
+
+    api = Withheld({"aiplatform.googleapis.com/custom_model_training_preemptible_nvidia_l4_gpus": {"": 8.0}})
+    (p,) = preflight.check(stack(), gcp_api=api)
+    assert p.what.startswith("image.build: you may not cloudkms.keyRings.create in project my-training-project")
+
+
+class Answer:
+    def __init__(self, status: int, doc: dict) -> None:
+        self.status_code, self._doc, self.text = status, doc, str(doc)
+
+    def json(self) -> dict:
+        return self._doc
+
+
+class PostSession:
+    """google-auth's AuthorizedSession for one POST: records it, gives `answer`."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer, self.posted = answer, []
+
+    def post(self, url: str, json: dict | None = None, timeout: float = 0) -> Answer:
+        self.posted.append((url, json))
+        return self.answer
+
+
+def test_the_rest_client_asks_cloud_resource_manager_s_test_iam_permissions() -> None:
+    url = "https://cloudresourcemanager.googleapis.com/v1/projects/p:testIamPermissions"
+    session = PostSession(Answer(200, {"permissions": ["cloudkms.keyRings.create"]}))
+    asked = ["cloudkms.keyRings.create", "cloudkms.cryptoKeys.create"]
+    assert RestGcpApi(session, anonymous=object()).project_permissions("p", asked) == {"cloudkms.keyRings.create"}
+    assert session.posted == [(url, {"permissions": asked})]
+    # None held: the answer leaves the field out (proto3 JSON).
+    assert RestGcpApi(PostSession(Answer(200, {})), anonymous=object()).project_permissions("p", asked) == set()
+    off = PostSession(Answer(403, {"error": {"code": 403, "message": "Cloud Resource Manager API has not been used",
+                                             "details": [{"reason": "SERVICE_DISABLED", "metadata": {
+                                                 "service": "cloudresourcemanager.googleapis.com"}}]}}))
+    with pytest.raises(ApiDisabled) as e:
+        RestGcpApi(off, anonymous=object()).project_permissions("p", asked)
+    assert e.value.service == "cloudresourcemanager.googleapis.com"

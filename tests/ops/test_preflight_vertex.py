@@ -33,7 +33,8 @@ def stack(**compute) -> config.Settings:
 
 class FakeVertexGcp:
     """The reads a Vertex AI stack's preflight makes: the enabled services and Service Usage's quota limits by
-    metric (region -> limit, "" for every other region's default). Any Compute Engine read fails the test."""
+    metric (region -> limit, "" for every other region's default), and every Cloud KMS permission. Any Compute Engine
+    read fails the test."""
 
     def __init__(self, limits: dict[str, dict[str, float]], services: set[str] = ENABLED) -> None:
         self.limits, self.services, self.asked = limits, services, []
@@ -44,6 +45,9 @@ class FakeVertexGcp:
     def service_quota_limits(self, project: str, service: str, metric: str) -> dict[str, float] | None:
         self.asked.append((project, service, metric))
         return self.limits.get(metric)
+
+    def project_permissions(self, project: str, permissions: list[str]) -> set[str]:
+        return set(permissions)  # the deployer may make the image-signing key (test_preflight_signing.py)
 
     def __getattr__(self, name: str):
         raise AssertionError(f"a Vertex AI stack's preflight read {name}")
