@@ -28,7 +28,8 @@ def settings(*, region: str = REGION, bucket: str | None = None, adopt: bool = F
          **compute}
     return SimpleNamespace(region=region, stack="unit", compute=SimpleNamespace(**c),
                            storage=SimpleNamespace(bucket_name=bucket, adopt=adopt),
-                           placement=SimpleNamespace(reserve_concurrency=False), placement_list=[None])
+                           placement=SimpleNamespace(reserve_concurrency=False), placement_list=[None],
+                           image=SimpleNamespace(build=False))
 
 
 def client_error(code: str, message: str, op: str = "Op") -> botocore.exceptions.ClientError:
