@@ -165,7 +165,8 @@ TARGETS: dict[str, Target] = {
         ["ops/preflight/aws.py", "ops/preflight/gcp.py", "ops/preflight/common.py", "ops/preflight/__init__.py"],
         ["tests/ops/test_preflight.py", "tests/ops/test_preflight_network.py",
          "tests/ops/test_catch_preflight_routes.py", "tests/ops/test_catch_gcp_aws.py",
-         "tests/ops/test_catch_preflight.py", "tests/ops/test_catch_preflight_aws.py"],
+         "tests/ops/test_catch_preflight.py", "tests/ops/test_catch_preflight_aws.py",
+         "tests/ops/test_preflight_signing.py"],
         extra=["-m", "not slow"]),
     # Script mode's parent in this process, the user's command a small stand-in (test_script.py's
     # cases run the trainer as a child, which mutmut cannot follow).
