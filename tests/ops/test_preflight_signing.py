@@ -97,6 +97,22 @@ def test_sign_left_to_the_key_policy_passes_but_an_explicit_deny_of_it_does_not(
                              "IAM policies or the organization's SCPs")
 
 
+def test_sign_an_organization_s_scp_withholds_is_named() -> None:
+    # The simulator says an SCP's refusal as AllowedByOrganizations false; no key policy overrides it.
+    sts, iam = client("sts"), client("iam")
+    with Stubber(sts) as s, Stubber(iam) as i:
+        user = f"arn:aws:iam::{ACCOUNT}:user/alice"
+        s.add_response("get_caller_identity", {"UserId": "AIDAEXAMPLEUSERID1", "Account": ACCOUNT, "Arn": user}, {})
+        for actions in (preflight_aws.SIGNING_CREATE_ACTIONS, preflight_aws.SIGNING_KEY_ACTIONS):
+            i.add_response("simulate_principal_policy", results(actions, KEY, {}))
+        scp = results(preflight_aws.SIGNING_SIGNER_ACTIONS, KEY, {"kms:Sign": "implicitDeny"})
+        scp["EvaluationResults"][1]["OrganizationsDecisionDetail"] = {"AllowedByOrganizations": False}
+        i.add_response("simulate_principal_policy", scp)
+        (p,) = preflight_aws.aws_signing_key_problems(aws_settings(), sts, iam)
+    assert p.what.startswith(f"image.build: the image-signing KMS key in {REGION}: {user} is denied kms:Sign by its "
+                             "IAM policies or the organization's SCPs")
+
+
 def test_an_assumed_role_session_is_simulated_as_its_role_with_its_path() -> None:
     # The session ARN has no path (role/ci/deployer shows as assumed-role/deployer): GetRole gives the role's ARN,
     # and the Stubber checks every simulation names it.
