@@ -10,15 +10,22 @@ imported, only compiled on the way.
 
 A stamp in the environment (the hash of the requirements and of the project's sources that name services)
 skips a second compile of the same environment: walking 23,000 files again took 11 CPU-s.
+
+The project's own sources are compiled too, every time (an unchanged file is skipped by its timestamp): the tests
+start several hundred Python processes that import them. And the test modules get the bytecode pytest itself
+would cache, with their asserts rewritten: with PYTHONDONTWRITEBYTECODE set pytest caches nothing, so each of the
+suite's workers rewrote all 260 test modules (7 CPU-s each, tests/README.md).
 """
 
 from __future__ import annotations
 
 import compileall
 import hashlib
+import os
 import re
 import sys
 import sysconfig
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +54,61 @@ def named_services() -> dict[str, set[str]]:
     return found
 
 
+# The project's Python, outside the environments and the build and run folders.
+PROJECT = ("__main__.py", "bench", "components", "controller", "devtools", "examples", "ops", "policy", "runfolder",
+           "schedulers", "simworld", "tests", "trainer", "userdata")
+
+
+def project_sources() -> bool:
+    """Byte-compile the project's own modules in place (`__pycache__`, which git ignores)."""
+    ok = True
+    for top in PROJECT:
+        path = ROOT / top
+        if path.is_file():
+            ok = compileall.compile_file(str(path), quiet=1) and ok
+        elif path.is_dir():
+            ok = compileall.compile_dir(str(path), quiet=1) and ok
+    return bool(ok)
+
+
+def _rewritten(paths: list[str]) -> int:
+    # pytest's own rewrite and pyc writer (private, but pinned with pytest): the same file it would cache,
+    # checked by the source's hash when a worker imports the module, so a stale one is rewritten, not used.
+    from _pytest.assertion.rewrite import PYC_TAIL, _read_pyc, _rewrite_test, _write_pyc, get_cache_dir
+
+    class _State:  # what _write_pyc reports a failed write to
+        @staticmethod
+        def trace(message: str) -> None:
+            print(f"pytest bytecode: {message}", file=sys.stderr)
+
+    written = 0
+    for name in paths:
+        fn = Path(name)
+        cache = get_cache_dir(fn)
+        pyc = cache / (fn.name[:-3] + PYC_TAIL)
+        if _read_pyc(fn, pyc) is not None:  # written before, for this source
+            written += 1
+            continue
+        source_hash, code = _rewrite_test(fn, None)  # None: the ini's enable_assertion_pass_hook is off
+        cache.mkdir(exist_ok=True)
+        written += _write_pyc(_State(), code, source_hash, pyc)
+    return written
+
+
+def test_modules() -> bool:
+    """Write pytest's bytecode of the modules it rewrites: test files, conftests, the `pytest_plugins`."""
+    tests = ROOT / "tests"
+    files = sorted(str(f) for f in tests.rglob("*.py") if f.name.startswith("test_") or f.name == "conftest.py")
+    files += sorted(str(f) for f in (tests / "fixtures").glob("*.py"))
+    cores = max(1, os.cpu_count() or 1)
+    with ProcessPoolExecutor(cores) as pool:
+        written = sum(pool.map(_rewritten, [files[i::cores] for i in range(cores)]))
+    return written == len(files)
+
+
 def main() -> int:
+    if not (project_sources() and test_modules()):
+        return 1
     site = Path(sysconfig.get_paths()["purelib"])
     services = named_services()
     digest = hashlib.sha256(repr(sorted((k, sorted(v)) for k, v in services.items())).encode())
