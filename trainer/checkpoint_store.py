@@ -195,9 +195,10 @@ class _Uploads:
     `take_over`s: a queued older snapshot is dropped, a running older upload cancelled, one of
     the same step waited for. The steps going up (`active_steps`) are never restored or pruned.
     A cancelled upload may already be past its last check and write its marker after the
-    synchronous commit pruned (which passed over it, going up): so once it ends, marker written
-    or not and no longer going up, `superseded(step)` runs on the upload's thread (the store
-    prunes), and nobody waits for it.
+    synchronous commit pruned (which passed over it, going up), and one queued late (a write that
+    outlived the commit's wait) goes up after it: so once a background upload of a step older than
+    a synchronous commit's ends, marker written or not and no longer going up, `superseded(step)`
+    runs on the upload's thread (the store prunes), and nobody waits for it.
     """
 
     def __init__(self, upload: Callable[[int, str, threading.Event], None],
@@ -209,6 +210,7 @@ class _Uploads:
         self.in_flight: int | None = None  # step the background thread is uploading
         self.cancel = threading.Event()  # tells the background upload to stop early
         self.active: set[int] = set()  # steps being uploaded now (sync or background)
+        self.newest_sync: int | None = None  # the newest step a synchronous commit took over for
         self.worker: threading.Thread | None = None
         self.error: BaseException | None = None
 
@@ -238,6 +240,7 @@ class _Uploads:
             # upload it twice; if it committed, the commit finds it and returns.
             self.cond.wait_for(lambda: self.in_flight != step)
             self.active.add(step)
+            self.newest_sync = step if self.newest_sync is None else max(self.newest_sync, step)
 
     def done(self, step: int) -> None:
         """A synchronous commit of `step` ended, committed or not."""
@@ -272,8 +275,9 @@ class _Uploads:
             finally:
                 shutil.rmtree(snap, ignore_errors=True)
                 with self.cond:
-                    # Set by `take_over` only while this step was in flight: a newer commit took its place.
-                    superseded = self.cancel.is_set()
+                    # `cancel` is set by `take_over` only while this step was in flight: a newer commit
+                    # took its place; or that commit came before this upload even began.
+                    superseded = self.cancel.is_set() or (self.newest_sync is not None and self.newest_sync > step)
                     self.in_flight = None
                     self.active.discard(step)
                     self.cond.notify_all()

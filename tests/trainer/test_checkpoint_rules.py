@@ -622,6 +622,15 @@ def test_an_upload_a_synchronous_commit_cancelled_is_pruned_when_it_ends_and_nob
     assert {layout.checkpoint_key_step(k)[0] for k in store.list("checkpoints/")} == set(left)
 
 
+def test_an_upload_queued_after_a_newer_synchronous_commit_prunes_itself_when_it_ends(store, tmp_path):
+    # A background write that outlived the synchronous save's wait can still hand its older step over.
+    ckpts = CheckpointStore(store, keep=1)
+    ckpts.commit(2, write_dir(tmp_path, "c2", {"d": b"two"}))
+    ckpts.commit_async(1, write_dir(tmp_path, "c1", {"d": b"one"}))
+    ckpts.wait(10)
+    assert ckpts.committed_steps() == [2] and store.list("checkpoints/ckpt-1/") == []
+
+
 def test_a_failed_prune_after_a_cancelled_upload_is_reported_and_left_to_the_next_commit(store, tmp_path, monkeypatch):
     events = Events()
     ckpts = CheckpointStore(store, keep=1, emit=events)
