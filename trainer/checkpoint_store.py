@@ -32,7 +32,10 @@ caller's directory is snapshotted first with hard links (a copy where links are 
 possible), which costs no data copy: TF writes each checkpoint to new files and renames
 them into place, so the linked files stay intact while the caller saves the next one and
 deletes old ones. The caller may reuse or delete ``local_dir`` as soon as
-``commit_async`` returns, but must not rewrite its files in place.
+``commit_async`` returns, but must not rewrite its files in place. A synchronous commit
+cancels an older background upload and never waits for it; that upload, once it ends
+(its marker written or not), prunes on its own thread, so it outlives the keep rule no
+longer than its own end.
 """
 
 from __future__ import annotations
@@ -191,15 +194,23 @@ class _Uploads:
     `upload(step, snapshot dir, cancel)` commits a queued snapshot; a synchronous commit
     `take_over`s: a queued older snapshot is dropped, a running older upload cancelled, one of
     the same step waited for. The steps going up (`active_steps`) are never restored or pruned.
+    A cancelled upload may already be past its last check and write its marker after the
+    synchronous commit pruned (which passed over it, going up), and one queued late (a write that
+    outlived the commit's wait) goes up after it: so once a background upload of a step older than
+    a synchronous commit's ends, marker written or not and no longer going up, `superseded(step)`
+    runs on the upload's thread (the store prunes), and nobody waits for it.
     """
 
-    def __init__(self, upload: Callable[[int, str, threading.Event], None]) -> None:
+    def __init__(self, upload: Callable[[int, str, threading.Event], None],
+                 superseded: Callable[[int], None]) -> None:
         self.upload = upload
+        self.superseded = superseded
         self.cond = threading.Condition()
         self.pending: tuple[int, str] | None = None  # (step, snapshot dir) waiting to upload
         self.in_flight: int | None = None  # step the background thread is uploading
         self.cancel = threading.Event()  # tells the background upload to stop early
         self.active: set[int] = set()  # steps being uploaded now (sync or background)
+        self.newest_sync: int | None = None  # the newest step a synchronous commit took over for
         self.worker: threading.Thread | None = None
         self.error: BaseException | None = None
 
@@ -229,6 +240,7 @@ class _Uploads:
             # upload it twice; if it committed, the commit finds it and returns.
             self.cond.wait_for(lambda: self.in_flight != step)
             self.active.add(step)
+            self.newest_sync = step if self.newest_sync is None else max(self.newest_sync, step)
 
     def done(self, step: int) -> None:
         """A synchronous commit of `step` ended, committed or not."""
@@ -255,7 +267,7 @@ class _Uploads:
             try:
                 self.upload(step, snap, self.cancel)
             except _Cancelled:
-                pass  # a newer synchronous commit took over; its prune cleans up the partial
+                pass  # a newer synchronous commit took over; the prune below removes the partial
             except BaseException as e:  # kept for wait(): a background thread has no caller to raise to
                 with self.cond:
                     if self.error is None:
@@ -263,9 +275,14 @@ class _Uploads:
             finally:
                 shutil.rmtree(snap, ignore_errors=True)
                 with self.cond:
+                    # `cancel` is set by `take_over` only while this step was in flight: a newer commit
+                    # took its place; or that commit came before this upload even began.
+                    superseded = self.cancel.is_set() or (self.newest_sync is not None and self.newest_sync > step)
                     self.in_flight = None
                     self.active.discard(step)
                     self.cond.notify_all()
+            if superseded:
+                self.superseded(step)  # before the worker is idle: `wait` returns on a pruned store
 
     def wait(self, timeout: float | None) -> None:
         """Until nothing is queued or running; re-raise a background failure once."""
@@ -311,7 +328,8 @@ class CheckpointStore:
         self.on_commit = on_commit
         self.upload_workers = upload_workers
         self.lease = lease
-        self._uploads = _Uploads(self._upload_queued)  # the background upload, and every step going up
+        # The background upload, and every step going up.
+        self._uploads = _Uploads(self._upload_queued, self._prune_superseded)
         self._prune_lock = threading.Lock()
         # Committed steps that failed verification in restore_latest: never ranked as the
         # newest or kept in their place, so the checkpoints a resumed run writes survive.
@@ -340,7 +358,8 @@ class CheckpointStore:
         commit) and ``uri``. Raises on failure, in which case no marker was written. A
         background upload of an older step still in flight is aborted at once, mid-file
         (its reads of the file stop, see ``Store.put_file``), so this one gets the bandwidth
-        (what a preempted machine needs); one of the same step is waited for instead of repeated.
+        (what a preempted machine needs) and not waited for (it prunes once it ends, see
+        ``_Uploads``); one of the same step is waited for instead of repeated.
         """
         _check_step(step)
         files = _local_files(local_dir)
@@ -434,6 +453,19 @@ class CheckpointStore:
         info = self._upload(step, walk_files(snap), cancel=cancel)
         self.prune()
         self._committed(info)
+
+    def _prune_superseded(self, step: int) -> None:
+        # The end of a background upload older than a synchronous commit (on its thread): that
+        # commit cancelled it, or came before it began; its prune passed over it while it was going
+        # up, and it may have written its marker since. Pruning now keeps it only if the keep rule does. A failure (after the
+        # store's retries) is reported and left to the next prune: the run's checkpoints are safe.
+        try:
+            self.prune()
+        except Exception as e:  # noqa: BLE001 - an extra checkpoint kept a while is no reason to stop a run
+            if self.emit is not None:
+                self.emit(layout.CHECKPOINT_FAILED, {
+                    "reason": f"checkpoint {step}, superseded by a newer commit, is not pruned yet "
+                              f"(the next commit prunes it): {type(e).__name__}: {e}"})
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait until no upload is queued or running; re-raise a background failure.

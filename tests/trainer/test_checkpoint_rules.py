@@ -584,6 +584,86 @@ def test_a_synchronous_commit_takes_the_place_of_a_queued_one_of_its_step(store,
     assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["c1", "c2"]
 
 
+@pytest.mark.parametrize(("held", "keep", "left"), [
+    ("marker", 1, [2]),  # past its last cancel check: its marker lands after the commit's prune
+    ("marker", 2, [1, 2]),  # ... and stays where the keep rule keeps it
+    ("file", 1, [2]),  # cancelled mid-upload: its partial goes
+])
+def test_an_upload_a_synchronous_commit_cancelled_is_pruned_when_it_ends_and_nobody_waits(
+        store, tmp_path, monkeypatch, held, keep, left):
+    ckpts = CheckpointStore(store, keep=keep)
+    release, holding = threading.Event(), threading.Event()
+    put_file, put_bytes = store.put_file, store.put_bytes
+
+    def hold(key: str) -> None:
+        if key.startswith("checkpoints/ckpt-1/") and (key == layout.committed_key(1)) == (held == "marker"):
+            holding.set()
+            assert release.wait(10)
+
+    def file_then_held(key, path, **kw):
+        put_file(key, path, **kw)
+        hold(key)
+
+    def marker_held(key, data, **kw):
+        hold(key)
+        put_bytes(key, data, **kw)
+
+    monkeypatch.setattr(store, "put_file", file_then_held)
+    monkeypatch.setattr(store, "put_bytes", marker_held)
+    ckpts.commit_async(1, write_dir(tmp_path, "c1", {"d": b"one"}))
+    assert holding.wait(10)
+    info = ckpts.commit(2, write_dir(tmp_path, "c2", {"d": b"two"}))
+    # The commit and its prune ended while step 1 is held (it waited for nothing), step 1 going up untouched.
+    assert not release.is_set() and info["step"] == 2 and ckpts.committed_steps() == [2]
+    assert store.list("checkpoints/ckpt-1/") != []
+    release.set()
+    ckpts.wait(10)
+    assert ckpts.committed_steps() == left
+    assert {layout.checkpoint_key_step(k)[0] for k in store.list("checkpoints/")} == set(left)
+
+
+def test_an_upload_queued_after_a_newer_synchronous_commit_prunes_itself_when_it_ends(store, tmp_path):
+    # A background write that outlived the synchronous save's wait can still hand its older step over.
+    ckpts = CheckpointStore(store, keep=1)
+    ckpts.commit(2, write_dir(tmp_path, "c2", {"d": b"two"}))
+    ckpts.commit_async(1, write_dir(tmp_path, "c1", {"d": b"one"}))
+    ckpts.wait(10)
+    assert ckpts.committed_steps() == [2] and store.list("checkpoints/ckpt-1/") == []
+
+
+def test_a_failed_prune_after_a_cancelled_upload_is_reported_and_left_to_the_next_commit(store, tmp_path, monkeypatch):
+    events = Events()
+    ckpts = CheckpointStore(store, keep=1, emit=events)
+    release, holding = threading.Event(), threading.Event()
+    put_bytes, delete_prefix = store.put_bytes, store.delete_prefix
+
+    def marker_held(key, data, **kw):
+        if key == layout.committed_key(1):
+            holding.set()
+            assert release.wait(10)
+        put_bytes(key, data, **kw)
+
+    def denied(prefix):
+        if prefix.startswith("checkpoints/ckpt-1/"):
+            raise PermissionError(f"access denied to {prefix}")
+        delete_prefix(prefix)
+
+    monkeypatch.setattr(store, "put_bytes", marker_held)
+    monkeypatch.setattr(store, "delete_prefix", denied)
+    ckpts.commit_async(1, write_dir(tmp_path, "c1", {"d": b"one"}))
+    assert holding.wait(10)
+    ckpts.commit(2, write_dir(tmp_path, "c2", {"d": b"two"}))
+    release.set()
+    ckpts.wait(10)  # not raised: the run goes on
+    assert ckpts.committed_steps() == [1, 2]
+    assert events.of(layout.CHECKPOINT_FAILED) == [{
+        "reason": "checkpoint 1, superseded by a newer commit, is not pruned yet (the next commit prunes it): "
+                  "PermissionError: access denied to checkpoints/ckpt-1/COMMITTED"}]
+    monkeypatch.setattr(store, "delete_prefix", delete_prefix)
+    ckpts.commit(3, write_dir(tmp_path, "c3", {"d": b"three"}))
+    assert ckpts.committed_steps() == [3]
+
+
 def test_a_step_being_committed_synchronously_is_not_a_restore_candidate(store, tmp_path, monkeypatch):
     _committed(store, tmp_path, 1)
     ckpts = CheckpointStore(store)

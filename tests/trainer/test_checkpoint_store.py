@@ -357,6 +357,34 @@ def test_sync_commit_of_the_step_uploading_in_background_waits_for_it(tmp_path, 
     assert [c["created"] for c in commits] == [info["created"], info["created"]]
 
 
+def test_a_cancelled_upload_whose_marker_lands_after_the_commits_prune_is_pruned_when_it_ends(run_root, tmp_path,
+                                                                                                 monkeypatch):
+    """The background upload is past its last cancel check when the synchronous commit comes: that
+    commit neither waits for it nor prunes it (still going up); its marker lands later, and it prunes
+    itself as it ends, marker first (test_checkpoint_rules.py holds the other cases, on file://)."""
+    store = open_store(run_root.uri)
+    ckpts = CheckpointStore(store, keep=1)
+    release, holding, deleted = threading.Event(), threading.Event(), []
+    put_bytes, delete_prefix = store.put_bytes, store.delete_prefix
+
+    def marker_held(key, data, **kw):
+        if key == layout.committed_key(1):
+            holding.set()
+            assert release.wait(10)
+        put_bytes(key, data, **kw)
+
+    monkeypatch.setattr(store, "put_bytes", marker_held)
+    monkeypatch.setattr(store, "delete_prefix", lambda prefix: (deleted.append(prefix), delete_prefix(prefix))[1])
+    ckpts.commit_async(1, write_dir(tmp_path, "c1", {"d": b"one"}))
+    assert holding.wait(10)
+    ckpts.commit(2, write_dir(tmp_path, "c2", {"d": b"two"}))
+    assert not release.is_set() and deleted == []
+    release.set()
+    ckpts.wait(10)
+    assert ckpts.committed_steps() == [2] and store.list("checkpoints/ckpt-1/") == []
+    assert deleted == [layout.committed_key(1), "checkpoints/ckpt-1/"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["503", "drop"])
 @pytest.mark.parametrize("backend", ["s3", "gs"])
