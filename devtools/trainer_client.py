@@ -98,8 +98,9 @@ def run(call: dict, path: str, env: dict, plain_argv: list[str], what: str) -> i
         return 1
     code = os.waitstatus_to_exitcode(status)
     if code < 0:  # killed by a signal: so is this process, and its parent sees the same -N
-        signal.signal(-code, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+        if -code not in NOT_RELAYED:  # SIGKILL (the kernel's OOM killer, a kill -9) has no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
         os.kill(os.getpid(), -code)
         return 128 - code
     return code

@@ -126,6 +126,22 @@ def test_a_signal_to_the_launcher_has_the_plain_process_verdict(server, probe, s
         assert proc.returncode == code, (via, proc.returncode)
 
 
+def test_a_run_killed_where_it_runs_ends_its_launcher_by_the_same_signal(server, probe):
+    # SIGKILL sent to the run itself (the kernel's OOM killer, a kill -9 of its pid; a test that times
+    # a stop in the trainer): the launcher ends by it too, as the plain process does, not with 1.
+    for via in (None, server):
+        proc = _start(probe, "wait", via)
+        try:
+            facts = _facts(proc)
+            assert _served(proc, facts) == (via is not None)
+            os.kill(facts["pid"], signal.SIGKILL)
+            proc.wait(timeout=60)
+        finally:
+            proc.kill()
+            _, err = proc.communicate()
+        assert proc.returncode == -signal.SIGKILL, (via, proc.returncode, err[-2000:])
+
+
 def test_a_signal_to_the_launchers_group_reaches_the_run_once(server, probe):
     # The child leads its own group: the group's SIGINT reaches it through the launcher only (a
     # second SIGINT would abort the trainer), and its verdict is the plain process's.
