@@ -99,21 +99,22 @@ def _rewritten(paths: list[str]) -> int:
     return written
 
 
-def test_modules() -> bool:
-    """Write pytest's bytecode of the modules it rewrites: test files, conftests, the `pytest_plugins`."""
+def test_modules() -> None:
+    """Write pytest's bytecode of the modules it rewrites: test files, conftests, the `pytest_plugins` (one not
+    written is rewritten by each worker, as before: slower, not wrong)."""
     tests = ROOT / "tests"
     files = sorted(str(f) for f in tests.rglob("*.py") if f.name.startswith("test_") or f.name == "conftest.py")
     files += sorted(str(f) for f in (tests / "fixtures").glob("*.py"))
     cores = max(1, os.cpu_count() or 1)
     with ProcessPoolExecutor(cores) as pool:
         written = sum(pool.map(_rewritten, [files[i::cores] for i in range(cores)]))
-    return written == len(files)
+    if written < len(files):
+        print(f"pytest bytecode: {len(files) - written} of {len(files)} test modules not written", file=sys.stderr)
 
 
 def main() -> int:
     project_sources()
-    if not test_modules():
-        return 1
+    test_modules()
     site = Path(sysconfig.get_paths()["purelib"])
     services = named_services()
     digest = hashlib.sha256(repr(sorted((k, sorted(v)) for k, v in services.items())).encode())
