@@ -64,8 +64,12 @@ def install() -> None:
     _timed(attempt, "make_strategy", "strategy")
     _timed(loop, "seeded_model", "model")
     _timed(loop.TrainLoop, "restore", "restore")
-    # The loop makes its stream with make_stream where the data module has it (its files then stage meanwhile).
-    _timed(data, "make_stream" if hasattr(data, "make_stream") else "make_dataset", "dataset")
+    # The loop's input: open_feed where the loop has it (in-memory arrays then skip make_stream), else
+    # make_stream where the data module has it (its files then stage meanwhile).
+    if hasattr(loop, "open_feed"):
+        _timed(loop, "open_feed", "dataset")
+    else:
+        _timed(data, "make_stream" if hasattr(data, "make_stream") else "make_dataset", "dataset")
     make = loop.make_train_step
 
     def make_train_step(*args, **kwargs):
