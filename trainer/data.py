@@ -4,6 +4,8 @@ The stream is an endless sequence of epochs. Epoch `e` is shuffled with seed
 `(seed, e)`, so its order depends only on the run's seed and the epoch number; a
 resumed run rebuilds the stream from the epoch it stopped in and skips exactly the
 batches of that epoch it had already consumed: no batch is repeated, none is skipped.
+In-memory arrays trained on one replica skip `tf.data` altogether: `ArraySource` takes
+the same batches inside the compiled step.
 
 TFRecord formats the built-in models read (one `tf.train.Example` per record):
   * `mlp`: `x` — float list of 784 values in [0, 1]; `y` — int64 label 0-9.
@@ -260,7 +262,7 @@ class ArraySource:
     `position` is a variable counting the batches taken since the start of the run: a resume
     starts it at the run's `batches_seen`, so there is no iterator state to save. The epoch's
     order is kept in a variable and computed again (on the CPU, as the stream's) only when
-    `position` enters another epoch: a `tf.cond` per step, once per epoch taken.
+    `position` enters another epoch: a `tf.cond` per step, whose recomputing branch runs once an epoch.
 
     The examples stay in host memory and each batch is gathered there. uint8 pixels are
     converted after the gather: on the CPU by a division whose divisor is a variable (with a
