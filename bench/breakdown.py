@@ -13,9 +13,11 @@ thing added at a time:
   strategy, fed by a `tf.data` iterator of one batch in memory repeated: the limit plus the
   iterator's `get_next`, the per-step loss array and the examples counter, no input work;
 * + metrics — the same with the model's metric state per step (`trainer.metrics`, `accuracy`);
-* synthetic stream — the trainer's `--synthetic` input (`trainer.data.from_arrays`: each
-  batch gathered by the epoch's order and converted) into that step: what `python -m trainer
-  --synthetic` runs inside its calls;
+* synthetic stream — the `tf.data` stream of the `--synthetic` arrays (`trainer.data.from_arrays`:
+  each batch gathered by the epoch's order and converted on tf.data's threads) into that step:
+  what several replicas run, and what one replica ran before the in-graph source;
+* synthetic in-graph source — the same batches taken inside the step's graph
+  (`trainer.data.ArraySource`): what `python -m trainer --synthetic` runs on one replica;
 * in-memory MNIST — `bench.mnist_memory`'s `make_dataset` as the trainer feeds it
   (`trainer.data.from_user`): the data path a user's own pipeline takes.
 
@@ -73,6 +75,11 @@ def build(batch: int, per_call: int) -> dict:
     model, step = step_of(True)
     stream = iter(D.make_dataset(model, cfg, batch, D.Position(0)))
     out["trainer step + metrics, synthetic stream"] = (lambda s=step, i=stream: s(i, count, request), per_call * batch)
+    model, step = step_of(True)
+    source = D.ArraySource(*model.synthetic(cfg.seed), batch, cfg.seed, D.Position(0),
+                           device=strategy.extended.worker_devices[0])
+    out["trainer step + metrics, synthetic in-graph source"] = (lambda s=step, i=source: s(i, count, request),
+                                                                per_call * batch)
     model, step = step_of(True)
     memory = iter(D.from_user(mnist_memory.make_dataset, batch, 0, D.Position(0)))
     out["trainer step + metrics, in-memory MNIST (make_dataset)"] = (lambda s=step, i=memory: s(i, count, request),

@@ -21,8 +21,11 @@ Once the step runs on the GPU it also measures the loop's step against two limit
 batch 64, 1,000 steps a call, about `LOOP_SECONDS` each (reported, not a check): `loop` is
 the trainer's own step (`trainer.step.make_train_step` under its one-machine strategy, fed by
 the `--synthetic` stream through the distributed iterator that prefetches to the device, with
-its metrics); `loop_plain_iterator` the same step fed by the stream's own iterator (the loop's
-on one CPU replica: the batch is copied to the device inside the step); `limit` the same
+its metrics); `loop_plain_iterator` the same step fed by the stream's own iterator (the batch
+is copied to the device inside the step); `loop_in_graph_source` the same step fed as the loop
+feeds in-memory arrays on one replica (`trainer.data.ArraySource`: the batch gathered on the host
+inside the step, its uint8 copied to the device and converted there; `in_graph_source_batches_exact`
+says whether its batches are the stream's, bit for bit, on this device); `limit` the same
 model's step on one batch already on the device, in the same kind of `tf.range` loop
 (`bench.limit`); `jit_limit` that loop compiled whole with XLA (the host out of the loop).
 bench/RESULTS.md says what to expect of them.
@@ -65,6 +68,12 @@ def loop_speeds(batch: int = 64, per_call: int = 1000, seconds: float = LOOP_SEC
     plain_step = make_train_step(strategy, plain_spec, cfg, batch, False, tf.Variable(0, dtype=tf.int64), metrics)
     plain = iter(data_mod.make_dataset(plain_spec, cfg, batch, data_mod.Position(0)))
     count, request = tf.constant(per_call, tf.int64), tf.constant((0.0, 0.0, 0.0))
+    # In-memory arrays on one replica, as the loop feeds them (trainer.feed): each batch taken inside
+    # the step, no tf.data; uint8 copied to the device and converted there.
+    source_spec = seeded_model(cfg, strategy)
+    source_step = make_train_step(strategy, source_spec, cfg, batch, False, tf.Variable(0, dtype=tf.int64), metrics)
+    device = strategy.extended.worker_devices[0]
+    source = data_mod.ArraySource(*source_spec.synthetic(cfg.seed), batch, cfg.seed, data_mod.Position(0), device=device)
 
     limit_spec = seeded_model(cfg, tf.distribute.get_strategy())
     x, y = limit_spec.synthetic(cfg.seed)
@@ -84,6 +93,7 @@ def loop_speeds(batch: int = 64, per_call: int = 1000, seconds: float = LOOP_SEC
     limit, jit_limit = tf.function(steps), tf.function(steps, jit_compile=True)
     calls = {"loop": lambda: step(iterator, count, request)[0],
              "loop_plain_iterator": lambda: plain_step(plain, count, request)[0],
+             "loop_in_graph_source": lambda: source_step(source, count, request)[0],
              "limit": lambda: limit(count), "jit_limit": lambda: jit_limit(count)}
     out = {}
     for name, call in calls.items():
@@ -96,11 +106,27 @@ def loop_speeds(batch: int = 64, per_call: int = 1000, seconds: float = LOOP_SEC
             out[f"{name}_examples_per_sec"] = round(n * per_call * batch / (time.perf_counter() - t0), 1)
         except Exception as e:  # noqa: BLE001 - a limit XLA cannot compile is reported, the others still run
             out[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
-    for loop in ("loop", "loop_plain_iterator"):
+    out["in_graph_source_batches_exact"] = source_batches_exact(cfg, spec, batch, device)
+    for loop in ("loop", "loop_plain_iterator", "loop_in_graph_source"):
         for ref in ("limit", "jit_limit"):
             if f"{ref}_examples_per_sec" in out and f"{loop}_examples_per_sec" in out:
                 out[f"{loop}_of_{ref}"] = round(out[f"{loop}_examples_per_sec"] / out[f"{ref}_examples_per_sec"], 3)
     return out
+
+
+def source_batches_exact(cfg, spec, batch: int, device: str, n: int = 3) -> bool:
+    """Whether the in-graph source's first `n` batches on `device` are the stream's, bit for bit."""
+    import numpy as np
+    import tensorflow as tf
+
+    from trainer import data as data_mod
+
+    x, y = spec.synthetic(cfg.seed)
+    source = data_mod.ArraySource(x, y, batch, cfg.seed, data_mod.Position(0), device=device)
+    took = tf.function(lambda: [next(source) for _ in range(n)])()
+    stream = data_mod.from_arrays(x, y, batch, cfg.seed, data_mod.Position(0)).take(n)
+    return all(np.array_equal(a.numpy(), c.numpy()) and np.array_equal(b.numpy(), d.numpy())
+               for (a, b), (c, d) in zip(took, stream, strict=True))
 
 
 def main() -> int:

@@ -58,14 +58,14 @@ def _timed(owner, name: str, label: str) -> None:
 
 def install() -> None:
     """Wrap the start-up phases of `trainer.loop_attempt` and `trainer.loop` (call after importing them)."""
-    from trainer import data, loop
+    from trainer import loop
     from trainer import loop_attempt as attempt
 
     _timed(attempt, "make_strategy", "strategy")
     _timed(loop, "seeded_model", "model")
     _timed(loop.TrainLoop, "restore", "restore")
-    # The loop makes its stream with make_stream where the data module has it (its files then stage meanwhile).
-    _timed(data, "make_stream" if hasattr(data, "make_stream") else "make_dataset", "dataset")
+    # The loop's input, whichever it is (in-memory arrays, a stream whose files stage meanwhile).
+    _timed(loop, "open_feed", "dataset")
     make = loop.make_train_step
 
     def make_train_step(*args, **kwargs):

@@ -4,6 +4,8 @@ The stream is an endless sequence of epochs. Epoch `e` is shuffled with seed
 `(seed, e)`, so its order depends only on the run's seed and the epoch number; a
 resumed run rebuilds the stream from the epoch it stopped in and skips exactly the
 batches of that epoch it had already consumed: no batch is repeated, none is skipped.
+In-memory arrays trained on one replica skip `tf.data` altogether: `ArraySource` takes
+the same batches inside the compiled step.
 
 TFRecord formats the built-in models read (one `tf.train.Example` per record):
   * `mlp`: `x` — float list of 784 values in [0, 1]; `y` — int64 label 0-9.
@@ -248,6 +250,84 @@ def from_arrays(x: np.ndarray, y: np.ndarray, global_batch: int, seed: int, posi
     return ds.prefetch(AUTOTUNE)
 
 
+class ArraySource:
+    """In-memory examples batched inside the step's graph: `from_arrays`'s batches, with no tf.data.
+
+    An iterator for `trainer.step`'s `train_steps`: each `next()` inside the compiled call is a
+    few graph ops, not a hand-over from tf.data's threads (whose per-batch machinery cost
+    2-3 µs of CPU an example against the whole step's ~17: bench/RESULTS.md). The batches are
+    `from_arrays`'s, element for element: batch `b` of epoch `e` is the rows
+    `_permutation(n, seed, e, 0)[b * B:(b + 1) * B]`, converted by `preprocess`'s arithmetic.
+
+    `position` is a variable counting the batches taken since the start of the run: a resume
+    starts it at the run's `batches_seen`, so there is no iterator state to save. The epoch's
+    order is kept in a variable and computed again (on the CPU, as the stream's) only when
+    `position` enters another epoch: a `tf.cond` per step, whose recomputing branch runs once an epoch.
+
+    The examples stay in host memory and each batch is gathered there. uint8 pixels are
+    converted after the gather: on the CPU by a division whose divisor is a variable (with a
+    constant one, TensorFlow's graph optimizer turns `x / 255` into a product that rounds 126
+    of the 256 values otherwise than the stream); on another device (`device`, the replica's)
+    by a table of the 256 values the stream gives, looked up there, so only the uint8 batch
+    (a quarter of float32's bytes) crosses to the device and the values stay exact.
+    """
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, global_batch: int, seed: int, position: Position,
+                 device: str = "/cpu:0"):
+        n = len(x)
+        if len(y) != n:
+            raise ValueError(f"the examples' x holds {n} rows and y {len(y)}: one label per example")
+        self.batches = n // global_batch  # a whole epoch's, the rest of the examples left out as the stream does
+        if self.batches < 1:
+            raise ValueError("the data set holds less than one global batch; lower --batch-size or add data")
+        self.n, self.seed, self.global_batch = n, seed, global_batch
+        self.device = device
+        on_cpu = "CPU" in device.upper()
+        with tf.device("/cpu:0"):
+            self.x, self.y = tf.constant(x), tf.constant(y)
+            self.position = tf.Variable(position.batches_seen, dtype=tf.int64, trainable=False, name="data_position")
+            self.order = tf.Variable(tf.zeros([self.batches, global_batch], tf.int64), trainable=False,
+                                     name="data_order")
+            self.order_epoch = tf.Variable(-1, dtype=tf.int64, trainable=False, name="data_order_epoch")
+            self.divisor = self.table = None
+            if self.x.dtype == tf.uint8 and on_cpu:
+                self.divisor = tf.Variable(255.0, trainable=False, name="data_divisor")
+            elif self.x.dtype == tf.uint8:
+                values = preprocess(tf.cast(tf.range(256), tf.uint8))  # eager, on the CPU: the stream's values
+                with tf.device(device):
+                    self.table = tf.identity(values)  # copied to the device once
+        x_dtype = tf.float32 if self.x.dtype == tf.uint8 else self.x.dtype
+        self.element_spec = (tf.TensorSpec([global_batch, *x.shape[1:]], x_dtype),
+                             tf.TensorSpec([global_batch, *y.shape[1:]], self.y.dtype))
+
+    def __iter__(self):
+        return self
+
+    def _new_epoch(self, epoch) -> tf.Tensor:
+        """Epoch `epoch`'s order, as index rows of its batches, kept for the epoch's other batches."""
+        order = tf.cast(_permutation(self.n, self.seed, epoch, 0), tf.int64)
+        order = tf.reshape(order[: self.batches * self.global_batch], [self.batches, self.global_batch])
+        with tf.control_dependencies([self.order.assign(order), self.order_epoch.assign(epoch)]):
+            return tf.identity(order)
+
+    def __next__(self):
+        with tf.device("/cpu:0"):
+            pos = self.position.read_value()
+            self.position.assign_add(1)  # after the read: ops on one variable run in program order
+            nb = tf.constant(self.batches, tf.int64)
+            epoch, b = pos // nb, pos % nb
+            order = tf.cond(tf.equal(self.order_epoch.read_value(), epoch), self.order.read_value,
+                            lambda: self._new_epoch(epoch))
+            idx = tf.gather(order, b)
+            x, y = tf.gather(self.x, idx), tf.gather(self.y, idx)
+            if self.divisor is not None:
+                x = tf.cast(x, tf.float32) / self.divisor.read_value()
+        if self.table is not None:
+            with tf.device(self.device):
+                x = tf.gather(self.table, tf.cast(x, tf.int32))
+        return x, y
+
+
 def file_order(nfiles: int, seed: int, epoch: int) -> list[int]:
     """The order epoch `epoch` reads the files in (indexes into the name-sorted file list)."""
     return [int(i) for i in _permutation(nfiles, seed, tf.constant(epoch, tf.int64), 0).numpy()]
@@ -313,11 +393,37 @@ def _pre(xy):
 
 
 def from_user(make_dataset: Callable, global_batch: int, seed: int, position: Position) -> tf.data.Dataset:
-    """A user's `make_dataset(batch, seed)`, repeated, with the consumed batches skipped."""
-    ds = make_dataset(global_batch, seed)
-    if not isinstance(ds, tf.data.Dataset):
-        raise ValueError(f"make_dataset returned {type(ds).__name__}, expected a tf.data.Dataset")
-    return ds.repeat().skip(position.batches_seen).prefetch(AUTOTUNE)
+    """A user's `make_dataset(batch, seed)`, repeated, with the consumed batches skipped.
+
+    A `make_dataset` that returns `(x, y)` arrays gets `from_arrays`'s stream of them.
+    """
+    return from_own(make_dataset(global_batch, seed), global_batch, seed, position)
+
+
+def from_own(own, global_batch: int, seed: int, position: Position) -> tf.data.Dataset:
+    """The stream of what a `make_dataset` returned (see `from_user`), from `position`."""
+    arrays = arrays_of(own)
+    if arrays is not None:
+        return from_arrays(*arrays, global_batch, seed, position)
+    return own.repeat().skip(position.batches_seen).prefetch(AUTOTUNE)
+
+
+def arrays_of(own) -> tuple[np.ndarray, np.ndarray] | None:
+    """What a `make_dataset` returned: `(x, y)` when in-memory arrays, None for a `tf.data.Dataset`.
+
+    Arrays are the model's whole training set, one row per example (Keras's `fit(x, y)`): the
+    trainer shuffles them each epoch by the run's seed and batches them (`from_arrays`,
+    `ArraySource`). Anything else is an error that names what came back.
+    """
+    if isinstance(own, tf.data.Dataset):
+        return None
+    if isinstance(own, tuple | list) and len(own) == 2 and all(isinstance(a, np.ndarray) for a in own):
+        x, y = own
+        if x.ndim < 1 or y.ndim < 1 or len(x) != len(y):
+            raise ValueError(f"make_dataset returned arrays of {x.shape} and {y.shape}: x and y need one row "
+                             "per example, as many of each")
+        return x, y
+    raise ValueError(f"make_dataset returned {type(own).__name__}, expected a tf.data.Dataset or (x, y) numpy arrays")
 
 
 # -- the validation set ------------------------------------------------------------------------
@@ -364,16 +470,19 @@ def make_dataset(spec, cfg, global_batch: int, position: Position) -> tf.data.Da
     return make_stream(spec, cfg, global_batch, position)[0]
 
 
-def make_stream(spec, cfg, global_batch: int, position: Position, emit: Callable | None = None):
+def make_stream(spec, cfg, global_batch: int, position: Position, emit: Callable | None = None, own=None):
     """The training stream starting at `position`, and the `Staging` of its files (None without --data-uri).
 
     TFRecords from `--data-uri` are downloaded while the stream runs: in the file order of the
     epoch it starts in, which the record count (from the bucket's index, or counted when there is
     none) places; a resumed run without an index waits for every file, to count them.
-    `emit(event, **fields)` receives the staging's events.
+    `emit(event, **fields)` receives the staging's events. `own`: what the model's
+    `make_dataset` (or `synthetic`) already returned, so that it is not made again.
     """
-    if spec.make_dataset is not None:
-        return from_user(spec.make_dataset, global_batch, cfg.seed, position), None
+    if own is None and spec.make_dataset is not None:
+        own = spec.make_dataset(global_batch, cfg.seed)
+    if own is not None:
+        return from_own(own, global_batch, cfg.seed, position), None
     if cfg.synthetic:
         x, y = spec.synthetic(cfg.seed)
         return from_arrays(x, y, global_batch, cfg.seed, position), None

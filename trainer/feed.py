@@ -1,10 +1,13 @@
 """The training input at the run's position: the stream, and where a resume takes it up.
 
-A model's own `make_dataset` continues from the iterator state saved in the checkpoint where
-there is one (`trainer.data_state`); otherwise the pipeline skips the batches already
-consumed, and the loop reports the skip once its first call has waited for it. Several
-workers shard each global batch by DATA, so N workers train on exactly the examples one
-worker would. The stream itself (files, staging, batching) is `trainer.data`'s.
+In-memory arrays (`--synthetic`, or a `make_dataset` that returns `(x, y)` arrays) on one
+replica are batched inside the step's graph (`trainer.data.ArraySource`), with no tf.data:
+the run's `batches_seen` is their whole position. A model's own `make_dataset` pipeline
+continues from the iterator state saved in the checkpoint where there is one
+(`trainer.data_state`); otherwise the pipeline skips the batches already consumed, and the
+loop reports the skip once its first call has waited for it. Several workers shard each
+global batch by DATA, so N workers train on exactly the examples one worker would. The
+stream itself (files, staging, batching) is `trainer.data`'s.
 """
 
 from __future__ import annotations
@@ -41,12 +44,20 @@ def open_feed(spec: ModelSpec, cfg: TrainConfig, strategy, *, global_batch: int,
     """The input iterator at the run's position (`batches_seen`, restored from `restored_dir`).
 
     `plain`: one replica on the CPU, fed by the data set's own iterator rather than the
-    distributed one (whose state TF cannot save).
+    distributed one (whose state TF cannot save). In-memory arrays on one replica (the CPU or
+    one GPU, one worker) skip tf.data: an `ArraySource` on the replica's device at `batches_seen`.
     """
     made: dict = {}
+    own = spec.make_dataset(global_batch, cfg.seed) if spec.make_dataset is not None else None
+    arrays = data_mod.arrays_of(own) if own is not None else spec.synthetic(cfg.seed) if cfg.synthetic else None
+    if arrays is not None and strategy.num_replicas_in_sync == 1 and not multi_worker:
+        source = data_mod.ArraySource(*arrays, global_batch, cfg.seed, data_mod.Position(batches_seen),
+                                      device=strategy.extended.worker_devices[0])
+        return Feed(source, None, None, source.element_spec, None)
 
     def pipeline(skip: int):
-        ds, made["staging"] = data_mod.make_stream(spec, cfg, global_batch, data_mod.Position(skip), emit=emit)
+        ds, made["staging"] = data_mod.make_stream(spec, cfg, global_batch, data_mod.Position(skip), emit=emit,
+                                                   own=own if arrays is None else arrays)
         if multi_worker:
             # DATA sharding of a stream batched by the global batch: every worker builds the same
             # stream and takes its own slice of each global batch, so N workers train on exactly
@@ -57,7 +68,7 @@ def open_feed(spec: ModelSpec, cfg: TrainConfig, strategy, *, global_batch: int,
         made["element_spec"] = ds.element_spec
         return ds
 
-    user = spec.make_dataset is not None
+    user = own is not None and arrays is None  # a model's own pipeline: its position is tf.data's state
     saved, why = None, "the checkpoint holds no input pipeline state"
     if cfg.data_state_max_mb <= 0:
         why = "--data-state-max-mb is 0"  # neither saved nor used

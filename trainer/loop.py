@@ -198,6 +198,7 @@ class TrainLoop:
         cfg, spec, strategy = self.cfg, self.spec, self.strategy
         # One replica on the CPU: the distributed iterator only adds per-step bookkeeping
         # (measured: bench/RESULTS.md); the plain one feeds the same batches in the same order.
+        # In-memory arrays on one replica need neither: open_feed gives the step an ArraySource.
         plain = strategy.num_replicas_in_sync == 1 and "CPU" in strategy.extended.worker_devices[0].upper()
         feed = open_feed(spec, cfg, strategy, global_batch=self.global_batch, multi_worker=self.multi_worker,
                          plain=plain, batches_seen=self.state.batches_seen,

@@ -31,8 +31,10 @@ the Keras model (and optimizer, if you give one) in it. Example::
 trainer averages the extra axes), not a mean: the trainer averages over the global batch
 itself, as distributed training requires. `make_dataset(batch_size, seed)` gets the global
 batch size and must return batched `(x, y)` elements, the same ones for the same seed
-(repeated as needed; the trainer resumes by skipping the batches already consumed). Without
-`make_dataset`, give `parse_tfrecord(serialized_batch) -> (x, y)` and use `--data-uri`.
+(repeated as needed; the trainer resumes by skipping the batches already consumed), or the whole
+training set as `(x, y)` numpy arrays, one row per example, as Keras's `fit(x, y)` takes them
+(the trainer shuffles them each epoch by the seed and batches them). Without `make_dataset`,
+give `parse_tfrecord(serialized_batch) -> (x, y)` and use `--data-uri`.
 
 Metrics and evaluation (`trainer.metrics`): `metrics=["accuracy"]` (or Keras metric objects)
 are recorded at every --log-every step on the training batch and, with a validation set, on
@@ -64,8 +66,8 @@ class ModelSpec:
     """The Keras model; its inputs are the dataset's `x`."""
     loss: Callable
     """`loss(y_true, y_pred)` → per-example losses (no reduction)."""
-    make_dataset: Callable[[int, int], tf.data.Dataset] | None = None
-    """`(global_batch_size, seed)` → batched `(x, y)` dataset, deterministic for a seed."""
+    make_dataset: Callable[[int, int], tf.data.Dataset | tuple] | None = None
+    """`(global_batch_size, seed)` → batched `(x, y)` dataset, deterministic for a seed, or `(x, y)` numpy arrays."""
     optimizer: keras.optimizers.Optimizer | None = None
     """Default: Adam with `--learning-rate`."""
     parse_tfrecord: Callable | None = None
@@ -123,8 +125,9 @@ def build_digits(cfg: TrainConfig) -> ModelSpec:
     return ModelSpec(
         model=seed_mlp(64, cfg.seed, "digits"),
         loss=keras.losses.SparseCategoricalCrossentropy(reduction=None),
-        # A new permutation each epoch, by the run's seed; a resume restores the iterator's state.
-        make_dataset=lambda batch, seed: data_mod.from_arrays(x, y, batch, seed, data_mod.Position(0)),
+        # Arrays: the trainer shuffles them each epoch by the run's seed and batches them (on one
+        # replica inside the step); a resume continues at the run's batches_seen.
+        make_dataset=lambda batch, seed: (x, y),
         make_validation=lambda batch, seed: data_mod.finite_arrays(*validation, batch),
         name="digits",
         metrics=["accuracy"],

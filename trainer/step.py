@@ -76,6 +76,9 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
                     examples: tf.Variable, metrics: MetricSet | None = None):
     """A `tf.function(iterator, count, request)` running `count` optimizer steps on every replica.
 
+    `iterator`: the input stream's (plain or distributed) iterator, or a `trainer.data.ArraySource`
+    (one replica), whose `next()` gathers each batch inside the call.
+
     Returns (each step's loss, a vector of `count`; the request agreed by all workers). Every
     step's loss comes back so that one call may span several --log-every steps: the
     TensorBoard points stay where they were while the host syncs once per call. With

@@ -48,6 +48,35 @@ def test_array_stream_resumes_exactly_across_epochs():
     assert full[0][0].dtype == np.float32 and full[0][0].max() <= 1.0
 
 
+@tf.function
+def _drain(source, n):
+    """`n` batches taken from an `ArraySource` inside one graph call, as the training step takes them."""
+    xs = tf.TensorArray(source.element_spec[0].dtype, size=n)
+    ys = tf.TensorArray(source.element_spec[1].dtype, size=n)
+    for i in tf.range(n):
+        x, y = next(source)
+        xs, ys = xs.write(i, x), ys.write(i, y)
+    return xs.stack(), ys.stack()
+
+
+@pytest.mark.parametrize("device", ["/cpu:0", "/device:GPU:0"])  # a GPU's conversion: placed on the CPU without one
+@pytest.mark.parametrize("arrays", ["images", "tokens"])
+def test_the_in_graph_source_takes_the_array_streams_batches_across_epochs_and_resumes(device, arrays):
+    x, y = data.synthetic_mnist(n=100, seed=0) if arrays == "images" else data.synthetic_tokens(n=100, seq_len=4)
+    full = _take(data.from_arrays(x, y, 16, seed=5, position=data.Position(0)), 20)  # 6 batches/epoch: 3+ epochs
+    for k in (0, 5, 6, 7, 13):
+        source = data.ArraySource(x, y, 16, 5, data.Position(k), device=device)
+        assert source.element_spec[0].dtype == full[0][0].dtype and source.element_spec[1].shape[0] == 16
+        # Two calls, as a resumed run's: the first ends inside an epoch, the second crosses epochs.
+        first, rest = _drain(source, tf.constant(3)), _drain(source, tf.constant(17 - k))
+        xs, ys = np.concatenate([first[0], rest[0]]), np.concatenate([first[1], rest[1]])
+        assert len(xs) == 20 - k and int(source.position.numpy()) == 20
+        for i, (a, b) in enumerate(full[k:]):
+            assert np.array_equal(xs[i], a) and np.array_equal(ys[i], b), (k, i)
+    with pytest.raises(ValueError, match="less than one global batch"):
+        data.ArraySource(x[:10], y[:10], 16, 5, data.Position(0))
+
+
 def _write_records(folder, n_files=3, per_file=40):
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
