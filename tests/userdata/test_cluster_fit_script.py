@@ -92,7 +92,10 @@ def test_a_keras_2_fit_script_survives_a_noticed_worker_exactly(s3_run, keras2_c
         chief = _boot(c)
         worker = _boot(c, {"FAKE_TRAINER_PATH": str(REPO / "tests" / "userdata" / "held_fit")})
         assert c.wait_generation(0, 90) == [chief.endpoint, worker.endpoint]
-        wait_for(lambda: (worker.state / "trainer-held").exists(), 240, "worker 1 held after its first epoch")
+        try:
+            wait_for(lambda: (worker.state / "trainer-held").exists(), 240, "worker 1 held after its first epoch")
+        except pytest.fail.Exception as e:  # once in a CI run at load ~5, after a reference run of 30 s: say where
+            pytest.fail(f"{e}\n{c.journals()[-8000:]}")
         wait_for(lambda: c.committed() == [STEPS_PER_EPOCH], 60, "the chief's commit of the first epoch")
         c.notice(worker)
         wait_for(lambda: worker.exits() and chief.exits(), 180, "both trainers to stop")
