@@ -17,7 +17,7 @@ import pytest
 from runfolder import layout
 from runfolder.lease import LeaseLost
 from runfolder.storage import open_store
-from tests.trainer.test_checkpoint_store import Events, write_dir
+from tests.trainer.test_checkpoint_store import Events, hold_marker, write_dir
 from trainer.checkpoint_store import CheckpointError, CheckpointStore
 
 
@@ -634,21 +634,14 @@ def test_an_upload_queued_after_a_newer_synchronous_commit_prunes_itself_when_it
 def test_a_failed_prune_after_a_cancelled_upload_is_reported_and_left_to_the_next_commit(store, tmp_path, monkeypatch):
     events = Events()
     ckpts = CheckpointStore(store, keep=1, emit=events)
-    release, holding = threading.Event(), threading.Event()
-    put_bytes, delete_prefix = store.put_bytes, store.delete_prefix
-
-    def marker_held(key, data, **kw):
-        if key == layout.committed_key(1):
-            holding.set()
-            assert release.wait(10)
-        put_bytes(key, data, **kw)
+    release, holding = hold_marker(store, 1, monkeypatch)
+    delete_prefix = store.delete_prefix
 
     def denied(prefix):
         if prefix.startswith("checkpoints/ckpt-1/"):
             raise PermissionError(f"access denied to {prefix}")
         delete_prefix(prefix)
 
-    monkeypatch.setattr(store, "put_bytes", marker_held)
     monkeypatch.setattr(store, "delete_prefix", denied)
     ckpts.commit_async(1, write_dir(tmp_path, "c1", {"d": b"one"}))
     assert holding.wait(10)

@@ -49,6 +49,23 @@ def write_dir(tmp_path: Path, name: str, files: dict[str, bytes]) -> str:
     return str(root)
 
 
+def hold_marker(store, step: int, monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """Hold the write of `step`'s completion marker until `release` is set; `holding` is set once it is held.
+
+    Returns (release, holding): an upload past its last cancel check, made to wait there."""
+    release, holding = threading.Event(), threading.Event()
+    put_bytes = store.put_bytes
+
+    def marker_held(key, data, **kw):
+        if key == layout.committed_key(step):
+            holding.set()
+            assert release.wait(10)
+        put_bytes(key, data, **kw)
+
+    monkeypatch.setattr(store, "put_bytes", marker_held)
+    return release, holding
+
+
 class Events(list):
     """Collects emit(kind, fields) calls."""
 
@@ -364,16 +381,8 @@ def test_a_cancelled_upload_whose_marker_lands_after_the_commits_prune_is_pruned
     itself as it ends, marker first (test_checkpoint_rules.py holds the other cases, on file://)."""
     store = open_store(run_root.uri)
     ckpts = CheckpointStore(store, keep=1)
-    release, holding, deleted = threading.Event(), threading.Event(), []
-    put_bytes, delete_prefix = store.put_bytes, store.delete_prefix
-
-    def marker_held(key, data, **kw):
-        if key == layout.committed_key(1):
-            holding.set()
-            assert release.wait(10)
-        put_bytes(key, data, **kw)
-
-    monkeypatch.setattr(store, "put_bytes", marker_held)
+    (release, holding), deleted = hold_marker(store, 1, monkeypatch), []
+    delete_prefix = store.delete_prefix
     monkeypatch.setattr(store, "delete_prefix", lambda prefix: (deleted.append(prefix), delete_prefix(prefix))[1])
     ckpts.commit_async(1, write_dir(tmp_path, "c1", {"d": b"one"}))
     assert holding.wait(10)
