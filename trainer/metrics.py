@@ -62,6 +62,21 @@ def resolve(metric, y_spec: tf.TensorSpec | None, out_shape) -> keras.metrics.Me
     return found
 
 
+# Metrics that read only the argmax of the model's output over its last axis: given the logits under a
+# softmax output, they count the same (softmax keeps the order; where two probabilities round to one value,
+# the larger logit wins). So the softmax a loss already reads through (Keras's cross-entropies take its
+# logits) need not run for them: on a small model its oneDNN kernel was a tenth of the step (bench/RESULTS.md).
+ARGMAX_ONLY = (keras.metrics.SparseCategoricalAccuracy, keras.metrics.CategoricalAccuracy)
+
+
+def _under_softmax(pred):
+    """The logits of a graph tensor made by a softmax over its last axis (as Keras's losses find them), else `pred`."""
+    op = getattr(pred, "op", None)  # an eager tensor has none
+    if op is not None and op.type == "Softmax":
+        return op.inputs[0]
+    return pred
+
+
 class MetricSet:
     """The model's metrics as one additive float32 state vector (see the module docstring)."""
 
@@ -87,11 +102,13 @@ class MetricSet:
 
     def state(self, y, pred) -> tf.Tensor:
         """The metrics' state for one batch, as a float32 vector of `size` (in a `tf.function`)."""
+        logits = tf.cast(_under_softmax(pred), tf.float32)
         pred = tf.cast(pred, tf.float32)
         parts = []
         for m, (_, variables) in zip(self.metrics, self._layout, strict=True):
             zeros = [tf.zeros(v.shape, v.dtype) for v in variables]
-            parts += [tf.reshape(tf.cast(t, tf.float32), [-1]) for t in m.stateless_update_state(zeros, y, pred)]
+            given = logits if isinstance(m, ARGMAX_ONLY) else pred
+            parts += [tf.reshape(tf.cast(t, tf.float32), [-1]) for t in m.stateless_update_state(zeros, y, given)]
         return tf.concat(parts, 0) if parts else tf.zeros([0], tf.float32)
 
     def results(self, state) -> dict[str, float]:

@@ -36,6 +36,29 @@ def test_summed_batch_states_give_keras_own_result_over_all_the_batches():
     assert 0 < got["accuracy"] < got["top2"] < 1
 
 
+def test_argmax_metrics_read_the_logits_under_a_softmax_output_and_the_others_its_probabilities():
+    # Logits 1e-8 apart tie once softmaxed (0.5 and 0.5): the probabilities' argmax is the first class,
+    # the logits' the second. Accuracy counts the logits' (the softmax need not run: a loss reads its
+    # logits too); top-2 accuracy and the cross-entropy read the probabilities as before.
+    logits = tf.constant([[0.0, 1e-8, -30.0], [2.0, 0.0, -1.0]])
+    y = tf.constant([1, 0], tf.int64)
+    metrics = MetricSet(["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2, name="top2"),
+                         keras.metrics.SparseCategoricalCrossentropy(name="xent")], tf.TensorSpec([None], tf.int64),
+                        (None, 3))
+
+    @tf.function
+    def from_model(z):
+        return metrics.state(y, tf.nn.softmax(z))
+
+    got = metrics.results(from_model(logits).numpy())
+    eager = metrics.results(metrics.state(y, tf.nn.softmax(logits)).numpy())  # no graph: the probabilities
+    xent = keras.metrics.SparseCategoricalCrossentropy()
+    xent.update_state(y, tf.nn.softmax(logits))
+    assert got["accuracy"] == 1.0 and eager["accuracy"] == 0.5
+    assert got["top2"] == eager["top2"] == 1.0
+    assert got["xent"] == pytest.approx(float(xent.result())) == eager["xent"]
+
+
 @pytest.mark.parametrize(("metrics", "words"), [
     (["accuracy", "accuracy"], "names must differ"),
     ([keras.metrics.Mean(name="loss")], "from 'loss'"),
