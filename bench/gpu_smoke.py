@@ -50,11 +50,12 @@ def loop_speeds(batch: int = 64, per_call: int = 1000, seconds: float = LOOP_SEC
     """examples/s of the trainer's step, the limit's and the limit compiled whole, on the default device."""
     import tensorflow as tf
 
+    from bench.limit import limit_steps
     from trainer import data as data_mod
     from trainer.config import TrainConfig
     from trainer.metrics import MetricSet
     from trainer.models import seeded_model
-    from trainer.step import make_train_step, per_example_loss
+    from trainer.step import make_train_step
 
     cfg = TrainConfig(run_uri="file:///tmp/gpu-smoke", synthetic=True, batch_size=batch)
     strategy = tf.distribute.MirroredStrategy()  # trainer.strategy's choice for one machine
@@ -75,21 +76,7 @@ def loop_speeds(batch: int = 64, per_call: int = 1000, seconds: float = LOOP_SEC
     device = strategy.extended.worker_devices[0]
     source = data_mod.ArraySource(*source_spec.synthetic(cfg.seed), batch, cfg.seed, data_mod.Position(0), device=device)
 
-    limit_spec = seeded_model(cfg, tf.distribute.get_strategy())
-    x, y = limit_spec.synthetic(cfg.seed)
-    xb, yb = data_mod.preprocess(tf.constant(x[:batch])), tf.constant(y[:batch])
-    model, opt = limit_spec.model, limit_spec.optimizer
-
-    def steps(n):
-        loss = tf.constant(0.0)
-        for _ in tf.range(n):
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(per_example_loss(limit_spec, yb, model(xb, training=True)),
-                                                  global_batch_size=batch)
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss
-
+    steps = limit_steps(tf, seeded_model(cfg, tf.distribute.get_strategy()), cfg.seed, batch)
     limit, jit_limit = tf.function(steps), tf.function(steps, jit_compile=True)
     calls = {"loop": lambda: step(iterator, count, request)[0],
              "loop_plain_iterator": lambda: plain_step(plain, count, request)[0],

@@ -19,32 +19,38 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def limit_steps(tf, spec, seed: int, batch_size: int):
+    """The limit's loop, not yet traced: `steps(n)` runs `n` optimizer steps of `spec`'s model on the first
+    batch of its synthetic data, converted once and held in memory; returns the last step's loss."""
+    from trainer.data import preprocess
+    from trainer.step import per_example_loss
+
+    x, y = spec.synthetic(seed)
+    xb, yb = preprocess(tf.constant(x[:batch_size])), tf.constant(y[:batch_size])
+    model, opt = spec.model, spec.optimizer
+
+    def steps(n):
+        loss = tf.constant(0.0)
+        for _ in tf.range(n):
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(per_example_loss(spec, yb, model(xb, training=True)),
+                                                  global_batch_size=batch_size)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    return steps
+
+
 def measure(model: str, batch_size: int, seconds: float, steps_per_call: int = 100, extra: dict | None = None) -> dict:
     """Run the in-memory step for about `seconds` after one warm-up call; returns the figures."""
     import tensorflow as tf
 
     from trainer.config import TrainConfig
-    from trainer.data import preprocess
     from trainer.models import seeded_model
-    from trainer.step import per_example_loss
 
     cfg = TrainConfig(run_uri="file:///nowhere", model=model, synthetic=True, batch_size=batch_size, **(extra or {}))
-    spec = seeded_model(cfg, tf.distribute.get_strategy())
-    x, y = spec.synthetic(cfg.seed)
-    xb, yb = preprocess(tf.constant(x[:batch_size])), tf.constant(y[:batch_size])
-    model_, opt = spec.model, spec.optimizer
-
-    @tf.function
-    def steps(n):
-        loss = tf.constant(0.0)
-        for _ in tf.range(n):
-            with tf.GradientTape() as tape:
-                pred = model_(xb, training=True)
-                loss = tf.nn.compute_average_loss(per_example_loss(spec, yb, pred), global_batch_size=batch_size)
-            grads = tape.gradient(loss, model_.trainable_variables)
-            opt.apply_gradients(zip(grads, model_.trainable_variables, strict=True))
-        return loss
-
+    steps = tf.function(limit_steps(tf, seeded_model(cfg, tf.distribute.get_strategy()), cfg.seed, batch_size))
     n = tf.constant(steps_per_call, tf.int64)
     t0 = time.perf_counter()
     float(steps(n))  # traces

@@ -28,30 +28,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def _steps(tf, batch: int, per_call: int):
     """The two callables: the limit's call and the trainer's, each running `per_call` steps."""
+    from bench.limit import limit_steps
     from trainer import data as D
     from trainer import step as S
     from trainer.config import TrainConfig
-    from trainer.data import preprocess
     from trainer.metrics import MetricSet
     from trainer.models import seeded_model
-    from trainer.step import per_example_loss
 
     cfg = TrainConfig(run_uri="file:///nowhere", model="mlp", synthetic=True, batch_size=batch)
-    spec = seeded_model(cfg, tf.distribute.get_strategy())
-    x, y = spec.synthetic(cfg.seed)
-    xb, yb = preprocess(tf.constant(x[:batch])), tf.constant(y[:batch])
-    model, opt = spec.model, spec.optimizer
-
-    @tf.function
-    def limit(n):
-        loss = tf.constant(0.0)
-        for _ in tf.range(n):
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(per_example_loss(spec, yb, model(xb, training=True)),
-                                                  global_batch_size=batch)
-            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables,
-                                    strict=True))
-        return loss
+    limit = tf.function(limit_steps(tf, seeded_model(cfg, tf.distribute.get_strategy()), cfg.seed, batch))
 
     strategy = tf.distribute.MirroredStrategy()  # the trainer's on one CPU (trainer.strategy)
     trained = seeded_model(cfg, strategy)
