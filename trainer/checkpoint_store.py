@@ -457,8 +457,9 @@ class CheckpointStore:
     def _prune_superseded(self, step: int) -> None:
         # The end of a background upload older than a synchronous commit (on its thread): that
         # commit cancelled it, or came before it began; its prune passed over it while it was going
-        # up, and it may have written its marker since. Pruning now keeps it only if the keep rule does. A failure (after the
-        # store's retries) is reported and left to the next prune: the run's checkpoints are safe.
+        # up, and it may have written its marker since. Pruning now keeps it only if the keep rule
+        # does. A failure (after the store's retries) is reported and left to the next prune: the
+        # run's checkpoints are safe.
         try:
             self.prune()
         except Exception as e:  # noqa: BLE001 - an extra checkpoint kept a while is no reason to stop a run

@@ -65,7 +65,8 @@ def resolve(metric, y_spec: tf.TensorSpec | None, out_shape) -> keras.metrics.Me
 # Metrics that read only the argmax of the model's output over its last axis: given the logits under a
 # softmax output, they count the same (softmax keeps the order; where two probabilities round to one value,
 # the larger logit wins). So the softmax a loss already reads through (Keras's cross-entropies take its
-# logits) need not run for them: on a small model its oneDNN kernel was a tenth of the step (bench/RESULTS.md).
+# logits) need not run for them: on a small model its oneDNN kernel was a tenth of the step's kernel time
+# (bench/RESULTS.md).
 ARGMAX_ONLY = (keras.metrics.SparseCategoricalAccuracy, keras.metrics.CategoricalAccuracy)
 
 
