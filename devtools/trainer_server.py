@@ -346,7 +346,7 @@ def _warm_up() -> None:
         import trainer.loop_attempt  # noqa: F401
         import trainer.run_attempt  # noqa: F401
         import trainer.signals  # noqa: F401
-    # What nearly every run imports after its start: the stores' clients and TensorBoard's summaries
+    # What nearly every run imports after its start: the stores' clients and TensorBoard's event protos
     # (their modules only: no client, no writer, no thread), about 0.1 CPU-s a run, ~190 runs a CI.
     with entry.imports_kept(), entry.quiet_native_stderr():
         import boto3.s3.transfer  # noqa: F401
@@ -354,7 +354,7 @@ def _warm_up() -> None:
         import tensorflow as tf
         from google.cloud import storage  # noqa: F401
 
-        tf.summary.scalar, tf.summary.create_file_writer  # noqa: B018 - TensorFlow loads them on first use
+        tf.compat.v1.Event, tf.compat.v1.Summary, tf.io.TFRecordWriter  # noqa: B018 - loaded on first use
     # `python -m trainer` runs trainer/__main__.py as `__main__` only, never imported as a module
     # (runpy warns when it finds it imported already).
     del sys.modules["trainer.__main__"]

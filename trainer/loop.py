@@ -67,11 +67,18 @@ class RunState:
         return extra
 
 
-def training_scalars(spec: ModelSpec, st: RunState, loss: float, rate: float, step_time: float) -> dict:
-    """A --log-every step's TensorBoard scalars: its loss and metrics, the learning rate, the speed."""
+def learning_rate(spec: ModelSpec) -> float:
+    """The optimizer's learning rate now (a variable, a schedule's value at its step, or a number)."""
     lr = spec.optimizer.learning_rate
+    return float(lr.numpy() if hasattr(lr, "numpy") else lr)
+
+
+def training_scalars(spec: ModelSpec, st: RunState, loss: float, rate: float, step_time: float,
+                     lr: float | None = None) -> dict:
+    """A --log-every step's TensorBoard scalars: its loss and metrics, the learning rate (`lr`, read
+    from the optimizer when not given), the speed."""
     return {"train/loss": loss, **{f"train/{k}": v for k, v in (st.train_metrics or {}).items()},
-            "learning_rate": float(lr.numpy() if hasattr(lr, "numpy") else lr),
+            "learning_rate": learning_rate(spec) if lr is None else lr,
             "examples_per_sec": rate, "step_time_s": step_time}
 
 
@@ -317,10 +324,13 @@ class TrainLoop:
         step_time = (now - last_time) / max(st.step - last_step, 1)
         rows = states[0].numpy() if states else None
         points = []
-        for s in logged:  # one call's points share its speed: it was measured once
+        # One call's points share its speed, measured once, and the learning rate, read after the call
+        # (an eager read of the optimizer's variable or schedule: once, not once a point).
+        lr = learning_rate(self.spec)
+        for s in logged:
             if rows is not None:
                 st.train_metrics = self.validation.metrics.results(rows[s - call_first])
-            points.append((s, training_scalars(self.spec, st, float(losses[s - call_first]), rate, step_time)))
+            points.append((s, training_scalars(self.spec, st, float(losses[s - call_first]), rate, step_time, lr)))
         self._summaries(points)
         # The speed said (the bar, progress.json: ops status and its ETA) is the attempt's loop so far,
         # checkpoints and evaluations included, as the `finished` event's; TensorBoard's curve is this log's.

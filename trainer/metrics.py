@@ -92,6 +92,7 @@ class MetricSet:
             self._layout.append((size, list(m.variables)))
             size += sum(int(np.prod(v.shape)) for v in m.variables)
         self.size = size
+        self._plain = [_plain_result(m) for m in self.metrics]
 
     @property
     def names(self) -> list[str]:
@@ -113,10 +114,18 @@ class MetricSet:
         return tf.concat(parts, 0) if parts else tf.zeros([0], tf.float32)
 
     def results(self, state) -> dict[str, float]:
-        """Each metric's value for a summed state vector."""
+        """Each metric's value for a summed state vector.
+
+        The loop asks this for every --log-every point of a call (tens a call): Keras's stateless
+        result is several eager ops a metric, about half a millisecond a point, so the metrics that
+        Keras computes as `total / count` or `total` are computed here, by the same float operations.
+        """
         state = np.asarray(state, np.float32)
         out = {}
-        for m, (offset, variables) in zip(self.metrics, self._layout, strict=True):
+        for m, (offset, variables), plain in zip(self.metrics, self._layout, self._plain, strict=True):
+            if plain is not None:
+                out[m.name] = plain(state[offset:offset + len(variables)])
+                continue
             values, at = [], offset
             for v in variables:
                 n = int(np.prod(v.shape))
@@ -124,6 +133,28 @@ class MetricSet:
                 at += n
             out[m.name] = float(tf.reduce_mean(tf.cast(m.stateless_result(values), tf.float32)))
         return out
+
+
+def _plain_result(metric):
+    """For a metric whose result is Keras's `Mean`'s (the accuracies, the mean errors, a function's mean) or
+    `Sum`'s, not overridden: its result from its state slots `[total, count]` or `[total]`, in numpy, with
+    Keras's casts and its divide_no_nan. None for any other metric (Keras's stateless result computes it)."""
+    dtype = np.dtype(metric.dtype) if metric.dtype in ("float32", "float64") else None
+    names = [v.name for v in metric.variables]
+    if dtype is None or any(tuple(v.shape) for v in metric.variables):
+        return None
+    if type(metric).result is keras.metrics.Mean.result and names == ["total", "count"]:
+        count_dtype = np.dtype(metric.variables[1].dtype)
+
+        def mean(slots) -> float:
+            total = slots[0].astype(dtype)
+            count = slots[1].astype(count_dtype).astype(dtype)
+            return float(np.float32(total / count if count != 0 else dtype.type(0)))
+
+        return mean
+    if type(metric).result is keras.metrics.Sum.result and names == ["total"]:
+        return lambda slots: float(np.float32(slots[0].astype(dtype)))
+    return None
 
 
 def first_replica_only(local_replicas: int):

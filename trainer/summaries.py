@@ -6,23 +6,43 @@ it owns the event files and their upload. On workers other than the chief it doe
 
 from __future__ import annotations
 
+import itertools
 import os
+import socket
+import threading
+import time
+
+import numpy as np
 
 from runfolder import layout
 
 
+# The local event file is flushed at least this often while points come (tf.summary's writer's default):
+# a TensorBoard reading the machine's folder sees them; the bucket's copy is sync()'s.
+FLUSH_SECONDS = 120.0
+
+
 class Summaries:
-    """Scalars to TensorBoard event files under `local_dir`, uploaded to the run's `tensorboard/`."""
+    """Scalars to TensorBoard event files under `local_dir`, uploaded to the run's `tensorboard/`.
+
+    The events are the ones `tf.summary.scalar` writes (one float32 scalar tensor a tag, the
+    `scalars` plugin's metadata), built as protos and appended by TensorFlow's record writer
+    (`tf.io.TFRecordWriter`: an event file is a TFRecord file of `Event`s). Not through
+    `tf.summary`: a summary op is a TensorFlow op, eager or traced, and the loop writes a point
+    per --log-every step, tens a call. Eager ops cost the seed's model about 5 % of its steps, and
+    a traced writer cost 0.13 s to trace in every run and 2 ms a call after (bench/RESULTS.md);
+    a proto and a record cost a few microseconds a value.
+    """
 
     def __init__(self, local_dir: str, store, *, enabled: bool = True) -> None:
         self.local_dir = local_dir
         self.store = store
         self._writer = None
-        self._writes: dict[tuple[str, ...], object] = {}  # one traced writer per set of names
+        self._values: dict[str, object] = {}  # a Summary.Value a tag: its metadata, dtype and shape filled in
+        self._lock = threading.Lock()  # sync() may flush from another thread while the loop writes
         if enabled:
-            import tensorflow as tf
-
-            self._writer = tf.summary.create_file_writer(local_dir)
+            self._writer = _event_file(local_dir)
+        self._flushed = time.monotonic()
 
     @property
     def enabled(self) -> bool:
@@ -34,55 +54,66 @@ class Summaries:
         self.series([(step, values)])
 
     def series(self, points: list[tuple[int, dict[str, float]]]) -> None:
-        """Write several points, each `(step, {name: value})`, in one graph call per set of names.
-
-        Not one eager summary op per value: the loop writes a point per --log-every step, a
-        call of the step spans many of them, and five eager ops per point cost the seed's model
-        about 5 % of its steps (bench/RESULTS.md). The event files hold the same float32 scalars.
-        A single point of a set of names not traced yet (an evaluation's, a checkpoint's time) is
-        written by eager ops: a trace of its writer costs more CPU than a run writes such points.
-        """
+        """Write several points, each `(step, {name: value})`, an event a value as `tf.summary.scalar` does."""
         if self._writer is None or not points:
             return
         import tensorflow as tf
 
-        groups: dict[tuple[str, ...], list] = {}
-        for step, values in points:
-            groups.setdefault(tuple(values), []).append((step, values))
-        with self._writer.as_default():
-            for names, group in groups.items():
-                write = self._writes.get(names)
-                if write is None and len(group) == 1:
-                    step, values = group[0]
-                    for n in names:
-                        tf.summary.scalar(n, float(values[n]), step=step)
-                    continue
-                if write is None:
-                    write = self._writes[names] = _scalar_writer(names)
-                write(tf.constant([step for step, _ in group], tf.int64),
-                      tf.constant([[float(values[n]) for n in names] for _, values in group], tf.float32))
+        records = []
+        with np.errstate(over="ignore"):  # past float32's range: infinity, as a cast in the graph gives
+            contents = [[np.asarray(v, "<f4").tobytes() for v in values.values()] for _, values in points]
+        for (step, values), content in zip(points, contents, strict=True):
+            for name, tensor in zip(values, content, strict=True):
+                event = tf.compat.v1.Event(wall_time=time.time(), step=int(step))
+                v = event.summary.value.add()
+                v.CopyFrom(self._value(name))
+                v.tensor.tensor_content = tensor  # float32, little-endian, as the op writes it
+                records.append(event.SerializeToString())
+        with self._lock:
+            for record in records:
+                self._writer.write(record)
+            if time.monotonic() - self._flushed > FLUSH_SECONDS:  # as TF's writer flushes on its own clock
+                self._flush()
+
+    def _value(self, name: str):
+        value = self._values.get(name)
+        if value is None:
+            import tensorflow as tf
+
+            value = tf.compat.v1.Summary.Value(tag=name)
+            value.metadata.plugin_data.plugin_name = "scalars"
+            value.tensor.dtype = tf.float32.as_datatype_enum
+            value.tensor.tensor_shape.SetInParent()  # a scalar: a shape with no dimensions
+            self._values[name] = value
+        return value
+
+    def _flush(self) -> None:
+        self._writer.flush()
+        self._flushed = time.monotonic()
 
     def sync(self) -> None:
         """Flush the event files and upload what changed (safe to call from a writer thread)."""
         if self._writer is None:
             return
-        self._writer.flush()
+        with self._lock:
+            self._flush()
         self.store.upload_dir(self.local_dir, layout.TENSORBOARD_PREFIX, changed_only=True)
 
 
-def _scalar_writer(names: tuple[str, ...]):
-    """A `tf.function(steps, values)` writing `values[j, i]` as the scalar `names[i]` at `steps[j]`."""
+def _event_file(local_dir: str):
+    """A new event file in `local_dir`, named as TensorFlow's summary writer names its files, opened with
+    its first event (the file's version, which TensorBoard reads first)."""
     import tensorflow as tf
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, len(names)], tf.float32)])
-    def write(steps, values):
-        for j in tf.range(tf.shape(steps)[0]):
-            # At the root name scope: the loop's own ("while/") would prefix every tag.
-            with tf.compat.v1.name_scope(None):
-                for i, name in enumerate(names):
-                    tf.summary.scalar(name, values[j, i], step=steps[j])
+    os.makedirs(local_dir, exist_ok=True)
+    name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILES)}.v2"
+    writer = tf.io.TFRecordWriter(os.path.join(local_dir, name))
+    writer.write(tf.compat.v1.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+    writer.flush()
+    return writer
 
-    return write
+
+_FILES = itertools.count()  # this process's event files: two writers opened in one second get two files
 
 
 def local_dir(work: str) -> str:

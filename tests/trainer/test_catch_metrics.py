@@ -297,3 +297,40 @@ def test_eval_slow_leaves_the_passs_tracing_out_and_never_judges_the_first_pass(
     assert evaluated["seconds"] == seconds  # the pass's whole time is still said
     assert [e["event"] for e in events[1:]] == (["eval_slow"] if slow and not first else [])
     assert validation.passes == (1 if first else 2)
+
+
+class _Doubled(keras.metrics.Mean):
+    """A Mean whose result is its own: Keras's stateless result must compute it."""
+
+    def result(self):
+        return super().result() * 2.0
+
+
+def _keras_results(metrics: MetricSet, state) -> dict[str, float]:
+    """What Keras's stateless result says for `state`, metric by metric (the path every metric can take)."""
+    out = {}
+    for m, (offset, variables) in zip(metrics.metrics, metrics._layout, strict=True):
+        values = [tf.cast(tf.reshape(state[offset + i], v.shape), v.dtype) for i, v in enumerate(variables)]
+        out[m.name] = float(tf.reduce_mean(tf.cast(m.stateless_result(values), tf.float32)))
+    return out
+
+
+def test_the_log_points_results_are_keras_own_bit_for_bit():
+    """The loop's per-point results (`MetricSet.results`) skip Keras's eager ops for Mean and Sum metrics;
+    they must say exactly what Keras says, empty counts, NaN and huge totals included."""
+    metrics = MetricSet(["accuracy", "mae", keras.metrics.Sum(name="seen"), _Doubled(name="doubled"),
+                         keras.metrics.Mean(name="m64", dtype="float64")],
+                        tf.TensorSpec([None], tf.int32), (None, 10))
+    plain = [p is not None for p in metrics._plain]
+    assert plain == [True, True, True, False, True]
+    rng = np.random.default_rng(0)
+    states = [rng.uniform(0, 1e4, metrics.size).astype(np.float32) for _ in range(200)]
+    states += [np.zeros(metrics.size, np.float32), np.full(metrics.size, np.nan, np.float32),
+               np.full(metrics.size, 3.4e38, np.float32), np.array([7, 3, 1e-3, 0, 5.5, 2, 1, 9, 0], np.float32)]
+    checked = 0
+    for state in states:
+        got, want = metrics.results(state), _keras_results(metrics, state)
+        assert list(got) == list(want) and all(type(v) is float for v in got.values())
+        assert np.array_equal(np.array(list(got.values())), np.array(list(want.values())), equal_nan=True), (state, got, want)
+        checked += 1
+    assert checked == 204

@@ -605,3 +605,23 @@ def test_a_commit_without_its_seconds_counts_zero(make):
 ])
 def test_the_steady_speed_is_given_to_a_tenth(args, steady):
     assert loop_speed(*args).get("steady_examples_per_sec") == steady
+
+
+def test_a_calls_log_points_read_the_learning_rate_once(make):
+    """The learning rate is an eager read (a variable, a schedule): once a call, not once a point; every
+    point of the call carries the value read after it."""
+
+    class Rate:
+        reads = 0
+
+        def numpy(self):
+            Rate.reads += 1
+            return 0.5 / Rate.reads
+
+    loop = make(steps=12, steps_per_call=6, log_every=2, checkpoint_every_steps=None)
+    loop.spec = SimpleNamespace(optimizer=SimpleNamespace(learning_rate=Rate()))
+    assert loop._loop(_Step(loop), iter(()), loop.examples) is False
+    points = loop.summaries.points
+    assert sorted(points) == [2, 4, 6, 8, 10, 12]  # six points in two calls of six steps
+    assert Rate.reads == 2
+    assert [points[s]["learning_rate"] for s in sorted(points)] == [0.5] * 3 + [0.25] * 3
