@@ -16,7 +16,6 @@ import numpy as np
 
 from runfolder import layout
 
-
 # The local event file is flushed at least this often while points come (tf.summary's writer's default):
 # a TensorBoard reading the machine's folder sees them; the bucket's copy is sync()'s.
 FLUSH_SECONDS = 120.0
