@@ -303,29 +303,73 @@ class ArraySource:
     def __iter__(self):
         return self
 
-    def _new_epoch(self, epoch) -> tf.Tensor:
-        """Epoch `epoch`'s order, as index rows of its batches, kept for the epoch's other batches."""
+    def _epoch_order(self, epoch) -> tf.Tensor:
+        """Epoch `epoch`'s order, as index rows of its batches (stateless: the stream's permutation)."""
         order = tf.cast(_permutation(self.n, self.seed, epoch, 0), tf.int64)
-        order = tf.reshape(order[: self.batches * self.global_batch], [self.batches, self.global_batch])
+        return tf.reshape(order[: self.batches * self.global_batch], [self.batches, self.global_batch])
+
+    def _new_epoch(self, epoch) -> tf.Tensor:
+        """Epoch `epoch`'s order, kept for the epoch's other batches."""
+        order = self._epoch_order(epoch)
         with tf.control_dependencies([self.order.assign(order), self.order_epoch.assign(epoch)]):
             return tf.identity(order)
 
-    def __next__(self):
+    def _batch(self, pos, order, divisor):
+        """Batch `pos` (counted from the run's start) of the epoch whose `order` is given: gathered and converted."""
         with tf.device("/cpu:0"):
-            pos = self.position.read_value()
-            self.position.assign_add(1)  # after the read: ops on one variable run in program order
-            nb = tf.constant(self.batches, tf.int64)
-            epoch, b = pos // nb, pos % nb
-            order = tf.cond(tf.equal(self.order_epoch.read_value(), epoch), self.order.read_value,
-                            lambda: self._new_epoch(epoch))
-            idx = tf.gather(order, b)
+            idx = tf.gather(order, pos % tf.constant(self.batches, tf.int64))
             x, y = tf.gather(self.x, idx), tf.gather(self.y, idx)
-            if self.divisor is not None:
-                x = tf.cast(x, tf.float32) / self.divisor.read_value()
+            if divisor is not None:
+                x = tf.cast(x, tf.float32) / divisor
         if self.table is not None:
             with tf.device(self.device):
                 x = tf.gather(self.table, tf.cast(x, tf.int32))
         return x, y
+
+    def __next__(self):
+        """The next batch, one at a time (the position and the order's cache updated as it goes)."""
+        with tf.device("/cpu:0"):
+            pos = self.position.read_value()
+            self.position.assign_add(1)  # after the read: ops on one variable run in program order
+            epoch = pos // tf.constant(self.batches, tf.int64)
+            order = tf.cond(tf.equal(self.order_epoch.read_value(), epoch), self.order.read_value,
+                            lambda: self._new_epoch(epoch))
+            divisor = None if self.divisor is None else self.divisor.read_value()
+        return self._batch(pos, order, divisor)
+
+    # A call of many steps takes its batches as loop state, not through `next()`: `open_call` reads the
+    # variables once and gives the call's first batch; `following` gives each next batch from the state
+    # alone; `close_call` writes the variables back. With no variable read or written in the loop, a
+    # batch depends on no step before it (TensorFlow orders stateful ops in program order), so the step
+    # can take batch i + 1 while it trains on batch i, and its gather and conversion run on the core the
+    # step leaves idle: measured 5 % of the step at batch 64 (bench/RESULTS.md). Each call gathers one
+    # batch more than it trains on, which the next call takes again.
+
+    def open_call(self):
+        """At a call's start, in its graph: (the batch at the position, the state `following` takes)."""
+        with tf.device("/cpu:0"):
+            pos = self.position.read_value()
+            state = {"pos": pos, "order": self.order.read_value(), "epoch": self.order_epoch.read_value()}
+            if self.divisor is not None:
+                state["divisor"] = self.divisor.read_value()
+        return self.following(state)
+
+    def following(self, state):
+        """(Batch `state["pos"]`, the state of the batch after it), touching no variable."""
+        pos = state["pos"]
+        with tf.device("/cpu:0"):
+            epoch = pos // tf.constant(self.batches, tf.int64)
+            order = tf.cond(tf.equal(state["epoch"], epoch), lambda: tf.identity(state["order"]),
+                            lambda: self._epoch_order(epoch))
+            after = {**state, "pos": pos + 1, "order": order, "epoch": epoch}
+        return self._batch(pos, order, state.get("divisor")), after
+
+    def close_call(self, count, state) -> None:
+        """At a call's end, after `count` steps: the position past them, and the newest order kept."""
+        with tf.device("/cpu:0"):
+            self.position.assign_add(count)
+            self.order.assign(state["order"])
+            self.order_epoch.assign(state["epoch"])
 
 
 def file_order(nfiles: int, seed: int, epoch: int) -> list[int]:

@@ -14,6 +14,7 @@ import keras
 import tensorflow as tf
 
 from trainer.config import TrainConfig
+from trainer.data import ArraySource
 from trainer.metrics import MetricSet
 from trainer.models import ModelSpec
 
@@ -91,6 +92,15 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
     # Replicas of this worker: the first of them carries the worker's sums into the all-reduce.
     local_replicas = len(strategy.extended.worker_devices)
 
+    def one_step(i, x, y, losses, states, n):
+        step_loss, step_n, step_state = strategy.run(replica_step, args=(x, y))
+        losses = losses.write(tf.cast(i, tf.int32),
+                              tf.add_n([tf.cast(v, tf.float32) for v in strategy.experimental_local_results(step_loss)]))
+        n += tf.add_n(strategy.experimental_local_results(step_n))
+        if size:
+            states = states.write(tf.cast(i, tf.int32), tf.add_n(strategy.experimental_local_results(step_state)))
+        return losses, states, n
+
     @tf.function
     def train_steps(iterator, count, request):
         # `count` steps per call: one Python round trip for many steps, which is what makes
@@ -99,14 +109,18 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
         losses = tf.TensorArray(tf.float32, size=tf.cast(count, tf.int32))
         states = tf.TensorArray(tf.float32, size=tf.cast(count, tf.int32), element_shape=[size])
         n = tf.constant(0, tf.int64)
-        for i in tf.range(count):
-            x, y = next(iterator)
-            step_loss, step_n, step_state = strategy.run(replica_step, args=(x, y))
-            losses = losses.write(tf.cast(i, tf.int32),
-                                  tf.add_n([tf.cast(v, tf.float32) for v in strategy.experimental_local_results(step_loss)]))
-            n += tf.add_n(strategy.experimental_local_results(step_n))
-            if size:
-                states = states.write(tf.cast(i, tf.int32), tf.add_n(strategy.experimental_local_results(step_state)))
+        if isinstance(iterator, ArraySource):
+            # The batches are loop state: each step takes the next one while it trains (ArraySource.open_call).
+            batch, following = iterator.open_call()
+            for i in tf.range(count):
+                x, y = batch
+                batch, following = iterator.following(following)
+                losses, states, n = one_step(i, x, y, losses, states, n)
+            iterator.close_call(count, following)
+        else:
+            for i in tf.range(count):
+                x, y = next(iterator)
+                losses, states, n = one_step(i, x, y, losses, states, n)
         losses = losses.stack()
         if not multi_worker:
             examples.assign_add(n)

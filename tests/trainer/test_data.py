@@ -59,16 +59,32 @@ def _drain(source, n):
     return xs.stack(), ys.stack()
 
 
+@tf.function
+def _drain_carried(source, n):
+    """`n` batches taken as the training step's loop takes them: as loop state (`open_call`, `following`)."""
+    xs = tf.TensorArray(source.element_spec[0].dtype, size=n)
+    ys = tf.TensorArray(source.element_spec[1].dtype, size=n)
+    batch, following = source.open_call()
+    for i in tf.range(n):
+        x, y = batch
+        batch, following = source.following(following)
+        xs, ys = xs.write(i, x), ys.write(i, y)
+    source.close_call(tf.cast(n, tf.int64), following)
+    return xs.stack(), ys.stack()
+
+
+@pytest.mark.parametrize("drain", [_drain, _drain_carried])
 @pytest.mark.parametrize("device", ["/cpu:0", "/device:GPU:0"])  # a GPU's conversion: placed on the CPU without one
 @pytest.mark.parametrize("arrays", ["images", "tokens"])
-def test_the_in_graph_source_takes_the_array_streams_batches_across_epochs_and_resumes(device, arrays):
+def test_the_in_graph_source_takes_the_array_streams_batches_across_epochs_and_resumes(device, arrays, drain):
     x, y = data.synthetic_mnist(n=100, seed=0) if arrays == "images" else data.synthetic_tokens(n=100, seq_len=4)
     full = _take(data.from_arrays(x, y, 16, seed=5, position=data.Position(0)), 20)  # 6 batches/epoch: 3+ epochs
-    for k in (0, 5, 6, 7, 13):
+    for k in (0, 3, 5, 6, 7, 13):
         source = data.ArraySource(x, y, 16, 5, data.Position(k), device=device)
         assert source.element_spec[0].dtype == full[0][0].dtype and source.element_spec[1].shape[0] == 16
-        # Two calls, as a resumed run's: the first ends inside an epoch, the second crosses epochs.
-        first, rest = _drain(source, tf.constant(3)), _drain(source, tf.constant(17 - k))
+        # Two calls, as a resumed run's: the first ends inside an epoch (at its end for k = 3), the second
+        # crosses epochs.
+        first, rest = drain(source, tf.constant(3)), drain(source, tf.constant(17 - k))
         xs, ys = np.concatenate([first[0], rest[0]]), np.concatenate([first[1], rest[1]])
         assert len(xs) == 20 - k and int(source.position.numpy()) == 20
         for i, (a, b) in enumerate(full[k:]):

@@ -68,24 +68,27 @@ def _trained(cfg, feeds, calls):
 
 
 @pytest.mark.slow
-def test_one_replica_trains_on_arrays_in_graph_to_the_streams_weights_and_resumes_at_its_position():
+# Calls of 5 and 8 cross the epochs' edges inside a call; 6, 1, 6 end calls on them (the batch a call takes
+# ahead is the next epoch's first).
+@pytest.mark.parametrize("calls", [(5, 8), (6, 1, 6)])
+def test_one_replica_trains_on_arrays_in_graph_to_the_streams_weights_and_resumes_at_its_position(calls):
     cfg = _cfg()
 
     def stream(spec, strategy):
         it = iter(data.from_arrays(X, Y, BATCH, cfg.seed, data.Position(0)))
-        return [lambda done: it] * 2
+        return [lambda done: it] * len(calls)
 
     def source(spec, strategy):
         feed = _feed(spec, cfg, strategy)
         assert isinstance(feed.iterator, data.ArraySource) and feed.data is None and feed.skipped is None
-        return [lambda done: feed.iterator] * 2
+        return [lambda done: feed.iterator] * len(calls)
 
     def resumed(spec, strategy):
         # The second call's source is a resume's: made anew at the batches the first call took.
-        return [lambda done: _feed(spec, cfg, strategy, batches_seen=done).iterator] * 2
+        return [lambda done: _feed(spec, cfg, strategy, batches_seen=done).iterator] * len(calls)
 
-    want = _trained(cfg, stream, (5, 8))
-    for got in (_trained(cfg, source, (5, 8)), _trained(cfg, resumed, (5, 8))):
+    want = _trained(cfg, stream, calls)
+    for got in (_trained(cfg, source, calls), _trained(cfg, resumed, calls)):
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
         assert len(got[2]) == len(want[2]) > 4
         assert all(np.array_equal(a, b) for a, b in zip(got[2], want[2], strict=True))
@@ -134,3 +137,62 @@ def test_a_make_dataset_of_arrays_is_fed_as_arrays_and_a_pipeline_keeps_its_stat
         spec.make_dataset = lambda batch_size, seed, bad=bad: bad
         with pytest.raises(ValueError, match=words):
             _feed(spec, cfg, strategy)
+
+
+class _OneAtATime:
+    """The source taken through `next()` only: the step's per-batch path, which reads its variables each step."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.source)
+
+
+def _loop_body_inputs(step, iterator) -> set[str]:
+    """What the traced call's training loop takes in from outside it, by the variables' names (the
+    resources its body reads or writes), besides plain tensors."""
+    fn = step.get_concrete_function(iterator, tf.constant(5, tf.int64), tf.constant(GO))
+    graph = fn.graph
+    [loop] = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    outside = {internal.name: external for external, internal in graph.captures}
+    body_name = loop.get_attr("body").name
+    [body] = [f for f in graph.as_graph_def().library.function if f.signature.name == body_name]
+    used = {inp.split(":")[0].lstrip("^") for node in body.node_def for inp in node.input}
+    names = {}
+    for arg, tensor in zip(body.signature.input_arg, loop.inputs, strict=True):
+        external = outside.get(tensor.name)
+        if arg.name in used and external is not None and external.dtype == tf.resource:
+            names[arg.name] = external
+    variables = {id(v.handle): v.name.split(":")[0] for v in _all_variables(iterator)}
+    return {variables.get(id(h), "?") for h in names.values()}
+
+
+def _all_variables(iterator):
+    source = getattr(iterator, "source", iterator)
+    return [source.position, source.order, source.order_epoch, *([source.divisor] if source.divisor is not None else []),
+            *_MODEL_VARIABLES]
+
+
+_MODEL_VARIABLES: list = []
+
+
+def test_the_steps_loop_reads_no_variable_of_the_source_so_the_next_batch_is_taken_while_a_step_trains():
+    cfg = _cfg()
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    spec = _spec(cfg, strategy)
+    metrics = MetricSet(spec.metrics, tf.TensorSpec([BATCH], tf.int64), (None, 10))
+    _MODEL_VARIABLES[:] = spec.model.trainable_variables
+    source = _feed(spec, cfg, strategy).iterator
+    assert isinstance(source, data.ArraySource) and source.divisor is not None
+    source_vars = {"data_position", "data_order", "data_order_epoch", "data_divisor"}
+    model_vars = {v.name.split(":")[0] for v in spec.model.trainable_variables}
+    carried = _loop_body_inputs(make_train_step(strategy, spec, cfg, BATCH, False, tf.Variable(0, dtype=tf.int64),
+                                                metrics), source)
+    one_at_a_time = _loop_body_inputs(make_train_step(strategy, spec, cfg, BATCH, False,
+                                                      tf.Variable(0, dtype=tf.int64), metrics), _OneAtATime(source))
+    assert model_vars <= carried and not carried & source_vars  # the step's weights, and none of the source's
+    assert model_vars <= one_at_a_time and source_vars <= one_at_a_time  # the check sees them where they are read
