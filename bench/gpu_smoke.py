@@ -102,7 +102,8 @@ def loop_speeds(batch: int = 64, per_call: int = 1000, seconds: float = LOOP_SEC
 
 
 def source_batches_exact(cfg, spec, batch: int, device: str, n: int = 3) -> bool:
-    """Whether the in-graph source's first `n` batches on `device` are the stream's, bit for bit."""
+    """Whether the in-graph source's first `n` batches on `device` are the stream's, bit for bit: taken one
+    at a time (`next()`) and as the step's loop takes them (loop state: `open_call`, `following`)."""
     import numpy as np
     import tensorflow as tf
 
@@ -110,9 +111,19 @@ def source_batches_exact(cfg, spec, batch: int, device: str, n: int = 3) -> bool
 
     x, y = spec.synthetic(cfg.seed)
     source = data_mod.ArraySource(x, y, batch, cfg.seed, data_mod.Position(0), device=device)
-    took = tf.function(lambda: [next(source) for _ in range(n)])()
-    stream = data_mod.from_arrays(x, y, batch, cfg.seed, data_mod.Position(0)).take(n)
+    one_at_a_time = tf.function(lambda: [next(source) for _ in range(n)])()
+    carried = data_mod.ArraySource(x, y, batch, cfg.seed, data_mod.Position(0), device=device)
+
+    def as_the_loop():
+        took, (batch_now, following) = [], carried.open_call()
+        for _ in range(n):
+            took.append(batch_now)
+            batch_now, following = carried.following(following)
+        return took
+
+    stream = list(data_mod.from_arrays(x, y, batch, cfg.seed, data_mod.Position(0)).take(n))
     return all(np.array_equal(a.numpy(), c.numpy()) and np.array_equal(b.numpy(), d.numpy())
+               for took in (one_at_a_time, tf.function(as_the_loop)())
                for (a, b), (c, d) in zip(took, stream, strict=True))
 
 
