@@ -17,7 +17,9 @@ thing added at a time:
   each batch gathered by the epoch's order and converted on tf.data's threads) into that step:
   what several replicas run, and what one replica ran before the in-graph source;
 * synthetic in-graph source — the same batches taken inside the step's graph
-  (`trainer.data.ArraySource`): what `python -m trainer --synthetic` runs on one replica;
+  (`trainer.data.ArraySource`), as loop state: what `python -m trainer --synthetic` runs on one
+  replica; and "a batch at a time", the same source through `next()` (its variables read and
+  written in every step, so each step's gather waits for the step before);
 * in-memory MNIST — `bench.mnist_memory`'s `make_dataset` as the trainer feeds it
   (`trainer.data.from_user`): the data path a user's own pipeline takes.
 
@@ -81,6 +83,11 @@ def build(batch: int, per_call: int) -> dict:
     out["trainer step + metrics, synthetic in-graph source"] = (lambda s=step, i=source: s(i, count, request),
                                                                 per_call * batch)
     model, step = step_of(True)
+    one = OneAtATime(D.ArraySource(*model.synthetic(cfg.seed), batch, cfg.seed, D.Position(0),
+                                   device=strategy.extended.worker_devices[0]))
+    out["trainer step + metrics, synthetic in-graph source, a batch at a time"] = (
+        lambda s=step, i=one: s(i, count, request), per_call * batch)
+    model, step = step_of(True)
     memory = iter(D.from_user(mnist_memory.make_dataset, batch, 0, D.Position(0)))
     out["trainer step + metrics, in-memory MNIST (make_dataset)"] = (lambda s=step, i=memory: s(i, count, request),
                                                                      per_call * batch)
@@ -90,6 +97,20 @@ def build(batch: int, per_call: int) -> dict:
         out[f"trainer step + metrics, synthetic stream, {label}"] = (lambda s=step, i=tuned: s(i, count, request),
                                                                      per_call * batch)
     return out
+
+
+class OneAtATime:
+    """An in-graph source taken through `next()` only: each step reads and writes its variables (the position,
+    the order's cache), as the step's loop took it before its batches became loop state."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.source)
 
 
 def _options(tf) -> dict:

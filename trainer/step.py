@@ -78,7 +78,8 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
     """A `tf.function(iterator, count, request)` running `count` optimizer steps on every replica.
 
     `iterator`: the input stream's (plain or distributed) iterator, or a `trainer.data.ArraySource`
-    (one replica), whose `next()` gathers each batch inside the call.
+    (one replica), whose batches are gathered inside the call as the loop's state: each step takes
+    the next batch while it trains on its own (`ArraySource.open_call`).
 
     Returns (each step's loss, a vector of `count`; the request agreed by all workers). Every
     step's loss comes back so that one call may span several --log-every steps: the
