@@ -118,6 +118,15 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
                 batch, following = iterator.following(following)
                 losses, states, n = one_step(i, x, y, losses, states, n)
             iterator.close_call(count, following)
+        elif isinstance(iterator, tf.data.Iterator):
+            # One replica's plain iterator: the next batch is taken from it while a step trains, as the source's
+            # is, and the call takes exactly `count` (the last step takes none), so the iterator's state at the
+            # call's end is that of its `count` steps (what a checkpoint saves).
+            batch = next(iterator)
+            for i in tf.range(count):
+                x, y = batch
+                batch = tf.cond(i + 1 < count, lambda: next(iterator), lambda: (x, y))
+                losses, states, n = one_step(i, x, y, losses, states, n)
         else:
             for i in tf.range(count):
                 x, y = next(iterator)

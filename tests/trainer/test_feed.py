@@ -196,3 +196,30 @@ def test_the_steps_loop_reads_no_variable_of_the_source_so_the_next_batch_is_tak
                                                       tf.Variable(0, dtype=tf.int64), metrics), _OneAtATime(source))
     assert model_vars <= carried and not carried & source_vars  # the step's weights, and none of the source's
     assert model_vars <= one_at_a_time and source_vars <= one_at_a_time  # the check sees them where they are read
+
+
+@pytest.mark.parametrize("calls", [(5, 3), (1, 1, 6)])
+def test_a_plain_iterator_is_taken_ahead_within_a_call_only(calls):
+    """One replica's `tf.data` iterator gives each step's next batch while the step trains, and a call takes
+    exactly its steps' batches: after the calls the iterator's next batch is the one after them (what its
+    checkpointed state says), and the run is the one-at-a-time path's, bit for bit."""
+    cfg = _cfg()
+    stream = data.from_arrays(X, Y, BATCH, cfg.seed, data.Position(0))
+
+    def ahead(spec, strategy):
+        it = iter(stream)
+        ahead.iterators.append(it)
+        return [lambda done: it] * len(calls)
+
+    def one_at_a_time(spec, strategy):
+        it = _OneAtATime(iter(stream))
+        return [lambda done: it] * len(calls)
+
+    ahead.iterators = []
+    got, want = _trained(cfg, ahead, calls), _trained(cfg, one_at_a_time, calls)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert all(np.array_equal(a, b) for a, b in zip(got[2], want[2], strict=True)) and len(got[2]) > 4
+    [it] = ahead.iterators
+    after = next(it)
+    expected = list(stream.skip(sum(calls)).take(1))[0]
+    assert np.array_equal(after[0].numpy(), expected[0].numpy()) and np.array_equal(after[1].numpy(), expected[1].numpy())
