@@ -75,7 +75,7 @@ def make_replica_step(spec: ModelSpec, cfg: TrainConfig, global_micro_batch: int
 
 def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_batch: int, multi_worker: bool,
                     examples: tf.Variable, metrics: MetricSet | None = None):
-    """A `tf.function(iterator, count, request)` running `count` optimizer steps on every replica.
+    """A `tf.function(iterator, count, request)` running `count` (at least 1) optimizer steps on every replica.
 
     `iterator`: the input stream's (plain or distributed) iterator, or a `trainer.data.ArraySource`
     (one replica), whose batches are gathered inside the call as the loop's state: each step takes
@@ -110,27 +110,7 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
         losses = tf.TensorArray(tf.float32, size=tf.cast(count, tf.int32))
         states = tf.TensorArray(tf.float32, size=tf.cast(count, tf.int32), element_shape=[size])
         n = tf.constant(0, tf.int64)
-        if isinstance(iterator, ArraySource):
-            # The batches are loop state: each step takes the next one while it trains (ArraySource.open_call).
-            batch, following = iterator.open_call()
-            for i in tf.range(count):
-                x, y = batch
-                batch, following = iterator.following(following)
-                losses, states, n = one_step(i, x, y, losses, states, n)
-            iterator.close_call(count, following)
-        elif isinstance(iterator, tf.data.Iterator):
-            # One replica's plain iterator: the next batch is taken from it while a step trains, as the source's
-            # is, and the call takes exactly `count` (the last step takes none), so the iterator's state at the
-            # call's end is that of its `count` steps (what a checkpoint saves).
-            batch = next(iterator)
-            for i in tf.range(count):
-                x, y = batch
-                batch = tf.cond(i + 1 < count, lambda: next(iterator), lambda: (x, y))
-                losses, states, n = one_step(i, x, y, losses, states, n)
-        else:
-            for i in tf.range(count):
-                x, y = next(iterator)
-                losses, states, n = one_step(i, x, y, losses, states, n)
+        losses, states, n = _run_steps(iterator, count, one_step, (losses, states, n))
         losses = losses.stack()
         if not multi_worker:
             examples.assign_add(n)
@@ -155,3 +135,31 @@ def make_train_step(strategy, spec: ModelSpec, cfg: TrainConfig, global_micro_ba
         return total[:-3], total[-3:]
 
     return train_steps
+
+
+def _run_steps(iterator, count, one_step, carry):
+    """`count` steps (at least 1) of `carry = one_step(i, x, y, *carry)` on `iterator`'s batches, inside the
+    call's graph; returns the last carry. Each step is given its next batch while it trains where the
+    iterator allows it."""
+    if isinstance(iterator, ArraySource):
+        # The batches are loop state: each step takes the next one while it trains (ArraySource.open_call).
+        batch, following = iterator.open_call()
+        for i in tf.range(count):
+            x, y = batch
+            batch, following = iterator.following(following)
+            carry = one_step(i, x, y, *carry)
+        iterator.close_call(count, following)
+    elif isinstance(iterator, tf.data.Iterator):
+        # One replica's plain iterator: the next batch is taken from it while a step trains, as the source's
+        # is, and the call takes exactly `count` (the last step takes none), so the iterator's state at the
+        # call's end is that of its `count` steps (what a checkpoint saves).
+        batch = next(iterator)
+        for i in tf.range(count):
+            x, y = batch
+            batch = tf.cond(i + 1 < count, lambda: next(iterator), lambda b=batch: b)  # the element's own structure
+            carry = one_step(i, x, y, *carry)
+    else:
+        for i in tf.range(count):
+            x, y = next(iterator)
+            carry = one_step(i, x, y, *carry)
+    return carry

@@ -6,19 +6,15 @@ it owns the event files and their upload. On workers other than the chief it doe
 
 from __future__ import annotations
 
-import itertools
 import os
 import socket
 import threading
 import time
+import uuid
 
 import numpy as np
 
 from runfolder import layout
-
-# The local event file is flushed at least this often while points come (tf.summary's writer's default):
-# a TensorBoard reading the machine's folder sees them; the bucket's copy is sync()'s.
-FLUSH_SECONDS = 120.0
 
 
 class Summaries:
@@ -41,7 +37,6 @@ class Summaries:
         self._lock = threading.Lock()  # sync() may flush from another thread while the loop writes
         if enabled:
             self._writer = _event_file(local_dir)
-        self._flushed = time.monotonic()
 
     @property
     def enabled(self) -> bool:
@@ -60,7 +55,12 @@ class Summaries:
 
         records = []
         with np.errstate(over="ignore"):  # past float32's range: infinity, as a cast in the graph gives
-            contents = [[np.asarray(v, "<f4").tobytes() for v in values.values()] for _, values in points]
+            scalars = [[np.asarray(v, "<f4") for v in values.values()] for _, values in points]
+        for (_, values), row in zip(points, scalars, strict=True):
+            for name, value in zip(values, row, strict=True):
+                if value.ndim:
+                    raise ValueError(f"TensorBoard scalar {name!r}: got a value of shape {value.shape}, not a number")
+        contents = [[value.tobytes() for value in row] for row in scalars]
         for (step, values), content in zip(points, contents, strict=True):
             for name, tensor in zip(values, content, strict=True):
                 event = tf.compat.v1.Event(wall_time=time.time(), step=int(step))
@@ -68,11 +68,13 @@ class Summaries:
                 v.CopyFrom(self._value(name))
                 v.tensor.tensor_content = tensor  # float32, little-endian, as the op writes it
                 records.append(event.SerializeToString())
+        # Flushed to the local file at once (a call's points, about a second apart): a TensorBoard reading the
+        # machine's folder sees them, and a run that ends without sync() (a failure's exit) loses none of
+        # them there. tf.summary's writer wrote its queue every ten events.
         with self._lock:
             for record in records:
                 self._writer.write(record)
-            if time.monotonic() - self._flushed > FLUSH_SECONDS:  # as TF's writer flushes on its own clock
-                self._flush()
+            self._writer.flush()
 
     def _value(self, name: str):
         value = self._values.get(name)
@@ -86,16 +88,12 @@ class Summaries:
             self._values[name] = value
         return value
 
-    def _flush(self) -> None:
-        self._writer.flush()
-        self._flushed = time.monotonic()
-
     def sync(self) -> None:
         """Flush the event files and upload what changed (safe to call from a writer thread)."""
         if self._writer is None:
             return
         with self._lock:
-            self._flush()
+            self._writer.flush()
         self.store.upload_dir(self.local_dir, layout.TENSORBOARD_PREFIX, changed_only=True)
 
 
@@ -105,14 +103,14 @@ def _event_file(local_dir: str):
     import tensorflow as tf
 
     os.makedirs(local_dir, exist_ok=True)
-    name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILES)}.v2"
+    # TF's own names end with a per-process counter; a random one here, so that no writer of another kind
+    # opened in this process in the same second takes (and truncates) this file's name.
+    name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:12]}.v2"
     writer = tf.io.TFRecordWriter(os.path.join(local_dir, name))
     writer.write(tf.compat.v1.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
     writer.flush()
     return writer
 
-
-_FILES = itertools.count()  # this process's event files: two writers opened in one second get two files
 
 
 def local_dir(work: str) -> str:

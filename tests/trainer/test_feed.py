@@ -3,6 +3,8 @@ tf.data stream otherwise, and the weights of a short run the same to the last bi
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
 
@@ -198,13 +200,18 @@ def test_the_steps_loop_reads_no_variable_of_the_source_so_the_next_batch_is_tak
     assert model_vars <= one_at_a_time and source_vars <= one_at_a_time  # the check sees them where they are read
 
 
-@pytest.mark.parametrize("calls", [(5, 3), (1, 1, 6)])
-def test_a_plain_iterator_is_taken_ahead_within_a_call_only(calls):
+Pair = collections.namedtuple("Pair", "x y")
+
+
+@pytest.mark.parametrize(("calls", "element"), [((5, 3), tuple), ((1, 1, 6), Pair)])
+def test_a_plain_iterator_is_taken_ahead_within_a_call_only(calls, element):
     """One replica's `tf.data` iterator gives each step's next batch while the step trains, and a call takes
     exactly its steps' batches: after the calls the iterator's next batch is the one after them (what its
-    checkpointed state says), and the run is the one-at-a-time path's, bit for bit."""
+    checkpointed state says), and the run is the one-at-a-time path's, bit for bit. A dataset's element may
+    be any pair (a namedtuple here), as `x, y = next(iterator)` took it."""
     cfg = _cfg()
-    stream = data.from_arrays(X, Y, BATCH, cfg.seed, data.Position(0))
+    stream = data.from_arrays(X, Y, BATCH, cfg.seed, data.Position(0)).map(lambda x, y: element((x, y)) if element
+                                                                           is tuple else element(x, y))
 
     def ahead(spec, strategy):
         it = iter(stream)

@@ -97,21 +97,25 @@ def test_points_run_no_tensorflow_op_and_two_writers_get_two_files(tmp_path, mon
                                                 + [(7, "y", 2.0, "float32")])
 
 
-def test_points_reach_the_local_file_on_the_flush_clock_and_sync_uploads(tmp_path, monkeypatch):
+def test_points_reach_the_local_file_at_once_and_sync_uploads(tmp_path):
+    """A run that ends without sync() (a failure's exit) keeps every point written in its local file."""
     uploads = []
     store = type("Store", (), {"upload_dir": lambda self, *a, **k: uploads.append((a, k))})()
-    clock = [1000.0]
-    monkeypatch.setattr(summaries_mod.time, "monotonic", lambda: clock[0])
     s = summaries_mod.Summaries(str(tmp_path), store=store)
     s.scalars(1, {"a": 1.0})
-    assert _scalars(tmp_path) == []  # buffered
-    clock[0] += summaries_mod.FLUSH_SECONDS + 1
-    s.scalars(2, {"a": 2.0})
-    assert [p[0] for p in _scalars(tmp_path)] == [1, 2]  # the clock's flush wrote both
-    s.scalars(3, {"a": 3.0})
-    s.sync()
+    assert [p[0] for p in _scalars(tmp_path)] == [1]  # no flush asked: on disk already
+    s.series([(2, {"a": 2.0}), (3, {"a": 3.0})])
     assert [p[0] for p in _scalars(tmp_path)] == [1, 2, 3]
+    assert uploads == []
+    s.sync()
     assert uploads == [((str(tmp_path), "tensorboard/"), {"changed_only": True})]
+
+
+def test_a_value_that_is_no_number_is_refused_by_name(tmp_path):
+    s = summaries_mod.Summaries(str(tmp_path), store=None)
+    with pytest.raises(ValueError, match=r"'train/loss': got a value of shape \(2,\), not a number"):
+        s.series([(1, {"lr": 0.5}), (2, {"train/loss": [0.5, 0.25]})])
+    assert _scalars(tmp_path) == []  # nothing of the refused call is written
 
 
 def test_a_disabled_writer_writes_nothing(tmp_path):
