@@ -100,8 +100,9 @@ def build(batch: int, per_call: int) -> dict:
 
 
 class OneAtATime:
-    """An in-graph source taken through `next()` only: each step reads and writes its variables (the position,
-    the order's cache), as the step's loop took it before its batches became loop state."""
+    """A source or iterator taken through `next()` only: the step's loop takes one batch a step, nothing ahead.
+    For an in-graph source each step then reads and writes its variables (the position, the order's cache),
+    as the loop took it before its batches became loop state."""
 
     def __init__(self, source):
         self.source = source

@@ -87,16 +87,12 @@ def report(batch: int) -> dict:
 
 def main() -> int:
     """Run the trainer as `python -m trainer` would, then print the report; returns its exit code."""
-    from trainer.signals import StopRequest
+    from bench.probe import configured
 
-    stop = StopRequest().install()
-    from trainer.config import ConfigError, load_config
-
-    try:
-        cfg = load_config(sys.argv[1:])
-    except ConfigError as e:
-        print(f"trainer: error: {e}", file=sys.stderr)
-        return 2
+    got = configured(sys.argv[1:])
+    if isinstance(got, int):
+        return got
+    cfg, stop = got
     from trainer import loop_attempt as attempt
 
     install()

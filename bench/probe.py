@@ -98,18 +98,27 @@ def install() -> None:
     loop.make_train_step = make_train_step
 
 
-def main() -> int:
-    """Run the trainer as `python -m trainer` would; returns its exit code."""
+def configured(argv: list[str]):
+    """What `python -m trainer` sets up first: the stop flag's signal handlers, then the config. Returns
+    `(cfg, stop)`, or 2 for a config refused (its line on stderr, as the trainer prints it)."""
     from trainer.signals import StopRequest
 
     stop = StopRequest().install()
     from trainer.config import ConfigError, load_config
 
     try:
-        cfg = load_config(sys.argv[1:])
+        return load_config(argv), stop
     except ConfigError as e:
         print(f"trainer: error: {e}", file=sys.stderr)
         return 2
+
+
+def main() -> int:
+    """Run the trainer as `python -m trainer` would; returns its exit code."""
+    got = configured(sys.argv[1:])
+    if isinstance(got, int):
+        return got
+    cfg, stop = got
     from trainer.__main__ import imports_kept
 
     mark("imports_start")

@@ -10,6 +10,7 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from bench.breakdown import OneAtATime as _OneAtATime  # noqa: E402 - a source or iterator taken through next() only
 from trainer import data  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
 from trainer.feed import open_feed  # noqa: E402
@@ -139,19 +140,6 @@ def test_a_make_dataset_of_arrays_is_fed_as_arrays_and_a_pipeline_keeps_its_stat
         spec.make_dataset = lambda batch_size, seed, bad=bad: bad
         with pytest.raises(ValueError, match=words):
             _feed(spec, cfg, strategy)
-
-
-class _OneAtATime:
-    """The source taken through `next()` only: the step's per-batch path, which reads its variables each step."""
-
-    def __init__(self, source):
-        self.source = source
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        return next(self.source)
 
 
 def _loop_body_inputs(step, iterator) -> set[str]:
