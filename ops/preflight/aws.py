@@ -340,7 +340,6 @@ def aws_lambda_concurrency_problems(settings: config.Settings, lam: Any) -> list
         f"{max(total, 0) + LAMBDA_UNRESERVED_MINIMUM - left} --region {settings.region}")]
 
 
-
 # What `pulumi up` and `pulumi destroy` ask KMS about the image-signing key (components/aws/signing_key.py) under
 # the deployer's IAM policies: pulumi_aws's kms.Key creates it with its policy and tags (CreateKey, TagResource; KMS
 # refuses a policy that would lock its creator out, so PutKeyPolicy too), reads it back on every up (DescribeKey,
@@ -431,6 +430,7 @@ def aws_signing_key_problems(settings: config.Settings, sts: Any, iam: Any) -> l
             "which the key's own policy cannot override, so `pulumi up` could not sign the image",
             f"remove that deny for {', '.join(blocked)} on this account's KMS keys"))
     return problems
+
 
 def _usable_credentials(session: Any) -> None:
     """Raise `NoCredentials` when the session finds no credentials, or finds some it cannot load
