@@ -88,6 +88,8 @@ class TrainConfig:
     stop_grace_s: float = 100.0
     # A user make_dataset's pipeline state saved in each checkpoint, up to this size (0: never, resume skips).
     data_state_max_mb: float = 64.0
+    # A make_dataset pipeline's threads on one CPU replica: "idle" (they take the cores the step leaves) or "normal".
+    input_priority: str = "idle"
 
     @property
     def per_step_batch(self) -> int:
@@ -300,6 +302,10 @@ def _add_machine_options(p: argparse.ArgumentParser, d: TrainConfig) -> None:
                    help="a model's own make_dataset: its input pipeline's state (shuffle and prefetch buffers "
                    "included) is saved in each checkpoint when it is at most this many MiB, so a resume continues "
                    "the stream without reading the consumed batches again; larger, or 0, and a resume skips them")
+    p.add_argument("--input-priority", choices=("idle", "normal"), default=d.input_priority,
+                   help="one replica on the CPU: 'idle' runs a model's own tf.data pipeline's threads only on the "
+                   "cores the step leaves idle (Linux SCHED_IDLE: measured +20 %% on 2 cores); 'normal' shares the "
+                   "cores by turns, as the kernel does, for a pipeline that must keep up against other busy processes")
     p.add_argument("--verbose", action="store_true", default=None,
                    help="show TensorFlow's start-up log lines (oneDNN, CPU features, CUDA plugins), hidden by default")
 
@@ -483,6 +489,7 @@ LOOP_ONLY = {
     "log_every": ("extraArgs", "fit.callbacks() writes TensorBoard at each epoch"),
     "data_wait_s": ("extraArgs", "the script reads its own data"),
     "data_state_max_mb": ("extraArgs", "the script reads its own data"),
+    "input_priority": ("extraArgs", "the script runs its own input pipeline"),
     **{f"lm_{k}": ("extraArgs", "it is a key of the built-in transformer-lm model")
        for k in ("layers", "dim", "heads", "seq_len", "vocab", "tied")},
 }

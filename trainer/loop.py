@@ -29,6 +29,7 @@ from trainer.config import TrainConfig
 from trainer.evaluation import Validation
 from trainer.events import EventLog
 from trainer.feed import open_feed
+from trainer.input_threads import InputThreads
 from trainer.models import ModelSpec, seeded_model
 from trainer.signals import StopKeyPoller, StopRequest
 from trainer.step import CANCEL, CHECKPOINT, GO, STOP, make_train_step
@@ -122,6 +123,7 @@ class TrainLoop:
         self.checkpointer: Checkpointer | None = None  # made once the model exists (build)
         self.pipeline = None  # (iterator, train step) once training starts: see train
         self.staging = None  # the --data-uri files downloading while the stream runs (trainer.staging)
+        self.input_threads = InputThreads(enabled=False)  # the pipeline's threads, once there is one (train)
         self.commit_seconds: list[tuple[int, float]] = []
         self.cancelled = False
         self.state = RunState()
@@ -207,6 +209,9 @@ class TrainLoop:
         # (measured: bench/RESULTS.md); the plain one feeds the same batches in the same order.
         # In-memory arrays on one replica need neither: open_feed gives the step an ArraySource.
         plain = strategy.num_replicas_in_sync == 1 and "CPU" in strategy.extended.worker_devices[0].upper()
+        # The threads a make_dataset pipeline starts from here on yield the cores to the step
+        # (trainer/input_threads.py). One replica on the CPU only: that is where it was measured.
+        self.input_threads = InputThreads(enabled=plain and cfg.input_priority == "idle")
         feed = open_feed(spec, cfg, strategy, global_batch=self.global_batch, multi_worker=self.multi_worker,
                          plain=plain, batches_seen=self.state.batches_seen,
                          restored_dir=self.checkpointer.restored_dir, emit=self.emit)
@@ -353,6 +358,7 @@ class TrainLoop:
         if self.staging is not None:
             self.staging.check()  # a download failed: the run fails now, not when it needs the file
         self.validation.since_eval += seconds
+        self.input_threads.settle()
         if self.first_call is not None:
             self.cadence.adapt(count, seconds)
             return
