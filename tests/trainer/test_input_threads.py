@@ -4,6 +4,7 @@ step's pools among them, and the trainer's own Python threads keep their priorit
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import threading
@@ -27,10 +28,8 @@ from trainer.signals import StopKeyPoller, StopRequest  # noqa: E402
 def _policies() -> dict[int, int]:
     found = {}
     for tid in thread_ids():
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it ended in between
             found[tid] = os.sched_getscheduler(tid)
-        except ProcessLookupError:
-            pass
     return found
 
 
