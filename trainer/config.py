@@ -88,8 +88,9 @@ class TrainConfig:
     stop_grace_s: float = 100.0
     # A user make_dataset's pipeline state saved in each checkpoint, up to this size (0: never, resume skips).
     data_state_max_mb: float = 64.0
-    # A make_dataset pipeline's threads on one CPU replica: "idle" (they take the cores the step leaves) or "normal".
-    input_priority: str = "idle"
+    # A make_dataset pipeline's threads on one CPU replica: "normal" (the kernel's sharing) or "idle" (only the
+    # cores the step leaves: a dedicated machine's choice, trainer/input_threads.py).
+    input_priority: str = "normal"
 
     @property
     def per_step_batch(self) -> int:
@@ -304,8 +305,9 @@ def _add_machine_options(p: argparse.ArgumentParser, d: TrainConfig) -> None:
                    "the stream without reading the consumed batches again; larger, or 0, and a resume skips them")
     p.add_argument("--input-priority", choices=("idle", "normal"), default=d.input_priority,
                    help="one replica on the CPU: 'idle' runs a model's own tf.data pipeline's threads only on the "
-                   "cores the step leaves idle (Linux SCHED_IDLE: measured +20 %% on 2 cores); 'normal' shares the "
-                   "cores by turns, as the kernel does, for a pipeline that must keep up against other busy processes")
+                   "cores the step leaves idle (Linux SCHED_IDLE: +15-20 %% measured on a dedicated 2-core machine, "
+                   "but 2-10x slower when another busy process shares the cores, and it cannot be undone during "
+                   "the run); 'normal' (the default) shares the cores by turns, as the kernel does")
     p.add_argument("--verbose", action="store_true", default=None,
                    help="show TensorFlow's start-up log lines (oneDNN, CPU features, CUDA plugins), hidden by default")
 

@@ -6,13 +6,19 @@ on threads of its own (the iterator's pool, the parallel map's, the prefetch's, 
 and the kernel shares the cores between them and the step's threads by turns: each time an input
 thread holds the core the chain's next op wanted, the step waits. Measured on 2 cores with the
 in-memory MNIST pipeline (`bench.mnist_memory`, `bench/RESULTS.md` round seven): the same run went
-from 66-72k to 82-88k examples/s once the input threads were `SCHED_IDLE`, and to 72-77k with
-`nice 19` instead.
+from 60-72k to 66-79k examples/s (medians +15 %) once the input threads were `SCHED_IDLE`;
+`nice 19` and `SCHED_BATCH` gained less.
 
 `SCHED_IDLE` threads run only when no other thread wants the core, so the input gets the time
 the step leaves: when the step waits for a batch its threads sleep and the input runs. The
-input is never starved by the step, but it is by any other busy process of normal priority on
-the machine: `--input-priority normal` keeps the kernel's sharing.
+input is never starved by the step, but it is by any other busy process on the machine, even
+one in another cgroup (a CPU's share of the trainer's group follows the weight of what runs
+there): beside two busy loops the same run made 24k examples/s with the kernel's sharing and
+2.2k with `SCHED_IDLE`; with the loops in a cgroup of their own and the trainer in another (two
+containers), 50-60k and 24-25k. Nor can it be undone during the run:
+leaving `SCHED_IDLE` takes `CAP_SYS_NICE` or an `RLIMIT_NICE` that containers do not give. So it
+is a dedicated machine's choice, `--input-priority idle`; the default, `normal`, keeps the
+kernel's sharing.
 
 Which threads: those made after `InputThreads` is created (before the pipeline is), found after
 each call (`settle`), that are not Python threads. The trainer's own threads (the checkpoint's

@@ -209,8 +209,8 @@ class TrainLoop:
         # (measured: bench/RESULTS.md); the plain one feeds the same batches in the same order.
         # In-memory arrays on one replica need neither: open_feed gives the step an ArraySource.
         plain = strategy.num_replicas_in_sync == 1 and "CPU" in strategy.extended.worker_devices[0].upper()
-        # The threads a make_dataset pipeline starts from here on yield the cores to the step
-        # (trainer/input_threads.py). One replica on the CPU only: that is where it was measured.
+        # With --input-priority idle, the threads a make_dataset pipeline starts from here on yield the
+        # cores to the step (trainer/input_threads.py). One replica on the CPU only: where it was measured.
         self.input_threads = InputThreads(enabled=plain and cfg.input_priority == "idle")
         feed = open_feed(spec, cfg, strategy, global_batch=self.global_batch, multi_worker=self.multi_worker,
                          plain=plain, batches_seen=self.state.batches_seen,

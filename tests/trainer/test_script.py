@@ -126,7 +126,7 @@ def test_command_from_the_environment(code):
     (["--", "python", "standin.py"], {"TRAINSTACK_STEPS": "5000"}, ["--steps", "TRAINSTACK_STEPS", "5000"]),
     (["--", "python", "standin.py"], {"TRAINSTACK_EXTRA_ARGS": "--lm-dim 32"}, ["--lm-dim", "run.extraArgs"]),
     (["--", "python", "standin.py"], {"TRAINSTACK_EXTRA_ARGS": "--learning-rate 0.1"}, ["--learning-rate"]),
-    (["--", "python", "standin.py"], {"TRAINSTACK_EXTRA_ARGS": "--input-priority normal"},
+    (["--", "python", "standin.py"], {"TRAINSTACK_EXTRA_ARGS": "--input-priority idle"},
      ["--input-priority", "run.extraArgs", "its own input pipeline"]),
     ([], {"TRAINSTACK_COMMAND": "python train.py"}, ["TRAINSTACK_COMMAND", "run.command", "JSON list"]),
 ])
