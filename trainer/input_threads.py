@@ -18,7 +18,9 @@ there): beside two busy loops the same run made 24k examples/s with the kernel's
 containers), 50-60k and 24-25k. Nor can it be undone during the run:
 leaving `SCHED_IDLE` takes `CAP_SYS_NICE` or an `RLIMIT_NICE` that containers do not give. So it
 is a dedicated machine's choice, `--input-priority idle`; the default, `normal`, keeps the
-kernel's sharing.
+kernel's sharing. With `idle`, the loop reads the machine's CPU (/proc/stat) at each look, and
+the first time other processes take half a core or more and leave no core idle, it says so
+once on stderr, with the way back for the next run.
 
 Which threads: those made after `InputThreads` is created (before the pipeline is), found after
 each call (`settle`), that are not Python threads. The trainer's own threads (the checkpoint's
@@ -34,8 +36,16 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
+from collections.abc import Callable
 
 TASKS = "/proc/self/task"
+STAT = "/proc/stat"
+# Other processes' average use over a call, with less than IDLE_CORES of the machine left idle, that the
+# run is told of once: the idle input yields to them (see above).
+NEIGHBOUR_CORES = 0.5
+IDLE_CORES = 0.25
+WINDOW_S = 0.5  # the shortest span judged
 
 
 def thread_ids() -> set[int]:
@@ -46,19 +56,69 @@ def thread_ids() -> set[int]:
         return set()
 
 
-class InputThreads:
-    """Moves the threads made since it was created (not Python's) to `SCHED_IDLE`, after each call."""
+def machine_cpu_s() -> tuple[float, float] | None:
+    """The machine's CPU seconds since boot, busy and idle, every core's (/proc/stat), or None."""
+    try:
+        with open(STAT) as fh:
+            fields = fh.readline().split()
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq + steal) / hz, (idle + iowait) / hz
 
-    def __init__(self, enabled: bool):
+
+def own_cpu_s() -> float:
+    """This process's CPU seconds, every thread's."""
+    t = os.times()
+    return t.user + t.system
+
+
+class InputThreads:
+    """Moves the threads made since it was created (not Python's) to `SCHED_IDLE`, after each call,
+    and says once when other processes take the cores the input was to have."""
+
+    def __init__(self, enabled: bool, *, machine: Callable[[], tuple[float, float] | None] = machine_cpu_s,
+                 own: Callable[[], float] = own_cpu_s, clock: Callable[[], float] = time.monotonic):
         self.unavailable = None if hasattr(os, "sched_setscheduler") else "this platform has no sched_setscheduler"
         self.enabled = enabled and self.unavailable is None
         self.known = thread_ids() if self.enabled else set()
         self.moved: set[int] = set()
+        self.readers = (machine, own, clock)
+        self.last: tuple | None = None  # (machine's busy and idle s, own s, when) at the last look
+        self.neighbours: float | None = None  # other processes' cores when the run was told, else None
 
     def settle(self) -> int:
         """Move the threads made since the last look; returns how many were moved this time."""
         if not self.enabled:
             return 0
+        count = self._move()
+        if self.moved and self.neighbours is None:
+            self._watch()
+        return count
+
+    def _watch(self) -> None:
+        """Other processes' share of the cores since the last look: past NEIGHBOUR_CORES on a machine with
+        less than IDLE_CORES left, the run is told once (stderr) that its input yields to them."""
+        machine, own, clock = self.readers
+        now = (machine(), own(), clock())
+        last = self.last
+        if last is None or last[0] is None or now[0] is None:
+            self.last = now
+            return
+        wall = now[2] - last[2]
+        if wall < WINDOW_S:
+            return  # /proc/stat counts in ticks (10 ms): a short call's share is noise; the window grows
+        self.last = now
+        busy, idle = now[0][0] - last[0][0], now[0][1] - last[0][1]
+        others = max(0.0, busy - (now[1] - last[1])) / wall
+        if others >= NEIGHBOUR_CORES and idle / wall < IDLE_CORES:
+            self.neighbours = others
+            print(f"trainstack: other processes used {others:.1f} cores over the last {wall:.1f} s and left the "
+                  "machine no idle core; the input pipeline's threads (--input-priority idle) yield to them, "
+                  "and the run can slow many times over: --input-priority normal shares the cores", file=sys.stderr)
+
+    def _move(self) -> int:
         now = thread_ids()
         new = now - self.known
         if not new:

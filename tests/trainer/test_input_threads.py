@@ -173,3 +173,55 @@ def test_the_loop_moves_its_pipelines_threads_on_one_cpu_replica(file_run, tmp_p
     assert {t: now[t] for t in before if t in now} == {t: p for t, p in before.items() if t in now}
     python = [t.native_id for t in threading.enumerate()]
     assert python and {now[t] for t in python if t in now} == {os.SCHED_OTHER}  # the main thread, the trainer's
+
+
+class _Readings:
+    """Stands in for /proc/stat, the process's CPU and the clock: one reading per look, as given."""
+
+    def __init__(self, looks):
+        self.looks = list(looks)  # (busy s, idle s, own s, when)
+        self.at = -1
+
+    def machine(self):
+        self.at += 1
+        busy, idle, _own, _when = self.looks[self.at]
+        return busy, idle
+
+    def own(self):
+        return self.looks[self.at][2]
+
+    def clock(self):
+        return self.looks[self.at][3]
+
+
+@pytest.mark.parametrize(("looks", "told", "read"), [
+    # 2 cores, 1 s a call: the trainer 1.9 cores, others 0.1: quiet
+    ([(0, 0, 0, 0), (2.0, 0.0, 1.9, 1), (4.0, 0.0, 3.8, 2)], None, 3),
+    # others take 1.2 cores and leave none idle: told once, at the look that saw it, and no more looks after
+    ([(0, 0, 0, 0), (2.0, 0.0, 0.8, 1), (4.0, 0.0, 1.6, 2)], 1.2, 2),
+    # others busy (1.2 cores) but the machine has idle cores (a larger one): the input is not short of any
+    ([(0, 0, 0, 0), (3.0, 5.0, 1.8, 1), (6.0, 10.0, 3.6, 2)], None, 3),
+    # a short call (0.1 s) is not judged: 10 ms ticks make its share noise; the window grows to the next look
+    ([(0, 0, 0, 0), (0.1, 0.0, 0.0, 0.1), (2.0, 0.0, 1.9, 1)], None, 3),
+    # only the last call has a neighbour (0.5 cores: at the bound)
+    ([(0, 0, 0, 0), (2.0, 0.0, 1.9, 1), (4.0, 0.1, 3.4, 2)], 0.5, 3),
+])
+def test_a_neighbour_taking_the_idle_cores_is_said_once(monkeypatch, capsys, looks, told, read):
+    readings = _Readings(looks)
+    threads = InputThreads(enabled=True, machine=readings.machine, own=readings.own, clock=readings.clock)
+    monkeypatch.setattr(input_threads, "thread_ids", lambda: threads.known | {10**9 + readings.at + 1})
+    monkeypatch.setattr(input_threads.os, "sched_setscheduler", lambda tid, policy, param: None)
+    for _ in looks:
+        threads.settle()
+    assert readings.at == read - 1
+    err = capsys.readouterr().err
+    if told is None:
+        assert threads.neighbours is None and err == ""
+    else:
+        assert threads.neighbours == pytest.approx(told)
+        assert err.count("--input-priority normal") == 1 and f"used {told:.1f} cores" in err, err
+
+
+def test_the_machines_readings_are_there_on_linux():
+    busy, idle = input_threads.machine_cpu_s()
+    assert busy > 0 and idle >= 0 and input_threads.own_cpu_s() > 0
