@@ -21,7 +21,9 @@ thing added at a time:
   replica; and "a batch at a time", the same source through `next()` (its variables read and
   written in every step, so each step's gather waits for the step before);
 * in-memory MNIST — `bench.mnist_memory`'s `make_dataset` as the trainer feeds it
-  (`trainer.data.from_user`): the data path a user's own pipeline takes.
+  (`trainer.data.from_user`): the data path a user's own pipeline takes; and the limit's own loop
+  fed by the same pipeline (`next()` each step, nothing of the trainer's): what the step reaches
+  when the process also runs that pipeline, the bound the trainer's figure on this path is under.
 
 What is left between these and the paired bench's trainer run (`bench.paired`) is the host
 loop between calls (summaries, progress, cadence, checkpoints) and start-up.
@@ -87,6 +89,8 @@ def build(batch: int, per_call: int) -> dict:
                                    device=strategy.extended.worker_devices[0]))
     out["trainer step + metrics, synthetic in-graph source, a batch at a time"] = (
         lambda s=step, i=one: s(i, count, request), per_call * batch)
+    piped = limit_fed(cfg, batch, iter(mnist_memory.make_dataset(batch, 0).repeat()))
+    out["limit fed by the in-memory MNIST pipeline (make_dataset)"] = (lambda: piped(count), per_call * batch)
     model, step = step_of(True)
     memory = iter(D.from_user(mnist_memory.make_dataset, batch, 0, D.Position(0)))
     out["trainer step + metrics, in-memory MNIST (make_dataset)"] = (lambda s=step, i=memory: s(i, count, request),
@@ -97,6 +101,31 @@ def build(batch: int, per_call: int) -> dict:
         out[f"trainer step + metrics, synthetic stream, {label}"] = (lambda s=step, i=tuned: s(i, count, request),
                                                                      per_call * batch)
     return out
+
+
+def limit_fed(cfg, batch: int, iterator):
+    """The limit's loop with each step's batch taken from `iterator` (`next()`, as a hand-written loop
+    does): what the step reaches when the process also runs that pipeline, with nothing of the trainer's."""
+    import tensorflow as tf
+
+    from trainer import step as S
+    from trainer.models import seeded_model
+
+    spec = seeded_model(cfg, tf.distribute.get_strategy())
+
+    @tf.function
+    def fed(n):
+        loss = tf.constant(0.0)
+        for _ in tf.range(n):
+            x, y = next(iterator)
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(S.per_example_loss(spec, y, spec.model(x, training=True)),
+                                                  global_batch_size=batch)
+            grads = tape.gradient(loss, spec.model.trainable_variables)
+            spec.optimizer.apply_gradients(zip(grads, spec.model.trainable_variables, strict=True))
+        return loss
+
+    return fed
 
 
 class OneAtATime:
