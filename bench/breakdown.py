@@ -104,28 +104,13 @@ def build(batch: int, per_call: int) -> dict:
 
 
 def limit_fed(cfg, batch: int, iterator):
-    """The limit's loop with each step's batch taken from `iterator` (`next()`, as a hand-written loop
-    does): what the step reaches when the process also runs that pipeline, with nothing of the trainer's."""
+    """The limit's loop (`bench.limit.fed_steps`) with each step's batch taken from `iterator`, traced."""
     import tensorflow as tf
 
-    from trainer import step as S
+    from bench.limit import fed_steps
     from trainer.models import seeded_model
 
-    spec = seeded_model(cfg, tf.distribute.get_strategy())
-
-    @tf.function
-    def fed(n):
-        loss = tf.constant(0.0)
-        for _ in tf.range(n):
-            x, y = next(iterator)
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(S.per_example_loss(spec, y, spec.model(x, training=True)),
-                                                  global_batch_size=batch)
-            grads = tape.gradient(loss, spec.model.trainable_variables)
-            spec.optimizer.apply_gradients(zip(grads, spec.model.trainable_variables, strict=True))
-        return loss
-
-    return fed
+    return tf.function(fed_steps(tf, seeded_model(cfg, tf.distribute.get_strategy()), iterator, batch))
 
 
 class OneAtATime:

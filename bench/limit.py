@@ -5,13 +5,18 @@ optimizer and loss the trainer builds (`trainer.models.seeded_model`), stepping 
 preprocessed batch of its synthetic data inside a `tf.function` that runs `--steps-per-call`
 steps per call. The trainer's loop can at best match this.
 
-Usage: python -m bench.limit --model mlp --batch-size 64 --seconds 10 [--lm-* ...]
+With `--fed-by MODULE:FUNCTION` (a `make_dataset(batch, seed)`, e.g. `bench.mnist_memory:make_dataset`)
+the same loop takes each step's batch from that pipeline instead (`next()`): the bound that pipeline
+puts on the step in this process, with nothing of the trainer's.
+
+Usage: python -m bench.limit --model mlp --batch-size 64 --seconds 10 [--lm-* ...] [--fed-by MODULE:FUNCTION]
 Prints one JSON line: {"examples_per_sec" (all calls), "best_examples_per_sec" (the fastest call), "calls", ...}.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import time
@@ -42,15 +47,49 @@ def limit_steps(tf, spec, seed: int, batch_size: int):
     return steps
 
 
-def measure(model: str, batch_size: int, seconds: float, steps_per_call: int = 100, extra: dict | None = None) -> dict:
-    """Run the in-memory step for about `seconds` after one warm-up call; returns the figures."""
+def fed_steps(tf, spec, iterator, batch_size: int):
+    """The limit's loop, not yet traced, with each step's batch taken from `iterator` (`next()`, as a
+    hand-written loop does): what the same step reaches when the process also runs that pipeline,
+    with nothing of the trainer's."""
+    from trainer.step import per_example_loss
+
+    model, opt = spec.model, spec.optimizer
+
+    def steps(n):
+        loss = tf.constant(0.0)
+        for _ in tf.range(n):
+            x, y = next(iterator)
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(per_example_loss(spec, y, model(x, training=True)),
+                                                  global_batch_size=batch_size)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    return steps
+
+
+def pipeline(fed_by: str, batch_size: int, seed: int):
+    """The endless iterator of a `make_dataset` named `module:function` (`bench.mnist_memory:make_dataset`)."""
+    module, _, name = fed_by.partition(":")
+    return iter(getattr(importlib.import_module(module), name)(batch_size, seed).repeat())
+
+
+def measure(model: str, batch_size: int, seconds: float, steps_per_call: int = 100, extra: dict | None = None,
+            fed_by: str | None = None) -> dict:
+    """Run the in-memory step (or, `fed_by`, the step fed by that pipeline) for about `seconds` after one
+    warm-up call; returns the figures."""
     import tensorflow as tf
 
     from trainer.config import TrainConfig
     from trainer.models import seeded_model
 
     cfg = TrainConfig(run_uri="file:///nowhere", model=model, synthetic=True, batch_size=batch_size, **(extra or {}))
-    steps = tf.function(limit_steps(tf, seeded_model(cfg, tf.distribute.get_strategy()), cfg.seed, batch_size))
+    spec = seeded_model(cfg, tf.distribute.get_strategy())
+    if fed_by:
+        steps = tf.function(fed_steps(tf, spec, pipeline(fed_by, batch_size, cfg.seed), batch_size))
+    else:
+        steps = tf.function(limit_steps(tf, spec, cfg.seed, batch_size))
     n = tf.constant(steps_per_call, tf.int64)
     t0 = time.perf_counter()
     float(steps(n))  # traces
@@ -66,7 +105,7 @@ def measure(model: str, batch_size: int, seconds: float, steps_per_call: int = 1
             break
     cpu = time.process_time() - cpu
     return {"tf_version": tf.__version__, "gpus": len(tf.config.list_physical_devices("GPU")),
-            "model": model, "batch_size": batch_size, "steps_per_call": steps_per_call, "calls": calls,
+            "model": model, "fed_by": fed_by, "batch_size": batch_size, "steps_per_call": steps_per_call, "calls": calls,
             "seconds": round(elapsed, 3), "first_call_seconds": round(warm, 3),
             "examples_per_sec": round(calls * steps_per_call * batch_size / elapsed, 1),
             # The fastest call: on a shared machine, the closest to what a quiet one would do.
@@ -86,9 +125,10 @@ def main() -> None:
     p.add_argument("--lm-dim", type=int)
     p.add_argument("--lm-layers", type=int)
     p.add_argument("--lm-seq-len", type=int)
+    p.add_argument("--fed-by", help="module:function, a make_dataset(batch, seed) feeding each step (next())")
     a = p.parse_args()
     extra = {k: v for k, v in vars(a).items() if k.startswith("lm_") and v is not None}
-    print(json.dumps(measure(a.model, a.batch_size, a.seconds, a.steps_per_call, extra)), flush=True)
+    print(json.dumps(measure(a.model, a.batch_size, a.seconds, a.steps_per_call, extra, a.fed_by)), flush=True)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,13 @@ right after each pair (`--seed-epochs`, 0: never), so that it shares the pair's 
 figure against it is the median of the pairs' trainer ÷ seed (its examples/s are its own: the
 `fit` call's wall time).
 
+On `memory`, each pair also runs the limit fed by the same pipeline (`bench.limit --fed-by
+bench.mnist_memory:make_dataset`: the limit's loop taking each step's batch from it, nothing of the
+trainer's): the bound that pipeline puts on the step, which the trainer's figure is under too.
+
 Prints one JSON line per run, then one summary line per data path:
 {"data", "median_ratio", "ratios", "median_cpu_ratio", "cpu_ratios", "trainer_median_examples_per_sec",
+"median_ratio_to_fed_limit" and "fed_ratios" (`memory`: the trainer ÷ the fed limit),
 "seed_median_examples_per_sec", "vs_seed" (the median of the pairs' trainer ÷ seed), "vs_seeds"}.
 """
 
@@ -42,6 +47,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DATA = {"synthetic": ("--synthetic", "--model", "mlp"),
         "memory": ("--model", "bench.mnist_memory:model", "--code-dir", str(REPO))}
+# The pipeline a data path's trainer is fed by, for the limit fed by it (none for --synthetic's arrays).
+FED_BY = {"memory": "bench.mnist_memory:make_dataset"}
 
 
 def load() -> float:
@@ -89,12 +96,12 @@ def trainer(data: str, batch: int, steps: int, extra: list[str]) -> dict:
             "loop_seconds": fin.get("loop_seconds"), "cpu_us_per_example": cpu}
 
 
-def limit(batch: int, seconds: float) -> dict:
-    """One `bench.limit` run of the mlp at `batch`."""
+def limit(batch: int, seconds: float, fed_by: str | None = None) -> dict:
+    """One `bench.limit` run of the mlp at `batch` (`fed_by`: fed by that make_dataset, `bench.limit --fed-by`)."""
     before = load()
     doc = last_json(run([sys.executable, "-m", "bench.limit", "--model", "mlp", "--batch-size", str(batch),
-                         "--seconds", str(seconds)]))
-    return {"run": "limit", "load": round(before, 2), "examples_per_sec": doc["examples_per_sec"],
+                         "--seconds", str(seconds), *(("--fed-by", fed_by) if fed_by else ())]))
+    return {"run": "fed limit" if fed_by else "limit", "load": round(before, 2), "examples_per_sec": doc["examples_per_sec"],
             "best_examples_per_sec": doc["best_examples_per_sec"], "cpu_us_per_example": doc["cpu_us_per_example"]}
 
 
@@ -123,12 +130,16 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--data: {d!r} is not one of {', '.join(DATA)}")
     summaries = []
     for d in datas:
-        ratios, rates, cpu, seeds, vs_seed = [], [], [], [], []
+        ratios, rates, cpu, seeds, vs_seed, vs_fed = [], [], [], [], [], []
         for _ in range(a.pairs):
             t = trainer(d, a.batch_size, a.steps, a.trainer_arg)
             print(json.dumps(t), flush=True)
             lim = limit(a.batch_size, a.limit_seconds)
             print(json.dumps(lim), flush=True)
+            if d in FED_BY:
+                fed = limit(a.batch_size, a.limit_seconds, FED_BY[d])
+                print(json.dumps(fed), flush=True)
+                vs_fed.append(t["steady_examples_per_sec"] / fed["examples_per_sec"])
             rates.append(t["steady_examples_per_sec"])
             ratios.append(t["steady_examples_per_sec"] / lim["examples_per_sec"])
             cpu.append(lim["cpu_us_per_example"] / t["cpu_us_per_example"])
@@ -141,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         doc = {"data": d, "median_ratio": round(med, 3), "ratios": [round(r, 3) for r in ratios],
                "median_cpu_ratio": round(statistics.median(cpu), 3), "cpu_ratios": [round(r, 3) for r in cpu],
                "trainer_median_examples_per_sec": statistics.median(rates)}
+        if vs_fed:
+            doc["median_ratio_to_fed_limit"] = round(statistics.median(vs_fed), 3)
+            doc["fed_ratios"] = [round(r, 3) for r in vs_fed]
         if seeds:
             doc["seed_median_examples_per_sec"] = statistics.median(seeds)
             doc["vs_seed"] = round(statistics.median(vs_seed), 2)
