@@ -28,42 +28,41 @@ def limit_steps(tf, spec, seed: int, batch_size: int):
     """The limit's loop, not yet traced: `steps(n)` runs `n` optimizer steps of `spec`'s model on the first
     batch of its synthetic data, converted once and held in memory; returns the last step's loss."""
     from trainer.data import preprocess
-    from trainer.step import per_example_loss
 
     x, y = spec.synthetic(seed)
     xb, yb = preprocess(tf.constant(x[:batch_size])), tf.constant(y[:batch_size])
-    model, opt = spec.model, spec.optimizer
 
     def steps(n):
         loss = tf.constant(0.0)
         for _ in tf.range(n):
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(per_example_loss(spec, yb, model(xb, training=True)),
-                                                  global_batch_size=batch_size)
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            loss = one_step(tf, spec, xb, yb, batch_size)
         return loss
 
     return steps
+
+
+def one_step(tf, spec, x, y, batch_size: int):
+    """One optimizer step of `spec`'s model on the batch `(x, y)`; returns its loss."""
+    from trainer.step import per_example_loss
+
+    model = spec.model
+    with tf.GradientTape() as tape:
+        loss = tf.nn.compute_average_loss(per_example_loss(spec, y, model(x, training=True)), global_batch_size=batch_size)
+    grads = tape.gradient(loss, model.trainable_variables)
+    spec.optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+    return loss
 
 
 def fed_steps(tf, spec, iterator, batch_size: int):
     """The limit's loop, not yet traced, with each step's batch taken from `iterator` (`next()`, as a
     hand-written loop does): what the same step reaches when the process also runs that pipeline,
     with nothing of the trainer's."""
-    from trainer.step import per_example_loss
-
-    model, opt = spec.model, spec.optimizer
 
     def steps(n):
         loss = tf.constant(0.0)
         for _ in tf.range(n):
             x, y = next(iterator)
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(per_example_loss(spec, y, model(x, training=True)),
-                                                  global_batch_size=batch_size)
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            loss = one_step(tf, spec, x, y, batch_size)
         return loss
 
     return steps
