@@ -47,7 +47,8 @@ def one_step(tf, spec, x, y, batch_size: int):
 
     model = spec.model
     with tf.GradientTape() as tape:
-        loss = tf.nn.compute_average_loss(per_example_loss(spec, y, model(x, training=True)), global_batch_size=batch_size)
+        loss = tf.nn.compute_average_loss(per_example_loss(spec, y, model(x, training=True)),
+                                          global_batch_size=batch_size)
     grads = tape.gradient(loss, model.trainable_variables)
     spec.optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
     return loss
@@ -104,7 +105,8 @@ def measure(model: str, batch_size: int, seconds: float, steps_per_call: int = 1
             break
     cpu = time.process_time() - cpu
     return {"tf_version": tf.__version__, "gpus": len(tf.config.list_physical_devices("GPU")),
-            "model": model, "fed_by": fed_by, "batch_size": batch_size, "steps_per_call": steps_per_call, "calls": calls,
+            "model": model, "fed_by": fed_by, "batch_size": batch_size, "steps_per_call": steps_per_call,
+            "calls": calls,
             "seconds": round(elapsed, 3), "first_call_seconds": round(warm, 3),
             "examples_per_sec": round(calls * steps_per_call * batch_size / elapsed, 1),
             # The fastest call: on a shared machine, the closest to what a quiet one would do.

@@ -101,8 +101,9 @@ def limit(batch: int, seconds: float, fed_by: str | None = None) -> dict:
     before = load()
     doc = last_json(run([sys.executable, "-m", "bench.limit", "--model", "mlp", "--batch-size", str(batch),
                          "--seconds", str(seconds), *(("--fed-by", fed_by) if fed_by else ())]))
-    return {"run": "fed limit" if fed_by else "limit", "load": round(before, 2), "examples_per_sec": doc["examples_per_sec"],
-            "best_examples_per_sec": doc["best_examples_per_sec"], "cpu_us_per_example": doc["cpu_us_per_example"]}
+    return {"run": "fed limit" if fed_by else "limit", "load": round(before, 2),
+            "examples_per_sec": doc["examples_per_sec"], "best_examples_per_sec": doc["best_examples_per_sec"],
+            "cpu_us_per_example": doc["cpu_us_per_example"]}
 
 
 def seed(epochs: int) -> dict:

@@ -50,8 +50,8 @@ def limit_call(cfg, batch: int):
     """The limit: one batch held in memory, `n` steps a call (a `tf.function` of the int64 tensor `n`), and that batch."""
     import tensorflow as tf
 
+    from bench.limit import one_step
     from trainer import data as D
-    from trainer import step as S
     from trainer.models import seeded_model
 
     spec = seeded_model(cfg, tf.distribute.get_strategy())
@@ -62,11 +62,7 @@ def limit_call(cfg, batch: int):
     def limit(n):
         loss = tf.constant(0.0)
         for _ in tf.range(n):
-            with tf.GradientTape() as tape:
-                loss = tf.nn.compute_average_loss(S.per_example_loss(spec, yb, spec.model(xb, training=True)),
-                                                  global_batch_size=batch)
-            grads = tape.gradient(loss, spec.model.trainable_variables)
-            spec.optimizer.apply_gradients(zip(grads, spec.model.trainable_variables, strict=True))
+            loss = one_step(tf, spec, xb, yb, batch)
         return loss
 
     return limit, xb, yb
